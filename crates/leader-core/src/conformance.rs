@@ -1,0 +1,446 @@
+//! A conformance suite for [`ResourceLock`] implementations (feature `testing`).
+//!
+//! Every backend of this workspace runs it against a real server, and a third-party backend can run
+//! it the same way: implement [`LockFactory`] and call [`run_all`] from a test. Each check uses an
+//! election name of its own with a random suffix, so the suite can share a server with other tests.
+//! A failed check panics with a message that names the broken rule.
+//!
+//! ```ignore
+//! #[tokio::test]
+//! async fn conformance() {
+//!     leader_core::conformance::run_all(&MyFactory::connect().await).await;
+//! }
+//! ```
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, SubsecRound, Utc};
+use futures_util::StreamExt;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    Acquisition, LeaderElectionRecord, LeaderElector, LeaderState, LockError, Observed,
+    ResourceLock, Version,
+};
+
+/// Makes locks of one backend for the suite.
+#[async_trait]
+pub trait LockFactory: Send + Sync {
+    /// A lock on election `name` for candidate `identity`. Locks with the same name contend for the
+    /// same stored object.
+    async fn lock(&self, name: &str, identity: &str) -> Arc<dyn ResourceLock>;
+
+    /// Stores, under election `name`, a value that is not a valid record, as a broken writer
+    /// would (the wrong type, garbage bytes, nonsense fields).
+    async fn corrupt(&self, name: &str);
+}
+
+/// Runs every check of the suite, one after the other.
+pub async fn run_all(factory: &dyn LockFactory) {
+    absent_object(factory).await;
+    create_then_get(factory).await;
+    create_conflicts_when_present(factory).await;
+    update_is_compare_and_swap(factory).await;
+    fields_round_trip(factory).await;
+    concurrent_creates_have_one_winner(factory).await;
+    concurrent_updates_have_one_winner(factory).await;
+    invalid_record_is_reported_and_kept(factory).await;
+    identity_and_describe(factory).await;
+    change_notifications(factory).await;
+    store_clock_acquisition(factory).await;
+    electors_elect_one_and_hand_over(factory).await;
+}
+
+fn unique(test: &str) -> String {
+    format!("conformance-{test}-{:08x}", fastrand::u32(..))
+}
+
+/// Times as every backend can store them: whole microseconds.
+fn now() -> DateTime<Utc> {
+    Utc::now().trunc_subsecs(6)
+}
+
+/// A record held by `holder`, with a whole-second lease as every backend can store it.
+pub fn record(holder: &str, leader_transitions: u64) -> LeaderElectionRecord {
+    let now = now();
+    LeaderElectionRecord {
+        holder_identity: holder.to_owned(),
+        lease_duration: Duration::from_secs(15),
+        acquire_time: now,
+        renew_time: now,
+        leader_transitions,
+        strategy: None,
+        preferred_holder: None,
+    }
+}
+
+fn assert_stored(context: &str, written: &LeaderElectionRecord, stored: &Observed) {
+    let mut expected = written.clone();
+    assert!(
+        stored.record.leader_transitions >= written.leader_transitions,
+        "{context}: the stored leader_transitions ({}) is lower than written ({})",
+        stored.record.leader_transitions,
+        written.leader_transitions
+    );
+    expected.leader_transitions = stored.record.leader_transitions;
+    assert_eq!(
+        stored.record, expected,
+        "{context}: the stored record differs from the written one"
+    );
+}
+
+fn assert_conflict<T: std::fmt::Debug>(context: &str, result: Result<T, LockError>) {
+    match result {
+        Err(LockError::Conflict { .. }) => {}
+        other => panic!("{context}: expected a conflict, got {other:?}"),
+    }
+}
+
+async fn get(context: &str, lock: &dyn ResourceLock) -> Option<Observed> {
+    lock.get()
+        .await
+        .unwrap_or_else(|err| panic!("{context}: get failed: {err}"))
+}
+
+/// `get` of an object that does not exist is `None`; `update` of it is a conflict.
+pub async fn absent_object(factory: &dyn LockFactory) {
+    let lock = factory.lock(&unique("absent"), "a").await;
+    assert_eq!(
+        get("absent object", &*lock).await,
+        None,
+        "absent object: get must return None"
+    );
+    assert_conflict(
+        "update of an absent object",
+        lock.update(&Version::new("1"), &record("a", 1)).await,
+    );
+    assert_eq!(
+        get("absent object after update", &*lock).await,
+        None,
+        "a failed update created the object"
+    );
+}
+
+/// `create` stores the record and `get` returns it with the same version.
+pub async fn create_then_get(factory: &dyn LockFactory) {
+    let lock = factory.lock(&unique("create"), "a").await;
+    let written = record("a", 1);
+    let created = lock.create(&written).await.expect("create of a new object");
+    assert_stored("create", &written, &created);
+    assert_eq!(
+        get("get after create", &*lock).await,
+        Some(created),
+        "get must return what create stored"
+    );
+}
+
+/// A second `create`, from any candidate, is a conflict and changes nothing.
+pub async fn create_conflicts_when_present(factory: &dyn LockFactory) {
+    let name = unique("create-conflict");
+    let a = factory.lock(&name, "a").await;
+    let b = factory.lock(&name, "b").await;
+    let created = a.create(&record("a", 1)).await.expect("first create");
+    assert_conflict(
+        "create of an existing object",
+        b.create(&record("b", 1)).await,
+    );
+    assert_conflict(
+        "create of an existing object by its holder",
+        a.create(&record("a", 2)).await,
+    );
+    assert_eq!(
+        get("after conflicting creates", &*b).await,
+        Some(created),
+        "a failed create changed the record"
+    );
+}
+
+/// `update` succeeds with the current version only, and every success yields a new version.
+pub async fn update_is_compare_and_swap(factory: &dyn LockFactory) {
+    let name = unique("cas");
+    let a = factory.lock(&name, "a").await;
+    let b = factory.lock(&name, "b").await;
+    let v1 = a.create(&record("a", 1)).await.expect("create");
+    let renewed = record("a", v1.record.leader_transitions);
+    let v2 = a
+        .update(&v1.version, &renewed)
+        .await
+        .expect("update with the current version");
+    assert_stored("update", &renewed, &v2);
+    assert_ne!(v1.version, v2.version, "an update must change the version");
+    assert_conflict(
+        "update with a stale version",
+        b.update(&v1.version, &record("b", 9)).await,
+    );
+    assert_eq!(
+        get("after a stale update", &*b).await,
+        Some(v2.clone()),
+        "a stale update changed the record"
+    );
+    let taken = record("b", v2.record.leader_transitions + 1);
+    let v3 = b
+        .update(&v2.version, &taken)
+        .await
+        .expect("update by another candidate");
+    assert_stored("takeover", &taken, &v3);
+    assert_conflict(
+        "update with the version before the takeover",
+        a.update(&v2.version, &renewed).await,
+    );
+}
+
+/// Free records (released leases), strategy and preferred holder survive a round trip.
+pub async fn fields_round_trip(factory: &dyn LockFactory) {
+    let lock = factory.lock(&unique("fields"), "a").await;
+    let mut written = record("a", 7);
+    written.preferred_holder = Some("b".into());
+    written.strategy = Some("OldestEmulationVersion".into());
+    let created = lock.create(&written).await.expect("create");
+    assert_stored(
+        "create with strategy and preferred holder",
+        &written,
+        &created,
+    );
+    let mut free = record("", created.record.leader_transitions);
+    free.lease_duration = Duration::from_secs(1);
+    let released = lock.update(&created.version, &free).await.expect("release");
+    assert_stored("release (empty holder)", &free, &released);
+    assert_eq!(
+        get("after release", &*lock).await,
+        Some(released),
+        "get after release"
+    );
+}
+
+/// Of many concurrent creates, exactly one succeeds and the others conflict.
+pub async fn concurrent_creates_have_one_winner(factory: &dyn LockFactory) {
+    let name = unique("concurrent-create");
+    let mut tasks = JoinSet::new();
+    for i in 0..8 {
+        let lock = factory.lock(&name, &format!("c{i}")).await;
+        tasks.spawn(async move { lock.create(&record(lock.identity(), 1)).await });
+    }
+    let results = tasks.join_all().await;
+    let winners = results.iter().filter(|r| r.is_ok()).count();
+    assert_eq!(
+        winners, 1,
+        "concurrent creates: exactly one must win, got {results:?}"
+    );
+    assert!(
+        results
+            .iter()
+            .all(|r| r.as_ref().is_ok() || r.as_ref().is_err_and(LockError::is_conflict)),
+        "concurrent creates: the losers must see conflicts, got {results:?}"
+    );
+}
+
+/// Of many concurrent updates from one version, exactly one succeeds.
+pub async fn concurrent_updates_have_one_winner(factory: &dyn LockFactory) {
+    let name = unique("concurrent-update");
+    let first = factory.lock(&name, "c0").await;
+    let base = first.create(&record("c0", 1)).await.expect("create");
+    let mut tasks = JoinSet::new();
+    for i in 0..8 {
+        let lock = factory.lock(&name, &format!("c{i}")).await;
+        let version = base.version.clone();
+        tasks.spawn(async move { lock.update(&version, &record(lock.identity(), 2)).await });
+    }
+    let results = tasks.join_all().await;
+    let winners: Vec<_> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
+    assert_eq!(
+        winners.len(),
+        1,
+        "concurrent updates: exactly one must win, got {results:?}"
+    );
+    assert!(
+        results
+            .iter()
+            .all(|r| r.as_ref().is_ok() || r.as_ref().is_err_and(LockError::is_conflict)),
+        "concurrent updates: the losers must see conflicts, got {results:?}"
+    );
+    assert_eq!(
+        get("after concurrent updates", &*first).await.as_ref(),
+        Some(winners[0])
+    );
+}
+
+/// A stored value that is not a record is reported as [`LockError::InvalidRecord`] and never
+/// overwritten by `create` or `update`.
+pub async fn invalid_record_is_reported_and_kept(factory: &dyn LockFactory) {
+    let name = unique("invalid");
+    let lock = factory.lock(&name, "a").await;
+    factory.corrupt(&name).await;
+    let err = lock
+        .get()
+        .await
+        .expect_err("get of a corrupt record must fail");
+    assert!(
+        matches!(err, LockError::InvalidRecord { .. }),
+        "get of a corrupt record: expected InvalidRecord, got {err:?}"
+    );
+    assert!(
+        lock.create(&record("a", 1)).await.is_err(),
+        "create over a corrupt record must fail"
+    );
+    for version in ["0", "1", "2"] {
+        assert!(
+            lock.update(&Version::new(version), &record("a", 1))
+                .await
+                .is_err(),
+            "update over a corrupt record must fail"
+        );
+    }
+    if let Ok(Some(Acquisition::Acquired(observed))) = lock.try_acquire(&record("a", 1)).await {
+        panic!("try_acquire over a corrupt record must fail, it stored {observed:?}");
+    }
+    let err = lock
+        .get()
+        .await
+        .expect_err("the corrupt record must still be there");
+    assert!(
+        matches!(err, LockError::InvalidRecord { .. }),
+        "after writes: {err:?}"
+    );
+}
+
+/// `identity` is the one given and `describe` names the lock.
+pub async fn identity_and_describe(factory: &dyn LockFactory) {
+    let lock = factory.lock(&unique("identity"), "candidate-7").await;
+    assert_eq!(lock.identity(), "candidate-7");
+    assert!(!lock.describe().is_empty(), "describe must not be empty");
+}
+
+/// A backend with change notifications reports a release by another candidate.
+pub async fn change_notifications(factory: &dyn LockFactory) {
+    let name = unique("watch");
+    let a = factory.lock(&name, "a").await;
+    let b = factory.lock(&name, "b").await;
+    let created = a.create(&record("a", 1)).await.expect("create");
+    let Some(mut changes) = b.watch().await.expect("watch") else {
+        return;
+    };
+    // Let subscriptions that are set up in the background settle.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut free = record("", created.record.leader_transitions);
+    free.lease_duration = Duration::from_secs(1);
+    a.update(&created.version, &free).await.expect("release");
+    let notified = tokio::time::timeout(Duration::from_secs(5), changes.next()).await;
+    assert!(
+        matches!(notified, Ok(Some(()))),
+        "no change notification within 5 s of a release"
+    );
+}
+
+/// A backend with a store-clock acquisition takes absent and free leases, refuses held ones and
+/// raises `leader_transitions` on every acquisition.
+pub async fn store_clock_acquisition(factory: &dyn LockFactory) {
+    let name = unique("try-acquire");
+    let a = factory.lock(&name, "a").await;
+    let b = factory.lock(&name, "b").await;
+    let Some(first) = a.try_acquire(&record("a", 0)).await.expect("try_acquire") else {
+        return;
+    };
+    let Acquisition::Acquired(first) = first else {
+        panic!("try_acquire of an absent object must acquire, got {first:?}");
+    };
+    assert!(
+        first.record.leader_transitions >= 1,
+        "the first acquisition must have a token >= 1"
+    );
+    match b.try_acquire(&record("b", 0)).await.expect("try_acquire") {
+        Some(Acquisition::Held(held)) => {
+            assert_eq!(held, first, "Held must return the stored record")
+        }
+        other => panic!("try_acquire of a held lease must report it held, got {other:?}"),
+    }
+    let again = match a.try_acquire(&record("a", 0)).await.expect("try_acquire") {
+        Some(Acquisition::Acquired(again)) => again,
+        other => panic!("the holder's try_acquire must acquire again, got {other:?}"),
+    };
+    assert!(
+        again.record.leader_transitions > first.record.leader_transitions,
+        "re-acquisition by the same identity must raise the fencing token"
+    );
+    let free = record("", again.record.leader_transitions);
+    let released = a.update(&again.version, &free).await.expect("release");
+    match b.try_acquire(&record("b", 0)).await.expect("try_acquire") {
+        Some(Acquisition::Acquired(taken)) => assert!(
+            taken.record.leader_transitions > released.record.leader_transitions,
+            "a takeover must raise the fencing token"
+        ),
+        other => panic!("try_acquire of a free lease must acquire, got {other:?}"),
+    }
+}
+
+/// Two electors on real time: exactly one leads; when it shuts down (releasing), the other takes
+/// over with a larger fencing token.
+pub async fn electors_elect_one_and_hand_over(factory: &dyn LockFactory) {
+    let name = unique("electors");
+    let mut states = Vec::new();
+    let mut shutdowns = Vec::new();
+    for id in ["a", "b"] {
+        let elector = LeaderElector::builder(factory.lock(&name, id).await)
+            .lease_duration(Duration::from_secs(3))
+            .renew_deadline(Duration::from_secs(2))
+            .retry_period(Duration::from_millis(300))
+            .build()
+            .expect("valid timings");
+        states.push(elector.subscribe());
+        let shutdown = CancellationToken::new();
+        shutdowns.push(shutdown.clone());
+        tokio::spawn(elector.run(shutdown));
+    }
+    let leading = |states: &[tokio::sync::watch::Receiver<LeaderState>]| {
+        states
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.borrow().leadership().map(|l| (i, l.fencing_token())))
+            .collect::<Vec<_>>()
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let (first, token) = loop {
+        let now_leading = leading(&states);
+        assert!(
+            now_leading.len() <= 1,
+            "two electors lead at once: {now_leading:?}"
+        );
+        if let [one] = now_leading[..] {
+            break one;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no leader within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    shutdowns[first].cancel();
+    let other = 1 - first;
+    let handed = tokio::time::timeout(
+        Duration::from_secs(10),
+        states[other].wait_for(LeaderState::is_leading),
+    )
+    .await
+    .map(|state| state.is_ok());
+    assert_eq!(
+        handed,
+        Ok(true),
+        "the follower did not take over within 10 s"
+    );
+    let new_token = states[other]
+        .borrow()
+        .leadership()
+        .map(|l| l.fencing_token())
+        .unwrap_or_default();
+    assert!(
+        new_token > token,
+        "fencing token must grow across a handover: {token} then {new_token}"
+    );
+    assert!(
+        !states[first].borrow().is_leading(),
+        "the old leader still leads"
+    );
+    shutdowns[other].cancel();
+}

@@ -1,0 +1,175 @@
+//! Errors of locks and of the elector's configuration.
+
+use std::error::Error as StdError;
+use std::time::Duration;
+
+/// A boxed error from a backend's driver.
+pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
+
+/// What went wrong in a [`ResourceLock`](crate::ResourceLock) call.
+///
+/// The variants tell the elector (and operators) apart the cases it treats differently: a lost
+/// compare-and-swap is normal contention, an outage is retried, bad data and missing rights need a
+/// person. Backends map their driver's errors onto these kinds.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LockError {
+    /// The compare-and-swap failed: the object exists on `create`, or its version changed (or it
+    /// vanished) on `update`. Someone else wrote first.
+    #[error("{backend}: conflict: the lock record changed since it was read")]
+    Conflict {
+        /// The backend that reported it.
+        backend: &'static str,
+    },
+    /// The stored value is not a valid record (garbage, wrong type, a key of another kind). It is
+    /// reported and never overwritten.
+    #[error("{backend}: invalid lock record: {reason}")]
+    InvalidRecord {
+        /// The backend that read it.
+        backend: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The backend refused the request for lack of rights.
+    #[error("{backend}: permission denied: {message}")]
+    Forbidden {
+        /// The backend that refused.
+        backend: &'static str,
+        /// What was refused, with the missing right where the backend names it.
+        message: String,
+    },
+    /// The lock's storage is missing or misconfigured (a table that does not exist, a bad name).
+    #[error("{backend}: misconfigured: {message}")]
+    Misconfigured {
+        /// The backend concerned.
+        backend: &'static str,
+        /// What to fix.
+        message: String,
+    },
+    /// The backend could not be reached or failed to answer: connection refused, reset, server down.
+    #[error("{backend}: unavailable: {source}")]
+    Unavailable {
+        /// The backend concerned.
+        backend: &'static str,
+        /// The driver's error, with credentials removed.
+        #[source]
+        source: BoxError,
+    },
+    /// The request did not complete within its timeout.
+    #[error("{operation} timed out after {after:?}")]
+    Timeout {
+        /// The lock operation that timed out (`get`, `create`, `update`, ...).
+        operation: &'static str,
+        /// The timeout that elapsed.
+        after: Duration,
+    },
+    /// Any other backend error.
+    #[error("{backend}: {source}")]
+    Other {
+        /// The backend concerned.
+        backend: &'static str,
+        /// The driver's error, with credentials removed.
+        #[source]
+        source: BoxError,
+    },
+}
+
+impl LockError {
+    /// A [`LockError::Conflict`].
+    pub fn conflict(backend: &'static str) -> Self {
+        Self::Conflict { backend }
+    }
+
+    /// A [`LockError::InvalidRecord`].
+    pub fn invalid_record(backend: &'static str, reason: impl Into<String>) -> Self {
+        Self::InvalidRecord {
+            backend,
+            reason: reason.into(),
+        }
+    }
+
+    /// A [`LockError::Unavailable`] wrapping a driver error.
+    pub fn unavailable(backend: &'static str, source: impl Into<BoxError>) -> Self {
+        Self::Unavailable {
+            backend,
+            source: source.into(),
+        }
+    }
+
+    /// A [`LockError::Other`] wrapping a driver error.
+    pub fn other(backend: &'static str, source: impl Into<BoxError>) -> Self {
+        Self::Other {
+            backend,
+            source: source.into(),
+        }
+    }
+
+    /// True for a lost compare-and-swap.
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, Self::Conflict { .. })
+    }
+
+    /// A short, stable label for metrics: `conflict`, `invalid_record`, `forbidden`,
+    /// `misconfigured`, `unavailable`, `timeout` or `other`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Conflict { .. } => "conflict",
+            Self::InvalidRecord { .. } => "invalid_record",
+            Self::Forbidden { .. } => "forbidden",
+            Self::Misconfigured { .. } => "misconfigured",
+            Self::Unavailable { .. } => "unavailable",
+            Self::Timeout { .. } => "timeout",
+            Self::Other { .. } => "other",
+        }
+    }
+}
+
+/// A [`LeaderElector`](crate::LeaderElector) configuration that breaks a rule; returned by
+/// [`LeaderElectorBuilder::build`](crate::LeaderElectorBuilder::build).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The lock has an empty identity, so the elector could not tell its own lease from a free one.
+    #[error("the lock's identity is empty: give every candidate a unique, non-empty identity")]
+    EmptyIdentity,
+    /// The lease must outlast the renew deadline, or a follower could take over while the leader
+    /// still believes it leads.
+    #[error(
+        "lease duration ({lease_duration:?}) must be greater than the renew deadline ({renew_deadline:?})"
+    )]
+    LeaseNotLongerThanRenewDeadline {
+        /// The configured lease duration.
+        lease_duration: Duration,
+        /// The configured renew deadline.
+        renew_deadline: Duration,
+    },
+    /// The renew deadline must leave room for at least one jittered retry.
+    #[error(
+        "renew deadline ({renew_deadline:?}) must be greater than retry period ({retry_period:?}) x {factor}"
+    )]
+    RenewDeadlineNotLongerThanRetry {
+        /// The configured renew deadline.
+        renew_deadline: Duration,
+        /// The configured retry period.
+        retry_period: Duration,
+        /// The factor the retry period is multiplied by (1.2, client-go's jitter factor).
+        factor: f64,
+    },
+    /// The retry period must be positive.
+    #[error("retry period must be greater than zero")]
+    ZeroRetryPeriod,
+    /// Jitter must be a finite factor between 0 and 10.
+    #[error("jitter ({0}) must be a finite number between 0 and 10")]
+    InvalidJitter(f64),
+    /// Every request must time out before the renew deadline, so that a hung request cannot keep a
+    /// leader from stepping down on time.
+    #[error(
+        "request timeout ({request_timeout:?}) must be greater than zero and at most the renew deadline ({renew_deadline:?})"
+    )]
+    InvalidRequestTimeout {
+        /// The configured request timeout.
+        request_timeout: Duration,
+        /// The configured renew deadline.
+        renew_deadline: Duration,
+    },
+}

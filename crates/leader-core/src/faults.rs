@@ -1,0 +1,234 @@
+//! A lock wrapper that injects latency, errors, conflicts and hangs (feature `testing`).
+//!
+//! Wrap any lock in [`FaultyLock`], keep its [`Faults`] handle, and change the faults while an
+//! elector runs on it. Combined with tokio's paused clock this tests timing rules deterministically.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::{
+    Acquisition, ChangeStream, LeaderElectionRecord, LeaderEvent, LockError, Observed,
+    ResourceLock, Version,
+};
+
+const BACKEND: &str = "faults";
+
+/// An error to inject; [`LockError`] itself is not `Clone`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Fault {
+    /// [`LockError::Conflict`].
+    Conflict,
+    /// [`LockError::Unavailable`].
+    Unavailable,
+    /// [`LockError::InvalidRecord`].
+    InvalidRecord,
+    /// [`LockError::Forbidden`].
+    Forbidden,
+}
+
+impl Fault {
+    fn error(self, operation: &'static str) -> LockError {
+        match self {
+            Self::Conflict => LockError::conflict(BACKEND),
+            Self::Unavailable => {
+                LockError::unavailable(BACKEND, format!("injected outage in {operation}"))
+            }
+            Self::InvalidRecord => LockError::invalid_record(BACKEND, "injected bad data"),
+            Self::Forbidden => LockError::Forbidden {
+                backend: BACKEND,
+                message: format!("injected denial of {operation}"),
+            },
+        }
+    }
+}
+
+/// One request as the wrapper saw it, on tokio's clock.
+#[derive(Clone, Debug)]
+pub struct Call {
+    /// `get`, `create`, `update` or `try_acquire`.
+    pub operation: &'static str,
+    /// When the caller sent it.
+    pub sent: Instant,
+    /// When it reached the wrapped lock (after request latency), if it did.
+    pub reached: Option<Instant>,
+    /// When its answer reached the caller, if it did.
+    pub returned: Option<Instant>,
+    /// Whether it succeeded, once returned.
+    pub ok: Option<bool>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    request_delay: Duration,
+    response_delay: Duration,
+    fail_all: Option<Fault>,
+    fail_next: VecDeque<Fault>,
+    calls: Vec<Call>,
+}
+
+/// The handle that changes a [`FaultyLock`]'s faults.
+#[derive(Clone, Debug)]
+pub struct Faults {
+    state: Arc<Mutex<State>>,
+    hang: Arc<watch::Sender<bool>>,
+}
+
+impl Faults {
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Delays every request before it reaches the lock.
+    pub fn delay_requests(&self, delay: Duration) {
+        self.state().request_delay = delay;
+    }
+
+    /// Delays every answer after the lock has acted on the request.
+    pub fn delay_responses(&self, delay: Duration) {
+        self.state().response_delay = delay;
+    }
+
+    /// Makes every request fail with `fault` (before reaching the lock), or stops that with `None`.
+    pub fn fail_all(&self, fault: Option<Fault>) {
+        self.state().fail_all = fault;
+    }
+
+    /// Makes the next request fail with `fault` (before reaching the lock); queues up.
+    pub fn fail_next(&self, fault: Fault) {
+        self.state().fail_next.push_back(fault);
+    }
+
+    /// While `true`, requests hang before reaching the lock; they continue when it is set back.
+    pub fn hang(&self, hang: bool) {
+        self.hang.send_replace(hang);
+    }
+
+    /// Removes every fault.
+    pub fn clear(&self) {
+        self.hang(false);
+        let mut state = self.state();
+        state.request_delay = Duration::ZERO;
+        state.response_delay = Duration::ZERO;
+        state.fail_all = None;
+        state.fail_next.clear();
+    }
+
+    /// Every request so far.
+    pub fn calls(&self) -> Vec<Call> {
+        self.state().calls.clone()
+    }
+}
+
+/// Wraps a lock and injects the faults set on its [`Faults`] handle.
+#[derive(Debug)]
+pub struct FaultyLock<L> {
+    inner: L,
+    faults: Faults,
+}
+
+impl<L: ResourceLock> FaultyLock<L> {
+    /// Wraps `inner` with no faults set.
+    pub fn new(inner: L) -> Self {
+        Self {
+            inner,
+            faults: Faults {
+                state: Arc::default(),
+                hang: Arc::new(watch::channel(false).0),
+            },
+        }
+    }
+
+    /// The handle that sets faults; clone it before handing the lock to an elector.
+    pub fn faults(&self) -> Faults {
+        self.faults.clone()
+    }
+
+    async fn call<T>(
+        &self,
+        operation: &'static str,
+        inner: impl Future<Output = Result<T, LockError>>,
+    ) -> Result<T, LockError> {
+        let index = {
+            let mut state = self.faults.state();
+            state.calls.push(Call {
+                operation,
+                sent: Instant::now(),
+                reached: None,
+                returned: None,
+                ok: None,
+            });
+            state.calls.len() - 1
+        };
+        let request_delay = self.faults.state().request_delay;
+        tokio::time::sleep(request_delay).await;
+        let mut hang = self.faults.hang.subscribe();
+        let _ = hang.wait_for(|hung| !hung).await;
+        let injected = {
+            let mut state = self.faults.state();
+            state.fail_next.pop_front().or(state.fail_all)
+        };
+        let result = match injected {
+            Some(fault) => Err(fault.error(operation)),
+            None => {
+                self.faults.state().calls[index].reached = Some(Instant::now());
+                inner.await
+            }
+        };
+        let response_delay = self.faults.state().response_delay;
+        tokio::time::sleep(response_delay).await;
+        let mut state = self.faults.state();
+        state.calls[index].returned = Some(Instant::now());
+        state.calls[index].ok = Some(result.is_ok());
+        result
+    }
+}
+
+#[async_trait]
+impl<L: ResourceLock> ResourceLock for FaultyLock<L> {
+    async fn get(&self) -> Result<Option<Observed>, LockError> {
+        self.call("get", self.inner.get()).await
+    }
+
+    async fn create(&self, record: &LeaderElectionRecord) -> Result<Observed, LockError> {
+        self.call("create", self.inner.create(record)).await
+    }
+
+    async fn update(
+        &self,
+        version: &Version,
+        record: &LeaderElectionRecord,
+    ) -> Result<Observed, LockError> {
+        self.call("update", self.inner.update(version, record))
+            .await
+    }
+
+    async fn record_event(&self, event: &LeaderEvent) {
+        self.inner.record_event(event).await;
+    }
+
+    fn identity(&self) -> &str {
+        self.inner.identity()
+    }
+
+    fn describe(&self) -> String {
+        format!("faulty({})", self.inner.describe())
+    }
+
+    async fn watch(&self) -> Result<Option<ChangeStream>, LockError> {
+        self.inner.watch().await
+    }
+
+    async fn try_acquire(
+        &self,
+        desired: &LeaderElectionRecord,
+    ) -> Result<Option<Acquisition>, LockError> {
+        self.call("try_acquire", self.inner.try_acquire(desired))
+            .await
+    }
+}

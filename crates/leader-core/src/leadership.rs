@@ -1,0 +1,204 @@
+//! The leadership token handed to the leader's work, and the elector's observable state.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+/// Proof of one term of leadership: its fencing token and a cancellation that fires when the term
+/// ends.
+///
+/// The elector cancels it no later than the start of the last successful renewal plus the renew
+/// deadline, by a timer, even while a renewal request hangs (S3). Pass
+/// [`fencing_token`](Self::fencing_token) along with every write the leader makes downstream, and
+/// have the downstream store refuse tokens lower than the highest it has seen: that makes a
+/// leader that was paused past its lease harmless.
+///
+/// Holding a clone keeps the term's work "running": when the elector steps down it cancels the
+/// token, then waits (up to its stop grace) until every clone is dropped before it releases the
+/// lease or runs for leadership again (S6). So keep the `Leadership` itself, not only a
+/// [`cancellation_token`](Self::cancellation_token), for as long as the work runs.
+#[derive(Clone)]
+pub struct Leadership {
+    term: Arc<Term>,
+}
+
+struct Term {
+    name: String,
+    identity: String,
+    fencing_token: u64,
+    acquired_at: Instant,
+    cancel: CancellationToken,
+    /// Dropped with the last clone; the elector waits for that.
+    _alive: mpsc::Sender<()>,
+}
+
+/// Returned by [`Leadership::run`] when leadership ended before the future completed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("leadership (fencing token {fencing_token}) was lost before the work completed")]
+pub struct LeadershipLost {
+    /// The fencing token of the term that ended.
+    pub fencing_token: u64,
+}
+
+impl Leadership {
+    pub(crate) fn new(
+        name: String,
+        identity: String,
+        fencing_token: u64,
+        cancel: CancellationToken,
+        alive: mpsc::Sender<()>,
+    ) -> Self {
+        Self {
+            term: Arc::new(Term {
+                name,
+                identity,
+                fencing_token,
+                acquired_at: Instant::now(),
+                cancel,
+                _alive: alive,
+            }),
+        }
+    }
+
+    /// The fencing token of this term: strictly greater than that of every earlier acquisition of
+    /// the same lock (S5).
+    pub fn fencing_token(&self) -> u64 {
+        self.term.fencing_token
+    }
+
+    /// The identity that leads.
+    pub fn identity(&self) -> &str {
+        &self.term.identity
+    }
+
+    /// The elector's name.
+    pub fn name(&self) -> &str {
+        &self.term.name
+    }
+
+    /// When this term began, on the monotonic clock.
+    pub fn acquired_at(&self) -> Instant {
+        self.term.acquired_at
+    }
+
+    /// True once the term has ended. Check it before every action that must not happen twice.
+    pub fn is_lost(&self) -> bool {
+        self.term.cancel.is_cancelled()
+    }
+
+    /// Completes when the term ends.
+    pub async fn lost(&self) {
+        self.term.cancel.cancelled().await;
+    }
+
+    /// A child token cancelled when the term ends, for APIs that take a [`CancellationToken`].
+    /// Cancelling it does not end the term.
+    pub fn cancellation_token(&self) -> CancellationToken {
+        self.term.cancel.child_token()
+    }
+
+    /// Runs `work` until it completes or the term ends, whichever comes first; on loss the future
+    /// is dropped at once.
+    pub async fn run<F: Future>(&self, work: F) -> Result<F::Output, LeadershipLost> {
+        tokio::select! {
+            biased;
+            () = self.lost() => Err(LeadershipLost { fencing_token: self.fencing_token() }),
+            output = work => Ok(output),
+        }
+    }
+
+    pub(crate) fn ptr_eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.term, &other.term)
+    }
+}
+
+impl fmt::Debug for Leadership {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Leadership")
+            .field("name", &self.term.name)
+            .field("identity", &self.term.identity)
+            .field("fencing_token", &self.term.fencing_token)
+            .field("lost", &self.is_lost())
+            .finish()
+    }
+}
+
+/// What an elector knows about the election, published on its
+/// [`subscribe`](crate::LeaderElector::subscribe) channel.
+#[derive(Clone, Debug, Default)]
+#[non_exhaustive]
+pub enum LeaderState {
+    /// Nothing observed yet.
+    #[default]
+    Unknown,
+    /// Another candidate leads (`Some`), or the lease is free (`None`).
+    Following {
+        /// The identity of the current holder.
+        leader: Option<String>,
+    },
+    /// This candidate leads.
+    Leading(Leadership),
+    /// The elector has shut down.
+    Stopped,
+}
+
+impl LeaderState {
+    /// True while this candidate leads.
+    pub fn is_leading(&self) -> bool {
+        matches!(self, Self::Leading(leadership) if !leadership.is_lost())
+    }
+
+    /// The current leadership, while this candidate leads.
+    pub fn leadership(&self) -> Option<&Leadership> {
+        match self {
+            Self::Leading(leadership) => Some(leadership),
+            _ => None,
+        }
+    }
+
+    /// The identity of the leader as last observed, this candidate's own when it leads.
+    pub fn leader(&self) -> Option<&str> {
+        match self {
+            Self::Leading(leadership) => Some(leadership.identity()),
+            Self::Following { leader } => leader.as_deref(),
+            Self::Unknown | Self::Stopped => None,
+        }
+    }
+
+    pub(crate) fn same_as(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Self::Unknown, Self::Unknown) | (Self::Stopped, Self::Stopped) => true,
+            (Self::Following { leader: a }, Self::Following { leader: b }) => a == b,
+            (Self::Leading(a), Self::Leading(b)) => a.ptr_eq(b),
+            _ => false,
+        }
+    }
+}
+
+/// Why a term ended; passed to [`on_stopped_leading`](crate::LeaderElectorBuilder::on_stopped_leading).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StepDownReason {
+    /// No renewal succeeded within the renew deadline.
+    RenewDeadlineExceeded,
+    /// The record shows another holder (or is gone): someone else took over.
+    Lost,
+    /// The elector was shut down.
+    Shutdown,
+}
+
+/// The end of a term, as reported to [`on_stopped_leading`](crate::LeaderElectorBuilder::on_stopped_leading).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StepDown {
+    /// The fencing token of the term that ended.
+    pub fencing_token: u64,
+    /// Why it ended.
+    pub reason: StepDownReason,
+    /// True when the lease was released for others to take at once.
+    pub released: bool,
+}

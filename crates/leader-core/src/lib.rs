@@ -1,0 +1,34 @@
+#![doc = include_str!("../README.md")]
+#![forbid(unsafe_code)]
+#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
+
+mod elector;
+mod error;
+mod file;
+mod health;
+mod leadership;
+mod lock;
+mod memory;
+pub mod metrics;
+mod record;
+
+#[cfg(feature = "testing")]
+pub mod conformance;
+#[cfg(feature = "testing")]
+pub mod faults;
+
+pub use elector::{
+    DEFAULT_LEASE_DURATION, DEFAULT_RENEW_DEADLINE, DEFAULT_RETRY_PERIOD, ElectorConfig,
+    JITTER_FACTOR, LeaderElector, LeaderElectorBuilder,
+};
+pub use error::{BoxError, ConfigError, LockError};
+pub use file::FileLock;
+pub use health::{HealthCheck, Unhealthy};
+pub use leadership::{LeaderState, Leadership, LeadershipLost, StepDown, StepDownReason};
+pub use lock::{Acquisition, ChangeStream, LeaderEvent, ResourceLock};
+pub use memory::{MemoryLock, MemoryStore};
+pub use record::{LeaderElectionRecord, Observed, Version};
+
+/// Re-exported so that users need not depend on `async-trait` and `tokio-util` themselves.
+pub use async_trait::async_trait;
+pub use tokio_util::sync::CancellationToken;

@@ -1,0 +1,161 @@
+//! The contract every lock backend implements.
+
+use std::fmt;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use futures_core::Stream;
+
+use crate::error::LockError;
+use crate::record::{LeaderElectionRecord, Observed, Version};
+
+/// A stream that yields whenever the stored record may have changed (a release, a takeover, an
+/// expiry, a deletion). It ends when the backend's subscription is lost; the elector subscribes
+/// again on its next attempt.
+pub type ChangeStream = Pin<Box<dyn Stream<Item = ()> + Send + 'static>>;
+
+/// Something worth telling the backend's event facility about.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LeaderEvent {
+    /// This candidate acquired the lease.
+    BecameLeader {
+        /// The fencing token of the acquisition.
+        fencing_token: u64,
+    },
+    /// This candidate stopped leading (lost, released or shut down).
+    StoppedLeading {
+        /// The fencing token of the term that ended.
+        fencing_token: u64,
+    },
+}
+
+/// The outcome of [`ResourceLock::try_acquire`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Acquisition {
+    /// The lease was free, expired or ours, and is now ours as stored.
+    Acquired(Observed),
+    /// Someone else holds an unexpired lease; this is the stored record.
+    Held(Observed),
+}
+
+/// A lock record in some shared store, with compare-and-swap: client-go's `resourcelock.Interface`.
+///
+/// The trait is object safe; the elector holds it as `Arc<dyn ResourceLock>`.
+///
+/// # Contract
+///
+/// * [`get`](Self::get) returns the stored record and its opaque [`Version`], or `None` when there is
+///   no object.
+/// * [`create`](Self::create) stores a new object and fails with [`LockError::Conflict`] when one
+///   exists, whatever its content (also when it is not a valid record).
+/// * [`update`](Self::update) replaces the record only if the stored version still equals `version`;
+///   otherwise, or when the object is gone, it fails with [`LockError::Conflict`]. It never reads and
+///   then writes blindly: the comparison and the write are one atomic step in the store.
+/// * `create` and `update` return the record as stored, with its new version. A backend may raise
+///   `leader_transitions` when it writes (to keep fencing tokens growing when its objects can
+///   vanish, for example on expiry) but never lowers it.
+/// * A value that cannot be decoded is [`LockError::InvalidRecord`]: it is reported, and the lock
+///   never overwrites it on its own.
+/// * Outages are [`LockError::Unavailable`] or [`LockError::Timeout`], missing rights
+///   [`LockError::Forbidden`], missing storage [`LockError::Misconfigured`]. Errors never contain
+///   credentials.
+/// * Requests may be cancelled (dropped) at any await point without leaving the lock inconsistent.
+///
+/// [`conformance`](crate::conformance) (feature `testing`) checks these rules against a real store.
+#[async_trait]
+pub trait ResourceLock: Send + Sync + fmt::Debug {
+    /// Reads the current record, or `None` when no object exists.
+    async fn get(&self) -> Result<Option<Observed>, LockError>;
+
+    /// Creates the object holding `record`; [`LockError::Conflict`] if it exists.
+    async fn create(&self, record: &LeaderElectionRecord) -> Result<Observed, LockError>;
+
+    /// Replaces the record if the stored version equals `version`; [`LockError::Conflict`]
+    /// otherwise.
+    async fn update(
+        &self,
+        version: &Version,
+        record: &LeaderElectionRecord,
+    ) -> Result<Observed, LockError>;
+
+    /// Reports a leadership event in the backend's own event facility. Best effort: it never fails
+    /// the election. The default writes a `tracing` event.
+    async fn record_event(&self, event: &LeaderEvent) {
+        tracing::info!(lock = %self.describe(), identity = self.identity(), ?event, "leader event");
+    }
+
+    /// The identity this lock writes as holder: unique per candidate, never empty.
+    fn identity(&self) -> &str;
+
+    /// A description of the lock for logs and errors, such as `file:/run/app.lock` or
+    /// `postgres:public.leader_election/app`. It never contains credentials.
+    fn describe(&self) -> String;
+
+    /// Subscribes to changes of the record, so that followers act on a release at once instead of
+    /// on their next retry. `Ok(None)` (the default) means the backend has no notifications.
+    async fn watch(&self) -> Result<Option<ChangeStream>, LockError> {
+        Ok(None)
+    }
+
+    /// A one-round-trip acquisition that decides expiry with the store's own clock (S1, S2).
+    ///
+    /// Stores `desired` in one atomic step if the object is absent, the lease is free, it is held
+    /// by `desired.holder_identity`, or it has expired by the store's clock (the store's time of the
+    /// last write plus the stored lease duration has passed). The stored `leader_transitions`
+    /// becomes one more than before (at least 1), whatever `desired` says. Returns
+    /// [`Acquisition::Held`] with the stored record when another holder's lease is still running.
+    ///
+    /// The default returns `Ok(None)`: the backend has no such path, and the elector reads the
+    /// record and waits out the holder's lease on its own monotonic clock instead.
+    async fn try_acquire(
+        &self,
+        desired: &LeaderElectionRecord,
+    ) -> Result<Option<Acquisition>, LockError> {
+        let _ = desired;
+        Ok(None)
+    }
+}
+
+macro_rules! forward_lock {
+    ($ptr:ident) => {
+        #[async_trait]
+        impl<L: ResourceLock + ?Sized> ResourceLock for $ptr<L> {
+            async fn get(&self) -> Result<Option<Observed>, LockError> {
+                (**self).get().await
+            }
+            async fn create(&self, record: &LeaderElectionRecord) -> Result<Observed, LockError> {
+                (**self).create(record).await
+            }
+            async fn update(
+                &self,
+                version: &Version,
+                record: &LeaderElectionRecord,
+            ) -> Result<Observed, LockError> {
+                (**self).update(version, record).await
+            }
+            async fn record_event(&self, event: &LeaderEvent) {
+                (**self).record_event(event).await
+            }
+            fn identity(&self) -> &str {
+                (**self).identity()
+            }
+            fn describe(&self) -> String {
+                (**self).describe()
+            }
+            async fn watch(&self) -> Result<Option<ChangeStream>, LockError> {
+                (**self).watch().await
+            }
+            async fn try_acquire(
+                &self,
+                desired: &LeaderElectionRecord,
+            ) -> Result<Option<Acquisition>, LockError> {
+                (**self).try_acquire(desired).await
+            }
+        }
+    };
+}
+
+forward_lock!(Arc);
+forward_lock!(Box);

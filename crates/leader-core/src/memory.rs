@@ -1,0 +1,245 @@
+//! An in-memory lock for tests and for electing among tasks of one process.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use async_trait::async_trait;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::error::LockError;
+use crate::lock::{Acquisition, ChangeStream, ResourceLock};
+use crate::record::{LeaderElectionRecord, Observed, Version};
+
+const BACKEND: &str = "memory";
+
+/// Shared storage for [`MemoryLock`]s: locks made from one store with the same name contend for
+/// the same record.
+#[derive(Clone, Debug, Default)]
+pub struct MemoryStore {
+    inner: Arc<Mutex<Objects>>,
+}
+
+#[derive(Debug, Default)]
+struct Objects {
+    next_version: u64,
+    objects: HashMap<String, Object>,
+    changes: HashMap<String, watch::Sender<u64>>,
+}
+
+#[derive(Debug)]
+struct Object {
+    value: Value,
+    version: u64,
+    /// The store's own clock at the last write, for [`ResourceLock::try_acquire`].
+    written_at: Instant,
+}
+
+#[derive(Debug)]
+enum Value {
+    Record(LeaderElectionRecord),
+    Garbage(String),
+}
+
+impl Objects {
+    fn write(&mut self, name: &str, value: Value) -> Version {
+        self.next_version += 1;
+        let version = self.next_version;
+        self.objects.insert(
+            name.to_owned(),
+            Object {
+                value,
+                version,
+                written_at: Instant::now(),
+            },
+        );
+        self.notify(name);
+        Version::from(version)
+    }
+
+    fn notify(&mut self, name: &str) {
+        if let Some(tx) = self.changes.get(name) {
+            tx.send_modify(|n| *n += 1);
+        }
+    }
+
+    fn read(&self, name: &str) -> Result<Option<(&LeaderElectionRecord, &Object)>, LockError> {
+        match self.objects.get(name) {
+            None => Ok(None),
+            Some(object) => match &object.value {
+                Value::Record(record) => Ok(Some((record, object))),
+                Value::Garbage(raw) => Err(LockError::invalid_record(
+                    BACKEND,
+                    format!("stored value {raw:?} is not a record"),
+                )),
+            },
+        }
+    }
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A lock on election `name` in this store for candidate `identity`.
+    pub fn lock(&self, name: impl Into<String>, identity: impl Into<String>) -> MemoryLock {
+        MemoryLock {
+            store: self.clone(),
+            name: name.into(),
+            identity: identity.into(),
+            store_clock: false,
+        }
+    }
+
+    /// Stores a value that is not a record under `name`, as a broken writer would.
+    pub fn corrupt(&self, name: &str, raw: impl Into<String>) {
+        self.objects().write(name, Value::Garbage(raw.into()));
+    }
+
+    /// Deletes the object `name`, as an operator (or an expiry) would.
+    pub fn delete(&self, name: &str) {
+        let mut objects = self.objects();
+        if objects.objects.remove(name).is_some() {
+            objects.notify(name);
+        }
+    }
+
+    fn objects(&self) -> MutexGuard<'_, Objects> {
+        // No code path panics while holding the guard, but stay usable if a caller's did.
+        self.inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// A [`ResourceLock`] kept in process memory, for tests and for electing one of several tasks.
+///
+/// ```
+/// use leader_core::MemoryStore;
+///
+/// let store = MemoryStore::new();
+/// let a = store.lock("jobs", "a");
+/// let b = store.lock("jobs", "b"); // contends with `a`
+/// # let _ = (a, b);
+/// ```
+#[derive(Clone, Debug)]
+pub struct MemoryLock {
+    store: MemoryStore,
+    name: String,
+    identity: String,
+    store_clock: bool,
+}
+
+impl MemoryLock {
+    /// A lock on election `name` in a new store of its own.
+    pub fn new(name: impl Into<String>, identity: impl Into<String>) -> Self {
+        MemoryStore::new().lock(name, identity)
+    }
+
+    /// Makes [`try_acquire`](ResourceLock::try_acquire) decide expiry on the store's clock (the
+    /// tokio clock at the last write), as server-side backends do. Off by default.
+    #[must_use]
+    pub fn with_store_clock(mut self, enabled: bool) -> Self {
+        self.store_clock = enabled;
+        self
+    }
+
+    /// The store this lock lives in.
+    pub fn store(&self) -> &MemoryStore {
+        &self.store
+    }
+}
+
+#[async_trait]
+impl ResourceLock for MemoryLock {
+    async fn get(&self) -> Result<Option<Observed>, LockError> {
+        let objects = self.store.objects();
+        Ok(objects.read(&self.name)?.map(|(record, object)| Observed {
+            record: record.clone(),
+            version: Version::from(object.version),
+        }))
+    }
+
+    async fn create(&self, record: &LeaderElectionRecord) -> Result<Observed, LockError> {
+        let mut objects = self.store.objects();
+        if objects.objects.contains_key(&self.name) {
+            return Err(LockError::conflict(BACKEND));
+        }
+        let version = objects.write(&self.name, Value::Record(record.clone()));
+        Ok(Observed {
+            record: record.clone(),
+            version,
+        })
+    }
+
+    async fn update(
+        &self,
+        version: &Version,
+        record: &LeaderElectionRecord,
+    ) -> Result<Observed, LockError> {
+        let mut objects = self.store.objects();
+        match objects.objects.get(&self.name) {
+            Some(object) if Version::from(object.version) == *version => {}
+            _ => return Err(LockError::conflict(BACKEND)),
+        }
+        let version = objects.write(&self.name, Value::Record(record.clone()));
+        Ok(Observed {
+            record: record.clone(),
+            version,
+        })
+    }
+
+    fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    fn describe(&self) -> String {
+        format!("memory:{}", self.name)
+    }
+
+    async fn watch(&self) -> Result<Option<ChangeStream>, LockError> {
+        let rx = self
+            .store
+            .objects()
+            .changes
+            .entry(self.name.clone())
+            .or_insert_with(|| watch::channel(0).0)
+            .subscribe();
+        let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+            rx.changed().await.ok().map(|()| ((), rx))
+        });
+        Ok(Some(Box::pin(stream)))
+    }
+
+    async fn try_acquire(
+        &self,
+        desired: &LeaderElectionRecord,
+    ) -> Result<Option<Acquisition>, LockError> {
+        if !self.store_clock {
+            return Ok(None);
+        }
+        let mut objects = self.store.objects();
+        let previous = match objects.read(&self.name)? {
+            None => 0,
+            Some((record, object)) => {
+                let expired = object.written_at + record.lease_duration <= Instant::now();
+                if !(record.is_free()
+                    || record.holder_identity == desired.holder_identity
+                    || expired)
+                {
+                    return Ok(Some(Acquisition::Held(Observed {
+                        record: record.clone(),
+                        version: Version::from(object.version),
+                    })));
+                }
+                record.leader_transitions
+            }
+        };
+        let mut record = desired.clone();
+        record.leader_transitions = previous + 1;
+        let version = objects.write(&self.name, Value::Record(record.clone()));
+        Ok(Some(Acquisition::Acquired(Observed { record, version })))
+    }
+}

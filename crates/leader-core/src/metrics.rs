@@ -1,0 +1,68 @@
+//! Metrics through the `metrics` facade, with client-go's names where client-go has them.
+//!
+//! | name | kind | labels |
+//! |---|---|---|
+//! | `leader_election_master_status` | gauge, 1 while leading | `name` |
+//! | `leader_election_slowpath_total` | counter: renewals that had to read the record first | `name` |
+//! | `leader_election_acquisitions_total` | counter: terms started | `name` |
+//! | `leader_election_renew_duration_seconds` | histogram: successful renewals | `name` |
+//! | `leader_election_errors_total` | counter: failed lock requests | `name`, `operation`, `kind` |
+
+use std::time::Duration;
+
+/// 1 while leading, 0 otherwise (client-go's name).
+pub const MASTER_STATUS: &str = "leader_election_master_status";
+/// Renewals whose fast path lost the compare-and-swap and read the record (client-go's name).
+pub const SLOWPATH_TOTAL: &str = "leader_election_slowpath_total";
+/// Terms of leadership started.
+pub const ACQUISITIONS_TOTAL: &str = "leader_election_acquisitions_total";
+/// Duration of successful renewals.
+pub const RENEW_DURATION_SECONDS: &str = "leader_election_renew_duration_seconds";
+/// Failed lock requests, by operation and [`LockError::kind`](crate::LockError::kind).
+pub const ERRORS_TOTAL: &str = "leader_election_errors_total";
+
+/// Registers descriptions of the metrics with the installed recorder.
+pub fn describe() {
+    metrics::describe_gauge!(
+        MASTER_STATUS,
+        "1 while this candidate leads the election, else 0"
+    );
+    metrics::describe_counter!(
+        SLOWPATH_TOTAL,
+        "renewals that lost the compare-and-swap from the cached record and read it again"
+    );
+    metrics::describe_counter!(ACQUISITIONS_TOTAL, "terms of leadership started");
+    metrics::describe_histogram!(
+        RENEW_DURATION_SECONDS,
+        metrics::Unit::Seconds,
+        "duration of successful renewals"
+    );
+    metrics::describe_counter!(ERRORS_TOTAL, "failed lock requests");
+}
+
+pub(crate) fn set_leading(name: &str, leading: bool) {
+    metrics::gauge!(MASTER_STATUS, "name" => name.to_owned()).set(if leading { 1.0 } else { 0.0 });
+}
+
+pub(crate) fn slow_path(name: &str) {
+    metrics::counter!(SLOWPATH_TOTAL, "name" => name.to_owned()).increment(1);
+}
+
+pub(crate) fn acquired(name: &str) {
+    metrics::counter!(ACQUISITIONS_TOTAL, "name" => name.to_owned()).increment(1);
+}
+
+pub(crate) fn renewed(name: &str, took: Duration) {
+    metrics::histogram!(RENEW_DURATION_SECONDS, "name" => name.to_owned())
+        .record(took.as_secs_f64());
+}
+
+pub(crate) fn error(name: &str, operation: &'static str, kind: &'static str) {
+    metrics::counter!(
+        ERRORS_TOTAL,
+        "name" => name.to_owned(),
+        "operation" => operation,
+        "kind" => kind,
+    )
+    .increment(1);
+}

@@ -1,0 +1,195 @@
+//! The leader election record and the versioned view of it that locks return.
+
+use std::fmt;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::error::LockError;
+
+/// What a lock stores about the current leader, after client-go's `LeaderElectionRecord`.
+///
+/// Timestamps are wall-clock and informational: they are shown to people and never used for a
+/// safety decision on another machine's clock. Expiry is decided with the monotonic clock of the
+/// reader (or the store's own clock, see [`ResourceLock::try_acquire`](crate::ResourceLock::try_acquire)).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LeaderElectionRecord {
+    /// Identity of the holder; empty when the lease is free (released).
+    pub holder_identity: String,
+    /// How long the holder's lease lasts after each renewal, as the holder configured it.
+    /// Followers wait this long, not their own setting (kubernetes#47671).
+    #[serde(rename = "leaseDurationMillis", with = "duration_millis")]
+    pub lease_duration: Duration,
+    /// When the current holder acquired the lease.
+    pub acquire_time: DateTime<Utc>,
+    /// When the current holder last renewed the lease.
+    pub renew_time: DateTime<Utc>,
+    /// How many times the lease has been acquired. It grows on every acquisition, also when the same
+    /// identity acquires again, and is the fencing token of the acquisition that wrote it.
+    pub leader_transitions: u64,
+    /// client-go's coordinated leader election strategy, kept as written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strategy: Option<String>,
+    /// client-go's preferred holder, kept as written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preferred_holder: Option<String>,
+}
+
+impl LeaderElectionRecord {
+    /// True when no one holds the lease (it was released or never taken).
+    pub fn is_free(&self) -> bool {
+        self.holder_identity.is_empty()
+    }
+
+    /// True when `identity` holds the lease.
+    pub fn is_held_by(&self, identity: &str) -> bool {
+        !self.is_free() && self.holder_identity == identity
+    }
+
+    /// Checks the invariants a stored record must keep: a positive lease duration and an
+    /// acquisition that is not after the last renewal.
+    pub fn validate(&self) -> Result<(), String> {
+        if !self.is_free() && self.lease_duration.is_zero() {
+            return Err(format!(
+                "holder {:?} has a zero lease duration",
+                self.holder_identity
+            ));
+        }
+        if self.renew_time < self.acquire_time {
+            return Err(format!(
+                "renew time {} is before acquire time {}",
+                self.renew_time, self.acquire_time
+            ));
+        }
+        Ok(())
+    }
+
+    /// Encodes the record as the JSON that the file, Redis and etcd locks store.
+    pub fn to_json(&self) -> Vec<u8> {
+        // Serialising plain strings, integers and timestamps cannot fail.
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    /// Decodes and validates a record stored by [`to_json`](Self::to_json).
+    ///
+    /// Anything else, including JSON with missing, extra or out-of-range fields, is
+    /// [`LockError::InvalidRecord`]: a record that cannot be read is never overwritten (S8).
+    pub fn from_json(backend: &'static str, bytes: &[u8]) -> Result<Self, LockError> {
+        let record: Self = serde_json::from_slice(bytes).map_err(|err| {
+            LockError::invalid_record(backend, format!("not a leader election record: {err}"))
+        })?;
+        record
+            .validate()
+            .map_err(|reason| LockError::invalid_record(backend, reason))?;
+        Ok(record)
+    }
+}
+
+/// An opaque version of a stored record, compared for equality in compare-and-swap.
+///
+/// Each backend picks its own form: a counter, a row version, a `resourceVersion`, a mod revision.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Version(String);
+
+impl Version {
+    /// Wraps a backend's version string.
+    pub fn new(version: impl Into<String>) -> Self {
+        Self(version.into())
+    }
+
+    /// The backend's version string.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<u64> for Version {
+    fn from(version: u64) -> Self {
+        Self(version.to_string())
+    }
+}
+
+impl From<i64> for Version {
+    fn from(version: i64) -> Self {
+        Self(version.to_string())
+    }
+}
+
+impl fmt::Debug for Version {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Version({})", self.0)
+    }
+}
+
+impl fmt::Display for Version {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A record as a lock stored it, with the version to use for the next compare-and-swap.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Observed {
+    /// The stored record.
+    pub record: LeaderElectionRecord,
+    /// The version of the stored record.
+    pub version: Version,
+}
+
+mod duration_millis {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(value: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(u64::try_from(value.as_millis()).unwrap_or(u64::MAX))
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        u64::deserialize(d).map(Duration::from_millis)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record() -> LeaderElectionRecord {
+        let now = Utc::now();
+        LeaderElectionRecord {
+            holder_identity: "a".into(),
+            lease_duration: Duration::from_millis(15_500),
+            acquire_time: now,
+            renew_time: now,
+            leader_transitions: 3,
+            strategy: None,
+            preferred_holder: Some("b".into()),
+        }
+    }
+
+    #[test]
+    fn json_round_trip_keeps_every_field() {
+        let r = record();
+        assert_eq!(
+            LeaderElectionRecord::from_json("test", &r.to_json()).ok(),
+            Some(r)
+        );
+    }
+
+    #[test]
+    fn garbage_is_an_invalid_record_error() {
+        for bad in [
+            &b"not json"[..],
+            b"{}",
+            b"[1,2]",
+            br#"{"holderIdentity":"a","leaseDurationMillis":-1,"acquireTime":"2024-01-01T00:00:00Z","renewTime":"2024-01-01T00:00:00Z","leaderTransitions":0}"#,
+            br#"{"holderIdentity":"a","leaseDurationMillis":0,"acquireTime":"2024-01-01T00:00:00Z","renewTime":"2024-01-01T00:00:00Z","leaderTransitions":0}"#,
+            br#"{"holderIdentity":"a","leaseDurationMillis":5,"acquireTime":"2024-01-02T00:00:00Z","renewTime":"2024-01-01T00:00:00Z","leaderTransitions":0}"#,
+        ] {
+            let err = LeaderElectionRecord::from_json("test", bad).expect_err("must reject");
+            assert!(matches!(err, LockError::InvalidRecord { .. }), "{err}");
+        }
+    }
+}

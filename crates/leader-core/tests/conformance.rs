@@ -1,0 +1,78 @@
+//! The conformance suite against both locks of the core.
+
+use std::sync::Arc;
+
+use leader_core::conformance::{self, LockFactory};
+use leader_core::{FileLock, MemoryStore, ResourceLock, async_trait};
+
+struct Memory {
+    store: MemoryStore,
+    store_clock: bool,
+}
+
+#[async_trait]
+impl LockFactory for Memory {
+    async fn lock(&self, name: &str, identity: &str) -> Arc<dyn ResourceLock> {
+        Arc::new(
+            self.store
+                .lock(name, identity)
+                .with_store_clock(self.store_clock),
+        )
+    }
+
+    async fn corrupt(&self, name: &str) {
+        self.store.corrupt(name, "garbage");
+    }
+}
+
+struct Files {
+    dir: tempfile::TempDir,
+}
+
+#[async_trait]
+impl LockFactory for Files {
+    async fn lock(&self, name: &str, identity: &str) -> Arc<dyn ResourceLock> {
+        Arc::new(FileLock::new(self.dir.path().join(name), identity))
+    }
+
+    async fn corrupt(&self, name: &str) {
+        std::fs::write(self.dir.path().join(name), b"{\"holder\": [1, 2").expect("write garbage");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn memory_lock_conforms() {
+    conformance::run_all(&Memory {
+        store: MemoryStore::new(),
+        store_clock: false,
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn memory_lock_with_store_clock_conforms() {
+    conformance::run_all(&Memory {
+        store: MemoryStore::new(),
+        store_clock: true,
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn file_lock_conforms() {
+    conformance::run_all(&Files {
+        dir: tempfile::tempdir().expect("tempdir"),
+    })
+    .await;
+}
+
+/// A file holding a valid record but written by hand in another layout is reported, not
+/// overwritten.
+#[tokio::test]
+async fn file_lock_reports_a_record_in_the_wrong_layout() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("election");
+    std::fs::write(&path, conformance::record("a", 1).to_json()).expect("write");
+    let err = FileLock::new(&path, "a").get().await.expect_err("layout");
+    assert!(err.to_string().contains("not a lock record file"), "{err}");
+}

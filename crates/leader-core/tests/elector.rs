@@ -1,0 +1,535 @@
+//! Deterministic tests of the elector on tokio's paused clock, with injected faults.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::Utc;
+use leader_core::faults::{Fault, Faults, FaultyLock};
+use leader_core::{
+    CancellationToken, ConfigError, LeaderElectionRecord, LeaderElector, LeaderElectorBuilder,
+    LeaderState, Leadership, MemoryLock, MemoryStore, ResourceLock, StepDown, StepDownReason,
+};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, sleep};
+
+const LEASE: Duration = Duration::from_secs(15);
+const RENEW: Duration = Duration::from_secs(10);
+const RETRY: Duration = Duration::from_secs(2);
+
+fn builder(lock: impl ResourceLock + 'static) -> LeaderElectorBuilder {
+    LeaderElector::builder(lock).jitter(0.0)
+}
+
+struct Running {
+    state: watch::Receiver<LeaderState>,
+    shutdown: CancellationToken,
+    task: JoinHandle<()>,
+    stopped: Arc<Mutex<Vec<StepDown>>>,
+}
+
+impl Running {
+    fn start(builder: LeaderElectorBuilder) -> Self {
+        let stopped = Arc::new(Mutex::new(Vec::new()));
+        let log = stopped.clone();
+        let elector = builder
+            .on_stopped_leading(move |step_down| log.lock().unwrap().push(step_down))
+            .build()
+            .expect("valid configuration");
+        let state = elector.subscribe();
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(elector.run(shutdown.clone()));
+        Self {
+            state,
+            shutdown,
+            task,
+            stopped,
+        }
+    }
+
+    async fn leadership(&mut self) -> Leadership {
+        self.state
+            .wait_for(LeaderState::is_leading)
+            .await
+            .expect("elector alive")
+            .leadership()
+            .cloned()
+            .expect("leading")
+    }
+
+    fn is_leading(&self) -> bool {
+        self.state.borrow().is_leading()
+    }
+
+    async fn stop(self) -> Vec<StepDown> {
+        self.shutdown.cancel();
+        self.task.await.expect("elector task");
+        self.stopped.lock().unwrap().clone()
+    }
+}
+
+fn faulty(store: &MemoryStore, identity: &str) -> (FaultyLock<MemoryLock>, Faults) {
+    let lock = FaultyLock::new(store.lock("election", identity));
+    let faults = lock.faults();
+    (lock, faults)
+}
+
+/// Writes a record held by `holder` straight into the store, as another process would.
+async fn write_holder(store: &MemoryStore, holder: &str, lease: Duration, transitions: u64) {
+    let lock = store.lock("election", holder);
+    let now = Utc::now();
+    let record = LeaderElectionRecord {
+        holder_identity: holder.into(),
+        lease_duration: lease,
+        acquire_time: now,
+        renew_time: now,
+        leader_transitions: transitions,
+        strategy: None,
+        preferred_holder: None,
+    };
+    match lock.get().await.expect("get") {
+        None => drop(lock.create(&record).await.expect("create")),
+        Some(current) => drop(
+            lock.update(&current.version, &record)
+                .await
+                .expect("update"),
+        ),
+    }
+}
+
+#[tokio::test]
+async fn build_rejects_invalid_timings_with_the_rule_broken() {
+    let lock = || MemoryLock::new("election", "a");
+    let err = |b: LeaderElectorBuilder| b.build().expect_err("must be rejected");
+    assert_eq!(
+        err(builder(lock()).lease_duration(RENEW)),
+        ConfigError::LeaseNotLongerThanRenewDeadline {
+            lease_duration: RENEW,
+            renew_deadline: RENEW
+        }
+    );
+    assert_eq!(
+        err(builder(lock()).renew_deadline(Duration::from_millis(2400))),
+        ConfigError::RenewDeadlineNotLongerThanRetry {
+            renew_deadline: Duration::from_millis(2400),
+            retry_period: RETRY,
+            factor: 1.2
+        }
+    );
+    assert_eq!(
+        err(builder(lock()).retry_period(Duration::ZERO)),
+        ConfigError::ZeroRetryPeriod
+    );
+    assert_eq!(
+        err(builder(lock()).jitter(f64::NAN)).to_string(),
+        "jitter (NaN) must be a finite number between 0 and 10"
+    );
+    assert_eq!(
+        err(builder(lock()).jitter(-1.0)),
+        ConfigError::InvalidJitter(-1.0)
+    );
+    assert!(matches!(
+        err(builder(lock()).request_timeout(Duration::from_secs(11))),
+        ConfigError::InvalidRequestTimeout { .. }
+    ));
+    assert!(matches!(
+        err(builder(lock()).request_timeout(Duration::ZERO)),
+        ConfigError::InvalidRequestTimeout { .. }
+    ));
+    assert_eq!(
+        err(builder(MemoryLock::new("election", ""))),
+        ConfigError::EmptyIdentity
+    );
+    let message = err(builder(lock()).lease_duration(RENEW)).to_string();
+    assert!(
+        message.contains("lease duration") && message.contains("renew deadline"),
+        "{message}"
+    );
+
+    let ok = builder(lock())
+        .build()
+        .expect("client-go defaults are valid");
+    assert_eq!(ok.config().request_timeout, RENEW / 2);
+    assert_eq!(ok.config().stop_grace, LEASE - RENEW);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lone_candidate_leads_and_renews_in_one_request() {
+    let store = MemoryStore::new();
+    let (lock, faults) = faulty(&store, "a");
+    let mut a = Running::start(builder(lock));
+    let leadership = a.leadership().await;
+    assert_eq!(leadership.fencing_token(), 1);
+    assert_eq!(leadership.identity(), "a");
+    sleep(RETRY * 10 + Duration::from_millis(1)).await;
+    assert!(!leadership.is_lost());
+    let calls = faults.calls();
+    let after_acquire: Vec<_> = calls
+        .iter()
+        .skip_while(|c| c.operation != "create")
+        .skip(1)
+        .collect();
+    assert_eq!(after_acquire.len(), 10, "ten renewals: {calls:?}");
+    assert!(
+        after_acquire.iter().all(|c| c.operation == "update"),
+        "renewals must not read first: {calls:?}"
+    );
+    let stored = store.lock("election", "x").get().await.unwrap().unwrap();
+    assert!(stored.record.is_held_by("a"));
+    assert!(stored.record.renew_time > stored.record.acquire_time);
+    drop(leadership);
+    a.stop().await;
+}
+
+/// S3: a renewal that hangs past the renew deadline cancels the leadership on time.
+#[tokio::test(start_paused = true)]
+async fn a_hung_renewal_cancels_leadership_at_the_renew_deadline() {
+    let store = MemoryStore::new();
+    let (lock, faults) = faulty(&store, "a");
+    let started = Instant::now();
+    let mut a = Running::start(builder(lock));
+    let leadership = a.leadership().await;
+    // The first renewal starts at 2 s and succeeds; the next, at 4 s, hangs.
+    sleep(Duration::from_secs(3)).await;
+    faults.hang(true);
+    leadership.lost().await;
+    assert_eq!(
+        Instant::now() - started,
+        RETRY + RENEW,
+        "lost exactly at last renewal start + deadline"
+    );
+    assert!(!a.is_leading());
+    faults.hang(false);
+    drop(leadership);
+    let stopped = a.stop().await;
+    assert_eq!(stopped[0].reason, StepDownReason::RenewDeadlineExceeded);
+}
+
+/// S3: a renewal answered after the deadline does not extend the term.
+#[tokio::test(start_paused = true)]
+async fn a_renewal_answered_after_the_deadline_does_not_extend_the_term() {
+    let store = MemoryStore::new();
+    let (lock, faults) = faulty(&store, "a");
+    let started = Instant::now();
+    let mut a = Running::start(builder(lock).request_timeout(RENEW));
+    let leadership = a.leadership().await;
+    sleep(Duration::from_secs(3)).await;
+    // The renewal at 4 s reaches the store at once but its answer comes 9 s later, at 13 s.
+    faults.delay_responses(Duration::from_secs(9));
+    leadership.lost().await;
+    assert_eq!(Instant::now() - started, RETRY + RENEW);
+    let calls = faults.calls();
+    let late = calls
+        .iter()
+        .find(|c| c.sent - started == Duration::from_secs(4))
+        .expect("renewal at 4 s");
+    assert!(
+        late.reached.is_some(),
+        "the late renewal did reach the store"
+    );
+    drop(leadership);
+    a.stop().await;
+}
+
+/// S2 and kubernetes#47671: a follower waits the holder's lease duration, counted from the moment
+/// its read returned.
+#[tokio::test(start_paused = true)]
+async fn a_follower_waits_the_holders_lease_from_when_its_read_returned() {
+    let store = MemoryStore::new();
+    let holder_lease = Duration::from_secs(20);
+    write_holder(&store, "ghost", holder_lease, 4).await;
+    let (lock, faults) = faulty(&store, "b");
+    // Only the first read is slow (its answer takes 5 s): a follower that counted from when it
+    // sent that read, rather than from when the answer came, would take over 5 s early.
+    faults.delay_responses(Duration::from_secs(5));
+    let mut b = Running::start(builder(lock));
+    sleep(Duration::from_millis(10_500)).await; // try_acquire probe and first get have returned
+    faults.delay_responses(Duration::ZERO);
+    let leadership = b.leadership().await;
+    assert_eq!(
+        leadership.fencing_token(),
+        5,
+        "takeover raises the fencing token"
+    );
+    let calls = faults.calls();
+    let first_read = calls
+        .iter()
+        .find(|c| c.operation == "get")
+        .and_then(|c| c.returned)
+        .expect("first read returned");
+    let takeover = calls
+        .iter()
+        .find(|c| c.operation == "update")
+        .and_then(|c| c.reached)
+        .expect("takeover reached the store");
+    assert!(
+        takeover >= first_read + holder_lease,
+        "took over {:?} after the read returned; the holder's lease is {holder_lease:?}",
+        takeover - first_read
+    );
+    // Woken at expiry, not at the next retry tick.
+    assert!(
+        takeover - first_read < holder_lease + Duration::from_secs(2),
+        "{:?}",
+        takeover - first_read
+    );
+    drop(leadership);
+    b.stop().await;
+}
+
+/// S2: a holder that keeps renewing is never taken over, however long the follower waits.
+#[tokio::test(start_paused = true)]
+async fn a_follower_never_takes_over_a_renewed_lease() {
+    let store = MemoryStore::new();
+    let mut a = Running::start(builder(store.lock("election", "a")));
+    let a_leads = a.leadership().await;
+    let new_leaders = Arc::new(Mutex::new(Vec::new()));
+    let seen = new_leaders.clone();
+    let b = Running::start(
+        builder(store.lock("election", "b"))
+            .on_new_leader(move |id| seen.lock().unwrap().push(id.to_owned())),
+    );
+    sleep(Duration::from_secs(120)).await;
+    assert!(!a_leads.is_lost());
+    assert!(!b.is_leading());
+    assert_eq!(b.state.borrow().leader(), Some("a"));
+    assert_eq!(*new_leaders.lock().unwrap(), ["a"]);
+    drop(a_leads);
+    // "Stopped leading" only for a candidate that led (client-go#1187).
+    assert!(b.stop().await.is_empty());
+    assert_eq!(a.stop().await.len(), 1);
+}
+
+/// S5 and S7: after losing leadership the elector runs again, and its next term has a larger
+/// fencing token even though its identity is the same.
+#[tokio::test(start_paused = true)]
+async fn re_acquisition_by_the_same_identity_raises_the_fencing_token() {
+    let store = MemoryStore::new();
+    let (lock, faults) = faulty(&store, "a");
+    let mut a = Running::start(builder(lock));
+    let first = a.leadership().await;
+    faults.hang(true);
+    first.lost().await;
+    drop(first);
+    faults.hang(false);
+    let second = a.leadership().await;
+    assert!(
+        second.fencing_token() > 1,
+        "token {}",
+        second.fencing_token()
+    );
+    let record = store
+        .lock("election", "x")
+        .get()
+        .await
+        .unwrap()
+        .unwrap()
+        .record;
+    assert_eq!(record.leader_transitions, second.fencing_token());
+    drop(second);
+    let stopped = a.stop().await;
+    assert_eq!(stopped.len(), 2);
+    assert_eq!(stopped[0].reason, StepDownReason::RenewDeadlineExceeded);
+}
+
+/// S6: release waits for the leader's work to stop, then frees the lease.
+#[tokio::test(start_paused = true)]
+async fn release_waits_for_the_work_to_stop() {
+    let store = MemoryStore::new();
+    let (lock, faults) = faulty(&store, "a");
+    let finished = Arc::new(Mutex::new(None));
+    let done = finished.clone();
+    let mut a = Running::start(builder(lock).on_started_leading(move |leadership| {
+        let done = done.clone();
+        async move {
+            leadership.lost().await;
+            sleep(Duration::from_secs(3)).await; // cleanup after losing leadership
+            *done.lock().unwrap() = Some(Instant::now());
+        }
+    }));
+    drop(a.leadership().await);
+    sleep(Duration::from_secs(5)).await;
+    let stopped = a.stop().await;
+    let finished = finished.lock().unwrap().expect("work finished");
+    let release = faults.calls().into_iter().last().expect("release call");
+    assert_eq!(release.operation, "update");
+    assert!(
+        release.reached.expect("reached") >= finished,
+        "released before the work stopped"
+    );
+    let record = store
+        .lock("election", "x")
+        .get()
+        .await
+        .unwrap()
+        .unwrap()
+        .record;
+    assert!(record.is_free(), "lease released: {record:?}");
+    assert_eq!(stopped.len(), 1);
+    assert!(stopped[0].released);
+    assert_eq!(stopped[0].reason, StepDownReason::Shutdown);
+}
+
+/// S6: work that ignores the cancellation is aborted after the grace and the lease is not
+/// released (it expires instead), so no one else starts while it might still run.
+#[tokio::test(start_paused = true)]
+async fn work_that_does_not_stop_keeps_the_lease_from_being_released() {
+    let store = MemoryStore::new();
+    let mut a = Running::start(
+        builder(store.lock("election", "a"))
+            .stop_grace(Duration::from_secs(1))
+            .on_started_leading(|_leadership| std::future::pending()),
+    );
+    drop(a.leadership().await);
+    let stopped = a.stop().await;
+    assert!(!stopped[0].released);
+    let record = store
+        .lock("election", "x")
+        .get()
+        .await
+        .unwrap()
+        .unwrap()
+        .record;
+    assert!(
+        record.is_held_by("a"),
+        "lease must be left to expire: {record:?}"
+    );
+}
+
+/// Work run with `run_while_leading` is dropped the moment leadership ends.
+#[tokio::test(start_paused = true)]
+async fn run_while_leading_drops_the_work_when_leadership_ends() {
+    let store = MemoryStore::new();
+    let (lock, faults) = faulty(&store, "a");
+    let ticks = Arc::new(Mutex::new(Vec::new()));
+    let log = ticks.clone();
+    let elector = builder(lock).build().unwrap();
+    let mut state = elector.subscribe();
+    let shutdown = CancellationToken::new();
+    let started = Instant::now();
+    let task = tokio::spawn(
+        elector.run_while_leading(shutdown.clone(), move |leadership| {
+            let log = log.clone();
+            async move {
+                loop {
+                    log.lock()
+                        .unwrap()
+                        .push((leadership.fencing_token(), Instant::now()));
+                    sleep(Duration::from_secs(1)).await;
+                }
+            }
+        }),
+    );
+    state.wait_for(LeaderState::is_leading).await.unwrap();
+    faults.hang(true);
+    sleep(Duration::from_secs(30)).await;
+    let last = ticks.lock().unwrap().last().copied().unwrap();
+    assert!(
+        last.1 - started < RETRY + RENEW,
+        "work ran after the deadline: {:?}",
+        last.1 - started
+    );
+    faults.hang(false);
+    shutdown.cancel();
+    task.await.unwrap();
+}
+
+/// A renewal that loses the compare-and-swap reads the record (slow path) and keeps leading
+/// when the record is still this term's.
+#[tokio::test(start_paused = true)]
+async fn a_lost_compare_and_swap_on_renewal_takes_the_slow_path() {
+    let store = MemoryStore::new();
+    let (lock, faults) = faulty(&store, "a");
+    let mut a = Running::start(builder(lock));
+    let leadership = a.leadership().await;
+    faults.fail_next(Fault::Conflict);
+    sleep(RETRY * 2).await;
+    let ops: Vec<_> = faults.calls().iter().map(|c| c.operation).collect();
+    assert_eq!(
+        ops,
+        ["try_acquire", "get", "create", "update", "get", "update"]
+    );
+    assert!(!leadership.is_lost());
+    drop(leadership);
+    a.stop().await;
+}
+
+/// The leader steps down at its next renewal when someone else took the record.
+#[tokio::test(start_paused = true)]
+async fn a_leader_whose_record_was_taken_steps_down() {
+    let store = MemoryStore::new();
+    let mut a = Running::start(builder(store.lock("election", "a")));
+    let leadership = a.leadership().await;
+    write_holder(&store, "intruder", LEASE, 7).await;
+    let started = Instant::now();
+    leadership.lost().await;
+    assert!(Instant::now() - started <= RETRY);
+    drop(leadership);
+    assert_eq!(a.state.borrow().leader(), Some("intruder"));
+    // Release must not free the intruder's lease.
+    let stopped = a.stop().await;
+    assert_eq!(stopped[0].reason, StepDownReason::Lost);
+    let record = store
+        .lock("election", "x")
+        .get()
+        .await
+        .unwrap()
+        .unwrap()
+        .record;
+    assert!(record.is_held_by("intruder"));
+}
+
+/// Outages and bad data are reported and retried; the elector recovers when they are gone, and
+/// never overwrites a record it could not read (S8).
+#[tokio::test(start_paused = true)]
+async fn errors_are_retried_and_bad_data_is_never_overwritten() {
+    let store = MemoryStore::new();
+    let (lock, faults) = faulty(&store, "a");
+    faults.fail_all(Some(Fault::Unavailable));
+    let mut a = Running::start(builder(lock));
+    sleep(Duration::from_secs(30)).await;
+    assert!(!a.is_leading());
+    faults.fail_all(None);
+    store.corrupt("election", "{\"holderIdentity\": 42");
+    sleep(Duration::from_secs(30)).await;
+    assert!(!a.is_leading());
+    assert!(
+        store.lock("election", "x").get().await.is_err(),
+        "the corrupt value must be kept"
+    );
+    store.delete("election");
+    let leadership = a.leadership().await;
+    assert_eq!(leadership.fencing_token(), 1);
+    drop(leadership);
+    a.stop().await;
+}
+
+/// Backends that decide expiry on the store's clock take over in one request.
+#[tokio::test(start_paused = true)]
+async fn store_clock_backends_take_over_after_the_lease() {
+    let store = MemoryStore::new();
+    let mut a = Running::start(
+        builder(store.lock("election", "a").with_store_clock(true)).release_on_cancel(false),
+    );
+    let first = a.leadership().await;
+    let lock = FaultyLock::new(store.lock("election", "b").with_store_clock(true));
+    let faults = lock.faults();
+    let mut b = Running::start(builder(lock));
+    sleep(Duration::from_secs(1)).await;
+    let crashed = Instant::now();
+    a.task.abort(); // a crash: no release
+    first.lost().await; // the token is cancelled when the elector goes away
+    drop(first);
+    let second = b.leadership().await;
+    assert!(
+        Instant::now() - crashed >= LEASE - Duration::from_secs(2),
+        "took over early"
+    );
+    assert_eq!(second.fencing_token(), 2);
+    assert!(
+        faults.calls().iter().all(|c| c.operation == "try_acquire"),
+        "one request per attempt"
+    );
+    drop(second);
+    b.stop().await;
+}

@@ -1,0 +1,1 @@
+//! Workspace-level end-to-end and fault tests live in `tests/`.
