@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use crate::error::LockError;
-use crate::lock::ResourceLock;
+use crate::lock::{ChangeStream, ResourceLock};
 use crate::record::{LeaderElectionRecord, Observed, Version};
 
 const BACKEND: &str = "file";
@@ -35,6 +35,7 @@ pub struct FileLock {
     lock_path: PathBuf,
     identity: String,
     lock_wait: Duration,
+    poll_interval: Duration,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -69,6 +70,7 @@ impl FileLock {
             lock_path: lock_path.into(),
             identity: identity.into(),
             lock_wait: Duration::from_secs(2),
+            poll_interval: Duration::from_millis(50),
         }
     }
 
@@ -77,6 +79,14 @@ impl FileLock {
     #[must_use]
     pub fn lock_wait(mut self, wait: Duration) -> Self {
         self.lock_wait = wait;
+        self
+    }
+
+    /// How often a follower checks the record file for changes (default 50 ms): a `stat` call
+    /// that lets it act on a release at once instead of on its next retry.
+    #[must_use]
+    pub fn poll_interval(mut self, interval: Duration) -> Self {
+        self.poll_interval = interval.max(Duration::from_millis(1));
         self
     }
 
@@ -259,6 +269,36 @@ impl ResourceLock for FileLock {
     fn describe(&self) -> String {
         format!("file:{}", self.path.display())
     }
+
+    async fn watch(&self) -> Result<Option<ChangeStream>, LockError> {
+        let path = self.path.clone();
+        let interval = self.poll_interval;
+        let first = file_stamp(&path).await;
+        let stream = futures_util::stream::unfold(first, move |mut last| {
+            let path = path.clone();
+            async move {
+                loop {
+                    tokio::time::sleep(interval).await;
+                    let stamp = file_stamp(&path).await;
+                    if stamp != last {
+                        last = stamp;
+                        return Some(((), last));
+                    }
+                }
+            }
+        });
+        Ok(Some(Box::pin(stream)))
+    }
+}
+
+/// What changes when the record file is replaced or removed: every write renames a new file in.
+async fn file_stamp(path: &Path) -> Option<(std::time::SystemTime, u64, u64)> {
+    let meta = tokio::fs::metadata(path).await.ok()?;
+    #[cfg(unix)]
+    let inode = std::os::unix::fs::MetadataExt::ino(&meta);
+    #[cfg(not(unix))]
+    let inode = 0;
+    Some((meta.modified().ok()?, meta.len(), inode))
 }
 
 #[cfg(test)]

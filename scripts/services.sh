@@ -1,0 +1,52 @@
+# Installs (from Debian's packages) and starts, on loopback, the servers the tests talk to, when
+# they are not already answering. Sourced by scripts/test; every function is idempotent.
+
+log() { printf 'services: %s\n' "$*" >&2; }
+
+apt_install() {
+  if [ "$(id -u)" -ne 0 ]; then
+    log "need root to install $* (or start it yourself and set its URL)"; return 1
+  fi
+  if [ -z "${APT_UPDATED:-}" ]; then
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
+    APT_UPDATED=1
+  fi
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
+port_open() { (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; }
+
+wait_port() {
+  local host=$1 port=$2 name=$3
+  for _ in $(seq 1 60); do
+    port_open "$host" "$port" && return 0
+    sleep 0.5
+  done
+  log "$name did not start listening on $host:$port"; return 1
+}
+
+ensure_postgres() {
+  if port_open 127.0.0.1 5432; then return 0; fi
+  command -v pg_ctlcluster >/dev/null 2>&1 || { log "installing postgresql"; apt_install postgresql; }
+  local version
+  version=$(ls /etc/postgresql | sort -V | tail -n 1)
+  if [ -z "$version" ]; then
+    version=$(ls /usr/lib/postgresql | sort -V | tail -n 1)
+    pg_createcluster "$version" main >/dev/null
+  fi
+  log "starting postgresql $version"
+  pg_ctlcluster --skip-systemctl-redirect "$version" main start
+  wait_port 127.0.0.1 5432 postgresql
+  # A fresh cluster asks for a password on TCP: give the superuser the one the tests use.
+  su postgres -c "psql -qc \"ALTER USER postgres PASSWORD 'postgres'\"" >/dev/null
+}
+
+ensure_redis() {
+  if port_open 127.0.0.1 6379; then return 0; fi
+  command -v redis-server >/dev/null 2>&1 || { log "installing redis-server"; apt_install redis-server; }
+  log "starting redis"
+  mkdir -p /var/lib/redis /var/log/redis
+  redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no \
+    --dir /var/lib/redis --logfile /var/log/redis/leader-tests.log
+  wait_port 127.0.0.1 6379 redis
+}
