@@ -180,16 +180,33 @@ pub async fn update_is_compare_and_swap(factory: &dyn LockFactory) {
         Some(v2.clone()),
         "a stale update changed the record"
     );
-    let taken = record("b", v2.record.leader_transitions + 1);
+    // Another candidate takes over from the current version (after a release, as a backend
+    // that ties the lease to a session, such as an advisory lock, requires).
+    let released = a
+        .update(&v2.version, &free(v2.record.leader_transitions))
+        .await
+        .expect("release");
+    let taken = record("b", released.record.leader_transitions + 1);
     let v3 = b
-        .update(&v2.version, &taken)
+        .update(&released.version, &taken)
         .await
         .expect("update by another candidate");
     assert_stored("takeover", &taken, &v3);
     assert_conflict(
         "update with the version before the takeover",
+        a.update(&released.version, &renewed).await,
+    );
+    assert_conflict(
+        "update with an older version",
         a.update(&v2.version, &renewed).await,
     );
+}
+
+/// A released lease: an empty holder.
+fn free(leader_transitions: u64) -> LeaderElectionRecord {
+    let mut free = record("", leader_transitions);
+    free.lease_duration = Duration::from_secs(1);
+    free
 }
 
 /// Free records (released leases), strategy and preferred holder survive a round trip.
@@ -204,8 +221,7 @@ pub async fn fields_round_trip(factory: &dyn LockFactory) {
         &written,
         &created,
     );
-    let mut free = record("", created.record.leader_transitions);
-    free.lease_duration = Duration::from_secs(1);
+    let free = free(created.record.leader_transitions);
     let released = lock.update(&created.version, &free).await.expect("release");
     assert_stored("release (empty holder)", &free, &released);
     assert_eq!(
@@ -241,7 +257,11 @@ pub async fn concurrent_creates_have_one_winner(factory: &dyn LockFactory) {
 pub async fn concurrent_updates_have_one_winner(factory: &dyn LockFactory) {
     let name = unique("concurrent-update");
     let first = factory.lock(&name, "c0").await;
-    let base = first.create(&record("c0", 1)).await.expect("create");
+    let created = first.create(&record("c0", 1)).await.expect("create");
+    let base = first
+        .update(&created.version, &free(1))
+        .await
+        .expect("release");
     let mut tasks = JoinSet::new();
     for i in 0..8 {
         let lock = factory.lock(&name, &format!("c{i}")).await;
@@ -324,9 +344,9 @@ pub async fn change_notifications(factory: &dyn LockFactory) {
     };
     // Let subscriptions that are set up in the background settle.
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let mut free = record("", created.record.leader_transitions);
-    free.lease_duration = Duration::from_secs(1);
-    a.update(&created.version, &free).await.expect("release");
+    a.update(&created.version, &free(created.record.leader_transitions))
+        .await
+        .expect("release");
     let notified = tokio::time::timeout(Duration::from_secs(5), changes.next()).await;
     assert!(
         matches!(notified, Ok(Some(()))),
@@ -364,8 +384,10 @@ pub async fn store_clock_acquisition(factory: &dyn LockFactory) {
         again.record.leader_transitions > first.record.leader_transitions,
         "re-acquisition by the same identity must raise the fencing token"
     );
-    let free = record("", again.record.leader_transitions);
-    let released = a.update(&again.version, &free).await.expect("release");
+    let released = a
+        .update(&again.version, &free(again.record.leader_transitions))
+        .await
+        .expect("release");
     match b.try_acquire(&record("b", 0)).await.expect("try_acquire") {
         Some(Acquisition::Acquired(taken)) => assert!(
             taken.record.leader_transitions > released.record.leader_transitions,

@@ -180,8 +180,9 @@ impl ResourceLock for MemoryLock {
         record: &LeaderElectionRecord,
     ) -> Result<Observed, LockError> {
         let mut objects = self.store.objects();
-        match objects.objects.get(&self.name) {
-            Some(object) if Version::from(object.version) == *version => {}
+        // An unreadable record is never overwritten, whatever version the caller names.
+        match objects.read(&self.name)? {
+            Some((_, object)) if Version::from(object.version) == *version => {}
             _ => return Err(LockError::conflict(BACKEND)),
         }
         let version = objects.write(&self.name, Value::Record(record.clone()));

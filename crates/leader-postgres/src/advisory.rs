@@ -1,0 +1,237 @@
+//! The advisory lock: the table's record, plus a session-level advisory lock held by the leader's
+//! own dedicated connection.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use leader_core::{
+    Acquisition, ChangeStream, LeaderElectionRecord, LockError, Observed, ResourceLock, Version,
+};
+use tokio::sync::Mutex;
+use tokio_postgres::{Client, Statement};
+
+use crate::error::map;
+use crate::store::PostgresStore;
+use crate::table::Election;
+
+/// A [`ResourceLock`] that ties leadership to a Postgres session: the record lives in the lock
+/// table as for [`TableLock`](crate::TableLock), and every write that names this candidate as
+/// holder also requires `pg_try_advisory_lock` held by this lock's own dedicated connection.
+///
+/// * Acquiring takes the advisory lock (`pg_try_advisory_lock`, only if this session does not
+///   hold it yet, so it never stacks) in the same statement that writes the record.
+/// * Every renewal checks, in the same statement, that the *same* backend session still holds it:
+///   when the session died (a restart, `pg_terminate_backend`, a network cut), the renewal fails
+///   and the leader steps down at its renew deadline even though a new connection would succeed.
+/// * Releasing clears the record and unlocks in one statement.
+/// * Followers still wait out the holder's lease (decided by the server's clock), so a leader
+///   whose session died silently is never overlapped while it may still act.
+///
+/// A candidate may take the advisory lock while the previous holder's lease is running out; it
+/// then acquires the record as soon as the lease has expired, before anyone else.
+///
+/// # What it cannot do
+///
+/// * It does not work behind PgBouncer in transaction (or statement) pooling mode: advisory locks
+///   belong to a server session, and such a pooler hands the session to other clients between
+///   transactions. Connect directly or through session pooling.
+/// * A half-open client connection (the client host vanished without closing the socket) keeps
+///   the lock until the server notices. The session sets `idle_session_timeout` (Postgres 14 and
+///   later) and TCP keepalives so that it notices within about [`idle_session_timeout`], and the
+///   lease keeps followers from acting early meanwhile.
+///
+/// [`idle_session_timeout`]: Self::idle_session_timeout
+#[derive(Clone, Debug)]
+pub struct AdvisoryLock {
+    store: PostgresStore,
+    election: Election,
+    idle_timeout: Duration,
+    session: Arc<Mutex<Option<Session>>>,
+}
+
+#[derive(Debug)]
+struct Session {
+    client: Client,
+    get: Statement,
+    create: Statement,
+    update: Statement,
+    try_acquire: Statement,
+    unlock: Statement,
+}
+
+impl AdvisoryLock {
+    pub(crate) fn new(store: PostgresStore, name: String, identity: String) -> Self {
+        let election = Election::new(&store, name, identity);
+        Self {
+            store,
+            election,
+            idle_timeout: Duration::from_secs(30),
+            session: Arc::default(),
+        }
+    }
+
+    /// How long the server keeps this lock's session when the client goes silent (Postgres 14+
+    /// `idle_session_timeout`; default 30 s). It must exceed the elector's longest wait between
+    /// two requests: `retry_period * (1 + jitter)`.
+    #[must_use]
+    pub fn idle_session_timeout(mut self, timeout: Duration) -> Self {
+        self.idle_timeout = timeout;
+        self
+    }
+
+    /// The advisory lock key (`pg_try_advisory_lock(bigint)`), derived from table and name.
+    pub fn key(&self) -> i64 {
+        self.election.key
+    }
+
+    /// The backend process id of this lock's session, if connected: what
+    /// `pg_terminate_backend` takes.
+    pub async fn backend_pid(&self) -> Result<Option<i32>, LockError> {
+        let session = self.session.lock().await;
+        let Some(session) = session.as_ref().filter(|s| !s.client.is_closed()) else {
+            return Ok(None);
+        };
+        let row = session
+            .client
+            .query_one("SELECT pg_backend_pid()", &[])
+            .await
+            .map_err(|err| map(&self.store.context(), err))?;
+        Ok(Some(row.get(0)))
+    }
+
+    async fn connect(&self) -> Result<Session, LockError> {
+        let client = self.store.dedicated("", None).await?;
+        let context = self.store.context();
+        let timeout = format!("{}ms", self.idle_timeout.as_millis());
+        let app = format!("leader:{}", self.election.identity);
+        client
+            .query("SELECT set_config('application_name', $1, false)", &[&app])
+            .await
+            .map_err(|err| map(&context, err))?;
+        // Postgres before 14 has no idle_session_timeout; keepalives still apply.
+        if let Err(err) = client
+            .query(
+                "SELECT set_config('idle_session_timeout', $1, false)",
+                &[&timeout],
+            )
+            .await
+        {
+            tracing::debug!(error = %err, "idle_session_timeout not supported by this server");
+        }
+        let statements = &self.store.inner().statements;
+        let prepare = |sql: &str| {
+            let client = &client;
+            let context = &context;
+            let sql = sql.to_owned();
+            async move { client.prepare(&sql).await.map_err(|err| map(context, err)) }
+        };
+        Ok(Session {
+            get: prepare(&statements.get).await?,
+            create: prepare(&statements.create).await?,
+            update: prepare(&statements.update).await?,
+            try_acquire: prepare(&statements.try_acquire).await?,
+            unlock: prepare(&statements.unlock).await?,
+            client,
+        })
+    }
+
+    /// Runs `op` on the dedicated session, connecting first if there is none; a session whose
+    /// connection broke is dropped, and its advisory lock is gone with it.
+    async fn with_session<T>(
+        &self,
+        op: impl AsyncFnOnce(&Session) -> Result<T, LockError>,
+    ) -> Result<T, LockError> {
+        let mut guard = self.session.lock().await;
+        if guard.as_ref().is_none_or(|s| s.client.is_closed()) {
+            *guard = None;
+            *guard = Some(self.connect().await?);
+        }
+        let Some(session) = guard.as_ref() else {
+            unreachable!("connected above");
+        };
+        let result = op(session).await;
+        if session.client.is_closed() {
+            *guard = None;
+        }
+        result
+    }
+
+    /// After a lost compare-and-swap, lets go of an advisory lock taken in vain.
+    async fn unlock_unless_holder(&self, session: &Session) {
+        let name = &self.election.name;
+        let identity = &self.election.identity;
+        if let Err(err) = session
+            .client
+            .query(&session.unlock, &[&self.election.key, name, identity])
+            .await
+        {
+            tracing::debug!(error = %err, "advisory unlock after a conflict failed");
+        }
+    }
+}
+
+#[async_trait]
+impl ResourceLock for AdvisoryLock {
+    async fn get(&self) -> Result<Option<Observed>, LockError> {
+        self.with_session(async |s| self.election.get(&self.store, &s.client, &s.get).await)
+            .await
+    }
+
+    async fn create(&self, record: &LeaderElectionRecord) -> Result<Observed, LockError> {
+        self.with_session(async |s| {
+            let result = self
+                .election
+                .create(&self.store, &s.client, &s.create, record, true)
+                .await;
+            if result.as_ref().is_err_and(LockError::is_conflict) {
+                self.unlock_unless_holder(s).await;
+            }
+            result
+        })
+        .await
+    }
+
+    async fn update(
+        &self,
+        version: &Version,
+        record: &LeaderElectionRecord,
+    ) -> Result<Observed, LockError> {
+        self.with_session(async |s| {
+            let result = self
+                .election
+                .update(&self.store, &s.client, &s.update, version, record, true)
+                .await;
+            if result.as_ref().is_err_and(LockError::is_conflict) {
+                self.unlock_unless_holder(s).await;
+            }
+            result
+        })
+        .await
+    }
+
+    fn identity(&self) -> &str {
+        &self.election.identity
+    }
+
+    fn describe(&self) -> String {
+        self.election.describe(&self.store, "+advisory")
+    }
+
+    async fn watch(&self) -> Result<Option<ChangeStream>, LockError> {
+        self.store.listen(&self.election.channel).await.map(Some)
+    }
+
+    async fn try_acquire(
+        &self,
+        desired: &LeaderElectionRecord,
+    ) -> Result<Option<Acquisition>, LockError> {
+        self.with_session(async |s| {
+            self.election
+                .try_acquire(&self.store, &s.client, &s.try_acquire, desired, true)
+                .await
+                .map(Some)
+        })
+        .await
+    }
+}

@@ -1,0 +1,19 @@
+#![doc = include_str!("../README.md")]
+#![forbid(unsafe_code)]
+#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
+
+mod advisory;
+mod error;
+mod sql;
+mod store;
+mod table;
+
+pub use advisory::AdvisoryLock;
+pub use error::redact_url;
+pub use store::{DEFAULT_SCHEMA, DEFAULT_TABLE, PostgresStore, PostgresStoreBuilder};
+pub use table::TableLock;
+
+/// The core crate, so that one dependency is enough.
+pub use leader_core;
+/// The driver and pool, for callers that bring their own pool.
+pub use {deadpool_postgres, tokio_postgres};

@@ -1,0 +1,275 @@
+//! The statements, one round trip each. Expiry is decided with the server's `now()` inside the
+//! statement that acts on it (S1).
+
+use chrono::{DateTime, Utc};
+use leader_core::{LeaderElectionRecord, LockError, Observed, Version};
+use tokio_postgres::Row;
+
+use crate::error::BACKEND;
+
+/// A validated, quoted `schema.table`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct TableName {
+    pub(crate) schema: String,
+    pub(crate) table: String,
+}
+
+impl TableName {
+    pub(crate) fn new(schema: &str, table: &str) -> Result<Self, LockError> {
+        for (what, name) in [("schema", schema), ("table", table)] {
+            let valid = !name.is_empty()
+                && name.len() <= 63
+                && name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '$');
+            if !valid {
+                return Err(LockError::Misconfigured {
+                    backend: BACKEND,
+                    message: format!(
+                        "invalid {what} name {name:?}: use 1 to 63 letters, digits, '_' or '$', not starting with a digit"
+                    ),
+                });
+            }
+        }
+        Ok(Self {
+            schema: schema.to_owned(),
+            table: table.to_owned(),
+        })
+    }
+
+    /// `"schema"."table"`: quoted, so names are taken exactly as given.
+    pub(crate) fn quoted(&self) -> String {
+        format!("\"{}\".\"{}\"", self.schema, self.table)
+    }
+
+    pub(crate) fn display(&self) -> String {
+        format!("{}.{}", self.schema, self.table)
+    }
+}
+
+const COLUMNS: &str = "holder_identity, lease_duration_ms, acquire_time, renew_time, leader_transitions, strategy, preferred_holder, version";
+
+/// A row that passes the same checks as `LeaderElectionRecord::validate`: an acquisition never
+/// overwrites a row it could not read (S8).
+const VALID: &str = "l.lease_duration_ms >= 0 AND (l.holder_identity = '' OR l.lease_duration_ms > 0) \
+    AND l.leader_transitions >= 0 AND isfinite(l.acquire_time) AND isfinite(l.renew_time) \
+    AND l.renew_time >= l.acquire_time";
+
+/// True when this session holds the advisory lock on key `k` (a parameter).
+fn held(k: &str) -> String {
+    format!(
+        "EXISTS (SELECT 1 FROM pg_catalog.pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid() \
+         AND classid = (({k}::bigint >> 32) & 4294967295)::oid AND objid = ({k}::bigint & 4294967295)::oid \
+         AND objsubid = 1 AND granted)"
+    )
+}
+
+/// This session holds the advisory lock on `k`, taking it if it is free; never twice, so it
+/// never stacks.
+fn hold(k: &str) -> String {
+    format!("({} OR pg_try_advisory_lock({k}::bigint))", held(k))
+}
+
+/// The statements for one table. Each takes an `advisory` flag: the table lock passes false, the
+/// advisory lock true, and then every write naming a holder also needs the session's advisory
+/// lock. `CASE` fixes the order of evaluation, so the advisory lock is only tried on the row that
+/// otherwise qualifies.
+#[derive(Clone, Debug)]
+pub(crate) struct Statements {
+    pub(crate) create_table: String,
+    /// `$1` name.
+    pub(crate) get: String,
+    /// `$1` name, `$2..$8` record, `$9` advisory key, `$10` advisory.
+    pub(crate) create: String,
+    /// `$1` name, `$2..$8` record, `$9` expected version, `$10` channel, `$11` advisory key,
+    /// `$12` advisory.
+    pub(crate) update: String,
+    /// `$1` name, `$2` holder, `$3` lease ms, `$4` time, `$5` advisory key, `$6` advisory.
+    pub(crate) try_acquire: String,
+    /// `$1` advisory key, `$2` name, `$3` identity.
+    pub(crate) unlock: String,
+}
+
+impl Statements {
+    pub(crate) fn new(table: &TableName) -> Self {
+        let t = table.quoted();
+        let create_table = format!(
+            "CREATE TABLE IF NOT EXISTS {t} (
+    name               text        PRIMARY KEY,
+    holder_identity    text        NOT NULL DEFAULT '',
+    lease_duration_ms  bigint      NOT NULL,
+    acquire_time       timestamptz NOT NULL,
+    renew_time         timestamptz NOT NULL,
+    leader_transitions bigint      NOT NULL DEFAULT 0,
+    strategy           text,
+    preferred_holder   text,
+    version            bigint      NOT NULL,
+    expires_at         timestamptz NOT NULL
+)"
+        );
+        let get = format!("SELECT {COLUMNS} FROM {t} WHERE name = $1");
+        // A random first version: a row deleted and created again never matches an old version.
+        let first_version = "(floor(random() * 4503599627370496))::bigint + 1";
+        let expires = "now() + $3::bigint * interval '1 millisecond'";
+        let create = format!(
+            "INSERT INTO {t} (name, {COLUMNS}, expires_at)
+             SELECT $1, $2, $3, $4, $5, $6, $7, $8, {first_version}, {expires}
+             WHERE CASE WHEN NOT $10::bool OR $2::text = '' THEN true ELSE {} END
+             ON CONFLICT (name) DO NOTHING
+             RETURNING version",
+            hold("$9")
+        );
+        // A renewal by the holder needs the advisory lock of the *same* session; an acquisition
+        // may take it. A release (empty holder) notifies followers and lets go of the advisory lock
+        // in the same statement.
+        let update = format!(
+            "WITH updated AS (
+               UPDATE {t} AS l SET holder_identity = $2, lease_duration_ms = $3, acquire_time = $4,
+                 renew_time = $5, leader_transitions = $6, strategy = $7, preferred_holder = $8,
+                 version = l.version + 1, expires_at = {expires}
+               WHERE l.name = $1 AND CASE
+                 WHEN l.version <> $9 OR NOT ({VALID}) THEN false
+                 WHEN NOT $12::bool OR $2::text = '' THEN true
+                 WHEN l.holder_identity = $2 THEN {}
+                 ELSE {} END
+               RETURNING l.version
+             )
+             SELECT u.version FROM updated u
+             LEFT JOIN LATERAL (SELECT pg_notify($10, '') WHERE $2::text = '') n ON true
+             LEFT JOIN LATERAL (SELECT pg_advisory_unlock($11::bigint)
+                                WHERE $2::text = '' AND $12::bool AND {}) a ON true",
+            held("$11"),
+            hold("$11"),
+            held("$11")
+        );
+        let takeable = "(l.holder_identity = '' OR l.holder_identity = EXCLUDED.holder_identity OR l.expires_at <= now())";
+        let try_acquire = format!(
+            "WITH acquired AS (
+               INSERT INTO {t} AS l (name, {COLUMNS}, expires_at)
+               SELECT $1, $2, $3, $4, $4, 1, NULL, NULL, {first_version}, {expires}
+               WHERE CASE WHEN NOT $6::bool THEN true ELSE {hold} END
+               ON CONFLICT (name) DO UPDATE SET holder_identity = EXCLUDED.holder_identity,
+                 lease_duration_ms = EXCLUDED.lease_duration_ms, acquire_time = EXCLUDED.acquire_time,
+                 renew_time = EXCLUDED.renew_time, leader_transitions = l.leader_transitions + 1,
+                 version = l.version + 1, expires_at = EXCLUDED.expires_at
+               WHERE CASE WHEN NOT ({takeable} AND {VALID}) THEN false
+                          WHEN NOT $6::bool THEN true ELSE {hold} END
+               RETURNING true AS acquired, {COLUMNS}
+             )
+             SELECT * FROM acquired
+             UNION ALL
+             SELECT false, {COLUMNS} FROM {t} WHERE name = $1 AND NOT EXISTS (SELECT 1 FROM acquired)",
+            hold = hold("$5"),
+        );
+        let unlock = format!(
+            "SELECT pg_advisory_unlock($1::bigint) WHERE {} \
+             AND NOT EXISTS (SELECT 1 FROM {t} WHERE name = $2 AND holder_identity = $3)",
+            held("$1")
+        );
+        Self {
+            create_table,
+            get,
+            create,
+            update,
+            try_acquire,
+            unlock,
+        }
+    }
+}
+
+/// The columns as parameters `$2..$8`.
+pub(crate) struct RecordParams {
+    pub(crate) holder: String,
+    pub(crate) lease_ms: i64,
+    pub(crate) acquire: DateTime<Utc>,
+    pub(crate) renew: DateTime<Utc>,
+    pub(crate) transitions: i64,
+    pub(crate) strategy: Option<String>,
+    pub(crate) preferred: Option<String>,
+}
+
+impl RecordParams {
+    pub(crate) fn new(record: &LeaderElectionRecord) -> Result<Self, LockError> {
+        let out_of_range = |what: &str| {
+            LockError::invalid_record(BACKEND, format!("{what} is too large to store"))
+        };
+        Ok(Self {
+            holder: record.holder_identity.clone(),
+            lease_ms: i64::try_from(record.lease_duration.as_millis())
+                .map_err(|_| out_of_range("lease duration"))?,
+            acquire: record.acquire_time,
+            renew: record.renew_time,
+            transitions: i64::try_from(record.leader_transitions)
+                .map_err(|_| out_of_range("leader transitions"))?,
+            strategy: record.strategy.clone(),
+            preferred: record.preferred_holder.clone(),
+        })
+    }
+}
+
+/// Decodes a row of `COLUMNS` starting at column `at`, checking what the types cannot.
+pub(crate) fn decode(row: &Row, at: usize, context: &str) -> Result<Observed, LockError> {
+    let bad = |reason: String| LockError::invalid_record(BACKEND, format!("{context}: {reason}"));
+    let column = |i: usize, err: tokio_postgres::Error| {
+        bad(format!("column {}: {err}", row.columns()[i].name()))
+    };
+    let lease_ms: i64 = row.try_get(at + 1).map_err(|e| column(at + 1, e))?;
+    let transitions: i64 = row.try_get(at + 4).map_err(|e| column(at + 4, e))?;
+    let record = LeaderElectionRecord {
+        holder_identity: row.try_get(at).map_err(|e| column(at, e))?,
+        lease_duration: std::time::Duration::from_millis(
+            u64::try_from(lease_ms)
+                .map_err(|_| bad(format!("negative lease duration {lease_ms} ms")))?,
+        ),
+        acquire_time: row.try_get(at + 2).map_err(|e| column(at + 2, e))?,
+        renew_time: row.try_get(at + 3).map_err(|e| column(at + 3, e))?,
+        leader_transitions: u64::try_from(transitions)
+            .map_err(|_| bad(format!("negative leader transitions {transitions}")))?,
+        strategy: row.try_get(at + 5).map_err(|e| column(at + 5, e))?,
+        preferred_holder: row.try_get(at + 6).map_err(|e| column(at + 6, e))?,
+    };
+    record.validate().map_err(bad)?;
+    let version: i64 = row.try_get(at + 7).map_err(|e| column(at + 7, e))?;
+    Ok(Observed {
+        record,
+        version: Version::from(version),
+    })
+}
+
+/// A version this table issued; anything else can match no row.
+pub(crate) fn parse_version(version: &Version) -> Option<i64> {
+    version.as_str().parse().ok()
+}
+
+/// A stable 64-bit FNV-1a hash, for advisory keys and channel names.
+pub(crate) fn fnv1a(parts: &[&str]) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for part in parts {
+        for byte in part.bytes().chain(std::iter::once(0)) {
+            hash ^= u64::from(byte);
+            hash = hash.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    hash
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identifiers_are_validated() {
+        assert!(TableName::new("public", "leader_election").is_ok());
+        for bad in ["", "1abc", "a b", "x\"; drop table y; --", &"a".repeat(64)] {
+            assert!(TableName::new("public", bad).is_err(), "{bad}");
+            assert!(TableName::new(bad, "t").is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn hashes_are_stable() {
+        assert_eq!(fnv1a(&[]), 0xcbf2_9ce4_8422_2325);
+        assert_ne!(fnv1a(&["a", "bc"]), fnv1a(&["ab", "c"]));
+    }
+}

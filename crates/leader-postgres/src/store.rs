@@ -1,0 +1,417 @@
+//! The connection side: pool, TLS, dedicated sessions and the shared LISTEN connection.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::str::FromStr;
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use futures_util::StreamExt;
+use leader_core::{ChangeStream, LockError};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::{Mutex, broadcast};
+use tokio_postgres::config::SslMode;
+use tokio_postgres::tls::MakeTlsConnect;
+use tokio_postgres::{AsyncMessage, Client, Config, Connection, NoTls, Socket};
+use tokio_postgres_rustls::MakeRustlsConnect;
+
+use crate::advisory::AdvisoryLock;
+use crate::error::{BACKEND, map, map_pool, redact_url};
+use crate::sql::{Statements, TableName};
+use crate::table::TableLock;
+
+/// The default table name.
+pub const DEFAULT_TABLE: &str = "leader_election";
+/// The default schema.
+pub const DEFAULT_SCHEMA: &str = "public";
+
+/// Builds a [`PostgresStore`]; start with [`PostgresStore::builder`].
+#[must_use = "builder does nothing itself, use `.build()` to build it"]
+pub struct PostgresStoreBuilder {
+    url: String,
+    schema: String,
+    table: String,
+    create_table: bool,
+    max_connections: usize,
+    tls: Option<rustls::ClientConfig>,
+    pool: Option<Pool>,
+}
+
+impl fmt::Debug for PostgresStoreBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresStoreBuilder")
+            .field("url", &redact_url(&self.url))
+            .field("schema", &self.schema)
+            .field("table", &self.table)
+            .field("create_table", &self.create_table)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PostgresStoreBuilder {
+    /// The schema of the lock table (default `public`).
+    pub fn schema(mut self, schema: impl Into<String>) -> Self {
+        self.schema = schema.into();
+        self
+    }
+
+    /// The lock table (default `leader_election`).
+    pub fn table(mut self, table: impl Into<String>) -> Self {
+        self.table = table.into();
+        self
+    }
+
+    /// Create the table when it is missing, at [`build`](Self::build) (default false: a
+    /// least-privilege role cannot, see `deploy/postgres/`).
+    pub fn create_table(mut self, create: bool) -> Self {
+        self.create_table = create;
+        self
+    }
+
+    /// Size of the connection pool (default 4). Advisory locks and notifications use dedicated
+    /// connections besides the pool.
+    pub fn max_connections(mut self, max: usize) -> Self {
+        self.max_connections = max.max(1);
+        self
+    }
+
+    /// TLS settings for `sslmode=require` (default: the Mozilla root certificates from
+    /// `webpki-roots`). Use it to trust a private CA.
+    pub fn tls(mut self, config: rustls::ClientConfig) -> Self {
+        self.tls = Some(config);
+        self
+    }
+
+    /// Use an existing pool for the table lock's statements; the URL still serves the dedicated
+    /// connections (notifications, advisory locks).
+    pub fn pool(mut self, pool: Pool) -> Self {
+        self.pool = Some(pool);
+        self
+    }
+
+    /// Connects (lazily: the pool opens connections on first use) and, if asked, creates the table.
+    pub async fn build(self) -> Result<PostgresStore, LockError> {
+        let redacted = redact_url(&self.url);
+        let mut config = Config::from_str(&self.url).map_err(|err| LockError::Misconfigured {
+            backend: BACKEND,
+            message: format!("invalid connection string {redacted}: {err}"),
+        })?;
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(Duration::from_secs(5));
+        }
+        config
+            .keepalives(true)
+            .keepalives_idle(Duration::from_secs(10));
+        if config.get_application_name().is_none() {
+            config.application_name("leader-postgres");
+        }
+        let connector = match config.get_ssl_mode() {
+            SslMode::Require => {
+                Connector::Tls(MakeRustlsConnect::new(self.tls.unwrap_or_else(default_tls)))
+            }
+            _ => {
+                config.ssl_mode(SslMode::Disable);
+                Connector::Plain
+            }
+        };
+        let table = TableName::new(&self.schema, &self.table)?;
+        let pool = match self.pool {
+            Some(pool) => pool,
+            None => {
+                let manager_config = ManagerConfig {
+                    recycling_method: RecyclingMethod::Fast,
+                };
+                let manager = match &connector {
+                    Connector::Plain => Manager::from_config(config.clone(), NoTls, manager_config),
+                    Connector::Tls(tls) => {
+                        Manager::from_config(config.clone(), tls.clone(), manager_config)
+                    }
+                };
+                Pool::builder(manager)
+                    .max_size(self.max_connections)
+                    .runtime(Runtime::Tokio1)
+                    .wait_timeout(Some(Duration::from_secs(5)))
+                    .create_timeout(Some(Duration::from_secs(5)))
+                    .build()
+                    .map_err(|err| LockError::other(BACKEND, err.to_string()))?
+            }
+        };
+        let store = PostgresStore {
+            inner: Arc::new(Inner {
+                pool,
+                config,
+                connector,
+                redacted,
+                statements: Statements::new(&table),
+                table,
+                listener: Listener::default(),
+            }),
+        };
+        if self.create_table {
+            store.create_table().await?;
+        }
+        Ok(store)
+    }
+}
+
+fn default_tls() -> rustls::ClientConfig {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .map(|builder| builder.with_root_certificates(roots).with_no_client_auth())
+        .unwrap_or_else(|_| unreachable!("ring supports the default protocol versions"))
+}
+
+#[derive(Clone)]
+enum Connector {
+    Plain,
+    Tls(MakeRustlsConnect),
+}
+
+/// A Postgres server holding lock tables: make [`TableLock`]s and [`AdvisoryLock`]s from it.
+///
+/// Cheap to clone; all locks made from one store share its pool and one LISTEN connection.
+#[derive(Clone)]
+pub struct PostgresStore {
+    inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) pool: Pool,
+    config: Config,
+    connector: Connector,
+    pub(crate) redacted: String,
+    pub(crate) table: TableName,
+    pub(crate) statements: Statements,
+    listener: Listener,
+}
+
+impl fmt::Debug for PostgresStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresStore")
+            .field("url", &self.inner.redacted)
+            .field("table", &self.inner.table.display())
+            .finish_non_exhaustive()
+    }
+}
+
+impl PostgresStore {
+    /// A builder for the server at `url` (`postgres://user:password@host:port/db?sslmode=require`
+    /// or `host=... user=...`).
+    ///
+    /// TLS: `sslmode=require` connects with rustls and verifies the server's certificate; without
+    /// it (or with `disable` / `prefer`) the connection is plain TCP.
+    pub fn builder(url: impl Into<String>) -> PostgresStoreBuilder {
+        PostgresStoreBuilder {
+            url: url.into(),
+            schema: DEFAULT_SCHEMA.to_owned(),
+            table: DEFAULT_TABLE.to_owned(),
+            create_table: false,
+            max_connections: 4,
+            tls: None,
+            pool: None,
+        }
+    }
+
+    /// A store for the server at `url` with the default table and settings.
+    pub async fn connect(url: impl Into<String>) -> Result<Self, LockError> {
+        Self::builder(url).build().await
+    }
+
+    /// Creates the lock table if it does not exist (`CREATE TABLE IF NOT EXISTS`; needs the
+    /// CREATE privilege on the schema).
+    pub async fn create_table(&self) -> Result<(), LockError> {
+        let client = self.client().await?;
+        client
+            .batch_execute(&self.inner.statements.create_table)
+            .await
+            .map_err(|err| map(&self.context(), err))
+    }
+
+    /// A table lock on election `name` for candidate `identity`.
+    pub fn lock(&self, name: impl Into<String>, identity: impl Into<String>) -> TableLock {
+        TableLock::new(self.clone(), name.into(), identity.into())
+    }
+
+    /// An advisory lock on election `name` for candidate `identity`, with a dedicated connection.
+    pub fn advisory_lock(
+        &self,
+        name: impl Into<String>,
+        identity: impl Into<String>,
+    ) -> AdvisoryLock {
+        AdvisoryLock::new(self.clone(), name.into(), identity.into())
+    }
+
+    /// The connection pool.
+    pub fn pool(&self) -> &Pool {
+        &self.inner.pool
+    }
+
+    /// The connection string with the password redacted.
+    pub fn redacted_url(&self) -> &str {
+        &self.inner.redacted
+    }
+
+    pub(crate) fn inner(&self) -> &Inner {
+        &self.inner
+    }
+
+    pub(crate) fn context(&self) -> String {
+        format!(
+            "{} table {}",
+            self.inner.redacted,
+            self.inner.table.display()
+        )
+    }
+
+    pub(crate) async fn client(&self) -> Result<deadpool_postgres::Object, LockError> {
+        self.inner
+            .pool
+            .get()
+            .await
+            .map_err(|err| map_pool(&self.context(), err))
+    }
+
+    /// A connection outside the pool; its notifications go to `notify`.
+    pub(crate) async fn dedicated(
+        &self,
+        settings: &str,
+        notify: Option<broadcast::Sender<String>>,
+    ) -> Result<Client, LockError> {
+        let context = self.context();
+        let client = match &self.inner.connector {
+            Connector::Plain => connect(&self.inner.config, NoTls, notify).await,
+            Connector::Tls(tls) => connect(&self.inner.config, tls.clone(), notify).await,
+        }
+        .map_err(|err| map(&context, err))?;
+        if !settings.is_empty() {
+            client
+                .batch_execute(settings)
+                .await
+                .map_err(|err| map(&context, err))?;
+        }
+        Ok(client)
+    }
+
+    /// Subscribes to the notification channel `channel` on the store's LISTEN connection.
+    pub(crate) async fn listen(&self, channel: &str) -> Result<ChangeStream, LockError> {
+        let rx = self.inner.listener.subscribe(self, channel).await?;
+        let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+            match rx.recv().await {
+                Ok(()) | Err(broadcast::error::RecvError::Lagged(_)) => Some(((), rx)),
+                Err(broadcast::error::RecvError::Closed) => None,
+            }
+        });
+        Ok(Box::pin(stream))
+    }
+}
+
+async fn connect<T>(
+    config: &Config,
+    tls: T,
+    notify: Option<broadcast::Sender<String>>,
+) -> Result<Client, tokio_postgres::Error>
+where
+    T: MakeTlsConnect<Socket>,
+    T::Stream: Send + 'static,
+{
+    let (client, connection) = config.connect(tls).await?;
+    tokio::spawn(drive(connection, notify));
+    Ok(client)
+}
+
+/// Drives a dedicated connection, forwarding the channel names of notifications.
+async fn drive<S, T>(mut connection: Connection<S, T>, notify: Option<broadcast::Sender<String>>)
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+    T: AsyncRead + AsyncWrite + Unpin,
+{
+    let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+    while let Some(message) = messages.next().await {
+        match message {
+            Ok(AsyncMessage::Notification(n)) => {
+                if let Some(tx) = &notify {
+                    let _ = tx.send(n.channel().to_owned());
+                }
+            }
+            Ok(_) => {}
+            Err(err) => {
+                tracing::debug!(error = %err, "postgres dedicated connection closed");
+                break;
+            }
+        }
+    }
+}
+
+/// One LISTEN connection per store, fanned out to the followers of each channel.
+#[derive(Default)]
+struct Listener {
+    state: Mutex<Option<Listening>>,
+}
+
+struct Listening {
+    client: Client,
+    channels: Arc<StdMutex<HashMap<String, broadcast::Sender<()>>>>,
+}
+
+impl Listener {
+    async fn subscribe(
+        &self,
+        store: &PostgresStore,
+        channel: &str,
+    ) -> Result<broadcast::Receiver<()>, LockError> {
+        let mut state = self.state.lock().await;
+        if state.as_ref().is_none_or(|l| l.client.is_closed()) {
+            let (tx, mut rx) = broadcast::channel::<String>(256);
+            let client = store.dedicated("", Some(tx)).await?;
+            let channels: Arc<StdMutex<HashMap<String, broadcast::Sender<()>>>> = Arc::default();
+            let fan_out = channels.clone();
+            tokio::spawn(async move {
+                loop {
+                    match rx.recv().await {
+                        Ok(channel) => {
+                            let channels = fan_out.lock().unwrap_or_else(|p| p.into_inner());
+                            if let Some(tx) = channels.get(&channel) {
+                                let _ = tx.send(());
+                            }
+                        }
+                        Err(broadcast::error::RecvError::Lagged(_)) => {
+                            // Missed some: wake every follower, they will read the record.
+                            for tx in fan_out.lock().unwrap_or_else(|p| p.into_inner()).values() {
+                                let _ = tx.send(());
+                            }
+                        }
+                        Err(broadcast::error::RecvError::Closed) => break,
+                    }
+                }
+                // The connection is gone: end every follower's stream so they subscribe again.
+                fan_out.lock().unwrap_or_else(|p| p.into_inner()).clear();
+            });
+            *state = Some(Listening { client, channels });
+        }
+        let Some(listening) = state.as_ref() else {
+            unreachable!("set above");
+        };
+        let existing = listening
+            .channels
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(channel)
+            .map(broadcast::Sender::subscribe);
+        if let Some(rx) = existing {
+            return Ok(rx);
+        }
+        listening
+            .client
+            .batch_execute(&format!("LISTEN \"{channel}\""))
+            .await
+            .map_err(|err| map(&store.context(), err))?;
+        let mut channels = listening.channels.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(channels
+            .entry(channel.to_owned())
+            .or_insert_with(|| broadcast::channel(16).0)
+            .subscribe())
+    }
+}

@@ -1,0 +1,257 @@
+//! The table lock: one row per election, compare-and-swap on a version column.
+
+use async_trait::async_trait;
+use leader_core::{
+    Acquisition, ChangeStream, LeaderElectionRecord, LockError, Observed, ResourceLock, Version,
+};
+use tokio_postgres::{Client, Statement};
+
+use crate::error::{BACKEND, map};
+use crate::sql::{RecordParams, decode, fnv1a, parse_version};
+use crate::store::PostgresStore;
+
+/// A [`ResourceLock`] on one row of the lock table.
+///
+/// Every operation is one statement, prepared once per pooled connection: a renewal is one
+/// `UPDATE ... WHERE version = $v`, an acquisition one `INSERT ... ON CONFLICT DO UPDATE` that
+/// decides expiry with the server's `now()`. A release notifies followers through
+/// `LISTEN/NOTIFY`, so one of them takes over at once.
+#[derive(Clone, Debug)]
+pub struct TableLock {
+    store: PostgresStore,
+    election: Election,
+}
+
+/// What identifies one election in a table, shared by both locks.
+#[derive(Clone, Debug)]
+pub(crate) struct Election {
+    pub(crate) name: String,
+    pub(crate) identity: String,
+    pub(crate) channel: String,
+    pub(crate) key: i64,
+}
+
+impl Election {
+    pub(crate) fn new(store: &PostgresStore, name: String, identity: String) -> Self {
+        let table = &store.inner().table;
+        let hash = fnv1a(&[&table.schema, &table.table, &name]);
+        Self {
+            channel: format!("leader_{hash:016x}"),
+            // The advisory key space is shared by every application on the server: hash a prefix
+            // of ours with the table and name. The cast keeps all 64 bits.
+            key: fnv1a(&["leader-postgres", &table.schema, &table.table, &name]).cast_signed(),
+            name,
+            identity,
+        }
+    }
+
+    pub(crate) fn describe(&self, store: &PostgresStore, kind: &str) -> String {
+        format!(
+            "postgres{kind}:{}/{}",
+            store.inner().table.display(),
+            self.name
+        )
+    }
+
+    fn context(&self, store: &PostgresStore) -> String {
+        format!("{} election {:?}", store.context(), self.name)
+    }
+
+    pub(crate) async fn get(
+        &self,
+        store: &PostgresStore,
+        client: &Client,
+        statement: &Statement,
+    ) -> Result<Option<Observed>, LockError> {
+        let context = self.context(store);
+        let row = client
+            .query_opt(statement, &[&self.name])
+            .await
+            .map_err(|err| map(&context, err))?;
+        row.map(|row| decode(&row, 0, &context)).transpose()
+    }
+
+    pub(crate) async fn create(
+        &self,
+        store: &PostgresStore,
+        client: &Client,
+        statement: &Statement,
+        record: &LeaderElectionRecord,
+        advisory: bool,
+    ) -> Result<Observed, LockError> {
+        let p = RecordParams::new(record)?;
+        let row = client
+            .query_opt(
+                statement,
+                &[
+                    &self.name,
+                    &p.holder,
+                    &p.lease_ms,
+                    &p.acquire,
+                    &p.renew,
+                    &p.transitions,
+                    &p.strategy,
+                    &p.preferred,
+                    &self.key,
+                    &advisory,
+                ],
+            )
+            .await
+            .map_err(|err| map(&self.context(store), err))?;
+        let row = row.ok_or(LockError::conflict(BACKEND))?;
+        Ok(Observed {
+            record: record.clone(),
+            version: Version::from(row.get::<_, i64>(0)),
+        })
+    }
+
+    pub(crate) async fn update(
+        &self,
+        store: &PostgresStore,
+        client: &Client,
+        statement: &Statement,
+        version: &Version,
+        record: &LeaderElectionRecord,
+        advisory: bool,
+    ) -> Result<Observed, LockError> {
+        let Some(expected) = parse_version(version) else {
+            return Err(LockError::conflict(BACKEND));
+        };
+        let p = RecordParams::new(record)?;
+        let row = client
+            .query_opt(
+                statement,
+                &[
+                    &self.name,
+                    &p.holder,
+                    &p.lease_ms,
+                    &p.acquire,
+                    &p.renew,
+                    &p.transitions,
+                    &p.strategy,
+                    &p.preferred,
+                    &expected,
+                    &self.channel,
+                    &self.key,
+                    &advisory,
+                ],
+            )
+            .await
+            .map_err(|err| map(&self.context(store), err))?;
+        let row = row.ok_or(LockError::conflict(BACKEND))?;
+        Ok(Observed {
+            record: record.clone(),
+            version: Version::from(row.get::<_, i64>(0)),
+        })
+    }
+
+    pub(crate) async fn try_acquire(
+        &self,
+        store: &PostgresStore,
+        client: &Client,
+        statement: &Statement,
+        desired: &LeaderElectionRecord,
+        advisory: bool,
+    ) -> Result<Acquisition, LockError> {
+        let context = self.context(store);
+        let p = RecordParams::new(desired)?;
+        let row = client
+            .query_opt(
+                statement,
+                &[
+                    &self.name,
+                    &p.holder,
+                    &p.lease_ms,
+                    &p.acquire,
+                    &self.key,
+                    &advisory,
+                ],
+            )
+            .await
+            .map_err(|err| map(&context, err))?;
+        // No row: someone inserted it after this statement's snapshot; try again.
+        let row = row.ok_or(LockError::conflict(BACKEND))?;
+        let acquired: bool = row.get(0);
+        let observed = decode(&row, 1, &context)?;
+        Ok(if acquired {
+            Acquisition::Acquired(observed)
+        } else {
+            Acquisition::Held(observed)
+        })
+    }
+}
+
+impl TableLock {
+    pub(crate) fn new(store: PostgresStore, name: String, identity: String) -> Self {
+        let election = Election::new(&store, name, identity);
+        Self { store, election }
+    }
+
+    /// The election's name (its row's primary key).
+    pub fn name(&self) -> &str {
+        &self.election.name
+    }
+
+    async fn prepared(
+        &self,
+        sql: &str,
+    ) -> Result<(deadpool_postgres::Object, Statement), LockError> {
+        let client = self.store.client().await?;
+        let statement = client
+            .prepare_cached(sql)
+            .await
+            .map_err(|err| map(&self.election.context(&self.store), err))?;
+        Ok((client, statement))
+    }
+}
+
+#[async_trait]
+impl ResourceLock for TableLock {
+    async fn get(&self) -> Result<Option<Observed>, LockError> {
+        let (client, statement) = self.prepared(&self.store.inner().statements.get).await?;
+        self.election.get(&self.store, &client, &statement).await
+    }
+
+    async fn create(&self, record: &LeaderElectionRecord) -> Result<Observed, LockError> {
+        let (client, statement) = self.prepared(&self.store.inner().statements.create).await?;
+        self.election
+            .create(&self.store, &client, &statement, record, false)
+            .await
+    }
+
+    async fn update(
+        &self,
+        version: &Version,
+        record: &LeaderElectionRecord,
+    ) -> Result<Observed, LockError> {
+        let (client, statement) = self.prepared(&self.store.inner().statements.update).await?;
+        self.election
+            .update(&self.store, &client, &statement, version, record, false)
+            .await
+    }
+
+    fn identity(&self) -> &str {
+        &self.election.identity
+    }
+
+    fn describe(&self) -> String {
+        self.election.describe(&self.store, "")
+    }
+
+    async fn watch(&self) -> Result<Option<ChangeStream>, LockError> {
+        self.store.listen(&self.election.channel).await.map(Some)
+    }
+
+    async fn try_acquire(
+        &self,
+        desired: &LeaderElectionRecord,
+    ) -> Result<Option<Acquisition>, LockError> {
+        let (client, statement) = self
+            .prepared(&self.store.inner().statements.try_acquire)
+            .await?;
+        self.election
+            .try_acquire(&self.store, &client, &statement, desired, false)
+            .await
+            .map(Some)
+    }
+}
