@@ -41,6 +41,18 @@ ensure_postgres() {
   su postgres -c "psql -qc \"ALTER USER postgres PASSWORD 'postgres'\"" >/dev/null
 }
 
+# The wrong-password test needs one role that must authenticate even where loopback is trusted:
+# a scram rule for it alone, ahead of the others.
+ensure_postgres_password_rule() {
+  local hba
+  hba=$(su postgres -c "psql -Atc 'show hba_file'") || return 1
+  if ! grep -q 'leader_password_test' "$hba"; then
+    log "adding a password rule for role leader_password_test to $hba"
+    sed -i '1i host all leader_password_test 127.0.0.1/32 scram-sha-256\nhost all leader_password_test ::1/128 scram-sha-256' "$hba"
+    su postgres -c "psql -qAtc 'SELECT pg_reload_conf()'" >/dev/null
+  fi
+}
+
 ensure_redis() {
   if port_open 127.0.0.1 6379; then return 0; fi
   command -v redis-server >/dev/null 2>&1 || { log "installing redis-server"; apt_install redis-server; }

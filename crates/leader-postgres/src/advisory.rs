@@ -56,6 +56,7 @@ struct Session {
     get: Statement,
     create: Statement,
     update: Statement,
+    release: Statement,
     try_acquire: Statement,
     unlock: Statement,
 }
@@ -119,7 +120,7 @@ impl AdvisoryLock {
         {
             tracing::debug!(error = %err, "idle_session_timeout not supported by this server");
         }
-        let statements = &self.store.inner().statements;
+        let statements = &self.store.inner().advisory_statements;
         let prepare = |sql: &str| {
             let client = &client;
             let context = &context;
@@ -130,6 +131,7 @@ impl AdvisoryLock {
             get: prepare(&statements.get).await?,
             create: prepare(&statements.create).await?,
             update: prepare(&statements.update).await?,
+            release: prepare(&statements.release).await?,
             try_acquire: prepare(&statements.try_acquire).await?,
             unlock: prepare(&statements.unlock).await?,
             client,
@@ -200,7 +202,14 @@ impl ResourceLock for AdvisoryLock {
         self.with_session(async |s| {
             let result = self
                 .election
-                .update(&self.store, &s.client, &s.update, version, record, true)
+                .update(
+                    &self.store,
+                    &s.client,
+                    [&s.update, &s.release],
+                    version,
+                    record,
+                    true,
+                )
                 .await;
             if result.as_ref().is_err_and(LockError::is_conflict) {
                 self.unlock_unless_holder(s).await;

@@ -26,7 +26,14 @@ impl fmt::Display for DriverError {
                 db.message(),
                 db.code().code()
             ),
-            None => write!(f, "{}: {}", self.context, self.source),
+            None => {
+                write!(f, "{}: {}", self.context, self.source)?;
+                // tokio-postgres keeps the reason ("Connection refused") in its source.
+                match std::error::Error::source(&self.source) {
+                    Some(cause) => write!(f, ": {cause}"),
+                    None => Ok(()),
+                }
+            }
         }
     }
 }

@@ -71,29 +71,42 @@ fn hold(k: &str) -> String {
     format!("({} OR pg_try_advisory_lock({k}::bigint))", held(k))
 }
 
-/// The statements for one table. Each takes an `advisory` flag: the table lock passes false, the
-/// advisory lock true, and then every write naming a holder also needs the session's advisory
-/// lock. `CASE` fixes the order of evaluation, so the advisory lock is only tried on the row that
-/// otherwise qualifies.
+/// Which lock the statements are for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// The table lock: the row alone.
+    Table,
+    /// The advisory lock: every write naming a holder also needs this session's advisory lock,
+    /// whose key is the last parameter.
+    Advisory,
+}
+
+/// The statements of one lock kind on one table. Each kind gets only its own SQL: the advisory
+/// parts, even unexecuted, would make Postgres plan the table lock's statements anew on every
+/// execution (their generic plan looks costlier), tripling a renewal's latency.
 #[derive(Clone, Debug)]
 pub(crate) struct Statements {
     pub(crate) create_table: String,
     /// `$1` name.
     pub(crate) get: String,
-    /// `$1` name, `$2..$8` record, `$9` advisory key, `$10` advisory.
+    /// `$1` name, `$2..$8` record; advisory: `$9` key.
     pub(crate) create: String,
-    /// `$1` name, `$2..$8` record, `$9` expected version, `$10` channel, `$11` advisory key,
-    /// `$12` advisory.
+    /// `$1` name, `$2..$8` record, `$9` expected version; advisory: `$10` key. For a record
+    /// with a holder; see `release`.
     pub(crate) update: String,
-    /// `$1` name, `$2` holder, `$3` lease ms, `$4` time, `$5` advisory key, `$6` advisory.
+    /// [`update`](Self::update) of a record with an empty holder, which also notifies followers on
+    /// channel `$10`; advisory: `$11` key.
+    pub(crate) release: String,
+    /// `$1` name, `$2` holder, `$3` lease ms, `$4` time; advisory: `$5` key.
     pub(crate) try_acquire: String,
-    /// `$1` advisory key, `$2` name, `$3` identity.
+    /// Advisory only: `$1` key, `$2` name, `$3` identity.
     pub(crate) unlock: String,
 }
 
 impl Statements {
-    pub(crate) fn new(table: &TableName) -> Self {
+    pub(crate) fn new(table: &TableName, kind: Kind) -> Self {
         let t = table.quoted();
+        let advisory = kind == Kind::Advisory;
         let create_table = format!(
             "CREATE TABLE IF NOT EXISTS {t} (
     name               text        PRIMARY KEY,
@@ -112,57 +125,95 @@ impl Statements {
         // A random first version: a row deleted and created again never matches an old version.
         let first_version = "(floor(random() * 4503599627370496))::bigint + 1";
         let expires = "now() + $3::bigint * interval '1 millisecond'";
+
+        // An acquisition by this session takes the advisory lock (if it is free).
+        let create_guard = if advisory {
+            format!(
+                "WHERE CASE WHEN $2::text = '' THEN true ELSE {} END",
+                hold("$9")
+            )
+        } else {
+            String::new()
+        };
         let create = format!(
             "INSERT INTO {t} (name, {COLUMNS}, expires_at)
-             SELECT $1, $2, $3, $4, $5, $6, $7, $8, {first_version}, {expires}
-             WHERE CASE WHEN NOT $10::bool OR $2::text = '' THEN true ELSE {} END
+             SELECT $1, $2, $3, $4, $5, $6, $7, $8, {first_version}, {expires} {create_guard}
              ON CONFLICT (name) DO NOTHING
-             RETURNING version",
-            hold("$9")
+             RETURNING version"
         );
+
         // A renewal by the holder needs the advisory lock of the *same* session; an acquisition
-        // may take it. A release (empty holder) notifies followers and lets go of the advisory lock
-        // in the same statement.
-        let update = format!(
-            "WITH updated AS (
-               UPDATE {t} AS l SET holder_identity = $2, lease_duration_ms = $3, acquire_time = $4,
-                 renew_time = $5, leader_transitions = $6, strategy = $7, preferred_holder = $8,
-                 version = l.version + 1, expires_at = {expires}
-               WHERE l.name = $1 AND CASE
-                 WHEN l.version <> $9 OR NOT ({VALID}) THEN false
-                 WHEN NOT $12::bool OR $2::text = '' THEN true
-                 WHEN l.holder_identity = $2 THEN {}
-                 ELSE {} END
-               RETURNING l.version
-             )
+        // may take it. An unreadable row is never overwritten (S8). `key` is the advisory key's
+        // parameter, which differs between the two statements below.
+        let update = |key: &str| {
+            let guard = if advisory {
+                format!(
+                    "CASE WHEN l.version <> $9 OR NOT ({VALID}) THEN false
+                          WHEN $2::text = '' THEN true
+                          WHEN l.holder_identity = $2 THEN {}
+                          ELSE {} END",
+                    held(key),
+                    hold(key)
+                )
+            } else {
+                format!("l.version = $9 AND {VALID}")
+            };
+            format!(
+                "UPDATE {t} AS l SET holder_identity = $2, lease_duration_ms = $3, acquire_time = $4,
+                   renew_time = $5, leader_transitions = $6, strategy = $7, preferred_holder = $8,
+                   version = l.version + 1, expires_at = {expires}
+                 WHERE l.name = $1 AND {guard}
+                 RETURNING l.version"
+            )
+        };
+        // A release (empty holder) also notifies followers on channel `$10`, and lets go of the
+        // advisory lock (`$11`), in the same statement.
+        let unlock = if advisory {
+            format!(
+                "LEFT JOIN LATERAL (SELECT pg_advisory_unlock($11::bigint) WHERE {}) a ON true",
+                held("$11")
+            )
+        } else {
+            String::new()
+        };
+        let release = format!(
+            "WITH updated AS ({})
              SELECT u.version FROM updated u
-             LEFT JOIN LATERAL (SELECT pg_notify($10, '') WHERE $2::text = '') n ON true
-             LEFT JOIN LATERAL (SELECT pg_advisory_unlock($11::bigint)
-                                WHERE $2::text = '' AND $12::bool AND {}) a ON true",
-            held("$11"),
-            hold("$11"),
-            held("$11")
+             LEFT JOIN LATERAL (SELECT pg_notify($10, '')) n ON true
+             {unlock}",
+            update("$11")
         );
+        // Renewals and takeovers: a bare UPDATE, the cheapest committed write there is.
+        let update = update("$10");
+
         let takeable = "(l.holder_identity = '' OR l.holder_identity = EXCLUDED.holder_identity OR l.expires_at <= now())";
+        let (insert_guard, takeover_guard) = if advisory {
+            (
+                format!("WHERE {}", hold("$5")),
+                format!(
+                    "CASE WHEN {takeable} AND {VALID} THEN {} ELSE false END",
+                    hold("$5")
+                ),
+            )
+        } else {
+            (String::new(), format!("{takeable} AND {VALID}"))
+        };
         let try_acquire = format!(
             "WITH acquired AS (
                INSERT INTO {t} AS l (name, {COLUMNS}, expires_at)
-               SELECT $1, $2, $3, $4, $4, 1, NULL, NULL, {first_version}, {expires}
-               WHERE CASE WHEN NOT $6::bool THEN true ELSE {hold} END
+               SELECT $1, $2, $3, $4, $4, 1, NULL, NULL, {first_version}, {expires} {insert_guard}
                ON CONFLICT (name) DO UPDATE SET holder_identity = EXCLUDED.holder_identity,
                  lease_duration_ms = EXCLUDED.lease_duration_ms, acquire_time = EXCLUDED.acquire_time,
                  renew_time = EXCLUDED.renew_time, leader_transitions = l.leader_transitions + 1,
                  version = l.version + 1, expires_at = EXCLUDED.expires_at
-               WHERE CASE WHEN NOT ({takeable} AND {VALID}) THEN false
-                          WHEN NOT $6::bool THEN true ELSE {hold} END
+               WHERE {takeover_guard}
                RETURNING true AS acquired, {COLUMNS}
              )
              SELECT * FROM acquired
              UNION ALL
-             SELECT false, {COLUMNS} FROM {t} WHERE name = $1 AND NOT EXISTS (SELECT 1 FROM acquired)",
-            hold = hold("$5"),
+             SELECT false, {COLUMNS} FROM {t} WHERE name = $1 AND NOT EXISTS (SELECT 1 FROM acquired)"
         );
-        let unlock = format!(
+        let unlock_unless_holder = format!(
             "SELECT pg_advisory_unlock($1::bigint) WHERE {} \
              AND NOT EXISTS (SELECT 1 FROM {t} WHERE name = $2 AND holder_identity = $3)",
             held("$1")
@@ -172,8 +223,9 @@ impl Statements {
             get,
             create,
             update,
+            release,
             try_acquire,
-            unlock,
+            unlock: unlock_unless_holder,
         }
     }
 }
@@ -265,6 +317,22 @@ mod tests {
             assert!(TableName::new("public", bad).is_err(), "{bad}");
             assert!(TableName::new(bad, "t").is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn the_shipped_schema_is_the_one_the_code_creates() {
+        let shipped = include_str!("../../../deploy/postgres/schema.sql");
+        let statement: String = shipped
+            .lines()
+            .filter(|line| !line.starts_with("--"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let created = Statements::new(
+            &TableName::new("public", "leader_election").expect("name"),
+            Kind::Table,
+        )
+        .create_table;
+        assert_eq!(statement.trim().trim_end_matches(';'), created.trim());
     }
 
     #[test]

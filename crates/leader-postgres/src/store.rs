@@ -18,7 +18,7 @@ use tokio_postgres_rustls::MakeRustlsConnect;
 
 use crate::advisory::AdvisoryLock;
 use crate::error::{BACKEND, map, map_pool, redact_url};
-use crate::sql::{Statements, TableName};
+use crate::sql::{Kind, Statements, TableName};
 use crate::table::TableLock;
 
 /// The default table name.
@@ -143,7 +143,8 @@ impl PostgresStoreBuilder {
                 config,
                 connector,
                 redacted,
-                statements: Statements::new(&table),
+                table_statements: Statements::new(&table, Kind::Table),
+                advisory_statements: Statements::new(&table, Kind::Advisory),
                 table,
                 listener: Listener::default(),
             }),
@@ -184,7 +185,8 @@ pub(crate) struct Inner {
     connector: Connector,
     pub(crate) redacted: String,
     pub(crate) table: TableName,
-    pub(crate) statements: Statements,
+    pub(crate) table_statements: Statements,
+    pub(crate) advisory_statements: Statements,
     listener: Listener,
 }
 
@@ -225,7 +227,7 @@ impl PostgresStore {
     pub async fn create_table(&self) -> Result<(), LockError> {
         let client = self.client().await?;
         client
-            .batch_execute(&self.inner.statements.create_table)
+            .batch_execute(&self.inner.table_statements.create_table)
             .await
             .map_err(|err| map(&self.context(), err))
     }

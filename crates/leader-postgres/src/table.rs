@@ -4,6 +4,7 @@ use async_trait::async_trait;
 use leader_core::{
     Acquisition, ChangeStream, LeaderElectionRecord, LockError, Observed, ResourceLock, Version,
 };
+use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Statement};
 
 use crate::error::{BACKEND, map};
@@ -45,6 +46,18 @@ impl Election {
         }
     }
 
+    /// The statement's parameters, with the advisory key last for the advisory lock's statements.
+    fn params<'a>(
+        &'a self,
+        mut params: Vec<&'a (dyn ToSql + Sync)>,
+        advisory: bool,
+    ) -> Vec<&'a (dyn ToSql + Sync)> {
+        if advisory {
+            params.push(&self.key);
+        }
+        params
+    }
+
     pub(crate) fn describe(&self, store: &PostgresStore, kind: &str) -> String {
         format!(
             "postgres{kind}:{}/{}",
@@ -83,18 +96,19 @@ impl Election {
         let row = client
             .query_opt(
                 statement,
-                &[
-                    &self.name,
-                    &p.holder,
-                    &p.lease_ms,
-                    &p.acquire,
-                    &p.renew,
-                    &p.transitions,
-                    &p.strategy,
-                    &p.preferred,
-                    &self.key,
-                    &advisory,
-                ],
+                &self.params(
+                    vec![
+                        &self.name,
+                        &p.holder,
+                        &p.lease_ms,
+                        &p.acquire,
+                        &p.renew,
+                        &p.transitions,
+                        &p.strategy,
+                        &p.preferred,
+                    ],
+                    advisory,
+                ),
             )
             .await
             .map_err(|err| map(&self.context(store), err))?;
@@ -105,11 +119,13 @@ impl Election {
         })
     }
 
+    /// Runs `statements.update`, or `statements.release` for a record without a holder.
+    #[allow(clippy::too_many_arguments, reason = "shared by both locks")]
     pub(crate) async fn update(
         &self,
         store: &PostgresStore,
         client: &Client,
-        statement: &Statement,
+        statements: [&Statement; 2],
         version: &Version,
         record: &LeaderElectionRecord,
         advisory: bool,
@@ -118,24 +134,26 @@ impl Election {
             return Err(LockError::conflict(BACKEND));
         };
         let p = RecordParams::new(record)?;
+        let mut params: Vec<&(dyn ToSql + Sync)> = vec![
+            &self.name,
+            &p.holder,
+            &p.lease_ms,
+            &p.acquire,
+            &p.renew,
+            &p.transitions,
+            &p.strategy,
+            &p.preferred,
+            &expected,
+        ];
+        let [update, release] = statements;
+        let statement = if record.is_free() {
+            params.push(&self.channel);
+            release
+        } else {
+            update
+        };
         let row = client
-            .query_opt(
-                statement,
-                &[
-                    &self.name,
-                    &p.holder,
-                    &p.lease_ms,
-                    &p.acquire,
-                    &p.renew,
-                    &p.transitions,
-                    &p.strategy,
-                    &p.preferred,
-                    &expected,
-                    &self.channel,
-                    &self.key,
-                    &advisory,
-                ],
-            )
+            .query_opt(statement, &self.params(params, advisory))
             .await
             .map_err(|err| map(&self.context(store), err))?;
         let row = row.ok_or(LockError::conflict(BACKEND))?;
@@ -158,14 +176,10 @@ impl Election {
         let row = client
             .query_opt(
                 statement,
-                &[
-                    &self.name,
-                    &p.holder,
-                    &p.lease_ms,
-                    &p.acquire,
-                    &self.key,
-                    &advisory,
-                ],
+                &self.params(
+                    vec![&self.name, &p.holder, &p.lease_ms, &p.acquire],
+                    advisory,
+                ),
             )
             .await
             .map_err(|err| map(&context, err))?;
@@ -208,12 +222,16 @@ impl TableLock {
 #[async_trait]
 impl ResourceLock for TableLock {
     async fn get(&self) -> Result<Option<Observed>, LockError> {
-        let (client, statement) = self.prepared(&self.store.inner().statements.get).await?;
+        let (client, statement) = self
+            .prepared(&self.store.inner().table_statements.get)
+            .await?;
         self.election.get(&self.store, &client, &statement).await
     }
 
     async fn create(&self, record: &LeaderElectionRecord) -> Result<Observed, LockError> {
-        let (client, statement) = self.prepared(&self.store.inner().statements.create).await?;
+        let (client, statement) = self
+            .prepared(&self.store.inner().table_statements.create)
+            .await?;
         self.election
             .create(&self.store, &client, &statement, record, false)
             .await
@@ -224,9 +242,21 @@ impl ResourceLock for TableLock {
         version: &Version,
         record: &LeaderElectionRecord,
     ) -> Result<Observed, LockError> {
-        let (client, statement) = self.prepared(&self.store.inner().statements.update).await?;
+        let statements = &self.store.inner().table_statements;
+        let (client, update) = self.prepared(&statements.update).await?;
+        let release = client
+            .prepare_cached(&statements.release)
+            .await
+            .map_err(|err| map(&self.store.context(), err))?;
         self.election
-            .update(&self.store, &client, &statement, version, record, false)
+            .update(
+                &self.store,
+                &client,
+                [&update, &release],
+                version,
+                record,
+                false,
+            )
             .await
     }
 
@@ -247,7 +277,7 @@ impl ResourceLock for TableLock {
         desired: &LeaderElectionRecord,
     ) -> Result<Option<Acquisition>, LockError> {
         let (client, statement) = self
-            .prepared(&self.store.inner().statements.try_acquire)
+            .prepared(&self.store.inner().table_statements.try_acquire)
             .await?;
         self.election
             .try_acquire(&self.store, &client, &statement, desired, false)

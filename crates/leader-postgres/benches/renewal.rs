@@ -1,0 +1,175 @@
+//! Statements per renewal and renewal latency of the table lock, against two raw references on
+//! the same connection: `SELECT 1` and a single-row `UPDATE` of a plain table.
+//!
+//! ```text
+//! DATABASE_URL=postgres://postgres:postgres@127.0.0.1:5432/postgres \
+//!   cargo bench -p leader-postgres --bench renewal
+//! ```
+
+use std::error::Error;
+use std::time::{Duration, Instant};
+
+use leader_core::faults::FaultyLock;
+use leader_core::{CancellationToken, LeaderElectionRecord, LeaderElector, ResourceLock};
+use leader_postgres::PostgresStore;
+
+// Short interleaved rounds, so that drift in the machine's speed hits all three alike.
+const ROUNDS: usize = 200;
+const PER_ROUND: usize = 25;
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> Result<(), Box<dyn Error>> {
+    let url = std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres:postgres@127.0.0.1:5432/postgres".into());
+    // One pooled connection: the lock and the references share it.
+    let store = PostgresStore::builder(&url)
+        .max_connections(1)
+        .create_table(true)
+        .build()
+        .await?;
+    let name = format!("bench-{:08x}", fastrand::u32(..));
+
+    // 1. Requests per renewal as the elector makes them: a real elector on a counting wrapper.
+    let counted = FaultyLock::new(store.lock(&name, "bench"));
+    let calls = counted.faults();
+    let elector = LeaderElector::builder(counted)
+        .lease_duration(Duration::from_millis(600))
+        .renew_deadline(Duration::from_millis(400))
+        .retry_period(Duration::from_millis(20))
+        .build()?;
+    let mut state = elector.subscribe();
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn(elector.run(shutdown.clone()));
+    state.wait_for(|s| s.is_leading()).await?;
+    let before = calls.calls().len();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let window: Vec<_> = calls.calls()[before..].to_vec();
+    shutdown.cancel();
+    running.await?;
+    let renewals = window
+        .iter()
+        .filter(|c| c.operation == "update" && c.ok == Some(true))
+        .count();
+    let requests_per_renewal = window.len() as f64 / renewals.max(1) as f64;
+
+    // 2. Statements per renewal on the server: committed transactions of this database.
+    let lock = store.lock(&name, "bench");
+    let mut observed = lock.get().await?.ok_or("no row")?;
+    observed = lock
+        .update(&observed.version, &renewed(&observed.record))
+        .await?;
+    let client = store.pool().get().await?;
+    let xacts = "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()";
+    let stats = async |client: &tokio_postgres::Client| -> Result<i64, Box<dyn Error>> {
+        client
+            .batch_execute("SELECT pg_stat_clear_snapshot()")
+            .await?;
+        tokio::time::sleep(Duration::from_millis(1100)).await; // stats are flushed at most every second
+        client
+            .batch_execute("SELECT pg_stat_clear_snapshot()")
+            .await?;
+        Ok(client.query_one(xacts, &[]).await?.get(0))
+    };
+    let start = stats(&client).await?;
+    drop(client);
+    const N: i64 = 1000;
+    for _ in 0..N {
+        observed = lock
+            .update(&observed.version, &renewed(&observed.record))
+            .await?;
+    }
+    let client = store.pool().get().await?;
+    let end = stats(&client).await?;
+    // Each stats read itself commits a few transactions (snapshot clears and the query).
+    let statements_per_renewal = (end - start - 3) as f64 / N as f64;
+
+    // 3. Latency against the raw references on the same connection.
+    client
+        .batch_execute(
+            "CREATE TABLE IF NOT EXISTS leader_bench_plain (id int PRIMARY KEY, v bigint NOT NULL); \
+             INSERT INTO leader_bench_plain VALUES (1, 0) ON CONFLICT (id) DO NOTHING",
+        )
+        .await?;
+    let select = client.prepare_cached("SELECT 1").await?;
+    let update = client
+        .prepare_cached("UPDATE leader_bench_plain SET v = v + 1 WHERE id = 1")
+        .await?;
+    drop(client);
+    let (mut t_select, mut t_update, mut t_renew) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..ROUNDS {
+        let client = store.pool().get().await?;
+        for _ in 0..PER_ROUND {
+            let at = Instant::now();
+            client.query_one(&select, &[]).await?;
+            t_select.push(at.elapsed());
+        }
+        for _ in 0..PER_ROUND {
+            let at = Instant::now();
+            client.execute(&update, &[]).await?;
+            t_update.push(at.elapsed());
+        }
+        drop(client);
+        for _ in 0..PER_ROUND {
+            let at = Instant::now();
+            observed = lock
+                .update(&observed.version, &renewed(&observed.record))
+                .await?;
+            t_renew.push(at.elapsed());
+        }
+    }
+    let client = store.pool().get().await?;
+    client
+        .execute(
+            "DELETE FROM public.leader_election WHERE name = $1",
+            &[&name],
+        )
+        .await?;
+
+    println!("table lock renewal on {}", store.redacted_url());
+    println!(
+        "requests per renewal (elector, {renewals} renewals in 3 s): {requests_per_renewal:.2}"
+    );
+    println!("statements per renewal (server, {N} renewals):         {statements_per_renewal:.2}");
+    println!();
+    println!("| operation (same connection) | mean | p50 | p99 | mean vs UPDATE | p50 vs UPDATE |");
+    println!("|---|---|---|---|---|---|");
+    let update_mean = mean(&t_update);
+    let update_p50 = {
+        let mut sorted = t_update.clone();
+        sorted.sort();
+        sorted[sorted.len() / 2]
+    };
+    for (label, samples) in [
+        ("`SELECT 1`", &mut t_select),
+        ("single-row `UPDATE`", &mut t_update),
+        ("renewal (`TableLock::update`)", &mut t_renew),
+    ] {
+        let m = mean(samples);
+        samples.sort();
+        let p50 = samples[samples.len() / 2];
+        println!(
+            "| {label} | {} | {} | {} | {:.2}x | {:.2}x |",
+            us(m),
+            us(p50),
+            us(samples[samples.len() * 99 / 100]),
+            m.as_secs_f64() / update_mean.as_secs_f64(),
+            p50.as_secs_f64() / update_p50.as_secs_f64()
+        );
+    }
+    Ok(())
+}
+
+fn renewed(record: &LeaderElectionRecord) -> LeaderElectionRecord {
+    LeaderElectionRecord {
+        renew_time: chrono::Utc::now(),
+        ..record.clone()
+    }
+}
+
+fn mean(samples: &[Duration]) -> Duration {
+    samples.iter().sum::<Duration>() / samples.len() as u32
+}
+
+fn us(d: Duration) -> String {
+    format!("{:.0} µs", d.as_secs_f64() * 1e6)
+}

@@ -1,0 +1,279 @@
+//! Bad input against a real Postgres: each gives a clear typed error, the elector keeps running
+//! and recovers once the fault is gone, and nothing panics or overwrites what it cannot read.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Running, unique};
+use leader_core::conformance::record;
+use leader_core::{LockError, ResourceLock};
+use leader_postgres::PostgresStore;
+use tokio::time::sleep;
+
+/// A key-value connection string for the test server as `user`.
+fn conn_as(user: &str, password: &str) -> String {
+    let config: tokio_postgres::Config = common::database_url().parse().expect("DATABASE_URL");
+    let host = match config.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(host)) => host.clone(),
+        _ => "127.0.0.1".to_owned(),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let db = config.get_dbname().unwrap_or("postgres");
+    format!("host={host} port={port} dbname={db} user={user} password={password}")
+}
+
+/// Runs an elector on a broken lock for a while: it must neither lead nor stop.
+async fn stays_alive_without_leading(elector: &Running) {
+    sleep(Duration::from_millis(1500)).await;
+    assert!(elector.leading_token().is_none(), "led despite the fault");
+    assert!(!elector.task.is_finished(), "the elector stopped");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_table_is_reported_and_the_elector_recovers_once_it_exists() {
+    let Some(admin) = common::admin().await else {
+        return;
+    };
+    let table = unique("missing").replace('-', "_");
+    let store = PostgresStore::builder(common::database_url())
+        .table(&table)
+        .build()
+        .await
+        .expect("store without auto-create");
+    let lock = store.lock("jobs", "a");
+    let err = lock.get().await.expect_err("no table");
+    assert!(matches!(err, LockError::Misconfigured { .. }), "{err:?}");
+    let message = err.to_string();
+    assert!(
+        message.contains(&table) && message.contains("create_table"),
+        "{message}"
+    );
+    let err = lock
+        .try_acquire(&record("a", 0))
+        .await
+        .expect_err("no table");
+    assert!(matches!(err, LockError::Misconfigured { .. }), "{err:?}");
+
+    let mut elector = Running::start(lock);
+    stays_alive_without_leading(&elector).await;
+    store.create_table().await.expect("create the table");
+    elector.wait_leading(Duration::from_secs(5)).await;
+    elector.stop().await;
+    admin
+        .batch_execute(&format!("DROP TABLE public.\"{table}\""))
+        .await
+        .expect("drop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_rows_are_reported_never_overwritten_and_the_elector_recovers() {
+    let Some(store) = common::store().await else {
+        return;
+    };
+    let admin = common::admin().await.expect("server");
+    for (garbage, expected) in [
+        ("-5, now(), now(), 1", "negative lease duration"),
+        ("5000, now(), now() - interval '1 day', 1", "renew time"),
+        ("5000, 'infinity', 'infinity', 1", "acquire_time"),
+        ("5000, now(), now(), -3", "negative leader transitions"),
+    ] {
+        let name = unique("garbage");
+        admin
+            .execute(
+                &format!(
+                    "INSERT INTO public.leader_election (name, holder_identity, lease_duration_ms, acquire_time, \
+                     renew_time, leader_transitions, version, expires_at) VALUES ($1, 'x', {garbage}, 7, now() - interval '1 hour')"
+                ),
+                &[&name],
+            )
+            .await
+            .expect("write garbage");
+        let lock = store.lock(&name, "a");
+        let err = lock.get().await.expect_err("garbage");
+        assert!(matches!(err, LockError::InvalidRecord { .. }), "{err:?}");
+        assert!(err.to_string().contains(expected), "{expected}: {err}");
+        let err = lock
+            .try_acquire(&record("a", 0))
+            .await
+            .expect_err("garbage");
+        assert!(matches!(err, LockError::InvalidRecord { .. }), "{err:?}");
+
+        let mut elector = Running::start(lock);
+        stays_alive_without_leading(&elector).await;
+        let version: i64 = admin
+            .query_one(
+                "SELECT version FROM public.leader_election WHERE name = $1",
+                &[&name],
+            )
+            .await
+            .expect("row")
+            .get(0);
+        assert_eq!(version, 7, "{expected}: the garbage row was overwritten");
+        admin
+            .execute(
+                "DELETE FROM public.leader_election WHERE name = $1",
+                &[&name],
+            )
+            .await
+            .expect("delete");
+        assert_eq!(elector.wait_leading(Duration::from_secs(5)).await, 1);
+        elector.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_without_update_rights_gets_a_clear_error_and_recovers_when_granted() {
+    let Some(admin) = common::admin().await else {
+        return;
+    };
+    let role = unique("leader_ro").replace('-', "_");
+    let table = role.clone();
+    PostgresStore::builder(common::database_url())
+        .table(&table)
+        .create_table(true)
+        .build()
+        .await
+        .expect("create table");
+    admin
+        .batch_execute(&format!(
+            "CREATE ROLE {role} LOGIN PASSWORD 'pw'; GRANT USAGE ON SCHEMA public TO {role}; \
+             GRANT SELECT, INSERT ON public.{table} TO {role};"
+        ))
+        .await
+        .expect("role");
+    let store = PostgresStore::builder(conn_as(&role, "pw"))
+        .table(&table)
+        .build()
+        .await
+        .expect("store");
+    let lock = store.lock("jobs", "a");
+    let err = lock
+        .try_acquire(&record("a", 0))
+        .await
+        .expect_err("no UPDATE right");
+    assert!(matches!(err, LockError::Forbidden { .. }), "{err:?}");
+    let message = err.to_string();
+    assert!(
+        message.contains("permission denied") && message.contains("UPDATE"),
+        "{message}"
+    );
+
+    let mut elector = Running::start(lock);
+    stays_alive_without_leading(&elector).await;
+    admin
+        .batch_execute(&format!("GRANT UPDATE ON public.{table} TO {role}"))
+        .await
+        .expect("grant");
+    elector.wait_leading(Duration::from_secs(5)).await;
+    elector.stop().await;
+    drop(store);
+    admin
+        .batch_execute(&format!(
+            "DROP TABLE public.{table}; DROP OWNED BY {role}; DROP ROLE {role};"
+        ))
+        .await
+        .expect("cleanup");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_password_is_a_clear_error_that_never_shows_the_password() {
+    let Some(admin) = common::admin().await else {
+        return;
+    };
+    let rule: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM pg_hba_file_rules WHERE 'leader_password_test' = ANY(user_name) \
+             AND auth_method IN ('scram-sha-256', 'md5', 'password')",
+            &[],
+        )
+        .await
+        .expect("pg_hba_file_rules")
+        .get(0);
+    if rule == 0 {
+        let why = "the server does not ask role leader_password_test for a password (scripts/test adds that rule)";
+        assert!(!common::in_ci(), "{why}");
+        eprintln!("skipping: {why}");
+        return;
+    }
+    admin
+        .batch_execute(
+            "DO $$ BEGIN CREATE ROLE leader_password_test LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$; \
+             ALTER ROLE leader_password_test PASSWORD 'the-right-one'; \
+             GRANT SELECT, INSERT, UPDATE ON public.leader_election TO leader_password_test;",
+        )
+        .await
+        .expect("role");
+    PostgresStore::builder(common::database_url())
+        .create_table(true)
+        .build()
+        .await
+        .expect("table");
+    let secret = "wr0ng-Pa55word";
+    for conn in [conn_as("leader_password_test", secret), {
+        let config: tokio_postgres::Config = conn_as("x", "y").parse().expect("config");
+        let host = match &config.get_hosts()[0] {
+            tokio_postgres::config::Host::Tcp(h) => h.clone(),
+            _ => unreachable!("tcp"),
+        };
+        format!(
+            "postgres://leader_password_test:{secret}@{host}:{}/postgres",
+            config.get_ports()[0]
+        )
+    }] {
+        let store = PostgresStore::connect(&conn)
+            .await
+            .expect("a lazy pool connects on use");
+        assert!(
+            !format!("{store:?}").contains(secret),
+            "Debug shows the password"
+        );
+        let err = store
+            .lock("jobs", "a")
+            .get()
+            .await
+            .expect_err("wrong password");
+        assert!(matches!(err, LockError::Forbidden { .. }), "{err:?}");
+        let shown = format!("{err} {err:?}");
+        assert!(shown.contains("authentication failed"), "{shown}");
+        assert!(
+            !shown.contains(secret),
+            "the error shows the password: {shown}"
+        );
+    }
+
+    // The elector keeps trying, and recovers when the password becomes right.
+    let store = PostgresStore::connect(conn_as("leader_password_test", secret))
+        .await
+        .expect("store");
+    let mut elector = Running::start(store.lock(unique("password"), "a"));
+    stays_alive_without_leading(&elector).await;
+    admin
+        .batch_execute(&format!(
+            "ALTER ROLE leader_password_test PASSWORD '{secret}'"
+        ))
+        .await
+        .expect("alter");
+    elector.wait_leading(Duration::from_secs(5)).await;
+    elector.stop().await;
+    admin
+        .batch_execute("ALTER ROLE leader_password_test PASSWORD 'the-right-one'")
+        .await
+        .expect("reset");
+}
+
+#[tokio::test]
+async fn invalid_settings_are_rejected_before_connecting() {
+    let err = PostgresStore::builder("postgres://u:secret@h/db")
+        .table("bad name; drop table x")
+        .build()
+        .await
+        .expect_err("bad table name");
+    assert!(matches!(err, LockError::Misconfigured { .. }), "{err:?}");
+    assert!(err.to_string().contains("invalid table name"), "{err}");
+    let err = PostgresStore::connect("postgres://u:secret@h:notaport/db")
+        .await
+        .expect_err("bad URL");
+    assert!(matches!(err, LockError::Misconfigured { .. }), "{err:?}");
+    assert!(!format!("{err} {err:?}").contains("secret"), "{err:?}");
+}

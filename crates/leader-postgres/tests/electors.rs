@@ -1,0 +1,223 @@
+//! Electors on one real Postgres: exactly one leads, a killed session, a fast handover.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{LEASE, RENEW, RETRY, Running, unique};
+use leader_core::ResourceLock;
+use tokio::time::{Instant, sleep, timeout};
+
+/// Samples the electors for `duration`: never more than one leads, and once one leads someone
+/// always does (nobody fails here).
+async fn assert_exactly_one(electors: &[Running], duration: Duration) -> u64 {
+    let until = Instant::now() + duration;
+    let mut token = None;
+    while Instant::now() < until {
+        let leading: Vec<u64> = electors.iter().filter_map(Running::leading_token).collect();
+        assert!(leading.len() <= 1, "several lead at once: {leading:?}");
+        if let Some(t) = token {
+            assert_eq!(leading, [t], "leadership changed hands with no fault");
+        }
+        token = token.or(leading.first().copied());
+        sleep(Duration::from_millis(10)).await;
+    }
+    token.expect("a leader")
+}
+
+async fn exactly_one_leads(n: usize, advisory: bool) {
+    let Some(store) = common::store().await else {
+        return;
+    };
+    let name = unique("electors");
+    let mut electors: Vec<Running> = (0..n)
+        .map(|i| {
+            let id = format!("e{i}");
+            if advisory {
+                Running::start(store.advisory_lock(&name, id))
+            } else {
+                Running::start(store.lock(&name, id))
+            }
+        })
+        .collect();
+    let first = timeout(Duration::from_secs(10), async {
+        loop {
+            if let Some(i) = electors.iter().position(|e| e.leading_token().is_some()) {
+                return i;
+            }
+            sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("a leader within 10 s");
+    let token = assert_exactly_one(&electors, Duration::from_secs(3)).await;
+    // The leader shuts down; exactly one other takes over with a larger token.
+    electors.remove(first).stop().await;
+    let next = timeout(Duration::from_secs(10), async {
+        loop {
+            if let Some(t) = electors.iter().find_map(Running::leading_token) {
+                return t;
+            }
+            sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("a new leader");
+    assert!(next > token, "fencing token {token} then {next}");
+    assert_exactly_one(&electors, Duration::from_secs(1)).await;
+    for e in electors {
+        e.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_table_lock_electors_elect_exactly_one() {
+    exactly_one_leads(2, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ten_table_lock_electors_elect_exactly_one() {
+    exactly_one_leads(10, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_advisory_lock_electors_elect_exactly_one() {
+    exactly_one_leads(2, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ten_advisory_lock_electors_elect_exactly_one() {
+    exactly_one_leads(10, true).await;
+}
+
+/// The advisory lock belongs to the leader's session: when the server kills it, the leader
+/// steps down by its renew deadline and another candidate takes over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn advisory_leader_steps_down_when_its_session_is_killed() {
+    let Some(store) = common::store().await else {
+        return;
+    };
+    let admin = common::admin().await.expect("server");
+    let name = unique("terminate");
+    let leader_lock = store.advisory_lock(&name, "first");
+    let pid_of = leader_lock.clone();
+    let mut leader = Running::start(leader_lock);
+    let token = leader.wait_leading(Duration::from_secs(10)).await;
+    let mut follower = Running::start(store.advisory_lock(&name, "second"));
+    sleep(RETRY * 2).await;
+    let pid = pid_of.backend_pid().await.expect("pid").expect("connected");
+    let killed = Instant::now();
+    let terminated: bool = admin
+        .query_one("SELECT pg_terminate_backend($1)", &[&pid])
+        .await
+        .expect("terminate")
+        .get(0);
+    assert!(terminated);
+    timeout(
+        RENEW + RETRY * 2,
+        leader.state.wait_for(|s| !s.is_leading()),
+    )
+    .await
+    .expect("the leader steps down by its renew deadline")
+    .expect("alive");
+    let next = follower.wait_leading(LEASE + RETRY * 4).await;
+    assert!(next > token, "fencing token {token} then {next}");
+    assert!(killed.elapsed() < LEASE + RETRY * 4 + Duration::from_secs(1));
+    assert!(leader.leading_token().is_none(), "both lead");
+    follower.stop().await;
+    leader.stop().await;
+}
+
+/// The table lock's lease lives in the row, not in a session: when the server kills the
+/// leader's pooled connection, the next renewal runs on a fresh connection and the leader keeps
+/// leading without a gap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn table_leader_rides_out_a_killed_connection() {
+    let Some(admin) = common::admin().await else {
+        return;
+    };
+    let app = unique("lt");
+    let sep = if common::database_url().contains('?') {
+        '&'
+    } else {
+        '?'
+    };
+    let url = format!("{}{sep}application_name={app}", common::database_url());
+    let store = leader_postgres::PostgresStore::builder(url)
+        .create_table(true)
+        .build()
+        .await
+        .expect("store");
+    let name = unique("terminate-table");
+    let mut leader = Running::start(store.lock(&name, "first"));
+    let token = leader.wait_leading(Duration::from_secs(10)).await;
+    let follower = Running::start(store.lock(&name, "second"));
+    sleep(RETRY * 2).await;
+    let killed: i64 = admin
+        .query_one(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1",
+            &[&app],
+        )
+        .await
+        .expect("terminate")
+        .get(0);
+    assert!(killed >= 1, "no connection to kill");
+    let until = Instant::now() + LEASE * 2;
+    while Instant::now() < until {
+        assert_eq!(
+            leader.leading_token(),
+            Some(token),
+            "the leader lost its lease"
+        );
+        assert_eq!(follower.leading_token(), None);
+        sleep(Duration::from_millis(20)).await;
+    }
+    let record = store
+        .lock(&name, "x")
+        .get()
+        .await
+        .expect("get")
+        .expect("row")
+        .record;
+    assert!(record.is_held_by("first"));
+    assert!(
+        chrono::Utc::now() - record.renew_time
+            < chrono::Duration::from_std(RENEW).expect("duration"),
+        "renewals continued on a new connection"
+    );
+    follower.stop().await;
+    leader.stop().await;
+}
+
+/// A release is announced with NOTIFY, so a follower takes over at once instead of on its next
+/// retry (2 s here, up to 4.4 s with jitter).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_released_lease_is_taken_over_well_within_a_retry_period() {
+    let Some(store) = common::store().await else {
+        return;
+    };
+    for advisory in [false, true] {
+        let name = unique("handover");
+        let retry = Duration::from_secs(2);
+        let lock = |id: &str| -> Box<dyn ResourceLock> {
+            if advisory {
+                Box::new(store.advisory_lock(&name, id))
+            } else {
+                Box::new(store.lock(&name, id))
+            }
+        };
+        let mut leader = Running::start_with(lock("first"), retry);
+        leader.wait_leading(Duration::from_secs(10)).await;
+        let mut follower = Running::start_with(lock("second"), retry);
+        sleep(Duration::from_millis(500)).await; // subscribed and following
+        let released = Instant::now();
+        leader.stop().await;
+        follower.wait_leading(retry).await;
+        let took = released.elapsed();
+        assert!(
+            took < retry / 4,
+            "advisory={advisory}: handover took {took:?}"
+        );
+        follower.stop().await;
+    }
+}
