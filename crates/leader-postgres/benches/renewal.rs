@@ -53,11 +53,15 @@ async fn main() -> Result<(), Box<dyn Error>> {
     let requests_per_renewal = window.len() as f64 / renewals.max(1) as f64;
 
     // 2. Statements per renewal on the server: committed transactions of this database.
+    // The elector released the lease on shutdown: take it again, so that what follows are
+    // renewals by the holder (a write of a free record would be a release, which also NOTIFYs).
     let lock = store.lock(&name, "bench");
-    let mut observed = lock.get().await?.ok_or("no row")?;
-    observed = lock
-        .update(&observed.version, &renewed(&observed.record))
-        .await?;
+    let desired = renewed(&leader_core::conformance::record("bench", 0));
+    let mut observed = match lock.try_acquire(&desired).await? {
+        Some(leader_core::Acquisition::Acquired(observed)) => observed,
+        other => return Err(format!("could not take the lease again: {other:?}").into()),
+    };
+    assert!(observed.record.is_held_by("bench"));
     let client = store.pool().get().await?;
     let xacts = "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()";
     let stats = async |client: &tokio_postgres::Client| -> Result<i64, Box<dyn Error>> {
@@ -94,8 +98,19 @@ async fn main() -> Result<(), Box<dyn Error>> {
     let update = client
         .prepare_cached("UPDATE leader_bench_plain SET v = v + 1 WHERE id = 1")
         .await?;
+    // The lock's own renewal statement, as prepared on this connection, to run it raw.
+    let renewal_sql: String = client
+        .query_one(
+            "SELECT statement FROM pg_prepared_statements WHERE statement LIKE 'UPDATE %leader_election%' \
+             AND statement NOT LIKE 'WITH%' LIMIT 1",
+            &[],
+        )
+        .await?
+        .get(0);
+    let raw = client.prepare_cached(&renewal_sql).await?;
     drop(client);
-    let (mut t_select, mut t_update, mut t_renew) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut t_select, mut t_update, mut t_renew, mut t_raw) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..ROUNDS {
         let client = store.pool().get().await?;
         for _ in 0..PER_ROUND {
@@ -107,6 +122,31 @@ async fn main() -> Result<(), Box<dyn Error>> {
             let at = Instant::now();
             client.execute(&update, &[]).await?;
             t_update.push(at.elapsed());
+        }
+        for _ in 0..PER_ROUND {
+            let record = renewed(&observed.record);
+            let version: i64 = observed.version.as_str().parse()?;
+            let lease = i64::try_from(record.lease_duration.as_millis())?;
+            let transitions = i64::try_from(record.leader_transitions)?;
+            let at = Instant::now();
+            let row = client
+                .query_one(
+                    &raw,
+                    &[
+                        &name,
+                        &record.holder_identity,
+                        &lease,
+                        &record.acquire_time,
+                        &record.renew_time,
+                        &transitions,
+                        &record.strategy,
+                        &record.preferred_holder,
+                        &version,
+                    ],
+                )
+                .await?;
+            t_raw.push(at.elapsed());
+            observed.version = leader_core::Version::from(row.get::<_, i64>(0));
         }
         drop(client);
         for _ in 0..PER_ROUND {
@@ -142,6 +182,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
     for (label, samples) in [
         ("`SELECT 1`", &mut t_select),
         ("single-row `UPDATE`", &mut t_update),
+        ("renewal statement, raw", &mut t_raw),
         ("renewal (`TableLock::update`)", &mut t_renew),
     ] {
         let m = mean(samples);
