@@ -46,6 +46,20 @@ impl Election {
         }
     }
 
+    /// `$1` name and `$2..$8` the record's columns.
+    fn record_params<'a>(&'a self, p: &'a RecordParams) -> Vec<&'a (dyn ToSql + Sync)> {
+        vec![
+            &self.name,
+            &p.holder,
+            &p.lease_ms,
+            &p.acquire,
+            &p.renew,
+            &p.transitions,
+            &p.strategy,
+            &p.preferred,
+        ]
+    }
+
     /// The statement's parameters, with the advisory key last for the advisory lock's statements.
     fn params<'a>(
         &'a self,
@@ -94,29 +108,10 @@ impl Election {
     ) -> Result<Observed, LockError> {
         let p = RecordParams::new(record)?;
         let row = client
-            .query_opt(
-                statement,
-                &self.params(
-                    vec![
-                        &self.name,
-                        &p.holder,
-                        &p.lease_ms,
-                        &p.acquire,
-                        &p.renew,
-                        &p.transitions,
-                        &p.strategy,
-                        &p.preferred,
-                    ],
-                    advisory,
-                ),
-            )
+            .query_opt(statement, &self.params(self.record_params(&p), advisory))
             .await
             .map_err(|err| map(&self.context(store), err))?;
-        let row = row.ok_or(LockError::conflict(BACKEND))?;
-        Ok(Observed {
-            record: record.clone(),
-            version: Version::from(row.get::<_, i64>(0)),
-        })
+        written(record, row)
     }
 
     /// Runs `statements.update`, or `statements.release` for a record without a holder.
@@ -134,17 +129,8 @@ impl Election {
             return Err(LockError::conflict(BACKEND));
         };
         let p = RecordParams::new(record)?;
-        let mut params: Vec<&(dyn ToSql + Sync)> = vec![
-            &self.name,
-            &p.holder,
-            &p.lease_ms,
-            &p.acquire,
-            &p.renew,
-            &p.transitions,
-            &p.strategy,
-            &p.preferred,
-            &expected,
-        ];
+        let mut params = self.record_params(&p);
+        params.push(&expected);
         let [update, release] = statements;
         let statement = if record.is_free() {
             params.push(&self.channel);
@@ -156,11 +142,7 @@ impl Election {
             .query_opt(statement, &self.params(params, advisory))
             .await
             .map_err(|err| map(&self.context(store), err))?;
-        let row = row.ok_or(LockError::conflict(BACKEND))?;
-        Ok(Observed {
-            record: record.clone(),
-            version: Version::from(row.get::<_, i64>(0)),
-        })
+        written(record, row)
     }
 
     pub(crate) async fn try_acquire(
@@ -193,6 +175,19 @@ impl Election {
             Acquisition::Held(observed)
         })
     }
+}
+
+/// The record as a write stored it: the returned row holds its new version, no row means the
+/// compare-and-swap (or the insert) lost.
+fn written(
+    record: &LeaderElectionRecord,
+    row: Option<tokio_postgres::Row>,
+) -> Result<Observed, LockError> {
+    let row = row.ok_or(LockError::conflict(BACKEND))?;
+    Ok(Observed {
+        record: record.clone(),
+        version: Version::from(row.get::<_, i64>(0)),
+    })
 }
 
 impl TableLock {
