@@ -28,9 +28,19 @@ fn tls_conn() -> String {
 /// The server's certificate, if it serves TLS with it.
 async fn server_certificate() -> Option<CertificateDer<'static>> {
     let admin = common::admin().await?;
-    let ssl: String = admin.query_one("SHOW ssl", &[]).await.expect("SHOW ssl").get(0);
-    let file: String = admin.query_one("SHOW ssl_cert_file", &[]).await.expect("SHOW").get(0);
-    let cert = std::fs::read(SERVER_CERT).ok().filter(|_| ssl == "on" && file == SERVER_CERT);
+    let ssl: String = admin
+        .query_one("SHOW ssl", &[])
+        .await
+        .expect("SHOW ssl")
+        .get(0);
+    let file: String = admin
+        .query_one("SHOW ssl_cert_file", &[])
+        .await
+        .expect("SHOW")
+        .get(0);
+    let cert = std::fs::read(SERVER_CERT)
+        .ok()
+        .filter(|_| ssl == "on" && file == SERVER_CERT);
     if cert.is_none() {
         let why = format!("the server does not serve TLS with {SERVER_CERT}");
         assert!(!common::in_ci(), "{why}");
@@ -51,7 +61,9 @@ fn trusting(cert: CertificateDer<'static>) -> rustls::ClientConfig {
 
 #[tokio::test]
 async fn require_connects_over_tls_to_a_trusted_server() {
-    let Some(cert) = server_certificate().await else { return };
+    let Some(cert) = server_certificate().await else {
+        return;
+    };
     let store = PostgresStore::builder(tls_conn())
         .tls(trusting(cert))
         .create_table(true)
@@ -60,7 +72,10 @@ async fn require_connects_over_tls_to_a_trusted_server() {
         .expect("TLS store");
     let client = store.pool().get().await.expect("connection");
     let encrypted: bool = client
-        .query_one("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()", &[])
+        .query_one(
+            "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+            &[],
+        )
         .await
         .expect("pg_stat_ssl")
         .get(0);
@@ -76,8 +91,17 @@ async fn require_refuses_a_server_it_cannot_verify() {
         return;
     }
     // The default roots (webpki-roots) do not include a self-signed certificate.
-    let store = PostgresStore::connect(tls_conn()).await.expect("lazy store");
-    let err = store.lock("tls", "a").get().await.expect_err("unverifiable certificate");
+    let store = PostgresStore::connect(tls_conn())
+        .await
+        .expect("lazy store");
+    let err = store
+        .lock("tls", "a")
+        .get()
+        .await
+        .expect_err("unverifiable certificate");
     assert!(matches!(err, LockError::Unavailable { .. }), "{err:?}");
-    assert!(err.to_string().to_lowercase().contains("certificate"), "{err}");
+    assert!(
+        err.to_string().to_lowercase().contains("certificate"),
+        "{err}"
+    );
 }
