@@ -138,7 +138,7 @@ async fn narrate() -> Result<(), Box<dyn Error>> {
     child.kill().await?;
     let (last, last_token, at) = next_leader(&mut events, Some(next)).await?;
     println!(
-        "{:>7.3}s  {} leads, fencing token {last_token}: failover took {} ms (lease {} ms)",
+        "{:>7.3}s  {} leads, fencing token {last_token}: failover took {} ms after the kill (the {} ms lease runs from the last renewal)",
         (at - began).as_secs_f64(),
         NAMES[last],
         (at - killed_at).as_millis(),

@@ -214,6 +214,7 @@ async fn a_released_lease_is_taken_over_well_within_a_retry_period() {
         leader.stop().await;
         follower.wait_leading(retry).await;
         let took = released.elapsed();
+        eprintln!("advisory={advisory}: handover after release took {took:?}");
         assert!(
             took < retry / 4,
             "advisory={advisory}: handover took {took:?}"
