@@ -11,6 +11,7 @@ mod lock;
 mod memory;
 pub mod metrics;
 mod record;
+mod redact;
 
 #[cfg(feature = "testing")]
 pub mod conformance;
@@ -28,6 +29,7 @@ pub use leadership::{LeaderState, Leadership, LeadershipLost, StepDown, StepDown
 pub use lock::{Acquisition, ChangeStream, LeaderEvent, ResourceLock};
 pub use memory::{MemoryLock, MemoryStore};
 pub use record::{LeaderElectionRecord, Observed, Version};
+pub use redact::redact_url;
 
 /// Re-exported so that users need not depend on `async-trait` and `tokio-util` themselves.
 pub use async_trait::async_trait;

@@ -9,7 +9,7 @@ mod store;
 mod table;
 
 pub use advisory::AdvisoryLock;
-pub use error::redact_url;
+pub use leader_core::redact_url;
 pub use store::{DEFAULT_SCHEMA, DEFAULT_TABLE, PostgresStore, PostgresStoreBuilder};
 pub use table::TableLock;
 

@@ -17,9 +17,10 @@ use tokio_postgres::{AsyncMessage, Client, Config, Connection, NoTls, Socket};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 use crate::advisory::AdvisoryLock;
-use crate::error::{BACKEND, map, map_pool, redact_url};
+use crate::error::{BACKEND, map, map_pool};
 use crate::sql::{Kind, Statements, TableName};
 use crate::table::TableLock;
+use leader_core::redact_url;
 
 /// The default table name.
 pub const DEFAULT_TABLE: &str = "leader_election";

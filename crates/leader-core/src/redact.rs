@@ -1,0 +1,79 @@
+//! Redaction of credentials in connection strings.
+
+/// A connection string with its password replaced by `***`, for logs and errors.
+pub fn redact_url(url: &str) -> String {
+    let redacted = redact_keyword_password(url);
+    let Some(scheme_end) = redacted.find("://") else {
+        return redacted;
+    };
+    let rest = &redacted[scheme_end + 3..];
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let authority = &rest[..authority_end];
+    let Some(at) = authority.rfind('@') else {
+        return redacted;
+    };
+    let userinfo = &authority[..at];
+    let Some(colon) = userinfo.find(':') else {
+        return redacted;
+    };
+    format!(
+        "{}{}:***{}",
+        &redacted[..scheme_end + 3],
+        &userinfo[..colon],
+        &redacted[scheme_end + 3 + at..]
+    )
+}
+
+/// Redacts `password=...` in key-value connection strings and URL query parameters.
+fn redact_keyword_password(conn: &str) -> String {
+    let lower = conn.to_ascii_lowercase();
+    let mut out = String::with_capacity(conn.len());
+    let mut rest = 0;
+    let mut search = 0;
+    while let Some(found) = lower[search..].find("password=") {
+        let start = search + found;
+        let boundary =
+            start == 0 || matches!(conn.as_bytes()[start - 1], b' ' | b'?' | b'&' | b'\t');
+        let value_start = start + "password=".len();
+        if !boundary {
+            search = value_start;
+            continue;
+        }
+        let value_end = conn[value_start..]
+            .find([' ', '&', '\t'])
+            .map_or(conn.len(), |end| value_start + end);
+        out.push_str(&conn[rest..value_start]);
+        out.push_str("***");
+        rest = value_end;
+        search = value_end;
+    }
+    out.push_str(&conn[rest..]);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact_url;
+
+    #[test]
+    fn passwords_are_redacted() {
+        assert_eq!(
+            redact_url("postgres://app:s3cr%40t@db:5432/x"),
+            "postgres://app:***@db:5432/x"
+        );
+        assert_eq!(redact_url("postgres://app@db/x"), "postgres://app@db/x");
+        assert_eq!(
+            redact_url("postgres://db/x?user=a&password=hunter2&sslmode=require"),
+            "postgres://db/x?user=a&password=***&sslmode=require"
+        );
+        assert_eq!(
+            redact_url("host=db password=hunter2 user=a"),
+            "host=db password=*** user=a"
+        );
+        assert_eq!(redact_url("host=db user=a"), "host=db user=a");
+        assert_eq!(redact_url("postgres://a:b@c@db/x"), "postgres://a:***@db/x");
+        assert_eq!(redact_url("redis://:pw@h:6379/2"), "redis://:***@h:6379/2");
+        assert_eq!(redact_url("rediss://app:pw@h"), "rediss://app:***@h");
+        assert_eq!(redact_url("redis://h:6379"), "redis://h:6379");
+    }
+}
