@@ -6,6 +6,7 @@ mod elector;
 mod error;
 mod file;
 mod health;
+mod hub;
 mod leadership;
 mod lock;
 mod memory;
@@ -25,6 +26,7 @@ pub use elector::{
 pub use error::{BoxError, ConfigError, LockError};
 pub use file::FileLock;
 pub use health::{HealthCheck, Unhealthy};
+pub use hub::ChangeHub;
 pub use leadership::{LeaderState, Leadership, LeadershipLost, StepDown, StepDownReason};
 pub use lock::{Acquisition, ChangeStream, LeaderEvent, ResourceLock};
 pub use memory::{MemoryLock, MemoryStore};

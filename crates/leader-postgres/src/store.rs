@@ -1,14 +1,13 @@
 //! The connection side: pool, TLS, dedicated sessions and the shared LISTEN connection.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::str::FromStr;
-use std::sync::{Arc, Mutex as StdMutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use futures_util::StreamExt;
-use leader_core::{ChangeStream, LockError};
+use leader_core::{ChangeHub, ChangeStream, LockError};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{Mutex, broadcast};
 use tokio_postgres::config::SslMode;
@@ -300,14 +299,7 @@ impl PostgresStore {
 
     /// Subscribes to the notification channel `channel` on the store's LISTEN connection.
     pub(crate) async fn listen(&self, channel: &str) -> Result<ChangeStream, LockError> {
-        let rx = self.inner.listener.subscribe(self, channel).await?;
-        let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-            match rx.recv().await {
-                Ok(()) | Err(broadcast::error::RecvError::Lagged(_)) => Some(((), rx)),
-                Err(broadcast::error::RecvError::Closed) => None,
-            }
-        });
-        Ok(Box::pin(stream))
+        self.inner.listener.subscribe(self, channel).await
     }
 }
 
@@ -351,12 +343,8 @@ where
 /// One LISTEN connection per store, fanned out to the followers of each channel.
 #[derive(Default)]
 struct Listener {
-    state: Mutex<Option<Listening>>,
-}
-
-struct Listening {
-    client: Client,
-    channels: Arc<StdMutex<HashMap<String, broadcast::Sender<()>>>>,
+    client: Mutex<Option<Client>>,
+    hub: ChangeHub,
 }
 
 impl Listener {
@@ -364,57 +352,35 @@ impl Listener {
         &self,
         store: &PostgresStore,
         channel: &str,
-    ) -> Result<broadcast::Receiver<()>, LockError> {
-        let mut state = self.state.lock().await;
-        if state.as_ref().is_none_or(|l| l.client.is_closed()) {
+    ) -> Result<ChangeStream, LockError> {
+        let mut client = self.client.lock().await;
+        if client.as_ref().is_none_or(Client::is_closed) {
+            self.hub.close();
             let (tx, mut rx) = broadcast::channel::<String>(256);
-            let client = store.dedicated("", Some(tx)).await?;
-            let channels: Arc<StdMutex<HashMap<String, broadcast::Sender<()>>>> = Arc::default();
-            let fan_out = channels.clone();
+            *client = Some(store.dedicated("", Some(tx)).await?);
+            let hub = self.hub.clone();
             tokio::spawn(async move {
                 loop {
                     match rx.recv().await {
-                        Ok(channel) => {
-                            let channels = fan_out.lock().unwrap_or_else(|p| p.into_inner());
-                            if let Some(tx) = channels.get(&channel) {
-                                let _ = tx.send(());
-                            }
-                        }
-                        Err(broadcast::error::RecvError::Lagged(_)) => {
-                            // Missed some: wake every follower, they will read the record.
-                            for tx in fan_out.lock().unwrap_or_else(|p| p.into_inner()).values() {
-                                let _ = tx.send(());
-                            }
-                        }
+                        Ok(channel) => hub.notify(&channel),
+                        // Missed some: wake every follower, they will read the record.
+                        Err(broadcast::error::RecvError::Lagged(_)) => hub.notify_all(),
                         Err(broadcast::error::RecvError::Closed) => break,
                     }
                 }
                 // The connection is gone: end every follower's stream so they subscribe again.
-                fan_out.lock().unwrap_or_else(|p| p.into_inner()).clear();
+                hub.close();
             });
-            *state = Some(Listening { client, channels });
         }
-        let Some(listening) = state.as_ref() else {
-            unreachable!("set above");
+        let Some(client) = client.as_ref() else {
+            unreachable!("connected above");
         };
-        let existing = listening
-            .channels
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(channel)
-            .map(broadcast::Sender::subscribe);
-        if let Some(rx) = existing {
-            return Ok(rx);
+        if !self.hub.contains(channel) {
+            client
+                .batch_execute(&format!("LISTEN \"{channel}\""))
+                .await
+                .map_err(|err| map(&store.context(), err))?;
         }
-        listening
-            .client
-            .batch_execute(&format!("LISTEN \"{channel}\""))
-            .await
-            .map_err(|err| map(&store.context(), err))?;
-        let mut channels = listening.channels.lock().unwrap_or_else(|p| p.into_inner());
-        Ok(channels
-            .entry(channel.to_owned())
-            .or_insert_with(|| broadcast::channel(16).0)
-            .subscribe())
+        Ok(self.hub.subscribe(channel))
     }
 }

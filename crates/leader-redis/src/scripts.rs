@@ -1,0 +1,130 @@
+//! The Lua scripts: each operation is one script run atomically on the server (one `EVALSHA`).
+//!
+//! An election is a hash `KEYS[1]` with the fields `version`, `holder`, `transitions` (the
+//! fencing token) and `record` (the record as JSON), which expires (`PEXPIRE`) one lease duration
+//! after the last write; and a counter `KEYS[2]` without expiry that every acquisition
+//! increments, so fencing tokens keep growing when the hash expires.
+
+use std::sync::LazyLock;
+
+use redis::Script;
+
+/// Reads and checks the hash; shared by every script.
+const COMMON: &str = r#"
+local function current(key)
+  local v = redis.call('HMGET', key, 'version', 'holder', 'transitions', 'record')
+  if not v[1] and not v[2] and not v[3] and not v[4] then
+    if redis.call('EXISTS', key) == 1 then
+      return nil, 'LEADER_INVALID the hash has none of the lock fields (version, holder, transitions, record)'
+    end
+    return false
+  end
+  local version, transitions = tonumber(v[1]), tonumber(v[3])
+  if not version or not transitions or transitions < 0 or not v[2] or not v[4] then
+    return nil, 'LEADER_INVALID missing or malformed lock fields'
+  end
+  local ok, record = pcall(cjson.decode, v[4])
+  if not ok or type(record) ~= 'table' then
+    return nil, 'LEADER_INVALID the record field is not a JSON object'
+  end
+  return {version = v[1], holder = v[2], transitions = transitions, record = v[4]}
+end
+
+local function fence(key, at_least)
+  local n = redis.call('INCR', key)
+  if n < at_least then
+    redis.call('SET', key, at_least)
+    n = at_least
+  end
+  return n
+end
+
+local function write(key, version, holder, transitions, record, lease_ms)
+  redis.call('HSET', key, 'version', version, 'holder', holder, 'transitions', transitions, 'record', record)
+  redis.call('PEXPIRE', key, lease_ms)
+end
+
+local function next_version(version)
+  return string.format('%.0f', tonumber(version) + 1)
+end
+"#;
+
+fn script(body: &str) -> Script {
+    Script::new(&format!("{COMMON}\n{body}"))
+}
+
+/// `get`: returns `false` (absent) or `{version, holder, transitions, record}`.
+pub(crate) static GET: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
+local cur, err = current(KEYS[1])
+if err then return redis.error_reply(err) end
+if not cur then return false end
+return {cur.version, cur.holder, cur.transitions, cur.record}
+"#,
+    )
+});
+
+/// `create`: ARGV record JSON, holder, transitions, lease ms, first version.
+/// Returns `{version, transitions}`.
+pub(crate) static CREATE: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  return redis.error_reply('LEADER_CONFLICT the lock exists')
+end
+local transitions = tonumber(ARGV[3])
+if ARGV[2] ~= '' then transitions = fence(KEYS[2], transitions) end
+write(KEYS[1], ARGV[5], ARGV[2], transitions, ARGV[1], ARGV[4])
+return {ARGV[5], transitions}
+"#,
+    )
+});
+
+/// `update`: ARGV expected version, record JSON, holder, transitions, lease ms, channel.
+/// A write that makes `holder` the holder anew (or raises the transitions) is an acquisition and
+/// takes the next fencing token; a release (empty holder) publishes on the channel.
+/// Returns `{version, transitions}`.
+pub(crate) static UPDATE: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
+local cur, err = current(KEYS[1])
+if err then return redis.error_reply(err) end
+if not cur or cur.version ~= ARGV[1] then
+  return redis.error_reply('LEADER_CONFLICT the lock record changed')
+end
+local transitions = tonumber(ARGV[4])
+if ARGV[3] ~= '' and (ARGV[3] ~= cur.holder or transitions > cur.transitions) then
+  transitions = fence(KEYS[2], transitions)
+end
+local version = next_version(cur.version)
+write(KEYS[1], version, ARGV[3], transitions, ARGV[2], ARGV[5])
+if ARGV[3] == '' then redis.call('PUBLISH', ARGV[6], 'released') end
+return {version, transitions}
+"#,
+    )
+});
+
+/// `try_acquire`: ARGV record JSON, holder, lease ms, first version. Takes the lease when the
+/// hash is gone (expired on the server's clock), free, or held by `holder`.
+/// Returns `{1 acquired | 0 held, version, transitions, holder, record}`.
+pub(crate) static TRY_ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
+local cur, err = current(KEYS[1])
+if err then return redis.error_reply(err) end
+local version, transitions
+if not cur then
+  version = ARGV[4]
+  transitions = fence(KEYS[2], 1)
+elseif cur.holder == '' or cur.holder == ARGV[2] then
+  version = next_version(cur.version)
+  transitions = fence(KEYS[2], cur.transitions + 1)
+else
+  return {0, cur.version, cur.transitions, cur.holder, cur.record}
+end
+write(KEYS[1], version, ARGV[2], transitions, ARGV[1], ARGV[3])
+return {1, version, transitions, ARGV[2], ARGV[1]}
+"#,
+    )
+});
