@@ -466,3 +466,90 @@ pub async fn electors_elect_one_and_hand_over(factory: &dyn LockFactory) {
     );
     shutdowns[other].cancel();
 }
+
+/// `n` electors on one election: a leader within 10 s, never two at once, no change of hands
+/// without a fault; when the leader shuts down, exactly one other takes over with a larger
+/// fencing token.
+pub async fn electors_elect_exactly_one(factory: &dyn LockFactory, n: usize) {
+    let name = unique("many");
+    let mut electors = Vec::new();
+    for i in 0..n {
+        let elector = LeaderElector::builder(factory.lock(&name, &format!("e{i}")).await)
+            .lease_duration(Duration::from_secs(3))
+            .renew_deadline(Duration::from_secs(2))
+            .retry_period(Duration::from_millis(500))
+            .build()
+            .expect("valid timings");
+        let state = elector.subscribe();
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(elector.run(shutdown.clone()));
+        electors.push((state, shutdown, task));
+    }
+    let leaders = |electors: &[(
+        tokio::sync::watch::Receiver<LeaderState>,
+        CancellationToken,
+        tokio::task::JoinHandle<()>,
+    )]| {
+        electors
+            .iter()
+            .enumerate()
+            .filter_map(|(i, (s, ..))| s.borrow().leadership().map(|l| (i, l.fencing_token())))
+            .collect::<Vec<_>>()
+    };
+    let watch_for =
+        async |electors: &[_], duration: Duration, mut current: Option<(usize, u64)>| {
+            let until = tokio::time::Instant::now() + duration;
+            while tokio::time::Instant::now() < until {
+                let now = leaders(electors);
+                assert!(
+                    now.len() <= 1,
+                    "{n} electors: several lead at once: {now:?}"
+                );
+                if let Some(held) = current {
+                    assert_eq!(
+                        now,
+                        [held],
+                        "{n} electors: leadership changed hands with no fault"
+                    );
+                }
+                current = current.or(now.first().copied());
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            current
+        };
+    let mut first = None;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while first.is_none() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{n} electors: no leader within 10 s"
+        );
+        first = watch_for(&electors, Duration::from_millis(50), None).await;
+    }
+    let (index, token) = watch_for(&electors, Duration::from_secs(3), first)
+        .await
+        .expect("a leader");
+    let (_, shutdown, task) = electors.remove(index);
+    shutdown.cancel();
+    task.await.expect("elector task");
+    let mut next = None;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while next.is_none() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{n} electors: no new leader within 10 s"
+        );
+        next = watch_for(&electors, Duration::from_millis(20), None).await;
+    }
+    let (_, next_token) = watch_for(&electors, Duration::from_secs(1), next)
+        .await
+        .expect("a leader");
+    assert!(
+        next_token > token,
+        "fencing token {token} then {next_token}"
+    );
+    for (_, shutdown, task) in electors {
+        shutdown.cancel();
+        task.await.expect("elector task");
+    }
+}

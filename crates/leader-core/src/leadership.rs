@@ -149,13 +149,14 @@ pub enum LeaderState {
 impl LeaderState {
     /// True while this candidate leads.
     pub fn is_leading(&self) -> bool {
-        matches!(self, Self::Leading(leadership) if !leadership.is_lost())
+        self.leadership().is_some()
     }
 
-    /// The current leadership, while this candidate leads.
+    /// The current leadership, while this candidate leads. A term that has just ended (its
+    /// token is cancelled an instant before the state changes) is not returned.
     pub fn leadership(&self) -> Option<&Leadership> {
         match self {
-            Self::Leading(leadership) => Some(leadership),
+            Self::Leading(leadership) if !leadership.is_lost() => Some(leadership),
             _ => None,
         }
     }

@@ -4,70 +4,16 @@ mod common;
 
 use std::time::Duration;
 
-use common::{LEASE, RENEW, RETRY, Running, unique};
+use common::{Factory, LEASE, RENEW, RETRY, Running, unique};
 use leader_core::ResourceLock;
+use leader_core::conformance;
 use tokio::time::{Instant, sleep, timeout};
-
-/// Samples the electors for `duration`: never more than one leads, and once one leads someone
-/// always does (nobody fails here).
-async fn assert_exactly_one(electors: &[Running], duration: Duration) -> u64 {
-    let until = Instant::now() + duration;
-    let mut token = None;
-    while Instant::now() < until {
-        let leading: Vec<u64> = electors.iter().filter_map(Running::leading_token).collect();
-        assert!(leading.len() <= 1, "several lead at once: {leading:?}");
-        if let Some(t) = token {
-            assert_eq!(leading, [t], "leadership changed hands with no fault");
-        }
-        token = token.or(leading.first().copied());
-        sleep(Duration::from_millis(10)).await;
-    }
-    token.expect("a leader")
-}
 
 async fn exactly_one_leads(n: usize, advisory: bool) {
     let Some(store) = common::store().await else {
         return;
     };
-    let name = unique("electors");
-    let mut electors: Vec<Running> = (0..n)
-        .map(|i| {
-            let id = format!("e{i}");
-            if advisory {
-                Running::start(store.advisory_lock(&name, id))
-            } else {
-                Running::start(store.lock(&name, id))
-            }
-        })
-        .collect();
-    let first = timeout(Duration::from_secs(10), async {
-        loop {
-            if let Some(i) = electors.iter().position(|e| e.leading_token().is_some()) {
-                return i;
-            }
-            sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await
-    .expect("a leader within 10 s");
-    let token = assert_exactly_one(&electors, Duration::from_secs(3)).await;
-    // The leader shuts down; exactly one other takes over with a larger token.
-    electors.remove(first).stop().await;
-    let next = timeout(Duration::from_secs(10), async {
-        loop {
-            if let Some(t) = electors.iter().find_map(Running::leading_token) {
-                return t;
-            }
-            sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await
-    .expect("a new leader");
-    assert!(next > token, "fencing token {token} then {next}");
-    assert_exactly_one(&electors, Duration::from_secs(1)).await;
-    for e in electors {
-        e.stop().await;
-    }
+    conformance::electors_elect_exactly_one(&Factory { store, advisory }, n).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

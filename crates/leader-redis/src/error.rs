@@ -14,7 +14,10 @@ pub(crate) fn map(context: &str, err: RedisError) -> LockError {
         Some("LEADER_INVALID") => {
             return LockError::invalid_record(
                 BACKEND,
-                format!("{context}: {}", err.detail().unwrap_or("invalid lock value")),
+                format!(
+                    "{context}: {}",
+                    err.detail().unwrap_or("invalid lock value")
+                ),
             );
         }
         Some("WRONGTYPE") => {
@@ -27,7 +30,7 @@ pub(crate) fn map(context: &str, err: RedisError) -> LockError {
             return LockError::Forbidden {
                 backend: BACKEND,
                 message: format!(
-                    "{}; the ACL user needs EVALSHA, EVAL, SCRIPT LOAD, SUBSCRIBE and the key pattern of the locks",
+                    "{}; the ACL user needs EVALSHA, EVAL, SUBSCRIBE and the key pattern of the locks",
                     detail()
                 ),
             };

@@ -7,7 +7,12 @@
 
 use std::sync::LazyLock;
 
-use redis::Script;
+/// A script's source and its SHA1, for `EVALSHA` with a fallback to `EVAL`.
+#[derive(Debug)]
+pub(crate) struct LuaScript {
+    pub(crate) source: String,
+    pub(crate) sha: String,
+}
 
 /// Reads and checks the hash; shared by every script.
 const COMMON: &str = r#"
@@ -49,12 +54,15 @@ local function next_version(version)
 end
 "#;
 
-fn script(body: &str) -> Script {
-    Script::new(&format!("{COMMON}\n{body}"))
+fn script(body: &str) -> LuaScript {
+    let source = format!("{COMMON}\n{body}");
+    // The driver's script type computes the SHA1 the server will use.
+    let sha = redis::Script::new(&source).get_hash().to_owned();
+    LuaScript { source, sha }
 }
 
 /// `get`: returns `false` (absent) or `{version, holder, transitions, record}`.
-pub(crate) static GET: LazyLock<Script> = LazyLock::new(|| {
+pub(crate) static GET: LazyLock<LuaScript> = LazyLock::new(|| {
     script(
         r#"
 local cur, err = current(KEYS[1])
@@ -67,7 +75,7 @@ return {cur.version, cur.holder, cur.transitions, cur.record}
 
 /// `create`: ARGV record JSON, holder, transitions, lease ms, first version.
 /// Returns `{version, transitions}`.
-pub(crate) static CREATE: LazyLock<Script> = LazyLock::new(|| {
+pub(crate) static CREATE: LazyLock<LuaScript> = LazyLock::new(|| {
     script(
         r#"
 if redis.call('EXISTS', KEYS[1]) == 1 then
@@ -85,7 +93,7 @@ return {ARGV[5], transitions}
 /// A write that makes `holder` the holder anew (or raises the transitions) is an acquisition and
 /// takes the next fencing token; a release (empty holder) publishes on the channel.
 /// Returns `{version, transitions}`.
-pub(crate) static UPDATE: LazyLock<Script> = LazyLock::new(|| {
+pub(crate) static UPDATE: LazyLock<LuaScript> = LazyLock::new(|| {
     script(
         r#"
 local cur, err = current(KEYS[1])
@@ -108,7 +116,7 @@ return {version, transitions}
 /// `try_acquire`: ARGV record JSON, holder, lease ms, first version. Takes the lease when the
 /// hash is gone (expired on the server's clock), free, or held by `holder`.
 /// Returns `{1 acquired | 0 held, version, transitions, holder, record}`.
-pub(crate) static TRY_ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
+pub(crate) static TRY_ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {
     script(
         r#"
 local cur, err = current(KEYS[1])

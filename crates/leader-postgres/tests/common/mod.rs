@@ -2,9 +2,11 @@
 
 #![allow(dead_code, unreachable_pub)]
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use leader_core::{CancellationToken, LeaderElector, LeaderState, ResourceLock};
+use leader_core::conformance::LockFactory;
+use leader_core::{CancellationToken, LeaderElector, LeaderState, ResourceLock, async_trait};
 use leader_postgres::PostgresStore;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -106,5 +108,35 @@ impl Running {
     pub async fn stop(self) {
         self.shutdown.cancel();
         self.task.await.expect("elector task");
+    }
+}
+
+/// Locks for the conformance suite: table or advisory locks of one store.
+pub struct Factory {
+    pub store: PostgresStore,
+    pub advisory: bool,
+}
+
+#[async_trait]
+impl LockFactory for Factory {
+    async fn lock(&self, name: &str, identity: &str) -> Arc<dyn ResourceLock> {
+        if self.advisory {
+            Arc::new(self.store.advisory_lock(name, identity))
+        } else {
+            Arc::new(self.store.lock(name, identity))
+        }
+    }
+
+    async fn corrupt(&self, name: &str) {
+        let admin = admin().await.expect("server");
+        admin
+            .execute(
+                "INSERT INTO public.leader_election (name, holder_identity, lease_duration_ms, acquire_time, \
+                 renew_time, leader_transitions, version, expires_at) \
+                 VALUES ($1, 'x', -5, now(), now() - interval '1 day', -1, 1, now())",
+                &[&name],
+            )
+            .await
+            .expect("write a garbage row");
     }
 }

@@ -1,0 +1,237 @@
+//! Bad input against a real Redis: each gives a clear typed error, the elector keeps running and
+//! recovers once the fault is gone, and nothing panics or overwrites what it cannot read.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Running, unique};
+use leader_core::conformance::record;
+use leader_core::{LockError, ResourceLock};
+use leader_redis::RedisStore;
+use redis::aio::MultiplexedConnection;
+use tokio::time::sleep;
+
+/// Runs an elector on a broken lock for a while: it must neither lead nor stop.
+async fn stays_alive_without_leading(elector: &Running) {
+    sleep(Duration::from_millis(1500)).await;
+    assert!(elector.leading_token().is_none(), "led despite the fault");
+    assert!(!elector.task.is_finished(), "the elector stopped");
+}
+
+async fn cmd(admin: &mut MultiplexedConnection, args: &[&str]) -> redis::Value {
+    let mut command = redis::cmd(args[0]);
+    for arg in &args[1..] {
+        command.arg(*arg);
+    }
+    command.query_async(admin).await.expect("admin command")
+}
+
+/// A URL for `user:password` on the test server.
+fn url_as(user: &str, password: &str) -> String {
+    let url = common::redis_url();
+    let rest = url.split_once("://").map_or(url.as_str(), |(_, rest)| rest);
+    let rest = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
+    format!("redis://{user}:{password}@{rest}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_values_are_reported_never_overwritten_and_the_elector_recovers() {
+    let Some(store) = common::store().await else {
+        return;
+    };
+    let mut admin = common::admin().await.expect("server");
+    let garbage: [(&str, &[&str], &str); 4] = [
+        ("a list", &["RPUSH", "{key}", "a", "b"], "another type"),
+        ("a string", &["SET", "{key}", "hello"], "another type"),
+        (
+            "a hash of other fields",
+            &["HSET", "{key}", "owner", "me"],
+            "none of the lock fields",
+        ),
+        (
+            "a hash with a broken record",
+            &[
+                "HSET",
+                "{key}",
+                "version",
+                "3",
+                "holder",
+                "x",
+                "transitions",
+                "2",
+                "record",
+                "{\"holderIdentity\":",
+            ],
+            "not a JSON object",
+        ),
+    ];
+    for (what, write, expected) in garbage {
+        let name = unique("garbage");
+        let lock = store.lock(&name, "a");
+        let key = lock.key().to_owned();
+        let args: Vec<&str> = write
+            .iter()
+            .map(|a| if *a == "{key}" { key.as_str() } else { a })
+            .collect();
+        cmd(&mut admin, &args).await;
+        let err = lock.get().await.expect_err(what);
+        assert!(
+            matches!(err, LockError::InvalidRecord { .. }),
+            "{what}: {err:?}"
+        );
+        assert!(err.to_string().contains(expected), "{what}: {err}");
+        let err = lock.try_acquire(&record("a", 0)).await.expect_err(what);
+        assert!(
+            matches!(err, LockError::InvalidRecord { .. }),
+            "{what}: {err:?}"
+        );
+
+        let mut elector = Running::start(lock);
+        stays_alive_without_leading(&elector).await;
+        let kind = cmd(&mut admin, &["TYPE", &key]).await;
+        assert_ne!(
+            kind,
+            redis::Value::SimpleString("none".into()),
+            "{what}: the value was removed"
+        );
+        assert!(
+            store.lock(&name, "x").get().await.is_err(),
+            "{what}: the value was overwritten"
+        );
+        cmd(&mut admin, &["DEL", &key]).await;
+        elector.wait_leading(Duration::from_secs(5)).await;
+        elector.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_with_impossible_values_is_invalid() {
+    let Some(store) = common::store().await else {
+        return;
+    };
+    let mut admin = common::admin().await.expect("server");
+    let lock = store.lock(unique("impossible"), "a");
+    let key = lock.key().to_owned();
+    let json = r#"{"holderIdentity":"x","leaseDurationMillis":0,"acquireTime":"2024-01-01T00:00:00Z","renewTime":"2024-01-01T00:00:00Z","leaderTransitions":1}"#;
+    cmd(
+        &mut admin,
+        &[
+            "HSET",
+            &key,
+            "version",
+            "3",
+            "holder",
+            "x",
+            "transitions",
+            "1",
+            "record",
+            json,
+        ],
+    )
+    .await;
+    let err = lock.get().await.expect_err("zero lease");
+    assert!(matches!(err, LockError::InvalidRecord { .. }), "{err:?}");
+    assert!(err.to_string().contains("zero lease duration"), "{err}");
+    cmd(&mut admin, &["DEL", &key]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_password_is_a_clear_error_that_never_shows_the_password() {
+    let Some(mut admin) = common::admin().await else {
+        return;
+    };
+    let user = unique("leader_acl");
+    cmd(
+        &mut admin,
+        &[
+            "ACL",
+            "SETUSER",
+            &user,
+            "on",
+            ">the-right-one",
+            "~leader:*",
+            "&*",
+            "+@all",
+        ],
+    )
+    .await;
+    let secret = "wr0ng-Pa55word";
+    let store = RedisStore::connect(url_as(&user, secret))
+        .await
+        .expect("a lazy connection");
+    assert!(
+        !format!("{store:?}").contains(secret),
+        "Debug shows the password"
+    );
+    let lock = store.lock(unique("password"), "a");
+    let err = lock.get().await.expect_err("wrong password");
+    assert!(matches!(err, LockError::Forbidden { .. }), "{err:?}");
+    let shown = format!("{err} {err:?}");
+    assert!(shown.contains("authentication failed"), "{shown}");
+    assert!(
+        !shown.contains(secret),
+        "the error shows the password: {shown}"
+    );
+
+    // The elector keeps trying, and recovers when the password becomes right.
+    let mut elector = Running::start(lock);
+    stays_alive_without_leading(&elector).await;
+    cmd(
+        &mut admin,
+        &["ACL", "SETUSER", &user, &format!(">{secret}")],
+    )
+    .await;
+    elector.wait_leading(Duration::from_secs(5)).await;
+    elector.stop().await;
+    cmd(&mut admin, &["ACL", "DELUSER", &user]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acl_user_without_script_rights_gets_a_clear_error_and_recovers_when_granted() {
+    let Some(mut admin) = common::admin().await else {
+        return;
+    };
+    let user = unique("leader_noscript");
+    cmd(
+        &mut admin,
+        &[
+            "ACL",
+            "SETUSER",
+            &user,
+            "on",
+            ">pw",
+            "~leader:*",
+            "&*",
+            "+@all",
+            "-evalsha",
+            "-eval",
+        ],
+    )
+    .await;
+    let store = RedisStore::connect(url_as(&user, "pw"))
+        .await
+        .expect("store");
+    let lock = store.lock(unique("noperm"), "a");
+    let err = lock
+        .try_acquire(&record("a", 0))
+        .await
+        .expect_err("no EVALSHA");
+    assert!(matches!(err, LockError::Forbidden { .. }), "{err:?}");
+    assert!(err.to_string().contains("EVALSHA"), "{err}");
+    let mut elector = Running::start(lock);
+    stays_alive_without_leading(&elector).await;
+    cmd(&mut admin, &["ACL", "SETUSER", &user, "+evalsha", "+eval"]).await;
+    elector.wait_leading(Duration::from_secs(5)).await;
+    elector.stop().await;
+    cmd(&mut admin, &["ACL", "DELUSER", &user]).await;
+}
+
+#[tokio::test]
+async fn an_invalid_url_is_rejected_without_showing_the_password() {
+    let err = RedisStore::connect("redis://u:secret@host:notaport/0")
+        .await
+        .expect_err("bad URL");
+    assert!(matches!(err, LockError::Misconfigured { .. }), "{err:?}");
+    assert!(!format!("{err} {err:?}").contains("secret"), "{err:?}");
+}

@@ -1,0 +1,115 @@
+//! Electors on one real Redis: exactly one leads, a deleted or expired key, a fast handover.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Factory, RETRY, Running, unique};
+use leader_core::conformance;
+use tokio::time::{Instant, sleep, timeout};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_electors_elect_exactly_one() {
+    let Some(store) = common::store().await else {
+        return;
+    };
+    conformance::electors_elect_exactly_one(&Factory { store }, 2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ten_electors_elect_exactly_one() {
+    let Some(store) = common::store().await else {
+        return;
+    };
+    conformance::electors_elect_exactly_one(&Factory { store }, 10).await;
+}
+
+/// The leader's key vanishes (deleted by hand, or expired early): the leader notices on its next
+/// renewal and steps down, and a new term starts with a larger fencing token (the counter
+/// outlives the key).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_leader_whose_key_vanished_steps_down_at_its_next_renewal() {
+    let Some(store) = common::store().await else {
+        return;
+    };
+    let mut admin = common::admin().await.expect("server");
+    for how in ["DEL", "PEXPIRE"] {
+        let name = unique("vanish");
+        let mut leader = Running::start(store.lock(&name, "first"));
+        let token = leader.wait_leading(Duration::from_secs(10)).await;
+        // The term's own token: the old leader may step down and win the next term at once, too
+        // quickly for a watch of the state to see it not leading in between.
+        let first_term = leader
+            .state
+            .borrow()
+            .leadership()
+            .map(|l| l.cancellation_token())
+            .expect("leading");
+        let follower = Running::start(store.lock(&name, "second"));
+        // Mid-way between two renewals, so that a 1 ms TTL runs out before the next one (a
+        // renewal in that millisecond would rightly extend the lease).
+        sleep(RETRY * 3 / 2).await;
+        let key = store.lock(&name, "x").key().to_owned();
+        let mut command = redis::cmd(how);
+        command.arg(&key);
+        if how == "PEXPIRE" {
+            command.arg(1);
+        }
+        let changed: i64 = command
+            .query_async(&mut admin)
+            .await
+            .expect("remove the key");
+        assert_eq!(changed, 1);
+        let removed = Instant::now();
+        timeout(
+            RETRY * 2 + Duration::from_millis(200),
+            first_term.cancelled(),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "{how}: the leader did not step down at its next renewal; leader {:?}; follower {:?}",
+                *leader.state.borrow(),
+                *follower.state.borrow()
+            )
+        });
+        let stepped_down = removed.elapsed();
+        let next = timeout(Duration::from_secs(5), async {
+            loop {
+                if let Some(t) = leader.leading_token().or(follower.leading_token()) {
+                    return t;
+                }
+                sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("a new term");
+        assert!(next > token, "{how}: fencing token {token} then {next}");
+        eprintln!("{how}: stepped down {stepped_down:?} after the key vanished");
+        follower.stop().await;
+        leader.stop().await;
+    }
+}
+
+/// A release is published on the election's channel, so a follower takes over at once instead of
+/// on its next retry (2 s here, up to 4.4 s with jitter).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_released_lease_is_taken_over_well_within_a_retry_period() {
+    let Some(store) = common::store().await else {
+        return;
+    };
+    let name = unique("handover");
+    let retry = Duration::from_secs(2);
+    let mut leader = Running::start_with(store.lock(&name, "first"), retry);
+    let token = leader.wait_leading(Duration::from_secs(10)).await;
+    let mut follower = Running::start_with(store.lock(&name, "second"), retry);
+    sleep(Duration::from_millis(500)).await; // subscribed and following
+    let released = Instant::now();
+    leader.stop().await;
+    let next = follower.wait_leading(retry).await;
+    let took = released.elapsed();
+    eprintln!("handover after release took {took:?}");
+    assert!(took < retry / 4, "handover took {took:?}");
+    assert!(next > token);
+    follower.stop().await;
+}

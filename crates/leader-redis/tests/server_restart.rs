@@ -1,0 +1,147 @@
+//! Redis stopped and started again under running electors. It lives in a test binary of its
+//! own, so no other test of this crate runs while the server is down.
+//!
+//! It needs to control the server: `REDIS_URL` on loopback port 6379 and `redis-server` on the
+//! PATH (what `scripts/test` sets up). It restarts the server as `scripts/services.sh` starts
+//! it: no persistence, so every key is lost, which is the point of the test.
+
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use common::{RENEW, RETRY, Running, unique};
+use leader_core::{LockError, ResourceLock};
+use tokio::time::{Instant, sleep, timeout};
+
+async fn config(admin: &mut redis::aio::MultiplexedConnection, name: &str) -> String {
+    let pair: Vec<String> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg(name)
+        .query_async(admin)
+        .await
+        .expect("CONFIG GET");
+    pair.get(1).cloned().unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn electors_step_down_while_redis_is_down_and_recover_when_it_is_back() {
+    let Some(store) = common::store().await else {
+        return;
+    };
+    let mut admin = common::admin().await.expect("server");
+    let url = common::redis_url();
+    let local = ["redis://127.0.0.1:6379", "redis://localhost:6379"]
+        .iter()
+        .any(|u| url.trim_end_matches('/') == *u);
+    let binary = Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .is_ok();
+    if !(local && binary) {
+        let why = "REDIS_URL is not a local redis-server on port 6379 that this test can restart";
+        assert!(!common::in_ci(), "CI=true but {why}");
+        eprintln!("skipping: {why}");
+        return;
+    }
+    let dir = config(&mut admin, "dir").await;
+    let logfile = config(&mut admin, "logfile").await;
+
+    let name = unique("restart");
+    let mut leader = Running::start(store.lock(&name, "first"));
+    let token = leader.wait_leading(Duration::from_secs(10)).await;
+    let term = leader
+        .state
+        .borrow()
+        .leadership()
+        .map(|l| l.cancellation_token())
+        .expect("leading");
+    let follower = Running::start(store.lock(&name, "second"));
+    sleep(RETRY * 2).await;
+
+    let stopped = Instant::now();
+    let _: redis::RedisResult<()> = redis::cmd("SHUTDOWN")
+        .arg("NOSAVE")
+        .query_async(&mut admin)
+        .await;
+    let restart = Restart { dir, logfile };
+    let err = store
+        .lock(&name, "probe")
+        .get()
+        .await
+        .expect_err("server is down");
+    assert!(
+        matches!(
+            err,
+            LockError::Unavailable { .. } | LockError::Timeout { .. }
+        ),
+        "{err:?}"
+    );
+    timeout(RENEW + RETRY * 3, term.cancelled())
+        .await
+        .expect("the leader steps down by its renew deadline");
+    assert!(stopped.elapsed() < RENEW + RETRY * 3);
+    sleep(Duration::from_secs(1)).await;
+    for elector in [&leader, &follower] {
+        assert!(
+            elector.leading_token().is_none(),
+            "leads while the server is down"
+        );
+        assert!(!elector.task.is_finished(), "an elector stopped");
+    }
+
+    drop(restart);
+    let next = timeout(Duration::from_secs(20), async {
+        loop {
+            if let Some(t) = leader.leading_token().or(follower.leading_token()) {
+                return t;
+            }
+            sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("a leader again after the restart");
+    // Without persistence the restart lost the fencing counter too: tokens start again. The
+    // crate's README says so, and recommends AOF where fencing must survive restarts.
+    eprintln!("fencing token {token} before the restart, {next} after");
+    assert!(leader.leading_token().is_none() || follower.leading_token().is_none());
+    follower.stop().await;
+    leader.stop().await;
+}
+
+/// Starts the server again when dropped, also when an assertion failed.
+struct Restart {
+    dir: String,
+    logfile: String,
+}
+
+impl Drop for Restart {
+    fn drop(&mut self) {
+        let mut command = Command::new("redis-server");
+        command.args([
+            "--daemonize",
+            "yes",
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            "6379",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ]);
+        if !self.dir.is_empty() {
+            command.args(["--dir", &self.dir]);
+        }
+        if !self.logfile.is_empty() {
+            command.args(["--logfile", &self.logfile]);
+        }
+        let _ = command.status();
+        for _ in 0..100 {
+            if std::net::TcpStream::connect("127.0.0.1:6379").is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
