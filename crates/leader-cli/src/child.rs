@@ -1,0 +1,181 @@
+//! The supervised COMMAND: started in its own process group while leading, stopped with SIGTERM
+//! then SIGKILL when leadership ends, and never left behind when `leader` itself dies.
+
+use std::io;
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use tokio::process::{Child, Command};
+
+use crate::exit;
+
+/// What to run, and the environment to give it.
+#[derive(Clone, Debug)]
+pub(crate) struct Program {
+    pub(crate) command: Vec<String>,
+    pub(crate) name: String,
+    pub(crate) identity: String,
+}
+
+impl Program {
+    /// Starts the command for the term with `fencing_token`, under a supervisor process: this
+    /// same executable run as `leader __supervise -- COMMAND...`, which leads a new process group
+    /// and has COMMAND as its child. On Linux the supervisor's parent-death signal is SIGHUP:
+    /// should `leader` die (SIGKILL, OOM), the supervisor kills the whole group, COMMAND's own
+    /// children included, so nothing it started runs beside the next leader's COMMAND.
+    ///
+    /// This runtime has one thread, which lives as long as the process: `PR_SET_PDEATHSIG` fires
+    /// when the *thread* that spawned the child exits.
+    pub(crate) fn spawn(&self, fencing_token: u64) -> io::Result<Child> {
+        let mut command = Command::new(std::env::current_exe()?);
+        command
+            .arg(SUPERVISE)
+            .arg("--")
+            .args(&self.command)
+            .env("LEADER_NAME", &self.name)
+            .env("LEADER_IDENTITY", &self.identity)
+            .env("LEADER_FENCING_TOKEN", fencing_token.to_string())
+            .stdin(Stdio::null())
+            .process_group(0)
+            .kill_on_drop(true);
+        set_parent_death_signal(&mut command);
+        command.spawn()
+    }
+}
+
+/// The hidden subcommand that runs the supervisor.
+pub(crate) const SUPERVISE: &str = "__supervise";
+
+/// The supervisor: runs COMMAND as its child, in its own process group; mirrors how COMMAND ended
+/// (exit code, or death by the same signal); on SIGHUP (its parent `leader` died) kills the
+/// whole group at once. SIGTERM from `leader` reaches COMMAND through the group; the supervisor
+/// then just waits for it.
+pub(crate) async fn supervise(command: &[String]) -> u8 {
+    use tokio::signal::unix::{SignalKind, signal};
+    let Some((program, args)) = command.split_first() else {
+        eprintln!("leader: no COMMAND given");
+        return exit::USAGE;
+    };
+    let (Ok(mut hangup), Ok(mut terminate)) = (
+        signal(SignalKind::hangup()),
+        signal(SignalKind::terminate()),
+    ) else {
+        eprintln!("leader: cannot handle signals");
+        return exit::FAILURE;
+    };
+    let mut child = match Command::new(program).args(args).spawn() {
+        Ok(child) => child,
+        Err(err) => {
+            eprintln!("leader: cannot start {program:?}: {err}");
+            return spawn_error_code(&err);
+        }
+    };
+    loop {
+        tokio::select! {
+            status = child.wait() => {
+                return match status {
+                    Ok(status) => mirror(status),
+                    Err(_) => exit::FAILURE,
+                };
+            }
+            _ = hangup.recv() => {
+                // `leader` is gone: nothing may keep running in this group.
+                let _ = killpg(nix::unistd::getpgrp(), Signal::SIGKILL);
+            }
+            _ = terminate.recv() => {}
+        }
+    }
+}
+
+/// Ends the supervisor the way COMMAND ended: by the same signal, or with the same code.
+fn mirror(status: ExitStatus) -> u8 {
+    use std::os::unix::process::ExitStatusExt;
+    if let Some(signal) = status.signal().and_then(|s| Signal::try_from(s).ok()) {
+        die_by(signal);
+    }
+    exit_code(status)
+}
+
+#[allow(unsafe_code)]
+fn die_by(signal: Signal) {
+    use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, sigaction};
+    let default = SigAction::new(SigHandler::SigDfl, SaFlags::empty(), SigSet::empty());
+    // SAFETY: restoring the default disposition installs no handler, so no handler can run with
+    // broken assumptions; the process ends right after.
+    let _ = unsafe { sigaction(signal, &default) };
+    let _ = nix::sys::signal::raise(signal);
+}
+
+#[cfg(target_os = "linux")]
+#[allow(unsafe_code)]
+fn set_parent_death_signal(command: &mut Command) {
+    let parent = nix::unistd::getpid();
+    // SAFETY: the closure runs in the child between fork and exec, and only makes
+    // async-signal-safe system calls (prctl, getppid); it allocates nothing and takes no lock.
+    unsafe {
+        command.pre_exec(move || {
+            nix::sys::prctl::set_pdeathsig(Signal::SIGHUP).map_err(io::Error::from)?;
+            // The parent may have died before prctl took effect: then nothing would kill us.
+            if nix::unistd::getppid() != parent {
+                return Err(io::Error::other("leader exited while starting COMMAND"));
+            }
+            Ok(())
+        });
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn set_parent_death_signal(_command: &mut Command) {}
+
+/// Stops the child's whole process group: SIGTERM, then SIGKILL after `grace`; returns once the
+/// child has been reaped.
+pub(crate) async fn terminate(child: &mut Child, grace: Duration) -> io::Result<ExitStatus> {
+    if let Ok(Some(status)) = child.try_wait() {
+        return Ok(status);
+    }
+    let group = child.id().map(|id| Pid::from_raw(id.cast_signed()));
+    if let Some(group) = group {
+        let _ = killpg(group, Signal::SIGTERM);
+    }
+    match tokio::time::timeout(grace, child.wait()).await {
+        Ok(status) => {
+            // The group leader is gone; make sure no straggler of its group stays behind.
+            if let Some(group) = group {
+                let _ = killpg(group, Signal::SIGKILL);
+            }
+            status
+        }
+        Err(_) => {
+            tracing::warn!(
+                ?grace,
+                "COMMAND did not stop after SIGTERM; sending SIGKILL"
+            );
+            if let Some(group) = group {
+                let _ = killpg(group, Signal::SIGKILL);
+            }
+            child.wait().await
+        }
+    }
+}
+
+/// The exit code that reports `status`: the child's own code, or 128 + the signal that killed it,
+/// as shells do.
+pub(crate) fn exit_code(status: ExitStatus) -> u8 {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => u8::try_from(code).unwrap_or(exit::FAILURE),
+        (None, Some(signal)) => u8::try_from(128 + signal).unwrap_or(exit::FAILURE),
+        (None, None) => exit::FAILURE,
+    }
+}
+
+/// The exit code for a COMMAND that could not be started: 127 when it was not found, 126 when
+/// it could not be executed, as shells do.
+pub(crate) fn spawn_error_code(err: &io::Error) -> u8 {
+    match err.kind() {
+        io::ErrorKind::NotFound => exit::NOT_FOUND,
+        _ => exit::NOT_EXECUTABLE,
+    }
+}

@@ -1,0 +1,436 @@
+#![doc = include_str!("../README.md")]
+#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
+
+mod child;
+mod lock_url;
+mod serve;
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use leader_core::{CancellationToken, LeaderElector, LockError, ResourceLock, StepDownReason};
+
+use crate::child::Program;
+use crate::lock_url::LockSpec;
+
+/// The exit codes of `leader`, besides COMMAND's own.
+pub mod exit {
+    /// Success: shut down by SIGTERM or SIGINT, COMMAND stopped and the lease released.
+    pub const OK: u8 = 0;
+    /// An unexpected failure.
+    pub const FAILURE: u8 = 1;
+    /// Invalid flags or values (clap's code).
+    pub const USAGE: u8 = 2;
+    /// `--lock` is not usable: unknown scheme, malformed URL, backend not in this build.
+    pub const BAD_LOCK: u8 = 3;
+    /// The backend could not be reached at start (connection refused, timeout).
+    pub const UNREACHABLE: u8 = 4;
+    /// The backend refused: authentication, permissions, a missing table, an unreadable record.
+    pub const REFUSED: u8 = 5;
+    /// `--once`: leadership was lost before COMMAND finished.
+    pub const LOST: u8 = 75;
+    /// COMMAND could not be executed.
+    pub const NOT_EXECUTABLE: u8 = 126;
+    /// COMMAND was not found.
+    pub const NOT_FOUND: u8 = 127;
+}
+
+/// COMMAND's default time between SIGTERM and SIGKILL.
+const DEFAULT_GRACE: Duration = Duration::from_secs(3);
+
+/// Run a program only while this replica holds leadership, or inspect a lock.
+#[derive(Debug, Parser)]
+#[command(name = "leader", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Wait to be elected, run COMMAND while leading, stop it when leadership ends.
+    Run(RunArgs),
+    /// Show the lock's holder, times and transitions, without taking part in the election.
+    Status(StatusArgs),
+}
+
+#[derive(Debug, Args)]
+struct LockArgs {
+    /// The lock: file:///PATH, postgres://... (?advisory=true for the advisory lock),
+    /// redis://... or rediss://... Default: a lock file in the runtime or temp directory.
+    #[arg(long, env = "LEADER_LOCK", value_name = "URL")]
+    lock: Option<String>,
+    /// The election's name: replicas with the same lock and name elect one leader.
+    #[arg(long, env = "LEADER_NAME")]
+    name: String,
+}
+
+#[derive(Debug, Args)]
+struct RunArgs {
+    #[command(flatten)]
+    lock: LockArgs,
+    /// This candidate's identity, unique among the replicas. Default: HOSTNAME-PID.
+    #[arg(long, env = "LEADER_IDENTITY")]
+    identity: Option<String>,
+    /// How long followers wait after the leader's last renewal before taking over.
+    #[arg(long, env = "LEADER_LEASE_DURATION", default_value = "15s", value_parser = humantime::parse_duration)]
+    lease_duration: Duration,
+    /// How long the leader keeps leading without a successful renewal.
+    #[arg(long, env = "LEADER_RENEW_DEADLINE", default_value = "10s", value_parser = humantime::parse_duration)]
+    renew_deadline: Duration,
+    /// Time between renewals and between attempts to acquire.
+    #[arg(long, env = "LEADER_RETRY_PERIOD", default_value = "2s", value_parser = humantime::parse_duration)]
+    retry_period: Duration,
+    /// Time COMMAND gets between SIGTERM and SIGKILL when leadership ends [default: 3s, or less
+    /// when the lease leaves less]. Capped so that COMMAND is dead before the lease can expire
+    /// for anyone else: at 80% of lease duration minus renew deadline.
+    #[arg(long, env = "LEADER_GRACE", value_parser = humantime::parse_duration)]
+    grace: Option<Duration>,
+    /// Exit when leadership is lost (exit code 75) instead of running for it again.
+    #[arg(long, env = "LEADER_ONCE")]
+    once: bool,
+    /// Serve Prometheus metrics at /metrics and a health check at /healthz on this address.
+    #[arg(long, env = "LEADER_METRICS_ADDR", value_name = "ADDR")]
+    metrics_addr: Option<SocketAddr>,
+    /// The program to run while leading, and its arguments.
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    command: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+struct StatusArgs {
+    #[command(flatten)]
+    lock: LockArgs,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs `leader` with the process's arguments and returns its exit code.
+pub fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some(child::SUPERVISE) {
+        let command = args.get(3..).unwrap_or_default().to_vec();
+        return match tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            Ok(runtime) => ExitCode::from(runtime.block_on(child::supervise(&command))),
+            Err(_) => ExitCode::from(exit::FAILURE),
+        };
+    }
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) => {
+            let _ = err.print();
+            return ExitCode::from(if err.use_stderr() {
+                exit::USAGE
+            } else {
+                exit::OK
+            });
+        }
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
+    // One thread: COMMAND's parent-death signal is tied to the thread that spawned it.
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("leader: cannot start the runtime: {err}");
+            return ExitCode::from(exit::FAILURE);
+        }
+    };
+    let code = runtime.block_on(async {
+        match cli.command {
+            Command::Run(args) => run(args).await,
+            Command::Status(args) => status(args).await,
+        }
+    });
+    ExitCode::from(code)
+}
+
+/// One clear line on stderr, and the code to exit with.
+fn fail(code: u8, message: impl std::fmt::Display) -> u8 {
+    eprintln!("leader: {message}");
+    code
+}
+
+fn default_identity() -> String {
+    let host = nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_else(|| "host".to_owned());
+    format!("{host}-{}", std::process::id())
+}
+
+/// Opens the lock and reads it once, so that a wrong URL, a server that is down or refuses us is
+/// one clear line and an exit code at start; later outages are retried.
+async fn open_lock(
+    args: &LockArgs,
+    identity: &str,
+    timeout: Duration,
+) -> Result<Box<dyn ResourceLock>, u8> {
+    let spec = LockSpec::parse(args.lock.as_deref(), &args.name)
+        .map_err(|err| fail(exit::BAD_LOCK, err))?;
+    let lock = spec
+        .open(&args.name, identity)
+        .await
+        .map_err(|err| fail(code_for(&err), err))?;
+    match tokio::time::timeout(timeout, lock.get()).await {
+        Ok(Ok(_)) => Ok(lock),
+        Ok(Err(err)) => Err(fail(code_for(&err), err)),
+        Err(_) => Err(fail(
+            exit::UNREACHABLE,
+            format!("{}: no answer within {timeout:?}", lock.describe()),
+        )),
+    }
+}
+
+fn code_for(err: &LockError) -> u8 {
+    match err {
+        LockError::Unavailable { .. } | LockError::Timeout { .. } => exit::UNREACHABLE,
+        LockError::Misconfigured { .. } => exit::BAD_LOCK,
+        _ => exit::REFUSED,
+    }
+}
+
+/// What the supervisor decided the exit code is, once it knows.
+#[derive(Clone, Default)]
+struct Outcome(Arc<Mutex<Option<u8>>>);
+
+impl Outcome {
+    fn set_once(&self, code: u8) {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_or_insert(code);
+    }
+
+    fn get(&self) -> Option<u8> {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+async fn run(args: RunArgs) -> u8 {
+    let identity = args.identity.clone().unwrap_or_else(default_identity);
+    // Check the timings before connecting to anything.
+    if let Err(err) = LeaderElector::builder(leader_core::MemoryLock::new("check", "check"))
+        .lease_duration(args.lease_duration)
+        .renew_deadline(args.renew_deadline)
+        .retry_period(args.retry_period)
+        .build()
+    {
+        return fail(exit::USAGE, err);
+    }
+    let available = args.lease_duration.saturating_sub(args.renew_deadline);
+    // COMMAND must be dead and reaped before anyone else can take over: keep a fifth of the
+    // time between our step-down and the lease's end for SIGKILL and reaping.
+    let max_grace = available.mul_f64(0.8);
+    let grace = match args.grace {
+        Some(grace) if grace > max_grace => {
+            tracing::warn!(
+                requested = ?grace,
+                capped = ?max_grace,
+                "--grace capped: COMMAND must be stopped before the lease can expire for another replica"
+            );
+            max_grace
+        }
+        Some(grace) => grace,
+        None => DEFAULT_GRACE.min(max_grace),
+    };
+    let lock = match open_lock(&args.lock, &identity, args.renew_deadline / 2).await {
+        Ok(lock) => lock,
+        Err(code) => return code,
+    };
+    let describe = lock.describe();
+    let program = Program {
+        command: args.command.clone(),
+        name: args.lock.name.clone(),
+        identity: identity.clone(),
+    };
+    let shutdown = CancellationToken::new();
+    let outcome = Outcome::default();
+    let signal = shutdown.clone();
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        tracing::info!("signal received: stopping COMMAND and releasing the lease");
+        signal.cancel();
+    });
+
+    let supervise = {
+        let (program, shutdown, outcome) = (program.clone(), shutdown.clone(), outcome.clone());
+        move |leadership: leader_core::Leadership| {
+            let (program, shutdown, outcome) = (program.clone(), shutdown.clone(), outcome.clone());
+            async move {
+                let token = leadership.fencing_token();
+                let mut child = match program.spawn(token) {
+                    Ok(child) => child,
+                    Err(err) => {
+                        let code = child::spawn_error_code(&err);
+                        eprintln!("leader: cannot start {:?}: {err}", program.command[0]);
+                        outcome.set_once(code);
+                        shutdown.cancel();
+                        return;
+                    }
+                };
+                tracing::info!(fencing_token = token, pid = child.id(), "COMMAND started");
+                tokio::select! {
+                    status = child.wait() => {
+                        let code = status.map_or(exit::FAILURE, child::exit_code);
+                        tracing::info!(code, "COMMAND exited by itself: releasing the lease");
+                        outcome.set_once(code);
+                        shutdown.cancel();
+                    }
+                    () = leadership.lost() => {
+                        let status = child::terminate(&mut child, grace).await;
+                        tracing::info!(?status, "COMMAND stopped");
+                        if shutdown.is_cancelled()
+                            && let Ok(status) = status
+                            && status.code().is_some()
+                        {
+                            // Shut down by a signal: report COMMAND's own code if it exited.
+                            outcome.set_once(child::exit_code(status));
+                        }
+                    }
+                }
+            }
+        }
+    };
+    let once = args.once;
+    let stopped = {
+        let (shutdown, outcome) = (shutdown.clone(), outcome.clone());
+        move |step_down: leader_core::StepDown| {
+            if once && step_down.reason != StepDownReason::Shutdown {
+                outcome.set_once(exit::LOST);
+                shutdown.cancel();
+            }
+        }
+    };
+    let elector = LeaderElector::builder(lock)
+        .name(args.lock.name.clone())
+        .lease_duration(args.lease_duration)
+        .renew_deadline(args.renew_deadline)
+        .retry_period(args.retry_period)
+        .stop_grace(available)
+        .on_new_leader(|leader| tracing::info!(leader, "leader"))
+        .on_started_leading(supervise)
+        .on_stopped_leading(stopped)
+        .build();
+    let elector = match elector {
+        Ok(elector) => elector,
+        Err(err) => return fail(exit::USAGE, err),
+    };
+    if let Some(addr) = args.metrics_addr {
+        match serve::start(addr, elector.health_check(Duration::from_secs(5))).await {
+            Ok(()) => {}
+            Err(err) => return fail(exit::USAGE, format!("--metrics-addr {addr}: {err}")),
+        }
+    }
+    tracing::info!(identity, lock = %describe, "running for leadership");
+    elector.run(shutdown).await;
+    outcome.get().unwrap_or(exit::OK)
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
+
+async fn status(args: StatusArgs) -> u8 {
+    let lock = match open_lock(&args.lock, "leader-status", Duration::from_secs(5)).await {
+        Ok(lock) => lock,
+        Err(code) => return code,
+    };
+    let observed = match lock.get().await {
+        Ok(observed) => observed,
+        Err(err) => return fail(code_for(&err), err),
+    };
+    let now = chrono::Utc::now();
+    let Some(observed) = observed else {
+        if args.json {
+            println!(
+                "{}",
+                serde_json::json!({"lock": lock.describe(), "name": args.lock.name, "exists": false})
+            );
+        } else {
+            println!(
+                "{}: no record yet (nobody has run for leadership)",
+                lock.describe()
+            );
+        }
+        return exit::OK;
+    };
+    let record = &observed.record;
+    let lease = chrono::Duration::from_std(record.lease_duration).unwrap_or(chrono::Duration::MAX);
+    // Wall clocks, for people: the electors themselves never decide on them.
+    let expired = record.is_free() || record.renew_time + lease < now;
+    if args.json {
+        let value = serde_json::json!({
+            "lock": lock.describe(),
+            "name": args.lock.name,
+            "exists": true,
+            "holder": (!record.is_free()).then_some(&record.holder_identity),
+            "leaseDurationMillis": record.lease_duration.as_millis(),
+            "acquireTime": record.acquire_time,
+            "renewTime": record.renew_time,
+            "leaderTransitions": record.leader_transitions,
+            "expired": expired,
+        });
+        println!("{value}");
+    } else {
+        let holder = if record.is_free() {
+            "(released)"
+        } else {
+            &record.holder_identity
+        };
+        println!("lock         {}", lock.describe());
+        println!("name         {}", args.lock.name);
+        println!("holder       {holder}");
+        println!(
+            "lease        {}",
+            humantime::format_duration(record.lease_duration)
+        );
+        println!(
+            "acquired     {} ({} ago)",
+            record.acquire_time.to_rfc3339(),
+            ago(now - record.acquire_time)
+        );
+        println!(
+            "renewed      {} ({} ago)",
+            record.renew_time.to_rfc3339(),
+            ago(now - record.renew_time)
+        );
+        println!("transitions  {}", record.leader_transitions);
+        println!("expired      {}", if expired { "yes" } else { "no" });
+    }
+    exit::OK
+}
+
+fn ago(elapsed: chrono::Duration) -> String {
+    let elapsed = elapsed.to_std().unwrap_or_default();
+    humantime::format_duration(Duration::from_millis(
+        u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX),
+    ))
+    .to_string()
+}

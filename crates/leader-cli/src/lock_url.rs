@@ -1,0 +1,240 @@
+//! `--lock URL`: which backend, and the lock for one election on it.
+
+use std::path::PathBuf;
+
+use leader_core::{FileLock, LockError, ResourceLock, redact_url};
+use leader_postgres::PostgresStore;
+use leader_redis::RedisStore;
+use url::Url;
+
+/// Why a `--lock` value cannot be used; exits with [`crate::exit::BAD_LOCK`].
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum LockUrlError {
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// A parsed `--lock` value.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum LockSpec {
+    File(PathBuf),
+    Postgres {
+        url: String,
+        advisory: bool,
+        schema: Option<String>,
+        table: Option<String>,
+    },
+    Redis {
+        url: String,
+        prefix: Option<String>,
+    },
+}
+
+/// The schemes `--lock` understands, for messages.
+pub(crate) const SCHEMES: &str = "file://, postgres://, postgresql://, redis://, rediss://";
+
+/// The default lock file for election `name`: in `$XDG_RUNTIME_DIR`, else the temp directory.
+pub(crate) fn default_file(name: &str) -> PathBuf {
+    let dir = std::env::var_os("XDG_RUNTIME_DIR")
+        .map(PathBuf::from)
+        .filter(|d| d.is_dir())
+        .unwrap_or_else(std::env::temp_dir);
+    let safe: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "._-".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    dir.join(format!("leader-{safe}.json"))
+}
+
+impl LockSpec {
+    /// Parses `--lock`; `None` is the default file lock for `name`.
+    pub(crate) fn parse(lock: Option<&str>, name: &str) -> Result<Self, LockUrlError> {
+        let Some(lock) = lock else {
+            return Ok(Self::File(default_file(name)));
+        };
+        let redacted = redact_url(lock);
+        let scheme = lock
+            .split_once("://")
+            .map(|(scheme, _)| scheme.to_ascii_lowercase());
+        match scheme.as_deref() {
+            Some("file") => {
+                let path = &lock["file://".len()..];
+                if !path.starts_with('/') || path.len() < 2 {
+                    return Err(LockUrlError::Invalid(format!(
+                        "--lock {redacted}: a file lock needs an absolute path, like file:///run/myapp/leader.json"
+                    )));
+                }
+                Ok(Self::File(PathBuf::from(path)))
+            }
+            Some("postgres" | "postgresql") => {
+                let mut url = parse(lock, &redacted)?;
+                let (mut advisory, mut schema, mut table) = (false, None, None);
+                let mut kept = Vec::new();
+                for (key, value) in url.query_pairs() {
+                    match key.as_ref() {
+                        "advisory" => advisory = parse_bool(&value, &redacted)?,
+                        "schema" => schema = Some(value.into_owned()),
+                        "table" => table = Some(value.into_owned()),
+                        _ => kept.push((key.into_owned(), value.into_owned())),
+                    }
+                }
+                set_query(&mut url, &kept);
+                Ok(Self::Postgres {
+                    url: url.into(),
+                    advisory,
+                    schema,
+                    table,
+                })
+            }
+            Some("redis" | "rediss") => {
+                let mut url = parse(lock, &redacted)?;
+                let mut prefix = None;
+                let mut kept = Vec::new();
+                for (key, value) in url.query_pairs() {
+                    match key.as_ref() {
+                        "prefix" => prefix = Some(value.into_owned()),
+                        _ => kept.push((key.into_owned(), value.into_owned())),
+                    }
+                }
+                set_query(&mut url, &kept);
+                Ok(Self::Redis {
+                    url: url.into(),
+                    prefix,
+                })
+            }
+            Some(scheme @ ("etcd" | "kubernetes")) => Err(LockUrlError::Invalid(format!(
+                "--lock {redacted}: the {scheme} backend is not part of this build yet; use one of {SCHEMES}"
+            ))),
+            Some(other) => Err(LockUrlError::Invalid(format!(
+                "--lock {redacted}: unknown scheme {other:?}; use one of {SCHEMES}"
+            ))),
+            None => Err(LockUrlError::Invalid(format!(
+                "--lock {redacted}: not a URL; use one of {SCHEMES}, like file:///run/myapp/leader.json"
+            ))),
+        }
+    }
+
+    /// The lock for election `name` as candidate `identity`.
+    pub(crate) async fn open(
+        &self,
+        name: &str,
+        identity: &str,
+    ) -> Result<Box<dyn ResourceLock>, LockError> {
+        Ok(match self {
+            Self::File(path) => Box::new(FileLock::new(path, identity)),
+            Self::Postgres {
+                url,
+                advisory,
+                schema,
+                table,
+            } => {
+                let mut builder = PostgresStore::builder(url.clone());
+                if let Some(schema) = schema {
+                    builder = builder.schema(schema);
+                }
+                if let Some(table) = table {
+                    builder = builder.table(table);
+                }
+                let store = builder.build().await?;
+                // Creating the table needs more rights than electing: a role without them finds
+                // out from the lock's own error if the table is really missing.
+                if let Err(err) = store.create_table().await {
+                    tracing::debug!(error = %err, "could not create the lock table");
+                }
+                if *advisory {
+                    Box::new(store.advisory_lock(name, identity))
+                } else {
+                    Box::new(store.lock(name, identity))
+                }
+            }
+            Self::Redis { url, prefix } => {
+                let mut builder = RedisStore::builder(url.clone());
+                if let Some(prefix) = prefix {
+                    builder = builder.prefix(prefix);
+                }
+                Box::new(builder.build().await?.lock(name, identity))
+            }
+        })
+    }
+}
+
+fn parse(lock: &str, redacted: &str) -> Result<Url, LockUrlError> {
+    Url::parse(lock).map_err(|err| LockUrlError::Invalid(format!("--lock {redacted}: {err}")))
+}
+
+fn parse_bool(value: &str, redacted: &str) -> Result<bool, LockUrlError> {
+    match value {
+        "" | "1" | "true" | "yes" | "on" => Ok(true),
+        "0" | "false" | "no" | "off" => Ok(false),
+        other => Err(LockUrlError::Invalid(format!(
+            "--lock {redacted}: advisory={other:?} is not a boolean (true or false)"
+        ))),
+    }
+}
+
+fn set_query(url: &mut Url, pairs: &[(String, String)]) {
+    if pairs.is_empty() {
+        url.set_query(None);
+    } else {
+        url.query_pairs_mut().clear().extend_pairs(pairs);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schemes_are_parsed_and_own_parameters_removed() {
+        assert_eq!(
+            LockSpec::parse(Some("file:///run/a.json"), "x").ok(),
+            Some(LockSpec::File("/run/a.json".into()))
+        );
+        assert_eq!(
+            LockSpec::parse(
+                Some("postgres://u:p@db/app?advisory=true&sslmode=require&table=locks"),
+                "x"
+            )
+            .ok(),
+            Some(LockSpec::Postgres {
+                url: "postgres://u:p@db/app?sslmode=require".into(),
+                advisory: true,
+                schema: None,
+                table: Some("locks".into()),
+            })
+        );
+        assert_eq!(
+            LockSpec::parse(Some("rediss://:pw@cache:6380/2?prefix=app:"), "x").ok(),
+            Some(LockSpec::Redis {
+                url: "rediss://:pw@cache:6380/2".into(),
+                prefix: Some("app:".into()),
+            })
+        );
+        assert!(
+            matches!(LockSpec::parse(None, "my/job").ok(), Some(LockSpec::File(p)) if p.ends_with("leader-my_job.json"))
+        );
+    }
+
+    #[test]
+    fn bad_values_name_the_problem_without_the_password() {
+        for (lock, expected) in [
+            ("ftp://u:secret@h/x", "unknown scheme"),
+            ("file://relative", "absolute path"),
+            ("nonsense", "not a URL"),
+            ("etcd://u:secret@h:2379", "not part of this build"),
+            ("postgres://u:secret@h/x?advisory=maybe", "not a boolean"),
+        ] {
+            let err = LockSpec::parse(Some(lock), "x")
+                .expect_err(lock)
+                .to_string();
+            assert!(err.contains(expected), "{lock}: {err}");
+            assert!(!err.contains("secret"), "{lock}: {err}");
+        }
+    }
+}

@@ -1,0 +1,466 @@
+//! End to end: several real `leader run` processes per lock (file and Postgres), each running the
+//! `job` binary as COMMAND. Exactly one job runs at a time; a SIGTERM hands over within a retry
+//! period; a SIGKILL of `leader` kills its job and hands over within the lease; fencing tokens
+//! grow; exit codes are as documented.
+
+use std::path::Path;
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, kill};
+use nix::time::{ClockId, clock_gettime};
+use nix::unistd::Pid;
+use tokio::process::{Child, Command};
+use tokio::time::{sleep, timeout};
+
+const LEADER: &str = env!("CARGO_BIN_EXE_leader-e2e");
+const JOB: &str = env!("CARGO_BIN_EXE_job");
+const LEASE: Duration = Duration::from_secs(4);
+const RENEW: Duration = Duration::from_secs(3);
+const RETRY: Duration = Duration::from_secs(1);
+
+fn now() -> i128 {
+    clock_gettime(ClockId::CLOCK_MONOTONIC)
+        .map(|t| i128::from(t.tv_sec()) * 1_000_000_000 + i128::from(t.tv_nsec()))
+        .expect("CLOCK_MONOTONIC")
+}
+
+fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0")
+}
+
+fn leader(lock: &str, name: &str, identity: &str, log: &Path) -> Child {
+    let ms = |d: Duration| format!("{}ms", d.as_millis());
+    Command::new(LEADER)
+        .args([
+            "run",
+            "--lock",
+            lock,
+            "--name",
+            name,
+            "--identity",
+            identity,
+        ])
+        .args([
+            "--lease-duration",
+            &ms(LEASE),
+            "--renew-deadline",
+            &ms(RENEW),
+            "--retry-period",
+            &ms(RETRY),
+        ])
+        .args(["--", JOB])
+        .env("JOB_LOG", log)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn leader")
+}
+
+#[derive(Clone, Debug, PartialEq)]
+struct Event {
+    start: bool,
+    identity: String,
+    token: u64,
+    at: i128,
+}
+
+fn events(log: &Path) -> Vec<Event> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .map(|line| {
+            let parts: Vec<&str> = line.split(' ').collect();
+            Event {
+                start: parts[0] == "start",
+                identity: parts[1].to_owned(),
+                token: parts[2].parse().expect("token"),
+                at: parts[3].parse().expect("time"),
+            }
+        })
+        .collect()
+}
+
+/// Waits until the log holds `n` starts; returns the last one.
+async fn start_number(log: &Path, n: usize, within: Duration) -> Event {
+    timeout(within, async {
+        loop {
+            let starts: Vec<Event> = events(log).into_iter().filter(|e| e.start).collect();
+            if starts.len() >= n {
+                return starts[n - 1].clone();
+            }
+            sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| {
+        panic!(
+            "no job start number {n} within {within:?}: {:?}",
+            events(log)
+        )
+    })
+}
+
+/// Exactly one job at a time: each start comes after the previous job stopped (or, for a job
+/// whose `leader` was killed, after that kill), and fencing tokens grow.
+fn assert_one_at_a_time(log: &Path, killed: &[(String, i128)]) {
+    let events = events(log);
+    let mut running: Option<&Event> = None;
+    let mut last_token = 0;
+    for event in &events {
+        if event.start {
+            if let Some(previous) = running {
+                let (_, killed_at) = killed
+                    .iter()
+                    .find(|(identity, _)| *identity == previous.identity)
+                    .unwrap_or_else(|| {
+                        panic!(
+                            "{} started while {} ran: {events:?}",
+                            event.identity, previous.identity
+                        )
+                    });
+                assert!(
+                    event.at > *killed_at,
+                    "started before the previous leader was killed: {events:?}"
+                );
+            }
+            assert!(
+                event.token > last_token,
+                "fencing tokens must grow: {events:?}"
+            );
+            last_token = event.token;
+            running = Some(event);
+        } else {
+            assert_eq!(
+                running.map(|e| &e.identity),
+                Some(&event.identity),
+                "{events:?}"
+            );
+            running = None;
+        }
+    }
+}
+
+fn pid(child: &Child) -> Pid {
+    Pid::from_raw(child.id().expect("running").cast_signed())
+}
+
+async fn handovers(lock: &str) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("jobs.log");
+    let name = format!("e2e-{:08x}", std::process::id() ^ (now() as u32));
+    let identities = ["one", "two", "three"];
+    let mut leaders: Vec<Child> = identities
+        .iter()
+        .map(|id| leader(lock, &name, id, &log))
+        .collect();
+
+    let first = start_number(&log, 1, Duration::from_secs(15)).await;
+    sleep(LEASE).await; // nobody else starts meanwhile
+
+    // SIGTERM: COMMAND stops, the lease is released, another job starts within a retry period.
+    let index = identities
+        .iter()
+        .position(|id| *id == first.identity)
+        .expect("identity");
+    let sent = now();
+    kill(pid(&leaders[index]), Signal::SIGTERM).expect("SIGTERM");
+    let second = start_number(&log, 2, Duration::from_secs(10)).await;
+    let status = timeout(Duration::from_secs(10), leaders[index].wait())
+        .await
+        .expect("exits")
+        .expect("status");
+    assert_eq!(status.code(), Some(0), "leader after SIGTERM");
+    let handover = Duration::from_nanos((second.at - sent) as u64);
+    eprintln!("{lock}: handover after SIGTERM took {handover:?}");
+    assert!(handover < RETRY, "handover after SIGTERM took {handover:?}");
+
+    // SIGKILL of `leader`: its job dies with it; another starts within lease + retry.
+    sleep(RETRY).await;
+    let index = identities
+        .iter()
+        .position(|id| *id == second.identity)
+        .expect("identity");
+    let killed_at = now();
+    kill(pid(&leaders[index]), Signal::SIGKILL).expect("SIGKILL");
+    let third = start_number(&log, 3, LEASE + RETRY * 3 + Duration::from_secs(2)).await;
+    let failover = Duration::from_nanos((third.at - killed_at) as u64);
+    eprintln!("{lock}: failover after SIGKILL took {failover:?}");
+    assert!(
+        failover < LEASE + RETRY * 3,
+        "failover after SIGKILL took {failover:?}"
+    );
+    assert_ne!(third.identity, second.identity);
+
+    for child in &mut leaders {
+        if let Ok(None) = child.try_wait() {
+            let _ = kill(pid(child), Signal::SIGTERM);
+            let _ = timeout(Duration::from_secs(10), child.wait()).await;
+        }
+    }
+    assert_one_at_a_time(&log, &[(second.identity.clone(), killed_at)]);
+    assert!(first.token < second.token && second.token < third.token);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_lock_one_job_at_a_time_and_handovers() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    handovers(&format!(
+        "file://{}",
+        dir.path().join("lock.json").display()
+    ))
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_lock_one_job_at_a_time_and_handovers() {
+    let url = std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres:postgres@127.0.0.1:5432/postgres".into());
+    if std::net::TcpStream::connect("127.0.0.1:5432").is_err() && url.contains("127.0.0.1:5432") {
+        assert!(!in_ci(), "CI=true and no Postgres at 127.0.0.1:5432");
+        eprintln!("skipping: no Postgres; run scripts/test");
+        return;
+    }
+    handovers(&url).await;
+}
+
+async fn run_to_end(args: &[&str], env: &[(&str, &str)]) -> ExitStatus {
+    let mut command = Command::new(LEADER);
+    command
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    let output = timeout(Duration::from_secs(30), command.output())
+        .await
+        .expect("exits")
+        .expect("runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    eprintln!("leader {args:?}: {stderr}");
+    output.status
+}
+
+#[tokio::test]
+async fn the_exit_code_of_command_is_passed_through() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let lock = format!("file://{}", dir.path().join("lock.json").display());
+    let status = run_to_end(
+        &["run", "--lock", &lock, "--name", "exit", "--", JOB],
+        &[("JOB_EXIT", "7")],
+    )
+    .await;
+    assert_eq!(status.code(), Some(7));
+    // The lease was released on the way out.
+    let output = Command::new(LEADER)
+        .args(["status", "--lock", &lock, "--name", "exit", "--json"])
+        .output()
+        .await
+        .expect("status");
+    let json = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        json.contains(r#""holder":null"#) && json.contains(r#""leaderTransitions":1"#),
+        "{json}"
+    );
+}
+
+#[tokio::test]
+async fn bad_flags_give_their_exit_codes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let lock = format!("file://{}", dir.path().join("lock.json").display());
+    for (args, code) in [
+        (vec!["run", "--name", "x"], 2),
+        (
+            vec![
+                "run",
+                "--name",
+                "x",
+                "--lease-duration",
+                "soon",
+                "--",
+                "true",
+            ],
+            2,
+        ),
+        (
+            vec!["run", "--name", "x", "--lease-duration", "5s", "--", "true"],
+            2,
+        ),
+        (
+            vec![
+                "run",
+                "--lock",
+                "ftp://u:secret@h",
+                "--name",
+                "x",
+                "--",
+                "true",
+            ],
+            3,
+        ),
+        (
+            vec![
+                "run",
+                "--lock",
+                "etcd://127.0.0.1:2379",
+                "--name",
+                "x",
+                "--",
+                "true",
+            ],
+            3,
+        ),
+        (
+            vec![
+                "run",
+                "--lock",
+                "redis://127.0.0.1:1",
+                "--name",
+                "x",
+                "--",
+                "true",
+            ],
+            4,
+        ),
+        (
+            vec![
+                "run",
+                "--lock",
+                lock.as_str(),
+                "--name",
+                "x",
+                "--",
+                "/no/such/program",
+            ],
+            127,
+        ),
+        (
+            vec!["status", "--lock", "file://relative", "--name", "x"],
+            3,
+        ),
+    ] {
+        let status = run_to_end(&args, &[]).await;
+        assert_eq!(status.code(), Some(code), "{args:?}");
+    }
+}
+
+#[tokio::test]
+async fn once_exits_with_75_when_leadership_is_lost() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("lock.json");
+    let log = dir.path().join("jobs.log");
+    let lock = format!("file://{}", path.display());
+    let mut child = Command::new(LEADER)
+        .args([
+            "run",
+            "--lock",
+            &lock,
+            "--name",
+            "once",
+            "--identity",
+            "solo",
+            "--once",
+        ])
+        .args([
+            "--lease-duration",
+            "4s",
+            "--renew-deadline",
+            "3s",
+            "--retry-period",
+            "200ms",
+            "--",
+            JOB,
+        ])
+        .env("JOB_LOG", &log)
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn");
+    start_number(&log, 1, Duration::from_secs(10)).await;
+    // Someone else takes the record (as after a lease that expired while this one was stalled).
+    use leader_core::ResourceLock;
+    let intruder = leader_core::FileLock::new(&path, "intruder");
+    let current = intruder.get().await.expect("get").expect("record");
+    let mut record = current.record.clone();
+    record.holder_identity = "intruder".into();
+    record.leader_transitions += 1;
+    intruder
+        .update(&current.version, &record)
+        .await
+        .expect("take over");
+    let status = timeout(Duration::from_secs(10), child.wait())
+        .await
+        .expect("exits")
+        .expect("status");
+    assert_eq!(status.code(), Some(75));
+    let events = events(&log);
+    assert_eq!(events.len(), 2, "the job was stopped: {events:?}");
+    assert!(!events[1].start);
+}
+
+async fn http_get(addr: &str, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await
+        .expect("request");
+    let mut response = String::new();
+    stream
+        .read_to_string(&mut response)
+        .await
+        .expect("response");
+    response
+}
+
+#[tokio::test]
+async fn metrics_and_health_are_served() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("jobs.log");
+    let lock = format!("file://{}", dir.path().join("lock.json").display());
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("free port")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut child = Command::new(LEADER)
+        .args([
+            "run",
+            "--lock",
+            &lock,
+            "--name",
+            "metrics",
+            "--metrics-addr",
+            &addr,
+            "--",
+            JOB,
+        ])
+        .env("JOB_LOG", &log)
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn");
+    start_number(&log, 1, Duration::from_secs(10)).await;
+    let metrics = http_get(&addr, "/metrics").await;
+    assert!(
+        metrics.starts_with("HTTP/1.0 200") || metrics.starts_with("HTTP/1.1 200"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(r#"leader_election_master_status{name="metrics"} 1"#),
+        "{metrics}"
+    );
+    let health = http_get(&addr, "/healthz").await;
+    assert!(
+        health.contains(" 200 ") && health.ends_with("ok"),
+        "{health}"
+    );
+    kill(pid(&child), Signal::SIGTERM).expect("SIGTERM");
+    let status = timeout(Duration::from_secs(10), child.wait())
+        .await
+        .expect("exits")
+        .expect("status");
+    assert_eq!(status.code(), Some(0));
+}
