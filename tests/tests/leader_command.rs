@@ -51,7 +51,10 @@ fn leader(lock: &str, name: &str, identity: &str, log: &Path) -> Child {
         ])
         .args(["--", JOB])
         .env("JOB_LOG", log)
-        .env("RUST_LOG", "warn")
+        .env(
+            "RUST_LOG",
+            std::env::var("E2E_LOG").unwrap_or_else(|_| "warn".into()),
+        )
         .stdout(Stdio::null())
         .kill_on_drop(true)
         .spawn()

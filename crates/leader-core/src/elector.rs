@@ -766,34 +766,49 @@ impl Runner {
     /// Clears the holder with a compare-and-swap, so a release never frees a lease that someone
     /// else holds (S6).
     async fn release(&mut self, fencing_token: u64) -> bool {
-        let Some(current) = self
-            .observed
-            .clone()
-            .filter(|o| self.is_ours(o, fencing_token))
-        else {
-            return false;
-        };
-        let now = Utc::now();
-        let record = LeaderElectionRecord {
-            holder_identity: String::new(),
-            acquire_time: now,
-            renew_time: now,
-            ..current.record.clone()
-        };
-        match self
-            .request("release", self.lock.update(&current.version, &record))
-            .await
-        {
-            Ok(stored) => {
-                tracing::info!(fencing_token, "released the lease");
-                self.observe(stored);
-                true
-            }
-            Err(err) => {
-                self.report_error("release", &err);
-                false
+        let mut current = self.observed.clone();
+        // Two tries: from the cached record, then, if that lost the compare-and-swap, from a
+        // fresh read. The cache can be stale without anyone else having written: a renewal cut
+        // short by the shutdown may still have reached the store.
+        for attempt in 0..2 {
+            let Some(ours) = current.filter(|o| self.is_ours(o, fencing_token)) else {
+                return false;
+            };
+            let now = Utc::now();
+            let record = LeaderElectionRecord {
+                holder_identity: String::new(),
+                acquire_time: now,
+                renew_time: now,
+                ..ours.record.clone()
+            };
+            match self
+                .request("release", self.lock.update(&ours.version, &record))
+                .await
+            {
+                Ok(stored) => {
+                    tracing::info!(fencing_token, "released the lease");
+                    self.observe(stored);
+                    return true;
+                }
+                Err(err) if err.is_conflict() && attempt == 0 => {
+                    current = match self.request("get", self.lock.get()).await {
+                        Ok(fresh) => fresh,
+                        Err(err) => {
+                            self.report_error("release", &err);
+                            return false;
+                        }
+                    };
+                    if let Some(fresh) = &current {
+                        self.observe(fresh.clone());
+                    }
+                }
+                Err(err) => {
+                    self.report_error("release", &err);
+                    return false;
+                }
             }
         }
+        false
     }
 
     fn spawn_event(&self, event: LeaderEvent) {

@@ -533,3 +533,33 @@ async fn store_clock_backends_take_over_after_the_lease() {
     drop(second);
     b.stop().await;
 }
+
+/// S6: a shutdown that cuts a renewal short, after the store applied it, still releases: the
+/// cached version is stale, so the release reads the record and, finding it still this term's,
+/// releases from the fresh version.
+#[tokio::test(start_paused = true)]
+async fn a_shutdown_during_a_renewal_that_reached_the_store_still_releases() {
+    let store = MemoryStore::new();
+    let (lock, faults) = faulty(&store, "a");
+    let mut a = Running::start(builder(lock));
+    drop(a.leadership().await);
+    // The renewal at 2 s reaches the store at once; its answer would take 5 s.
+    faults.delay_responses(Duration::from_secs(5));
+    sleep(Duration::from_secs(3)).await;
+    faults.delay_responses(Duration::ZERO);
+    let renewed = faults
+        .calls()
+        .iter()
+        .any(|c| c.operation == "update" && c.reached.is_some() && c.returned.is_none());
+    assert!(renewed, "a renewal is in flight: {:?}", faults.calls());
+    let stopped = a.stop().await;
+    assert!(stopped[0].released, "{stopped:?}");
+    let record = store
+        .lock("election", "x")
+        .get()
+        .await
+        .unwrap()
+        .unwrap()
+        .record;
+    assert!(record.is_free(), "lease released: {record:?}");
+}
