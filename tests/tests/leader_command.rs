@@ -1,4 +1,4 @@
-//! End to end: several real `leader run` processes per lock (file and Postgres), each running the
+//! End to end: several real `leader run` processes per lock (file, Postgres, Redis), each running the
 //! `job` binary as COMMAND. Exactly one job runs at a time; a SIGTERM hands over within a retry
 //! period; a SIGKILL of `leader` kills its job and hands over within the lease; fencing tokens
 //! grow; exit codes are as documented.
@@ -223,6 +223,17 @@ async fn postgres_lock_one_job_at_a_time_and_handovers() {
     if std::net::TcpStream::connect("127.0.0.1:5432").is_err() && url.contains("127.0.0.1:5432") {
         assert!(!in_ci(), "CI=true and no Postgres at 127.0.0.1:5432");
         eprintln!("skipping: no Postgres; run scripts/test");
+        return;
+    }
+    handovers(&url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_lock_one_job_at_a_time_and_handovers() {
+    let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    if std::net::TcpStream::connect("127.0.0.1:6379").is_err() && url.contains("127.0.0.1:6379") {
+        assert!(!in_ci(), "CI=true and no Redis at 127.0.0.1:6379");
+        eprintln!("skipping: no Redis; run scripts/test");
         return;
     }
     handovers(&url).await;
