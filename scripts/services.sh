@@ -62,3 +62,31 @@ ensure_redis() {
     --dir /var/lib/redis --logfile /var/log/redis/leader-tests.log
   wait_port 127.0.0.1 6379 redis
 }
+
+# etcd-client compiles its protocol with protoc, which needs the well-known types as well.
+ensure_protoc() {
+  if [ -n "${PROTOC:-}" ]; then return 0; fi
+  if command -v protoc >/dev/null 2>&1 && [ -f /usr/include/google/protobuf/descriptor.proto ]; then
+    return 0
+  fi
+  log "installing protobuf-compiler and libprotobuf-dev"
+  apt_install protobuf-compiler libprotobuf-dev
+}
+
+# etcd on loopback, its data in a temporary directory, when none answers on 127.0.0.1:2379.
+ensure_etcd() {
+  if port_open 127.0.0.1 2379; then return 0; fi
+  command -v etcd >/dev/null 2>&1 || { log "installing etcd-server"; apt_install etcd-server; }
+  local data
+  data=$(mktemp -d /tmp/leader-etcd.XXXXXX)
+  log "starting etcd (data in $data)"
+  # ETCD_UNSUPPORTED_ARCH lets etcd 3.4 run on arm64 too.
+  ETCD_UNSUPPORTED_ARCH="${ETCD_UNSUPPORTED_ARCH:-arm64}" setsid nohup etcd --name leader-tests \
+    --data-dir "$data" \
+    --listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379 \
+    --listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
+    --initial-cluster leader-tests=http://127.0.0.1:2380 \
+    >"$data/etcd.log" 2>&1 < /dev/null &
+  wait_port 127.0.0.1 2379 etcd
+}
+

@@ -1,4 +1,4 @@
-//! End to end: several real `leader run` processes per lock (file, Postgres, Redis), each running the
+//! End to end: several real `leader run` processes per lock (file, Postgres, Redis, etcd), each running the
 //! `job` binary as COMMAND. Exactly one job runs at a time; a SIGTERM hands over within a retry
 //! period; a SIGKILL of `leader` kills its job and hands over within the lease; fencing tokens
 //! grow; exit codes are as documented.
@@ -239,6 +239,22 @@ async fn redis_lock_one_job_at_a_time_and_handovers() {
     handovers(&url).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_lock_one_job_at_a_time_and_handovers() {
+    let endpoints =
+        std::env::var("ETCD_ENDPOINTS").unwrap_or_else(|_| "http://127.0.0.1:2379".into());
+    let hosts: Vec<&str> = endpoints
+        .split(',')
+        .map(|e| e.trim_start_matches("http://"))
+        .collect();
+    if std::net::TcpStream::connect(hosts[0]).is_err() {
+        assert!(!in_ci(), "CI=true and no etcd at {endpoints}");
+        eprintln!("skipping: no etcd; run scripts/test");
+        return;
+    }
+    handovers(&format!("etcd://{}", hosts.join(","))).await;
+}
+
 async fn run_to_end(args: &[&str], env: &[(&str, &str)]) -> ExitStatus {
     let mut command = Command::new(LEADER);
     command
@@ -319,7 +335,7 @@ async fn bad_flags_give_their_exit_codes() {
             vec![
                 "run",
                 "--lock",
-                "etcd://127.0.0.1:2379",
+                "kubernetes://default",
                 "--name",
                 "x",
                 "--",

@@ -28,10 +28,16 @@ pub(crate) enum LockSpec {
         url: String,
         prefix: Option<String>,
     },
+    Etcd {
+        endpoints: Vec<String>,
+        user: Option<(String, String)>,
+        prefix: Option<String>,
+    },
 }
 
 /// The schemes `--lock` understands, for messages.
-pub(crate) const SCHEMES: &str = "file://, postgres://, postgresql://, redis://, rediss://";
+pub(crate) const SCHEMES: &str =
+    "file://, postgres://, postgresql://, redis://, rediss://, etcd://, etcds://";
 
 /// The default lock file for election `name`: in `$XDG_RUNTIME_DIR`, else the temp directory.
 pub(crate) fn default_file(name: &str) -> PathBuf {
@@ -108,7 +114,49 @@ impl LockSpec {
                     prefix,
                 })
             }
-            Some(scheme @ ("etcd" | "kubernetes")) => Err(LockUrlError::Invalid(format!(
+            Some(scheme @ ("etcd" | "etcds")) => {
+                let url = parse(lock, &redacted)?;
+                let tls = scheme == "etcds";
+                // etcd://user:password@host1:2379,host2:2379/?prefix=app/ — several hosts in the
+                // authority, which URL parsers do not take: split them by hand.
+                let rest = &lock[scheme.len() + 3..];
+                let authority = rest.split(['/', '?']).next().unwrap_or_default();
+                let hosts = authority
+                    .rsplit_once('@')
+                    .map_or(authority, |(_, hosts)| hosts);
+                if hosts.is_empty() {
+                    return Err(LockUrlError::Invalid(format!(
+                        "--lock {redacted}: no etcd host"
+                    )));
+                }
+                let http = if tls { "https" } else { "http" };
+                let endpoints = hosts
+                    .split(',')
+                    .map(|host| format!("{http}://{host}"))
+                    .collect();
+                let user = (!url.username().is_empty()).then(|| {
+                    let decode = |s: &str| {
+                        url::form_urlencoded::parse(s.as_bytes())
+                            .map(|(k, _)| k.into_owned())
+                            .next()
+                            .unwrap_or_default()
+                    };
+                    (
+                        decode(url.username()),
+                        url.password().map(decode).unwrap_or_default(),
+                    )
+                });
+                let prefix = url
+                    .query_pairs()
+                    .find(|(k, _)| k == "prefix")
+                    .map(|(_, v)| v.into_owned());
+                Ok(Self::Etcd {
+                    endpoints,
+                    user,
+                    prefix,
+                })
+            }
+            Some(scheme @ "kubernetes") => Err(LockUrlError::Invalid(format!(
                 "--lock {redacted}: the {scheme} backend is not part of this build yet; use one of {SCHEMES}"
             ))),
             Some(other) => Err(LockUrlError::Invalid(format!(
@@ -152,6 +200,20 @@ impl LockSpec {
                 } else {
                     Box::new(store.lock(name, identity))
                 }
+            }
+            Self::Etcd {
+                endpoints,
+                user,
+                prefix,
+            } => {
+                let mut builder = leader_etcd::EtcdStore::builder(endpoints);
+                if let Some((user, password)) = user {
+                    builder = builder.user(user, password);
+                }
+                if let Some(prefix) = prefix {
+                    builder = builder.prefix(prefix);
+                }
+                Box::new(builder.build().await?.lock(name, identity))
             }
             Self::Redis { url, prefix } => {
                 let mut builder = RedisStore::builder(url.clone());
@@ -227,7 +289,7 @@ mod tests {
             ("ftp://u:secret@h/x", "unknown scheme"),
             ("file://relative", "absolute path"),
             ("nonsense", "not a URL"),
-            ("etcd://u:secret@h:2379", "not part of this build"),
+            ("kubernetes://default", "not part of this build"),
             ("postgres://u:secret@h/x?advisory=maybe", "not a boolean"),
         ] {
             let err = LockSpec::parse(Some(lock), "x")

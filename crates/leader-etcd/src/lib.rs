@@ -1,0 +1,13 @@
+#![doc = include_str!("../README.md")]
+#![forbid(unsafe_code)]
+#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
+
+mod error;
+mod lock;
+
+pub use lock::{DEFAULT_PREFIX, EtcdLock, EtcdStore, EtcdStoreBuilder};
+
+/// The driver, for TLS options and clients of your own.
+pub use etcd_client;
+/// The core crate, so that one dependency is enough.
+pub use leader_core;

@@ -1,0 +1,163 @@
+//! Bad input against real etcd servers: a value that is not a record, wrong credentials, and the
+//! server stopped and started again. Each gives a clear typed error, the elector keeps running
+//! and recovers, nothing panics or overwrites what it cannot read.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{PrivateEtcd, Running, unique};
+use leader_core::conformance::record;
+use leader_core::{LockError, ResourceLock};
+use leader_etcd::EtcdStore;
+use tokio::time::sleep;
+
+/// Runs an elector on a broken lock for a while: it must neither lead nor stop.
+async fn stays_alive_without_leading(elector: &Running) {
+    sleep(Duration::from_millis(1500)).await;
+    assert!(elector.leading_token().is_none(), "led despite the fault");
+    assert!(!elector.task.is_finished(), "the elector stopped");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_value_that_is_not_a_record_is_reported_never_overwritten_and_the_elector_recovers() {
+    let Some(store) = common::store().await else {
+        return;
+    };
+    let lock = store.lock(unique("garbage"), "a");
+    let mut client = store.client();
+    client
+        .put(lock.key(), "{\"holderIdentity\": 42}", None)
+        .await
+        .expect("write garbage");
+    let err = lock.get().await.expect_err("garbage");
+    assert!(matches!(err, LockError::InvalidRecord { .. }), "{err:?}");
+    assert!(err.to_string().contains(lock.key()), "{err}");
+    let err = lock
+        .try_acquire(&record("a", 0))
+        .await
+        .expect_err("garbage");
+    assert!(matches!(err, LockError::InvalidRecord { .. }), "{err:?}");
+
+    let key = lock.key().to_owned();
+    let mut elector = Running::start(lock);
+    stays_alive_without_leading(&elector).await;
+    let value = client.get(key.as_str(), None).await.expect("get");
+    assert_eq!(
+        value.kvs()[0].value(),
+        b"{\"holderIdentity\": 42}",
+        "the value was overwritten"
+    );
+    client.delete(key.as_str(), None).await.expect("delete");
+    elector.wait_leading(Duration::from_secs(5)).await;
+    elector.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_credentials_are_a_clear_error_that_never_shows_the_password() {
+    let Some(etcd) = PrivateEtcd::start() else {
+        return;
+    };
+    let admin = EtcdStore::connect([etcd.endpoint()])
+        .await
+        .expect("connect");
+    let mut client = admin.client();
+    client
+        .user_add("root", "root-password", None)
+        .await
+        .expect("add root");
+    client
+        .user_grant_role("root", "root")
+        .await
+        .expect("grant root");
+    client.auth_enable().await.expect("enable auth");
+
+    let secret = "wr0ng-Pa55word";
+    let builder = EtcdStore::builder([etcd.endpoint()]).user("root", secret);
+    assert!(
+        !format!("{builder:?}").contains(secret),
+        "Debug shows the password"
+    );
+    let err = builder.build().await.expect_err("wrong password");
+    assert!(matches!(err, LockError::Forbidden { .. }), "{err:?}");
+    let shown = format!("{err} {err:?}");
+    assert!(shown.contains("authentication failed"), "{shown}");
+    assert!(
+        !shown.contains(secret),
+        "the error shows the password: {shown}"
+    );
+
+    let store = EtcdStore::builder([etcd.endpoint()])
+        .user("root", "root-password")
+        .build()
+        .await
+        .expect("right password");
+    let mut elector = Running::start(store.lock("auth", "a"));
+    elector.wait_leading(Duration::from_secs(10)).await;
+    elector.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn electors_step_down_while_etcd_is_down_and_recover_when_it_is_back() {
+    let Some(mut etcd) = PrivateEtcd::start() else {
+        return;
+    };
+    let store = EtcdStore::builder([etcd.endpoint()])
+        .timeout(Duration::from_secs(1))
+        .build()
+        .await
+        .expect("connect");
+    let name = unique("restart");
+    let mut leader = Running::start(store.lock(&name, "first"));
+    let token = leader.wait_leading(Duration::from_secs(10)).await;
+    let term = leader
+        .state
+        .borrow()
+        .leadership()
+        .map(|l| l.cancellation_token())
+        .expect("leading");
+    let follower = Running::start(store.lock(&name, "second"));
+    sleep(Duration::from_secs(1)).await;
+
+    etcd.stop();
+    let err = store
+        .lock(&name, "probe")
+        .get()
+        .await
+        .expect_err("server is down");
+    assert!(
+        matches!(
+            err,
+            LockError::Unavailable { .. } | LockError::Timeout { .. }
+        ),
+        "{err:?}"
+    );
+    tokio::time::timeout(common::RENEW + common::RETRY * 3, term.cancelled())
+        .await
+        .expect("the leader steps down by its renew deadline");
+    sleep(Duration::from_secs(1)).await;
+    for elector in [&leader, &follower] {
+        assert!(
+            elector.leading_token().is_none(),
+            "leads while the server is down"
+        );
+        assert!(!elector.task.is_finished(), "an elector stopped");
+    }
+
+    etcd.resume();
+    let next = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            if let Some(t) = leader.leading_token().or(follower.leading_token()) {
+                return t;
+            }
+            sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("a leader again after the restart");
+    // etcd kept its data: revisions, and with them fencing tokens, keep growing.
+    assert!(next > token, "fencing token {token} then {next}");
+    assert!(leader.leading_token().is_none() || follower.leading_token().is_none());
+    follower.stop().await;
+    leader.stop().await;
+}

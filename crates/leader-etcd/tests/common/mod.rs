@@ -1,0 +1,220 @@
+//! Test support: the cluster from `ETCD_ENDPOINTS` (default: loopback), required under
+//! `CI=true`; and private etcd servers for tests that stop one or turn on authentication.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use leader_core::conformance::LockFactory;
+use leader_core::{CancellationToken, LeaderElector, LeaderState, ResourceLock, async_trait};
+use leader_etcd::EtcdStore;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+pub fn endpoints() -> Vec<String> {
+    std::env::var("ETCD_ENDPOINTS")
+        .unwrap_or_else(|_| "http://127.0.0.1:2379".to_owned())
+        .split(',')
+        .map(str::to_owned)
+        .collect()
+}
+
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0")
+}
+
+/// A store on the test cluster; `None` (outside CI) without one.
+pub async fn store() -> Option<EtcdStore> {
+    match EtcdStore::builder(endpoints())
+        .timeout(Duration::from_secs(2))
+        .build()
+        .await
+    {
+        Ok(store) if store.client().status().await.is_ok() => Some(store),
+        result if !in_ci() => {
+            eprintln!(
+                "skipping: no etcd at {:?} ({:?}); set ETCD_ENDPOINTS or run scripts/test",
+                endpoints(),
+                result.err()
+            );
+            None
+        }
+        result => panic!(
+            "CI=true and no etcd at {:?}: {:?}",
+            endpoints(),
+            result.err()
+        ),
+    }
+}
+
+pub fn unique(prefix: &str) -> String {
+    format!("{prefix}-{:08x}", fastrand::u32(..))
+}
+
+/// Locks for the conformance suite.
+pub struct Factory {
+    pub store: EtcdStore,
+}
+
+#[async_trait]
+impl LockFactory for Factory {
+    async fn lock(&self, name: &str, identity: &str) -> Arc<dyn ResourceLock> {
+        Arc::new(self.store.lock(name, identity))
+    }
+
+    async fn corrupt(&self, name: &str) {
+        let key = self.store.lock(name, "x").key().to_owned();
+        self.store
+            .client()
+            .put(key, "not a record", None)
+            .await
+            .expect("write garbage");
+    }
+}
+
+pub const LEASE: Duration = Duration::from_secs(3);
+pub const RENEW: Duration = Duration::from_secs(2);
+pub const RETRY: Duration = Duration::from_millis(500);
+
+/// An elector with short timings, running in the background.
+pub struct Running {
+    pub state: watch::Receiver<LeaderState>,
+    pub shutdown: CancellationToken,
+    pub task: JoinHandle<()>,
+}
+
+impl Running {
+    pub fn start(lock: impl ResourceLock + 'static) -> Self {
+        Self::start_with(lock, RETRY)
+    }
+
+    pub fn start_with(lock: impl ResourceLock + 'static, retry: Duration) -> Self {
+        let elector = LeaderElector::builder(lock)
+            .lease_duration(LEASE.max(retry * 4))
+            .renew_deadline(RENEW.max(retry * 3))
+            .retry_period(retry)
+            .build()
+            .expect("valid timings");
+        let state = elector.subscribe();
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(elector.run(shutdown.clone()));
+        Self {
+            state,
+            shutdown,
+            task,
+        }
+    }
+
+    pub fn leading_token(&self) -> Option<u64> {
+        self.state.borrow().leadership().map(|l| l.fencing_token())
+    }
+
+    pub async fn wait_leading(&mut self, within: Duration) -> u64 {
+        tokio::time::timeout(within, self.state.wait_for(LeaderState::is_leading))
+            .await
+            .expect("leads in time")
+            .expect("elector alive")
+            .leadership()
+            .map(|l| l.fencing_token())
+            .expect("leading")
+    }
+
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        self.task.await.expect("elector task");
+    }
+}
+
+/// An etcd server of the test's own on loopback, with its data in a temporary directory that
+/// outlives restarts. Killed when dropped.
+pub struct PrivateEtcd {
+    pub client_port: u16,
+    peer_port: u16,
+    pub dir: std::path::PathBuf,
+    child: Option<Child>,
+}
+
+impl PrivateEtcd {
+    /// Starts one, or `None` (outside CI) when the `etcd` binary is missing.
+    pub fn start() -> Option<Self> {
+        if Command::new("etcd").arg("--version").output().is_err() {
+            assert!(
+                !in_ci(),
+                "CI=true and no etcd binary (scripts/setup installs etcd-server)"
+            );
+            eprintln!("skipping: no etcd binary");
+            return None;
+        }
+        let free = || {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .expect("port")
+                .local_addr()
+                .expect("addr")
+                .port()
+        };
+        let dir = std::env::temp_dir().join(format!("leader-etcd-test-{:08x}", fastrand::u32(..)));
+        let mut etcd = Self {
+            client_port: free(),
+            peer_port: free(),
+            dir,
+            child: None,
+        };
+        etcd.resume();
+        Some(etcd)
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.client_port)
+    }
+
+    /// Starts (again) on the same ports and data.
+    pub fn resume(&mut self) {
+        let peer = format!("http://127.0.0.1:{}", self.peer_port);
+        let child = Command::new("etcd")
+            .args(["--name", "private", "--data-dir"])
+            .arg(&self.dir)
+            .args([
+                "--listen-client-urls",
+                &self.endpoint(),
+                "--advertise-client-urls",
+                &self.endpoint(),
+            ])
+            .args([
+                "--listen-peer-urls",
+                &peer,
+                "--initial-advertise-peer-urls",
+                &peer,
+            ])
+            .args(["--initial-cluster", &format!("private={peer}")])
+            .env("ETCD_UNSUPPORTED_ARCH", "arm64")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start etcd");
+        self.child = Some(child);
+        for _ in 0..100 {
+            if std::net::TcpStream::connect(("127.0.0.1", self.client_port)).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("private etcd did not start");
+    }
+
+    /// Stops the server (SIGKILL), keeping its data.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for PrivateEtcd {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

@@ -1,0 +1,14 @@
+//! The core conformance suite against a real etcd.
+
+mod common;
+
+use common::Factory;
+use leader_core::conformance;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn etcd_lock_conforms() {
+    let Some(store) = common::store().await else {
+        return;
+    };
+    conformance::run_all(&Factory { store }).await;
+}

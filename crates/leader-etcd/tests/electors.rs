@@ -1,0 +1,86 @@
+//! Electors on one real etcd: exactly one leads, a revoked etcd lease, a fast handover.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Factory, RETRY, Running, unique};
+use leader_core::conformance;
+use tokio::time::{Instant, sleep, timeout};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_electors_elect_exactly_one() {
+    let Some(store) = common::store().await else {
+        return;
+    };
+    conformance::electors_elect_exactly_one(&Factory { store }, 2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ten_electors_elect_exactly_one() {
+    let Some(store) = common::store().await else {
+        return;
+    };
+    conformance::electors_elect_exactly_one(&Factory { store }, 10).await;
+}
+
+/// The holder's etcd lease is revoked by hand (as `etcdctl lease revoke` would): its key is
+/// gone, the holder steps down at its next renewal, and another takes over with a larger token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_revoked_lease_makes_the_holder_step_down_and_another_take_over() {
+    let Some(store) = common::store().await else {
+        return;
+    };
+    let name = unique("revoke");
+    let holder_lock = store.lock(&name, "first");
+    let lease_of = holder_lock.clone();
+    let mut holder = Running::start(holder_lock);
+    let token = holder.wait_leading(Duration::from_secs(10)).await;
+    let term = holder
+        .state
+        .borrow()
+        .leadership()
+        .map(|l| l.cancellation_token())
+        .expect("leading");
+    let mut follower = Running::start(store.lock(&name, "second"));
+    sleep(RETRY * 3 / 2).await; // mid-way between two renewals
+    let lease = lease_of
+        .lease_id()
+        .await
+        .expect("the holder has an etcd lease");
+    store.client().lease_revoke(lease).await.expect("revoke");
+    let revoked = Instant::now();
+    timeout(RETRY * 2 + Duration::from_millis(200), term.cancelled())
+        .await
+        .expect("the holder steps down at its next renewal");
+    eprintln!("stepped down {:?} after the revoke", revoked.elapsed());
+    // The follower's watch sees the key vanish and takes over before the holder's next renewal.
+    let next = follower.wait_leading(Duration::from_secs(5)).await;
+    assert!(holder.leading_token().is_none(), "both lead");
+    assert!(next > token, "fencing token {token} then {next}");
+    holder.stop().await;
+    follower.stop().await;
+}
+
+/// A release is seen by the followers' watch, so one takes over at once instead of on its next
+/// retry (2 s here, up to 4.4 s with jitter).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_released_lease_is_taken_over_well_within_a_retry_period() {
+    let Some(store) = common::store().await else {
+        return;
+    };
+    let name = unique("handover");
+    let retry = Duration::from_secs(2);
+    let mut leader = Running::start_with(store.lock(&name, "first"), retry);
+    let token = leader.wait_leading(Duration::from_secs(10)).await;
+    let mut follower = Running::start_with(store.lock(&name, "second"), retry);
+    sleep(Duration::from_millis(500)).await; // watching and following
+    let released = Instant::now();
+    leader.stop().await;
+    let next = follower.wait_leading(retry).await;
+    let took = released.elapsed();
+    eprintln!("handover after release took {took:?}");
+    assert!(took < retry / 4, "handover took {took:?}");
+    assert!(next > token);
+    follower.stop().await;
+}
