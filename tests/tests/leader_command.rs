@@ -335,7 +335,7 @@ async fn bad_flags_give_their_exit_codes() {
             vec![
                 "run",
                 "--lock",
-                "kubernetes://default",
+                "kubernetes://Bad_Namespace",
                 "--name",
                 "x",
                 "--",

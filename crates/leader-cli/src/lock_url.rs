@@ -33,11 +33,14 @@ pub(crate) enum LockSpec {
         user: Option<(String, String)>,
         prefix: Option<String>,
     },
+    Kubernetes {
+        namespace: String,
+    },
 }
 
 /// The schemes `--lock` understands, for messages.
 pub(crate) const SCHEMES: &str =
-    "file://, postgres://, postgresql://, redis://, rediss://, etcd://, etcds://";
+    "file://, postgres://, postgresql://, redis://, rediss://, etcd://, etcds://, kubernetes://";
 
 /// The default lock file for election `name`: in `$XDG_RUNTIME_DIR`, else the temp directory.
 pub(crate) fn default_file(name: &str) -> PathBuf {
@@ -156,9 +159,22 @@ impl LockSpec {
                     prefix,
                 })
             }
-            Some(scheme @ "kubernetes") => Err(LockUrlError::Invalid(format!(
-                "--lock {redacted}: the {scheme} backend is not part of this build yet; use one of {SCHEMES}"
-            ))),
+            Some("kubernetes") => {
+                let namespace = lock["kubernetes://".len()..].trim_end_matches('/');
+                let valid = !namespace.is_empty()
+                    && namespace.len() <= 63
+                    && namespace
+                        .chars()
+                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+                if !valid {
+                    return Err(LockUrlError::Invalid(format!(
+                        "--lock {redacted}: kubernetes://NAMESPACE needs a namespace name (lowercase letters, digits, '-')"
+                    )));
+                }
+                Ok(Self::Kubernetes {
+                    namespace: namespace.to_owned(),
+                })
+            }
             Some(other) => Err(LockUrlError::Invalid(format!(
                 "--lock {redacted}: unknown scheme {other:?}; use one of {SCHEMES}"
             ))),
@@ -215,6 +231,15 @@ impl LockSpec {
                 }
                 Box::new(builder.build().await?.lock(name, identity))
             }
+            Self::Kubernetes { namespace } => Box::new(
+                leader_kube::LeaseLock::from_env(
+                    namespace,
+                    name,
+                    identity,
+                    std::time::Duration::from_secs(5),
+                )
+                .await?,
+            ),
             Self::Redis { url, prefix } => {
                 let mut builder = RedisStore::builder(url.clone());
                 if let Some(prefix) = prefix {
@@ -289,7 +314,7 @@ mod tests {
             ("ftp://u:secret@h/x", "unknown scheme"),
             ("file://relative", "absolute path"),
             ("nonsense", "not a URL"),
-            ("kubernetes://default", "not part of this build"),
+            ("kubernetes://Not_A_Namespace", "needs a namespace name"),
             ("postgres://u:secret@h/x?advisory=maybe", "not a boolean"),
         ] {
             let err = LockSpec::parse(Some(lock), "x")

@@ -1,0 +1,268 @@
+//! The Lease lock against the test API server (and, with `LEADER_KUBE_E2E=1` and a
+//! `KUBECONFIG`, against a real cluster): client-go's field layout, RBAC denials, events,
+//! watch handover, several electors.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Factory, FakeApi};
+use leader_core::conformance::{self, record};
+use leader_core::{CancellationToken, LeaderElector, LockError, ResourceLock};
+use leader_kube::LeaseLock;
+use serde_json::json;
+use tokio::time::{Instant, sleep, timeout};
+
+fn lease_json(name: &str, spec: serde_json::Value) -> serde_json::Value {
+    json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+           "metadata": {"name": name, "namespace": "default"}, "spec": spec})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_electors_elect_exactly_one() {
+    conformance::electors_elect_exactly_one(
+        &Factory {
+            api: FakeApi::start().await,
+        },
+        2,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ten_electors_elect_exactly_one() {
+    conformance::electors_elect_exactly_one(
+        &Factory {
+            api: FakeApi::start().await,
+        },
+        10,
+    )
+    .await;
+}
+
+/// A Lease as client-go's LeaseLock writes it reads back field for field, and ours is written in
+/// the same layout (whole seconds rounded up, microsecond times), so both can contend.
+#[tokio::test]
+async fn leases_use_client_gos_field_layout() {
+    let api = FakeApi::start().await;
+    api.put_raw(
+        "default",
+        "cg",
+        lease_json(
+            "cg",
+            json!({
+        "holderIdentity": "client-go-7f9c", "leaseDurationSeconds": 15,
+        "acquireTime": "2026-11-21T10:00:00.000000Z", "renewTime": "2026-11-21T10:00:05.123456Z",
+        "leaseTransitions": 3}),
+        ),
+    );
+    let lock = LeaseLock::new(api.client(), "default", "cg", "rust-1");
+    let observed = lock.get().await.expect("get").expect("lease");
+    assert_eq!(observed.record.holder_identity, "client-go-7f9c");
+    assert_eq!(observed.record.lease_duration, Duration::from_secs(15));
+    assert_eq!(observed.record.leader_transitions, 3);
+    assert_eq!(
+        observed.record.acquire_time.to_rfc3339(),
+        "2026-11-21T10:00:00+00:00"
+    );
+    assert_eq!(
+        observed.record.renew_time.timestamp_subsec_micros(),
+        123_456
+    );
+
+    // client-go's release: an empty holder and a 1 s lease.
+    api.put_raw(
+        "default",
+        "released",
+        lease_json(
+            "released",
+            json!({
+        "holderIdentity": "", "leaseDurationSeconds": 1,
+        "acquireTime": "2026-11-21T10:00:00.000000Z", "renewTime": "2026-11-21T10:00:00.000000Z",
+        "leaseTransitions": 4}),
+        ),
+    );
+    let released = LeaseLock::new(api.client(), "default", "released", "rust-1");
+    assert!(
+        released
+            .get()
+            .await
+            .expect("get")
+            .expect("lease")
+            .record
+            .is_free()
+    );
+
+    // Ours: 1.5 s is written as 2 s, never 1; times with microseconds; transitions as given.
+    let mut ours = record("rust-1", 5);
+    ours.lease_duration = Duration::from_millis(1500);
+    let fresh = LeaseLock::new(api.client(), "default", "ours", "rust-1");
+    fresh.create(&ours).await.expect("create");
+    let spec = &api.lease("default", "ours").expect("stored")["spec"];
+    assert_eq!(spec["holderIdentity"], "rust-1");
+    assert_eq!(spec["leaseDurationSeconds"], 2);
+    assert_eq!(spec["leaseTransitions"], 5);
+    let renew = spec["renewTime"].as_str().expect("renewTime");
+    assert!(
+        renew.ends_with('Z') && renew.split('.').nth(1).is_some_and(|f| f.len() == 7),
+        "{renew}"
+    );
+}
+
+/// A Role without a verb yields a Forbidden error that names the verb to add.
+#[tokio::test]
+async fn a_denied_verb_is_a_clear_error_naming_it() {
+    let api = FakeApi::start().await;
+    let lock = LeaseLock::new(api.client(), "default", "rbac", "a");
+    api.deny("create");
+    let err = lock
+        .create(&record("a", 1))
+        .await
+        .expect_err("create is denied");
+    assert!(matches!(err, LockError::Forbidden { .. }), "{err:?}");
+    let message = err.to_string();
+    assert!(
+        message.contains(r#"verb "create""#) && message.contains("leases.coordination.k8s.io"),
+        "{message}"
+    );
+    api.allow("create");
+    let created = lock.create(&record("a", 1)).await.expect("create");
+    api.deny("update");
+    let err = lock
+        .update(&created.version, &record("a", 1))
+        .await
+        .expect_err("update is denied");
+    assert!(err.to_string().contains(r#"verb "update""#), "{err}");
+
+    // The elector keeps running on a denied verb and leads once the Role allows it.
+    api.deny("get");
+    let elector =
+        LeaderElector::builder(LeaseLock::new(api.client(), "default", "rbac-elector", "a"))
+            .lease_duration(Duration::from_secs(3))
+            .renew_deadline(Duration::from_secs(2))
+            .retry_period(Duration::from_millis(300))
+            .build()
+            .expect("valid");
+    let mut state = elector.subscribe();
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(elector.run(shutdown.clone()));
+    sleep(Duration::from_secs(1)).await;
+    assert!(!state.borrow().is_leading() && !task.is_finished());
+    api.allow("get");
+    api.allow("update");
+    timeout(Duration::from_secs(5), state.wait_for(|s| s.is_leading()))
+        .await
+        .expect("leads")
+        .expect("alive");
+    shutdown.cancel();
+    task.await.expect("elector");
+}
+
+/// "became leader" and "stopped leading" are recorded as Events on the Lease; followers take over
+/// a released Lease at once through their watch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_are_recorded_and_a_release_is_taken_over_at_once() {
+    let api = FakeApi::start().await;
+    let start = |id: &str| {
+        let elector =
+            LeaderElector::builder(LeaseLock::new(api.client(), "default", "handover", id))
+                .lease_duration(Duration::from_secs(8))
+                .renew_deadline(Duration::from_secs(6))
+                .retry_period(Duration::from_secs(2))
+                .build()
+                .expect("valid");
+        let state = elector.subscribe();
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(elector.run(shutdown.clone()));
+        (state, shutdown, task)
+    };
+    let (mut first, first_stop, first_task) = start("first");
+    timeout(Duration::from_secs(5), first.wait_for(|s| s.is_leading()))
+        .await
+        .expect("leads")
+        .expect("alive");
+    let (mut second, second_stop, second_task) = start("second");
+    sleep(Duration::from_millis(500)).await;
+    let released = Instant::now();
+    first_stop.cancel();
+    first_task.await.expect("elector");
+    timeout(Duration::from_secs(2), second.wait_for(|s| s.is_leading()))
+        .await
+        .expect("takes over")
+        .expect("alive");
+    let took = released.elapsed();
+    eprintln!("handover after release took {took:?}");
+    assert!(took < Duration::from_millis(500), "handover took {took:?}");
+    second_stop.cancel();
+    second_task.await.expect("elector");
+    sleep(Duration::from_millis(200)).await; // events are sent in the background
+    let events = api.events();
+    let messages: Vec<&str> = events
+        .iter()
+        .filter_map(|e| e["message"].as_str())
+        .collect();
+    assert!(
+        messages
+            .iter()
+            .any(|m| m.starts_with("first became leader")),
+        "{messages:?}"
+    );
+    assert!(
+        messages
+            .iter()
+            .any(|m| m.starts_with("first stopped leading")),
+        "{messages:?}"
+    );
+    assert!(
+        messages
+            .iter()
+            .any(|m| m.starts_with("second became leader")),
+        "{messages:?}"
+    );
+    assert!(events.iter().all(
+        |e| e["involvedObject"]["kind"] == "Lease" && e["involvedObject"]["name"] == "handover"
+    ));
+}
+
+/// The same suite against a real cluster: `LEADER_KUBE_E2E=1` with a `KUBECONFIG` (kind or k3d;
+/// see the README). Uses the namespace in `LEADER_KUBE_NAMESPACE` (default `default`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn against_a_real_cluster_when_asked() {
+    if std::env::var("LEADER_KUBE_E2E").as_deref() != Ok("1") {
+        eprintln!("skipping: set LEADER_KUBE_E2E=1 and KUBECONFIG to run against a real cluster");
+        return;
+    }
+    let namespace = std::env::var("LEADER_KUBE_NAMESPACE").unwrap_or_else(|_| "default".into());
+    let client = kube::Client::try_default()
+        .await
+        .expect("a cluster from KUBECONFIG");
+    struct Real {
+        client: kube::Client,
+        namespace: String,
+    }
+    #[leader_core::async_trait]
+    impl leader_core::conformance::LockFactory for Real {
+        async fn lock(&self, name: &str, identity: &str) -> std::sync::Arc<dyn ResourceLock> {
+            std::sync::Arc::new(LeaseLock::new(
+                self.client.clone(),
+                &self.namespace,
+                name,
+                identity,
+            ))
+        }
+        async fn corrupt(&self, name: &str) {
+            use kube::api::{Api, PostParams};
+            let api: Api<k8s_openapi::api::coordination::v1::Lease> =
+                Api::namespaced(self.client.clone(), &self.namespace);
+            let lease = serde_json::from_value(json!({"metadata": {"name": name},
+                "spec": {"holderIdentity": "x", "leaseDurationSeconds": -5}}))
+            .expect("lease");
+            api.create(&PostParams::default(), &lease)
+                .await
+                .expect("a lease with a negative duration");
+        }
+    }
+    let factory = Real { client, namespace };
+    conformance::run_all(&factory).await;
+    conformance::electors_elect_exactly_one(&factory, 3).await;
+}

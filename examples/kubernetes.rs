@@ -1,0 +1,82 @@
+//! A replica of a Deployment that elects a leader through a Kubernetes Lease: run it in a
+//! cluster with `deploy/kubernetes/rbac.yaml` and `deploy/kubernetes/deployment.yaml`.
+//!
+//! - Identity: the pod name (`POD_NAME`, from the downward API); namespace from `POD_NAMESPACE`;
+//!   the Lease's name from `LEADER_NAME`.
+//! - `:8080/readyz` answers once the elector runs; `:8080/healthz` is the HealthzAdaptor-like
+//!   check, failing when this pod believes it leads although its lease ran out.
+//! - SIGTERM (pod deletion, rolling update) stops the work and releases the Lease, so another
+//!   replica takes over at once.
+//!
+//! Outside a cluster it uses your kubeconfig: `POD_NAME=me cargo run --example kubernetes`.
+
+use std::error::Error;
+use std::time::Duration;
+
+use axum::Router;
+use axum::http::StatusCode;
+use axum::routing::get;
+use leader_core::{CancellationToken, LeaderElector};
+use leader_kube::LeaseLock;
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn Error>> {
+    tracing_subscriber::fmt()
+        .with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
+        .init();
+    let identity = std::env::var("POD_NAME")
+        .map_err(|_| "set POD_NAME (the downward API does in the Deployment)")?;
+    let namespace = std::env::var("POD_NAMESPACE").unwrap_or_else(|_| "default".into());
+    let name = std::env::var("LEADER_NAME").unwrap_or_else(|_| "leader-example".into());
+
+    let renew_deadline = Duration::from_secs(10);
+    let lock = LeaseLock::from_env(&namespace, &name, &identity, renew_deadline / 3).await?;
+    let elector = LeaderElector::builder(lock)
+        .lease_duration(Duration::from_secs(15))
+        .renew_deadline(renew_deadline)
+        .retry_period(Duration::from_secs(2))
+        .on_new_leader(|leader| tracing::info!(leader, "new leader"))
+        .build()?;
+
+    let health = elector.health_check(Duration::from_secs(5));
+    let app = Router::new()
+        .route("/readyz", get(|| async { "ok" }))
+        .route(
+            "/healthz",
+            get(move || {
+                std::future::ready(match health.check() {
+                    Ok(()) => (StatusCode::OK, "ok".to_owned()),
+                    Err(err) => (StatusCode::SERVICE_UNAVAILABLE, err.to_string()),
+                })
+            }),
+        );
+    let listener = tokio::net::TcpListener::bind("0.0.0.0:8080").await?;
+    tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let shutdown = CancellationToken::new();
+    let on_signal = shutdown.clone();
+    tokio::spawn(async move {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("SIGTERM handler");
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+        tracing::info!("stopping: the work stops, then the Lease is released");
+        on_signal.cancel();
+    });
+    elector
+        .run_while_leading(shutdown, |leadership| async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(5));
+            loop {
+                tick.tick().await;
+                // The singleton work goes here, with the fencing token on every write.
+                tracing::info!(
+                    fencing_token = leadership.fencing_token(),
+                    "working as the leader"
+                );
+            }
+        })
+        .await;
+    Ok(())
+}
