@@ -19,6 +19,18 @@ pub(crate) fn map(context: &str, err: Error) -> LockError {
                     message: format!("{context}: authentication failed: {text}"),
                 };
             }
+            // tonic reports a broken connection as a status of code Unknown.
+            let transport = [
+                "transport error",
+                "connection",
+                "broken pipe",
+                "h2 protocol error",
+            ]
+            .iter()
+            .any(|t| text.to_ascii_lowercase().contains(t));
+            if status.code() == Code::Unknown && transport {
+                return LockError::unavailable(BACKEND, message);
+            }
             match status.code() {
                 Code::Unauthenticated => LockError::Forbidden {
                     backend: BACKEND,

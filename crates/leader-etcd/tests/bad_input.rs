@@ -4,6 +4,8 @@
 
 mod common;
 
+use leader_core::conformance::next_leader;
+
 use std::time::Duration;
 
 use common::{PrivateEtcd, Running, unique};
@@ -11,13 +13,6 @@ use leader_core::conformance::record;
 use leader_core::{LockError, ResourceLock};
 use leader_etcd::EtcdStore;
 use tokio::time::sleep;
-
-/// Runs an elector on a broken lock for a while: it must neither lead nor stop.
-async fn stays_alive_without_leading(elector: &Running) {
-    sleep(Duration::from_millis(1500)).await;
-    assert!(elector.leading_token().is_none(), "led despite the fault");
-    assert!(!elector.task.is_finished(), "the elector stopped");
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_value_that_is_not_a_record_is_reported_never_overwritten_and_the_elector_recovers() {
@@ -41,7 +36,9 @@ async fn a_value_that_is_not_a_record_is_reported_never_overwritten_and_the_elec
 
     let key = lock.key().to_owned();
     let mut elector = Running::start(lock);
-    stays_alive_without_leading(&elector).await;
+    elector
+        .stays_alive_without_leading(Duration::from_millis(1500))
+        .await;
     let value = client.get(key.as_str(), None).await.expect("get");
     assert_eq!(
         value.kvs()[0].value(),
@@ -145,16 +142,7 @@ async fn electors_step_down_while_etcd_is_down_and_recover_when_it_is_back() {
     }
 
     etcd.resume();
-    let next = tokio::time::timeout(Duration::from_secs(30), async {
-        loop {
-            if let Some(t) = leader.leading_token().or(follower.leading_token()) {
-                return t;
-            }
-            sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-    .expect("a leader again after the restart");
+    let next = next_leader(&[&leader, &follower], Duration::from_secs(30)).await;
     // etcd kept its data: revisions, and with them fencing tokens, keep growing.
     assert!(next > token, "fencing token {token} then {next}");
     assert!(leader.leading_token().is_none() || follower.leading_token().is_none());

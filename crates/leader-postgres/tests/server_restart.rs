@@ -6,6 +6,8 @@
 
 mod common;
 
+use leader_core::conformance::next_leader;
+
 use std::process::Command;
 use std::time::Duration;
 
@@ -118,16 +120,7 @@ async fn electors_step_down_while_the_server_is_stopped_and_recover_when_it_is_b
         .into_iter()
         .zip(tokens)
     {
-        let new_token = timeout(Duration::from_secs(20), async {
-            loop {
-                if let Some(t) = pair.0.leading_token().or(pair.1.leading_token()) {
-                    return t;
-                }
-                sleep(Duration::from_millis(20)).await;
-            }
-        })
-        .await
-        .expect("a leader again after the restart");
+        let new_token = next_leader(&[pair.0, pair.1], Duration::from_secs(20)).await;
         assert!(new_token > token, "fencing token {token} then {new_token}");
         assert!(pair.0.leading_token().is_none() || pair.1.leading_token().is_none());
     }

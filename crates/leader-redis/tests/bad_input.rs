@@ -10,14 +10,6 @@ use leader_core::conformance::record;
 use leader_core::{LockError, ResourceLock};
 use leader_redis::RedisStore;
 use redis::aio::MultiplexedConnection;
-use tokio::time::sleep;
-
-/// Runs an elector on a broken lock for a while: it must neither lead nor stop.
-async fn stays_alive_without_leading(elector: &Running) {
-    sleep(Duration::from_millis(1500)).await;
-    assert!(elector.leading_token().is_none(), "led despite the fault");
-    assert!(!elector.task.is_finished(), "the elector stopped");
-}
 
 async fn cmd(admin: &mut MultiplexedConnection, args: &[&str]) -> redis::Value {
     let mut command = redis::cmd(args[0]);
@@ -88,7 +80,9 @@ async fn bad_values_are_reported_never_overwritten_and_the_elector_recovers() {
         );
 
         let mut elector = Running::start(lock);
-        stays_alive_without_leading(&elector).await;
+        elector
+            .stays_alive_without_leading(Duration::from_millis(1500))
+            .await;
         let kind = cmd(&mut admin, &["TYPE", &key]).await;
         assert_ne!(
             kind,
@@ -176,7 +170,9 @@ async fn a_wrong_password_is_a_clear_error_that_never_shows_the_password() {
 
     // The elector keeps trying, and recovers when the password becomes right.
     let mut elector = Running::start(lock);
-    stays_alive_without_leading(&elector).await;
+    elector
+        .stays_alive_without_leading(Duration::from_millis(1500))
+        .await;
     cmd(
         &mut admin,
         &["ACL", "SETUSER", &user, &format!(">{secret}")],
@@ -220,7 +216,9 @@ async fn an_acl_user_without_script_rights_gets_a_clear_error_and_recovers_when_
     assert!(matches!(err, LockError::Forbidden { .. }), "{err:?}");
     assert!(err.to_string().contains("EVALSHA"), "{err}");
     let mut elector = Running::start(lock);
-    stays_alive_without_leading(&elector).await;
+    elector
+        .stays_alive_without_leading(Duration::from_millis(1500))
+        .await;
     cmd(&mut admin, &["ACL", "SETUSER", &user, "+evalsha", "+eval"]).await;
     elector.wait_leading(Duration::from_secs(5)).await;
     elector.stop().await;

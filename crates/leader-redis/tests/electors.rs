@@ -2,6 +2,8 @@
 
 mod common;
 
+use leader_core::conformance::next_leader;
+
 use std::time::Duration;
 
 use common::{Factory, RETRY, Running, unique};
@@ -74,16 +76,7 @@ async fn a_leader_whose_key_vanished_steps_down_at_its_next_renewal() {
             )
         });
         let stepped_down = removed.elapsed();
-        let next = timeout(Duration::from_secs(5), async {
-            loop {
-                if let Some(t) = leader.leading_token().or(follower.leading_token()) {
-                    return t;
-                }
-                sleep(Duration::from_millis(10)).await;
-            }
-        })
-        .await
-        .expect("a new term");
+        let next = next_leader(&[&leader, &follower], Duration::from_secs(5)).await;
         assert!(next > token, "{how}: fencing token {token} then {next}");
         eprintln!("{how}: stepped down {stepped_down:?} after the key vanished");
         follower.stop().await;

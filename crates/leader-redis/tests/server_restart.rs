@@ -7,6 +7,8 @@
 
 mod common;
 
+use leader_core::conformance::next_leader;
+
 use std::process::Command;
 use std::time::Duration;
 
@@ -91,16 +93,7 @@ async fn electors_step_down_while_redis_is_down_and_recover_when_it_is_back() {
     }
 
     drop(restart);
-    let next = timeout(Duration::from_secs(20), async {
-        loop {
-            if let Some(t) = leader.leading_token().or(follower.leading_token()) {
-                return t;
-            }
-            sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-    .expect("a leader again after the restart");
+    let next = next_leader(&[&leader, &follower], Duration::from_secs(20)).await;
     // Without persistence the restart lost the fencing counter too: tokens start again. The
     // crate's README says so, and recommends AOF where fencing must survive restarts.
     eprintln!("fencing token {token} before the restart, {next} after");

@@ -1,17 +1,15 @@
 //! Test support: the cluster from `ETCD_ENDPOINTS` (default: loopback), required under
 //! `CI=true`; and private etcd servers for tests that stop one or turn on authentication.
 
-#![allow(dead_code, unreachable_pub)]
+#![allow(dead_code, unreachable_pub, unused_imports)]
 
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
 use leader_core::conformance::LockFactory;
-use leader_core::{CancellationToken, LeaderElector, LeaderState, ResourceLock, async_trait};
+use leader_core::{ResourceLock, async_trait};
 use leader_etcd::EtcdStore;
-use tokio::sync::watch;
-use tokio::task::JoinHandle;
 
 pub fn endpoints() -> Vec<String> {
     std::env::var("ETCD_ENDPOINTS")
@@ -74,58 +72,7 @@ impl LockFactory for Factory {
     }
 }
 
-pub const LEASE: Duration = Duration::from_secs(3);
-pub const RENEW: Duration = Duration::from_secs(2);
-pub const RETRY: Duration = Duration::from_millis(500);
-
-/// An elector with short timings, running in the background.
-pub struct Running {
-    pub state: watch::Receiver<LeaderState>,
-    pub shutdown: CancellationToken,
-    pub task: JoinHandle<()>,
-}
-
-impl Running {
-    pub fn start(lock: impl ResourceLock + 'static) -> Self {
-        Self::start_with(lock, RETRY)
-    }
-
-    pub fn start_with(lock: impl ResourceLock + 'static, retry: Duration) -> Self {
-        let elector = LeaderElector::builder(lock)
-            .lease_duration(LEASE.max(retry * 4))
-            .renew_deadline(RENEW.max(retry * 3))
-            .retry_period(retry)
-            .build()
-            .expect("valid timings");
-        let state = elector.subscribe();
-        let shutdown = CancellationToken::new();
-        let task = tokio::spawn(elector.run(shutdown.clone()));
-        Self {
-            state,
-            shutdown,
-            task,
-        }
-    }
-
-    pub fn leading_token(&self) -> Option<u64> {
-        self.state.borrow().leadership().map(|l| l.fencing_token())
-    }
-
-    pub async fn wait_leading(&mut self, within: Duration) -> u64 {
-        tokio::time::timeout(within, self.state.wait_for(LeaderState::is_leading))
-            .await
-            .expect("leads in time")
-            .expect("elector alive")
-            .leadership()
-            .map(|l| l.fencing_token())
-            .expect("leading")
-    }
-
-    pub async fn stop(self) {
-        self.shutdown.cancel();
-        self.task.await.expect("elector task");
-    }
-}
+pub use leader_core::conformance::{Candidate as Running, LEASE, RENEW, RETRY};
 
 /// An etcd server of the test's own on loopback, with its data in a temporary directory that
 /// outlives restarts. Killed when dropped.

@@ -1,16 +1,13 @@
 //! Test support: the server from `REDIS_URL` (default: loopback), required under `CI=true`.
 
-#![allow(dead_code, unreachable_pub)]
+#![allow(dead_code, unreachable_pub, unused_imports)]
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use leader_core::conformance::LockFactory;
-use leader_core::{CancellationToken, LeaderElector, LeaderState, ResourceLock, async_trait};
+use leader_core::{ResourceLock, async_trait};
 use leader_redis::RedisStore;
 use redis::aio::MultiplexedConnection;
-use tokio::sync::watch;
-use tokio::task::JoinHandle;
 
 pub fn redis_url() -> String {
     std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
@@ -48,58 +45,7 @@ pub fn unique(prefix: &str) -> String {
     format!("{prefix}-{:08x}", fastrand::u32(..))
 }
 
-pub const LEASE: Duration = Duration::from_secs(3);
-pub const RENEW: Duration = Duration::from_secs(2);
-pub const RETRY: Duration = Duration::from_millis(500);
-
-/// An elector with short timings, running in the background.
-pub struct Running {
-    pub state: watch::Receiver<LeaderState>,
-    pub shutdown: CancellationToken,
-    pub task: JoinHandle<()>,
-}
-
-impl Running {
-    pub fn start(lock: impl ResourceLock + 'static) -> Self {
-        Self::start_with(lock, RETRY)
-    }
-
-    pub fn start_with(lock: impl ResourceLock + 'static, retry: Duration) -> Self {
-        let elector = LeaderElector::builder(lock)
-            .lease_duration(LEASE.max(retry * 4))
-            .renew_deadline(RENEW.max(retry * 3))
-            .retry_period(retry)
-            .build()
-            .expect("valid timings");
-        let state = elector.subscribe();
-        let shutdown = CancellationToken::new();
-        let task = tokio::spawn(elector.run(shutdown.clone()));
-        Self {
-            state,
-            shutdown,
-            task,
-        }
-    }
-
-    pub fn leading_token(&self) -> Option<u64> {
-        self.state.borrow().leadership().map(|l| l.fencing_token())
-    }
-
-    pub async fn wait_leading(&mut self, within: Duration) -> u64 {
-        tokio::time::timeout(within, self.state.wait_for(LeaderState::is_leading))
-            .await
-            .expect("leads in time")
-            .expect("elector alive")
-            .leadership()
-            .map(|l| l.fencing_token())
-            .expect("leading")
-    }
-
-    pub async fn stop(self) {
-        self.shutdown.cancel();
-        self.task.await.expect("elector task");
-    }
-}
+pub use leader_core::conformance::{Candidate as Running, LEASE, RENEW, RETRY};
 
 /// Locks for the conformance suite.
 pub struct Factory {
