@@ -1,0 +1,60 @@
+//! A COMMAND for fault tests: while it runs, writes its `LEADER_FENCING_TOKEN` to a fenced sink
+//! in Postgres every 20 ms. The sink accepts a write only if its token is at least the highest
+//! accepted so far (one compare-and-set on a high-water mark), and logs every write with whether
+//! it was accepted. Records `start`/`stop` lines in `JOB_LOG` like the `job` binary.
+//!
+//! Environment: `DATABASE_URL`, `SINK` (the table prefix), `LEADER_IDENTITY`,
+//! `LEADER_FENCING_TOKEN`, `JOB_LOG`.
+
+use std::io::Write;
+use std::time::Duration;
+
+use nix::time::{ClockId, clock_gettime};
+
+fn now() -> i128 {
+    clock_gettime(ClockId::CLOCK_MONOTONIC).map_or(0, |t| {
+        i128::from(t.tv_sec()) * 1_000_000_000 + i128::from(t.tv_nsec())
+    })
+}
+
+fn record(event: &str) {
+    let identity = std::env::var("LEADER_IDENTITY").unwrap_or_default();
+    let token = std::env::var("LEADER_FENCING_TOKEN").unwrap_or_default();
+    if let Ok(path) = std::env::var("JOB_LOG")
+        && let Ok(mut file) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+    {
+        let _ = writeln!(file, "{event} {identity} {token} {}", now());
+    }
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let url = std::env::var("DATABASE_URL")?;
+    let sink = std::env::var("SINK")?;
+    let identity = std::env::var("LEADER_IDENTITY")?;
+    let token: i64 = std::env::var("LEADER_FENCING_TOKEN")?.parse()?;
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await?;
+    tokio::spawn(connection);
+    let write = client
+        .prepare(&format!(
+            "WITH ok AS (UPDATE {sink}_mark SET token = $1 WHERE token <= $1 RETURNING token)
+             INSERT INTO {sink}_writes (token, writer, accepted) SELECT $1, $2, EXISTS (SELECT 1 FROM ok)"
+        ))
+        .await?;
+    record("start");
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut tick = tokio::time::interval(Duration::from_millis(20));
+    loop {
+        tokio::select! {
+            _ = term.recv() => break,
+            _ = tick.tick() => {
+                client.execute(&write, &[&token, &identity]).await?;
+            }
+        }
+    }
+    record("stop");
+    Ok(())
+}
