@@ -649,3 +649,24 @@ pub async fn next_leader(candidates: &[&Candidate], within: Duration) -> u64 {
     .await
     .expect("a leader in time")
 }
+
+/// For a backend with change notifications: a released lease is taken over well within a retry
+/// period (2 s here, up to 4.4 s with jitter), because the follower is woken at once. Returns
+/// how long the handover took.
+pub async fn release_is_taken_over_at_once(factory: &dyn LockFactory) -> Duration {
+    let name = unique("handover");
+    let retry = Duration::from_secs(2);
+    let mut leader = Candidate::start_with(factory.lock(&name, "first").await, retry);
+    let token = leader.wait_leading(Duration::from_secs(10)).await;
+    let mut follower = Candidate::start_with(factory.lock(&name, "second").await, retry);
+    // Let the follower subscribe and read the record.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let released = tokio::time::Instant::now();
+    leader.stop().await;
+    let next = follower.wait_leading(retry).await;
+    let took = released.elapsed();
+    assert!(took < retry / 4, "handover after a release took {took:?}");
+    assert!(next > token, "fencing token {token} then {next}");
+    follower.stop().await;
+    took
+}

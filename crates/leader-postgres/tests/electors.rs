@@ -135,36 +135,18 @@ async fn table_leader_rides_out_a_killed_connection() {
     leader.stop().await;
 }
 
-/// A release is announced with NOTIFY, so a follower takes over at once instead of on its next
-/// retry (2 s here, up to 4.4 s with jitter).
+/// A release is announced with NOTIFY, so a follower takes over at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_released_lease_is_taken_over_well_within_a_retry_period() {
     let Some(store) = common::store().await else {
         return;
     };
     for advisory in [false, true] {
-        let name = unique("handover");
-        let retry = Duration::from_secs(2);
-        let lock = |id: &str| -> Box<dyn ResourceLock> {
-            if advisory {
-                Box::new(store.advisory_lock(&name, id))
-            } else {
-                Box::new(store.lock(&name, id))
-            }
+        let factory = Factory {
+            store: store.clone(),
+            advisory,
         };
-        let mut leader = Running::start_with(lock("first"), retry);
-        leader.wait_leading(Duration::from_secs(10)).await;
-        let mut follower = Running::start_with(lock("second"), retry);
-        sleep(Duration::from_millis(500)).await; // subscribed and following
-        let released = Instant::now();
-        leader.stop().await;
-        follower.wait_leading(retry).await;
-        let took = released.elapsed();
+        let took = conformance::release_is_taken_over_at_once(&factory).await;
         eprintln!("advisory={advisory}: handover after release took {took:?}");
-        assert!(
-            took < retry / 4,
-            "advisory={advisory}: handover took {took:?}"
-        );
-        follower.stop().await;
     }
 }
