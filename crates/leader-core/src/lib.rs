@@ -15,6 +15,8 @@ mod record;
 mod redact;
 
 #[cfg(feature = "testing")]
+pub mod bench;
+#[cfg(feature = "testing")]
 pub mod conformance;
 #[cfg(feature = "testing")]
 pub mod faults;

@@ -9,8 +9,7 @@
 use std::error::Error;
 use std::time::{Duration, Instant};
 
-use leader_core::faults::FaultyLock;
-use leader_core::{CancellationToken, LeaderElectionRecord, LeaderElector, ResourceLock};
+use leader_core::{ResourceLock, bench};
 use leader_postgres::PostgresStore;
 
 // Short interleaved rounds, so that drift in the machine's speed hits all three alike.
@@ -30,37 +29,20 @@ async fn main() -> Result<(), Box<dyn Error>> {
     let name = format!("bench-{:08x}", fastrand::u32(..));
 
     // 1. Requests per renewal as the elector makes them: a real elector on a counting wrapper.
-    let counted = FaultyLock::new(store.lock(&name, "bench"));
-    let calls = counted.faults();
-    let elector = LeaderElector::builder(counted)
-        .lease_duration(Duration::from_millis(600))
-        .renew_deadline(Duration::from_millis(400))
-        .retry_period(Duration::from_millis(20))
-        .build()?;
-    let mut state = elector.subscribe();
-    let shutdown = CancellationToken::new();
-    let running = tokio::spawn(elector.run(shutdown.clone()));
-    state.wait_for(|s| s.is_leading()).await?;
-    let before = calls.calls().len();
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let window: Vec<_> = calls.calls()[before..].to_vec();
-    shutdown.cancel();
-    running.await?;
-    let renewals = window
-        .iter()
-        .filter(|c| c.operation == "update" && c.ok == Some(true))
-        .count();
-    let requests_per_renewal = window.len() as f64 / renewals.max(1) as f64;
+    let (renewals, requests_per_renewal) = bench::elector_requests_per_renewal(
+        store.lock(&name, "bench"),
+        Duration::from_millis(600),
+        Duration::from_millis(400),
+        Duration::from_millis(20),
+        Duration::from_secs(3),
+    )
+    .await?;
 
     // 2. Statements per renewal on the server: committed transactions of this database.
     // The elector released the lease on shutdown: take it again, so that what follows are
     // renewals by the holder (a write of a free record would be a release, which also NOTIFYs).
     let lock = store.lock(&name, "bench");
-    let desired = renewed(&leader_core::conformance::record("bench", 0));
-    let mut observed = match lock.try_acquire(&desired).await? {
-        Some(leader_core::Acquisition::Acquired(observed)) => observed,
-        other => return Err(format!("could not take the lease again: {other:?}").into()),
-    };
+    let mut observed = bench::acquire(&lock, "bench").await?;
     assert!(observed.record.is_held_by("bench"));
     let client = store.pool().get().await?;
     let xacts = "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()";
@@ -79,7 +61,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
     const N: i64 = 1000;
     for _ in 0..N {
         observed = lock
-            .update(&observed.version, &renewed(&observed.record))
+            .update(&observed.version, &bench::renewed(&observed.record))
             .await?;
     }
     let client = store.pool().get().await?;
@@ -124,7 +106,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
             t_update.push(at.elapsed());
         }
         for _ in 0..PER_ROUND {
-            let record = renewed(&observed.record);
+            let record = bench::renewed(&observed.record);
             let version: i64 = observed.version.as_str().parse()?;
             let lease = i64::try_from(record.lease_duration.as_millis())?;
             let transitions = i64::try_from(record.leader_transitions)?;
@@ -152,7 +134,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
         for _ in 0..PER_ROUND {
             let at = Instant::now();
             observed = lock
-                .update(&observed.version, &renewed(&observed.record))
+                .update(&observed.version, &bench::renewed(&observed.record))
                 .await?;
             t_renew.push(at.elapsed());
         }
@@ -171,46 +153,15 @@ async fn main() -> Result<(), Box<dyn Error>> {
     );
     println!("statements per renewal (server, {N} renewals):         {statements_per_renewal:.2}");
     println!();
-    println!("| operation (same connection) | mean | p50 | p99 | mean vs UPDATE | p50 vs UPDATE |");
-    println!("|---|---|---|---|---|---|");
-    let update_mean = mean(&t_update);
-    let update_p50 = {
-        let mut sorted = t_update.clone();
-        sorted.sort();
-        sorted[sorted.len() / 2]
-    };
-    for (label, samples) in [
-        ("`SELECT 1`", &mut t_select),
-        ("single-row `UPDATE`", &mut t_update),
-        ("renewal statement, raw", &mut t_raw),
-        ("renewal (`TableLock::update`)", &mut t_renew),
-    ] {
-        let m = mean(samples);
-        samples.sort();
-        let p50 = samples[samples.len() / 2];
-        println!(
-            "| {label} | {} | {} | {} | {:.2}x | {:.2}x |",
-            us(m),
-            us(p50),
-            us(samples[samples.len() * 99 / 100]),
-            m.as_secs_f64() / update_mean.as_secs_f64(),
-            p50.as_secs_f64() / update_p50.as_secs_f64()
-        );
-    }
+    bench::print_latencies(
+        "operation (same connection)",
+        1,
+        &mut [
+            ("`SELECT 1`", t_select),
+            ("single-row `UPDATE`", t_update),
+            ("renewal statement, raw", t_raw),
+            ("renewal (`TableLock::update`)", t_renew),
+        ],
+    );
     Ok(())
-}
-
-fn renewed(record: &LeaderElectionRecord) -> LeaderElectionRecord {
-    LeaderElectionRecord {
-        renew_time: chrono::Utc::now(),
-        ..record.clone()
-    }
-}
-
-fn mean(samples: &[Duration]) -> Duration {
-    samples.iter().sum::<Duration>() / samples.len() as u32
-}
-
-fn us(d: Duration) -> String {
-    format!("{:.0} µs", d.as_secs_f64() * 1e6)
 }

@@ -8,10 +8,7 @@
 use std::error::Error;
 use std::time::{Duration, Instant};
 
-use leader_core::faults::FaultyLock;
-use leader_core::{
-    Acquisition, CancellationToken, LeaderElectionRecord, LeaderElector, ResourceLock,
-};
+use leader_core::{ResourceLock, bench};
 use leader_redis::RedisStore;
 
 // Short interleaved rounds, so that drift in the machine's speed hits all rows alike.
@@ -25,38 +22,19 @@ async fn main() -> Result<(), Box<dyn Error>> {
     let name = format!("bench-{:08x}", fastrand::u32(..));
 
     // 1. Requests per renewal as the elector makes them: a real elector on a counting wrapper.
-    let counted = FaultyLock::new(store.lock(&name, "bench"));
-    let calls = counted.faults();
-    let elector = LeaderElector::builder(counted)
-        .lease_duration(Duration::from_millis(600))
-        .renew_deadline(Duration::from_millis(400))
-        .retry_period(Duration::from_millis(20))
-        .build()?;
-    let mut state = elector.subscribe();
-    let shutdown = CancellationToken::new();
-    let running = tokio::spawn(elector.run(shutdown.clone()));
-    state.wait_for(|s| s.is_leading()).await?;
-    let before = calls.calls().len();
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let window: Vec<_> = calls.calls()[before..].to_vec();
-    shutdown.cancel();
-    running.await?;
-    let renewals = window
-        .iter()
-        .filter(|c| c.operation == "update" && c.ok == Some(true))
-        .count();
-    let requests_per_renewal = window.len() as f64 / renewals.max(1) as f64;
+    let (renewals, requests_per_renewal) = bench::elector_requests_per_renewal(
+        store.lock(&name, "bench"),
+        Duration::from_millis(600),
+        Duration::from_millis(400),
+        Duration::from_millis(20),
+        Duration::from_secs(3),
+    )
+    .await?;
 
     // The elector released the lease on shutdown: take it again, so that what follows are
     // renewals by the holder.
     let lock = store.lock(&name, "bench");
-    let mut observed = match lock
-        .try_acquire(&renewed(&leader_core::conformance::record("bench", 0)))
-        .await?
-    {
-        Some(Acquisition::Acquired(observed)) => observed,
-        other => return Err(format!("could not take the lease again: {other:?}").into()),
-    };
+    let mut observed = bench::acquire(&lock, "bench").await?;
 
     // 2. Commands per renewal on the server, from INFO commandstats before and after. Redis
     //    counts the commands a script runs inside it too: report those apart from what the
@@ -79,7 +57,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
     const N: u64 = 1000;
     for _ in 0..N {
         observed = lock
-            .update(&observed.version, &renewed(&observed.record))
+            .update(&observed.version, &bench::renewed(&observed.record))
             .await?;
     }
     let (scripts_after, all_after) = stats(&mut connection).await?;
@@ -112,7 +90,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
         for _ in 0..PER_ROUND {
             let at = Instant::now();
             observed = lock
-                .update(&observed.version, &renewed(&observed.record))
+                .update(&observed.version, &bench::renewed(&observed.record))
                 .await?;
             t_renew.push(at.elapsed());
         }
@@ -130,45 +108,14 @@ async fn main() -> Result<(), Box<dyn Error>> {
     println!("commands sent per renewal (server, {N} renewals): {sent_per_renewal:.2}");
     println!("commands run inside the script per renewal: {inside_per_renewal:.2}");
     println!();
-    println!("| operation (same connection) | mean | p50 | p99 | mean vs PING | p50 vs PING |");
-    println!("|---|---|---|---|---|---|");
-    let ping_mean = mean(&t_ping);
-    let ping_p50 = {
-        let mut sorted = t_ping.clone();
-        sorted.sort();
-        sorted[sorted.len() / 2]
-    };
-    for (label, samples) in [
-        ("`PING`", &mut t_ping),
-        ("`SET key value PX ttl`", &mut t_set),
-        ("renewal (`RedisLock::update`, one `EVALSHA`)", &mut t_renew),
-    ] {
-        let m = mean(samples);
-        samples.sort();
-        let p50 = samples[samples.len() / 2];
-        println!(
-            "| {label} | {} | {} | {} | {:.2}x | {:.2}x |",
-            us(m),
-            us(p50),
-            us(samples[samples.len() * 99 / 100]),
-            m.as_secs_f64() / ping_mean.as_secs_f64(),
-            p50.as_secs_f64() / ping_p50.as_secs_f64()
-        );
-    }
+    bench::print_latencies(
+        "operation (same connection)",
+        0,
+        &mut [
+            ("`PING`", t_ping),
+            ("`SET key value PX ttl`", t_set),
+            ("renewal (`RedisLock::update`, one `EVALSHA`)", t_renew),
+        ],
+    );
     Ok(())
-}
-
-fn renewed(record: &LeaderElectionRecord) -> LeaderElectionRecord {
-    LeaderElectionRecord {
-        renew_time: chrono::Utc::now(),
-        ..record.clone()
-    }
-}
-
-fn mean(samples: &[Duration]) -> Duration {
-    samples.iter().sum::<Duration>() / samples.len() as u32
-}
-
-fn us(d: Duration) -> String {
-    format!("{:.0} µs", d.as_secs_f64() * 1e6)
 }

@@ -1,0 +1,92 @@
+//! Helpers for the backends' renewal benchmarks (feature `testing`).
+
+use std::time::Duration;
+
+use chrono::Utc;
+
+use crate::faults::FaultyLock;
+use crate::{
+    Acquisition, CancellationToken, LeaderElectionRecord, LeaderElector, Observed, ResourceLock,
+};
+
+/// Runs a real elector on `lock` (through a counting wrapper) with the given timings, lets it
+/// lead for `window`, and returns the successful renewals in that window and the lock requests
+/// it made per renewal.
+pub async fn elector_requests_per_renewal(
+    lock: impl ResourceLock + 'static,
+    lease_duration: Duration,
+    renew_deadline: Duration,
+    retry_period: Duration,
+    window: Duration,
+) -> Result<(usize, f64), Box<dyn std::error::Error>> {
+    let counted = FaultyLock::new(lock);
+    let calls = counted.faults();
+    let elector = LeaderElector::builder(counted)
+        .lease_duration(lease_duration)
+        .renew_deadline(renew_deadline)
+        .retry_period(retry_period)
+        .build()?;
+    let mut state = elector.subscribe();
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn(elector.run(shutdown.clone()));
+    state.wait_for(|s| s.is_leading()).await?;
+    let before = calls.calls().len();
+    tokio::time::sleep(window).await;
+    let in_window: Vec<_> = calls.calls()[before..].to_vec();
+    shutdown.cancel();
+    running.await?;
+    let renewals = in_window
+        .iter()
+        .filter(|c| c.operation == "update" && c.ok == Some(true))
+        .count();
+    Ok((renewals, in_window.len() as f64 / renewals.max(1) as f64))
+}
+
+/// Takes the lease as `identity` (after an elector released it), so that what follows are
+/// renewals by the holder.
+pub async fn acquire(
+    lock: &dyn ResourceLock,
+    identity: &str,
+) -> Result<Observed, Box<dyn std::error::Error>> {
+    let desired = renewed(&crate::conformance::record(identity, 0));
+    match lock.try_acquire(&desired).await? {
+        Some(Acquisition::Acquired(observed)) => Ok(observed),
+        other => Err(format!("could not take the lease again: {other:?}").into()),
+    }
+}
+
+/// `record` with its renew time set to now, as a renewal writes it.
+pub fn renewed(record: &LeaderElectionRecord) -> LeaderElectionRecord {
+    LeaderElectionRecord {
+        renew_time: Utc::now(),
+        ..record.clone()
+    }
+}
+
+/// Prints a Markdown table of latencies: mean, p50, p99 and both ratios to the row at
+/// `reference`, whose label names the column.
+pub fn print_latencies(heading: &str, reference: usize, rows: &mut [(&str, Vec<Duration>)]) {
+    for (_, samples) in rows.iter_mut() {
+        samples.sort();
+    }
+    let mean = |s: &[Duration]| {
+        s.iter().sum::<Duration>() / u32::try_from(s.len()).unwrap_or(u32::MAX).max(1)
+    };
+    let at = |s: &[Duration], percent: usize| s[(s.len() * percent / 100).min(s.len() - 1)];
+    let us = |d: Duration| format!("{:.0} µs", d.as_secs_f64() * 1e6);
+    let (name, base) = (rows[reference].0, &rows[reference].1);
+    let (base_mean, base_p50) = (mean(base), at(base, 50));
+    println!("| {heading} | mean | p50 | p99 | mean vs {name} | p50 vs {name} |");
+    println!("|---|---|---|---|---|---|");
+    for (label, samples) in rows.iter() {
+        let (m, p50) = (mean(samples), at(samples, 50));
+        println!(
+            "| {label} | {} | {} | {} | {:.2}x | {:.2}x |",
+            us(m),
+            us(p50),
+            us(at(samples, 99)),
+            m.as_secs_f64() / base_mean.as_secs_f64(),
+            p50.as_secs_f64() / base_p50.as_secs_f64()
+        );
+    }
+}
