@@ -1,1 +1,36 @@
-//! Workspace-level end-to-end and fault tests live in `tests/`.
+//! Workspace-level end-to-end and fault tests live in `tests/`; this library holds the fault
+//! harness they share with the long fault run.
+
+pub mod harness;
+
+/// `CLOCK_MONOTONIC` in nanoseconds: one clock for every process on the machine, so times logged
+/// by different processes compare exactly.
+#[must_use]
+pub fn now_ns() -> i128 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).map_or(0, |t| {
+        i128::from(t.tv_sec()) * 1_000_000_000 + i128::from(t.tv_nsec())
+    })
+}
+
+/// Appends `EVENT IDENTITY TOKEN NANOS PID` to the file in `JOB_LOG` (if set), with this
+/// process's `LEADER_IDENTITY` and `LEADER_FENCING_TOKEN` and [`now_ns`]: how the COMMANDs of
+/// the end-to-end tests report the start and end of their term.
+pub fn log_term_event(event: &str) {
+    use std::io::Write;
+    let identity = std::env::var("LEADER_IDENTITY").unwrap_or_default();
+    let token = std::env::var("LEADER_FENCING_TOKEN").unwrap_or_default();
+    if let Ok(path) = std::env::var("JOB_LOG")
+        && let Ok(mut file) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+    {
+        let line = format!(
+            "{event} {identity} {token} {} {}\n",
+            now_ns(),
+            std::process::id()
+        );
+        // One write per line: lines from different processes never interleave.
+        let _ = file.write_all(line.as_bytes());
+    }
+}

@@ -1,34 +1,15 @@
 //! A COMMAND for fault tests: while it runs, writes its `LEADER_FENCING_TOKEN` to a fenced sink
 //! in Postgres every 20 ms. The sink accepts a write only if its token is at least the highest
-//! accepted so far (one compare-and-set on a high-water mark), and logs every write with whether
-//! it was accepted. Records `start`/`stop` lines in `JOB_LOG` like the `job` binary.
+//! accepted so far (one compare-and-set on a high-water mark), and logs every write with the
+//! `CLOCK_MONOTONIC` time it was sent and whether it was accepted. Records `start`/`stop` lines
+//! in `JOB_LOG` like the `job` binary.
 //!
 //! Environment: `DATABASE_URL`, `SINK` (the table prefix), `LEADER_IDENTITY`,
 //! `LEADER_FENCING_TOKEN`, `JOB_LOG`.
 
-use std::io::Write;
 use std::time::Duration;
 
-use nix::time::{ClockId, clock_gettime};
-
-fn now() -> i128 {
-    clock_gettime(ClockId::CLOCK_MONOTONIC).map_or(0, |t| {
-        i128::from(t.tv_sec()) * 1_000_000_000 + i128::from(t.tv_nsec())
-    })
-}
-
-fn record(event: &str) {
-    let identity = std::env::var("LEADER_IDENTITY").unwrap_or_default();
-    let token = std::env::var("LEADER_FENCING_TOKEN").unwrap_or_default();
-    if let Ok(path) = std::env::var("JOB_LOG")
-        && let Ok(mut file) = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-    {
-        let _ = writeln!(file, "{event} {identity} {token} {}", now());
-    }
-}
+use leader_tests::{log_term_event, now_ns};
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -41,20 +22,21 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let write = client
         .prepare(&format!(
             "WITH ok AS (UPDATE {sink}_mark SET token = $1 WHERE token <= $1 RETURNING token)
-             INSERT INTO {sink}_writes (token, writer, accepted) SELECT $1, $2, EXISTS (SELECT 1 FROM ok)"
+             INSERT INTO {sink}_writes (token, writer, at, accepted) SELECT $1, $2, $3, EXISTS (SELECT 1 FROM ok)"
         ))
         .await?;
-    record("start");
+    log_term_event("start");
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut tick = tokio::time::interval(Duration::from_millis(20));
     loop {
         tokio::select! {
             _ = term.recv() => break,
             _ = tick.tick() => {
-                client.execute(&write, &[&token, &identity]).await?;
+                let at = i64::try_from(now_ns())?;
+                client.execute(&write, &[&token, &identity, &at]).await?;
             }
         }
     }
-    record("stop");
+    log_term_event("stop");
     Ok(())
 }

@@ -1,0 +1,130 @@
+//! A TCP proxy on loopback between one candidate and its backend, through which the harness cuts
+//! the network or slows it down.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+/// What the proxy does with the bytes it carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Forwards at once.
+    Open,
+    /// Holds every chunk until this long after it arrived (a latency spike).
+    Delay(Duration),
+    /// Forwards nothing, in either direction, on old and new connections alike; the bytes wait
+    /// and flow again, late, when the mode changes (a partition that heals before TCP gives up).
+    Cut,
+}
+
+/// A running proxy; stops listening when dropped (open connections are aborted too).
+#[derive(Debug)]
+pub struct Proxy {
+    port: u16,
+    mode: watch::Sender<Mode>,
+    accept: JoinHandle<()>,
+}
+
+impl Proxy {
+    /// Listens on an ephemeral loopback port and forwards every connection to `upstream`.
+    ///
+    /// # Errors
+    /// The port cannot be bound.
+    pub async fn start(upstream: SocketAddr) -> std::io::Result<Self> {
+        let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
+        let port = listener.local_addr()?.port();
+        let (mode, _) = watch::channel(Mode::Open);
+        let modes = mode.clone();
+        let accept = tokio::spawn(async move {
+            let mut connections = tokio::task::JoinSet::new();
+            while let Ok((client, _)) = listener.accept().await {
+                let modes = modes.subscribe();
+                connections.spawn(async move {
+                    // A refused upstream (the server is down) closes the client's connection,
+                    // as the server's own refusal would.
+                    if let Ok(server) = TcpStream::connect(upstream).await {
+                        let _ = client.set_nodelay(true);
+                        let _ = server.set_nodelay(true);
+                        let (client_read, client_write) = client.into_split();
+                        let (server_read, server_write) = server.into_split();
+                        tokio::join!(
+                            pump(client_read, server_write, modes.clone()),
+                            pump(server_read, client_write, modes),
+                        );
+                    }
+                });
+                while connections.try_join_next().is_some() {}
+            }
+        });
+        Ok(Self { port, mode, accept })
+    }
+
+    /// The loopback port candidates connect to.
+    #[must_use]
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Changes what the proxy does, for every connection at once.
+    pub fn set(&self, mode: Mode) {
+        self.mode.send_replace(mode);
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.accept.abort();
+    }
+}
+
+/// Carries one direction: a reader stamps each chunk with its arrival, a writer hands it on when
+/// the mode allows.
+async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, mut mode: watch::Receiver<Mode>) {
+    let (chunks, mut pending) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
+    let reader = async move {
+        let mut buffer = vec![0_u8; 16 * 1024];
+        loop {
+            match from.read(&mut buffer).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    if chunks.send((Instant::now(), buffer[..n].to_vec())).is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+    };
+    let writer = async move {
+        while let Some((arrived, chunk)) = pending.recv().await {
+            loop {
+                let current = *mode.borrow_and_update();
+                match current {
+                    Mode::Open => break,
+                    Mode::Delay(by) if Instant::now() >= arrived + by => break,
+                    Mode::Delay(by) => {
+                        tokio::select! {
+                            () = tokio::time::sleep_until(arrived + by) => break,
+                            changed = mode.changed() => if changed.is_err() { return; },
+                        }
+                    }
+                    Mode::Cut => {
+                        if mode.changed().await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+            if to.write_all(&chunk).await.is_err() {
+                return;
+            }
+        }
+        let _ = to.shutdown().await;
+    };
+    tokio::join!(reader, writer);
+}

@@ -1,0 +1,250 @@
+//! Backend servers of the harness's own, on loopback ports nobody else uses, so that a fault test
+//! can kill one and start it again without touching the servers the other tests share. Each
+//! keeps its data across restarts, as a production server would.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// Which server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ServerKind {
+    /// PostgreSQL from Debian's packages (`/usr/lib/postgresql/*/bin`), started with `pg_ctl`.
+    Postgres,
+    /// `redis-server` with the append-only file synced on every write (`appendfsync always`), the
+    /// set-up `leader-redis` documents for fencing tokens that survive a restart.
+    Redis,
+    /// A single-member `etcd` cluster.
+    Etcd,
+}
+
+/// A private server: started by [`PrivateServer::start`], crashed by [`PrivateServer::kill`],
+/// started again on the same port and data by [`PrivateServer::restart`]; killed and its data
+/// removed when dropped.
+#[derive(Debug)]
+pub struct PrivateServer {
+    kind: ServerKind,
+    port: u16,
+    peer_port: u16,
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+/// Why a private server could not be had.
+#[derive(Debug, thiserror::Error)]
+#[error("private {kind:?} server: {message}")]
+pub struct ServerError {
+    kind: ServerKind,
+    message: String,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_or(0, |a| a.port())
+}
+
+fn postgres_bin(tool: &str) -> Option<PathBuf> {
+    let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path().join("bin").join(tool)))
+        .filter(|p| p.exists())
+        .collect();
+    versions.sort();
+    versions.pop()
+}
+
+fn running_as_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+/// Postgres refuses to run as root: as root, its tools run as the `postgres` user.
+fn postgres_command(tool: &Path) -> Command {
+    if running_as_root() {
+        let mut command = Command::new("runuser");
+        command.args(["-u", "postgres", "--"]).arg(tool);
+        command
+    } else {
+        Command::new(tool)
+    }
+}
+
+impl PrivateServer {
+    /// Starts a fresh server of `kind` on an ephemeral loopback port.
+    ///
+    /// # Errors
+    /// Its binaries are missing or it does not come up.
+    pub fn start(kind: ServerKind) -> Result<Self, ServerError> {
+        let fail = |message: String| ServerError { kind, message };
+        let dir = std::env::temp_dir().join(format!(
+            "leader-fault-{}-{:08x}",
+            format!("{kind:?}").to_lowercase(),
+            fastrand::u32(..)
+        ));
+        std::fs::create_dir_all(&dir).map_err(|e| fail(format!("{}: {e}", dir.display())))?;
+        let mut server = Self {
+            kind,
+            port: free_port(),
+            peer_port: free_port(),
+            dir,
+            child: None,
+        };
+        if kind == ServerKind::Postgres {
+            let initdb = postgres_bin("initdb")
+                .ok_or_else(|| fail("no initdb under /usr/lib/postgresql".into()))?;
+            if running_as_root() {
+                let chown = Command::new("chown")
+                    .arg("postgres:")
+                    .arg(&server.dir)
+                    .status()
+                    .map_err(|e| fail(format!("chown: {e}")))?;
+                if !chown.success() {
+                    return Err(fail("chown postgres: failed".into()));
+                }
+            }
+            let output = postgres_command(&initdb)
+                .arg("-D")
+                .arg(server.dir.join("data"))
+                .args(["-U", "postgres", "-A", "trust", "--no-sync", "-E", "UTF8"])
+                .output()
+                .map_err(|e| fail(format!("initdb: {e}")))?;
+            if !output.status.success() {
+                return Err(fail(format!(
+                    "initdb: {}",
+                    String::from_utf8_lossy(&output.stderr)
+                )));
+            }
+        }
+        server.restart()?;
+        Ok(server)
+    }
+
+    /// The port it listens on, on 127.0.0.1.
+    #[must_use]
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Crashes the server: SIGKILL (Redis, etcd) or an immediate shutdown, which is Postgres's
+    /// crash (every backend killed, recovery from the WAL at the next start).
+    pub fn kill(&mut self) {
+        if self.kind == ServerKind::Postgres {
+            if let Some(pg_ctl) = postgres_bin("pg_ctl") {
+                let _ = postgres_command(&pg_ctl)
+                    .arg("-D")
+                    .arg(self.dir.join("data"))
+                    .args(["-m", "immediate", "-w", "stop"])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .status();
+            }
+        } else if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server (again) on the same port and data, and waits until it accepts
+    /// connections.
+    ///
+    /// # Errors
+    /// It does not start.
+    pub fn restart(&mut self) -> Result<(), ServerError> {
+        let fail = |message: String| ServerError {
+            kind: self.kind,
+            message,
+        };
+        let endpoint = format!("http://127.0.0.1:{}", self.port);
+        let peer = format!("http://127.0.0.1:{}", self.peer_port);
+        match self.kind {
+            ServerKind::Postgres => {
+                let pg_ctl = postgres_bin("pg_ctl").ok_or_else(|| fail("no pg_ctl".to_owned()))?;
+                let options = format!(
+                    "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200",
+                    self.port,
+                    self.dir.display()
+                );
+                let output = postgres_command(&pg_ctl)
+                    .arg("-D")
+                    .arg(self.dir.join("data"))
+                    .arg("-l")
+                    .arg(self.dir.join("log"))
+                    .args(["-o", &options, "-w", "start"])
+                    .stdout(Stdio::null())
+                    .output()
+                    .map_err(|e| fail(format!("pg_ctl: {e}")))?;
+                if !output.status.success() {
+                    let log = std::fs::read_to_string(self.dir.join("log")).unwrap_or_default();
+                    return Err(fail(format!("pg_ctl start failed: {log}")));
+                }
+            }
+            ServerKind::Redis => {
+                let child = Command::new("redis-server")
+                    .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+                    .arg("--dir")
+                    .arg(&self.dir)
+                    .args([
+                        "--appendonly",
+                        "yes",
+                        "--appendfsync",
+                        "always",
+                        "--save",
+                        "",
+                    ])
+                    .args(["--protected-mode", "no", "--daemonize", "no"])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .map_err(|e| fail(format!("redis-server: {e}")))?;
+                self.child = Some(child);
+            }
+            ServerKind::Etcd => {
+                let child = Command::new("etcd")
+                    .args(["--name", "fault", "--data-dir"])
+                    .arg(self.dir.join("data"))
+                    .args(["--listen-client-urls", &endpoint])
+                    .args(["--advertise-client-urls", &endpoint])
+                    .args(["--listen-peer-urls", &peer])
+                    .args(["--initial-advertise-peer-urls", &peer])
+                    .args(["--initial-cluster", &format!("fault={peer}")])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .map_err(|e| fail(format!("etcd: {e}")))?;
+                self.child = Some(child);
+            }
+        }
+        for _ in 0..400 {
+            if self.ready() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        Err(fail(format!("not ready on port {} after 10 s", self.port)))
+    }
+
+    /// Accepts connections; for etcd, also has a raft leader and answers reads (`/health`), which
+    /// a fresh single-member cluster takes about a second for.
+    fn ready(&self) -> bool {
+        use std::io::{Read, Write};
+        let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", self.port)) else {
+            return false;
+        };
+        if self.kind != ServerKind::Etcd {
+            return true;
+        }
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+        let request = "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+        let mut answer = String::new();
+        stream.write_all(request.as_bytes()).is_ok()
+            && stream.read_to_string(&mut answer).is_ok()
+            && answer.contains("\"health\":\"true\"")
+    }
+}
+
+impl Drop for PrivateServer {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
