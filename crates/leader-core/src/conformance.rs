@@ -333,7 +333,8 @@ pub async fn identity_and_describe(factory: &dyn LockFactory) {
     assert!(!lock.describe().is_empty(), "describe must not be empty");
 }
 
-/// A backend with change notifications reports a release by another candidate.
+/// A backend with change notifications reports a release by another candidate, and does not
+/// wake followers for a renewal (each notification costs every follower a request).
 pub async fn change_notifications(factory: &dyn LockFactory) {
     let name = unique("watch");
     let a = factory.lock(&name, "a").await;
@@ -344,7 +345,12 @@ pub async fn change_notifications(factory: &dyn LockFactory) {
     };
     // Let subscriptions that are set up in the background settle.
     tokio::time::sleep(Duration::from_millis(200)).await;
-    a.update(&created.version, &free(created.record.leader_transitions))
+    let mut renewal = created.record.clone();
+    renewal.renew_time = Utc::now();
+    let renewed = a.update(&created.version, &renewal).await.expect("renew");
+    let woken = tokio::time::timeout(Duration::from_millis(500), changes.next()).await;
+    assert!(woken.is_err(), "a renewal woke the followers: {woken:?}");
+    a.update(&renewed.version, &free(created.record.leader_transitions))
         .await
         .expect("release");
     let notified = tokio::time::timeout(Duration::from_secs(5), changes.next()).await;

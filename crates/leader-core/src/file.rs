@@ -282,7 +282,13 @@ impl ResourceLock for FileLock {
                     let stamp = file_stamp(&path).await;
                     if stamp != last {
                         last = stamp;
-                        return Some(((), last));
+                        // Only what a follower acts on: the record removed or freed (or
+                        // unreadable, which its next read reports). Renewals wake nobody.
+                        let free =
+                            read(&path).map_or(true, |s| s.is_none_or(|s| s.record.is_free()));
+                        if free {
+                            return Some(((), last));
+                        }
                     }
                 }
             }

@@ -95,6 +95,8 @@ pub trait ResourceLock: Send + Sync + fmt::Debug {
 
     /// Subscribes to changes of the record, so that followers act on a release at once instead of
     /// on their next retry. `Ok(None)` (the default) means the backend has no notifications.
+    /// A stream must fire when the record is released (freed or removed); it should not fire
+    /// for renewals, since every follower makes a request for each item.
     async fn watch(&self) -> Result<Option<ChangeStream>, LockError> {
         Ok(None)
     }

@@ -45,6 +45,9 @@ impl Objects {
     fn write(&mut self, name: &str, value: Value) -> Version {
         self.next_version += 1;
         let version = self.next_version;
+        // Followers act on a release (or on bad data, which their next read reports), not on a
+        // renewal.
+        let release = !matches!(&value, Value::Record(record) if !record.is_free());
         self.objects.insert(
             name.to_owned(),
             Object {
@@ -53,7 +56,9 @@ impl Objects {
                 written_at: Instant::now(),
             },
         );
-        self.notify(name);
+        if release {
+            self.notify(name);
+        }
         Version::from(version)
     }
 

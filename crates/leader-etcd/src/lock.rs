@@ -415,6 +415,17 @@ fn token_of(value: &[u8], revision: i64) -> u64 {
     asked.max(u64::try_from(revision).unwrap_or(0))
 }
 
+/// A watch event after which the lease may be free: a deletion, or a record that is free (or
+/// cannot be read, which the follower's next read reports).
+fn may_be_free(event: &etcd_client::Event) -> bool {
+    match (event.event_type(), event.kv()) {
+        (etcd_client::EventType::Put, Some(kv)) => {
+            LeaderElectionRecord::from_json(BACKEND, kv.value()).map_or(true, |r| r.is_free())
+        }
+        _ => true,
+    }
+}
+
 fn parse_version(version: &Version) -> Result<i64, LockError> {
     version.as_str().parse().map_err(|_| conflict())
 }
@@ -494,10 +505,16 @@ impl ResourceLock for EtcdLock {
             .watch(self.key.as_str(), None)
             .await
             .map_err(|err| map(&self.context(), err))?;
+        // Only what a follower acts on: the key deleted (released, or expired on etcd's clock) or
+        // a free record written. Renewals, one per retry period, wake nobody.
         let changes = stream
             .take_while(|message| std::future::ready(message.is_ok()))
             .filter(|message| {
-                std::future::ready(message.as_ref().is_ok_and(|m| !m.events().is_empty()))
+                std::future::ready(
+                    message
+                        .as_ref()
+                        .is_ok_and(|m| m.events().iter().any(may_be_free)),
+                )
             })
             .map(|_| ());
         Ok(Some(Box::pin(changes)))

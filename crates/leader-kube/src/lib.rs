@@ -11,7 +11,7 @@ use futures_util::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
-use kube::api::{Api, PostParams, WatchParams};
+use kube::api::{Api, PostParams, WatchEvent, WatchParams};
 use kube::core::Status;
 use leader_core::{
     ChangeStream, LeaderElectionRecord, LeaderEvent, LockError, Observed, ResourceLock, Version,
@@ -328,8 +328,23 @@ impl ResourceLock for LeaseLock {
             .watch(&params, "0")
             .await
             .map_err(|err| self.map("watch", err))?;
+        // Only what a follower acts on: the Lease deleted or released (no holder). Renewals wake
+        // nobody. A watch error (410 Gone, say) ends the stream; the elector subscribes again.
         let changes = stream
-            .take_while(|event| std::future::ready(event.is_ok()))
+            .take_while(|event| {
+                std::future::ready(matches!(event, Ok(e) if !matches!(e, WatchEvent::Error(_))))
+            })
+            .filter(|event| {
+                std::future::ready(match event {
+                    Ok(WatchEvent::Deleted(_)) => true,
+                    Ok(WatchEvent::Added(lease) | WatchEvent::Modified(lease)) => lease
+                        .spec
+                        .as_ref()
+                        .and_then(|spec| spec.holder_identity.as_deref())
+                        .is_none_or(str::is_empty),
+                    _ => false,
+                })
+            })
             .map(|_| ());
         Ok(Some(Box::pin(changes)))
     }

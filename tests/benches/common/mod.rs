@@ -1,0 +1,197 @@
+//! What the workspace benchmarks share: the backends on the servers of `DATABASE_URL`,
+//! `REDIS_URL` and `ETCD_ENDPOINTS` (loopback by default), and a few numbers read off the
+//! servers and this process.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use leader_core::{FileLock, ResourceLock};
+use leader_etcd::EtcdStore;
+use leader_postgres::PostgresStore;
+use leader_redis::RedisStore;
+
+pub fn database_url() -> String {
+    std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres:postgres@127.0.0.1:5432/postgres".into())
+}
+
+pub fn redis_url() -> String {
+    std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+}
+
+pub fn etcd_endpoints() -> Vec<String> {
+    std::env::var("ETCD_ENDPOINTS")
+        .unwrap_or_else(|_| "http://127.0.0.1:2379".into())
+        .split(',')
+        .map(str::to_owned)
+        .collect()
+}
+
+/// A backend with everything needed to make locks on it.
+pub enum Backend {
+    File(tempfile::TempDir),
+    Postgres(PostgresStore),
+    PostgresAdvisory(PostgresStore),
+    Redis(RedisStore),
+    Etcd(EtcdStore),
+}
+
+impl Backend {
+    /// Every backend whose server answers; the ones that do not are named on stderr.
+    pub async fn available() -> Vec<Self> {
+        let mut backends = vec![Self::File(tempfile::tempdir().expect("tempdir"))];
+        match PostgresStore::builder(database_url())
+            .create_table(true)
+            .max_connections(16)
+            .build()
+            .await
+        {
+            Ok(store) => {
+                backends.push(Self::Postgres(store.clone()));
+                backends.push(Self::PostgresAdvisory(store));
+            }
+            Err(err) => eprintln!("no Postgres: {err}"),
+        }
+        match RedisStore::connect(redis_url()).await {
+            Ok(store) => backends.push(Self::Redis(store)),
+            Err(err) => eprintln!("no Redis: {err}"),
+        }
+        match EtcdStore::builder(etcd_endpoints())
+            .timeout(Duration::from_secs(2))
+            .build()
+            .await
+        {
+            Ok(store) => backends.push(Self::Etcd(store)),
+            Err(err) => eprintln!("no etcd: {err}"),
+        }
+        backends
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::File(_) => "file",
+            Self::Postgres(_) => "postgres (table)",
+            Self::PostgresAdvisory(_) => "postgres (advisory)",
+            Self::Redis(_) => "redis",
+            Self::Etcd(_) => "etcd",
+        }
+    }
+
+    pub fn lock(&self, name: &str, identity: &str) -> Arc<dyn ResourceLock> {
+        match self {
+            Self::File(dir) => Arc::new(FileLock::new(
+                dir.path().join(format!("{name}.json")),
+                identity,
+            )),
+            Self::Postgres(store) => Arc::new(store.lock(name, identity)),
+            Self::PostgresAdvisory(store) => Arc::new(store.advisory_lock(name, identity)),
+            Self::Redis(store) => Arc::new(store.lock(name, identity)),
+            Self::Etcd(store) => Arc::new(store.lock(name, identity)),
+        }
+    }
+
+    /// Requests the server has handled so far, by its own count: Postgres transactions
+    /// committed in this database, Redis commands processed, etcd gRPC messages received.
+    pub async fn server_requests(&self) -> Option<u64> {
+        match self {
+            Self::File(_) => None,
+            Self::Postgres(store) | Self::PostgresAdvisory(store) => {
+                let client = store.pool().get().await.ok()?;
+                client
+                    .batch_execute("SELECT pg_stat_clear_snapshot()")
+                    .await
+                    .ok()?;
+                // Statistics reach the view at most once a second.
+                tokio::time::sleep(Duration::from_millis(1100)).await;
+                client
+                    .batch_execute("SELECT pg_stat_clear_snapshot()")
+                    .await
+                    .ok()?;
+                let row = client
+                    .query_one(
+                        "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()",
+                        &[],
+                    )
+                    .await
+                    .ok()?;
+                u64::try_from(row.get::<_, i64>(0)).ok()
+            }
+            Self::Redis(store) => {
+                let mut connection = store.connection();
+                let info: String = redis::cmd("INFO")
+                    .arg("stats")
+                    .query_async(&mut connection)
+                    .await
+                    .ok()?;
+                info.lines()
+                    .find_map(|l| l.strip_prefix("total_commands_processed:"))
+                    .and_then(|n| n.trim().parse().ok())
+            }
+            Self::Etcd(_) => {
+                let endpoint = etcd_endpoints().into_iter().next()?;
+                let address = endpoint.trim_start_matches("http://").to_owned();
+                let metrics = tokio::task::spawn_blocking(move || http_get(&address, "/metrics"))
+                    .await
+                    .ok()??;
+                let total: f64 = metrics
+                    .lines()
+                    .filter(|l| l.starts_with("grpc_server_msg_received_total{"))
+                    .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                    .sum();
+                Some(total as u64)
+            }
+        }
+    }
+}
+
+fn http_get(address: &str, path: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(address).ok()?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).ok()?;
+    Some(answer)
+}
+
+/// CPU time of this process so far (user + system).
+pub fn cpu_time() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit_once(") ")
+        .map(|(_, rest)| rest.split(' ').collect())
+        .unwrap_or_default();
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the command name.
+    let ticks: u64 = [11, 12]
+        .iter()
+        .filter_map(|i| fields.get(*i)?.parse::<u64>().ok())
+        .sum();
+    Duration::from_millis(ticks * 10) // USER_HZ is 100 on Linux
+}
+
+/// A line of `/proc/self/status` in kB (`VmRSS`, `VmHWM`).
+pub fn memory_kb(field: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// The `percent`th percentile of sorted samples.
+pub fn percentile(sorted: &[Duration], percent: usize) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    sorted[(sorted.len() * percent / 100).min(sorted.len() - 1)]
+}
+
+pub fn ms(d: Duration) -> String {
+    format!("{:.1} ms", d.as_secs_f64() * 1e3)
+}
