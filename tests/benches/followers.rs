@@ -55,8 +55,9 @@ async fn main() {
             }
             // Let the followers settle into their rhythm.
             tokio::time::sleep(Duration::from_secs(2)).await;
-            let before: Vec<usize> = calls.iter().map(|c| c.calls().len()).collect();
+            // The server's count first: reading it takes a second on Postgres.
             let server_before = backend.server_requests().await;
+            let before: Vec<usize> = calls.iter().map(|c| c.calls().len()).collect();
             let started = Instant::now();
             tokio::time::sleep(window).await;
             let elapsed = started.elapsed().as_secs_f64();

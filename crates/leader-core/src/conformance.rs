@@ -377,8 +377,17 @@ pub async fn store_clock_acquisition(factory: &dyn LockFactory) {
         "the first acquisition must have a token >= 1"
     );
     match b.try_acquire(&record("b", 0)).await.expect("try_acquire") {
-        Some(Acquisition::Held(held)) => {
-            assert_eq!(held, first, "Held must return the stored record")
+        Some(Acquisition::Held {
+            observed,
+            expires_in,
+        }) => {
+            assert_eq!(observed, first, "Held must return the stored record");
+            if let Some(left) = expires_in {
+                assert!(
+                    left <= first.record.lease_duration && !left.is_zero(),
+                    "a lease just taken has between zero and its duration left, not {left:?}"
+                );
+            }
         }
         other => panic!("try_acquire of a held lease must report it held, got {other:?}"),
     }

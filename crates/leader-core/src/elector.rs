@@ -365,6 +365,10 @@ struct Runner {
     observed: Option<Observed>,
     /// When `observed`'s version was first seen, on this process's monotonic clock (S1, S2).
     observed_at: Instant,
+    /// When the holder's lease runs out by the store's clock, as its last `Held` answer said
+    /// (on this process's clock, counted from when that answer arrived). Only a wake-up time:
+    /// the store itself decides a store-clock acquisition.
+    store_expiry: Option<Instant>,
     reported_leader: Option<String>,
     /// In a mutex only to keep the runner `Sync`; it is reached through `&mut` and never locked.
     changes: Option<Mutex<ChangeStream>>,
@@ -387,6 +391,7 @@ impl Runner {
             health: elector.health,
             observed: None,
             observed_at: Instant::now(),
+            store_expiry: None,
             reported_leader: None,
             changes: None,
             watch_supported: true,
@@ -535,7 +540,9 @@ impl Runner {
         if let Some(observed) = &self.observed {
             let record = &observed.record;
             if !record.is_free() && record.holder_identity != self.identity() {
-                let expires = self.observed_at + record.lease_duration;
+                let expires = self
+                    .store_expiry
+                    .unwrap_or(self.observed_at + record.lease_duration);
                 // A hair past expiry, so the check that follows sees it expired.
                 let until =
                     expires.saturating_duration_since(Instant::now()) + Duration::from_millis(1);
@@ -558,6 +565,7 @@ impl Runner {
 
     /// One attempt of client-go's `tryAcquireOrRenew` for a candidate.
     async fn try_acquire(&mut self) -> Result<Attempt, LockError> {
+        self.store_expiry = None;
         if self.try_acquire_supported {
             let desired = self.desired(0, self.observed.as_ref().map(|o| &o.record));
             match self
@@ -568,8 +576,12 @@ impl Runner {
                     self.observe(observed.clone());
                     return Ok(Attempt::Acquired(observed));
                 }
-                Some(Acquisition::Held(observed)) => {
+                Some(Acquisition::Held {
+                    observed,
+                    expires_in,
+                }) => {
                     self.observe(observed);
+                    self.store_expiry = expires_in.map(|left| Instant::now() + left);
                     return Ok(Attempt::NotAcquired);
                 }
                 None => self.try_acquire_supported = false,

@@ -3,6 +3,7 @@
 use std::fmt;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use futures_core::Stream;
@@ -36,8 +37,15 @@ pub enum LeaderEvent {
 pub enum Acquisition {
     /// The lease was free, expired or ours, and is now ours as stored.
     Acquired(Observed),
-    /// Someone else holds an unexpired lease; this is the stored record.
-    Held(Observed),
+    /// Someone else holds an unexpired lease.
+    Held {
+        /// The stored record.
+        observed: Observed,
+        /// How long the holder's lease had left by the store's clock when the store answered,
+        /// if the store tells: followers wake right when it runs out instead of counting a
+        /// whole lease from when they noticed the holder's last renewal. `None`: unknown.
+        expires_in: Option<Duration>,
+    },
 }
 
 /// A lock record in some shared store, with compare-and-swap: client-go's `resourcelock.Interface`.

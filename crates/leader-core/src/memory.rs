@@ -235,10 +235,16 @@ impl ResourceLock for MemoryLock {
                     || record.holder_identity == desired.holder_identity
                     || expired)
                 {
-                    return Ok(Some(Acquisition::Held(Observed {
-                        record: record.clone(),
-                        version: Version::from(object.version),
-                    })));
+                    return Ok(Some(Acquisition::Held {
+                        observed: Observed {
+                            record: record.clone(),
+                            version: Version::from(object.version),
+                        },
+                        expires_in: Some(
+                            (object.written_at + record.lease_duration)
+                                .saturating_duration_since(Instant::now()),
+                        ),
+                    }));
                 }
                 record.leader_transitions
             }

@@ -534,6 +534,37 @@ async fn store_clock_backends_take_over_after_the_lease() {
     b.stop().await;
 }
 
+/// A store that reports the time left on a held lease wakes the follower right when it runs
+/// out by the store's clock, not a lease after the follower happened to notice the holder's last
+/// renewal (up to a retry period late).
+#[tokio::test(start_paused = true)]
+async fn a_follower_wakes_when_the_store_says_the_lease_runs_out() {
+    let store = MemoryStore::new();
+    let mut a = Running::start(
+        builder(store.lock("election", "a").with_store_clock(true)).release_on_cancel(false),
+    );
+    let first = a.leadership().await;
+    let acquired = Instant::now();
+    // The follower polls 1.9 s after each of the holder's renewals (every 2 s): it notices
+    // each renewal 1.9 s late.
+    sleep(Duration::from_millis(1900)).await;
+    let mut b = Running::start(builder(store.lock("election", "b").with_store_clock(true)));
+    // Crash the holder half a retry period after its renewal at 4 s.
+    sleep(Duration::from_millis(2600)).await;
+    a.task.abort();
+    first.lost().await;
+    drop(first);
+    let second = b.leadership().await;
+    let taken = Instant::now() - acquired;
+    let expiry = RETRY * 2 + LEASE;
+    assert!(
+        taken >= expiry && taken <= expiry + Duration::from_millis(50),
+        "taken over {taken:?} after the first acquisition; the lease ran out at {expiry:?}"
+    );
+    drop(second);
+    b.stop().await;
+}
+
 /// S6: a shutdown that cuts a renewal short, after the store applied it, still releases: the
 /// cached version is stale, so the release reads the record and, finding it still this term's,
 /// releases from the fresh version.

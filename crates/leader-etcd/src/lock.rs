@@ -538,7 +538,13 @@ impl ResourceLock for EtcdLock {
                     parse_version(&observed.version)?,
                 )
             }
-            Some(observed) => return Ok(Some(Acquisition::Held(observed.clone()))),
+            // etcd expires the key itself (its watch reports the deletion): no time to wait for.
+            Some(observed) => {
+                return Ok(Some(Acquisition::Held {
+                    observed: observed.clone(),
+                    expires_in: None,
+                }));
+            }
         };
         let mut record = desired.clone();
         record.leader_transitions = current

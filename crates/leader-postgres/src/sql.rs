@@ -206,11 +206,13 @@ impl Statements {
                  renew_time = EXCLUDED.renew_time, leader_transitions = l.leader_transitions + 1,
                  version = l.version + 1, expires_at = EXCLUDED.expires_at
                WHERE {takeover_guard}
-               RETURNING true AS acquired, {COLUMNS}
+               RETURNING true AS acquired, {COLUMNS}, NULL::bigint AS left_ms
              )
              SELECT * FROM acquired
              UNION ALL
-             SELECT false, {COLUMNS} FROM {t} WHERE name = $1 AND NOT EXISTS (SELECT 1 FROM acquired)"
+             SELECT false, {COLUMNS},
+               greatest(0, ceil(extract(epoch FROM expires_at - now()) * 1000))::bigint
+             FROM {t} WHERE name = $1 AND NOT EXISTS (SELECT 1 FROM acquired)"
         );
         let unlock_unless_holder = format!(
             "SELECT pg_advisory_unlock($1::bigint) WHERE {} \

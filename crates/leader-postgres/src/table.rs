@@ -172,7 +172,14 @@ impl Election {
         Ok(if acquired {
             Acquisition::Acquired(observed)
         } else {
-            Acquisition::Held(observed)
+            // What the lease has left by the server's clock (`expires_at - now()`).
+            let left_ms: Option<i64> = row.try_get(9).ok().flatten();
+            Acquisition::Held {
+                observed,
+                expires_in: left_ms
+                    .and_then(|ms| u64::try_from(ms).ok())
+                    .map(std::time::Duration::from_millis),
+            }
         })
     }
 }

@@ -348,8 +348,9 @@ impl ResourceLock for RedisLock {
         &self,
         desired: &LeaderElectionRecord,
     ) -> Result<Option<Acquisition>, LockError> {
-        let (acquired, version, transitions, holder, json): (bool, String, i64, String, String) =
-            self.run(
+        type Answer = (bool, String, i64, String, String, i64);
+        let (acquired, version, transitions, holder, json, left_ms): Answer = self
+            .run(
                 &scripts::TRY_ACQUIRE,
                 &[
                     &desired.to_json(),
@@ -363,7 +364,11 @@ impl ResourceLock for RedisLock {
         Ok(Some(if acquired {
             Acquisition::Acquired(observed)
         } else {
-            Acquisition::Held(observed)
+            Acquisition::Held {
+                observed,
+                // PTTL: -1 no expiry, -2 no key; neither tells a time to wait for.
+                expires_in: u64::try_from(left_ms).ok().map(Duration::from_millis),
+            }
         }))
     }
 }

@@ -115,7 +115,8 @@ return {version, transitions}
 
 /// `try_acquire`: ARGV record JSON, holder, lease ms, first version. Takes the lease when the
 /// hash is gone (expired on the server's clock), free, or held by `holder`.
-/// Returns `{1 acquired | 0 held, version, transitions, holder, record}`.
+/// Returns `{1 acquired | 0 held, version, transitions, holder, record, ms left on a held
+/// lease (PTTL, the server's clock)}`.
 pub(crate) static TRY_ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {
     script(
         r#"
@@ -129,10 +130,10 @@ elseif cur.holder == '' or cur.holder == ARGV[2] then
   version = next_version(cur.version)
   transitions = fence(KEYS[2], cur.transitions + 1)
 else
-  return {0, cur.version, cur.transitions, cur.holder, cur.record}
+  return {0, cur.version, cur.transitions, cur.holder, cur.record, redis.call('PTTL', KEYS[1])}
 end
 write(KEYS[1], version, ARGV[2], transitions, ARGV[1], ARGV[3])
-return {1, version, transitions, ARGV[2], ARGV[1]}
+return {1, version, transitions, ARGV[2], ARGV[1], -1}
 "#,
     )
 });
