@@ -34,3 +34,44 @@ pub fn log_term_event(event: &str) {
         let _ = file.write_all(line.as_bytes());
     }
 }
+
+/// One line of a `JOB_LOG`, as [`log_term_event`] writes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TermEvent {
+    /// `start` (true) or `stop`.
+    pub start: bool,
+    /// The COMMAND's `LEADER_IDENTITY`.
+    pub identity: String,
+    /// Its `LEADER_FENCING_TOKEN`.
+    pub token: u64,
+    /// [`now_ns`] when it was written.
+    pub at: i128,
+    /// The COMMAND's process id.
+    pub pid: Option<i32>,
+}
+
+/// Every complete line of the `JOB_LOG` at `path`, in order (none if it does not exist yet).
+#[must_use]
+pub fn term_events(path: &std::path::Path) -> Vec<TermEvent> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| {
+            let parts: Vec<&str> = line.split(' ').collect();
+            Some(TermEvent {
+                start: *parts.first()? == "start",
+                identity: (*parts.get(1)?).to_owned(),
+                token: parts.get(2)?.parse().ok()?,
+                at: parts.get(3)?.parse().ok()?,
+                pid: parts.get(4).and_then(|p| p.parse().ok()),
+            })
+        })
+        .collect()
+}
+
+/// The Postgres of `DATABASE_URL` (default: loopback), where the fenced sink lives.
+#[must_use]
+pub fn database_url() -> String {
+    std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres:postgres@127.0.0.1:5432/postgres".into())
+}

@@ -14,16 +14,9 @@
 use std::path::PathBuf;
 use std::sync::Mutex;
 
+use leader_core::conformance::in_ci;
+use leader_tests::database_url;
 use leader_tests::harness::campaign::{self, Backend, Fault, Programs, Report, Settings};
-
-fn database_url() -> String {
-    std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres:postgres@127.0.0.1:5432/postgres".into())
-}
-
-fn in_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0")
-}
 
 fn rounds() -> usize {
     std::env::var("FAULT_ROUNDS")

@@ -7,8 +7,9 @@ use std::path::Path;
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
+use leader_core::conformance::in_ci;
+use leader_tests::{TermEvent as Event, now_ns as now, term_events as events};
 use nix::sys::signal::{Signal, kill};
-use nix::time::{ClockId, clock_gettime};
 use nix::unistd::Pid;
 use tokio::process::{Child, Command};
 use tokio::time::{sleep, timeout};
@@ -18,16 +19,6 @@ const JOB: &str = env!("CARGO_BIN_EXE_job");
 const LEASE: Duration = Duration::from_secs(4);
 const RENEW: Duration = Duration::from_secs(3);
 const RETRY: Duration = Duration::from_secs(1);
-
-fn now() -> i128 {
-    clock_gettime(ClockId::CLOCK_MONOTONIC)
-        .map(|t| i128::from(t.tv_sec()) * 1_000_000_000 + i128::from(t.tv_nsec()))
-        .expect("CLOCK_MONOTONIC")
-}
-
-fn in_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0")
-}
 
 fn leader(lock: &str, name: &str, identity: &str, log: &Path) -> Child {
     let ms = |d: Duration| format!("{}ms", d.as_millis());
@@ -59,30 +50,6 @@ fn leader(lock: &str, name: &str, identity: &str, log: &Path) -> Child {
         .kill_on_drop(true)
         .spawn()
         .expect("spawn leader")
-}
-
-#[derive(Clone, Debug, PartialEq)]
-struct Event {
-    start: bool,
-    identity: String,
-    token: u64,
-    at: i128,
-}
-
-fn events(log: &Path) -> Vec<Event> {
-    std::fs::read_to_string(log)
-        .unwrap_or_default()
-        .lines()
-        .map(|line| {
-            let parts: Vec<&str> = line.split(' ').collect();
-            Event {
-                start: parts[0] == "start",
-                identity: parts[1].to_owned(),
-                token: parts[2].parse().expect("token"),
-                at: parts[3].parse().expect("time"),
-            }
-        })
-        .collect()
 }
 
 /// Waits until the log holds `n` starts; returns the last one.

@@ -63,6 +63,14 @@ pub fn renewed(record: &LeaderElectionRecord) -> LeaderElectionRecord {
     }
 }
 
+/// The `percent`th percentile of sorted samples (zero for none).
+pub fn percentile(sorted: &[Duration], percent: usize) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    sorted[(sorted.len() * percent / 100).min(sorted.len() - 1)]
+}
+
 /// Prints a Markdown table of latencies: mean, p50, p99 and both ratios to the row at
 /// `reference`, whose label names the column.
 pub fn print_latencies(heading: &str, reference: usize, rows: &mut [(&str, Vec<Duration>)]) {
@@ -72,7 +80,7 @@ pub fn print_latencies(heading: &str, reference: usize, rows: &mut [(&str, Vec<D
     let mean = |s: &[Duration]| {
         s.iter().sum::<Duration>() / u32::try_from(s.len()).unwrap_or(u32::MAX).max(1)
     };
-    let at = |s: &[Duration], percent: usize| s[(s.len() * percent / 100).min(s.len() - 1)];
+    let at = percentile;
     let us = |d: Duration| format!("{:.0} µs", d.as_secs_f64() * 1e6);
     let (name, base) = (rows[reference].0, &rows[reference].1);
     let (base_mean, base_p50) = (mean(base), at(base, 50));

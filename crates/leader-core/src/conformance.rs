@@ -38,6 +38,12 @@ pub trait LockFactory: Send + Sync {
     async fn corrupt(&self, name: &str);
 }
 
+/// Whether this runs under CI (`CI` set to anything but empty, `false` or `0`), where a missing
+/// server is a failure instead of a reason to skip.
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0")
+}
+
 /// Runs every check of the suite, one after the other.
 pub async fn run_all(factory: &dyn LockFactory) {
     absent_object(factory).await;

@@ -12,10 +12,7 @@ use leader_etcd::EtcdStore;
 use leader_postgres::PostgresStore;
 use leader_redis::RedisStore;
 
-pub fn database_url() -> String {
-    std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres:postgres@127.0.0.1:5432/postgres".into())
-}
+pub use leader_tests::database_url;
 
 pub fn redis_url() -> String {
     std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())

@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -21,7 +21,7 @@ use tokio::time::sleep;
 
 use super::proxy::{Mode, Proxy};
 use super::servers::{PrivateServer, ServerError, ServerKind};
-use crate::now_ns;
+use crate::{TermEvent as Event, now_ns, term_events as events};
 
 /// The backend the replicas elect on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -263,46 +263,42 @@ impl Report {
     }
 }
 
-/// One line of the COMMANDs' log.
-#[derive(Clone, Debug)]
-struct Event {
-    start: bool,
-    identity: String,
-    token: u64,
-    at: i128,
-    pid: Option<i32>,
-}
-
-fn events(log: &Path) -> Vec<Event> {
-    std::fs::read_to_string(log)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|line| {
-            let parts: Vec<&str> = line.split(' ').collect();
-            Some(Event {
-                start: *parts.first()? == "start",
-                identity: (*parts.get(1)?).to_owned(),
-                token: parts.get(2)?.parse().ok()?,
-                at: parts.get(3)?.parse().ok()?,
-                pid: parts.get(4).and_then(|p| p.parse().ok()),
-            })
-        })
-        .collect()
+/// The state letter of `/proc/PID/stat` (R, S, T, Z, ...); `None` once the process is gone.
+fn process_state(pid: i32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(") ")?.1.chars().next()
 }
 
 /// Gone, or a zombie nobody reaped yet: it runs no more code either way.
 fn process_gone(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
-        stat.rsplit_once(") ")
-            .is_some_and(|(_, rest)| rest.starts_with('Z') || rest.starts_with('X'))
-    })
+    matches!(process_state(pid), None | Some('Z' | 'X'))
 }
 
 fn process_stopped(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-        stat.rsplit_once(") ")
-            .is_some_and(|(_, rest)| rest.starts_with('T'))
+    process_state(pid) == Some('T')
+}
+
+/// Calls `check` every `every` until it returns something; `None` after `within`.
+async fn poll<T>(
+    within: Duration,
+    every: Duration,
+    mut check: impl FnMut() -> Option<T>,
+) -> Option<T> {
+    tokio::time::timeout(within, async {
+        loop {
+            if let Some(found) = check() {
+                return found;
+            }
+            sleep(every).await;
+        }
     })
+    .await
+    .ok()
+}
+
+/// From `earlier` to `later` (both [`now_ns`]), zero if `later` is not later.
+fn between(earlier: i128, later: i128) -> Duration {
+    Duration::from_nanos(u64::try_from(later - earlier).unwrap_or(0))
 }
 
 /// The process group `leader` runs COMMAND in: its supervisor's, its only child.
@@ -352,9 +348,9 @@ struct Run<'a> {
     incarnations: Vec<usize>,
     /// identity -> when the harness saw its COMMAND gone after a SIGKILL.
     killed: BTreeMap<String, i128>,
-    /// (identity, token) of a frozen term -> (frozen at, `leader` resumed at). A resumed
-    /// replica may lead again later, in a term of its own.
-    frozen: BTreeMap<(String, u64), (i128, i128)>,
+    /// (identity, token) of a frozen term -> when it was frozen. A resumed replica may lead
+    /// again later, in a term of its own.
+    frozen: BTreeMap<(String, u64), i128>,
     recoveries: Vec<(Fault, Option<Duration>)>,
     resumed_stops: Vec<Duration>,
     violations: Vec<String>,
@@ -422,35 +418,27 @@ impl Run<'_> {
 
     /// Waits for a leader that has led for `settled` (so it has renewed and written).
     async fn settled_leader(&self, within: Duration) -> Option<(usize, Event)> {
-        let settled =
-            i128::from(u32::try_from(self.settings.lease.as_millis()).unwrap_or(0)) * 1_000_000 / 2;
-        let deadline = now_ns() + i128::try_from(within.as_nanos()).unwrap_or(i128::MAX);
-        while now_ns() < deadline {
-            if let Some(event) = self.current()
-                && now_ns() - event.at >= settled
-                && let Some(slot) = self
-                    .replicas
-                    .iter()
-                    .position(|r| r.identity == event.identity)
-            {
-                return Some((slot, event));
-            }
-            sleep(Duration::from_millis(20)).await;
-        }
-        None
+        let settled = self.settings.lease / 2;
+        poll(within, Duration::from_millis(20), || {
+            let event = self.current()?;
+            let slot = self
+                .replicas
+                .iter()
+                .position(|r| r.identity == event.identity)?;
+            (between(event.at, now_ns()) >= settled).then_some((slot, event))
+        })
+        .await
     }
 
     /// Waits for a COMMAND start after `since`; the time from `from` to it.
     async fn next_start(&self, since: i128, from: i128, within: Duration) -> Option<Duration> {
-        let deadline = now_ns() + i128::try_from(within.as_nanos()).unwrap_or(i128::MAX);
-        while now_ns() < deadline {
-            if let Some(start) = events(&self.log).iter().find(|e| e.start && e.at > since) {
-                let nanos = u64::try_from((start.at - from).max(0)).unwrap_or(0);
-                return Some(Duration::from_nanos(nanos));
-            }
-            sleep(Duration::from_millis(5)).await;
-        }
-        None
+        poll(within, Duration::from_millis(5), || {
+            let start = events(&self.log)
+                .into_iter()
+                .find(|e| e.start && e.at > since)?;
+            Some(between(from, start.at))
+        })
+        .await
     }
 
     async fn inject(&mut self, fault: Fault) -> Result<(), HarnessError> {
@@ -472,15 +460,10 @@ impl Run<'_> {
             Fault::Kill => {
                 let _ = kill(leader_pid, Signal::SIGKILL);
                 let _ = self.replicas[slot].child.wait().await;
-                let gone = async {
-                    while !term.pid.is_none_or(process_gone) {
-                        sleep(Duration::from_millis(1)).await;
-                    }
-                };
-                if tokio::time::timeout(Duration::from_secs(5), gone)
-                    .await
-                    .is_err()
-                {
+                let gone = poll(Duration::from_secs(5), Duration::from_millis(1), || {
+                    term.pid.is_none_or(process_gone).then_some(())
+                });
+                if gone.await.is_none() {
                     self.violations.push(format!(
                         "{}'s COMMAND outlived its SIGKILLed leader by 5 s",
                         term.identity
@@ -493,22 +476,16 @@ impl Run<'_> {
                     let _ = killpg(group, Signal::SIGSTOP);
                 }
                 let _ = kill(leader_pid, Signal::SIGSTOP);
-                let stopped = async {
-                    while !(process_stopped(leader_pid.as_raw())
-                        && term.pid.is_none_or(process_stopped))
-                    {
-                        sleep(Duration::from_millis(1)).await;
-                    }
-                };
-                if tokio::time::timeout(Duration::from_secs(5), stopped)
-                    .await
-                    .is_err()
-                {
+                let stopped = poll(Duration::from_secs(5), Duration::from_millis(1), || {
+                    (process_stopped(leader_pid.as_raw()) && term.pid.is_none_or(process_stopped))
+                        .then_some(())
+                });
+                if stopped.await.is_none() {
                     self.violations
                         .push(format!("{} could not be frozen", term.identity));
                 }
                 self.frozen
-                    .insert((term.identity.clone(), term.token), (now_ns(), 0));
+                    .insert((term.identity.clone(), term.token), now_ns());
             }
             Fault::Cut => self.proxies[slot].set(Mode::Cut),
             Fault::Latency => self.proxies[slot].set(Mode::Delay(self.settings.renew * 2)),
@@ -557,24 +534,15 @@ impl Run<'_> {
                 sleep(Duration::from_millis(200)).await;
                 let resumed = now_ns();
                 let _ = kill(leader_pid, Signal::SIGCONT);
-                if let Some(entry) = self.frozen.get_mut(&(term.identity.clone(), term.token)) {
-                    entry.1 = resumed;
-                }
-                let stopped = async {
-                    loop {
-                        if let Some(stop) = events(&self.log).iter().find(|e| {
-                            !e.start && e.identity == term.identity && e.token == term.token
-                        }) {
-                            return stop.at;
-                        }
-                        sleep(Duration::from_millis(2)).await;
-                    }
-                };
-                match tokio::time::timeout(Duration::from_secs(5), stopped).await {
-                    Ok(at) => self.resumed_stops.push(Duration::from_nanos(
-                        u64::try_from((at - resumed).max(0)).unwrap_or(0),
-                    )),
-                    Err(_) => self.violations.push(format!(
+                let stopped = poll(Duration::from_secs(5), Duration::from_millis(2), || {
+                    events(&self.log)
+                        .into_iter()
+                        .find(|e| !e.start && e.identity == term.identity && e.token == term.token)
+                        .map(|stop| stop.at)
+                });
+                match stopped.await {
+                    Some(at) => self.resumed_stops.push(between(resumed, at)),
+                    None => self.violations.push(format!(
                         "{} was resumed and its COMMAND still ran 5 s later",
                         term.identity
                     )),
@@ -619,7 +587,7 @@ impl Run<'_> {
                 let end = self
                     .frozen
                     .get(&(e.identity.clone(), e.token))
-                    .map(|(at, _)| *at)
+                    .copied()
                     .or_else(|| self.killed.get(&e.identity).copied())
                     .or(stop);
                 Term {

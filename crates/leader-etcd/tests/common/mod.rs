@@ -19,9 +19,7 @@ pub fn endpoints() -> Vec<String> {
         .collect()
 }
 
-pub fn in_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0")
-}
+pub use leader_core::conformance::in_ci;
 
 /// A store on the test cluster; `None` (outside CI) without one.
 pub async fn store() -> Option<EtcdStore> {

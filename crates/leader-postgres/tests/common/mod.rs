@@ -15,9 +15,7 @@ pub fn database_url() -> String {
     std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_URL.to_owned())
 }
 
-pub fn in_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0")
-}
+pub use leader_core::conformance::in_ci;
 
 /// A raw client for setting up and breaking things.
 pub async fn admin() -> Option<tokio_postgres::Client> {

@@ -13,9 +13,7 @@ pub fn redis_url() -> String {
     std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
 }
 
-pub fn in_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0")
-}
+pub use leader_core::conformance::in_ci;
 
 /// A raw connection for setting up and breaking things; `None` (outside CI) without a server.
 pub async fn admin() -> Option<MultiplexedConnection> {
