@@ -54,6 +54,7 @@ pub async fn run_all(factory: &dyn LockFactory) {
     concurrent_creates_have_one_winner(factory).await;
     concurrent_updates_have_one_winner(factory).await;
     invalid_record_is_reported_and_kept(factory).await;
+    odd_records_do_not_block_the_election(factory).await;
     identity_and_describe(factory).await;
     change_notifications(factory).await;
     store_clock_acquisition(factory).await;
@@ -330,6 +331,43 @@ pub async fn invalid_record_is_reported_and_kept(factory: &dyn LockFactory) {
         matches!(err, LockError::InvalidRecord { .. }),
         "after writes: {err:?}"
     );
+}
+
+/// S8: a record that decodes but carries odd values another client may write (a zero lease
+/// duration, a renewal before the acquisition, as from a holder whose clock stepped back) is
+/// read as it is, and an elector takes it over once its lease has run out.
+pub async fn odd_records_do_not_block_the_election(factory: &dyn LockFactory) {
+    let stepped_back = {
+        let mut r = record("gone", 4);
+        r.lease_duration = Duration::from_secs(1);
+        r.renew_time = r.acquire_time - chrono::Duration::days(1);
+        r
+    };
+    let zero = {
+        let mut r = record("gone", 4);
+        r.lease_duration = Duration::ZERO;
+        r
+    };
+    for (what, odd) in [
+        ("renewal before acquisition", stepped_back),
+        ("zero lease", zero),
+    ] {
+        let name = unique("odd");
+        let writer = factory.lock(&name, "gone").await;
+        let stored = writer.create(&odd).await.expect("create an odd record");
+        // A store may already have expired a zero lease.
+        if let Some(read) = get(what, &*writer).await {
+            assert_eq!(read, stored, "{what}: must read as stored");
+        }
+        let mut candidate = Candidate::start(factory.lock(&name, "next").await);
+        let token = candidate.wait_leading(LEASE * 3).await;
+        assert!(
+            token > stored.record.leader_transitions,
+            "{what}: fencing token {token} after {}",
+            stored.record.leader_transitions
+        );
+        candidate.stop().await;
+    }
 }
 
 /// `identity` is the one given and `describe` names the lock.

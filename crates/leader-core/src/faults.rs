@@ -48,6 +48,19 @@ impl Fault {
     }
 }
 
+/// How the wrapper's change notifications misbehave.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ChangeFault {
+    /// The wrapped lock's own notifications.
+    #[default]
+    None,
+    /// A notification every interval, forever, whatever the record does.
+    Flood(Duration),
+    /// Every subscription ends at once.
+    EndAtOnce,
+}
+
 /// One request as the wrapper saw it, on tokio's clock.
 #[derive(Clone, Debug)]
 pub struct Call {
@@ -70,6 +83,8 @@ struct State {
     fail_all: Option<Fault>,
     fail_next: VecDeque<Fault>,
     calls: Vec<Call>,
+    changes: ChangeFault,
+    watches: usize,
 }
 
 /// The handle that changes a [`FaultyLock`]'s faults.
@@ -109,6 +124,12 @@ impl Faults {
         self.hang.send_replace(hang);
     }
 
+    /// Makes new subscriptions to change notifications misbehave (or behave, with
+    /// [`ChangeFault::None`]).
+    pub fn changes(&self, fault: ChangeFault) {
+        self.state().changes = fault;
+    }
+
     /// Removes every fault.
     pub fn clear(&self) {
         self.hang(false);
@@ -117,6 +138,14 @@ impl Faults {
         state.response_delay = Duration::ZERO;
         state.fail_all = None;
         state.fail_next.clear();
+        state.changes = ChangeFault::None;
+    }
+
+    /// How many times a subscription to change notifications was asked for. Subscriptions hang
+    /// with [`hang`](Self::hang) and fail with [`fail_all`](Self::fail_all), but are not in
+    /// [`calls`](Self::calls), which lists requests on the record.
+    pub fn watches(&self) -> usize {
+        self.state().watches
     }
 
     /// Every request so far.
@@ -221,7 +250,27 @@ impl<L: ResourceLock> ResourceLock for FaultyLock<L> {
     }
 
     async fn watch(&self) -> Result<Option<ChangeStream>, LockError> {
-        self.inner.watch().await
+        self.faults.state().watches += 1;
+        let mut hang = self.faults.hang.subscribe();
+        let _ = hang.wait_for(|hung| !hung).await;
+        let (fault, changes) = {
+            let state = self.faults.state();
+            (state.fail_all, state.changes)
+        };
+        if let Some(fault) = fault {
+            return Err(fault.error("watch"));
+        }
+        match changes {
+            ChangeFault::None => self.inner.watch().await,
+            ChangeFault::Flood(every) => Ok(Some(Box::pin(futures_util::stream::unfold(
+                (),
+                move |()| async move {
+                    tokio::time::sleep(every).await;
+                    Some(((), ()))
+                },
+            )))),
+            ChangeFault::EndAtOnce => Ok(Some(Box::pin(futures_util::stream::empty()))),
+        }
     }
 
     async fn try_acquire(

@@ -170,9 +170,6 @@ fn read(path: &Path) -> Result<Option<Stored>, LockError> {
             format!("{}: not a lock record file: {err}", path.display()),
         )
     })?;
-    stored.record.validate().map_err(|reason| {
-        LockError::invalid_record(BACKEND, format!("{}: {reason}", path.display()))
-    })?;
     Ok(Some(stored))
 }
 

@@ -13,6 +13,8 @@ mod memory;
 pub mod metrics;
 mod record;
 mod redact;
+mod retry;
+mod runner;
 
 #[cfg(feature = "testing")]
 pub mod bench;

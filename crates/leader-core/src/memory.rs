@@ -95,6 +95,7 @@ impl MemoryStore {
             name: name.into(),
             identity: identity.into(),
             store_clock: false,
+            notifications: true,
         }
     }
 
@@ -135,6 +136,7 @@ pub struct MemoryLock {
     name: String,
     identity: String,
     store_clock: bool,
+    notifications: bool,
 }
 
 impl MemoryLock {
@@ -148,6 +150,14 @@ impl MemoryLock {
     #[must_use]
     pub fn with_store_clock(mut self, enabled: bool) -> Self {
         self.store_clock = enabled;
+        self
+    }
+
+    /// Turns change notifications ([`watch`](ResourceLock::watch)) off or on, to test a
+    /// backend without them. On by default.
+    #[must_use]
+    pub fn with_watch(mut self, enabled: bool) -> Self {
+        self.notifications = enabled;
         self
     }
 
@@ -206,6 +216,9 @@ impl ResourceLock for MemoryLock {
     }
 
     async fn watch(&self) -> Result<Option<ChangeStream>, LockError> {
+        if !self.notifications {
+            return Ok(None);
+        }
         let rx = self
             .store
             .objects()

@@ -48,42 +48,22 @@ impl LeaderElectionRecord {
         !self.is_free() && self.holder_identity == identity
     }
 
-    /// Checks the invariants a stored record must keep: a positive lease duration and an
-    /// acquisition that is not after the last renewal.
-    pub fn validate(&self) -> Result<(), String> {
-        if !self.is_free() && self.lease_duration.is_zero() {
-            return Err(format!(
-                "holder {:?} has a zero lease duration",
-                self.holder_identity
-            ));
-        }
-        if self.renew_time < self.acquire_time {
-            return Err(format!(
-                "renew time {} is before acquire time {}",
-                self.renew_time, self.acquire_time
-            ));
-        }
-        Ok(())
-    }
-
     /// Encodes the record as the JSON that the file, Redis and etcd locks store.
     pub fn to_json(&self) -> Vec<u8> {
         // Serialising plain strings, integers and timestamps cannot fail.
         serde_json::to_vec(self).unwrap_or_default()
     }
 
-    /// Decodes and validates a record stored by [`to_json`](Self::to_json).
+    /// Decodes a record stored by [`to_json`](Self::to_json).
     ///
-    /// Anything else, including JSON with missing, extra or out-of-range fields, is
-    /// [`LockError::InvalidRecord`]: a record that cannot be read is never overwritten (S8).
+    /// JSON with missing, extra or out-of-range fields is [`LockError::InvalidRecord`]: a record
+    /// that cannot be read is never overwritten (S8). Odd values that decode are read as they are
+    /// (S8): a zero lease duration is a lease that has run out, and the times, which are only
+    /// informational, may be in any order.
     pub fn from_json(backend: &'static str, bytes: &[u8]) -> Result<Self, LockError> {
-        let record: Self = serde_json::from_slice(bytes).map_err(|err| {
+        serde_json::from_slice(bytes).map_err(|err| {
             LockError::invalid_record(backend, format!("not a leader election record: {err}"))
-        })?;
-        record
-            .validate()
-            .map_err(|reason| LockError::invalid_record(backend, reason))?;
-        Ok(record)
+        })
     }
 }
 
@@ -185,11 +165,24 @@ mod tests {
             b"{}",
             b"[1,2]",
             br#"{"holderIdentity":"a","leaseDurationMillis":-1,"acquireTime":"2024-01-01T00:00:00Z","renewTime":"2024-01-01T00:00:00Z","leaderTransitions":0}"#,
-            br#"{"holderIdentity":"a","leaseDurationMillis":0,"acquireTime":"2024-01-01T00:00:00Z","renewTime":"2024-01-01T00:00:00Z","leaderTransitions":0}"#,
-            br#"{"holderIdentity":"a","leaseDurationMillis":5,"acquireTime":"2024-01-02T00:00:00Z","renewTime":"2024-01-01T00:00:00Z","leaderTransitions":0}"#,
+            br#"{"holderIdentity":"a","leaseDurationMillis":5,"acquireTime":"yesterday","renewTime":"2024-01-01T00:00:00Z","leaderTransitions":0}"#,
+            br#"{"holderIdentity":"a","leaseDurationMillis":5,"acquireTime":"2024-01-01T00:00:00Z","renewTime":"2024-01-01T00:00:00Z","leaderTransitions":-2}"#,
         ] {
             let err = LeaderElectionRecord::from_json("test", bad).expect_err("must reject");
             assert!(matches!(err, LockError::InvalidRecord { .. }), "{err}");
+        }
+    }
+
+    /// S8: values another client may write (a holder whose clock stepped back, a zero
+    /// duration) are read as they are, so the election goes on after the lease.
+    #[test]
+    fn odd_values_that_decode_are_read_as_written() {
+        for odd in [
+            br#"{"holderIdentity":"a","leaseDurationMillis":0,"acquireTime":"2024-01-01T00:00:00Z","renewTime":"2024-01-01T00:00:00Z","leaderTransitions":0}"#,
+            br#"{"holderIdentity":"a","leaseDurationMillis":5,"acquireTime":"2024-01-02T00:00:00Z","renewTime":"2024-01-01T00:00:00Z","leaderTransitions":0}"#,
+        ] {
+            let record = LeaderElectionRecord::from_json("test", odd).expect("decodes");
+            assert_eq!(record.holder_identity, "a");
         }
     }
 }

@@ -213,7 +213,6 @@ fn record_of(context: &str, lease: &Lease) -> Result<Observed, LockError> {
         strategy: spec.strategy,
         preferred_holder: spec.preferred_holder,
     };
-    record.validate().map_err(bad)?;
     let version = lease
         .metadata
         .resource_version

@@ -282,7 +282,6 @@ pub(crate) fn decode(row: &Row, at: usize, context: &str) -> Result<Observed, Lo
         strategy: row.try_get(at + 5).map_err(|e| column(at + 5, e))?,
         preferred_holder: row.try_get(at + 6).map_err(|e| column(at + 6, e))?,
     };
-    record.validate().map_err(bad)?;
     let version: i64 = row.try_get(at + 7).map_err(|e| column(at + 7, e))?;
     Ok(Observed {
         record,
