@@ -6,7 +6,7 @@
 //! ```
 //!
 //! The demo starts three copies of itself as candidates (`demo candidate ID PATH`), each with its
-//! own `FileLock` on one file, and reads what they print.
+//! own `FileLock` on one lock directory, and reads what they print.
 
 use std::error::Error;
 use std::path::PathBuf;
@@ -71,12 +71,12 @@ struct Event {
 /// Starts the three candidates and tells the story.
 async fn narrate() -> Result<(), Box<dyn Error>> {
     let dir = tempfile_dir()?;
-    let path = dir.join("demo.lock.json");
+    let path = dir.join("demo.lock");
     let exe = std::env::current_exe()?;
     let (tx, mut events) = mpsc::unbounded_channel();
     let mut children: Vec<Option<Child>> = Vec::new();
     let began = Instant::now();
-    println!("lock file: {}", path.display());
+    println!("lock directory: {}", path.display());
     println!("timings: lease {LEASE:?}, renew deadline {RENEW:?}, retry {RETRY:?}\n");
     for (who, name) in NAMES.iter().enumerate() {
         let mut child = Command::new(&exe)
@@ -126,11 +126,12 @@ async fn narrate() -> Result<(), Box<dyn Error>> {
     );
     child.wait().await?;
 
-    // 2. A crash: no release, so the others wait out the lease.
+    // 2. A crash: no release, but the kernel drops the dead leader's term lock, so the others
+    //    take over at once. (A frozen leader keeps it: then they wait out the lease.)
     tokio::time::sleep(Duration::from_secs(1)).await;
     let killed_at = Instant::now();
     println!(
-        "{:>7.3}s  killing {} with SIGKILL (no release: the lease must expire)",
+        "{:>7.3}s  killing {} with SIGKILL (no release, but its term lock dies with it)",
         (killed_at - began).as_secs_f64(),
         NAMES[next]
     );
@@ -138,7 +139,7 @@ async fn narrate() -> Result<(), Box<dyn Error>> {
     child.kill().await?;
     let (last, last_token, at) = next_leader(&mut events, Some(next)).await?;
     println!(
-        "{:>7.3}s  {} leads, fencing token {last_token}: failover took {} ms after the kill (the {} ms lease runs from the last renewal)",
+        "{:>7.3}s  {} leads, fencing token {last_token}: failover took {} ms after the kill (without the term lock it would wait out the {} ms lease)",
         (at - began).as_secs_f64(),
         NAMES[last],
         (at - killed_at).as_millis(),

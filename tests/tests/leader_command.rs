@@ -176,11 +176,7 @@ async fn handovers(lock: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn file_lock_one_job_at_a_time_and_handovers() {
     let dir = tempfile::tempdir().expect("tempdir");
-    handovers(&format!(
-        "file://{}",
-        dir.path().join("lock.json").display()
-    ))
-    .await;
+    handovers(&format!("file://{}", dir.path().join("lock").display())).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -244,7 +240,7 @@ async fn run_to_end(args: &[&str], env: &[(&str, &str)]) -> ExitStatus {
 #[tokio::test]
 async fn the_exit_code_of_command_is_passed_through() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let lock = format!("file://{}", dir.path().join("lock.json").display());
+    let lock = format!("file://{}", dir.path().join("lock").display());
     let status = run_to_end(
         &["run", "--lock", &lock, "--name", "exit", "--", JOB],
         &[("JOB_EXIT", "7")],
@@ -267,7 +263,7 @@ async fn the_exit_code_of_command_is_passed_through() {
 #[tokio::test]
 async fn bad_flags_give_their_exit_codes() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let lock = format!("file://{}", dir.path().join("lock.json").display());
+    let lock = format!("file://{}", dir.path().join("lock").display());
     for (args, code) in [
         (vec!["run", "--name", "x"], 2),
         (
@@ -347,7 +343,7 @@ async fn bad_flags_give_their_exit_codes() {
 #[tokio::test]
 async fn once_exits_with_75_when_leadership_is_lost() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("lock.json");
+    let path = dir.path().join("lock");
     let log = dir.path().join("jobs.log");
     let lock = format!("file://{}", path.display());
     let mut child = Command::new(LEADER)
@@ -416,7 +412,7 @@ async fn http_get(addr: &str, path: &str) -> String {
 async fn metrics_and_health_are_served() {
     let dir = tempfile::tempdir().expect("tempdir");
     let log = dir.path().join("jobs.log");
-    let lock = format!("file://{}", dir.path().join("lock.json").display());
+    let lock = format!("file://{}", dir.path().join("lock").display());
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .expect("free port")
         .local_addr()

@@ -1,7 +1,9 @@
 //! The supervised COMMAND: started in its own process group while leading, stopped with SIGTERM
 //! then SIGKILL when leadership ends, and never left behind when `leader` itself dies.
 
+use std::fs::File;
 use std::io;
+use std::os::fd::{AsRawFd, RawFd};
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
@@ -28,7 +30,11 @@ impl Program {
     ///
     /// This runtime has one thread, which lives as long as the process: `PR_SET_PDEATHSIG` fires
     /// when the *thread* that spawned the child exits.
-    pub(crate) fn spawn(&self, fencing_token: u64) -> io::Result<Child> {
+    ///
+    /// `term_lock` (a file lock's [`FileLock::term_lock`](leader_core::FileLock::term_lock)) is
+    /// inherited by the supervisor and COMMAND, so followers see this term alive until every
+    /// process of it is gone, not only `leader`.
+    pub(crate) fn spawn(&self, fencing_token: u64, term_lock: Option<File>) -> io::Result<Child> {
         let mut command = Command::new(std::env::current_exe()?);
         command
             .arg(SUPERVISE)
@@ -41,6 +47,10 @@ impl Program {
             .process_group(0)
             .kill_on_drop(true);
         set_parent_death_signal(&mut command);
+        if let Some(file) = &term_lock {
+            inherit(&mut command, file.as_raw_fd());
+        }
+        // The parent's handle closes here; the child's copy keeps the lock.
         command.spawn()
     }
 }
@@ -128,6 +138,23 @@ fn set_parent_death_signal(command: &mut Command) {
 
 #[cfg(not(target_os = "linux"))]
 fn set_parent_death_signal(_command: &mut Command) {}
+
+/// Lets the child, and what it executes, keep the open file `fd` (clears close-on-exec in it).
+#[allow(unsafe_code)]
+fn inherit(command: &mut Command, fd: RawFd) {
+    use nix::fcntl::{F_SETFD, FdFlag, fcntl};
+    use std::os::fd::BorrowedFd;
+    // SAFETY: the closure runs in the child between fork and exec and makes one
+    // async-signal-safe system call (fcntl) on a descriptor the parent keeps open until the
+    // spawn returns; it allocates nothing and takes no lock.
+    unsafe {
+        command.pre_exec(move || {
+            let fd = BorrowedFd::borrow_raw(fd);
+            fcntl(fd, F_SETFD(FdFlag::empty())).map_err(io::Error::from)?;
+            Ok(())
+        });
+    }
+}
 
 /// Stops the child's whole process group: SIGTERM, then SIGKILL after `grace`; returns once the
 /// child has been reaped.

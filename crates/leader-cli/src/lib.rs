@@ -11,7 +11,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use leader_core::{CancellationToken, LeaderElector, LockError, ResourceLock, StepDownReason};
+use leader_core::{
+    CancellationToken, FileLock, LeaderElector, LockError, ResourceLock, StepDownReason,
+};
 
 use crate::child::Program;
 use crate::lock_url::LockSpec;
@@ -182,15 +184,15 @@ async fn open_lock(
     args: &LockArgs,
     identity: &str,
     timeout: Duration,
-) -> Result<Box<dyn ResourceLock>, u8> {
+) -> Result<(Box<dyn ResourceLock>, Option<FileLock>), u8> {
     let spec = LockSpec::parse(args.lock.as_deref(), &args.name)
         .map_err(|err| fail(exit::BAD_LOCK, err))?;
-    let lock = spec
+    let (lock, file) = spec
         .open(&args.name, identity)
         .await
         .map_err(|err| fail(code_for(&err), err))?;
     match tokio::time::timeout(timeout, lock.get()).await {
-        Ok(Ok(_)) => Ok(lock),
+        Ok(Ok(_)) => Ok((lock, file)),
         Ok(Err(err)) => Err(fail(code_for(&err), err)),
         Err(_) => Err(fail(
             exit::UNREACHABLE,
@@ -251,8 +253,8 @@ async fn run(args: RunArgs) -> u8 {
         Some(grace) => grace,
         None => DEFAULT_GRACE.min(max_grace),
     };
-    let lock = match open_lock(&args.lock, &identity, args.renew_deadline / 2).await {
-        Ok(lock) => lock,
+    let (lock, file_lock) = match open_lock(&args.lock, &identity, args.renew_deadline / 2).await {
+        Ok(opened) => opened,
         Err(code) => return code,
     };
     let describe = lock.describe();
@@ -274,9 +276,11 @@ async fn run(args: RunArgs) -> u8 {
         let (program, shutdown, outcome) = (program.clone(), shutdown.clone(), outcome.clone());
         move |leadership: leader_core::Leadership| {
             let (program, shutdown, outcome) = (program.clone(), shutdown.clone(), outcome.clone());
+            let file_lock = file_lock.clone();
             async move {
                 let token = leadership.fencing_token();
-                let mut child = match program.spawn(token) {
+                let term_lock = file_lock.as_ref().and_then(FileLock::term_lock);
+                let mut child = match program.spawn(token, term_lock) {
                     Ok(child) => child,
                     Err(err) => {
                         let code = child::spawn_error_code(&err);
@@ -360,7 +364,7 @@ async fn wait_for_signal() {
 
 async fn status(args: StatusArgs) -> u8 {
     let lock = match open_lock(&args.lock, "leader-status", Duration::from_secs(5)).await {
-        Ok(lock) => lock,
+        Ok((lock, _)) => lock,
         Err(code) => return code,
     };
     let observed = match lock.get().await {

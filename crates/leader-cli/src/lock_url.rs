@@ -58,7 +58,7 @@ pub(crate) fn default_file(name: &str) -> PathBuf {
             }
         })
         .collect();
-    dir.join(format!("leader-{safe}.json"))
+    dir.join(format!("leader-{safe}"))
 }
 
 impl LockSpec {
@@ -76,7 +76,7 @@ impl LockSpec {
                 let path = &lock["file://".len()..];
                 if !path.starts_with('/') || path.len() < 2 {
                     return Err(LockUrlError::Invalid(format!(
-                        "--lock {redacted}: a file lock needs an absolute path, like file:///run/myapp/leader.json"
+                        "--lock {redacted}: a file lock needs an absolute path, like file:///run/myapp/leader"
                     )));
                 }
                 Ok(Self::File(PathBuf::from(path)))
@@ -179,19 +179,24 @@ impl LockSpec {
                 "--lock {redacted}: unknown scheme {other:?}; use one of {SCHEMES}"
             ))),
             None => Err(LockUrlError::Invalid(format!(
-                "--lock {redacted}: not a URL; use one of {SCHEMES}, like file:///run/myapp/leader.json"
+                "--lock {redacted}: not a URL; use one of {SCHEMES}, like file:///run/myapp/leader"
             ))),
         }
     }
 
-    /// The lock for election `name` as candidate `identity`.
+    /// The lock for election `name` as candidate `identity`, and the same lock as a
+    /// [`FileLock`] when it is one (its term lock is handed to COMMAND).
     pub(crate) async fn open(
         &self,
         name: &str,
         identity: &str,
-    ) -> Result<Box<dyn ResourceLock>, LockError> {
-        Ok(match self {
-            Self::File(path) => Box::new(FileLock::new(path, identity)),
+    ) -> Result<(Box<dyn ResourceLock>, Option<FileLock>), LockError> {
+        if let Self::File(path) = self {
+            let lock = FileLock::new(path, identity);
+            return Ok((Box::new(lock.clone()), Some(lock)));
+        }
+        let lock: Box<dyn ResourceLock> = match self {
+            Self::File(_) => unreachable!("opened above"),
             Self::Postgres {
                 url,
                 advisory,
@@ -247,7 +252,8 @@ impl LockSpec {
                 }
                 Box::new(builder.build().await?.lock(name, identity))
             }
-        })
+        };
+        Ok((lock, None))
     }
 }
 
@@ -304,7 +310,7 @@ mod tests {
             })
         );
         assert!(
-            matches!(LockSpec::parse(None, "my/job").ok(), Some(LockSpec::File(p)) if p.ends_with("leader-my_job.json"))
+            matches!(LockSpec::parse(None, "my/job").ok(), Some(LockSpec::File(p)) if p.ends_with("leader-my_job"))
         );
     }
 

@@ -1,41 +1,64 @@
-//! A lock in a file, for electing one of several processes on one host without any server.
+//! A lock in a directory, for electing one of several processes on one host without any server.
+//!
+//! No operation holds an OS lock across a read and a write, so no process can hold up the others
+//! by stopping (SIGSTOP, a frozen container, a debugger). A compare-and-swap creates the next
+//! version's file with `link(2)`, which fails if that file exists: of all writers that read
+//! version `n`, exactly one creates `n + 1`.
 
 use std::fs::{self, File, OpenOptions, TryLockError};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use crate::error::LockError;
-use crate::lock::{ChangeStream, ResourceLock};
+use crate::lock::{Acquisition, ChangeStream, ResourceLock};
 use crate::record::{LeaderElectionRecord, Observed, Version};
 
 const BACKEND: &str = "file";
+/// Versions kept behind the newest, for readers that listed the directory a moment ago.
+const KEEP: u64 = 4;
+/// Leftovers (temporary files, term files nobody holds) younger than this are left alone: they
+/// may belong to a write in progress.
+const LEFTOVER_AGE: Duration = Duration::from_secs(60);
+/// How often a read retries when the version it listed was collected before it could open it.
+const READ_TRIES: usize = 20;
 
-/// A [`ResourceLock`] whose record lives in a file on the local host.
+/// A [`ResourceLock`] whose record lives in a directory on the local host.
 ///
-/// Every operation takes an exclusive OS lock (`flock`) on a sidecar file `PATH.lock`, reads the
-/// record file, and for a write replaces it atomically (a temporary file, `fsync`, `rename`), so a
-/// crash never leaves half a record. Versions carry a random generation, so a deleted and
-/// re-created file never matches a version read before.
+/// The directory holds one file per version of the record, `v00000000000000000001.json`, ...; the
+/// newest is the record. A write prepares the next version in a temporary file (`fsync`ed) and
+/// links it to the next version's name, which fails if another writer got there first: a
+/// compare-and-swap that holds no lock, so a process frozen in the middle of an operation holds
+/// nobody up. Old versions are removed as new ones are written. A version's content names its
+/// generation, a random number chosen when the first version was written, so a directory deleted
+/// and made again never matches a version read before.
 ///
-/// The file must be on a local file system: `flock` over NFS is not reliable.
+/// **Failover when the holder dies.** While it holds the lease, a candidate keeps an exclusive
+/// `flock` on a file of its term (`term-*.lock`, named in the record). The kernel drops it when
+/// the holder's process ends, however it ends, and followers take the lease over at once instead
+/// of waiting out the lease. A frozen holder keeps its lock, so followers wait for its lease as
+/// usual (and its fencing token guards what it does when it wakes up). Handles that outlive the
+/// lock object keep the term's lock until the process exits, since the leader's work may still
+/// run: see [`term_lock`](Self::term_lock) to hand it to child processes doing that work.
+///
+/// The directory must be on a local file system: `flock` over NFS is not reliable.
 ///
 /// ```no_run
 /// use leader_core::FileLock;
 ///
-/// let lock = FileLock::new("/run/myapp/leader.json", "replica-1");
+/// let lock = FileLock::new("/run/myapp/leader", "replica-1");
 /// # let _ = lock;
 /// ```
 #[derive(Clone, Debug)]
 pub struct FileLock {
-    path: PathBuf,
-    lock_path: PathBuf,
+    dir: PathBuf,
     identity: String,
-    lock_wait: Duration,
     poll_interval: Duration,
+    term: Arc<TermSlot>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -44,6 +67,9 @@ struct Stored {
     generation: u64,
     version: u64,
     record: LeaderElectionRecord,
+    /// The holder's term lock file, when the holder keeps one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    term: Option<String>,
 }
 
 impl Stored {
@@ -59,81 +85,345 @@ impl Stored {
     }
 }
 
+/// The term lock this candidate holds, if any.
+#[derive(Debug, Default)]
+struct TermSlot(Mutex<Option<TermLock>>);
+
+#[derive(Debug)]
+struct TermLock {
+    /// The fencing token of the term.
+    token: u64,
+    name: String,
+    file: File,
+}
+
+impl TermSlot {
+    fn get(&self) -> MutexGuard<'_, Option<TermLock>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Drop for TermSlot {
+    fn drop(&mut self) {
+        // The lock object is gone but this process, and the leader's work in it, may still run:
+        // keep the term's lock until the process exits, so that followers wait out the lease.
+        if let Some(term) = self.get().take() {
+            std::mem::forget(term.file);
+        }
+    }
+}
+
 impl FileLock {
-    /// A lock whose record is the file at `path`, for candidate `identity`.
+    /// A lock whose record lives in the directory `path`, for candidate `identity`. The directory
+    /// is created on the first write; its parent must exist.
     pub fn new(path: impl Into<PathBuf>, identity: impl Into<String>) -> Self {
-        let path = path.into();
-        let mut lock_path = path.clone().into_os_string();
-        lock_path.push(".lock");
         Self {
-            path,
-            lock_path: lock_path.into(),
+            dir: path.into(),
             identity: identity.into(),
-            lock_wait: Duration::from_secs(2),
             poll_interval: Duration::from_millis(50),
+            term: Arc::default(),
         }
     }
 
-    /// How long an operation waits for another process's OS lock on the file (default 2 s); a
-    /// process stopped while holding it cannot block others longer.
-    #[must_use]
-    pub fn lock_wait(mut self, wait: Duration) -> Self {
-        self.lock_wait = wait;
-        self
-    }
-
-    /// How often a follower checks the record file for changes (default 50 ms): a `stat` call
-    /// that lets it act on a release at once instead of on its next retry.
+    /// How often a follower checks the directory for changes (default 50 ms): a directory listing,
+    /// and a non-blocking `flock` of the holder's term file, that let it act on a release or on
+    /// the holder's death at once instead of on its next retry.
     #[must_use]
     pub fn poll_interval(mut self, interval: Duration) -> Self {
         self.poll_interval = interval.max(Duration::from_millis(1));
         self
     }
 
-    /// The record file.
+    /// The lock directory.
     pub fn path(&self) -> &Path {
-        &self.path
+        &self.dir
     }
 
-    /// Runs `op` on a blocking thread while holding the OS lock.
-    async fn locked<T: Send + 'static>(
+    /// A new handle on the open file whose `flock` marks this candidate's current term as alive,
+    /// while it holds one. The lock lasts as long as any handle on it is open, in any process:
+    /// give it (without close-on-exec) to child processes that do the leader's work, and followers
+    /// take over at once only when the leader and all of them are gone.
+    pub fn term_lock(&self) -> Option<File> {
+        self.term
+            .get()
+            .as_ref()
+            .and_then(|term| term.file.try_clone().ok())
+    }
+
+    async fn blocking<T: Send + 'static>(
         &self,
-        operation: &'static str,
-        op: impl FnOnce(&Path) -> Result<T, LockError> + Send + 'static,
+        op: impl FnOnce(&FileLock) -> Result<T, LockError> + Send + 'static,
     ) -> Result<T, LockError> {
         let this = self.clone();
-        tokio::task::spawn_blocking(move || {
-            let _guard = this.acquire_os_lock(operation)?;
-            op(&this.path)
-        })
-        .await
-        .map_err(|err| LockError::other(BACKEND, err))?
+        tokio::task::spawn_blocking(move || op(&this))
+            .await
+            .map_err(|err| LockError::other(BACKEND, err))?
     }
 
-    fn acquire_os_lock(&self, operation: &'static str) -> Result<File, LockError> {
+    /// Writes `record` as the version after `current` (or as the first version), with a term lock
+    /// when this candidate is the holder. A conflict when another writer created that version
+    /// first, or when a newer version exists once it is written (this writer was frozen while
+    /// others wrote, and its version number had been collected).
+    fn write_next(
+        &self,
+        current: Option<&Stored>,
+        record: LeaderElectionRecord,
+    ) -> Result<Observed, LockError> {
+        let mut slot = self.term.get();
+        let ours = record.is_held_by(&self.identity);
+        let held = slot
+            .as_ref()
+            .filter(|t| ours && t.token == record.leader_transitions)
+            .map(|t| t.name.clone());
+        let new_term = match (&held, ours) {
+            (None, true) => Some(self.new_term_lock(record.leader_transitions)?),
+            _ => None,
+        };
+        let stored = Stored {
+            generation: current.map_or_else(|| fastrand::u64(..), |c| c.generation),
+            version: current.map_or(1, |c| c.version + 1),
+            record,
+            term: held.or_else(|| new_term.as_ref().map(|t| t.name.clone())),
+        };
+        match self.link_version(&stored) {
+            Ok(()) => {}
+            Err(err) => {
+                if let Some(term) = new_term {
+                    self.remove_term(term);
+                }
+                return Err(err);
+            }
+        }
+        if ours {
+            if let Some(term) = new_term
+                && let Some(old) = slot.replace(term)
+            {
+                self.remove_term(old);
+            }
+        } else if let Some(old) = slot.take() {
+            self.remove_term(old);
+        }
+        drop(slot);
+        self.collect(stored.version, stored.term.as_deref());
+        Ok(stored.observed())
+    }
+
+    fn new_term_lock(&self, token: u64) -> Result<TermLock, LockError> {
+        self.ensure_dir()?;
+        let name = format!("term-{:016x}.lock", fastrand::u64(..));
+        let path = self.dir.join(&name);
         let file = OpenOptions::new()
-            .create(true)
-            .truncate(false)
             .write(true)
-            .open(&self.lock_path)
-            .map_err(|err| io_error(&self.lock_path, err))?;
-        let started = Instant::now();
-        loop {
-            match file.try_lock() {
-                Ok(()) => return Ok(file),
-                Err(TryLockError::WouldBlock) if started.elapsed() < self.lock_wait => {
-                    std::thread::sleep(Duration::from_millis(2));
+            .create_new(true)
+            .open(&path)
+            .map_err(|err| io_error(&path, err))?;
+        match file.try_lock() {
+            Ok(()) => Ok(TermLock { token, name, file }),
+            Err(TryLockError::WouldBlock) => Err(LockError::unavailable(
+                BACKEND,
+                format!(
+                    "{}: a new term file is locked by another process",
+                    path.display()
+                ),
+            )),
+            Err(TryLockError::Error(err)) => Err(io_error(&path, err)),
+        }
+    }
+
+    fn remove_term(&self, term: TermLock) {
+        let _ = fs::remove_file(self.dir.join(&term.name));
+        drop(term.file);
+    }
+
+    fn ensure_dir(&self) -> Result<(), LockError> {
+        match fs::create_dir(&self.dir) {
+            Ok(()) => Ok(()),
+            Err(err) if err.kind() == io::ErrorKind::AlreadyExists => {
+                if self.dir.is_dir() {
+                    Ok(())
+                } else {
+                    Err(not_a_directory(&self.dir))
                 }
-                Err(TryLockError::WouldBlock) => {
-                    return Err(LockError::Timeout {
-                        operation,
-                        after: self.lock_wait,
-                    });
+            }
+            Err(err) => Err(io_error(&self.dir, err)),
+        }
+    }
+
+    /// Creates the file of `stored`'s version from a complete temporary file: `link(2)` fails
+    /// if the name exists, so of two writers only one creates it.
+    fn link_version(&self, stored: &Stored) -> Result<(), LockError> {
+        self.ensure_dir()?;
+        let bytes =
+            serde_json::to_vec_pretty(stored).map_err(|err| LockError::other(BACKEND, err))?;
+        let tmp = self.dir.join(format!(".tmp-{:016x}", fastrand::u64(..)));
+        let target = self.dir.join(version_name(stored.version));
+        let result = (|| {
+            let mut file = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
+            file.write_all(&bytes)?;
+            file.sync_all()?;
+            fs::hard_link(&tmp, &target)
+        })();
+        let _ = fs::remove_file(&tmp);
+        match result {
+            Ok(()) => {}
+            Err(err) if err.kind() == io::ErrorKind::AlreadyExists => {
+                return Err(LockError::conflict(BACKEND));
+            }
+            Err(err) => return Err(io_error(&target, err)),
+        }
+        // Make the new name durable; not every platform can sync a directory.
+        if let Ok(dir) = File::open(&self.dir) {
+            let _ = dir.sync_all();
+        }
+        // A writer frozen between its read and its link may have created a version number that
+        // was written and collected meanwhile: then a newer version exists, and this one is not
+        // the record.
+        if newest_versions(&self.dir)?.first().copied() != Some(stored.version) {
+            let _ = fs::remove_file(&target);
+            return Err(LockError::conflict(BACKEND));
+        }
+        Ok(())
+    }
+
+    /// Removes versions older than the newest few, temporary files of writers that died, and
+    /// term files nobody holds. Best effort: another process may be collecting at the same time.
+    fn collect(&self, newest: u64, term: Option<&str>) {
+        let Ok(entries) = fs::read_dir(&self.dir) else {
+            return;
+        };
+        let now = SystemTime::now();
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else { continue };
+            let path = entry.path();
+            if let Some(version) = parse_version_name(name) {
+                if version + KEEP < newest {
+                    let _ = fs::remove_file(&path);
                 }
-                Err(TryLockError::Error(err)) => return Err(io_error(&self.lock_path, err)),
+                continue;
+            }
+            let old = entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .is_ok_and(|modified| {
+                    now.duration_since(modified)
+                        .is_ok_and(|age| age > LEFTOVER_AGE)
+                });
+            if !old {
+                continue;
+            }
+            if name.starts_with(".tmp-") {
+                let _ = fs::remove_file(&path);
+            } else if name.starts_with("term-") && Some(name) != term {
+                // Only a term file nobody holds; the lock is held while it is removed.
+                if let Ok(file) = File::open(&path)
+                    && file.try_lock().is_ok()
+                {
+                    let _ = fs::remove_file(&path);
+                }
             }
         }
     }
+
+    /// Whether the holder of `stored` is known to be gone: its term file is there and nobody
+    /// holds its lock. A missing term file, or none named, tells nothing.
+    fn holder_is_gone(&self, stored: &Stored) -> bool {
+        let Some(term) = &stored.term else {
+            return false;
+        };
+        if stored.record.is_free() {
+            return false;
+        }
+        match File::open(self.dir.join(term)) {
+            Ok(file) => file.try_lock().is_ok(),
+            Err(_) => false,
+        }
+    }
+}
+
+fn version_name(version: u64) -> String {
+    format!("v{version:020}.json")
+}
+
+fn parse_version_name(name: &str) -> Option<u64> {
+    let digits = name.strip_prefix('v')?.strip_suffix(".json")?;
+    if digits.len() != 20 {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// The version numbers in `dir`, newest first; empty when the directory does not exist.
+fn newest_versions(dir: &Path) -> Result<Vec<u64>, LockError> {
+    let entries = match fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(err) if err.kind() == io::ErrorKind::NotFound => {
+            return match dir.parent() {
+                Some(parent) if !parent.as_os_str().is_empty() && !parent.is_dir() => {
+                    Err(io_error(dir, err))
+                }
+                _ => Ok(Vec::new()),
+            };
+        }
+        Err(err) if err.kind() == io::ErrorKind::NotADirectory => {
+            return Err(not_a_directory(dir));
+        }
+        Err(err) => return Err(io_error(dir, err)),
+    };
+    let mut versions: Vec<u64> = entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(parse_version_name))
+        .collect();
+    versions.sort_unstable_by(|a, b| b.cmp(a));
+    Ok(versions)
+}
+
+/// The newest version, or `None` when there is none.
+fn read(dir: &Path) -> Result<Option<Stored>, LockError> {
+    for _ in 0..READ_TRIES {
+        let Some(newest) = newest_versions(dir)?.first().copied() else {
+            return Ok(None);
+        };
+        let path = dir.join(version_name(newest));
+        let bytes = match fs::read(&path) {
+            Ok(bytes) => bytes,
+            // Collected after newer versions were written since the listing: list again.
+            Err(err) if err.kind() == io::ErrorKind::NotFound => continue,
+            Err(err) => return Err(io_error(&path, err)),
+        };
+        let stored: Stored = serde_json::from_slice(&bytes).map_err(|err| {
+            LockError::invalid_record(
+                BACKEND,
+                format!("{}: not a lock record file: {err}", path.display()),
+            )
+        })?;
+        if stored.version != newest {
+            return Err(LockError::invalid_record(
+                BACKEND,
+                format!(
+                    "{}: holds version {}, not {newest}",
+                    path.display(),
+                    stored.version
+                ),
+            ));
+        }
+        return Ok(Some(stored));
+    }
+    Err(LockError::unavailable(
+        BACKEND,
+        format!("{}: the record changed too fast to be read", dir.display()),
+    ))
+}
+
+fn not_a_directory(dir: &Path) -> LockError {
+    LockError::invalid_record(
+        BACKEND,
+        format!(
+            "{} is not a directory: a file lock is a directory of record versions (a file there \
+             may be from an older layout; remove it if no process uses it)",
+            dir.display()
+        ),
+    )
 }
 
 fn io_error(path: &Path, err: io::Error) -> LockError {
@@ -155,83 +445,24 @@ fn io_error(path: &Path, err: io::Error) -> LockError {
     }
 }
 
-fn read(path: &Path) -> Result<Option<Stored>, LockError> {
-    let bytes = match fs::read(path) {
-        Ok(bytes) => bytes,
-        Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(err) => return Err(io_error(path, err)),
-    };
-    if bytes.iter().all(u8::is_ascii_whitespace) {
-        return Ok(None);
-    }
-    let stored: Stored = serde_json::from_slice(&bytes).map_err(|err| {
-        LockError::invalid_record(
-            BACKEND,
-            format!("{}: not a lock record file: {err}", path.display()),
-        )
-    })?;
-    Ok(Some(stored))
-}
-
-fn write(path: &Path, stored: &Stored) -> Result<(), LockError> {
-    let dir = match path.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() => dir,
-        _ => Path::new("."),
-    };
-    let bytes = serde_json::to_vec_pretty(stored).map_err(|err| LockError::other(BACKEND, err))?;
-    let mut tmp = tempfile_in(dir, path)?;
-    let result = (|| {
-        tmp.1.write_all(&bytes)?;
-        tmp.1.sync_all()?;
-        fs::rename(&tmp.0, path)?;
-        // Make the rename itself durable; not every platform can sync a directory.
-        if let Ok(dir) = File::open(dir) {
-            let _ = dir.sync_all();
-        }
-        Ok(())
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp.0);
-    }
-    result.map_err(|err| io_error(path, err))
-}
-
-fn tempfile_in(dir: &Path, path: &Path) -> Result<(PathBuf, File), LockError> {
-    let base = path.file_name().unwrap_or_default().to_string_lossy();
-    let tmp = dir.join(format!(".{base}.{:016x}.tmp", fastrand::u64(..)));
-    let file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(&tmp)
-        .map_err(|err| io_error(&tmp, err))?;
-    Ok((tmp, file))
-}
-
 #[async_trait]
 impl ResourceLock for FileLock {
     async fn get(&self) -> Result<Option<Observed>, LockError> {
-        self.locked("get", |path| Ok(read(path)?.map(|s| s.observed())))
+        self.blocking(|this| Ok(read(&this.dir)?.map(|s| s.observed())))
             .await
     }
 
     async fn create(&self, record: &LeaderElectionRecord) -> Result<Observed, LockError> {
         let record = record.clone();
-        self.locked("create", move |path| {
+        self.blocking(move |this| {
             // Anything stored, readable or not, makes this a conflict.
-            match read(path) {
-                Ok(None) => {}
+            match read(&this.dir) {
+                Ok(None) => this.write_next(None, record),
                 Ok(Some(_)) | Err(LockError::InvalidRecord { .. }) => {
-                    return Err(LockError::conflict(BACKEND));
+                    Err(LockError::conflict(BACKEND))
                 }
-                Err(err) => return Err(err),
+                Err(err) => Err(err),
             }
-            let stored = Stored {
-                generation: fastrand::u64(..),
-                version: 1,
-                record,
-            };
-            write(path, &stored)?;
-            Ok(stored.observed())
         })
         .await
     }
@@ -243,18 +474,11 @@ impl ResourceLock for FileLock {
     ) -> Result<Observed, LockError> {
         let record = record.clone();
         let expected = version.clone();
-        self.locked("update", move |path| {
-            let current = match read(path)? {
-                Some(current) if current.version() == expected => current,
-                _ => return Err(LockError::conflict(BACKEND)),
-            };
-            let stored = Stored {
-                generation: current.generation,
-                version: current.version + 1,
-                record,
-            };
-            write(path, &stored)?;
-            Ok(stored.observed())
+        self.blocking(move |this| match read(&this.dir)? {
+            Some(current) if current.version() == expected => {
+                this.write_next(Some(&current), record)
+            }
+            _ => Err(LockError::conflict(BACKEND)),
         })
         .await
     }
@@ -264,66 +488,175 @@ impl ResourceLock for FileLock {
     }
 
     fn describe(&self) -> String {
-        format!("file:{}", self.path.display())
+        format!("file:{}", self.dir.display())
     }
 
     async fn watch(&self) -> Result<Option<ChangeStream>, LockError> {
-        let path = self.path.clone();
+        let this = self.clone();
         let interval = self.poll_interval;
-        let first = file_stamp(&path).await;
-        let stream = futures_util::stream::unfold(first, move |mut last| {
-            let path = path.clone();
+        let first = tokio::task::spawn_blocking({
+            let dir = this.dir.clone();
+            move || newest_versions(&dir).ok().and_then(|v| v.first().copied())
+        })
+        .await
+        .ok()
+        .flatten();
+        // The newest version seen, and whether its holder was already reported gone.
+        let stream = futures_util::stream::unfold((first, false), move |(mut last, mut gone)| {
+            let this = this.clone();
             async move {
                 loop {
                     tokio::time::sleep(interval).await;
-                    let stamp = file_stamp(&path).await;
-                    if stamp != last {
-                        last = stamp;
-                        // Only what a follower acts on: the record removed or freed (or
-                        // unreadable, which its next read reports). Renewals wake nobody.
-                        let free =
-                            read(&path).map_or(true, |s| s.is_none_or(|s| s.record.is_free()));
-                        if free {
-                            return Some(((), last));
-                        }
+                    let check = this.clone();
+                    let seen = tokio::task::spawn_blocking(move || {
+                        let newest = newest_versions(&check.dir).ok()?.first().copied();
+                        let stored = read(&check.dir);
+                        Some((
+                            newest,
+                            stored
+                                .map(|s| s.map(|s| (s.record.is_free(), check.holder_is_gone(&s)))),
+                        ))
+                    })
+                    .await
+                    .ok()
+                    .flatten();
+                    let Some((newest, state)) = seen else {
+                        continue;
+                    };
+                    let changed = newest != last;
+                    if changed {
+                        last = newest;
+                        gone = false;
+                    }
+                    // Only what a follower acts on: the record removed, freed or unreadable
+                    // (which its next read reports), or its holder dead. Renewals wake nobody.
+                    let fire = match state {
+                        Ok(None) | Err(_) => changed,
+                        Ok(Some((true, _))) => changed,
+                        Ok(Some((false, true))) => !std::mem::replace(&mut gone, true),
+                        Ok(Some((false, false))) => false,
+                    };
+                    if fire {
+                        return Some(((), (last, gone)));
                     }
                 }
             }
         });
         Ok(Some(Box::pin(stream)))
     }
-}
 
-/// What changes when the record file is replaced or removed: every write renames a new file in.
-async fn file_stamp(path: &Path) -> Option<(std::time::SystemTime, u64, u64)> {
-    let meta = tokio::fs::metadata(path).await.ok()?;
-    #[cfg(unix)]
-    let inode = std::os::unix::fs::MetadataExt::ino(&meta);
-    #[cfg(not(unix))]
-    let inode = 0;
-    Some((meta.modified().ok()?, meta.len(), inode))
+    /// Takes the lease when it is absent, free, this candidate's, or held by a process that is
+    /// gone (its term lock is free); otherwise reports it held, and the elector waits out the
+    /// holder's lease on its own clock (S2).
+    async fn try_acquire(
+        &self,
+        desired: &LeaderElectionRecord,
+    ) -> Result<Option<Acquisition>, LockError> {
+        let desired = desired.clone();
+        self.blocking(move |this| {
+            let current = read(&this.dir)?;
+            let mut record = desired;
+            record.leader_transitions = current
+                .as_ref()
+                .map_or(1, |c| c.record.leader_transitions + 1);
+            match &current {
+                Some(c)
+                    if !c.record.is_free()
+                        && c.record.holder_identity != record.holder_identity
+                        && !this.holder_is_gone(c) =>
+                {
+                    Ok(Some(Acquisition::Held {
+                        observed: c.observed(),
+                        expires_in: None,
+                    }))
+                }
+                _ => this
+                    .write_next(current.as_ref(), record)
+                    .map(|o| Some(Acquisition::Acquired(o))),
+            }
+        })
+        .await
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::conformance::record;
 
     #[tokio::test]
-    async fn missing_directory_is_misconfigured() {
-        let lock = FileLock::new("/nonexistent-dir-for-leader-tests/x.json", "a");
+    async fn a_missing_parent_directory_is_misconfigured() {
+        let lock = FileLock::new("/nonexistent-dir-for-leader-tests/x", "a");
         let err = lock.get().await.expect_err("no directory");
         assert!(matches!(err, LockError::Misconfigured { .. }), "{err}");
     }
 
     #[tokio::test]
-    async fn a_held_os_lock_times_out() {
+    async fn old_versions_are_collected() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let lock =
-            FileLock::new(dir.path().join("x.json"), "a").lock_wait(Duration::from_millis(50));
-        let held = lock.acquire_os_lock("test").expect("os lock");
-        let err = lock.get().await.expect_err("lock is held");
-        assert!(matches!(err, LockError::Timeout { .. }), "{err}");
-        drop(held);
-        assert!(lock.get().await.expect("free again").is_none());
+        let lock = FileLock::new(dir.path().join("x"), "a");
+        let mut current = lock.create(&record("a", 1)).await.expect("create");
+        for _ in 0..20 {
+            current = lock
+                .update(&current.version, &current.record)
+                .await
+                .expect("update");
+        }
+        let versions = newest_versions(&dir.path().join("x")).expect("list");
+        assert_eq!(versions.len() as u64, KEEP + 1, "{versions:?}");
+        assert_eq!(versions[0], 21);
+    }
+
+    /// A writer that read a version long ago, and whose next version number was written and
+    /// collected meanwhile, loses: its late write is not the record.
+    #[tokio::test]
+    async fn a_late_write_over_a_collected_version_is_a_conflict() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let lock = FileLock::new(dir.path().join("x"), "a");
+        let first = lock.create(&record("a", 1)).await.expect("create");
+        let stale = read(&dir.path().join("x")).expect("read").expect("some");
+        let mut current = first;
+        for _ in 0..10 {
+            current = lock
+                .update(&current.version, &current.record)
+                .await
+                .expect("update");
+        }
+        let late = lock.write_next(Some(&stale), record("late", 2));
+        assert!(matches!(late, Err(LockError::Conflict { .. })), "{late:?}");
+        assert_eq!(
+            lock.get().await.expect("get").expect("some"),
+            current,
+            "the record is the newest version"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_term_lock_is_held_while_leading_and_dropped_on_release() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let a = FileLock::new(dir.path().join("x"), "a");
+        let b = FileLock::new(dir.path().join("x"), "b");
+        let held = a.create(&record("a", 1)).await.expect("create");
+        let stored = read(a.path()).expect("read").expect("some");
+        assert!(stored.term.is_some(), "a term lock is named");
+        assert!(!b.holder_is_gone(&stored), "the holder is alive");
+        assert!(a.term_lock().is_some());
+        let mut free = held.record.clone();
+        free.holder_identity.clear();
+        a.update(&held.version, &free).await.expect("release");
+        assert!(a.term_lock().is_none(), "released with the lease");
+        // A holder whose lock is gone (as when its process dies) is taken over at once.
+        let taken = a.create(&record("a", 1)).await;
+        assert!(taken.is_err(), "the record exists");
+        let current = a.get().await.expect("get").expect("some");
+        let mut again = current.record.clone();
+        again.holder_identity = "a".into();
+        again.leader_transitions += 1;
+        a.update(&current.version, &again).await.expect("acquire");
+        a.term.get().take();
+        match b.try_acquire(&record("b", 0)).await.expect("try_acquire") {
+            Some(Acquisition::Acquired(o)) => assert_eq!(o.record.leader_transitions, 3),
+            other => panic!("the holder's term lock is free: {other:?}"),
+        }
     }
 }

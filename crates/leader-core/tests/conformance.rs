@@ -36,7 +36,13 @@ impl LockFactory for Files {
     }
 
     async fn corrupt(&self, name: &str) {
-        std::fs::write(self.dir.path().join(name), b"{\"holder\": [1, 2").expect("write garbage");
+        let dir = self.dir.path().join(name);
+        std::fs::create_dir_all(&dir).expect("lock directory");
+        std::fs::write(
+            dir.join("v00000000000000000001.json"),
+            b"{\"holder\": [1, 2",
+        )
+        .expect("write garbage");
     }
 }
 
@@ -66,13 +72,17 @@ async fn file_lock_conforms() {
     .await;
 }
 
-/// A file holding a valid record but written by hand in another layout is reported, not
-/// overwritten.
+/// A file where the lock directory should be (a record written by hand, or an older layout) is
+/// reported, not overwritten.
 #[tokio::test]
 async fn file_lock_reports_a_record_in_the_wrong_layout() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("election");
-    std::fs::write(&path, conformance::record("a", 1).to_json()).expect("write");
-    let err = FileLock::new(&path, "a").get().await.expect_err("layout");
-    assert!(err.to_string().contains("not a lock record file"), "{err}");
+    let bytes = conformance::record("a", 1).to_json();
+    std::fs::write(&path, &bytes).expect("write");
+    let lock = FileLock::new(&path, "a");
+    let err = lock.get().await.expect_err("layout");
+    assert!(err.to_string().contains("is not a directory"), "{err}");
+    assert!(lock.create(&conformance::record("a", 1)).await.is_err());
+    assert_eq!(std::fs::read(&path).expect("kept"), bytes);
 }

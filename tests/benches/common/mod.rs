@@ -78,10 +78,7 @@ impl Backend {
 
     pub fn lock(&self, name: &str, identity: &str) -> Arc<dyn ResourceLock> {
         match self {
-            Self::File(dir) => Arc::new(FileLock::new(
-                dir.path().join(format!("{name}.json")),
-                identity,
-            )),
+            Self::File(dir) => Arc::new(FileLock::new(dir.path().join(name), identity)),
             Self::Postgres(store) => Arc::new(store.lock(name, identity)),
             Self::PostgresAdvisory(store) => Arc::new(store.advisory_lock(name, identity)),
             Self::Redis(store) => Arc::new(store.lock(name, identity)),

@@ -360,7 +360,7 @@ impl Run<'_> {
     fn lock_url(&self, slot: usize) -> String {
         let port = self.proxies.get(slot).map_or(0, Proxy::port);
         match self.backend {
-            Backend::File => format!("file://{}", self.lock_dir.join("lock.json").display()),
+            Backend::File => format!("file://{}", self.lock_dir.join("lock").display()),
             Backend::Postgres => format!("postgres://postgres@127.0.0.1:{port}/postgres"),
             Backend::Redis => format!("redis://127.0.0.1:{port}"),
             Backend::Etcd => format!("etcd://127.0.0.1:{port}"),
