@@ -457,3 +457,144 @@ async fn metrics_and_health_are_served() {
         .expect("status");
     assert_eq!(status.code(), Some(0));
 }
+
+/// A loopback port that accepts connections and never answers, like a server hung on a lock.
+fn silent_server() -> (std::net::SocketAddr, std::thread::JoinHandle<()>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let thread = std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for stream in listener.incoming().take(16).flatten() {
+            held.push(stream);
+        }
+        std::thread::sleep(Duration::from_secs(30));
+    });
+    (addr, thread)
+}
+
+/// Start-up checks answer within the request timeout (half the renew deadline for `run`, 5 s for
+/// `status`) however a server misbehaves: connecting and the first read share one deadline.
+#[tokio::test]
+async fn a_server_that_never_answers_gives_exit_4_within_the_request_timeout() {
+    let (addr, _server) = silent_server();
+    for lock in [
+        format!("postgres://postgres:postgres@{addr}/postgres"),
+        format!("redis://{addr}"),
+        format!("etcd://{addr}"),
+    ] {
+        let started = tokio::time::Instant::now();
+        let status = run_to_end(
+            &[
+                "run",
+                "--lock",
+                &lock,
+                "--name",
+                "silent",
+                "--renew-deadline",
+                "2s",
+                "--lease-duration",
+                "3s",
+                "--retry-period",
+                "500ms",
+                "--",
+                "true",
+            ],
+            &[],
+        )
+        .await;
+        let took = started.elapsed();
+        assert_eq!(status.code(), Some(4), "{lock}");
+        assert!(took < Duration::from_secs(3), "{lock}: run took {took:?}");
+
+        let started = tokio::time::Instant::now();
+        let status = run_to_end(&["status", "--lock", &lock, "--name", "silent"], &[]).await;
+        let took = started.elapsed();
+        assert_eq!(status.code(), Some(4), "{lock}");
+        assert!(
+            took < Duration::from_secs(7),
+            "{lock}: status took {took:?}"
+        );
+    }
+}
+
+/// Each documented exit code for a lock that cannot be used or refuses us.
+#[tokio::test]
+async fn locks_that_cannot_be_used_give_the_documented_exit_codes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // 5: an unreadable record.
+    let garbage = dir.path().join("garbage");
+    std::fs::create_dir(&garbage).expect("dir");
+    std::fs::write(garbage.join("v00000000000000000001.json"), "{oops").expect("write");
+    let garbage = format!("file://{}", garbage.display());
+    // 126: COMMAND is not executable.
+    let not_executable = dir.path().join("not-executable");
+    std::fs::write(&not_executable, "#!/bin/sh\n").expect("write");
+    let not_executable = not_executable.display().to_string();
+    let file = format!("file://{}", dir.path().join("lock").display());
+    let mut cases: Vec<(Vec<String>, u8)> = vec![
+        (vec!["run".into(), "--lock".into(), garbage.clone()], 5),
+        (vec!["status".into(), "--lock".into(), garbage], 5),
+        (
+            vec![
+                "run".into(),
+                "--lock".into(),
+                file,
+                "--".into(),
+                not_executable,
+            ],
+            126,
+        ),
+    ];
+    // 3: a database that does not exist.
+    let database = leader_tests::database_url();
+    if let Some((server, _)) = database.rsplit_once('/') {
+        let missing = format!("{server}/leader_no_such_database_{:08x}", fastrand::u32(..));
+        cases.push((vec!["run".into(), "--lock".into(), missing], 3));
+    }
+    // 3: an etcd user and password for a server without authentication.
+    let endpoints =
+        std::env::var("ETCD_ENDPOINTS").unwrap_or_else(|_| "http://127.0.0.1:2379".into());
+    if let Some(host) = endpoints.split(',').next()
+        && std::net::TcpStream::connect(host.trim_start_matches("http://")).is_ok()
+    {
+        let lock = format!(
+            "etcd://someone:secret@{}",
+            host.trim_start_matches("http://")
+        );
+        cases.push((vec!["run".into(), "--lock".into(), lock], 3));
+    }
+    // 5: a Redis fence counter of the wrong type.
+    let redis_url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    if let Ok(client) = redis::Client::open(redis_url.as_str())
+        && let Ok(mut conn) = client.get_multiplexed_async_connection().await
+    {
+        let name = format!("fence-list-{:08x}", fastrand::u32(..));
+        let _: () = redis::cmd("RPUSH")
+            .arg(format!("leader:{{{name}}}:fence"))
+            .arg("x")
+            .query_async(&mut conn)
+            .await
+            .expect("rpush");
+        cases.push((
+            vec![
+                "run".into(),
+                "--lock".into(),
+                redis_url.clone(),
+                "--name".into(),
+                name,
+            ],
+            5,
+        ));
+    }
+    for (mut args, code) in cases {
+        if !args.iter().any(|a| a == "--name") {
+            args.splice(1..1, ["--name".to_owned(), "codes".to_owned()]);
+        }
+        if args[0] == "run" && !args.iter().any(|a| a == "--") {
+            args.extend(["--".into(), "true".into()]);
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let status = run_to_end(&args, &[]).await;
+        assert_eq!(status.code(), Some(code.into()), "{args:?}");
+    }
+}

@@ -26,11 +26,14 @@ pub mod exit {
     pub const FAILURE: u8 = 1;
     /// Invalid flags or values (clap's code).
     pub const USAGE: u8 = 2;
-    /// `--lock` is not usable: unknown scheme, malformed URL, backend not in this build.
+    /// `--lock` is not usable as given: unknown scheme, malformed URL, backend not in this build,
+    /// storage that does not exist (a missing database, table or directory), credentials the
+    /// server does not take.
     pub const BAD_LOCK: u8 = 3;
-    /// The backend could not be reached at start (connection refused, timeout).
+    /// The backend could not be reached at start: connection refused, or no answer within the
+    /// request timeout.
     pub const UNREACHABLE: u8 = 4;
-    /// The backend refused: authentication, permissions, a missing table, an unreadable record.
+    /// The backend refused: wrong credentials, missing permissions, an unreadable record.
     pub const REFUSED: u8 = 5;
     /// `--once`: leadership was lost before COMMAND finished.
     pub const LOST: u8 = 75;
@@ -179,7 +182,8 @@ fn default_identity() -> String {
 }
 
 /// Opens the lock and reads it once, so that a wrong URL, a server that is down or refuses us is
-/// one clear line and an exit code at start; later outages are retried.
+/// one clear line and an exit code at start; later outages are retried. Connecting and reading
+/// together answer within `timeout`, whatever the server does.
 async fn open_lock(
     args: &LockArgs,
     identity: &str,
@@ -187,16 +191,17 @@ async fn open_lock(
 ) -> Result<(Box<dyn ResourceLock>, Option<FileLock>), u8> {
     let spec = LockSpec::parse(args.lock.as_deref(), &args.name)
         .map_err(|err| fail(exit::BAD_LOCK, err))?;
-    let (lock, file) = spec
-        .open(&args.name, identity)
-        .await
-        .map_err(|err| fail(code_for(&err), err))?;
-    match tokio::time::timeout(timeout, lock.get()).await {
-        Ok(Ok(_)) => Ok((lock, file)),
+    let opened = async {
+        let (lock, file) = spec.open(&args.name, identity).await?;
+        lock.get().await?;
+        Ok::<_, LockError>((lock, file))
+    };
+    match tokio::time::timeout(timeout, opened).await {
+        Ok(Ok(opened)) => Ok(opened),
         Ok(Err(err)) => Err(fail(code_for(&err), err)),
         Err(_) => Err(fail(
             exit::UNREACHABLE,
-            format!("{}: no answer within {timeout:?}", lock.describe()),
+            format!("{}: no answer within {timeout:?}", spec.describe()),
         )),
     }
 }

@@ -184,6 +184,16 @@ impl LockSpec {
         }
     }
 
+    /// The lock for messages, before it is opened; never with credentials.
+    pub(crate) fn describe(&self) -> String {
+        match self {
+            Self::File(path) => format!("file:{}", path.display()),
+            Self::Postgres { url, .. } | Self::Redis { url, .. } => redact_url(url),
+            Self::Etcd { endpoints, .. } => format!("etcd:{}", endpoints.join(",")),
+            Self::Kubernetes { namespace } => format!("kubernetes:{namespace}"),
+        }
+    }
+
     /// The lock for election `name` as candidate `identity`, and the same lock as a
     /// [`FileLock`] when it is one (its term lock is handed to COMMAND).
     pub(crate) async fn open(

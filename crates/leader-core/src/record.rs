@@ -60,9 +60,19 @@ impl LeaderElectionRecord {
     /// that cannot be read is never overwritten (S8). Odd values that decode are read as they are
     /// (S8): a zero lease duration is a lease that has run out, and the times, which are only
     /// informational, may be in any order.
-    pub fn from_json(backend: &'static str, bytes: &[u8]) -> Result<Self, LockError> {
+    ///
+    /// `context` (the server and key, say) leads the error's reason, so that the message names
+    /// the backend and what is invalid once.
+    pub fn from_json(
+        backend: &'static str,
+        context: &str,
+        bytes: &[u8],
+    ) -> Result<Self, LockError> {
         serde_json::from_slice(bytes).map_err(|err| {
-            LockError::invalid_record(backend, format!("not a leader election record: {err}"))
+            LockError::invalid_record(
+                backend,
+                format!("{context}: not a leader election record: {err}"),
+            )
         })
     }
 }
@@ -153,7 +163,7 @@ mod tests {
     fn json_round_trip_keeps_every_field() {
         let r = record();
         assert_eq!(
-            LeaderElectionRecord::from_json("test", &r.to_json()).ok(),
+            LeaderElectionRecord::from_json("test", "key", &r.to_json()).ok(),
             Some(r)
         );
     }
@@ -168,8 +178,12 @@ mod tests {
             br#"{"holderIdentity":"a","leaseDurationMillis":5,"acquireTime":"yesterday","renewTime":"2024-01-01T00:00:00Z","leaderTransitions":0}"#,
             br#"{"holderIdentity":"a","leaseDurationMillis":5,"acquireTime":"2024-01-01T00:00:00Z","renewTime":"2024-01-01T00:00:00Z","leaderTransitions":-2}"#,
         ] {
-            let err = LeaderElectionRecord::from_json("test", bad).expect_err("must reject");
+            let err =
+                LeaderElectionRecord::from_json("test", "key", bad).expect_err("must reject");
             assert!(matches!(err, LockError::InvalidRecord { .. }), "{err}");
+            let message = err.to_string();
+            assert!(message.starts_with("test: invalid lock record: key: "), "{message}");
+            assert_eq!(message.matches("invalid lock record").count(), 1, "{message}");
         }
     }
 
@@ -181,7 +195,7 @@ mod tests {
             br#"{"holderIdentity":"a","leaseDurationMillis":0,"acquireTime":"2024-01-01T00:00:00Z","renewTime":"2024-01-01T00:00:00Z","leaderTransitions":0}"#,
             br#"{"holderIdentity":"a","leaseDurationMillis":5,"acquireTime":"2024-01-02T00:00:00Z","renewTime":"2024-01-01T00:00:00Z","leaderTransitions":0}"#,
         ] {
-            let record = LeaderElectionRecord::from_json("test", odd).expect("decodes");
+            let record = LeaderElectionRecord::from_json("test", "key", odd).expect("decodes");
             assert_eq!(record.holder_identity, "a");
         }
     }

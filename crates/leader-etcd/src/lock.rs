@@ -255,9 +255,7 @@ impl EtcdLock {
         let Some(kv) = record.as_ref().and_then(|r| r.kvs().first()) else {
             return Ok(None);
         };
-        let mut decoded = LeaderElectionRecord::from_json(BACKEND, kv.value()).map_err(|err| {
-            LockError::invalid_record(BACKEND, format!("{}: {err}", self.context()))
-        })?;
+        let mut decoded = LeaderElectionRecord::from_json(BACKEND, &self.context(), kv.value())?;
         decoded.leader_transitions = fence
             .as_ref()
             .and_then(|f| f.kvs().first())
@@ -420,7 +418,7 @@ fn token_of(value: &[u8], revision: i64) -> u64 {
 fn may_be_free(event: &etcd_client::Event) -> bool {
     match (event.event_type(), event.kv()) {
         (etcd_client::EventType::Put, Some(kv)) => {
-            LeaderElectionRecord::from_json(BACKEND, kv.value()).map_or(true, |r| r.is_free())
+            LeaderElectionRecord::from_json(BACKEND, "", kv.value()).map_or(true, |r| r.is_free())
         }
         _ => true,
     }

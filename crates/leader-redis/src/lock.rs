@@ -238,9 +238,7 @@ impl RedisLock {
         json: &str,
     ) -> Result<Observed, LockError> {
         let mut record =
-            LeaderElectionRecord::from_json(BACKEND, json.as_bytes()).map_err(|err| {
-                LockError::invalid_record(BACKEND, format!("{}: {err}", self.context()))
-            })?;
+            LeaderElectionRecord::from_json(BACKEND, &self.context(), json.as_bytes())?;
         record.holder_identity = holder;
         record.leader_transitions = u64::try_from(transitions).map_err(|_| {
             LockError::invalid_record(

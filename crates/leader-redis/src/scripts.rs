@@ -16,7 +16,22 @@ pub(crate) struct LuaScript {
 
 /// Reads and checks the hash; shared by every script.
 const COMMON: &str = r#"
+local function fence_error()
+  local kind = redis.call('TYPE', KEYS[2])['ok']
+  if kind == 'none' then return nil end
+  if kind ~= 'string' then
+    return 'LEADER_INVALID the fence counter ' .. KEYS[2] .. ' holds a ' .. kind .. ', not a counter'
+  end
+  local n = tonumber(redis.call('GET', KEYS[2]))
+  if not n or n < 0 or n ~= math.floor(n) then
+    return 'LEADER_INVALID the fence counter ' .. KEYS[2] .. ' is not a whole number'
+  end
+  return nil
+end
+
 local function current(key)
+  local bad_fence = fence_error()
+  if bad_fence then return nil, bad_fence end
   local v = redis.call('HMGET', key, 'version', 'holder', 'transitions', 'record')
   if not v[1] and not v[2] and not v[3] and not v[4] then
     if redis.call('EXISTS', key) == 1 then
@@ -78,6 +93,8 @@ return {cur.version, cur.holder, cur.transitions, cur.record}
 pub(crate) static CREATE: LazyLock<LuaScript> = LazyLock::new(|| {
     script(
         r#"
+local bad_fence = fence_error()
+if bad_fence then return redis.error_reply(bad_fence) end
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return redis.error_reply('LEADER_CONFLICT the lock exists')
 end

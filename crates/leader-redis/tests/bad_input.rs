@@ -33,8 +33,18 @@ async fn bad_values_are_reported_never_overwritten_and_the_elector_recovers() {
         return;
     };
     let mut admin = common::admin().await.expect("server");
-    let garbage: [(&str, &[&str], &str); 4] = [
+    let garbage: [(&str, &[&str], &str); 6] = [
         ("a list", &["RPUSH", "{key}", "a", "b"], "another type"),
+        (
+            "a list at the fence counter",
+            &["RPUSH", "{fence}", "a", "b"],
+            "holds a list, not a counter",
+        ),
+        (
+            "a word at the fence counter",
+            &["SET", "{fence}", "seven"],
+            "is not a whole number",
+        ),
         ("a string", &["SET", "{key}", "hello"], "another type"),
         (
             "a hash of other fields",
@@ -62,9 +72,14 @@ async fn bad_values_are_reported_never_overwritten_and_the_elector_recovers() {
         let name = unique("garbage");
         let lock = store.lock(&name, "a");
         let key = lock.key().to_owned();
+        let fence = lock.fence_key().to_owned();
         let args: Vec<&str> = write
             .iter()
-            .map(|a| if *a == "{key}" { key.as_str() } else { a })
+            .map(|a| match *a {
+                "{key}" => key.as_str(),
+                "{fence}" => fence.as_str(),
+                a => a,
+            })
             .collect();
         cmd(&mut admin, &args).await;
         let err = lock.get().await.expect_err(what);
@@ -83,7 +98,7 @@ async fn bad_values_are_reported_never_overwritten_and_the_elector_recovers() {
         elector
             .stays_alive_without_leading(Duration::from_millis(1500))
             .await;
-        let kind = cmd(&mut admin, &["TYPE", &key]).await;
+        let kind = cmd(&mut admin, &["TYPE", args[1]]).await;
         assert_ne!(
             kind,
             redis::Value::SimpleString("none".into()),
@@ -93,7 +108,7 @@ async fn bad_values_are_reported_never_overwritten_and_the_elector_recovers() {
             store.lock(&name, "x").get().await.is_err(),
             "{what}: the value was overwritten"
         );
-        cmd(&mut admin, &["DEL", &key]).await;
+        cmd(&mut admin, &["DEL", &key, &fence]).await;
         elector.wait_leading(Duration::from_secs(5)).await;
         elector.stop().await;
     }
