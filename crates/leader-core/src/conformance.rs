@@ -359,6 +359,8 @@ pub async fn odd_records_do_not_block_the_election(factory: &dyn LockFactory) {
         if let Some(read) = get(what, &*writer).await {
             assert_eq!(read, stored, "{what}: must read as stored");
         }
+        // The writer is gone, as another client would be.
+        drop(writer);
         let mut candidate = Candidate::start(factory.lock(&name, "next").await);
         let token = candidate.wait_leading(LEASE * 3).await;
         assert!(

@@ -50,11 +50,10 @@ impl TableName {
 
 const COLUMNS: &str = "holder_identity, lease_duration_ms, acquire_time, renew_time, leader_transitions, strategy, preferred_holder, version";
 
-/// A row that passes the same checks as `LeaderElectionRecord::validate`: an acquisition never
-/// overwrites a row it could not read (S8).
-const VALID: &str = "l.lease_duration_ms >= 0 AND (l.holder_identity = '' OR l.lease_duration_ms > 0) \
-    AND l.leader_transitions >= 0 AND isfinite(l.acquire_time) AND isfinite(l.renew_time) \
-    AND l.renew_time >= l.acquire_time";
+/// A row that [`decode`] can read: an acquisition never overwrites a row it could not read, and
+/// odd values that decode (a zero lease, a renewal before the acquisition) do not block it (S8).
+const VALID: &str = "l.lease_duration_ms >= 0 AND l.leader_transitions >= 0 \
+    AND isfinite(l.acquire_time) AND isfinite(l.renew_time)";
 
 /// True when this session holds the advisory lock on key `k` (a parameter).
 fn held(k: &str) -> String {
