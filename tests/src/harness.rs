@@ -2,5 +2,6 @@
 //! the leader, and a checker over every leadership interval and every fenced write.
 
 pub mod campaign;
+pub mod outage;
 pub mod proxy;
 pub mod servers;

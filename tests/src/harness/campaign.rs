@@ -49,7 +49,7 @@ impl Backend {
         }
     }
 
-    fn server(self) -> Option<ServerKind> {
+    pub(crate) fn server(self) -> Option<ServerKind> {
         match self {
             Self::File => None,
             Self::Postgres => Some(ServerKind::Postgres),

@@ -21,6 +21,8 @@ pub enum Mode {
     /// Forwards nothing, in either direction, on old and new connections alike; the bytes wait
     /// and flow again, late, when the mode changes (a partition that heals before TCP gives up).
     Cut,
+    /// Closes every connection, and every new one at once: a server (or the proxy) that is down.
+    Down,
 }
 
 /// A running proxy; stops listening when dropped (open connections are aborted too).
@@ -45,6 +47,10 @@ impl Proxy {
             let mut connections = tokio::task::JoinSet::new();
             while let Ok((client, _)) = listener.accept().await {
                 let modes = modes.subscribe();
+                if *modes.borrow() == Mode::Down {
+                    drop(client);
+                    continue;
+                }
                 connections.spawn(async move {
                     // A refused upstream (the server is down) closes the client's connection,
                     // as the server's own refusal would.
@@ -101,7 +107,12 @@ async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, mut mode: watch::
         }
     };
     let writer = async move {
-        while let Some((arrived, chunk)) = pending.recv().await {
+        loop {
+            let next = tokio::select! {
+                next = pending.recv() => next,
+                _ = mode.wait_for(|m| *m == Mode::Down) => return,
+            };
+            let Some((arrived, chunk)) = next else { break };
             loop {
                 let current = *mode.borrow_and_update();
                 match current {
@@ -118,6 +129,7 @@ async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, mut mode: watch::
                             return;
                         }
                     }
+                    Mode::Down => return,
                 }
             }
             if to.write_all(&chunk).await.is_err() {

@@ -1,0 +1,302 @@
+//! An outage seen by a waiting follower: two `leader run` replicas on one backend, the holder
+//! killed while the follower's store is down (its proxy closes every connection) or its record
+//! unreadable (the file lock), for a while; then the store is back. Counts the follower's failed
+//! attempts from its own metrics (`leader_election_errors_total{operation="acquire"}`) and times
+//! how long it takes to lead once the store is back (S9).
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::process::{Child, Command};
+use tokio::time::{Instant, sleep};
+
+use super::campaign::{Backend, HarnessError};
+use super::proxy::{Mode, Proxy};
+use super::servers::PrivateServer;
+
+/// Timings of the two replicas.
+#[derive(Clone, Copy, Debug)]
+pub struct Timings {
+    /// `--lease-duration`.
+    pub lease: Duration,
+    /// `--renew-deadline`.
+    pub renew: Duration,
+    /// `--retry-period`.
+    pub retry: Duration,
+}
+
+impl Default for Timings {
+    fn default() -> Self {
+        Self {
+            lease: Duration::from_secs(3),
+            renew: Duration::from_secs(2),
+            retry: Duration::from_millis(300),
+        }
+    }
+}
+
+/// What the follower did.
+#[derive(Clone, Debug)]
+pub struct OutageReport {
+    /// The backend.
+    pub backend: Backend,
+    /// How long the store was down (or the record unreadable).
+    pub outage: Duration,
+    /// Failed attempts per second in consecutive windows of the outage.
+    pub rates: Vec<(Duration, f64)>,
+    /// Failed attempts over the whole outage.
+    pub failures: u64,
+    /// From the store's return to the follower leading.
+    pub recovery: Option<Duration>,
+}
+
+impl OutageReport {
+    /// Failed attempts a second over the whole outage.
+    #[must_use]
+    pub fn rate(&self) -> f64 {
+        self.failures as f64 / self.outage.as_secs_f64()
+    }
+}
+
+struct Replica {
+    child: Child,
+    metrics: String,
+}
+
+impl Replica {
+    fn spawn(
+        leader: &Path,
+        lock: &str,
+        identity: &str,
+        timings: Timings,
+    ) -> Result<Self, HarnessError> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map_err(|source| HarnessError::Io {
+                what: "a free port".into(),
+                source,
+            })?
+            .port();
+        let metrics = format!("127.0.0.1:{port}");
+        let ms = |d: Duration| format!("{}ms", d.as_millis());
+        let child = Command::new(leader)
+            .args([
+                "run",
+                "--lock",
+                lock,
+                "--name",
+                "outage",
+                "--identity",
+                identity,
+            ])
+            .args(["--lease-duration", &ms(timings.lease)])
+            .args(["--renew-deadline", &ms(timings.renew)])
+            .args(["--retry-period", &ms(timings.retry)])
+            .args(["--metrics-addr", &metrics])
+            .args(["--", "sleep", "3600"])
+            .env(
+                "RUST_LOG",
+                std::env::var("OUTAGE_LOG").unwrap_or_else(|_| "error".into()),
+            )
+            .stdout(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|source| HarnessError::Io {
+                what: format!("spawning {}", leader.display()),
+                source,
+            })?;
+        Ok(Self { child, metrics })
+    }
+
+    /// The replica's metrics page, or an empty one while it is not serving yet.
+    async fn metrics(&self) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let Ok(mut stream) = tokio::net::TcpStream::connect(&self.metrics).await else {
+            return String::new();
+        };
+        let request = format!("GET /metrics HTTP/1.0\r\nHost: {}\r\n\r\n", self.metrics);
+        let mut page = String::new();
+        if stream.write_all(request.as_bytes()).await.is_ok() {
+            let _ = stream.read_to_string(&mut page).await;
+        }
+        page
+    }
+
+    async fn leads(&self) -> bool {
+        self.metrics()
+            .await
+            .contains(r#"leader_election_master_status{name="outage"} 1"#)
+    }
+
+    async fn failed_attempts(&self) -> u64 {
+        self.metrics()
+            .await
+            .lines()
+            .filter(|l| {
+                l.starts_with("leader_election_errors_total")
+                    && l.contains(r#"operation="acquire""#)
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>() as u64
+    }
+
+    async fn wait_leading(&self, within: Duration) -> Option<Duration> {
+        let started = Instant::now();
+        while started.elapsed() < within {
+            if self.leads().await {
+                return Some(started.elapsed());
+            }
+            sleep(Duration::from_millis(10)).await;
+        }
+        None
+    }
+}
+
+/// Runs one outage of `outage` on `backend`, sampling the follower's failures every `window`.
+///
+/// # Errors
+/// A private server, a proxy or a replica could not be started.
+pub async fn measure(
+    backend: Backend,
+    leader: &Path,
+    timings: Timings,
+    outage: Duration,
+    window: Duration,
+) -> Result<OutageReport, HarnessError> {
+    let dir = tempfile::tempdir().map_err(|source| HarnessError::Io {
+        what: "temporary directory".into(),
+        source,
+    })?;
+    let server = match backend.server() {
+        Some(kind) => Some(
+            tokio::task::spawn_blocking(move || PrivateServer::start(kind))
+                .await
+                .expect("server task")?,
+        ),
+        None => None,
+    };
+    let proxy = match &server {
+        Some(server) => Some(
+            Proxy::start(std::net::SocketAddr::from(([127, 0, 0, 1], server.port())))
+                .await
+                .map_err(|source| HarnessError::Io {
+                    what: "proxy".into(),
+                    source,
+                })?,
+        ),
+        None => None,
+    };
+    let lock_dir: PathBuf = dir.path().join("lock");
+    let url = |port: u16| match backend {
+        Backend::File => format!("file://{}", lock_dir.display()),
+        Backend::Postgres => format!("postgres://postgres@127.0.0.1:{port}/postgres"),
+        Backend::Redis => format!("redis://127.0.0.1:{port}"),
+        Backend::Etcd => format!("etcd://127.0.0.1:{port}"),
+    };
+    let direct = server.as_ref().map_or(0, PrivateServer::port);
+    let proxied = proxy.as_ref().map_or(0, Proxy::port);
+    let mut holder = Replica::spawn(leader, &url(direct), "holder", timings)?;
+    let setup = Duration::from_secs(20);
+    let _ = holder.wait_leading(setup).await;
+    let follower = Replica::spawn(leader, &url(proxied), "follower", timings)?;
+    // The follower reads the holder's record and waits.
+    sleep(timings.retry * 4).await;
+
+    match &proxy {
+        Some(proxy) => proxy.set(Mode::Down),
+        None => corrupt_newest(&lock_dir)?,
+    }
+    let _ = holder.child.kill().await;
+    let began = Instant::now();
+    let first = follower.failed_attempts().await;
+    let mut rates = Vec::new();
+    let mut last = first;
+    while began.elapsed() + window <= outage {
+        sleep(window).await;
+        let now = follower.failed_attempts().await;
+        rates.push((began.elapsed(), (now - last) as f64 / window.as_secs_f64()));
+        last = now;
+    }
+    sleep(outage.saturating_sub(began.elapsed())).await;
+    let failures = follower.failed_attempts().await - first;
+    let outage = began.elapsed();
+
+    match &proxy {
+        Some(proxy) => proxy.set(Mode::Open),
+        None => remove_garbage(&lock_dir)?,
+    }
+    let recovery = follower.wait_leading(timings.lease * 4).await;
+    drop(follower);
+    drop(server);
+    Ok(OutageReport {
+        backend,
+        outage,
+        rates,
+        failures,
+        recovery,
+    })
+}
+
+const GARBAGE: &str = "v09999999999999999999.json";
+
+/// Makes the file lock's record unreadable: a newest version that is not a record.
+fn corrupt_newest(dir: &Path) -> Result<(), HarnessError> {
+    std::fs::write(dir.join(GARBAGE), b"{not a record").map_err(|source| HarnessError::Io {
+        what: "corrupting the record".into(),
+        source,
+    })
+}
+
+fn remove_garbage(dir: &Path) -> Result<(), HarnessError> {
+    std::fs::remove_file(dir.join(GARBAGE)).map_err(|source| HarnessError::Io {
+        what: "removing the corrupt record".into(),
+        source,
+    })
+}
+
+/// A Markdown table of reports.
+#[must_use]
+pub fn table(reports: &[OutageReport], timings: Timings) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::from(
+        "| backend | outage | failed attempts | per second, overall | per second, first 5 s | per second, last 10 s | leader after the store is back |\n|---|---|---|---|---|---|---|\n",
+    );
+    for r in reports {
+        let window = |from: f64, to: f64| {
+            let rates: Vec<f64> = r
+                .rates
+                .iter()
+                .filter(|(at, _)| at.as_secs_f64() > from && at.as_secs_f64() <= to)
+                .map(|(_, rate)| *rate)
+                .collect();
+            if rates.is_empty() {
+                "n/a".to_owned()
+            } else {
+                format!("{:.2}", rates.iter().sum::<f64>() / rates.len() as f64)
+            }
+        };
+        let secs = r.outage.as_secs_f64();
+        let _ = writeln!(
+            out,
+            "| {} | {:.0} s | {} | {:.2} | {} | {} | {} |",
+            r.backend.name(),
+            secs,
+            r.failures,
+            r.rate(),
+            window(0.0, 5.0),
+            window(secs - 10.0, secs),
+            r.recovery
+                .map_or("none".to_owned(), |d| format!("{} ms", d.as_millis())),
+        );
+    }
+    let _ = writeln!(
+        out,
+        "\nlease {:?}, renew deadline {:?}, retry period {:?}: the bound is 1 / retry period = {:.2} a second, falling with back-off.",
+        timings.lease,
+        timings.renew,
+        timings.retry,
+        1.0 / timings.retry.as_secs_f64()
+    );
+    out
+}

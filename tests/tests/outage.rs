@@ -1,0 +1,101 @@
+//! S9 end to end: a follower `leader run` whose store goes down (a proxy in front of a private
+//! Postgres, Redis or etcd closes every connection) or whose file lock record turns unreadable,
+//! after the holder was killed. It must not retry faster than its retry period, must back off
+//! during the outage, and must lead soon after the store is back.
+//!
+//! `OUTAGE_SECS` sets the outage (default 12 s); the benchmark `outage` runs 30 s and prints the
+//! table BENCHMARKS.md quotes.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use leader_core::conformance::in_ci;
+use leader_tests::harness::campaign::Backend;
+use leader_tests::harness::outage::{self, Timings};
+
+fn check(backend: Backend) {
+    let seconds: u64 = std::env::var("OUTAGE_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(12);
+    let timings = Timings::default();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let report = match runtime.block_on(outage::measure(
+        backend,
+        &PathBuf::from(env!("CARGO_BIN_EXE_leader-e2e")),
+        timings,
+        Duration::from_secs(seconds),
+        Duration::from_secs(1),
+    )) {
+        Ok(report) => report,
+        Err(err) if !in_ci() => {
+            eprintln!("skipping {}: {err}", backend.name());
+            return;
+        }
+        Err(err) => panic!(
+            "CI=true and the {} outage cannot run: {err}",
+            backend.name()
+        ),
+    };
+    eprintln!("{}", outage::table(std::slice::from_ref(&report), timings));
+    let name = backend.name();
+    let outage = report.outage.as_secs_f64();
+    // S9: never faster than one attempt per retry period (plus the one at the start).
+    let hard = (outage / timings.retry.as_secs_f64()).floor() as u64 + 2;
+    assert!(
+        report.failures <= hard,
+        "{name}: {} failed attempts in {outage:.1} s, more than {hard}",
+        report.failures
+    );
+    assert!(
+        report.failures >= 3,
+        "{name}: it stopped trying: {report:?}"
+    );
+    // Backing off: in the second half, about one attempt per half a lease to a lease.
+    let second_half: Vec<f64> = report
+        .rates
+        .iter()
+        .filter(|(at, _)| at.as_secs_f64() > outage / 2.0)
+        .map(|(_, rate)| *rate)
+        .collect();
+    let late = second_half.iter().sum::<f64>() / second_half.len().max(1) as f64;
+    let bound = 2.0 / timings.lease.as_secs_f64() + 0.25;
+    assert!(
+        late <= bound,
+        "{name}: {late:.2} failed attempts a second late in the outage, more than {bound:.2}: {:?}",
+        report.rates
+    );
+    // Back soon: the back-off cap (a lease) plus a jittered retry, with a margin for the load.
+    let within = timings.lease + timings.retry.mul_f64(2.2) + Duration::from_secs(2);
+    let recovery = report
+        .recovery
+        .unwrap_or_else(|| panic!("{name}: no leader after the store came back"));
+    assert!(
+        recovery <= within,
+        "{name}: leader {recovery:?} after the store came back, more than {within:?}"
+    );
+}
+
+#[test]
+fn a_waiting_follower_backs_off_during_an_outage_on_postgres() {
+    check(Backend::Postgres);
+}
+
+#[test]
+fn a_waiting_follower_backs_off_during_an_outage_on_redis() {
+    check(Backend::Redis);
+}
+
+#[test]
+fn a_waiting_follower_backs_off_during_an_outage_on_etcd() {
+    check(Backend::Etcd);
+}
+
+#[test]
+fn a_waiting_follower_backs_off_on_an_unreadable_file_lock_record() {
+    check(Backend::File);
+}
