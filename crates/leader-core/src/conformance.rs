@@ -308,6 +308,12 @@ pub async fn invalid_record_is_reported_and_kept(factory: &dyn LockFactory) {
         matches!(err, LockError::InvalidRecord { .. }),
         "get of a corrupt record: expected InvalidRecord, got {err:?}"
     );
+    let message = err.to_string();
+    assert_eq!(
+        message.matches("invalid lock record").count(),
+        1,
+        "the message says what is wrong once: {message}"
+    );
     assert!(
         lock.create(&record("a", 1)).await.is_err(),
         "create over a corrupt record must fail"

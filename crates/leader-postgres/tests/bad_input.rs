@@ -193,6 +193,12 @@ async fn a_wrong_password_is_a_clear_error_that_never_shows_the_password() {
         eprintln!("skipping: {why}");
         return;
     }
+    // The table first: the grant below names it, and nothing else may have created it yet.
+    PostgresStore::builder(common::database_url())
+        .create_table(true)
+        .build()
+        .await
+        .expect("table");
     admin
         .batch_execute(
             "DO $$ BEGIN CREATE ROLE leader_password_test LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$; \
@@ -201,11 +207,6 @@ async fn a_wrong_password_is_a_clear_error_that_never_shows_the_password() {
         )
         .await
         .expect("role");
-    PostgresStore::builder(common::database_url())
-        .create_table(true)
-        .build()
-        .await
-        .expect("table");
     let secret = "wr0ng-Pa55word";
     for conn in [conn_as("leader_password_test", secret), {
         let config: tokio_postgres::Config = conn_as("x", "y").parse().expect("config");
