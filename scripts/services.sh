@@ -91,3 +91,35 @@ ensure_etcd() {
   wait_port 127.0.0.1 2379 etcd
 }
 
+
+# Fresh places for one test run, so that nothing an earlier run left can make it pass: an empty
+# Postgres database, an emptied Redis database number, an etcd key prefix nobody used. Exports
+# DATABASE_URL, REDIS_URL and ETCD_PREFIX for what the caller did not set, and
+# FRESH_DATABASE for drop_fresh_targets.
+fresh_test_targets() {
+  local tag
+  tag="$(date +%s)_$$_${RANDOM}"
+  if [ -z "${DATABASE_URL:-}" ]; then
+    FRESH_DATABASE="leader_test_${tag}"
+    psql -qAt "postgres://postgres:postgres@127.0.0.1:5432/postgres" -c "CREATE DATABASE ${FRESH_DATABASE}" >/dev/null
+    export DATABASE_URL="postgres://postgres:postgres@127.0.0.1:5432/${FRESH_DATABASE}"
+    log "tests use the new database ${FRESH_DATABASE}"
+  fi
+  if [ -z "${REDIS_URL:-}" ]; then
+    local db=$((1 + RANDOM % 15))
+    redis-cli -h 127.0.0.1 -p 6379 -n "$db" FLUSHDB >/dev/null
+    export REDIS_URL="redis://127.0.0.1:6379/${db}"
+    log "tests use Redis database ${db}, emptied"
+  fi
+  if [ -z "${ETCD_PREFIX:-}" ]; then
+    export ETCD_PREFIX="leader-test-${tag}/"
+    log "tests use the etcd prefix ${ETCD_PREFIX}"
+  fi
+}
+
+drop_fresh_targets() {
+  if [ -n "${FRESH_DATABASE:-}" ]; then
+    psql -qAt "postgres://postgres:postgres@127.0.0.1:5432/postgres" \
+      -c "DROP DATABASE IF EXISTS ${FRESH_DATABASE} WITH (FORCE)" >/dev/null 2>&1 || true
+  fi
+}

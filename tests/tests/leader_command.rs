@@ -215,7 +215,8 @@ async fn etcd_lock_one_job_at_a_time_and_handovers() {
         eprintln!("skipping: no etcd; run scripts/test");
         return;
     }
-    handovers(&format!("etcd://{}", hosts.join(","))).await;
+    let prefix = std::env::var("ETCD_PREFIX").unwrap_or_else(|_| "leader/".into());
+    handovers(&format!("etcd://{}/?prefix={prefix}", hosts.join(","))).await;
 }
 
 async fn run_to_end(args: &[&str], env: &[(&str, &str)]) -> ExitStatus {

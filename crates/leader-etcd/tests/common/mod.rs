@@ -21,13 +21,18 @@ pub fn endpoints() -> Vec<String> {
 
 pub use leader_core::conformance::in_ci;
 
-/// A store on the test cluster; `None` (outside CI) without one.
+/// The key prefix of this test run (`ETCD_PREFIX`), if one is set.
+pub fn prefix() -> Option<String> {
+    std::env::var("ETCD_PREFIX").ok().filter(|p| !p.is_empty())
+}
+
+/// A store on the test cluster, under the run's prefix; `None` (outside CI) without one.
 pub async fn store() -> Option<EtcdStore> {
-    match EtcdStore::builder(endpoints())
-        .timeout(Duration::from_secs(2))
-        .build()
-        .await
-    {
+    let mut builder = EtcdStore::builder(endpoints()).timeout(Duration::from_secs(2));
+    if let Some(prefix) = prefix() {
+        builder = builder.prefix(prefix);
+    }
+    match builder.build().await {
         Ok(store) if store.client().status().await.is_ok() => Some(store),
         result if !in_ci() => {
             eprintln!(
