@@ -13,7 +13,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{Backend, ms, percentile};
-use leader_core::conformance::Candidate;
+use leader_test_support::Candidate;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {

@@ -70,8 +70,4 @@ pub fn term_events(path: &std::path::Path) -> Vec<TermEvent> {
 }
 
 /// The Postgres of `DATABASE_URL` (default: loopback), where the fenced sink lives.
-#[must_use]
-pub fn database_url() -> String {
-    std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres:postgres@127.0.0.1:5432/postgres".into())
-}
+pub use leader_test_support::database_url;

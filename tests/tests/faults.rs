@@ -14,7 +14,7 @@
 use std::path::PathBuf;
 use std::sync::Mutex;
 
-use leader_core::conformance::in_ci;
+use leader_test_support::in_ci;
 use leader_tests::database_url;
 use leader_tests::harness::campaign::{self, Backend, Fault, Programs, Report, Settings};
 

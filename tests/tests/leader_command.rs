@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
-use leader_core::conformance::in_ci;
+use leader_test_support::skip_or_fail;
 use leader_tests::{TermEvent as Event, now_ns as now, term_events as events};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -181,41 +181,33 @@ async fn file_lock_one_job_at_a_time_and_handovers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_lock_one_job_at_a_time_and_handovers() {
-    let url = std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres:postgres@127.0.0.1:5432/postgres".into());
+    let url = leader_test_support::database_url();
     if std::net::TcpStream::connect("127.0.0.1:5432").is_err() && url.contains("127.0.0.1:5432") {
-        assert!(!in_ci(), "CI=true and no Postgres at 127.0.0.1:5432");
-        eprintln!("skipping: no Postgres; run scripts/test");
-        return;
+        skip_or_fail!("no Postgres at 127.0.0.1:5432; run scripts/test");
     }
     handovers(&url).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_lock_one_job_at_a_time_and_handovers() {
-    let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let url = leader_test_support::redis_url();
     if std::net::TcpStream::connect("127.0.0.1:6379").is_err() && url.contains("127.0.0.1:6379") {
-        assert!(!in_ci(), "CI=true and no Redis at 127.0.0.1:6379");
-        eprintln!("skipping: no Redis; run scripts/test");
-        return;
+        skip_or_fail!("no Redis at 127.0.0.1:6379; run scripts/test");
     }
     handovers(&url).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_lock_one_job_at_a_time_and_handovers() {
-    let endpoints =
-        std::env::var("ETCD_ENDPOINTS").unwrap_or_else(|_| "http://127.0.0.1:2379".into());
+    let endpoints = leader_test_support::etcd_endpoints();
     let hosts: Vec<&str> = endpoints
-        .split(',')
+        .iter()
         .map(|e| e.trim_start_matches("http://"))
         .collect();
     if std::net::TcpStream::connect(hosts[0]).is_err() {
-        assert!(!in_ci(), "CI=true and no etcd at {endpoints}");
-        eprintln!("skipping: no etcd; run scripts/test");
-        return;
+        skip_or_fail!("no etcd at {endpoints:?}; run scripts/test");
     }
-    let prefix = std::env::var("ETCD_PREFIX").unwrap_or_else(|_| "leader/".into());
+    let prefix = leader_test_support::etcd_prefix().unwrap_or_else(|| "leader/".into());
     handovers(&format!("etcd://{}/?prefix={prefix}", hosts.join(","))).await;
 }
 
@@ -553,9 +545,8 @@ async fn locks_that_cannot_be_used_give_the_documented_exit_codes() {
         cases.push((vec!["run".into(), "--lock".into(), missing], 3));
     }
     // 3: an etcd user and password for a server without authentication.
-    let endpoints =
-        std::env::var("ETCD_ENDPOINTS").unwrap_or_else(|_| "http://127.0.0.1:2379".into());
-    if let Some(host) = endpoints.split(',').next()
+    let endpoints = leader_test_support::etcd_endpoints();
+    if let Some(host) = endpoints.first()
         && std::net::TcpStream::connect(host.trim_start_matches("http://")).is_ok()
     {
         let lock = format!(
@@ -565,7 +556,7 @@ async fn locks_that_cannot_be_used_give_the_documented_exit_codes() {
         cases.push((vec!["run".into(), "--lock".into(), lock], 3));
     }
     // 5: a Redis fence counter of the wrong type.
-    let redis_url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let redis_url = leader_test_support::redis_url();
     if let Ok(client) = redis::Client::open(redis_url.as_str())
         && let Ok(mut conn) = client.get_multiplexed_async_connection().await
     {

@@ -9,7 +9,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use leader_core::conformance::in_ci;
+use leader_test_support::in_ci;
 use leader_tests::harness::campaign::Backend;
 use leader_tests::harness::outage::{self, Timings};
 

@@ -2,7 +2,6 @@
 #![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
 mod child;
-mod lock_url;
 mod serve;
 
 use std::net::SocketAddr;
@@ -16,7 +15,7 @@ use leader_core::{
 };
 
 use crate::child::Program;
-use crate::lock_url::LockSpec;
+use leader::LockUrl;
 
 /// The exit codes of `leader`, besides COMMAND's own.
 pub mod exit {
@@ -189,10 +188,19 @@ async fn open_lock(
     identity: &str,
     timeout: Duration,
 ) -> Result<(Box<dyn ResourceLock>, Option<FileLock>), u8> {
-    let spec = LockSpec::parse(args.lock.as_deref(), &args.name)
-        .map_err(|err| fail(exit::BAD_LOCK, err))?;
+    let url = match args.lock.as_deref() {
+        Some(url) => LockUrl::parse(url).map_err(|err| fail(exit::BAD_LOCK, err))?,
+        None => LockUrl::File(leader::default_file(&args.name)),
+    };
     let opened = async {
-        let (lock, file) = spec.open(&args.name, identity).await?;
+        let (lock, file): (Box<dyn ResourceLock>, _) = match &url {
+            // The same lock, kept as a `FileLock` too: its term lock is handed to COMMAND.
+            LockUrl::File(path) => {
+                let file = FileLock::new(path, identity);
+                (Box::new(file.clone()), Some(file))
+            }
+            other => (other.open(&args.name, identity).await?, None),
+        };
         lock.get().await?;
         Ok::<_, LockError>((lock, file))
     };
@@ -201,7 +209,7 @@ async fn open_lock(
         Ok(Err(err)) => Err(fail(code_for(&err), err)),
         Err(_) => Err(fail(
             exit::UNREACHABLE,
-            format!("{}: no answer within {timeout:?}", spec.describe()),
+            format!("{}: no answer within {timeout:?}", url.describe()),
         )),
     }
 }

@@ -17,8 +17,6 @@ mod retry;
 mod runner;
 
 #[cfg(feature = "testing")]
-pub mod bench;
-#[cfg(feature = "testing")]
 pub mod conformance;
 #[cfg(feature = "testing")]
 pub mod faults;

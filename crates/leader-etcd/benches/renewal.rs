@@ -12,8 +12,9 @@ use std::error::Error;
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
-use leader_core::{ResourceLock, bench};
+use leader_core::ResourceLock;
 use leader_etcd::EtcdStore;
+use leader_test_support::bench;
 
 // Short interleaved rounds, so that drift in the machine's speed hits both rows alike.
 const ROUNDS: usize = 100;

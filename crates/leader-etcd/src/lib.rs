@@ -4,8 +4,10 @@
 
 mod error;
 mod lock;
+mod store;
 
-pub use lock::{DEFAULT_PREFIX, EtcdLock, EtcdStore, EtcdStoreBuilder};
+pub use lock::EtcdLock;
+pub use store::{DEFAULT_PREFIX, EtcdStore, EtcdStoreBuilder};
 
 /// The driver, for TLS options and clients of your own.
 pub use etcd_client;

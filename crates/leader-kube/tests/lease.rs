@@ -138,7 +138,7 @@ async fn leases_with_odd_values_are_read_and_taken_over() {
             .expect("an odd Lease is readable")
             .expect("lease");
         assert_eq!(observed.record.holder_identity, "gone", "{name}");
-        let mut elector = leader_core::conformance::Candidate::start(lock);
+        let mut elector = leader_test_support::Candidate::start(lock);
         let token = elector.wait_leading(within).await;
         assert!(token > 2, "{name}: token {token}");
         elector.stop().await;

@@ -12,8 +12,8 @@ use tokio::sync::Mutex;
 use tokio_postgres::{Client, Statement};
 
 use crate::error::map;
+use crate::lock::Election;
 use crate::store::PostgresStore;
-use crate::table::Election;
 
 /// A [`ResourceLock`] that ties leadership to a Postgres session: the record lives in the lock
 /// table as for [`TableLock`](crate::TableLock), and every write that names this candidate as
@@ -61,17 +61,25 @@ struct Session {
     unlock: Statement,
 }
 
-impl AdvisoryLock {
-    pub(crate) fn new(store: PostgresStore, name: String, identity: String) -> Self {
-        let election = Election::new(&store, name, identity);
-        Self {
+impl PostgresStore {
+    /// An advisory lock on election `name` for candidate `identity`, with a dedicated connection.
+    pub fn advisory_lock(
+        &self,
+        name: impl Into<String>,
+        identity: impl Into<String>,
+    ) -> AdvisoryLock {
+        let store = self.clone();
+        let election = Election::new(&store, name.into(), identity.into());
+        AdvisoryLock {
             store,
             election,
             idle_timeout: Duration::from_secs(30),
             session: Arc::default(),
         }
     }
+}
 
+impl AdvisoryLock {
     /// How long the server keeps this lock's session when the client goes silent (Postgres 14+
     /// `idle_session_timeout`; default 30 s). It must exceed the elector's longest wait between
     /// two requests: `retry_period * (1 + jitter)`.

@@ -4,14 +4,14 @@
 
 mod advisory;
 mod error;
+mod lock;
 mod sql;
 mod store;
-mod table;
 
 pub use advisory::AdvisoryLock;
 pub use leader_core::redact_url;
+pub use lock::TableLock;
 pub use store::{DEFAULT_SCHEMA, DEFAULT_TABLE, PostgresStore, PostgresStoreBuilder};
-pub use table::TableLock;
 
 /// The core crate, so that one dependency is enough.
 pub use leader_core;

@@ -15,10 +15,8 @@ use tokio_postgres::tls::MakeTlsConnect;
 use tokio_postgres::{AsyncMessage, Client, Config, Connection, NoTls, Socket};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
-use crate::advisory::AdvisoryLock;
 use crate::error::{BACKEND, map, map_pool};
 use crate::sql::{Kind, Statements, TableName};
-use crate::table::TableLock;
 use leader_core::redact_url;
 
 /// The default table name.
@@ -171,7 +169,8 @@ enum Connector {
     Tls(MakeRustlsConnect),
 }
 
-/// A Postgres server holding lock tables: make [`TableLock`]s and [`AdvisoryLock`]s from it.
+/// A Postgres server holding lock tables: make [`TableLock`](crate::TableLock)s and
+/// [`AdvisoryLock`](crate::AdvisoryLock)s from it.
 ///
 /// Cheap to clone; all locks made from one store share its pool and one LISTEN connection.
 #[derive(Clone)]
@@ -230,20 +229,6 @@ impl PostgresStore {
             .batch_execute(&self.inner.table_statements.create_table)
             .await
             .map_err(|err| map(&self.context(), err))
-    }
-
-    /// A table lock on election `name` for candidate `identity`.
-    pub fn lock(&self, name: impl Into<String>, identity: impl Into<String>) -> TableLock {
-        TableLock::new(self.clone(), name.into(), identity.into())
-    }
-
-    /// An advisory lock on election `name` for candidate `identity`, with a dedicated connection.
-    pub fn advisory_lock(
-        &self,
-        name: impl Into<String>,
-        identity: impl Into<String>,
-    ) -> AdvisoryLock {
-        AdvisoryLock::new(self.clone(), name.into(), identity.into())
     }
 
     /// The connection pool.

@@ -8,8 +8,9 @@
 use std::error::Error;
 use std::time::{Duration, Instant};
 
-use leader_core::{ResourceLock, bench};
+use leader_core::ResourceLock;
 use leader_redis::RedisStore;
+use leader_test_support::bench;
 
 // Short interleaved rounds, so that drift in the machine's speed hits all rows alike.
 const ROUNDS: usize = 200;

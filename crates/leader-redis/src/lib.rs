@@ -5,8 +5,10 @@
 mod error;
 mod lock;
 mod scripts;
+mod store;
 
-pub use lock::{DEFAULT_PREFIX, RedisLock, RedisStore, RedisStoreBuilder};
+pub use lock::RedisLock;
+pub use store::{DEFAULT_PREFIX, RedisStore, RedisStoreBuilder};
 
 /// The core crate, so that one dependency is enough.
 pub use leader_core;

@@ -1,122 +1,17 @@
-//! The store (connection, subscriber) and the lock.
+//! The lock: one election's hash, fence counter and release channel on a [`RedisStore`].
 
-use std::fmt;
-use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use futures_util::StreamExt;
 use leader_core::{
-    Acquisition, ChangeHub, ChangeStream, LeaderElectionRecord, LockError, Observed, ResourceLock,
-    Version, redact_url,
+    Acquisition, ChangeStream, LeaderElectionRecord, LockError, Observed, ResourceLock, Version,
 };
-use redis::Client;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig, PubSubSink};
-use tokio::sync::Mutex;
 
 use crate::error::{BACKEND, map};
 use crate::scripts::{self, LuaScript};
-
-/// The default key prefix.
-pub const DEFAULT_PREFIX: &str = "leader:";
-
-/// Builds a [`RedisStore`]; start with [`RedisStore::builder`].
-#[must_use = "builder does nothing itself, use `.build()` to build it"]
-pub struct RedisStoreBuilder {
-    url: String,
-    prefix: String,
-}
-
-impl fmt::Debug for RedisStoreBuilder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisStoreBuilder")
-            .field("url", &redact_url(&self.url))
-            .field("prefix", &self.prefix)
-            .finish()
-    }
-}
-
-impl RedisStoreBuilder {
-    /// The prefix of every key (default `leader:`). An election `jobs` lives in the hash
-    /// `leader:{jobs}`, its fencing counter in `leader:{jobs}:fence` (one hash slot, should you
-    /// point it at a cluster-compatible proxy).
-    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.prefix = prefix.into();
-        self
-    }
-
-    /// Parses the URL and prepares a connection that opens on first use and reconnects by itself.
-    pub async fn build(self) -> Result<RedisStore, LockError> {
-        let redacted = redact_url(&self.url);
-        let client = Client::open(self.url.as_str()).map_err(|err| LockError::Misconfigured {
-            backend: BACKEND,
-            message: format!(
-                "invalid Redis URL {redacted}: {}",
-                err.detail().unwrap_or("cannot parse it")
-            ),
-        })?;
-        let connection = new_manager(&client).map_err(|err| map(&redacted, err))?;
-        Ok(RedisStore {
-            inner: Arc::new(Inner {
-                client,
-                connection: StdMutex::new(connection),
-                redacted,
-                prefix: self.prefix,
-                subscriber: Subscriber::default(),
-            }),
-        })
-    }
-}
-
-/// A connection that opens on first use and reconnects after connection errors.
-fn new_manager(client: &Client) -> redis::RedisResult<ConnectionManager> {
-    let config = ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(Duration::from_secs(3)))
-        .set_number_of_retries(1)
-        .set_max_delay(Duration::from_millis(500));
-    ConnectionManager::new_lazy_with_config(client.clone(), config)
-}
-
-/// A Redis server holding elections: make [`RedisLock`]s from it. Cheap to clone; all locks of
-/// a store share one multiplexed connection (reconnected when it breaks) and one pub/sub
-/// connection.
-#[derive(Clone)]
-pub struct RedisStore {
-    inner: Arc<Inner>,
-}
-
-struct Inner {
-    client: Client,
-    connection: StdMutex<ConnectionManager>,
-    redacted: String,
-    prefix: String,
-    subscriber: Subscriber,
-}
-
-impl fmt::Debug for RedisStore {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisStore")
-            .field("url", &self.inner.redacted)
-            .field("prefix", &self.inner.prefix)
-            .finish_non_exhaustive()
-    }
-}
+use crate::store::RedisStore;
 
 impl RedisStore {
-    /// A builder for the server at `url`: `redis://[[user]:password@]host[:port][/db]`, or
-    /// `rediss://` for TLS (verified against the Mozilla roots).
-    pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
-        RedisStoreBuilder {
-            url: url.into(),
-            prefix: DEFAULT_PREFIX.to_owned(),
-        }
-    }
-
-    /// A store for the server at `url` with the default prefix.
-    pub async fn connect(url: impl Into<String>) -> Result<Self, LockError> {
-        Self::builder(url).build().await
-    }
-
     /// A lock on election `name` for candidate `identity`.
     pub fn lock(&self, name: impl Into<String>, identity: impl Into<String>) -> RedisLock {
         let name = name.into();
@@ -128,33 +23,6 @@ impl RedisStore {
             channel: format!("{prefix}{{{name}}}:released"),
             name,
             identity: identity.into(),
-        }
-    }
-
-    /// The URL with the password redacted.
-    pub fn redacted_url(&self) -> &str {
-        &self.inner.redacted
-    }
-
-    /// The shared connection, for commands of your own.
-    pub fn connection(&self) -> ConnectionManager {
-        self.inner
-            .connection
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-
-    /// Replaces a connection that will not recover by itself: the driver's manager reconnects
-    /// after I/O errors but keeps returning a failed authentication forever, even once the
-    /// password has been fixed on the server.
-    fn renew_connection(&self) {
-        if let Ok(fresh) = new_manager(&self.inner.client) {
-            *self
-                .inner
-                .connection
-                .lock()
-                .unwrap_or_else(|p| p.into_inner()) = fresh;
         }
     }
 }
@@ -368,51 +236,5 @@ impl ResourceLock for RedisLock {
                 expires_in: u64::try_from(left_ms).ok().map(Duration::from_millis),
             }
         }))
-    }
-}
-
-/// One pub/sub connection per store, fanned out to the followers of each channel.
-#[derive(Default)]
-struct Subscriber {
-    sink: Mutex<Option<PubSubSink>>,
-    hub: ChangeHub,
-}
-
-impl Subscriber {
-    async fn subscribe(
-        &self,
-        store: &RedisStore,
-        channel: &str,
-    ) -> Result<ChangeStream, LockError> {
-        let mut sink = self.sink.lock().await;
-        if sink.is_none() || !self.hub.contains(channel) {
-            if sink.is_none() {
-                self.hub.close();
-                let pubsub = store
-                    .inner
-                    .client
-                    .get_async_pubsub()
-                    .await
-                    .map_err(|err| map(&store.inner.redacted, err))?;
-                let (new_sink, mut messages) = pubsub.split();
-                let hub = self.hub.clone();
-                tokio::spawn(async move {
-                    while let Some(message) = messages.next().await {
-                        hub.notify(message.get_channel_name());
-                    }
-                    // The connection is gone: end every follower's stream so they subscribe again.
-                    hub.close();
-                });
-                *sink = Some(new_sink);
-            }
-            let Some(active) = sink.as_mut() else {
-                unreachable!("connected above");
-            };
-            if let Err(err) = active.subscribe(channel).await {
-                *sink = None;
-                return Err(map(&store.inner.redacted, err));
-            }
-        }
-        Ok(self.hub.subscribe(channel))
     }
 }

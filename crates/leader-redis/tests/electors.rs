@@ -2,7 +2,7 @@
 
 mod common;
 
-use leader_core::conformance::next_leader;
+use leader_test_support::next_leader;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! `REDIS_URL` and `ETCD_ENDPOINTS` (loopback by default), and a few numbers read off the
 //! servers and this process.
 
-#![allow(dead_code, unreachable_pub)]
+#![allow(dead_code, unreachable_pub, unused_imports)]
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,19 +12,7 @@ use leader_etcd::EtcdStore;
 use leader_postgres::PostgresStore;
 use leader_redis::RedisStore;
 
-pub use leader_tests::database_url;
-
-pub fn redis_url() -> String {
-    std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
-}
-
-pub fn etcd_endpoints() -> Vec<String> {
-    std::env::var("ETCD_ENDPOINTS")
-        .unwrap_or_else(|_| "http://127.0.0.1:2379".into())
-        .split(',')
-        .map(str::to_owned)
-        .collect()
-}
+pub use leader_test_support::{database_url, etcd_endpoints, redis_url};
 
 /// A backend with everything needed to make locks on it.
 pub enum Backend {
@@ -178,13 +166,7 @@ pub fn memory_kb(field: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// The `percent`th percentile of sorted samples.
-pub fn percentile(sorted: &[Duration], percent: usize) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    sorted[(sorted.len() * percent / 100).min(sorted.len() - 1)]
-}
+pub use leader_test_support::bench::percentile;
 
 pub fn ms(d: Duration) -> String {
     format!("{:.1} ms", d.as_secs_f64() * 1e3)

@@ -11,20 +11,9 @@ use leader_core::conformance::LockFactory;
 use leader_core::{ResourceLock, async_trait};
 use leader_etcd::EtcdStore;
 
-pub fn endpoints() -> Vec<String> {
-    std::env::var("ETCD_ENDPOINTS")
-        .unwrap_or_else(|_| "http://127.0.0.1:2379".to_owned())
-        .split(',')
-        .map(str::to_owned)
-        .collect()
-}
+pub use leader_test_support::{etcd_endpoints as endpoints, etcd_prefix as prefix};
 
-pub use leader_core::conformance::in_ci;
-
-/// The key prefix of this test run (`ETCD_PREFIX`), if one is set.
-pub fn prefix() -> Option<String> {
-    std::env::var("ETCD_PREFIX").ok().filter(|p| !p.is_empty())
-}
+pub use leader_test_support::in_ci;
 
 /// A store on the test cluster, under the run's prefix; `None` (outside CI) without one.
 pub async fn store() -> Option<EtcdStore> {
@@ -75,7 +64,7 @@ impl LockFactory for Factory {
     }
 }
 
-pub use leader_core::conformance::{Candidate as Running, LEASE, RENEW, RETRY};
+pub use leader_test_support::{Candidate as Running, LEASE, RENEW, RETRY};
 
 /// An etcd server of the test's own on loopback, with its data in a temporary directory that
 /// outlives restarts. Killed when dropped.

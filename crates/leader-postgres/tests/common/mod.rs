@@ -9,13 +9,9 @@ use leader_core::conformance::LockFactory;
 use leader_core::{ResourceLock, async_trait};
 use leader_postgres::PostgresStore;
 
-pub const DEFAULT_URL: &str = "postgres://postgres:postgres@127.0.0.1:5432/postgres";
+pub use leader_test_support::database_url;
 
-pub fn database_url() -> String {
-    std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_URL.to_owned())
-}
-
-pub use leader_core::conformance::in_ci;
+pub use leader_test_support::in_ci;
 
 /// A raw client for setting up and breaking things.
 pub async fn admin() -> Option<tokio_postgres::Client> {
@@ -54,7 +50,7 @@ pub fn unique(prefix: &str) -> String {
     format!("{prefix}-{:08x}", fastrand::u32(..))
 }
 
-pub use leader_core::conformance::{Candidate as Running, LEASE, RENEW, RETRY};
+pub use leader_test_support::{Candidate as Running, LEASE, RENEW, RETRY};
 
 /// Locks for the conformance suite: table or advisory locks of one store.
 pub struct Factory {

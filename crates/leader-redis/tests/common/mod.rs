@@ -9,11 +9,9 @@ use leader_core::{ResourceLock, async_trait};
 use leader_redis::RedisStore;
 use redis::aio::MultiplexedConnection;
 
-pub fn redis_url() -> String {
-    std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
-}
+pub use leader_test_support::redis_url;
 
-pub use leader_core::conformance::in_ci;
+pub use leader_test_support::in_ci;
 
 /// A raw connection for setting up and breaking things; `None` (outside CI) without a server.
 pub async fn admin() -> Option<MultiplexedConnection> {
@@ -43,7 +41,7 @@ pub fn unique(prefix: &str) -> String {
     format!("{prefix}-{:08x}", fastrand::u32(..))
 }
 
-pub use leader_core::conformance::{Candidate as Running, LEASE, RENEW, RETRY};
+pub use leader_test_support::{Candidate as Running, LEASE, RENEW, RETRY};
 
 /// Locks for the conformance suite.
 pub struct Factory {

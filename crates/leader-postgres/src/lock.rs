@@ -197,12 +197,16 @@ fn written(
     })
 }
 
-impl TableLock {
-    pub(crate) fn new(store: PostgresStore, name: String, identity: String) -> Self {
-        let election = Election::new(&store, name, identity);
-        Self { store, election }
+impl PostgresStore {
+    /// A table lock on election `name` for candidate `identity`.
+    pub fn lock(&self, name: impl Into<String>, identity: impl Into<String>) -> TableLock {
+        let store = self.clone();
+        let election = Election::new(&store, name.into(), identity.into());
+        TableLock { store, election }
     }
+}
 
+impl TableLock {
     /// The election's name (its row's primary key).
     pub fn name(&self) -> &str {
         &self.election.name

@@ -1,11 +1,11 @@
-//! Helpers for the backends' renewal benchmarks (feature `testing`).
+//! Helpers for the backends' renewal benchmarks.
 
 use std::time::Duration;
 
 use chrono::Utc;
 
-use crate::faults::FaultyLock;
-use crate::{
+use leader_core::faults::FaultyLock;
+use leader_core::{
     Acquisition, CancellationToken, LeaderElectionRecord, LeaderElector, Observed, ResourceLock,
 };
 
@@ -48,7 +48,7 @@ pub async fn acquire(
     lock: &dyn ResourceLock,
     identity: &str,
 ) -> Result<Observed, Box<dyn std::error::Error>> {
-    let desired = renewed(&crate::conformance::record(identity, 0));
+    let desired = renewed(&leader_core::conformance::record(identity, 0));
     match lock.try_acquire(&desired).await? {
         Some(Acquisition::Acquired(observed)) => Ok(observed),
         other => Err(format!("could not take the lease again: {other:?}").into()),

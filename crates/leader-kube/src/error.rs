@@ -1,0 +1,54 @@
+//! Mapping of API errors onto the core's error kinds.
+
+use kube::core::Status;
+use leader_core::LockError;
+
+pub(crate) const BACKEND: &str = "kubernetes";
+
+/// Maps a client error for `verb` on the Lease named in `context`.
+pub(crate) fn map(context: &str, verb: &str, err: kube::Error) -> LockError {
+    match err {
+        kube::Error::Api(status) => map_status(context, verb, &status),
+        kube::Error::HyperError(_) | kube::Error::Service(_) | kube::Error::HttpError(_) => {
+            LockError::unavailable(BACKEND, format!("{context}: {err}"))
+        }
+        kube::Error::SerdeError(_) => {
+            LockError::invalid_record(BACKEND, format!("{context}: {err}"))
+        }
+        other => LockError::other(BACKEND, format!("{context}: {other}")),
+    }
+}
+
+fn map_status(context: &str, verb: &str, status: &Status) -> LockError {
+    if status.is_conflict()
+        || status.is_already_exists()
+        || (status.is_not_found() && verb == "update")
+    {
+        return LockError::conflict(BACKEND);
+    }
+    if status.is_forbidden() {
+        return LockError::Forbidden {
+            backend: BACKEND,
+            message: format!(
+                "{context}: {}; the Role needs the verb {verb:?} on leases.coordination.k8s.io (see deploy/kubernetes/rbac.yaml)",
+                status.message
+            ),
+        };
+    }
+    match status.code {
+        401 => LockError::Forbidden {
+            backend: BACKEND,
+            message: format!("{context}: authentication failed: {}", status.message),
+        },
+        404 => LockError::Misconfigured {
+            backend: BACKEND,
+            message: format!("{context}: {} (does the namespace exist?)", status.message),
+        },
+        422 => LockError::invalid_record(BACKEND, format!("{context}: {}", status.message)),
+        429 | 500.. => LockError::unavailable(BACKEND, format!("{context}: {}", status.message)),
+        _ => LockError::other(
+            BACKEND,
+            format!("{context}: {} ({})", status.message, status.reason),
+        ),
+    }
+}

@@ -1,0 +1,156 @@
+//! What the workspace's tests and benchmarks share, written once: the service URLs and their
+//! defaults, the rule that a missing service fails under CI and is skipped elsewhere, candidates
+//! running in the background with short timings, and the benchmark tables. Not published.
+
+#![forbid(unsafe_code)]
+
+use std::time::Duration;
+
+use leader_core::{CancellationToken, LeaderElector, LeaderState, ResourceLock};
+
+pub mod bench;
+
+/// `DATABASE_URL`'s default: the loopback server's `postgres` database.
+pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres:postgres@127.0.0.1:5432/postgres";
+/// `REDIS_URL`'s default.
+pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379";
+/// `ETCD_ENDPOINTS`'s default.
+pub const DEFAULT_ETCD_ENDPOINTS: &str = "http://127.0.0.1:2379";
+
+/// The Postgres the tests use: `DATABASE_URL`, or the loopback server.
+pub fn database_url() -> String {
+    std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.to_owned())
+}
+
+/// The Redis the tests use: `REDIS_URL`, or the loopback server.
+pub fn redis_url() -> String {
+    std::env::var("REDIS_URL").unwrap_or_else(|_| DEFAULT_REDIS_URL.to_owned())
+}
+
+/// The etcd members the tests use: `ETCD_ENDPOINTS` (comma-separated), or the loopback server.
+pub fn etcd_endpoints() -> Vec<String> {
+    std::env::var("ETCD_ENDPOINTS")
+        .unwrap_or_else(|_| DEFAULT_ETCD_ENDPOINTS.to_owned())
+        .split(',')
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The etcd key prefix of this test run (`ETCD_PREFIX`), if one is set.
+pub fn etcd_prefix() -> Option<String> {
+    std::env::var("ETCD_PREFIX").ok().filter(|p| !p.is_empty())
+}
+
+/// Whether this runs under CI (`CI` set to anything but empty, `false` or `0`), where a missing
+/// server is a failure instead of a reason to skip.
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0")
+}
+
+/// Skips the test (returns from it) with a line saying why, or fails it under CI, where every
+/// service must be there.
+#[macro_export]
+macro_rules! skip_or_fail {
+    ($($why:tt)+) => {{
+        let why = format!($($why)+);
+        assert!(!$crate::in_ci(), "CI=true, but {why}");
+        eprintln!("skipping: {why}");
+        return;
+    }};
+}
+
+/// The timings [`Candidate::start`] uses: short, so that tests of real backends run in seconds.
+pub const LEASE: Duration = Duration::from_secs(3);
+/// See [`LEASE`].
+pub const RENEW: Duration = Duration::from_secs(2);
+/// See [`LEASE`].
+pub const RETRY: Duration = Duration::from_millis(500);
+
+/// An elector running in the background on a backend's lock, for backend tests.
+#[derive(Debug)]
+pub struct Candidate {
+    /// Its state channel.
+    pub state: tokio::sync::watch::Receiver<LeaderState>,
+    /// Cancel it to shut the elector down.
+    pub shutdown: CancellationToken,
+    /// The elector's task.
+    pub task: tokio::task::JoinHandle<()>,
+}
+
+impl Candidate {
+    /// Starts an elector on `lock` with [`LEASE`], [`RENEW`] and [`RETRY`].
+    pub fn start(lock: impl ResourceLock + 'static) -> Self {
+        Self::start_with(lock, RETRY)
+    }
+
+    /// Starts an elector on `lock` with retry period `retry` (and a lease and deadline long
+    /// enough for it).
+    pub fn start_with(lock: impl ResourceLock + 'static, retry: Duration) -> Self {
+        let elector = LeaderElector::builder(lock)
+            .lease_duration(LEASE.max(retry * 4))
+            .renew_deadline(RENEW.max(retry * 3))
+            .retry_period(retry)
+            .build()
+            .expect("valid timings");
+        let state = elector.subscribe();
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(elector.run(shutdown.clone()));
+        Self {
+            state,
+            shutdown,
+            task,
+        }
+    }
+
+    /// The fencing token while it leads.
+    pub fn leading_token(&self) -> Option<u64> {
+        self.state.borrow().leadership().map(|l| l.fencing_token())
+    }
+
+    /// The current term's cancellation: it fires exactly when that term ends, however quickly a
+    /// next term follows.
+    pub fn term(&self) -> Option<CancellationToken> {
+        self.state
+            .borrow()
+            .leadership()
+            .map(|l| l.cancellation_token())
+    }
+
+    /// Waits until it leads; returns the fencing token. Panics after `within`.
+    pub async fn wait_leading(&mut self, within: Duration) -> u64 {
+        tokio::time::timeout(within, self.state.wait_for(LeaderState::is_leading))
+            .await
+            .expect("leads in time")
+            .expect("elector alive")
+            .leadership()
+            .map(|l| l.fencing_token())
+            .expect("leading")
+    }
+
+    /// Asserts that it neither leads nor stops for `duration`, as under a fault.
+    pub async fn stays_alive_without_leading(&self, duration: Duration) {
+        tokio::time::sleep(duration).await;
+        assert!(self.leading_token().is_none(), "led despite the fault");
+        assert!(!self.task.is_finished(), "the elector stopped");
+    }
+
+    /// Shuts it down and waits for it.
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        self.task.await.expect("elector task");
+    }
+}
+
+/// Waits until one of `candidates` leads; returns its fencing token. Panics after `within`.
+pub async fn next_leader(candidates: &[&Candidate], within: Duration) -> u64 {
+    tokio::time::timeout(within, async {
+        loop {
+            if let Some(token) = candidates.iter().find_map(|c| c.leading_token()) {
+                return token;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("a leader in time")
+}

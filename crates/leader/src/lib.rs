@@ -1,0 +1,24 @@
+#![doc = include_str!("../README.md")]
+#![forbid(unsafe_code)]
+#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
+
+mod url;
+
+pub use leader_core::*;
+pub use url::{LockUrl, LockUrlError, OpenError, default_file, open};
+
+/// The Postgres table and advisory locks (feature `postgres`).
+#[cfg(feature = "postgres")]
+pub use leader_postgres as postgres;
+
+/// The Redis lock (feature `redis`).
+#[cfg(feature = "redis")]
+pub use leader_redis as redis;
+
+/// The etcd lock (feature `etcd`).
+#[cfg(feature = "etcd")]
+pub use leader_etcd as etcd;
+
+/// The Kubernetes Lease lock (feature `kubernetes`).
+#[cfg(feature = "kubernetes")]
+pub use leader_kube as kubernetes;

@@ -1,0 +1,500 @@
+//! Locks from URLs: which backend, and the lock for one election on it.
+
+use std::fmt;
+use std::path::PathBuf;
+#[cfg(feature = "kubernetes")]
+use std::time::Duration;
+
+use leader_core::{FileLock, LockError, ResourceLock, redact_url};
+use url::Url;
+
+/// Why a lock URL cannot be used. The message never contains the URL's password.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LockUrlError {
+    /// The URL is malformed, has an unknown scheme or a bad parameter.
+    #[error("lock URL {url}: {message}")]
+    Invalid {
+        /// The URL, password removed.
+        url: String,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// The URL names a backend this build leaves out.
+    #[error(
+        "lock URL {url}: this build has no {backend} lock; enable the `{feature}` feature of the `leader` crate (or of `leader-cli`)"
+    )]
+    NotBuilt {
+        /// The URL, password removed.
+        url: String,
+        /// The backend, for people.
+        backend: &'static str,
+        /// The cargo feature that brings it.
+        feature: &'static str,
+    },
+}
+
+/// Why [`open`] failed: the URL, or the backend when connecting.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OpenError {
+    /// The URL cannot be used.
+    #[error(transparent)]
+    Url(#[from] LockUrlError),
+    /// The backend refused or could not be reached.
+    #[error(transparent)]
+    Lock(#[from] LockError),
+}
+
+/// A parsed lock URL: the backend and its settings, before anything connects.
+///
+/// | URL | lock |
+/// |---|---|
+/// | `file:///run/myapp/leader` | [`FileLock`] on that directory |
+/// | `postgres://user:pass@host/db?table=T&schema=S&advisory=true` (or `postgresql://`) | the Postgres table lock, or the advisory lock; other parameters go to the driver |
+/// | `redis://host:6379/0?prefix=P` (or `rediss://`) | the Redis lock |
+/// | `etcd://user:pass@host1:2379,host2:2379/?prefix=P` (or `etcds://`) | the etcd lock |
+/// | `kubernetes://NAMESPACE` | a Lease in that namespace (in-cluster or kubeconfig) |
+#[derive(Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LockUrl {
+    /// `file://PATH`.
+    File(PathBuf),
+    /// `postgres://` or `postgresql://`.
+    Postgres {
+        /// The connection string without the lock's own parameters.
+        url: String,
+        /// `advisory=true`: the advisory lock.
+        advisory: bool,
+        /// `schema=`.
+        schema: Option<String>,
+        /// `table=`.
+        table: Option<String>,
+    },
+    /// `redis://` or `rediss://`.
+    Redis {
+        /// The connection string without the lock's own parameters.
+        url: String,
+        /// `prefix=`.
+        prefix: Option<String>,
+    },
+    /// `etcd://` or `etcds://`.
+    Etcd {
+        /// `http(s)://host:port` of each member.
+        endpoints: Vec<String>,
+        /// User and password, if given.
+        user: Option<(String, String)>,
+        /// `prefix=`.
+        prefix: Option<String>,
+    },
+    /// `kubernetes://NAMESPACE`.
+    Kubernetes {
+        /// The namespace of the Lease.
+        namespace: String,
+    },
+}
+
+impl fmt::Debug for LockUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.describe())
+    }
+}
+
+/// The schemes lock URLs use, for messages.
+const SCHEMES: &str =
+    "file://, postgres://, postgresql://, redis://, rediss://, etcd://, etcds://, kubernetes://";
+
+/// The default lock directory for election `name`: `leader-NAME` in `$XDG_RUNTIME_DIR`, else in
+/// the temporary directory.
+pub fn default_file(name: &str) -> PathBuf {
+    let dir = std::env::var_os("XDG_RUNTIME_DIR")
+        .map(PathBuf::from)
+        .filter(|d| d.is_dir())
+        .unwrap_or_else(std::env::temp_dir);
+    let safe: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "._-".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    dir.join(format!("leader-{safe}"))
+}
+
+/// Opens the lock that `url` names for election `name`, as candidate `identity`; connects
+/// where the backend needs it.
+///
+/// # Errors
+/// The URL cannot be used ([`LockUrlError`]), or the backend's set-up failed ([`LockError`]).
+pub async fn open(
+    url: &str,
+    name: &str,
+    identity: &str,
+) -> Result<Box<dyn ResourceLock>, OpenError> {
+    Ok(LockUrl::parse(url)?.open(name, identity).await?)
+}
+
+impl LockUrl {
+    /// Parses a lock URL; see the table above.
+    ///
+    /// # Errors
+    /// A malformed URL, an unknown scheme, a bad parameter, or a backend this build leaves out.
+    pub fn parse(lock: &str) -> Result<Self, LockUrlError> {
+        let parsed = Self::parse_any(lock)?;
+        if let Some((backend, feature)) = parsed.missing_feature() {
+            return Err(LockUrlError::NotBuilt {
+                url: redact_url(lock),
+                backend,
+                feature,
+            });
+        }
+        Ok(parsed)
+    }
+
+    /// The backend and feature this URL needs, if this build leaves it out.
+    fn missing_feature(&self) -> Option<(&'static str, &'static str)> {
+        match self {
+            Self::File(_) => None,
+            Self::Postgres { .. } => {
+                (!cfg!(feature = "postgres")).then_some(("Postgres", "postgres"))
+            }
+            Self::Redis { .. } => (!cfg!(feature = "redis")).then_some(("Redis", "redis")),
+            Self::Etcd { .. } => (!cfg!(feature = "etcd")).then_some(("etcd", "etcd")),
+            Self::Kubernetes { .. } => {
+                (!cfg!(feature = "kubernetes")).then_some(("Kubernetes", "kubernetes"))
+            }
+        }
+    }
+
+    /// Parses any scheme this crate knows, built or not.
+    fn parse_any(lock: &str) -> Result<Self, LockUrlError> {
+        let redacted = redact_url(lock);
+        let invalid = |message: String| LockUrlError::Invalid {
+            url: redacted.clone(),
+            message,
+        };
+        let scheme = lock
+            .split_once("://")
+            .map(|(scheme, _)| scheme.to_ascii_lowercase());
+        match scheme.as_deref() {
+            Some("file") => {
+                let path = &lock["file://".len()..];
+                if !path.starts_with('/') || path.len() < 2 {
+                    return Err(invalid(
+                        "a file lock needs an absolute path, like file:///run/myapp/leader"
+                            .to_owned(),
+                    ));
+                }
+                Ok(Self::File(PathBuf::from(path)))
+            }
+            Some("postgres" | "postgresql") => {
+                let mut url = Url::parse(lock).map_err(|err| invalid(err.to_string()))?;
+                let (mut advisory, mut schema, mut table) = (false, None, None);
+                let mut kept = Vec::new();
+                for (key, value) in url.query_pairs() {
+                    match key.as_ref() {
+                        "advisory" => advisory = parse_bool(&value).map_err(invalid)?,
+                        "schema" => schema = Some(value.into_owned()),
+                        "table" => table = Some(value.into_owned()),
+                        _ => kept.push((key.into_owned(), value.into_owned())),
+                    }
+                }
+                set_query(&mut url, &kept);
+                Ok(Self::Postgres {
+                    url: url.into(),
+                    advisory,
+                    schema,
+                    table,
+                })
+            }
+            Some("redis" | "rediss") => {
+                let mut url = Url::parse(lock).map_err(|err| invalid(err.to_string()))?;
+                let mut prefix = None;
+                let mut kept = Vec::new();
+                for (key, value) in url.query_pairs() {
+                    match key.as_ref() {
+                        "prefix" => prefix = Some(value.into_owned()),
+                        _ => kept.push((key.into_owned(), value.into_owned())),
+                    }
+                }
+                set_query(&mut url, &kept);
+                Ok(Self::Redis {
+                    url: url.into(),
+                    prefix,
+                })
+            }
+            Some(scheme @ ("etcd" | "etcds")) => {
+                let url = Url::parse(lock).map_err(|err| invalid(err.to_string()))?;
+                let tls = scheme == "etcds";
+                // etcd://user:password@host1:2379,host2:2379/?prefix=app/ — several hosts in the
+                // authority, which URL parsers do not take: split them by hand.
+                let rest = &lock[scheme.len() + 3..];
+                let authority = rest.split(['/', '?']).next().unwrap_or_default();
+                let hosts = authority
+                    .rsplit_once('@')
+                    .map_or(authority, |(_, hosts)| hosts);
+                if hosts.is_empty() {
+                    return Err(invalid("no etcd host".to_owned()));
+                }
+                let http = if tls { "https" } else { "http" };
+                let endpoints = hosts
+                    .split(',')
+                    .map(|host| format!("{http}://{host}"))
+                    .collect();
+                let user = (!url.username().is_empty()).then(|| {
+                    let decode = |s: &str| {
+                        url::form_urlencoded::parse(s.as_bytes())
+                            .map(|(k, _)| k.into_owned())
+                            .next()
+                            .unwrap_or_default()
+                    };
+                    (
+                        decode(url.username()),
+                        url.password().map(decode).unwrap_or_default(),
+                    )
+                });
+                let prefix = url
+                    .query_pairs()
+                    .find(|(k, _)| k == "prefix")
+                    .map(|(_, v)| v.into_owned());
+                Ok(Self::Etcd {
+                    endpoints,
+                    user,
+                    prefix,
+                })
+            }
+            Some("kubernetes") => {
+                let namespace = lock["kubernetes://".len()..].trim_end_matches('/');
+                let valid = !namespace.is_empty()
+                    && namespace.len() <= 63
+                    && namespace
+                        .chars()
+                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+                if !valid {
+                    return Err(invalid("kubernetes://NAMESPACE needs a namespace name (lowercase letters, digits, '-')".to_owned()));
+                }
+                Ok(Self::Kubernetes {
+                    namespace: namespace.to_owned(),
+                })
+            }
+            Some(other) => Err(invalid(format!(
+                "unknown scheme {other:?}; use one of {SCHEMES}"
+            ))),
+            None => Err(invalid(format!(
+                "not a URL; use one of {SCHEMES}, like file:///run/myapp/leader"
+            ))),
+        }
+    }
+
+    /// The lock for messages, before it is opened; never with credentials.
+    pub fn describe(&self) -> String {
+        match self {
+            Self::File(path) => format!("file:{}", path.display()),
+            Self::Postgres { url, .. } | Self::Redis { url, .. } => redact_url(url),
+            Self::Etcd { endpoints, .. } => format!("etcd:{}", endpoints.join(",")),
+            Self::Kubernetes { namespace } => format!("kubernetes:{namespace}"),
+        }
+    }
+
+    /// Opens the lock for election `name` as candidate `identity`, connecting where the backend
+    /// needs it. For `postgres://` it creates the lock table when it is missing and the role may.
+    ///
+    /// # Errors
+    /// The backend's set-up failed: a server that cannot be reached, refused credentials, no
+    /// Kubernetes configuration.
+    pub async fn open(
+        &self,
+        name: &str,
+        identity: &str,
+    ) -> Result<Box<dyn ResourceLock>, LockError> {
+        // Only the file lock, which needs no name, may be all this build has.
+        let _ = name;
+        Ok(match self {
+            Self::File(path) => Box::new(FileLock::new(path, identity)),
+            #[cfg(feature = "postgres")]
+            Self::Postgres {
+                url,
+                advisory,
+                schema,
+                table,
+            } => {
+                let mut builder = leader_postgres::PostgresStore::builder(url.clone());
+                if let Some(schema) = schema {
+                    builder = builder.schema(schema);
+                }
+                if let Some(table) = table {
+                    builder = builder.table(table);
+                }
+                let store = builder.build().await?;
+                // Creating the table needs more rights than electing: a role without them finds
+                // out from the lock's own error if the table is really missing.
+                if let Err(err) = store.create_table().await {
+                    tracing::debug!(error = %err, "could not create the lock table");
+                }
+                if *advisory {
+                    Box::new(store.advisory_lock(name, identity))
+                } else {
+                    Box::new(store.lock(name, identity))
+                }
+            }
+            #[cfg(feature = "redis")]
+            Self::Redis { url, prefix } => {
+                let mut builder = leader_redis::RedisStore::builder(url.clone());
+                if let Some(prefix) = prefix {
+                    builder = builder.prefix(prefix);
+                }
+                Box::new(builder.build().await?.lock(name, identity))
+            }
+            #[cfg(feature = "etcd")]
+            Self::Etcd {
+                endpoints,
+                user,
+                prefix,
+            } => {
+                let mut builder = leader_etcd::EtcdStore::builder(endpoints);
+                if let Some((user, password)) = user {
+                    builder = builder.user(user, password);
+                }
+                if let Some(prefix) = prefix {
+                    builder = builder.prefix(prefix);
+                }
+                Box::new(builder.build().await?.lock(name, identity))
+            }
+            #[cfg(feature = "kubernetes")]
+            Self::Kubernetes { namespace } => Box::new(
+                leader_kube::LeaseLock::from_env(namespace, name, identity, KUBE_TIMEOUT).await?,
+            ),
+            #[allow(unreachable_patterns)]
+            other => {
+                let (backend, feature) = other.missing_feature().unwrap_or(("this", "?"));
+                return Err(LockError::Misconfigured {
+                    backend: "leader",
+                    message: format!(
+                        "this build has no {backend} lock; enable the `{feature}` feature"
+                    ),
+                });
+            }
+        })
+    }
+}
+
+/// The connect and read timeout of the Kubernetes client.
+#[cfg(feature = "kubernetes")]
+const KUBE_TIMEOUT: Duration = Duration::from_secs(5);
+
+fn parse_bool(value: &str) -> Result<bool, String> {
+    match value {
+        "" | "1" | "true" | "yes" | "on" => Ok(true),
+        "0" | "false" | "no" | "off" => Ok(false),
+        other => Err(format!(
+            "advisory={other:?} is not a boolean (true or false)"
+        )),
+    }
+}
+
+fn set_query(url: &mut Url, pairs: &[(String, String)]) {
+    if pairs.is_empty() {
+        url.set_query(None);
+    } else {
+        url.query_pairs_mut().clear().extend_pairs(pairs);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schemes_are_parsed_and_own_parameters_removed() {
+        assert_eq!(
+            LockUrl::parse("file:///run/a").ok(),
+            Some(LockUrl::File("/run/a".into()))
+        );
+        let postgres =
+            LockUrl::parse_any("postgres://u:p@db/app?advisory=true&sslmode=require&table=locks");
+        assert_eq!(
+            postgres.ok(),
+            Some(LockUrl::Postgres {
+                url: "postgres://u:p@db/app?sslmode=require".into(),
+                advisory: true,
+                schema: None,
+                table: Some("locks".into()),
+            })
+        );
+        assert_eq!(
+            LockUrl::parse_any("rediss://:pw@cache:6380/2?prefix=app:").ok(),
+            Some(LockUrl::Redis {
+                url: "rediss://:pw@cache:6380/2".into(),
+                prefix: Some("app:".into()),
+            })
+        );
+        assert_eq!(
+            LockUrl::parse_any("etcds://u:p@a:2379,b:2379/?prefix=x/").ok(),
+            Some(LockUrl::Etcd {
+                endpoints: vec!["https://a:2379".into(), "https://b:2379".into()],
+                user: Some(("u".into(), "p".into())),
+                prefix: Some("x/".into()),
+            })
+        );
+        assert!(default_file("my/job").ends_with("leader-my_job"));
+    }
+
+    #[test]
+    fn bad_values_name_the_problem_without_the_password() {
+        for (lock, expected) in [
+            ("ftp://u:secret@h/x", "unknown scheme"),
+            ("file://relative", "absolute path"),
+            ("nonsense", "not a URL"),
+            ("kubernetes://Not_A_Namespace", "needs a namespace name"),
+            ("postgres://u:secret@h/x?advisory=maybe", "not a boolean"),
+        ] {
+            let err = LockUrl::parse_any(lock).expect_err(lock).to_string();
+            assert!(err.contains(expected), "{lock}: {err}");
+            assert!(!err.contains("secret"), "{lock}: {err}");
+        }
+    }
+
+    /// A URL of a backend left out of the build says which feature brings it.
+    #[test]
+    fn a_backend_left_out_names_its_feature() {
+        for (url, feature, built) in [
+            (
+                "postgres://u:secret@db/app",
+                "postgres",
+                cfg!(feature = "postgres"),
+            ),
+            ("redis://:secret@cache", "redis", cfg!(feature = "redis")),
+            ("etcd://u:secret@e:2379", "etcd", cfg!(feature = "etcd")),
+            (
+                "kubernetes://jobs",
+                "kubernetes",
+                cfg!(feature = "kubernetes"),
+            ),
+        ] {
+            match LockUrl::parse(url) {
+                Ok(_) => assert!(built, "{url}"),
+                Err(err) => {
+                    assert!(!built, "{url}: {err}");
+                    let message = err.to_string();
+                    assert!(
+                        message.contains(&format!("`{feature}` feature")),
+                        "{message}"
+                    );
+                    assert!(!message.contains("secret"), "{message}");
+                }
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_file_url_opens_a_file_lock() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let url = format!("file://{}", dir.path().join("x").display());
+        let lock = open(&url, "jobs", "a").await.expect("open");
+        assert_eq!(lock.identity(), "a");
+        assert!(lock.get().await.expect("get").is_none());
+    }
+}
