@@ -227,18 +227,27 @@ impl LockUrl {
                 })
             }
             Some(scheme @ ("etcd" | "etcds")) => {
-                let url = Url::parse(lock).map_err(|err| invalid(err.to_string()))?;
                 let tls = scheme == "etcds";
                 // etcd://user:password@host1:2379,host2:2379/?prefix=app/ — several hosts in the
-                // authority, which URL parsers do not take: split them by hand.
+                // authority, which URL parsers do not take: split them by hand, and parse the
+                // rest (user, password, query) as a URL with the first host alone.
                 let rest = &lock[scheme.len() + 3..];
-                let authority = rest.split(['/', '?']).next().unwrap_or_default();
-                let hosts = authority
-                    .rsplit_once('@')
-                    .map_or(authority, |(_, hosts)| hosts);
-                if hosts.is_empty() {
+                let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+                let authority = &rest[..authority_end];
+                let (user_info, hosts) = match authority.rsplit_once('@') {
+                    Some((user_info, hosts)) => (Some(user_info), hosts),
+                    None => (None, authority),
+                };
+                if hosts.is_empty() || hosts.split(',').any(str::is_empty) {
                     return Err(invalid("no etcd host".to_owned()));
                 }
+                let first = hosts.split(',').next().unwrap_or_default();
+                let single = format!(
+                    "{scheme}://{}{first}{}",
+                    user_info.map(|u| format!("{u}@")).unwrap_or_default(),
+                    &rest[authority_end..]
+                );
+                let url = Url::parse(&single).map_err(|err| invalid(err.to_string()))?;
                 let http = if tls { "https" } else { "http" };
                 let endpoints = hosts
                     .split(',')
