@@ -19,6 +19,7 @@ use nix::unistd::Pid;
 use tokio::process::{Child, Command};
 use tokio::time::sleep;
 
+use super::checker::{self, Marks, Term};
 use super::proxy::{Mode, Proxy};
 use super::servers::{PrivateServer, ServerError, ServerKind};
 use crate::{TermEvent as Event, now_ns, term_events as events};
@@ -323,16 +324,6 @@ impl Replica {
     }
 }
 
-/// A term as the checker sees it.
-#[derive(Debug)]
-struct Term {
-    identity: String,
-    token: u64,
-    start: i128,
-    /// When it stopped acting: its stop line, when it was seen killed, or when it was frozen.
-    end: Option<i128>,
-}
-
 struct Run<'a> {
     backend: Backend,
     settings: Settings,
@@ -347,10 +338,10 @@ struct Run<'a> {
     replicas: Vec<Replica>,
     incarnations: Vec<usize>,
     /// identity -> when the harness saw its COMMAND gone after a SIGKILL.
-    killed: BTreeMap<String, i128>,
+    killed: Marks,
     /// (identity, token) of a frozen term -> when it was frozen. A resumed replica may lead
     /// again later, in a term of its own.
-    frozen: BTreeMap<(String, u64), i128>,
+    frozen: Marks,
     recoveries: Vec<(Fault, Option<Duration>)>,
     resumed_stops: Vec<Duration>,
     violations: Vec<String>,
@@ -409,7 +400,9 @@ impl Run<'_> {
         let over = events
             .iter()
             .any(|e| !e.start && e.identity == latest.identity && e.token == latest.token)
-            || self.killed.contains_key(&latest.identity)
+            || self
+                .killed
+                .contains_key(&(latest.identity.clone(), latest.token))
             || self
                 .frozen
                 .contains_key(&(latest.identity.clone(), latest.token));
@@ -469,7 +462,8 @@ impl Run<'_> {
                         term.identity
                     ));
                 }
-                self.killed.insert(term.identity.clone(), now_ns());
+                self.killed
+                    .insert((term.identity.clone(), term.token), now_ns());
             }
             Fault::Freeze => {
                 if let Some(group) = group {
@@ -557,7 +551,10 @@ impl Run<'_> {
     async fn stop_all(&mut self) {
         for replica in &mut self.replicas {
             if let Ok(Some(status)) = replica.child.try_wait()
-                && !self.killed.contains_key(&replica.identity)
+                && !self
+                    .killed
+                    .keys()
+                    .any(|(identity, _)| *identity == replica.identity)
             {
                 self.violations.push(format!(
                     "{} exited by itself ({status}); run with FAULT_LOG=info to see why",
@@ -575,68 +572,9 @@ impl Run<'_> {
 
     /// The overlap and token checks over the log.
     fn check_terms(&mut self) -> (Vec<Term>, usize) {
-        let events = events(&self.log);
-        let mut terms: Vec<Term> = events
-            .iter()
-            .filter(|e| e.start)
-            .map(|e| {
-                let stop = events
-                    .iter()
-                    .find(|s| !s.start && s.identity == e.identity && s.token == e.token)
-                    .map(|s| s.at);
-                let end = self
-                    .frozen
-                    .get(&(e.identity.clone(), e.token))
-                    .copied()
-                    .or_else(|| self.killed.get(&e.identity).copied())
-                    .or(stop);
-                Term {
-                    identity: e.identity.clone(),
-                    token: e.token,
-                    start: e.at,
-                    end,
-                }
-            })
-            .collect();
-        terms.sort_by_key(|t| t.start);
-        let mut overlaps = 0;
-        for (j, later) in terms.iter().enumerate() {
-            for earlier in &terms[..j] {
-                match earlier.end {
-                    Some(end) if end <= later.start => {}
-                    end => {
-                        overlaps += 1;
-                        self.violations.push(format!(
-                            "{} (token {}) started while {} (token {}) still acted: {}",
-                            later.identity,
-                            later.token,
-                            earlier.identity,
-                            earlier.token,
-                            end.map_or("it never stopped".to_owned(), |end| format!(
-                                "{:.1} ms of overlap",
-                                (end - later.start) as f64 / 1e6
-                            ))
-                        ));
-                    }
-                }
-            }
-            if let Some(previous) = j.checked_sub(1).map(|i| &terms[i])
-                && later.token <= previous.token
-            {
-                self.violations.push(format!(
-                    "fencing token went from {} ({}) to {} ({})",
-                    previous.token, previous.identity, later.token, later.identity
-                ));
-            }
-        }
-        for term in &terms {
-            if term.end.is_none() {
-                self.violations.push(format!(
-                    "{} (token {}) never logged its end",
-                    term.identity, term.token
-                ));
-            }
-        }
+        let terms = checker::terms(&events(&self.log), &self.killed, &self.frozen);
+        let (overlaps, violations) = checker::check(&terms);
+        self.violations.extend(violations);
         (terms, overlaps)
     }
 }

@@ -1,0 +1,227 @@
+//! The campaign's checker over the COMMANDs' log of terms, as pure functions so that it is
+//! tested on hand-written logs.
+//!
+//! A term is one `start` line of a COMMAND (identity and fencing token). It stopped acting:
+//! - at its own `stop` line, when it logged one;
+//! - when it was frozen, if it was (keyed by identity and token): what a frozen COMMAND does after
+//!   SIGCONT is the fence's business, and those writes must be refused;
+//! - otherwise when the harness saw it gone after SIGKILLing that very term (identity and token,
+//!   and only a kill after the term began);
+//! - otherwise never: a term with no end is reported.
+//!
+//! No two terms may overlap, and fencing tokens must grow from one term to the next.
+
+use std::collections::BTreeMap;
+
+use crate::TermEvent as Event;
+
+/// A term as the checker sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Term {
+    /// The COMMAND's identity.
+    pub identity: String,
+    /// Its fencing token.
+    pub token: u64,
+    /// When it started (`CLOCK_MONOTONIC` ns).
+    pub start: i128,
+    /// When it stopped acting, if known.
+    pub end: Option<i128>,
+}
+
+/// When a term was killed or frozen: (identity, token) -> `CLOCK_MONOTONIC` ns.
+pub type Marks = BTreeMap<(String, u64), i128>;
+
+/// The terms in `events`, ordered by start, each with its end.
+#[must_use]
+pub fn terms(events: &[Event], killed: &Marks, frozen: &Marks) -> Vec<Term> {
+    let mut terms: Vec<Term> = events
+        .iter()
+        .filter(|e| e.start)
+        .map(|e| {
+            let key = (e.identity.clone(), e.token);
+            let after_start = |at: &i128| *at >= e.at;
+            let stop = events
+                .iter()
+                .find(|s| !s.start && s.identity == e.identity && s.token == e.token)
+                .map(|s| s.at);
+            let end = frozen
+                .get(&key)
+                .copied()
+                .filter(after_start)
+                .or(stop)
+                .or_else(|| killed.get(&key).copied().filter(after_start));
+            Term {
+                identity: e.identity.clone(),
+                token: e.token,
+                start: e.at,
+                end,
+            }
+        })
+        .collect();
+    terms.sort_by_key(|t| t.start);
+    terms
+}
+
+/// What is wrong with `terms`: overlaps (counted), tokens that did not grow, terms with no end.
+#[must_use]
+pub fn check(terms: &[Term]) -> (usize, Vec<String>) {
+    let mut overlaps = 0;
+    let mut violations = Vec::new();
+    for (j, later) in terms.iter().enumerate() {
+        for earlier in &terms[..j] {
+            match earlier.end {
+                Some(end) if end <= later.start => {}
+                // A term with no end is reported once, below, not as an overlap with each later one.
+                None => {}
+                Some(end) => {
+                    overlaps += 1;
+                    violations.push(format!(
+                        "{} (token {}) started while {} (token {}) still acted: {:.1} ms of overlap",
+                        later.identity,
+                        later.token,
+                        earlier.identity,
+                        earlier.token,
+                        (end - later.start) as f64 / 1e6
+                    ));
+                }
+            }
+        }
+        if let Some(previous) = j.checked_sub(1).map(|i| &terms[i])
+            && later.token <= previous.token
+        {
+            violations.push(format!(
+                "fencing token went from {} ({}) to {} ({})",
+                previous.token, previous.identity, later.token, later.identity
+            ));
+        }
+    }
+    for term in terms.iter().filter(|t| t.end.is_none()) {
+        violations.push(format!(
+            "{} (token {}) never logged its end, and was neither killed nor frozen",
+            term.identity, term.token
+        ));
+    }
+    (overlaps, violations)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(start: bool, identity: &str, token: u64, at: i128) -> Event {
+        Event {
+            start,
+            identity: identity.into(),
+            token,
+            at,
+            pid: None,
+        }
+    }
+
+    fn marks(entries: &[(&str, u64, i128)]) -> Marks {
+        entries
+            .iter()
+            .map(|(identity, token, at)| (((*identity).to_owned(), *token), *at))
+            .collect()
+    }
+
+    fn run(events: &[Event], killed: &Marks, frozen: &Marks) -> (usize, Vec<String>) {
+        check(&terms(events, killed, frozen))
+    }
+
+    #[test]
+    fn back_to_back_terms_of_one_identity_do_not_overlap() {
+        let events = [
+            event(true, "r0.1", 1, 100),
+            event(false, "r0.1", 1, 200),
+            event(true, "r1.1", 2, 300),
+            event(false, "r1.1", 2, 400),
+            event(true, "r0.1", 3, 500),
+            event(false, "r0.1", 3, 600),
+        ];
+        assert_eq!(run(&events, &Marks::new(), &Marks::new()), (0, vec![]));
+    }
+
+    /// The case that made ten-round runs report overlaps: an identity that led cleanly, led
+    /// again and was killed. Its first term ends at its own stop, not at the later kill.
+    #[test]
+    fn a_killed_term_after_an_earlier_clean_one_of_the_same_identity() {
+        let events = [
+            event(true, "r2.2", 3, 100),
+            event(false, "r2.2", 3, 200),
+            event(true, "r0.1", 4, 300),
+            event(false, "r0.1", 4, 400),
+            event(true, "r2.2", 5, 500),
+            // r2.2's second term was SIGKILLed: no stop line.
+            event(true, "r1.1", 6, 700),
+            event(false, "r1.1", 6, 800),
+        ];
+        let killed = marks(&[("r2.2", 5, 650)]);
+        assert_eq!(run(&events, &killed, &Marks::new()), (0, vec![]));
+        // A kill mark of another term of that identity does not end this one.
+        let wrong = marks(&[("r2.2", 3, 650)]);
+        let (overlaps, violations) = run(&events, &wrong, &Marks::new());
+        assert_eq!(overlaps, 0);
+        assert!(
+            violations[0].contains("r2.2 (token 5) never logged its end"),
+            "{violations:?}"
+        );
+    }
+
+    #[test]
+    fn a_frozen_term_ends_when_it_was_frozen() {
+        let events = [
+            event(true, "r0.1", 1, 100),
+            event(true, "r1.1", 2, 400),
+            // Resumed long after the next term began, it logs its stop late.
+            event(false, "r0.1", 1, 900),
+            event(false, "r1.1", 2, 1000),
+        ];
+        let frozen = marks(&[("r0.1", 1, 150)]);
+        assert_eq!(run(&events, &Marks::new(), &frozen), (0, vec![]));
+        // Without the freeze it is an overlap of 0.0005 ms.
+        let (overlaps, _) = run(&events, &Marks::new(), &Marks::new());
+        assert_eq!(overlaps, 1);
+    }
+
+    #[test]
+    fn a_real_overlap_is_caught() {
+        let events = [
+            event(true, "r0.1", 1, 100),
+            event(true, "r1.1", 2, 150),
+            event(false, "r0.1", 1, 200),
+            event(false, "r1.1", 2, 300),
+        ];
+        let (overlaps, violations) = run(&events, &Marks::new(), &Marks::new());
+        assert_eq!(overlaps, 1);
+        assert!(violations[0].starts_with("r1.1 (token 2) started while r0.1 (token 1)"));
+        // A kill of that term before the next began is no excuse for a stop logged after it.
+        let killed = marks(&[("r0.1", 1, 120)]);
+        assert_eq!(run(&events, &killed, &Marks::new()).0, 1);
+    }
+
+    #[test]
+    fn a_missing_end_is_reported_and_a_kill_before_the_start_does_not_count() {
+        let events = [event(true, "r0.1", 1, 100), event(true, "r1.1", 2, 300)];
+        let killed = marks(&[("r0.1", 1, 50), ("r1.1", 2, 400)]);
+        let (overlaps, violations) = run(&events, &killed, &Marks::new());
+        assert_eq!(overlaps, 0);
+        assert_eq!(violations.len(), 1, "{violations:?}");
+        assert!(violations[0].contains("r0.1 (token 1) never logged its end"));
+    }
+
+    #[test]
+    fn tokens_must_grow() {
+        let events = [
+            event(true, "r0.1", 5, 100),
+            event(false, "r0.1", 5, 200),
+            event(true, "r1.1", 5, 300),
+            event(false, "r1.1", 5, 400),
+        ];
+        let (_, violations) = run(&events, &Marks::new(), &Marks::new());
+        assert!(
+            violations[0].contains("fencing token went from 5"),
+            "{violations:?}"
+        );
+    }
+}
