@@ -1,6 +1,7 @@
 //! The lock: one `coordination.k8s.io/v1` Lease, in client-go's layout.
 
 use std::fmt;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -21,11 +22,20 @@ use crate::error::{BACKEND, map};
 ///
 /// - The record maps onto the Lease spec: `holderIdentity`, `leaseDurationSeconds` (whole
 ///   seconds, rounded up, never down), `acquireTime`, `renewTime`, `leaseTransitions`, `strategy`
-///   and `preferredHolder`.
-/// - Compare-and-swap on `metadata.resourceVersion`: an update replaces the Lease with the
-///   version it read, and the API server answers 409 if it changed; a create that finds the
-///   Lease is a conflict too. The holder renews in one request from its cached Lease and reads
-///   only when that conflicts (client-go's fast path).
+///   and `preferredHolder`. A release writes an empty holder and a 1 s lease, as client-go does,
+///   so that every client takes a released Lease over at once.
+/// - `leaseTransitions` is written as client-go writes it: one more whenever the holder changes,
+///   kept otherwise, and never negative (past `i32::MAX` it starts again at 0). The fencing token
+///   is the larger of it and a high-water mark kept in the annotation [`FENCING_TOKEN_ANNOTATION`],
+///   which other clients leave alone: it grows on every acquisition beyond 32 bits and whatever
+///   other clients write into `leaseTransitions`. If the Lease is deleted, or a client removes
+///   the annotation, the count starts again from `leaseTransitions`: give a fencing sink its own
+///   record of the highest token it accepted.
+/// - Compare-and-swap on `metadata.resourceVersion`: an update sends back the Lease it read with
+///   the spec replaced (labels, annotations and owner references stay), and the API server
+///   answers 409 if it changed; a create that finds the Lease is a conflict too. The holder
+///   renews in one request from its cached Lease and reads only when that conflicts (client-go's
+///   fast path).
 /// - Events "became leader" / "stopped leading" are recorded on the Lease, best effort.
 /// - Followers watch the one Lease (a field selector on its name) and try at once on a change.
 #[derive(Clone)]
@@ -35,7 +45,13 @@ pub struct LeaseLock {
     namespace: String,
     name: String,
     identity: String,
+    /// The Lease as last read or written, sent back (spec replaced) by the next update.
+    last: Arc<Mutex<Option<Lease>>>,
 }
+
+/// The annotation on the Lease that keeps the highest fencing token handed out, a 64-bit count
+/// that other clients leave alone.
+pub const FENCING_TOKEN_ANNOTATION: &str = "leader-rs.io/fencing-token";
 
 impl fmt::Debug for LeaseLock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -62,6 +78,7 @@ impl LeaseLock {
             namespace,
             name: name.into(),
             identity: identity.into(),
+            last: Arc::default(),
         }
     }
 
@@ -98,17 +115,58 @@ impl LeaseLock {
         map(&self.context(), verb, err)
     }
 
-    /// A Lease carrying `record`, with `resource_version` for a replace.
-    fn lease(&self, record: &LeaderElectionRecord, resource_version: Option<String>) -> Lease {
-        Lease {
+    /// A Lease carrying `record`: `base` (the Lease as read, with its metadata and the version
+    /// to replace) with its spec and fencing token replaced, or a new one.
+    fn lease(&self, record: &LeaderElectionRecord, base: Option<Lease>) -> Lease {
+        let mut lease = base.unwrap_or_else(|| Lease {
             metadata: ObjectMeta {
                 name: Some(self.name.clone()),
                 namespace: Some(self.namespace.clone()),
-                resource_version,
                 ..ObjectMeta::default()
             },
-            spec: Some(spec_of(record)),
+            spec: None,
+        });
+        let spec = spec_of(record, lease.spec.as_ref());
+        lease.spec = Some(spec);
+        lease
+            .metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(
+                FENCING_TOKEN_ANNOTATION.to_owned(),
+                record.leader_transitions.to_string(),
+            );
+        // Fields the server sets; it ignores them on an update anyway.
+        lease.metadata.managed_fields = None;
+        lease
+    }
+
+    /// Remembers the Lease as the server returned it, and reads its record.
+    fn keep(&self, lease: Lease) -> Result<Observed, LockError> {
+        let observed = record_of(&self.context(), &lease)?;
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(lease);
+        Ok(observed)
+    }
+
+    /// The Lease at `version`: the one last seen if it is that version, else read again.
+    async fn at_version(&self, version: &Version) -> Result<Option<Lease>, LockError> {
+        let at =
+            |lease: &Lease| lease.metadata.resource_version.as_deref() == Some(version.as_str());
+        let cached = self
+            .last
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .filter(at);
+        if cached.is_some() {
+            return Ok(cached);
         }
+        let current = self
+            .api
+            .get_opt(&self.name)
+            .await
+            .map_err(|err| self.map("get", err))?;
+        Ok(current.filter(at))
     }
 }
 
@@ -125,16 +183,30 @@ fn chrono_of(time: &MicroTime) -> Option<DateTime<Utc>> {
     )
 }
 
-/// The Lease spec for a record, as client-go writes it.
-fn spec_of(record: &LeaderElectionRecord) -> LeaseSpec {
-    // Whole seconds in the API: round up, so that followers never wait less than asked.
-    let seconds = record.lease_duration.as_millis().div_ceil(1000);
+/// The Lease spec for a record, as client-go writes it over the spec `old` (if any).
+fn spec_of(record: &LeaderElectionRecord, old: Option<&LeaseSpec>) -> LeaseSpec {
+    // Whole seconds in the API: round up, so that followers never wait less than asked. A
+    // release writes 1 s, as client-go does: others take a free Lease over at once.
+    let seconds = if record.is_free() {
+        1
+    } else {
+        record.lease_duration.as_millis().div_ceil(1000).max(1)
+    };
+    // client-go: one more transition whenever the holder changes; valid (>= 0) for every client.
+    let old_transitions = old.and_then(|s| s.lease_transitions).unwrap_or(0).max(0);
+    let old_holder = old.and_then(|s| s.holder_identity.as_deref()).unwrap_or("");
+    let transitions = if !record.is_free() && old.is_some() && old_holder != record.holder_identity
+    {
+        old_transitions.checked_add(1).unwrap_or(0)
+    } else {
+        old_transitions
+    };
     LeaseSpec {
         holder_identity: Some(record.holder_identity.clone()),
         lease_duration_seconds: Some(i32::try_from(seconds).unwrap_or(i32::MAX)),
         acquire_time: Some(micro(record.acquire_time)),
         renew_time: Some(micro(record.renew_time)),
-        lease_transitions: Some(i32::try_from(record.leader_transitions).unwrap_or(i32::MAX)),
+        lease_transitions: Some(transitions),
         strategy: record.strategy.clone(),
         preferred_holder: record.preferred_holder.clone(),
     }
@@ -148,6 +220,14 @@ fn record_of(context: &str, lease: &Lease) -> Result<Observed, LockError> {
     let transitions = spec.lease_transitions.unwrap_or(0);
     let acquire = spec.acquire_time.as_ref().map(chrono_of);
     let renew = spec.renew_time.as_ref().map(chrono_of);
+    // The fencing token: the high-water mark we keep, or what other clients counted if higher.
+    let high_water = lease
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(FENCING_TOKEN_ANNOTATION))
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0);
     let record = LeaderElectionRecord {
         holder_identity: spec.holder_identity.unwrap_or_default(),
         lease_duration: Duration::from_secs(
@@ -157,7 +237,8 @@ fn record_of(context: &str, lease: &Lease) -> Result<Observed, LockError> {
         acquire_time: acquire.flatten().or(renew.flatten()).unwrap_or_default(),
         renew_time: renew.flatten().or(acquire.flatten()).unwrap_or_default(),
         leader_transitions: u64::try_from(transitions)
-            .map_err(|_| bad(format!("negative leaseTransitions {transitions}")))?,
+            .map_err(|_| bad(format!("negative leaseTransitions {transitions}")))?
+            .max(high_water),
         strategy: spec.strategy,
         preferred_holder: spec.preferred_holder,
     };
@@ -180,9 +261,7 @@ impl ResourceLock for LeaseLock {
             .get_opt(&self.name)
             .await
             .map_err(|err| self.map("get", err))?;
-        lease
-            .map(|lease| record_of(&self.context(), &lease))
-            .transpose()
+        lease.map(|lease| self.keep(lease)).transpose()
     }
 
     async fn create(&self, record: &LeaderElectionRecord) -> Result<Observed, LockError> {
@@ -191,7 +270,7 @@ impl ResourceLock for LeaseLock {
             .create(&PostParams::default(), &self.lease(record, None))
             .await
             .map_err(|err| self.map("create", err))?;
-        record_of(&self.context(), &created)
+        self.keep(created)
     }
 
     async fn update(
@@ -199,13 +278,16 @@ impl ResourceLock for LeaseLock {
         version: &Version,
         record: &LeaderElectionRecord,
     ) -> Result<Observed, LockError> {
-        let lease = self.lease(record, Some(version.as_str().to_owned()));
+        let Some(base) = self.at_version(version).await? else {
+            return Err(LockError::conflict(BACKEND));
+        };
+        let lease = self.lease(record, Some(base));
         let replaced = self
             .api
             .replace(&self.name, &PostParams::default(), &lease)
             .await
             .map_err(|err| self.map("update", err))?;
-        record_of(&self.context(), &replaced)
+        self.keep(replaced)
     }
 
     async fn record_event(&self, event: &LeaderEvent) {

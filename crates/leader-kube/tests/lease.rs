@@ -93,15 +93,22 @@ async fn leases_use_client_gos_field_layout() {
             .is_free()
     );
 
-    // Ours: 1.5 s is written as 2 s, never 1; times with microseconds; transitions as given.
+    // Ours: 1.5 s is written as 2 s, never 1; times with microseconds; transitions counted as
+    // client-go counts them (0 on create), our fencing token in the annotation.
     let mut ours = record("rust-1", 5);
     ours.lease_duration = Duration::from_millis(1500);
     let fresh = LeaseLock::new(api.client(), "default", "ours", "rust-1");
-    fresh.create(&ours).await.expect("create");
-    let spec = &api.lease("default", "ours").expect("stored")["spec"];
+    let created = fresh.create(&ours).await.expect("create");
+    assert_eq!(created.record.leader_transitions, 5);
+    let stored = api.lease("default", "ours").expect("stored");
+    let spec = &stored["spec"];
     assert_eq!(spec["holderIdentity"], "rust-1");
     assert_eq!(spec["leaseDurationSeconds"], 2);
-    assert_eq!(spec["leaseTransitions"], 5);
+    assert_eq!(spec["leaseTransitions"], 0);
+    assert_eq!(
+        stored["metadata"]["annotations"][leader_kube::FENCING_TOKEN_ANNOTATION],
+        "5"
+    );
     let renew = spec["renewTime"].as_str().expect("renewTime");
     assert!(
         renew.ends_with('Z') && renew.split('.').nth(1).is_some_and(|f| f.len() == 7),
@@ -143,6 +150,101 @@ async fn leases_with_odd_values_are_read_and_taken_over() {
         assert!(token > 2, "{name}: token {token}");
         elector.stop().await;
     }
+}
+
+/// S5 with other writers: tokens grow past `i32::MAX` and past a `leaseTransitions` another
+/// client reset (kubert reads it as a u16), while `leaseTransitions` stays valid for client-go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_tokens_grow_beyond_int32_and_past_counts_other_clients_reset() {
+    let api = FakeApi::start().await;
+    let expired = |transitions: i64| {
+        json!({"holderIdentity": "other", "leaseDurationSeconds": 1,
+            "acquireTime": "2026-11-21T10:00:00.000000Z", "renewTime": "2026-11-21T10:00:00.000000Z",
+            "leaseTransitions": transitions})
+    };
+    api.put_raw("default", "big", lease_json("big", expired(2_147_483_647)));
+    let mut tokens = Vec::new();
+    for identity in ["rust-1", "rust-2"] {
+        let mut elector = leader_test_support::Candidate::start(LeaseLock::new(
+            api.client(),
+            "default",
+            "big",
+            identity,
+        ));
+        tokens.push(elector.wait_leading(Duration::from_secs(5)).await);
+        elector.stop().await;
+        let spec = &api.lease("default", "big").expect("lease")["spec"];
+        let transitions = spec["leaseTransitions"].as_i64().expect("leaseTransitions");
+        assert!(
+            (0..=i64::from(i32::MAX)).contains(&transitions),
+            "leaseTransitions must stay a valid int32 >= 0: {transitions}"
+        );
+    }
+    assert_eq!(tokens, [2_147_483_648, 2_147_483_649]);
+
+    // kubert took the Lease at 70000 and reset the count past 65535; our high-water mark stays.
+    let mut reset = lease_json("reset", expired(2));
+    reset["metadata"]["annotations"] = json!({ (leader_kube::FENCING_TOKEN_ANNOTATION): "70000" });
+    api.put_raw("default", "reset", reset);
+    let mut elector = leader_test_support::Candidate::start(LeaseLock::new(
+        api.client(),
+        "default",
+        "reset",
+        "rust-1",
+    ));
+    assert_eq!(elector.wait_leading(Duration::from_secs(5)).await, 70_001);
+    elector.stop().await;
+}
+
+/// A release writes what client-go's release writes (no holder, a 1 s lease), so that other
+/// clients, which wait out the stored duration, take over at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_is_written_as_client_go_writes_it() {
+    let api = FakeApi::start().await;
+    let mut elector = leader_test_support::Candidate::start(LeaseLock::new(
+        api.client(),
+        "default",
+        "rel",
+        "rust-1",
+    ));
+    elector.wait_leading(Duration::from_secs(5)).await;
+    let held = api.lease("default", "rel").expect("lease");
+    assert_eq!(held["spec"]["leaseDurationSeconds"], 3);
+    elector.stop().await;
+    let released = api.lease("default", "rel").expect("lease");
+    assert_eq!(released["spec"]["holderIdentity"], "");
+    assert_eq!(released["spec"]["leaseDurationSeconds"], 1);
+}
+
+/// Writes send back the Lease as read with the spec replaced: labels, annotations and owner
+/// references that others put on the Lease stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_keep_the_lease_metadata() {
+    let api = FakeApi::start().await;
+    let mut lease = lease_json(
+        "meta",
+        json!({"holderIdentity": "", "leaseDurationSeconds": 1, "leaseTransitions": 3}),
+    );
+    lease["metadata"]["labels"] = json!({"app": "jobs"});
+    lease["metadata"]["annotations"] = json!({"team": "infra"});
+    lease["metadata"]["ownerReferences"] = json!([{"apiVersion": "apps/v1", "kind": "Deployment",
+        "name": "jobs", "uid": "d9607e19-f88f-11e6-a518-42010a800195"}]);
+    api.put_raw("default", "meta", lease);
+    let mut elector = leader_test_support::Candidate::start(LeaseLock::new(
+        api.client(),
+        "default",
+        "meta",
+        "rust-1",
+    ));
+    elector.wait_leading(Duration::from_secs(5)).await;
+    // Through a few renewals, then a release.
+    sleep(Duration::from_millis(1200)).await;
+    elector.stop().await;
+    let stored = api.lease("default", "meta").expect("lease");
+    assert_eq!(stored["metadata"]["labels"]["app"], "jobs");
+    assert_eq!(stored["metadata"]["annotations"]["team"], "infra");
+    assert_eq!(stored["metadata"]["ownerReferences"][0]["name"], "jobs");
+    assert_eq!(stored["spec"]["leaseTransitions"], 4, "one holder change");
 }
 
 /// A Role without a verb yields a Forbidden error that names the verb to add.
