@@ -50,7 +50,29 @@ impl Backend {
         }
     }
 
-    pub(crate) fn server(self) -> Option<ServerKind> {
+    /// A private server of this backend's kind, started off the runtime; none for the file lock.
+    pub(crate) async fn start_server(self) -> Result<Option<PrivateServer>, HarnessError> {
+        let Some(kind) = self.server() else {
+            return Ok(None);
+        };
+        let server = tokio::task::spawn_blocking(move || PrivateServer::start(kind))
+            .await
+            .expect("server task")?;
+        Ok(Some(server))
+    }
+
+    /// The `--lock` URL of this backend: the lock directory for the file lock, else the server
+    /// (or a proxy in front of it) at `port`.
+    pub(crate) fn lock_url(self, lock_dir: &std::path::Path, port: u16) -> String {
+        match self {
+            Self::File => format!("file://{}", lock_dir.display()),
+            Self::Postgres => format!("postgres://postgres@127.0.0.1:{port}/postgres"),
+            Self::Redis => format!("redis://127.0.0.1:{port}"),
+            Self::Etcd => format!("etcd://127.0.0.1:{port}"),
+        }
+    }
+
+    fn server(self) -> Option<ServerKind> {
         match self {
             Self::File => None,
             Self::Postgres => Some(ServerKind::Postgres),
@@ -350,12 +372,7 @@ struct Run<'a> {
 impl Run<'_> {
     fn lock_url(&self, slot: usize) -> String {
         let port = self.proxies.get(slot).map_or(0, Proxy::port);
-        match self.backend {
-            Backend::File => format!("file://{}", self.lock_dir.join("lock").display()),
-            Backend::Postgres => format!("postgres://postgres@127.0.0.1:{port}/postgres"),
-            Backend::Redis => format!("redis://127.0.0.1:{port}"),
-            Backend::Etcd => format!("etcd://127.0.0.1:{port}"),
-        }
+        self.backend.lock_url(&self.lock_dir.join("lock"), port)
     }
 
     fn spawn(&mut self, slot: usize) -> Result<(), HarnessError> {
@@ -579,6 +596,17 @@ impl Run<'_> {
     }
 }
 
+/// A proxy on loopback in front of `server`.
+pub(crate) async fn proxy_to(server: &PrivateServer) -> Result<Proxy, HarnessError> {
+    let upstream = std::net::SocketAddr::from(([127, 0, 0, 1], server.port()));
+    Proxy::start(upstream)
+        .await
+        .map_err(|source| HarnessError::Io {
+            what: "proxy".into(),
+            source,
+        })
+}
+
 /// Runs one campaign: `faults` in order against `backend`, each into the replica leading at
 /// the time. Needs the Postgres at `sink_url` for the fenced sink (tables of its own, dropped
 /// at the end) and, for a server backend, that server's binaries.
@@ -616,26 +644,11 @@ pub async fn run(
         what: "temporary directory".into(),
         source,
     })?;
-    let server = match backend.server() {
-        Some(kind) => Some(
-            tokio::task::spawn_blocking(move || PrivateServer::start(kind))
-                .await
-                .expect("server task")?,
-        ),
-        None => None,
-    };
+    let server = backend.start_server().await?;
     let mut proxies = Vec::new();
     if let Some(server) = &server {
         for _ in 0..settings.replicas {
-            let upstream = std::net::SocketAddr::from(([127, 0, 0, 1], server.port()));
-            proxies.push(
-                Proxy::start(upstream)
-                    .await
-                    .map_err(|source| HarnessError::Io {
-                        what: "proxy".into(),
-                        source,
-                    })?,
-            );
+            proxies.push(proxy_to(server).await?);
         }
     }
     let mut run = Run {

@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio::process::{Child, Command};
 use tokio::time::{Instant, sleep};
 
-use super::campaign::{Backend, HarnessError};
+use super::campaign::{Backend, HarnessError, proxy_to};
 use super::proxy::{Mode, Proxy};
 use super::servers::PrivateServer;
 
@@ -168,32 +168,13 @@ pub async fn measure(
         what: "temporary directory".into(),
         source,
     })?;
-    let server = match backend.server() {
-        Some(kind) => Some(
-            tokio::task::spawn_blocking(move || PrivateServer::start(kind))
-                .await
-                .expect("server task")?,
-        ),
-        None => None,
-    };
+    let server = backend.start_server().await?;
     let proxy = match &server {
-        Some(server) => Some(
-            Proxy::start(std::net::SocketAddr::from(([127, 0, 0, 1], server.port())))
-                .await
-                .map_err(|source| HarnessError::Io {
-                    what: "proxy".into(),
-                    source,
-                })?,
-        ),
+        Some(server) => Some(proxy_to(server).await?),
         None => None,
     };
     let lock_dir: PathBuf = dir.path().join("lock");
-    let url = |port: u16| match backend {
-        Backend::File => format!("file://{}", lock_dir.display()),
-        Backend::Postgres => format!("postgres://postgres@127.0.0.1:{port}/postgres"),
-        Backend::Redis => format!("redis://127.0.0.1:{port}"),
-        Backend::Etcd => format!("etcd://127.0.0.1:{port}"),
-    };
+    let url = |port: u16| backend.lock_url(&lock_dir, port);
     let direct = server.as_ref().map_or(0, PrivateServer::port);
     let proxied = proxy.as_ref().map_or(0, Proxy::port);
     let mut holder = Replica::spawn(leader, &url(direct), "holder", timings)?;
