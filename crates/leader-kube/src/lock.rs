@@ -41,6 +41,8 @@ use crate::error::{BACKEND, map};
 #[derive(Clone)]
 pub struct LeaseLock {
     api: Api<Lease>,
+    /// The same API through a client whose read timeout outlasts the server's watch timeout.
+    watch_api: Api<Lease>,
     events: Api<Event>,
     namespace: String,
     name: String,
@@ -48,6 +50,10 @@ pub struct LeaseLock {
     /// The Lease as last read or written, sent back (spec replaced) by the next update.
     last: Arc<Mutex<Option<Lease>>>,
 }
+
+/// How long the server keeps a watch open before it ends it (`timeoutSeconds`); the elector
+/// then watches again.
+const WATCH_TIMEOUT: Duration = Duration::from_secs(290);
 
 /// The annotation on the Lease that keeps the highest fencing token handed out, a 64-bit count
 /// that other clients leave alone.
@@ -71,9 +77,20 @@ impl LeaseLock {
         name: impl Into<String>,
         identity: impl Into<String>,
     ) -> Self {
+        Self::with_clients(client.clone(), client, namespace, name, identity)
+    }
+
+    fn with_clients(
+        client: kube::Client,
+        watch_client: kube::Client,
+        namespace: impl Into<String>,
+        name: impl Into<String>,
+        identity: impl Into<String>,
+    ) -> Self {
         let namespace = namespace.into();
         Self {
             api: Api::namespaced(client.clone(), &namespace),
+            watch_api: Api::namespaced(watch_client, &namespace),
             events: Api::namespaced(client, &namespace),
             namespace,
             name: name.into(),
@@ -83,28 +100,56 @@ impl LeaseLock {
     }
 
     /// A lock with a client from the environment: in-cluster configuration in a pod, else the
-    /// kubeconfig (`KUBECONFIG`, `~/.kube/config`). Requests time out after `timeout`; keep it
-    /// below the elector's renew deadline.
+    /// kubeconfig (`KUBECONFIG`, `~/.kube/config`), with the timeouts of
+    /// [`from_config`](Self::from_config).
     pub async fn from_env(
         namespace: impl Into<String>,
         name: impl Into<String>,
         identity: impl Into<String>,
         timeout: Duration,
     ) -> Result<Self, LockError> {
-        let mut config = kube::Config::infer()
+        let config = kube::Config::infer()
             .await
             .map_err(|err| LockError::Misconfigured {
                 backend: BACKEND,
                 message: format!("no Kubernetes configuration (in-cluster or kubeconfig): {err}"),
             })?;
+        Self::from_config(config, namespace, name, identity, timeout)
+    }
+
+    /// A lock with clients built from `config`, set up as kube-rs documents for long-lived
+    /// clients: requests connect, write and read within `timeout` (keep it below the elector's
+    /// renew deadline), counted from when a request is sent, not from when its pooled connection
+    /// went idle (`reset_reader_on_write`). The follower's watch has a client of its own whose
+    /// read timeout outlasts the server's watch timeout, so a quiet watch is not cut. kube-rs
+    /// retries 429, 503 and 504 (its default), within the elector's request timeout; other
+    /// failures are [`LockError::Unavailable`] and the elector retries with its back-off (S9).
+    pub fn from_config(
+        mut config: kube::Config,
+        namespace: impl Into<String>,
+        name: impl Into<String>,
+        identity: impl Into<String>,
+        timeout: Duration,
+    ) -> Result<Self, LockError> {
         config.connect_timeout = Some(timeout);
-        config.read_timeout = Some(timeout);
         config.write_timeout = Some(timeout);
-        let client = kube::Client::try_from(config).map_err(|err| LockError::Misconfigured {
-            backend: BACKEND,
-            message: format!("cannot build a Kubernetes client: {err}"),
-        })?;
-        Ok(Self::new(client, namespace, name, identity))
+        config.read_timeout = Some(timeout);
+        config.reset_reader_on_write = true;
+        let mut watch_config = config.clone();
+        watch_config.read_timeout = Some(WATCH_TIMEOUT + timeout.max(Duration::from_secs(5)));
+        let build = |config: kube::Config| {
+            kube::Client::try_from(config).map_err(|err| LockError::Misconfigured {
+                backend: BACKEND,
+                message: format!("cannot build a Kubernetes client: {err}"),
+            })
+        };
+        Ok(Self::with_clients(
+            build(config)?,
+            build(watch_config)?,
+            namespace,
+            name,
+            identity,
+        ))
     }
 
     fn context(&self) -> String {
@@ -349,11 +394,12 @@ impl ResourceLock for LeaseLock {
     }
 
     async fn watch(&self) -> Result<Option<ChangeStream>, LockError> {
+        let seconds = u32::try_from(WATCH_TIMEOUT.as_secs()).unwrap_or(290);
         let params = WatchParams::default()
             .fields(&format!("metadata.name={}", self.name))
-            .timeout(290);
+            .timeout(seconds);
         let stream = self
-            .api
+            .watch_api
             .watch(&params, "0")
             .await
             .map_err(|err| self.map("watch", err))?;

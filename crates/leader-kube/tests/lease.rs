@@ -247,6 +247,62 @@ async fn writes_keep_the_lease_metadata() {
     assert_eq!(stored["spec"]["leaseTransitions"], 4, "one holder change");
 }
 
+/// Timeouts set as kube-rs documents for long-lived clients: with client-go's timings, a 3 s
+/// request timeout and an API server that answers every PUT in 1.5 s, no renewal fails on the
+/// client side (the time a pooled connection sat idle does not count), and a quiet follower's
+/// watch is not cut by the read timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_api_server_fails_no_renewal_and_cuts_no_watch() {
+    use leader_core::faults::FaultyLock;
+    let api = FakeApi::start().await;
+    let config = || kube::Config::new(api.url.parse().expect("url"));
+    let timeout = Duration::from_secs(3);
+    let lock = |identity: &str| {
+        LeaseLock::from_config(config(), "default", "slow", identity, timeout).expect("client")
+    };
+    let leader = FaultyLock::new(lock("rust-1"));
+    let calls = leader.faults();
+    let start = |lock| {
+        let elector = LeaderElector::builder(lock)
+            .build()
+            .expect("client-go's timings");
+        let state = elector.subscribe();
+        let shutdown = CancellationToken::new();
+        tokio::spawn(elector.run(shutdown.clone()));
+        (state, shutdown)
+    };
+    let (mut leading, stop_leader) = start(leader);
+    timeout_at(&mut leading).await;
+    let (_following, stop_follower) = start(FaultyLock::new(lock("rust-2")));
+    api.delay_writes(Duration::from_millis(1500));
+    sleep(Duration::from_secs(12)).await;
+    let updates: Vec<_> = calls
+        .calls()
+        .into_iter()
+        .filter(|c| c.operation == "update" && c.returned.is_some())
+        .collect();
+    assert!(updates.len() >= 3, "renewals: {updates:?}");
+    assert!(
+        updates.iter().all(|c| c.ok == Some(true)),
+        "a renewal failed: {updates:?}"
+    );
+    assert!(leading.borrow().is_leading(), "the leader lost its lease");
+    assert!(
+        api.watches() <= 2,
+        "the follower's watch was reopened {} times",
+        api.watches()
+    );
+    stop_follower.cancel();
+    stop_leader.cancel();
+}
+
+async fn timeout_at(state: &mut tokio::sync::watch::Receiver<leader_core::LeaderState>) {
+    timeout(Duration::from_secs(5), state.wait_for(|s| s.is_leading()))
+        .await
+        .expect("leads in time")
+        .expect("elector alive");
+}
+
 /// A Role without a verb yields a Forbidden error that names the verb to add.
 #[tokio::test]
 async fn a_denied_verb_is_a_clear_error_naming_it() {

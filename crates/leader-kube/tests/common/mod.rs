@@ -28,6 +28,10 @@ struct Objects {
     leases: HashMap<(String, String), Value>,
     events: Vec<Value>,
     denied: HashSet<String>,
+    /// How long a PUT takes to answer.
+    write_delay: std::time::Duration,
+    /// Watch requests received.
+    watches: usize,
 }
 
 /// The fake API server; dropped with the test's runtime.
@@ -100,6 +104,16 @@ impl FakeApi {
     /// Denies `verb` (get, create, update, watch, list) on leases, as a Role without it would.
     pub fn deny(&self, verb: &str) {
         self.objects.lock().unwrap().denied.insert(verb.to_owned());
+    }
+
+    /// Makes every PUT answer after `delay`, as a busy API server would.
+    pub fn delay_writes(&self, delay: std::time::Duration) {
+        self.objects.lock().unwrap().write_delay = delay;
+    }
+
+    /// How many watch requests the server received.
+    pub fn watches(&self) -> usize {
+        self.objects.lock().unwrap().watches
     }
 
     pub fn allow(&self, verb: &str) {
@@ -206,6 +220,8 @@ async fn replace(
     if let Some(denied) = api.denied("update", &ns, &name) {
         return denied;
     }
+    let delay = api.objects.lock().unwrap().write_delay;
+    tokio::time::sleep(delay).await;
     let Ok(mut lease) = serde_json::from_slice::<Value>(&body) else {
         return status(
             StatusCode::BAD_REQUEST,
@@ -285,6 +301,9 @@ async fn list_or_watch(
     };
     if let Some(denied) = api.denied(verb, &ns, name.as_deref().unwrap_or("")) {
         return denied;
+    }
+    if verb == "watch" {
+        api.objects.lock().unwrap().watches += 1;
     }
     let matches = move |lease: &Value| {
         lease["metadata"]["namespace"].as_str() == Some(ns.as_str())
