@@ -121,9 +121,12 @@ impl LeaseLock {
     /// clients: requests connect, write and read within `timeout` (keep it below the elector's
     /// renew deadline), counted from when a request is sent, not from when its pooled connection
     /// went idle (`reset_reader_on_write`). The follower's watch has a client of its own whose
-    /// read timeout outlasts the server's watch timeout, so a quiet watch is not cut. kube-rs
-    /// retries 429, 503 and 504 (its default), within the elector's request timeout; other
-    /// failures are [`LockError::Unavailable`] and the elector retries with its back-off (S9).
+    /// read timeout outlasts the server's watch timeout, so a quiet watch is not cut.
+    ///
+    /// Retries: kube-rs's default policy retries 429, 503 and 504 up to three times, 0.5 s apart
+    /// and doubling (it does not read `Retry-After`), always within the elector's request
+    /// timeout, as client-go retries them; any other 5xx is [`LockError::Unavailable`], and the
+    /// elector tries again after its retry period, backing off while failures last (S9).
     pub fn from_config(
         mut config: kube::Config,
         namespace: impl Into<String>,

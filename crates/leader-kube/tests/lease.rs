@@ -296,6 +296,66 @@ async fn a_slow_api_server_fails_no_renewal_and_cuts_no_watch() {
     stop_leader.cancel();
 }
 
+/// 429, 503 and 504 are retried by the client within the request timeout (kube-rs's default, as
+/// client-go does); a 500 is an outage to the elector, which renews again a retry period later.
+/// Either way the leader keeps its lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn throttled_and_failed_renewals_are_retried() {
+    use leader_core::faults::FaultyLock;
+    let api = FakeApi::start().await;
+    let lock = LeaseLock::from_config(
+        kube::Config::new(api.url.parse().expect("url")),
+        "default",
+        "busy",
+        "rust-1",
+        Duration::from_secs(3),
+    )
+    .expect("client");
+    let leader = FaultyLock::new(lock);
+    let calls = leader.faults();
+    let elector = LeaderElector::builder(leader)
+        .lease_duration(Duration::from_secs(6))
+        .renew_deadline(Duration::from_secs(4))
+        .retry_period(Duration::from_millis(500))
+        .build()
+        .expect("timings");
+    let mut state = elector.subscribe();
+    let shutdown = CancellationToken::new();
+    tokio::spawn(elector.run(shutdown.clone()));
+    timeout_at(&mut state).await;
+    let token = state.borrow().leadership().map(|l| l.fencing_token());
+
+    api.reject_writes(&[429]);
+    sleep(Duration::from_secs(3)).await;
+    let renewals = |calls: &[leader_core::faults::Call]| {
+        calls
+            .iter()
+            .filter(|c| c.operation == "update")
+            .filter_map(|c| c.ok)
+            .collect::<Vec<bool>>()
+    };
+    assert!(
+        renewals(&calls.calls()).iter().all(|ok| *ok),
+        "a 429 is retried by the client: {:?}",
+        calls.calls()
+    );
+
+    api.reject_writes(&[500]);
+    sleep(Duration::from_secs(3)).await;
+    let outcomes = renewals(&calls.calls());
+    assert_eq!(
+        outcomes.iter().filter(|ok| !**ok).count(),
+        1,
+        "a 500 fails one renewal: {outcomes:?}"
+    );
+    assert_eq!(
+        state.borrow().leadership().map(|l| l.fencing_token()),
+        token,
+        "the leader kept its term"
+    );
+    shutdown.cancel();
+}
+
 async fn timeout_at(state: &mut tokio::sync::watch::Receiver<leader_core::LeaderState>) {
     timeout(Duration::from_secs(5), state.wait_for(|s| s.is_leading()))
         .await

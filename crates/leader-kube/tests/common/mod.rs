@@ -32,6 +32,8 @@ struct Objects {
     write_delay: std::time::Duration,
     /// Watch requests received.
     watches: usize,
+    /// Answers for the next PUTs instead of doing them: a status code each.
+    reject_writes: std::collections::VecDeque<u16>,
 }
 
 /// The fake API server; dropped with the test's runtime.
@@ -109,6 +111,12 @@ impl FakeApi {
     /// Makes every PUT answer after `delay`, as a busy API server would.
     pub fn delay_writes(&self, delay: std::time::Duration) {
         self.objects.lock().unwrap().write_delay = delay;
+    }
+
+    /// Answers the next PUTs with these status codes (429 with `Retry-After: 1`, 5xx) instead of
+    /// doing them, as an overloaded API server or its priority and fairness would.
+    pub fn reject_writes(&self, codes: &[u16]) {
+        self.objects.lock().unwrap().reject_writes.extend(codes);
     }
 
     /// How many watch requests the server received.
@@ -220,8 +228,19 @@ async fn replace(
     if let Some(denied) = api.denied("update", &ns, &name) {
         return denied;
     }
-    let delay = api.objects.lock().unwrap().write_delay;
+    let (delay, rejected) = {
+        let mut objects = api.objects.lock().unwrap();
+        (objects.write_delay, objects.reject_writes.pop_front())
+    };
     tokio::time::sleep(delay).await;
+    if let Some(code) = rejected {
+        let code = StatusCode::from_u16(code).expect("status code");
+        let mut response = status(code, "TooManyRequests", "the server is busy".into(), &name);
+        response
+            .headers_mut()
+            .insert("retry-after", axum::http::HeaderValue::from_static("1"));
+        return response;
+    }
     let Ok(mut lease) = serde_json::from_slice::<Value>(&body) else {
         return status(
             StatusCode::BAD_REQUEST,
