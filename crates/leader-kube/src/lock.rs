@@ -2,7 +2,7 @@
 
 use std::fmt;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -218,6 +218,58 @@ impl LeaseLock {
     }
 }
 
+/// What one event of a Lease watch means to a follower.
+enum WatchOutcome {
+    /// The Lease was deleted or released (no holder): worth an attempt at once.
+    Released,
+    /// A renewal, a bookmark: nothing to act on.
+    Quiet,
+    /// The watch failed (410 Gone, say) and ends.
+    Ended,
+}
+
+type WatchEvents = std::pin::Pin<Box<dyn futures_util::Stream<Item = WatchOutcome> + Send>>;
+
+/// A watch that ends this soon after it opened counts against [`QUICK_WATCHES`].
+const QUICK_WATCH: Duration = Duration::from_millis(100);
+/// How many watches in a row may end that soon before the stream gives up.
+const QUICK_WATCHES: u32 = 3;
+
+impl LeaseLock {
+    /// One watch of this Lease from the current state, as what each event means.
+    async fn open_watch(&self) -> Result<WatchEvents, LockError> {
+        let seconds = u32::try_from(WATCH_TIMEOUT.as_secs()).unwrap_or(290);
+        let params = WatchParams::default()
+            .fields(&format!("metadata.name={}", self.name))
+            .timeout(seconds);
+        let stream = self
+            .watch_api
+            .watch(&params, "0")
+            .await
+            .map_err(|err| self.map("watch", err))?;
+        // Only what a follower acts on: the Lease deleted or released (no holder). Renewals and
+        // bookmarks wake nobody.
+        let outcomes = stream.map(|event| match event {
+            Ok(WatchEvent::Deleted(_)) => WatchOutcome::Released,
+            Ok(WatchEvent::Added(lease) | WatchEvent::Modified(lease)) => {
+                let free = lease
+                    .spec
+                    .as_ref()
+                    .and_then(|spec| spec.holder_identity.as_deref())
+                    .is_none_or(str::is_empty);
+                if free {
+                    WatchOutcome::Released
+                } else {
+                    WatchOutcome::Quiet
+                }
+            }
+            Ok(WatchEvent::Bookmark(_)) => WatchOutcome::Quiet,
+            Ok(WatchEvent::Error(_)) | Err(_) => WatchOutcome::Ended,
+        });
+        Ok(Box::pin(outcomes))
+    }
+}
+
 fn micro(time: DateTime<Utc>) -> MicroTime {
     let nanos =
         i128::from(time.timestamp()) * 1_000_000_000 + i128::from(time.timestamp_subsec_nanos());
@@ -397,33 +449,46 @@ impl ResourceLock for LeaseLock {
     }
 
     async fn watch(&self) -> Result<Option<ChangeStream>, LockError> {
-        let seconds = u32::try_from(WATCH_TIMEOUT.as_secs()).unwrap_or(290);
-        let params = WatchParams::default()
-            .fields(&format!("metadata.name={}", self.name))
-            .timeout(seconds);
-        let stream = self
-            .watch_api
-            .watch(&params, "0")
-            .await
-            .map_err(|err| self.map("watch", err))?;
-        // Only what a follower acts on: the Lease deleted or released (no holder). Renewals wake
-        // nobody. A watch error (410 Gone, say) ends the stream; the elector subscribes again.
-        let changes = stream
-            .take_while(|event| {
-                std::future::ready(matches!(event, Ok(e) if !matches!(e, WatchEvent::Error(_))))
-            })
-            .filter(|event| {
-                std::future::ready(match event {
-                    Ok(WatchEvent::Deleted(_)) => true,
-                    Ok(WatchEvent::Added(lease) | WatchEvent::Modified(lease)) => lease
-                        .spec
-                        .as_ref()
-                        .and_then(|spec| spec.holder_identity.as_deref())
-                        .is_none_or(str::is_empty),
-                    _ => false,
-                })
-            })
-            .map(|_| ());
+        let first = self.open_watch().await?;
+        let this = self.clone();
+        // A Lease watch ends routinely (the server's timeout, a 410 after a compaction): watch
+        // again at once, so a release is never missed in between. A watch that ends right away
+        // (under 100 ms) counts against a small allowance; once it is spent, or re-watching
+        // fails, the stream ends and the elector subscribes again on its own schedule (S9).
+        let state = (Some((first, Instant::now())), 0_u32);
+        let changes = futures_util::stream::unfold(state, move |(mut current, mut quick)| {
+            let this = this.clone();
+            async move {
+                loop {
+                    let (mut events, opened) = match current.take() {
+                        Some(open) => open,
+                        None => match this.open_watch().await {
+                            Ok(events) => (events, Instant::now()),
+                            Err(err) => {
+                                tracing::debug!(error = %err, "could not watch the Lease again");
+                                return None;
+                            }
+                        },
+                    };
+                    match events.next().await {
+                        Some(WatchOutcome::Released) => {
+                            return Some(((), (Some((events, opened)), 0)));
+                        }
+                        Some(WatchOutcome::Quiet) => current = Some((events, opened)),
+                        Some(WatchOutcome::Ended) | None => {
+                            if opened.elapsed() < QUICK_WATCH {
+                                quick += 1;
+                                if quick > QUICK_WATCHES {
+                                    return None;
+                                }
+                            } else {
+                                quick = 0;
+                            }
+                        }
+                    }
+                }
+            }
+        });
         Ok(Some(Box::pin(changes)))
     }
 }

@@ -22,7 +22,6 @@ use leader_kube::LeaseLock;
 use serde_json::{Value, json};
 use tokio::sync::broadcast;
 
-#[derive(Default)]
 struct Objects {
     revision: u64,
     leases: HashMap<(String, String), Value>,
@@ -34,6 +33,33 @@ struct Objects {
     watches: usize,
     /// Answers for the next PUTs instead of doing them: a status code each.
     reject_writes: std::collections::VecDeque<u16>,
+    /// Recent changes (revision, type, object), for watches from a `resourceVersion`.
+    history: Vec<(u64, String, Value)>,
+    /// How often a watch that allows them gets a BOOKMARK.
+    bookmark_every: std::time::Duration,
+    /// Watches to answer with 410 Gone whatever version they ask for.
+    expire_watches: usize,
+    /// Ends every watch after this long, whatever `timeoutSeconds` asked.
+    watch_timeout: Option<std::time::Duration>,
+}
+
+impl Default for Objects {
+    fn default() -> Self {
+        Self {
+            revision: 0,
+            leases: HashMap::new(),
+            events: Vec::new(),
+            denied: HashSet::new(),
+            write_delay: std::time::Duration::ZERO,
+            watches: 0,
+            reject_writes: std::collections::VecDeque::new(),
+            history: Vec::new(),
+            // The watch cache sends them about once a minute.
+            bookmark_every: std::time::Duration::from_secs(60),
+            expire_watches: 0,
+            watch_timeout: None,
+        }
+    }
 }
 
 /// The fake API server; dropped with the test's runtime.
@@ -87,7 +113,7 @@ impl FakeApi {
             )
             .route(
                 "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{name}",
-                get(read).put(replace).delete(remove),
+                get(read).put(replace).patch(patch).delete(remove),
             )
             .route("/api/v1/namespaces/{ns}/events", post(event))
             .with_state(api.clone());
@@ -119,6 +145,28 @@ impl FakeApi {
         self.objects.lock().unwrap().reject_writes.extend(codes);
     }
 
+    /// Sends watches that allow them a BOOKMARK this often.
+    pub fn bookmark_every(&self, every: std::time::Duration) {
+        self.objects.lock().unwrap().bookmark_every = every;
+    }
+
+    /// Forgets the history of changes, as etcd's compaction does: a watch from an older
+    /// `resourceVersion` gets 410 Gone.
+    pub fn compact(&self) {
+        self.objects.lock().unwrap().history.clear();
+    }
+
+    /// Answers the next `n` watches with 410 Gone, as after a compaction or a watch cache
+    /// re-initialisation.
+    pub fn expire_watches(&self, n: usize) {
+        self.objects.lock().unwrap().expire_watches = n;
+    }
+
+    /// Ends every watch after `after` on the server's side.
+    pub fn end_watches_after(&self, after: std::time::Duration) {
+        self.objects.lock().unwrap().watch_timeout = Some(after);
+    }
+
     /// How many watch requests the server received.
     pub fn watches(&self) -> usize {
         self.objects.lock().unwrap().watches
@@ -137,9 +185,9 @@ impl FakeApi {
             .leases
             .insert((ns.into(), name.into()), lease.clone())
             .is_some();
-        let _ = self
-            .changes
-            .send((if existed { "MODIFIED" } else { "ADDED" }.into(), lease));
+        let kind = if existed { "MODIFIED" } else { "ADDED" };
+        objects.record(kind, lease.clone());
+        let _ = self.changes.send((kind.into(), lease));
     }
 
     pub fn lease(&self, ns: &str, name: &str) -> Option<Value> {
@@ -184,14 +232,134 @@ async fn read(State(api): State<FakeApi>, Path((ns, name)): Path<(String, String
     }
 }
 
-async fn create(State(api): State<FakeApi>, Path(ns): Path<String>, body: Bytes) -> Response {
-    let Ok(mut lease) = serde_json::from_slice::<Value>(&body) else {
-        return status(
+/// kube-apiserver's validation of a Lease (`pkg/apis/coordination/validation`,
+/// `ValidateLeaseSpec`): a set `leaseDurationSeconds` must be greater than 0, a set
+/// `leaseTransitions` at least 0, and `preferredHolder` may be set only with `strategy`. Answered
+/// as 422 `Invalid`, as the registry store does.
+fn validate(lease: &Value) -> Result<(), String> {
+    let spec = &lease["spec"];
+    if let Some(seconds) = spec["leaseDurationSeconds"].as_i64()
+        && seconds <= 0
+    {
+        return Err(format!(
+            "spec.leaseDurationSeconds: Invalid value: {seconds}: must be greater than 0"
+        ));
+    }
+    if let Some(transitions) = spec["leaseTransitions"].as_i64()
+        && transitions < 0
+    {
+        return Err(format!(
+            "spec.leaseTransitions: Invalid value: {transitions}: must be greater than or equal to 0"
+        ));
+    }
+    if spec["preferredHolder"].is_string() && !spec["strategy"].is_string() {
+        return Err(
+            "spec.preferredHolder: Forbidden: may only be specified if `strategy` is defined"
+                .into(),
+        );
+    }
+    Ok(())
+}
+
+/// `MicroTime` as the API server stores and returns it: RFC 3339, UTC, exactly six fractional
+/// digits (`metav1.MicroTime`'s `RFC3339Micro`), whatever precision or offset the client sent.
+fn normalize_times(lease: &mut Value) -> Result<(), String> {
+    for field in ["acquireTime", "renewTime"] {
+        let Some(text) = lease["spec"][field].as_str() else {
+            continue;
+        };
+        let time = chrono::DateTime::parse_from_rfc3339(text)
+            .map_err(|err| format!("spec.{field}: {text:?}: {err}"))?;
+        lease["spec"][field] = json!(
+            time.with_timezone(&chrono::Utc)
+                .format("%Y-%m-%dT%H:%M:%S%.6fZ")
+                .to_string()
+        );
+    }
+    Ok(())
+}
+
+fn invalid(name: &str, message: String) -> Response {
+    status(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "Invalid",
+        format!("Lease.coordination.k8s.io \"{name}\" is invalid: {message}"),
+        name,
+    )
+}
+
+fn conflict(name: &str) -> Response {
+    status(
+        StatusCode::CONFLICT,
+        "Conflict",
+        format!(
+            "Operation cannot be fulfilled on leases.coordination.k8s.io \"{name}\": the object has been modified; please apply your changes to the latest version and try again"
+        ),
+        name,
+    )
+}
+
+fn not_found(name: &str) -> Response {
+    status(
+        StatusCode::NOT_FOUND,
+        "NotFound",
+        format!("leases.coordination.k8s.io \"{name}\" not found"),
+        name,
+    )
+}
+
+impl Objects {
+    /// Stores `lease` as the registry store does after validation: type meta, namespace, a new
+    /// `resourceVersion` (and `uid`, `creationTimestamp` on create), then records the event.
+    fn store(&mut self, ns: &str, name: &str, mut lease: Value, kind: &str) -> Value {
+        self.revision += 1;
+        let previous = self.leases.get(&(ns.to_owned(), name.to_owned())).cloned();
+        lease["apiVersion"] = json!("coordination.k8s.io/v1");
+        lease["kind"] = json!("Lease");
+        lease["metadata"]["name"] = json!(name);
+        lease["metadata"]["namespace"] = json!(ns);
+        lease["metadata"]["resourceVersion"] = json!(self.revision.to_string());
+        match previous {
+            Some(previous) => {
+                lease["metadata"]["uid"] = previous["metadata"]["uid"].clone();
+                lease["metadata"]["creationTimestamp"] =
+                    previous["metadata"]["creationTimestamp"].clone();
+            }
+            None => {
+                lease["metadata"]["uid"] = json!(format!("uid-{}", self.revision));
+                lease["metadata"]["creationTimestamp"] =
+                    json!(chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ").to_string());
+            }
+        }
+        self.leases
+            .insert((ns.to_owned(), name.to_owned()), lease.clone());
+        self.record(kind, lease.clone());
+        lease
+    }
+
+    fn record(&mut self, kind: &str, object: Value) {
+        self.history.push((self.revision, kind.to_owned(), object));
+        if self.history.len() > 1000 {
+            self.history.remove(0);
+        }
+    }
+}
+
+fn parse_body(name: &str, body: &Bytes) -> Result<Value, Box<Response>> {
+    serde_json::from_slice::<Value>(body).map_err(|err| {
+        Box::new(status(
             StatusCode::BAD_REQUEST,
             "BadRequest",
-            "invalid JSON".into(),
-            "",
-        );
+            format!("invalid JSON: {err}"),
+            name,
+        ))
+    })
+}
+
+async fn create(State(api): State<FakeApi>, Path(ns): Path<String>, body: Bytes) -> Response {
+    let mut lease = match parse_body("", &body) {
+        Ok(lease) => lease,
+        Err(response) => return *response,
     };
     let name = lease["metadata"]["name"]
         .as_str()
@@ -199,6 +367,9 @@ async fn create(State(api): State<FakeApi>, Path(ns): Path<String>, body: Bytes)
         .to_owned();
     if let Some(denied) = api.denied("create", &ns, &name) {
         return denied;
+    }
+    if let Err(message) = validate(&lease).and_then(|()| normalize_times(&mut lease)) {
+        return invalid(&name, message);
     }
     let mut objects = api.objects.lock().unwrap();
     if objects.leases.contains_key(&(ns.clone(), name.clone())) {
@@ -209,17 +380,16 @@ async fn create(State(api): State<FakeApi>, Path(ns): Path<String>, body: Bytes)
             &name,
         );
     }
-    objects.revision += 1;
-    lease["apiVersion"] = json!("coordination.k8s.io/v1");
-    lease["kind"] = json!("Lease");
-    lease["metadata"]["namespace"] = json!(ns);
-    lease["metadata"]["resourceVersion"] = json!(objects.revision.to_string());
-    lease["metadata"]["uid"] = json!(format!("uid-{}", objects.revision));
-    objects.leases.insert((ns, name), lease.clone());
-    let _ = api.changes.send(("ADDED".into(), lease.clone()));
-    json_response(StatusCode::CREATED, &lease)
+    let stored = objects.store(&ns, &name, lease, "ADDED");
+    drop(objects);
+    let _ = api.changes.send(("ADDED".into(), stored.clone()));
+    json_response(StatusCode::CREATED, &stored)
 }
 
+/// PUT, as the registry store's update path does for Leases (`pkg/registry/coordination/lease/
+/// strategy.go`): `AllowCreateOnUpdate` is true, so a PUT of a missing Lease creates it (201);
+/// `AllowUnconditionalUpdate` is false, so a PUT of an existing Lease without a
+/// `resourceVersion` is 422, and one with another version is 409.
 async fn replace(
     State(api): State<FakeApi>,
     Path((ns, name)): Path<(String, String)>,
@@ -241,79 +411,195 @@ async fn replace(
             .insert("retry-after", axum::http::HeaderValue::from_static("1"));
         return response;
     }
-    let Ok(mut lease) = serde_json::from_slice::<Value>(&body) else {
-        return status(
-            StatusCode::BAD_REQUEST,
-            "BadRequest",
-            "invalid JSON".into(),
-            &name,
-        );
+    let mut lease = match parse_body(&name, &body) {
+        Ok(lease) => lease,
+        Err(response) => return *response,
     };
+    if let Err(message) = validate(&lease).and_then(|()| normalize_times(&mut lease)) {
+        return invalid(&name, message);
+    }
     let mut objects = api.objects.lock().unwrap();
-    let Some(current) = objects.leases.get(&(ns.clone(), name.clone())) else {
-        return status(
-            StatusCode::NOT_FOUND,
-            "NotFound",
-            format!("leases.coordination.k8s.io \"{name}\" not found"),
-            &name,
-        );
+    let current = objects.leases.get(&(ns.clone(), name.clone())).cloned();
+    let (stored, code, kind) = match current {
+        None => (
+            objects.store(&ns, &name, lease, "ADDED"),
+            StatusCode::CREATED,
+            "ADDED",
+        ),
+        Some(current) => {
+            let Some(expected) = lease["metadata"]["resourceVersion"].as_str() else {
+                return invalid(
+                    &name,
+                    "metadata.resourceVersion: Invalid value: 0x0: must be specified for an update"
+                        .into(),
+                );
+            };
+            if Some(expected) != current["metadata"]["resourceVersion"].as_str() {
+                return conflict(&name);
+            }
+            (
+                objects.store(&ns, &name, lease, "MODIFIED"),
+                StatusCode::OK,
+                "MODIFIED",
+            )
+        }
     };
-    // An update names the version it read; without one it is unconditional, as in the real API.
-    if let Some(expected) = lease["metadata"]["resourceVersion"].as_str()
-        && Some(expected) != current["metadata"]["resourceVersion"].as_str()
-    {
-        return status(
-            StatusCode::CONFLICT,
-            "Conflict",
-            format!(
-                "Operation cannot be fulfilled on leases.coordination.k8s.io \"{name}\": the object has been modified; please apply your changes to the latest version and try again"
-            ),
+    drop(objects);
+    let _ = api.changes.send((kind.into(), stored.clone()));
+    json_response(code, &stored)
+}
+
+/// RFC 7386 JSON merge patch: objects merge key by key, `null` removes, anything else replaces.
+fn merge(target: &mut Value, patch: &Value) {
+    match (target, patch) {
+        (Value::Object(target), Value::Object(patch)) => {
+            for (key, value) in patch {
+                if value.is_null() {
+                    target.remove(key);
+                } else {
+                    merge(target.entry(key.clone()).or_insert(Value::Null), value);
+                }
+            }
+        }
+        (target, patch) => *target = patch.clone(),
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct PatchQuery {
+    #[serde(rename = "fieldManager")]
+    field_manager: Option<String>,
+}
+
+/// PATCH in the forms Lease clients send (`staging/src/k8s.io/apiserver/pkg/endpoints/handlers/
+/// patch.go`): `application/merge-patch+json` (RFC 7386), `application/strategic-merge-patch+json`
+/// (for a Lease, whose spec has no lists, the same as a merge patch; `ownerReferences` are
+/// replaced rather than merged by uid), and `application/apply-patch+yaml` (server-side apply,
+/// which needs `fieldManager` and creates a missing Lease; field ownership conflicts are not
+/// modelled). A `resourceVersion` in the patch is a precondition (409 if it differs). The
+/// result is validated as an update is.
+async fn patch(
+    State(api): State<FakeApi>,
+    Path((ns, name)): Path<(String, String)>,
+    Query(query): Query<PatchQuery>,
+    headers: axum::http::HeaderMap,
+    body: Bytes,
+) -> Response {
+    if let Some(denied) = api.denied("patch", &ns, &name) {
+        return denied;
+    }
+    let content_type = headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_owned();
+    let apply = match content_type.as_str() {
+        "application/merge-patch+json" | "application/strategic-merge-patch+json" => false,
+        "application/apply-patch+yaml" => true,
+        other => {
+            return status(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "UnsupportedMediaType",
+                format!(
+                    "the body of the request was in an unknown format - accepted media types include: application/merge-patch+json, application/strategic-merge-patch+json, application/apply-patch+yaml (not {other:?})"
+                ),
+                &name,
+            );
+        }
+    };
+    if apply && query.field_manager.as_deref().is_none_or(str::is_empty) {
+        return invalid(
             &name,
+            "fieldManager: Required value: is required for apply patch".into(),
         );
     }
-    let uid = current["metadata"]["uid"].clone();
-    objects.revision += 1;
-    lease["apiVersion"] = json!("coordination.k8s.io/v1");
-    lease["kind"] = json!("Lease");
-    lease["metadata"]["namespace"] = json!(ns);
-    lease["metadata"]["uid"] = uid;
-    lease["metadata"]["resourceVersion"] = json!(objects.revision.to_string());
-    objects.leases.insert((ns, name), lease.clone());
-    let _ = api.changes.send(("MODIFIED".into(), lease.clone()));
-    json_response(StatusCode::OK, &lease)
+    let patch = match parse_body(&name, &body) {
+        Ok(patch) => patch,
+        Err(response) => return *response,
+    };
+    let mut objects = api.objects.lock().unwrap();
+    let current = objects.leases.get(&(ns.clone(), name.clone())).cloned();
+    let (mut lease, kind, code) = match current {
+        Some(current) => {
+            if let Some(expected) = patch["metadata"]["resourceVersion"].as_str()
+                && Some(expected) != current["metadata"]["resourceVersion"].as_str()
+            {
+                return conflict(&name);
+            }
+            (current, "MODIFIED", StatusCode::OK)
+        }
+        None if apply => (
+            json!({"metadata": {"name": name}}),
+            "ADDED",
+            StatusCode::CREATED,
+        ),
+        None => return not_found(&name),
+    };
+    merge(&mut lease, &patch);
+    if let Err(message) = validate(&lease).and_then(|()| normalize_times(&mut lease)) {
+        return invalid(&name, message);
+    }
+    let stored = objects.store(&ns, &name, lease, kind);
+    drop(objects);
+    let _ = api.changes.send((kind.into(), stored.clone()));
+    json_response(code, &stored)
 }
 
 async fn remove(State(api): State<FakeApi>, Path((ns, name)): Path<(String, String)>) -> Response {
-    let removed = api
-        .objects
-        .lock()
-        .unwrap()
-        .leases
-        .remove(&(ns, name.clone()));
+    let mut objects = api.objects.lock().unwrap();
+    let removed = objects.leases.remove(&(ns, name.clone()));
     match removed {
         Some(lease) => {
-            let _ = api.changes.send(("DELETED".into(), lease.clone()));
+            objects.revision += 1;
+            let mut deleted = lease.clone();
+            deleted["metadata"]["resourceVersion"] = json!(objects.revision.to_string());
+            objects.record("DELETED", deleted.clone());
+            drop(objects);
+            let _ = api.changes.send(("DELETED".into(), deleted));
             json_response(StatusCode::OK, &lease)
         }
-        None => status(
-            StatusCode::NOT_FOUND,
-            "NotFound",
-            format!("leases.coordination.k8s.io \"{name}\" not found"),
-            &name,
-        ),
+        None => not_found(&name),
     }
 }
 
+#[derive(serde::Deserialize, Default)]
+struct ListQuery {
+    watch: Option<String>,
+    #[serde(rename = "fieldSelector")]
+    field_selector: Option<String>,
+    #[serde(rename = "resourceVersion")]
+    resource_version: Option<String>,
+    #[serde(rename = "timeoutSeconds")]
+    timeout_seconds: Option<u64>,
+    #[serde(rename = "allowWatchBookmarks")]
+    allow_watch_bookmarks: Option<bool>,
+}
+
+/// LIST and WATCH as the watch cache serves them (`staging/src/k8s.io/apiserver/pkg/storage/
+/// cacher`): `resourceVersion=0` (or none) starts with the current state as `ADDED` events; a
+/// numeric version replays every change after it, or, once it is older than the history kept,
+/// sends one `ERROR` event with a 410 `Expired` status ("too old resource version") and ends.
+/// `timeoutSeconds` ends the stream on the server's side; with `allowWatchBookmarks=true` a
+/// `BOOKMARK` carrying the current `resourceVersion` is sent every [`FakeApi::bookmark_every`].
 async fn list_or_watch(
     State(api): State<FakeApi>,
     Path(ns): Path<String>,
-    Query(query): Query<HashMap<String, String>>,
+    Query(query): Query<ListQuery>,
 ) -> Response {
     let name = query
-        .get("fieldSelector")
+        .field_selector
+        .as_deref()
         .and_then(|f| f.strip_prefix("metadata.name="))
         .map(str::to_owned);
-    let verb = if query.get("watch").is_some_and(|w| w == "true" || w == "1") {
+    let verb = if query
+        .watch
+        .as_deref()
+        .is_some_and(|w| w == "true" || w == "1")
+    {
         "watch"
     } else {
         "list"
@@ -331,10 +617,8 @@ async fn list_or_watch(
                 .is_none_or(|n| lease["metadata"]["name"].as_str() == Some(n))
     };
     if verb == "list" {
-        let items: Vec<Value> = api
-            .objects
-            .lock()
-            .unwrap()
+        let objects = api.objects.lock().unwrap();
+        let items: Vec<Value> = objects
             .leases
             .values()
             .filter(|l| matches(l))
@@ -342,21 +626,67 @@ async fn list_or_watch(
             .collect();
         return json_response(
             StatusCode::OK,
-            &json!({"apiVersion": "coordination.k8s.io/v1", "kind": "LeaseList", "metadata": {}, "items": items}),
+            &json!({"apiVersion": "coordination.k8s.io/v1", "kind": "LeaseList",
+                "metadata": {"resourceVersion": objects.revision.to_string()}, "items": items}),
         );
     }
-    // resourceVersion=0: the current state first, as ADDED events, then every change.
-    let initial: Vec<Value> = api
-        .objects
-        .lock()
-        .unwrap()
-        .leases
-        .values()
-        .filter(|l| matches(l))
-        .cloned()
-        .collect();
+    let (initial, expired) = {
+        let mut objects = api.objects.lock().unwrap();
+        if objects.expire_watches > 0 {
+            objects.expire_watches -= 1;
+            (Vec::new(), true)
+        } else {
+            match query.resource_version.as_deref().unwrap_or("0") {
+                "0" | "" => (
+                    objects
+                        .leases
+                        .values()
+                        .filter(|l| matches(l))
+                        .map(|l| ("ADDED".to_owned(), l.clone()))
+                        .collect::<Vec<_>>(),
+                    false,
+                ),
+                from => {
+                    let from: u64 = from.parse().unwrap_or(0);
+                    let oldest = objects
+                        .history
+                        .first()
+                        .map_or(objects.revision, |(rv, _, _)| *rv);
+                    if from + 1 < oldest {
+                        (Vec::new(), true)
+                    } else {
+                        (
+                            objects
+                                .history
+                                .iter()
+                                .filter(|(rv, _, object)| *rv > from && matches(object))
+                                .map(|(_, kind, object)| (kind.clone(), object.clone()))
+                                .collect(),
+                            false,
+                        )
+                    }
+                }
+            }
+        }
+    };
+    use futures_util::StreamExt;
+    let line = |kind: &str, object: &Value| {
+        Ok::<_, Infallible>(Bytes::from(format!(
+            "{}\n",
+            json!({"type": kind, "object": object})
+        )))
+    };
+    if expired {
+        let gone = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": "too old resource version", "reason": "Expired", "code": 410});
+        return Response::builder()
+            .header("content-type", "application/json")
+            .body(Body::from_stream(futures_util::stream::iter([line(
+                "ERROR", &gone,
+            )])))
+            .expect("response");
+    }
     let rx = api.changes.subscribe();
-    let initial = futures_util::stream::iter(initial.into_iter().map(|l| ("ADDED".to_owned(), l)));
     let changes = futures_util::stream::unfold(rx, |mut rx| async move {
         loop {
             match rx.recv().await {
@@ -365,20 +695,44 @@ async fn list_or_watch(
                 Err(broadcast::error::RecvError::Closed) => return None,
             }
         }
+    })
+    .filter(move |(_, lease)| std::future::ready(matches(lease)));
+    let bookmarks = {
+        let every = api.objects.lock().unwrap().bookmark_every;
+        let api = api.clone();
+        let enabled = query.allow_watch_bookmarks.unwrap_or(false);
+        futures_util::stream::unfold((), move |()| {
+            let api = api.clone();
+            async move {
+                if !enabled {
+                    std::future::pending::<()>().await;
+                }
+                tokio::time::sleep(every).await;
+                let revision = api.objects.lock().unwrap().revision;
+                let bookmark = json!({"kind": "Lease", "apiVersion": "coordination.k8s.io/v1",
+                    "metadata": {"resourceVersion": revision.to_string()}});
+                Some((("BOOKMARK".to_owned(), bookmark), ()))
+            }
+        })
+    };
+    let events = futures_util::stream::iter(initial)
+        .chain(futures_util::stream::select(changes, bookmarks))
+        .map(move |(kind, object)| line(&kind, &object));
+    let deadline = api
+        .objects
+        .lock()
+        .unwrap()
+        .watch_timeout
+        .or(query.timeout_seconds.map(std::time::Duration::from_secs));
+    let events = futures_util::stream::StreamExt::take_until(events, async move {
+        match deadline {
+            Some(after) => tokio::time::sleep(after).await,
+            None => std::future::pending().await,
+        }
     });
-    use futures_util::StreamExt;
-    let lines = initial
-        .chain(changes)
-        .filter(move |(_, lease)| std::future::ready(matches(lease)))
-        .map(|(kind, lease)| {
-            Ok::<_, Infallible>(Bytes::from(format!(
-                "{}\n",
-                json!({"type": kind, "object": lease})
-            )))
-        });
     Response::builder()
         .header("content-type", "application/json")
-        .body(Body::from_stream(lines))
+        .body(Body::from_stream(events))
         .expect("response")
 }
 
