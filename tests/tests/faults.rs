@@ -6,23 +6,58 @@
 //! accepted no stale write (and refused the frozen leaders' ones), and that a leader was back
 //! within the bound after every fault.
 //!
-//! By default one round (each fault once per backend). The long run: `FAULT_ROUNDS=20 cargo
-//! test -p leader-tests --release --test faults -- --nocapture`; every run prints a summary
-//! table. Needs the Postgres of `DATABASE_URL` for the sink, and Debian's PostgreSQL,
-//! `redis-server` and `etcd` binaries for the private servers (`scripts/setup` installs them).
+//! By default one round (each fault once per backend), in order. Knobs for the long run:
+//! - `FAULT_ROUNDS=N`: N rounds, or `FAULT_COUNT=N`: N faults per backend (the kinds in turn);
+//! - `FAULT_SEED=S`: shuffle the schedule with seed S (a random seed when `FAULT_SHUFFLE=1`);
+//!   the seed is printed, so a failing schedule can be replayed;
+//! - `FAULT_LEASE_MS=L`: a shorter lease (renew deadline 3/4 of it, retry period 1/8);
+//! - `FAULT_PARALLEL=1`: backends at the same time instead of one after the other.
+//!
+//! For example `FAULT_COUNT=1000 FAULT_SHUFFLE=1 FAULT_LEASE_MS=800 cargo test -p leader-tests
+//! --release --test faults -- --nocapture`. Every run prints a summary table. Needs the Postgres
+//! of `DATABASE_URL` for the sink, and Debian's PostgreSQL, `redis-server` and `etcd` binaries
+//! for the private servers (`scripts/setup` installs them).
 
 use std::path::PathBuf;
 use std::sync::Mutex;
+use std::time::Duration;
 
 use leader_test_support::in_ci;
 use leader_tests::database_url;
 use leader_tests::harness::campaign::{self, Backend, Fault, Programs, Report, Settings};
 
-fn rounds() -> usize {
-    std::env::var("FAULT_ROUNDS")
-        .ok()
-        .and_then(|r| r.parse().ok())
-        .unwrap_or(1)
+fn knob<T: std::str::FromStr>(name: &str) -> Option<T> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
+}
+
+/// The faults to inject into `backend`, in order: `FAULT_COUNT` faults (or `FAULT_ROUNDS`
+/// rounds) of its kinds in turn, shuffled with `FAULT_SEED` (or a random seed with
+/// `FAULT_SHUFFLE=1`).
+fn schedule(backend: Backend) -> (Vec<Fault>, Option<u64>) {
+    let kinds = backend.faults();
+    let count = knob::<usize>("FAULT_COUNT")
+        .unwrap_or_else(|| knob::<usize>("FAULT_ROUNDS").unwrap_or(1) * kinds.len());
+    let mut faults: Vec<Fault> = kinds.iter().copied().cycle().take(count).collect();
+    let seed = knob::<u64>("FAULT_SEED").or_else(|| {
+        std::env::var("FAULT_SHUFFLE")
+            .is_ok_and(|v| v == "1")
+            .then(|| fastrand::u64(..))
+    });
+    if let Some(seed) = seed {
+        fastrand::Rng::with_seed(seed).shuffle(&mut faults);
+    }
+    (faults, seed)
+}
+
+/// `Settings` with `FAULT_LEASE_MS` applied.
+fn settings() -> Settings {
+    let mut settings = Settings::default();
+    if let Some(lease) = knob::<u64>("FAULT_LEASE_MS") {
+        settings.lease = Duration::from_millis(lease);
+        settings.renew = settings.lease * 3 / 4;
+        settings.retry = settings.lease / 8;
+    }
+    settings
 }
 
 /// One campaign at a time: they time failovers on a two-core machine.
@@ -32,12 +67,20 @@ static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 static REPORTS: Mutex<Vec<Report>> = Mutex::new(Vec::new());
 
 fn campaign(backend: Backend) {
-    let _turn = ONE_AT_A_TIME
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let faults: Vec<Fault> = (0..rounds())
-        .flat_map(|_| backend.faults().iter().copied())
-        .collect();
+    let parallel = std::env::var("FAULT_PARALLEL").is_ok_and(|v| v == "1");
+    let _turn = (!parallel).then(|| {
+        ONE_AT_A_TIME
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    });
+    let (faults, seed) = schedule(backend);
+    if let Some(seed) = seed {
+        eprintln!(
+            "{}: {} faults shuffled with FAULT_SEED={seed}",
+            backend.name(),
+            faults.len()
+        );
+    }
     let programs = Programs {
         leader: PathBuf::from(env!("CARGO_BIN_EXE_leader-e2e")),
         writer: PathBuf::from(env!("CARGO_BIN_EXE_fenced-writer")),
@@ -50,7 +93,7 @@ fn campaign(backend: Backend) {
     let report = match runtime.block_on(campaign::run(
         backend,
         &faults,
-        Settings::default(),
+        settings(),
         &programs,
         &database_url(),
     )) {
