@@ -14,7 +14,10 @@ pub(crate) struct LuaScript {
     pub(crate) sha: String,
 }
 
-/// Reads and checks the hash; shared by every script.
+/// Reads and checks the hash; shared by every script. The fence counter's type is checked by the
+/// scripts that read for a decision (`get`, `try_acquire`) and by `create`, not by `update`:
+/// a renewal never touches the counter, and an acquisition through `update` fails on a broken
+/// counter anyway (`INCR` refuses it).
 const COMMON: &str = r#"
 local function fence_error()
   local kind = redis.call('TYPE', KEYS[2])['ok']
@@ -30,8 +33,6 @@ local function fence_error()
 end
 
 local function current(key)
-  local bad_fence = fence_error()
-  if bad_fence then return nil, bad_fence end
   local v = redis.call('HMGET', key, 'version', 'holder', 'transitions', 'record')
   if not v[1] and not v[2] and not v[3] and not v[4] then
     if redis.call('EXISTS', key) == 1 then
@@ -80,6 +81,8 @@ fn script(body: &str) -> LuaScript {
 pub(crate) static GET: LazyLock<LuaScript> = LazyLock::new(|| {
     script(
         r#"
+local bad_fence = fence_error()
+if bad_fence then return redis.error_reply(bad_fence) end
 local cur, err = current(KEYS[1])
 if err then return redis.error_reply(err) end
 if not cur then return false end
@@ -137,6 +140,8 @@ return {version, transitions}
 pub(crate) static TRY_ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {
     script(
         r#"
+local bad_fence = fence_error()
+if bad_fence then return redis.error_reply(bad_fence) end
 local cur, err = current(KEYS[1])
 if err then return redis.error_reply(err) end
 local version, transitions
