@@ -380,39 +380,57 @@ fn newest_versions(dir: &Path) -> Result<Vec<u64>, LockError> {
 
 /// The newest version, or `None` when there is none.
 fn read(dir: &Path) -> Result<Option<Stored>, LockError> {
+    read_listed(dir).1
+}
+
+/// The newest version, with the number of the newest version file listed (known even when that
+/// file cannot be read).
+fn read_listed(dir: &Path) -> (Option<u64>, Result<Option<Stored>, LockError>) {
+    let mut listed = None;
     for _ in 0..READ_TRIES {
-        let Some(newest) = newest_versions(dir)?.first().copied() else {
-            return Ok(None);
+        let newest = match newest_versions(dir) {
+            Ok(versions) => versions.first().copied(),
+            Err(err) => return (listed, Err(err)),
+        };
+        listed = newest;
+        let Some(newest) = newest else {
+            return (None, Ok(None));
         };
         let path = dir.join(version_name(newest));
         let bytes = match fs::read(&path) {
             Ok(bytes) => bytes,
             // Collected after newer versions were written since the listing: list again.
             Err(err) if err.kind() == io::ErrorKind::NotFound => continue,
-            Err(err) => return Err(io_error(&path, err)),
+            Err(err) => return (listed, Err(io_error(&path, err))),
         };
-        let stored: Stored = serde_json::from_slice(&bytes).map_err(|err| {
-            LockError::invalid_record(
-                BACKEND,
-                format!("{}: not a lock record file: {err}", path.display()),
-            )
-        })?;
-        if stored.version != newest {
-            return Err(LockError::invalid_record(
-                BACKEND,
-                format!(
-                    "{}: holds version {}, not {newest}",
-                    path.display(),
-                    stored.version
-                ),
-            ));
-        }
-        return Ok(Some(stored));
+        let stored = serde_json::from_slice::<Stored>(&bytes)
+            .map_err(|err| {
+                LockError::invalid_record(
+                    BACKEND,
+                    format!("{}: not a lock record file: {err}", path.display()),
+                )
+            })
+            .and_then(|stored| {
+                if stored.version == newest {
+                    Ok(Some(stored))
+                } else {
+                    Err(LockError::invalid_record(
+                        BACKEND,
+                        format!(
+                            "{}: holds version {}, not {newest}",
+                            path.display(),
+                            stored.version
+                        ),
+                    ))
+                }
+            });
+        return (listed, stored);
     }
-    Err(LockError::unavailable(
+    let err = LockError::unavailable(
         BACKEND,
         format!("{}: the record changed too fast to be read", dir.display()),
-    ))
+    );
+    (listed, Err(err))
 }
 
 fn not_a_directory(dir: &Path) -> LockError {
@@ -508,19 +526,18 @@ impl ResourceLock for FileLock {
                 loop {
                     tokio::time::sleep(interval).await;
                     let check = this.clone();
+                    // One listing and one read a poll.
                     let seen = tokio::task::spawn_blocking(move || {
-                        let newest = newest_versions(&check.dir).ok()?.first().copied();
-                        let stored = read(&check.dir);
-                        Some((
-                            newest,
-                            stored
-                                .map(|s| s.map(|s| (s.record.is_free(), check.holder_is_gone(&s)))),
-                        ))
+                        let (newest, stored) = read_listed(&check.dir);
+                        let state = stored
+                            .map(|s| s.map(|s| (s.record.is_free(), check.holder_is_gone(&s))));
+                        (newest, state)
                     })
                     .await
-                    .ok()
-                    .flatten();
-                    let Some((newest, state)) = seen else {
+                    .ok();
+                    // A directory that cannot be listed tells nothing new: poll again.
+                    let Some((newest, state)) = seen.filter(|(n, s)| n.is_some() || s.is_ok())
+                    else {
                         continue;
                     };
                     let changed = newest != last;

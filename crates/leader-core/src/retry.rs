@@ -64,10 +64,10 @@ impl Backoff {
         if self.failures <= 1 {
             return retry;
         }
-        let doublings = (self.failures - 1).min(32);
+        let doublings = (self.failures - 1).min(31);
         let ceiling = self
             .retry_period
-            .checked_mul(1 << doublings.min(31))
+            .checked_mul(1 << doublings)
             .map_or(self.cap, |d| d.min(self.cap));
         let spread = fastrand::f64() * self.jitter.min(1.0) / 2.0;
         retry.max(ceiling.mul_f64(1.0 - spread))
