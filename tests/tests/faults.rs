@@ -22,9 +22,9 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use leader_test_support::in_ci;
 use leader_tests::database_url;
 use leader_tests::harness::campaign::{self, Backend, Fault, Programs, Report, Settings};
+use leader_tests::harness::run_or_skip;
 
 fn knob<T: std::str::FromStr>(name: &str) -> Option<T> {
     std::env::var(name).ok().and_then(|v| v.parse().ok())
@@ -85,27 +85,11 @@ fn campaign(backend: Backend) {
         leader: PathBuf::from(env!("CARGO_BIN_EXE_leader-e2e")),
         writer: PathBuf::from(env!("CARGO_BIN_EXE_fenced-writer")),
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let report = match runtime.block_on(campaign::run(
-        backend,
-        &faults,
-        settings(),
-        &programs,
-        &database_url(),
-    )) {
-        Ok(report) => report,
-        Err(err) if !in_ci() => {
-            eprintln!("skipping {}: {err}", backend.name());
-            return;
-        }
-        Err(err) => panic!(
-            "CI=true and the {} campaign cannot run: {err}",
-            backend.name()
-        ),
+    let Some(report) = run_or_skip(
+        &format!("the {} campaign", backend.name()),
+        campaign::run(backend, &faults, settings(), &programs, &database_url()),
+    ) else {
+        return;
     };
     let mut reports = REPORTS
         .lock()

@@ -9,9 +9,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use leader_test_support::in_ci;
 use leader_tests::harness::campaign::Backend;
 use leader_tests::harness::outage::{self, Timings};
+use leader_tests::harness::run_or_skip;
 
 fn check(backend: Backend) {
     let seconds: u64 = std::env::var("OUTAGE_SECS")
@@ -19,27 +19,17 @@ fn check(backend: Backend) {
         .and_then(|s| s.parse().ok())
         .unwrap_or(12);
     let timings = Timings::default();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let report = match runtime.block_on(outage::measure(
-        backend,
-        &PathBuf::from(env!("CARGO_BIN_EXE_leader-e2e")),
-        timings,
-        Duration::from_secs(seconds),
-        Duration::from_secs(1),
-    )) {
-        Ok(report) => report,
-        Err(err) if !in_ci() => {
-            eprintln!("skipping {}: {err}", backend.name());
-            return;
-        }
-        Err(err) => panic!(
-            "CI=true and the {} outage cannot run: {err}",
-            backend.name()
+    let Some(report) = run_or_skip(
+        &format!("the {} outage", backend.name()),
+        outage::measure(
+            backend,
+            &PathBuf::from(env!("CARGO_BIN_EXE_leader-e2e")),
+            timings,
+            Duration::from_secs(seconds),
+            Duration::from_secs(1),
         ),
+    ) else {
+        return;
     };
     eprintln!("{}", outage::table(std::slice::from_ref(&report), timings));
     let name = backend.name();
