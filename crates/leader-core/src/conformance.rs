@@ -37,8 +37,10 @@ pub trait LockFactory: Send + Sync {
     async fn lock(&self, name: &str, identity: &str) -> Arc<dyn ResourceLock>;
 
     /// Stores, under election `name`, a value that is not a valid record, as a broken writer
-    /// would (the wrong type, garbage bytes, nonsense fields).
-    async fn corrupt(&self, name: &str);
+    /// would (the wrong type, garbage bytes, nonsense fields), and returns `true`; or returns
+    /// `false` when the store checks what it holds so that no such value can be stored (a
+    /// Kubernetes API server validates every Lease), and the check that needs one is skipped.
+    async fn corrupt(&self, name: &str) -> bool;
 }
 
 /// Runs every check of the suite, one after the other.
@@ -296,7 +298,12 @@ pub async fn concurrent_updates_have_one_winner(factory: &dyn LockFactory) {
 pub async fn invalid_record_is_reported_and_kept(factory: &dyn LockFactory) {
     let name = unique("invalid");
     let lock = factory.lock(&name, "a").await;
-    factory.corrupt(&name).await;
+    if !factory.corrupt(&name).await {
+        eprintln!(
+            "conformance: this store holds no undecodable value; invalid-record check skipped"
+        );
+        return;
+    }
     let err = lock
         .get()
         .await

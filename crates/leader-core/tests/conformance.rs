@@ -20,8 +20,9 @@ impl LockFactory for Memory {
         )
     }
 
-    async fn corrupt(&self, name: &str) {
+    async fn corrupt(&self, name: &str) -> bool {
         self.store.corrupt(name, "garbage");
+        true
     }
 }
 
@@ -35,7 +36,7 @@ impl LockFactory for Files {
         Arc::new(FileLock::new(self.dir.path().join(name), identity))
     }
 
-    async fn corrupt(&self, name: &str) {
+    async fn corrupt(&self, name: &str) -> bool {
         let dir = self.dir.path().join(name);
         std::fs::create_dir_all(&dir).expect("lock directory");
         std::fs::write(
@@ -43,6 +44,7 @@ impl LockFactory for Files {
             b"{\"holder\": [1, 2",
         )
         .expect("write garbage");
+        true
     }
 }
 

@@ -2,13 +2,13 @@
 
 mod common;
 
-use common::{Factory, FakeApi};
+use common::{Factory, KubeApiServer};
 use leader_core::conformance;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn lease_lock_conforms() {
     conformance::run_all(&Factory {
-        api: FakeApi::start().await,
+        api: KubeApiServer::start().await,
     })
     .await;
 }

@@ -1,12 +1,12 @@
-//! The Lease lock against the test API server (and, with `LEADER_KUBE_E2E=1` and a
-//! `KUBECONFIG`, against a real cluster): client-go's field layout, RBAC denials, events,
-//! watch handover, several electors.
+//! The Lease lock against the test API server: client-go's field layout, odd Leases, retries,
+//! RBAC denials, events, watch handover, several electors. (`fidelity.rs` holds the tests that
+//! also run against a real cluster.)
 
 mod common;
 
 use std::time::Duration;
 
-use common::{Factory, FakeApi};
+use common::{Factory, KubeApiServer, client};
 use leader_core::conformance::{self, record};
 use leader_core::{CancellationToken, LeaderElector, LockError, ResourceLock};
 use leader_kube::LeaseLock;
@@ -22,7 +22,7 @@ fn lease_json(name: &str, spec: serde_json::Value) -> serde_json::Value {
 async fn two_electors_elect_exactly_one() {
     conformance::electors_elect_exactly_one(
         &Factory {
-            api: FakeApi::start().await,
+            api: KubeApiServer::start().await,
         },
         2,
     )
@@ -33,7 +33,7 @@ async fn two_electors_elect_exactly_one() {
 async fn ten_electors_elect_exactly_one() {
     conformance::electors_elect_exactly_one(
         &Factory {
-            api: FakeApi::start().await,
+            api: KubeApiServer::start().await,
         },
         10,
     )
@@ -44,7 +44,7 @@ async fn ten_electors_elect_exactly_one() {
 /// the same layout (whole seconds rounded up, microsecond times), so both can contend.
 #[tokio::test]
 async fn leases_use_client_gos_field_layout() {
-    let api = FakeApi::start().await;
+    let api = KubeApiServer::start().await;
     api.put_raw(
         "default",
         "cg",
@@ -56,7 +56,7 @@ async fn leases_use_client_gos_field_layout() {
         "leaseTransitions": 3}),
         ),
     );
-    let lock = LeaseLock::new(api.client(), "default", "cg", "rust-1");
+    let lock = LeaseLock::new(client(&api), "default", "cg", "rust-1");
     let observed = lock.get().await.expect("get").expect("lease");
     assert_eq!(observed.record.holder_identity, "client-go-7f9c");
     assert_eq!(observed.record.lease_duration, Duration::from_secs(15));
@@ -82,7 +82,7 @@ async fn leases_use_client_gos_field_layout() {
         "leaseTransitions": 4}),
         ),
     );
-    let released = LeaseLock::new(api.client(), "default", "released", "rust-1");
+    let released = LeaseLock::new(client(&api), "default", "released", "rust-1");
     assert!(
         released
             .get()
@@ -97,7 +97,7 @@ async fn leases_use_client_gos_field_layout() {
     // client-go counts them (0 on create), our fencing token in the annotation.
     let mut ours = record("rust-1", 5);
     ours.lease_duration = Duration::from_millis(1500);
-    let fresh = LeaseLock::new(api.client(), "default", "ours", "rust-1");
+    let fresh = LeaseLock::new(client(&api), "default", "ours", "rust-1");
     let created = fresh.create(&ours).await.expect("create");
     assert_eq!(created.record.leader_transitions, 5);
     let stored = api.lease("default", "ours").expect("stored");
@@ -122,7 +122,7 @@ async fn leases_use_client_gos_field_layout() {
 /// the missing duration, after the lease for the other.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leases_with_odd_values_are_read_and_taken_over() {
-    let api = FakeApi::start().await;
+    let api = KubeApiServer::start().await;
     for (name, spec, within) in [
         (
             "no-duration",
@@ -138,7 +138,7 @@ async fn leases_with_odd_values_are_read_and_taken_over() {
         ),
     ] {
         api.put_raw("default", name, lease_json(name, spec));
-        let lock = LeaseLock::new(api.client(), "default", name, "rust-1");
+        let lock = LeaseLock::new(client(&api), "default", name, "rust-1");
         let observed = lock
             .get()
             .await
@@ -152,159 +152,15 @@ async fn leases_with_odd_values_are_read_and_taken_over() {
     }
 }
 
-/// S5 with other writers: tokens grow past `i32::MAX` and past a `leaseTransitions` another
-/// client reset (kubert reads it as a u16), while `leaseTransitions` stays valid for client-go.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fencing_tokens_grow_beyond_int32_and_past_counts_other_clients_reset() {
-    let api = FakeApi::start().await;
-    let expired = |transitions: i64| {
-        json!({"holderIdentity": "other", "leaseDurationSeconds": 1,
-            "acquireTime": "2026-11-21T10:00:00.000000Z", "renewTime": "2026-11-21T10:00:00.000000Z",
-            "leaseTransitions": transitions})
-    };
-    api.put_raw("default", "big", lease_json("big", expired(2_147_483_647)));
-    let mut tokens = Vec::new();
-    for identity in ["rust-1", "rust-2"] {
-        let mut elector = leader_test_support::Candidate::start(LeaseLock::new(
-            api.client(),
-            "default",
-            "big",
-            identity,
-        ));
-        tokens.push(elector.wait_leading(Duration::from_secs(5)).await);
-        elector.stop().await;
-        let spec = &api.lease("default", "big").expect("lease")["spec"];
-        let transitions = spec["leaseTransitions"].as_i64().expect("leaseTransitions");
-        assert!(
-            (0..=i64::from(i32::MAX)).contains(&transitions),
-            "leaseTransitions must stay a valid int32 >= 0: {transitions}"
-        );
-    }
-    assert_eq!(tokens, [2_147_483_648, 2_147_483_649]);
-
-    // kubert took the Lease at 70000 and reset the count past 65535; our high-water mark stays.
-    let mut reset = lease_json("reset", expired(2));
-    reset["metadata"]["annotations"] = json!({ (leader_kube::FENCING_TOKEN_ANNOTATION): "70000" });
-    api.put_raw("default", "reset", reset);
-    let mut elector = leader_test_support::Candidate::start(LeaseLock::new(
-        api.client(),
-        "default",
-        "reset",
-        "rust-1",
-    ));
-    assert_eq!(elector.wait_leading(Duration::from_secs(5)).await, 70_001);
-    elector.stop().await;
-}
-
-/// A release writes what client-go's release writes (no holder, a 1 s lease), so that other
-/// clients, which wait out the stored duration, take over at once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_release_is_written_as_client_go_writes_it() {
-    let api = FakeApi::start().await;
-    let mut elector = leader_test_support::Candidate::start(LeaseLock::new(
-        api.client(),
-        "default",
-        "rel",
-        "rust-1",
-    ));
-    elector.wait_leading(Duration::from_secs(5)).await;
-    let held = api.lease("default", "rel").expect("lease");
-    assert_eq!(held["spec"]["leaseDurationSeconds"], 3);
-    elector.stop().await;
-    let released = api.lease("default", "rel").expect("lease");
-    assert_eq!(released["spec"]["holderIdentity"], "");
-    assert_eq!(released["spec"]["leaseDurationSeconds"], 1);
-}
-
-/// Writes send back the Lease as read with the spec replaced: labels, annotations and owner
-/// references that others put on the Lease stay.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn writes_keep_the_lease_metadata() {
-    let api = FakeApi::start().await;
-    let mut lease = lease_json(
-        "meta",
-        json!({"holderIdentity": "", "leaseDurationSeconds": 1, "leaseTransitions": 3}),
-    );
-    lease["metadata"]["labels"] = json!({"app": "jobs"});
-    lease["metadata"]["annotations"] = json!({"team": "infra"});
-    lease["metadata"]["ownerReferences"] = json!([{"apiVersion": "apps/v1", "kind": "Deployment",
-        "name": "jobs", "uid": "d9607e19-f88f-11e6-a518-42010a800195"}]);
-    api.put_raw("default", "meta", lease);
-    let mut elector = leader_test_support::Candidate::start(LeaseLock::new(
-        api.client(),
-        "default",
-        "meta",
-        "rust-1",
-    ));
-    elector.wait_leading(Duration::from_secs(5)).await;
-    // Through a few renewals, then a release.
-    sleep(Duration::from_millis(1200)).await;
-    elector.stop().await;
-    let stored = api.lease("default", "meta").expect("lease");
-    assert_eq!(stored["metadata"]["labels"]["app"], "jobs");
-    assert_eq!(stored["metadata"]["annotations"]["team"], "infra");
-    assert_eq!(stored["metadata"]["ownerReferences"][0]["name"], "jobs");
-    assert_eq!(stored["spec"]["leaseTransitions"], 4, "one holder change");
-}
-
-/// Timeouts set as kube-rs documents for long-lived clients: with client-go's timings, a 3 s
-/// request timeout and an API server that answers every PUT in 1.5 s, no renewal fails on the
-/// client side (the time a pooled connection sat idle does not count), and a quiet follower's
-/// watch is not cut by the read timeout.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_slow_api_server_fails_no_renewal_and_cuts_no_watch() {
-    use leader_core::faults::FaultyLock;
-    let api = FakeApi::start().await;
-    let config = || kube::Config::new(api.url.parse().expect("url"));
-    let timeout = Duration::from_secs(3);
-    let lock = |identity: &str| {
-        LeaseLock::from_config(config(), "default", "slow", identity, timeout).expect("client")
-    };
-    let leader = FaultyLock::new(lock("rust-1"));
-    let calls = leader.faults();
-    let start = |lock| {
-        let elector = LeaderElector::builder(lock)
-            .build()
-            .expect("client-go's timings");
-        let state = elector.subscribe();
-        let shutdown = CancellationToken::new();
-        tokio::spawn(elector.run(shutdown.clone()));
-        (state, shutdown)
-    };
-    let (mut leading, stop_leader) = start(leader);
-    timeout_at(&mut leading).await;
-    let (_following, stop_follower) = start(FaultyLock::new(lock("rust-2")));
-    api.delay_writes(Duration::from_millis(1500));
-    sleep(Duration::from_secs(12)).await;
-    let updates: Vec<_> = calls
-        .calls()
-        .into_iter()
-        .filter(|c| c.operation == "update" && c.returned.is_some())
-        .collect();
-    assert!(updates.len() >= 3, "renewals: {updates:?}");
-    assert!(
-        updates.iter().all(|c| c.ok == Some(true)),
-        "a renewal failed: {updates:?}"
-    );
-    assert!(leading.borrow().is_leading(), "the leader lost its lease");
-    assert!(
-        api.watches() <= 2,
-        "the follower's watch was reopened {} times",
-        api.watches()
-    );
-    stop_follower.cancel();
-    stop_leader.cancel();
-}
-
 /// 429, 503 and 504 are retried by the client within the request timeout (kube-rs's default, as
 /// client-go does); a 500 is an outage to the elector, which renews again a retry period later.
 /// Either way the leader keeps its lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn throttled_and_failed_renewals_are_retried() {
     use leader_core::faults::FaultyLock;
-    let api = FakeApi::start().await;
+    let api = KubeApiServer::start().await;
     let lock = LeaseLock::from_config(
-        kube::Config::new(api.url.parse().expect("url")),
+        kube::Config::new(api.url().parse().expect("url")),
         "default",
         "busy",
         "rust-1",
@@ -366,8 +222,8 @@ async fn timeout_at(state: &mut tokio::sync::watch::Receiver<leader_core::Leader
 /// A Role without a verb yields a Forbidden error that names the verb to add.
 #[tokio::test]
 async fn a_denied_verb_is_a_clear_error_naming_it() {
-    let api = FakeApi::start().await;
-    let lock = LeaseLock::new(api.client(), "default", "rbac", "a");
+    let api = KubeApiServer::start().await;
+    let lock = LeaseLock::new(client(&api), "default", "rbac", "a");
     api.deny("create");
     let err = lock
         .create(&record("a", 1))
@@ -391,7 +247,7 @@ async fn a_denied_verb_is_a_clear_error_naming_it() {
     // The elector keeps running on a denied verb and leads once the Role allows it.
     api.deny("get");
     let elector =
-        LeaderElector::builder(LeaseLock::new(api.client(), "default", "rbac-elector", "a"))
+        LeaderElector::builder(LeaseLock::new(client(&api), "default", "rbac-elector", "a"))
             .lease_duration(Duration::from_secs(3))
             .renew_deadline(Duration::from_secs(2))
             .retry_period(Duration::from_millis(300))
@@ -416,10 +272,10 @@ async fn a_denied_verb_is_a_clear_error_naming_it() {
 /// a released Lease at once through their watch.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_are_recorded_and_a_release_is_taken_over_at_once() {
-    let api = FakeApi::start().await;
+    let api = KubeApiServer::start().await;
     let start = |id: &str| {
         let elector =
-            LeaderElector::builder(LeaseLock::new(api.client(), "default", "handover", id))
+            LeaderElector::builder(LeaseLock::new(client(&api), "default", "handover", id))
                 .lease_duration(Duration::from_secs(8))
                 .renew_deadline(Duration::from_secs(6))
                 .retry_period(Duration::from_secs(2))
@@ -476,50 +332,4 @@ async fn events_are_recorded_and_a_release_is_taken_over_at_once() {
     assert!(events.iter().all(
         |e| e["involvedObject"]["kind"] == "Lease" && e["involvedObject"]["name"] == "handover"
     ));
-}
-
-/// The same suite against a real cluster, run on request only: `LEADER_KUBE_E2E=1 cargo test -p
-/// leader-kube -- --ignored` with a `KUBECONFIG` (kind or k3d; see the README). Uses the namespace
-/// in `LEADER_KUBE_NAMESPACE` (default `default`).
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs a Kubernetes cluster: LEADER_KUBE_E2E=1 and KUBECONFIG, run with --ignored"]
-async fn against_a_real_cluster_when_asked() {
-    assert_eq!(
-        std::env::var("LEADER_KUBE_E2E").as_deref(),
-        Ok("1"),
-        "set LEADER_KUBE_E2E=1 and KUBECONFIG to run against a real cluster"
-    );
-    let namespace = std::env::var("LEADER_KUBE_NAMESPACE").unwrap_or_else(|_| "default".into());
-    let client = kube::Client::try_default()
-        .await
-        .expect("a cluster from KUBECONFIG");
-    struct Real {
-        client: kube::Client,
-        namespace: String,
-    }
-    #[leader_core::async_trait]
-    impl leader_core::conformance::LockFactory for Real {
-        async fn lock(&self, name: &str, identity: &str) -> std::sync::Arc<dyn ResourceLock> {
-            std::sync::Arc::new(LeaseLock::new(
-                self.client.clone(),
-                &self.namespace,
-                name,
-                identity,
-            ))
-        }
-        async fn corrupt(&self, name: &str) {
-            use kube::api::{Api, PostParams};
-            let api: Api<k8s_openapi::api::coordination::v1::Lease> =
-                Api::namespaced(self.client.clone(), &self.namespace);
-            let lease = serde_json::from_value(json!({"metadata": {"name": name},
-                "spec": {"holderIdentity": "x", "leaseDurationSeconds": -5}}))
-            .expect("lease");
-            api.create(&PostParams::default(), &lease)
-                .await
-                .expect("a lease with a negative duration");
-        }
-    }
-    let factory = Real { client, namespace };
-    conformance::run_all(&factory).await;
-    conformance::electors_elect_exactly_one(&factory, 3).await;
 }

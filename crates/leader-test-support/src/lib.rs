@@ -9,6 +9,8 @@ use std::time::Duration;
 use leader_core::{CancellationToken, LeaderElector, LeaderState, ResourceLock};
 
 pub mod bench;
+#[cfg(feature = "kube-api")]
+pub mod kube_api;
 
 /// `DATABASE_URL`'s default: the loopback server's `postgres` database.
 pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres:postgres@127.0.0.1:5432/postgres";

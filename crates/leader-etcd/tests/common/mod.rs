@@ -54,13 +54,14 @@ impl LockFactory for Factory {
         Arc::new(self.store.lock(name, identity))
     }
 
-    async fn corrupt(&self, name: &str) {
+    async fn corrupt(&self, name: &str) -> bool {
         let key = self.store.lock(name, "x").key().to_owned();
         self.store
             .client()
             .put(key, "not a record", None)
             .await
             .expect("write garbage");
+        true
     }
 }
 

@@ -68,7 +68,7 @@ impl LockFactory for Factory {
         }
     }
 
-    async fn corrupt(&self, name: &str) {
+    async fn corrupt(&self, name: &str) -> bool {
         let admin = admin().await.expect("server");
         admin
             .execute(
@@ -79,5 +79,6 @@ impl LockFactory for Factory {
             )
             .await
             .expect("write a garbage row");
+        true
     }
 }

@@ -54,7 +54,7 @@ impl LockFactory for Factory {
         Arc::new(self.store.lock(name, identity))
     }
 
-    async fn corrupt(&self, name: &str) {
+    async fn corrupt(&self, name: &str) -> bool {
         let mut admin = admin().await.expect("server");
         let key = self.store.lock(name, "x").key().to_owned();
         let _: () = redis::cmd("RPUSH")
@@ -64,5 +64,6 @@ impl LockFactory for Factory {
             .query_async(&mut admin)
             .await
             .expect("write a list");
+        true
     }
 }

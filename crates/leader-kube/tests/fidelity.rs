@@ -1,0 +1,349 @@
+//! What makes the Lease lock behave like client-go with other clients on the same Lease, checked
+//! against the test API server and, on request, against a real cluster with the same code:
+//! fencing tokens beyond int32 and past counts other clients reset, a release written as
+//! client-go writes it, metadata kept through writes, clients set up for long-lived use, and
+//! the conformance suite.
+//!
+//! Against a real cluster (kind or k3d; see the README), each test here is run with
+//! `LEADER_KUBE_E2E=1 KUBECONFIG=... cargo test -p leader-kube --test fidelity -- --ignored`, in
+//! the namespace `LEADER_KUBE_NAMESPACE` (default `default`); without `LEADER_KUBE_E2E=1` those
+//! are reported as ignored.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{KubeApiServer, client};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, DeleteParams, PostParams};
+use leader_core::conformance::{self, LockFactory};
+use leader_core::faults::FaultyLock;
+use leader_core::{CancellationToken, LeaderElector, ResourceLock};
+use leader_kube::LeaseLock;
+use leader_test_support::Candidate;
+use serde_json::{Value, json};
+use tokio::time::{sleep, timeout};
+
+/// Where a test runs: the test API server or a real cluster.
+struct Target {
+    config: kube::Config,
+    client: kube::Client,
+    namespace: String,
+    /// The test API server, when that is the target.
+    server: Option<KubeApiServer>,
+}
+
+impl Target {
+    async fn test_server() -> Self {
+        let server = KubeApiServer::start().await;
+        Self {
+            config: kube::Config::new(server.url().parse().expect("url")),
+            client: client(&server),
+            namespace: "default".into(),
+            server: Some(server),
+        }
+    }
+
+    async fn real_cluster() -> Self {
+        assert_eq!(
+            std::env::var("LEADER_KUBE_E2E").as_deref(),
+            Ok("1"),
+            "set LEADER_KUBE_E2E=1 and KUBECONFIG to run against a real cluster"
+        );
+        let config = kube::Config::infer()
+            .await
+            .expect("a cluster from KUBECONFIG");
+        Self {
+            client: kube::Client::try_from(config.clone()).expect("client"),
+            config,
+            namespace: std::env::var("LEADER_KUBE_NAMESPACE").unwrap_or_else(|_| "default".into()),
+            server: None,
+        }
+    }
+
+    fn leases(&self) -> Api<Lease> {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    fn lock(&self, name: &str, identity: &str) -> LeaseLock {
+        LeaseLock::new(self.client.clone(), &self.namespace, name, identity)
+    }
+
+    /// A Lease name no earlier run used.
+    fn unique(what: &str) -> String {
+        format!("fidelity-{what}-{:08x}", fastrand::u32(..))
+    }
+
+    /// Stores a Lease through the API, as another client would (replacing any earlier one).
+    async fn put(&self, name: &str, metadata: Value, spec: Value) {
+        let _ = self.leases().delete(name, &DeleteParams::default()).await;
+        let mut lease = json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": metadata, "spec": spec});
+        lease["metadata"]["name"] = json!(name);
+        let lease: Lease = serde_json::from_value(lease).expect("a Lease");
+        self.leases()
+            .create(&PostParams::default(), &lease)
+            .await
+            .expect("create the Lease");
+    }
+
+    /// The Lease as the API returns it.
+    async fn get(&self, name: &str) -> Value {
+        serde_json::to_value(self.leases().get(name).await.expect("get the Lease")).expect("json")
+    }
+
+    /// An owner reference that stays valid for the test: to a ConfigMap made for it on a real
+    /// cluster (the garbage collector deletes objects whose owner is missing).
+    async fn owner(&self, name: &str) -> Value {
+        let uid = if self.server.is_some() {
+            "d9607e19-f88f-11e6-a518-42010a800195".to_owned()
+        } else {
+            let maps: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.namespace);
+            let map: ConfigMap =
+                serde_json::from_value(json!({"metadata": {"name": name}})).expect("a ConfigMap");
+            maps.create(&PostParams::default(), &map)
+                .await
+                .expect("create the owner ConfigMap")
+                .metadata
+                .uid
+                .expect("uid")
+        };
+        json!([{"apiVersion": "v1", "kind": "ConfigMap", "name": name, "uid": uid}])
+    }
+
+    async fn cleanup(&self, names: &[&str]) {
+        for name in names {
+            let _ = self.leases().delete(name, &DeleteParams::default()).await;
+            let maps: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.namespace);
+            let _ = maps.delete(name, &DeleteParams::default()).await;
+        }
+    }
+}
+
+/// A Lease held by a client that is gone, renewed long ago.
+fn expired(transitions: i64) -> Value {
+    json!({"holderIdentity": "other", "leaseDurationSeconds": 1,
+        "acquireTime": "2026-11-21T10:00:00.000000Z", "renewTime": "2026-11-21T10:00:00.000000Z",
+        "leaseTransitions": transitions})
+}
+
+/// Item 1, S5 with other writers: tokens grow past `i32::MAX` and past a `leaseTransitions`
+/// another client reset (kubert reads it as a u16), while `leaseTransitions` stays a valid
+/// int32 for client-go.
+async fn fencing_tokens(target: &Target) {
+    let big = Target::unique("big");
+    target.put(&big, json!({}), expired(2_147_483_647)).await;
+    let mut tokens = Vec::new();
+    for identity in ["rust-1", "rust-2"] {
+        let mut elector = Candidate::start(target.lock(&big, identity));
+        tokens.push(elector.wait_leading(Duration::from_secs(5)).await);
+        elector.stop().await;
+        let lease = target.get(&big).await;
+        let transitions = lease["spec"]["leaseTransitions"]
+            .as_i64()
+            .expect("leaseTransitions");
+        assert!(
+            (0..=i64::from(i32::MAX)).contains(&transitions),
+            "leaseTransitions must stay a valid int32 >= 0: {transitions}"
+        );
+    }
+    assert_eq!(tokens, [2_147_483_648, 2_147_483_649]);
+
+    // kubert took the Lease at 70000 and reset the count past 65535; our high-water mark stays.
+    let reset = Target::unique("reset");
+    target
+        .put(
+            &reset,
+            json!({"annotations": {(leader_kube::FENCING_TOKEN_ANNOTATION): "70000"}}),
+            expired(2),
+        )
+        .await;
+    let mut elector = Candidate::start(target.lock(&reset, "rust-1"));
+    assert_eq!(elector.wait_leading(Duration::from_secs(5)).await, 70_001);
+    elector.stop().await;
+    target.cleanup(&[&big, &reset]).await;
+}
+
+/// Item 2: a release writes what client-go's release writes (no holder, a 1 s lease), so that
+/// other clients, which wait out the stored duration, take over at once.
+async fn release_as_client_go(target: &Target) {
+    let name = Target::unique("release");
+    let mut elector = Candidate::start(target.lock(&name, "rust-1"));
+    elector.wait_leading(Duration::from_secs(5)).await;
+    assert_eq!(
+        target.get(&name).await["spec"]["leaseDurationSeconds"],
+        3,
+        "held with the candidate's 3 s lease"
+    );
+    elector.stop().await;
+    let released = target.get(&name).await;
+    assert_eq!(released["spec"]["holderIdentity"], "");
+    assert_eq!(released["spec"]["leaseDurationSeconds"], 1);
+    target.cleanup(&[&name]).await;
+}
+
+/// Item 3: writes send back the Lease as read with the spec replaced: labels, annotations and
+/// owner references that others put on the Lease stay through renewals and a release.
+async fn metadata_kept(target: &Target) {
+    let name = Target::unique("meta");
+    let owner = target.owner(&name).await;
+    target
+        .put(
+            &name,
+            json!({"labels": {"app": "jobs"}, "annotations": {"team": "infra"},
+                   "ownerReferences": owner}),
+            json!({"holderIdentity": "", "leaseDurationSeconds": 1, "leaseTransitions": 3}),
+        )
+        .await;
+    let mut elector = Candidate::start(target.lock(&name, "rust-1"));
+    elector.wait_leading(Duration::from_secs(5)).await;
+    // Through a few renewals, then a release.
+    sleep(Duration::from_millis(1200)).await;
+    elector.stop().await;
+    let stored = target.get(&name).await;
+    assert_eq!(stored["metadata"]["labels"]["app"], "jobs");
+    assert_eq!(stored["metadata"]["annotations"]["team"], "infra");
+    assert_eq!(
+        stored["metadata"]["ownerReferences"][0]["name"],
+        name.as_str()
+    );
+    assert_eq!(stored["spec"]["leaseTransitions"], 4, "one holder change");
+    target.cleanup(&[&name]).await;
+}
+
+/// Item 4: clients set up as kube-rs documents for long-lived use. With client-go's timings and
+/// a 3 s request timeout, no renewal fails on the client side (the time a pooled connection sat
+/// idle does not count) and a quiet follower's watch is not cut by the read timeout; on the
+/// test API server, also while it answers every PUT in 1.5 s.
+async fn long_lived_clients(target: &Target) {
+    let name = Target::unique("slow");
+    let request_timeout = Duration::from_secs(3);
+    let lock = |identity: &str| {
+        LeaseLock::from_config(
+            target.config.clone(),
+            &target.namespace,
+            &name,
+            identity,
+            request_timeout,
+        )
+        .expect("client")
+    };
+    let start = |lock: FaultyLock<LeaseLock>| {
+        let elector = LeaderElector::builder(lock)
+            .build()
+            .expect("client-go's timings");
+        let state = elector.subscribe();
+        let shutdown = CancellationToken::new();
+        tokio::spawn(elector.run(shutdown.clone()));
+        (state, shutdown)
+    };
+    let leader = FaultyLock::new(lock("rust-1"));
+    let calls = leader.faults();
+    let (mut leading, stop_leader) = start(leader);
+    timeout(Duration::from_secs(5), leading.wait_for(|s| s.is_leading()))
+        .await
+        .expect("leads in time")
+        .expect("elector alive");
+    let follower = FaultyLock::new(lock("rust-2"));
+    let follower_calls = follower.faults();
+    let (_following, stop_follower) = start(follower);
+    if let Some(server) = &target.server {
+        server.delay_writes(Duration::from_millis(1500));
+    }
+    sleep(Duration::from_secs(12)).await;
+    let updates: Vec<_> = calls
+        .calls()
+        .into_iter()
+        .filter(|c| c.operation == "update" && c.returned.is_some())
+        .collect();
+    assert!(updates.len() >= 3, "renewals: {updates:?}");
+    assert!(
+        updates.iter().all(|c| c.ok == Some(true)),
+        "a renewal failed: {updates:?}"
+    );
+    assert!(leading.borrow().is_leading(), "the leader lost its lease");
+    assert!(
+        follower_calls.watches() <= 1,
+        "the follower's watch was reopened: {} watches",
+        follower_calls.watches()
+    );
+    if let Some(server) = &target.server {
+        // One a candidate: the leader's, before it led, and the follower's.
+        assert!(
+            server.watches() <= 2,
+            "the server saw {} watches",
+            server.watches()
+        );
+    }
+    stop_follower.cancel();
+    stop_leader.cancel();
+    sleep(Duration::from_millis(500)).await;
+    target.cleanup(&[&name]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_tokens_grow_beyond_int32_and_past_counts_other_clients_reset() {
+    fencing_tokens(&Target::test_server().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_is_written_as_client_go_writes_it() {
+    release_as_client_go(&Target::test_server().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_keep_the_lease_metadata() {
+    metadata_kept(&Target::test_server().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_api_server_fails_no_renewal_and_cuts_no_watch() {
+    long_lived_clients(&Target::test_server().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Kubernetes cluster: LEADER_KUBE_E2E=1 and KUBECONFIG, run with --ignored"]
+async fn real_cluster_fencing_tokens() {
+    fencing_tokens(&Target::real_cluster().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Kubernetes cluster: LEADER_KUBE_E2E=1 and KUBECONFIG, run with --ignored"]
+async fn real_cluster_release_as_client_go() {
+    release_as_client_go(&Target::real_cluster().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Kubernetes cluster: LEADER_KUBE_E2E=1 and KUBECONFIG, run with --ignored"]
+async fn real_cluster_metadata_kept() {
+    metadata_kept(&Target::real_cluster().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Kubernetes cluster: LEADER_KUBE_E2E=1 and KUBECONFIG, run with --ignored"]
+async fn real_cluster_long_lived_clients() {
+    long_lived_clients(&Target::real_cluster().await).await;
+}
+
+/// The conformance suite and three electors on a real cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs a Kubernetes cluster: LEADER_KUBE_E2E=1 and KUBECONFIG, run with --ignored"]
+async fn real_cluster_conformance() {
+    struct Real(Target);
+    #[leader_core::async_trait]
+    impl LockFactory for Real {
+        async fn lock(&self, name: &str, identity: &str) -> Arc<dyn ResourceLock> {
+            Arc::new(self.0.lock(name, identity))
+        }
+        /// A real API server validates every Lease: none can hold a value the lock cannot
+        /// decode.
+        async fn corrupt(&self, _name: &str) -> bool {
+            false
+        }
+    }
+    let factory = Real(Target::real_cluster().await);
+    conformance::run_all(&factory).await;
+    conformance::electors_elect_exactly_one(&factory, 3).await;
+}

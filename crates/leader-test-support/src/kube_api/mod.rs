@@ -1,0 +1,269 @@
+//! A Kubernetes API server for tests (feature `kube-api`), serving what Lease clients use with
+//! kube-apiserver's contract, each behaviour citing its source in the Kubernetes tree.
+//!
+//! No cluster runs where the tests run; this server keeps the parts of the real contract that
+//! Lease clients depend on, so that our lock and other clients (client-go's layout, kubert,
+//! kube-lease-manager, `kubectl`-style patches) can be run against it:
+//!
+//! - `coordination.k8s.io/v1` Leases: GET, POST, PUT, PATCH, DELETE, LIST and WATCH, with the
+//!   Lease strategy ([`routes`]: create-on-update, no unconditional update), decoding and
+//!   validation ([`objects::admit`]: 400 for a wrong type, 422 `Invalid`, unknown fields
+//!   dropped, times as RFC 3339 micro UTC), `resourceVersion` preconditions (409 `Conflict`),
+//!   merge, strategic merge and server-side apply patches with field ownership
+//!   ([`fields`]: `managedFields`, 409 apply conflicts, `force`).
+//! - Watches as the watch cache serves them: the current state first, or the changes after a
+//!   `resourceVersion`, 410 `Expired` once that is too old, `timeoutSeconds`, `BOOKMARK`s.
+//! - The core/v1 Events endpoint (POST).
+//! - 403 `Forbidden` for a verb a test denies, as RBAC would; 429/5xx and slow answers on
+//!   request, as a busy API server.
+//!
+//! It runs inside a test ([`KubeApiServer::start`]) or as a process (the `kube-api-server`
+//! binary), and with a state file it keeps its objects and revision across a restart, as the
+//! real server keeps them in etcd.
+
+mod fields;
+mod objects;
+mod routes;
+
+use std::collections::{HashSet, VecDeque};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::sync::broadcast;
+
+use objects::{Change, Objects};
+
+/// What a test can make the server do besides keeping the contract.
+#[derive(Debug)]
+struct Behaviour {
+    denied: HashSet<String>,
+    /// How long a PUT takes to answer.
+    write_delay: Duration,
+    /// Answers for the next PUTs instead of doing them: a status code each.
+    reject_writes: VecDeque<u16>,
+    /// How often a watch that allows them gets a BOOKMARK.
+    bookmark_every: Duration,
+    /// Watches to answer with 410 Gone whatever version they ask for.
+    expire_watches: usize,
+    /// Ends every watch after this long, whatever `timeoutSeconds` asked.
+    watch_timeout: Option<Duration>,
+    /// Watch requests received.
+    watches: usize,
+}
+
+impl Default for Behaviour {
+    fn default() -> Self {
+        Self {
+            denied: HashSet::new(),
+            write_delay: Duration::ZERO,
+            reject_writes: VecDeque::new(),
+            // The watch cache sends them about once a minute.
+            bookmark_every: Duration::from_secs(60),
+            expire_watches: 0,
+            watch_timeout: None,
+            watches: 0,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Shared {
+    objects: Mutex<Objects>,
+    behaviour: Mutex<Behaviour>,
+    events: Mutex<Vec<Value>>,
+    changes: broadcast::Sender<Change>,
+    /// Where the objects are kept across restarts, if anywhere.
+    state_file: Option<PathBuf>,
+}
+
+impl Shared {
+    fn objects(&self) -> MutexGuard<'_, Objects> {
+        self.objects.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn behaviour(&self) -> MutexGuard<'_, Behaviour> {
+        self.behaviour.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Saves the objects (with a state file) and tells the watches, once a change is stored.
+    fn committed(&self, objects: &Objects, change: Change) {
+        if let Some(path) = &self.state_file
+            && let Err(err) = objects.save(path)
+        {
+            eprintln!("kube-api-server: saving {}: {err}", path.display());
+        }
+        let _ = self.changes.send(change);
+    }
+}
+
+/// A running test API server; it stops with the runtime that started it.
+#[derive(Clone, Debug)]
+pub struct KubeApiServer {
+    shared: Arc<Shared>,
+    url: String,
+}
+
+impl KubeApiServer {
+    /// Starts a server on a free loopback port, on the current runtime, with no state file.
+    ///
+    /// # Panics
+    /// If no loopback port can be bound.
+    pub async fn start() -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind a loopback port");
+        Self::serve(listener, None).expect("a server without a state file")
+    }
+
+    /// Serves on `listener`, keeping the objects in `state_file` (read first if it exists, and
+    /// written after every change) when one is given.
+    ///
+    /// # Errors
+    /// The state file cannot be read.
+    pub fn serve(
+        listener: tokio::net::TcpListener,
+        state_file: Option<&Path>,
+    ) -> std::io::Result<Self> {
+        let objects = match state_file {
+            Some(path) => Objects::load(path)?,
+            None => Objects::default(),
+        };
+        let address: SocketAddr = listener.local_addr()?;
+        let shared = Arc::new(Shared {
+            objects: Mutex::new(objects),
+            behaviour: Mutex::default(),
+            events: Mutex::default(),
+            changes: broadcast::channel(1024).0,
+            state_file: state_file.map(Path::to_owned),
+        });
+        let server = Self {
+            shared,
+            url: format!("http://{address}"),
+        };
+        let app = routes::router(server.clone());
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Ok(server)
+    }
+
+    /// The server's base URL, `http://127.0.0.1:PORT`.
+    #[must_use]
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// A kubeconfig that points at this server, with `namespace` as the context's namespace.
+    #[must_use]
+    pub fn kubeconfig(&self, namespace: &str) -> String {
+        kubeconfig(&self.url, namespace)
+    }
+
+    /// Denies `verb` (get, create, update, patch, watch, list, delete) on leases, as a Role
+    /// without it would.
+    pub fn deny(&self, verb: &str) {
+        self.shared.behaviour().denied.insert(verb.to_owned());
+    }
+
+    /// Allows `verb` again.
+    pub fn allow(&self, verb: &str) {
+        self.shared.behaviour().denied.remove(verb);
+    }
+
+    /// Makes every PUT answer after `delay`, as a busy API server would.
+    pub fn delay_writes(&self, delay: Duration) {
+        self.shared.behaviour().write_delay = delay;
+    }
+
+    /// Answers the next PUTs with these status codes (429 with `Retry-After: 1`, 5xx) instead of
+    /// doing them, as an overloaded API server or its priority and fairness would.
+    pub fn reject_writes(&self, codes: &[u16]) {
+        self.shared.behaviour().reject_writes.extend(codes);
+    }
+
+    /// Sends watches that allow them a BOOKMARK this often.
+    pub fn bookmark_every(&self, every: Duration) {
+        self.shared.behaviour().bookmark_every = every;
+    }
+
+    /// Forgets the history of changes, as etcd's compaction does: a watch from an older
+    /// `resourceVersion` gets 410 Gone.
+    pub fn compact(&self) {
+        self.shared.objects().history.clear();
+    }
+
+    /// Answers the next `n` watches with 410 Gone, as after a compaction or a watch cache
+    /// re-initialisation.
+    pub fn expire_watches(&self, n: usize) {
+        self.shared.behaviour().expire_watches = n;
+    }
+
+    /// Ends every watch after `after` on the server's side.
+    pub fn end_watches_after(&self, after: Duration) {
+        self.shared.behaviour().watch_timeout = Some(after);
+    }
+
+    /// How many watch requests the server received.
+    #[must_use]
+    pub fn watches(&self) -> usize {
+        self.shared.behaviour().watches
+    }
+
+    /// Stores `lease` (any JSON, unvalidated) as it is, as a client that bypassed the API
+    /// server's checks (or an older server) would have left it.
+    pub fn put_raw(&self, namespace: &str, name: &str, mut lease: Value) {
+        lease["metadata"]["name"] = json!(name);
+        lease["metadata"]["namespace"] = json!(namespace);
+        let mut objects = self.shared.objects();
+        let change = objects.store(&(namespace.to_owned(), name.to_owned()), lease);
+        self.shared.committed(&objects, change);
+    }
+
+    /// The stored Lease, if there is one.
+    #[must_use]
+    pub fn lease(&self, namespace: &str, name: &str) -> Option<Value> {
+        self.shared
+            .objects()
+            .leases
+            .get(&(namespace.to_owned(), name.to_owned()))
+            .cloned()
+    }
+
+    /// The Events posted so far.
+    #[must_use]
+    pub fn events(&self) -> Vec<Value> {
+        self.shared
+            .events
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+/// A kubeconfig for the API server at `url` (plain HTTP, no credentials), with `namespace` as
+/// its context's namespace.
+#[must_use]
+pub fn kubeconfig(url: &str, namespace: &str) -> String {
+    format!(
+        "apiVersion: v1
+kind: Config
+clusters:
+- name: test
+  cluster:
+    server: {url}
+contexts:
+- name: test
+  context:
+    cluster: test
+    user: test
+    namespace: {namespace}
+current-context: test
+users:
+- name: test
+  user: {{}}
+"
+    )
+}

@@ -1,0 +1,579 @@
+//! The HTTP surface: the Lease endpoints as kube-apiserver serves them.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use futures_util::StreamExt;
+use serde_json::{Value, json};
+use tokio::sync::broadcast;
+
+use super::KubeApiServer;
+use super::fields;
+use super::objects::{Key, LEASE_API_VERSION, Objects, Refusal, admit};
+
+pub(super) fn router(server: KubeApiServer) -> Router {
+    Router::new()
+        .route(
+            "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases",
+            post(create).get(list_or_watch),
+        )
+        .route(
+            "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{name}",
+            get(read).put(replace).patch(patch).delete(remove),
+        )
+        .route("/api/v1/namespaces/{ns}/events", post(event))
+        .with_state(server)
+}
+
+/// A `Status` body with `code`, as the API server answers every error.
+fn status(code: StatusCode, reason: &str, message: &str, name: &str, details: Value) -> Response {
+    let mut details = details;
+    details["name"] = json!(name);
+    details["group"] = json!("coordination.k8s.io");
+    details["kind"] = json!("leases");
+    let body = json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": message, "reason": reason, "details": details, "code": code.as_u16(),
+    });
+    json_response(code, &body)
+}
+
+fn json_response(code: StatusCode, body: &Value) -> Response {
+    (
+        code,
+        [("content-type", "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+fn refused(name: &str, refusal: Refusal) -> Response {
+    match refusal {
+        Refusal::BadRequest(message) => status(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            &message,
+            name,
+            json!({}),
+        ),
+        Refusal::Invalid(message) => status(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Invalid",
+            &format!("Lease.coordination.k8s.io \"{name}\" is invalid: {message}"),
+            name,
+            json!({}),
+        ),
+    }
+}
+
+fn conflict(name: &str) -> Response {
+    status(
+        StatusCode::CONFLICT,
+        "Conflict",
+        &format!(
+            "Operation cannot be fulfilled on leases.coordination.k8s.io \"{name}\": the object has been modified; please apply your changes to the latest version and try again"
+        ),
+        name,
+        json!({}),
+    )
+}
+
+fn not_found(name: &str) -> Response {
+    status(
+        StatusCode::NOT_FOUND,
+        "NotFound",
+        &format!("leases.coordination.k8s.io \"{name}\" not found"),
+        name,
+        json!({}),
+    )
+}
+
+fn bad_json(name: &str, body: &Bytes) -> Result<Value, Box<Response>> {
+    serde_json::from_slice::<Value>(body).map_err(|err| {
+        Box::new(status(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            &format!("invalid JSON: {err}"),
+            name,
+            json!({}),
+        ))
+    })
+}
+
+impl KubeApiServer {
+    /// 403 for a verb a test denied, in RBAC's words.
+    fn denied(&self, verb: &str, ns: &str, name: &str) -> Option<Response> {
+        self.shared.behaviour().denied.contains(verb).then(|| {
+            status(
+                StatusCode::FORBIDDEN,
+                "Forbidden",
+                &format!(
+                    "leases.coordination.k8s.io \"{name}\" is forbidden: User \"system:serviceaccount:{ns}:leader\" cannot {verb} resource \"leases\" in API group \"coordination.k8s.io\" in the namespace \"{ns}\""
+                ),
+                name,
+                json!({}),
+            )
+        })
+    }
+}
+
+/// The request's field manager: its `fieldManager` parameter, else its User-Agent's prefix.
+fn manager_of(query: &WriteQuery, headers: &HeaderMap) -> String {
+    let agent = headers
+        .get("user-agent")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    fields::manager(query.field_manager.as_deref(), agent)
+}
+
+#[derive(serde::Deserialize, Default)]
+struct WriteQuery {
+    #[serde(rename = "fieldManager")]
+    field_manager: Option<String>,
+    force: Option<bool>,
+}
+
+/// Strips what a client may send but the server decides: the record of field ownership.
+fn without_managed_fields(mut object: Value) -> Value {
+    if let Some(meta) = object["metadata"].as_object_mut() {
+        meta.remove("managedFields");
+    }
+    object
+}
+
+/// Stores a write and answers it: 200 with the object as stored, 201 when it created it.
+fn stored(
+    api: &KubeApiServer,
+    objects: &mut Objects,
+    key: &Key,
+    object: Value,
+    existed: bool,
+) -> Response {
+    let change = objects.store(key, object);
+    api.shared.committed(objects, change.clone());
+    let code = if existed {
+        StatusCode::OK
+    } else {
+        StatusCode::CREATED
+    };
+    json_response(code, &change.object)
+}
+
+async fn read(
+    State(api): State<KubeApiServer>,
+    Path((ns, name)): Path<(String, String)>,
+) -> Response {
+    if let Some(denied) = api.denied("get", &ns, &name) {
+        return denied;
+    }
+    match api.lease(&ns, &name) {
+        Some(lease) => json_response(StatusCode::OK, &lease),
+        None => not_found(&name),
+    }
+}
+
+async fn create(
+    State(api): State<KubeApiServer>,
+    Path(ns): Path<String>,
+    Query(query): Query<WriteQuery>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let mut lease = match bad_json("", &body) {
+        Ok(lease) => without_managed_fields(lease),
+        Err(response) => return *response,
+    };
+    let name = lease["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    if let Some(denied) = api.denied("create", &ns, &name) {
+        return denied;
+    }
+    if let Err(refusal) = admit(&mut lease, &name) {
+        return refused(&name, refusal);
+    }
+    let key = (ns, name.clone());
+    let mut objects = api.shared.objects();
+    if objects.leases.contains_key(&key) {
+        return status(
+            StatusCode::CONFLICT,
+            "AlreadyExists",
+            &format!("leases.coordination.k8s.io \"{name}\" already exists"),
+            &name,
+            json!({}),
+        );
+    }
+    fields::record_update(
+        None,
+        &mut lease,
+        &manager_of(&query, &headers),
+        LEASE_API_VERSION,
+    );
+    stored(&api, &mut objects, &key, lease, false)
+}
+
+/// PUT, as the registry store's update path does for Leases (`pkg/registry/coordination/lease/
+/// strategy.go`, `staging/src/k8s.io/apiserver/pkg/registry/generic/registry/store.go`
+/// `Update`): `AllowCreateOnUpdate` is true, so a PUT of a missing Lease creates it (201);
+/// `AllowUnconditionalUpdate` is false, so a PUT of an existing Lease without a
+/// `resourceVersion` is 422, and one with another version is 409.
+async fn replace(
+    State(api): State<KubeApiServer>,
+    Path((ns, name)): Path<(String, String)>,
+    Query(query): Query<WriteQuery>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if let Some(denied) = api.denied("update", &ns, &name) {
+        return denied;
+    }
+    let (delay, rejected) = {
+        let mut behaviour = api.shared.behaviour();
+        (behaviour.write_delay, behaviour.reject_writes.pop_front())
+    };
+    tokio::time::sleep(delay).await;
+    if let Some(code) = rejected {
+        let code = StatusCode::from_u16(code).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
+        let mut response = status(
+            code,
+            "TooManyRequests",
+            "the server is busy",
+            &name,
+            json!({}),
+        );
+        response
+            .headers_mut()
+            .insert("retry-after", HeaderValue::from_static("1"));
+        return response;
+    }
+    let mut lease = match bad_json(&name, &body) {
+        Ok(lease) => without_managed_fields(lease),
+        Err(response) => return *response,
+    };
+    if let Err(refusal) = admit(&mut lease, &name) {
+        return refused(&name, refusal);
+    }
+    let key = (ns, name.clone());
+    let mut objects = api.shared.objects();
+    let current = objects.leases.get(&key).cloned();
+    if let Some(current) = &current {
+        let Some(expected) = lease["metadata"]["resourceVersion"].as_str() else {
+            return refused(
+                &name,
+                Refusal::Invalid(
+                    "metadata.resourceVersion: Invalid value: 0x0: must be specified for an update"
+                        .into(),
+                ),
+            );
+        };
+        if Some(expected) != current["metadata"]["resourceVersion"].as_str() {
+            return conflict(&name);
+        }
+    }
+    fields::record_update(
+        current.as_ref(),
+        &mut lease,
+        &manager_of(&query, &headers),
+        LEASE_API_VERSION,
+    );
+    stored(&api, &mut objects, &key, lease, current.is_some())
+}
+
+/// PATCH in the forms Lease clients send (`staging/src/k8s.io/apiserver/pkg/endpoints/handlers/
+/// patch.go`): `application/merge-patch+json` (RFC 7386), `application/strategic-merge-patch+json`
+/// (see [`fields::strategic_merge_patch`]), and `application/apply-patch+yaml` (server-side
+/// apply: needs `fieldManager`, creates a missing Lease, conflicts on fields other managers own
+/// unless `force=true`; a JSON body, which is YAML too). A `resourceVersion` in the patch is a
+/// precondition (409 if it differs). The result is admitted as an update is. Field ownership
+/// follows [`fields`].
+async fn patch(
+    State(api): State<KubeApiServer>,
+    Path((ns, name)): Path<(String, String)>,
+    Query(query): Query<WriteQuery>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if let Some(denied) = api.denied("patch", &ns, &name) {
+        return denied;
+    }
+    let content_type = headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_owned();
+    #[derive(PartialEq)]
+    enum Form {
+        Merge,
+        Strategic,
+        Apply,
+    }
+    let form = match content_type.as_str() {
+        "application/merge-patch+json" => Form::Merge,
+        "application/strategic-merge-patch+json" => Form::Strategic,
+        "application/apply-patch+yaml" => Form::Apply,
+        other => {
+            return status(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "UnsupportedMediaType",
+                &format!(
+                    "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml, application/strategic-merge-patch+json (not {other:?})"
+                ),
+                &name,
+                json!({}),
+            );
+        }
+    };
+    if form == Form::Apply && query.field_manager.as_deref().is_none_or(str::is_empty) {
+        return refused(
+            &name,
+            Refusal::Invalid("fieldManager: Required value: is required for apply patch".into()),
+        );
+    }
+    let patch = match bad_json(&name, &body) {
+        Ok(patch) => without_managed_fields(patch),
+        Err(response) => return *response,
+    };
+    let key: Key = (ns, name.clone());
+    let mut objects = api.shared.objects();
+    let current = objects.leases.get(&key).cloned();
+    if let Some(current) = &current
+        && let Some(expected) = patch["metadata"]["resourceVersion"].as_str()
+        && Some(expected) != current["metadata"]["resourceVersion"].as_str()
+    {
+        return conflict(&name);
+    }
+    let manager = manager_of(&query, &headers);
+    let mut lease = match (form, &current) {
+        (Form::Apply, _) => {
+            let force = query.force.unwrap_or(false);
+            match fields::apply(current.as_ref(), &patch, &manager, force, LEASE_API_VERSION) {
+                Ok(lease) => lease,
+                Err(conflicts) => {
+                    let (message, details) = conflicts.status();
+                    return status(StatusCode::CONFLICT, "Conflict", &message, &name, details);
+                }
+            }
+        }
+        (_, None) => return not_found(&name),
+        (form, Some(current)) => {
+            let mut lease = current.clone();
+            if form == Form::Merge {
+                fields::merge_patch(&mut lease, &patch);
+            } else {
+                fields::strategic_merge_patch(&mut lease, &patch);
+            }
+            fields::record_update(Some(current), &mut lease, &manager, LEASE_API_VERSION);
+            lease
+        }
+    };
+    if let Err(refusal) = admit(&mut lease, &name) {
+        return refused(&name, refusal);
+    }
+    stored(&api, &mut objects, &key, lease, current.is_some())
+}
+
+async fn remove(
+    State(api): State<KubeApiServer>,
+    Path((ns, name)): Path<(String, String)>,
+) -> Response {
+    if let Some(denied) = api.denied("delete", &ns, &name) {
+        return denied;
+    }
+    let mut objects = api.shared.objects();
+    match objects.remove(&(ns, name.clone())) {
+        Some((lease, change)) => {
+            api.shared.committed(&objects, change);
+            json_response(StatusCode::OK, &lease)
+        }
+        None => not_found(&name),
+    }
+}
+
+#[derive(serde::Deserialize, Default)]
+struct ListQuery {
+    watch: Option<String>,
+    #[serde(rename = "fieldSelector")]
+    field_selector: Option<String>,
+    #[serde(rename = "resourceVersion")]
+    resource_version: Option<String>,
+    #[serde(rename = "timeoutSeconds")]
+    timeout_seconds: Option<u64>,
+    #[serde(rename = "allowWatchBookmarks")]
+    allow_watch_bookmarks: Option<bool>,
+}
+
+/// LIST and WATCH as the watch cache serves them (`staging/src/k8s.io/apiserver/pkg/storage/
+/// cacher`): `resourceVersion=0` (or none) starts with the current state as `ADDED` events; a
+/// numeric version replays every change after it, or, once it is older than the history kept,
+/// sends one `ERROR` event with a 410 `Expired` status ("too old resource version") and ends.
+/// `timeoutSeconds` ends the stream on the server's side; with `allowWatchBookmarks=true` a
+/// `BOOKMARK` carrying the current `resourceVersion` is sent every
+/// [`KubeApiServer::bookmark_every`].
+async fn list_or_watch(
+    State(api): State<KubeApiServer>,
+    Path(ns): Path<String>,
+    Query(query): Query<ListQuery>,
+) -> Response {
+    let name = query
+        .field_selector
+        .as_deref()
+        .and_then(|f| f.strip_prefix("metadata.name="))
+        .map(str::to_owned);
+    let watch = query
+        .watch
+        .as_deref()
+        .is_some_and(|w| w == "true" || w == "1");
+    let verb = if watch { "watch" } else { "list" };
+    if let Some(denied) = api.denied(verb, &ns, name.as_deref().unwrap_or("")) {
+        return denied;
+    }
+    let matches = move |lease: &Value| {
+        lease["metadata"]["namespace"].as_str() == Some(ns.as_str())
+            && name
+                .as_deref()
+                .is_none_or(|n| lease["metadata"]["name"].as_str() == Some(n))
+    };
+    if !watch {
+        let objects = api.shared.objects();
+        let items: Vec<&Value> = objects.leases.values().filter(|l| matches(l)).collect();
+        return json_response(
+            StatusCode::OK,
+            &json!({"apiVersion": LEASE_API_VERSION, "kind": "LeaseList",
+                "metadata": {"resourceVersion": objects.revision.to_string()}, "items": items}),
+        );
+    }
+    let (bookmark_every, deadline, expire) = {
+        let mut behaviour = api.shared.behaviour();
+        behaviour.watches += 1;
+        let expire = behaviour.expire_watches > 0;
+        if expire {
+            behaviour.expire_watches -= 1;
+        }
+        let deadline = behaviour
+            .watch_timeout
+            .or(query.timeout_seconds.map(Duration::from_secs));
+        (behaviour.bookmark_every, deadline, expire)
+    };
+    // Subscribed before the state is read, so that no change falls in between.
+    let rx = api.shared.changes.subscribe();
+    let initial = {
+        let objects = api.shared.objects();
+        match query.resource_version.as_deref().unwrap_or("0") {
+            _ if expire => None,
+            "0" | "" => Some((
+                objects.revision,
+                objects
+                    .leases
+                    .values()
+                    .filter(|l| matches(l))
+                    .map(|l| ("ADDED", l.clone()))
+                    .collect::<Vec<_>>(),
+            )),
+            from => match from.parse::<u64>() {
+                Ok(from) if from >= objects.oldest_watchable() => Some((
+                    objects.revision,
+                    objects
+                        .history
+                        .iter()
+                        .filter(|c| c.revision > from && matches(&c.object))
+                        .map(|c| (c.kind, c.object.clone()))
+                        .collect(),
+                )),
+                _ => None,
+            },
+        }
+    };
+    let line = |kind: &str, object: &Value| {
+        Ok::<_, Infallible>(Bytes::from(format!(
+            "{}\n",
+            json!({"type": kind, "object": object})
+        )))
+    };
+    let Some((seen, initial)) = initial else {
+        let gone = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": "too old resource version", "reason": "Expired", "code": 410});
+        return Response::builder()
+            .header("content-type", "application/json")
+            .body(Body::from_stream(futures_util::stream::iter([line(
+                "ERROR", &gone,
+            )])))
+            .expect("response");
+    };
+    let changes = futures_util::stream::unfold(rx, |mut rx| async move {
+        loop {
+            match rx.recv().await {
+                Ok(change) => return Some((change, rx)),
+                Err(broadcast::error::RecvError::Lagged(_)) => {}
+                Err(broadcast::error::RecvError::Closed) => return None,
+            }
+        }
+    })
+    .filter(move |c| std::future::ready(c.revision > seen && matches(&c.object)))
+    .map(|c| (c.kind, c.object));
+    let bookmarks = {
+        let api = api.clone();
+        let enabled = query.allow_watch_bookmarks.unwrap_or(false);
+        futures_util::stream::unfold((), move |()| {
+            let api = api.clone();
+            async move {
+                if !enabled {
+                    std::future::pending::<()>().await;
+                }
+                tokio::time::sleep(bookmark_every).await;
+                let revision = api.shared.objects().revision;
+                let bookmark = json!({"kind": "Lease", "apiVersion": LEASE_API_VERSION,
+                    "metadata": {"resourceVersion": revision.to_string()}});
+                Some((("BOOKMARK", bookmark), ()))
+            }
+        })
+    };
+    let events = futures_util::stream::iter(initial)
+        .chain(futures_util::stream::select(changes, bookmarks))
+        .map(move |(kind, object)| line(kind, &object))
+        .take_until(async move {
+            match deadline {
+                Some(after) => tokio::time::sleep(after).await,
+                None => std::future::pending().await,
+            }
+        });
+    Response::builder()
+        .header("content-type", "application/json")
+        .body(Body::from_stream(events))
+        .expect("response")
+}
+
+async fn event(State(api): State<KubeApiServer>, Path(ns): Path<String>, body: Bytes) -> Response {
+    let mut event = match bad_json("", &body) {
+        Ok(event) => event,
+        Err(response) => return *response,
+    };
+    let revision = {
+        let mut objects = api.shared.objects();
+        objects.revision += 1;
+        objects.revision
+    };
+    let prefix = event["metadata"]["generateName"]
+        .as_str()
+        .unwrap_or("event.")
+        .to_owned();
+    event["metadata"]["name"] = json!(format!("{prefix}{revision}"));
+    event["metadata"]["namespace"] = json!(ns);
+    event["metadata"]["resourceVersion"] = json!(revision.to_string());
+    api.shared
+        .events
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(event.clone());
+    json_response(StatusCode::CREATED, &event)
+}
