@@ -9,11 +9,11 @@ use leader_core::{
     Acquisition, ChangeStream, LeaderElectionRecord, LockError, Observed, ResourceLock, Version,
 };
 use tokio::sync::Mutex;
-use tokio_postgres::{Client, Statement};
+use tokio_postgres::Statement;
 
 use crate::error::map;
 use crate::lock::Election;
-use crate::store::PostgresStore;
+use crate::store::{Dedicated, PostgresStore};
 
 /// A [`ResourceLock`] that ties leadership to a Postgres session: the record lives in the lock
 /// table as for [`TableLock`](crate::TableLock), and every write that names this candidate as
@@ -52,7 +52,7 @@ pub struct AdvisoryLock {
 
 #[derive(Debug)]
 struct Session {
-    client: Client,
+    client: Dedicated,
     get: Statement,
     create: Statement,
     update: Statement,
@@ -118,15 +118,18 @@ impl AdvisoryLock {
             .query("SELECT set_config('application_name', $1, false)", &[&app])
             .await
             .map_err(|err| map(&context, err))?;
-        // Postgres before 14 has no idle_session_timeout; keepalives still apply.
-        if let Err(err) = client
-            .query(
-                "SELECT set_config('idle_session_timeout', $1, false)",
-                &[&timeout],
-            )
-            .await
-        {
-            tracing::debug!(error = %err, "idle_session_timeout not supported by this server");
+        // Postgres before 14 has neither setting; keepalives still apply. The connection check
+        // lets a backend waiting on a row lock notice that its client closed the connection.
+        for (setting, value) in [
+            ("idle_session_timeout", timeout.as_str()),
+            ("client_connection_check_interval", "1s"),
+        ] {
+            if let Err(err) = client
+                .query("SELECT set_config($1, $2, false)", &[&setting, &value])
+                .await
+            {
+                tracing::debug!(error = %err, setting, "not supported by this server");
+            }
         }
         let statements = &self.store.inner().advisory_statements;
         let prepare = |sql: &str| {
@@ -148,6 +151,12 @@ impl AdvisoryLock {
 
     /// Runs `op` on the dedicated session, connecting first if there is none; a session whose
     /// connection broke is dropped, and its advisory lock is gone with it.
+    ///
+    /// When `op` is cancelled midway (the elector's request timeout dropped it), a statement
+    /// already sent may still run on the server later, so what the session holds is unknown:
+    /// the session is ended (its connection closed), and the server lets go of its advisory
+    /// lock instead of a late statement keeping it, and the lease, alive for a client that
+    /// never hears back.
     async fn with_session<T>(
         &self,
         op: impl AsyncFnOnce(&Session) -> Result<T, LockError>,
@@ -157,11 +166,15 @@ impl AdvisoryLock {
             *guard = None;
             *guard = Some(self.connect().await?);
         }
-        let Some(session) = guard.as_ref() else {
+        let mut pending = EndIfCancelled(Some(guard));
+        let Some(session) = pending.0.as_ref().and_then(|g| g.as_ref()) else {
             unreachable!("connected above");
         };
         let result = op(session).await;
-        if session.client.is_closed() {
+        let Some(mut guard) = pending.0.take() else {
+            unreachable!("taken once");
+        };
+        if guard.as_ref().is_some_and(|s| s.client.is_closed()) {
             *guard = None;
         }
         result
@@ -177,6 +190,22 @@ impl AdvisoryLock {
             .await
         {
             tracing::debug!(error = %err, "advisory unlock after a conflict failed");
+        }
+    }
+}
+
+/// Holds the session while an operation runs; dropped before the operation finished, it ends
+/// the session (see [`AdvisoryLock::with_session`]).
+struct EndIfCancelled<'a>(Option<tokio::sync::MutexGuard<'a, Option<Session>>>);
+
+impl Drop for EndIfCancelled<'_> {
+    fn drop(&mut self) {
+        if let Some(guard) = self.0.as_mut()
+            && guard.take().is_some()
+        {
+            tracing::debug!(
+                "a request on the advisory lock's session was cancelled; session ended"
+            );
         }
     }
 }

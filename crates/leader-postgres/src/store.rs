@@ -266,7 +266,7 @@ impl PostgresStore {
         &self,
         settings: &str,
         notify: Option<broadcast::Sender<String>>,
-    ) -> Result<Client, LockError> {
+    ) -> Result<Dedicated, LockError> {
         let context = self.context();
         let client = match &self.inner.connector {
             Connector::Plain => connect(&self.inner.config, NoTls, notify).await,
@@ -288,18 +288,49 @@ impl PostgresStore {
     }
 }
 
+/// A connection of its own: its client, and the task that drives its socket. Dropping it
+/// closes the socket at once, even while a request is in flight (dropping a client alone
+/// leaves the socket open until every pending response has arrived), so the server ends the
+/// session as soon as the close reaches it.
+pub(crate) struct Dedicated {
+    client: Client,
+    connection: tokio::task::AbortHandle,
+}
+
+impl std::ops::Deref for Dedicated {
+    type Target = Client;
+
+    fn deref(&self) -> &Client {
+        &self.client
+    }
+}
+
+impl Drop for Dedicated {
+    fn drop(&mut self) {
+        self.connection.abort();
+    }
+}
+
+impl fmt::Debug for Dedicated {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Dedicated")
+            .field("closed", &self.client.is_closed())
+            .finish_non_exhaustive()
+    }
+}
+
 async fn connect<T>(
     config: &Config,
     tls: T,
     notify: Option<broadcast::Sender<String>>,
-) -> Result<Client, tokio_postgres::Error>
+) -> Result<Dedicated, tokio_postgres::Error>
 where
     T: MakeTlsConnect<Socket>,
     T::Stream: Send + 'static,
 {
     let (client, connection) = config.connect(tls).await?;
-    tokio::spawn(drive(connection, notify));
-    Ok(client)
+    let connection = tokio::spawn(drive(connection, notify)).abort_handle();
+    Ok(Dedicated { client, connection })
 }
 
 /// Drives a dedicated connection, forwarding the channel names of notifications.
@@ -328,7 +359,7 @@ where
 /// One LISTEN connection per store, fanned out to the followers of each channel.
 #[derive(Default)]
 struct Listener {
-    client: Mutex<Option<Client>>,
+    client: Mutex<Option<Dedicated>>,
     hub: ChangeHub,
 }
 
@@ -339,7 +370,7 @@ impl Listener {
         channel: &str,
     ) -> Result<ChangeStream, LockError> {
         let mut client = self.client.lock().await;
-        if client.as_ref().is_none_or(Client::is_closed) {
+        if client.as_ref().is_none_or(|c| c.is_closed()) {
             self.hub.close();
             let (tx, mut rx) = broadcast::channel::<String>(256);
             *client = Some(store.dedicated("", Some(tx)).await?);

@@ -74,6 +74,73 @@ async fn advisory_leader_steps_down_when_its_session_is_killed() {
     leader.stop().await;
 }
 
+/// A request the caller gives up on (the elector's request timeout) may still run on the server
+/// later, so the advisory lock ends its session instead of keeping it: the server lets go of
+/// the advisory lock, and the lease is not kept alive by statements nobody hears back from.
+/// Here the statement waits on a row lock another session holds, as it would wait behind a
+/// slow network, and the session must end before that wait does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn advisory_session_ends_when_a_request_is_cancelled() {
+    let Some(store) = common::store().await else {
+        return;
+    };
+    let admin = common::admin().await.expect("server");
+    let mut other = common::admin().await.expect("server");
+    let name = unique("cancelled");
+    let lock = store.advisory_lock(&name, "first");
+    let created = lock
+        .create(&leader_core::conformance::record("first", 1))
+        .await
+        .expect("create");
+    let pid = lock.backend_pid().await.expect("pid").expect("connected");
+    let held: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = $1",
+            &[&pid],
+        )
+        .await
+        .expect("pg_locks")
+        .get(0);
+    assert_eq!(held, 1, "the session holds the advisory lock");
+    let blocker = other.transaction().await.expect("begin");
+    blocker
+        .execute(
+            "SELECT 1 FROM public.leader_election WHERE name = $1 FOR UPDATE",
+            &[&name],
+        )
+        .await
+        .expect("row lock");
+    let renewal = timeout(
+        Duration::from_millis(300),
+        lock.update(&created.version, &created.record),
+    )
+    .await;
+    assert!(renewal.is_err(), "the renewal waits on the row lock");
+    // The session ends while its statement still waits: the socket is closed at once, and the
+    // server notices (client_connection_check_interval) without waiting for the statement.
+    let ended = timeout(Duration::from_secs(5), async {
+        loop {
+            let alive: i64 = admin
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity WHERE pid = $1",
+                    &[&pid],
+                )
+                .await
+                .expect("pg_stat_activity")
+                .get(0);
+            if alive == 0 {
+                break;
+            }
+            sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "the session of the cancelled request ended");
+    blocker.rollback().await.expect("rollback");
+    let next = lock.backend_pid().await.expect("pid");
+    assert_ne!(next, Some(pid), "the next request runs on a new session");
+}
+
 /// The table lock's lease lives in the row, not in a session: when the server kills the
 /// leader's pooled connection, the next renewal runs on a fresh connection and the leader keeps
 /// leading without a gap.
