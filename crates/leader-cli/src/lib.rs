@@ -139,10 +139,7 @@ pub fn main() -> ExitCode {
         }
     };
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
+        .with_env_filter(log_filter(std::env::var("RUST_LOG").ok().as_deref()))
         .with_writer(std::io::stderr)
         .with_target(false)
         .init();
@@ -451,4 +448,43 @@ fn ago(elapsed: chrono::Duration) -> String {
         u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX),
     ))
     .to_string()
+}
+
+/// The log filter: `RUST_LOG`, or `info`. The Kubernetes client logs every failed request as an
+/// ERROR of its own (target `kube_client::client::builder`); the elector already reports
+/// failures, and summarises an outage instead of a line per attempt (S9), so that target is off
+/// unless `RUST_LOG` names `kube_client`.
+fn log_filter(rust_log: Option<&str>) -> tracing_subscriber::EnvFilter {
+    let mut filter = rust_log
+        .and_then(|value| tracing_subscriber::EnvFilter::try_new(value).ok())
+        .unwrap_or_else(|| tracing_subscriber::EnvFilter::new("info"));
+    if !rust_log.is_some_and(|value| value.contains("kube_client"))
+        && let Ok(quiet) = "kube_client::client::builder=off".parse()
+    {
+        filter = filter.add_directive(quiet);
+    }
+    filter
+}
+
+#[cfg(test)]
+mod tests {
+    use super::log_filter;
+
+    #[test]
+    fn the_kubernetes_clients_own_error_per_request_is_off_unless_asked_for() {
+        for rust_log in [
+            None,
+            Some("info"),
+            Some("debug,leader_core=trace"),
+            Some("not a filter ["),
+        ] {
+            let filter = log_filter(rust_log).to_string();
+            assert!(
+                filter.contains("kube_client::client::builder=off"),
+                "{rust_log:?}: {filter}"
+            );
+        }
+        let asked = log_filter(Some("info,kube_client=debug")).to_string();
+        assert!(!asked.contains("=off"), "{asked}");
+    }
 }
