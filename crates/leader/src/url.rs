@@ -2,7 +2,6 @@
 
 use std::fmt;
 use std::path::PathBuf;
-#[cfg(feature = "kubernetes")]
 use std::time::Duration;
 
 use leader_core::{FileLock, LockError, ResourceLock, redact_url};
@@ -51,7 +50,7 @@ pub enum OpenError {
 /// | URL | lock |
 /// |---|---|
 /// | `file:///run/myapp/leader` | [`FileLock`] on that directory |
-/// | `postgres://user:pass@host/db?table=T&schema=S&advisory=true` (or `postgresql://`) | the Postgres table lock, or the advisory lock; other parameters go to the driver |
+/// | `postgres://user:pass@host/db?table=T&schema=S&advisory=true&idle_session_timeout=30s` (or `postgresql://`) | the Postgres table lock, or the advisory lock (`idle_session_timeout`: how long the server keeps a silent session and its advisory lock); other parameters go to the driver |
 /// | `redis://host:6379/0?prefix=P` (or `rediss://`) | the Redis lock |
 /// | `etcd://user:pass@host1:2379,host2:2379/?prefix=P` (or `etcds://`) | the etcd lock |
 /// | `kubernetes://NAMESPACE` | a Lease in that namespace (in-cluster or kubeconfig) |
@@ -70,6 +69,8 @@ pub enum LockUrl {
         schema: Option<String>,
         /// `table=`.
         table: Option<String>,
+        /// `idle_session_timeout=` (a duration such as `10s`), for the advisory lock.
+        idle_session_timeout: Option<Duration>,
     },
     /// `redis://` or `rediss://`.
     Redis {
@@ -193,21 +194,37 @@ impl LockUrl {
             Some("postgres" | "postgresql") => {
                 let mut url = Url::parse(lock).map_err(|err| invalid(err.to_string()))?;
                 let (mut advisory, mut schema, mut table) = (false, None, None);
+                let mut idle_session_timeout = None;
                 let mut kept = Vec::new();
                 for (key, value) in url.query_pairs() {
                     match key.as_ref() {
                         "advisory" => advisory = parse_bool(&value).map_err(invalid)?,
+                        "idle_session_timeout" => {
+                            idle_session_timeout =
+                                Some(humantime::parse_duration(&value).map_err(|err| {
+                                    invalid(format!(
+                                        "idle_session_timeout={value:?} is not a duration like 30s: {err}"
+                                    ))
+                                })?);
+                        }
                         "schema" => schema = Some(value.into_owned()),
                         "table" => table = Some(value.into_owned()),
                         _ => kept.push((key.into_owned(), value.into_owned())),
                     }
                 }
                 set_query(&mut url, &kept);
+                if idle_session_timeout.is_some() && !advisory {
+                    return Err(invalid(
+                        "idle_session_timeout applies to the advisory lock (advisory=true)"
+                            .to_owned(),
+                    ));
+                }
                 Ok(Self::Postgres {
                     url: url.into(),
                     advisory,
                     schema,
                     table,
+                    idle_session_timeout,
                 })
             }
             Some("redis" | "rediss") => {
@@ -329,6 +346,7 @@ impl LockUrl {
                 advisory,
                 schema,
                 table,
+                idle_session_timeout,
             } => {
                 let mut builder = leader_postgres::PostgresStore::builder(url.clone());
                 if let Some(schema) = schema {
@@ -344,7 +362,11 @@ impl LockUrl {
                     tracing::debug!(error = %err, "could not create the lock table");
                 }
                 if *advisory {
-                    Box::new(store.advisory_lock(name, identity))
+                    let mut lock = store.advisory_lock(name, identity);
+                    if let Some(timeout) = idle_session_timeout {
+                        lock = lock.idle_session_timeout(*timeout);
+                    }
+                    Box::new(lock)
                 } else {
                     Box::new(store.lock(name, identity))
                 }
@@ -422,8 +444,9 @@ mod tests {
             LockUrl::parse("file:///run/a").ok(),
             Some(LockUrl::File("/run/a".into()))
         );
-        let postgres =
-            LockUrl::parse_any("postgres://u:p@db/app?advisory=true&sslmode=require&table=locks");
+        let postgres = LockUrl::parse_any(
+            "postgres://u:p@db/app?advisory=true&sslmode=require&table=locks&idle_session_timeout=5s",
+        );
         assert_eq!(
             postgres.ok(),
             Some(LockUrl::Postgres {
@@ -431,6 +454,7 @@ mod tests {
                 advisory: true,
                 schema: None,
                 table: Some("locks".into()),
+                idle_session_timeout: Some(Duration::from_secs(5)),
             })
         );
         assert_eq!(
@@ -459,6 +483,14 @@ mod tests {
             ("nonsense", "not a URL"),
             ("kubernetes://Not_A_Namespace", "needs a namespace name"),
             ("postgres://u:secret@h/x?advisory=maybe", "not a boolean"),
+            (
+                "postgres://u:secret@h/x?advisory=true&idle_session_timeout=soon",
+                "not a duration",
+            ),
+            (
+                "postgres://u:secret@h/x?idle_session_timeout=5s",
+                "applies to the advisory lock",
+            ),
         ] {
             let err = LockUrl::parse_any(lock).expect_err(lock).to_string();
             assert!(err.contains(expected), "{lock}: {err}");
