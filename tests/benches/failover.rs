@@ -10,11 +10,10 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use common::{database_url, ms, percentile};
-use leader_tests::harness::campaign::{self, Backend, Fault, Programs, Settings};
+use leader_tests::harness::campaign::{self, Backend, Fault, Settings};
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
@@ -22,10 +21,7 @@ async fn main() {
         .ok()
         .and_then(|n| n.parse().ok())
         .unwrap_or(20);
-    let programs = Programs {
-        leader: PathBuf::from(env!("CARGO_BIN_EXE_leader-e2e")),
-        writer: PathBuf::from(env!("CARGO_BIN_EXE_fenced-writer")),
-    };
+    let programs = leader_tests::programs!();
     let settings = Settings::default();
     println!("| backend | kills | lease | p50 | p99 | max | max - lease | overlaps | violations |");
     println!("|---|---|---|---|---|---|---|---|---|");

@@ -8,7 +8,6 @@
 //! OUTAGE_SECS=60 cargo bench -p leader-tests --bench outage
 //! ```
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use leader_tests::harness::campaign::Backend;
@@ -21,12 +20,12 @@ async fn main() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(30);
     let timings = Timings::default();
-    let leader = PathBuf::from(env!("CARGO_BIN_EXE_leader-e2e"));
+    let programs = leader_tests::programs!();
     let mut reports = Vec::new();
     for backend in Backend::ALL {
         match outage::measure(
             backend,
-            &leader,
+            &programs,
             timings,
             Duration::from_secs(seconds),
             Duration::from_secs(1),

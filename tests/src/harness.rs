@@ -5,7 +5,38 @@ pub mod campaign;
 pub mod checker;
 pub mod outage;
 pub mod proxy;
+pub mod report;
 pub mod servers;
+
+use std::path::PathBuf;
+
+/// The programs the harness runs: built in this crate, so a test or benchmark names them with
+/// [`programs!`](crate::programs).
+#[derive(Clone, Debug)]
+pub struct Programs {
+    /// A binary that runs `leader_cli::main`.
+    pub leader: PathBuf,
+    /// The `fenced-writer` binary: the replicas' COMMAND.
+    pub writer: PathBuf,
+    /// The `kube-api-server` binary: the Kubernetes backend's server.
+    pub kube_api_server: PathBuf,
+    /// The `kubert-claimant` binary: another project's Lease client, for mixed fleets.
+    pub kubert_claimant: PathBuf,
+}
+
+/// The [`Programs`](crate::harness::Programs) of this crate, for a test or benchmark of it
+/// (Cargo tells their paths to those only).
+#[macro_export]
+macro_rules! programs {
+    () => {
+        $crate::harness::Programs {
+            leader: ::std::path::PathBuf::from(env!("CARGO_BIN_EXE_leader-e2e")),
+            writer: ::std::path::PathBuf::from(env!("CARGO_BIN_EXE_fenced-writer")),
+            kube_api_server: ::std::path::PathBuf::from(env!("CARGO_BIN_EXE_kube-api-server")),
+            kubert_claimant: ::std::path::PathBuf::from(env!("CARGO_BIN_EXE_kubert-claimant")),
+        }
+    };
+}
 
 /// Runs a harness run (a campaign, an outage) on a runtime of its own with two workers. When it
 /// cannot be set up (a server binary missing, say) it is skipped with a line saying why, except

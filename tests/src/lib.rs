@@ -16,9 +16,14 @@ pub fn now_ns() -> i128 {
 /// process's `LEADER_IDENTITY` and `LEADER_FENCING_TOKEN` and [`now_ns`]: how the COMMANDs of
 /// the end-to-end tests report the start and end of their term.
 pub fn log_term_event(event: &str) {
-    use std::io::Write;
     let identity = std::env::var("LEADER_IDENTITY").unwrap_or_default();
     let token = std::env::var("LEADER_FENCING_TOKEN").unwrap_or_default();
+    log_term_event_as(event, &identity, &token);
+}
+
+/// [`log_term_event`] for a process that knows its identity and token itself.
+pub fn log_term_event_as(event: &str, identity: &str, token: &str) {
+    use std::io::Write;
     if let Ok(path) = std::env::var("JOB_LOG")
         && let Ok(mut file) = std::fs::OpenOptions::new()
             .create(true)

@@ -1,5 +1,6 @@
-//! A fault campaign: N replicas of `leader run -- fenced-writer` against one backend, faults
-//! injected into whichever replica leads, and a checker over what happened.
+//! A fault campaign: N replicas of `leader run -- fenced-writer` against one backend (on
+//! Kubernetes, some of them may be another project's client), faults injected into whichever
+//! replica leads or into the server they share, and a checker over what happened.
 //!
 //! Every replica's COMMAND (`fenced-writer`) logs when it starts and stops with `CLOCK_MONOTONIC`
 //! nanoseconds: one clock on one machine, so intervals from different processes compare exactly.
@@ -9,8 +10,7 @@
 //! fence's business: its writes must be refused.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -19,8 +19,11 @@ use nix::unistd::Pid;
 use tokio::process::{Child, Command};
 use tokio::time::sleep;
 
+use super::Programs;
 use super::checker::{self, Marks, Term};
+use super::outage::{failed_attempts, free_port};
 use super::proxy::{Mode, Proxy};
+pub use super::report::Report;
 use super::servers::{PrivateServer, ServerError, ServerKind};
 use crate::{TermEvent as Event, now_ns, term_events as events};
 
@@ -31,15 +34,28 @@ pub enum Backend {
     File,
     /// `postgres://`: the table lock on a private Postgres.
     Postgres,
+    /// `postgres://...?advisory=true`: the advisory lock on a private Postgres, with an idle
+    /// session timeout of [`Settings::advisory_idle`].
+    Advisory,
     /// `redis://`: a private Redis.
     Redis,
     /// `etcd://`: a private etcd.
     Etcd,
+    /// `kubernetes://`: a Lease on a private test API server (`kube-api-server`), each replica
+    /// with a kubeconfig of its own that points at its proxy.
+    Kubernetes,
 }
 
 impl Backend {
     /// Every backend, in the order reports list them.
-    pub const ALL: [Self; 4] = [Self::File, Self::Postgres, Self::Redis, Self::Etcd];
+    pub const ALL: [Self; 6] = [
+        Self::File,
+        Self::Postgres,
+        Self::Advisory,
+        Self::Redis,
+        Self::Etcd,
+        Self::Kubernetes,
+    ];
 
     /// The faults that apply: the network and server faults need a server.
     #[must_use]
@@ -51,33 +67,62 @@ impl Backend {
     }
 
     /// A private server of this backend's kind, started off the runtime; none for the file lock.
-    pub(crate) async fn start_server(self) -> Result<Option<PrivateServer>, HarnessError> {
+    pub(crate) async fn start_server(
+        self,
+        programs: &Programs,
+    ) -> Result<Option<PrivateServer>, HarnessError> {
         let Some(kind) = self.server() else {
             return Ok(None);
         };
-        let server = tokio::task::spawn_blocking(move || PrivateServer::start(kind))
-            .await
-            .expect("server task")?;
+        let program = programs.kube_api_server.clone();
+        let server =
+            tokio::task::spawn_blocking(move || PrivateServer::start(kind, Some(&program)))
+                .await
+                .expect("server task")?;
         Ok(Some(server))
     }
 
-    /// The `--lock` URL of this backend: the lock directory for the file lock, else the server
-    /// (or a proxy in front of it) at `port`.
-    pub(crate) fn lock_url(self, lock_dir: &std::path::Path, port: u16) -> String {
-        match self {
-            Self::File => format!("file://{}", lock_dir.display()),
+    /// The `--lock` URL of a replica that reaches the server at `port` (a proxy, usually), and
+    /// the `KUBECONFIG` it needs, if any: for Kubernetes a kubeconfig for that port, written
+    /// into `dir`. The file lock's directory is `dir/lock`.
+    pub(crate) fn replica_lock(
+        self,
+        dir: &Path,
+        port: u16,
+        settings: &Settings,
+    ) -> Result<(String, Option<PathBuf>), HarnessError> {
+        let url = match self {
+            Self::File => format!("file://{}", dir.join("lock").display()),
             Self::Postgres => format!("postgres://postgres@127.0.0.1:{port}/postgres"),
+            Self::Advisory => format!(
+                "postgres://postgres@127.0.0.1:{port}/postgres?advisory=true&idle_session_timeout={}ms",
+                settings.advisory_idle().as_millis()
+            ),
             Self::Redis => format!("redis://127.0.0.1:{port}"),
             Self::Etcd => format!("etcd://127.0.0.1:{port}"),
-        }
+            Self::Kubernetes => {
+                let path = dir.join(format!("kubeconfig-{port}"));
+                let config = leader_test_support::kube_api::kubeconfig(
+                    &format!("http://127.0.0.1:{port}"),
+                    "default",
+                );
+                std::fs::write(&path, config).map_err(|source| HarnessError::Io {
+                    what: format!("writing {}", path.display()),
+                    source,
+                })?;
+                return Ok(("kubernetes://default".to_owned(), Some(path)));
+            }
+        };
+        Ok((url, None))
     }
 
     fn server(self) -> Option<ServerKind> {
         match self {
             Self::File => None,
-            Self::Postgres => Some(ServerKind::Postgres),
+            Self::Postgres | Self::Advisory => Some(ServerKind::Postgres),
             Self::Redis => Some(ServerKind::Redis),
             Self::Etcd => Some(ServerKind::Etcd),
+            Self::Kubernetes => Some(ServerKind::Kube),
         }
     }
 
@@ -87,13 +132,16 @@ impl Backend {
         match self {
             Self::File => "file",
             Self::Postgres => "postgres",
+            Self::Advisory => "postgres advisory",
             Self::Redis => "redis",
             Self::Etcd => "etcd",
+            Self::Kubernetes => "kubernetes",
         }
     }
 }
 
-/// A fault, injected into the replica that leads at the time.
+/// A fault, injected into the replica that leads at the time (or, for the server faults, into
+/// the server they all use).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Fault {
     /// SIGKILL of its `leader` process (its COMMAND dies with it); the replica is started again
@@ -103,23 +151,33 @@ pub enum Fault {
     /// so that it may write before its `leader` can stop it).
     Freeze,
     /// Its connection to the backend cut (the proxy forwards nothing) until another leads, then
-    /// restored with the held bytes delivered late.
+    /// restored with the held bytes delivered late: a partition of the leader alone, while the
+    /// others still reach the server.
     Cut,
     /// Every byte between it and the backend held for twice the renew deadline, until another
     /// leads.
     Latency,
     /// The backend server crashed, down for one lease duration, and started again on its data.
     Restart,
+    /// The backend server frozen (SIGSTOP of all its processes) for one lease duration, its
+    /// connections open and silent, then resumed (SIGCONT).
+    ServerFreeze,
+    /// Every replica's connection to the backend closed, and every new one refused, for
+    /// [`Settings::outage`]: a full outage. The replicas' failed attempts a second are measured
+    /// meanwhile (S9).
+    Outage,
 }
 
 impl Fault {
     /// Every fault, in the order a round injects them.
-    pub const ALL: [Self; 5] = [
+    pub const ALL: [Self; 7] = [
         Self::Kill,
         Self::Freeze,
         Self::Cut,
         Self::Latency,
         Self::Restart,
+        Self::ServerFreeze,
+        Self::Outage,
     ];
 
     /// Lower-case name, as in tables.
@@ -131,7 +189,15 @@ impl Fault {
             Self::Cut => "network cut",
             Self::Latency => "latency spike",
             Self::Restart => "server restart",
+            Self::ServerFreeze => "server frozen",
+            Self::Outage => "full outage",
         }
+    }
+
+    /// Whether the fault is timed from its end (the server back, the outage over) rather than
+    /// from its injection.
+    fn timed_from_its_end(self) -> bool {
+        matches!(self, Self::Restart | Self::ServerFreeze | Self::Outage)
     }
 }
 
@@ -146,42 +212,64 @@ pub struct Settings {
     pub retry: Duration,
     /// Number of replicas.
     pub replicas: usize,
+    /// How many of the replicas are another project's client instead of `leader run` (the last
+    /// ones): kubert claimants, on [`Backend::Kubernetes`] only, with a lease of whole seconds.
+    pub peers: usize,
+    /// How long a [`Fault::Outage`] lasts.
+    pub outage: Duration,
 }
 
 impl Default for Settings {
     fn default() -> Self {
+        let lease = Duration::from_secs(2);
         Self {
-            lease: Duration::from_secs(2),
+            lease,
             renew: Duration::from_millis(1500),
             retry: Duration::from_millis(250),
             replicas: 3,
+            peers: 0,
+            outage: lease * 3,
         }
     }
 }
 
 impl Settings {
-    /// The promised bound on the time from a fault (for a server restart: from the server being
-    /// started again) to the next leader's COMMAND starting: a lease and two retry periods, plus a
-    /// generous margin for a loaded machine (one second; three after a restart, for clients
-    /// to reconnect).
+    /// The advisory lock's idle session timeout: how long the server keeps the session (and
+    /// its advisory lock) of a holder that went silent. Twice the lease: well above the
+    /// holder's longest gap between requests (a retry period and its jitter).
     #[must_use]
-    pub fn recovery_bound(&self, fault: Fault) -> Duration {
-        let margin = if fault == Fault::Restart {
+    pub fn advisory_idle(&self) -> Duration {
+        self.lease * 2
+    }
+
+    /// The promised bound on the time from a fault (for a server restart or freeze, from the
+    /// server being back; for an outage, from its end) to the next leader's COMMAND starting:
+    /// a lease and two retry periods, plus a generous margin for a loaded machine (one second;
+    /// three when the server was away, for clients to reconnect). After an outage, add the
+    /// longest back-off (a lease). On the advisory lock, a leader that went silent (frozen, cut
+    /// off, slowed down, or its server frozen) keeps its session until the idle session
+    /// timeout ends it.
+    #[must_use]
+    pub fn recovery_bound(&self, backend: Backend, fault: Fault) -> Duration {
+        let margin = if fault.timed_from_its_end() {
             Duration::from_secs(3)
         } else {
             Duration::from_secs(1)
         };
-        self.lease + self.retry * 2 + margin
+        let mut bound = self.lease + self.retry * 2 + margin;
+        if fault == Fault::Outage {
+            bound += self.lease;
+        }
+        if backend == Backend::Advisory
+            && matches!(
+                fault,
+                Fault::Freeze | Fault::Cut | Fault::Latency | Fault::ServerFreeze
+            )
+        {
+            bound += self.advisory_idle();
+        }
+        bound
     }
-}
-
-/// The programs a replica runs: the `leader` command and the fenced writer as its COMMAND.
-#[derive(Clone, Debug)]
-pub struct Programs {
-    /// A binary that runs `leader_cli::main`.
-    pub leader: PathBuf,
-    /// The `fenced-writer` binary.
-    pub writer: PathBuf,
 }
 
 /// What could not be set up (as opposed to what went wrong under faults, which a [`Report`]
@@ -207,83 +295,9 @@ pub enum HarnessError {
         /// The error.
         source: std::io::Error,
     },
-}
-
-/// What a campaign saw.
-#[derive(Clone, Debug)]
-pub struct Report {
-    /// The backend.
-    pub backend: Backend,
-    /// Each fault injected, with the time from it (for a restart: from the server being started
-    /// again) to the next leader's COMMAND starting; `None` if no leader came.
-    pub recoveries: Vec<(Fault, Option<Duration>)>,
-    /// Leadership terms seen (COMMAND starts).
-    pub terms: usize,
-    /// Pairs of terms that overlapped.
-    pub overlaps: usize,
-    /// Writes to the fenced sink.
-    pub writes: usize,
-    /// Writes the sink refused (their token was below one already accepted).
-    pub stale_refused: usize,
-    /// Writes the sink accepted although a term with a higher token had started before them.
-    pub stale_accepted: usize,
-    /// For each frozen leader: from its `leader` being resumed to its COMMAND stopped.
-    pub resumed_stops: Vec<Duration>,
-    /// Every broken rule, in words; empty when all held.
-    pub violations: Vec<String>,
-}
-
-impl Report {
-    /// The slowest recovery after `fault`, if it was injected (`None` inside: a leader never
-    /// came).
-    #[must_use]
-    pub fn worst(&self, fault: Fault) -> Option<Option<Duration>> {
-        self.recoveries
-            .iter()
-            .filter(|(f, _)| *f == fault)
-            .map(|(_, d)| *d)
-            .reduce(|a, b| match (a, b) {
-                (Some(a), Some(b)) => Some(a.max(b)),
-                _ => None,
-            })
-    }
-
-    /// A Markdown table of reports: faults, overlaps, stale writes and the worst recovery per
-    /// fault.
-    #[must_use]
-    pub fn table(reports: &[Self]) -> String {
-        let mut out = String::from(
-            "| backend | faults | terms | overlaps | writes | stale refused | stale accepted |",
-        );
-        for fault in Fault::ALL {
-            let _ = write!(out, " worst {} |", fault.name());
-        }
-        out.push_str("\n|---|---|---|---|---|---|---|");
-        out.push_str(&"---|".repeat(Fault::ALL.len()));
-        for r in reports {
-            let _ = write!(
-                out,
-                "\n| {} | {} | {} | {} | {} | {} | {} |",
-                r.backend.name(),
-                r.recoveries.len(),
-                r.terms,
-                r.overlaps,
-                r.writes,
-                r.stale_refused,
-                r.stale_accepted
-            );
-            for fault in Fault::ALL {
-                let cell = match r.worst(fault) {
-                    None => "n/a".to_owned(),
-                    Some(None) => "NO LEADER".to_owned(),
-                    Some(Some(d)) => format!("{} ms", d.as_millis()),
-                };
-                let _ = write!(out, " {cell} |");
-            }
-        }
-        out.push('\n');
-        out
-    }
+    /// Settings the campaign cannot run with.
+    #[error("{0}")]
+    Settings(String),
 }
 
 /// The state letter of `/proc/PID/stat` (R, S, T, Z, ...); `None` once the process is gone.
@@ -302,7 +316,7 @@ fn process_stopped(pid: i32) -> bool {
 }
 
 /// Calls `check` every `every` until it returns something; `None` after `within`.
-async fn poll<T>(
+pub(crate) async fn poll<T>(
     within: Duration,
     every: Duration,
     mut check: impl FnMut() -> Option<T>,
@@ -324,7 +338,8 @@ fn between(earlier: i128, later: i128) -> Duration {
     Duration::from_nanos(u64::try_from(later - earlier).unwrap_or(0))
 }
 
-/// The process group `leader` runs COMMAND in: its supervisor's, its only child.
+/// The process group `leader` runs COMMAND in: its supervisor's, its only child. A peer's
+/// replica has none.
 fn command_group(leader_pid: u32) -> Option<Pid> {
     std::fs::read_to_string(format!("/proc/{leader_pid}/task/{leader_pid}/children"))
         .ok()?
@@ -335,9 +350,16 @@ fn command_group(leader_pid: u32) -> Option<Pid> {
         .map(Pid::from_raw)
 }
 
+/// Whether an identity is a peer's (another project's client): they are named `k...`.
+fn is_peer(identity: &str) -> bool {
+    identity.starts_with('k')
+}
+
 struct Replica {
     identity: String,
     child: Child,
+    /// Its `--metrics-addr`; peers have none.
+    metrics: Option<String>,
 }
 
 impl Replica {
@@ -354,54 +376,86 @@ struct Run<'a> {
     log: PathBuf,
     sink_url: String,
     sink_prefix: String,
-    lock_dir: PathBuf,
+    dir: PathBuf,
     server: Option<PrivateServer>,
     proxies: Vec<Proxy>,
     replicas: Vec<Replica>,
     incarnations: Vec<usize>,
-    /// identity -> when the harness saw its COMMAND gone after a SIGKILL.
+    /// (identity, token) of a killed term -> when the harness saw its COMMAND gone.
     killed: Marks,
     /// (identity, token) of a frozen term -> when it was frozen. A resumed replica may lead
     /// again later, in a term of its own.
     frozen: Marks,
     recoveries: Vec<(Fault, Option<Duration>)>,
     resumed_stops: Vec<Duration>,
+    outage_rates: Vec<f64>,
     violations: Vec<String>,
 }
 
 impl Run<'_> {
-    fn lock_url(&self, slot: usize) -> String {
-        let port = self.proxies.get(slot).map_or(0, Proxy::port);
-        self.backend.lock_url(&self.lock_dir.join("lock"), port)
-    }
-
     fn spawn(&mut self, slot: usize) -> Result<(), HarnessError> {
         self.incarnations[slot] += 1;
-        let identity = format!("r{slot}.{}", self.incarnations[slot]);
-        let ms = |d: Duration| format!("{}ms", d.as_millis());
-        let child = Command::new(&self.programs.leader)
-            .args(["run", "--lock", &self.lock_url(slot), "--name", &self.name])
-            .args(["--identity", &identity])
-            .args(["--lease-duration", &ms(self.settings.lease)])
-            .args(["--renew-deadline", &ms(self.settings.renew)])
-            .args(["--retry-period", &ms(self.settings.retry)])
-            .arg("--")
-            .arg(&self.programs.writer)
-            .env("DATABASE_URL", &self.sink_url)
-            .env("SINK", &self.sink_prefix)
-            .env("JOB_LOG", &self.log)
-            .env(
-                "RUST_LOG",
-                std::env::var("FAULT_LOG").unwrap_or_else(|_| "error".into()),
-            )
-            .stdout(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|source| HarnessError::Io {
-                what: format!("spawning {}", self.programs.leader.display()),
+        let peer = slot >= self.settings.replicas - self.settings.peers;
+        let identity = format!(
+            "{}{slot}.{}",
+            if peer { 'k' } else { 'r' },
+            self.incarnations[slot]
+        );
+        let port = self.proxies.get(slot).map_or(0, Proxy::port);
+        let spawned = |program: &Path, what: std::io::Result<Child>| {
+            what.map_err(|source| HarnessError::Io {
+                what: format!("spawning {}", program.display()),
                 source,
-            })?;
-        let replica = Replica { identity, child };
+            })
+        };
+        let replica = if peer {
+            let program = &self.programs.kubert_claimant;
+            let child = Command::new(program)
+                .arg(format!("http://127.0.0.1:{port}"))
+                .args(["default", &self.name, &identity])
+                .arg(self.settings.lease.as_secs().to_string())
+                .env("JOB_LOG", &self.log)
+                .stdout(Stdio::null())
+                .kill_on_drop(true)
+                .spawn();
+            Replica {
+                identity,
+                child: spawned(program, child)?,
+                metrics: None,
+            }
+        } else {
+            let (url, kubeconfig) = self.backend.replica_lock(&self.dir, port, &self.settings)?;
+            let metrics = format!("127.0.0.1:{}", free_port()?);
+            let ms = |d: Duration| format!("{}ms", d.as_millis());
+            let program = &self.programs.leader;
+            let mut command = Command::new(program);
+            command
+                .args(["run", "--lock", &url, "--name", &self.name])
+                .args(["--identity", &identity])
+                .args(["--lease-duration", &ms(self.settings.lease)])
+                .args(["--renew-deadline", &ms(self.settings.renew)])
+                .args(["--retry-period", &ms(self.settings.retry)])
+                .args(["--metrics-addr", &metrics])
+                .arg("--")
+                .arg(&self.programs.writer)
+                .env("DATABASE_URL", &self.sink_url)
+                .env("SINK", &self.sink_prefix)
+                .env("JOB_LOG", &self.log)
+                .env(
+                    "RUST_LOG",
+                    std::env::var("FAULT_LOG").unwrap_or_else(|_| "error".into()),
+                )
+                .stdout(Stdio::null())
+                .kill_on_drop(true);
+            if let Some(kubeconfig) = kubeconfig {
+                command.env("KUBECONFIG", kubeconfig);
+            }
+            Replica {
+                identity,
+                child: spawned(program, command.spawn())?,
+                metrics: Some(metrics),
+            }
+        };
         if slot < self.replicas.len() {
             self.replicas[slot] = replica;
         } else {
@@ -414,15 +468,12 @@ impl Run<'_> {
     fn current(&self) -> Option<Event> {
         let events = events(&self.log);
         let latest = events.iter().rfind(|e| e.start)?;
+        let key = (latest.identity.clone(), latest.token);
         let over = events
             .iter()
             .any(|e| !e.start && e.identity == latest.identity && e.token == latest.token)
-            || self
-                .killed
-                .contains_key(&(latest.identity.clone(), latest.token))
-            || self
-                .frozen
-                .contains_key(&(latest.identity.clone(), latest.token));
+            || self.killed.contains_key(&key)
+            || self.frozen.contains_key(&key);
         (!over).then(|| latest.clone())
     }
 
@@ -451,13 +502,71 @@ impl Run<'_> {
         .await
     }
 
+    /// Each of our replicas' failed attempts so far, by slot (peers and replicas that do not
+    /// answer have none).
+    async fn failed_attempts(&self) -> Vec<Option<u64>> {
+        let mut out = Vec::new();
+        for replica in &self.replicas {
+            out.push(match &replica.metrics {
+                Some(addr) => failed_attempts(addr, &self.name).await,
+                None => None,
+            });
+        }
+        out
+    }
+
+    /// A full outage: every proxy down for [`Settings::outage`]; returns when it ended, and
+    /// records the worst rate of failed attempts of one replica (S9: at most one attempt per
+    /// retry period, and fewer as it backs off).
+    async fn outage(&mut self) -> i128 {
+        let before = self.failed_attempts().await;
+        for proxy in &self.proxies {
+            proxy.set(Mode::Down);
+        }
+        let began = tokio::time::Instant::now();
+        sleep(self.settings.outage).await;
+        let after = self.failed_attempts().await;
+        let lasted = began.elapsed();
+        for proxy in &self.proxies {
+            proxy.set(Mode::Open);
+        }
+        let ended = now_ns();
+        let limit = (lasted.as_secs_f64() / self.settings.retry.as_secs_f64()).floor() as u64 + 2;
+        let mut worst = 0.0_f64;
+        for (slot, (before, after)) in before.iter().zip(&after).enumerate() {
+            let (Some(before), Some(after)) = (before, after) else {
+                continue;
+            };
+            let failed = after.saturating_sub(*before);
+            worst = worst.max(failed as f64 / lasted.as_secs_f64());
+            if failed > limit {
+                self.violations.push(format!(
+                    "{}: {failed} failed attempts in a {lasted:?} outage, more than {limit}",
+                    self.replicas[slot].identity
+                ));
+            }
+        }
+        self.outage_rates.push(worst);
+        ended
+    }
+
     async fn inject(&mut self, fault: Fault) -> Result<(), HarnessError> {
         let Some((slot, term)) = self.settled_leader(Duration::from_secs(30)).await else {
-            self.violations
-                .push(format!("no leader before injecting {}", fault.name()));
+            let log = events(&self.log);
+            let recent: Vec<String> = log[log.len().saturating_sub(6)..]
+                .iter()
+                .map(|e| {
+                    let what = if e.start { "start" } else { "stop" };
+                    format!("{what} {} {}", e.identity, e.token)
+                })
+                .collect();
+            self.violations.push(format!(
+                "no leader before injecting {}; the log ends with {recent:?}",
+                fault.name()
+            ));
             return Ok(());
         };
-        let bound = self.settings.recovery_bound(fault);
+        let bound = self.settings.recovery_bound(self.backend, fault);
         let Some(leader_pid) = self.replicas[slot].pid() else {
             self.violations
                 .push(format!("{} exited by itself", term.identity));
@@ -518,6 +627,15 @@ impl Run<'_> {
                 self.server = server;
                 from = restarted;
             }
+            Fault::ServerFreeze => {
+                if let Some(server) = &self.server {
+                    server.freeze();
+                    sleep(self.settings.lease).await;
+                    from = now_ns();
+                    server.thaw();
+                }
+            }
+            Fault::Outage => from = self.outage().await,
         }
         let recovery = self.next_start(since, from, bound * 3).await;
         match recovery {
@@ -560,7 +678,7 @@ impl Run<'_> {
                 }
             }
             Fault::Cut | Fault::Latency => self.proxies[slot].set(Mode::Open),
-            Fault::Restart => {}
+            Fault::Restart | Fault::ServerFreeze | Fault::Outage => {}
         }
         Ok(())
     }
@@ -587,10 +705,10 @@ impl Run<'_> {
         }
     }
 
-    /// The overlap and token checks over the log.
+    /// The overlap and token checks over the log (tokens among our replicas' terms only).
     fn check_terms(&mut self) -> (Vec<Term>, usize) {
         let terms = checker::terms(&events(&self.log), &self.killed, &self.frozen);
-        let (overlaps, violations) = checker::check(&terms);
+        let (overlaps, violations) = checker::check_fenced(&terms, |t| !is_peer(&t.identity));
         self.violations.extend(violations);
         (terms, overlaps)
     }
@@ -620,6 +738,15 @@ pub async fn run(
     programs: &Programs,
     sink_url: &str,
 ) -> Result<Report, HarnessError> {
+    if settings.peers > 0
+        && (backend != Backend::Kubernetes
+            || settings.peers >= settings.replicas
+            || settings.lease.subsec_nanos() != 0)
+    {
+        return Err(HarnessError::Settings(format!(
+            "peers run on Kubernetes only, beside at least one replica of ours, with a lease of whole seconds ({settings:?})"
+        )));
+    }
     let redacted = leader_core::redact_url(sink_url);
     let sink_error = |source| HarnessError::Sink {
         url: redacted.clone(),
@@ -644,7 +771,7 @@ pub async fn run(
         what: "temporary directory".into(),
         source,
     })?;
-    let server = backend.start_server().await?;
+    let server = backend.start_server(programs).await?;
     let mut proxies = Vec::new();
     if let Some(server) = &server {
         for _ in 0..settings.replicas {
@@ -659,7 +786,7 @@ pub async fn run(
         log: dir.path().join("terms.log"),
         sink_url: sink_url.to_owned(),
         sink_prefix: prefix.clone(),
-        lock_dir: dir.path().to_owned(),
+        dir: dir.path().to_owned(),
         server,
         proxies,
         replicas: Vec::new(),
@@ -668,6 +795,7 @@ pub async fn run(
         frozen: BTreeMap::new(),
         recoveries: Vec::new(),
         resumed_stops: Vec::new(),
+        outage_rates: Vec::new(),
         violations: Vec::new(),
     };
     let mut outcome = Ok(());
@@ -707,10 +835,10 @@ pub async fn run(
         let writer: String = row.get(1);
         let at = i128::from(row.get::<_, i64>(2));
         let accepted: bool = row.get(3);
-        // The highest token of a term that had started before this write was sent.
+        // The highest token of a term of ours that had started before this write was sent.
         let highest = terms
             .iter()
-            .filter(|t| t.start < at)
+            .filter(|t| t.start < at && !is_peer(&t.identity))
             .map(|t| t.token)
             .max()
             .unwrap_or(0);
@@ -725,7 +853,14 @@ pub async fn run(
             ));
         }
     }
-    for (identity, token) in run.frozen.keys() {
+    // A frozen leader of ours writes after SIGCONT, and the sink must refuse it: the next
+    // leader of ours wrote with a higher token. A peer's terms write nothing, so in a mixed
+    // fleet the next leader may have left the fence untouched.
+    let fenced_frozen = run
+        .frozen
+        .keys()
+        .filter(|(identity, _)| settings.peers == 0 && !is_peer(identity));
+    for (identity, token) in fenced_frozen {
         let refused = rows
             .iter()
             .filter(|r| {
@@ -740,15 +875,27 @@ pub async fn run(
             ));
         }
     }
+    let kinds: Vec<bool> = terms.iter().map(|t| is_peer(&t.identity)).collect();
+    let handovers = |from: bool| {
+        kinds
+            .windows(2)
+            .filter(|pair| pair[0] == from && pair[1] != from)
+            .count()
+    };
     Ok(Report {
         backend,
+        peers: settings.peers,
         recoveries: run.recoveries,
         terms: terms.len(),
+        peer_terms: kinds.iter().filter(|peer| **peer).count(),
+        handovers_to_peers: handovers(false),
+        handovers_from_peers: handovers(true),
         overlaps,
         writes: rows.len(),
         stale_refused,
         stale_accepted,
         resumed_stops: run.resumed_stops,
+        outage_rates: run.outage_rates,
         violations: run.violations,
     })
 }

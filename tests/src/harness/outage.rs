@@ -4,14 +4,15 @@
 //! attempts from its own metrics (`leader_election_errors_total{operation="acquire"}`) and times
 //! how long it takes to lead once the store is back (S9).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
 use tokio::process::{Child, Command};
 use tokio::time::{Instant, sleep};
 
-use super::campaign::{Backend, HarnessError, proxy_to};
+use super::Programs;
+use super::campaign::{Backend, HarnessError, Settings, proxy_to};
 use super::proxy::{Mode, Proxy};
 use super::servers::PrivateServer;
 
@@ -49,6 +50,8 @@ pub struct OutageReport {
     pub failures: u64,
     /// From the store's return to the follower leading.
     pub recovery: Option<Duration>,
+    /// Lines the follower logged during the outage, with its default log filter.
+    pub log_lines: usize,
 }
 
 impl OutageReport {
@@ -59,28 +62,76 @@ impl OutageReport {
     }
 }
 
+/// A free loopback port.
+pub(crate) fn free_port() -> Result<u16, HarnessError> {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|source| HarnessError::Io {
+            what: "a free port".into(),
+            source,
+        })
+}
+
+/// The metrics page at `addr`, or an empty one while it does not answer.
+async fn scrape(addr: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut stream) = tokio::net::TcpStream::connect(addr).await else {
+        return String::new();
+    };
+    let request = format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n");
+    let mut page = String::new();
+    if stream.write_all(request.as_bytes()).await.is_ok() {
+        let _ = stream.read_to_string(&mut page).await;
+    }
+    page
+}
+
+/// The failed attempts to acquire election `name` that the `leader` serving metrics at `addr`
+/// counted (`leader_election_errors_total{operation="acquire"}`); `None` while it does not
+/// answer.
+pub(crate) async fn failed_attempts(addr: &str, name: &str) -> Option<u64> {
+    let page = scrape(addr).await;
+    if page.is_empty() {
+        return None;
+    }
+    let election = format!(r#"name="{name}""#);
+    Some(
+        page.lines()
+            .filter(|l| {
+                l.starts_with("leader_election_errors_total")
+                    && l.contains(r#"operation="acquire""#)
+                    && l.contains(&election)
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>() as u64,
+    )
+}
+
 struct Replica {
     child: Child,
     metrics: String,
+    /// Where its standard error goes.
+    log: std::path::PathBuf,
 }
 
 impl Replica {
     fn spawn(
         leader: &Path,
-        lock: &str,
+        (lock, kubeconfig): &(String, Option<std::path::PathBuf>),
         identity: &str,
         timings: Timings,
+        dir: &Path,
     ) -> Result<Self, HarnessError> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map_err(|source| HarnessError::Io {
-                what: "a free port".into(),
-                source,
-            })?
-            .port();
-        let metrics = format!("127.0.0.1:{port}");
+        let metrics = format!("127.0.0.1:{}", free_port()?);
+        let log = dir.join(format!("{identity}.log"));
+        let stderr = std::fs::File::create(&log).map_err(|source| HarnessError::Io {
+            what: format!("creating {}", log.display()),
+            source,
+        })?;
         let ms = |d: Duration| format!("{}ms", d.as_millis());
-        let child = Command::new(leader)
+        let mut command = Command::new(leader);
+        command
             .args([
                 "run",
                 "--lock",
@@ -95,50 +146,45 @@ impl Replica {
             .args(["--retry-period", &ms(timings.retry)])
             .args(["--metrics-addr", &metrics])
             .args(["--", "sleep", "3600"])
-            .env(
-                "RUST_LOG",
-                std::env::var("OUTAGE_LOG").unwrap_or_else(|_| "error".into()),
-            )
             .stdout(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|source| HarnessError::Io {
-                what: format!("spawning {}", leader.display()),
-                source,
-            })?;
-        Ok(Self { child, metrics })
+            .stderr(stderr)
+            .kill_on_drop(true);
+        // Its own default filter, unless asked otherwise: the log during an outage is measured.
+        match std::env::var("OUTAGE_LOG") {
+            Ok(filter) => command.env("RUST_LOG", filter),
+            Err(_) => command.env_remove("RUST_LOG"),
+        };
+        if let Some(kubeconfig) = kubeconfig {
+            command.env("KUBECONFIG", kubeconfig);
+        }
+        let child = command.spawn().map_err(|source| HarnessError::Io {
+            what: format!("spawning {}", leader.display()),
+            source,
+        })?;
+        Ok(Self {
+            child,
+            metrics,
+            log,
+        })
     }
 
-    /// The replica's metrics page, or an empty one while it is not serving yet.
-    async fn metrics(&self) -> String {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let Ok(mut stream) = tokio::net::TcpStream::connect(&self.metrics).await else {
-            return String::new();
-        };
-        let request = format!("GET /metrics HTTP/1.0\r\nHost: {}\r\n\r\n", self.metrics);
-        let mut page = String::new();
-        if stream.write_all(request.as_bytes()).await.is_ok() {
-            let _ = stream.read_to_string(&mut page).await;
-        }
-        page
+    /// Lines in its log so far.
+    fn log_lines(&self) -> usize {
+        std::fs::read_to_string(&self.log)
+            .map(|text| text.lines().count())
+            .unwrap_or_default()
     }
 
     async fn leads(&self) -> bool {
-        self.metrics()
+        scrape(&self.metrics)
             .await
             .contains(r#"leader_election_master_status{name="outage"} 1"#)
     }
 
     async fn failed_attempts(&self) -> u64 {
-        self.metrics()
+        failed_attempts(&self.metrics, "outage")
             .await
-            .lines()
-            .filter(|l| {
-                l.starts_with("leader_election_errors_total")
-                    && l.contains(r#"operation="acquire""#)
-            })
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum::<f64>() as u64
+            .unwrap_or_default()
     }
 
     async fn wait_leading(&self, within: Duration) -> Option<Duration> {
@@ -159,7 +205,7 @@ impl Replica {
 /// A private server, a proxy or a replica could not be started.
 pub async fn measure(
     backend: Backend,
-    leader: &Path,
+    programs: &Programs,
     timings: Timings,
     outage: Duration,
     window: Duration,
@@ -168,19 +214,26 @@ pub async fn measure(
         what: "temporary directory".into(),
         source,
     })?;
-    let server = backend.start_server().await?;
+    let server = backend.start_server(programs).await?;
     let proxy = match &server {
         Some(server) => Some(proxy_to(server).await?),
         None => None,
     };
-    let lock_dir: PathBuf = dir.path().join("lock");
-    let url = |port: u16| backend.lock_url(&lock_dir, port);
+    let lock_dir = dir.path().join("lock");
+    let settings = Settings {
+        lease: timings.lease,
+        renew: timings.renew,
+        retry: timings.retry,
+        ..Settings::default()
+    };
+    let lock = |port: u16| backend.replica_lock(dir.path(), port, &settings);
     let direct = server.as_ref().map_or(0, PrivateServer::port);
     let proxied = proxy.as_ref().map_or(0, Proxy::port);
-    let mut holder = Replica::spawn(leader, &url(direct), "holder", timings)?;
+    let leader = &programs.leader;
+    let mut holder = Replica::spawn(leader, &lock(direct)?, "holder", timings, dir.path())?;
     let setup = Duration::from_secs(20);
     let _ = holder.wait_leading(setup).await;
-    let follower = Replica::spawn(leader, &url(proxied), "follower", timings)?;
+    let follower = Replica::spawn(leader, &lock(proxied)?, "follower", timings, dir.path())?;
     // The follower reads the holder's record and waits.
     sleep(timings.retry * 4).await;
 
@@ -190,6 +243,7 @@ pub async fn measure(
     }
     let _ = holder.child.kill().await;
     let began = Instant::now();
+    let lines_before = follower.log_lines();
     let first = follower.failed_attempts().await;
     let mut rates = Vec::new();
     let mut last = first;
@@ -201,6 +255,7 @@ pub async fn measure(
     }
     sleep(outage.saturating_sub(began.elapsed())).await;
     let failures = follower.failed_attempts().await - first;
+    let log_lines = follower.log_lines() - lines_before;
     let outage = began.elapsed();
 
     match &proxy {
@@ -216,6 +271,7 @@ pub async fn measure(
         rates,
         failures,
         recovery,
+        log_lines,
     })
 }
 
@@ -241,7 +297,7 @@ fn remove_garbage(dir: &Path) -> Result<(), HarnessError> {
 pub fn table(reports: &[OutageReport], timings: Timings) -> String {
     use std::fmt::Write as _;
     let mut out = String::from(
-        "| backend | outage | failed attempts | per second, overall | per second, first 5 s | per second, last 10 s | leader after the store is back |\n|---|---|---|---|---|---|---|\n",
+        "| backend | outage | failed attempts | per second, overall | per second, first 5 s | per second, last 10 s | leader after the store is back | log lines |\n|---|---|---|---|---|---|---|---|\n",
     );
     for r in reports {
         let window = |from: f64, to: f64| {
@@ -260,7 +316,7 @@ pub fn table(reports: &[OutageReport], timings: Timings) -> String {
         let secs = r.outage.as_secs_f64();
         let _ = writeln!(
             out,
-            "| {} | {:.0} s | {} | {:.2} | {} | {} | {} |",
+            "| {} | {:.0} s | {} | {:.2} | {} | {} | {} | {} |",
             r.backend.name(),
             secs,
             r.failures,
@@ -269,6 +325,7 @@ pub fn table(reports: &[OutageReport], timings: Timings) -> String {
             window(secs - 10.0, secs),
             r.recovery
                 .map_or("none".to_owned(), |d| format!("{} ms", d.as_millis())),
+            r.log_lines,
         );
     }
     let _ = writeln!(

@@ -16,6 +16,9 @@ pub enum ServerKind {
     Redis,
     /// A single-member `etcd` cluster.
     Etcd,
+    /// The test Kubernetes API server (`kube-api-server` of `leader-test-support`), keeping its
+    /// Leases in a state file across restarts as a real one keeps them in etcd.
+    Kube,
 }
 
 /// A private server: started by [`PrivateServer::start`], crashed by [`PrivateServer::kill`],
@@ -24,6 +27,8 @@ pub enum ServerKind {
 #[derive(Debug)]
 pub struct PrivateServer {
     kind: ServerKind,
+    /// The server's program, where it is one of ours (`kube-api-server`).
+    program: Option<PathBuf>,
     port: u16,
     peer_port: u16,
     dir: PathBuf,
@@ -70,11 +75,12 @@ fn postgres_command(tool: &Path) -> Command {
 }
 
 impl PrivateServer {
-    /// Starts a fresh server of `kind` on an ephemeral loopback port.
+    /// Starts a fresh server of `kind` on an ephemeral loopback port; `program` is the
+    /// `kube-api-server` binary for [`ServerKind::Kube`].
     ///
     /// # Errors
     /// Its binaries are missing or it does not come up.
-    pub fn start(kind: ServerKind) -> Result<Self, ServerError> {
+    pub fn start(kind: ServerKind, program: Option<&Path>) -> Result<Self, ServerError> {
         let fail = |message: String| ServerError { kind, message };
         let dir = std::env::temp_dir().join(format!(
             "leader-fault-{}-{:08x}",
@@ -84,6 +90,7 @@ impl PrivateServer {
         std::fs::create_dir_all(&dir).map_err(|e| fail(format!("{}: {e}", dir.display())))?;
         let mut server = Self {
             kind,
+            program: program.map(Path::to_owned),
             port: free_port(),
             peer_port: free_port(),
             dir,
@@ -125,8 +132,9 @@ impl PrivateServer {
         self.port
     }
 
-    /// Crashes the server: SIGKILL (Redis, etcd) or an immediate shutdown, which is Postgres's
-    /// crash (every backend killed, recovery from the WAL at the next start).
+    /// Crashes the server: SIGKILL (Redis, etcd, the Kubernetes API server) or an immediate
+    /// shutdown, which is Postgres's crash (every backend killed, recovery from the WAL at the
+    /// next start).
     pub fn kill(&mut self) {
         if self.kind == ServerKind::Postgres {
             if let Some(pg_ctl) = postgres_bin("pg_ctl") {
@@ -213,6 +221,20 @@ impl PrivateServer {
                     .map_err(|e| fail(format!("etcd: {e}")))?;
                 self.child = Some(child);
             }
+            ServerKind::Kube => {
+                let program = self
+                    .program
+                    .clone()
+                    .ok_or_else(|| fail("no kube-api-server program given".to_owned()))?;
+                let child = Command::new(&program)
+                    .args(["--listen", &format!("127.0.0.1:{}", self.port)])
+                    .arg("--state")
+                    .arg(self.dir.join("state.json"))
+                    .stdout(Stdio::null())
+                    .spawn()
+                    .map_err(|e| fail(format!("{}: {e}", program.display())))?;
+                self.child = Some(child);
+            }
         }
         for _ in 0..400 {
             if self.ready() {
@@ -221,6 +243,45 @@ impl PrivateServer {
             std::thread::sleep(Duration::from_millis(25));
         }
         Err(fail(format!("not ready on port {} after 10 s", self.port)))
+    }
+
+    /// Freezes the server with SIGSTOP (every process of it: Postgres's postmaster and each
+    /// backend), so that open connections stay open and nothing answers; [`Self::thaw`] resumes
+    /// it.
+    pub fn freeze(&self) {
+        for pid in self.processes() {
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP);
+        }
+    }
+
+    /// Resumes a frozen server with SIGCONT.
+    pub fn thaw(&self) {
+        for pid in self.processes() {
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT);
+        }
+    }
+
+    /// The server's processes: its own and, for Postgres, every child of the postmaster.
+    fn processes(&self) -> Vec<nix::unistd::Pid> {
+        let main = match self.kind {
+            ServerKind::Postgres => std::fs::read_to_string(self.dir.join("data/postmaster.pid"))
+                .ok()
+                .and_then(|pid| pid.lines().next()?.trim().parse::<i32>().ok()),
+            _ => self.child.as_ref().and_then(|c| i32::try_from(c.id()).ok()),
+        };
+        let mut out = Vec::new();
+        let mut todo: Vec<i32> = main.into_iter().collect();
+        while let Some(pid) = todo.pop() {
+            out.push(nix::unistd::Pid::from_raw(pid));
+            let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+                .unwrap_or_default();
+            todo.extend(
+                children
+                    .split_whitespace()
+                    .filter_map(|c| c.parse::<i32>().ok()),
+            );
+        }
+        out
     }
 
     /// Accepts connections; for etcd, also has a raft leader and answers reads (`/health`), which

@@ -23,6 +23,7 @@
 
 mod fields;
 mod objects;
+pub mod process;
 mod routes;
 
 use std::collections::{HashSet, VecDeque};

@@ -189,10 +189,16 @@ pub(crate) fn admit(lease: &mut Value, name: &str) -> Result<(), Refusal> {
             "metadata.name: Invalid value: {name:?}: a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character"
         )));
     }
-    if !lease["spec"].is_object() && !lease["spec"].is_null() {
-        return Err(Refusal::BadRequest(
-            "json: cannot unmarshal into Go struct field Lease.spec of type v1.LeaseSpec".into(),
-        ));
+    match lease.get("spec") {
+        // `Spec` is a struct, not a pointer: a Lease without one has an empty one.
+        None | Some(Value::Null) => lease["spec"] = json!({}),
+        Some(Value::Object(_)) => {}
+        Some(_) => {
+            return Err(Refusal::BadRequest(
+                "json: cannot unmarshal into Go struct field Lease.spec of type v1.LeaseSpec"
+                    .into(),
+            ));
+        }
     }
     if let Some(spec) = lease["spec"].as_object_mut() {
         spec.retain(|key, value| {
@@ -340,6 +346,13 @@ mod tests {
             admit(&mut json!({"spec": {}}), "Not_A_Name"),
             Err(Refusal::Invalid(_))
         ));
+    }
+
+    #[test]
+    fn a_lease_without_a_spec_has_an_empty_one() {
+        let mut lease = json!({"metadata": {"name": "l"}});
+        admit(&mut lease, "l").expect("admitted");
+        assert_eq!(lease["spec"], json!({}));
     }
 
     #[test]
