@@ -75,6 +75,14 @@ ensure_protoc() {
 }
 
 # etcd on loopback, its data in a temporary directory, when none answers on 127.0.0.1:2379.
+# The fault campaign freezes a file-lock holder inside an operation by injecting SIGSTOP at a
+# system call (strace).
+ensure_strace() {
+  if command -v strace >/dev/null 2>&1; then return 0; fi
+  log "installing strace"
+  apt_install strace
+}
+
 ensure_etcd() {
   if port_open 127.0.0.1 2379; then return 0; fi
   command -v etcd >/dev/null 2>&1 || { log "installing etcd-server"; apt_install etcd-server; }

@@ -61,8 +61,16 @@ impl Backend {
     #[must_use]
     pub fn faults(self) -> &'static [Fault] {
         match self {
-            Self::File => &[Fault::Kill, Fault::Freeze],
-            _ => &Fault::ALL,
+            Self::File => &[Fault::Kill, Fault::Freeze, Fault::FreezeInOperation],
+            _ => &[
+                Fault::Kill,
+                Fault::Freeze,
+                Fault::Cut,
+                Fault::Latency,
+                Fault::Restart,
+                Fault::ServerFreeze,
+                Fault::Outage,
+            ],
         }
     }
 
@@ -166,11 +174,16 @@ pub enum Fault {
     /// [`Settings::outage`]: a full outage. The replicas' failed attempts a second are measured
     /// meanwhile (S9).
     Outage,
+    /// For the file lock: its `leader` stopped inside a write of the record, by a SIGSTOP that
+    /// `strace` injects at one of the write's system calls (after the temporary file's `fsync`,
+    /// before the link; after the `link`, before the check for a newer version; at the first
+    /// `unlink`), and its COMMAND with it; resumed as [`Fault::Freeze`] is.
+    FreezeInOperation,
 }
 
 impl Fault {
     /// Every fault, in the order a round injects them.
-    pub const ALL: [Self; 7] = [
+    pub const ALL: [Self; 8] = [
         Self::Kill,
         Self::Freeze,
         Self::Cut,
@@ -178,6 +191,7 @@ impl Fault {
         Self::Restart,
         Self::ServerFreeze,
         Self::Outage,
+        Self::FreezeInOperation,
     ];
 
     /// Lower-case name, as in tables.
@@ -191,6 +205,7 @@ impl Fault {
             Self::Restart => "server restart",
             Self::ServerFreeze => "server frozen",
             Self::Outage => "full outage",
+            Self::FreezeInOperation => "sigstop in an operation",
         }
     }
 
@@ -348,6 +363,37 @@ fn command_group(leader_pid: u32) -> Option<Pid> {
         .parse()
         .ok()
         .map(Pid::from_raw)
+}
+
+/// Stops the `leader` process `pid` inside its next write of a file lock record: `strace`
+/// attaches, delivers SIGSTOP at one of the write's system calls (chosen at random) and is
+/// ended, leaving the process stopped (a tracee in group-stop stays stopped when its tracer
+/// goes). Within two seconds, or the plain SIGSTOP that follows does it.
+async fn stop_inside_a_write(pid: Pid) -> Result<(), HarnessError> {
+    // After the temporary file is synced (before the link), after the link (before the check
+    // for a newer version), after the temporary file is removed (before old versions are); the
+    // signal is delivered as the system call returns.
+    let call = ["fsync", "link,linkat", "unlink,unlinkat"][fastrand::usize(..3)];
+    let mut strace = Command::new("strace")
+        .args(["-f", "-qq", "-o", "/dev/null", "-p"])
+        .arg(pid.as_raw().to_string())
+        .args(["-e", &format!("trace={call}")])
+        .args(["-e", &format!("inject={call}:signal=SIGSTOP:when=1")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|source| HarnessError::Io {
+            what: "running strace (Debian's strace package; scripts/setup installs it)".into(),
+            source,
+        })?;
+    // Stopped while traced shows as `t`.
+    let _ = poll(Duration::from_secs(2), Duration::from_millis(1), || {
+        matches!(process_state(pid.as_raw()), Some('t' | 'T')).then_some(())
+    })
+    .await;
+    let _ = strace.kill().await;
+    Ok(())
 }
 
 /// Whether an identity is a peer's (another project's client): they are named `k...`.
@@ -591,7 +637,10 @@ impl Run<'_> {
                 self.killed
                     .insert((term.identity.clone(), term.token), now_ns());
             }
-            Fault::Freeze => {
+            Fault::Freeze | Fault::FreezeInOperation => {
+                if fault == Fault::FreezeInOperation {
+                    stop_inside_a_write(leader_pid).await?;
+                }
                 if let Some(group) = group {
                     let _ = killpg(group, Signal::SIGSTOP);
                 }
@@ -656,7 +705,7 @@ impl Run<'_> {
         sleep(Duration::from_millis(300)).await; // the new leader writes meanwhile
         match fault {
             Fault::Kill => self.spawn(slot)?,
-            Fault::Freeze => {
+            Fault::Freeze | Fault::FreezeInOperation => {
                 if let Some(group) = group {
                     let _ = killpg(group, Signal::SIGCONT);
                 }
