@@ -26,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     Acquisition, LeaderElectionRecord, LeaderElector, LeaderState, LockError, Observed,
-    ResourceLock, Version,
+    ResourceLock, Version, request_handover,
 };
 
 /// Makes locks of one backend for the suite.
@@ -57,7 +57,9 @@ pub async fn run_all(factory: &dyn LockFactory) {
     identity_and_describe(factory).await;
     change_notifications(factory).await;
     store_clock_acquisition(factory).await;
+    handover_requests(factory).await;
     electors_elect_one_and_hand_over(factory).await;
+    planned_handover(factory).await;
 }
 
 fn unique(test: &str) -> String {
@@ -465,6 +467,153 @@ pub async fn store_clock_acquisition(factory: &dyn LockFactory) {
             "a takeover must raise the fencing token"
         ),
         other => panic!("try_acquire of a free lease must acquire, got {other:?}"),
+    }
+}
+
+/// A handover request is a compare-and-swap write that leaves the holder in place: the holder's
+/// next renewal from its cached version conflicts; a notifying backend wakes watchers for it;
+/// once released with the request kept, a store-clock acquisition takes it only for the
+/// candidate it names.
+pub async fn handover_requests(factory: &dyn LockFactory) {
+    let name = unique("request");
+    let a = factory.lock(&name, "a").await;
+    let b = factory.lock(&name, "b").await;
+    let c = factory.lock(&name, "c").await;
+    let operator = factory.lock(&name, "operator").await;
+    assert!(
+        matches!(
+            request_handover(&*operator, "b").await,
+            Err(crate::HandoverError::NoElection { .. })
+        ),
+        "a request for an election nobody ran is refused"
+    );
+    let held = a.create(&record("a", 1)).await.expect("create");
+    let changes = b.watch().await.expect("watch");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let requested = request_handover(&*operator, "b").await.expect("request");
+    assert_eq!(requested.record.handover_to(), Some("b"));
+    assert_eq!(requested.record.holder_identity, "a", "the holder stays");
+    assert_eq!(
+        requested.record.leader_transitions, held.record.leader_transitions,
+        "a request is no acquisition"
+    );
+    assert_ne!(requested.version, held.version, "a request is a write");
+    let read = get("a request", &*b).await.expect("the record");
+    assert_eq!(read.record.handover_to(), Some("b"));
+    if let Some(mut changes) = changes {
+        let notified = tokio::time::timeout(Duration::from_secs(5), changes.next()).await;
+        assert!(
+            matches!(notified, Ok(Some(()))),
+            "no change notification within 5 s of a handover request"
+        );
+    }
+    let mut renewal = held.record.clone();
+    renewal.renew_time = Utc::now();
+    let stale = a.update(&held.version, &renewal).await;
+    assert!(
+        stale.as_ref().is_err_and(LockError::is_conflict),
+        "a renewal from before the request must lose its compare-and-swap: {stale:?}"
+    );
+    // The holder releases, keeping the request, as the elector does.
+    let mut released = read.record.clone();
+    released.holder_identity = String::new();
+    let released = a.update(&read.version, &released).await.expect("release");
+    assert_eq!(released.record.handover_to(), Some("b"));
+    match c.try_acquire(&record("c", 0)).await.expect("try_acquire") {
+        None => return,
+        Some(Acquisition::Held { observed, .. }) => {
+            assert_eq!(observed.record.handover_to(), Some("b"));
+        }
+        Some(Acquisition::Acquired(taken)) => {
+            panic!("a lease reserved for b was taken by c by the store's clock: {taken:?}")
+        }
+    }
+    match b.try_acquire(&record("b", 0)).await.expect("try_acquire") {
+        Some(Acquisition::Acquired(taken)) => {
+            assert!(taken.record.leader_transitions > released.record.leader_transitions);
+            assert_eq!(taken.record.handover_to(), None, "an acquisition clears it");
+        }
+        other => panic!("the named candidate must take a lease reserved for it, got {other:?}"),
+    }
+}
+
+/// Three electors: a handover request makes the leader step down and release, the named
+/// candidate takes over with a larger token while the third stands back, never two leaders at
+/// once; done to each follower in turn. A request naming a candidate that never comes delays
+/// the election by at most the stand-back window and a lease.
+pub async fn planned_handover(factory: &dyn LockFactory) {
+    let name = unique("planned");
+    let ids = ["a", "b", "c"];
+    let mut electors = Vec::new();
+    for id in ids {
+        electors.push(Running::start(factory.lock(&name, id).await, RETRY));
+    }
+    let operator = factory.lock(&name, "operator").await;
+    let leading = |electors: &[Running]| {
+        electors
+            .iter()
+            .enumerate()
+            .filter_map(|(i, e)| {
+                e.state
+                    .borrow()
+                    .leadership()
+                    .map(|l| (i, l.fencing_token()))
+            })
+            .collect::<Vec<_>>()
+    };
+    // Watches every 5 ms for `within`: never two leaders; returns the first leader whose token
+    // is above `after`, if one comes.
+    let watch = async |electors: &[Running], within: Duration, after: u64| {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let now = leading(electors);
+            assert!(now.len() <= 1, "two electors lead at once: {now:?}");
+            if let Some(&(i, token)) = now.first()
+                && token > after
+            {
+                return Some((i, token));
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    let (mut leader, mut token) = watch(&electors, Duration::from_secs(10), 0)
+        .await
+        .expect("a leader within 10 s");
+    for _ in 0..2 {
+        let target = (leader + 1) % ids.len();
+        request_handover(&*operator, ids[target])
+            .await
+            .expect("handover request");
+        // The leader sees it at its next renewal at the latest, then stops and releases.
+        let (next, next_token) = watch(&electors, RETRY * 3 + Duration::from_secs(2), token)
+            .await
+            .unwrap_or_else(|| panic!("{} did not take over in time", ids[target]));
+        assert_eq!(
+            next, target,
+            "the lease went to {} instead of the named {}",
+            ids[next], ids[target]
+        );
+        (leader, token) = (next, next_token);
+    }
+    // A named candidate that never comes: the others stand back for a lease, then one leads.
+    request_handover(&*operator, "gone")
+        .await
+        .expect("handover request");
+    let requested = tokio::time::Instant::now();
+    let within = RETRY * 3 + LEASE * 2 + Duration::from_secs(2);
+    watch(&electors, within, token).await.unwrap_or_else(|| {
+        panic!("no leader {within:?} after a handover to a candidate that never came")
+    });
+    let took = requested.elapsed();
+    assert!(
+        took >= LEASE / 2,
+        "the others must stand back for the named candidate, yet one led {took:?} after the request"
+    );
+    for elector in electors {
+        elector.stop().await;
     }
 }
 

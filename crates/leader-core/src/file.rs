@@ -179,11 +179,19 @@ impl FileLock {
             (None, true) => Some(self.new_term_lock(record.leader_transitions)?),
             _ => None,
         };
+        // A write on the holder's behalf (a handover request) keeps its term file.
+        let holders = current
+            .filter(|c| {
+                !ours && !record.is_free() && c.record.holder_identity == record.holder_identity
+            })
+            .and_then(|c| c.term.clone());
         let stored = Stored {
             generation: current.map_or_else(|| fastrand::u64(..), |c| c.generation),
             version: current.map_or(1, |c| c.version + 1),
             record,
-            term: held.or_else(|| new_term.as_ref().map(|t| t.name.clone())),
+            term: held
+                .or_else(|| new_term.as_ref().map(|t| t.name.clone()))
+                .or(holders),
         };
         match self.link_version(&stored) {
             Ok(()) => {}
@@ -529,8 +537,12 @@ impl ResourceLock for FileLock {
                     // One listing and one read a poll.
                     let seen = tokio::task::spawn_blocking(move || {
                         let (newest, stored) = read_listed(&check.dir);
-                        let state = stored
-                            .map(|s| s.map(|s| (s.record.is_free(), check.holder_is_gone(&s))));
+                        let state = stored.map(|s| {
+                            s.map(|s| {
+                                let free = s.record.is_free() || s.record.handover_to().is_some();
+                                (free, check.holder_is_gone(&s))
+                            })
+                        });
                         (newest, state)
                     })
                     .await
@@ -545,8 +557,9 @@ impl ResourceLock for FileLock {
                         last = newest;
                         gone = false;
                     }
-                    // Only what a follower acts on: the record removed, freed or unreadable
-                    // (which its next read reports), or its holder dead. Renewals wake nobody.
+                    // Only what a candidate acts on: the record removed, freed, asking for a
+                    // handover, or unreadable (which its next read reports), or its holder dead.
+                    // Renewals wake nobody.
                     let fire = match state {
                         Ok(None) | Err(_) => changed,
                         Ok(Some((true, _))) => changed,
@@ -563,8 +576,9 @@ impl ResourceLock for FileLock {
     }
 
     /// Takes the lease when it is absent, free, this candidate's, or held by a process that is
-    /// gone (its term lock is free); otherwise reports it held, and the elector waits out the
-    /// holder's lease on its own clock (S2).
+    /// gone (its term lock is free), unless a pending handover names another candidate;
+    /// otherwise reports it held, and the elector waits out the holder's lease on its own clock
+    /// (S2).
     async fn try_acquire(
         &self,
         desired: &LeaderElectionRecord,
@@ -578,9 +592,10 @@ impl ResourceLock for FileLock {
                 .map_or(1, |c| c.record.leader_transitions + 1);
             match &current {
                 Some(c)
-                    if !c.record.is_free()
-                        && c.record.holder_identity != record.holder_identity
-                        && !this.holder_is_gone(c) =>
+                    if c.record.reserved_for_other_than(&record.holder_identity)
+                        || (!c.record.is_free()
+                            && c.record.holder_identity != record.holder_identity
+                            && !this.holder_is_gone(c)) =>
                 {
                     Ok(Some(Acquisition::Held {
                         observed: c.observed(),

@@ -32,6 +32,8 @@ struct Term {
     fencing_token: u64,
     acquired_at: Instant,
     cancel: CancellationToken,
+    /// Asks the elector to hand this term's lease to a named candidate.
+    handover: mpsc::Sender<String>,
     /// Dropped with the last clone; the elector waits for that.
     _alive: mpsc::Sender<()>,
 }
@@ -50,6 +52,7 @@ impl Leadership {
         identity: String,
         fencing_token: u64,
         cancel: CancellationToken,
+        handover: mpsc::Sender<String>,
         alive: mpsc::Sender<()>,
     ) -> Self {
         Self {
@@ -59,6 +62,7 @@ impl Leadership {
                 fencing_token,
                 acquired_at: Instant::now(),
                 cancel,
+                handover,
                 _alive: alive,
             }),
         }
@@ -93,6 +97,24 @@ impl Leadership {
     /// Completes when the term ends.
     pub async fn lost(&self) {
         self.term.cancel.cancelled().await;
+    }
+
+    /// Hands the lease over to the candidate `to`: the term ends (this work is cancelled, and
+    /// the elector waits for it as on a release), the lease is released with `to` named as the
+    /// next holder, `to` takes it at once and the other candidates stand back for a lease
+    /// duration (see [`request_handover`](crate::request_handover), which does the same from
+    /// outside the election). This candidate runs for leadership again afterwards.
+    ///
+    /// # Errors
+    /// The term has already ended, or a handover is already under way.
+    pub fn hand_over(&self, to: impl Into<String>) -> Result<(), LeadershipLost> {
+        let lost = LeadershipLost {
+            fencing_token: self.fencing_token(),
+        };
+        if self.is_lost() {
+            return Err(lost);
+        }
+        self.term.handover.try_send(to.into()).map_err(|_| lost)
     }
 
     /// A child token cancelled when the term ends, for APIs that take a [`CancellationToken`].
@@ -190,6 +212,8 @@ pub enum StepDownReason {
     Lost,
     /// The elector was shut down.
     Shutdown,
+    /// The lease was handed over to the candidate a handover request named.
+    HandedOver,
 }
 
 /// The end of a term, as reported to [`on_stopped_leading`](crate::LeaderElectorBuilder::on_stopped_leading).

@@ -5,6 +5,7 @@
 mod elector;
 mod error;
 mod file;
+mod handover;
 mod health;
 mod hub;
 mod leadership;
@@ -27,6 +28,7 @@ pub use elector::{
 };
 pub use error::{BoxError, ConfigError, LockError};
 pub use file::FileLock;
+pub use handover::{HandoverError, request_handover};
 pub use health::{HealthCheck, Unhealthy};
 pub use hub::ChangeHub;
 pub use leadership::{LeaderState, Leadership, LeadershipLost, StepDown, StepDownReason};

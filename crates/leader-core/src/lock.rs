@@ -64,6 +64,9 @@ pub enum Acquisition {
 /// * `create` and `update` return the record as stored, with its new version. A backend may raise
 ///   `leader_transitions` when it writes (to keep fencing tokens growing when its objects can
 ///   vanish, for example on expiry) but never lowers it.
+/// * A write that names a holder other than this lock's identity (a handover request written on
+///   the holder's behalf, see [`request_handover`](crate::request_handover)) keeps the holder's
+///   lease as the store counts it: the same expiry, TTL or store lease.
 /// * A value that cannot be decoded is [`LockError::InvalidRecord`]: it is reported, and the lock
 ///   never overwrites it on its own.
 /// * Outages are [`LockError::Unavailable`] or [`LockError::Timeout`], missing rights
@@ -103,8 +106,10 @@ pub trait ResourceLock: Send + Sync + fmt::Debug {
 
     /// Subscribes to changes of the record, so that followers act on a release at once instead of
     /// on their next retry. `Ok(None)` (the default) means the backend has no notifications.
-    /// A stream must fire when the record is released (freed or removed); it should not fire
-    /// for renewals, since every follower makes a request for each item.
+    /// A stream must fire when the record is released (freed or removed) and when a write sets
+    /// a handover request ([`preferred_holder`](LeaderElectionRecord::preferred_holder)), which
+    /// the leader acts on; it should not fire for renewals, since every follower makes a
+    /// request for each item.
     async fn watch(&self) -> Result<Option<ChangeStream>, LockError> {
         Ok(None)
     }
@@ -113,9 +118,12 @@ pub trait ResourceLock: Send + Sync + fmt::Debug {
     ///
     /// Stores `desired` in one atomic step if the object is absent, the lease is free, it is held
     /// by `desired.holder_identity`, or it has expired by the store's clock (the store's time of the
-    /// last write plus the stored lease duration has passed). The stored `leader_transitions`
-    /// becomes one more than before (at least 1), whatever `desired` says. Returns
-    /// [`Acquisition::Held`] with the stored record when another holder's lease is still running.
+    /// last write plus the stored lease duration has passed), unless the stored record names a
+    /// handover to another candidate ([`LeaderElectionRecord::reserved_for_other_than`]): that
+    /// one is left to the elector, which lets others take it only after standing back. The
+    /// stored `leader_transitions` becomes one more than before (at least 1), whatever `desired`
+    /// says. Returns [`Acquisition::Held`] with the stored record when another holder's lease is
+    /// still running or the lease is reserved for another candidate.
     ///
     /// The default returns `Ok(None)`: the backend has no such path, and the elector reads the
     /// record and waits out the holder's lease on its own monotonic clock instead.

@@ -42,21 +42,31 @@ enum Value {
 }
 
 impl Objects {
-    fn write(&mut self, name: &str, value: Value) -> Version {
+    /// Writes `value`; `keep_expiry` keeps the store's time of the last write (a write on the
+    /// holder's behalf does not renew its lease).
+    fn write(&mut self, name: &str, value: Value, keep_expiry: bool) -> Version {
         self.next_version += 1;
         let version = self.next_version;
-        // Followers act on a release (or on bad data, which their next read reports), not on a
-        // renewal.
-        let release = !matches!(&value, Value::Record(record) if !record.is_free());
+        // Followers act on a release or a handover request (or on bad data, which their next
+        // read reports), not on a renewal.
+        let notify = match &value {
+            Value::Record(record) => record.is_free() || record.handover_to().is_some(),
+            Value::Garbage(_) => true,
+        };
+        let written_at = self
+            .objects
+            .get(name)
+            .filter(|_| keep_expiry)
+            .map_or_else(Instant::now, |o| o.written_at);
         self.objects.insert(
             name.to_owned(),
             Object {
                 value,
                 version,
-                written_at: Instant::now(),
+                written_at,
             },
         );
-        if release {
+        if notify {
             self.notify(name);
         }
         Version::from(version)
@@ -101,7 +111,8 @@ impl MemoryStore {
 
     /// Stores a value that is not a record under `name`, as a broken writer would.
     pub fn corrupt(&self, name: &str, raw: impl Into<String>) {
-        self.objects().write(name, Value::Garbage(raw.into()));
+        self.objects()
+            .write(name, Value::Garbage(raw.into()), false);
     }
 
     /// Deletes the object `name`, as an operator (or an expiry) would.
@@ -182,7 +193,7 @@ impl ResourceLock for MemoryLock {
         if objects.objects.contains_key(&self.name) {
             return Err(LockError::conflict(BACKEND));
         }
-        let version = objects.write(&self.name, Value::Record(record.clone()));
+        let version = objects.write(&self.name, Value::Record(record.clone()), false);
         Ok(Observed {
             record: record.clone(),
             version,
@@ -200,7 +211,9 @@ impl ResourceLock for MemoryLock {
             Some((_, object)) if Version::from(object.version) == *version => {}
             _ => return Err(LockError::conflict(BACKEND)),
         }
-        let version = objects.write(&self.name, Value::Record(record.clone()));
+        // A write naming another holder (a handover request on its behalf) keeps its expiry.
+        let foreign = !record.is_free() && record.holder_identity != self.identity;
+        let version = objects.write(&self.name, Value::Record(record.clone()), foreign);
         Ok(Observed {
             record: record.clone(),
             version,
@@ -244,19 +257,19 @@ impl ResourceLock for MemoryLock {
             None => 0,
             Some((record, object)) => {
                 let expired = object.written_at + record.lease_duration <= Instant::now();
-                if !(record.is_free()
+                let takeable = record.is_free()
                     || record.holder_identity == desired.holder_identity
-                    || expired)
-                {
+                    || expired;
+                if !takeable || record.reserved_for_other_than(&desired.holder_identity) {
                     return Ok(Some(Acquisition::Held {
                         observed: Observed {
                             record: record.clone(),
                             version: Version::from(object.version),
                         },
-                        expires_in: Some(
+                        expires_in: (!record.is_free()).then(|| {
                             (object.written_at + record.lease_duration)
-                                .saturating_duration_since(Instant::now()),
-                        ),
+                                .saturating_duration_since(Instant::now())
+                        }),
                     }));
                 }
                 record.leader_transitions
@@ -264,7 +277,7 @@ impl ResourceLock for MemoryLock {
         };
         let mut record = desired.clone();
         record.leader_transitions = previous + 1;
-        let version = objects.write(&self.name, Value::Record(record.clone()));
+        let version = objects.write(&self.name, Value::Record(record.clone()), false);
         Ok(Some(Acquisition::Acquired(Observed { record, version })))
     }
 }

@@ -7,6 +7,7 @@
 //! | `leader_election_acquisitions_total` | counter: terms started | `name` |
 //! | `leader_election_renew_duration_seconds` | histogram: successful renewals | `name` |
 //! | `leader_election_errors_total` | counter: failed lock requests | `name`, `operation`, `kind` |
+//! | `leader_election_handovers_total` | counter: leases handed over to a named candidate | `name` |
 
 use std::time::Duration;
 
@@ -20,6 +21,8 @@ pub const ACQUISITIONS_TOTAL: &str = "leader_election_acquisitions_total";
 pub const RENEW_DURATION_SECONDS: &str = "leader_election_renew_duration_seconds";
 /// Failed lock requests, by operation and [`LockError::kind`](crate::LockError::kind).
 pub const ERRORS_TOTAL: &str = "leader_election_errors_total";
+/// Leases this candidate handed over to a named candidate (a planned handover).
+pub const HANDOVERS_TOTAL: &str = "leader_election_handovers_total";
 
 /// Registers descriptions of the metrics with the installed recorder.
 pub fn describe() {
@@ -38,6 +41,10 @@ pub fn describe() {
         "duration of successful renewals"
     );
     metrics::describe_counter!(ERRORS_TOTAL, "failed lock requests");
+    metrics::describe_counter!(
+        HANDOVERS_TOTAL,
+        "leases handed over to a candidate a handover request named"
+    );
 }
 
 pub(crate) fn set_leading(name: &str, leading: bool) {
@@ -50,6 +57,10 @@ pub(crate) fn slow_path(name: &str) {
 
 pub(crate) fn acquired(name: &str) {
     metrics::counter!(ACQUISITIONS_TOTAL, "name" => name.to_owned()).increment(1);
+}
+
+pub(crate) fn handed_over(name: &str) {
+    metrics::counter!(HANDOVERS_TOTAL, "name" => name.to_owned()).increment(1);
 }
 
 pub(crate) fn renewed(name: &str, took: Duration) {

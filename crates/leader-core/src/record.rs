@@ -32,7 +32,11 @@ pub struct LeaderElectionRecord {
     /// client-go's coordinated leader election strategy, kept as written.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub strategy: Option<String>,
-    /// client-go's preferred holder, kept as written.
+    /// A planned handover: the identity asked to lead next (client-go's `preferredHolder`).
+    /// The leader stops its work and releases the lease; the named candidate takes it at once,
+    /// and every other candidate stands back for one lease duration from when it saw the
+    /// request, after which anyone may take it. An acquisition clears it. See
+    /// [`request_handover`](crate::request_handover).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preferred_holder: Option<String>,
 }
@@ -46,6 +50,19 @@ impl LeaderElectionRecord {
     /// True when `identity` holds the lease.
     pub fn is_held_by(&self, identity: &str) -> bool {
         !self.is_free() && self.holder_identity == identity
+    }
+
+    /// The candidate a pending handover names, if any: [`preferred_holder`](Self::preferred_holder)
+    /// when set and not empty.
+    pub fn handover_to(&self) -> Option<&str> {
+        self.preferred_holder.as_deref().filter(|p| !p.is_empty())
+    }
+
+    /// True when a pending handover names a candidate other than `identity`: `identity` must not
+    /// take the lease by the store's clock, and stands back for one lease duration from when
+    /// it saw the request (the elector's rule).
+    pub fn reserved_for_other_than(&self, identity: &str) -> bool {
+        self.handover_to().is_some_and(|to| to != identity)
     }
 
     /// Encodes the record as the JSON that the file, Redis and etcd locks store.

@@ -35,6 +35,10 @@ pub(crate) struct Runner {
     /// Whether a wait was already cut short for `observed`'s expiry: an early wake-up is used
     /// once per version, so a lease that has run out never makes attempts follow each other.
     woke_for_expiry: bool,
+    /// The pending handover request last seen (the candidate it names), and until when other
+    /// candidates stand back: one lease duration (the record's, when the request was first seen)
+    /// from then, on this process's clock.
+    handover_seen: Option<(String, Instant)>,
     reported_leader: Option<String>,
     /// In a mutex only to keep the runner `Sync`; it is reached through `&mut` and never locked.
     changes: Option<Mutex<ChangeStream>>,
@@ -57,6 +61,15 @@ enum Attempt {
     NotAcquired,
 }
 
+/// What a leader's renewal found.
+enum Renewal {
+    Renewed,
+    /// Someone else holds the lease now.
+    Lost,
+    /// The record asks for a handover to this candidate.
+    HandOver(String),
+}
+
 impl Runner {
     pub(crate) fn new(elector: LeaderElector) -> Self {
         let config = &elector.config;
@@ -66,6 +79,7 @@ impl Runner {
             observed_at: Instant::now(),
             store_expiry: None,
             woke_for_expiry: false,
+            handover_seen: None,
             reported_leader: None,
             changes: None,
             watch_supported: true,
@@ -148,6 +162,19 @@ impl Runner {
             self.observed_at = Instant::now();
             self.woke_for_expiry = false;
         }
+        match observed.record.handover_to() {
+            Some(to)
+                if self
+                    .handover_seen
+                    .as_ref()
+                    .is_some_and(|(seen, _)| seen == to) => {}
+            Some(to) => {
+                tracing::info!(to, "handover requested");
+                let until = Instant::now() + observed.record.lease_duration;
+                self.handover_seen = Some((to.to_owned(), until));
+            }
+            None => self.handover_seen = None,
+        }
         let holder = &observed.record.holder_identity;
         if !holder.is_empty() && self.reported_leader.as_deref() != Some(holder.as_str()) {
             tracing::info!(leader = %holder, "new leader observed");
@@ -182,8 +209,19 @@ impl Runner {
             renew_time: now,
             leader_transitions,
             strategy: base.and_then(|r| r.strategy.clone()),
-            preferred_holder: base.and_then(|r| r.preferred_holder.clone()),
+            // An acquisition fulfils (or overrides) a pending handover request.
+            preferred_holder: None,
         }
+    }
+
+    /// Until when this candidate stands back from `record`, whose pending handover names
+    /// another candidate: one lease duration from when it first saw the request. `None` when
+    /// no such request is pending.
+    fn stand_back_until(&self, record: &LeaderElectionRecord) -> Option<Instant> {
+        if !record.reserved_for_other_than(self.identity()) {
+            return None;
+        }
+        self.handover_seen.as_ref().map(|(_, until)| *until)
     }
 
     /// The candidate loop: returns the acquired record and when the acquiring request started,
@@ -274,12 +312,14 @@ impl Runner {
             return wait;
         };
         let record = &observed.record;
-        if record.is_free() || record.holder_identity == self.identity() {
+        let expires = if let Some(until) = self.stand_back_until(record) {
+            until
+        } else if record.is_free() || record.holder_identity == self.identity() {
             return wait;
-        }
-        let expires = self
-            .store_expiry
-            .unwrap_or(self.observed_at + record.lease_duration);
+        } else {
+            self.store_expiry
+                .unwrap_or(self.observed_at + record.lease_duration)
+        };
         let now = Instant::now();
         if expires <= now {
             return wait;
@@ -370,6 +410,13 @@ impl Runner {
         {
             return Ok(Attempt::NotAcquired);
         }
+        // A planned handover to another candidate: stand back for a lease, so that it wins.
+        if self
+            .stand_back_until(record)
+            .is_some_and(|until| Instant::now() < until)
+        {
+            return Ok(Attempt::NotAcquired);
+        }
         // S5: every acquisition, also our own again, gets the next fencing token.
         let desired = self.desired(record.leader_transitions + 1, Some(record));
         let stored = self
@@ -389,11 +436,13 @@ impl Runner {
         // Should this future be dropped mid-term (an aborted task), the work must still stop.
         let _cancel_on_drop = cancel.clone().drop_guard();
         let (alive_tx, mut alive_rx) = mpsc::channel::<()>(1);
+        let (handover_tx, mut handover_rx) = mpsc::channel::<String>(1);
         let leadership = Leadership::new(
             self.elector.config.name.clone(),
             self.identity().to_owned(),
             fencing_token,
             cancel.clone(),
+            handover_tx,
             alive_tx,
         );
         // S3: the term lasts until the start of the last successful renewal plus the deadline.
@@ -413,12 +462,23 @@ impl Runner {
             .collect();
         drop(leadership);
 
+        // A handover this term was asked for (by its own work, or by a request in the record).
+        let mut hand_to: Option<String> = None;
         let reason = loop {
+            let changes = self.changes.as_mut();
             tokio::select! {
                 biased;
                 () = sleep_until(deadline) => break StepDownReason::RenewDeadlineExceeded,
                 () = shutdown.cancelled() => break StepDownReason::Shutdown,
+                Some(to) = handover_rx.recv() => {
+                    hand_to = Some(to);
+                    break StepDownReason::HandedOver;
+                }
                 () = sleep(self.elector.config.retry_period) => {}
+                // A release or a handover request: renew now, which reads what changed.
+                more = next_change(changes) => if !more {
+                    self.changes = None;
+                },
             }
             let attempt_started = Instant::now();
             let renewed = tokio::select! {
@@ -429,14 +489,19 @@ impl Runner {
             };
             match renewed {
                 // An answer after the deadline does not extend the term; the next select ends it.
-                Ok(true) if Instant::now() < deadline => {
+                Ok(Renewal::Renewed) if Instant::now() < deadline => {
                     self.report_success();
                     deadline = attempt_started + self.elector.config.renew_deadline;
                     m::renewed(&self.elector.config.name, attempt_started.elapsed());
                     self.health_update(|h| h.renewed(attempt_started));
                 }
-                Ok(true) => {}
-                Ok(false) => break StepDownReason::Lost,
+                Ok(Renewal::Renewed) => {}
+                Ok(Renewal::Lost) => break StepDownReason::Lost,
+                Ok(Renewal::HandOver(to)) => {
+                    self.report_success();
+                    hand_to = Some(to);
+                    break StepDownReason::HandedOver;
+                }
                 Err(err) => self.report_error("renew", &err),
             }
         };
@@ -448,9 +513,18 @@ impl Runner {
         self.publish_following();
         let stopped = self.wait_for_work(work, &mut alive_rx).await;
         let mut released = false;
-        if reason == StepDownReason::Shutdown && self.elector.config.release_on_cancel {
+        let release = match reason {
+            StepDownReason::Shutdown => self.elector.config.release_on_cancel,
+            StepDownReason::HandedOver => true,
+            _ => false,
+        };
+        if release {
             if stopped {
-                released = self.release(fencing_token).await;
+                released = self.release(fencing_token, hand_to.as_deref()).await;
+                if released && let Some(to) = &hand_to {
+                    tracing::info!(fencing_token, to, "handed the lease over");
+                    m::handed_over(&self.elector.config.name);
+                }
             } else {
                 tracing::warn!(
                     fencing_token,
@@ -469,12 +543,13 @@ impl Runner {
     }
 
     /// Renews the lease: one request from the cached record (client-go's fast path), and a read
-    /// only when that loses the compare-and-swap. `Ok(false)` means someone else holds it now.
-    async fn renew(&mut self, fencing_token: u64) -> Result<bool, LockError> {
+    /// only when that loses the compare-and-swap, which is also how a handover request written
+    /// by someone else is found.
+    async fn renew(&mut self, fencing_token: u64) -> Result<Renewal, LockError> {
         if let Some(cached) = self
             .observed
             .clone()
-            .filter(|o| self.is_ours(o, fencing_token))
+            .filter(|o| self.is_ours(o, fencing_token) && o.record.handover_to().is_none())
         {
             let mut record = cached.record.clone();
             record.renew_time = Utc::now().max(record.acquire_time);
@@ -484,7 +559,7 @@ impl Runner {
             {
                 Ok(stored) => {
                     self.observe(stored);
-                    return Ok(true);
+                    return Ok(Renewal::Renewed);
                 }
                 Err(err) if err.is_conflict() => {}
                 Err(err) => return Err(err),
@@ -492,14 +567,21 @@ impl Runner {
         }
         m::slow_path(&self.elector.config.name);
         let Some(current) = self.request("get", self.elector.lock.get()).await? else {
-            return Ok(false);
+            return Ok(Renewal::Lost);
         };
         self.observe(current.clone());
         if !self.is_ours(&current, fencing_token) {
-            return Ok(false);
+            return Ok(Renewal::Lost);
+        }
+        if let Some(to) = current.record.handover_to()
+            && to != self.identity()
+        {
+            return Ok(Renewal::HandOver(to.to_owned()));
         }
         let mut record = current.record.clone();
         record.renew_time = Utc::now().max(record.acquire_time);
+        // A request naming this leader is fulfilled already.
+        record.preferred_holder = None;
         let stored = self
             .request(
                 "update",
@@ -507,7 +589,7 @@ impl Runner {
             )
             .await?;
         self.observe(stored);
-        Ok(true)
+        Ok(Renewal::Renewed)
     }
 
     /// The record is this term's: our identity and our fencing token (a re-acquisition by a
@@ -553,8 +635,9 @@ impl Runner {
     }
 
     /// Clears the holder with a compare-and-swap, so a release never frees a lease that someone
-    /// else holds (S6).
-    async fn release(&mut self, fencing_token: u64) -> bool {
+    /// else holds (S6). A handover names `hand_to` as the next holder; otherwise a pending
+    /// request in the record is kept.
+    async fn release(&mut self, fencing_token: u64, hand_to: Option<&str>) -> bool {
         let mut current = self.observed.clone();
         // Two tries: from the cached record, then, if that lost the compare-and-swap, from a
         // fresh read. The cache can be stale without anyone else having written: a renewal cut
@@ -564,12 +647,15 @@ impl Runner {
                 return false;
             };
             let now = Utc::now();
-            let record = LeaderElectionRecord {
+            let mut record = LeaderElectionRecord {
                 holder_identity: String::new(),
                 acquire_time: now,
                 renew_time: now,
                 ..ours.record.clone()
             };
+            if let Some(to) = hand_to {
+                record.preferred_holder = Some(to.to_owned());
+            }
             match self
                 .request("release", self.elector.lock.update(&ours.version, &record))
                 .await

@@ -594,3 +594,87 @@ async fn a_shutdown_during_a_renewal_that_reached_the_store_still_releases() {
         .record;
     assert!(record.is_free(), "lease released: {record:?}");
 }
+
+/// S10 from the leader's own work: `Leadership::hand_over` ends the term, waits for the work,
+/// releases with the named candidate recorded; the named one leads next while the third stands
+/// back, with a larger token, and the old leader's step-down says why.
+#[tokio::test(start_paused = true)]
+async fn the_leader_hands_over_to_the_named_candidate() {
+    let store = MemoryStore::new();
+    let mut a = Running::start(builder(store.lock("election", "a")));
+    let first = a.leadership().await;
+    let b = Running::start(builder(store.lock("election", "b")));
+    let mut c = Running::start(builder(store.lock("election", "c")));
+    sleep(RETRY * 2).await;
+    first.hand_over("c").expect("leading");
+    drop(first);
+    let next = c.leadership().await;
+    assert!(next.fencing_token() > 1, "token {}", next.fencing_token());
+    assert!(!b.is_leading() && !a.is_leading());
+    // The request is fulfilled: cleared by the acquisition.
+    let record = store
+        .lock("election", "x")
+        .get()
+        .await
+        .unwrap()
+        .unwrap()
+        .record;
+    assert_eq!(record.holder_identity, "c");
+    assert_eq!(record.handover_to(), None);
+    drop(next);
+    let _ = b.stop().await;
+    let _ = c.stop().await;
+    let stopped = a.stop().await;
+    assert_eq!(stopped[0].reason, StepDownReason::HandedOver);
+    assert!(stopped[0].released, "{stopped:?}");
+}
+
+/// S10 from outside: a request written with `request_handover` is seen by the leader at its next
+/// renewal (this memory lock notifies nobody), which releases to the named candidate. A request
+/// for a candidate that never comes holds the others back for one lease, not longer.
+#[tokio::test(start_paused = true)]
+async fn a_handover_request_moves_the_lease_and_a_missing_candidate_does_not_stall_it() {
+    let store = MemoryStore::new();
+    let quiet = |id: &str| store.lock("election", id).with_watch(false);
+    let mut a = Running::start(builder(quiet("a")));
+    let first = a.leadership().await.fencing_token();
+    let mut b = Running::start(builder(quiet("b")));
+    let c = Running::start(builder(quiet("c")));
+    sleep(RETRY * 2).await;
+    let asked = Instant::now();
+    leader_core::request_handover(&quiet("operator"), "b")
+        .await
+        .expect("request");
+    let second = b.leadership().await.fencing_token();
+    assert!(
+        asked.elapsed() <= RETRY + Duration::from_millis(10),
+        "the leader saw the request at its next renewal: {:?}",
+        asked.elapsed()
+    );
+    assert!(second > first);
+    assert!(!a.is_leading() && !c.is_leading());
+
+    leader_core::request_handover(&quiet("operator"), "gone")
+        .await
+        .expect("request");
+    let asked = Instant::now();
+    let mut leading = None;
+    while leading.is_none() {
+        sleep(Duration::from_millis(100)).await;
+        leading = [&a, &b, &c].iter().position(|e| {
+            e.state
+                .borrow()
+                .leadership()
+                .is_some_and(|l| l.fencing_token() > second)
+        });
+        assert!(asked.elapsed() < LEASE * 2 + RETRY * 2, "nobody took over");
+    }
+    let took = asked.elapsed();
+    assert!(
+        took >= LEASE,
+        "the others stood back for a lease after seeing the request, yet one led after {took:?}"
+    );
+    for elector in [a, b, c] {
+        let _ = elector.stop().await;
+    }
+}

@@ -1,5 +1,5 @@
-//! Property test: under random schedules of faults, crashes and restarts, two electors on one
-//! lock never lead at the same instant, and fencing tokens grow with every term.
+//! Property test: under random schedules of faults, crashes, restarts and handover requests, two
+//! electors on one lock never lead at the same instant, and fencing tokens grow with every term.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -24,6 +24,11 @@ enum Action {
     },
     /// The elector's task is aborted, as in a crash; a new one starts after a pause.
     Crash(Duration),
+    /// A handover request, written from outside, to this elector (or, `false`, to a candidate
+    /// that never comes).
+    Handover {
+        to_this: bool,
+    },
 }
 
 fn fault() -> impl Strategy<Value = Fault> {
@@ -49,6 +54,7 @@ fn action() -> impl Strategy<Value = Action> {
         Just(Action::Clear),
         any::<bool>().prop_map(|release| Action::Restart { release }),
         secs(20_000).prop_map(Action::Crash),
+        any::<bool>().prop_map(|to_this| Action::Handover { to_this }),
     ]
 }
 
@@ -164,6 +170,16 @@ async fn simulate(steps: Vec<(Duration, usize, Action)>, store_clock: bool) -> V
                 let _ = (&mut candidate.task).await;
                 sleep(pause).await;
                 *candidate = start(&store, index, store_clock, true, &terms);
+            }
+            Action::Handover { to_this } => {
+                let to = if to_this {
+                    format!("e{index}")
+                } else {
+                    "gone".to_owned()
+                };
+                // Refused when nobody ran yet, or the record is unreadable: that is fine here.
+                let _ =
+                    leader_core::request_handover(&store.lock("election", "operator"), &to).await;
             }
         }
     }

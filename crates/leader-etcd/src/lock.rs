@@ -46,6 +46,8 @@ impl EtcdStore {
 ///   if its version and its lease are still this term's, concurrently: two requests, one round
 ///   trip.
 /// - Followers watch the key, so a release or an expiry wakes them at once.
+/// - A handover request written for the holder keeps the key on the holder's etcd lease; if the
+///   holder dies before it releases, the key (and the request) expires with it.
 #[derive(Clone, Debug)]
 pub struct EtcdLock {
     store: EtcdStore,
@@ -284,12 +286,13 @@ fn token_of(value: &[u8], revision: i64) -> u64 {
     asked.max(u64::try_from(revision).unwrap_or(0))
 }
 
-/// A watch event after which the lease may be free: a deletion, or a record that is free (or
-/// cannot be read, which the follower's next read reports).
+/// A watch event a candidate acts on: a deletion, or a record that is free, asks for a
+/// handover, or cannot be read (which the next read reports).
 fn may_be_free(event: &etcd_client::Event) -> bool {
     match (event.event_type(), event.kv()) {
         (etcd_client::EventType::Put, Some(kv)) => {
-            LeaderElectionRecord::from_json(BACKEND, "", kv.value()).map_or(true, |r| r.is_free())
+            LeaderElectionRecord::from_json(BACKEND, "", kv.value())
+                .map_or(true, |r| r.is_free() || r.handover_to().is_some())
         }
         _ => true,
     }
@@ -351,9 +354,24 @@ impl ResourceLock for EtcdLock {
                 version: Version::from(response.header().map_or(0, |h| h.revision())),
             });
         }
-        if record.holder_identity == self.identity
-            && let Some(renewed) = self.renew(expected, record).await
-        {
+        if record.holder_identity != self.identity {
+            // On the holder's behalf (a handover request): the key keeps the holder's etcd
+            // lease, so it still expires with the holder.
+            let txn = Txn::new().when([unchanged]).and_then([TxnOp::put(
+                self.key.as_str(),
+                record.to_json(),
+                Some(PutOptions::new().with_ignore_lease()),
+            )]);
+            let response = self.txn(txn).await?;
+            if !response.succeeded() {
+                return Err(conflict());
+            }
+            return Ok(Observed {
+                record: record.clone(),
+                version: Version::from(response.header().map_or(0, |h| h.revision())),
+            });
+        }
+        if let Some(renewed) = self.renew(expected, record).await {
             return renewed;
         }
         // A new holder, or a new term of this one: an acquisition with the next token.
@@ -398,8 +416,11 @@ impl ResourceLock for EtcdLock {
             // Absent: never taken, released and deleted, or expired on the server's clock.
             None => Compare::create_revision(self.key.as_str(), CompareOp::Equal, 0),
             Some(observed)
-                if observed.record.is_free()
-                    || observed.record.holder_identity == desired.holder_identity =>
+                if (observed.record.is_free()
+                    || observed.record.holder_identity == desired.holder_identity)
+                    && !observed
+                        .record
+                        .reserved_for_other_than(&desired.holder_identity) =>
             {
                 Compare::mod_revision(
                     self.key.as_str(),

@@ -5,7 +5,7 @@
 mod error;
 mod lock;
 
-pub use lock::{FENCING_TOKEN_ANNOTATION, LeaseLock};
+pub use lock::{FENCING_TOKEN_ANNOTATION, HANDOVER_STRATEGY, LeaseLock};
 
 /// The core crate, so that one dependency is enough.
 pub use leader_core;

@@ -220,7 +220,8 @@ impl LeaseLock {
 
 /// What one event of a Lease watch means to a follower.
 enum WatchOutcome {
-    /// The Lease was deleted or released (no holder): worth an attempt at once.
+    /// The Lease was deleted or released (no holder), or asks for a handover: worth an
+    /// attempt (or, for the leader, a renewal) at once.
     Released,
     /// A renewal, a bookmark: nothing to act on.
     Quiet,
@@ -247,17 +248,19 @@ impl LeaseLock {
             .watch(&params, "0")
             .await
             .map_err(|err| self.map("watch", err))?;
-        // Only what a follower acts on: the Lease deleted or released (no holder). Renewals and
-        // bookmarks wake nobody.
+        // Only what a candidate acts on: the Lease deleted, released (no holder) or asking for
+        // a handover. Renewals and bookmarks wake nobody.
         let outcomes = stream.map(|event| match event {
             Ok(WatchEvent::Deleted(_)) => WatchOutcome::Released,
             Ok(WatchEvent::Added(lease) | WatchEvent::Modified(lease)) => {
-                let free = lease
-                    .spec
-                    .as_ref()
+                let spec = lease.spec.as_ref();
+                let free = spec
                     .and_then(|spec| spec.holder_identity.as_deref())
                     .is_none_or(str::is_empty);
-                if free {
+                let handover = spec
+                    .and_then(|spec| spec.preferred_holder.as_deref())
+                    .is_some_and(|p| !p.is_empty());
+                if free || handover {
                     WatchOutcome::Released
                 } else {
                     WatchOutcome::Quiet
@@ -307,10 +310,19 @@ fn spec_of(record: &LeaderElectionRecord, old: Option<&LeaseSpec>) -> LeaseSpec 
         acquire_time: Some(micro(record.acquire_time)),
         renew_time: Some(micro(record.renew_time)),
         lease_transitions: Some(transitions),
-        strategy: record.strategy.clone(),
-        preferred_holder: record.preferred_holder.clone(),
+        // The API accepts a preferred holder only beside a strategy: a handover request of ours
+        // names our own (a qualified name, which the API allows).
+        strategy: record
+            .strategy
+            .clone()
+            .or_else(|| record.handover_to().map(|_| HANDOVER_STRATEGY.to_owned())),
+        preferred_holder: record.handover_to().map(str::to_owned),
     }
 }
+
+/// The `strategy` this lock writes beside a handover request's `preferredHolder` when the Lease
+/// has none (the API requires one): it is read back as no strategy.
+pub const HANDOVER_STRATEGY: &str = "leader-rs.io/handover";
 
 /// The record in a Lease, read as client-go reads it: missing fields are empty or zero.
 fn record_of(context: &str, lease: &Lease) -> Result<Observed, LockError> {
@@ -339,7 +351,7 @@ fn record_of(context: &str, lease: &Lease) -> Result<Observed, LockError> {
         leader_transitions: u64::try_from(transitions)
             .map_err(|_| bad(format!("negative leaseTransitions {transitions}")))?
             .max(high_water),
-        strategy: spec.strategy,
+        strategy: spec.strategy.filter(|s| s != HANDOVER_STRATEGY),
         preferred_holder: spec.preferred_holder,
     };
     let version = lease

@@ -12,7 +12,7 @@ use tokio::sync::Mutex;
 use tokio_postgres::Statement;
 
 use crate::error::map;
-use crate::lock::Election;
+use crate::lock::{Election, Write};
 use crate::store::{Dedicated, PostgresStore};
 
 /// A [`ResourceLock`] that ties leadership to a Postgres session: the record lives in the lock
@@ -57,6 +57,7 @@ struct Session {
     create: Statement,
     update: Statement,
     release: Statement,
+    request: Statement,
     try_acquire: Statement,
     unlock: Statement,
 }
@@ -143,6 +144,7 @@ impl AdvisoryLock {
             create: prepare(&statements.create).await?,
             update: prepare(&statements.update).await?,
             release: prepare(&statements.release).await?,
+            request: prepare(&statements.request).await?,
             try_acquire: prepare(&statements.try_acquire).await?,
             unlock: prepare(&statements.unlock).await?,
             client,
@@ -237,16 +239,14 @@ impl ResourceLock for AdvisoryLock {
         record: &LeaderElectionRecord,
     ) -> Result<Observed, LockError> {
         self.with_session(async |s| {
+            let statement = match self.election.write_kind(record) {
+                Write::Update => &s.update,
+                Write::Release => &s.release,
+                Write::Request => &s.request,
+            };
             let result = self
                 .election
-                .update(
-                    &self.store,
-                    &s.client,
-                    [&s.update, &s.release],
-                    version,
-                    record,
-                    true,
-                )
+                .update(&self.store, &s.client, statement, version, record, true)
                 .await;
             if result.as_ref().is_err_and(LockError::is_conflict) {
                 self.unlock_unless_holder(s).await;

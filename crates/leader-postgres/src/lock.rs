@@ -23,6 +23,17 @@ pub struct TableLock {
     election: Election,
 }
 
+/// The kinds of write an `update` can be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Write {
+    /// The holder writes its own record (an acquisition or a renewal).
+    Update,
+    /// An empty holder: followers are notified.
+    Release,
+    /// A write on the holder's behalf: its expiry is kept, and it is notified.
+    Request,
+}
+
 /// What identifies one election in a table, shared by both locks.
 #[derive(Clone, Debug)]
 pub(crate) struct Election {
@@ -114,13 +125,24 @@ impl Election {
         written(record, row)
     }
 
-    /// Runs `statements.update`, or `statements.release` for a record without a holder.
-    #[allow(clippy::too_many_arguments, reason = "shared by both locks")]
+    /// Which statement writes `record`: the holder's own write (`update`), a release, or a
+    /// write on another holder's behalf (a handover request).
+    pub(crate) fn write_kind(&self, record: &LeaderElectionRecord) -> Write {
+        if record.is_free() {
+            Write::Release
+        } else if record.holder_identity != self.identity {
+            Write::Request
+        } else {
+            Write::Update
+        }
+    }
+
+    /// Runs `statement`, the one [`write_kind`](Self::write_kind) names for `record`.
     pub(crate) async fn update(
         &self,
         store: &PostgresStore,
         client: &Client,
-        statements: [&Statement; 2],
+        statement: &Statement,
         version: &Version,
         record: &LeaderElectionRecord,
         advisory: bool,
@@ -131,13 +153,12 @@ impl Election {
         let p = RecordParams::new(record)?;
         let mut params = self.record_params(&p);
         params.push(&expected);
-        let [update, release] = statements;
-        let statement = if record.is_free() {
+        let kind = self.write_kind(record);
+        if kind != Write::Update {
             params.push(&self.channel);
-            release
-        } else {
-            update
-        };
+        }
+        // A request needs no advisory lock: it names no new holder.
+        let advisory = advisory && kind != Write::Request;
         let row = client
             .query_opt(statement, &self.params(params, advisory))
             .await
@@ -249,20 +270,14 @@ impl ResourceLock for TableLock {
         record: &LeaderElectionRecord,
     ) -> Result<Observed, LockError> {
         let statements = &self.store.inner().table_statements;
-        let (client, update) = self.prepared(&statements.update).await?;
-        let release = client
-            .prepare_cached(&statements.release)
-            .await
-            .map_err(|err| map(&self.store.context(), err))?;
+        let sql = match self.election.write_kind(record) {
+            Write::Update => &statements.update,
+            Write::Release => &statements.release,
+            Write::Request => &statements.request,
+        };
+        let (client, statement) = self.prepared(sql).await?;
         self.election
-            .update(
-                &self.store,
-                &client,
-                [&update, &release],
-                version,
-                record,
-                false,
-            )
+            .update(&self.store, &client, &statement, version, record, false)
             .await
     }
 

@@ -95,6 +95,11 @@ pub(crate) struct Statements {
     /// [`update`](Self::update) of a record with an empty holder, which also notifies followers on
     /// channel `$10`; advisory: `$11` key.
     pub(crate) release: String,
+    /// A write on the current holder's behalf (a handover request): `$1` name, `$2..$8` record,
+    /// `$9` expected version, `$10` channel. The holder must stay the same; its expiry is kept
+    /// (the request renews nobody's lease) and followers and the holder are notified. Needs no
+    /// advisory lock.
+    pub(crate) request: String,
     /// `$1` name, `$2` holder, `$3` lease ms, `$4` time; advisory: `$5` key.
     pub(crate) try_acquire: String,
     /// Advisory only: `$1` key, `$2` name, `$3` identity.
@@ -184,10 +189,18 @@ impl Statements {
         // Renewals and takeovers: a bare UPDATE, the cheapest committed write there is.
         let update = update("$10");
 
-        let takeable = "(l.holder_identity = '' OR l.holder_identity = EXCLUDED.holder_identity OR l.expires_at <= now())";
+        // Free, ours, or expired; and not reserved for another candidate by a handover request.
+        let takeable = "(l.holder_identity = '' OR l.holder_identity = EXCLUDED.holder_identity OR l.expires_at <= now()) \
+            AND coalesce(l.preferred_holder, '') IN ('', EXCLUDED.holder_identity)";
         let (insert_guard, takeover_guard) = if advisory {
             (
-                format!("WHERE {}", hold("$5")),
+                // The insert's guard runs before the conflict with an existing row is found:
+                // it must not take the advisory lock of a lease reserved for another candidate.
+                format!(
+                    "WHERE CASE WHEN EXISTS (SELECT 1 FROM {t} r WHERE r.name = $1 \
+                       AND coalesce(r.preferred_holder, '') NOT IN ('', $2)) THEN false ELSE {} END",
+                    hold("$5")
+                ),
                 format!(
                     "CASE WHEN {takeable} AND {VALID} THEN {} ELSE false END",
                     hold("$5")
@@ -203,7 +216,7 @@ impl Statements {
                ON CONFLICT (name) DO UPDATE SET holder_identity = EXCLUDED.holder_identity,
                  lease_duration_ms = EXCLUDED.lease_duration_ms, acquire_time = EXCLUDED.acquire_time,
                  renew_time = EXCLUDED.renew_time, leader_transitions = l.leader_transitions + 1,
-                 version = l.version + 1, expires_at = EXCLUDED.expires_at
+                 preferred_holder = NULL, version = l.version + 1, expires_at = EXCLUDED.expires_at
                WHERE {takeover_guard}
                RETURNING true AS acquired, {COLUMNS}, NULL::bigint AS left_ms
              )
@@ -212,6 +225,16 @@ impl Statements {
              SELECT false, {COLUMNS},
                greatest(0, ceil(extract(epoch FROM expires_at - now()) * 1000))::bigint
              FROM {t} WHERE name = $1 AND NOT EXISTS (SELECT 1 FROM acquired)"
+        );
+        let request = format!(
+            "WITH updated AS (
+               UPDATE {t} AS l SET holder_identity = $2, lease_duration_ms = $3, acquire_time = $4,
+                 renew_time = $5, leader_transitions = $6, strategy = $7, preferred_holder = $8,
+                 version = l.version + 1
+               WHERE l.name = $1 AND l.version = $9 AND {VALID} AND l.holder_identity = $2
+               RETURNING l.version)
+             SELECT u.version FROM updated u
+             LEFT JOIN LATERAL (SELECT pg_notify($10, '')) n ON true"
         );
         let unlock_unless_holder = format!(
             "SELECT pg_advisory_unlock($1::bigint) WHERE {} \
@@ -224,6 +247,7 @@ impl Statements {
             create,
             update,
             release,
+            request,
             try_acquire,
             unlock: unlock_unless_holder,
         }

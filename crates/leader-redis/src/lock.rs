@@ -128,6 +128,11 @@ fn lease_ms(record: &LeaderElectionRecord) -> u64 {
         .max(1)
 }
 
+/// The pending handover's candidate, or nothing, for the hash's `preferred` field.
+fn preferred(record: &LeaderElectionRecord) -> &[u8] {
+    record.handover_to().unwrap_or_default().as_bytes()
+}
+
 fn first_version() -> String {
     // Random, so a hash that expired and was created again never matches an old version.
     (fastrand::u64(..1 << 52) + 1).to_string()
@@ -154,6 +159,7 @@ impl ResourceLock for RedisLock {
                     record.leader_transitions.to_string().as_bytes(),
                     lease_ms(record).to_string().as_bytes(),
                     first_version().as_bytes(),
+                    preferred(record),
                 ],
             )
             .await?;
@@ -171,6 +177,8 @@ impl ResourceLock for RedisLock {
         version: &Version,
         record: &LeaderElectionRecord,
     ) -> Result<Observed, LockError> {
+        // A write naming another holder is on its behalf (a handover request).
+        let on_behalf = !record.is_free() && record.holder_identity != self.identity;
         let (version, transitions): (String, u64) = self
             .run(
                 &scripts::UPDATE,
@@ -181,6 +189,8 @@ impl ResourceLock for RedisLock {
                     record.leader_transitions.to_string().as_bytes(),
                     lease_ms(record).to_string().as_bytes(),
                     self.channel.as_bytes(),
+                    preferred(record),
+                    if on_behalf { b"1" } else { b"0" },
                 ],
             )
             .await?;

@@ -1,9 +1,10 @@
 //! The Lua scripts: each operation is one script run atomically on the server (one `EVALSHA`).
 //!
 //! An election is a hash `KEYS[1]` with the fields `version`, `holder`, `transitions` (the
-//! fencing token) and `record` (the record as JSON), which expires (`PEXPIRE`) one lease duration
-//! after the last write; and a counter `KEYS[2]` without expiry that every acquisition
-//! increments, so fencing tokens keep growing when the hash expires.
+//! fencing token), `record` (the record as JSON) and `preferred` (a pending handover's candidate,
+//! or empty), which expires (`PEXPIRE`) one lease duration after the holder's last write; and a
+//! counter `KEYS[2]` without expiry that every acquisition increments, so fencing tokens keep
+//! growing when the hash expires.
 
 use std::sync::LazyLock;
 
@@ -33,7 +34,7 @@ local function fence_error()
 end
 
 local function current(key)
-  local v = redis.call('HMGET', key, 'version', 'holder', 'transitions', 'record')
+  local v = redis.call('HMGET', key, 'version', 'holder', 'transitions', 'record', 'preferred')
   if not v[1] and not v[2] and not v[3] and not v[4] then
     if redis.call('EXISTS', key) == 1 then
       return nil, 'LEADER_INVALID the hash has none of the lock fields (version, holder, transitions, record)'
@@ -48,7 +49,7 @@ local function current(key)
   if not ok or type(record) ~= 'table' then
     return nil, 'LEADER_INVALID the record field is not a JSON object'
   end
-  return {version = v[1], holder = v[2], transitions = transitions, record = v[4]}
+  return {version = v[1], holder = v[2], transitions = transitions, record = v[4], preferred = v[5] or ''}
 end
 
 local function fence(key, at_least)
@@ -60,9 +61,9 @@ local function fence(key, at_least)
   return n
 end
 
-local function write(key, version, holder, transitions, record, lease_ms)
-  redis.call('HSET', key, 'version', version, 'holder', holder, 'transitions', transitions, 'record', record)
-  redis.call('PEXPIRE', key, lease_ms)
+local function write(key, version, holder, transitions, record, lease_ms, preferred)
+  redis.call('HSET', key, 'version', version, 'holder', holder, 'transitions', transitions, 'record', record, 'preferred', preferred)
+  if lease_ms then redis.call('PEXPIRE', key, lease_ms) end
 end
 
 local function next_version(version)
@@ -91,7 +92,7 @@ return {cur.version, cur.holder, cur.transitions, cur.record}
     )
 });
 
-/// `create`: ARGV record JSON, holder, transitions, lease ms, first version.
+/// `create`: ARGV record JSON, holder, transitions, lease ms, first version, preferred holder.
 /// Returns `{version, transitions}`.
 pub(crate) static CREATE: LazyLock<LuaScript> = LazyLock::new(|| {
     script(
@@ -103,16 +104,18 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
 end
 local transitions = tonumber(ARGV[3])
 if ARGV[2] ~= '' then transitions = fence(KEYS[2], transitions) end
-write(KEYS[1], ARGV[5], ARGV[2], transitions, ARGV[1], ARGV[4])
+write(KEYS[1], ARGV[5], ARGV[2], transitions, ARGV[1], ARGV[4], ARGV[6])
 return {ARGV[5], transitions}
 "#,
     )
 });
 
-/// `update`: ARGV expected version, record JSON, holder, transitions, lease ms, channel.
+/// `update`: ARGV expected version, record JSON, holder, transitions, lease ms, channel,
+/// preferred holder, `1` for a write on the holder's behalf (a handover request).
 /// A write that makes `holder` the holder anew (or raises the transitions) is an acquisition and
-/// takes the next fencing token; a release (empty holder) publishes on the channel.
-/// Returns `{version, transitions}`.
+/// takes the next fencing token. A write on the holder's behalf must leave the holder as it is,
+/// and keeps its expiry. A release (empty holder) or a handover request publishes on the
+/// channel. Returns `{version, transitions}`.
 pub(crate) static UPDATE: LazyLock<LuaScript> = LazyLock::new(|| {
     script(
         r#"
@@ -121,20 +124,27 @@ if err then return redis.error_reply(err) end
 if not cur or cur.version ~= ARGV[1] then
   return redis.error_reply('LEADER_CONFLICT the lock record changed')
 end
+local on_behalf = ARGV[8] == '1'
+if on_behalf and ARGV[3] ~= cur.holder then
+  return redis.error_reply('LEADER_CONFLICT the holder changed')
+end
 local transitions = tonumber(ARGV[4])
 if ARGV[3] ~= '' and (ARGV[3] ~= cur.holder or transitions > cur.transitions) then
   transitions = fence(KEYS[2], transitions)
 end
 local version = next_version(cur.version)
-write(KEYS[1], version, ARGV[3], transitions, ARGV[2], ARGV[5])
-if ARGV[3] == '' then redis.call('PUBLISH', ARGV[6], 'released') end
+local lease_ms = ARGV[5]
+if on_behalf then lease_ms = nil end
+write(KEYS[1], version, ARGV[3], transitions, ARGV[2], lease_ms, ARGV[7])
+if ARGV[3] == '' or ARGV[7] ~= '' then redis.call('PUBLISH', ARGV[6], 'changed') end
 return {version, transitions}
 "#,
     )
 });
 
 /// `try_acquire`: ARGV record JSON, holder, lease ms, first version. Takes the lease when the
-/// hash is gone (expired on the server's clock), free, or held by `holder`.
+/// hash is gone (expired on the server's clock), free, or held by `holder`, unless a pending
+/// handover names another candidate.
 /// Returns `{1 acquired | 0 held, version, transitions, holder, record, ms left on a held
 /// lease (PTTL, the server's clock)}`.
 pub(crate) static TRY_ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {
@@ -148,13 +158,15 @@ local version, transitions
 if not cur then
   version = ARGV[4]
   transitions = fence(KEYS[2], 1)
-elseif cur.holder == '' or cur.holder == ARGV[2] then
+elseif (cur.holder == '' or cur.holder == ARGV[2]) and (cur.preferred == '' or cur.preferred == ARGV[2]) then
   version = next_version(cur.version)
   transitions = fence(KEYS[2], cur.transitions + 1)
 else
-  return {0, cur.version, cur.transitions, cur.holder, cur.record, redis.call('PTTL', KEYS[1])}
+  local left = -1
+  if cur.holder ~= '' then left = redis.call('PTTL', KEYS[1]) end
+  return {0, cur.version, cur.transitions, cur.holder, cur.record, left}
 end
-write(KEYS[1], version, ARGV[2], transitions, ARGV[1], ARGV[3])
+write(KEYS[1], version, ARGV[2], transitions, ARGV[1], ARGV[3], '')
 return {1, version, transitions, ARGV[2], ARGV[1], -1}
 "#,
     )

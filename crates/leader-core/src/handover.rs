@@ -1,0 +1,82 @@
+//! Planned handover: asking the leader to hand its lease to a named candidate.
+
+use crate::error::LockError;
+use crate::lock::ResourceLock;
+use crate::record::Observed;
+
+/// How often [`request_handover`] reads and writes again when the leader's renewals keep
+/// changing the record under it.
+const TRIES: usize = 10;
+
+/// Why a handover request could not be written.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum HandoverError {
+    /// The identity to hand over to is empty.
+    #[error("the identity to hand over to is empty")]
+    EmptyIdentity,
+    /// There is no election under this name yet: nobody has ever run for it.
+    #[error("{lock}: no election to hand over (nobody has run for it yet)")]
+    NoElection {
+        /// The lock's description.
+        lock: String,
+    },
+    /// The record changed under every attempt (a leader renewing very often, or other writers).
+    #[error("{lock}: the record changed under each of {tries} attempts to write the request")]
+    Contended {
+        /// The lock's description.
+        lock: String,
+        /// How many read-and-write attempts were made.
+        tries: usize,
+    },
+    /// The lock failed.
+    #[error(transparent)]
+    Lock(#[from] LockError),
+}
+
+/// Asks the election behind `lock` to hand leadership to the candidate `to`, without taking part
+/// in it: writes `to` as the record's [`preferred_holder`](crate::LeaderElectionRecord::preferred_holder)
+/// with a compare-and-swap (read again and retried when a renewal got there first).
+///
+/// The leader sees the request at its next renewal at the latest (at once where the backend
+/// notifies), stops its work as on a release (waiting for it, up to its stop grace), and releases
+/// the lease with the request kept. `to` takes it at once; every other candidate stands back for
+/// one lease duration from when it saw the request, so `to` wins without a race, and after that
+/// anyone may take it (a named candidate that is gone does not stall the election). The
+/// acquisition clears the request. Fencing tokens keep growing, and the terms never overlap.
+///
+/// A request naming the current holder is left as it is (it already leads); a free lease is
+/// reserved for `to` the same way. Returns the record as written.
+///
+/// # Errors
+/// [`HandoverError::NoElection`] when nobody has run for the election yet; lock errors as the
+/// lock reports them (an unreadable record is never overwritten).
+pub async fn request_handover(
+    lock: &dyn ResourceLock,
+    to: &str,
+) -> Result<Observed, HandoverError> {
+    if to.is_empty() {
+        return Err(HandoverError::EmptyIdentity);
+    }
+    for _ in 0..TRIES {
+        let Some(current) = lock.get().await? else {
+            return Err(HandoverError::NoElection {
+                lock: lock.describe(),
+            });
+        };
+        if current.record.is_held_by(to) || current.record.handover_to() == Some(to) {
+            return Ok(current);
+        }
+        let mut record = current.record.clone();
+        record.preferred_holder = Some(to.to_owned());
+        match lock.update(&current.version, &record).await {
+            Ok(written) => return Ok(written),
+            Err(err) if err.is_conflict() => {}
+            Err(err) => return Err(err.into()),
+        }
+    }
+    Err(HandoverError::Contended {
+        lock: lock.describe(),
+        tries: TRIES,
+    })
+}
