@@ -21,6 +21,10 @@ const RENEW: Duration = Duration::from_secs(3);
 const RETRY: Duration = Duration::from_secs(1);
 
 fn leader(lock: &str, name: &str, identity: &str, log: &Path) -> Child {
+    leader_with(lock, name, identity, log, &[])
+}
+
+fn leader_with(lock: &str, name: &str, identity: &str, log: &Path, extra: &[&str]) -> Child {
     let ms = |d: Duration| format!("{}ms", d.as_millis());
     Command::new(LEADER)
         .args([
@@ -40,6 +44,7 @@ fn leader(lock: &str, name: &str, identity: &str, log: &Path) -> Child {
             "--retry-period",
             &ms(RETRY),
         ])
+        .args(extra)
         .args(["--", JOB])
         .env("JOB_LOG", log)
         .env(
@@ -209,6 +214,153 @@ async fn etcd_lock_one_job_at_a_time_and_handovers() {
     }
     let prefix = leader_test_support::etcd_prefix().unwrap_or_else(|| "leader/".into());
     handovers(&format!("etcd://{}/?prefix={prefix}", hosts.join(","))).await;
+}
+
+/// `leader handover` with these arguments; its exit code.
+async fn handover(lock: &str, name: &str, args: &[&str]) -> Option<i32> {
+    let output = Command::new(LEADER)
+        .args(["handover", "--lock", lock, "--name", name])
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .output()
+        .await
+        .expect("leader handover");
+    output.status.code()
+}
+
+/// Planned handovers: three replicas, each started with `--handover-to` the next one; `leader
+/// handover --to F --wait` to each follower in turn, then a SIGTERM to the leader, which hands
+/// over to the replica it names. Each time the named replica's job is the next to start, soon,
+/// and never beside another.
+async fn planned_handovers(lock: &str) -> Vec<Duration> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("jobs.log");
+    let name = format!("planned-{:08x}", std::process::id() ^ (now() as u32));
+    let identities = ["one", "two", "three"];
+    assert_eq!(
+        handover(lock, &name, &["--to", "two"]).await,
+        Some(6),
+        "nothing to hand over before anyone ran"
+    );
+    let mut leaders: Vec<Child> = identities
+        .iter()
+        .enumerate()
+        .map(|(i, id)| {
+            let next = identities[(i + 1) % identities.len()];
+            leader_with(lock, &name, id, &log, &["--handover-to", next])
+        })
+        .collect();
+    let mut current = start_number(&log, 1, Duration::from_secs(15)).await;
+    let mut starts = 1;
+    let mut took = Vec::new();
+    for _ in 0..2 {
+        sleep(RETRY).await;
+        let at = identities
+            .iter()
+            .position(|id| *id == current.identity)
+            .expect("identity");
+        for step in 1..identities.len() {
+            let target = identities[(at + step) % identities.len()];
+            let asked = now();
+            assert_eq!(
+                handover(lock, &name, &["--to", target, "--wait", "--timeout", "20s"]).await,
+                Some(0),
+                "leader handover --to {target} --wait"
+            );
+            starts += 1;
+            let next = start_number(&log, starts, Duration::from_secs(5)).await;
+            assert_eq!(next.identity, target, "{:?}", events(&log));
+            took.push(Duration::from_nanos((next.at - asked) as u64));
+            current = next;
+            sleep(RETRY).await;
+        }
+    }
+    // SIGTERM to a leader started with --handover-to: the replica it names leads next.
+    let at = identities
+        .iter()
+        .position(|id| *id == current.identity)
+        .expect("identity");
+    let named = identities[(at + 1) % identities.len()];
+    let sent = now();
+    kill(pid(&leaders[at]), Signal::SIGTERM).expect("SIGTERM");
+    let status = timeout(Duration::from_secs(10), leaders[at].wait())
+        .await
+        .expect("exits")
+        .expect("status");
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "leader after SIGTERM with --handover-to"
+    );
+    starts += 1;
+    let next = start_number(&log, starts, Duration::from_secs(5)).await;
+    assert_eq!(next.identity, named, "{:?}", events(&log));
+    took.push(Duration::from_nanos((next.at - sent) as u64));
+    for child in &mut leaders {
+        if let Ok(None) = child.try_wait() {
+            let _ = kill(pid(child), Signal::SIGTERM);
+            let _ = timeout(Duration::from_secs(10), child.wait()).await;
+        }
+    }
+    assert_one_at_a_time(&log, &[]);
+    eprintln!("{lock}: from the handover request to the named replica's job: {took:?}");
+    took
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_lock_planned_handovers() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let lock = format!("file://{}", dir.path().join("lock").display());
+    planned_handovers(&lock).await;
+    // A named replica that never comes: `--wait` gives up with exit 7 at its timeout.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("jobs.log");
+    let lock = format!("file://{}", dir.path().join("lock").display());
+    let mut one = leader(&lock, "ghost", "one", &log);
+    start_number(&log, 1, Duration::from_secs(15)).await;
+    assert_eq!(
+        handover(
+            &lock,
+            "ghost",
+            &["--to", "gone", "--wait", "--timeout", "2s"]
+        )
+        .await,
+        Some(7)
+    );
+    let _ = kill(pid(&one), Signal::SIGTERM);
+    let _ = timeout(Duration::from_secs(10), one.wait()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_lock_planned_handovers() {
+    let url = leader_test_support::database_url();
+    if std::net::TcpStream::connect("127.0.0.1:5432").is_err() && url.contains("127.0.0.1:5432") {
+        skip_or_fail!("no Postgres at 127.0.0.1:5432; run scripts/test");
+    }
+    planned_handovers(&url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_lock_planned_handovers() {
+    let url = leader_test_support::redis_url();
+    if std::net::TcpStream::connect("127.0.0.1:6379").is_err() && url.contains("127.0.0.1:6379") {
+        skip_or_fail!("no Redis at 127.0.0.1:6379; run scripts/test");
+    }
+    planned_handovers(&url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_lock_planned_handovers() {
+    let endpoints = leader_test_support::etcd_endpoints();
+    let hosts: Vec<&str> = endpoints
+        .iter()
+        .map(|e| e.trim_start_matches("http://"))
+        .collect();
+    if std::net::TcpStream::connect(hosts[0]).is_err() {
+        skip_or_fail!("no etcd at {endpoints:?}; run scripts/test");
+    }
+    let prefix = leader_test_support::etcd_prefix().unwrap_or_else(|| "leader/".into());
+    planned_handovers(&format!("etcd://{}/?prefix={prefix}", hosts.join(","))).await;
 }
 
 async fn run_to_end(args: &[&str], env: &[(&str, &str)]) -> ExitStatus {

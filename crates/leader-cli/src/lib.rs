@@ -34,6 +34,10 @@ pub mod exit {
     pub const UNREACHABLE: u8 = 4;
     /// The backend refused: wrong credentials, missing permissions, an unreadable record.
     pub const REFUSED: u8 = 5;
+    /// `handover`: nobody has run for this election yet, so there is nothing to hand over.
+    pub const NO_ELECTION: u8 = 6;
+    /// `handover --wait`: the named identity did not lead within `--timeout`.
+    pub const NOT_HANDED_OVER: u8 = 7;
     /// `--once`: leadership was lost before COMMAND finished.
     pub const LOST: u8 = 75;
     /// COMMAND could not be executed.
@@ -59,6 +63,9 @@ enum Command {
     Run(RunArgs),
     /// Show the lock's holder, times and transitions, without taking part in the election.
     Status(StatusArgs),
+    /// Ask the leader to hand over to a named replica (a planned handover), without taking
+    /// part in the election.
+    Handover(HandoverArgs),
 }
 
 #[derive(Debug, Args)]
@@ -100,9 +107,28 @@ struct RunArgs {
     /// Serve Prometheus metrics at /metrics and a health check at /healthz on this address.
     #[arg(long, env = "LEADER_METRICS_ADDR", value_name = "ADDR")]
     metrics_addr: Option<SocketAddr>,
+    /// On SIGTERM or SIGINT while leading, hand the lease over to this replica instead of a
+    /// plain release (a planned handover: it takes over at once, the others stand back).
+    #[arg(long, env = "LEADER_HANDOVER_TO", value_name = "IDENTITY")]
+    handover_to: Option<String>,
     /// The program to run while leading, and its arguments.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     command: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+struct HandoverArgs {
+    #[command(flatten)]
+    lock: LockArgs,
+    /// The identity of the replica that should lead next.
+    #[arg(long, value_name = "IDENTITY")]
+    to: String,
+    /// Wait until that replica leads (exit 0), or until `--timeout` (exit 7).
+    #[arg(long)]
+    wait: bool,
+    /// How long `--wait` waits.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    timeout: Duration,
 }
 
 #[derive(Debug, Args)]
@@ -158,6 +184,7 @@ pub fn main() -> ExitCode {
         match cli.command {
             Command::Run(args) => run(args).await,
             Command::Status(args) => status(args).await,
+            Command::Handover(args) => handover(args).await,
         }
     });
     ExitCode::from(code)
@@ -275,12 +302,8 @@ async fn run(args: RunArgs) -> u8 {
     };
     let shutdown = CancellationToken::new();
     let outcome = Outcome::default();
-    let signal = shutdown.clone();
-    tokio::spawn(async move {
-        wait_for_signal().await;
-        tracing::info!("signal received: stopping COMMAND and releasing the lease");
-        signal.cancel();
-    });
+    // Set once a signal asked this replica to stop: a planned end, not a lost term.
+    let stopping = CancellationToken::new();
 
     let supervise = {
         let (program, shutdown, outcome) = (program.clone(), shutdown.clone(), outcome.clone());
@@ -325,9 +348,9 @@ async fn run(args: RunArgs) -> u8 {
     };
     let once = args.once;
     let stopped = {
-        let (shutdown, outcome) = (shutdown.clone(), outcome.clone());
+        let (shutdown, outcome, stopping) = (shutdown.clone(), outcome.clone(), stopping.clone());
         move |step_down: leader_core::StepDown| {
-            if once && step_down.reason != StepDownReason::Shutdown {
+            if once && step_down.reason != StepDownReason::Shutdown && !stopping.is_cancelled() {
                 outcome.set_once(exit::LOST);
                 shutdown.cancel();
             }
@@ -353,9 +376,40 @@ async fn run(args: RunArgs) -> u8 {
             Err(err) => return fail(exit::USAGE, format!("--metrics-addr {addr}: {err}")),
         }
     }
+    tokio::spawn(on_signal(
+        shutdown.clone(),
+        stopping,
+        elector.subscribe(),
+        args.handover_to.clone(),
+    ));
     tracing::info!(identity, lock = %describe, "running for leadership");
     elector.run(shutdown).await;
     outcome.get().unwrap_or(exit::OK)
+}
+
+/// On SIGTERM or SIGINT: with `handover_to`, a leader hands its lease over (COMMAND stopped,
+/// the lease released to that replica) before shutting down; otherwise a plain shutdown, which
+/// stops COMMAND and releases the lease.
+async fn on_signal(
+    shutdown: CancellationToken,
+    stopping: CancellationToken,
+    mut state: tokio::sync::watch::Receiver<leader_core::LeaderState>,
+    handover_to: Option<String>,
+) {
+    wait_for_signal().await;
+    stopping.cancel();
+    let leading = state.borrow().leadership().cloned();
+    if let (Some(to), Some(leadership)) = (handover_to, leading)
+        && leadership.hand_over(to.clone()).is_ok()
+    {
+        tracing::info!(to, "signal received: handing the lease over");
+        drop(leadership);
+        // Stepped down: COMMAND is stopped and the lease released to `to`.
+        let _ = state.wait_for(|s| !s.is_leading()).await;
+    } else {
+        tracing::info!("signal received: stopping COMMAND and releasing the lease");
+    }
+    shutdown.cancel();
 }
 
 async fn wait_for_signal() {
@@ -411,6 +465,7 @@ async fn status(args: StatusArgs) -> u8 {
             "renewTime": record.renew_time,
             "leaderTransitions": record.leader_transitions,
             "expired": expired,
+            "handoverTo": record.handover_to(),
         });
         println!("{value}");
     } else {
@@ -438,8 +493,66 @@ async fn status(args: StatusArgs) -> u8 {
         );
         println!("transitions  {}", record.leader_transitions);
         println!("expired      {}", if expired { "yes" } else { "no" });
+        if let Some(to) = record.handover_to() {
+            println!("handover to  {to} (pending)");
+        }
     }
     exit::OK
+}
+
+async fn handover(args: HandoverArgs) -> u8 {
+    let lock = match open_lock(&args.lock, "leader-handover", Duration::from_secs(5)).await {
+        Ok((lock, _)) => lock,
+        Err(code) => return code,
+    };
+    let written = match leader_core::request_handover(&*lock, &args.to).await {
+        Ok(written) => written,
+        Err(leader_core::HandoverError::NoElection { lock }) => {
+            return fail(
+                exit::NO_ELECTION,
+                format!("{lock}: nobody has run for this election yet; nothing to hand over"),
+            );
+        }
+        Err(leader_core::HandoverError::Lock(err)) => return fail(code_for(&err), err),
+        Err(err) => return fail(exit::FAILURE, err),
+    };
+    if written.record.is_held_by(&args.to) {
+        println!("{} already leads", args.to);
+        return exit::OK;
+    }
+    println!("asked {} to hand over to {}", lock.describe(), args.to);
+    if !args.wait {
+        return exit::OK;
+    }
+    let deadline = tokio::time::Instant::now() + args.timeout;
+    let mut last = written.record;
+    while tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        match lock.get().await {
+            Ok(Some(current)) if current.record.is_held_by(&args.to) => {
+                println!(
+                    "{} leads (fencing token {})",
+                    args.to, current.record.leader_transitions
+                );
+                return exit::OK;
+            }
+            Ok(Some(current)) => last = current.record,
+            Ok(None) | Err(_) => {}
+        }
+    }
+    let now = if last.is_free() {
+        "nobody leads".to_owned()
+    } else {
+        format!("{} leads", last.holder_identity)
+    };
+    fail(
+        exit::NOT_HANDED_OVER,
+        format!(
+            "{} did not lead within {} ({now})",
+            args.to,
+            humantime::format_duration(args.timeout)
+        ),
+    )
 }
 
 fn ago(elapsed: chrono::Duration) -> String {

@@ -1,5 +1,5 @@
 //! The loop that drives a [`LeaderElector`]: client-go's acquire/renew loop, kept to the safety
-//! rules S1-S9.
+//! rules S1-S10.
 
 use std::future::Future;
 use std::sync::Mutex;
