@@ -64,7 +64,7 @@ async fn main() {
             let counts: Vec<usize> = calls.iter().map(|c| c.calls().len()).collect();
             let leader_calls = calls[0].calls()[before[0]..counts[0]]
                 .iter()
-                .filter(|c| c.operation == "update")
+                .filter(|c| c.operation == "renew")
                 .count();
             let server_after = backend.server_requests().await;
             let follower_calls: usize = counts[1..]

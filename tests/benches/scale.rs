@@ -97,7 +97,7 @@ async fn main() {
                 .count();
             let mut renewals: Vec<Duration> = probe.calls()[probe_before..]
                 .iter()
-                .filter(|c| c.operation == "update")
+                .filter(|c| c.operation == "renew")
                 .filter_map(|c| Some(c.returned?.duration_since(c.sent)))
                 .collect();
             renewals.sort();

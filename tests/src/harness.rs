@@ -32,7 +32,7 @@ macro_rules! programs {
         $crate::harness::Programs {
             leader: ::std::path::PathBuf::from(env!("CARGO_BIN_EXE_leader-e2e")),
             writer: ::std::path::PathBuf::from(env!("CARGO_BIN_EXE_fenced-writer")),
-            kube_api_server: ::std::path::PathBuf::from(env!("CARGO_BIN_EXE_kube-api-server")),
+            kube_api_server: ::std::path::PathBuf::from(env!("CARGO_BIN_EXE_kube-api-e2e")),
             kubert_claimant: ::std::path::PathBuf::from(env!("CARGO_BIN_EXE_kubert-claimant")),
         }
     };

@@ -451,9 +451,15 @@ async fn status(args: StatusArgs) -> u8 {
         return exit::OK;
     };
     let record = &observed.record;
+    // The store's own clock, where it keeps one: the holder may renew there without rewriting
+    // the record's renew time (etcd, Redis).
+    let time_left = lock.time_left().await.ok().flatten();
     let lease = chrono::Duration::from_std(record.lease_duration).unwrap_or(chrono::Duration::MAX);
     // Wall clocks, for people: the electors themselves never decide on them.
-    let expired = record.is_free() || record.renew_time + lease < now;
+    let expired = match time_left {
+        Some(left) => left.is_zero(),
+        None => record.is_free() || record.renew_time + lease < now,
+    };
     if args.json {
         let value = serde_json::json!({
             "lock": lock.describe(),
@@ -465,6 +471,7 @@ async fn status(args: StatusArgs) -> u8 {
             "renewTime": record.renew_time,
             "leaderTransitions": record.leader_transitions,
             "expired": expired,
+            "expiresInMillis": time_left.map(|left| left.as_millis()),
             "handoverTo": record.handover_to(),
         });
         println!("{value}");
@@ -493,6 +500,12 @@ async fn status(args: StatusArgs) -> u8 {
         );
         println!("transitions  {}", record.leader_transitions);
         println!("expired      {}", if expired { "yes" } else { "no" });
+        if let Some(left) = time_left {
+            println!(
+                "expires in   {} (by the store's clock)",
+                humantime::format_duration(left)
+            );
+        }
         if let Some(to) = record.handover_to() {
             println!("handover to  {to} (pending)");
         }

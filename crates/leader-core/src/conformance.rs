@@ -57,6 +57,7 @@ pub async fn run_all(factory: &dyn LockFactory) {
     identity_and_describe(factory).await;
     change_notifications(factory).await;
     store_clock_acquisition(factory).await;
+    renewals_keep_the_lease(factory).await;
     handover_requests(factory).await;
     electors_elect_one_and_hand_over(factory).await;
     planned_handover(factory).await;
@@ -438,6 +439,7 @@ pub async fn store_clock_acquisition(factory: &dyn LockFactory) {
         Some(Acquisition::Held {
             observed,
             expires_in,
+            ..
         }) => {
             assert_eq!(observed, first, "Held must return the stored record");
             if let Some(left) = expires_in {
@@ -461,12 +463,94 @@ pub async fn store_clock_acquisition(factory: &dyn LockFactory) {
         .update(&again.version, &free(again.record.leader_transitions))
         .await
         .expect("release");
+    assert_eq!(
+        a.time_left().await.expect("time_left"),
+        None,
+        "a released lease has no time left"
+    );
     match b.try_acquire(&record("b", 0)).await.expect("try_acquire") {
         Some(Acquisition::Acquired(taken)) => assert!(
             taken.record.leader_transitions > released.record.leader_transitions,
             "a takeover must raise the fencing token"
         ),
         other => panic!("try_acquire of a free lease must acquire, got {other:?}"),
+    }
+    if let Some(left) = b.time_left().await.expect("time_left") {
+        assert!(
+            left <= record("b", 0).lease_duration,
+            "a lease just taken has at most its duration left, not {left:?}"
+        );
+    }
+}
+
+/// For a backend with a store-clock acquisition: the holder's renewals keep its lease alive in
+/// the store past its duration (another candidate's acquisition reports it held), a renewal
+/// from a version someone else wrote over conflicts, and once the holder stops renewing the
+/// store lets another candidate take it.
+pub async fn renewals_keep_the_lease(factory: &dyn LockFactory) {
+    let name = unique("renewals");
+    let a = factory.lock(&name, "a").await;
+    let b = factory.lock(&name, "b").await;
+    let short = |holder: &str| {
+        let mut r = record(holder, 0);
+        r.lease_duration = Duration::from_secs(1);
+        r
+    };
+    let Some(Acquisition::Acquired(mut held)) = a.try_acquire(&short("a")).await.expect("try")
+    else {
+        return;
+    };
+    let started = tokio::time::Instant::now();
+    // Whether the store expires leases itself, as its answers say.
+    let mut store_expires = false;
+    while started.elapsed() < Duration::from_millis(2500) {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let mut renewal = held.record.clone();
+        renewal.renew_time = now();
+        held = a.renew(&held.version, &renewal).await.expect("renew");
+        assert_eq!(held.record.holder_identity, "a");
+        match b.try_acquire(&short("b")).await.expect("try_acquire") {
+            Some(Acquisition::Held {
+                expires_in,
+                renewed_in_store,
+                ..
+            }) => store_expires |= expires_in.is_some() || renewed_in_store,
+            other => panic!("a lease renewed in time must stay held, got {other:?}"),
+        }
+    }
+    // Someone else writes: a renewal from before that write conflicts.
+    let current = get("renewals", &*b).await.expect("the record");
+    let mut request = current.record.clone();
+    request.preferred_holder = Some("b".into());
+    let written = b
+        .update(&current.version, &request)
+        .await
+        .expect("a request");
+    let stale = a.renew(&held.version, &held.record).await;
+    assert!(
+        stale.as_ref().is_err_and(LockError::is_conflict),
+        "a renewal from before someone else's write must conflict: {stale:?}"
+    );
+    if !store_expires {
+        // Held with no time from the store: candidates count the lease on their own clock.
+        return;
+    }
+    // The holder is gone (a lock bound to its session ends it), so nobody renews; the store
+    // expires the lease (an etcd lessor checks every 500 ms, and a TTL is whole seconds).
+    drop(a);
+    let stopped = tokio::time::Instant::now();
+    loop {
+        if let Some(Acquisition::Acquired(taken)) =
+            b.try_acquire(&short("b")).await.expect("try_acquire")
+        {
+            assert!(taken.record.leader_transitions > written.record.leader_transitions);
+            break;
+        }
+        assert!(
+            stopped.elapsed() < Duration::from_secs(5),
+            "the store did not expire a lease nobody renewed"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 

@@ -237,6 +237,14 @@ impl<L: ResourceLock> ResourceLock for FaultyLock<L> {
             .await
     }
 
+    async fn renew(
+        &self,
+        version: &Version,
+        record: &LeaderElectionRecord,
+    ) -> Result<Observed, LockError> {
+        self.call("renew", self.inner.renew(version, record)).await
+    }
+
     async fn record_event(&self, event: &LeaderEvent) {
         self.inner.record_event(event).await;
     }
@@ -247,6 +255,10 @@ impl<L: ResourceLock> ResourceLock for FaultyLock<L> {
 
     fn describe(&self) -> String {
         format!("faulty({})", self.inner.describe())
+    }
+
+    async fn time_left(&self) -> Result<Option<std::time::Duration>, LockError> {
+        self.inner.time_left().await
     }
 
     async fn watch(&self) -> Result<Option<ChangeStream>, LockError> {

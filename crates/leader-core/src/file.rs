@@ -600,6 +600,7 @@ impl ResourceLock for FileLock {
                     Ok(Some(Acquisition::Held {
                         observed: c.observed(),
                         expires_in: None,
+                        renewed_in_store: false,
                     }))
                 }
                 _ => this

@@ -45,6 +45,13 @@ pub enum Acquisition {
         /// if the store tells: followers wake right when it runs out instead of counting a
         /// whole lease from when they noticed the holder's last renewal. `None`: unknown.
         expires_in: Option<Duration>,
+        /// True when the store itself keeps the holder's lease alive, renewed by the holder
+        /// without changing the record ([`ResourceLock::renew`]): the record stays the same
+        /// for as long as the holder lives, so candidates wait for the store (its expiry, a
+        /// release, a notification) and never take the lease over on their own clock. False
+        /// for a record the store would never expire (written without a TTL by another
+        /// client), which candidates take over on their own clock (S2, S8).
+        renewed_in_store: bool,
     },
 }
 
@@ -64,6 +71,14 @@ pub enum Acquisition {
 /// * `create` and `update` return the record as stored, with its new version. A backend may raise
 ///   `leader_transitions` when it writes (to keep fencing tokens growing when its objects can
 ///   vanish, for example on expiry) but never lowers it.
+/// * [`renew`](Self::renew) extends the holder's lease. By default it is an [`update`](Self::update)
+///   of the record with a newer `renew_time`. A backend whose store expires the lease by itself
+///   (a TTL, an etcd lease) may instead only extend the lease in the store, in one request,
+///   leaving the record, its `renew_time` and its version as stored; it must still fail with
+///   [`LockError::Conflict`] when the stored record is no longer the one `version` names, so that
+///   a handover request or a takeover is noticed. Its [`try_acquire`](Self::try_acquire) then
+///   reports `renewed_in_store` for a lease held that way: candidates wait for the store, since
+///   the version no longer changes with renewals.
 /// * A write that names a holder other than this lock's identity (a handover request written on
 ///   the holder's behalf, see [`request_handover`](crate::request_handover)) keeps the holder's
 ///   lease as the store counts it: the same expiry, TTL or store lease.
@@ -91,6 +106,19 @@ pub trait ResourceLock: Send + Sync + fmt::Debug {
         record: &LeaderElectionRecord,
     ) -> Result<Observed, LockError>;
 
+    /// Extends the holder's lease: called only by the holder, with `record` as it last stored
+    /// it (same holder, token and lease duration) and a newer `renew_time`. Returns the record
+    /// and its version, which may be unchanged (see the contract above; a renewal in the store
+    /// returns `record` as given, though the stored `renew_time` stays older);
+    /// [`LockError::Conflict`] when the stored version is not `version`.
+    async fn renew(
+        &self,
+        version: &Version,
+        record: &LeaderElectionRecord,
+    ) -> Result<Observed, LockError> {
+        self.update(version, record).await
+    }
+
     /// Reports a leadership event in the backend's own event facility. Best effort: it never fails
     /// the election. The default writes a `tracing` event.
     async fn record_event(&self, event: &LeaderEvent) {
@@ -111,6 +139,14 @@ pub trait ResourceLock: Send + Sync + fmt::Debug {
     /// the leader acts on; it should not fire for renewals, since every follower makes a
     /// request for each item.
     async fn watch(&self) -> Result<Option<ChangeStream>, LockError> {
+        Ok(None)
+    }
+
+    /// How long the holder's lease has left by the store's own clock, for people to read
+    /// (`leader status`): a backend whose holder renews in the store leaves the record's
+    /// `renew_time` behind, so this is where the lease stands. `Ok(None)` (the default) when
+    /// the store keeps no such clock, or nobody holds the lease.
+    async fn time_left(&self) -> Result<Option<Duration>, LockError> {
         Ok(None)
     }
 
@@ -153,6 +189,13 @@ macro_rules! forward_lock {
             ) -> Result<Observed, LockError> {
                 (**self).update(version, record).await
             }
+            async fn renew(
+                &self,
+                version: &Version,
+                record: &LeaderElectionRecord,
+            ) -> Result<Observed, LockError> {
+                (**self).renew(version, record).await
+            }
             async fn record_event(&self, event: &LeaderEvent) {
                 (**self).record_event(event).await
             }
@@ -164,6 +207,9 @@ macro_rules! forward_lock {
             }
             async fn watch(&self) -> Result<Option<ChangeStream>, LockError> {
                 (**self).watch().await
+            }
+            async fn time_left(&self) -> Result<Option<Duration>, LockError> {
+                (**self).time_left().await
             }
             async fn try_acquire(
                 &self,

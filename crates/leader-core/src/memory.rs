@@ -105,6 +105,7 @@ impl MemoryStore {
             name: name.into(),
             identity: identity.into(),
             store_clock: false,
+            renew_in_store: false,
             notifications: true,
         }
     }
@@ -147,6 +148,7 @@ pub struct MemoryLock {
     name: String,
     identity: String,
     store_clock: bool,
+    renew_in_store: bool,
     notifications: bool,
 }
 
@@ -161,6 +163,17 @@ impl MemoryLock {
     #[must_use]
     pub fn with_store_clock(mut self, enabled: bool) -> Self {
         self.store_clock = enabled;
+        self
+    }
+
+    /// Makes [`renew`](ResourceLock::renew) only extend the lease in the store (the store's time
+    /// of the last write moves on; the record and its version stay), as backends with a TTL the
+    /// holder extends do; [`try_acquire`](ResourceLock::try_acquire) then reports a held lease
+    /// as `renewed_in_store`. Needs the store clock. Off by default.
+    #[must_use]
+    pub fn with_renewal_in_store(mut self, enabled: bool) -> Self {
+        self.renew_in_store = enabled;
+        self.store_clock |= enabled;
         self
     }
 
@@ -220,6 +233,28 @@ impl ResourceLock for MemoryLock {
         })
     }
 
+    async fn renew(
+        &self,
+        version: &Version,
+        record: &LeaderElectionRecord,
+    ) -> Result<Observed, LockError> {
+        if !self.renew_in_store {
+            return self.update(version, record).await;
+        }
+        let mut objects = self.store.objects();
+        let stored = match objects.read(&self.name)? {
+            Some((stored, object)) if Version::from(object.version) == *version => stored.clone(),
+            _ => return Err(LockError::conflict(BACKEND)),
+        };
+        if let Some(object) = objects.objects.get_mut(&self.name) {
+            object.written_at = Instant::now();
+        }
+        Ok(Observed {
+            record: stored,
+            version: version.clone(),
+        })
+    }
+
     fn identity(&self) -> &str {
         &self.identity
     }
@@ -262,6 +297,7 @@ impl ResourceLock for MemoryLock {
                     || expired;
                 if !takeable || record.reserved_for_other_than(&desired.holder_identity) {
                     return Ok(Some(Acquisition::Held {
+                        renewed_in_store: !record.is_free() && self.renew_in_store,
                         observed: Observed {
                             record: record.clone(),
                             version: Version::from(object.version),

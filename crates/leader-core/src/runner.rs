@@ -377,9 +377,15 @@ impl Runner {
                 Some(Acquisition::Held {
                     observed,
                     expires_in,
+                    renewed_in_store,
                 }) => {
                     self.observe(observed.clone());
                     self.store_expiry = expires_in.map(|left| Instant::now() + left);
+                    // The holder renews in the store without changing the record: only the
+                    // store can say it expired (S2 by the store's clock alone).
+                    if renewed_in_store {
+                        return Ok(Attempt::NotAcquired);
+                    }
                     // The store's clock says held; ours may still say expired (below): a record
                     // the store never expires (written without a TTL by another client) must
                     // not block the election forever (S8).
@@ -554,7 +560,7 @@ impl Runner {
             let mut record = cached.record.clone();
             record.renew_time = Utc::now().max(record.acquire_time);
             match self
-                .request("update", self.elector.lock.update(&cached.version, &record))
+                .request("renew", self.elector.lock.renew(&cached.version, &record))
                 .await
             {
                 Ok(stored) => {
@@ -580,14 +586,18 @@ impl Runner {
         }
         let mut record = current.record.clone();
         record.renew_time = Utc::now().max(record.acquire_time);
-        // A request naming this leader is fulfilled already.
-        record.preferred_holder = None;
-        let stored = self
-            .request(
+        let stored = if record.handover_to().is_some() {
+            // A request naming this leader is fulfilled already: clear it.
+            record.preferred_holder = None;
+            self.request(
                 "update",
                 self.elector.lock.update(&current.version, &record),
             )
-            .await?;
+            .await?
+        } else {
+            self.request("renew", self.elector.lock.renew(&current.version, &record))
+                .await?
+        };
         self.observe(stored);
         Ok(Renewal::Renewed)
     }

@@ -8,6 +8,7 @@ use leader_core::{FileLock, MemoryStore, ResourceLock, async_trait};
 struct Memory {
     store: MemoryStore,
     store_clock: bool,
+    renewal_in_store: bool,
 }
 
 #[async_trait]
@@ -16,7 +17,8 @@ impl LockFactory for Memory {
         Arc::new(
             self.store
                 .lock(name, identity)
-                .with_store_clock(self.store_clock),
+                .with_store_clock(self.store_clock)
+                .with_renewal_in_store(self.renewal_in_store),
         )
     }
 
@@ -53,6 +55,7 @@ async fn memory_lock_conforms() {
     conformance::run_all(&Memory {
         store: MemoryStore::new(),
         store_clock: false,
+        renewal_in_store: false,
     })
     .await;
 }
@@ -62,6 +65,18 @@ async fn memory_lock_with_store_clock_conforms() {
     conformance::run_all(&Memory {
         store: MemoryStore::new(),
         store_clock: true,
+        renewal_in_store: false,
+    })
+    .await;
+}
+
+/// Renewals that only extend the lease in the store, as etcd's and Redis's locks do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn memory_lock_with_renewal_in_store_conforms() {
+    conformance::run_all(&Memory {
+        store: MemoryStore::new(),
+        store_clock: true,
+        renewal_in_store: true,
     })
     .await;
 }

@@ -171,7 +171,7 @@ async fn a_lone_candidate_leads_and_renews_in_one_request() {
         .collect();
     assert_eq!(after_acquire.len(), 10, "ten renewals: {calls:?}");
     assert!(
-        after_acquire.iter().all(|c| c.operation == "update"),
+        after_acquire.iter().all(|c| c.operation == "renew"),
         "renewals must not read first: {calls:?}"
     );
     let stored = store.lock("election", "x").get().await.unwrap().unwrap();
@@ -447,7 +447,7 @@ async fn a_lost_compare_and_swap_on_renewal_takes_the_slow_path() {
     let ops: Vec<_> = faults.calls().iter().map(|c| c.operation).collect();
     assert_eq!(
         ops,
-        ["try_acquire", "get", "create", "update", "get", "update"]
+        ["try_acquire", "get", "create", "renew", "get", "renew"]
     );
     assert!(!leadership.is_lost());
     drop(leadership);
@@ -581,7 +581,7 @@ async fn a_shutdown_during_a_renewal_that_reached_the_store_still_releases() {
     let renewed = faults
         .calls()
         .iter()
-        .any(|c| c.operation == "update" && c.reached.is_some() && c.returned.is_none());
+        .any(|c| c.operation == "renew" && c.reached.is_some() && c.returned.is_none());
     assert!(renewed, "a renewal is in flight: {:?}", faults.calls());
     let stopped = a.stop().await;
     assert!(stopped[0].released, "{stopped:?}");
@@ -677,4 +677,39 @@ async fn a_handover_request_moves_the_lease_and_a_missing_candidate_does_not_sta
     for elector in [a, b, c] {
         let _ = elector.stop().await;
     }
+}
+
+/// S2 by the store alone: a holder that renews by extending its lease in the store leaves the
+/// record's version unchanged, so a follower must not count the lease on its own clock; it
+/// takes over only when the store says the lease ran out.
+#[tokio::test(start_paused = true)]
+async fn a_lease_renewed_in_the_store_is_never_taken_over_on_the_followers_clock() {
+    let store = MemoryStore::new();
+    let lock = |id: &str| store.lock("election", id).with_renewal_in_store(true);
+    let (leader, leader_calls) = {
+        let lock = FaultyLock::new(lock("a"));
+        let calls = lock.faults();
+        (lock, calls)
+    };
+    let mut a = Running::start(builder(leader));
+    let token = a.leadership().await.fencing_token();
+    let mut b = Running::start(builder(lock("b")));
+    // Many leases long, with the record's version never changing.
+    sleep(LEASE * 4).await;
+    assert!(a.is_leading() && !b.is_leading());
+    let renewals = leader_calls
+        .calls()
+        .into_iter()
+        .filter(|c| c.operation == "renew")
+        .count();
+    assert!(renewals >= 20, "renewals: {renewals}");
+    // The leader stops renewing (its requests hang): the store expires the lease after its
+    // last renewal, and the follower takes over.
+    leader_calls.hang(true);
+    let next = b.leadership().await.fencing_token();
+    assert!(next > token);
+    assert!(!a.is_leading());
+    leader_calls.hang(false);
+    let _ = b.stop().await;
+    let _ = a.stop().await;
 }

@@ -5,6 +5,7 @@ mod common;
 use std::time::Duration;
 
 use common::{Factory, RETRY, Running, unique};
+use leader_core::ResourceLock;
 use leader_core::conformance;
 use tokio::time::{Instant, sleep, timeout};
 
@@ -70,4 +71,63 @@ async fn a_released_lease_is_taken_over_well_within_a_retry_period() {
     };
     let took = conformance::release_is_taken_over_at_once(&Factory { store }).await;
     eprintln!("handover after release took {took:?}");
+}
+
+/// The messages etcd received so far (`grpc_server_msg_received_total`, every method).
+fn received(port: u16) -> u64 {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("metrics");
+    write!(stream, "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").expect("request");
+    let mut body = String::new();
+    stream.read_to_string(&mut body).expect("metrics");
+    body.lines()
+        .filter(|line| line.starts_with("grpc_server_msg_received_total{"))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+/// A renewal is the lease's keep-alive alone, one message, while nobody else wrote the key;
+/// after someone did (a handover request), a renewal from before that write conflicts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_is_one_message_while_the_key_is_untouched() {
+    let Some(etcd) = common::PrivateEtcd::start() else {
+        return;
+    };
+    let store = leader_etcd::EtcdStore::connect([etcd.endpoint()])
+        .await
+        .expect("store");
+    let lock = store.lock("renewals", "a");
+    let mut record = leader_core::conformance::record("a", 0);
+    record.lease_duration = Duration::from_secs(5);
+    let Some(leader_core::Acquisition::Acquired(mut held)) =
+        lock.try_acquire(&record).await.expect("try_acquire")
+    else {
+        panic!("a free lease is taken");
+    };
+    // The holder's watch of its key starts in the background.
+    sleep(Duration::from_millis(300)).await;
+    let before = received(etcd.client_port);
+    for _ in 0..20 {
+        held = lock
+            .renew(&held.version, &held.record)
+            .await
+            .expect("renew");
+    }
+    let messages = received(etcd.client_port) - before;
+    assert!(
+        messages <= 21,
+        "{messages} messages for 20 renewals: a renewal must be one keep-alive"
+    );
+    let other = store.lock("renewals", "operator");
+    leader_core::request_handover(&other, "b")
+        .await
+        .expect("request");
+    sleep(Duration::from_millis(100)).await;
+    let stale = lock.renew(&held.version, &held.record).await;
+    assert!(
+        stale
+            .as_ref()
+            .is_err_and(leader_core::LockError::is_conflict),
+        "a renewal after someone else's write conflicts: {stale:?}"
+    );
 }

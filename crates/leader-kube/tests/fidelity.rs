@@ -256,7 +256,7 @@ async fn long_lived_clients(target: &Target) {
     let updates: Vec<_> = calls
         .calls()
         .into_iter()
-        .filter(|c| c.operation == "update" && c.returned.is_some())
+        .filter(|c| c.operation == "renew" && c.returned.is_some())
         .collect();
     assert!(updates.len() >= 3, "renewals: {updates:?}");
     assert!(

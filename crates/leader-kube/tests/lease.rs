@@ -186,7 +186,7 @@ async fn throttled_and_failed_renewals_are_retried() {
     let renewals = |calls: &[leader_core::faults::Call]| {
         calls
             .iter()
-            .filter(|c| c.operation == "update")
+            .filter(|c| c.operation == "renew")
             .filter_map(|c| c.ok)
             .collect::<Vec<bool>>()
     };

@@ -256,6 +256,10 @@ impl ResourceLock for AdvisoryLock {
         .await
     }
 
+    async fn time_left(&self) -> Result<Option<std::time::Duration>, LockError> {
+        self.election.time_left(&self.store).await
+    }
+
     fn identity(&self) -> &str {
         &self.election.identity
     }

@@ -83,6 +83,27 @@ impl Election {
         params
     }
 
+    /// The holder's time left by the server's clock (`expires_at - now()`), on a pooled
+    /// connection.
+    pub(crate) async fn time_left(
+        &self,
+        store: &PostgresStore,
+    ) -> Result<Option<std::time::Duration>, LockError> {
+        let context = self.context(store);
+        let client = store.client().await?;
+        let statement = client
+            .prepare_cached(&store.inner().table_statements.time_left)
+            .await
+            .map_err(|err| map(&context, err))?;
+        let row = client
+            .query_opt(&statement, &[&self.name])
+            .await
+            .map_err(|err| map(&context, err))?;
+        Ok(row
+            .and_then(|row| u64::try_from(row.get::<_, i64>(0)).ok())
+            .map(std::time::Duration::from_millis))
+    }
+
     pub(crate) fn describe(&self, store: &PostgresStore, kind: &str) -> String {
         format!(
             "postgres{kind}:{}/{}",
@@ -200,6 +221,8 @@ impl Election {
                 expires_in: left_ms
                     .and_then(|ms| u64::try_from(ms).ok())
                     .map(std::time::Duration::from_millis),
+                // Every renewal writes the row: its version changes.
+                renewed_in_store: false,
             }
         })
     }
@@ -279,6 +302,10 @@ impl ResourceLock for TableLock {
         self.election
             .update(&self.store, &client, &statement, version, record, false)
             .await
+    }
+
+    async fn time_left(&self) -> Result<Option<std::time::Duration>, LockError> {
+        self.election.time_left(&self.store).await
     }
 
     fn identity(&self) -> &str {

@@ -102,6 +102,8 @@ pub(crate) struct Statements {
     pub(crate) request: String,
     /// `$1` name, `$2` holder, `$3` lease ms, `$4` time; advisory: `$5` key.
     pub(crate) try_acquire: String,
+    /// `$1` name: the holder's milliseconds left by the server's clock, if someone holds it.
+    pub(crate) time_left: String,
     /// Advisory only: `$1` key, `$2` name, `$3` identity.
     pub(crate) unlock: String,
 }
@@ -236,6 +238,10 @@ impl Statements {
              SELECT u.version FROM updated u
              LEFT JOIN LATERAL (SELECT pg_notify($10, '')) n ON true"
         );
+        let time_left = format!(
+            "SELECT greatest(0, ceil(extract(epoch FROM expires_at - now()) * 1000))::bigint \
+             FROM {t} WHERE name = $1 AND holder_identity <> ''"
+        );
         let unlock_unless_holder = format!(
             "SELECT pg_advisory_unlock($1::bigint) WHERE {} \
              AND NOT EXISTS (SELECT 1 FROM {t} WHERE name = $2 AND holder_identity = $3)",
@@ -249,6 +255,7 @@ impl Statements {
             release,
             request,
             try_acquire,
+            time_left,
             unlock: unlock_unless_holder,
         }
     }

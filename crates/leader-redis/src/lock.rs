@@ -203,6 +203,34 @@ impl ResourceLock for RedisLock {
         })
     }
 
+    /// One script that extends the hash's expiry if it still holds `version`: the record, its
+    /// `renew_time` and its version stay as stored.
+    async fn renew(
+        &self,
+        version: &Version,
+        record: &LeaderElectionRecord,
+    ) -> Result<Observed, LockError> {
+        let _: i64 = self
+            .run(
+                &scripts::RENEW,
+                &[
+                    version.as_str().as_bytes(),
+                    lease_ms(record).to_string().as_bytes(),
+                ],
+            )
+            .await?;
+        Ok(Observed {
+            record: record.clone(),
+            version: version.clone(),
+        })
+    }
+
+    /// The hash's `PTTL` while someone holds it.
+    async fn time_left(&self) -> Result<Option<Duration>, LockError> {
+        let left: i64 = self.run(&scripts::TIME_LEFT, &[]).await?;
+        Ok(u64::try_from(left).ok().map(Duration::from_millis))
+    }
+
     fn identity(&self) -> &str {
         &self.identity
     }
@@ -241,6 +269,9 @@ impl ResourceLock for RedisLock {
             Acquisition::Acquired(observed)
         } else {
             Acquisition::Held {
+                // A holder's hash expires unless it renews; one without a TTL (written by
+                // another client) is left to the candidates' own clocks.
+                renewed_in_store: left_ms >= 0 && !observed.record.is_free(),
                 observed,
                 // PTTL: -1 no expiry, -2 no key; neither tells a time to wait for.
                 expires_in: u64::try_from(left_ms).ok().map(Duration::from_millis),

@@ -72,7 +72,13 @@ end
 "#;
 
 fn script(body: &str) -> LuaScript {
-    let source = format!("{COMMON}\n{body}");
+    bare(&format!("{COMMON}\n{body}"))
+}
+
+/// A script without the shared functions, for the renewal: the less a script runs, the less the
+/// server spends on it.
+fn bare(source: &str) -> LuaScript {
+    let source = source.to_owned();
     // The driver's script type computes the SHA1 the server will use.
     let sha = redis::Script::new(&source).get_hash().to_owned();
     LuaScript { source, sha }
@@ -138,6 +144,33 @@ if on_behalf then lease_ms = nil end
 write(KEYS[1], version, ARGV[3], transitions, ARGV[2], lease_ms, ARGV[7])
 if ARGV[3] == '' or ARGV[7] ~= '' then redis.call('PUBLISH', ARGV[6], 'changed') end
 return {version, transitions}
+"#,
+    )
+});
+
+/// `renew`: ARGV expected version, lease ms. The holder's renewal: extends the hash's expiry if
+/// it still holds the version the holder wrote last, and changes nothing else (a hand-written
+/// lock's extend does the same, with one more comparison than a read). Returns 1.
+pub(crate) static RENEW: LazyLock<LuaScript> = LazyLock::new(|| {
+    bare(
+        r#"
+if redis.call('HGET', KEYS[1], 'version') ~= ARGV[1] then
+  return redis.error_reply('LEADER_CONFLICT the lock record changed')
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1
+"#,
+    )
+});
+
+/// `time_left`: the holder's milliseconds left (`PTTL`), or a negative number when nobody holds
+/// the lease or the hash does not expire.
+pub(crate) static TIME_LEFT: LazyLock<LuaScript> = LazyLock::new(|| {
+    bare(
+        r#"
+local holder = redis.call('HGET', KEYS[1], 'holder')
+if not holder or holder == '' then return -2 end
+return redis.call('PTTL', KEYS[1])
 "#,
     )
 });

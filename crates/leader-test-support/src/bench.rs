@@ -37,7 +37,7 @@ pub async fn elector_requests_per_renewal(
     running.await?;
     let renewals = in_window
         .iter()
-        .filter(|c| c.operation == "update" && c.ok == Some(true))
+        .filter(|c| c.operation == "renew" && c.ok == Some(true))
         .count();
     Ok((renewals, in_window.len() as f64 / renewals.max(1) as f64))
 }
