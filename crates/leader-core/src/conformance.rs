@@ -463,16 +463,41 @@ pub async fn store_clock_acquisition(factory: &dyn LockFactory) {
         .update(&again.version, &free(again.record.leader_transitions))
         .await
         .expect("release");
-    assert_eq!(
-        a.time_left().await.expect("time_left"),
-        None,
-        "a released lease has no time left"
-    );
+    if released.record.is_free() {
+        assert_eq!(
+            a.time_left().await.expect("time_left"),
+            None,
+            "a released lease has no time left"
+        );
+    } else {
+        // The backend handed the lease to the candidate waiting for it.
+        assert_eq!(released.record.holder_identity, "b");
+        assert!(released.record.leader_transitions > again.record.leader_transitions);
+    }
+    let asked = tokio::time::Instant::now();
     match b.try_acquire(&record("b", 0)).await.expect("try_acquire") {
         Some(Acquisition::Acquired(taken)) => assert!(
-            taken.record.leader_transitions > released.record.leader_transitions,
+            taken.record.leader_transitions > again.record.leader_transitions,
             "a takeover must raise the fencing token"
         ),
+        Some(Acquisition::Handed {
+            observed,
+            alive_since,
+        }) => {
+            assert!(
+                !released.record.is_free(),
+                "only a lease a release handed over is Handed, not a free one"
+            );
+            assert_eq!(observed.record.holder_identity, "b");
+            assert_eq!(
+                observed.record.leader_transitions, released.record.leader_transitions,
+                "the token is the one the release handed over"
+            );
+            assert!(
+                alive_since <= asked,
+                "a handed lease was confirmed alive before the attempt began"
+            );
+        }
         other => panic!("try_acquire of a free lease must acquire, got {other:?}"),
     }
     if let Some(left) = b.time_left().await.expect("time_left") {
@@ -608,7 +633,7 @@ pub async fn handover_requests(factory: &dyn LockFactory) {
         Some(Acquisition::Held { observed, .. }) => {
             assert_eq!(observed.record.handover_to(), Some("b"));
         }
-        Some(Acquisition::Acquired(taken)) => {
+        Some(taken) => {
             panic!("a lease reserved for b was taken by c by the store's clock: {taken:?}")
         }
     }
@@ -616,6 +641,10 @@ pub async fn handover_requests(factory: &dyn LockFactory) {
         Some(Acquisition::Acquired(taken)) => {
             assert!(taken.record.leader_transitions > released.record.leader_transitions);
             assert_eq!(taken.record.handover_to(), None, "an acquisition clears it");
+        }
+        // The release handed it to b already.
+        Some(Acquisition::Handed { observed, .. }) if released.record.holder_identity == "b" => {
+            assert_eq!(observed.record.handover_to(), None, "a handover clears it");
         }
         other => panic!("the named candidate must take a lease reserved for it, got {other:?}"),
     }

@@ -64,7 +64,7 @@ pub enum ChangeFault {
 /// One request as the wrapper saw it, on tokio's clock.
 #[derive(Clone, Debug)]
 pub struct Call {
-    /// `get`, `create`, `update` or `try_acquire`.
+    /// `get`, `create`, `update`, `renew` or `try_acquire`.
     pub operation: &'static str,
     /// When the caller sent it.
     pub sent: Instant,
@@ -259,6 +259,10 @@ impl<L: ResourceLock> ResourceLock for FaultyLock<L> {
 
     async fn time_left(&self) -> Result<Option<std::time::Duration>, LockError> {
         self.inner.time_left().await
+    }
+
+    async fn close(&self) {
+        self.inner.close().await;
     }
 
     async fn watch(&self) -> Result<Option<ChangeStream>, LockError> {

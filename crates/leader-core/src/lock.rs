@@ -37,6 +37,18 @@ pub enum LeaderEvent {
 pub enum Acquisition {
     /// The lease was free, expired or ours, and is now ours as stored.
     Acquired(Observed),
+    /// A release handed the lease to this candidate, and it is ours as stored, on a lease the
+    /// store last confirmed alive at `alive_since`, an instant before this attempt began (a
+    /// lease the backend prepared and kept alive while the candidate waited), for at least the
+    /// stored lease duration from then. Taking it needed no request: the elector counts the
+    /// term from `alive_since` instead of from the attempt (S3), and renews first when too
+    /// little of the term would be left.
+    Handed {
+        /// The stored record.
+        observed: Observed,
+        /// When the store last confirmed the lease alive (the sending of that request).
+        alive_since: tokio::time::Instant,
+    },
     /// Someone else holds an unexpired lease.
     Held {
         /// The stored record.
@@ -53,6 +65,17 @@ pub enum Acquisition {
         /// client), which candidates take over on their own clock (S2, S8).
         renewed_in_store: bool,
     },
+}
+
+impl Acquisition {
+    /// The record as stored when the lease is now this candidate's (acquired or handed to it),
+    /// `None` when someone else holds it.
+    pub fn acquired(&self) -> Option<&Observed> {
+        match self {
+            Self::Acquired(observed) | Self::Handed { observed, .. } => Some(observed),
+            Self::Held { .. } => None,
+        }
+    }
 }
 
 /// A lock record in some shared store, with compare-and-swap: client-go's `resourcelock.Interface`.
@@ -79,6 +102,12 @@ pub enum Acquisition {
 ///   a handover request or a takeover is noticed. Its [`try_acquire`](Self::try_acquire) then
 ///   reports `renewed_in_store` for a lease held that way: candidates wait for the store, since
 ///   the version no longer changes with renewals.
+/// * A release (an update whose record has no holder) may instead hand the lease straight to a
+///   candidate waiting in the store, when the backend keeps such a queue (the etcd lock does, to
+///   the longest-waiting candidate, or to the one a handover request names, and to no other
+///   while a request is pending): the stored record then names that candidate with the next
+///   fencing token, and the returned record says so. That candidate's next
+///   [`try_acquire`](Self::try_acquire) acquires it without writing.
 /// * A write that names a holder other than this lock's identity (a handover request written on
 ///   the holder's behalf, see [`request_handover`](crate::request_handover)) keeps the holder's
 ///   lease as the store counts it: the same expiry, TTL or store lease.
@@ -150,6 +179,12 @@ pub trait ResourceLock: Send + Sync + fmt::Debug {
         Ok(None)
     }
 
+    /// Called once when the elector stops using this lock (after its release, if any): a
+    /// backend lets go of what it keeps for the candidate, such as a lease granted in advance
+    /// or a registration as a waiting candidate, so that nobody hands it the lease after it is
+    /// gone. Best effort; the default does nothing.
+    async fn close(&self) {}
+
     /// A one-round-trip acquisition that decides expiry with the store's own clock (S1, S2).
     ///
     /// Stores `desired` in one atomic step if the object is absent, the lease is free, it is held
@@ -210,6 +245,9 @@ macro_rules! forward_lock {
             }
             async fn time_left(&self) -> Result<Option<Duration>, LockError> {
                 (**self).time_left().await
+            }
+            async fn close(&self) {
+                (**self).close().await
             }
             async fn try_acquire(
                 &self,

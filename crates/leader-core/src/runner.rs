@@ -58,6 +58,8 @@ pub(crate) struct Runner {
 
 enum Attempt {
     Acquired(Observed),
+    /// Handed over by a release, on a lease the store confirmed alive at that instant.
+    Handed(Observed, Instant),
     NotAcquired,
 }
 
@@ -102,6 +104,11 @@ impl Runner {
                 break;
             }
         }
+        let _ = timeout(
+            self.elector.config.request_timeout,
+            self.elector.lock.close(),
+        )
+        .await;
         self.publish(LeaderState::Stopped);
         tracing::debug!("elector stopped");
     }
@@ -244,6 +251,38 @@ impl Runner {
                     self.report_success();
                     return Some((observed, started));
                 }
+                Ok(Attempt::Handed(observed, alive_since)) => {
+                    // S3: the term counts from when the store last confirmed the lease alive.
+                    // With less than a retry period of it left, a renewal confirms it first.
+                    let config = &self.elector.config;
+                    if Instant::now() + config.retry_period < alive_since + config.renew_deadline {
+                        self.backoff.succeeded();
+                        self.report_success();
+                        return Some((observed, alive_since.min(started)));
+                    }
+                    let confirming = Instant::now();
+                    let mut record = observed.record.clone();
+                    record.renew_time = Utc::now().max(record.acquire_time);
+                    let renewal = tokio::select! {
+                        biased;
+                        () = shutdown.cancelled() => return None,
+                        renewal = self.request("renew", self.elector.lock.renew(&observed.version, &record)) => renewal,
+                    };
+                    match renewal {
+                        Ok(stored) => {
+                            self.observe(stored.clone());
+                            self.backoff.succeeded();
+                            self.report_success();
+                            return Some((stored, confirming));
+                        }
+                        Err(err) => {
+                            if !err.is_conflict() {
+                                self.backoff.failed();
+                            }
+                            self.report_error("renew", &err);
+                        }
+                    }
+                }
                 Ok(Attempt::NotAcquired) => {
                     self.backoff.succeeded();
                     self.report_success();
@@ -373,6 +412,13 @@ impl Runner {
                 Some(Acquisition::Acquired(observed)) => {
                     self.observe(observed.clone());
                     return Ok(Attempt::Acquired(observed));
+                }
+                Some(Acquisition::Handed {
+                    observed,
+                    alive_since,
+                }) => {
+                    self.observe(observed.clone());
+                    return Ok(Attempt::Handed(observed, alive_since));
                 }
                 Some(Acquisition::Held {
                     observed,

@@ -1,13 +1,15 @@
 //! Deterministic tests of the elector on tokio's paused clock, with injected faults.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::Utc;
 use leader_core::faults::{Fault, Faults, FaultyLock};
 use leader_core::{
-    CancellationToken, ConfigError, LeaderElectionRecord, LeaderElector, LeaderElectorBuilder,
-    LeaderState, Leadership, MemoryLock, MemoryStore, ResourceLock, StepDown, StepDownReason,
+    Acquisition, CancellationToken, ConfigError, LeaderElectionRecord, LeaderElector,
+    LeaderElectorBuilder, LeaderState, Leadership, LockError, MemoryLock, MemoryStore, Observed,
+    ResourceLock, StepDown, StepDownReason, Version,
 };
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -711,5 +713,132 @@ async fn a_lease_renewed_in_the_store_is_never_taken_over_on_the_followers_clock
     assert!(!a.is_leading());
     leader_calls.hang(false);
     let _ = b.stop().await;
+    let _ = a.stop().await;
+}
+
+/// A lock whose acquisitions come as handed over by a release, on a lease the store confirmed
+/// alive `confirmed_ago` before the attempt (as the etcd lock's waiting candidates do); its
+/// renewals fail while `failing_renewals` is set.
+#[derive(Debug)]
+struct HandedLock {
+    inner: MemoryLock,
+    confirmed_ago: Duration,
+    failing_renewals: Arc<AtomicBool>,
+}
+
+#[leader_core::async_trait]
+impl ResourceLock for HandedLock {
+    async fn get(&self) -> Result<Option<Observed>, LockError> {
+        self.inner.get().await
+    }
+    async fn create(&self, record: &LeaderElectionRecord) -> Result<Observed, LockError> {
+        self.inner.create(record).await
+    }
+    async fn update(
+        &self,
+        version: &Version,
+        record: &LeaderElectionRecord,
+    ) -> Result<Observed, LockError> {
+        self.inner.update(version, record).await
+    }
+    async fn renew(
+        &self,
+        version: &Version,
+        record: &LeaderElectionRecord,
+    ) -> Result<Observed, LockError> {
+        if self.failing_renewals.load(Ordering::SeqCst) {
+            return Err(LockError::unavailable("test", "renewals fail".to_owned()));
+        }
+        self.inner.renew(version, record).await
+    }
+    fn identity(&self) -> &str {
+        self.inner.identity()
+    }
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+    async fn try_acquire(
+        &self,
+        desired: &LeaderElectionRecord,
+    ) -> Result<Option<Acquisition>, LockError> {
+        let alive_since = Instant::now() - self.confirmed_ago;
+        Ok(match self.inner.try_acquire(desired).await? {
+            Some(Acquisition::Acquired(observed)) => Some(Acquisition::Handed {
+                observed,
+                alive_since,
+            }),
+            other => other,
+        })
+    }
+}
+
+fn handed(
+    store: &MemoryStore,
+    confirmed_ago: Duration,
+) -> (FaultyLock<HandedLock>, Faults, Arc<AtomicBool>) {
+    let failing_renewals = Arc::new(AtomicBool::new(false));
+    let lock = FaultyLock::new(HandedLock {
+        inner: store.lock("election", "a").with_renewal_in_store(true),
+        confirmed_ago,
+        failing_renewals: failing_renewals.clone(),
+    });
+    let faults = lock.faults();
+    (lock, faults, failing_renewals)
+}
+
+/// S3 for a lease handed over: the candidate leads without a request, and its term counts from
+/// when the store last confirmed its lease alive, not from the attempt.
+#[tokio::test(start_paused = true)]
+async fn a_handed_lease_counts_from_its_last_confirmation() {
+    let store = MemoryStore::new();
+    let ago = Duration::from_secs(3);
+    let (lock, faults, failing_renewals) = handed(&store, ago);
+    failing_renewals.store(true, Ordering::SeqCst);
+    let started = Instant::now();
+    let mut a = Running::start(builder(lock));
+    let leadership = a.leadership().await;
+    let operations: Vec<_> = faults.calls().iter().map(|c| c.operation).collect();
+    assert_eq!(
+        operations,
+        ["try_acquire"],
+        "no request besides the acquisition"
+    );
+    // No renewal succeeds: the term ends a renew deadline after the confirmation.
+    leadership.lost().await;
+    let lasted = started.elapsed();
+    assert!(
+        lasted <= RENEW - ago,
+        "the term outlived the handed lease's confirmation by more than the renew deadline: {lasted:?}"
+    );
+    assert!(
+        lasted >= RENEW - ago - Duration::from_millis(1),
+        "{lasted:?}"
+    );
+    let _ = a.stop().await;
+}
+
+/// A handed lease confirmed so long ago that the term would end before the first renewal is
+/// renewed before the candidate leads; while that renewal fails, it does not lead.
+#[tokio::test(start_paused = true)]
+async fn a_handed_lease_with_too_little_left_is_renewed_before_leading() {
+    let store = MemoryStore::new();
+    let (lock, faults, failing_renewals) = handed(&store, RENEW - RETRY / 2);
+    failing_renewals.store(true, Ordering::SeqCst);
+    let mut a = Running::start(builder(lock));
+    sleep(RENEW * 2).await;
+    assert!(!a.is_leading(), "led on a lease nobody confirmed");
+    failing_renewals.store(false, Ordering::SeqCst);
+    let leadership = a.leadership().await;
+    let operations: Vec<_> = faults.calls().iter().map(|c| c.operation).collect();
+    let last_acquisition = operations
+        .iter()
+        .rposition(|o| *o == "try_acquire")
+        .expect("an acquisition");
+    assert_eq!(
+        operations.get(last_acquisition + 1),
+        Some(&"renew"),
+        "a renewal confirms the handed lease before leading: {operations:?}"
+    );
+    assert!(!leadership.is_lost());
     let _ = a.stop().await;
 }

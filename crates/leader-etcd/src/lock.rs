@@ -1,14 +1,16 @@
-//! The lock: one election's key and fence key on an [`EtcdStore`].
+//! The lock: one election's key, its fence key and its waiting candidates on an [`EtcdStore`].
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex as SyncMutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use chrono::Utc;
 use etcd_client::{
-    Client, Compare, CompareOp, GetResponse, KeyValue, LeaseKeepAliveStream, LeaseKeeper,
-    PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse, WatchOptions,
+    Client, Compare, CompareOp, EventType, GetOptions, GetResponse, KeyValue, LeaseKeepAliveStream,
+    LeaseKeeper, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse, WatchOptions,
 };
 use futures_util::StreamExt;
 use leader_core::{
@@ -24,12 +26,16 @@ impl EtcdStore {
     /// A lock on election `name` for candidate `identity`.
     pub fn lock(&self, name: impl Into<String>, identity: impl Into<String>) -> EtcdLock {
         let name = name.into();
+        let identity = identity.into();
+        let candidates = format!("{}{name}.candidates/", self.inner.prefix);
         EtcdLock {
             store: self.clone(),
             key: format!("{}{name}", self.inner.prefix),
             fence: format!("{}{name}.fence", self.inner.prefix),
+            candidate: format!("{candidates}{identity}"),
+            candidates,
             name,
-            identity: identity.into(),
+            identity,
             term: Arc::new(Mutex::new(None)),
             prepared: Arc::new(Mutex::new(None)),
             seen: Arc::new(SyncMutex::new(Seen::default())),
@@ -50,12 +56,19 @@ impl EtcdStore {
 ///   and a transaction that rewrites the record only if its version and its lease are still this
 ///   term's. Followers never take over on their own clock: they wait for etcd to expire the key
 ///   or for a release ([`Acquisition::Held`]'s `renewed_in_store`).
-/// - A follower grants its etcd lease in advance and keeps it alive, and remembers what its
-///   watch and reads saw, so that taking over a released or expired key is one transaction.
+/// - A follower grants its etcd lease in advance, keeps it alive, and registers on it as a
+///   waiting candidate (`NAME.candidates/IDENTITY`). A release hands the lease straight to the
+///   longest-waiting candidate (or to the one a handover request names) in the same
+///   transaction, with the next fencing token: the candidate starts leading as soon as its watch
+///   reports it, without a request ([`Acquisition::Handed`]: its term counts from its lease's
+///   last keep-alive). Without a waiting candidate, a release frees the lease, and
+///   a follower that saw it freed or expired takes it in one transaction. A candidate that stops
+///   ([`ResourceLock::close`]) revokes its lease, and its registration goes with it; one that
+///   dies leaves it until its lease runs out (as with etcd's own election service).
 /// - The fencing token comes from etcd itself: every acquisition also writes the key
 ///   `NAME.fence`, and the token is that write's revision, a cluster-wide counter (or the value
 ///   the elector asked for, if higher), so it grows on every acquisition.
-/// - Followers watch the key, so a release or an expiry wakes them at once.
+/// - Followers watch the key, so a release, an expiry or a handover to them wakes them at once.
 /// - A handover request written for the holder keeps the key on the holder's etcd lease; if the
 ///   holder dies before it releases, the key (and the request) expires with it.
 #[derive(Clone, Debug)]
@@ -65,6 +78,9 @@ pub struct EtcdLock {
     identity: String,
     key: String,
     fence: String,
+    /// The prefix of the waiting candidates' keys, and this candidate's own.
+    candidates: String,
+    candidate: String,
     /// This lock's current term: its etcd lease and keep-alive stream, and its fencing token.
     term: Arc<Mutex<Option<Term>>>,
     /// A follower's etcd lease, granted in advance for its next acquisition.
@@ -79,13 +95,34 @@ struct KeptLease {
     ttl: i64,
     keeper: LeaseKeeper,
     stream: LeaseKeepAliveStream,
+    /// When etcd last confirmed it alive for its whole TTL: the sending of that request (etcd
+    /// restarts the TTL when the request arrives, later).
+    alive_since: Instant,
+    /// Keep-alives sent whose answers were not read (their callers gave up waiting).
+    unanswered: usize,
 }
 
 impl KeptLease {
     /// One keep-alive: `true` if the lease is still alive.
+    ///
+    /// Answers carry no request id, so the answers to keep-alives whose callers gave up (a
+    /// timeout) are read and dropped first: an answer is never taken for a later request's.
     async fn keep_alive(&mut self) -> Result<bool, etcd_client::Error> {
+        while self.unanswered > 0 {
+            self.stream.message().await?;
+            self.unanswered -= 1;
+        }
+        let sent = Instant::now();
+        // A send that does not complete sends nothing (the channel's send is cancel-safe).
         self.keeper.keep_alive().await?;
-        Ok(self.stream.message().await?.is_some_and(|r| r.ttl() > 0))
+        self.unanswered += 1;
+        let answer = self.stream.message().await?;
+        self.unanswered -= 1;
+        let alive = answer.is_some_and(|r| r.ttl() > 0);
+        if alive {
+            self.alive_since = sent;
+        }
+        Ok(alive)
     }
 }
 
@@ -98,18 +135,27 @@ struct Term {
     watch: TermWatch,
 }
 
-/// The holder's watch of its own key: the highest revision of any event seen, and whether the
-/// watch runs. A renewal may skip the record while nothing was written after the holder's last
-/// write.
+/// The holder's watch of its own key and of the waiting candidates: the highest revision of
+/// any event on the key, whether the watch runs, and the candidates as last reported. A renewal
+/// may skip the record while nothing was written after the holder's last write, and a release
+/// picks its successor without a read.
 struct TermWatch {
     latest: Arc<AtomicI64>,
     healthy: Arc<AtomicBool>,
+    /// The waiting candidates by identity; `None` until read, or once the watch stopped.
+    waiting: Arc<SyncMutex<Option<HashMap<String, Successor>>>>,
     task: tokio::task::AbortHandle,
 }
 
 impl TermWatch {
     fn clean(&self, written: i64) -> bool {
         self.healthy.load(Ordering::Acquire) && self.latest.load(Ordering::Acquire) <= written
+    }
+
+    /// The waiting candidates as the watch knows them, `None` when it does not.
+    fn waiting(&self) -> Option<Vec<Successor>> {
+        let waiting = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
+        waiting.as_ref().map(|w| w.values().cloned().collect())
     }
 }
 
@@ -121,28 +167,52 @@ impl Drop for TermWatch {
 
 struct Prepared {
     lease: KeptLease,
-    kept_at: Instant,
 }
 
 /// What the lock last learned of its keys.
 #[derive(Clone, Debug, Default)]
 struct Seen {
-    /// The record key: absent, or present with its `mod_revision` and whether it can be taken
-    /// without waiting (free, and reserved for no other candidate), for whom (the reservation),
-    /// `None` when unknown.
+    /// The record key, `None` when unknown.
     record: Option<RecordSeen>,
-    /// The fence key's value and `mod_revision` (0 when absent), when read.
+    /// The fence key's token and `mod_revision` (0 when absent), when read.
     fence: Option<(u64, i64)>,
 }
 
 #[derive(Clone, Debug)]
 enum RecordSeen {
     Absent,
+    /// The record as stored (its `leader_transitions` as written, not the fence's token), its
+    /// `mod_revision` and its etcd lease (0: none).
     Present {
         mod_revision: i64,
-        free: bool,
-        reserved_for: Option<String>,
+        lease: i64,
+        record: LeaderElectionRecord,
     },
+}
+
+/// A waiting candidate a release can hand the lease to.
+#[derive(Clone, Debug)]
+struct Successor {
+    identity: String,
+    lease: i64,
+    lease_duration: Duration,
+    /// When it registered (its key's create revision): the longest-waiting goes first.
+    since: i64,
+}
+
+impl Successor {
+    /// The candidate registered as `kv` under `prefix`, if it is one (on a lease, with a lease
+    /// duration in milliseconds).
+    fn registered(prefix: &str, kv: &KeyValue) -> Option<Self> {
+        let identity = kv.key_str().ok()?.strip_prefix(prefix)?;
+        let millis: u64 = kv.value_str().ok()?.parse().ok()?;
+        (kv.lease() != 0).then(|| Self {
+            identity: identity.to_owned(),
+            lease: kv.lease(),
+            lease_duration: Duration::from_millis(millis),
+            since: kv.create_revision(),
+        })
+    }
 }
 
 impl fmt::Debug for Term {
@@ -168,15 +238,22 @@ fn conflict() -> LockError {
 }
 
 /// The etcd lease TTL for a lease duration: whole seconds, rounded up, at least 1.
-fn ttl(record: &LeaderElectionRecord) -> i64 {
-    let millis = record.lease_duration.as_millis();
-    i64::try_from(millis.div_ceil(1000))
+fn ttl(lease_duration: Duration) -> i64 {
+    i64::try_from(lease_duration.as_millis().div_ceil(1000))
         .unwrap_or(i64::MAX)
         .max(1)
 }
 
 fn revision_of(response: &TxnResponse) -> i64 {
     response.header().map_or(0, |h| h.revision())
+}
+
+/// What a follower does with the keys as read.
+enum Decision {
+    /// Take the key under these conditions, asking for this token.
+    Take(Vec<Compare>, u64),
+    /// Someone else holds it, or it is reserved for someone else.
+    Held(Acquisition),
 }
 
 impl EtcdLock {
@@ -230,12 +307,18 @@ impl EtcdLock {
             return Ok(None);
         };
         seen.record = None;
-        let mut decoded = LeaderElectionRecord::from_json(BACKEND, &self.context(), kv.value())?;
-        seen.record = Some(record_seen(kv, &decoded));
-        decoded.leader_transitions = token;
+        let stored = LeaderElectionRecord::from_json(BACKEND, &self.context(), kv.value())?;
+        seen.record = Some(RecordSeen::Present {
+            mod_revision: kv.mod_revision(),
+            lease: kv.lease(),
+            record: stored.clone(),
+        });
         Ok(Some((
             Observed {
-                record: decoded,
+                record: LeaderElectionRecord {
+                    leader_transitions: token,
+                    ..stored
+                },
                 version: Version::from(kv.mod_revision()),
             },
             kv.lease(),
@@ -255,10 +338,11 @@ impl EtcdLock {
         self.decode(record, fence)
     }
 
-    /// Grants a lease for `record`'s duration and opens its keep-alive stream.
-    async fn grant(&self, record: &LeaderElectionRecord) -> Result<KeptLease, LockError> {
+    /// Grants a lease for `lease_duration` and opens its keep-alive stream.
+    async fn grant(&self, lease_duration: Duration) -> Result<KeptLease, LockError> {
         let mut client = self.client();
-        let ttl = ttl(record);
+        let ttl = ttl(lease_duration);
+        let sent = Instant::now();
         let granted = client
             .lease_grant(ttl, None)
             .await
@@ -272,7 +356,28 @@ impl EtcdLock {
             ttl,
             keeper,
             stream,
+            alive_since: sent,
+            unanswered: 0,
         })
+    }
+
+    /// A lease for this candidate's next acquisition, registered as a waiting candidate on it
+    /// (the registration is best effort: without it, a release just frees the lease).
+    async fn prepare(&self, lease_duration: Duration) -> Result<Prepared, LockError> {
+        let lease = self.grant(lease_duration).await?;
+        let millis = lease_duration.as_millis().to_string();
+        let registration = self
+            .client()
+            .put(
+                self.candidate.as_str(),
+                millis,
+                Some(PutOptions::new().with_lease(lease.id)),
+            )
+            .await;
+        if let Err(err) = registration {
+            tracing::debug!(error = %err, "could not register as a waiting candidate");
+        }
+        Ok(Prepared { lease })
     }
 
     fn revoke_later(&self, lease: i64) {
@@ -282,23 +387,23 @@ impl EtcdLock {
         });
     }
 
-    /// The transaction of an acquisition on `lease`: the record and the fence key, if
-    /// `conditions` hold; otherwise it reads both keys.
-    fn acquisition(
+    /// The writes of an acquisition by this candidate on `lease`: the record, the fence key,
+    /// and its registration as a waiting candidate gone (it leads now).
+    fn acquisition_ops(
         &self,
-        conditions: Vec<Compare>,
         record: &LeaderElectionRecord,
         lease: i64,
         wanted: u64,
-    ) -> Txn {
-        Txn::new().when(conditions).and_then([
+    ) -> [TxnOp; 3] {
+        [
             TxnOp::put(
                 self.key.as_str(),
                 record.to_json(),
                 Some(PutOptions::new().with_lease(lease)),
             ),
             TxnOp::put(self.fence.as_str(), wanted.to_string(), None),
-        ])
+            TxnOp::delete(self.candidate.as_str(), None),
+        ]
     }
 
     /// Starts this term on `lease`: the acquisition wrote at `revision` with the token asked
@@ -313,6 +418,19 @@ impl EtcdLock {
     ) -> Observed {
         let token = token_of(wanted.to_string().as_bytes(), revision);
         let watch = self.watch_term(revision);
+        let stored = LeaderElectionRecord {
+            leader_transitions: wanted,
+            ..record.clone()
+        };
+        {
+            let mut seen = self.seen();
+            seen.fence = Some((token, revision));
+            seen.record = Some(RecordSeen::Present {
+                mod_revision: revision,
+                lease: lease.id,
+                record: stored,
+            });
+        }
         let previous = self.term.lock().await.replace(Term {
             lease,
             token,
@@ -321,15 +439,6 @@ impl EtcdLock {
         });
         if let Some(previous) = previous {
             self.revoke_later(previous.lease.id);
-        }
-        {
-            let mut seen = self.seen();
-            seen.fence = Some((token, revision));
-            seen.record = Some(RecordSeen::Present {
-                mod_revision: revision,
-                free: record.is_free(),
-                reserved_for: None,
-            });
         }
         Observed {
             record: LeaderElectionRecord {
@@ -340,37 +449,76 @@ impl EtcdLock {
         }
     }
 
-    /// The holder's watch of its key from `revision + 1`, in the background.
+    /// The holder's watch of its key from `revision + 1`, and of the waiting candidates from a
+    /// read of them, in the background, on one watch stream.
     fn watch_term(&self, revision: i64) -> TermWatch {
         let latest = Arc::new(AtomicI64::new(revision));
         let healthy = Arc::new(AtomicBool::new(false));
+        let waiting = Arc::new(SyncMutex::new(None));
         let mut client = self.client();
-        let key = self.key.clone();
+        let (key, prefix) = (self.key.clone(), self.candidates.clone());
         let task = tokio::spawn({
-            let (latest, healthy) = (latest.clone(), healthy.clone());
+            let (latest, healthy, waiting) = (latest.clone(), healthy.clone(), waiting.clone());
             async move {
                 let options = WatchOptions::new().with_start_revision(revision + 1);
-                let Ok(mut stream) = client.watch(key, Some(options)).await else {
+                let Ok(mut stream) = client.watch(key.as_str(), Some(options)).await else {
                     return;
                 };
                 healthy.store(true, Ordering::Release);
+                let known = |read: &GetResponse| -> HashMap<String, Successor> {
+                    read.kvs()
+                        .iter()
+                        .filter_map(|kv| Successor::registered(&prefix, kv))
+                        .map(|c| (c.identity.clone(), c))
+                        .collect()
+                };
+                // The candidates as read, then every change after that read.
+                if let Ok(read) = client
+                    .get(prefix.as_str(), Some(GetOptions::new().with_prefix()))
+                    .await
+                {
+                    let from = read.header().map_or(0, |h| h.revision()) + 1;
+                    let options = WatchOptions::new().with_prefix().with_start_revision(from);
+                    if stream.watch(prefix.as_str(), Some(options)).await.is_ok() {
+                        *waiting.lock().unwrap_or_else(|e| e.into_inner()) = Some(known(&read));
+                    }
+                }
                 while let Ok(Some(message)) = stream.message().await {
                     if message.canceled() || message.compact_revision() > 0 {
                         break;
                     }
                     for event in message.events() {
-                        if let Some(kv) = event.kv() {
+                        let Some(kv) = event.kv() else { continue };
+                        if kv.key() == key.as_bytes() {
                             latest.fetch_max(kv.mod_revision(), Ordering::AcqRel);
+                            continue;
+                        }
+                        let mut waiting = waiting.lock().unwrap_or_else(|e| e.into_inner());
+                        let (Some(waiting), Some(identity)) = (
+                            waiting.as_mut(),
+                            kv.key_str().ok().and_then(|k| k.strip_prefix(&prefix)),
+                        ) else {
+                            continue;
+                        };
+                        match Successor::registered(&prefix, kv) {
+                            Some(candidate) if event.event_type() == EventType::Put => {
+                                waiting.insert(identity.to_owned(), candidate);
+                            }
+                            _ => {
+                                waiting.remove(identity);
+                            }
                         }
                     }
                 }
                 healthy.store(false, Ordering::Release);
+                *waiting.lock().unwrap_or_else(|e| e.into_inner()) = None;
             }
         })
         .abort_handle();
         TermWatch {
             latest,
             healthy,
+            waiting,
             task,
         }
     }
@@ -381,9 +529,11 @@ impl EtcdLock {
         condition: Compare,
         record: &LeaderElectionRecord,
     ) -> Result<Observed, LockError> {
-        let lease = self.grant(record).await?;
+        let lease = self.grant(record.lease_duration).await?;
         let wanted = record.leader_transitions.max(1);
-        let txn = self.acquisition(vec![condition], record, lease.id, wanted);
+        let txn = Txn::new()
+            .when([condition])
+            .and_then(self.acquisition_ops(record, lease.id, wanted));
         match self.txn(txn).await {
             Ok(response) if response.succeeded() => Ok(self
                 .begin_term(lease, record, revision_of(&response), wanted)
@@ -434,34 +584,47 @@ impl EtcdLock {
         Some(result)
     }
 
-    /// This follower's lease for its next acquisition, granted once and then kept alive: `true`
-    /// beside it when a keep-alive is due (a third of its TTL since the last), which the caller
-    /// sends together with its own request.
+    /// This follower's lease for its next acquisition, prepared once and then kept alive:
+    /// `true` beside it when a keep-alive is due (a third of its TTL since the last), which the
+    /// caller sends together with its own request.
     async fn prepared_lease(
         &self,
         desired: &LeaderElectionRecord,
     ) -> Result<(tokio::sync::MutexGuard<'_, Option<Prepared>>, bool), LockError> {
         let mut prepared = self.prepared.lock().await;
-        let ttl = ttl(desired);
+        let ttl = ttl(desired.lease_duration);
         let period = Duration::from_secs(u64::try_from(ttl).unwrap_or(1));
         // A lease of another duration, or one that may have run out (the follower slept), is
         // replaced.
         let replace = prepared
             .as_ref()
-            .is_some_and(|p| p.lease.ttl != ttl || p.kept_at.elapsed() >= period * 2 / 3);
+            .is_some_and(|p| p.lease.ttl != ttl || p.lease.alive_since.elapsed() >= period);
         if replace && let Some(old) = prepared.take() {
             self.revoke_later(old.lease.id);
         }
         if prepared.is_none() {
-            *prepared = Some(Prepared {
-                lease: self.grant(desired).await?,
-                kept_at: Instant::now(),
-            });
+            *prepared = Some(self.prepare(desired.lease_duration).await?);
         }
         let due = prepared
             .as_ref()
-            .is_some_and(|p| p.kept_at.elapsed() >= period / 3);
+            .is_some_and(|p| p.lease.alive_since.elapsed() >= period / 3);
         Ok((prepared, due))
+    }
+
+    /// Remembers this lock's own write of `record` at `revision` on `lease` (the fence is
+    /// unchanged).
+    fn wrote(&self, record: &LeaderElectionRecord, revision: i64, lease: i64) {
+        let mut seen = self.seen();
+        if let Some(RecordSeen::Present { mod_revision, .. }) = &seen.record
+            && *mod_revision > revision
+        {
+            return;
+        }
+        seen.record = Some(RecordSeen::Present {
+            mod_revision: revision,
+            lease,
+            record: record.clone(),
+        });
     }
 
     /// The conditions under which `desired` may take the key as last seen, with the token it
@@ -473,13 +636,10 @@ impl EtcdLock {
             RecordSeen::Absent => Compare::create_revision(self.key.as_str(), CompareOp::Equal, 0),
             RecordSeen::Present {
                 mod_revision,
-                free,
-                reserved_for,
+                record,
+                ..
             } => {
-                let ours = reserved_for
-                    .as_deref()
-                    .is_none_or(|r| r == desired.holder_identity);
-                if !free || !ours {
+                if !record.is_free() || record.reserved_for_other_than(&desired.holder_identity) {
                     return None;
                 }
                 Compare::mod_revision(self.key.as_str(), CompareOp::Equal, mod_revision)
@@ -489,64 +649,163 @@ impl EtcdLock {
         let fence = Compare::mod_revision(self.fence.as_str(), CompareOp::Equal, fence_revision);
         Some((vec![record, fence], fence_token + 1))
     }
-}
 
-/// What a record's key says about taking it.
-fn record_seen(kv: &KeyValue, record: &LeaderElectionRecord) -> RecordSeen {
-    RecordSeen::Present {
-        mod_revision: kv.mod_revision(),
-        free: record.is_free(),
-        reserved_for: record.handover_to().map(str::to_owned),
-    }
-}
-
-/// The `get` responses of a transaction, in order.
-fn split_gets(response: &TxnResponse) -> (Option<GetResponse>, Option<GetResponse>) {
-    let mut gets = response
-        .op_responses()
-        .into_iter()
-        .filter_map(|op| match op {
-            TxnOpResponse::Get(get) => Some(get),
-            _ => None,
-        });
-    (gets.next(), gets.next())
-}
-
-/// The fencing token from the fence key: its revision, or the value the elector asked for if
-/// higher.
-fn token_of(value: &[u8], revision: i64) -> u64 {
-    let asked = std::str::from_utf8(value)
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or(0);
-    asked.max(u64::try_from(revision).unwrap_or(0))
-}
-
-/// A watch event a candidate acts on: a deletion, or a record that is free, asks for a
-/// handover, or cannot be read (which the next read reports).
-fn may_be_free(event: &etcd_client::Event) -> bool {
-    match (event.event_type(), event.kv()) {
-        (etcd_client::EventType::Put, Some(kv)) => {
-            LeaderElectionRecord::from_json(BACKEND, "", kv.value())
-                .map_or(true, |r| r.is_free() || r.handover_to().is_some())
+    /// The lease handed to this candidate by a release, as last seen: the record names it and
+    /// sits on its prepared lease. Starts the term without a request; the term counts from
+    /// when etcd last confirmed that lease alive (the elector renews first if that leaves too
+    /// little).
+    async fn adopt(&self, prepared: &mut Option<Prepared>) -> Option<Acquisition> {
+        let Some(RecordSeen::Present {
+            mod_revision,
+            lease,
+            record,
+        }) = self.seen().record.clone()
+        else {
+            return None;
+        };
+        if record.holder_identity != self.identity
+            || prepared.as_ref().is_none_or(|p| p.lease.id != lease)
+        {
+            return None;
         }
-        _ => true,
+        let taken = prepared.take()?;
+        let alive_since = taken.lease.alive_since;
+        let wanted = record.leader_transitions;
+        let observed = self
+            .begin_term(taken.lease, &record, mod_revision, wanted)
+            .await;
+        Some(Acquisition::Handed {
+            observed,
+            alive_since,
+        })
     }
-}
 
-fn parse_version(version: &Version) -> Result<i64, LockError> {
-    version.as_str().parse().map_err(|_| conflict())
-}
+    /// The candidate a release by `term` hands the lease to: the one a pending handover
+    /// request names if it waits, else the longest-waiting one, never this one. From the term's
+    /// watch when it knows them, else from a read.
+    async fn successor(&self, term: &Term, record: &LeaderElectionRecord) -> Option<Successor> {
+        let waiting = match term.watch.waiting() {
+            Some(waiting) => waiting,
+            // A serializable read, answered by the member without a round of consensus. A
+            // stale answer, as a late watch event, is harmless: the release's transaction
+            // checks that the candidate still waits on that lease, and frees the lease
+            // otherwise.
+            None => {
+                let options = GetOptions::new().with_prefix().with_serializable();
+                let read = self
+                    .client()
+                    .get(self.candidates.as_str(), Some(options))
+                    .await
+                    .ok()?;
+                read.kvs()
+                    .iter()
+                    .filter_map(|kv| Successor::registered(&self.candidates, kv))
+                    .collect()
+            }
+        };
+        let mut waiting = waiting.into_iter().filter(|c| c.identity != self.identity);
+        match record.handover_to() {
+            // Only the named one; if it is not waiting, the release frees the lease with the
+            // request kept, and the others stand back.
+            Some(to) => waiting.find(|c| c.identity == to),
+            None => waiting.min_by_key(|c| c.since),
+        }
+    }
 
-/// What a follower does with the keys as read.
-enum Decision {
-    /// Take the key under these conditions, asking for this token.
-    Take(Vec<Compare>, u64),
-    /// Someone else holds it, or it is reserved for someone else.
-    Held(Acquisition),
-}
+    /// A release by this lock's term: hands the lease to a waiting candidate, or frees it.
+    async fn release(
+        &self,
+        expected: i64,
+        record: &LeaderElectionRecord,
+    ) -> Result<Observed, LockError> {
+        let unchanged = Compare::mod_revision(self.key.as_str(), CompareOp::Equal, expected);
+        let free = TxnOp::put(self.key.as_str(), record.to_json(), None);
+        let term = self.term.lock().await.take();
+        let successor = match &term {
+            Some(term) => self.successor(term, record).await,
+            None => None,
+        };
+        let handed = successor.map(|next| {
+            let now = Utc::now();
+            let wanted = term.as_ref().map_or(1, |t| t.token) + 1;
+            let next_record = LeaderElectionRecord {
+                holder_identity: next.identity.clone(),
+                lease_duration: next.lease_duration,
+                acquire_time: now,
+                renew_time: now,
+                leader_transitions: wanted,
+                strategy: record.strategy.clone(),
+                preferred_holder: None,
+            };
+            (next, next_record, wanted)
+        });
+        let txn = match &handed {
+            // Handed over in one write if the candidate still waits on that lease; freed
+            // otherwise.
+            Some((next, next_record, wanted)) => {
+                let next_key = format!("{}{}", self.candidates, next.identity);
+                let inner = Txn::new()
+                    .when([Compare::lease(
+                        next_key.as_str(),
+                        CompareOp::Equal,
+                        next.lease,
+                    )])
+                    .and_then([
+                        TxnOp::put(
+                            self.key.as_str(),
+                            next_record.to_json(),
+                            Some(PutOptions::new().with_lease(next.lease)),
+                        ),
+                        TxnOp::put(self.fence.as_str(), wanted.to_string(), None),
+                        TxnOp::delete(next_key.as_str(), None),
+                    ])
+                    .or_else([free]);
+                Txn::new().when([unchanged]).and_then([TxnOp::txn(inner)])
+            }
+            None => Txn::new().when([unchanged]).and_then([free]),
+        };
+        let response = match self.txn(txn).await {
+            Ok(response) => response,
+            Err(err) => {
+                // Unknown outcome: keep the term, whose lease expires if nobody renews it.
+                *self.term.lock().await = term;
+                return Err(err);
+            }
+        };
+        if !response.succeeded() {
+            *self.term.lock().await = term;
+            return Err(conflict());
+        }
+        let revision = revision_of(&response);
+        if let Some(term) = term {
+            self.revoke_later(term.lease.id);
+        }
+        let inner_handed = response.op_responses().into_iter().any(|op| match op {
+            TxnOpResponse::Txn(inner) => inner.succeeded(),
+            _ => false,
+        });
+        match handed {
+            Some((next, next_record, wanted)) if inner_handed => {
+                self.wrote(&next_record, revision, next.lease);
+                tracing::debug!(to = %next.identity, "released the lease to the longest-waiting candidate");
+                Ok(Observed {
+                    record: LeaderElectionRecord {
+                        leader_transitions: token_of(wanted.to_string().as_bytes(), revision),
+                        ..next_record
+                    },
+                    version: Version::from(revision),
+                })
+            }
+            _ => {
+                self.wrote(record, revision, 0);
+                Ok(Observed {
+                    record: record.clone(),
+                    version: Version::from(revision),
+                })
+            }
+        }
+    }
 
-impl EtcdLock {
     fn decide(&self, current: Option<(Observed, i64)>, desired: &LeaderElectionRecord) -> Decision {
         if let Some((observed, _)) = &current
             && observed.record.holder_identity == desired.holder_identity
@@ -583,6 +842,46 @@ impl EtcdLock {
     }
 }
 
+/// The `get` responses of a transaction, in order.
+fn split_gets(response: &TxnResponse) -> (Option<GetResponse>, Option<GetResponse>) {
+    let mut gets = response
+        .op_responses()
+        .into_iter()
+        .filter_map(|op| match op {
+            TxnOpResponse::Get(get) => Some(get),
+            _ => None,
+        });
+    (gets.next(), gets.next())
+}
+
+/// The fencing token from the fence key: its revision, or the value the elector asked for if
+/// higher.
+fn token_of(value: &[u8], revision: i64) -> u64 {
+    let asked = std::str::from_utf8(value)
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0);
+    asked.max(u64::try_from(revision).unwrap_or(0))
+}
+
+/// A watch event the candidate `identity` acts on: a deletion, or a record that is free, asks
+/// for a handover, names `identity` (a release handed it the lease), or cannot be read (which
+/// the next read reports).
+fn acts_on(event: &etcd_client::Event, identity: &str) -> bool {
+    match (event.event_type(), event.kv()) {
+        (etcd_client::EventType::Put, Some(kv)) => {
+            LeaderElectionRecord::from_json(BACKEND, "", kv.value()).map_or(true, |r| {
+                r.is_free() || r.handover_to().is_some() || r.holder_identity == identity
+            })
+        }
+        _ => true,
+    }
+}
+
+fn parse_version(version: &Version) -> Result<i64, LockError> {
+    version.as_str().parse().map_err(|_| conflict())
+}
+
 #[async_trait]
 impl ResourceLock for EtcdLock {
     async fn get(&self) -> Result<Option<Observed>, LockError> {
@@ -617,23 +916,9 @@ impl ResourceLock for EtcdLock {
         let expected = parse_version(version)?;
         let unchanged = Compare::mod_revision(self.key.as_str(), CompareOp::Equal, expected);
         if record.is_free() {
-            // A release: the record stays, detached from any lease; this term's lease goes.
-            let txn = Txn::new().when([unchanged]).and_then([TxnOp::put(
-                self.key.as_str(),
-                record.to_json(),
-                None,
-            )]);
-            let response = self.txn(txn).await?;
-            if !response.succeeded() {
-                return Err(conflict());
-            }
-            if let Some(term) = self.term.lock().await.take() {
-                self.revoke_later(term.lease.id);
-            }
-            return Ok(Observed {
-                record: record.clone(),
-                version: Version::from(revision_of(&response)),
-            });
+            // A release: handed to a waiting candidate, or freed (the record stays, detached
+            // from any lease); this term's lease goes.
+            return self.release(expected, record).await;
         }
         if record.holder_identity != self.identity {
             // On the holder's behalf (a handover request): the key keeps the holder's etcd
@@ -705,6 +990,14 @@ impl ResourceLock for EtcdLock {
         Ok(u64::try_from(response.ttl()).ok().map(Duration::from_secs))
     }
 
+    /// Revokes the lease granted in advance: its registration as a waiting candidate goes with
+    /// it, so no release hands the lease to a candidate that stopped.
+    async fn close(&self) {
+        if let Some(prepared) = self.prepared.lock().await.take() {
+            let _ = self.client().lease_revoke(prepared.lease.id).await;
+        }
+    }
+
     fn identity(&self) -> &str {
         &self.identity
     }
@@ -720,9 +1013,11 @@ impl ResourceLock for EtcdLock {
             .await
             .map_err(|err| map(&self.context(), err))?;
         let seen = self.seen.clone();
-        // Only what a candidate acts on: the key deleted (released, or expired on etcd's clock)
-        // or a free record or a handover request written. Renewals wake nobody. What the watch
-        // reports is remembered, so that a takeover is one transaction.
+        let identity = self.identity.clone();
+        // Only what a candidate acts on: the key deleted (released, or expired on etcd's clock),
+        // a free record, a handover request, or the lease handed to this candidate. Renewals
+        // wake nobody. What the watch reports is remembered, so that a takeover is one
+        // transaction (or none).
         let changes = stream
             .take_while(|message| std::future::ready(message.is_ok()))
             .filter(move |message| {
@@ -733,13 +1028,17 @@ impl ResourceLock for EtcdLock {
                             (etcd_client::EventType::Put, Some(kv)) => {
                                 LeaderElectionRecord::from_json(BACKEND, "", kv.value())
                                     .ok()
-                                    .map(|r| record_seen(kv, &r))
+                                    .map(|record| RecordSeen::Present {
+                                        mod_revision: kv.mod_revision(),
+                                        lease: kv.lease(),
+                                        record,
+                                    })
                             }
                             (etcd_client::EventType::Delete, _) => Some(RecordSeen::Absent),
                             _ => None,
                         };
                     }
-                    m.events().iter().any(may_be_free)
+                    m.events().iter().any(|e| acts_on(e, &identity))
                 });
                 std::future::ready(fire)
             })
@@ -747,45 +1046,67 @@ impl ResourceLock for EtcdLock {
         Ok(Some(Box::pin(changes)))
     }
 
-    /// One transaction when the key was last seen released, expired or absent (by a read or
-    /// the watch), on a lease granted in advance; otherwise a read first.
+    /// Without a request when a release handed the lease to this candidate (as its watch or a
+    /// read reported); one transaction when the key was last seen released, expired or absent (by a
+    /// read or the watch), on a lease granted in advance; otherwise a read first.
     async fn try_acquire(
         &self,
         desired: &LeaderElectionRecord,
     ) -> Result<Option<Acquisition>, LockError> {
         let (mut prepared, due) = self.prepared_lease(desired).await?;
+        if let Some(handed) = self.adopt(&mut prepared).await {
+            return Ok(Some(handed));
+        }
         let mut plan = self.takeover(desired);
         if plan.is_none() {
             // Not seen takeable: read (and keep the prepared lease alive in the same round
             // trip, when due).
             let keep = async {
-                if let Some(p) = prepared.as_mut().filter(|_| due)
-                    && p.lease.keep_alive().await.unwrap_or(false)
-                {
-                    p.kept_at = Instant::now();
+                if let Some(p) = prepared.as_mut().filter(|_| due) {
+                    let _ = p.lease.keep_alive().await;
                 }
             };
             let (current, ()) = tokio::join!(self.read(), keep);
-            match self.decide(current?, desired) {
+            let current = current?;
+            if let Some(handed) = self.adopt(&mut prepared).await {
+                return Ok(Some(handed));
+            }
+            match self.decide(current, desired) {
                 Decision::Take(conditions, wanted) => plan = Some((conditions, wanted)),
                 Decision::Held(held) => return Ok(Some(held)),
             }
         }
-        let lease = prepared.as_ref().map_or(0, |p| p.lease.id);
         for _ in 0..2 {
             let Some((conditions, wanted)) = plan.take() else {
                 break;
             };
+            let Some(ready) = prepared.as_mut() else {
+                return Err(conflict());
+            };
             let mut record = desired.clone();
             record.leader_transitions = wanted;
-            let txn = self
-                .acquisition(conditions, &record, lease, wanted)
+            let txn = Txn::new()
+                .when(conditions)
+                .and_then(self.acquisition_ops(&record, ready.lease.id, wanted))
                 .or_else(self.gets());
-            let response = self.txn(txn).await?;
+            // The lease granted in advance is kept alive in the same round trip: its TTL then
+            // runs from after this attempt began, so it outlasts the elector's renew deadline
+            // as a fresh lease would (S3).
+            let (kept, response) = tokio::join!(ready.lease.keep_alive(), self.txn(txn));
+            let response = response?;
             if response.succeeded() {
                 let Some(taken) = prepared.take() else {
                     return Err(conflict());
                 };
+                if !kept.unwrap_or(false) {
+                    // Taken on a lease that may run out early: give it up (the key goes with
+                    // it) rather than lead on it.
+                    self.revoke_later(taken.lease.id);
+                    return Err(LockError::unavailable(
+                        BACKEND,
+                        "the lease granted in advance could not be kept alive".to_owned(),
+                    ));
+                }
                 let observed = self
                     .begin_term(taken.lease, &record, revision_of(&response), wanted)
                     .await;
@@ -793,7 +1114,8 @@ impl ResourceLock for EtcdLock {
             }
             // Lost: the transaction read both keys instead; decide again from them.
             let (record, fence) = split_gets(&response);
-            match self.decide(self.decode(record, fence)?, desired) {
+            let current = self.decode(record, fence)?;
+            match self.decide(current, desired) {
                 Decision::Take(conditions, wanted) => plan = Some((conditions, wanted)),
                 Decision::Held(held) => return Ok(Some(held)),
             }

@@ -1,12 +1,13 @@
-//! Electors on one real etcd: exactly one leads, a revoked etcd lease, a fast handover.
+//! Electors on one real etcd: exactly one leads, a revoked etcd lease, a fast handover, the
+//! waiting candidates a release hands the lease to.
 
 mod common;
 
 use std::time::Duration;
 
 use common::{Factory, RETRY, Running, unique};
-use leader_core::ResourceLock;
 use leader_core::conformance;
+use leader_core::{LeaderElectionRecord, ResourceLock};
 use tokio::time::{Instant, sleep, timeout};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -130,4 +131,68 @@ async fn a_renewal_is_one_message_while_the_key_is_untouched() {
             .is_err_and(leader_core::LockError::is_conflict),
         "a renewal after someone else's write conflicts: {stale:?}"
     );
+}
+
+/// The record at `key`, parsed, or `None` when absent.
+async fn record_at(store: &leader_etcd::EtcdStore, key: &str) -> Option<LeaderElectionRecord> {
+    let read = store.client().get(key, None).await.expect("read the key");
+    read.kvs()
+        .first()
+        .map(|kv| LeaderElectionRecord::from_json("etcd", key, kv.value()).expect("a record"))
+}
+
+/// Waits until `key` exists (`present`) or is gone, for at most `within`.
+async fn wait_for_key(store: &leader_etcd::EtcdStore, key: &str, present: bool, within: Duration) {
+    let since = Instant::now();
+    loop {
+        let read = store.client().get(key, None).await.expect("read");
+        if read.kvs().is_empty() != present {
+            return;
+        }
+        assert!(
+            since.elapsed() < within,
+            "{key} still {} after {within:?}",
+            if present { "absent" } else { "present" }
+        );
+        sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A release hands the lease to the candidate that has waited longest, in the release's own
+/// transaction: the record names it, with a larger token, before it does anything, and the one
+/// that came later keeps waiting. A candidate that stops takes its registration with it, and a
+/// release with nobody waiting frees the lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_release_hands_the_lease_to_the_longest_waiting_candidate() {
+    let Some(store) = common::store().await else {
+        return;
+    };
+    let name = unique("queue");
+    let first = store.lock(&name, "a");
+    let key = first.key().to_owned();
+    let waiting = |identity: &str| format!("{key}.candidates/{identity}");
+    let mut a = Running::start(first);
+    let token = a.wait_leading(Duration::from_secs(10)).await;
+    // b registers while a leads, then c.
+    let mut b = Running::start(store.lock(&name, "b"));
+    wait_for_key(&store, &waiting("b"), true, Duration::from_secs(10)).await;
+    let c = Running::start(store.lock(&name, "c"));
+    wait_for_key(&store, &waiting("c"), true, Duration::from_secs(10)).await;
+
+    a.stop().await;
+    let handed = record_at(&store, &key).await.expect("the record");
+    assert_eq!(handed.holder_identity, "b", "handed to the longest-waiting");
+    assert!(handed.leader_transitions > token);
+    let next = b.wait_leading(Duration::from_secs(5)).await;
+    assert!(next > token, "fencing token {token} then {next}");
+    assert!(c.leading_token().is_none());
+    wait_for_key(&store, &waiting("b"), false, Duration::from_secs(1)).await;
+
+    // c stops: it revokes its lease, and its registration goes at once (well before the lease
+    // would run out), so b's release frees the lease.
+    c.stop().await;
+    wait_for_key(&store, &waiting("c"), false, common::LEASE / 3).await;
+    b.stop().await;
+    let released = record_at(&store, &key).await.expect("the record");
+    assert!(released.is_free(), "released to nobody: {released:?}");
 }

@@ -58,7 +58,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
     const N: u64 = 1000;
     for _ in 0..N {
         observed = lock
-            .update(&observed.version, &bench::renewed(&observed.record))
+            .renew(&observed.version, &bench::renewed(&observed.record))
             .await?;
     }
     let (scripts_after, all_after) = stats(&mut connection).await?;
@@ -91,7 +91,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
         for _ in 0..PER_ROUND {
             let at = Instant::now();
             observed = lock
-                .update(&observed.version, &bench::renewed(&observed.record))
+                .renew(&observed.version, &bench::renewed(&observed.record))
                 .await?;
             t_renew.push(at.elapsed());
         }
@@ -115,7 +115,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
         &mut [
             ("`PING`", t_ping),
             ("`SET key value PX ttl`", t_set),
-            ("renewal (`RedisLock::update`, one `EVALSHA`)", t_renew),
+            ("renewal (`RedisLock::renew`, one `EVALSHA`)", t_renew),
         ],
     );
     Ok(())

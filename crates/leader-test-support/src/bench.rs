@@ -98,3 +98,29 @@ pub fn print_latencies(heading: &str, reference: usize, rows: &mut [(&str, Vec<D
         );
     }
 }
+
+/// gRPC messages an etcd member has received so far, from the `/metrics` page on its client
+/// `endpoint` (`http://host:port`): the server's own count of requests.
+pub fn etcd_messages_received(endpoint: &str) -> std::io::Result<u64> {
+    use std::io::{Read, Write};
+    let authority = endpoint.trim_start_matches("http://").trim_end_matches('/');
+    let mut stream = std::net::TcpStream::connect(authority)?;
+    write!(stream, "GET /metrics HTTP/1.0\r\nHost: {authority}\r\n\r\n")?;
+    let mut body = String::new();
+    stream.read_to_string(&mut body)?;
+    Ok(body
+        .lines()
+        .filter(|line| line.starts_with("grpc_server_msg_received_total{"))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64)
+}
+
+/// The first endpoint in `ETCD_ENDPOINTS` (default `http://127.0.0.1:2379`).
+pub fn etcd_endpoint() -> String {
+    std::env::var("ETCD_ENDPOINTS")
+        .unwrap_or_else(|_| "http://127.0.0.1:2379".into())
+        .split(',')
+        .next()
+        .unwrap_or_default()
+        .to_owned()
+}
