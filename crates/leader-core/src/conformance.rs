@@ -543,19 +543,38 @@ pub async fn renewals_keep_the_lease(factory: &dyn LockFactory) {
             other => panic!("a lease renewed in time must stay held, got {other:?}"),
         }
     }
-    // Someone else writes: a renewal from before that write conflicts.
-    let current = get("renewals", &*b).await.expect("the record");
-    let mut request = current.record.clone();
-    request.preferred_holder = Some("b".into());
-    let written = b
-        .update(&current.version, &request)
-        .await
-        .expect("a request");
-    let stale = a.renew(&held.version, &held.record).await;
-    assert!(
-        stale.as_ref().is_err_and(LockError::is_conflict),
-        "a renewal from before someone else's write must conflict: {stale:?}"
-    );
+    // Someone else writes (a handover request): once the holder's change stream has reported
+    // it, as the elector waits for, a renewal from before that write conflicts. Repeated, since
+    // what the stream reports and what the renewal consults may race.
+    let mut written = held.clone();
+    for round in 0..10 {
+        let changes = a.watch().await.expect("watch");
+        let current = get("renewals", &*b).await.expect("the record");
+        let mut request = current.record.clone();
+        // The last one names b, which takes the lease below.
+        request.preferred_holder = Some(if round % 2 == 0 { "c" } else { "b" }.into());
+        written = b
+            .update(&current.version, &request)
+            .await
+            .expect("a request");
+        if let Some(mut changes) = changes {
+            let notified = tokio::time::timeout(Duration::from_secs(5), changes.next()).await;
+            assert!(
+                matches!(notified, Ok(Some(()))),
+                "the holder's change stream did not report a handover request within 5 s"
+            );
+        }
+        let stale = a.renew(&held.version, &held.record).await;
+        assert!(
+            stale.as_ref().is_err_and(LockError::is_conflict),
+            "round {round}: a renewal from before someone else's write must conflict once the \
+             holder was notified of it: {stale:?}"
+        );
+        // The holder carries on from the record as it now reads.
+        let mut renewal = written.record.clone();
+        renewal.renew_time = now();
+        held = a.renew(&written.version, &renewal).await.expect("renew");
+    }
     if !store_expires {
         // Held with no time from the store: candidates count the lease on their own clock.
         return;

@@ -98,8 +98,11 @@ impl Acquisition {
 ///   of the record with a newer `renew_time`. A backend whose store expires the lease by itself
 ///   (a TTL, an etcd lease) may instead only extend the lease in the store, in one request,
 ///   leaving the record, its `renew_time` and its version as stored; it must still fail with
-///   [`LockError::Conflict`] when the stored record is no longer the one `version` names, so that
-///   a handover request or a takeover is noticed. Its [`try_acquire`](Self::try_acquire) then
+///   [`LockError::Conflict`] once it has learned (from its own watch of the store, and at the
+///   latest once the change stream it returned has reported the write) that the stored record
+///   is no longer the one `version` names, so that a handover request or a takeover is noticed.
+///   Nobody can take a lease the store keeps alive, so a write it has not heard of yet only
+///   waits for a later renewal. Its [`try_acquire`](Self::try_acquire) then
 ///   reports `renewed_in_store` for a lease held that way: candidates wait for the store, since
 ///   the version no longer changes with renewals.
 /// * A release (an update whose record has no holder) may instead hand the lease straight to a

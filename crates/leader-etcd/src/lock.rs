@@ -952,11 +952,18 @@ impl ResourceLock for EtcdLock {
         record: &LeaderElectionRecord,
     ) -> Result<Observed, LockError> {
         let expected = parse_version(version)?;
+        // Both watches must have seen nothing newer: the term's own, and the change stream the
+        // elector listens to, which may report a write (a handover request) first.
+        let unchanged = matches!(
+            self.seen().record,
+            Some(RecordSeen::Present { mod_revision, .. }) if mod_revision <= expected
+        );
         {
             let mut term = self.term.lock().await;
             if let Some(current) = term
                 .as_mut()
                 .filter(|t| t.token == record.leader_transitions)
+                && unchanged
                 && current.written == expected
                 && current.watch.clean(expected)
             {
