@@ -22,7 +22,8 @@
 //! - `FAULT_PARALLEL=1`: backends at the same time instead of one after the other.
 //!
 //! For example `FAULT_COUNT=1000 FAULT_SHUFFLE=1 FAULT_LEASE_MS=800 cargo test -p leader-tests
-//! --release --test faults -- --nocapture`. Every run prints a summary table. Needs the Postgres
+//! --release --test faults -- --nocapture`. A run says every violation as it happens and its
+//! progress every 100 faults, and prints a summary table at the end. Needs the Postgres
 //! of `DATABASE_URL` for the sink, and Debian's PostgreSQL, `redis-server` and `etcd` binaries
 //! for the private servers (`scripts/setup` installs them).
 

@@ -439,6 +439,13 @@ struct Run<'a> {
 }
 
 impl Run<'_> {
+    /// Records a violation, and says so at once: a long run shows what went wrong while it
+    /// goes on.
+    fn violate(&mut self, what: String) {
+        eprintln!("{}: VIOLATION: {what}", self.backend.name());
+        self.violations.push(what);
+    }
+
     fn spawn(&mut self, slot: usize) -> Result<(), HarnessError> {
         self.incarnations[slot] += 1;
         let peer = slot >= self.settings.replicas - self.settings.peers;
@@ -586,7 +593,7 @@ impl Run<'_> {
             let failed = after.saturating_sub(*before);
             worst = worst.max(failed as f64 / lasted.as_secs_f64());
             if failed > limit {
-                self.violations.push(format!(
+                self.violate(format!(
                     "{}: {failed} failed attempts in a {lasted:?} outage, more than {limit}",
                     self.replicas[slot].identity
                 ));
@@ -606,7 +613,7 @@ impl Run<'_> {
                     format!("{what} {} {}", e.identity, e.token)
                 })
                 .collect();
-            self.violations.push(format!(
+            self.violate(format!(
                 "no leader before injecting {}; the log ends with {recent:?}",
                 fault.name()
             ));
@@ -629,7 +636,7 @@ impl Run<'_> {
                     term.pid.is_none_or(process_gone).then_some(())
                 });
                 if gone.await.is_none() {
-                    self.violations.push(format!(
+                    self.violate(format!(
                         "{}'s COMMAND outlived its SIGKILLed leader by 5 s",
                         term.identity
                     ));
@@ -688,12 +695,12 @@ impl Run<'_> {
         }
         let recovery = self.next_start(since, from, bound * 3).await;
         match recovery {
-            None => self.violations.push(format!(
+            None => self.violate(format!(
                 "{}: no new leader within {:?}",
                 fault.name(),
                 bound * 3
             )),
-            Some(d) if d > bound => self.violations.push(format!(
+            Some(d) if d > bound => self.violate(format!(
                 "{}: the next leader took {d:?}, over the bound {bound:?}",
                 fault.name()
             )),
@@ -720,7 +727,7 @@ impl Run<'_> {
                 });
                 match stopped.await {
                     Some(at) => self.resumed_stops.push(between(resumed, at)),
-                    None => self.violations.push(format!(
+                    None => self.violate(format!(
                         "{} was resumed and its COMMAND still ran 5 s later",
                         term.identity
                     )),
@@ -852,10 +859,19 @@ pub async fn run(
         outcome = outcome.and_then(|()| run.spawn(slot));
     }
     if outcome.is_ok() {
-        for fault in faults {
+        for (done, fault) in faults.iter().enumerate() {
             if let Err(err) = run.inject(*fault).await {
                 outcome = Err(err);
                 break;
+            }
+            if (done + 1) % 100 == 0 {
+                eprintln!(
+                    "{}: {} of {} faults, {} violations",
+                    backend.name(),
+                    done + 1,
+                    faults.len(),
+                    run.violations.len()
+                );
             }
         }
         // The last leader writes a little before the end.
