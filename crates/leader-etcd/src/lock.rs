@@ -682,9 +682,15 @@ impl EtcdLock {
 
     /// The candidate a release by `term` hands the lease to: the one a pending handover
     /// request names if it waits, else the longest-waiting one, never this one. From the term's
-    /// watch when it knows them, else from a read.
+    /// watch when it knows of any, else from a read: a candidate that registered moments ago
+    /// may not have reached the watch yet, and registrations arrive in order, so a watch that
+    /// knows of one knows of every earlier one.
     async fn successor(&self, term: &Term, record: &LeaderElectionRecord) -> Option<Successor> {
-        let waiting = match term.watch.waiting() {
+        let known = term
+            .watch
+            .waiting()
+            .filter(|w| w.iter().any(|c| c.identity != self.identity));
+        let waiting = match known {
             Some(waiting) => waiting,
             // A serializable read, answered by the member without a round of consensus. A
             // stale answer, as a late watch event, is harmless: the release's transaction
