@@ -48,8 +48,9 @@ impl EtcdStore {
 /// - The record is the key's value (JSON); its version is the key's `mod_revision`. `create`
 ///   is a transaction on `create_revision == 0`, `update` one on `mod_revision == version`.
 /// - The holder's key is attached to an etcd lease with a TTL of the lease duration (whole
-///   seconds, rounded up), kept alive by the holder: a dead holder's key disappears on etcd's
-///   clock, and [`try_acquire`](ResourceLock::try_acquire) takes the lease once it has.
+///   seconds, rounded up; etcd grants at least its minimum TTL, 2 s with its default election
+///   timeout), kept alive by the holder: a dead holder's key disappears on etcd's clock, and
+///   [`try_acquire`](ResourceLock::try_acquire) takes the lease once it has.
 /// - A renewal is the lease's keep-alive alone, one message, while the key is as the holder
 ///   wrote it; the holder watches its key during its term to know that. After any other write
 ///   (a handover request, say), or while that watch is not running, a renewal is the keep-alive

@@ -12,6 +12,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
 use nix::sys::signal::{Signal, kill, killpg};
@@ -263,7 +264,12 @@ impl Settings {
     /// three when the server was away, for clients to reconnect). After an outage, add the
     /// longest back-off (a lease). On the advisory lock, a leader that went silent (frozen, cut
     /// off, slowed down, or its server frozen) keeps its session until the idle session
-    /// timeout ends it.
+    /// timeout ends it. On etcd the lease is whole seconds (the lock rounds it up), at least
+    /// etcd's minimum TTL (2 s with its default election timeout: a 1 s grant is answered with
+    /// 2 s), and etcd revokes expired leases every 500 ms. Under a latency spike the leader's last renewal,
+    /// sent up to a renew deadline after its last success, reaches the server twice the renew
+    /// deadline late and extends the lease from there: the server cannot tell a late request
+    /// from a new one.
     #[must_use]
     pub fn recovery_bound(&self, backend: Backend, fault: Fault) -> Duration {
         let margin = if fault.timed_from_its_end() {
@@ -271,9 +277,18 @@ impl Settings {
         } else {
             Duration::from_secs(1)
         };
-        let mut bound = self.lease + self.retry * 2 + margin;
+        let lease = if backend == Backend::Etcd {
+            let whole = u64::try_from(self.lease.as_millis().div_ceil(1000)).unwrap_or(u64::MAX);
+            Duration::from_secs(whole.max(2)) + Duration::from_millis(500)
+        } else {
+            self.lease
+        };
+        let mut bound = lease + self.retry * 2 + margin;
         if fault == Fault::Outage {
             bound += self.lease;
+        }
+        if fault == Fault::Latency {
+            bound += self.renew * 3;
         }
         if backend == Backend::Advisory
             && matches!(
@@ -328,6 +343,63 @@ fn process_gone(pid: i32) -> bool {
 
 fn process_stopped(pid: i32) -> bool {
     process_state(pid) == Some('T')
+}
+
+/// Watches the COMMANDs of the terms in the log at `log` every 5 ms: a term whose process is
+/// gone without a `stop` line (SIGKILLed by its `leader` after the grace, say) is marked in
+/// `gone` when it was seen gone, which is never earlier than it died. The log is read from
+/// where the last look ended.
+fn watch_commands(log: PathBuf, gone: Arc<StdMutex<Marks>>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        use std::io::{Read, Seek, SeekFrom};
+        let mut open: BTreeMap<(String, u64), i32> = BTreeMap::new();
+        let mut offset = 0;
+        let mut pending = String::new();
+        loop {
+            if let Ok(mut file) = std::fs::File::open(&log)
+                && file.seek(SeekFrom::Start(offset)).is_ok()
+            {
+                let mut fresh = String::new();
+                if let Ok(read) = file.read_to_string(&mut fresh) {
+                    offset += read as u64;
+                    pending.push_str(&fresh);
+                }
+            }
+            // Complete lines only; a line being written stays for the next look.
+            while let Some(end) = pending.find('\n') {
+                let line: String = pending.drain(..=end).collect();
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                let (Some(&what), Some(&identity), Some(token)) = (
+                    fields.first(),
+                    fields.get(1),
+                    fields.get(2).and_then(|t| t.parse::<u64>().ok()),
+                ) else {
+                    continue;
+                };
+                let key = (identity.to_owned(), token);
+                match (what, fields.get(4).and_then(|p| p.parse::<i32>().ok())) {
+                    ("start", Some(pid)) => {
+                        open.insert(key, pid);
+                    }
+                    ("stop", _) => {
+                        open.remove(&key);
+                    }
+                    _ => {}
+                }
+            }
+            open.retain(|key, pid| {
+                if !process_gone(*pid) {
+                    return true;
+                }
+                gone.lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .entry(key.clone())
+                    .or_insert_with(now_ns);
+                false
+            });
+            sleep(Duration::from_millis(5)).await;
+        }
+    })
 }
 
 /// Calls `check` every `every` until it returns something; `None` after `within`.
@@ -429,6 +501,11 @@ struct Run<'a> {
     incarnations: Vec<usize>,
     /// (identity, token) of a killed term -> when the harness saw its COMMAND gone.
     killed: Marks,
+    /// (identity, token) of a term whose COMMAND is gone with no `stop` line -> when
+    /// [`watch_commands`] saw it gone.
+    gone: Arc<StdMutex<Marks>>,
+    /// The task behind `gone`.
+    watcher: tokio::task::JoinHandle<()>,
     /// (identity, token) of a frozen term -> when it was frozen. A resumed replica may lead
     /// again later, in a term of its own.
     frozen: Marks,
@@ -444,6 +521,33 @@ impl Run<'_> {
     fn violate(&mut self, what: String) {
         eprintln!("{}: VIOLATION: {what}", self.backend.name());
         self.violations.push(what);
+    }
+
+    /// A replica started while its server was away exits at once with `leader`'s code for an
+    /// unreachable backend at start (by design), where an orchestrator would start it again:
+    /// so does the harness. Any other exit of its own is a violation.
+    /// The terms [`watch_commands`] saw end without a `stop` line.
+    fn gone(&self) -> std::sync::MutexGuard<'_, Marks> {
+        self.gone
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn respawn_exited(&mut self) -> Result<(), HarnessError> {
+        for slot in 0..self.replicas.len() {
+            let Ok(Some(status)) = self.replicas[slot].child.try_wait() else {
+                continue;
+            };
+            let unreachable = i32::from(leader_cli::exit::UNREACHABLE);
+            if status.code() != Some(unreachable) || is_peer(&self.replicas[slot].identity) {
+                let identity = self.replicas[slot].identity.clone();
+                self.violate(format!(
+                    "{identity} exited by itself ({status}); run with FAULT_LOG=info to see why"
+                ));
+            }
+            self.spawn(slot)?;
+        }
+        Ok(())
     }
 
     fn spawn(&mut self, slot: usize) -> Result<(), HarnessError> {
@@ -526,7 +630,8 @@ impl Run<'_> {
             .iter()
             .any(|e| !e.start && e.identity == latest.identity && e.token == latest.token)
             || self.killed.contains_key(&key)
-            || self.frozen.contains_key(&key);
+            || self.frozen.contains_key(&key)
+            || self.gone().contains_key(&key);
         (!over).then(|| latest.clone())
     }
 
@@ -604,6 +709,7 @@ impl Run<'_> {
     }
 
     async fn inject(&mut self, fault: Fault) -> Result<(), HarnessError> {
+        self.respawn_exited()?;
         let Some((slot, term)) = self.settled_leader(Duration::from_secs(30)).await else {
             let log = events(&self.log);
             let recent: Vec<String> = log[log.len().saturating_sub(6)..]
@@ -719,11 +825,14 @@ impl Run<'_> {
                 sleep(Duration::from_millis(200)).await;
                 let resumed = now_ns();
                 let _ = kill(leader_pid, Signal::SIGCONT);
+                // Its stop line, or its COMMAND seen gone (SIGKILLed after the grace).
+                let key = (term.identity.clone(), term.token);
                 let stopped = poll(Duration::from_secs(5), Duration::from_millis(2), || {
                     events(&self.log)
                         .into_iter()
                         .find(|e| !e.start && e.identity == term.identity && e.token == term.token)
                         .map(|stop| stop.at)
+                        .or_else(|| self.gone().get(&key).copied())
                 });
                 match stopped.await {
                     Some(at) => self.resumed_stops.push(between(resumed, at)),
@@ -763,7 +872,12 @@ impl Run<'_> {
 
     /// The overlap and token checks over the log (tokens among our replicas' terms only).
     fn check_terms(&mut self) -> (Vec<Term>, usize) {
-        let terms = checker::terms(&events(&self.log), &self.killed, &self.frozen);
+        self.watcher.abort();
+        // A COMMAND seen gone without a stop line ended when it was seen gone, like a killed
+        // one: never earlier than it died.
+        let mut ended = self.gone().clone();
+        ended.extend(self.killed.clone());
+        let terms = checker::terms(&events(&self.log), &ended, &self.frozen);
         let (overlaps, violations) = checker::check_fenced(&terms, |t| !is_peer(&t.identity));
         self.violations.extend(violations);
         (terms, overlaps)
@@ -834,12 +948,16 @@ pub async fn run(
             proxies.push(proxy_to(server).await?);
         }
     }
+    let log = dir.path().join("terms.log");
+    let gone = Arc::new(StdMutex::new(Marks::new()));
     let mut run = Run {
         backend,
         settings,
         programs,
         name: format!("fault-{tag}"),
-        log: dir.path().join("terms.log"),
+        watcher: watch_commands(log.clone(), gone.clone()),
+        gone,
+        log,
         sink_url: sink_url.to_owned(),
         sink_prefix: prefix.clone(),
         dir: dir.path().to_owned(),

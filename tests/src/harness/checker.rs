@@ -5,8 +5,10 @@
 //! - at its own `stop` line, when it logged one;
 //! - when it was frozen, if it was (keyed by identity and token): what a frozen COMMAND does after
 //!   SIGCONT is the fence's business, and those writes must be refused;
-//! - otherwise when the harness saw it gone after SIGKILLing that very term (identity and token,
-//!   and only a kill after the term began);
+//! - otherwise when the harness saw its COMMAND gone: after SIGKILLing that very term (identity
+//!   and token, and only a kill after the term began), or without a `stop` line, as when its
+//!   `leader` SIGKILLed it after the grace (the harness watches every term's COMMAND process; the
+//!   time it saw it gone is never earlier than the death, so an overlap is never hidden);
 //! - otherwise never: a term with no end is reported.
 //!
 //! No two terms may overlap, and fencing tokens must grow from one term to the next.
@@ -28,7 +30,7 @@ pub struct Term {
     pub end: Option<i128>,
 }
 
-/// When a term was killed or frozen: (identity, token) -> `CLOCK_MONOTONIC` ns.
+/// When a term was killed (or seen gone) or frozen: (identity, token) -> `CLOCK_MONOTONIC` ns.
 pub type Marks = BTreeMap<(String, u64), i128>;
 
 /// The terms in `events`, ordered by start, each with its end.
