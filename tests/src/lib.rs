@@ -61,17 +61,23 @@ pub fn term_events(path: &std::path::Path) -> Vec<TermEvent> {
     std::fs::read_to_string(path)
         .unwrap_or_default()
         .lines()
-        .filter_map(|line| {
-            let parts: Vec<&str> = line.split(' ').collect();
-            Some(TermEvent {
-                start: *parts.first()? == "start",
-                identity: (*parts.get(1)?).to_owned(),
-                token: parts.get(2)?.parse().ok()?,
-                at: parts.get(3)?.parse().ok()?,
-                pid: parts.get(4).and_then(|p| p.parse().ok()),
-            })
-        })
+        .filter_map(TermEvent::parse)
         .collect()
+}
+
+impl TermEvent {
+    /// One line of the log (`start|stop IDENTITY TOKEN AT [PID]`), `None` when it is not one.
+    #[must_use]
+    pub fn parse(line: &str) -> Option<Self> {
+        let parts: Vec<&str> = line.split(' ').collect();
+        Some(Self {
+            start: *parts.first()? == "start",
+            identity: (*parts.get(1)?).to_owned(),
+            token: parts.get(2)?.parse().ok()?,
+            at: parts.get(3)?.parse().ok()?,
+            pid: parts.get(4).and_then(|p| p.parse().ok()),
+        })
+    }
 }
 
 /// The Postgres of `DATABASE_URL` (default: loopback), where the fenced sink lives.

@@ -214,6 +214,13 @@ impl Successor {
             since: kv.create_revision(),
         })
     }
+
+    /// The candidates registered under `prefix`, as `read` found them.
+    fn all_in<'a>(prefix: &'a str, read: &'a GetResponse) -> impl Iterator<Item = Self> + 'a {
+        read.kvs()
+            .iter()
+            .filter_map(move |kv| Self::registered(prefix, kv))
+    }
 }
 
 impl fmt::Debug for Term {
@@ -467,9 +474,7 @@ impl EtcdLock {
                 };
                 healthy.store(true, Ordering::Release);
                 let known = |read: &GetResponse| -> HashMap<String, Successor> {
-                    read.kvs()
-                        .iter()
-                        .filter_map(|kv| Successor::registered(&prefix, kv))
+                    Successor::all_in(&prefix, read)
                         .map(|c| (c.identity.clone(), c))
                         .collect()
                 };
@@ -704,10 +709,7 @@ impl EtcdLock {
                     .get(self.candidates.as_str(), Some(options))
                     .await
                     .ok()?;
-                read.kvs()
-                    .iter()
-                    .filter_map(|kv| Successor::registered(&self.candidates, kv))
-                    .collect()
+                Successor::all_in(&self.candidates, &read).collect()
             }
         };
         let mut waiting = waiting.into_iter().filter(|c| c.identity != self.identity);

@@ -368,23 +368,18 @@ fn watch_commands(log: PathBuf, gone: Arc<StdMutex<Marks>>) -> tokio::task::Join
             // Complete lines only; a line being written stays for the next look.
             while let Some(end) = pending.find('\n') {
                 let line: String = pending.drain(..=end).collect();
-                let fields: Vec<&str> = line.split_whitespace().collect();
-                let (Some(&what), Some(&identity), Some(token)) = (
-                    fields.first(),
-                    fields.get(1),
-                    fields.get(2).and_then(|t| t.parse::<u64>().ok()),
-                ) else {
+                let Some(event) = Event::parse(line.trim_end()) else {
                     continue;
                 };
-                let key = (identity.to_owned(), token);
-                match (what, fields.get(4).and_then(|p| p.parse::<i32>().ok())) {
-                    ("start", Some(pid)) => {
+                let key = (event.identity, event.token);
+                match (event.start, event.pid) {
+                    (true, Some(pid)) => {
                         open.insert(key, pid);
                     }
-                    ("stop", _) => {
+                    (false, _) => {
                         open.remove(&key);
                     }
-                    _ => {}
+                    (true, None) => {}
                 }
             }
             open.retain(|key, pid| {
