@@ -25,8 +25,15 @@ fn leader(lock: &str, name: &str, identity: &str, log: &Path) -> Child {
 }
 
 fn leader_with(lock: &str, name: &str, identity: &str, log: &Path, extra: &[&str]) -> Child {
+    leader_command(lock, name, identity, log, extra)
+        .spawn()
+        .expect("spawn leader")
+}
+
+fn leader_command(lock: &str, name: &str, identity: &str, log: &Path, extra: &[&str]) -> Command {
     let ms = |d: Duration| format!("{}ms", d.as_millis());
-    Command::new(LEADER)
+    let mut command = Command::new(LEADER);
+    command
         .args([
             "run",
             "--lock",
@@ -52,9 +59,8 @@ fn leader_with(lock: &str, name: &str, identity: &str, log: &Path, extra: &[&str
             std::env::var("E2E_LOG").unwrap_or_else(|_| "warn".into()),
         )
         .stdout(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn leader")
+        .kill_on_drop(true);
+    command
 }
 
 /// Waits until the log holds `n` starts; returns the last one.
@@ -214,6 +220,83 @@ async fn etcd_lock_one_job_at_a_time_and_handovers() {
     }
     let prefix = leader_test_support::etcd_prefix().unwrap_or_else(|| "leader/".into());
     handovers(&format!("etcd://{}/?prefix={prefix}", hosts.join(","))).await;
+}
+
+/// Coordinated leader election with real processes: the test API server runs the coordinator,
+/// `leader run` replicas take part with `kubernetes://default?binary_version=V`, beside a plain
+/// one. The oldest version leads (were the plain replica first, it is asked to step down); during a
+/// rolling upgrade the old version keeps leading until it stops, then the new one leads. One
+/// job at a time throughout, fencing tokens growing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubernetes_coordinated_rolling_upgrade() {
+    const API_SERVER: &str = env!("CARGO_BIN_EXE_kube-api-e2e");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("jobs.log");
+    let kubeconfig = dir.path().join("kubeconfig");
+    let _server = Command::new(API_SERVER)
+        .arg("--coordinated-leader-election")
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .stdout(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn the API server");
+    timeout(Duration::from_secs(10), async {
+        while !kubeconfig.exists() {
+            sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the API server starts");
+    let start = |lock: &str, identity: &str| {
+        leader_command(lock, "rolling", identity, &log, &[])
+            .env("KUBECONFIG", &kubeconfig)
+            .spawn()
+            .expect("spawn leader")
+    };
+    // Waits until `identity`'s job is the last one started.
+    let runs = |identity: &'static str| {
+        let log = log.clone();
+        async move {
+            timeout(Duration::from_secs(30), async {
+                loop {
+                    let last = events(&log).into_iter().rev().find(|e| e.start);
+                    if last.is_some_and(|e| e.identity == identity) {
+                        return;
+                    }
+                    sleep(Duration::from_millis(20)).await;
+                }
+            })
+            .await
+            .unwrap_or_else(|_| panic!("{identity} does not lead: {:?}", events(&log)));
+        }
+    };
+    let old_version = "kubernetes://default?binary_version=1.1.0";
+    let new_version = "kubernetes://default?binary_version=1.2.0";
+    let mut old = start(old_version, "old");
+    let mut plain = start("kubernetes://default", "plain");
+    runs("old").await;
+
+    let mut new = start(new_version, "new");
+    // Two of the coordinator's rounds: the old version keeps leading.
+    sleep(Duration::from_secs(10)).await;
+    let last = events(&log).into_iter().rev().find(|e| e.start);
+    assert_eq!(last.map(|e| e.identity), Some("old".to_owned()));
+
+    kill(pid(&old), Signal::SIGTERM).expect("SIGTERM");
+    let status = timeout(Duration::from_secs(10), old.wait())
+        .await
+        .expect("exits")
+        .expect("status");
+    assert_eq!(status.code(), Some(0));
+    runs("new").await;
+
+    for child in [&mut new, &mut plain] {
+        let _ = kill(pid(child), Signal::SIGTERM);
+        let _ = timeout(Duration::from_secs(10), child.wait()).await;
+    }
+    assert_one_at_a_time(&log, &[]);
+    eprintln!("jobs: {:?}", events(&log));
 }
 
 /// `leader handover` with these arguments; its exit code.

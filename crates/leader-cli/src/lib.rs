@@ -72,7 +72,8 @@ enum Command {
 struct LockArgs {
     /// The lock: file:///PATH, postgres://... (?advisory=true for the advisory lock),
     /// redis://... or rediss://..., etcd://HOST:PORT[,HOST:PORT] or etcds://..., or
-    /// kubernetes://NAMESPACE. Default: a lock file in the runtime or temp directory.
+    /// kubernetes://NAMESPACE (?binary_version=V for coordinated leader election). Default: a
+    /// lock file in the runtime or temp directory.
     #[arg(long, env = "LEADER_LOCK", value_name = "URL")]
     lock: Option<String>,
     /// The election's name: replicas with the same lock and name elect one leader.

@@ -265,6 +265,10 @@ impl<L: ResourceLock> ResourceLock for FaultyLock<L> {
         self.inner.close().await;
     }
 
+    async fn withdraw(&self) {
+        self.inner.withdraw().await;
+    }
+
     async fn watch(&self) -> Result<Option<ChangeStream>, LockError> {
         self.faults.state().watches += 1;
         let mut hang = self.faults.hang.subscribe();

@@ -65,6 +65,11 @@ pub enum Acquisition {
         /// client), which candidates take over on their own clock (S2, S8).
         renewed_in_store: bool,
     },
+    /// The store assigns the lease itself and has not assigned it to this candidate: a
+    /// coordinator elects the holder (Kubernetes' coordinated leader election), and candidates
+    /// only take up a lease it gave them. The candidate waits for a notification or its next
+    /// attempt and never takes the lease on its own clock. The stored record, if there is one.
+    Unassigned(Option<Observed>),
 }
 
 impl Acquisition {
@@ -73,7 +78,7 @@ impl Acquisition {
     pub fn acquired(&self) -> Option<&Observed> {
         match self {
             Self::Acquired(observed) | Self::Handed { observed, .. } => Some(observed),
-            Self::Held { .. } => None,
+            Self::Held { .. } | Self::Unassigned(_) => None,
         }
     }
 }
@@ -188,6 +193,11 @@ pub trait ResourceLock: Send + Sync + fmt::Debug {
     /// gone. Best effort; the default does nothing.
     async fn close(&self) {}
 
+    /// Called once when the elector shuts down while leading, before it releases: a backend
+    /// withdraws a candidacy it announced elsewhere, so that whoever assigns the lease does not
+    /// give it back to a candidate that is leaving. Best effort; the default does nothing.
+    async fn withdraw(&self) {}
+
     /// A one-round-trip acquisition that decides expiry with the store's own clock (S1, S2).
     ///
     /// Stores `desired` in one atomic step if the object is absent, the lease is free, it is held
@@ -251,6 +261,9 @@ macro_rules! forward_lock {
             }
             async fn close(&self) {
                 (**self).close().await
+            }
+            async fn withdraw(&self) {
+                (**self).withdraw().await
             }
             async fn try_acquire(
                 &self,

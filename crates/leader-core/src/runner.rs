@@ -437,6 +437,12 @@ impl Runner {
                     // not block the election forever (S8).
                     current = Some(observed);
                 }
+                Some(Acquisition::Unassigned(observed)) => {
+                    if let Some(observed) = observed {
+                        self.observe(observed);
+                    }
+                    return Ok(Attempt::NotAcquired);
+                }
                 None => self.try_acquire_supported = false,
             }
         }
@@ -572,6 +578,13 @@ impl Runner {
         };
         if release {
             if stopped {
+                if reason == StepDownReason::Shutdown {
+                    let _ = timeout(
+                        self.elector.config.request_timeout,
+                        self.elector.lock.withdraw(),
+                    )
+                    .await;
+                }
                 released = self.release(fencing_token, hand_to.as_deref()).await;
                 if released && let Some(to) = &hand_to {
                     tracing::info!(fencing_token, to, "handed the lease over");

@@ -842,3 +842,109 @@ async fn a_handed_lease_with_too_little_left_is_renewed_before_leading() {
     assert!(!leadership.is_lost());
     let _ = a.stop().await;
 }
+
+/// A lock whose store assigns the lease (as Kubernetes' coordinator does): a candidate only
+/// takes up a lease whose record already names it; its own writes go through the inner lock.
+#[derive(Debug)]
+struct AssignedLock {
+    inner: MemoryLock,
+    /// The writes and withdrawals, in order.
+    order: Arc<Mutex<Vec<String>>>,
+}
+
+#[leader_core::async_trait]
+impl ResourceLock for AssignedLock {
+    async fn get(&self) -> Result<Option<Observed>, LockError> {
+        self.inner.get().await
+    }
+    async fn create(&self, record: &LeaderElectionRecord) -> Result<Observed, LockError> {
+        self.inner.create(record).await
+    }
+    async fn update(
+        &self,
+        version: &Version,
+        record: &LeaderElectionRecord,
+    ) -> Result<Observed, LockError> {
+        let write = format!("update holder={:?}", record.holder_identity);
+        self.order.lock().unwrap().push(write);
+        self.inner.update(version, record).await
+    }
+    fn identity(&self) -> &str {
+        self.inner.identity()
+    }
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+    async fn withdraw(&self) {
+        self.order.lock().unwrap().push("withdraw".into());
+    }
+    async fn try_acquire(
+        &self,
+        desired: &LeaderElectionRecord,
+    ) -> Result<Option<Acquisition>, LockError> {
+        let current = match self.inner.get().await? {
+            Some(current) if current.record.holder_identity == self.identity() => current,
+            other => return Ok(Some(Acquisition::Unassigned(other))),
+        };
+        let mut taken = desired.clone();
+        taken.leader_transitions = current.record.leader_transitions + 1;
+        let stored = self.inner.update(&current.version, &taken).await?;
+        Ok(Some(Acquisition::Acquired(stored)))
+    }
+}
+
+/// A candidate of a store that assigns the lease never takes a free or expired lease on its
+/// own, and leads once the store names it, with the next fencing token.
+#[tokio::test(start_paused = true)]
+async fn a_candidate_of_an_assigning_store_leads_only_once_assigned() {
+    let store = MemoryStore::new();
+    let (lock, calls) = {
+        let lock = FaultyLock::new(AssignedLock {
+            inner: store.lock("election", "b"),
+            order: Arc::default(),
+        });
+        let calls = lock.faults();
+        (lock, calls)
+    };
+    let mut b = Running::start(builder(lock));
+    // No record at all, then a long-expired one held by someone else.
+    sleep(LEASE * 2).await;
+    write_holder(&store, "gone", Duration::from_secs(1), 4).await;
+    sleep(LEASE * 2).await;
+    assert!(!b.is_leading());
+    let writes = calls
+        .calls()
+        .into_iter()
+        .filter(|c| c.operation == "create" || c.operation == "update")
+        .count();
+    assert_eq!(writes, 0, "an unassigned candidate never writes");
+    // The store assigns it.
+    write_holder(&store, "b", LEASE, 4).await;
+    let leadership = b.leadership().await;
+    assert_eq!(leadership.fencing_token(), 5);
+    let _ = b.stop().await;
+}
+
+/// A candidate that shuts down while leading withdraws its candidacy before it releases, so
+/// that a store assigning the lease does not give the released lease back to it.
+#[tokio::test(start_paused = true)]
+async fn a_leader_shutting_down_withdraws_before_it_releases() {
+    let store = MemoryStore::new();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let lock = AssignedLock {
+        inner: store.lock("election", "b"),
+        order: order.clone(),
+    };
+    let b = Running::start(builder(lock));
+    write_holder(&store, "b", LEASE, 1).await;
+    let mut b = b;
+    let _ = b.leadership().await;
+    let _ = b.stop().await;
+    let order = order.lock().unwrap().clone();
+    let withdrew = order.iter().position(|o| o == "withdraw");
+    let released = order.iter().rposition(|o| o == r#"update holder="""#);
+    assert!(
+        matches!((withdrew, released), (Some(w), Some(r)) if w < r),
+        "{order:?}"
+    );
+}

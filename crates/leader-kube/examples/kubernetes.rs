@@ -7,6 +7,11 @@
 //!   check, failing when this pod believes it leads although its lease ran out.
 //! - SIGTERM (pod deletion, rolling update) stops the work and releases the Lease, so another
 //!   replica takes over at once.
+//! - With `LEADER_BINARY_VERSION` set (a semantic version such as `1.4.0`; the emulation
+//!   version is `LEADER_EMULATION_VERSION`, by default the same), the replica takes part in
+//!   coordinated leader election: the API server's coordinator gives the Lease to the oldest
+//!   version. It needs `deploy/kubernetes/rbac-coordinated.yaml` as well and a cluster with the
+//!   `CoordinatedLeaderElection` feature gate.
 //!
 //! Outside a cluster it uses your kubeconfig: `POD_NAME=me cargo run --example kubernetes`.
 
@@ -17,7 +22,7 @@ use axum::Router;
 use axum::http::StatusCode;
 use axum::routing::get;
 use leader_core::{CancellationToken, LeaderElector};
-use leader_kube::LeaseLock;
+use leader_kube::{Coordination, LeaseLock};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn Error>> {
@@ -30,7 +35,12 @@ async fn main() -> Result<(), Box<dyn Error>> {
     let name = std::env::var("LEADER_NAME").unwrap_or_else(|_| "leader-example".into());
 
     let renew_deadline = Duration::from_secs(10);
-    let lock = LeaseLock::from_env(&namespace, &name, &identity, renew_deadline / 3).await?;
+    let mut lock = LeaseLock::from_env(&namespace, &name, &identity, renew_deadline / 3).await?;
+    if let Ok(binary) = std::env::var("LEADER_BINARY_VERSION") {
+        let emulation =
+            std::env::var("LEADER_EMULATION_VERSION").unwrap_or_else(|_| binary.clone());
+        lock = lock.coordinated(Coordination::oldest_emulation_version(binary, emulation))?;
+    }
     let elector = LeaderElector::builder(lock)
         .lease_duration(Duration::from_secs(15))
         .renew_deadline(renew_deadline)

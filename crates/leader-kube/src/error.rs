@@ -7,8 +7,14 @@ pub(crate) const BACKEND: &str = "kubernetes";
 
 /// Maps a client error for `verb` on the Lease named in `context`.
 pub(crate) fn map(context: &str, verb: &str, err: kube::Error) -> LockError {
+    map_on("leases", context, verb, err)
+}
+
+/// Maps a client error for `verb` on the object of `resource` (`leases`, `leasecandidates`)
+/// named in `context`.
+pub(crate) fn map_on(resource: &str, context: &str, verb: &str, err: kube::Error) -> LockError {
     match err {
-        kube::Error::Api(status) => map_status(context, verb, &status),
+        kube::Error::Api(status) => map_status(resource, context, verb, &status),
         kube::Error::HyperError(_) | kube::Error::Service(_) | kube::Error::HttpError(_) => {
             LockError::unavailable(BACKEND, format!("{context}: {err}"))
         }
@@ -19,7 +25,7 @@ pub(crate) fn map(context: &str, verb: &str, err: kube::Error) -> LockError {
     }
 }
 
-fn map_status(context: &str, verb: &str, status: &Status) -> LockError {
+fn map_status(resource: &str, context: &str, verb: &str, status: &Status) -> LockError {
     if status.is_conflict()
         || status.is_already_exists()
         || (status.is_not_found() && verb == "update")
@@ -30,8 +36,13 @@ fn map_status(context: &str, verb: &str, status: &Status) -> LockError {
         return LockError::Forbidden {
             backend: BACKEND,
             message: format!(
-                "{context}: {}; the Role needs the verb {verb:?} on leases.coordination.k8s.io (see deploy/kubernetes/rbac.yaml)",
-                status.message
+                "{context}: {}; the Role needs the verb {verb:?} on {resource}.coordination.k8s.io (see deploy/kubernetes/{})",
+                status.message,
+                if resource == "leasecandidates" {
+                    "rbac-coordinated.yaml"
+                } else {
+                    "rbac.yaml"
+                }
             ),
         };
     }
@@ -39,6 +50,13 @@ fn map_status(context: &str, verb: &str, status: &Status) -> LockError {
         401 => LockError::Forbidden {
             backend: BACKEND,
             message: format!("{context}: authentication failed: {}", status.message),
+        },
+        404 if resource == "leasecandidates" => LockError::Misconfigured {
+            backend: BACKEND,
+            message: format!(
+                "{context}: {} (coordinated leader election needs coordination.k8s.io/v1beta1 LeaseCandidates, served with kube-apiserver's CoordinatedLeaderElection feature gate; does the namespace exist?)",
+                status.message
+            ),
         },
         404 => LockError::Misconfigured {
             backend: BACKEND,

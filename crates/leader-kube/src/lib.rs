@@ -2,9 +2,11 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
+mod candidate;
 mod error;
 mod lock;
 
+pub use candidate::Coordination;
 pub use lock::{FENCING_TOKEN_ANNOTATION, HANDOVER_STRATEGY, LeaseLock};
 
 /// The core crate, so that one dependency is enough.

@@ -1,6 +1,7 @@
 //! The lock: one `coordination.k8s.io/v1` Lease, in client-go's layout.
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -8,13 +9,16 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use futures_util::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::coordination::v1beta1::LeaseCandidate;
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
 use kube::api::{Api, PostParams, WatchEvent, WatchParams};
 use leader_core::{
-    ChangeStream, LeaderElectionRecord, LeaderEvent, LockError, Observed, ResourceLock, Version,
+    Acquisition, ChangeStream, LeaderElectionRecord, LeaderEvent, LockError, Observed,
+    ResourceLock, Version,
 };
 
+use crate::candidate::{Candidate, Coordination, Keeper, Problem};
 use crate::error::{BACKEND, map};
 
 /// A [`ResourceLock`] on a `coordination.k8s.io/v1` Lease, written exactly as client-go's
@@ -38,18 +42,41 @@ use crate::error::{BACKEND, map};
 ///   fast path).
 /// - Events "became leader" / "stopped leading" are recorded on the Lease, best effort.
 /// - Followers watch the one Lease (a field selector on its name) and try at once on a change.
+/// - With [`coordinated`](Self::coordinated), the lock takes part in Kubernetes' coordinated
+///   leader election instead of contending: the API server's coordinator gives the Lease to a
+///   candidate, and this one only takes up a Lease given to it.
 #[derive(Clone)]
 pub struct LeaseLock {
     api: Api<Lease>,
     /// The same API through a client whose read timeout outlasts the server's watch timeout.
     watch_api: Api<Lease>,
     events: Api<Event>,
+    candidates: Api<LeaseCandidate>,
+    watch_candidates: Api<LeaseCandidate>,
     namespace: String,
     name: String,
     identity: String,
     /// The Lease as last read or written, sent back (spec replaced) by the next update.
     last: Arc<Mutex<Option<Lease>>>,
+    coordinated: Option<Arc<Coordinated>>,
 }
+
+/// What a lock in coordinated leader election keeps.
+#[derive(Debug)]
+struct Coordinated {
+    candidate: Candidate,
+    /// The task keeping the LeaseCandidate, from the first attempt until [`ResourceLock::close`].
+    keeper: Mutex<Option<Keeper>>,
+    /// A failure of the keeper that needs a person, reported by the next attempt.
+    problem: Problem,
+    /// Since when the Lease has had no holder, to warn once when no coordinator acts.
+    unassigned_since: Mutex<Option<Instant>>,
+    warned: AtomicBool,
+}
+
+/// How long a coordinated candidate sees a Lease without holder before it warns that no
+/// coordinator seems to run (the coordinator acts within seconds).
+const NO_COORDINATOR_AFTER: Duration = Duration::from_secs(30);
 
 /// How long the server keeps a watch open before it ends it (`timeoutSeconds`); the elector
 /// then watches again.
@@ -65,6 +92,10 @@ impl fmt::Debug for LeaseLock {
             .field("namespace", &self.namespace)
             .field("name", &self.name)
             .field("identity", &self.identity)
+            .field(
+                "coordination",
+                &self.coordinated.as_ref().map(|c| &c.candidate.coordination),
+            )
             .finish_non_exhaustive()
     }
 }
@@ -90,13 +121,62 @@ impl LeaseLock {
         let namespace = namespace.into();
         Self {
             api: Api::namespaced(client.clone(), &namespace),
-            watch_api: Api::namespaced(watch_client, &namespace),
-            events: Api::namespaced(client, &namespace),
+            watch_api: Api::namespaced(watch_client.clone(), &namespace),
+            events: Api::namespaced(client.clone(), &namespace),
+            candidates: Api::namespaced(client, &namespace),
+            watch_candidates: Api::namespaced(watch_client, &namespace),
             namespace,
             name: name.into(),
             identity: identity.into(),
             last: Arc::default(),
+            coordinated: None,
         }
+    }
+
+    /// Takes part in Kubernetes' coordinated leader election (KEP-4355, client-go's
+    /// `Coordinated` mode) instead of contending for the Lease:
+    ///
+    /// - The lock announces the candidate with a `coordination.k8s.io/v1beta1` LeaseCandidate
+    ///   named after its identity (`leaseName`, `binaryVersion`, `emulationVersion`,
+    ///   `strategy`, `renewTime`), created at the elector's first attempt, renewed every five
+    ///   minutes and at once when the coordinator pings it (`pingTime` after `renewTime`), and
+    ///   deleted when the elector stops.
+    /// - It never takes the Lease itself: kube-apiserver's coordinator gives it to the best
+    ///   candidate (under [`Coordination::OLDEST_EMULATION_VERSION`], the oldest version), and
+    ///   the candidate it names takes up the term with a compare-and-swap (the next fencing
+    ///   token) as soon as its watch sees the assignment.
+    /// - The holder renews as usual, and steps down as on a handover request when the
+    ///   coordinator sets `preferredHolder` to a better candidate: its work stops, then it
+    ///   releases, and the coordinator gives the Lease to that candidate.
+    ///
+    /// Candidates that are not coordinated may share the Lease: they contend as usual, and the
+    /// coordinator asks them to step down for a coordinated candidate as it asks any holder.
+    /// The coordinator decides expiry from `renewTime` and its own clock, so coordinated
+    /// election relies on clocks in step across the cluster, as client-go's does; plain
+    /// candidates never do. Without a coordinator (the `CoordinatedLeaderElection` feature
+    /// gate off), a coordinated candidate never leads: the lock warns after 30 s without one.
+    ///
+    /// # Errors
+    /// [`LockError::Misconfigured`] when the identity cannot name a LeaseCandidate, or a version
+    /// or the strategy would be refused by the API server.
+    pub fn coordinated(mut self, coordination: Coordination) -> Result<Self, LockError> {
+        coordination.validate(&self.identity)?;
+        let candidate = Candidate {
+            api: self.candidates.clone(),
+            watch_api: self.watch_candidates.clone(),
+            namespace: self.namespace.clone(),
+            name: self.identity.clone(),
+            lease_name: self.name.clone(),
+            coordination,
+        };
+        self.coordinated = Some(Arc::new(Coordinated {
+            candidate,
+            keeper: Mutex::new(None),
+            problem: Problem::default(),
+            unassigned_since: Mutex::new(None),
+            warned: AtomicBool::new(false),
+        }));
+        Ok(self)
     }
 
     /// A lock with a client from the environment: in-cluster configuration in a pod, else the
@@ -218,6 +298,34 @@ impl LeaseLock {
     }
 }
 
+impl LeaseLock {
+    /// Warns once when a coordinated candidate has seen the Lease without a holder for
+    /// [`NO_COORDINATOR_AFTER`]: no coordinator seems to run.
+    fn note_unassigned(&self, current: Option<&Observed>) {
+        let Some(coordinated) = &self.coordinated else {
+            return;
+        };
+        let mut since = coordinated
+            .unassigned_since
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if current.is_some_and(|o| !o.record.is_free()) {
+            *since = None;
+            return;
+        }
+        let since = *since.get_or_insert_with(Instant::now);
+        if since.elapsed() >= NO_COORDINATOR_AFTER
+            && !coordinated.warned.swap(true, Ordering::Relaxed)
+        {
+            tracing::warn!(
+                lease = %self.describe(),
+                waited = ?since.elapsed(),
+                "no coordinator has given the Lease a holder: coordinated leader election needs kube-apiserver's CoordinatedLeaderElection feature gate (coordination.k8s.io/v1beta1)"
+            );
+        }
+    }
+}
+
 /// What one event of a Lease watch means to a follower.
 enum WatchOutcome {
     /// The Lease was deleted or released (no holder), or asks for a handover: worth an
@@ -239,6 +347,9 @@ const QUICK_WATCHES: u32 = 3;
 impl LeaseLock {
     /// One watch of this Lease from the current state, as what each event means.
     async fn open_watch(&self) -> Result<WatchEvents, LockError> {
+        // A coordinated candidate acts when the coordinator gives it the Lease.
+        let assigned_to = self.coordinated.is_some().then(|| self.identity.clone());
+        let mut holder_before: Option<String> = None;
         let seconds = u32::try_from(WATCH_TIMEOUT.as_secs()).unwrap_or(290);
         let params = WatchParams::default()
             .fields(&format!("metadata.name={}", self.name))
@@ -248,19 +359,26 @@ impl LeaseLock {
             .watch(&params, "0")
             .await
             .map_err(|err| self.map("watch", err))?;
-        // Only what a candidate acts on: the Lease deleted, released (no holder) or asking for
-        // a handover. Renewals and bookmarks wake nobody.
-        let outcomes = stream.map(|event| match event {
-            Ok(WatchEvent::Deleted(_)) => WatchOutcome::Released,
+        // Only what a candidate acts on: the Lease deleted, released (no holder), asking for
+        // a handover, or given to this coordinated candidate. Renewals and bookmarks wake
+        // nobody.
+        let outcomes = stream.map(move |event| match event {
+            Ok(WatchEvent::Deleted(_)) => {
+                holder_before = None;
+                WatchOutcome::Released
+            }
             Ok(WatchEvent::Added(lease) | WatchEvent::Modified(lease)) => {
                 let spec = lease.spec.as_ref();
-                let free = spec
-                    .and_then(|spec| spec.holder_identity.as_deref())
-                    .is_none_or(str::is_empty);
+                let holder = spec.and_then(|spec| spec.holder_identity.clone());
+                let free = holder.as_deref().is_none_or(str::is_empty);
                 let handover = spec
                     .and_then(|spec| spec.preferred_holder.as_deref())
                     .is_some_and(|p| !p.is_empty());
-                if free || handover {
+                let assigned = assigned_to.is_some()
+                    && holder == assigned_to
+                    && std::mem::replace(&mut holder_before, holder.clone()) != holder;
+                holder_before = holder;
+                if free || handover || assigned {
                     WatchOutcome::Released
                 } else {
                     WatchOutcome::Quiet
@@ -273,7 +391,7 @@ impl LeaseLock {
     }
 }
 
-fn micro(time: DateTime<Utc>) -> MicroTime {
+pub(crate) fn micro(time: DateTime<Utc>) -> MicroTime {
     let nanos =
         i128::from(time.timestamp()) * 1_000_000_000 + i128::from(time.timestamp_subsec_nanos());
     MicroTime(k8s_openapi::jiff::Timestamp::from_nanosecond(nanos).unwrap_or_default())
@@ -458,6 +576,73 @@ impl ResourceLock for LeaseLock {
 
     fn describe(&self) -> String {
         format!("kubernetes:{}/{}", self.namespace, self.name)
+    }
+
+    /// Plain candidates have no one-request acquisition (the elector reads and writes). A
+    /// coordinated candidate takes up the Lease only when the coordinator gave it to this
+    /// identity and no handover to another is pending; otherwise it is unassigned.
+    async fn try_acquire(
+        &self,
+        desired: &LeaderElectionRecord,
+    ) -> Result<Option<Acquisition>, LockError> {
+        let Some(coordinated) = &self.coordinated else {
+            return Ok(None);
+        };
+        {
+            let mut keeper = coordinated.keeper.lock().unwrap_or_else(|p| p.into_inner());
+            if keeper.is_none() {
+                *keeper = Some(
+                    coordinated
+                        .candidate
+                        .clone()
+                        .keep(coordinated.problem.clone()),
+                );
+            }
+        }
+        let problem = coordinated
+            .problem
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(problem) = problem {
+            return Err(problem);
+        }
+        let current = self.get().await?;
+        let given = current.as_ref().filter(|observed| {
+            observed.record.holder_identity == self.identity
+                && !observed.record.reserved_for_other_than(&self.identity)
+        });
+        let Some(given) = given else {
+            self.note_unassigned(current.as_ref());
+            return Ok(Some(Acquisition::Unassigned(current)));
+        };
+        let mut taken = desired.clone();
+        taken.leader_transitions = given.record.leader_transitions + 1;
+        taken.strategy = given.record.strategy.clone();
+        taken.preferred_holder = None;
+        let stored = self.update(&given.version, &taken).await?;
+        Ok(Some(Acquisition::Acquired(stored)))
+    }
+
+    /// A coordinated lock stops keeping its LeaseCandidate and deletes it.
+    async fn close(&self) {
+        self.withdraw().await;
+    }
+
+    /// A coordinated lock deletes its LeaseCandidate before the release, so that the
+    /// coordinator does not give the released Lease back to a candidate that is leaving.
+    async fn withdraw(&self) {
+        if let Some(coordinated) = &self.coordinated {
+            let keeper = coordinated
+                .keeper
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take();
+            if keeper.is_some() {
+                drop(keeper);
+                coordinated.candidate.withdraw().await;
+            }
+        }
     }
 
     async fn watch(&self) -> Result<Option<ChangeStream>, LockError> {

@@ -53,7 +53,7 @@ pub enum OpenError {
 /// | `postgres://user:pass@host/db?table=T&schema=S&advisory=true&idle_session_timeout=30s` (or `postgresql://`) | the Postgres table lock, or the advisory lock (`idle_session_timeout`: how long the server keeps a silent session and its advisory lock); other parameters go to the driver |
 /// | `redis://host:6379/0?prefix=P` (or `rediss://`) | the Redis lock |
 /// | `etcd://user:pass@host1:2379,host2:2379/?prefix=P` (or `etcds://`) | the etcd lock |
-/// | `kubernetes://NAMESPACE` | a Lease in that namespace (in-cluster or kubeconfig) |
+/// | `kubernetes://NAMESPACE?binary_version=V&emulation_version=E` | a Lease in that namespace (in-cluster or kubeconfig); with `binary_version`, a candidate in coordinated leader election (`emulation_version` defaults to it) |
 #[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum LockUrl {
@@ -92,6 +92,9 @@ pub enum LockUrl {
     Kubernetes {
         /// The namespace of the Lease.
         namespace: String,
+        /// `binary_version=` and `emulation_version=`: take part in coordinated leader
+        /// election with these versions.
+        coordinated: Option<(String, String)>,
     },
 }
 
@@ -293,7 +296,9 @@ impl LockUrl {
                 })
             }
             Some("kubernetes") => {
-                let namespace = lock["kubernetes://".len()..].trim_end_matches('/');
+                let rest = &lock["kubernetes://".len()..];
+                let (namespace, query) = rest.split_once('?').unwrap_or((rest, ""));
+                let namespace = namespace.trim_end_matches('/');
                 let valid = !namespace.is_empty()
                     && namespace.len() <= 63
                     && namespace
@@ -302,8 +307,34 @@ impl LockUrl {
                 if !valid {
                     return Err(invalid("kubernetes://NAMESPACE needs a namespace name (lowercase letters, digits, '-')".to_owned()));
                 }
+                let (mut binary, mut emulation) = (None, None);
+                for (key, value) in url::form_urlencoded::parse(query.as_bytes()) {
+                    match key.as_ref() {
+                        "binary_version" => binary = Some(value.into_owned()),
+                        "emulation_version" => emulation = Some(value.into_owned()),
+                        other => {
+                            return Err(invalid(format!(
+                                "unknown parameter {other:?}; kubernetes:// takes binary_version and emulation_version"
+                            )));
+                        }
+                    }
+                }
+                let coordinated = match (binary, emulation) {
+                    (None, None) => None,
+                    (None, Some(_)) => {
+                        return Err(invalid(
+                            "emulation_version needs binary_version (coordinated leader election)"
+                                .to_owned(),
+                        ));
+                    }
+                    (Some(binary), emulation) => {
+                        let emulation = emulation.unwrap_or_else(|| binary.clone());
+                        Some((binary, emulation))
+                    }
+                };
                 Ok(Self::Kubernetes {
                     namespace: namespace.to_owned(),
+                    coordinated,
                 })
             }
             Some(other) => Err(invalid(format!(
@@ -321,7 +352,14 @@ impl LockUrl {
             Self::File(path) => format!("file:{}", path.display()),
             Self::Postgres { url, .. } | Self::Redis { url, .. } => redact_url(url),
             Self::Etcd { endpoints, .. } => format!("etcd:{}", endpoints.join(",")),
-            Self::Kubernetes { namespace } => format!("kubernetes:{namespace}"),
+            Self::Kubernetes {
+                namespace,
+                coordinated: None,
+            } => format!("kubernetes:{namespace}"),
+            Self::Kubernetes {
+                namespace,
+                coordinated: Some((binary, emulation)),
+            } => format!("kubernetes:{namespace} (coordinated, {binary}/{emulation})"),
         }
     }
 
@@ -395,9 +433,20 @@ impl LockUrl {
                 Box::new(builder.build().await?.lock(name, identity))
             }
             #[cfg(feature = "kubernetes")]
-            Self::Kubernetes { namespace } => Box::new(
-                leader_kube::LeaseLock::from_env(namespace, name, identity, KUBE_TIMEOUT).await?,
-            ),
+            Self::Kubernetes {
+                namespace,
+                coordinated,
+            } => {
+                let lock =
+                    leader_kube::LeaseLock::from_env(namespace, name, identity, KUBE_TIMEOUT)
+                        .await?;
+                match coordinated {
+                    None => Box::new(lock),
+                    Some((binary, emulation)) => Box::new(lock.coordinated(
+                        leader_kube::Coordination::oldest_emulation_version(binary, emulation),
+                    )?),
+                }
+            }
             #[allow(unreachable_patterns)]
             other => {
                 let (backend, feature) = other.missing_feature().unwrap_or(("this", "?"));
@@ -472,6 +521,21 @@ mod tests {
                 prefix: Some("x/".into()),
             })
         );
+        assert_eq!(
+            LockUrl::parse_any("kubernetes://jobs/?binary_version=1.4.0").ok(),
+            Some(LockUrl::Kubernetes {
+                namespace: "jobs".into(),
+                coordinated: Some(("1.4.0".into(), "1.4.0".into())),
+            })
+        );
+        assert_eq!(
+            LockUrl::parse_any("kubernetes://jobs?binary_version=1.5.0&emulation_version=1.4.0")
+                .ok(),
+            Some(LockUrl::Kubernetes {
+                namespace: "jobs".into(),
+                coordinated: Some(("1.5.0".into(), "1.4.0".into())),
+            })
+        );
         assert!(default_file("my/job").ends_with("leader-my_job"));
     }
 
@@ -482,6 +546,11 @@ mod tests {
             ("file://relative", "absolute path"),
             ("nonsense", "not a URL"),
             ("kubernetes://Not_A_Namespace", "needs a namespace name"),
+            ("kubernetes://jobs?binary=1.0.0", "unknown parameter"),
+            (
+                "kubernetes://jobs?emulation_version=1.0.0",
+                "needs binary_version",
+            ),
             ("postgres://u:secret@h/x?advisory=maybe", "not a boolean"),
             (
                 "postgres://u:secret@h/x?advisory=true&idle_session_timeout=soon",

@@ -6,13 +6,17 @@
 //! kube-lease-manager, `kubectl`-style patches) can be run against it:
 //!
 //! - `coordination.k8s.io/v1` Leases: GET, POST, PUT, PATCH, DELETE, LIST and WATCH, with the
-//!   Lease strategy ([`routes`]: create-on-update, no unconditional update), decoding and
-//!   validation ([`objects::admit`]: 400 for a wrong type, 422 `Invalid`, unknown fields
+//!   Lease strategy (`routes`: create-on-update, no unconditional update), decoding and
+//!   validation (`objects::admit`: 400 for a wrong type, 422 `Invalid`, unknown fields
 //!   dropped, times as RFC 3339 micro UTC), `resourceVersion` preconditions (409 `Conflict`),
 //!   merge, strategic merge and server-side apply patches with field ownership
-//!   ([`fields`]: `managedFields`, 409 apply conflicts, `force`).
+//!   (`fields`: `managedFields`, 409 apply conflicts, `force`).
 //! - Watches as the watch cache serves them: the current state first, or the changes after a
 //!   `resourceVersion`, 410 `Expired` once that is too old, `timeoutSeconds`, `BOOKMARK`s.
+//! - `coordination.k8s.io/v1beta1` LeaseCandidates, with the same verbs and the LeaseCandidate
+//!   strategy and validation (`objects::admit`), and, when started
+//!   ([`KubeApiServer::start_coordinator`]), the [`coordinator`] of coordinated leader election
+//!   that kube-apiserver runs with the `CoordinatedLeaderElection` feature gate.
 //! - The core/v1 Events endpoint (POST).
 //! - 403 `Forbidden` for a verb a test denies, as RBAC would; 429/5xx and slow answers on
 //!   request, as a busy API server.
@@ -21,6 +25,7 @@
 //! binary), and with a state file it keeps its objects and revision across a restart, as the
 //! real server keeps them in etcd.
 
+pub mod coordinator;
 mod fields;
 mod objects;
 pub mod process;
@@ -35,12 +40,13 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tokio::sync::broadcast;
 
-use objects::{Change, Objects};
+use objects::{Change, Objects, Resource};
 
 /// What a test can make the server do besides keeping the contract.
 #[derive(Debug)]
 struct Behaviour {
-    denied: HashSet<String>,
+    /// `(resource, verb)` pairs answered 403, such as `("leases", "update")`.
+    denied: HashSet<(String, String)>,
     /// How long a PUT takes to answer.
     write_delay: Duration,
     /// Answers for the next PUTs instead of doing them: a status code each.
@@ -166,12 +172,31 @@ impl KubeApiServer {
     /// Denies `verb` (get, create, update, patch, watch, list, delete) on leases, as a Role
     /// without it would.
     pub fn deny(&self, verb: &str) {
-        self.shared.behaviour().denied.insert(verb.to_owned());
+        self.deny_on("leases", verb);
     }
 
-    /// Allows `verb` again.
+    /// Allows `verb` on leases again.
     pub fn allow(&self, verb: &str) {
-        self.shared.behaviour().denied.remove(verb);
+        self.allow_on("leases", verb);
+    }
+
+    /// Denies `verb` on `resource` (`leases` or `leasecandidates`).
+    pub fn deny_on(&self, resource: &str, verb: &str) {
+        let denied = (resource.to_owned(), verb.to_owned());
+        self.shared.behaviour().denied.insert(denied);
+    }
+
+    /// Allows `verb` on `resource` again.
+    pub fn allow_on(&self, resource: &str, verb: &str) {
+        let denied = (resource.to_owned(), verb.to_owned());
+        self.shared.behaviour().denied.remove(&denied);
+    }
+
+    /// Runs the [`coordinator`] of coordinated leader election on the current runtime, as
+    /// kube-apiserver does with the `CoordinatedLeaderElection` feature gate on; without it,
+    /// nobody elects among LeaseCandidates, as on a cluster with the gate off.
+    pub fn start_coordinator(&self) {
+        tokio::spawn(coordinator::run(self.clone()));
     }
 
     /// Makes every PUT answer after `delay`, as a busy API server would.
@@ -219,18 +244,26 @@ impl KubeApiServer {
         lease["metadata"]["name"] = json!(name);
         lease["metadata"]["namespace"] = json!(namespace);
         let mut objects = self.shared.objects();
-        let change = objects.store(&(namespace.to_owned(), name.to_owned()), lease);
+        let key = (Resource::Lease, namespace.to_owned(), name.to_owned());
+        let change = objects.store(&key, lease);
         self.shared.committed(&objects, change);
     }
 
     /// The stored Lease, if there is one.
     #[must_use]
     pub fn lease(&self, namespace: &str, name: &str) -> Option<Value> {
-        self.shared
-            .objects()
-            .leases
-            .get(&(namespace.to_owned(), name.to_owned()))
-            .cloned()
+        self.object(Resource::Lease, namespace, name)
+    }
+
+    /// The stored LeaseCandidate, if there is one.
+    #[must_use]
+    pub fn lease_candidate(&self, namespace: &str, name: &str) -> Option<Value> {
+        self.object(Resource::LeaseCandidate, namespace, name)
+    }
+
+    fn object(&self, resource: Resource, namespace: &str, name: &str) -> Option<Value> {
+        let key = (resource, namespace.to_owned(), name.to_owned());
+        self.shared.objects().items.get(&key).cloned()
     }
 
     /// The Events posted so far.

@@ -1,17 +1,18 @@
 //! The test API server as a process: `kube-api-server [--listen ADDR] [--state FILE]
-//! [--kubeconfig FILE]` (see the binary's documentation).
+//! [--kubeconfig FILE] [--coordinated-leader-election]` (see the binary's documentation).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use super::KubeApiServer;
 
-const USAGE: &str = "usage: kube-api-server [--listen ADDR] [--state FILE] [--kubeconfig FILE]";
+const USAGE: &str = "usage: kube-api-server [--listen ADDR] [--state FILE] [--kubeconfig FILE] [--coordinated-leader-election]";
 
 struct Args {
     listen: String,
     state: Option<PathBuf>,
     kubeconfig: Option<PathBuf>,
+    coordinator: bool,
 }
 
 fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
@@ -19,6 +20,7 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
         listen: "127.0.0.1:0".into(),
         state: None,
         kubeconfig: None,
+        coordinator: false,
     };
     while let Some(flag) = args.next() {
         let mut value = || args.next().ok_or_else(|| format!("{flag} needs a value"));
@@ -26,6 +28,7 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
             "--listen" => parsed.listen = value()?,
             "--state" => parsed.state = Some(value()?.into()),
             "--kubeconfig" => parsed.kubeconfig = Some(value()?.into()),
+            "--coordinated-leader-election" => parsed.coordinator = true,
             other => return Err(format!("unknown argument {other:?}")),
         }
     }
@@ -75,6 +78,9 @@ async fn serve() -> ExitCode {
     {
         eprintln!("kube-api-server: writing {}: {err}", path.display());
         return ExitCode::FAILURE;
+    }
+    if args.coordinator {
+        server.start_coordinator();
     }
     println!("listening on {}", server.url());
     std::future::pending::<()>().await;

@@ -1,4 +1,4 @@
-//! The HTTP surface: the Lease endpoints as kube-apiserver serves them.
+//! The HTTP surface: the Lease and LeaseCandidate endpoints as kube-apiserver serves them.
 
 use std::convert::Infallible;
 use std::time::Duration;
@@ -15,28 +15,45 @@ use tokio::sync::broadcast;
 
 use super::KubeApiServer;
 use super::fields;
-use super::objects::{Key, LEASE_API_VERSION, Objects, Refusal, admit};
+use super::objects::{Key, Objects, Refusal, Resource, admit};
 
 pub(super) fn router(server: KubeApiServer) -> Router {
     Router::new()
         .route(
-            "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases",
+            "/apis/coordination.k8s.io/{version}/namespaces/{ns}/{resource}",
             post(create).get(list_or_watch),
         )
         .route(
-            "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{name}",
+            "/apis/coordination.k8s.io/{version}/namespaces/{ns}/{resource}/{name}",
             get(read).put(replace).patch(patch).delete(remove),
         )
         .route("/api/v1/namespaces/{ns}/events", post(event))
         .with_state(server)
 }
 
+/// The resource a path names, or the 404 the server answers for one it does not serve.
+fn resource_of(version: &str, plural: &str) -> Result<Resource, Box<Response>> {
+    Resource::of_path(version, plural).ok_or_else(|| {
+        let body = json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
+            "status": "Failure", "message": "the server could not find the requested resource",
+            "reason": "NotFound", "details": {}, "code": 404});
+        Box::new(json_response(StatusCode::NOT_FOUND, &body))
+    })
+}
+
 /// A `Status` body with `code`, as the API server answers every error.
-fn status(code: StatusCode, reason: &str, message: &str, name: &str, details: Value) -> Response {
+fn status(
+    resource: Resource,
+    code: StatusCode,
+    reason: &str,
+    message: &str,
+    name: &str,
+    details: Value,
+) -> Response {
     let mut details = details;
     details["name"] = json!(name);
     details["group"] = json!("coordination.k8s.io");
-    details["kind"] = json!("leases");
+    details["kind"] = json!(resource.plural());
     let body = json!({
         "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
         "message": message, "reason": reason, "details": details, "code": code.as_u16(),
@@ -53,9 +70,10 @@ fn json_response(code: StatusCode, body: &Value) -> Response {
         .into_response()
 }
 
-fn refused(name: &str, refusal: Refusal) -> Response {
+fn refused(resource: Resource, name: &str, refusal: Refusal) -> Response {
     match refusal {
         Refusal::BadRequest(message) => status(
+            resource,
             StatusCode::BAD_REQUEST,
             "BadRequest",
             &message,
@@ -63,40 +81,51 @@ fn refused(name: &str, refusal: Refusal) -> Response {
             json!({}),
         ),
         Refusal::Invalid(message) => status(
+            resource,
             StatusCode::UNPROCESSABLE_ENTITY,
             "Invalid",
-            &format!("Lease.coordination.k8s.io \"{name}\" is invalid: {message}"),
+            &format!(
+                "{}.coordination.k8s.io \"{name}\" is invalid: {message}",
+                resource.kind()
+            ),
             name,
             json!({}),
         ),
     }
 }
 
-fn conflict(name: &str) -> Response {
+fn conflict(resource: Resource, name: &str) -> Response {
     status(
+        resource,
         StatusCode::CONFLICT,
         "Conflict",
         &format!(
-            "Operation cannot be fulfilled on leases.coordination.k8s.io \"{name}\": the object has been modified; please apply your changes to the latest version and try again"
+            "Operation cannot be fulfilled on {}.coordination.k8s.io \"{name}\": the object has been modified; please apply your changes to the latest version and try again",
+            resource.plural()
         ),
         name,
         json!({}),
     )
 }
 
-fn not_found(name: &str) -> Response {
+fn not_found(resource: Resource, name: &str) -> Response {
     status(
+        resource,
         StatusCode::NOT_FOUND,
         "NotFound",
-        &format!("leases.coordination.k8s.io \"{name}\" not found"),
+        &format!(
+            "{}.coordination.k8s.io \"{name}\" not found",
+            resource.plural()
+        ),
         name,
         json!({}),
     )
 }
 
-fn bad_json(name: &str, body: &Bytes) -> Result<Value, Box<Response>> {
+fn bad_json(resource: Resource, name: &str, body: &Bytes) -> Result<Value, Box<Response>> {
     serde_json::from_slice::<Value>(body).map_err(|err| {
         Box::new(status(
+            resource,
             StatusCode::BAD_REQUEST,
             "BadRequest",
             &format!("invalid JSON: {err}"),
@@ -108,13 +137,20 @@ fn bad_json(name: &str, body: &Bytes) -> Result<Value, Box<Response>> {
 
 impl KubeApiServer {
     /// 403 for a verb a test denied, in RBAC's words.
-    fn denied(&self, verb: &str, ns: &str, name: &str) -> Option<Response> {
-        self.shared.behaviour().denied.contains(verb).then(|| {
+    fn denied(&self, resource: Resource, verb: &str, ns: &str, name: &str) -> Option<Response> {
+        let plural = resource.plural();
+        let denied = self
+            .shared
+            .behaviour()
+            .denied
+            .contains(&(plural.to_owned(), verb.to_owned()));
+        denied.then(|| {
             status(
+                resource,
                 StatusCode::FORBIDDEN,
                 "Forbidden",
                 &format!(
-                    "leases.coordination.k8s.io \"{name}\" is forbidden: User \"system:serviceaccount:{ns}:leader\" cannot {verb} resource \"leases\" in API group \"coordination.k8s.io\" in the namespace \"{ns}\""
+                    "{plural}.coordination.k8s.io \"{name}\" is forbidden: User \"system:serviceaccount:{ns}:leader\" cannot {verb} resource \"{plural}\" in API group \"coordination.k8s.io\" in the namespace \"{ns}\""
                 ),
                 name,
                 json!({}),
@@ -167,71 +203,93 @@ fn stored(
 
 async fn read(
     State(api): State<KubeApiServer>,
-    Path((ns, name)): Path<(String, String)>,
+    Path((version, ns, plural, name)): Path<(String, String, String, String)>,
 ) -> Response {
-    if let Some(denied) = api.denied("get", &ns, &name) {
+    let resource = match resource_of(&version, &plural) {
+        Ok(resource) => resource,
+        Err(response) => return *response,
+    };
+    if let Some(denied) = api.denied(resource, "get", &ns, &name) {
         return denied;
     }
-    match api.lease(&ns, &name) {
-        Some(lease) => json_response(StatusCode::OK, &lease),
-        None => not_found(&name),
+    match api
+        .shared
+        .objects()
+        .items
+        .get(&(resource, ns, name.clone()))
+    {
+        Some(object) => json_response(StatusCode::OK, object),
+        None => not_found(resource, &name),
     }
 }
 
 async fn create(
     State(api): State<KubeApiServer>,
-    Path(ns): Path<String>,
+    Path((version, ns, plural)): Path<(String, String, String)>,
     Query(query): Query<WriteQuery>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let mut lease = match bad_json("", &body) {
-        Ok(lease) => without_managed_fields(lease),
+    let resource = match resource_of(&version, &plural) {
+        Ok(resource) => resource,
         Err(response) => return *response,
     };
-    let name = lease["metadata"]["name"]
+    let mut object = match bad_json(resource, "", &body) {
+        Ok(object) => without_managed_fields(object),
+        Err(response) => return *response,
+    };
+    let name = object["metadata"]["name"]
         .as_str()
         .unwrap_or_default()
         .to_owned();
-    if let Some(denied) = api.denied("create", &ns, &name) {
+    if let Some(denied) = api.denied(resource, "create", &ns, &name) {
         return denied;
     }
-    if let Err(refusal) = admit(&mut lease, &name) {
-        return refused(&name, refusal);
+    if let Err(refusal) = admit(resource, &mut object, &name, None) {
+        return refused(resource, &name, refusal);
     }
-    let key = (ns, name.clone());
+    let key = (resource, ns, name.clone());
     let mut objects = api.shared.objects();
-    if objects.leases.contains_key(&key) {
+    if objects.items.contains_key(&key) {
         return status(
+            resource,
             StatusCode::CONFLICT,
             "AlreadyExists",
-            &format!("leases.coordination.k8s.io \"{name}\" already exists"),
+            &format!(
+                "{}.coordination.k8s.io \"{name}\" already exists",
+                resource.plural()
+            ),
             &name,
             json!({}),
         );
     }
     fields::record_update(
         None,
-        &mut lease,
+        &mut object,
         &manager_of(&query, &headers),
-        LEASE_API_VERSION,
+        resource.api_version(),
     );
-    stored(&api, &mut objects, &key, lease, false)
+    stored(&api, &mut objects, &key, object, false)
 }
 
-/// PUT, as the registry store's update path does for Leases (`pkg/registry/coordination/lease/
+/// PUT, as the registry store's update path does for Leases and LeaseCandidates
+/// (`pkg/registry/coordination/lease/strategy.go`, `pkg/registry/coordination/leasecandidate/
 /// strategy.go`, `staging/src/k8s.io/apiserver/pkg/registry/generic/registry/store.go`
-/// `Update`): `AllowCreateOnUpdate` is true, so a PUT of a missing Lease creates it (201);
-/// `AllowUnconditionalUpdate` is false, so a PUT of an existing Lease without a
+/// `Update`): `AllowCreateOnUpdate` is true, so a PUT of a missing object creates it (201);
+/// `AllowUnconditionalUpdate` is false, so a PUT of an existing object without a
 /// `resourceVersion` is 422, and one with another version is 409.
 async fn replace(
     State(api): State<KubeApiServer>,
-    Path((ns, name)): Path<(String, String)>,
+    Path((version, ns, plural, name)): Path<(String, String, String, String)>,
     Query(query): Query<WriteQuery>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    if let Some(denied) = api.denied("update", &ns, &name) {
+    let resource = match resource_of(&version, &plural) {
+        Ok(resource) => resource,
+        Err(response) => return *response,
+    };
+    if let Some(denied) = api.denied(resource, "update", &ns, &name) {
         return denied;
     }
     let (delay, rejected) = {
@@ -242,6 +300,7 @@ async fn replace(
     if let Some(code) = rejected {
         let code = StatusCode::from_u16(code).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
         let mut response = status(
+            resource,
             code,
             "TooManyRequests",
             "the server is busy",
@@ -253,19 +312,20 @@ async fn replace(
             .insert("retry-after", HeaderValue::from_static("1"));
         return response;
     }
-    let mut lease = match bad_json(&name, &body) {
-        Ok(lease) => without_managed_fields(lease),
+    let mut object = match bad_json(resource, &name, &body) {
+        Ok(object) => without_managed_fields(object),
         Err(response) => return *response,
     };
-    if let Err(refusal) = admit(&mut lease, &name) {
-        return refused(&name, refusal);
-    }
-    let key = (ns, name.clone());
+    let key = (resource, ns, name.clone());
     let mut objects = api.shared.objects();
-    let current = objects.leases.get(&key).cloned();
+    let current = objects.items.get(&key).cloned();
+    if let Err(refusal) = admit(resource, &mut object, &name, current.as_ref()) {
+        return refused(resource, &name, refusal);
+    }
     if let Some(current) = &current {
-        let Some(expected) = lease["metadata"]["resourceVersion"].as_str() else {
+        let Some(expected) = object["metadata"]["resourceVersion"].as_str() else {
             return refused(
+                resource,
                 &name,
                 Refusal::Invalid(
                     "metadata.resourceVersion: Invalid value: 0x0: must be specified for an update"
@@ -274,16 +334,16 @@ async fn replace(
             );
         };
         if Some(expected) != current["metadata"]["resourceVersion"].as_str() {
-            return conflict(&name);
+            return conflict(resource, &name);
         }
     }
     fields::record_update(
         current.as_ref(),
-        &mut lease,
+        &mut object,
         &manager_of(&query, &headers),
-        LEASE_API_VERSION,
+        resource.api_version(),
     );
-    stored(&api, &mut objects, &key, lease, current.is_some())
+    stored(&api, &mut objects, &key, object, current.is_some())
 }
 
 /// PATCH in the forms Lease clients send (`staging/src/k8s.io/apiserver/pkg/endpoints/handlers/
@@ -295,12 +355,16 @@ async fn replace(
 /// follows [`fields`].
 async fn patch(
     State(api): State<KubeApiServer>,
-    Path((ns, name)): Path<(String, String)>,
+    Path((version, ns, plural, name)): Path<(String, String, String, String)>,
     Query(query): Query<WriteQuery>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    if let Some(denied) = api.denied("patch", &ns, &name) {
+    let resource = match resource_of(&version, &plural) {
+        Ok(resource) => resource,
+        Err(response) => return *response,
+    };
+    if let Some(denied) = api.denied(resource, "patch", &ns, &name) {
         return denied;
     }
     let content_type = headers
@@ -324,6 +388,7 @@ async fn patch(
         "application/apply-patch+yaml" => Form::Apply,
         other => {
             return status(
+                resource,
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 "UnsupportedMediaType",
                 &format!(
@@ -336,67 +401,80 @@ async fn patch(
     };
     if form == Form::Apply && query.field_manager.as_deref().is_none_or(str::is_empty) {
         return refused(
+            resource,
             &name,
             Refusal::Invalid("fieldManager: Required value: is required for apply patch".into()),
         );
     }
-    let patch = match bad_json(&name, &body) {
+    let patch = match bad_json(resource, &name, &body) {
         Ok(patch) => without_managed_fields(patch),
         Err(response) => return *response,
     };
-    let key: Key = (ns, name.clone());
+    let key: Key = (resource, ns, name.clone());
     let mut objects = api.shared.objects();
-    let current = objects.leases.get(&key).cloned();
+    let current = objects.items.get(&key).cloned();
     if let Some(current) = &current
         && let Some(expected) = patch["metadata"]["resourceVersion"].as_str()
         && Some(expected) != current["metadata"]["resourceVersion"].as_str()
     {
-        return conflict(&name);
+        return conflict(resource, &name);
     }
     let manager = manager_of(&query, &headers);
-    let mut lease = match (form, &current) {
+    let api_version = resource.api_version();
+    let mut object = match (form, &current) {
         (Form::Apply, _) => {
             let force = query.force.unwrap_or(false);
-            match fields::apply(current.as_ref(), &patch, &manager, force, LEASE_API_VERSION) {
-                Ok(lease) => lease,
+            match fields::apply(current.as_ref(), &patch, &manager, force, api_version) {
+                Ok(object) => object,
                 Err(conflicts) => {
                     let (message, details) = conflicts.status();
-                    return status(StatusCode::CONFLICT, "Conflict", &message, &name, details);
+                    return status(
+                        resource,
+                        StatusCode::CONFLICT,
+                        "Conflict",
+                        &message,
+                        &name,
+                        details,
+                    );
                 }
             }
         }
-        (_, None) => return not_found(&name),
+        (_, None) => return not_found(resource, &name),
         (form, Some(current)) => {
-            let mut lease = current.clone();
+            let mut object = current.clone();
             if form == Form::Merge {
-                fields::merge_patch(&mut lease, &patch);
+                fields::merge_patch(&mut object, &patch);
             } else {
-                fields::strategic_merge_patch(&mut lease, &patch);
+                fields::strategic_merge_patch(&mut object, &patch);
             }
-            fields::record_update(Some(current), &mut lease, &manager, LEASE_API_VERSION);
-            lease
+            fields::record_update(Some(current), &mut object, &manager, api_version);
+            object
         }
     };
-    if let Err(refusal) = admit(&mut lease, &name) {
-        return refused(&name, refusal);
+    if let Err(refusal) = admit(resource, &mut object, &name, current.as_ref()) {
+        return refused(resource, &name, refusal);
     }
-    stored(&api, &mut objects, &key, lease, current.is_some())
+    stored(&api, &mut objects, &key, object, current.is_some())
 }
 
 async fn remove(
     State(api): State<KubeApiServer>,
-    Path((ns, name)): Path<(String, String)>,
+    Path((version, ns, plural, name)): Path<(String, String, String, String)>,
 ) -> Response {
-    if let Some(denied) = api.denied("delete", &ns, &name) {
+    let resource = match resource_of(&version, &plural) {
+        Ok(resource) => resource,
+        Err(response) => return *response,
+    };
+    if let Some(denied) = api.denied(resource, "delete", &ns, &name) {
         return denied;
     }
     let mut objects = api.shared.objects();
-    match objects.remove(&(ns, name.clone())) {
-        Some((lease, change)) => {
+    match objects.remove(&(resource, ns, name.clone())) {
+        Some((object, change)) => {
             api.shared.committed(&objects, change);
-            json_response(StatusCode::OK, &lease)
+            json_response(StatusCode::OK, &object)
         }
-        None => not_found(&name),
+        None => not_found(resource, &name),
     }
 }
 
@@ -422,9 +500,13 @@ struct ListQuery {
 /// [`KubeApiServer::bookmark_every`].
 async fn list_or_watch(
     State(api): State<KubeApiServer>,
-    Path(ns): Path<String>,
+    Path((version, ns, plural)): Path<(String, String, String)>,
     Query(query): Query<ListQuery>,
 ) -> Response {
+    let resource = match resource_of(&version, &plural) {
+        Ok(resource) => resource,
+        Err(response) => return *response,
+    };
     let name = query
         .field_selector
         .as_deref()
@@ -435,21 +517,22 @@ async fn list_or_watch(
         .as_deref()
         .is_some_and(|w| w == "true" || w == "1");
     let verb = if watch { "watch" } else { "list" };
-    if let Some(denied) = api.denied(verb, &ns, name.as_deref().unwrap_or("")) {
+    if let Some(denied) = api.denied(resource, verb, &ns, name.as_deref().unwrap_or("")) {
         return denied;
     }
-    let matches = move |lease: &Value| {
-        lease["metadata"]["namespace"].as_str() == Some(ns.as_str())
+    let matches = move |object: &Value| {
+        object["kind"].as_str() == Some(resource.kind())
+            && object["metadata"]["namespace"].as_str() == Some(ns.as_str())
             && name
                 .as_deref()
-                .is_none_or(|n| lease["metadata"]["name"].as_str() == Some(n))
+                .is_none_or(|n| object["metadata"]["name"].as_str() == Some(n))
     };
     if !watch {
         let objects = api.shared.objects();
-        let items: Vec<&Value> = objects.leases.values().filter(|l| matches(l)).collect();
+        let items: Vec<&Value> = objects.items.values().filter(|l| matches(l)).collect();
         return json_response(
             StatusCode::OK,
-            &json!({"apiVersion": LEASE_API_VERSION, "kind": "LeaseList",
+            &json!({"apiVersion": resource.api_version(), "kind": format!("{}List", resource.kind()),
                 "metadata": {"resourceVersion": objects.revision.to_string()}, "items": items}),
         );
     }
@@ -474,7 +557,7 @@ async fn list_or_watch(
             "0" | "" => Some((
                 objects.revision,
                 objects
-                    .leases
+                    .items
                     .values()
                     .filter(|l| matches(l))
                     .map(|l| ("ADDED", l.clone()))
@@ -532,7 +615,7 @@ async fn list_or_watch(
                 }
                 tokio::time::sleep(bookmark_every).await;
                 let revision = api.shared.objects().revision;
-                let bookmark = json!({"kind": "Lease", "apiVersion": LEASE_API_VERSION,
+                let bookmark = json!({"kind": resource.kind(), "apiVersion": resource.api_version(),
                     "metadata": {"resourceVersion": revision.to_string()}});
                 Some((("BOOKMARK", bookmark), ()))
             }
@@ -554,7 +637,7 @@ async fn list_or_watch(
 }
 
 async fn event(State(api): State<KubeApiServer>, Path(ns): Path<String>, body: Bytes) -> Response {
-    let mut event = match bad_json("", &body) {
+    let mut event = match bad_json(Resource::Lease, "", &body) {
         Ok(event) => event,
         Err(response) => return *response,
     };

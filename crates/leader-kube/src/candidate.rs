@@ -1,0 +1,381 @@
+//! Coordinated leader election (KEP-4355): the candidate's `coordination.k8s.io/v1beta1`
+//! LeaseCandidate, kept as client-go's `leaderelection.LeaseCandidate` keeps it.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::Utc;
+use futures_util::StreamExt;
+use k8s_openapi::api::coordination::v1beta1::{LeaseCandidate, LeaseCandidateSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, DeleteParams, PostParams, WatchEvent, WatchParams};
+use leader_core::LockError;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::error::{BACKEND, map_on};
+use crate::lock::micro;
+
+/// What a candidate announces for coordinated leader election: the strategy the coordinator
+/// elects by and the versions it compares.
+///
+/// Under [`OLDEST_EMULATION_VERSION`](Self::OLDEST_EMULATION_VERSION), the strategy
+/// kube-apiserver's coordinator implements, it elects the candidate with the oldest emulation
+/// version, then the oldest binary version, then the one that announced itself first; during a
+/// rolling upgrade the old version keeps leading until every replica runs the new one. Any other
+/// strategy is a qualified name (`example.com/name`) that another controller elects by.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Coordination {
+    strategy: String,
+    binary_version: String,
+    emulation_version: String,
+}
+
+impl Coordination {
+    /// The strategy kube-apiserver's coordinator elects by.
+    pub const OLDEST_EMULATION_VERSION: &'static str = "OldestEmulationVersion";
+
+    /// Candidacy under [`OLDEST_EMULATION_VERSION`](Self::OLDEST_EMULATION_VERSION), with the
+    /// version the binary is (`binary_version`) and the version whose behaviour it keeps
+    /// (`emulation_version`, at most `binary_version`; often the same). Both are semantic
+    /// versions, such as `1.4.0`.
+    pub fn oldest_emulation_version(
+        binary_version: impl Into<String>,
+        emulation_version: impl Into<String>,
+    ) -> Self {
+        Self {
+            strategy: Self::OLDEST_EMULATION_VERSION.to_owned(),
+            binary_version: binary_version.into(),
+            emulation_version: emulation_version.into(),
+        }
+    }
+
+    /// Candidacy under another `strategy`, a qualified name such as `example.com/by-zone`
+    /// that a controller of your own elects by; `emulation_version` may be empty.
+    pub fn with_strategy(
+        strategy: impl Into<String>,
+        binary_version: impl Into<String>,
+        emulation_version: impl Into<String>,
+    ) -> Self {
+        Self {
+            strategy: strategy.into(),
+            binary_version: binary_version.into(),
+            emulation_version: emulation_version.into(),
+        }
+    }
+
+    /// Checks what the API server's validation of a LeaseCandidate would refuse, so that a
+    /// bad setting fails when the lock is built rather than at its first request.
+    pub(crate) fn validate(&self, identity: &str) -> Result<(), LockError> {
+        let bad = |message: String| LockError::Misconfigured {
+            backend: BACKEND,
+            message,
+        };
+        let key_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
+        if identity.is_empty()
+            || identity.len() > 253
+            || !identity.chars().all(key_char)
+            || identity == "."
+            || identity == ".."
+        {
+            return Err(bad(format!(
+                "the identity {identity:?} cannot name a LeaseCandidate: use at most 253 letters, digits, '-', '_' or '.'"
+            )));
+        }
+        let version = |field: &str, text: &str| {
+            semantic_version(text).ok_or_else(|| {
+                bad(format!(
+                    "{field} {text:?} is not a semantic version such as 1.4.0"
+                ))
+            })
+        };
+        let binary = version("the binary version", &self.binary_version)?;
+        let oldest = self.strategy == Self::OLDEST_EMULATION_VERSION;
+        if oldest || !self.emulation_version.is_empty() {
+            let emulation = version("the emulation version", &self.emulation_version)?;
+            if binary < emulation {
+                return Err(bad(format!(
+                    "the binary version {} is older than the emulation version {}",
+                    self.binary_version, self.emulation_version
+                )));
+            }
+        }
+        let qualified = self.strategy.split_once('/').is_some_and(|(prefix, name)| {
+            !prefix.is_empty() && !name.is_empty() && name.len() <= 63 && name.chars().all(key_char)
+        });
+        if !oldest && !qualified {
+            return Err(bad(format!(
+                "the strategy {:?} is neither {} nor a qualified name such as example.com/name",
+                self.strategy,
+                Self::OLDEST_EMULATION_VERSION
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// `MAJOR.MINOR.PATCH` with an optional pre-release, as `semver.Parse` accepts, compared by its
+/// numbers (a pre-release sorts first).
+fn semantic_version(text: &str) -> Option<([u64; 3], bool)> {
+    let (core, pre_release) = match text.split_once('-') {
+        Some((core, pre)) => (core, !pre.is_empty()),
+        None => (text.split('+').next()?, false),
+    };
+    let mut numbers = [0; 3];
+    let mut parts = core.split('.');
+    for number in &mut numbers {
+        let part = parts.next()?;
+        if part.is_empty() || (part.len() > 1 && part.starts_with('0')) {
+            return None;
+        }
+        *number = part.parse().ok()?;
+    }
+    parts.next().is_none().then_some((numbers, !pre_release))
+}
+
+/// How often the candidate renews without being asked, as client-go's `requeueInterval`: well
+/// within the coordinator's 15 minutes before it calls an election over a stale candidate.
+const RENEW_EVERY: Duration = Duration::from_secs(5 * 60);
+/// How long the candidate's watch stays open before the server ends it.
+const WATCH_SECONDS: u32 = 290;
+/// The back-off after a failure, doubling up to [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_secs(1);
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// One candidate's LeaseCandidate: named after its identity, naming the Lease.
+#[derive(Clone)]
+pub(crate) struct Candidate {
+    pub(crate) api: Api<LeaseCandidate>,
+    /// The same API through the client whose read timeout outlasts a watch.
+    pub(crate) watch_api: Api<LeaseCandidate>,
+    pub(crate) namespace: String,
+    pub(crate) name: String,
+    pub(crate) lease_name: String,
+    pub(crate) coordination: Coordination,
+}
+
+impl fmt::Debug for Candidate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Candidate")
+            .field("namespace", &self.namespace)
+            .field("name", &self.name)
+            .field("lease_name", &self.lease_name)
+            .field("coordination", &self.coordination)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Where the keeper leaves a failure for the elector: taken by the next attempt.
+pub(crate) type Problem = Arc<Mutex<Option<LockError>>>;
+
+/// The task keeping a candidate, stopped when dropped.
+#[derive(Debug)]
+pub(crate) struct Keeper(JoinHandle<()>);
+
+impl Drop for Keeper {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl Candidate {
+    fn context(&self) -> String {
+        format!("lease candidate {}/{}", self.namespace, self.name)
+    }
+
+    fn map(&self, verb: &str, err: kube::Error) -> LockError {
+        map_on("leasecandidates", &self.context(), verb, err)
+    }
+
+    /// Starts keeping the LeaseCandidate in the background: created or renewed at once, renewed
+    /// every [`RENEW_EVERY`] and whenever the coordinator pings it, created again if deleted.
+    /// A failure that needs a person (a denied verb, LeaseCandidates not served) is left in
+    /// `problem` for the elector to report.
+    pub(crate) fn keep(self, problem: Problem) -> Keeper {
+        Keeper(tokio::spawn(async move {
+            let mut backoff = FIRST_BACKOFF;
+            loop {
+                let started = Instant::now();
+                match self.serve().await {
+                    // The watch ended as watches do: again at once, unless that keeps happening.
+                    Ok(()) if started.elapsed() >= FIRST_BACKOFF => {
+                        backoff = FIRST_BACKOFF;
+                        continue;
+                    }
+                    Ok(()) => {}
+                    Err(err @ (LockError::Forbidden { .. } | LockError::Misconfigured { .. })) => {
+                        *problem.lock().unwrap_or_else(|p| p.into_inner()) = Some(err);
+                    }
+                    Err(err) => {
+                        tracing::warn!(error = %err, retry_in = ?backoff, "could not keep the lease candidate");
+                    }
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+            }
+        }))
+    }
+
+    /// Renews the candidate, then answers pings from a watch of it until the watch ends.
+    async fn serve(&self) -> Result<(), LockError> {
+        let version = self.renew().await?;
+        let params = WatchParams::default()
+            .fields(&format!("metadata.name={}", self.name))
+            .timeout(WATCH_SECONDS);
+        let mut events = self
+            .watch_api
+            .watch(&params, &version)
+            .await
+            .map_err(|err| self.map("watch", err))?
+            .boxed();
+        let mut renew_at = Instant::now() + RENEW_EVERY;
+        loop {
+            let event = tokio::select! {
+                () = tokio::time::sleep_until(renew_at) => {
+                    self.renew().await?;
+                    renew_at = Instant::now() + RENEW_EVERY;
+                    continue;
+                }
+                event = events.next() => event,
+            };
+            match event {
+                Some(Ok(WatchEvent::Modified(candidate))) if pinged(&candidate) => {
+                    self.renew().await?;
+                    renew_at = Instant::now() + RENEW_EVERY;
+                }
+                // Deleted (the coordinator's garbage collection, a person): create it again.
+                Some(Ok(WatchEvent::Deleted(_) | WatchEvent::Error(_))) | None => return Ok(()),
+                Some(Err(err)) => return Err(self.map("watch", err)),
+                Some(Ok(_)) => {}
+            }
+        }
+    }
+
+    /// Creates the LeaseCandidate, or renews it (`renewTime` now, the announced versions and
+    /// strategy) with its `resourceVersion` as precondition; returns the version written.
+    async fn renew(&self) -> Result<String, LockError> {
+        // A conflict means the coordinator wrote in between (a ping): read and try again.
+        for _ in 0..5 {
+            let current = self
+                .api
+                .get_opt(&self.name)
+                .await
+                .map_err(|err| self.map("get", err))?;
+            let written = match current {
+                None => {
+                    let candidate = LeaseCandidate {
+                        metadata: ObjectMeta {
+                            name: Some(self.name.clone()),
+                            namespace: Some(self.namespace.clone()),
+                            ..ObjectMeta::default()
+                        },
+                        spec: Some(self.spec(None)),
+                    };
+                    self.api
+                        .create(&PostParams::default(), &candidate)
+                        .await
+                        .map_err(|err| self.map("create", err))
+                }
+                Some(mut candidate) => {
+                    let named = candidate.spec.as_ref().map(|s| s.lease_name.as_str());
+                    if named.is_some_and(|lease| lease != self.lease_name) {
+                        return Err(LockError::Misconfigured {
+                            backend: BACKEND,
+                            message: format!(
+                                "{}: it is the candidate for Lease {:?}, not {:?}: give the candidates of each Lease identities of their own",
+                                self.context(),
+                                named.unwrap_or_default(),
+                                self.lease_name
+                            ),
+                        });
+                    }
+                    candidate.spec = Some(self.spec(candidate.spec.take()));
+                    candidate.metadata.managed_fields = None;
+                    self.api
+                        .replace(&self.name, &PostParams::default(), &candidate)
+                        .await
+                        .map_err(|err| self.map("update", err))
+                }
+            };
+            match written {
+                Ok(candidate) => {
+                    return Ok(candidate.metadata.resource_version.unwrap_or_default());
+                }
+                Err(err) if err.is_conflict() => {}
+                Err(err) => return Err(err),
+            }
+        }
+        Err(LockError::unavailable(
+            BACKEND,
+            format!("{}: renewals kept conflicting", self.context()),
+        ))
+    }
+
+    /// The spec this candidate announces, over `old` (keeping the coordinator's `pingTime`).
+    fn spec(&self, old: Option<LeaseCandidateSpec>) -> LeaseCandidateSpec {
+        let coordination = &self.coordination;
+        LeaseCandidateSpec {
+            lease_name: self.lease_name.clone(),
+            binary_version: coordination.binary_version.clone(),
+            emulation_version: Some(coordination.emulation_version.clone())
+                .filter(|v| !v.is_empty()),
+            strategy: coordination.strategy.clone(),
+            ping_time: old.and_then(|old| old.ping_time),
+            renew_time: Some(micro(Utc::now())),
+        }
+    }
+
+    /// Deletes the LeaseCandidate, so that the coordinator stops considering a candidate that
+    /// is gone. Best effort.
+    pub(crate) async fn withdraw(&self) {
+        let deleted = self.api.delete(&self.name, &DeleteParams::default()).await;
+        if let Err(err) = deleted {
+            let err = self.map("delete", err);
+            if !matches!(err, LockError::Misconfigured { .. }) {
+                tracing::debug!(error = %err, "could not delete the lease candidate");
+            }
+        }
+    }
+}
+
+/// Whether the coordinator asked this candidate to answer: a `pingTime` after its `renewTime`.
+fn pinged(candidate: &LeaseCandidate) -> bool {
+    candidate
+        .spec
+        .as_ref()
+        .is_some_and(|spec| match (&spec.ping_time, &spec.renew_time) {
+            (Some(ping), Some(renew)) => ping.0 > renew.0,
+            (Some(_), None) => true,
+            _ => false,
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_the_api_server_would_refuse_fail_early() {
+        let ok = Coordination::oldest_emulation_version("1.4.0", "1.3.0");
+        assert!(ok.validate("pod-1_a.b").is_ok());
+        assert!(ok.validate("pod/1").is_err());
+        assert!(ok.validate("").is_err());
+        for (binary, emulation) in [("1.4", "1.4.0"), ("1.4.0", ""), ("1.3.0", "1.4.0")] {
+            let bad = Coordination::oldest_emulation_version(binary, emulation);
+            assert!(bad.validate("a").is_err(), "{binary} {emulation}");
+        }
+        let own = Coordination::with_strategy("example.com/by-zone", "2.0.0", "");
+        assert!(own.validate("a").is_ok());
+        let unknown = Coordination::with_strategy("Newest", "2.0.0", "");
+        assert!(unknown.validate("a").is_err());
+    }
+
+    #[test]
+    fn versions_compare_by_number_with_pre_releases_first() {
+        assert!(semantic_version("1.9.0") < semantic_version("1.10.0"));
+        assert!(semantic_version("1.10.0-rc.1") < semantic_version("1.10.0"));
+        assert_eq!(semantic_version("01.2.3"), None);
+        assert_eq!(semantic_version("1.2.3.4"), None);
+    }
+}
