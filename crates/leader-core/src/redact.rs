@@ -24,17 +24,30 @@ pub fn redact_url(url: &str) -> String {
     )
 }
 
-/// Redacts `password=...` in key-value connection strings and URL query parameters.
+/// The keywords whose values are credentials, in key-value connection strings and URL query
+/// parameters (`password=`, an ACL `token=`, a `secret=`).
+const SECRET_KEYWORDS: [&str; 5] = ["password=", "token=", "secret=", "access_key=", "key="];
+
+/// Redacts the values of [`SECRET_KEYWORDS`] in key-value connection strings and URL query
+/// parameters.
 fn redact_keyword_password(conn: &str) -> String {
+    let mut redacted = conn.to_owned();
+    for keyword in SECRET_KEYWORDS {
+        redacted = redact_keyword(&redacted, keyword);
+    }
+    redacted
+}
+
+fn redact_keyword(conn: &str, keyword: &str) -> String {
     let lower = conn.to_ascii_lowercase();
     let mut out = String::with_capacity(conn.len());
     let mut rest = 0;
     let mut search = 0;
-    while let Some(found) = lower[search..].find("password=") {
+    while let Some(found) = lower[search..].find(keyword) {
         let start = search + found;
         let boundary =
             start == 0 || matches!(conn.as_bytes()[start - 1], b' ' | b'?' | b'&' | b'\t');
-        let value_start = start + "password=".len();
+        let value_start = start + keyword.len();
         if !boundary {
             search = value_start;
             continue;
@@ -75,5 +88,13 @@ mod tests {
         assert_eq!(redact_url("redis://:pw@h:6379/2"), "redis://:***@h:6379/2");
         assert_eq!(redact_url("rediss://app:pw@h"), "rediss://app:***@h");
         assert_eq!(redact_url("redis://h:6379"), "redis://h:6379");
+        assert_eq!(
+            redact_url("consul://h:8500/?dc=a&token=abc-123"),
+            "consul://h:8500/?dc=a&token=***"
+        );
+        assert_eq!(
+            redact_url("s3://b/k?secret=x&key=y"),
+            "s3://b/k?secret=***&key=***"
+        );
     }
 }

@@ -9,6 +9,8 @@ use std::time::Duration;
 use leader_core::{CancellationToken, LeaderElector, LeaderState, ResourceLock};
 
 pub mod bench;
+#[cfg(feature = "consul-api")]
+pub mod consul_api;
 #[cfg(feature = "kube-api")]
 pub mod kube_api;
 

@@ -19,6 +19,9 @@ pub use leader_redis as redis;
 #[cfg(feature = "etcd")]
 pub use leader_etcd as etcd;
 
+/// The Consul lock (feature `consul`).
+#[cfg(feature = "consul")]
+pub use leader_consul as consul;
 /// The Kubernetes Lease lock (feature `kubernetes`).
 #[cfg(feature = "kubernetes")]
 pub use leader_kube as kubernetes;

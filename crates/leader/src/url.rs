@@ -53,6 +53,7 @@ pub enum OpenError {
 /// | `postgres://user:pass@host/db?table=T&schema=S&advisory=true&idle_session_timeout=30s` (or `postgresql://`) | the Postgres table lock, or the advisory lock (`idle_session_timeout`: how long the server keeps a silent session and its advisory lock); other parameters go to the driver |
 /// | `redis://host:6379/0?prefix=P` (or `rediss://`) | the Redis lock |
 /// | `etcd://user:pass@host1:2379,host2:2379/?prefix=P` (or `etcds://`) | the etcd lock |
+/// | `consul://HOST:8500/PREFIX?dc=DC` (or `consuls://` for TLS) | the Consul lock; the ACL token from `CONSUL_HTTP_TOKEN` |
 /// | `kubernetes://NAMESPACE?binary_version=V&emulation_version=E` | a Lease in that namespace (in-cluster or kubeconfig); with `binary_version`, a candidate in coordinated leader election (`emulation_version` defaults to it) |
 #[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -88,6 +89,15 @@ pub enum LockUrl {
         /// `prefix=`.
         prefix: Option<String>,
     },
+    /// `consul://` or `consuls://`.
+    Consul {
+        /// `http(s)://host:port` of the agent.
+        address: String,
+        /// The key prefix (the URL's path), if given.
+        prefix: Option<String>,
+        /// `dc=`.
+        datacenter: Option<String>,
+    },
     /// `kubernetes://NAMESPACE`.
     Kubernetes {
         /// The namespace of the Lease.
@@ -105,8 +115,7 @@ impl fmt::Debug for LockUrl {
 }
 
 /// The schemes lock URLs use, for messages.
-const SCHEMES: &str =
-    "file://, postgres://, postgresql://, redis://, rediss://, etcd://, etcds://, kubernetes://";
+const SCHEMES: &str = "file://, postgres://, postgresql://, redis://, rediss://, etcd://, etcds://, consul://, consuls://, kubernetes://";
 
 /// The default lock directory for election `name`: `leader-NAME` in `$XDG_RUNTIME_DIR`, else in
 /// the temporary directory.
@@ -170,6 +179,7 @@ impl LockUrl {
             Self::Kubernetes { .. } => {
                 (!cfg!(feature = "kubernetes")).then_some(("Kubernetes", "kubernetes"))
             }
+            Self::Consul { .. } => (!cfg!(feature = "consul")).then_some(("Consul", "consul")),
         }
     }
 
@@ -295,6 +305,38 @@ impl LockUrl {
                     prefix,
                 })
             }
+            Some(scheme @ ("consul" | "consuls")) => {
+                let url = Url::parse(lock).map_err(|err| invalid(err.to_string()))?;
+                if !url.username().is_empty() || url.password().is_some() {
+                    return Err(invalid(
+                        "a consul:// URL takes no credentials; set CONSUL_HTTP_TOKEN".to_owned(),
+                    ));
+                }
+                let host = url
+                    .host_str()
+                    .ok_or_else(|| invalid("consul://HOST:PORT needs a host".to_owned()))?;
+                let port = url
+                    .port()
+                    .unwrap_or(if scheme == "consuls" { 8501 } else { 8500 });
+                let http = if scheme == "consuls" { "https" } else { "http" };
+                let mut datacenter = None;
+                for (key, value) in url.query_pairs() {
+                    match key.as_ref() {
+                        "dc" => datacenter = Some(value.into_owned()),
+                        other => {
+                            return Err(invalid(format!(
+                                "unknown parameter {other:?}; consul:// takes dc (the token comes from CONSUL_HTTP_TOKEN)"
+                            )));
+                        }
+                    }
+                }
+                let prefix = url.path().trim_start_matches('/');
+                Ok(Self::Consul {
+                    address: format!("{http}://{host}:{port}"),
+                    prefix: (!prefix.is_empty()).then(|| prefix.to_owned()),
+                    datacenter,
+                })
+            }
             Some("kubernetes") => {
                 let rest = &lock["kubernetes://".len()..];
                 let (namespace, query) = rest.split_once('?').unwrap_or((rest, ""));
@@ -352,6 +394,9 @@ impl LockUrl {
             Self::File(path) => format!("file:{}", path.display()),
             Self::Postgres { url, .. } | Self::Redis { url, .. } => redact_url(url),
             Self::Etcd { endpoints, .. } => format!("etcd:{}", endpoints.join(",")),
+            Self::Consul {
+                address, prefix, ..
+            } => format!("consul:{address}/{}", prefix.as_deref().unwrap_or_default()),
             Self::Kubernetes {
                 namespace,
                 coordinated: None,
@@ -431,6 +476,24 @@ impl LockUrl {
                     builder = builder.prefix(prefix);
                 }
                 Box::new(builder.build().await?.lock(name, identity))
+            }
+            #[cfg(feature = "consul")]
+            Self::Consul {
+                address,
+                prefix,
+                datacenter,
+            } => {
+                let mut builder = leader_consul::ConsulStore::builder(address);
+                if let Some(prefix) = prefix {
+                    builder = builder.prefix(prefix);
+                }
+                if let Some(datacenter) = datacenter {
+                    builder = builder.datacenter(datacenter);
+                }
+                if let Ok(token) = std::env::var("CONSUL_HTTP_TOKEN") {
+                    builder = builder.token(token);
+                }
+                Box::new(builder.build()?.lock(name, identity))
             }
             #[cfg(feature = "kubernetes")]
             Self::Kubernetes {
@@ -536,6 +599,22 @@ mod tests {
                 coordinated: Some(("1.5.0".into(), "1.4.0".into())),
             })
         );
+        assert_eq!(
+            LockUrl::parse_any("consuls://consul.internal/app/locks/?dc=eu1").ok(),
+            Some(LockUrl::Consul {
+                address: "https://consul.internal:8501".into(),
+                prefix: Some("app/locks/".into()),
+                datacenter: Some("eu1".into()),
+            })
+        );
+        assert_eq!(
+            LockUrl::parse_any("consul://127.0.0.1:8500").ok(),
+            Some(LockUrl::Consul {
+                address: "http://127.0.0.1:8500".into(),
+                prefix: None,
+                datacenter: None,
+            })
+        );
         assert!(default_file("my/job").ends_with("leader-my_job"));
     }
 
@@ -547,6 +626,8 @@ mod tests {
             ("nonsense", "not a URL"),
             ("kubernetes://Not_A_Namespace", "needs a namespace name"),
             ("kubernetes://jobs?binary=1.0.0", "unknown parameter"),
+            ("consul://u:secret@host:8500", "CONSUL_HTTP_TOKEN"),
+            ("consul://host:8500/?token=secret", "unknown parameter"),
             (
                 "kubernetes://jobs?emulation_version=1.0.0",
                 "needs binary_version",

@@ -1,0 +1,13 @@
+#![doc = include_str!("../README.md")]
+#![forbid(unsafe_code)]
+#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
+
+mod error;
+mod lock;
+mod store;
+
+pub use lock::ConsulLock;
+pub use store::{ConsulStore, ConsulStoreBuilder, DEFAULT_PREFIX};
+
+/// The core crate, so that one dependency is enough.
+pub use leader_core;
