@@ -9,7 +9,6 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use futures_util::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::api::coordination::v1beta1::LeaseCandidate;
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
 use kube::api::{Api, PostParams, WatchEvent, WatchParams};
@@ -51,8 +50,6 @@ pub struct LeaseLock {
     /// The same API through a client whose read timeout outlasts the server's watch timeout.
     watch_api: Api<Lease>,
     events: Api<Event>,
-    candidates: Api<LeaseCandidate>,
-    watch_candidates: Api<LeaseCandidate>,
     namespace: String,
     name: String,
     identity: String,
@@ -121,10 +118,8 @@ impl LeaseLock {
         let namespace = namespace.into();
         Self {
             api: Api::namespaced(client.clone(), &namespace),
-            watch_api: Api::namespaced(watch_client.clone(), &namespace),
-            events: Api::namespaced(client.clone(), &namespace),
-            candidates: Api::namespaced(client, &namespace),
-            watch_candidates: Api::namespaced(watch_client, &namespace),
+            watch_api: Api::namespaced(watch_client, &namespace),
+            events: Api::namespaced(client, &namespace),
             namespace,
             name: name.into(),
             identity: identity.into(),
@@ -161,9 +156,10 @@ impl LeaseLock {
     /// or the strategy would be refused by the API server.
     pub fn coordinated(mut self, coordination: Coordination) -> Result<Self, LockError> {
         coordination.validate(&self.identity)?;
+        // The LeaseCandidate through the same two clients as the Lease.
         let candidate = Candidate {
-            api: self.candidates.clone(),
-            watch_api: self.watch_candidates.clone(),
+            api: Api::namespaced(self.api.clone().into_client(), &self.namespace),
+            watch_api: Api::namespaced(self.watch_api.clone().into_client(), &self.namespace),
             namespace: self.namespace.clone(),
             name: self.identity.clone(),
             lease_name: self.name.clone(),
@@ -374,9 +370,8 @@ impl LeaseLock {
                 let handover = spec
                     .and_then(|spec| spec.preferred_holder.as_deref())
                     .is_some_and(|p| !p.is_empty());
-                let assigned = assigned_to.is_some()
-                    && holder == assigned_to
-                    && std::mem::replace(&mut holder_before, holder.clone()) != holder;
+                let assigned =
+                    assigned_to.is_some() && holder == assigned_to && holder != holder_before;
                 holder_before = holder;
                 if free || handover || assigned {
                     WatchOutcome::Released

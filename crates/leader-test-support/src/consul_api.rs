@@ -227,21 +227,10 @@ impl ConsulApiServer {
     pub fn put_raw(&self, key: &str, value: &[u8]) {
         let mut data = self.data();
         let index = data.index + 1;
-        let old = data.kv.get(key).cloned();
-        data.kv.insert(
-            key.to_owned(),
-            Entry {
-                create_index: old.as_ref().map_or(index, |e| e.create_index),
-                modify_index: index,
-                lock_index: old.as_ref().map_or(0, |e| e.lock_index),
-                flags: 0,
-                value: value.to_vec(),
-                session: old.and_then(|e| e.session),
-            },
-        );
-        data.index = index;
-        data.kv_index = index;
-        self.written(&data);
+        if let Ok(true) = apply(&mut data, index, key, value, &Write::Set) {
+            data.index = index;
+            self.written(&data);
+        }
     }
 
     fn data(&self) -> MutexGuard<'_, Data> {
@@ -256,13 +245,44 @@ impl ConsulApiServer {
         self.shared.written.send_replace(data.index);
     }
 
-    fn count(&self, method: &str, path: &str) {
+    fn count(&self, endpoint: &str) {
         let mut requests = self
             .shared
             .requests
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        *requests.entry(format!("{method} {path}")).or_default() += 1;
+        *requests.entry(endpoint.to_owned()).or_default() += 1;
+    }
+
+    /// Counts a request to `endpoint` (`METHOD /v1/area`) and answers it at once when it is
+    /// for another datacenter (500) or its token lacks `rule` on `resource` (403).
+    fn admit(
+        &self,
+        endpoint: &str,
+        params: &HashMap<String, String>,
+        headers: &HeaderMap,
+        rule: &str,
+        resource: &str,
+    ) -> Option<Response> {
+        self.count(endpoint);
+        wrong_datacenter(params).or_else(|| self.check(headers, rule, resource))
+    }
+
+    /// One KV write of a `PUT` or `DELETE`: `true` once stored, `false` when its condition
+    /// failed; an unknown session is the 500 Consul answers.
+    fn write_key(&self, key: &str, value: &[u8], write: &Write<'_>) -> Response {
+        let mut data = self.data();
+        let index = data.index + 1;
+        // `apply` changes nothing unless it succeeds.
+        match apply(&mut data, index, key, value, write) {
+            Ok(true) => {
+                data.index = index;
+                self.written(&data);
+                json_response(StatusCode::OK, index, &json!(true))
+            }
+            Ok(false) => json_response(StatusCode::OK, data.index, &json!(false)),
+            Err(err) => text(StatusCode::INTERNAL_SERVER_ERROR, err),
+        }
     }
 
     /// The 403 for a request that lacks `rule` on `resource`, if it does.
@@ -349,12 +369,14 @@ async fn session_create(
     Query(params): Params,
     body: Bytes,
 ) -> Response {
-    api.count("PUT", "/v1/session/create");
-    if let Some(refused) = wrong_datacenter(&params) {
+    if let Some(refused) = api.admit(
+        "PUT /v1/session/create",
+        &params,
+        &headers,
+        "session:write",
+        "test-node",
+    ) {
         return refused;
-    }
-    if let Some(denied) = api.check(&headers, "session:write", "test-node") {
-        return denied;
     }
     let spec: Value = if body.is_empty() {
         json!({})
@@ -452,12 +474,14 @@ async fn session_renew(
     Path(id): Path<String>,
     Query(params): Params,
 ) -> Response {
-    api.count("PUT", "/v1/session/renew");
-    if let Some(refused) = wrong_datacenter(&params) {
+    if let Some(refused) = api.admit(
+        "PUT /v1/session/renew",
+        &params,
+        &headers,
+        "session:write",
+        "test-node",
+    ) {
         return refused;
-    }
-    if let Some(denied) = api.check(&headers, "session:write", "test-node") {
-        return denied;
     }
     let mut data = api.data();
     let index = data.index;
@@ -481,12 +505,14 @@ async fn session_destroy(
     Path(id): Path<String>,
     Query(params): Params,
 ) -> Response {
-    api.count("PUT", "/v1/session/destroy");
-    if let Some(refused) = wrong_datacenter(&params) {
+    if let Some(refused) = api.admit(
+        "PUT /v1/session/destroy",
+        &params,
+        &headers,
+        "session:write",
+        "test-node",
+    ) {
         return refused;
-    }
-    if let Some(denied) = api.check(&headers, "session:write", "test-node") {
-        return denied;
     }
     let mut data = api.data();
     invalidate(&mut data, &id);
@@ -496,7 +522,7 @@ async fn session_destroy(
 
 /// `GET /v1/session/info/ID`: the session in a list, or `null`.
 async fn session_info(State(api): State<ConsulApiServer>, Path(id): Path<String>) -> Response {
-    api.count("GET", "/v1/session/info");
+    api.count("GET /v1/session/info");
     let data = api.data();
     let body = data
         .sessions
@@ -584,12 +610,8 @@ async fn kv_get(
     Path(key): Path<String>,
     Query(params): Params,
 ) -> Response {
-    api.count("GET", "/v1/kv");
-    if let Some(refused) = wrong_datacenter(&params) {
+    if let Some(refused) = api.admit("GET /v1/kv", &params, &headers, "key:read", &key) {
         return refused;
-    }
-    if let Some(denied) = api.check(&headers, "key:read", &key) {
-        return denied;
     }
     let wanted: Option<u64> = params.get("index").and_then(|i| i.parse().ok());
     if let Some(wanted) = wanted.filter(|i| *i > 0) {
@@ -635,7 +657,7 @@ enum Write<'a> {
 }
 
 /// Applies `write` to `key`: `Ok(true)` when done, `Ok(false)` when its condition failed,
-/// `Err` for an error (an unknown session).
+/// `Err` for an error (an unknown session). Nothing changes unless it succeeds.
 fn apply(
     data: &mut Data,
     index: u64,
@@ -716,12 +738,8 @@ async fn kv_put(
     Query(params): Params,
     body: Bytes,
 ) -> Response {
-    api.count("PUT", "/v1/kv");
-    if let Some(refused) = wrong_datacenter(&params) {
+    if let Some(refused) = api.admit("PUT /v1/kv", &params, &headers, "key:write", &key) {
         return refused;
-    }
-    if let Some(denied) = api.check(&headers, "key:write", &key) {
-        return denied;
     }
     let cas = params.get("cas").map(|c| c.parse::<u64>());
     let write = if let Some(id) = params.get("acquire") {
@@ -735,19 +753,7 @@ async fn kv_put(
             None => Write::Set,
         }
     };
-    let mut data = api.data();
-    let mut next = data.clone();
-    let index = data.index + 1;
-    match apply(&mut next, index, &key, &body, &write) {
-        Ok(true) => {
-            next.index = index;
-            *data = next;
-            api.written(&data);
-            json_response(StatusCode::OK, index, &json!(true))
-        }
-        Ok(false) => json_response(StatusCode::OK, data.index, &json!(false)),
-        Err(err) => text(StatusCode::INTERNAL_SERVER_ERROR, err),
-    }
+    api.write_key(&key, &body, &write)
 }
 
 /// `DELETE /v1/kv/KEY`, with `?cas=`.
@@ -757,30 +763,15 @@ async fn kv_delete(
     Path(key): Path<String>,
     Query(params): Params,
 ) -> Response {
-    api.count("DELETE", "/v1/kv");
-    if let Some(refused) = wrong_datacenter(&params) {
+    if let Some(refused) = api.admit("DELETE /v1/kv", &params, &headers, "key:write", &key) {
         return refused;
-    }
-    if let Some(denied) = api.check(&headers, "key:write", &key) {
-        return denied;
     }
     let write = match params.get("cas").map(|c| c.parse::<u64>()) {
         Some(Ok(index)) => Write::DeleteCas(index),
         Some(Err(_)) => return text(StatusCode::BAD_REQUEST, "Invalid CAS index"),
         None => Write::Delete,
     };
-    let mut data = api.data();
-    let index = data.index + 1;
-    let mut next = data.clone();
-    match apply(&mut next, index, &key, &[], &write) {
-        Ok(true) => {
-            next.index = index;
-            *data = next;
-            api.written(&data);
-            json_response(StatusCode::OK, index, &json!(true))
-        }
-        Ok(false) | Err(_) => json_response(StatusCode::OK, data.index, &json!(false)),
-    }
+    api.write_key(&key, &[], &write)
 }
 
 /// `PUT /v1/txn`: KV operations, all or none.
@@ -790,7 +781,7 @@ async fn txn(
     Query(params): Params,
     body: Bytes,
 ) -> Response {
-    api.count("PUT", "/v1/txn");
+    api.count("PUT /v1/txn");
     if let Some(refused) = wrong_datacenter(&params) {
         return refused;
     }
