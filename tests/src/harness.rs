@@ -20,6 +20,8 @@ pub struct Programs {
     pub writer: PathBuf,
     /// The `kube-api-server` binary: the Kubernetes backend's server.
     pub kube_api_server: PathBuf,
+    /// The `consul-api-server` binary: the Consul backend's server.
+    pub consul_api_server: PathBuf,
     /// The `kubert-claimant` binary: another project's Lease client, for mixed fleets.
     pub kubert_claimant: PathBuf,
 }
@@ -33,6 +35,7 @@ macro_rules! programs {
             leader: ::std::path::PathBuf::from(env!("CARGO_BIN_EXE_leader-e2e")),
             writer: ::std::path::PathBuf::from(env!("CARGO_BIN_EXE_fenced-writer")),
             kube_api_server: ::std::path::PathBuf::from(env!("CARGO_BIN_EXE_kube-api-e2e")),
+            consul_api_server: ::std::path::PathBuf::from(env!("CARGO_BIN_EXE_consul-api-e2e")),
             kubert_claimant: ::std::path::PathBuf::from(env!("CARGO_BIN_EXE_kubert-claimant")),
         }
     };

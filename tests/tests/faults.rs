@@ -1,6 +1,6 @@
 //! Faults across backends: three replicas of `leader run -- fenced-writer` on the file lock and,
-//! through a TCP proxy each, on private Postgres (table and advisory locks), Redis, etcd and
-//! Kubernetes API servers; into whichever replica leads: SIGKILL, SIGSTOP past the lease then
+//! through a TCP proxy each, on private Postgres (table and advisory locks), Redis, etcd,
+//! Kubernetes API and Consul servers (the last two the test support's); into whichever replica leads: SIGKILL, SIGSTOP past the lease then
 //! SIGCONT, its network cut (a partition of the leader alone), a latency spike beyond the renew
 //! deadline; into the server: crashed and restarted, frozen with SIGSTOP, every connection
 //! refused (a full outage, during which the replicas' failed attempts are counted). On
@@ -166,6 +166,11 @@ fn faults_on_etcd() {
 #[test]
 fn faults_on_the_postgres_advisory_lock() {
     campaign(Backend::Advisory);
+}
+
+#[test]
+fn faults_on_consul() {
+    campaign(Backend::Consul);
 }
 
 #[test]

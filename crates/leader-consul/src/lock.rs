@@ -1,6 +1,7 @@
 //! The lock: one KV key per election, locked by the holder's session.
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -40,6 +41,7 @@ impl ConsulStore {
             session: Arc::new(SessionSlot {
                 id: Mutex::new(None),
             }),
+            holding: Arc::default(),
         }
     }
 }
@@ -68,9 +70,11 @@ fn encode_key(key: &str) -> String {
 ///   (`lock`), unlocks it (`unlock`, a release) or sets it keeping the holder's session (`cas`,
 ///   a handover request written on the holder's behalf): the compare-and-swap and the lock are
 ///   one atomic step.
-/// - The holder renews its session (`/v1/session/renew`) and reads the key to check it still
-///   holds that version: two requests per renewal, none of them a write, so followers'
-///   blocking queries do not wake.
+/// - The holder renews its session (`/v1/session/renew`): one request per renewal, not a write,
+///   so followers' blocking queries do not wake. Its own blocking query on the key (one
+///   request a minute while nothing changes) tells it of any write since its own; after one,
+///   or while that query is not running, a renewal also reads the key to check it still holds
+///   that version.
 /// - `try_acquire` goes by Consul's own expiry: a key locked by a live session is held (Consul
 ///   invalidates a session between one and two TTLs after its last renewal, and releases its
 ///   keys); an unlocked one is taken.
@@ -86,6 +90,7 @@ pub struct ConsulLock {
     context: String,
     identity: String,
     session: Arc<SessionSlot>,
+    holding: Arc<Holding>,
 }
 
 impl fmt::Debug for ConsulLock {
@@ -122,6 +127,50 @@ impl SessionSlot {
     }
 }
 
+/// The holder's watch of its key since its last write: while it runs and has seen no other
+/// write, the key is still the version written, locked by this candidate's session.
+#[derive(Default)]
+struct Holding {
+    watched: Mutex<Option<Watched>>,
+}
+
+struct Watched {
+    /// The `ModifyIndex` of the holder's last write.
+    index: u64,
+    /// Set by the watch when the key moved on, or the watch stopped.
+    moved: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Watched {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Holding {
+    fn set(&self, watched: Option<Watched>) {
+        *self.watched.lock().unwrap_or_else(|p| p.into_inner()) = watched;
+    }
+
+    /// Forgets that the key is unchanged: the change stream saw a write, which the next
+    /// renewal must read, whether or not the holder's own query has reported it yet.
+    fn moved(&self) {
+        if let Some(watched) = &*self.watched.lock().unwrap_or_else(|p| p.into_inner()) {
+            watched.moved.store(true, Ordering::Release);
+        }
+    }
+
+    /// Whether the key is known to be still at `index`.
+    fn unchanged_since(&self, index: u64) -> bool {
+        self.watched
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .is_some_and(|w| w.index == index && !w.moved.load(Ordering::Acquire))
+    }
+}
+
 async fn destroy(store: &ConsulStore, id: &str) {
     let path = format!("/v1/session/destroy/{id}");
     let answer = store
@@ -155,6 +204,47 @@ impl ConsulLock {
     /// The ID of this candidate's Consul session, while it has one.
     pub fn session_id(&self) -> Option<String> {
         self.session.get()
+    }
+
+    /// A reader of the key without this candidate's session or watch, for tasks that must not
+    /// keep them after the lock is dropped.
+    fn reader(&self) -> Self {
+        Self {
+            session: Arc::new(SessionSlot {
+                id: Mutex::new(None),
+            }),
+            holding: Arc::default(),
+            ..self.clone()
+        }
+    }
+
+    /// Watches the key as its holder from `index`, the `ModifyIndex` of this candidate's write
+    /// that locked it with `session`, until it moves on.
+    fn hold(&self, index: u64, session: String) {
+        let moved = Arc::new(AtomicBool::new(false));
+        let reader = self.reader();
+        let flag = moved.clone();
+        let task = tokio::spawn(async move {
+            let mut at = index;
+            loop {
+                let query = [
+                    ("index", at.to_string()),
+                    ("wait", format!("{}s", WAIT.as_secs())),
+                ];
+                match reader.read(&query, WAIT + WAIT / 16).await {
+                    Ok((Some(entry), next))
+                        if entry.modify_index == index
+                            && entry.session.as_deref() == Some(session.as_str())
+                            && next >= at =>
+                    {
+                        at = next;
+                    }
+                    _ => break,
+                }
+            }
+            flag.store(true, Ordering::Release);
+        });
+        self.holding.set(Some(Watched { index, moved, task }));
     }
 
     fn invalid(&self, what: impl fmt::Display) -> LockError {
@@ -307,8 +397,11 @@ impl ConsulLock {
         held_by_us: bool,
     ) -> Result<Observed, LockError> {
         let value = BASE64.encode(record.to_json());
+        self.holding.set(None);
+        let mut locked_by = None;
         let write = if record.is_held_by(&self.identity) {
             let session = self.session(record).await?;
+            locked_by = Some(session.clone());
             json!({"KV": {"Verb": "lock", "Key": self.key, "Value": value, "Session": session}})
         } else if record.is_free() && held_by_us {
             let session = self.session.get().unwrap_or_default();
@@ -326,6 +419,9 @@ impl ConsulLock {
             .rev()
             .find_map(|r| r["KV"]["ModifyIndex"].as_u64())
             .ok_or_else(|| self.invalid("a transaction answer without the key"))?;
+        if let Some(session) = locked_by {
+            self.hold(modify_index, session);
+        }
         Ok(Observed {
             record: record.clone(),
             version: Version::new(modify_index.to_string()),
@@ -377,8 +473,9 @@ impl ResourceLock for ConsulLock {
         }
     }
 
-    /// Renews this candidate's session and reads the key: a conflict when the session is gone
-    /// or the key is no longer this version locked by it.
+    /// Renews this candidate's session and, unless the holder's watch knows the key is still
+    /// `version`, reads the key: a conflict when the session is gone or the key is no longer
+    /// this version locked by it.
     async fn renew(
         &self,
         version: &Version,
@@ -401,16 +498,21 @@ impl ResourceLock for ConsulLock {
             }
             _ => return Err(self.store.refused(&context, &answer)),
         }
+        let index = self.index_of(version)?;
+        let renewed = Observed {
+            record: record.clone(),
+            version: version.clone(),
+        };
+        if self.holding.unchanged_since(index) {
+            return Ok(renewed);
+        }
         let (entry, _) = self.read(&[], Duration::ZERO).await?;
         match entry {
             Some(entry)
-                if entry.session.as_deref() == Some(id.as_str())
-                    && Version::new(entry.modify_index.to_string()) == *version =>
+                if entry.session.as_deref() == Some(id.as_str()) && entry.modify_index == index =>
             {
-                Ok(Observed {
-                    record: record.clone(),
-                    version: version.clone(),
-                })
+                self.hold(index, id);
+                Ok(renewed)
             }
             _ => Err(LockError::conflict(BACKEND)),
         }
@@ -427,33 +529,33 @@ impl ResourceLock for ConsulLock {
     async fn watch(&self) -> Result<Option<ChangeStream>, LockError> {
         let (entry, index) = self.read(&[], Duration::ZERO).await?;
         let first = Seen::of(entry.as_ref());
-        // A reader without this candidate's session, so that an open watch never keeps the
-        // session alive after the lock is dropped.
-        let this = Self {
-            session: Arc::new(SessionSlot {
-                id: Mutex::new(None),
-            }),
-            ..self.clone()
-        };
+        let this = self.reader();
+        let holding = Arc::downgrade(&self.holding);
         let stream = futures_util::stream::unfold(
             (this, first, index),
-            |(this, mut seen, mut index)| async move {
-                loop {
-                    let query = [
-                        ("index", index.to_string()),
-                        ("wait", format!("{}s", WAIT.as_secs())),
-                    ];
-                    // Consul adds up to wait/16 of jitter.
-                    let read = this.read(&query, WAIT + WAIT / 16).await;
-                    let Ok((entry, next)) = read else {
-                        return None;
-                    };
-                    // An index that went backwards (a restored snapshot) starts over.
-                    index = if next < index { 0 } else { next };
-                    let now = Seen::of(entry.as_ref());
-                    if now != seen {
-                        seen = now;
-                        return Some(((), (this, seen, index)));
+            move |(this, mut seen, mut index)| {
+                let holding = holding.clone();
+                async move {
+                    loop {
+                        let query = [
+                            ("index", index.to_string()),
+                            ("wait", format!("{}s", WAIT.as_secs())),
+                        ];
+                        // Consul adds up to wait/16 of jitter.
+                        let read = this.read(&query, WAIT + WAIT / 16).await;
+                        let Ok((entry, next)) = read else {
+                            return None;
+                        };
+                        // An index that went backwards (a restored snapshot) starts over.
+                        index = if next < index { 0 } else { next };
+                        let now = Seen::of(entry.as_ref());
+                        if now != seen {
+                            seen = now;
+                            if let Some(holding) = holding.upgrade() {
+                                holding.moved();
+                            }
+                            return Some(((), (this, seen, index)));
+                        }
                     }
                 }
             },
@@ -498,6 +600,7 @@ impl ResourceLock for ConsulLock {
 
     /// Destroys this candidate's session, which releases the key if it still holds it.
     async fn close(&self) {
+        self.holding.set(None);
         let id = self.session.get();
         if let Some(id) = id {
             self.session.forget(&id);

@@ -1,5 +1,5 @@
-//! ACLs, unreachable agents, bad settings and records other clients wrote, on the test Consul
-//! server.
+//! ACLs, unreachable agents, bad settings, records other clients wrote and a server restart, on
+//! the test Consul server.
 
 mod common;
 
@@ -124,4 +124,131 @@ async fn foreign_locks_hold_and_short_leases_get_the_minimum_ttl() {
     // The holder's next renewal finds its session gone.
     let stale = a.renew(&leader_core::Version::new("1"), &short).await;
     assert!(stale.is_err_and(|e| e.is_conflict()));
+}
+
+/// Drops a server's runtime, which closes its port, and waits until it has.
+async fn stop(runtime: tokio::runtime::Runtime) {
+    tokio::task::spawn_blocking(move || drop(runtime))
+        .await
+        .expect("the server's runtime stops");
+}
+
+/// A server restarted from its state file (as Consul keeps its raft log) still has the key,
+/// its lock and the holder's session, whose timer starts anew: the holder renews, others find
+/// the key held, and the next term's token continues the count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_server_keeps_sessions_and_locks() {
+    let dir = tempfile::tempdir().expect("dir");
+    let state = dir.path().join("state.json");
+    // Each incarnation of the server runs on a runtime of its own, dropped to crash it.
+    let start = |port: u16| {
+        let state = state.clone();
+        async move {
+            let runtime = tokio::runtime::Runtime::new().expect("runtime");
+            let api = runtime
+                .spawn(async move {
+                    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+                        .await
+                        .expect("bind");
+                    ConsulApiServer::serve_with_state(listener, Some(&state)).expect("serve")
+                })
+                .await
+                .expect("server");
+            (runtime, api)
+        }
+    };
+    let (runtime, api) = start(0).await;
+    let store = store(&api);
+    let a = store.lock("restart", "a");
+    let Some(Acquisition::Acquired(taken)) = a.try_acquire(&record("a", 0)).await.expect("try")
+    else {
+        panic!("a takes the free key");
+    };
+    stop(runtime).await;
+
+    let (runtime, api) = start(api.address().port()).await;
+    assert_eq!(api.sessions(), 1, "the holder's session is kept");
+    let renewed = a.renew(&taken.version, &record("a", 0)).await;
+    let renewed = renewed.expect("the holder renews after the restart");
+    let b = store.lock("restart", "b");
+    let held = b.try_acquire(&record("b", 0)).await.expect("try");
+    assert!(matches!(held, Some(Acquisition::Held { .. })), "{held:?}");
+    a.update(
+        &renewed.version,
+        &record("", taken.record.leader_transitions),
+    )
+    .await
+    .expect("release");
+    match b.try_acquire(&record("b", 0)).await.expect("try") {
+        Some(Acquisition::Acquired(observed)) => assert_eq!(
+            observed.record.leader_transitions,
+            taken.record.leader_transitions + 1
+        ),
+        other => panic!("{other:?}"),
+    }
+    stop(runtime).await;
+}
+
+/// A renewal is one request, the session's renewal, while the holder's blocking query on its
+/// key has seen no other write; a write by another client (which keeps the holder's session,
+/// as a plain `PUT` does) is found by the next renewal once that query reports it.
+#[tokio::test]
+async fn renewals_are_one_request_until_someone_else_writes() {
+    let api = ConsulApiServer::start().await;
+    let store = store(&api);
+    let a = store.lock("renewals", "a");
+    let Some(Acquisition::Acquired(mut held)) = a.try_acquire(&record("a", 0)).await.expect("try")
+    else {
+        panic!("a takes the free key");
+    };
+    let count = |endpoint: &str| api.requests().get(endpoint).copied().unwrap_or(0);
+    let (renewals, reads) = (count("PUT /v1/session/renew"), count("GET /v1/kv"));
+    for _ in 0..20 {
+        held = a.renew(&held.version, &held.record).await.expect("renew");
+    }
+    assert_eq!(count("PUT /v1/session/renew") - renewals, 20);
+    // At most the holder's blocking query, if it had not started before.
+    assert!(count("GET /v1/kv") - reads <= 1, "{:?}", api.requests());
+
+    api.put_raw(a.key(), b"{\"holderIdentity\": \"a\"}");
+    let found = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match a.renew(&held.version, &held.record).await {
+                Ok(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+                Err(err) => return err,
+            }
+        }
+    })
+    .await
+    .expect("a renewal finds the write");
+    assert!(found.is_conflict(), "{found}");
+}
+
+/// Once the change stream has reported a write (here a handover request), the holder's next
+/// renewal reads the key, even where the holder's own query on it has not reported the write
+/// yet: the elector renews on a change precisely to read what changed.
+#[tokio::test]
+async fn a_renewal_after_a_reported_change_reads_it() {
+    use futures_util::StreamExt;
+    let api = ConsulApiServer::start().await;
+    let store = store(&api);
+    for round in 0..50 {
+        let name = format!("reported-{round}");
+        let a = store.lock(&name, "a");
+        let Some(Acquisition::Acquired(held)) = a.try_acquire(&record("a", 0)).await.expect("try")
+        else {
+            panic!("a takes the free key");
+        };
+        let mut changes = a.watch().await.expect("watch").expect("a stream");
+        leader_core::request_handover(&store.lock(&name, "operator"), "b")
+            .await
+            .expect("request");
+        changes.next().await.expect("the request is reported");
+        let renewal = a.renew(&held.version, &held.record).await;
+        assert!(
+            renewal.as_ref().is_err_and(LockError::is_conflict),
+            "round {round}: {renewal:?}"
+        );
+        a.close().await;
+    }
 }

@@ -11,7 +11,6 @@
 use std::error::Error;
 use std::time::{Duration, Instant};
 
-use leader_core::ResourceLock;
 use leader_etcd::EtcdStore;
 use leader_test_support::bench;
 
@@ -41,13 +40,9 @@ async fn main() -> Result<(), Box<dyn Error>> {
     let mut observed = bench::acquire(&lock, "bench").await?;
 
     // 2. Requests per renewal on the server.
-    const N: u64 = 500;
+    const N: usize = 500;
     let start = bench::etcd_messages_received(&endpoint)?;
-    for _ in 0..N {
-        observed = lock
-            .renew(&observed.version, &bench::renewed(&observed.record))
-            .await?;
-    }
+    bench::renewals(&lock, &mut observed, N).await?;
     let server_requests_per_renewal =
         (bench::etcd_messages_received(&endpoint)? - start) as f64 / N as f64;
 
@@ -60,13 +55,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
             client.get(lock.key(), None).await?;
             t_get.push(at.elapsed());
         }
-        for _ in 0..PER_ROUND {
-            let at = Instant::now();
-            observed = lock
-                .renew(&observed.version, &bench::renewed(&observed.record))
-                .await?;
-            t_renew.push(at.elapsed());
-        }
+        t_renew.extend(bench::renewals(&lock, &mut observed, PER_ROUND).await?);
     }
     client.delete(lock.key(), None).await?;
 

@@ -8,7 +8,6 @@
 use std::error::Error;
 use std::time::{Duration, Instant};
 
-use leader_core::ResourceLock;
 use leader_redis::RedisStore;
 use leader_test_support::bench;
 
@@ -55,12 +54,8 @@ async fn main() -> Result<(), Box<dyn Error>> {
         Ok((scripts, all))
     };
     let (scripts_before, all_before) = stats(&mut connection).await?;
-    const N: u64 = 1000;
-    for _ in 0..N {
-        observed = lock
-            .renew(&observed.version, &bench::renewed(&observed.record))
-            .await?;
-    }
+    const N: usize = 1000;
+    bench::renewals(&lock, &mut observed, N).await?;
     let (scripts_after, all_after) = stats(&mut connection).await?;
     let sent_per_renewal = (scripts_after - scripts_before) as f64 / N as f64;
     // The first INFO itself counts once among all commands.
@@ -88,13 +83,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
                 .await?;
             t_set.push(at.elapsed());
         }
-        for _ in 0..PER_ROUND {
-            let at = Instant::now();
-            observed = lock
-                .renew(&observed.version, &bench::renewed(&observed.record))
-                .await?;
-            t_renew.push(at.elapsed());
-        }
+        t_renew.extend(bench::renewals(&lock, &mut observed, PER_ROUND).await?);
     }
     let _: () = redis::cmd("DEL")
         .arg(&plain_key)

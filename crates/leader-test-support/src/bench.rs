@@ -55,6 +55,26 @@ pub async fn acquire(
     }
 }
 
+/// Renews `observed` through `lock`, as its holder, `count` times in a row; how long each took.
+///
+/// # Errors
+/// A renewal failed.
+pub async fn renewals(
+    lock: &dyn ResourceLock,
+    observed: &mut Observed,
+    count: usize,
+) -> Result<Vec<std::time::Duration>, leader_core::LockError> {
+    let mut took = Vec::with_capacity(count);
+    for _ in 0..count {
+        let at = std::time::Instant::now();
+        *observed = lock
+            .renew(&observed.version, &renewed(&observed.record))
+            .await?;
+        took.push(at.elapsed());
+    }
+    Ok(took)
+}
+
 /// `record` with its renew time set to now, as a renewal writes it.
 pub fn renewed(record: &LeaderElectionRecord) -> LeaderElectionRecord {
     LeaderElectionRecord {

@@ -35,6 +35,12 @@
 //!   `acl.PermissionDeniedError` does; [`ConsulApiServer::deny`] refuses one rule
 //!   (`key:write`, `key:read`, `session:write`) to every token.
 //! - `?dc=` other than the server's own (`dc1`) is 500 "No path to datacenter".
+//! - With a state file ([`ConsulApiServer::serve_with_state`], `--state` of the binary) the KV
+//!   entries, sessions and indexes survive a restart, as Consul's raft log and snapshots keep
+//!   them. At start every session's timer is set anew, to two TTLs from then, as a newly
+//!   elected Consul leader does (`initializeSessionTimers` in `session_ttl.go`); lock-delays
+//!   are lost, as Consul keeps them in memory only (`agent/consul/state/delay.go`, not part of
+//!   a snapshot).
 //!
 //! The raft index starts at 1 and grows by one per write (a transaction is one write).
 
@@ -68,7 +74,7 @@ pub const MAX_LOCK_DELAY: Duration = Duration::from_secs(60);
 /// The datacenter this server is.
 pub const DATACENTER: &str = "dc1";
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 struct Entry {
     create_index: u64,
     modify_index: u64,
@@ -78,7 +84,7 @@ struct Entry {
     session: Option<String>,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 struct Session {
     name: String,
     ttl: Option<Duration>,
@@ -86,10 +92,11 @@ struct Session {
     delete: bool,
     create_index: u64,
     /// When it is invalidated unless renewed.
+    #[serde(skip)]
     deadline: Option<Instant>,
 }
 
-#[derive(Debug, Default, Clone)]
+#[derive(Debug, Default, Clone, serde::Serialize, serde::Deserialize)]
 struct Data {
     /// The raft index of the last write.
     index: u64,
@@ -97,7 +104,40 @@ struct Data {
     kv_index: u64,
     kv: BTreeMap<String, Entry>,
     sessions: HashMap<String, Session>,
+    #[serde(skip)]
     lock_delays: HashMap<String, Instant>,
+}
+
+impl Data {
+    fn new() -> Self {
+        Self {
+            index: 1,
+            kv_index: 1,
+            ..Self::default()
+        }
+    }
+
+    /// The data kept in `path`, or a new store if there is no such file; every session's
+    /// timer starts anew.
+    fn load(path: &std::path::Path) -> std::io::Result<Self> {
+        let mut data: Self = match std::fs::read(path) {
+            Ok(bytes) => serde_json::from_slice(&bytes)?,
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(Self::new()),
+            Err(err) => return Err(err),
+        };
+        let now = Instant::now();
+        for session in data.sessions.values_mut() {
+            session.deadline = session.ttl.map(|ttl| now + ttl * SESSION_TTL_MULTIPLIER);
+        }
+        Ok(data)
+    }
+
+    /// Writes the data to `path` through a temporary file and a rename.
+    fn save(&self, path: &std::path::Path) -> std::io::Result<()> {
+        let temporary = path.with_extension("tmp");
+        std::fs::write(&temporary, serde_json::to_vec(self)?)?;
+        std::fs::rename(&temporary, path)
+    }
 }
 
 #[derive(Debug, Default)]
@@ -113,6 +153,8 @@ struct Shared {
     /// The raft index after each write, for blocking reads.
     written: watch::Sender<u64>,
     requests: Mutex<BTreeMap<String, usize>>,
+    /// Where the data is kept across restarts, if anywhere.
+    state_file: Option<std::path::PathBuf>,
 }
 
 /// A running test Consul server; it stops with the runtime that started it.
@@ -134,22 +176,35 @@ impl ConsulApiServer {
         Self::serve(listener)
     }
 
-    /// Serves on `listener`.
+    /// Serves on `listener`, keeping nothing across restarts.
     ///
     /// # Panics
     /// If the listener has no local address.
     pub fn serve(listener: tokio::net::TcpListener) -> Self {
-        let address = listener.local_addr().expect("a local address");
+        Self::serve_with_state(listener, None).expect("a server without a state file")
+    }
+
+    /// Serves on `listener`, keeping the data in `state_file` (read first if it exists, and
+    /// written after every change) when one is given.
+    ///
+    /// # Errors
+    /// The state file cannot be read, or the listener has no local address.
+    pub fn serve_with_state(
+        listener: tokio::net::TcpListener,
+        state_file: Option<&std::path::Path>,
+    ) -> std::io::Result<Self> {
+        let address = listener.local_addr()?;
+        let data = match state_file {
+            Some(path) => Data::load(path)?,
+            None => Data::new(),
+        };
         let server = Self {
             shared: Arc::new(Shared {
-                data: Mutex::new(Data {
-                    index: 1,
-                    kv_index: 1,
-                    ..Data::default()
-                }),
+                written: watch::channel(data.index).0,
+                data: Mutex::new(data),
                 acl: Mutex::default(),
-                written: watch::channel(1).0,
                 requests: Mutex::default(),
+                state_file: state_file.map(std::path::Path::to_owned),
             }),
             address,
         };
@@ -165,7 +220,7 @@ impl ConsulApiServer {
             let _ = axum::serve(listener, app).await;
         });
         tokio::spawn(expire_sessions(server.clone()));
-        server
+        Ok(server)
     }
 
     /// `http://127.0.0.1:PORT`.
@@ -241,7 +296,13 @@ impl ConsulApiServer {
         self.shared.acl.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Saves the data (with a state file) and wakes the blocking reads, once a write is done.
     fn written(&self, data: &Data) {
+        if let Some(path) = &self.shared.state_file
+            && let Err(err) = data.save(path)
+        {
+            eprintln!("consul-api-server: saving {}: {err}", path.display());
+        }
         self.shared.written.send_replace(data.index);
     }
 
@@ -926,4 +987,54 @@ async fn txn(
         data.index,
         &json!({"Results": results, "Errors": null}),
     )
+}
+
+/// The `consul-api-server` program (`[--listen ADDR] [--state FILE]`): serves on `ADDR`
+/// (default a free loopback port), prints `listening on URL`, and runs until it is killed; with
+/// `--state`, keeps its data in `FILE` across restarts. For binaries that start the server as a
+/// process.
+#[must_use]
+pub fn process_main() -> std::process::ExitCode {
+    let mut args = std::env::args().skip(1);
+    let mut listen = "127.0.0.1:0".to_owned();
+    let mut state = None;
+    while let Some(flag) = args.next() {
+        match (flag.as_str(), args.next()) {
+            ("--listen", Some(address)) => listen = address,
+            ("--state", Some(file)) => state = Some(std::path::PathBuf::from(file)),
+            _ => {
+                eprintln!("usage: consul-api-server [--listen ADDR] [--state FILE]");
+                return std::process::ExitCode::from(2);
+            }
+        }
+    }
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("consul-api-server: {err}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async {
+        let listener = match tokio::net::TcpListener::bind(&listen).await {
+            Ok(listener) => listener,
+            Err(err) => {
+                eprintln!("consul-api-server: listening on {listen}: {err}");
+                return std::process::ExitCode::FAILURE;
+            }
+        };
+        let server = match ConsulApiServer::serve_with_state(listener, state.as_deref()) {
+            Ok(server) => server,
+            Err(err) => {
+                eprintln!("consul-api-server: reading the state file: {err}");
+                return std::process::ExitCode::FAILURE;
+            }
+        };
+        println!("listening on {}", server.url());
+        std::future::pending::<()>().await;
+        std::process::ExitCode::SUCCESS
+    })
 }

@@ -1,17 +1,20 @@
 //! What the workspace benchmarks share: the backends on the servers of `DATABASE_URL`,
-//! `REDIS_URL` and `ETCD_ENDPOINTS` (loopback by default), and a few numbers read off the
-//! servers and this process.
+//! `REDIS_URL` and `ETCD_ENDPOINTS` (loopback by default) and on a test Consul server in this
+//! process (no Consul agent runs here), and a few numbers read off the servers and this
+//! process. `BENCH_BACKENDS=redis,consul` keeps only the backends named.
 
 #![allow(dead_code, unreachable_pub, unused_imports)]
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use leader_consul::ConsulStore;
 use leader_core::{FileLock, ResourceLock};
 use leader_etcd::EtcdStore;
 use leader_postgres::PostgresStore;
 use leader_redis::RedisStore;
 
+use leader_test_support::consul_api::ConsulApiServer;
 pub use leader_test_support::{database_url, etcd_endpoints, redis_url};
 
 /// A backend with everything needed to make locks on it.
@@ -21,11 +24,23 @@ pub enum Backend {
     PostgresAdvisory(PostgresStore),
     Redis(RedisStore),
     Etcd(EtcdStore),
+    Consul(ConsulApiServer, ConsulStore),
 }
 
 impl Backend {
-    /// Every backend whose server answers; the ones that do not are named on stderr.
+    /// Every backend whose server answers (the ones that do not are named on stderr), or of
+    /// those the ones `BENCH_BACKENDS` names.
     pub async fn available() -> Vec<Self> {
+        let wanted = std::env::var("BENCH_BACKENDS").ok();
+        let mut backends = Self::answering().await;
+        if let Some(wanted) = wanted {
+            let names: Vec<&str> = wanted.split(',').map(str::trim).collect();
+            backends.retain(|b| names.iter().any(|n| b.name().starts_with(n)));
+        }
+        backends
+    }
+
+    async fn answering() -> Vec<Self> {
         let mut backends = vec![Self::File(tempfile::tempdir().expect("tempdir"))];
         match PostgresStore::builder(database_url())
             .create_table(true)
@@ -51,6 +66,11 @@ impl Backend {
             Ok(store) => backends.push(Self::Etcd(store)),
             Err(err) => eprintln!("no etcd: {err}"),
         }
+        let api = ConsulApiServer::start().await;
+        match ConsulStore::builder(api.url()).build() {
+            Ok(store) => backends.push(Self::Consul(api, store)),
+            Err(err) => eprintln!("no Consul store: {err}"),
+        }
         backends
     }
 
@@ -61,6 +81,7 @@ impl Backend {
             Self::PostgresAdvisory(_) => "postgres (advisory)",
             Self::Redis(_) => "redis",
             Self::Etcd(_) => "etcd",
+            Self::Consul(..) => "consul (test server)",
         }
     }
 
@@ -71,14 +92,17 @@ impl Backend {
             Self::PostgresAdvisory(store) => Arc::new(store.advisory_lock(name, identity)),
             Self::Redis(store) => Arc::new(store.lock(name, identity)),
             Self::Etcd(store) => Arc::new(store.lock(name, identity)),
+            Self::Consul(_, store) => Arc::new(store.lock(name, identity)),
         }
     }
 
     /// Requests the server has handled so far, by its own count: Postgres transactions
-    /// committed in this database, Redis commands processed, etcd gRPC messages received.
+    /// committed in this database, Redis commands processed, etcd gRPC messages received, HTTP
+    /// requests to the test Consul server.
     pub async fn server_requests(&self) -> Option<u64> {
         match self {
             Self::File(_) => None,
+            Self::Consul(api, _) => u64::try_from(api.requests().values().sum::<usize>()).ok(),
             Self::Postgres(store) | Self::PostgresAdvisory(store) => {
                 let client = store.pool().get().await.ok()?;
                 client

@@ -45,17 +45,21 @@ pub enum Backend {
     /// `kubernetes://`: a Lease on a private test API server (`kube-api-server`), each replica
     /// with a kubeconfig of its own that points at its proxy.
     Kubernetes,
+    /// `consul://`: a key locked by a session on a private test Consul server
+    /// (`consul-api-server`).
+    Consul,
 }
 
 impl Backend {
     /// Every backend, in the order reports list them.
-    pub const ALL: [Self; 6] = [
+    pub const ALL: [Self; 7] = [
         Self::File,
         Self::Postgres,
         Self::Advisory,
         Self::Redis,
         Self::Etcd,
         Self::Kubernetes,
+        Self::Consul,
     ];
 
     /// The faults that apply: the network and server faults need a server.
@@ -83,7 +87,10 @@ impl Backend {
         let Some(kind) = self.server() else {
             return Ok(None);
         };
-        let program = programs.kube_api_server.clone();
+        let program = match kind {
+            ServerKind::Consul => programs.consul_api_server.clone(),
+            _ => programs.kube_api_server.clone(),
+        };
         let server =
             tokio::task::spawn_blocking(move || PrivateServer::start(kind, Some(&program)))
                 .await
@@ -109,6 +116,7 @@ impl Backend {
             ),
             Self::Redis => format!("redis://127.0.0.1:{port}"),
             Self::Etcd => format!("etcd://127.0.0.1:{port}"),
+            Self::Consul => format!("consul://127.0.0.1:{port}/fault/"),
             Self::Kubernetes => {
                 let path = dir.join(format!("kubeconfig-{port}"));
                 let config = leader_test_support::kube_api::kubeconfig(
@@ -132,6 +140,7 @@ impl Backend {
             Self::Redis => Some(ServerKind::Redis),
             Self::Etcd => Some(ServerKind::Etcd),
             Self::Kubernetes => Some(ServerKind::Kube),
+            Self::Consul => Some(ServerKind::Consul),
         }
     }
 
@@ -145,6 +154,7 @@ impl Backend {
             Self::Redis => "redis",
             Self::Etcd => "etcd",
             Self::Kubernetes => "kubernetes",
+            Self::Consul => "consul",
         }
     }
 }
@@ -266,7 +276,10 @@ impl Settings {
     /// off, slowed down, or its server frozen) keeps its session until the idle session
     /// timeout ends it. On etcd the lease is whole seconds (the lock rounds it up), at least
     /// etcd's minimum TTL (2 s with its default election timeout: a 1 s grant is answered with
-    /// 2 s), and etcd revokes expired leases every 500 ms. Under a latency spike the leader's last renewal,
+    /// 2 s), and etcd revokes expired leases every 500 ms. On Consul a holder that went silent
+    /// (killed, frozen, cut off, slowed down) keeps the key until the server invalidates its
+    /// session, two TTLs after its last renewal, a TTL being the lease in whole seconds and at
+    /// least Consul's 10 s; when the server was away, the holder, alive, takes its key back. Under a latency spike the leader's last renewal,
     /// sent up to a renew deadline after its last success, reaches the server twice the renew
     /// deadline late and extends the lease from there: the server cannot tell a late request
     /// from a new one.
@@ -277,11 +290,13 @@ impl Settings {
         } else {
             Duration::from_secs(1)
         };
-        let lease = if backend == Backend::Etcd {
-            let whole = u64::try_from(self.lease.as_millis().div_ceil(1000)).unwrap_or(u64::MAX);
-            Duration::from_secs(whole.max(2)) + Duration::from_millis(500)
-        } else {
-            self.lease
+        let whole = u64::try_from(self.lease.as_millis().div_ceil(1000)).unwrap_or(u64::MAX);
+        let lease = match backend {
+            Backend::Etcd => Duration::from_secs(whole.max(2)) + Duration::from_millis(500),
+            Backend::Consul if !fault.timed_from_its_end() => {
+                Duration::from_secs(whole.max(10)) * 2
+            }
+            _ => self.lease,
         };
         let mut bound = lease + self.retry * 2 + margin;
         if fault == Fault::Outage {

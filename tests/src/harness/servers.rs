@@ -19,6 +19,10 @@ pub enum ServerKind {
     /// The test Kubernetes API server (`kube-api-server` of `leader-test-support`), keeping its
     /// Leases in a state file across restarts as a real one keeps them in etcd.
     Kube,
+    /// The test Consul server (`consul-api-server` of `leader-test-support`), keeping its KV
+    /// entries and sessions in a state file across restarts as Consul keeps them in its raft
+    /// log.
+    Consul,
 }
 
 /// A private server: started by [`PrivateServer::start`], crashed by [`PrivateServer::kill`],
@@ -27,7 +31,7 @@ pub enum ServerKind {
 #[derive(Debug)]
 pub struct PrivateServer {
     kind: ServerKind,
-    /// The server's program, where it is one of ours (`kube-api-server`).
+    /// The server's program, where it is one of ours (`kube-api-server`, `consul-api-server`).
     program: Option<PathBuf>,
     port: u16,
     peer_port: u16,
@@ -76,7 +80,8 @@ fn postgres_command(tool: &Path) -> Command {
 
 impl PrivateServer {
     /// Starts a fresh server of `kind` on an ephemeral loopback port; `program` is the
-    /// `kube-api-server` binary for [`ServerKind::Kube`].
+    /// `kube-api-server` binary for [`ServerKind::Kube`], `consul-api-server` for
+    /// [`ServerKind::Consul`].
     ///
     /// # Errors
     /// Its binaries are missing or it does not come up.
@@ -132,7 +137,7 @@ impl PrivateServer {
         self.port
     }
 
-    /// Crashes the server: SIGKILL (Redis, etcd, the Kubernetes API server) or an immediate
+    /// Crashes the server: SIGKILL (Redis, etcd, the Kubernetes and Consul test servers) or an immediate
     /// shutdown, which is Postgres's crash (every backend killed, recovery from the WAL at the
     /// next start).
     pub fn kill(&mut self) {
@@ -221,11 +226,11 @@ impl PrivateServer {
                     .map_err(|e| fail(format!("etcd: {e}")))?;
                 self.child = Some(child);
             }
-            ServerKind::Kube => {
+            ServerKind::Kube | ServerKind::Consul => {
                 let program = self
                     .program
                     .clone()
-                    .ok_or_else(|| fail("no kube-api-server program given".to_owned()))?;
+                    .ok_or_else(|| fail("no server program given".to_owned()))?;
                 let child = Command::new(&program)
                     .args(["--listen", &format!("127.0.0.1:{}", self.port)])
                     .arg("--state")
