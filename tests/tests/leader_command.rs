@@ -9,6 +9,7 @@ use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
 use leader_test_support::skip_or_fail;
+use leader_tests::harness::campaign::consul_session_lifetime;
 use leader_tests::{TermEvent as Event, now_ns as now, term_events as events};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -236,7 +237,7 @@ async fn etcd_lock_one_job_at_a_time_and_handovers() {
 async fn consul_lock_one_job_at_a_time_and_handovers() {
     let server = leader_test_support::consul_api::ConsulApiServer::start().await;
     let lock = format!("consul://{}/e2e/", server.address());
-    handovers_within(&lock, Duration::from_secs(20) + RETRY * 5).await;
+    handovers_within(&lock, consul_session_lifetime(LEASE) + RETRY * 5).await;
     // The killed holder's session ended on the server; the others were destroyed on exit.
     assert_eq!(server.sessions(), 0, "{:?}", server.requests());
 }

@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use leader_tests::harness::campaign::Backend;
+use leader_tests::harness::campaign::{self, Backend};
 use leader_tests::harness::outage::{self, Timings};
 use leader_tests::harness::run_or_skip;
 
@@ -71,7 +71,7 @@ fn check(backend: Backend) {
     // On Consul the killed holder's key is free only once the server ends its session, two
     // TTLs (at least 10 s each) after its last renewal, which may be after the outage.
     let lease = if backend == Backend::Consul {
-        timings.lease.max(Duration::from_secs(20))
+        campaign::consul_session_lifetime(timings.lease)
     } else {
         timings.lease
     };

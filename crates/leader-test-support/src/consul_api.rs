@@ -96,6 +96,16 @@ struct Session {
     deadline: Option<Instant>,
 }
 
+impl Session {
+    /// Starts the session's timer anew: it is invalidated `SESSION_TTL_MULTIPLIER` TTLs from
+    /// now unless renewed (`resetSessionTimer` in `session_ttl.go`).
+    fn reset_timer(&mut self) {
+        self.deadline = self
+            .ttl
+            .map(|ttl| Instant::now() + ttl * SESSION_TTL_MULTIPLIER);
+    }
+}
+
 #[derive(Debug, Default, Clone, serde::Serialize, serde::Deserialize)]
 struct Data {
     /// The raft index of the last write.
@@ -125,10 +135,7 @@ impl Data {
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(Self::new()),
             Err(err) => return Err(err),
         };
-        let now = Instant::now();
-        for session in data.sessions.values_mut() {
-            session.deadline = session.ttl.map(|ttl| now + ttl * SESSION_TTL_MULTIPLIER);
-        }
+        data.sessions.values_mut().for_each(Session::reset_timer);
         Ok(data)
     }
 
@@ -499,7 +506,7 @@ async fn session_create(
     let index = data.index + 1;
     data.index = index;
     let id = uuid();
-    let session = Session {
+    let mut session = Session {
         name: spec
             .get("Name")
             .and_then(Value::as_str)
@@ -509,8 +516,9 @@ async fn session_create(
         lock_delay,
         delete,
         create_index: index,
-        deadline: ttl.map(|ttl| Instant::now() + ttl * SESSION_TTL_MULTIPLIER),
+        deadline: None,
     };
+    session.reset_timer();
     data.sessions.insert(id.clone(), session);
     api.written(&data);
     json_response(StatusCode::OK, index, &json!({ "ID": id }))
@@ -552,9 +560,7 @@ async fn session_renew(
             format!("Session id '{id}' not found"),
         );
     };
-    session.deadline = session
-        .ttl
-        .map(|ttl| Instant::now() + ttl * SESSION_TTL_MULTIPLIER);
+    session.reset_timer();
     let body = json!([session_json(&id, session)]);
     json_response(StatusCode::OK, index, &body)
 }

@@ -290,12 +290,11 @@ impl Settings {
         } else {
             Duration::from_secs(1)
         };
-        let whole = u64::try_from(self.lease.as_millis().div_ceil(1000)).unwrap_or(u64::MAX);
         let lease = match backend {
-            Backend::Etcd => Duration::from_secs(whole.max(2)) + Duration::from_millis(500),
-            Backend::Consul if !fault.timed_from_its_end() => {
-                Duration::from_secs(whole.max(10)) * 2
+            Backend::Etcd => {
+                Duration::from_secs(whole_seconds(self.lease).max(2)) + Duration::from_millis(500)
             }
+            Backend::Consul if !fault.timed_from_its_end() => consul_session_lifetime(self.lease),
             _ => self.lease,
         };
         let mut bound = lease + self.retry * 2 + margin;
@@ -315,6 +314,19 @@ impl Settings {
         }
         bound
     }
+}
+
+/// `lease` rounded up to whole seconds.
+fn whole_seconds(lease: Duration) -> u64 {
+    u64::try_from(lease.as_millis().div_ceil(1000)).unwrap_or(u64::MAX)
+}
+
+/// The longest a Consul session of the Consul lock outlives its holder's last renewal: two
+/// TTLs (`SessionTTLMultiplier`), its TTL being `lease` in whole seconds and at least Consul's
+/// 10 s.
+#[must_use]
+pub fn consul_session_lifetime(lease: Duration) -> Duration {
+    Duration::from_secs(whole_seconds(lease).max(10)) * 2
 }
 
 /// What could not be set up (as opposed to what went wrong under faults, which a [`Report`]
