@@ -99,10 +99,34 @@ ensure_etcd() {
   wait_port 127.0.0.1 2379 etcd
 }
 
+# An S3 API server on loopback for the object storage lock: moto's, from PyPI (pinned), which
+# keeps If-Match / If-None-Match on PutObject (412 on a lost precondition) and If-None-Match on
+# GetObject (304). Its data is in memory: a restart empties it.
+MOTO_VERSION="${MOTO_VERSION:-5.2.1}"
+S3_PORT=9000
+
+ensure_moto_installed() {
+  if command -v moto_server >/dev/null 2>&1; then return 0; fi
+  command -v python3 >/dev/null 2>&1 || { log "installing python3-pip"; apt_install python3 python3-pip python3-venv; }
+  log "installing moto[server]==${MOTO_VERSION} from PyPI"
+  python3 -m pip install --quiet --disable-pip-version-check "moto[server]==${MOTO_VERSION}" \
+    || python3 -m pip install --quiet --break-system-packages "moto[server]==${MOTO_VERSION}"
+  hash -r
+  command -v moto_server >/dev/null 2>&1 || { log "moto_server is not on PATH after installing moto"; return 1; }
+}
+
+ensure_s3() {
+  if port_open 127.0.0.1 "$S3_PORT"; then return 0; fi
+  ensure_moto_installed
+  log "starting moto's S3 server on 127.0.0.1:${S3_PORT}"
+  setsid nohup moto_server -H 127.0.0.1 -p "$S3_PORT" >/tmp/leader-moto.log 2>&1 < /dev/null &
+  wait_port 127.0.0.1 "$S3_PORT" moto
+}
 
 # Fresh places for one test run, so that nothing an earlier run left can make it pass: an empty
-# Postgres database, an emptied Redis database number, an etcd key prefix nobody used. Exports
-# DATABASE_URL, REDIS_URL and ETCD_PREFIX for what the caller did not set, and
+# Postgres database, an emptied Redis database number, an etcd key prefix nobody used, a new S3
+# bucket. Exports DATABASE_URL, REDIS_URL, ETCD_PREFIX and S3_BUCKET for what the caller did not
+# set, and
 # FRESH_DATABASE for drop_fresh_targets.
 fresh_test_targets() {
   local tag
@@ -122,6 +146,13 @@ fresh_test_targets() {
   if [ -z "${ETCD_PREFIX:-}" ]; then
     export ETCD_PREFIX="leader-test-${tag}/"
     log "tests use the etcd prefix ${ETCD_PREFIX}"
+  fi
+  if [ -z "${S3_BUCKET:-}" ] && [ -z "${S3_ENDPOINT:-}" ]; then
+    export S3_BUCKET="leader-test-${tag//_/-}"
+    # moto checks no signature: an unsigned CreateBucket is enough.
+    curl -sf -X PUT "http://127.0.0.1:${S3_PORT}/${S3_BUCKET}" >/dev/null \
+      || { log "could not create the bucket ${S3_BUCKET} on 127.0.0.1:${S3_PORT}"; return 1; }
+    log "tests use the new S3 bucket ${S3_BUCKET}"
   fi
 }
 

@@ -13,6 +13,8 @@ pub mod bench;
 pub mod consul_api;
 #[cfg(feature = "kube-api")]
 pub mod kube_api;
+#[cfg(feature = "object-store")]
+pub mod object_store_counting;
 
 /// `DATABASE_URL`'s default: the loopback server's `postgres` database.
 pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres:postgres@127.0.0.1:5432/postgres";
@@ -49,6 +51,100 @@ pub fn etcd_prefix() -> Option<String> {
 /// server is a failure instead of a reason to skip.
 pub fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0")
+}
+
+/// `S3_ENDPOINT`'s default: moto's S3 server that `scripts/setup` starts on loopback.
+pub const DEFAULT_S3_ENDPOINT: &str = "http://127.0.0.1:9000";
+
+/// The S3 API server the tests use: `S3_ENDPOINT`, or the loopback test server.
+pub fn s3_endpoint() -> String {
+    std::env::var("S3_ENDPOINT")
+        .ok()
+        .filter(|e| !e.is_empty())
+        .unwrap_or_else(|| DEFAULT_S3_ENDPOINT.to_owned())
+}
+
+/// The bucket the tests use: `S3_BUCKET`, or a new bucket made once per test binary on the S3
+/// server (moto checks no signature, so an unsigned `CreateBucket` does). Err: the server did
+/// not answer.
+pub fn s3_bucket() -> Result<String, String> {
+    static BUCKET: std::sync::OnceLock<Result<String, String>> = std::sync::OnceLock::new();
+    BUCKET
+        .get_or_init(|| {
+            if let Some(bucket) = std::env::var("S3_BUCKET").ok().filter(|b| !b.is_empty()) {
+                return Ok(bucket);
+            }
+            let bucket = format!("leader-test-{:08x}", fastrand_u32());
+            create_bucket(&s3_endpoint(), &bucket).map(|()| bucket)
+        })
+        .clone()
+}
+
+/// The `object_store` options for the test S3 server: its endpoint over plain HTTP, and the
+/// environment's credentials or moto's any-will-do ones.
+pub fn s3_options() -> Vec<(String, String)> {
+    let env = |name: &str, default: &str| {
+        std::env::var(name)
+            .ok()
+            .filter(|v| !v.is_empty())
+            .unwrap_or_else(|| default.to_owned())
+    };
+    vec![
+        ("aws_endpoint".to_owned(), s3_endpoint()),
+        ("allow_http".to_owned(), "true".to_owned()),
+        ("aws_region".to_owned(), env("AWS_REGION", "us-east-1")),
+        ("aws_access_key_id".to_owned(), env("AWS_ACCESS_KEY_ID", "test")),
+        (
+            "aws_secret_access_key".to_owned(),
+            env("AWS_SECRET_ACCESS_KEY", "test"),
+        ),
+    ]
+}
+
+/// The environment a child process (the `leader` command) needs for the test S3 server.
+pub fn s3_env() -> Vec<(String, String)> {
+    s3_options()
+        .into_iter()
+        .map(|(key, value)| (key.to_ascii_uppercase(), value))
+        .collect()
+}
+
+/// Creates `bucket` with an unsigned `PUT /BUCKET` on a plain-HTTP S3 server (`endpoint`).
+pub fn create_bucket(endpoint: &str, bucket: &str) -> Result<(), String> {
+    use std::io::{Read, Write};
+    let authority = endpoint
+        .strip_prefix("http://")
+        .ok_or_else(|| format!("{endpoint}: only plain http:// test servers can be set up"))?
+        .trim_end_matches('/');
+    let mut stream = std::net::TcpStream::connect(authority)
+        .map_err(|err| format!("the S3 server at {endpoint}: {err}"))?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(|err| err.to_string())?;
+    write!(
+        stream,
+        "PUT /{bucket} HTTP/1.1\r\nHost: {authority}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    )
+    .map_err(|err| format!("the S3 server at {endpoint}: {err}"))?;
+    let mut answer = String::new();
+    stream
+        .read_to_string(&mut answer)
+        .map_err(|err| format!("the S3 server at {endpoint}: {err}"))?;
+    match answer.split_whitespace().nth(1) {
+        Some("200") => Ok(()),
+        _ => Err(format!(
+            "the S3 server at {endpoint} did not create bucket {bucket}: {}",
+            answer.lines().next().unwrap_or_default()
+        )),
+    }
+}
+
+fn fastrand_u32() -> u32 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or_default();
+    nanos ^ std::process::id().rotate_left(16)
 }
 
 /// Skips the test (returns from it) with a line saying why, or fails it under CI, where every

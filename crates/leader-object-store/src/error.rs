@@ -1,0 +1,174 @@
+//! Mapping of `object_store` errors onto the core's error kinds.
+
+use leader_core::LockError;
+
+pub(crate) const BACKEND: &str = "object-store";
+
+/// The kind of store, for the permission a 403 asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    S3,
+    Gcs,
+    Azure,
+    Memory,
+    /// A store the caller built: the permission is named generically.
+    Other,
+}
+
+/// What the request was doing, for the permission a 403 asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Op {
+    Read,
+    Write,
+}
+
+impl Kind {
+    /// The permission `op` needs on `resource` (`bucket/prefix`).
+    pub(crate) fn permission(self, op: Op, resource: &str) -> String {
+        match (self, op) {
+            (Self::S3, Op::Read) => {
+                format!("the credentials need s3:GetObject on arn:aws:s3:::{resource}*")
+            }
+            (Self::S3, Op::Write) => format!(
+                "the credentials need s3:PutObject (and s3:GetObject) on arn:aws:s3:::{resource}*"
+            ),
+            (Self::Gcs, Op::Read) => {
+                format!("the service account needs storage.objects.get on gs://{resource}*")
+            }
+            (Self::Gcs, Op::Write) => format!(
+                "the service account needs storage.objects.create and storage.objects.delete \
+                 (Cloud Storage asks for both to replace an object) on gs://{resource}*"
+            ),
+            (Self::Azure, Op::Read) => format!(
+                "the identity needs Microsoft.Storage/storageAccounts/blobServices/containers/blobs/read on {resource}*"
+            ),
+            (Self::Azure, Op::Write) => format!(
+                "the identity needs Microsoft.Storage/storageAccounts/blobServices/containers/blobs/write (and read) on {resource}*"
+            ),
+            (Self::Memory | Self::Other, Op::Read) => format!("read access to {resource}*"),
+            (Self::Memory | Self::Other, Op::Write) => format!("write access to {resource}*"),
+        }
+    }
+}
+
+/// Maps an error that is not one the caller handles itself (absent object, lost precondition).
+///
+/// `context` names the store and the key. The error's own text names the request's URL, whose
+/// query (where Azure puts a SAS token) is cut off.
+pub(crate) fn map(
+    context: &str,
+    kind: Kind,
+    resource: &str,
+    op: Op,
+    err: object_store::Error,
+) -> LockError {
+    use object_store::Error as E;
+    let text = scrub(&chain(&err));
+    match err {
+        E::PermissionDenied { .. } => LockError::Forbidden {
+            backend: BACKEND,
+            message: format!("{context}: access denied; {}", kind.permission(op, resource)),
+        },
+        E::Unauthenticated { .. } => LockError::Forbidden {
+            backend: BACKEND,
+            message: format!("{context}: the store refused the credentials: {text}"),
+        },
+        E::NotImplemented { .. } | E::NotSupported { .. } => LockError::Misconfigured {
+            backend: BACKEND,
+            message: format!(
+                "{context}: the store has no conditional writes, which the lock needs: {text}"
+            ),
+        },
+        _ if names_missing_bucket(&text) => LockError::Misconfigured {
+            backend: BACKEND,
+            message: format!("{context}: the bucket does not exist: {text}"),
+        },
+        E::InvalidPath { .. } | E::UnknownConfigurationKey { .. } => LockError::Misconfigured {
+            backend: BACKEND,
+            message: format!("{context}: {text}"),
+        },
+        _ => LockError::unavailable(BACKEND, format!("{context}: {text}")),
+    }
+}
+
+/// Whether an error (a 404, or a lost precondition that was a 404) says the bucket itself is
+/// missing (S3 `NoSuchBucket`, Azure `ContainerNotFound`, Cloud Storage's message), not the
+/// object.
+pub(crate) fn names_missing_bucket(text: &str) -> bool {
+    ["NoSuchBucket", "ContainerNotFound", "bucket does not exist"]
+        .iter()
+        .any(|code| text.contains(code))
+}
+
+/// Whether `err` is a missing bucket.
+pub(crate) fn is_missing_bucket(err: &object_store::Error) -> bool {
+    names_missing_bucket(&chain(err))
+}
+
+/// An error's text with its sources, as one line.
+pub(crate) fn chain(err: &dyn std::error::Error) -> String {
+    let mut message = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !message.contains(&cause_text) {
+            message.push_str(": ");
+            message.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    message
+}
+
+/// `text` with the query of every URL in it cut off: a SAS token or a presigned signature
+/// travels there.
+pub(crate) fn scrub(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(start) = rest.find("://") {
+        let (before, after) = rest.split_at(start);
+        out.push_str(before);
+        let end = after
+            .find(|c: char| c.is_whitespace() || c == '"' || c == '\'' || c == ',')
+            .unwrap_or(after.len());
+        let url = &after[..end];
+        match url.find('?') {
+            Some(query) => {
+                out.push_str(&url[..query]);
+                out.push_str("?(redacted)");
+            }
+            None => out.push_str(url),
+        }
+        rest = &after[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queries_of_urls_are_cut_off() {
+        let text = "Error performing PUT https://acct.blob.core.windows.net/c/k?sv=2022&sig=SECRET in 1s, \
+                    then GET http://127.0.0.1:9/b/k done";
+        let scrubbed = scrub(text);
+        assert!(!scrubbed.contains("SECRET"), "{scrubbed}");
+        assert!(scrubbed.contains("https://acct.blob.core.windows.net/c/k?(redacted) in 1s"));
+        assert!(scrubbed.contains("http://127.0.0.1:9/b/k done"));
+    }
+
+    #[test]
+    fn a_403_names_the_permission() {
+        let err = object_store::Error::PermissionDenied {
+            path: "leader/app".into(),
+            source: "AccessDenied".into(),
+        };
+        let mapped = map("s3://b/leader/app", Kind::S3, "b/leader/", Op::Write, err);
+        let text = mapped.to_string();
+        assert!(matches!(mapped, LockError::Forbidden { .. }), "{mapped:?}");
+        assert!(text.contains("s3:PutObject"), "{text}");
+        assert!(text.contains("arn:aws:s3:::b/leader/*"), "{text}");
+    }
+}
