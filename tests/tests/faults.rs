@@ -199,3 +199,8 @@ fn faults_on_a_mixed_kubernetes_fleet() {
         "each kind took over from the other: {report:?}"
     );
 }
+
+#[test]
+fn faults_on_object_storage() {
+    campaign(Backend::ObjectStore);
+}

@@ -1,6 +1,7 @@
 //! End to end: several real `leader run` processes per lock (file, Postgres, Redis, etcd, Consul
-//! on the test Consul server), each running the `job` binary as COMMAND. Exactly one job runs at
-//! a time; a SIGTERM hands over within a retry period; a SIGKILL of `leader` kills its job and
+//! on the test Consul server, S3 on moto's server), each running the `job` binary as COMMAND.
+//! Exactly one job runs at a time; a SIGTERM hands over within a retry period (on object
+//! storage, whose followers poll, by their next poll); a SIGKILL of `leader` kills its job and
 //! hands over within the lease (for Consul, once the server ends the killed holder's session);
 //! fencing tokens grow; exit codes are as documented.
 
@@ -55,6 +56,8 @@ fn leader_command(lock: &str, name: &str, identity: &str, log: &Path, extra: &[&
         ])
         .args(extra)
         .args(["--", JOB])
+        // For the object storage lock: moto's server, wherever the test S3 server is.
+        .envs(object_store_env())
         .env("JOB_LOG", log)
         .env(
             "RUST_LOG",
@@ -63,6 +66,27 @@ fn leader_command(lock: &str, name: &str, identity: &str, log: &Path, extra: &[&
         .stdout(Stdio::null())
         .kill_on_drop(true);
     command
+}
+
+/// The environment of a `leader` process for the test S3 server.
+fn object_store_env() -> Vec<(String, String)> {
+    leader_tests::harness::campaign::s3_env(&leader_test_support::s3_endpoint())
+}
+
+/// An `s3://` lock URL on the test S3 server's bucket with a prefix of its own, or `None` (a
+/// skip; a failure under CI) without one.
+fn s3_lock(what: &str) -> Option<String> {
+    match leader_test_support::s3_bucket() {
+        Ok(bucket) => Some(format!("s3://{bucket}/{what}-{:08x}/", fastrand::u32(..))),
+        Err(why) => {
+            assert!(
+                !leader_test_support::in_ci(),
+                "CI=true, but there is no S3 server: {why}"
+            );
+            eprintln!("skipping: no S3 server: {why}; run scripts/test");
+            None
+        }
+    }
 }
 
 /// Waits until the log holds `n` starts; returns the last one.
@@ -130,12 +154,13 @@ fn pid(child: &Child) -> Pid {
 }
 
 async fn handovers(lock: &str) {
-    handovers_within(lock, LEASE + RETRY * 3).await;
+    handovers_within(lock, RETRY, LEASE + RETRY * 3).await;
 }
 
-/// [`handovers`], for a lock whose holder, once killed, is let go by the server within
-/// `failover` of the kill rather than within the lease.
-async fn handovers_within(lock: &str, failover_bound: Duration) {
+/// [`handovers`], for a lock whose followers see a release within `handover_bound` rather than
+/// within a retry period, or whose holder, once killed, is let go by the server within
+/// `failover_bound` of the kill rather than within the lease.
+async fn handovers_within(lock: &str, handover_bound: Duration, failover_bound: Duration) {
     let dir = tempfile::tempdir().expect("tempdir");
     let log = dir.path().join("jobs.log");
     let name = format!("e2e-{:08x}", std::process::id() ^ (now() as u32));
@@ -163,7 +188,10 @@ async fn handovers_within(lock: &str, failover_bound: Duration) {
     assert_eq!(status.code(), Some(0), "leader after SIGTERM");
     let handover = Duration::from_nanos((second.at - sent) as u64);
     eprintln!("{lock}: handover after SIGTERM took {handover:?}");
-    assert!(handover < RETRY, "handover after SIGTERM took {handover:?}");
+    assert!(
+        handover < handover_bound,
+        "handover after SIGTERM took {handover:?}"
+    );
 
     // SIGKILL of `leader`: its job dies with it; another starts within lease + retry.
     sleep(RETRY).await;
@@ -237,7 +265,7 @@ async fn etcd_lock_one_job_at_a_time_and_handovers() {
 async fn consul_lock_one_job_at_a_time_and_handovers() {
     let server = leader_test_support::consul_api::ConsulApiServer::start().await;
     let lock = format!("consul://{}/e2e/", server.address());
-    handovers_within(&lock, consul_session_lifetime(LEASE) + RETRY * 5).await;
+    handovers_within(&lock, RETRY, consul_session_lifetime(LEASE) + RETRY * 5).await;
     // The killed holder's session ended on the server; the others were destroyed on exit.
     assert_eq!(server.sessions(), 0, "{:?}", server.requests());
 }
@@ -247,6 +275,17 @@ async fn consul_lock_one_job_at_a_time_and_handovers() {
 /// one. The oldest version leads (were the plain replica first, it is asked to step down); during a
 /// rolling upgrade the old version keeps leading until it stops, then the new one leads. One
 /// job at a time throughout, fencing tokens growing.
+/// Object storage, on moto's S3 server: followers poll, so a release is seen at the next poll
+/// (a retry period, jittered by up to a fifth), and a killed holder's lease is taken a lease
+/// after a follower's first read of its last renewal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn object_store_lock_one_job_at_a_time_and_handovers() {
+    let Some(lock) = s3_lock("e2e") else {
+        return;
+    };
+    handovers_within(&lock, RETRY * 2, LEASE + RETRY * 3).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubernetes_coordinated_rolling_upgrade() {
     const API_SERVER: &str = env!("CARGO_BIN_EXE_kube-api-e2e");
@@ -324,6 +363,7 @@ async fn handover(lock: &str, name: &str, args: &[&str]) -> Option<i32> {
     let output = Command::new(LEADER)
         .args(["handover", "--lock", lock, "--name", name])
         .args(args)
+        .envs(object_store_env())
         .env("RUST_LOG", "warn")
         .output()
         .await
@@ -464,6 +504,64 @@ async fn etcd_lock_planned_handovers() {
     }
     let prefix = leader_test_support::etcd_prefix().unwrap_or_else(|| "leader/".into());
     planned_handovers(&format!("etcd://{}/?prefix={prefix}", hosts.join(","))).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn object_store_lock_planned_handovers() {
+    let Some(lock) = s3_lock("planned") else {
+        return;
+    };
+    planned_handovers(&lock).await;
+}
+
+/// An S3 endpoint that answers every request `200` with an ETag, and so writes whatever its
+/// preconditions say: the `leader` command refuses it at start, with exit code 3, before it
+/// writes a record.
+#[tokio::test]
+async fn an_object_store_that_ignores_preconditions_is_refused_with_exit_3() {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let requests = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let seen = requests.clone();
+    std::thread::spawn(move || {
+        for mut stream in listener.incoming().flatten() {
+            let mut buffer = [0u8; 8192];
+            let n = stream.read(&mut buffer).unwrap_or(0);
+            let head = String::from_utf8_lossy(&buffer[..n]).into_owned();
+            seen.lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(head.lines().next().unwrap_or_default().to_owned());
+            let _ = stream.write_all(
+                b"HTTP/1.1 200 OK\r\nETag: \"x\"\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+            );
+        }
+    });
+    let lock = "s3://lax-bucket/jobs/";
+    let mut command = Command::new(LEADER);
+    command
+        .args(["run", "--lock", lock, "--name", "lax", "--", "true"])
+        .envs(leader_tests::harness::campaign::s3_env(&format!("http://{addr}")))
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let output = timeout(Duration::from_secs(20), command.output())
+        .await
+        .expect("exits")
+        .expect("output");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains("precondition"), "{stderr}");
+    let requests = requests
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    assert!(
+        requests
+            .iter()
+            .all(|r| r.starts_with("PUT /lax-bucket/jobs/.leader-conditional-write-check")),
+        "only the check was written: {requests:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

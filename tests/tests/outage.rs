@@ -116,6 +116,11 @@ fn a_waiting_follower_backs_off_during_an_outage_on_consul() {
 }
 
 #[test]
+fn a_waiting_follower_backs_off_during_an_outage_on_object_storage() {
+    check(Backend::ObjectStore);
+}
+
+#[test]
 fn a_waiting_follower_backs_off_on_an_unreadable_file_lock_record() {
     check(Backend::File);
 }

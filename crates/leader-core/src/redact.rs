@@ -25,8 +25,16 @@ pub fn redact_url(url: &str) -> String {
 }
 
 /// The keywords whose values are credentials, in key-value connection strings and URL query
-/// parameters (`password=`, an ACL `token=`, a `secret=`).
-const SECRET_KEYWORDS: [&str; 5] = ["password=", "token=", "secret=", "access_key=", "key="];
+/// parameters (`password=`, an ACL `token=`, a `secret=`, a SAS `sig=`), also at the end of a
+/// longer name (`aws_secret_access_key=`, `sas_token=`).
+const SECRET_KEYWORDS: [&str; 6] = [
+    "password=",
+    "token=",
+    "secret=",
+    "access_key=",
+    "key=",
+    "sig=",
+];
 
 /// Redacts the values of [`SECRET_KEYWORDS`] in key-value connection strings and URL query
 /// parameters.
@@ -45,8 +53,14 @@ fn redact_keyword(conn: &str, keyword: &str) -> String {
     let mut search = 0;
     while let Some(found) = lower[search..].find(keyword) {
         let start = search + found;
-        let boundary =
-            start == 0 || matches!(conn.as_bytes()[start - 1], b' ' | b'?' | b'&' | b'\t');
+        // The keyword ends a parameter's name: `token=`, also `sas_token=` or
+        // `aws_secret_access_key=`.
+        let name_start = conn[..start]
+            .rfind([' ', '?', '&', '\t'])
+            .map_or(0, |b| b + 1);
+        let boundary = conn[name_start..start]
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
         let value_start = start + keyword.len();
         if !boundary {
             search = value_start;
@@ -95,6 +109,10 @@ mod tests {
         assert_eq!(
             redact_url("s3://b/k?secret=x&key=y"),
             "s3://b/k?secret=***&key=***"
+        );
+        assert_eq!(
+            redact_url("s3://b/k/?aws_secret_access_key=x&region=eu&sas_token=y&sig=z"),
+            "s3://b/k/?aws_secret_access_key=***&region=eu&sas_token=***&sig=***"
         );
     }
 }

@@ -27,7 +27,12 @@ impl Kind {
     pub(crate) fn permission(self, op: Op, resource: &str) -> String {
         match (self, op) {
             (Self::S3, Op::Read) => {
-                format!("the credentials need s3:GetObject on arn:aws:s3:::{resource}*")
+                let bucket = resource.split('/').next().unwrap_or_default();
+                format!(
+                    "the credentials need s3:GetObject on arn:aws:s3:::{resource}*, and \
+                     s3:ListBucket on arn:aws:s3:::{bucket} (without it S3 answers 403 for an \
+                     object that does not exist yet)"
+                )
             }
             (Self::S3, Op::Write) => format!(
                 "the credentials need s3:PutObject (and s3:GetObject) on arn:aws:s3:::{resource}*"

@@ -22,6 +22,10 @@ pub use leader_etcd as etcd;
 /// The Consul lock (feature `consul`).
 #[cfg(feature = "consul")]
 pub use leader_consul as consul;
+/// The object storage lock (feature `object-store`).
+#[cfg(feature = "object-store")]
+pub use leader_object_store as object_store;
+
 /// The Kubernetes Lease lock (feature `kubernetes`).
 #[cfg(feature = "kubernetes")]
 pub use leader_kube as kubernetes;

@@ -54,6 +54,7 @@ pub enum OpenError {
 /// | `redis://host:6379/0?prefix=P` (or `rediss://`) | the Redis lock |
 /// | `etcd://user:pass@host1:2379,host2:2379/?prefix=P` (or `etcds://`) | the etcd lock |
 /// | `consul://HOST:8500/PREFIX?dc=DC` (or `consuls://` for TLS) | the Consul lock; the ACL token from `CONSUL_HTTP_TOKEN` |
+/// | `s3://BUCKET/PREFIX/`, `gs://BUCKET/PREFIX/`, `az://CONTAINER/PREFIX/` | the object storage lock: the object `PREFIX/NAME` (a path not ending in `/` names the object itself); credentials, region and endpoint from the environment as `object_store` reads them (`AWS_*`, `GOOGLE_*`, `AZURE_*`) |
 /// | `kubernetes://NAMESPACE?binary_version=V&emulation_version=E` | a Lease in that namespace (in-cluster or kubeconfig); with `binary_version`, a candidate in coordinated leader election (`emulation_version` defaults to it) |
 #[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -98,6 +99,14 @@ pub enum LockUrl {
         /// `dc=`.
         datacenter: Option<String>,
     },
+    /// `s3://`, `gs://`, `az://` or `azure://`.
+    ObjectStore {
+        /// `SCHEME://BUCKET/PREFIX/`: the store and the prefix of the records.
+        url: String,
+        /// The object's name under the prefix when the URL names one object (its path does
+        /// not end in `/`); otherwise the election's name.
+        object: Option<String>,
+    },
     /// `kubernetes://NAMESPACE`.
     Kubernetes {
         /// The namespace of the Lease.
@@ -115,7 +124,7 @@ impl fmt::Debug for LockUrl {
 }
 
 /// The schemes lock URLs use, for messages.
-const SCHEMES: &str = "file://, postgres://, postgresql://, redis://, rediss://, etcd://, etcds://, consul://, consuls://, kubernetes://";
+const SCHEMES: &str = "file://, postgres://, postgresql://, redis://, rediss://, etcd://, etcds://, consul://, consuls://, s3://, gs://, az://, kubernetes://";
 
 /// The default lock directory for election `name`: `leader-NAME` in `$XDG_RUNTIME_DIR`, else in
 /// the temporary directory.
@@ -180,6 +189,8 @@ impl LockUrl {
                 (!cfg!(feature = "kubernetes")).then_some(("Kubernetes", "kubernetes"))
             }
             Self::Consul { .. } => (!cfg!(feature = "consul")).then_some(("Consul", "consul")),
+            Self::ObjectStore { .. } => (!cfg!(feature = "object-store"))
+                .then_some(("object storage", "object-store")),
         }
     }
 
@@ -337,6 +348,33 @@ impl LockUrl {
                     datacenter,
                 })
             }
+            Some(scheme @ ("s3" | "gs" | "az" | "azure")) => {
+                let url = Url::parse(lock).map_err(|err| invalid(err.to_string()))?;
+                if !url.username().is_empty() || url.password().is_some() {
+                    return Err(invalid(format!(
+                        "a {scheme}:// URL takes no credentials; object_store reads them from the environment"
+                    )));
+                }
+                if url.query().is_some() {
+                    return Err(invalid(format!(
+                        "a {scheme}:// URL takes no parameters; configure the store with object_store's environment variables (AWS_REGION, AWS_ENDPOINT, GOOGLE_SERVICE_ACCOUNT, AZURE_STORAGE_ACCOUNT_NAME, ...)"
+                    )));
+                }
+                let bucket = url.host_str().filter(|h| !h.is_empty()).ok_or_else(|| {
+                    invalid(format!("{scheme}://BUCKET/PREFIX/ needs a bucket"))
+                })?;
+                let path = url.path().trim_start_matches('/');
+                let (prefix, object) = match path.rsplit_once('/') {
+                    _ if path.is_empty() => ("leader/", None),
+                    Some((prefix, "")) => (&path[..prefix.len() + 1], None),
+                    Some((prefix, object)) => (&path[..prefix.len() + 1], Some(object)),
+                    None => ("", Some(path)),
+                };
+                Ok(Self::ObjectStore {
+                    url: format!("{scheme}://{bucket}/{prefix}"),
+                    object: object.map(str::to_owned),
+                })
+            }
             Some("kubernetes") => {
                 let rest = &lock["kubernetes://".len()..];
                 let (namespace, query) = rest.split_once('?').unwrap_or((rest, ""));
@@ -397,6 +435,9 @@ impl LockUrl {
             Self::Consul {
                 address, prefix, ..
             } => format!("consul:{address}/{}", prefix.as_deref().unwrap_or_default()),
+            Self::ObjectStore { url, object } => {
+                format!("{url}{}", object.as_deref().unwrap_or_default())
+            }
             Self::Kubernetes {
                 namespace,
                 coordinated: None,
@@ -494,6 +535,22 @@ impl LockUrl {
                     builder = builder.token(token);
                 }
                 Box::new(builder.build()?.lock(name, identity))
+            }
+            #[cfg(feature = "object-store")]
+            Self::ObjectStore { url, object } => {
+                let store = leader_object_store::BucketStore::from_url(url).build()?;
+                // A store that does not keep preconditions is refused here, before anything
+                // runs; a store that cannot be reached now is checked before the first write.
+                match store.check_conditional_writes().await {
+                    Err(err @ (LockError::Misconfigured { .. } | LockError::Forbidden { .. })) => {
+                        return Err(err);
+                    }
+                    Err(err) => {
+                        tracing::warn!(error = %err, "could not check the store's conditional writes yet");
+                    }
+                    Ok(()) => {}
+                }
+                Box::new(store.lock(object.as_deref().unwrap_or(name), identity))
             }
             #[cfg(feature = "kubernetes")]
             Self::Kubernetes {
@@ -615,6 +672,21 @@ mod tests {
                 datacenter: None,
             })
         );
+        for (url, store, object) in [
+            ("s3://b/locks/", "s3://b/locks/", None),
+            ("s3://b", "s3://b/leader/", None),
+            ("gs://b/a/b/job", "gs://b/a/b/", Some("job")),
+            ("az://c/job", "az://c/", Some("job")),
+        ] {
+            assert_eq!(
+                LockUrl::parse_any(url).ok(),
+                Some(LockUrl::ObjectStore {
+                    url: store.into(),
+                    object: object.map(Into::into),
+                }),
+                "{url}"
+            );
+        }
         assert!(default_file("my/job").ends_with("leader-my_job"));
     }
 
@@ -628,6 +700,9 @@ mod tests {
             ("kubernetes://jobs?binary=1.0.0", "unknown parameter"),
             ("consul://u:secret@host:8500", "CONSUL_HTTP_TOKEN"),
             ("consul://host:8500/?token=secret", "unknown parameter"),
+            ("s3://AKID:secret@bucket/x/", "takes no credentials"),
+            ("s3://bucket/x/?aws_session_token=secret", "takes no parameters"),
+            ("gs:///x/", "needs a bucket"),
             (
                 "kubernetes://jobs?emulation_version=1.0.0",
                 "needs binary_version",
@@ -663,6 +738,11 @@ mod tests {
                 "kubernetes://jobs",
                 "kubernetes",
                 cfg!(feature = "kubernetes"),
+            ),
+            (
+                "s3://bucket/locks/",
+                "object-store",
+                cfg!(feature = "object-store"),
             ),
         ] {
             match LockUrl::parse(url) {

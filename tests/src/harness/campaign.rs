@@ -48,11 +48,13 @@ pub enum Backend {
     /// `consul://`: a key locked by a session on a private test Consul server
     /// (`consul-api-server`).
     Consul,
+    /// `s3://`: an object written with preconditions on a private S3 API server (moto's).
+    ObjectStore,
 }
 
 impl Backend {
     /// Every backend, in the order reports list them.
-    pub const ALL: [Self; 7] = [
+    pub const ALL: [Self; 8] = [
         Self::File,
         Self::Postgres,
         Self::Advisory,
@@ -60,6 +62,7 @@ impl Backend {
         Self::Etcd,
         Self::Kubernetes,
         Self::Consul,
+        Self::ObjectStore,
     ];
 
     /// The faults that apply: the network and server faults need a server.
@@ -67,6 +70,16 @@ impl Backend {
     pub fn faults(self) -> &'static [Fault] {
         match self {
             Self::File => &[Fault::Kill, Fault::Freeze, Fault::FreezeInOperation],
+            // An object store does not lose what it acknowledged when it restarts, and moto
+            // keeps nothing on disk to play that with: no server restart.
+            Self::ObjectStore => &[
+                Fault::Kill,
+                Fault::Freeze,
+                Fault::Cut,
+                Fault::Latency,
+                Fault::ServerFreeze,
+                Fault::Outage,
+            ],
             _ => &[
                 Fault::Kill,
                 Fault::Freeze,
@@ -99,14 +112,15 @@ impl Backend {
     }
 
     /// The `--lock` URL of a replica that reaches the server at `port` (a proxy, usually), and
-    /// the `KUBECONFIG` it needs, if any: for Kubernetes a kubeconfig for that port, written
-    /// into `dir`. The file lock's directory is `dir/lock`.
+    /// the environment it needs: for Kubernetes a `KUBECONFIG` for that port, written into
+    /// `dir`; for object storage the endpoint and credentials. The file lock's directory is
+    /// `dir/lock`.
     pub(crate) fn replica_lock(
         self,
         dir: &Path,
         port: u16,
         settings: &Settings,
-    ) -> Result<(String, Option<PathBuf>), HarnessError> {
+    ) -> Result<(String, Vec<(String, String)>), HarnessError> {
         let url = match self {
             Self::File => format!("file://{}", dir.join("lock").display()),
             Self::Postgres => format!("postgres://postgres@127.0.0.1:{port}/postgres"),
@@ -117,6 +131,10 @@ impl Backend {
             Self::Redis => format!("redis://127.0.0.1:{port}"),
             Self::Etcd => format!("etcd://127.0.0.1:{port}"),
             Self::Consul => format!("consul://127.0.0.1:{port}/fault/"),
+            Self::ObjectStore => {
+                let env = s3_env(&format!("http://127.0.0.1:{port}"));
+                return Ok((format!("s3://{FAULT_BUCKET}/fault/"), env));
+            }
             Self::Kubernetes => {
                 let path = dir.join(format!("kubeconfig-{port}"));
                 let config = leader_test_support::kube_api::kubeconfig(
@@ -127,10 +145,13 @@ impl Backend {
                     what: format!("writing {}", path.display()),
                     source,
                 })?;
-                return Ok(("kubernetes://default".to_owned(), Some(path)));
+                return Ok((
+                    "kubernetes://default".to_owned(),
+                    vec![("KUBECONFIG".to_owned(), path.display().to_string())],
+                ));
             }
         };
-        Ok((url, None))
+        Ok((url, Vec::new()))
     }
 
     fn server(self) -> Option<ServerKind> {
@@ -141,6 +162,7 @@ impl Backend {
             Self::Etcd => Some(ServerKind::Etcd),
             Self::Kubernetes => Some(ServerKind::Kube),
             Self::Consul => Some(ServerKind::Consul),
+            Self::ObjectStore => Some(ServerKind::S3),
         }
     }
 
@@ -155,6 +177,7 @@ impl Backend {
             Self::Etcd => "etcd",
             Self::Kubernetes => "kubernetes",
             Self::Consul => "consul",
+            Self::ObjectStore => "object store (s3)",
         }
     }
 }
@@ -314,6 +337,25 @@ impl Settings {
         }
         bound
     }
+}
+
+/// The bucket of a private S3 server ([`ServerKind::S3`] makes it when it starts).
+pub const FAULT_BUCKET: &str = "leader-fault";
+
+/// The environment of a `leader` process whose object storage lock talks to the plain-HTTP S3
+/// server at `endpoint` (moto checks no signature: any key will do).
+#[must_use]
+pub fn s3_env(endpoint: &str) -> Vec<(String, String)> {
+    [
+        ("AWS_ENDPOINT", endpoint),
+        ("AWS_ALLOW_HTTP", "true"),
+        ("AWS_REGION", "us-east-1"),
+        ("AWS_ACCESS_KEY_ID", "test"),
+        ("AWS_SECRET_ACCESS_KEY", "test"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect()
 }
 
 /// `lease` rounded up to whole seconds.
@@ -603,7 +645,7 @@ impl Run<'_> {
                 metrics: None,
             }
         } else {
-            let (url, kubeconfig) = self.backend.replica_lock(&self.dir, port, &self.settings)?;
+            let (url, env) = self.backend.replica_lock(&self.dir, port, &self.settings)?;
             let metrics = format!("127.0.0.1:{}", free_port()?);
             let ms = |d: Duration| format!("{}ms", d.as_millis());
             let program = &self.programs.leader;
@@ -626,9 +668,7 @@ impl Run<'_> {
                 )
                 .stdout(Stdio::null())
                 .kill_on_drop(true);
-            if let Some(kubeconfig) = kubeconfig {
-                command.env("KUBECONFIG", kubeconfig);
-            }
+            command.envs(env);
             Replica {
                 identity,
                 child: spawned(program, command.spawn())?,

@@ -118,7 +118,7 @@ struct Replica {
 impl Replica {
     fn spawn(
         leader: &Path,
-        (lock, kubeconfig): &(String, Option<std::path::PathBuf>),
+        (lock, env): &(String, Vec<(String, String)>),
         identity: &str,
         timings: Timings,
         dir: &Path,
@@ -154,9 +154,7 @@ impl Replica {
             Ok(filter) => command.env("RUST_LOG", filter),
             Err(_) => command.env_remove("RUST_LOG"),
         };
-        if let Some(kubeconfig) = kubeconfig {
-            command.env("KUBECONFIG", kubeconfig);
-        }
+        command.envs(env.iter().cloned());
         let child = command.spawn().map_err(|source| HarnessError::Io {
             what: format!("spawning {}", leader.display()),
             source,

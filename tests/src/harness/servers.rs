@@ -23,6 +23,10 @@ pub enum ServerKind {
     /// entries and sessions in a state file across restarts as Consul keeps them in its raft
     /// log.
     Consul,
+    /// moto's S3 API server (`moto_server`, from PyPI; `scripts/setup` installs it), with the
+    /// bucket [`FAULT_BUCKET`](super::campaign::FAULT_BUCKET). It keeps its objects in memory:
+    /// a restart loses them, so the campaign does not restart it.
+    S3,
 }
 
 /// A private server: started by [`PrivateServer::start`], crashed by [`PrivateServer::kill`],
@@ -225,6 +229,26 @@ impl PrivateServer {
                     .spawn()
                     .map_err(|e| fail(format!("etcd: {e}")))?;
                 self.child = Some(child);
+            }
+            ServerKind::S3 => {
+                let child = Command::new("moto_server")
+                    .args(["-H", "127.0.0.1", "-p", &self.port.to_string()])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .map_err(|e| fail(format!("moto_server (scripts/setup installs it): {e}")))?;
+                self.child = Some(child);
+                for _ in 0..400 {
+                    if self.ready() {
+                        return leader_test_support::create_bucket(
+                            &endpoint,
+                            super::campaign::FAULT_BUCKET,
+                        )
+                        .map_err(fail);
+                    }
+                    std::thread::sleep(Duration::from_millis(25));
+                }
+                return Err(fail(format!("not ready on port {} after 10 s", self.port)));
             }
             ServerKind::Kube | ServerKind::Consul => {
                 let program = self
