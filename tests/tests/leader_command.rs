@@ -541,7 +541,9 @@ async fn an_object_store_that_ignores_preconditions_is_refused_with_exit_3() {
     let mut command = Command::new(LEADER);
     command
         .args(["run", "--lock", lock, "--name", "lax", "--", "true"])
-        .envs(leader_tests::harness::campaign::s3_env(&format!("http://{addr}")))
+        .envs(leader_tests::harness::campaign::s3_env(&format!(
+            "http://{addr}"
+        )))
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(Stdio::piped());

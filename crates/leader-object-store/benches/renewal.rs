@@ -84,7 +84,10 @@ async fn main() -> Result<(), Box<dyn Error>> {
     for _ in 0..ROUNDS {
         for _ in 0..PER_ROUND {
             let at = Instant::now();
-            s3.get_opts(&path, Default::default()).await?.bytes().await?;
+            s3.get_opts(&path, Default::default())
+                .await?
+                .bytes()
+                .await?;
             t_get.push(at.elapsed());
         }
         for _ in 0..PER_ROUND {
@@ -97,7 +100,10 @@ async fn main() -> Result<(), Box<dyn Error>> {
         follower.get().await?;
     }
 
-    println!("object storage lock on moto's S3 server ({})", leader_test_support::s3_endpoint());
+    println!(
+        "object storage lock on moto's S3 server ({})",
+        leader_test_support::s3_endpoint()
+    );
     println!(
         "lock requests per renewal (elector, {renewals} renewals in 3 s): {requests_per_renewal:.2}"
     );

@@ -72,7 +72,10 @@ pub(crate) fn map(
     match err {
         E::PermissionDenied { .. } => LockError::Forbidden {
             backend: BACKEND,
-            message: format!("{context}: access denied; {}", kind.permission(op, resource)),
+            message: format!(
+                "{context}: access denied; {}",
+                kind.permission(op, resource)
+            ),
         },
         E::Unauthenticated { .. } => LockError::Forbidden {
             backend: BACKEND,

@@ -214,7 +214,10 @@ impl ResourceLock for BucketLock {
                 // Not asked conditionally: a store that answers 304 anyway is broken.
                 None => Err(LockError::other(
                     BACKEND,
-                    format!("{}: 304 Not Modified to an unconditional read", self.context),
+                    format!(
+                        "{}: 304 Not Modified to an unconditional read",
+                        self.context
+                    ),
                 )),
             },
             Err(err @ object_store::Error::NotFound { .. }) => {

@@ -171,9 +171,11 @@ fn build_from_url(
     let unknown = |key: &str, err: object_store::Error| format!("option {key:?}: {err}");
     match url.scheme() {
         "file" => {
-            return Err("object_store's local file system has no conditional update, so it \
+            return Err(
+                "object_store's local file system has no conditional update, so it \
                  cannot hold a lock safely; use the file lock (file:///DIR, leader_core::FileLock)"
-                .to_owned());
+                    .to_owned(),
+            );
         }
         "http" | "https" => {
             return Err(
@@ -204,7 +206,10 @@ fn build_from_url(
             let mut builder = AmazonS3Builder::from_env()
                 .with_url(url.as_str())
                 .with_retry(retry)
-                .with_config(AmazonS3ConfigKey::Client(ClientConfigKey::Timeout), &timeout)
+                .with_config(
+                    AmazonS3ConfigKey::Client(ClientConfigKey::Timeout),
+                    &timeout,
+                )
                 .with_config(
                     AmazonS3ConfigKey::Client(ClientConfigKey::ConnectTimeout),
                     &timeout,
@@ -217,10 +222,12 @@ fn build_from_url(
                 .get_config_value(&AmazonS3ConfigKey::ConditionalPut)
                 .is_some_and(|v| v.trim() == "disabled")
             {
-                return Err("conditional puts are disabled (AWS_CONDITIONAL_PUT=disabled), and \
+                return Err(
+                    "conditional puts are disabled (AWS_CONDITIONAL_PUT=disabled), and \
                      the lock never writes without them; leave conditional_put at its default \
                      (etag)"
-                    .to_owned());
+                        .to_owned(),
+                );
             }
             let store = builder.build().map_err(|e| scrub(&chain(&e)))?;
             Ok((Arc::new(store), Kind::S3))
@@ -410,7 +417,13 @@ impl BucketStore {
                 "the store has no conditional update: {}",
                 scrub(&chain(&err))
             ))),
-            Err(err) => Err(map(&context, self.inner.kind, &self.resource(), Op::Write, err)),
+            Err(err) => Err(map(
+                &context,
+                self.inner.kind,
+                &self.resource(),
+                Op::Write,
+                err,
+            )),
         }
     }
 

@@ -33,20 +33,29 @@ fn stores_without_conditional_update_are_refused_when_built() {
         ("https://example.com/locks/", "no conditional update"),
         ("ftp://host/x", "unknown scheme"),
         ("s3:///no-bucket", "needs a bucket"),
-        ("s3://bucket/x?aws_secret_access_key=abc", "no credentials or options"),
+        (
+            "s3://bucket/x?aws_secret_access_key=abc",
+            "no credentials or options",
+        ),
         ("s3://user:pass@bucket/x", "no credentials or options"),
         ("not a url", "not a URL"),
     ] {
         let message = misconfigured(BucketStore::from_url(url).build());
         assert!(message.contains(says), "{url}: {message}");
-        assert!(!message.contains("pass@") && !message.contains("abc"), "{message}");
+        assert!(
+            !message.contains("pass@") && !message.contains("abc"),
+            "{message}"
+        );
     }
     let message = misconfigured(
         BucketStore::from_url("s3://bucket/locks/")
             .option("aws_conditional_put", "disabled")
             .build(),
     );
-    assert!(message.contains("conditional puts are disabled"), "{message}");
+    assert!(
+        message.contains("conditional puts are disabled"),
+        "{message}"
+    );
     let message = misconfigured(
         BucketStore::from_url("s3://bucket/locks/")
             .option("no_such_option", "1")
@@ -74,7 +83,10 @@ async fn a_store_that_ignores_preconditions_is_refused_before_any_write() {
     }
     // The record was never written; only the check's object was.
     let record_path = Path::from(format!("{}app", store.prefix()));
-    assert!(inner.head(&record_path).await.is_err(), "the record was written");
+    assert!(
+        inner.head(&record_path).await.is_err(),
+        "the record was written"
+    );
     assert!(
         broken.counts().keys().all(|k| k.starts_with("PUT update")),
         "{:?}",
@@ -98,15 +110,24 @@ async fn the_check_costs_one_request_per_store_and_writes_nothing() {
     let counts = counting.counts();
     assert_eq!(counts.get("PUT update 412"), Some(&1), "{counts:?}");
     assert_eq!(counts.get("PUT create 200"), Some(&2), "{counts:?}");
-    let probe = Path::from(format!("{}{}", store.prefix(), leader_object_store::PROBE_NAME));
-    assert!(inner.head(&probe).await.is_err(), "the check wrote its object");
+    let probe = Path::from(format!(
+        "{}{}",
+        store.prefix(),
+        leader_object_store::PROBE_NAME
+    ));
+    assert!(
+        inner.head(&probe).await.is_err(),
+        "the check wrote its object"
+    );
 }
 
 /// An S3 endpoint that refuses everything with 403, as S3 does for credentials without the
 /// permission.
 async fn forbidding_server() -> String {
     use axum::http::StatusCode;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
     let address = listener.local_addr().expect("address");
     let app = axum::Router::new().fallback(|| async {
         (
@@ -141,7 +162,10 @@ async fn a_403_names_the_permission_and_never_the_secret() {
     let read = lock.get().await.expect_err("refused");
     let text = read.to_string();
     assert!(matches!(read, LockError::Forbidden { .. }), "{read:?}");
-    assert!(text.contains("s3:GetObject on arn:aws:s3:::locks-bucket/svc/*"), "{text}");
+    assert!(
+        text.contains("s3:GetObject on arn:aws:s3:::locks-bucket/svc/*"),
+        "{text}"
+    );
     let write = lock
         .create(&leader_core::conformance::record("a", 1))
         .await
@@ -171,14 +195,15 @@ async fn an_unreachable_endpoint_is_unavailable_within_the_timeout() {
 #[tokio::test]
 async fn a_missing_bucket_is_misconfigured() {
     let Ok(_) = leader_test_support::s3_bucket().inspect_err(|why| {
-        assert!(!leader_test_support::in_ci(), "CI=true, but no S3 server: {why}");
+        assert!(
+            !leader_test_support::in_ci(),
+            "CI=true, but no S3 server: {why}"
+        );
     }) else {
         return;
     };
-    let mut builder = BucketStore::from_url(&format!(
-        "s3://leader-missing-{:08x}/x/",
-        fastrand::u32(..)
-    ));
+    let mut builder =
+        BucketStore::from_url(&format!("s3://leader-missing-{:08x}/x/", fastrand::u32(..)));
     for (key, value) in leader_test_support::s3_options() {
         builder = builder.option(key, value);
     }
@@ -253,7 +278,11 @@ async fn followers_read_conditionally_and_renewals_are_one_request() {
         .filter(|(k, _)| k.starts_with("GET"))
         .map(|(_, v)| v)
         .sum();
-    assert_eq!(reads, follower_counts.values().sum::<usize>(), "{follower_counts:?}");
+    assert_eq!(
+        reads,
+        follower_counts.values().sum::<usize>(),
+        "{follower_counts:?}"
+    );
     assert!((10..=25).contains(&reads), "{follower_counts:?}");
 }
 

@@ -93,7 +93,10 @@ pub fn s3_options() -> Vec<(String, String)> {
         ("aws_endpoint".to_owned(), s3_endpoint()),
         ("allow_http".to_owned(), "true".to_owned()),
         ("aws_region".to_owned(), env("AWS_REGION", "us-east-1")),
-        ("aws_access_key_id".to_owned(), env("AWS_ACCESS_KEY_ID", "test")),
+        (
+            "aws_access_key_id".to_owned(),
+            env("AWS_ACCESS_KEY_ID", "test"),
+        ),
         (
             "aws_secret_access_key".to_owned(),
             env("AWS_SECRET_ACCESS_KEY", "test"),

@@ -53,7 +53,10 @@ impl Counting {
     /// Requests so far, by kind: `GET 200`, `GET 304`, `GET 404`, `PUT create 200`,
     /// `PUT update 412`, ...
     pub fn counts(&self) -> BTreeMap<String, usize> {
-        self.counts.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.counts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// All requests so far.

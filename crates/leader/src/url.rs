@@ -189,8 +189,9 @@ impl LockUrl {
                 (!cfg!(feature = "kubernetes")).then_some(("Kubernetes", "kubernetes"))
             }
             Self::Consul { .. } => (!cfg!(feature = "consul")).then_some(("Consul", "consul")),
-            Self::ObjectStore { .. } => (!cfg!(feature = "object-store"))
-                .then_some(("object storage", "object-store")),
+            Self::ObjectStore { .. } => {
+                (!cfg!(feature = "object-store")).then_some(("object storage", "object-store"))
+            }
         }
     }
 
@@ -360,9 +361,10 @@ impl LockUrl {
                         "a {scheme}:// URL takes no parameters; configure the store with object_store's environment variables (AWS_REGION, AWS_ENDPOINT, GOOGLE_SERVICE_ACCOUNT, AZURE_STORAGE_ACCOUNT_NAME, ...)"
                     )));
                 }
-                let bucket = url.host_str().filter(|h| !h.is_empty()).ok_or_else(|| {
-                    invalid(format!("{scheme}://BUCKET/PREFIX/ needs a bucket"))
-                })?;
+                let bucket = url
+                    .host_str()
+                    .filter(|h| !h.is_empty())
+                    .ok_or_else(|| invalid(format!("{scheme}://BUCKET/PREFIX/ needs a bucket")))?;
                 let path = url.path().trim_start_matches('/');
                 let (prefix, object) = match path.rsplit_once('/') {
                     _ if path.is_empty() => ("leader/", None),
@@ -701,7 +703,10 @@ mod tests {
             ("consul://u:secret@host:8500", "CONSUL_HTTP_TOKEN"),
             ("consul://host:8500/?token=secret", "unknown parameter"),
             ("s3://AKID:secret@bucket/x/", "takes no credentials"),
-            ("s3://bucket/x/?aws_session_token=secret", "takes no parameters"),
+            (
+                "s3://bucket/x/?aws_session_token=secret",
+                "takes no parameters",
+            ),
             ("gs:///x/", "needs a bucket"),
             (
                 "kubernetes://jobs?emulation_version=1.0.0",

@@ -1,7 +1,7 @@
 //! What the workspace benchmarks share: the backends on the servers of `DATABASE_URL`,
 //! `REDIS_URL` and `ETCD_ENDPOINTS` (loopback by default) and on a test Consul server in this
-//! process (no Consul agent runs here), and a few numbers read off the servers and this
-//! process. `BENCH_BACKENDS=redis,consul` keeps only the backends named.
+//! process (no Consul agent runs here), on moto's S3 server (`S3_ENDPOINT`, `S3_BUCKET`), and a
+//! few numbers read off the servers and this process. `BENCH_BACKENDS=redis,consul` keeps only the backends named.
 
 #![allow(dead_code, unreachable_pub, unused_imports)]
 
@@ -11,8 +11,10 @@ use std::time::Duration;
 use leader_consul::ConsulStore;
 use leader_core::{FileLock, ResourceLock};
 use leader_etcd::EtcdStore;
+use leader_object_store::BucketStore;
 use leader_postgres::PostgresStore;
 use leader_redis::RedisStore;
+use leader_test_support::object_store_counting::Counting;
 
 use leader_test_support::consul_api::ConsulApiServer;
 pub use leader_test_support::{database_url, etcd_endpoints, redis_url};
@@ -25,6 +27,8 @@ pub enum Backend {
     Redis(RedisStore),
     Etcd(EtcdStore),
     Consul(ConsulApiServer, ConsulStore),
+    /// Requests counted at the client (object_store's retries off: one call, one request).
+    ObjectStore(Arc<Counting>, BucketStore),
 }
 
 impl Backend {
@@ -66,6 +70,10 @@ impl Backend {
             Ok(store) => backends.push(Self::Etcd(store)),
             Err(err) => eprintln!("no etcd: {err}"),
         }
+        match object_store() {
+            Ok((counting, store)) => backends.push(Self::ObjectStore(counting, store)),
+            Err(err) => eprintln!("no S3 server: {err}"),
+        }
         let api = ConsulApiServer::start().await;
         match ConsulStore::builder(api.url()).build() {
             Ok(store) => backends.push(Self::Consul(api, store)),
@@ -82,6 +90,7 @@ impl Backend {
             Self::Redis(_) => "redis",
             Self::Etcd(_) => "etcd",
             Self::Consul(..) => "consul (test server)",
+            Self::ObjectStore(..) => "object store (moto s3)",
         }
     }
 
@@ -93,15 +102,17 @@ impl Backend {
             Self::Redis(store) => Arc::new(store.lock(name, identity)),
             Self::Etcd(store) => Arc::new(store.lock(name, identity)),
             Self::Consul(_, store) => Arc::new(store.lock(name, identity)),
+            Self::ObjectStore(_, store) => Arc::new(store.lock(name, identity)),
         }
     }
 
     /// Requests the server has handled so far, by its own count: Postgres transactions
     /// committed in this database, Redis commands processed, etcd gRPC messages received, HTTP
-    /// requests to the test Consul server.
+    /// requests to the test Consul server, S3 requests counted at the client.
     pub async fn server_requests(&self) -> Option<u64> {
         match self {
             Self::File(_) => None,
+            Self::ObjectStore(counting, _) => u64::try_from(counting.total()).ok(),
             Self::Consul(api, _) => u64::try_from(api.requests().values().sum::<usize>()).ok(),
             Self::Postgres(store) | Self::PostgresAdvisory(store) => {
                 let client = store.pool().get().await.ok()?;
@@ -150,6 +161,20 @@ impl Backend {
             }
         }
     }
+}
+
+/// A store on the test S3 server's bucket, its requests counted.
+fn object_store() -> Result<(Arc<Counting>, BucketStore), Box<dyn std::error::Error>> {
+    let bucket = leader_test_support::s3_bucket()?;
+    let mut builder = BucketStore::from_url(&format!("s3://{bucket}/"));
+    for (key, value) in leader_test_support::s3_options() {
+        builder = builder.option(key, value);
+    }
+    let counting = Counting::new(builder.build()?.object_store().clone());
+    let store = BucketStore::builder(counting.clone(), format!("s3://{bucket}"))
+        .prefix(format!("leader-bench-{:08x}/", fastrand::u32(..)))
+        .build()?;
+    Ok((counting, store))
 }
 
 fn http_get(address: &str, path: &str) -> Option<String> {
