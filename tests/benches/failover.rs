@@ -6,6 +6,7 @@
 //! ```text
 //! cargo bench -p leader-tests --bench failover            # 20 kills per backend
 //! KILLS=100 cargo bench -p leader-tests --bench failover
+//! BENCH_BACKENDS=redis,object cargo bench -p leader-tests --bench failover   # only these
 //! ```
 
 mod common;
@@ -25,7 +26,15 @@ async fn main() {
     let settings = Settings::default();
     println!("| backend | kills | lease | p50 | p99 | max | max - lease | overlaps | violations |");
     println!("|---|---|---|---|---|---|---|---|---|");
+    let wanted = std::env::var("BENCH_BACKENDS").ok();
     for backend in Backend::ALL {
+        if let Some(wanted) = &wanted
+            && !wanted
+                .split(',')
+                .any(|name| backend.name().starts_with(name.trim()))
+        {
+            continue;
+        }
         let report = match campaign::run(
             backend,
             &vec![Fault::Kill; kills],
