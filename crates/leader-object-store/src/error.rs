@@ -23,6 +23,24 @@ pub(crate) enum Op {
 }
 
 impl Kind {
+    /// The kind of a store built elsewhere, from how object_store names it (`AmazonS3(bucket)`,
+    /// `GoogleCloudStorage(bucket)`, `MicrosoftAzure { .. }`, `InMemory`), so that a 403 names
+    /// the right permission; [`Kind::Other`] for any other store or a wrapper.
+    pub(crate) fn of(store: &dyn object_store::ObjectStore) -> Self {
+        let name = store.to_string();
+        if name.starts_with("AmazonS3") {
+            Self::S3
+        } else if name.starts_with("GoogleCloudStorage") {
+            Self::Gcs
+        } else if name.starts_with("MicrosoftAzure") {
+            Self::Azure
+        } else if name.starts_with("InMemory") {
+            Self::Memory
+        } else {
+            Self::Other
+        }
+    }
+
     /// The permission `op` needs on `resource` (`bucket/prefix`).
     pub(crate) fn permission(self, op: Op, resource: &str) -> String {
         match (self, op) {
@@ -165,6 +183,21 @@ mod tests {
         assert!(!scrubbed.contains("SECRET"), "{scrubbed}");
         assert!(scrubbed.contains("https://acct.blob.core.windows.net/c/k?(redacted) in 1s"));
         assert!(scrubbed.contains("http://127.0.0.1:9/b/k done"));
+    }
+
+    #[test]
+    fn stores_built_elsewhere_are_recognised() {
+        crate::ensure_crypto_provider();
+        let s3 = object_store::aws::AmazonS3Builder::new()
+            .with_bucket_name("b")
+            .with_region("us-east-1")
+            .build()
+            .expect("an S3 client");
+        assert_eq!(Kind::of(&s3), Kind::S3);
+        assert_eq!(
+            Kind::of(&object_store::memory::InMemory::new()),
+            Kind::Memory
+        );
     }
 
     #[test]

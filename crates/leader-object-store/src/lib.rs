@@ -7,7 +7,9 @@ mod lock;
 mod store;
 
 pub use lock::BucketLock;
-pub use store::{BucketStore, BucketStoreBuilder, DEFAULT_PREFIX, PROBE_NAME};
+pub use store::{
+    BucketStore, BucketStoreBuilder, DEFAULT_PREFIX, PROBE_NAME, ensure_crypto_provider,
+};
 
 /// The core crate, so that one dependency is enough.
 pub use leader_core;

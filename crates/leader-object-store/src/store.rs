@@ -111,7 +111,10 @@ impl BucketStoreBuilder {
         ensure_crypto_provider();
         let (store, kind, name, bucket, path_prefix): (Arc<dyn ObjectStore>, _, _, _, _) =
             match self.source {
-                Source::Store { store, name } => (store, Kind::Other, name, String::new(), None),
+                Source::Store { store, name } => {
+                    let kind = Kind::of(store.as_ref());
+                    (store, kind, name, String::new(), None)
+                }
                 Source::Invalid(why) => return Err(bad(why)),
                 Source::Url(url) => {
                     let described = describe_url(&url);
@@ -145,9 +148,13 @@ impl BucketStoreBuilder {
     }
 }
 
-/// object_store's clients sign with ring and use rustls for TLS; rustls needs a process-wide
-/// crypto provider when none was given: ring's, unless the program installed another.
-fn ensure_crypto_provider() {
+/// Installs ring as rustls' process-wide crypto provider, unless the program installed one.
+///
+/// The `object_store` this crate re-exports makes its HTTP clients with rustls and no provider
+/// of its own (this workspace signs and encrypts with ring, not aws-lc-rs). [`BucketStore`]'s
+/// builders call this; call it before building an `object_store` client yourself (for
+/// [`BucketStore::builder`]), which otherwise panics for want of a provider.
+pub fn ensure_crypto_provider() {
     if rustls::crypto::CryptoProvider::get_default().is_none() {
         // Another thread may have installed one in between: either is fine.
         let _ = rustls::crypto::ring::default_provider().install_default();
@@ -332,7 +339,9 @@ impl BucketStore {
     }
 
     /// A store on an `object_store` client the caller built (its own credentials, retries,
-    /// HTTP client), named `name` in messages. A store that ignores preconditions is refused
+    /// HTTP client; call [`ensure_crypto_provider`] before building it), named `name` in
+    /// messages. Turn its retries off (`RetryConfig { max_retries: 0, .. }`) and keep its
+    /// timeout below the elector's renew deadline, as [`BucketStore::from_url`] does. A store that ignores preconditions is refused
     /// by [`check_conditional_writes`](Self::check_conditional_writes), which runs before the
     /// first write.
     pub fn builder(store: Arc<dyn ObjectStore>, name: impl Into<String>) -> BucketStoreBuilder {
