@@ -105,9 +105,13 @@ pub(crate) fn map(
                 "{context}: the store has no conditional writes, which the lock needs: {text}"
             ),
         },
+        // The store's whole answer (an XML body, object_store's wording for the 404 it turned
+        // into a precondition failure) says no more than this.
         _ if names_missing_bucket(&text) => LockError::Misconfigured {
             backend: BACKEND,
-            message: format!("{context}: the bucket does not exist: {text}"),
+            message: format!(
+                "{context}: the bucket does not exist; create it, or fix the bucket in the URL"
+            ),
         },
         E::InvalidPath { .. } | E::UnknownConfigurationKey { .. } => LockError::Misconfigured {
             backend: BACKEND,
