@@ -70,23 +70,14 @@ fn leader_command(lock: &str, name: &str, identity: &str, log: &Path, extra: &[&
 
 /// The environment of a `leader` process for the test S3 server.
 fn object_store_env() -> Vec<(String, String)> {
-    leader_tests::harness::campaign::s3_env(&leader_test_support::s3_endpoint())
+    leader_test_support::s3_env_at(&leader_test_support::s3_endpoint())
 }
 
 /// An `s3://` lock URL on the test S3 server's bucket with a prefix of its own, or `None` (a
 /// skip; a failure under CI) without one.
 fn s3_lock(what: &str) -> Option<String> {
-    match leader_test_support::s3_bucket() {
-        Ok(bucket) => Some(format!("s3://{bucket}/{what}-{:08x}/", fastrand::u32(..))),
-        Err(why) => {
-            assert!(
-                !leader_test_support::in_ci(),
-                "CI=true, but there is no S3 server: {why}"
-            );
-            eprintln!("skipping: no S3 server: {why}; run scripts/test");
-            None
-        }
-    }
+    let bucket = leader_test_support::s3_bucket_or_skip()?;
+    Some(format!("s3://{bucket}/{what}-{:08x}/", fastrand::u32(..)))
 }
 
 /// Waits until the log holds `n` starts; returns the last one.
@@ -276,7 +267,7 @@ async fn consul_lock_one_job_at_a_time_and_handovers() {
 /// rolling upgrade the old version keeps leading until it stops, then the new one leads. One
 /// job at a time throughout, fencing tokens growing.
 /// Object storage, on moto's S3 server: followers poll, so a release is seen at the next poll
-/// (a retry period, jittered by up to a fifth), and a killed holder's lease is taken a lease
+/// (a retry period with client-go's jitter of 1.2: 1.0 to 2.2 retry periods apart), and a killed holder's lease is taken a lease
 /// after a follower's first read of its last renewal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn object_store_lock_one_job_at_a_time_and_handovers() {
@@ -541,9 +532,7 @@ async fn an_object_store_that_ignores_preconditions_is_refused_with_exit_3() {
     let mut command = Command::new(LEADER);
     command
         .args(["run", "--lock", lock, "--name", "lax", "--", "true"])
-        .envs(leader_tests::harness::campaign::s3_env(&format!(
-            "http://{addr}"
-        )))
+        .envs(leader_test_support::s3_env_at(&format!("http://{addr}")))
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(Stdio::piped());

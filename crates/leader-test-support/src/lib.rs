@@ -74,15 +74,33 @@ pub fn s3_bucket() -> Result<String, String> {
             if let Some(bucket) = std::env::var("S3_BUCKET").ok().filter(|b| !b.is_empty()) {
                 return Ok(bucket);
             }
-            let bucket = format!("leader-test-{:08x}", fastrand_u32());
+            let bucket = format!("leader-test-{:08x}", fastrand::u32(..));
             create_bucket(&s3_endpoint(), &bucket).map(|()| bucket)
         })
         .clone()
 }
 
-/// The `object_store` options for the test S3 server: its endpoint over plain HTTP, and the
-/// environment's credentials or moto's any-will-do ones.
+/// [`s3_bucket`], or `None` with a line saying why (a skip), or a failure under CI, where the
+/// S3 server must be there.
+pub fn s3_bucket_or_skip() -> Option<String> {
+    match s3_bucket() {
+        Ok(bucket) => Some(bucket),
+        Err(why) => {
+            assert!(!in_ci(), "CI=true, but there is no S3 server: {why}");
+            eprintln!("skipping: no S3 server: {why}; run scripts/test");
+            None
+        }
+    }
+}
+
+/// The `object_store` options for the test S3 server ([`s3_endpoint`]).
 pub fn s3_options() -> Vec<(String, String)> {
+    s3_options_at(&s3_endpoint())
+}
+
+/// The `object_store` options for a plain-HTTP S3 server at `endpoint`, with the environment's
+/// credentials or moto's any-will-do ones.
+pub fn s3_options_at(endpoint: &str) -> Vec<(String, String)> {
     let env = |name: &str, default: &str| {
         std::env::var(name)
             .ok()
@@ -90,8 +108,9 @@ pub fn s3_options() -> Vec<(String, String)> {
             .unwrap_or_else(|| default.to_owned())
     };
     vec![
-        ("aws_endpoint".to_owned(), s3_endpoint()),
-        ("allow_http".to_owned(), "true".to_owned()),
+        ("aws_endpoint".to_owned(), endpoint.to_owned()),
+        // Spelt as object_store reads it from the environment too (`AWS_ALLOW_HTTP`).
+        ("aws_allow_http".to_owned(), "true".to_owned()),
         ("aws_region".to_owned(), env("AWS_REGION", "us-east-1")),
         (
             "aws_access_key_id".to_owned(),
@@ -104,9 +123,10 @@ pub fn s3_options() -> Vec<(String, String)> {
     ]
 }
 
-/// The environment a child process (the `leader` command) needs for the test S3 server.
-pub fn s3_env() -> Vec<(String, String)> {
-    s3_options()
+/// The environment a child process (the `leader` command) needs for a plain-HTTP S3 server at
+/// `endpoint`: [`s3_options_at`] as `object_store` reads them from the environment (`AWS_*`).
+pub fn s3_env_at(endpoint: &str) -> Vec<(String, String)> {
+    s3_options_at(endpoint)
         .into_iter()
         .map(|(key, value)| (key.to_ascii_uppercase(), value))
         .collect()
@@ -140,14 +160,6 @@ pub fn create_bucket(endpoint: &str, bucket: &str) -> Result<(), String> {
             answer.lines().next().unwrap_or_default()
         )),
     }
-}
-
-fn fastrand_u32() -> u32 {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or_default();
-    nanos ^ std::process::id().rotate_left(16)
 }
 
 /// Skips the test (returns from it) with a line saying why, or fails it under CI, where every

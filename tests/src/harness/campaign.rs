@@ -132,7 +132,7 @@ impl Backend {
             Self::Etcd => format!("etcd://127.0.0.1:{port}"),
             Self::Consul => format!("consul://127.0.0.1:{port}/fault/"),
             Self::ObjectStore => {
-                let env = s3_env(&format!("http://127.0.0.1:{port}"));
+                let env = leader_test_support::s3_env_at(&format!("http://127.0.0.1:{port}"));
                 return Ok((format!("s3://{FAULT_BUCKET}/fault/"), env));
             }
             Self::Kubernetes => {
@@ -341,22 +341,6 @@ impl Settings {
 
 /// The bucket of a private S3 server ([`ServerKind::S3`] makes it when it starts).
 pub const FAULT_BUCKET: &str = "leader-fault";
-
-/// The environment of a `leader` process whose object storage lock talks to the plain-HTTP S3
-/// server at `endpoint` (moto checks no signature: any key will do).
-#[must_use]
-pub fn s3_env(endpoint: &str) -> Vec<(String, String)> {
-    [
-        ("AWS_ENDPOINT", endpoint),
-        ("AWS_ALLOW_HTTP", "true"),
-        ("AWS_REGION", "us-east-1"),
-        ("AWS_ACCESS_KEY_ID", "test"),
-        ("AWS_SECRET_ACCESS_KEY", "test"),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_owned(), v.to_owned()))
-    .collect()
-}
 
 /// `lease` rounded up to whole seconds.
 fn whole_seconds(lease: Duration) -> u64 {

@@ -18,30 +18,24 @@ pub fn unique_prefix() -> String {
     format!("leader-test-{:08x}/", fastrand::u32(..))
 }
 
-/// A builder for the test S3 server's bucket, or why there is none.
-pub fn s3_builder() -> Result<BucketStoreBuilder, String> {
-    let bucket = leader_test_support::s3_bucket()?;
-    let mut builder = BucketStore::from_url(&format!("s3://{bucket}/{}", unique_prefix()));
+/// A builder for `bucket` on the test S3 server.
+pub fn s3_builder(bucket: &str, prefix: &str) -> BucketStoreBuilder {
+    let mut builder = BucketStore::from_url(&format!("s3://{bucket}/{prefix}"));
     for (key, value) in leader_test_support::s3_options() {
         builder = builder.option(key, value);
     }
-    Ok(builder)
+    builder
 }
 
 /// A store on the test S3 server with a prefix of its own; `None` (a skip) when the server is
 /// not there, a failure under CI.
 pub fn s3_or_skip() -> Option<BucketStore> {
-    match s3_builder().and_then(|b| b.build().map_err(|e| e.to_string())) {
-        Ok(store) => Some(store),
-        Err(why) => {
-            assert!(
-                !leader_test_support::in_ci(),
-                "CI=true, but there is no S3 server: {why}"
-            );
-            eprintln!("skipping: no S3 server: {why}");
-            None
-        }
-    }
+    let bucket = leader_test_support::s3_bucket_or_skip()?;
+    Some(
+        s3_builder(&bucket, &unique_prefix())
+            .build()
+            .expect("a store on the test S3 server"),
+    )
 }
 
 /// An in-memory store.
