@@ -225,10 +225,30 @@ impl PostgresStore {
     /// CREATE privilege on the schema).
     pub async fn create_table(&self) -> Result<(), LockError> {
         let client = self.client().await?;
-        client
-            .batch_execute(&self.inner.table_statements.create_table)
-            .await
-            .map_err(|err| map(&self.context(), err))
+        let mut attempt = 1;
+        loop {
+            match client
+                .batch_execute(&self.inner.table_statements.create_table)
+                .await
+            {
+                Ok(()) => return Ok(()),
+                // `CREATE ... IF NOT EXISTS` is not safe against itself: when candidates create
+                // the table at the same time, all but one may fail on the catalog's unique
+                // indexes (23505 on pg_type) or find the table created meanwhile (42P07). The
+                // other creator has committed by then, so the statements, run again, find it.
+                Err(err)
+                    if attempt < 3
+                        && err.code().is_some_and(|code| {
+                            *code == tokio_postgres::error::SqlState::UNIQUE_VIOLATION
+                                || *code == tokio_postgres::error::SqlState::DUPLICATE_TABLE
+                                || *code == tokio_postgres::error::SqlState::DUPLICATE_OBJECT
+                        }) =>
+                {
+                    attempt += 1;
+                }
+                Err(err) => return Err(map(&self.context(), err)),
+            }
+        }
     }
 
     /// The connection pool.

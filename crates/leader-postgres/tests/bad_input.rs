@@ -22,6 +22,31 @@ fn conn_as(user: &str, password: &str) -> String {
     format!("host={host} port={port} dbname={db} user={user} password={password}")
 }
 
+/// Candidates that start together on a fresh database all create the table at once: every one
+/// of them gets a store (Postgres's `CREATE TABLE IF NOT EXISTS` races on its own catalog).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn candidates_creating_the_table_at_once_all_succeed() {
+    let Some(admin) = common::admin().await else {
+        return;
+    };
+    for _ in 0..5 {
+        let table = unique("together").replace('-', "_");
+        let builds = (0..8).map(|_| {
+            PostgresStore::builder(common::database_url())
+                .table(&table)
+                .create_table(true)
+                .build()
+        });
+        for built in futures_util::future::join_all(builds).await {
+            built.expect("every candidate gets a store");
+        }
+        admin
+            .batch_execute(&format!("DROP TABLE {table}"))
+            .await
+            .expect("drop");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_table_is_reported_and_the_elector_recovers_once_it_exists() {
     let Some(admin) = common::admin().await else {
