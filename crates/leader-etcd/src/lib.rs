@@ -3,8 +3,12 @@
 #![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
 mod error;
+mod lease;
 mod lock;
+mod queue;
+mod seen;
 mod store;
+mod watch;
 
 pub use lock::EtcdLock;
 pub use store::{DEFAULT_PREFIX, EtcdStore, EtcdStoreBuilder};

@@ -1,0 +1,86 @@
+//! What a lock last learned of its keys (by a read, a watch or its own write), and the
+//! takeover it allows without another read.
+
+use etcd_client::{Compare, CompareOp, Event, EventType};
+use leader_core::LeaderElectionRecord;
+
+use crate::error::BACKEND;
+
+/// What the lock last learned of its keys.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Seen {
+    /// The record key, `None` when unknown.
+    pub(crate) record: Option<RecordSeen>,
+    /// The fence key's token and `mod_revision` (0 when absent), when read.
+    pub(crate) fence: Option<(u64, i64)>,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) enum RecordSeen {
+    Absent,
+    /// The record as stored (its `leader_transitions` as written, not the fence's token), its
+    /// `mod_revision` and its etcd lease (0: none).
+    Present {
+        mod_revision: i64,
+        lease: i64,
+        record: LeaderElectionRecord,
+    },
+}
+
+impl Seen {
+    /// The record key as a watch `event` on it reports it (unknown when it cannot be read).
+    pub(crate) fn learn(&mut self, event: &Event) {
+        self.record = match (event.event_type(), event.kv()) {
+            (EventType::Put, Some(kv)) => LeaderElectionRecord::from_json(BACKEND, "", kv.value())
+                .ok()
+                .map(|record| RecordSeen::Present {
+                    mod_revision: kv.mod_revision(),
+                    lease: kv.lease(),
+                    record,
+                }),
+            (EventType::Delete, _) => Some(RecordSeen::Absent),
+            _ => None,
+        };
+    }
+
+    /// The lock's own write of `record` at `revision` on `lease` (the fence is unchanged),
+    /// unless something newer was seen already.
+    pub(crate) fn wrote(&mut self, record: &LeaderElectionRecord, revision: i64, lease: i64) {
+        if let Some(RecordSeen::Present { mod_revision, .. }) = &self.record
+            && *mod_revision > revision
+        {
+            return;
+        }
+        self.record = Some(RecordSeen::Present {
+            mod_revision: revision,
+            lease,
+            record: record.clone(),
+        });
+    }
+
+    /// The conditions under which `desired` may take the record `key` (fenced by `fence`) as
+    /// last seen, with the token it should ask for; `None` when it was not seen takeable.
+    pub(crate) fn takeover(
+        &self,
+        (key, fence): (&str, &str),
+        desired: &LeaderElectionRecord,
+    ) -> Option<(Vec<Compare>, u64)> {
+        let (fence_token, fence_revision) = self.fence?;
+        let record = match self.record.as_ref()? {
+            RecordSeen::Absent => Compare::create_revision(key, CompareOp::Equal, 0),
+            RecordSeen::Present {
+                mod_revision,
+                record,
+                ..
+            } => {
+                if !record.is_free() || record.reserved_for_other_than(&desired.holder_identity) {
+                    return None;
+                }
+                Compare::mod_revision(key, CompareOp::Equal, *mod_revision)
+            }
+        };
+        // The fence must be as read too: an acquisition since then raised it.
+        let fence = Compare::mod_revision(fence, CompareOp::Equal, fence_revision);
+        Some((vec![record, fence], fence_token + 1))
+    }
+}

@@ -1,0 +1,153 @@
+//! The watches: the holder's of its own key and of the waiting candidates during its term, and
+//! the followers' change stream of the key.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use etcd_client::{Client, Event, EventType, GetOptions, GetResponse, WatchOptions, WatchStream};
+use futures_util::StreamExt;
+use leader_core::{ChangeStream, LeaderElectionRecord};
+
+use crate::error::BACKEND;
+use crate::queue::Successor;
+use crate::seen::Seen;
+
+/// The holder's watch of its own key and of the waiting candidates: the highest revision of
+/// any event on the key, whether the watch runs, and the candidates as last reported. A renewal
+/// may skip the record while nothing was written after the holder's last write, and a release
+/// picks its successor without a read.
+pub(crate) struct TermWatch {
+    latest: Arc<AtomicI64>,
+    healthy: Arc<AtomicBool>,
+    /// The waiting candidates by identity; `None` until read, or once the watch stopped.
+    waiting: Arc<Mutex<Option<HashMap<String, Successor>>>>,
+    task: tokio::task::AbortHandle,
+}
+
+impl TermWatch {
+    /// Watches `key` from `revision + 1`, and the candidates under `prefix` from a read of
+    /// them, in the background, on one watch stream.
+    pub(crate) fn start(mut client: Client, key: String, prefix: String, revision: i64) -> Self {
+        let latest = Arc::new(AtomicI64::new(revision));
+        let healthy = Arc::new(AtomicBool::new(false));
+        let waiting = Arc::new(Mutex::new(None));
+        let task = tokio::spawn({
+            let (latest, healthy, waiting) = (latest.clone(), healthy.clone(), waiting.clone());
+            async move {
+                let options = WatchOptions::new().with_start_revision(revision + 1);
+                let Ok(mut stream) = client.watch(key.as_str(), Some(options)).await else {
+                    return;
+                };
+                healthy.store(true, Ordering::Release);
+                let known = |read: &GetResponse| -> HashMap<String, Successor> {
+                    Successor::all_in(&prefix, read)
+                        .map(|c| (c.identity.clone(), c))
+                        .collect()
+                };
+                // The candidates as read, then every change after that read.
+                if let Ok(read) = client
+                    .get(prefix.as_str(), Some(GetOptions::new().with_prefix()))
+                    .await
+                {
+                    let from = read.header().map_or(0, |h| h.revision()) + 1;
+                    let options = WatchOptions::new().with_prefix().with_start_revision(from);
+                    if stream.watch(prefix.as_str(), Some(options)).await.is_ok() {
+                        *waiting.lock().unwrap_or_else(|e| e.into_inner()) = Some(known(&read));
+                    }
+                }
+                while let Ok(Some(message)) = stream.message().await {
+                    if message.canceled() || message.compact_revision() > 0 {
+                        break;
+                    }
+                    for event in message.events() {
+                        let Some(kv) = event.kv() else { continue };
+                        if kv.key() == key.as_bytes() {
+                            latest.fetch_max(kv.mod_revision(), Ordering::AcqRel);
+                            continue;
+                        }
+                        let mut waiting = waiting.lock().unwrap_or_else(|e| e.into_inner());
+                        let (Some(waiting), Some(identity)) = (
+                            waiting.as_mut(),
+                            kv.key_str().ok().and_then(|k| k.strip_prefix(&prefix)),
+                        ) else {
+                            continue;
+                        };
+                        match Successor::registered(&prefix, kv) {
+                            Some(candidate) if event.event_type() == EventType::Put => {
+                                waiting.insert(identity.to_owned(), candidate);
+                            }
+                            _ => {
+                                waiting.remove(identity);
+                            }
+                        }
+                    }
+                }
+                healthy.store(false, Ordering::Release);
+                *waiting.lock().unwrap_or_else(|e| e.into_inner()) = None;
+            }
+        })
+        .abort_handle();
+        Self {
+            latest,
+            healthy,
+            waiting,
+            task,
+        }
+    }
+
+    /// Whether the watch runs and has seen no write of the key after revision `written`.
+    pub(crate) fn clean(&self, written: i64) -> bool {
+        self.healthy.load(Ordering::Acquire) && self.latest.load(Ordering::Acquire) <= written
+    }
+
+    /// The waiting candidates as the watch knows them, `None` when it does not.
+    pub(crate) fn waiting(&self) -> Option<Vec<Successor>> {
+        let waiting = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
+        waiting.as_ref().map(|w| w.values().cloned().collect())
+    }
+}
+
+impl Drop for TermWatch {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A follower's change stream from a watch of the record key: only what the candidate
+/// `identity` acts on (the key deleted, released or expired on etcd's clock; a free record; a
+/// handover request; the lease handed to it). Renewals wake nobody. What the watch reports is
+/// remembered in `seen`, so that a takeover is one transaction (or none).
+pub(crate) fn changes(
+    stream: WatchStream,
+    seen: Arc<Mutex<Seen>>,
+    identity: String,
+) -> ChangeStream {
+    let changes = stream
+        .take_while(|message| std::future::ready(message.is_ok()))
+        .filter(move |message| {
+            let fire = message.as_ref().is_ok_and(|m| {
+                let mut seen = seen.lock().unwrap_or_else(|p| p.into_inner());
+                for event in m.events() {
+                    seen.learn(event);
+                }
+                m.events().iter().any(|e| acts_on(e, &identity))
+            });
+            std::future::ready(fire)
+        })
+        .map(|_| ());
+    Box::pin(changes)
+}
+
+/// A watch event the candidate `identity` acts on: a deletion, or a record that is free, asks
+/// for a handover, names `identity` (a release handed it the lease), or cannot be read (which
+/// the next read reports).
+fn acts_on(event: &Event, identity: &str) -> bool {
+    match (event.event_type(), event.kv()) {
+        (EventType::Put, Some(kv)) => LeaderElectionRecord::from_json(BACKEND, "", kv.value())
+            .map_or(true, |r| {
+                r.is_free() || r.handover_to().is_some() || r.holder_identity == identity
+            }),
+        _ => true,
+    }
+}
