@@ -1,4 +1,5 @@
-//! `--metrics-addr`: Prometheus metrics at `/metrics` and a health check at `/healthz`.
+//! `--metrics-addr`: Prometheus metrics at `/metrics`, liveness at `/healthz` and readiness at
+//! `/readyz`.
 
 use std::net::SocketAddr;
 
@@ -19,20 +20,27 @@ pub(crate) async fn start(addr: SocketAddr, health: HealthCheck) -> Result<(), S
         .map_err(|err| format!("cannot listen: {err}"))?;
     let app = Router::new()
         .route("/metrics", get(move || std::future::ready(handle.render())))
+        .route("/healthz", {
+            let health = health.clone();
+            get(move || std::future::ready(answer(health.check())))
+        })
         .route(
-            "/healthz",
-            get(move || {
-                std::future::ready(match health.check() {
-                    Ok(()) => (StatusCode::OK, "ok".to_owned()),
-                    Err(err) => (StatusCode::SERVICE_UNAVAILABLE, err.to_string()),
-                })
-            }),
+            "/readyz",
+            get(move || std::future::ready(answer(health.ready()))),
         );
-    tracing::info!(%addr, "serving /metrics and /healthz");
+    tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
     tokio::spawn(async move {
         if let Err(err) = axum::serve(listener, app).await {
             tracing::error!(error = %err, "metrics server stopped");
         }
     });
     Ok(())
+}
+
+/// 200 `ok`, or 503 with the reason.
+fn answer<E: std::fmt::Display>(result: Result<(), E>) -> (StatusCode, String) {
+    match result {
+        Ok(()) => (StatusCode::OK, "ok".to_owned()),
+        Err(err) => (StatusCode::SERVICE_UNAVAILABLE, err.to_string()),
+    }
 }

@@ -47,6 +47,12 @@ const READ_TRIES: usize = 20;
 ///
 /// The directory must be on a local file system: `flock` over NFS is not reliable.
 ///
+/// **Other users.** The directory is this user's own: the lock creates it private (mode
+/// `0700`), and refuses one that is a symbolic link, owned by another user, or writable by
+/// group or others ([`LockError::Misconfigured`], saying why and what to do), since whoever can
+/// write there can block the election or take it. A directory shared by several users is not
+/// supported: run every candidate as one user.
+///
 /// ```no_run
 /// use leader_core::FileLock;
 ///
@@ -244,15 +250,12 @@ impl FileLock {
     }
 
     fn ensure_dir(&self) -> Result<(), LockError> {
-        match fs::create_dir(&self.dir) {
+        let mut builder = fs::DirBuilder::new();
+        #[cfg(unix)]
+        std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+        match builder.create(&self.dir) {
             Ok(()) => Ok(()),
-            Err(err) if err.kind() == io::ErrorKind::AlreadyExists => {
-                if self.dir.is_dir() {
-                    Ok(())
-                } else {
-                    Err(not_a_directory(&self.dir))
-                }
-            }
+            Err(err) if err.kind() == io::ErrorKind::AlreadyExists => check_dir(&self.dir),
             Err(err) => Err(io_error(&self.dir, err)),
         }
     }
@@ -361,8 +364,54 @@ fn parse_version_name(name: &str) -> Option<u64> {
     digits.parse().ok()
 }
 
+/// Refuses a lock directory another user could write to: a symbolic link, one owned by another
+/// user, or one writable by group or others. `Ok` when it does not exist (yet).
+fn check_dir(dir: &Path) -> Result<(), LockError> {
+    let metadata = match fs::symlink_metadata(dir) {
+        Ok(metadata) => metadata,
+        Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(err) => return Err(io_error(dir, err)),
+    };
+    let refuse = |why: String| LockError::Misconfigured {
+        backend: BACKEND,
+        message: format!(
+            "{}: {why}; another user could block this election or take it over",
+            dir.display()
+        ),
+    };
+    if metadata.file_type().is_symlink() {
+        return Err(refuse(
+            "is a symbolic link: use the directory it points to, if it is yours".to_owned(),
+        ));
+    }
+    if !metadata.is_dir() {
+        return Err(not_a_directory(dir));
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        let me = nix::unistd::geteuid().as_raw();
+        if metadata.uid() != me {
+            return Err(refuse(format!(
+                "is owned by user {}, not by this user ({me}): remove it if it is not in use, \
+                 or use a lock directory of your own",
+                metadata.uid()
+            )));
+        }
+        let mode = metadata.mode() & 0o7777;
+        if mode & 0o022 != 0 {
+            return Err(refuse(format!(
+                "is writable by other users (mode {mode:o}): make it private (chmod go-w) or use \
+                 a lock directory of your own"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// The version numbers in `dir`, newest first; empty when the directory does not exist.
 fn newest_versions(dir: &Path) -> Result<Vec<u64>, LockError> {
+    check_dir(dir)?;
     let entries = match fs::read_dir(dir) {
         Ok(entries) => entries,
         Err(err) if err.kind() == io::ErrorKind::NotFound => {
@@ -621,6 +670,74 @@ mod tests {
         let lock = FileLock::new("/nonexistent-dir-for-leader-tests/x", "a");
         let err = lock.get().await.expect_err("no directory");
         assert!(matches!(err, LockError::Misconfigured { .. }), "{err}");
+    }
+
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn the_directory_is_private_and_one_others_could_write_to_is_refused() {
+        use std::os::unix::fs::{PermissionsExt, symlink};
+
+        let dir = tempfile::tempdir().expect("tempdir");
+        let lock = FileLock::new(dir.path().join("mine"), "a");
+        lock.create(&record("a", 1)).await.expect("create");
+        let mode = fs::metadata(lock.path())
+            .expect("stat")
+            .permissions()
+            .mode()
+            & 0o777;
+        assert_eq!(mode, 0o700, "created private to this user");
+
+        let refused = |path: PathBuf, why: &'static str| async move {
+            let lock = FileLock::new(&path, "a");
+            for result in [
+                lock.get().await.map(drop),
+                lock.create(&record("a", 1)).await.map(drop),
+                lock.try_acquire(&record("a", 1)).await.map(drop),
+            ] {
+                match result {
+                    Err(LockError::Misconfigured { message, .. }) => assert!(
+                        message.contains(why) && message.contains("another user"),
+                        "{message}"
+                    ),
+                    other => panic!("{}: {other:?}", path.display()),
+                }
+            }
+        };
+        let open = dir.path().join("open");
+        fs::create_dir(&open).expect("mkdir");
+        fs::set_permissions(&open, fs::Permissions::from_mode(0o777)).expect("chmod");
+        refused(open, "writable by other users").await;
+        let group = dir.path().join("group");
+        fs::create_dir(&group).expect("mkdir");
+        fs::set_permissions(&group, fs::Permissions::from_mode(0o770)).expect("chmod");
+        refused(group, "writable by other users").await;
+        let link = dir.path().join("link");
+        symlink(lock.path(), &link).expect("symlink");
+        refused(link, "symbolic link").await;
+    }
+
+    /// A directory another user made (as root: one of `nobody`'s) is refused.
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn a_directory_of_another_user_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let theirs = dir.path().join("theirs");
+        fs::create_dir(&theirs).expect("mkdir");
+        if let Err(err) = std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)) {
+            assert!(
+                !nix::unistd::geteuid().is_root(),
+                "root could not chown: {err}"
+            );
+            eprintln!("skipping: only root can give a directory to another user ({err})");
+            return;
+        }
+        let lock = FileLock::new(&theirs, "a");
+        match lock.get().await {
+            Err(LockError::Misconfigured { message, .. }) => {
+                assert!(message.contains("owned by user 65534"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[tokio::test]

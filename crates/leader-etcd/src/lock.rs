@@ -497,18 +497,10 @@ impl EtcdLock {
         self.seen().takeover((&self.key, &self.fence), desired)
     }
 
+    /// What to do with the key as read: take it when it was seen takeable (absent or free), or
+    /// report it held, also when it is held by this identity (S13: another process may run
+    /// with it; the elector takes a term of its own again with an update).
     fn decide(&self, current: Option<(Observed, i64)>, desired: &LeaderElectionRecord) -> Decision {
-        if let Some((observed, _)) = &current
-            && observed.record.holder_identity == desired.holder_identity
-            && !observed
-                .record
-                .reserved_for_other_than(&desired.holder_identity)
-            && let Ok(version) = parse_version(&observed.version)
-        {
-            // Held by this identity (a process of it that restarted): take it over.
-            let unchanged = Compare::mod_revision(self.key.as_str(), CompareOp::Equal, version);
-            return Decision::Take(vec![unchanged], observed.record.leader_transitions + 1);
-        }
         if let Some((conditions, wanted)) = self.takeover(desired) {
             return Decision::Take(conditions, wanted);
         }
@@ -527,7 +519,7 @@ impl EtcdLock {
                     CompareOp::Equal,
                     0,
                 )],
-                1,
+                desired.leader_transitions.max(1),
             ),
         }
     }

@@ -81,6 +81,8 @@ impl Seen {
         };
         // The fence must be as read too: an acquisition since then raised it.
         let fence = Compare::mod_revision(fence, CompareOp::Equal, fence_revision);
-        Some((vec![record, fence], fence_token + 1))
+        // At least the floor the elector asks for.
+        let wanted = (fence_token + 1).max(desired.leader_transitions);
+        Some((vec![record, fence], wanted))
     }
 }

@@ -5,7 +5,7 @@
 mod url;
 
 pub use leader_core::*;
-pub use url::{LockUrl, LockUrlError, OpenError, default_file, open};
+pub use url::{LockUrl, LockUrlError, OPEN_TIMEOUT, OpenError, default_file, open};
 
 /// The Postgres table and advisory locks (feature `postgres`).
 #[cfg(feature = "postgres")]

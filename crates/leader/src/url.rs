@@ -146,17 +146,37 @@ pub fn default_file(name: &str) -> PathBuf {
     dir.join(format!("leader-{safe}"))
 }
 
-/// Opens the lock that `url` names for election `name`, as candidate `identity`; connects
-/// where the backend needs it.
+/// How long [`open`] waits for the backend to connect and answer its first read.
+pub const OPEN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Opens the lock that `url` names for election `name`, as candidate `identity`, and checks it:
+/// connects where the backend needs it and reads the record once, within [`OPEN_TIMEOUT`]. So
+/// a server that is down or does not answer, a wrong password, a missing database, table or
+/// bucket, missing rights and an unreadable record are errors here, at start, as the `leader`
+/// command reports them; later outages are the elector's to retry.
 ///
 /// # Errors
-/// The URL cannot be used ([`LockUrlError`]), or the backend's set-up failed ([`LockError`]).
+/// The URL cannot be used ([`LockUrlError`]), or the backend's set-up or first read failed
+/// ([`LockError`]; [`LockError::Timeout`] after [`OPEN_TIMEOUT`]).
 pub async fn open(
     url: &str,
     name: &str,
     identity: &str,
 ) -> Result<Box<dyn ResourceLock>, OpenError> {
-    Ok(LockUrl::parse(url)?.open(name, identity).await?)
+    let url = LockUrl::parse(url)?;
+    let checked = async {
+        let lock = url.open(name, identity).await?;
+        lock.get().await?;
+        Ok::<_, LockError>(lock)
+    };
+    match tokio::time::timeout(OPEN_TIMEOUT, checked).await {
+        Ok(opened) => Ok(opened?),
+        Err(_) => Err(OpenError::Lock(LockError::Timeout {
+            lock: url.describe(),
+            operation: "open",
+            after: OPEN_TIMEOUT,
+        })),
+    }
 }
 
 impl LockUrl {
@@ -453,6 +473,9 @@ impl LockUrl {
 
     /// Opens the lock for election `name` as candidate `identity`, connecting where the backend
     /// needs it. For `postgres://` it creates the lock table when it is missing and the role may.
+    /// It checks no more than building the lock needs (Postgres connects lazily, for one): the
+    /// crate's [`open`] also reads the record once, which finds a server that is down, refused
+    /// credentials or missing rights.
     ///
     /// # Errors
     /// The backend's set-up failed: a server that cannot be reached, refused credentials, no

@@ -586,8 +586,8 @@ impl Run<'_> {
             let Ok(Some(status)) = self.replicas[slot].child.try_wait() else {
                 continue;
             };
-            let unreachable = i32::from(leader_cli::exit::UNREACHABLE);
-            if status.code() != Some(unreachable) || is_peer(&self.replicas[slot].identity) {
+            // The command's exit code for a backend it cannot reach at start (its README).
+            if status.code() != Some(4) || is_peer(&self.replicas[slot].identity) {
                 let identity = self.replicas[slot].identity.clone();
                 self.violate(format!(
                     "{identity} exited by itself ({status}); run with FAULT_LOG=info to see why"

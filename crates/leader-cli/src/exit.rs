@@ -1,0 +1,29 @@
+//! The exit codes of `leader`, besides COMMAND's own; the README's table lists them.
+
+/// Success: shut down by SIGTERM or SIGINT, COMMAND stopped and the lease released.
+pub(crate) const OK: u8 = 0;
+/// An unexpected failure.
+pub(crate) const FAILURE: u8 = 1;
+/// Invalid flags or values (clap's code).
+pub(crate) const USAGE: u8 = 2;
+/// `--lock` is not usable as given: unknown scheme, malformed URL, backend not in this build,
+/// storage that does not exist (a missing database, table or directory), a lock directory
+/// another user could write to, credentials the server does not take.
+pub(crate) const BAD_LOCK: u8 = 3;
+/// The backend could not be reached at start: connection refused, or no answer within the
+/// request timeout.
+pub(crate) const UNREACHABLE: u8 = 4;
+/// The backend refused: wrong credentials, missing permissions, an unreadable record.
+pub(crate) const REFUSED: u8 = 5;
+/// `handover`: nobody has run for this election yet, so there is nothing to hand over.
+pub(crate) const NO_ELECTION: u8 = 6;
+/// `handover --wait`: the named identity did not lead within `--timeout`.
+pub(crate) const NOT_HANDED_OVER: u8 = 7;
+/// `--exit-on-identity-conflict`: another process leads with this replica's identity.
+pub(crate) const IDENTITY_CONFLICT: u8 = 8;
+/// `--once`: leadership was lost before COMMAND finished.
+pub(crate) const LOST: u8 = 75;
+/// COMMAND could not be executed.
+pub(crate) const NOT_EXECUTABLE: u8 = 126;
+/// COMMAND was not found.
+pub(crate) const NOT_FOUND: u8 = 127;

@@ -1,0 +1,158 @@
+//! `leader status` and `leader handover`: the lock read, and a handover asked for, without
+//! taking part in the election.
+
+use std::time::Duration;
+
+use crate::args::{HandoverArgs, StatusArgs};
+use crate::exit;
+use crate::open::{code_for, fail, open_lock};
+
+pub(crate) async fn status(args: StatusArgs) -> u8 {
+    let lock = match open_lock(&args.lock, "leader-status", Duration::from_secs(5)).await {
+        Ok((lock, _)) => lock,
+        Err(code) => return code,
+    };
+    let observed = match lock.get().await {
+        Ok(observed) => observed,
+        Err(err) => return fail(code_for(&err), err),
+    };
+    let now = chrono::Utc::now();
+    let Some(observed) = observed else {
+        if args.json {
+            println!(
+                "{}",
+                serde_json::json!({"lock": lock.describe(), "name": args.lock.name, "exists": false})
+            );
+        } else {
+            println!(
+                "{}: no record yet (nobody has run for leadership)",
+                lock.describe()
+            );
+        }
+        return exit::OK;
+    };
+    let record = &observed.record;
+    // The store's own clock, where it keeps one: the holder may renew there without rewriting
+    // the record's renew time (etcd, Redis).
+    let time_left = lock.time_left().await.ok().flatten();
+    let lease = chrono::Duration::from_std(record.lease_duration).unwrap_or(chrono::Duration::MAX);
+    // Wall clocks, for people: the electors themselves never decide on them.
+    let expired = match time_left {
+        Some(left) => left.is_zero(),
+        None => record.is_free() || record.renew_time + lease < now,
+    };
+    if args.json {
+        let value = serde_json::json!({
+            "lock": lock.describe(),
+            "name": args.lock.name,
+            "exists": true,
+            "holder": (!record.is_free()).then_some(&record.holder_identity),
+            "leaseDurationMillis": record.lease_duration.as_millis(),
+            "acquireTime": record.acquire_time,
+            "renewTime": record.renew_time,
+            "leaderTransitions": record.leader_transitions,
+            "expired": expired,
+            "expiresInMillis": time_left.map(|left| left.as_millis()),
+            "handoverTo": record.handover_to(),
+        });
+        println!("{value}");
+    } else {
+        let holder = if record.is_free() {
+            "(released)"
+        } else {
+            &record.holder_identity
+        };
+        println!("lock         {}", lock.describe());
+        println!("name         {}", args.lock.name);
+        println!("holder       {holder}");
+        println!(
+            "lease        {}",
+            humantime::format_duration(record.lease_duration)
+        );
+        println!(
+            "acquired     {} ({} ago)",
+            record.acquire_time.to_rfc3339(),
+            ago(now - record.acquire_time)
+        );
+        println!(
+            "renewed      {} ({} ago)",
+            record.renew_time.to_rfc3339(),
+            ago(now - record.renew_time)
+        );
+        println!("transitions  {}", record.leader_transitions);
+        println!("expired      {}", if expired { "yes" } else { "no" });
+        if let Some(left) = time_left {
+            println!(
+                "expires in   {} (by the store's clock)",
+                humantime::format_duration(left)
+            );
+        }
+        if let Some(to) = record.handover_to() {
+            println!("handover to  {to} (pending)");
+        }
+    }
+    exit::OK
+}
+
+pub(crate) async fn handover(args: HandoverArgs) -> u8 {
+    let lock = match open_lock(&args.lock, "leader-handover", Duration::from_secs(5)).await {
+        Ok((lock, _)) => lock,
+        Err(code) => return code,
+    };
+    let written = match leader_core::request_handover(&*lock, &args.to).await {
+        Ok(written) => written,
+        Err(leader_core::HandoverError::NoElection { lock }) => {
+            return fail(
+                exit::NO_ELECTION,
+                format!("{lock}: nobody has run for this election yet; nothing to hand over"),
+            );
+        }
+        Err(leader_core::HandoverError::Lock(err)) => return fail(code_for(&err), err),
+        Err(err) => return fail(exit::FAILURE, err),
+    };
+    if written.record.is_held_by(&args.to) {
+        println!("{} already leads", args.to);
+        return exit::OK;
+    }
+    println!("asked {} to hand over to {}", lock.describe(), args.to);
+    if !args.wait {
+        return exit::OK;
+    }
+    let deadline = tokio::time::Instant::now() + args.timeout;
+    let mut last = written.record;
+    while tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        match lock.get().await {
+            Ok(Some(current)) if current.record.is_held_by(&args.to) => {
+                println!(
+                    "{} leads (fencing token {})",
+                    args.to, current.record.leader_transitions
+                );
+                return exit::OK;
+            }
+            Ok(Some(current)) => last = current.record,
+            Ok(None) | Err(_) => {}
+        }
+    }
+    let now = if last.is_free() {
+        "nobody leads".to_owned()
+    } else {
+        format!("{} leads", last.holder_identity)
+    };
+    fail(
+        exit::NOT_HANDED_OVER,
+        format!(
+            "{} did not lead within {} ({now})",
+            args.to,
+            humantime::format_duration(args.timeout)
+        ),
+    )
+}
+
+fn ago(elapsed: chrono::Duration) -> String {
+    let elapsed = elapsed.to_std().unwrap_or_default();
+    humantime::format_duration(Duration::from_millis(
+        u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX),
+    ))
+    .to_string()
+}

@@ -1,0 +1,271 @@
+//! `leader run`: run for leadership, run COMMAND during each term, stop it when the term ends.
+
+use std::fs::File;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use leader_core::{
+    CancellationToken, ElectionError, FileLock, LeaderElector, LeaderState, Leadership, StepDown,
+    StepDownReason, Timings,
+};
+use tokio::sync::watch;
+
+use crate::args::RunArgs;
+use crate::child::{self, Program};
+use crate::exit;
+use crate::open::{fail, open_lock};
+use crate::serve;
+
+/// COMMAND's default time between SIGTERM and SIGKILL.
+const DEFAULT_GRACE: Duration = Duration::from_secs(3);
+
+pub(crate) async fn run(args: RunArgs) -> u8 {
+    let identity = args
+        .identity
+        .clone()
+        .unwrap_or_else(leader_core::default_identity);
+    let timings = Timings {
+        lease_duration: args.lease_duration,
+        renew_deadline: args.renew_deadline,
+        retry_period: args.retry_period,
+    };
+    // The timings are checked before connecting to anything.
+    if let Err(err) = timings.validate() {
+        return fail(exit::USAGE, err);
+    }
+    let grace = command_grace(args.grace, timings);
+    let (lock, file_lock) = match open_lock(&args.lock, &identity, args.renew_deadline / 2).await {
+        Ok(opened) => opened,
+        Err(code) => return code,
+    };
+    let describe = lock.describe();
+    let term = Term {
+        program: Program {
+            command: args.command.clone(),
+            name: args.lock.name.clone(),
+            identity: identity.clone(),
+        },
+        file_lock,
+        grace,
+        shutdown: CancellationToken::new(),
+        outcome: Outcome::default(),
+    };
+    // Set once a signal asked this replica to stop: a planned end, not a lost term.
+    let stopping = CancellationToken::new();
+    let (shutdown, outcome) = (term.shutdown.clone(), term.outcome.clone());
+    let elector = LeaderElector::builder(lock)
+        .name(args.lock.name.clone())
+        .lease_duration(args.lease_duration)
+        .renew_deadline(args.renew_deadline)
+        .retry_period(args.retry_period)
+        .stop_grace(timings.stop_window())
+        .fencing_token_floor(args.fencing_token_floor)
+        .on_new_leader(|leader| tracing::info!(leader, "leader"))
+        .on_started_leading(move |leadership| term.clone().run(leadership))
+        .on_stopped_leading(exit_when_lost(args.once, &stopping, &shutdown, &outcome))
+        .on_error(exit_on_identity_conflict(
+            args.exit_on_identity_conflict,
+            &shutdown,
+            &outcome,
+        ))
+        .build();
+    let elector = match elector {
+        Ok(elector) => elector,
+        Err(err) => return fail(exit::USAGE, err),
+    };
+    if let Some(addr) = args.metrics_addr
+        && let Err(err) = serve::start(addr, elector.health_check(Duration::from_secs(5))).await
+    {
+        return fail(exit::USAGE, format!("--metrics-addr {addr}: {err}"));
+    }
+    tokio::spawn(on_signal(
+        shutdown.clone(),
+        stopping,
+        elector.subscribe(),
+        args.handover_to.clone(),
+    ));
+    tracing::info!(identity, lock = %describe, "running for leadership");
+    elector.run(shutdown).await;
+    outcome.get().unwrap_or(exit::OK)
+}
+
+/// How long COMMAND gets between SIGTERM and SIGKILL: `requested` or the default, capped so
+/// that COMMAND is dead and reaped before the lease can expire for another replica (a fifth of
+/// the time between the step-down and the lease's end is kept for SIGKILL and reaping).
+fn command_grace(requested: Option<Duration>, timings: Timings) -> Duration {
+    let max_grace = timings.stop_window().mul_f64(0.8);
+    match requested {
+        Some(grace) if grace > max_grace => {
+            tracing::warn!(
+                requested = ?grace,
+                capped = ?max_grace,
+                "--grace capped: COMMAND must be stopped before the lease can expire for another replica"
+            );
+            max_grace
+        }
+        Some(grace) => grace,
+        None => DEFAULT_GRACE.min(max_grace),
+    }
+}
+
+/// What every term needs to run COMMAND.
+#[derive(Clone)]
+struct Term {
+    program: Program,
+    /// The file lock, whose term lock COMMAND inherits.
+    file_lock: Option<FileLock>,
+    grace: Duration,
+    shutdown: CancellationToken,
+    outcome: Outcome,
+}
+
+impl Term {
+    /// One term: starts COMMAND, and stops it when the term ends. COMMAND exiting by itself
+    /// ends `leader` with COMMAND's code (the lease is released on the way out).
+    async fn run(self, leadership: Leadership) {
+        let token = leadership.fencing_token();
+        let term_lock: Option<File> = self.file_lock.as_ref().and_then(FileLock::term_lock);
+        let mut child = match self.program.spawn(token, term_lock) {
+            Ok(child) => child,
+            Err(err) => {
+                eprintln!("leader: cannot start {:?}: {err}", self.program.command[0]);
+                self.outcome.set_once(child::spawn_error_code(&err));
+                self.shutdown.cancel();
+                return;
+            }
+        };
+        tracing::info!(fencing_token = token, pid = child.id(), "COMMAND started");
+        tokio::select! {
+            status = child.wait() => {
+                let code = status.map_or(exit::FAILURE, child::exit_code);
+                tracing::info!(code, "COMMAND exited by itself: releasing the lease");
+                self.outcome.set_once(code);
+                self.shutdown.cancel();
+            }
+            () = leadership.lost() => {
+                let status = child::terminate(&mut child, self.grace).await;
+                tracing::info!(?status, "COMMAND stopped");
+                if self.shutdown.is_cancelled()
+                    && let Ok(status) = status
+                    && status.code().is_some()
+                {
+                    // Shut down by a signal: report COMMAND's own code if it exited.
+                    self.outcome.set_once(child::exit_code(status));
+                }
+            }
+        }
+    }
+}
+
+/// With `--once`: exit 75 when a term ends other than by a shutdown asked for.
+fn exit_when_lost(
+    once: bool,
+    stopping: &CancellationToken,
+    shutdown: &CancellationToken,
+    outcome: &Outcome,
+) -> impl Fn(StepDown) + Send + Sync + 'static {
+    let (stopping, shutdown, outcome) = (stopping.clone(), shutdown.clone(), outcome.clone());
+    move |step_down| {
+        if once && step_down.reason != StepDownReason::Shutdown && !stopping.is_cancelled() {
+            outcome.set_once(exit::LOST);
+            shutdown.cancel();
+        }
+    }
+}
+
+/// With `--exit-on-identity-conflict`: exit 8 when another process leads with this identity
+/// (the elector has said so in a line of its own).
+fn exit_on_identity_conflict(
+    enabled: bool,
+    shutdown: &CancellationToken,
+    outcome: &Outcome,
+) -> impl Fn(&ElectionError) + Send + Sync + 'static {
+    let (shutdown, outcome) = (shutdown.clone(), outcome.clone());
+    move |err| {
+        if enabled && matches!(err, ElectionError::IdentityConflict(_)) {
+            outcome.set_once(exit::IDENTITY_CONFLICT);
+            shutdown.cancel();
+        }
+    }
+}
+
+/// What the supervisor decided the exit code is, once it knows.
+#[derive(Clone, Default)]
+struct Outcome(Arc<Mutex<Option<u8>>>);
+
+impl Outcome {
+    fn set_once(&self, code: u8) {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_or_insert(code);
+    }
+
+    fn get(&self) -> Option<u8> {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// On SIGTERM or SIGINT: with `handover_to`, a leader hands its lease over (COMMAND stopped,
+/// the lease released to that replica) before shutting down; otherwise a plain shutdown, which
+/// stops COMMAND and releases the lease.
+async fn on_signal(
+    shutdown: CancellationToken,
+    stopping: CancellationToken,
+    mut state: watch::Receiver<LeaderState>,
+    handover_to: Option<String>,
+) {
+    wait_for_signal().await;
+    stopping.cancel();
+    let leading = state.borrow().leadership().cloned();
+    if let (Some(to), Some(leadership)) = (handover_to, leading)
+        && leadership.hand_over(to.clone()).is_ok()
+    {
+        tracing::info!(to, "signal received: handing the lease over");
+        drop(leadership);
+        // Stepped down: COMMAND is stopped and the lease released to `to`.
+        let _ = state.wait_for(|s| !s.is_leading()).await;
+    } else {
+        tracing::info!("signal received: stopping COMMAND and releasing the lease");
+    }
+    shutdown.cancel();
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_grace_leaves_time_to_kill_command_before_the_lease_ends() {
+        let timings = Timings {
+            lease_duration: Duration::from_secs(15),
+            renew_deadline: Duration::from_secs(10),
+            retry_period: Duration::from_secs(2),
+        };
+        assert_eq!(command_grace(None, timings), DEFAULT_GRACE);
+        assert_eq!(
+            command_grace(Some(Duration::from_secs(60)), timings),
+            Duration::from_secs(4)
+        );
+        let tight = Timings {
+            lease_duration: Duration::from_secs(3),
+            renew_deadline: Duration::from_millis(2500),
+            ..timings
+        };
+        assert_eq!(command_grace(None, tight), Duration::from_millis(400));
+    }
+}
