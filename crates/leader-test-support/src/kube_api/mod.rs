@@ -68,6 +68,8 @@ struct Behaviour {
     coordinated_leader_election: bool,
     /// `coordination.k8s.io/v1beta1` served (`--runtime-config`); a beta API, off by default.
     lease_candidates: bool,
+    /// Annotations removed from every Lease written, as a mutating admission webhook might.
+    stripped_annotations: Vec<String>,
 }
 
 impl Default for Behaviour {
@@ -83,6 +85,7 @@ impl Default for Behaviour {
             watches: 0,
             coordinated_leader_election: false,
             lease_candidates: false,
+            stripped_annotations: Vec::new(),
         }
     }
 }
@@ -226,6 +229,17 @@ impl KubeApiServer {
         self.serve_lease_candidates();
         self.enable_coordinated_leader_election();
         tokio::spawn(coordinator::run(self.clone()));
+    }
+
+    /// Removes the annotation `key` from every Lease written (created, replaced or patched), as
+    /// a mutating admission webhook or policy engine (`MutatingAdmissionWebhook`, run after the
+    /// strategy and before storage) that rewrites Leases would. Not part of a stock cluster: for
+    /// tests of clients that must notice what was not stored.
+    pub fn strip_annotation(&self, key: &str) {
+        self.shared
+            .behaviour()
+            .stripped_annotations
+            .push(key.to_owned());
     }
 
     /// Makes every PUT answer after `delay`, as a busy API server would.

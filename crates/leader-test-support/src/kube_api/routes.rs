@@ -238,13 +238,21 @@ fn without_managed_fields(mut object: Value) -> Value {
 }
 
 /// Stores a write and answers it: 200 with the object as stored, 201 when it created it.
+/// Annotations a test strips ([`KubeApiServer::strip_annotation`]) go first.
 fn stored(
     api: &KubeApiServer,
     objects: &mut Objects,
     key: &Key,
-    object: Value,
+    mut object: Value,
     existed: bool,
 ) -> Response {
+    if key.0 == Resource::Lease
+        && let Some(annotations) = object["metadata"]["annotations"].as_object_mut()
+    {
+        for stripped in &api.shared.behaviour().stripped_annotations {
+            annotations.remove(stripped);
+        }
+    }
     let change = objects.store(key, object);
     api.shared.committed(objects, change.clone());
     let code = if existed {
