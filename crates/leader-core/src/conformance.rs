@@ -24,6 +24,7 @@ use futures_util::StreamExt;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use crate::background::{Candidate, LEASE, RENEW, RETRY};
 use crate::{
     Acquisition, LeaderElectionRecord, LeaderElector, LeaderState, LockError, Observed,
     ResourceLock, Version, request_handover,
@@ -65,10 +66,12 @@ pub async fn run_all(factory: &dyn LockFactory) {
     identity_and_describe(factory).await;
     change_notifications(factory).await;
     store_clock_acquisition(factory).await;
+    fencing_token_floor(factory).await;
     renewals_keep_the_lease(factory).await;
     handover_requests(factory).await;
     electors_elect_one_and_hand_over(factory).await;
     planned_handover(factory).await;
+    one_identity_one_process(factory).await;
 }
 
 fn unique(test: &str) -> String {
@@ -382,7 +385,7 @@ pub async fn odd_records_do_not_block_the_election(factory: &dyn LockFactory) {
         }
         // The writer is gone, as another client would be.
         drop(writer);
-        let mut candidate = Running::start(factory.lock(&name, "next").await, RETRY);
+        let mut candidate = Candidate::start_with(factory.lock(&name, "next").await, RETRY);
         let token = candidate
             .wait_leading(LEASE * 3 + factory.extra_expiry())
             .await;
@@ -461,10 +464,31 @@ pub async fn store_clock_acquisition(factory: &dyn LockFactory) {
         }
         other => panic!("try_acquire of a held lease must report it held, got {other:?}"),
     }
-    let again = match a.try_acquire(&record("a", 0)).await.expect("try_acquire") {
-        Some(Acquisition::Acquired(again)) => again,
-        other => panic!("the holder's try_acquire must acquire again, got {other:?}"),
-    };
+    // S13: another lock object of the holder's identity (another process given the same
+    // identity) must not take the unexpired lease.
+    let twin = factory.lock(&name, "a").await;
+    match twin
+        .try_acquire(&record("a", 0))
+        .await
+        .expect("try_acquire")
+    {
+        Some(Acquisition::Held { observed, .. }) => assert_eq!(
+            observed.record.leader_transitions, first.record.leader_transitions,
+            "Held must return the stored record"
+        ),
+        other => panic!(
+            "a second lock of the holder's identity took its unexpired lease (S13: one identity, \
+             one process), got {other:?}"
+        ),
+    }
+    twin.close().await;
+    // The holder takes its own term again as the elector does: with a compare-and-swap.
+    let mut retake = first.record.clone();
+    retake.leader_transitions += 1;
+    let again = a
+        .update(&first.version, &retake)
+        .await
+        .expect("the holder takes its own term again");
     assert!(
         again.record.leader_transitions > first.record.leader_transitions,
         "re-acquisition by the same identity must raise the fencing token"
@@ -516,6 +540,143 @@ pub async fn store_clock_acquisition(factory: &dyn LockFactory) {
             "a lease just taken has at most its duration left, not {left:?}"
         );
     }
+}
+
+/// For a backend with a store-clock acquisition: an acquisition takes at least the token the
+/// elector asks for (a floor, for an election moved from another store), and never less than
+/// one more than the stored one.
+pub async fn fencing_token_floor(factory: &dyn LockFactory) {
+    let name = unique("floor");
+    let a = factory.lock(&name, "a").await;
+    let Some(first) = a
+        .try_acquire(&record("a", 1000))
+        .await
+        .expect("try_acquire")
+    else {
+        return;
+    };
+    let Acquisition::Acquired(first) = first else {
+        panic!("try_acquire of an absent object must acquire, got {first:?}");
+    };
+    assert!(
+        first.record.leader_transitions >= 1000,
+        "an acquisition must take at least the token asked for, got {}",
+        first.record.leader_transitions
+    );
+    let released = a
+        .update(&first.version, &free(first.record.leader_transitions))
+        .await
+        .expect("release");
+    let b = factory.lock(&name, "b").await;
+    let taken = match b.try_acquire(&record("b", 5)).await.expect("try_acquire") {
+        Some(Acquisition::Acquired(taken)) => taken,
+        Some(Acquisition::Handed { observed, .. }) => observed,
+        other => panic!("try_acquire of a free lease must acquire, got {other:?}"),
+    };
+    assert!(
+        taken.record.leader_transitions > released.record.leader_transitions,
+        "a floor below the stored token must not lower it: {} after {}",
+        taken.record.leader_transitions,
+        released.record.leader_transitions
+    );
+    a.close().await;
+    b.close().await;
+}
+
+/// S13: two processes given one identity never lead at once. At the lock: a lease handed over
+/// by a release goes to at most one of two lock objects of the same identity. With electors:
+/// one leads, the other never does while that term lasts, and says so (its status reports the
+/// conflict, and its readiness fails); once the leader is gone the other takes over.
+pub async fn one_identity_one_process(factory: &dyn LockFactory) {
+    let name = unique("identity-twins");
+    let holder = factory.lock(&name, "holder").await;
+    let twins = [
+        factory.lock(&name, "twin").await,
+        factory.lock(&name, "twin").await,
+    ];
+    if let Some(Acquisition::Acquired(held)) = holder
+        .try_acquire(&record("holder", 0))
+        .await
+        .expect("try_acquire")
+    {
+        for twin in &twins {
+            let waiting = twin.try_acquire(&record("twin", 0)).await.expect("try");
+            assert!(
+                matches!(waiting, Some(Acquisition::Held { .. })),
+                "a held lease must be reported held, got {waiting:?}"
+            );
+        }
+        holder
+            .update(&held.version, &free(held.record.leader_transitions))
+            .await
+            .expect("release");
+        let mut taken = 0;
+        for _ in 0..2 {
+            for twin in &twins {
+                if let Some(Acquisition::Acquired(_) | Acquisition::Handed { .. }) =
+                    twin.try_acquire(&record("twin", 0)).await.expect("try")
+                {
+                    taken += 1;
+                }
+            }
+        }
+        assert!(
+            taken <= 1,
+            "{taken} acquisitions by two lock objects of one identity of a lease only one may \
+             hold (S13): a lease is handed to a lock object, never to its identity alone"
+        );
+    }
+    for lock in twins.iter().chain([&holder]) {
+        lock.close().await;
+    }
+
+    let name = unique("identity-electors");
+    let mut first = Candidate::start_with(factory.lock(&name, "twin").await, RETRY);
+    first.wait_leading(Duration::from_secs(10)).await;
+    let elector = LeaderElector::builder(factory.lock(&name, "twin").await)
+        .lease_duration(LEASE)
+        .renew_deadline(RENEW)
+        .retry_period(RETRY)
+        .build()
+        .expect("valid timings");
+    let status = elector.status();
+    let health = elector.health_check(Duration::ZERO);
+    let mut second = Candidate::run(elector);
+    // A lease the store keeps alive is found alive once it outlived a lease twice over.
+    let within = LEASE * 3 + RETRY * 4 + factory.extra_expiry();
+    let started = tokio::time::Instant::now();
+    while status.identity_conflict().is_none() {
+        assert!(
+            started.elapsed() < within,
+            "no identity conflict reported within {within:?} of a second process of the \
+             leader's identity starting"
+        );
+        assert!(
+            !second.state.borrow().is_leading(),
+            "two processes of one identity both lead (S13)"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let conflict = status.identity_conflict().expect("reported");
+    assert_eq!(conflict.identity, "twin");
+    assert!(
+        health.ready().is_err(),
+        "a replica whose identity another process leads with is not ready"
+    );
+    assert!(
+        first.state.borrow().is_leading() && !second.state.borrow().is_leading(),
+        "the first process leads, the second does not"
+    );
+    // Once the leader is gone (it releases), the other takes over, and the conflict is over.
+    first.stop().await;
+    second
+        .wait_leading(Duration::from_secs(10) + factory.extra_expiry())
+        .await;
+    assert!(
+        status.identity_conflict().is_none(),
+        "the conflict ends with the other process's term"
+    );
+    second.stop().await;
 }
 
 /// For a backend with a store-clock acquisition: the holder's renewals keep its lease alive in
@@ -688,10 +849,10 @@ pub async fn planned_handover(factory: &dyn LockFactory) {
     let ids = ["a", "b", "c"];
     let mut electors = Vec::new();
     for id in ids {
-        electors.push(Running::start(factory.lock(&name, id).await, RETRY));
+        electors.push(Candidate::start_with(factory.lock(&name, id).await, RETRY));
     }
     let operator = factory.lock(&name, "operator").await;
-    let leading = |electors: &[Running]| {
+    let leading = |electors: &[Candidate]| {
         electors
             .iter()
             .enumerate()
@@ -705,7 +866,7 @@ pub async fn planned_handover(factory: &dyn LockFactory) {
     };
     // Watches every 5 ms for `within`: never two leaders; returns the first leader whose token
     // is above `after`, if one comes.
-    let watch = async |electors: &[Running], within: Duration, after: u64| {
+    let watch = async |electors: &[Candidate], within: Duration, after: u64| {
         let deadline = tokio::time::Instant::now() + within;
         loop {
             let now = leading(electors);
@@ -916,63 +1077,15 @@ pub async fn electors_elect_exactly_one(factory: &dyn LockFactory, n: usize) {
     }
 }
 
-/// The timings the suite's own electors use: short, so that checks against real servers run in
-/// seconds.
-const LEASE: Duration = Duration::from_secs(3);
-const RENEW: Duration = Duration::from_secs(2);
-const RETRY: Duration = Duration::from_millis(500);
-
-/// An elector of the suite's own, running in the background.
-struct Running {
-    state: tokio::sync::watch::Receiver<LeaderState>,
-    shutdown: CancellationToken,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Running {
-    fn start(lock: Arc<dyn ResourceLock>, retry: Duration) -> Self {
-        let elector = LeaderElector::builder(lock)
-            .lease_duration(LEASE.max(retry * 4))
-            .renew_deadline(RENEW.max(retry * 3))
-            .retry_period(retry)
-            .build()
-            .expect("valid timings");
-        let state = elector.subscribe();
-        let shutdown = CancellationToken::new();
-        let task = tokio::spawn(elector.run(shutdown.clone()));
-        Self {
-            state,
-            shutdown,
-            task,
-        }
-    }
-
-    /// Waits until it leads; returns the fencing token. Panics after `within`.
-    async fn wait_leading(&mut self, within: Duration) -> u64 {
-        tokio::time::timeout(within, self.state.wait_for(LeaderState::is_leading))
-            .await
-            .expect("leads in time")
-            .expect("elector alive")
-            .leadership()
-            .map(|l| l.fencing_token())
-            .expect("leading")
-    }
-
-    async fn stop(self) {
-        self.shutdown.cancel();
-        self.task.await.expect("elector task");
-    }
-}
-
 /// For a backend with change notifications: a released lease is taken over well within a retry
 /// period (2 s here, up to 4.4 s with jitter), because the follower is woken at once. Returns
 /// how long the handover took.
 pub async fn release_is_taken_over_at_once(factory: &dyn LockFactory) -> Duration {
     let name = unique("handover");
     let retry = Duration::from_secs(2);
-    let mut leader = Running::start(factory.lock(&name, "first").await, retry);
+    let mut leader = Candidate::start_with(factory.lock(&name, "first").await, retry);
     let token = leader.wait_leading(Duration::from_secs(10)).await;
-    let mut follower = Running::start(factory.lock(&name, "second").await, retry);
+    let mut follower = Candidate::start_with(factory.lock(&name, "second").await, retry);
     // Let the follower subscribe and read the record.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let released = tokio::time::Instant::now();

@@ -1,8 +1,7 @@
-//! The elector's configuration, its builder and its handle; the loop itself is in `runner.rs`.
+//! The elector's builder and its handle; the loop itself is in `runner.rs`.
 
 use std::fmt;
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -10,55 +9,16 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use crate::config::{
+    DEFAULT_LEASE_DURATION, DEFAULT_RENEW_DEADLINE, DEFAULT_RETRY_PERIOD, ElectorConfig,
+    JITTER_FACTOR, Timings, WorkExit,
+};
 use crate::error::ConfigError;
-use crate::health::{HealthCheck, HealthState};
+use crate::health::HealthCheck;
 use crate::leadership::{LeaderState, Leadership, StepDown};
 use crate::lock::ResourceLock;
-use crate::runner::Runner;
-
-/// client-go's default lease duration.
-pub const DEFAULT_LEASE_DURATION: Duration = Duration::from_secs(15);
-/// client-go's default renew deadline.
-pub const DEFAULT_RENEW_DEADLINE: Duration = Duration::from_secs(10);
-/// client-go's default retry period.
-pub const DEFAULT_RETRY_PERIOD: Duration = Duration::from_secs(2);
-/// client-go's jitter factor: candidates wait up to `retry_period * (1 + jitter)`; the renew
-/// deadline must exceed `retry_period` times this factor (S4).
-pub const JITTER_FACTOR: f64 = 1.2;
-
-type BoxFuture = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
-type StartedFn = Arc<dyn Fn(Leadership) -> BoxFuture + Send + Sync>;
-type StoppedFn = Arc<dyn Fn(StepDown) + Send + Sync>;
-type NewLeaderFn = Arc<dyn Fn(&str) + Send + Sync>;
-
-#[derive(Clone, Default)]
-pub(crate) struct Callbacks {
-    pub(crate) started: Vec<StartedFn>,
-    pub(crate) stopped: Option<StoppedFn>,
-    pub(crate) new_leader: Option<NewLeaderFn>,
-}
-
-/// The elector's timings and switches, as validated by [`LeaderElectorBuilder::build`].
-#[derive(Clone, Debug, PartialEq)]
-#[non_exhaustive]
-pub struct ElectorConfig {
-    /// Name for logs and metrics labels.
-    pub name: String,
-    /// How long followers wait after the last change they saw before taking over.
-    pub lease_duration: Duration,
-    /// How long the leader keeps leading without a successful renewal.
-    pub renew_deadline: Duration,
-    /// Time between attempts.
-    pub retry_period: Duration,
-    /// Candidates wait `retry_period * (1 + random(0..jitter))` between attempts.
-    pub jitter: f64,
-    /// Timeout of every lock request.
-    pub request_timeout: Duration,
-    /// How long the elector waits for the leader's work to stop after cancelling it.
-    pub stop_grace: Duration,
-    /// Release the lease on shutdown.
-    pub release_on_cancel: bool,
-}
+use crate::runner::{Callbacks, Runner};
+use crate::status::{ElectionError, ElectorStatus, Shared};
 
 /// Builds a [`LeaderElector`]; start with [`LeaderElector::builder`].
 #[must_use = "builder does nothing itself, use `.build()` to build it"]
@@ -72,6 +32,8 @@ pub struct LeaderElectorBuilder {
     request_timeout: Option<Duration>,
     stop_grace: Option<Duration>,
     release_on_cancel: bool,
+    work_exit: WorkExit,
+    fencing_token_floor: u64,
     callbacks: Callbacks,
 }
 
@@ -143,9 +105,27 @@ impl LeaderElectorBuilder {
         self
     }
 
+    /// What happens when the term's work ends by itself (returns or panics) while the term goes
+    /// on (default [`WorkExit::StepDown`]: the term ends and the lease is released).
+    pub fn work_exit(mut self, exit: WorkExit) -> Self {
+        self.work_exit = exit;
+        self
+    }
+
+    /// The lowest fencing token an acquisition takes (default 0: none). Every acquisition's
+    /// token is at least this and greater than every earlier one of the lock (S5). When moving
+    /// an election to a new store, set it above the highest token the old store gave, so that
+    /// downstream stores that fence on the token keep refusing the old leaders' writes.
+    pub fn fencing_token_floor(mut self, floor: u64) -> Self {
+        self.fencing_token_floor = floor;
+        self
+    }
+
     /// Called, in a task of its own, each time this candidate becomes leader (client-go's
     /// `OnStartedLeading`). The work should stop when [`Leadership::lost`] completes; the elector
-    /// waits for it before releasing or running again.
+    /// waits for it before releasing or running again. When the callback returns (and no clone
+    /// of its [`Leadership`] is left) or panics while the term goes on, the term ends, or the
+    /// callback is started again, as [`work_exit`](Self::work_exit) says.
     pub fn on_started_leading<F, Fut>(mut self, callback: F) -> Self
     where
         F: Fn(Leadership) -> Fut + Send + Sync + 'static,
@@ -177,30 +157,35 @@ impl LeaderElectorBuilder {
         self
     }
 
+    /// Called with every error that keeps the election from working as it should: a failed
+    /// lock request (retried with back-off; a lost compare-and-swap is contention and not
+    /// reported), or another process leading with this candidate's identity. Keep it quick: it
+    /// runs in the loop. [`LeaderElector::status`] keeps the failure going on.
+    pub fn on_error<F>(mut self, callback: F) -> Self
+    where
+        F: Fn(&ElectionError) + Send + Sync + 'static,
+    {
+        self.callbacks.error = Some(Arc::new(callback));
+        self
+    }
+
     /// Validates the configuration (S4) and builds the elector.
     pub fn build(self) -> Result<LeaderElector, ConfigError> {
         if self.lock.identity().is_empty() {
             return Err(ConfigError::EmptyIdentity);
         }
+        let timings = Timings {
+            lease_duration: self.lease_duration,
+            renew_deadline: self.renew_deadline,
+            retry_period: self.retry_period,
+        };
         if self.retry_period.is_zero() {
             return Err(ConfigError::ZeroRetryPeriod);
         }
         if !(self.jitter.is_finite() && (0.0..=10.0).contains(&self.jitter)) {
             return Err(ConfigError::InvalidJitter(self.jitter));
         }
-        if self.renew_deadline <= self.retry_period.mul_f64(JITTER_FACTOR) {
-            return Err(ConfigError::RenewDeadlineNotLongerThanRetry {
-                renew_deadline: self.renew_deadline,
-                retry_period: self.retry_period,
-                factor: JITTER_FACTOR,
-            });
-        }
-        if self.lease_duration <= self.renew_deadline {
-            return Err(ConfigError::LeaseNotLongerThanRenewDeadline {
-                lease_duration: self.lease_duration,
-                renew_deadline: self.renew_deadline,
-            });
-        }
+        timings.validate()?;
         let request_timeout = self.request_timeout.unwrap_or(self.renew_deadline / 2);
         if request_timeout.is_zero() || request_timeout > self.renew_deadline {
             return Err(ConfigError::InvalidRequestTimeout {
@@ -215,19 +200,18 @@ impl LeaderElectorBuilder {
             retry_period: self.retry_period,
             jitter: self.jitter,
             request_timeout,
-            stop_grace: self
-                .stop_grace
-                .unwrap_or(self.lease_duration - self.renew_deadline),
+            stop_grace: self.stop_grace.unwrap_or(timings.stop_window()),
             release_on_cancel: self.release_on_cancel,
+            work_exit: self.work_exit,
+            fencing_token_floor: self.fencing_token_floor,
         };
         let (state, _) = watch::channel(LeaderState::Unknown);
-        let health = Arc::new(Mutex::new(HealthState::default()));
         Ok(LeaderElector {
             lock: self.lock,
             config,
             callbacks: self.callbacks,
             state,
-            health,
+            shared: Shared::new(),
         })
     }
 }
@@ -259,11 +243,11 @@ impl LeaderElectorBuilder {
 /// # }
 /// ```
 pub struct LeaderElector {
-    pub(crate) lock: Arc<dyn ResourceLock>,
-    pub(crate) config: ElectorConfig,
-    pub(crate) callbacks: Callbacks,
-    pub(crate) state: watch::Sender<LeaderState>,
-    pub(crate) health: Arc<Mutex<HealthState>>,
+    lock: Arc<dyn ResourceLock>,
+    config: ElectorConfig,
+    callbacks: Callbacks,
+    state: watch::Sender<LeaderState>,
+    shared: Arc<Mutex<Shared>>,
 }
 
 impl fmt::Debug for LeaderElector {
@@ -289,6 +273,8 @@ impl LeaderElector {
             request_timeout: None,
             stop_grace: None,
             release_on_cancel: true,
+            work_exit: WorkExit::StepDown,
+            fencing_token_floor: 0,
             callbacks: Callbacks::default(),
         }
     }
@@ -310,13 +296,23 @@ impl LeaderElector {
 
     /// A health check like client-go's `HealthzAdaptor`: it fails while this elector believes it
     /// leads although its lease expired more than `tolerance` ago (a stuck leader).
+    /// Its [`ready`](HealthCheck::ready) fails while this replica could not take over (the
+    /// store has not answered for longer than a lease plus `tolerance`, or another process leads
+    /// with its identity).
     pub fn health_check(&self, tolerance: Duration) -> HealthCheck {
         HealthCheck::new(
             self.config.name.clone(),
-            self.health.clone(),
+            self.shared.clone(),
             self.config.lease_duration,
             tolerance,
         )
+    }
+
+    /// A handle on this elector's troubles: the failure going on and since when, when the store
+    /// last answered, another process with this identity. Errors also reach
+    /// [`on_error`](LeaderElectorBuilder::on_error) as they happen.
+    pub fn status(&self) -> ElectorStatus {
+        ElectorStatus::new(self.shared.clone())
     }
 
     /// Runs for leadership until `shutdown` is cancelled. After losing leadership it becomes a
@@ -328,11 +324,22 @@ impl LeaderElector {
             name = %self.config.name,
             identity = %self.lock.identity(),
         );
-        Runner::new(self).run(shutdown).instrument(span).await;
+        Runner::new(
+            self.lock,
+            self.config,
+            self.callbacks,
+            self.state,
+            self.shared,
+        )
+        .run(shutdown)
+        .instrument(span)
+        .await;
     }
 
     /// Runs for leadership until `shutdown` is cancelled and runs `work` during each term: the
     /// future starts when this candidate becomes leader and is dropped the moment leadership ends.
+    /// When `work` completes or panics while the term goes on, the term ends and the lease is
+    /// released (or the work is started again: [`LeaderElectorBuilder::work_exit`]).
     pub async fn run_while_leading<F, Fut>(mut self, shutdown: CancellationToken, work: F)
     where
         F: Fn(Leadership) -> Fut + Send + Sync + 'static,

@@ -56,8 +56,10 @@ pub enum LockError {
         source: BoxError,
     },
     /// The request did not complete within its timeout.
-    #[error("{operation} timed out after {after:?}")]
+    #[error("{lock}: {operation} timed out after {after:?}")]
     Timeout {
+        /// The lock's description ([`ResourceLock::describe`](crate::ResourceLock::describe)).
+        lock: String,
         /// The lock operation that timed out (`get`, `create`, `update`, ...).
         operation: &'static str,
         /// The timeout that elapsed.

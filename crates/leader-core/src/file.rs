@@ -575,10 +575,10 @@ impl ResourceLock for FileLock {
         Ok(Some(Box::pin(stream)))
     }
 
-    /// Takes the lease when it is absent, free, this candidate's, or held by a process that is
-    /// gone (its term lock is free), unless a pending handover names another candidate;
-    /// otherwise reports it held, and the elector waits out the holder's lease on its own clock
-    /// (S2).
+    /// Takes the lease when it is absent, free, or held by a process that is gone (its term lock
+    /// is free), unless a pending handover names another candidate; otherwise reports it held
+    /// (also to this candidate's identity, S13), and the elector waits out the holder's lease
+    /// on its own clock (S2).
     async fn try_acquire(
         &self,
         desired: &LeaderElectionRecord,
@@ -589,13 +589,12 @@ impl ResourceLock for FileLock {
             let mut record = desired;
             record.leader_transitions = current
                 .as_ref()
-                .map_or(1, |c| c.record.leader_transitions + 1);
+                .map_or(1, |c| c.record.leader_transitions + 1)
+                .max(record.leader_transitions);
             match &current {
                 Some(c)
                     if c.record.reserved_for_other_than(&record.holder_identity)
-                        || (!c.record.is_free()
-                            && c.record.holder_identity != record.holder_identity
-                            && !this.holder_is_gone(c)) =>
+                        || (!c.record.is_free() && !this.holder_is_gone(c)) =>
                 {
                     Ok(Some(Acquisition::Held {
                         observed: c.observed(),

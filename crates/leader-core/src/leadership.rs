@@ -20,10 +20,19 @@ use tokio_util::sync::CancellationToken;
 /// Holding a clone keeps the term's work "running": when the elector steps down it cancels the
 /// token, then waits (up to its stop grace) until every clone is dropped before it releases the
 /// lease or runs for leadership again (S6). So keep the `Leadership` itself, not only a
-/// [`cancellation_token`](Self::cancellation_token), for as long as the work runs.
-#[derive(Clone)]
+/// [`cancellation_token`](Self::cancellation_token), for as long as the work runs. The copy in
+/// the elector's state channel ([`LeaderState::Leading`]) does not count; clones made from it
+/// do, while the term's work runs.
+///
+/// When the term's work ([`on_started_leading`](crate::LeaderElectorBuilder::on_started_leading)
+/// or [`run_while_leading`](crate::LeaderElector::run_while_leading)) has ended by itself (every
+/// callback returned or one panicked, and no clone is left), the term ends too, as
+/// [`WorkExit`](crate::WorkExit) says: a leader never keeps a lease for work that no longer runs.
 pub struct Leadership {
     term: Arc<Term>,
+    /// Dropped with this clone; the elector waits until every counted clone is gone. `None` for
+    /// the copy in the state channel, and for clones made once the work had ended.
+    _alive: Option<mpsc::Sender<()>>,
 }
 
 struct Term {
@@ -32,10 +41,19 @@ struct Term {
     fencing_token: u64,
     acquired_at: Instant,
     cancel: CancellationToken,
-    /// Asks the elector to hand this term's lease to a named candidate.
-    handover: mpsc::Sender<String>,
-    /// Dropped with the last clone; the elector waits for that.
-    _alive: mpsc::Sender<()>,
+    /// Asks the elector to end this term: hand its lease to a named candidate, or step down.
+    requests: mpsc::Sender<TermRequest>,
+    /// Makes counted clones while any is left.
+    alive: mpsc::WeakSender<()>,
+}
+
+/// What a term's work asks of the elector.
+#[derive(Debug)]
+pub(crate) enum TermRequest {
+    /// Hand the lease over to this candidate.
+    HandOver(String),
+    /// Step down and release the lease.
+    StepDown,
 }
 
 /// Returned by [`Leadership::run`] when leadership ended before the future completed.
@@ -46,25 +64,46 @@ pub struct LeadershipLost {
     pub fencing_token: u64,
 }
 
+impl Clone for Leadership {
+    fn clone(&self) -> Self {
+        Self {
+            term: self.term.clone(),
+            _alive: self.term.alive.upgrade(),
+        }
+    }
+}
+
 impl Leadership {
+    /// A term's first, counted leadership, with the requests the term's work may make and the
+    /// receiver that completes once every counted clone is gone.
     pub(crate) fn new(
         name: String,
         identity: String,
         fencing_token: u64,
         cancel: CancellationToken,
-        handover: mpsc::Sender<String>,
-        alive: mpsc::Sender<()>,
-    ) -> Self {
-        Self {
+    ) -> (Self, mpsc::Receiver<TermRequest>, mpsc::Receiver<()>) {
+        let (requests, requests_rx) = mpsc::channel(1);
+        let (alive, alive_rx) = mpsc::channel(1);
+        let leadership = Self {
             term: Arc::new(Term {
                 name,
                 identity,
                 fencing_token,
                 acquired_at: Instant::now(),
                 cancel,
-                handover,
-                _alive: alive,
+                requests,
+                alive: alive.downgrade(),
             }),
+            _alive: Some(alive),
+        };
+        (leadership, requests_rx, alive_rx)
+    }
+
+    /// A copy that does not keep the term's work running: the one the state channel holds.
+    pub(crate) fn uncounted(&self) -> Self {
+        Self {
+            term: self.term.clone(),
+            _alive: None,
         }
     }
 
@@ -106,15 +145,31 @@ impl Leadership {
     /// outside the election). This candidate runs for leadership again afterwards.
     ///
     /// # Errors
-    /// The term has already ended, or a handover is already under way.
+    /// The term has already ended, or a handover or step-down is already under way.
     pub fn hand_over(&self, to: impl Into<String>) -> Result<(), LeadershipLost> {
+        self.request(TermRequest::HandOver(to.into()))
+    }
+
+    /// Gives up leadership: the term ends (this work is cancelled, and the elector waits for it
+    /// as on a release), the lease is released so that another candidate takes over at once,
+    /// and this candidate stands back for a retry period (with its jitter) before it runs for
+    /// leadership again. For work that finds it cannot do its job here (a dependency missing on
+    /// this host, say).
+    ///
+    /// # Errors
+    /// The term has already ended, or a handover or step-down is already under way.
+    pub fn step_down(&self) -> Result<(), LeadershipLost> {
+        self.request(TermRequest::StepDown)
+    }
+
+    fn request(&self, request: TermRequest) -> Result<(), LeadershipLost> {
         let lost = LeadershipLost {
             fencing_token: self.fencing_token(),
         };
         if self.is_lost() {
             return Err(lost);
         }
-        self.term.handover.try_send(to.into()).map_err(|_| lost)
+        self.term.requests.try_send(request).map_err(|_| lost)
     }
 
     /// A child token cancelled when the term ends, for APIs that take a [`CancellationToken`].
@@ -214,6 +269,20 @@ pub enum StepDownReason {
     Shutdown,
     /// The lease was handed over to the candidate a handover request named.
     HandedOver,
+    /// The term's work asked to step down ([`Leadership::step_down`]).
+    SteppedDown,
+    /// The term's work returned while the term went on ([`WorkExit::StepDown`](crate::WorkExit)).
+    WorkEnded,
+    /// The term's work panicked ([`WorkExit::StepDown`](crate::WorkExit)).
+    WorkPanicked,
+}
+
+impl StepDownReason {
+    /// True for the ends a leader chose itself (a shutdown, a handover, a step-down, its work
+    /// ending), after which it releases the lease; false for a lease lost or not renewed in time.
+    pub fn is_voluntary(self) -> bool {
+        !matches!(self, Self::RenewDeadlineExceeded | Self::Lost)
+    }
 }
 
 /// The end of a term, as reported to [`on_stopped_leading`](crate::LeaderElectorBuilder::on_stopped_leading).

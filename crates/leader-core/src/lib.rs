@@ -2,6 +2,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
+mod config;
 mod elector;
 mod error;
 mod file;
@@ -16,26 +17,32 @@ mod record;
 mod redact;
 mod retry;
 mod runner;
+mod status;
+mod work;
 
+#[cfg(feature = "testing")]
+pub mod background;
 #[cfg(feature = "testing")]
 pub mod conformance;
 #[cfg(feature = "testing")]
 pub mod faults;
 
-pub use elector::{
+pub use config::{
     DEFAULT_LEASE_DURATION, DEFAULT_RENEW_DEADLINE, DEFAULT_RETRY_PERIOD, ElectorConfig,
-    JITTER_FACTOR, LeaderElector, LeaderElectorBuilder,
+    JITTER_FACTOR, Timings, WorkExit,
 };
+pub use elector::{LeaderElector, LeaderElectorBuilder};
 pub use error::{BoxError, ConfigError, LockError};
 pub use file::FileLock;
 pub use handover::{HandoverError, request_handover};
-pub use health::{HealthCheck, Unhealthy};
+pub use health::{HealthCheck, NotReady, Unhealthy};
 pub use hub::ChangeHub;
 pub use leadership::{LeaderState, Leadership, LeadershipLost, StepDown, StepDownReason};
 pub use lock::{Acquisition, ChangeStream, LeaderEvent, ResourceLock};
 pub use memory::{MemoryLock, MemoryStore};
 pub use record::{LeaderElectionRecord, Observed, Version};
 pub use redact::redact_url;
+pub use status::{ElectionError, ElectorStatus, IdentityConflict, LastError};
 
 /// Re-exported so that users need not depend on `async-trait` and `tokio-util` themselves.
 pub use async_trait::async_trait;

@@ -200,14 +200,25 @@ pub trait ResourceLock: Send + Sync + fmt::Debug {
 
     /// A one-round-trip acquisition that decides expiry with the store's own clock (S1, S2).
     ///
-    /// Stores `desired` in one atomic step if the object is absent, the lease is free, it is held
-    /// by `desired.holder_identity`, or it has expired by the store's clock (the store's time of the
-    /// last write plus the stored lease duration has passed), unless the stored record names a
-    /// handover to another candidate ([`LeaderElectionRecord::reserved_for_other_than`]): that
-    /// one is left to the elector, which lets others take it only after standing back. The
-    /// stored `leader_transitions` becomes one more than before (at least 1), whatever `desired`
-    /// says. Returns [`Acquisition::Held`] with the stored record when another holder's lease is
-    /// still running or the lease is reserved for another candidate.
+    /// Stores `desired` in one atomic step if the object is absent, the lease is free, or it has
+    /// expired by the store's clock (the store's time of the last write plus the stored lease
+    /// duration has passed), unless the stored record names a handover to another candidate
+    /// ([`LeaderElectionRecord::reserved_for_other_than`]): that one is left to the elector,
+    /// which lets others take it only after standing back. Returns [`Acquisition::Held`] with
+    /// the stored record when another holder's lease is still running or the lease is reserved
+    /// for another candidate.
+    ///
+    /// An unexpired lease held by `desired.holder_identity` is [`Held`](Acquisition::Held) too
+    /// (S13): a store cannot tell this process from another process given the same identity,
+    /// and taking such a lease would give two leaders. Only a lease the store ties to this very
+    /// lock object (its own session, say, which no other process can have) may be taken again.
+    /// The elector takes a term it started itself again with [`update`](Self::update).
+    /// Likewise [`Acquisition::Handed`] is only for a lease handed to this very lock object,
+    /// never to its identity alone.
+    ///
+    /// The stored `leader_transitions` becomes one more than before (at least 1), and at least
+    /// `desired.leader_transitions`: a floor the elector may ask for (see
+    /// [`fencing_token_floor`](crate::LeaderElectorBuilder::fencing_token_floor)).
     ///
     /// The default returns `Ok(None)`: the backend has no such path, and the elector reads the
     /// record and waits out the holder's lease on its own monotonic clock instead.

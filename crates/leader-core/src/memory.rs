@@ -292,9 +292,8 @@ impl ResourceLock for MemoryLock {
             None => 0,
             Some((record, object)) => {
                 let expired = object.written_at + record.lease_duration <= Instant::now();
-                let takeable = record.is_free()
-                    || record.holder_identity == desired.holder_identity
-                    || expired;
+                // A lease of this identity is no exception (S13).
+                let takeable = record.is_free() || expired;
                 if !takeable || record.reserved_for_other_than(&desired.holder_identity) {
                     return Ok(Some(Acquisition::Held {
                         renewed_in_store: !record.is_free() && self.renew_in_store,
@@ -312,7 +311,7 @@ impl ResourceLock for MemoryLock {
             }
         };
         let mut record = desired.clone();
-        record.leader_transitions = previous + 1;
+        record.leader_transitions = (previous + 1).max(desired.leader_transitions);
         let version = objects.write(&self.name, Value::Record(record.clone()), false);
         Ok(Some(Acquisition::Acquired(Observed { record, version })))
     }

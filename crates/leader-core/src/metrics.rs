@@ -8,6 +8,8 @@
 //! | `leader_election_renew_duration_seconds` | histogram: successful renewals | `name` |
 //! | `leader_election_errors_total` | counter: failed lock requests | `name`, `operation`, `kind` |
 //! | `leader_election_handovers_total` | counter: leases handed over to a named candidate | `name` |
+//! | `leader_election_work_ended_total` | counter: terms' work that returned or panicked while leading | `name`, `outcome` (`returned`, `panicked`) |
+//! | `leader_election_identity_conflicts_total` | counter: terms of another process found alive under this identity | `name` |
 
 use std::time::Duration;
 
@@ -23,6 +25,11 @@ pub const RENEW_DURATION_SECONDS: &str = "leader_election_renew_duration_seconds
 pub const ERRORS_TOTAL: &str = "leader_election_errors_total";
 /// Leases this candidate handed over to a named candidate (a planned handover).
 pub const HANDOVERS_TOTAL: &str = "leader_election_handovers_total";
+
+/// Work of a term that returned or panicked while the term went on.
+pub const WORK_ENDED_TOTAL: &str = "leader_election_work_ended_total";
+/// Terms of another process found alive under this candidate's identity (S13).
+pub const IDENTITY_CONFLICTS_TOTAL: &str = "leader_election_identity_conflicts_total";
 
 /// Registers descriptions of the metrics with the installed recorder.
 pub fn describe() {
@@ -45,6 +52,24 @@ pub fn describe() {
         HANDOVERS_TOTAL,
         "leases handed over to a candidate a handover request named"
     );
+    metrics::describe_counter!(
+        WORK_ENDED_TOTAL,
+        "work of a term that returned or panicked while the term went on"
+    );
+    metrics::describe_counter!(
+        IDENTITY_CONFLICTS_TOTAL,
+        "terms of another process found alive under this candidate's identity"
+    );
+}
+
+pub(crate) fn work_ended(name: &str, panicked: bool) {
+    let outcome = if panicked { "panicked" } else { "returned" };
+    metrics::counter!(WORK_ENDED_TOTAL, "name" => name.to_owned(), "outcome" => outcome)
+        .increment(1);
+}
+
+pub(crate) fn identity_conflict(name: &str) {
+    metrics::counter!(IDENTITY_CONFLICTS_TOTAL, "name" => name.to_owned()).increment(1);
 }
 
 pub(crate) fn set_leading(name: &str, leading: bool) {

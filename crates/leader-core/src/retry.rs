@@ -221,6 +221,7 @@ mod tests {
             Some(LogLine::Summary { count: 35, .. })
         ));
         let timeout = LockError::Timeout {
+            lock: "memory:test".to_owned(),
             operation: "get",
             after: Duration::from_secs(1),
         };

@@ -1,29 +1,47 @@
-//! The loop that drives a [`LeaderElector`]: client-go's acquire/renew loop, kept to the safety
-//! rules S1-S10.
+//! The loop that drives a [`LeaderElector`](crate::LeaderElector): client-go's acquire/renew
+//! loop, kept to the safety rules S1-S13. The elector hands it what it needs; one term's work is
+//! in `work.rs`.
 
 use std::future::Future;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::Utc;
 use futures_util::StreamExt;
-use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
+use tokio::sync::watch;
 use tokio::time::{Instant, sleep, sleep_until, timeout};
 use tokio_util::sync::CancellationToken;
 
-use crate::elector::LeaderElector;
+use crate::config::ElectorConfig;
 use crate::error::LockError;
-use crate::health::HealthState;
-use crate::leadership::{LeaderState, Leadership, StepDown, StepDownReason};
-use crate::lock::{Acquisition, ChangeStream, LeaderEvent};
+use crate::leadership::{LeaderState, Leadership, StepDown, StepDownReason, TermRequest};
+use crate::lock::{Acquisition, ChangeStream, LeaderEvent, ResourceLock};
 use crate::metrics as m;
-use crate::record::{LeaderElectionRecord, Observed};
+use crate::record::{LeaderElectionRecord, Observed, Version};
 use crate::retry::{Backoff, FailureLog, LogLine};
+use crate::status::{self, ElectionError, IdentityConflict, Shared};
+use crate::work::{StartedFn, TermWork, WorkEnd};
 
-/// The loop's state: the elector it runs and what it has observed.
+type StoppedFn = Arc<dyn Fn(StepDown) + Send + Sync>;
+type NewLeaderFn = Arc<dyn Fn(&str) + Send + Sync>;
+type ErrorFn = Arc<dyn Fn(&ElectionError) + Send + Sync>;
+
+/// The callbacks a builder collected.
+#[derive(Clone, Default)]
+pub(crate) struct Callbacks {
+    pub(crate) started: Vec<StartedFn>,
+    pub(crate) stopped: Option<StoppedFn>,
+    pub(crate) new_leader: Option<NewLeaderFn>,
+    pub(crate) error: Option<ErrorFn>,
+}
+
+/// The loop's state: what it runs with and what it has observed.
 pub(crate) struct Runner {
-    elector: LeaderElector,
+    lock: Arc<dyn ResourceLock>,
+    config: ElectorConfig,
+    callbacks: Callbacks,
+    state: watch::Sender<LeaderState>,
+    shared: Arc<Mutex<Shared>>,
     /// The last record seen, read or written.
     observed: Option<Observed>,
     /// When `observed`'s version was first seen, on this process's monotonic clock (S1, S2).
@@ -32,6 +50,8 @@ pub(crate) struct Runner {
     /// (on this process's clock, counted from when that answer arrived). Only a wake-up time:
     /// the store itself decides a store-clock acquisition.
     store_expiry: Option<Instant>,
+    /// Whether the last `Held` answer said the store keeps the holder's lease alive.
+    held_in_store: bool,
     /// Whether a wait was already cut short for `observed`'s expiry: an early wake-up is used
     /// once per version, so a lease that has run out never makes attempts follow each other.
     woke_for_expiry: bool,
@@ -40,6 +60,11 @@ pub(crate) struct Runner {
     /// from then, on this process's clock.
     handover_seen: Option<(String, Instant)>,
     reported_leader: Option<String>,
+    /// The fencing token of the last term this process led (S13): a record held by this
+    /// identity under another token is another process's.
+    own_term: Option<u64>,
+    /// A term of this identity that this process did not start, as first seen (S13).
+    shared_identity: Option<SharedIdentity>,
     /// In a mutex only to keep the runner `Sync`; it is reached through `&mut` and never locked.
     changes: Option<Mutex<ChangeStream>>,
     watch_supported: bool,
@@ -54,6 +79,18 @@ pub(crate) struct Runner {
     change_shortened_backoff: bool,
     failures: FailureLog,
     watch_failures: FailureLog,
+}
+
+/// A term held under this candidate's identity that this process did not start (S13).
+struct SharedIdentity {
+    fencing_token: u64,
+    /// The version it was first seen at: a newer one under the same term is a renewal.
+    version: Version,
+    first_seen: Instant,
+    /// When the store said it would run out, when first seen.
+    first_expiry: Option<Instant>,
+    /// Whether it was found alive (renewed) and reported as a conflict.
+    reported: bool,
 }
 
 enum Attempt {
@@ -73,16 +110,29 @@ enum Renewal {
 }
 
 impl Runner {
-    pub(crate) fn new(elector: LeaderElector) -> Self {
-        let config = &elector.config;
+    pub(crate) fn new(
+        lock: Arc<dyn ResourceLock>,
+        config: ElectorConfig,
+        callbacks: Callbacks,
+        state: watch::Sender<LeaderState>,
+        shared: Arc<Mutex<Shared>>,
+    ) -> Self {
         let backoff = Backoff::new(config.retry_period, config.jitter, config.lease_duration);
         Self {
+            lock,
+            config,
+            callbacks,
+            state,
+            shared,
             observed: None,
             observed_at: Instant::now(),
             store_expiry: None,
+            held_in_store: false,
             woke_for_expiry: false,
             handover_seen: None,
             reported_leader: None,
+            own_term: None,
+            shared_identity: None,
             changes: None,
             watch_supported: true,
             try_acquire_supported: true,
@@ -92,33 +142,42 @@ impl Runner {
             change_shortened_backoff: false,
             failures: FailureLog::default(),
             watch_failures: FailureLog::default(),
-            elector,
         }
     }
 
     pub(crate) async fn run(mut self, shutdown: CancellationToken) {
-        m::set_leading(&self.elector.config.name, false);
+        m::set_leading(&self.config.name, false);
         while let Some((acquired, started)) = self.acquire(&shutdown).await {
-            self.lead(acquired, started, &shutdown).await;
+            let reason = self.lead(acquired, started, &shutdown).await;
             if shutdown.is_cancelled() {
                 break;
             }
+            if reason.is_voluntary() && !self.stand_back(&shutdown).await {
+                break;
+            }
         }
-        let _ = timeout(
-            self.elector.config.request_timeout,
-            self.elector.lock.close(),
-        )
-        .await;
+        let _ = timeout(self.config.request_timeout, self.lock.close()).await;
         self.publish(LeaderState::Stopped);
         tracing::debug!("elector stopped");
     }
 
+    /// After stepping down of its own accord (a step-down, a handover, its work ending), a
+    /// candidate lets the others take the released lease before it runs again: it waits the
+    /// longest a follower waits between attempts. `false` on shutdown.
+    async fn stand_back(&self, shutdown: &CancellationToken) -> bool {
+        tokio::select! {
+            biased;
+            () = shutdown.cancelled() => false,
+            () = sleep(self.config.longest_retry()) => true,
+        }
+    }
+
     fn identity(&self) -> &str {
-        self.elector.lock.identity()
+        self.lock.identity()
     }
 
     fn publish(&self, state: LeaderState) {
-        self.elector.state.send_if_modified(|current| {
+        self.state.send_if_modified(|current| {
             if current.same_as(&state) {
                 false
             } else {
@@ -134,27 +193,45 @@ impl Runner {
         operation: &'static str,
         fut: impl Future<Output = Result<T, LockError>>,
     ) -> Result<T, LockError> {
-        let after = self.elector.config.request_timeout;
-        timeout(after, fut)
-            .await
-            .unwrap_or(Err(LockError::Timeout { operation, after }))
+        let after = self.config.request_timeout;
+        timeout(after, fut).await.unwrap_or_else(|_| {
+            Err(LockError::Timeout {
+                lock: self.lock.describe(),
+                operation,
+                after,
+            })
+        })
     }
 
     /// Reports a failed lock request: counted in metrics every time, logged as [`FailureLog`]
-    /// says (S9). A lost compare-and-swap is contention, not a failure: the store answered.
-    fn report_error(&mut self, operation: &'static str, err: &LockError) {
-        m::error(&self.elector.config.name, operation, err.kind());
+    /// says (S9), kept as the failure going on and passed to `on_error`. A lost
+    /// compare-and-swap is contention, not a failure: the store answered.
+    fn report_error(&mut self, operation: &'static str, err: LockError) {
+        m::error(&self.config.name, operation, err.kind());
         if err.is_conflict() {
             tracing::debug!(operation, "lost a compare-and-swap");
             self.report_success();
             return;
         }
-        let line = self.failures.failed(operation, err);
-        log_failure(line, operation, err, self.backoff.failures());
+        let line = self.failures.failed(operation, &err);
+        log_failure(line, operation, &err, self.backoff.failures());
+        self.tell_error(ElectionError::Lock {
+            operation,
+            error: Arc::new(err),
+        });
+    }
+
+    /// Keeps `error` as the failure going on and passes it to `on_error`.
+    fn tell_error(&self, error: ElectionError) {
+        status::lock(&self.shared).failed(error.clone());
+        if let Some(callback) = &self.callbacks.error {
+            callback(&error);
+        }
     }
 
     /// Notes that the store answered: the end of an outage, if there was one.
     fn report_success(&mut self) {
+        status::lock(&self.shared).contact();
         log_recovery(self.failures.succeeded(), "lock");
     }
 
@@ -182,15 +259,93 @@ impl Runner {
             }
             None => self.handover_seen = None,
         }
+        self.check_identity(&observed);
         let holder = &observed.record.holder_identity;
         if !holder.is_empty() && self.reported_leader.as_deref() != Some(holder.as_str()) {
             tracing::info!(leader = %holder, "new leader observed");
             self.reported_leader = Some(holder.clone());
-            if let Some(callback) = &self.elector.callbacks.new_leader {
+            if let Some(callback) = &self.callbacks.new_leader {
                 callback(holder);
             }
         }
         self.observed = Some(observed);
+    }
+
+    /// Takes note of a record this candidate acquired: its term is this process's own (S13).
+    fn took(&mut self, acquired: &Observed) {
+        self.own_term = Some(acquired.record.leader_transitions);
+        self.observe(acquired.clone());
+    }
+
+    /// True when `record` is the term this process led last: its identity and its token. A
+    /// term of this identity with any other token was started by another process (S13).
+    fn started(&self, record: &LeaderElectionRecord) -> bool {
+        record.is_held_by(self.identity()) && self.own_term == Some(record.leader_transitions)
+    }
+
+    /// S13: a lease held under this candidate's identity by a term this process did not start
+    /// is another process's. Says so once when first seen, and reports a conflict once that
+    /// term is seen alive: renewed in the record, or still held by the store after it would
+    /// have run out. A process of this identity that died holding the lease is not a conflict:
+    /// its lease runs out and this one takes over.
+    fn check_identity(&mut self, observed: &Observed) {
+        let record = &observed.record;
+        if !record.is_held_by(self.identity()) || self.started(record) {
+            if self.shared_identity.take().is_some_and(|s| s.reported) {
+                status::lock(&self.shared).identity_conflict = None;
+                tracing::info!("the term of the other process with this identity is over");
+            }
+            return;
+        }
+        let now = Instant::now();
+        let seen = match &mut self.shared_identity {
+            Some(seen) if seen.fencing_token == record.leader_transitions => seen,
+            _ => {
+                tracing::warn!(
+                    identity = self.identity(),
+                    fencing_token = record.leader_transitions,
+                    "the lease is held under this candidate's identity by a term this process did \
+                     not start: waiting for it as for another holder (another process may run \
+                     with the same identity)"
+                );
+                self.shared_identity = Some(SharedIdentity {
+                    fencing_token: record.leader_transitions,
+                    version: observed.version.clone(),
+                    first_seen: now,
+                    first_expiry: self.store_expiry,
+                    reported: false,
+                });
+                return;
+            }
+        };
+        let renewed = seen.version != observed.version;
+        // A lease the store keeps alive does not change its version when renewed: it is alive
+        // when still held after it would have run out.
+        let outlived = self.held_in_store
+            && now
+                >= seen
+                    .first_expiry
+                    .unwrap_or(seen.first_seen + record.lease_duration * 2)
+                    + self.config.retry_period;
+        if seen.reported || !(renewed || outlived) {
+            return;
+        }
+        seen.reported = true;
+        let conflict = IdentityConflict {
+            lock: self.lock.describe(),
+            identity: self.identity().to_owned(),
+            fencing_token: record.leader_transitions,
+        };
+        tracing::error!(
+            identity = self.identity(),
+            fencing_token = record.leader_transitions,
+            "{conflict}"
+        );
+        m::identity_conflict(&self.config.name);
+        status::lock(&self.shared).identity_conflict = Some(conflict.clone());
+        if let Some(callback) = &self.callbacks.error {
+            callback(&ElectionError::IdentityConflict(conflict));
+        }
     }
 
     fn publish_following(&self) {
@@ -203,6 +358,8 @@ impl Runner {
         self.publish(LeaderState::Following { leader });
     }
 
+    /// The record of an acquisition by this candidate with token `leader_transitions`, raised
+    /// to the configured floor.
     fn desired(
         &self,
         leader_transitions: u64,
@@ -211,10 +368,10 @@ impl Runner {
         let now = Utc::now();
         LeaderElectionRecord {
             holder_identity: self.identity().to_owned(),
-            lease_duration: self.elector.config.lease_duration,
+            lease_duration: self.config.lease_duration,
             acquire_time: now,
             renew_time: now,
-            leader_transitions,
+            leader_transitions: leader_transitions.max(self.config.fencing_token_floor),
             strategy: base.and_then(|r| r.strategy.clone()),
             // An acquisition fulfils (or overrides) a pending handover request.
             preferred_holder: None,
@@ -254,7 +411,7 @@ impl Runner {
                 Ok(Attempt::Handed(observed, alive_since)) => {
                     // S3: the term counts from when the store last confirmed the lease alive.
                     // With less than a retry period of it left, a renewal confirms it first.
-                    let config = &self.elector.config;
+                    let config = &self.config;
                     if Instant::now() + config.retry_period < alive_since + config.renew_deadline {
                         self.backoff.succeeded();
                         self.report_success();
@@ -266,7 +423,7 @@ impl Runner {
                     let renewal = tokio::select! {
                         biased;
                         () = shutdown.cancelled() => return None,
-                        renewal = self.request("renew", self.elector.lock.renew(&observed.version, &record)) => renewal,
+                        renewal = self.request("renew", self.lock.renew(&observed.version, &record)) => renewal,
                     };
                     match renewal {
                         Ok(stored) => {
@@ -279,7 +436,7 @@ impl Runner {
                             if !err.is_conflict() {
                                 self.backoff.failed();
                             }
-                            self.report_error("renew", &err);
+                            self.report_error("renew", err);
                         }
                     }
                 }
@@ -291,7 +448,7 @@ impl Runner {
                     if !err.is_conflict() {
                         self.backoff.failed();
                     }
-                    self.report_error("acquire", &err);
+                    self.report_error("acquire", err);
                 }
             }
             self.publish_following();
@@ -332,7 +489,7 @@ impl Runner {
                     }
                     if !self.change_shortened_backoff {
                         self.change_shortened_backoff = true;
-                        wake_at = wake_at.min(attempt_started + self.elector.config.retry_period);
+                        wake_at = wake_at.min(attempt_started + self.config.retry_period);
                     }
                 }
             }
@@ -353,7 +510,7 @@ impl Runner {
         let record = &observed.record;
         let expires = if let Some(until) = self.stand_back_until(record) {
             until
-        } else if record.is_free() || record.holder_identity == self.identity() {
+        } else if record.is_free() || self.started(record) {
             return wait;
         } else {
             self.store_expiry
@@ -381,7 +538,7 @@ impl Runner {
         if self.watch_retry_at.is_some_and(|at| Instant::now() < at) {
             return;
         }
-        match self.request("watch", self.elector.lock.watch()).await {
+        match self.request("watch", self.lock.watch()).await {
             Ok(stream) => {
                 self.watch_supported = stream.is_some();
                 self.changes = stream.map(Mutex::new);
@@ -390,11 +547,15 @@ impl Runner {
                 log_recovery(self.watch_failures.succeeded(), "watch");
             }
             Err(err) => {
-                m::error(&self.elector.config.name, "watch", err.kind());
+                m::error(&self.config.name, "watch", err.kind());
                 self.watch_backoff.failed();
                 self.watch_retry_at = Some(Instant::now() + self.watch_backoff.wait());
                 let line = self.watch_failures.failed("watch", &err);
                 log_failure(line, "watch", &err, self.watch_backoff.failures());
+                self.tell_error(ElectionError::Lock {
+                    operation: "watch",
+                    error: Arc::new(err),
+                });
             }
         }
     }
@@ -402,22 +563,24 @@ impl Runner {
     /// One attempt of client-go's `tryAcquireOrRenew` for a candidate.
     async fn try_acquire(&mut self) -> Result<Attempt, LockError> {
         self.store_expiry = None;
+        self.held_in_store = false;
         let mut current = None;
         if self.try_acquire_supported {
+            // The store gives the next token; the floor, if any, is what it asks for at least.
             let desired = self.desired(0, self.observed.as_ref().map(|o| &o.record));
             match self
-                .request("try_acquire", self.elector.lock.try_acquire(&desired))
+                .request("try_acquire", self.lock.try_acquire(&desired))
                 .await?
             {
                 Some(Acquisition::Acquired(observed)) => {
-                    self.observe(observed.clone());
+                    self.took(&observed);
                     return Ok(Attempt::Acquired(observed));
                 }
                 Some(Acquisition::Handed {
                     observed,
                     alive_since,
                 }) => {
-                    self.observe(observed.clone());
+                    self.took(&observed);
                     return Ok(Attempt::Handed(observed, alive_since));
                 }
                 Some(Acquisition::Held {
@@ -425,11 +588,14 @@ impl Runner {
                     expires_in,
                     renewed_in_store,
                 }) => {
-                    self.observe(observed.clone());
                     self.store_expiry = expires_in.map(|left| Instant::now() + left);
+                    self.held_in_store = renewed_in_store;
+                    self.observe(observed.clone());
                     // The holder renews in the store without changing the record: only the
-                    // store can say it expired (S2 by the store's clock alone).
-                    if renewed_in_store {
+                    // store can say it expired (S2 by the store's clock alone). A term this
+                    // process led itself (before its renew deadline passed) it takes again
+                    // with a compare-and-swap, below.
+                    if renewed_in_store && !self.started(&observed.record) {
                         return Ok(Attempt::NotAcquired);
                     }
                     // The store's clock says held; ours may still say expired (below): a record
@@ -447,11 +613,11 @@ impl Runner {
             }
         }
         if current.is_none() {
-            let Some(read) = self.request("get", self.elector.lock.get()).await? else {
+            let Some(read) = self.request("get", self.lock.get()).await? else {
                 let created = self
-                    .request("create", self.elector.lock.create(&self.desired(1, None)))
+                    .request("create", self.lock.create(&self.desired(1, None)))
                     .await?;
-                self.observe(created.clone());
+                self.took(&created);
                 return Ok(Attempt::Acquired(created));
             };
             self.observe(read.clone());
@@ -462,8 +628,9 @@ impl Runner {
         };
         let record = &current.record;
         // S2: another holder's lease runs for *its* duration from when we first saw this version.
+        // A term of this identity that this process did not start is another's (S13).
         if !record.is_free()
-            && record.holder_identity != self.identity()
+            && !self.started(record)
             && Instant::now() < self.observed_at + record.lease_duration
         {
             return Ok(Attempt::NotAcquired);
@@ -478,47 +645,44 @@ impl Runner {
         // S5: every acquisition, also our own again, gets the next fencing token.
         let desired = self.desired(record.leader_transitions + 1, Some(record));
         let stored = self
-            .request(
-                "update",
-                self.elector.lock.update(&current.version, &desired),
-            )
+            .request("update", self.lock.update(&current.version, &desired))
             .await?;
-        self.observe(stored.clone());
+        self.took(&stored);
         Ok(Attempt::Acquired(stored))
     }
 
-    /// One term of leadership, from acquisition to step-down.
-    async fn lead(&mut self, acquired: Observed, started: Instant, shutdown: &CancellationToken) {
+    /// One term of leadership, from acquisition to step-down; returns why it ended.
+    async fn lead(
+        &mut self,
+        acquired: Observed,
+        started: Instant,
+        shutdown: &CancellationToken,
+    ) -> StepDownReason {
         let fencing_token = acquired.record.leader_transitions;
         let cancel = CancellationToken::new();
         // Should this future be dropped mid-term (an aborted task), the work must still stop.
         let _cancel_on_drop = cancel.clone().drop_guard();
-        let (alive_tx, mut alive_rx) = mpsc::channel::<()>(1);
-        let (handover_tx, mut handover_rx) = mpsc::channel::<String>(1);
-        let leadership = Leadership::new(
-            self.elector.config.name.clone(),
+        let (leadership, mut requests, alive) = Leadership::new(
+            self.config.name.clone(),
             self.identity().to_owned(),
             fencing_token,
             cancel.clone(),
-            handover_tx,
-            alive_tx,
         );
         // S3: the term lasts until the start of the last successful renewal plus the deadline.
-        let mut deadline = started + self.elector.config.renew_deadline;
-        self.health_update(|h| h.lead(started));
+        let mut deadline = started + self.config.renew_deadline;
+        status::lock(&self.shared).renewed_at = Some(started);
         tracing::info!(fencing_token, "became leader");
-        m::acquired(&self.elector.config.name);
-        m::set_leading(&self.elector.config.name, true);
+        m::acquired(&self.config.name);
+        m::set_leading(&self.config.name, true);
         self.spawn_event(LeaderEvent::BecameLeader { fencing_token });
-        self.publish(LeaderState::Leading(leadership.clone()));
-        let work: Vec<JoinHandle<()>> = self
-            .elector
-            .callbacks
-            .started
-            .iter()
-            .map(|callback| tokio::spawn(callback(leadership.clone())))
-            .collect();
-        drop(leadership);
+        self.publish(LeaderState::Leading(leadership.uncounted()));
+        let mut work = TermWork::start(
+            &self.callbacks.started,
+            leadership,
+            alive,
+            self.config.work_exit,
+            self.config.retry_period,
+        );
 
         // A handover this term was asked for (by its own work, or by a request in the record).
         let mut hand_to: Option<String> = None;
@@ -528,11 +692,25 @@ impl Runner {
                 biased;
                 () = sleep_until(deadline) => break StepDownReason::RenewDeadlineExceeded,
                 () = shutdown.cancelled() => break StepDownReason::Shutdown,
-                Some(to) = handover_rx.recv() => {
-                    hand_to = Some(to);
-                    break StepDownReason::HandedOver;
-                }
-                () = sleep(self.elector.config.retry_period) => {}
+                Some(request) = requests.recv() => match request {
+                    TermRequest::HandOver(to) => {
+                        hand_to = Some(to);
+                        break StepDownReason::HandedOver;
+                    }
+                    TermRequest::StepDown => break StepDownReason::SteppedDown,
+                },
+                end = work.ended() => match end {
+                    WorkEnd::Returned => {
+                        tracing::warn!(fencing_token, "leader work returned: ending the term");
+                        m::work_ended(&self.config.name, false);
+                        break StepDownReason::WorkEnded;
+                    }
+                    WorkEnd::Panicked => {
+                        m::work_ended(&self.config.name, true);
+                        break StepDownReason::WorkPanicked;
+                    }
+                },
+                () = sleep(self.config.retry_period) => {}
                 // A release or a handover request: renew now, which reads what changed.
                 more = next_change(changes) => if !more {
                     self.changes = None;
@@ -549,9 +727,9 @@ impl Runner {
                 // An answer after the deadline does not extend the term; the next select ends it.
                 Ok(Renewal::Renewed) if Instant::now() < deadline => {
                     self.report_success();
-                    deadline = attempt_started + self.elector.config.renew_deadline;
-                    m::renewed(&self.elector.config.name, attempt_started.elapsed());
-                    self.health_update(|h| h.renewed(attempt_started));
+                    deadline = attempt_started + self.config.renew_deadline;
+                    m::renewed(&self.config.name, attempt_started.elapsed());
+                    status::lock(&self.shared).renewed_at = Some(attempt_started);
                 }
                 Ok(Renewal::Renewed) => {}
                 Ok(Renewal::Lost) => break StepDownReason::Lost,
@@ -560,35 +738,31 @@ impl Runner {
                     hand_to = Some(to);
                     break StepDownReason::HandedOver;
                 }
-                Err(err) => self.report_error("renew", &err),
+                Err(err) => self.report_error("renew", err),
             }
         };
 
         cancel.cancel();
-        m::set_leading(&self.elector.config.name, false);
-        self.health_update(HealthState::follow);
+        m::set_leading(&self.config.name, false);
+        status::lock(&self.shared).renewed_at = None;
         tracing::info!(fencing_token, ?reason, "stopped leading");
         self.publish_following();
-        let stopped = self.wait_for_work(work, &mut alive_rx).await;
+        let stopped = work.stop(self.config.stop_grace).await;
         let mut released = false;
         let release = match reason {
-            StepDownReason::Shutdown => self.elector.config.release_on_cancel,
-            StepDownReason::HandedOver => true,
-            _ => false,
+            StepDownReason::Shutdown => self.config.release_on_cancel,
+            StepDownReason::RenewDeadlineExceeded | StepDownReason::Lost => false,
+            _ => true,
         };
         if release {
             if stopped {
                 if reason == StepDownReason::Shutdown {
-                    let _ = timeout(
-                        self.elector.config.request_timeout,
-                        self.elector.lock.withdraw(),
-                    )
-                    .await;
+                    let _ = timeout(self.config.request_timeout, self.lock.withdraw()).await;
                 }
                 released = self.release(fencing_token, hand_to.as_deref()).await;
                 if released && let Some(to) = &hand_to {
                     tracing::info!(fencing_token, to, "handed the lease over");
-                    m::handed_over(&self.elector.config.name);
+                    m::handed_over(&self.config.name);
                 }
             } else {
                 tracing::warn!(
@@ -598,13 +772,14 @@ impl Runner {
             }
         }
         self.spawn_event(LeaderEvent::StoppedLeading { fencing_token });
-        if let Some(callback) = &self.elector.callbacks.stopped {
+        if let Some(callback) = &self.callbacks.stopped {
             callback(StepDown {
                 fencing_token,
                 reason,
                 released,
             });
         }
+        reason
     }
 
     /// Renews the lease: one request from the cached record (client-go's fast path), and a read
@@ -619,7 +794,7 @@ impl Runner {
             let mut record = cached.record.clone();
             record.renew_time = Utc::now().max(record.acquire_time);
             match self
-                .request("renew", self.elector.lock.renew(&cached.version, &record))
+                .request("renew", self.lock.renew(&cached.version, &record))
                 .await
             {
                 Ok(stored) => {
@@ -630,8 +805,8 @@ impl Runner {
                 Err(err) => return Err(err),
             }
         }
-        m::slow_path(&self.elector.config.name);
-        let Some(current) = self.request("get", self.elector.lock.get()).await? else {
+        m::slow_path(&self.config.name);
+        let Some(current) = self.request("get", self.lock.get()).await? else {
             return Ok(Renewal::Lost);
         };
         self.observe(current.clone());
@@ -648,13 +823,10 @@ impl Runner {
         let stored = if record.handover_to().is_some() {
             // A request naming this leader is fulfilled already: clear it.
             record.preferred_holder = None;
-            self.request(
-                "update",
-                self.elector.lock.update(&current.version, &record),
-            )
-            .await?
+            self.request("update", self.lock.update(&current.version, &record))
+                .await?
         } else {
-            self.request("renew", self.elector.lock.renew(&current.version, &record))
+            self.request("renew", self.lock.renew(&current.version, &record))
                 .await?
         };
         self.observe(stored);
@@ -666,41 +838,6 @@ impl Runner {
     fn is_ours(&self, observed: &Observed, fencing_token: u64) -> bool {
         observed.record.is_held_by(self.identity())
             && observed.record.leader_transitions == fencing_token
-    }
-
-    /// Waits, up to the stop grace, until the work has stopped and every clone of the
-    /// leadership is gone; aborts callback tasks that outlive it.
-    async fn wait_for_work(
-        &self,
-        work: Vec<JoinHandle<()>>,
-        alive: &mut mpsc::Receiver<()>,
-    ) -> bool {
-        let aborts: Vec<_> = work.iter().map(JoinHandle::abort_handle).collect();
-        let all_stopped = async {
-            for task in work {
-                if let Err(err) = task.await
-                    && err.is_panic()
-                {
-                    tracing::error!("leader work panicked");
-                }
-            }
-            // `None` once every `Leadership` clone has been dropped.
-            while alive.recv().await.is_some() {}
-        };
-        if timeout(self.elector.config.stop_grace, all_stopped)
-            .await
-            .is_ok()
-        {
-            return true;
-        }
-        for abort in aborts {
-            abort.abort();
-        }
-        tracing::warn!(
-            grace = ?self.elector.config.stop_grace,
-            "leader work still running after the stop grace; callback tasks aborted"
-        );
-        false
     }
 
     /// Clears the holder with a compare-and-swap, so a release never frees a lease that someone
@@ -726,7 +863,7 @@ impl Runner {
                 record.preferred_holder = Some(to.to_owned());
             }
             match self
-                .request("release", self.elector.lock.update(&ours.version, &record))
+                .request("release", self.lock.update(&ours.version, &record))
                 .await
             {
                 Ok(stored) => {
@@ -735,10 +872,10 @@ impl Runner {
                     return true;
                 }
                 Err(err) if err.is_conflict() && attempt == 0 => {
-                    current = match self.request("get", self.elector.lock.get()).await {
+                    current = match self.request("get", self.lock.get()).await {
                         Ok(fresh) => fresh,
                         Err(err) => {
-                            self.report_error("release", &err);
+                            self.report_error("release", err);
                             return false;
                         }
                     };
@@ -747,7 +884,7 @@ impl Runner {
                     }
                 }
                 Err(err) => {
-                    self.report_error("release", &err);
+                    self.report_error("release", err);
                     return false;
                 }
             }
@@ -756,21 +893,11 @@ impl Runner {
     }
 
     fn spawn_event(&self, event: LeaderEvent) {
-        let lock = self.elector.lock.clone();
-        let after = self.elector.config.request_timeout;
+        let lock = self.lock.clone();
+        let after = self.config.request_timeout;
         tokio::spawn(async move {
             let _ = timeout(after, lock.record_event(&event)).await;
         });
-    }
-
-    fn health_update(&self, update: impl FnOnce(&mut HealthState)) {
-        update(
-            &mut self
-                .elector
-                .health
-                .lock()
-                .unwrap_or_else(|p| p.into_inner()),
-        );
     }
 }
 

@@ -5,14 +5,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::Utc;
+use leader_core::background::Candidate;
 use leader_core::faults::{Fault, Faults, FaultyLock};
 use leader_core::{
     Acquisition, CancellationToken, ConfigError, LeaderElectionRecord, LeaderElector,
-    LeaderElectorBuilder, LeaderState, Leadership, LockError, MemoryLock, MemoryStore, Observed,
-    ResourceLock, StepDown, StepDownReason, Version,
+    LeaderElectorBuilder, LeaderState, LockError, MemoryLock, MemoryStore, Observed, ResourceLock,
+    StepDownReason, Version,
 };
-use tokio::sync::watch;
-use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep};
 
 const LEASE: Duration = Duration::from_secs(15);
@@ -21,53 +20,6 @@ const RETRY: Duration = Duration::from_secs(2);
 
 fn builder(lock: impl ResourceLock + 'static) -> LeaderElectorBuilder {
     LeaderElector::builder(lock).jitter(0.0)
-}
-
-struct Running {
-    state: watch::Receiver<LeaderState>,
-    shutdown: CancellationToken,
-    task: JoinHandle<()>,
-    stopped: Arc<Mutex<Vec<StepDown>>>,
-}
-
-impl Running {
-    fn start(builder: LeaderElectorBuilder) -> Self {
-        let stopped = Arc::new(Mutex::new(Vec::new()));
-        let log = stopped.clone();
-        let elector = builder
-            .on_stopped_leading(move |step_down| log.lock().unwrap().push(step_down))
-            .build()
-            .expect("valid configuration");
-        let state = elector.subscribe();
-        let shutdown = CancellationToken::new();
-        let task = tokio::spawn(elector.run(shutdown.clone()));
-        Self {
-            state,
-            shutdown,
-            task,
-            stopped,
-        }
-    }
-
-    async fn leadership(&mut self) -> Leadership {
-        self.state
-            .wait_for(LeaderState::is_leading)
-            .await
-            .expect("elector alive")
-            .leadership()
-            .cloned()
-            .expect("leading")
-    }
-
-    fn is_leading(&self) -> bool {
-        self.state.borrow().is_leading()
-    }
-
-    async fn stop(self) -> Vec<StepDown> {
-        self.shutdown.cancel();
-        self.task.await.expect("elector task");
-        self.stopped.lock().unwrap().clone()
-    }
 }
 
 fn faulty(store: &MemoryStore, identity: &str) -> (FaultyLock<MemoryLock>, Faults) {
@@ -159,7 +111,7 @@ async fn build_rejects_invalid_timings_with_the_rule_broken() {
 async fn a_lone_candidate_leads_and_renews_in_one_request() {
     let store = MemoryStore::new();
     let (lock, faults) = faulty(&store, "a");
-    let mut a = Running::start(builder(lock));
+    let mut a = Candidate::build(builder(lock));
     let leadership = a.leadership().await;
     assert_eq!(leadership.fencing_token(), 1);
     assert_eq!(leadership.identity(), "a");
@@ -189,7 +141,7 @@ async fn a_hung_renewal_cancels_leadership_at_the_renew_deadline() {
     let store = MemoryStore::new();
     let (lock, faults) = faulty(&store, "a");
     let started = Instant::now();
-    let mut a = Running::start(builder(lock));
+    let mut a = Candidate::build(builder(lock));
     let leadership = a.leadership().await;
     // The first renewal starts at 2 s and succeeds; the next, at 4 s, hangs.
     sleep(Duration::from_secs(3)).await;
@@ -213,7 +165,7 @@ async fn a_renewal_answered_after_the_deadline_does_not_extend_the_term() {
     let store = MemoryStore::new();
     let (lock, faults) = faulty(&store, "a");
     let started = Instant::now();
-    let mut a = Running::start(builder(lock).request_timeout(RENEW));
+    let mut a = Candidate::build(builder(lock).request_timeout(RENEW));
     let leadership = a.leadership().await;
     sleep(Duration::from_secs(3)).await;
     // The renewal at 4 s reaches the store at once but its answer comes 9 s later, at 13 s.
@@ -244,7 +196,7 @@ async fn a_follower_waits_the_holders_lease_from_when_its_read_returned() {
     // Only the first read is slow (its answer takes 5 s): a follower that counted from when it
     // sent that read, rather than from when the answer came, would take over 5 s early.
     faults.delay_responses(Duration::from_secs(5));
-    let mut b = Running::start(builder(lock));
+    let mut b = Candidate::build(builder(lock));
     sleep(Duration::from_millis(10_500)).await; // try_acquire probe and first get have returned
     faults.delay_responses(Duration::ZERO);
     let leadership = b.leadership().await;
@@ -283,11 +235,11 @@ async fn a_follower_waits_the_holders_lease_from_when_its_read_returned() {
 #[tokio::test(start_paused = true)]
 async fn a_follower_never_takes_over_a_renewed_lease() {
     let store = MemoryStore::new();
-    let mut a = Running::start(builder(store.lock("election", "a")));
+    let mut a = Candidate::build(builder(store.lock("election", "a")));
     let a_leads = a.leadership().await;
     let new_leaders = Arc::new(Mutex::new(Vec::new()));
     let seen = new_leaders.clone();
-    let b = Running::start(
+    let b = Candidate::build(
         builder(store.lock("election", "b"))
             .on_new_leader(move |id| seen.lock().unwrap().push(id.to_owned())),
     );
@@ -308,7 +260,7 @@ async fn a_follower_never_takes_over_a_renewed_lease() {
 async fn re_acquisition_by_the_same_identity_raises_the_fencing_token() {
     let store = MemoryStore::new();
     let (lock, faults) = faulty(&store, "a");
-    let mut a = Running::start(builder(lock));
+    let mut a = Candidate::build(builder(lock));
     let first = a.leadership().await;
     faults.hang(true);
     first.lost().await;
@@ -341,7 +293,7 @@ async fn release_waits_for_the_work_to_stop() {
     let (lock, faults) = faulty(&store, "a");
     let finished = Arc::new(Mutex::new(None));
     let done = finished.clone();
-    let mut a = Running::start(builder(lock).on_started_leading(move |leadership| {
+    let mut a = Candidate::build(builder(lock).on_started_leading(move |leadership| {
         let done = done.clone();
         async move {
             leadership.lost().await;
@@ -377,7 +329,7 @@ async fn release_waits_for_the_work_to_stop() {
 #[tokio::test(start_paused = true)]
 async fn work_that_does_not_stop_keeps_the_lease_from_being_released() {
     let store = MemoryStore::new();
-    let mut a = Running::start(
+    let mut a = Candidate::build(
         builder(store.lock("election", "a"))
             .stop_grace(Duration::from_secs(1))
             .on_started_leading(|_leadership| std::future::pending()),
@@ -442,7 +394,7 @@ async fn run_while_leading_drops_the_work_when_leadership_ends() {
 async fn a_lost_compare_and_swap_on_renewal_takes_the_slow_path() {
     let store = MemoryStore::new();
     let (lock, faults) = faulty(&store, "a");
-    let mut a = Running::start(builder(lock));
+    let mut a = Candidate::build(builder(lock));
     let leadership = a.leadership().await;
     faults.fail_next(Fault::Conflict);
     sleep(RETRY * 2).await;
@@ -460,7 +412,7 @@ async fn a_lost_compare_and_swap_on_renewal_takes_the_slow_path() {
 #[tokio::test(start_paused = true)]
 async fn a_leader_whose_record_was_taken_steps_down() {
     let store = MemoryStore::new();
-    let mut a = Running::start(builder(store.lock("election", "a")));
+    let mut a = Candidate::build(builder(store.lock("election", "a")));
     let leadership = a.leadership().await;
     write_holder(&store, "intruder", LEASE, 7).await;
     let started = Instant::now();
@@ -488,7 +440,7 @@ async fn errors_are_retried_and_bad_data_is_never_overwritten() {
     let store = MemoryStore::new();
     let (lock, faults) = faulty(&store, "a");
     faults.fail_all(Some(Fault::Unavailable));
-    let mut a = Running::start(builder(lock));
+    let mut a = Candidate::build(builder(lock));
     sleep(Duration::from_secs(30)).await;
     assert!(!a.is_leading());
     faults.fail_all(None);
@@ -510,13 +462,13 @@ async fn errors_are_retried_and_bad_data_is_never_overwritten() {
 #[tokio::test(start_paused = true)]
 async fn store_clock_backends_take_over_after_the_lease() {
     let store = MemoryStore::new();
-    let mut a = Running::start(
+    let mut a = Candidate::build(
         builder(store.lock("election", "a").with_store_clock(true)).release_on_cancel(false),
     );
     let first = a.leadership().await;
     let lock = FaultyLock::new(store.lock("election", "b").with_store_clock(true));
     let faults = lock.faults();
-    let mut b = Running::start(builder(lock));
+    let mut b = Candidate::build(builder(lock));
     sleep(Duration::from_secs(1)).await;
     let crashed = Instant::now();
     a.task.abort(); // a crash: no release
@@ -542,7 +494,7 @@ async fn store_clock_backends_take_over_after_the_lease() {
 #[tokio::test(start_paused = true)]
 async fn a_follower_wakes_when_the_store_says_the_lease_runs_out() {
     let store = MemoryStore::new();
-    let mut a = Running::start(
+    let mut a = Candidate::build(
         builder(store.lock("election", "a").with_store_clock(true)).release_on_cancel(false),
     );
     let first = a.leadership().await;
@@ -550,7 +502,7 @@ async fn a_follower_wakes_when_the_store_says_the_lease_runs_out() {
     // The follower polls 1.9 s after each of the holder's renewals (every 2 s): it notices
     // each renewal 1.9 s late.
     sleep(Duration::from_millis(1900)).await;
-    let mut b = Running::start(builder(store.lock("election", "b").with_store_clock(true)));
+    let mut b = Candidate::build(builder(store.lock("election", "b").with_store_clock(true)));
     // Crash the holder half a retry period after its renewal at 4 s.
     sleep(Duration::from_millis(2600)).await;
     a.task.abort();
@@ -574,7 +526,7 @@ async fn a_follower_wakes_when_the_store_says_the_lease_runs_out() {
 async fn a_shutdown_during_a_renewal_that_reached_the_store_still_releases() {
     let store = MemoryStore::new();
     let (lock, faults) = faulty(&store, "a");
-    let mut a = Running::start(builder(lock));
+    let mut a = Candidate::build(builder(lock));
     drop(a.leadership().await);
     // The renewal at 2 s reaches the store at once; its answer would take 5 s.
     faults.delay_responses(Duration::from_secs(5));
@@ -603,10 +555,10 @@ async fn a_shutdown_during_a_renewal_that_reached_the_store_still_releases() {
 #[tokio::test(start_paused = true)]
 async fn the_leader_hands_over_to_the_named_candidate() {
     let store = MemoryStore::new();
-    let mut a = Running::start(builder(store.lock("election", "a")));
+    let mut a = Candidate::build(builder(store.lock("election", "a")));
     let first = a.leadership().await;
-    let b = Running::start(builder(store.lock("election", "b")));
-    let mut c = Running::start(builder(store.lock("election", "c")));
+    let b = Candidate::build(builder(store.lock("election", "b")));
+    let mut c = Candidate::build(builder(store.lock("election", "c")));
     sleep(RETRY * 2).await;
     first.hand_over("c").expect("leading");
     drop(first);
@@ -638,10 +590,10 @@ async fn the_leader_hands_over_to_the_named_candidate() {
 async fn a_handover_request_moves_the_lease_and_a_missing_candidate_does_not_stall_it() {
     let store = MemoryStore::new();
     let quiet = |id: &str| store.lock("election", id).with_watch(false);
-    let mut a = Running::start(builder(quiet("a")));
+    let mut a = Candidate::build(builder(quiet("a")));
     let first = a.leadership().await.fencing_token();
-    let mut b = Running::start(builder(quiet("b")));
-    let c = Running::start(builder(quiet("c")));
+    let mut b = Candidate::build(builder(quiet("b")));
+    let c = Candidate::build(builder(quiet("c")));
     sleep(RETRY * 2).await;
     let asked = Instant::now();
     leader_core::request_handover(&quiet("operator"), "b")
@@ -693,9 +645,9 @@ async fn a_lease_renewed_in_the_store_is_never_taken_over_on_the_followers_clock
         let calls = lock.faults();
         (lock, calls)
     };
-    let mut a = Running::start(builder(leader));
+    let mut a = Candidate::build(builder(leader));
     let token = a.leadership().await.fencing_token();
-    let mut b = Running::start(builder(lock("b")));
+    let mut b = Candidate::build(builder(lock("b")));
     // Many leases long, with the record's version never changing.
     sleep(LEASE * 4).await;
     assert!(a.is_leading() && !b.is_leading());
@@ -718,7 +670,7 @@ async fn a_lease_renewed_in_the_store_is_never_taken_over_on_the_followers_clock
 
 /// A lock whose acquisitions come as handed over by a release, on a lease the store confirmed
 /// alive `confirmed_ago` before the attempt (as the etcd lock's waiting candidates do); its
-/// renewals fail while `failing_renewals` is set.
+/// writes (renewals and updates) fail while `failing_renewals` is set.
 #[derive(Debug)]
 struct HandedLock {
     inner: MemoryLock,
@@ -739,6 +691,9 @@ impl ResourceLock for HandedLock {
         version: &Version,
         record: &LeaderElectionRecord,
     ) -> Result<Observed, LockError> {
+        if self.failing_renewals.load(Ordering::SeqCst) {
+            return Err(LockError::unavailable("test", "writes fail".to_owned()));
+        }
         self.inner.update(version, record).await
     }
     async fn renew(
@@ -795,7 +750,7 @@ async fn a_handed_lease_counts_from_its_last_confirmation() {
     let (lock, faults, failing_renewals) = handed(&store, ago);
     failing_renewals.store(true, Ordering::SeqCst);
     let started = Instant::now();
-    let mut a = Running::start(builder(lock));
+    let mut a = Candidate::build(builder(lock));
     let leadership = a.leadership().await;
     let operations: Vec<_> = faults.calls().iter().map(|c| c.operation).collect();
     assert_eq!(
@@ -824,7 +779,7 @@ async fn a_handed_lease_with_too_little_left_is_renewed_before_leading() {
     let store = MemoryStore::new();
     let (lock, faults, failing_renewals) = handed(&store, RENEW - RETRY / 2);
     failing_renewals.store(true, Ordering::SeqCst);
-    let mut a = Running::start(builder(lock));
+    let mut a = Candidate::build(builder(lock));
     sleep(RENEW * 2).await;
     assert!(!a.is_leading(), "led on a lease nobody confirmed");
     failing_renewals.store(false, Ordering::SeqCst);
@@ -834,10 +789,14 @@ async fn a_handed_lease_with_too_little_left_is_renewed_before_leading() {
         .iter()
         .rposition(|o| *o == "try_acquire")
         .expect("an acquisition");
-    assert_eq!(
-        operations.get(last_acquisition + 1),
-        Some(&"renew"),
-        "a renewal confirms the handed lease before leading: {operations:?}"
+    // The handed term is this process's own (S13): a renewal, or a compare-and-swap taking
+    // the term again, confirms it before leading.
+    assert!(
+        matches!(
+            operations.get(last_acquisition + 1),
+            Some(&"renew" | &"update")
+        ),
+        "a write confirms the handed lease before leading: {operations:?}"
     );
     assert!(!leadership.is_lost());
     let _ = a.stop().await;
@@ -906,7 +865,7 @@ async fn a_candidate_of_an_assigning_store_leads_only_once_assigned() {
         let calls = lock.faults();
         (lock, calls)
     };
-    let mut b = Running::start(builder(lock));
+    let mut b = Candidate::build(builder(lock));
     // No record at all, then a long-expired one held by someone else.
     sleep(LEASE * 2).await;
     write_holder(&store, "gone", Duration::from_secs(1), 4).await;
@@ -935,7 +894,7 @@ async fn a_leader_shutting_down_withdraws_before_it_releases() {
         inner: store.lock("election", "b"),
         order: order.clone(),
     };
-    let b = Running::start(builder(lock));
+    let b = Candidate::build(builder(lock));
     write_holder(&store, "b", LEASE, 1).await;
     let mut b = b;
     let _ = b.leadership().await;

@@ -201,7 +201,7 @@ impl Election {
             .query_opt(
                 statement,
                 &self.params(
-                    vec![&self.name, &p.holder, &p.lease_ms, &p.acquire],
+                    vec![&self.name, &p.holder, &p.lease_ms, &p.acquire, &p.transitions],
                     advisory,
                 ),
             )

@@ -100,7 +100,8 @@ pub(crate) struct Statements {
     /// (the request renews nobody's lease) and followers and the holder are notified. Needs no
     /// advisory lock.
     pub(crate) request: String,
-    /// `$1` name, `$2` holder, `$3` lease ms, `$4` time; advisory: `$5` key.
+    /// `$1` name, `$2` holder, `$3` lease ms, `$4` time, `$5` the lowest fencing token wanted;
+    /// advisory: `$6` key.
     pub(crate) try_acquire: String,
     /// `$1` name: the holder's milliseconds left by the server's clock, if someone holds it.
     pub(crate) time_left: String,
@@ -191,8 +192,9 @@ impl Statements {
         // Renewals and takeovers: a bare UPDATE, the cheapest committed write there is.
         let update = update("$10");
 
-        // Free, ours, or expired; and not reserved for another candidate by a handover request.
-        let takeable = "(l.holder_identity = '' OR l.holder_identity = EXCLUDED.holder_identity OR l.expires_at <= now()) \
+        // Free or expired, and not reserved for another candidate by a handover request. A lease
+        // of this identity is no exception: another process may run with it (S13).
+        let takeable = "(l.holder_identity = '' OR l.expires_at <= now()) \
             AND coalesce(l.preferred_holder, '') IN ('', EXCLUDED.holder_identity)";
         let (insert_guard, takeover_guard) = if advisory {
             (
@@ -201,11 +203,11 @@ impl Statements {
                 format!(
                     "WHERE CASE WHEN EXISTS (SELECT 1 FROM {t} r WHERE r.name = $1 \
                        AND coalesce(r.preferred_holder, '') NOT IN ('', $2)) THEN false ELSE {} END",
-                    hold("$5")
+                    hold("$6")
                 ),
                 format!(
                     "CASE WHEN {takeable} AND {VALID} THEN {} ELSE false END",
-                    hold("$5")
+                    hold("$6")
                 ),
             )
         } else {
@@ -214,10 +216,12 @@ impl Statements {
         let try_acquire = format!(
             "WITH acquired AS (
                INSERT INTO {t} AS l (name, {COLUMNS}, expires_at)
-               SELECT $1, $2, $3, $4, $4, 1, NULL, NULL, {first_version}, {expires} {insert_guard}
+               SELECT $1, $2, $3, $4, $4, greatest(1, $5::bigint), NULL, NULL, {first_version},
+                 {expires} {insert_guard}
                ON CONFLICT (name) DO UPDATE SET holder_identity = EXCLUDED.holder_identity,
                  lease_duration_ms = EXCLUDED.lease_duration_ms, acquire_time = EXCLUDED.acquire_time,
-                 renew_time = EXCLUDED.renew_time, leader_transitions = l.leader_transitions + 1,
+                 renew_time = EXCLUDED.renew_time,
+                 leader_transitions = greatest(l.leader_transitions + 1, EXCLUDED.leader_transitions),
                  preferred_holder = NULL, version = l.version + 1, expires_at = EXCLUDED.expires_at
                WHERE {takeover_guard}
                RETURNING true AS acquired, {COLUMNS}, NULL::bigint AS left_ms

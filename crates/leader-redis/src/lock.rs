@@ -261,6 +261,7 @@ impl ResourceLock for RedisLock {
                     desired.holder_identity.as_bytes(),
                     lease_ms(desired).to_string().as_bytes(),
                     first_version().as_bytes(),
+                    desired.leader_transitions.to_string().as_bytes(),
                 ],
             )
             .await?;

@@ -175,9 +175,10 @@ return redis.call('PTTL', KEYS[1])
     )
 });
 
-/// `try_acquire`: ARGV record JSON, holder, lease ms, first version. Takes the lease when the
-/// hash is gone (expired on the server's clock), free, or held by `holder`, unless a pending
-/// handover names another candidate.
+/// `try_acquire`: ARGV record JSON, holder, lease ms, first version, lowest fencing token
+/// wanted. Takes the lease when the hash is gone (expired on the server's clock) or free,
+/// unless a pending handover names another candidate; a lease held by `holder` is held too
+/// (another process may run with that identity).
 /// Returns `{1 acquired | 0 held, version, transitions, holder, record, ms left on a held
 /// lease (PTTL, the server's clock)}`.
 pub(crate) static TRY_ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {
@@ -190,10 +191,10 @@ if err then return redis.error_reply(err) end
 local version, transitions
 if not cur then
   version = ARGV[4]
-  transitions = fence(KEYS[2], 1)
-elseif (cur.holder == '' or cur.holder == ARGV[2]) and (cur.preferred == '' or cur.preferred == ARGV[2]) then
+  transitions = fence(KEYS[2], math.max(1, tonumber(ARGV[5])))
+elseif cur.holder == '' and (cur.preferred == '' or cur.preferred == ARGV[2]) then
   version = next_version(cur.version)
-  transitions = fence(KEYS[2], cur.transitions + 1)
+  transitions = fence(KEYS[2], math.max(cur.transitions + 1, tonumber(ARGV[5])))
 else
   local left = -1
   if cur.holder ~= '' then left = redis.call('PTTL', KEYS[1]) end

@@ -6,8 +6,6 @@
 
 use std::time::Duration;
 
-use leader_core::{CancellationToken, LeaderElector, LeaderState, ResourceLock};
-
 pub mod bench;
 #[cfg(feature = "consul-api")]
 pub mod consul_api;
@@ -174,98 +172,4 @@ macro_rules! skip_or_fail {
     }};
 }
 
-/// The timings [`Candidate::start`] uses: short, so that tests of real backends run in seconds.
-pub const LEASE: Duration = Duration::from_secs(3);
-/// See [`LEASE`].
-pub const RENEW: Duration = Duration::from_secs(2);
-/// See [`LEASE`].
-pub const RETRY: Duration = Duration::from_millis(500);
-
-/// An elector running in the background on a backend's lock, for backend tests.
-#[derive(Debug)]
-pub struct Candidate {
-    /// Its state channel.
-    pub state: tokio::sync::watch::Receiver<LeaderState>,
-    /// Cancel it to shut the elector down.
-    pub shutdown: CancellationToken,
-    /// The elector's task.
-    pub task: tokio::task::JoinHandle<()>,
-}
-
-impl Candidate {
-    /// Starts an elector on `lock` with [`LEASE`], [`RENEW`] and [`RETRY`].
-    pub fn start(lock: impl ResourceLock + 'static) -> Self {
-        Self::start_with(lock, RETRY)
-    }
-
-    /// Starts an elector on `lock` with retry period `retry` (and a lease and deadline long
-    /// enough for it).
-    pub fn start_with(lock: impl ResourceLock + 'static, retry: Duration) -> Self {
-        let elector = LeaderElector::builder(lock)
-            .lease_duration(LEASE.max(retry * 4))
-            .renew_deadline(RENEW.max(retry * 3))
-            .retry_period(retry)
-            .build()
-            .expect("valid timings");
-        let state = elector.subscribe();
-        let shutdown = CancellationToken::new();
-        let task = tokio::spawn(elector.run(shutdown.clone()));
-        Self {
-            state,
-            shutdown,
-            task,
-        }
-    }
-
-    /// The fencing token while it leads.
-    pub fn leading_token(&self) -> Option<u64> {
-        self.state.borrow().leadership().map(|l| l.fencing_token())
-    }
-
-    /// The current term's cancellation: it fires exactly when that term ends, however quickly a
-    /// next term follows.
-    pub fn term(&self) -> Option<CancellationToken> {
-        self.state
-            .borrow()
-            .leadership()
-            .map(|l| l.cancellation_token())
-    }
-
-    /// Waits until it leads; returns the fencing token. Panics after `within`.
-    pub async fn wait_leading(&mut self, within: Duration) -> u64 {
-        tokio::time::timeout(within, self.state.wait_for(LeaderState::is_leading))
-            .await
-            .expect("leads in time")
-            .expect("elector alive")
-            .leadership()
-            .map(|l| l.fencing_token())
-            .expect("leading")
-    }
-
-    /// Asserts that it neither leads nor stops for `duration`, as under a fault.
-    pub async fn stays_alive_without_leading(&self, duration: Duration) {
-        tokio::time::sleep(duration).await;
-        assert!(self.leading_token().is_none(), "led despite the fault");
-        assert!(!self.task.is_finished(), "the elector stopped");
-    }
-
-    /// Shuts it down and waits for it.
-    pub async fn stop(self) {
-        self.shutdown.cancel();
-        self.task.await.expect("elector task");
-    }
-}
-
-/// Waits until one of `candidates` leads; returns its fencing token. Panics after `within`.
-pub async fn next_leader(candidates: &[&Candidate], within: Duration) -> u64 {
-    tokio::time::timeout(within, async {
-        loop {
-            if let Some(token) = candidates.iter().find_map(|c| c.leading_token()) {
-                return token;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await
-    .expect("a leader in time")
-}
+pub use leader_core::background::{Candidate, LEASE, RENEW, RETRY, next_leader};

@@ -1,0 +1,231 @@
+//! S13 on tokio's paused clock: a leader never keeps a lease for work that is no longer running.
+//! Work that returns or panics ends the term (or is restarted, when asked), and work can step
+//! down.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use leader_core::background::Candidate;
+use leader_core::{
+    CancellationToken, LeaderElector, LeaderElectorBuilder, LeaderState, MemoryStore, ResourceLock,
+    StepDownReason, WorkExit,
+};
+use tokio::time::{Instant, sleep};
+
+const LEASE: Duration = Duration::from_secs(15);
+const RETRY: Duration = Duration::from_secs(2);
+
+fn builder(lock: impl ResourceLock + 'static) -> LeaderElectorBuilder {
+    LeaderElector::builder(lock).jitter(0.0)
+}
+
+#[tokio::test(start_paused = true)]
+async fn work_that_returns_ends_the_term_and_releases_the_lease() {
+    let store = MemoryStore::new();
+    let mut a = Candidate::build(builder(store.lock("election", "a")).on_started_leading(
+        |leadership| async move {
+            let _ = leadership.run(sleep(Duration::from_secs(5))).await;
+        },
+    ));
+    let first = a.wait_leading(RETRY).await;
+    let started = Instant::now();
+    let mut b = Candidate::build(builder(store.lock("election", "b")));
+    let next = b.wait_leading(Duration::from_secs(6)).await;
+    assert!(
+        started.elapsed() >= Duration::from_secs(5),
+        "taken before the work ended"
+    );
+    assert!(next > first);
+    let stopped = a.stopped();
+    assert_eq!(stopped.len(), 1);
+    assert_eq!(stopped[0].reason, StepDownReason::WorkEnded);
+    assert!(
+        stopped[0].released,
+        "the lease is released for the next one"
+    );
+    // The one that stepped down does not take the lease back while the other leads.
+    sleep(LEASE * 2).await;
+    assert!(b.is_leading() && !a.is_leading());
+    b.stop().await;
+    a.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn run_while_leading_ends_the_term_when_its_work_returns() {
+    let store = MemoryStore::new();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = runs.clone();
+    let elector = builder(store.lock("election", "a")).build().unwrap();
+    let mut state = elector.subscribe();
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(elector.run_while_leading(shutdown.clone(), move |_| {
+        let counted = counted.clone();
+        async move {
+            counted.fetch_add(1, Ordering::SeqCst);
+            sleep(Duration::from_secs(1)).await;
+        }
+    }));
+    let first = state
+        .wait_for(LeaderState::is_leading)
+        .await
+        .unwrap()
+        .leadership()
+        .unwrap()
+        .fencing_token();
+    // Alone, it leads again after standing back, with a new token, and runs the work again.
+    state.wait_for(|s| !s.is_leading()).await.unwrap();
+    let stepped_down = Instant::now();
+    let second = state
+        .wait_for(LeaderState::is_leading)
+        .await
+        .unwrap()
+        .leadership()
+        .unwrap()
+        .fencing_token();
+    assert!(second > first);
+    assert!(
+        stepped_down.elapsed() >= RETRY,
+        "it stood back for a retry period at least"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    shutdown.cancel();
+    task.await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn work_that_panics_ends_the_term() {
+    let store = MemoryStore::new();
+    let mut a = Candidate::build(builder(store.lock("election", "a")).on_started_leading(
+        |_| async move {
+            sleep(Duration::from_secs(1)).await;
+            panic!("the job broke");
+        },
+    ));
+    a.wait_leading(RETRY).await;
+    let mut b = Candidate::build(builder(store.lock("election", "b")));
+    b.wait_leading(Duration::from_secs(2)).await;
+    let stopped = a.stopped();
+    assert_eq!(stopped[0].reason, StepDownReason::WorkPanicked);
+    assert!(stopped[0].released);
+    b.stop().await;
+    a.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_restart_the_work_starts_again_in_the_same_term() {
+    let store = MemoryStore::new();
+    let starts = Arc::new(Mutex::new(Vec::new()));
+    let log = starts.clone();
+    let mut a = Candidate::build(
+        builder(store.lock("election", "a"))
+            .work_exit(WorkExit::Restart)
+            .on_started_leading(move |leadership| {
+                let log = log.clone();
+                async move {
+                    log.lock()
+                        .unwrap()
+                        .push((leadership.fencing_token(), Instant::now()));
+                    sleep(Duration::from_secs(1)).await;
+                    panic!("the job broke");
+                }
+            }),
+    );
+    let term = a.leadership().await;
+    sleep(Duration::from_secs(30)).await;
+    assert!(!term.is_lost(), "the term goes on");
+    let starts = starts.lock().unwrap().clone();
+    assert!(starts.len() >= 5, "restarted: {starts:?}");
+    assert!(
+        starts
+            .iter()
+            .all(|(token, _)| *token == term.fencing_token()),
+        "in the same term"
+    );
+    for pair in starts.windows(2) {
+        assert!(
+            pair[1].1 - pair[0].1 >= Duration::from_secs(1) + RETRY,
+            "restarted a retry period after it ended: {starts:?}"
+        );
+    }
+    drop(term);
+    assert_eq!(a.stop().await[0].reason, StepDownReason::Shutdown);
+}
+
+#[tokio::test(start_paused = true)]
+async fn work_can_step_down() {
+    let store = MemoryStore::new();
+    let mut a = Candidate::build(builder(store.lock("election", "a")));
+    let leadership = a.leadership().await;
+    let mut b = Candidate::build(builder(store.lock("election", "b")));
+    sleep(RETRY).await;
+    leadership.step_down().expect("leading");
+    assert!(leadership.step_down().is_err(), "one request per term");
+    leadership.lost().await;
+    drop(leadership);
+    b.wait_leading(RETRY).await;
+    let stopped = a.stopped();
+    assert_eq!(stopped[0].reason, StepDownReason::SteppedDown);
+    assert!(stopped[0].released);
+    sleep(LEASE * 2).await;
+    assert!(b.is_leading() && !a.is_leading());
+    b.stop().await;
+    a.stop().await;
+}
+
+/// Work handed to a task of its own, with a clone of the leadership, keeps the term while
+/// that task runs, though the callback returned at once.
+#[tokio::test(start_paused = true)]
+async fn work_that_keeps_a_clone_keeps_the_term() {
+    let store = MemoryStore::new();
+    let mut a = Candidate::build(builder(store.lock("election", "a")).on_started_leading(
+        |leadership| async move {
+            tokio::spawn(async move {
+                let _ = leadership.run(sleep(Duration::from_secs(40))).await;
+            });
+        },
+    ));
+    let term = a.leadership().await;
+    // The copy taken from the state channel does not count, nor does this clone of it once
+    // dropped.
+    drop(term);
+    sleep(Duration::from_secs(39)).await;
+    assert!(
+        a.is_leading() && a.stopped().is_empty(),
+        "the spawned work still runs"
+    );
+    sleep(Duration::from_secs(2)).await;
+    let stopped = a.stopped();
+    assert_eq!(stopped.len(), 1, "the work ended, and the term with it");
+    assert_eq!(stopped[0].reason, StepDownReason::WorkEnded);
+    a.stop().await;
+}
+
+/// Without callbacks the elector knows of no work: the term goes on, and a clone taken from
+/// the state channel is waited for before the release (S6).
+#[tokio::test(start_paused = true)]
+async fn without_callbacks_the_term_is_not_ended_by_work() {
+    let store = MemoryStore::new();
+    let mut a = Candidate::build(builder(store.lock("election", "a")));
+    let leadership = a.leadership().await;
+    sleep(Duration::from_secs(60)).await;
+    assert!(a.is_leading());
+    let held = tokio::spawn(async move {
+        leadership.lost().await;
+        sleep(Duration::from_secs(1)).await;
+        drop(leadership);
+        Instant::now()
+    });
+    let stopping = tokio::spawn(a.stop());
+    let reader = store.lock("election", "x");
+    let freed = loop {
+        let record = reader.get().await.unwrap().unwrap().record;
+        if record.is_free() {
+            break Instant::now();
+        }
+        sleep(Duration::from_millis(10)).await;
+    };
+    let dropped = held.await.unwrap();
+    assert!(stopping.await.unwrap()[0].released);
+    assert!(freed >= dropped, "released before the clone was gone");
+}
