@@ -279,25 +279,10 @@ async fn object_store_lock_one_job_at_a_time_and_handovers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubernetes_coordinated_rolling_upgrade() {
-    const API_SERVER: &str = env!("CARGO_BIN_EXE_kube-api-e2e");
     let dir = tempfile::tempdir().expect("tempdir");
     let log = dir.path().join("jobs.log");
-    let kubeconfig = dir.path().join("kubeconfig");
-    let _server = Command::new(API_SERVER)
-        .arg("--coordinated-leader-election")
-        .arg("--kubeconfig")
-        .arg(&kubeconfig)
-        .stdout(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn the API server");
-    timeout(Duration::from_secs(10), async {
-        while !kubeconfig.exists() {
-            sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-    .expect("the API server starts");
+    let (_server, kubeconfig) =
+        kube_api_server(dir.path(), &["--coordinated-leader-election"]).await;
     let start = |lock: &str, identity: &str| {
         leader_command(lock, "rolling", identity, &log, &[])
             .env("KUBECONFIG", &kubeconfig)
@@ -349,12 +334,41 @@ async fn kubernetes_coordinated_rolling_upgrade() {
     eprintln!("jobs: {:?}", events(&log));
 }
 
+/// The test Kubernetes API server as a process (`kube-api-server` with `args`), writing its
+/// kubeconfig into `dir`; the process and the kubeconfig's path.
+async fn kube_api_server(dir: &Path, args: &[&str]) -> (Child, std::path::PathBuf) {
+    const API_SERVER: &str = env!("CARGO_BIN_EXE_kube-api-e2e");
+    let kubeconfig = dir.join("kubeconfig");
+    let server = Command::new(API_SERVER)
+        .args(args)
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .stdout(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn the API server");
+    timeout(Duration::from_secs(10), async {
+        while !kubeconfig.exists() {
+            sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the API server starts");
+    (server, kubeconfig)
+}
+
 /// `leader handover` with these arguments; its exit code.
 async fn handover(lock: &str, name: &str, args: &[&str]) -> Option<i32> {
+    handover_in(lock, name, args, &[]).await
+}
+
+/// [`handover`] with `env` in the command's environment.
+async fn handover_in(lock: &str, name: &str, args: &[&str], env: &[(&str, &str)]) -> Option<i32> {
     let output = Command::new(LEADER)
         .args(["handover", "--lock", lock, "--name", name])
         .args(args)
         .envs(object_store_env())
+        .envs(env.iter().copied())
         .env("RUST_LOG", "warn")
         .output()
         .await
@@ -367,6 +381,12 @@ async fn handover(lock: &str, name: &str, args: &[&str]) -> Option<i32> {
 /// over to the replica it names. Each time the named replica's job is the next to start, soon,
 /// and never beside another.
 async fn planned_handovers(lock: &str) -> Vec<Duration> {
+    planned_handovers_in(lock, &[]).await
+}
+
+/// [`planned_handovers`] with `env` in the environment of every `leader` process.
+async fn planned_handovers_in(lock: &str, env: &[(&str, &str)]) -> Vec<Duration> {
+    let handover = |lock, name, args| handover_in(lock, name, args, env);
     let dir = tempfile::tempdir().expect("tempdir");
     let log = dir.path().join("jobs.log");
     let name = format!("planned-{:08x}", std::process::id() ^ (now() as u32));
@@ -381,7 +401,10 @@ async fn planned_handovers(lock: &str) -> Vec<Duration> {
         .enumerate()
         .map(|(i, id)| {
             let next = identities[(i + 1) % identities.len()];
-            leader_with(lock, &name, id, &log, &["--handover-to", next])
+            leader_command(lock, &name, id, &log, &["--handover-to", next])
+                .envs(env.iter().copied())
+                .spawn()
+                .expect("spawn leader")
         })
         .collect();
     let mut current = start_number(&log, 1, Duration::from_secs(15)).await;
@@ -397,7 +420,13 @@ async fn planned_handovers(lock: &str) -> Vec<Duration> {
             let target = identities[(at + step) % identities.len()];
             let asked = now();
             assert_eq!(
-                handover(lock, &name, &["--to", target, "--wait", "--timeout", "20s"]).await,
+                handover_in(
+                    lock,
+                    &name,
+                    &["--to", target, "--wait", "--timeout", "20s"],
+                    env
+                )
+                .await,
                 Some(0),
                 "leader handover --to {target} --wait"
             );
@@ -463,6 +492,38 @@ async fn file_lock_planned_handovers() {
     );
     let _ = kill(pid(&one), Signal::SIGTERM);
     let _ = timeout(Duration::from_secs(10), one.wait()).await;
+}
+
+/// Kubernetes, on the test API server as a stock cluster runs (the CoordinatedLeaderElection
+/// gate off, so the API server drops `spec.preferredHolder`): `leader handover --wait` ends
+/// with the named replica leading.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubernetes_lock_planned_handovers() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_server, kubeconfig) = kube_api_server(dir.path(), &[]).await;
+    let kubeconfig = kubeconfig.display().to_string();
+    planned_handovers_in("kubernetes://default", &[("KUBECONFIG", &kubeconfig)]).await;
+    // A Lease name the API server would refuse is refused at start (exit 3), naming the rule,
+    // instead of an invalid record retried forever.
+    let refused = Command::new(LEADER)
+        .args([
+            "run",
+            "--lock",
+            "kubernetes://default",
+            "--name",
+            "nightly_cleanup",
+        ])
+        .args(["--", "true"])
+        .env("KUBECONFIG", &kubeconfig)
+        .output()
+        .await
+        .expect("leader run");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(3), "{stderr}");
+    assert!(
+        stderr.contains("DNS-1123 subdomain") && stderr.contains("nightly-cleanup"),
+        "{stderr}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

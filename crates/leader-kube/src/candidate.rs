@@ -16,6 +16,7 @@ use tokio::time::Instant;
 
 use crate::error::{BACKEND, map_on};
 use crate::lock::micro;
+use crate::names::{is_config_map_key, is_qualified_name};
 
 /// What a candidate announces for coordinated leader election: the strategy the coordinator
 /// elects by and the versions it compares.
@@ -65,45 +66,58 @@ impl Coordination {
         }
     }
 
-    /// Checks what the API server's validation of a LeaseCandidate would refuse, so that a
-    /// bad setting fails when the lock is built rather than at its first request.
+    /// Checks what the API server's validation of a LeaseCandidate would refuse
+    /// (`pkg/apis/coordination/validation/validation.go` `ValidateLeaseCandidate`), so that a
+    /// bad setting fails when the lock is built rather than at its first request: the identity
+    /// names the LeaseCandidate (`IsConfigMapKey`); `binaryVersion` is always required and, like
+    /// a set `emulationVersion`, a semantic version as `semver.Parse` reads it (pre-releases and
+    /// build metadata allowed), not older than the emulation version by semantic-version
+    /// precedence; under `OldestEmulationVersion` an emulation version of `0.0.0` counts as
+    /// missing; any other strategy is a qualified name (`example.com/name`).
     pub(crate) fn validate(&self, identity: &str) -> Result<(), LockError> {
         let bad = |message: String| LockError::Misconfigured {
             backend: BACKEND,
             message,
         };
-        let key_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
-        if identity.is_empty()
-            || identity.len() > 253
-            || !identity.chars().all(key_char)
-            || identity == "."
-            || identity == ".."
-        {
+        if !is_config_map_key(identity) {
             return Err(bad(format!(
                 "the identity {identity:?} cannot name a LeaseCandidate: use at most 253 letters, digits, '-', '_' or '.'"
             )));
         }
         let version = |field: &str, text: &str| {
-            semantic_version(text).ok_or_else(|| {
+            semver::Version::parse(text).map_err(|err| {
                 bad(format!(
-                    "{field} {text:?} is not a semantic version such as 1.4.0"
+                    "{field} {text:?} is not a semantic version such as 1.4.0 ({err})"
                 ))
             })
         };
         let binary = version("the binary version", &self.binary_version)?;
         let oldest = self.strategy == Self::OLDEST_EMULATION_VERSION;
-        if oldest || !self.emulation_version.is_empty() {
-            let emulation = version("the emulation version", &self.emulation_version)?;
-            if binary < emulation {
-                return Err(bad(format!(
-                    "the binary version {} is older than the emulation version {}",
-                    self.binary_version, self.emulation_version
-                )));
-            }
+        let emulation = if self.emulation_version.is_empty() {
+            None
+        } else {
+            Some(version("the emulation version", &self.emulation_version)?)
+        };
+        if oldest
+            && emulation
+                .as_ref()
+                .is_none_or(|v| *v == semver::Version::new(0, 0, 0))
+        {
+            return Err(bad(format!(
+                "the emulation version {:?} is missing: {} needs one (0.0.0 counts as none)",
+                self.emulation_version,
+                Self::OLDEST_EMULATION_VERSION
+            )));
         }
-        let qualified = self.strategy.split_once('/').is_some_and(|(prefix, name)| {
-            !prefix.is_empty() && !name.is_empty() && name.len() <= 63 && name.chars().all(key_char)
-        });
+        if let Some(emulation) = &emulation
+            && binary.cmp_precedence(emulation).is_lt()
+        {
+            return Err(bad(format!(
+                "the binary version {} is older than the emulation version {}",
+                self.binary_version, self.emulation_version
+            )));
+        }
+        let qualified = self.strategy.contains('/') && is_qualified_name(&self.strategy);
         if !oldest && !qualified {
             return Err(bad(format!(
                 "the strategy {:?} is neither {} nor a qualified name such as example.com/name",
@@ -113,25 +127,6 @@ impl Coordination {
         }
         Ok(())
     }
-}
-
-/// `MAJOR.MINOR.PATCH` with an optional pre-release, as `semver.Parse` accepts, compared by its
-/// numbers (a pre-release sorts first).
-fn semantic_version(text: &str) -> Option<([u64; 3], bool)> {
-    let (core, pre_release) = match text.split_once('-') {
-        Some((core, pre)) => (core, !pre.is_empty()),
-        None => (text.split('+').next()?, false),
-    };
-    let mut numbers = [0; 3];
-    let mut parts = core.split('.');
-    for number in &mut numbers {
-        let part = parts.next()?;
-        if part.is_empty() || (part.len() > 1 && part.starts_with('0')) {
-            return None;
-        }
-        *number = part.parse().ok()?;
-    }
-    parts.next().is_none().then_some((numbers, !pre_release))
 }
 
 /// How often the candidate renews without being asked, as client-go's `requeueInterval`: well
@@ -372,10 +367,37 @@ mod tests {
     }
 
     #[test]
-    fn versions_compare_by_number_with_pre_releases_first() {
-        assert!(semantic_version("1.9.0") < semantic_version("1.10.0"));
-        assert!(semantic_version("1.10.0-rc.1") < semantic_version("1.10.0"));
-        assert_eq!(semantic_version("01.2.3"), None);
-        assert_eq!(semantic_version("1.2.3.4"), None);
+    fn versions_are_read_and_ordered_as_semantic_versions() {
+        let ok = |binary: &str, emulation: &str| {
+            Coordination::oldest_emulation_version(binary, emulation)
+                .validate("a")
+                .is_ok()
+        };
+        assert!(ok("1.0.0+build-1", "1.0.0"));
+        assert!(ok("1.0.0", "1.0.0+build-1"));
+        assert!(ok("1.10.0", "1.9.0"));
+        assert!(ok("1.0.0-rc.10", "1.0.0-rc.2"));
+        assert!(!ok("1.0.0-rc.2", "1.0.0-rc.10"));
+        assert!(!ok("1.0.0-rc.1", "1.0.0"));
+        assert!(!ok("1.0.0", "0.0.0"));
+        assert!(!ok("01.2.3", "1.0.0"));
+        assert!(!ok("1.2.3.4", "1.0.0"));
+        assert!(!ok("", "1.0.0"));
+        let own = |strategy: &str, binary: &str| {
+            Coordination::with_strategy(strategy, binary, "")
+                .validate("a")
+                .is_ok()
+        };
+        assert!(own("example.com/by-zone", "2.0.0"));
+        assert!(!own("example.com/by-zone", ""));
+        for strategy in [
+            "example.com/-x",
+            "Example.com/x",
+            "a/b/c",
+            "/x",
+            "example.com/",
+        ] {
+            assert!(!own(strategy, "2.0.0"), "{strategy}");
+        }
     }
 }

@@ -54,7 +54,7 @@ fn map_status(resource: &str, context: &str, verb: &str, status: &Status) -> Loc
         404 if resource == "leasecandidates" => LockError::Misconfigured {
             backend: BACKEND,
             message: format!(
-                "{context}: {} (coordinated leader election needs coordination.k8s.io/v1beta1 LeaseCandidates, served with kube-apiserver's CoordinatedLeaderElection feature gate; does the namespace exist?)",
+                "{context}: {} (coordinated leader election needs coordination.k8s.io/v1beta1 LeaseCandidates, a beta API that kube-apiserver serves only with --runtime-config=coordination.k8s.io/v1beta1=true, and its coordinator, which runs only with --feature-gates=CoordinatedLeaderElection=true; does the namespace exist?)",
                 status.message
             ),
         },

@@ -5,9 +5,10 @@
 mod candidate;
 mod error;
 mod lock;
+mod names;
 
 pub use candidate::Coordination;
-pub use lock::{FENCING_TOKEN_ANNOTATION, HANDOVER_STRATEGY, LeaseLock};
+pub use lock::{COORDINATION_ANNOTATION, FENCING_TOKEN_ANNOTATION, HANDOVER_STRATEGY, LeaseLock};
 
 /// The core crate, so that one dependency is enough.
 pub use leader_core;

@@ -1,7 +1,7 @@
 //! The lock: one `coordination.k8s.io/v1` Lease, in client-go's layout.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -19,6 +19,7 @@ use leader_core::{
 
 use crate::candidate::{Candidate, Coordination, Keeper, Problem};
 use crate::error::{BACKEND, map};
+use crate::names;
 
 /// A [`ResourceLock`] on a `coordination.k8s.io/v1` Lease, written exactly as client-go's
 /// `LeaseLock` writes it, so a client-go process and this one can contend for the same Lease.
@@ -55,6 +56,9 @@ pub struct LeaseLock {
     identity: String,
     /// The Lease as last read or written, sent back (spec replaced) by the next update.
     last: Arc<Mutex<Option<Lease>>>,
+    /// The highest fencing token this lock has seen in the Lease, so that a Lease it creates
+    /// again after a deletion goes on from there.
+    highest_token: Arc<AtomicU64>,
     coordinated: Option<Arc<Coordinated>>,
 }
 
@@ -99,12 +103,18 @@ impl fmt::Debug for LeaseLock {
 
 impl LeaseLock {
     /// A lock on the Lease `name` in `namespace`, for candidate `identity`.
+    ///
+    /// # Errors
+    /// [`LockError::Misconfigured`] naming the rule when the API server would refuse the
+    /// namespace (a DNS-1123 label) or the Lease name (a DNS-1123 subdomain), such as
+    /// `nightly_cleanup`: names are refused here rather than changed, since two elections whose
+    /// names map to one Lease would share it.
     pub fn new(
         client: kube::Client,
         namespace: impl Into<String>,
         name: impl Into<String>,
         identity: impl Into<String>,
-    ) -> Self {
+    ) -> Result<Self, LockError> {
         Self::with_clients(client.clone(), client, namespace, name, identity)
     }
 
@@ -114,18 +124,21 @@ impl LeaseLock {
         namespace: impl Into<String>,
         name: impl Into<String>,
         identity: impl Into<String>,
-    ) -> Self {
+    ) -> Result<Self, LockError> {
         let namespace = namespace.into();
-        Self {
+        let name = name.into();
+        names::check_lease(&namespace, &name)?;
+        Ok(Self {
             api: Api::namespaced(client.clone(), &namespace),
             watch_api: Api::namespaced(watch_client, &namespace),
             events: Api::namespaced(client, &namespace),
             namespace,
-            name: name.into(),
+            name,
             identity: identity.into(),
             last: Arc::default(),
+            highest_token: Arc::default(),
             coordinated: None,
-        }
+        })
     }
 
     /// Takes part in Kubernetes' coordinated leader election (KEP-4355, client-go's
@@ -178,6 +191,10 @@ impl LeaseLock {
     /// A lock with a client from the environment: in-cluster configuration in a pod, else the
     /// kubeconfig (`KUBECONFIG`, `~/.kube/config`), with the timeouts of
     /// [`from_config`](Self::from_config).
+    ///
+    /// # Errors
+    /// [`LockError::Misconfigured`] without a configuration, or for names the API server would
+    /// refuse (see [`new`](Self::new)).
     pub async fn from_env(
         namespace: impl Into<String>,
         name: impl Into<String>,
@@ -203,6 +220,10 @@ impl LeaseLock {
     /// and doubling (it does not read `Retry-After`), always within the elector's request
     /// timeout, as client-go retries them; any other 5xx is [`LockError::Unavailable`], and the
     /// elector tries again after its retry period, backing off while failures last (S9).
+    ///
+    /// # Errors
+    /// [`LockError::Misconfigured`] when no client can be built, or for names the API server
+    /// would refuse (see [`new`](Self::new)).
     pub fn from_config(
         mut config: kube::Config,
         namespace: impl Into<String>,
@@ -222,13 +243,13 @@ impl LeaseLock {
                 message: format!("cannot build a Kubernetes client: {err}"),
             })
         };
-        Ok(Self::with_clients(
+        Self::with_clients(
             build(config)?,
             build(watch_config)?,
             namespace,
             name,
             identity,
-        ))
+        )
     }
 
     fn context(&self) -> String {
@@ -251,15 +272,20 @@ impl LeaseLock {
             spec: None,
         });
         let spec = spec_of(record, lease.spec.as_ref());
+        let kept = KeptFields::of(record, &spec);
         lease.spec = Some(spec);
-        lease
+        let annotations = lease
             .metadata
             .annotations
-            .get_or_insert_with(Default::default)
-            .insert(
-                FENCING_TOKEN_ANNOTATION.to_owned(),
-                record.leader_transitions.to_string(),
-            );
+            .get_or_insert_with(Default::default);
+        annotations.insert(
+            FENCING_TOKEN_ANNOTATION.to_owned(),
+            record.leader_transitions.to_string(),
+        );
+        match kept {
+            Some(kept) => annotations.insert(COORDINATION_ANNOTATION.to_owned(), kept.to_json()),
+            None => annotations.remove(COORDINATION_ANNOTATION),
+        };
         // Fields the server sets; it ignores them on an update anyway.
         lease.metadata.managed_fields = None;
         lease
@@ -268,7 +294,31 @@ impl LeaseLock {
     /// Remembers the Lease as the server returned it, and reads its record.
     fn keep(&self, lease: Lease) -> Result<Observed, LockError> {
         let observed = record_of(&self.context(), &lease)?;
+        self.highest_token
+            .fetch_max(observed.record.leader_transitions, Ordering::Relaxed);
         *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(lease);
+        Ok(observed)
+    }
+
+    /// Keeps the Lease the server stored for a write of `record` and checks that it holds what
+    /// was asked: a handover request or strategy the server dropped (an admission webhook or
+    /// policy that rewrites Leases) is an error, never a request reported as made.
+    fn stored(&self, lease: Lease, record: &LeaderElectionRecord) -> Result<Observed, LockError> {
+        let observed = self.keep(lease)?;
+        let stored = &observed.record;
+        if stored.handover_to() != record.handover_to() || stored.strategy != record.strategy {
+            return Err(LockError::Misconfigured {
+                backend: BACKEND,
+                message: format!(
+                    "{}: the API server did not keep what was written (handover request {:?} and strategy {:?} stored as {:?} and {:?}): something rewrites the Lease, such as an admission webhook or policy that changes its annotation {COORDINATION_ANNOTATION}",
+                    self.context(),
+                    record.handover_to(),
+                    record.strategy,
+                    stored.handover_to(),
+                    stored.strategy,
+                ),
+            });
+        }
         Ok(observed)
     }
 
@@ -367,9 +417,9 @@ impl LeaseLock {
                 let spec = lease.spec.as_ref();
                 let holder = spec.and_then(|spec| spec.holder_identity.clone());
                 let free = holder.as_deref().is_none_or(str::is_empty);
-                let handover = spec
-                    .and_then(|spec| spec.preferred_holder.as_deref())
-                    .is_some_and(|p| !p.is_empty());
+                // The request as the lock reads it: the spec's, or the one in the annotation.
+                let handover = record_of("", &lease)
+                    .is_ok_and(|observed| observed.record.handover_to().is_some());
                 let assigned =
                     assigned_to.is_some() && holder == assigned_to && holder != holder_before;
                 holder_before = holder;
@@ -423,19 +473,95 @@ fn spec_of(record: &LeaderElectionRecord, old: Option<&LeaseSpec>) -> LeaseSpec 
         acquire_time: Some(micro(record.acquire_time)),
         renew_time: Some(micro(record.renew_time)),
         lease_transitions: Some(transitions),
-        // The API accepts a preferred holder only beside a strategy: a handover request of ours
-        // names our own (a qualified name, which the API allows).
-        strategy: record
-            .strategy
-            .clone()
-            .or_else(|| record.handover_to().map(|_| HANDOVER_STRATEGY.to_owned())),
-        preferred_holder: record.handover_to().map(str::to_owned),
+        // As client-go writes them; a stock API server drops both (the feature gate is off),
+        // which is why the record's are kept in the annotation too (`KeptFields`).
+        strategy: record.strategy.clone(),
+        // Only a request already in the spec (the coordinator's) is written back there: the API
+        // server takes a preferred holder only beside a strategy, and only with the gate on.
+        preferred_holder: old
+            .and_then(|s| s.preferred_holder.clone())
+            .filter(|p| Some(p.as_str()) == record.handover_to()),
     }
 }
 
-/// The `strategy` this lock writes beside a handover request's `preferredHolder` when the Lease
-/// has none (the API requires one): it is read back as no strategy.
+/// The `strategy` that earlier versions of this lock wrote beside a handover request's
+/// `preferredHolder`; it is still read back as no strategy, and no longer written.
 pub const HANDOVER_STRATEGY: &str = "leader-rs.io/handover";
+
+/// The annotation on the Lease that keeps the record's handover request and strategy where
+/// every API server keeps them. With kube-apiserver's `CoordinatedLeaderElection` feature gate
+/// off (the default, also at beta), its Lease strategy drops `spec.preferredHolder` and
+/// `spec.strategy` from every create and update; annotations stay, and other clients that
+/// rewrite the Lease (client-go's `LeaseLock`, which sends back the Lease it read; kubert,
+/// which patches only the spec) leave them alone.
+///
+/// Its value is JSON naming the term it was written in:
+/// `{"holderIdentity":"a","leaseTransitions":7,"preferredHolder":"b"}` (and `"strategy"` when
+/// the record has one). It counts only while the Lease's `holderIdentity` and
+/// `leaseTransitions` are still those: once another client takes the Lease (a new holder, one
+/// more transition) it is stale and read as no request.
+pub const COORDINATION_ANNOTATION: &str = "leader-rs.io/coordination";
+
+/// The content of [`COORDINATION_ANNOTATION`].
+#[derive(Debug, PartialEq, Eq)]
+struct KeptFields {
+    holder_identity: String,
+    lease_transitions: i32,
+    preferred_holder: Option<String>,
+    strategy: Option<String>,
+}
+
+impl KeptFields {
+    /// What a write of `record` as `spec` keeps in the annotation; `None` when there is nothing
+    /// to keep.
+    fn of(record: &LeaderElectionRecord, spec: &LeaseSpec) -> Option<Self> {
+        let kept = Self {
+            holder_identity: spec.holder_identity.clone().unwrap_or_default(),
+            lease_transitions: spec.lease_transitions.unwrap_or(0),
+            preferred_holder: record.handover_to().map(str::to_owned),
+            strategy: record.strategy.clone(),
+        };
+        (kept.preferred_holder.is_some() || kept.strategy.is_some()).then_some(kept)
+    }
+
+    /// The annotation's fields, if it is there, well formed, and written in the Lease's
+    /// current term.
+    fn read(lease: &Lease) -> Option<Self> {
+        let text = lease
+            .metadata
+            .annotations
+            .as_ref()?
+            .get(COORDINATION_ANNOTATION)?;
+        let value: serde_json::Value = serde_json::from_str(text).ok()?;
+        let string = |field: &str| value[field].as_str().map(str::to_owned);
+        let kept = Self {
+            holder_identity: string("holderIdentity")?,
+            lease_transitions: i32::try_from(value["leaseTransitions"].as_i64()?).ok()?,
+            preferred_holder: string("preferredHolder").filter(|p| !p.is_empty()),
+            strategy: string("strategy"),
+        };
+        let spec = lease.spec.as_ref();
+        let holder = spec
+            .and_then(|s| s.holder_identity.as_deref())
+            .unwrap_or("");
+        let transitions = spec.and_then(|s| s.lease_transitions).unwrap_or(0);
+        (kept.holder_identity == holder && kept.lease_transitions == transitions).then_some(kept)
+    }
+
+    fn to_json(&self) -> String {
+        let mut value = serde_json::json!({
+            "holderIdentity": self.holder_identity,
+            "leaseTransitions": self.lease_transitions,
+        });
+        if let Some(to) = &self.preferred_holder {
+            value["preferredHolder"] = serde_json::json!(to);
+        }
+        if let Some(strategy) = &self.strategy {
+            value["strategy"] = serde_json::json!(strategy);
+        }
+        value.to_string()
+    }
+}
 
 /// The record in a Lease, read as client-go reads it: missing fields are empty or zero.
 fn record_of(context: &str, lease: &Lease) -> Result<Observed, LockError> {
@@ -445,6 +571,7 @@ fn record_of(context: &str, lease: &Lease) -> Result<Observed, LockError> {
     let transitions = spec.lease_transitions.unwrap_or(0);
     let acquire = spec.acquire_time.as_ref().map(chrono_of);
     let renew = spec.renew_time.as_ref().map(chrono_of);
+    let kept = KeptFields::read(lease);
     // The fencing token: the high-water mark we keep, or what other clients counted if higher.
     let high_water = lease
         .metadata
@@ -464,8 +591,16 @@ fn record_of(context: &str, lease: &Lease) -> Result<Observed, LockError> {
         leader_transitions: u64::try_from(transitions)
             .map_err(|_| bad(format!("negative leaseTransitions {transitions}")))?
             .max(high_water),
-        strategy: spec.strategy.filter(|s| s != HANDOVER_STRATEGY),
-        preferred_holder: spec.preferred_holder,
+        // The spec's fields (written by the coordinator, or kept by a server with the gate on),
+        // else what the annotation keeps for this term.
+        strategy: spec
+            .strategy
+            .filter(|s| s != HANDOVER_STRATEGY)
+            .or_else(|| kept.as_ref().and_then(|k| k.strategy.clone())),
+        preferred_holder: spec
+            .preferred_holder
+            .filter(|p| !p.is_empty())
+            .or_else(|| kept.and_then(|k| k.preferred_holder)),
     };
     let version = lease
         .metadata
@@ -489,13 +624,20 @@ impl ResourceLock for LeaseLock {
         lease.map(|lease| self.keep(lease)).transpose()
     }
 
+    /// A Lease created again after a deletion goes on from the highest fencing token this lock
+    /// saw in the one deleted, so tokens keep growing for candidates that saw it.
     async fn create(&self, record: &LeaderElectionRecord) -> Result<Observed, LockError> {
+        let mut record = record.clone();
+        let seen = self.highest_token.load(Ordering::Relaxed);
+        if seen > 0 && record.leader_transitions <= seen {
+            record.leader_transitions = seen + 1;
+        }
         let created = self
             .api
-            .create(&PostParams::default(), &self.lease(record, None))
+            .create(&PostParams::default(), &self.lease(&record, None))
             .await
             .map_err(|err| self.map("create", err))?;
-        self.keep(created)
+        self.stored(created, &record)
     }
 
     async fn update(
@@ -507,12 +649,15 @@ impl ResourceLock for LeaseLock {
             return Err(LockError::conflict(BACKEND));
         };
         let lease = self.lease(record, Some(base));
+        // The Lease goes back with the uid it was read with: the API server makes it a
+        // precondition, so a Lease deleted (or deleted and created again) since is a conflict,
+        // never created afresh under a term that ended with it.
         let replaced = self
             .api
             .replace(&self.name, &PostParams::default(), &lease)
             .await
             .map_err(|err| self.map("update", err))?;
-        self.keep(replaced)
+        self.stored(replaced, record)
     }
 
     async fn record_event(&self, event: &LeaderEvent) {

@@ -22,12 +22,13 @@ const ELECTION: Duration = Duration::from_secs(30);
 
 fn coordinated(api: &KubeApiServer, lease: &str, identity: &str, version: &str) -> LeaseLock {
     LeaseLock::new(client(api), "default", lease, identity)
+        .expect("valid names")
         .coordinated(Coordination::oldest_emulation_version(version, version))
         .expect("valid coordination")
 }
 
 fn plain(api: &KubeApiServer, lease: &str, identity: &str) -> LeaseLock {
-    LeaseLock::new(client(api), "default", lease, identity)
+    LeaseLock::new(client(api), "default", lease, identity).expect("valid names")
 }
 
 fn time(value: &serde_json::Value) -> DateTime<Utc> {
@@ -147,7 +148,9 @@ async fn leads(candidate: &mut Candidate) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_candidate_announces_itself_answers_pings_and_never_takes_the_lease() {
     let api = KubeApiServer::start().await;
+    api.serve_lease_candidates();
     let lock = LeaseLock::new(client(&api), "default", "jobs", "pod-a")
+        .expect("valid names")
         .coordinated(Coordination::oldest_emulation_version("1.5.0", "1.4.0"));
     let candidate = Candidate::start(lock.expect("valid"));
 
@@ -334,20 +337,32 @@ async fn a_plain_holder_hands_over_to_the_coordinated_candidate() {
 #[tokio::test]
 async fn denied_candidates_and_bad_settings_are_clear_errors() {
     let api = KubeApiServer::start().await;
+    let record = leader_core::conformance::record("pod-a", 1);
+    let reported = async |lock: &LeaseLock| {
+        for _ in 0..50 {
+            match lock.try_acquire(&record).await {
+                Err(err) => return err,
+                Ok(_) => sleep(Duration::from_millis(100)).await,
+            }
+        }
+        panic!("nothing reported");
+    };
+    // A stock cluster serves no coordination.k8s.io/v1beta1: the error says what to turn on.
+    let lock = coordinated(&api, "jobs", "pod-a", "1.0.0");
+    let err = reported(&lock).await;
+    assert!(matches!(err, LockError::Misconfigured { .. }), "{err:?}");
+    let message = err.to_string();
+    assert!(
+        message.contains("--runtime-config=coordination.k8s.io/v1beta1=true")
+            && message.contains("CoordinatedLeaderElection"),
+        "{message}"
+    );
+    lock.close().await;
+
+    api.serve_lease_candidates();
     api.deny_on("leasecandidates", "get");
     let lock = coordinated(&api, "jobs", "pod-a", "1.0.0");
-    let record = leader_core::conformance::record("pod-a", 1);
-    let mut reported = None;
-    for _ in 0..50 {
-        match lock.try_acquire(&record).await {
-            Err(err) => {
-                reported = Some(err);
-                break;
-            }
-            Ok(_) => sleep(Duration::from_millis(100)).await,
-        }
-    }
-    let err = reported.expect("the denial is reported");
+    let err = reported(&lock).await;
     assert!(matches!(err, LockError::Forbidden { .. }), "{err:?}");
     let message = err.to_string();
     assert!(
@@ -356,8 +371,16 @@ async fn denied_candidates_and_bad_settings_are_clear_errors() {
     );
     lock.close().await;
 
-    for (binary, emulation) in [("1.2", "1.2"), ("1.2.0", "1.3.0"), ("v1.2.0", "1.2.0")] {
+    for (binary, emulation) in [
+        ("1.2", "1.2"),
+        ("1.2.0", "1.3.0"),
+        ("v1.2.0", "1.2.0"),
+        ("1.2.0", "0.0.0"),
+        ("", "1.2.0"),
+        ("1.2.0-rc.2", "1.2.0-rc.10"),
+    ] {
         let built = LeaseLock::new(client(&api), "default", "jobs", "pod-a")
+            .expect("valid names")
             .coordinated(Coordination::oldest_emulation_version(binary, emulation));
         assert!(
             matches!(built, Err(LockError::Misconfigured { .. })),
@@ -365,12 +388,34 @@ async fn denied_candidates_and_bad_settings_are_clear_errors() {
         );
     }
     let built = LeaseLock::new(client(&api), "default", "jobs", "pod/a")
+        .expect("valid names")
         .coordinated(Coordination::oldest_emulation_version("1.0.0", "1.0.0"));
     assert!(matches!(built, Err(LockError::Misconfigured { .. })));
+    for strategy in ["by-zone", "example.com/-by-zone", "a/b/c"] {
+        let built = LeaseLock::new(client(&api), "default", "jobs", "pod-a")
+            .expect("valid names")
+            .coordinated(Coordination::with_strategy(strategy, "1.0.0", ""));
+        assert!(
+            matches!(built, Err(LockError::Misconfigured { .. })),
+            "{strategy}"
+        );
+    }
     let built = LeaseLock::new(client(&api), "default", "jobs", "pod-a")
-        .coordinated(Coordination::with_strategy("by-zone", "1.0.0", ""));
-    assert!(matches!(built, Err(LockError::Misconfigured { .. })));
+        .expect("valid names")
+        .coordinated(Coordination::with_strategy("example.com/by-zone", "", ""));
+    assert!(
+        matches!(built, Err(LockError::Misconfigured { .. })),
+        "binaryVersion is required"
+    );
     LeaseLock::new(client(&api), "default", "jobs", "pod-a")
+        .expect("valid names")
+        .coordinated(Coordination::oldest_emulation_version(
+            "1.2.0+build-1",
+            "1.2.0-rc.1",
+        ))
+        .expect("build metadata and pre-releases as semantic versions");
+    LeaseLock::new(client(&api), "default", "jobs", "pod-a")
+        .expect("valid names")
         .coordinated(Coordination::with_strategy(
             "example.com/by-zone",
             "1.0.0",

@@ -1,8 +1,9 @@
 //! What makes the Lease lock behave like client-go with other clients on the same Lease, checked
 //! against the test API server and, on request, against a real cluster with the same code:
 //! fencing tokens beyond int32 and past counts other clients reset, a release written as
-//! client-go writes it, metadata kept through writes, clients set up for long-lived use, and
-//! the conformance suite.
+//! client-go writes it, metadata kept through writes, clients set up for long-lived use, a
+//! planned handover where the API server drops `preferredHolder` (the default), a leader whose
+//! Lease is deleted, and the conformance suite.
 //!
 //! Against a real cluster (kind or k3d; see the README), each test here is run with
 //! `LEADER_KUBE_E2E=1 KUBECONFIG=... cargo test -p leader-kube --test fidelity -- --ignored`, in
@@ -20,8 +21,10 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, PostParams};
 use leader_core::conformance::{self, LockFactory};
 use leader_core::faults::FaultyLock;
-use leader_core::{CancellationToken, LeaderElector, ResourceLock};
-use leader_kube::LeaseLock;
+use leader_core::{
+    CancellationToken, HandoverError, LeaderElector, LockError, ResourceLock, request_handover,
+};
+use leader_kube::{COORDINATION_ANNOTATION, FENCING_TOKEN_ANNOTATION, LeaseLock};
 use leader_test_support::Candidate;
 use serde_json::{Value, json};
 use tokio::time::{sleep, timeout};
@@ -68,7 +71,7 @@ impl Target {
     }
 
     fn lock(&self, name: &str, identity: &str) -> LeaseLock {
-        LeaseLock::new(self.client.clone(), &self.namespace, name, identity)
+        LeaseLock::new(self.client.clone(), &self.namespace, name, identity).expect("valid names")
     }
 
     /// A Lease name no earlier run used.
@@ -281,6 +284,142 @@ async fn long_lived_clients(target: &Target) {
     stop_leader.cancel();
     sleep(Duration::from_millis(500)).await;
     target.cleanup(&[&name]).await;
+}
+
+/// Item: planned handover on a stock cluster (the CoordinatedLeaderElection gate off, which
+/// drops `spec.preferredHolder`): the request is stored in the annotation every API server
+/// keeps, the leader hands over to the named candidate, and the request is gone with the next
+/// term. A request made stale by another client's takeover (client-go's `LeaseLock` keeps
+/// annotations) is read as none.
+async fn planned_handover(target: &Target) {
+    let name = Target::unique("handover");
+    let mut one = Candidate::start(target.lock(&name, "one"));
+    let first = one.wait_leading(Duration::from_secs(10)).await;
+    let mut two = Candidate::start(target.lock(&name, "two"));
+    let three = Candidate::start(target.lock(&name, "three"));
+    sleep(Duration::from_millis(300)).await;
+
+    let requester = target.lock(&name, "operator");
+    let written = request_handover(&requester, "two")
+        .await
+        .expect("the request is stored");
+    assert_eq!(written.record.handover_to(), Some("two"));
+    let lease = target.get(&name).await;
+    let kept = lease["metadata"]["annotations"][COORDINATION_ANNOTATION]
+        .as_str()
+        .unwrap_or_else(|| panic!("the request in the annotation: {lease}"));
+    assert!(kept.contains(r#""preferredHolder":"two""#), "{kept}");
+    if target.server.is_some() {
+        // The test server runs as a stock cluster: the spec keeps no request.
+        assert!(lease["spec"].get("preferredHolder").is_none(), "{lease}");
+    }
+    let second = two.wait_leading(Duration::from_secs(10)).await;
+    assert!(second > first, "tokens {first} then {second}");
+    assert!(one.leading_token().is_none() && three.leading_token().is_none());
+    let after = target.lock(&name, "operator").get().await.expect("get");
+    assert_eq!(after.expect("lease").record.handover_to(), None);
+
+    // A request written in one term is stale once another client takes the Lease over.
+    for candidate in [one, two, three] {
+        candidate.stop().await;
+    }
+    let read = target.leases().get(&name).await.expect("get");
+    let mut asked = read.clone();
+    let transitions = read
+        .spec
+        .as_ref()
+        .and_then(|s| s.lease_transitions)
+        .unwrap_or(0);
+    request_handover(&requester, "one")
+        .await
+        .expect("a request on a free Lease");
+    let current = target.leases().get(&name).await.expect("get");
+    asked.metadata = current.metadata.clone();
+    asked.spec = serde_json::from_value(json!({"holderIdentity": "client-go",
+        "leaseDurationSeconds": 15, "leaseTransitions": transitions + 1,
+        "acquireTime": "2026-11-21T10:00:00.000000Z", "renewTime": "2026-11-21T10:00:00.000000Z"}))
+    .expect("spec");
+    target
+        .leases()
+        .replace(&name, &PostParams::default(), &asked)
+        .await
+        .expect("a client-go takeover, annotations kept");
+    let observed = requester.get().await.expect("get").expect("lease");
+    assert_eq!(observed.record.holder_identity, "client-go");
+    assert_eq!(observed.record.handover_to(), None, "a stale request");
+    target.cleanup(&[&name]).await;
+}
+
+/// Item: a leader whose Lease is deleted ends its term (its renewal, sent with the Lease's uid,
+/// is a conflict; the Lease is not created afresh under the old term) and, as a candidate again,
+/// creates a new Lease with a fencing token above every one it saw.
+async fn deleted_lease(target: &Target) {
+    let name = Target::unique("deleted");
+    let mut leader = Candidate::start(target.lock(&name, "one"));
+    let first = leader.wait_leading(Duration::from_secs(10)).await;
+    let term = leader.term().expect("a term");
+    target
+        .leases()
+        .delete(&name, &DeleteParams::default())
+        .await
+        .expect("delete the Lease");
+    timeout(Duration::from_secs(10), term.cancelled())
+        .await
+        .expect("the term ends with its Lease");
+    let second = leader.wait_leading(Duration::from_secs(10)).await;
+    assert!(second > first, "tokens {first} then {second}");
+    let lease = target.get(&name).await;
+    assert_eq!(
+        lease["metadata"]["annotations"][FENCING_TOKEN_ANNOTATION],
+        second.to_string()
+    );
+    leader.stop().await;
+    target.cleanup(&[&name]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn planned_handover_works_where_the_api_server_drops_preferred_holder() {
+    planned_handover(&Target::test_server().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_lease_is_deleted_steps_down_and_tokens_go_on() {
+    deleted_lease(&Target::test_server().await).await;
+}
+
+/// A request the API server did not store (here an admission webhook strips the annotation)
+/// is an error, never a request reported as made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handover_request_the_server_drops_is_an_error() {
+    let target = Target::test_server().await;
+    let name = Target::unique("dropped");
+    let mut one = Candidate::start(target.lock(&name, "one"));
+    one.wait_leading(Duration::from_secs(10)).await;
+    let server = target.server.as_ref().expect("the test server");
+    server.strip_annotation(COORDINATION_ANNOTATION);
+    let err = request_handover(&target.lock(&name, "operator"), "two")
+        .await
+        .expect_err("a dropped request is an error");
+    assert!(
+        matches!(err, HandoverError::Lock(LockError::Misconfigured { .. })),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains(COORDINATION_ANNOTATION), "{err}");
+    sleep(Duration::from_secs(1)).await;
+    assert!(one.leading_token().is_some(), "nothing was handed over");
+    one.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Kubernetes cluster: LEADER_KUBE_E2E=1 and KUBECONFIG, run with --ignored"]
+async fn real_cluster_planned_handover() {
+    planned_handover(&Target::real_cluster().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Kubernetes cluster: LEADER_KUBE_E2E=1 and KUBECONFIG, run with --ignored"]
+async fn real_cluster_deleted_lease() {
+    deleted_lease(&Target::real_cluster().await).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

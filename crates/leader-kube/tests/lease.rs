@@ -56,7 +56,7 @@ async fn leases_use_client_gos_field_layout() {
         "leaseTransitions": 3}),
         ),
     );
-    let lock = LeaseLock::new(client(&api), "default", "cg", "rust-1");
+    let lock = LeaseLock::new(client(&api), "default", "cg", "rust-1").expect("valid names");
     let observed = lock.get().await.expect("get").expect("lease");
     assert_eq!(observed.record.holder_identity, "client-go-7f9c");
     assert_eq!(observed.record.lease_duration, Duration::from_secs(15));
@@ -82,7 +82,8 @@ async fn leases_use_client_gos_field_layout() {
         "leaseTransitions": 4}),
         ),
     );
-    let released = LeaseLock::new(client(&api), "default", "released", "rust-1");
+    let released =
+        LeaseLock::new(client(&api), "default", "released", "rust-1").expect("valid names");
     assert!(
         released
             .get()
@@ -97,7 +98,7 @@ async fn leases_use_client_gos_field_layout() {
     // client-go counts them (0 on create), our fencing token in the annotation.
     let mut ours = record("rust-1", 5);
     ours.lease_duration = Duration::from_millis(1500);
-    let fresh = LeaseLock::new(client(&api), "default", "ours", "rust-1");
+    let fresh = LeaseLock::new(client(&api), "default", "ours", "rust-1").expect("valid names");
     let created = fresh.create(&ours).await.expect("create");
     assert_eq!(created.record.leader_transitions, 5);
     let stored = api.lease("default", "ours").expect("stored");
@@ -138,7 +139,7 @@ async fn leases_with_odd_values_are_read_and_taken_over() {
         ),
     ] {
         api.put_raw("default", name, lease_json(name, spec));
-        let lock = LeaseLock::new(client(&api), "default", name, "rust-1");
+        let lock = LeaseLock::new(client(&api), "default", name, "rust-1").expect("valid names");
         let observed = lock
             .get()
             .await
@@ -223,7 +224,7 @@ async fn timeout_at(state: &mut tokio::sync::watch::Receiver<leader_core::Leader
 #[tokio::test]
 async fn a_denied_verb_is_a_clear_error_naming_it() {
     let api = KubeApiServer::start().await;
-    let lock = LeaseLock::new(client(&api), "default", "rbac", "a");
+    let lock = LeaseLock::new(client(&api), "default", "rbac", "a").expect("valid names");
     api.deny("create");
     let err = lock
         .create(&record("a", 1))
@@ -246,13 +247,14 @@ async fn a_denied_verb_is_a_clear_error_naming_it() {
 
     // The elector keeps running on a denied verb and leads once the Role allows it.
     api.deny("get");
-    let elector =
-        LeaderElector::builder(LeaseLock::new(client(&api), "default", "rbac-elector", "a"))
-            .lease_duration(Duration::from_secs(3))
-            .renew_deadline(Duration::from_secs(2))
-            .retry_period(Duration::from_millis(300))
-            .build()
-            .expect("valid");
+    let elector = LeaderElector::builder(
+        LeaseLock::new(client(&api), "default", "rbac-elector", "a").expect("valid names"),
+    )
+    .lease_duration(Duration::from_secs(3))
+    .renew_deadline(Duration::from_secs(2))
+    .retry_period(Duration::from_millis(300))
+    .build()
+    .expect("valid");
     let mut state = elector.subscribe();
     let shutdown = CancellationToken::new();
     let task = tokio::spawn(elector.run(shutdown.clone()));
@@ -274,13 +276,14 @@ async fn a_denied_verb_is_a_clear_error_naming_it() {
 async fn events_are_recorded_and_a_release_is_taken_over_at_once() {
     let api = KubeApiServer::start().await;
     let start = |id: &str| {
-        let elector =
-            LeaderElector::builder(LeaseLock::new(client(&api), "default", "handover", id))
-                .lease_duration(Duration::from_secs(8))
-                .renew_deadline(Duration::from_secs(6))
-                .retry_period(Duration::from_secs(2))
-                .build()
-                .expect("valid");
+        let elector = LeaderElector::builder(
+            LeaseLock::new(client(&api), "default", "handover", id).expect("valid names"),
+        )
+        .lease_duration(Duration::from_secs(8))
+        .renew_deadline(Duration::from_secs(6))
+        .retry_period(Duration::from_secs(2))
+        .build()
+        .expect("valid");
         let state = elector.subscribe();
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(elector.run(shutdown.clone()));

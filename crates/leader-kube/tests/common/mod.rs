@@ -26,7 +26,7 @@ pub struct Factory {
 #[async_trait]
 impl LockFactory for Factory {
     async fn lock(&self, name: &str, identity: &str) -> Arc<dyn ResourceLock> {
-        Arc::new(LeaseLock::new(client(&self.api), "default", name, identity))
+        Arc::new(LeaseLock::new(client(&self.api), "default", name, identity).expect("valid names"))
     }
 
     /// A Lease with a negative duration, which only a client that bypassed the API server's

@@ -403,6 +403,138 @@ pub(crate) fn strategic_merge_patch(target: &mut Value, patch: &Value) {
     }
 }
 
+/// Why a JSON patch was not applied.
+#[derive(Debug)]
+pub(crate) enum JsonPatchError {
+    /// The body is not a list of operations (400 `BadRequest`).
+    Decode(String),
+    /// An operation failed on the object (422).
+    Apply(String),
+}
+
+/// RFC 6902 JSON patch (`application/json-patch+json`, applied with `evanphx/json-patch` by
+/// `staging/src/k8s.io/apiserver/pkg/endpoints/handlers/patch.go` `applyJSPatch`): `add`,
+/// `remove`, `replace`, `move`, `copy` and `test`, in order, on a copy of `target`, with RFC
+/// 6901 pointers (`~1` for `/`, `~0` for `~`; `-` appends to an array). Any failing operation
+/// fails the whole patch.
+pub(crate) fn json_patch(target: &Value, patch: &Value) -> Result<Value, JsonPatchError> {
+    let decode = |message: &str| JsonPatchError::Decode(message.to_owned());
+    let operations = patch
+        .as_array()
+        .ok_or_else(|| decode("a JSON patch is a list of operations"))?;
+    let mut object = target.clone();
+    for operation in operations {
+        let op = operation["op"]
+            .as_str()
+            .ok_or_else(|| decode("an operation without \"op\""))?;
+        let path =
+            pointer(&operation["path"]).ok_or_else(|| decode("a missing or bad \"path\""))?;
+        let value = || {
+            operation
+                .get("value")
+                .cloned()
+                .ok_or_else(|| decode("an operation without \"value\""))
+        };
+        let from =
+            || pointer(&operation["from"]).ok_or_else(|| decode("a missing or bad \"from\""));
+        let failed =
+            |what: &str| JsonPatchError::Apply(format!("{op} {}: {what}", operation["path"]));
+        match op {
+            "add" => add_at(&mut object, &path, value()?).ok_or_else(|| failed("no parent"))?,
+            "remove" => {
+                take_at(&mut object, &path).ok_or_else(|| failed("no such path"))?;
+            }
+            "replace" => {
+                take_at(&mut object, &path).ok_or_else(|| failed("no such path"))?;
+                add_at(&mut object, &path, value()?).ok_or_else(|| failed("no parent"))?;
+            }
+            "move" => {
+                let moved = take_at(&mut object, &from()?).ok_or_else(|| failed("no such from"))?;
+                add_at(&mut object, &path, moved).ok_or_else(|| failed("no parent"))?;
+            }
+            "copy" => {
+                let copied = get_at(&object, &from()?)
+                    .cloned()
+                    .ok_or_else(|| failed("no such from"))?;
+                add_at(&mut object, &path, copied).ok_or_else(|| failed("no parent"))?;
+            }
+            "test" => {
+                if get_at(&object, &path) != Some(&value()?) {
+                    return Err(failed("testing value failed"));
+                }
+            }
+            other => return Err(decode(&format!("unknown operation {other:?}"))),
+        }
+    }
+    Ok(object)
+}
+
+/// The reference tokens of an RFC 6901 pointer, or `None` if it is not one.
+fn pointer(value: &Value) -> Option<Vec<String>> {
+    let text = value.as_str()?;
+    if text.is_empty() {
+        return Some(Vec::new());
+    }
+    let rest = text.strip_prefix('/')?;
+    Some(
+        rest.split('/')
+            .map(|token| token.replace("~1", "/").replace("~0", "~"))
+            .collect(),
+    )
+}
+
+fn get_at<'a>(object: &'a Value, path: &[String]) -> Option<&'a Value> {
+    path.iter().try_fold(object, |value, token| match value {
+        Value::Object(map) => map.get(token),
+        Value::Array(items) => items.get(token.parse::<usize>().ok()?),
+        _ => None,
+    })
+}
+
+/// Adds `value` at `path` (RFC 6902 `add`): an object member is set, an array element inserted.
+fn add_at(object: &mut Value, path: &[String], value: Value) -> Option<()> {
+    let Some((last, parent)) = path.split_last() else {
+        *object = value;
+        return Some(());
+    };
+    match parent_at(object, parent)? {
+        Value::Object(map) => {
+            map.insert(last.clone(), value);
+        }
+        Value::Array(items) => {
+            let at = if last == "-" {
+                items.len()
+            } else {
+                last.parse::<usize>().ok().filter(|at| *at <= items.len())?
+            };
+            items.insert(at, value);
+        }
+        _ => return None,
+    }
+    Some(())
+}
+
+/// Removes and returns what is at `path`.
+fn take_at(object: &mut Value, path: &[String]) -> Option<Value> {
+    let (last, parent) = path.split_last()?;
+    match parent_at(object, parent)? {
+        Value::Object(map) => map.remove(last),
+        Value::Array(items) => {
+            let at = last.parse::<usize>().ok().filter(|at| *at < items.len())?;
+            Some(items.remove(at))
+        }
+        _ => None,
+    }
+}
+
+fn parent_at<'a>(object: &'a mut Value, path: &[String]) -> Option<&'a mut Value> {
+    path.iter().try_fold(object, |value, token| match value {
+        Value::Object(map) => map.get_mut(token),
+        Value::Array(items) => items.get_mut(token.parse::<usize>().ok()?),
+        _ => None,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -508,5 +640,40 @@ mod tests {
             .filter_map(|r| r["name"].as_str())
             .collect();
         assert_eq!(names, ["a", "c"]);
+    }
+
+    #[test]
+    fn json_patches_apply_in_order_and_fail_whole() {
+        let lease = json!({"metadata": {"resourceVersion": "5", "annotations": {"a/b": "1"}},
+            "spec": {"holderIdentity": "a", "list": [1, 2]}});
+        let patched = json_patch(
+            &lease,
+            &json!([
+                {"op": "test", "path": "/metadata/resourceVersion", "value": "5"},
+                {"op": "replace", "path": "/spec/holderIdentity", "value": "b"},
+                {"op": "remove", "path": "/metadata/annotations/a~1b"},
+                {"op": "add", "path": "/spec/list/-", "value": 3},
+                {"op": "copy", "from": "/spec/holderIdentity", "path": "/spec/copied"},
+            ]),
+        )
+        .expect("applied");
+        assert_eq!(patched["spec"]["holderIdentity"], "b");
+        assert_eq!(patched["metadata"]["annotations"], json!({}));
+        assert_eq!(patched["spec"]["list"], json!([1, 2, 3]));
+        assert_eq!(patched["spec"]["copied"], "b");
+        let stale = json!([{"op": "test", "path": "/metadata/resourceVersion", "value": "4"}]);
+        assert!(matches!(
+            json_patch(&lease, &stale),
+            Err(JsonPatchError::Apply(_))
+        ));
+        let missing = json!([{"op": "replace", "path": "/spec/nothing", "value": 1}]);
+        assert!(matches!(
+            json_patch(&lease, &missing),
+            Err(JsonPatchError::Apply(_))
+        ));
+        assert!(matches!(
+            json_patch(&lease, &json!({"op": "add"})),
+            Err(JsonPatchError::Decode(_))
+        ));
     }
 }

@@ -6,15 +6,19 @@
 //! kube-lease-manager, `kubectl`-style patches) can be run against it:
 //!
 //! - `coordination.k8s.io/v1` Leases: GET, POST, PUT, PATCH, DELETE, LIST and WATCH, with the
-//!   Lease strategy (`routes`: create-on-update, no unconditional update), decoding and
-//!   validation (`objects::admit`: 400 for a wrong type, 422 `Invalid`, unknown fields
-//!   dropped, times as RFC 3339 micro UTC), `resourceVersion` preconditions (409 `Conflict`),
-//!   merge, strategic merge and server-side apply patches with field ownership
-//!   (`fields`: `managedFields`, 409 apply conflicts, `force`).
+//!   Lease strategy as a stock cluster runs it (`objects::admit`: the `CoordinatedLeaderElection`
+//!   feature gate off, so `strategy` and `preferredHolder` are dropped; on when a test asks;
+//!   `routes`: create-on-update, no unconditional update), decoding and validation
+//!   (`objects::decode` and `objects::admit`: 400 for a wrong type, 422 `Invalid`, unknown
+//!   fields dropped, times as RFC 3339 micro UTC), preconditions (409 `Conflict` for a
+//!   `resourceVersion` or a body's `uid` that does not match, also for a Lease deleted since;
+//!   DELETE with `preconditions`), JSON patch, merge, strategic merge and server-side apply
+//!   patches with field ownership (`fields`: `managedFields`, 409 apply conflicts, `force`).
 //! - Watches as the watch cache serves them: the current state first, or the changes after a
 //!   `resourceVersion`, 410 `Expired` once that is too old, `timeoutSeconds`, `BOOKMARK`s.
-//! - `coordination.k8s.io/v1beta1` LeaseCandidates, with the same verbs and the LeaseCandidate
-//!   strategy and validation (`objects::admit`), and, when started
+//! - `coordination.k8s.io/v1beta1` LeaseCandidates when a test serves them (a beta API, off by
+//!   default), with the same verbs and the LeaseCandidate strategy and validation
+//!   (`objects::admit`), and, when started
 //!   ([`KubeApiServer::start_coordinator`]), the [`coordinator`] of coordinated leader election
 //!   that kube-apiserver runs with the `CoordinatedLeaderElection` feature gate.
 //! - The core/v1 Events endpoint (POST).
@@ -59,6 +63,13 @@ struct Behaviour {
     watch_timeout: Option<Duration>,
     /// Watch requests received.
     watches: usize,
+    /// kube-apiserver's `CoordinatedLeaderElection` feature gate, off by default (also at
+    /// beta): the Lease strategy drops `strategy` and `preferredHolder` while it is off.
+    coordinated_leader_election: bool,
+    /// `coordination.k8s.io/v1beta1` served (`--runtime-config`); a beta API, off by default.
+    lease_candidates: bool,
+    /// Annotations removed from every Lease written, as a mutating admission webhook might.
+    stripped_annotations: Vec<String>,
 }
 
 impl Default for Behaviour {
@@ -72,6 +83,9 @@ impl Default for Behaviour {
             expire_watches: 0,
             watch_timeout: None,
             watches: 0,
+            coordinated_leader_election: false,
+            lease_candidates: false,
+            stripped_annotations: Vec::new(),
         }
     }
 }
@@ -192,11 +206,40 @@ impl KubeApiServer {
         self.shared.behaviour().denied.remove(&denied);
     }
 
-    /// Runs the [`coordinator`] of coordinated leader election on the current runtime, as
-    /// kube-apiserver does with the `CoordinatedLeaderElection` feature gate on; without it,
-    /// nobody elects among LeaseCandidates, as on a cluster with the gate off.
+    /// Serves `coordination.k8s.io/v1beta1` LeaseCandidates, as kube-apiserver does with
+    /// `--runtime-config=coordination.k8s.io/v1beta1=true` (a beta API: not served by default,
+    /// `pkg/registry/coordination/rest/storage_coordination.go` `v1beta1Storage`; the feature
+    /// gate does not change that). Without it they are 404, as on a stock cluster.
+    pub fn serve_lease_candidates(&self) {
+        self.shared.behaviour().lease_candidates = true;
+    }
+
+    /// Turns kube-apiserver's `CoordinatedLeaderElection` feature gate on: the Lease strategy
+    /// keeps `strategy` and `preferredHolder` (`pkg/registry/coordination/lease/strategy.go`).
+    /// Off, the default, it drops them, as a stock cluster does.
+    pub fn enable_coordinated_leader_election(&self) {
+        self.shared.behaviour().coordinated_leader_election = true;
+    }
+
+    /// Runs coordinated leader election as kube-apiserver does with the `CoordinatedLeaderElection`
+    /// feature gate on and `coordination.k8s.io/v1beta1` served: both turned on, and the
+    /// [`coordinator`] running on the current runtime. Without it, nobody elects among
+    /// LeaseCandidates, as on a cluster with the gate off.
     pub fn start_coordinator(&self) {
+        self.serve_lease_candidates();
+        self.enable_coordinated_leader_election();
         tokio::spawn(coordinator::run(self.clone()));
+    }
+
+    /// Removes the annotation `key` from every Lease written (created, replaced or patched), as
+    /// a mutating admission webhook or policy engine (`MutatingAdmissionWebhook`, run after the
+    /// strategy and before storage) that rewrites Leases would. Not part of a stock cluster: for
+    /// tests of clients that must notice what was not stored.
+    pub fn strip_annotation(&self, key: &str) {
+        self.shared
+            .behaviour()
+            .stripped_annotations
+            .push(key.to_owned());
     }
 
     /// Makes every PUT answer after `delay`, as a busy API server would.

@@ -227,31 +227,50 @@ enum Type {
     MicroTime,
 }
 
-/// Prepares an object as the registry does before it stores one, or says why it is refused;
-/// `old` is the object an update replaces.
+/// Decodes an object's spec as the handler does before the registry sees it
+/// (`staging/src/k8s.io/apimachinery/pkg/runtime/serializer/json`): a field of the wrong JSON
+/// type is 400 `BadRequest`; fields the spec does not have are dropped (the server's default
+/// field validation, `Warn`, drops them and warns); `MicroTime`s
+/// (`staging/src/k8s.io/apimachinery/pkg/apis/meta/v1/micro_time.go`) are stored and returned as
+/// RFC 3339 UTC with exactly six fractional digits, whatever precision or offset was sent.
+pub(crate) fn decode(resource: Resource, object: &mut Value) -> Result<(), Refusal> {
+    match resource {
+        Resource::Lease => decode_spec(object, "LeaseSpec", &LEASE_FIELDS),
+        Resource::LeaseCandidate => decode_spec(object, "LeaseCandidateSpec", &CANDIDATE_FIELDS),
+    }
+}
+
+/// What the registry does to a decoded object before it stores it, or why it refuses it; `old`
+/// is the object an update replaces, `gate_on` the `CoordinatedLeaderElection` feature gate.
 ///
-/// - Decoding (`staging/src/k8s.io/apimachinery/pkg/runtime/serializer/json`): a field of the
-///   wrong JSON type is 400 `BadRequest`; fields the spec does not have are dropped (the
-///   server's default field validation, `Warn`, drops them and warns).
-/// - `MicroTime` (`staging/src/k8s.io/apimachinery/pkg/apis/meta/v1/micro_time.go`) is stored
-///   and returned as RFC 3339 UTC with exactly six fractional digits, whatever precision or
-///   offset the client sent.
+/// - The Lease strategy's `PrepareForCreate` / `PrepareForUpdate`
+///   (`pkg/registry/coordination/lease/strategy.go`): with the gate off, the default,
+///   `spec.strategy` and `spec.preferredHolder` are dropped, on an update unless the stored
+///   Lease already has them (each field on its own). This runs before validation, so a
+///   `preferredHolder` without `strategy` is dropped, not refused.
 /// - Validation (`pkg/apis/coordination/validation/validation.go`), answered 422 `Invalid`:
-///   see [`validate_lease`] and [`validate_candidate`].
+///   the name (`ValidateObjectMeta`), then [`validate_lease`] or [`validate_candidate`].
 pub(crate) fn admit(
     resource: Resource,
     object: &mut Value,
     name: &str,
     old: Option<&Value>,
+    gate_on: bool,
 ) -> Result<(), Refusal> {
     let errors = match resource {
         Resource::Lease => {
+            if !gate_on && let Some(spec) = object["spec"].as_object_mut() {
+                for field in ["strategy", "preferredHolder"] {
+                    if old.is_none_or(|old| old["spec"].get(field).is_none_or(Value::is_null)) {
+                        spec.remove(field);
+                    }
+                }
+            }
             if !is_dns_subdomain(name) {
                 return Err(Refusal::Invalid(format!(
                     "metadata.name: Invalid value: {name:?}: a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character"
                 )));
             }
-            decode_spec(object, "LeaseSpec", &LEASE_FIELDS)?;
             validate_lease(&object["spec"])
         }
         Resource::LeaseCandidate => {
@@ -260,7 +279,6 @@ pub(crate) fn admit(
                     "metadata.name: Invalid value: {name:?}: a valid config key must consist of alphanumeric characters, '-', '_' or '.'"
                 )));
             }
-            decode_spec(object, "LeaseCandidateSpec", &CANDIDATE_FIELDS)?;
             validate_candidate(&object["spec"], old.map(|old| &old["spec"]))
         }
     };
@@ -321,8 +339,8 @@ fn decode_spec(
 }
 
 /// `ValidateLeaseSpec`: a set `leaseDurationSeconds` is greater than 0 and a set
-/// `leaseTransitions` at least 0; `strategy`, when set, is `OldestEmulationVersion` or a
-/// qualified name with a `/`; a non-empty `preferredHolder` needs a `strategy`.
+/// `leaseTransitions` at least 0; `strategy`, when set, passes [`strategy_errors`]; a non-empty
+/// `preferredHolder` needs a `strategy`.
 fn validate_lease(spec: &Value) -> Vec<String> {
     let mut errors = Vec::new();
     if let Some(seconds) = spec["leaseDurationSeconds"].as_i64()
@@ -339,12 +357,8 @@ fn validate_lease(spec: &Value) -> Vec<String> {
             "spec.leaseTransitions: Invalid value: {transitions}: must be greater than or equal to 0"
         ));
     }
-    if let Some(strategy) = spec["strategy"].as_str()
-        && !valid_strategy(strategy)
-    {
-        errors.push(format!(
-            "spec.strategy.strategy: Unsupported value: {strategy:?}: supported values: \"OldestEmulationVersion\""
-        ));
+    if let Some(strategy) = spec["strategy"].as_str() {
+        errors.extend(strategy_errors(strategy));
     }
     if spec["preferredHolder"]
         .as_str()
@@ -360,9 +374,11 @@ fn validate_lease(spec: &Value) -> Vec<String> {
 }
 
 /// `ValidateLeaseCandidateSpec` and, on an update, `ValidateLeaseCandidateSpecUpdate`:
-/// `leaseName` is required and immutable; `binaryVersion` and `emulationVersion`, when set, are
-/// semantic versions, the binary's not older than the emulated one; `strategy` is required and
-/// valid, and `OldestEmulationVersion` needs both versions.
+/// `leaseName` is required and immutable; `binaryVersion` is always required and, like a set
+/// `emulationVersion`, a semantic version (`semver.Parse`), the binary's not older than the
+/// emulated one; `strategy` is required and passes [`strategy_errors`]; under
+/// `OldestEmulationVersion` the emulation version must not be zero (`ev.EQ(zeroVersion)`: empty,
+/// unparsable and `0.0.0` alike).
 fn validate_candidate(spec: &Value, old: Option<&Value>) -> Vec<String> {
     let mut errors = Vec::new();
     let text = |field: &str| spec[field].as_str().unwrap_or_default();
@@ -384,6 +400,9 @@ fn validate_candidate(spec: &Value, old: Option<&Value>) -> Vec<String> {
     };
     let emulation = version("emulationVersion");
     let binary = version("binaryVersion");
+    if text("binaryVersion").is_empty() {
+        errors.push("spec.binaryVersion: Required value".to_owned());
+    }
     if let (Some(binary), Some(emulation)) = (&binary, &emulation)
         && binary < emulation
     {
@@ -395,17 +414,11 @@ fn validate_candidate(spec: &Value, old: Option<&Value>) -> Vec<String> {
     let strategy = text("strategy");
     if strategy.is_empty() {
         errors.push("spec.strategy: Required value".to_owned());
-    } else if !valid_strategy(strategy) {
-        errors.push(format!(
-            "spec.strategy: Unsupported value: {strategy:?}: supported values: \"OldestEmulationVersion\""
-        ));
-    } else if strategy == STRATEGIES[0] {
-        if text("binaryVersion").is_empty() {
-            errors.push("spec.binaryVersion: Required value: must be specified when `strategy` is 'OldestEmulationVersion'".to_owned());
-        }
-        if text("emulationVersion").is_empty() {
+    } else {
+        if strategy == STRATEGIES[0] && emulation.is_none_or(|v| v == SemVer::zero()) {
             errors.push("spec.emulationVersion: Required value: must be specified when `strategy` is 'OldestEmulationVersion'".to_owned());
         }
+        errors.extend(strategy_errors(strategy));
     }
     if let Some(old) = old
         && old["leaseName"] != spec["leaseName"]
@@ -418,62 +431,77 @@ fn validate_candidate(spec: &Value, old: Option<&Value>) -> Vec<String> {
     errors
 }
 
-/// A semantic version as `blang/semver` compares them: major, minor, patch, and a pre-release
-/// (which sorts before the release). [`SemVer::parse`] is strict (`semver.Parse`, used by
-/// validation); [`SemVer::parse_tolerant`] also takes a leading `v` and missing minor or patch
-/// (`semver.ParseTolerant`, used by the coordinator).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct SemVer {
-    numbers: [u64; 3],
-    pre_release: Option<String>,
+/// `ValidateCoordinatedLeaseStrategy`: without a `/`, one of the strategies Kubernetes defines;
+/// with one or more, a qualified name (`IsQualifiedName`).
+fn strategy_errors(strategy: &str) -> Vec<String> {
+    if !strategy.contains('/') {
+        if STRATEGIES.contains(&strategy) {
+            return Vec::new();
+        }
+        return vec![format!(
+            "spec.strategy.strategy: Unsupported value: {strategy:?}: supported values: \"OldestEmulationVersion\""
+        )];
+    }
+    if is_qualified_name(strategy) {
+        Vec::new()
+    } else {
+        vec![format!(
+            "spec.strategy: Invalid value: {strategy:?}: a qualified name must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character, with an optional DNS subdomain prefix and '/'"
+        )]
+    }
 }
+
+/// A semantic version as kube-apiserver's `blang/semver` reads and orders it:
+/// [`SemVer::parse`] is strict (`semver.Parse`, used by validation: `MAJOR.MINOR.PATCH`, no
+/// leading zeros, an optional pre-release and build metadata); [`SemVer::parse_tolerant`] is
+/// `semver.ParseTolerant` (used by the coordinator: spaces trimmed, a leading `v` dropped,
+/// leading zeros removed, a missing patch, or minor and patch, filled with 0). Versions compare
+/// by precedence: numbers, then pre-release identifiers (numeric ones by value and before
+/// alphanumeric ones, which compare as text; a release after its pre-releases); build metadata
+/// does not count.
+#[derive(Clone, Debug)]
+pub(crate) struct SemVer(semver::Version);
 
 impl SemVer {
     pub(crate) fn parse(text: &str) -> Option<Self> {
-        let (core, pre_release) = match text.split_once('-') {
-            Some((core, pre)) => (core, Some(pre.to_owned())),
-            None => (text.split('+').next().unwrap_or(text), None),
-        };
-        let parts: Vec<&str> = core.split('.').collect();
-        if parts.len() != 3 {
-            return None;
-        }
-        let mut numbers = [0; 3];
-        for (number, part) in numbers.iter_mut().zip(parts) {
-            if part.is_empty() || (part.len() > 1 && part.starts_with('0')) {
-                return None;
-            }
-            *number = part.parse().ok()?;
-        }
-        Some(Self {
-            numbers,
-            pre_release: pre_release.filter(|p| !p.is_empty()),
-        })
+        semver::Version::parse(text).ok().map(Self)
+    }
+
+    fn zero() -> Self {
+        Self(semver::Version::new(0, 0, 0))
     }
 
     pub(crate) fn parse_tolerant(text: &str) -> Option<Self> {
-        let text = text.trim().trim_start_matches('v');
-        let (core, rest) = match text.find(['-', '+']) {
-            Some(at) => text.split_at(at),
-            None => (text, ""),
-        };
-        let mut parts: Vec<String> = core
-            .split('.')
-            .map(|p| {
-                let trimmed = p.trim_start_matches('0');
-                if trimmed.is_empty() {
-                    "0".into()
+        let text = text.trim();
+        let text = text.strip_prefix('v').unwrap_or(text);
+        let mut parts: Vec<String> = text.splitn(3, '.').map(str::to_owned).collect();
+        for part in &mut parts {
+            if part.len() > 1 {
+                let trimmed = part.trim_start_matches('0');
+                *part = if trimmed.starts_with(|c: char| c.is_ascii_digit()) {
+                    trimmed.to_owned()
                 } else {
-                    trimmed.into()
-                }
-            })
-            .collect();
-        while parts.len() < 3 {
-            parts.push("0".into());
+                    format!("0{trimmed}")
+                };
+            }
         }
-        Self::parse(&format!("{}{rest}", parts.join(".")))
+        if parts.len() < 3 {
+            if parts.last().is_some_and(|p| p.contains(['+', '-'])) {
+                return None;
+            }
+            parts.resize(3, "0".to_owned());
+        }
+        Self::parse(&parts.join("."))
     }
 }
+
+impl PartialEq for SemVer {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == std::cmp::Ordering::Equal
+    }
+}
+
+impl Eq for SemVer {}
 
 impl PartialOrd for SemVer {
     fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
@@ -483,14 +511,7 @@ impl PartialOrd for SemVer {
 
 impl Ord for SemVer {
     fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        self.numbers.cmp(&other.numbers).then_with(|| {
-            match (&self.pre_release, &other.pre_release) {
-                (None, None) => std::cmp::Ordering::Equal,
-                (None, Some(_)) => std::cmp::Ordering::Greater,
-                (Some(_), None) => std::cmp::Ordering::Less,
-                (Some(a), Some(b)) => a.cmp(b),
-            }
-        })
+        self.0.cmp_precedence(&other.0)
     }
 }
 
@@ -506,29 +527,38 @@ fn is_config_map_key(name: &str) -> bool {
         && name != ".."
 }
 
-fn valid_strategy(strategy: &str) -> bool {
-    match strategy.split_once('/') {
-        None => STRATEGIES.contains(&strategy),
-        Some((prefix, name)) => {
-            is_dns_subdomain(prefix)
-                && !name.is_empty()
-                && name.len() <= 63
-                && name
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-        }
-    }
+/// `IsQualifiedName`: an optional prefix that is a DNS subdomain and a `/`, then a name of at
+/// most 63 letters, digits, `-`, `_` and `.` that starts and ends with a letter or digit.
+fn is_qualified_name(value: &str) -> bool {
+    let name = match value.split('/').collect::<Vec<_>>()[..] {
+        [name] => name,
+        [prefix, name] if is_dns_subdomain(prefix) => name,
+        _ => return false,
+    };
+    let edge = |c: char| c.is_ascii_alphanumeric();
+    !name.is_empty()
+        && name.len() <= 63
+        && name
+            .chars()
+            .all(|c| edge(c) || matches!(c, '-' | '_' | '.'))
+        && name.starts_with(edge)
+        && name.ends_with(edge)
 }
 
-/// `IsDNS1123Subdomain`: at most 253 characters of lower-case letters, digits, `-` and `.`,
-/// starting and ending with a letter or digit.
+/// `IsDNS1123Subdomain`: at most 253 characters, dot-separated labels of lower-case letters,
+/// digits and `-`, each starting and ending with a letter or digit
+/// (`staging/src/k8s.io/apimachinery/pkg/util/validation/validation.go`).
 pub(crate) fn is_dns_subdomain(name: &str) -> bool {
+    name.len() <= 253 && name.split('.').all(is_dns_label_text)
+}
+
+/// A label of `IsDNS1123Label`, without its 63-character limit (which subdomains do not apply).
+fn is_dns_label_text(label: &str) -> bool {
     let alnum = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
-    !name.is_empty()
-        && name.len() <= 253
-        && name.chars().all(|c| alnum(c) || c == '-' || c == '.')
-        && name.starts_with(alnum)
-        && name.ends_with(alnum)
+    !label.is_empty()
+        && label.chars().all(|c| alnum(c) || c == '-')
+        && label.starts_with(alnum)
+        && label.ends_with(alnum)
 }
 
 /// Why a write is refused before it reaches the store.
@@ -544,10 +574,22 @@ pub(crate) enum Refusal {
 mod tests {
     use super::*;
 
+    /// Decodes and admits, as a write on a server with the feature gate `gate_on`.
+    fn write(
+        resource: Resource,
+        object: &mut Value,
+        name: &str,
+        old: Option<&Value>,
+        gate_on: bool,
+    ) -> Result<(), Refusal> {
+        decode(resource, object)?;
+        admit(resource, object, name, old, gate_on)
+    }
+
     #[test]
     fn admission_follows_the_lease_validation() {
         let admit_spec =
-            |spec: Value| admit(Resource::Lease, &mut json!({"spec": spec}), "l", None);
+            |spec: Value| write(Resource::Lease, &mut json!({"spec": spec}), "l", None, true);
         assert!(admit_spec(json!({"holderIdentity": "a", "leaseDurationSeconds": 1})).is_ok());
         assert!(matches!(
             admit_spec(json!({"leaseDurationSeconds": 0})),
@@ -580,11 +622,12 @@ mod tests {
             Err(Refusal::BadRequest(_))
         ));
         assert!(matches!(
-            admit(
+            write(
                 Resource::Lease,
                 &mut json!({"spec": {}}),
                 "Not_A_Name",
-                None
+                None,
+                true
             ),
             Err(Refusal::Invalid(_))
         ));
@@ -593,11 +636,12 @@ mod tests {
     #[test]
     fn admission_follows_the_lease_candidate_validation() {
         let candidate = |spec: Value| {
-            admit(
+            write(
                 Resource::LeaseCandidate,
                 &mut json!({ "spec": spec }),
                 "pod-1_x",
                 None,
+                false,
             )
         };
         let good = json!({"leaseName": "l", "binaryVersion": "1.2.3",
@@ -606,7 +650,12 @@ mod tests {
         assert!(candidate(good.clone()).is_ok());
         for (field, value) in [
             ("leaseName", json!("")),
+            ("binaryVersion", json!("")),
             ("binaryVersion", json!("1.2")),
+            ("emulationVersion", json!("0.0.0")),
+            ("strategy", json!("example.com/-mine")),
+            ("strategy", json!("Example.com/mine")),
+            ("strategy", json!("a/b/c")),
             ("binaryVersion", json!("1.1.0")),
             ("emulationVersion", json!("")),
             ("strategy", json!("")),
@@ -622,20 +671,30 @@ mod tests {
         let mut third_party = good.clone();
         third_party["strategy"] = json!("example.com/mine");
         third_party["emulationVersion"] = json!("");
-        assert!(candidate(third_party).is_ok());
-        let renamed = admit(
+        assert!(candidate(third_party.clone()).is_ok());
+        third_party["binaryVersion"] = json!("");
+        assert!(
+            matches!(candidate(third_party), Err(Refusal::Invalid(m)) if m.contains("binaryVersion: Required"))
+        );
+        let mut built = good.clone();
+        built["binaryVersion"] = json!("1.2.3+build-1");
+        built["emulationVersion"] = json!("1.2.3-rc.1");
+        assert!(candidate(built).is_ok());
+        let renamed = write(
             Resource::LeaseCandidate,
             &mut json!({ "spec": good.clone() }),
             "pod-1",
             Some(&json!({"spec": {"leaseName": "other"}})),
+            false,
         );
         assert!(matches!(renamed, Err(Refusal::Invalid(m)) if m.contains("immutable")));
         assert!(matches!(
-            admit(
+            write(
                 Resource::LeaseCandidate,
                 &mut json!({ "spec": good }),
                 "a/b",
-                None
+                None,
+                false
             ),
             Err(Refusal::Invalid(_))
         ));
@@ -648,15 +707,74 @@ mod tests {
         assert!(strict("1.2").is_none());
         assert!(strict("01.2.3").is_none());
         assert!(strict("1.2.3-rc.1") < strict("1.2.3"));
+        assert!(strict("1.2.3-rc.2") < strict("1.2.3-rc.10"));
+        assert!(strict("1.2.3-rc.10") < strict("1.2.3-rc.a"));
+        assert!(strict("1.2.3-rc") < strict("1.2.3-rc.1"));
+        assert_eq!(strict("1.0.0+build-1"), strict("1.0.0+other"));
+        assert!(strict("1.0.0+build-1").is_some());
+        assert!(strict("1.0.0-").is_none());
+        assert!(strict("1.0.0-01").is_none());
         assert!(strict("1.9.0") < strict("1.10.0"));
         assert_eq!(tolerant("v1.33"), tolerant("1.33.0"));
         assert!(tolerant("1.32.9") < tolerant("1.33"));
+        assert_eq!(tolerant("v01.002.3"), tolerant("1.2.3"));
+        assert!(SemVer::parse_tolerant("1.2-rc.1").is_none());
+    }
+
+    #[test]
+    fn with_the_gate_off_strategy_and_preferred_holder_are_dropped_unless_stored_before() {
+        let spec = json!({"holderIdentity": "a", "strategy": "OldestEmulationVersion",
+            "preferredHolder": "b"});
+        let mut created = json!({ "spec": spec.clone() });
+        write(Resource::Lease, &mut created, "l", None, false).expect("admitted");
+        assert_eq!(created["spec"], json!({"holderIdentity": "a"}));
+        let mut kept = json!({ "spec": spec.clone() });
+        write(Resource::Lease, &mut kept, "l", None, true).expect("admitted");
+        assert_eq!(kept["spec"], spec);
+        // An update keeps each field the stored Lease already has, and no other.
+        let old = json!({"spec": {"holderIdentity": "a", "strategy": "OldestEmulationVersion"}});
+        let mut updated = json!({ "spec": spec.clone() });
+        write(Resource::Lease, &mut updated, "l", Some(&old), false).expect("admitted");
+        assert_eq!(
+            updated["spec"],
+            json!({"holderIdentity": "a", "strategy": "OldestEmulationVersion"})
+        );
+        // Dropped before validation: a preferred holder alone is no error.
+        let mut alone = json!({"spec": {"preferredHolder": "b"}});
+        write(Resource::Lease, &mut alone, "l", None, false).expect("admitted");
+        assert_eq!(alone["spec"], json!({}));
+    }
+
+    #[test]
+    fn names_are_dns_subdomains_label_by_label() {
+        for good in ["a", "a.b-c", "0.9", &"a".repeat(253)] {
+            assert!(is_dns_subdomain(good), "{good}");
+        }
+        for bad in [
+            "",
+            "a..b",
+            "a.-b",
+            "a-.b",
+            ".a",
+            "A",
+            "nightly_cleanup",
+            &"a".repeat(254),
+        ] {
+            assert!(!is_dns_subdomain(bad), "{bad}");
+        }
+        assert!(is_qualified_name("example.com/by-zone_1.x"));
+        assert!(!is_qualified_name("example.com/"));
+        assert!(!is_qualified_name("/name"));
+        assert!(!is_qualified_name(&format!(
+            "example.com/{}",
+            "a".repeat(64)
+        )));
     }
 
     #[test]
     fn a_lease_without_a_spec_has_an_empty_one() {
         let mut lease = json!({"metadata": {"name": "l"}});
-        admit(Resource::Lease, &mut lease, "l", None).expect("admitted");
+        write(Resource::Lease, &mut lease, "l", None, false).expect("admitted");
         assert_eq!(lease["spec"], json!({}));
     }
 
@@ -664,7 +782,7 @@ mod tests {
     fn unknown_fields_are_dropped_and_times_normalised() {
         let mut lease = json!({"spec": {"holderIdentity": "a", "bogus": 1,
             "renewTime": "2026-11-21T10:00:00.5+01:00"}});
-        admit(Resource::Lease, &mut lease, "l", None).expect("admitted");
+        write(Resource::Lease, &mut lease, "l", None, false).expect("admitted");
         assert!(lease["spec"].get("bogus").is_none());
         assert_eq!(lease["spec"]["renewTime"], "2026-11-21T09:00:00.500000Z");
     }

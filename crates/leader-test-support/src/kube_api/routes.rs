@@ -15,7 +15,7 @@ use tokio::sync::broadcast;
 
 use super::KubeApiServer;
 use super::fields;
-use super::objects::{Key, Objects, Refusal, Resource, admit};
+use super::objects::{Key, Objects, Refusal, Resource, admit, decode};
 
 pub(super) fn router(server: KubeApiServer) -> Router {
     Router::new()
@@ -31,14 +31,24 @@ pub(super) fn router(server: KubeApiServer) -> Router {
         .with_state(server)
 }
 
-/// The resource a path names, or the 404 the server answers for one it does not serve.
-fn resource_of(version: &str, plural: &str) -> Result<Resource, Box<Response>> {
-    Resource::of_path(version, plural).ok_or_else(|| {
-        let body = json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
+/// The resource a path names, or the 404 the server answers for one it does not serve:
+/// LeaseCandidates only when [`KubeApiServer::serve_lease_candidates`] asked for them.
+fn resource_of(
+    api: &KubeApiServer,
+    version: &str,
+    plural: &str,
+) -> Result<Resource, Box<Response>> {
+    let served = |resource: &Resource| {
+        *resource == Resource::Lease || api.shared.behaviour().lease_candidates
+    };
+    Resource::of_path(version, plural)
+        .filter(served)
+        .ok_or_else(|| {
+            let body = json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
             "status": "Failure", "message": "the server could not find the requested resource",
             "reason": "NotFound", "details": {}, "code": 404});
-        Box::new(json_response(StatusCode::NOT_FOUND, &body))
-    })
+            Box::new(json_response(StatusCode::NOT_FOUND, &body))
+        })
 }
 
 /// A `Status` body with `code`, as the API server answers every error.
@@ -95,16 +105,55 @@ fn refused(resource: Resource, name: &str, refusal: Refusal) -> Response {
 }
 
 fn conflict(resource: Resource, name: &str) -> Response {
+    conflict_because(
+        resource,
+        name,
+        "the object has been modified; please apply your changes to the latest version and try again",
+    )
+}
+
+/// 409 `Conflict` for `reason`, as `errors.NewConflict` words it.
+fn conflict_because(resource: Resource, name: &str, reason: &str) -> Response {
     status(
         resource,
         StatusCode::CONFLICT,
         "Conflict",
         &format!(
-            "Operation cannot be fulfilled on {}.coordination.k8s.io \"{name}\": the object has been modified; please apply your changes to the latest version and try again",
+            "Operation cannot be fulfilled on {}.coordination.k8s.io \"{name}\": {reason}",
             resource.plural()
         ),
         name,
         json!({}),
+    )
+}
+
+/// A failed storage precondition (`staging/src/k8s.io/apiserver/pkg/storage/interfaces.go`
+/// `Preconditions.Check`): `field` (`UID` or `ResourceVersion`) of `current` (an empty one for
+/// an object that does not exist) is not `expected`, a 409 `Conflict` (the storage's
+/// `InvalidObj` error as `storeerr` turns it into one).
+fn precondition_failed(
+    resource: Resource,
+    key: &Key,
+    field: &str,
+    expected: &str,
+    current: Option<&Value>,
+) -> Response {
+    let meta_field = if field == "UID" {
+        "uid"
+    } else {
+        "resourceVersion"
+    };
+    let actual = current.map_or("", |c| {
+        c["metadata"][meta_field].as_str().unwrap_or_default()
+    });
+    let (_, ns, name) = key;
+    conflict_because(
+        resource,
+        name,
+        &format!(
+            "StorageError: invalid object, Code: 4, Key: /registry/{}/{ns}/{name}, ResourceVersion: 0, AdditionalErrorMsg: Precondition failed: {field} in precondition: {expected}, {field} in object meta: {actual}",
+            resource.plural()
+        ),
     )
 }
 
@@ -136,6 +185,11 @@ fn bad_json(resource: Resource, name: &str, body: &Bytes) -> Result<Value, Box<R
 }
 
 impl KubeApiServer {
+    /// Whether the `CoordinatedLeaderElection` feature gate is on.
+    fn gate_on(&self) -> bool {
+        self.shared.behaviour().coordinated_leader_election
+    }
+
     /// 403 for a verb a test denied, in RBAC's words.
     fn denied(&self, resource: Resource, verb: &str, ns: &str, name: &str) -> Option<Response> {
         let plural = resource.plural();
@@ -184,13 +238,21 @@ fn without_managed_fields(mut object: Value) -> Value {
 }
 
 /// Stores a write and answers it: 200 with the object as stored, 201 when it created it.
+/// Annotations a test strips ([`KubeApiServer::strip_annotation`]) go first.
 fn stored(
     api: &KubeApiServer,
     objects: &mut Objects,
     key: &Key,
-    object: Value,
+    mut object: Value,
     existed: bool,
 ) -> Response {
+    if key.0 == Resource::Lease
+        && let Some(annotations) = object["metadata"]["annotations"].as_object_mut()
+    {
+        for stripped in &api.shared.behaviour().stripped_annotations {
+            annotations.remove(stripped);
+        }
+    }
     let change = objects.store(key, object);
     api.shared.committed(objects, change.clone());
     let code = if existed {
@@ -205,7 +267,7 @@ async fn read(
     State(api): State<KubeApiServer>,
     Path((version, ns, plural, name)): Path<(String, String, String, String)>,
 ) -> Response {
-    let resource = match resource_of(&version, &plural) {
+    let resource = match resource_of(&api, &version, &plural) {
         Ok(resource) => resource,
         Err(response) => return *response,
     };
@@ -230,7 +292,7 @@ async fn create(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let resource = match resource_of(&version, &plural) {
+    let resource = match resource_of(&api, &version, &plural) {
         Ok(resource) => resource,
         Err(response) => return *response,
     };
@@ -245,7 +307,9 @@ async fn create(
     if let Some(denied) = api.denied(resource, "create", &ns, &name) {
         return denied;
     }
-    if let Err(refusal) = admit(resource, &mut object, &name, None) {
+    if let Err(refusal) = decode(resource, &mut object)
+        .and_then(|()| admit(resource, &mut object, &name, None, api.gate_on()))
+    {
         return refused(resource, &name, refusal);
     }
     let key = (resource, ns, name.clone());
@@ -275,9 +339,17 @@ async fn create(
 /// PUT, as the registry store's update path does for Leases and LeaseCandidates
 /// (`pkg/registry/coordination/lease/strategy.go`, `pkg/registry/coordination/leasecandidate/
 /// strategy.go`, `staging/src/k8s.io/apiserver/pkg/registry/generic/registry/store.go`
-/// `Update`): `AllowCreateOnUpdate` is true, so a PUT of a missing object creates it (201);
-/// `AllowUnconditionalUpdate` is false, so a PUT of an existing object without a
-/// `resourceVersion` is 422, and one with another version is 409.
+/// `Update`), in its order:
+///
+/// - A `metadata.uid` in the body is a precondition (`staging/src/k8s.io/apiserver/pkg/
+///   registry/rest/update.go` `defaultUpdatedObjectInfo.Preconditions`), checked against the
+///   stored object before anything else (`GuaranteedUpdate`, [`precondition_failed`]): 409 when
+///   it differs, also when the object was deleted (its uid is then empty), so a client that
+///   sends back the object it read never recreates one that was deleted.
+/// - `AllowCreateOnUpdate` is true, so a PUT of a missing object without a uid creates it
+///   (201); `AllowUnconditionalUpdate` is false, so a PUT of an existing object without a
+///   `resourceVersion` is 422, and one with another version is 409.
+/// - Then the strategy and validation ([`admit`]).
 async fn replace(
     State(api): State<KubeApiServer>,
     Path((version, ns, plural, name)): Path<(String, String, String, String)>,
@@ -285,7 +357,7 @@ async fn replace(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let resource = match resource_of(&version, &plural) {
+    let resource = match resource_of(&api, &version, &plural) {
         Ok(resource) => resource,
         Err(response) => return *response,
     };
@@ -316,11 +388,16 @@ async fn replace(
         Ok(object) => without_managed_fields(object),
         Err(response) => return *response,
     };
+    if let Err(refusal) = decode(resource, &mut object) {
+        return refused(resource, &name, refusal);
+    }
     let key = (resource, ns, name.clone());
     let mut objects = api.shared.objects();
     let current = objects.items.get(&key).cloned();
-    if let Err(refusal) = admit(resource, &mut object, &name, current.as_ref()) {
-        return refused(resource, &name, refusal);
+    if let Some(uid) = object["metadata"]["uid"].as_str().filter(|u| !u.is_empty())
+        && current.as_ref().map(|c| &c["metadata"]["uid"]) != Some(&json!(uid))
+    {
+        return precondition_failed(resource, &key, "UID", uid, current.as_ref());
     }
     if let Some(current) = &current {
         let Some(expected) = object["metadata"]["resourceVersion"].as_str() else {
@@ -337,6 +414,15 @@ async fn replace(
             return conflict(resource, &name);
         }
     }
+    if let Err(refusal) = admit(
+        resource,
+        &mut object,
+        &name,
+        current.as_ref(),
+        api.gate_on(),
+    ) {
+        return refused(resource, &name, refusal);
+    }
     fields::record_update(
         current.as_ref(),
         &mut object,
@@ -347,12 +433,16 @@ async fn replace(
 }
 
 /// PATCH in the forms Lease clients send (`staging/src/k8s.io/apiserver/pkg/endpoints/handlers/
-/// patch.go`): `application/merge-patch+json` (RFC 7386), `application/strategic-merge-patch+json`
-/// (see [`fields::strategic_merge_patch`]), and `application/apply-patch+yaml` (server-side
-/// apply: needs `fieldManager`, creates a missing Lease, conflicts on fields other managers own
-/// unless `force=true`; a JSON body, which is YAML too). A `resourceVersion` in the patch is a
-/// precondition (409 if it differs). The result is admitted as an update is. Field ownership
-/// follows [`fields`].
+/// patch.go`): `application/json-patch+json` (RFC 6902, `jsonPatcher.applyJSPatch`: a body
+/// that is not a patch is 400, an operation that fails, such as a `test` of
+/// `/metadata/resourceVersion` that does not hold, is 422; see [`fields::json_patch`]),
+/// `application/merge-patch+json` (RFC 7386), `application/strategic-merge-patch+json` (see
+/// [`fields::strategic_merge_patch`]), and `application/apply-patch+yaml` (server-side apply:
+/// needs `fieldManager`, creates a missing Lease, conflicts on fields other managers own unless
+/// `force=true`; a JSON body, which is YAML too). Only apply creates: the other forms answer 404
+/// for a missing object (`createNewObject`). A `resourceVersion` in the patched object other
+/// than the stored one is a precondition that fails (409), as the registry's update checks it.
+/// The result is decoded and admitted as an update is. Field ownership follows [`fields`].
 async fn patch(
     State(api): State<KubeApiServer>,
     Path((version, ns, plural, name)): Path<(String, String, String, String)>,
@@ -360,7 +450,7 @@ async fn patch(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let resource = match resource_of(&version, &plural) {
+    let resource = match resource_of(&api, &version, &plural) {
         Ok(resource) => resource,
         Err(response) => return *response,
     };
@@ -378,11 +468,13 @@ async fn patch(
         .to_owned();
     #[derive(PartialEq)]
     enum Form {
+        Json,
         Merge,
         Strategic,
         Apply,
     }
     let form = match content_type.as_str() {
+        "application/json-patch+json" => Form::Json,
         "application/merge-patch+json" => Form::Merge,
         "application/strategic-merge-patch+json" => Form::Strategic,
         "application/apply-patch+yaml" => Form::Apply,
@@ -407,14 +499,17 @@ async fn patch(
         );
     }
     let patch = match bad_json(resource, &name, &body) {
-        Ok(patch) => without_managed_fields(patch),
+        Ok(patch) if patch.is_object() => without_managed_fields(patch),
+        Ok(patch) => patch,
         Err(response) => return *response,
     };
     let key: Key = (resource, ns, name.clone());
     let mut objects = api.shared.objects();
     let current = objects.items.get(&key).cloned();
     if let Some(current) = &current
-        && let Some(expected) = patch["metadata"]["resourceVersion"].as_str()
+        && let Some(expected) = patch
+            .get("metadata")
+            .and_then(|m| m["resourceVersion"].as_str())
         && Some(expected) != current["metadata"]["resourceVersion"].as_str()
     {
         return conflict(resource, &name);
@@ -440,6 +535,30 @@ async fn patch(
             }
         }
         (_, None) => return not_found(resource, &name),
+        (Form::Json, Some(current)) => {
+            let patched = match fields::json_patch(current, &patch) {
+                Ok(patched) => patched,
+                Err(fields::JsonPatchError::Decode(message)) => {
+                    return refused(resource, &name, Refusal::BadRequest(message));
+                }
+                Err(fields::JsonPatchError::Apply(message)) => {
+                    return status(
+                        resource,
+                        StatusCode::UNPROCESSABLE_ENTITY,
+                        "Invalid",
+                        &message,
+                        &name,
+                        json!({}),
+                    );
+                }
+            };
+            if patched["metadata"]["resourceVersion"] != current["metadata"]["resourceVersion"] {
+                return conflict(resource, &name);
+            }
+            let mut object = without_managed_fields(patched);
+            fields::record_update(Some(current), &mut object, &manager, api_version);
+            object
+        }
         (form, Some(current)) => {
             let mut object = current.clone();
             if form == Form::Merge {
@@ -451,25 +570,58 @@ async fn patch(
             object
         }
     };
-    if let Err(refusal) = admit(resource, &mut object, &name, current.as_ref()) {
+    if let Err(refusal) = decode(resource, &mut object).and_then(|()| {
+        admit(
+            resource,
+            &mut object,
+            &name,
+            current.as_ref(),
+            api.gate_on(),
+        )
+    }) {
         return refused(resource, &name, refusal);
     }
     stored(&api, &mut objects, &key, object, current.is_some())
 }
 
+/// DELETE (`staging/src/k8s.io/apiserver/pkg/registry/generic/registry/store.go` `Delete`): 404
+/// for a missing object; the body's `DeleteOptions` may carry `preconditions` (`uid`,
+/// `resourceVersion`), checked against the stored object (`Preconditions.Check`, 409 when one
+/// differs, [`precondition_failed`]); a body that is not JSON is 400.
 async fn remove(
     State(api): State<KubeApiServer>,
     Path((version, ns, plural, name)): Path<(String, String, String, String)>,
+    body: Bytes,
 ) -> Response {
-    let resource = match resource_of(&version, &plural) {
+    let resource = match resource_of(&api, &version, &plural) {
         Ok(resource) => resource,
         Err(response) => return *response,
     };
     if let Some(denied) = api.denied(resource, "delete", &ns, &name) {
         return denied;
     }
+    let options = if body.is_empty() {
+        json!({})
+    } else {
+        match bad_json(resource, &name, &body) {
+            Ok(options) => options,
+            Err(response) => return *response,
+        }
+    };
+    let key = (resource, ns, name.clone());
     let mut objects = api.shared.objects();
-    match objects.remove(&(resource, ns, name.clone())) {
+    let Some(current) = objects.items.get(&key) else {
+        return not_found(resource, &name);
+    };
+    let preconditions = &options["preconditions"];
+    for (field, meta_field) in [("UID", "uid"), ("ResourceVersion", "resourceVersion")] {
+        if let Some(expected) = preconditions[meta_field].as_str()
+            && current["metadata"][meta_field].as_str() != Some(expected)
+        {
+            return precondition_failed(resource, &key, field, expected, Some(current));
+        }
+    }
+    match objects.remove(&key) {
         Some((object, change)) => {
             api.shared.committed(&objects, change);
             json_response(StatusCode::OK, &object)
@@ -503,7 +655,7 @@ async fn list_or_watch(
     Path((version, ns, plural)): Path<(String, String, String)>,
     Query(query): Query<ListQuery>,
 ) -> Response {
-    let resource = match resource_of(&version, &plural) {
+    let resource = match resource_of(&api, &version, &plural) {
         Ok(resource) => resource,
         Err(response) => return *response,
     };
