@@ -720,7 +720,8 @@ impl ResourceLock for LeaseLock {
 
     /// Plain candidates have no one-request acquisition (the elector reads and writes). A
     /// coordinated candidate takes up the Lease only when the coordinator gave it to this
-    /// identity and no handover to another is pending; otherwise it is unassigned.
+    /// identity (its holder, without the `acquireTime` a take-up writes) and no handover to
+    /// another is pending; otherwise it is unassigned.
     async fn try_acquire(
         &self,
         desired: &LeaderElectionRecord,
@@ -748,8 +749,19 @@ impl ResourceLock for LeaseLock {
             return Err(problem);
         }
         let current = self.get().await?;
+        // The coordinator gives a Lease with no `acquireTime`; a take-up writes one. A Lease
+        // of this identity that has one is a term already taken up, maybe by another process
+        // given the same identity (S13): not given to this one.
+        let fresh = self
+            .last
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .and_then(|lease| lease.spec.as_ref())
+            .is_some_and(|spec| spec.acquire_time.is_none());
         let given = current.as_ref().filter(|observed| {
-            observed.record.holder_identity == self.identity
+            fresh
+                && observed.record.holder_identity == self.identity
                 && !observed.record.reserved_for_other_than(&self.identity)
         });
         let Some(given) = given else {
@@ -757,7 +769,8 @@ impl ResourceLock for LeaseLock {
             return Ok(Some(Acquisition::Unassigned(current)));
         };
         let mut taken = desired.clone();
-        taken.leader_transitions = given.record.leader_transitions + 1;
+        taken.leader_transitions =
+            (given.record.leader_transitions + 1).max(desired.leader_transitions);
         taken.strategy = given.record.strategy.clone();
         taken.preferred_holder = None;
         let stored = self.update(&given.version, &taken).await?;
