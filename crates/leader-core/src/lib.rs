@@ -19,6 +19,7 @@ mod redact;
 mod retry;
 mod runner;
 mod status;
+mod url;
 mod work;
 
 #[cfg(feature = "testing")]
@@ -45,6 +46,7 @@ pub use memory::{MemoryLock, MemoryStore};
 pub use record::{LeaderElectionRecord, Observed, Version};
 pub use redact::redact_url;
 pub use status::{ElectionError, ElectorStatus, IdentityConflict, LastError};
+pub use url::{FileUrl, LockTarget, UrlError};
 
 /// Re-exported so that users need not depend on `async-trait` and `tokio-util` themselves.
 pub use async_trait::async_trait;

@@ -6,9 +6,11 @@ mod candidate;
 mod error;
 mod lock;
 mod names;
+mod url;
 
 pub use candidate::Coordination;
 pub use lock::{COORDINATION_ANNOTATION, FENCING_TOKEN_ANNOTATION, HANDOVER_STRATEGY, LeaseLock};
+pub use url::{DEFAULT_REQUEST_TIMEOUT, LockUrl};
 
 /// The core crate, so that one dependency is enough.
 pub use leader_core;

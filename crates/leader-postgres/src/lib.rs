@@ -7,11 +7,13 @@ mod error;
 mod lock;
 mod sql;
 mod store;
+mod url;
 
 pub use advisory::AdvisoryLock;
 pub use leader_core::redact_url;
 pub use lock::TableLock;
 pub use store::{DEFAULT_SCHEMA, DEFAULT_TABLE, PostgresStore, PostgresStoreBuilder};
+pub use url::LockUrl;
 
 /// The core crate, so that one dependency is enough.
 pub use leader_core;
