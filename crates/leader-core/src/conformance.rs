@@ -22,12 +22,11 @@ use async_trait::async_trait;
 use chrono::{DateTime, SubsecRound, Utc};
 use futures_util::StreamExt;
 use tokio::task::JoinSet;
-use tokio_util::sync::CancellationToken;
 
 use crate::background::{Candidate, LEASE, RENEW, RETRY};
 use crate::{
-    Acquisition, LeaderElectionRecord, LeaderElector, LeaderState, LockError, Observed,
-    ResourceLock, Version, request_handover,
+    Acquisition, LeaderElectionRecord, LeaderElector, LockError, Observed, ResourceLock, Version,
+    request_handover,
 };
 
 /// Makes locks of one backend for the suite.
@@ -924,30 +923,23 @@ pub async fn planned_handover(factory: &dyn LockFactory) {
 /// over with a larger fencing token.
 pub async fn electors_elect_one_and_hand_over(factory: &dyn LockFactory) {
     let name = unique("electors");
-    let mut states = Vec::new();
-    let mut shutdowns = Vec::new();
+    let mut electors = Vec::new();
     for id in ["a", "b"] {
-        let elector = LeaderElector::builder(factory.lock(&name, id).await)
-            .lease_duration(Duration::from_secs(3))
-            .renew_deadline(Duration::from_secs(2))
-            .retry_period(Duration::from_millis(300))
-            .build()
-            .expect("valid timings");
-        states.push(elector.subscribe());
-        let shutdown = CancellationToken::new();
-        shutdowns.push(shutdown.clone());
-        tokio::spawn(elector.run(shutdown));
+        electors.push(Candidate::start_with(
+            factory.lock(&name, id).await,
+            Duration::from_millis(300),
+        ));
     }
-    let leading = |states: &[tokio::sync::watch::Receiver<LeaderState>]| {
-        states
+    let leading = |electors: &[Candidate]| {
+        electors
             .iter()
             .enumerate()
-            .filter_map(|(i, s)| s.borrow().leadership().map(|l| (i, l.fencing_token())))
+            .filter_map(|(i, c)| c.leading_token().map(|token| (i, token)))
             .collect::<Vec<_>>()
     };
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     let (first, token) = loop {
-        let now_leading = leading(&states);
+        let now_leading = leading(&electors);
         assert!(
             now_leading.len() <= 1,
             "two electors lead at once: {now_leading:?}"
@@ -961,33 +953,17 @@ pub async fn electors_elect_one_and_hand_over(factory: &dyn LockFactory) {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
-    shutdowns[first].cancel();
+    electors[first].shutdown.cancel();
     let other = 1 - first;
-    let handed = tokio::time::timeout(
-        Duration::from_secs(10),
-        states[other].wait_for(LeaderState::is_leading),
-    )
-    .await
-    .map(|state| state.is_ok());
-    assert_eq!(
-        handed,
-        Ok(true),
-        "the follower did not take over within 10 s"
-    );
-    let new_token = states[other]
-        .borrow()
-        .leadership()
-        .map(|l| l.fencing_token())
-        .unwrap_or_default();
+    let new_token = electors[other].wait_leading(Duration::from_secs(10)).await;
     assert!(
         new_token > token,
         "fencing token must grow across a handover: {token} then {new_token}"
     );
-    assert!(
-        !states[first].borrow().is_leading(),
-        "the old leader still leads"
-    );
-    shutdowns[other].cancel();
+    assert!(!electors[first].is_leading(), "the old leader still leads");
+    for elector in electors {
+        elector.stop().await;
+    }
 }
 
 /// `n` electors on one election: a leader within 10 s, never two at once, no change of hands
@@ -997,26 +973,16 @@ pub async fn electors_elect_exactly_one(factory: &dyn LockFactory, n: usize) {
     let name = unique("many");
     let mut electors = Vec::new();
     for i in 0..n {
-        let elector = LeaderElector::builder(factory.lock(&name, &format!("e{i}")).await)
-            .lease_duration(Duration::from_secs(3))
-            .renew_deadline(Duration::from_secs(2))
-            .retry_period(Duration::from_millis(500))
-            .build()
-            .expect("valid timings");
-        let state = elector.subscribe();
-        let shutdown = CancellationToken::new();
-        let task = tokio::spawn(elector.run(shutdown.clone()));
-        electors.push((state, shutdown, task));
+        electors.push(Candidate::start_with(
+            factory.lock(&name, &format!("e{i}")).await,
+            Duration::from_millis(500),
+        ));
     }
-    let leaders = |electors: &[(
-        tokio::sync::watch::Receiver<LeaderState>,
-        CancellationToken,
-        tokio::task::JoinHandle<()>,
-    )]| {
+    let leaders = |electors: &[Candidate]| {
         electors
             .iter()
             .enumerate()
-            .filter_map(|(i, (s, ..))| s.borrow().leadership().map(|l| (i, l.fencing_token())))
+            .filter_map(|(i, c)| c.leading_token().map(|token| (i, token)))
             .collect::<Vec<_>>()
     };
     let watch_for =
@@ -1052,9 +1018,7 @@ pub async fn electors_elect_exactly_one(factory: &dyn LockFactory, n: usize) {
     let (index, token) = watch_for(&electors, Duration::from_secs(3), first)
         .await
         .expect("a leader");
-    let (_, shutdown, task) = electors.remove(index);
-    shutdown.cancel();
-    task.await.expect("elector task");
+    electors.remove(index).stop().await;
     let mut next = None;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while next.is_none() {
@@ -1071,9 +1035,8 @@ pub async fn electors_elect_exactly_one(factory: &dyn LockFactory, n: usize) {
         next_token > token,
         "fencing token {token} then {next_token}"
     );
-    for (_, shutdown, task) in electors {
-        shutdown.cancel();
-        task.await.expect("elector task");
+    for elector in electors {
+        elector.stop().await;
     }
 }
 

@@ -34,6 +34,7 @@ pub enum LeaderEvent {
 
 /// The outcome of [`ResourceLock::try_acquire`].
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Acquisition {
     /// The lease was free, expired or ours, and is now ours as stored.
     Acquired(Observed),

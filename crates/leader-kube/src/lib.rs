@@ -6,6 +6,7 @@ mod candidate;
 mod error;
 mod lock;
 mod names;
+mod time;
 mod url;
 
 pub use candidate::Coordination;

@@ -6,11 +6,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use chrono::{DateTime, Utc};
+use chrono::Utc;
 use futures_util::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::api::{Api, PostParams, WatchEvent, WatchParams};
 use leader_core::{
     Acquisition, ChangeStream, LeaderElectionRecord, LeaderEvent, LockError, Observed,
@@ -20,6 +20,7 @@ use leader_core::{
 use crate::candidate::{Candidate, Coordination, Keeper, Problem};
 use crate::error::{BACKEND, map};
 use crate::names;
+use crate::time::{chrono_of, micro};
 
 /// A [`ResourceLock`] on a `coordination.k8s.io/v1` Lease, written exactly as client-go's
 /// `LeaseLock` writes it, so a client-go process and this one can contend for the same Lease.
@@ -434,19 +435,6 @@ impl LeaseLock {
         });
         Ok(Box::pin(outcomes))
     }
-}
-
-pub(crate) fn micro(time: DateTime<Utc>) -> MicroTime {
-    let nanos =
-        i128::from(time.timestamp()) * 1_000_000_000 + i128::from(time.timestamp_subsec_nanos());
-    MicroTime(k8s_openapi::jiff::Timestamp::from_nanosecond(nanos).unwrap_or_default())
-}
-
-fn chrono_of(time: &MicroTime) -> Option<DateTime<Utc>> {
-    DateTime::from_timestamp(
-        time.0.as_second(),
-        u32::try_from(time.0.subsec_nanosecond()).ok()?,
-    )
 }
 
 /// The Lease spec for a record, as client-go writes it over the spec `old` (if any).

@@ -48,6 +48,36 @@ impl TableName {
     }
 }
 
+/// The lock table's columns, written once for [`SCHEMA`] and the statement `create_table` runs.
+macro_rules! table_columns {
+    () => {
+        "(
+    name               text        PRIMARY KEY,
+    holder_identity    text        NOT NULL DEFAULT '',
+    lease_duration_ms  bigint      NOT NULL,
+    acquire_time       timestamptz NOT NULL,
+    renew_time         timestamptz NOT NULL,
+    leader_transitions bigint      NOT NULL DEFAULT 0,
+    strategy           text,
+    preferred_holder   text,
+    version            bigint      NOT NULL,
+    expires_at         timestamptz NOT NULL
+)"
+    };
+}
+
+const TABLE_COLUMNS: &str = table_columns!();
+
+/// The lock table in the default schema and name, as
+/// [`PostgresStore::create_table`](crate::PostgresStore::create_table) creates it (and the
+/// repository's `deploy/postgres/schema.sql` has it): for a migration tool, or a table owner who
+/// creates it for a least-privilege role. For another schema or table name, replace
+/// `"public"."leader_election"`.
+pub const SCHEMA: &str = concat!(
+    r#"CREATE TABLE IF NOT EXISTS "public"."leader_election" "#,
+    table_columns!()
+);
+
 const COLUMNS: &str = "holder_identity, lease_duration_ms, acquire_time, renew_time, leader_transitions, strategy, preferred_holder, version";
 
 /// A row that [`decode`] can read: an acquisition never overwrites a row it could not read, and
@@ -113,20 +143,7 @@ impl Statements {
     pub(crate) fn new(table: &TableName, kind: Kind) -> Self {
         let t = table.quoted();
         let advisory = kind == Kind::Advisory;
-        let create_table = format!(
-            "CREATE TABLE IF NOT EXISTS {t} (
-    name               text        PRIMARY KEY,
-    holder_identity    text        NOT NULL DEFAULT '',
-    lease_duration_ms  bigint      NOT NULL,
-    acquire_time       timestamptz NOT NULL,
-    renew_time         timestamptz NOT NULL,
-    leader_transitions bigint      NOT NULL DEFAULT 0,
-    strategy           text,
-    preferred_holder   text,
-    version            bigint      NOT NULL,
-    expires_at         timestamptz NOT NULL
-)"
-        );
+        let create_table = format!("CREATE TABLE IF NOT EXISTS {t} {TABLE_COLUMNS}");
         let get = format!("SELECT {COLUMNS} FROM {t} WHERE name = $1");
         // A random first version: a row deleted and created again never matches an old version.
         let first_version = "(floor(random() * 4503599627370496))::bigint + 1";
@@ -367,6 +384,7 @@ mod tests {
         )
         .create_table;
         assert_eq!(statement.trim().trim_end_matches(';'), created.trim());
+        assert_eq!(SCHEMA, created, "the public constant is the statement too");
     }
 
     #[test]
