@@ -12,7 +12,7 @@ mod url;
 pub use advisory::AdvisoryLock;
 pub use leader_core::redact_url;
 pub use lock::TableLock;
-pub use sql::SCHEMA;
+pub use sql::{MIGRATION, SCHEMA};
 pub use store::{DEFAULT_SCHEMA, DEFAULT_TABLE, PostgresStore, PostgresStoreBuilder};
 pub use url::LockUrl;
 
