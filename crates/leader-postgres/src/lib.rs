@@ -18,5 +18,6 @@ pub use url::LockUrl;
 
 /// The core crate, so that one dependency is enough.
 pub use leader_core;
-/// The driver and pool, for callers that bring their own pool.
-pub use {deadpool_postgres, tokio_postgres};
+/// The driver and pool, for callers that bring their own pool, and rustls, for TLS settings of
+/// your own ([`PostgresStoreBuilder::tls`]).
+pub use {deadpool_postgres, rustls, tokio_postgres};
