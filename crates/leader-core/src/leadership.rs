@@ -385,6 +385,15 @@ impl StepDownReason {
     pub fn is_voluntary(self) -> bool {
         !matches!(self, Self::RenewDeadlineExceeded | Self::Lost)
     }
+
+    /// True for the ends after which the candidate stands back before running again, so that
+    /// another takes the lease it gave up: a step-down, or its work ending.
+    pub(crate) fn stands_back(self) -> bool {
+        matches!(
+            self,
+            Self::SteppedDown | Self::WorkEnded | Self::WorkPanicked
+        )
+    }
 }
 
 /// The end of a term, as reported to [`on_stopped_leading`](crate::LeaderElectorBuilder::on_stopped_leading).

@@ -155,7 +155,7 @@ impl Runner {
             if shutdown.is_cancelled() {
                 break;
             }
-            if reason.is_voluntary() && !self.stand_back(&shutdown).await {
+            if reason.stands_back() && !self.stand_back(&shutdown).await {
                 break;
             }
         }
@@ -164,9 +164,10 @@ impl Runner {
         tracing::debug!("elector stopped");
     }
 
-    /// After stepping down of its own accord (a step-down, a handover, its work ending), a
-    /// candidate lets the others take the released lease before it runs again: it waits the
-    /// longest a follower waits between attempts. `false` on shutdown.
+    /// After giving up the lease (a step-down, its work ending), a candidate lets the others
+    /// take it before it runs again: it waits the longest a follower waits between attempts.
+    /// (After a planned handover the request itself keeps it back, and it may be the next one
+    /// named.) `false` on shutdown.
     async fn stand_back(&self, shutdown: &CancellationToken) -> bool {
         tokio::select! {
             biased;

@@ -229,3 +229,28 @@ async fn without_callbacks_the_term_is_not_ended_by_work() {
     assert!(stopping.await.unwrap()[0].released);
     assert!(freed >= dropped, "released before the clone was gone");
 }
+
+/// A candidate that just handed its lease over does not stand back: a handover back to it
+/// moves the lease at once (the request alone keeps it back from a lease named for another).
+#[tokio::test(start_paused = true)]
+async fn a_lease_handed_back_is_taken_at_once() {
+    let store = MemoryStore::new();
+    let mut a = Candidate::build(builder(store.lock("election", "a")));
+    let first = a.leadership().await;
+    let mut b = Candidate::build(builder(store.lock("election", "b")));
+    sleep(RETRY).await;
+    first.hand_over("b").expect("leading");
+    drop(first);
+    let second = b.leadership().await;
+    let asked = Instant::now();
+    second.hand_over("a").expect("leading");
+    drop(second);
+    a.wait_leading(LEASE).await;
+    assert!(
+        asked.elapsed() < RETRY,
+        "handed back after {:?}",
+        asked.elapsed()
+    );
+    b.stop().await;
+    a.stop().await;
+}
