@@ -4,7 +4,6 @@
 //! README lists. Reported as ignored, not passed, when not asked for.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use leader_consul::ConsulStore;
 use leader_core::conformance::{self, LockFactory};
@@ -41,16 +40,12 @@ impl Agent {
 #[async_trait]
 impl LockFactory for Agent {
     async fn lock(&self, name: &str, identity: &str) -> Arc<dyn ResourceLock> {
-        Arc::new(self.store.lock(name, identity))
+        Arc::new(self.store.lock(name, identity).expect("a valid name"))
     }
 
     /// The lock's own client writes only records; the check that needs garbage is skipped.
     async fn corrupt(&self, _name: &str) -> bool {
         false
-    }
-
-    fn extra_expiry(&self) -> Duration {
-        Duration::from_secs(21)
     }
 }
 

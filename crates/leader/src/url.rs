@@ -559,7 +559,7 @@ impl LockUrl {
                 if let Ok(token) = std::env::var("CONSUL_HTTP_TOKEN") {
                     builder = builder.token(token);
                 }
-                Box::new(builder.build()?.lock(name, identity))
+                Box::new(builder.build()?.lock(name, identity)?)
             }
             #[cfg(feature = "object-store")]
             Self::ObjectStore { url, object } => {
