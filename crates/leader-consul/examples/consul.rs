@@ -11,7 +11,8 @@
 //! The leader prints a line per second with its fencing token; stop it with Ctrl-C and another
 //! process takes over at once (it releases the key, and the others' blocking queries report
 //! it). Kill it with `kill -9` and another takes over once the holder's renewals have stopped
-//! for a lease (15 s here), within a lease and a retry period of the kill.
+//! for a lease (15 s here), within a lease and a jittered retry period (up to 4.4 s) of the
+//! kill.
 
 use std::error::Error;
 use std::time::Duration;
