@@ -5,6 +5,8 @@ mod common;
 
 use std::time::Duration;
 
+use common::cluster::Cluster;
+use common::scenarios;
 use common::{ConsulApiServer, get_status, lock, put, store};
 use leader_consul::ConsulStore;
 use leader_core::conformance::record;
@@ -64,22 +66,8 @@ async fn a_token_without_key_rights_is_forbidden_naming_the_rule() {
     let api = ConsulApiServer::start().await;
     let store = store(&api);
     api.deny("key:write");
+    scenarios::a_token_without_key_write_is_forbidden(&store).await;
     let a = lock(&store, "denied", "a");
-    let err = a
-        .try_acquire(&record("a", 0))
-        .await
-        .expect_err("key:write denied");
-    let message = err.to_string();
-    assert!(matches!(err, LockError::Forbidden { .. }), "{err:?}");
-    assert!(
-        message.contains("Permission denied")
-            && message.contains("check-not-exists")
-            && message.contains("key:write")
-            && message.contains(&format!("key_prefix \"{}\"", store.prefix())),
-        "{message}"
-    );
-    let err = a.create(&record("a", 1)).await.expect_err("create");
-    assert!(matches!(err, LockError::Forbidden { .. }), "{err:?}");
 
     api.allow("key:write");
     let held = match a.try_acquire(&record("a", 0)).await.expect("allowed") {
@@ -152,42 +140,14 @@ async fn unreachable_agents_and_bad_settings() {
 /// Consul checks key names on `GET`, `PUT` and `DELETE /v1/kv` (`validateKVKey`) but not in
 /// transactions, which is how the lock writes: an election named `job.json` or `a~b` could be
 /// written and never read. Such names, and prefixes, are refused when the lock (or the store)
-/// is built, naming the rule and a name that would do; the names the lock accepts are keys
-/// Consul serves.
+/// is built; the names the lock accepts are keys Consul serves, and the test server refuses
+/// what the lock refuses, as Consul does.
 #[tokio::test]
 async fn names_consul_would_refuse_are_refused_when_the_lock_is_built() {
-    let api = ConsulApiServer::start().await;
-    let store = store(&api);
-    for (name, instead) in [
-        ("job.json", "job-json"),
-        ("a~b", "a-b"),
-        ("nightly report", "nightly-report"),
-        ("x/../y", "x/y"),
-    ] {
-        let err = store.lock(name, "a").expect_err(name);
-        let message = err.to_string();
-        assert!(
-            matches!(err, LockError::Misconfigured { .. })
-                && message.contains(&format!("{instead:?} would do")),
-            "{name}: {message}"
-        );
-    }
-    let err = ConsulStore::builder(api.url())
-        .prefix("team a/")
-        .build()
-        .expect_err("a prefix with a space");
-    assert!(matches!(err, LockError::Misconfigured { .. }), "{err:?}");
-
-    // What the lock accepts, Consul's KV API reads.
-    for name in ["job-json", "jobs/nightly", "v1.2,eu"] {
-        let a = lock(&store, name, "a");
-        let taken = a.try_acquire(&record("a", 0)).await.expect("try");
-        assert!(matches!(taken, Some(Acquisition::Acquired(_))), "{name}");
-        let path = format!("{}/v1/kv/{}", api.url(), a.key());
-        assert_eq!(get_status(&path).await, reqwest::StatusCode::OK, "{path}");
-    }
-    // And it does refuse what the lock refuses (the test server as Consul does).
-    let path = format!("{}/v1/kv/{}job.json", api.url(), store.prefix());
+    let cluster = Cluster::test().await;
+    scenarios::names_consul_would_refuse_are_refused_when_the_lock_is_built(&cluster).await;
+    let api = cluster.test_server().expect("the test server");
+    let path = format!("{}/v1/kv/leader/job.json", api.url());
     assert_eq!(get_status(&path).await, reqwest::StatusCode::BAD_REQUEST);
 }
 

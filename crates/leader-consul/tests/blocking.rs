@@ -6,61 +6,15 @@
 
 mod common;
 
-use std::time::Duration;
-
+use common::cluster::Cluster;
+use common::scenarios::{self, changes, reported};
 use common::{ConsulApiServer, lock, store};
-use futures_util::StreamExt;
 use leader_core::conformance::record;
 use leader_core::{Acquisition, LeaderElectionRecord, ResourceLock};
 
-/// The change stream of `lock`, consumed as the elector does (a query always in flight): a
-/// receiver of its items.
-async fn changes(lock: &impl ResourceLock) -> tokio::sync::mpsc::UnboundedReceiver<()> {
-    let mut stream = lock.watch().await.expect("watch").expect("a stream");
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        while let Some(()) = stream.next().await {
-            if tx.send(()).is_err() {
-                return;
-            }
-        }
-    });
-    // Let its first blocking query start.
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    rx
-}
-
-async fn reported(changes: &mut tokio::sync::mpsc::UnboundedReceiver<()>) -> bool {
-    matches!(
-        tokio::time::timeout(Duration::from_secs(2), changes.recv()).await,
-        Ok(Some(()))
-    )
-}
-
-/// A follower watching an election nobody ran yet wakes when its key is created, and neither
-/// for writes to other keys nor with a request each.
 #[tokio::test]
 async fn a_watch_on_a_missing_key_wakes_for_its_creation_only() {
-    let api = ConsulApiServer::start().await;
-    let store = store(&api);
-    let follower = lock(&store, "missing", "b");
-    let mut changes = changes(&follower).await;
-    let reads = || api.requests().get("GET /v1/kv").copied().unwrap_or(0);
-    let before = reads();
-    for i in 0..20 {
-        api.put_raw(&format!("{}other-{i}", store.prefix()), b"x");
-    }
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(changes.try_recv().is_err(), "woken by writes to other keys");
-    assert_eq!(reads(), before, "a blocking query answered for other keys");
-
-    let a = lock(&store, "missing", "a");
-    let taken = a.try_acquire(&record("a", 0)).await.expect("try");
-    assert!(matches!(taken, Some(Acquisition::Acquired(_))));
-    assert!(
-        reported(&mut changes).await,
-        "not woken by the key's creation"
-    );
+    scenarios::a_watch_on_a_missing_key_wakes_for_its_creation_only(&Cluster::test().await).await;
 }
 
 /// A snapshot restored (the record back to a free one with an older token, the index

@@ -4,6 +4,9 @@
 
 #![allow(dead_code, unreachable_pub)]
 
+pub mod cluster;
+pub mod scenarios;
+
 use std::sync::Arc;
 
 use leader_consul::{ConsulLock, ConsulStore};

@@ -14,7 +14,7 @@
 //!   /v1/catalog/deregister`, or an agent that leaves, [`ConsulApiServer::leave`]) takes every
 //!   session of the node with it (`deleteNodeTxn` in `state/catalog.go`), and a check turning
 //!   critical the sessions tied to it (`ensureCheckTxn`); an agent that left answers nothing.
-//! - Sessions (`session.rs`): created with the agent's node, `serfHealth` and a 15 s lock-delay
+//! - Sessions (`session.rs`: create, renew, destroy, info, list): created with the agent's node, `serfHealth` and a 15 s lock-delay
 //!   by default, the checks fixed up as `fixupEmptySessionChecks` does (an empty `Checks` list
 //!   clears `NodeChecks` too), a TTL between `session_ttl_min` (10 s unless an operator raised
 //!   it) and 24 h or none, else 500 "Invalid Session TTL" (`Session.Apply`); invalidated twice
@@ -223,6 +223,7 @@ impl ConsulApiServer {
             .route("/v1/session/renew/{id}", put(session::renew))
             .route("/v1/session/destroy/{id}", put(session::destroy))
             .route("/v1/session/info/{id}", get(session::info))
+            .route("/v1/session/list", get(session::list))
             .route("/v1/catalog/deregister", put(session::deregister))
             .route(
                 "/v1/kv/{*key}",

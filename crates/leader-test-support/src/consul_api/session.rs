@@ -206,6 +206,22 @@ pub(super) async fn info(
     json_response(StatusCode::OK, data.index, &body)
 }
 
+/// `GET /v1/session/list`: every session (`SessionList`).
+pub(super) async fn list(
+    State(api): State<ConsulApiServer>,
+    headers: HeaderMap,
+    Query(params): Params,
+) -> Response {
+    if let Some(refused) = api.admit("GET /v1/session/list", &params, &headers, "", "") {
+        return refused;
+    }
+    let data = api.data();
+    let mut sessions: Vec<(&String, &Session)> = data.sessions.iter().collect();
+    sessions.sort_by_key(|(_, s)| s.create_index);
+    let body: Vec<Value> = sessions.iter().map(|(id, s)| s.to_json(id)).collect();
+    json_response(StatusCode::OK, data.index, &json!(body))
+}
+
 /// `PUT /v1/catalog/deregister` with `{"Node": NODE}` and no service or check: the node goes
 /// with its sessions (`Catalog.Deregister` → `deleteNodeTxn`); needs `node:write`.
 pub(super) async fn deregister(
