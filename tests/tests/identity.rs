@@ -104,34 +104,26 @@ async fn one_identity_one_leader_on_the_file_lock() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_identity_one_leader_on_postgres() {
-    let url = leader_test_support::database_url();
-    if std::net::TcpStream::connect("127.0.0.1:5432").is_err() && url.contains("127.0.0.1:5432") {
-        skip_or_fail!("no Postgres at 127.0.0.1:5432; run scripts/test");
-    }
+    let Some(url) = leader_test_support::postgres_lock_or_skip() else {
+        return;
+    };
     one_identity_one_leader(&url).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_identity_one_leader_on_redis() {
-    let url = leader_test_support::redis_url();
-    if std::net::TcpStream::connect("127.0.0.1:6379").is_err() && url.contains("127.0.0.1:6379") {
-        skip_or_fail!("no Redis at 127.0.0.1:6379; run scripts/test");
-    }
+    let Some(url) = leader_test_support::redis_lock_or_skip() else {
+        return;
+    };
     one_identity_one_leader(&url).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_identity_one_leader_on_etcd() {
-    let endpoints = leader_test_support::etcd_endpoints();
-    let hosts: Vec<&str> = endpoints
-        .iter()
-        .map(|e| e.trim_start_matches("http://"))
-        .collect();
-    if std::net::TcpStream::connect(hosts[0]).is_err() {
-        skip_or_fail!("no etcd at {endpoints:?}; run scripts/test");
-    }
-    let prefix = leader_test_support::etcd_prefix().unwrap_or_else(|| "leader/".into());
-    one_identity_one_leader(&format!("etcd://{}/?prefix={prefix}", hosts.join(","))).await;
+    let Some(url) = leader_test_support::etcd_lock_or_skip() else {
+        return;
+    };
+    one_identity_one_leader(&url).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -9,7 +9,6 @@ use std::path::Path;
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
-use leader_test_support::skip_or_fail;
 use leader_tests::{TermEvent as Event, now_ns as now, term_events as events};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -99,44 +98,32 @@ async fn start_number(log: &Path, n: usize, within: Duration) -> Event {
     })
 }
 
-/// Exactly one job at a time: each start comes after the previous job stopped (or, for a job
-/// whose `leader` was killed, after that kill), and fencing tokens grow.
+/// Exactly one job at a time, by the fault harness's checker: each start comes after the
+/// previous job stopped (or, for a job whose `leader` was killed, after that kill), and fencing
+/// tokens grow. The last job may still run.
 fn assert_one_at_a_time(log: &Path, killed: &[(String, i128)]) {
+    use leader_tests::harness::checker::{self, Marks};
     let events = events(log);
-    let mut running: Option<&Event> = None;
-    let mut last_token = 0;
-    for event in &events {
-        if event.start {
-            if let Some(previous) = running {
-                let (_, killed_at) = killed
-                    .iter()
-                    .find(|(identity, _)| *identity == previous.identity)
-                    .unwrap_or_else(|| {
-                        panic!(
-                            "{} started while {} ran: {events:?}",
-                            event.identity, previous.identity
-                        )
-                    });
-                assert!(
-                    event.at > *killed_at,
-                    "started before the previous leader was killed: {events:?}"
-                );
-            }
-            assert!(
-                event.token > last_token,
-                "fencing tokens must grow: {events:?}"
-            );
-            last_token = event.token;
-            running = Some(event);
-        } else {
-            assert_eq!(
-                running.map(|e| &e.identity),
-                Some(&event.identity),
-                "{events:?}"
-            );
-            running = None;
-        }
+    // A kill ends the term its identity last started before it.
+    let killed: Marks = killed
+        .iter()
+        .filter_map(|(identity, at)| {
+            let term = events
+                .iter()
+                .rev()
+                .find(|e| e.start && e.identity == *identity && e.at < *at)?;
+            Some(((identity.clone(), term.token), *at))
+        })
+        .collect();
+    let mut terms = checker::terms(&events, &killed, &Marks::new());
+    if let Some(last) = terms.last_mut() {
+        last.end.get_or_insert_with(now);
     }
+    let (overlaps, violations) = checker::check(&terms);
+    assert!(
+        overlaps == 0 && violations.is_empty(),
+        "{violations:?}: {events:?}"
+    );
 }
 
 fn pid(child: &Child) -> Pid {
@@ -218,34 +205,26 @@ async fn file_lock_one_job_at_a_time_and_handovers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_lock_one_job_at_a_time_and_handovers() {
-    let url = leader_test_support::database_url();
-    if std::net::TcpStream::connect("127.0.0.1:5432").is_err() && url.contains("127.0.0.1:5432") {
-        skip_or_fail!("no Postgres at 127.0.0.1:5432; run scripts/test");
-    }
+    let Some(url) = leader_test_support::postgres_lock_or_skip() else {
+        return;
+    };
     handovers(&url).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_lock_one_job_at_a_time_and_handovers() {
-    let url = leader_test_support::redis_url();
-    if std::net::TcpStream::connect("127.0.0.1:6379").is_err() && url.contains("127.0.0.1:6379") {
-        skip_or_fail!("no Redis at 127.0.0.1:6379; run scripts/test");
-    }
+    let Some(url) = leader_test_support::redis_lock_or_skip() else {
+        return;
+    };
     handovers(&url).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_lock_one_job_at_a_time_and_handovers() {
-    let endpoints = leader_test_support::etcd_endpoints();
-    let hosts: Vec<&str> = endpoints
-        .iter()
-        .map(|e| e.trim_start_matches("http://"))
-        .collect();
-    if std::net::TcpStream::connect(hosts[0]).is_err() {
-        skip_or_fail!("no etcd at {endpoints:?}; run scripts/test");
-    }
-    let prefix = leader_test_support::etcd_prefix().unwrap_or_else(|| "leader/".into());
-    handovers(&format!("etcd://{}/?prefix={prefix}", hosts.join(","))).await;
+    let Some(url) = leader_test_support::etcd_lock_or_skip() else {
+        return;
+    };
+    handovers(&url).await;
 }
 
 /// Consul, on the test Consul server: the holder writes its renewal key at every renewal, so a
@@ -528,34 +507,26 @@ async fn kubernetes_lock_planned_handovers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_lock_planned_handovers() {
-    let url = leader_test_support::database_url();
-    if std::net::TcpStream::connect("127.0.0.1:5432").is_err() && url.contains("127.0.0.1:5432") {
-        skip_or_fail!("no Postgres at 127.0.0.1:5432; run scripts/test");
-    }
+    let Some(url) = leader_test_support::postgres_lock_or_skip() else {
+        return;
+    };
     planned_handovers(&url).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_lock_planned_handovers() {
-    let url = leader_test_support::redis_url();
-    if std::net::TcpStream::connect("127.0.0.1:6379").is_err() && url.contains("127.0.0.1:6379") {
-        skip_or_fail!("no Redis at 127.0.0.1:6379; run scripts/test");
-    }
+    let Some(url) = leader_test_support::redis_lock_or_skip() else {
+        return;
+    };
     planned_handovers(&url).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_lock_planned_handovers() {
-    let endpoints = leader_test_support::etcd_endpoints();
-    let hosts: Vec<&str> = endpoints
-        .iter()
-        .map(|e| e.trim_start_matches("http://"))
-        .collect();
-    if std::net::TcpStream::connect(hosts[0]).is_err() {
-        skip_or_fail!("no etcd at {endpoints:?}; run scripts/test");
-    }
-    let prefix = leader_test_support::etcd_prefix().unwrap_or_else(|| "leader/".into());
-    planned_handovers(&format!("etcd://{}/?prefix={prefix}", hosts.join(","))).await;
+    let Some(url) = leader_test_support::etcd_lock_or_skip() else {
+        return;
+    };
+    planned_handovers(&url).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

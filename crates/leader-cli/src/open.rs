@@ -34,15 +34,15 @@ pub(crate) async fn open_lock(
 ) -> Result<(Box<dyn ResourceLock>, Option<FileLock>), u8> {
     let url = match args.lock.as_deref() {
         Some(url) => LockUrl::parse(url).map_err(|err| fail(exit::BAD_LOCK, err))?,
-        None => LockUrl::File(leader::default_file(&args.name)),
+        None => LockUrl::file(leader::default_file(&args.name)),
     };
     let opened = async {
-        let (lock, file): (Box<dyn ResourceLock>, _) = match &url {
-            LockUrl::File(path) => {
+        let (lock, file): (Box<dyn ResourceLock>, _) = match url.file_path() {
+            Some(path) => {
                 let file = FileLock::new(path, identity);
                 (Box::new(file.clone()), Some(file))
             }
-            other => (other.open(&args.name, identity).await?, None),
+            None => (url.open(&args.name, identity).await?, None),
         };
         lock.get().await?;
         Ok::<_, LockError>((lock, file))

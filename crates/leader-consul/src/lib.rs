@@ -7,9 +7,11 @@ mod key;
 mod lock;
 mod session;
 mod store;
+mod url;
 
 pub use lock::ConsulLock;
 pub use store::{ConsulStore, ConsulStoreBuilder, DEFAULT_PREFIX};
+pub use url::LockUrl;
 
 /// The core crate, so that one dependency is enough.
 pub use leader_core;

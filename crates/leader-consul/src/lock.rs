@@ -619,6 +619,7 @@ impl ResourceLock for ConsulLock {
         let Some(record) = record else {
             let mut taken = desired.clone();
             taken.leader_transitions = taken.leader_transitions.max(1);
+            taken.extensions.clear();
             let at = Indexes {
                 record: 0,
                 renewal: renewal.map_or(0, |r| r.modify_index),
@@ -652,9 +653,12 @@ impl ResourceLock for ConsulLock {
             }));
         }
         let mut taken = desired.clone();
+        // At least the floor the elector asks for; the stored extensions, not the candidate's
+        // (only a holder writes them).
         taken.leader_transitions = desired
             .leader_transitions
             .max(observed.record.leader_transitions + 1);
+        taken.extensions = observed.record.extensions.clone();
         taken.preferred_holder = None;
         let at = Indexes::of(&observed.version)?;
         let taken = self.take(Some(at), &self.floored(&taken)).await?;

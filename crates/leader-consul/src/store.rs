@@ -43,6 +43,15 @@ impl ConsulStoreBuilder {
         self
     }
 
+    /// The ACL token from `CONSUL_HTTP_TOKEN`, as Consul's own tools read it; none when it is
+    /// unset or empty.
+    pub fn token_from_env(self) -> Self {
+        match std::env::var("CONSUL_HTTP_TOKEN") {
+            Ok(token) => self.token(token),
+            Err(_) => self,
+        }
+    }
+
     /// The datacenter (`?dc=`); by default the agent's own.
     pub fn datacenter(mut self, datacenter: impl Into<String>) -> Self {
         self.datacenter = Some(datacenter.into()).filter(|d| !d.is_empty());
@@ -177,6 +186,26 @@ impl ConsulStore {
             prefix: DEFAULT_PREFIX.to_owned(),
             timeout: Duration::from_secs(5),
             tls: None,
+        }
+    }
+
+    /// A builder configured as Consul's own tools are: the agent at `CONSUL_HTTP_ADDR` (a URL,
+    /// or `HOST:PORT`, taken as `https://` when `CONSUL_HTTP_SSL` is `true`; default
+    /// `http://127.0.0.1:8500`), the ACL token from `CONSUL_HTTP_TOKEN`, the datacenter from
+    /// `CONSUL_DATACENTER` if set.
+    pub fn from_env() -> ConsulStoreBuilder {
+        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+        let tls =
+            var("CONSUL_HTTP_SSL").is_some_and(|v| v.eq_ignore_ascii_case("true") || v == "1");
+        let address = match var("CONSUL_HTTP_ADDR") {
+            Some(address) if address.contains("://") => address,
+            Some(address) => format!("{}://{address}", if tls { "https" } else { "http" }),
+            None => "http://127.0.0.1:8500".to_owned(),
+        };
+        let builder = Self::builder(address).token_from_env();
+        match var("CONSUL_DATACENTER") {
+            Some(datacenter) => builder.datacenter(datacenter),
+            None => builder,
         }
     }
 

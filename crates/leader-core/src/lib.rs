@@ -19,6 +19,7 @@ mod redact;
 mod retry;
 mod runner;
 mod status;
+mod url;
 mod work;
 
 #[cfg(feature = "testing")]
@@ -39,12 +40,15 @@ pub use handover::{HandoverError, request_handover};
 pub use health::{HealthCheck, NotReady, Unhealthy};
 pub use hub::ChangeHub;
 pub use identity::default_identity;
-pub use leadership::{LeaderState, Leadership, LeadershipLost, StepDown, StepDownReason};
+pub use leadership::{
+    ExtensionError, LeaderState, Leadership, LeadershipLost, StepDown, StepDownReason,
+};
 pub use lock::{Acquisition, ChangeStream, LeaderEvent, ResourceLock};
 pub use memory::{MemoryLock, MemoryStore};
 pub use record::{LeaderElectionRecord, Observed, Version};
 pub use redact::redact_url;
 pub use status::{ElectionError, ElectorStatus, IdentityConflict, LastError};
+pub use url::{FileUrl, LockTarget, UrlError};
 
 /// Re-exported so that users need not depend on `async-trait` and `tokio-util` themselves.
 pub use async_trait::async_trait;

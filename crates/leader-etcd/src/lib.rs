@@ -8,10 +8,12 @@ mod lock;
 mod queue;
 mod seen;
 mod store;
+mod url;
 mod watch;
 
 pub use lock::EtcdLock;
 pub use store::{DEFAULT_PREFIX, EtcdStore, EtcdStoreBuilder};
+pub use url::LockUrl;
 
 /// The driver, for TLS options and clients of your own.
 pub use etcd_client;

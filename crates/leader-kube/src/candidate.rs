@@ -15,8 +15,8 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::error::{BACKEND, map_on};
-use crate::lock::micro;
 use crate::names::{is_config_map_key, is_qualified_name};
+use crate::time::micro;
 
 /// What a candidate announces for coordinated leader election: the strategy the coordinator
 /// elects by and the versions it compares.

@@ -6,9 +6,15 @@ mod candidate;
 mod error;
 mod lock;
 mod names;
+mod time;
+mod url;
 
 pub use candidate::Coordination;
-pub use lock::{COORDINATION_ANNOTATION, FENCING_TOKEN_ANNOTATION, HANDOVER_STRATEGY, LeaseLock};
+pub use lock::{
+    COORDINATION_ANNOTATION, EXTENSIONS_ANNOTATION, FENCING_TOKEN_ANNOTATION, HANDOVER_STRATEGY,
+    LeaseLock,
+};
+pub use url::{DEFAULT_REQUEST_TIMEOUT, LockUrl};
 
 /// The core crate, so that one dependency is enough.
 pub use leader_core;

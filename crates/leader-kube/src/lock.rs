@@ -6,11 +6,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use chrono::{DateTime, Utc};
+use chrono::Utc;
 use futures_util::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::api::{Api, PostParams, WatchEvent, WatchParams};
 use leader_core::{
     Acquisition, ChangeStream, LeaderElectionRecord, LeaderEvent, LockError, Observed,
@@ -20,6 +20,7 @@ use leader_core::{
 use crate::candidate::{Candidate, Coordination, Keeper, Problem};
 use crate::error::{BACKEND, map};
 use crate::names;
+use crate::time::{chrono_of, micro};
 
 /// A [`ResourceLock`] on a `coordination.k8s.io/v1` Lease, written exactly as client-go's
 /// `LeaseLock` writes it, so a client-go process and this one can contend for the same Lease.
@@ -286,6 +287,14 @@ impl LeaseLock {
             Some(kept) => annotations.insert(COORDINATION_ANNOTATION.to_owned(), kept.to_json()),
             None => annotations.remove(COORDINATION_ANNOTATION),
         };
+        if record.extensions.is_empty() {
+            annotations.remove(EXTENSIONS_ANNOTATION);
+        } else {
+            annotations.insert(
+                EXTENSIONS_ANNOTATION.to_owned(),
+                serde_json::to_string(&record.extensions).unwrap_or_default(),
+            );
+        }
         // Fields the server sets; it ignores them on an update anyway.
         lease.metadata.managed_fields = None;
         lease
@@ -436,19 +445,6 @@ impl LeaseLock {
     }
 }
 
-pub(crate) fn micro(time: DateTime<Utc>) -> MicroTime {
-    let nanos =
-        i128::from(time.timestamp()) * 1_000_000_000 + i128::from(time.timestamp_subsec_nanos());
-    MicroTime(k8s_openapi::jiff::Timestamp::from_nanosecond(nanos).unwrap_or_default())
-}
-
-fn chrono_of(time: &MicroTime) -> Option<DateTime<Utc>> {
-    DateTime::from_timestamp(
-        time.0.as_second(),
-        u32::try_from(time.0.subsec_nanosecond()).ok()?,
-    )
-}
-
 /// The Lease spec for a record, as client-go writes it over the spec `old` (if any).
 fn spec_of(record: &LeaderElectionRecord, old: Option<&LeaseSpec>) -> LeaseSpec {
     // Whole seconds in the API: round up, so that followers never wait less than asked. A
@@ -501,6 +497,12 @@ pub const HANDOVER_STRATEGY: &str = "leader-rs.io/handover";
 /// `leaseTransitions` are still those: once another client takes the Lease (a new holder, one
 /// more transition) it is stale and read as no request.
 pub const COORDINATION_ANNOTATION: &str = "leader-rs.io/coordination";
+
+/// The annotation on the Lease that keeps the record's
+/// [`extensions`](leader_core::LeaderElectionRecord::extensions), as a JSON object of strings.
+/// Other clients that rewrite the Lease keep annotations (client-go sends back the Lease it
+/// read; kubert patches only the spec).
+pub const EXTENSIONS_ANNOTATION: &str = "leader-rs.io/extensions";
 
 /// The content of [`COORDINATION_ANNOTATION`].
 #[derive(Debug, PartialEq, Eq)]
@@ -572,6 +574,19 @@ fn record_of(context: &str, lease: &Lease) -> Result<Observed, LockError> {
     let acquire = spec.acquire_time.as_ref().map(chrono_of);
     let renew = spec.renew_time.as_ref().map(chrono_of);
     let kept = KeptFields::read(lease);
+    let extensions = match lease
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(EXTENSIONS_ANNOTATION))
+    {
+        Some(json) => serde_json::from_str(json).map_err(|err| {
+            bad(format!(
+                "annotation {EXTENSIONS_ANNOTATION} is not a JSON object of strings: {err}"
+            ))
+        })?,
+        None => Default::default(),
+    };
     // The fencing token: the high-water mark we keep, or what other clients counted if higher.
     let high_water = lease
         .metadata
@@ -601,6 +616,7 @@ fn record_of(context: &str, lease: &Lease) -> Result<Observed, LockError> {
             .preferred_holder
             .filter(|p| !p.is_empty())
             .or_else(|| kept.and_then(|k| k.preferred_holder)),
+        extensions,
     };
     let version = lease
         .metadata
@@ -720,7 +736,8 @@ impl ResourceLock for LeaseLock {
 
     /// Plain candidates have no one-request acquisition (the elector reads and writes). A
     /// coordinated candidate takes up the Lease only when the coordinator gave it to this
-    /// identity and no handover to another is pending; otherwise it is unassigned.
+    /// identity (its holder, without the `acquireTime` a take-up writes) and no handover to
+    /// another is pending; otherwise it is unassigned.
     async fn try_acquire(
         &self,
         desired: &LeaderElectionRecord,
@@ -748,8 +765,19 @@ impl ResourceLock for LeaseLock {
             return Err(problem);
         }
         let current = self.get().await?;
+        // The coordinator gives a Lease with no `acquireTime`; a take-up writes one. A Lease
+        // of this identity that has one is a term already taken up, maybe by another process
+        // given the same identity (S13): not given to this one.
+        let fresh = self
+            .last
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .and_then(|lease| lease.spec.as_ref())
+            .is_some_and(|spec| spec.acquire_time.is_none());
         let given = current.as_ref().filter(|observed| {
-            observed.record.holder_identity == self.identity
+            fresh
+                && observed.record.holder_identity == self.identity
                 && !observed.record.reserved_for_other_than(&self.identity)
         });
         let Some(given) = given else {
@@ -757,9 +785,12 @@ impl ResourceLock for LeaseLock {
             return Ok(Some(Acquisition::Unassigned(current)));
         };
         let mut taken = desired.clone();
-        taken.leader_transitions = given.record.leader_transitions + 1;
+        taken.leader_transitions =
+            (given.record.leader_transitions + 1).max(desired.leader_transitions);
         taken.strategy = given.record.strategy.clone();
         taken.preferred_holder = None;
+        // The stored extensions, not the candidate's (only a holder writes them).
+        taken.extensions = given.record.extensions.clone();
         let stored = self.update(&given.version, &taken).await?;
         Ok(Some(Acquisition::Acquired(stored)))
     }

@@ -301,6 +301,34 @@ async fn the_coordinator_elects_the_oldest_version_in_a_mixed_fleet() {
     plain.stop().await;
 }
 
+/// S13 in coordinated election: the coordinator gives the Lease to an identity (holder, no
+/// `acquireTime`), and of two processes given that identity only the one whose take-up wrote
+/// first leads; the other never takes up a Lease already taken up, and says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_processes_of_one_identity_never_both_take_up_the_lease() {
+    let api = KubeApiServer::start().await;
+    api.start_coordinator();
+    let terms = Terms::start();
+    let mut first = Candidate::start(coordinated(&api, "jobs", "same", "1.2.0"));
+    terms.add("first", &first);
+    let token = leads(&mut first).await;
+    let second = Candidate::start(coordinated(&api, "jobs", "same", "1.2.0"));
+    terms.add("second", &second);
+    sleep(ELECTION / 3).await;
+    assert!(
+        second.leading_token().is_none(),
+        "two processes of one identity lead"
+    );
+    assert_eq!(
+        first.leading_token(),
+        Some(token),
+        "the first keeps its term"
+    );
+    let _ = terms.seen();
+    first.stop().await;
+    second.stop().await;
+}
+
 /// A plain holder keeps the Lease until a coordinated candidate appears; then the coordinator
 /// asks it to step down (preferredHolder) and it hands over through the planned handover.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

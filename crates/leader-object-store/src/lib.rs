@@ -5,11 +5,13 @@
 mod error;
 mod lock;
 mod store;
+mod url;
 
 pub use lock::BucketLock;
 pub use store::{
     BucketStore, BucketStoreBuilder, DEFAULT_PREFIX, PROBE_NAME, ensure_crypto_provider,
 };
+pub use url::LockUrl;
 
 /// The core crate, so that one dependency is enough.
 pub use leader_core;

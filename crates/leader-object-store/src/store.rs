@@ -161,21 +161,10 @@ pub fn ensure_crypto_provider() {
     }
 }
 
-/// Builds the store a URL names, from the environment and `options`.
-fn build_from_url(
-    url: &url::Url,
-    options: &[(String, String)],
-    timeout: Duration,
-) -> Result<(Arc<dyn ObjectStore>, Kind), String> {
-    // No retries inside the client: a conditional write retried after a lost answer fails its
-    // own precondition, and retries would outlast the elector's deadlines. The elector retries.
-    let retry = RetryConfig {
-        max_retries: 0,
-        retry_timeout: timeout,
-        ..RetryConfig::default()
-    };
-    let timeout = humanize(timeout);
-    let unknown = |key: &str, err: object_store::Error| format!("option {key:?}: {err}");
+/// What a store URL must be, before anything reads the environment: a scheme with conditional
+/// writes, a bucket, and neither credentials nor options (object_store reads those from the
+/// environment).
+pub(crate) fn check_url(url: &url::Url) -> Result<(), String> {
     match url.scheme() {
         "file" => {
             return Err(
@@ -208,6 +197,25 @@ fn build_from_url(
                 .to_owned(),
         );
     }
+    Ok(())
+}
+
+/// Builds the store a URL names, from the environment and `options`.
+fn build_from_url(
+    url: &url::Url,
+    options: &[(String, String)],
+    timeout: Duration,
+) -> Result<(Arc<dyn ObjectStore>, Kind), String> {
+    // No retries inside the client: a conditional write retried after a lost answer fails its
+    // own precondition, and retries would outlast the elector's deadlines. The elector retries.
+    let retry = RetryConfig {
+        max_retries: 0,
+        retry_timeout: timeout,
+        ..RetryConfig::default()
+    };
+    let timeout = humanize(timeout);
+    let unknown = |key: &str, err: object_store::Error| format!("option {key:?}: {err}");
+    check_url(url)?;
     match url.scheme() {
         "s3" | "s3a" => {
             let mut builder = AmazonS3Builder::from_env()

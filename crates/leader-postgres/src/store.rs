@@ -21,6 +21,7 @@ use leader_core::redact_url;
 
 /// The default table name.
 pub const DEFAULT_TABLE: &str = "leader_election";
+
 /// The default schema.
 pub const DEFAULT_SCHEMA: &str = "public";
 

@@ -6,9 +6,11 @@ mod error;
 mod lock;
 mod scripts;
 mod store;
+mod url;
 
 pub use lock::RedisLock;
 pub use store::{DEFAULT_PREFIX, RedisStore, RedisStoreBuilder};
+pub use url::LockUrl;
 
 /// The core crate, so that one dependency is enough.
 pub use leader_core;

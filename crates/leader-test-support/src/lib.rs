@@ -78,6 +78,67 @@ pub fn s3_bucket() -> Result<String, String> {
         .clone()
 }
 
+/// `host:port` of a URL's first (or only) host, with `default_port` when it names none.
+fn host_port(url: &str, default_port: u16) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let authority = &rest[..rest.find(['/', '?']).unwrap_or(rest.len())];
+    let hosts = authority
+        .rsplit_once('@')
+        .map_or(authority, |(_, hosts)| hosts);
+    let host = hosts.split(',').next().unwrap_or_default();
+    if host
+        .rsplit_once(':')
+        .is_some_and(|(_, port)| port.parse::<u16>().is_ok())
+    {
+        host.to_owned()
+    } else {
+        format!("{host}:{default_port}")
+    }
+}
+
+/// `url` when its server answers a TCP connection, else `None` with a line saying why (a
+/// skip), or a failure under CI, where every service must be there.
+fn answering(what: &str, url: String, default_port: u16) -> Option<String> {
+    let address = host_port(&url, default_port);
+    let reached = std::net::ToSocketAddrs::to_socket_addrs(&address)
+        .ok()
+        .and_then(|mut addrs| addrs.next())
+        .is_some_and(|addr| {
+            std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).is_ok()
+        });
+    if reached {
+        return Some(url);
+    }
+    assert!(!in_ci(), "CI=true, but no {what} answers at {address}");
+    eprintln!("skipping: no {what} answers at {address}; run scripts/test");
+    None
+}
+
+/// The test Postgres as a lock URL ([`database_url`]), or a skip (a failure under CI).
+pub fn postgres_lock_or_skip() -> Option<String> {
+    answering("Postgres", database_url(), 5432)
+}
+
+/// The test Redis as a lock URL ([`redis_url`]), or a skip (a failure under CI).
+pub fn redis_lock_or_skip() -> Option<String> {
+    answering("Redis", redis_url(), 6379)
+}
+
+/// The test etcd as a lock URL (`etcd://HOSTS/?prefix=`, [`etcd_endpoints`] and
+/// [`etcd_prefix`], by default `leader/`), or a skip (a failure under CI).
+pub fn etcd_lock_or_skip() -> Option<String> {
+    let hosts: Vec<String> = etcd_endpoints()
+        .iter()
+        .map(|e| e.trim_start_matches("http://").to_owned())
+        .collect();
+    let prefix = etcd_prefix().unwrap_or_else(|| "leader/".into());
+    answering(
+        "etcd",
+        format!("etcd://{}/?prefix={prefix}", hosts.join(",")),
+        2379,
+    )
+}
+
 /// [`s3_bucket`], or `None` with a line saying why (a skip), or a failure under CI, where the
 /// S3 server must be there.
 pub fn s3_bucket_or_skip() -> Option<String> {

@@ -5,7 +5,9 @@
 mod url;
 
 pub use leader_core::*;
-pub use url::{LockUrl, LockUrlError, OPEN_TIMEOUT, OpenError, default_file, open};
+pub use url::{
+    BACKENDS, Backend, LockUrl, LockUrlError, OPEN_TIMEOUT, OpenError, default_file, open,
+};
 
 /// The Postgres table and advisory locks (feature `postgres`).
 #[cfg(feature = "postgres")]

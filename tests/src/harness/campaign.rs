@@ -115,7 +115,7 @@ impl Backend {
     /// the environment it needs: for Kubernetes a `KUBECONFIG` for that port, written into
     /// `dir`; for object storage the endpoint and credentials. The file lock's directory is
     /// `dir/lock`.
-    pub(crate) fn replica_lock(
+    fn replica_url(
         self,
         dir: &Path,
         port: u16,
@@ -152,6 +152,19 @@ impl Backend {
             }
         };
         Ok((url, Vec::new()))
+    }
+
+    /// [`replica_url`](Self::replica_url), checked by the backend's own parser, as the `leader`
+    /// command will parse it.
+    pub(crate) fn replica_lock(
+        self,
+        dir: &Path,
+        port: u16,
+        settings: &Settings,
+    ) -> Result<(String, Vec<(String, String)>), HarnessError> {
+        let (url, env) = self.replica_url(dir, port, settings)?;
+        leader::LockUrl::parse(&url)?;
+        Ok((url, env))
     }
 
     fn server(self) -> Option<ServerKind> {
@@ -371,6 +384,9 @@ pub enum HarnessError {
     /// Settings the campaign cannot run with.
     #[error("{0}")]
     Settings(String),
+    /// A replica's lock URL that its backend does not take.
+    #[error(transparent)]
+    LockUrl(#[from] leader::LockUrlError),
 }
 
 /// The state letter of `/proc/PID/stat` (R, S, T, Z, ...); `None` once the process is gone.

@@ -1,0 +1,121 @@
+//! `consul://` and `consuls://` lock URLs: the agent, the key prefix and the datacenter; the ACL
+//! token from the environment, never from the URL.
+
+use leader_core::{LockError, LockTarget, ResourceLock, UrlError, async_trait};
+
+use crate::store::{ConsulStore, ConsulStoreBuilder};
+
+/// A Consul lock URL: `consul://HOST:8500/PREFIX?dc=DC` (or `consuls://`, TLS, port 8501 by
+/// default). The path is the key prefix; the ACL token comes from `CONSUL_HTTP_TOKEN`, as
+/// Consul's own tools read it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LockUrl {
+    address: String,
+    prefix: Option<String>,
+    datacenter: Option<String>,
+}
+
+impl LockUrl {
+    /// Parses a `consul://` or `consuls://` URL.
+    ///
+    /// # Errors
+    /// Another scheme, credentials in the URL (the token belongs in `CONSUL_HTTP_TOKEN`), no
+    /// host, or an unknown parameter.
+    pub fn parse(lock: &str) -> Result<Self, UrlError> {
+        let invalid = |message: String| UrlError::new(lock, message);
+        let url = url::Url::parse(lock).map_err(|err| invalid(err.to_string()))?;
+        let tls = match url.scheme() {
+            "consul" => false,
+            "consuls" => true,
+            _ => return Err(invalid("not a consul:// URL".to_owned())),
+        };
+        if !url.username().is_empty() || url.password().is_some() {
+            return Err(invalid(
+                "a consul:// URL takes no credentials; set CONSUL_HTTP_TOKEN".to_owned(),
+            ));
+        }
+        let host = url
+            .host_str()
+            .filter(|h| !h.is_empty())
+            .ok_or_else(|| invalid("consul://HOST:PORT needs a host".to_owned()))?;
+        let port = url.port().unwrap_or(if tls { 8501 } else { 8500 });
+        let http = if tls { "https" } else { "http" };
+        let mut datacenter = None;
+        for (key, value) in url.query_pairs() {
+            match key.as_ref() {
+                "dc" => datacenter = Some(value.into_owned()),
+                other => {
+                    return Err(invalid(format!(
+                        "unknown parameter {other:?}; consul:// takes dc (the token comes from \
+                         CONSUL_HTTP_TOKEN)"
+                    )));
+                }
+            }
+        }
+        let prefix = url.path().trim_start_matches('/');
+        Ok(Self {
+            address: format!("{http}://{host}:{port}"),
+            prefix: (!prefix.is_empty()).then(|| prefix.to_owned()),
+            datacenter,
+        })
+    }
+
+    /// Parses `lock` into a [`LockTarget`], for the `leader` facade's scheme table.
+    ///
+    /// # Errors
+    /// As [`parse`](Self::parse).
+    pub fn target(lock: &str) -> Result<Box<dyn LockTarget>, UrlError> {
+        Ok(Box::new(Self::parse(lock)?))
+    }
+
+    /// A store builder with the URL's agent, prefix and datacenter, and the token from
+    /// `CONSUL_HTTP_TOKEN`.
+    pub fn store(&self) -> ConsulStoreBuilder {
+        let mut builder = ConsulStore::builder(&self.address).token_from_env();
+        if let Some(prefix) = &self.prefix {
+            builder = builder.prefix(prefix);
+        }
+        if let Some(datacenter) = &self.datacenter {
+            builder = builder.datacenter(datacenter);
+        }
+        builder
+    }
+}
+
+#[async_trait]
+impl LockTarget for LockUrl {
+    fn describe(&self) -> String {
+        format!(
+            "consul:{}/{}",
+            self.address,
+            self.prefix.as_deref().unwrap_or_default()
+        )
+    }
+
+    async fn open(&self, name: &str, identity: &str) -> Result<Box<dyn ResourceLock>, LockError> {
+        Ok(Box::new(self.store().build()?.lock(name, identity)?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn agent_prefix_and_datacenter() {
+        let url = LockUrl::parse("consuls://consul.internal/app/locks/?dc=eu1").expect("valid");
+        assert_eq!(url.address, "https://consul.internal:8501");
+        assert_eq!(url.prefix.as_deref(), Some("app/locks/"));
+        assert_eq!(url.datacenter.as_deref(), Some("eu1"));
+        let url = LockUrl::parse("consul://127.0.0.1:8500").expect("valid");
+        assert_eq!((url.prefix, url.datacenter), (None, None));
+        for (lock, expected) in [
+            ("consul://u:secret@host:8500", "CONSUL_HTTP_TOKEN"),
+            ("consul://host:8500/?token=secret", "unknown parameter"),
+        ] {
+            let err = LockUrl::parse(lock).expect_err(lock).to_string();
+            assert!(err.contains(expected), "{lock}: {err}");
+            assert!(!err.contains("secret"), "{lock}: {err}");
+        }
+    }
+}

@@ -1,0 +1,138 @@
+//! `etcd://` and `etcds://` lock URLs: several members in the authority, an optional user, and
+//! the key prefix.
+
+use leader_core::{LockError, LockTarget, ResourceLock, UrlError, async_trait};
+
+use crate::store::{EtcdStore, EtcdStoreBuilder};
+
+/// An etcd lock URL: `etcd://user:pass@host1:2379,host2:2379/?prefix=P` (or `etcds://` for TLS,
+/// with the system's roots). Give every member, so that the lock can move to another when one
+/// fails; `prefix` sets the key prefix.
+#[derive(Clone, PartialEq, Eq)]
+pub struct LockUrl {
+    endpoints: Vec<String>,
+    user: Option<(String, String)>,
+    prefix: Option<String>,
+}
+
+impl std::fmt::Debug for LockUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.describe())
+    }
+}
+
+impl LockUrl {
+    /// Parses an `etcd://` or `etcds://` URL.
+    ///
+    /// # Errors
+    /// Another scheme, no host, or a malformed URL.
+    pub fn parse(lock: &str) -> Result<Self, UrlError> {
+        let invalid = |message: String| UrlError::new(lock, message);
+        let (scheme, rest) = lock
+            .split_once("://")
+            .filter(|(scheme, _)| matches!(*scheme, "etcd" | "etcds"))
+            .ok_or_else(|| invalid("not an etcd:// URL".to_owned()))?;
+        // Several hosts in the authority, which URL parsers do not take: split them by hand,
+        // and parse the rest (user, password, query) as a URL with the first host alone.
+        let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+        let authority = &rest[..authority_end];
+        let (user_info, hosts) = match authority.rsplit_once('@') {
+            Some((user_info, hosts)) => (Some(user_info), hosts),
+            None => (None, authority),
+        };
+        if hosts.is_empty() || hosts.split(',').any(str::is_empty) {
+            return Err(invalid("no etcd host".to_owned()));
+        }
+        let first = hosts.split(',').next().unwrap_or_default();
+        let single = format!(
+            "{scheme}://{}{first}{}",
+            user_info.map(|u| format!("{u}@")).unwrap_or_default(),
+            &rest[authority_end..]
+        );
+        let url = url::Url::parse(&single).map_err(|err| invalid(err.to_string()))?;
+        let http = if scheme == "etcds" { "https" } else { "http" };
+        let decode = |s: &str| {
+            url::form_urlencoded::parse(s.as_bytes())
+                .map(|(k, _)| k.into_owned())
+                .next()
+                .unwrap_or_default()
+        };
+        let user = (!url.username().is_empty()).then(|| {
+            (
+                decode(url.username()),
+                url.password().map(decode).unwrap_or_default(),
+            )
+        });
+        let mut prefix = None;
+        for (key, value) in url.query_pairs() {
+            match key.as_ref() {
+                "prefix" => prefix = Some(value.into_owned()),
+                other => {
+                    return Err(invalid(format!(
+                        "unknown parameter {other:?}; etcd:// takes prefix"
+                    )));
+                }
+            }
+        }
+        Ok(Self {
+            endpoints: hosts
+                .split(',')
+                .map(|host| format!("{http}://{host}"))
+                .collect(),
+            user,
+            prefix,
+        })
+    }
+
+    /// Parses `lock` into a [`LockTarget`], for the `leader` facade's scheme table.
+    ///
+    /// # Errors
+    /// As [`parse`](Self::parse).
+    pub fn target(lock: &str) -> Result<Box<dyn LockTarget>, UrlError> {
+        Ok(Box::new(Self::parse(lock)?))
+    }
+
+    /// The members' endpoints, `http://host:port` or `https://...`.
+    pub fn endpoints(&self) -> &[String] {
+        &self.endpoints
+    }
+
+    /// A store builder with the URL's members, user and prefix.
+    pub fn store(&self) -> EtcdStoreBuilder {
+        let mut builder = EtcdStore::builder(&self.endpoints);
+        if let Some((user, password)) = &self.user {
+            builder = builder.user(user, password);
+        }
+        if let Some(prefix) = &self.prefix {
+            builder = builder.prefix(prefix);
+        }
+        builder
+    }
+}
+
+#[async_trait]
+impl LockTarget for LockUrl {
+    fn describe(&self) -> String {
+        format!("etcd:{}", self.endpoints.join(","))
+    }
+
+    async fn open(&self, name: &str, identity: &str) -> Result<Box<dyn ResourceLock>, LockError> {
+        Ok(Box::new(self.store().build().await?.lock(name, identity)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn members_user_and_prefix() {
+        let url = LockUrl::parse("etcds://u:p@a:2379,b:2379/?prefix=x/").expect("valid");
+        assert_eq!(url.endpoints(), ["https://a:2379", "https://b:2379"]);
+        assert_eq!(url.user, Some(("u".into(), "p".into())));
+        assert_eq!(url.prefix.as_deref(), Some("x/"));
+        assert_eq!(url.describe(), "etcd:https://a:2379,https://b:2379");
+        let err = LockUrl::parse("etcd://u:secret@/x").expect_err("no host");
+        assert!(!err.to_string().contains("secret"), "{err}");
+    }
+}

@@ -1,0 +1,140 @@
+//! `s3://`, `gs://` and `az://` lock URLs: a bucket, a key prefix, and optionally the object.
+
+use leader_core::{LockError, LockTarget, ResourceLock, UrlError, async_trait};
+
+use crate::store::{BucketStore, DEFAULT_PREFIX, check_url};
+
+/// An object storage lock URL: `s3://BUCKET/PREFIX/`, `gs://BUCKET/PREFIX/` or
+/// `az://CONTAINER/PREFIX/` (or `azure://`): the object `PREFIX/NAME`, or, for a path not ending
+/// in `/`, the object the path names. Credentials, region and endpoint come from the environment
+/// as `object_store` reads them; the URL holds none, and no parameters.
+#[derive(Clone, PartialEq, Eq)]
+pub struct LockUrl {
+    /// `scheme://bucket/prefix/`.
+    store_url: String,
+    object: Option<String>,
+}
+
+impl std::fmt::Debug for LockUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.describe())
+    }
+}
+
+impl LockUrl {
+    /// Parses the URL, by the store's own rules ([`BucketStore::from_url`] checks the same).
+    ///
+    /// # Errors
+    /// A malformed URL, another scheme, credentials or parameters in the URL, no bucket, or a
+    /// store without conditional writes.
+    pub fn parse(lock: &str) -> Result<Self, UrlError> {
+        let invalid = |message: String| UrlError::new(lock, message);
+        let url = url::Url::parse(lock).map_err(|err| invalid(err.to_string()))?;
+        let scheme = url.scheme();
+        if !matches!(scheme, "s3" | "gs" | "az" | "azure") {
+            return Err(invalid(
+                "not an object storage URL; use s3://, gs:// or az://".to_owned(),
+            ));
+        }
+        check_url(&url).map_err(invalid)?;
+        let bucket = url.host_str().unwrap_or_default();
+        let path = url.path().trim_start_matches('/');
+        let (prefix, object) = match path.rsplit_once('/') {
+            _ if path.is_empty() => (DEFAULT_PREFIX, None),
+            Some((prefix, "")) => (&path[..prefix.len() + 1], None),
+            Some((prefix, object)) => (&path[..prefix.len() + 1], Some(object)),
+            None => ("", Some(path)),
+        };
+        Ok(Self {
+            store_url: format!("{scheme}://{bucket}/{prefix}"),
+            object: object.map(str::to_owned),
+        })
+    }
+
+    /// Parses `lock` into a [`LockTarget`], for the `leader` facade's scheme table.
+    ///
+    /// # Errors
+    /// As [`parse`](Self::parse).
+    pub fn target(lock: &str) -> Result<Box<dyn LockTarget>, UrlError> {
+        Ok(Box::new(Self::parse(lock)?))
+    }
+
+    /// The object the URL names itself, if its path does not end in `/`.
+    pub fn object(&self) -> Option<&str> {
+        self.object.as_deref()
+    }
+
+    /// The store the URL names, built from the environment (no request is made).
+    ///
+    /// # Errors
+    /// As [`BucketStoreBuilder::build`](crate::BucketStoreBuilder::build).
+    pub fn store(&self) -> Result<BucketStore, LockError> {
+        BucketStore::from_url(&self.store_url).build()
+    }
+}
+
+#[async_trait]
+impl LockTarget for LockUrl {
+    fn describe(&self) -> String {
+        format!(
+            "{}{}",
+            self.store_url,
+            self.object.as_deref().unwrap_or_default()
+        )
+    }
+
+    /// Checks once that the store keeps preconditions: a store that ignores them is refused
+    /// here, before anything runs; one that cannot be reached now is checked again before the
+    /// first write.
+    async fn open(&self, name: &str, identity: &str) -> Result<Box<dyn ResourceLock>, LockError> {
+        let store = self.store()?;
+        match store.check_conditional_writes().await {
+            Err(err @ (LockError::Misconfigured { .. } | LockError::Forbidden { .. })) => {
+                return Err(err);
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "could not check the store's conditional writes yet");
+            }
+            Ok(()) => {}
+        }
+        Ok(Box::new(
+            store.lock(self.object.as_deref().unwrap_or(name), identity),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_path_is_a_prefix_or_names_the_object() {
+        for (url, store, object) in [
+            ("s3://b/locks/", "s3://b/locks/", None),
+            ("s3://b", "s3://b/leader/", None),
+            ("gs://b/a/b/job", "gs://b/a/b/", Some("job")),
+            ("az://c/job", "az://c/", Some("job")),
+        ] {
+            let parsed = LockUrl::parse(url).expect(url);
+            assert_eq!(parsed.store_url, store, "{url}");
+            assert_eq!(parsed.object(), object, "{url}");
+        }
+    }
+
+    #[test]
+    fn credentials_and_parameters_are_refused_without_being_shown() {
+        for (url, expected) in [
+            ("s3://AKID:secret@bucket/x/", "no credentials or options"),
+            (
+                "s3://bucket/x/?aws_session_token=secret",
+                "no credentials or options",
+            ),
+            ("gs:///x/", "bucket"),
+            ("file:///tmp/x", "s3://"),
+        ] {
+            let err = LockUrl::parse(url).expect_err(url).to_string();
+            assert!(err.contains(expected), "{url}: {err}");
+            assert!(!err.contains("secret"), "{url}: {err}");
+        }
+    }
+}

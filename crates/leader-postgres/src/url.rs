@@ -1,0 +1,181 @@
+//! `postgres://` and `postgresql://` lock URLs: the connection string as the driver takes it,
+//! plus the lock's own parameters.
+
+use std::time::Duration;
+
+use leader_core::{LockError, LockTarget, ResourceLock, UrlError, async_trait, redact_url};
+use url::Url;
+
+use crate::store::{PostgresStore, PostgresStoreBuilder};
+
+/// A Postgres lock URL: `postgres://user:pass@host/db?table=T&schema=S&advisory=true&idle_session_timeout=30s`
+/// (or `postgresql://`). `table` and `schema` pick the lock table, `advisory=true` the advisory
+/// lock, and `idle_session_timeout` (advisory only) how long the server keeps a silent session and
+/// its advisory lock; every other parameter goes to the driver (`sslmode`, `connect_timeout`, ...).
+#[derive(Clone, PartialEq, Eq)]
+pub struct LockUrl {
+    connection: String,
+    advisory: bool,
+    schema: Option<String>,
+    table: Option<String>,
+    idle_session_timeout: Option<Duration>,
+}
+
+impl std::fmt::Debug for LockUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.describe())
+    }
+}
+
+impl LockUrl {
+    /// Parses a `postgres://` or `postgresql://` URL.
+    ///
+    /// # Errors
+    /// A malformed URL, another scheme, or a bad value of the lock's own parameters.
+    pub fn parse(lock: &str) -> Result<Self, UrlError> {
+        let invalid = |message: String| UrlError::new(lock, message);
+        let mut url = Url::parse(lock).map_err(|err| invalid(err.to_string()))?;
+        if !matches!(url.scheme(), "postgres" | "postgresql") {
+            return Err(invalid("not a postgres:// URL".to_owned()));
+        }
+        let mut parsed = Self {
+            connection: String::new(),
+            advisory: false,
+            schema: None,
+            table: None,
+            idle_session_timeout: None,
+        };
+        let mut kept = Vec::new();
+        for (key, value) in url.query_pairs() {
+            match key.as_ref() {
+                "advisory" => parsed.advisory = parse_bool(&value).map_err(invalid)?,
+                "idle_session_timeout" => {
+                    let timeout = humantime::parse_duration(&value).map_err(|err| {
+                        invalid(format!(
+                            "idle_session_timeout={value:?} is not a duration like 30s: {err}"
+                        ))
+                    })?;
+                    parsed.idle_session_timeout = Some(timeout);
+                }
+                "schema" => parsed.schema = Some(value.into_owned()),
+                "table" => parsed.table = Some(value.into_owned()),
+                _ => kept.push((key.into_owned(), value.into_owned())),
+            }
+        }
+        if parsed.idle_session_timeout.is_some() && !parsed.advisory {
+            return Err(invalid(
+                "idle_session_timeout applies to the advisory lock (advisory=true)".to_owned(),
+            ));
+        }
+        if kept.is_empty() {
+            url.set_query(None);
+        } else {
+            url.query_pairs_mut().clear().extend_pairs(&kept);
+        }
+        parsed.connection = url.into();
+        Ok(parsed)
+    }
+
+    /// Parses `lock` into a [`LockTarget`], for the `leader` facade's scheme table.
+    ///
+    /// # Errors
+    /// As [`parse`](Self::parse).
+    pub fn target(lock: &str) -> Result<Box<dyn LockTarget>, UrlError> {
+        Ok(Box::new(Self::parse(lock)?))
+    }
+
+    /// The connection string the driver gets: the URL without the lock's own parameters.
+    pub fn connection(&self) -> &str {
+        &self.connection
+    }
+
+    /// Whether the URL asks for the advisory lock.
+    pub fn advisory(&self) -> bool {
+        self.advisory
+    }
+
+    /// A store builder with the URL's connection, schema and table.
+    pub fn store(&self) -> PostgresStoreBuilder {
+        let mut builder = PostgresStore::builder(self.connection.clone());
+        if let Some(schema) = &self.schema {
+            builder = builder.schema(schema);
+        }
+        if let Some(table) = &self.table {
+            builder = builder.table(table);
+        }
+        builder
+    }
+}
+
+#[async_trait]
+impl LockTarget for LockUrl {
+    fn describe(&self) -> String {
+        redact_url(&self.connection)
+    }
+
+    /// Builds the store (its pool connects lazily), creates the lock table when it is missing
+    /// and the role may (a role without that right finds out from the lock's own error if the
+    /// table is really missing), and makes the table lock or the advisory lock.
+    async fn open(&self, name: &str, identity: &str) -> Result<Box<dyn ResourceLock>, LockError> {
+        let store = self.store().build().await?;
+        if let Err(err) = store.create_table().await {
+            tracing::debug!(error = %err, "could not create the lock table");
+        }
+        Ok(if self.advisory {
+            let mut lock = store.advisory_lock(name, identity);
+            if let Some(timeout) = self.idle_session_timeout {
+                lock = lock.idle_session_timeout(timeout);
+            }
+            Box::new(lock)
+        } else {
+            Box::new(store.lock(name, identity))
+        })
+    }
+}
+
+fn parse_bool(value: &str) -> Result<bool, String> {
+    match value {
+        "" | "1" | "true" | "yes" | "on" => Ok(true),
+        "0" | "false" | "no" | "off" => Ok(false),
+        other => Err(format!(
+            "advisory={other:?} is not a boolean (true or false)"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_locks_own_parameters_are_taken_out() {
+        let url = LockUrl::parse(
+            "postgres://u:p@db/app?advisory=true&sslmode=require&table=locks&idle_session_timeout=5s",
+        )
+        .expect("valid");
+        assert_eq!(url.connection(), "postgres://u:p@db/app?sslmode=require");
+        assert!(url.advisory());
+        assert_eq!(url.table.as_deref(), Some("locks"));
+        assert_eq!(url.idle_session_timeout, Some(Duration::from_secs(5)));
+        assert_eq!(url.describe(), "postgres://u:***@db/app?sslmode=require");
+    }
+
+    #[test]
+    fn bad_values_name_the_problem_without_the_password() {
+        for (lock, expected) in [
+            ("postgres://u:secret@h/x?advisory=maybe", "not a boolean"),
+            (
+                "postgres://u:secret@h/x?advisory=true&idle_session_timeout=soon",
+                "not a duration",
+            ),
+            (
+                "postgres://u:secret@h/x?idle_session_timeout=5s",
+                "applies to the advisory lock",
+            ),
+        ] {
+            let err = LockUrl::parse(lock).expect_err(lock).to_string();
+            assert!(err.contains(expected), "{lock}: {err}");
+            assert!(!err.contains("secret"), "{lock}: {err}");
+        }
+    }
+}

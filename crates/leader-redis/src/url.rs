@@ -1,0 +1,98 @@
+//! `redis://` and `rediss://` lock URLs: the connection string as the driver takes it, plus the
+//! lock's key prefix.
+
+use leader_core::{LockError, LockTarget, ResourceLock, UrlError, async_trait, redact_url};
+use url::Url;
+
+use crate::store::{RedisStore, RedisStoreBuilder};
+
+/// A Redis lock URL: `redis://user:pass@host:6379/0?prefix=P` (or `rediss://` for TLS). `prefix`
+/// sets the lock's key prefix; every other parameter goes to the driver.
+#[derive(Clone, PartialEq, Eq)]
+pub struct LockUrl {
+    connection: String,
+    prefix: Option<String>,
+}
+
+impl std::fmt::Debug for LockUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.describe())
+    }
+}
+
+impl LockUrl {
+    /// Parses a `redis://` or `rediss://` URL.
+    ///
+    /// # Errors
+    /// A malformed URL or another scheme.
+    pub fn parse(lock: &str) -> Result<Self, UrlError> {
+        let invalid = |message: String| UrlError::new(lock, message);
+        let mut url = Url::parse(lock).map_err(|err| invalid(err.to_string()))?;
+        if !matches!(url.scheme(), "redis" | "rediss") {
+            return Err(invalid("not a redis:// URL".to_owned()));
+        }
+        let mut prefix = None;
+        let mut kept = Vec::new();
+        for (key, value) in url.query_pairs() {
+            match key.as_ref() {
+                "prefix" => prefix = Some(value.into_owned()),
+                _ => kept.push((key.into_owned(), value.into_owned())),
+            }
+        }
+        if kept.is_empty() {
+            url.set_query(None);
+        } else {
+            url.query_pairs_mut().clear().extend_pairs(&kept);
+        }
+        Ok(Self {
+            connection: url.into(),
+            prefix,
+        })
+    }
+
+    /// Parses `lock` into a [`LockTarget`], for the `leader` facade's scheme table.
+    ///
+    /// # Errors
+    /// As [`parse`](Self::parse).
+    pub fn target(lock: &str) -> Result<Box<dyn LockTarget>, UrlError> {
+        Ok(Box::new(Self::parse(lock)?))
+    }
+
+    /// The connection string the driver gets: the URL without the lock's own parameters.
+    pub fn connection(&self) -> &str {
+        &self.connection
+    }
+
+    /// A store builder with the URL's connection and prefix.
+    pub fn store(&self) -> RedisStoreBuilder {
+        let builder = RedisStore::builder(self.connection.clone());
+        match &self.prefix {
+            Some(prefix) => builder.prefix(prefix),
+            None => builder,
+        }
+    }
+}
+
+#[async_trait]
+impl LockTarget for LockUrl {
+    fn describe(&self) -> String {
+        redact_url(&self.connection)
+    }
+
+    async fn open(&self, name: &str, identity: &str) -> Result<Box<dyn ResourceLock>, LockError> {
+        Ok(Box::new(self.store().build().await?.lock(name, identity)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_prefix_is_taken_out() {
+        let url = LockUrl::parse("rediss://:pw@cache:6380/2?prefix=app:").expect("valid");
+        assert_eq!(url.connection(), "rediss://:pw@cache:6380/2");
+        assert_eq!(url.prefix.as_deref(), Some("app:"));
+        assert_eq!(url.describe(), "rediss://:***@cache:6380/2");
+    }
+}
