@@ -2,8 +2,8 @@
 //! on the test Consul server, S3 on moto's server), each running the `job` binary as COMMAND.
 //! Exactly one job runs at a time; a SIGTERM hands over within a retry period (on object
 //! storage, whose followers poll, by their next poll); a SIGKILL of `leader` kills its job and
-//! hands over within the lease and a retry period (the bound every lock keeps, Consul's included);
-//! fencing tokens grow; exit codes are as documented.
+//! hands over within a lease and three retry periods (the bound asserted for every lock,
+//! Consul's included); fencing tokens grow; exit codes are as documented.
 
 use std::path::Path;
 use std::process::{ExitStatus, Stdio};
@@ -228,8 +228,8 @@ async fn etcd_lock_one_job_at_a_time_and_handovers() {
 }
 
 /// Consul, on the test Consul server: the holder writes its renewal key at every renewal, so a
-/// killed holder is replaced within the lease and a retry period, as on the other locks (it
-/// was two session TTLs of at least 10 s each, 20 s here, before).
+/// killed holder is replaced within a lease and a jittered retry period, under the bound every
+/// lock is given here (it was two session TTLs of at least 10 s each, 20 s here, before).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consul_lock_one_job_at_a_time_and_handovers() {
     let server = leader_test_support::consul_api::ConsulApiServer::start().await;
