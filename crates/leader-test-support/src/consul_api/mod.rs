@@ -14,10 +14,13 @@
 //!   /v1/catalog/deregister`, or an agent that leaves, [`ConsulApiServer::leave`]) takes every
 //!   session of the node with it (`deleteNodeTxn` in `state/catalog.go`), and a check turning
 //!   critical the sessions tied to it (`ensureCheckTxn`); an agent that left answers nothing.
-//! - Sessions (`session.rs`: create, renew, destroy, info, list): created with the agent's node, `serfHealth` and a 15 s lock-delay
-//!   by default, the checks fixed up as `fixupEmptySessionChecks` does (an empty `Checks` list
-//!   clears `NodeChecks` too), a TTL between `session_ttl_min` (10 s unless an operator raised
-//!   it) and 24 h or none, else 500 "Invalid Session TTL" (`Session.Apply`); invalidated twice
+//! - Sessions (`session.rs`: create, renew, destroy, info, list): created with the agent's
+//!   node, `serfHealth` and a 15 s lock-delay by default (`SessionCreate`), the checks fixed up
+//!   as `fixupEmptySessionChecks` does (an empty `Checks` list clears `NodeChecks` too), a TTL
+//!   between `session_ttl_min` (10 s unless an operator raised it,
+//!   [`ConsulApiServer::set_session_ttl_min`]) and 24 h or none, else 500 "Invalid Session
+//!   TTL" (`Session.Apply`), a registered node and checks that are not critical
+//!   (`sessionCreateTxn`); invalidated twice
 //!   their TTL after their last renewal (`SessionTTLMultiplier`), when destroyed, with their
 //!   node or a check; an invalidation releases (or deletes) the keys the session holds and
 //!   puts them under its lock-delay, at most 60 s (`deleteSessionTxn`), which an `unlock`
@@ -32,8 +35,9 @@
 //! - Transactions (`txn.rs`, `PUT /v1/txn`): every operation first checked for its ACL rule and
 //!   a lock for its key's lock-delay (`Txn.preCheck`, `kvsPreApply`), so that a denied
 //!   operation is a 409 whose `Errors[].What` says "Permission denied", never a 403; then all
-//!   or nothing, one index for all writes, 409 with the failed operations (`state/txn.go`);
-//!   `get` results filtered by the token's `key:read` (`FilterTxnResults`).
+//!   or nothing, one index for all writes, 409 with the failed operations (`txnKVS` in
+//!   `state/txn.go`, `get-or-empty` and `get-tree` included); results of reads filtered by the
+//!   token's `key:read` (`FilterTxnResults`).
 //! - ACLs: with [`ConsulApiServer::require_token`], a request without that token is 403
 //!   `Permission denied`; [`ConsulApiServer::deny`] refuses one rule (`key:write`,
 //!   `key:read`, `session:write`) to every token.
