@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use leader_tests::harness::campaign::{self, Backend};
+use leader_tests::harness::campaign::Backend;
 use leader_tests::harness::outage::{self, Timings};
 use leader_tests::harness::run_or_skip;
 
@@ -68,14 +68,7 @@ fn check(backend: Backend) {
         report.log_lines
     );
     // Back soon: the back-off cap (a lease) plus a jittered retry, with a margin for the load.
-    // On Consul the killed holder's key is free only once the server ends its session, two
-    // TTLs (at least 10 s each) after its last renewal, which may be after the outage.
-    let lease = if backend == Backend::Consul {
-        campaign::consul_session_lifetime(timings.lease)
-    } else {
-        timings.lease
-    };
-    let within = lease + timings.retry.mul_f64(2.2) + Duration::from_secs(2);
+    let within = timings.lease + timings.retry.mul_f64(2.2) + Duration::from_secs(2);
     let recovery = report
         .recovery
         .unwrap_or_else(|| panic!("{name}: no leader after the store came back"));

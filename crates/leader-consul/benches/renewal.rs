@@ -1,7 +1,7 @@
 //! Requests per renewal and renewal latency of the Consul lock, against the test Consul server
 //! of `leader-test-support` (no agent runs here; with `CONSUL_HTTP_ADDR` set, against that
-//! agent instead, where the server's own count is not available), and against a plain read of
-//! the key as the raw round trip.
+//! agent instead, where the server's own count is not available), and against the lock's read
+//! (one read-only transaction of the record and renewal keys) as the raw round trip.
 //!
 //! ```text
 //! cargo bench -p leader-consul --bench renewal
@@ -41,7 +41,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
 
     // 1. Requests per renewal as the elector makes them: a real elector on a counting wrapper.
     let (renewals, requests_per_renewal) = bench::elector_requests_per_renewal(
-        store.lock(name, "bench"),
+        store.lock(name, "bench")?,
         Duration::from_millis(600),
         Duration::from_millis(400),
         Duration::from_millis(20),
@@ -51,7 +51,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
 
     // The elector released the lease on shutdown: take it again, so that what follows are
     // renewals by the holder.
-    let lock = store.lock(name, "bench");
+    let lock = store.lock(name, "bench")?;
     let mut observed = bench::acquire(&lock, "bench").await?;
 
     // 2. HTTP requests per renewal on the server, by its own count.
@@ -99,9 +99,12 @@ async fn main() -> Result<(), Box<dyn Error>> {
         "operation (same client)",
         0,
         &mut [
-            ("read of the key (`GET /v1/kv`)", t_read),
             (
-                "renewal (`ConsulLock::renew`: the session renewal)",
+                "read of both keys (`ConsulLock::get`: a read transaction)",
+                t_read,
+            ),
+            (
+                "renewal (`ConsulLock::renew`: a transaction writing the renewal key)",
                 t_renew,
             ),
         ],

@@ -9,10 +9,10 @@
 //! 127.0.0.1:8500`.
 //!
 //! The leader prints a line per second with its fencing token; stop it with Ctrl-C and another
-//! process takes over at once (its session is destroyed, which unlocks the key, and the others'
-//! blocking queries report it). Kill it with `kill -9` and another takes over when Consul
-//! invalidates its session, up to twice the session's TTL later (the TTL is the lease, 15 s
-//! here).
+//! process takes over at once (it releases the key, and the others' blocking queries report
+//! it). Kill it with `kill -9` and another takes over once the holder's renewals have stopped
+//! for a lease (15 s here), within a lease and a jittered retry period (up to 4.4 s) of the
+//! kill.
 
 use std::error::Error;
 use std::time::Duration;
@@ -35,7 +35,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
     let store = ConsulStore::builder(address)
         .token(std::env::var("CONSUL_HTTP_TOKEN").unwrap_or_default())
         .build()?;
-    let lock = store.lock(&name, &identity);
+    let lock = store.lock(&name, &identity)?;
     println!(
         "{identity} runs for leadership of {name:?} in key {}",
         lock.key()

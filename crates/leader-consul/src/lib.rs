@@ -3,7 +3,9 @@
 #![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
 mod error;
+mod key;
 mod lock;
+mod session;
 mod store;
 mod url;
 

@@ -1,7 +1,7 @@
-//! The lock: one KV key per election, locked by the holder's session.
+//! The lock: one KV key per election holding the record, locked by the holder's session, and a
+//! renewal key beside it that the holder writes at every renewal.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -15,34 +15,40 @@ use leader_core::{
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
-use crate::error::BACKEND;
-use crate::store::{Answer, ConsulStore};
+use crate::error::{BACKEND, Refusal, acl_rules, refusal};
+use crate::key::{RENEWAL_SUFFIX, check_name};
+use crate::session::{self, SessionSlot};
+use crate::store::ConsulStore;
 
-/// The shortest session TTL Consul accepts.
-const TTL_MIN: u64 = 10;
-/// The longest session TTL Consul accepts (24 h).
-const TTL_MAX: u64 = 24 * 3600;
-/// The longest lock-delay Consul applies.
-const LOCK_DELAY_MAX: Duration = Duration::from_secs(60);
 /// How long a follower's blocking query waits on the server before it asks again.
 const WAIT: Duration = Duration::from_secs(60);
 
 impl ConsulStore {
     /// A lock on election `name` (the key `PREFIX` + `name`) for candidate `identity`.
-    pub fn lock(&self, name: impl Into<String>, identity: impl Into<String>) -> ConsulLock {
+    ///
+    /// # Errors
+    /// [`LockError::Misconfigured`] for a name whose key Consul's KV API would refuse (a
+    /// character other than letters, digits and `,-_./`, an empty, `.` or `..` segment, an
+    /// ending such as `.json`), naming the rule and a name that would do; and for a name with
+    /// a segment starting with `.`, kept for the lock's renewal keys.
+    pub fn lock(
+        &self,
+        name: impl Into<String>,
+        identity: impl Into<String>,
+    ) -> Result<ConsulLock, LockError> {
         let name = name.into();
+        check_name(&self.inner.prefix, &name)?;
         let key = format!("{}{name}", self.inner.prefix);
-        ConsulLock {
+        Ok(ConsulLock {
             context: format!("{} key {key}", self.inner.address),
             path: format!("/v1/kv/{}", encode_key(&key)),
+            renewal_key: format!("{key}{RENEWAL_SUFFIX}"),
             key,
             store: self.clone(),
             identity: identity.into(),
-            session: Arc::new(SessionSlot {
-                id: Mutex::new(None),
-            }),
-            holding: Arc::default(),
-        }
+            session: Arc::default(),
+            known: Arc::default(),
+        })
     }
 }
 
@@ -50,7 +56,7 @@ impl ConsulStore {
 fn encode_key(key: &str) -> String {
     let mut encoded = String::with_capacity(key.len());
     for byte in key.bytes() {
-        if byte.is_ascii_alphanumeric() || b"-_.~/".contains(&byte) {
+        if byte.is_ascii_alphanumeric() || b"-_./".contains(&byte) {
             encoded.push(char::from(byte));
         } else {
             encoded.push_str(&format!("%{byte:02X}"));
@@ -61,36 +67,36 @@ fn encode_key(key: &str) -> String {
 
 /// A [`ResourceLock`] on one Consul KV key:
 ///
-/// - Each candidate has a session of its own, created when it first tries to take the key,
-///   with a TTL of the lease duration (at least Consul's 10 s), behaviour `release`, no health
-///   checks unless [`node_checks`](crate::ConsulStoreBuilder::node_checks) are given, and a
-///   lock-delay of 0 (of the lease duration with checks).
-/// - The record is the key's JSON value. Every write is a transaction (`/v1/txn`) that checks
-///   the key's `ModifyIndex` (or that it is absent) and then locks it with the writer's session
-///   (`lock`), unlocks it (`unlock`, a release) or sets it keeping the holder's session (`cas`,
-///   a handover request written on the holder's behalf): the compare-and-swap and the lock are
-///   one atomic step.
-/// - The holder renews its session (`/v1/session/renew`): one request per renewal, not a write,
-///   so followers' blocking queries do not wake. Its own blocking query on the key (one
-///   request a minute while nothing changes) tells it of any write since its own; after one,
-///   or while that query is not running, a renewal also reads the key to check it still holds
-///   that version.
-/// - `try_acquire` goes by Consul's own expiry: a key locked by a live session is held (Consul
-///   invalidates a session between one and two TTLs after its last renewal, and releases its
-///   keys); an unlocked one is taken.
-/// - Followers watch the key with blocking queries (`?index=&wait=`) and wake when the lock is
-///   released, lost or asked to hand over, not on renewals.
+/// - The record is the key's JSON value. The holder locks the key with a Consul session of its
+///   own (no TTL, no health checks, a lock-delay of the lease, at most 60 s), created when it
+///   takes the key and destroyed when it lets it go.
+/// - Every write is one transaction (`/v1/txn`) that checks the key's `ModifyIndex` (or that
+///   it is absent): taking the key also checks the renewal key's index, deletes the key and
+///   locks it anew with the taker's session, so that it takes over a key a dead holder's
+///   session still locks; a release `unlock`s it; a write on the holder's behalf (a handover
+///   request) is a `cas`, which keeps the holder's lock.
+/// - A renewal is one transaction: the record's index checked, the renewal key
+///   (`KEY/.renewal`) written. The record key does not change, so followers' blocking queries
+///   do not wake for renewals; the pair of indexes, which is the lock's [`Version`], changes
+///   at every renewal, so followers take over a holder that stopped renewing once that pair
+///   has stayed the same for a lease since they read it (S2), as with any record renewed by
+///   writes. A holder's session ends with its node or an operator's destroy; that unlocks the
+///   key, which is a change like any other: candidates still wait a lease from when they read
+///   it, and the holder, whose next renewal meets the changed index, has stopped by then.
+/// - Followers watch the record key with blocking queries (`?index=&wait=`).
 /// - Fencing tokens are the record's `leaderTransitions`, raised by one under the
-///   compare-and-swap at every acquisition.
+///   compare-and-swap at every acquisition, and never below the highest this lock object has
+///   seen (a snapshot restored, or the key deleted, would otherwise hand out a token again).
 #[derive(Clone)]
 pub struct ConsulLock {
     store: ConsulStore,
     key: String,
+    renewal_key: String,
     path: String,
     context: String,
     identity: String,
     session: Arc<SessionSlot>,
-    holding: Arc<Holding>,
+    known: Arc<Mutex<Known>>,
 }
 
 impl fmt::Debug for ConsulLock {
@@ -103,96 +109,59 @@ impl fmt::Debug for ConsulLock {
     }
 }
 
-/// The candidate's session. Dropping the lock leaves it to its TTL (a dropped lock never
-/// writes); [`ResourceLock::close`] destroys it.
-struct SessionSlot {
-    id: Mutex<Option<String>>,
+/// What this lock object learned of its keys.
+#[derive(Debug, Default)]
+struct Known {
+    /// The highest fencing token it read or wrote.
+    highest_token: u64,
+    /// The record key's index it last read or wrote, and the session that locked it then.
+    locked: Option<(u64, Option<String>)>,
 }
 
-impl SessionSlot {
-    fn get(&self) -> Option<String> {
-        self.id.lock().unwrap_or_else(|p| p.into_inner()).clone()
+/// The lock's version: the `ModifyIndex` of the record key and of the renewal key (0: absent).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Indexes {
+    record: u64,
+    renewal: u64,
+}
+
+impl Indexes {
+    fn version(self) -> Version {
+        Version::new(format!("{}:{}", self.record, self.renewal))
     }
 
-    fn set(&self, id: Option<String>) {
-        *self.id.lock().unwrap_or_else(|p| p.into_inner()) = id;
-    }
-
-    /// Forgets `id` if it is still the current session (Consul no longer knows it).
-    fn forget(&self, id: &str) {
-        let mut current = self.id.lock().unwrap_or_else(|p| p.into_inner());
-        if current.as_deref() == Some(id) {
-            *current = None;
-        }
-    }
-}
-
-/// The holder's watch of its key since its last write: while it runs and has seen no other
-/// write, the key is still the version written, locked by this candidate's session.
-#[derive(Default)]
-struct Holding {
-    watched: Mutex<Option<Watched>>,
-}
-
-struct Watched {
-    /// The `ModifyIndex` of the holder's last write.
-    index: u64,
-    /// Set by the watch when the key moved on, or the watch stopped.
-    moved: Arc<AtomicBool>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for Watched {
-    fn drop(&mut self) {
-        self.task.abort();
+    /// A version this lock gave out; anything else cannot match what is stored.
+    fn of(version: &Version) -> Result<Self, LockError> {
+        version
+            .as_str()
+            .split_once(':')
+            .and_then(|(record, renewal)| {
+                Some(Self {
+                    record: record.parse().ok()?,
+                    renewal: renewal.parse().ok()?,
+                })
+            })
+            .ok_or_else(|| LockError::conflict(BACKEND))
     }
 }
 
-impl Holding {
-    fn set(&self, watched: Option<Watched>) {
-        *self.watched.lock().unwrap_or_else(|p| p.into_inner()) = watched;
-    }
-
-    /// Forgets that the key is unchanged: the change stream saw a write, which the next
-    /// renewal must read, whether or not the holder's own query has reported it yet.
-    fn moved(&self) {
-        if let Some(watched) = &*self.watched.lock().unwrap_or_else(|p| p.into_inner()) {
-            watched.moved.store(true, Ordering::Release);
-        }
-    }
-
-    /// Whether the key is known to be still at `index`.
-    fn unchanged_since(&self, index: u64) -> bool {
-        self.watched
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_ref()
-            .is_some_and(|w| w.index == index && !w.moved.load(Ordering::Acquire))
-    }
-}
-
-async fn destroy(store: &ConsulStore, id: &str) {
-    let path = format!("/v1/session/destroy/{id}");
-    let answer = store
-        .send(
-            "session destroy",
-            Method::PUT,
-            &path,
-            &[],
-            None,
-            Duration::ZERO,
-        )
-        .await;
-    if let Err(err) = answer {
-        tracing::debug!(error = %err, "could not destroy the Consul session");
-    }
-}
-
-/// The key as Consul returns it.
+/// A key as Consul returns it.
 struct Entry {
     modify_index: u64,
     session: Option<String>,
     value: Vec<u8>,
+}
+
+fn op(verb: &str, key: &str) -> Value {
+    json!({"KV": {"Verb": verb, "Key": key}})
+}
+
+fn check_index(key: &str, index: u64) -> Value {
+    if index == 0 {
+        op("check-not-exists", key)
+    } else {
+        json!({"KV": {"Verb": "check-index", "Key": key, "Index": index}})
+    }
 }
 
 impl ConsulLock {
@@ -201,161 +170,57 @@ impl ConsulLock {
         &self.key
     }
 
+    /// The KV key the holder writes at every renewal.
+    pub fn renewal_key(&self) -> &str {
+        &self.renewal_key
+    }
+
     /// The ID of this candidate's Consul session, while it has one.
     pub fn session_id(&self) -> Option<String> {
         self.session.get()
     }
 
-    /// A reader of the key without this candidate's session or watch, for tasks that must not
-    /// keep them after the lock is dropped.
-    fn reader(&self) -> Self {
-        Self {
-            session: Arc::new(SessionSlot {
-                id: Mutex::new(None),
-            }),
-            holding: Arc::default(),
-            ..self.clone()
-        }
-    }
-
-    /// Watches the key as its holder from `index`, the `ModifyIndex` of this candidate's write
-    /// that locked it with `session`, until it moves on.
-    fn hold(&self, index: u64, session: String) {
-        let moved = Arc::new(AtomicBool::new(false));
-        let reader = self.reader();
-        let flag = moved.clone();
-        let task = tokio::spawn(async move {
-            let mut at = index;
-            loop {
-                let query = [
-                    ("index", at.to_string()),
-                    ("wait", format!("{}s", WAIT.as_secs())),
-                ];
-                match reader.read(&query, WAIT + WAIT / 16).await {
-                    Ok((Some(entry), next))
-                        if entry.modify_index == index
-                            && entry.session.as_deref() == Some(session.as_str())
-                            && next >= at =>
-                    {
-                        at = next;
-                    }
-                    _ => break,
-                }
-            }
-            flag.store(true, Ordering::Release);
-        });
-        self.holding.set(Some(Watched { index, moved, task }));
+    fn known(&self) -> std::sync::MutexGuard<'_, Known> {
+        self.known.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn invalid(&self, what: impl fmt::Display) -> LockError {
         LockError::invalid_record(BACKEND, format!("{}: {what}", self.context))
     }
 
-    /// Reads the key: the entry, if any, and the index to block on next.
-    async fn read(
-        &self,
-        query: &[(&str, String)],
-        extra: Duration,
-    ) -> Result<(Option<Entry>, u64), LockError> {
+    /// Remembers what a read or a write showed of the record key.
+    fn note(&self, index: u64, session: Option<String>, token: u64) {
+        let mut known = self.known();
+        known.highest_token = known.highest_token.max(token);
+        known.locked = Some((index, session));
+    }
+
+    /// The session that locked the record key at `index`, as this lock object last read or
+    /// wrote it there.
+    fn locker_at(&self, index: u64) -> Option<String> {
+        self.known()
+            .locked
+            .clone()
+            .filter(|(at, _)| *at == index)
+            .and_then(|(_, locker)| locker)
+    }
+
+    /// `record` with a fencing token above every one this lock object has seen, for an
+    /// acquisition.
+    fn floored(&self, record: &LeaderElectionRecord) -> LeaderElectionRecord {
+        let highest = self.known().highest_token;
+        let mut record = record.clone();
+        if record.leader_transitions <= highest {
+            record.leader_transitions = highest + 1;
+        }
+        record
+    }
+
+    /// Runs a transaction; a 409 is a conflict, or `Forbidden` for an operation the ACL token
+    /// may not do.
+    async fn txn(&self, ops: &[Value]) -> Result<Vec<Value>, LockError> {
+        let body = Value::Array(ops.to_vec()).to_string().into_bytes();
         let answer = self
-            .store
-            .send(&self.context, Method::GET, &self.path, query, None, extra)
-            .await?;
-        match answer.code {
-            StatusCode::NOT_FOUND => Ok((None, answer.index)),
-            StatusCode::OK => {
-                let entries: Value = serde_json::from_str(&answer.body)
-                    .map_err(|err| self.invalid(format!("an answer that is not JSON: {err}")))?;
-                let entry = entries
-                    .get(0)
-                    .ok_or_else(|| self.invalid("an empty answer"))?;
-                Ok((Some(self.entry(entry)?), answer.index))
-            }
-            _ => Err(self.store.refused(&self.context, &answer)),
-        }
-    }
-
-    fn entry(&self, entry: &Value) -> Result<Entry, LockError> {
-        let value = match &entry["Value"] {
-            Value::String(encoded) => BASE64
-                .decode(encoded)
-                .map_err(|err| self.invalid(format!("a value that is not base64: {err}")))?,
-            _ => Vec::new(),
-        };
-        Ok(Entry {
-            modify_index: entry["ModifyIndex"]
-                .as_u64()
-                .ok_or_else(|| self.invalid("no ModifyIndex"))?,
-            session: entry["Session"]
-                .as_str()
-                .filter(|s| !s.is_empty())
-                .map(str::to_owned),
-            value,
-        })
-    }
-
-    fn observed(&self, entry: &Entry) -> Result<Observed, LockError> {
-        let record = LeaderElectionRecord::from_json(BACKEND, &self.context, &entry.value)?;
-        Ok(Observed {
-            record,
-            version: Version::new(entry.modify_index.to_string()),
-        })
-    }
-
-    /// This candidate's session, created with the lease's TTL if it has none.
-    async fn session(&self, record: &LeaderElectionRecord) -> Result<String, LockError> {
-        if let Some(id) = self.session.get() {
-            return Ok(id);
-        }
-        let lease = record.lease_duration;
-        let ttl = lease
-            .as_secs()
-            .saturating_add(u64::from(lease.subsec_nanos() > 0))
-            .clamp(TTL_MIN, TTL_MAX);
-        let checks = &self.store.inner.node_checks;
-        let lock_delay = if checks.is_empty() {
-            Duration::ZERO
-        } else {
-            lease.min(LOCK_DELAY_MAX)
-        };
-        let body = json!({
-            "Name": format!("leader {} {}", self.key, self.identity),
-            "TTL": format!("{ttl}s"),
-            "LockDelay": format!("{}ms", lock_delay.as_millis()),
-            "Behavior": "release",
-            // Empty lists: no serfHealth check unless asked for.
-            "Checks": [],
-            "NodeChecks": checks,
-        });
-        let context = format!("{} session create", self.store.inner.address);
-        let answer = self
-            .store
-            .send(
-                &context,
-                Method::PUT,
-                "/v1/session/create",
-                &[],
-                Some(body.to_string().into_bytes()),
-                Duration::ZERO,
-            )
-            .await?;
-        if answer.code != StatusCode::OK {
-            return Err(self.store.refused(&context, &answer));
-        }
-        let created: Value = serde_json::from_str(&answer.body)
-            .map_err(|err| LockError::other(BACKEND, format!("{context}: {err}")))?;
-        let id = created["ID"]
-            .as_str()
-            .ok_or_else(|| LockError::other(BACKEND, format!("{context}: no session ID")))?
-            .to_owned();
-        self.session.set(Some(id.clone()));
-        Ok(id)
-    }
-
-    /// Runs a transaction of KV operations; `Ok(None)` when one of its checks failed (409).
-    async fn txn(&self, ops: Vec<Value>) -> Result<Option<Vec<Value>>, LockError> {
-        let body = Value::Array(ops).to_string().into_bytes();
-        let answer: Answer = self
             .store
             .send(
                 &self.context,
@@ -370,152 +235,331 @@ impl ConsulLock {
             StatusCode::OK => {
                 let result: Value = serde_json::from_str(&answer.body)
                     .map_err(|err| self.invalid(format!("a transaction answer: {err}")))?;
-                Ok(Some(
-                    result["Results"].as_array().cloned().unwrap_or_default(),
-                ))
+                Ok(result["Results"].as_array().cloned().unwrap_or_default())
             }
             StatusCode::CONFLICT => {
-                // A session Consul no longer knows fails the lock as "invalid session".
-                if answer.body.contains("invalid session")
-                    && let Some(id) = self.session.get()
-                {
-                    self.session.forget(&id);
+                match refusal(&self.context, self.store.prefix(), ops, &answer.body) {
+                    Refusal::Denied(err) | Refusal::Unsupported(err) => Err(err),
+                    Refusal::InvalidSession => {
+                        // Consul no longer knows the session: a new one next time.
+                        for id in ops.iter().filter_map(|op| op["KV"]["Session"].as_str()) {
+                            self.session.forget(id);
+                        }
+                        Err(LockError::conflict(BACKEND))
+                    }
+                    Refusal::Conflict => Err(LockError::conflict(BACKEND)),
                 }
-                Ok(None)
             }
             _ => Err(self.store.refused(&self.context, &answer)),
         }
     }
 
-    /// Writes `record` after `check` (a `check-index` or `check-not-exists` operation): locked
-    /// by this candidate's session when it names this candidate, unlocked when it is free and
-    /// this session held the key, set keeping the holder's session otherwise.
-    async fn write(
-        &self,
-        check: Value,
-        record: &LeaderElectionRecord,
-        held_by_us: bool,
-    ) -> Result<Observed, LockError> {
-        let value = BASE64.encode(record.to_json());
-        self.holding.set(None);
-        let mut locked_by = None;
-        let write = if record.is_held_by(&self.identity) {
-            let session = self.session(record).await?;
-            locked_by = Some(session.clone());
-            json!({"KV": {"Verb": "lock", "Key": self.key, "Value": value, "Session": session}})
-        } else if record.is_free() && held_by_us {
-            let session = self.session.get().unwrap_or_default();
-            json!({"KV": {"Verb": "unlock", "Key": self.key, "Value": value, "Session": session}})
-        } else {
-            let index = check["KV"]["Index"].as_u64().unwrap_or(0);
-            json!({"KV": {"Verb": "cas", "Key": self.key, "Value": value, "Index": index}})
-        };
-        let results = self
-            .txn(vec![check, write])
-            .await?
-            .ok_or_else(|| LockError::conflict(BACKEND))?;
-        let modify_index = results
+    /// The `ModifyIndex` a transaction's results give `key` last (after its writes; 0 when
+    /// absent).
+    fn index_in(&self, results: &[Value], key: &str) -> Result<u64, LockError> {
+        results
             .iter()
             .rev()
-            .find_map(|r| r["KV"]["ModifyIndex"].as_u64())
-            .ok_or_else(|| self.invalid("a transaction answer without the key"))?;
-        if let Some(session) = locked_by {
-            self.hold(modify_index, session);
+            .find(|r| r["KV"]["Key"].as_str() == Some(key))
+            .and_then(|r| r["KV"]["ModifyIndex"].as_u64())
+            .ok_or_else(|| self.invalid(format!("a transaction answer without {key}")))
+    }
+
+    fn entry(&self, entry: &Value) -> Result<Option<Entry>, LockError> {
+        let modify_index = entry["ModifyIndex"]
+            .as_u64()
+            .ok_or_else(|| self.invalid("no ModifyIndex"))?;
+        // `get-or-empty` answers a missing key with the operation itself: index 0.
+        if modify_index == 0 {
+            return Ok(None);
         }
+        let value = match &entry["Value"] {
+            Value::String(encoded) => BASE64
+                .decode(encoded)
+                .map_err(|err| self.invalid(format!("a value that is not base64: {err}")))?,
+            _ => Vec::new(),
+        };
+        Ok(Some(Entry {
+            modify_index,
+            session: entry["Session"]
+                .as_str()
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned),
+            value,
+        }))
+    }
+
+    /// Reads both keys in one read-only transaction: the record key and the renewal key.
+    async fn read(&self) -> Result<(Option<Entry>, Option<Entry>), LockError> {
+        let results = self
+            .txn(&[
+                op("get-or-empty", &self.key),
+                op("get-or-empty", &self.renewal_key),
+            ])
+            .await?;
+        let find = |key: &str| {
+            results
+                .iter()
+                .find(|r| r["KV"]["Key"].as_str() == Some(key))
+                .ok_or_else(|| LockError::Forbidden {
+                    backend: BACKEND,
+                    message: format!(
+                        "{}: Consul left {key:?} out of the answer: the ACL token may not read it (key:read); {}",
+                        self.context,
+                        acl_rules(self.store.prefix())
+                    ),
+                })
+        };
+        let record = self.entry(&find(&self.key)?["KV"])?;
+        let renewal = self.entry(&find(&self.renewal_key)?["KV"])?;
+        Ok((record, renewal))
+    }
+
+    /// The record and version of what [`read`](Self::read) found, noting it.
+    fn observed(&self, record: &Entry, renewal: Option<&Entry>) -> Result<Observed, LockError> {
+        let stored = LeaderElectionRecord::from_json(BACKEND, &self.context, &record.value)?;
+        self.note(
+            record.modify_index,
+            record.session.clone(),
+            stored.leader_transitions,
+        );
         Ok(Observed {
-            record: record.clone(),
-            version: Version::new(modify_index.to_string()),
+            record: stored,
+            version: Indexes {
+                record: record.modify_index,
+                renewal: renewal.map_or(0, |r| r.modify_index),
+            }
+            .version(),
         })
     }
 
-    fn index_of(&self, version: &Version) -> Result<u64, LockError> {
-        version
-            .as_str()
-            .parse()
-            .map_err(|_| LockError::conflict(BACKEND))
+    /// The renewal key's value: the session it renews, and the time, for people.
+    fn renewal_value(session: &str, record: &LeaderElectionRecord) -> String {
+        BASE64.encode(json!({"session": session, "renewTime": record.renew_time}).to_string())
     }
-}
 
-fn check_index(key: &str, index: u64) -> Value {
-    json!({"KV": {"Verb": "check-index", "Key": key, "Index": index}})
+    /// This candidate's session, created for `record`'s lease if it has none.
+    async fn session_for(&self, record: &LeaderElectionRecord) -> Result<String, LockError> {
+        if let Some(id) = self.session.get() {
+            return Ok(id);
+        }
+        let id = session::create(
+            &self.store,
+            &self.key,
+            &self.identity,
+            record.lease_duration,
+        )
+        .await?;
+        self.session.set(id.clone());
+        Ok(id)
+    }
+
+    /// Destroys this candidate's session, which holds nothing.
+    async fn drop_session(&self) {
+        if let Some(id) = self.session.take() {
+            session::destroy(&self.store, &id).await;
+        }
+    }
+
+    /// Takes the key for `record` (which names this candidate) from the version `at` (`None`:
+    /// a create, which only wants the record key absent): checks both indexes, deletes the key
+    /// (a dead holder's session may still lock it) and locks it anew with this candidate's
+    /// session, and writes the renewal key. The session of the holder it took over from, if
+    /// any, is destroyed after.
+    async fn take(
+        &self,
+        at: Option<Indexes>,
+        record: &LeaderElectionRecord,
+    ) -> Result<Observed, LockError> {
+        let session = self.session_for(record).await?;
+        let before = at.and_then(|at| self.locker_at(at.record));
+        let mut ops = Vec::new();
+        match at {
+            None => ops.push(op("check-not-exists", &self.key)),
+            Some(at) => {
+                ops.push(check_index(&self.key, at.record));
+                ops.push(check_index(&self.renewal_key, at.renewal));
+                if at.record != 0 {
+                    ops.push(op("delete", &self.key));
+                }
+            }
+        }
+        let value = BASE64.encode(record.to_json());
+        ops.push(
+            json!({"KV": {"Verb": "lock", "Key": self.key, "Value": value, "Session": session}}),
+        );
+        ops.push(json!({"KV": {"Verb": "set", "Key": self.renewal_key, "Value": Self::renewal_value(&session, record)}}));
+        let results = match self.txn(&ops).await {
+            Ok(results) => results,
+            Err(err) => {
+                // The transaction changed nothing: a session that held nothing before still
+                // holds nothing.
+                let held = self.known().locked.as_ref().and_then(|(_, l)| l.clone());
+                if err.is_conflict() && held.as_deref() != Some(session.as_str()) {
+                    self.drop_session().await;
+                }
+                return Err(err);
+            }
+        };
+        let index = self.index_in(&results, &self.key)?;
+        self.note(index, Some(session.clone()), record.leader_transitions);
+        if let Some(previous) = before.filter(|previous| *previous != session) {
+            // A dead or stopped holder's session, which now holds nothing.
+            session::destroy(&self.store, &previous).await;
+        }
+        Ok(Observed {
+            record: record.clone(),
+            version: Indexes {
+                record: index,
+                renewal: index,
+            }
+            .version(),
+        })
+    }
+
+    /// Writes `record` over version `at` with `verb`: `cas` (which keeps whoever locks the key),
+    /// or `unlock` by `session`; the renewal key stays as it is.
+    async fn write(
+        &self,
+        at: Indexes,
+        record: &LeaderElectionRecord,
+        verb: &str,
+        session: Option<&str>,
+    ) -> Result<Observed, LockError> {
+        let value = BASE64.encode(record.to_json());
+        let write = match session {
+            Some(session) => {
+                json!({"KV": {"Verb": verb, "Key": self.key, "Value": value, "Session": session}})
+            }
+            None => {
+                json!({"KV": {"Verb": verb, "Key": self.key, "Value": value, "Index": at.record}})
+            }
+        };
+        let results = self
+            .txn(&[
+                check_index(&self.key, at.record),
+                write,
+                op("get-or-empty", &self.renewal_key),
+            ])
+            .await?;
+        let index = self.index_in(&results, &self.key)?;
+        let renewal = self.index_in(&results, &self.renewal_key)?;
+        let locked = if verb == "unlock" {
+            None
+        } else {
+            self.locker_at(at.record)
+        };
+        self.note(index, locked, record.leader_transitions);
+        Ok(Observed {
+            record: record.clone(),
+            version: Indexes {
+                record: index,
+                renewal,
+            }
+            .version(),
+        })
+    }
 }
 
 #[async_trait]
 impl ResourceLock for ConsulLock {
     async fn get(&self) -> Result<Option<Observed>, LockError> {
-        let (entry, _) = self.read(&[], Duration::ZERO).await?;
-        entry.map(|entry| self.observed(&entry)).transpose()
+        let (record, renewal) = self.read().await?;
+        record
+            .map(|record| self.observed(&record, renewal.as_ref()))
+            .transpose()
     }
 
     async fn create(&self, record: &LeaderElectionRecord) -> Result<Observed, LockError> {
-        let check = json!({"KV": {"Verb": "check-not-exists", "Key": self.key}});
-        self.write(check, record, false).await
+        if record.is_held_by(&self.identity) {
+            return self.take(None, record).await;
+        }
+        let value = BASE64.encode(record.to_json());
+        let results = self
+            .txn(&[
+                op("check-not-exists", &self.key),
+                json!({"KV": {"Verb": "set", "Key": self.key, "Value": value}}),
+                op("get-or-empty", &self.renewal_key),
+            ])
+            .await?;
+        let index = self.index_in(&results, &self.key)?;
+        self.note(index, None, record.leader_transitions);
+        Ok(Observed {
+            record: record.clone(),
+            version: Indexes {
+                record: index,
+                renewal: self.index_in(&results, &self.renewal_key)?,
+            }
+            .version(),
+        })
     }
 
+    /// Takes the key for a record that names this candidate, unlocks it for a free record
+    /// this candidate's session holds (a release, which destroys the session after), and
+    /// otherwise writes it keeping whoever holds it (a handover request).
     async fn update(
         &self,
         version: &Version,
         record: &LeaderElectionRecord,
     ) -> Result<Observed, LockError> {
-        let index = self.index_of(version)?;
-        // Whether this candidate's session holds the key, for a release.
-        let held_by_us = record.is_free() && self.session.get().is_some();
-        let observed = self
-            .write(check_index(&self.key, index), record, held_by_us)
-            .await;
-        match observed {
-            // A release by a session that no longer holds the key: set it as any write.
-            Err(err) if err.is_conflict() && held_by_us => {
-                self.write(check_index(&self.key, index), record, false)
-                    .await
-            }
-            other => other,
+        let at = Indexes::of(version)?;
+        let ours = self.session.get();
+        let held_by_us = ours.is_some() && self.locker_at(at.record) == ours;
+        if record.is_held_by(&self.identity) {
+            // An acquisition gets a token above every one seen; a term of its own keeps its.
+            let record = if held_by_us {
+                record.clone()
+            } else {
+                self.floored(record)
+            };
+            return self.take(Some(at), &record).await;
         }
+        if record.is_free()
+            && let Some(session) = ours
+        {
+            match self.write(at, record, "unlock", Some(&session)).await {
+                Ok(released) => {
+                    self.drop_session().await;
+                    return Ok(released);
+                }
+                // A session that no longer holds the key: write it as anyone would.
+                Err(err) if err.is_conflict() => {}
+                Err(err) => return Err(err),
+            }
+        }
+        self.write(at, record, "cas", None).await
     }
 
-    /// Renews this candidate's session and, unless the holder's watch knows the key is still
-    /// `version`, reads the key: a conflict when the session is gone or the key is no longer
-    /// this version locked by it.
+    /// One transaction: the record key's index and its lock by this candidate's session
+    /// checked, the renewal key written. A conflict once anyone else wrote the record (a
+    /// handover request, a takeover), or Consul ended the session (an operator's destroy, the
+    /// node deregistered), which unlocks the key: the key is then under the session's
+    /// lock-delay for a lease, so the term ends at its renew deadline, and candidates take
+    /// the key only a lease after they read it unlocked.
     async fn renew(
         &self,
         version: &Version,
         record: &LeaderElectionRecord,
     ) -> Result<Observed, LockError> {
-        let Some(id) = self.session.get() else {
-            return self.update(version, record).await;
+        let at = Indexes::of(version)?;
+        let Some(session) = self.session.get() else {
+            return Err(LockError::conflict(BACKEND));
         };
-        let path = format!("/v1/session/renew/{id}");
-        let context = format!("{} session renew", self.store.inner.address);
-        let answer = self
-            .store
-            .send(&context, Method::PUT, &path, &[], None, Duration::ZERO)
+        let results = self
+            .txn(&[
+                check_index(&self.key, at.record),
+                json!({"KV": {"Verb": "check-session", "Key": self.key, "Session": session}}),
+                json!({"KV": {"Verb": "set", "Key": self.renewal_key, "Value": Self::renewal_value(&session, record)}}),
+            ])
             .await?;
-        match answer.code {
-            StatusCode::OK => {}
-            StatusCode::NOT_FOUND => {
-                self.session.forget(&id);
-                return Err(LockError::conflict(BACKEND));
-            }
-            _ => return Err(self.store.refused(&context, &answer)),
-        }
-        let index = self.index_of(version)?;
-        let renewed = Observed {
+        Ok(Observed {
             record: record.clone(),
-            version: version.clone(),
-        };
-        if self.holding.unchanged_since(index) {
-            return Ok(renewed);
-        }
-        let (entry, _) = self.read(&[], Duration::ZERO).await?;
-        match entry {
-            Some(entry)
-                if entry.session.as_deref() == Some(id.as_str()) && entry.modify_index == index =>
-            {
-                self.hold(index, id);
-                Ok(renewed)
+            version: Indexes {
+                record: at.record,
+                renewal: self.index_in(&results, &self.renewal_key)?,
             }
-            _ => Err(LockError::conflict(BACKEND)),
-        }
+            .version(),
+        })
     }
 
     fn identity(&self) -> &str {
@@ -527,35 +571,32 @@ impl ResourceLock for ConsulLock {
     }
 
     async fn watch(&self) -> Result<Option<ChangeStream>, LockError> {
-        let (entry, index) = self.read(&[], Duration::ZERO).await?;
-        let first = Seen::of(entry.as_ref());
-        let this = self.reader();
-        let holding = Arc::downgrade(&self.holding);
+        let watcher = Watcher {
+            store: self.store.clone(),
+            path: self.path.clone(),
+            context: self.context.clone(),
+        };
+        let (entry, index) = watcher.read(&[], Duration::ZERO).await?;
+        let first = Wake::of(entry.as_ref());
         let stream = futures_util::stream::unfold(
-            (this, first, index),
-            move |(this, mut seen, mut index)| {
-                let holding = holding.clone();
-                async move {
-                    loop {
-                        let query = [
-                            ("index", index.to_string()),
-                            ("wait", format!("{}s", WAIT.as_secs())),
-                        ];
-                        // Consul adds up to wait/16 of jitter.
-                        let read = this.read(&query, WAIT + WAIT / 16).await;
-                        let Ok((entry, next)) = read else {
-                            return None;
-                        };
-                        // An index that went backwards (a restored snapshot) starts over.
-                        index = if next < index { 0 } else { next };
-                        let now = Seen::of(entry.as_ref());
-                        if now != seen {
-                            seen = now;
-                            if let Some(holding) = holding.upgrade() {
-                                holding.moved();
-                            }
-                            return Some(((), (this, seen, index)));
-                        }
+            (watcher, first, index),
+            |(watcher, mut seen, mut index)| async move {
+                loop {
+                    let query = [
+                        ("index", index.to_string()),
+                        ("wait", format!("{}s", WAIT.as_secs())),
+                    ];
+                    // Consul adds up to wait/16 of jitter.
+                    let Ok((entry, next)) = watcher.read(&query, WAIT + WAIT / 16).await else {
+                        return None;
+                    };
+                    // An index that went backwards (a restored snapshot) starts over, with a
+                    // read that does not block.
+                    index = if next < index { 0 } else { next };
+                    let now = Wake::of(entry.as_ref());
+                    if now != seen {
+                        seen = now;
+                        return Some(((), (watcher, seen, index)));
                     }
                 }
             },
@@ -563,73 +604,132 @@ impl ResourceLock for ConsulLock {
         Ok(Some(stream.boxed()))
     }
 
-    /// Goes by Consul's expiry: a key locked by a live session is held; an absent or unlocked
-    /// one (released, or its holder's session invalidated) is taken with a transaction.
+    /// Takes an absent key, or a free one nobody locks (unless a handover request names
+    /// another candidate); reports anything else held. A key a session locks is held by the
+    /// store when that session is not the one the renewal key names (an earlier version of this
+    /// lock, or another client, whose holder renews its session instead of writing): only
+    /// Consul's expiry of that session frees it. Otherwise candidates wait out the lease on
+    /// their own clock from the pair of indexes they read (S2), also for a key this very lock
+    /// object holds (the elector takes a term it started again with an update).
     async fn try_acquire(
         &self,
         desired: &LeaderElectionRecord,
     ) -> Result<Option<Acquisition>, LockError> {
-        let (entry, _) = self.read(&[], Duration::ZERO).await?;
-        let Some(entry) = entry else {
-            let mut record = desired.clone();
-            record.leader_transitions = record.leader_transitions.max(1);
-            record.extensions.clear();
-            let taken = self.create(&record).await?;
+        let (record, renewal) = self.read().await?;
+        let Some(record) = record else {
+            let mut taken = desired.clone();
+            taken.leader_transitions = taken.leader_transitions.max(1);
+            taken.extensions.clear();
+            let at = Indexes {
+                record: 0,
+                renewal: renewal.map_or(0, |r| r.modify_index),
+            };
+            let taken = self.take(Some(at), &self.floored(&taken)).await?;
             return Ok(Some(Acquisition::Acquired(taken)));
         };
-        let observed = self.observed(&entry)?;
+        let observed = self.observed(&record, renewal.as_ref())?;
         let ours = self.session.get();
-        let locked_by_other = entry
-            .session
-            .as_ref()
-            .is_some_and(|s| Some(s) != ours.as_ref());
-        if locked_by_other || observed.record.reserved_for_other_than(&self.identity) {
+        let locked_by_us = record.session.is_some() && record.session == ours;
+        if let Some(locker) = &record.session {
+            if !locked_by_us {
+                // Its session holds nothing of this key.
+                self.drop_session().await;
+            }
+            let renewed_by = renewal
+                .as_ref()
+                .and_then(|r| serde_json::from_slice::<Value>(&r.value).ok())
+                .and_then(|v| v["session"].as_str().map(str::to_owned));
             return Ok(Some(Acquisition::Held {
-                renewed_in_store: locked_by_other,
                 observed,
                 expires_in: None,
+                renewed_in_store: renewed_by.as_deref() != Some(locker.as_str()),
             }));
         }
-        let mut record = desired.clone();
+        if !observed.record.is_free() || observed.record.reserved_for_other_than(&self.identity) {
+            return Ok(Some(Acquisition::Held {
+                observed,
+                expires_in: None,
+                renewed_in_store: false,
+            }));
+        }
+        let mut taken = desired.clone();
         // At least the floor the elector asks for; the stored extensions, not the candidate's
         // (only a holder writes them).
-        record.leader_transitions =
-            (observed.record.leader_transitions + 1).max(desired.leader_transitions);
-        record.extensions = observed.record.extensions.clone();
-        record.preferred_holder = None;
-        let taken = self
-            .write(check_index(&self.key, entry.modify_index), &record, false)
-            .await?;
+        taken.leader_transitions = desired
+            .leader_transitions
+            .max(observed.record.leader_transitions + 1);
+        taken.extensions = observed.record.extensions.clone();
+        taken.preferred_holder = None;
+        let at = Indexes::of(&observed.version)?;
+        let taken = self.take(Some(at), &self.floored(&taken)).await?;
         Ok(Some(Acquisition::Acquired(taken)))
     }
 
     /// Destroys this candidate's session, which releases the key if it still holds it.
     async fn close(&self) {
-        self.holding.set(None);
-        let id = self.session.get();
-        if let Some(id) = id {
-            self.session.forget(&id);
-            destroy(&self.store, &id).await;
+        self.drop_session().await;
+    }
+}
+
+/// A reader of the record key with blocking queries, for the change stream.
+struct Watcher {
+    store: ConsulStore,
+    path: String,
+    context: String,
+}
+
+impl Watcher {
+    /// Reads the key: the entry, if any, and the index to block on next.
+    async fn read(
+        &self,
+        query: &[(&str, String)],
+        extra: Duration,
+    ) -> Result<(Option<(Option<String>, Vec<u8>)>, u64), LockError> {
+        let answer = self
+            .store
+            .send(&self.context, Method::GET, &self.path, query, None, extra)
+            .await?;
+        match answer.code {
+            StatusCode::NOT_FOUND => Ok((None, answer.index)),
+            StatusCode::OK => {
+                let entries: Value = serde_json::from_str(&answer.body).map_err(|err| {
+                    LockError::invalid_record(
+                        BACKEND,
+                        format!("{}: an answer that is not JSON: {err}", self.context),
+                    )
+                })?;
+                let entry = &entries[0];
+                let value = entry["Value"]
+                    .as_str()
+                    .and_then(|v| BASE64.decode(v).ok())
+                    .unwrap_or_default();
+                let session = entry["Session"]
+                    .as_str()
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_owned);
+                Ok((Some((session, value)), answer.index))
+            }
+            _ => Err(self.store.refused(&self.context, &answer)),
         }
     }
 }
 
 /// What followers wake for: the key's existence, its lock, its holder and a handover request.
 #[derive(PartialEq, Eq)]
-struct Seen {
+struct Wake {
     present: bool,
     session: Option<String>,
     holder: Option<String>,
     handover_to: Option<String>,
 }
 
-impl Seen {
-    fn of(entry: Option<&Entry>) -> Self {
+impl Wake {
+    fn of(entry: Option<&(Option<String>, Vec<u8>)>) -> Self {
         let record =
-            entry.and_then(|e| serde_json::from_slice::<LeaderElectionRecord>(&e.value).ok());
+            entry.and_then(|(_, value)| serde_json::from_slice::<LeaderElectionRecord>(value).ok());
         Self {
             present: entry.is_some(),
-            session: entry.and_then(|e| e.session.clone()),
+            session: entry.and_then(|(session, _)| session.clone()),
             holder: record.as_ref().map(|r| r.holder_identity.clone()),
             handover_to: record.and_then(|r| r.handover_to().map(str::to_owned)),
         }

@@ -8,6 +8,7 @@ use leader_core::LockError;
 use reqwest::{Method, RequestBuilder, StatusCode};
 
 use crate::error::{BACKEND, status, transport};
+use crate::key;
 
 /// The key prefix when none is given: records live at `leader/NAME`.
 pub const DEFAULT_PREFIX: &str = "leader/";
@@ -21,7 +22,6 @@ pub struct ConsulStoreBuilder {
     prefix: String,
     timeout: Duration,
     tls: Option<rustls::ClientConfig>,
-    node_checks: Vec<String>,
 }
 
 impl fmt::Debug for ConsulStoreBuilder {
@@ -32,7 +32,6 @@ impl fmt::Debug for ConsulStoreBuilder {
             .field("datacenter", &self.datacenter)
             .field("prefix", &self.prefix)
             .field("timeout", &self.timeout)
-            .field("node_checks", &self.node_checks)
             .finish_non_exhaustive()
     }
 }
@@ -60,7 +59,8 @@ impl ConsulStoreBuilder {
     }
 
     /// The prefix of the records' keys (default [`DEFAULT_PREFIX`]): election `NAME` is the
-    /// key `PREFIX` + `NAME`.
+    /// key `PREFIX` + `NAME`. Letters, digits and `,-_./` only, as Consul's KV API allows
+    /// (checked by [`build`](Self::build)).
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
         self
@@ -79,30 +79,21 @@ impl ConsulStoreBuilder {
         self
     }
 
-    /// Ties each candidate's session to these checks of the agent's node as well (such as
-    /// `serfHealth`): a failing check invalidates the session, and its lock, at once. Since
-    /// that can happen while the holder still counts on its lease, sessions with checks get a
-    /// lock-delay of the lease duration, which keeps anyone else from taking the key before
-    /// the holder has stopped. By default sessions have no checks and only their TTL ends them.
-    pub fn node_checks<I, S>(mut self, checks: I) -> Self
-    where
-        I: IntoIterator<Item = S>,
-        S: Into<String>,
-    {
-        self.node_checks = checks.into_iter().map(Into::into).collect();
-        self
-    }
-
     /// Checks the settings and builds the client; nothing is sent yet.
     ///
     /// # Errors
     /// [`LockError::Misconfigured`] for an address that is not `http://` or `https://` with a
-    /// host, or a client that cannot be built.
+    /// host, a key prefix Consul's KV API would refuse, a zero timeout, or a client that cannot
+    /// be built.
     pub fn build(self) -> Result<ConsulStore, LockError> {
         let bad = |message: String| LockError::Misconfigured {
             backend: BACKEND,
             message,
         };
+        key::check_prefix(&self.prefix)?;
+        if self.timeout.is_zero() {
+            return Err(bad("the request timeout must be above zero".to_owned()));
+        }
         let base = url::Url::parse(&self.address)
             .map_err(|err| bad(format!("the agent address {:?}: {err}", self.address)))?;
         if !matches!(base.scheme(), "http" | "https") || base.host_str().is_none() {
@@ -136,7 +127,6 @@ impl ConsulStoreBuilder {
                 datacenter: self.datacenter,
                 prefix: self.prefix,
                 timeout: self.timeout,
-                node_checks: self.node_checks,
             }),
         })
     }
@@ -167,7 +157,6 @@ pub(crate) struct Inner {
     datacenter: Option<String>,
     pub(crate) prefix: String,
     pub(crate) timeout: Duration,
-    pub(crate) node_checks: Vec<String>,
 }
 
 impl fmt::Debug for ConsulStore {
@@ -197,7 +186,6 @@ impl ConsulStore {
             prefix: DEFAULT_PREFIX.to_owned(),
             timeout: Duration::from_secs(5),
             tls: None,
-            node_checks: Vec::new(),
         }
     }
 

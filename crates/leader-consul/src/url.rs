@@ -93,7 +93,7 @@ impl LockTarget for LockUrl {
     }
 
     async fn open(&self, name: &str, identity: &str) -> Result<Box<dyn ResourceLock>, LockError> {
-        Ok(Box::new(self.store().build()?.lock(name, identity)))
+        Ok(Box::new(self.store().build()?.lock(name, identity)?))
     }
 }
 

@@ -1,11 +1,13 @@
-//! ACLs, unreachable agents, bad settings, records other clients wrote and a server restart, on
-//! the test Consul server.
+//! ACLs, unreachable agents, bad settings and names, a raised `session_ttl_min`, records other
+//! clients wrote and a server restart, on the test Consul server.
 
 mod common;
 
 use std::time::Duration;
 
-use common::{ConsulApiServer, store};
+use common::cluster::Cluster;
+use common::scenarios;
+use common::{ConsulApiServer, get_status, lock, put, store};
 use leader_consul::ConsulStore;
 use leader_core::conformance::record;
 use leader_core::{Acquisition, LockError, ResourceLock};
@@ -15,7 +17,7 @@ use leader_core::{Acquisition, LockError, ResourceLock};
 async fn acl_denials_name_the_rule_and_never_the_token() {
     let api = ConsulApiServer::start().await;
     api.require_token("s3cr3t-token");
-    let anonymous = store(&api).lock("acl", "a");
+    let anonymous = lock(&store(&api), "acl", "a");
     let err = anonymous
         .try_acquire(&record("a", 0))
         .await
@@ -32,14 +34,14 @@ async fn acl_denials_name_the_rule_and_never_the_token() {
         .build()
         .expect("store");
     assert!(!format!("{with_token:?}").contains("s3cr3t"));
-    let lock = with_token.lock("acl", "a");
-    let taken = lock
+    let a = lock(&with_token, "acl", "a");
+    let taken = a
         .try_acquire(&record("a", 0))
         .await
         .expect("with the token");
     assert!(matches!(taken, Some(Acquisition::Acquired(_))));
     api.deny("session:write");
-    let other = with_token.lock("acl", "b");
+    let other = lock(&with_token, "acl-other", "b");
     let err = other
         .create(&record("b", 1))
         .await
@@ -50,11 +52,52 @@ async fn acl_denials_name_the_rule_and_never_the_token() {
         message.contains("session:write") && !message.contains("s3cr3t"),
         "{message}"
     );
-    assert!(!lock.describe().contains("s3cr3t"));
+    assert!(!a.describe().contains("s3cr3t"));
 }
 
-/// An agent that is not there is `Unavailable`, within the timeout; bad addresses and a
-/// datacenter nobody serves are clear errors.
+/// Consul answers an operation of a transaction the token may not do with 409 and "Permission
+/// denied" in `Errors[].What` (`Txn.preCheck`), not with 403; a `check-not-exists` needs
+/// `key:write` like a write. That is `Forbidden` naming the rule, never a lost
+/// compare-and-swap the elector would retry forever. A token that may not read the keys gets
+/// them left out of a read transaction's answer (`FilterTxnResults`): `Forbidden` too, never
+/// an absent record the lock would create.
+#[tokio::test]
+async fn a_token_without_key_rights_is_forbidden_naming_the_rule() {
+    let api = ConsulApiServer::start().await;
+    let store = store(&api);
+    api.deny("key:write");
+    scenarios::a_token_without_key_write_is_forbidden(&store).await;
+    let a = lock(&store, "denied", "a");
+
+    api.allow("key:write");
+    let held = match a.try_acquire(&record("a", 0)).await.expect("allowed") {
+        Some(Acquisition::Acquired(held)) => held,
+        other => panic!("{other:?}"),
+    };
+    // A renewal the token may no longer write: Forbidden, so the elector keeps its deadline
+    // instead of giving the term up as lost.
+    api.deny("key:write");
+    let err = a
+        .renew(&held.version, &held.record)
+        .await
+        .expect_err("renewal denied");
+    assert!(matches!(err, LockError::Forbidden { .. }), "{err:?}");
+    api.allow("key:write");
+
+    api.deny("key:read");
+    let err = lock(&store, "denied", "b")
+        .get()
+        .await
+        .expect_err("key:read denied");
+    let message = err.to_string();
+    assert!(
+        matches!(err, LockError::Forbidden { .. }) && message.contains("key:read"),
+        "{err:?}"
+    );
+}
+
+/// An agent that is not there is `Unavailable`, within the timeout; bad addresses, a zero
+/// timeout and a datacenter nobody serves are clear errors.
 #[tokio::test]
 async fn unreachable_agents_and_bad_settings() {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -65,7 +108,7 @@ async fn unreachable_agents_and_bad_settings() {
         .timeout(Duration::from_secs(1))
         .build()
         .expect("store");
-    let err = gone.lock("x", "a").get().await.expect_err("no agent");
+    let err = lock(&gone, "x", "a").get().await.expect_err("no agent");
     assert!(matches!(err, LockError::Unavailable { .. }), "{err:?}");
 
     for address in ["127.0.0.1:8500", "ftp://host", "http://user:pw@host:8500"] {
@@ -76,54 +119,106 @@ async fn unreachable_agents_and_bad_settings() {
         );
         assert!(!err.to_string().contains(":pw@"), "{err}");
     }
+    let err = ConsulStore::builder("http://127.0.0.1:8500")
+        .timeout(Duration::ZERO)
+        .build()
+        .expect_err("a zero timeout");
+    assert!(matches!(err, LockError::Misconfigured { .. }), "{err:?}");
 
     let api = ConsulApiServer::start().await;
     let elsewhere = ConsulStore::builder(api.url())
         .datacenter("dc9")
         .build()
         .expect("store");
-    let err = elsewhere
-        .lock("x", "a")
+    let err = lock(&elsewhere, "x", "a")
         .get()
         .await
         .expect_err("no such dc");
     assert!(err.to_string().contains("No path to datacenter"), "{err}");
 }
 
-/// A record locked by another client's session is held until that session ends; a lease
-/// shorter than Consul's 10 s minimum TTL gets a 10 s session.
+/// Consul checks key names on `GET`, `PUT` and `DELETE /v1/kv` (`validateKVKey`) but not in
+/// transactions, which is how the lock writes: an election named `job.json` or `a~b` could be
+/// written and never read. Such names, and prefixes, are refused when the lock (or the store)
+/// is built; the names the lock accepts are keys Consul serves, and the test server refuses
+/// what the lock refuses, as Consul does.
 #[tokio::test]
-async fn foreign_locks_hold_and_short_leases_get_the_minimum_ttl() {
+async fn names_consul_would_refuse_are_refused_when_the_lock_is_built() {
+    let cluster = Cluster::test().await;
+    scenarios::names_consul_would_refuse_are_refused_when_the_lock_is_built(&cluster).await;
+    let api = cluster.test_server().expect("the test server");
+    let path = format!("{}/v1/kv/leader/job.json", api.url());
+    assert_eq!(get_status(&path).await, reqwest::StatusCode::BAD_REQUEST);
+}
+
+/// An operator may raise `session_ttl_min` (Consul then answers a shorter TTL with 500
+/// "Invalid Session TTL", which a lock sending a TTL would retry forever as an outage). The
+/// lock's sessions carry no TTL, so it elects as before.
+#[tokio::test]
+async fn a_raised_session_ttl_min_does_not_stop_the_lock() {
     let api = ConsulApiServer::start().await;
-    let store = store(&api);
-    let a = store.lock("short", "a");
+    api.set_session_ttl_min(Duration::from_secs(3600));
+    let a = lock(&store(&api), "ttl-min", "a");
     let mut short = record("a", 0);
     short.lease_duration = Duration::from_secs(2);
-    // The server refuses a TTL below 10 s (400), so this acquisition shows the session got 10 s.
     let taken = a.try_acquire(&short).await.expect("try");
-    assert!(matches!(taken, Some(Acquisition::Acquired(_))));
-    assert_eq!(api.sessions(), 1, "one session for the holder");
-    let b = store.lock("short", "b");
-    let held = b.try_acquire(&record("b", 0)).await.expect("try");
-    assert!(
-        matches!(
-            held,
-            Some(Acquisition::Held {
-                renewed_in_store: true,
-                ..
-            })
-        ),
-        "{held:?}"
-    );
-    // The session invalidated (its TTL ran out): b takes the key, with a larger token.
+    assert!(matches!(taken, Some(Acquisition::Acquired(_))), "{taken:?}");
+    let session = api
+        .session(&a.session_id().expect("a session"))
+        .expect("it exists");
+    assert_eq!(session["TTL"], "", "{session}");
+    // A session with a TTL below the minimum is what Consul refuses, with a 500.
+    let (status, text) = put(
+        &format!("{}/v1/session/create", api.url()),
+        r#"{"TTL": "10s"}"#,
+    )
+    .await;
+    assert_eq!(status, reqwest::StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(text.contains("Invalid Session TTL"), "{text}");
+}
+
+/// A record locked by another client's session, whose holder renews its session rather than
+/// writing (an earlier version of this lock, `consul lock`), is held until Consul ends that
+/// session; then it is taken only a lease after it was first read unlocked.
+#[tokio::test]
+async fn foreign_locks_hold_until_consul_ends_their_session() {
+    let api = ConsulApiServer::start().await;
+    let store = store(&api);
+    let key = format!("{}foreign", store.prefix());
+    let (_, created) = put(
+        &format!("{}/v1/session/create", api.url()),
+        r#"{"TTL": "10s", "LockDelay": "0s"}"#,
+    )
+    .await;
+    let created: serde_json::Value = serde_json::from_str(&created).expect("JSON");
+    let session = created["ID"].as_str().expect("an ID").to_owned();
+    let value = String::from_utf8(record("other", 1).to_json()).expect("UTF-8");
+    let (_, acquired) = put(
+        &format!("{}/v1/kv/{key}?acquire={session}", api.url()),
+        &value,
+    )
+    .await;
+    let acquired = acquired == "true";
+    assert!(acquired);
+    let b = lock(&store, "foreign", "b");
+    match b.try_acquire(&record("b", 0)).await.expect("try") {
+        Some(Acquisition::Held {
+            renewed_in_store: true,
+            ..
+        }) => {}
+        other => panic!("a foreign session's lock must be held in the store: {other:?}"),
+    }
+    // Its session ends (its TTL ran out): the key is unlocked, the record still names its
+    // holder, and candidates count a lease from here.
     api.expire_sessions();
     match b.try_acquire(&record("b", 0)).await.expect("try") {
-        Some(Acquisition::Acquired(observed)) => assert_eq!(observed.record.leader_transitions, 2),
+        Some(Acquisition::Held {
+            renewed_in_store: false,
+            observed,
+            ..
+        }) => assert_eq!(observed.record.holder_identity, "other"),
         other => panic!("{other:?}"),
     }
-    // The holder's next renewal finds its session gone.
-    let stale = a.renew(&leader_core::Version::new("1"), &short).await;
-    assert!(stale.is_err_and(|e| e.is_conflict()));
 }
 
 /// Drops a server's runtime, which closes its port, and waits until it has.
@@ -134,8 +229,8 @@ async fn stop(runtime: tokio::runtime::Runtime) {
 }
 
 /// A server restarted from its state file (as Consul keeps its raft log) still has the key,
-/// its lock and the holder's session, whose timer starts anew: the holder renews, others find
-/// the key held, and the next term's token continues the count.
+/// its lock and the holder's session: the holder renews, others find the key held, and the
+/// next term's token continues the count.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_server_keeps_sessions_and_locks() {
     let dir = tempfile::tempdir().expect("dir");
@@ -159,7 +254,7 @@ async fn a_restarted_server_keeps_sessions_and_locks() {
     };
     let (runtime, api) = start(0).await;
     let store = store(&api);
-    let a = store.lock("restart", "a");
+    let a = lock(&store, "restart", "a");
     let Some(Acquisition::Acquired(taken)) = a.try_acquire(&record("a", 0)).await.expect("try")
     else {
         panic!("a takes the free key");
@@ -170,7 +265,7 @@ async fn a_restarted_server_keeps_sessions_and_locks() {
     assert_eq!(api.sessions(), 1, "the holder's session is kept");
     let renewed = a.renew(&taken.version, &record("a", 0)).await;
     let renewed = renewed.expect("the holder renews after the restart");
-    let b = store.lock("restart", "b");
+    let b = lock(&store, "restart", "b");
     let held = b.try_acquire(&record("b", 0)).await.expect("try");
     assert!(matches!(held, Some(Acquisition::Held { .. })), "{held:?}");
     a.update(
@@ -179,6 +274,7 @@ async fn a_restarted_server_keeps_sessions_and_locks() {
     )
     .await
     .expect("release");
+    assert_eq!(api.sessions(), 0, "a release destroys the holder's session");
     match b.try_acquire(&record("b", 0)).await.expect("try") {
         Some(Acquisition::Acquired(observed)) => assert_eq!(
             observed.record.leader_transitions,
@@ -189,66 +285,53 @@ async fn a_restarted_server_keeps_sessions_and_locks() {
     stop(runtime).await;
 }
 
-/// A renewal is one request, the session's renewal, while the holder's blocking query on its
-/// key has seen no other write; a write by another client (which keeps the holder's session,
-/// as a plain `PUT` does) is found by the next renewal once that query reports it.
+/// A renewal is one request, a transaction that writes the renewal key and checks the
+/// record's index, which followers' blocking queries on the record do not wake for; someone
+/// else's write of the record is found by the next renewal.
 #[tokio::test]
-async fn renewals_are_one_request_until_someone_else_writes() {
+async fn renewals_are_one_request_and_find_another_write() {
     let api = ConsulApiServer::start().await;
     let store = store(&api);
-    let a = store.lock("renewals", "a");
+    let a = lock(&store, "renewals", "a");
     let Some(Acquisition::Acquired(mut held)) = a.try_acquire(&record("a", 0)).await.expect("try")
     else {
         panic!("a takes the free key");
     };
-    let count = |endpoint: &str| api.requests().get(endpoint).copied().unwrap_or(0);
-    let (renewals, reads) = (count("PUT /v1/session/renew"), count("GET /v1/kv"));
+    let requests = || api.requests().values().sum::<usize>();
+    let before = requests();
     for _ in 0..20 {
+        let previous = held.version.clone();
         held = a.renew(&held.version, &held.record).await.expect("renew");
+        assert_ne!(held.version, previous, "a renewal changes the version");
     }
-    assert_eq!(count("PUT /v1/session/renew") - renewals, 20);
-    // At most the holder's blocking query, if it had not started before.
-    assert!(count("GET /v1/kv") - reads <= 1, "{:?}", api.requests());
+    assert_eq!(requests() - before, 20, "{:?}", api.requests());
 
     api.put_raw(a.key(), b"{\"holderIdentity\": \"a\"}");
-    let found = tokio::time::timeout(Duration::from_secs(5), async {
-        loop {
-            match a.renew(&held.version, &held.record).await {
-                Ok(_) => tokio::time::sleep(Duration::from_millis(10)).await,
-                Err(err) => return err,
-            }
-        }
-    })
-    .await
-    .expect("a renewal finds the write");
-    assert!(found.is_conflict(), "{found}");
+    let stale = a.renew(&held.version, &held.record).await;
+    assert!(stale.is_err_and(|e| e.is_conflict()));
 }
 
-/// Once the change stream has reported a write (here a handover request), the holder's next
-/// renewal reads the key, even where the holder's own query on it has not reported the write
-/// yet: the elector renews on a change precisely to read what changed.
+/// A handover request (a write on the holder's behalf, which keeps its lock) makes the
+/// holder's next renewal conflict, so that the elector reads it.
 #[tokio::test]
-async fn a_renewal_after_a_reported_change_reads_it() {
-    use futures_util::StreamExt;
+async fn a_handover_request_makes_the_next_renewal_conflict() {
     let api = ConsulApiServer::start().await;
     let store = store(&api);
-    for round in 0..50 {
-        let name = format!("reported-{round}");
-        let a = store.lock(&name, "a");
-        let Some(Acquisition::Acquired(held)) = a.try_acquire(&record("a", 0)).await.expect("try")
-        else {
-            panic!("a takes the free key");
-        };
-        let mut changes = a.watch().await.expect("watch").expect("a stream");
-        leader_core::request_handover(&store.lock(&name, "operator"), "b")
-            .await
-            .expect("request");
-        changes.next().await.expect("the request is reported");
-        let renewal = a.renew(&held.version, &held.record).await;
-        assert!(
-            renewal.as_ref().is_err_and(LockError::is_conflict),
-            "round {round}: {renewal:?}"
-        );
-        a.close().await;
-    }
+    let a = lock(&store, "request", "a");
+    let Some(Acquisition::Acquired(held)) = a.try_acquire(&record("a", 0)).await.expect("try")
+    else {
+        panic!("a takes the free key");
+    };
+    let held = a.renew(&held.version, &held.record).await.expect("renew");
+    leader_core::request_handover(&lock(&store, "request", "operator"), "b")
+        .await
+        .expect("request");
+    let renewal = a.renew(&held.version, &held.record).await;
+    assert!(
+        renewal.as_ref().is_err_and(LockError::is_conflict),
+        "{renewal:?}"
+    );
+    let read = a.get().await.expect("get").expect("a record");
+    assert_eq!(read.record.handover_to(), Some("b"));
+    assert_eq!(read.record.holder_identity, "a", "the holder stays");
 }

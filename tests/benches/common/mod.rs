@@ -101,7 +101,7 @@ impl Backend {
             Self::PostgresAdvisory(store) => Arc::new(store.advisory_lock(name, identity)),
             Self::Redis(store) => Arc::new(store.lock(name, identity)),
             Self::Etcd(store) => Arc::new(store.lock(name, identity)),
-            Self::Consul(_, store) => Arc::new(store.lock(name, identity)),
+            Self::Consul(_, store) => Arc::new(store.lock(name, identity).expect("a valid name")),
             Self::ObjectStore(_, store) => Arc::new(store.lock(name, identity)),
         }
     }

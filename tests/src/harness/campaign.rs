@@ -312,10 +312,9 @@ impl Settings {
     /// off, slowed down, or its server frozen) keeps its session until the idle session
     /// timeout ends it. On etcd the lease is whole seconds (the lock rounds it up), at least
     /// etcd's minimum TTL (2 s with its default election timeout: a 1 s grant is answered with
-    /// 2 s), and etcd revokes expired leases every 500 ms. On Consul a holder that went silent
-    /// (killed, frozen, cut off, slowed down) keeps the key until the server invalidates its
-    /// session, two TTLs after its last renewal, a TTL being the lease in whole seconds and at
-    /// least Consul's 10 s; when the server was away, the holder, alive, takes its key back. Under a latency spike the leader's last renewal,
+    /// 2 s), and etcd revokes expired leases every 500 ms. On Consul the holder's renewals are
+    /// writes of its renewal key, and candidates take over a lease after the last one they read,
+    /// as on any lock renewed by writes. Under a latency spike the leader's last renewal,
     /// sent up to a renew deadline after its last success, reaches the server twice the renew
     /// deadline late and extends the lease from there: the server cannot tell a late request
     /// from a new one.
@@ -330,7 +329,6 @@ impl Settings {
             Backend::Etcd => {
                 Duration::from_secs(whole_seconds(self.lease).max(2)) + Duration::from_millis(500)
             }
-            Backend::Consul if !fault.timed_from_its_end() => consul_session_lifetime(self.lease),
             _ => self.lease,
         };
         let mut bound = lease + self.retry * 2 + margin;
@@ -358,14 +356,6 @@ pub const FAULT_BUCKET: &str = "leader-fault";
 /// `lease` rounded up to whole seconds.
 fn whole_seconds(lease: Duration) -> u64 {
     u64::try_from(lease.as_millis().div_ceil(1000)).unwrap_or(u64::MAX)
-}
-
-/// The longest a Consul session of the Consul lock outlives its holder's last renewal: two
-/// TTLs (`SessionTTLMultiplier`), its TTL being `lease` in whole seconds and at least Consul's
-/// 10 s.
-#[must_use]
-pub fn consul_session_lifetime(lease: Duration) -> Duration {
-    Duration::from_secs(whole_seconds(lease).max(10)) * 2
 }
 
 /// What could not be set up (as opposed to what went wrong under faults, which a [`Report`]

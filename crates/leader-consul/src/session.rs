@@ -1,0 +1,123 @@
+//! The candidate's Consul session: created to lock the key, destroyed once the key is let go.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use leader_core::LockError;
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+
+use crate::error::BACKEND;
+use crate::store::ConsulStore;
+
+/// The longest lock-delay Consul applies (`MaxLockDelay`).
+const LOCK_DELAY_MAX: Duration = Duration::from_secs(60);
+
+/// The lock-delay of a session that locks a key with lease `lease`: the lease, at most
+/// Consul's 60 s.
+///
+/// Consul puts a key under its session's lock-delay when the session is invalidated while it
+/// holds the key (`deleteSessionTxn`: an operator's destroy, the node deregistered when its
+/// agent leaves or is force-left), and never after an explicit `unlock`, so a release still
+/// hands over at once. The lock's own candidates do not need it: they take a key whose
+/// session was invalidated only a lease after they first read it unlocked, by which time the
+/// holder, whose last renewal started before the invalidation, has stopped (renew deadline <
+/// lease). It keeps other clients off the key for as long: earlier versions of this lock and
+/// `consul lock`, which lock a key the moment its session is gone.
+pub(crate) fn lock_delay(lease: Duration) -> Duration {
+    lease.min(LOCK_DELAY_MAX)
+}
+
+/// This lock object's session, while it has one. Dropping the lock leaves it (a dropped lock
+/// never writes): the candidate that takes the key over next destroys it.
+#[derive(Debug, Default)]
+pub(crate) struct SessionSlot {
+    id: Mutex<Option<String>>,
+}
+
+impl SessionSlot {
+    pub(crate) fn get(&self) -> Option<String> {
+        self.id.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub(crate) fn set(&self, id: String) {
+        *self.id.lock().unwrap_or_else(|p| p.into_inner()) = Some(id);
+    }
+
+    /// Forgets `id` if it is still the current session; true if it was.
+    pub(crate) fn forget(&self, id: &str) -> bool {
+        let mut current = self.id.lock().unwrap_or_else(|p| p.into_inner());
+        let was = current.as_deref() == Some(id);
+        if was {
+            *current = None;
+        }
+        was
+    }
+
+    /// Takes the session out, to destroy it.
+    pub(crate) fn take(&self) -> Option<String> {
+        self.id.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+}
+
+/// Creates a session for `identity` on `key`, locking a key of lease `lease`: no TTL (nothing
+/// but an explicit destroy or the node's deregistration ends it: the lock's renewals are
+/// writes that candidates see, so no session timer decides who leads), no health checks
+/// (`Checks: []`, which `fixupEmptySessionChecks` turns into no node checks either, on every
+/// Consul version), behaviour `release`, and [`lock_delay`].
+pub(crate) async fn create(
+    store: &ConsulStore,
+    key: &str,
+    identity: &str,
+    lease: Duration,
+) -> Result<String, LockError> {
+    let body = json!({
+        "Name": format!("leader {key} {identity}"),
+        "LockDelay": format!("{}ms", lock_delay(lease).as_millis()),
+        "Behavior": "release",
+        "Checks": [],
+    });
+    let context = format!("{} session create", store.address());
+    let answer = store
+        .send(
+            &context,
+            Method::PUT,
+            "/v1/session/create",
+            &[],
+            Some(body.to_string().into_bytes()),
+            Duration::ZERO,
+        )
+        .await?;
+    if answer.code != StatusCode::OK {
+        return Err(store.refused(&context, &answer));
+    }
+    let created: Value = serde_json::from_str(&answer.body)
+        .map_err(|err| LockError::other(BACKEND, format!("{context}: {err}")))?;
+    created["ID"]
+        .as_str()
+        .map(str::to_owned)
+        .ok_or_else(|| LockError::other(BACKEND, format!("{context}: no session ID")))
+}
+
+/// Destroys session `id`, best effort: an invalidation, which releases what it still holds.
+pub(crate) async fn destroy(store: &ConsulStore, id: &str) {
+    let path = format!("/v1/session/destroy/{id}");
+    let answer = store
+        .send(
+            "session destroy",
+            Method::PUT,
+            &path,
+            &[],
+            None,
+            Duration::ZERO,
+        )
+        .await;
+    match answer {
+        Err(err) => tracing::debug!(error = %err, "could not destroy the Consul session"),
+        Ok(answer) if answer.code != StatusCode::OK => {
+            let err = store.refused("session destroy", &answer);
+            tracing::debug!(error = %err, "could not destroy the Consul session");
+        }
+        Ok(_) => {}
+    }
+}
