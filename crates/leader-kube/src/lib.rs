@@ -6,11 +6,13 @@ mod candidate;
 mod error;
 mod lock;
 mod names;
+mod pod_label;
 mod time;
 mod url;
 
 pub use candidate::Coordination;
 pub use lock::{COORDINATION_ANNOTATION, FENCING_TOKEN_ANNOTATION, HANDOVER_STRATEGY, LeaseLock};
+pub use pod_label::{POD_LABEL, PodLabel};
 pub use url::{DEFAULT_REQUEST_TIMEOUT, LockUrl};
 
 /// The core crate, so that one dependency is enough.

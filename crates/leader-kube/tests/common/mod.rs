@@ -18,6 +18,17 @@ pub fn client(api: &KubeApiServer) -> kube::Client {
     kube::Client::try_from(config).expect("client")
 }
 
+/// The HTTP status code of an API error.
+///
+/// # Panics
+/// For an error that is not the API server's answer.
+pub fn code(err: kube::Error) -> u16 {
+    match err {
+        kube::Error::Api(status) => status.code,
+        other => panic!("not an API error: {other}"),
+    }
+}
+
 /// Lease locks on the test API server, for the conformance suite.
 pub struct Factory {
     pub api: KubeApiServer,
