@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{KubeApiServer, client, code};
+use common::{KubeApiServer, client, code, granted};
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
@@ -310,6 +310,19 @@ impl Labelled {
     }
 }
 
+/// Denies on the server every verb on Pods that `deploy/kubernetes/rbac-pod-label.yaml` does
+/// not grant, so that the label is tested with exactly the rights a deployment gives it.
+fn deny_what_the_role_does_not_grant(api: &KubeApiServer) {
+    let granted = granted("rbac-pod-label.yaml", "pods");
+    for verb in [
+        "get", "list", "watch", "create", "update", "patch", "delete",
+    ] {
+        if !granted.iter().any(|g| g == verb) {
+            api.deny_on("pods", verb);
+        }
+    }
+}
+
 /// A replica: a Pod, and an elector (on a memory lock shared by the replicas) whose terms hold
 /// the Pod's label. At the start of each term it notes which Pods carried the label then.
 struct Replica {
@@ -385,6 +398,7 @@ fn step_down(replicas: &[(&'static str, Replica)], pod: &str) -> Instant {
 async fn the_label_follows_the_leader_and_is_never_on_two_pods() {
     let api = KubeApiServer::start().await;
     let labelled = Labelled::watch(&api).await;
+    deny_what_the_role_does_not_grant(&api);
     let store = MemoryStore::new();
     let mut replicas: Vec<(&'static str, Replica)> = ["a", "b", "c"]
         .into_iter()
@@ -464,6 +478,7 @@ async fn a_crashed_leaders_label_is_removed_before_the_next_labels_its_own() {
     api.put_pod("default", "other", &[(POD_LABEL, "billing")]);
     let labelled = Labelled::watch(&api).await;
     labelled.wait_for("crashed").await;
+    deny_what_the_role_does_not_grant(&api);
     let store = MemoryStore::new();
     let replicas = vec![("a", replica(&api, &store, "a"))];
     leader_of(&replicas).await;
