@@ -1,6 +1,7 @@
 -- The lock table of leader-postgres, as PostgresStore::create_table creates it.
 -- One row per election name; `version` is the compare-and-swap column, `leader_transitions` the
--- fencing term (it grows on every acquisition) and `expires_at` the lease end on the server's clock.
+-- fencing term (it grows on every acquisition), `expires_at` the lease end on the server's clock,
+-- and `extensions` what features built on the election keep (JSON, or NULL).
 -- Run it as the table's owner; then grant the electing role its rights with grants.sql.
 
 CREATE TABLE IF NOT EXISTS "public"."leader_election" (
@@ -13,5 +14,6 @@ CREATE TABLE IF NOT EXISTS "public"."leader_election" (
     strategy           text,
     preferred_holder   text,
     version            bigint      NOT NULL,
-    expires_at         timestamptz NOT NULL
+    expires_at         timestamptz NOT NULL,
+    extensions         text
 );

@@ -30,7 +30,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
         std::env::var("CONSUL_HTTP_ADDR").unwrap_or_else(|_| "http://127.0.0.1:8500".into());
     let name = std::env::var("LEADER_NAME").unwrap_or_else(|_| "example".into());
     let identity =
-        std::env::var("LEADER_IDENTITY").unwrap_or_else(|_| format!("pid-{}", std::process::id()));
+        std::env::var("LEADER_IDENTITY").unwrap_or_else(|_| leader_core::default_identity());
 
     let store = ConsulStore::builder(address)
         .token(std::env::var("CONSUL_HTTP_TOKEN").unwrap_or_default())

@@ -573,6 +573,7 @@ impl ResourceLock for ConsulLock {
         let Some(entry) = entry else {
             let mut record = desired.clone();
             record.leader_transitions = record.leader_transitions.max(1);
+            record.extensions.clear();
             let taken = self.create(&record).await?;
             return Ok(Some(Acquisition::Acquired(taken)));
         };
@@ -590,7 +591,11 @@ impl ResourceLock for ConsulLock {
             }));
         }
         let mut record = desired.clone();
-        record.leader_transitions = observed.record.leader_transitions + 1;
+        // At least the floor the elector asks for; the stored extensions, not the candidate's
+        // (only a holder writes them).
+        record.leader_transitions =
+            (observed.record.leader_transitions + 1).max(desired.leader_transitions);
+        record.extensions = observed.record.extensions.clone();
         record.preferred_holder = None;
         let taken = self
             .write(check_index(&self.key, entry.modify_index), &record, false)

@@ -640,6 +640,11 @@ impl ResourceLock for FileLock {
                 .as_ref()
                 .map_or(1, |c| c.record.leader_transitions + 1)
                 .max(record.leader_transitions);
+            // The stored extensions, not the candidate's (only a holder writes them).
+            record.extensions = current
+                .as_ref()
+                .map(|c| c.record.extensions.clone())
+                .unwrap_or_default();
             match &current {
                 Some(c)
                     if c.record.reserved_for_other_than(&record.holder_identity)

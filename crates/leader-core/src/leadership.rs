@@ -1,12 +1,15 @@
 //! The leadership token handed to the leader's work, and the elector's observable state.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+
+use crate::error::LockError;
 
 /// Proof of one term of leadership: its fencing token and a cancellation that fires when the term
 /// ends.
@@ -45,6 +48,8 @@ struct Term {
     requests: mpsc::Sender<TermRequest>,
     /// Makes counted clones while any is left.
     alive: mpsc::WeakSender<()>,
+    /// The record's extensions as this term last stored them.
+    extensions: Arc<Mutex<BTreeMap<String, String>>>,
 }
 
 /// What a term's work asks of the elector.
@@ -54,6 +59,40 @@ pub(crate) enum TermRequest {
     HandOver(String),
     /// Step down and release the lease.
     StepDown,
+    /// Write these extensions into the record (a write that renews the lease too).
+    SetExtensions {
+        changes: ExtensionChanges,
+        reply: oneshot::Sender<Result<(), ExtensionError>>,
+    },
+}
+
+/// Changes to a record's extensions: a value to set, or `None` to remove the key.
+#[derive(Debug)]
+pub(crate) struct ExtensionChanges(Vec<(String, Option<String>)>);
+
+impl ExtensionChanges {
+    pub(crate) fn apply(&self, extensions: &mut BTreeMap<String, String>) {
+        for (key, value) in &self.0 {
+            match value {
+                Some(value) => extensions.insert(key.clone(), value.clone()),
+                None => extensions.remove(key),
+            };
+        }
+    }
+}
+
+/// Why [`Leadership::set_extensions`] did not write.
+#[derive(Clone, Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ExtensionError {
+    /// The term ended (or the record is no longer this term's): nothing was written by it.
+    #[error(transparent)]
+    Lost(#[from] LeadershipLost),
+    /// The lock failed; the write may or may not have reached the store, and the term goes on
+    /// until its renew deadline unless a later renewal succeeds. Read
+    /// [`Leadership::extensions`] after the next write to know.
+    #[error("writing the extensions failed: {0}")]
+    Lock(Arc<LockError>),
 }
 
 /// Returned by [`Leadership::run`] when leadership ended before the future completed.
@@ -81,6 +120,7 @@ impl Leadership {
         identity: String,
         fencing_token: u64,
         cancel: CancellationToken,
+        extensions: BTreeMap<String, String>,
     ) -> (Self, mpsc::Receiver<TermRequest>, mpsc::Receiver<()>) {
         let (requests, requests_rx) = mpsc::channel(1);
         let (alive, alive_rx) = mpsc::channel(1);
@@ -93,10 +133,16 @@ impl Leadership {
                 cancel,
                 requests,
                 alive: alive.downgrade(),
+                extensions: Arc::new(Mutex::new(extensions)),
             }),
             _alive: Some(alive),
         };
         (leadership, requests_rx, alive_rx)
+    }
+
+    /// What the runner updates after each write of this term.
+    pub(crate) fn extensions_handle(&self) -> Arc<Mutex<BTreeMap<String, String>>> {
+        self.term.extensions.clone()
     }
 
     /// A copy that does not keep the term's work running: the one the state channel holds.
@@ -170,6 +216,62 @@ impl Leadership {
             return Err(lost);
         }
         self.term.requests.try_send(request).map_err(|_| lost)
+    }
+
+    /// The record's [`extensions`](crate::LeaderElectionRecord::extensions) as this term last
+    /// stored them (at its acquisition, and after each write). While the term lasts nobody
+    /// else changes them, so this is what the store holds.
+    pub fn extensions(&self) -> BTreeMap<String, String> {
+        self.term
+            .extensions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Sets extension `key` to `value` (`None` removes it); see
+    /// [`set_extensions`](Self::set_extensions).
+    ///
+    /// # Errors
+    /// As [`set_extensions`](Self::set_extensions).
+    pub async fn set_extension(
+        &self,
+        key: impl Into<String>,
+        value: Option<String>,
+    ) -> Result<(), ExtensionError> {
+        self.set_extensions([(key.into(), value)]).await
+    }
+
+    /// Writes `changes` (a value per key, `None` to remove it) into the lease record, with a
+    /// compare-and-swap of the record this term last stored: the write succeeds only while the
+    /// record is still this term's, so it is fenced by the term, and it renews the lease as a
+    /// renewal would. The elector makes it at once, in place of the next renewal. When it
+    /// returns `Ok`, the store holds the changes.
+    ///
+    /// # Errors
+    /// [`ExtensionError::Lost`] when the term ended first; [`ExtensionError::Lock`] when the
+    /// lock failed (the write may have reached the store).
+    pub async fn set_extensions(
+        &self,
+        changes: impl IntoIterator<Item = (String, Option<String>)>,
+    ) -> Result<(), ExtensionError> {
+        let lost = LeadershipLost {
+            fencing_token: self.fencing_token(),
+        };
+        if self.is_lost() {
+            return Err(lost.into());
+        }
+        let (reply, answer) = oneshot::channel();
+        let request = TermRequest::SetExtensions {
+            changes: ExtensionChanges(changes.into_iter().collect()),
+            reply,
+        };
+        tokio::select! {
+            biased;
+            () = self.lost() => return Err(lost.into()),
+            sent = self.term.requests.send(request) => sent.map_err(|_| lost)?,
+        }
+        answer.await.unwrap_or(Err(ExtensionError::Lost(lost)))
     }
 
     /// A child token cancelled when the term ends, for APIs that take a [`CancellationToken`].

@@ -41,7 +41,9 @@ pub use handover::{HandoverError, request_handover};
 pub use health::{HealthCheck, NotReady, Unhealthy};
 pub use hub::ChangeHub;
 pub use identity::default_identity;
-pub use leadership::{LeaderState, Leadership, LeadershipLost, StepDown, StepDownReason};
+pub use leadership::{
+    ExtensionError, LeaderState, Leadership, LeadershipLost, StepDown, StepDownReason,
+};
 pub use lock::{Acquisition, ChangeStream, LeaderEvent, ResourceLock};
 pub use memory::{MemoryLock, MemoryStore};
 pub use record::{LeaderElectionRecord, Observed, Version};

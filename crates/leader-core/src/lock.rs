@@ -97,6 +97,8 @@ impl Acquisition {
 /// * [`update`](Self::update) replaces the record only if the stored version still equals `version`;
 ///   otherwise, or when the object is gone, it fails with [`LockError::Conflict`]. It never reads and
 ///   then writes blindly: the comparison and the write are one atomic step in the store.
+/// * Every field of the record round-trips, [`extensions`](LeaderElectionRecord::extensions)
+///   included (keys and values of any text, up to a few kilobytes in all).
 /// * `create` and `update` return the record as stored, with its new version. A backend may raise
 ///   `leader_transitions` when it writes (to keep fencing tokens growing when its objects can
 ///   vanish, for example on expiry) but never lowers it.
@@ -219,7 +221,9 @@ pub trait ResourceLock: Send + Sync + fmt::Debug {
     ///
     /// The stored `leader_transitions` becomes one more than before (at least 1), and at least
     /// `desired.leader_transitions`: a floor the elector may ask for (see
-    /// [`fencing_token_floor`](crate::LeaderElectorBuilder::fencing_token_floor)).
+    /// [`fencing_token_floor`](crate::LeaderElectorBuilder::fencing_token_floor)). The stored
+    /// [`extensions`](LeaderElectionRecord::extensions) stay as they are (none for an object
+    /// that was absent), whatever `desired` says: a candidate's copy may be stale.
     ///
     /// The default returns `Ok(None)`: the backend has no such path, and the elector reads the
     /// record and waits out the holder's lease on its own monotonic clock instead.

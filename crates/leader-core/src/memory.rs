@@ -288,8 +288,8 @@ impl ResourceLock for MemoryLock {
             return Ok(None);
         }
         let mut objects = self.store.objects();
-        let previous = match objects.read(&self.name)? {
-            None => 0,
+        let (previous, extensions) = match objects.read(&self.name)? {
+            None => (0, Default::default()),
             Some((record, object)) => {
                 let expired = object.written_at + record.lease_duration <= Instant::now();
                 // A lease of this identity is no exception (S13).
@@ -307,11 +307,13 @@ impl ResourceLock for MemoryLock {
                         }),
                     }));
                 }
-                record.leader_transitions
+                (record.leader_transitions, record.extensions.clone())
             }
         };
         let mut record = desired.clone();
         record.leader_transitions = (previous + 1).max(desired.leader_transitions);
+        // The stored extensions, not the candidate's (only a holder writes them).
+        record.extensions = extensions;
         let version = objects.write(&self.name, Value::Record(record.clone()), false);
         Ok(Some(Acquisition::Acquired(Observed { record, version })))
     }

@@ -1,5 +1,6 @@
 //! The leader election record and the versioned view of it that locks return.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
@@ -39,6 +40,18 @@ pub struct LeaderElectionRecord {
     /// [`request_handover`](crate::request_handover).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preferred_holder: Option<String>,
+    /// What features built on the election keep with it (a schedule's last firing, a shard
+    /// set's size), by key. Only a holder writes them, with a compare-and-swap of the record,
+    /// so a write is fenced by its term ([`Leadership::set_extension`](crate::Leadership::set_extension));
+    /// every other write keeps them: renewals, releases, handover requests, and acquisitions,
+    /// which keep what is stored whatever the candidate asked for (see
+    /// [`ResourceLock`](crate::ResourceLock)'s contract).
+    ///
+    /// A record with extensions is unreadable to versions of this crate that do not know the
+    /// field (an invalid record to them, never overwritten, S8): use the features that write
+    /// extensions once every replica runs a version that knows them.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub extensions: BTreeMap<String, String>,
 }
 
 impl LeaderElectionRecord {
@@ -173,6 +186,7 @@ mod tests {
             leader_transitions: 3,
             strategy: None,
             preferred_holder: Some("b".into()),
+            extensions: BTreeMap::from([("cron/nightly".into(), "{\"at\":1}".into())]),
         }
     }
 

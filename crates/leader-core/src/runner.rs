@@ -8,13 +8,16 @@ use std::time::Duration;
 
 use chrono::Utc;
 use futures_util::StreamExt;
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 use tokio::time::{Instant, sleep, sleep_until, timeout};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::ElectorConfig;
 use crate::error::LockError;
-use crate::leadership::{LeaderState, Leadership, StepDown, StepDownReason, TermRequest};
+use crate::leadership::{
+    ExtensionChanges, ExtensionError, LeaderState, Leadership, LeadershipLost, StepDown,
+    StepDownReason, TermRequest,
+};
 use crate::lock::{Acquisition, ChangeStream, LeaderEvent, ResourceLock};
 use crate::metrics as m;
 use crate::record::{LeaderElectionRecord, Observed, Version};
@@ -208,6 +211,11 @@ impl Runner {
     /// says (S9), kept as the failure going on and passed to `on_error`. A lost
     /// compare-and-swap is contention, not a failure: the store answered.
     fn report_error(&mut self, operation: &'static str, err: LockError) {
+        self.report_error_shared(operation, Arc::new(err));
+    }
+
+    /// [`report_error`](Self::report_error) for an error shared with the term's work.
+    fn report_error_shared(&mut self, operation: &'static str, err: Arc<LockError>) {
         m::error(&self.config.name, operation, err.kind());
         if err.is_conflict() {
             tracing::debug!(operation, "lost a compare-and-swap");
@@ -218,7 +226,7 @@ impl Runner {
         log_failure(line, operation, &err, self.backoff.failures());
         self.tell_error(ElectionError::Lock {
             operation,
-            error: Arc::new(err),
+            error: err,
         });
     }
 
@@ -377,6 +385,9 @@ impl Runner {
             strategy: base.and_then(|r| r.strategy.clone()),
             // An acquisition fulfils (or overrides) a pending handover request.
             preferred_holder: None,
+            // An acquisition keeps the extensions of the record it replaces (a store-clock
+            // acquisition keeps the stored ones, whatever these are).
+            extensions: base.map(|r| r.extensions.clone()).unwrap_or_default(),
         }
     }
 
@@ -669,7 +680,9 @@ impl Runner {
             self.identity().to_owned(),
             fencing_token,
             cancel.clone(),
+            acquired.record.extensions.clone(),
         );
+        let extensions = leadership.extensions_handle();
         // S3: the term lasts until the start of the last successful renewal plus the deadline.
         let mut deadline = started + self.config.renew_deadline;
         status::lock(&self.shared).renewed_at = Some(started);
@@ -688,6 +701,11 @@ impl Runner {
 
         // A handover this term was asked for (by its own work, or by a request in the record).
         let mut hand_to: Option<String> = None;
+        // Extensions the term's work asked to write, with where to answer.
+        let mut pending: Option<(
+            ExtensionChanges,
+            oneshot::Sender<Result<(), ExtensionError>>,
+        )> = None;
         let reason = loop {
             let changes = self.changes.as_mut();
             tokio::select! {
@@ -700,6 +718,9 @@ impl Runner {
                         break StepDownReason::HandedOver;
                     }
                     TermRequest::StepDown => break StepDownReason::SteppedDown,
+                    TermRequest::SetExtensions { changes, reply } => {
+                        pending = Some((changes, reply));
+                    }
                 },
                 end = work.ended() => match end {
                     WorkEnd::Returned => {
@@ -719,11 +740,17 @@ impl Runner {
                 },
             }
             let attempt_started = Instant::now();
+            let write = pending.take();
             let renewed = tokio::select! {
                 biased;
                 () = sleep_until(deadline) => break StepDownReason::RenewDeadlineExceeded,
                 () = shutdown.cancelled() => break StepDownReason::Shutdown,
-                renewed = self.renew(fencing_token) => renewed,
+                renewed = self.renew(fencing_token, write.as_ref().map(|(c, _)| c)) => renewed,
+            };
+            let answer = |result: Result<(), ExtensionError>| {
+                if let Some((_, reply)) = write {
+                    let _ = reply.send(result);
+                }
             };
             match renewed {
                 // An answer after the deadline does not extend the term; the next select ends it.
@@ -732,15 +759,30 @@ impl Runner {
                     deadline = attempt_started + self.config.renew_deadline;
                     m::renewed(&self.config.name, attempt_started.elapsed());
                     status::lock(&self.shared).renewed_at = Some(attempt_started);
+                    if let Some(observed) = &self.observed {
+                        *extensions.lock().unwrap_or_else(|p| p.into_inner()) =
+                            observed.record.extensions.clone();
+                    }
+                    answer(Ok(()));
                 }
-                Ok(Renewal::Renewed) => {}
-                Ok(Renewal::Lost) => break StepDownReason::Lost,
+                Ok(Renewal::Renewed) => {
+                    answer(Err(ExtensionError::Lost(LeadershipLost { fencing_token })))
+                }
+                Ok(Renewal::Lost) => {
+                    answer(Err(ExtensionError::Lost(LeadershipLost { fencing_token })));
+                    break StepDownReason::Lost;
+                }
                 Ok(Renewal::HandOver(to)) => {
+                    answer(Err(ExtensionError::Lost(LeadershipLost { fencing_token })));
                     self.report_success();
                     hand_to = Some(to);
                     break StepDownReason::HandedOver;
                 }
-                Err(err) => self.report_error("renew", err),
+                Err(err) => {
+                    let err = Arc::new(err);
+                    answer(Err(ExtensionError::Lock(err.clone())));
+                    self.report_error_shared("renew", err);
+                }
             }
         };
 
@@ -789,7 +831,11 @@ impl Runner {
     /// Renews the lease: one request from the cached record (client-go's fast path), and a read
     /// only when that loses the compare-and-swap, which is also how a handover request written
     /// by someone else is found.
-    async fn renew(&mut self, fencing_token: u64) -> Result<Renewal, LockError> {
+    async fn renew(
+        &mut self,
+        fencing_token: u64,
+        changes: Option<&ExtensionChanges>,
+    ) -> Result<Renewal, LockError> {
         if let Some(cached) = self
             .observed
             .clone()
@@ -797,10 +843,19 @@ impl Runner {
         {
             let mut record = cached.record.clone();
             record.renew_time = Utc::now().max(record.acquire_time);
-            match self
-                .request("renew", self.lock.renew(&cached.version, &record))
-                .await
-            {
+            let written = match changes {
+                // Extensions change the record: a write, which renews too.
+                Some(changes) => {
+                    changes.apply(&mut record.extensions);
+                    self.request("update", self.lock.update(&cached.version, &record))
+                        .await
+                }
+                None => {
+                    self.request("renew", self.lock.renew(&cached.version, &record))
+                        .await
+                }
+            };
+            match written {
                 Ok(stored) => {
                     self.observe(stored);
                     return Ok(Renewal::Renewed);
@@ -824,7 +879,10 @@ impl Runner {
         }
         let mut record = current.record.clone();
         record.renew_time = Utc::now().max(record.acquire_time);
-        let stored = if record.handover_to().is_some() {
+        if let Some(changes) = changes {
+            changes.apply(&mut record.extensions);
+        }
+        let stored = if record.handover_to().is_some() || changes.is_some() {
             // A request naming this leader is fulfilled already: clear it.
             record.preferred_holder = None;
             self.request("update", self.lock.update(&current.version, &record))

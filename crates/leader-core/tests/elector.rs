@@ -40,6 +40,7 @@ async fn write_holder(store: &MemoryStore, holder: &str, lease: Duration, transi
         leader_transitions: transitions,
         strategy: None,
         preferred_holder: None,
+        extensions: Default::default(),
     };
     match lock.get().await.expect("get") {
         None => drop(lock.create(&record).await.expect("create")),

@@ -51,6 +51,7 @@ async fn write_other_holder(store: &MemoryStore) {
         leader_transitions: 7,
         strategy: None,
         preferred_holder: None,
+        extensions: Default::default(),
     };
     store
         .lock("election", "gone")

@@ -24,7 +24,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
         std::env::var("ETCD_ENDPOINTS").unwrap_or_else(|_| "http://127.0.0.1:2379".into());
     let name = std::env::var("LEADER_NAME").unwrap_or_else(|_| "example".into());
     let identity =
-        std::env::var("LEADER_IDENTITY").unwrap_or_else(|_| format!("pid-{}", std::process::id()));
+        std::env::var("LEADER_IDENTITY").unwrap_or_else(|_| leader_core::default_identity());
 
     let store = EtcdStore::connect(endpoints.split(',')).await?;
     let lock = store.lock(&name, &identity);

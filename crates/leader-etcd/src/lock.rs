@@ -19,7 +19,7 @@ use tokio::sync::Mutex;
 use crate::error::{BACKEND, map};
 use crate::lease::{KeptLease, ttl};
 use crate::queue::{Prepared, Successor};
-use crate::seen::{RecordSeen, Seen};
+use crate::seen::{RecordSeen, Seen, Takeover};
 use crate::store::EtcdStore;
 use crate::watch::{TermWatch, changes};
 
@@ -120,8 +120,8 @@ fn revision_of(response: &TxnResponse) -> i64 {
 
 /// What a follower does with the keys as read.
 enum Decision {
-    /// Take the key under these conditions, asking for this token.
-    Take(Vec<Compare>, u64),
+    /// Take the key as this says.
+    Take(Takeover),
     /// Someone else holds it, or it is reserved for someone else.
     Held(Acquisition),
 }
@@ -246,12 +246,17 @@ impl ResourceLock for EtcdLock {
                 return Ok(Some(handed));
             }
             match self.decide(current, desired) {
-                Decision::Take(conditions, wanted) => plan = Some((conditions, wanted)),
+                Decision::Take(takeover) => plan = Some(takeover),
                 Decision::Held(held) => return Ok(Some(held)),
             }
         }
         for _ in 0..2 {
-            let Some((conditions, wanted)) = plan.take() else {
+            let Some(Takeover {
+                conditions,
+                wanted,
+                extensions,
+            }) = plan.take()
+            else {
                 break;
             };
             let Some(ready) = prepared.as_mut() else {
@@ -259,6 +264,7 @@ impl ResourceLock for EtcdLock {
             };
             let mut record = desired.clone();
             record.leader_transitions = wanted;
+            record.extensions = extensions;
             let txn = Txn::new()
                 .when(conditions)
                 .and_then(self.acquisition_ops(&record, ready.lease.id, wanted))
@@ -290,7 +296,7 @@ impl ResourceLock for EtcdLock {
             let (record, fence) = split_gets(&response);
             let current = self.decode(record, fence)?;
             match self.decide(current, desired) {
-                Decision::Take(conditions, wanted) => plan = Some((conditions, wanted)),
+                Decision::Take(takeover) => plan = Some(takeover),
                 Decision::Held(held) => return Ok(Some(held)),
             }
         }
@@ -493,7 +499,7 @@ impl EtcdLock {
 
     /// The conditions under which `desired` may take the key as last seen, with the token it
     /// should ask for; `None` when the key was not seen takeable.
-    fn takeover(&self, desired: &LeaderElectionRecord) -> Option<(Vec<Compare>, u64)> {
+    fn takeover(&self, desired: &LeaderElectionRecord) -> Option<Takeover> {
         self.seen().takeover((&self.key, &self.fence), desired)
     }
 
@@ -501,8 +507,8 @@ impl EtcdLock {
     /// report it held, also when it is held by this identity (S13: another process may run
     /// with it; the elector takes a term of its own again with an update).
     fn decide(&self, current: Option<(Observed, i64)>, desired: &LeaderElectionRecord) -> Decision {
-        if let Some((conditions, wanted)) = self.takeover(desired) {
-            return Decision::Take(conditions, wanted);
+        if let Some(takeover) = self.takeover(desired) {
+            return Decision::Take(takeover);
         }
         match current {
             Some((observed, key_lease)) => Decision::Held(Acquisition::Held {
@@ -513,14 +519,15 @@ impl EtcdLock {
                 expires_in: None,
             }),
             // Absent keys are always takeable; this is not reached.
-            None => Decision::Take(
-                vec![Compare::create_revision(
+            None => Decision::Take(Takeover {
+                conditions: vec![Compare::create_revision(
                     self.key.as_str(),
                     CompareOp::Equal,
                     0,
                 )],
-                desired.leader_transitions.max(1),
-            ),
+                wanted: desired.leader_transitions.max(1),
+                extensions: Default::default(),
+            }),
         }
     }
 

@@ -108,6 +108,7 @@ impl Successor {
             leader_transitions: wanted,
             strategy: released.strategy.clone(),
             preferred_holder: None,
+            extensions: released.extensions.clone(),
         }
     }
 

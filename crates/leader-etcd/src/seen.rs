@@ -1,6 +1,8 @@
 //! What a lock last learned of its keys (by a read, a watch or its own write), and the
 //! takeover it allows without another read.
 
+use std::collections::BTreeMap;
+
 use etcd_client::{Compare, CompareOp, Event, EventType};
 use leader_core::LeaderElectionRecord;
 
@@ -64,10 +66,13 @@ impl Seen {
         &self,
         (key, fence): (&str, &str),
         desired: &LeaderElectionRecord,
-    ) -> Option<(Vec<Compare>, u64)> {
+    ) -> Option<Takeover> {
         let (fence_token, fence_revision) = self.fence?;
-        let record = match self.record.as_ref()? {
-            RecordSeen::Absent => Compare::create_revision(key, CompareOp::Equal, 0),
+        let (record, extensions) = match self.record.as_ref()? {
+            RecordSeen::Absent => (
+                Compare::create_revision(key, CompareOp::Equal, 0),
+                BTreeMap::new(),
+            ),
             RecordSeen::Present {
                 mod_revision,
                 record,
@@ -76,13 +81,29 @@ impl Seen {
                 if !record.is_free() || record.reserved_for_other_than(&desired.holder_identity) {
                     return None;
                 }
-                Compare::mod_revision(key, CompareOp::Equal, *mod_revision)
+                (
+                    Compare::mod_revision(key, CompareOp::Equal, *mod_revision),
+                    record.extensions.clone(),
+                )
             }
         };
         // The fence must be as read too: an acquisition since then raised it.
         let fence = Compare::mod_revision(fence, CompareOp::Equal, fence_revision);
         // At least the floor the elector asks for.
         let wanted = (fence_token + 1).max(desired.leader_transitions);
-        Some((vec![record, fence], wanted))
+        Some(Takeover {
+            conditions: vec![record, fence],
+            wanted,
+            extensions,
+        })
     }
+}
+
+/// A takeover of the record as last seen: the conditions that it is still so, the token to ask
+/// for, and the stored extensions to keep (only a holder writes them).
+#[derive(Debug)]
+pub(crate) struct Takeover {
+    pub(crate) conditions: Vec<Compare>,
+    pub(crate) wanted: u64,
+    pub(crate) extensions: BTreeMap<String, String>,
 }

@@ -26,20 +26,21 @@ use axum::Router;
 use axum::http::StatusCode;
 use axum::routing::get;
 use leader_core::{CancellationToken, LeaderElector};
-use leader_kube::{Coordination, LeaseLock, PodLabel};
+use leader_kube::{Coordination, DEFAULT_REQUEST_TIMEOUT, LeaseLock, PodLabel};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn Error>> {
     tracing_subscriber::fmt()
         .with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
         .init();
-    let identity = std::env::var("POD_NAME")
-        .map_err(|_| "set POD_NAME (the downward API does in the Deployment)")?;
+    // The pod name (POD_NAME, which the Deployment sets from the downward API), else this
+    // host's name and process id: one identity per process.
+    let identity = leader_core::default_identity();
     let namespace = std::env::var("POD_NAMESPACE").unwrap_or_else(|_| "default".into());
     let name = std::env::var("LEADER_NAME").unwrap_or_else(|_| "leader-example".into());
 
-    let renew_deadline = Duration::from_secs(10);
-    let mut lock = LeaseLock::from_env(&namespace, &name, &identity, renew_deadline / 3).await?;
+    let mut lock =
+        LeaseLock::from_env(&namespace, &name, &identity, DEFAULT_REQUEST_TIMEOUT).await?;
     if let Ok(binary) = std::env::var("LEADER_BINARY_VERSION") {
         let emulation =
             std::env::var("LEADER_EMULATION_VERSION").unwrap_or_else(|_| binary.clone());
@@ -47,11 +48,11 @@ async fn main() -> Result<(), Box<dyn Error>> {
     }
     let mut builder = LeaderElector::builder(lock)
         .lease_duration(Duration::from_secs(15))
-        .renew_deadline(renew_deadline)
+        .renew_deadline(Duration::from_secs(10))
         .retry_period(Duration::from_secs(2))
         .on_new_leader(|leader| tracing::info!(leader, "new leader"));
     if std::env::var("LEADER_LABEL_POD").is_ok_and(|v| v == "true") {
-        let label = PodLabel::from_env(&name, renew_deadline / 3).await?;
+        let label = PodLabel::from_env(&name, DEFAULT_REQUEST_TIMEOUT).await?;
         builder = builder.on_started_leading(move |leadership| {
             let label = label.clone();
             async move { label.hold(leadership).await }

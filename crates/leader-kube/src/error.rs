@@ -36,13 +36,8 @@ fn map_status(resource: &str, context: &str, verb: &str, status: &Status) -> Loc
         return LockError::Forbidden {
             backend: BACKEND,
             message: format!(
-                "{context}: {}; the Role needs the verb {verb:?} on {resource}.coordination.k8s.io (see deploy/kubernetes/{})",
+                "{context}: {}; grant the service account a Role with the verb {verb:?} on {resource} in API group coordination.k8s.io (leader-kube's README lists every verb the lock needs)",
                 status.message,
-                if resource == "leasecandidates" {
-                    "rbac-coordinated.yaml"
-                } else {
-                    "rbac.yaml"
-                }
             ),
         };
     }

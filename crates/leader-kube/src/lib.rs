@@ -11,7 +11,10 @@ mod time;
 mod url;
 
 pub use candidate::Coordination;
-pub use lock::{COORDINATION_ANNOTATION, FENCING_TOKEN_ANNOTATION, HANDOVER_STRATEGY, LeaseLock};
+pub use lock::{
+    COORDINATION_ANNOTATION, EXTENSIONS_ANNOTATION, FENCING_TOKEN_ANNOTATION, HANDOVER_STRATEGY,
+    LeaseLock,
+};
 pub use pod_label::{POD_LABEL, PodLabel};
 pub use url::{DEFAULT_REQUEST_TIMEOUT, LockUrl};
 

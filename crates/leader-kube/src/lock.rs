@@ -276,6 +276,14 @@ impl LeaseLock {
             Some(kept) => annotations.insert(COORDINATION_ANNOTATION.to_owned(), kept.to_json()),
             None => annotations.remove(COORDINATION_ANNOTATION),
         };
+        if record.extensions.is_empty() {
+            annotations.remove(EXTENSIONS_ANNOTATION);
+        } else {
+            annotations.insert(
+                EXTENSIONS_ANNOTATION.to_owned(),
+                serde_json::to_string(&record.extensions).unwrap_or_default(),
+            );
+        }
         // Fields the server sets; it ignores them on an update anyway.
         lease.metadata.managed_fields = None;
         lease
@@ -479,6 +487,12 @@ pub const HANDOVER_STRATEGY: &str = "leader-rs.io/handover";
 /// more transition) it is stale and read as no request.
 pub const COORDINATION_ANNOTATION: &str = "leader-rs.io/coordination";
 
+/// The annotation on the Lease that keeps the record's
+/// [`extensions`](leader_core::LeaderElectionRecord::extensions), as a JSON object of strings.
+/// Other clients that rewrite the Lease keep annotations (client-go sends back the Lease it
+/// read; kubert patches only the spec).
+pub const EXTENSIONS_ANNOTATION: &str = "leader-rs.io/extensions";
+
 /// The content of [`COORDINATION_ANNOTATION`].
 #[derive(Debug, PartialEq, Eq)]
 struct KeptFields {
@@ -549,6 +563,19 @@ fn record_of(context: &str, lease: &Lease) -> Result<Observed, LockError> {
     let acquire = spec.acquire_time.as_ref().map(chrono_of);
     let renew = spec.renew_time.as_ref().map(chrono_of);
     let kept = KeptFields::read(lease);
+    let extensions = match lease
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(EXTENSIONS_ANNOTATION))
+    {
+        Some(json) => serde_json::from_str(json).map_err(|err| {
+            bad(format!(
+                "annotation {EXTENSIONS_ANNOTATION} is not a JSON object of strings: {err}"
+            ))
+        })?,
+        None => Default::default(),
+    };
     // The fencing token: the high-water mark we keep, or what other clients counted if higher.
     let high_water = lease
         .metadata
@@ -578,6 +605,7 @@ fn record_of(context: &str, lease: &Lease) -> Result<Observed, LockError> {
             .preferred_holder
             .filter(|p| !p.is_empty())
             .or_else(|| kept.and_then(|k| k.preferred_holder)),
+        extensions,
     };
     let version = lease
         .metadata
@@ -750,6 +778,8 @@ impl ResourceLock for LeaseLock {
             (given.record.leader_transitions + 1).max(desired.leader_transitions);
         taken.strategy = given.record.strategy.clone();
         taken.preferred_holder = None;
+        // The stored extensions, not the candidate's (only a holder writes them).
+        taken.extensions = given.record.extensions.clone();
         let stored = self.update(&given.version, &taken).await?;
         Ok(Some(Acquisition::Acquired(stored)))
     }

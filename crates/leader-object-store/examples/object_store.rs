@@ -28,7 +28,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
     let url = std::env::var("LOCK_URL").unwrap_or_else(|_| "memory://".into());
     let name = std::env::var("LEADER_NAME").unwrap_or_else(|_| "example".into());
     let identity =
-        std::env::var("LEADER_IDENTITY").unwrap_or_else(|_| format!("pid-{}", std::process::id()));
+        std::env::var("LEADER_IDENTITY").unwrap_or_else(|_| leader_core::default_identity());
 
     let store = BucketStore::from_url(&url).build()?;
     let lock = store.lock(&name, &identity);

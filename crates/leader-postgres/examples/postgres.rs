@@ -24,7 +24,8 @@ async fn main() -> Result<(), Box<dyn Error>> {
     let url = std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres:postgres@127.0.0.1:5432/postgres".into());
     let name = std::env::var("LEADER_NAME").unwrap_or_else(|_| "example".into());
-    let identity = std::env::var("LEADER_IDENTITY").unwrap_or_else(|_| default_identity());
+    let identity =
+        std::env::var("LEADER_IDENTITY").unwrap_or_else(|_| leader_core::default_identity());
 
     let store = PostgresStore::builder(url)
         .create_table(true)
@@ -73,12 +74,4 @@ async fn main() -> Result<(), Box<dyn Error>> {
         .await;
     watcher.abort();
     Ok(())
-}
-
-fn default_identity() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_owned())
-        .or_else(|_| std::env::var("HOSTNAME"))
-        .unwrap_or_else(|_| "host".into());
-    format!("{host}-{}", std::process::id())
 }

@@ -65,14 +65,21 @@ pub(crate) fn map(context: &str, err: tokio_postgres::Error) -> LockError {
         SqlState::UNDEFINED_TABLE | SqlState::INVALID_SCHEMA_NAME => LockError::Misconfigured {
             backend: BACKEND,
             message: format!(
-                "{context}: {}; create it with PostgresStore::create_table or deploy/postgres/schema.sql",
+                "{context}: {}; create it with PostgresStore::create_table (PostgresStoreBuilder::create_table(true)), or run leader_postgres::SCHEMA as the table's owner",
                 message(&err)
             ),
         },
         SqlState::INSUFFICIENT_PRIVILEGE => LockError::Forbidden {
             backend: BACKEND,
             message: format!(
-                "{context}: {}; the role needs SELECT, INSERT and UPDATE on the table (deploy/postgres/grants.sql)",
+                "{context}: {}; as the table's owner, GRANT SELECT, INSERT, UPDATE ON the table (and USAGE ON its schema) TO this role",
+                message(&err)
+            ),
+        },
+        SqlState::UNDEFINED_COLUMN => LockError::Misconfigured {
+            backend: BACKEND,
+            message: format!(
+                "{context}: {}; a table made by an earlier version lacks a column: as the table's owner, run leader_postgres::MIGRATION (ALTER TABLE ... ADD COLUMN IF NOT EXISTS extensions text), or PostgresStore::create_table, which runs it",
                 message(&err)
             ),
         },
@@ -82,9 +89,7 @@ pub(crate) fn map(context: &str, err: tokio_postgres::Error) -> LockError {
                 message: format!("{context}: authentication failed: {}", message(&err)),
             }
         }
-        SqlState::INVALID_CATALOG_NAME
-        | SqlState::UNDEFINED_COLUMN
-        | SqlState::UNDEFINED_FUNCTION => LockError::Misconfigured {
+        SqlState::INVALID_CATALOG_NAME | SqlState::UNDEFINED_FUNCTION => LockError::Misconfigured {
             backend: BACKEND,
             message: format!("{context}: {}", message(&err)),
         },

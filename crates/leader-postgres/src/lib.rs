@@ -12,11 +12,12 @@ mod url;
 pub use advisory::AdvisoryLock;
 pub use leader_core::redact_url;
 pub use lock::TableLock;
-pub use sql::SCHEMA;
+pub use sql::{MIGRATION, SCHEMA};
 pub use store::{DEFAULT_SCHEMA, DEFAULT_TABLE, PostgresStore, PostgresStoreBuilder};
 pub use url::LockUrl;
 
 /// The core crate, so that one dependency is enough.
 pub use leader_core;
-/// The driver and pool, for callers that bring their own pool.
-pub use {deadpool_postgres, tokio_postgres};
+/// The driver and pool, for callers that bring their own pool, and rustls, for TLS settings of
+/// your own ([`PostgresStoreBuilder::tls`]).
+pub use {deadpool_postgres, rustls, tokio_postgres};

@@ -57,7 +57,7 @@ impl Election {
         }
     }
 
-    /// `$1` name and `$2..$8` the record's columns.
+    /// `$1` name and `$2..$9` the record's columns.
     fn record_params<'a>(&'a self, p: &'a RecordParams) -> Vec<&'a (dyn ToSql + Sync)> {
         vec![
             &self.name,
@@ -68,6 +68,7 @@ impl Election {
             &p.transitions,
             &p.strategy,
             &p.preferred,
+            &p.extensions,
         ]
     }
 

@@ -61,7 +61,8 @@ macro_rules! table_columns {
     strategy           text,
     preferred_holder   text,
     version            bigint      NOT NULL,
-    expires_at         timestamptz NOT NULL
+    expires_at         timestamptz NOT NULL,
+    extensions         text
 )"
     };
 }
@@ -78,7 +79,14 @@ pub const SCHEMA: &str = concat!(
     table_columns!()
 );
 
-const COLUMNS: &str = "holder_identity, lease_duration_ms, acquire_time, renew_time, leader_transitions, strategy, preferred_holder, version";
+/// What a table made by an earlier version needs, in the default schema and name (replace
+/// `"public"."leader_election"` for another): the `extensions` column, where features built on the
+/// election keep their data. [`PostgresStore::create_table`](crate::PostgresStore::create_table)
+/// runs it too.
+pub const MIGRATION: &str =
+    r#"ALTER TABLE "public"."leader_election" ADD COLUMN IF NOT EXISTS extensions text"#;
+
+const COLUMNS: &str = "holder_identity, lease_duration_ms, acquire_time, renew_time, leader_transitions, strategy, preferred_holder, version, extensions";
 
 /// A row that [`decode`] can read: an acquisition never overwrites a row it could not read, and
 /// odd values that decode (a zero lease, a renewal before the acquisition) do not block it (S8).
@@ -117,16 +125,16 @@ pub(crate) struct Statements {
     pub(crate) create_table: String,
     /// `$1` name.
     pub(crate) get: String,
-    /// `$1` name, `$2..$8` record; advisory: `$9` key.
+    /// `$1` name, `$2..$9` record; advisory: `$10` key.
     pub(crate) create: String,
-    /// `$1` name, `$2..$8` record, `$9` expected version; advisory: `$10` key. For a record
+    /// `$1` name, `$2..$9` record, `$10` expected version; advisory: `$11` key. For a record
     /// with a holder; see `release`.
     pub(crate) update: String,
     /// [`update`](Self::update) of a record with an empty holder, which also notifies followers on
-    /// channel `$10`; advisory: `$11` key.
+    /// channel `$11`; advisory: `$12` key.
     pub(crate) release: String,
-    /// A write on the current holder's behalf (a handover request): `$1` name, `$2..$8` record,
-    /// `$9` expected version, `$10` channel. The holder must stay the same; its expiry is kept
+    /// A write on the current holder's behalf (a handover request): `$1` name, `$2..$9` record,
+    /// `$10` expected version, `$11` channel. The holder must stay the same; its expiry is kept
     /// (the request renews nobody's lease) and followers and the holder are notified. Needs no
     /// advisory lock.
     pub(crate) request: String,
@@ -143,7 +151,10 @@ impl Statements {
     pub(crate) fn new(table: &TableName, kind: Kind) -> Self {
         let t = table.quoted();
         let advisory = kind == Kind::Advisory;
-        let create_table = format!("CREATE TABLE IF NOT EXISTS {t} {TABLE_COLUMNS}");
+        let create_table = format!(
+            "CREATE TABLE IF NOT EXISTS {t} {TABLE_COLUMNS};
+ALTER TABLE {t} ADD COLUMN IF NOT EXISTS extensions text"
+        );
         let get = format!("SELECT {COLUMNS} FROM {t} WHERE name = $1");
         // A random first version: a row deleted and created again never matches an old version.
         let first_version = "(floor(random() * 4503599627370496))::bigint + 1";
@@ -153,14 +164,14 @@ impl Statements {
         let create_guard = if advisory {
             format!(
                 "WHERE CASE WHEN $2::text = '' THEN true ELSE {} END",
-                hold("$9")
+                hold("$10")
             )
         } else {
             String::new()
         };
         let create = format!(
             "INSERT INTO {t} (name, {COLUMNS}, expires_at)
-             SELECT $1, $2, $3, $4, $5, $6, $7, $8, {first_version}, {expires} {create_guard}
+             SELECT $1, $2, $3, $4, $5, $6, $7, $8, {first_version}, $9, {expires} {create_guard}
              ON CONFLICT (name) DO NOTHING
              RETURNING version"
         );
@@ -171,7 +182,7 @@ impl Statements {
         let update = |key: &str| {
             let guard = if advisory {
                 format!(
-                    "CASE WHEN l.version <> $9 OR NOT ({VALID}) THEN false
+                    "CASE WHEN l.version <> $10 OR NOT ({VALID}) THEN false
                           WHEN $2::text = '' THEN true
                           WHEN l.holder_identity = $2 THEN {}
                           ELSE {} END",
@@ -179,22 +190,22 @@ impl Statements {
                     hold(key)
                 )
             } else {
-                format!("l.version = $9 AND {VALID}")
+                format!("l.version = $10 AND {VALID}")
             };
             format!(
                 "UPDATE {t} AS l SET holder_identity = $2, lease_duration_ms = $3, acquire_time = $4,
                    renew_time = $5, leader_transitions = $6, strategy = $7, preferred_holder = $8,
-                   version = l.version + 1, expires_at = {expires}
+                   extensions = $9, version = l.version + 1, expires_at = {expires}
                  WHERE l.name = $1 AND {guard}
                  RETURNING l.version"
             )
         };
-        // A release (empty holder) also notifies followers on channel `$10`, and lets go of the
-        // advisory lock (`$11`), in the same statement.
+        // A release (empty holder) also notifies followers on channel `$11`, and lets go of the
+        // advisory lock (`$12`), in the same statement.
         let unlock = if advisory {
             format!(
-                "LEFT JOIN LATERAL (SELECT pg_advisory_unlock($11::bigint) WHERE {}) a ON true",
-                held("$11")
+                "LEFT JOIN LATERAL (SELECT pg_advisory_unlock($12::bigint) WHERE {}) a ON true",
+                held("$12")
             )
         } else {
             String::new()
@@ -202,12 +213,12 @@ impl Statements {
         let release = format!(
             "WITH updated AS ({})
              SELECT u.version FROM updated u
-             LEFT JOIN LATERAL (SELECT pg_notify($10, '')) n ON true
+             LEFT JOIN LATERAL (SELECT pg_notify($11, '')) n ON true
              {unlock}",
-            update("$11")
+            update("$12")
         );
         // Renewals and takeovers: a bare UPDATE, the cheapest committed write there is.
-        let update = update("$10");
+        let update = update("$11");
 
         // Free or expired, and not reserved for another candidate by a handover request. A lease
         // of this identity is no exception: another process may run with it (S13).
@@ -234,7 +245,7 @@ impl Statements {
             "WITH acquired AS (
                INSERT INTO {t} AS l (name, {COLUMNS}, expires_at)
                SELECT $1, $2, $3, $4, $4, greatest(1, $5::bigint), NULL, NULL, {first_version},
-                 {expires} {insert_guard}
+                 NULL, {expires} {insert_guard}
                ON CONFLICT (name) DO UPDATE SET holder_identity = EXCLUDED.holder_identity,
                  lease_duration_ms = EXCLUDED.lease_duration_ms, acquire_time = EXCLUDED.acquire_time,
                  renew_time = EXCLUDED.renew_time,
@@ -253,11 +264,11 @@ impl Statements {
             "WITH updated AS (
                UPDATE {t} AS l SET holder_identity = $2, lease_duration_ms = $3, acquire_time = $4,
                  renew_time = $5, leader_transitions = $6, strategy = $7, preferred_holder = $8,
-                 version = l.version + 1
-               WHERE l.name = $1 AND l.version = $9 AND {VALID} AND l.holder_identity = $2
+                 extensions = $9, version = l.version + 1
+               WHERE l.name = $1 AND l.version = $10 AND {VALID} AND l.holder_identity = $2
                RETURNING l.version)
              SELECT u.version FROM updated u
-             LEFT JOIN LATERAL (SELECT pg_notify($10, '')) n ON true"
+             LEFT JOIN LATERAL (SELECT pg_notify($11, '')) n ON true"
         );
         let time_left = format!(
             "SELECT greatest(0, ceil(extract(epoch FROM expires_at - now()) * 1000))::bigint \
@@ -282,7 +293,7 @@ impl Statements {
     }
 }
 
-/// The columns as parameters `$2..$8`.
+/// The columns as parameters `$2..$9`.
 pub(crate) struct RecordParams {
     pub(crate) holder: String,
     pub(crate) lease_ms: i64,
@@ -291,6 +302,8 @@ pub(crate) struct RecordParams {
     pub(crate) transitions: i64,
     pub(crate) strategy: Option<String>,
     pub(crate) preferred: Option<String>,
+    /// The extensions as JSON, `NULL` when there are none.
+    pub(crate) extensions: Option<String>,
 }
 
 impl RecordParams {
@@ -308,6 +321,8 @@ impl RecordParams {
                 .map_err(|_| out_of_range("leader transitions"))?,
             strategy: record.strategy.clone(),
             preferred: record.preferred_holder.clone(),
+            extensions: (!record.extensions.is_empty())
+                .then(|| serde_json::to_string(&record.extensions).unwrap_or_default()),
         })
     }
 }
@@ -332,6 +347,17 @@ pub(crate) fn decode(row: &Row, at: usize, context: &str) -> Result<Observed, Lo
             .map_err(|_| bad(format!("negative leader transitions {transitions}")))?,
         strategy: row.try_get(at + 5).map_err(|e| column(at + 5, e))?,
         preferred_holder: row.try_get(at + 6).map_err(|e| column(at + 6, e))?,
+        extensions: match row
+            .try_get::<_, Option<String>>(at + 8)
+            .map_err(|e| column(at + 8, e))?
+        {
+            Some(json) => serde_json::from_str(&json).map_err(|err| {
+                bad(format!(
+                    "column extensions: not a JSON object of strings: {err}"
+                ))
+            })?,
+            None => Default::default(),
+        },
     };
     let version: i64 = row.try_get(at + 7).map_err(|e| column(at + 7, e))?;
     Ok(Observed {
@@ -383,8 +409,14 @@ mod tests {
             Kind::Table,
         )
         .create_table;
-        assert_eq!(statement.trim().trim_end_matches(';'), created.trim());
-        assert_eq!(SCHEMA, created, "the public constant is the statement too");
+        assert_eq!(statement.trim().trim_end_matches(';'), SCHEMA);
+        assert_eq!(
+            created,
+            format!("{SCHEMA};\n{MIGRATION}"),
+            "the store creates the table and adds what an earlier version's table lacks"
+        );
+        let migration = include_str!("../../../deploy/postgres/migrate.sql");
+        assert!(migration.contains(&format!("{MIGRATION};")), "{migration}");
     }
 
     #[test]

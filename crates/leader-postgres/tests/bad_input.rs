@@ -301,3 +301,54 @@ async fn invalid_settings_are_rejected_before_connecting() {
     assert!(matches!(err, LockError::Misconfigured { .. }), "{err:?}");
     assert!(!format!("{err} {err:?}").contains("secret"), "{err:?}");
 }
+
+/// A table made by an earlier version (no `extensions` column): a role that cannot alter it is
+/// told what to run, once, clearly; `create_table` (the owner's) adds the column, and the
+/// record as stored is kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_of_an_earlier_version_is_migrated_or_explained() {
+    let Some(admin) = common::admin().await else {
+        return;
+    };
+    let table = unique("earlier").replace('-', "_");
+    let old_layout = leader_postgres::SCHEMA
+        .replace(
+            r#""public"."leader_election""#,
+            &format!(r#""public"."{table}""#),
+        )
+        .replace(",\n    extensions         text", "");
+    assert!(!old_layout.contains("extensions"), "{old_layout}");
+    admin.batch_execute(&old_layout).await.expect("old table");
+    admin
+        .batch_execute(&format!(
+            "INSERT INTO {table} VALUES ('jobs', 'a', 15000, now(), now(), 7, NULL, NULL, 1, now())"
+        ))
+        .await
+        .expect("a row written by the earlier version");
+    let store = PostgresStore::builder(common::database_url())
+        .table(&table)
+        .build()
+        .await
+        .expect("store without auto-create");
+    let err = store.lock("jobs", "b").get().await.expect_err("no column");
+    match &err {
+        LockError::Misconfigured { message, .. } => {
+            assert!(message.contains("MIGRATION"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+    store.create_table().await.expect("the owner migrates");
+    let kept = store
+        .lock("jobs", "b")
+        .get()
+        .await
+        .expect("readable")
+        .expect("the row");
+    assert_eq!(kept.record.holder_identity, "a");
+    assert_eq!(kept.record.leader_transitions, 7);
+    assert!(kept.record.extensions.is_empty());
+    admin
+        .batch_execute(&format!("DROP TABLE {table}"))
+        .await
+        .expect("drop");
+}

@@ -23,7 +23,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
     let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
     let name = std::env::var("LEADER_NAME").unwrap_or_else(|_| "example".into());
     let identity =
-        std::env::var("LEADER_IDENTITY").unwrap_or_else(|_| format!("pid-{}", std::process::id()));
+        std::env::var("LEADER_IDENTITY").unwrap_or_else(|_| leader_core::default_identity());
 
     let store = RedisStore::connect(url).await?;
     let lock = store.lock(&name, &identity);

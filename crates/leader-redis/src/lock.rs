@@ -257,7 +257,14 @@ impl ResourceLock for RedisLock {
             .run(
                 &scripts::TRY_ACQUIRE,
                 &[
-                    &desired.to_json(),
+                    // Without extensions: a new object has none, a takeover keeps the stored.
+                    // The token is the fence's (the floor goes below).
+                    &LeaderElectionRecord {
+                        extensions: Default::default(),
+                        leader_transitions: 0,
+                        ..desired.clone()
+                    }
+                    .to_json(),
                     desired.holder_identity.as_bytes(),
                     lease_ms(desired).to_string().as_bytes(),
                     first_version().as_bytes(),

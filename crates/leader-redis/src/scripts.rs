@@ -189,19 +189,28 @@ if bad_fence then return redis.error_reply(bad_fence) end
 local cur, err = current(KEYS[1])
 if err then return redis.error_reply(err) end
 local version, transitions
+local record = ARGV[1]
 if not cur then
   version = ARGV[4]
   transitions = fence(KEYS[2], math.max(1, tonumber(ARGV[5])))
 elseif cur.holder == '' and (cur.preferred == '' or cur.preferred == ARGV[2]) then
   version = next_version(cur.version)
   transitions = fence(KEYS[2], math.max(cur.transitions + 1, tonumber(ARGV[5])))
+  -- The stored extensions, not the candidate's (only a holder writes them). The record's
+  -- other numbers are small: its fencing token is the hash's field, not the JSON's.
+  local stored = cjson.decode(cur.record).extensions
+  if stored then
+    local wanted = cjson.decode(record)
+    wanted.extensions = stored
+    record = cjson.encode(wanted)
+  end
 else
   local left = -1
   if cur.holder ~= '' then left = redis.call('PTTL', KEYS[1]) end
   return {0, cur.version, cur.transitions, cur.holder, cur.record, left}
 end
-write(KEYS[1], version, ARGV[2], transitions, ARGV[1], ARGV[3], '')
-return {1, version, transitions, ARGV[2], ARGV[1], -1}
+write(KEYS[1], version, ARGV[2], transitions, record, ARGV[3], '')
+return {1, version, transitions, ARGV[2], record, -1}
 "#,
     )
 });
