@@ -527,6 +527,7 @@ async fn a_label_that_cannot_be_written_never_holds_up_the_election() {
     let asked = step_down(&replicas, second);
     let (third, _) = leader_other_than(&replicas, Some(second), RETRY * 20).await;
     let took = asked.elapsed();
+    eprintln!("step-down to the next term with every Pod write hanging: {took:?}");
     assert!(
         took < REMOVAL + RETRY * 5,
         "the release waited for the hanging removal {took:?} (removal timeout {REMOVAL:?})"
