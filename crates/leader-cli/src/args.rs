@@ -29,8 +29,8 @@ pub(crate) struct LockArgs {
     /// The lock: file:///PATH, postgres://... or postgresql://... (?advisory=true for the
     /// advisory lock), redis://... or rediss://..., etcd://HOST:PORT[,HOST:PORT] or etcds://...,
     /// consul://HOST:PORT/PREFIX or consuls://..., s3://BUCKET/PREFIX/, gs://BUCKET/PREFIX/ or
-    /// az://CONTAINER/PREFIX/, or kubernetes://NAMESPACE (?binary_version=V for coordinated
-    /// leader election). Default: a lock directory private to this user in the runtime or temp
+    /// az://CONTAINER/PREFIX/ (or azure://...), or kubernetes://NAMESPACE (?binary_version=V
+    /// for coordinated leader election). Default: a lock directory private to this user in the runtime or temp
     /// directory.
     #[arg(long, env = "LEADER_LOCK", value_name = "URL")]
     pub(crate) lock: Option<String>,
@@ -39,7 +39,11 @@ pub(crate) struct LockArgs {
     pub(crate) name: String,
 }
 
+/// The label key of `--label-pod` without a value (`leader_kube::POD_LABEL`).
+pub(crate) const DEFAULT_POD_LABEL: &str = "leader-rs.io/leader";
+
 #[derive(Debug, Args)]
+#[command(group = clap::ArgGroup::new("any_serve").args(["serve", "metrics_addr"]).multiple(false))]
 pub(crate) struct RunArgs {
     #[command(flatten)]
     pub(crate) lock: LockArgs,
@@ -77,10 +81,36 @@ pub(crate) struct RunArgs {
         value_name = "TOKEN"
     )]
     pub(crate) fencing_token_floor: u64,
-    /// Serve Prometheus metrics at /metrics, liveness at /healthz and readiness at /readyz on
-    /// this address.
-    #[arg(long, env = "LEADER_METRICS_ADDR", value_name = "ADDR")]
+    /// Serve on this address: who leads at /leader (JSON; 200 on the leader, 503 elsewhere),
+    /// readiness at /readyz, liveness at /healthz and Prometheus metrics at /metrics.
+    #[arg(long, env = "LEADER_SERVE", value_name = "ADDR")]
+    pub(crate) serve: Option<SocketAddr>,
+    /// The former name of --serve.
+    #[arg(
+        long,
+        env = "LEADER_METRICS_ADDR",
+        value_name = "ADDR",
+        hide = true,
+        conflicts_with = "serve"
+    )]
     pub(crate) metrics_addr: Option<SocketAddr>,
+    /// /readyz answers 200 only while this replica leads, for a Service that must send only to
+    /// the leader. Standby replicas are then never ready, which stalls rolling updates of a
+    /// Deployment with more than one replica: see the README, and prefer --label-pod.
+    #[arg(long, env = "LEADER_READY_ONLY_WHILE_LEADING", requires = "any_serve")]
+    pub(crate) ready_only_while_leading: bool,
+    /// Kubernetes: label this replica's Pod (POD_NAME in POD_NAMESPACE, from the downward API)
+    /// KEY=NAME while it leads [default KEY: leader-rs.io/leader], for a Service that selects
+    /// the label; needs list and patch on pods (deploy/kubernetes/rbac-pod-label.yaml).
+    #[arg(
+        long,
+        env = "LEADER_LABEL_POD",
+        value_name = "KEY",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = DEFAULT_POD_LABEL
+    )]
+    pub(crate) label_pod: Option<String>,
     /// On SIGTERM or SIGINT while leading, hand the lease over to this replica instead of a
     /// plain release (a planned handover: it takes over at once, the others stand back).
     #[arg(long, env = "LEADER_HANDOVER_TO", value_name = "IDENTITY")]
@@ -88,6 +118,13 @@ pub(crate) struct RunArgs {
     /// The program to run while leading, and its arguments.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub(crate) command: Vec<String>,
+}
+
+impl RunArgs {
+    /// The address of `--serve`, or of its former name `--metrics-addr`.
+    pub(crate) fn serve_addr(&self) -> Option<SocketAddr> {
+        self.serve.or(self.metrics_addr)
+    }
 }
 
 #[derive(Debug, Args)]
@@ -112,4 +149,32 @@ pub(crate) struct StatusArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     pub(crate) json: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::Cli;
+
+    /// `--lock`'s help names every scheme the command takes, built in or not (a scheme left
+    /// out of the build is refused naming its feature).
+    #[test]
+    fn the_lock_help_lists_every_scheme() {
+        let command = Cli::command();
+        for subcommand in ["run", "status", "handover"] {
+            let help = command
+                .find_subcommand(subcommand)
+                .and_then(|c| c.get_arguments().find(|a| a.get_id() == "lock"))
+                .and_then(|a| a.get_help())
+                .map(ToString::to_string)
+                .expect("--lock has help");
+            for scheme in leader::BACKENDS.iter().flat_map(|b| b.schemes) {
+                assert!(
+                    help.contains(&format!("{scheme}://")),
+                    "leader {subcommand} --lock does not mention {scheme}://: {help}"
+                );
+            }
+        }
+    }
 }

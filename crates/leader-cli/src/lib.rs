@@ -6,6 +6,7 @@ mod args;
 mod child;
 mod exit;
 mod inspect;
+mod label;
 mod open;
 mod run;
 mod serve;

@@ -13,6 +13,7 @@ use tokio::sync::watch;
 use crate::args::RunArgs;
 use crate::child::{self, Program};
 use crate::exit;
+use crate::label;
 use crate::open::{fail, open_lock};
 use crate::serve;
 
@@ -53,7 +54,7 @@ pub(crate) async fn run(args: RunArgs) -> u8 {
     // Set once a signal asked this replica to stop: a planned end, not a lost term.
     let stopping = CancellationToken::new();
     let (shutdown, outcome) = (term.shutdown.clone(), term.outcome.clone());
-    let elector = LeaderElector::builder(lock)
+    let mut builder = LeaderElector::builder(lock)
         .name(args.lock.name.clone())
         .lease_duration(args.lease_duration)
         .renew_deadline(args.renew_deadline)
@@ -67,16 +68,26 @@ pub(crate) async fn run(args: RunArgs) -> u8 {
             args.exit_on_identity_conflict,
             &shutdown,
             &outcome,
-        ))
-        .build();
-    let elector = match elector {
+        ));
+    if let Some(key) = &args.label_pod {
+        builder = match label::attach(builder, key, &args.lock.name, timings).await {
+            Ok(builder) => builder,
+            Err(err) => return fail(exit::USAGE, err),
+        };
+    }
+    let elector = match builder.build() {
         Ok(elector) => elector,
         Err(err) => return fail(exit::USAGE, err),
     };
-    if let Some(addr) = args.metrics_addr
-        && let Err(err) = serve::start(addr, elector.health_check(Duration::from_secs(5))).await
-    {
-        return fail(exit::USAGE, format!("--metrics-addr {addr}: {err}"));
+    if let Some(addr) = args.serve_addr() {
+        let endpoints = serve::Endpoints {
+            health: elector.health_check(Duration::from_secs(5)),
+            status: elector.status(),
+            ready_only_while_leading: args.ready_only_while_leading,
+        };
+        if let Err(err) = serve::start(addr, endpoints).await {
+            return fail(exit::USAGE, format!("--serve {addr}: {err}"));
+        }
     }
     tokio::spawn(on_signal(
         shutdown.clone(),

@@ -1,16 +1,28 @@
-//! `--metrics-addr`: Prometheus metrics at `/metrics`, liveness at `/healthz` and readiness at
-//! `/readyz`.
+//! `--serve`: who leads at `/leader`, readiness at `/readyz`, liveness at `/healthz` and
+//! Prometheus metrics at `/metrics`.
 
 use std::net::SocketAddr;
 
 use axum::Router;
 use axum::http::StatusCode;
+use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE};
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use leader_core::HealthCheck;
+use leader_core::{ElectorStatus, HealthCheck};
 use metrics_exporter_prometheus::PrometheusBuilder;
 
-/// Installs the Prometheus recorder and serves it, with the health check, in the background.
-pub(crate) async fn start(addr: SocketAddr, health: HealthCheck) -> Result<(), String> {
+/// What the endpoints answer from.
+#[derive(Clone)]
+pub(crate) struct Endpoints {
+    pub(crate) health: HealthCheck,
+    pub(crate) status: ElectorStatus,
+    /// `--ready-only-while-leading`.
+    pub(crate) ready_only_while_leading: bool,
+}
+
+/// Installs the Prometheus recorder and serves it, with the other endpoints, in the
+/// background.
+pub(crate) async fn start(addr: SocketAddr, endpoints: Endpoints) -> Result<(), String> {
     let handle = PrometheusBuilder::new()
         .install_recorder()
         .map_err(|err| format!("cannot install the metrics recorder: {err}"))?;
@@ -21,20 +33,67 @@ pub(crate) async fn start(addr: SocketAddr, health: HealthCheck) -> Result<(), S
     let app = Router::new()
         .route("/metrics", get(move || std::future::ready(handle.render())))
         .route("/healthz", {
-            let health = health.clone();
+            let health = endpoints.health.clone();
             get(move || std::future::ready(answer(health.check())))
         })
+        .route("/readyz", {
+            let endpoints = endpoints.clone();
+            get(move || std::future::ready(endpoints.ready()))
+        })
         .route(
-            "/readyz",
-            get(move || std::future::ready(answer(health.ready()))),
+            "/leader",
+            get(move || std::future::ready(leader(&endpoints.status))),
         );
-    tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
+    tracing::info!(%addr, "serving /leader, /readyz, /healthz and /metrics");
     tokio::spawn(async move {
         if let Err(err) = axum::serve(listener, app).await {
-            tracing::error!(error = %err, "metrics server stopped");
+            tracing::error!(error = %err, "the --serve server stopped");
         }
     });
     Ok(())
+}
+
+impl Endpoints {
+    /// Ready unless this replica could not take over (the store has not answered for a lease,
+    /// or another process leads with its identity), and, with `--ready-only-while-leading`,
+    /// unless it does not lead.
+    fn ready(&self) -> (StatusCode, String) {
+        if let Err(err) = self.health.ready() {
+            return answer(Err(err));
+        }
+        if self.ready_only_while_leading {
+            let view = self.status.view();
+            if !view.leading {
+                let leader = view.leader.as_deref().unwrap_or("nobody");
+                return (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("not leading (--ready-only-while-leading); the leader: {leader}"),
+                );
+            }
+        }
+        (StatusCode::OK, "ok".to_owned())
+    }
+}
+
+/// The [`LeaderView`](leader_core::LeaderView) as JSON: 200 on the leader, 503 elsewhere, so
+/// that a load balancer's health check on `/leader` routes to the leader.
+fn leader(status: &ElectorStatus) -> Response {
+    let view = status.view();
+    let code = if view.leading {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let body = serde_json::to_string(&view).unwrap_or_default();
+    (
+        code,
+        [
+            (CONTENT_TYPE, "application/json"),
+            (CACHE_CONTROL, "no-store"),
+        ],
+        body,
+    )
+        .into_response()
 }
 
 /// 200 `ok`, or 503 with the reason.

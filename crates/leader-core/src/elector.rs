@@ -308,11 +308,17 @@ impl LeaderElector {
         )
     }
 
-    /// A handle on this elector's troubles: the failure going on and since when, when the store
-    /// last answered, another process with this identity. Errors also reach
+    /// A handle on this elector's troubles and on who leads: the failure going on and since
+    /// when, when the store last answered, another process with this identity, and the
+    /// [`LeaderView`](crate::LeaderView) for `/leader` endpoints. Errors also reach
     /// [`on_error`](LeaderElectorBuilder::on_error) as they happen.
     pub fn status(&self) -> ElectorStatus {
-        ElectorStatus::new(self.shared.clone())
+        ElectorStatus::new(
+            &self.config.name,
+            self.lock.identity(),
+            self.state.subscribe(),
+            self.shared.clone(),
+        )
     }
 
     /// Runs for leadership until `shutdown` is cancelled. After losing leadership it becomes a

@@ -20,6 +20,7 @@ mod retry;
 mod runner;
 mod status;
 mod url;
+mod view;
 mod work;
 
 #[cfg(feature = "testing")]
@@ -49,6 +50,7 @@ pub use record::{LeaderElectionRecord, Observed, Version};
 pub use redact::redact_url;
 pub use status::{ElectionError, ElectorStatus, IdentityConflict, LastError};
 pub use url::{FileUrl, LockTarget, UrlError};
+pub use view::LeaderView;
 
 /// Re-exported so that users need not depend on `async-trait` and `tokio-util` themselves.
 pub use async_trait::async_trait;

@@ -23,6 +23,7 @@ use crate::metrics as m;
 use crate::record::{LeaderElectionRecord, Observed, Version};
 use crate::retry::{Backoff, FailureLog, LogLine};
 use crate::status::{self, ElectionError, IdentityConflict, Shared};
+use crate::view::ObservedTerm;
 use crate::work::{StartedFn, TermWork, WorkEnd};
 
 type StoppedFn = Arc<dyn Fn(StepDown) + Send + Sync>;
@@ -254,6 +255,7 @@ impl Runner {
         if is_new {
             self.observed_at = Instant::now();
             self.woke_for_expiry = false;
+            status::lock(&self.shared).term = ObservedTerm::of(&observed.record);
         }
         match observed.record.handover_to() {
             Some(to)
@@ -814,6 +816,8 @@ impl Runner {
                 );
             }
         }
+        // What the release wrote (a free lease, or one handed to another), not this term.
+        self.publish_following();
         self.spawn_event(LeaderEvent::StoppedLeading { fencing_token });
         if let Some(callback) = &self.callbacks.stopped {
             callback(StepDown {

@@ -4,9 +4,12 @@
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::error::LockError;
+use crate::leadership::LeaderState;
+use crate::view::{LeaderView, ObservedTerm};
 
 /// Something that keeps an elector from working as it should, as reported to
 /// [`on_error`](crate::LeaderElectorBuilder::on_error) and kept by [`ElectorStatus`].
@@ -88,6 +91,8 @@ pub(crate) struct Shared {
     pub(crate) last_contact: Option<Instant>,
     pub(crate) last_error: Option<LastError>,
     pub(crate) identity_conflict: Option<IdentityConflict>,
+    /// The leader's term as the record last showed it (for [`LeaderView`]).
+    pub(crate) term: Option<ObservedTerm>,
 }
 
 impl Shared {
@@ -98,6 +103,7 @@ impl Shared {
             last_contact: None,
             last_error: None,
             identity_conflict: None,
+            term: None,
         }))
     }
 
@@ -124,18 +130,39 @@ pub(crate) fn lock(shared: &Mutex<Shared>) -> MutexGuard<'_, Shared> {
     shared.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// A handle on an elector's troubles, for programs that want more than logs: the failure going
-/// on, when the store last answered, another process with this identity. Get one with
-/// [`LeaderElector::status`](crate::LeaderElector::status) before running the elector; it
-/// stays valid while the elector runs and after.
+/// A handle on an elector's troubles and on who leads, for programs that want more than logs:
+/// the failure going on, when the store last answered, another process with this identity, and
+/// the [`LeaderView`]. Get one with [`LeaderElector::status`](crate::LeaderElector::status)
+/// before running the elector; it stays valid while the elector runs and after.
 #[derive(Clone, Debug)]
 pub struct ElectorStatus {
+    name: Arc<str>,
+    identity: Arc<str>,
+    state: watch::Receiver<LeaderState>,
     shared: Arc<Mutex<Shared>>,
 }
 
 impl ElectorStatus {
-    pub(crate) fn new(shared: Arc<Mutex<Shared>>) -> Self {
-        Self { shared }
+    pub(crate) fn new(
+        name: &str,
+        identity: &str,
+        state: watch::Receiver<LeaderState>,
+        shared: Arc<Mutex<Shared>>,
+    ) -> Self {
+        Self {
+            name: name.into(),
+            identity: identity.into(),
+            state,
+            shared,
+        }
+    }
+
+    /// Who leads, as this replica sees it now: whether it leads, the leader's identity, its
+    /// term's fencing token and since when.
+    pub fn view(&self) -> LeaderView {
+        let state = self.state.borrow().clone();
+        let term = lock(&self.shared).term.clone();
+        LeaderView::new(&self.name, &self.identity, &state, term.as_ref())
     }
 
     /// The failure going on, if lock requests fail now; `None` once the store answers again.

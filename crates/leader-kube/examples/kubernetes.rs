@@ -4,7 +4,11 @@
 //! - Identity: the pod name (`POD_NAME`, from the downward API); namespace from `POD_NAMESPACE`;
 //!   the Lease's name from `LEADER_NAME`.
 //! - `:8080/readyz` answers once the elector runs; `:8080/healthz` is the HealthzAdaptor-like
-//!   check, failing when this pod believes it leads although its lease ran out.
+//!   check, failing when this pod believes it leads although its lease ran out; `:8080/leader`
+//!   says who leads (JSON; 200 on the leader, 503 elsewhere).
+//! - With `LEADER_LABEL_POD=true`, the leader's Pod carries the label
+//!   `leader-rs.io/leader: LEADER_NAME` while it leads, for `deploy/kubernetes/
+//!   service-leader.yaml` (needs `deploy/kubernetes/rbac-pod-label.yaml`).
 //! - SIGTERM (pod deletion, rolling update) stops the work and releases the Lease, so another
 //!   replica takes over at once.
 //! - With `LEADER_BINARY_VERSION` set (a semantic version such as `1.4.0`; the emulation
@@ -22,7 +26,7 @@ use axum::Router;
 use axum::http::StatusCode;
 use axum::routing::get;
 use leader_core::{CancellationToken, LeaderElector};
-use leader_kube::{Coordination, DEFAULT_REQUEST_TIMEOUT, LeaseLock};
+use leader_kube::{Coordination, DEFAULT_REQUEST_TIMEOUT, LeaseLock, PodLabel};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn Error>> {
@@ -42,15 +46,36 @@ async fn main() -> Result<(), Box<dyn Error>> {
             std::env::var("LEADER_EMULATION_VERSION").unwrap_or_else(|_| binary.clone());
         lock = lock.coordinated(Coordination::oldest_emulation_version(binary, emulation))?;
     }
-    let elector = LeaderElector::builder(lock)
+    let mut builder = LeaderElector::builder(lock)
         .lease_duration(Duration::from_secs(15))
         .renew_deadline(Duration::from_secs(10))
         .retry_period(Duration::from_secs(2))
-        .on_new_leader(|leader| tracing::info!(leader, "new leader"))
-        .build()?;
+        .on_new_leader(|leader| tracing::info!(leader, "new leader"));
+    if std::env::var("LEADER_LABEL_POD").is_ok_and(|v| v == "true") {
+        let label = PodLabel::from_env(&name, DEFAULT_REQUEST_TIMEOUT).await?;
+        builder = builder.on_started_leading(move |leadership| {
+            let label = label.clone();
+            async move { label.hold(leadership).await }
+        });
+    }
+    let elector = builder.build()?;
 
     let health = elector.health_check(Duration::from_secs(5));
+    let status = elector.status();
     let app = Router::new()
+        .route(
+            "/leader",
+            get(move || {
+                let view = status.view();
+                let code = if view.leading {
+                    StatusCode::OK
+                } else {
+                    StatusCode::SERVICE_UNAVAILABLE
+                };
+                let json = serde_json::to_string(&view).unwrap_or_default();
+                std::future::ready((code, [("content-type", "application/json")], json))
+            }),
+        )
         .route("/readyz", get(|| async { "ok" }))
         .route(
             "/healthz",

@@ -6,6 +6,7 @@ mod candidate;
 mod error;
 mod lock;
 mod names;
+mod pod_label;
 mod time;
 mod url;
 
@@ -14,6 +15,7 @@ pub use lock::{
     COORDINATION_ANNOTATION, EXTENSIONS_ANNOTATION, FENCING_TOKEN_ANNOTATION, HANDOVER_STRATEGY,
     LeaseLock,
 };
+pub use pod_label::{POD_LABEL, PodLabel};
 pub use url::{DEFAULT_REQUEST_TIMEOUT, LockUrl};
 
 /// The core crate, so that one dependency is enough.

@@ -226,27 +226,16 @@ impl LeaseLock {
     /// [`LockError::Misconfigured`] when no client can be built, or for names the API server
     /// would refuse (see [`new`](Self::new)).
     pub fn from_config(
-        mut config: kube::Config,
+        config: kube::Config,
         namespace: impl Into<String>,
         name: impl Into<String>,
         identity: impl Into<String>,
         timeout: Duration,
     ) -> Result<Self, LockError> {
-        config.connect_timeout = Some(timeout);
-        config.write_timeout = Some(timeout);
-        config.read_timeout = Some(timeout);
-        config.reset_reader_on_write = true;
-        let mut watch_config = config.clone();
-        watch_config.read_timeout = Some(WATCH_TIMEOUT + timeout.max(Duration::from_secs(5)));
-        let build = |config: kube::Config| {
-            kube::Client::try_from(config).map_err(|err| LockError::Misconfigured {
-                backend: BACKEND,
-                message: format!("cannot build a Kubernetes client: {err}"),
-            })
-        };
+        let watch_read = WATCH_TIMEOUT + timeout.max(Duration::from_secs(5));
         Self::with_clients(
-            build(config)?,
-            build(watch_config)?,
+            client_with_timeouts(config.clone(), timeout, timeout)?,
+            client_with_timeouts(config, timeout, watch_read)?,
             namespace,
             name,
             identity,
@@ -859,4 +848,21 @@ impl ResourceLock for LeaseLock {
         });
         Ok(Some(Box::pin(changes)))
     }
+}
+/// A client whose requests connect and write within `timeout` and read within `read`, counted
+/// from when a request is sent, not from when its pooled connection went idle
+/// (`reset_reader_on_write`), as kube-rs documents for long-lived clients.
+pub(crate) fn client_with_timeouts(
+    mut config: kube::Config,
+    timeout: Duration,
+    read: Duration,
+) -> Result<kube::Client, LockError> {
+    config.connect_timeout = Some(timeout);
+    config.write_timeout = Some(timeout);
+    config.read_timeout = Some(read);
+    config.reset_reader_on_write = true;
+    kube::Client::try_from(config).map_err(|err| LockError::Misconfigured {
+        backend: BACKEND,
+        message: format!("cannot build a Kubernetes client: {err}"),
+    })
 }

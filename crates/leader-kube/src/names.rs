@@ -45,6 +45,19 @@ pub(crate) fn is_qualified_name(value: &str) -> bool {
         && name.ends_with(edge)
 }
 
+/// `IsValidLabelValue`: empty, or at most 63 letters, digits, `-`, `_` and `.` that start and
+/// end with a letter or digit.
+pub(crate) fn is_label_value(value: &str) -> bool {
+    let edge = |c: char| c.is_ascii_alphanumeric();
+    value.is_empty()
+        || (value.len() <= 63
+            && value
+                .chars()
+                .all(|c| edge(c) || matches!(c, '-' | '_' | '.'))
+            && value.starts_with(edge)
+            && value.ends_with(edge))
+}
+
 /// `IsConfigMapKey`, the rule for LeaseCandidate names: at most 253 letters, digits, `-`, `_`
 /// and `.`, and neither `.` nor `..`.
 pub(crate) fn is_config_map_key(name: &str) -> bool {

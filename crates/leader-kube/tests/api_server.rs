@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{KubeApiServer, client};
+use common::{KubeApiServer, client, code};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use leader_kube::LeaseLock;
@@ -19,13 +19,6 @@ fn lease(name: &str, spec: serde_json::Value) -> Lease {
         "metadata": {"name": name}, "spec": spec}),
     )
     .expect("a Lease")
-}
-
-fn code(err: kube::Error) -> u16 {
-    match err {
-        kube::Error::Api(status) => status.code,
-        other => panic!("not an API error: {other}"),
-    }
 }
 
 #[tokio::test]

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use common::{KubeApiServer, client};
+use common::{KubeApiServer, client, granted};
 use k8s_openapi::api::coordination::v1beta1::LeaseCandidate;
 use kube::api::{Api, PostParams};
 use leader_core::{LockError, ResourceLock};
@@ -95,28 +95,6 @@ impl Terms {
         assert!(overlaps.is_empty(), "two leaders at once: {overlaps:?}");
         self.seen.lock().unwrap().clone()
     }
-}
-
-/// The verbs a Role in `deploy/kubernetes/{file}` grants on `resource`.
-fn granted(file: &str, resource: &str) -> Vec<String> {
-    let path = format!(
-        "{}/../../deploy/kubernetes/{file}",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    let text = std::fs::read_to_string(&path).expect("the manifest");
-    let mut lines = text.lines();
-    let wanted = format!(r#"resources: ["{resource}"]"#);
-    lines
-        .find(|line| line.trim() == wanted)
-        .expect("a rule for the resource");
-    let verbs = lines.next().expect("its verbs").trim();
-    let list = verbs
-        .strip_prefix("verbs: [")
-        .and_then(|v| v.strip_suffix(']'))
-        .expect("verbs: [...]");
-    list.split(',')
-        .map(|verb| verb.trim().trim_matches('"').to_owned())
-        .collect()
 }
 
 /// Denies on the server every verb the Roles in `deploy/kubernetes` do not grant, so that the

@@ -2,7 +2,12 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
+#[cfg(feature = "tower")]
+mod leader_only;
 mod url;
+
+#[cfg(feature = "tower")]
+pub use leader_only::{LeaderOnly, LeaderOnlyLayer};
 
 pub use leader_core::*;
 pub use url::{

@@ -18,6 +18,42 @@ pub fn client(api: &KubeApiServer) -> kube::Client {
     kube::Client::try_from(config).expect("client")
 }
 
+/// The verbs a Role in `deploy/kubernetes/{file}` grants on `resource`.
+///
+/// # Panics
+/// When the manifest has no rule for `resource`.
+pub fn granted(file: &str, resource: &str) -> Vec<String> {
+    let path = format!(
+        "{}/../../deploy/kubernetes/{file}",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let text = std::fs::read_to_string(&path).expect("the manifest");
+    let mut lines = text.lines();
+    let wanted = format!(r#"resources: ["{resource}"]"#);
+    lines
+        .find(|line| line.trim() == wanted)
+        .expect("a rule for the resource");
+    let verbs = lines.next().expect("its verbs").trim();
+    let list = verbs
+        .strip_prefix("verbs: [")
+        .and_then(|v| v.strip_suffix(']'))
+        .expect("verbs: [...]");
+    list.split(',')
+        .map(|verb| verb.trim().trim_matches('"').to_owned())
+        .collect()
+}
+
+/// The HTTP status code of an API error.
+///
+/// # Panics
+/// For an error that is not the API server's answer.
+pub fn code(err: kube::Error) -> u16 {
+    match err {
+        kube::Error::Api(status) => status.code,
+        other => panic!("not an API error: {other}"),
+    }
+}
+
 /// Lease locks on the test API server, for the conformance suite.
 pub struct Factory {
     pub api: KubeApiServer,

@@ -363,12 +363,15 @@ pub(crate) fn merge_patch(target: &mut Value, patch: &Value) {
 /// `"$patch": "delete"` removes that reference) and `metadata.finalizers` is a union.
 pub(crate) fn strategic_merge_patch(target: &mut Value, patch: &Value) {
     let mut patch = patch.clone();
-    let references = patch["metadata"]
-        .as_object_mut()
-        .and_then(|m| m.remove("ownerReferences"));
-    let finalizers = patch["metadata"]
-        .as_object_mut()
-        .and_then(|m| m.remove("finalizers"));
+    // `get_mut`, not indexing, which would add `"metadata": null` to the patch.
+    let metadata = patch.get_mut("metadata").and_then(Value::as_object_mut);
+    let (references, finalizers) = match metadata {
+        Some(metadata) => (
+            metadata.remove("ownerReferences"),
+            metadata.remove("finalizers"),
+        ),
+        None => (None, None),
+    };
     merge_patch(target, &patch);
     if let Some(Value::Array(items)) = references {
         let mut current = target["metadata"]["ownerReferences"]

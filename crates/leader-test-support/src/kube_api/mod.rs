@@ -21,6 +21,11 @@
 //!   (`objects::admit`), and, when started
 //!   ([`KubeApiServer::start_coordinator`]), the [`coordinator`] of coordinated leader election
 //!   that kube-apiserver runs with the `CoordinatedLeaderElection` feature gate.
+//! - core/v1 Pods (`pods`): GET, POST, PUT, PATCH (JSON, merge and strategic merge patches of
+//!   their labels), DELETE, LIST and WATCH, with the Pod strategy and the validation of labels,
+//!   for clients that label Pods.
+//! - `labelSelector` on every LIST and WATCH (`selector`), a watch reporting an object that
+//!   leaves the selection as `DELETED` and one that enters it as `ADDED`, as the watch cache does.
 //! - The core/v1 Events endpoint (POST).
 //! - 403 `Forbidden` for a verb a test denies, as RBAC would; 429/5xx and slow answers on
 //!   request, as a busy API server.
@@ -32,8 +37,10 @@
 pub mod coordinator;
 mod fields;
 mod objects;
+mod pods;
 pub mod process;
 mod routes;
+mod selector;
 
 use std::collections::{HashSet, VecDeque};
 use std::net::SocketAddr;
@@ -51,8 +58,10 @@ use objects::{Change, Objects, Resource};
 struct Behaviour {
     /// `(resource, verb)` pairs answered 403, such as `("leases", "update")`.
     denied: HashSet<(String, String)>,
-    /// How long a PUT takes to answer.
+    /// How long a PUT of a Lease or a LeaseCandidate takes to answer.
     write_delay: Duration,
+    /// How long a PATCH or PUT of a Pod takes to answer.
+    pod_write_delay: Duration,
     /// Answers for the next PUTs instead of doing them: a status code each.
     reject_writes: VecDeque<u16>,
     /// How often a watch that allows them gets a BOOKMARK.
@@ -77,6 +86,7 @@ impl Default for Behaviour {
         Self {
             denied: HashSet::new(),
             write_delay: Duration::ZERO,
+            pod_write_delay: Duration::ZERO,
             reject_writes: VecDeque::new(),
             // The watch cache sends them about once a minute.
             bookmark_every: Duration::from_secs(60),
@@ -194,7 +204,7 @@ impl KubeApiServer {
         self.allow_on("leases", verb);
     }
 
-    /// Denies `verb` on `resource` (`leases` or `leasecandidates`).
+    /// Denies `verb` on `resource` (`leases`, `leasecandidates` or `pods`).
     pub fn deny_on(&self, resource: &str, verb: &str) {
         let denied = (resource.to_owned(), verb.to_owned());
         self.shared.behaviour().denied.insert(denied);
@@ -242,7 +252,8 @@ impl KubeApiServer {
             .push(key.to_owned());
     }
 
-    /// Makes every PUT answer after `delay`, as a busy API server would.
+    /// Makes every PUT of a Lease or a LeaseCandidate answer after `delay`, as a busy API server
+    /// would.
     pub fn delay_writes(&self, delay: Duration) {
         self.shared.behaviour().write_delay = delay;
     }

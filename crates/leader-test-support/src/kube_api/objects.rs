@@ -6,24 +6,30 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 
+use super::pods;
+
 /// Changes kept for watches from a `resourceVersion` (the watch cache keeps a window too).
 const HISTORY: usize = 1000;
 
-/// The kinds of object the server keeps, both in the `coordination.k8s.io` group.
+/// The kinds of object the server keeps: the `coordination.k8s.io` group's, and core/v1 Pods.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub(crate) enum Resource {
     /// `coordination.k8s.io/v1` Lease.
     Lease,
     /// `coordination.k8s.io/v1beta1` LeaseCandidate (coordinated leader election).
     LeaseCandidate,
+    /// core/v1 Pod (its metadata, for clients that label Pods; see `pods`).
+    Pod,
 }
 
 impl Resource {
-    /// The resource a URL's group version and plural name, such as `v1` and `leases`, serve.
-    pub(crate) fn of_path(version: &str, plural: &str) -> Option<Self> {
-        match (version, plural) {
-            ("v1", "leases") => Some(Self::Lease),
-            ("v1beta1", "leasecandidates") => Some(Self::LeaseCandidate),
+    /// The resource a URL's API group (`""` for the core group, under `/api`), version and
+    /// plural name, such as `coordination.k8s.io`, `v1` and `leases`, serve.
+    pub(crate) fn of_path(group: &str, version: &str, plural: &str) -> Option<Self> {
+        match (group, version, plural) {
+            ("coordination.k8s.io", "v1", "leases") => Some(Self::Lease),
+            ("coordination.k8s.io", "v1beta1", "leasecandidates") => Some(Self::LeaseCandidate),
+            ("", "v1", "pods") => Some(Self::Pod),
             _ => None,
         }
     }
@@ -32,6 +38,7 @@ impl Resource {
         match self {
             Self::Lease => "coordination.k8s.io/v1",
             Self::LeaseCandidate => "coordination.k8s.io/v1beta1",
+            Self::Pod => "v1",
         }
     }
 
@@ -39,6 +46,7 @@ impl Resource {
         match self {
             Self::Lease => "Lease",
             Self::LeaseCandidate => "LeaseCandidate",
+            Self::Pod => "Pod",
         }
     }
 
@@ -46,14 +54,45 @@ impl Resource {
         match self {
             Self::Lease => "leases",
             Self::LeaseCandidate => "leasecandidates",
+            Self::Pod => "pods",
         }
     }
 
+    /// The API group, `""` for the core group.
+    pub(crate) fn group(self) -> &'static str {
+        match self {
+            Self::Lease | Self::LeaseCandidate => "coordination.k8s.io",
+            Self::Pod => "",
+        }
+    }
+
+    /// `what` (the plural or the kind) qualified by the group, as error messages name a
+    /// resource (`GroupResource.String()`): `leases.coordination.k8s.io`, `pods`.
+    pub(crate) fn qualified(self, what: &str) -> String {
+        match self.group() {
+            "" => what.to_owned(),
+            group => format!("{what}.{group}"),
+        }
+    }
+
+    /// The strategy's `AllowCreateOnUpdate`: a PUT of a missing Lease or LeaseCandidate
+    /// creates it (`pkg/registry/coordination/lease/strategy.go`); one of a missing Pod is 404
+    /// (`pkg/registry/core/pod/strategy.go`).
+    pub(crate) fn allows_create_on_update(self) -> bool {
+        self != Self::Pod
+    }
+
+    /// The strategy's `AllowUnconditionalUpdate`: a PUT without `resourceVersion` is 422 for a
+    /// Lease or a LeaseCandidate, and overwrites a Pod.
+    pub(crate) fn allows_unconditional_update(self) -> bool {
+        self == Self::Pod
+    }
+
     fn of_kind(kind: &str) -> Self {
-        if kind == "LeaseCandidate" {
-            Self::LeaseCandidate
-        } else {
-            Self::Lease
+        match kind {
+            "LeaseCandidate" => Self::LeaseCandidate,
+            "Pod" => Self::Pod,
+            _ => Self::Lease,
         }
     }
 }
@@ -68,6 +107,32 @@ pub(crate) struct Change {
     /// `ADDED`, `MODIFIED` or `DELETED`.
     pub(crate) kind: &'static str,
     pub(crate) object: Value,
+    /// The object before a modification, for watches that select by label.
+    pub(crate) previous: Option<Value>,
+}
+
+impl Change {
+    /// The event a watch that selects objects with `selects` sends for this change, if any, as
+    /// the watch cache converts it (`staging/src/k8s.io/apiserver/pkg/storage/cacher/
+    /// cache_watcher.go` `convertToWatchEvent`): a modification that brings an object into the
+    /// selection is `ADDED`, one that takes it out is `DELETED` (with the object as it was).
+    pub(crate) fn seen_by(
+        &self,
+        selects: impl Fn(&Value) -> bool,
+    ) -> Option<(&'static str, Value)> {
+        let now = selects(&self.object);
+        let before = self.previous.as_ref().is_some_and(&selects);
+        match (self.kind, before, now) {
+            ("MODIFIED", false, true) => Some(("ADDED", self.object.clone())),
+            ("MODIFIED", true, false) => self.previous.clone().map(|mut previous| {
+                // The object as it was, with the change's resourceVersion.
+                previous["metadata"]["resourceVersion"] = json!(self.revision.to_string());
+                ("DELETED", previous)
+            }),
+            (_, _, true) => Some((self.kind, self.object.clone())),
+            _ => None,
+        }
+    }
 }
 
 /// Every stored object, under one revision counter as etcd keeps them.
@@ -112,13 +177,13 @@ impl Objects {
     /// and returns it.
     pub(crate) fn store(&mut self, key: &Key, mut object: Value) -> Change {
         self.revision += 1;
-        let previous = self.items.get(key);
+        let previous = self.items.get(key).cloned();
         object["apiVersion"] = json!(key.0.api_version());
         object["kind"] = json!(key.0.kind());
         object["metadata"]["name"] = json!(key.2);
         object["metadata"]["namespace"] = json!(key.1);
         object["metadata"]["resourceVersion"] = json!(self.revision.to_string());
-        let kind = match previous {
+        let kind = match &previous {
             Some(previous) => {
                 object["metadata"]["uid"] = previous["metadata"]["uid"].clone();
                 object["metadata"]["creationTimestamp"] =
@@ -133,7 +198,7 @@ impl Objects {
             }
         };
         self.items.insert(key.clone(), object.clone());
-        self.record(kind, object)
+        self.record(kind, object, previous)
     }
 
     /// Removes the object under `key`, recording a `DELETED` change with a new revision.
@@ -142,14 +207,15 @@ impl Objects {
         self.revision += 1;
         let mut deleted = removed.clone();
         deleted["metadata"]["resourceVersion"] = json!(self.revision.to_string());
-        Some((removed, self.record("DELETED", deleted)))
+        Some((removed, self.record("DELETED", deleted, None)))
     }
 
-    fn record(&mut self, kind: &'static str, object: Value) -> Change {
+    fn record(&mut self, kind: &'static str, object: Value, previous: Option<Value>) -> Change {
         let change = Change {
             revision: self.revision,
             kind,
             object,
+            previous,
         };
         self.history.push_back(change.clone());
         if self.history.len() > HISTORY {
@@ -237,6 +303,7 @@ pub(crate) fn decode(resource: Resource, object: &mut Value) -> Result<(), Refus
     match resource {
         Resource::Lease => decode_spec(object, "LeaseSpec", &LEASE_FIELDS),
         Resource::LeaseCandidate => decode_spec(object, "LeaseCandidateSpec", &CANDIDATE_FIELDS),
+        Resource::Pod => pods::decode(object),
     }
 }
 
@@ -281,6 +348,7 @@ pub(crate) fn admit(
             }
             validate_candidate(&object["spec"], old.map(|old| &old["spec"]))
         }
+        Resource::Pod => pods::admit(object, name, old),
     };
     if errors.is_empty() {
         Ok(())
@@ -529,7 +597,7 @@ fn is_config_map_key(name: &str) -> bool {
 
 /// `IsQualifiedName`: an optional prefix that is a DNS subdomain and a `/`, then a name of at
 /// most 63 letters, digits, `-`, `_` and `.` that starts and ends with a letter or digit.
-fn is_qualified_name(value: &str) -> bool {
+pub(crate) fn is_qualified_name(value: &str) -> bool {
     let name = match value.split('/').collect::<Vec<_>>()[..] {
         [name] => name,
         [prefix, name] if is_dns_subdomain(prefix) => name,

@@ -1,14 +1,14 @@
-//! The HTTP surface: the Lease and LeaseCandidate endpoints as kube-apiserver serves them.
+//! The HTTP surface: the Lease, LeaseCandidate and Pod endpoints as kube-apiserver serves them.
 
 use std::convert::Infallible;
 use std::time::Duration;
 
-use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use axum::{Extension, Router};
 use futures_util::StreamExt;
 use serde_json::{Value, json};
 use tokio::sync::broadcast;
@@ -16,17 +16,31 @@ use tokio::sync::broadcast;
 use super::KubeApiServer;
 use super::fields;
 use super::objects::{Key, Objects, Refusal, Resource, admit, decode};
+use super::selector::Selector;
+
+/// The API group a request's path names: `coordination.k8s.io` under `/apis`, the core group
+/// (`""`) under `/api`.
+#[derive(Clone, Copy, Debug)]
+struct Group(&'static str);
 
 pub(super) fn router(server: KubeApiServer) -> Router {
-    Router::new()
+    let objects = Router::new()
         .route(
-            "/apis/coordination.k8s.io/{version}/namespaces/{ns}/{resource}",
+            "/{version}/namespaces/{ns}/{resource}",
             post(create).get(list_or_watch),
         )
         .route(
-            "/apis/coordination.k8s.io/{version}/namespaces/{ns}/{resource}/{name}",
+            "/{version}/namespaces/{ns}/{resource}/{name}",
             get(read).put(replace).patch(patch).delete(remove),
+        );
+    Router::new()
+        .nest(
+            "/apis/coordination.k8s.io",
+            objects
+                .clone()
+                .layer(Extension(Group("coordination.k8s.io"))),
         )
+        .nest("/api", objects.layer(Extension(Group(""))))
         .route("/api/v1/namespaces/{ns}/events", post(event))
         .with_state(server)
 }
@@ -35,13 +49,14 @@ pub(super) fn router(server: KubeApiServer) -> Router {
 /// LeaseCandidates only when [`KubeApiServer::serve_lease_candidates`] asked for them.
 fn resource_of(
     api: &KubeApiServer,
+    Group(group): Group,
     version: &str,
     plural: &str,
 ) -> Result<Resource, Box<Response>> {
     let served = |resource: &Resource| {
-        *resource == Resource::Lease || api.shared.behaviour().lease_candidates
+        *resource != Resource::LeaseCandidate || api.shared.behaviour().lease_candidates
     };
-    Resource::of_path(version, plural)
+    Resource::of_path(group, version, plural)
         .filter(served)
         .ok_or_else(|| {
             let body = json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
@@ -62,7 +77,7 @@ fn status(
 ) -> Response {
     let mut details = details;
     details["name"] = json!(name);
-    details["group"] = json!("coordination.k8s.io");
+    details["group"] = json!(resource.group());
     details["kind"] = json!(resource.plural());
     let body = json!({
         "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
@@ -95,8 +110,8 @@ fn refused(resource: Resource, name: &str, refusal: Refusal) -> Response {
             StatusCode::UNPROCESSABLE_ENTITY,
             "Invalid",
             &format!(
-                "{}.coordination.k8s.io \"{name}\" is invalid: {message}",
-                resource.kind()
+                "{} \"{name}\" is invalid: {message}",
+                resource.qualified(resource.kind())
             ),
             name,
             json!({}),
@@ -119,8 +134,8 @@ fn conflict_because(resource: Resource, name: &str, reason: &str) -> Response {
         StatusCode::CONFLICT,
         "Conflict",
         &format!(
-            "Operation cannot be fulfilled on {}.coordination.k8s.io \"{name}\": {reason}",
-            resource.plural()
+            "Operation cannot be fulfilled on {} \"{name}\": {reason}",
+            resource.qualified(resource.plural())
         ),
         name,
         json!({}),
@@ -163,8 +178,8 @@ fn not_found(resource: Resource, name: &str) -> Response {
         StatusCode::NOT_FOUND,
         "NotFound",
         &format!(
-            "{}.coordination.k8s.io \"{name}\" not found",
-            resource.plural()
+            "{} \"{name}\" not found",
+            resource.qualified(resource.plural())
         ),
         name,
         json!({}),
@@ -204,7 +219,9 @@ impl KubeApiServer {
                 StatusCode::FORBIDDEN,
                 "Forbidden",
                 &format!(
-                    "{plural}.coordination.k8s.io \"{name}\" is forbidden: User \"system:serviceaccount:{ns}:leader\" cannot {verb} resource \"{plural}\" in API group \"coordination.k8s.io\" in the namespace \"{ns}\""
+                    "{} \"{name}\" is forbidden: User \"system:serviceaccount:{ns}:leader\" cannot {verb} resource \"{plural}\" in API group \"{}\" in the namespace \"{ns}\"",
+                    resource.qualified(plural),
+                    resource.group()
                 ),
                 name,
                 json!({}),
@@ -231,7 +248,9 @@ struct WriteQuery {
 
 /// Strips what a client may send but the server decides: the record of field ownership.
 fn without_managed_fields(mut object: Value) -> Value {
-    if let Some(meta) = object["metadata"].as_object_mut() {
+    // `get_mut`, not indexing, which would add `"metadata": null` to a patch without metadata
+    // (and a merge patch would then remove the object's metadata).
+    if let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut) {
         meta.remove("managedFields");
     }
     object
@@ -247,7 +266,10 @@ fn stored(
     existed: bool,
 ) -> Response {
     if key.0 == Resource::Lease
-        && let Some(annotations) = object["metadata"]["annotations"].as_object_mut()
+        && let Some(annotations) = object
+            .get_mut("metadata")
+            .and_then(|m| m.get_mut("annotations"))
+            .and_then(Value::as_object_mut)
     {
         for stripped in &api.shared.behaviour().stripped_annotations {
             annotations.remove(stripped);
@@ -265,9 +287,10 @@ fn stored(
 
 async fn read(
     State(api): State<KubeApiServer>,
+    Extension(group): Extension<Group>,
     Path((version, ns, plural, name)): Path<(String, String, String, String)>,
 ) -> Response {
-    let resource = match resource_of(&api, &version, &plural) {
+    let resource = match resource_of(&api, group, &version, &plural) {
         Ok(resource) => resource,
         Err(response) => return *response,
     };
@@ -287,12 +310,13 @@ async fn read(
 
 async fn create(
     State(api): State<KubeApiServer>,
+    Extension(group): Extension<Group>,
     Path((version, ns, plural)): Path<(String, String, String)>,
     Query(query): Query<WriteQuery>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let resource = match resource_of(&api, &version, &plural) {
+    let resource = match resource_of(&api, group, &version, &plural) {
         Ok(resource) => resource,
         Err(response) => return *response,
     };
@@ -320,8 +344,8 @@ async fn create(
             StatusCode::CONFLICT,
             "AlreadyExists",
             &format!(
-                "{}.coordination.k8s.io \"{name}\" already exists",
-                resource.plural()
+                "{} \"{name}\" already exists",
+                resource.qualified(resource.plural())
             ),
             &name,
             json!({}),
@@ -336,28 +360,32 @@ async fn create(
     stored(&api, &mut objects, &key, object, false)
 }
 
-/// PUT, as the registry store's update path does for Leases and LeaseCandidates
+/// PUT, as the registry store's update path does for Leases, LeaseCandidates and Pods
 /// (`pkg/registry/coordination/lease/strategy.go`, `pkg/registry/coordination/leasecandidate/
-/// strategy.go`, `staging/src/k8s.io/apiserver/pkg/registry/generic/registry/store.go`
-/// `Update`), in its order:
+/// strategy.go`, `pkg/registry/core/pod/strategy.go`,
+/// `staging/src/k8s.io/apiserver/pkg/registry/generic/registry/store.go` `Update`), in its
+/// order:
 ///
 /// - A `metadata.uid` in the body is a precondition (`staging/src/k8s.io/apiserver/pkg/
 ///   registry/rest/update.go` `defaultUpdatedObjectInfo.Preconditions`), checked against the
 ///   stored object before anything else (`GuaranteedUpdate`, [`precondition_failed`]): 409 when
 ///   it differs, also when the object was deleted (its uid is then empty), so a client that
 ///   sends back the object it read never recreates one that was deleted.
-/// - `AllowCreateOnUpdate` is true, so a PUT of a missing object without a uid creates it
-///   (201); `AllowUnconditionalUpdate` is false, so a PUT of an existing object without a
-///   `resourceVersion` is 422, and one with another version is 409.
+/// - For Leases and LeaseCandidates `AllowCreateOnUpdate` is true, so a PUT of a missing
+///   object without a uid creates it (201); `AllowUnconditionalUpdate` is false, so a PUT of an
+///   existing object without a `resourceVersion` is 422. For Pods it is the other way round: a
+///   missing Pod is 404, and a PUT without `resourceVersion` overwrites. One with another
+///   version is 409 for all.
 /// - Then the strategy and validation ([`admit`]).
 async fn replace(
     State(api): State<KubeApiServer>,
+    Extension(group): Extension<Group>,
     Path((version, ns, plural, name)): Path<(String, String, String, String)>,
     Query(query): Query<WriteQuery>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let resource = match resource_of(&api, &version, &plural) {
+    let resource = match resource_of(&api, group, &version, &plural) {
         Ok(resource) => resource,
         Err(response) => return *response,
     };
@@ -366,7 +394,12 @@ async fn replace(
     }
     let (delay, rejected) = {
         let mut behaviour = api.shared.behaviour();
-        (behaviour.write_delay, behaviour.reject_writes.pop_front())
+        let delay = if resource == Resource::Pod {
+            behaviour.pod_write_delay
+        } else {
+            behaviour.write_delay
+        };
+        (delay, behaviour.reject_writes.pop_front())
     };
     tokio::time::sleep(delay).await;
     if let Some(code) = rejected {
@@ -399,8 +432,11 @@ async fn replace(
     {
         return precondition_failed(resource, &key, "UID", uid, current.as_ref());
     }
-    if let Some(current) = &current {
-        let Some(expected) = object["metadata"]["resourceVersion"].as_str() else {
+    match (&current, object["metadata"]["resourceVersion"].as_str()) {
+        (None, _) if !resource.allows_create_on_update() => return not_found(resource, &name),
+        (None, _) => {}
+        (Some(_), None) if resource.allows_unconditional_update() => {}
+        (Some(_), None) => {
             return refused(
                 resource,
                 &name,
@@ -409,9 +445,11 @@ async fn replace(
                         .into(),
                 ),
             );
-        };
-        if Some(expected) != current["metadata"]["resourceVersion"].as_str() {
-            return conflict(resource, &name);
+        }
+        (Some(current), Some(expected)) => {
+            if Some(expected) != current["metadata"]["resourceVersion"].as_str() {
+                return conflict(resource, &name);
+            }
         }
     }
     if let Err(refusal) = admit(
@@ -445,17 +483,22 @@ async fn replace(
 /// The result is decoded and admitted as an update is. Field ownership follows [`fields`].
 async fn patch(
     State(api): State<KubeApiServer>,
+    Extension(group): Extension<Group>,
     Path((version, ns, plural, name)): Path<(String, String, String, String)>,
     Query(query): Query<WriteQuery>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let resource = match resource_of(&api, &version, &plural) {
+    let resource = match resource_of(&api, group, &version, &plural) {
         Ok(resource) => resource,
         Err(response) => return *response,
     };
     if let Some(denied) = api.denied(resource, "patch", &ns, &name) {
         return denied;
+    }
+    if resource == Resource::Pod {
+        let delay = api.shared.behaviour().pod_write_delay;
+        tokio::time::sleep(delay).await;
     }
     let content_type = headers
         .get("content-type")
@@ -590,10 +633,11 @@ async fn patch(
 /// differs, [`precondition_failed`]); a body that is not JSON is 400.
 async fn remove(
     State(api): State<KubeApiServer>,
+    Extension(group): Extension<Group>,
     Path((version, ns, plural, name)): Path<(String, String, String, String)>,
     body: Bytes,
 ) -> Response {
-    let resource = match resource_of(&api, &version, &plural) {
+    let resource = match resource_of(&api, group, &version, &plural) {
         Ok(resource) => resource,
         Err(response) => return *response,
     };
@@ -641,6 +685,8 @@ struct ListQuery {
     timeout_seconds: Option<u64>,
     #[serde(rename = "allowWatchBookmarks")]
     allow_watch_bookmarks: Option<bool>,
+    #[serde(rename = "labelSelector")]
+    label_selector: Option<String>,
 }
 
 /// LIST and WATCH as the watch cache serves them (`staging/src/k8s.io/apiserver/pkg/storage/
@@ -652,10 +698,11 @@ struct ListQuery {
 /// [`KubeApiServer::bookmark_every`].
 async fn list_or_watch(
     State(api): State<KubeApiServer>,
+    Extension(group): Extension<Group>,
     Path((version, ns, plural)): Path<(String, String, String)>,
     Query(query): Query<ListQuery>,
 ) -> Response {
-    let resource = match resource_of(&api, &version, &plural) {
+    let resource = match resource_of(&api, group, &version, &plural) {
         Ok(resource) => resource,
         Err(response) => return *response,
     };
@@ -672,12 +719,26 @@ async fn list_or_watch(
     if let Some(denied) = api.denied(resource, verb, &ns, name.as_deref().unwrap_or("")) {
         return denied;
     }
+    let selector = match Selector::parse(query.label_selector.as_deref().unwrap_or_default()) {
+        Ok(selector) => selector,
+        Err(message) => {
+            return status(
+                resource,
+                StatusCode::BAD_REQUEST,
+                "BadRequest",
+                &message,
+                "",
+                json!({}),
+            );
+        }
+    };
     let matches = move |object: &Value| {
         object["kind"].as_str() == Some(resource.kind())
             && object["metadata"]["namespace"].as_str() == Some(ns.as_str())
             && name
                 .as_deref()
                 .is_none_or(|n| object["metadata"]["name"].as_str() == Some(n))
+            && selector.matches(&object["metadata"]["labels"])
     };
     if !watch {
         let objects = api.shared.objects();
@@ -721,8 +782,8 @@ async fn list_or_watch(
                     objects
                         .history
                         .iter()
-                        .filter(|c| c.revision > from && matches(&c.object))
-                        .map(|c| (c.kind, c.object.clone()))
+                        .filter(|c| c.revision > from)
+                        .filter_map(|c| c.seen_by(&matches))
                         .collect(),
                 )),
                 _ => None,
@@ -754,8 +815,7 @@ async fn list_or_watch(
             }
         }
     })
-    .filter(move |c| std::future::ready(c.revision > seen && matches(&c.object)))
-    .map(|c| (c.kind, c.object));
+    .filter_map(move |c| std::future::ready(c.seen_by(&matches).filter(|_| c.revision > seen)));
     let bookmarks = {
         let api = api.clone();
         let enabled = query.allow_watch_bookmarks.unwrap_or(false);

@@ -1,0 +1,126 @@
+//! Who leads, as each replica sees it ([`LeaderView`]), through a leadership change, on tokio's
+//! paused clock.
+
+use std::time::Duration;
+
+use leader_core::background::Candidate;
+use leader_core::{LeaderElector, LeaderView, MemoryStore};
+use tokio::time::sleep;
+
+const RETRY: Duration = Duration::from_secs(2);
+
+fn candidate(store: &MemoryStore, identity: &str) -> Candidate {
+    Candidate::build(
+        LeaderElector::builder(store.lock("billing", identity))
+            .name("billing")
+            .jitter(0.0),
+    )
+}
+
+#[tokio::test(start_paused = true)]
+async fn every_replica_names_the_leader_its_token_and_since_when() {
+    let store = MemoryStore::new();
+    let mut a = candidate(&store, "a");
+    let first = a.wait_leading(RETRY).await;
+    let b = candidate(&store, "b");
+    sleep(RETRY * 2).await;
+
+    let leader = a.status.view();
+    assert!(leader.leading);
+    assert_eq!(
+        (leader.name.as_str(), leader.identity.as_str()),
+        ("billing", "a")
+    );
+    assert_eq!(leader.leader.as_deref(), Some("a"));
+    assert_eq!(leader.fencing_token, Some(first));
+    let elapsed = leader.elapsed.expect("the leader knows since when");
+    assert!(
+        elapsed >= RETRY * 2 && elapsed < RETRY * 3,
+        "the leader's own monotonic time: {elapsed:?}"
+    );
+    let follower = b.status.view();
+    assert!(!follower.leading);
+    assert_eq!(follower.identity, "b");
+    assert_eq!(follower.leader.as_deref(), Some("a"));
+    assert_eq!(follower.fencing_token, Some(first));
+    assert_eq!(
+        follower.since, leader.since,
+        "one time on every replica: the record's"
+    );
+
+    // The leader steps down; the follower takes over, and each names the other.
+    a.leadership()
+        .await
+        .step_down()
+        .expect("a step-down asked for");
+    let mut b = b;
+    let second = b.wait_leading(RETRY * 3).await;
+    assert!(second > first);
+    assert_ne!(
+        a.status.view().leader.as_deref(),
+        Some("a"),
+        "a replica that released names no longer itself"
+    );
+    sleep(RETRY * 3).await;
+    let leader = b.status.view();
+    assert!(leader.leading);
+    assert_eq!(leader.leader.as_deref(), Some("b"));
+    assert_eq!(leader.fencing_token, Some(second));
+    let follower = a.status.view();
+    assert!(!follower.leading);
+    assert_eq!(follower.leader.as_deref(), Some("b"));
+    assert_eq!(follower.fencing_token, Some(second));
+    assert_eq!(follower.since, leader.since);
+
+    // A stopped replica names no one.
+    a.stop().await;
+    let b_status = b.status.clone();
+    b.stop().await;
+    let stopped = b_status.view();
+    assert!(!stopped.leading);
+    assert_eq!(
+        (stopped.leader, stopped.fencing_token, stopped.since),
+        (None, None, None)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_json_is_the_documented_one() {
+    let store = MemoryStore::new();
+    let mut a = candidate(&store, "a");
+    let token = a.wait_leading(RETRY).await;
+    sleep(Duration::from_millis(1500)).await;
+    let view = a.status.view();
+    let json = serde_json::to_value(&view).expect("serialises");
+    assert_eq!(json["name"], "billing");
+    assert_eq!(json["identity"], "a");
+    assert_eq!(json["leading"], true);
+    assert_eq!(json["leader"], "a");
+    assert_eq!(json["fencingToken"], token);
+    assert!(
+        json["since"]
+            .as_str()
+            .is_some_and(|s| chrono::DateTime::parse_from_rfc3339(s).is_ok()),
+        "{json}"
+    );
+    let elapsed = json["elapsedSeconds"].as_f64().expect("seconds");
+    assert!((1.5..2.0).contains(&elapsed), "{json}");
+    let back: LeaderView = serde_json::from_value(json).expect("reads back");
+    assert_eq!(back, view);
+
+    // Before anything is known: leader, token and times are null.
+    let lonely = Candidate::build(
+        LeaderElector::builder(MemoryStore::new().lock("billing", "z"))
+            .name("billing")
+            .retry_period(Duration::from_secs(1))
+            .renew_deadline(Duration::from_secs(2))
+            .lease_duration(Duration::from_secs(3)),
+    );
+    let json = serde_json::to_value(lonely.status.view()).expect("serialises");
+    for field in ["leader", "fencingToken", "since", "elapsedSeconds"] {
+        assert!(json[field].is_null(), "{field}: {json}");
+    }
+    assert_eq!(json["leading"], false);
+    lonely.stop().await;
+    a.stop().await;
+}

@@ -1,0 +1,320 @@
+//! The leader's own Pod labelled while it leads, so that a Service selecting the label sends
+//! traffic to the leader only.
+
+use std::fmt;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use leader_core::{Leadership, LockError};
+use serde_json::json;
+
+use crate::error::BACKEND;
+use crate::lock::client_with_timeouts;
+use crate::names;
+
+/// The label key [`PodLabel`] writes unless told otherwise; its value is the election's name.
+pub const POD_LABEL: &str = "leader-rs.io/leader";
+
+/// How long a term's end waits for the label's removal by default.
+const DEFAULT_REMOVAL_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The label on the leader's own Pod (`leader-rs.io/leader: ELECTION` by default), for a
+/// Service whose selector includes it: traffic goes to the leader only, while every replica
+/// stays ready (so rolling updates go on; see the `leader` command's README for the
+/// trade-off against readiness that follows leadership).
+///
+/// [`hold`](Self::hold) runs for one term, as an
+/// [`on_started_leading`](leader_core::LeaderElectorBuilder::on_started_leading) callback:
+///
+/// 1. Once leadership is acquired, it removes the label from every other Pod of the namespace
+///    that still carries it (a leader that crashed, or whose removal failed, left it), then
+///    labels its own Pod. Only after every other Pod is clear: never two labelled Pods by its
+///    writes. A request that fails is tried again, backing off from the retry period, while
+///    the term lasts; the term itself never waits for the label.
+/// 2. When the term ends, it removes the label from its own Pod before the term's work counts
+///    as stopped: the elector releases the lease only after that (S6), so the next leader,
+///    which labels its Pod only after it acquired the lease, finds this Pod clear. A removal
+///    that fails or does not answer within the removal timeout (default 1 s, kept below the
+///    elector's stop grace) is abandoned: the release waits that long at most, the end of the
+///    term (the work's cancellation) not at all, and the next leader removes the label before
+///    it labels its own Pod.
+///
+/// The label is routing, not fencing: endpoints follow it after the EndpointSlice controller
+/// and the proxies catch up, and a write the API server applies late (a request cut short
+/// that still lands) can leave a label the next leader's clean-up removes. Guard the leader's
+/// writes with its fencing token.
+///
+/// RBAC: `list` and `patch` on `pods` in the namespace (`deploy/kubernetes/rbac-pod-label.yaml`;
+/// a Role cannot narrow `patch` to the Pods of one Deployment, whose names are generated).
+/// Without `list` it never labels its Pod (it cannot make sure no other carries the label),
+/// and says so.
+#[derive(Clone)]
+pub struct PodLabel {
+    api: Api<Pod>,
+    namespace: String,
+    pod: String,
+    key: String,
+    value: String,
+    retry: Duration,
+    removal_timeout: Duration,
+}
+
+impl fmt::Debug for PodLabel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PodLabel")
+            .field("pod", &format_args!("{}/{}", self.namespace, self.pod))
+            .field("label", &self.selector())
+            .field("removal_timeout", &self.removal_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PodLabel {
+    /// The label `leader-rs.io/leader: ELECTION` on the Pod `pod` in `namespace`.
+    ///
+    /// # Errors
+    /// [`LockError::Misconfigured`] when the namespace, the Pod name or the election's name
+    /// (the label's value: at most 63 characters) would be refused by the API server.
+    pub fn new(
+        client: kube::Client,
+        namespace: impl Into<String>,
+        pod: impl Into<String>,
+        election: impl Into<String>,
+    ) -> Result<Self, LockError> {
+        let (namespace, pod) = (namespace.into(), pod.into());
+        if !names::is_dns_label(&namespace) || !names::is_dns_subdomain(&pod) {
+            return Err(misconfigured(format!(
+                "pod {namespace}/{pod}: not a namespace and a Pod name the API server accepts"
+            )));
+        }
+        Self {
+            api: Api::namespaced(client, &namespace),
+            namespace,
+            pod,
+            key: String::new(),
+            value: String::new(),
+            retry: Duration::from_secs(2),
+            removal_timeout: DEFAULT_REMOVAL_TIMEOUT,
+        }
+        .label(POD_LABEL, election)
+    }
+
+    /// The label of this replica's Pod from the downward API (`POD_NAME`, and `POD_NAMESPACE`
+    /// or the configuration's namespace), with a client from the environment (in-cluster, else
+    /// the kubeconfig) whose requests answer within `timeout` (such as
+    /// [`DEFAULT_REQUEST_TIMEOUT`](crate::DEFAULT_REQUEST_TIMEOUT)).
+    ///
+    /// # Errors
+    /// [`LockError::Misconfigured`] without `POD_NAME` or a Kubernetes configuration, or as
+    /// [`new`](Self::new).
+    pub async fn from_env(
+        election: impl Into<String>,
+        timeout: Duration,
+    ) -> Result<Self, LockError> {
+        let pod = std::env::var("POD_NAME").map_err(|_| {
+            misconfigured(
+                "labelling the leader's Pod needs its name in POD_NAME (the downward API's \
+                 fieldRef metadata.name)",
+            )
+        })?;
+        let config = kube::Config::infer().await.map_err(|err| {
+            misconfigured(format!(
+                "no Kubernetes configuration (in-cluster or kubeconfig): {err}"
+            ))
+        })?;
+        let namespace =
+            std::env::var("POD_NAMESPACE").unwrap_or_else(|_| config.default_namespace.clone());
+        let client = client_with_timeouts(config, timeout, timeout)?;
+        Self::new(client, namespace, pod, election)
+    }
+
+    /// Writes `key: value` instead (for a Pod that takes part in two elections, say).
+    ///
+    /// # Errors
+    /// [`LockError::Misconfigured`] when the API server would refuse the key (a qualified
+    /// name) or the value (at most 63 letters, digits, `-`, `_` and `.`).
+    pub fn label(
+        mut self,
+        key: impl Into<String>,
+        value: impl Into<String>,
+    ) -> Result<Self, LockError> {
+        let (key, value) = (key.into(), value.into());
+        if !names::is_qualified_name(&key) {
+            return Err(misconfigured(format!(
+                "{key:?} is not a label key the API server accepts (a qualified name such as \
+                 example.com/leader)"
+            )));
+        }
+        if !names::is_label_value(&value) || value.is_empty() {
+            return Err(misconfigured(format!(
+                "{value:?} is not a label value the API server accepts (1 to 63 letters, \
+                 digits, '-', '_' and '.', starting and ending with a letter or digit); name \
+                 the value the label should have"
+            )));
+        }
+        self.key = key;
+        self.value = value;
+        Ok(self)
+    }
+
+    /// The base wait between failed attempts to label the Pod while leading (default 2 s,
+    /// doubling up to eight times that).
+    #[must_use]
+    pub fn retry(mut self, retry: Duration) -> Self {
+        self.retry = retry;
+        self
+    }
+
+    /// How long the end of a term waits for the label's removal (default 1 s). Keep it well
+    /// below the elector's stop grace: the lease is released only after it.
+    #[must_use]
+    pub fn removal_timeout(mut self, timeout: Duration) -> Self {
+        self.removal_timeout = timeout;
+        self
+    }
+
+    /// The label selector of the labelled Pod, `KEY=VALUE`, for a Service's selector or
+    /// `kubectl get pods -l`.
+    pub fn selector(&self) -> String {
+        format!("{}={}", self.key, self.value)
+    }
+
+    /// Holds the label for the term of `leadership`: clears other Pods, labels this one, and
+    /// removes the label when the term ends (see the type's documentation). Returns once the
+    /// term has ended and the removal is done or abandoned; it never fails, and says what went
+    /// wrong in `tracing` warnings.
+    pub async fn hold(&self, leadership: Leadership) {
+        let token = leadership.fencing_token();
+        let mut sent = false;
+        let mut wait = self.retry;
+        let _ = leadership
+            .run(async {
+                loop {
+                    match self.clear_others().await {
+                        Ok(()) => {
+                            sent = true;
+                            match self.write(Some(&self.value)).await {
+                                Ok(()) => {
+                                    tracing::info!(
+                                        pod = %self.pod,
+                                        label = %self.selector(),
+                                        fencing_token = token,
+                                        "labelled this Pod as the leader's"
+                                    );
+                                    return;
+                                }
+                                Err(err) => self.warn("label", &err, wait),
+                            }
+                        }
+                        Err(err) => self.warn("clear", &err, wait),
+                    }
+                    tokio::time::sleep(jittered(wait)).await;
+                    wait = (wait * 2).min(self.retry * 8);
+                }
+            })
+            .await;
+        leadership.lost().await;
+        if !sent {
+            return;
+        }
+        match tokio::time::timeout(self.removal_timeout, self.write(None)).await {
+            Ok(Ok(())) => tracing::info!(
+                pod = %self.pod,
+                label = %self.selector(),
+                fencing_token = token,
+                "removed the leader's label from this Pod"
+            ),
+            Ok(Err(err)) => tracing::warn!(
+                pod = %self.pod,
+                error = %err,
+                "could not remove the leader's label from this Pod; the next leader removes it before labelling its own"
+            ),
+            Err(_) => tracing::warn!(
+                pod = %self.pod,
+                timeout = ?self.removal_timeout,
+                "the leader's label was not removed from this Pod in time; the next leader removes it before labelling its own"
+            ),
+        }
+        // Held until here: the elector releases the lease only once the removal is over.
+        drop(leadership);
+    }
+
+    fn warn(&self, what: &str, err: &LockError, retry_in: Duration) {
+        tracing::warn!(
+            pod = %self.pod,
+            label = %self.selector(),
+            error = %err,
+            ?retry_in,
+            "could not {what} the leader's Pod label; this Pod is not labelled yet"
+        );
+    }
+
+    /// Removes the label from every other Pod that carries it.
+    async fn clear_others(&self) -> Result<(), LockError> {
+        let selected = self
+            .api
+            .list(&ListParams::default().labels(&self.selector()))
+            .await
+            .map_err(|err| self.map("list", err))?;
+        for pod in selected.items {
+            let Some(name) = pod.metadata.name.filter(|name| *name != self.pod) else {
+                continue;
+            };
+            tracing::info!(pod = %name, label = %self.selector(), "removing a stale leader's label");
+            self.patch(&name, None).await?;
+        }
+        Ok(())
+    }
+
+    /// Sets (`Some`) or removes the label on this Pod.
+    async fn write(&self, value: Option<&str>) -> Result<(), LockError> {
+        self.patch(&self.pod, value).await
+    }
+
+    async fn patch(&self, pod: &str, value: Option<&str>) -> Result<(), LockError> {
+        // A merge patch of one label: `null` removes it, and a Pod without it stays as it is.
+        let patch = json!({"metadata": {"labels": {&self.key: value}}});
+        match self
+            .api
+            .patch(pod, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => Ok(()),
+            // A Pod that is gone carries no label.
+            Err(kube::Error::Api(status)) if status.is_not_found() && value.is_none() => Ok(()),
+            Err(err) => Err(self.map("patch", err)),
+        }
+    }
+
+    fn map(&self, verb: &str, err: kube::Error) -> LockError {
+        let context = format!("pods in {} (label {})", self.namespace, self.selector());
+        match err {
+            kube::Error::Api(status) if status.is_forbidden() => LockError::Forbidden {
+                backend: BACKEND,
+                message: format!(
+                    "{context}: {}; the Role needs the verbs list and patch on pods (see \
+                     deploy/kubernetes/rbac-pod-label.yaml)",
+                    status.message
+                ),
+            },
+            kube::Error::Api(status) if status.is_not_found() => misconfigured(format!(
+                "{context}: {} (is POD_NAME this Pod's name, and POD_NAMESPACE its namespace?)",
+                status.message
+            )),
+            other => crate::error::map_on("pods", &context, verb, other),
+        }
+    }
+}
+
+fn misconfigured(message: impl Into<String>) -> LockError {
+    LockError::Misconfigured {
+        backend: BACKEND,
+        message: message.into(),
+    }
+}
+
+/// `wait` plus up to a fifth more at random, so that nothing retries in lockstep.
+fn jittered(wait: Duration) -> Duration {
+    wait.mul_f64(1.0 + fastrand::f64() * 0.2)
+}
