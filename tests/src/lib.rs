@@ -82,3 +82,62 @@ impl TermEvent {
 
 /// The Postgres of `DATABASE_URL` (default: loopback), where the fenced sink lives.
 pub use leader_test_support::database_url;
+
+/// The test Kubernetes API server as a process, for end-to-end tests with real `leader`
+/// processes.
+#[derive(Debug)]
+pub struct KubeApiProcess {
+    /// The process (killed when dropped).
+    pub child: tokio::process::Child,
+    /// Its URL, `http://127.0.0.1:PORT`.
+    pub url: String,
+    /// A kubeconfig for it, for `KUBECONFIG`.
+    pub kubeconfig: std::path::PathBuf,
+}
+
+impl KubeApiProcess {
+    /// Starts `binary` (a test's `CARGO_BIN_EXE_kube-api-e2e`) with `args`, its kubeconfig
+    /// written into `dir`, and waits until it listens.
+    ///
+    /// # Panics
+    /// When it cannot be started or does not listen within 10 s.
+    pub async fn start(binary: &str, dir: &std::path::Path, args: &[&str]) -> Self {
+        use tokio::io::AsyncReadExt;
+        let kubeconfig = dir.join("kubeconfig");
+        let mut child = tokio::process::Command::new(binary)
+            .args(args)
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn the API server");
+        let mut stdout = child.stdout.take().expect("stdout");
+        let url = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+            let mut out = String::new();
+            let mut buffer = [0; 256];
+            while !out.contains('\n') {
+                let read = stdout.read(&mut buffer).await.expect("read");
+                assert!(read > 0, "the API server exited: {out}");
+                out.push_str(&String::from_utf8_lossy(&buffer[..read]));
+            }
+            out.trim().trim_start_matches("listening on ").to_owned()
+        })
+        .await
+        .expect("the API server starts");
+        Self {
+            child,
+            url,
+            kubeconfig,
+        }
+    }
+
+    /// The `KUBECONFIG` environment entry for it.
+    #[must_use]
+    pub fn env(&self) -> (String, String) {
+        (
+            "KUBECONFIG".to_owned(),
+            self.kubeconfig.display().to_string(),
+        )
+    }
+}

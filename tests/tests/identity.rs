@@ -25,7 +25,14 @@ const TIMINGS: [&str; 6] = [
     "300ms",
 ];
 
-fn leader(lock: &str, name: &str, log: &Path, stderr: &Path, extra: &[&str]) -> Child {
+fn leader(
+    lock: &str,
+    name: &str,
+    log: &Path,
+    stderr: &Path,
+    extra: &[&str],
+    env: &[(String, String)],
+) -> Child {
     Command::new(LEADER)
         .args(["run", "--lock", lock, "--name", name, "--identity", "same"])
         .args(TIMINGS)
@@ -34,6 +41,7 @@ fn leader(lock: &str, name: &str, log: &Path, stderr: &Path, extra: &[&str]) -> 
         .envs(leader_test_support::s3_env_at(
             &leader_test_support::s3_endpoint(),
         ))
+        .envs(env.iter().cloned())
         .env("JOB_LOG", log)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
@@ -46,10 +54,15 @@ fn leader(lock: &str, name: &str, log: &Path, stderr: &Path, extra: &[&str]) -> 
 /// Two processes of one identity: the first leads, and keeps its one job running; the second
 /// never starts one, says so naming the identity, and with the flag exits 8.
 async fn one_identity_one_leader(lock: &str) {
+    one_identity_one_leader_in(lock, &[]).await;
+}
+
+/// [`one_identity_one_leader`] with `env` in the processes' environment.
+async fn one_identity_one_leader_in(lock: &str, env: &[(String, String)]) {
     let dir = tempfile::tempdir().expect("tempdir");
     let log = dir.path().join("jobs.log");
     let name = format!("twins-{:08x}", fastrand::u32(..));
-    let mut first = leader(lock, &name, &log, &dir.path().join("first.err"), &[]);
+    let mut first = leader(lock, &name, &log, &dir.path().join("first.err"), &[], env);
     timeout(Duration::from_secs(20), async {
         while term_events(&log).is_empty() {
             sleep(Duration::from_millis(20)).await;
@@ -64,6 +77,7 @@ async fn one_identity_one_leader(lock: &str) {
         &log,
         &second_err,
         &["--exit-on-identity-conflict"],
+        env,
     );
     // A lease kept in the store is found alive after twice its duration, plus retries.
     let status = timeout(Duration::from_secs(30), second.wait())
@@ -78,7 +92,7 @@ async fn one_identity_one_leader(lock: &str) {
     );
     // Without the flag, a third process waits, saying so, and never runs the job meanwhile.
     let third_err = dir.path().join("third.err");
-    let mut third = leader(lock, &name, &log, &third_err, &[]);
+    let mut third = leader(lock, &name, &log, &third_err, &[], env);
     sleep(Duration::from_secs(6)).await;
     let events = term_events(&log);
     assert_eq!(
@@ -138,6 +152,16 @@ async fn one_identity_one_leader_on_object_storage() {
         return;
     };
     one_identity_one_leader(&format!("s3://{bucket}/twins-{:08x}/", fastrand::u32(..))).await;
+}
+
+/// Kubernetes, on the test API server as a stock cluster runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_identity_one_leader_on_kubernetes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server =
+        leader_tests::KubeApiProcess::start(env!("CARGO_BIN_EXE_kube-api-e2e"), dir.path(), &[])
+            .await;
+    one_identity_one_leader_in("kubernetes://default", &[server.env()]).await;
 }
 
 /// The default lock directory, as two users: `nobody` runs `leader run` first, and its

@@ -317,23 +317,8 @@ async fn kubernetes_coordinated_rolling_upgrade() {
 /// kubeconfig into `dir`; the process and the kubeconfig's path.
 async fn kube_api_server(dir: &Path, args: &[&str]) -> (Child, std::path::PathBuf) {
     const API_SERVER: &str = env!("CARGO_BIN_EXE_kube-api-e2e");
-    let kubeconfig = dir.join("kubeconfig");
-    let server = Command::new(API_SERVER)
-        .args(args)
-        .arg("--kubeconfig")
-        .arg(&kubeconfig)
-        .stdout(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn the API server");
-    timeout(Duration::from_secs(10), async {
-        while !kubeconfig.exists() {
-            sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-    .expect("the API server starts");
-    (server, kubeconfig)
+    let server = leader_tests::KubeApiProcess::start(API_SERVER, dir, args).await;
+    (server.child, server.kubeconfig)
 }
 
 /// `leader handover` with these arguments; its exit code.

@@ -262,29 +262,8 @@ async fn redis_lock_leader_and_readiness_through_handovers() {
 
 /// The test Kubernetes API server as a process, its URL and a kubeconfig for it in `dir`.
 async fn kube_api_server(dir: &Path) -> (Child, String, std::path::PathBuf) {
-    let kubeconfig = dir.join("kubeconfig");
-    let mut server = Command::new(API_SERVER)
-        .arg("--kubeconfig")
-        .arg(&kubeconfig)
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn the API server");
-    let mut stdout = server.stdout.take().expect("stdout");
-    let url = timeout(Duration::from_secs(10), async {
-        use tokio::io::AsyncReadExt;
-        let mut out = String::new();
-        let mut buffer = [0; 256];
-        while !out.contains('\n') {
-            let read = stdout.read(&mut buffer).await.expect("read");
-            assert!(read > 0, "the API server exited: {out}");
-            out.push_str(&String::from_utf8_lossy(&buffer[..read]));
-        }
-        out.trim().trim_start_matches("listening on ").to_owned()
-    })
-    .await
-    .expect("the API server starts");
-    (server, url, kubeconfig)
+    let server = leader_tests::KubeApiProcess::start(API_SERVER, dir, &[]).await;
+    (server.child, server.url, server.kubeconfig)
 }
 
 /// Every change of the set of labelled Pods, from a label-selector watch on the API server.
