@@ -41,6 +41,7 @@ mod pods;
 pub mod process;
 mod routes;
 mod selector;
+mod validation;
 
 use std::collections::{HashSet, VecDeque};
 use std::net::SocketAddr;
@@ -52,6 +53,7 @@ use serde_json::{Value, json};
 use tokio::sync::broadcast;
 
 use objects::{Change, Objects, Resource};
+use selector::Selector;
 
 /// What a test can make the server do besides keeping the contract.
 #[derive(Debug)]
@@ -354,4 +356,57 @@ users:
   user: {{}}
 "
     )
+}
+
+impl KubeApiServer {
+    /// Stores a running Pod `name` in `namespace` with `labels`, as a Deployment's ReplicaSet
+    /// would have created it (one container; `status.phase` `Running`).
+    pub fn put_pod(&self, namespace: &str, name: &str, labels: &[(&str, &str)]) {
+        let labels: serde_json::Map<String, Value> = labels
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), json!(v)))
+            .collect();
+        let pod = json!({
+            "metadata": {"name": name, "namespace": namespace, "labels": labels},
+            "spec": {"containers": [{"name": "app", "image": "app:1"}]},
+            "status": {"phase": "Running"},
+        });
+        let mut objects = self.shared.objects();
+        let key = (Resource::Pod, namespace.to_owned(), name.to_owned());
+        let change = objects.store(&key, pod);
+        self.shared.committed(&objects, change);
+    }
+
+    /// The stored Pod, if there is one.
+    #[must_use]
+    pub fn pod(&self, namespace: &str, name: &str) -> Option<Value> {
+        let key = (Resource::Pod, namespace.to_owned(), name.to_owned());
+        self.shared.objects().items.get(&key).cloned()
+    }
+
+    /// The names of the Pods in `namespace` that `selector` (a label selector, such as
+    /// `leader-rs.io/leader=billing`) selects, in name order.
+    ///
+    /// # Panics
+    /// If `selector` does not parse.
+    #[must_use]
+    pub fn pods_selected(&self, namespace: &str, selector: &str) -> Vec<String> {
+        let selector = Selector::parse(selector).expect("a valid label selector");
+        self.shared
+            .objects()
+            .items
+            .iter()
+            .filter(|((resource, ns, _), pod)| {
+                *resource == Resource::Pod
+                    && ns == namespace
+                    && selector.matches(&pod["metadata"]["labels"])
+            })
+            .map(|((_, _, name), _)| name.clone())
+            .collect()
+    }
+
+    /// Makes every Pod write (PATCH, PUT) answer after `delay`, as a busy API server would.
+    pub fn delay_pod_writes(&self, delay: Duration) {
+        self.shared.behaviour().pod_write_delay = delay;
+    }
 }

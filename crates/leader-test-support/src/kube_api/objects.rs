@@ -7,6 +7,7 @@ use std::path::Path;
 use serde_json::{Value, json};
 
 use super::pods;
+use super::validation::{Refusal, is_dns_subdomain, is_qualified_name};
 
 /// Changes kept for watches from a `resourceVersion` (the watch cache keeps a window too).
 const HISTORY: usize = 1000;
@@ -593,49 +594,6 @@ fn is_config_map_key(name: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
         && name != "."
         && name != ".."
-}
-
-/// `IsQualifiedName`: an optional prefix that is a DNS subdomain and a `/`, then a name of at
-/// most 63 letters, digits, `-`, `_` and `.` that starts and ends with a letter or digit.
-pub(crate) fn is_qualified_name(value: &str) -> bool {
-    let name = match value.split('/').collect::<Vec<_>>()[..] {
-        [name] => name,
-        [prefix, name] if is_dns_subdomain(prefix) => name,
-        _ => return false,
-    };
-    let edge = |c: char| c.is_ascii_alphanumeric();
-    !name.is_empty()
-        && name.len() <= 63
-        && name
-            .chars()
-            .all(|c| edge(c) || matches!(c, '-' | '_' | '.'))
-        && name.starts_with(edge)
-        && name.ends_with(edge)
-}
-
-/// `IsDNS1123Subdomain`: at most 253 characters, dot-separated labels of lower-case letters,
-/// digits and `-`, each starting and ending with a letter or digit
-/// (`staging/src/k8s.io/apimachinery/pkg/util/validation/validation.go`).
-pub(crate) fn is_dns_subdomain(name: &str) -> bool {
-    name.len() <= 253 && name.split('.').all(is_dns_label_text)
-}
-
-/// A label of `IsDNS1123Label`, without its 63-character limit (which subdomains do not apply).
-fn is_dns_label_text(label: &str) -> bool {
-    let alnum = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
-    !label.is_empty()
-        && label.chars().all(|c| alnum(c) || c == '-')
-        && label.starts_with(alnum)
-        && label.ends_with(alnum)
-}
-
-/// Why a write is refused before it reaches the store.
-#[derive(Debug)]
-pub(crate) enum Refusal {
-    /// 400 `BadRequest`: the body does not decode as a Lease.
-    BadRequest(String),
-    /// 422 `Invalid`: it decodes and fails validation.
-    Invalid(String),
 }
 
 #[cfg(test)]

@@ -23,13 +23,11 @@
 //! Not served: the `status`, `binding`, `eviction`, `exec` and other subresources, and graceful
 //! deletion (a DELETE removes the Pod at once, as for a Pod never scheduled).
 
-use std::time::Duration;
-
 use serde_json::{Value, json};
 
-use super::KubeApiServer;
-use super::objects::{Refusal, Resource, is_dns_subdomain, is_qualified_name};
-use super::selector::{LABEL_VALUE, QUALIFIED_NAME, Selector, is_label_value};
+use super::validation::{
+    LABEL_VALUE, QUALIFIED_NAME, Refusal, is_dns_subdomain, is_label_value, is_qualified_name,
+};
 
 /// Decodes a Pod's metadata: labels must be a map of strings.
 pub(crate) fn decode(object: &mut Value) -> Result<(), Refusal> {
@@ -103,57 +101,4 @@ pub(crate) fn admit(object: &mut Value, name: &str, old: Option<&Value>) -> Vec<
         }
     }
     errors
-}
-
-impl KubeApiServer {
-    /// Stores a running Pod `name` in `namespace` with `labels`, as a Deployment's ReplicaSet
-    /// would have created it (one container; `status.phase` `Running`).
-    pub fn put_pod(&self, namespace: &str, name: &str, labels: &[(&str, &str)]) {
-        let labels: serde_json::Map<String, Value> = labels
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), json!(v)))
-            .collect();
-        let pod = json!({
-            "metadata": {"name": name, "namespace": namespace, "labels": labels},
-            "spec": {"containers": [{"name": "app", "image": "app:1"}]},
-            "status": {"phase": "Running"},
-        });
-        let mut objects = self.shared.objects();
-        let key = (Resource::Pod, namespace.to_owned(), name.to_owned());
-        let change = objects.store(&key, pod);
-        self.shared.committed(&objects, change);
-    }
-
-    /// The stored Pod, if there is one.
-    #[must_use]
-    pub fn pod(&self, namespace: &str, name: &str) -> Option<Value> {
-        let key = (Resource::Pod, namespace.to_owned(), name.to_owned());
-        self.shared.objects().items.get(&key).cloned()
-    }
-
-    /// The names of the Pods in `namespace` that `selector` (a label selector, such as
-    /// `leader-rs.io/leader=billing`) selects, in name order.
-    ///
-    /// # Panics
-    /// If `selector` does not parse.
-    #[must_use]
-    pub fn pods_selected(&self, namespace: &str, selector: &str) -> Vec<String> {
-        let selector = Selector::parse(selector).expect("a valid label selector");
-        self.shared
-            .objects()
-            .items
-            .iter()
-            .filter(|((resource, ns, _), pod)| {
-                *resource == Resource::Pod
-                    && ns == namespace
-                    && selector.matches(&pod["metadata"]["labels"])
-            })
-            .map(|((_, _, name), _)| name.clone())
-            .collect()
-    }
-
-    /// Makes every Pod write (PATCH, PUT) answer after `delay`, as a busy API server would.
-    pub fn delay_pod_writes(&self, delay: Duration) {
-        self.shared.behaviour().pod_write_delay = delay;
-    }
 }

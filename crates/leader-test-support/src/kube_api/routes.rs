@@ -15,8 +15,9 @@ use tokio::sync::broadcast;
 
 use super::KubeApiServer;
 use super::fields;
-use super::objects::{Key, Objects, Refusal, Resource, admit, decode};
+use super::objects::{Key, Objects, Resource, admit, decode};
 use super::selector::Selector;
+use super::validation::Refusal;
 
 /// The API group a request's path names: `coordination.k8s.io` under `/apis`, the core group
 /// (`""`) under `/api`.

@@ -4,7 +4,7 @@
 
 use serde_json::Value;
 
-use super::objects::is_qualified_name;
+use super::validation::{LABEL_VALUE, QUALIFIED_NAME, is_label_value, is_qualified_name};
 
 /// A parsed label selector; the empty one selects everything.
 #[derive(Clone, Debug, Default)]
@@ -116,26 +116,6 @@ impl Requirement {
             values,
         })
     }
-}
-
-/// `IsQualifiedName`'s message.
-pub(crate) const QUALIFIED_NAME: &str = "name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]') with an optional DNS subdomain prefix and '/' (e.g. 'example.com/MyName')";
-
-/// `IsValidLabelValue`'s message.
-pub(crate) const LABEL_VALUE: &str = "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyValue',  or 'my_value',  or '12345', regex used for validation is '(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?'), at most 63 characters";
-
-/// `IsValidLabelValue` (`staging/src/k8s.io/apimachinery/pkg/util/validation/validation.go`):
-/// empty, or at most 63 letters, digits, `-`, `_` and `.` that start and end with a letter or
-/// digit.
-pub(crate) fn is_label_value(value: &str) -> bool {
-    let edge = |c: char| c.is_ascii_alphanumeric();
-    value.is_empty()
-        || (value.len() <= 63
-            && value
-                .chars()
-                .all(|c| edge(c) || matches!(c, '-' | '_' | '.'))
-            && value.starts_with(edge)
-            && value.ends_with(edge))
 }
 
 /// Splits at the commas outside parentheses.
