@@ -99,6 +99,51 @@ ensure_etcd() {
   wait_port 127.0.0.1 2379 etcd
 }
 
+# A three-member etcd cluster on loopback, as users run etcd so that one member can fail: client
+# ports 22379, 22381 and 22383 (peers on the next port up), data in temporary directories.
+# scripts/test runs the etcd tests on it (ETCD_CLUSTER_ENDPOINTS).
+ETCD_CLUSTER_PORTS=(22379 22381 22383)
+ETCD_CLUSTER_ENDPOINTS_DEFAULT="http://127.0.0.1:22379,http://127.0.0.1:22381,http://127.0.0.1:22383"
+
+ensure_etcd_cluster() {
+  local port all_up=1
+  for port in "${ETCD_CLUSTER_PORTS[@]}"; do
+    port_open 127.0.0.1 "$port" || all_up=0
+  done
+  if [ "$all_up" = 1 ]; then return 0; fi
+  command -v etcd >/dev/null 2>&1 || { log "installing etcd-server"; apt_install etcd-server; }
+  local initial="" i
+  for i in 0 1 2; do
+    initial+="${initial:+,}cluster-m$i=http://127.0.0.1:$((ETCD_CLUSTER_PORTS[i] + 1))"
+  done
+  local token="leader-tests-$(date +%s)-$$"
+  for i in 0 1 2; do
+    port=${ETCD_CLUSTER_PORTS[i]}
+    if port_open 127.0.0.1 "$port"; then continue; fi
+    local data
+    data=$(mktemp -d "/tmp/leader-etcd-cluster-m$i.XXXXXX")
+    log "starting etcd cluster member m$i on 127.0.0.1:$port (data in $data)"
+    ETCD_UNSUPPORTED_ARCH="${ETCD_UNSUPPORTED_ARCH:-arm64}" setsid nohup etcd --name "cluster-m$i" \
+      --data-dir "$data" \
+      --listen-client-urls "http://127.0.0.1:$port" --advertise-client-urls "http://127.0.0.1:$port" \
+      --listen-peer-urls "http://127.0.0.1:$((port + 1))" \
+      --initial-advertise-peer-urls "http://127.0.0.1:$((port + 1))" \
+      --initial-cluster "$initial" --initial-cluster-token "$token" --initial-cluster-state new \
+      >"$data/etcd.log" 2>&1 < /dev/null &
+  done
+  for port in "${ETCD_CLUSTER_PORTS[@]}"; do
+    wait_port 127.0.0.1 "$port" "etcd cluster member"
+  done
+  # Members listen before they have elected a leader: wait for one (/health says so).
+  for _ in $(seq 1 60); do
+    if curl -sf "http://127.0.0.1:${ETCD_CLUSTER_PORTS[0]}/health" | grep -q '"health":"true"'; then
+      return 0
+    fi
+    sleep 0.5
+  done
+  log "the etcd cluster elected no leader"; return 1
+}
+
 # An S3 API server on loopback for the object storage lock: moto's, from PyPI (pinned), which
 # keeps If-Match / If-None-Match on PutObject (412 on a lost precondition) and If-None-Match on
 # GetObject (304). Its data is in memory: a restart empties it.

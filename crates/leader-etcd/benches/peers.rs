@@ -52,7 +52,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
         .and_then(|n| n.parse().ok())
         .unwrap_or(200);
     let store = EtcdStore::connect([endpoint.as_str()]).await?;
-    let mut client = store.client();
+    let mut client = store.client().await.expect("etcd client");
     let tag = format!("{:08x}", fastrand::u32(..));
 
     // 1. Renewal: ours by the holder, against a keep-alive of an election session's lease.

@@ -47,7 +47,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
         (bench::etcd_messages_received(&endpoint)? - start) as f64 / N as f64;
 
     // 3. Latency against a raw linearizable get of the same key, on the same client.
-    let mut client = store.client();
+    let mut client = store.client().await.expect("etcd client");
     let (mut t_get, mut t_renew) = (Vec::new(), Vec::new());
     for _ in 0..ROUNDS {
         for _ in 0..PER_ROUND {

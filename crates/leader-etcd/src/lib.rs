@@ -5,6 +5,7 @@
 mod error;
 mod lease;
 mod lock;
+mod members;
 mod queue;
 mod seen;
 mod store;

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use etcd_client::{
-    Client, Compare, CompareOp, GetOptions, GetResponse, KeyValue, PutOptions, Txn, TxnOp,
-    TxnOpResponse, TxnResponse,
+    Compare, CompareOp, GetOptions, GetResponse, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse,
+    TxnResponse,
 };
 use leader_core::{
     Acquisition, ChangeStream, LeaderElectionRecord, LockError, Observed, ResourceLock, Version,
@@ -18,6 +18,7 @@ use tokio::sync::Mutex;
 
 use crate::error::{BACKEND, map};
 use crate::lease::{KeptLease, ttl};
+use crate::members::Members;
 use crate::queue::{Prepared, Successor};
 use crate::seen::{RecordSeen, Seen, Takeover};
 use crate::store::EtcdStore;
@@ -96,6 +97,10 @@ struct Term {
     token: u64,
     /// The revision of this term's last write of the record.
     written: i64,
+    /// The record of this term's last write whose outcome is unknown (its answer was lost):
+    /// the next full renewal also succeeds if the key still holds exactly that, on this
+    /// term's lease, which only that write can have left.
+    unconfirmed: Option<Vec<u8>>,
     /// What the term's watch of the key has seen.
     watch: TermWatch,
 }
@@ -206,7 +211,7 @@ impl ResourceLock for EtcdLock {
                 && current.written == expected
                 && current.watch.clean(expected)
             {
-                return match current.lease.keep_alive().await {
+                return match current.lease.keep_alive(&self.store).await {
                     Ok(true) => Ok(Observed {
                         record: record.clone(),
                         version: version.clone(),
@@ -237,7 +242,7 @@ impl ResourceLock for EtcdLock {
             // trip, when due).
             let keep = async {
                 if let Some(p) = prepared.as_mut().filter(|_| due) {
-                    let _ = p.lease.keep_alive().await;
+                    let _ = p.lease.keep_alive(&self.store).await;
                 }
             };
             let (current, ()) = tokio::join!(self.read(), keep);
@@ -272,7 +277,7 @@ impl ResourceLock for EtcdLock {
             // The lease granted in advance is kept alive in the same round trip: its TTL then
             // runs from after this attempt began, so it outlasts the elector's renew deadline
             // as a fresh lease would (S3).
-            let (kept, response) = tokio::join!(ready.lease.keep_alive(), self.txn(txn));
+            let (kept, response) = tokio::join!(ready.lease.keep_alive(&self.store), self.txn(txn));
             let response = response?;
             if response.succeeded() {
                 let Some(taken) = prepared.take() else {
@@ -281,7 +286,7 @@ impl ResourceLock for EtcdLock {
                 if !kept.unwrap_or(false) {
                     // Taken on a lease that may run out early: give it up (the key goes with
                     // it) rather than lead on it.
-                    taken.lease.revoke_later(&self.store.inner.client);
+                    taken.lease.revoke_later(&self.store);
                     return Err(LockError::unavailable(
                         BACKEND,
                         "the lease granted in advance could not be kept alive".to_owned(),
@@ -305,9 +310,13 @@ impl ResourceLock for EtcdLock {
     }
 
     async fn watch(&self) -> Result<Option<ChangeStream>, LockError> {
+        let key = self.key.as_str();
         let stream = self
-            .client()
-            .watch(self.key.as_str(), None)
+            .members()
+            .call(
+                true,
+                |mut client| async move { client.watch(key, None).await },
+            )
             .await
             .map_err(|err| map(&self.context(), err))?;
         Ok(Some(changes(
@@ -326,8 +335,10 @@ impl ResourceLock for EtcdLock {
             return Ok(None);
         }
         let response = self
-            .client()
-            .lease_time_to_live(lease, None)
+            .members()
+            .call(true, |mut client| async move {
+                client.lease_time_to_live(lease, None).await
+            })
             .await
             .map_err(|err| map(&self.context(), err))?;
         Ok(u64::try_from(response.ttl()).ok().map(Duration::from_secs))
@@ -337,7 +348,13 @@ impl ResourceLock for EtcdLock {
     /// it, so no release hands the lease to a candidate that stopped.
     async fn close(&self) {
         if let Some(prepared) = self.prepared.lock().await.take() {
-            let _ = self.client().lease_revoke(prepared.lease.id).await;
+            let lease = prepared.lease.id;
+            let _ = self
+                .members()
+                .call(true, |mut client| async move {
+                    client.lease_revoke(lease).await
+                })
+                .await;
         }
     }
 
@@ -355,17 +372,32 @@ impl EtcdLock {
         format!("{} key {}", self.store.inner.endpoints, self.key)
     }
 
-    fn client(&self) -> Client {
-        self.store.inner.client.clone()
+    fn members(&self) -> &Members {
+        &self.store.inner.members
     }
 
     fn seen(&self) -> std::sync::MutexGuard<'_, Seen> {
         self.seen.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// A transaction that writes: sent once, to the member the store talks to (a write whose
+    /// outcome is unknown is not repeated; the elector's next attempt goes to the next member
+    /// if this one failed).
     async fn txn(&self, txn: Txn) -> Result<TxnResponse, LockError> {
-        self.client()
-            .txn(txn)
+        self.send(false, txn).await
+    }
+
+    /// A transaction that only reads: sent to the next member at once if this one fails.
+    async fn read_txn(&self, txn: Txn) -> Result<TxnResponse, LockError> {
+        self.send(true, txn).await
+    }
+
+    async fn send(&self, repeatable: bool, txn: Txn) -> Result<TxnResponse, LockError> {
+        self.members()
+            .call(repeatable, |mut client| {
+                let txn = txn.clone();
+                async move { client.txn(txn).await }
+            })
             .await
             .map_err(|err| map(&self.context(), err))
     }
@@ -398,7 +430,7 @@ impl EtcdLock {
     }
 
     async fn read(&self) -> Result<Option<(Observed, i64)>, LockError> {
-        let response = self.txn(Txn::new().and_then(self.gets())).await?;
+        let response = self.read_txn(Txn::new().and_then(self.gets())).await?;
         let (record, fence) = split_gets(&response);
         self.decode(record, fence)
     }
@@ -452,11 +484,11 @@ impl EtcdLock {
             .as_ref()
             .is_some_and(|p| p.lease.ttl != ttl || p.lease.alive_since.elapsed() >= period);
         if replace && let Some(old) = prepared.take() {
-            old.lease.revoke_later(&self.store.inner.client);
+            old.lease.revoke_later(&self.store);
         }
         if prepared.is_none() {
             let registered =
-                Prepared::register(&mut self.client(), &self.candidate, desired.lease_duration)
+                Prepared::register(&self.store, &self.candidate, desired.lease_duration)
                     .await
                     .map_err(|err| map(&self.context(), err))?;
             *prepared = Some(registered);
@@ -562,7 +594,7 @@ impl EtcdLock {
     ) -> Observed {
         let token = token_of(wanted.to_string().as_bytes(), revision);
         let watch = TermWatch::start(
-            self.client(),
+            self.store.clone(),
             self.key.clone(),
             self.candidates.clone(),
             revision,
@@ -584,10 +616,11 @@ impl EtcdLock {
             lease,
             token,
             written: revision,
+            unconfirmed: None,
             watch,
         });
         if let Some(previous) = previous {
-            previous.lease.revoke_later(&self.store.inner.client);
+            previous.lease.revoke_later(&self.store);
         }
         Observed {
             record: LeaderElectionRecord {
@@ -604,7 +637,7 @@ impl EtcdLock {
         condition: Compare,
         record: &LeaderElectionRecord,
     ) -> Result<Observed, LockError> {
-        let lease = KeptLease::grant(&mut self.client(), record.lease_duration)
+        let lease = KeptLease::grant(&self.store, record.lease_duration)
             .await
             .map_err(|err| map(&self.context(), err))?;
         let wanted = record.leader_transitions.max(1);
@@ -616,7 +649,7 @@ impl EtcdLock {
                 .begin_term(lease, record, revision_of(&response), wanted)
                 .await),
             other => {
-                lease.revoke_later(&self.store.inner.client);
+                lease.revoke_later(&self.store);
                 Err(other.err().unwrap_or_else(conflict))
             }
         }
@@ -635,20 +668,47 @@ impl EtcdLock {
             .as_mut()
             .filter(|t| t.token == record.leader_transitions)?;
         let lease = current.lease.id;
-        let txn = Txn::new()
+        let json = record.to_json();
+        let put = || {
+            TxnOp::put(
+                self.key.as_str(),
+                json.clone(),
+                Some(PutOptions::new().with_lease(lease)),
+            )
+        };
+        let mut txn = Txn::new()
             .when([
                 Compare::mod_revision(self.key.as_str(), CompareOp::Equal, version),
                 Compare::lease(self.key.as_str(), CompareOp::Equal, lease),
             ])
-            .and_then([TxnOp::put(
-                self.key.as_str(),
-                record.to_json(),
-                Some(PutOptions::new().with_lease(lease)),
-            )]);
-        let (kept, written) = tokio::join!(current.lease.keep_alive(), self.txn(txn));
+            .and_then([put()]);
+        if let Some(unconfirmed) = current.unconfirmed.take() {
+            // The last write's answer was lost (its member failed) but it may have been
+            // applied: then the key holds exactly it, on this term's lease.
+            let applied = Txn::new()
+                .when([
+                    Compare::lease(self.key.as_str(), CompareOp::Equal, lease),
+                    Compare::value(self.key.as_str(), CompareOp::Equal, unconfirmed),
+                ])
+                .and_then([put()]);
+            txn = txn.or_else([TxnOp::txn(applied)]);
+        }
+        let (kept, written) = tokio::join!(current.lease.keep_alive(&self.store), self.txn(txn));
+        let succeeded = |response: &TxnResponse| {
+            response.succeeded()
+                || response.op_responses().into_iter().any(|op| match op {
+                    TxnOpResponse::Txn(inner) => inner.succeeded(),
+                    _ => false,
+                })
+        };
         let result = match (kept, written) {
-            (_, Err(err)) => Err(err),
-            (Ok(true), Ok(written)) if written.succeeded() => {
+            (_, Err(err)) => {
+                if matches!(err, LockError::Unavailable { .. }) {
+                    current.unconfirmed = Some(json);
+                }
+                Err(err)
+            }
+            (Ok(true), Ok(written)) if succeeded(&written) => {
                 current.written = revision_of(&written);
                 Ok(Observed {
                     record: record.clone(),
@@ -712,7 +772,7 @@ impl EtcdLock {
         }
         let revision = revision_of(&response);
         if let Some(term) = term {
-            term.lease.revoke_later(&self.store.inner.client);
+            term.lease.revoke_later(&self.store);
         }
         let inner_handed = response.op_responses().into_iter().any(|op| match op {
             TxnOpResponse::Txn(inner) => inner.succeeded(),
@@ -757,10 +817,13 @@ impl EtcdLock {
             // checks that the candidate still waits on that lease, and frees the lease
             // otherwise.
             None => {
-                let options = GetOptions::new().with_prefix().with_serializable();
+                let prefix = self.candidates.as_str();
                 let read = self
-                    .client()
-                    .get(self.candidates.as_str(), Some(options))
+                    .members()
+                    .call(true, |mut client| async move {
+                        let options = GetOptions::new().with_prefix().with_serializable();
+                        client.get(prefix, Some(options)).await
+                    })
                     .await
                     .ok()?;
                 Successor::all_in(&self.candidates, &read).collect()

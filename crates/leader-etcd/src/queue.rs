@@ -5,10 +5,11 @@ use std::fmt;
 use std::time::Duration;
 
 use chrono::Utc;
-use etcd_client::{Client, Compare, CompareOp, GetResponse, KeyValue, PutOptions, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, GetResponse, KeyValue, PutOptions, Txn, TxnOp};
 use leader_core::LeaderElectionRecord;
 
 use crate::lease::KeptLease;
+use crate::store::EtcdStore;
 
 /// A follower's etcd lease, granted in advance for its next acquisition, on which it waits as a
 /// candidate.
@@ -20,14 +21,25 @@ impl Prepared {
     /// A lease for `lease_duration`, registered on as the waiting candidate `key` (the
     /// registration is best effort: without it, a release just frees the lease).
     pub(crate) async fn register(
-        client: &mut Client,
+        store: &EtcdStore,
         key: &str,
         lease_duration: Duration,
     ) -> Result<Self, etcd_client::Error> {
-        let lease = KeptLease::grant(client, lease_duration).await?;
+        let lease = KeptLease::grant(store, lease_duration).await?;
         let millis = lease_duration.as_millis().to_string();
-        let options = PutOptions::new().with_lease(lease.id);
-        if let Err(err) = client.put(key, millis, Some(options)).await {
+        let id = lease.id;
+        let put = store
+            .inner
+            .members
+            .call(true, |mut client| {
+                let (key, millis) = (key.to_owned(), millis.clone());
+                async move {
+                    let options = PutOptions::new().with_lease(id);
+                    client.put(key, millis, Some(options)).await
+                }
+            })
+            .await;
+        if let Err(err) = put {
             tracing::debug!(error = %err, "could not register as a waiting candidate");
         }
         Ok(Self { lease })

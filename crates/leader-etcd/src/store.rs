@@ -8,6 +8,7 @@ use etcd_client::{Client, ConnectOptions, TlsOptions};
 use leader_core::LockError;
 
 use crate::error::map;
+use crate::members::Members;
 
 /// The default key prefix.
 pub const DEFAULT_PREFIX: &str = "leader/";
@@ -20,6 +21,7 @@ pub struct EtcdStoreBuilder {
     user: Option<(String, String)>,
     tls: Option<TlsOptions>,
     timeout: Duration,
+    member_timeout: Duration,
 }
 
 impl fmt::Debug for EtcdStoreBuilder {
@@ -29,6 +31,8 @@ impl fmt::Debug for EtcdStoreBuilder {
             .field("prefix", &self.prefix)
             .field("user", &self.user.as_ref().map(|(user, _)| user))
             .field("tls", &self.tls.is_some())
+            .field("timeout", &self.timeout)
+            .field("member_timeout", &self.member_timeout)
             .finish()
     }
 }
@@ -61,12 +65,35 @@ impl EtcdStoreBuilder {
         self
     }
 
-    /// Connects to the cluster (authenticating, when a user is set).
+    /// With several members: how long a request waits for the member it went to before the
+    /// lock gives up on that member and moves on to the next (default 1 s). A keep-alive or a
+    /// read is sent to the next member at once; a write whose outcome is unknown is not, and
+    /// the elector's next attempt, a retry period later, goes to the next member. So a frozen,
+    /// cut-off or restarting member costs the leader at most about this long plus a retry
+    /// period: keep it well under the renew deadline (a third of it, or less). With one
+    /// endpoint (a load balancer, say) a request waits the whole [`timeout`](Self::timeout).
+    pub fn member_timeout(mut self, member_timeout: Duration) -> Self {
+        self.member_timeout = member_timeout;
+        self
+    }
+
+    /// Connects to the cluster (authenticating, when a user is set): one client per member,
+    /// connected when first used, and the lock talks to one member at a time (see
+    /// [`member_timeout`](Self::member_timeout)).
     pub async fn build(self) -> Result<EtcdStore, LockError> {
         let context = self.endpoints.join(",");
+        if self.endpoints.is_empty() {
+            return Err(LockError::Misconfigured {
+                backend: crate::error::BACKEND,
+                message: "no etcd endpoint".to_owned(),
+            });
+        }
+        // A member without a raft leader (cut off from the others) fails requests and watches
+        // at once with `etcdserver: no leader` instead of letting them hang.
         let mut options = ConnectOptions::new()
             .with_connect_timeout(self.timeout)
             .with_timeout(self.timeout)
+            .with_require_leader(true)
             .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5));
         if let Some((user, password)) = &self.user {
             options = options.with_user(user, password);
@@ -77,12 +104,19 @@ impl EtcdStoreBuilder {
         } else if https {
             options = options.with_tls(TlsOptions::new().with_webpki_roots());
         }
-        let client = Client::connect(&self.endpoints, Some(options))
+        let member_timeout = if self.endpoints.len() > 1 {
+            self.member_timeout.min(self.timeout)
+        } else {
+            self.timeout
+        };
+        let members = Members::new(&self.endpoints, options, member_timeout);
+        members
+            .current_client()
             .await
             .map_err(|err| map(&context, err))?;
         Ok(EtcdStore {
             inner: Arc::new(Inner {
-                client,
+                members,
                 endpoints: context,
                 prefix: self.prefix,
             }),
@@ -90,15 +124,16 @@ impl EtcdStoreBuilder {
     }
 }
 
-/// An etcd cluster holding elections: make [`EtcdLock`](crate::EtcdLock)s from it. Cheap to clone; its locks share
-/// one client (gRPC connections balanced over the endpoints).
+/// An etcd cluster holding elections: make [`EtcdLock`](crate::EtcdLock)s from it. Cheap to
+/// clone; its locks share one client per member, and talk to one member at a time, moving on to
+/// the next when it does not answer in time (see [`EtcdStoreBuilder::member_timeout`]).
 #[derive(Clone)]
 pub struct EtcdStore {
     pub(crate) inner: Arc<Inner>,
 }
 
 pub(crate) struct Inner {
-    pub(crate) client: Client,
+    pub(crate) members: Members,
     pub(crate) endpoints: String,
     pub(crate) prefix: String,
 }
@@ -124,6 +159,7 @@ impl EtcdStore {
             user: None,
             tls: None,
             timeout: Duration::from_secs(5),
+            member_timeout: Duration::from_secs(1),
         }
     }
 
@@ -134,8 +170,16 @@ impl EtcdStore {
         Self::builder(endpoints).build().await
     }
 
-    /// The client, for requests of your own.
-    pub fn client(&self) -> Client {
-        self.inner.client.clone()
+    /// A client of the member the store talks to now, for requests of your own.
+    ///
+    /// # Errors
+    /// No member could be connected to.
+    pub async fn client(&self) -> Result<Client, LockError> {
+        self.inner
+            .members
+            .current_client()
+            .await
+            .map(|(_, client)| client)
+            .map_err(|err| map(&self.inner.endpoints, err))
     }
 }

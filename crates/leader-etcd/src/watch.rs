@@ -12,6 +12,7 @@ use leader_core::{ChangeStream, LeaderElectionRecord};
 use crate::error::BACKEND;
 use crate::queue::Successor;
 use crate::seen::Seen;
+use crate::store::EtcdStore;
 
 /// The holder's watch of its own key and of the waiting candidates: the highest revision of
 /// any event on the key, whether the watch runs, and the candidates as last reported. A renewal
@@ -27,64 +28,65 @@ pub(crate) struct TermWatch {
 
 impl TermWatch {
     /// Watches `key` from `revision + 1`, and the candidates under `prefix` from a read of
-    /// them, in the background, on one watch stream.
-    pub(crate) fn start(mut client: Client, key: String, prefix: String, revision: i64) -> Self {
+    /// them, in the background, on one watch stream to the member the store talks to. When the
+    /// stream fails, or the store moved to another member (this one did not answer a request in
+    /// time: it may be frozen or cut off, and its watch silent), the watch starts again on the
+    /// member the store talks to now, from the revision after the last event it saw.
+    pub(crate) fn start(store: EtcdStore, key: String, prefix: String, revision: i64) -> Self {
         let latest = Arc::new(AtomicI64::new(revision));
         let healthy = Arc::new(AtomicBool::new(false));
         let waiting = Arc::new(Mutex::new(None));
         let task = tokio::spawn({
             let (latest, healthy, waiting) = (latest.clone(), healthy.clone(), waiting.clone());
             async move {
-                let options = WatchOptions::new().with_start_revision(revision + 1);
-                let Ok(mut stream) = client.watch(key.as_str(), Some(options)).await else {
-                    return;
-                };
-                healthy.store(true, Ordering::Release);
-                let known = |read: &GetResponse| -> HashMap<String, Successor> {
-                    Successor::all_in(&prefix, read)
-                        .map(|c| (c.identity.clone(), c))
-                        .collect()
-                };
-                // The candidates as read, then every change after that read.
-                if let Ok(read) = client
-                    .get(prefix.as_str(), Some(GetOptions::new().with_prefix()))
-                    .await
-                {
-                    let from = read.header().map_or(0, |h| h.revision()) + 1;
-                    let options = WatchOptions::new().with_prefix().with_start_revision(from);
-                    if stream.watch(prefix.as_str(), Some(options)).await.is_ok() {
-                        *waiting.lock().unwrap_or_else(|e| e.into_inner()) = Some(known(&read));
-                    }
-                }
-                while let Ok(Some(message)) = stream.message().await {
-                    if message.canceled() || message.compact_revision() > 0 {
-                        break;
-                    }
-                    for event in message.events() {
-                        let Some(kv) = event.kv() else { continue };
-                        if kv.key() == key.as_bytes() {
-                            latest.fetch_max(kv.mod_revision(), Ordering::AcqRel);
-                            continue;
+                let members = &store.inner.members;
+                let mut resume = revision + 1;
+                loop {
+                    let index = members.current();
+                    let from = resume.max(latest.load(Ordering::Acquire) + 1);
+                    let outcome = match members.client(index).await {
+                        Ok(client) => {
+                            watch_term(
+                                client,
+                                (&key, &prefix),
+                                from,
+                                (&latest, &healthy, &waiting),
+                                || members.current() != index,
+                            )
+                            .await
                         }
-                        let mut waiting = waiting.lock().unwrap_or_else(|e| e.into_inner());
-                        let (Some(waiting), Some(identity)) = (
-                            waiting.as_mut(),
-                            kv.key_str().ok().and_then(|k| k.strip_prefix(&prefix)),
-                        ) else {
-                            continue;
-                        };
-                        match Successor::registered(&prefix, kv) {
-                            Some(candidate) if event.event_type() == EventType::Put => {
-                                waiting.insert(identity.to_owned(), candidate);
-                            }
-                            _ => {
-                                waiting.remove(identity);
+                        Err(_) => Ended::Failed,
+                    };
+                    healthy.store(false, Ordering::Release);
+                    *waiting.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                    match outcome {
+                        // The revisions it needs are compacted away: what they did to the key
+                        // is in its last write, read now; the watch goes on after that read.
+                        Ended::Compacted => {
+                            match members
+                                .call(true, |mut client| {
+                                    let key = key.clone();
+                                    async move { client.get(key, None).await }
+                                })
+                                .await
+                            {
+                                Ok(read) => {
+                                    let at = read.header().map_or(0, |h| h.revision());
+                                    let written =
+                                        read.kvs().first().map_or(at, |kv| kv.mod_revision());
+                                    latest.fetch_max(written, Ordering::AcqRel);
+                                    resume = at + 1;
+                                }
+                                Err(_) => tokio::time::sleep(members.member_timeout()).await,
                             }
                         }
+                        Ended::Failed => {
+                            members.skip(index);
+                            tokio::time::sleep(members.member_timeout() / 4).await;
+                        }
+                        Ended::Moved => {}
                     }
                 }
-                healthy.store(false, Ordering::Release);
-                *waiting.lock().unwrap_or_else(|e| e.into_inner()) = None;
             }
         })
         .abort_handle();
@@ -111,6 +113,98 @@ impl TermWatch {
 impl Drop for TermWatch {
     fn drop(&mut self) {
         self.task.abort();
+    }
+}
+
+/// How a term watch on one member ended.
+enum Ended {
+    /// The stream failed or ended.
+    Failed,
+    /// The store moved to another member.
+    Moved,
+    /// The watch's start revision was compacted.
+    Compacted,
+}
+
+type Shared<'a> = (
+    &'a AtomicI64,
+    &'a AtomicBool,
+    &'a Mutex<Option<HashMap<String, Successor>>>,
+);
+
+/// One term watch on `client`'s member, from revision `from`, until it fails or `moved` says the
+/// store talks to another member now (checked every half second, so that a silent stream on a
+/// frozen member is given up).
+async fn watch_term(
+    mut client: Client,
+    (key, prefix): (&str, &str),
+    from: i64,
+    (latest, healthy, waiting): Shared<'_>,
+    moved: impl Fn() -> bool,
+) -> Ended {
+    let options = WatchOptions::new().with_start_revision(from);
+    let Ok(mut stream) = client.watch(key, Some(options)).await else {
+        return Ended::Failed;
+    };
+    healthy.store(true, Ordering::Release);
+    let known = |read: &GetResponse| -> HashMap<String, Successor> {
+        Successor::all_in(prefix, read)
+            .map(|c| (c.identity.clone(), c))
+            .collect()
+    };
+    // The candidates as read, then every change after that read.
+    if let Ok(read) = client
+        .get(prefix, Some(GetOptions::new().with_prefix()))
+        .await
+    {
+        let from = read.header().map_or(0, |h| h.revision()) + 1;
+        let options = WatchOptions::new().with_prefix().with_start_revision(from);
+        if stream.watch(prefix, Some(options)).await.is_ok() {
+            *waiting.lock().unwrap_or_else(|e| e.into_inner()) = Some(known(&read));
+        }
+    }
+    let mut check = tokio::time::interval(std::time::Duration::from_millis(500));
+    loop {
+        let message = tokio::select! {
+            message = stream.message() => message,
+            _ = check.tick() => {
+                if moved() {
+                    return Ended::Moved;
+                }
+                continue;
+            }
+        };
+        let Ok(Some(message)) = message else {
+            return Ended::Failed;
+        };
+        if message.compact_revision() > 0 {
+            return Ended::Compacted;
+        }
+        if message.canceled() {
+            return Ended::Failed;
+        }
+        for event in message.events() {
+            let Some(kv) = event.kv() else { continue };
+            if kv.key() == key.as_bytes() {
+                latest.fetch_max(kv.mod_revision(), Ordering::AcqRel);
+                continue;
+            }
+            let mut waiting = waiting.lock().unwrap_or_else(|e| e.into_inner());
+            let (Some(waiting), Some(identity)) = (
+                waiting.as_mut(),
+                kv.key_str().ok().and_then(|k| k.strip_prefix(prefix)),
+            ) else {
+                continue;
+            };
+            match Successor::registered(prefix, kv) {
+                Some(candidate) if event.event_type() == EventType::Put => {
+                    waiting.insert(identity.to_owned(), candidate);
+                }
+                _ => {
+                    waiting.remove(identity);
+                }
+            }
+        }
     }
 }
 

@@ -20,7 +20,7 @@ async fn a_value_that_is_not_a_record_is_reported_never_overwritten_and_the_elec
         return;
     };
     let lock = store.lock(unique("garbage"), "a");
-    let mut client = store.client();
+    let mut client = store.client().await.expect("etcd client");
     client
         .put(lock.key(), "{\"holderIdentity\": 42}", None)
         .await
@@ -58,7 +58,7 @@ async fn wrong_credentials_are_a_clear_error_that_never_shows_the_password() {
     let admin = EtcdStore::connect([etcd.endpoint()])
         .await
         .expect("connect");
-    let mut client = admin.client();
+    let mut client = admin.client().await.expect("etcd client");
     client
         .user_add("root", "root-password", None)
         .await

@@ -50,7 +50,13 @@ async fn a_revoked_lease_makes_the_holder_step_down_and_another_take_over() {
         .lease_id()
         .await
         .expect("the holder has an etcd lease");
-    store.client().lease_revoke(lease).await.expect("revoke");
+    store
+        .client()
+        .await
+        .expect("etcd client")
+        .lease_revoke(lease)
+        .await
+        .expect("revoke");
     let revoked = Instant::now();
     timeout(RETRY * 2 + Duration::from_millis(200), term.cancelled())
         .await
@@ -135,7 +141,13 @@ async fn a_renewal_is_one_message_while_the_key_is_untouched() {
 
 /// The record at `key`, parsed, or `None` when absent.
 async fn record_at(store: &leader_etcd::EtcdStore, key: &str) -> Option<LeaderElectionRecord> {
-    let read = store.client().get(key, None).await.expect("read the key");
+    let read = store
+        .client()
+        .await
+        .expect("etcd client")
+        .get(key, None)
+        .await
+        .expect("read the key");
     read.kvs()
         .first()
         .map(|kv| LeaderElectionRecord::from_json("etcd", key, kv.value()).expect("a record"))
@@ -145,7 +157,13 @@ async fn record_at(store: &leader_etcd::EtcdStore, key: &str) -> Option<LeaderEl
 async fn wait_for_key(store: &leader_etcd::EtcdStore, key: &str, present: bool, within: Duration) {
     let since = Instant::now();
     loop {
-        let read = store.client().get(key, None).await.expect("read");
+        let read = store
+            .client()
+            .await
+            .expect("etcd client")
+            .get(key, None)
+            .await
+            .expect("read");
         if read.kvs().is_empty() != present {
             return;
         }

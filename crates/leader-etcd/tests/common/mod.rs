@@ -22,7 +22,17 @@ pub async fn store() -> Option<EtcdStore> {
         builder = builder.prefix(prefix);
     }
     match builder.build().await {
-        Ok(store) if store.client().status().await.is_ok() => Some(store),
+        Ok(store)
+            if store
+                .client()
+                .await
+                .expect("etcd client")
+                .status()
+                .await
+                .is_ok() =>
+        {
+            Some(store)
+        }
         result if !in_ci() => {
             eprintln!(
                 "skipping: no etcd at {:?} ({:?}); set ETCD_ENDPOINTS or run scripts/test",
@@ -58,6 +68,8 @@ impl LockFactory for Factory {
         let key = self.store.lock(name, "x").key().to_owned();
         self.store
             .client()
+            .await
+            .expect("etcd client")
             .put(key, "not a record", None)
             .await
             .expect("write garbage");
