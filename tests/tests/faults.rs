@@ -163,6 +163,25 @@ fn faults_on_etcd() {
     campaign(Backend::Etcd);
 }
 
+/// A three-member etcd cluster: faults of the leader, and of one member (killed and restarted,
+/// frozen, cut off from the replicas), which must cost the leader nothing. With the timings of
+/// a production service (lease 6 s, renew deadline 4 s, retry period 500 ms; a member timeout of
+/// a quarter of the renew deadline) unless `FAULT_LEASE_MS` says otherwise: when the raft
+/// leader fails, etcd itself answers nothing until the others have elected a new one (an
+/// election timeout, 1 s by default, and a round of votes), and the renew deadline must leave
+/// room for that beside the member timeout and a retry period.
+#[test]
+fn faults_on_an_etcd_cluster() {
+    let mut settings = settings();
+    if knob::<u64>("FAULT_LEASE_MS").is_none() {
+        settings.lease = Duration::from_secs(6);
+        settings.renew = Duration::from_secs(4);
+        settings.retry = Duration::from_millis(500);
+        settings.outage = settings.lease * 3;
+    }
+    campaign_with(Backend::EtcdCluster, settings);
+}
+
 #[test]
 fn faults_on_the_postgres_advisory_lock() {
     campaign(Backend::Advisory);

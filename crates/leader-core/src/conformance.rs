@@ -59,6 +59,7 @@ pub async fn run_all(factory: &dyn LockFactory) {
     update_is_compare_and_swap(factory).await;
     fields_round_trip(factory).await;
     acquisitions_keep_the_extensions(factory).await;
+    extensions_outlive_a_crashed_holder(factory).await;
     concurrent_creates_have_one_winner(factory).await;
     concurrent_updates_have_one_winner(factory).await;
     invalid_record_is_reported_and_kept(factory).await;
@@ -356,6 +357,80 @@ pub async fn acquisitions_keep_the_extensions(factory: &dyn LockFactory) {
     }
     let _ = created;
     a.close().await;
+    b.close().await;
+}
+
+/// The extensions outlive a holder that crashed: a store that expires the lease by dropping the
+/// record (an etcd key on a lease, a Redis key with a TTL) keeps them apart, and the next
+/// acquisition carries them on; a store that keeps the record keeps them in it. Work recorded
+/// there (a scheduled job's last firing, say) is never lost with its leader.
+pub async fn extensions_outlive_a_crashed_holder(factory: &dyn LockFactory) {
+    let name = unique("crashed-extensions");
+    let a = factory.lock(&name, "a").await;
+    let b = factory.lock(&name, "b").await;
+    let lease = Duration::from_secs(1);
+    let mut held = record("a", 1);
+    held.lease_duration = lease;
+    held.extensions = extensions();
+    a.create(&held).await.expect("create");
+    // Crashed: nothing renews it, nothing releases it.
+    drop(a);
+    let crashed = tokio::time::Instant::now();
+    let mut desired = record("b", 0);
+    desired.lease_duration = lease;
+    loop {
+        let attempt = b.try_acquire(&desired).await.expect("try_acquire");
+        // Whether the store expires the lease itself: then it takes it over once expired.
+        let store_expires = matches!(
+            attempt,
+            Some(Acquisition::Held {
+                renewed_in_store: true,
+                ..
+            })
+        );
+        let taken = match attempt {
+            Some(Acquisition::Acquired(taken)) => Some(taken),
+            Some(Acquisition::Handed { observed, .. }) => Some(observed),
+            _ => None,
+        };
+        if let Some(taken) = taken {
+            assert_eq!(
+                taken.record.extensions,
+                extensions(),
+                "an acquisition after the holder crashed carries the extensions on"
+            );
+            assert_eq!(
+                get("after the takeover", &*b)
+                    .await
+                    .map(|o| o.record.extensions),
+                Some(extensions()),
+                "the extensions as stored after the takeover"
+            );
+            break;
+        }
+        match get("after the crash", &*b).await {
+            // A store that keeps the record (candidates count the lease on their own clock).
+            Some(observed) => assert_eq!(
+                observed.record.extensions,
+                extensions(),
+                "the record of a crashed holder keeps its extensions"
+            ),
+            None => panic!(
+                "the record of a crashed holder is gone and no acquisition brought its \
+                 extensions back"
+            ),
+        }
+        if !store_expires && crashed.elapsed() > lease * 2 {
+            // Taken over on the candidates' clocks, by an update of the record as read: it
+            // carries the extensions above.
+            break;
+        }
+        assert!(
+            crashed.elapsed() < lease * 3 + Duration::from_secs(5) + factory.extra_expiry(),
+            "the store did not expire the lease of a crashed holder"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     b.close().await;
 }
 

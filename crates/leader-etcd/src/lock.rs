@@ -34,6 +34,7 @@ impl EtcdStore {
             store: self.clone(),
             key: format!("{}{name}", self.inner.prefix),
             fence: format!("{}{name}.fence", self.inner.prefix),
+            kept: format!("{}{name}.extensions", self.inner.prefix),
             candidate: format!("{candidates}{identity}"),
             candidates,
             name,
@@ -81,6 +82,9 @@ pub struct EtcdLock {
     identity: String,
     key: String,
     fence: String,
+    /// The extensions key: the last record written that had extensions, on no etcd lease, so
+    /// that they outlive a holder whose key expired with it.
+    kept: String,
     /// The prefix of the waiting candidates' keys, and this candidate's own.
     candidates: String,
     candidate: String,
@@ -298,8 +302,8 @@ impl ResourceLock for EtcdLock {
                 return Ok(Some(Acquisition::Acquired(observed)));
             }
             // Lost: the transaction read both keys instead; decide again from them.
-            let (record, fence) = split_gets(&response);
-            let current = self.decode(record, fence)?;
+            let (record, fence, kept) = split_gets(&response);
+            let current = self.decode(record, fence, kept)?;
             match self.decide(current, desired) {
                 Decision::Take(takeover) => plan = Some(takeover),
                 Decision::Held(held) => return Ok(Some(held)),
@@ -411,7 +415,11 @@ impl EtcdLock {
     ) -> Result<Observed, LockError> {
         let put = TxnOp::put(self.key.as_str(), record.to_json(), options);
         let response = self
-            .txn(Txn::new().when([condition]).and_then([put]))
+            .txn(
+                Txn::new()
+                    .when([condition])
+                    .and_then([put, self.extensions_op(record)]),
+            )
             .await?;
         if !response.succeeded() {
             return Err(conflict());
@@ -422,17 +430,28 @@ impl EtcdLock {
         })
     }
 
-    fn gets(&self) -> [TxnOp; 2] {
+    fn gets(&self) -> [TxnOp; 3] {
         [
             TxnOp::get(self.key.as_str(), None),
             TxnOp::get(self.fence.as_str(), None),
+            TxnOp::get(self.kept.as_str(), None),
         ]
+    }
+
+    /// The write of the extensions key that goes with every write of `record`: the record
+    /// itself, on no lease, when it has extensions; the key deleted when it has none.
+    fn extensions_op(&self, record: &LeaderElectionRecord) -> TxnOp {
+        if record.extensions.is_empty() {
+            TxnOp::delete(self.kept.as_str(), None)
+        } else {
+            TxnOp::put(self.kept.as_str(), record.to_json(), None)
+        }
     }
 
     async fn read(&self) -> Result<Option<(Observed, i64)>, LockError> {
         let response = self.read_txn(Txn::new().and_then(self.gets())).await?;
-        let (record, fence) = split_gets(&response);
-        self.decode(record, fence)
+        let (record, fence, kept) = split_gets(&response);
+        self.decode(record, fence, kept)
     }
 
     /// The record and fence keys, as read together by a transaction's `get`s; remembers them.
@@ -440,11 +459,21 @@ impl EtcdLock {
         &self,
         record: Option<GetResponse>,
         fence: Option<GetResponse>,
+        kept: Option<GetResponse>,
     ) -> Result<Option<(Observed, i64)>, LockError> {
         let fence_kv = fence.as_ref().and_then(|f| f.kvs().first());
         let token = fence_kv.map_or(0, |kv| token_of(kv.value(), kv.mod_revision()));
+        let kept_kv = kept.as_ref().and_then(|k| k.kvs().first());
+        // A value that is not a record keeps nothing (the record key's own value is checked).
+        let kept = kept_kv.map_or((Default::default(), 0), |kv| {
+            let extensions = LeaderElectionRecord::from_json(BACKEND, "", kv.value())
+                .map(|r| r.extensions)
+                .unwrap_or_default();
+            (extensions, kv.mod_revision())
+        });
         let mut seen = self.seen();
         seen.fence = Some((token, fence_kv.map_or(0, KeyValue::mod_revision)));
+        seen.kept = Some(kept);
         let Some(kv) = record.as_ref().and_then(|r| r.kvs().first()) else {
             seen.record = Some(RecordSeen::Absent);
             return Ok(None);
@@ -532,7 +561,8 @@ impl EtcdLock {
     /// The conditions under which `desired` may take the key as last seen, with the token it
     /// should ask for; `None` when the key was not seen takeable.
     fn takeover(&self, desired: &LeaderElectionRecord) -> Option<Takeover> {
-        self.seen().takeover((&self.key, &self.fence), desired)
+        self.seen()
+            .takeover((&self.key, &self.fence, &self.kept), desired)
     }
 
     /// What to do with the key as read: take it when it was seen takeable (absent or free), or
@@ -570,7 +600,7 @@ impl EtcdLock {
         record: &LeaderElectionRecord,
         lease: i64,
         wanted: u64,
-    ) -> [TxnOp; 3] {
+    ) -> [TxnOp; 4] {
         [
             TxnOp::put(
                 self.key.as_str(),
@@ -579,6 +609,7 @@ impl EtcdLock {
             ),
             TxnOp::put(self.fence.as_str(), wanted.to_string(), None),
             TxnOp::delete(self.candidate.as_str(), None),
+            self.extensions_op(record),
         ]
     }
 
@@ -606,6 +637,11 @@ impl EtcdLock {
         {
             let mut seen = self.seen();
             seen.fence = Some((token, revision));
+            seen.kept = Some(if stored.extensions.is_empty() {
+                (Default::default(), 0)
+            } else {
+                (stored.extensions.clone(), revision)
+            });
             seen.record = Some(RecordSeen::Present {
                 mod_revision: revision,
                 lease: lease.id,
@@ -637,12 +673,28 @@ impl EtcdLock {
         condition: Compare,
         record: &LeaderElectionRecord,
     ) -> Result<Observed, LockError> {
+        let mut conditions = vec![condition];
+        let mut record = record.clone();
+        // A record gone with its holder's etcd lease left its extensions in the extensions
+        // key: carried on, if that key is still as last read.
+        if matches!(self.seen().record, Some(RecordSeen::Absent))
+            && record.extensions.is_empty()
+            && let Some((kept, kept_revision)) = self.seen().kept.clone()
+        {
+            record.extensions = kept;
+            conditions.push(Compare::mod_revision(
+                self.kept.as_str(),
+                CompareOp::Equal,
+                kept_revision,
+            ));
+        }
+        let record = &record;
         let lease = KeptLease::grant(&self.store, record.lease_duration)
             .await
             .map_err(|err| map(&self.context(), err))?;
         let wanted = record.leader_transitions.max(1);
         let txn = Txn::new()
-            .when([condition])
+            .when(conditions)
             .and_then(self.acquisition_ops(record, lease.id, wanted));
         match self.txn(txn).await {
             Ok(response) if response.succeeded() => Ok(self
@@ -681,7 +733,7 @@ impl EtcdLock {
                 Compare::mod_revision(self.key.as_str(), CompareOp::Equal, version),
                 Compare::lease(self.key.as_str(), CompareOp::Equal, lease),
             ])
-            .and_then([put()]);
+            .and_then([put(), self.extensions_op(record)]);
         if let Some(unconfirmed) = current.unconfirmed.take() {
             // The last write's answer was lost (its member failed) but it may have been
             // applied: then the key holds exactly it, on this term's lease.
@@ -690,7 +742,7 @@ impl EtcdLock {
                     Compare::lease(self.key.as_str(), CompareOp::Equal, lease),
                     Compare::value(self.key.as_str(), CompareOp::Equal, unconfirmed),
                 ])
-                .and_then([put()]);
+                .and_then([put(), self.extensions_op(record)]);
             txn = txn.or_else([TxnOp::txn(applied)]);
         }
         let (kept, written) = tokio::join!(current.lease.keep_alive(&self.store), self.txn(txn));
@@ -754,9 +806,13 @@ impl EtcdLock {
                     (next_record, *wanted),
                     free,
                 );
-                Txn::new().when([unchanged]).and_then([TxnOp::txn(inner)])
+                Txn::new()
+                    .when([unchanged])
+                    .and_then([TxnOp::txn(inner), self.extensions_op(record)])
             }
-            None => Txn::new().when([unchanged]).and_then([free]),
+            None => Txn::new()
+                .when([unchanged])
+                .and_then([free, self.extensions_op(record)]),
         };
         let response = match self.txn(txn).await {
             Ok(response) => response,
@@ -834,7 +890,13 @@ impl EtcdLock {
 }
 
 /// The `get` responses of a transaction, in order.
-fn split_gets(response: &TxnResponse) -> (Option<GetResponse>, Option<GetResponse>) {
+fn split_gets(
+    response: &TxnResponse,
+) -> (
+    Option<GetResponse>,
+    Option<GetResponse>,
+    Option<GetResponse>,
+) {
     let mut gets = response
         .op_responses()
         .into_iter()
@@ -842,7 +904,7 @@ fn split_gets(response: &TxnResponse) -> (Option<GetResponse>, Option<GetRespons
             TxnOpResponse::Get(get) => Some(get),
             _ => None,
         });
-    (gets.next(), gets.next())
+    (gets.next(), gets.next(), gets.next())
 }
 
 /// The fencing token from the fence key: its revision, or the value the elector asked for if

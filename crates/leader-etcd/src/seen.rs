@@ -15,6 +15,9 @@ pub(crate) struct Seen {
     pub(crate) record: Option<RecordSeen>,
     /// The fence key's token and `mod_revision` (0 when absent), when read.
     pub(crate) fence: Option<(u64, i64)>,
+    /// The extensions key's extensions and `mod_revision` (0 when absent), when read or
+    /// written by this lock.
+    pub(crate) kept: Option<(BTreeMap<String, String>, i64)>,
 }
 
 #[derive(Clone, Debug)]
@@ -53,6 +56,12 @@ impl Seen {
         {
             return;
         }
+        // Every write of the record writes the extensions key with it (see `extensions_op`).
+        self.kept = Some(if record.extensions.is_empty() {
+            (BTreeMap::new(), 0)
+        } else {
+            (record.extensions.clone(), revision)
+        });
         self.record = Some(RecordSeen::Present {
             mod_revision: revision,
             lease,
@@ -64,15 +73,24 @@ impl Seen {
     /// last seen, with the token it should ask for; `None` when it was not seen takeable.
     pub(crate) fn takeover(
         &self,
-        (key, fence): (&str, &str),
+        (key, fence, kept_key): (&str, &str, &str),
         desired: &LeaderElectionRecord,
     ) -> Option<Takeover> {
         let (fence_token, fence_revision) = self.fence?;
-        let (record, extensions) = match self.record.as_ref()? {
-            RecordSeen::Absent => (
-                Compare::create_revision(key, CompareOp::Equal, 0),
-                BTreeMap::new(),
-            ),
+        let mut conditions = Vec::with_capacity(3);
+        let extensions = match self.record.as_ref()? {
+            // Gone with its holder's etcd lease: the extensions it carried are in the
+            // extensions key, which must still be as read.
+            RecordSeen::Absent => {
+                let (kept, kept_revision) = self.kept.clone()?;
+                conditions.push(Compare::create_revision(key, CompareOp::Equal, 0));
+                conditions.push(Compare::mod_revision(
+                    kept_key,
+                    CompareOp::Equal,
+                    kept_revision,
+                ));
+                kept
+            }
             RecordSeen::Present {
                 mod_revision,
                 record,
@@ -81,18 +99,20 @@ impl Seen {
                 if !record.is_free() || record.reserved_for_other_than(&desired.holder_identity) {
                     return None;
                 }
-                (
-                    Compare::mod_revision(key, CompareOp::Equal, *mod_revision),
-                    record.extensions.clone(),
-                )
+                conditions.push(Compare::mod_revision(key, CompareOp::Equal, *mod_revision));
+                record.extensions.clone()
             }
         };
         // The fence must be as read too: an acquisition since then raised it.
-        let fence = Compare::mod_revision(fence, CompareOp::Equal, fence_revision);
+        conditions.push(Compare::mod_revision(
+            fence,
+            CompareOp::Equal,
+            fence_revision,
+        ));
         // At least the floor the elector asks for.
         let wanted = (fence_token + 1).max(desired.leader_transitions);
         Some(Takeover {
-            conditions: vec![record, fence],
+            conditions,
             wanted,
             extensions,
         })

@@ -5,14 +5,17 @@ use leader_core::{LockError, LockTarget, ResourceLock, UrlError, async_trait};
 
 use crate::store::{EtcdStore, EtcdStoreBuilder};
 
-/// An etcd lock URL: `etcd://user:pass@host1:2379,host2:2379/?prefix=P` (or `etcds://` for TLS,
-/// with the system's roots). Give every member, so that the lock can move to another when one
-/// fails; `prefix` sets the key prefix.
+/// An etcd lock URL: `etcd://user:pass@host1:2379,host2:2379/?prefix=P&member_timeout=1s` (or
+/// `etcds://` for TLS, with the system's roots). Give every member, so that the lock can move to
+/// another when one fails; `prefix` sets the key prefix, `member_timeout` how long a request
+/// waits for one member before it goes to the next
+/// ([`EtcdStoreBuilder::member_timeout`]).
 #[derive(Clone, PartialEq, Eq)]
 pub struct LockUrl {
     endpoints: Vec<String>,
     user: Option<(String, String)>,
     prefix: Option<String>,
+    member_timeout: Option<std::time::Duration>,
 }
 
 impl std::fmt::Debug for LockUrl {
@@ -64,12 +67,24 @@ impl LockUrl {
             )
         });
         let mut prefix = None;
+        let mut member_timeout = None;
         for (key, value) in url.query_pairs() {
             match key.as_ref() {
                 "prefix" => prefix = Some(value.into_owned()),
+                "member_timeout" => {
+                    let timeout = humantime::parse_duration(&value)
+                        .ok()
+                        .filter(|t| !t.is_zero())
+                        .ok_or_else(|| {
+                            invalid(format!(
+                                "member_timeout {value:?} is not a duration above zero (say 500ms or 1s)"
+                            ))
+                        })?;
+                    member_timeout = Some(timeout);
+                }
                 other => {
                     return Err(invalid(format!(
-                        "unknown parameter {other:?}; etcd:// takes prefix"
+                        "unknown parameter {other:?}; etcd:// takes prefix and member_timeout"
                     )));
                 }
             }
@@ -81,6 +96,7 @@ impl LockUrl {
                 .collect(),
             user,
             prefix,
+            member_timeout,
         })
     }
 
@@ -105,6 +121,9 @@ impl LockUrl {
         }
         if let Some(prefix) = &self.prefix {
             builder = builder.prefix(prefix);
+        }
+        if let Some(timeout) = self.member_timeout {
+            builder = builder.member_timeout(timeout);
         }
         builder
     }
@@ -132,6 +151,15 @@ mod tests {
         assert_eq!(url.user, Some(("u".into(), "p".into())));
         assert_eq!(url.prefix.as_deref(), Some("x/"));
         assert_eq!(url.describe(), "etcd:https://a:2379,https://b:2379");
+        let url = LockUrl::parse("etcd://a:1,b:2/?member_timeout=300ms").expect("valid");
+        assert_eq!(
+            url.member_timeout,
+            Some(std::time::Duration::from_millis(300))
+        );
+        for bad in ["member_timeout=0s", "member_timeout=soon"] {
+            let err = LockUrl::parse(&format!("etcd://a:1/?{bad}")).expect_err(bad);
+            assert!(err.to_string().contains("member_timeout"), "{err}");
+        }
         let err = LockUrl::parse("etcd://u:secret@/x").expect_err("no host");
         assert!(!err.to_string().contains("secret"), "{err}");
     }

@@ -20,6 +20,7 @@ impl RedisStore {
             store: self.clone(),
             key: format!("{prefix}{{{name}}}"),
             fence: format!("{prefix}{{{name}}}:fence"),
+            extensions: format!("{prefix}{{{name}}}:extensions"),
             channel: format!("{prefix}{{{name}}}:released"),
             name,
             identity: identity.into(),
@@ -38,6 +39,8 @@ pub struct RedisLock {
     identity: String,
     key: String,
     fence: String,
+    /// The record's extensions as last written, without expiry.
+    extensions: String,
     channel: String,
 }
 
@@ -57,6 +60,11 @@ impl RedisLock {
         &self.fence
     }
 
+    /// The key that keeps the record's extensions when the hash expires with its holder.
+    pub fn extensions_key(&self) -> &str {
+        &self.extensions
+    }
+
     fn context(&self) -> String {
         format!("{} key {}", self.store.inner.redacted, self.key)
     }
@@ -70,7 +78,12 @@ impl RedisLock {
     ) -> Result<T, LockError> {
         let command = |verb: &str, body: &str| {
             let mut command = redis::cmd(verb);
-            command.arg(body).arg(2).arg(&self.key).arg(&self.fence);
+            command
+                .arg(body)
+                .arg(3)
+                .arg(&self.key)
+                .arg(&self.fence)
+                .arg(&self.extensions);
             for arg in args {
                 command.arg(*arg);
             }
@@ -150,7 +163,7 @@ impl ResourceLock for RedisLock {
     }
 
     async fn create(&self, record: &LeaderElectionRecord) -> Result<Observed, LockError> {
-        let (version, transitions): (String, u64) = self
+        let (version, transitions, json): (String, u64, String) = self
             .run(
                 &scripts::CREATE,
                 &[
@@ -163,9 +176,13 @@ impl ResourceLock for RedisLock {
                 ],
             )
             .await?;
+        // The record as written: with the extensions an expired hash left, if any.
+        let extensions =
+            LeaderElectionRecord::from_json(BACKEND, &self.context(), json.as_bytes())?.extensions;
         Ok(Observed {
             record: LeaderElectionRecord {
                 leader_transitions: transitions,
+                extensions,
                 ..record.clone()
             },
             version: Version::new(version),

@@ -2,9 +2,11 @@
 //!
 //! An election is a hash `KEYS[1]` with the fields `version`, `holder`, `transitions` (the
 //! fencing token), `record` (the record as JSON) and `preferred` (a pending handover's candidate,
-//! or empty), which expires (`PEXPIRE`) one lease duration after the holder's last write; and a
+//! or empty), which expires (`PEXPIRE`) one lease duration after the holder's last write; a
 //! counter `KEYS[2]` without expiry that every acquisition increments, so fencing tokens keep
-//! growing when the hash expires.
+//! growing when the hash expires; and `KEYS[3]`, without expiry, the record's extensions as
+//! last written (a JSON object; absent when there are none), which an acquisition of an expired
+//! lease puts back into the record, so that what a holder recorded there outlives it.
 
 use std::sync::LazyLock;
 
@@ -64,6 +66,24 @@ end
 local function write(key, version, holder, transitions, record, lease_ms, preferred)
   redis.call('HSET', key, 'version', version, 'holder', holder, 'transitions', transitions, 'record', record, 'preferred', preferred)
   if lease_ms then redis.call('PEXPIRE', key, lease_ms) end
+  local extensions = cjson.decode(record).extensions
+  if type(extensions) == 'table' and next(extensions) ~= nil then
+    redis.call('SET', KEYS[3], cjson.encode(extensions))
+  else
+    redis.call('DEL', KEYS[3])
+  end
+end
+
+-- The record JSON `record` with the extensions kept in KEYS[3] (after the hash expired), if any.
+-- The record's other numbers are small: its fencing token is the hash's field, not the JSON's.
+local function with_kept_extensions(record)
+  local kept = redis.call('GET', KEYS[3])
+  if not kept then return record end
+  local ok, extensions = pcall(cjson.decode, kept)
+  if not ok or type(extensions) ~= 'table' then return record end
+  local wanted = cjson.decode(record)
+  wanted.extensions = extensions
+  return cjson.encode(wanted)
 end
 
 local function next_version(version)
@@ -99,7 +119,8 @@ return {cur.version, cur.holder, cur.transitions, cur.record}
 });
 
 /// `create`: ARGV record JSON, holder, transitions, lease ms, first version, preferred holder.
-/// Returns `{version, transitions}`.
+/// The record carries the extensions an expired hash left, if any. Returns `{version,
+/// transitions, record as written}`.
 pub(crate) static CREATE: LazyLock<LuaScript> = LazyLock::new(|| {
     script(
         r#"
@@ -110,8 +131,9 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
 end
 local transitions = tonumber(ARGV[3])
 if ARGV[2] ~= '' then transitions = fence(KEYS[2], transitions) end
-write(KEYS[1], ARGV[5], ARGV[2], transitions, ARGV[1], ARGV[4], ARGV[6])
-return {ARGV[5], transitions}
+local record = with_kept_extensions(ARGV[1])
+write(KEYS[1], ARGV[5], ARGV[2], transitions, record, ARGV[4], ARGV[6])
+return {ARGV[5], transitions, record}
 "#,
     )
 });
@@ -193,6 +215,7 @@ local record = ARGV[1]
 if not cur then
   version = ARGV[4]
   transitions = fence(KEYS[2], math.max(1, tonumber(ARGV[5])))
+  record = with_kept_extensions(record)
 elseif cur.holder == '' and (cur.preferred == '' or cur.preferred == ARGV[2]) then
   version = next_version(cur.version)
   transitions = fence(KEYS[2], math.max(cur.transitions + 1, tonumber(ARGV[5])))

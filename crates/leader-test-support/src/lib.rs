@@ -9,6 +9,7 @@ use std::time::Duration;
 pub mod bench;
 #[cfg(feature = "consul-api")]
 pub mod consul_api;
+pub mod etcd_cluster;
 #[cfg(feature = "kube-api")]
 pub mod kube_api;
 #[cfg(feature = "object-store")]

@@ -27,6 +27,7 @@ use super::proxy::{Mode, Proxy};
 pub use super::report::Report;
 use super::servers::{PrivateServer, ServerError, ServerKind};
 use crate::{TermEvent as Event, now_ns, term_events as events};
+use leader_test_support::etcd_cluster::EtcdCluster;
 
 /// The backend the replicas elect on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -42,6 +43,10 @@ pub enum Backend {
     Redis,
     /// `etcd://`: a private etcd.
     Etcd,
+    /// `etcd://` with three members: a private three-member etcd cluster, each member behind a
+    /// proxy of its own that every replica goes through, so that one member can be killed,
+    /// frozen or cut off from the replicas while the others serve.
+    EtcdCluster,
     /// `kubernetes://`: a Lease on a private test API server (`kube-api-server`), each replica
     /// with a kubeconfig of its own that points at its proxy.
     Kubernetes,
@@ -54,12 +59,13 @@ pub enum Backend {
 
 impl Backend {
     /// Every backend, in the order reports list them.
-    pub const ALL: [Self; 8] = [
+    pub const ALL: [Self; 9] = [
         Self::File,
         Self::Postgres,
         Self::Advisory,
         Self::Redis,
         Self::Etcd,
+        Self::EtcdCluster,
         Self::Kubernetes,
         Self::Consul,
         Self::ObjectStore,
@@ -70,6 +76,14 @@ impl Backend {
     pub fn faults(self) -> &'static [Fault] {
         match self {
             Self::File => &[Fault::Kill, Fault::Freeze, Fault::FreezeInOperation],
+            // Faults of one member, and of the leader (which must still fail over).
+            Self::EtcdCluster => &[
+                Fault::Kill,
+                Fault::Freeze,
+                Fault::MemberKill,
+                Fault::MemberFreeze,
+                Fault::MemberCut,
+            ],
             // An object store does not lose what it acknowledged when it restarts, and moto
             // keeps nothing on disk to play that with: no server restart.
             Self::ObjectStore => &[
@@ -130,6 +144,17 @@ impl Backend {
             ),
             Self::Redis => format!("redis://127.0.0.1:{port}"),
             Self::Etcd => format!("etcd://127.0.0.1:{port}"),
+            // `port` is the first member's proxy; the others' follow (see `run`). A member
+            // that does not answer is given up after a quarter of the renew deadline.
+            Self::EtcdCluster => {
+                let hosts: Vec<String> =
+                    (0..3).map(|i| format!("127.0.0.1:{}", port + i)).collect();
+                format!(
+                    "etcd://{}/?member_timeout={}ms",
+                    hosts.join(","),
+                    (settings.renew / 4).as_millis()
+                )
+            }
             Self::Consul => format!("consul://127.0.0.1:{port}/fault/"),
             Self::ObjectStore => {
                 let env = leader_test_support::s3_env_at(&format!("http://127.0.0.1:{port}"));
@@ -173,6 +198,8 @@ impl Backend {
             Self::Postgres | Self::Advisory => Some(ServerKind::Postgres),
             Self::Redis => Some(ServerKind::Redis),
             Self::Etcd => Some(ServerKind::Etcd),
+            // Started by `run`, as a cluster.
+            Self::EtcdCluster => None,
             Self::Kubernetes => Some(ServerKind::Kube),
             Self::Consul => Some(ServerKind::Consul),
             Self::ObjectStore => Some(ServerKind::S3),
@@ -188,6 +215,7 @@ impl Backend {
             Self::Advisory => "postgres advisory",
             Self::Redis => "redis",
             Self::Etcd => "etcd",
+            Self::EtcdCluster => "etcd (three members)",
             Self::Kubernetes => "kubernetes",
             Self::Consul => "consul",
             Self::ObjectStore => "object store (s3)",
@@ -226,11 +254,21 @@ pub enum Fault {
     /// before the link; after the `link`, before the check for a newer version; at the first
     /// `unlink`), and its COMMAND with it; resumed as [`Fault::Freeze`] is.
     FreezeInOperation,
+    /// One member of a three-member etcd cluster killed (SIGKILL) for a renew deadline and a
+    /// second, then started again on its data: the member the leader talks to, or the raft
+    /// leader, or another, in turn. The leader must keep its term.
+    MemberKill,
+    /// One member frozen (SIGSTOP) for a renew deadline and a second, its connections open and
+    /// silent, then resumed. The leader must keep its term.
+    MemberFreeze,
+    /// One member cut off from every replica (its proxy forwards nothing) for a renew deadline
+    /// and a second, then reachable again. The leader must keep its term.
+    MemberCut,
 }
 
 impl Fault {
     /// Every fault, in the order a round injects them.
-    pub const ALL: [Self; 8] = [
+    pub const ALL: [Self; 11] = [
         Self::Kill,
         Self::Freeze,
         Self::Cut,
@@ -239,6 +277,9 @@ impl Fault {
         Self::ServerFreeze,
         Self::Outage,
         Self::FreezeInOperation,
+        Self::MemberKill,
+        Self::MemberFreeze,
+        Self::MemberCut,
     ];
 
     /// Lower-case name, as in tables.
@@ -253,7 +294,19 @@ impl Fault {
             Self::ServerFreeze => "server frozen",
             Self::Outage => "full outage",
             Self::FreezeInOperation => "sigstop in an operation",
+            Self::MemberKill => "member killed",
+            Self::MemberFreeze => "member frozen",
+            Self::MemberCut => "member cut off",
         }
+    }
+
+    /// Whether it is a fault of one member of a cluster, which must cost the leader nothing.
+    #[must_use]
+    pub fn of_a_member(self) -> bool {
+        matches!(
+            self,
+            Self::MemberKill | Self::MemberFreeze | Self::MemberCut
+        )
     }
 
     /// Whether the fault is timed from its end (the server back, the outage over) rather than
@@ -326,7 +379,7 @@ impl Settings {
             Duration::from_secs(1)
         };
         let lease = match backend {
-            Backend::Etcd => {
+            Backend::Etcd | Backend::EtcdCluster => {
                 Duration::from_secs(whole_seconds(self.lease).max(2)) + Duration::from_millis(500)
             }
             _ => self.lease,
@@ -551,6 +604,12 @@ struct Run<'a> {
     dir: PathBuf,
     server: Option<PrivateServer>,
     proxies: Vec<Proxy>,
+    /// The three-member etcd cluster of [`Backend::EtcdCluster`], and a proxy per member
+    /// (which every replica goes through).
+    cluster: Option<Arc<StdMutex<EtcdCluster>>>,
+    member_proxies: Vec<Proxy>,
+    /// Member faults so far, to pick the next member.
+    member_faults: usize,
     replicas: Vec<Replica>,
     incarnations: Vec<usize>,
     /// (identity, token) of a killed term -> when the harness saw its COMMAND gone.
@@ -612,7 +671,11 @@ impl Run<'_> {
             if peer { 'k' } else { 'r' },
             self.incarnations[slot]
         );
-        let port = self.proxies.get(slot).map_or(0, Proxy::port);
+        let port = self
+            .proxies
+            .get(slot)
+            .or_else(|| self.member_proxies.first())
+            .map_or(0, Proxy::port);
         let spawned = |program: &Path, what: std::io::Result<Child>| {
             what.map_err(|source| HarnessError::Io {
                 what: format!("spawning {}", program.display()),
@@ -783,6 +846,10 @@ impl Run<'_> {
                 .push(format!("{} exited by itself", term.identity));
             return Ok(());
         };
+        if fault.of_a_member() {
+            self.member_fault(fault, &term).await;
+            return Ok(());
+        }
         let group = command_group(leader_pid.as_raw().cast_unsigned());
         let mut from = now_ns();
         let since = from;
@@ -850,6 +917,7 @@ impl Run<'_> {
                 }
             }
             Fault::Outage => from = self.outage().await,
+            Fault::MemberKill | Fault::MemberFreeze | Fault::MemberCut => {}
         }
         let recovery = self.next_start(since, from, bound * 3).await;
         match recovery {
@@ -895,9 +963,87 @@ impl Run<'_> {
                 }
             }
             Fault::Cut | Fault::Latency => self.proxies[slot].set(Mode::Open),
-            Fault::Restart | Fault::ServerFreeze | Fault::Outage => {}
+            Fault::Restart
+            | Fault::ServerFreeze
+            | Fault::Outage
+            | Fault::MemberKill
+            | Fault::MemberFreeze
+            | Fault::MemberCut => {}
         }
         Ok(())
+    }
+
+    /// A fault of one member of the cluster, while `term` leads: every other fault into the
+    /// raft leader, the others into the members in turn. The fault lasts a renew deadline and a
+    /// second; the term must still run a lease after the member is back, with no other term
+    /// started. Recorded as a recovery of zero when it kept leading, `None` when it lost its
+    /// term.
+    async fn member_fault(&mut self, fault: Fault, term: &Event) {
+        let Some(cluster) = self.cluster.clone() else {
+            self.violate(format!("{}: no cluster", fault.name()));
+            return;
+        };
+        self.member_faults += 1;
+        let turn = self.member_faults;
+        let member = tokio::task::spawn_blocking({
+            let cluster = cluster.clone();
+            move || {
+                let cluster = cluster.lock().unwrap_or_else(|p| p.into_inner());
+                if turn.is_multiple_of(2) {
+                    cluster.wait_for_a_leader(Duration::from_secs(10))
+                } else {
+                    (turn / 2) % cluster.len()
+                }
+            }
+        })
+        .await
+        .expect("cluster task");
+        let on_cluster = |f: Box<dyn FnOnce(&mut EtcdCluster) + Send>| {
+            let cluster = cluster.clone();
+            tokio::task::spawn_blocking(move || {
+                f(&mut cluster.lock().unwrap_or_else(|p| p.into_inner()));
+            })
+        };
+        let since = now_ns();
+        let lasts = self.settings.renew + Duration::from_secs(1);
+        match fault {
+            Fault::MemberKill => {
+                let _ = on_cluster(Box::new(move |c| c.kill(member))).await;
+                sleep(lasts).await;
+                let _ = on_cluster(Box::new(move |c| c.restart(member))).await;
+            }
+            Fault::MemberFreeze => {
+                let _ = on_cluster(Box::new(move |c| c.freeze(member))).await;
+                sleep(lasts).await;
+                let _ = on_cluster(Box::new(move |c| c.thaw(member))).await;
+            }
+            _ => {
+                self.member_proxies[member].set(Mode::Cut);
+                sleep(lasts).await;
+                self.member_proxies[member].set(Mode::Open);
+            }
+        }
+        // A member that is back can still cost a term (it catches up, its clients reconnect).
+        sleep(self.settings.lease).await;
+        let kept = self
+            .current()
+            .is_some_and(|now| now.identity == term.identity && now.token == term.token)
+            && !events(&self.log).iter().any(|e| e.start && e.at > since);
+        if kept {
+            self.recoveries.push((fault, Some(Duration::ZERO)));
+        } else {
+            self.recoveries.push((fault, None));
+            self.violate(format!(
+                "{} (member {member}): {} lost its term {}",
+                fault.name(),
+                term.identity,
+                term.token
+            ));
+        }
+        let _ = on_cluster(Box::new(|c| {
+            c.wait_for_a_leader(Duration::from_secs(10));
+        }))
+        .await;
     }
 
     async fn stop_all(&mut self) {
@@ -934,6 +1080,34 @@ impl Run<'_> {
         self.violations.extend(violations);
         (terms, overlaps)
     }
+}
+
+/// A private three-member etcd cluster, and a proxy in front of each member on consecutive
+/// ports (the replicas' lock URL names the first port; see [`Backend::replica_url`]).
+async fn start_cluster() -> Result<(Option<Arc<StdMutex<EtcdCluster>>>, Vec<Proxy>), HarnessError> {
+    let cluster = tokio::task::spawn_blocking(|| EtcdCluster::start(3))
+        .await
+        .expect("cluster task")
+        .ok_or_else(|| HarnessError::Settings("no etcd binary for the cluster".to_owned()))?;
+    // Consecutive ports: try a few bases until all three bind.
+    for _ in 0..50 {
+        let base = 20_000 + fastrand::u16(..40_000);
+        let mut proxies = Vec::new();
+        for (i, port) in (0..cluster.len()).map(|i| (i, cluster.client_port(i))) {
+            let upstream = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+            let Ok(offset) = u16::try_from(i) else { break };
+            match Proxy::start_on(base + offset, upstream).await {
+                Ok(proxy) => proxies.push(proxy),
+                Err(_) => break,
+            }
+        }
+        if proxies.len() == cluster.len() {
+            return Ok((Some(Arc::new(StdMutex::new(cluster))), proxies));
+        }
+    }
+    Err(HarnessError::Settings(
+        "no three consecutive free ports for the members' proxies".to_owned(),
+    ))
 }
 
 /// A proxy on loopback in front of `server`.
@@ -1000,6 +1174,11 @@ pub async fn run(
             proxies.push(proxy_to(server).await?);
         }
     }
+    let (cluster, member_proxies) = if backend == Backend::EtcdCluster {
+        start_cluster().await?
+    } else {
+        (None, Vec::new())
+    };
     let log = dir.path().join("terms.log");
     let gone = Arc::new(StdMutex::new(Marks::new()));
     let mut run = Run {
@@ -1015,6 +1194,9 @@ pub async fn run(
         dir: dir.path().to_owned(),
         server,
         proxies,
+        cluster,
+        member_proxies,
+        member_faults: 0,
         replicas: Vec::new(),
         incarnations: vec![0; settings.replicas],
         killed: BTreeMap::new(),

@@ -39,7 +39,16 @@ impl Proxy {
     /// # Errors
     /// The port cannot be bound.
     pub async fn start(upstream: SocketAddr) -> std::io::Result<Self> {
-        let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
+        Self::start_on(0, upstream).await
+    }
+
+    /// Listens on loopback port `port` (0: an ephemeral one) and forwards every connection to
+    /// `upstream`.
+    ///
+    /// # Errors
+    /// The port cannot be bound.
+    pub async fn start_on(port: u16, upstream: SocketAddr) -> std::io::Result<Self> {
+        let listener = TcpListener::bind(("127.0.0.1", port)).await?;
         let port = listener.local_addr()?.port();
         let (mode, _) = watch::channel(Mode::Open);
         let modes = mode.clone();

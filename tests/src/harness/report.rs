@@ -91,7 +91,13 @@ impl Report {
                 r.stale_accepted
             );
             for fault in Fault::ALL {
+                let lost = r
+                    .recoveries
+                    .iter()
+                    .filter(|(f, d)| *f == fault && d.is_none())
+                    .count();
                 let cell = match r.worst(fault) {
+                    Some(_) if fault.of_a_member() => format!("{lost} leaderships lost"),
                     None => "n/a".to_owned(),
                     Some(None) => "NO LEADER".to_owned(),
                     Some(Some(d)) => format!("{} ms", d.as_millis()),

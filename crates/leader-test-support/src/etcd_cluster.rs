@@ -1,0 +1,226 @@
+//! A three-member (or N-member) etcd cluster of a test's own on loopback, as users run etcd, whose
+//! members the test kills, restarts and freezes: Debian's `etcd` binary, each member's data in a
+//! temporary directory that outlives its restarts.
+
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+/// One member: its ports, data and process.
+#[derive(Debug)]
+struct Member {
+    name: String,
+    client_port: u16,
+    peer_port: u16,
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+/// A cluster of the test's own; every member killed and its data removed when dropped.
+#[derive(Debug)]
+pub struct EtcdCluster {
+    members: Vec<Member>,
+    initial: String,
+    token: String,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_or(0, |a| a.port())
+}
+
+/// `GET path` on loopback `port`, the body, or `None` when nothing answered within a second.
+fn http_get(port: u16, path: &str) -> Option<String> {
+    let address = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let mut stream =
+        std::net::TcpStream::connect_timeout(&address, Duration::from_millis(500)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    response
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_owned())
+}
+
+impl EtcdCluster {
+    /// Starts `members` members and waits until they have elected a raft leader; `None` when
+    /// the `etcd` binary is missing (a failure under `CI=true`).
+    ///
+    /// # Panics
+    /// The cluster did not come up within 30 s.
+    #[must_use]
+    pub fn start(members: usize) -> Option<Self> {
+        if Command::new("etcd").arg("--version").output().is_err() {
+            assert!(
+                !crate::in_ci(),
+                "CI=true and no etcd binary (scripts/setup installs etcd-server)"
+            );
+            eprintln!("skipping: no etcd binary");
+            return None;
+        }
+        let tag = format!("{:08x}", fastrand::u32(..));
+        let members: Vec<Member> = (0..members)
+            .map(|i| Member {
+                name: format!("m{i}"),
+                client_port: free_port(),
+                peer_port: free_port(),
+                dir: std::env::temp_dir().join(format!("leader-etcd-cluster-{tag}-m{i}")),
+                child: None,
+            })
+            .collect();
+        let initial = members
+            .iter()
+            .map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer_port))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut cluster = Self {
+            members,
+            initial,
+            token: format!("leader-tests-{tag}"),
+        };
+        for index in 0..cluster.members.len() {
+            cluster.spawn(index);
+        }
+        cluster.wait_for_a_leader(Duration::from_secs(30));
+        Some(cluster)
+    }
+
+    fn spawn(&mut self, index: usize) {
+        let member = &self.members[index];
+        let client = format!("http://127.0.0.1:{}", member.client_port);
+        let peer = format!("http://127.0.0.1:{}", member.peer_port);
+        let child = Command::new("etcd")
+            .args(["--name", &member.name, "--data-dir"])
+            .arg(&member.dir)
+            .args(["--listen-client-urls", &client])
+            .args(["--advertise-client-urls", &client])
+            .args(["--listen-peer-urls", &peer])
+            .args(["--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &self.initial])
+            .args(["--initial-cluster-token", &self.token])
+            .env("ETCD_UNSUPPORTED_ARCH", "arm64")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start an etcd member");
+        self.members[index].child = Some(child);
+    }
+
+    /// How many members there are.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.members.len()
+    }
+
+    /// Whether the cluster has no member.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.members.is_empty()
+    }
+
+    /// Every member's client endpoint, `http://127.0.0.1:PORT`.
+    #[must_use]
+    pub fn endpoints(&self) -> Vec<String> {
+        self.members
+            .iter()
+            .map(|m| format!("http://127.0.0.1:{}", m.client_port))
+            .collect()
+    }
+
+    /// Member `index`'s client port.
+    #[must_use]
+    pub fn client_port(&self, index: usize) -> u16 {
+        self.members[index].client_port
+    }
+
+    /// The member that is the raft leader now, as its `/metrics` says.
+    #[must_use]
+    pub fn leader(&self) -> Option<usize> {
+        self.members.iter().position(|m| {
+            m.child.is_some()
+                && http_get(m.client_port, "/metrics")
+                    .is_some_and(|body| body.lines().any(|l| l == "etcd_server_is_leader 1"))
+        })
+    }
+
+    /// Waits until some member is the raft leader.
+    ///
+    /// # Panics
+    /// None was within `within`.
+    pub fn wait_for_a_leader(&self, within: Duration) -> usize {
+        let since = Instant::now();
+        loop {
+            if let Some(leader) = self.leader() {
+                return leader;
+            }
+            assert!(
+                since.elapsed() < within,
+                "the etcd cluster elected no leader within {within:?}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Kills member `index` (SIGKILL), keeping its data.
+    pub fn kill(&mut self, index: usize) {
+        if let Some(mut child) = self.members[index].child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts member `index` again on its ports and data, and waits until it listens.
+    ///
+    /// # Panics
+    /// It did not listen within 10 s.
+    pub fn restart(&mut self, index: usize) {
+        self.kill(index);
+        self.spawn(index);
+        let port = self.members[index].client_port;
+        let since = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                since.elapsed() < Duration::from_secs(10),
+                "etcd member {index} did not listen again"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn signal(&self, index: usize, signal: Signal) {
+        if let Some(child) = &self.members[index].child {
+            let pid = Pid::from_raw(i32::try_from(child.id()).unwrap_or(i32::MAX));
+            let _ = kill(pid, signal);
+        }
+    }
+
+    /// Freezes member `index` (SIGSTOP): its connections stay open and silent.
+    pub fn freeze(&self, index: usize) {
+        self.signal(index, Signal::SIGSTOP);
+    }
+
+    /// Resumes a frozen member (SIGCONT).
+    pub fn thaw(&self, index: usize) {
+        self.signal(index, Signal::SIGCONT);
+    }
+}
+
+impl Drop for EtcdCluster {
+    fn drop(&mut self) {
+        for index in 0..self.members.len() {
+            self.thaw(index);
+            self.kill(index);
+            let _ = std::fs::remove_dir_all(&self.members[index].dir);
+        }
+    }
+}
