@@ -1,0 +1,635 @@
+//! The job: a schedule, its policies and the work, run by the leader once per firing.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use leader_core::{CancellationToken, ExtensionError, Leadership};
+use tokio::sync::mpsc;
+
+use crate::policy::{Interrupted, Missed, ON_TIME, Overlap};
+use crate::schedule::{Schedule, ScheduleError};
+use crate::state::{CronState, Ended, Outcome, Started, extension_key};
+
+/// What a job may fail with.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+type JobFuture = Pin<Box<dyn Future<Output = Result<(), BoxError>> + Send>>;
+type JobFn = Arc<dyn Fn(Firing, CancellationToken) -> JobFuture + Send + Sync>;
+
+/// The most scheduled instants looked at in one go (a backlog beyond it is counted as missed).
+const MOST_INSTANTS: usize = 100_000;
+
+/// One firing of a schedule, as the job gets it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Firing {
+    /// The schedule's name.
+    pub name: String,
+    /// The scheduled instant: with the name, the firing's identity.
+    pub scheduled: DateTime<Utc>,
+    /// 1, or more when the firing is run again after its leader died
+    /// ([`Interrupted::Retry`]).
+    pub attempt: u32,
+    /// The fencing token of the term that runs it: pass it with every write the job makes.
+    pub fencing_token: u64,
+    /// How late it started, from its scheduled instant, by the leader's clock.
+    pub lateness: Duration,
+}
+
+/// Why a job does not run.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CronError {
+    /// The store holds another schedule under this name: replicas were started with different
+    /// schedules. Nothing is run and nothing is changed; the term ends so that a replica with
+    /// the stored schedule may lead. To change a schedule on purpose, give it a new name (or
+    /// remove the `cron/NAME` extension from the record).
+    #[error(
+        "schedule {name:?}: the store has {stored:?}, this replica has {ours:?}; replicas must run the same schedule under one name"
+    )]
+    ScheduleMismatch {
+        /// The schedule's name.
+        name: String,
+        /// The stored schedule.
+        stored: String,
+        /// This replica's.
+        ours: String,
+    },
+    /// The stored state of the schedule cannot be read; it is left as it is.
+    #[error("schedule {name:?}: the stored state cannot be read: {reason}")]
+    BadState {
+        /// The schedule's name.
+        name: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A name that cannot be used.
+    #[error("invalid schedule name {name:?}: use 1 to 200 letters, digits, '.', '_' or '-'")]
+    BadName {
+        /// The name as given.
+        name: String,
+    },
+    /// A policy that cannot be used.
+    #[error("invalid policy: {0}")]
+    BadPolicy(String),
+    /// The schedule.
+    #[error(transparent)]
+    Schedule(#[from] ScheduleError),
+}
+
+/// The wall clock the job reads scheduled instants against.
+pub trait Clock: Send + Sync + fmt::Debug + 'static {
+    /// Now.
+    fn now(&self) -> DateTime<Utc>;
+}
+
+/// The system's clock.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> DateTime<Utc> {
+        Utc::now()
+    }
+}
+
+/// A wall clock that follows tokio's clock from `origin`: for tests on tokio's paused clock,
+/// where sleeping a day takes no time.
+#[derive(Clone, Debug)]
+pub struct TokioClock {
+    origin: DateTime<Utc>,
+    start: tokio::time::Instant,
+}
+
+impl TokioClock {
+    /// A clock that reads `origin` now and advances with tokio's clock.
+    pub fn starting_at(origin: DateTime<Utc>) -> Self {
+        Self {
+            origin,
+            start: tokio::time::Instant::now(),
+        }
+    }
+}
+
+impl Clock for TokioClock {
+    fn now(&self) -> DateTime<Utc> {
+        let elapsed = chrono::Duration::from_std(self.start.elapsed()).unwrap_or_default();
+        self.origin + elapsed
+    }
+}
+
+/// Builds a [`CronJob`]; start with [`CronJob::builder`].
+#[must_use = "builder does nothing itself, use `.build()` to build it"]
+#[derive(Debug)]
+pub struct CronJobBuilder {
+    name: String,
+    schedule: Schedule,
+    missed: Missed,
+    overlap: Overlap,
+    interrupted: Interrupted,
+    starting_deadline: Option<Duration>,
+    clock: Arc<dyn Clock>,
+}
+
+impl CronJobBuilder {
+    /// Missed firings (default [`Missed::Latest`]).
+    pub fn missed(mut self, missed: Missed) -> Self {
+        self.missed = missed;
+        self
+    }
+
+    /// A firing due while another runs (default [`Overlap::Forbid`]).
+    pub fn overlap(mut self, overlap: Overlap) -> Self {
+        self.overlap = overlap;
+        self
+    }
+
+    /// A firing whose leader died before it ended (default: retried, three attempts in all).
+    pub fn interrupted(mut self, interrupted: Interrupted) -> Self {
+        self.interrupted = interrupted;
+        self
+    }
+
+    /// Firings later than this are missed whatever [`Missed`] says (CronJob's
+    /// `startingDeadlineSeconds`). Default: none.
+    pub fn starting_deadline(mut self, deadline: Duration) -> Self {
+        self.starting_deadline = Some(deadline);
+        self
+    }
+
+    /// The wall clock (default: the system's; [`TokioClock`] in tests).
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// The job with `work`, run once per firing with the firing and a cancellation that fires
+    /// when the term ends (or a later firing replaces this one). Its `Ok` or `Err` is recorded
+    /// as the firing's outcome.
+    ///
+    /// # Errors
+    /// An invalid name or policy.
+    pub fn build<F, Fut>(self, work: F) -> Result<CronJob, CronError>
+    where
+        F: Fn(Firing, CancellationToken) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), BoxError>> + Send + 'static,
+    {
+        let valid = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+        if self.name.is_empty() || self.name.len() > 200 || !self.name.chars().all(valid) {
+            return Err(CronError::BadName { name: self.name });
+        }
+        if let Missed::All { max: 0 } = self.missed {
+            return Err(CronError::BadPolicy(
+                "Missed::All needs a maximum of 1 or more".to_owned(),
+            ));
+        }
+        if let Interrupted::Retry { max_attempts } = self.interrupted
+            && max_attempts < 2
+        {
+            return Err(CronError::BadPolicy(
+                "Interrupted::Retry needs 2 attempts or more (or use GiveUp)".to_owned(),
+            ));
+        }
+        Ok(CronJob {
+            inner: Arc::new(Inner {
+                key: extension_key(&self.name),
+                name: self.name,
+                schedule: self.schedule,
+                missed: self.missed,
+                overlap: self.overlap,
+                interrupted: self.interrupted,
+                starting_deadline: self.starting_deadline,
+                clock: self.clock,
+                work: Arc::new(move |firing, cancel| Box::pin(work(firing, cancel))),
+            }),
+        })
+    }
+}
+
+/// A scheduled job on a leader election: run it in each term with [`run`](Self::run) (from
+/// `on_started_leading` or `run_while_leading`), and each firing of its schedule is started at
+/// most once across replicas and terms (see the crate's documentation for what that rests on).
+#[derive(Clone)]
+pub struct CronJob {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    name: String,
+    key: String,
+    schedule: Schedule,
+    missed: Missed,
+    overlap: Overlap,
+    interrupted: Interrupted,
+    starting_deadline: Option<Duration>,
+    clock: Arc<dyn Clock>,
+    work: JobFn,
+}
+
+impl fmt::Debug for CronJob {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let inner = &self.inner;
+        f.debug_struct("CronJob")
+            .field("name", &inner.name)
+            .field("schedule", &inner.schedule)
+            .field("missed", &inner.missed)
+            .field("overlap", &inner.overlap)
+            .field("interrupted", &inner.interrupted)
+            .field("starting_deadline", &inner.starting_deadline)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A firing this term started and that has not ended.
+struct Running {
+    scheduled: DateTime<Utc>,
+    attempt: u32,
+    cancel: CancellationToken,
+}
+
+/// The term is over (or was given up): stop.
+struct Stop;
+
+impl CronJob {
+    /// A job named `name` (its record extension is `cron/NAME`) on `schedule`.
+    pub fn builder(name: impl Into<String>, schedule: Schedule) -> CronJobBuilder {
+        CronJobBuilder {
+            name: name.into(),
+            schedule,
+            missed: Missed::default(),
+            overlap: Overlap::default(),
+            interrupted: Interrupted::default(),
+            starting_deadline: None,
+            clock: Arc::new(SystemClock),
+        }
+    }
+
+    /// The schedule's name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The schedule.
+    pub fn schedule(&self) -> &Schedule {
+        &self.inner.schedule
+    }
+
+    /// Runs the schedule for the term `leadership`: returns `Ok` when the term ends, and an
+    /// error (ending the term's work, and so the term) when the store holds another schedule
+    /// under this name or a state it cannot read.
+    ///
+    /// At the start of the term it reads the schedule's state from the record, settles the
+    /// firings an earlier leader started and did not finish ([`Interrupted`]), and the
+    /// firings nobody started in time ([`Missed`]); then it sleeps until the next firing, records
+    /// it as started (a compare-and-swap write of the record, fenced by the term) and only then
+    /// starts the work, and records its outcome when it ends (a second write). A write that does
+    /// not succeed starts nothing: when its outcome is unknown the leader steps down, and the
+    /// next leader finds the firing started or not in the store.
+    ///
+    /// # Errors
+    /// [`CronError::ScheduleMismatch`], [`CronError::BadState`].
+    pub async fn run(&self, leadership: Leadership) -> Result<(), CronError> {
+        let inner = &self.inner;
+        let mut state = self.load(&leadership)?;
+        let token = leadership.fencing_token();
+        let (done, mut finished) = mpsc::unbounded_channel();
+        let mut running: Vec<Running> = Vec::new();
+        // Firings started by earlier terms and never ended: their leader died or lost its
+        // lease. Retried or given up, never silently either.
+        let mut starts: Vec<(DateTime<Utc>, u32)> = Vec::new();
+        let interrupted = std::mem::take(&mut state.running);
+        let mut dirty = !interrupted.is_empty();
+        for firing in interrupted {
+            match inner.interrupted {
+                Interrupted::Retry { max_attempts } if firing.attempt < max_attempts => {
+                    tracing::warn!(
+                        schedule = %inner.name,
+                        scheduled = %firing.scheduled,
+                        attempt = firing.attempt + 1,
+                        "a firing whose leader died before it ended runs again"
+                    );
+                    starts.push((firing.scheduled, firing.attempt + 1));
+                }
+                policy => {
+                    let reason = match policy {
+                        Interrupted::GiveUp => "its leader died before it ended".to_owned(),
+                        _ => format!(
+                            "its leader died before it ended, {} attempts in all",
+                            firing.attempt
+                        ),
+                    };
+                    tracing::warn!(schedule = %inner.name, scheduled = %firing.scheduled, %reason, "a firing is given up");
+                    metrics::counter!("leader_cron_firings_given_up_total", "name" => inner.name.clone())
+                        .increment(1);
+                    state.last = Some(Ended {
+                        scheduled: firing.scheduled,
+                        attempt: firing.attempt,
+                        outcome: Outcome::GaveUp { reason },
+                        ended_at: inner.clock.now(),
+                    });
+                }
+            }
+        }
+        loop {
+            let now = inner.clock.now();
+            let (changed, blocked) = self.due(&mut state, now, &mut running, &mut starts);
+            dirty |= changed;
+            if dirty || !starts.is_empty() {
+                for &(scheduled, attempt) in &starts {
+                    state.running.push(Started {
+                        scheduled,
+                        attempt,
+                        fencing_token: token,
+                        started_at: now,
+                    });
+                }
+                if self.write(&leadership, &state).await.is_err() {
+                    return Ok(());
+                }
+                dirty = false;
+                for (scheduled, attempt) in starts.drain(..) {
+                    running.push(self.start(&leadership, scheduled, attempt, now, &done));
+                }
+            }
+            // Blocked: a missed firing waits for the running one to end (Overlap::Forbid).
+            let next = (!blocked)
+                .then(|| inner.schedule.next_after(state.handled_until()))
+                .flatten();
+            let wait = next.map(|at| (at - inner.clock.now()).to_std().unwrap_or_default());
+            tokio::select! {
+                biased;
+                () = leadership.lost() => return Ok(()),
+                Some((scheduled, attempt, outcome)) = finished.recv() => {
+                    running.retain(|r: &Running| (r.scheduled, r.attempt) != (scheduled, attempt));
+                    let before = state.running.len();
+                    state.running.retain(|s| (s.scheduled, s.attempt) != (scheduled, attempt));
+                    if state.running.len() < before {
+                        self.ended(&mut state, scheduled, attempt, outcome);
+                        dirty = true;
+                    }
+                }
+                () = sleep(wait) => {}
+            }
+        }
+    }
+
+    /// The schedule's state as the term's record holds it, or a new one.
+    fn load(&self, leadership: &Leadership) -> Result<CronState, CronError> {
+        let inner = &self.inner;
+        let ours = inner.schedule.spec();
+        let Some(stored) = leadership.extensions().get(&inner.key).cloned() else {
+            return Ok(CronState::new(ours, inner.clock.now()));
+        };
+        let state = CronState::from_json(&stored).map_err(|err| CronError::BadState {
+            name: inner.name.clone(),
+            reason: err.to_string(),
+        })?;
+        if state.schedule != ours {
+            return Err(CronError::ScheduleMismatch {
+                name: inner.name.clone(),
+                stored: state.schedule,
+                ours: ours.to_owned(),
+            });
+        }
+        Ok(state)
+    }
+
+    /// Settles the instants due by `now`: which to start (into `starts`), which are missed,
+    /// which running firings a new one replaces; moves the cursor. Returns whether the state
+    /// changed, and whether a missed firing waits for a running one.
+    fn due(
+        &self,
+        state: &mut CronState,
+        now: DateTime<Utc>,
+        running: &mut Vec<Running>,
+        starts: &mut Vec<(DateTime<Utc>, u32)>,
+    ) -> (bool, bool) {
+        let inner = &self.inner;
+        let mut instants = Vec::new();
+        let mut at = state.handled_until();
+        let mut beyond = 0_u64;
+        while let Some(next) = inner.schedule.next_after(at).filter(|n| *n <= now) {
+            if instants.len() < MOST_INSTANTS {
+                instants.push(next);
+            } else {
+                // A backlog too long to look at: the oldest count as missed.
+                instants.remove(0);
+                instants.push(next);
+                beyond += 1;
+            }
+            at = next;
+        }
+        if instants.is_empty() {
+            return (false, false);
+        }
+        let late =
+            |instant: &DateTime<Utc>| (now - *instant).to_std().unwrap_or_default() > ON_TIME;
+        let too_late = |instant: &DateTime<Utc>| {
+            inner
+                .starting_deadline
+                .is_some_and(|d| (now - *instant).to_std().unwrap_or_default() > d)
+        };
+        let late_count = instants.iter().filter(|i| late(i)).count();
+        // The late instants to run, by the missed policy.
+        let keep_late = match inner.missed {
+            Missed::Latest => late_count.min(1),
+            Missed::All { max } => late_count.min(usize::try_from(max).unwrap_or(usize::MAX)),
+            Missed::Skip => 0,
+        };
+        let mut missed = beyond;
+        let mut busy = !running.is_empty() || !starts.is_empty();
+        let mut cursor = state.cursor;
+        let mut blocked = false;
+        for (index, instant) in instants.iter().enumerate() {
+            let is_late = late(instant);
+            let wanted = !is_late || index >= late_count - keep_late;
+            if !wanted || too_late(instant) {
+                missed += 1;
+                cursor = Some(*instant);
+                continue;
+            }
+            if busy {
+                match inner.overlap {
+                    Overlap::Allow => {}
+                    // A backlog waits for the running firing; a firing on time is skipped.
+                    Overlap::Forbid if is_late => {
+                        blocked = true;
+                        break;
+                    }
+                    Overlap::Forbid => {
+                        tracing::info!(schedule = %inner.name, scheduled = %instant, "skipped: the previous firing still runs");
+                        missed += 1;
+                        cursor = Some(*instant);
+                        continue;
+                    }
+                    Overlap::Replace => {
+                        for replaced in running.drain(..) {
+                            replaced.cancel.cancel();
+                            state.running.retain(|s| {
+                                (s.scheduled, s.attempt) != (replaced.scheduled, replaced.attempt)
+                            });
+                            self.ended(
+                                state,
+                                replaced.scheduled,
+                                replaced.attempt,
+                                Outcome::Replaced,
+                            );
+                        }
+                        starts.clear();
+                    }
+                }
+            }
+            starts.push((*instant, 1));
+            busy = true;
+            cursor = Some(*instant);
+        }
+        if missed > 0 {
+            tracing::info!(schedule = %inner.name, missed, "firings missed");
+            metrics::counter!("leader_cron_firings_missed_total", "name" => inner.name.clone())
+                .increment(missed);
+        }
+        state.missed += missed;
+        let changed = cursor != state.cursor || missed > 0;
+        state.cursor = cursor;
+        (changed, blocked)
+    }
+
+    /// Records the end of a firing in `state` (written with the next write).
+    fn ended(
+        &self,
+        state: &mut CronState,
+        scheduled: DateTime<Utc>,
+        attempt: u32,
+        outcome: Outcome,
+    ) {
+        let inner = &self.inner;
+        tracing::info!(schedule = %inner.name, %scheduled, attempt, outcome = outcome.name(), "firing ended");
+        metrics::counter!(
+            "leader_cron_firings_completed_total",
+            "name" => inner.name.clone(),
+            "outcome" => outcome.name()
+        )
+        .increment(1);
+        state.last = Some(Ended {
+            scheduled,
+            attempt,
+            outcome,
+            ended_at: inner.clock.now(),
+        });
+    }
+
+    /// Writes `state` into the record; `Err` when the term is over or given up (a write whose
+    /// outcome is unknown: the leader steps down rather than guess).
+    async fn write(&self, leadership: &Leadership, state: &CronState) -> Result<(), Stop> {
+        match leadership
+            .set_extension(self.inner.key.clone(), Some(state.to_json()))
+            .await
+        {
+            Ok(()) => Ok(()),
+            Err(ExtensionError::Lost(_)) => Err(Stop),
+            Err(err) => {
+                tracing::warn!(schedule = %self.inner.name, error = %err, "recording a firing failed: stepping down, so that the next leader reads what the store holds");
+                let _ = leadership.step_down();
+                Err(Stop)
+            }
+        }
+    }
+
+    /// Starts the work of a firing whose start is recorded. The task holds a clone of the
+    /// leadership, so that the term's end waits for the work (S6).
+    fn start(
+        &self,
+        leadership: &Leadership,
+        scheduled: DateTime<Utc>,
+        attempt: u32,
+        now: DateTime<Utc>,
+        done: &mpsc::UnboundedSender<(DateTime<Utc>, u32, Outcome)>,
+    ) -> Running {
+        let inner = &self.inner;
+        let lateness = (now - scheduled).to_std().unwrap_or_default();
+        metrics::counter!("leader_cron_firings_started_total", "name" => inner.name.clone())
+            .increment(1);
+        metrics::histogram!("leader_cron_firing_lateness_seconds", "name" => inner.name.clone())
+            .record(lateness.as_secs_f64());
+        tracing::info!(schedule = %inner.name, %scheduled, attempt, ?lateness, "firing started");
+        let firing = Firing {
+            name: inner.name.clone(),
+            scheduled,
+            attempt,
+            fencing_token: leadership.fencing_token(),
+            lateness,
+        };
+        let cancel = leadership.cancellation_token().child_token();
+        let work = (inner.work)(firing, cancel.clone());
+        let (held, done) = (leadership.clone(), done.clone());
+        tokio::spawn(async move {
+            let outcome = match tokio::spawn(work).await {
+                Ok(Ok(())) => Outcome::Succeeded,
+                Ok(Err(err)) => Outcome::Failed {
+                    message: err.to_string(),
+                },
+                Err(err) => Outcome::Failed {
+                    message: if err.is_panic() {
+                        "the job panicked".to_owned()
+                    } else {
+                        "the job was cancelled".to_owned()
+                    },
+                },
+            };
+            let _ = done.send((scheduled, attempt, outcome));
+            drop(held);
+        });
+        Running {
+            scheduled,
+            attempt,
+            cancel,
+        }
+    }
+}
+
+/// Sleeps for `wait`, or forever without a next firing.
+async fn sleep(wait: Option<Duration>) {
+    match wait {
+        Some(wait) => tokio::time::sleep(wait).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// What `leader status` shows of a schedule: its state and next firing, from a record's
+/// extension.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ScheduleStatus {
+    /// The schedule's name.
+    pub name: String,
+    /// Its state as stored.
+    pub state: CronState,
+    /// The next firing due, from the stored cursor (`None` when the schedule cannot be read or
+    /// never fires again).
+    pub next: Option<DateTime<Utc>>,
+}
+
+impl ScheduleStatus {
+    /// The schedules in a record's extensions, by name.
+    pub fn all_in(extensions: &std::collections::BTreeMap<String, String>) -> Vec<Self> {
+        extensions
+            .iter()
+            .filter_map(|(key, value)| {
+                let name = key.strip_prefix("cron/")?;
+                let state = CronState::from_json(value).ok()?;
+                let next = Schedule::from_spec(&state.schedule)
+                    .ok()
+                    .and_then(|s| s.next_after(state.handled_until()));
+                Some(Self {
+                    name: name.to_owned(),
+                    state,
+                    next,
+                })
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,386 @@
+//! Schedules: cron expressions in an IANA time zone, and fixed intervals.
+
+use std::fmt;
+use std::time::Duration;
+
+use chrono::{DateTime, Offset, TimeZone, Utc};
+use chrono_tz::Tz;
+use croner::parser::{CronParser, Seconds, Year};
+use croner::{Cron, JobType};
+
+/// A schedule that cannot be used, refused when it is built.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ScheduleError {
+    /// The cron expression does not parse.
+    #[error("invalid cron expression {expression:?}: {reason}")]
+    InvalidExpression {
+        /// The expression as given.
+        expression: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The time zone is not an IANA zone name.
+    #[error("unknown time zone {zone:?} (an IANA name such as Europe/Berlin or UTC)")]
+    UnknownZone {
+        /// The zone as given.
+        zone: String,
+    },
+    /// The expression parses but names no instant that exists (February 30th, say).
+    #[error("the schedule {schedule} never fires")]
+    NeverFires {
+        /// The schedule.
+        schedule: String,
+    },
+    /// An interval under one second, or one too long to count in milliseconds.
+    #[error("an interval of {period:?} cannot be scheduled: it must be 1 s or more")]
+    BadInterval {
+        /// The interval as given.
+        period: Duration,
+    },
+    /// A stored schedule that this version cannot read.
+    #[error("unreadable stored schedule {spec:?}")]
+    BadSpec {
+        /// The stored text.
+        spec: String,
+    },
+}
+
+#[derive(Clone)]
+enum Kind {
+    Cron { cron: Box<Cron>, zone: Tz },
+    Every(Duration),
+}
+
+/// When a job fires: a cron expression in a time zone, or a fixed interval.
+///
+/// Cron expressions have 5 fields (minute, hour, day of month, month, day of week) or 6 (seconds
+/// first), in Vixie cron's syntax with its usual extensions (`L`, `W`, `#`, names of months and
+/// days), as the `croner` crate parses them. They are read in an IANA time zone (UTC unless
+/// given), with its daylight saving time rules:
+/// - a wall time that a spring-forward gap skips (02:30 on the night clocks go from 02:00 to
+///   03:00) fires at the first instant after the gap (03:00);
+/// - a wall time that a fall-back repeats (02:30 twice) fires once, at its first occurrence, for
+///   an expression that names it; an expression with a wildcard or a step in its hours or
+///   minutes (`*/15 * * * *`) fires at each real instant it names, in both passes.
+///
+/// A fixed interval fires at every multiple of it since the Unix epoch, in UTC: replicas agree on
+/// the instants without talking to each other, whenever each of them started.
+#[derive(Clone)]
+pub struct Schedule {
+    kind: Kind,
+    spec: String,
+}
+
+impl fmt::Debug for Schedule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.spec)
+    }
+}
+
+impl fmt::Display for Schedule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.spec)
+    }
+}
+
+impl PartialEq for Schedule {
+    fn eq(&self, other: &Self) -> bool {
+        self.spec == other.spec
+    }
+}
+
+impl Eq for Schedule {}
+
+impl Schedule {
+    /// A cron expression (5 or 6 fields) in time zone `zone` (an IANA name: `UTC`,
+    /// `Europe/Berlin`).
+    ///
+    /// # Errors
+    /// The expression does not parse, the zone is unknown, or the schedule never fires.
+    pub fn cron(expression: &str, zone: &str) -> Result<Self, ScheduleError> {
+        let expression = expression.split_whitespace().collect::<Vec<_>>().join(" ");
+        let zone_parsed: Tz = zone.parse().map_err(|_| ScheduleError::UnknownZone {
+            zone: zone.to_owned(),
+        })?;
+        let cron = CronParser::builder()
+            .seconds(Seconds::Optional)
+            .year(Year::Disallowed)
+            .build()
+            .parse(&expression)
+            .map_err(|err| ScheduleError::InvalidExpression {
+                expression: expression.clone(),
+                reason: err.to_string(),
+            })?;
+        let schedule = Self {
+            spec: format!("cron {expression} in {}", zone_parsed.name()),
+            kind: Kind::Cron {
+                cron: Box::new(cron),
+                zone: zone_parsed,
+            },
+        };
+        if schedule.next_after(Utc::now()).is_none() {
+            return Err(ScheduleError::NeverFires {
+                schedule: schedule.spec,
+            });
+        }
+        Ok(schedule)
+    }
+
+    /// Every `period` (1 s or more), at the multiples of it since the Unix epoch.
+    ///
+    /// # Errors
+    /// The period is under one second, or longer than milliseconds can count.
+    pub fn every(period: Duration) -> Result<Self, ScheduleError> {
+        if period < Duration::from_secs(1) || i64::try_from(period.as_millis()).is_err() {
+            return Err(ScheduleError::BadInterval { period });
+        }
+        Ok(Self {
+            spec: format!("every {}", humanize(period)),
+            kind: Kind::Every(period),
+        })
+    }
+
+    /// The schedule as the store keeps it (and [`from_spec`](Self::from_spec) reads it back):
+    /// `cron EXPRESSION in ZONE` or `every PERIOD`. Two replicas with the same schedule have the
+    /// same spec.
+    pub fn spec(&self) -> &str {
+        &self.spec
+    }
+
+    /// The schedule a [`spec`](Self::spec) describes.
+    ///
+    /// # Errors
+    /// The text is not a spec, or what it holds is refused as [`cron`](Self::cron) and
+    /// [`every`](Self::every) refuse it.
+    pub fn from_spec(spec: &str) -> Result<Self, ScheduleError> {
+        let bad = || ScheduleError::BadSpec {
+            spec: spec.to_owned(),
+        };
+        if let Some(rest) = spec.strip_prefix("cron ") {
+            let (expression, zone) = rest.rsplit_once(" in ").ok_or_else(bad)?;
+            return Self::cron(expression, zone);
+        }
+        if let Some(period) = spec.strip_prefix("every ") {
+            let period = humantime::parse_duration(period).map_err(|_| bad())?;
+            return Self::every(period);
+        }
+        Err(bad())
+    }
+
+    /// The first instant of the schedule strictly after `after`; `None` when there is none (an
+    /// expression whose instants ran out).
+    pub fn next_after(&self, after: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        match &self.kind {
+            Kind::Every(period) => {
+                let period = i64::try_from(period.as_millis()).ok()?;
+                let millis = after.timestamp_millis();
+                let next = (millis.div_euclid(period) + 1).checked_mul(period)?;
+                DateTime::from_timestamp_millis(next)
+            }
+            Kind::Cron { cron, zone } => {
+                let fixed = cron.determine_job_type() == JobType::FixedTime;
+                let next = next_in_wall_time(cron, *zone, after, fixed)?;
+                // croner searches wall time: from the first pass of an hour a fall-back repeats,
+                // it finds the wall time after that hour, and would skip the instants of its
+                // second pass that an expression with a wildcard or a step names.
+                if fixed {
+                    return Some(next);
+                }
+                Some(second_pass(cron, *zone, after, next).unwrap_or(next))
+            }
+        }
+    }
+}
+
+/// The first instant after `after` whose wall time in `zone` the expression names, as croner
+/// finds it (a wall time repeated by a fall-back once, at its first occurrence).
+fn next_in_wall_time(
+    cron: &Cron,
+    zone: Tz,
+    after: DateTime<Utc>,
+    fixed: bool,
+) -> Option<DateTime<Utc>> {
+    let mut from = after.with_timezone(&zone);
+    // From inside the second pass of a repeated hour, croner finds the wall time's first
+    // occurrence, which is before `after`. Its second occurrence is the answer for an
+    // expression with a wildcard or a step; a fixed time fired at the first, so the search goes
+    // on from the second.
+    for _ in 0..3 {
+        let next = cron.find_next_occurrence(&from, false).ok()?;
+        let utc = next.with_timezone(&Utc);
+        if utc > after {
+            return Some(utc);
+        }
+        let second = zone.from_local_datetime(&next.naive_local()).latest()?;
+        if !fixed && second.with_timezone(&Utc) > after {
+            return Some(second.with_timezone(&Utc));
+        }
+        from = second.max(after.with_timezone(&zone));
+    }
+    None
+}
+
+/// An instant in the second pass of a fall-back between `after` and `next` that the expression
+/// names, if any: the repeated wall times are checked second by second (an hour at most, and
+/// only on a night whose clocks go back).
+fn second_pass(
+    cron: &Cron,
+    zone: Tz,
+    after: DateTime<Utc>,
+    next: DateTime<Utc>,
+) -> Option<DateTime<Utc>> {
+    let offset = |t: DateTime<Utc>| zone.offset_from_utc_datetime(&t.naive_utc()).fix();
+    let (before, later) = (offset(after), offset(next));
+    let repeated = before.local_minus_utc() - later.local_minus_utc();
+    if repeated <= 0 {
+        return None;
+    }
+    // The transition: the first second with the later offset.
+    let (mut low, mut high) = (after, next);
+    while (high - low).num_seconds() > 1 {
+        let middle = low + (high - low) / 2;
+        if offset(middle) == before {
+            low = middle;
+        } else {
+            high = middle;
+        }
+    }
+    let mut at = high.max(after + chrono::Duration::seconds(1));
+    let end = (high + chrono::Duration::seconds(i64::from(repeated))).min(next);
+    while at < end {
+        if cron
+            .is_time_matching(&at.with_timezone(&zone))
+            .unwrap_or(false)
+        {
+            return Some(at);
+        }
+        at += chrono::Duration::seconds(1);
+    }
+    None
+}
+
+/// `period` as the shortest humantime text (`30s`, `1h 30m`).
+fn humanize(period: Duration) -> String {
+    humantime::format_duration(Duration::from_millis(
+        u64::try_from(period.as_millis()).unwrap_or(u64::MAX),
+    ))
+    .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(text: &str) -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339(text)
+            .expect("RFC 3339")
+            .with_timezone(&Utc)
+    }
+
+    #[test]
+    fn five_and_six_fields_in_a_zone() {
+        let five = Schedule::cron("30 3 * * *", "Europe/Berlin").expect("5 fields");
+        // 03:30 in Berlin in winter is 02:30 UTC.
+        assert_eq!(
+            five.next_after(at("2026-01-10T00:00:00Z")),
+            Some(at("2026-01-10T02:30:00Z"))
+        );
+        let six = Schedule::cron("*/10 * * * * *", "UTC").expect("6 fields");
+        assert_eq!(
+            six.next_after(at("2026-01-10T00:00:05Z")),
+            Some(at("2026-01-10T00:00:10Z"))
+        );
+        assert_eq!(five.spec(), "cron 30 3 * * * in Europe/Berlin");
+        assert_eq!(Schedule::from_spec(five.spec()), Ok(five));
+    }
+
+    #[test]
+    fn bad_input_is_refused_in_one_line() {
+        assert!(matches!(
+            Schedule::cron("61 * * * *", "UTC"),
+            Err(ScheduleError::InvalidExpression { .. })
+        ));
+        assert!(matches!(
+            Schedule::cron("* * * *", "UTC"),
+            Err(ScheduleError::InvalidExpression { .. })
+        ));
+        assert!(matches!(
+            Schedule::cron("0 0 * * * * 2026", "UTC"),
+            Err(ScheduleError::InvalidExpression { .. })
+        ));
+        assert_eq!(
+            Schedule::cron("0 0 * * *", "Mars/Olympus"),
+            Err(ScheduleError::UnknownZone {
+                zone: "Mars/Olympus".into()
+            })
+        );
+        assert!(matches!(
+            Schedule::cron("0 0 30 2 *", "UTC"),
+            Err(ScheduleError::NeverFires { .. })
+        ));
+        assert!(matches!(
+            Schedule::every(Duration::from_millis(500)),
+            Err(ScheduleError::BadInterval { .. })
+        ));
+        for err in [
+            Schedule::cron("0 0 30 2 *", "UTC").expect_err("never"),
+            Schedule::cron("x", "UTC").expect_err("invalid"),
+        ] {
+            assert!(!err.to_string().contains('\n'), "{err}");
+        }
+    }
+
+    #[test]
+    fn intervals_are_aligned_to_the_epoch() {
+        let every = Schedule::every(Duration::from_secs(30)).expect("every 30 s");
+        assert_eq!(every.spec(), "every 30s");
+        assert_eq!(
+            every.next_after(at("2026-01-10T00:00:29.999Z")),
+            Some(at("2026-01-10T00:00:30Z"))
+        );
+        assert_eq!(
+            every.next_after(at("2026-01-10T00:00:30Z")),
+            Some(at("2026-01-10T00:01:00Z"))
+        );
+        assert_eq!(Schedule::from_spec("every 30s"), Ok(every));
+    }
+
+    /// Europe/Berlin, 2026: clocks go from 02:00 to 03:00 on March 29th (01:00 UTC), and from
+    /// 03:00 back to 02:00 on October 25th (01:00 UTC).
+    #[test]
+    fn daylight_saving_gaps_and_repeats() {
+        let daily = Schedule::cron("30 2 * * *", "Europe/Berlin").expect("daily");
+        // The gap: 02:30 does not exist; it fires at 03:00 local, 01:00 UTC.
+        assert_eq!(
+            daily.next_after(at("2026-03-28T12:00:00Z")),
+            Some(at("2026-03-29T01:00:00Z"))
+        );
+        // The repeat: 02:30 happens twice (00:30 and 01:30 UTC); it fires once, at the first.
+        let first = daily.next_after(at("2026-10-24T12:00:00Z")).expect("fires");
+        assert_eq!(first, at("2026-10-25T00:30:00Z"));
+        assert_eq!(
+            daily.next_after(first),
+            Some(at("2026-10-26T01:30:00Z")),
+            "not again in the second pass"
+        );
+        // From inside the second pass, the next firing is still the next day's.
+        assert_eq!(
+            daily.next_after(at("2026-10-25T01:10:00Z")),
+            Some(at("2026-10-26T01:30:00Z"))
+        );
+        // A wildcard hour fires at each real instant, in both passes.
+        let quarterly = Schedule::cron("*/15 * * * *", "Europe/Berlin").expect("quarterly");
+        let mut instants = Vec::new();
+        let mut t = at("2026-10-25T00:00:00Z");
+        while t < at("2026-10-25T02:00:00Z") {
+            t = quarterly.next_after(t).expect("fires");
+            instants.push(t);
+        }
+        assert_eq!(
+            instants.len(),
+            8,
+            "every 15 minutes of real time: {instants:?}"
+        );
+    }
+}

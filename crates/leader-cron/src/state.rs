@@ -1,0 +1,162 @@
+//! What the store keeps of a schedule: one extension of the lock's record, `cron/NAME`, as JSON.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+/// The record extension that holds schedule `name`'s state.
+pub fn extension_key(name: &str) -> String {
+    format!("cron/{name}")
+}
+
+/// A schedule's state, as the store keeps it: written by the leader only, by compare-and-swap
+/// under its fencing token, before each firing starts and after it ends.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[non_exhaustive]
+pub struct CronState {
+    /// The schedule's [`spec`](crate::Schedule::spec): every replica must run the same one.
+    pub schedule: String,
+    /// When the state was first written: no firing before it is due.
+    pub since: DateTime<Utc>,
+    /// The latest scheduled instant handled (started, or missed by the policy); the next firing
+    /// is the schedule's first instant after it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cursor: Option<DateTime<Utc>>,
+    /// Firings started and not yet ended, oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub running: Vec<Started>,
+    /// The firing that ended last, with its outcome.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last: Option<Ended>,
+    /// Firings missed so far (no leader at their time, or skipped by the policy).
+    #[serde(default)]
+    pub missed: u64,
+}
+
+/// A firing started.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[non_exhaustive]
+pub struct Started {
+    /// Its scheduled instant: with the schedule's name, the firing's identity.
+    pub scheduled: DateTime<Utc>,
+    /// 1 for the first run, more for a firing retried after its leader died.
+    pub attempt: u32,
+    /// The fencing token of the term that started it.
+    pub fencing_token: u64,
+    /// When it started, by the leader's clock.
+    pub started_at: DateTime<Utc>,
+}
+
+/// A firing that ended.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[non_exhaustive]
+pub struct Ended {
+    /// Its scheduled instant.
+    pub scheduled: DateTime<Utc>,
+    /// The attempt that ended.
+    pub attempt: u32,
+    /// How it ended.
+    pub outcome: Outcome,
+    /// When it ended (or was given up), by the leader's clock.
+    pub ended_at: DateTime<Utc>,
+}
+
+/// How a firing ended.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", tag = "kind")]
+#[non_exhaustive]
+pub enum Outcome {
+    /// The job returned `Ok`.
+    Succeeded,
+    /// The job returned an error (its text; for the `leader cron` command, COMMAND's exit).
+    Failed {
+        /// What it said.
+        message: String,
+    },
+    /// Its leader died (or lost its lease) while it ran, and the policy gives it up:
+    /// [`Interrupted::GiveUp`](crate::Interrupted::GiveUp), or its attempts ran out.
+    GaveUp {
+        /// Why.
+        reason: String,
+    },
+    /// A later firing replaced it while it ran ([`Overlap::Replace`](crate::Overlap::Replace)).
+    Replaced,
+}
+
+impl Outcome {
+    /// A short name: `succeeded`, `failed`, `gave up`, `replaced`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Succeeded => "succeeded",
+            Self::Failed { .. } => "failed",
+            Self::GaveUp { .. } => "gave up",
+            Self::Replaced => "replaced",
+        }
+    }
+}
+
+impl CronState {
+    /// A new state for `schedule`, due from `since`.
+    pub fn new(schedule: &str, since: DateTime<Utc>) -> Self {
+        Self {
+            schedule: schedule.to_owned(),
+            since,
+            cursor: None,
+            running: Vec::new(),
+            last: None,
+            missed: 0,
+        }
+    }
+
+    /// Reads the state from a record extension's value.
+    ///
+    /// # Errors
+    /// The value is not such a state.
+    pub fn from_json(value: &str) -> Result<Self, serde_json::Error> {
+        serde_json::from_str(value)
+    }
+
+    /// The state as the extension's value.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// The instant after which the next firing is due: the cursor, or `since` before any firing.
+    pub fn handled_until(&self) -> DateTime<Utc> {
+        self.cursor.map_or(self.since, |c| c.max(self.since))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_state_round_trips_as_json() {
+        let at = DateTime::parse_from_rfc3339("2026-01-10T00:00:00Z")
+            .expect("time")
+            .with_timezone(&Utc);
+        let mut state = CronState::new("every 1s", at);
+        state.cursor = Some(at);
+        state.running.push(Started {
+            scheduled: at,
+            attempt: 1,
+            fencing_token: 7,
+            started_at: at,
+        });
+        state.last = Some(Ended {
+            scheduled: at,
+            attempt: 2,
+            outcome: Outcome::Failed {
+                message: "exit 3".into(),
+            },
+            ended_at: at,
+        });
+        let json = state.to_json();
+        assert!(json.contains(r#""kind":"failed""#), "{json}");
+        assert_eq!(CronState::from_json(&json).expect("parses"), state);
+        assert!(CronState::from_json("{\"garbage\":1}").is_err());
+    }
+}

@@ -1,0 +1,495 @@
+//! The policy matrix on tokio's paused clock, with electors on the in-memory lock: each firing
+//! started once; a leader change just before, during and after a firing; missed firings (latest,
+//! all, skip, a starting deadline); overlapping firings (forbid, allow, replace); interrupted
+//! firings (retried, given up); a replica with another schedule refused; a clock stepped back
+//! repeats nothing.
+
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use leader_core::background::Candidate;
+use leader_core::{LeaderElector, MemoryStore};
+use leader_cron::{
+    Clock, CronJob, CronState, Firing, Interrupted, Missed, Outcome, Overlap, Schedule, TokioClock,
+    extension_key,
+};
+use tokio::time::sleep;
+
+const LEASE: Duration = Duration::from_secs(15);
+
+fn origin() -> DateTime<Utc> {
+    DateTime::parse_from_rfc3339("2026-01-10T00:00:00Z")
+        .expect("time")
+        .with_timezone(&Utc)
+}
+
+/// The firings the jobs started, in order: (scheduled, attempt, replica).
+type Log = Arc<Mutex<Vec<(DateTime<Utc>, u32, String)>>>;
+
+/// One replica: an elector running the job, and a flag that makes its job act as if its process
+/// died (it records nothing more) once the replica is crashed.
+struct Replica {
+    candidate: Option<Candidate>,
+    dead: Arc<AtomicBool>,
+    errors: Arc<Mutex<Vec<String>>>,
+}
+
+impl Replica {
+    fn start(store: &MemoryStore, id: &str, job: CronJob) -> Self {
+        let errors = Arc::new(Mutex::new(Vec::new()));
+        let seen = errors.clone();
+        let elector = LeaderElector::builder(store.lock("election", id))
+            .jitter(0.0)
+            .lease_duration(LEASE)
+            .renew_deadline(Duration::from_secs(10))
+            .retry_period(Duration::from_secs(2))
+            .on_started_leading(move |leadership| {
+                let (job, seen) = (job.clone(), seen.clone());
+                async move {
+                    if let Err(err) = job.run(leadership).await {
+                        seen.lock().expect("errors").push(err.to_string());
+                    }
+                }
+            });
+        Self {
+            candidate: Some(Candidate::build(elector)),
+            dead: Arc::new(AtomicBool::new(false)),
+            errors,
+        }
+    }
+
+    fn leading(&self) -> bool {
+        self.candidate.as_ref().is_some_and(Candidate::is_leading)
+    }
+
+    /// The process dies: no release, no more writes; its lease runs out.
+    fn crash(&mut self) {
+        self.dead.store(true, Ordering::Release);
+        if let Some(candidate) = self.candidate.take() {
+            candidate.task.abort();
+        }
+    }
+}
+
+/// The job: logs each firing it starts, then works for `works` (or until cancelled); once its
+/// replica is dead it does nothing.
+fn work(
+    builder: leader_cron::CronJobBuilder,
+    id: &str,
+    log: &Log,
+    works: Duration,
+    dead: &Arc<AtomicBool>,
+) -> CronJob {
+    let (log, id, dead) = (log.clone(), id.to_owned(), dead.clone());
+    builder
+        .build(move |firing: Firing, cancel| {
+            let (log, id, dead) = (log.clone(), id.clone(), dead.clone());
+            async move {
+                if dead.load(Ordering::Acquire) {
+                    return Ok(());
+                }
+                log.lock()
+                    .expect("log")
+                    .push((firing.scheduled, firing.attempt, id));
+                tokio::select! {
+                    () = sleep(works) => Ok(()),
+                    () = cancel.cancelled() => Err("cancelled".into()),
+                }
+            }
+        })
+        .expect("valid job")
+}
+
+/// A replica running schedule `schedule` under name `name` with `configure` applied.
+fn replica(
+    store: &MemoryStore,
+    clock: &TokioClock,
+    id: &str,
+    schedule: &Schedule,
+    log: &Log,
+    works: Duration,
+    configure: impl FnOnce(leader_cron::CronJobBuilder) -> leader_cron::CronJobBuilder,
+) -> Replica {
+    let dead = Arc::new(AtomicBool::new(false));
+    let builder = configure(CronJob::builder("report", schedule.clone()).clock(clock.clone()));
+    let job = work(builder, id, log, works, &dead);
+    let mut replica = Replica::start(store, id, job);
+    replica.dead = dead;
+    replica
+}
+
+/// The schedule's state as the store holds it.
+async fn stored(store: &MemoryStore) -> CronState {
+    use leader_core::ResourceLock;
+    let value = store
+        .lock("election", "reader")
+        .get()
+        .await
+        .expect("get")
+        .expect("a record")
+        .record
+        .extensions
+        .get(&extension_key("report"))
+        .cloned()
+        .expect("the schedule's state");
+    CronState::from_json(&value).expect("a state")
+}
+
+fn instants(log: &Log) -> Vec<(DateTime<Utc>, u32)> {
+    log.lock()
+        .expect("log")
+        .iter()
+        .map(|(at, attempt, _)| (*at, *attempt))
+        .collect()
+}
+
+fn minutes(n: i64) -> DateTime<Utc> {
+    origin() + chrono::Duration::minutes(n)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_steady_leader_starts_each_firing_once_on_time() {
+    let store = MemoryStore::new();
+    let clock = TokioClock::starting_at(origin());
+    let log = Log::default();
+    let every = Schedule::every(Duration::from_secs(60)).expect("schedule");
+    let mut replicas: Vec<Replica> = ["a", "b", "c"]
+        .iter()
+        .map(|id| {
+            replica(
+                &store,
+                &clock,
+                id,
+                &every,
+                &log,
+                Duration::from_secs(5),
+                |b| b,
+            )
+        })
+        .collect();
+    sleep(Duration::from_secs(10 * 60 + 30)).await;
+    let started = instants(&log);
+    assert_eq!(
+        started,
+        (1..=10).map(|m| (minutes(m), 1)).collect::<Vec<_>>(),
+        "one start per minute, each once"
+    );
+    let state = stored(&store).await;
+    assert_eq!(state.cursor, Some(minutes(10)));
+    assert_eq!(
+        state.last.as_ref().map(|l| l.outcome.clone()),
+        Some(Outcome::Succeeded)
+    );
+    assert!(state.running.is_empty() && state.missed == 0, "{state:?}");
+    for r in &mut replicas {
+        r.crash();
+    }
+}
+
+/// The leader dies just before a firing, during one, and just after one ended: the next leader
+/// starts each instant once, retries the one that was running (attempt 2), and loses none.
+#[tokio::test(start_paused = true)]
+async fn a_leader_change_before_during_and_after_a_firing() {
+    for (case, offset) in [("before", -5), ("during", 10), ("after", 40)] {
+        let store = MemoryStore::new();
+        let clock = TokioClock::starting_at(origin());
+        let log = Log::default();
+        let every = Schedule::every(Duration::from_secs(60)).expect("schedule");
+        let works = Duration::from_secs(20);
+        let mut a = replica(&store, &clock, "a", &every, &log, works, |b| b);
+        sleep(Duration::from_secs(1)).await;
+        let mut b = replica(&store, &clock, "b", &every, &log, works, |b| b);
+        // Minute 2, plus the offset: crash the leader.
+        sleep(Duration::from_secs(
+            u64::try_from(2 * 60 + offset - 1).expect("later"),
+        ))
+        .await;
+        let (leader, follower) = if a.leading() {
+            (&mut a, &mut b)
+        } else {
+            (&mut b, &mut a)
+        };
+        leader.crash();
+        sleep(Duration::from_secs(6 * 60)).await;
+        assert!(follower.leading(), "{case}: the follower took over");
+        let started = instants(&log);
+        let last = (2 * 60 + offset - 1 + 6 * 60) / 60;
+        // Firings missed during the failover run late (the latest one), so none is lost.
+        let mut firings: Vec<DateTime<Utc>> = started.iter().map(|s| s.0).collect();
+        firings.dedup();
+        assert_eq!(
+            firings,
+            (1..=last).map(minutes).collect::<Vec<_>>(),
+            "{case}: every instant started, in order: {started:?}"
+        );
+        let attempts = |m| started.iter().filter(|s| s.0 == minutes(m)).count();
+        for m in 1..=last {
+            let want = if case == "during" && m == 2 { 2 } else { 1 };
+            assert_eq!(attempts(m), want, "{case}: minute {m}: {started:?}");
+        }
+        follower.crash();
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn missed_firings_follow_the_policy() {
+    for (missed, late_runs) in [
+        (Missed::Latest, vec![5]),
+        (Missed::All { max: 3 }, vec![3, 4, 5]),
+        (Missed::Skip, vec![]),
+    ] {
+        let store = MemoryStore::new();
+        let clock = TokioClock::starting_at(origin());
+        let log = Log::default();
+        let every = Schedule::every(Duration::from_secs(60)).expect("schedule");
+        let short = Duration::from_secs(5);
+        // A leads through minute 1, and dies; nobody leads until minute 5:30.
+        let mut a = replica(&store, &clock, "a", &every, &log, short, |b| {
+            b.missed(missed)
+        });
+        sleep(Duration::from_secs(90)).await;
+        a.crash();
+        sleep(Duration::from_secs(4 * 60)).await;
+        let mut b = replica(&store, &clock, "b", &every, &log, short, |b| {
+            b.missed(missed).overlap(Overlap::Allow)
+        });
+        sleep(Duration::from_secs(60 + 45)).await;
+        assert!(
+            b.leading(),
+            "{missed:?}: b leads; {:?}",
+            b.errors.lock().expect("errors")
+        );
+        let started: Vec<DateTime<Utc>> = instants(&log).iter().map(|s| s.0).collect();
+        let mut expected = vec![minutes(1)];
+        expected.extend(late_runs.iter().map(|m| minutes(*m)));
+        expected.extend([minutes(6), minutes(7)]);
+        assert_eq!(started, expected, "{missed:?}");
+        let state = stored(&store).await;
+        assert_eq!(
+            state.missed,
+            4 - late_runs.len() as u64,
+            "{missed:?}: {state:?}"
+        );
+        b.crash();
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_starting_deadline_misses_what_is_too_late() {
+    let store = MemoryStore::new();
+    let clock = TokioClock::starting_at(origin());
+    let log = Log::default();
+    let every = Schedule::every(Duration::from_secs(60)).expect("schedule");
+    let configure = |b: leader_cron::CronJobBuilder| {
+        b.missed(Missed::All { max: 10 })
+            .overlap(Overlap::Allow)
+            .starting_deadline(Duration::from_secs(150))
+    };
+    let mut a = replica(
+        &store,
+        &clock,
+        "a",
+        &every,
+        &log,
+        Duration::from_secs(1),
+        configure,
+    );
+    sleep(Duration::from_secs(90)).await;
+    a.crash();
+    sleep(Duration::from_secs(5 * 60)).await;
+    // Now 6:30: minutes 2, 3 and 4 are older than 150 s; 5 and 6 are within it.
+    let mut b = replica(
+        &store,
+        &clock,
+        "b",
+        &every,
+        &log,
+        Duration::from_secs(1),
+        configure,
+    );
+    // It takes over a lease after it saw the record (S2), and starts what is due then.
+    sleep(Duration::from_secs(25)).await;
+    let started: Vec<DateTime<Utc>> = instants(&log).iter().map(|s| s.0).collect();
+    assert_eq!(started, vec![minutes(1), minutes(5), minutes(6)]);
+    assert_eq!(stored(&store).await.missed, 3);
+    b.crash();
+}
+
+#[tokio::test(start_paused = true)]
+async fn overlapping_firings_follow_the_policy() {
+    for overlap in [Overlap::Forbid, Overlap::Allow, Overlap::Replace] {
+        let store = MemoryStore::new();
+        let clock = TokioClock::starting_at(origin());
+        let log = Log::default();
+        let every = Schedule::every(Duration::from_secs(10)).expect("schedule");
+        // Each run takes 25 s: it overruns two later firings.
+        let mut a = replica(
+            &store,
+            &clock,
+            "a",
+            &every,
+            &log,
+            Duration::from_secs(25),
+            |b| b.overlap(overlap),
+        );
+        sleep(Duration::from_secs(65)).await;
+        let started: Vec<i64> = instants(&log)
+            .iter()
+            .map(|s| (s.0 - origin()).num_seconds())
+            .collect();
+        let state = stored(&store).await;
+        match overlap {
+            Overlap::Forbid => {
+                assert_eq!(started, vec![10, 40], "forbid");
+                assert_eq!(state.missed, 4, "20, 30, 50 and 60 skipped: {state:?}");
+            }
+            Overlap::Allow => assert_eq!(started, vec![10, 20, 30, 40, 50, 60], "allow"),
+            _ => {
+                assert_eq!(started, vec![10, 20, 30, 40, 50, 60], "replace");
+                assert_eq!(
+                    state.last.as_ref().map(|l| l.outcome.clone()),
+                    Some(Outcome::Replaced),
+                    "the one running was replaced: {state:?}"
+                );
+                assert_eq!(state.running.len(), 1, "one runs at a time: {state:?}");
+            }
+        }
+        a.crash();
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_interrupted_firing_is_retried_or_given_up_never_silently() {
+    for policy in [Interrupted::Retry { max_attempts: 2 }, Interrupted::GiveUp] {
+        let store = MemoryStore::new();
+        let clock = TokioClock::starting_at(origin());
+        let log = Log::default();
+        let every = Schedule::every(Duration::from_secs(600)).expect("schedule");
+        let works = Duration::from_secs(120);
+        let mut a = replica(&store, &clock, "a", &every, &log, works, |b| {
+            b.interrupted(policy)
+        });
+        sleep(Duration::from_secs(1)).await;
+        let mut b = replica(&store, &clock, "b", &every, &log, works, |b| {
+            b.interrupted(policy)
+        });
+        // The firing of 10:00 runs; its leader dies at 10:30.
+        sleep(Duration::from_secs(600 + 29)).await;
+        let (leader, follower) = if a.leading() {
+            (&mut a, &mut b)
+        } else {
+            (&mut b, &mut a)
+        };
+        leader.crash();
+        sleep(Duration::from_secs(3 * 60)).await;
+        let started = instants(&log);
+        let state = stored(&store).await;
+        match policy {
+            Interrupted::GiveUp => {
+                assert_eq!(started, vec![(minutes(10), 1)]);
+                assert!(
+                    matches!(
+                        state.last.as_ref().map(|l| &l.outcome),
+                        Some(Outcome::GaveUp { .. })
+                    ),
+                    "{state:?}"
+                );
+            }
+            _ => {
+                assert_eq!(started, vec![(minutes(10), 1), (minutes(10), 2)]);
+                assert_eq!(
+                    state.last.as_ref().map(|l| (l.attempt, l.outcome.clone())),
+                    Some((2, Outcome::Succeeded)),
+                    "{state:?}"
+                );
+            }
+        }
+        assert!(state.running.is_empty(), "{state:?}");
+        follower.crash();
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_replica_with_another_schedule_is_refused_and_changes_nothing() {
+    let store = MemoryStore::new();
+    let clock = TokioClock::starting_at(origin());
+    let log = Log::default();
+    let every = Schedule::every(Duration::from_secs(60)).expect("schedule");
+    let mut a = replica(
+        &store,
+        &clock,
+        "a",
+        &every,
+        &log,
+        Duration::from_secs(1),
+        |b| b,
+    );
+    sleep(Duration::from_secs(90)).await;
+    a.crash();
+    let before = stored(&store).await;
+    let other = Schedule::cron("*/2 * * * *", "UTC").expect("schedule");
+    let mut b = replica(
+        &store,
+        &clock,
+        "b",
+        &other,
+        &log,
+        Duration::from_secs(1),
+        |b| b,
+    );
+    sleep(Duration::from_secs(60)).await;
+    let errors = b.errors.lock().expect("errors").clone();
+    assert!(
+        errors
+            .first()
+            .is_some_and(|e| e.contains("every 1m") && e.contains("*/2 * * * *")),
+        "one line naming both schedules: {errors:?}"
+    );
+    assert_eq!(stored(&store).await, before, "nothing changed");
+    assert_eq!(instants(&log).len(), 1, "nothing run by the other schedule");
+    b.crash();
+}
+
+/// A clock that can be stepped, over tokio's.
+#[derive(Debug)]
+struct SteppedClock {
+    base: TokioClock,
+    offset_seconds: Arc<AtomicI64>,
+}
+
+impl Clock for SteppedClock {
+    fn now(&self) -> DateTime<Utc> {
+        self.base.now() + chrono::Duration::seconds(self.offset_seconds.load(Ordering::Acquire))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_clock_stepped_back_repeats_no_firing() {
+    let store = MemoryStore::new();
+    let clock = TokioClock::starting_at(origin());
+    let log = Log::default();
+    let every = Schedule::every(Duration::from_secs(60)).expect("schedule");
+    let offset = Arc::new(AtomicI64::new(0));
+    let stepped = SteppedClock {
+        base: clock.clone(),
+        offset_seconds: offset.clone(),
+    };
+    let mut a = replica(
+        &store,
+        &clock,
+        "a",
+        &every,
+        &log,
+        Duration::from_secs(1),
+        |b| b.clock(stepped),
+    );
+    sleep(Duration::from_secs(5 * 60 + 30)).await;
+    offset.store(-3 * 60, Ordering::Release);
+    sleep(Duration::from_secs(5 * 60)).await;
+    let started: Vec<DateTime<Utc>> = instants(&log).iter().map(|s| s.0).collect();
+    // 1 to 5, then (the clock reading 2:30 at 5:30) nothing until it reads past 5 again.
+    assert_eq!(started, (1..=7).map(minutes).collect::<Vec<_>>());
+    a.crash();
+}
