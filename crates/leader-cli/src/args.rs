@@ -17,6 +17,10 @@ pub(crate) struct Cli {
 pub(crate) enum Command {
     /// Wait to be elected, run COMMAND while leading, stop it when leadership ends.
     Run(RunArgs),
+    /// Run COMMAND once per firing of a schedule, on whichever replica leads: each firing
+    /// started at most once across replicas, recorded in the lock's record.
+    #[cfg(feature = "cron")]
+    Cron(CronArgs),
     /// Show the lock's holder, times and transitions, without taking part in the election.
     Status(StatusArgs),
     /// Ask the leader to hand over to a named replica (a planned handover), without taking
@@ -42,9 +46,10 @@ pub(crate) struct LockArgs {
 /// The label key of `--label-pod` without a value (`leader_kube::POD_LABEL`).
 pub(crate) const DEFAULT_POD_LABEL: &str = "leader-rs.io/leader";
 
+/// What `leader run` and `leader cron` share: the election and the replica's surfaces.
 #[derive(Debug, Args)]
 #[command(group = clap::ArgGroup::new("any_serve").args(["serve", "metrics_addr"]).multiple(false))]
-pub(crate) struct RunArgs {
+pub(crate) struct ElectionArgs {
     #[command(flatten)]
     pub(crate) lock: LockArgs,
     /// This candidate's identity: one per process, never shared by two replicas. Default: the
@@ -65,9 +70,6 @@ pub(crate) struct RunArgs {
     /// for anyone else: at 80% of lease duration minus renew deadline.
     #[arg(long, env = "LEADER_GRACE", value_parser = humantime::parse_duration)]
     pub(crate) grace: Option<Duration>,
-    /// Exit when leadership is lost (exit code 75) instead of running for it again.
-    #[arg(long, env = "LEADER_ONCE")]
-    pub(crate) once: bool,
     /// Exit (code 8) when another process leads with this replica's identity, instead of
     /// waiting for its term to end.
     #[arg(long, env = "LEADER_EXIT_ON_IDENTITY_CONFLICT")]
@@ -115,12 +117,67 @@ pub(crate) struct RunArgs {
     /// plain release (a planned handover: it takes over at once, the others stand back).
     #[arg(long, env = "LEADER_HANDOVER_TO", value_name = "IDENTITY")]
     pub(crate) handover_to: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct RunArgs {
+    #[command(flatten)]
+    pub(crate) election: ElectionArgs,
+    /// Exit when leadership is lost (exit code 75) instead of running for it again.
+    #[arg(long, env = "LEADER_ONCE")]
+    pub(crate) once: bool,
     /// The program to run while leading, and its arguments.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub(crate) command: Vec<String>,
 }
 
-impl RunArgs {
+/// `leader cron`: the schedule, its policies and the program run per firing.
+#[cfg(feature = "cron")]
+#[derive(Debug, Args)]
+#[command(group = clap::ArgGroup::new("when").args(["schedule", "every"]).required(true).multiple(false))]
+pub(crate) struct CronArgs {
+    #[command(flatten)]
+    pub(crate) election: ElectionArgs,
+    /// A cron expression, 5 fields (minute hour day-of-month month day-of-week) or 6 (seconds
+    /// first), read in --time-zone.
+    #[arg(long, env = "LEADER_SCHEDULE", value_name = "EXPRESSION")]
+    pub(crate) schedule: Option<String>,
+    /// The IANA time zone of --schedule (Europe/Berlin, America/New_York, UTC).
+    #[arg(
+        long,
+        env = "LEADER_TIME_ZONE",
+        default_value = "UTC",
+        value_name = "ZONE"
+    )]
+    pub(crate) time_zone: String,
+    /// A fixed interval instead of --schedule (30s, 5m, 1h: at least 1s), at the multiples of it
+    /// since the Unix epoch.
+    #[arg(long, env = "LEADER_EVERY", value_parser = humantime::parse_duration, value_name = "PERIOD")]
+    pub(crate) every: Option<Duration>,
+    /// Firings nobody started in time (no leader): run the latest late, run all (at most
+    /// --missed-max), or skip them.
+    #[arg(long, env = "LEADER_MISSED", default_value = "latest", value_parser = ["latest", "all", "skip"])]
+    pub(crate) missed: String,
+    /// With --missed all: the most missed firings run.
+    #[arg(long, env = "LEADER_MISSED_MAX", default_value_t = 10)]
+    pub(crate) missed_max: u32,
+    /// Firings later than this are missed whatever --missed says.
+    #[arg(long, env = "LEADER_STARTING_DEADLINE", value_parser = humantime::parse_duration, value_name = "DURATION")]
+    pub(crate) starting_deadline: Option<Duration>,
+    /// A firing due while the previous one still runs: skip it (forbid), run both (allow), or
+    /// stop the running one (replace).
+    #[arg(long, env = "LEADER_OVERLAP", default_value = "forbid", value_parser = ["forbid", "allow", "replace"])]
+    pub(crate) overlap: String,
+    /// A firing whose leader died before it ended: attempts in all, the first included (1:
+    /// give it up, so that it runs at most once).
+    #[arg(long, env = "LEADER_ATTEMPTS", default_value_t = 3)]
+    pub(crate) attempts: u32,
+    /// The program to run per firing, and its arguments.
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    pub(crate) command: Vec<String>,
+}
+
+impl ElectionArgs {
     /// The address of `--serve`, or of its former name `--metrics-addr`.
     pub(crate) fn serve_addr(&self) -> Option<SocketAddr> {
         self.serve.or(self.metrics_addr)
@@ -162,7 +219,7 @@ mod tests {
     #[test]
     fn the_lock_help_lists_every_scheme() {
         let command = Cli::command();
-        for subcommand in ["run", "status", "handover"] {
+        for subcommand in ["run", "status", "handover", "cron"] {
             let help = command
                 .find_subcommand(subcommand)
                 .and_then(|c| c.get_arguments().find(|a| a.get_id() == "lock"))

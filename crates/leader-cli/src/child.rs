@@ -19,6 +19,8 @@ pub(crate) struct Program {
     pub(crate) command: Vec<String>,
     pub(crate) name: String,
     pub(crate) identity: String,
+    /// More environment for COMMAND (`leader cron`: the firing).
+    pub(crate) env: Vec<(String, String)>,
 }
 
 impl Program {
@@ -43,6 +45,7 @@ impl Program {
             .env("LEADER_NAME", &self.name)
             .env("LEADER_IDENTITY", &self.identity)
             .env("LEADER_FENCING_TOKEN", fencing_token.to_string())
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .process_group(0)
             .kill_on_drop(true);

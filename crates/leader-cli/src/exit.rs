@@ -21,6 +21,14 @@ pub(crate) const NO_ELECTION: u8 = 6;
 pub(crate) const NOT_HANDED_OVER: u8 = 7;
 /// `--exit-on-identity-conflict`: another process leads with this replica's identity.
 pub(crate) const IDENTITY_CONFLICT: u8 = 8;
+/// `cron`: the schedule cannot be used (an invalid expression, an unknown time zone, a schedule
+/// that never fires, an interval under a second).
+#[cfg(feature = "cron")]
+pub(crate) const BAD_SCHEDULE: u8 = 9;
+/// `cron`: the store holds another schedule under this name (replicas started with different
+/// schedules).
+#[cfg(feature = "cron")]
+pub(crate) const SCHEDULE_MISMATCH: u8 = 10;
 /// `--once`: leadership was lost before COMMAND finished.
 pub(crate) const LOST: u8 = 75;
 /// COMMAND could not be executed.

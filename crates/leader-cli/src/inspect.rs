@@ -54,6 +54,7 @@ pub(crate) async fn status(args: StatusArgs) -> u8 {
             "expired": expired,
             "expiresInMillis": time_left.map(|left| left.as_millis()),
             "handoverTo": record.handover_to(),
+            "schedules": schedules_json(record),
         });
         println!("{value}");
     } else {
@@ -90,9 +91,84 @@ pub(crate) async fn status(args: StatusArgs) -> u8 {
         if let Some(to) = record.handover_to() {
             println!("handover to  {to} (pending)");
         }
+        print_schedules(record);
     }
     exit::OK
 }
+
+/// The schedules `leader cron` keeps in the record, as JSON: each with its last firing and
+/// outcome, and the next firing.
+#[cfg(feature = "cron")]
+fn schedules_json(record: &leader_core::LeaderElectionRecord) -> serde_json::Value {
+    use leader::cron::ScheduleStatus;
+    let schedules: Vec<serde_json::Value> = ScheduleStatus::all_in(&record.extensions)
+        .into_iter()
+        .map(|s| {
+            serde_json::json!({
+                "name": s.name,
+                "schedule": s.state.schedule,
+                "running": s.state.running,
+                "last": s.state.last,
+                "missed": s.state.missed,
+                "next": s.next,
+            })
+        })
+        .collect();
+    serde_json::Value::Array(schedules)
+}
+
+#[cfg(not(feature = "cron"))]
+fn schedules_json(_record: &leader_core::LeaderElectionRecord) -> serde_json::Value {
+    serde_json::Value::Array(Vec::new())
+}
+
+/// The schedules, for people.
+#[cfg(feature = "cron")]
+fn print_schedules(record: &leader_core::LeaderElectionRecord) {
+    use leader::cron::ScheduleStatus;
+    for s in ScheduleStatus::all_in(&record.extensions) {
+        println!("schedule     {} ({})", s.name, s.state.schedule);
+        match &s.state.last {
+            Some(last) => println!(
+                "  last       {} attempt {}: {} at {}",
+                last.scheduled.to_rfc3339(),
+                last.attempt,
+                describe(&last.outcome),
+                last.ended_at.to_rfc3339()
+            ),
+            None => println!("  last       (none yet)"),
+        }
+        for running in &s.state.running {
+            println!(
+                "  running    {} attempt {} (fencing token {}, since {})",
+                running.scheduled.to_rfc3339(),
+                running.attempt,
+                running.fencing_token,
+                running.started_at.to_rfc3339()
+            );
+        }
+        match s.next {
+            Some(next) => println!("  next       {}", next.to_rfc3339()),
+            None => println!("  next       (never)"),
+        }
+        if s.state.missed > 0 {
+            println!("  missed     {}", s.state.missed);
+        }
+    }
+}
+
+#[cfg(feature = "cron")]
+fn describe(outcome: &leader::cron::Outcome) -> String {
+    use leader::cron::Outcome;
+    match outcome {
+        Outcome::Failed { message } => format!("failed ({message})"),
+        Outcome::GaveUp { reason } => format!("gave up ({reason})"),
+        other => other.name().to_owned(),
+    }
+}
+
+#[cfg(not(feature = "cron"))]
+fn print_schedules(_record: &leader_core::LeaderElectionRecord) {}
 
 pub(crate) async fn handover(args: HandoverArgs) -> u8 {
     let lock = match open_lock(&args.lock, "leader-handover", Duration::from_secs(5)).await {

@@ -4,6 +4,8 @@
 
 mod args;
 mod child;
+#[cfg(feature = "cron")]
+mod cron;
 mod exit;
 mod inspect;
 mod label;
@@ -62,6 +64,8 @@ pub fn main() -> ExitCode {
     let code = runtime.block_on(async {
         match cli.command {
             Command::Run(args) => run::run(args).await,
+            #[cfg(feature = "cron")]
+            Command::Cron(args) => cron::cron(args).await,
             Command::Status(args) => inspect::status(args).await,
             Command::Handover(args) => inspect::handover(args).await,
         }

@@ -10,7 +10,7 @@ use leader_core::{
 };
 use tokio::sync::watch;
 
-use crate::args::RunArgs;
+use crate::args::{ElectionArgs, RunArgs};
 use crate::child::{self, Program};
 use crate::exit;
 use crate::label;
@@ -21,6 +21,35 @@ use crate::serve;
 const DEFAULT_GRACE: Duration = Duration::from_secs(3);
 
 pub(crate) async fn run(args: RunArgs) -> u8 {
+    let work = Work::Term {
+        once: args.once,
+        command: args.command,
+    };
+    elect(args.election, work).await
+}
+
+/// What a term does: run COMMAND for the whole term (`leader run`), or once per firing of a
+/// schedule (`leader cron`).
+pub(crate) enum Work {
+    /// `leader run`.
+    Term {
+        /// `--once`.
+        once: bool,
+        /// COMMAND.
+        command: Vec<String>,
+    },
+    /// `leader cron`.
+    #[cfg(feature = "cron")]
+    Cron {
+        /// The job, without its work: [`crate::cron::work`] adds it.
+        job: leader::cron::CronJobBuilder,
+        /// COMMAND.
+        command: Vec<String>,
+    },
+}
+
+/// Runs for leadership with `args` and does `work` in each term, until a signal or an exit.
+pub(crate) async fn elect(args: ElectionArgs, work: Work) -> u8 {
     let identity = args
         .identity
         .clone()
@@ -40,11 +69,17 @@ pub(crate) async fn run(args: RunArgs) -> u8 {
         Err(code) => return code,
     };
     let describe = lock.describe();
+    let (once, command) = match &work {
+        Work::Term { once, command } => (*once, command.clone()),
+        #[cfg(feature = "cron")]
+        Work::Cron { command, .. } => (false, command.clone()),
+    };
     let term = Term {
         program: Program {
-            command: args.command.clone(),
+            command,
             name: args.lock.name.clone(),
             identity: identity.clone(),
+            env: Vec::new(),
         },
         file_lock,
         grace,
@@ -62,13 +97,27 @@ pub(crate) async fn run(args: RunArgs) -> u8 {
         .stop_grace(timings.stop_window())
         .fencing_token_floor(args.fencing_token_floor)
         .on_new_leader(|leader| tracing::info!(leader, "leader"))
-        .on_started_leading(move |leadership| term.clone().run(leadership))
-        .on_stopped_leading(exit_when_lost(args.once, &stopping, &shutdown, &outcome))
+        .on_stopped_leading(exit_when_lost(once, &stopping, &shutdown, &outcome))
         .on_error(exit_on_identity_conflict(
             args.exit_on_identity_conflict,
             &shutdown,
             &outcome,
         ));
+    builder = match work {
+        Work::Term { .. } => {
+            builder.on_started_leading(move |leadership| term.clone().run(leadership))
+        }
+        #[cfg(feature = "cron")]
+        Work::Cron { job, .. } => {
+            let job = match crate::cron::work(job, term.clone()) {
+                Ok(job) => job,
+                Err(err) => return fail(exit::USAGE, err),
+            };
+            builder.on_started_leading(move |leadership| {
+                crate::cron::run_term(job.clone(), term.clone(), leadership)
+            })
+        }
+    };
     if let Some(key) = &args.label_pod {
         builder = match label::attach(builder, key, &args.lock.name, timings).await {
             Ok(builder) => builder,
@@ -121,13 +170,13 @@ fn command_grace(requested: Option<Duration>, timings: Timings) -> Duration {
 
 /// What every term needs to run COMMAND.
 #[derive(Clone)]
-struct Term {
-    program: Program,
+pub(crate) struct Term {
+    pub(crate) program: Program,
     /// The file lock, whose term lock COMMAND inherits.
-    file_lock: Option<FileLock>,
-    grace: Duration,
-    shutdown: CancellationToken,
-    outcome: Outcome,
+    pub(crate) file_lock: Option<FileLock>,
+    pub(crate) grace: Duration,
+    pub(crate) shutdown: CancellationToken,
+    pub(crate) outcome: Outcome,
 }
 
 impl Term {
@@ -202,10 +251,10 @@ fn exit_on_identity_conflict(
 
 /// What the supervisor decided the exit code is, once it knows.
 #[derive(Clone, Default)]
-struct Outcome(Arc<Mutex<Option<u8>>>);
+pub(crate) struct Outcome(Arc<Mutex<Option<u8>>>);
 
 impl Outcome {
-    fn set_once(&self, code: u8) {
+    pub(crate) fn set_once(&self, code: u8) {
         self.0
             .lock()
             .unwrap_or_else(|p| p.into_inner())

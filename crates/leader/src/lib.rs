@@ -22,6 +22,9 @@ pub use leader_postgres as postgres;
 #[cfg(feature = "redis")]
 pub use leader_redis as redis;
 
+/// Scheduled jobs run once per firing by the leader (feature `cron`).
+#[cfg(feature = "cron")]
+pub use leader_cron as cron;
 /// The etcd lock (feature `etcd`).
 #[cfg(feature = "etcd")]
 pub use leader_etcd as etcd;

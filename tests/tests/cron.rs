@@ -1,0 +1,228 @@
+//! End to end: three `leader cron --every 1s` replicas per store (file, Postgres, Redis, etcd),
+//! each firing appending its scheduled instant and attempt to a file; the leader SIGKILLed twice,
+//! and started again under a new identity. Every scheduled instant from the first to the last is
+//! started once (a second attempt only for a firing whose leader died while it ran), or counted
+//! as missed in the store (the default policy runs the latest missed firing late and counts the
+//! others); `leader status` shows the schedule. Bad schedules exit 9; a replica started with
+//! another schedule under the same name exits 10 and changes nothing.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use tokio::process::{Child, Command};
+use tokio::time::sleep;
+
+const LEADER: &str = env!("CARGO_BIN_EXE_leader-e2e");
+
+fn replica(lock: &str, name: &str, identity: &str, out: &Path, every: &str) -> Child {
+    Command::new(LEADER)
+        .args(["cron", "--lock", lock, "--name", name, "--identity", identity])
+        .args(["--every", every])
+        .args(["--lease-duration", "2s", "--renew-deadline", "1500ms"])
+        .args(["--retry-period", "250ms"])
+        .arg("--")
+        .args([
+            "sh",
+            "-c",
+            &format!(
+                "echo \"$LEADER_FIRING_SCHEDULED $LEADER_FIRING_ATTEMPT $LEADER_FENCING_TOKEN\" >> {}; sleep 0.2",
+                out.display()
+            ),
+        ])
+        .env(
+            "RUST_LOG",
+            std::env::var("E2E_LOG").unwrap_or_else(|_| "warn".into()),
+        )
+        .stdout(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn leader cron")
+}
+
+/// `leader status --json` of the election.
+async fn status(lock: &str, name: &str) -> serde_json::Value {
+    let output = Command::new(LEADER)
+        .args(["status", "--json", "--lock", lock, "--name", name])
+        .output()
+        .await
+        .expect("leader status");
+    serde_json::from_slice(&output.stdout).unwrap_or(serde_json::Value::Null)
+}
+
+async fn firings(lock: &str) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().join("firings");
+    let name = format!("cron-{:08x}", fastrand::u32(..));
+    let mut replicas: Vec<(String, Child)> = (0..3)
+        .map(|i| {
+            let identity = format!("r{i}");
+            let child = replica(lock, &name, &identity, &out, "1s");
+            (identity, child)
+        })
+        .collect();
+    sleep(Duration::from_secs(4)).await;
+    for round in 0..2 {
+        let holder = status(lock, &name).await["holder"]
+            .as_str()
+            .map(str::to_owned)
+            .expect("a leader");
+        let slot = replicas
+            .iter()
+            .position(|(identity, _)| *identity == holder)
+            .expect("the leader is one of ours");
+        let pid = replicas[slot].1.id().expect("running");
+        let _ = kill(
+            Pid::from_raw(i32::try_from(pid).expect("pid")),
+            Signal::SIGKILL,
+        );
+        let _ = replicas[slot].1.wait().await;
+        sleep(Duration::from_secs(5)).await;
+        let identity = format!("r{slot}.{round}");
+        replicas[slot] = (
+            identity.clone(),
+            replica(lock, &name, &identity, &out, "1s"),
+        );
+    }
+    sleep(Duration::from_secs(2)).await;
+    let shown = status(lock, &name).await;
+    for (_, child) in &mut replicas {
+        if let Some(pid) = child.id() {
+            let _ = kill(
+                Pid::from_raw(i32::try_from(pid).expect("pid")),
+                Signal::SIGTERM,
+            );
+        }
+    }
+    for (_, child) in &mut replicas {
+        let _ = tokio::time::timeout(Duration::from_secs(10), child.wait()).await;
+    }
+    let schedule = &shown["schedules"][0];
+    assert_eq!(
+        schedule["name"],
+        name.as_str(),
+        "status shows the schedule: {shown}"
+    );
+    assert_eq!(schedule["schedule"], "every 1s", "{shown}");
+    assert!(schedule["next"].is_string(), "and its next firing: {shown}");
+    let missed = schedule["missed"].as_u64().expect("missed count");
+
+    let text = std::fs::read_to_string(&out).expect("firings");
+    let mut attempts: BTreeMap<DateTime<Utc>, Vec<u32>> = BTreeMap::new();
+    for line in text.lines() {
+        let mut fields = line.split(' ');
+        let scheduled = fields
+            .next()
+            .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
+            .expect("an instant")
+            .with_timezone(&Utc);
+        let attempt: u32 = fields.next().and_then(|a| a.parse().ok()).expect("attempt");
+        attempts.entry(scheduled).or_default().push(attempt);
+    }
+    for (scheduled, runs) in &attempts {
+        let mut sorted = runs.clone();
+        sorted.sort_unstable();
+        assert_eq!(
+            sorted,
+            (1..=u32::try_from(runs.len()).expect("few")).collect::<Vec<_>>(),
+            "{lock}: {scheduled} started once per attempt, attempts in turn: {runs:?}\n{text}"
+        );
+    }
+    let first = *attempts.keys().next().expect("firings");
+    let last = *attempts.keys().last().expect("firings");
+    let span = u64::try_from((last - first).num_seconds()).expect("ordered") + 1;
+    let started = attempts.len() as u64;
+    assert!(
+        started + missed >= span,
+        "{lock}: {span} instants from {first} to {last}, {started} started, {missed} counted missed: some were lost\n{text}"
+    );
+    assert!(
+        started >= span.saturating_sub(8),
+        "{lock}: two failovers of a 2 s lease miss a few firings, not {}\n{text}",
+        span - started
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_lock_firings_survive_killed_leaders() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    firings(&format!("file://{}", dir.path().join("lock").display())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_firings_survive_killed_leaders() {
+    let Some(url) = leader_test_support::postgres_lock_or_skip() else {
+        return;
+    };
+    firings(&url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_firings_survive_killed_leaders() {
+    let Some(url) = leader_test_support::redis_lock_or_skip() else {
+        return;
+    };
+    firings(&url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_firings_survive_killed_leaders() {
+    let Some(url) = leader_test_support::etcd_lock_or_skip() else {
+        return;
+    };
+    firings(&url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_schedules_exit_9_in_one_line() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let lock = format!("file://{}", dir.path().join("lock").display());
+    for args in [
+        vec!["--schedule", "0 0 30 2 *"],
+        vec!["--schedule", "61 * * * *"],
+        vec!["--schedule", "0 3 * * *", "--time-zone", "Europe/Nowhere"],
+        vec!["--every", "500ms"],
+    ] {
+        let output = Command::new(LEADER)
+            .args(["cron", "--lock", &lock, "--name", "bad"])
+            .args(&args)
+            .args(["--", "true"])
+            .output()
+            .await
+            .expect("leader cron");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(9), "{args:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_with_another_schedule_exits_10_and_changes_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let lock = format!("file://{}", dir.path().join("lock").display());
+    let out = dir.path().join("firings");
+    let mut first = replica(&lock, "mixed", "a", &out, "1s");
+    sleep(Duration::from_secs(3)).await;
+    let _ = kill(
+        Pid::from_raw(i32::try_from(first.id().expect("running")).expect("pid")),
+        Signal::SIGTERM,
+    );
+    let _ = first.wait().await;
+    let before = status(&lock, "mixed").await["schedules"].clone();
+    let mut other = replica(&lock, "mixed", "b", &out, "2s");
+    let code = tokio::time::timeout(Duration::from_secs(20), other.wait())
+        .await
+        .expect("exits")
+        .expect("status")
+        .code();
+    assert_eq!(code, Some(10));
+    assert_eq!(
+        status(&lock, "mixed").await["schedules"],
+        before,
+        "the stored schedule is unchanged"
+    );
+}
