@@ -1,13 +1,13 @@
 //! The kept etcd lease: granted with a TTL of the lease duration, kept alive one message at a
-//! time on the member the store talks to (moving to the next member when that one does not
-//! answer in time), revoked in the background when given up.
+//! time on the member the store talks to (and on the others when that one does not answer in
+//! time), revoked in the background when given up.
 
 use std::time::Duration;
 
 use etcd_client::{Error, LeaseKeepAliveStream, LeaseKeeper};
+use tokio::sync::Mutex;
 use tokio::time::Instant;
 
-use crate::members::{member_failed, timed_out};
 use crate::store::EtcdStore;
 
 /// The etcd lease TTL for a lease duration: whole seconds, rounded up, at least 1.
@@ -17,21 +17,19 @@ pub(crate) fn ttl(lease_duration: Duration) -> i64 {
         .max(1)
 }
 
-/// An etcd lease with its keep-alive stream.
+/// An etcd lease with its keep-alive streams.
 pub(crate) struct KeptLease {
     pub(crate) id: i64,
     pub(crate) ttl: i64,
-    /// The keep-alive stream, on one member; opened on the first keep-alive, and again on the
-    /// next member when that one fails.
-    stream: Option<KeepAlive>,
+    /// A keep-alive stream per member, opened when first used there (and again after it broke).
+    streams: Vec<Mutex<Option<KeepAlive>>>,
     /// When etcd last confirmed it alive for its whole TTL: the sending of that request (etcd
     /// restarts the TTL when the request arrives, later).
     pub(crate) alive_since: Instant,
 }
 
-/// A keep-alive stream on member `member`.
+/// A keep-alive stream on one member.
 struct KeepAlive {
-    member: usize,
     keeper: LeaseKeeper,
     stream: LeaseKeepAliveStream,
     /// Keep-alives sent whose answers were not read (their callers gave up waiting).
@@ -59,14 +57,13 @@ impl KeepAlive {
 }
 
 impl KeptLease {
-    /// Grants a lease for `lease_duration` (on the next member if the current one fails: a
+    /// Grants a lease for `lease_duration` (on another member if the current one fails: a
     /// lease granted twice is harmless, the unused one runs out).
     pub(crate) async fn grant(store: &EtcdStore, lease_duration: Duration) -> Result<Self, Error> {
         let ttl = ttl(lease_duration);
         let sent = Instant::now();
-        let granted = store
-            .inner
-            .members
+        let members = &store.inner.members;
+        let granted = members
             .call(true, |mut client| async move {
                 client.lease_grant(ttl, None).await
             })
@@ -74,49 +71,41 @@ impl KeptLease {
         Ok(Self {
             id: granted.id(),
             ttl,
-            stream: None,
+            streams: (0..members.len()).map(|_| Mutex::new(None)).collect(),
             alive_since: sent,
         })
     }
 
-    /// One keep-alive: `true` if the lease is still alive. Sent to the member the store talks
-    /// to; when that member does not answer within the member timeout, or fails, the stream is
-    /// opened again on the next member and the keep-alive sent there (once round the cluster).
+    /// One keep-alive: `true` if the lease is still alive. Sent on the current member's stream,
+    /// and on the other members' too when that one does not answer within the member timeout
+    /// (see [`Members::hedged`](crate::members::Members::hedged)); the first answer counts.
     pub(crate) async fn keep_alive(&mut self, store: &EtcdStore) -> Result<bool, Error> {
         let members = &store.inner.members;
-        let mut last = None;
-        for _ in 0..members.len() {
-            let index = members.current();
-            let attempt =
-                tokio::time::timeout(members.member_timeout(), self.keep_alive_on(store, index));
-            let err = match attempt.await {
-                Ok(Ok(alive)) => return Ok(alive),
-                Ok(Err(err)) if !member_failed(&err) => return Err(err),
-                Ok(Err(err)) => err,
-                Err(_) => timed_out(&store.inner.endpoints, members.member_timeout()),
-            };
-            self.stream = None;
-            members.skip(index);
-            last = Some(err);
-        }
-        Err(last.unwrap_or_else(|| Error::InvalidArgs("no etcd endpoint".to_owned())))
-    }
-
-    async fn keep_alive_on(&mut self, store: &EtcdStore, index: usize) -> Result<bool, Error> {
-        let stream = match &mut self.stream {
-            Some(stream) if stream.member == index => stream,
-            _ => {
-                let mut client = store.inner.members.client(index).await?;
-                let (keeper, stream) = client.lease_keep_alive(self.id).await?;
-                self.stream.insert(KeepAlive {
-                    member: index,
-                    keeper,
-                    stream,
-                    unanswered: 0,
-                })
-            }
-        };
-        let (alive, sent) = stream.once().await?;
+        let (id, streams) = (self.id, &self.streams);
+        let (alive, sent) = members
+            .hedged(|index| async move {
+                let mut slot = streams[index].lock().await;
+                let outcome = match slot.as_mut() {
+                    Some(open) => open.once().await,
+                    None => {
+                        let mut client = members.client(index).await?;
+                        let (keeper, stream) = client.lease_keep_alive(id).await?;
+                        slot.insert(KeepAlive {
+                            keeper,
+                            stream,
+                            unanswered: 0,
+                        })
+                        .once()
+                        .await
+                    }
+                };
+                if outcome.is_err() {
+                    // A broken stream is opened again next time.
+                    *slot = None;
+                }
+                outcome
+            })
+            .await?;
         if alive {
             self.alive_since = sent;
         }

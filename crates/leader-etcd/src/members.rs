@@ -2,18 +2,21 @@
 //!
 //! A client balanced over every endpoint keeps sending to a member that is frozen, cut off or
 //! still catching up after a restart: its requests and keep-alive streams hang there until the
-//! request timeout, longer than a renew deadline. So the lock talks to one member at a time, and a
-//! request that member does not answer within the member timeout (or fails with a transport error,
-//! or `etcdserver: no leader`) is abandoned, and the lock moves on to the next member. Requests
-//! that may be repeated (reads, keep-alives, lease grants and revocations, registrations, watches)
-//! are repeated there at once; a write whose outcome is unknown is not, and the elector's next
-//! attempt goes to the next member.
+//! request timeout, longer than a renew deadline. So the lock talks to one member at a time (the
+//! one that answered last). A request that may be repeated (a read, a keep-alive, a lease grant
+//! or revocation, a registration, a watch) goes to the other members too, at once, when that
+//! member has not answered within the member timeout or failed (a transport error, `etcdserver:
+//! no leader`), or when a request went unanswered since the last answer; the first answer wins.
+//! A write whose outcome is unknown is not repeated: it is abandoned after the member timeout,
+//! and the elector's next attempt goes to the next member.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use etcd_client::{Client, ConnectOptions, Error};
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
 use tokio::sync::OnceCell;
 use tonic::Code;
 
@@ -29,8 +32,11 @@ pub(crate) struct Members {
     options: ConnectOptions,
     /// The member requests go to now (an index into `members`).
     current: AtomicUsize,
-    /// How long a request may wait for one member before it goes to the next.
+    /// How long a request may wait for one member before it goes to the others too.
     member_timeout: Duration,
+    /// A request went unanswered, or a member failed, since the last answer: the next
+    /// repeatable request goes to every member at once.
+    degraded: AtomicBool,
 }
 
 impl std::fmt::Debug for Members {
@@ -96,6 +102,7 @@ impl Members {
             options,
             current: AtomicUsize::new(first),
             member_timeout,
+            degraded: AtomicBool::new(false),
         }
     }
 
@@ -116,6 +123,7 @@ impl Members {
 
     /// Moves on from member `failed` to the next one, unless another request already did.
     pub(crate) fn skip(&self, failed: usize) {
+        self.degraded.store(true, Ordering::Release);
         let next = (failed + 1) % self.members.len();
         if self
             .current
@@ -128,6 +136,17 @@ impl Members {
                 to = %self.members[next].endpoint,
                 "etcd member did not answer in time or failed: moving to the next member"
             );
+        }
+    }
+
+    /// Marks a request to member `index` as under way: if it is abandoned before it ends (the
+    /// elector gave up waiting: its own timeout is shorter than a round of the cluster), the
+    /// next request goes to the next member instead of waiting on this one again.
+    pub(crate) fn attempt(&self, index: usize) -> Attempt<'_> {
+        Attempt {
+            members: self,
+            index,
+            ended: false,
         }
     }
 
@@ -161,37 +180,139 @@ impl Members {
         Err(last.unwrap_or_else(|| Error::InvalidArgs("no etcd endpoint".to_owned())))
     }
 
-    /// `op` on the current member, given up after the member timeout. When the member fails
-    /// (see [`member_failed`]), the lock moves on to the next member, and, when `repeatable`,
-    /// `op` is sent there at once, once round the cluster.
-    pub(crate) async fn call<T, F, Fut>(&self, repeatable: bool, mut op: F) -> Result<T, Error>
+    /// `op` on the members, as [`hedged`](Self::hedged) when `repeatable`; otherwise once, on
+    /// the current member, given up after the member timeout (a write whose outcome is unknown is
+    /// not repeated: when the member failed, the next request goes to the next member).
+    pub(crate) async fn call<T, F, Fut>(&self, repeatable: bool, op: F) -> Result<T, Error>
     where
-        F: FnMut(Client) -> Fut,
+        F: Fn(Client) -> Fut,
         Fut: Future<Output = Result<T, Error>>,
     {
-        let attempts = if repeatable { self.members.len() } else { 1 };
+        if repeatable {
+            return self
+                .hedged(|index| {
+                    let op = &op;
+                    async move { op(self.client(index).await?).await }
+                })
+                .await;
+        }
+        let (index, client) = self.current_client().await?;
+        let mut attempt = self.attempt(index);
+        let outcome = match tokio::time::timeout(self.member_timeout, op(client)).await {
+            Ok(outcome) => outcome,
+            Err(_) => Err(timed_out(
+                &self.members[index].endpoint,
+                self.member_timeout,
+            )),
+        };
+        attempt.ended();
+        match &outcome {
+            Err(err) if member_failed(err) => self.skip(index),
+            _ => self.answered(index),
+        }
+        outcome
+    }
+
+    /// `op(index)` for the members, the first answer winning: on the current member first; on
+    /// every other member too, at once, when the current one has not answered within the member
+    /// timeout or failed, or when the cluster was degraded at the last request (a request went
+    /// unanswered or a member failed since the last answer). So a request waits neither for a
+    /// frozen member nor for a round of the members one after the other: when the raft leader
+    /// is lost, requests sent to the others answer as soon as they have elected a new one. The
+    /// member that answered becomes the current one. A member's failure is returned only when
+    /// every member failed; any other error is the answer.
+    pub(crate) async fn hedged<T, F, Fut>(&self, op: F) -> Result<T, Error>
+    where
+        F: Fn(usize) -> Fut,
+        Fut: Future<Output = Result<T, Error>>,
+    {
+        let count = self.members.len();
+        let first = self.current();
+        let (go, started) = tokio::sync::watch::channel(self.degraded.load(Ordering::Acquire));
+        let mut running = FuturesUnordered::new();
+        for k in 0..count {
+            let index = (first + k) % count;
+            let mut started = started.clone();
+            let op = &op;
+            let wait = self.member_timeout;
+            running.push(async move {
+                if k > 0 {
+                    tokio::select! {
+                        () = tokio::time::sleep(wait) => {}
+                        _ = started.wait_for(|go| *go) => {}
+                    }
+                }
+                (index, op(index).await)
+            });
+        }
+        // A request its caller abandons before any answer leaves the cluster degraded.
+        let mut abandoned = Abandoned {
+            degraded: &self.degraded,
+            answered: false,
+        };
         let mut last = None;
-        for _ in 0..attempts {
-            let (index, client) = match self.current_client().await {
-                Ok(current) => current,
-                Err(err) => return Err(err),
-            };
-            let outcome = match tokio::time::timeout(self.member_timeout, op(client)).await {
-                Ok(outcome) => outcome,
-                Err(_) => Err(timed_out(
-                    &self.members[index].endpoint,
-                    self.member_timeout,
-                )),
-            };
+        while let Some((index, outcome)) = running.next().await {
             match outcome {
                 Err(err) if member_failed(&err) => {
-                    self.skip(index);
+                    let _ = go.send(true);
                     last = Some(err);
                 }
-                other => return other,
+                answer => {
+                    abandoned.answered = true;
+                    self.answered(index);
+                    return answer;
+                }
             }
         }
         Err(last.unwrap_or_else(|| Error::InvalidArgs("no etcd endpoint".to_owned())))
+    }
+
+    /// Member `index` answered: it is the current member, and the cluster is not degraded.
+    fn answered(&self, index: usize) {
+        let before = self.current.swap(index, Ordering::AcqRel);
+        self.degraded.store(false, Ordering::Release);
+        if before % self.members.len() != index && self.members.len() > 1 {
+            tracing::info!(
+                to = %self.members[index].endpoint,
+                "etcd requests go to another member: the one they went to did not answer in time"
+            );
+        }
+    }
+}
+
+/// Marks the cluster degraded when a hedged request is dropped before any member answered.
+struct Abandoned<'a> {
+    degraded: &'a AtomicBool,
+    answered: bool,
+}
+
+impl Drop for Abandoned<'_> {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.degraded.store(true, Ordering::Release);
+        }
+    }
+}
+
+/// A request under way to one member; see [`Members::attempt`].
+pub(crate) struct Attempt<'a> {
+    members: &'a Members,
+    index: usize,
+    ended: bool,
+}
+
+impl Attempt<'_> {
+    /// The request ended (answered, failed or timed out): the caller decides what follows.
+    pub(crate) fn ended(&mut self) {
+        self.ended = true;
+    }
+}
+
+impl Drop for Attempt<'_> {
+    fn drop(&mut self) {
+        if !self.ended {
+            self.members.skip(self.index);
+        }
     }
 }
 
@@ -218,6 +339,13 @@ mod tests {
         members.skip(second);
         members.skip((first + 2) % 3);
         assert_eq!(members.current(), first);
+        // A request abandoned before it ended moves on too; one that ended does not.
+        let mut ended = members.attempt(first);
+        ended.ended();
+        drop(ended);
+        assert_eq!(members.current(), first);
+        drop(members.attempt(first));
+        assert_eq!(members.current(), (first + 1) % 3);
     }
 
     #[test]
