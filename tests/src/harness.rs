@@ -3,6 +3,7 @@
 
 pub mod campaign;
 pub mod checker;
+pub mod firings;
 pub mod outage;
 pub mod proxy;
 pub mod report;

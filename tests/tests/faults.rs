@@ -163,6 +163,66 @@ fn faults_on_etcd() {
     campaign(Backend::Etcd);
 }
 
+/// The schedule workload (`leader cron --every 1s`) under the faults of `backend`: every
+/// scheduled instant started, none twice, no stale write accepted.
+fn firings(backend: Backend) {
+    let parallel = std::env::var("FAULT_PARALLEL").is_ok_and(|v| v == "1");
+    let _turn = (!parallel).then(|| {
+        ONE_AT_A_TIME
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    });
+    let kinds = leader_tests::harness::firings::faults_for(backend);
+    let count = knob::<usize>("FAULT_COUNT")
+        .unwrap_or_else(|| knob::<usize>("FAULT_ROUNDS").unwrap_or(1) * kinds.len());
+    let mut faults: Vec<Fault> = kinds.iter().copied().cycle().take(count).collect();
+    if let Some(seed) = knob::<u64>("FAULT_SEED") {
+        fastrand::Rng::with_seed(seed).shuffle(&mut faults);
+    }
+    let programs = leader_tests::programs!();
+    let Some(report) = run_or_skip(
+        &format!("the {} schedule workload", backend.name()),
+        leader_tests::harness::firings::run(
+            backend,
+            &faults,
+            settings(),
+            &programs,
+            &database_url(),
+        ),
+    ) else {
+        return;
+    };
+    eprintln!("{} firings under faults: {report:?}", backend.name());
+    assert!(
+        report.violations.is_empty(),
+        "{}: {:#?}",
+        backend.name(),
+        report.violations
+    );
+    assert_eq!(report.faults, faults.len(), "every fault injected");
+    assert!(report.instants > 0 && report.writes > 0, "{report:?}");
+}
+
+#[test]
+fn firings_under_faults_on_the_file_lock() {
+    firings(Backend::File);
+}
+
+#[test]
+fn firings_under_faults_on_postgres() {
+    firings(Backend::Postgres);
+}
+
+#[test]
+fn firings_under_faults_on_redis() {
+    firings(Backend::Redis);
+}
+
+#[test]
+fn firings_under_faults_on_etcd() {
+    firings(Backend::Etcd);
+}
+
 /// A three-member etcd cluster: faults of the leader, and of one member (killed and restarted,
 /// frozen, cut off from the replicas), which must cost the leader nothing. With the timings of
 /// a production service (lease 6 s, renew deadline 4 s, retry period 500 ms; a member timeout of

@@ -32,7 +32,8 @@ pub(crate) struct KeptLease {
 struct KeepAlive {
     keeper: LeaseKeeper,
     stream: LeaseKeepAliveStream,
-    /// Keep-alives sent whose answers were not read (their callers gave up waiting).
+    /// Keep-alives sent whose answers were not read (their callers gave up waiting): 0 or 1,
+    /// since such a stream is replaced.
     unanswered: usize,
 }
 
@@ -85,7 +86,10 @@ impl KeptLease {
         let (alive, sent) = members
             .hedged(|index| async move {
                 let mut slot = streams[index].lock().await;
-                let outcome = match slot.as_mut() {
+                // etcd answers a stream's keep-alives one after the other: behind one that is
+                // stuck (a member forwarding it to a raft leader that is gone) a new one would
+                // wait too, so a stream with an answer outstanding is replaced.
+                let outcome = match slot.as_mut().filter(|open| open.unanswered == 0) {
                     Some(open) => open.once().await,
                     None => {
                         let mut client = members.client(index).await?;

@@ -6,6 +6,10 @@
 //!
 //! Environment: `DATABASE_URL`, `SINK` (the table prefix), `LEADER_IDENTITY`,
 //! `LEADER_FENCING_TOKEN`, `JOB_LOG`.
+//!
+//! Under `leader cron` (`LEADER_FIRING_SCHEDULED` set) it is one firing's COMMAND: it appends
+//! `SCHEDULED ATTEMPT TOKEN IDENTITY MONOTONIC_NS WALL_MS` to `FIRINGS_LOG` when it starts, makes
+//! `FIRING_WRITES` writes (default 5), 20 ms apart, and exits.
 
 use std::time::Duration;
 
@@ -25,6 +29,35 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
              INSERT INTO {sink}_writes (token, writer, at, accepted) SELECT $1, $2, $3, EXISTS (SELECT 1 FROM ok)"
         ))
         .await?;
+    if let Ok(scheduled) = std::env::var("LEADER_FIRING_SCHEDULED") {
+        let attempt = std::env::var("LEADER_FIRING_ATTEMPT").unwrap_or_default();
+        if let Ok(path) = std::env::var("FIRINGS_LOG") {
+            use std::io::Write;
+            let wall = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)?
+                .as_millis();
+            let line = format!(
+                "{scheduled} {attempt} {token} {identity} {} {wall}\n",
+                now_ns()
+            );
+            // One write per line: lines from different processes never interleave.
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)?
+                .write_all(line.as_bytes())?;
+        }
+        let writes: u32 = std::env::var("FIRING_WRITES")
+            .ok()
+            .and_then(|w| w.parse().ok())
+            .unwrap_or(5);
+        for _ in 0..writes {
+            let at = i64::try_from(now_ns())?;
+            client.execute(&write, &[&token, &identity, &at]).await?;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        return Ok(());
+    }
     log_term_event("start");
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut tick = tokio::time::interval(Duration::from_millis(20));

@@ -534,7 +534,7 @@ fn between(earlier: i128, later: i128) -> Duration {
 
 /// The process group `leader` runs COMMAND in: its supervisor's, its only child. A peer's
 /// replica has none.
-fn command_group(leader_pid: u32) -> Option<Pid> {
+pub(crate) fn command_group(leader_pid: u32) -> Option<Pid> {
     std::fs::read_to_string(format!("/proc/{leader_pid}/task/{leader_pid}/children"))
         .ok()?
         .split_whitespace()

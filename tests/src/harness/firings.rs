@@ -1,0 +1,436 @@
+//! A schedule workload under faults: three replicas of `leader cron --every 1s --missed all
+//! --overlap allow -- fenced-writer` against one backend, each firing's COMMAND logging its
+//! scheduled instant, attempt and token and writing through the fenced sink for 600 ms; faults into
+//! whichever replica leads (SIGKILL, SIGSTOP past the lease, its connection cut) and into the
+//! server (a crash and restart). The checker accounts for every scheduled instant: no (instant,
+//! attempt) started twice, no instant from the first to the last left unstarted (the policy runs
+//! every missed firing), a retry only of a firing started before, and no stale write accepted by
+//! the sink.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use nix::sys::signal::{Signal, kill, killpg};
+use nix::unistd::Pid;
+use tokio::process::{Child, Command};
+use tokio::time::sleep;
+
+use super::Programs;
+use super::campaign::{Backend, Fault, HarnessError, Settings, command_group, proxy_to};
+use super::proxy::{Mode, Proxy};
+use super::servers::PrivateServer;
+
+/// What a schedule workload under faults saw.
+#[derive(Clone, Debug, Default)]
+pub struct FiringsReport {
+    /// Faults injected.
+    pub faults: usize,
+    /// Scheduled instants from the first started to the last.
+    pub instants: usize,
+    /// Starts of a firing's COMMAND (attempts included).
+    pub starts: usize,
+    /// Starts that were a retry (attempt 2 or more).
+    pub retries: usize,
+    /// (instant, attempt) pairs started more than once: must be 0.
+    pub started_twice: usize,
+    /// Instants never started: must be 0 (every missed firing runs).
+    pub lost: usize,
+    /// Writes to the fenced sink.
+    pub writes: usize,
+    /// Stale writes the sink refused.
+    pub stale_refused: usize,
+    /// Stale writes the sink accepted: must be 0.
+    pub stale_accepted: usize,
+    /// From each scheduled instant to its first start, the worst.
+    pub worst_lateness: Duration,
+    /// Every broken rule, in words.
+    pub violations: Vec<String>,
+}
+
+/// One started firing, as its COMMAND logged it.
+struct Started {
+    scheduled: DateTime<Utc>,
+    attempt: u32,
+    token: u64,
+    at: i128,
+    /// When it started, by the wall clock (milliseconds since the epoch).
+    wall_ms: i64,
+}
+
+fn parse(log: &Path) -> Vec<Started> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split(' ');
+            let scheduled = DateTime::parse_from_rfc3339(fields.next()?)
+                .ok()?
+                .with_timezone(&Utc);
+            let attempt = fields.next()?.parse().ok()?;
+            let token = fields.next()?.parse().ok()?;
+            let _identity = fields.next()?;
+            let at = fields.next()?.parse().ok()?;
+            let wall_ms = fields.next()?.parse().ok()?;
+            Some(Started {
+                scheduled,
+                attempt,
+                token,
+                at,
+                wall_ms,
+            })
+        })
+        .collect()
+}
+
+struct Run<'a> {
+    backend: Backend,
+    settings: Settings,
+    programs: &'a Programs,
+    name: String,
+    dir: &'a Path,
+    sink: (&'a str, &'a str),
+    server: Option<PrivateServer>,
+    proxies: Vec<Proxy>,
+    replicas: Vec<(String, Child)>,
+    incarnations: Vec<usize>,
+}
+
+impl Run<'_> {
+    fn spawn(&mut self, slot: usize) -> Result<(), HarnessError> {
+        self.incarnations[slot] += 1;
+        let identity = format!("f{slot}.{}", self.incarnations[slot]);
+        let port = self.proxies.get(slot).map_or(0, Proxy::port);
+        let (url, env) = self.backend.replica_lock(self.dir, port, &self.settings)?;
+        let ms = |d: Duration| format!("{}ms", d.as_millis());
+        let child = Command::new(&self.programs.leader)
+            .args(["cron", "--lock", &url, "--name", &self.name])
+            .args(["--identity", &identity, "--every", "1s"])
+            .args([
+                "--missed",
+                "all",
+                "--missed-max",
+                "100000",
+                "--overlap",
+                "allow",
+            ])
+            .args(["--lease-duration", &ms(self.settings.lease)])
+            .args(["--renew-deadline", &ms(self.settings.renew)])
+            .args(["--retry-period", &ms(self.settings.retry)])
+            .arg("--")
+            .arg(&self.programs.writer)
+            .env("DATABASE_URL", self.sink.0)
+            .env("SINK", self.sink.1)
+            .env("FIRINGS_LOG", self.dir.join("firings.log"))
+            // 600 ms of writes per firing: a frozen leader is often caught inside one, and its
+            // writes after it is resumed exercise the fence.
+            .env("FIRING_WRITES", "30")
+            .env(
+                "RUST_LOG",
+                std::env::var("FAULT_LOG").unwrap_or_else(|_| "error".into()),
+            )
+            .envs(env)
+            .stdout(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|source| HarnessError::Io {
+                what: "spawning leader cron".into(),
+                source,
+            })?;
+        let replica = (identity, child);
+        if slot < self.replicas.len() {
+            self.replicas[slot] = replica;
+        } else {
+            self.replicas.push(replica);
+        }
+        Ok(())
+    }
+
+    /// The replica that holds the lease now, as `leader status` says (its lock URL through the
+    /// first proxy).
+    async fn leader(&self) -> Option<usize> {
+        let port = self.proxies.first().map_or(0, Proxy::port);
+        let (url, env) = self
+            .backend
+            .replica_lock(self.dir, port, &self.settings)
+            .ok()?;
+        let output = Command::new(&self.programs.leader)
+            .args(["status", "--json", "--lock", &url, "--name", &self.name])
+            .envs(env)
+            .output()
+            .await
+            .ok()?;
+        let status: serde_json::Value = serde_json::from_slice(&output.stdout).ok()?;
+        let holder = status["holder"].as_str()?;
+        if status["expired"].as_bool() == Some(true) {
+            return None;
+        }
+        self.replicas.iter().position(|(id, _)| id == holder)
+    }
+
+    async fn settled_leader(&self) -> Option<usize> {
+        for _ in 0..100 {
+            if let Some(slot) = self.leader().await {
+                return Some(slot);
+            }
+            sleep(Duration::from_millis(200)).await;
+        }
+        None
+    }
+
+    async fn inject(&mut self, fault: Fault) -> Result<Option<String>, HarnessError> {
+        let Some(slot) = self.settled_leader().await else {
+            return Ok(Some(format!("no leader before {}", fault.name())));
+        };
+        let pid = self.replicas[slot]
+            .1
+            .id()
+            .map(|p| Pid::from_raw(p.cast_signed()));
+        let lasts = self.settings.lease + Duration::from_secs(1);
+        match fault {
+            Fault::Kill => {
+                if let Some(pid) = pid {
+                    let _ = kill(pid, Signal::SIGKILL);
+                }
+                let _ = self.replicas[slot].1.wait().await;
+                sleep(lasts).await;
+                self.spawn(slot)?;
+            }
+            Fault::Freeze => {
+                let group = pid.and_then(|p| command_group(p.as_raw().cast_unsigned()));
+                if let Some(group) = group {
+                    let _ = killpg(group, Signal::SIGSTOP);
+                }
+                if let Some(pid) = pid {
+                    let _ = kill(pid, Signal::SIGSTOP);
+                }
+                sleep(lasts).await;
+                if let Some(group) = group {
+                    let _ = killpg(group, Signal::SIGCONT);
+                }
+                if let Some(pid) = pid {
+                    let _ = kill(pid, Signal::SIGCONT);
+                }
+            }
+            Fault::Cut => {
+                self.proxies[slot].set(Mode::Cut);
+                sleep(lasts).await;
+                self.proxies[slot].set(Mode::Open);
+            }
+            Fault::Restart => {
+                let mut server = self.server.take();
+                let lease = self.settings.lease;
+                let server = tokio::task::spawn_blocking(move || {
+                    if let Some(server) = server.as_mut() {
+                        server.kill();
+                        std::thread::sleep(lease);
+                        server.restart()?;
+                    }
+                    Ok::<_, super::servers::ServerError>(server)
+                })
+                .await
+                .expect("restart task")?;
+                self.server = server;
+            }
+            _ => return Ok(None),
+        }
+        // A replica that could not reach a restarting server exits as unreachable at start:
+        // start it again, as an orchestrator would.
+        for slot in 0..self.replicas.len() {
+            if let Ok(Some(_)) = self.replicas[slot].1.try_wait() {
+                self.spawn(slot)?;
+            }
+        }
+        sleep(Duration::from_secs(2)).await;
+        Ok(None)
+    }
+}
+
+/// The faults a schedule workload takes on `backend`.
+#[must_use]
+pub fn faults_for(backend: Backend) -> Vec<Fault> {
+    backend
+        .faults()
+        .iter()
+        .copied()
+        .filter(|f| matches!(f, Fault::Kill | Fault::Freeze | Fault::Cut | Fault::Restart))
+        .collect()
+}
+
+/// Runs the schedule workload against `backend` with `faults` in order.
+///
+/// # Errors
+/// Something could not be set up; what goes wrong under the faults is in the report.
+pub async fn run(
+    backend: Backend,
+    faults: &[Fault],
+    settings: Settings,
+    programs: &Programs,
+    sink_url: &str,
+) -> Result<FiringsReport, HarnessError> {
+    let redacted = leader_core::redact_url(sink_url);
+    let sink_error = |source| HarnessError::Sink {
+        url: redacted.clone(),
+        source,
+    };
+    let (sink, connection) = tokio_postgres::connect(sink_url, tokio_postgres::NoTls)
+        .await
+        .map_err(sink_error)?;
+    tokio::spawn(connection);
+    let tag = format!("{:08x}", fastrand::u32(..));
+    let prefix = format!("firing_sink_{tag}");
+    sink.batch_execute(&format!(
+        "CREATE TABLE {prefix}_mark (token bigint NOT NULL);
+         INSERT INTO {prefix}_mark VALUES (0);
+         CREATE TABLE {prefix}_writes (seq bigserial PRIMARY KEY, token bigint NOT NULL,
+             writer text NOT NULL, at bigint NOT NULL, accepted bool NOT NULL);"
+    ))
+    .await
+    .map_err(sink_error)?;
+    let dir = tempfile::tempdir().map_err(|source| HarnessError::Io {
+        what: "temporary directory".into(),
+        source,
+    })?;
+    let server = backend.start_server(programs).await?;
+    let mut proxies = Vec::new();
+    if let Some(server) = &server {
+        for _ in 0..settings.replicas {
+            proxies.push(proxy_to(server).await?);
+        }
+    }
+    let mut run = Run {
+        backend,
+        settings,
+        programs,
+        name: format!("firings-{tag}"),
+        dir: dir.path(),
+        sink: (sink_url, &prefix),
+        server,
+        proxies,
+        replicas: Vec::new(),
+        incarnations: vec![0; settings.replicas],
+    };
+    let mut report = FiringsReport::default();
+    let mut outcome = Ok(());
+    for slot in 0..settings.replicas {
+        outcome = outcome.and_then(|()| run.spawn(slot));
+    }
+    if outcome.is_ok() {
+        sleep(Duration::from_secs(3)).await;
+        for (done, fault) in faults.iter().enumerate() {
+            match run.inject(*fault).await {
+                Ok(Some(violation)) => report.violations.push(violation),
+                Ok(None) => report.faults += 1,
+                Err(err) => {
+                    outcome = Err(err);
+                    break;
+                }
+            }
+            if (done + 1) % 100 == 0 {
+                eprintln!(
+                    "{} firings: {} of {} faults",
+                    backend.name(),
+                    done + 1,
+                    faults.len()
+                );
+            }
+        }
+        sleep(Duration::from_secs(3)).await;
+    }
+    for (_, child) in &mut run.replicas {
+        if let Some(pid) = child.id() {
+            let _ = kill(Pid::from_raw(pid.cast_signed()), Signal::SIGTERM);
+        }
+    }
+    for (_, child) in &mut run.replicas {
+        let _ = tokio::time::timeout(Duration::from_secs(10), child.wait()).await;
+    }
+    outcome?;
+
+    let started = parse(&dir.path().join("firings.log"));
+    let mut attempts: BTreeMap<DateTime<Utc>, Vec<u32>> = BTreeMap::new();
+    for s in &started {
+        attempts.entry(s.scheduled).or_default().push(s.attempt);
+    }
+    report.starts = started.len();
+    report.retries = started.iter().filter(|s| s.attempt > 1).count();
+    for (instant, runs) in &attempts {
+        let distinct: BTreeSet<u32> = runs.iter().copied().collect();
+        report.started_twice += runs.len() - distinct.len();
+        if runs.len() > distinct.len() {
+            report
+                .violations
+                .push(format!("{instant}: an attempt started twice ({runs:?})"));
+        }
+        if distinct
+            .iter()
+            .any(|a| *a > 1 && !distinct.contains(&(a - 1)))
+        {
+            report.violations.push(format!(
+                "{instant}: a retry of an attempt never started ({runs:?})"
+            ));
+        }
+    }
+    if let (Some(first), Some(last)) = (attempts.keys().next(), attempts.keys().last()) {
+        let mut at = *first;
+        while at <= *last {
+            report.instants += 1;
+            if !attempts.contains_key(&at) {
+                report.lost += 1;
+                report.violations.push(format!("{at}: never started"));
+            }
+            at += chrono::Duration::seconds(1);
+        }
+    }
+    // Lateness: from each instant to its first start, by the wall clock (one machine).
+    report.worst_lateness = attempts
+        .keys()
+        .filter_map(|instant| {
+            let first = started
+                .iter()
+                .filter(|s| s.scheduled == *instant)
+                .map(|s| s.wall_ms)
+                .min()?;
+            u64::try_from(first - instant.timestamp_millis())
+                .ok()
+                .map(Duration::from_millis)
+        })
+        .max()
+        .unwrap_or_default();
+
+    let rows = sink
+        .query(
+            &format!("SELECT token, at, accepted FROM {prefix}_writes ORDER BY seq"),
+            &[],
+        )
+        .await
+        .map_err(sink_error)?;
+    sink.batch_execute(&format!(
+        "DROP TABLE {prefix}_mark; DROP TABLE {prefix}_writes;"
+    ))
+    .await
+    .map_err(sink_error)?;
+    report.writes = rows.len();
+    for row in &rows {
+        let token = u64::try_from(row.get::<_, i64>(0)).unwrap_or(0);
+        let at = i128::from(row.get::<_, i64>(1));
+        let accepted: bool = row.get(2);
+        let highest = started
+            .iter()
+            .filter(|s| s.at < at)
+            .map(|s| s.token)
+            .max()
+            .unwrap_or(0);
+        if !accepted {
+            report.stale_refused += 1;
+        } else if token < highest {
+            report.stale_accepted += 1;
+            report.violations.push(format!(
+                "the sink accepted a stale write (token {token} < {highest})"
+            ));
+        }
+    }
+    Ok(report)
+}
