@@ -588,8 +588,9 @@ pub async fn identity_and_describe(factory: &dyn LockFactory) {
     assert!(!lock.describe().is_empty(), "describe must not be empty");
 }
 
-/// A backend with change notifications reports a release by another candidate, and does not
-/// wake followers for a renewal (each notification costs every follower a request).
+/// A backend with change notifications reports a release by another candidate, and wakes
+/// nobody for a renewal or for the holder's own write of its record (each notification costs
+/// a request).
 pub async fn change_notifications(factory: &dyn LockFactory) {
     let name = unique("watch");
     let a = factory.lock(&name, "a").await;
@@ -605,6 +606,29 @@ pub async fn change_notifications(factory: &dyn LockFactory) {
     let renewed = a.update(&created.version, &renewal).await.expect("renew");
     let woken = tokio::time::timeout(Duration::from_millis(500), changes.next()).await;
     assert!(woken.is_err(), "a renewal woke the followers: {woken:?}");
+    // The holder's own writes of its record (what it keeps in the extensions, a scheduled
+    // job's firing, say) wake neither the followers nor the holder itself: each wake costs a
+    // request.
+    let mut own = a.watch().await.expect("the holder's watch");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut written = renewed.record.clone();
+    written.renew_time = Utc::now();
+    written
+        .extensions
+        .insert("conformance/own".into(), "1".into());
+    let renewed = a.update(&renewed.version, &written).await.expect("write");
+    let woken = tokio::time::timeout(Duration::from_millis(500), changes.next()).await;
+    assert!(
+        woken.is_err(),
+        "the holder's write woke the followers: {woken:?}"
+    );
+    if let Some(own) = own.as_mut() {
+        let woken = tokio::time::timeout(Duration::from_millis(500), own.next()).await;
+        assert!(
+            woken.is_err(),
+            "the holder's own write woke the holder: {woken:?}"
+        );
+    }
     a.update(&renewed.version, &free(created.record.leader_transitions))
         .await
         .expect("release");

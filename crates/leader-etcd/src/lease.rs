@@ -93,7 +93,19 @@ impl KeptLease {
                     Some(open) => open.once().await,
                     None => {
                         let mut client = members.client(index).await?;
-                        let (keeper, stream) = client.lease_keep_alive(id).await?;
+                        let sent = Instant::now();
+                        let (keeper, stream) = match client.lease_keep_alive(id).await {
+                            Ok(opened) => opened,
+                            // The client reads the first answer itself, and says "lease not
+                            // found" for a lease that ran out or was revoked: an answer (the
+                            // member asked the raft leader), not a failure of the member.
+                            Err(Error::LeaseKeepAliveError(message))
+                                if message.contains("not found") =>
+                            {
+                                return Ok((false, sent));
+                            }
+                            Err(err) => return Err(err),
+                        };
                         slot.insert(KeepAlive {
                             keeper,
                             stream,
@@ -129,5 +141,48 @@ impl KeptLease {
                 })
                 .await;
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A lease that ran out, kept alive on a stream opened afresh (after a move to another
+    /// member, say): not alive, an answer rather than a failed member, so that the holder steps
+    /// down at once instead of at its renew deadline.
+    #[tokio::test]
+    async fn a_lease_gone_is_not_alive_on_a_new_stream() {
+        let endpoints = leader_test_support::etcd_endpoints();
+        let Ok(store) = EtcdStore::builder(endpoints.clone()).build().await else {
+            assert!(
+                !leader_test_support::in_ci(),
+                "CI=true and no etcd at {endpoints:?}"
+            );
+            return;
+        };
+        let Ok(mut lease) = KeptLease::grant(&store, Duration::from_secs(5)).await else {
+            assert!(
+                !leader_test_support::in_ci(),
+                "CI=true and no etcd at {endpoints:?}"
+            );
+            return;
+        };
+        assert!(lease.keep_alive(&store).await.expect("keep-alive"), "alive");
+        store
+            .client()
+            .await
+            .expect("client")
+            .lease_revoke(lease.id)
+            .await
+            .expect("revoke");
+        // Every stream opened afresh.
+        for stream in &lease.streams {
+            *stream.lock().await = None;
+        }
+        assert!(
+            !lease.keep_alive(&store).await.expect("an answer"),
+            "a revoked lease is not alive"
+        );
     }
 }

@@ -762,6 +762,7 @@ impl EtcdLock {
             }
             (Ok(true), Ok(written)) if succeeded(&written) => {
                 current.written = revision_of(&written);
+                self.wrote(record, current.written, lease);
                 Ok(Observed {
                     record: record.clone(),
                     version: Version::from(current.written),

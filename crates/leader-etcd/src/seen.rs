@@ -18,6 +18,8 @@ pub(crate) struct Seen {
     /// The extensions key's extensions and `mod_revision` (0 when absent), when read or
     /// written by this lock.
     pub(crate) kept: Option<(BTreeMap<String, String>, i64)>,
+    /// The revision of this lock's last own write of the record (0: none).
+    pub(crate) own_write: i64,
 }
 
 #[derive(Clone, Debug)]
@@ -48,6 +50,16 @@ impl Seen {
         };
     }
 
+    /// Whether `event` reports this lock's own last write of the record, which the lock
+    /// answered its caller for already.
+    pub(crate) fn wrote_it(&self, event: &Event) -> bool {
+        self.own_write > 0
+            && event.event_type() == EventType::Put
+            && event
+                .kv()
+                .is_some_and(|kv| kv.mod_revision() == self.own_write)
+    }
+
     /// The lock's own write of `record` at `revision` on `lease` (the fence is unchanged),
     /// unless something newer was seen already.
     pub(crate) fn wrote(&mut self, record: &LeaderElectionRecord, revision: i64, lease: i64) {
@@ -67,6 +79,7 @@ impl Seen {
             lease,
             record: record.clone(),
         });
+        self.own_write = revision;
     }
 
     /// The conditions under which `desired` may take the record `key` (fenced by `fence`) as

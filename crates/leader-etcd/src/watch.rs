@@ -210,8 +210,9 @@ async fn watch_term(
 
 /// A follower's change stream from a watch of the record key: only what the candidate
 /// `identity` acts on (the key deleted, released or expired on etcd's clock; a free record; a
-/// handover request; the lease handed to it). Renewals wake nobody. What the watch reports is
-/// remembered in `seen`, so that a takeover is one transaction (or none).
+/// handover request; the lease handed to it). Renewals wake nobody, nor do the lock's own writes
+/// of the record (the holder's, of what it keeps in the extensions). What the
+/// watch reports is remembered in `seen`, so that a takeover is one transaction (or none).
 pub(crate) fn changes(
     stream: WatchStream,
     seen: Arc<Mutex<Seen>>,
@@ -222,10 +223,16 @@ pub(crate) fn changes(
         .filter(move |message| {
             let fire = message.as_ref().is_ok_and(|m| {
                 let mut seen = seen.lock().unwrap_or_else(|p| p.into_inner());
+                let mut fire = false;
                 for event in m.events() {
-                    seen.learn(event);
+                    // The lock's own write was answered to its caller already: the holder's
+                    // own writes of its record wake nobody.
+                    if !seen.wrote_it(event) {
+                        fire |= acts_on(event, &identity);
+                        seen.learn(event);
+                    }
                 }
-                m.events().iter().any(|e| acts_on(e, &identity))
+                fire
             });
             std::future::ready(fire)
         })

@@ -97,6 +97,18 @@ impl EtcdCluster {
 
     fn spawn(&mut self, index: usize) {
         let member = &self.members[index];
+        // `ETCD_CLUSTER_LOGS=DIR`: each member's log appended to DIR/NAME-MEMBER.log, across its
+        // restarts, for reading after a test.
+        let log = std::env::var_os("ETCD_CLUSTER_LOGS")
+            .and_then(|dir| {
+                let path = PathBuf::from(dir).join(format!("{}-{}.log", self.token, member.name));
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)
+                    .ok()
+            })
+            .map_or_else(Stdio::null, Stdio::from);
         let client = format!("http://127.0.0.1:{}", member.client_port);
         let peer = format!("http://127.0.0.1:{}", member.peer_port);
         let child = Command::new("etcd")
@@ -110,7 +122,7 @@ impl EtcdCluster {
             .args(["--initial-cluster-token", &self.token])
             .env("ETCD_UNSUPPORTED_ARCH", "arm64")
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(log)
             .spawn()
             .expect("start an etcd member");
         self.members[index].child = Some(child);

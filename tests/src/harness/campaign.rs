@@ -1033,8 +1033,13 @@ impl Run<'_> {
             self.recoveries.push((fault, Some(Duration::ZERO)));
         } else {
             self.recoveries.push((fault, None));
+            let which = if turn.is_multiple_of(2) {
+                ", the raft leader"
+            } else {
+                ""
+            };
             self.violate(format!(
-                "{} (member {member}): {} lost its term {}",
+                "{} (member {member}{which}): {} lost its term {}",
                 fault.name(),
                 term.identity,
                 term.token
