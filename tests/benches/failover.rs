@@ -26,13 +26,8 @@ async fn main() {
     let settings = Settings::default();
     println!("| backend | kills | lease | p50 | p99 | max | max - lease | overlaps | violations |");
     println!("|---|---|---|---|---|---|---|---|---|");
-    let wanted = std::env::var("BENCH_BACKENDS").ok();
     for backend in Backend::ALL {
-        if let Some(wanted) = &wanted
-            && !wanted
-                .split(',')
-                .any(|name| backend.name().starts_with(name.trim()))
-        {
+        if !common::wanted(backend.name()) {
             continue;
         }
         let report = match campaign::run(

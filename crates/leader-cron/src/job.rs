@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use leader_core::{CancellationToken, ExtensionError, Leadership};
-use tokio::sync::mpsc;
+use tokio::sync::{broadcast, mpsc};
 
 use crate::policy::{Interrupted, Missed, ON_TIME, Overlap};
 use crate::schedule::{Schedule, ScheduleError};
@@ -19,6 +19,9 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 type JobFuture = Pin<Box<dyn Future<Output = Result<(), BoxError>> + Send>>;
 type JobFn = Arc<dyn Fn(Firing, CancellationToken) -> JobFuture + Send + Sync>;
+
+/// Events kept for a subscriber that falls behind.
+const EVENTS: usize = 256;
 
 /// The most scheduled instants looked at in one go (a backlog beyond it is counted as missed).
 const MOST_INSTANTS: usize = 100_000;
@@ -38,6 +41,34 @@ pub struct Firing {
     pub fencing_token: u64,
     /// How late it started, from its scheduled instant, by the leader's clock.
     pub lateness: Duration,
+}
+
+/// What happened to a job's firings, as [`CronJob::subscribe`] tells it (besides the logs
+/// and metrics): for alerts, dashboards and tests that watch a schedule from the program.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CronEvent {
+    /// A firing's start is recorded and its work started.
+    Started(Firing),
+    /// A firing ended: its work returned, failed, was replaced, or was given up after its
+    /// leader died ([`Outcome::GaveUp`]). Recorded with the leader's next write.
+    Ended {
+        /// The firing's scheduled instant.
+        scheduled: DateTime<Utc>,
+        /// Its attempt.
+        attempt: u32,
+        /// How it ended.
+        outcome: Outcome,
+    },
+    /// Firings were not run: late beyond the missed policy or the starting deadline, or due
+    /// while another ran under [`Overlap::Forbid`].
+    Missed {
+        /// How many.
+        count: u64,
+        /// The latest of them, if it was looked at (a backlog beyond 100,000 instants is only
+        /// counted).
+        latest: Option<DateTime<Utc>>,
+    },
 }
 
 /// Why a job does not run.
@@ -205,6 +236,7 @@ impl CronJobBuilder {
                 starting_deadline: self.starting_deadline,
                 clock: self.clock,
                 work: Arc::new(move |firing, cancel| Box::pin(work(firing, cancel))),
+                events: broadcast::channel(EVENTS).0,
             }),
         })
     }
@@ -228,6 +260,7 @@ struct Inner {
     starting_deadline: Option<Duration>,
     clock: Arc<dyn Clock>,
     work: JobFn,
+    events: broadcast::Sender<CronEvent>,
 }
 
 impl fmt::Debug for CronJob {
@@ -266,6 +299,13 @@ impl CronJob {
             starting_deadline: None,
             clock: Arc::new(SystemClock),
         }
+    }
+
+    /// The events of this job's firings on this replica from now on (every clone of the job
+    /// shares them). A receiver that falls more than 256 events behind loses the oldest, as
+    /// [`broadcast`] does.
+    pub fn subscribe(&self) -> broadcast::Receiver<CronEvent> {
+        self.inner.events.subscribe()
     }
 
     /// The schedule's name.
@@ -325,10 +365,16 @@ impl CronJob {
                     tracing::warn!(schedule = %inner.name, scheduled = %firing.scheduled, %reason, "a firing is given up");
                     metrics::counter!("leader_cron_firings_given_up_total", "name" => inner.name.clone())
                         .increment(1);
+                    let outcome = Outcome::GaveUp { reason };
+                    let _ = inner.events.send(CronEvent::Ended {
+                        scheduled: firing.scheduled,
+                        attempt: firing.attempt,
+                        outcome: outcome.clone(),
+                    });
                     state.last = Some(Ended {
                         scheduled: firing.scheduled,
                         attempt: firing.attempt,
-                        outcome: Outcome::GaveUp { reason },
+                        outcome,
                         ended_at: inner.clock.now(),
                     });
                 }
@@ -441,6 +487,7 @@ impl CronJob {
             Missed::Skip => 0,
         };
         let mut missed = beyond;
+        let mut latest_missed = None;
         let mut busy = !running.is_empty() || !starts.is_empty();
         let mut cursor = state.cursor;
         let mut blocked = false;
@@ -449,6 +496,7 @@ impl CronJob {
             let wanted = !is_late || index >= late_count - keep_late;
             if !wanted || too_late(instant) {
                 missed += 1;
+                latest_missed = Some(*instant);
                 cursor = Some(*instant);
                 continue;
             }
@@ -463,6 +511,7 @@ impl CronJob {
                     Overlap::Forbid => {
                         tracing::info!(schedule = %inner.name, scheduled = %instant, "skipped: the previous firing still runs");
                         missed += 1;
+                        latest_missed = Some(*instant);
                         cursor = Some(*instant);
                         continue;
                     }
@@ -491,6 +540,10 @@ impl CronJob {
             tracing::info!(schedule = %inner.name, missed, "firings missed");
             metrics::counter!("leader_cron_firings_missed_total", "name" => inner.name.clone())
                 .increment(missed);
+            let _ = inner.events.send(CronEvent::Missed {
+                count: missed,
+                latest: latest_missed,
+            });
         }
         state.missed += missed;
         let changed = cursor != state.cursor || missed > 0;
@@ -514,6 +567,11 @@ impl CronJob {
             "outcome" => outcome.name()
         )
         .increment(1);
+        let _ = inner.events.send(CronEvent::Ended {
+            scheduled,
+            attempt,
+            outcome: outcome.clone(),
+        });
         state.last = Some(Ended {
             scheduled,
             attempt,
@@ -563,6 +621,7 @@ impl CronJob {
             fencing_token: leadership.fencing_token(),
             lateness,
         };
+        let _ = inner.events.send(CronEvent::Started(firing.clone()));
         let cancel = leadership.cancellation_token().child_token();
         let work = (inner.work)(firing, cancel.clone());
         let (held, done) = (leadership.clone(), done.clone());

@@ -8,8 +8,8 @@ mod schedule;
 mod state;
 
 pub use job::{
-    BoxError, Clock, CronError, CronJob, CronJobBuilder, Firing, ScheduleStatus, SystemClock,
-    TokioClock,
+    BoxError, Clock, CronError, CronEvent, CronJob, CronJobBuilder, Firing, ScheduleStatus,
+    SystemClock, TokioClock,
 };
 pub use policy::{Interrupted, Missed, ON_TIME, Overlap};
 pub use schedule::{Schedule, ScheduleError};

@@ -2,7 +2,7 @@
 //! started once; a leader change just before, during and after a firing; missed firings (latest,
 //! all, skip, a starting deadline); overlapping firings (forbid, allow, replace); interrupted
 //! firings (retried, given up); a replica with another schedule refused; a clock stepped back
-//! repeats nothing.
+//! repeats nothing; the events a subscriber sees.
 
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -12,8 +12,8 @@ use chrono::{DateTime, Utc};
 use leader_core::background::Candidate;
 use leader_core::{LeaderElector, MemoryStore};
 use leader_cron::{
-    Clock, CronJob, CronState, Firing, Interrupted, Missed, Outcome, Overlap, Schedule, TokioClock,
-    extension_key,
+    Clock, CronEvent, CronJob, CronState, Firing, Interrupted, Missed, Outcome, Overlap, Schedule,
+    TokioClock, extension_key,
 };
 use tokio::time::sleep;
 
@@ -492,4 +492,49 @@ async fn a_clock_stepped_back_repeats_no_firing() {
     // 1 to 5, then (the clock reading 2:30 at 5:30) nothing until it reads past 5 again.
     assert_eq!(started, (1..=7).map(minutes).collect::<Vec<_>>());
     a.crash();
+}
+
+/// A subscriber sees each firing's start and end and the firings missed, in order.
+#[tokio::test(start_paused = true)]
+async fn events_tell_each_start_end_and_miss() {
+    let store = MemoryStore::new();
+    let clock = TokioClock::starting_at(origin());
+    let log = Log::default();
+    let every = Schedule::every(Duration::from_secs(60)).expect("schedule");
+    let dead = Arc::new(AtomicBool::new(false));
+    let builder = CronJob::builder("report", every)
+        .clock(clock.clone())
+        .overlap(Overlap::Forbid);
+    // Each firing works 90 s: the one of minute 2 is due while minute 1's still runs.
+    let job = work(builder, "a", &log, Duration::from_secs(90), &dead);
+    let mut events = job.subscribe();
+    let mut replica = Replica::start(&store, "a", job);
+    sleep(Duration::from_secs(3 * 60 + 10)).await;
+    let mut seen = Vec::new();
+    while let Ok(event) = events.try_recv() {
+        seen.push(event);
+    }
+    let started = |event: &CronEvent| match event {
+        CronEvent::Started(firing) => Some((firing.scheduled, firing.attempt)),
+        _ => None,
+    };
+    assert_eq!(seen.len(), 4, "{seen:#?}");
+    assert_eq!(started(&seen[0]), Some((minutes(1), 1)), "{seen:#?}");
+    assert_eq!(
+        seen[1],
+        CronEvent::Missed {
+            count: 1,
+            latest: Some(minutes(2))
+        }
+    );
+    assert_eq!(
+        seen[2],
+        CronEvent::Ended {
+            scheduled: minutes(1),
+            attempt: 1,
+            outcome: Outcome::Succeeded
+        }
+    );
+    assert_eq!(started(&seen[3]), Some((minutes(3), 1)), "{seen:#?}");
+    replica.crash();
 }

@@ -35,12 +35,8 @@ impl Backend {
     /// Every backend whose server answers (the ones that do not are named on stderr), or of
     /// those the ones `BENCH_BACKENDS` names.
     pub async fn available() -> Vec<Self> {
-        let wanted = std::env::var("BENCH_BACKENDS").ok();
         let mut backends = Self::answering().await;
-        if let Some(wanted) = wanted {
-            let names: Vec<&str> = wanted.split(',').map(str::trim).collect();
-            backends.retain(|b| names.iter().any(|n| b.name().starts_with(n)));
-        }
+        backends.retain(|b| wanted(b.name()));
         backends
     }
 
@@ -107,8 +103,8 @@ impl Backend {
     }
 
     /// Requests the server has handled so far, by its own count: Postgres transactions
-    /// committed in this database, Redis commands processed, etcd gRPC messages received, HTTP
-    /// requests to the test Consul server, S3 requests counted at the client.
+    /// committed in this database, Redis commands processed, etcd gRPC messages received (by
+    /// every member), HTTP requests to the test Consul server, S3 requests counted at the client.
     pub async fn server_requests(&self) -> Option<u64> {
         match self {
             Self::File(_) => None,
@@ -147,20 +143,32 @@ impl Backend {
                     .and_then(|n| n.trim().parse().ok())
             }
             Self::Etcd(_) => {
-                let endpoint = etcd_endpoints().into_iter().next()?;
-                let address = endpoint.trim_start_matches("http://").to_owned();
-                let metrics = tokio::task::spawn_blocking(move || http_get(&address, "/metrics"))
-                    .await
-                    .ok()??;
-                let total: f64 = metrics
-                    .lines()
-                    .filter(|l| l.starts_with("grpc_server_msg_received_total{"))
-                    .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                    .sum();
+                // Every member's count: requests go to whichever member answers.
+                let mut total = 0.0;
+                for endpoint in etcd_endpoints() {
+                    let address = endpoint.trim_start_matches("http://").to_owned();
+                    let metrics =
+                        tokio::task::spawn_blocking(move || http_get(&address, "/metrics"))
+                            .await
+                            .ok()??;
+                    total += metrics
+                        .lines()
+                        .filter(|l| l.starts_with("grpc_server_msg_received_total{"))
+                        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                        .sum::<f64>();
+                }
                 Some(total as u64)
             }
         }
     }
+}
+
+/// Whether `BENCH_BACKENDS` (names or their beginnings, comma-separated) keeps the backend
+/// named `name`; every backend when it is not set.
+pub fn wanted(name: &str) -> bool {
+    std::env::var("BENCH_BACKENDS").map_or(true, |wanted| {
+        wanted.split(',').any(|n| name.starts_with(n.trim()))
+    })
 }
 
 /// A store on the test S3 server's bucket, its requests counted.
