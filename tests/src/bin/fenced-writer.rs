@@ -58,8 +58,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         return Ok(());
     }
-    log_term_event("start");
+    // The handler first: a SIGTERM right after the start line must still log the stop.
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    log_term_event("start");
     let mut tick = tokio::time::interval(Duration::from_millis(20));
     loop {
         tokio::select! {

@@ -13,11 +13,13 @@ async fn main() -> std::process::ExitCode {
     {
         return std::process::ExitCode::from(code);
     }
-    log_term_event("start");
+    // The handler first: a SIGTERM right after the start line (a leader that steps down at
+    // once) must still log the stop, not kill the process by the default action.
     let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
     else {
         return std::process::ExitCode::FAILURE;
     };
+    log_term_event("start");
     term.recv().await;
     log_term_event("stop");
     std::process::ExitCode::SUCCESS
