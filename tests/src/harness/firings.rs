@@ -47,14 +47,20 @@ pub struct FiringsReport {
     pub stale_refused: usize,
     /// Stale writes the sink accepted: must be 0.
     pub stale_accepted: usize,
-    /// From each scheduled instant to its first start, the worst.
-    pub worst_lateness: Duration,
     /// From each scheduled instant to its first start, by the wall clock (one machine).
     pub lateness: BTreeMap<DateTime<Utc>, Duration>,
     /// When each fault was injected, by the wall clock.
     pub faulted_at: Vec<DateTime<Utc>>,
     /// Every broken rule, in words.
     pub violations: Vec<String>,
+}
+
+impl FiringsReport {
+    /// From a scheduled instant to its first start, the worst.
+    #[must_use]
+    pub fn worst_lateness(&self) -> Duration {
+        self.lateness.values().max().copied().unwrap_or_default()
+    }
 }
 
 /// One started firing, as its COMMAND logged it.
@@ -413,19 +419,13 @@ pub async fn run(
         }
     }
     // Lateness: from each instant to its first start, by the wall clock (one machine).
-    for instant in attempts.keys() {
-        let first = started
-            .iter()
-            .filter(|s| s.scheduled == *instant)
-            .map(|s| s.wall_ms)
-            .min();
-        if let Some(late) = first.and_then(|f| u64::try_from(f - instant.timestamp_millis()).ok()) {
-            report
-                .lateness
-                .insert(*instant, Duration::from_millis(late));
+    for s in &started {
+        if let Ok(late) = u64::try_from(s.wall_ms - s.scheduled.timestamp_millis()) {
+            let late = Duration::from_millis(late);
+            let first = report.lateness.entry(s.scheduled).or_insert(late);
+            *first = (*first).min(late);
         }
     }
-    report.worst_lateness = report.lateness.values().max().copied().unwrap_or_default();
 
     let rows = sink
         .query(
