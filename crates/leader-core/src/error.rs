@@ -163,6 +163,14 @@ pub enum ConfigError {
     /// Jitter must be a finite factor between 0 and 10.
     #[error("jitter ({0}) must be a finite number between 0 and 10")]
     InvalidJitter(f64),
+    /// A shard set needs at least one shard, and at most the limit.
+    #[error("shard count ({count}) must be between 1 and {max}")]
+    InvalidShardCount {
+        /// The configured count.
+        count: u32,
+        /// The largest count allowed.
+        max: u32,
+    },
     /// Every request must time out before the renew deadline, so that a hung request cannot keep a
     /// leader from stepping down on time.
     #[error(

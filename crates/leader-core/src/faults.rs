@@ -94,7 +94,21 @@ pub struct Faults {
     hang: Arc<watch::Sender<bool>>,
 }
 
+impl Default for Faults {
+    fn default() -> Self {
+        Self {
+            state: Arc::default(),
+            hang: Arc::new(watch::channel(false).0),
+        }
+    }
+}
+
 impl Faults {
+    /// A handle with no faults set, to share between locks ([`FaultyLock::with_faults`]).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
     fn state(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -164,13 +178,13 @@ pub struct FaultyLock<L> {
 impl<L: ResourceLock> FaultyLock<L> {
     /// Wraps `inner` with no faults set.
     pub fn new(inner: L) -> Self {
-        Self {
-            inner,
-            faults: Faults {
-                state: Arc::default(),
-                hang: Arc::new(watch::channel(false).0),
-            },
-        }
+        Self::with_faults(inner, Faults::new())
+    }
+
+    /// Wraps `inner` with the faults of `faults`, which other locks may share: a process's
+    /// locks frozen or cut off together.
+    pub fn with_faults(inner: L, faults: Faults) -> Self {
+        Self { inner, faults }
     }
 
     /// The handle that sets faults; clone it before handing the lock to an elector.

@@ -18,6 +18,7 @@ mod record;
 mod redact;
 mod retry;
 mod runner;
+mod shards;
 mod status;
 mod url;
 mod view;
@@ -48,6 +49,10 @@ pub use lock::{Acquisition, ChangeStream, LeaderEvent, ResourceLock};
 pub use memory::{MemoryLock, MemoryStore};
 pub use record::{LeaderElectionRecord, Observed, Version};
 pub use redact::redact_url;
+pub use shards::{
+    COUNT_EXTENSION, KeyedLocks, LockSet, MAX_SHARDS, Renewal, Shards, ShardsBuilder, ShardsConfig,
+    ShardsError, ShardsState, member_key, roster_key, shard_key,
+};
 pub use status::{ElectionError, ElectorStatus, IdentityConflict, LastError};
 pub use url::{FileUrl, LockTarget, UrlError};
 pub use view::LeaderView;

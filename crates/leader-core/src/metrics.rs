@@ -10,6 +10,10 @@
 //! | `leader_election_handovers_total` | counter: leases handed over to a named candidate | `name` |
 //! | `leader_election_work_ended_total` | counter: terms' work that returned or panicked while leading | `name`, `outcome` (`returned`, `panicked`) |
 //! | `leader_election_identity_conflicts_total` | counter: terms of another process found alive under this identity | `name` |
+//! | `leader_shards_owned` | gauge: shards this member owns | `name` |
+//! | `leader_shards_members` | gauge: members of the shard set alive, as last read | `name` |
+//! | `leader_shards_imbalance` | gauge: most shards owned by a live member less the fewest, as last read | `name` |
+//! | `leader_shard_moves_total` | counter: shards this member took or let go | `name`, `move` (`acquired`, `handed_over`, `released`, `lost`, `expired`) |
 
 use std::time::Duration;
 
@@ -30,6 +34,15 @@ pub const HANDOVERS_TOTAL: &str = "leader_election_handovers_total";
 pub const WORK_ENDED_TOTAL: &str = "leader_election_work_ended_total";
 /// Terms of another process found alive under this candidate's identity (S13).
 pub const IDENTITY_CONFLICTS_TOTAL: &str = "leader_election_identity_conflicts_total";
+
+/// Shards this member owns.
+pub const SHARDS_OWNED: &str = "leader_shards_owned";
+/// Members of the shard set alive, as last read.
+pub const SHARDS_MEMBERS: &str = "leader_shards_members";
+/// Most shards owned by a live member less the fewest, as last read (0 or 1 once balanced).
+pub const SHARDS_IMBALANCE: &str = "leader_shards_imbalance";
+/// Shards this member took or let go, by move.
+pub const SHARD_MOVES_TOTAL: &str = "leader_shard_moves_total";
 
 /// Registers descriptions of the metrics with the installed recorder.
 pub fn describe() {
@@ -56,6 +69,16 @@ pub fn describe() {
         WORK_ENDED_TOTAL,
         "work of a term that returned or panicked while the term went on"
     );
+    metrics::describe_gauge!(SHARDS_OWNED, "shards this member owns");
+    metrics::describe_gauge!(
+        SHARDS_MEMBERS,
+        "members of the shard set alive, as last read"
+    );
+    metrics::describe_gauge!(
+        SHARDS_IMBALANCE,
+        "most shards owned by a live member less the fewest, as last read"
+    );
+    metrics::describe_counter!(SHARD_MOVES_TOTAL, "shards this member took or let go");
     metrics::describe_counter!(
         IDENTITY_CONFLICTS_TOTAL,
         "terms of another process found alive under this candidate's identity"
@@ -101,4 +124,21 @@ pub(crate) fn error(name: &str, operation: &'static str, kind: &'static str) {
         "kind" => kind,
     )
     .increment(1);
+}
+
+pub(crate) fn shard_moved(name: &str, how: &'static str) {
+    metrics::counter!(SHARD_MOVES_TOTAL, "name" => name.to_owned(), "move" => how).increment(1);
+}
+
+pub(crate) fn set_shards(
+    name: &str,
+    owned: usize,
+    members: usize,
+    owners: &std::collections::BTreeMap<String, Vec<u32>>,
+) {
+    let counts = owners.values().map(Vec::len);
+    let imbalance = counts.clone().max().unwrap_or(0) - counts.min().unwrap_or(0);
+    metrics::gauge!(SHARDS_OWNED, "name" => name.to_owned()).set(owned as f64);
+    metrics::gauge!(SHARDS_MEMBERS, "name" => name.to_owned()).set(members as f64);
+    metrics::gauge!(SHARDS_IMBALANCE, "name" => name.to_owned()).set(imbalance as f64);
 }

@@ -1,0 +1,167 @@
+//! The fair share: who should own how many shards, and which shards move. Every member
+//! computes the same plan from the same view of the store, so that they agree without talking.
+
+use std::collections::BTreeMap;
+
+/// A member's fair share of `count` shards among `members` (each with the number of shards it
+/// owns now): `count / n` each, and one more for `count % n` of them, those that own the most
+/// now (then by identity), so that reaching the share moves as few shards as possible.
+pub(crate) fn shares(count: u32, members: &BTreeMap<String, usize>) -> BTreeMap<String, usize> {
+    let n = members.len();
+    if n == 0 {
+        return BTreeMap::new();
+    }
+    let count = count as usize;
+    let (base, extra) = (count / n, count % n);
+    let mut order: Vec<(&String, usize)> = members.iter().map(|(m, &o)| (m, o)).collect();
+    order.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(b.0)));
+    order
+        .into_iter()
+        .enumerate()
+        .map(|(i, (member, _))| (member.clone(), base + usize::from(i < extra)))
+        .collect()
+}
+
+/// The shards this member gives away, each with the member it goes to: every live member's
+/// (those with a share) surplus over its share, in the order of `owners`, paired with every
+/// other member's room under its share (the emptiest first), the same pairing on every member.
+pub(crate) fn gifts(
+    me: &str,
+    owners: &BTreeMap<String, Vec<u32>>,
+    shares: &BTreeMap<String, usize>,
+) -> Vec<(u32, String)> {
+    let mut surplus: Vec<(&str, u32)> = Vec::new();
+    for (member, owned) in owners {
+        let Some(&share) = shares.get(member) else {
+            continue;
+        };
+        // The shards that hash last for their owner go first.
+        let mut owned = owned.clone();
+        owned.sort_by_key(|&shard| std::cmp::Reverse(affinity(member, shard)));
+        surplus.extend(owned.into_iter().skip(share).map(|s| (member.as_str(), s)));
+    }
+    let mut room: Vec<(usize, &str, usize)> = shares
+        .iter()
+        .map(|(member, &share)| {
+            let owned = owners.get(member).map_or(0, Vec::len);
+            (owned, member.as_str(), share.saturating_sub(owned))
+        })
+        .filter(|&(_, _, room)| room > 0)
+        .collect();
+    room.sort();
+    let receivers = room
+        .iter()
+        .flat_map(|&(_, member, room)| std::iter::repeat_n(member, room));
+    surplus
+        .into_iter()
+        .zip(receivers)
+        .filter(|((giver, _), _)| *giver == me)
+        .map(|((_, shard), to)| (shard, to.to_owned()))
+        .collect()
+}
+
+/// How much `member` likes `shard` (rendezvous hashing): free shards are taken, and surplus
+/// ones kept, in this order, so that members spread over the shards without coordinating and
+/// a member that comes back prefers the shards it liked before.
+pub(crate) fn affinity(member: &str, shard: u32) -> u64 {
+    fnv1a(member.as_bytes(), fnv1a(&shard.to_be_bytes(), FNV_OFFSET))
+}
+
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// FNV-1a: stable across builds and platforms, so that replicas built apart agree.
+pub(crate) fn fnv1a(bytes: &[u8], seed: u64) -> u64 {
+    bytes.iter().fold(seed, |hash, &byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// A stable, name-safe hash of `text`: 16 hex digits.
+pub(crate) fn hash_hex(text: &str) -> String {
+    format!("{:016x}", fnv1a(text.as_bytes(), FNV_OFFSET))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn owners(list: &[(&str, &[u32])]) -> BTreeMap<String, Vec<u32>> {
+        list.iter()
+            .map(|(m, s)| ((*m).to_owned(), s.to_vec()))
+            .collect()
+    }
+
+    fn counts(owners: &BTreeMap<String, Vec<u32>>) -> BTreeMap<String, usize> {
+        owners.iter().map(|(m, s)| (m.clone(), s.len())).collect()
+    }
+
+    #[test]
+    fn shares_add_up_and_differ_by_at_most_one() {
+        for count in 0..40u32 {
+            for n in 1..9usize {
+                let members: BTreeMap<String, usize> =
+                    (0..n).map(|i| (format!("m{i}"), i % 3)).collect();
+                let shares = shares(count, &members);
+                assert_eq!(shares.values().sum::<usize>(), count as usize);
+                let (min, max) = (shares.values().min(), shares.values().max());
+                assert!(
+                    max.unwrap() - min.unwrap() <= 1,
+                    "{count} over {n}: {shares:?}"
+                );
+            }
+        }
+        assert!(shares(5, &BTreeMap::new()).is_empty());
+    }
+
+    #[test]
+    fn the_extra_shard_stays_with_those_who_have_it() {
+        // 10 over 3: whoever owns 4 keeps 4, so nothing moves.
+        let members = BTreeMap::from([("a".into(), 3), ("b".into(), 4), ("c".into(), 3)]);
+        let shares = shares(10, &members);
+        assert_eq!(shares["b"], 4);
+        assert_eq!((shares["a"], shares["c"]), (3, 3));
+    }
+
+    #[test]
+    fn a_join_moves_only_what_the_newcomer_gets() {
+        let before = owners(&[("a", &[0, 1, 2, 3, 4]), ("b", &[5, 6, 7, 8, 9]), ("c", &[])]);
+        let shares = shares(10, &counts(&before));
+        let all: Vec<(u32, String)> = ["a", "b", "c"]
+            .iter()
+            .flat_map(|me| gifts(me, &before, &shares))
+            .collect();
+        // c's share is 3: three shards move, all to c, from both a and b.
+        assert_eq!(all.len(), 3, "{all:?}");
+        assert!(all.iter().all(|(_, to)| to == "c"));
+        let from_a = all.iter().filter(|(s, _)| *s < 5).count();
+        assert!((1..=2).contains(&from_a), "{all:?}");
+    }
+
+    #[test]
+    fn gifts_fill_the_emptiest_first_and_never_overfill() {
+        let now = owners(&[("a", &[0, 1, 2, 3, 4, 5, 6]), ("b", &[7]), ("c", &[])]);
+        let shares = shares(8, &counts(&now));
+        let gifts = gifts("a", &now, &shares);
+        let to_b = gifts.iter().filter(|(_, to)| to == "b").count();
+        let to_c = gifts.iter().filter(|(_, to)| to == "c").count();
+        assert_eq!(shares.values().sum::<usize>(), 8);
+        assert_eq!(1 + to_b, shares["b"]);
+        assert_eq!(to_c, shares["c"]);
+    }
+
+    #[test]
+    fn balanced_owners_give_nothing() {
+        let now = owners(&[("a", &[0, 1, 2]), ("b", &[3, 4]), ("c", &[5, 6])]);
+        let shares = shares(7, &counts(&now));
+        for me in ["a", "b", "c"] {
+            assert!(gifts(me, &now, &shares).is_empty());
+        }
+    }
+
+    #[test]
+    fn hashes_are_stable() {
+        // Replicas built with other compilers must agree on these.
+        assert_eq!(hash_hex(""), "cbf29ce484222325");
+        assert_eq!(hash_hex("a"), "af63dc4c8601ec8c");
+    }
+}

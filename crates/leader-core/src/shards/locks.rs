@@ -1,0 +1,137 @@
+//! The records of a shard set: one lock per key in one store, read and renewed in batches.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use futures_util::future::join_all;
+
+use crate::error::LockError;
+use crate::lock::ResourceLock;
+use crate::record::{LeaderElectionRecord, Observed, Version};
+
+/// One renewal in a batch: the holder's record as it last stored it, with a newer
+/// `renew_time`, and the version it read.
+#[derive(Clone, Debug)]
+pub struct Renewal {
+    /// The record's key in the set.
+    pub key: String,
+    /// The version the holder last stored.
+    pub version: Version,
+    /// The record to store.
+    pub record: LeaderElectionRecord,
+}
+
+/// Many records of one store, each a [`ResourceLock`] of its own, for [`Shards`](super::Shards):
+/// a shard set keeps a record per shard, one per member and a roster.
+///
+/// # Contract
+///
+/// * [`lock`](Self::lock) gives the lock on the record `key` for this set's candidate
+///   [`identity`](Self::identity); the same key always names the same record, and each lock
+///   keeps the [`ResourceLock`] contract on its own.
+/// * [`get_many`](Self::get_many) and [`renew_many`](Self::renew_many) answer one result per
+///   key, in order, each exactly as [`get`](ResourceLock::get) or
+///   [`renew`](ResourceLock::renew) of that key's lock would. The defaults make one request
+///   per key, at once; a backend that can read or write many records in one request (one SQL
+///   statement, one Redis script, one etcd transaction) overrides them, so that a replica's
+///   cost per retry period does not grow with the number of shards. A batch may fail as a
+///   whole (every result the same error), never half-applied without saying which.
+#[async_trait]
+pub trait LockSet: Send + Sync + fmt::Debug {
+    /// The lock on record `key`.
+    fn lock(&self, key: &str) -> Arc<dyn ResourceLock>;
+
+    /// The identity this set's locks write as holder.
+    fn identity(&self) -> &str;
+
+    /// The store, for logs and errors; never with credentials.
+    fn describe(&self) -> String;
+
+    /// Reads the records of `keys`.
+    async fn get_many(&self, keys: &[String]) -> Vec<Result<Option<Observed>, LockError>> {
+        join_all(keys.iter().map(|key| {
+            let lock = self.lock(key);
+            async move { lock.get().await }
+        }))
+        .await
+    }
+
+    /// Renews each record of `renewals` as its holder.
+    async fn renew_many(&self, renewals: &[Renewal]) -> Vec<Result<Observed, LockError>> {
+        join_all(renewals.iter().map(|renewal| {
+            let lock = self.lock(&renewal.key);
+            async move { lock.renew(&renewal.version, &renewal.record).await }
+        }))
+        .await
+    }
+}
+
+type MakeLock = dyn Fn(&str, &str) -> Arc<dyn ResourceLock> + Send + Sync;
+
+/// A [`LockSet`] over any backend: a function that makes the lock of a key (once per key: the
+/// set keeps it), with the default one request per key. Make the locks share the backend's
+/// connection (its store, pool or client), since a set may hold thousands of them.
+///
+/// ```
+/// use std::sync::Arc;
+/// use leader_core::{KeyedLocks, MemoryStore};
+///
+/// let store = MemoryStore::new();
+/// let locks = KeyedLocks::new("replica-1", "memory", move |key, identity| {
+///     Arc::new(store.lock(key, identity))
+/// });
+/// # let _ = locks;
+/// ```
+#[derive(Clone)]
+pub struct KeyedLocks {
+    identity: String,
+    describe: String,
+    make: Arc<MakeLock>,
+    made: Arc<Mutex<HashMap<String, Arc<dyn ResourceLock>>>>,
+}
+
+impl KeyedLocks {
+    /// Locks made by `make(key, identity)` for candidate `identity`, in the store `describe`
+    /// names (for logs).
+    pub fn new(
+        identity: impl Into<String>,
+        describe: impl Into<String>,
+        make: impl Fn(&str, &str) -> Arc<dyn ResourceLock> + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            identity: identity.into(),
+            describe: describe.into(),
+            make: Arc::new(make),
+            made: Arc::default(),
+        }
+    }
+}
+
+impl fmt::Debug for KeyedLocks {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyedLocks")
+            .field("identity", &self.identity)
+            .field("store", &self.describe)
+            .finish_non_exhaustive()
+    }
+}
+
+#[async_trait]
+impl LockSet for KeyedLocks {
+    fn lock(&self, key: &str) -> Arc<dyn ResourceLock> {
+        let mut made = self.made.lock().unwrap_or_else(|p| p.into_inner());
+        made.entry(key.to_owned())
+            .or_insert_with(|| (self.make)(key, &self.identity))
+            .clone()
+    }
+
+    fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    fn describe(&self) -> String {
+        self.describe.clone()
+    }
+}

@@ -1,0 +1,422 @@
+//! Work split across replicas (S12): K shards, each an election of its own, spread evenly
+//! over the replicas that run the same shard set.
+//!
+//! Every shard is a record of its own with its own fencing token, kept as the elector keeps its
+//! one record: a shard is taken only when free or expired (S2), its term ends by a timer at the
+//! start of its last successful renewal plus the renew deadline (S3), each acquisition raises
+//! its token (S5), and its work stops before it is released (S6). Beside the shards the store
+//! holds a roster (the shard count and the members) and one record per member, which the
+//! member holds as a lease: the roster says who takes part, the member records who is alive.
+//!
+//! Each member renews its member record and all its shards in one batch per retry period
+//! ([`LockSet::renew_many`]) and reads the roster, the member records and the shards in
+//! another ([`LockSet::get_many`]). From what it reads it computes every member's fair share
+//! (the shard count divided by the live members, one more for some), the same on every member:
+//! a member under its share takes free or expired shards (those it likes best first, by
+//! rendezvous hashing), a member over its share hands its surplus to the members under theirs
+//! by a planned handover (S10), and the shards of a member that died are taken once their
+//! lease runs out. Balance and the roster rest on what members read; safety rests on each
+//! shard's lease alone, so a member with a stale view can be slow to balance, never a second
+//! owner.
+
+mod assign;
+mod locks;
+mod runner;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{
+    DEFAULT_LEASE_DURATION, DEFAULT_RENEW_DEADLINE, DEFAULT_RETRY_PERIOD, JITTER_FACTOR, Timings,
+};
+use crate::error::ConfigError;
+use crate::leadership::{Leadership, StepDown};
+use crate::status::IdentityConflict;
+
+pub use locks::{KeyedLocks, LockSet, Renewal};
+
+/// The most shards a set may have.
+pub const MAX_SHARDS: u32 = 100_000;
+
+/// The key of the roster record of shard set `name`: the shard count and the members.
+pub fn roster_key(name: &str) -> String {
+    format!("{name}-members")
+}
+
+/// The key of the record of shard `shard` of set `name`.
+pub fn shard_key(name: &str, shard: u32) -> String {
+    format!("{name}-shard-{shard}")
+}
+
+/// The key of the member record of `identity` in set `name` (a hash of the identity, so that
+/// any identity makes a valid key on every backend).
+pub fn member_key(name: &str, identity: &str) -> String {
+    format!("{name}-member-{}", assign::hash_hex(identity))
+}
+
+/// The roster's extension holding the shard count.
+pub const COUNT_EXTENSION: &str = "shards.count";
+
+/// Why a shard set takes no shards.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ShardsError {
+    /// The store's roster says another shard count: replicas of one set must agree on it. To
+    /// change the count, stop every replica of the set, delete its roster record (the shard
+    /// records may stay: their fencing tokens go on), and start them with the new count.
+    #[error(
+        "shard set {name:?}: the store holds {stored} shards and this replica was started with \
+         {ours}; every replica of a set needs the same count (to change it, stop them all, \
+         delete the roster record {roster:?} and start them with the new count)"
+    )]
+    CountMismatch {
+        /// The set's name.
+        name: String,
+        /// The count in the store.
+        stored: u32,
+        /// This replica's count.
+        ours: u32,
+        /// The roster's key.
+        roster: String,
+    },
+    /// The roster record holds no valid count: written by something else.
+    #[error(
+        "shard set {name:?}: the roster record {roster:?} holds no valid shard count ({value:?})"
+    )]
+    InvalidRoster {
+        /// The set's name.
+        name: String,
+        /// The roster's key.
+        roster: String,
+        /// What it holds as the count, if anything.
+        value: Option<String>,
+    },
+    /// Another process holds this replica's member record under the same identity (S13): it
+    /// takes no shard while that process lives.
+    #[error(transparent)]
+    IdentityConflict(IdentityConflict),
+}
+
+/// What a member knows about its shard set, published on [`Shards::subscribe`].
+#[derive(Clone, Debug, Default)]
+#[non_exhaustive]
+pub struct ShardsState {
+    /// The shards this member owns, each with its term. The copies here do not keep the
+    /// shard's work running; take a clone while the work runs.
+    pub owned: BTreeMap<u32, Leadership>,
+    /// The members alive as last read, this one included once it holds its member record.
+    pub members: usize,
+    /// Why this member takes no shards, if it takes none for a reason.
+    pub problem: Option<ShardsError>,
+    /// True once the set has stopped.
+    pub stopped: bool,
+}
+
+impl ShardsState {
+    /// The fencing token of each shard owned.
+    pub fn tokens(&self) -> BTreeMap<u32, u64> {
+        self.owned
+            .iter()
+            .filter(|(_, l)| !l.is_lost())
+            .map(|(&s, l)| (s, l.fencing_token()))
+            .collect()
+    }
+}
+
+type Started = dyn Fn(u32, Leadership) + Send + Sync;
+pub(crate) type Stopped = dyn Fn(u32, StepDown) + Send + Sync;
+
+/// Callbacks of a shard set.
+#[derive(Clone, Default)]
+pub(crate) struct Callbacks {
+    pub(crate) started: Option<Arc<Started>>,
+    pub(crate) stopped: Option<Arc<Stopped>>,
+}
+
+/// The configuration of a shard set, as validated by [`ShardsBuilder::build`].
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct ShardsConfig {
+    /// The set's name: the prefix of its keys, and the label of its metrics.
+    pub name: String,
+    /// The number of shards.
+    pub count: u32,
+    /// Each shard's lease, and how long followers wait for one that is no longer renewed.
+    pub lease_duration: Duration,
+    /// How long a member keeps a shard without a successful renewal.
+    pub renew_deadline: Duration,
+    /// Time between two rounds (a batch of renewals, a batch of reads).
+    pub retry_period: Duration,
+    /// Timeout of every request (a batch counts as one).
+    pub request_timeout: Duration,
+    /// How long a member waits for a shard's work to stop before it releases the shard; work
+    /// still running then keeps the shard unreleased, to expire after its lease.
+    pub stop_grace: Duration,
+    /// Release the shards on shutdown, so that others take them at once.
+    pub release_on_cancel: bool,
+}
+
+/// Builds [`Shards`].
+#[must_use = "builder does nothing itself, use `.build()` to build it"]
+pub struct ShardsBuilder {
+    config: ShardsConfig,
+    request_timeout: Option<Duration>,
+    locks: Arc<dyn LockSet>,
+    callbacks: Callbacks,
+}
+
+impl fmt::Debug for ShardsBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ShardsBuilder")
+            .field("config", &self.config)
+            .field("locks", &self.locks)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ShardsBuilder {
+    /// Sets the lease, the renew deadline and the retry period at once.
+    pub fn timings(mut self, timings: Timings) -> Self {
+        self.config.lease_duration = timings.lease_duration;
+        self.config.renew_deadline = timings.renew_deadline;
+        self.config.retry_period = timings.retry_period;
+        self
+    }
+
+    /// Each shard's lease (default 15 s).
+    pub fn lease_duration(mut self, lease_duration: Duration) -> Self {
+        self.config.lease_duration = lease_duration;
+        self
+    }
+
+    /// How long a member keeps a shard without a successful renewal (default 10 s).
+    pub fn renew_deadline(mut self, renew_deadline: Duration) -> Self {
+        self.config.renew_deadline = renew_deadline;
+        self
+    }
+
+    /// Time between rounds (default 2 s).
+    pub fn retry_period(mut self, retry_period: Duration) -> Self {
+        self.config.retry_period = retry_period;
+        self
+    }
+
+    /// Timeout of every request (default: the renew deadline less a retry period, at least
+    /// the retry period).
+    pub fn request_timeout(mut self, request_timeout: Duration) -> Self {
+        self.request_timeout = Some(request_timeout);
+        self
+    }
+
+    /// How long to wait for a shard's work to stop before releasing it (default 5 s).
+    pub fn stop_grace(mut self, stop_grace: Duration) -> Self {
+        self.config.stop_grace = stop_grace;
+        self
+    }
+
+    /// Release the shards on shutdown (default true).
+    pub fn release_on_cancel(mut self, release: bool) -> Self {
+        self.config.release_on_cancel = release;
+        self
+    }
+
+    /// Called when this member takes a shard, with the shard and a counted [`Leadership`] of
+    /// its term: the shard is released only once every counted clone is gone (S6).
+    pub fn on_shard_started(
+        mut self,
+        callback: impl Fn(u32, Leadership) + Send + Sync + 'static,
+    ) -> Self {
+        self.callbacks.started = Some(Arc::new(callback));
+        self
+    }
+
+    /// Called when a shard's term ends, with why.
+    pub fn on_shard_stopped(
+        mut self,
+        callback: impl Fn(u32, StepDown) + Send + Sync + 'static,
+    ) -> Self {
+        self.callbacks.stopped = Some(Arc::new(callback));
+        self
+    }
+
+    /// Checks the configuration (S4, and a shard count from 1 to [`MAX_SHARDS`]).
+    ///
+    /// # Errors
+    /// The rule broken.
+    pub fn build(self) -> Result<Shards, ConfigError> {
+        let mut config = self.config;
+        if config.count == 0 || config.count > MAX_SHARDS {
+            return Err(ConfigError::InvalidShardCount {
+                count: config.count,
+                max: MAX_SHARDS,
+            });
+        }
+        if self.locks.identity().is_empty() {
+            return Err(ConfigError::EmptyIdentity);
+        }
+        let timings = Timings {
+            lease_duration: config.lease_duration,
+            renew_deadline: config.renew_deadline,
+            retry_period: config.retry_period,
+        };
+        timings.validate()?;
+        config.request_timeout = self.request_timeout.unwrap_or_else(|| {
+            config
+                .renew_deadline
+                .saturating_sub(config.retry_period.mul_f64(JITTER_FACTOR))
+                .max(config.retry_period)
+        });
+        if config.request_timeout.is_zero() || config.request_timeout > config.renew_deadline {
+            return Err(ConfigError::InvalidRequestTimeout {
+                request_timeout: config.request_timeout,
+                renew_deadline: config.renew_deadline,
+            });
+        }
+        let (state, _) = watch::channel(ShardsState::default());
+        Ok(Shards {
+            config,
+            locks: self.locks,
+            callbacks: self.callbacks,
+            state,
+        })
+    }
+}
+
+/// A member of a shard set: owns its fair share of the set's shards while it runs.
+///
+/// ```
+/// use std::sync::Arc;
+/// use leader_core::{CancellationToken, KeyedLocks, MemoryStore, Shards};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = MemoryStore::new();
+/// let locks = KeyedLocks::new("replica-1", "memory", move |key, identity| {
+///     Arc::new(store.lock(key, identity))
+/// });
+/// let shards = Shards::builder("tenants", 16, locks).build()?;
+/// let mut owned = shards.subscribe();
+/// let shutdown = CancellationToken::new();
+/// let member = tokio::spawn(shards.run_per_shard(shutdown.clone(), |shard, term| async move {
+///     // The work of one shard, fenced by its token; it is dropped when the shard moves.
+///     let _ = (shard, term.fencing_token());
+///     std::future::pending::<()>().await
+/// }));
+/// owned.wait_for(|state| state.owned.len() == 16).await?;
+/// shutdown.cancel();
+/// member.await??;
+/// # Ok(())
+/// # }
+/// ```
+pub struct Shards {
+    config: ShardsConfig,
+    locks: Arc<dyn LockSet>,
+    callbacks: Callbacks,
+    state: watch::Sender<ShardsState>,
+}
+
+impl fmt::Debug for Shards {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Shards")
+            .field("config", &self.config)
+            .field("locks", &self.locks)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Shards {
+    /// A member of shard set `name` with `count` shards, on the records of `locks`.
+    pub fn builder(
+        name: impl Into<String>,
+        count: u32,
+        locks: impl LockSet + 'static,
+    ) -> ShardsBuilder {
+        ShardsBuilder {
+            config: ShardsConfig {
+                name: name.into(),
+                count,
+                lease_duration: DEFAULT_LEASE_DURATION,
+                renew_deadline: DEFAULT_RENEW_DEADLINE,
+                retry_period: DEFAULT_RETRY_PERIOD,
+                request_timeout: Duration::ZERO,
+                stop_grace: Duration::from_secs(5),
+                release_on_cancel: true,
+            },
+            request_timeout: None,
+            locks: Arc::new(locks),
+            callbacks: Callbacks::default(),
+        }
+    }
+
+    /// The validated configuration.
+    pub fn config(&self) -> &ShardsConfig {
+        &self.config
+    }
+
+    /// The shards owned, as they change.
+    pub fn subscribe(&self) -> watch::Receiver<ShardsState> {
+        self.state.subscribe()
+    }
+
+    /// Takes part in the set until `shutdown` is cancelled, then stops every shard's work,
+    /// releases the shards (unless told not to) and leaves the roster.
+    ///
+    /// # Errors
+    /// [`ShardsError::CountMismatch`] or [`ShardsError::InvalidRoster`] when the store's
+    /// roster disagrees with this replica: it took no shard and stopped. Outages and a shared
+    /// identity are not errors here: the member waits them out, and says so on its state.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), ShardsError> {
+        runner::Runner::new(self.config, self.locks, self.callbacks, self.state)
+            .run(shutdown)
+            .await
+    }
+
+    /// Runs `work(shard, term)` for each shard while this member owns it, until `shutdown`:
+    /// the work's future is dropped when the shard's term ends (a handover, a lost lease, the
+    /// shutdown), and the shard is released only after that (S6). Work that returns or panics
+    /// while the shard is still owned gives the shard up, so that a member never keeps a shard
+    /// whose work no longer runs (S13).
+    ///
+    /// # Errors
+    /// As [`run`](Self::run).
+    pub async fn run_per_shard<F, Fut>(
+        mut self,
+        shutdown: CancellationToken,
+        work: F,
+    ) -> Result<(), ShardsError>
+    where
+        F: Fn(u32, Leadership) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let work = Arc::new(work);
+        let user = self.callbacks.started.take();
+        self.callbacks.started = Some(Arc::new(move |shard, term: Leadership| {
+            if let Some(user) = &user {
+                user(shard, term.clone());
+            }
+            let work = work.clone();
+            tokio::spawn(async move {
+                let running = term.clone();
+                let job = tokio::spawn(async move {
+                    let _ = running.run(work(shard, running.clone())).await;
+                });
+                if job.await.is_err() {
+                    tracing::error!(
+                        shard,
+                        fencing_token = term.fencing_token(),
+                        "the shard's work panicked: giving the shard up"
+                    );
+                }
+                // Work that ended while the shard was still owned gives it up.
+                let _ = term.step_down();
+            });
+        }));
+        self.run(shutdown).await
+    }
+}

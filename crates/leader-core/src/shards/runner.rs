@@ -1,0 +1,1175 @@
+//! The loop of a shard set's member: a round per retry period (renew everything it holds in one
+//! batch, read the set in another, then take, give or leave shards), a timer per term (S3).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+use chrono::Utc;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::assign::{affinity, gifts, shares};
+use super::locks::{LockSet, Renewal};
+use super::{
+    COUNT_EXTENSION, Callbacks, ShardsConfig, ShardsError, ShardsState, member_key, roster_key,
+    shard_key,
+};
+use crate::error::LockError;
+use crate::leadership::{Leadership, StepDown, StepDownReason, TermRequest};
+use crate::lock::{Acquisition, ResourceLock};
+use crate::metrics as m;
+use crate::record::{LeaderElectionRecord, Observed, Version};
+use crate::retry::Backoff;
+use crate::status::IdentityConflict;
+
+/// The roster's extension naming a member: `member.HASH` = identity.
+const MEMBER_PREFIX: &str = "member.";
+
+/// One term this member holds: a shard's, or its member record's.
+struct Term {
+    key: String,
+    observed: Observed,
+    /// Moved on by each successful renewal; its timer ends the term when it passes (S3).
+    deadline: watch::Sender<Instant>,
+    cancel: CancellationToken,
+    /// The counted leadership of a shard's term (none for the member record).
+    leadership: Option<Leadership>,
+    requests: Option<mpsc::Receiver<TermRequest>>,
+    alive: Option<mpsc::Receiver<()>>,
+}
+
+impl Term {
+    fn token(&self) -> u64 {
+        self.observed.record.leader_transitions
+    }
+
+    fn past_deadline(&self) -> bool {
+        self.cancel.is_cancelled() || Instant::now() >= *self.deadline.borrow()
+    }
+}
+
+/// What this member saw of a record: the follower's clock for its lease (S2), and since when
+/// a handover request names someone.
+struct Seen {
+    version: Version,
+    since: Instant,
+    handover: Option<(String, Instant)>,
+}
+
+/// One read of the set.
+struct View {
+    roster: Option<Observed>,
+    members: HashMap<String, Option<Observed>>,
+    shards: Vec<Option<Observed>>,
+}
+
+pub(crate) struct Runner {
+    config: ShardsConfig,
+    set: Arc<dyn LockSet>,
+    me: String,
+    callbacks: Callbacks,
+    state: watch::Sender<ShardsState>,
+    owned: BTreeMap<u32, Term>,
+    member: Option<Term>,
+    /// The member record's term this process started, if any (S13).
+    member_token: Option<u64>,
+    conflict: Option<(u64, Version, bool)>,
+    seen: HashMap<String, Seen>,
+    /// Members named by the last roster read: identity by member key.
+    roster_members: BTreeMap<String, String>,
+    try_acquire_supported: bool,
+    /// Whether the store renews leases without a new version, learned from this member's own
+    /// first renewal: then a member record's unchanged version says nothing of its age.
+    renews_in_store: Option<bool>,
+    backoff: Backoff,
+    next_attempt: Instant,
+    problem: Option<ShardsError>,
+    /// The members alive as last read.
+    live: usize,
+    /// When each other member's record was last found alive by the store's own word, where
+    /// renewals leave the record as it is (see [`Runner::probe`]).
+    probed: HashMap<String, Instant>,
+    releases: JoinSet<()>,
+}
+
+impl Runner {
+    pub(crate) fn new(
+        config: ShardsConfig,
+        set: Arc<dyn LockSet>,
+        callbacks: Callbacks,
+        state: watch::Sender<ShardsState>,
+    ) -> Self {
+        let me = set.identity().to_owned();
+        let backoff = Backoff::new(config.retry_period, 0.2, config.lease_duration);
+        Self {
+            config,
+            set,
+            me,
+            callbacks,
+            state,
+            owned: BTreeMap::new(),
+            member: None,
+            member_token: None,
+            conflict: None,
+            seen: HashMap::new(),
+            roster_members: BTreeMap::new(),
+            try_acquire_supported: true,
+            renews_in_store: None,
+            backoff,
+            next_attempt: Instant::now(),
+            problem: None,
+            live: 0,
+            probed: HashMap::new(),
+            releases: JoinSet::new(),
+        }
+    }
+
+    pub(crate) async fn run(mut self, shutdown: CancellationToken) -> Result<(), ShardsError> {
+        let name = self.config.name.clone();
+        tracing::info!(
+            shards = name,
+            count = self.config.count,
+            identity = self.me,
+            "joining the shard set"
+        );
+        let mut result = Ok(());
+        // Renewals keep their pace, a retry period apart; reads and acquisitions back off
+        // while the store fails (S9).
+        let mut round = tokio::time::interval(self.config.retry_period);
+        round.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                biased;
+                () = shutdown.cancelled() => break,
+                _ = round.tick() => {}
+            }
+            self.serve_requests().await;
+            self.renew().await;
+            if Instant::now() >= self.next_attempt {
+                match self.read().await {
+                    Ok(view) => {
+                        self.backoff.succeeded();
+                        self.next_attempt = Instant::now();
+                        if let Err(err) = self.act(view).await {
+                            tracing::error!(shards = name, "{err}");
+                            result = Err(err);
+                            break;
+                        }
+                    }
+                    Err(err) => {
+                        self.backoff.failed();
+                        self.next_attempt = Instant::now() + self.backoff.wait();
+                        self.report("read", &err);
+                    }
+                }
+            }
+            self.publish(false);
+        }
+        self.leave().await;
+        self.publish(true);
+        result
+    }
+
+    fn report(&self, operation: &'static str, err: &LockError) {
+        m::error(&self.config.name, operation, err.kind());
+        tracing::warn!(shards = self.config.name, operation, error = %err, "shard set request failed");
+    }
+
+    async fn request<T>(
+        &self,
+        operation: &'static str,
+        key: &str,
+        request: impl std::future::Future<Output = Result<T, LockError>>,
+    ) -> Result<T, LockError> {
+        match tokio::time::timeout(self.config.request_timeout, request).await {
+            Ok(result) => result,
+            Err(_) => Err(LockError::Timeout {
+                lock: format!("{} {key}", self.set.describe()),
+                operation,
+                after: self.config.request_timeout,
+            }),
+        }
+    }
+
+    fn lock(&self, key: &str) -> Arc<dyn ResourceLock> {
+        self.set.lock(key)
+    }
+
+    /// Notes a record read or written: the follower's clock for its lease starts when a
+    /// version is first seen (S2).
+    fn observe(&mut self, key: &str, observed: Option<&Observed>) {
+        let Some(observed) = observed else {
+            self.seen.remove(key);
+            return;
+        };
+        let now = Instant::now();
+        let seen = self.seen.entry(key.to_owned()).or_insert_with(|| Seen {
+            version: observed.version.clone(),
+            since: now,
+            handover: None,
+        });
+        if seen.version != observed.version {
+            seen.version = observed.version.clone();
+            seen.since = now;
+        }
+        match observed.record.handover_to() {
+            Some(to) if seen.handover.as_ref().is_some_and(|(h, _)| h == to) => {}
+            Some(to) => seen.handover = Some((to.to_owned(), now)),
+            None => seen.handover = None,
+        }
+    }
+
+    /// True when `observed` has stayed unchanged for its lease since this member first saw it.
+    fn expired(&self, key: &str, observed: &Observed) -> bool {
+        self.seen.get(key).is_some_and(|seen| {
+            seen.version == observed.version
+                && Instant::now() >= seen.since + observed.record.lease_duration
+        })
+    }
+
+    /// True while a handover request names another member and this one stands back from it.
+    fn standing_back(&self, key: &str, record: &LeaderElectionRecord) -> bool {
+        record.reserved_for_other_than(&self.me)
+            && self
+                .seen
+                .get(key)
+                .and_then(|s| s.handover.as_ref())
+                .is_none_or(|(_, since)| Instant::now() < *since + record.lease_duration)
+    }
+
+    fn desired(&self, token: u64, base: Option<&LeaderElectionRecord>) -> LeaderElectionRecord {
+        let now = Utc::now();
+        LeaderElectionRecord {
+            holder_identity: self.me.clone(),
+            lease_duration: self.config.lease_duration,
+            acquire_time: now,
+            renew_time: now,
+            leader_transitions: token,
+            strategy: base.and_then(|r| r.strategy.clone()),
+            preferred_holder: None,
+            extensions: base.map(|r| r.extensions.clone()).unwrap_or_default(),
+        }
+    }
+
+    /// One acquisition attempt of `key`, whose last read is `current`: the store's clock where
+    /// it has one, else the follower's (S2). Returns the record as stored and when the term
+    /// starts.
+    async fn claim(
+        &mut self,
+        key: &str,
+        mut current: Option<Observed>,
+    ) -> Result<Option<(Observed, Instant)>, LockError> {
+        let lock = self.lock(key);
+        let started = Instant::now();
+        if self.try_acquire_supported {
+            let desired = self.desired(0, current.as_ref().map(|o| &o.record));
+            match self
+                .request("try_acquire", key, lock.try_acquire(&desired))
+                .await?
+            {
+                Some(Acquisition::Acquired(observed)) => return Ok(Some((observed, started))),
+                Some(Acquisition::Handed {
+                    observed,
+                    alive_since,
+                }) => {
+                    return Ok(Some((observed, alive_since.min(started))));
+                }
+                Some(Acquisition::Held {
+                    observed,
+                    renewed_in_store,
+                    ..
+                }) => {
+                    self.observe(key, Some(&observed));
+                    if renewed_in_store {
+                        return Ok(None);
+                    }
+                    current = Some(observed);
+                }
+                Some(Acquisition::Unassigned(_)) => return Ok(None),
+                None => self.try_acquire_supported = false,
+            }
+        }
+        let Some(current) = current else {
+            let created = self
+                .request("create", key, lock.create(&self.desired(1, None)))
+                .await?;
+            return Ok(Some((created, started)));
+        };
+        let record = &current.record;
+        if (!record.is_free() && !self.expired(key, &current)) || self.standing_back(key, record) {
+            return Ok(None);
+        }
+        // S5: every acquisition gets the next token.
+        let desired = self.desired(record.leader_transitions + 1, Some(record));
+        let stored = self
+            .request("update", key, lock.update(&current.version, &desired))
+            .await?;
+        Ok(Some((stored, started)))
+    }
+
+    /// A term that starts now: its timer, and for a shard its leadership.
+    fn start_term(
+        &self,
+        key: String,
+        shard: Option<u32>,
+        observed: Observed,
+        started: Instant,
+    ) -> Term {
+        let cancel = CancellationToken::new();
+        let (deadline, until) = watch::channel(started + self.config.renew_deadline);
+        end_at_deadline(cancel.clone(), until);
+        let (leadership, requests, alive) = match shard {
+            Some(shard) => {
+                let (leadership, requests, alive) = Leadership::new(
+                    format!("{}/{shard}", self.config.name),
+                    self.me.clone(),
+                    observed.record.leader_transitions,
+                    cancel.clone(),
+                    observed.record.extensions.clone(),
+                );
+                (Some(leadership), Some(requests), Some(alive))
+            }
+            None => (None, None, None),
+        };
+        Term {
+            key,
+            observed,
+            deadline,
+            cancel,
+            leadership,
+            requests,
+            alive,
+        }
+    }
+
+    /// Renews the member record and every shard in one batch. A term whose renewal is refused
+    /// ends at once; one whose deadline passed meanwhile is not extended (S3).
+    async fn renew(&mut self) {
+        self.drop_expired();
+        let mut renewals = Vec::new();
+        let mut whose = Vec::new();
+        let terms = self.member.iter().map(|t| (None, t));
+        for (shard, term) in terms.chain(self.owned.iter().map(|(&s, t)| (Some(s), t))) {
+            let mut record = term.observed.record.clone();
+            record.renew_time = Utc::now().max(record.acquire_time);
+            whose.push(shard);
+            renewals.push(Renewal {
+                key: term.key.clone(),
+                version: term.observed.version.clone(),
+                record,
+            });
+        }
+        if renewals.is_empty() {
+            return;
+        }
+        let started = Instant::now();
+        let results =
+            match tokio::time::timeout(self.config.request_timeout, self.set.renew_many(&renewals))
+                .await
+            {
+                Ok(results) => results,
+                Err(_) => {
+                    let err = LockError::Timeout {
+                        lock: self.set.describe(),
+                        operation: "renew",
+                        after: self.config.request_timeout,
+                    };
+                    self.report("renew", &err);
+                    return;
+                }
+            };
+        let took = started.elapsed();
+        let mut failed = None;
+        let mut renewed = 0usize;
+        for (shard, result) in whose.into_iter().zip(results) {
+            let term = match shard {
+                Some(shard) => self.owned.get_mut(&shard),
+                None => self.member.as_mut(),
+            };
+            let Some(term) = term else { continue };
+            if term.past_deadline() {
+                continue;
+            }
+            match result {
+                Ok(stored) => {
+                    if shard.is_none() && self.renews_in_store.is_none() {
+                        self.renews_in_store = Some(stored.version == term.observed.version);
+                    }
+                    term.observed = stored;
+                    term.deadline
+                        .send_replace(started + self.config.renew_deadline);
+                    renewed += 1;
+                }
+                Err(err) if err.is_conflict() => {
+                    term.cancel.cancel();
+                    tracing::warn!(
+                        shards = self.config.name,
+                        key = term.key,
+                        "lost: the record is no longer this member's"
+                    );
+                    if let Some(shard) = shard {
+                        self.end(shard, StepDownReason::Lost);
+                    } else {
+                        self.member = None;
+                    }
+                }
+                Err(err) => failed = Some(err),
+            }
+        }
+        if renewed > 0 {
+            m::renewed(&self.config.name, took);
+        }
+        if let Some(err) = failed {
+            self.report("renew", &err);
+        }
+        self.drop_expired();
+    }
+
+    /// Ends the terms whose deadline passed (their timers have cancelled them already, or do
+    /// so now).
+    fn drop_expired(&mut self) {
+        let expired: Vec<u32> = self
+            .owned
+            .iter()
+            .filter(|(_, t)| t.past_deadline())
+            .map(|(&s, _)| s)
+            .collect();
+        for shard in expired {
+            tracing::warn!(
+                shards = self.config.name,
+                shard,
+                "renew deadline passed: the shard's term ends"
+            );
+            self.end(shard, StepDownReason::RenewDeadlineExceeded);
+        }
+        if self.member.as_ref().is_some_and(Term::past_deadline) {
+            self.member = None;
+        }
+    }
+
+    /// Ends the term of `shard` without releasing it.
+    fn end(&mut self, shard: u32, reason: StepDownReason) {
+        if let Some(term) = self.owned.remove(&shard) {
+            term.cancel.cancel();
+            m::shard_moved(&self.config.name, reason_label(reason));
+            let stopped = self.callbacks.stopped.as_ref();
+            tell_stopped(stopped, shard, term.token(), reason, false);
+        }
+    }
+
+    /// Ends the term of `shard` and releases it once its work has stopped (S6), naming `to` as
+    /// the next owner when given (S10); in the background, so renewals keep their pace.
+    fn give(&mut self, shard: u32, to: Option<&str>, reason: StepDownReason) {
+        let Some(mut term) = self.owned.remove(&shard) else {
+            return;
+        };
+        term.cancel.cancel();
+        let lock = self.lock(&term.key);
+        let grace = self.config.stop_grace;
+        let timeout = self.config.request_timeout;
+        let stopped = self.callbacks.stopped.clone();
+        let to = to.map(str::to_owned);
+        let name = self.config.name.clone();
+        m::shard_moved(&name, reason_label(reason));
+        tracing::info!(shards = name, shard, to, "releasing the shard");
+        self.releases.spawn(async move {
+            let fencing_token = term.token();
+            drop(term.leadership.take());
+            let work_stopped = match term.alive.as_mut() {
+                Some(alive) => tokio::time::timeout(grace, alive.recv()).await.is_ok(),
+                None => true,
+            };
+            let mut released = false;
+            if work_stopped {
+                let now = Utc::now();
+                let record = LeaderElectionRecord {
+                    holder_identity: String::new(),
+                    acquire_time: now,
+                    renew_time: now,
+                    preferred_holder: to,
+                    ..term.observed.record.clone()
+                };
+                released =
+                    tokio::time::timeout(timeout, lock.update(&term.observed.version, &record))
+                        .await
+                        .is_ok_and(|r| r.is_ok());
+            } else {
+                tracing::warn!(
+                    shards = name,
+                    shard,
+                    "the shard's work did not stop in time: leaving the shard to expire"
+                );
+            }
+            tell_stopped(stopped.as_ref(), shard, fencing_token, reason, released);
+        });
+    }
+
+    /// The requests of shards' work: a step-down, a handover, extensions to write.
+    async fn serve_requests(&mut self) {
+        let mut asked = Vec::new();
+        for (&shard, term) in &mut self.owned {
+            if let Some(requests) = term.requests.as_mut() {
+                while let Ok(request) = requests.try_recv() {
+                    asked.push((shard, request));
+                }
+            }
+        }
+        for (shard, request) in asked {
+            match request {
+                TermRequest::StepDown => self.give(shard, None, StepDownReason::SteppedDown),
+                TermRequest::HandOver(to) => {
+                    self.give(shard, Some(&to), StepDownReason::HandedOver)
+                }
+                TermRequest::SetExtensions { changes, reply } => {
+                    let answer = self.write_extensions(shard, &changes).await;
+                    let _ = reply.send(answer);
+                }
+            }
+        }
+    }
+
+    async fn write_extensions(
+        &mut self,
+        shard: u32,
+        changes: &crate::leadership::ExtensionChanges,
+    ) -> Result<(), crate::leadership::ExtensionError> {
+        use crate::leadership::{ExtensionError, LeadershipLost};
+        let Some(term) = self.owned.get(&shard) else {
+            return Err(ExtensionError::Lost(LeadershipLost { fencing_token: 0 }));
+        };
+        let lost = LeadershipLost {
+            fencing_token: term.token(),
+        };
+        let mut record = term.observed.record.clone();
+        changes.apply(&mut record.extensions);
+        record.renew_time = Utc::now().max(record.acquire_time);
+        let (key, version) = (term.key.clone(), term.observed.version.clone());
+        let started = Instant::now();
+        let result = self
+            .request("update", &key, self.lock(&key).update(&version, &record))
+            .await;
+        let Some(term) = self.owned.get_mut(&shard).filter(|t| !t.past_deadline()) else {
+            return Err(lost.into());
+        };
+        match result {
+            Ok(stored) => {
+                if let Some(leadership) = &term.leadership {
+                    *leadership
+                        .extensions_handle()
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner()) = stored.record.extensions.clone();
+                }
+                term.observed = stored;
+                term.deadline
+                    .send_replace(started + self.config.renew_deadline);
+                Ok(())
+            }
+            Err(err) if err.is_conflict() => {
+                self.end(shard, StepDownReason::Lost);
+                Err(lost.into())
+            }
+            Err(err) => Err(ExtensionError::Lock(Arc::new(err))),
+        }
+    }
+
+    /// Reads the roster, the member records it named last time and every shard, in one batch.
+    async fn read(&mut self) -> Result<View, LockError> {
+        let name = &self.config.name;
+        let mut keys = vec![roster_key(name)];
+        keys.extend(self.roster_members.keys().cloned());
+        keys.extend((0..self.config.count).map(|s| shard_key(name, s)));
+        let results =
+            match tokio::time::timeout(self.config.request_timeout, self.set.get_many(&keys)).await
+            {
+                Ok(results) => results,
+                Err(_) => {
+                    return Err(LockError::Timeout {
+                        lock: self.set.describe(),
+                        operation: "get",
+                        after: self.config.request_timeout,
+                    });
+                }
+            };
+        let mut read = Vec::with_capacity(keys.len());
+        for (key, result) in keys.iter().zip(results) {
+            let observed = result?;
+            self.observe(key, observed.as_ref());
+            read.push(observed);
+        }
+        let mut read = read.into_iter();
+        let roster = read.next().flatten();
+        let members = self
+            .roster_members
+            .values()
+            .cloned()
+            .zip(read.by_ref())
+            .collect();
+        Ok(View {
+            roster,
+            members,
+            shards: read.collect(),
+        })
+    }
+
+    /// Acts on a read: the roster, this member's record, then the shares.
+    async fn act(&mut self, view: View) -> Result<(), ShardsError> {
+        let Some(roster) = self.check_roster(view.roster).await? else {
+            return Ok(());
+        };
+        self.hold_member_record(view.members.get(&self.me).cloned().flatten())
+            .await;
+        let dead = self.probe(&view.members).await;
+        let mut live = self.live_members(&view.members);
+        live.retain(|m| !dead.contains(m));
+        self.live = live.len();
+        self.prune(&roster, &view.members, &live).await;
+        if self.member.is_none() {
+            return Ok(());
+        }
+        let count = self.config.count;
+        let mut owners: BTreeMap<String, Vec<u32>> =
+            live.iter().map(|m| (m.clone(), Vec::new())).collect();
+        for (shard, observed) in (0..count).zip(&view.shards) {
+            if self.owned.contains_key(&shard) {
+                continue;
+            }
+            if let Some(observed) = observed {
+                let holder = &observed.record.holder_identity;
+                if holder != &self.me
+                    && let Some(list) = owners.get_mut(holder)
+                {
+                    list.push(shard);
+                }
+            }
+        }
+        owners.insert(self.me.clone(), self.owned.keys().copied().collect());
+        let counts = owners.iter().map(|(m, s)| (m.clone(), s.len())).collect();
+        let shares = shares(count, &counts);
+        m::set_shards(&self.config.name, self.owned.len(), live.len(), &owners);
+        for (shard, to) in gifts(&self.me, &owners, &shares) {
+            self.give(shard, Some(&to), StepDownReason::HandedOver);
+        }
+        let share = shares.get(&self.me).copied().unwrap_or(0);
+        let room = share.saturating_sub(self.owned.len());
+        self.take(room, &view.shards, &owners).await;
+        Ok(())
+    }
+
+    /// Checks the roster (creates it, or joins it): the roster when this member may go on.
+    async fn check_roster(
+        &mut self,
+        roster: Option<Observed>,
+    ) -> Result<Option<Observed>, ShardsError> {
+        let name = self.config.name.clone();
+        let key = roster_key(&name);
+        let my_entry = format!("{MEMBER_PREFIX}{}", member_key(&name, &self.me));
+        let Some(roster) = roster else {
+            let mut record = LeaderElectionRecord {
+                holder_identity: String::new(),
+                lease_duration: self.config.lease_duration,
+                acquire_time: Utc::now(),
+                renew_time: Utc::now(),
+                leader_transitions: 0,
+                strategy: None,
+                preferred_holder: None,
+                extensions: BTreeMap::new(),
+            };
+            record
+                .extensions
+                .insert(COUNT_EXTENSION.into(), self.config.count.to_string());
+            record.extensions.insert(my_entry, self.me.clone());
+            match self
+                .request("create", &key, self.lock(&key).create(&record))
+                .await
+            {
+                Ok(created) => {
+                    tracing::info!(
+                        shards = name,
+                        count = self.config.count,
+                        "created the shard set's roster"
+                    );
+                    self.note_roster(&created);
+                }
+                Err(err) if err.is_conflict() => {}
+                Err(err) => self.report("create", &err),
+            }
+            return Ok(None);
+        };
+        let value = roster.record.extensions.get(COUNT_EXTENSION);
+        let stored = value.and_then(|v| v.parse::<u32>().ok()).filter(|&c| c > 0);
+        let Some(stored) = stored else {
+            let err = ShardsError::InvalidRoster {
+                name,
+                roster: key,
+                value: value.cloned(),
+            };
+            if self.problem.as_ref() != Some(&err) {
+                tracing::error!("{err}");
+            }
+            self.problem = Some(err);
+            return Ok(None);
+        };
+        if stored != self.config.count {
+            return Err(ShardsError::CountMismatch {
+                name,
+                stored,
+                ours: self.config.count,
+                roster: key,
+            });
+        }
+        if matches!(self.problem, Some(ShardsError::InvalidRoster { .. })) {
+            self.problem = None;
+        }
+        self.note_roster(&roster);
+        if !roster.record.extensions.contains_key(&my_entry) {
+            let mut record = roster.record.clone();
+            record.extensions.insert(my_entry, self.me.clone());
+            let stored = self.write_roster(&roster.version, &record).await;
+            if stored.is_some() {
+                tracing::info!(shards = name, "joined the shard set's roster");
+            }
+            return Ok(stored);
+        }
+        Ok(Some(roster))
+    }
+
+    fn note_roster(&mut self, roster: &Observed) {
+        self.roster_members = roster
+            .record
+            .extensions
+            .iter()
+            .filter_map(|(k, v)| {
+                k.strip_prefix(MEMBER_PREFIX)
+                    .map(|key| (key.to_owned(), v.clone()))
+            })
+            .collect();
+    }
+
+    /// Takes this member's record when it does not hold it: a record of its identity that it
+    /// did not write is another process's (S13), waited out as any other holder's.
+    async fn hold_member_record(&mut self, current: Option<Observed>) {
+        if self.member.is_some() {
+            return;
+        }
+        let key = member_key(&self.config.name, &self.me);
+        if let Some(current) = &current {
+            self.check_identity(current);
+        }
+        match self.claim(&key, current).await {
+            Ok(Some((observed, started))) => {
+                self.member_token = Some(observed.record.leader_transitions);
+                if self.conflict.take().is_some() {
+                    self.problem = None;
+                    tracing::info!(
+                        shards = self.config.name,
+                        "the other process with this identity is gone"
+                    );
+                }
+                self.observe(&key, Some(&observed));
+                self.member = Some(self.start_term(key, None, observed, started));
+            }
+            Ok(None) => {}
+            Err(err) if err.is_conflict() => {}
+            Err(err) => self.report("acquire", &err),
+        }
+    }
+
+    /// S13: this identity's member record held by a term this process did not start, and seen
+    /// renewed (or outliving its lease), is another process's: say so once.
+    fn check_identity(&mut self, current: &Observed) {
+        let record = &current.record;
+        if !record.is_held_by(&self.me) || self.member_token == Some(record.leader_transitions) {
+            return;
+        }
+        let token = record.leader_transitions;
+        match &mut self.conflict {
+            Some((t, version, reported)) if *t == token => {
+                let renewed = *version != current.version;
+                let outlived = self.renews_in_store != Some(false)
+                    && self
+                        .seen
+                        .get(&member_key(&self.config.name, &self.me))
+                        .is_some_and(|s| {
+                            Instant::now()
+                                >= s.since + record.lease_duration * 2 + self.config.retry_period
+                        });
+                if !*reported && (renewed || outlived) {
+                    *reported = true;
+                    let conflict = IdentityConflict {
+                        lock: format!(
+                            "{} {}",
+                            self.set.describe(),
+                            member_key(&self.config.name, &self.me)
+                        ),
+                        identity: self.me.clone(),
+                        fencing_token: token,
+                    };
+                    tracing::error!(shards = self.config.name, "{conflict}");
+                    m::identity_conflict(&self.config.name);
+                    self.problem = Some(ShardsError::IdentityConflict(conflict));
+                }
+            }
+            _ => {
+                tracing::warn!(
+                    shards = self.config.name,
+                    identity = self.me,
+                    fencing_token = token,
+                    "this identity's member record is held by a term this process did not start: \
+                     waiting for it as for another member's (another process may run with the same identity)"
+                );
+                self.conflict = Some((token, current.version.clone(), false));
+            }
+        }
+    }
+
+    /// The members alive: named by the roster, holding their member record, and not seen
+    /// unchanged past its lease where renewals change the version. This member once it holds
+    /// its own.
+    fn live_members(&self, members: &HashMap<String, Option<Observed>>) -> BTreeSet<String> {
+        let mut live: BTreeSet<String> = members
+            .iter()
+            .filter(|(identity, observed)| {
+                observed.as_ref().is_some_and(|o| {
+                    o.record.is_held_by(identity)
+                        && !(self.renews_in_store == Some(false)
+                            && self.expired(&member_key(&self.config.name, identity), o))
+                })
+            })
+            .map(|(identity, _)| identity.clone())
+            .collect();
+        live.remove(&self.me);
+        if self.member.is_some() {
+            live.insert(self.me.clone());
+        }
+        live
+    }
+
+    /// Where the store renews leases without changing the record, a record that looks held may
+    /// belong to a member long dead, whose lease only the store knows ran out: asks the store
+    /// ([`try_acquire`](ResourceLock::try_acquire)) about each other member at most once per
+    /// lease, and lets go at once of a record it was given that way. Returns the members
+    /// found dead.
+    async fn probe(&mut self, members: &HashMap<String, Option<Observed>>) -> BTreeSet<String> {
+        let mut dead = BTreeSet::new();
+        if self.renews_in_store != Some(true)
+            || self.member.is_none()
+            || !self.try_acquire_supported
+        {
+            return dead;
+        }
+        let now = Instant::now();
+        let lease = self.config.lease_duration;
+        let due: Vec<(String, Observed)> = members
+            .iter()
+            .filter(|(identity, _)| **identity != self.me)
+            .filter_map(|(identity, observed)| {
+                let observed = observed
+                    .as_ref()
+                    .filter(|o| o.record.is_held_by(identity))?;
+                let last = self.probed.entry(identity.clone()).or_insert(now);
+                (now >= *last + lease).then(|| (identity.clone(), observed.clone()))
+            })
+            .collect();
+        for (identity, observed) in due {
+            let key = member_key(&self.config.name, &identity);
+            let lock = self.lock(&key);
+            let desired = self.desired(0, Some(&observed.record));
+            match self
+                .request("try_acquire", &key, lock.try_acquire(&desired))
+                .await
+            {
+                Ok(Some(
+                    Acquisition::Acquired(taken)
+                    | Acquisition::Handed {
+                        observed: taken, ..
+                    },
+                )) => {
+                    tracing::info!(
+                        shards = self.config.name,
+                        member = identity,
+                        "a member's lease ran out: it left or died"
+                    );
+                    let freed = LeaderElectionRecord {
+                        holder_identity: String::new(),
+                        ..taken.record.clone()
+                    };
+                    let _ = self
+                        .request("release", &key, lock.update(&taken.version, &freed))
+                        .await;
+                    self.probed.remove(&identity);
+                    dead.insert(identity);
+                }
+                Ok(_) => {
+                    self.probed.insert(identity, Instant::now());
+                }
+                Err(err) => self.report("try_acquire", &err),
+            }
+        }
+        self.probed
+            .retain(|identity, _| members.contains_key(identity));
+        dead
+    }
+
+    /// Removes from the roster the members whose record is gone, free, or (where renewals
+    /// change the version) unchanged for twice its lease: members that left or died.
+    async fn prune(
+        &mut self,
+        roster: &Observed,
+        members: &HashMap<String, Option<Observed>>,
+        live: &BTreeSet<String>,
+    ) {
+        if self.member.is_none() || self.renews_in_store.is_none() {
+            return;
+        }
+        let name = self.config.name.clone();
+        let gone: Vec<String> =
+            members
+                .iter()
+                .filter(|(identity, observed)| {
+                    !live.contains(*identity)
+                        && match observed {
+                            None => true,
+                            Some(o) => {
+                                o.record.is_free()
+                                    || !o.record.is_held_by(identity)
+                                    || self.seen.get(&member_key(&name, identity)).is_some_and(
+                                        |s| Instant::now() >= s.since + o.record.lease_duration * 2,
+                                    )
+                            }
+                        }
+                })
+                .map(|(identity, _)| identity.clone())
+                .collect();
+        if gone.is_empty() {
+            return;
+        }
+        let mut record = roster.record.clone();
+        for identity in &gone {
+            record
+                .extensions
+                .remove(&format!("{MEMBER_PREFIX}{}", member_key(&name, identity)));
+        }
+        if self.write_roster(&roster.version, &record).await.is_some() {
+            tracing::info!(shards = name, members = ?gone, "removed members that left from the roster");
+        }
+    }
+
+    /// Writes the roster by compare-and-swap: the roster as stored, or `None` when another
+    /// member wrote it first or the store failed (reported).
+    async fn write_roster(
+        &mut self,
+        version: &Version,
+        record: &LeaderElectionRecord,
+    ) -> Option<Observed> {
+        let key = roster_key(&self.config.name);
+        match self
+            .request("update", &key, self.lock(&key).update(version, record))
+            .await
+        {
+            Ok(stored) => {
+                self.note_roster(&stored);
+                Some(stored)
+            }
+            Err(err) => {
+                if !err.is_conflict() {
+                    self.report("update", &err);
+                }
+                None
+            }
+        }
+    }
+
+    /// Takes up to `room` shards that no live member owns (handed to this member first, then
+    /// those it likes best), and one more when a shard has stayed free for a lease whatever
+    /// the shares say (members whose view is stale leave no shard unowned for long).
+    async fn take(
+        &mut self,
+        room: usize,
+        shards: &[Option<Observed>],
+        owners: &BTreeMap<String, Vec<u32>>,
+    ) {
+        let owned_by_live: BTreeSet<u32> = owners.values().flatten().copied().collect();
+        let name = self.config.name.clone();
+        let mut candidates: Vec<(bool, u64, u32)> = Vec::new();
+        let mut stuck = None;
+        for (shard, observed) in (0..self.config.count).zip(shards) {
+            if owned_by_live.contains(&shard) || self.owned.contains_key(&shard) {
+                continue;
+            }
+            let key = shard_key(&name, shard);
+            let handed_to_me = observed
+                .as_ref()
+                .is_some_and(|o| o.record.handover_to() == Some(self.me.as_str()));
+            if observed
+                .as_ref()
+                .is_some_and(|o| self.standing_back(&key, &o.record))
+            {
+                continue;
+            }
+            let free_for_long = observed
+                .as_ref()
+                .is_some_and(|o| o.record.is_free() && self.expired(&key, o));
+            if free_for_long && stuck.is_none() {
+                stuck = Some(shard);
+            }
+            candidates.push((handed_to_me, affinity(&self.me, shard), shard));
+        }
+        candidates.sort_by(|a, b| b.cmp(a));
+        let mut wanted: Vec<u32> = candidates.iter().take(room).map(|&(_, _, s)| s).collect();
+        if wanted.is_empty() {
+            wanted.extend(stuck);
+        }
+        for shard in wanted {
+            let key = shard_key(&name, shard);
+            let current = shards[shard as usize].clone();
+            match self.claim(&key, current).await {
+                Ok(Some((observed, started))) => {
+                    self.observe(&key, Some(&observed));
+                    let token = observed.record.leader_transitions;
+                    let term = self.start_term(key, Some(shard), observed, started);
+                    tracing::info!(
+                        shards = name,
+                        shard,
+                        fencing_token = token,
+                        "took the shard"
+                    );
+                    m::shard_moved(&name, "acquired");
+                    let counted = term.leadership.clone();
+                    self.owned.insert(shard, term);
+                    if let (Some(started), Some(leadership)) = (&self.callbacks.started, counted) {
+                        started(shard, leadership);
+                    }
+                }
+                Ok(None) => {}
+                Err(err) if err.is_conflict() => {}
+                Err(err) => {
+                    self.report("acquire", &err);
+                    break;
+                }
+            }
+        }
+    }
+
+    fn publish(&self, stopped: bool) {
+        let owned = self
+            .owned
+            .iter()
+            .filter_map(|(&s, t)| t.leadership.as_ref().map(|l| (s, l.uncounted())))
+            .collect();
+        let members = self.live;
+        self.state.send_modify(|state| {
+            state.owned = owned;
+            state.members = members;
+            state.problem = self.problem.clone();
+            state.stopped = stopped;
+        });
+    }
+
+    /// Shutdown: every shard's work stopped and its shard released (S6), then the member
+    /// record and the roster entry.
+    async fn leave(&mut self) {
+        let shards: Vec<u32> = self.owned.keys().copied().collect();
+        for shard in shards {
+            if self.config.release_on_cancel {
+                self.give(shard, None, StepDownReason::Shutdown);
+            } else {
+                self.end(shard, StepDownReason::Shutdown);
+            }
+        }
+        let bound = self.config.stop_grace + self.config.request_timeout;
+        let _ = tokio::time::timeout(bound, async {
+            while self.releases.join_next().await.is_some() {}
+        })
+        .await;
+        self.releases.abort_all();
+        if !self.config.release_on_cancel {
+            return;
+        }
+        let name = self.config.name.clone();
+        let key = roster_key(&name);
+        let entry = format!("{MEMBER_PREFIX}{}", member_key(&name, &self.me));
+        for _ in 0..2 {
+            let Ok(Some(roster)) = self.request("get", &key, self.lock(&key).get()).await else {
+                break;
+            };
+            if !roster.record.extensions.contains_key(&entry) {
+                break;
+            }
+            let mut record = roster.record.clone();
+            record.extensions.remove(&entry);
+            if self.write_roster(&roster.version, &record).await.is_some() {
+                break;
+            }
+        }
+        if let Some(member) = self.member.take() {
+            member.cancel.cancel();
+            let record = LeaderElectionRecord {
+                holder_identity: String::new(),
+                ..member.observed.record.clone()
+            };
+            let _ = self
+                .request(
+                    "release",
+                    &member.key,
+                    self.lock(&member.key)
+                        .update(&member.observed.version, &record),
+                )
+                .await;
+        }
+    }
+}
+
+fn tell_stopped(
+    callback: Option<&Arc<super::Stopped>>,
+    shard: u32,
+    fencing_token: u64,
+    reason: StepDownReason,
+    released: bool,
+) {
+    if let Some(stopped) = callback {
+        stopped(
+            shard,
+            StepDown {
+                fencing_token,
+                reason,
+                released,
+            },
+        );
+    }
+}
+
+fn reason_label(reason: StepDownReason) -> &'static str {
+    match reason {
+        StepDownReason::Lost => "lost",
+        StepDownReason::RenewDeadlineExceeded => "expired",
+        StepDownReason::HandedOver => "handed_over",
+        _ => "released",
+    }
+}
+
+/// The timer of a term (S3): cancels it once its deadline passes without being moved on, or
+/// when the term is dropped.
+fn end_at_deadline(cancel: CancellationToken, mut deadline: watch::Receiver<Instant>) {
+    tokio::spawn(async move {
+        loop {
+            let until = *deadline.borrow_and_update();
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                () = tokio::time::sleep_until(until) => {
+                    if !deadline.has_changed().unwrap_or(false) {
+                        cancel.cancel();
+                        return;
+                    }
+                }
+                changed = deadline.changed() => {
+                    if changed.is_err() {
+                        cancel.cancel();
+                        return;
+                    }
+                }
+            }
+        }
+    });
+}

@@ -1,0 +1,526 @@
+//! Shard sets on tokio's paused clock: members split the shards evenly, a join or a leave moves
+//! few of them, a crashed or frozen member's shards are taken once their lease runs out, and
+//! no shard ever has two owners (each shard's work intervals, as the work itself saw them,
+//! never overlap, and their fencing tokens grow), on a store with and without its own clock.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use leader_core::faults::{Faults, FaultyLock};
+use leader_core::{
+    CancellationToken, ConfigError, KeyedLocks, MemoryStore, Shards, ShardsError, ShardsState,
+    Timings,
+};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, sleep};
+
+const TIMINGS: Timings = Timings {
+    lease_duration: Duration::from_secs(3),
+    renew_deadline: Duration::from_secs(2),
+    retry_period: Duration::from_millis(500),
+};
+
+/// How the store keeps time: the follower's clock, the store's, or leases the store renews.
+#[derive(Clone, Copy, Debug)]
+enum Clock {
+    Follower,
+    Store,
+    InStore,
+}
+
+/// One interval of a shard's work on one member, as the work saw it.
+#[derive(Clone, Debug)]
+struct Interval {
+    member: String,
+    token: u64,
+    start: Instant,
+    end: Option<Instant>,
+}
+
+#[derive(Clone, Default)]
+struct Log(Arc<Mutex<BTreeMap<u32, Vec<Interval>>>>);
+
+impl Log {
+    fn start(&self, shard: u32, member: &str, token: u64) -> usize {
+        let mut log = self.0.lock().unwrap();
+        let list = log.entry(shard).or_default();
+        list.push(Interval {
+            member: member.to_owned(),
+            token,
+            start: Instant::now(),
+            end: None,
+        });
+        list.len() - 1
+    }
+
+    fn end(&self, shard: u32, index: usize) {
+        self.0.lock().unwrap().get_mut(&shard).unwrap()[index].end = Some(Instant::now());
+    }
+
+    /// Never two owners of one shard at once, and tokens that grow.
+    fn check(&self) {
+        for (shard, list) in self.0.lock().unwrap().iter() {
+            let mut list = list.clone();
+            list.sort_by_key(|i| i.start);
+            for pair in list.windows(2) {
+                let (a, b) = (&pair[0], &pair[1]);
+                let end = a.end.unwrap_or_else(|| {
+                    panic!("shard {shard}: {a:?} still running when {b:?} started")
+                });
+                assert!(end <= b.start, "shard {shard}: {a:?} overlaps {b:?}");
+                assert!(
+                    b.token > a.token,
+                    "shard {shard}: token of {b:?} not above {a:?}"
+                );
+            }
+        }
+    }
+
+    /// The latest end of `member`'s work intervals that started before `before`.
+    fn last_end(&self, member: &str, before: Instant) -> Option<Instant> {
+        self.0
+            .lock()
+            .unwrap()
+            .values()
+            .flatten()
+            .filter(|i| i.member == member && i.start < before)
+            .map(|i| i.end.expect("ended"))
+            .max()
+    }
+
+    /// How many times a shard changed owner, over every shard.
+    fn moves(&self) -> usize {
+        self.0
+            .lock()
+            .unwrap()
+            .values()
+            .map(|list| {
+                list.windows(2)
+                    .filter(|w| w[0].member != w[1].member)
+                    .count()
+            })
+            .sum()
+    }
+}
+
+/// Ends the interval when the work's future is dropped (the term ended).
+struct Running {
+    log: Log,
+    shard: u32,
+    index: usize,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.log.end(self.shard, self.index);
+    }
+}
+
+struct Member {
+    faults: Faults,
+    shutdown: CancellationToken,
+    task: JoinHandle<Result<(), ShardsError>>,
+    state: watch::Receiver<ShardsState>,
+}
+
+impl Member {
+    fn owned(&self) -> BTreeSet<u32> {
+        self.state.borrow().tokens().into_keys().collect()
+    }
+
+    async fn leave(self) -> Result<(), ShardsError> {
+        self.shutdown.cancel();
+        self.task.await.expect("member task")
+    }
+}
+
+struct Set {
+    store: MemoryStore,
+    clock: Clock,
+    count: u32,
+    log: Log,
+}
+
+impl Set {
+    fn new(clock: Clock, count: u32) -> Self {
+        Self {
+            store: MemoryStore::new(),
+            clock,
+            count,
+            log: Log::default(),
+        }
+    }
+
+    fn join(&self, identity: &str) -> Member {
+        self.join_with(identity, self.count)
+    }
+
+    fn join_with(&self, identity: &str, count: u32) -> Member {
+        let faults = Faults::new();
+        let (store, clock, handle) = (self.store.clone(), self.clock, faults.clone());
+        let locks = KeyedLocks::new(identity, "memory", move |key, identity| {
+            let lock = store.lock(key, identity);
+            let lock = match clock {
+                Clock::Follower => lock,
+                Clock::Store => lock.with_store_clock(true),
+                Clock::InStore => lock.with_renewal_in_store(true),
+            };
+            Arc::new(FaultyLock::with_faults(lock, handle.clone()))
+        });
+        // Requests may hang up to the renew deadline: each term's own timer must end it.
+        let shards = Shards::builder("jobs", count, locks)
+            .timings(TIMINGS)
+            .request_timeout(TIMINGS.renew_deadline)
+            .build()
+            .expect("valid configuration");
+        let state = shards.subscribe();
+        let shutdown = CancellationToken::new();
+        let log = self.log.clone();
+        let me = identity.to_owned();
+        let task = tokio::spawn(shards.run_per_shard(shutdown.clone(), move |shard, term| {
+            let log = log.clone();
+            let index = log.start(shard, &me, term.fencing_token());
+            async move {
+                let _running = Running { log, shard, index };
+                std::future::pending::<()>().await;
+            }
+        }));
+        Member {
+            faults,
+            shutdown,
+            task,
+            state,
+        }
+    }
+}
+
+/// Every shard owned once, and each member within one of the others.
+fn balanced(members: &[&Member], count: u32) -> bool {
+    let owned: Vec<BTreeSet<u32>> = members.iter().map(|m| m.owned()).collect();
+    let all: BTreeSet<u32> = owned.iter().flatten().copied().collect();
+    let sizes: Vec<usize> = owned.iter().map(BTreeSet::len).collect();
+    let total: usize = sizes.iter().sum();
+    all.len() == count as usize
+        && total == count as usize
+        && sizes.iter().max().unwrap() - sizes.iter().min().unwrap() <= 1
+}
+
+/// Advances the paused clock a retry period at a time until `done`, up to `within`; returns
+/// how long it took.
+async fn until(within: Duration, mut done: impl FnMut() -> bool) -> Option<Duration> {
+    let start = Instant::now();
+    while start.elapsed() <= within {
+        if done() {
+            return Some(start.elapsed());
+        }
+        sleep(Duration::from_millis(100)).await;
+    }
+    None
+}
+
+async fn three_members_split_the_shards(clock: Clock) {
+    tokio::time::pause();
+    let set = Set::new(clock, 10);
+    let a = set.join("a");
+    let b = set.join("b");
+    let c = set.join("c");
+    let took = until(Duration::from_secs(30), || balanced(&[&a, &b, &c], 10)).await;
+    assert!(
+        took.is_some(),
+        "never balanced: {:?} {:?} {:?}",
+        a.owned(),
+        b.owned(),
+        c.owned()
+    );
+    // Balanced stays balanced: nothing moves while nothing changes.
+    let moves = set.log.moves();
+    sleep(Duration::from_secs(20)).await;
+    assert!(balanced(&[&a, &b, &c], 10));
+    assert_eq!(set.log.moves(), moves, "shards moved without a change");
+    for m in [a, b, c] {
+        m.leave().await.expect("left");
+    }
+    set.log.check();
+}
+
+#[tokio::test]
+async fn three_members_split_the_shards_on_the_followers_clock() {
+    three_members_split_the_shards(Clock::Follower).await;
+}
+
+#[tokio::test]
+async fn three_members_split_the_shards_on_the_stores_clock() {
+    three_members_split_the_shards(Clock::Store).await;
+}
+
+#[tokio::test]
+async fn three_members_split_the_shards_with_leases_renewed_in_the_store() {
+    three_members_split_the_shards(Clock::InStore).await;
+}
+
+async fn a_join_moves_only_the_newcomers_share(clock: Clock) {
+    tokio::time::pause();
+    let set = Set::new(clock, 12);
+    let a = set.join("a");
+    let b = set.join("b");
+    let c = set.join("c");
+    until(Duration::from_secs(30), || balanced(&[&a, &b, &c], 12))
+        .await
+        .expect("balanced before the join");
+    let before = set.log.moves();
+    let d = set.join("d");
+    let took = until(Duration::from_secs(30), || balanced(&[&a, &b, &c, &d], 12))
+        .await
+        .expect("balanced after the join");
+    // Handed over, not waited out: within a lease and a retry period.
+    assert!(
+        took <= TIMINGS.lease_duration + TIMINGS.retry_period,
+        "rebalanced after {took:?}"
+    );
+    assert_eq!(set.log.moves() - before, 3, "d's share moves, nothing else");
+    for m in [a, b, c, d] {
+        m.leave().await.expect("left");
+    }
+    set.log.check();
+}
+
+#[tokio::test]
+async fn a_join_moves_only_the_newcomers_share_on_the_followers_clock() {
+    a_join_moves_only_the_newcomers_share(Clock::Follower).await;
+}
+
+#[tokio::test]
+async fn a_join_moves_only_the_newcomers_share_with_leases_renewed_in_the_store() {
+    a_join_moves_only_the_newcomers_share(Clock::InStore).await;
+}
+
+#[tokio::test]
+async fn a_member_that_leaves_hands_its_shards_over_at_once() {
+    tokio::time::pause();
+    let set = Set::new(Clock::Follower, 9);
+    let a = set.join("a");
+    let b = set.join("b");
+    let c = set.join("c");
+    until(Duration::from_secs(30), || balanced(&[&a, &b, &c], 9))
+        .await
+        .expect("balanced");
+    c.leave().await.expect("left");
+    let took = until(Duration::from_secs(30), || balanced(&[&a, &b], 9))
+        .await
+        .expect("balanced after the leave");
+    // Released: taken on the next rounds, well before a lease.
+    assert!(took < TIMINGS.lease_duration, "rebalanced after {took:?}");
+    for m in [a, b] {
+        m.leave().await.expect("left");
+    }
+    set.log.check();
+}
+
+async fn a_crashed_members_shards_are_taken_after_their_lease(clock: Clock) {
+    tokio::time::pause();
+    let set = Set::new(clock, 8);
+    let a = set.join("a");
+    let b = set.join("b");
+    until(Duration::from_secs(30), || balanced(&[&a, &b], 8))
+        .await
+        .expect("balanced");
+    let held: BTreeSet<u32> = b.owned();
+    // A crash: the process is gone, its records stay as they were.
+    b.faults.hang(true);
+    b.task.abort();
+    let crashed = Instant::now();
+    let took = until(Duration::from_secs(30), || a.owned().len() == 8)
+        .await
+        .expect("a took every shard");
+    assert!(
+        took >= TIMINGS.lease_duration - TIMINGS.retry_period,
+        "a crashed member's shards taken after {took:?}, before their lease could run out"
+    );
+    assert!(
+        took <= TIMINGS.lease_duration * 2 + TIMINGS.retry_period * 2,
+        "{took:?}"
+    );
+    let _ = (crashed, held);
+    a.leave().await.expect("left");
+    set.log.check();
+}
+
+#[tokio::test]
+async fn a_crashed_members_shards_are_taken_after_their_lease_on_the_followers_clock() {
+    a_crashed_members_shards_are_taken_after_their_lease(Clock::Follower).await;
+}
+
+#[tokio::test]
+async fn a_crashed_members_shards_are_taken_after_their_lease_on_the_stores_clock() {
+    a_crashed_members_shards_are_taken_after_their_lease(Clock::Store).await;
+}
+
+#[tokio::test]
+async fn a_crashed_members_shards_are_taken_after_their_lease_renewed_in_the_store() {
+    a_crashed_members_shards_are_taken_after_their_lease(Clock::InStore).await;
+}
+
+async fn a_frozen_member_stops_in_time_and_comes_back_to_a_stale_view(clock: Clock) {
+    tokio::time::pause();
+    let set = Set::new(clock, 6);
+    let a = set.join("a");
+    let b = set.join("b");
+    until(Duration::from_secs(30), || balanced(&[&a, &b], 6))
+        .await
+        .expect("balanced");
+    // b's requests hang (a process paused, a network cut): its terms end by their timers.
+    b.faults.hang(true);
+    let frozen = Instant::now();
+    until(Duration::from_secs(30), || a.owned().len() == 6)
+        .await
+        .expect("a took every shard");
+    assert!(b.owned().is_empty(), "b still claims {:?}", b.owned());
+    // S3: its last renewal started before the freeze, so its work ended within the renew
+    // deadline of it, by the terms' timers, while its requests still hung.
+    let ended = set.log.last_end("b", frozen).expect("b had work");
+    assert!(
+        ended <= frozen + TIMINGS.renew_deadline,
+        "b's work ended {:?} after the freeze",
+        ended - frozen
+    );
+    // b comes back with requests sent before the freeze and a view of the set from then.
+    b.faults.hang(false);
+    until(Duration::from_secs(30), || balanced(&[&a, &b], 6))
+        .await
+        .expect("balanced again");
+    for m in [a, b] {
+        m.leave().await.expect("left");
+    }
+    set.log.check();
+}
+
+#[tokio::test]
+async fn a_frozen_member_stops_in_time_on_the_followers_clock() {
+    a_frozen_member_stops_in_time_and_comes_back_to_a_stale_view(Clock::Follower).await;
+}
+
+#[tokio::test]
+async fn a_frozen_member_stops_in_time_with_leases_renewed_in_the_store() {
+    a_frozen_member_stops_in_time_and_comes_back_to_a_stale_view(Clock::InStore).await;
+}
+
+#[tokio::test]
+async fn members_started_with_another_count_take_no_shard() {
+    tokio::time::pause();
+    let set = Set::new(Clock::Follower, 8);
+    let a = set.join("a");
+    until(Duration::from_secs(10), || a.owned().len() == 8)
+        .await
+        .expect("a owns the set");
+    let b = set.join_with("b", 9);
+    let mut state = b.state.clone();
+    let result = tokio::time::timeout(Duration::from_secs(10), b.task)
+        .await
+        .expect("b stops")
+        .expect("b's task");
+    match result {
+        Err(ShardsError::CountMismatch { stored, ours, .. }) => assert_eq!((stored, ours), (8, 9)),
+        other => panic!("expected a count mismatch, got {other:?}"),
+    }
+    assert!(state.borrow_and_update().owned.is_empty());
+    assert_eq!(a.owned().len(), 8, "a keeps the set");
+    let message = ShardsError::CountMismatch {
+        name: "jobs".into(),
+        stored: 8,
+        ours: 9,
+        roster: "jobs-members".into(),
+    }
+    .to_string();
+    assert!(!message.contains('\n') && message.contains("8") && message.contains("9"));
+    a.leave().await.expect("left");
+    set.log.check();
+}
+
+#[tokio::test]
+async fn one_identity_in_two_processes_owns_each_shard_once() {
+    tokio::time::pause();
+    let set = Set::new(Clock::Follower, 6);
+    let a = set.join("a");
+    until(Duration::from_secs(10), || a.owned().len() == 6)
+        .await
+        .expect("a owns the set");
+    let twin = set.join("a");
+    let conflict = until(Duration::from_secs(30), || {
+        matches!(
+            twin.state.borrow().problem,
+            Some(ShardsError::IdentityConflict(_))
+        )
+    })
+    .await;
+    assert!(
+        conflict.is_some(),
+        "the twin never said its identity is taken"
+    );
+    assert!(twin.owned().is_empty(), "the twin owns {:?}", twin.owned());
+    assert_eq!(a.owned().len(), 6);
+    for m in [a, twin] {
+        m.leave().await.expect("left");
+    }
+    set.log.check();
+}
+
+#[tokio::test]
+async fn work_that_ends_gives_its_shard_up() {
+    tokio::time::pause();
+    let store = MemoryStore::new();
+    let make = |identity: &str| {
+        let store = store.clone();
+        KeyedLocks::new(identity, "memory", move |key, identity| {
+            Arc::new(store.lock(key, identity))
+        })
+    };
+    let ends = Arc::new(Mutex::new(Vec::new()));
+    let shards = Shards::builder("jobs", 2, make("a"))
+        .timings(TIMINGS)
+        .on_shard_stopped({
+            let ends = ends.clone();
+            move |shard, stop| ends.lock().unwrap().push((shard, stop.reason))
+        })
+        .build()
+        .unwrap();
+    let mut state = shards.subscribe();
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(
+        shards.run_per_shard(shutdown.clone(), |shard, _term| async move {
+            if shard == 0 {
+                // Shard 0's work returns at once; shard 1's runs on.
+                return;
+            }
+            std::future::pending::<()>().await;
+        }),
+    );
+    until(Duration::from_secs(10), || {
+        ends.lock().unwrap().iter().any(|(shard, _)| *shard == 0)
+    })
+    .await
+    .expect("shard 0 given up");
+    assert!(
+        ends.lock()
+            .unwrap()
+            .iter()
+            .all(|(shard, reason)| *shard == 0
+                && *reason == leader_core::StepDownReason::SteppedDown)
+    );
+    assert!(state.borrow_and_update().owned.contains_key(&1));
+    shutdown.cancel();
+    task.await.unwrap().unwrap();
+}
+
+#[test]
+fn a_shard_count_of_zero_is_refused() {
+    let locks = KeyedLocks::new("a", "memory", |key, identity| {
+        Arc::new(MemoryStore::new().lock(key, identity))
+    });
+    let err = Shards::builder("jobs", 0, locks).build().unwrap_err();
+    assert!(
+        matches!(err, ConfigError::InvalidShardCount { count: 0, .. }),
+        "{err}"
+    );
+}
