@@ -23,6 +23,10 @@ use chrono::{DateTime, SubsecRound, Utc};
 use futures_util::StreamExt;
 use tokio::task::JoinSet;
 
+mod shards;
+
+pub use shards::{Interval, ShardLog, balanced, shard_protocol};
+
 use crate::background::{Candidate, LEASE, RENEW, RETRY};
 use crate::{
     Acquisition, LeaderElectionRecord, LeaderElector, LockError, Observed, ResourceLock, Version,
@@ -73,6 +77,7 @@ pub async fn run_all(factory: &dyn LockFactory) {
     electors_elect_one_and_hand_over(factory).await;
     planned_handover(factory).await;
     one_identity_one_process(factory).await;
+    shard_protocol(factory).await;
 }
 
 fn unique(test: &str) -> String {

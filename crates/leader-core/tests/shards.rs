@@ -3,10 +3,11 @@
 //! no shard ever has two owners (each shard's work intervals, as the work itself saw them,
 //! never overlap, and their fencing tokens grow), on a store with and without its own clock.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use leader_core::conformance::{ShardLog, balanced};
 use leader_core::faults::{Faults, FaultyLock};
 use leader_core::{
     CancellationToken, ConfigError, KeyedLocks, MemoryStore, Shards, ShardsError, ShardsState,
@@ -28,94 +29,6 @@ enum Clock {
     Follower,
     Store,
     InStore,
-}
-
-/// One interval of a shard's work on one member, as the work saw it.
-#[derive(Clone, Debug)]
-struct Interval {
-    member: String,
-    token: u64,
-    start: Instant,
-    end: Option<Instant>,
-}
-
-#[derive(Clone, Default)]
-struct Log(Arc<Mutex<BTreeMap<u32, Vec<Interval>>>>);
-
-impl Log {
-    fn start(&self, shard: u32, member: &str, token: u64) -> usize {
-        let mut log = self.0.lock().unwrap();
-        let list = log.entry(shard).or_default();
-        list.push(Interval {
-            member: member.to_owned(),
-            token,
-            start: Instant::now(),
-            end: None,
-        });
-        list.len() - 1
-    }
-
-    fn end(&self, shard: u32, index: usize) {
-        self.0.lock().unwrap().get_mut(&shard).unwrap()[index].end = Some(Instant::now());
-    }
-
-    /// Never two owners of one shard at once, and tokens that grow.
-    fn check(&self) {
-        for (shard, list) in self.0.lock().unwrap().iter() {
-            let mut list = list.clone();
-            list.sort_by_key(|i| i.start);
-            for pair in list.windows(2) {
-                let (a, b) = (&pair[0], &pair[1]);
-                let end = a.end.unwrap_or_else(|| {
-                    panic!("shard {shard}: {a:?} still running when {b:?} started")
-                });
-                assert!(end <= b.start, "shard {shard}: {a:?} overlaps {b:?}");
-                assert!(
-                    b.token > a.token,
-                    "shard {shard}: token of {b:?} not above {a:?}"
-                );
-            }
-        }
-    }
-
-    /// The latest end of `member`'s work intervals that started before `before`.
-    fn last_end(&self, member: &str, before: Instant) -> Option<Instant> {
-        self.0
-            .lock()
-            .unwrap()
-            .values()
-            .flatten()
-            .filter(|i| i.member == member && i.start < before)
-            .map(|i| i.end.expect("ended"))
-            .max()
-    }
-
-    /// How many times a shard changed owner, over every shard.
-    fn moves(&self) -> usize {
-        self.0
-            .lock()
-            .unwrap()
-            .values()
-            .map(|list| {
-                list.windows(2)
-                    .filter(|w| w[0].member != w[1].member)
-                    .count()
-            })
-            .sum()
-    }
-}
-
-/// Ends the interval when the work's future is dropped (the term ended).
-struct Running {
-    log: Log,
-    shard: u32,
-    index: usize,
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        self.log.end(self.shard, self.index);
-    }
 }
 
 struct Member {
@@ -140,7 +53,7 @@ struct Set {
     store: MemoryStore,
     clock: Clock,
     count: u32,
-    log: Log,
+    log: ShardLog,
 }
 
 impl Set {
@@ -149,7 +62,7 @@ impl Set {
             store: MemoryStore::new(),
             clock,
             count,
-            log: Log::default(),
+            log: ShardLog::default(),
         }
     }
 
@@ -177,16 +90,7 @@ impl Set {
             .expect("valid configuration");
         let state = shards.subscribe();
         let shutdown = CancellationToken::new();
-        let log = self.log.clone();
-        let me = identity.to_owned();
-        let task = tokio::spawn(shards.run_per_shard(shutdown.clone(), move |shard, term| {
-            let log = log.clone();
-            let index = log.start(shard, &me, term.fencing_token());
-            async move {
-                let _running = Running { log, shard, index };
-                std::future::pending::<()>().await;
-            }
-        }));
+        let task = tokio::spawn(shards.run_per_shard(shutdown.clone(), self.log.work(identity)));
         Member {
             faults,
             shutdown,
@@ -196,15 +100,9 @@ impl Set {
     }
 }
 
-/// Every shard owned once, and each member within one of the others.
-fn balanced(members: &[&Member], count: u32) -> bool {
-    let owned: Vec<BTreeSet<u32>> = members.iter().map(|m| m.owned()).collect();
-    let all: BTreeSet<u32> = owned.iter().flatten().copied().collect();
-    let sizes: Vec<usize> = owned.iter().map(BTreeSet::len).collect();
-    let total: usize = sizes.iter().sum();
-    all.len() == count as usize
-        && total == count as usize
-        && sizes.iter().max().unwrap() - sizes.iter().min().unwrap() <= 1
+fn balanced_members(members: &[&Member], count: u32) -> bool {
+    let states: Vec<_> = members.iter().map(|m| &m.state).collect();
+    balanced(&states, count)
 }
 
 /// Advances the paused clock a retry period at a time until `done`, up to `within`; returns
@@ -226,7 +124,10 @@ async fn three_members_split_the_shards(clock: Clock) {
     let a = set.join("a");
     let b = set.join("b");
     let c = set.join("c");
-    let took = until(Duration::from_secs(30), || balanced(&[&a, &b, &c], 10)).await;
+    let took = until(Duration::from_secs(30), || {
+        balanced_members(&[&a, &b, &c], 10)
+    })
+    .await;
     assert!(
         took.is_some(),
         "never balanced: {:?} {:?} {:?}",
@@ -237,12 +138,12 @@ async fn three_members_split_the_shards(clock: Clock) {
     // Balanced stays balanced: nothing moves while nothing changes.
     let moves = set.log.moves();
     sleep(Duration::from_secs(20)).await;
-    assert!(balanced(&[&a, &b, &c], 10));
+    assert!(balanced_members(&[&a, &b, &c], 10));
     assert_eq!(set.log.moves(), moves, "shards moved without a change");
     for m in [a, b, c] {
         m.leave().await.expect("left");
     }
-    set.log.check();
+    set.log.check("paused clock");
 }
 
 #[tokio::test]
@@ -266,14 +167,18 @@ async fn a_join_moves_only_the_newcomers_share(clock: Clock) {
     let a = set.join("a");
     let b = set.join("b");
     let c = set.join("c");
-    until(Duration::from_secs(30), || balanced(&[&a, &b, &c], 12))
-        .await
-        .expect("balanced before the join");
+    until(Duration::from_secs(30), || {
+        balanced_members(&[&a, &b, &c], 12)
+    })
+    .await
+    .expect("balanced before the join");
     let before = set.log.moves();
     let d = set.join("d");
-    let took = until(Duration::from_secs(30), || balanced(&[&a, &b, &c, &d], 12))
-        .await
-        .expect("balanced after the join");
+    let took = until(Duration::from_secs(30), || {
+        balanced_members(&[&a, &b, &c, &d], 12)
+    })
+    .await
+    .expect("balanced after the join");
     // Handed over, not waited out: within a lease and a retry period.
     assert!(
         took <= TIMINGS.lease_duration + TIMINGS.retry_period,
@@ -283,7 +188,7 @@ async fn a_join_moves_only_the_newcomers_share(clock: Clock) {
     for m in [a, b, c, d] {
         m.leave().await.expect("left");
     }
-    set.log.check();
+    set.log.check("paused clock");
 }
 
 #[tokio::test]
@@ -303,11 +208,13 @@ async fn a_member_that_leaves_hands_its_shards_over_at_once() {
     let a = set.join("a");
     let b = set.join("b");
     let c = set.join("c");
-    until(Duration::from_secs(30), || balanced(&[&a, &b, &c], 9))
-        .await
-        .expect("balanced");
+    until(Duration::from_secs(30), || {
+        balanced_members(&[&a, &b, &c], 9)
+    })
+    .await
+    .expect("balanced");
     c.leave().await.expect("left");
-    let took = until(Duration::from_secs(30), || balanced(&[&a, &b], 9))
+    let took = until(Duration::from_secs(30), || balanced_members(&[&a, &b], 9))
         .await
         .expect("balanced after the leave");
     // Released: taken on the next rounds, well before a lease.
@@ -315,7 +222,7 @@ async fn a_member_that_leaves_hands_its_shards_over_at_once() {
     for m in [a, b] {
         m.leave().await.expect("left");
     }
-    set.log.check();
+    set.log.check("paused clock");
 }
 
 async fn a_crashed_members_shards_are_taken_after_their_lease(clock: Clock) {
@@ -323,7 +230,7 @@ async fn a_crashed_members_shards_are_taken_after_their_lease(clock: Clock) {
     let set = Set::new(clock, 8);
     let a = set.join("a");
     let b = set.join("b");
-    until(Duration::from_secs(30), || balanced(&[&a, &b], 8))
+    until(Duration::from_secs(30), || balanced_members(&[&a, &b], 8))
         .await
         .expect("balanced");
     let held: BTreeSet<u32> = b.owned();
@@ -344,7 +251,7 @@ async fn a_crashed_members_shards_are_taken_after_their_lease(clock: Clock) {
     );
     let _ = (crashed, held);
     a.leave().await.expect("left");
-    set.log.check();
+    set.log.check("paused clock");
 }
 
 #[tokio::test]
@@ -367,7 +274,7 @@ async fn a_frozen_member_stops_in_time_and_comes_back_to_a_stale_view(clock: Clo
     let set = Set::new(clock, 6);
     let a = set.join("a");
     let b = set.join("b");
-    until(Duration::from_secs(30), || balanced(&[&a, &b], 6))
+    until(Duration::from_secs(30), || balanced_members(&[&a, &b], 6))
         .await
         .expect("balanced");
     // b's requests hang (a process paused, a network cut): its terms end by their timers.
@@ -387,13 +294,13 @@ async fn a_frozen_member_stops_in_time_and_comes_back_to_a_stale_view(clock: Clo
     );
     // b comes back with requests sent before the freeze and a view of the set from then.
     b.faults.hang(false);
-    until(Duration::from_secs(30), || balanced(&[&a, &b], 6))
+    until(Duration::from_secs(30), || balanced_members(&[&a, &b], 6))
         .await
         .expect("balanced again");
     for m in [a, b] {
         m.leave().await.expect("left");
     }
-    set.log.check();
+    set.log.check("paused clock");
 }
 
 #[tokio::test]
@@ -435,7 +342,7 @@ async fn members_started_with_another_count_take_no_shard() {
     .to_string();
     assert!(!message.contains('\n') && message.contains("8") && message.contains("9"));
     a.leave().await.expect("left");
-    set.log.check();
+    set.log.check("paused clock");
 }
 
 #[tokio::test]
@@ -463,7 +370,7 @@ async fn one_identity_in_two_processes_owns_each_shard_once() {
     for m in [a, twin] {
         m.leave().await.expect("left");
     }
-    set.log.check();
+    set.log.check("paused clock");
 }
 
 #[tokio::test]

@@ -1,0 +1,304 @@
+//! The shard protocol on a backend (S12): members split a set evenly, a leave and a crash move
+//! the shards, no shard ever has two owners, and a member with another count takes none.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::{LockFactory, unique};
+use crate::background::{LEASE, RENEW, RETRY};
+use crate::{
+    CancellationToken, LockSet, ResourceLock, Shards, ShardsError, ShardsState, member_key,
+    roster_key, shard_key,
+};
+
+/// One interval of a shard's work on one member, as the work saw it.
+#[derive(Clone, Debug)]
+pub struct Interval {
+    /// The member's identity.
+    pub member: String,
+    /// The term's fencing token.
+    pub token: u64,
+    /// When the work started.
+    pub start: Instant,
+    /// When its future was dropped, if it was.
+    pub end: Option<Instant>,
+}
+
+/// The work intervals of every shard of a set, to check that no shard ever had two owners.
+#[derive(Clone, Debug, Default)]
+pub struct ShardLog(Arc<Mutex<BTreeMap<u32, Vec<Interval>>>>);
+
+impl ShardLog {
+    fn intervals(&self) -> std::sync::MutexGuard<'_, BTreeMap<u32, Vec<Interval>>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Work for [`Shards::run_per_shard`] that logs its interval and runs until dropped.
+    pub fn work(
+        &self,
+        member: &str,
+    ) -> impl Fn(u32, crate::Leadership) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>>
+    + Send
+    + Sync
+    + 'static {
+        let (log, member) = (self.clone(), member.to_owned());
+        move |shard, term| {
+            let index = {
+                let mut intervals = log.intervals();
+                let list = intervals.entry(shard).or_default();
+                list.push(Interval {
+                    member: member.clone(),
+                    token: term.fencing_token(),
+                    start: Instant::now(),
+                    end: None,
+                });
+                list.len() - 1
+            };
+            let running = Running {
+                log: log.clone(),
+                shard,
+                index,
+            };
+            Box::pin(async move {
+                let _running = running;
+                std::future::pending::<()>().await;
+            })
+        }
+    }
+
+    /// Panics unless every shard's intervals follow one another (each ended before the next
+    /// began) with growing fencing tokens.
+    pub fn check(&self, context: &str) {
+        for (shard, list) in self.intervals().iter() {
+            let mut list = list.clone();
+            list.sort_by_key(|i| i.start);
+            for pair in list.windows(2) {
+                let (a, b) = (&pair[0], &pair[1]);
+                let end = a.end.unwrap_or_else(|| {
+                    panic!(
+                        "{context}: shard {shard} had two owners: {a:?} still ran when {b:?} began"
+                    )
+                });
+                assert!(
+                    end <= b.start,
+                    "{context}: shard {shard} had two owners: {a:?} and {b:?}"
+                );
+                assert!(
+                    b.token > a.token,
+                    "{context}: shard {shard}: the fencing token of {b:?} is not above {a:?}"
+                );
+            }
+        }
+    }
+
+    /// How many times a shard changed owner, over every shard.
+    pub fn moves(&self) -> usize {
+        self.intervals()
+            .values()
+            .map(|list| {
+                list.windows(2)
+                    .filter(|w| w[0].member != w[1].member)
+                    .count()
+            })
+            .sum()
+    }
+
+    /// The latest end of `member`'s work intervals that began before `before`.
+    pub fn last_end(&self, member: &str, before: Instant) -> Option<Instant> {
+        self.intervals()
+            .values()
+            .flatten()
+            .filter(|i| i.member == member && i.start < before)
+            .filter_map(|i| i.end)
+            .max()
+    }
+}
+
+/// Ends an interval when the work's future is dropped (its term ended).
+struct Running {
+    log: ShardLog,
+    shard: u32,
+    index: usize,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(interval) = self
+            .log
+            .intervals()
+            .get_mut(&self.shard)
+            .and_then(|l| l.get_mut(self.index))
+        {
+            interval.end = Some(Instant::now());
+        }
+    }
+}
+
+/// Every shard of `count` owned once, and owners within one shard of each other.
+pub fn balanced(states: &[&watch::Receiver<ShardsState>], count: u32) -> bool {
+    let owned: Vec<BTreeSet<u32>> = states
+        .iter()
+        .map(|s| s.borrow().tokens().into_keys().collect())
+        .collect();
+    let all: BTreeSet<u32> = owned.iter().flatten().copied().collect();
+    let sizes: Vec<usize> = owned.iter().map(BTreeSet::len).collect();
+    all.len() == count as usize
+        && sizes.iter().sum::<usize>() == count as usize
+        && sizes.iter().max().unwrap_or(&0) - sizes.iter().min().unwrap_or(&0) <= 1
+}
+
+/// The locks of one member, made by the factory ahead of time for every key the check uses.
+#[derive(Debug)]
+struct Prepared {
+    identity: String,
+    locks: HashMap<String, Arc<dyn ResourceLock>>,
+}
+
+#[async_trait]
+impl LockSet for Prepared {
+    fn lock(&self, key: &str) -> Arc<dyn ResourceLock> {
+        self.locks
+            .get(key)
+            .unwrap_or_else(|| panic!("the suite made no lock for key {key:?}"))
+            .clone()
+    }
+
+    fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    fn describe(&self) -> String {
+        "conformance".into()
+    }
+}
+
+async fn prepare(
+    factory: &dyn LockFactory,
+    name: &str,
+    count: u32,
+    identity: &str,
+    members: &[&str],
+) -> Prepared {
+    let mut keys: Vec<String> = vec![roster_key(name)];
+    keys.extend(members.iter().map(|m| member_key(name, m)));
+    keys.extend((0..count.max(8)).map(|s| shard_key(name, s)));
+    let mut locks = HashMap::new();
+    for key in keys {
+        let lock = factory.lock(&key, identity).await;
+        locks.insert(key, lock);
+    }
+    Prepared {
+        identity: identity.to_owned(),
+        locks,
+    }
+}
+
+struct Member {
+    shutdown: CancellationToken,
+    task: JoinHandle<Result<(), ShardsError>>,
+    state: watch::Receiver<ShardsState>,
+}
+
+async fn start(
+    factory: &dyn LockFactory,
+    name: &str,
+    count: u32,
+    identity: &str,
+    log: &ShardLog,
+) -> Member {
+    let locks = prepare(factory, name, count, identity, &["a", "b", "c", "d"]).await;
+    let shards = Shards::builder(name, count, locks)
+        .lease_duration(LEASE)
+        .renew_deadline(RENEW)
+        .retry_period(RETRY)
+        .build()
+        .expect("valid shard set");
+    let state = shards.subscribe();
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(shards.run_per_shard(shutdown.clone(), log.work(identity)));
+    Member {
+        shutdown,
+        task,
+        state,
+    }
+}
+
+async fn wait_until(context: &str, within: Duration, mut done: impl FnMut() -> bool) -> Duration {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < within, "{context}: not within {within:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    start.elapsed()
+}
+
+/// Three members split six shards two each; when one leaves the other two take its shards at
+/// once (three each), when one crashes the last takes them all once their leases run out; the
+/// shards never have two owners, their tokens grow, and a member started with another count
+/// takes none and stops.
+pub async fn shard_protocol(factory: &dyn LockFactory) {
+    let name = unique("shards");
+    let count = 6;
+    let log = ShardLog::default();
+    let a = start(factory, &name, count, "a", &log).await;
+    let b = start(factory, &name, count, "b", &log).await;
+    let c = start(factory, &name, count, "c", &log).await;
+    let slack = factory.extra_expiry();
+    wait_until(
+        "three members split six shards",
+        Duration::from_secs(20) + slack,
+        || balanced(&[&a.state, &b.state, &c.state], count),
+    )
+    .await;
+    let moves = log.moves();
+    tokio::time::sleep(RETRY * 4).await;
+    assert!(
+        balanced(&[&a.state, &b.state, &c.state], count),
+        "a balanced set stays balanced"
+    );
+    assert_eq!(log.moves(), moves, "shards moved while nothing changed");
+
+    c.shutdown.cancel();
+    c.task.await.expect("member task").expect("c left");
+    let took = wait_until(
+        "two members take the shards of one that left",
+        Duration::from_secs(10),
+        || balanced(&[&a.state, &b.state], count),
+    )
+    .await;
+    assert!(
+        took < LEASE,
+        "the shards of a member that left were released, taken after {took:?}"
+    );
+
+    let other = start(factory, &name, count + 1, "d", &log).await;
+    match tokio::time::timeout(Duration::from_secs(10), other.task).await {
+        Ok(Ok(Err(ShardsError::CountMismatch { stored, ours, .. }))) => {
+            assert_eq!((stored, ours), (count, count + 1));
+        }
+        other => panic!("a member with another count: expected a count mismatch, got {other:?}"),
+    }
+    assert!(
+        other.state.borrow().owned.is_empty(),
+        "a member with another count took shards"
+    );
+
+    // A crash: the process is gone, and its records stay as they were.
+    b.task.abort();
+    let _ = b.task.await;
+    wait_until(
+        "one member takes the shards of one that crashed",
+        LEASE * 3 + Duration::from_secs(5) + slack,
+        || balanced(&[&a.state], count),
+    )
+    .await;
+    a.shutdown.cancel();
+    a.task.await.expect("member task").expect("a left");
+    log.check(&format!("shard protocol on {name}"));
+}
