@@ -21,10 +21,13 @@ pub fn log_term_event(event: &str) {
     log_term_event_as(event, &identity, &token);
 }
 
-/// [`log_term_event`] for a process that knows its identity and token itself.
+/// [`log_term_event`] for a process that knows its identity and token itself. The COMMAND of a
+/// shard (`LEADER_SHARD`) writes to `JOB_LOG.SHARD`.
 pub fn log_term_event_as(event: &str, identity: &str, token: &str) {
     use std::io::Write;
+    let shard = std::env::var("LEADER_SHARD").ok();
     if let Ok(path) = std::env::var("JOB_LOG")
+        && let path = shard.map_or_else(|| path.clone(), |shard| format!("{path}.{shard}"))
         && let Ok(mut file) = std::fs::OpenOptions::new()
             .create(true)
             .append(true)

@@ -957,3 +957,149 @@ async fn locks_that_cannot_be_used_give_the_documented_exit_codes() {
         assert_eq!(status.code(), Some(code.into()), "{args:?}");
     }
 }
+
+/// The log of shard `shard`'s COMMANDs: `JOB_LOG.SHARD`.
+fn shard_log(log: &Path, shard: u32) -> std::path::PathBuf {
+    format!("{}.{shard}", log.display()).into()
+}
+
+/// The shards whose COMMAND runs on `identity` now (started, not stopped), by the logs
+/// `log.0` to `log.{count-1}`.
+fn running_shards(log: &Path, count: u32, identity: &str) -> Vec<u32> {
+    (0..count)
+        .filter(|shard| {
+            let events = events(&shard_log(log, *shard));
+            events
+                .iter()
+                .rev()
+                .find(|e| e.identity == identity)
+                .is_some_and(|e| e.start)
+        })
+        .collect()
+}
+
+async fn wait_for_shares(log: &Path, count: u32, shares: &[(&str, usize)], within: Duration) {
+    let ok = timeout(within, async {
+        loop {
+            if shares
+                .iter()
+                .all(|(identity, n)| running_shards(log, count, identity).len() == *n)
+            {
+                return;
+            }
+            sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(
+        ok.is_ok(),
+        "not {shares:?} within {within:?}: {:?}",
+        shares
+            .iter()
+            .map(|(i, _)| (i, running_shards(log, count, i)))
+            .collect::<Vec<_>>()
+    );
+}
+
+/// `leader run --shards 6` on three replicas: two shards each, one COMMAND per shard; a
+/// SIGTERM hands a replica's shards to the others at once (three each), a SIGKILL loses them
+/// when their leases run out (six on the last); no shard's COMMAND ever runs twice at once and
+/// tokens grow, per shard; a replica started with another count exits with code 11.
+async fn shards_split_and_move(lock: &str) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("job.log");
+    let name = format!("shards-{:08x}", fastrand::u32(..));
+    let count = 6;
+    let shards = ["--shards", "6"];
+    let mut replicas: Vec<Child> = ["a", "b", "c"]
+        .iter()
+        .map(|id| leader_with(lock, &name, id, &log, &shards))
+        .collect();
+    wait_for_shares(
+        &log,
+        count,
+        &[("a", 2), ("b", 2), ("c", 2)],
+        Duration::from_secs(30),
+    )
+    .await;
+
+    for bad in [
+        &["--shards", "0"][..],
+        &["--shards", "6", "--handover-to", "a"],
+        &["--shards", "6", "--once"],
+    ] {
+        let mut refused = leader_with(lock, &name, "e", &log, bad);
+        let status = timeout(Duration::from_secs(20), refused.wait())
+            .await
+            .expect("refused at once")
+            .expect("status");
+        assert_eq!(status.code(), Some(2), "{bad:?}");
+    }
+    let mut other = leader_with(lock, &name, "d", &log, &["--shards", "7"]);
+    let status = timeout(Duration::from_secs(20), other.wait())
+        .await
+        .expect("a replica with another count exits")
+        .expect("status");
+    assert_eq!(status.code(), Some(11), "another count");
+
+    let mut c = replicas.pop().expect("c");
+    kill(pid(&c), Signal::SIGTERM).expect("SIGTERM");
+    let status = timeout(Duration::from_secs(20), c.wait())
+        .await
+        .expect("c exits")
+        .expect("status");
+    assert_eq!(status.code(), Some(0), "a replica shut down by SIGTERM");
+    // Released, so taken by the next rounds, well within a lease.
+    wait_for_shares(&log, count, &[("a", 3), ("b", 3)], LEASE).await;
+
+    let mut b = replicas.pop().expect("b");
+    kill(pid(&b), Signal::SIGKILL).expect("SIGKILL");
+    let killed = now();
+    let _ = b.wait().await;
+    wait_for_shares(&log, count, &[("a", 6)], LEASE * 3 + RETRY * 4).await;
+
+    let mut a = replicas.pop().expect("a");
+    kill(pid(&a), Signal::SIGTERM).expect("SIGTERM");
+    let _ = timeout(Duration::from_secs(20), a.wait()).await;
+    for shard in 0..count {
+        assert_one_at_a_time(&shard_log(&log, shard), &[("b".into(), killed)]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_lock_shards_split_and_move() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    shards_split_and_move(&format!("file://{}", dir.path().join("lock").display())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_lock_shards_split_and_move() {
+    let Some(url) = leader_test_support::postgres_lock_or_skip() else {
+        return;
+    };
+    shards_split_and_move(&url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_lock_shards_split_and_move() {
+    let Some(url) = leader_test_support::redis_lock_or_skip() else {
+        return;
+    };
+    shards_split_and_move(&url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_lock_shards_split_and_move() {
+    let Some(url) = leader_test_support::etcd_lock_or_skip() else {
+        return;
+    };
+    shards_split_and_move(&url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn object_store_lock_shards_split_and_move() {
+    let Some(url) = s3_lock("shards") else {
+        return;
+    };
+    shards_split_and_move(&url).await;
+}

@@ -124,8 +124,13 @@ pub(crate) struct RunArgs {
     #[command(flatten)]
     pub(crate) election: ElectionArgs,
     /// Exit when leadership is lost (exit code 75) instead of running for it again.
-    #[arg(long, env = "LEADER_ONCE")]
+    #[arg(long, env = "LEADER_ONCE", conflicts_with = "shards")]
     pub(crate) once: bool,
+    /// Split the work into K shards over every replica run with this name: COMMAND runs once
+    /// per shard this replica owns, with LEADER_SHARD, LEADER_SHARD_COUNT and the shard's
+    /// LEADER_FENCING_TOKEN in its environment. Every replica of a set needs the same K.
+    #[arg(long, env = "LEADER_SHARDS", value_name = "K", value_parser = clap::value_parser!(u32).range(1..=i64::from(leader_core::MAX_SHARDS)))]
+    pub(crate) shards: Option<u32>,
     /// The program to run while leading, and its arguments.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub(crate) command: Vec<String>,

@@ -29,6 +29,9 @@ pub(crate) const BAD_SCHEDULE: u8 = 9;
 /// schedules).
 #[cfg(feature = "cron")]
 pub(crate) const SCHEDULE_MISMATCH: u8 = 10;
+/// `run --shards`: the store holds another shard count for this name (replicas started with
+/// different counts), or a roster record that is not a shard set's.
+pub(crate) const SHARD_COUNT_MISMATCH: u8 = 11;
 /// `--once`: leadership was lost before COMMAND finished.
 pub(crate) const LOST: u8 = 75;
 /// COMMAND could not be executed.

@@ -21,6 +21,9 @@ use crate::serve;
 const DEFAULT_GRACE: Duration = Duration::from_secs(3);
 
 pub(crate) async fn run(args: RunArgs) -> u8 {
+    if let Some(count) = args.shards {
+        return crate::shards::run(args.election, count, args.command).await;
+    }
     let work = Work::Term {
         once: args.once,
         command: args.command,
@@ -50,19 +53,10 @@ pub(crate) enum Work {
 
 /// Runs for leadership with `args` and does `work` in each term, until a signal or an exit.
 pub(crate) async fn elect(args: ElectionArgs, work: Work) -> u8 {
-    let identity = args
-        .identity
-        .clone()
-        .unwrap_or_else(leader_core::default_identity);
-    let timings = Timings {
-        lease_duration: args.lease_duration,
-        renew_deadline: args.renew_deadline,
-        retry_period: args.retry_period,
+    let (identity, timings) = match identity_and_timings(&args) {
+        Ok(both) => both,
+        Err(code) => return code,
     };
-    // The timings are checked before connecting to anything.
-    if let Err(err) = timings.validate() {
-        return fail(exit::USAGE, err);
-    }
     let grace = command_grace(args.grace, timings);
     let (lock, file_lock) = match open_lock(&args.lock, &identity, args.renew_deadline / 2).await {
         Ok(opened) => opened,
@@ -149,10 +143,26 @@ pub(crate) async fn elect(args: ElectionArgs, work: Work) -> u8 {
     outcome.get().unwrap_or(exit::OK)
 }
 
+/// This replica's identity (or the default one) and its timings, checked before connecting to
+/// anything.
+pub(crate) fn identity_and_timings(args: &ElectionArgs) -> Result<(String, Timings), u8> {
+    let identity = args
+        .identity
+        .clone()
+        .unwrap_or_else(leader_core::default_identity);
+    let timings = Timings {
+        lease_duration: args.lease_duration,
+        renew_deadline: args.renew_deadline,
+        retry_period: args.retry_period,
+    };
+    timings.validate().map_err(|err| fail(exit::USAGE, err))?;
+    Ok((identity, timings))
+}
+
 /// How long COMMAND gets between SIGTERM and SIGKILL: `requested` or the default, capped so
 /// that COMMAND is dead and reaped before the lease can expire for another replica (a fifth of
 /// the time between the step-down and the lease's end is kept for SIGKILL and reaping).
-fn command_grace(requested: Option<Duration>, timings: Timings) -> Duration {
+pub(crate) fn command_grace(requested: Option<Duration>, timings: Timings) -> Duration {
     let max_grace = timings.stop_window().mul_f64(0.8);
     match requested {
         Some(grace) if grace > max_grace => {
@@ -291,7 +301,7 @@ async fn on_signal(
     shutdown.cancel();
 }
 
-async fn wait_for_signal() {
+pub(crate) async fn wait_for_signal() {
     use tokio::signal::unix::{SignalKind, signal};
     let (Ok(mut term), Ok(mut int)) = (
         signal(SignalKind::terminate()),

@@ -250,14 +250,7 @@ impl FileLock {
     }
 
     fn ensure_dir(&self) -> Result<(), LockError> {
-        let mut builder = fs::DirBuilder::new();
-        #[cfg(unix)]
-        std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
-        match builder.create(&self.dir) {
-            Ok(()) => Ok(()),
-            Err(err) if err.kind() == io::ErrorKind::AlreadyExists => check_dir(&self.dir),
-            Err(err) => Err(io_error(&self.dir, err)),
-        }
+        ensure_private_dir(&self.dir)
     }
 
     /// Creates the file of `stored`'s version from a complete temporary file: `link(2)` fails
@@ -499,6 +492,19 @@ fn not_a_directory(dir: &Path) -> LockError {
             dir.display()
         ),
     )
+}
+
+/// Creates directory `dir` for this user alone (0700), or checks the one there: this user's
+/// own, and nobody else may write to it.
+pub(crate) fn ensure_private_dir(dir: &Path) -> Result<(), LockError> {
+    let mut builder = fs::DirBuilder::new();
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+    match builder.create(dir) {
+        Ok(()) => Ok(()),
+        Err(err) if err.kind() == io::ErrorKind::AlreadyExists => check_dir(dir),
+        Err(err) => Err(io_error(dir, err)),
+    }
 }
 
 fn io_error(path: &Path, err: io::Error) -> LockError {

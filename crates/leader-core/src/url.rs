@@ -10,6 +10,7 @@ use crate::error::LockError;
 use crate::file::FileLock;
 use crate::lock::ResourceLock;
 use crate::redact::redact_url;
+use crate::shards::{KeyedLocks, LockSet};
 
 /// A lock URL as its backend parsed it: the store and the kind of lock, before anything
 /// connects. Each backend crate's `LockUrl` implements it; the `leader` facade opens any of them.
@@ -22,6 +23,17 @@ pub trait LockTarget: fmt::Debug + Send + Sync {
     /// needs it. What it checks beyond that is the backend's to say; the facade's `open` reads
     /// the record once.
     async fn open(&self, name: &str, identity: &str) -> Result<Box<dyn ResourceLock>, LockError>;
+
+    /// Opens the records of shard set `name` as member `identity` (see
+    /// [`Shards`](crate::Shards)): one connection shared by every record, and batched reads and
+    /// renewals where the backend has them. The default says the backend has no shard sets.
+    async fn open_set(&self, name: &str, identity: &str) -> Result<Box<dyn LockSet>, LockError> {
+        let _ = (name, identity);
+        Err(LockError::Misconfigured {
+            backend: "lock",
+            message: format!("{}: this backend keeps no shard sets", self.describe()),
+        })
+    }
 
     /// The lock directory, for a file lock (whose term lock the `leader` command hands to
     /// COMMAND); `None` for every other backend.
@@ -89,6 +101,18 @@ impl LockTarget for FileUrl {
 
     async fn open(&self, _name: &str, identity: &str) -> Result<Box<dyn ResourceLock>, LockError> {
         Ok(Box::new(FileLock::new(&self.path, identity)))
+    }
+
+    /// A directory per record below the URL's directory, which is made for this user alone
+    /// (or checked, as a lock directory is).
+    async fn open_set(&self, _name: &str, identity: &str) -> Result<Box<dyn LockSet>, LockError> {
+        crate::file::ensure_private_dir(&self.path)?;
+        let dir = self.path.clone();
+        Ok(Box::new(KeyedLocks::new(
+            identity,
+            self.describe(),
+            move |key, identity| std::sync::Arc::new(FileLock::new(dir.join(key), identity)),
+        )))
     }
 
     fn file_path(&self) -> Option<&Path> {

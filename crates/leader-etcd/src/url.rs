@@ -1,7 +1,9 @@
 //! `etcd://` and `etcds://` lock URLs: several members in the authority, an optional user, and
 //! the key prefix.
 
-use leader_core::{LockError, LockTarget, ResourceLock, UrlError, async_trait};
+use leader_core::{
+    KeyedLocks, LockError, LockSet, LockTarget, ResourceLock, UrlError, async_trait,
+};
 
 use crate::store::{EtcdStore, EtcdStoreBuilder};
 
@@ -137,6 +139,16 @@ impl LockTarget for LockUrl {
 
     async fn open(&self, name: &str, identity: &str) -> Result<Box<dyn ResourceLock>, LockError> {
         Ok(Box::new(self.store().build().await?.lock(name, identity)))
+    }
+
+    /// A key per record, on one client.
+    async fn open_set(&self, _name: &str, identity: &str) -> Result<Box<dyn LockSet>, LockError> {
+        let store = self.store().build().await?;
+        Ok(Box::new(KeyedLocks::new(
+            identity,
+            self.describe(),
+            move |key, identity| std::sync::Arc::new(store.lock(key, identity)),
+        )))
     }
 }
 

@@ -142,6 +142,31 @@ impl LeaseLock {
         })
     }
 
+    /// A lock on the Lease `name` in the same namespace, for candidate `identity`, through the
+    /// same clients: the records of a shard set share one connection pool.
+    ///
+    /// # Errors
+    /// [`LockError::Misconfigured`] for a name the API server would refuse.
+    pub fn sibling(
+        &self,
+        name: impl Into<String>,
+        identity: impl Into<String>,
+    ) -> Result<Self, LockError> {
+        let name = name.into();
+        names::check_lease(&self.namespace, &name)?;
+        Ok(Self {
+            api: self.api.clone(),
+            watch_api: self.watch_api.clone(),
+            events: self.events.clone(),
+            namespace: self.namespace.clone(),
+            name,
+            identity: identity.into(),
+            last: Arc::default(),
+            highest_token: Arc::default(),
+            coordinated: None,
+        })
+    }
+
     /// Takes part in Kubernetes' coordinated leader election (KEP-4355, client-go's
     /// `Coordinated` mode) instead of contending for the Lease:
     ///

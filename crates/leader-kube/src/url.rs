@@ -3,7 +3,10 @@
 
 use std::time::Duration;
 
-use leader_core::{LockError, LockTarget, ResourceLock, UrlError, async_trait};
+use leader_core::{
+    KeyedLocks, LockError, LockSet, LockTarget, MAX_SHARDS, ResourceLock, UrlError, async_trait,
+    member_key, roster_key, shard_key,
+};
 
 use crate::candidate::Coordination;
 use crate::lock::LeaseLock;
@@ -113,6 +116,37 @@ impl LockTarget for LockUrl {
                 lock.coordinated(Coordination::oldest_emulation_version(binary, emulation))?,
             ),
         })
+    }
+
+    /// A Lease per record in the namespace, through one client. Coordinated election assigns
+    /// one Lease to one candidate and has no place in a set: refused. The set's names are
+    /// checked here (every one is the name with a suffix of the same characters).
+    async fn open_set(&self, name: &str, identity: &str) -> Result<Box<dyn LockSet>, LockError> {
+        if self.coordinated.is_some() {
+            return Err(LockError::Misconfigured {
+                backend: "kubernetes",
+                message: "a shard set cannot use coordinated leader election (binary_version)"
+                    .into(),
+            });
+        }
+        let roster = LeaseLock::from_env(
+            &self.namespace,
+            roster_key(name),
+            identity,
+            DEFAULT_REQUEST_TIMEOUT,
+        )
+        .await?;
+        for key in [member_key(name, identity), shard_key(name, MAX_SHARDS)] {
+            roster.sibling(key, identity)?;
+        }
+        Ok(Box::new(KeyedLocks::new(
+            identity,
+            self.describe(),
+            move |key, identity| {
+                let lock = roster.sibling(key, identity);
+                std::sync::Arc::new(lock.expect("the set's names were checked when it was opened"))
+            },
+        )))
     }
 }
 

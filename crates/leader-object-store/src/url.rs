@@ -1,6 +1,8 @@
 //! `s3://`, `gs://` and `az://` lock URLs: a bucket, a key prefix, and optionally the object.
 
-use leader_core::{LockError, LockTarget, ResourceLock, UrlError, async_trait};
+use leader_core::{
+    KeyedLocks, LockError, LockSet, LockTarget, ResourceLock, UrlError, async_trait,
+};
 
 use crate::store::{BucketStore, DEFAULT_PREFIX, check_url};
 
@@ -100,6 +102,27 @@ impl LockTarget for LockUrl {
         Ok(Box::new(
             store.lock(self.object.as_deref().unwrap_or(name), identity),
         ))
+    }
+
+    /// An object per record under the URL's prefix; a URL naming one object has no room for
+    /// a set.
+    async fn open_set(&self, _name: &str, identity: &str) -> Result<Box<dyn LockSet>, LockError> {
+        if let Some(object) = &self.object {
+            return Err(LockError::Misconfigured {
+                backend: "object storage",
+                message: format!(
+                    "{}: names the object {object}; a shard set needs a prefix (end the URL with /)",
+                    self.describe()
+                ),
+            });
+        }
+        let store = self.store()?;
+        store.check_conditional_writes().await?;
+        Ok(Box::new(KeyedLocks::new(
+            identity,
+            self.describe(),
+            move |key, identity| std::sync::Arc::new(store.lock(key, identity)),
+        )))
     }
 }
 

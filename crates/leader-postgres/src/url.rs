@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use leader_core::{LockError, LockTarget, ResourceLock, UrlError, async_trait, redact_url};
+use leader_core::{
+    KeyedLocks, LockError, LockSet, LockTarget, ResourceLock, UrlError, async_trait, redact_url,
+};
 use url::Url;
 
 use crate::store::{PostgresStore, PostgresStoreBuilder};
@@ -130,6 +132,29 @@ impl LockTarget for LockUrl {
         } else {
             Box::new(store.lock(name, identity))
         })
+    }
+
+    /// A row per record in the lock table, on one pool. Not on the advisory lock, which holds
+    /// a session per lock: a set of thousands would hold thousands of connections.
+    async fn open_set(&self, _name: &str, identity: &str) -> Result<Box<dyn LockSet>, LockError> {
+        if self.advisory {
+            return Err(LockError::Misconfigured {
+                backend: "postgres",
+                message: "shard sets use the table lock: the advisory lock holds a database \
+                          session per lock, one per shard (leave out advisory=true)"
+                    .into(),
+            });
+        }
+        let store = self.store().build().await?;
+        if let Err(err) = store.create_table().await {
+            tracing::debug!(error = %err, "could not create the lock table");
+        }
+        let describe = self.describe();
+        Ok(Box::new(KeyedLocks::new(
+            identity,
+            describe,
+            move |key, identity| std::sync::Arc::new(store.lock(key, identity)),
+        )))
     }
 }
 

@@ -1,7 +1,9 @@
 //! `redis://` and `rediss://` lock URLs: the connection string as the driver takes it, plus the
 //! lock's key prefix.
 
-use leader_core::{LockError, LockTarget, ResourceLock, UrlError, async_trait, redact_url};
+use leader_core::{
+    KeyedLocks, LockError, LockSet, LockTarget, ResourceLock, UrlError, async_trait, redact_url,
+};
 use url::Url;
 
 use crate::store::{RedisStore, RedisStoreBuilder};
@@ -81,6 +83,16 @@ impl LockTarget for LockUrl {
 
     async fn open(&self, name: &str, identity: &str) -> Result<Box<dyn ResourceLock>, LockError> {
         Ok(Box::new(self.store().build().await?.lock(name, identity)))
+    }
+
+    /// A key per record, on one connection.
+    async fn open_set(&self, _name: &str, identity: &str) -> Result<Box<dyn LockSet>, LockError> {
+        let store = self.store().build().await?;
+        Ok(Box::new(KeyedLocks::new(
+            identity,
+            self.describe(),
+            move |key, identity| std::sync::Arc::new(store.lock(key, identity)),
+        )))
     }
 }
 

@@ -11,7 +11,7 @@ pub use leader_only::{LeaderOnly, LeaderOnlyLayer};
 
 pub use leader_core::*;
 pub use url::{
-    BACKENDS, Backend, LockUrl, LockUrlError, OPEN_TIMEOUT, OpenError, default_file, open,
+    BACKENDS, Backend, LockUrl, LockUrlError, OPEN_TIMEOUT, OpenError, default_file, open, open_set,
 };
 
 /// The Postgres table and advisory locks (feature `postgres`).

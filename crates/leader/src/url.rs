@@ -4,7 +4,9 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use leader_core::{FileUrl, LockError, LockTarget, ResourceLock, UrlError, redact_url};
+use leader_core::{
+    FileUrl, LockError, LockSet, LockTarget, ResourceLock, UrlError, redact_url, roster_key,
+};
 
 /// Why a lock URL cannot be used. The message never contains the URL's password.
 #[derive(Debug, thiserror::Error)]
@@ -199,12 +201,20 @@ pub async fn open(
     identity: &str,
 ) -> Result<Box<dyn ResourceLock>, OpenError> {
     let url = LockUrl::parse(url)?;
-    let checked = async {
+    within_open_timeout(&url, async {
         let lock = url.open(name, identity).await?;
         lock.get().await?;
-        Ok::<_, LockError>(lock)
-    };
-    match tokio::time::timeout(OPEN_TIMEOUT, checked).await {
+        Ok(lock)
+    })
+    .await
+}
+
+/// `opening`, or a timeout after [`OPEN_TIMEOUT`].
+async fn within_open_timeout<T>(
+    url: &LockUrl,
+    opening: impl std::future::Future<Output = Result<T, LockError>>,
+) -> Result<T, OpenError> {
+    match tokio::time::timeout(OPEN_TIMEOUT, opening).await {
         Ok(opened) => Ok(opened?),
         Err(_) => Err(OpenError::Lock(LockError::Timeout {
             lock: url.describe(),
@@ -212,6 +222,26 @@ pub async fn open(
             after: OPEN_TIMEOUT,
         })),
     }
+}
+
+/// Opens the records of shard set `name` that `url` names, as member `identity` (see
+/// [`Shards`](leader_core::Shards)), and checks them as [`open`] checks a lock: connects and
+/// reads the set's roster once, within [`OPEN_TIMEOUT`].
+///
+/// # Errors
+/// As [`open`]; [`LockError::Misconfigured`] for a backend that keeps no shard sets.
+pub async fn open_set(
+    url: &str,
+    name: &str,
+    identity: &str,
+) -> Result<Box<dyn LockSet>, OpenError> {
+    let url = LockUrl::parse(url)?;
+    within_open_timeout(&url, async {
+        let set = url.open_set(name, identity).await?;
+        set.lock(&roster_key(name)).get().await?;
+        Ok(set)
+    })
+    .await
 }
 
 impl LockUrl {
@@ -286,6 +316,20 @@ impl LockUrl {
         identity: &str,
     ) -> Result<Box<dyn ResourceLock>, LockError> {
         self.target.open(name, identity).await
+    }
+
+    /// Opens the records of shard set `name` as member `identity`, connecting where the
+    /// backend needs it; the crate's [`open_set`] also reads the roster once.
+    ///
+    /// # Errors
+    /// As [`open`](Self::open); [`LockError::Misconfigured`] for a backend that keeps no shard
+    /// sets.
+    pub async fn open_set(
+        &self,
+        name: &str,
+        identity: &str,
+    ) -> Result<Box<dyn LockSet>, LockError> {
+        self.target.open_set(name, identity).await
     }
 }
 

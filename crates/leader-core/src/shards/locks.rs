@@ -135,3 +135,29 @@ impl LockSet for KeyedLocks {
         self.describe.clone()
     }
 }
+
+macro_rules! forward_set {
+    ($ptr:ident) => {
+        #[async_trait]
+        impl<S: LockSet + ?Sized> LockSet for $ptr<S> {
+            fn lock(&self, key: &str) -> Arc<dyn ResourceLock> {
+                (**self).lock(key)
+            }
+            fn identity(&self) -> &str {
+                (**self).identity()
+            }
+            fn describe(&self) -> String {
+                (**self).describe()
+            }
+            async fn get_many(&self, keys: &[String]) -> Vec<Result<Option<Observed>, LockError>> {
+                (**self).get_many(keys).await
+            }
+            async fn renew_many(&self, renewals: &[Renewal]) -> Vec<Result<Observed, LockError>> {
+                (**self).renew_many(renewals).await
+            }
+        }
+    };
+}
+
+forward_set!(Arc);
+forward_set!(Box);

@@ -153,7 +153,7 @@ impl Runner {
                         self.backoff.succeeded();
                         self.next_attempt = Instant::now();
                         if let Err(err) = self.act(view).await {
-                            tracing::error!(shards = name, "{err}");
+                            // The caller says so (the `leader` command in one line).
                             result = Err(err);
                             break;
                         }
