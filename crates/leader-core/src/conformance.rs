@@ -25,7 +25,7 @@ use tokio::task::JoinSet;
 
 mod shards;
 
-pub use shards::{Interval, ShardLog, balanced, shard_protocol};
+pub use shards::{Interval, ShardLog, balanced, batches_answer_as_their_locks, shard_protocol};
 
 use crate::background::{Candidate, LEASE, RENEW, RETRY};
 use crate::{
@@ -53,6 +53,15 @@ pub trait LockFactory: Send + Sync {
     fn extra_expiry(&self) -> Duration {
         Duration::ZERO
     }
+
+    /// The backend's own [`LockSet`](crate::LockSet) for member `identity`, when it has one
+    /// (batched reads and renewals): the suite checks that its batches answer as the locks of
+    /// its keys would, and runs the shard protocol on it. Default: none, and the shard protocol
+    /// runs on locks from [`lock`](Self::lock), one request per record.
+    async fn lock_set(&self, identity: &str) -> Option<Box<dyn crate::LockSet>> {
+        let _ = identity;
+        None
+    }
 }
 
 /// Runs every check of the suite, one after the other.
@@ -77,6 +86,7 @@ pub async fn run_all(factory: &dyn LockFactory) {
     electors_elect_one_and_hand_over(factory).await;
     planned_handover(factory).await;
     one_identity_one_process(factory).await;
+    batches_answer_as_their_locks(factory).await;
     shard_protocol(factory).await;
 }
 

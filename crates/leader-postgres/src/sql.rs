@@ -145,6 +145,14 @@ pub(crate) struct Statements {
     pub(crate) time_left: String,
     /// Advisory only: `$1` key, `$2` name, `$3` identity.
     pub(crate) unlock: String,
+    /// Many records at once (a shard set's read): `$1` names; each row is the name, then the
+    /// columns.
+    pub(crate) get_many: String,
+    /// Many holders' renewals at once (a shard set's round), each as `update` would make it:
+    /// `$1` names, `$2..$9` the records' columns and `$10` the expected versions, as arrays.
+    /// Returns the name and new version of each row written; a row not returned lost its
+    /// compare-and-swap.
+    pub(crate) renew_many: String,
 }
 
 impl Statements {
@@ -279,7 +287,24 @@ ALTER TABLE {t} ADD COLUMN IF NOT EXISTS extensions text"
              AND NOT EXISTS (SELECT 1 FROM {t} WHERE name = $2 AND holder_identity = $3)",
             held("$1")
         );
+        let get_many = format!("SELECT name, {COLUMNS} FROM {t} WHERE name = ANY($1::text[])");
+        let renew_many = format!(
+            "UPDATE {t} AS l SET holder_identity = v.holder, lease_duration_ms = v.lease_ms,
+               acquire_time = v.acquire, renew_time = v.renew, leader_transitions = v.transitions,
+               strategy = v.strategy, preferred_holder = v.preferred, extensions = v.extensions,
+               version = l.version + 1,
+               expires_at = now() + v.lease_ms * interval '1 millisecond'
+             FROM unnest($1::text[], $2::text[], $3::bigint[], $4::timestamptz[], $5::timestamptz[],
+                         $6::bigint[], $7::text[], $8::text[], $9::text[], $10::bigint[])
+               AS v(name, holder, lease_ms, acquire, renew, transitions, strategy, preferred,
+                    extensions, expected)
+             WHERE l.name = v.name AND l.version = v.expected AND l.holder_identity = v.holder
+               AND {VALID}
+             RETURNING l.name, l.version"
+        );
         Self {
+            get_many,
+            renew_many,
             create_table,
             get,
             create,

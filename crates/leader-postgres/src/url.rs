@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use leader_core::{
-    KeyedLocks, LockError, LockSet, LockTarget, ResourceLock, UrlError, async_trait, redact_url,
+    LockError, LockSet, LockTarget, ResourceLock, UrlError, async_trait, redact_url,
 };
 use url::Url;
 
@@ -149,12 +149,7 @@ impl LockTarget for LockUrl {
         if let Err(err) = store.create_table().await {
             tracing::debug!(error = %err, "could not create the lock table");
         }
-        let describe = self.describe();
-        Ok(Box::new(KeyedLocks::new(
-            identity,
-            describe,
-            move |key, identity| std::sync::Arc::new(store.lock(key, identity)),
-        )))
+        Ok(Box::new(store.lock_set(identity)))
     }
 }
 

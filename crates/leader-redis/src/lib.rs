@@ -5,10 +5,12 @@
 mod error;
 mod lock;
 mod scripts;
+mod set;
 mod store;
 mod url;
 
 pub use lock::RedisLock;
+pub use set::RedisLockSet;
 pub use store::{DEFAULT_PREFIX, RedisStore, RedisStoreBuilder};
 pub use url::LockUrl;
 

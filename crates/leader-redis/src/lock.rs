@@ -11,21 +11,89 @@ use crate::error::{BACKEND, map};
 use crate::scripts::{self, LuaScript};
 use crate::store::RedisStore;
 
+/// The keys of election `name`: the hash, the fence counter, the kept extensions, and the
+/// release channel.
+pub(crate) fn keys(prefix: &str, name: &str) -> [String; 4] {
+    [
+        format!("{prefix}{{{name}}}"),
+        format!("{prefix}{{{name}}}:fence"),
+        format!("{prefix}{{{name}}}:extensions"),
+        format!("{prefix}{{{name}}}:released"),
+    ]
+}
+
 impl RedisStore {
     /// A lock on election `name` for candidate `identity`.
     pub fn lock(&self, name: impl Into<String>, identity: impl Into<String>) -> RedisLock {
         let name = name.into();
-        let prefix = &self.inner.prefix;
+        let [key, fence, extensions, channel] = keys(&self.inner.prefix, &name);
         RedisLock {
             store: self.clone(),
-            key: format!("{prefix}{{{name}}}"),
-            fence: format!("{prefix}{{{name}}}:fence"),
-            extensions: format!("{prefix}{{{name}}}:extensions"),
-            channel: format!("{prefix}{{{name}}}:released"),
+            key,
+            fence,
+            extensions,
+            channel,
             name,
             identity: identity.into(),
         }
     }
+}
+
+/// Runs `script` with `keys` and `args`: `EVALSHA`, and `EVAL` (which also caches the script)
+/// only when the server answers `NOSCRIPT`, as after a restart.
+pub(crate) async fn eval<T: redis::FromRedisValue>(
+    store: &RedisStore,
+    script: &LuaScript,
+    keys: &[&str],
+    args: &[&[u8]],
+    context: impl Fn() -> String,
+) -> Result<T, LockError> {
+    let command = |verb: &str, body: &str| {
+        let mut command = redis::cmd(verb);
+        command.arg(body).arg(keys.len()).arg(keys);
+        for arg in args {
+            command.arg(*arg);
+        }
+        command
+    };
+    let mut connection = store.connection();
+    let mut result = command("EVALSHA", &script.sha)
+        .query_async(&mut connection)
+        .await;
+    if let Err(err) = &result
+        && err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+    {
+        result = command("EVAL", &script.source)
+            .query_async(&mut connection)
+            .await;
+    }
+    result.map_err(|err| {
+        if err.kind() == redis::ErrorKind::AuthenticationFailed
+            || matches!(err.code(), Some("WRONGPASS" | "NOAUTH"))
+        {
+            store.renew_connection();
+        }
+        map(&context(), err)
+    })
+}
+
+/// A stored record from its fields; the fields are authoritative for holder and token.
+pub(crate) fn decode(
+    context: &str,
+    version: String,
+    holder: String,
+    transitions: i64,
+    json: &str,
+) -> Result<Observed, LockError> {
+    let mut record = LeaderElectionRecord::from_json(BACKEND, context, json.as_bytes())?;
+    record.holder_identity = holder;
+    record.leader_transitions = u64::try_from(transitions).map_err(|_| {
+        LockError::invalid_record(BACKEND, format!("{context}: negative fencing token"))
+    })?;
+    Ok(Observed {
+        record,
+        version: Version::new(version),
+    })
 }
 
 /// A [`ResourceLock`] on one Redis hash. Every operation is one Lua script (`EVALSHA`, falling
@@ -69,45 +137,14 @@ impl RedisLock {
         format!("{} key {}", self.store.inner.redacted, self.key)
     }
 
-    /// Runs `script` with the election's two keys and `args`: `EVALSHA`, and `EVAL` (which also
-    /// caches the script) only when the server answers `NOSCRIPT`, as after a restart.
+    /// Runs `script` with the election's three keys and `args`.
     async fn run<T: redis::FromRedisValue>(
         &self,
         script: &LuaScript,
         args: &[&[u8]],
     ) -> Result<T, LockError> {
-        let command = |verb: &str, body: &str| {
-            let mut command = redis::cmd(verb);
-            command
-                .arg(body)
-                .arg(3)
-                .arg(&self.key)
-                .arg(&self.fence)
-                .arg(&self.extensions);
-            for arg in args {
-                command.arg(*arg);
-            }
-            command
-        };
-        let mut connection = self.store.connection();
-        let mut result = command("EVALSHA", &script.sha)
-            .query_async(&mut connection)
-            .await;
-        if let Err(err) = &result
-            && err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
-        {
-            result = command("EVAL", &script.source)
-                .query_async(&mut connection)
-                .await;
-        }
-        result.map_err(|err| {
-            if err.kind() == redis::ErrorKind::AuthenticationFailed
-                || matches!(err.code(), Some("WRONGPASS" | "NOAUTH"))
-            {
-                self.store.renew_connection();
-            }
-            map(&self.context(), err)
-        })
+        let keys = [self.key.as_str(), &self.fence, &self.extensions];
+        eval(&self.store, script, &keys, args, || self.context()).await
     }
 
     /// A stored record from its fields; the fields are authoritative for holder and token.
@@ -118,19 +155,7 @@ impl RedisLock {
         transitions: i64,
         json: &str,
     ) -> Result<Observed, LockError> {
-        let mut record =
-            LeaderElectionRecord::from_json(BACKEND, &self.context(), json.as_bytes())?;
-        record.holder_identity = holder;
-        record.leader_transitions = u64::try_from(transitions).map_err(|_| {
-            LockError::invalid_record(
-                BACKEND,
-                format!("{}: negative fencing token", self.context()),
-            )
-        })?;
-        Ok(Observed {
-            record,
-            version: Version::new(version),
-        })
+        decode(&self.context(), version, holder, transitions, json)
     }
 }
 

@@ -22,15 +22,15 @@ pub(crate) struct LuaScript {
 /// a renewal never touches the counter, and an acquisition through `update` fails on a broken
 /// counter anyway (`INCR` refuses it).
 const COMMON: &str = r#"
-local function fence_error()
-  local kind = redis.call('TYPE', KEYS[2])['ok']
+local function fence_error(k)
+  local kind = redis.call('TYPE', k)['ok']
   if kind == 'none' then return nil end
   if kind ~= 'string' then
-    return 'LEADER_INVALID the fence counter ' .. KEYS[2] .. ' holds a ' .. kind .. ', not a counter'
+    return 'LEADER_INVALID the fence counter ' .. k .. ' holds a ' .. kind .. ', not a counter'
   end
-  local n = tonumber(redis.call('GET', KEYS[2]))
+  local n = tonumber(redis.call('GET', k))
   if not n or n < 0 or n ~= math.floor(n) then
-    return 'LEADER_INVALID the fence counter ' .. KEYS[2] .. ' is not a whole number'
+    return 'LEADER_INVALID the fence counter ' .. k .. ' is not a whole number'
   end
   return nil
 end
@@ -108,7 +108,7 @@ fn bare(source: &str) -> LuaScript {
 pub(crate) static GET: LazyLock<LuaScript> = LazyLock::new(|| {
     script(
         r#"
-local bad_fence = fence_error()
+local bad_fence = fence_error(KEYS[2])
 if bad_fence then return redis.error_reply(bad_fence) end
 local cur, err = current(KEYS[1])
 if err then return redis.error_reply(err) end
@@ -124,7 +124,7 @@ return {cur.version, cur.holder, cur.transitions, cur.record}
 pub(crate) static CREATE: LazyLock<LuaScript> = LazyLock::new(|| {
     script(
         r#"
-local bad_fence = fence_error()
+local bad_fence = fence_error(KEYS[2])
 if bad_fence then return redis.error_reply(bad_fence) end
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return redis.error_reply('LEADER_CONFLICT the lock exists')
@@ -206,7 +206,7 @@ return redis.call('PTTL', KEYS[1])
 pub(crate) static TRY_ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {
     script(
         r#"
-local bad_fence = fence_error()
+local bad_fence = fence_error(KEYS[2])
 if bad_fence then return redis.error_reply(bad_fence) end
 local cur, err = current(KEYS[1])
 if err then return redis.error_reply(err) end
@@ -234,6 +234,51 @@ else
 end
 write(KEYS[1], version, ARGV[2], transitions, record, ARGV[3], '')
 return {1, version, transitions, ARGV[2], record, -1}
+"#,
+    )
+});
+
+/// `get` of many elections (a shard set's read): KEYS the hash, fence counter and extensions
+/// key of each, in threes. Returns one entry per election: `{0}` absent, `{1, version, holder,
+/// transitions, record}`, or `{2, error}` for one that cannot be read.
+pub(crate) static GET_MANY: LazyLock<LuaScript> = LazyLock::new(|| {
+    script(
+        r#"
+local out = {}
+for i = 1, #KEYS, 3 do
+  local entry
+  local bad_fence = fence_error(KEYS[i + 1])
+  if bad_fence then
+    entry = {2, bad_fence}
+  else
+    local cur, err = current(KEYS[i])
+    if err then entry = {2, err}
+    elseif not cur then entry = {0}
+    else entry = {1, cur.version, cur.holder, cur.transitions, cur.record} end
+  end
+  out[#out + 1] = entry
+end
+return out
+"#,
+    )
+});
+
+/// `renew` of many elections (a shard set's round): KEYS the hashes, ARGV the expected version
+/// and lease ms of each, in pairs. Each hash still holding its version has its expiry extended,
+/// as `renew` does. Returns 1 (renewed) or 0 (the record changed) per election.
+pub(crate) static RENEW_MANY: LazyLock<LuaScript> = LazyLock::new(|| {
+    bare(
+        r#"
+local out = {}
+for i = 1, #KEYS do
+  if redis.call('HGET', KEYS[i], 'version') == ARGV[2 * i - 1] then
+    redis.call('PEXPIRE', KEYS[i], ARGV[2 * i])
+    out[i] = 1
+  else
+    out[i] = 0
+  end
+end
+return out
 "#,
     )
 });

@@ -2,7 +2,7 @@
 //! lock's key prefix.
 
 use leader_core::{
-    KeyedLocks, LockError, LockSet, LockTarget, ResourceLock, UrlError, async_trait, redact_url,
+    LockError, LockSet, LockTarget, ResourceLock, UrlError, async_trait, redact_url,
 };
 use url::Url;
 
@@ -87,12 +87,7 @@ impl LockTarget for LockUrl {
 
     /// A key per record, on one connection.
     async fn open_set(&self, _name: &str, identity: &str) -> Result<Box<dyn LockSet>, LockError> {
-        let store = self.store().build().await?;
-        Ok(Box::new(KeyedLocks::new(
-            identity,
-            self.describe(),
-            move |key, identity| std::sync::Arc::new(store.lock(key, identity)),
-        )))
+        Ok(Box::new(self.store().build().await?.lock_set(identity)))
     }
 }
 

@@ -12,9 +12,10 @@ use tokio::time::Instant;
 
 use super::{LockFactory, unique};
 use crate::background::{LEASE, RENEW, RETRY};
+use crate::record::Version;
 use crate::{
-    CancellationToken, LockSet, ResourceLock, Shards, ShardsError, ShardsState, member_key,
-    roster_key, shard_key,
+    CancellationToken, LockError, LockSet, Renewal, ResourceLock, Shards, ShardsError, ShardsState,
+    member_key, roster_key, shard_key,
 };
 
 /// One interval of a shard's work on one member, as the work saw it.
@@ -301,4 +302,104 @@ pub async fn shard_protocol(factory: &dyn LockFactory) {
     a.shutdown.cancel();
     a.task.await.expect("member task").expect("a left");
     log.check(&format!("shard protocol on {name}"));
+}
+
+/// A backend's own [`LockSet`] ([`LockFactory::lock_set`]): a batch read answers for each key
+/// as its lock's `get` (absent keys included, in order), a batch renewal as each lock's
+/// `renew` (a stale version, or a record another holder took, a conflict that leaves the
+/// others renewed), and what it wrote is what the locks then read.
+pub async fn batches_answer_as_their_locks(factory: &dyn LockFactory) {
+    let Some(set) = factory.lock_set("a").await else {
+        return;
+    };
+    let name = unique("batch");
+    let keys: Vec<String> = (0..4).map(|i| format!("{name}-{i}")).collect();
+    let mut stored = Vec::new();
+    for key in &keys[..3] {
+        let created = set
+            .lock(key)
+            .create(&super::record("a", 1))
+            .await
+            .expect("create");
+        stored.push(created);
+    }
+    // Key 2 taken by another holder behind this member's back.
+    let other = factory.lock(&keys[2], "b").await;
+    other
+        .update(&stored[2].version, &super::record("b", 2))
+        .await
+        .expect("taken by b");
+
+    let read = set.get_many(&keys).await;
+    assert_eq!(read.len(), keys.len(), "one answer per key");
+    for (key, answer) in keys.iter().zip(&read) {
+        let single = set.lock(key).get().await.expect("get");
+        let batch = answer.as_ref().expect("get_many");
+        assert_eq!(
+            batch, &single,
+            "get_many of {key} differs from its lock's get"
+        );
+    }
+    assert!(
+        read[3].as_ref().expect("absent").is_none(),
+        "an absent key reads as None"
+    );
+
+    let renewal = |i: usize, version: Version| {
+        let mut record = stored[i].record.clone();
+        record.renew_time = super::now();
+        Renewal {
+            key: keys[i].clone(),
+            version,
+            record,
+        }
+    };
+    let renewals = vec![
+        renewal(0, stored[0].version.clone()),
+        // A version key 1 never had.
+        renewal(1, Version::new("0")),
+        // Key 2 is b's now.
+        renewal(2, stored[2].version.clone()),
+    ];
+    let renewed = set.renew_many(&renewals).await;
+    assert_eq!(renewed.len(), renewals.len(), "one answer per renewal");
+    let first = renewed[0].as_ref().expect("the holder's renewal");
+    assert!(
+        matches!(renewed[1], Err(LockError::Conflict { .. })),
+        "a stale version: expected a conflict, got {:?}",
+        renewed[1]
+    );
+    assert!(
+        matches!(renewed[2], Err(LockError::Conflict { .. })),
+        "a record another holder took: expected a conflict, got {:?}",
+        renewed[2]
+    );
+    let now = set
+        .lock(&keys[0])
+        .get()
+        .await
+        .expect("get")
+        .expect("present");
+    assert_eq!(
+        now.version, first.version,
+        "the version a batch renewal returned is the one stored"
+    );
+    assert_eq!(
+        other
+            .get()
+            .await
+            .expect("get")
+            .expect("present")
+            .record
+            .holder_identity,
+        "b",
+        "a renewal that lost its compare-and-swap wrote nothing"
+    );
+    // The renewed record goes on: renewed again through its lock.
+    let mut again = first.record.clone();
+    again.renew_time = super::now();
+    set.lock(&keys[0])
+        .renew(&first.version, &again)
+        .await
+        .expect("renewed by its lock");
 }

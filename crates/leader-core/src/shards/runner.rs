@@ -27,6 +27,12 @@ use crate::status::IdentityConflict;
 /// The roster's extension naming a member: `member.HASH` = identity.
 const MEMBER_PREFIX: &str = "member.";
 
+/// The roster is no election: its `lease_duration` only tells stores that expire records (a
+/// free Redis record expires after it) to keep it. Members write it again once a day.
+const ROSTER_LEASE: std::time::Duration = std::time::Duration::from_secs(30 * 24 * 3600);
+/// How old the roster's last write may grow before a member writes it again.
+const ROSTER_REFRESH: chrono::TimeDelta = chrono::TimeDelta::days(1);
+
 /// One term this member holds: a shard's, or its member record's.
 struct Term {
     key: String,
@@ -668,7 +674,7 @@ impl Runner {
         let Some(roster) = roster else {
             let mut record = LeaderElectionRecord {
                 holder_identity: String::new(),
-                lease_duration: self.config.lease_duration,
+                lease_duration: ROSTER_LEASE,
                 acquire_time: Utc::now(),
                 renew_time: Utc::now(),
                 leader_transitions: 0,
@@ -723,11 +729,15 @@ impl Runner {
             self.problem = None;
         }
         self.note_roster(&roster);
-        if !roster.record.extensions.contains_key(&my_entry) {
+        let stale = Utc::now() - roster.record.renew_time > ROSTER_REFRESH;
+        let joining = !roster.record.extensions.contains_key(&my_entry);
+        if joining || stale {
             let mut record = roster.record.clone();
             record.extensions.insert(my_entry, self.me.clone());
+            record.lease_duration = ROSTER_LEASE;
+            record.renew_time = Utc::now();
             let stored = self.write_roster(&roster.version, &record).await;
-            if stored.is_some() {
+            if stored.is_some() && joining {
                 tracing::info!(shards = name, "joined the shard set's roster");
             }
             return Ok(stored);

@@ -68,6 +68,10 @@ impl LockFactory for Factory {
         }
     }
 
+    async fn lock_set(&self, identity: &str) -> Option<Box<dyn leader_core::LockSet>> {
+        (!self.advisory).then(|| Box::new(self.store.lock_set(identity)) as Box<_>)
+    }
+
     async fn corrupt(&self, name: &str) -> bool {
         let admin = admin().await.expect("server");
         admin

@@ -1,0 +1,203 @@
+//! A shard set's records in the lock table: one statement reads them all, one renews all of a
+//! member's.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use leader_core::{
+    KeyedLocks, LockError, LockSet, Observed, Renewal, ResourceLock, Version, async_trait,
+};
+
+use crate::error::{BACKEND, map};
+use crate::sql::{RecordParams, decode, parse_version};
+use crate::store::PostgresStore;
+
+/// The records of a shard set, rows of one lock table ([`PostgresStore::lock_set`]).
+/// [`get_many`](LockSet::get_many) and [`renew_many`](LockSet::renew_many) are one statement
+/// each, whatever the number of records; each row keeps the table lock's contract.
+#[derive(Clone, Debug)]
+pub struct PostgresLockSet {
+    store: PostgresStore,
+    locks: KeyedLocks,
+}
+
+impl PostgresStore {
+    /// The records of a shard set, as member `identity`: a [`TableLock`](crate::TableLock) per
+    /// key, read and renewed in batches.
+    pub fn lock_set(&self, identity: impl Into<String>) -> PostgresLockSet {
+        let store = self.clone();
+        let describe = format!("postgres:{}", self.inner().table.display());
+        PostgresLockSet {
+            store: self.clone(),
+            locks: KeyedLocks::new(identity, describe, move |key, identity| {
+                Arc::new(store.lock(key, identity))
+            }),
+        }
+    }
+}
+
+impl PostgresLockSet {
+    async fn query(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Vec<tokio_postgres::Row>, LockError> {
+        let context = self.store.context();
+        let client = self.store.client().await?;
+        let statement = client
+            .prepare_cached(sql)
+            .await
+            .map_err(|err| map(&context, err))?;
+        client
+            .query(&statement, params)
+            .await
+            .map_err(|err| map(&context, err))
+    }
+}
+
+/// The same error for every one of `n` results: a batch that failed as a whole.
+fn all_failed<T>(n: usize, err: &LockError) -> Vec<Result<T, LockError>> {
+    (0..n).map(|_| Err(copy(err))).collect()
+}
+
+fn copy(err: &LockError) -> LockError {
+    match err {
+        LockError::Conflict { .. } => LockError::conflict(BACKEND),
+        LockError::InvalidRecord { .. } => LockError::invalid_record(BACKEND, err.to_string()),
+        LockError::Timeout {
+            lock,
+            operation,
+            after,
+        } => LockError::Timeout {
+            lock: lock.clone(),
+            operation,
+            after: *after,
+        },
+        LockError::Misconfigured { message, .. } => LockError::Misconfigured {
+            backend: BACKEND,
+            message: message.clone(),
+        },
+        _ => LockError::unavailable(BACKEND, err.to_string()),
+    }
+}
+
+#[async_trait]
+impl LockSet for PostgresLockSet {
+    fn lock(&self, key: &str) -> Arc<dyn ResourceLock> {
+        self.locks.lock(key)
+    }
+
+    fn identity(&self) -> &str {
+        self.locks.identity()
+    }
+
+    fn describe(&self) -> String {
+        self.locks.describe()
+    }
+
+    async fn get_many(&self, keys: &[String]) -> Vec<Result<Option<Observed>, LockError>> {
+        let sql = &self.store.inner().table_statements.get_many;
+        let rows = match self.query(sql, &[&keys]).await {
+            Ok(rows) => rows,
+            Err(err) => return all_failed(keys.len(), &err),
+        };
+        let context = self.store.context();
+        let mut found: HashMap<String, Result<Observed, LockError>> = rows
+            .iter()
+            .map(|row| {
+                let name: String = row.get(0);
+                let observed = decode(row, 1, &format!("{context} election {name:?}"));
+                (name, observed)
+            })
+            .collect();
+        keys.iter()
+            .map(|key| found.remove(key).transpose())
+            .collect()
+    }
+
+    async fn renew_many(&self, renewals: &[Renewal]) -> Vec<Result<Observed, LockError>> {
+        let mut columns = Columns::default();
+        let mut unusable = HashMap::new();
+        for (i, renewal) in renewals.iter().enumerate() {
+            let params = RecordParams::new(&renewal.record);
+            match (params, parse_version(&renewal.version)) {
+                (Ok(params), Some(expected)) => columns.push(&renewal.key, params, expected),
+                (Err(err), _) => {
+                    unusable.insert(i, err);
+                }
+                // A version this table never issued matches no row.
+                (_, None) => {
+                    unusable.insert(i, LockError::conflict(BACKEND));
+                }
+            }
+        }
+        let sql = &self.store.inner().table_statements.renew_many;
+        let rows = match self.query(sql, &columns.params()).await {
+            Ok(rows) => rows,
+            Err(err) => return all_failed(renewals.len(), &err),
+        };
+        let written: HashMap<String, i64> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+        renewals
+            .iter()
+            .enumerate()
+            .map(|(i, renewal)| {
+                if let Some(err) = unusable.remove(&i) {
+                    return Err(err);
+                }
+                match written.get(&renewal.key) {
+                    Some(&version) => Ok(Observed {
+                        record: renewal.record.clone(),
+                        version: Version::from(version),
+                    }),
+                    None => Err(LockError::conflict(BACKEND)),
+                }
+            })
+            .collect()
+    }
+}
+
+/// The renewals as the columns `renew_many` unnests.
+#[derive(Default)]
+struct Columns {
+    names: Vec<String>,
+    holders: Vec<String>,
+    lease_ms: Vec<i64>,
+    acquire: Vec<DateTime<Utc>>,
+    renew: Vec<DateTime<Utc>>,
+    transitions: Vec<i64>,
+    strategy: Vec<Option<String>>,
+    preferred: Vec<Option<String>>,
+    extensions: Vec<Option<String>>,
+    expected: Vec<i64>,
+}
+
+impl Columns {
+    fn push(&mut self, name: &str, p: RecordParams, expected: i64) {
+        self.names.push(name.to_owned());
+        self.holders.push(p.holder);
+        self.lease_ms.push(p.lease_ms);
+        self.acquire.push(p.acquire);
+        self.renew.push(p.renew);
+        self.transitions.push(p.transitions);
+        self.strategy.push(p.strategy);
+        self.preferred.push(p.preferred);
+        self.extensions.push(p.extensions);
+        self.expected.push(expected);
+    }
+
+    fn params(&self) -> [&(dyn tokio_postgres::types::ToSql + Sync); 10] {
+        [
+            &self.names,
+            &self.holders,
+            &self.lease_ms,
+            &self.acquire,
+            &self.renew,
+            &self.transitions,
+            &self.strategy,
+            &self.preferred,
+            &self.extensions,
+            &self.expected,
+        ]
+    }
+}

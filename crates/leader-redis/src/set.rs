@@ -1,0 +1,203 @@
+//! A shard set's records on one Redis server: one script reads them all, one renews all of a
+//! member's.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use leader_core::{KeyedLocks, LockError, LockSet, Observed, Renewal, ResourceLock, async_trait};
+use redis::Value;
+
+use crate::error::BACKEND;
+use crate::lock::{decode, eval, keys};
+use crate::scripts;
+use crate::store::RedisStore;
+
+/// The records of a shard set on one Redis server ([`RedisStore::lock_set`]).
+/// [`get_many`](LockSet::get_many) and [`renew_many`](LockSet::renew_many) are one script each,
+/// whatever the number of records, each record kept as the [`RedisLock`](crate::RedisLock)
+/// keeps it. A Redis Cluster refuses scripts over keys of several slots: there the set falls
+/// back to a request per record, once it has seen the refusal.
+#[derive(Clone, Debug)]
+pub struct RedisLockSet {
+    store: RedisStore,
+    locks: KeyedLocks,
+    per_key: Arc<AtomicBool>,
+}
+
+impl RedisStore {
+    /// The records of a shard set, as member `identity`: a [`RedisLock`](crate::RedisLock) per
+    /// key, read and renewed in batches.
+    pub fn lock_set(&self, identity: impl Into<String>) -> RedisLockSet {
+        let store = self.clone();
+        RedisLockSet {
+            store: self.clone(),
+            locks: KeyedLocks::new(
+                identity,
+                format!("redis:{}", self.inner.redacted),
+                move |key, identity| Arc::new(store.lock(key, identity)),
+            ),
+            per_key: Arc::default(),
+        }
+    }
+}
+
+impl RedisLockSet {
+    fn context(&self) -> String {
+        format!("{} shard set", self.store.inner.redacted)
+    }
+
+    /// Whether `err` is a cluster's refusal of keys in several slots: then batches stop.
+    fn refused_by_cluster(&self, err: &LockError) -> bool {
+        let refused = err.to_string().contains("CROSSSLOT");
+        if refused {
+            tracing::warn!(
+                "the Redis server refuses scripts over several slots: a request per record from now on"
+            );
+            self.per_key.store(true, Ordering::Relaxed);
+        }
+        refused
+    }
+}
+
+fn failed<T>(n: usize, err: &LockError) -> Vec<Result<T, LockError>> {
+    (0..n)
+        .map(|_| Err(LockError::unavailable(BACKEND, err.to_string())))
+        .collect()
+}
+
+#[async_trait]
+impl LockSet for RedisLockSet {
+    fn lock(&self, key: &str) -> Arc<dyn ResourceLock> {
+        self.locks.lock(key)
+    }
+
+    fn identity(&self) -> &str {
+        self.locks.identity()
+    }
+
+    fn describe(&self) -> String {
+        self.locks.describe()
+    }
+
+    async fn get_many(&self, names: &[String]) -> Vec<Result<Option<Observed>, LockError>> {
+        if self.per_key.load(Ordering::Relaxed) {
+            return self.locks.get_many(names).await;
+        }
+        let all: Vec<[String; 4]> = names
+            .iter()
+            .map(|n| keys(&self.store.inner.prefix, n))
+            .collect();
+        let batch: Vec<&str> = all
+            .iter()
+            .flat_map(|k| k[..3].iter().map(String::as_str))
+            .collect();
+        let answer: Result<Vec<Vec<Value>>, LockError> =
+            eval(&self.store, &scripts::GET_MANY, &batch, &[], || {
+                self.context()
+            })
+            .await;
+        let entries = match answer {
+            Ok(entries) if entries.len() == names.len() => entries,
+            Ok(_) => {
+                return failed(
+                    names.len(),
+                    &LockError::unavailable(BACKEND, "a batch answer of the wrong length"),
+                );
+            }
+            Err(err) if self.refused_by_cluster(&err) => return self.locks.get_many(names).await,
+            Err(err) => return failed(names.len(), &err),
+        };
+        entries
+            .into_iter()
+            .zip(&all)
+            .map(|(entry, keys)| {
+                let context = format!("{} key {}", self.store.inner.redacted, keys[0]);
+                let bad =
+                    |what: &str| LockError::invalid_record(BACKEND, format!("{context}: {what}"));
+                let text = |v: &Value| {
+                    redis::from_redis_value::<String>(v.clone()).map_err(|_| bad("not text"))
+                };
+                match entry
+                    .first()
+                    .map(|v| redis::from_redis_value::<i64>(v.clone()))
+                {
+                    Some(Ok(0)) => Ok(None),
+                    Some(Ok(1)) if entry.len() == 5 => {
+                        let transitions = redis::from_redis_value::<i64>(entry[3].clone())
+                            .map_err(|_| bad("a fencing token that is not a number"))?;
+                        decode(
+                            &context,
+                            text(&entry[1])?,
+                            text(&entry[2])?,
+                            transitions,
+                            &text(&entry[4])?,
+                        )
+                        .map(Some)
+                    }
+                    Some(Ok(2)) if entry.len() == 2 => {
+                        let message = text(&entry[1])?;
+                        Err(bad(message.trim_start_matches("LEADER_INVALID ")))
+                    }
+                    _ => Err(bad("an answer this version does not know")),
+                }
+            })
+            .collect()
+    }
+
+    async fn renew_many(&self, renewals: &[Renewal]) -> Vec<Result<Observed, LockError>> {
+        if self.per_key.load(Ordering::Relaxed) {
+            return self.locks.renew_many(renewals).await;
+        }
+        let all: Vec<String> = renewals
+            .iter()
+            .map(|r| keys(&self.store.inner.prefix, &r.key)[0].clone())
+            .collect();
+        let batch: Vec<&str> = all.iter().map(String::as_str).collect();
+        let args: Vec<Vec<u8>> = renewals
+            .iter()
+            .flat_map(|r| {
+                let lease_ms = u64::try_from(r.record.lease_duration.as_millis())
+                    .unwrap_or(u64::MAX)
+                    .max(1);
+                [
+                    r.version.as_str().as_bytes().to_vec(),
+                    lease_ms.to_string().into_bytes(),
+                ]
+            })
+            .collect();
+        let args: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+        let answer: Result<Vec<i64>, LockError> =
+            eval(&self.store, &scripts::RENEW_MANY, &batch, &args, || {
+                self.context()
+            })
+            .await;
+        let renewed = match answer {
+            Ok(renewed) if renewed.len() == renewals.len() => renewed,
+            Ok(_) => {
+                return failed(
+                    renewals.len(),
+                    &LockError::unavailable(BACKEND, "a batch answer of the wrong length"),
+                );
+            }
+            Err(err) if self.refused_by_cluster(&err) => {
+                return self.locks.renew_many(renewals).await;
+            }
+            Err(err) => return failed(renewals.len(), &err),
+        };
+        renewals
+            .iter()
+            .zip(renewed)
+            .map(|(renewal, done)| {
+                if done == 1 {
+                    // Renewed in the store: the record and its version stay as they were.
+                    Ok(Observed {
+                        record: renewal.record.clone(),
+                        version: renewal.version.clone(),
+                    })
+                } else {
+                    Err(LockError::conflict(BACKEND))
+                }
+            })
+            .collect()
+    }
+}
