@@ -4,6 +4,7 @@
 //! never overlap, and their fencing tokens grow), on a store with and without its own clock.
 
 use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -11,7 +12,7 @@ use leader_core::conformance::{ShardLog, balanced};
 use leader_core::faults::{Faults, FaultyLock};
 use leader_core::{
     CancellationToken, ConfigError, KeyedLocks, MemoryStore, Shards, ShardsError, ShardsState,
-    Timings,
+    StepDownReason, Timings,
 };
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -54,6 +55,8 @@ struct Set {
     clock: Clock,
     count: u32,
     log: ShardLog,
+    /// Terms that ended by their renew deadline.
+    expired: Arc<AtomicUsize>,
 }
 
 impl Set {
@@ -63,6 +66,7 @@ impl Set {
             clock,
             count,
             log: ShardLog::default(),
+            expired: Arc::default(),
         }
     }
 
@@ -86,6 +90,14 @@ impl Set {
         let shards = Shards::builder("jobs", count, locks)
             .timings(TIMINGS)
             .request_timeout(TIMINGS.renew_deadline)
+            .on_shard_stopped({
+                let expired = self.expired.clone();
+                move |_, stop| {
+                    if stop.reason == StepDownReason::RenewDeadlineExceeded {
+                        expired.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+            })
             .build()
             .expect("valid configuration");
         let state = shards.subscribe();
@@ -412,8 +424,7 @@ async fn work_that_ends_gives_its_shard_up() {
         ends.lock()
             .unwrap()
             .iter()
-            .all(|(shard, reason)| *shard == 0
-                && *reason == leader_core::StepDownReason::SteppedDown)
+            .all(|(shard, reason)| *shard == 0 && *reason == StepDownReason::SteppedDown)
     );
     assert!(state.borrow_and_update().owned.contains_key(&1));
     shutdown.cancel();
@@ -430,4 +441,26 @@ fn a_shard_count_of_zero_is_refused() {
         matches!(err, ConfigError::InvalidShardCount { count: 0, .. }),
         "{err}"
     );
+}
+
+/// A member alone takes a thousand shards over several rounds, renewing those it holds on
+/// time: no term ends by its deadline without a fault, and ten members balance.
+#[tokio::test]
+async fn a_thousand_shards_over_ten_members() {
+    tokio::time::pause();
+    let set = Set::new(Clock::Store, 1000);
+    let members: Vec<Member> = (0..10).map(|i| set.join(&format!("m{i}"))).collect();
+    let refs: Vec<&Member> = members.iter().collect();
+    let took = until(Duration::from_secs(120), || balanced_members(&refs, 1000)).await;
+    let sizes: Vec<usize> = members.iter().map(|m| m.owned().len()).collect();
+    assert!(took.is_some(), "not balanced: {sizes:?}");
+    assert_eq!(
+        set.expired.load(Ordering::SeqCst),
+        0,
+        "terms ended by their deadline"
+    );
+    for m in members {
+        m.leave().await.expect("left");
+    }
+    set.log.check("a thousand shards");
 }

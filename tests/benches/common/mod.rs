@@ -102,6 +102,23 @@ impl Backend {
         }
     }
 
+    /// The records of a shard set for member `identity`: the backend's own batched set where
+    /// it has one, else a lock per record.
+    pub fn lock_set(self: &Arc<Self>, identity: &str) -> Box<dyn leader_core::LockSet> {
+        match &**self {
+            Self::Postgres(store) => Box::new(store.lock_set(identity)),
+            Self::Redis(store) => Box::new(store.lock_set(identity)),
+            _ => {
+                let this = self.clone();
+                Box::new(leader_core::KeyedLocks::new(
+                    identity,
+                    self.name(),
+                    move |key, identity| this.lock(key, identity),
+                ))
+            }
+        }
+    }
+
     /// Requests the server has handled so far, by its own count: Postgres transactions
     /// committed in this database, Redis commands processed, etcd gRPC messages received (by
     /// every member), HTTP requests to the test Consul server, S3 requests counted at the client.

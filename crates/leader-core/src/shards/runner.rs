@@ -650,7 +650,22 @@ impl Runner {
                 }
             }
         }
-        owners.insert(self.me.clone(), self.owned.keys().copied().collect());
+        // Shards whose record names this member though it holds no term of them (a term that
+        // ended by its deadline, say): the others count them as this member's, so it does too,
+        // and takes them again once their lease has run out. Nobody else would: a live member
+        // holds them.
+        let lapsed: Vec<u32> = (0..count)
+            .zip(&view.shards)
+            .filter(|(shard, observed)| {
+                !self.owned.contains_key(shard)
+                    && observed
+                        .as_ref()
+                        .is_some_and(|o| o.record.is_held_by(&self.me))
+            })
+            .map(|(shard, _)| shard)
+            .collect();
+        let mine = self.owned.keys().copied().chain(lapsed.iter().copied());
+        owners.insert(self.me.clone(), mine.collect());
         let counts = owners.iter().map(|(m, s)| (m.clone(), s.len())).collect();
         let shares = shares(count, &counts);
         m::set_shards(&self.config.name, self.owned.len(), live.len(), &owners);
@@ -658,8 +673,8 @@ impl Runner {
             self.give(shard, Some(&to), StepDownReason::HandedOver);
         }
         let share = shares.get(&self.me).copied().unwrap_or(0);
-        let room = share.saturating_sub(self.owned.len());
-        self.take(room, &view.shards, &owners).await;
+        let room = share.saturating_sub(self.owned.len() + lapsed.len());
+        self.take(room, &lapsed, &view.shards, &owners).await;
         Ok(())
     }
 
@@ -997,6 +1012,7 @@ impl Runner {
     async fn take(
         &mut self,
         room: usize,
+        lapsed: &[u32],
         shards: &[Option<Observed>],
         owners: &BTreeMap<String, Vec<u32>>,
     ) {
@@ -1027,11 +1043,18 @@ impl Runner {
             candidates.push((handed_to_me, affinity(&self.me, shard), shard));
         }
         candidates.sort_by(|a, b| b.cmp(a));
-        let mut wanted: Vec<u32> = candidates.iter().take(room).map(|&(_, _, s)| s).collect();
+        let mut wanted: Vec<u32> = lapsed.to_vec();
+        wanted.extend(candidates.iter().take(room).map(|&(_, _, s)| s));
         if wanted.is_empty() {
             wanted.extend(stuck);
         }
+        // A request per shard taken: the round ends in time for the next renewals, and the
+        // rest waits for the next round (a member alone takes a thousand shards over a few).
+        let budget = Instant::now() + self.config.retry_period / 2;
         for shard in wanted {
+            if Instant::now() >= budget {
+                break;
+            }
             let key = shard_key(&name, shard);
             let current = shards[shard as usize].clone();
             match self.claim(&key, current).await {

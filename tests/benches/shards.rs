@@ -1,0 +1,214 @@
+//! Shard sets: what a member costs the store per round, the CPU of a set's members, and how
+//! long a join and a leave take to rebalance.
+//!
+//! Per backend, in this process: `MEMBERS` members (default 10) of a set of `SHARDS` shards
+//! (default 1,000), lease 3 s, renew deadline 2 s, retry period 500 ms. Measured: the time
+//! from the start until every shard is owned and the members own within one of each other;
+//! then, over `WINDOW_S` seconds (default 10) with nothing changing, the requests each member
+//! sent (counted at the member: a batch is one request where the backend batches, one per
+//! record where it does not) per retry period, and the CPU this process used (all members
+//! together); then a member joining, and one leaving (shut down, its shards
+//! released), each until balanced again, and the spread (most owned less fewest) after it.
+//!
+//! ```text
+//! cargo bench -p leader-tests --bench shards
+//! SHARDS=10000 BENCH_BACKENDS=postgres,redis,etcd cargo bench -p leader-tests --bench shards
+//! ```
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{Backend, cpu_time, ms};
+use leader_core::conformance::balanced;
+use leader_core::faults::{Faults, FaultyLock};
+use leader_core::{
+    CancellationToken, LockError, LockSet, Observed, Renewal, ResourceLock, Shards, ShardsState,
+    async_trait,
+};
+use leader_test_support::{LEASE, RENEW, RETRY};
+use tokio::sync::watch;
+
+fn knob(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(default)
+}
+
+/// A member's records, its requests counted: a batch as one where the backend batches, as one
+/// per record where it does not, and every request of a record's own lock.
+#[derive(Debug)]
+struct Counting {
+    inner: Box<dyn LockSet>,
+    batched: bool,
+    batches: AtomicUsize,
+    faults: Faults,
+    locks: Mutex<HashMap<String, Arc<dyn ResourceLock>>>,
+}
+
+impl Counting {
+    fn requests(&self) -> usize {
+        self.batches.load(Ordering::Relaxed) + self.faults.calls().len()
+    }
+
+    fn batch(&self, records: usize) {
+        let n = if self.batched { 1 } else { records };
+        self.batches.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+#[async_trait]
+impl LockSet for Counting {
+    fn lock(&self, key: &str) -> Arc<dyn ResourceLock> {
+        let mut locks = self.locks.lock().expect("locks");
+        locks
+            .entry(key.to_owned())
+            .or_insert_with(|| {
+                Arc::new(FaultyLock::with_faults(
+                    self.inner.lock(key),
+                    self.faults.clone(),
+                ))
+            })
+            .clone()
+    }
+    fn identity(&self) -> &str {
+        self.inner.identity()
+    }
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+    async fn get_many(&self, keys: &[String]) -> Vec<Result<Option<Observed>, LockError>> {
+        self.batch(keys.len());
+        self.inner.get_many(keys).await
+    }
+    async fn renew_many(&self, renewals: &[Renewal]) -> Vec<Result<Observed, LockError>> {
+        self.batch(renewals.len());
+        self.inner.renew_many(renewals).await
+    }
+}
+
+struct Member {
+    counting: Arc<Counting>,
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+    state: watch::Receiver<ShardsState>,
+}
+
+fn join(backend: &Arc<Backend>, name: &str, count: u32, identity: &str) -> Member {
+    let batched = matches!(**backend, Backend::Postgres(_) | Backend::Redis(_));
+    let counting = Arc::new(Counting {
+        inner: backend.lock_set(identity),
+        batched,
+        batches: AtomicUsize::new(0),
+        faults: Faults::new(),
+        locks: Mutex::default(),
+    });
+    let shards = Shards::builder(name, count, counting.clone())
+        .lease_duration(LEASE)
+        .renew_deadline(RENEW)
+        .retry_period(RETRY)
+        .build()
+        .expect("valid shard set");
+    let state = shards.subscribe();
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move {
+            let _ = shards
+                .run_per_shard(shutdown, |_, _| std::future::pending::<()>())
+                .await;
+        }
+    });
+    Member {
+        counting,
+        shutdown,
+        task,
+        state,
+    }
+}
+
+/// How long until the members are balanced (every shard owned, within one of each other), or
+/// `None` after `within`.
+async fn until_balanced(members: &[Member], count: u32, within: Duration) -> Option<Duration> {
+    let start = Instant::now();
+    let states: Vec<_> = members.iter().map(|m| &m.state).collect();
+    while start.elapsed() < within {
+        if balanced(&states, count) {
+            return Some(start.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    None
+}
+
+fn spread(members: &[Member]) -> usize {
+    let owned: Vec<usize> = members
+        .iter()
+        .map(|m| m.state.borrow().tokens().len())
+        .collect();
+    owned.iter().max().unwrap_or(&0) - owned.iter().min().unwrap_or(&0)
+}
+
+fn took(d: Option<Duration>) -> String {
+    d.map_or_else(|| "not within 120 s".into(), ms)
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let count = u32::try_from(knob("SHARDS", 1000)).expect("a shard count");
+    let members = usize::try_from(knob("MEMBERS", 10)).expect("a member count");
+    let window = Duration::from_secs(knob("WINDOW_S", 10));
+    println!(
+        "{count} shards over {members} members in one process (lease {}, retry period {}):\n",
+        ms(LEASE),
+        ms(RETRY)
+    );
+    println!(
+        "| backend | balanced after start | requests per member per retry period | CPU (cores, all members) | rebalanced after a join | after a leave | spread after |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    let within = Duration::from_secs(120);
+    for backend in Backend::available().await {
+        if matches!(backend, Backend::PostgresAdvisory(_)) {
+            continue;
+        }
+        let backend = Arc::new(backend);
+        let name = format!("shards-bench-{:08x}", fastrand::u32(..));
+        let mut set: Vec<Member> = (0..members)
+            .map(|i| join(&backend, &name, count, &format!("m{i}")))
+            .collect();
+        let started = until_balanced(&set, count, within).await;
+        // A round for the set to settle, then the steady window.
+        tokio::time::sleep(RETRY * 2).await;
+        let sent = |set: &[Member]| set.iter().map(|m| m.counting.requests()).sum::<usize>();
+        let (requests, cpu, clock) = (sent(&set), cpu_time(), Instant::now());
+        tokio::time::sleep(window).await;
+        let (cpu, elapsed) = (cpu_time() - cpu, clock.elapsed());
+        let requests = sent(&set) - requests;
+        let rounds = elapsed.as_secs_f64() / RETRY.as_secs_f64();
+        let per_member = format!("{:.2}", requests as f64 / members as f64 / rounds);
+        let cores = cpu.as_secs_f64() / elapsed.as_secs_f64();
+        set.push(join(&backend, &name, count, &format!("m{members}")));
+        let joined = until_balanced(&set, count, within).await;
+        let leaving = set.remove(0);
+        leaving.shutdown.cancel();
+        let _ = leaving.task.await;
+        let left = until_balanced(&set, count, within).await;
+        println!(
+            "| {} | {} | {per_member} | {cores:.3} | {} | {} | {} |",
+            backend.name(),
+            took(started),
+            took(joined),
+            took(left),
+            spread(&set)
+        );
+        for member in set {
+            member.shutdown.cancel();
+            let _ = member.task.await;
+        }
+    }
+}
