@@ -1080,6 +1080,24 @@ async fn postgres_lock_shards_split_and_move() {
     shards_split_and_move(&url).await;
 }
 
+/// The advisory lock holds a database session per lock: no shard sets on it (exit code 3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_advisory_lock_keeps_no_shard_sets() {
+    let Some(url) = leader_test_support::postgres_lock_or_skip() else {
+        return;
+    };
+    let separator = if url.contains('?') { '&' } else { '?' };
+    let lock = format!("{url}{separator}advisory=true");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("job.log");
+    let mut refused = leader_with(&lock, "shards-advisory", "a", &log, &["--shards", "4"]);
+    let status = timeout(Duration::from_secs(20), refused.wait())
+        .await
+        .expect("refused at once")
+        .expect("status");
+    assert_eq!(status.code(), Some(3), "the advisory lock with --shards");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_lock_shards_split_and_move() {
     let Some(url) = leader_test_support::redis_lock_or_skip() else {
