@@ -8,6 +8,7 @@ pub mod outage;
 pub mod proxy;
 pub mod report;
 pub mod servers;
+pub mod shards;
 
 use std::path::PathBuf;
 

@@ -16,6 +16,9 @@
 //! the report counts leaderships lost to a member's fault. And on every backend the schedule
 //! workload (`leader cron --every 1s`, see `harness::firings`): every scheduled instant started,
 //! none twice, no stale write accepted, under faults into the leader and the server.
+//! And the shard workload on the file lock, Postgres, Redis and etcd (`leader run --shards 4`,
+//! see `harness::shards`): per shard, no two terms at once, tokens that grow, no stale write
+//! accepted, under faults into each replica in turn and into the server.
 //!
 //! By default one round (each fault once per backend), in order. Knobs for the long run:
 //! - `FAULT_ROUNDS=N`: N rounds, or `FAULT_COUNT=N`: N faults per backend (the kinds in turn);
@@ -169,22 +172,33 @@ fn faults_on_etcd() {
     campaign(Backend::Etcd);
 }
 
-/// The schedule workload (`leader cron --every 1s`) under the faults of `backend`: every
-/// scheduled instant started, none twice, no stale write accepted.
-fn firings(backend: Backend) {
+/// This run's turn: the workloads run one after the other unless `FAULT_PARALLEL=1`.
+fn turn() -> Option<std::sync::MutexGuard<'static, ()>> {
     let parallel = std::env::var("FAULT_PARALLEL").is_ok_and(|v| v == "1");
-    let _turn = (!parallel).then(|| {
+    (!parallel).then(|| {
         ONE_AT_A_TIME
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-    });
-    let kinds = leader_tests::harness::firings::faults_for(backend);
+    })
+}
+
+/// A workload's faults: `FAULT_COUNT` faults (or `FAULT_ROUNDS` rounds) of `kinds` in turn,
+/// shuffled with `FAULT_SEED`.
+fn workload_faults(kinds: &[Fault]) -> Vec<Fault> {
     let count = knob::<usize>("FAULT_COUNT")
         .unwrap_or_else(|| knob::<usize>("FAULT_ROUNDS").unwrap_or(1) * kinds.len());
     let mut faults: Vec<Fault> = kinds.iter().copied().cycle().take(count).collect();
     if let Some(seed) = knob::<u64>("FAULT_SEED") {
         fastrand::Rng::with_seed(seed).shuffle(&mut faults);
     }
+    faults
+}
+
+/// The schedule workload (`leader cron --every 1s`) under the faults of `backend`: every
+/// scheduled instant started, none twice, no stale write accepted.
+fn firings(backend: Backend) {
+    let _turn = turn();
+    let faults = workload_faults(&leader_tests::harness::firings::faults_for(backend));
     let programs = leader_tests::programs!();
     let Some(report) = run_or_skip(
         &format!("the {} schedule workload", backend.name()),
@@ -247,6 +261,55 @@ fn firings_under_faults_on_kubernetes() {
 #[test]
 fn firings_under_faults_on_object_storage() {
     firings(Backend::ObjectStore);
+}
+
+/// The shard workload (`leader run --shards 4`) under the faults of `backend`: per shard, no
+/// two terms at once, tokens that grow, no stale write accepted.
+fn shards(backend: Backend) {
+    let _turn = turn();
+    let faults = workload_faults(&leader_tests::harness::shards::faults_for(backend));
+    let programs = leader_tests::programs!();
+    let Some(report) = run_or_skip(
+        &format!("the {} shard workload", backend.name()),
+        leader_tests::harness::shards::run(
+            backend,
+            &faults,
+            settings(),
+            &programs,
+            &database_url(),
+        ),
+    ) else {
+        return;
+    };
+    eprintln!("{} shards under faults: {report:?}", backend.name());
+    assert!(
+        report.violations.is_empty(),
+        "{}: {:#?}",
+        backend.name(),
+        report.violations
+    );
+    assert_eq!(report.faults, faults.len(), "every fault injected");
+    assert!(report.terms > 0 && report.writes > 0, "{report:?}");
+}
+
+#[test]
+fn shards_under_faults_on_the_file_lock() {
+    shards(Backend::File);
+}
+
+#[test]
+fn shards_under_faults_on_postgres() {
+    shards(Backend::Postgres);
+}
+
+#[test]
+fn shards_under_faults_on_redis() {
+    shards(Backend::Redis);
+}
+
+#[test]
+fn shards_under_faults_on_etcd() {
+    shards(Backend::Etcd);
 }
 
 /// A three-member etcd cluster: faults of the leader, and of one member (killed and restarted,

@@ -464,3 +464,52 @@ async fn a_thousand_shards_over_ten_members() {
     }
     set.log.check("a thousand shards");
 }
+
+/// S6 for a shard: work that takes a while to stop (it holds its term for a second after the
+/// term ends) delays the shard's release, and the next owner starts only after it stopped.
+#[tokio::test]
+async fn a_shard_moves_only_once_its_work_has_stopped() {
+    tokio::time::pause();
+    let set = Set::new(Clock::Follower, 4);
+    let stopped: Arc<Mutex<Vec<(u32, Instant)>>> = Arc::default();
+    let shards = {
+        let store = set.store.clone();
+        let locks = KeyedLocks::new("slow", "memory", move |key, identity| {
+            Arc::new(store.lock(key, identity))
+        });
+        let stopped = stopped.clone();
+        Shards::builder("jobs", 4, locks)
+            .timings(TIMINGS)
+            .on_shard_started(move |shard, term| {
+                let stopped = stopped.clone();
+                tokio::spawn(async move {
+                    term.lost().await;
+                    sleep(Duration::from_secs(1)).await;
+                    stopped.lock().unwrap().push((shard, Instant::now()));
+                    drop(term);
+                });
+            })
+            .build()
+            .unwrap()
+    };
+    let mut slow = shards.subscribe();
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(shards.run(shutdown.clone()));
+    slow.wait_for(|s| s.owned.len() == 4).await.unwrap();
+    let b = set.join("b");
+    until(Duration::from_secs(30), || b.owned().len() == 2)
+        .await
+        .expect("b took its share");
+    let stopped = stopped.lock().unwrap().clone();
+    assert_eq!(stopped.len(), 2, "two shards handed over: {stopped:?}");
+    for (shard, at) in stopped {
+        let starts = set.log.starts(shard);
+        assert!(
+            starts.iter().all(|start| *start >= at),
+            "shard {shard}: b started at {starts:?}, before the slow work stopped at {at:?}"
+        );
+    }
+    b.leave().await.expect("left");
+    shutdown.cancel();
+    task.await.unwrap().unwrap();
+}

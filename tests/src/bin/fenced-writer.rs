@@ -5,7 +5,8 @@
 //! in `JOB_LOG` like the `job` binary.
 //!
 //! Environment: `DATABASE_URL`, `SINK` (the table prefix), `LEADER_IDENTITY`,
-//! `LEADER_FENCING_TOKEN`, `JOB_LOG`.
+//! `LEADER_FENCING_TOKEN`, `JOB_LOG`. Under `leader run --shards` (`LEADER_SHARD` set) the sink
+//! keeps a high-water mark per shard, and its writes name the shard.
 //!
 //! Under `leader cron` (`LEADER_FIRING_SCHEDULED` set) it is one firing's COMMAND: it appends
 //! `SCHEDULED ATTEMPT TOKEN IDENTITY MONOTONIC_NS WALL_MS` to `FIRINGS_LOG` when it starts, makes
@@ -23,12 +24,20 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let token: i64 = std::env::var("LEADER_FENCING_TOKEN")?.parse()?;
     let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await?;
     tokio::spawn(connection);
-    let write = client
-        .prepare(&format!(
+    let shard: Option<i32> = std::env::var("LEADER_SHARD")
+        .ok()
+        .and_then(|s| s.parse().ok());
+    let sql = match shard {
+        None => format!(
             "WITH ok AS (UPDATE {sink}_mark SET token = $1 WHERE token <= $1 RETURNING token)
              INSERT INTO {sink}_writes (token, writer, at, accepted) SELECT $1, $2, $3, EXISTS (SELECT 1 FROM ok)"
-        ))
-        .await?;
+        ),
+        Some(shard) => format!(
+            "WITH ok AS (UPDATE {sink}_mark SET token = $1 WHERE token <= $1 AND shard = {shard} RETURNING token)
+             INSERT INTO {sink}_writes (shard, token, writer, at, accepted) SELECT {shard}, $1, $2, $3, EXISTS (SELECT 1 FROM ok)"
+        ),
+    };
+    let write = client.prepare(&sql).await?;
     if let Ok(scheduled) = std::env::var("LEADER_FIRING_SCHEDULED") {
         let attempt = std::env::var("LEADER_FIRING_ATTEMPT").unwrap_or_default();
         if let Ok(path) = std::env::var("FIRINGS_LOG") {

@@ -461,7 +461,10 @@ fn process_stopped(pid: i32) -> bool {
 /// gone without a `stop` line (SIGKILLed by its `leader` after the grace, say) is marked in
 /// `gone` when it was seen gone, which is never earlier than it died. The log is read from
 /// where the last look ended.
-fn watch_commands(log: PathBuf, gone: Arc<StdMutex<Marks>>) -> tokio::task::JoinHandle<()> {
+pub(crate) fn watch_commands(
+    log: PathBuf,
+    gone: Arc<StdMutex<Marks>>,
+) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         use std::io::{Read, Seek, SeekFrom};
         let mut open: BTreeMap<(String, u64), i32> = BTreeMap::new();
@@ -542,6 +545,98 @@ pub(crate) fn command_group(leader_pid: u32) -> Option<Pid> {
         .parse()
         .ok()
         .map(Pid::from_raw)
+}
+
+/// The fenced sink's connection to the Postgres of `url`, and what turns its errors into the
+/// harness's (the URL without its password).
+pub(crate) async fn connect_sink(
+    url: &str,
+) -> Result<
+    (
+        tokio_postgres::Client,
+        impl Fn(tokio_postgres::Error) -> HarnessError + Clone,
+    ),
+    HarnessError,
+> {
+    let redacted = leader_core::redact_url(url);
+    let sink_error = move |source| HarnessError::Sink {
+        url: redacted.clone(),
+        source,
+    };
+    let (sink, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .map_err(sink_error.clone())?;
+    tokio::spawn(connection);
+    Ok((sink, sink_error))
+}
+
+/// Asks every replica to stop (SIGTERM) and waits up to ten seconds for each.
+pub(crate) async fn stop_replicas(replicas: &mut [(String, tokio::process::Child)]) {
+    for (_, child) in replicas.iter() {
+        if let Some(pid) = child.id() {
+            let _ = kill(Pid::from_raw(pid.cast_signed()), Signal::SIGTERM);
+        }
+    }
+    for (_, child) in replicas.iter_mut() {
+        let _ = tokio::time::timeout(Duration::from_secs(10), child.wait()).await;
+    }
+}
+
+/// The fenced sink's writes (`columns` of `PREFIX_writes`, in the order written), and its
+/// tables dropped.
+pub(crate) async fn drain_sink(
+    sink: &tokio_postgres::Client,
+    prefix: &str,
+    columns: &str,
+    sink_error: impl Fn(tokio_postgres::Error) -> HarnessError,
+) -> Result<Vec<tokio_postgres::Row>, HarnessError> {
+    let rows = sink
+        .query(
+            &format!("SELECT {columns} FROM {prefix}_writes ORDER BY seq"),
+            &[],
+        )
+        .await
+        .map_err(&sink_error)?;
+    sink.batch_execute(&format!(
+        "DROP TABLE {prefix}_mark; DROP TABLE {prefix}_writes;"
+    ))
+    .await
+    .map_err(&sink_error)?;
+    Ok(rows)
+}
+
+/// Crashes the private server, waits `down`, and starts it again; returns when it started
+/// again (`CLOCK_MONOTONIC` ns).
+pub(crate) async fn crash_and_restart(
+    server: &mut Option<PrivateServer>,
+    down: Duration,
+) -> Result<i128, HarnessError> {
+    let mut taken = server.take();
+    let (taken, restarted) = tokio::task::spawn_blocking(move || {
+        let mut restarted = now_ns();
+        if let Some(server) = taken.as_mut() {
+            server.kill();
+            std::thread::sleep(down);
+            restarted = now_ns();
+            server.restart()?;
+        }
+        Ok::<_, ServerError>((taken, restarted))
+    })
+    .await
+    .expect("restart task")?;
+    *server = taken;
+    Ok(restarted)
+}
+
+/// The process groups `leader` runs its COMMANDs in (with `--shards`, one per shard): its
+/// children, each a supervisor leading a group of its own.
+pub(crate) fn command_groups(leader_pid: u32) -> Vec<Pid> {
+    std::fs::read_to_string(format!("/proc/{leader_pid}/task/{leader_pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|pid| pid.parse().ok())
+        .map(Pid::from_raw)
+        .collect()
 }
 
 /// Stops the `leader` process `pid` inside its next write of a file lock record: `strace`
@@ -891,22 +986,7 @@ impl Run<'_> {
             Fault::Cut => self.proxies[slot].set(Mode::Cut),
             Fault::Latency => self.proxies[slot].set(Mode::Delay(self.settings.renew * 2)),
             Fault::Restart => {
-                let mut server = self.server.take();
-                let lease = self.settings.lease;
-                let (server, restarted) = tokio::task::spawn_blocking(move || {
-                    let mut restarted = now_ns();
-                    if let Some(server) = server.as_mut() {
-                        server.kill();
-                        std::thread::sleep(lease);
-                        restarted = now_ns();
-                        server.restart()?;
-                    }
-                    Ok::<_, ServerError>((server, restarted))
-                })
-                .await
-                .expect("restart task")?;
-                self.server = server;
-                from = restarted;
+                from = crash_and_restart(&mut self.server, self.settings.lease).await?;
             }
             Fault::ServerFreeze => {
                 if let Some(server) = &self.server {
@@ -1148,15 +1228,7 @@ pub async fn run(
             "peers run on Kubernetes only, beside at least one replica of ours, with a lease of whole seconds ({settings:?})"
         )));
     }
-    let redacted = leader_core::redact_url(sink_url);
-    let sink_error = |source| HarnessError::Sink {
-        url: redacted.clone(),
-        source,
-    };
-    let (sink, connection) = tokio_postgres::connect(sink_url, tokio_postgres::NoTls)
-        .await
-        .map_err(sink_error)?;
-    tokio::spawn(connection);
+    let (sink, sink_error) = connect_sink(sink_url).await?;
     let tag = format!("{:08x}", fastrand::u32(..));
     let prefix = format!("fault_sink_{tag}");
     sink.batch_execute(&format!(
@@ -1166,7 +1238,7 @@ pub async fn run(
              writer text NOT NULL, at bigint NOT NULL, accepted bool NOT NULL);"
     ))
     .await
-    .map_err(sink_error)?;
+    .map_err(&sink_error)?;
 
     let dir = tempfile::tempdir().map_err(|source| HarnessError::Io {
         what: "temporary directory".into(),
@@ -1238,18 +1310,7 @@ pub async fn run(
     outcome?;
 
     let (terms, overlaps) = run.check_terms();
-    let rows = sink
-        .query(
-            &format!("SELECT token, writer, at, accepted FROM {prefix}_writes ORDER BY seq"),
-            &[],
-        )
-        .await
-        .map_err(sink_error)?;
-    sink.batch_execute(&format!(
-        "DROP TABLE {prefix}_mark; DROP TABLE {prefix}_writes;"
-    ))
-    .await
-    .map_err(sink_error)?;
+    let rows = drain_sink(&sink, &prefix, "token, writer, at, accepted", &sink_error).await?;
     let mut stale_refused = 0;
     let mut stale_accepted = 0;
     for row in &rows {

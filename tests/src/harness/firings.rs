@@ -19,7 +19,10 @@ use tokio::process::{Child, Command};
 use tokio::time::sleep;
 
 use super::Programs;
-use super::campaign::{Backend, Fault, HarnessError, Settings, command_group, proxy_to};
+use super::campaign::{
+    Backend, Fault, HarnessError, Settings, command_group, connect_sink, crash_and_restart,
+    drain_sink, proxy_to, stop_replicas,
+};
 use super::proxy::{Mode, Proxy};
 use super::servers::PrivateServer;
 
@@ -236,19 +239,7 @@ impl Run<'_> {
                 self.proxies[slot].set(Mode::Open);
             }
             Fault::Restart => {
-                let mut server = self.server.take();
-                let lease = self.settings.lease;
-                let server = tokio::task::spawn_blocking(move || {
-                    if let Some(server) = server.as_mut() {
-                        server.kill();
-                        std::thread::sleep(lease);
-                        server.restart()?;
-                    }
-                    Ok::<_, super::servers::ServerError>(server)
-                })
-                .await
-                .expect("restart task")?;
-                self.server = server;
+                crash_and_restart(&mut self.server, self.settings.lease).await?;
             }
             _ => return Ok(None),
         }
@@ -288,15 +279,7 @@ pub async fn run(
     programs: &Programs,
     sink_url: &str,
 ) -> Result<FiringsReport, HarnessError> {
-    let redacted = leader_core::redact_url(sink_url);
-    let sink_error = |source| HarnessError::Sink {
-        url: redacted.clone(),
-        source,
-    };
-    let (sink, connection) = tokio_postgres::connect(sink_url, tokio_postgres::NoTls)
-        .await
-        .map_err(sink_error)?;
-    tokio::spawn(connection);
+    let (sink, sink_error) = connect_sink(sink_url).await?;
     let tag = format!("{:08x}", fastrand::u32(..));
     let prefix = format!("firing_sink_{tag}");
     sink.batch_execute(&format!(
@@ -306,7 +289,7 @@ pub async fn run(
              writer text NOT NULL, at bigint NOT NULL, accepted bool NOT NULL);"
     ))
     .await
-    .map_err(sink_error)?;
+    .map_err(&sink_error)?;
     let dir = tempfile::tempdir().map_err(|source| HarnessError::Io {
         what: "temporary directory".into(),
         source,
@@ -360,14 +343,7 @@ pub async fn run(
         }
         sleep(Duration::from_secs(3)).await;
     }
-    for (_, child) in &mut run.replicas {
-        if let Some(pid) = child.id() {
-            let _ = kill(Pid::from_raw(pid.cast_signed()), Signal::SIGTERM);
-        }
-    }
-    for (_, child) in &mut run.replicas {
-        let _ = tokio::time::timeout(Duration::from_secs(10), child.wait()).await;
-    }
+    stop_replicas(&mut run.replicas).await;
     outcome?;
 
     let started = parse(&dir.path().join("firings.log"));
@@ -427,18 +403,7 @@ pub async fn run(
         }
     }
 
-    let rows = sink
-        .query(
-            &format!("SELECT token, at, accepted FROM {prefix}_writes ORDER BY seq"),
-            &[],
-        )
-        .await
-        .map_err(sink_error)?;
-    sink.batch_execute(&format!(
-        "DROP TABLE {prefix}_mark; DROP TABLE {prefix}_writes;"
-    ))
-    .await
-    .map_err(sink_error)?;
+    let rows = drain_sink(&sink, &prefix, "token, at, accepted", &sink_error).await?;
     report.writes = rows.len();
     for row in &rows {
         let token = u64::try_from(row.get::<_, i64>(0)).unwrap_or(0);

@@ -98,6 +98,14 @@ impl ShardLog {
         }
     }
 
+    /// When the work of `shard` started, every time.
+    pub fn starts(&self, shard: u32) -> Vec<Instant> {
+        self.intervals()
+            .get(&shard)
+            .map(|list| list.iter().map(|i| i.start).collect())
+            .unwrap_or_default()
+    }
+
     /// How many times a shard changed owner, over every shard.
     pub fn moves(&self) -> usize {
         self.intervals()

@@ -1,0 +1,342 @@
+//! A shard workload under faults: three replicas of `leader run --shards 4 -- fenced-writer`
+//! against one backend, each shard's COMMAND writing its token through a fenced sink that keeps
+//! a high-water mark per shard; faults into the replicas in turn (SIGKILL, SIGSTOP of the
+//! replica and its COMMANDs past the lease, its connection cut) and into the server (a crash
+//! and restart). The checker takes each shard on its own: its terms (from its COMMANDs' log)
+//! never overlap, their tokens grow, and the sink accepted no stale write for it.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, kill, killpg};
+use nix::unistd::Pid;
+use tokio::process::{Child, Command};
+use tokio::time::sleep;
+
+use super::Programs;
+use super::campaign::{
+    Backend, Fault, HarnessError, Settings, command_groups, connect_sink, crash_and_restart,
+    drain_sink, proxy_to, stop_replicas, watch_commands,
+};
+use super::checker::{self, Marks};
+use super::proxy::{Mode, Proxy};
+use super::servers::PrivateServer;
+use crate::{TermEvent, now_ns, term_events};
+
+/// The shards of the workload's set.
+pub const SHARDS: u32 = 4;
+
+/// What a shard workload under faults saw.
+#[derive(Clone, Debug, Default)]
+pub struct ShardsReport {
+    /// Faults injected.
+    pub faults: usize,
+    /// Terms, over every shard.
+    pub terms: usize,
+    /// Terms that overlapped another of the same shard: must be 0.
+    pub overlaps: usize,
+    /// Writes to the fenced sink.
+    pub writes: usize,
+    /// Stale writes the sink refused.
+    pub stale_refused: usize,
+    /// Stale writes the sink accepted: must be 0.
+    pub stale_accepted: usize,
+    /// Every broken rule, in words.
+    pub violations: Vec<String>,
+}
+
+struct Run<'a> {
+    backend: Backend,
+    settings: Settings,
+    programs: &'a Programs,
+    name: String,
+    dir: &'a Path,
+    sink: (&'a str, &'a str),
+    server: Option<PrivateServer>,
+    proxies: Vec<Proxy>,
+    replicas: Vec<(String, Child)>,
+    incarnations: Vec<usize>,
+    /// Per shard: a term's identity and token are unique within its shard only.
+    killed: BTreeMap<u32, Marks>,
+    frozen: BTreeMap<u32, Marks>,
+}
+
+fn shard_log(dir: &Path, shard: u32) -> PathBuf {
+    dir.join(format!("job.log.{shard}"))
+}
+
+impl Run<'_> {
+    fn spawn(&mut self, slot: usize) -> Result<(), HarnessError> {
+        self.incarnations[slot] += 1;
+        let identity = format!("s{slot}.{}", self.incarnations[slot]);
+        let port = self.proxies.get(slot).map_or(0, Proxy::port);
+        let (url, env) = self.backend.replica_lock(self.dir, port, &self.settings)?;
+        let ms = |d: Duration| format!("{}ms", d.as_millis());
+        let child = Command::new(&self.programs.leader)
+            .args(["run", "--lock", &url, "--name", &self.name])
+            .args(["--identity", &identity, "--shards", &SHARDS.to_string()])
+            .args(["--lease-duration", &ms(self.settings.lease)])
+            .args(["--renew-deadline", &ms(self.settings.renew)])
+            .args(["--retry-period", &ms(self.settings.retry)])
+            .arg("--")
+            .arg(&self.programs.writer)
+            .env("DATABASE_URL", self.sink.0)
+            .env("SINK", self.sink.1)
+            .env("JOB_LOG", self.dir.join("job.log"))
+            .env(
+                "RUST_LOG",
+                std::env::var("FAULT_LOG").unwrap_or_else(|_| "error".into()),
+            )
+            .envs(env)
+            .stdout(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|source| HarnessError::Io {
+                what: "spawning leader run --shards".into(),
+                source,
+            })?;
+        let replica = (identity, child);
+        if slot < self.replicas.len() {
+            self.replicas[slot] = replica;
+        } else {
+            self.replicas.push(replica);
+        }
+        Ok(())
+    }
+
+    /// The terms `identity` has open now, by the shards' logs: shard, identity and token.
+    fn open_terms(&self, identity: &str) -> Vec<(u32, (String, u64))> {
+        (0..SHARDS)
+            .filter_map(|shard| {
+                let events = term_events(&shard_log(self.dir, shard));
+                let last = events.iter().rev().find(|e| e.identity == identity)?;
+                last.start
+                    .then(|| (shard, (last.identity.clone(), last.token)))
+            })
+            .collect()
+    }
+
+    async fn inject(&mut self, fault: Fault, turn: usize) -> Result<bool, HarnessError> {
+        let slot = turn % self.replicas.len();
+        let identity = self.replicas[slot].0.clone();
+        let pid = self.replicas[slot].1.id();
+        let lasts = self.settings.lease + Duration::from_secs(1);
+        match fault {
+            Fault::Kill => {
+                let open = self.open_terms(&identity);
+                if let Some(pid) = pid {
+                    let _ = kill(Pid::from_raw(pid.cast_signed()), Signal::SIGKILL);
+                }
+                let _ = self.replicas[slot].1.wait().await;
+                // Its COMMANDs die with it (their supervisors' parent-death signal); the
+                // watchers see them gone, and the kill ends their terms at the latest.
+                let at = now_ns();
+                for (shard, key) in open {
+                    self.killed.entry(shard).or_default().insert(key, at);
+                }
+                sleep(lasts).await;
+                self.spawn(slot)?;
+            }
+            Fault::Freeze => {
+                let Some(pid) = pid else { return Ok(false) };
+                let groups = command_groups(pid);
+                let at = now_ns();
+                for (shard, key) in self.open_terms(&identity) {
+                    self.frozen.entry(shard).or_default().insert(key, at);
+                }
+                for group in &groups {
+                    let _ = killpg(*group, Signal::SIGSTOP);
+                }
+                let _ = kill(Pid::from_raw(pid.cast_signed()), Signal::SIGSTOP);
+                sleep(lasts).await;
+                for group in &groups {
+                    let _ = killpg(*group, Signal::SIGCONT);
+                }
+                let _ = kill(Pid::from_raw(pid.cast_signed()), Signal::SIGCONT);
+            }
+            Fault::Cut => {
+                let Some(proxy) = self.proxies.get(slot) else {
+                    return Ok(false);
+                };
+                proxy.set(Mode::Cut);
+                sleep(lasts).await;
+                proxy.set(Mode::Open);
+            }
+            Fault::Restart => {
+                crash_and_restart(&mut self.server, self.settings.lease).await?;
+            }
+            _ => return Ok(false),
+        }
+        // A replica that could not reach a restarting server exits as unreachable at start:
+        // start it again, as an orchestrator would.
+        for slot in 0..self.replicas.len() {
+            if let Ok(Some(_)) = self.replicas[slot].1.try_wait() {
+                self.spawn(slot)?;
+            }
+        }
+        sleep(Duration::from_secs(1)).await;
+        Ok(true)
+    }
+}
+
+/// The faults a shard workload takes on `backend`.
+#[must_use]
+pub fn faults_for(backend: Backend) -> Vec<Fault> {
+    super::firings::faults_for(backend)
+}
+
+/// Runs the shard workload against `backend` with `faults` in order.
+///
+/// # Errors
+/// Something could not be set up; what goes wrong under the faults is in the report.
+pub async fn run(
+    backend: Backend,
+    faults: &[Fault],
+    settings: Settings,
+    programs: &Programs,
+    sink_url: &str,
+) -> Result<ShardsReport, HarnessError> {
+    let (sink, sink_error) = connect_sink(sink_url).await?;
+    let tag = format!("{:08x}", fastrand::u32(..));
+    let prefix = format!("shard_sink_{tag}");
+    sink.batch_execute(&format!(
+        "CREATE TABLE {prefix}_mark (shard int PRIMARY KEY, token bigint NOT NULL);
+         INSERT INTO {prefix}_mark SELECT s, 0 FROM generate_series(0, {}) s;
+         CREATE TABLE {prefix}_writes (seq bigserial PRIMARY KEY, shard int NOT NULL,
+             token bigint NOT NULL, writer text NOT NULL, at bigint NOT NULL, accepted bool NOT NULL);",
+        SHARDS - 1
+    ))
+    .await
+    .map_err(&sink_error)?;
+    let dir = tempfile::tempdir().map_err(|source| HarnessError::Io {
+        what: "temporary directory".into(),
+        source,
+    })?;
+    let gone: Vec<Arc<StdMutex<Marks>>> = (0..SHARDS).map(|_| Arc::default()).collect();
+    let watchers: Vec<_> = (0..SHARDS)
+        .map(|shard| watch_commands(shard_log(dir.path(), shard), gone[shard as usize].clone()))
+        .collect();
+    let server = backend.start_server(programs).await?;
+    let mut proxies = Vec::new();
+    if let Some(server) = &server {
+        for _ in 0..settings.replicas {
+            proxies.push(proxy_to(server).await?);
+        }
+    }
+    let mut run = Run {
+        backend,
+        settings,
+        programs,
+        name: format!("shards-{tag}"),
+        dir: dir.path(),
+        sink: (sink_url, &prefix),
+        server,
+        proxies,
+        replicas: Vec::new(),
+        incarnations: vec![0; settings.replicas],
+        killed: BTreeMap::new(),
+        frozen: BTreeMap::new(),
+    };
+    let mut report = ShardsReport::default();
+    let mut outcome = Ok(());
+    for slot in 0..settings.replicas {
+        outcome = outcome.and_then(|()| run.spawn(slot));
+    }
+    if outcome.is_ok() {
+        sleep(Duration::from_secs(3)).await;
+        for (turn, fault) in faults.iter().enumerate() {
+            match run.inject(*fault, turn).await {
+                Ok(true) => report.faults += 1,
+                Ok(false) => {}
+                Err(err) => {
+                    outcome = Err(err);
+                    break;
+                }
+            }
+            if (turn + 1) % 100 == 0 {
+                eprintln!(
+                    "{} shards: {} of {} faults",
+                    backend.name(),
+                    turn + 1,
+                    faults.len()
+                );
+            }
+        }
+        sleep(Duration::from_secs(3)).await;
+    }
+    stop_replicas(&mut run.replicas).await;
+    // The watchers' last look.
+    sleep(Duration::from_millis(50)).await;
+    for watcher in watchers {
+        watcher.abort();
+    }
+    outcome?;
+
+    // Each shard on its own: terms that never overlap, tokens that grow.
+    let mut starts: BTreeMap<u32, Vec<TermEvent>> = BTreeMap::new();
+    for shard in 0..SHARDS {
+        let mut killed = run.killed.get(&shard).cloned().unwrap_or_default();
+        let seen_gone = gone[shard as usize]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        for (key, at) in seen_gone {
+            killed.entry(key).or_insert(at);
+        }
+        let frozen = run.frozen.get(&shard).cloned().unwrap_or_default();
+        let events = term_events(&shard_log(dir.path(), shard));
+        let terms = checker::terms(&events, &killed, &frozen);
+        report.terms += terms.len();
+        let (overlaps, violations) = checker::check(&terms);
+        report.overlaps += overlaps;
+        report.violations.extend(
+            violations
+                .into_iter()
+                .map(|v| format!("shard {shard}: {v}")),
+        );
+        starts.insert(shard, events.into_iter().filter(|e| e.start).collect());
+    }
+
+    let rows = drain_sink(&sink, &prefix, "shard, token, at, accepted", &sink_error).await?;
+    report.writes = rows.len();
+    let keep = std::env::temp_dir().join(format!("leader-shards-{tag}"));
+    for row in &rows {
+        let shard = u32::try_from(row.get::<_, i32>(0)).unwrap_or(0);
+        let token = u64::try_from(row.get::<_, i64>(1)).unwrap_or(0);
+        let at = i128::from(row.get::<_, i64>(2));
+        let accepted: bool = row.get(3);
+        let highest = starts
+            .get(&shard)
+            .into_iter()
+            .flatten()
+            .filter(|s| s.at < at)
+            .map(|s| s.token)
+            .max()
+            .unwrap_or(0);
+        if !accepted {
+            report.stale_refused += 1;
+        } else if token < highest {
+            report.stale_accepted += 1;
+            report.violations.push(format!(
+                "shard {shard}: the sink accepted a stale write (token {token} < {highest})"
+            ));
+        }
+    }
+    if !report.violations.is_empty() {
+        // The COMMANDs' logs of a failed run are kept for a look.
+        let _ = std::fs::create_dir_all(&keep);
+        for shard in 0..SHARDS {
+            let _ = std::fs::copy(
+                shard_log(dir.path(), shard),
+                keep.join(format!("job.log.{shard}")),
+            );
+        }
+        report
+            .violations
+            .push(format!("the logs are in {}", keep.display()));
+    }
+    Ok(report)
+}
