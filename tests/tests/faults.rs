@@ -16,7 +16,7 @@
 //! the report counts leaderships lost to a member's fault. And on every backend the schedule
 //! workload (`leader cron --every 1s`, see `harness::firings`): every scheduled instant started,
 //! none twice, no stale write accepted, under faults into the leader and the server.
-//! And the shard workload on the file lock, Postgres, Redis and etcd (`leader run --shards 4`,
+//! And the shard workload on every backend but the advisory lock (`leader run --shards 4`,
 //! see `harness::shards`): per shard, no two terms at once, tokens that grow, no stale write
 //! accepted, under faults into each replica in turn and into the server.
 //!
@@ -310,6 +310,21 @@ fn shards_under_faults_on_redis() {
 #[test]
 fn shards_under_faults_on_etcd() {
     shards(Backend::Etcd);
+}
+
+#[test]
+fn shards_under_faults_on_consul() {
+    shards(Backend::Consul);
+}
+
+#[test]
+fn shards_under_faults_on_kubernetes() {
+    shards(Backend::Kubernetes);
+}
+
+#[test]
+fn shards_under_faults_on_object_storage() {
+    shards(Backend::ObjectStore);
 }
 
 /// A three-member etcd cluster: faults of the leader, and of one member (killed and restarted,
