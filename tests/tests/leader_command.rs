@@ -1121,3 +1121,63 @@ async fn object_store_lock_shards_split_and_move() {
     };
     shards_split_and_move(&url).await;
 }
+
+/// `leader run --shards --serve`: the shards owned with their tokens at `/shards`, the shard
+/// metrics at `/metrics`, liveness at `/healthz`.
+#[tokio::test]
+async fn a_shard_set_is_served() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("job.log");
+    let lock = format!("file://{}", dir.path().join("lock").display());
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("free port")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut child = leader_with(
+        &lock,
+        "served",
+        "a",
+        &log,
+        &["--shards", "3", "--serve", &addr],
+    );
+    let owned = timeout(Duration::from_secs(20), async {
+        loop {
+            if let Ok(Ok(_)) = timeout(
+                Duration::from_millis(500),
+                tokio::net::TcpStream::connect(&addr),
+            )
+            .await
+            {
+                let body = http_get(&addr, "/shards").await;
+                if body.contains(r#""0":1"#)
+                    && body.contains(r#""1":1"#)
+                    && body.contains(r#""2":1"#)
+                {
+                    return body;
+                }
+            }
+            sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .expect("three shards owned at /shards");
+    assert!(owned.contains(r#""members":1"#), "{owned}");
+    let metrics = http_get(&addr, "/metrics").await;
+    assert!(
+        metrics.contains(r#"leader_shards_owned{name="served"} 3"#),
+        "{metrics}"
+    );
+    assert!(
+        http_get(&addr, "/healthz")
+            .await
+            .starts_with("HTTP/1.0 200")
+    );
+    kill(pid(&child), Signal::SIGTERM).expect("SIGTERM");
+    let status = timeout(Duration::from_secs(20), child.wait())
+        .await
+        .expect("exits")
+        .expect("status");
+    assert_eq!(status.code(), Some(0));
+}

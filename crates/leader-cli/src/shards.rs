@@ -14,6 +14,7 @@ use crate::child::{self, Program};
 use crate::exit;
 use crate::open::{code_for, fail};
 use crate::run::{command_grace, identity_and_timings, wait_for_signal};
+use crate::serve;
 
 pub(crate) async fn run(args: ElectionArgs, count: u32, command: Vec<String>) -> u8 {
     let (identity, timings) = match identity_and_timings(&args) {
@@ -23,7 +24,6 @@ pub(crate) async fn run(args: ElectionArgs, count: u32, command: Vec<String>) ->
     let single = [
         ("--handover-to", args.handover_to.is_some()),
         ("--label-pod", args.label_pod.is_some()),
-        ("--serve", args.serve_addr().is_some()),
         (
             "--exit-on-identity-conflict",
             args.exit_on_identity_conflict,
@@ -69,6 +69,11 @@ pub(crate) async fn run(args: ElectionArgs, count: u32, command: Vec<String>) ->
         Ok(shards) => shards,
         Err(err) => return fail(exit::USAGE, err),
     };
+    if let Some(addr) = args.serve_addr()
+        && let Err(err) = serve::start_shards(addr, shards.subscribe()).await
+    {
+        return fail(exit::USAGE, format!("--serve {addr}: {err}"));
+    }
     let shutdown = CancellationToken::new();
     tokio::spawn({
         let shutdown = shutdown.clone();

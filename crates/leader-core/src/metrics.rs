@@ -130,14 +130,7 @@ pub(crate) fn shard_moved(name: &str, how: &'static str) {
     metrics::counter!(SHARD_MOVES_TOTAL, "name" => name.to_owned(), "move" => how).increment(1);
 }
 
-pub(crate) fn set_shards(
-    name: &str,
-    owned: usize,
-    members: usize,
-    owners: &std::collections::BTreeMap<String, Vec<u32>>,
-) {
-    let counts = owners.values().map(Vec::len);
-    let imbalance = counts.clone().max().unwrap_or(0) - counts.min().unwrap_or(0);
+pub(crate) fn set_shards(name: &str, owned: usize, members: usize, imbalance: usize) {
     metrics::gauge!(SHARDS_OWNED, "name" => name.to_owned()).set(owned as f64);
     metrics::gauge!(SHARDS_MEMBERS, "name" => name.to_owned()).set(members as f64);
     metrics::gauge!(SHARDS_IMBALANCE, "name" => name.to_owned()).set(imbalance as f64);

@@ -94,6 +94,8 @@ pub(crate) struct Runner {
     problem: Option<ShardsError>,
     /// The members alive as last read.
     live: usize,
+    /// The most shards a live member owns less the fewest, as last read.
+    imbalance: usize,
     /// When each other member's record was last found alive by the store's own word, where
     /// renewals leave the record as it is (see [`Runner::probe`]).
     probed: HashMap<String, Instant>,
@@ -127,6 +129,7 @@ impl Runner {
             next_attempt: Instant::now(),
             problem: None,
             live: 0,
+            imbalance: 0,
             probed: HashMap::new(),
             releases: JoinSet::new(),
         }
@@ -668,7 +671,8 @@ impl Runner {
         owners.insert(self.me.clone(), mine.collect());
         let counts = owners.iter().map(|(m, s)| (m.clone(), s.len())).collect();
         let shares = shares(count, &counts);
-        m::set_shards(&self.config.name, self.owned.len(), live.len(), &owners);
+        let counts = owners.values().map(Vec::len);
+        self.imbalance = counts.clone().max().unwrap_or(0) - counts.min().unwrap_or(0);
         for (shard, to) in gifts(&self.me, &owners, &shares) {
             self.give(shard, Some(&to), StepDownReason::HandedOver);
         }
@@ -1092,6 +1096,7 @@ impl Runner {
             .filter_map(|(&s, t)| t.leadership.as_ref().map(|l| (s, l.uncounted())))
             .collect();
         let members = self.live;
+        m::set_shards(&self.config.name, self.owned.len(), members, self.imbalance);
         self.state.send_modify(|state| {
             state.owned = owned;
             state.members = members;
