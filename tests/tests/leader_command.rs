@@ -753,6 +753,16 @@ async fn once_exits_with_75_when_leadership_is_lost() {
     assert!(!events[1].start);
 }
 
+/// A loopback address with a port nobody listens on.
+fn free_addr() -> String {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("free port")
+        .local_addr()
+        .expect("addr")
+        .port();
+    format!("127.0.0.1:{port}")
+}
+
 async fn http_get(addr: &str, path: &str) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
@@ -773,12 +783,7 @@ async fn metrics_and_health_are_served() {
     let dir = tempfile::tempdir().expect("tempdir");
     let log = dir.path().join("jobs.log");
     let lock = format!("file://{}", dir.path().join("lock").display());
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("free port")
-        .local_addr()
-        .expect("addr")
-        .port();
-    let addr = format!("127.0.0.1:{port}");
+    let addr = free_addr();
     let mut child = Command::new(LEADER)
         .args([
             "run",
@@ -1129,12 +1134,7 @@ async fn a_shard_set_is_served() {
     let dir = tempfile::tempdir().expect("tempdir");
     let log = dir.path().join("job.log");
     let lock = format!("file://{}", dir.path().join("lock").display());
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("free port")
-        .local_addr()
-        .expect("addr")
-        .port();
-    let addr = format!("127.0.0.1:{port}");
+    let addr = free_addr();
     let mut child = leader_with(
         &lock,
         "served",
