@@ -8,11 +8,13 @@ mod lock;
 mod members;
 mod queue;
 mod seen;
+mod set;
 mod store;
 mod url;
 mod watch;
 
 pub use lock::EtcdLock;
+pub use set::EtcdLockSet;
 pub use store::{DEFAULT_PREFIX, EtcdStore, EtcdStoreBuilder};
 pub use url::LockUrl;
 

@@ -461,9 +461,33 @@ impl EtcdLock {
         fence: Option<GetResponse>,
         kept: Option<GetResponse>,
     ) -> Result<Option<(Observed, i64)>, LockError> {
-        let fence_kv = fence.as_ref().and_then(|f| f.kvs().first());
+        let first = |r: &Option<GetResponse>| r.as_ref().and_then(|r| r.kvs().first()).cloned();
+        self.decode_kvs(
+            first(&record).as_ref(),
+            first(&fence).as_ref(),
+            first(&kept).as_ref(),
+        )
+    }
+
+    /// The keys of this election (record, fence, extensions) as one read found them, for a
+    /// shard set's read of many: the record, as [`get`](ResourceLock::get) answers it.
+    pub(crate) fn absorb(
+        &self,
+        keys: &std::collections::HashMap<Vec<u8>, KeyValue>,
+    ) -> Result<Option<Observed>, LockError> {
+        let kv = |key: &str| keys.get(key.as_bytes());
+        Ok(self
+            .decode_kvs(kv(&self.key), kv(&self.fence), kv(&self.kept))?
+            .map(|(observed, _)| observed))
+    }
+
+    fn decode_kvs(
+        &self,
+        record: Option<&KeyValue>,
+        fence_kv: Option<&KeyValue>,
+        kept_kv: Option<&KeyValue>,
+    ) -> Result<Option<(Observed, i64)>, LockError> {
         let token = fence_kv.map_or(0, |kv| token_of(kv.value(), kv.mod_revision()));
-        let kept_kv = kept.as_ref().and_then(|k| k.kvs().first());
         // A value that is not a record keeps nothing (the record key's own value is checked).
         let kept = kept_kv.map_or((Default::default(), 0), |kv| {
             let extensions = LeaderElectionRecord::from_json(BACKEND, "", kv.value())
@@ -474,7 +498,7 @@ impl EtcdLock {
         let mut seen = self.seen();
         seen.fence = Some((token, fence_kv.map_or(0, KeyValue::mod_revision)));
         seen.kept = Some(kept);
-        let Some(kv) = record.as_ref().and_then(|r| r.kvs().first()) else {
+        let Some(kv) = record else {
             seen.record = Some(RecordSeen::Absent);
             return Ok(None);
         };

@@ -1,9 +1,7 @@
 //! `etcd://` and `etcds://` lock URLs: several members in the authority, an optional user, and
 //! the key prefix.
 
-use leader_core::{
-    KeyedLocks, LockError, LockSet, LockTarget, ResourceLock, UrlError, async_trait,
-};
+use leader_core::{LockError, LockSet, LockTarget, ResourceLock, UrlError, async_trait};
 
 use crate::store::{EtcdStore, EtcdStoreBuilder};
 
@@ -141,14 +139,9 @@ impl LockTarget for LockUrl {
         Ok(Box::new(self.store().build().await?.lock(name, identity)))
     }
 
-    /// A key per record, on one client.
+    /// A key per record, on one client; the set read in one range request.
     async fn open_set(&self, _name: &str, identity: &str) -> Result<Box<dyn LockSet>, LockError> {
-        let store = self.store().build().await?;
-        Ok(Box::new(KeyedLocks::new(
-            identity,
-            self.describe(),
-            move |key, identity| std::sync::Arc::new(store.lock(key, identity)),
-        )))
+        Ok(Box::new(self.store().build().await?.lock_set(identity)))
     }
 }
 

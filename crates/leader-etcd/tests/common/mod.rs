@@ -64,6 +64,10 @@ impl LockFactory for Factory {
         Arc::new(self.store.lock(name, identity))
     }
 
+    async fn lock_set(&self, identity: &str) -> Option<Box<dyn leader_core::LockSet>> {
+        Some(Box::new(self.store.lock_set(identity)))
+    }
+
     async fn corrupt(&self, name: &str) -> bool {
         let key = self.store.lock(name, "x").key().to_owned();
         self.store

@@ -1,0 +1,133 @@
+//! A shard set's records on etcd: one range read finds them all.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use etcd_client::GetOptions;
+use leader_core::{LockError, LockSet, Observed, ResourceLock, async_trait};
+
+use crate::error::map;
+use crate::lock::EtcdLock;
+use crate::store::EtcdStore;
+
+/// The records of a shard set on etcd ([`EtcdStore::lock_set`]): an [`EtcdLock`] per key.
+/// [`get_many`](LockSet::get_many) is one range read over the set's keys (every key of a set
+/// begins with its name and a dash), whatever the number of records; renewals stay one
+/// keep-alive per record for now, each on the record's own etcd lease.
+#[derive(Clone, Debug)]
+pub struct EtcdLockSet {
+    store: EtcdStore,
+    identity: String,
+    locks: Arc<Mutex<HashMap<String, Arc<EtcdLock>>>>,
+}
+
+impl EtcdStore {
+    /// The records of a shard set, as member `identity`.
+    pub fn lock_set(&self, identity: impl Into<String>) -> EtcdLockSet {
+        EtcdLockSet {
+            store: self.clone(),
+            identity: identity.into(),
+            locks: Arc::default(),
+        }
+    }
+}
+
+impl EtcdLockSet {
+    fn etcd_lock(&self, key: &str) -> Arc<EtcdLock> {
+        let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+        locks
+            .entry(key.to_owned())
+            .or_insert_with(|| Arc::new(self.store.lock(key, self.identity.clone())))
+            .clone()
+    }
+}
+
+/// What every key in `keys` begins with: their longest common prefix (a set's keys share its
+/// name and a dash).
+fn common_prefix(keys: &[String]) -> String {
+    let Some(first) = keys.first() else {
+        return String::new();
+    };
+    let mut end = first.len();
+    for key in &keys[1..] {
+        end = first
+            .bytes()
+            .zip(key.bytes())
+            .take(end)
+            .take_while(|(a, b)| a == b)
+            .count();
+    }
+    // On a character boundary.
+    while !first.is_char_boundary(end) {
+        end -= 1;
+    }
+    first[..end].to_owned()
+}
+
+#[async_trait]
+impl LockSet for EtcdLockSet {
+    fn lock(&self, key: &str) -> Arc<dyn ResourceLock> {
+        self.etcd_lock(key)
+    }
+
+    fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    fn describe(&self) -> String {
+        format!("etcd:{}", self.store.inner.endpoints)
+    }
+
+    async fn get_many(&self, keys: &[String]) -> Vec<Result<Option<Observed>, LockError>> {
+        let prefix = format!("{}{}", self.store.inner.prefix, common_prefix(keys));
+        let context = format!("{} keys {prefix}*", self.store.inner.endpoints);
+        let answer = self
+            .store
+            .inner
+            .members
+            .call(true, |mut client| {
+                let prefix = prefix.clone();
+                async move {
+                    client
+                        .get(prefix, Some(GetOptions::new().with_prefix()))
+                        .await
+                }
+            })
+            .await;
+        let found: HashMap<Vec<u8>, etcd_client::KeyValue> = match answer {
+            Ok(response) => response
+                .kvs()
+                .iter()
+                .map(|kv| (kv.key().to_vec(), kv.clone()))
+                .collect(),
+            Err(err) => {
+                let err = map(&context, err);
+                return keys
+                    .iter()
+                    .map(|_| {
+                        Err(LockError::unavailable(
+                            crate::error::BACKEND,
+                            err.to_string(),
+                        ))
+                    })
+                    .collect();
+            }
+        };
+        keys.iter()
+            .map(|key| self.etcd_lock(key).absorb(&found))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::common_prefix;
+
+    #[test]
+    fn the_prefix_every_key_begins_with() {
+        let keys = ["jobs-members", "jobs-shard-0", "jobs-member-ab"].map(String::from);
+        assert_eq!(common_prefix(&keys), "jobs-");
+        assert_eq!(common_prefix(&["only".to_owned()]), "only");
+        assert_eq!(common_prefix(&[]), "");
+    }
+}
