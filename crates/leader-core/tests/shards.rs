@@ -513,3 +513,39 @@ async fn a_shard_moves_only_once_its_work_has_stopped() {
     shutdown.cancel();
     task.await.unwrap().unwrap();
 }
+
+/// Ten members of a thousand shards: one leaving and one joining each rebalance within a lease
+/// and a retry period (free shards are spread by rendezvous hashing, and a member that loses a
+/// race for one takes the next).
+#[tokio::test]
+async fn ten_members_rebalance_within_a_lease() {
+    tokio::time::pause();
+    let set = Set::new(Clock::Follower, 1000);
+    let mut members: Vec<Member> = (0..10).map(|i| set.join(&format!("m{i}"))).collect();
+    let balanced_now = |members: &[Member]| {
+        let refs: Vec<&Member> = members.iter().collect();
+        balanced_members(&refs, 1000)
+    };
+    until(Duration::from_secs(120), || balanced_now(&members))
+        .await
+        .expect("balanced");
+    let bound = TIMINGS.lease_duration + TIMINGS.retry_period;
+    members.remove(0).leave().await.expect("left");
+    let left = until(Duration::from_secs(60), || balanced_now(&members)).await;
+    assert!(left.is_some_and(|t| t <= bound), "after a leave: {left:?}");
+    members.push(set.join("m10"));
+    let joined = until(Duration::from_secs(60), || balanced_now(&members)).await;
+    assert!(
+        joined.is_some_and(|t| t <= bound),
+        "after a join: {joined:?}"
+    );
+    assert_eq!(
+        set.expired.load(Ordering::SeqCst),
+        0,
+        "terms ended by their deadline"
+    );
+    for m in members {
+        m.leave().await.expect("left");
+    }
+    set.log.check("ten members");
+}

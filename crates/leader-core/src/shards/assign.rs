@@ -64,7 +64,21 @@ pub(crate) fn gifts(
 /// ones kept, in this order, so that members spread over the shards without coordinating and
 /// a member that comes back prefers the shards it liked before.
 pub(crate) fn affinity(member: &str, shard: u32) -> u64 {
-    fnv1a(member.as_bytes(), fnv1a(&shard.to_be_bytes(), FNV_OFFSET))
+    // FNV alone orders the shards alike for identities that differ in a last character
+    // (`replica-1`, `replica-2`), and every member would reach for the same free shards: a
+    // finaliser (MurmurHash3's) mixes every bit into the order.
+    mix(fnv1a(
+        member.as_bytes(),
+        fnv1a(&shard.to_be_bytes(), FNV_OFFSET),
+    ))
+}
+
+fn mix(mut h: u64) -> u64 {
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    h ^ (h >> 33)
 }
 
 const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;

@@ -1047,16 +1047,23 @@ impl Runner {
             candidates.push((handed_to_me, affinity(&self.me, shard), shard));
         }
         candidates.sort_by(|a, b| b.cmp(a));
+        // Lapsed shards first, then candidates until `room` are taken: a shard another member
+        // took first (a conflict) makes way for the next candidate.
+        let lapsed_count = lapsed.len();
         let mut wanted: Vec<u32> = lapsed.to_vec();
-        wanted.extend(candidates.iter().take(room).map(|&(_, _, s)| s));
+        wanted.extend(candidates.iter().map(|&(_, _, s)| s));
+        if room == 0 {
+            wanted.truncate(lapsed_count);
+        }
         if wanted.is_empty() {
             wanted.extend(stuck);
         }
+        let mut taken = 0;
         // A request per shard taken: the round ends in time for the next renewals, and the
         // rest waits for the next round (a member alone takes a thousand shards over a few).
         let budget = Instant::now() + self.config.retry_period / 2;
-        for shard in wanted {
-            if Instant::now() >= budget {
+        for (i, shard) in wanted.into_iter().enumerate() {
+            if Instant::now() >= budget || (i >= lapsed_count && room > 0 && taken >= room) {
                 break;
             }
             let key = shard_key(&name, shard);
@@ -1075,6 +1082,7 @@ impl Runner {
                     m::shard_moved(&name, "acquired");
                     let counted = term.leadership.clone();
                     self.owned.insert(shard, term);
+                    taken += 1;
                     if let (Some(started), Some(leadership)) = (&self.callbacks.started, counted) {
                         started(shard, leadership);
                     }
