@@ -1044,7 +1044,10 @@ impl Runner {
             if free_for_long && stuck.is_none() {
                 stuck = Some(shard);
             }
-            candidates.push((handed_to_me, affinity(&self.me, shard), shard));
+            // Without room only the stuck shard is wanted: no need to rank every shard.
+            if room > 0 {
+                candidates.push((handed_to_me, affinity(&self.me, shard), shard));
+            }
         }
         candidates.sort_by(|a, b| b.cmp(a));
         // Lapsed shards first, then candidates until `room` are taken: a shard another member
@@ -1052,9 +1055,6 @@ impl Runner {
         let lapsed_count = lapsed.len();
         let mut wanted: Vec<u32> = lapsed.to_vec();
         wanted.extend(candidates.iter().map(|&(_, _, s)| s));
-        if room == 0 {
-            wanted.truncate(lapsed_count);
-        }
         if wanted.is_empty() {
             wanted.extend(stuck);
         }
