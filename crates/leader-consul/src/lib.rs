@@ -6,10 +6,12 @@ mod error;
 mod key;
 mod lock;
 mod session;
+mod set;
 mod store;
 mod url;
 
 pub use lock::ConsulLock;
+pub use set::ConsulLockSet;
 pub use store::{ConsulStore, ConsulStoreBuilder, DEFAULT_PREFIX};
 pub use url::LockUrl;
 

@@ -164,7 +164,62 @@ fn check_index(key: &str, index: u64) -> Value {
     }
 }
 
+/// The operations of a renewal ([`ConsulLock::renewal_ops`]).
+pub(crate) const RENEWAL_OPS: usize = 3;
+
 impl ConsulLock {
+    /// A renewal's operations: the record key's index and its lock by this candidate's session
+    /// checked, the renewal key written. A conflict when this candidate has no session, or for
+    /// a version it did not give out.
+    pub(crate) fn renewal_ops(
+        &self,
+        version: &Version,
+        record: &LeaderElectionRecord,
+    ) -> Result<[Value; RENEWAL_OPS], LockError> {
+        let at = Indexes::of(version)?;
+        let Some(session) = self.session.get() else {
+            return Err(LockError::conflict(BACKEND));
+        };
+        Ok([
+            check_index(&self.key, at.record),
+            json!({"KV": {"Verb": "check-session", "Key": self.key, "Session": session}}),
+            json!({"KV": {"Verb": "set", "Key": self.renewal_key, "Value": Self::renewal_value(&session, record)}}),
+        ])
+    }
+
+    /// What a transaction with [`renewal_ops`](Self::renewal_ops) stored, from its results.
+    pub(crate) fn renewed(
+        &self,
+        results: &[Value],
+        version: &Version,
+        record: &LeaderElectionRecord,
+    ) -> Result<Observed, LockError> {
+        Ok(Observed {
+            record: record.clone(),
+            version: Indexes {
+                record: Indexes::of(version)?.record,
+                renewal: self.index_in(results, &self.renewal_key)?,
+            }
+            .version(),
+        })
+    }
+
+    /// The record as [`get`](ResourceLock::get) answers it, from the entries of a read of many
+    /// keys by key (a key missing from them is absent).
+    pub(crate) fn absorb(
+        &self,
+        found: &std::collections::HashMap<&str, &Value>,
+    ) -> Result<Option<Observed>, LockError> {
+        let entry = |key: &str| match found.get(key) {
+            Some(entry) => self.entry(entry),
+            None => Ok(None),
+        };
+        let renewal = entry(&self.renewal_key)?;
+        entry(&self.key)?
+            .map(|record| self.observed(&record, renewal.as_ref()))
+            .transpose()
+    }
+
     /// The KV key that holds the record.
     pub fn key(&self) -> &str {
         &self.key
@@ -541,25 +596,8 @@ impl ResourceLock for ConsulLock {
         version: &Version,
         record: &LeaderElectionRecord,
     ) -> Result<Observed, LockError> {
-        let at = Indexes::of(version)?;
-        let Some(session) = self.session.get() else {
-            return Err(LockError::conflict(BACKEND));
-        };
-        let results = self
-            .txn(&[
-                check_index(&self.key, at.record),
-                json!({"KV": {"Verb": "check-session", "Key": self.key, "Session": session}}),
-                json!({"KV": {"Verb": "set", "Key": self.renewal_key, "Value": Self::renewal_value(&session, record)}}),
-            ])
-            .await?;
-        Ok(Observed {
-            record: record.clone(),
-            version: Indexes {
-                record: at.record,
-                renewal: self.index_in(&results, &self.renewal_key)?,
-            }
-            .version(),
-        })
+        let results = self.txn(&self.renewal_ops(version, record)?).await?;
+        self.renewed(&results, version, record)
     }
 
     fn identity(&self) -> &str {

@@ -1,10 +1,7 @@
 //! `consul://` and `consuls://` lock URLs: the agent, the key prefix and the datacenter; the ACL
 //! token from the environment, never from the URL.
 
-use leader_core::{
-    KeyedLocks, LockError, LockSet, LockTarget, MAX_SHARDS, ResourceLock, UrlError, async_trait,
-    member_key, roster_key, shard_key,
-};
+use leader_core::{LockError, LockSet, LockTarget, ResourceLock, UrlError, async_trait};
 
 use crate::store::{ConsulStore, ConsulStoreBuilder};
 
@@ -99,25 +96,10 @@ impl LockTarget for LockUrl {
         Ok(Box::new(self.store().build()?.lock(name, identity)?))
     }
 
-    /// A key per record, on one client. The set's keys are checked here: every key is the
-    /// name with a suffix of the same characters.
+    /// A key per record, on one client, read and renewed in batches
+    /// ([`ConsulLockSet`](crate::ConsulLockSet)). The set's keys are checked here.
     async fn open_set(&self, name: &str, identity: &str) -> Result<Box<dyn LockSet>, LockError> {
-        let store = self.store().build()?;
-        for key in [
-            roster_key(name),
-            member_key(name, identity),
-            shard_key(name, MAX_SHARDS),
-        ] {
-            store.lock(key, identity)?;
-        }
-        Ok(Box::new(KeyedLocks::new(
-            identity,
-            self.describe(),
-            move |key, identity| {
-                let lock = store.lock(key, identity);
-                std::sync::Arc::new(lock.expect("the set's keys were checked when it was opened"))
-            },
-        )))
+        Ok(Box::new(self.store().build()?.lock_set(name, identity)?))
     }
 }
 

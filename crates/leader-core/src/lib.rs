@@ -51,7 +51,7 @@ pub use record::{LeaderElectionRecord, Observed, Version};
 pub use redact::redact_url;
 pub use shards::{
     COUNT_EXTENSION, KeyedLocks, LockSet, MAX_SHARDS, Renewal, Shards, ShardsBuilder, ShardsConfig,
-    ShardsError, ShardsState, member_key, roster_key, shard_key,
+    ShardsError, ShardsState, common_prefix, member_key, roster_key, shard_key,
 };
 pub use status::{ElectionError, ElectorStatus, IdentityConflict, LastError};
 pub use url::{FileUrl, LockTarget, UrlError};

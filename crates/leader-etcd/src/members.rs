@@ -11,7 +11,7 @@
 //! and the elector's next attempt goes to the next member.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use etcd_client::{Client, ConnectOptions, Error};
@@ -37,6 +37,8 @@ pub(crate) struct Members {
     /// A request went unanswered, or a member failed, since the last answer: the next
     /// repeatable request goes to every member at once.
     degraded: AtomicBool,
+    /// Requests sent, on any member.
+    sent: AtomicU64,
 }
 
 impl std::fmt::Debug for Members {
@@ -103,12 +105,24 @@ impl Members {
             current: AtomicUsize::new(first),
             member_timeout,
             degraded: AtomicBool::new(false),
+            sent: AtomicU64::new(0),
         }
     }
 
     /// How many members there are.
     pub(crate) fn len(&self) -> usize {
         self.members.len()
+    }
+
+    /// The requests sent so far, on any member: each unary request, keep-alive message and
+    /// watch opened, once per member it went to.
+    pub(crate) fn sent(&self) -> u64 {
+        self.sent.load(Ordering::Relaxed)
+    }
+
+    /// Counts a request sent outside [`call`](Self::call) and [`hedged`](Self::hedged).
+    pub(crate) fn note_sent(&self) {
+        self.sent.fetch_add(1, Ordering::Relaxed);
     }
 
     /// How long one member has to answer.
@@ -197,6 +211,7 @@ impl Members {
                 .await;
         }
         let (index, client) = self.current_client().await?;
+        self.sent.fetch_add(1, Ordering::Relaxed);
         let mut attempt = self.attempt(index);
         let outcome = match tokio::time::timeout(self.member_timeout, op(client)).await {
             Ok(outcome) => outcome,
@@ -242,6 +257,7 @@ impl Members {
                         _ = started.wait_for(|go| *go) => {}
                     }
                 }
+                self.sent.fetch_add(1, Ordering::Relaxed);
                 (index, op(index).await)
             });
         }

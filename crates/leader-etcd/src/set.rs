@@ -1,23 +1,40 @@
-//! A shard set's records on etcd: one range read finds them all.
+//! A shard set's records on etcd: one range read finds them all, and a member's records are on
+//! one etcd lease, whose one keep-alive renews them all.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use etcd_client::GetOptions;
-use leader_core::{LockError, LockSet, Observed, ResourceLock, async_trait};
+use futures_util::future::join_all;
+use leader_core::{
+    LockError, LockSet, Observed, Renewal, ResourceLock, async_trait, common_prefix,
+};
+use tokio::time::Instant;
 
 use crate::error::map;
+use crate::lease::SetLease;
 use crate::lock::EtcdLock;
 use crate::store::EtcdStore;
 
-/// The records of a shard set on etcd ([`EtcdStore::lock_set`]): an [`EtcdLock`] per key.
-/// [`get_many`](LockSet::get_many) is one range read over the set's keys (every key of a set
-/// begins with its name and a dash), whatever the number of records; renewals stay one
-/// keep-alive per record for now, each on the record's own etcd lease.
+/// The records of a shard set on etcd ([`EtcdStore::lock_set`]): an [`EtcdLock`] per key,
+/// whatever the number of records, a round costs two requests:
+///
+/// - [`get_many`](LockSet::get_many) is one range read over the set's keys (every key of a set
+///   begins with its name and a dash);
+/// - every record this member takes goes on one etcd lease of the member's (granted once, kept
+///   alive on the stream [`EtcdLock`] uses), so [`renew_many`](LockSet::renew_many) is one
+///   keep-alive message while the records are as their terms wrote them (a record written
+///   since, by a handover request say, is renewed by a transaction of its own, as
+///   [`EtcdLock`] renews). A member that stops renewing loses all its records at once, when
+///   etcd expires that lease.
+///
+/// A record taken is kept alive in the same round trip as the transaction that takes it, so
+/// that the lease's TTL runs from after the attempt began, as a fresh lease's would.
 #[derive(Clone, Debug)]
 pub struct EtcdLockSet {
     store: EtcdStore,
     identity: String,
+    lease: Arc<SetLease>,
     locks: Arc<Mutex<HashMap<String, Arc<EtcdLock>>>>,
 }
 
@@ -27,6 +44,7 @@ impl EtcdStore {
         EtcdLockSet {
             store: self.clone(),
             identity: identity.into(),
+            lease: Arc::default(),
             locks: Arc::default(),
         }
     }
@@ -37,31 +55,12 @@ impl EtcdLockSet {
         let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
         locks
             .entry(key.to_owned())
-            .or_insert_with(|| Arc::new(self.store.lock(key, self.identity.clone())))
+            .or_insert_with(|| {
+                let lock = self.store.lock(key, self.identity.clone());
+                Arc::new(lock.in_set(self.lease.clone()))
+            })
             .clone()
     }
-}
-
-/// What every key in `keys` begins with: their longest common prefix (a set's keys share its
-/// name and a dash).
-fn common_prefix(keys: &[String]) -> String {
-    let Some(first) = keys.first() else {
-        return String::new();
-    };
-    let mut end = first.len();
-    for key in &keys[1..] {
-        end = first
-            .bytes()
-            .zip(key.bytes())
-            .take(end)
-            .take_while(|(a, b)| a == b)
-            .count();
-    }
-    // On a character boundary.
-    while !first.is_char_boundary(end) {
-        end -= 1;
-    }
-    first[..end].to_owned()
 }
 
 #[async_trait]
@@ -117,17 +116,19 @@ impl LockSet for EtcdLockSet {
             .map(|key| self.etcd_lock(key).absorb(&found))
             .collect()
     }
-}
 
-#[cfg(test)]
-mod tests {
-    use super::common_prefix;
-
-    #[test]
-    fn the_prefix_every_key_begins_with() {
-        let keys = ["jobs-members", "jobs-shard-0", "jobs-member-ab"].map(String::from);
-        assert_eq!(common_prefix(&keys), "jobs-");
-        assert_eq!(common_prefix(&["only".to_owned()]), "only");
-        assert_eq!(common_prefix(&[]), "");
+    /// One keep-alive of the member's lease, then each record's renewal, which takes that
+    /// keep-alive's answer and sends nothing more while its record is as its term wrote it.
+    async fn renew_many(&self, renewals: &[Renewal]) -> Vec<Result<Observed, LockError>> {
+        let since = Instant::now();
+        self.lease.keep_current_alive(&self.store).await;
+        join_all(renewals.iter().map(|renewal| {
+            let lock = self.etcd_lock(&renewal.key);
+            async move {
+                lock.renew_since(since, &renewal.version, &renewal.record)
+                    .await
+            }
+        }))
+        .await
     }
 }

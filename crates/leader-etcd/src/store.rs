@@ -170,6 +170,13 @@ impl EtcdStore {
         Self::builder(endpoints).build().await
     }
 
+    /// The requests this store's locks sent so far, on any member: each unary request,
+    /// keep-alive message and watch opened, once per member it went to (a request hedged to
+    /// every member counts once for each). For measuring what elections cost the cluster.
+    pub fn requests_sent(&self) -> u64 {
+        self.inner.members.sent()
+    }
+
     /// A client of the member the store talks to now, for requests of your own.
     ///
     /// # Errors

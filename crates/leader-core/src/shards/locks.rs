@@ -11,6 +11,34 @@ use crate::error::LockError;
 use crate::lock::ResourceLock;
 use crate::record::{LeaderElectionRecord, Observed, Version};
 
+/// The longest prefix every key of `keys` begins with (a shard set's keys share its name and a
+/// dash), on a character boundary: what a backend reads the set under with one prefix read.
+///
+/// ```
+/// let keys = ["jobs-members", "jobs-shard-0", "jobs-member-ab"].map(String::from);
+/// assert_eq!(leader_core::common_prefix(&keys), "jobs-");
+/// assert_eq!(leader_core::common_prefix(&["only".to_owned()]), "only");
+/// assert_eq!(leader_core::common_prefix(&[]), "");
+/// ```
+pub fn common_prefix(keys: &[String]) -> &str {
+    let Some(first) = keys.first() else {
+        return "";
+    };
+    let mut end = first.len();
+    for key in &keys[1..] {
+        end = first
+            .bytes()
+            .zip(key.bytes())
+            .take(end)
+            .take_while(|(a, b)| a == b)
+            .count();
+    }
+    while !first.is_char_boundary(end) {
+        end -= 1;
+    }
+    &first[..end]
+}
+
 /// One renewal in a batch: the holder's record as it last stored it, with a newer
 /// `renew_time`, and the version it read.
 #[derive(Clone, Debug)]

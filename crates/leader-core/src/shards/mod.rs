@@ -39,7 +39,7 @@ use crate::error::ConfigError;
 use crate::leadership::{Leadership, StepDown};
 use crate::status::IdentityConflict;
 
-pub use locks::{KeyedLocks, LockSet, Renewal};
+pub use locks::{KeyedLocks, LockSet, Renewal, common_prefix};
 
 /// The most shards a set may have.
 pub const MAX_SHARDS: u32 = 100_000;
