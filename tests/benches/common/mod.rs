@@ -17,6 +17,7 @@ use leader_redis::RedisStore;
 use leader_test_support::object_store_counting::Counting;
 
 use leader_test_support::consul_api::ConsulApiServer;
+use leader_test_support::kube_api::KubeApiServer;
 pub use leader_test_support::{database_url, etcd_endpoints, redis_url};
 
 /// A backend with everything needed to make locks on it.
@@ -27,6 +28,8 @@ pub enum Backend {
     Redis(RedisStore),
     Etcd(EtcdStore),
     Consul(ConsulApiServer, ConsulStore),
+    /// Leases in namespace `default` of a test API server in this process.
+    Kubernetes(KubeApiServer, leader::kubernetes::kube::Client),
     /// Requests counted at the client (object_store's retries off: one call, one request).
     ObjectStore(Arc<Counting>, BucketStore),
 }
@@ -75,6 +78,12 @@ impl Backend {
             Ok(store) => backends.push(Self::Consul(api, store)),
             Err(err) => eprintln!("no Consul store: {err}"),
         }
+        let api = KubeApiServer::start().await;
+        let config = leader::kubernetes::kube::Config::new(api.url().parse().expect("a URL"));
+        match leader::kubernetes::kube::Client::try_from(config) {
+            Ok(client) => backends.push(Self::Kubernetes(api, client)),
+            Err(err) => eprintln!("no Kubernetes client: {err}"),
+        }
         backends
     }
 
@@ -86,6 +95,7 @@ impl Backend {
             Self::Redis(_) => "redis",
             Self::Etcd(_) => "etcd",
             Self::Consul(..) => "consul (test server)",
+            Self::Kubernetes(..) => "kubernetes (test API server)",
             Self::ObjectStore(..) => "object store (moto s3)",
         }
     }
@@ -98,16 +108,24 @@ impl Backend {
             Self::Redis(store) => Arc::new(store.lock(name, identity)),
             Self::Etcd(store) => Arc::new(store.lock(name, identity)),
             Self::Consul(_, store) => Arc::new(store.lock(name, identity).expect("a valid name")),
+            Self::Kubernetes(_, client) => Arc::new(
+                leader::kubernetes::LeaseLock::new(client.clone(), "default", name, identity)
+                    .expect("a valid name"),
+            ),
             Self::ObjectStore(_, store) => Arc::new(store.lock(name, identity)),
         }
     }
 
     /// The records of a shard set for member `identity`: the backend's own batched set where
     /// it has one, else a lock per record.
-    pub fn lock_set(self: &Arc<Self>, identity: &str) -> Box<dyn leader_core::LockSet> {
+    pub fn lock_set(self: &Arc<Self>, name: &str, identity: &str) -> Box<dyn leader_core::LockSet> {
         match &**self {
             Self::Postgres(store) => Box::new(store.lock_set(identity)),
             Self::Redis(store) => Box::new(store.lock_set(identity)),
+            Self::Etcd(store) => Box::new(store.lock_set(identity)),
+            Self::Consul(_, store) => {
+                Box::new(store.lock_set(name, identity).expect("a valid name"))
+            }
             _ => {
                 let this = self.clone();
                 Box::new(leader_core::KeyedLocks::new(
@@ -119,12 +137,25 @@ impl Backend {
         }
     }
 
+    /// Requests this process sent so far, where its client counts them on the wire: etcd's
+    /// requests and keep-alive messages, the test Consul server's requests, object storage's
+    /// requests.
+    pub fn wire_requests(&self) -> Option<usize> {
+        match self {
+            Self::Etcd(store) => usize::try_from(store.requests_sent()).ok(),
+            Self::Consul(api, _) => Some(api.requests().values().sum()),
+            Self::ObjectStore(counting, _) => Some(counting.total()),
+            _ => None,
+        }
+    }
+
     /// Requests the server has handled so far, by its own count: Postgres transactions
     /// committed in this database, Redis commands processed, etcd gRPC messages received (by
     /// every member), HTTP requests to the test Consul server, S3 requests counted at the client.
     pub async fn server_requests(&self) -> Option<u64> {
         match self {
-            Self::File(_) => None,
+            // The test API server keeps no count of its requests.
+            Self::File(_) | Self::Kubernetes(..) => None,
             Self::ObjectStore(counting, _) => u64::try_from(counting.total()).ok(),
             Self::Consul(api, _) => u64::try_from(api.requests().values().sum::<usize>()).ok(),
             Self::Postgres(store) | Self::PostgresAdvisory(store) => {
