@@ -549,3 +549,75 @@ async fn ten_members_rebalance_within_a_lease() {
     }
     set.log.check("ten members");
 }
+
+/// S9 for a shard set: a store down for ten leases. Every member's work stops within the renew
+/// deadline of the outage's start; while it lasts, each member's rounds back off to about one a
+/// lease (not one a retry period); once the store answers again, the members are balanced
+/// within a few leases, and no shard had two owners.
+#[tokio::test]
+async fn an_outage_stops_the_work_and_the_members_back_off() {
+    tokio::time::pause();
+    let set = Set::new(Clock::Store, 6);
+    let members: Vec<Member> = ["a", "b", "c"].iter().map(|m| set.join(m)).collect();
+    let refs: Vec<&Member> = members.iter().collect();
+    until(Duration::from_secs(30), || balanced_members(&refs, 6))
+        .await
+        .expect("balanced");
+
+    let down = Instant::now();
+    for m in &members {
+        m.faults
+            .fail_all(Some(leader_core::faults::Fault::Unavailable));
+    }
+    let outage = TIMINGS.lease_duration * 10;
+    sleep(outage).await;
+    let up = Instant::now();
+    for m in &members {
+        m.faults.fail_all(None);
+    }
+    for (name, m) in ["a", "b", "c"].iter().zip(&members) {
+        let ended = set
+            .log
+            .last_end(name, down)
+            .expect("work before the outage");
+        assert!(
+            ended <= down + TIMINGS.renew_deadline,
+            "{name}'s work ended {:?} after the outage began",
+            ended - down
+        );
+        assert!(m.owned().is_empty(), "{name} still claims {:?}", m.owned());
+    }
+    // After its first lease, each member's requests: a round reads the roster, the member
+    // records and the six shards (a request each on this store), about once a lease once its
+    // retries have backed off, not once a retry period.
+    let settled = down + TIMINGS.lease_duration;
+    let records = 1 + 3 + 6;
+    let leases = (up - settled).as_secs_f64() / TIMINGS.lease_duration.as_secs_f64();
+    let per_retry_period = (up - settled).as_secs_f64() / TIMINGS.retry_period.as_secs_f64();
+    for (name, m) in ["a", "b", "c"].iter().zip(&members) {
+        let sent = m
+            .faults
+            .calls()
+            .iter()
+            .filter(|c| c.sent >= settled && c.sent < up)
+            .count();
+        // Backed-off waits are jittered down to 0.8 of a lease.
+        let bound = (leases * 1.25 + 2.0) * f64::from(records);
+        assert!(
+            (sent as f64) <= bound,
+            "{name} sent {sent} requests over {leases:.0} leases of outage (bound {bound:.0}; \
+             a round each retry period would be {:.0})",
+            per_retry_period * f64::from(records)
+        );
+    }
+    let back = until(Duration::from_secs(60), || balanced_members(&refs, 6)).await;
+    let back = back.expect("balanced again after the outage");
+    assert!(
+        back <= TIMINGS.lease_duration * 4,
+        "balanced again {back:?} after the store came back"
+    );
+    for m in members {
+        m.leave().await.expect("left");
+    }
+    set.log.check("an outage");
+}
