@@ -7,6 +7,7 @@ mod error;
 mod lock;
 mod names;
 mod pod_label;
+mod set;
 mod time;
 mod url;
 
@@ -16,6 +17,7 @@ pub use lock::{
     LeaseLock,
 };
 pub use pod_label::{POD_LABEL, PodLabel};
+pub use set::LeaseSet;
 pub use url::{DEFAULT_REQUEST_TIMEOUT, LockUrl};
 
 /// The core crate, so that one dependency is enough.

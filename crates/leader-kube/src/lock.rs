@@ -368,6 +368,26 @@ impl LeaseLock {
 }
 
 impl LeaseLock {
+    pub(crate) fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    pub(crate) fn api(&self) -> &Api<Lease> {
+        &self.api
+    }
+
+    pub(crate) fn is_coordinated(&self) -> bool {
+        self.coordinated.is_some()
+    }
+
+    /// The record of `lease` as a list of many found it, remembered as a read of this lock's
+    /// Lease: what [`get`](ResourceLock::get) would answer.
+    pub(crate) fn absorb(&self, lease: Lease) -> Result<Observed, LockError> {
+        self.keep(lease)
+    }
+}
+
+impl LeaseLock {
     /// Warns once when a coordinated candidate has seen the Lease without a holder for
     /// [`NO_COORDINATOR_AFTER`]: no coordinator seems to run.
     fn note_unassigned(&self, current: Option<&Observed>) {

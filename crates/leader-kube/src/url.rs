@@ -4,8 +4,7 @@
 use std::time::Duration;
 
 use leader_core::{
-    KeyedLocks, LockError, LockSet, LockTarget, MAX_SHARDS, ResourceLock, UrlError, async_trait,
-    member_key, roster_key, shard_key,
+    LockError, LockSet, LockTarget, ResourceLock, UrlError, async_trait, roster_key,
 };
 
 use crate::candidate::Coordination;
@@ -118,9 +117,9 @@ impl LockTarget for LockUrl {
         })
     }
 
-    /// A Lease per record in the namespace, through one client. Coordinated election assigns
-    /// one Lease to one candidate and has no place in a set: refused. The set's names are
-    /// checked here (every one is the name with a suffix of the same characters).
+    /// A Lease per record in the namespace, through one client, read with one list
+    /// ([`LeaseSet`](crate::LeaseSet)). Coordinated election assigns one Lease to one candidate
+    /// and has no place in a set: refused. The set's names are checked here.
     async fn open_set(&self, name: &str, identity: &str) -> Result<Box<dyn LockSet>, LockError> {
         if self.coordinated.is_some() {
             return Err(LockError::Misconfigured {
@@ -136,17 +135,7 @@ impl LockTarget for LockUrl {
             DEFAULT_REQUEST_TIMEOUT,
         )
         .await?;
-        for key in [member_key(name, identity), shard_key(name, MAX_SHARDS)] {
-            roster.sibling(key, identity)?;
-        }
-        Ok(Box::new(KeyedLocks::new(
-            identity,
-            self.describe(),
-            move |key, identity| {
-                let lock = roster.sibling(key, identity);
-                std::sync::Arc::new(lock.expect("the set's names were checked when it was opened"))
-            },
-        )))
+        Ok(Box::new(roster.lock_set(name, identity)?))
     }
 }
 

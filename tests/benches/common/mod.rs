@@ -126,6 +126,11 @@ impl Backend {
             Self::Consul(_, store) => {
                 Box::new(store.lock_set(name, identity).expect("a valid name"))
             }
+            Self::Kubernetes(_, client) => Box::new(
+                leader::kubernetes::LeaseLock::new(client.clone(), "default", name, identity)
+                    .and_then(|lock| lock.lock_set(name, identity))
+                    .expect("valid names"),
+            ),
             _ => {
                 let this = self.clone();
                 Box::new(leader_core::KeyedLocks::new(

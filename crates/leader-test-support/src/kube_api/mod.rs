@@ -74,6 +74,8 @@ struct Behaviour {
     watch_timeout: Option<Duration>,
     /// Watch requests received.
     watches: usize,
+    /// List requests received (watches not counted).
+    lists: usize,
     /// kube-apiserver's `CoordinatedLeaderElection` feature gate, off by default (also at
     /// beta): the Lease strategy drops `strategy` and `preferredHolder` while it is off.
     coordinated_leader_election: bool,
@@ -95,6 +97,7 @@ impl Default for Behaviour {
             expire_watches: 0,
             watch_timeout: None,
             watches: 0,
+            lists: 0,
             coordinated_leader_election: false,
             lease_candidates: false,
             stripped_annotations: Vec::new(),
@@ -286,6 +289,12 @@ impl KubeApiServer {
     /// Ends every watch after `after` on the server's side.
     pub fn end_watches_after(&self, after: Duration) {
         self.shared.behaviour().watch_timeout = Some(after);
+    }
+
+    /// How many list requests (not watches) the server received.
+    #[must_use]
+    pub fn lists(&self) -> usize {
+        self.shared.behaviour().lists
     }
 
     /// How many watch requests the server received.

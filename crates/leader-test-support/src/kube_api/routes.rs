@@ -742,6 +742,7 @@ async fn list_or_watch(
             && selector.matches(&object["metadata"]["labels"])
     };
     if !watch {
+        api.shared.behaviour().lists += 1;
         let objects = api.shared.objects();
         let items: Vec<&Value> = objects.items.values().filter(|l| matches(l)).collect();
         return json_response(
