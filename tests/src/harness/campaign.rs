@@ -1158,9 +1158,8 @@ impl Run<'_> {
         self.watcher.abort();
         // A COMMAND seen gone without a stop line ended when it was seen gone, like a killed
         // one: never earlier than it died.
-        let mut ended = self.gone().clone();
-        ended.extend(self.killed.clone());
-        let terms = checker::terms(&events(&self.log), &ended, &self.frozen);
+        let gone = self.gone().clone();
+        let terms = checker::terms_seen(&events(&self.log), &self.killed, &self.frozen, &gone);
         let (overlaps, violations) = checker::check_fenced(&terms, |t| !is_peer(&t.identity));
         self.violations.extend(violations);
         (terms, overlaps)

@@ -8,8 +8,14 @@
 //! - otherwise when the harness saw its COMMAND gone: after SIGKILLing that very term (identity
 //!   and token, and only a kill after the term began), or without a `stop` line, as when its
 //!   `leader` SIGKILLed it after the grace (the harness watches every term's COMMAND process; the
-//!   time it saw it gone is never earlier than the death, so an overlap is never hidden);
+//!   time it saw it gone is never earlier than the death, so an overlap is never hidden),
+//!   whichever came first;
 //! - otherwise never: a term with no end is reported.
+//!
+//! A freeze or a kill marks every term its replica's log shows open, and a COMMAND that died
+//! without a `stop` line (its term ended while the replica lived on) still looks open there: a
+//! mark made after the COMMAND was seen gone ends nothing, and the term ended when it was seen
+//! gone.
 //!
 //! No two terms may overlap, and fencing tokens must grow from one term to the next.
 
@@ -36,6 +42,13 @@ pub type Marks = BTreeMap<(String, u64), i128>;
 /// The terms in `events`, ordered by start, each with its end.
 #[must_use]
 pub fn terms(events: &[Event], killed: &Marks, frozen: &Marks) -> Vec<Term> {
+    terms_seen(events, killed, frozen, &Marks::new())
+}
+
+/// [`terms`], with `gone`: when the harness saw each term's COMMAND gone (never earlier than it
+/// died). A freeze after that froze nothing of the term, and a kill after it killed nothing.
+#[must_use]
+pub fn terms_seen(events: &[Event], killed: &Marks, frozen: &Marks, gone: &Marks) -> Vec<Term> {
     let mut terms: Vec<Term> = events
         .iter()
         .filter(|e| e.start)
@@ -46,12 +59,19 @@ pub fn terms(events: &[Event], killed: &Marks, frozen: &Marks) -> Vec<Term> {
                 .iter()
                 .find(|s| !s.start && s.identity == e.identity && s.token == e.token)
                 .map(|s| s.at);
+            let seen_gone = gone.get(&key).copied().filter(after_start);
+            let before_gone = |at: &i128| seen_gone.is_none_or(|g| *at <= g);
+            let killed_or_gone = match (killed.get(&key).copied().filter(after_start), seen_gone) {
+                (Some(k), Some(g)) => Some(k.min(g)),
+                (k, g) => k.or(g),
+            };
             let end = frozen
                 .get(&key)
                 .copied()
                 .filter(after_start)
+                .filter(before_gone)
                 .or(stop)
-                .or_else(|| killed.get(&key).copied().filter(after_start));
+                .or(killed_or_gone);
             Term {
                 identity: e.identity.clone(),
                 token: e.token,
@@ -195,6 +215,39 @@ mod tests {
         // Without the freeze it is an overlap of 0.0005 ms.
         let (overlaps, _) = run(&events, &Marks::new(), &Marks::new());
         assert_eq!(overlaps, 1);
+    }
+
+    /// A COMMAND that died without a `stop` line while its replica lived on still looks open
+    /// in the replica's log: a later freeze or kill of the replica marks it too. It ended when
+    /// it was seen gone, not at those marks.
+    #[test]
+    fn a_term_seen_gone_ends_then_whatever_is_marked_later() {
+        let events = [
+            event(true, "r1.1", 1, 100),
+            // r1.1's COMMAND SIGKILLed by its leader after the grace, seen gone at 250.
+            event(true, "r2.1", 2, 300),
+            event(false, "r2.1", 2, 400),
+        ];
+        let gone = marks(&[("r1.1", 1, 250)]);
+        let later = marks(&[("r1.1", 1, 350)]);
+        for (killed, frozen) in [(&later, &Marks::new()), (&Marks::new(), &later)] {
+            let terms = terms_seen(&events, killed, frozen, &gone);
+            assert_eq!(check(&terms), (0, vec![]));
+        }
+        // Without the sight of it gone, the later mark is all there is: an overlap.
+        let terms = terms_seen(&events, &later, &Marks::new(), &Marks::new());
+        assert_eq!(check(&terms).0, 1);
+        // Seen gone after the next term began: an overlap, whatever was marked.
+        let late = marks(&[("r1.1", 1, 320)]);
+        let terms = terms_seen(&events, &later, &Marks::new(), &late);
+        assert_eq!(check(&terms).0, 1);
+        let early_kill = marks(&[("r1.1", 1, 200)]);
+        let terms = terms_seen(&events, &early_kill, &Marks::new(), &late);
+        assert_eq!(
+            check(&terms).0,
+            0,
+            "a kill before the next term, the end at the kill"
+        );
     }
 
     #[test]

@@ -278,17 +278,14 @@ pub async fn run(
     // Each shard on its own: terms that never overlap, tokens that grow.
     let mut starts: BTreeMap<u32, Vec<TermEvent>> = BTreeMap::new();
     for shard in 0..SHARDS {
-        let mut killed = run.killed.get(&shard).cloned().unwrap_or_default();
+        let killed = run.killed.get(&shard).cloned().unwrap_or_default();
         let seen_gone = gone[shard as usize]
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
-        for (key, at) in seen_gone {
-            killed.entry(key).or_insert(at);
-        }
         let frozen = run.frozen.get(&shard).cloned().unwrap_or_default();
         let events = term_events(&shard_log(dir.path(), shard));
-        let terms = checker::terms(&events, &killed, &frozen);
+        let terms = checker::terms_seen(&events, &killed, &frozen, &seen_gone);
         report.terms += terms.len();
         let (overlaps, violations) = checker::check(&terms);
         report.overlaps += overlaps;
@@ -334,6 +331,21 @@ pub async fn run(
                 keep.join(format!("job.log.{shard}")),
             );
         }
+        // And what the checker ended terms with: kind, shard, identity, token, when.
+        let mut marks = String::new();
+        for (kind, by_shard) in [("killed", &run.killed), ("frozen", &run.frozen)] {
+            for (shard, list) in by_shard {
+                for ((identity, token), at) in list {
+                    marks.push_str(&format!("{kind} {shard} {identity} {token} {at}\n"));
+                }
+            }
+        }
+        for (shard, list) in gone.iter().enumerate() {
+            for ((identity, token), at) in list.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+                marks.push_str(&format!("gone {shard} {identity} {token} {at}\n"));
+            }
+        }
+        let _ = std::fs::write(keep.join("marks"), marks);
         report
             .violations
             .push(format!("the logs are in {}", keep.display()));
