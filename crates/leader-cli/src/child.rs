@@ -36,7 +36,7 @@ impl Program {
     /// `term_lock` (a file lock's [`FileLock::term_lock`](leader_core::FileLock::term_lock)) is
     /// inherited by the supervisor and COMMAND, so followers see this term alive until every
     /// process of it is gone, not only `leader`.
-    pub(crate) fn spawn(&self, fencing_token: u64, term_lock: Option<File>) -> io::Result<Child> {
+    pub(crate) fn spawn(&self, fencing_token: u64, term_lock: Option<File>) -> io::Result<Group> {
         let mut command = Command::new(std::env::current_exe()?);
         command
             .arg(SUPERVISE)
@@ -49,12 +49,45 @@ impl Program {
             .stdin(Stdio::null())
             .process_group(0)
             .kill_on_drop(true);
-        set_parent_death_signal(&mut command);
+        set_parent_death_signal(&mut command, Signal::SIGHUP);
         if let Some(file) = &term_lock {
             inherit(&mut command, file.as_raw_fd());
         }
         // The parent's handle closes here; the child's copy keeps the lock.
-        command.spawn()
+        command.spawn().map(|child| Group { child })
+    }
+}
+
+/// A started COMMAND's process group: its supervisor leads it, COMMAND and COMMAND's children
+/// are in it. Dropped while it runs (`leader` returning from `main` with COMMANDs still
+/// running, a panic unwinding, a task dropped), the whole group is SIGKILLed: killing the
+/// supervisor alone, as the process handle's own kill on drop does, would leave COMMAND running
+/// with nobody left to stop it, beside the next holder's.
+#[derive(Debug)]
+pub(crate) struct Group {
+    child: Child,
+}
+
+impl std::ops::Deref for Group {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.child
+    }
+}
+
+impl std::ops::DerefMut for Group {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.child
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        // `id` is `None` once the supervisor has been reaped: its group is gone then, and the
+        // number may be another process's.
+        if let Some(id) = self.child.id() {
+            let _ = killpg(Pid::from_raw(id.cast_signed()), Signal::SIGKILL);
+        }
     }
 }
 
@@ -78,7 +111,12 @@ pub(crate) async fn supervise(command: &[String]) -> u8 {
         eprintln!("leader: cannot handle signals");
         return exit::FAILURE;
     };
-    let mut child = match Command::new(program).args(args).spawn() {
+    // COMMAND dies with the supervisor, whatever kills it (SIGKILL included, which the
+    // supervisor cannot pass on to the group).
+    let mut command = Command::new(program);
+    command.args(args);
+    set_parent_death_signal(&mut command, Signal::SIGKILL);
+    let mut child = match command.spawn() {
         Ok(child) => child,
         Err(err) => {
             eprintln!("leader: cannot start {program:?}: {err}");
@@ -123,16 +161,16 @@ fn die_by(signal: Signal) {
 
 #[cfg(target_os = "linux")]
 #[allow(unsafe_code)]
-fn set_parent_death_signal(command: &mut Command) {
+fn set_parent_death_signal(command: &mut Command, signal: Signal) {
     let parent = nix::unistd::getpid();
     // SAFETY: the closure runs in the child between fork and exec, and only makes
     // async-signal-safe system calls (prctl, getppid); it allocates nothing and takes no lock.
     unsafe {
         command.pre_exec(move || {
-            nix::sys::prctl::set_pdeathsig(Signal::SIGHUP).map_err(io::Error::from)?;
+            nix::sys::prctl::set_pdeathsig(signal).map_err(io::Error::from)?;
             // The parent may have died before prctl took effect: then nothing would kill us.
             if nix::unistd::getppid() != parent {
-                return Err(io::Error::other("leader exited while starting COMMAND"));
+                return Err(io::Error::other("the parent exited while starting COMMAND"));
             }
             Ok(())
         });
@@ -140,7 +178,7 @@ fn set_parent_death_signal(command: &mut Command) {
 }
 
 #[cfg(not(target_os = "linux"))]
-fn set_parent_death_signal(_command: &mut Command) {}
+fn set_parent_death_signal(_command: &mut Command, _signal: Signal) {}
 
 /// Lets the child, and what it executes, keep the open file `fd` (clears close-on-exec in it).
 #[allow(unsafe_code)]
@@ -207,5 +245,60 @@ pub(crate) fn spawn_error_code(err: &io::Error) -> u8 {
     match err.kind() {
         io::ErrorKind::NotFound => exit::NOT_FOUND,
         _ => exit::NOT_EXECUTABLE,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn alive(pid: i32) -> bool {
+        nix::sys::signal::kill(Pid::from_raw(pid), None).is_ok()
+            && !std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+                stat.rsplit_once(") ")
+                    .is_some_and(|(_, s)| s.starts_with('Z'))
+            })
+    }
+
+    /// A group dropped while it runs goes whole: its leader (the supervisor's place) and the
+    /// process it started (COMMAND's). A kill of the leader alone left the second running.
+    #[tokio::test]
+    async fn a_group_dropped_while_running_is_killed_whole() {
+        let pidfile = std::env::temp_dir().join(format!("leader-group-{}.pid", std::process::id()));
+        let _ = std::fs::remove_file(&pidfile);
+        let mut command = Command::new("sh");
+        command
+            .arg("-c")
+            .arg(format!("sleep 300 & echo $! > {}; wait", pidfile.display()))
+            .process_group(0)
+            .kill_on_drop(true);
+        let group = Group {
+            child: command.spawn().expect("sh"),
+        };
+        let started = tokio::time::Instant::now();
+        let pid = loop {
+            if let Some(pid) = std::fs::read_to_string(&pidfile)
+                .ok()
+                .and_then(|p| p.trim().parse::<i32>().ok())
+            {
+                break pid;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "no pid written"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        assert!(alive(pid));
+        drop(group);
+        let dropped = tokio::time::Instant::now();
+        while alive(pid) {
+            assert!(
+                dropped.elapsed() < Duration::from_secs(5),
+                "the group's other process outlived the drop"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let _ = std::fs::remove_file(&pidfile);
     }
 }

@@ -2,15 +2,12 @@
 //! time on the member the store talks to (and on the others when that one does not answer in
 //! time), revoked in the background when given up.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{Error, LeaseKeepAliveStream, LeaseKeeper};
-use leader_core::LockError;
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 
-use crate::error::{BACKEND, map};
 use crate::store::EtcdStore;
 
 /// The etcd lease TTL for a lease duration: whole seconds, rounded up, at least 1.
@@ -144,144 +141,6 @@ impl KeptLease {
                 })
                 .await;
         });
-    }
-}
-
-/// The etcd lease a term's key is on: the term's own, or its shard set's.
-pub(crate) enum TermLease {
-    /// Granted for this term, revoked when it ends.
-    Own(KeptLease),
-    /// The set's lease with this id, shared with the member's other records of the set: kept
-    /// when the term ends (its key is then written on no lease, or goes).
-    Set(Arc<SetLease>, i64),
-}
-
-impl TermLease {
-    pub(crate) fn id(&self) -> i64 {
-        match self {
-            Self::Own(lease) => lease.id,
-            Self::Set(_, id) => *id,
-        }
-    }
-
-    /// One keep-alive (for a set's lease, one sent at or after `since`, perhaps another
-    /// renewal's): `true` if the lease is still alive.
-    pub(crate) async fn keep_alive(
-        &mut self,
-        store: &EtcdStore,
-        since: Instant,
-        context: &str,
-    ) -> Result<bool, LockError> {
-        match self {
-            Self::Own(lease) => lease
-                .keep_alive(store)
-                .await
-                .map_err(|err| map(context, err)),
-            Self::Set(set, id) => set.keep_alive(store, *id, since, context).await,
-        }
-    }
-
-    /// The term ended: its own lease revoked in the background; a set's lease kept.
-    pub(crate) fn end(&self, store: &EtcdStore) {
-        if let Self::Own(lease) = self {
-            lease.revoke_later(store);
-        }
-    }
-}
-
-/// The one etcd lease of a member of a shard set: every record of the set the member holds (its
-/// shards and its member record) is on it, and one keep-alive message per round renews them
-/// all, whatever their number. It ends with the member: when etcd expires it, every record on it
-/// goes at once.
-#[derive(Default)]
-pub(crate) struct SetLease {
-    state: Mutex<SetLeaseState>,
-}
-
-#[derive(Default)]
-struct SetLeaseState {
-    lease: Option<KeptLease>,
-    /// The last keep-alive: when it was sent, and its answer (an error's message).
-    last: Option<(Instant, Result<bool, String>)>,
-}
-
-impl std::fmt::Debug for SetLease {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SetLease").finish_non_exhaustive()
-    }
-}
-
-impl SetLease {
-    /// The lease an acquisition with `lease_duration` goes on: the current one, or one granted
-    /// now when there is none, when it has another TTL, or when no keep-alive confirmed it for
-    /// its TTL (it may have run out; no term on it can still count on it).
-    pub(crate) async fn current(
-        &self,
-        store: &EtcdStore,
-        lease_duration: Duration,
-    ) -> Result<i64, Error> {
-        let ttl = ttl(lease_duration);
-        let mut state = self.state.lock().await;
-        if let Some(lease) = &state.lease {
-            let full = Duration::from_secs(u64::try_from(lease.ttl).unwrap_or(1));
-            if lease.alive_since.elapsed() >= full {
-                lease.revoke_later(store);
-                state.lease = None;
-            } else if lease.ttl != ttl {
-                // The terms on it keep it until they renew: then they find it replaced.
-                state.lease = None;
-            }
-        }
-        if let Some(lease) = &state.lease {
-            return Ok(lease.id);
-        }
-        let lease = KeptLease::grant(store, lease_duration).await?;
-        let id = lease.id;
-        *state = SetLeaseState {
-            lease: Some(lease),
-            last: None,
-        };
-        Ok(id)
-    }
-
-    /// Keeps the current lease alive, if there is one, with a message sent now; the renewals
-    /// that began before it take its answer ([`keep_alive`](Self::keep_alive)).
-    pub(crate) async fn keep_current_alive(&self, store: &EtcdStore) {
-        let id = self.state.lock().await.lease.as_ref().map(|l| l.id);
-        if let Some(id) = id {
-            let _ = self.keep_alive(store, id, Instant::now(), "").await;
-        }
-    }
-
-    /// Keeps lease `id` alive: `false` if it is no longer the current lease (it ran out). A
-    /// keep-alive sent at or after `since` answers for every caller that began by then, so a
-    /// round's renewals of the set send one message, and a failure is not sent again for each.
-    pub(crate) async fn keep_alive(
-        &self,
-        store: &EtcdStore,
-        id: i64,
-        since: Instant,
-        context: &str,
-    ) -> Result<bool, LockError> {
-        let mut guard = self.state.lock().await;
-        let state = &mut *guard;
-        let Some(lease) = state.lease.as_mut().filter(|l| l.id == id) else {
-            return Ok(false);
-        };
-        let answer = match &state.last {
-            Some((sent, answer)) if *sent >= since => answer.clone(),
-            _ => {
-                let sent = Instant::now();
-                let answer = lease.keep_alive(store).await.map_err(|e| e.to_string());
-                state.last = Some((sent, answer.clone()));
-                answer
-            }
-        };
-        if answer == Ok(false) {
-            // Gone, and every record on it with it.
-            state.lease = None;
-        }
-        answer.map_err(|message| LockError::unavailable(BACKEND, format!("{context}: {message}")))
     }
 }
 

@@ -15,10 +15,9 @@ use leader_core::{
     Acquisition, ChangeStream, LeaderElectionRecord, LockError, Observed, ResourceLock, Version,
 };
 use tokio::sync::Mutex;
-use tokio::time::Instant;
 
 use crate::error::{BACKEND, map};
-use crate::lease::{KeptLease, SetLease, TermLease, ttl};
+use crate::lease::{KeptLease, ttl};
 use crate::members::Members;
 use crate::queue::{Prepared, Successor};
 use crate::seen::{RecordSeen, Seen, Takeover};
@@ -43,7 +42,6 @@ impl EtcdStore {
             term: Arc::new(Mutex::new(None)),
             prepared: Arc::new(Mutex::new(None)),
             seen: Arc::new(SyncMutex::new(Seen::default())),
-            set: None,
         }
     }
 }
@@ -96,13 +94,10 @@ pub struct EtcdLock {
     prepared: Arc<Mutex<Option<Prepared>>>,
     /// The key and the fence key as last read or reported by a watch.
     seen: Arc<SyncMutex<Seen>>,
-    /// The shard set's lease, for a record of a set: every term goes on it, and no candidate
-    /// waits in line (the set hands shards over itself).
-    set: Option<Arc<SetLease>>,
 }
 
 struct Term {
-    lease: TermLease,
+    lease: KeptLease,
     token: u64,
     /// The revision of this term's last write of the record.
     written: i64,
@@ -117,7 +112,7 @@ struct Term {
 impl fmt::Debug for Term {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Term")
-            .field("lease", &self.lease.id())
+            .field("lease", &self.lease.id)
             .field("token", &self.token)
             .field("written", &self.written)
             .finish_non_exhaustive()
@@ -154,52 +149,7 @@ impl EtcdLock {
     /// The etcd lease of this lock's current term, if it holds one: what `etcdctl lease revoke`
     /// takes.
     pub async fn lease_id(&self) -> Option<i64> {
-        self.term.lock().await.as_ref().map(|t| t.lease.id())
-    }
-
-    /// This lock as a record of a shard set whose terms all go on `set`.
-    pub(crate) fn in_set(mut self, set: Arc<SetLease>) -> Self {
-        self.set = Some(set);
-        self
-    }
-
-    /// [`renew`](ResourceLock::renew), begun at `since`: a keep-alive of the set's lease sent
-    /// since then (by another record's renewal) answers for this one too.
-    pub(crate) async fn renew_since(
-        &self,
-        since: Instant,
-        version: &Version,
-        record: &LeaderElectionRecord,
-    ) -> Result<Observed, LockError> {
-        let expected = parse_version(version)?;
-        // Both watches must have seen nothing newer: the term's own, and the change stream the
-        // elector listens to, which may report a write (a handover request) first.
-        let unchanged = matches!(
-            self.seen().record,
-            Some(RecordSeen::Present { mod_revision, .. }) if mod_revision <= expected
-        );
-        {
-            let mut term = self.term.lock().await;
-            if let Some(current) = term
-                .as_mut()
-                .filter(|t| t.token == record.leader_transitions)
-                && unchanged
-                && current.written == expected
-                && current.watch.clean(expected)
-            {
-                let context = self.context();
-                return match current.lease.keep_alive(&self.store, since, &context).await {
-                    Ok(true) => Ok(Observed {
-                        record: record.clone(),
-                        version: version.clone(),
-                    }),
-                    // The lease is gone, and the key with it.
-                    Ok(false) => Err(conflict()),
-                    Err(err) => Err(err),
-                };
-            }
-        }
-        self.update(version, record).await
+        self.term.lock().await.as_ref().map(|t| t.lease.id)
     }
 }
 
@@ -249,7 +199,34 @@ impl ResourceLock for EtcdLock {
         version: &Version,
         record: &LeaderElectionRecord,
     ) -> Result<Observed, LockError> {
-        self.renew_since(Instant::now(), version, record).await
+        let expected = parse_version(version)?;
+        // Both watches must have seen nothing newer: the term's own, and the change stream the
+        // elector listens to, which may report a write (a handover request) first.
+        let unchanged = matches!(
+            self.seen().record,
+            Some(RecordSeen::Present { mod_revision, .. }) if mod_revision <= expected
+        );
+        {
+            let mut term = self.term.lock().await;
+            if let Some(current) = term
+                .as_mut()
+                .filter(|t| t.token == record.leader_transitions)
+                && unchanged
+                && current.written == expected
+                && current.watch.clean(expected)
+            {
+                return match current.lease.keep_alive(&self.store).await {
+                    Ok(true) => Ok(Observed {
+                        record: record.clone(),
+                        version: version.clone(),
+                    }),
+                    // The lease is gone, and the key with it.
+                    Ok(false) => Err(conflict()),
+                    Err(err) => Err(map(&self.context(), err)),
+                };
+            }
+        }
+        self.update(version, record).await
     }
 
     /// Without a request when a release handed the lease to this candidate (as its watch or a
@@ -259,9 +236,6 @@ impl ResourceLock for EtcdLock {
         &self,
         desired: &LeaderElectionRecord,
     ) -> Result<Option<Acquisition>, LockError> {
-        if let Some(set) = &self.set {
-            return self.try_acquire_on(set, desired).await;
-        }
         let (mut prepared, due) = self.prepared_lease(desired).await?;
         if let Some(handed) = self.adopt(&mut prepared).await {
             return Ok(Some(handed));
@@ -323,12 +297,7 @@ impl ResourceLock for EtcdLock {
                     ));
                 }
                 let observed = self
-                    .begin_term(
-                        TermLease::Own(taken.lease),
-                        &record,
-                        revision_of(&response),
-                        wanted,
-                    )
+                    .begin_term(taken.lease, &record, revision_of(&response), wanted)
                     .await;
                 return Ok(Some(Acquisition::Acquired(observed)));
             }
@@ -605,7 +574,7 @@ impl EtcdLock {
         let alive_since = taken.lease.alive_since;
         let wanted = record.leader_transitions;
         let observed = self
-            .begin_term(TermLease::Own(taken.lease), &record, mod_revision, wanted)
+            .begin_term(taken.lease, &record, mod_revision, wanted)
             .await;
         Some(Acquisition::Handed {
             observed,
@@ -673,7 +642,7 @@ impl EtcdLock {
     /// anyone else wrote it.
     async fn begin_term(
         &self,
-        lease: TermLease,
+        lease: KeptLease,
         record: &LeaderElectionRecord,
         revision: i64,
         wanted: u64,
@@ -682,8 +651,7 @@ impl EtcdLock {
         let watch = TermWatch::start(
             self.store.clone(),
             self.key.clone(),
-            // No candidate waits in line for a shard set's records.
-            self.set.is_none().then(|| self.candidates.clone()),
+            self.candidates.clone(),
             revision,
         );
         let stored = LeaderElectionRecord {
@@ -700,7 +668,7 @@ impl EtcdLock {
             });
             seen.record = Some(RecordSeen::Present {
                 mod_revision: revision,
-                lease: lease.id(),
+                lease: lease.id,
                 record: stored,
             });
         }
@@ -712,7 +680,7 @@ impl EtcdLock {
             watch,
         });
         if let Some(previous) = previous {
-            previous.lease.end(&self.store);
+            previous.lease.revoke_later(&self.store);
         }
         Observed {
             record: LeaderElectionRecord {
@@ -745,158 +713,21 @@ impl EtcdLock {
             ));
         }
         let record = &record;
-        let wanted = record.leader_transitions.max(1);
-        if let Some(set) = &self.set {
-            return self.take_on_set(set, conditions, record, wanted).await;
-        }
         let lease = KeptLease::grant(&self.store, record.lease_duration)
             .await
             .map_err(|err| map(&self.context(), err))?;
+        let wanted = record.leader_transitions.max(1);
         let txn = Txn::new()
             .when(conditions)
             .and_then(self.acquisition_ops(record, lease.id, wanted));
         match self.txn(txn).await {
             Ok(response) if response.succeeded() => Ok(self
-                .begin_term(
-                    TermLease::Own(lease),
-                    record,
-                    revision_of(&response),
-                    wanted,
-                )
+                .begin_term(lease, record, revision_of(&response), wanted)
                 .await),
             other => {
                 lease.revoke_later(&self.store);
                 Err(other.err().unwrap_or_else(conflict))
             }
-        }
-    }
-
-    /// [`try_acquire`](ResourceLock::try_acquire) for a record of a shard set: the key as last
-    /// seen or read, taken on the set's lease in one transaction when it is takeable.
-    async fn try_acquire_on(
-        &self,
-        set: &Arc<SetLease>,
-        desired: &LeaderElectionRecord,
-    ) -> Result<Option<Acquisition>, LockError> {
-        let mut plan = self.takeover(desired);
-        if plan.is_none() {
-            match self.decide(self.read().await?, desired) {
-                Decision::Take(takeover) => plan = Some(takeover),
-                Decision::Held(held) => return Ok(Some(held)),
-            }
-        }
-        for _ in 0..2 {
-            let Some(Takeover {
-                conditions,
-                wanted,
-                extensions,
-            }) = plan.take()
-            else {
-                break;
-            };
-            let mut record = desired.clone();
-            record.leader_transitions = wanted;
-            record.extensions = extensions;
-            match self.take_on_set(set, conditions, &record, wanted).await {
-                Err(err) if err.is_conflict() => {}
-                taken => return taken.map(|observed| Some(Acquisition::Acquired(observed))),
-            }
-            // Lost: decide again from the keys as the transaction read them.
-            match self.decide(self.seen_now(), desired) {
-                Decision::Take(takeover) => plan = Some(takeover),
-                Decision::Held(held) => return Ok(Some(held)),
-            }
-        }
-        // Changed under two attempts in a row: the elector comes back soon.
-        Err(conflict())
-    }
-
-    /// Takes the key on the set's lease if `conditions` hold, writing `record` with the token
-    /// asked for, `wanted`; when they do not, the same transaction reads the keys (remembered
-    /// as seen) and the answer is a conflict. The set's lease is kept
-    /// alive in the same round trip, so that its TTL runs from after this attempt began (S3);
-    /// if that keep-alive fails, the key is given up again (deleted if still as written).
-    async fn take_on_set(
-        &self,
-        set: &Arc<SetLease>,
-        conditions: Vec<Compare>,
-        record: &LeaderElectionRecord,
-        wanted: u64,
-    ) -> Result<Observed, LockError> {
-        let since = Instant::now();
-        let lease = set
-            .current(&self.store, record.lease_duration)
-            .await
-            .map_err(|err| map(&self.context(), err))?;
-        let txn = Txn::new()
-            .when(conditions)
-            .and_then(self.acquisition_ops(record, lease, wanted))
-            .or_else(self.gets());
-        let context = self.context();
-        let (kept, response) = tokio::join!(
-            set.keep_alive(&self.store, lease, since, &context),
-            self.txn(txn)
-        );
-        let response = response?;
-        if !response.succeeded() {
-            let (record, fence, kept) = split_gets(&response);
-            self.decode(record, fence, kept)?;
-            return Err(conflict());
-        }
-        let revision = revision_of(&response);
-        if !matches!(kept, Ok(true)) {
-            self.give_up(revision);
-            return Err(kept.err().unwrap_or_else(conflict));
-        }
-        Ok(self
-            .begin_term(TermLease::Set(set.clone(), lease), record, revision, wanted)
-            .await)
-    }
-
-    /// Deletes the key if it is still as written at `revision`, in the background: a key taken
-    /// on a set's lease that may run out before the term would.
-    fn give_up(&self, revision: i64) {
-        let (store, key) = (self.store.clone(), self.key.clone());
-        tokio::spawn(async move {
-            let txn = Txn::new()
-                .when([Compare::mod_revision(
-                    key.as_str(),
-                    CompareOp::Equal,
-                    revision,
-                )])
-                .and_then([TxnOp::delete(key.as_str(), None)]);
-            let _ = store
-                .inner
-                .members
-                .call(false, |mut client| {
-                    let txn = txn.clone();
-                    async move { client.txn(txn).await }
-                })
-                .await;
-        });
-    }
-
-    /// The keys as last seen (read, watched or written), as [`read`](Self::read) answers.
-    fn seen_now(&self) -> Option<(Observed, i64)> {
-        match self.seen().record.clone() {
-            Some(RecordSeen::Present {
-                mod_revision,
-                lease,
-                record,
-            }) => {
-                let token = self.seen().fence.map_or(0, |(token, _)| token);
-                Some((
-                    Observed {
-                        record: LeaderElectionRecord {
-                            leader_transitions: token,
-                            ..record
-                        },
-                        version: Version::from(mod_revision),
-                    },
-                    lease,
-                ))
-            }
-            _ => None,
         }
     }
 
@@ -912,7 +743,7 @@ impl EtcdLock {
         let current = term
             .as_mut()
             .filter(|t| t.token == record.leader_transitions)?;
-        let lease = current.lease.id();
+        let lease = current.lease.id;
         let json = record.to_json();
         let put = || {
             TxnOp::put(
@@ -938,13 +769,7 @@ impl EtcdLock {
                 .and_then([put(), self.extensions_op(record)]);
             txn = txn.or_else([TxnOp::txn(applied)]);
         }
-        let context = self.context();
-        let (kept, written) = tokio::join!(
-            current
-                .lease
-                .keep_alive(&self.store, Instant::now(), &context),
-            self.txn(txn)
-        );
+        let (kept, written) = tokio::join!(current.lease.keep_alive(&self.store), self.txn(txn));
         let succeeded = |response: &TxnResponse| {
             response.succeeded()
                 || response.op_responses().into_iter().any(|op| match op {
@@ -967,7 +792,7 @@ impl EtcdLock {
                     version: Version::from(current.written),
                 })
             }
-            (Err(err), Ok(_)) => Err(err),
+            (Err(err), Ok(_)) => Err(map(&self.context(), err)),
             _ => Err(conflict()),
         };
         Some(result)
@@ -989,9 +814,8 @@ impl EtcdLock {
         let free = TxnOp::put(self.key.as_str(), record.to_json(), None);
         let term = self.term.lock().await.take();
         let successor = match &term {
-            // A shard set hands its shards over itself: no candidate waits in line.
-            Some(term) if self.set.is_none() => self.successor(term, record).await,
-            _ => None,
+            Some(term) => self.successor(term, record).await,
+            None => None,
         };
         let handed = successor.map(|next| {
             let wanted = term.as_ref().map_or(1, |t| t.token) + 1;
@@ -1029,7 +853,7 @@ impl EtcdLock {
         }
         let revision = revision_of(&response);
         if let Some(term) = term {
-            term.lease.end(&self.store);
+            term.lease.revoke_later(&self.store);
         }
         let inner_handed = response.op_responses().into_iter().any(|op| match op {
             TxnOpResponse::Txn(inner) => inner.succeeded(),

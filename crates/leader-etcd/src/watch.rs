@@ -27,17 +27,12 @@ pub(crate) struct TermWatch {
 }
 
 impl TermWatch {
-    /// Watches `key` from `revision + 1`, and the candidates under `prefix` (if any) from a read of
+    /// Watches `key` from `revision + 1`, and the candidates under `prefix` from a read of
     /// them, in the background, on one watch stream to the member the store talks to. When the
     /// stream fails, or the store moved to another member (this one did not answer a request in
     /// time: it may be frozen or cut off, and its watch silent), the watch starts again on the
     /// member the store talks to now, from the revision after the last event it saw.
-    pub(crate) fn start(
-        store: EtcdStore,
-        key: String,
-        prefix: Option<String>,
-        revision: i64,
-    ) -> Self {
+    pub(crate) fn start(store: EtcdStore, key: String, prefix: String, revision: i64) -> Self {
         let latest = Arc::new(AtomicI64::new(revision));
         let healthy = Arc::new(AtomicBool::new(false));
         let waiting = Arc::new(Mutex::new(None));
@@ -54,7 +49,7 @@ impl TermWatch {
                             members.note_sent();
                             watch_term(
                                 client,
-                                (&key, prefix.as_deref()),
+                                (&key, &prefix),
                                 from,
                                 (&latest, &healthy, &waiting),
                                 || members.current() != index,
@@ -143,7 +138,7 @@ type Shared<'a> = (
 /// frozen member is given up).
 async fn watch_term(
     mut client: Client,
-    (key, prefix): (&str, Option<&str>),
+    (key, prefix): (&str, &str),
     from: i64,
     (latest, healthy, waiting): Shared<'_>,
     moved: impl Fn() -> bool,
@@ -153,21 +148,20 @@ async fn watch_term(
         return Ended::Failed;
     };
     healthy.store(true, Ordering::Release);
-    let known = |prefix: &str, read: &GetResponse| -> HashMap<String, Successor> {
+    let known = |read: &GetResponse| -> HashMap<String, Successor> {
         Successor::all_in(prefix, read)
             .map(|c| (c.identity.clone(), c))
             .collect()
     };
     // The candidates as read, then every change after that read.
-    if let Some(prefix) = prefix
-        && let Ok(read) = client
-            .get(prefix, Some(GetOptions::new().with_prefix()))
-            .await
+    if let Ok(read) = client
+        .get(prefix, Some(GetOptions::new().with_prefix()))
+        .await
     {
         let from = read.header().map_or(0, |h| h.revision()) + 1;
         let options = WatchOptions::new().with_prefix().with_start_revision(from);
         if stream.watch(prefix, Some(options)).await.is_ok() {
-            *waiting.lock().unwrap_or_else(|e| e.into_inner()) = Some(known(prefix, &read));
+            *waiting.lock().unwrap_or_else(|e| e.into_inner()) = Some(known(&read));
         }
     }
     let mut check = tokio::time::interval(std::time::Duration::from_millis(500));
@@ -196,7 +190,6 @@ async fn watch_term(
                 latest.fetch_max(kv.mod_revision(), Ordering::AcqRel);
                 continue;
             }
-            let Some(prefix) = prefix else { continue };
             let mut waiting = waiting.lock().unwrap_or_else(|e| e.into_inner());
             let (Some(waiting), Some(identity)) = (
                 waiting.as_mut(),
