@@ -120,7 +120,7 @@ impl Members {
         self.sent.load(Ordering::Relaxed)
     }
 
-    /// Counts a request sent outside [`call`](Self::call) and [`hedged`](Self::hedged).
+    /// Counts a request sent (by [`call`](Self::call), [`hedged`](Self::hedged), or a watch).
     pub(crate) fn note_sent(&self) {
         self.sent.fetch_add(1, Ordering::Relaxed);
     }
@@ -211,7 +211,7 @@ impl Members {
                 .await;
         }
         let (index, client) = self.current_client().await?;
-        self.sent.fetch_add(1, Ordering::Relaxed);
+        self.note_sent();
         let mut attempt = self.attempt(index);
         let outcome = match tokio::time::timeout(self.member_timeout, op(client)).await {
             Ok(outcome) => outcome,
@@ -257,7 +257,7 @@ impl Members {
                         _ = started.wait_for(|go| *go) => {}
                     }
                 }
-                self.sent.fetch_add(1, Ordering::Relaxed);
+                self.note_sent();
                 (index, op(index).await)
             });
         }
