@@ -1181,3 +1181,36 @@ async fn a_shard_set_is_served() {
         .expect("status");
     assert_eq!(status.code(), Some(0));
 }
+
+/// The supervisor `leader` starts for each COMMAND runs it only while the `leader` that started it
+/// (its pid on the command line) is still its parent: one whose `leader` died before it could
+/// catch the parent-death signal (lost when SIGHUP is ignored, as under `nohup`) starts nothing.
+#[tokio::test]
+async fn a_supervisor_starts_command_only_under_the_leader_that_started_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let marker = dir.path().join("ran");
+    let supervise = |parent: u32| {
+        let mut command = Command::new(LEADER);
+        command
+            .args(["__supervise", &parent.to_string(), "--", "touch"])
+            .arg(&marker)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true);
+        command
+    };
+    // Started by this test process, but told another process started it (its `leader` is gone).
+    let status = supervise(std::os::unix::process::parent_id())
+        .status()
+        .await
+        .expect("supervisor");
+    assert_eq!(status.code(), Some(12), "{status:?}");
+    assert!(!marker.exists(), "COMMAND ran under an orphaned supervisor");
+    // Its parent is the process named: COMMAND runs.
+    let status = supervise(std::process::id())
+        .status()
+        .await
+        .expect("supervisor");
+    assert_eq!(status.code(), Some(0), "{status:?}");
+    assert!(marker.exists(), "COMMAND did not run");
+}

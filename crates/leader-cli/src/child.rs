@@ -25,10 +25,13 @@ pub(crate) struct Program {
 
 impl Program {
     /// Starts the command for the term with `fencing_token`, under a supervisor process: this
-    /// same executable run as `leader __supervise -- COMMAND...`, which leads a new process group
-    /// and has COMMAND as its child. On Linux the supervisor's parent-death signal is SIGHUP:
-    /// should `leader` die (SIGKILL, OOM), the supervisor kills the whole group, COMMAND's own
-    /// children included, so nothing it started runs beside the next leader's COMMAND.
+    /// same executable run as `leader __supervise PID -- COMMAND...` (PID: this process's),
+    /// which leads a new process group and has COMMAND as its child. On Linux the supervisor's
+    /// parent-death signal is SIGHUP: should `leader` die (SIGKILL, OOM), the supervisor kills
+    /// the whole group, COMMAND's own children included, so nothing it started runs beside the
+    /// next leader's COMMAND. A `leader` that dies before the supervisor can catch SIGHUP (the
+    /// signal is then lost when SIGHUP is ignored, as under `nohup`) is found by the supervisor
+    /// itself: its parent is no longer PID, and it exits without starting COMMAND.
     ///
     /// This runtime has one thread, which lives as long as the process: `PR_SET_PDEATHSIG` fires
     /// when the *thread* that spawned the child exits.
@@ -40,6 +43,7 @@ impl Program {
         let mut command = Command::new(std::env::current_exe()?);
         command
             .arg(SUPERVISE)
+            .arg(std::process::id().to_string())
             .arg("--")
             .args(&self.command)
             .env("LEADER_NAME", &self.name)
@@ -98,10 +102,16 @@ pub(crate) const SUPERVISE: &str = "__supervise";
 /// (exit code, or death by the same signal); on SIGHUP (its parent `leader` died) kills the
 /// whole group at once. SIGTERM from `leader` reaches COMMAND through the group; the supervisor
 /// then just waits for it.
-pub(crate) async fn supervise(command: &[String]) -> u8 {
+///
+/// `parent` is the pid of the `leader` that started it. Until the SIGHUP handler is installed a
+/// parent-death signal can be lost (ignored, when `leader` itself ignores SIGHUP and the
+/// supervisor inherited that), so once it is installed the supervisor checks that its parent is
+/// still `parent`, and exits with [`exit::ORPHANED`] without starting COMMAND if not: a COMMAND
+/// started then would run with nobody left to stop it.
+pub(crate) async fn supervise(parent: Option<Pid>, command: &[String]) -> u8 {
     use tokio::signal::unix::{SignalKind, signal};
-    let Some((program, args)) = command.split_first() else {
-        eprintln!("leader: no COMMAND given");
+    let (Some(parent), Some((program, args))) = (parent, command.split_first()) else {
+        eprintln!("leader: usage: leader __supervise PID -- COMMAND...");
         return exit::USAGE;
     };
     let (Ok(mut hangup), Ok(mut terminate)) = (
@@ -111,6 +121,14 @@ pub(crate) async fn supervise(command: &[String]) -> u8 {
         eprintln!("leader: cannot handle signals");
         return exit::FAILURE;
     };
+    // From here on a SIGHUP is caught; a parent that died before is seen here.
+    if nix::unistd::getppid() != parent {
+        eprintln!(
+            "leader: the leader process {parent} that started this COMMAND's supervisor is gone; \
+             COMMAND not started"
+        );
+        return exit::ORPHANED;
+    }
     // COMMAND dies with the supervisor, whatever kills it (SIGKILL included, which the
     // supervisor cannot pass on to the group).
     let mut command = Command::new(program);
@@ -300,5 +318,28 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         let _ = std::fs::remove_file(&pidfile);
+    }
+
+    /// A supervisor whose parent is not the `leader` that started it (that `leader` died before
+    /// the supervisor could catch SIGHUP, and the parent-death signal was lost) starts nothing;
+    /// with its parent in place it starts COMMAND.
+    #[tokio::test]
+    async fn a_supervisor_whose_leader_is_gone_starts_nothing() {
+        let marker =
+            std::env::temp_dir().join(format!("leader-orphan-{}.marker", std::process::id()));
+        let _ = std::fs::remove_file(&marker);
+        let touch = vec!["touch".to_owned(), marker.display().to_string()];
+
+        // This process is not its own parent: as seen by a supervisor whose `leader` is gone.
+        let code = supervise(Some(nix::unistd::getpid()), &touch).await;
+        assert_eq!(code, exit::ORPHANED);
+        assert!(!marker.exists(), "COMMAND ran under an orphaned supervisor");
+
+        let code = supervise(Some(nix::unistd::getppid()), &touch).await;
+        assert_eq!(code, exit::OK);
+        assert!(marker.exists(), "COMMAND did not run under its leader");
+        let _ = std::fs::remove_file(&marker);
+
+        assert_eq!(supervise(None, &touch).await, exit::USAGE);
     }
 }

@@ -32,6 +32,9 @@ pub(crate) const SCHEDULE_MISMATCH: u8 = 10;
 /// `run --shards`: the store holds another shard count for this name (replicas started with
 /// different counts), or a roster record that is not a shard set's.
 pub(crate) const SHARD_COUNT_MISMATCH: u8 = 11;
+/// The supervisor of a COMMAND found the `leader` that started it gone before COMMAND could
+/// start, and did not start it; `leader` itself never exits with it.
+pub(crate) const ORPHANED: u8 = 12;
 /// `--once`: leadership was lost before COMMAND finished.
 pub(crate) const LOST: u8 = 75;
 /// COMMAND could not be executed.

@@ -26,12 +26,20 @@ use crate::args::{Cli, Command};
 pub fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some(child::SUPERVISE) {
-        let command = args.get(3..).unwrap_or_default().to_vec();
+        // `leader __supervise PID -- COMMAND...`, as `child::Program::spawn` writes it.
+        let parent = args
+            .get(2)
+            .and_then(|pid| pid.parse::<i32>().ok())
+            .map(nix::unistd::Pid::from_raw);
+        let command = match args.get(3).map(String::as_str) {
+            Some("--") => args.get(4..).unwrap_or_default().to_vec(),
+            _ => Vec::new(),
+        };
         return match tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
         {
-            Ok(runtime) => ExitCode::from(runtime.block_on(child::supervise(&command))),
+            Ok(runtime) => ExitCode::from(runtime.block_on(child::supervise(parent, &command))),
             Err(_) => ExitCode::from(exit::FAILURE),
         };
     }

@@ -44,6 +44,9 @@ pub struct ShardsReport {
     pub stale_refused: usize,
     /// Stale writes the sink accepted: must be 0.
     pub stale_accepted: usize,
+    /// Replicas that exited with no kill aimed at them (and were started again), with their
+    /// exit status: each incarnation's stderr is kept beside the logs of a failed run.
+    pub exited: Vec<String>,
     /// Every broken rule, in words.
     pub violations: Vec<String>,
 }
@@ -62,6 +65,7 @@ struct Run<'a> {
     /// Per shard: a term's identity and token are unique within its shard only.
     killed: BTreeMap<u32, Marks>,
     frozen: BTreeMap<u32, Marks>,
+    exited: Vec<String>,
 }
 
 fn shard_log(dir: &Path, shard: u32) -> PathBuf {
@@ -75,6 +79,13 @@ impl Run<'_> {
         let port = self.proxies.get(slot).map_or(0, Proxy::port);
         let (url, env) = self.backend.replica_lock(self.dir, port, &self.settings)?;
         let ms = |d: Duration| format!("{}ms", d.as_millis());
+        // Each incarnation's own errors, kept beside the logs of a failed run: why a replica
+        // exited is read there.
+        let stderr = std::fs::File::create(self.dir.join(format!("leader.{identity}.stderr")))
+            .map_err(|source| HarnessError::Io {
+                what: "creating a replica's stderr file".into(),
+                source,
+            })?;
         let child = Command::new(&self.programs.leader)
             .args(["run", "--lock", &url, "--name", &self.name])
             .args(["--identity", &identity, "--shards", &SHARDS.to_string()])
@@ -92,6 +103,7 @@ impl Run<'_> {
             )
             .envs(env)
             .stdout(Stdio::null())
+            .stderr(stderr)
             .kill_on_drop(true)
             .spawn()
             .map_err(|source| HarnessError::Io {
@@ -173,7 +185,11 @@ impl Run<'_> {
         // A replica that could not reach a restarting server exits as unreachable at start:
         // start it again, as an orchestrator would.
         for slot in 0..self.replicas.len() {
-            if let Ok(Some(_)) = self.replicas[slot].1.try_wait() {
+            if let Ok(Some(status)) = self.replicas[slot].1.try_wait() {
+                self.exited.push(format!(
+                    "{} after fault {turn}: {status}",
+                    self.replicas[slot].0
+                ));
                 self.spawn(slot)?;
             }
         }
@@ -239,6 +255,7 @@ pub async fn run(
         incarnations: vec![0; settings.replicas],
         killed: BTreeMap::new(),
         frozen: BTreeMap::new(),
+        exited: Vec::new(),
     };
     let mut report = ShardsReport::default();
     let mut outcome = Ok(());
@@ -274,6 +291,7 @@ pub async fn run(
         watcher.abort();
     }
     outcome?;
+    report.exited = std::mem::take(&mut run.exited);
 
     // Each shard on its own: terms that never overlap, tokens that grow.
     let mut starts: BTreeMap<u32, Vec<TermEvent>> = BTreeMap::new();
@@ -346,6 +364,14 @@ pub async fn run(
             }
         }
         let _ = std::fs::write(keep.join("marks"), marks);
+        if let Ok(entries) = std::fs::read_dir(dir.path()) {
+            for entry in entries.flatten() {
+                let name = entry.file_name();
+                if name.to_string_lossy().ends_with(".stderr") {
+                    let _ = std::fs::copy(entry.path(), keep.join(name));
+                }
+            }
+        }
         report
             .violations
             .push(format!("the logs are in {}", keep.display()));
