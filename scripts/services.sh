@@ -54,6 +54,25 @@ ensure_postgres_password_rule() {
   fi
 }
 
+# MariaDB from Debian's packages; the tests connect over TCP as root without a password, as this
+# machine's own server allows (a fresh install lets root in through its Unix socket only).
+ensure_mariadb() {
+  if ! port_open 127.0.0.1 3306; then
+    command -v mariadbd >/dev/null 2>&1 || { log "installing mariadb-server"; apt_install mariadb-server; }
+    log "starting mariadb"
+    mkdir -p /run/mysqld && chown mysql:mysql /run/mysqld 2>/dev/null || true
+    service mariadb start >/dev/null 2>&1 \
+      || (setsid mysqld_safe --bind-address=127.0.0.1 >/dev/null 2>&1 &)
+    wait_port 127.0.0.1 3306 mariadb
+  fi
+  if ! mariadb -uroot -h127.0.0.1 -e 'SELECT 1' >/dev/null 2>&1; then
+    log "letting root in over TCP without a password"
+    mariadb -uroot -e "ALTER USER root@localhost IDENTIFIED VIA mysql_native_password USING PASSWORD('') OR unix_socket" >/dev/null
+  fi
+  # The database the tests use when MYSQL_URL names none of its own.
+  mariadb -uroot -h127.0.0.1 -e 'CREATE DATABASE IF NOT EXISTS test'
+}
+
 ensure_redis() {
   if port_open 127.0.0.1 6379; then return 0; fi
   command -v redis-server >/dev/null 2>&1 || { log "installing redis-server"; apt_install redis-server; }
@@ -182,6 +201,12 @@ fresh_test_targets() {
     export DATABASE_URL="postgres://postgres:postgres@127.0.0.1:5432/${FRESH_DATABASE}"
     log "tests use the new database ${FRESH_DATABASE}"
   fi
+  if [ -z "${MYSQL_URL:-}" ]; then
+    FRESH_MYSQL_DATABASE="leader_test_${tag}"
+    mariadb -uroot -h127.0.0.1 -e "CREATE DATABASE ${FRESH_MYSQL_DATABASE}"
+    export MYSQL_URL="mysql://root@127.0.0.1:3306/${FRESH_MYSQL_DATABASE}"
+    log "tests use the new MySQL database ${FRESH_MYSQL_DATABASE}"
+  fi
   if [ -z "${REDIS_URL:-}" ]; then
     local db=$((1 + RANDOM % 15))
     redis-cli -h 127.0.0.1 -p 6379 -n "$db" FLUSHDB >/dev/null
@@ -202,6 +227,9 @@ fresh_test_targets() {
 }
 
 drop_fresh_targets() {
+  if [ -n "${FRESH_MYSQL_DATABASE:-}" ]; then
+    mariadb -uroot -h127.0.0.1 -e "DROP DATABASE IF EXISTS ${FRESH_MYSQL_DATABASE}" >/dev/null 2>&1 || true
+  fi
   if [ -n "${FRESH_DATABASE:-}" ]; then
     psql -qAt "postgres://postgres:postgres@127.0.0.1:5432/postgres" \
       -c "DROP DATABASE IF EXISTS ${FRESH_DATABASE} WITH (FORCE)" >/dev/null 2>&1 || true

@@ -1,4 +1,4 @@
-//! End to end: several real `leader run` processes per lock (file, Postgres, Redis, etcd, Consul
+//! End to end: several real `leader run` processes per lock (file, Postgres, MySQL, Redis, etcd, Consul
 //! on the test Consul server, S3 on moto's server), each running the `job` binary as COMMAND.
 //! Exactly one job runs at a time; a SIGTERM hands over within a retry period (on object
 //! storage, whose followers poll, by their next poll); a SIGKILL of `leader` kills its job and
@@ -206,6 +206,14 @@ async fn file_lock_one_job_at_a_time_and_handovers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_lock_one_job_at_a_time_and_handovers() {
     let Some(url) = leader_test_support::postgres_lock_or_skip() else {
+        return;
+    };
+    handovers(&url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_lock_one_job_at_a_time_and_handovers() {
+    let Some(url) = leader_test_support::mysql_lock_or_skip() else {
         return;
     };
     handovers(&url).await;

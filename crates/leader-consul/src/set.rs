@@ -141,7 +141,7 @@ impl ConsulLockSet {
                 .zip(renewals)
                 .map(|(lock, renewal)| lock.renewed(&results, &renewal.version, &renewal.record))
                 .collect(),
-            Err(err @ LockError::Unavailable { .. }) => unavailable(&err, renewals.len()),
+            Err(err @ LockError::Unavailable { .. }) => err.for_each(renewals.len()),
             // Refused as a whole (a check failed, or the token may not): each record's own
             // renewal says which, and how.
             Ok(None) | Err(_) => self.one_by_one(&locks, renewals).await,
@@ -189,7 +189,7 @@ impl LockSet for ConsulLockSet {
             .await;
         let results = match read {
             Ok(Some(results)) => results,
-            Err(err @ LockError::Unavailable { .. }) => return unavailable(&err, keys.len()),
+            Err(err @ LockError::Unavailable { .. }) => return err.for_each(keys.len()),
             Ok(None) | Err(_) => {
                 // Refused as a whole: each record's own read says why.
                 return join_all(keys.iter().map(|key| {
@@ -219,12 +219,4 @@ impl LockSet for ConsulLockSet {
         .flatten()
         .collect()
     }
-}
-
-/// The same outage for each of `n` records (sent once, failed once: not sent again per record).
-fn unavailable<T>(err: &LockError, n: usize) -> Vec<Result<T, LockError>> {
-    let message = err.to_string();
-    (0..n)
-        .map(|_| Err(LockError::unavailable(BACKEND, message.clone())))
-        .collect()
 }

@@ -106,6 +106,52 @@ impl LockError {
         }
     }
 
+    /// The same failure again, of the same kind and saying the same (a driver's error becomes
+    /// its message): what each record of a batch that failed as a whole reports
+    /// ([`LockError::for_each`]).
+    #[must_use]
+    pub fn duplicate(&self) -> Self {
+        match self {
+            Self::Conflict { backend } => Self::Conflict { backend },
+            Self::InvalidRecord { backend, reason } => Self::InvalidRecord {
+                backend,
+                reason: reason.clone(),
+            },
+            Self::Forbidden { backend, message } => Self::Forbidden {
+                backend,
+                message: message.clone(),
+            },
+            Self::Misconfigured { backend, message } => Self::Misconfigured {
+                backend,
+                message: message.clone(),
+            },
+            Self::Unavailable { backend, source } => Self::Unavailable {
+                backend,
+                source: source.to_string().into(),
+            },
+            Self::Timeout {
+                lock,
+                operation,
+                after,
+            } => Self::Timeout {
+                lock: lock.clone(),
+                operation,
+                after: *after,
+            },
+            Self::Other { backend, source } => Self::Other {
+                backend,
+                source: source.to_string().into(),
+            },
+        }
+    }
+
+    /// This error for each of `n` records: the results of a batch request that failed as a
+    /// whole ([`LockSet::get_many`](crate::LockSet::get_many),
+    /// [`LockSet::renew_many`](crate::LockSet::renew_many)), each of the same kind.
+    pub fn for_each<T>(&self, n: usize) -> Vec<Result<T, Self>> {
+        (0..n).map(|_| Err(self.duplicate())).collect()
+    }
+
     /// True for a lost compare-and-swap.
     pub fn is_conflict(&self) -> bool {
         matches!(self, Self::Conflict { .. })
@@ -182,4 +228,43 @@ pub enum ConfigError {
         /// The configured renew deadline.
         renew_deadline: Duration,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A batch that failed reports the same kind for every record: a refusal stays a refusal
+    /// (not an outage to retry), an outage stays an outage.
+    #[test]
+    fn a_duplicate_keeps_the_kind_and_the_message() {
+        let errors = [
+            LockError::conflict("b"),
+            LockError::invalid_record("b", "garbage"),
+            LockError::Forbidden {
+                backend: "b",
+                message: "no rights".into(),
+            },
+            LockError::Misconfigured {
+                backend: "b",
+                message: "no table".into(),
+            },
+            LockError::unavailable("b", "refused"),
+            LockError::Timeout {
+                lock: "l".into(),
+                operation: "get",
+                after: Duration::from_secs(1),
+            },
+            LockError::other("b", "odd"),
+        ];
+        for err in &errors {
+            let copies: Vec<Result<(), LockError>> = err.for_each(3);
+            assert_eq!(copies.len(), 3);
+            for copy in copies {
+                let copy = copy.expect_err("an error");
+                assert_eq!(copy.kind(), err.kind(), "{err}");
+                assert_eq!(copy.to_string(), err.to_string());
+            }
+        }
+    }
 }

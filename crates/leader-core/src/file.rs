@@ -113,7 +113,8 @@ impl Drop for TermSlot {
     fn drop(&mut self) {
         // The lock object is gone but this process, and the leader's work in it, may still run:
         // keep the term's lock until the process exits, so that followers wait out the lease.
-        if let Some(term) = self.get().take() {
+        let term = self.get().take();
+        if let Some(term) = term {
             std::mem::forget(term.file);
         }
     }

@@ -47,7 +47,7 @@ pub use leadership::{
 };
 pub use lock::{Acquisition, ChangeStream, LeaderEvent, ResourceLock};
 pub use memory::{MemoryLock, MemoryStore};
-pub use record::{LeaderElectionRecord, Observed, Version};
+pub use record::{LeaderElectionRecord, Observed, RecordColumns, Version};
 pub use redact::redact_url;
 pub use shards::{
     COUNT_EXTENSION, KeyedLocks, LockSet, MAX_SHARDS, Renewal, Shards, ShardsBuilder, ShardsConfig,

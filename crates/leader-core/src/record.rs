@@ -158,6 +158,90 @@ pub struct Observed {
     pub version: Version,
 }
 
+/// A record as the columns of a SQL lock table hold it: signed 64-bit integers for the lease
+/// (milliseconds) and the transitions, the extensions as JSON text (`None` when there are none).
+/// The codec every SQL backend shares, both ways, with the checks the column types cannot make.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecordColumns {
+    /// `holder_identity`: empty when free.
+    pub holder: String,
+    /// `lease_duration_ms`.
+    pub lease_ms: i64,
+    /// `acquire_time`.
+    pub acquire: DateTime<Utc>,
+    /// `renew_time`.
+    pub renew: DateTime<Utc>,
+    /// `leader_transitions`.
+    pub transitions: i64,
+    /// `strategy`.
+    pub strategy: Option<String>,
+    /// `preferred_holder`.
+    pub preferred: Option<String>,
+    /// `extensions`: a JSON object of strings, `None` when there are none.
+    pub extensions: Option<String>,
+}
+
+impl RecordColumns {
+    /// The columns of `record`.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidRecord`] when the lease or the transitions do not fit a signed
+    /// 64-bit column.
+    pub fn new(record: &LeaderElectionRecord, backend: &'static str) -> Result<Self, LockError> {
+        let out_of_range = |what: &str| {
+            LockError::invalid_record(backend, format!("{what} is too large to store"))
+        };
+        Ok(Self {
+            holder: record.holder_identity.clone(),
+            lease_ms: i64::try_from(record.lease_duration.as_millis())
+                .map_err(|_| out_of_range("lease duration"))?,
+            acquire: record.acquire_time,
+            renew: record.renew_time,
+            transitions: i64::try_from(record.leader_transitions)
+                .map_err(|_| out_of_range("leader transitions"))?,
+            strategy: record.strategy.clone(),
+            preferred: record.preferred_holder.clone(),
+            extensions: (!record.extensions.is_empty())
+                .then(|| serde_json::to_string(&record.extensions).unwrap_or_default()),
+        })
+    }
+
+    /// The record these columns hold.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidRecord`], naming `context` (the table and election), for a negative
+    /// lease or transitions count, or extensions that are not a JSON object of strings.
+    pub fn into_record(
+        self,
+        backend: &'static str,
+        context: &str,
+    ) -> Result<LeaderElectionRecord, LockError> {
+        let bad =
+            |reason: String| LockError::invalid_record(backend, format!("{context}: {reason}"));
+        Ok(LeaderElectionRecord {
+            holder_identity: self.holder,
+            lease_duration: Duration::from_millis(
+                u64::try_from(self.lease_ms)
+                    .map_err(|_| bad(format!("negative lease duration {} ms", self.lease_ms)))?,
+            ),
+            acquire_time: self.acquire,
+            renew_time: self.renew,
+            leader_transitions: u64::try_from(self.transitions)
+                .map_err(|_| bad(format!("negative leader transitions {}", self.transitions)))?,
+            strategy: self.strategy,
+            preferred_holder: self.preferred,
+            extensions: match self.extensions {
+                Some(json) => serde_json::from_str(&json).map_err(|err| {
+                    bad(format!(
+                        "column extensions: not a JSON object of strings: {err}"
+                    ))
+                })?,
+                None => BTreeMap::new(),
+            },
+        })
+    }
+}
+
 mod duration_millis {
     use std::time::Duration;
 

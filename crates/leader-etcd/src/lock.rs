@@ -351,7 +351,8 @@ impl ResourceLock for EtcdLock {
     /// Revokes the lease granted in advance: its registration as a waiting candidate goes with
     /// it, so no release hands the lease to a candidate that stopped.
     async fn close(&self) {
-        if let Some(prepared) = self.prepared.lock().await.take() {
+        let prepared = self.prepared.lock().await.take();
+        if let Some(prepared) = prepared {
             let lease = prepared.lease.id;
             let _ = self
                 .members()

@@ -79,16 +79,7 @@ impl LockSet for EtcdLockSet {
                 .map(|kv| (kv.key().to_vec(), kv.clone()))
                 .collect(),
             Err(err) => {
-                let err = map(&context, err);
-                return keys
-                    .iter()
-                    .map(|_| {
-                        Err(LockError::unavailable(
-                            crate::error::BACKEND,
-                            err.to_string(),
-                        ))
-                    })
-                    .collect();
+                return map(&context, err).for_each(keys.len());
             }
         };
         keys.iter()

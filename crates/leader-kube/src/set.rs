@@ -106,7 +106,7 @@ impl LockSet for LeaseSet {
             Err(err) => {
                 let context = format!("leases in namespace {}", self.base.namespace());
                 let err = crate::error::map(&context, "list", err);
-                return keys.iter().map(|_| Err(same(&err))).collect();
+                return err.for_each(keys.len());
             }
         };
         keys.iter()
@@ -115,17 +115,5 @@ impl LockSet for LeaseSet {
                 leases.get(key).cloned().map(|l| lock.absorb(l)).transpose()
             })
             .collect()
-    }
-}
-
-/// The same error again, for each record of a request that failed for all.
-fn same(err: &LockError) -> LockError {
-    match err {
-        LockError::Forbidden { message, .. } => LockError::Forbidden {
-            backend: BACKEND,
-            message: message.clone(),
-        },
-        LockError::Unavailable { .. } => LockError::unavailable(BACKEND, err.to_string()),
-        _ => LockError::other(BACKEND, err.to_string()),
     }
 }

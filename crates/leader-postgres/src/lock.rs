@@ -2,13 +2,14 @@
 
 use async_trait::async_trait;
 use leader_core::{
-    Acquisition, ChangeStream, LeaderElectionRecord, LockError, Observed, ResourceLock, Version,
+    Acquisition, ChangeStream, LeaderElectionRecord, LockError, Observed, RecordColumns,
+    ResourceLock, Version,
 };
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Statement};
 
 use crate::error::{BACKEND, map};
-use crate::sql::{RecordParams, decode, fnv1a, parse_version};
+use crate::sql::{decode, fnv1a, parse_version};
 use crate::store::PostgresStore;
 
 /// A [`ResourceLock`] on one row of the lock table.
@@ -58,7 +59,7 @@ impl Election {
     }
 
     /// `$1` name and `$2..$9` the record's columns.
-    fn record_params<'a>(&'a self, p: &'a RecordParams) -> Vec<&'a (dyn ToSql + Sync)> {
+    fn record_params<'a>(&'a self, p: &'a RecordColumns) -> Vec<&'a (dyn ToSql + Sync)> {
         vec![
             &self.name,
             &p.holder,
@@ -139,7 +140,7 @@ impl Election {
         record: &LeaderElectionRecord,
         advisory: bool,
     ) -> Result<Observed, LockError> {
-        let p = RecordParams::new(record)?;
+        let p = RecordColumns::new(record, BACKEND)?;
         let row = client
             .query_opt(statement, &self.params(self.record_params(&p), advisory))
             .await
@@ -172,7 +173,7 @@ impl Election {
         let Some(expected) = parse_version(version) else {
             return Err(LockError::conflict(BACKEND));
         };
-        let p = RecordParams::new(record)?;
+        let p = RecordColumns::new(record, BACKEND)?;
         let mut params = self.record_params(&p);
         params.push(&expected);
         let kind = self.write_kind(record);
@@ -197,7 +198,7 @@ impl Election {
         advisory: bool,
     ) -> Result<Acquisition, LockError> {
         let context = self.context(store);
-        let p = RecordParams::new(desired)?;
+        let p = RecordColumns::new(desired, BACKEND)?;
         let row = client
             .query_opt(
                 statement,

@@ -6,11 +6,12 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use leader_core::{
-    KeyedLocks, LockError, LockSet, Observed, Renewal, ResourceLock, Version, async_trait,
+    KeyedLocks, LockError, LockSet, Observed, RecordColumns, Renewal, ResourceLock, Version,
+    async_trait,
 };
 
 use crate::error::{BACKEND, map};
-use crate::sql::{RecordParams, decode, parse_version};
+use crate::sql::{decode, parse_version};
 use crate::store::PostgresStore;
 
 /// The records of a shard set, rows of one lock table ([`PostgresStore::lock_set`]).
@@ -56,32 +57,6 @@ impl PostgresLockSet {
     }
 }
 
-/// The same error for every one of `n` results: a batch that failed as a whole.
-fn all_failed<T>(n: usize, err: &LockError) -> Vec<Result<T, LockError>> {
-    (0..n).map(|_| Err(copy(err))).collect()
-}
-
-fn copy(err: &LockError) -> LockError {
-    match err {
-        LockError::Conflict { .. } => LockError::conflict(BACKEND),
-        LockError::InvalidRecord { .. } => LockError::invalid_record(BACKEND, err.to_string()),
-        LockError::Timeout {
-            lock,
-            operation,
-            after,
-        } => LockError::Timeout {
-            lock: lock.clone(),
-            operation,
-            after: *after,
-        },
-        LockError::Misconfigured { message, .. } => LockError::Misconfigured {
-            backend: BACKEND,
-            message: message.clone(),
-        },
-        _ => LockError::unavailable(BACKEND, err.to_string()),
-    }
-}
-
 #[async_trait]
 impl LockSet for PostgresLockSet {
     fn lock(&self, key: &str) -> Arc<dyn ResourceLock> {
@@ -100,7 +75,7 @@ impl LockSet for PostgresLockSet {
         let sql = &self.store.inner().table_statements.get_many;
         let rows = match self.query(sql, &[&keys]).await {
             Ok(rows) => rows,
-            Err(err) => return all_failed(keys.len(), &err),
+            Err(err) => return err.for_each(keys.len()),
         };
         let context = self.store.context();
         let mut found: HashMap<String, Result<Observed, LockError>> = rows
@@ -120,7 +95,7 @@ impl LockSet for PostgresLockSet {
         let mut columns = Columns::default();
         let mut unusable = HashMap::new();
         for (i, renewal) in renewals.iter().enumerate() {
-            let params = RecordParams::new(&renewal.record);
+            let params = RecordColumns::new(&renewal.record, BACKEND);
             match (params, parse_version(&renewal.version)) {
                 (Ok(params), Some(expected)) => columns.push(&renewal.key, params, expected),
                 (Err(err), _) => {
@@ -135,7 +110,7 @@ impl LockSet for PostgresLockSet {
         let sql = &self.store.inner().table_statements.renew_many;
         let rows = match self.query(sql, &columns.params()).await {
             Ok(rows) => rows,
-            Err(err) => return all_failed(renewals.len(), &err),
+            Err(err) => return err.for_each(renewals.len()),
         };
         let written: HashMap<String, i64> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
         renewals
@@ -173,7 +148,7 @@ struct Columns {
 }
 
 impl Columns {
-    fn push(&mut self, name: &str, p: RecordParams, expected: i64) {
+    fn push(&mut self, name: &str, p: RecordColumns, expected: i64) {
         self.names.push(name.to_owned());
         self.holders.push(p.holder);
         self.lease_ms.push(p.lease_ms);

@@ -1,8 +1,7 @@
 //! The statements, one round trip each. Expiry is decided with the server's `now()` inside the
 //! statement that acts on it (S1).
 
-use chrono::{DateTime, Utc};
-use leader_core::{LeaderElectionRecord, LockError, Observed, Version};
+use leader_core::{LockError, Observed, RecordColumns, Version};
 use tokio_postgres::Row;
 
 use crate::error::BACKEND;
@@ -318,73 +317,32 @@ ALTER TABLE {t} ADD COLUMN IF NOT EXISTS extensions text"
     }
 }
 
-/// The columns as parameters `$2..$9`.
-pub(crate) struct RecordParams {
-    pub(crate) holder: String,
-    pub(crate) lease_ms: i64,
-    pub(crate) acquire: DateTime<Utc>,
-    pub(crate) renew: DateTime<Utc>,
-    pub(crate) transitions: i64,
-    pub(crate) strategy: Option<String>,
-    pub(crate) preferred: Option<String>,
-    /// The extensions as JSON, `NULL` when there are none.
-    pub(crate) extensions: Option<String>,
-}
-
-impl RecordParams {
-    pub(crate) fn new(record: &LeaderElectionRecord) -> Result<Self, LockError> {
-        let out_of_range = |what: &str| {
-            LockError::invalid_record(BACKEND, format!("{what} is too large to store"))
-        };
-        Ok(Self {
-            holder: record.holder_identity.clone(),
-            lease_ms: i64::try_from(record.lease_duration.as_millis())
-                .map_err(|_| out_of_range("lease duration"))?,
-            acquire: record.acquire_time,
-            renew: record.renew_time,
-            transitions: i64::try_from(record.leader_transitions)
-                .map_err(|_| out_of_range("leader transitions"))?,
-            strategy: record.strategy.clone(),
-            preferred: record.preferred_holder.clone(),
-            extensions: (!record.extensions.is_empty())
-                .then(|| serde_json::to_string(&record.extensions).unwrap_or_default()),
-        })
-    }
-}
-
 /// Decodes a row of `COLUMNS` starting at column `at`, checking what the types cannot.
 pub(crate) fn decode(row: &Row, at: usize, context: &str) -> Result<Observed, LockError> {
-    let bad = |reason: String| LockError::invalid_record(BACKEND, format!("{context}: {reason}"));
-    let column = |i: usize, err: tokio_postgres::Error| {
-        bad(format!("column {}: {err}", row.columns()[i].name()))
-    };
-    let lease_ms: i64 = row.try_get(at + 1).map_err(|e| column(at + 1, e))?;
-    let transitions: i64 = row.try_get(at + 4).map_err(|e| column(at + 4, e))?;
-    let record = LeaderElectionRecord {
-        holder_identity: row.try_get(at).map_err(|e| column(at, e))?,
-        lease_duration: std::time::Duration::from_millis(
-            u64::try_from(lease_ms)
-                .map_err(|_| bad(format!("negative lease duration {lease_ms} ms")))?,
-        ),
-        acquire_time: row.try_get(at + 2).map_err(|e| column(at + 2, e))?,
-        renew_time: row.try_get(at + 3).map_err(|e| column(at + 3, e))?,
-        leader_transitions: u64::try_from(transitions)
-            .map_err(|_| bad(format!("negative leader transitions {transitions}")))?,
-        strategy: row.try_get(at + 5).map_err(|e| column(at + 5, e))?,
-        preferred_holder: row.try_get(at + 6).map_err(|e| column(at + 6, e))?,
-        extensions: match row
-            .try_get::<_, Option<String>>(at + 8)
-            .map_err(|e| column(at + 8, e))?
-        {
-            Some(json) => serde_json::from_str(&json).map_err(|err| {
-                bad(format!(
-                    "column extensions: not a JSON object of strings: {err}"
-                ))
-            })?,
-            None => Default::default(),
-        },
-    };
-    let version: i64 = row.try_get(at + 7).map_err(|e| column(at + 7, e))?;
+    fn get<'a, T: tokio_postgres::types::FromSql<'a>>(
+        row: &'a Row,
+        i: usize,
+        context: &str,
+    ) -> Result<T, LockError> {
+        row.try_get(i).map_err(|err| {
+            LockError::invalid_record(
+                BACKEND,
+                format!("{context}: column {}: {err}", row.columns()[i].name()),
+            )
+        })
+    }
+    let record = RecordColumns {
+        holder: get(row, at, context)?,
+        lease_ms: get(row, at + 1, context)?,
+        acquire: get(row, at + 2, context)?,
+        renew: get(row, at + 3, context)?,
+        transitions: get(row, at + 4, context)?,
+        strategy: get(row, at + 5, context)?,
+        preferred: get(row, at + 6, context)?,
+        extensions: get(row, at + 8, context)?,
+    }
+    .into_record(BACKEND, context)?;
+    let version: i64 = get(row, at + 7, context)?;
     Ok(Observed {
         record,
         version: Version::from(version),

@@ -27,6 +27,14 @@ pub fn database_url() -> String {
     std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.to_owned())
 }
 
+/// `MYSQL_URL`'s default: the loopback MariaDB's `test` database, as root without a password.
+pub const DEFAULT_MYSQL_URL: &str = "mysql://root@127.0.0.1:3306/test";
+
+/// The MySQL or MariaDB server the tests use: `MYSQL_URL`, or the loopback server.
+pub fn mysql_url() -> String {
+    std::env::var("MYSQL_URL").unwrap_or_else(|_| DEFAULT_MYSQL_URL.to_owned())
+}
+
 /// The Redis the tests use: `REDIS_URL`, or the loopback server.
 pub fn redis_url() -> String {
     std::env::var("REDIS_URL").unwrap_or_else(|_| DEFAULT_REDIS_URL.to_owned())
@@ -118,6 +126,11 @@ fn answering(what: &str, url: String, default_port: u16) -> Option<String> {
 /// The test Postgres as a lock URL ([`database_url`]), or a skip (a failure under CI).
 pub fn postgres_lock_or_skip() -> Option<String> {
     answering("Postgres", database_url(), 5432)
+}
+
+/// The test MySQL or MariaDB as a lock URL ([`mysql_url`]), or a skip (a failure under CI).
+pub fn mysql_lock_or_skip() -> Option<String> {
+    answering("MySQL", mysql_url(), 3306)
 }
 
 /// The test Redis as a lock URL ([`redis_url`]), or a skip (a failure under CI).

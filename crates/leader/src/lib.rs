@@ -14,6 +14,9 @@ pub use url::{
     BACKENDS, Backend, LockUrl, LockUrlError, OPEN_TIMEOUT, OpenError, default_file, open, open_set,
 };
 
+/// The MySQL / MariaDB table lock (feature `mysql`).
+#[cfg(feature = "mysql")]
+pub use leader_mysql as mysql;
 /// The Postgres table and advisory locks (feature `postgres`).
 #[cfg(feature = "postgres")]
 pub use leader_postgres as postgres;

@@ -270,7 +270,8 @@ impl ConsulApiServer {
     /// already open never get an answer.
     pub fn leave(&self) {
         self.agent.left.store(true, Ordering::Release);
-        if let Some(task) = lock(&self.agent.accept).take() {
+        let accept = lock(&self.agent.accept).take();
+        if let Some(task) = accept {
             task.abort();
         }
         self.deregister_node(&self.agent.node);

@@ -1,0 +1,233 @@
+//! The table lock: one row per election, compare-and-swap on a version column.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use leader_core::{Acquisition, LeaderElectionRecord, LockError, Observed, ResourceLock, Version};
+use mysql_async::prelude::Queryable;
+use mysql_async::{Conn, Row, Value};
+
+use crate::error::{BACKEND, map};
+use crate::sql::{MAX_TEXT, columns, decode, next_version, parse_version, values};
+use crate::store::MysqlStore;
+
+/// A [`ResourceLock`] on one row of the lock table.
+///
+/// A renewal is one `UPDATE ... WHERE name = ? AND version = ?` that sets the expiry from the
+/// server's clock; a takeover is one `UPDATE` whose condition (free, or expired by the server's
+/// clock) is decided by the server in the same statement, followed by a read of what it wrote.
+/// The server has no notifications, so followers see a release at their next retry.
+#[derive(Clone, Debug)]
+pub struct TableLock {
+    store: MysqlStore,
+    name: String,
+    identity: String,
+}
+
+impl MysqlStore {
+    /// A table lock on election `name` for candidate `identity`. Names and identities are up to
+    /// 512 bytes; a longer one is refused by every operation as misconfigured.
+    pub fn lock(&self, name: impl Into<String>, identity: impl Into<String>) -> TableLock {
+        TableLock {
+            store: self.clone(),
+            name: name.into(),
+            identity: identity.into(),
+        }
+    }
+}
+
+impl TableLock {
+    /// The election's name (its row's primary key).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn context(&self) -> String {
+        format!("{} election {:?}", self.store.context(), self.name)
+    }
+
+    async fn conn(&self) -> Result<Conn, LockError> {
+        if self.name.len() > MAX_TEXT || self.name.is_empty() {
+            return Err(LockError::Misconfigured {
+                backend: BACKEND,
+                message: format!(
+                    "{}: an election name is 1 to {MAX_TEXT} bytes",
+                    self.context()
+                ),
+            });
+        }
+        self.store.conn().await
+    }
+
+    /// Runs a write and returns how many rows it changed.
+    async fn write(&self, sql: &str, params: Vec<Value>) -> Result<u64, LockError> {
+        let mut conn = self.conn().await?;
+        conn.exec_drop(sql, params)
+            .await
+            .map_err(|err| map(&self.context(), err))?;
+        Ok(conn.affected_rows())
+    }
+
+    async fn read(&self, sql: &str) -> Result<Option<Row>, LockError> {
+        let mut conn = self.conn().await?;
+        conn.exec_first(sql, (self.name.as_str(),))
+            .await
+            .map_err(|err| map(&self.context(), err))
+    }
+
+    /// The record, and the holder's time left by the server's clock.
+    async fn observe(&self) -> Result<Option<(Observed, Duration)>, LockError> {
+        let Some(row) = self.read(&self.store.inner().statements.observe).await? else {
+            return Ok(None);
+        };
+        let observed = decode(&row, 0, &self.context())?;
+        let left_us = row.get_opt::<i64, _>(9).and_then(Result::ok).unwrap_or(0);
+        Ok(Some((
+            observed,
+            Duration::from_micros(u64::try_from(left_us).unwrap_or(0)),
+        )))
+    }
+}
+
+#[async_trait]
+impl ResourceLock for TableLock {
+    async fn get(&self) -> Result<Option<Observed>, LockError> {
+        let row = self.read(&self.store.inner().statements.get).await?;
+        row.map(|row| decode(&row, 0, &self.context())).transpose()
+    }
+
+    async fn create(&self, record: &LeaderElectionRecord) -> Result<Observed, LockError> {
+        let p = columns(record)?;
+        let version = next_version();
+        let mut params: Vec<Value> = vec![self.name.clone().into()];
+        params.extend(values(&p));
+        params.extend([version.into(), p.lease_ms.into()]);
+        self.write(&self.store.inner().statements.create, params)
+            .await?;
+        Ok(Observed {
+            record: record.clone(),
+            version: Version::from(version),
+        })
+    }
+
+    async fn update(
+        &self,
+        version: &Version,
+        record: &LeaderElectionRecord,
+    ) -> Result<Observed, LockError> {
+        let Some(expected) = parse_version(version) else {
+            return Err(LockError::conflict(BACKEND));
+        };
+        let p = columns(record)?;
+        let new_version = next_version();
+        let statements = &self.store.inner().statements;
+        let mut params = values(&p);
+        params.push(new_version.into());
+        // A write naming another holder is a request on its behalf (a handover): it must keep
+        // that holder and its expiry. Anything else is the holder's own write, or a release.
+        let sql = if !record.is_free() && record.holder_identity != self.identity {
+            params.extend([
+                self.name.clone().into(),
+                expected.into(),
+                p.holder.clone().into(),
+            ]);
+            &statements.request
+        } else {
+            params.extend([p.lease_ms.into(), self.name.clone().into(), expected.into()]);
+            &statements.update
+        };
+        match self.write(sql, params).await? {
+            1 => Ok(Observed {
+                record: record.clone(),
+                version: Version::from(new_version),
+            }),
+            _ => Err(LockError::conflict(BACKEND)),
+        }
+    }
+
+    async fn time_left(&self) -> Result<Option<Duration>, LockError> {
+        let row = self.read(&self.store.inner().statements.time_left).await?;
+        Ok(row
+            .and_then(|row| row.get_opt::<i64, _>(0).and_then(Result::ok))
+            .and_then(|us| u64::try_from(us).ok())
+            .map(Duration::from_micros))
+    }
+
+    fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    fn describe(&self) -> String {
+        format!("mysql:{}/{}", self.store.inner().table.display(), self.name)
+    }
+
+    /// Reads the record; when it is free, or expired by the server's clock, takes it with one
+    /// `UPDATE` at the version read, whose condition the server checks again by its own clock.
+    /// A record that cannot be decoded is reported and never written (S8). Inserts it when there
+    /// is none.
+    async fn try_acquire(
+        &self,
+        desired: &LeaderElectionRecord,
+    ) -> Result<Option<Acquisition>, LockError> {
+        let Some((observed, left)) = self.observe().await? else {
+            let first = LeaderElectionRecord {
+                renew_time: desired.acquire_time,
+                leader_transitions: desired.leader_transitions.max(1),
+                strategy: None,
+                preferred_holder: None,
+                extensions: Default::default(),
+                ..desired.clone()
+            };
+            // Someone may insert it first: a conflict, and the next attempt reads theirs.
+            return self
+                .create(&first)
+                .await
+                .map(|o| Some(Acquisition::Acquired(o)));
+        };
+        let current = &observed.record;
+        let reserved = current.reserved_for_other_than(&desired.holder_identity);
+        if (!current.is_free() && !left.is_zero()) || reserved {
+            return Ok(Some(Acquisition::Held {
+                observed,
+                expires_in: Some(left),
+                // Every renewal writes the row: its version changes.
+                renewed_in_store: false,
+            }));
+        }
+        let Some(expected) = parse_version(&observed.version) else {
+            return Err(LockError::conflict(BACKEND));
+        };
+        let taken = LeaderElectionRecord {
+            holder_identity: desired.holder_identity.clone(),
+            lease_duration: desired.lease_duration,
+            acquire_time: desired.acquire_time,
+            renew_time: desired.acquire_time,
+            leader_transitions: (current.leader_transitions + 1)
+                .max(desired.leader_transitions.max(1)),
+            strategy: current.strategy.clone(),
+            preferred_holder: None,
+            extensions: current.extensions.clone(),
+        };
+        let p = columns(&taken)?;
+        let version = next_version();
+        let mut params = values(&p);
+        params.extend([
+            version.into(),
+            p.lease_ms.into(),
+            self.name.clone().into(),
+            expected.into(),
+            p.holder.clone().into(),
+        ]);
+        match self
+            .write(&self.store.inner().statements.take, params)
+            .await?
+        {
+            1 => Ok(Some(Acquisition::Acquired(Observed {
+                record: taken,
+                version: Version::from(version),
+            }))),
+            // Written since the read, or not expired yet by the server's clock.
+            _ => Err(LockError::conflict(BACKEND)),
+        }
+    }
+}

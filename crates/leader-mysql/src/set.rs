@@ -1,0 +1,232 @@
+//! A shard set's records in the lock table: one statement reads them all, one renews all of a
+//! member's.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use leader_core::{
+    KeyedLocks, LockError, LockSet, Observed, RecordColumns, Renewal, ResourceLock, Version,
+    async_trait, common_prefix,
+};
+use mysql_async::Value;
+use mysql_async::prelude::Queryable;
+
+use crate::error::{BACKEND, map};
+use crate::sql::{columns, decode, next_version, parse_version, values};
+use crate::store::MysqlStore;
+
+/// Renewals per statement: 11 parameters each, under the protocol's 65,535 per statement.
+const RENEWALS_PER_STATEMENT: usize = 5000;
+
+/// The records of a shard set, rows of one lock table ([`MysqlStore::lock_set`]).
+/// [`get_many`](LockSet::get_many) is one statement (the rows under the keys' common prefix,
+/// a range of the primary key), [`renew_many`](LockSet::renew_many) one statement per 5,000
+/// records, plus a read of the versions when some record was not renewed; each row keeps the
+/// table lock's contract.
+#[derive(Clone, Debug)]
+pub struct MysqlLockSet {
+    store: MysqlStore,
+    locks: KeyedLocks,
+}
+
+impl MysqlStore {
+    /// The records of a shard set, as member `identity`: a [`TableLock`](crate::TableLock) per
+    /// key, read and renewed in batches.
+    pub fn lock_set(&self, identity: impl Into<String>) -> MysqlLockSet {
+        let store = self.clone();
+        let describe = format!("mysql:{}", self.inner().table.display());
+        MysqlLockSet {
+            store: self.clone(),
+            locks: KeyedLocks::new(identity, describe, move |key, identity| {
+                Arc::new(store.lock(key, identity))
+            }),
+        }
+    }
+}
+
+/// `prefix` as a `LIKE` pattern that matches exactly the strings starting with it (escape `!`).
+fn like_prefix(prefix: &str) -> String {
+    let mut pattern = String::with_capacity(prefix.len() + 1);
+    for c in prefix.chars() {
+        if matches!(c, '!' | '%' | '_') {
+            pattern.push('!');
+        }
+        pattern.push(c);
+    }
+    pattern.push('%');
+    pattern
+}
+
+impl MysqlLockSet {
+    /// The rows whose names start with `prefix`, by name: the record's columns, decoded.
+    async fn read_prefix(
+        &self,
+        prefix: &str,
+    ) -> Result<HashMap<String, Result<Observed, LockError>>, LockError> {
+        let inner = self.store.inner();
+        let sql = format!(
+            "SELECT name, holder_identity, lease_duration_ms, acquire_time, renew_time, \
+             leader_transitions, strategy, preferred_holder, extensions, version \
+             FROM {} WHERE name LIKE ? ESCAPE '!'",
+            inner.table.quoted()
+        );
+        let context = self.store.context();
+        let mut conn = self.store.conn().await?;
+        let rows: Vec<mysql_async::Row> = conn
+            .exec(sql, (like_prefix(prefix),))
+            .await
+            .map_err(|err| map(&context, err))?;
+        Ok(rows
+            .iter()
+            .filter_map(|row| {
+                let name = row.get_opt::<Vec<u8>, _>(0)?.ok()?;
+                let name = String::from_utf8(name).ok()?;
+                let observed = decode(row, 1, &format!("{context} election {name:?}"));
+                Some((name, observed))
+            })
+            .collect())
+    }
+
+    /// One statement renewing `batch` (each with its new version); the number of rows renewed.
+    async fn renew_batch(
+        &self,
+        batch: &[(&Renewal, RecordColumns, i64, i64)],
+    ) -> Result<u64, LockError> {
+        let inner = self.store.inner();
+        let row = "SELECT ? AS name, ? AS expected, ? AS new_version, ? AS holder, ? AS lease_ms, \
+                   ? AS acquire, ? AS renew, ? AS transitions, ? AS strategy, ? AS preferred, \
+                   ? AS extensions";
+        let rows = vec![row; batch.len()].join(" UNION ALL ");
+        let sql = format!(
+            "UPDATE {} AS l JOIN ({rows}) AS v \
+               ON l.name = v.name AND l.version = v.expected AND l.holder_identity = v.holder \
+             SET l.holder_identity = v.holder, l.lease_duration_ms = v.lease_ms, \
+               l.acquire_time = v.acquire, l.renew_time = v.renew, \
+               l.leader_transitions = v.transitions, l.strategy = v.strategy, \
+               l.preferred_holder = v.preferred, l.extensions = v.extensions, \
+               l.version = v.new_version, \
+               l.expires_at = UTC_TIMESTAMP(6) + INTERVAL (v.lease_ms * 1000) MICROSECOND \
+             WHERE l.lease_duration_ms >= 0 AND l.leader_transitions >= 0 \
+               AND l.acquire_time >= '1000-01-01' AND l.renew_time >= '1000-01-01'",
+            inner.table.quoted()
+        );
+        let mut params: Vec<Value> = Vec::with_capacity(batch.len() * 11);
+        for (renewal, p, expected, new_version) in batch {
+            params.extend([
+                renewal.key.clone().into(),
+                (*expected).into(),
+                (*new_version).into(),
+            ]);
+            // The derived table's columns: holder, lease, acquire, renew, transitions, strategy,
+            // preferred, extensions, as `values` gives them.
+            params.extend(values(p));
+        }
+        let mut conn = self.store.conn().await?;
+        conn.exec_drop(sql, params)
+            .await
+            .map_err(|err| map(&self.store.context(), err))?;
+        Ok(conn.affected_rows())
+    }
+}
+
+#[async_trait]
+impl LockSet for MysqlLockSet {
+    fn lock(&self, key: &str) -> Arc<dyn ResourceLock> {
+        self.locks.lock(key)
+    }
+
+    fn identity(&self) -> &str {
+        self.locks.identity()
+    }
+
+    fn describe(&self) -> String {
+        self.locks.describe()
+    }
+
+    async fn get_many(&self, keys: &[String]) -> Vec<Result<Option<Observed>, LockError>> {
+        let mut found = match self.read_prefix(common_prefix(keys)).await {
+            Ok(found) => found,
+            Err(err) => return err.for_each(keys.len()),
+        };
+        keys.iter()
+            .map(|key| found.remove(key).transpose())
+            .collect()
+    }
+
+    async fn renew_many(&self, renewals: &[Renewal]) -> Vec<Result<Observed, LockError>> {
+        let mut results: Vec<Option<Result<Observed, LockError>>> = Vec::new();
+        let mut usable = Vec::new();
+        for renewal in renewals {
+            match (columns(&renewal.record), parse_version(&renewal.version)) {
+                (Ok(p), Some(expected)) => {
+                    results.push(None);
+                    usable.push((renewal, p, expected, next_version()));
+                }
+                (Err(err), _) => results.push(Some(Err(err))),
+                // A version this table never issued matches no row.
+                (_, None) => results.push(Some(Err(LockError::conflict(BACKEND)))),
+            }
+        }
+        let mut renewed_all = true;
+        for batch in usable.chunks(RENEWALS_PER_STATEMENT) {
+            match self.renew_batch(batch).await {
+                Ok(n) => renewed_all &= usize::try_from(n).is_ok_and(|n| n == batch.len()),
+                Err(err) => return err.for_each(renewals.len()),
+            }
+        }
+        // Which rows were renewed: those now at the version their renewal wrote (random, so no
+        // other write leaves it). Read only when some were not.
+        let written: Option<HashMap<String, i64>> = if renewed_all {
+            None
+        } else {
+            let keys: Vec<String> = usable.iter().map(|(r, ..)| r.key.clone()).collect();
+            match self.read_prefix(common_prefix(&keys)).await {
+                Ok(found) => Some(
+                    found
+                        .into_iter()
+                        .filter_map(|(name, observed)| {
+                            let version = parse_version(&observed.ok()?.version)?;
+                            Some((name, version))
+                        })
+                        .collect(),
+                ),
+                Err(err) => return err.for_each(renewals.len()),
+            }
+        };
+        let mut usable = usable.into_iter();
+        results
+            .into_iter()
+            .map(|result| {
+                if let Some(result) = result {
+                    return result;
+                }
+                let Some((renewal, _, _, new_version)) = usable.next() else {
+                    return Err(LockError::conflict(BACKEND));
+                };
+                let ours = written
+                    .as_ref()
+                    .is_none_or(|written| written.get(&renewal.key) == Some(&new_version));
+                if ours {
+                    Ok(Observed {
+                        record: renewal.record.clone(),
+                        version: Version::from(new_version),
+                    })
+                } else {
+                    Err(LockError::conflict(BACKEND))
+                }
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_prefix_pattern_matches_the_prefix_literally() {
+        assert_eq!(like_prefix("jobs-"), "jobs-%");
+        assert_eq!(like_prefix("a_b%c!"), "a!_b!%c!!%");
+        assert_eq!(like_prefix(""), "%");
+    }
+}

@@ -1,0 +1,192 @@
+//! The server and its lock table: a connection pool shared by every lock made from it.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use leader_core::{LockError, redact_url};
+use mysql_async::prelude::Queryable;
+use mysql_async::{Conn, Opts, OptsBuilder, Pool};
+
+use crate::error::{BACKEND, map};
+use crate::sql::{Statements, TableName};
+
+/// The default lock table.
+pub const DEFAULT_TABLE: &str = "leader_election";
+
+/// Builds a [`MysqlStore`].
+#[derive(Debug)]
+#[must_use]
+pub struct MysqlStoreBuilder {
+    url: String,
+    table: String,
+    create_table: bool,
+    max_connections: usize,
+}
+
+impl MysqlStoreBuilder {
+    /// The lock table: `table`, or `database.table` for a table outside the URL's database
+    /// (default [`DEFAULT_TABLE`]).
+    pub fn table(mut self, table: impl Into<String>) -> Self {
+        self.table = table.into();
+        self
+    }
+
+    /// Creates the table at build time when it is missing (needs the CREATE privilege).
+    pub fn create_table(mut self, create: bool) -> Self {
+        self.create_table = create;
+        self
+    }
+
+    /// The pool's size, unless the URL sets `pool_max` (default 4).
+    pub fn max_connections(mut self, max: usize) -> Self {
+        self.max_connections = max.max(1);
+        self
+    }
+
+    /// Makes the store (the pool connects lazily: on first use) and, if asked, creates the table.
+    ///
+    /// # Errors
+    /// An invalid URL or table name ([`LockError::Misconfigured`]); with
+    /// [`create_table`](Self::create_table), what the server answered to it.
+    pub async fn build(self) -> Result<MysqlStore, LockError> {
+        let redacted = redact_url(&self.url);
+        let invalid = |message: String| LockError::Misconfigured {
+            backend: BACKEND,
+            message: format!("invalid connection URL {redacted}: {message}"),
+        };
+        let mut url = url::Url::parse(&self.url).map_err(|err| invalid(err.to_string()))?;
+        let given: Vec<String> = url.query_pairs().map(|(k, _)| k.into_owned()).collect();
+        {
+            let mut query = url.query_pairs_mut();
+            // A TCP address is what is meant: the driver would otherwise switch to the server's
+            // Unix socket when it finds one, past any proxy or network path the URL names.
+            if !given.iter().any(|k| k == "prefer_socket") {
+                query.append_pair("prefer_socket", "false");
+            }
+            if !given.iter().any(|k| k == "pool_max") {
+                query.append_pair("pool_min", "0");
+                query.append_pair("pool_max", &self.max_connections.to_string());
+            }
+            // Idle connections are kept for a minute: the driver's default (0) closes every
+            // connection above the pool's minimum as soon as it is returned, so each request
+            // would open a new one.
+            if !given.iter().any(|k| k == "inactive_connection_ttl") {
+                query.append_pair("inactive_connection_ttl", "60");
+            }
+            // The locks keep no session state, so a returned connection needs no reset, which
+            // costs a round trip and drops the prepared statements cached on it.
+            if !given.iter().any(|k| k == "reset_connection") {
+                query.append_pair("reset_connection", "false");
+            }
+        }
+        if url.scheme() == "mariadb" {
+            url.set_scheme("mysql")
+                .map_err(|()| invalid("cannot read the scheme".into()))?;
+        }
+        let opts = Opts::from_url(url.as_str()).map_err(|err| invalid(err.to_string()))?;
+        let opts = OptsBuilder::from_opts(opts).tcp_keepalive(Some(Duration::from_secs(10)));
+        let table = TableName::parse(&self.table)?;
+        let store = MysqlStore {
+            inner: Arc::new(Inner {
+                pool: Pool::new(opts),
+                redacted,
+                statements: Statements::new(&table),
+                table,
+            }),
+        };
+        if self.create_table {
+            store.create_table().await?;
+        }
+        Ok(store)
+    }
+}
+
+/// A MySQL or MariaDB server holding a lock table: make [`TableLock`](crate::TableLock)s and
+/// shard sets from it.
+///
+/// Cheap to clone; all locks made from one store share its pool.
+#[derive(Clone)]
+pub struct MysqlStore {
+    inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) pool: Pool,
+    pub(crate) redacted: String,
+    pub(crate) table: TableName,
+    pub(crate) statements: Statements,
+}
+
+impl fmt::Debug for MysqlStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MysqlStore")
+            .field("url", &self.inner.redacted)
+            .field("table", &self.inner.table.display())
+            .finish_non_exhaustive()
+    }
+}
+
+impl MysqlStore {
+    /// A builder for the server at `url`: `mysql://user:password@host:3306/database` (or
+    /// `mariadb://`), with the driver's own parameters (`require_ssl=true`, `pool_max=8`, ...).
+    pub fn builder(url: impl Into<String>) -> MysqlStoreBuilder {
+        MysqlStoreBuilder {
+            url: url.into(),
+            table: DEFAULT_TABLE.to_owned(),
+            create_table: false,
+            max_connections: 4,
+        }
+    }
+
+    /// A store for the server at `url` with the default table and settings.
+    ///
+    /// # Errors
+    /// As [`MysqlStoreBuilder::build`].
+    pub async fn connect(url: impl Into<String>) -> Result<Self, LockError> {
+        Self::builder(url).build().await
+    }
+
+    /// Creates the lock table if it does not exist (`CREATE TABLE IF NOT EXISTS`; needs the
+    /// CREATE privilege).
+    ///
+    /// # Errors
+    /// The server could not be reached, or refused.
+    pub async fn create_table(&self) -> Result<(), LockError> {
+        let mut conn = self.conn().await?;
+        conn.query_drop(&self.inner.statements.create_table)
+            .await
+            .map_err(|err| map(&self.context(), err))
+    }
+
+    /// The connection pool.
+    pub fn pool(&self) -> &Pool {
+        &self.inner.pool
+    }
+
+    /// The connection URL with the password redacted.
+    pub fn redacted_url(&self) -> &str {
+        &self.inner.redacted
+    }
+
+    pub(crate) fn inner(&self) -> &Inner {
+        &self.inner
+    }
+
+    pub(crate) fn context(&self) -> String {
+        format!(
+            "{} table {}",
+            self.inner.redacted,
+            self.inner.table.display()
+        )
+    }
+
+    /// A pooled connection; its prepared statements are cached on it.
+    pub(crate) async fn conn(&self) -> Result<Conn, LockError> {
+        self.inner
+            .pool
+            .get_conn()
+            .await
+            .map_err(|err| map(&self.context(), err))
+    }
+}

@@ -1,0 +1,139 @@
+//! `mysql://` and `mariadb://` lock URLs: the connection URL as the driver takes it, plus the
+//! lock's own parameter.
+
+use leader_core::{
+    LockError, LockSet, LockTarget, ResourceLock, UrlError, async_trait, redact_url,
+};
+use url::Url;
+
+use crate::store::{MysqlStore, MysqlStoreBuilder};
+
+/// A MySQL or MariaDB lock URL: `mysql://user:pass@host:3306/database?table=T` (or
+/// `mariadb://`). `table` picks the lock table (`table` or `database.table`); every other
+/// parameter goes to the driver (`require_ssl`, `pool_max`, ...), which refuses those it does not
+/// know.
+#[derive(Clone, PartialEq, Eq)]
+pub struct LockUrl {
+    connection: String,
+    table: Option<String>,
+}
+
+impl std::fmt::Debug for LockUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.describe())
+    }
+}
+
+impl LockUrl {
+    /// Parses a `mysql://` or `mariadb://` URL.
+    ///
+    /// # Errors
+    /// A malformed URL, another scheme, or an empty table name.
+    pub fn parse(lock: &str) -> Result<Self, UrlError> {
+        let invalid = |message: String| UrlError::new(lock, message);
+        let mut url = Url::parse(lock).map_err(|err| invalid(err.to_string()))?;
+        if !matches!(url.scheme(), "mysql" | "mariadb") {
+            return Err(invalid("not a mysql:// URL".to_owned()));
+        }
+        if url.host_str().is_none_or(str::is_empty) {
+            return Err(invalid("no server host".to_owned()));
+        }
+        let mut table = None;
+        let mut kept = Vec::new();
+        for (key, value) in url.query_pairs() {
+            match key.as_ref() {
+                "table" if value.is_empty() => {
+                    return Err(invalid("table= is empty".to_owned()));
+                }
+                "table" => table = Some(value.into_owned()),
+                _ => kept.push((key.into_owned(), value.into_owned())),
+            }
+        }
+        if kept.is_empty() {
+            url.set_query(None);
+        } else {
+            url.query_pairs_mut().clear().extend_pairs(&kept);
+        }
+        Ok(Self {
+            connection: url.into(),
+            table,
+        })
+    }
+
+    /// Parses `lock` into a [`LockTarget`], for the `leader` facade's scheme table.
+    ///
+    /// # Errors
+    /// As [`parse`](Self::parse).
+    pub fn target(lock: &str) -> Result<Box<dyn LockTarget>, UrlError> {
+        Ok(Box::new(Self::parse(lock)?))
+    }
+
+    /// The connection URL the driver gets: the URL without the lock's own parameter.
+    pub fn connection(&self) -> &str {
+        &self.connection
+    }
+
+    /// A store builder with the URL's connection and table.
+    pub fn store(&self) -> MysqlStoreBuilder {
+        let mut builder = MysqlStore::builder(self.connection.clone());
+        if let Some(table) = &self.table {
+            builder = builder.table(table);
+        }
+        builder
+    }
+
+    async fn build(&self) -> Result<MysqlStore, LockError> {
+        let store = self.store().build().await?;
+        if let Err(err) = store.create_table().await {
+            tracing::debug!(error = %err, "could not create the lock table");
+        }
+        Ok(store)
+    }
+}
+
+#[async_trait]
+impl LockTarget for LockUrl {
+    fn describe(&self) -> String {
+        redact_url(&self.connection)
+    }
+
+    /// Builds the store (its pool connects lazily), creates the lock table when it is missing
+    /// and the user may (a user without that right finds out from the lock's own error if the
+    /// table is really missing), and makes the table lock.
+    async fn open(&self, name: &str, identity: &str) -> Result<Box<dyn ResourceLock>, LockError> {
+        Ok(Box::new(self.build().await?.lock(name, identity)))
+    }
+
+    /// A row per record in the lock table, on one pool.
+    async fn open_set(&self, _name: &str, identity: &str) -> Result<Box<dyn LockSet>, LockError> {
+        Ok(Box::new(self.build().await?.lock_set(identity)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_locks_own_parameter_is_taken_out() {
+        let url =
+            LockUrl::parse("mysql://u:p@db:3306/app?table=locks&require_ssl=true").expect("valid");
+        assert_eq!(url.connection(), "mysql://u:p@db:3306/app?require_ssl=true");
+        assert_eq!(url.table.as_deref(), Some("locks"));
+        assert_eq!(url.describe(), "mysql://u:***@db:3306/app?require_ssl=true");
+        assert!(LockUrl::parse("mariadb://u@db/app").is_ok());
+    }
+
+    #[test]
+    fn bad_urls_name_the_problem_without_the_password() {
+        for (lock, expected) in [
+            ("mysql://u:secret@h/x?table=", "empty"),
+            ("postgres://u:secret@h/x", "not a mysql:// URL"),
+            ("mysql:///x", "no server host"),
+        ] {
+            let err = LockUrl::parse(lock).expect_err(lock).to_string();
+            assert!(err.contains(expected), "{lock}: {err}");
+            assert!(!err.contains("secret"), "{lock}: {err}");
+        }
+    }
+}

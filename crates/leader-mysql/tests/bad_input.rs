@@ -1,0 +1,256 @@
+//! Bad input against a real MySQL or MariaDB: each gives a clear typed error, the elector keeps
+//! running and recovers once the fault is gone, and nothing panics or overwrites what it cannot
+//! read.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Running, admin_exec, unique};
+use leader_core::conformance::record;
+use leader_core::{LockError, ResourceLock};
+use leader_mysql::MysqlStore;
+use leader_mysql::mysql_async::prelude::Queryable;
+
+/// `MYSQL_URL` as another user.
+fn url_as(user: &str, password: &str) -> String {
+    let mut url = url::Url::parse(&common::mysql_url()).expect("MYSQL_URL");
+    url.set_username(user).expect("user");
+    url.set_password(Some(password)).expect("password");
+    url.into()
+}
+
+fn database() -> String {
+    url::Url::parse(&common::mysql_url())
+        .expect("MYSQL_URL")
+        .path()
+        .trim_start_matches('/')
+        .to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_table_is_reported_and_the_elector_recovers_once_it_exists() {
+    if common::admin().await.is_none() {
+        return;
+    }
+    let table = unique("missing").replace('-', "_");
+    let store = MysqlStore::builder(common::mysql_url())
+        .table(&table)
+        .build()
+        .await
+        .expect("store without auto-create");
+    let lock = store.lock("jobs", "a");
+    let err = lock.get().await.expect_err("no table");
+    assert!(matches!(err, LockError::Misconfigured { .. }), "{err:?}");
+    let message = err.to_string();
+    assert!(
+        message.contains(&table) && message.contains("create_table"),
+        "{message}"
+    );
+    let err = lock
+        .try_acquire(&record("a", 0))
+        .await
+        .expect_err("no table");
+    assert!(matches!(err, LockError::Misconfigured { .. }), "{err:?}");
+
+    let mut elector = Running::start(lock);
+    elector
+        .stays_alive_without_leading(Duration::from_millis(1500))
+        .await;
+    store.create_table().await.expect("create the table");
+    elector.wait_leading(Duration::from_secs(5)).await;
+    elector.stop().await;
+    admin_exec(&format!("DROP TABLE `{table}`")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_rows_are_reported_never_overwritten_and_the_elector_recovers() {
+    let Some(store) = common::store().await else {
+        return;
+    };
+    let mut admin = common::admin().await.expect("server");
+    for (garbage, expected) in [
+        (
+            "'x', -5, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), 1, NULL",
+            "negative lease duration",
+        ),
+        (
+            "'x', 5000, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), -3, NULL",
+            "negative leader transitions",
+        ),
+        (
+            "x'ff00', 5000, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), 1, NULL",
+            "not UTF-8",
+        ),
+        (
+            "'x', 5000, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), 1, '[1'",
+            "not a JSON object",
+        ),
+    ] {
+        let name = unique("garbage");
+        admin
+            .exec_drop(
+                format!(
+                    "INSERT INTO leader_election (name, holder_identity, lease_duration_ms, acquire_time, \
+                     renew_time, leader_transitions, extensions, version, expires_at) \
+                     VALUES (?, {garbage}, 7, UTC_TIMESTAMP(6) - INTERVAL 1 HOUR)"
+                ),
+                (&name,),
+            )
+            .await
+            .expect("write garbage");
+        let lock = store.lock(&name, "a");
+        let err = lock.get().await.expect_err("garbage");
+        assert!(matches!(err, LockError::InvalidRecord { .. }), "{err:?}");
+        assert!(err.to_string().contains(expected), "{expected}: {err}");
+        let err = lock
+            .try_acquire(&record("a", 0))
+            .await
+            .expect_err("garbage");
+        assert!(matches!(err, LockError::InvalidRecord { .. }), "{err:?}");
+
+        let mut elector = Running::start(lock);
+        elector
+            .stays_alive_without_leading(Duration::from_millis(1500))
+            .await;
+        let version: Option<i64> = admin
+            .exec_first(
+                "SELECT version FROM leader_election WHERE name = ?",
+                (&name,),
+            )
+            .await
+            .expect("row");
+        assert_eq!(
+            version,
+            Some(7),
+            "{expected}: the garbage row was overwritten"
+        );
+        admin
+            .exec_drop("DELETE FROM leader_election WHERE name = ?", (&name,))
+            .await
+            .expect("delete");
+        assert_eq!(elector.wait_leading(Duration::from_secs(5)).await, 1);
+        elector.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_without_update_rights_gets_a_clear_error_and_recovers_when_granted() {
+    let Some(store) = common::store().await else {
+        return;
+    };
+    let user = unique("leader_ro").replace('-', "_");
+    let db = database();
+    admin_exec(&format!("CREATE USER '{user}'@'%' IDENTIFIED BY 'pw'")).await;
+    admin_exec(&format!(
+        "GRANT SELECT, INSERT ON `{db}`.`leader_election` TO '{user}'@'%'"
+    ))
+    .await;
+    let limited = MysqlStore::builder(url_as(&user, "pw"))
+        .build()
+        .await
+        .expect("store");
+    let name = unique("rights");
+    // Someone else holds it, so that taking it over needs an UPDATE.
+    let other = store.lock(&name, "other");
+    let mut expired = record("other", 0);
+    expired.lease_duration = Duration::from_millis(1);
+    other.create(&expired).await.expect("create");
+    let lock = limited.lock(&name, "a");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let err = lock
+        .try_acquire(&record("a", 0))
+        .await
+        .expect_err("no UPDATE right");
+    assert!(matches!(err, LockError::Forbidden { .. }), "{err:?}");
+    assert!(err.to_string().contains("grant"), "{err}");
+
+    let mut elector = Running::start(lock);
+    elector
+        .stays_alive_without_leading(Duration::from_millis(1500))
+        .await;
+    admin_exec(&format!(
+        "GRANT UPDATE ON `{db}`.`leader_election` TO '{user}'@'%'"
+    ))
+    .await;
+    elector.wait_leading(Duration::from_secs(5)).await;
+    elector.stop().await;
+    admin_exec(&format!("DROP USER '{user}'@'%'")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_password_is_a_clear_error_that_never_shows_the_password() {
+    if common::admin().await.is_none() {
+        return;
+    }
+    let user = unique("leader_pw").replace('-', "_");
+    admin_exec(&format!(
+        "CREATE USER '{user}'@'%' IDENTIFIED BY 'right-one'"
+    ))
+    .await;
+    let store = MysqlStore::builder(url_as(&user, "wrong-secret"))
+        .build()
+        .await
+        .expect("the pool connects lazily");
+    let err = store
+        .lock("jobs", "a")
+        .get()
+        .await
+        .expect_err("wrong password");
+    assert!(matches!(err, LockError::Forbidden { .. }), "{err:?}");
+    let shown = format!("{err} {err:?} {store:?}");
+    assert!(!shown.contains("wrong-secret"), "{shown}");
+    assert!(shown.contains("authentication failed"), "{shown}");
+    admin_exec(&format!("DROP USER '{user}'@'%'")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_server_is_an_outage_and_the_elector_keeps_trying() {
+    // A port nothing listens on.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    drop(listener);
+    let store = MysqlStore::builder(format!("mysql://u:secret@127.0.0.1:{port}/db"))
+        .build()
+        .await
+        .expect("the pool connects lazily");
+    let err = store.lock("jobs", "a").get().await.expect_err("no server");
+    assert!(matches!(err, LockError::Unavailable { .. }), "{err:?}");
+    assert!(!err.to_string().contains("secret"), "{err}");
+    let elector = Running::start(store.lock("jobs", "a"));
+    elector
+        .stays_alive_without_leading(Duration::from_millis(1500))
+        .await;
+    elector.stop().await;
+}
+
+#[tokio::test]
+async fn invalid_settings_are_rejected_before_connecting() {
+    for (url, table, expected) in [
+        ("mysql://u:secret@h/db", "bad name", "invalid table name"),
+        (
+            "mysql://u:secret@h/db?no_such_option=1",
+            "t",
+            "invalid connection URL",
+        ),
+        ("not a url", "t", "invalid connection URL"),
+    ] {
+        let err = MysqlStore::builder(url)
+            .table(table)
+            .build()
+            .await
+            .expect_err(url);
+        assert!(matches!(err, LockError::Misconfigured { .. }), "{err:?}");
+        assert!(err.to_string().contains(expected), "{url}: {err}");
+        assert!(!err.to_string().contains("secret"), "{err}");
+    }
+    let store = MysqlStore::connect("mysql://u@127.0.0.1:1/db")
+        .await
+        .expect("store");
+    let err = store
+        .lock("x".repeat(513), "a")
+        .get()
+        .await
+        .expect_err("too long");
+    assert!(matches!(err, LockError::Misconfigured { .. }), "{err:?}");
+}

@@ -1,0 +1,87 @@
+//! Test support: the server from `MYSQL_URL` (default: loopback), required under `CI=true`.
+
+#![allow(dead_code, unreachable_pub, unused_imports)]
+
+use std::sync::Arc;
+
+use leader_core::conformance::LockFactory;
+use leader_core::{LockSet, ResourceLock, async_trait};
+use leader_mysql::MysqlStore;
+use leader_mysql::mysql_async::prelude::Queryable;
+use leader_mysql::mysql_async::{self, Conn};
+
+pub use leader_test_support::{in_ci, mysql_url};
+
+/// A raw connection for setting up and breaking things; `None` (outside CI) without a server.
+pub async fn admin() -> Option<Conn> {
+    let opts = mysql_async::Opts::from_url(&mysql_url()).expect("MYSQL_URL");
+    match Conn::new(opts).await {
+        Ok(conn) => Some(conn),
+        Err(err) if !in_ci() => {
+            eprintln!(
+                "skipping: no MySQL at {} ({err}); set MYSQL_URL or run scripts/test",
+                leader_mysql::redact_url(&mysql_url())
+            );
+            None
+        }
+        Err(err) => panic!(
+            "CI=true and no MySQL at {}: {err}",
+            leader_mysql::redact_url(&mysql_url())
+        ),
+    }
+}
+
+/// Runs `sql` as the admin.
+pub async fn admin_exec(sql: &str) {
+    let mut conn = admin().await.expect("server");
+    conn.query_drop(sql).await.expect(sql);
+}
+
+/// A store on the default table, created if missing; `None` (outside CI) without a server.
+pub async fn store() -> Option<MysqlStore> {
+    admin().await?;
+    Some(
+        MysqlStore::builder(mysql_url())
+            .create_table(true)
+            .build()
+            .await
+            .expect("store"),
+    )
+}
+
+pub fn unique(prefix: &str) -> String {
+    format!("{prefix}-{:08x}", fastrand::u32(..))
+}
+
+pub use leader_test_support::{Candidate as Running, LEASE, RENEW, RETRY};
+
+/// Table locks of one store, and its shard sets.
+pub struct Factory {
+    pub store: MysqlStore,
+}
+
+#[async_trait]
+impl LockFactory for Factory {
+    async fn lock(&self, name: &str, identity: &str) -> Arc<dyn ResourceLock> {
+        Arc::new(self.store.lock(name, identity))
+    }
+
+    async fn lock_set(&self, identity: &str) -> Option<Box<dyn LockSet>> {
+        Some(Box::new(self.store.lock_set(identity)))
+    }
+
+    async fn corrupt(&self, name: &str) -> bool {
+        let mut admin = admin().await.expect("server");
+        admin
+            .exec_drop(
+                "INSERT INTO leader_election (name, holder_identity, lease_duration_ms, acquire_time, \
+                 renew_time, leader_transitions, version, expires_at) \
+                 VALUES (?, 'x', -5, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) - INTERVAL 1 DAY, -1, 1, \
+                 UTC_TIMESTAMP(6))",
+                (name,),
+            )
+            .await
+            .expect("write a garbage row");
+        true
+    }
+}

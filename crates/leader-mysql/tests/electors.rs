@@ -1,0 +1,71 @@
+//! Electors on one real MySQL or MariaDB: exactly one leads, a killed connection is ridden out.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Factory, RENEW, Running, unique};
+use leader_core::conformance;
+use leader_mysql::mysql_async::prelude::Queryable;
+use tokio::time::sleep;
+
+async fn exactly_one_leads(n: usize) {
+    let Some(store) = common::store().await else {
+        return;
+    };
+    conformance::electors_elect_exactly_one(&Factory { store }, n).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_table_lock_electors_elect_exactly_one() {
+    exactly_one_leads(2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ten_table_lock_electors_elect_exactly_one() {
+    exactly_one_leads(10).await;
+}
+
+/// The lease lives in the row: when the server kills every connection of the leader's pool, the
+/// next renewal runs on a new one and the leader keeps its term (same fencing token).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_leader_rides_out_its_connections_killed() {
+    let Some(store) = common::store().await else {
+        return;
+    };
+    let name = unique("killed");
+    let mut leader = Running::start(store.lock(&name, "first"));
+    let token = leader.wait_leading(Duration::from_secs(10)).await;
+    let mut admin = common::admin().await.expect("server");
+    for _ in 0..3 {
+        // Every connection of the store's pool (4): held at once, so each is a different one.
+        let mut held = Vec::new();
+        for _ in 0..4 {
+            held.push(store.pool().get_conn().await.expect("pooled connection"));
+        }
+        let mut ids = Vec::new();
+        for conn in &mut held {
+            let id: u64 = conn
+                .query_first("SELECT CONNECTION_ID()")
+                .await
+                .expect("id")
+                .expect("a row");
+            ids.push(id);
+        }
+        drop(held);
+        for id in ids {
+            admin
+                .query_drop(format!("KILL CONNECTION {id}"))
+                .await
+                .expect("kill");
+        }
+        sleep(RENEW / 2).await;
+    }
+    sleep(RENEW).await;
+    assert_eq!(
+        leader.leading_token(),
+        Some(token),
+        "the leader lost its term to killed connections"
+    );
+    leader.stop().await;
+}
