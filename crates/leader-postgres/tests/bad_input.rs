@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use common::{Running, unique};
 use leader_core::conformance::record;
-use leader_core::{LockError, ResourceLock};
+use leader_core::{LockError, LockSet, Renewal, ResourceLock, Version};
 use leader_postgres::PostgresStore;
 
 /// A key-value connection string for the test server as `user`.
@@ -178,6 +178,20 @@ async fn a_role_without_update_rights_gets_a_clear_error_and_recovers_when_grant
         message.contains("permission denied") && message.contains("UPDATE"),
         "{message}"
     );
+    // A shard set's renewals, refused as one statement, are a refusal for each record: not an
+    // outage to retry.
+    let renewals: Vec<Renewal> = ["jobs-0", "jobs-1"]
+        .into_iter()
+        .map(|key| Renewal {
+            key: key.to_owned(),
+            version: Version::from(1_i64),
+            record: record("a", 1),
+        })
+        .collect();
+    for result in store.lock_set("a").renew_many(&renewals).await {
+        let err = result.expect_err("no UPDATE right");
+        assert!(matches!(err, LockError::Forbidden { .. }), "{err:?}");
+    }
 
     let mut elector = Running::start(lock);
     elector
