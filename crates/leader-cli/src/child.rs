@@ -5,7 +5,10 @@ use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::process::{ExitStatus, Stdio};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
+
+use leader_core::{TermDeadline, Timings};
 
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
@@ -39,7 +42,16 @@ impl Program {
     /// `term_lock` (a file lock's [`FileLock::term_lock`](leader_core::FileLock::term_lock)) is
     /// inherited by the supervisor and COMMAND, so followers see this term alive until every
     /// process of it is gone, not only `leader`.
-    pub(crate) fn spawn(&self, fencing_token: u64, term_lock: Option<File>) -> io::Result<Group> {
+    ///
+    /// `backstop` starts a watchdog thread that SIGKILLs the group should COMMAND still run
+    /// past the term's deadline plus the backstop's delay: the term's end is otherwise acted on
+    /// by this process's runtime, which a hang (a deadlock, a blocking call) would stop.
+    pub(crate) fn spawn(
+        &self,
+        fencing_token: u64,
+        term_lock: Option<File>,
+        backstop: Backstop,
+    ) -> io::Result<Group> {
         let mut command = Command::new(std::env::current_exe()?);
         command
             .arg(SUPERVISE)
@@ -58,7 +70,87 @@ impl Program {
             inherit(&mut command, file.as_raw_fd());
         }
         // The parent's handle closes here; the child's copy keeps the lock.
-        command.spawn().map(|child| Group { child })
+        let child = command.spawn()?;
+        let watchdog = match child.id() {
+            Some(id) => Some(Watchdog::start(Pid::from_raw(id.cast_signed()), backstop)?),
+            None => None,
+        };
+        Ok(Group {
+            child,
+            _watchdog: watchdog,
+        })
+    }
+}
+
+/// When a COMMAND must be gone at the latest: `after` past the term's deadline (the grace to stop
+/// it, and less than the rest of the lease, so that it is gone before another replica may lead).
+#[derive(Clone, Debug)]
+pub(crate) struct Backstop {
+    pub(crate) deadline: TermDeadline,
+    pub(crate) after: Duration,
+}
+
+impl Backstop {
+    /// `deadline` with the delay for `grace` and `timings`: half way from the end of the grace
+    /// to the end of the stop window (the lease after the renew deadline), where COMMAND would
+    /// run beside the next leader's.
+    pub(crate) fn new(deadline: TermDeadline, grace: Duration, timings: Timings) -> Self {
+        let window = timings.stop_window();
+        Self {
+            deadline,
+            after: grace + window.saturating_sub(grace) / 2,
+        }
+    }
+}
+
+/// A thread of its own that SIGKILLs a process group once the term's deadline, plus a delay, has
+/// passed without being moved by a renewal; stopped when dropped. The runtime's own timer and
+/// SIGTERM come first; this acts only when they did not.
+#[derive(Debug)]
+struct Watchdog {
+    stop: Arc<(Mutex<bool>, Condvar)>,
+}
+
+impl Watchdog {
+    fn start(group: Pid, backstop: Backstop) -> io::Result<Self> {
+        let stop = Arc::new((Mutex::new(false), Condvar::new()));
+        let theirs = stop.clone();
+        std::thread::Builder::new()
+            .name("leader-watchdog".into())
+            .spawn(move || watch(group, &backstop, &theirs))?;
+        Ok(Self { stop })
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        let (stopped, wake) = &*self.stop;
+        *stopped.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        wake.notify_one();
+    }
+}
+
+fn watch(group: Pid, backstop: &Backstop, stop: &(Mutex<bool>, Condvar)) {
+    let (stopped, wake) = stop;
+    let mut stopped = stopped.lock().unwrap_or_else(|p| p.into_inner());
+    loop {
+        if *stopped {
+            return;
+        }
+        let kill_at = backstop.deadline.get() + backstop.after;
+        let now = std::time::Instant::now();
+        if now >= kill_at {
+            let _ = killpg(group, Signal::SIGKILL);
+            eprintln!(
+                "leader: COMMAND still ran {:?} after its term's deadline: killed (process group {group})",
+                backstop.after
+            );
+            return;
+        }
+        stopped = wake
+            .wait_timeout(stopped, kill_at - now)
+            .unwrap_or_else(|p| p.into_inner())
+            .0;
     }
 }
 
@@ -70,6 +162,7 @@ impl Program {
 #[derive(Debug)]
 pub(crate) struct Group {
     child: Child,
+    _watchdog: Option<Watchdog>,
 }
 
 impl std::ops::Deref for Group {
@@ -292,6 +385,7 @@ mod tests {
             .kill_on_drop(true);
         let group = Group {
             child: command.spawn().expect("sh"),
+            _watchdog: None,
         };
         let started = tokio::time::Instant::now();
         let pid = loop {
@@ -318,6 +412,97 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         let _ = std::fs::remove_file(&pidfile);
+    }
+
+    fn sleeper() -> (Child, Pid) {
+        let child = Command::new("sleep")
+            .arg("300")
+            .process_group(0)
+            .kill_on_drop(true)
+            .spawn()
+            .expect("sleep");
+        let pid = Pid::from_raw(child.id().expect("pid").cast_signed());
+        (child, pid)
+    }
+
+    async fn dies_within(pid: Pid, within: Duration) -> bool {
+        let started = tokio::time::Instant::now();
+        while started.elapsed() < within {
+            if !alive(pid.as_raw()) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        false
+    }
+
+    /// The watchdog kills a COMMAND still running past its term's deadline plus the delay, from
+    /// a thread of its own (whatever the runtime does); a deadline that renewals keep moving
+    /// keeps it alive; a dropped watchdog kills nothing.
+    #[tokio::test]
+    async fn the_watchdog_kills_a_command_past_its_deadline_only() {
+        let now = std::time::Instant::now;
+        let delay = Duration::from_millis(100);
+
+        let (mut past, pid) = sleeper();
+        let backstop = Backstop {
+            deadline: TermDeadline::new(now()),
+            after: delay,
+        };
+        let _watchdog = Watchdog::start(pid, backstop).expect("watchdog");
+        assert!(dies_within(pid, Duration::from_secs(5)).await, "not killed");
+        let _ = past.wait().await;
+
+        let (mut renewed, pid) = sleeper();
+        let deadline = TermDeadline::new(now() + delay);
+        let watchdog = Watchdog::start(
+            pid,
+            Backstop {
+                deadline: deadline.clone(),
+                after: delay,
+            },
+        )
+        .expect("watchdog");
+        for _ in 0..20 {
+            deadline.set(now() + delay);
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        assert!(alive(pid.as_raw()), "killed while its deadline moved on");
+        // Renewals stop: killed within the deadline and the delay.
+        assert!(dies_within(pid, Duration::from_secs(5)).await, "not killed");
+        let _ = renewed.wait().await;
+        drop(watchdog);
+
+        let (mut stopped, pid) = sleeper();
+        let watchdog = Watchdog::start(
+            pid,
+            Backstop {
+                deadline: TermDeadline::new(now() + delay),
+                after: delay,
+            },
+        )
+        .expect("watchdog");
+        drop(watchdog);
+        tokio::time::sleep(delay * 4).await;
+        assert!(alive(pid.as_raw()), "a dropped watchdog killed");
+        let _ = stopped.start_kill();
+        let _ = stopped.wait().await;
+    }
+
+    /// The delay leaves COMMAND its grace and ends half way to the end of the lease.
+    #[test]
+    fn the_backstop_falls_between_the_grace_and_the_lease() {
+        let timings = Timings {
+            lease_duration: Duration::from_secs(15),
+            renew_deadline: Duration::from_secs(10),
+            retry_period: Duration::from_secs(2),
+        };
+        let backstop = Backstop::new(
+            TermDeadline::new(std::time::Instant::now()),
+            Duration::from_secs(3),
+            timings,
+        );
+        assert_eq!(backstop.after, Duration::from_secs(4));
     }
 
     /// A supervisor whose parent is not the `leader` that started it (that `leader` died before

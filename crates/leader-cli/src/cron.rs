@@ -8,7 +8,7 @@ use leader::cron::{
 use leader_core::{CancellationToken, FileLock, Leadership};
 
 use crate::args::CronArgs;
-use crate::child;
+use crate::child::{self, Backstop};
 use crate::exit;
 use crate::open::fail;
 use crate::run::{Term, Work, elect};
@@ -110,7 +110,11 @@ async fn fire(
         ),
     ];
     let term_lock = term.file_lock.as_ref().and_then(FileLock::term_lock);
-    let mut running = match term.program.spawn(firing.fencing_token, term_lock) {
+    let backstop = Backstop::new(firing.deadline.clone(), term.grace, term.timings);
+    let mut running = match term
+        .program
+        .spawn(firing.fencing_token, term_lock, backstop)
+    {
         Ok(child) => child,
         Err(err) => {
             eprintln!("leader: cannot start {:?}: {err}", term.program.command[0]);

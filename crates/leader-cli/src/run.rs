@@ -11,7 +11,7 @@ use leader_core::{
 use tokio::sync::watch;
 
 use crate::args::{ElectionArgs, RunArgs};
-use crate::child::{self, Program};
+use crate::child::{self, Backstop, Program};
 use crate::exit;
 use crate::label;
 use crate::open::{fail, open_lock};
@@ -77,6 +77,7 @@ pub(crate) async fn elect(args: ElectionArgs, work: Work) -> u8 {
         },
         file_lock,
         grace,
+        timings,
         shutdown: CancellationToken::new(),
         outcome: Outcome::default(),
     };
@@ -185,6 +186,8 @@ pub(crate) struct Term {
     /// The file lock, whose term lock COMMAND inherits.
     pub(crate) file_lock: Option<FileLock>,
     pub(crate) grace: Duration,
+    /// The election's timings: when a COMMAND must be gone after its term's deadline.
+    pub(crate) timings: Timings,
     pub(crate) shutdown: CancellationToken,
     pub(crate) outcome: Outcome,
 }
@@ -195,7 +198,8 @@ impl Term {
     async fn run(self, leadership: Leadership) {
         let token = leadership.fencing_token();
         let term_lock: Option<File> = self.file_lock.as_ref().and_then(FileLock::term_lock);
-        let mut child = match self.program.spawn(token, term_lock) {
+        let backstop = Backstop::new(leadership.deadline(), self.grace, self.timings);
+        let mut child = match self.program.spawn(token, term_lock, backstop) {
             Ok(child) => child,
             Err(err) => {
                 eprintln!("leader: cannot start {:?}: {err}", self.program.command[0]);

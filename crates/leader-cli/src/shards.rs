@@ -7,10 +7,10 @@
 
 use std::time::Duration;
 
-use leader_core::{CancellationToken, Leadership, Shards, ShardsError};
+use leader_core::{CancellationToken, Leadership, Shards, ShardsError, Timings};
 
 use crate::args::ElectionArgs;
-use crate::child::{self, Program};
+use crate::child::{self, Backstop, Program};
 use crate::exit;
 use crate::open::{code_for, fail};
 use crate::run::{command_grace, identity_and_timings, wait_for_signal};
@@ -62,7 +62,7 @@ pub(crate) async fn run(args: ElectionArgs, count: u32, command: Vec<String>) ->
         .timings(timings)
         .stop_grace(timings.stop_window())
         .on_shard_started(move |shard, term| {
-            tokio::spawn(per_shard(program.clone(), grace, shard, term));
+            tokio::spawn(per_shard(program.clone(), grace, timings, shard, term));
         })
         .build()
     {
@@ -98,10 +98,17 @@ pub(crate) async fn run(args: ElectionArgs, count: u32, command: Vec<String>) ->
 /// One shard's COMMAND: started with the shard's number and token, stopped when the shard's
 /// term ends. A COMMAND that exits by itself gives the shard up (it may come back to this
 /// replica or go to another on a later round).
-async fn per_shard(mut program: Program, grace: Duration, shard: u32, term: Leadership) {
+async fn per_shard(
+    mut program: Program,
+    grace: Duration,
+    timings: Timings,
+    shard: u32,
+    term: Leadership,
+) {
     program.env.push(("LEADER_SHARD".into(), shard.to_string()));
     let token = term.fencing_token();
-    let mut process = match program.spawn(token, None) {
+    let backstop = Backstop::new(term.deadline(), grace, timings);
+    let mut process = match program.spawn(token, None, backstop) {
         Ok(process) => process,
         Err(err) => {
             eprintln!("leader: cannot start {:?}: {err}", program.command[0]);

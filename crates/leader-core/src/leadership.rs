@@ -43,6 +43,7 @@ struct Term {
     identity: String,
     fencing_token: u64,
     acquired_at: Instant,
+    deadline: TermDeadline,
     cancel: CancellationToken,
     /// Asks the elector to end this term: hand its lease to a named candidate, or step down.
     requests: mpsc::Sender<TermRequest>,
@@ -50,6 +51,39 @@ struct Term {
     alive: mpsc::WeakSender<()>,
     /// The record's extensions as this term last stored them.
     extensions: Arc<Mutex<BTreeMap<String, String>>>,
+}
+
+/// When a term ends unless a renewal succeeds first: the start of its last successful renewal
+/// plus the renew deadline (S3), as the elector last moved it. A plain shared value that any
+/// thread may read, for a watchdog that must act even when the runtime running the elector is
+/// stuck ([`Leadership::deadline`]).
+#[derive(Clone, Debug)]
+pub struct TermDeadline(Arc<Mutex<std::time::Instant>>);
+
+/// Two handles are equal when they follow the same term's deadline.
+impl PartialEq for TermDeadline {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for TermDeadline {}
+
+impl TermDeadline {
+    /// A deadline at `at`, which [`set`](Self::set) moves.
+    pub fn new(at: std::time::Instant) -> Self {
+        Self(Arc::new(Mutex::new(at)))
+    }
+
+    /// The instant the term ends unless a renewal succeeds before.
+    pub fn get(&self) -> std::time::Instant {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Moves the deadline to `at`.
+    pub fn set(&self, at: std::time::Instant) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = at;
+    }
 }
 
 /// What a term's work asks of the elector.
@@ -121,6 +155,7 @@ impl Leadership {
         fencing_token: u64,
         cancel: CancellationToken,
         extensions: BTreeMap<String, String>,
+        deadline: TermDeadline,
     ) -> (Self, mpsc::Receiver<TermRequest>, mpsc::Receiver<()>) {
         let (requests, requests_rx) = mpsc::channel(1);
         let (alive, alive_rx) = mpsc::channel(1);
@@ -130,6 +165,7 @@ impl Leadership {
                 identity,
                 fencing_token,
                 acquired_at: Instant::now(),
+                deadline,
                 cancel,
                 requests,
                 alive: alive.downgrade(),
@@ -143,6 +179,15 @@ impl Leadership {
     /// What the runner updates after each write of this term.
     pub(crate) fn extensions_handle(&self) -> Arc<Mutex<BTreeMap<String, String>>> {
         self.term.extensions.clone()
+    }
+
+    /// When this term ends unless a renewal succeeds first (the start of its last successful
+    /// renewal plus the renew deadline), as a handle that follows the renewals and that another
+    /// thread may hold without keeping the term's work "running". The elector cancels the term
+    /// at that instant by a timer on its runtime; a process that must not trust that runtime
+    /// alone (the `leader` command kills COMMAND from a thread of its own) reads it here.
+    pub fn deadline(&self) -> TermDeadline {
+        self.term.deadline.clone()
     }
 
     /// A copy that does not keep the term's work running: the one the state channel holds.

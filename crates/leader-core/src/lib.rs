@@ -43,7 +43,7 @@ pub use health::{HealthCheck, NotReady, Unhealthy};
 pub use hub::ChangeHub;
 pub use identity::default_identity;
 pub use leadership::{
-    ExtensionError, LeaderState, Leadership, LeadershipLost, StepDown, StepDownReason,
+    ExtensionError, LeaderState, Leadership, LeadershipLost, StepDown, StepDownReason, TermDeadline,
 };
 pub use lock::{Acquisition, ChangeStream, LeaderEvent, ResourceLock};
 pub use memory::{MemoryLock, MemoryStore};

@@ -16,7 +16,7 @@ use crate::config::ElectorConfig;
 use crate::error::LockError;
 use crate::leadership::{
     ExtensionChanges, ExtensionError, LeaderState, Leadership, LeadershipLost, StepDown,
-    StepDownReason, TermRequest,
+    StepDownReason, TermDeadline, TermRequest,
 };
 use crate::lock::{Acquisition, ChangeStream, LeaderEvent, ResourceLock};
 use crate::metrics as m;
@@ -676,16 +676,18 @@ impl Runner {
         let cancel = CancellationToken::new();
         // Should this future be dropped mid-term (an aborted task), the work must still stop.
         let _cancel_on_drop = cancel.clone().drop_guard();
+        // S3: the term lasts until the start of the last successful renewal plus the deadline.
+        let mut deadline = started + self.config.renew_deadline;
+        let shared_deadline = TermDeadline::new(deadline.into_std());
         let (leadership, mut requests, alive) = Leadership::new(
             self.config.name.clone(),
             self.identity().to_owned(),
             fencing_token,
             cancel.clone(),
             acquired.record.extensions.clone(),
+            shared_deadline.clone(),
         );
         let extensions = leadership.extensions_handle();
-        // S3: the term lasts until the start of the last successful renewal plus the deadline.
-        let mut deadline = started + self.config.renew_deadline;
         status::lock(&self.shared).renewed_at = Some(started);
         tracing::info!(fencing_token, "became leader");
         m::acquired(&self.config.name);
@@ -758,6 +760,7 @@ impl Runner {
                 Ok(Renewal::Renewed) if Instant::now() < deadline => {
                     self.report_success();
                     deadline = attempt_started + self.config.renew_deadline;
+                    shared_deadline.set(deadline.into_std());
                     m::renewed(&self.config.name, attempt_started.elapsed());
                     status::lock(&self.shared).renewed_at = Some(attempt_started);
                     if let Some(observed) = &self.observed {

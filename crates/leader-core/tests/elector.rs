@@ -160,6 +160,42 @@ async fn a_hung_renewal_cancels_leadership_at_the_renew_deadline() {
     assert_eq!(stopped[0].reason, StepDownReason::RenewDeadlineExceeded);
 }
 
+/// The leadership's deadline, readable from any thread, follows the renewals: the start of the
+/// last successful one plus the renew deadline, and it stops moving when renewals hang.
+#[tokio::test(start_paused = true)]
+async fn the_term_deadline_follows_the_renewals() {
+    let store = MemoryStore::new();
+    let (lock, faults) = faulty(&store, "a");
+    let started = Instant::now();
+    let mut a = Candidate::build(builder(lock));
+    let leadership = a.leadership().await;
+    let deadline = leadership.deadline();
+    assert_eq!(
+        deadline.get(),
+        (started + RENEW).into_std(),
+        "set at acquisition"
+    );
+    // Renewals at 2 s, 4 s and 6 s succeed; the one at 8 s hangs.
+    sleep(Duration::from_secs(7)).await;
+    assert_eq!(deadline.get(), (started + RETRY * 3 + RENEW).into_std());
+    faults.hang(true);
+    sleep(Duration::from_secs(4)).await;
+    assert_eq!(
+        deadline.get(),
+        (started + RETRY * 3 + RENEW).into_std(),
+        "a hung renewal extends nothing"
+    );
+    leadership.lost().await;
+    assert_eq!(
+        Instant::now().into_std(),
+        deadline.get(),
+        "the term ended at it"
+    );
+    faults.hang(false);
+    drop(leadership);
+    a.stop().await;
+}
+
 /// S3: a renewal answered after the deadline does not extend the term.
 #[tokio::test(start_paused = true)]
 async fn a_renewal_answered_after_the_deadline_does_not_extend_the_term() {

@@ -41,6 +41,10 @@ pub struct Firing {
     pub fencing_token: u64,
     /// How late it started, from its scheduled instant, by the leader's clock.
     pub lateness: Duration,
+    /// When the term running it ends unless a renewal succeeds first
+    /// ([`Leadership::deadline`](leader_core::Leadership::deadline)): for a watchdog on a thread
+    /// of its own.
+    pub deadline: leader_core::TermDeadline,
 }
 
 /// What happened to a job's firings, as [`CronJob::subscribe`] tells it (besides the logs
@@ -620,6 +624,7 @@ impl CronJob {
             attempt,
             fencing_token: leadership.fencing_token(),
             lateness,
+            deadline: leadership.deadline(),
         };
         let _ = inner.events.send(CronEvent::Started(firing.clone()));
         let cancel = leadership.cancellation_token().child_token();

@@ -17,7 +17,7 @@ use super::{
     shard_key,
 };
 use crate::error::LockError;
-use crate::leadership::{Leadership, StepDown, StepDownReason, TermRequest};
+use crate::leadership::{Leadership, StepDown, StepDownReason, TermDeadline, TermRequest};
 use crate::lock::{Acquisition, ResourceLock};
 use crate::metrics as m;
 use crate::record::{LeaderElectionRecord, Observed, Version};
@@ -39,6 +39,8 @@ struct Term {
     observed: Observed,
     /// Moved on by each successful renewal; its timer ends the term when it passes (S3).
     deadline: watch::Sender<Instant>,
+    /// The same deadline, for the leadership's readers on other threads.
+    shared_deadline: TermDeadline,
     cancel: CancellationToken,
     /// The counted leadership of a shard's term (none for the member record).
     leadership: Option<Leadership>,
@@ -53,6 +55,12 @@ impl Term {
 
     fn past_deadline(&self) -> bool {
         self.cancel.is_cancelled() || Instant::now() >= *self.deadline.borrow()
+    }
+
+    /// A renewal that started at `started` succeeded: the term lasts until `until`.
+    fn extend(&self, until: Instant) {
+        self.deadline.send_replace(until);
+        self.shared_deadline.set(until.into_std());
     }
 }
 
@@ -328,6 +336,7 @@ impl Runner {
     ) -> Term {
         let cancel = CancellationToken::new();
         let (deadline, until) = watch::channel(started + self.config.renew_deadline);
+        let shared_deadline = TermDeadline::new((started + self.config.renew_deadline).into_std());
         end_at_deadline(cancel.clone(), until);
         let (leadership, requests, alive) = match shard {
             Some(shard) => {
@@ -337,6 +346,7 @@ impl Runner {
                     observed.record.leader_transitions,
                     cancel.clone(),
                     observed.record.extensions.clone(),
+                    shared_deadline.clone(),
                 );
                 (Some(leadership), Some(requests), Some(alive))
             }
@@ -346,6 +356,7 @@ impl Runner {
             key,
             observed,
             deadline,
+            shared_deadline,
             cancel,
             leadership,
             requests,
@@ -407,8 +418,7 @@ impl Runner {
                         self.renews_in_store = Some(stored.version == term.observed.version);
                     }
                     term.observed = stored;
-                    term.deadline
-                        .send_replace(started + self.config.renew_deadline);
+                    term.extend(started + self.config.renew_deadline);
                     renewed += 1;
                 }
                 Err(err) if err.is_conflict() => {
@@ -571,8 +581,7 @@ impl Runner {
                         .unwrap_or_else(|p| p.into_inner()) = stored.record.extensions.clone();
                 }
                 term.observed = stored;
-                term.deadline
-                    .send_replace(started + self.config.renew_deadline);
+                term.extend(started + self.config.renew_deadline);
                 Ok(())
             }
             Err(err) if err.is_conflict() => {
