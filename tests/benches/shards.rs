@@ -7,7 +7,8 @@
 //! then, over `WINDOW_S` seconds (default 10) with nothing changing, the requests each member
 //! sent per retry period (counted on the wire where the client counts them: etcd's requests
 //! and keep-alive messages, the test Consul server's requests, object storage's requests;
-//! on Postgres and Redis, where a batch is one statement or one script, at the member), and the CPU this process used (all members
+//! on Postgres, MySQL, Redis and Kubernetes, at the member: a batched read or round of renewals
+//! as one request, an update per Lease on Kubernetes), and the CPU this process used (all members
 //! together); then a member joining, and one leaving (shut down, its shards
 //! released), each until balanced again, and the spread (most owned less fewest) after it.
 //!
@@ -40,12 +41,13 @@ fn knob(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-/// A member's records, its requests counted: a batch as one where the backend batches, as one
-/// per record where it does not, and every request of a record's own lock.
+/// A member's records, its requests counted: a read or a round of renewals as one request
+/// where the backend batches it, as one per record where it does not, and every request of a
+/// record's own lock.
 #[derive(Debug)]
 struct Counting {
     inner: Box<dyn LockSet>,
-    batched: bool,
+    batched: Batched,
     batches: AtomicUsize,
     faults: Faults,
     locks: Mutex<HashMap<String, Arc<dyn ResourceLock>>>,
@@ -56,9 +58,38 @@ impl Counting {
         self.batches.load(Ordering::Relaxed) + self.faults.calls().len()
     }
 
-    fn batch(&self, records: usize) {
-        let n = if self.batched { 1 } else { records };
+    fn batch(&self, batched: bool, records: usize) {
+        let n = if batched { 1 } else { records };
         self.batches.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+/// Which of a set's operations a backend does in one request whatever the number of records.
+#[derive(Clone, Copy, Debug)]
+struct Batched {
+    reads: bool,
+    renewals: bool,
+}
+
+impl Batched {
+    fn of(backend: &Backend) -> Self {
+        match backend {
+            // One statement, one script: both.
+            Backend::Postgres(_) | Backend::Mysql(_) | Backend::Redis(_) => Self {
+                reads: true,
+                renewals: true,
+            },
+            // One list of the namespace's Leases; an update per Lease.
+            Backend::Kubernetes(..) => Self {
+                reads: true,
+                renewals: false,
+            },
+            // Counted on the wire (etcd, Consul, object storage), or a request per record.
+            _ => Self {
+                reads: false,
+                renewals: false,
+            },
+        }
     }
 }
 
@@ -83,11 +114,11 @@ impl LockSet for Counting {
         self.inner.describe()
     }
     async fn get_many(&self, keys: &[String]) -> Vec<Result<Option<Observed>, LockError>> {
-        self.batch(keys.len());
+        self.batch(self.batched.reads, keys.len());
         self.inner.get_many(keys).await
     }
     async fn renew_many(&self, renewals: &[Renewal]) -> Vec<Result<Observed, LockError>> {
-        self.batch(renewals.len());
+        self.batch(self.batched.renewals, renewals.len());
         self.inner.renew_many(renewals).await
     }
 }
@@ -100,10 +131,9 @@ struct Member {
 }
 
 fn join(backend: &Arc<Backend>, name: &str, count: u32, identity: &str) -> Member {
-    let batched = matches!(**backend, Backend::Postgres(_) | Backend::Redis(_));
     let counting = Arc::new(Counting {
         inner: backend.lock_set(name, identity),
-        batched,
+        batched: Batched::of(backend),
         batches: AtomicUsize::new(0),
         faults: Faults::new(),
         locks: Mutex::default(),

@@ -1,5 +1,5 @@
 //! Faults across backends: three replicas of `leader run -- fenced-writer` on the file lock and,
-//! through a TCP proxy each, on private Postgres (table and advisory locks), Redis, etcd,
+//! through a TCP proxy each, on private Postgres (table and advisory locks), MariaDB, Redis, etcd,
 //! Kubernetes API and Consul servers (the last two the test support's); into whichever replica leads: SIGKILL, SIGSTOP past the lease then
 //! SIGCONT, its network cut (a partition of the leader alone), a latency spike beyond the renew
 //! deadline; into the server: crashed and restarted, frozen with SIGSTOP, every connection
@@ -33,7 +33,7 @@
 //! For example `FAULT_COUNT=1000 FAULT_SHUFFLE=1 FAULT_LEASE_MS=800 cargo test -p leader-tests
 //! --release --test faults -- --nocapture`. A run says every violation as it happens and its
 //! progress every 100 faults, and prints a summary table at the end. Needs the Postgres
-//! of `DATABASE_URL` for the sink, and Debian's PostgreSQL, `redis-server` and `etcd` binaries
+//! of `DATABASE_URL` for the sink, and Debian's PostgreSQL, MariaDB, `redis-server` and `etcd` binaries
 //! for the private servers (`scripts/setup` installs them).
 
 use std::sync::Mutex;
@@ -163,6 +163,11 @@ fn faults_on_postgres() {
 }
 
 #[test]
+fn faults_on_mysql() {
+    campaign(Backend::Mysql);
+}
+
+#[test]
 fn faults_on_redis() {
     campaign(Backend::Redis);
 }
@@ -234,6 +239,11 @@ fn firings_under_faults_on_postgres() {
 }
 
 #[test]
+fn firings_under_faults_on_mysql() {
+    firings(Backend::Mysql);
+}
+
+#[test]
 fn firings_under_faults_on_redis() {
     firings(Backend::Redis);
 }
@@ -300,6 +310,11 @@ fn shards_under_faults_on_the_file_lock() {
 #[test]
 fn shards_under_faults_on_postgres() {
     shards(Backend::Postgres);
+}
+
+#[test]
+fn shards_under_faults_on_mysql() {
+    shards(Backend::Mysql);
 }
 
 #[test]

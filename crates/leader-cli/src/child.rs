@@ -137,13 +137,14 @@ fn watch(group: Pid, backstop: &Backstop, stop: &(Mutex<bool>, Condvar)) {
         if *stopped {
             return;
         }
-        let kill_at = backstop.deadline.get() + backstop.after;
+        let deadline = backstop.deadline.get();
+        let kill_at = deadline + backstop.after;
         let now = std::time::Instant::now();
         if now >= kill_at {
             let _ = killpg(group, Signal::SIGKILL);
             eprintln!(
-                "leader: COMMAND still ran {:?} after its term's deadline: killed (process group {group})",
-                backstop.after
+                "leader: COMMAND still ran {:?} past its term's deadline (this process was stopped or stuck): killed its process group {group}",
+                now - deadline
             );
             return;
         }

@@ -11,6 +11,7 @@ use std::time::Duration;
 use leader_consul::ConsulStore;
 use leader_core::{FileLock, ResourceLock};
 use leader_etcd::EtcdStore;
+use leader_mysql::MysqlStore;
 use leader_object_store::BucketStore;
 use leader_postgres::PostgresStore;
 use leader_redis::RedisStore;
@@ -25,6 +26,8 @@ pub enum Backend {
     File(tempfile::TempDir),
     Postgres(PostgresStore),
     PostgresAdvisory(PostgresStore),
+    /// The MySQL / MariaDB table lock (`MYSQL_URL`).
+    Mysql(MysqlStore),
     Redis(RedisStore),
     Etcd(EtcdStore),
     Consul(ConsulApiServer, ConsulStore),
@@ -56,6 +59,15 @@ impl Backend {
                 backends.push(Self::PostgresAdvisory(store));
             }
             Err(err) => eprintln!("no Postgres: {err}"),
+        }
+        match MysqlStore::builder(leader_test_support::mysql_url())
+            .create_table(true)
+            .max_connections(16)
+            .build()
+            .await
+        {
+            Ok(store) => backends.push(Self::Mysql(store)),
+            Err(err) => eprintln!("no MySQL: {err}"),
         }
         match RedisStore::connect(redis_url()).await {
             Ok(store) => backends.push(Self::Redis(store)),
@@ -92,6 +104,7 @@ impl Backend {
             Self::File(_) => "file",
             Self::Postgres(_) => "postgres (table)",
             Self::PostgresAdvisory(_) => "postgres (advisory)",
+            Self::Mysql(_) => "mysql (table, MariaDB)",
             Self::Redis(_) => "redis",
             Self::Etcd(_) => "etcd",
             Self::Consul(..) => "consul (test server)",
@@ -105,6 +118,7 @@ impl Backend {
             Self::File(dir) => Arc::new(FileLock::new(dir.path().join(name), identity)),
             Self::Postgres(store) => Arc::new(store.lock(name, identity)),
             Self::PostgresAdvisory(store) => Arc::new(store.advisory_lock(name, identity)),
+            Self::Mysql(store) => Arc::new(store.lock(name, identity)),
             Self::Redis(store) => Arc::new(store.lock(name, identity)),
             Self::Etcd(store) => Arc::new(store.lock(name, identity)),
             Self::Consul(_, store) => Arc::new(store.lock(name, identity).expect("a valid name")),
@@ -121,6 +135,7 @@ impl Backend {
     pub fn lock_set(self: &Arc<Self>, name: &str, identity: &str) -> Box<dyn leader_core::LockSet> {
         match &**self {
             Self::Postgres(store) => Box::new(store.lock_set(identity)),
+            Self::Mysql(store) => Box::new(store.lock_set(identity)),
             Self::Redis(store) => Box::new(store.lock_set(identity)),
             Self::Etcd(store) => Box::new(store.lock_set(identity)),
             Self::Consul(_, store) => {
@@ -161,6 +176,16 @@ impl Backend {
         match self {
             // The test API server keeps no count of its requests.
             Self::File(_) | Self::Kubernetes(..) => None,
+            Self::Mysql(store) => {
+                use leader_mysql::mysql_async::prelude::Queryable;
+                let mut conn = store.pool().get_conn().await.ok()?;
+                // Statements the server ran, from every client (this one's included).
+                let row: Option<(String, u64)> = conn
+                    .query_first("SHOW GLOBAL STATUS LIKE 'Questions'")
+                    .await
+                    .ok()?;
+                row.map(|(_, n)| n)
+            }
             Self::ObjectStore(counting, _) => u64::try_from(counting.total()).ok(),
             Self::Consul(api, _) => u64::try_from(api.requests().values().sum::<usize>()).ok(),
             Self::Postgres(store) | Self::PostgresAdvisory(store) => {

@@ -39,6 +39,8 @@ pub enum Backend {
     /// `postgres://...?advisory=true`: the advisory lock on a private Postgres, with an idle
     /// session timeout of [`Settings::advisory_idle`].
     Advisory,
+    /// `mysql://`: the table lock on a private MariaDB.
+    Mysql,
     /// `redis://`: a private Redis.
     Redis,
     /// `etcd://`: a private etcd.
@@ -59,10 +61,11 @@ pub enum Backend {
 
 impl Backend {
     /// Every backend, in the order reports list them.
-    pub const ALL: [Self; 9] = [
+    pub const ALL: [Self; 10] = [
         Self::File,
         Self::Postgres,
         Self::Advisory,
+        Self::Mysql,
         Self::Redis,
         Self::Etcd,
         Self::EtcdCluster,
@@ -142,6 +145,7 @@ impl Backend {
                 "postgres://postgres@127.0.0.1:{port}/postgres?advisory=true&idle_session_timeout={}ms",
                 settings.advisory_idle().as_millis()
             ),
+            Self::Mysql => format!("mysql://root@127.0.0.1:{port}/leader"),
             Self::Redis => format!("redis://127.0.0.1:{port}"),
             Self::Etcd => format!("etcd://127.0.0.1:{port}"),
             // `port` is the first member's proxy; the others' follow (see `run`). A member
@@ -196,6 +200,7 @@ impl Backend {
         match self {
             Self::File => None,
             Self::Postgres | Self::Advisory => Some(ServerKind::Postgres),
+            Self::Mysql => Some(ServerKind::Mysql),
             Self::Redis => Some(ServerKind::Redis),
             Self::Etcd => Some(ServerKind::Etcd),
             // Started by `run`, as a cluster.
@@ -213,6 +218,7 @@ impl Backend {
             Self::File => "file",
             Self::Postgres => "postgres",
             Self::Advisory => "postgres advisory",
+            Self::Mysql => "mysql",
             Self::Redis => "redis",
             Self::Etcd => "etcd",
             Self::EtcdCluster => "etcd (three members)",

@@ -14,6 +14,10 @@ pub enum ServerKind {
     /// `redis-server` with the append-only file synced on every write (`appendfsync always`), the
     /// set-up `leader-redis` documents for fencing tokens that survive a restart.
     Redis,
+    /// MariaDB from Debian's packages (`mariadbd`), a data directory of its own made by
+    /// `mariadb-install-db`, every write durable as by default (`innodb_flush_log_at_trx_commit=1`),
+    /// no grant checks (any user, any password), and a database `leader`.
+    Mysql,
     /// A single-member `etcd` cluster.
     Etcd,
     /// The test Kubernetes API server (`kube-api-server` of `leader-test-support`), keeping its
@@ -131,7 +135,46 @@ impl PrivateServer {
                 )));
             }
         }
+        if kind == ServerKind::Mysql {
+            let mut install = Command::new("mariadb-install-db");
+            install
+                .arg("--no-defaults")
+                .arg(format!("--datadir={}", server.dir.join("data").display()))
+                .args(["--skip-test-db", "--auth-root-authentication-method=normal"]);
+            if running_as_root() {
+                install.arg("--user=root");
+            }
+            let output = install
+                .output()
+                .map_err(|e| fail(format!("mariadb-install-db: {e}")))?;
+            if !output.status.success() {
+                return Err(fail(format!(
+                    "mariadb-install-db: {}",
+                    String::from_utf8_lossy(&output.stderr)
+                )));
+            }
+        }
         server.restart()?;
+        if kind == ServerKind::Mysql {
+            let output = Command::new("mariadb")
+                .args([
+                    "-h",
+                    "127.0.0.1",
+                    "-P",
+                    &server.port.to_string(),
+                    "-u",
+                    "root",
+                ])
+                .args(["-e", "CREATE DATABASE IF NOT EXISTS leader"])
+                .output()
+                .map_err(|e| fail(format!("mariadb: {e}")))?;
+            if !output.status.success() {
+                return Err(fail(format!(
+                    "creating the database: {}",
+                    String::from_utf8_lossy(&output.stderr)
+                )));
+            }
+        }
         Ok(server)
     }
 
@@ -213,6 +256,37 @@ impl PrivateServer {
                     .stderr(Stdio::null())
                     .spawn()
                     .map_err(|e| fail(format!("redis-server: {e}")))?;
+                self.child = Some(child);
+            }
+            ServerKind::Mysql => {
+                let mut command = Command::new("mariadbd");
+                command
+                    .arg("--no-defaults")
+                    .arg(format!("--datadir={}", self.dir.join("data").display()))
+                    .arg(format!(
+                        "--socket={}",
+                        self.dir.join("mysqld.sock").display()
+                    ))
+                    .arg(format!(
+                        "--pid-file={}",
+                        self.dir.join("mysqld.pid").display()
+                    ))
+                    .arg(format!("--port={}", self.port))
+                    .args([
+                        "--bind-address=127.0.0.1",
+                        "--skip-grant-tables",
+                        "--skip-log-bin",
+                        "--innodb-buffer-pool-size=32M",
+                        "--max-connections=300",
+                    ]);
+                if running_as_root() {
+                    command.arg("--user=root");
+                }
+                let child = command
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .map_err(|e| fail(format!("mariadbd: {e}")))?;
                 self.child = Some(child);
             }
             ServerKind::Etcd => {
