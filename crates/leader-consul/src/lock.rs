@@ -274,38 +274,19 @@ impl ConsulLock {
     /// Runs a transaction; a 409 is a conflict, or `Forbidden` for an operation the ACL token
     /// may not do.
     async fn txn(&self, ops: &[Value]) -> Result<Vec<Value>, LockError> {
-        let body = Value::Array(ops.to_vec()).to_string().into_bytes();
-        let answer = self
-            .store
-            .send(
-                &self.context,
-                Method::PUT,
-                "/v1/txn",
-                &[],
-                Some(body),
-                Duration::ZERO,
-            )
-            .await?;
-        match answer.code {
-            StatusCode::OK => {
-                let result: Value = serde_json::from_str(&answer.body)
-                    .map_err(|err| self.invalid(format!("a transaction answer: {err}")))?;
-                Ok(result["Results"].as_array().cloned().unwrap_or_default())
-            }
-            StatusCode::CONFLICT => {
-                match refusal(&self.context, self.store.prefix(), ops, &answer.body) {
-                    Refusal::Denied(err) | Refusal::Unsupported(err) => Err(err),
-                    Refusal::InvalidSession => {
-                        // Consul no longer knows the session: a new one next time.
-                        for id in ops.iter().filter_map(|op| op["KV"]["Session"].as_str()) {
-                            self.session.forget(id);
-                        }
-                        Err(LockError::conflict(BACKEND))
+        match self.store.txn(&self.context, ops).await? {
+            Ok(results) => Ok(results),
+            Err(body) => match refusal(&self.context, self.store.prefix(), ops, &body) {
+                Refusal::Denied(err) | Refusal::Unsupported(err) => Err(err),
+                Refusal::InvalidSession => {
+                    // Consul no longer knows the session: a new one next time.
+                    for id in ops.iter().filter_map(|op| op["KV"]["Session"].as_str()) {
+                        self.session.forget(id);
                     }
-                    Refusal::Conflict => Err(LockError::conflict(BACKEND)),
+                    Err(LockError::conflict(BACKEND))
                 }
-            }
-            _ => Err(self.store.refused(&self.context, &answer)),
+                Refusal::Conflict => Err(LockError::conflict(BACKEND)),
+            },
         }
     }
 

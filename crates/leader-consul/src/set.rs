@@ -3,16 +3,13 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use futures_util::future::join_all;
 use leader_core::{
     LockError, LockSet, Observed, Renewal, ResourceLock, async_trait, common_prefix,
 };
-use reqwest::{Method, StatusCode};
 use serde_json::Value;
 
-use crate::error::BACKEND;
 use crate::lock::{ConsulLock, RENEWAL_OPS};
 use crate::store::ConsulStore;
 
@@ -89,33 +86,7 @@ impl ConsulLockSet {
     /// One transaction of `ops`: its results, `None` when Consul refused it (409: a check
     /// failed, or the token may not), or the error of any other answer, or of none.
     async fn txn(&self, context: &str, ops: Vec<Value>) -> Result<Option<Vec<Value>>, LockError> {
-        let body = Value::Array(ops).to_string().into_bytes();
-        let answer = self
-            .store
-            .send(
-                context,
-                Method::PUT,
-                "/v1/txn",
-                &[],
-                Some(body),
-                Duration::ZERO,
-            )
-            .await?;
-        match answer.code {
-            StatusCode::OK => {
-                let result: Value = serde_json::from_str(&answer.body).map_err(|err| {
-                    LockError::invalid_record(
-                        BACKEND,
-                        format!("{context}: a transaction answer: {err}"),
-                    )
-                })?;
-                Ok(Some(
-                    result["Results"].as_array().cloned().unwrap_or_default(),
-                ))
-            }
-            StatusCode::CONFLICT => Ok(None),
-            _ => Err(self.store.refused(context, &answer)),
-        }
+        Ok(self.store.txn(context, &ops).await?.ok())
     }
 
     /// Renews `renewals` (at most [`RENEWALS_PER_TXN`]) in one transaction; one by one when

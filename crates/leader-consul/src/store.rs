@@ -275,4 +275,44 @@ impl ConsulStore {
     pub(crate) fn refused(&self, context: &str, answer: &Answer) -> LockError {
         status(context, &self.inner.prefix, answer.code, &answer.body)
     }
+
+    /// Runs `ops` as one `PUT /v1/txn`: `Ok(results)` when Consul applied them, `Err(body)`
+    /// with its refusal's body when it rolled them back (409: a check failed, a session it
+    /// does not know, an ACL denial), and an error for every other answer.
+    pub(crate) async fn txn(
+        &self,
+        context: &str,
+        ops: &[serde_json::Value],
+    ) -> Result<Result<Vec<serde_json::Value>, String>, LockError> {
+        let body = serde_json::Value::Array(ops.to_vec())
+            .to_string()
+            .into_bytes();
+        let answer = self
+            .send(
+                context,
+                Method::PUT,
+                "/v1/txn",
+                &[],
+                Some(body),
+                Duration::ZERO,
+            )
+            .await?;
+        match answer.code {
+            StatusCode::OK => {
+                let result: serde_json::Value =
+                    serde_json::from_str(&answer.body).map_err(|err| {
+                        LockError::invalid_record(
+                            BACKEND,
+                            format!("{context}: a transaction answer: {err}"),
+                        )
+                    })?;
+                Ok(Ok(result["Results"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default()))
+            }
+            StatusCode::CONFLICT => Ok(Err(answer.body)),
+            _ => Err(self.refused(context, &answer)),
+        }
+    }
 }
