@@ -137,9 +137,12 @@ impl PrivateServer {
         }
         if kind == ServerKind::Mysql {
             let mut install = Command::new("mariadb-install-db");
+            // Its own temporary directory: two installs at once collide in a shared one.
             install
                 .arg("--no-defaults")
                 .arg(format!("--datadir={}", server.dir.join("data").display()))
+                .arg(format!("--tmpdir={}", server.dir.display()))
+                .env("TMPDIR", &server.dir)
                 .args(["--skip-test-db", "--auth-root-authentication-method=normal"]);
             if running_as_root() {
                 install.arg("--user=root");
