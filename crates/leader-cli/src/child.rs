@@ -115,9 +115,12 @@ impl Watchdog {
     fn start(group: Pid, backstop: Backstop) -> io::Result<Self> {
         let stop = Arc::new((Mutex::new(false), Condvar::new()));
         let theirs = stop.clone();
+        // The group's leader as started: a number the kernel gave to another process since
+        // (the supervisor reaped, the number reused) is never signalled.
+        let leader = started_at(group);
         std::thread::Builder::new()
             .name("leader-watchdog".into())
-            .spawn(move || watch(group, &backstop, &theirs))?;
+            .spawn(move || watch(group, leader, &backstop, &theirs))?;
         Ok(Self { stop })
     }
 }
@@ -130,7 +133,14 @@ impl Drop for Watchdog {
     }
 }
 
-fn watch(group: Pid, backstop: &Backstop, stop: &(Mutex<bool>, Condvar)) {
+/// When process `pid` started (clock ticks since boot, `/proc/PID/stat`), if it exists.
+fn started_at(pid: Pid) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Field 22, the 20th after the command name.
+    stat.rsplit_once(") ")?.1.split(' ').nth(19)?.parse().ok()
+}
+
+fn watch(group: Pid, leader: Option<u64>, backstop: &Backstop, stop: &(Mutex<bool>, Condvar)) {
     let (stopped, wake) = stop;
     let mut stopped = stopped.lock().unwrap_or_else(|p| p.into_inner());
     loop {
@@ -141,6 +151,10 @@ fn watch(group: Pid, backstop: &Backstop, stop: &(Mutex<bool>, Condvar)) {
         let kill_at = deadline + backstop.after;
         let now = std::time::Instant::now();
         if now >= kill_at {
+            if leader.is_none() || started_at(group) != leader {
+                // The supervisor is gone, and its group with it.
+                return;
+            }
             let _ = killpg(group, Signal::SIGKILL);
             eprintln!(
                 "leader: COMMAND still ran {:?} past its term's deadline (this process was stopped or stuck): killed its process group {group}",

@@ -53,9 +53,13 @@ mod code {
     pub(super) const TRUNCATED_WRONG_VALUE: u16 = 1292;
     pub(super) const DATA_TOO_LONG: u16 = 1406;
     pub(super) const TRUNCATED_WRONG_VALUE_FOR_FIELD: u16 = 1366;
-    /// Too many connections, server shutdown, lock wait timeout, deadlock, read-only (a replica
-    /// or a cluster member that lost quorum), query interrupted, connection killed.
-    pub(super) const TRANSIENT: &[u16] = &[1040, 1053, 1205, 1213, 1290, 1317, 1836, 1927];
+    /// Too many connections, a Galera node that is not primary, server shutdown, lock wait
+    /// timeout, deadlock, read-only (a replica or a cluster member that lost quorum), query
+    /// interrupted, a statement to prepare again, a connection killed, a statement timeout
+    /// (MariaDB, MySQL), an idle connection closed by MySQL 8.
+    pub(super) const TRANSIENT: &[u16] = &[
+        1040, 1047, 1053, 1205, 1213, 1290, 1317, 1615, 1836, 1927, 1969, 3024, 4031,
+    ];
 }
 
 /// Maps a driver error onto a [`LockError`] kind by the server's error code.
@@ -115,10 +119,12 @@ pub(crate) fn map(context: &str, err: mysql_async::Error) -> LockError {
         | code::TRUNCATED_WRONG_VALUE
         | code::TRUNCATED_WRONG_VALUE_FOR_FIELD
         | code::DATA_TOO_LONG
-        | code::WRONG_VALUE_COUNT_ON_ROW => LockError::invalid_record(
-            BACKEND,
-            format!("{message}: the stored row holds values out of range"),
-        ),
+        | code::WRONG_VALUE_COUNT_ON_ROW => LockError::Misconfigured {
+            backend: BACKEND,
+            message: format!(
+                "{message}; the table's columns do not take the lock's values: compare it with leader_mysql::SCHEMA"
+            ),
+        },
         code if code::TRANSIENT.contains(&code) => LockError::unavailable(BACKEND, wrap(err)),
         _ => LockError::other(BACKEND, wrap(err)),
     }

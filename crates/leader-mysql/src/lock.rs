@@ -14,8 +14,8 @@ use crate::store::MysqlStore;
 /// A [`ResourceLock`] on one row of the lock table.
 ///
 /// A renewal is one `UPDATE ... WHERE name = ? AND version = ?` that sets the expiry from the
-/// server's clock; a takeover is one `UPDATE` whose condition (free, or expired by the server's
-/// clock) is decided by the server in the same statement, followed by a read of what it wrote.
+/// server's clock; a takeover is a read, then one `UPDATE` at the version read whose condition
+/// (free, or expired by the server's clock) the server decides again in the same statement.
 /// The server has no notifications, so followers see a release at their next retry.
 #[derive(Clone, Debug)]
 pub struct TableLock {
@@ -65,14 +65,19 @@ impl TableLock {
         conn.exec_drop(sql, params)
             .await
             .map_err(|err| map(&self.context(), err))?;
-        Ok(conn.affected_rows())
+        let changed = conn.affected_rows();
+        self.store.committed(conn).await?;
+        Ok(changed)
     }
 
     async fn read(&self, sql: &str) -> Result<Option<Row>, LockError> {
         let mut conn = self.conn().await?;
-        conn.exec_first(sql, (self.name.as_str(),))
+        let row = conn
+            .exec_first(sql, (self.name.as_str(),))
             .await
-            .map_err(|err| map(&self.context(), err))
+            .map_err(|err| map(&self.context(), err))?;
+        self.store.committed(conn).await?;
+        Ok(row)
     }
 
     /// The record, and the holder's time left by the server's clock.

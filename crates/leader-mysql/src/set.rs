@@ -76,6 +76,7 @@ impl MysqlLockSet {
             .exec(sql, (like_prefix(prefix),))
             .await
             .map_err(|err| map(&context, err))?;
+        self.store.committed(conn).await?;
         Ok(rows
             .iter()
             .filter_map(|row| {
@@ -88,6 +89,8 @@ impl MysqlLockSet {
     }
 
     /// One statement renewing `batch` (each with its new version); the number of rows renewed.
+    /// The derived table is padded to a power of two (at least 8) with rows that match none
+    /// (an empty name): each connection prepares a handful of statements, not one per size.
     async fn renew_batch(
         &self,
         batch: &[(&Renewal, RecordColumns, i64, i64)],
@@ -96,9 +99,9 @@ impl MysqlLockSet {
         let row = "SELECT ? AS name, ? AS expected, ? AS new_version, ? AS holder, ? AS lease_ms, \
                    ? AS acquire, ? AS renew, ? AS transitions, ? AS strategy, ? AS preferred, \
                    ? AS extensions";
-        let rows = vec![row; batch.len()].join(" UNION ALL ");
+        let rows = batch.len().next_power_of_two().max(8);
         let sql = format!(
-            "UPDATE {} AS l JOIN ({rows}) AS v \
+            "UPDATE {} AS l JOIN ({}) AS v \
                ON l.name = v.name AND l.version = v.expected AND l.holder_identity = v.holder \
              SET l.holder_identity = v.holder, l.lease_duration_ms = v.lease_ms, \
                l.acquire_time = v.acquire, l.renew_time = v.renew, \
@@ -108,9 +111,10 @@ impl MysqlLockSet {
                l.expires_at = UTC_TIMESTAMP(6) + INTERVAL (v.lease_ms * 1000) MICROSECOND \
              WHERE l.lease_duration_ms >= 0 AND l.leader_transitions >= 0 \
                AND l.acquire_time >= '1000-01-01' AND l.renew_time >= '1000-01-01'",
-            inner.table.quoted()
+            inner.table.quoted(),
+            vec![row; rows].join(" UNION ALL ")
         );
-        let mut params: Vec<Value> = Vec::with_capacity(batch.len() * 11);
+        let mut params: Vec<Value> = Vec::with_capacity(rows * 11);
         for (renewal, p, expected, new_version) in batch {
             params.extend([
                 renewal.key.clone().into(),
@@ -121,11 +125,21 @@ impl MysqlLockSet {
             // preferred, extensions, as `values` gives them.
             params.extend(values(p));
         }
+        if let Some((_, first, ..)) = batch.first() {
+            // Padding: the first renewal's values under an empty name, which no row has.
+            let mut pad: Vec<Value> = vec!["".into(), 0_i64.into(), 0_i64.into()];
+            pad.extend(values(first));
+            for _ in batch.len()..rows {
+                params.extend(pad.iter().cloned());
+            }
+        }
         let mut conn = self.store.conn().await?;
         conn.exec_drop(sql, params)
             .await
             .map_err(|err| map(&self.store.context(), err))?;
-        Ok(conn.affected_rows())
+        let changed = conn.affected_rows();
+        self.store.committed(conn).await?;
+        Ok(changed)
     }
 }
 
@@ -156,66 +170,76 @@ impl LockSet for MysqlLockSet {
     async fn renew_many(&self, renewals: &[Renewal]) -> Vec<Result<Observed, LockError>> {
         let mut results: Vec<Option<Result<Observed, LockError>>> = Vec::new();
         let mut usable = Vec::new();
-        for renewal in renewals {
+        for (i, renewal) in renewals.iter().enumerate() {
             match (columns(&renewal.record), parse_version(&renewal.version)) {
                 (Ok(p), Some(expected)) => {
                     results.push(None);
-                    usable.push((renewal, p, expected, next_version()));
+                    usable.push((i, (renewal, p, expected, next_version())));
                 }
                 (Err(err), _) => results.push(Some(Err(err))),
                 // A version this table never issued matches no row.
                 (_, None) => results.push(Some(Err(LockError::conflict(BACKEND)))),
             }
         }
-        let mut renewed_all = true;
-        for batch in usable.chunks(RENEWALS_PER_STATEMENT) {
-            match self.renew_batch(batch).await {
-                Ok(n) => renewed_all &= usize::try_from(n).is_ok_and(|n| n == batch.len()),
-                Err(err) => return err.for_each(renewals.len()),
+        // Each statement's records on their own: a statement that failed fails its records
+        // alone, and one that renewed fewer rows than it had is read again to say which.
+        let mut unsure = Vec::new();
+        for chunk in usable.chunks(RENEWALS_PER_STATEMENT) {
+            let batch: Vec<_> = chunk.iter().map(|(_, b)| b.clone()).collect();
+            match self.renew_batch(&batch).await {
+                Ok(n) if usize::try_from(n).is_ok_and(|n| n == chunk.len()) => {
+                    for (i, (renewal, _, _, new_version)) in chunk {
+                        results[*i] = Some(Ok(renewed(renewal, *new_version)));
+                    }
+                }
+                Ok(_) => unsure.extend(chunk.iter().map(|(i, b)| (*i, b.0, b.3))),
+                Err(err) => {
+                    for (i, _) in chunk {
+                        results[*i] = Some(Err(err.duplicate()));
+                    }
+                }
             }
         }
-        // Which rows were renewed: those now at the version their renewal wrote (random, so no
-        // other write leaves it). Read only when some were not.
-        let written: Option<HashMap<String, i64>> = if renewed_all {
-            None
-        } else {
-            let keys: Vec<String> = usable.iter().map(|(r, ..)| r.key.clone()).collect();
+        if !unsure.is_empty() {
+            // Renewed: the rows now at the version their renewal wrote (random, so no other
+            // write leaves it).
+            let keys: Vec<String> = unsure.iter().map(|(_, r, _)| r.key.clone()).collect();
             match self.read_prefix(common_prefix(&keys)).await {
-                Ok(found) => Some(
-                    found
-                        .into_iter()
-                        .filter_map(|(name, observed)| {
-                            let version = parse_version(&observed.ok()?.version)?;
-                            Some((name, version))
-                        })
-                        .collect(),
-                ),
-                Err(err) => return err.for_each(renewals.len()),
+                Ok(found) => {
+                    for (i, renewal, new_version) in unsure {
+                        let ours = found.get(&renewal.key).is_some_and(|observed| {
+                            observed
+                                .as_ref()
+                                .ok()
+                                .and_then(|o| parse_version(&o.version))
+                                == Some(new_version)
+                        });
+                        results[i] = Some(if ours {
+                            Ok(renewed(renewal, new_version))
+                        } else {
+                            Err(LockError::conflict(BACKEND))
+                        });
+                    }
+                }
+                Err(err) => {
+                    for (i, ..) in unsure {
+                        results[i] = Some(Err(err.duplicate()));
+                    }
+                }
             }
-        };
-        let mut usable = usable.into_iter();
+        }
         results
             .into_iter()
-            .map(|result| {
-                if let Some(result) = result {
-                    return result;
-                }
-                let Some((renewal, _, _, new_version)) = usable.next() else {
-                    return Err(LockError::conflict(BACKEND));
-                };
-                let ours = written
-                    .as_ref()
-                    .is_none_or(|written| written.get(&renewal.key) == Some(&new_version));
-                if ours {
-                    Ok(Observed {
-                        record: renewal.record.clone(),
-                        version: Version::from(new_version),
-                    })
-                } else {
-                    Err(LockError::conflict(BACKEND))
-                }
-            })
+            .map(|r| r.unwrap_or_else(|| Err(LockError::conflict(BACKEND))))
             .collect()
+    }
+}
+
+/// What a renewal stored, at the version it wrote.
+fn renewed(renewal: &Renewal, version: i64) -> Observed {
+    Observed {
+        record: renewal.record.clone(),
+        version: Version::from(version),
     }
 }
 

@@ -157,7 +157,7 @@ impl Statements {
             take: format!(
                 "UPDATE {t} SET {set_record}, expires_at = {expires} \
                  WHERE name = ? AND version = ? AND (holder_identity = '' OR expires_at <= {NOW}) \
-                 AND COALESCE(preferred_holder, '') IN ('', ?)"
+                 AND COALESCE(preferred_holder, '') IN ('', ?) AND {VALID}"
             ),
             observe: format!("SELECT {COLUMNS}, {left} FROM {t} WHERE name = ?"),
             time_left: format!("SELECT {left} FROM {t} WHERE name = ? AND holder_identity <> ''"),

@@ -15,13 +15,23 @@ use crate::sql::{Statements, TableName};
 pub const DEFAULT_TABLE: &str = "leader_election";
 
 /// Builds a [`MysqlStore`].
-#[derive(Debug)]
 #[must_use]
 pub struct MysqlStoreBuilder {
     url: String,
     table: String,
     create_table: bool,
     max_connections: usize,
+}
+
+impl fmt::Debug for MysqlStoreBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MysqlStoreBuilder")
+            .field("url", &redact_url(&self.url))
+            .field("table", &self.table)
+            .field("create_table", &self.create_table)
+            .field("max_connections", &self.max_connections)
+            .finish()
+    }
 }
 
 impl MysqlStoreBuilder {
@@ -64,8 +74,11 @@ impl MysqlStoreBuilder {
             if !given.iter().any(|k| k == "prefer_socket") {
                 query.append_pair("prefer_socket", "false");
             }
-            if !given.iter().any(|k| k == "pool_max") {
+            // Each bound on its own: the driver's own minimum (10) is above a small maximum.
+            if !given.iter().any(|k| k == "pool_min") {
                 query.append_pair("pool_min", "0");
+            }
+            if !given.iter().any(|k| k == "pool_max") {
                 query.append_pair("pool_max", &self.max_connections.to_string());
             }
             // Idle connections are kept for a minute: the driver's default (0) closes every
@@ -179,6 +192,30 @@ impl MysqlStore {
             self.inner.redacted,
             self.inner.table.display()
         )
+    }
+
+    /// Returns `conn` to the pool when its last statement left it outside any transaction, with
+    /// autocommit on, as the locks need: otherwise (another user of [`pool`](Self::pool) left
+    /// it in a transaction) what the statement wrote is not committed, so it fails, and closes
+    /// the connection, which rolls that transaction back.
+    pub(crate) async fn committed(&self, conn: Conn) -> Result<(), LockError> {
+        use mysql_async::consts::StatusFlags;
+        let flags = conn.last_ok_packet().map(|ok| ok.status_flags());
+        let open = flags.is_some_and(|flags| {
+            flags.contains(StatusFlags::SERVER_STATUS_IN_TRANS)
+                || !flags.contains(StatusFlags::SERVER_STATUS_AUTOCOMMIT)
+        });
+        if !open {
+            return Ok(());
+        }
+        let _ = conn.disconnect().await;
+        Err(LockError::other(
+            BACKEND,
+            format!(
+                "{}: a pooled connection was inside a transaction (or had autocommit off), left so by another user of the pool: the statement was not committed; the connection is closed (commit or roll back before returning a connection to MysqlStore::pool)",
+                self.context()
+            ),
+        ))
     }
 
     /// A pooled connection; its prepared statements are cached on it.

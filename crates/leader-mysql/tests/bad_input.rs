@@ -254,3 +254,57 @@ async fn invalid_settings_are_rejected_before_connecting() {
         .expect_err("too long");
     assert!(matches!(err, LockError::Misconfigured { .. }), "{err:?}");
 }
+
+/// A connection that another user of the pool left in a transaction (autocommit off) is found
+/// by the lock's next statement on it: the write is not reported done (it was not committed),
+/// the connection is closed, and the next attempt, on a new one, is committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pooled_connection_left_in_a_transaction_commits_nothing_in_silence() {
+    if common::admin().await.is_none() {
+        return;
+    }
+    let store = MysqlStore::builder(common::mysql_url())
+        .max_connections(1)
+        .create_table(true)
+        .build()
+        .await
+        .expect("store");
+    let lock = store.lock(unique("left-open"), "a");
+    let held = lock.create(&record("a", 1)).await.expect("create");
+    let mut conn = store.pool().get_conn().await.expect("pooled");
+    conn.query_drop("SET autocommit = 0")
+        .await
+        .expect("autocommit off");
+    drop(conn);
+    let mut renewal = held.record.clone();
+    renewal.renew_time = chrono::Utc::now();
+    let err = lock
+        .update(&held.version, &renewal)
+        .await
+        .expect_err("a write inside a transaction left open");
+    assert!(err.to_string().contains("transaction"), "{err}");
+    let other = MysqlStore::connect(common::mysql_url())
+        .await
+        .expect("store");
+    let seen = other
+        .lock(lock.name(), "x")
+        .get()
+        .await
+        .expect("get")
+        .expect("a record");
+    assert_eq!(
+        seen.version, held.version,
+        "the failed write was not committed"
+    );
+    let renewed = lock.update(&held.version, &renewal).await.expect("renewed");
+    let seen = other
+        .lock(lock.name(), "x")
+        .get()
+        .await
+        .expect("get")
+        .expect("a record");
+    assert_eq!(
+        seen.version, renewed.version,
+        "committed on a new connection"
+    );
+}
