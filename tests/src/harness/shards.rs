@@ -5,7 +5,7 @@
 //! and restart). The checker takes each shard on its own: its terms (from its COMMANDs' log)
 //! never overlap, their tokens grow, and the sink accepted no stale write for it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex as StdMutex};
@@ -65,7 +65,56 @@ struct Run<'a> {
     /// Per shard: a term's identity and token are unique within its shard only.
     killed: BTreeMap<u32, Marks>,
     frozen: BTreeMap<u32, Marks>,
+    /// The processes of each freeze's COMMAND groups, and when they were stopped.
+    frozen_pids: Vec<(BTreeSet<i32>, i128)>,
     exited: Vec<String>,
+}
+
+/// The processes whose process group is one of `groups` (`/proc/PID/stat`, field 5).
+fn members_of(groups: &[Pid]) -> BTreeSet<i32> {
+    let groups: BTreeSet<i32> = groups.iter().map(|g| g.as_raw()).collect();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return BTreeSet::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|stat| {
+                    stat.rsplit_once(") ")?
+                        .1
+                        .split(' ')
+                        .nth(2)?
+                        .parse::<i32>()
+                        .ok()
+                })
+                .is_some_and(|group| groups.contains(&group))
+        })
+        .collect()
+}
+
+/// Freeze marks by process: a term whose COMMAND was in a frozen group is marked at the first
+/// freeze after its start, unless its own log marked it earlier.
+fn mark_frozen_by_pid(
+    events: &[TermEvent],
+    frozen_pids: &[(BTreeSet<i32>, i128)],
+    frozen: &mut Marks,
+) {
+    for event in events.iter().filter(|e| e.start) {
+        let Some(pid) = event.pid else { continue };
+        let first = frozen_pids
+            .iter()
+            .filter(|(pids, at)| *at > event.at && pids.contains(&pid))
+            .map(|(_, at)| *at)
+            .min();
+        if let Some(at) = first {
+            let key = (event.identity.clone(), event.token);
+            let mark = frozen.entry(key).or_insert(at);
+            *mark = (*mark).min(at);
+        }
+    }
 }
 
 fn shard_log(dir: &Path, shard: u32) -> PathBuf {
@@ -154,15 +203,19 @@ impl Run<'_> {
             }
             Fault::Freeze => {
                 let Some(pid) = pid else { return Ok(false) };
+                // The replica first, so that it starts no COMMAND once its groups are read.
+                let _ = kill(Pid::from_raw(pid.cast_signed()), Signal::SIGSTOP);
                 let groups = command_groups(pid);
+                for group in &groups {
+                    let _ = killpg(*group, Signal::SIGSTOP);
+                }
                 let at = now_ns();
                 for (shard, key) in self.open_terms(&identity) {
                     self.frozen.entry(shard).or_default().insert(key, at);
                 }
-                for group in &groups {
-                    let _ = killpg(*group, Signal::SIGSTOP);
-                }
-                let _ = kill(Pid::from_raw(pid.cast_signed()), Signal::SIGSTOP);
+                // And by process: a COMMAND whose start line is not in its log yet (written
+                // late, under load) is frozen all the same; the checker finds its term by pid.
+                self.frozen_pids.push((members_of(&groups), at));
                 sleep(lasts).await;
                 for group in &groups {
                     let _ = killpg(*group, Signal::SIGCONT);
@@ -255,6 +308,7 @@ pub async fn run(
         incarnations: vec![0; settings.replicas],
         killed: BTreeMap::new(),
         frozen: BTreeMap::new(),
+        frozen_pids: Vec::new(),
         exited: Vec::new(),
     };
     let mut report = ShardsReport::default();
@@ -301,8 +355,9 @@ pub async fn run(
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
-        let frozen = run.frozen.get(&shard).cloned().unwrap_or_default();
         let events = term_events(&shard_log(dir.path(), shard));
+        let mut frozen = run.frozen.get(&shard).cloned().unwrap_or_default();
+        mark_frozen_by_pid(&events, &run.frozen_pids, &mut frozen);
         let terms = checker::terms_seen(&events, &killed, &frozen, &seen_gone);
         report.terms += terms.len();
         let (overlaps, violations) = checker::check(&terms);
@@ -377,4 +432,49 @@ pub async fn run(
             .push(format!("the logs are in {}", keep.display()));
     }
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn start(identity: &str, token: u64, at: i128, pid: i32) -> TermEvent {
+        TermEvent {
+            start: true,
+            identity: identity.into(),
+            token,
+            at,
+            pid: Some(pid),
+        }
+    }
+
+    /// A term whose COMMAND was in a frozen group is marked at the first freeze after its
+    /// start, though its log had no start line when the freeze read it; an earlier mark stays.
+    #[test]
+    fn freezes_mark_terms_by_process() {
+        let events = [
+            start("a", 1, 100, 7),
+            start("b", 2, 100, 8),
+            start("a", 3, 500, 9),
+        ];
+        let frozen_pids = [
+            (BTreeSet::from([7, 9]), 300),
+            (BTreeSet::from([7, 9]), 600),
+            (BTreeSet::from([8]), 50),
+        ];
+        let mut frozen = Marks::new();
+        frozen.insert(("a".into(), 3), 550);
+        mark_frozen_by_pid(&events, &frozen_pids, &mut frozen);
+        assert_eq!(frozen.get(&("a".into(), 1)), Some(&300));
+        assert_eq!(
+            frozen.get(&("b".into(), 2)),
+            None,
+            "frozen before it started"
+        );
+        assert_eq!(
+            frozen.get(&("a".into(), 3)),
+            Some(&550),
+            "the earlier mark stays"
+        );
+    }
 }
