@@ -12,7 +12,7 @@ use mysql_async::Value;
 use mysql_async::prelude::Queryable;
 
 use crate::error::{BACKEND, map};
-use crate::sql::{columns, decode, next_version, parse_version, values};
+use crate::sql::{COLUMNS, VALID, columns, decode, next_version, parse_version, values};
 use crate::store::MysqlStore;
 
 /// Renewals per statement: 11 parameters each, under the protocol's 65,535 per statement.
@@ -65,9 +65,7 @@ impl MysqlLockSet {
     ) -> Result<HashMap<String, Result<Observed, LockError>>, LockError> {
         let inner = self.store.inner();
         let sql = format!(
-            "SELECT name, holder_identity, lease_duration_ms, acquire_time, renew_time, \
-             leader_transitions, strategy, preferred_holder, extensions, version \
-             FROM {} WHERE name LIKE ? ESCAPE '!'",
+            "SELECT name, {COLUMNS} FROM {} WHERE name LIKE ? ESCAPE '!'",
             inner.table.quoted()
         );
         let context = self.store.context();
@@ -109,8 +107,7 @@ impl MysqlLockSet {
                l.preferred_holder = v.preferred, l.extensions = v.extensions, \
                l.version = v.new_version, \
                l.expires_at = UTC_TIMESTAMP(6) + INTERVAL (v.lease_ms * 1000) MICROSECOND \
-             WHERE l.lease_duration_ms >= 0 AND l.leader_transitions >= 0 \
-               AND l.acquire_time >= '1000-01-01' AND l.renew_time >= '1000-01-01'",
+             WHERE {VALID}",
             inner.table.quoted(),
             vec![row; rows].join(" UNION ALL ")
         );

@@ -92,12 +92,12 @@ pub const SCHEMA: &str = concat!(
 );
 
 /// The record's columns, in the order of the statements' parameters and of [`decode`].
-const COLUMNS: &str = "holder_identity, lease_duration_ms, acquire_time, renew_time, leader_transitions, strategy, preferred_holder, extensions, version";
+pub(crate) const COLUMNS: &str = "holder_identity, lease_duration_ms, acquire_time, renew_time, leader_transitions, strategy, preferred_holder, extensions, version";
 
 /// A row that [`decode`] can read: a write never overwrites a row it could not read, and odd
 /// values that decode (a zero lease, a renewal before the acquisition) do not block it (S8).
 /// Zero dates, which a server in a lax SQL mode may hold, do not decode.
-const VALID: &str = "lease_duration_ms >= 0 AND leader_transitions >= 0 \
+pub(crate) const VALID: &str = "lease_duration_ms >= 0 AND leader_transitions >= 0 \
     AND acquire_time >= '1000-01-01' AND renew_time >= '1000-01-01'";
 
 /// The server's clock, in UTC whatever the session's time zone.
