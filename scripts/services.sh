@@ -73,6 +73,27 @@ ensure_mariadb() {
   mariadb -uroot -h127.0.0.1 -e 'CREATE DATABASE IF NOT EXISTS test'
 }
 
+# NATS with JetStream (the tests' key-value buckets live in it), from Debian's package.
+ensure_nats() {
+  if port_open 127.0.0.1 4222; then return 0; fi
+  command -v nats-server >/dev/null 2>&1 || { log "installing nats-server"; apt_install nats-server; }
+  log "starting nats-server with JetStream"
+  mkdir -p /var/lib/nats-leader-tests
+  (setsid nats-server -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-leader-tests \
+    >/var/log/nats-leader-tests.log 2>&1 &)
+  wait_port 127.0.0.1 4222 nats-server
+}
+
+# Deletes the stream of key-value bucket $1 on the loopback NATS server, speaking the client
+# protocol itself (no NATS command-line tool is needed): best effort.
+delete_nats_bucket() {
+  (
+    exec 3<>/dev/tcp/127.0.0.1/4222 || exit 0
+    printf 'CONNECT {"verbose":false,"pedantic":false}\r\nPUB $JS.API.STREAM.DELETE.KV_%s 0\r\n\r\nPING\r\n' "$1" >&3
+    timeout 2 head -c 1024 <&3 >/dev/null || true
+  ) 2>/dev/null || true
+}
+
 ensure_redis() {
   if port_open 127.0.0.1 6379; then return 0; fi
   command -v redis-server >/dev/null 2>&1 || { log "installing redis-server"; apt_install redis-server; }
@@ -207,6 +228,11 @@ fresh_test_targets() {
     export MYSQL_URL="mysql://root@127.0.0.1:3306/${FRESH_MYSQL_DATABASE}"
     log "tests use the new MySQL database ${FRESH_MYSQL_DATABASE}"
   fi
+  if [ -z "${NATS_BUCKET:-}" ] && [ -z "${NATS_URL:-}" ]; then
+    FRESH_NATS_BUCKET="leader_test_${tag}"
+    export NATS_BUCKET="${FRESH_NATS_BUCKET}"
+    log "tests use the new NATS bucket ${NATS_BUCKET}"
+  fi
   if [ -z "${REDIS_URL:-}" ]; then
     local db=$((1 + RANDOM % 15))
     redis-cli -h 127.0.0.1 -p 6379 -n "$db" FLUSHDB >/dev/null
@@ -227,6 +253,9 @@ fresh_test_targets() {
 }
 
 drop_fresh_targets() {
+  if [ -n "${FRESH_NATS_BUCKET:-}" ]; then
+    delete_nats_bucket "${FRESH_NATS_BUCKET}"
+  fi
   if [ -n "${FRESH_MYSQL_DATABASE:-}" ]; then
     mariadb -uroot -h127.0.0.1 -e "DROP DATABASE IF EXISTS ${FRESH_MYSQL_DATABASE}" >/dev/null 2>&1 || true
   fi

@@ -168,6 +168,11 @@ fn faults_on_mysql() {
 }
 
 #[test]
+fn faults_on_nats() {
+    campaign(Backend::Nats);
+}
+
+#[test]
 fn faults_on_redis() {
     campaign(Backend::Redis);
 }
@@ -244,6 +249,11 @@ fn firings_under_faults_on_mysql() {
 }
 
 #[test]
+fn firings_under_faults_on_nats() {
+    firings(Backend::Nats);
+}
+
+#[test]
 fn firings_under_faults_on_redis() {
     firings(Backend::Redis);
 }
@@ -315,6 +325,11 @@ fn shards_under_faults_on_postgres() {
 #[test]
 fn shards_under_faults_on_mysql() {
     shards(Backend::Mysql);
+}
+
+#[test]
+fn shards_under_faults_on_nats() {
+    shards(Backend::Nats);
 }
 
 #[test]

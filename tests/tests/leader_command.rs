@@ -222,6 +222,16 @@ async fn mysql_lock_one_job_at_a_time_and_handovers() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_lock_one_job_at_a_time_and_handovers() {
+    let Some(url) = leader_test_support::nats_lock_or_skip() else {
+        return;
+    };
+    // A release reaches the followers through their KV watch; a kill is waited out on their
+    // own clocks, a lease from the last renewal they saw.
+    handovers(&url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_lock_one_job_at_a_time_and_handovers() {
     let Some(url) = leader_test_support::redis_lock_or_skip() else {
         return;

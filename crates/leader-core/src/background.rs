@@ -166,3 +166,35 @@ pub async fn next_leader(candidates: &[&Candidate], within: Duration) -> u64 {
     .await
     .expect("a leader in time")
 }
+
+/// What an outage test checks once the store is gone (S9): `probe`, a request made after the
+/// store went away, failed as an outage; the leader's `term` ends by its renew deadline,
+/// counted from `stopped` (when the store went away); a second later none of `electors` leads
+/// and none has stopped trying.
+pub async fn assert_outage_handled<T: std::fmt::Debug>(
+    probe: Result<T, crate::LockError>,
+    term: CancellationToken,
+    stopped: tokio::time::Instant,
+    electors: &[&Candidate],
+) {
+    let err = probe.expect_err("the store is down");
+    assert!(
+        matches!(
+            err,
+            crate::LockError::Unavailable { .. } | crate::LockError::Timeout { .. }
+        ),
+        "{err:?}"
+    );
+    tokio::time::timeout(RENEW + RETRY * 3, term.cancelled())
+        .await
+        .expect("the leader steps down by its renew deadline");
+    assert!(stopped.elapsed() < RENEW + RETRY * 3);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for elector in electors {
+        assert!(
+            elector.leading_token().is_none(),
+            "leads while the store is down"
+        );
+        assert!(!elector.task.is_finished(), "an elector stopped");
+    }
+}

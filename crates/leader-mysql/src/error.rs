@@ -56,9 +56,10 @@ mod code {
     /// Too many connections, a Galera node that is not primary, server shutdown, lock wait
     /// timeout, deadlock, read-only (a replica or a cluster member that lost quorum), query
     /// interrupted, a statement to prepare again, a connection killed, a statement timeout
-    /// (MariaDB, MySQL), an idle connection closed by MySQL 8.
+    /// (MariaDB, MySQL), an idle connection closed by MySQL 8, a deadlock between user-level
+    /// locks (MySQL).
     pub(super) const TRANSIENT: &[u16] = &[
-        1040, 1047, 1053, 1205, 1213, 1290, 1317, 1615, 1836, 1927, 1969, 3024, 4031,
+        1040, 1047, 1053, 1205, 1213, 1290, 1317, 1615, 1836, 1927, 1969, 3024, 3058, 4031,
     ];
 }
 

@@ -4,6 +4,7 @@
 
 mod error;
 mod lock;
+mod named;
 mod set;
 mod sql;
 mod store;
@@ -11,6 +12,7 @@ mod url;
 
 pub use leader_core::redact_url;
 pub use lock::TableLock;
+pub use named::NamedLock;
 pub use set::MysqlLockSet;
 pub use sql::SCHEMA;
 pub use store::{DEFAULT_TABLE, MysqlStore, MysqlStoreBuilder};

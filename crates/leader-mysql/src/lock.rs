@@ -46,7 +46,8 @@ impl TableLock {
         format!("{} election {:?}", self.store.context(), self.name)
     }
 
-    async fn conn(&self) -> Result<Conn, LockError> {
+    /// An election name the table can store, or why not.
+    pub(crate) fn check_name(&self) -> Result<(), LockError> {
         if self.name.len() > MAX_TEXT || self.name.is_empty() {
             return Err(LockError::Misconfigured {
                 backend: BACKEND,
@@ -56,7 +57,75 @@ impl TableLock {
                 ),
             });
         }
+        Ok(())
+    }
+
+    async fn conn(&self) -> Result<Conn, LockError> {
+        self.check_name()?;
         self.store.conn().await
+    }
+
+    /// The parameters of the `create` statement for `record`, and the version it stores.
+    pub(crate) fn create_params(
+        &self,
+        record: &LeaderElectionRecord,
+    ) -> Result<(Vec<Value>, i64), LockError> {
+        let p = columns(record)?;
+        let version = next_version();
+        let mut params: Vec<Value> = vec![self.name.clone().into()];
+        params.extend(values(&p));
+        params.extend([version.into(), p.lease_ms.into()]);
+        Ok((params, version))
+    }
+
+    /// The parameters of the `update` statement (the holder's own write, or a release) of
+    /// `record` over version `expected`, and the version it stores.
+    pub(crate) fn update_params(
+        &self,
+        expected: i64,
+        record: &LeaderElectionRecord,
+    ) -> Result<(Vec<Value>, i64), LockError> {
+        let p = columns(record)?;
+        let version = next_version();
+        let mut params = values(&p);
+        params.push(version.into());
+        params.extend([p.lease_ms.into(), self.name.clone().into(), expected.into()]);
+        Ok((params, version))
+    }
+
+    /// What taking over `current` (free, or expired by the server's clock) for `desired`
+    /// stores: the record, the parameters of the `take` statement, and the new version.
+    pub(crate) fn takeover(
+        &self,
+        current: &Observed,
+        desired: &LeaderElectionRecord,
+    ) -> Result<(LeaderElectionRecord, Vec<Value>, i64), LockError> {
+        let Some(expected) = parse_version(&current.version) else {
+            return Err(LockError::conflict(BACKEND));
+        };
+        let stored = &current.record;
+        let taken = LeaderElectionRecord {
+            holder_identity: desired.holder_identity.clone(),
+            lease_duration: desired.lease_duration,
+            acquire_time: desired.acquire_time,
+            renew_time: desired.acquire_time,
+            leader_transitions: (stored.leader_transitions + 1)
+                .max(desired.leader_transitions.max(1)),
+            strategy: stored.strategy.clone(),
+            preferred_holder: None,
+            extensions: stored.extensions.clone(),
+        };
+        let p = columns(&taken)?;
+        let version = next_version();
+        let mut params = values(&p);
+        params.extend([
+            version.into(),
+            p.lease_ms.into(),
+            self.name.clone().into(),
+            expected.into(),
+            p.holder.clone().into(),
+        ]);
+        Ok((taken, params, version))
     }
 
     /// Runs a write and returns how many rows it changed.
@@ -81,7 +150,7 @@ impl TableLock {
     }
 
     /// The record, and the holder's time left by the server's clock.
-    async fn observe(&self) -> Result<Option<(Observed, Duration)>, LockError> {
+    pub(crate) async fn observe(&self) -> Result<Option<(Observed, Duration)>, LockError> {
         let Some(row) = self.read(&self.store.inner().statements.observe).await? else {
             return Ok(None);
         };
@@ -102,11 +171,7 @@ impl ResourceLock for TableLock {
     }
 
     async fn create(&self, record: &LeaderElectionRecord) -> Result<Observed, LockError> {
-        let p = columns(record)?;
-        let version = next_version();
-        let mut params: Vec<Value> = vec![self.name.clone().into()];
-        params.extend(values(&p));
-        params.extend([version.into(), p.lease_ms.into()]);
+        let (params, version) = self.create_params(record)?;
         self.write(&self.store.inner().statements.create, params)
             .await?;
         Ok(Observed {
@@ -123,24 +188,25 @@ impl ResourceLock for TableLock {
         let Some(expected) = parse_version(version) else {
             return Err(LockError::conflict(BACKEND));
         };
-        let p = columns(record)?;
-        let new_version = next_version();
         let statements = &self.store.inner().statements;
-        let mut params = values(&p);
-        params.push(new_version.into());
         // A write naming another holder is a request on its behalf (a handover): it must keep
         // that holder and its expiry. Anything else is the holder's own write, or a release.
-        let sql = if !record.is_free() && record.holder_identity != self.identity {
-            params.extend([
-                self.name.clone().into(),
-                expected.into(),
-                p.holder.clone().into(),
-            ]);
-            &statements.request
-        } else {
-            params.extend([p.lease_ms.into(), self.name.clone().into(), expected.into()]);
-            &statements.update
-        };
+        let (sql, params, new_version) =
+            if !record.is_free() && record.holder_identity != self.identity {
+                let p = columns(record)?;
+                let new_version = next_version();
+                let mut params = values(&p);
+                params.extend([
+                    new_version.into(),
+                    self.name.clone().into(),
+                    expected.into(),
+                    p.holder.clone().into(),
+                ]);
+                (&statements.request, params, new_version)
+            } else {
+                let (params, new_version) = self.update_params(expected, record)?;
+                (&statements.update, params, new_version)
+            };
         match self.write(sql, params).await? {
             1 => Ok(Observed {
                 record: record.clone(),
@@ -175,17 +241,9 @@ impl ResourceLock for TableLock {
         desired: &LeaderElectionRecord,
     ) -> Result<Option<Acquisition>, LockError> {
         let Some((observed, left)) = self.observe().await? else {
-            let first = LeaderElectionRecord {
-                renew_time: desired.acquire_time,
-                leader_transitions: desired.leader_transitions.max(1),
-                strategy: None,
-                preferred_holder: None,
-                extensions: Default::default(),
-                ..desired.clone()
-            };
             // Someone may insert it first: a conflict, and the next attempt reads theirs.
             return self
-                .create(&first)
+                .create(&first_record(desired))
                 .await
                 .map(|o| Some(Acquisition::Acquired(o)));
         };
@@ -199,30 +257,7 @@ impl ResourceLock for TableLock {
                 renewed_in_store: false,
             }));
         }
-        let Some(expected) = parse_version(&observed.version) else {
-            return Err(LockError::conflict(BACKEND));
-        };
-        let taken = LeaderElectionRecord {
-            holder_identity: desired.holder_identity.clone(),
-            lease_duration: desired.lease_duration,
-            acquire_time: desired.acquire_time,
-            renew_time: desired.acquire_time,
-            leader_transitions: (current.leader_transitions + 1)
-                .max(desired.leader_transitions.max(1)),
-            strategy: current.strategy.clone(),
-            preferred_holder: None,
-            extensions: current.extensions.clone(),
-        };
-        let p = columns(&taken)?;
-        let version = next_version();
-        let mut params = values(&p);
-        params.extend([
-            version.into(),
-            p.lease_ms.into(),
-            self.name.clone().into(),
-            expected.into(),
-            p.holder.clone().into(),
-        ]);
+        let (taken, params, version) = self.takeover(&observed, desired)?;
         match self
             .write(&self.store.inner().statements.take, params)
             .await?
@@ -234,5 +269,18 @@ impl ResourceLock for TableLock {
             // Written since the read, or not expired yet by the server's clock.
             _ => Err(LockError::conflict(BACKEND)),
         }
+    }
+}
+
+/// The record an acquisition stores when there is none yet: `desired`, with the first fencing
+/// term (at least the one asked for) and nothing carried over.
+pub(crate) fn first_record(desired: &LeaderElectionRecord) -> LeaderElectionRecord {
+    LeaderElectionRecord {
+        renew_time: desired.acquire_time,
+        leader_transitions: desired.leader_transitions.max(1),
+        strategy: None,
+        preferred_holder: None,
+        extensions: Default::default(),
+        ..desired.clone()
     }
 }

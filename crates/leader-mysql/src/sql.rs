@@ -103,6 +103,9 @@ pub(crate) const VALID: &str = "lease_duration_ms >= 0 AND leader_transitions >=
 /// The server's clock, in UTC whatever the session's time zone.
 const NOW: &str = "UTC_TIMESTAMP(6)";
 
+/// True when the session running the statement holds the user-level lock named by a parameter.
+const SESSION_HOLDS: &str = "IS_USED_LOCK(?) = CONNECTION_ID()";
+
 /// The statements on one table.
 #[derive(Clone, Debug)]
 pub(crate) struct Statements {
@@ -161,6 +164,58 @@ impl Statements {
             ),
             observe: format!("SELECT {COLUMNS}, {left} FROM {t} WHERE name = ?"),
             time_left: format!("SELECT {left} FROM {t} WHERE name = ? AND holder_identity <> ''"),
+        }
+    }
+}
+
+/// The statements of the `GET_LOCK` lock ([`NamedLock`](crate::NamedLock)) on one table: the
+/// table lock's writes, each also requiring that the session running it holds the record's
+/// user-level lock (its name is the last parameter).
+#[derive(Clone, Debug)]
+pub(crate) struct NamedStatements {
+    /// `key`, `key`: 1 when this session holds the user-level lock, taking it when it is free.
+    /// Never a second time: a lock taken twice by one session would need two releases.
+    pub(crate) hold: String,
+    /// `key`, `name`, the expected version, this identity, `key`: as `hold`, but takes a free
+    /// lock only for a takeover (the record at that version names nobody or another holder,
+    /// and decodes). A holder whose session lost the lock never gets it back this way.
+    pub(crate) hold_to_take: String,
+    /// [`Statements::create`]'s parameters, then `key`.
+    pub(crate) create: String,
+    /// [`Statements::update`]'s parameters, then `key`: the holder's own write.
+    pub(crate) update: String,
+    /// [`Statements::take`]'s parameters, then `key`.
+    pub(crate) take: String,
+    /// `key`: lets go of the user-level lock (1 when this session held it).
+    pub(crate) release: String,
+    /// `name`: the holder, preferred holder and fencing term, what a follower's watch compares.
+    pub(crate) summary: String,
+    /// `key`, the seconds to wait: 1 when the lock was obtained.
+    pub(crate) wait: String,
+}
+
+impl NamedStatements {
+    pub(crate) fn new(table: &TableName, statements: &Statements) -> Self {
+        let t = table.quoted();
+        let expires = format!("{NOW} + INTERVAL (? * 1000) MICROSECOND");
+        Self {
+            hold: format!("SELECT IF({SESSION_HOLDS}, 1, GET_LOCK(?, 0))"),
+            hold_to_take: format!(
+                "SELECT IF({SESSION_HOLDS}, 1, IF(EXISTS (SELECT 1 FROM {t} \
+                 WHERE name = ? AND version = ? AND holder_identity <> ? AND {VALID}), \
+                 GET_LOCK(?, 0), 0))"
+            ),
+            create: format!(
+                "INSERT INTO {t} (name, {COLUMNS}, expires_at) \
+                 SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, {expires} FROM DUAL WHERE {SESSION_HOLDS}"
+            ),
+            update: format!("{} AND {SESSION_HOLDS}", statements.update),
+            take: format!("{} AND {SESSION_HOLDS}", statements.take),
+            release: "SELECT RELEASE_LOCK(?)".to_owned(),
+            summary: format!(
+                "SELECT holder_identity, preferred_holder, leader_transitions FROM {t} WHERE name = ?"
+            ),
+            wait: "SELECT GET_LOCK(?, ?)".to_owned(),
         }
     }
 }

@@ -9,7 +9,7 @@ use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Opts, OptsBuilder, Pool};
 
 use crate::error::{BACKEND, map};
-use crate::sql::{Statements, TableName};
+use crate::sql::{NamedStatements, Statements, TableName};
 
 /// The default lock table.
 pub const DEFAULT_TABLE: &str = "leader_election";
@@ -100,11 +100,20 @@ impl MysqlStoreBuilder {
         let opts = Opts::from_url(url.as_str()).map_err(|err| invalid(err.to_string()))?;
         let opts = OptsBuilder::from_opts(opts).tcp_keepalive(Some(Duration::from_secs(10)));
         let table = TableName::parse(&self.table)?;
+        let opts = Opts::from(opts);
+        let statements = Statements::new(&table);
         let store = MysqlStore {
             inner: Arc::new(Inner {
-                pool: Pool::new(opts),
+                pool: Pool::new(opts.clone()),
+                database: table
+                    .database
+                    .clone()
+                    .or_else(|| opts.db_name().map(str::to_owned))
+                    .unwrap_or_default(),
+                opts,
                 redacted,
-                statements: Statements::new(&table),
+                named_statements: NamedStatements::new(&table, &statements),
+                statements,
                 table,
             }),
         };
@@ -126,9 +135,14 @@ pub struct MysqlStore {
 
 pub(crate) struct Inner {
     pub(crate) pool: Pool,
+    /// The pool's options, for connections kept outside it.
+    pub(crate) opts: Opts,
+    /// The lock table's database (the URL's, unless the table names one); empty if neither does.
+    pub(crate) database: String,
     pub(crate) redacted: String,
     pub(crate) table: TableName,
     pub(crate) statements: Statements,
+    pub(crate) named_statements: NamedStatements,
 }
 
 impl fmt::Debug for MysqlStore {
@@ -216,6 +230,14 @@ impl MysqlStore {
                 self.context()
             ),
         ))
+    }
+
+    /// A connection of its own, outside the pool: a session that keeps what it holds (a
+    /// user-level lock) for as long as it lives.
+    pub(crate) async fn dedicated(&self) -> Result<Conn, LockError> {
+        Conn::new(self.inner.opts.clone())
+            .await
+            .map_err(|err| map(&self.context(), err))
     }
 
     /// A pooled connection; its prepared statements are cached on it.

@@ -8,14 +8,16 @@ use url::Url;
 
 use crate::store::{MysqlStore, MysqlStoreBuilder};
 
-/// A MySQL or MariaDB lock URL: `mysql://user:pass@host:3306/database?table=T` (or
-/// `mariadb://`). `table` picks the lock table (`table` or `database.table`); every other
-/// parameter goes to the driver (`require_ssl`, `pool_max`, ...), which refuses those it does not
-/// know.
+/// A MySQL or MariaDB lock URL: `mysql://user:pass@host:3306/database?table=T&lock=named` (or
+/// `mariadb://`). `table` picks the lock table (`table` or `database.table`), `lock` the lock:
+/// `table` (the default, [`TableLock`](crate::TableLock)) or `named` (the `GET_LOCK` lock,
+/// [`NamedLock`](crate::NamedLock)); every other parameter goes to the driver (`require_ssl`,
+/// `pool_max`, ...), which refuses those it does not know.
 #[derive(Clone, PartialEq, Eq)]
 pub struct LockUrl {
     connection: String,
     table: Option<String>,
+    named: bool,
 }
 
 impl std::fmt::Debug for LockUrl {
@@ -39,6 +41,7 @@ impl LockUrl {
             return Err(invalid("no server host".to_owned()));
         }
         let mut table = None;
+        let mut named = false;
         let mut kept = Vec::new();
         for (key, value) in url.query_pairs() {
             match key.as_ref() {
@@ -46,6 +49,17 @@ impl LockUrl {
                     return Err(invalid("table= is empty".to_owned()));
                 }
                 "table" => table = Some(value.into_owned()),
+                "lock" => {
+                    named = match value.as_ref() {
+                        "table" => false,
+                        "named" => true,
+                        other => {
+                            return Err(invalid(format!(
+                                "lock={other:?} is not a lock of this backend (table or named)"
+                            )));
+                        }
+                    };
+                }
                 _ => kept.push((key.into_owned(), value.into_owned())),
             }
         }
@@ -57,7 +71,13 @@ impl LockUrl {
         Ok(Self {
             connection: url.into(),
             table,
+            named,
         })
+    }
+
+    /// Whether the URL asks for the `GET_LOCK` lock (`lock=named`).
+    pub fn named(&self) -> bool {
+        self.named
     }
 
     /// Parses `lock` into a [`LockTarget`], for the `leader` facade's scheme table.
@@ -68,7 +88,7 @@ impl LockUrl {
         Ok(Box::new(Self::parse(lock)?))
     }
 
-    /// The connection URL the driver gets: the URL without the lock's own parameter.
+    /// The connection URL the driver gets: the URL without the lock's own parameters.
     pub fn connection(&self) -> &str {
         &self.connection
     }
@@ -99,13 +119,27 @@ impl LockTarget for LockUrl {
 
     /// Builds the store (its pool connects lazily), creates the lock table when it is missing
     /// and the user may (a user without that right finds out from the lock's own error if the
-    /// table is really missing), and makes the table lock.
+    /// table is really missing), and makes the table lock or the `GET_LOCK` lock.
     async fn open(&self, name: &str, identity: &str) -> Result<Box<dyn ResourceLock>, LockError> {
-        Ok(Box::new(self.build().await?.lock(name, identity)))
+        let store = self.build().await?;
+        Ok(if self.named {
+            Box::new(store.named_lock(name, identity))
+        } else {
+            Box::new(store.lock(name, identity))
+        })
     }
 
-    /// A row per record in the lock table, on one pool.
+    /// A row per record in the lock table, on one pool. Not with `lock=named`: the `GET_LOCK`
+    /// lock keeps a server session for each record it holds.
     async fn open_set(&self, _name: &str, identity: &str) -> Result<Box<dyn LockSet>, LockError> {
+        if self.named {
+            return Err(LockError::Misconfigured {
+                backend: crate::error::BACKEND,
+                message: "shard sets use the table lock: the GET_LOCK lock keeps a server \
+                          session for each record it holds, one per shard (leave out lock=named)"
+                    .to_owned(),
+            });
+        }
         Ok(Box::new(self.build().await?.lock_set(identity)))
     }
 }
@@ -122,6 +156,16 @@ mod tests {
         assert_eq!(url.table.as_deref(), Some("locks"));
         assert_eq!(url.describe(), "mysql://u:***@db:3306/app?require_ssl=true");
         assert!(LockUrl::parse("mariadb://u@db/app").is_ok());
+        assert!(!url.named());
+    }
+
+    #[test]
+    fn the_lock_parameter_picks_the_lock() {
+        let url = LockUrl::parse("mysql://u:p@db/app?lock=named&pool_max=2").expect("valid");
+        assert!(url.named());
+        assert_eq!(url.connection(), "mysql://u:p@db/app?pool_max=2");
+        let url = LockUrl::parse("mysql://u:p@db/app?lock=table").expect("valid");
+        assert!(!url.named());
     }
 
     #[test]
@@ -130,6 +174,10 @@ mod tests {
             ("mysql://u:secret@h/x?table=", "empty"),
             ("postgres://u:secret@h/x", "not a mysql:// URL"),
             ("mysql:///x", "no server host"),
+            (
+                "mysql://u:secret@h/x?lock=advisory",
+                "not a lock of this backend",
+            ),
         ] {
             let err = LockUrl::parse(lock).expect_err(lock).to_string();
             assert!(err.contains(expected), "{lock}: {err}");

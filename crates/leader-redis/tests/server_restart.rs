@@ -7,14 +7,14 @@
 
 mod common;
 
-use leader_test_support::next_leader;
+use leader_test_support::{assert_outage_handled, next_leader};
 
 use std::process::Command;
 use std::time::Duration;
 
-use common::{RENEW, RETRY, Running, unique};
-use leader_core::{LockError, ResourceLock};
-use tokio::time::{Instant, sleep, timeout};
+use common::{RETRY, Running, unique};
+use leader_core::ResourceLock;
+use tokio::time::{Instant, sleep};
 
 async fn config(admin: &mut redis::aio::MultiplexedConnection, name: &str) -> String {
     let pair: Vec<String> = redis::cmd("CONFIG")
@@ -74,30 +74,8 @@ async fn electors_step_down_while_redis_is_down_and_recover_when_it_is_back() {
         .query_async(&mut admin)
         .await;
     let restart = Restart { dir, logfile };
-    let err = store
-        .lock(&name, "probe")
-        .get()
-        .await
-        .expect_err("server is down");
-    assert!(
-        matches!(
-            err,
-            LockError::Unavailable { .. } | LockError::Timeout { .. }
-        ),
-        "{err:?}"
-    );
-    timeout(RENEW + RETRY * 3, term.cancelled())
-        .await
-        .expect("the leader steps down by its renew deadline");
-    assert!(stopped.elapsed() < RENEW + RETRY * 3);
-    sleep(Duration::from_secs(1)).await;
-    for elector in [&leader, &follower] {
-        assert!(
-            elector.leading_token().is_none(),
-            "leads while the server is down"
-        );
-        assert!(!elector.task.is_finished(), "an elector stopped");
-    }
+    let probe = store.lock(&name, "probe").get().await;
+    assert_outage_handled(probe, term, stopped, &[&leader, &follower]).await;
 
     drop(restart);
     let next = next_leader(&[&leader, &follower], Duration::from_secs(20)).await;

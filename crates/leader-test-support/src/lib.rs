@@ -35,6 +35,23 @@ pub fn mysql_url() -> String {
     std::env::var("MYSQL_URL").unwrap_or_else(|_| DEFAULT_MYSQL_URL.to_owned())
 }
 
+/// `NATS_URL`'s default: the loopback NATS server (with JetStream).
+pub const DEFAULT_NATS_URL: &str = "nats://127.0.0.1:4222";
+
+/// The NATS server the tests use: `NATS_URL`, or the loopback server.
+pub fn nats_url() -> String {
+    std::env::var("NATS_URL").unwrap_or_else(|_| DEFAULT_NATS_URL.to_owned())
+}
+
+/// The key-value bucket the tests use: `NATS_BUCKET` (`scripts/test` names a new one per run),
+/// or `leader_test`, created when missing.
+pub fn nats_bucket() -> String {
+    std::env::var("NATS_BUCKET")
+        .ok()
+        .filter(|b| !b.is_empty())
+        .unwrap_or_else(|| "leader_test".to_owned())
+}
+
 /// The Redis the tests use: `REDIS_URL`, or the loopback server.
 pub fn redis_url() -> String {
     std::env::var("REDIS_URL").unwrap_or_else(|_| DEFAULT_REDIS_URL.to_owned())
@@ -131,6 +148,16 @@ pub fn postgres_lock_or_skip() -> Option<String> {
 /// The test MySQL or MariaDB as a lock URL ([`mysql_url`]), or a skip (a failure under CI).
 pub fn mysql_lock_or_skip() -> Option<String> {
     answering("MySQL", mysql_url(), 3306)
+}
+
+/// The test NATS server and bucket as a lock URL ([`nats_url`], [`nats_bucket`]), or a skip (a
+/// failure under CI).
+pub fn nats_lock_or_skip() -> Option<String> {
+    answering(
+        "NATS",
+        format!("{}/{}", nats_url().trim_end_matches('/'), nats_bucket()),
+        4222,
+    )
 }
 
 /// The test Redis as a lock URL ([`redis_url`]), or a skip (a failure under CI).
@@ -247,4 +274,6 @@ macro_rules! skip_or_fail {
     }};
 }
 
-pub use leader_core::background::{Candidate, LEASE, RENEW, RETRY, next_leader};
+pub use leader_core::background::{
+    Candidate, LEASE, RENEW, RETRY, assert_outage_handled, next_leader,
+};

@@ -17,6 +17,9 @@ pub use url::{
 /// The MySQL / MariaDB table lock (feature `mysql`).
 #[cfg(feature = "mysql")]
 pub use leader_mysql as mysql;
+/// The NATS JetStream key-value lock (feature `nats`).
+#[cfg(feature = "nats")]
+pub use leader_nats as nats;
 /// The Postgres table and advisory locks (feature `postgres`).
 #[cfg(feature = "postgres")]
 pub use leader_postgres as postgres;

@@ -41,6 +41,8 @@ pub enum Backend {
     Advisory,
     /// `mysql://`: the table lock on a private MariaDB.
     Mysql,
+    /// `nats://`: a key-value bucket on a private NATS server with JetStream.
+    Nats,
     /// `redis://`: a private Redis.
     Redis,
     /// `etcd://`: a private etcd.
@@ -61,11 +63,12 @@ pub enum Backend {
 
 impl Backend {
     /// Every backend, in the order reports list them.
-    pub const ALL: [Self; 10] = [
+    pub const ALL: [Self; 11] = [
         Self::File,
         Self::Postgres,
         Self::Advisory,
         Self::Mysql,
+        Self::Nats,
         Self::Redis,
         Self::Etcd,
         Self::EtcdCluster,
@@ -146,6 +149,7 @@ impl Backend {
                 settings.advisory_idle().as_millis()
             ),
             Self::Mysql => format!("mysql://root@127.0.0.1:{port}/leader"),
+            Self::Nats => format!("nats://127.0.0.1:{port}/fault"),
             Self::Redis => format!("redis://127.0.0.1:{port}"),
             Self::Etcd => format!("etcd://127.0.0.1:{port}"),
             // `port` is the first member's proxy; the others' follow (see `run`). A member
@@ -201,6 +205,7 @@ impl Backend {
             Self::File => None,
             Self::Postgres | Self::Advisory => Some(ServerKind::Postgres),
             Self::Mysql => Some(ServerKind::Mysql),
+            Self::Nats => Some(ServerKind::Nats),
             Self::Redis => Some(ServerKind::Redis),
             Self::Etcd => Some(ServerKind::Etcd),
             // Started by `run`, as a cluster.
@@ -219,6 +224,7 @@ impl Backend {
             Self::Postgres => "postgres",
             Self::Advisory => "postgres advisory",
             Self::Mysql => "mysql",
+            Self::Nats => "nats",
             Self::Redis => "redis",
             Self::Etcd => "etcd",
             Self::EtcdCluster => "etcd (three members)",

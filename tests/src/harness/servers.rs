@@ -18,6 +18,9 @@ pub enum ServerKind {
     /// `mariadb-install-db`, every write durable as by default (`innodb_flush_log_at_trx_commit=1`),
     /// no grant checks (any user, any password), and a database `leader`.
     Mysql,
+    /// `nats-server` from Debian's packages with JetStream, its store in a directory of its own
+    /// (kept across restarts: a SIGKILL loses nothing the kernel has).
+    Nats,
     /// A single-member `etcd` cluster.
     Etcd,
     /// The test Kubernetes API server (`kube-api-server` of `leader-test-support`), keeping its
@@ -290,6 +293,23 @@ impl PrivateServer {
                     .stderr(Stdio::null())
                     .spawn()
                     .map_err(|e| fail(format!("mariadbd: {e}")))?;
+                self.child = Some(child);
+            }
+            ServerKind::Nats => {
+                let child = Command::new("nats-server")
+                    .args([
+                        "-a",
+                        "127.0.0.1",
+                        "-p",
+                        &self.port.to_string(),
+                        "-js",
+                        "-sd",
+                    ])
+                    .arg(self.dir.join("js"))
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .map_err(|e| fail(format!("nats-server (scripts/setup installs it): {e}")))?;
                 self.child = Some(child);
             }
             ServerKind::Etcd => {

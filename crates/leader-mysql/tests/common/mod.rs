@@ -55,6 +55,38 @@ pub fn unique(prefix: &str) -> String {
 
 pub use leader_test_support::{Candidate as Running, LEASE, RENEW, RETRY};
 
+/// Writes, under election `name`, a row that does not decode.
+async fn corrupt_row(name: &str) {
+    let mut admin = admin().await.expect("server");
+    admin
+        .exec_drop(
+            "INSERT INTO leader_election (name, holder_identity, lease_duration_ms, acquire_time, \
+             renew_time, leader_transitions, version, expires_at) \
+             VALUES (?, 'x', -5, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) - INTERVAL 1 DAY, -1, 1, \
+             UTC_TIMESTAMP(6))",
+            (name,),
+        )
+        .await
+        .expect("write a garbage row");
+}
+
+/// `GET_LOCK` locks of one store; the shard protocol runs on them one record at a time.
+pub struct NamedFactory {
+    pub store: MysqlStore,
+}
+
+#[async_trait]
+impl LockFactory for NamedFactory {
+    async fn lock(&self, name: &str, identity: &str) -> Arc<dyn ResourceLock> {
+        Arc::new(self.store.named_lock(name, identity))
+    }
+
+    async fn corrupt(&self, name: &str) -> bool {
+        corrupt_row(name).await;
+        true
+    }
+}
+
 /// Table locks of one store, and its shard sets.
 pub struct Factory {
     pub store: MysqlStore,
@@ -71,17 +103,7 @@ impl LockFactory for Factory {
     }
 
     async fn corrupt(&self, name: &str) -> bool {
-        let mut admin = admin().await.expect("server");
-        admin
-            .exec_drop(
-                "INSERT INTO leader_election (name, holder_identity, lease_duration_ms, acquire_time, \
-                 renew_time, leader_transitions, version, expires_at) \
-                 VALUES (?, 'x', -5, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) - INTERVAL 1 DAY, -1, 1, \
-                 UTC_TIMESTAMP(6))",
-                (name,),
-            )
-            .await
-            .expect("write a garbage row");
+        corrupt_row(name).await;
         true
     }
 }

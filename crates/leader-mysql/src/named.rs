@@ -1,0 +1,802 @@
+//! The `GET_LOCK` lock: the table's record, plus a user-level lock held by the leader's own
+//! session for as long as its term lasts.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use leader_core::{
+    Acquisition, ChangeHub, ChangeStream, LeaderElectionRecord, LeaderEvent, LockError, Observed,
+    ResourceLock, Version,
+};
+use mysql_async::prelude::{FromRow, Queryable};
+use mysql_async::{Conn, Value};
+use tokio::task::JoinHandle;
+
+use crate::error::{BACKEND, map};
+use crate::lock::{TableLock, first_record};
+use crate::sql::parse_version;
+use crate::store::MysqlStore;
+
+/// The longest user-level lock name MySQL takes (MariaDB takes the same).
+const MAX_KEY: usize = 64;
+
+/// The hub channel of a lock's watch: one per lock, so any name does.
+const CHANNEL: &str = "record";
+
+/// How long a follower's watch waits in `GET_LOCK` before it reads the record again.
+const DEFAULT_WATCH_INTERVAL: Duration = Duration::from_secs(2);
+
+/// How long the server keeps a silent session of the lock (its `wait_timeout`).
+const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A [`ResourceLock`] that ties leadership to a MySQL or MariaDB session: the record lives in
+/// the lock table as for [`TableLock`], and the holder also holds a user-level lock
+/// (`GET_LOCK`) on a session of its own, kept outside the pool, for as long as its term lasts.
+///
+/// * Every write that names this candidate as holder requires, in the same statement, that the
+///   lock's own session holds the user-level lock (`IS_USED_LOCK(key) = CONNECTION_ID()`): a
+///   renewal on a session that was lost (killed, restarted, cut off) fails, and the leader steps
+///   down at its renew deadline even though a new connection would work.
+/// * An acquisition takes the user-level lock first, only if the session does not hold it yet
+///   (`GET_LOCK` calls stack on one session, and a stacked lock needs as many releases), and
+///   hands it back at once when the write does not go through. A term that ends (released,
+///   lost, or reported over through [`ResourceLock::record_event`]) hands it back too: a session
+///   holds the user-level lock only while it holds the record's term.
+/// * A release writes the free record, then lets go of the user-level lock: a follower waiting
+///   in `GET_LOCK` wakes at once and takes over.
+/// * Followers still wait out the holder's lease by the server's clock, as for the table lock:
+///   a leader whose session died may still act until its renew deadline.
+///
+/// [`watch`](ResourceLock::watch) waits in `GET_LOCK` on a connection of its own (and lets go
+/// at once when it gets the lock), and reads the record after each wait: it reports a release,
+/// a holder's session that ended, a handover request and a new holder, never a renewal.
+///
+/// Not behind a proxy that shares server sessions between clients, and a user-level lock is not
+/// replicated: see the crate's documentation.
+#[derive(Clone)]
+pub struct NamedLock {
+    table: TableLock,
+    store: MysqlStore,
+    key: String,
+    watch_interval: Duration,
+    idle_timeout: Duration,
+    shared: Arc<Shared>,
+}
+
+/// What the clones of one lock share: its session and its watch.
+#[derive(Debug, Default)]
+struct Shared {
+    /// The lock's own session, connected when an acquisition first needs it.
+    session: tokio::sync::Mutex<Option<Session>>,
+    /// Whether the session holds the user-level lock for a term: the watch then does not wait
+    /// for it.
+    holding: AtomicBool,
+    watcher: std::sync::Mutex<Option<Watcher>>,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        let watcher = self
+            .watcher
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(watcher) = watcher {
+            watcher.stop();
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Watcher {
+    hub: ChangeHub,
+    task: JoinHandle<()>,
+}
+
+impl Watcher {
+    /// Stops the task and ends its streams.
+    fn stop(self) {
+        self.task.abort();
+        self.hub.close();
+    }
+}
+
+/// The lock's own session.
+#[derive(Debug)]
+struct Session {
+    conn: Conn,
+    /// The fencing term whose user-level lock this session holds; `None` when it holds none.
+    term: Option<u64>,
+    /// The connection failed: the session is gone, and its user-level lock with it.
+    lost: bool,
+}
+
+impl Session {
+    async fn first<T: FromRow + Send + 'static>(
+        &mut self,
+        context: &str,
+        sql: &str,
+        params: Vec<Value>,
+    ) -> Result<Option<T>, LockError> {
+        let result = self.conn.exec_first(sql, params).await;
+        self.check(context, result)
+    }
+
+    /// Runs a write and returns how many rows it changed.
+    async fn write(
+        &mut self,
+        context: &str,
+        sql: &str,
+        params: Vec<Value>,
+    ) -> Result<u64, LockError> {
+        let result = self.conn.exec_drop(sql, params).await;
+        self.check(context, result)?;
+        Ok(self.conn.affected_rows())
+    }
+
+    fn check<T>(
+        &mut self,
+        context: &str,
+        result: Result<T, mysql_async::Error>,
+    ) -> Result<T, LockError> {
+        result.map_err(|err| {
+            if connection_lost(&err) {
+                self.lost = true;
+                self.term = None;
+            }
+            map(context, err)
+        })
+    }
+}
+
+/// Whether `err` means the session is gone (and the server let go of its user-level locks).
+fn connection_lost(err: &mysql_async::Error) -> bool {
+    match err {
+        mysql_async::Error::Server(server) => {
+            // Server shutdown, connection killed, idle connection closed by MySQL 8.
+            matches!(server.code, 1053 | 1927 | 4031)
+        }
+        _ => true,
+    }
+}
+
+/// What an acquisition does with the user-level lock before its write.
+enum Hold {
+    /// Takes it if it is free (an insert, or a takeover decided by the server's clock).
+    Always,
+    /// Takes it only if the record at this version names nobody or another holder: a holder
+    /// whose session lost the lock never takes it again for the term it had.
+    Takeover(i64),
+}
+
+/// What an acquisition's write did.
+enum Written {
+    /// Stored, and this session holds the user-level lock for it.
+    Stored,
+    /// Another session holds the user-level lock.
+    Busy,
+    /// The write matched no row (the record changed, or is not takeable).
+    Missed,
+}
+
+/// What a watch compares between two reads: the holder, the preferred holder and the fencing
+/// term, or nothing when there is no record.
+type Summary = Option<(Vec<u8>, Option<Vec<u8>>, i64)>;
+
+fn held(summary: &Summary) -> bool {
+    summary
+        .as_ref()
+        .is_some_and(|(holder, _, _)| !holder.is_empty())
+}
+
+impl MysqlStore {
+    /// A `GET_LOCK` lock on election `name` for candidate `identity`: the record in this
+    /// store's table, plus a user-level lock on a session of the lock's own. Names and
+    /// identities are up to 512 bytes.
+    pub fn named_lock(&self, name: impl Into<String>, identity: impl Into<String>) -> NamedLock {
+        let table = self.lock(name, identity);
+        let key = lock_key(
+            &self.inner().database,
+            &self.inner().table.table,
+            table.name(),
+        );
+        NamedLock {
+            table,
+            store: self.clone(),
+            key,
+            watch_interval: DEFAULT_WATCH_INTERVAL,
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
+            shared: Arc::default(),
+        }
+    }
+}
+
+/// The user-level lock's name: `leader:database.table/name` when that is at most 64
+/// characters of ASCII without capitals (the server compares lock names without regard to
+/// case), otherwise `leader#` and a hash of the three, with a readable part of the name.
+fn lock_key(database: &str, table: &str, name: &str) -> String {
+    let plain = format!("leader:{database}.{table}/{name}");
+    let fits = plain.len() <= MAX_KEY
+        && plain
+            .bytes()
+            .all(|b| b.is_ascii_graphic() && !b.is_ascii_uppercase());
+    if fits {
+        return plain;
+    }
+    let hash = fnv1a(&[database.as_bytes(), table.as_bytes(), name.as_bytes()]);
+    let readable: String = name
+        .chars()
+        .map(|c| match c {
+            'a'..='z' | '0'..='9' | '-' | '_' | '.' | '/' => c,
+            _ => '_',
+        })
+        .take(MAX_KEY - "leader#0123456789abcdef:".len())
+        .collect();
+    format!("leader#{hash:016x}:{readable}")
+}
+
+/// 64-bit FNV-1a over `parts`, each followed by a zero byte.
+fn fnv1a(parts: &[&[u8]]) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for part in parts {
+        for &byte in part.iter().chain(&[0]) {
+            hash ^= u64::from(byte);
+            hash = hash.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    hash
+}
+
+impl fmt::Debug for NamedLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NamedLock")
+            .field("store", &self.store)
+            .field("name", &self.table.name())
+            .field("identity", &self.table.identity())
+            .field("key", &self.key)
+            .finish_non_exhaustive()
+    }
+}
+
+impl NamedLock {
+    /// How long a follower's [`watch`](ResourceLock::watch) waits in `GET_LOCK` before it reads
+    /// the record again (whole seconds, at least one; default 2 s). A release is seen at once
+    /// either way; a handover request, or a holder's session that ended while the follower was
+    /// not waiting, within about this long.
+    #[must_use]
+    pub fn watch_interval(mut self, interval: Duration) -> Self {
+        self.watch_interval = interval.max(Duration::from_secs(1));
+        self
+    }
+
+    /// How long the server keeps this lock's session when the client goes silent (its
+    /// `wait_timeout`, whole seconds; default 30 s): a holder whose process stopped with its
+    /// connection open (frozen, or cut off without the server noticing) keeps the user-level
+    /// lock, and with it the election, this long after its last statement, instead of the
+    /// server's default of 8 hours. It must exceed the longest wait between two requests of
+    /// the holder: the elector's `retry_period * (1 + jitter)`.
+    #[must_use]
+    pub fn idle_session_timeout(mut self, timeout: Duration) -> Self {
+        self.idle_timeout = timeout.max(Duration::from_secs(1));
+        self
+    }
+
+    /// The election's name (its row's primary key).
+    pub fn name(&self) -> &str {
+        self.table.name()
+    }
+
+    /// The user-level lock's name, derived from the database, table and election name: what
+    /// `IS_USED_LOCK` takes.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The connection id of the lock's own session, if it has one: what `KILL` takes.
+    pub async fn session_id(&self) -> Option<u32> {
+        self.shared
+            .session
+            .lock()
+            .await
+            .as_ref()
+            .map(|session| session.conn.id())
+    }
+
+    fn context(&self) -> String {
+        format!("{} election {:?}", self.store.context(), self.table.name())
+    }
+
+    async fn connect(&self) -> Result<Session, LockError> {
+        let mut conn = self.store.dedicated().await?;
+        let seconds = self.idle_timeout.as_secs().max(1);
+        conn.query_drop(format!("SET SESSION wait_timeout = {seconds}"))
+            .await
+            .map_err(|err| map(&self.context(), err))?;
+        Ok(Session {
+            conn,
+            term: None,
+            lost: false,
+        })
+    }
+
+    /// Runs `op` on the lock's session, connecting one if there is none. A session that holds
+    /// no user-level lock may have been closed by the server while idle: it is checked first.
+    ///
+    /// The session is out of its slot while `op` runs: should this future be dropped midway
+    /// (the elector's request timeout), a statement already sent may still run later, so what
+    /// the session holds is unknown, and it is closed: the server lets go of its user-level
+    /// lock instead of a late statement keeping it for a client that never hears back.
+    async fn with_session<T>(
+        &self,
+        op: impl AsyncFnOnce(&mut Session) -> Result<T, LockError>,
+    ) -> Result<T, LockError> {
+        self.table.check_name()?;
+        let mut slot = self.shared.session.lock().await;
+        let mut session = match slot.take() {
+            Some(session) if session.term.is_some() => session,
+            Some(mut session) => match session.conn.ping().await {
+                Ok(()) => session,
+                Err(_) => self.connect().await?,
+            },
+            None => self.connect().await?,
+        };
+        let pending = NotHoldingIfDropped(Some(&self.shared.holding));
+        let result = op(&mut session).await;
+        pending.disarm();
+        self.put_back(&mut slot, session);
+        result
+    }
+
+    /// Runs `op` on the lock's session if it has one, as [`with_session`](Self::with_session)
+    /// does.
+    async fn if_session(&self, op: impl AsyncFnOnce(&mut Session)) {
+        let mut slot = self.shared.session.lock().await;
+        let Some(mut session) = slot.take() else {
+            return;
+        };
+        let pending = NotHoldingIfDropped(Some(&self.shared.holding));
+        op(&mut session).await;
+        pending.disarm();
+        self.put_back(&mut slot, session);
+    }
+
+    fn put_back(&self, slot: &mut Option<Session>, session: Session) {
+        self.shared
+            .holding
+            .store(session.term.is_some() && !session.lost, Ordering::Release);
+        if !session.lost {
+            *slot = Some(session);
+        }
+    }
+
+    /// Takes the user-level lock as `hold` says, then runs `sql`, a write naming this candidate
+    /// as holder with fencing term `term`, guarded by the lock. A lock taken for a write that
+    /// did not go through is handed back at once; one the session held before is kept only
+    /// while the record still names this term.
+    async fn acquire(
+        &self,
+        session: &mut Session,
+        hold: Hold,
+        sql: &str,
+        mut params: Vec<Value>,
+        term: u64,
+    ) -> Result<Written, LockError> {
+        let context = self.context();
+        let statements = &self.store.inner().named_statements;
+        let held_before = session.term.is_some();
+        if !held_before {
+            let key = Value::from(self.key.as_str());
+            let (sql, hold_params) = match hold {
+                Hold::Always => (&statements.hold, vec![key.clone(), key]),
+                Hold::Takeover(version) => (
+                    &statements.hold_to_take,
+                    vec![
+                        key.clone(),
+                        self.table.name().into(),
+                        version.into(),
+                        self.table.identity().into(),
+                        key,
+                    ],
+                ),
+            };
+            let got: Option<Option<i64>> = session.first(&context, sql, hold_params).await?;
+            if got.flatten() != Some(1) {
+                return Ok(Written::Busy);
+            }
+            // Held from here on, even if the write below does not go through.
+            session.term = Some(term);
+        }
+        params.push(self.key.as_str().into());
+        let written = session.write(&context, sql, params).await;
+        if matches!(written, Ok(1)) {
+            session.term = Some(term);
+            return Ok(Written::Stored);
+        }
+        if held_before {
+            self.keep_if_holder(session).await;
+        } else {
+            self.let_go(session).await;
+        }
+        written.map(|_| Written::Missed)
+    }
+
+    /// Hands the user-level lock back (the session stays connected).
+    async fn let_go(&self, session: &mut Session) {
+        if session.term.is_none() {
+            return;
+        }
+        let sql = &self.store.inner().named_statements.release;
+        let params = vec![Value::from(self.key.as_str())];
+        match session
+            .first::<Option<i64>>(&self.context(), sql, params)
+            .await
+        {
+            Ok(_) => session.term = None,
+            Err(err) => {
+                // The session is left as it is only if it still works; a lost one held nothing.
+                tracing::debug!(error = %err, "handing back the user-level lock failed");
+                session.lost = true;
+            }
+        }
+    }
+
+    /// After a write of the term's holder that did not go through: keeps the user-level lock
+    /// while the record still names this term (someone wrote a handover request on its
+    /// behalf, and the holder carries on from the record as it now reads), hands it back
+    /// otherwise.
+    async fn keep_if_holder(&self, session: &mut Session) {
+        let sql = &self.store.inner().named_statements.summary;
+        let params = vec![Value::from(self.table.name())];
+        let summary: Result<Summary, _> = session.first(&self.context(), sql, params).await;
+        let ours = match summary {
+            Ok(Some((holder, _, term))) => {
+                holder == self.table.identity().as_bytes()
+                    && u64::try_from(term).ok() == session.term
+            }
+            Ok(None) => false,
+            Err(_) => return,
+        };
+        if !ours {
+            self.let_go(session).await;
+        }
+    }
+
+    /// A write naming this candidate as holder: takes the user-level lock as `hold` says.
+    async fn own_write(
+        &self,
+        record: &LeaderElectionRecord,
+        hold: Hold,
+        sql: &str,
+        params: Vec<Value>,
+    ) -> Result<Written, LockError> {
+        let term = record.leader_transitions;
+        self.with_session(async |session| self.acquire(session, hold, sql, params, term).await)
+            .await
+    }
+}
+
+/// Clears the lock's `holding` flag when dropped armed: an operation on its session was
+/// cancelled, and the session is closed with whatever it held.
+struct NotHoldingIfDropped<'a>(Option<&'a AtomicBool>);
+
+impl NotHoldingIfDropped<'_> {
+    fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for NotHoldingIfDropped<'_> {
+    fn drop(&mut self) {
+        if let Some(holding) = self.0 {
+            holding.store(false, Ordering::Release);
+            tracing::debug!(
+                "a request on the GET_LOCK lock's session was cancelled; session ended"
+            );
+        }
+    }
+}
+
+#[async_trait]
+impl ResourceLock for NamedLock {
+    async fn get(&self) -> Result<Option<Observed>, LockError> {
+        self.table.get().await
+    }
+
+    /// Creates the record; one naming this candidate as holder takes the user-level lock first
+    /// ([`LockError::Conflict`] when another session holds it).
+    async fn create(&self, record: &LeaderElectionRecord) -> Result<Observed, LockError> {
+        if record.is_free() || record.holder_identity != self.table.identity() {
+            return self.table.create(record).await;
+        }
+        let (params, version) = self.table.create_params(record)?;
+        let sql = &self.store.inner().named_statements.create;
+        match self.own_write(record, Hold::Always, sql, params).await? {
+            Written::Stored => Ok(Observed {
+                record: record.clone(),
+                version: Version::from(version),
+            }),
+            Written::Busy | Written::Missed => Err(LockError::conflict(BACKEND)),
+        }
+    }
+
+    /// As the table lock's update; a write naming this candidate as holder also needs the
+    /// user-level lock on this lock's session (taken for a takeover of a record that names
+    /// nobody or another holder, only checked for the holder's own writes), and a release hands
+    /// the user-level lock back once the free record is stored.
+    async fn update(
+        &self,
+        version: &Version,
+        record: &LeaderElectionRecord,
+    ) -> Result<Observed, LockError> {
+        if record.is_free() {
+            let mut result = None;
+            self.if_session(async |session| {
+                let written = self.table.update(version, record).await;
+                if written.is_ok() {
+                    self.let_go(session).await;
+                } else if session.term.is_some() {
+                    self.keep_if_holder(session).await;
+                }
+                result = Some(written);
+            })
+            .await;
+            return match result {
+                Some(written) => written,
+                None => self.table.update(version, record).await,
+            };
+        }
+        if record.holder_identity != self.table.identity() {
+            // A request on the holder's behalf: no user-level lock is involved.
+            return self.table.update(version, record).await;
+        }
+        let Some(expected) = parse_version(version) else {
+            return Err(LockError::conflict(BACKEND));
+        };
+        let (params, new_version) = self.table.update_params(expected, record)?;
+        let sql = &self.store.inner().named_statements.update;
+        match self
+            .own_write(record, Hold::Takeover(expected), sql, params)
+            .await?
+        {
+            Written::Stored => Ok(Observed {
+                record: record.clone(),
+                version: Version::from(new_version),
+            }),
+            Written::Busy | Written::Missed => Err(LockError::conflict(BACKEND)),
+        }
+    }
+
+    async fn time_left(&self) -> Result<Option<Duration>, LockError> {
+        self.table.time_left().await
+    }
+
+    /// Writes the event as a `tracing` event; when a term ends, hands its user-level lock back
+    /// (unless a later term of this lock holds it by now).
+    async fn record_event(&self, event: &LeaderEvent) {
+        tracing::info!(lock = %self.describe(), identity = self.identity(), ?event, "leader event");
+        if let LeaderEvent::StoppedLeading { fencing_token } = event {
+            self.if_session(async |session| {
+                if session.term == Some(*fencing_token) {
+                    self.let_go(session).await;
+                }
+            })
+            .await;
+        }
+    }
+
+    fn identity(&self) -> &str {
+        self.table.identity()
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "mysql+named:{}/{}",
+            self.store.inner().table.display(),
+            self.table.name()
+        )
+    }
+
+    /// A stream fed by a task with a connection of its own, shared by every stream of this
+    /// lock: it waits in `GET_LOCK` while another session holds the lock (and lets go as soon
+    /// as it gets it), reads the record after each wait, and fires when the holder's session
+    /// let go, or the holder, the handover request or the fencing term changed.
+    async fn watch(&self) -> Result<Option<ChangeStream>, LockError> {
+        {
+            let watcher = self
+                .shared
+                .watcher
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            if let Some(watcher) = watcher.as_ref().filter(|w| !w.task.is_finished()) {
+                return Ok(Some(watcher.hub.subscribe(CHANNEL)));
+            }
+        }
+        self.table.check_name()?;
+        let mut conn = self.store.dedicated().await?;
+        let context = self.context();
+        let statements = &self.store.inner().named_statements;
+        let last: Summary = conn
+            .exec_first(&statements.summary, (self.table.name(),))
+            .await
+            .map_err(|err| map(&context, err))?;
+        let hub = ChangeHub::new();
+        let stream = hub.subscribe(CHANNEL);
+        let follower = Follower {
+            lock: Arc::downgrade(&self.shared),
+            store: self.store.clone(),
+            name: self.table.name().to_owned(),
+            key: self.key.clone(),
+            interval: self.watch_interval,
+            hub: hub.clone(),
+            last,
+        };
+        let task = tokio::spawn(follower.run(conn));
+        let previous = self
+            .shared
+            .watcher
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .replace(Watcher { hub, task });
+        if let Some(previous) = previous {
+            previous.stop();
+        }
+        Ok(Some(stream))
+    }
+
+    async fn close(&self) {
+        let watcher = self
+            .shared
+            .watcher
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(watcher) = watcher {
+            watcher.stop();
+        }
+        let mut slot = self.shared.session.lock().await;
+        if let Some(mut session) = slot.take() {
+            self.let_go(&mut session).await;
+            let _ = session.conn.disconnect().await;
+        }
+        self.shared.holding.store(false, Ordering::Release);
+    }
+
+    /// Reads the record; when it is free, or expired by the server's clock, takes the
+    /// user-level lock on this lock's session and then the record, with one `UPDATE` at the
+    /// version read whose condition (free or expired, and the session holding the lock) the
+    /// server checks again. When another session holds the user-level lock, the lease is
+    /// reported [`Held`](Acquisition::Held). Inserts the record when there is none.
+    async fn try_acquire(
+        &self,
+        desired: &LeaderElectionRecord,
+    ) -> Result<Option<Acquisition>, LockError> {
+        let Some((observed, left)) = self.table.observe().await? else {
+            return self
+                .create(&first_record(desired))
+                .await
+                .map(|o| Some(Acquisition::Acquired(o)));
+        };
+        let current = &observed.record;
+        let reserved = current.reserved_for_other_than(&desired.holder_identity);
+        let held = Acquisition::Held {
+            observed: observed.clone(),
+            expires_in: Some(left),
+            // Every renewal writes the row: its version changes.
+            renewed_in_store: false,
+        };
+        if (!current.is_free() && !left.is_zero()) || reserved {
+            return Ok(Some(held));
+        }
+        let (taken, params, version) = self.table.takeover(&observed, desired)?;
+        let sql = &self.store.inner().named_statements.take;
+        match self.own_write(&taken, Hold::Always, sql, params).await? {
+            Written::Stored => Ok(Some(Acquisition::Acquired(Observed {
+                record: taken,
+                version: Version::from(version),
+            }))),
+            Written::Busy => Ok(Some(held)),
+            // Written since the read, or not expired yet by the server's clock.
+            Written::Missed => Err(LockError::conflict(BACKEND)),
+        }
+    }
+}
+
+/// The task behind a lock's watch.
+struct Follower {
+    lock: Weak<Shared>,
+    store: MysqlStore,
+    name: String,
+    key: String,
+    interval: Duration,
+    hub: ChangeHub,
+    last: Summary,
+}
+
+impl Follower {
+    /// Until the lock is dropped or closed, or the connection fails (its streams then end, and
+    /// the elector subscribes again).
+    async fn run(mut self, mut conn: Conn) {
+        if let Err(err) = self.follow(&mut conn).await {
+            tracing::debug!(error = %err, "the GET_LOCK lock's watch ended");
+        }
+        self.hub.close();
+        let _ = conn.disconnect().await;
+    }
+
+    async fn follow(&mut self, conn: &mut Conn) -> Result<(), mysql_async::Error> {
+        let statements = &self.store.inner().named_statements;
+        let seconds = i64::try_from(self.interval.as_secs().max(1)).unwrap_or(i64::MAX);
+        // The record as it was when the holder's session was last found gone: the lock is not
+        // waited for again until the record changes (the lease may still run for a while).
+        let mut gone_at: Option<Summary> = None;
+        loop {
+            let Some(lock) = self.lock.upgrade() else {
+                return Ok(());
+            };
+            let holding = lock.holding.load(Ordering::Acquire);
+            drop(lock);
+            let wait = !holding && held(&self.last) && gone_at.as_ref() != Some(&self.last);
+            let mut let_go = false;
+            if wait {
+                let got: Option<Option<i64>> = conn
+                    .exec_first(&statements.wait, (self.key.as_str(), seconds))
+                    .await?;
+                if got.flatten() == Some(1) {
+                    // A follower never keeps the lock: hand it back before telling anyone.
+                    conn.exec_drop(&statements.release, (self.key.as_str(),))
+                        .await?;
+                    let_go = true;
+                }
+            } else {
+                tokio::time::sleep(Duration::from_secs(seconds.unsigned_abs())).await;
+            }
+            let now: Summary = conn
+                .exec_first(&statements.summary, (self.name.as_str(),))
+                .await?;
+            if let_go {
+                gone_at = Some(now.clone());
+            }
+            if let_go || now != self.last {
+                self.hub.notify(CHANNEL);
+            }
+            self.last = now;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lock_keys_fit_and_keep_names_apart() {
+        assert_eq!(
+            lock_key("app", "leader_election", "billing"),
+            "leader:app.leader_election/billing"
+        );
+        let long = "x".repeat(100);
+        for (database, table, name) in [
+            ("app", "leader_election", long.as_str()),
+            ("app", "leader_election", "Billing"),
+            ("app", "leader_election", "naïve"),
+            ("app", "leader_election", "a b"),
+        ] {
+            let key = lock_key(database, table, name);
+            assert!(key.len() <= MAX_KEY, "{key}");
+            assert!(key.starts_with("leader#"), "{key}");
+        }
+        // Names that differ only in case are different records: different locks.
+        assert_ne!(
+            lock_key("app", "t", "Billing").to_ascii_lowercase(),
+            lock_key("app", "t", "billing").to_ascii_lowercase()
+        );
+        assert_ne!(
+            lock_key("app", "t", &format!("{long}1")),
+            lock_key("app", "t", &format!("{long}2"))
+        );
+        assert_ne!(lock_key("a", "t", "n"), lock_key("b", "t", "n"));
+    }
+}

@@ -1,0 +1,143 @@
+//! Mapping of client errors onto the core's error kinds, with credentials removed.
+
+use std::error::Error as StdError;
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::ErrorCode;
+use leader_core::LockError;
+
+pub(crate) const BACKEND: &str = "nats";
+
+/// What the server last refused this client, from its asynchronous error events: a
+/// permissions violation or a failed login is reported that way, and the request it concerns
+/// only times out.
+#[derive(Debug, Default)]
+pub(crate) struct Refusals {
+    last: std::sync::Mutex<Option<(Instant, String)>>,
+}
+
+/// How long after a refusal a timed-out request is taken to be what was refused.
+const REFUSAL_WINDOW: Duration = Duration::from_secs(30);
+
+impl Refusals {
+    pub(crate) fn record(&self, message: String) {
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some((Instant::now(), message));
+    }
+
+    pub(crate) fn clear(&self) {
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    fn recent(&self) -> Option<String> {
+        let last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        last.as_ref()
+            .filter(|(at, _)| at.elapsed() < REFUSAL_WINDOW)
+            .map(|(_, message)| message.clone())
+    }
+}
+
+/// The JetStream API error code and HTTP-like status the server answered with, if it did: the
+/// client keeps them in its error kinds (not as a source), so they are read from the messages
+/// of `err`'s chain, which end in "(code 404, error code 10059)".
+fn api_error(err: &(dyn StdError + 'static)) -> Option<(u64, u64)> {
+    let mut current = Some(err);
+    while let Some(err) = current {
+        if let Some(api) = err.downcast_ref::<async_nats::jetstream::Error>() {
+            return Some((api.code() as u64, api.error_code().0));
+        }
+        let text = err.to_string();
+        if let Some(at) = text.rfind("(code ") {
+            let numbers: Vec<u64> = text[at..]
+                .split(|c: char| !c.is_ascii_digit())
+                .filter_map(|n| n.parse().ok())
+                .collect();
+            if let [status, code, ..] = numbers[..] {
+                return Some((status, code));
+            }
+        }
+        current = err.source();
+    }
+    None
+}
+
+/// The whole chain of `err`'s messages, for errors whose kind alone says little.
+fn chain(err: &(dyn StdError + 'static)) -> String {
+    let mut message = err.to_string();
+    let mut current = err.source();
+    while let Some(source) = current {
+        let next = source.to_string();
+        if !message.contains(&next) {
+            message.push_str(": ");
+            message.push_str(&next);
+        }
+        current = source.source();
+    }
+    message
+}
+
+/// Maps a client error onto a [`LockError`] kind. `timed_out` says whether the client gave up
+/// waiting (no answer), which a recent refusal by the server explains.
+pub(crate) fn map(
+    context: &str,
+    refusals: &Refusals,
+    timed_out: bool,
+    err: impl StdError + Send + Sync + 'static,
+) -> LockError {
+    if let Some((status, code)) = api_error(&err) {
+        let message = format!("{context}: {}", chain(&err));
+        return match ErrorCode(code) {
+            ErrorCode::STREAM_NOT_FOUND => LockError::Misconfigured {
+                backend: BACKEND,
+                message: format!(
+                    "{message}; create the bucket (`nats kv add BUCKET --history 1`, or NatsStoreBuilder::create_bucket(true))"
+                ),
+            },
+            ErrorCode::JETSTREAM_NOT_ENABLED | ErrorCode::JETSTREAM_NOT_ENABLED_FOR_ACCOUNT => {
+                LockError::Misconfigured {
+                    backend: BACKEND,
+                    message: format!(
+                        "{message}; enable JetStream on the server (`nats-server -js`) and for the account"
+                    ),
+                }
+            }
+            // Not enough servers for the stream, no leader yet (a cluster electing one), the
+            // server shutting down or out of resources: transient.
+            _ if matches!(status, 500 | 503) => {
+                LockError::unavailable(BACKEND, Context::new(context, &err))
+            }
+            _ => LockError::other(BACKEND, Context::new(context, &err)),
+        };
+    }
+    if timed_out && let Some(refused) = refusals.recent() {
+        return LockError::Forbidden {
+            backend: BACKEND,
+            message: format!(
+                "{context}: no answer, and the server refused this client: {refused}; grant the user publish rights on $JS.API.> and $KV.<bucket>.> and subscribe rights on _INBOX.> (deploy/nats)"
+            ),
+        };
+    }
+    LockError::unavailable(BACKEND, Context::new(context, &err))
+}
+
+/// A client error with the lock's context, for `source` fields. The client never puts
+/// passwords or tokens in its errors; `context` is a redacted URL, a bucket or a key.
+#[derive(Debug)]
+pub(crate) struct Context {
+    message: String,
+}
+
+impl Context {
+    pub(crate) fn new(context: &str, err: &(dyn StdError + 'static)) -> Self {
+        Self {
+            message: format!("{context}: {}", chain(err)),
+        }
+    }
+}
+
+impl std::fmt::Display for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl StdError for Context {}

@@ -1,0 +1,411 @@
+//! The server and its bucket: one client connection shared by every lock made from it.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::{self, kv};
+use leader_core::{LockError, redact_url};
+use tokio::sync::OnceCell;
+
+use crate::error::{BACKEND, Refusals, map};
+
+/// The default bucket.
+pub const DEFAULT_BUCKET: &str = "leader";
+
+/// The default time a request waits for the server's answer.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Builds a [`NatsStore`].
+#[must_use]
+pub struct NatsStoreBuilder {
+    servers: Vec<String>,
+    bucket: String,
+    create_bucket: bool,
+    replicas: usize,
+    credentials: Option<PathBuf>,
+    login: Option<Login>,
+    require_tls: bool,
+    request_timeout: Duration,
+}
+
+/// A login other than a credentials file.
+enum Login {
+    UserAndPassword(String, String),
+    Token(String),
+}
+
+impl fmt::Debug for NatsStoreBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NatsStoreBuilder")
+            .field("servers", &redacted(&self.servers))
+            .field("bucket", &self.bucket)
+            .field("create_bucket", &self.create_bucket)
+            .field("replicas", &self.replicas)
+            .field("credentials", &self.credentials)
+            .field(
+                "login",
+                &match &self.login {
+                    Some(Login::UserAndPassword(user, _)) => format!("{user}:***"),
+                    Some(Login::Token(_)) => "token ***".to_owned(),
+                    None => "none".to_owned(),
+                },
+            )
+            .field("require_tls", &self.require_tls)
+            .field("request_timeout", &self.request_timeout)
+            .finish()
+    }
+}
+
+fn redacted(servers: &[String]) -> String {
+    servers
+        .iter()
+        .map(|server| redact_url(server))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Whether `name` can name a bucket: letters, digits, `-` and `_` (the server's rule).
+pub(crate) fn valid_bucket(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+impl NatsStoreBuilder {
+    /// The bucket that keeps the records (default [`DEFAULT_BUCKET`]).
+    pub fn bucket(mut self, bucket: impl Into<String>) -> Self {
+        self.bucket = bucket.into();
+        self
+    }
+
+    /// Creates the bucket when it is missing, on first use (needs the right to add streams):
+    /// one value per key kept (history 1), on disk, no expiry of its own.
+    pub fn create_bucket(mut self, create: bool) -> Self {
+        self.create_bucket = create;
+        self
+    }
+
+    /// How many servers of a JetStream cluster keep a bucket this store creates (default 1;
+    /// 3 or 5 in a cluster, so that the records outlive a server).
+    pub fn replicas(mut self, replicas: usize) -> Self {
+        self.replicas = replicas.max(1);
+        self
+    }
+
+    /// Logs in with a credentials file (a user JWT and its nkey seed, as `nsc` writes it).
+    pub fn credentials_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.credentials = Some(path.into());
+        self
+    }
+
+    /// Logs in with a user name and password.
+    pub fn user_and_password(
+        mut self,
+        user: impl Into<String>,
+        password: impl Into<String>,
+    ) -> Self {
+        self.login = Some(Login::UserAndPassword(user.into(), password.into()));
+        self
+    }
+
+    /// Logs in with a token.
+    pub fn token(mut self, token: impl Into<String>) -> Self {
+        self.login = Some(Login::Token(token.into()));
+        self
+    }
+
+    /// Refuses a connection without TLS (`tls://` addresses ask for it too).
+    pub fn require_tls(mut self, require: bool) -> Self {
+        self.require_tls = require;
+        self
+    }
+
+    /// How long a request waits for the server's answer (default
+    /// [`DEFAULT_REQUEST_TIMEOUT`]).
+    pub fn request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout.max(Duration::from_millis(1));
+        self
+    }
+
+    /// Makes the store. The client connects in the background (and again after every lost
+    /// connection): a server that is down at start makes the first requests fail as
+    /// [`LockError::Unavailable`], not the build. The bucket is looked up on first use.
+    ///
+    /// # Errors
+    /// An invalid server address or bucket name, or an unreadable credentials file
+    /// ([`LockError::Misconfigured`]).
+    pub async fn build(self) -> Result<NatsStore, LockError> {
+        let redacted = redacted(&self.servers);
+        let misconfigured = |message: String| LockError::Misconfigured {
+            backend: BACKEND,
+            message,
+        };
+        if !valid_bucket(&self.bucket) {
+            return Err(misconfigured(format!(
+                "bucket name {:?}: only letters, digits, '-' and '_'",
+                self.bucket
+            )));
+        }
+        // A login in an address is the client's too (the client itself would ignore it): the
+        // builder's own login, if any, wins.
+        let mut login = self.login;
+        let mut addresses = Vec::with_capacity(self.servers.len());
+        for server in &self.servers {
+            let bad = |err: String| {
+                misconfigured(format!("server address {}: {err}", redact_url(server)))
+            };
+            let with_scheme = if server.contains("://") {
+                server.clone()
+            } else {
+                format!("nats://{server}")
+            };
+            let mut url = url::Url::parse(&with_scheme).map_err(|err| bad(err.to_string()))?;
+            if !url.username().is_empty() {
+                let decode = |part: &str| {
+                    url::form_urlencoded::parse(format!("x={part}").as_bytes())
+                        .next()
+                        .map(|(_, v)| v.into_owned())
+                        .unwrap_or_default()
+                };
+                let user = decode(url.username());
+                let found = match url.password() {
+                    Some(password) => Login::UserAndPassword(user, decode(password)),
+                    None => Login::Token(user),
+                };
+                login.get_or_insert(found);
+                let _ = url.set_username("");
+                let _ = url.set_password(None);
+            }
+            addresses.push(
+                url.as_str()
+                    .parse::<async_nats::ServerAddr>()
+                    .map_err(|err| bad(err.to_string()))?,
+            );
+        }
+        if addresses.is_empty() {
+            return Err(misconfigured("no server address".to_owned()));
+        }
+        let refusals = Arc::new(Refusals::default());
+        let events = Arc::clone(&refusals);
+        let mut options = async_nats::ConnectOptions::new()
+            .name("leader")
+            .retry_on_initial_connect()
+            .request_timeout(Some(self.request_timeout))
+            .require_tls(self.require_tls)
+            .event_callback(move |event| {
+                let events = Arc::clone(&events);
+                async move {
+                    match event {
+                        async_nats::Event::ServerError(
+                            async_nats::ServerError::AuthorizationViolation,
+                        ) => events.record("authorization violation (a wrong user, password, token or credentials)".to_owned()),
+                        async_nats::Event::ServerError(async_nats::ServerError::Other(message))
+                            if message.to_ascii_lowercase().contains("permission") =>
+                        {
+                            events.record(message);
+                        }
+                        // A login refused while connecting (and again at each retry).
+                        async_nats::Event::ClientError(async_nats::ClientError::Other(message))
+                            if message.to_ascii_lowercase().contains("authori")
+                                || message.to_ascii_lowercase().contains("authentic") =>
+                        {
+                            events.record(format!("login refused: {message}"));
+                        }
+                        async_nats::Event::Connected => events.clear(),
+                        _ => {}
+                    }
+                }
+            });
+        match &login {
+            Some(Login::UserAndPassword(user, password)) => {
+                options = options.user_and_password(user.clone(), password.clone());
+            }
+            Some(Login::Token(token)) => options = options.token(token.clone()),
+            None => {}
+        }
+        if let Some(path) = &self.credentials {
+            options = options.credentials_file(path).await.map_err(|err| {
+                misconfigured(format!("credentials file {}: {err}", path.display()))
+            })?;
+        }
+        let client = options.connect(addresses).await.map_err(|err| {
+            // Only a configuration the client refuses fails here: connecting is retried.
+            misconfigured(format!("{redacted}: {err}"))
+        })?;
+        let jetstream = jetstream::ContextBuilder::new()
+            .timeout(self.request_timeout)
+            .build(client.clone());
+        Ok(NatsStore {
+            inner: Arc::new(Inner {
+                client,
+                jetstream,
+                bucket: self.bucket,
+                create_bucket: self.create_bucket,
+                replicas: self.replicas,
+                kv: OnceCell::new(),
+                refusals,
+                redacted,
+            }),
+        })
+    }
+}
+
+/// A NATS server (or cluster) and the key-value bucket that keeps the election records, on one
+/// client connection. Cheap to clone; every lock made from it shares the connection.
+#[derive(Clone)]
+pub struct NatsStore {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) client: async_nats::Client,
+    pub(crate) jetstream: jetstream::Context,
+    pub(crate) bucket: String,
+    create_bucket: bool,
+    replicas: usize,
+    kv: OnceCell<kv::Store>,
+    pub(crate) refusals: Arc<Refusals>,
+    pub(crate) redacted: String,
+}
+
+impl fmt::Debug for NatsStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NatsStore")
+            .field("servers", &self.inner.redacted)
+            .field("bucket", &self.inner.bucket)
+            .finish_non_exhaustive()
+    }
+}
+
+impl NatsStore {
+    /// A builder for the server at `servers`: `nats://[user:password@]host:4222` (or
+    /// `tls://`), several separated by commas.
+    pub fn builder(servers: impl AsRef<str>) -> NatsStoreBuilder {
+        NatsStoreBuilder {
+            servers: servers
+                .as_ref()
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+                .collect(),
+            bucket: DEFAULT_BUCKET.to_owned(),
+            create_bucket: false,
+            replicas: 1,
+            credentials: None,
+            login: None,
+            require_tls: false,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+        }
+    }
+
+    /// The client, for the service's own use of the connection.
+    pub fn client(&self) -> &async_nats::Client {
+        &self.inner.client
+    }
+
+    /// The bucket's name.
+    pub fn bucket(&self) -> &str {
+        &self.inner.bucket
+    }
+
+    /// The bucket's handle: looked up once (and created, if the builder says so).
+    ///
+    /// # Errors
+    /// A missing bucket ([`LockError::Misconfigured`]), no answer
+    /// ([`LockError::Unavailable`]), missing rights ([`LockError::Forbidden`]).
+    pub async fn kv(&self) -> Result<&kv::Store, LockError> {
+        self.inner
+            .kv
+            .get_or_try_init(|| async {
+                let context = format!("{} bucket {}", self.inner.redacted, self.inner.bucket);
+                let found = self.inner.jetstream.get_key_value(&self.inner.bucket).await;
+                match found {
+                    Ok(store) => Ok(store),
+                    Err(err) if err.kind() == jetstream::context::KeyValueErrorKind::InvalidStoreName => {
+                        Err(LockError::Misconfigured {
+                            backend: BACKEND,
+                            message: format!(
+                                "{context}: the stream KV_{} is not a key-value bucket (it keeps no value per key)",
+                                self.inner.bucket
+                            ),
+                        })
+                    }
+                    Err(err) => {
+                        let mapped = map(&context, &self.inner.refusals, is_timeout(&err), err);
+                        if !(self.inner.create_bucket
+                            && matches!(mapped, LockError::Misconfigured { .. }))
+                        {
+                            return Err(mapped);
+                        }
+                        self.create(&context).await
+                    }
+                }
+            })
+            .await
+    }
+
+    /// Creates the bucket's stream with the key-value conventions (`KV_<bucket>`, subjects
+    /// `$KV.<bucket>.>`, one value per key, rollups allowed, deletes through markers only,
+    /// direct gets). The client's own bucket creation first reads account fields that 2.9
+    /// servers do not send, so it cannot be used with them.
+    async fn create(&self, context: &str) -> Result<kv::Store, LockError> {
+        let bucket = &self.inner.bucket;
+        let config = jetstream::stream::Config {
+            name: format!("KV_{bucket}"),
+            description: Some("leader election records".to_owned()),
+            subjects: vec![format!("$KV.{bucket}.>")],
+            max_messages_per_subject: 1,
+            storage: jetstream::stream::StorageType::File,
+            num_replicas: self.inner.replicas,
+            allow_rollup: true,
+            deny_delete: true,
+            allow_direct: true,
+            discard: jetstream::stream::DiscardPolicy::New,
+            ..Default::default()
+        };
+        let created = self.inner.jetstream.create_stream(config).await;
+        // Whether it was this store or another replica that created it, read it as a bucket.
+        match self.inner.jetstream.get_key_value(bucket).await {
+            Ok(store) => Ok(store),
+            Err(err) => Err(match created {
+                Err(created) => map(context, &self.inner.refusals, is_timeout(&created), created),
+                Ok(_) => map(context, &self.inner.refusals, is_timeout(&err), err),
+            }),
+        }
+    }
+
+    /// The stream's last sequence number now: above every revision the bucket has written.
+    pub(crate) async fn last_sequence(&self) -> Result<u64, LockError> {
+        let kv = self.kv().await?;
+        kv.stream
+            .get_info()
+            .await
+            .map(|info| info.state.last_sequence)
+            .map_err(|err| map(&self.context(), &self.inner.refusals, is_timeout(&err), err))
+    }
+
+    pub(crate) fn context(&self) -> String {
+        format!("{} bucket {}", self.inner.redacted, self.inner.bucket)
+    }
+
+    pub(crate) fn refusals(&self) -> &Refusals {
+        &self.inner.refusals
+    }
+}
+
+/// Whether the client gave up waiting for an answer somewhere in `err`'s chain.
+pub(crate) fn is_timeout(err: &(dyn std::error::Error + 'static)) -> bool {
+    let mut current = Some(err);
+    while let Some(err) = current {
+        let text = err.to_string().to_ascii_lowercase();
+        if text.contains("timed out") || text.contains("no responders") {
+            return true;
+        }
+        current = err.source();
+    }
+    false
+}

@@ -1,0 +1,147 @@
+//! Test support: the server from `NATS_URL` (default: loopback), required under `CI=true`, and
+//! private servers the tests start, stop and configure themselves.
+
+#![allow(dead_code, unreachable_pub, unused_imports)]
+
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use leader_core::conformance::LockFactory;
+use leader_core::{LockSet, ResourceLock, async_trait};
+use leader_nats::{NatsStore, key_of};
+
+pub use leader_test_support::{Candidate as Running, LEASE, RENEW, RETRY};
+pub use leader_test_support::{in_ci, nats_bucket, nats_url};
+
+/// A store on the test bucket, created if missing; `None` (outside CI) without a server.
+pub async fn store() -> Option<NatsStore> {
+    leader_test_support::nats_lock_or_skip()?;
+    Some(
+        NatsStore::builder(nats_url())
+            .bucket(nats_bucket())
+            .create_bucket(true)
+            .build()
+            .await
+            .expect("store"),
+    )
+}
+
+pub fn unique(prefix: &str) -> String {
+    format!("{prefix}-{:08x}", fastrand::u32(..))
+}
+
+/// Locks of one store, and its shard sets (a key per record).
+pub struct Factory {
+    pub store: NatsStore,
+}
+
+#[async_trait]
+impl LockFactory for Factory {
+    async fn lock(&self, name: &str, identity: &str) -> Arc<dyn ResourceLock> {
+        Arc::new(self.store.lock(name, identity))
+    }
+
+    async fn corrupt(&self, name: &str) -> bool {
+        let kv = self.store.kv().await.expect("bucket");
+        kv.put(key_of(name), "{\"holderIdentity\": 7, \"garbage".into())
+            .await
+            .expect("write a garbage value");
+        true
+    }
+}
+
+/// A `nats-server` of the test's own, with JetStream, on a free loopback port, stopped on drop.
+pub struct Server {
+    child: Option<Child>,
+    pub port: u16,
+    dir: tempfile::TempDir,
+    config: Option<String>,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("a free port")
+        .local_addr()
+        .expect("its address")
+        .port()
+}
+
+impl Server {
+    /// Starts a server with `config` (a `nats-server` configuration, or none); `None` (outside
+    /// CI) when there is no `nats-server` binary.
+    pub fn start(config: Option<&str>) -> Option<Self> {
+        let found = Command::new("nats-server")
+            .arg("--version")
+            .stdout(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !found {
+            assert!(!in_ci(), "CI=true, but there is no nats-server binary");
+            eprintln!("skipping: no nats-server binary; run scripts/setup");
+            return None;
+        }
+        let mut server = Self {
+            child: None,
+            port: free_port(),
+            dir: tempfile::tempdir().expect("temporary directory"),
+            config: config.map(str::to_owned),
+        };
+        server.run();
+        Some(server)
+    }
+
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    fn run(&mut self) {
+        let mut command = Command::new("nats-server");
+        command
+            .args([
+                "-a",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-js",
+                "-sd",
+            ])
+            .arg(self.dir.path().join("js"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        if let Some(config) = &self.config {
+            let path = self.dir.path().join("server.conf");
+            std::fs::write(&path, config).expect("write the configuration");
+            command.arg("-c").arg(path);
+        }
+        self.child = Some(command.spawn().expect("start nats-server"));
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "nats-server did not listen"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Kills the server (SIGKILL): what it stored stays on disk.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts it again on the same port and storage.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.run();
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

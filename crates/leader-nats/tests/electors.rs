@@ -1,0 +1,75 @@
+//! Electors on one real NATS server: exactly one leads, a release is taken over at once, a
+//! deleted key keeps the fencing tokens growing.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Factory, Running, unique};
+use leader_core::{ResourceLock, conformance};
+use leader_nats::key_of;
+use tokio::time::sleep;
+
+async fn exactly_one_leads(n: usize) {
+    let Some(store) = common::store().await else {
+        return;
+    };
+    conformance::electors_elect_exactly_one(&Factory { store }, n).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_electors_elect_exactly_one() {
+    exactly_one_leads(2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ten_electors_elect_exactly_one() {
+    exactly_one_leads(10).await;
+}
+
+/// A follower woken by the KV watch takes a released lease well within a retry period.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_release_is_taken_over_at_once() {
+    let Some(store) = common::store().await else {
+        return;
+    };
+    let taken = conformance::release_is_taken_over_at_once(&Factory { store }).await;
+    eprintln!("handover after a release: {taken:?}");
+}
+
+/// Someone deletes (or purges) the key under a leader: the leader loses its term at its next
+/// renewal, and the next term's token is above every token before, though the record that
+/// counted them is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_deleted_key_keeps_the_tokens_growing() {
+    let Some(store) = common::store().await else {
+        return;
+    };
+    let name = unique("deleted");
+    let mut first = Running::start(store.lock(&name, "first"));
+    let token = first.wait_leading(Duration::from_secs(10)).await;
+    let kv = store.kv().await.expect("bucket");
+    for purge in [false, true] {
+        let before = first.leading_token().unwrap_or(token);
+        if purge {
+            kv.purge(key_of(&name)).await.expect("purge");
+        } else {
+            kv.delete(key_of(&name)).await.expect("delete");
+        }
+        assert_eq!(store.lock(&name, "probe").get().await.expect("get"), None);
+        // The leader's next renewal fails (nothing at its revision); a term starts again.
+        let mut next = None;
+        for _ in 0..100 {
+            sleep(Duration::from_millis(100)).await;
+            if let Some(now) = first.leading_token()
+                && now != before
+            {
+                next = Some(now);
+                break;
+            }
+        }
+        let next = next.expect("a new term after the key was removed");
+        assert!(next > before, "token {next} after {before}: not above");
+    }
+    first.stop().await;
+}
