@@ -1,6 +1,7 @@
 //! Requests and stream writes per renewal of the key-value lock, and its latency against two
-//! raw references on the same connection: a server round trip (`PING`/`PONG`, the client's
-//! `flush`) and a plain key-value `put` (a JetStream publish and its acknowledgement).
+//! raw references on the same connection: a request the server answers itself (JetStream's
+//! `$JS.API.INFO`, its reply left unparsed) and a plain key-value `put` (a JetStream publish
+//! and its acknowledgement).
 //!
 //! ```text
 //! NATS_URL=nats://127.0.0.1:4222 cargo bench -p leader-nats --bench renewal
@@ -39,7 +40,18 @@ async fn main() -> Result<(), Box<dyn Error>> {
 
     // 2. Writes per renewal on the server: the bucket's stream sequence over N renewals.
     let lock = store.lock(&name, "bench");
-    let mut observed = bench::acquire(&lock, "bench").await?;
+    // The elector released it; take it as a candidate would (this lock has no store-clock
+    // acquisition: candidates decide expiry on their own clock).
+    let released = lock.get().await?.ok_or("the elector left no record")?;
+    let mut observed = lock
+        .update(
+            &released.version,
+            &bench::renewed(&leader_core::conformance::record(
+                "bench",
+                released.record.leader_transitions + 1,
+            )),
+        )
+        .await?;
     assert!(observed.record.is_held_by("bench"));
     let kv = store.kv().await?;
     let sequence = || async { kv.stream.get_info().await.map(|i| i.state.last_sequence) };
@@ -58,7 +70,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
     for _ in 0..ROUNDS {
         for _ in 0..PER_ROUND {
             let at = Instant::now();
-            store.client().flush().await?;
+            store.client().request("$JS.API.INFO", "".into()).await?;
             t_ping.push(at.elapsed());
         }
         for _ in 0..PER_ROUND {
@@ -91,7 +103,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
         "operation (same connection)",
         1,
         &mut [
-            ("round trip (`PING`)", t_ping),
+            ("server round trip (`$JS.API.INFO`)", t_ping),
             ("key-value `put`", t_put),
             ("renewal (`NatsLock::update`)", t_renew),
         ],

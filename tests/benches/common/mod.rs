@@ -12,6 +12,7 @@ use leader_consul::ConsulStore;
 use leader_core::{FileLock, ResourceLock};
 use leader_etcd::EtcdStore;
 use leader_mysql::MysqlStore;
+use leader_nats::NatsStore;
 use leader_object_store::BucketStore;
 use leader_postgres::PostgresStore;
 use leader_redis::RedisStore;
@@ -28,6 +29,10 @@ pub enum Backend {
     PostgresAdvisory(PostgresStore),
     /// The MySQL / MariaDB table lock (`MYSQL_URL`).
     Mysql(MysqlStore),
+    /// The MySQL / MariaDB `GET_LOCK` lock (`MYSQL_URL`).
+    MysqlNamed(MysqlStore),
+    /// The NATS key-value lock (`NATS_URL`, bucket `NATS_BUCKET`).
+    Nats(NatsStore),
     Redis(RedisStore),
     Etcd(EtcdStore),
     Consul(ConsulApiServer, ConsulStore),
@@ -66,8 +71,23 @@ impl Backend {
             .build()
             .await
         {
-            Ok(store) => backends.push(Self::Mysql(store)),
+            Ok(store) => {
+                backends.push(Self::Mysql(store.clone()));
+                backends.push(Self::MysqlNamed(store));
+            }
             Err(err) => eprintln!("no MySQL: {err}"),
+        }
+        match NatsStore::builder(leader_test_support::nats_url())
+            .bucket(leader_test_support::nats_bucket())
+            .create_bucket(true)
+            .build()
+            .await
+        {
+            Ok(store) => match store.kv().await {
+                Ok(_) => backends.push(Self::Nats(store)),
+                Err(err) => eprintln!("no NATS: {err}"),
+            },
+            Err(err) => eprintln!("no NATS: {err}"),
         }
         match RedisStore::connect(redis_url()).await {
             Ok(store) => backends.push(Self::Redis(store)),
@@ -105,6 +125,8 @@ impl Backend {
             Self::Postgres(_) => "postgres (table)",
             Self::PostgresAdvisory(_) => "postgres (advisory)",
             Self::Mysql(_) => "mysql (table, MariaDB)",
+            Self::MysqlNamed(_) => "mysql (GET_LOCK, MariaDB)",
+            Self::Nats(_) => "nats (key-value)",
             Self::Redis(_) => "redis",
             Self::Etcd(_) => "etcd",
             Self::Consul(..) => "consul (test server)",
@@ -119,6 +141,8 @@ impl Backend {
             Self::Postgres(store) => Arc::new(store.lock(name, identity)),
             Self::PostgresAdvisory(store) => Arc::new(store.advisory_lock(name, identity)),
             Self::Mysql(store) => Arc::new(store.lock(name, identity)),
+            Self::MysqlNamed(store) => Arc::new(store.named_lock(name, identity)),
+            Self::Nats(store) => Arc::new(store.lock(name, identity)),
             Self::Redis(store) => Arc::new(store.lock(name, identity)),
             Self::Etcd(store) => Arc::new(store.lock(name, identity)),
             Self::Consul(_, store) => Arc::new(store.lock(name, identity).expect("a valid name")),
@@ -165,6 +189,15 @@ impl Backend {
             Self::Etcd(store) => usize::try_from(store.requests_sent()).ok(),
             Self::Consul(api, _) => Some(api.requests().values().sum()),
             Self::ObjectStore(counting, _) => Some(counting.total()),
+            // Messages this client published: requests, key-value writes, watches' set-up.
+            Self::Nats(store) => usize::try_from(
+                store
+                    .client()
+                    .statistics()
+                    .out_messages
+                    .load(std::sync::atomic::Ordering::Relaxed),
+            )
+            .ok(),
             _ => None,
         }
     }
@@ -176,7 +209,7 @@ impl Backend {
         match self {
             // The test API server keeps no count of its requests.
             Self::File(_) | Self::Kubernetes(..) => None,
-            Self::Mysql(store) => {
+            Self::Mysql(store) | Self::MysqlNamed(store) => {
                 use leader_mysql::mysql_async::prelude::Queryable;
                 let mut conn = store.pool().get_conn().await.ok()?;
                 // Statements the server ran, from every client (this one's included).
@@ -187,6 +220,14 @@ impl Backend {
                 row.map(|(_, n)| n)
             }
             Self::ObjectStore(counting, _) => u64::try_from(counting.total()).ok(),
+            // Messages this process's client published (every lock of the store shares it).
+            Self::Nats(store) => Some(
+                store
+                    .client()
+                    .statistics()
+                    .out_messages
+                    .load(std::sync::atomic::Ordering::Relaxed),
+            ),
             Self::Consul(api, _) => u64::try_from(api.requests().values().sum::<usize>()).ok(),
             Self::Postgres(store) | Self::PostgresAdvisory(store) => {
                 let client = store.pool().get().await.ok()?;

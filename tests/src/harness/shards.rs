@@ -96,21 +96,36 @@ fn members_of(groups: &[Pid]) -> BTreeSet<i32> {
 }
 
 /// Freeze marks by process: a term whose COMMAND was in a frozen group is marked at the first
-/// freeze after its start, unless its own log marked it earlier.
+/// freeze after its start, unless its own log marked it earlier. Only a freeze while the term
+/// could still run counts: before its stop line, and before it was killed. Process ids are
+/// reused (a long run wraps around them), so a later process with the pid of a term that had
+/// ended is not that term's COMMAND.
 fn mark_frozen_by_pid(
     events: &[TermEvent],
     frozen_pids: &[(BTreeSet<i32>, i128)],
+    killed: &Marks,
     frozen: &mut Marks,
 ) {
     for event in events.iter().filter(|e| e.start) {
         let Some(pid) = event.pid else { continue };
+        let key = (event.identity.clone(), event.token);
+        let stopped = events
+            .iter()
+            .filter(|e| !e.start && e.identity == event.identity && e.token == event.token)
+            .map(|e| e.at)
+            .min();
+        let ended = [stopped, killed.get(&key).copied()]
+            .into_iter()
+            .flatten()
+            .min();
         let first = frozen_pids
             .iter()
-            .filter(|(pids, at)| *at > event.at && pids.contains(&pid))
+            .filter(|(pids, at)| {
+                *at > event.at && ended.is_none_or(|end| *at < end) && pids.contains(&pid)
+            })
             .map(|(_, at)| *at)
             .min();
         if let Some(at) = first {
-            let key = (event.identity.clone(), event.token);
             let mark = frozen.entry(key).or_insert(at);
             *mark = (*mark).min(at);
         }
@@ -357,7 +372,7 @@ pub async fn run(
             .clone();
         let events = term_events(&shard_log(dir.path(), shard));
         let mut frozen = run.frozen.get(&shard).cloned().unwrap_or_default();
-        mark_frozen_by_pid(&events, &run.frozen_pids, &mut frozen);
+        mark_frozen_by_pid(&events, &run.frozen_pids, &killed, &mut frozen);
         let terms = checker::terms_seen(&events, &killed, &frozen, &seen_gone);
         report.terms += terms.len();
         let (overlaps, violations) = checker::check(&terms);
@@ -449,22 +464,36 @@ mod tests {
     }
 
     /// A term whose COMMAND was in a frozen group is marked at the first freeze after its
-    /// start, though its log had no start line when the freeze read it; an earlier mark stays.
+    /// start, though its log had no start line when the freeze read it; an earlier mark stays;
+    /// a freeze after the term stopped or was killed does not count, though a process that
+    /// came later has its pid.
     #[test]
     fn freezes_mark_terms_by_process() {
+        let stop = |identity: &str, token: u64, at: i128| TermEvent {
+            start: false,
+            identity: identity.into(),
+            token,
+            at,
+            pid: None,
+        };
         let events = [
             start("a", 1, 100, 7),
             start("b", 2, 100, 8),
             start("a", 3, 500, 9),
+            start("c", 4, 100, 10),
+            stop("c", 4, 200),
+            start("d", 5, 100, 11),
         ];
         let frozen_pids = [
             (BTreeSet::from([7, 9]), 300),
             (BTreeSet::from([7, 9]), 600),
             (BTreeSet::from([8]), 50),
+            (BTreeSet::from([10, 11]), 900),
         ];
         let mut frozen = Marks::new();
         frozen.insert(("a".into(), 3), 550);
-        mark_frozen_by_pid(&events, &frozen_pids, &mut frozen);
+        let killed = Marks::from([(("d".into(), 5), 400)]);
+        mark_frozen_by_pid(&events, &frozen_pids, &killed, &mut frozen);
         assert_eq!(frozen.get(&("a".into(), 1)), Some(&300));
         assert_eq!(
             frozen.get(&("b".into(), 2)),
@@ -475,6 +504,16 @@ mod tests {
             frozen.get(&("a".into(), 3)),
             Some(&550),
             "the earlier mark stays"
+        );
+        assert_eq!(
+            frozen.get(&("c".into(), 4)),
+            None,
+            "its pid frozen after it stopped"
+        );
+        assert_eq!(
+            frozen.get(&("d".into(), 5)),
+            None,
+            "its pid frozen after it was killed"
         );
     }
 }
