@@ -168,6 +168,11 @@ fn faults_on_mysql() {
 }
 
 #[test]
+fn faults_on_mysql_get_lock() {
+    campaign(Backend::MysqlNamed);
+}
+
+#[test]
 fn faults_on_nats() {
     campaign(Backend::Nats);
 }

@@ -222,6 +222,17 @@ async fn mysql_lock_one_job_at_a_time_and_handovers() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_get_lock_one_job_at_a_time_and_handovers() {
+    let Some(url) = leader_test_support::mysql_lock_or_skip() else {
+        return;
+    };
+    // Followers wait in GET_LOCK: a release reaches them at once. A killed leader's session
+    // ends with it, and its lease runs out by the server's clock.
+    let separator = if url.contains('?') { '&' } else { '?' };
+    handovers(&format!("{url}{separator}lock=named")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_lock_one_job_at_a_time_and_handovers() {
     let Some(url) = leader_test_support::nats_lock_or_skip() else {
         return;

@@ -11,13 +11,16 @@ use crate::store::{MysqlStore, MysqlStoreBuilder};
 /// A MySQL or MariaDB lock URL: `mysql://user:pass@host:3306/database?table=T&lock=named` (or
 /// `mariadb://`). `table` picks the lock table (`table` or `database.table`), `lock` the lock:
 /// `table` (the default, [`TableLock`](crate::TableLock)) or `named` (the `GET_LOCK` lock,
-/// [`NamedLock`](crate::NamedLock)); every other parameter goes to the driver (`require_ssl`,
+/// [`NamedLock`](crate::NamedLock), with `idle_session_timeout=30s` for its session); every
+/// other parameter goes to the driver (`require_ssl`,
 /// `pool_max`, ...), which refuses those it does not know.
 #[derive(Clone, PartialEq, Eq)]
 pub struct LockUrl {
     connection: String,
     table: Option<String>,
     named: bool,
+    /// The `GET_LOCK` lock's idle session timeout (`idle_session_timeout`).
+    idle: Option<std::time::Duration>,
 }
 
 impl std::fmt::Debug for LockUrl {
@@ -42,6 +45,7 @@ impl LockUrl {
         }
         let mut table = None;
         let mut named = false;
+        let mut idle = None;
         let mut kept = Vec::new();
         for (key, value) in url.query_pairs() {
             match key.as_ref() {
@@ -49,6 +53,18 @@ impl LockUrl {
                     return Err(invalid("table= is empty".to_owned()));
                 }
                 "table" => table = Some(value.into_owned()),
+                "idle_session_timeout" => {
+                    idle = Some(
+                        humantime::parse_duration(&value)
+                            .ok()
+                            .filter(|d| *d >= std::time::Duration::from_secs(1))
+                            .ok_or_else(|| {
+                                invalid(format!(
+                                    "idle_session_timeout={value}: a duration of at least 1s, like 30s"
+                                ))
+                            })?,
+                    );
+                }
                 "lock" => {
                     named = match value.as_ref() {
                         "table" => false,
@@ -72,6 +88,7 @@ impl LockUrl {
             connection: url.into(),
             table,
             named,
+            idle,
         })
     }
 
@@ -123,7 +140,11 @@ impl LockTarget for LockUrl {
     async fn open(&self, name: &str, identity: &str) -> Result<Box<dyn ResourceLock>, LockError> {
         let store = self.build().await?;
         Ok(if self.named {
-            Box::new(store.named_lock(name, identity))
+            let lock = store.named_lock(name, identity);
+            Box::new(match self.idle {
+                Some(idle) => lock.idle_session_timeout(idle),
+                None => lock,
+            })
         } else {
             Box::new(store.lock(name, identity))
         })
@@ -164,6 +185,17 @@ mod tests {
         let url = LockUrl::parse("mysql://u:p@db/app?lock=named&pool_max=2").expect("valid");
         assert!(url.named());
         assert_eq!(url.connection(), "mysql://u:p@db/app?pool_max=2");
+        let url =
+            LockUrl::parse("mysql://u:p@db/app?lock=named&idle_session_timeout=5s").expect("valid");
+        assert_eq!(url.idle, Some(std::time::Duration::from_secs(5)));
+        assert_eq!(url.connection(), "mysql://u:p@db/app");
+        let err = LockUrl::parse("mysql://u:secret@db/app?lock=named&idle_session_timeout=10ms")
+            .expect_err("under a second")
+            .to_string();
+        assert!(
+            err.contains("at least 1s") && !err.contains("secret"),
+            "{err}"
+        );
         let url = LockUrl::parse("mysql://u:p@db/app?lock=table").expect("valid");
         assert!(!url.named());
     }

@@ -53,7 +53,7 @@ pub enum OpenError {
 /// |---|---|
 /// | `file:///run/myapp/leader` | [`FileLock`](leader_core::FileLock) on that directory |
 /// | `postgres://user:pass@host/db?table=T&schema=S&advisory=true&idle_session_timeout=30s` (or `postgresql://`) | the Postgres table lock, or the advisory lock ([`leader_postgres::LockUrl`]) |
-/// | `mysql://user:pass@host:3306/db?table=T` (or `mariadb://`) | the MySQL / MariaDB table lock ([`leader_mysql::LockUrl`]) |
+/// | `mysql://user:pass@host:3306/db?table=T&lock=named` (or `mariadb://`) | the MySQL / MariaDB table lock, or with `lock=named` the `GET_LOCK` lock ([`leader_mysql::LockUrl`]) |
 /// | `nats://user:pass@host:4222/BUCKET?server=host2:4222&creds=FILE` | the NATS JetStream key-value lock ([`leader_nats::LockUrl`]) |
 /// | `redis://host:6379/0?prefix=P` (or `rediss://`) | the Redis lock ([`leader_redis::LockUrl`]) |
 /// | `etcd://user:pass@host1:2379,host2:2379/?prefix=P` (or `etcds://`) | the etcd lock ([`leader_etcd::LockUrl`]) |

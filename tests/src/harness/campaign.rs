@@ -41,6 +41,8 @@ pub enum Backend {
     Advisory,
     /// `mysql://`: the table lock on a private MariaDB.
     Mysql,
+    /// `mysql://...?lock=named`: the `GET_LOCK` lock on a private MariaDB.
+    MysqlNamed,
     /// `nats://`: a key-value bucket on a private NATS server with JetStream.
     Nats,
     /// `redis://`: a private Redis.
@@ -63,11 +65,12 @@ pub enum Backend {
 
 impl Backend {
     /// Every backend, in the order reports list them.
-    pub const ALL: [Self; 11] = [
+    pub const ALL: [Self; 12] = [
         Self::File,
         Self::Postgres,
         Self::Advisory,
         Self::Mysql,
+        Self::MysqlNamed,
         Self::Nats,
         Self::Redis,
         Self::Etcd,
@@ -149,6 +152,10 @@ impl Backend {
                 settings.advisory_idle().as_millis()
             ),
             Self::Mysql => format!("mysql://root@127.0.0.1:{port}/leader"),
+            Self::MysqlNamed => format!(
+                "mysql://root@127.0.0.1:{port}/leader?lock=named&idle_session_timeout={}s",
+                whole_seconds(settings.advisory_idle()).max(1)
+            ),
             Self::Nats => format!("nats://127.0.0.1:{port}/fault"),
             Self::Redis => format!("redis://127.0.0.1:{port}"),
             Self::Etcd => format!("etcd://127.0.0.1:{port}"),
@@ -204,7 +211,7 @@ impl Backend {
         match self {
             Self::File => None,
             Self::Postgres | Self::Advisory => Some(ServerKind::Postgres),
-            Self::Mysql => Some(ServerKind::Mysql),
+            Self::Mysql | Self::MysqlNamed => Some(ServerKind::Mysql),
             Self::Nats => Some(ServerKind::Nats),
             Self::Redis => Some(ServerKind::Redis),
             Self::Etcd => Some(ServerKind::Etcd),
@@ -224,6 +231,7 @@ impl Backend {
             Self::Postgres => "postgres",
             Self::Advisory => "postgres advisory",
             Self::Mysql => "mysql",
+            Self::MysqlNamed => "mysql GET_LOCK",
             Self::Nats => "nats",
             Self::Redis => "redis",
             Self::Etcd => "etcd",
@@ -373,9 +381,9 @@ impl Settings {
     /// server being back; for an outage, from its end) to the next leader's COMMAND starting:
     /// a lease and two retry periods, plus a generous margin for a loaded machine (one second;
     /// three when the server was away, for clients to reconnect). After an outage, add the
-    /// longest back-off (a lease). On the advisory lock, a leader that went silent (frozen, cut
-    /// off, slowed down, or its server frozen) keeps its session until the idle session
-    /// timeout ends it. On etcd the lease is whole seconds (the lock rounds it up), at least
+    /// longest back-off (a lease). On the advisory lock and the MySQL `GET_LOCK` lock, a leader
+    /// that went silent (frozen, cut off, slowed down, or its server frozen) keeps its session
+    /// until the idle session timeout ends it. On etcd the lease is whole seconds (the lock rounds it up), at least
     /// etcd's minimum TTL (2 s with its default election timeout: a 1 s grant is answered with
     /// 2 s), and etcd revokes expired leases every 500 ms. On Consul the holder's renewals are
     /// writes of its renewal key, and candidates take over a lease after the last one they read,
@@ -403,13 +411,19 @@ impl Settings {
         if fault == Fault::Latency {
             bound += self.renew * 3;
         }
-        if backend == Backend::Advisory
+        if matches!(backend, Backend::Advisory | Backend::MysqlNamed)
             && matches!(
                 fault,
                 Fault::Freeze | Fault::Cut | Fault::Latency | Fault::ServerFreeze
             )
         {
-            bound += self.advisory_idle();
+            // MySQL counts its idle session timeout in whole seconds.
+            bound += match backend {
+                Backend::MysqlNamed => {
+                    Duration::from_secs(whole_seconds(self.advisory_idle()).max(1))
+                }
+                _ => self.advisory_idle(),
+            };
         }
         bound
     }

@@ -1,7 +1,7 @@
 //! The shard protocol on a backend (S12): members split a set evenly, a leave and a crash move
 //! the shards, no shard ever has two owners, and a member with another count takes none.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -151,14 +151,26 @@ impl Drop for Running {
 
 /// Every shard of `count` owned once, and owners within one shard of each other.
 pub fn balanced(states: &[&watch::Receiver<ShardsState>], count: u32) -> bool {
-    let owned: Vec<BTreeSet<u32>> = states
-        .iter()
-        .map(|s| s.borrow().tokens().into_keys().collect())
-        .collect();
-    let all: BTreeSet<u32> = owned.iter().flatten().copied().collect();
-    let sizes: Vec<usize> = owned.iter().map(BTreeSet::len).collect();
-    all.len() == count as usize
-        && sizes.iter().sum::<usize>() == count as usize
+    // A pass over the shards owned, with no copy of them: callers poll this often.
+    let mut owned = vec![false; count as usize];
+    let mut sizes = Vec::with_capacity(states.len());
+    for state in states {
+        let state = state.borrow();
+        let mut size = 0usize;
+        for (&shard, term) in &state.owned {
+            if term.is_lost() {
+                continue;
+            }
+            match owned.get_mut(shard as usize) {
+                Some(slot) if !*slot => *slot = true,
+                // Two owners, or a shard out of the set.
+                _ => return false,
+            }
+            size += 1;
+        }
+        sizes.push(size);
+    }
+    owned.iter().all(|&o| o)
         && sizes.iter().max().unwrap_or(&0) - sizes.iter().min().unwrap_or(&0) <= 1
 }
 

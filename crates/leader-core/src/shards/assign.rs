@@ -2,6 +2,7 @@
 //! computes the same plan from the same view of the store, so that they agree without talking.
 
 use std::collections::BTreeMap;
+use std::ops::Bound;
 
 /// A member's fair share of `count` shards among `members` (each with the number of shards it
 /// owns now): `count / n` each, and one more for `count % n` of them, those that own the most
@@ -25,21 +26,29 @@ pub(crate) fn shares(count: u32, members: &BTreeMap<String, usize>) -> BTreeMap<
 /// The shards this member gives away, each with the member it goes to: every live member's
 /// (those with a share) surplus over its share, in the order of `owners`, paired with every
 /// other member's room under its share (the emptiest first), the same pairing on every member.
+///
+/// Only this member's own shards are ranked, and only when it owns more than its share: the
+/// pairing needs no more than how many shards the others give, so a balanced set costs a pass
+/// over the members, whatever the number of shards.
 pub(crate) fn gifts(
     me: &str,
     owners: &BTreeMap<String, Vec<u32>>,
     shares: &BTreeMap<String, usize>,
 ) -> Vec<(u32, String)> {
-    let mut surplus: Vec<(&str, u32)> = Vec::new();
-    for (member, owned) in owners {
-        let Some(&share) = shares.get(member) else {
-            continue;
-        };
-        // The shards that hash last for their owner go first.
-        let mut owned = owned.clone();
-        owned.sort_by_key(|&shard| std::cmp::Reverse(affinity(member, shard)));
-        surplus.extend(owned.into_iter().skip(share).map(|s| (member.as_str(), s)));
-    }
+    let surplus_of = |member: &str, owned: &[u32]| {
+        shares
+            .get(member)
+            .map_or(0, |&share| owned.len().saturating_sub(share))
+    };
+    let Some(mine) = owners.get(me).filter(|owned| surplus_of(me, owned) > 0) else {
+        return Vec::new();
+    };
+    // The receivers' places this member's surplus takes: after the surplus of the members
+    // before it in `owners`.
+    let before: usize = owners
+        .range::<str, _>((Bound::Unbounded, Bound::Excluded(me)))
+        .map(|(member, owned)| surplus_of(member, owned))
+        .sum();
     let mut room: Vec<(usize, &str, usize)> = shares
         .iter()
         .map(|(member, &share)| {
@@ -48,15 +57,22 @@ pub(crate) fn gifts(
         })
         .filter(|&(_, _, room)| room > 0)
         .collect();
-    room.sort();
+    if room.is_empty() {
+        return Vec::new();
+    }
+    room.sort_unstable();
     let receivers = room
         .iter()
-        .flat_map(|&(_, member, room)| std::iter::repeat_n(member, room));
-    surplus
-        .into_iter()
+        .flat_map(|&(_, member, room)| std::iter::repeat_n(member, room))
+        .skip(before);
+    // The shards that hash last for their owner go first.
+    let share = shares.get(me).copied().unwrap_or(0);
+    let mut mine = mine.clone();
+    mine.sort_by_cached_key(|&shard| std::cmp::Reverse(affinity(me, shard)));
+    mine.into_iter()
+        .skip(share)
         .zip(receivers)
-        .filter(|((giver, _), _)| *giver == me)
-        .map(|((_, shard), to)| (shard, to.to_owned()))
+        .map(|(shard, to)| (shard, to.to_owned()))
         .collect()
 }
 
@@ -64,6 +80,8 @@ pub(crate) fn gifts(
 /// ones kept, in this order, so that members spread over the shards without coordinating and
 /// a member that comes back prefers the shards it liked before.
 pub(crate) fn affinity(member: &str, shard: u32) -> u64 {
+    #[cfg(test)]
+    tests::AFFINITIES.with(|n| n.set(n.get() + 1));
     // FNV alone orders the shards alike for identities that differ in a last character
     // (`replica-1`, `replica-2`), and every member would reach for the same free shards: a
     // finaliser (MurmurHash3's) mixes every bit into the order.
@@ -98,6 +116,15 @@ pub(crate) fn hash_hex(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    thread_local! {
+        /// How many times this thread ranked a shard for a member.
+        pub(super) static AFFINITIES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    }
+
+    fn affinities() -> usize {
+        AFFINITIES.with(std::cell::Cell::get)
+    }
 
     fn owners(list: &[(&str, &[u32])]) -> BTreeMap<String, Vec<u32>> {
         list.iter()
@@ -170,6 +197,39 @@ mod tests {
         for me in ["a", "b", "c"] {
             assert!(gifts(me, &now, &shares).is_empty());
         }
+    }
+
+    #[test]
+    fn gifts_rank_only_the_givers_own_shards_and_only_when_over_its_share() {
+        // 10,000 shards over 10 members, balanced: nobody ranks a shard.
+        let balanced: BTreeMap<String, Vec<u32>> = (0..10u32)
+            .map(|m| (format!("m{m}"), (m * 1000..(m + 1) * 1000).collect()))
+            .collect();
+        let shares = shares(10_000, &counts(&balanced));
+        let before = affinities();
+        for m in 0..10 {
+            assert!(gifts(&format!("m{m}"), &balanced, &shares).is_empty());
+        }
+        assert_eq!(affinities(), before, "a balanced set ranked shards");
+
+        // A newcomer: each giver ranks its own 1,000 shards once, not everyone's, and the
+        // pairing is the same as when every giver's surplus is listed in order.
+        let mut joined = balanced.clone();
+        joined.insert("m10".into(), Vec::new());
+        let shares = super::shares(10_000, &counts(&joined));
+        let before = affinities();
+        let given = gifts("m3", &joined, &shares);
+        assert_eq!(affinities() - before, 1000);
+        assert_eq!(given.len(), 1000 - shares["m3"]);
+        assert!(
+            given
+                .iter()
+                .all(|(s, to)| (3000..4000).contains(s) && to == "m10")
+        );
+        let all: usize = (0..11)
+            .map(|m| gifts(&format!("m{m}"), &joined, &shares).len())
+            .sum();
+        assert_eq!(all, shares["m10"], "every gift has a receiver, none more");
     }
 
     #[test]

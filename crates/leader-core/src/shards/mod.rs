@@ -10,7 +10,9 @@
 //!
 //! Each member renews its member record and all its shards in one batch per retry period
 //! ([`LockSet::renew_many`]) and reads the roster, the member records and the shards in
-//! another ([`LockSet::get_many`]). From what it reads it computes every member's fair share
+//! another ([`LockSet::get_many`]); once a read finds the set balanced and nothing to do, the
+//! member reads the shards only once per half a lease, or as soon as the live members or its
+//! own shards change. From what it reads it computes every member's fair share
 //! (the shard count divided by the live members, one more for some), the same on every member:
 //! a member under its share takes free or expired shards (those it likes best first, by
 //! rendezvous hashing), a member over its share hands its surplus to the members under theirs

@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use chrono::Utc;
+use futures_util::future::join_all;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -23,6 +24,9 @@ use crate::metrics as m;
 use crate::record::{LeaderElectionRecord, Observed, Version};
 use crate::retry::Backoff;
 use crate::status::IdentityConflict;
+
+/// How many shards a member tries to take at once (each a request on its own record).
+const CLAIMS_AT_ONCE: usize = 32;
 
 /// The roster's extension naming a member: `member.HASH` = identity.
 const MEMBER_PREFIX: &str = "member.";
@@ -57,10 +61,24 @@ impl Term {
         self.cancel.is_cancelled() || Instant::now() >= *self.deadline.borrow()
     }
 
-    /// A renewal that started at `started` succeeded: the term lasts until `until`.
+    /// A renewal that started at `started` succeeded: the term lasts until `until` (or a
+    /// later deadline that a renewal started after it set already).
     fn extend(&self, until: Instant) {
-        self.deadline.send_replace(until);
-        self.shared_deadline.set(until.into_std());
+        let mut latest = until;
+        self.deadline.send_if_modified(|deadline| {
+            latest = (*deadline).max(until);
+            let moved = latest != *deadline;
+            *deadline = latest;
+            moved
+        });
+        self.shared_deadline.set(latest.into_std());
+    }
+}
+
+/// A term dropped without being ended ends (its timer would end it at its deadline anyway).
+impl Drop for Term {
+    fn drop(&mut self) {
+        self.cancel.cancel();
     }
 }
 
@@ -72,11 +90,22 @@ struct Seen {
     handover: Option<(String, Instant)>,
 }
 
+/// One acquisition attempt: its result, and what it learnt on the way.
+struct Claim {
+    /// The record taken and when its term starts, or `None` when not taken.
+    result: Result<Option<(Observed, Instant)>, LockError>,
+    /// The record the store showed as held by another.
+    held: Option<Observed>,
+    /// The store has no one-request acquisition.
+    no_try_acquire: bool,
+}
+
 /// One read of the set.
 struct View {
     roster: Option<Observed>,
     members: HashMap<String, Option<Observed>>,
-    shards: Vec<Option<Observed>>,
+    /// Every shard, on a full read.
+    shards: Option<Vec<Option<Observed>>>,
 }
 
 pub(crate) struct Runner {
@@ -107,7 +136,29 @@ pub(crate) struct Runner {
     /// When each other member's record was last found alive by the store's own word, where
     /// renewals leave the record as it is (see [`Runner::probe`]).
     probed: HashMap<String, Instant>,
-    releases: JoinSet<()>,
+    releases: JoinSet<u32>,
+    /// The shards given up whose release is under way, with its task: neither this member's
+    /// nor to take again until it ends, though their records still name this member.
+    releasing: BTreeMap<u32, tokio::task::Id>,
+    /// The key of each shard, made once.
+    shard_keys: Vec<String>,
+    /// What every shard's key begins with.
+    shard_prefix: String,
+    /// What this member saw of each shard (of other records: `seen`).
+    shard_seen: Vec<Option<Seen>>,
+    /// What a read asks for: the roster, the members it names, every shard; made again only
+    /// when the roster's members change.
+    read_keys: Vec<String>,
+    /// Whether the shards owned changed since the state was last published.
+    owned_changed: bool,
+    /// True while the last read of every shard found nothing to do, here or anywhere (see
+    /// [`Runner::act`]), and nothing changed since: rounds read the roster and the members
+    /// alone, and the shards once per half a lease.
+    settled: bool,
+    /// The live members as of the last read of every shard.
+    settled_live: BTreeSet<String>,
+    /// When the shards must be read again, settled or not.
+    full_read_due: Instant,
 }
 
 impl Runner {
@@ -119,6 +170,15 @@ impl Runner {
     ) -> Self {
         let me = set.identity().to_owned();
         let backoff = Backoff::new(config.retry_period, 0.2, config.lease_duration);
+        let shard_keys: Vec<String> = (0..config.count)
+            .map(|s| shard_key(&config.name, s))
+            .collect();
+        // The key of shard 0 less its number.
+        let mut shard_prefix = shard_key(&config.name, 0);
+        shard_prefix.pop();
+        let mut read_keys = Vec::with_capacity(shard_keys.len() + 1);
+        read_keys.push(roster_key(&config.name));
+        read_keys.extend(shard_keys.iter().cloned());
         Self {
             config,
             set,
@@ -140,6 +200,17 @@ impl Runner {
             imbalance: 0,
             probed: HashMap::new(),
             releases: JoinSet::new(),
+            releasing: BTreeMap::new(),
+            shard_prefix,
+            shard_seen: std::iter::repeat_with(|| None)
+                .take(shard_keys.len())
+                .collect(),
+            shard_keys,
+            read_keys,
+            owned_changed: true,
+            settled: false,
+            settled_live: BTreeSet::new(),
+            full_read_due: Instant::now(),
         }
     }
 
@@ -165,21 +236,16 @@ impl Runner {
             self.serve_requests().await;
             self.renew().await;
             if Instant::now() >= self.next_attempt {
-                match self.read().await {
-                    Ok(view) => {
-                        self.backoff.succeeded();
-                        self.next_attempt = Instant::now();
-                        if let Err(err) = self.act(view).await {
-                            // The caller says so (the `leader` command in one line).
-                            result = Err(err);
-                            break;
-                        }
-                    }
-                    Err(err) => {
-                        self.backoff.failed();
-                        self.next_attempt = Instant::now() + self.backoff.wait();
-                        self.report("read", &err);
-                    }
+                let full = !self.settled || Instant::now() >= self.full_read_due;
+                let mut step = self.read_and_act(full).await;
+                // A change seen in a read of the members alone: read the shards at once.
+                if matches!(step, Ok(true)) && !full && !self.settled {
+                    step = self.read_and_act(true).await;
+                }
+                if let Err(err) = step {
+                    // The caller says so (the `leader` command in one line).
+                    result = Err(err);
+                    break;
                 }
             }
             self.publish(false);
@@ -187,6 +253,25 @@ impl Runner {
         self.leave().await;
         self.publish(true);
         result
+    }
+
+    /// A read of the set (`full`: with every shard), and what follows from it. False when the
+    /// read failed (reported, and the next one backs off).
+    async fn read_and_act(&mut self, full: bool) -> Result<bool, ShardsError> {
+        match self.read(full).await {
+            Ok(view) => {
+                self.backoff.succeeded();
+                self.next_attempt = Instant::now();
+                self.act(view).await?;
+                Ok(true)
+            }
+            Err(err) => {
+                self.backoff.failed();
+                self.next_attempt = Instant::now() + self.backoff.wait();
+                self.report("read", &err);
+                Ok(false)
+            }
+        }
     }
 
     fn report(&self, operation: &'static str, err: &LockError) {
@@ -217,42 +302,54 @@ impl Runner {
     /// Notes a record read or written: the follower's clock for its lease starts when a
     /// version is first seen (S2).
     fn observe(&mut self, key: &str, observed: Option<&Observed>) {
+        if let Some(shard) = self.shard_index(key) {
+            note(&mut self.shard_seen[shard], observed);
+            return;
+        }
         let Some(observed) = observed else {
             self.seen.remove(key);
             return;
         };
-        let now = Instant::now();
-        let seen = self.seen.entry(key.to_owned()).or_insert_with(|| Seen {
-            version: observed.version.clone(),
-            since: now,
-            handover: None,
-        });
-        if seen.version != observed.version {
-            seen.version = observed.version.clone();
-            seen.since = now;
+        // Most keys are known: look them up without making a key.
+        if let Some(seen) = self.seen.get_mut(key) {
+            note_seen(seen, observed);
+        } else {
+            let mut slot = None;
+            note(&mut slot, Some(observed));
+            self.seen.extend(slot.map(|seen| (key.to_owned(), seen)));
         }
-        match observed.record.handover_to() {
-            Some(to) if seen.handover.as_ref().is_some_and(|(h, _)| h == to) => {}
-            Some(to) => seen.handover = Some((to.to_owned(), now)),
-            None => seen.handover = None,
+    }
+
+    /// The shard whose key is `key`, if it is one of this set's shards.
+    fn shard_index(&self, key: &str) -> Option<usize> {
+        let index: usize = key.strip_prefix(&self.shard_prefix)?.parse().ok()?;
+        (self.shard_keys.get(index)? == key).then_some(index)
+    }
+
+    /// What this member saw of record `key`.
+    fn seen(&self, key: &str) -> Option<&Seen> {
+        match self.shard_index(key) {
+            Some(shard) => self.shard_seen[shard].as_ref(),
+            None => self.seen.get(key),
         }
     }
 
     /// True when `observed` has stayed unchanged for its lease since this member first saw it.
     fn expired(&self, key: &str, observed: &Observed) -> bool {
-        self.seen.get(key).is_some_and(|seen| {
+        self.seen(key).is_some_and(|seen| {
             seen.version == observed.version
                 && Instant::now() >= seen.since + observed.record.lease_duration
         })
     }
 
-    /// True while a handover request names another member and this one stands back from it.
+    /// True while a handover request names another member and this one stands back from it
+    /// (a request naming another candidate than the one seen is new: it is stood back from).
     fn standing_back(&self, key: &str, record: &LeaderElectionRecord) -> bool {
         record.reserved_for_other_than(&self.me)
             && self
-                .seen
-                .get(key)
+                .seen(key)
                 .and_then(|s| s.handover.as_ref())
+                .filter(|(to, _)| record.handover_to() == Some(to.as_str()))
                 .is_none_or(|(_, since)| Instant::now() < *since + record.lease_duration)
     }
 
@@ -271,43 +368,64 @@ impl Runner {
     }
 
     /// One acquisition attempt of `key`, whose last read is `current`: the store's clock where
-    /// it has one, else the follower's (S2). Returns the record as stored and when the term
-    /// starts.
-    async fn claim(
-        &mut self,
-        key: &str,
-        mut current: Option<Observed>,
-    ) -> Result<Option<(Observed, Instant)>, LockError> {
+    /// it has one, else the follower's (S2). Many run at once (each on its own record), so it
+    /// changes nothing here: [`Runner::note_claim`] notes what it learnt.
+    async fn claim(&self, key: &str, mut current: Option<Observed>) -> Claim {
+        let mut claim = Claim {
+            result: Ok(None),
+            held: None,
+            no_try_acquire: false,
+        };
         let lock = self.lock(key);
         let started = Instant::now();
         if self.try_acquire_supported {
             let desired = self.desired(0, current.as_ref().map(|o| &o.record));
             match self
                 .request("try_acquire", key, lock.try_acquire(&desired))
-                .await?
+                .await
             {
-                Some(Acquisition::Acquired(observed)) => return Ok(Some((observed, started))),
-                Some(Acquisition::Handed {
+                Err(err) => claim.result = Err(err),
+                Ok(Some(Acquisition::Acquired(observed))) => {
+                    claim.result = Ok(Some((observed, started)));
+                }
+                Ok(Some(Acquisition::Handed {
                     observed,
                     alive_since,
-                }) => {
-                    return Ok(Some((observed, alive_since.min(started))));
-                }
-                Some(Acquisition::Held {
+                })) => claim.result = Ok(Some((observed, alive_since.min(started)))),
+                Ok(Some(Acquisition::Held {
                     observed,
                     renewed_in_store,
                     ..
-                }) => {
-                    self.observe(key, Some(&observed));
-                    if renewed_in_store {
-                        return Ok(None);
+                })) => {
+                    claim.held = Some(observed.clone());
+                    if !renewed_in_store {
+                        current = Some(observed);
+                        claim.result = self.claim_by_update(key, &lock, current, started).await;
                     }
-                    current = Some(observed);
                 }
-                Some(Acquisition::Unassigned(_)) => return Ok(None),
-                None => self.try_acquire_supported = false,
+                Ok(Some(Acquisition::Unassigned(_))) => {}
+                Ok(None) => {
+                    claim.no_try_acquire = true;
+                    claim.result = self.claim_by_update(key, &lock, current, started).await;
+                }
             }
+            return claim;
         }
+        claim.result = self.claim_by_update(key, &lock, current, started).await;
+        claim
+    }
+
+    /// An acquisition by compare-and-swap on the record as read: taken only when free or seen
+    /// unchanged for its lease by this member's clock (S2), with the next token (S5). What the
+    /// store showed of `key` in this attempt is already in `current` (a version this member
+    /// had not seen is not expired, as it would not be once noted).
+    async fn claim_by_update(
+        &self,
+        key: &str,
+        lock: &Arc<dyn ResourceLock>,
+        current: Option<Observed>,
+        started: Instant,
+    ) -> Result<Option<(Observed, Instant)>, LockError> {
         let Some(current) = current else {
             let created = self
                 .request("create", key, lock.create(&self.desired(1, None)))
@@ -324,6 +442,26 @@ impl Runner {
             .request("update", key, lock.update(&current.version, &desired))
             .await?;
         Ok(Some((stored, started)))
+    }
+
+    /// Notes what an acquisition attempt of `key` learnt: the record the store showed, whether
+    /// the store has a one-request acquisition, and the record taken. Returns the attempt's
+    /// result.
+    fn note_claim(
+        &mut self,
+        key: &str,
+        claim: Claim,
+    ) -> Result<Option<(Observed, Instant)>, LockError> {
+        if claim.no_try_acquire {
+            self.try_acquire_supported = false;
+        }
+        if let Some(held) = &claim.held {
+            self.observe(key, Some(held));
+        }
+        if let Ok(Some((observed, _))) = &claim.result {
+            self.observe(key, Some(observed));
+        }
+        claim.result
     }
 
     /// A term that starts now: its timer, and for a shard its leadership.
@@ -471,6 +609,8 @@ impl Runner {
     /// Ends the term of `shard` without releasing it.
     fn end(&mut self, shard: u32, reason: StepDownReason) {
         if let Some(term) = self.owned.remove(&shard) {
+            self.owned_changed = true;
+            self.settled = false;
             term.cancel.cancel();
             m::shard_moved(&self.config.name, reason_label(reason));
             let stopped = self.callbacks.stopped.as_ref();
@@ -484,6 +624,8 @@ impl Runner {
         let Some(mut term) = self.owned.remove(&shard) else {
             return;
         };
+        self.owned_changed = true;
+        self.settled = false;
         term.cancel.cancel();
         let lock = self.lock(&term.key);
         let grace = self.config.stop_grace;
@@ -493,7 +635,7 @@ impl Runner {
         let name = self.config.name.clone();
         m::shard_moved(&name, reason_label(reason));
         tracing::info!(shards = name, shard, to, "releasing the shard");
-        self.releases.spawn(async move {
+        let task = self.releases.spawn(async move {
             let fencing_token = term.token();
             drop(term.leadership.take());
             let work_stopped = match term.alive.as_mut() {
@@ -522,7 +664,25 @@ impl Runner {
                 );
             }
             tell_stopped(stopped.as_ref(), shard, fencing_token, reason, released);
+            // This member takes the shard again only once the work has stopped.
+            if let Some(alive) = term.alive.as_mut().filter(|_| !work_stopped) {
+                let _ = alive.recv().await;
+            }
+            shard
         });
+        self.releasing.insert(shard, task.id());
+    }
+
+    /// Forgets the releases that ended: their shards are read as anyone's again.
+    fn reap_releases(&mut self) {
+        while let Some(ended) = self.releases.try_join_next() {
+            match ended {
+                Ok(shard) => {
+                    self.releasing.remove(&shard);
+                }
+                Err(err) => self.releasing.retain(|_, task| *task != err.id()),
+            }
+        }
     }
 
     /// The requests of shards' work: a step-down, a handover, extensions to write.
@@ -592,29 +752,50 @@ impl Runner {
         }
     }
 
-    /// Reads the roster, the member records it named last time and every shard, in one batch.
-    async fn read(&mut self) -> Result<View, LockError> {
-        let name = &self.config.name;
-        let mut keys = vec![roster_key(name)];
-        keys.extend(self.roster_members.keys().cloned());
-        keys.extend((0..self.config.count).map(|s| shard_key(name, s)));
+    /// Reads the roster, the member records it named last time and (`full`) every shard, in
+    /// one batch.
+    async fn read(&mut self, full: bool) -> Result<View, LockError> {
+        let keys = std::mem::take(&mut self.read_keys);
+        let asked = if full {
+            &keys[..]
+        } else {
+            &keys[..1 + self.roster_members.len()]
+        };
         let results =
-            match tokio::time::timeout(self.config.request_timeout, self.set.get_many(&keys)).await
-            {
-                Ok(results) => results,
-                Err(_) => {
-                    return Err(LockError::Timeout {
-                        lock: self.set.describe(),
-                        operation: "get",
-                        after: self.config.request_timeout,
-                    });
+            tokio::time::timeout(self.config.request_timeout, self.set.get_many(asked)).await;
+        let results = match results {
+            Ok(results) => results,
+            Err(_) => {
+                self.read_keys = keys;
+                return Err(LockError::Timeout {
+                    lock: self.set.describe(),
+                    operation: "get",
+                    after: self.config.request_timeout,
+                });
+            }
+        };
+        let mut read = Vec::with_capacity(asked.len());
+        let mut failed = None;
+        let first_shard = 1 + self.roster_members.len();
+        for (i, (key, result)) in asked.iter().zip(results).enumerate() {
+            match result {
+                Ok(observed) => {
+                    match i.checked_sub(first_shard) {
+                        // The shards come in order, after the roster and the members.
+                        Some(shard) => note(&mut self.shard_seen[shard], observed.as_ref()),
+                        None => self.observe(key, observed.as_ref()),
+                    }
+                    read.push(observed);
                 }
-            };
-        let mut read = Vec::with_capacity(keys.len());
-        for (key, result) in keys.iter().zip(results) {
-            let observed = result?;
-            self.observe(key, observed.as_ref());
-            read.push(observed);
+                Err(err) => {
+                    failed = Some(err);
+                    break;
+                }
+            }
+        }
+        self.read_keys = keys;
+        if let Some(err) = failed {
+            return Err(err);
         }
         let mut read = read.into_iter();
         let roster = read.next().flatten();
@@ -627,13 +808,14 @@ impl Runner {
         Ok(View {
             roster,
             members,
-            shards: read.collect(),
+            shards: full.then(|| read.collect()),
         })
     }
 
     /// Acts on a read: the roster, this member's record, then the shares.
     async fn act(&mut self, view: View) -> Result<(), ShardsError> {
         let Some(roster) = self.check_roster(view.roster).await? else {
+            self.settled = false;
             return Ok(());
         };
         self.hold_member_record(view.members.get(&self.me).cloned().flatten())
@@ -644,50 +826,71 @@ impl Runner {
         self.live = live.len();
         self.prune(&roster, &view.members, &live).await;
         if self.member.is_none() {
+            self.settled = false;
             return Ok(());
         }
+        self.reap_releases();
+        let Some(shards) = view.shards else {
+            // A member that died is seen by its record (read every round); its shards' last
+            // versions by the next full read, half a lease at most after its last renewal.
+            if live != self.settled_live {
+                self.settled = false;
+            }
+            return Ok(());
+        };
+        let view_shards = shards;
         let count = self.config.count;
         let mut owners: BTreeMap<String, Vec<u32>> =
             live.iter().map(|m| (m.clone(), Vec::new())).collect();
-        for (shard, observed) in (0..count).zip(&view.shards) {
-            if self.owned.contains_key(&shard) {
+        // One pass over the shards sorts them out: a live member's; this member's though it
+        // holds no term of them (lapsed: a term that ended by its deadline, say; the others
+        // count them as this member's, so it does too, and takes them again once their lease
+        // has run out, since nobody else would); or open (absent, free, or held by a member
+        // not alive), which this member may take. A shard this member gave up is none of these
+        // until its release ends: counted as lapsed, it would be given or taken again.
+        let mut lapsed: Vec<u32> = Vec::new();
+        let mut open: Vec<u32> = Vec::new();
+        for (shard, observed) in (0..count).zip(&view_shards) {
+            if self.owned.contains_key(&shard) || self.releasing.contains_key(&shard) {
                 continue;
             }
-            if let Some(observed) = observed {
-                let holder = &observed.record.holder_identity;
-                if holder != &self.me
-                    && let Some(list) = owners.get_mut(holder)
-                {
-                    list.push(shard);
-                }
+            let holder = observed
+                .as_ref()
+                .map(|o| o.record.holder_identity.as_str())
+                .filter(|h| !h.is_empty());
+            match holder {
+                Some(holder) if holder == self.me => lapsed.push(shard),
+                Some(holder) => match owners.get_mut(holder) {
+                    Some(list) => list.push(shard),
+                    None => open.push(shard),
+                },
+                None => open.push(shard),
             }
         }
-        // Shards whose record names this member though it holds no term of them (a term that
-        // ended by its deadline, say): the others count them as this member's, so it does too,
-        // and takes them again once their lease has run out. Nobody else would: a live member
-        // holds them.
-        let lapsed: Vec<u32> = (0..count)
-            .zip(&view.shards)
-            .filter(|(shard, observed)| {
-                !self.owned.contains_key(shard)
-                    && observed
-                        .as_ref()
-                        .is_some_and(|o| o.record.is_held_by(&self.me))
-            })
-            .map(|(shard, _)| shard)
-            .collect();
         let mine = self.owned.keys().copied().chain(lapsed.iter().copied());
         owners.insert(self.me.clone(), mine.collect());
         let counts = owners.iter().map(|(m, s)| (m.clone(), s.len())).collect();
         let shares = shares(count, &counts);
         let counts = owners.values().map(Vec::len);
         self.imbalance = counts.clone().max().unwrap_or(0) - counts.min().unwrap_or(0);
-        for (shard, to) in gifts(&self.me, &owners, &shares) {
+        let gifts = gifts(&self.me, &owners, &shares);
+        let share = shares.get(&self.me).copied().unwrap_or(0);
+        let room = share.saturating_sub(self.owned.len() - gifts.len() + lapsed.len());
+        // Nothing to do, here or (as far as this read shows) anywhere: every shard owned by a
+        // live member, within one of each other. Until the members or this member's shards
+        // change, the next rounds read the roster and the members alone.
+        let idle = gifts.is_empty()
+            && room == 0
+            && lapsed.is_empty()
+            && open.is_empty()
+            && self.releasing.is_empty();
+        self.settled = idle && self.imbalance <= 1;
+        self.settled_live = live;
+        self.full_read_due = Instant::now() + self.config.lease_duration / 2;
+        for (shard, to) in gifts {
             self.give(shard, Some(&to), StepDownReason::HandedOver);
         }
-        let share = shares.get(&self.me).copied().unwrap_or(0);
-        let room = share.saturating_sub(self.owned.len() + lapsed.len());
-        self.take(room, &lapsed, &view.shards, &owners).await;
+        self.take(room, &lapsed, &open, &view_shards).await;
         Ok(())
     }
 
@@ -774,15 +977,24 @@ impl Runner {
     }
 
     fn note_roster(&mut self, roster: &Observed) {
-        self.roster_members = roster
+        let members = roster
             .record
             .extensions
             .iter()
-            .filter_map(|(k, v)| {
-                k.strip_prefix(MEMBER_PREFIX)
-                    .map(|key| (key.to_owned(), v.clone()))
-            })
-            .collect();
+            .filter_map(|(k, v)| k.strip_prefix(MEMBER_PREFIX).map(|key| (key, v)));
+        if members
+            .clone()
+            .eq(self.roster_members.iter().map(|(k, v)| (k.as_str(), v)))
+        {
+            return;
+        }
+        self.roster_members = members.map(|(k, v)| (k.to_owned(), v.clone())).collect();
+        // The keys a read asks for follow the roster's members.
+        let mut keys = Vec::with_capacity(1 + self.roster_members.len() + self.shard_keys.len());
+        keys.push(roster_key(&self.config.name));
+        keys.extend(self.roster_members.keys().cloned());
+        keys.extend(self.shard_keys.iter().cloned());
+        self.read_keys = keys;
     }
 
     /// Takes this member's record when it does not hold it: a record of its identity that it
@@ -795,7 +1007,8 @@ impl Runner {
         if let Some(current) = &current {
             self.check_identity(current);
         }
-        match self.claim(&key, current).await {
+        let claim = self.claim(&key, current).await;
+        match self.note_claim(&key, claim) {
             Ok(Some((observed, started))) => {
                 self.member_token = Some(observed.record.leader_transitions);
                 if self.conflict.take().is_some() {
@@ -805,7 +1018,6 @@ impl Runner {
                         "the other process with this identity is gone"
                     );
                 }
-                self.observe(&key, Some(&observed));
                 self.member = Some(self.start_term(key, None, observed, started));
             }
             Ok(None) => {}
@@ -962,24 +1174,23 @@ impl Runner {
             return;
         }
         let name = self.config.name.clone();
-        let gone: Vec<String> =
-            members
-                .iter()
-                .filter(|(identity, observed)| {
-                    !live.contains(*identity)
-                        && match observed {
-                            None => true,
-                            Some(o) => {
-                                o.record.is_free()
-                                    || !o.record.is_held_by(identity)
-                                    || self.seen.get(&member_key(&name, identity)).is_some_and(
-                                        |s| Instant::now() >= s.since + o.record.lease_duration * 2,
-                                    )
-                            }
+        let gone: Vec<String> = members
+            .iter()
+            .filter(|(identity, observed)| {
+                !live.contains(*identity)
+                    && match observed {
+                        None => true,
+                        Some(o) => {
+                            o.record.is_free()
+                                || !o.record.is_held_by(identity)
+                                || self.seen(&member_key(&name, identity)).is_some_and(|s| {
+                                    Instant::now() >= s.since + o.record.lease_duration * 2
+                                })
                         }
-                })
-                .map(|(identity, _)| identity.clone())
-                .collect();
+                    }
+            })
+            .map(|(identity, _)| identity.clone())
+            .collect();
         if gone.is_empty() {
             return;
         }
@@ -1019,37 +1230,34 @@ impl Runner {
         }
     }
 
-    /// Takes up to `room` shards that no live member owns (handed to this member first, then
-    /// those it likes best), and one more when a shard has stayed free for a lease whatever
-    /// the shares say (members whose view is stale leave no shard unowned for long).
+    /// Takes up to `room` shards of `open` (those no live member owns: handed to this member
+    /// first, then those it likes best), and one more when a shard has stayed free for a
+    /// lease whatever the shares say (members whose view is stale leave no shard unowned for
+    /// long). The `lapsed` shards are taken again whatever the room.
     async fn take(
         &mut self,
         room: usize,
         lapsed: &[u32],
+        open: &[u32],
         shards: &[Option<Observed>],
-        owners: &BTreeMap<String, Vec<u32>>,
     ) {
-        let owned_by_live: BTreeSet<u32> = owners.values().flatten().copied().collect();
-        let name = self.config.name.clone();
         let mut candidates: Vec<(bool, u64, u32)> = Vec::new();
         let mut stuck = None;
-        for (shard, observed) in (0..self.config.count).zip(shards) {
-            if owned_by_live.contains(&shard) || self.owned.contains_key(&shard) {
-                continue;
-            }
-            let key = shard_key(&name, shard);
+        for &shard in open {
+            let observed = &shards[shard as usize];
+            let key = &self.shard_keys[shard as usize];
             let handed_to_me = observed
                 .as_ref()
                 .is_some_and(|o| o.record.handover_to() == Some(self.me.as_str()));
             if observed
                 .as_ref()
-                .is_some_and(|o| self.standing_back(&key, &o.record))
+                .is_some_and(|o| self.standing_back(key, &o.record))
             {
                 continue;
             }
             let free_for_long = observed
                 .as_ref()
-                .is_some_and(|o| o.record.is_free() && self.expired(&key, o));
+                .is_some_and(|o| o.record.is_free() && self.expired(key, o));
             if free_for_long && stuck.is_none() {
                 stuck = Some(shard);
             }
@@ -1058,7 +1266,7 @@ impl Runner {
                 candidates.push((handed_to_me, affinity(&self.me, shard), shard));
             }
         }
-        candidates.sort_by(|a, b| b.cmp(a));
+        candidates.sort_unstable_by(|a, b| b.cmp(a));
         // Lapsed shards first, then candidates until `room` are taken: a shard another member
         // took first (a conflict) makes way for the next candidate.
         let lapsed_count = lapsed.len();
@@ -1068,57 +1276,97 @@ impl Runner {
             wanted.extend(stuck);
         }
         let mut taken = 0;
-        // A request per shard taken: the round ends in time for the next renewals, and the
-        // rest waits for the next round (a member alone takes a thousand shards over a few).
+        let mut next = 0;
+        // A request per shard taken, up to `CLAIMS_AT_ONCE` at a time, each on its own record:
+        // the round ends in time for the next renewals, and the rest waits for the next round.
         let budget = Instant::now() + self.config.retry_period / 2;
-        for (i, shard) in wanted.into_iter().enumerate() {
-            if Instant::now() >= budget || (i >= lapsed_count && room > 0 && taken >= room) {
+        while next < wanted.len() && Instant::now() < budget {
+            // A batch never mixes lapsed shards and candidates, nor takes more than the room.
+            let limit = if next < lapsed_count {
+                lapsed_count - next
+            } else if room > 0 {
+                room.saturating_sub(taken)
+            } else {
+                wanted.len() - next
+            };
+            let batch = &wanted[next..wanted.len().min(next + limit.min(CLAIMS_AT_ONCE))];
+            if batch.is_empty() {
                 break;
             }
-            let key = shard_key(&name, shard);
-            let current = shards[shard as usize].clone();
-            match self.claim(&key, current).await {
-                Ok(Some((observed, started))) => {
-                    self.observe(&key, Some(&observed));
-                    let token = observed.record.leader_transitions;
-                    let term = self.start_term(key, Some(shard), observed, started);
-                    tracing::info!(
-                        shards = name,
-                        shard,
-                        fencing_token = token,
-                        "took the shard"
-                    );
-                    m::shard_moved(&name, "acquired");
-                    let counted = term.leadership.clone();
-                    self.owned.insert(shard, term);
-                    taken += 1;
-                    if let (Some(started), Some(leadership)) = (&self.callbacks.started, counted) {
-                        started(shard, leadership);
+            let retaking = next < lapsed_count;
+            next += batch.len();
+            let claims = join_all(batch.iter().map(|&shard| {
+                let current = shards[shard as usize].clone();
+                self.claim(&self.shard_keys[shard as usize], current)
+            }))
+            .await;
+            let mut failed = false;
+            for (&shard, claim) in batch.iter().zip(claims) {
+                let key = self.shard_keys[shard as usize].clone();
+                match self.note_claim(&key, claim) {
+                    Ok(Some((observed, started))) => {
+                        let token = observed.record.leader_transitions;
+                        let term = self.start_term(key, Some(shard), observed, started);
+                        tracing::info!(
+                            shards = self.config.name,
+                            shard,
+                            fencing_token = token,
+                            "took the shard"
+                        );
+                        m::shard_moved(&self.config.name, "acquired");
+                        let counted = term.leadership.clone();
+                        self.owned.insert(shard, term);
+                        self.owned_changed = true;
+                        if !retaking {
+                            taken += 1;
+                        }
+                        if let (Some(started), Some(leadership)) =
+                            (&self.callbacks.started, counted)
+                        {
+                            started(shard, leadership);
+                        }
+                    }
+                    Ok(None) => {}
+                    Err(err) if err.is_conflict() => {}
+                    Err(err) => {
+                        if !failed {
+                            self.report("acquire", &err);
+                        }
+                        failed = true;
                     }
                 }
-                Ok(None) => {}
-                Err(err) if err.is_conflict() => {}
-                Err(err) => {
-                    self.report("acquire", &err);
-                    break;
-                }
+            }
+            if failed {
+                break;
             }
         }
     }
 
-    fn publish(&self, stopped: bool) {
-        let owned = self
-            .owned
-            .iter()
-            .filter_map(|(&s, t)| t.leadership.as_ref().map(|l| (s, l.uncounted())))
-            .collect();
+    /// Publishes the state when it changed: a round that changed nothing wakes no subscriber
+    /// and copies no list of shards.
+    fn publish(&mut self, stopped: bool) {
         let members = self.live;
         m::set_shards(&self.config.name, self.owned.len(), members, self.imbalance);
-        self.state.send_modify(|state| {
-            state.owned = owned;
+        let owned_changed = std::mem::take(&mut self.owned_changed);
+        let owned = owned_changed.then(|| {
+            self.owned
+                .iter()
+                .filter_map(|(&s, t)| t.leadership.as_ref().map(|l| (s, l.uncounted())))
+                .collect()
+        });
+        let problem = &self.problem;
+        self.state.send_if_modified(|state| {
+            let changed = owned.is_some()
+                || state.members != members
+                || state.problem != *problem
+                || state.stopped != stopped;
+            if let Some(owned) = owned {
+                state.owned = owned;
+            }
             state.members = members;
-            state.problem = self.problem.clone();
+            state.problem.clone_from(problem);
             state.stopped = stopped;
+            changed
         });
     }
 
@@ -1176,6 +1424,42 @@ impl Runner {
     }
 }
 
+/// Notes a read or written record in what was seen of it (see [`Runner::observe`]).
+fn note(slot: &mut Option<Seen>, observed: Option<&Observed>) {
+    let Some(observed) = observed else {
+        *slot = None;
+        return;
+    };
+    match slot {
+        Some(seen) => note_seen(seen, observed),
+        None => {
+            *slot = Some(Seen {
+                version: observed.version.clone(),
+                since: Instant::now(),
+                handover: observed
+                    .record
+                    .handover_to()
+                    .map(|to| (to.to_owned(), Instant::now())),
+            });
+        }
+    }
+}
+
+/// Notes `observed` in what was seen of its record: the follower's clock for its lease starts
+/// when a version is first seen (S2), and the stand-back clock when a handover is first seen.
+fn note_seen(seen: &mut Seen, observed: &Observed) {
+    let now = Instant::now();
+    if seen.version != observed.version {
+        seen.version.clone_from(&observed.version);
+        seen.since = now;
+    }
+    match observed.record.handover_to() {
+        Some(to) if seen.handover.as_ref().is_some_and(|(h, _)| h == to) => {}
+        Some(to) => seen.handover = Some((to.to_owned(), now)),
+        None => seen.handover = None,
+    }
+}
+
 fn tell_stopped(
     callback: Option<&Arc<super::Stopped>>,
     shard: u32,
@@ -1204,22 +1488,17 @@ fn reason_label(reason: StepDownReason) -> &'static str {
     }
 }
 
-/// The timer of a term (S3): cancels it once its deadline passes without being moved on, or
-/// when the term is dropped.
-fn end_at_deadline(cancel: CancellationToken, mut deadline: watch::Receiver<Instant>) {
+/// The timer of a term (S3): cancels it once its deadline passes without being moved on. It
+/// wakes at the deadline it last read, not at each renewal: a renewal only moves the deadline
+/// later, and a term dropped is cancelled by its drop.
+fn end_at_deadline(cancel: CancellationToken, deadline: watch::Receiver<Instant>) {
     tokio::spawn(async move {
         loop {
-            let until = *deadline.borrow_and_update();
+            let until = *deadline.borrow();
             tokio::select! {
                 () = cancel.cancelled() => return,
                 () = tokio::time::sleep_until(until) => {
-                    if !deadline.has_changed().unwrap_or(false) {
-                        cancel.cancel();
-                        return;
-                    }
-                }
-                changed = deadline.changed() => {
-                    if changed.is_err() {
+                    if Instant::now() >= *deadline.borrow() {
                         cancel.cancel();
                         return;
                     }
@@ -1227,4 +1506,221 @@ fn end_at_deadline(cancel: CancellationToken, mut deadline: watch::Receiver<Inst
             }
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use async_trait::async_trait;
+    use tokio::time::sleep;
+    use tokio_util::sync::CancellationToken;
+
+    use super::super::{KeyedLocks, LockSet, Renewal, Shards};
+    use crate::config::Timings;
+    use crate::error::LockError;
+    use crate::leadership::StepDownReason;
+    use crate::lock::ResourceLock;
+    use crate::memory::MemoryStore;
+    use crate::record::Observed;
+
+    const TIMINGS: Timings = Timings {
+        lease_duration: Duration::from_secs(10),
+        renew_deadline: Duration::from_secs(8),
+        retry_period: Duration::from_secs(1),
+    };
+
+    /// A member's records, with the number of keys of each read.
+    #[derive(Debug)]
+    struct Reads {
+        inner: KeyedLocks,
+        sizes: Arc<Mutex<Vec<usize>>>,
+    }
+
+    #[async_trait]
+    impl LockSet for Reads {
+        fn lock(&self, key: &str) -> Arc<dyn ResourceLock> {
+            self.inner.lock(key)
+        }
+        fn identity(&self) -> &str {
+            self.inner.identity()
+        }
+        fn describe(&self) -> String {
+            self.inner.describe()
+        }
+        async fn get_many(&self, keys: &[String]) -> Vec<Result<Option<Observed>, LockError>> {
+            self.sizes.lock().unwrap().push(keys.len());
+            self.inner.get_many(keys).await
+        }
+        async fn renew_many(&self, renewals: &[Renewal]) -> Vec<Result<Observed, LockError>> {
+            self.inner.renew_many(renewals).await
+        }
+    }
+
+    /// Once balanced, a member reads every shard once per half a lease, and otherwise the
+    /// roster and the members alone; a round that changes nothing publishes nothing. Then a
+    /// join is seen by the members' read, and the shards are read again at once.
+    #[tokio::test]
+    async fn a_settled_member_reads_the_shards_only_now_and_then() {
+        tokio::time::pause();
+        const COUNT: u32 = 30;
+        let store = MemoryStore::new();
+        let shutdown = CancellationToken::new();
+        let join = |identity: &str| {
+            let store = store.clone();
+            let sizes = Arc::new(Mutex::new(Vec::new()));
+            let locks = Reads {
+                inner: KeyedLocks::new(identity, "memory", move |key, identity| {
+                    Arc::new(store.lock(key, identity))
+                }),
+                sizes: sizes.clone(),
+            };
+            let shards = Shards::builder("jobs", COUNT, locks)
+                .timings(TIMINGS)
+                .build()
+                .unwrap();
+            let state = shards.subscribe();
+            let task = tokio::spawn(
+                shards.run_per_shard(shutdown.clone(), |_, _| std::future::pending::<()>()),
+            );
+            (sizes, state, task)
+        };
+        let (sizes, mut state, first) = join("a");
+        let others = [join("b"), join("c")];
+        let mut waited = Duration::ZERO;
+        while state.borrow().owned.len() != 10
+            || others.iter().any(|(_, s, _)| s.borrow().owned.len() != 10)
+        {
+            assert!(waited < Duration::from_secs(120), "not balanced");
+            sleep(TIMINGS.retry_period).await;
+            waited += TIMINGS.retry_period;
+        }
+        sleep(TIMINGS.lease_duration).await;
+        state.mark_unchanged();
+        sizes.lock().unwrap().clear();
+        // Twenty rounds with nothing changing.
+        sleep(TIMINGS.retry_period * 20).await;
+        let reads = std::mem::take(&mut *sizes.lock().unwrap());
+        let full = reads.iter().filter(|&&n| n > COUNT as usize).count();
+        let light = reads.iter().filter(|&&n| n == 4).count();
+        assert_eq!(full + light, reads.len(), "{reads:?}");
+        assert!(
+            (3..=5).contains(&full),
+            "a full read per half a lease: {reads:?}"
+        );
+        assert!(light >= 14, "{reads:?}");
+        assert!(
+            !state.has_changed().unwrap(),
+            "a round that changed nothing published"
+        );
+
+        // A newcomer: every member reads the shards again, and the set balances.
+        let newcomer = join("d");
+        let mut waited = Duration::ZERO;
+        while [&state, &others[0].1, &others[1].1, &newcomer.1]
+            .iter()
+            .map(|s| s.borrow().owned.len())
+            .any(|n| !(7..=8).contains(&n))
+        {
+            assert!(
+                waited <= TIMINGS.lease_duration + TIMINGS.retry_period * 2,
+                "not balanced after a join"
+            );
+            sleep(TIMINGS.retry_period).await;
+            waited += TIMINGS.retry_period;
+        }
+        assert!(state.has_changed().unwrap());
+        shutdown.cancel();
+        for task in [first, newcomer.2] {
+            task.await.unwrap().unwrap();
+        }
+        for (_, _, task) in others {
+            task.await.unwrap().unwrap();
+        }
+    }
+
+    /// A member whose releases take longer than a lease (its shards' work is slow to stop)
+    /// gives its surplus away once: the shards it is releasing, though their records still name
+    /// it, are not counted as its own again, nor taken back once their lease runs out (while
+    /// their work still runs), nor given twice.
+    #[tokio::test]
+    async fn slow_releases_give_the_surplus_away_once() {
+        tokio::time::pause();
+        const COUNT: u32 = 20;
+        let store = MemoryStore::new();
+        let shutdown = CancellationToken::new();
+        let handed = Arc::new(Mutex::new(Vec::new()));
+        let slow_stop = Arc::new(Mutex::new(Duration::ZERO));
+        let join = |identity: &str, slow_stop: Arc<Mutex<Duration>>| {
+            let store = store.clone();
+            let locks = KeyedLocks::new(identity, "memory", move |key, identity| {
+                // On the store's clock: an acquisition of a record that names this member
+                // succeeds at once, as on Postgres.
+                Arc::new(store.lock(key, identity).with_store_clock(true))
+            });
+            let handed = handed.clone();
+            let shards = Shards::builder("jobs", COUNT, locks)
+                .timings(TIMINGS)
+                .stop_grace(TIMINGS.lease_duration * 2)
+                .on_shard_started(move |_, term| {
+                    // The work's last part stops `slow_stop` after its term ends.
+                    let slow_stop = slow_stop.clone();
+                    tokio::spawn(async move {
+                        term.lost().await;
+                        let wait = *slow_stop.lock().unwrap();
+                        sleep(wait).await;
+                        drop(term);
+                    });
+                })
+                .on_shard_stopped(move |shard, stop| {
+                    if stop.reason == StepDownReason::HandedOver {
+                        handed.lock().unwrap().push(shard);
+                    }
+                })
+                .build()
+                .unwrap();
+            let state = shards.subscribe();
+            let task = tokio::spawn(
+                shards.run_per_shard(shutdown.clone(), |_, _| std::future::pending::<()>()),
+            );
+            (state, task)
+        };
+        let (a, first) = join("a", slow_stop.clone());
+        let mut waited = Duration::ZERO;
+        while a.borrow().owned.len() != COUNT as usize {
+            assert!(
+                waited < Duration::from_secs(60),
+                "a alone took not every shard"
+            );
+            sleep(TIMINGS.retry_period).await;
+            waited += TIMINGS.retry_period;
+        }
+        // Each of a's releases now waits a lease and three rounds for its work to stop.
+        *slow_stop.lock().unwrap() = TIMINGS.lease_duration + TIMINGS.retry_period * 3;
+        let (b, second) = join("b", Arc::default());
+        let mut waited = Duration::ZERO;
+        while a.borrow().owned.len() != 10 || b.borrow().owned.len() != 10 {
+            assert!(
+                waited < TIMINGS.lease_duration * 3,
+                "not balanced: a {}, b {}",
+                a.borrow().owned.len(),
+                b.borrow().owned.len()
+            );
+            sleep(TIMINGS.retry_period).await;
+            waited += TIMINGS.retry_period;
+        }
+        sleep(TIMINGS.lease_duration).await;
+        assert_eq!(
+            handed.lock().unwrap().len(),
+            10,
+            "{:?}",
+            handed.lock().unwrap()
+        );
+        assert_eq!((a.borrow().owned.len(), b.borrow().owned.len()), (10, 10));
+        *slow_stop.lock().unwrap() = Duration::ZERO;
+        shutdown.cancel();
+        first.await.unwrap().unwrap();
+        second.await.unwrap().unwrap();
+    }
 }
