@@ -1,7 +1,8 @@
 //! End to end: three `leader cron --every 1s` replicas per store (file, Postgres, Redis, etcd),
 //! each firing appending its scheduled instant and attempt to a file; the leader SIGKILLed twice,
 //! and started again under a new identity. Every scheduled instant from the first to the last is
-//! started once (a second attempt only for a firing whose leader died while it ran), or counted
+//! started once (a later attempt only for a firing whose leader died while it ran, which may have
+//! died before its COMMAND wrote a line), or counted
 //! as missed in the store (the default policy runs the latest missed firing late and counts the
 //! others); `leader status` shows the schedule. Bad schedules exit 9; a replica started with
 //! another schedule under the same name exits 10 and changes nothing.
@@ -124,11 +125,13 @@ async fn firings(lock: &str) {
         attempts.entry(scheduled).or_default().push(attempt);
     }
     for (scheduled, runs) in &attempts {
-        let mut sorted = runs.clone();
-        sorted.sort_unstable();
-        assert_eq!(
-            sorted,
-            (1..=u32::try_from(runs.len()).expect("few")).collect::<Vec<_>>(),
+        // Once per attempt, in turn: no attempt twice, each after the one before, and no more
+        // attempts than leaders killed plus one. An attempt may have left no line: its leader
+        // was killed after recording the firing's start and before COMMAND wrote (the next
+        // leader then runs attempt 2 of a firing that shows no attempt 1).
+        assert!(
+            runs.windows(2).all(|pair| pair[0] < pair[1])
+                && runs.iter().all(|attempt| (1..=3).contains(attempt)),
             "{lock}: {scheduled} started once per attempt, attempts in turn: {runs:?}\n{text}"
         );
     }
