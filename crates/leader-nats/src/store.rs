@@ -163,16 +163,9 @@ impl NatsStoreBuilder {
                 format!("nats://{server}")
             };
             let mut url = url::Url::parse(&with_scheme).map_err(|err| bad(err.to_string()))?;
-            if !url.username().is_empty() {
-                let decode = |part: &str| {
-                    url::form_urlencoded::parse(format!("x={part}").as_bytes())
-                        .next()
-                        .map(|(_, v)| v.into_owned())
-                        .unwrap_or_default()
-                };
-                let user = decode(url.username());
-                let found = match url.password() {
-                    Some(password) => Login::UserAndPassword(user, decode(password)),
+            if let Some((user, password)) = login_of(&url) {
+                let found = match password {
+                    Some(password) => Login::UserAndPassword(user, password),
                     None => Login::Token(user),
                 };
                 login.get_or_insert(found);
@@ -395,6 +388,17 @@ impl NatsStore {
     pub(crate) fn refusals(&self) -> &Refusals {
         &self.inner.refusals
     }
+}
+
+/// The user (or token) and password in `url`, percent-decoded; `None` without a user.
+pub(crate) fn login_of(url: &url::Url) -> Option<(String, Option<String>)> {
+    let decode = |part: &str| {
+        url::form_urlencoded::parse(format!("x={part}").as_bytes())
+            .next()
+            .map(|(_, v)| v.into_owned())
+            .unwrap_or_default()
+    };
+    (!url.username().is_empty()).then(|| (decode(url.username()), url.password().map(decode)))
 }
 
 /// Whether the client gave up waiting for an answer somewhere in `err`'s chain.

@@ -6,7 +6,7 @@ use std::time::Duration;
 use leader_core::{LockError, LockSet, LockTarget, ResourceLock, UrlError, async_trait};
 use url::Url;
 
-use crate::store::{NatsStore, NatsStoreBuilder, valid_bucket};
+use crate::store::{NatsStore, NatsStoreBuilder, login_of, valid_bucket};
 
 /// A NATS lock URL: `nats://[user:password@]host:4222[/bucket]`, with parameters `server`
 /// (another server of the cluster, `host:port`; repeatable), `creds` (a credentials file),
@@ -46,14 +46,7 @@ impl LockUrl {
             .filter(|h| !h.is_empty())
             .ok_or_else(|| invalid("no server host".to_owned()))?;
         let mut servers = vec![format!("{host}:{}", url.port().unwrap_or(4222))];
-        let decode = |part: &str| {
-            url::form_urlencoded::parse(format!("x={part}").as_bytes())
-                .next()
-                .map(|(_, v)| v.into_owned())
-                .unwrap_or_default()
-        };
-        let user = (!url.username().is_empty())
-            .then(|| (decode(url.username()), url.password().map(decode)));
+        let user = login_of(&url);
         let path = url.path().trim_matches('/');
         let bucket = match path {
             "" => None,
