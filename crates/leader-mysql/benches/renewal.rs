@@ -1,6 +1,7 @@
-//! Requests and statements per renewal of the table lock, and its latency against two raw
-//! references on the same pooled connection: `SELECT 1` and a single-row `UPDATE` of a plain
-//! table.
+//! Requests and statements per renewal of the table lock and of the `GET_LOCK` lock, and their
+//! latency against two raw references: `SELECT 1` and a single-row `UPDATE` of a plain table on
+//! the pooled connection the table lock uses (the `GET_LOCK` lock renews on a session of its
+//! own).
 //!
 //! ```text
 //! MYSQL_URL=mysql://root@127.0.0.1:3306/test cargo bench -p leader-mysql --bench renewal
@@ -9,7 +10,7 @@
 use std::error::Error;
 use std::time::{Duration, Instant};
 
-use leader_core::ResourceLock;
+use leader_core::{Observed, ResourceLock};
 use leader_mysql::MysqlStore;
 use leader_mysql::mysql_async::prelude::Queryable;
 use leader_test_support::bench;
@@ -27,20 +28,24 @@ async fn status(store: &MysqlStore, name: &str) -> Result<u64, Box<dyn Error>> {
     Ok(row.map_or(0, |(_, n)| n))
 }
 
-#[tokio::main(flavor = "current_thread")]
-async fn main() -> Result<(), Box<dyn Error>> {
-    let url = leader_test_support::mysql_url();
-    // One pooled connection: the lock and the references share it.
-    let store = MysqlStore::builder(&url)
-        .max_connections(1)
-        .create_table(true)
-        .build()
-        .await?;
-    let name = format!("bench-{:08x}", fastrand::u32(..));
+/// What one lock's part of the benchmark found.
+struct Measured {
+    renewals: usize,
+    requests_per_renewal: f64,
+    executions: f64,
+    preparations: f64,
+}
 
-    // 1. Requests per renewal as the elector makes them: a real elector on a counting wrapper.
+/// Requests per renewal as an elector makes them, then statements per renewal on the server,
+/// of the lock `make` builds (called for a fresh lock each time). Leaves the lease held by
+/// "bench" and returns it.
+async fn measure<L: ResourceLock + 'static>(
+    store: &MysqlStore,
+    make: impl Fn() -> L,
+) -> Result<(Measured, L, Observed), Box<dyn Error>> {
+    // 1. A real elector on a counting wrapper.
     let (renewals, requests_per_renewal) = bench::elector_requests_per_renewal(
-        store.lock(&name, "bench"),
+        make(),
         Duration::from_millis(600),
         Duration::from_millis(400),
         Duration::from_millis(20),
@@ -48,26 +53,50 @@ async fn main() -> Result<(), Box<dyn Error>> {
     )
     .await?;
 
-    // 2. Statements per renewal on the server: executions and preparations, over N renewals.
-    let lock = store.lock(&name, "bench");
+    // 2. Executions and preparations on the server over N renewals (every session counts:
+    //    the GET_LOCK lock writes on a session of its own).
+    let lock = make();
     let mut observed = bench::acquire(&lock, "bench").await?;
     assert!(observed.record.is_held_by("bench"));
-    let executed = status(&store, "Com_stmt_execute").await?;
-    let prepared = status(&store, "Com_stmt_prepare").await?;
+    let executed = status(store, "Com_stmt_execute").await?;
+    let prepared = status(store, "Com_stmt_prepare").await?;
     const N: u32 = 1000;
     for _ in 0..N {
         observed = lock
             .update(&observed.version, &bench::renewed(&observed.record))
             .await?;
     }
-    let executions = f64::from(u32::try_from(
-        status(&store, "Com_stmt_execute").await? - executed,
-    )?) / f64::from(N);
-    let preparations = f64::from(u32::try_from(
-        status(&store, "Com_stmt_prepare").await? - prepared,
-    )?) / f64::from(N);
+    let per =
+        |n: u64| -> Result<f64, Box<dyn Error>> { Ok(f64::from(u32::try_from(n)?) / f64::from(N)) };
+    let executions = per(status(store, "Com_stmt_execute").await? - executed)?;
+    let preparations = per(status(store, "Com_stmt_prepare").await? - prepared)?;
+    let measured = Measured {
+        renewals,
+        requests_per_renewal,
+        executions,
+        preparations,
+    };
+    Ok((measured, lock, observed))
+}
 
-    // 3. Latency against the raw references on the same connection.
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> Result<(), Box<dyn Error>> {
+    let url = leader_test_support::mysql_url();
+    // One pooled connection: the table lock and the references share it.
+    let store = MysqlStore::builder(&url)
+        .max_connections(1)
+        .create_table(true)
+        .build()
+        .await?;
+    let name = format!("bench-{:08x}", fastrand::u32(..));
+    let named_name = format!("{name}-named");
+
+    let (table, lock, mut observed) = measure(&store, || store.lock(&name, "bench")).await?;
+    let (named, named_lock, mut named_observed) =
+        measure(&store, || store.named_lock(&named_name, "bench")).await?;
+
+    // 3. Latency against the raw references on the pooled connection. The GET_LOCK lock's
+    //    renewals run on its own session, another connection to the same server.
     let mut conn = store.pool().get_conn().await?;
     conn.query_drop(
         "CREATE TABLE IF NOT EXISTS leader_bench_plain (id int PRIMARY KEY, v bigint NOT NULL) ENGINE=InnoDB",
@@ -76,7 +105,8 @@ async fn main() -> Result<(), Box<dyn Error>> {
     conn.query_drop("INSERT IGNORE INTO leader_bench_plain VALUES (1, 0)")
         .await?;
     drop(conn);
-    let (mut t_select, mut t_update, mut t_renew) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut t_select, mut t_update) = (Vec::new(), Vec::new());
+    let (mut t_renew, mut t_named) = (Vec::new(), Vec::new());
     for _ in 0..ROUNDS {
         let mut conn = store.pool().get_conn().await?;
         for _ in 0..PER_ROUND {
@@ -98,31 +128,47 @@ async fn main() -> Result<(), Box<dyn Error>> {
                 .await?;
             t_renew.push(at.elapsed());
         }
+        for _ in 0..PER_ROUND {
+            let at = Instant::now();
+            named_observed = named_lock
+                .update(
+                    &named_observed.version,
+                    &bench::renewed(&named_observed.record),
+                )
+                .await?;
+            t_named.push(at.elapsed());
+        }
     }
+    named_lock.close().await;
     let mut conn = store.pool().get_conn().await?;
-    conn.exec_drop("DELETE FROM leader_election WHERE name = ?", (&name,))
-        .await?;
+    conn.exec_drop(
+        "DELETE FROM leader_election WHERE name IN (?, ?)",
+        (&name, &named_name),
+    )
+    .await?;
     let version: Option<String> = conn.query_first("SELECT VERSION()").await?;
 
     println!(
-        "table lock renewal on {} ({})",
+        "renewals on {} ({})",
         store.redacted_url(),
         version.unwrap_or_default()
     );
-    println!(
-        "requests per renewal (elector, {renewals} renewals in 3 s): {requests_per_renewal:.2}"
-    );
-    println!(
-        "statements per renewal (server, {N} renewals): {executions:.2} executed, {preparations:.3} prepared"
-    );
+    for (label, m) in [("table lock", &table), ("GET_LOCK lock", &named)] {
+        println!(
+            "{label}: requests per renewal (elector, {} renewals in 3 s): {:.2}; \
+             statements per renewal (server, 1000 renewals): {:.2} executed, {:.3} prepared",
+            m.renewals, m.requests_per_renewal, m.executions, m.preparations
+        );
+    }
     println!();
     bench::print_latencies(
-        "operation (same connection)",
+        "operation",
         1,
         &mut [
             ("`SELECT 1`", t_select),
             ("single-row `UPDATE`", t_update),
             ("renewal (`TableLock::update`)", t_renew),
+            ("renewal (`NamedLock::update`)", t_named),
         ],
     );
     Ok(())

@@ -29,6 +29,10 @@ const CHANNEL: &str = "record";
 /// How long a follower's watch waits in `GET_LOCK` before it reads the record again.
 const DEFAULT_WATCH_INTERVAL: Duration = Duration::from_secs(2);
 
+/// How long a follower's watch first waits before it reads a free record again (doubling up to
+/// the watch interval while the record stays free).
+const FIRST_FREE_PAUSE: Duration = Duration::from_millis(50);
+
 /// How long the server keeps a silent session of the lock (its `wait_timeout`).
 const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -732,6 +736,11 @@ impl Follower {
         // The record as it was when the holder's session was last found gone: the lock is not
         // waited for again until the record changes (the lease may still run for a while).
         let mut gone_at: Option<Summary> = None;
+        // How long to wait before reading a free record again: a release is usually followed
+        // by a takeover within milliseconds, and the new holder's lock is the one to wait for
+        // (the next handover may come at once), so a free record is read again soon, then
+        // less and less often.
+        let mut free_pause = FIRST_FREE_PAUSE;
         loop {
             let Some(lock) = self.lock.upgrade() else {
                 return Ok(());
@@ -750,14 +759,23 @@ impl Follower {
                         .await?;
                     let_go = true;
                 }
+            } else if !holding && !held(&self.last) {
+                tokio::time::sleep(free_pause.min(self.interval)).await;
+                free_pause = free_pause.saturating_mul(2);
             } else {
                 tokio::time::sleep(Duration::from_secs(seconds.unsigned_abs())).await;
             }
             let now: Summary = conn
                 .exec_first(&statements.summary, (self.name.as_str(),))
                 .await?;
+            if held(&now) {
+                free_pause = FIRST_FREE_PAUSE;
+            }
             if let_go {
-                gone_at = Some(now.clone());
+                // Still the record of the holder whose session let go: its lease may run on, so
+                // the lock is not waited for until the record changes. A record that changed
+                // meanwhile names a holder that took the lock before writing it, or nobody.
+                gone_at = (now == self.last).then(|| now.clone());
             }
             if let_go || now != self.last {
                 self.hub.notify(CHANNEL);

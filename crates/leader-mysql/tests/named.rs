@@ -1,6 +1,6 @@
 //! The `GET_LOCK` lock against a real MySQL or MariaDB: the conformance suite (with the shard
-//! protocol, one record at a time), electors, a killed session, the handover on release, and a
-//! user-level lock that never stacks.
+//! protocol, one record at a time), electors, a killed session, the handover on release (and on
+//! releases in a row), and a user-level lock that never stacks.
 
 mod common;
 
@@ -109,6 +109,47 @@ async fn a_released_lease_is_taken_over_at_once() {
     }
     took.sort();
     eprintln!("handover after release (5 runs, sorted): {took:?}");
+}
+
+/// Releases in a row are each taken over at once: after a handover, a follower waits on the new
+/// holder's lock at once (not a watch interval later), so the next release reaches it too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn releases_in_a_row_are_each_taken_over_at_once() {
+    let Some(store) = common::store().await else {
+        return;
+    };
+    let name = unique("in-a-row");
+    let retry = Duration::from_secs(2);
+    let mut first = Running::start_with(store.named_lock(&name, "first"), retry);
+    first.wait_leading(Duration::from_secs(10)).await;
+    let mut others = vec![
+        Running::start_with(store.named_lock(&name, "second"), retry),
+        Running::start_with(store.named_lock(&name, "third"), retry),
+    ];
+    // Let the followers subscribe and read the record.
+    sleep(Duration::from_millis(500)).await;
+    first.stop().await;
+    let released = Instant::now();
+    let next = loop {
+        if let Some(i) = others.iter().position(Running::is_leading) {
+            break i;
+        }
+        let took = released.elapsed();
+        assert!(took < retry / 4, "no takeover {took:?} after a release");
+        sleep(Duration::from_millis(5)).await;
+    };
+    let second = others.remove(next);
+    let mut third = others.pop().expect("three candidates");
+    // The next release at once, while the last follower has only just seen the takeover.
+    let released = Instant::now();
+    second.stop().await;
+    third.wait_leading(retry).await;
+    let took = released.elapsed();
+    assert!(
+        took < retry / 4,
+        "the second release was taken over after {took:?}"
+    );
+    third.stop().await;
 }
 
 fn renewal(of: &LeaderElectionRecord) -> LeaderElectionRecord {
