@@ -28,8 +28,8 @@ use common::{Backend, cpu_time, ms};
 use leader_core::conformance::balanced;
 use leader_core::faults::{Faults, FaultyLock};
 use leader_core::{
-    CancellationToken, LockError, LockSet, Observed, Renewal, ResourceLock, Shards, ShardsState,
-    async_trait,
+    CancellationToken, Known, LockError, LockSet, Observed, Renewal, Reread, ResourceLock, Shards,
+    ShardsState, async_trait,
 };
 use leader_test_support::{LEASE, RENEW, RETRY};
 use tokio::sync::watch;
@@ -116,6 +116,14 @@ impl LockSet for Counting {
     async fn get_many(&self, keys: &[String]) -> Vec<Result<Option<Observed>, LockError>> {
         self.batch(self.batched.reads, keys.len());
         self.inner.get_many(keys).await
+    }
+    async fn get_changed(
+        &self,
+        keys: &[String],
+        known: &[Known<'_>],
+    ) -> Vec<Result<Reread, LockError>> {
+        self.batch(self.batched.reads, keys.len());
+        self.inner.get_changed(keys, known).await
     }
     async fn renew_many(&self, renewals: &[Renewal]) -> Vec<Result<Observed, LockError>> {
         self.batch(self.batched.renewals, renewals.len());

@@ -1,5 +1,5 @@
 //! S9 end to end: a follower `leader run` whose store goes down (a proxy in front of a private
-//! Postgres, Redis, etcd, Kubernetes API or Consul server closes every connection) or whose file
+//! Postgres, MySQL, NATS, Redis, etcd, Kubernetes API or Consul server closes every connection) or whose file
 //! lock record turns unreadable, after the holder was killed. It must not retry faster than its retry period, must back off
 //! during the outage, must log a summary rather than a line per attempt, and must lead soon after
 //! the store is back.
@@ -64,8 +64,9 @@ fn check(backend: Backend) {
     let lines = (outage / 10.0).ceil() as usize + 4;
     assert!(
         report.log_lines <= lines,
-        "{name}: {} log lines in a {outage:.1} s outage, more than {lines}",
-        report.log_lines
+        "{name}: {} log lines in a {outage:.1} s outage, more than {lines}:\n{}",
+        report.log_lines,
+        report.logged.join("\n")
     );
     // Back soon: the back-off cap (a lease) plus a jittered retry, with a margin for the load.
     let within = timings.lease + timings.retry.mul_f64(2.2) + Duration::from_secs(2);
@@ -86,6 +87,21 @@ fn a_waiting_follower_backs_off_during_an_outage_on_postgres() {
 #[test]
 fn a_waiting_follower_backs_off_during_an_outage_on_redis() {
     check(Backend::Redis);
+}
+
+#[test]
+fn a_waiting_follower_backs_off_during_an_outage_on_mysql() {
+    check(Backend::Mysql);
+}
+
+#[test]
+fn a_waiting_follower_backs_off_during_an_outage_on_the_mysql_get_lock() {
+    check(Backend::MysqlNamed);
+}
+
+#[test]
+fn a_waiting_follower_backs_off_during_an_outage_on_nats() {
+    check(Backend::Nats);
 }
 
 #[test]

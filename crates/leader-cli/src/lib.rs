@@ -82,18 +82,30 @@ pub fn main() -> ExitCode {
     ExitCode::from(code)
 }
 
-/// The log filter: `RUST_LOG`, or `info`. The Kubernetes client logs every failed request as an
-/// ERROR of its own (target `kube_client::client::builder`); the elector already reports
-/// failures, and summarises an outage instead of a line per attempt (S9), so that target is off
-/// unless `RUST_LOG` names `kube_client`.
+/// Client libraries' own lines per failed attempt, off unless `RUST_LOG` names the library:
+/// the elector already reports failures, and summarises an outage instead of a line per attempt
+/// (S9). The Kubernetes client logs every failed request as an ERROR (target
+/// `kube_client::client::builder`); the NATS client each connection event at INFO (target
+/// `async_nats`: "event: client error: nats: IO error" per failed reconnection) and some
+/// failed reconnections as an ERROR (target `async_nats::connector`: "expected INFO, got
+/// nothing"); the NATS lock reports the server's refusals itself, typed.
+const QUIET: [(&str, &str); 3] = [
+    ("kube_client", "kube_client::client::builder=off"),
+    ("async_nats", "async_nats=warn"),
+    ("async_nats", "async_nats::connector=off"),
+];
+
+/// The log filter: `RUST_LOG`, or `info`, with [`QUIET`]'s targets off unless named.
 fn log_filter(rust_log: Option<&str>) -> tracing_subscriber::EnvFilter {
     let mut filter = rust_log
         .and_then(|value| tracing_subscriber::EnvFilter::try_new(value).ok())
         .unwrap_or_else(|| tracing_subscriber::EnvFilter::new("info"));
-    if !rust_log.is_some_and(|value| value.contains("kube_client"))
-        && let Ok(quiet) = "kube_client::client::builder=off".parse()
-    {
-        filter = filter.add_directive(quiet);
+    for (library, off) in QUIET {
+        if !rust_log.is_some_and(|value| value.contains(library))
+            && let Ok(quiet) = off.parse()
+        {
+            filter = filter.add_directive(quiet);
+        }
     }
     filter
 }
@@ -103,7 +115,7 @@ mod tests {
     use super::log_filter;
 
     #[test]
-    fn the_kubernetes_clients_own_error_per_request_is_off_unless_asked_for() {
+    fn client_libraries_own_errors_per_attempt_are_off_unless_asked_for() {
         for rust_log in [
             None,
             Some("info"),
@@ -111,12 +123,21 @@ mod tests {
             Some("not a filter ["),
         ] {
             let filter = log_filter(rust_log).to_string();
-            assert!(
-                filter.contains("kube_client::client::builder=off"),
-                "{rust_log:?}: {filter}"
-            );
+            for off in [
+                "kube_client::client::builder=off",
+                "async_nats=warn",
+                "async_nats::connector=off",
+            ] {
+                assert!(filter.contains(off), "{rust_log:?}: {filter}");
+            }
         }
         let asked = log_filter(Some("info,kube_client=debug")).to_string();
-        assert!(!asked.contains("=off"), "{asked}");
+        assert!(
+            !asked.contains("kube_client::client::builder=off"),
+            "{asked}"
+        );
+        assert!(asked.contains("async_nats::connector=off"), "{asked}");
+        let asked = log_filter(Some("info,async_nats=debug")).to_string();
+        assert!(!asked.contains("async_nats::connector=off"), "{asked}");
     }
 }

@@ -1,10 +1,12 @@
-//! A shard set's records on one Redis server: one script reads them all, one renews all of a
-//! member's.
+//! A shard set's records on one Redis server: one script reads them all (sending only those
+//! whose version changed, when the reader says which it holds), one renews all of a member's.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use leader_core::{KeyedLocks, LockError, LockSet, Observed, Renewal, ResourceLock, async_trait};
+use leader_core::{
+    KeyedLocks, Known, LockError, LockSet, Observed, Renewal, Reread, ResourceLock, async_trait,
+};
 use redis::Value;
 
 use crate::error::BACKEND;
@@ -46,6 +48,69 @@ impl RedisLockSet {
         format!("{} shard set", self.store.inner.redacted)
     }
 
+    /// Runs a read script (`GET_MANY` or `GET_CHANGED`) over the elections `names`: one entry
+    /// per election, or the error of the whole batch.
+    async fn read(
+        &self,
+        script: &scripts::LuaScript,
+        names: &[String],
+        args: &[&[u8]],
+    ) -> Result<Vec<Result<Reread, LockError>>, LockError> {
+        let all: Vec<[String; 4]> = names
+            .iter()
+            .map(|n| keys(&self.store.inner.prefix, n))
+            .collect();
+        let batch: Vec<&str> = all
+            .iter()
+            .flat_map(|k| k[..3].iter().map(String::as_str))
+            .collect();
+        let entries: Vec<Vec<Value>> =
+            eval(&self.store, script, &batch, args, || self.context()).await?;
+        if entries.len() != names.len() {
+            return Err(LockError::unavailable(
+                BACKEND,
+                "a batch answer of the wrong length",
+            ));
+        }
+        Ok(entries
+            .into_iter()
+            .zip(&all)
+            .map(|(entry, keys)| self.entry(&entry, &keys[0]))
+            .collect())
+    }
+
+    /// Decodes one entry of a read script's answer for the election whose hash is `key`.
+    fn entry(&self, entry: &[Value], key: &str) -> Result<Reread, LockError> {
+        let context = format!("{} key {key}", self.store.inner.redacted);
+        let bad = |what: &str| LockError::invalid_record(BACKEND, format!("{context}: {what}"));
+        let text =
+            |v: &Value| redis::from_redis_value::<String>(v.clone()).map_err(|_| bad("not text"));
+        match entry
+            .first()
+            .map(|v| redis::from_redis_value::<i64>(v.clone()))
+        {
+            Some(Ok(0)) => Ok(Reread::Now(None)),
+            Some(Ok(1)) if entry.len() == 5 => {
+                let transitions = redis::from_redis_value::<i64>(entry[3].clone())
+                    .map_err(|_| bad("a fencing token that is not a number"))?;
+                decode(
+                    &context,
+                    text(&entry[1])?,
+                    text(&entry[2])?,
+                    transitions,
+                    &text(&entry[4])?,
+                )
+                .map(|observed| Reread::Now(Some(observed)))
+            }
+            Some(Ok(2)) if entry.len() == 2 => {
+                let message = text(&entry[1])?;
+                Err(bad(message.trim_start_matches("LEADER_INVALID ")))
+            }
+            Some(Ok(3)) if entry.len() == 1 => Ok(Reread::Same),
+            _ => Err(bad("an answer this version does not know")),
+        }
+    }
+
     /// Whether `err` is a cluster's refusal of keys in several slots: then batches stop.
     fn refused_by_cluster(&self, err: &LockError) -> bool {
         let refused = err.to_string().contains("CROSSSLOT");
@@ -83,65 +148,47 @@ impl LockSet for RedisLockSet {
         if self.per_key.load(Ordering::Relaxed) {
             return self.locks.get_many(names).await;
         }
-        let all: Vec<[String; 4]> = names
+        match self.read(&scripts::GET_MANY, names, &[]).await {
+            Ok(entries) => entries
+                .into_iter()
+                .map(|entry| match entry {
+                    Ok(Reread::Now(observed)) => Ok(observed),
+                    Ok(Reread::Same) => Err(LockError::invalid_record(
+                        BACKEND,
+                        format!("{}: unchanged, though no version was given", self.context()),
+                    )),
+                    Err(err) => Err(err),
+                })
+                .collect(),
+            Err(err) if self.refused_by_cluster(&err) => self.locks.get_many(names).await,
+            Err(err) => failed(names.len(), &err),
+        }
+    }
+
+    /// One script: a record still at the version given is answered after a single `HGET` on
+    /// the server (one still absent after an `EXISTS`), and neither sent nor decoded.
+    async fn get_changed(
+        &self,
+        names: &[String],
+        known: &[Known<'_>],
+    ) -> Vec<Result<Reread, LockError>> {
+        if self.per_key.load(Ordering::Relaxed) || names.len() != known.len() {
+            return self.locks.get_changed(names, known).await;
+        }
+        // Versions are decimal numbers: `-` cannot be one.
+        let args: Vec<&[u8]> = known
             .iter()
-            .map(|n| keys(&self.store.inner.prefix, n))
-            .collect();
-        let batch: Vec<&str> = all
-            .iter()
-            .flat_map(|k| k[..3].iter().map(String::as_str))
-            .collect();
-        let answer: Result<Vec<Vec<Value>>, LockError> =
-            eval(&self.store, &scripts::GET_MANY, &batch, &[], || {
-                self.context()
+            .map(|k| match k {
+                Known::Nothing => &b""[..],
+                Known::Absent => &b"-"[..],
+                Known::Version(v) => v.as_str().as_bytes(),
             })
-            .await;
-        let entries = match answer {
-            Ok(entries) if entries.len() == names.len() => entries,
-            Ok(_) => {
-                return failed(
-                    names.len(),
-                    &LockError::unavailable(BACKEND, "a batch answer of the wrong length"),
-                );
-            }
-            Err(err) if self.refused_by_cluster(&err) => return self.locks.get_many(names).await,
-            Err(err) => return failed(names.len(), &err),
-        };
-        entries
-            .into_iter()
-            .zip(&all)
-            .map(|(entry, keys)| {
-                let context = format!("{} key {}", self.store.inner.redacted, keys[0]);
-                let bad =
-                    |what: &str| LockError::invalid_record(BACKEND, format!("{context}: {what}"));
-                let text = |v: &Value| {
-                    redis::from_redis_value::<String>(v.clone()).map_err(|_| bad("not text"))
-                };
-                match entry
-                    .first()
-                    .map(|v| redis::from_redis_value::<i64>(v.clone()))
-                {
-                    Some(Ok(0)) => Ok(None),
-                    Some(Ok(1)) if entry.len() == 5 => {
-                        let transitions = redis::from_redis_value::<i64>(entry[3].clone())
-                            .map_err(|_| bad("a fencing token that is not a number"))?;
-                        decode(
-                            &context,
-                            text(&entry[1])?,
-                            text(&entry[2])?,
-                            transitions,
-                            &text(&entry[4])?,
-                        )
-                        .map(Some)
-                    }
-                    Some(Ok(2)) if entry.len() == 2 => {
-                        let message = text(&entry[1])?;
-                        Err(bad(message.trim_start_matches("LEADER_INVALID ")))
-                    }
-                    _ => Err(bad("an answer this version does not know")),
-                }
-            })
-            .collect()
+            .collect();
+        match self.read(&scripts::GET_CHANGED, names, &args).await {
+            Ok(entries) => entries,
+            Err(err) if self.refused_by_cluster(&err) => self.locks.get_changed(names, known).await,
+            Err(err) => failed(names.len(), &err),
+        }
     }
 
     async fn renew_many(&self, renewals: &[Renewal]) -> Vec<Result<Observed, LockError>> {

@@ -52,6 +52,8 @@ pub struct OutageReport {
     pub recovery: Option<Duration>,
     /// Lines the follower logged during the outage, with its default log filter.
     pub log_lines: usize,
+    /// Those lines.
+    pub logged: Vec<String>,
 }
 
 impl OutageReport {
@@ -166,10 +168,10 @@ impl Replica {
         })
     }
 
-    /// Lines in its log so far.
-    fn log_lines(&self) -> usize {
+    /// Its log so far, by line.
+    fn log(&self) -> Vec<String> {
         std::fs::read_to_string(&self.log)
-            .map(|text| text.lines().count())
+            .map(|text| text.lines().map(str::to_owned).collect())
             .unwrap_or_default()
     }
 
@@ -241,7 +243,7 @@ pub async fn measure(
     }
     let _ = holder.child.kill().await;
     let began = Instant::now();
-    let lines_before = follower.log_lines();
+    let lines_before = follower.log().len();
     let first = follower.failed_attempts().await;
     let mut rates = Vec::new();
     let mut last = first;
@@ -253,7 +255,8 @@ pub async fn measure(
     }
     sleep(outage.saturating_sub(began.elapsed())).await;
     let failures = follower.failed_attempts().await - first;
-    let log_lines = follower.log_lines() - lines_before;
+    let logged: Vec<String> = follower.log().split_off(lines_before);
+    let log_lines = logged.len();
     let outage = began.elapsed();
 
     match &proxy {
@@ -270,6 +273,7 @@ pub async fn measure(
         failures,
         recovery,
         log_lines,
+        logged,
     })
 }
 

@@ -14,8 +14,8 @@ use super::{LockFactory, unique};
 use crate::background::{LEASE, RENEW, RETRY};
 use crate::record::Version;
 use crate::{
-    CancellationToken, LockError, LockSet, Renewal, ResourceLock, Shards, ShardsError, ShardsState,
-    member_key, roster_key, shard_key,
+    CancellationToken, Known, LockError, LockSet, Renewal, Reread, ResourceLock, Shards,
+    ShardsError, ShardsState, member_key, roster_key, shard_key,
 };
 
 /// One interval of a shard's work on one member, as the work saw it.
@@ -325,7 +325,9 @@ pub async fn shard_protocol(factory: &dyn LockFactory) {
 }
 
 /// A backend's own [`LockSet`] ([`LockFactory::lock_set`]): a batch read answers for each key
-/// as its lock's `get` (absent keys included, in order), a batch renewal as each lock's
+/// as its lock's `get` (absent keys included, in order), and so does a read with the versions
+/// the reader holds, except that a record still at its version may be answered unchanged; a
+/// batch renewal as each lock's
 /// `renew` (a stale version, or a record another holder took, a conflict that leaves the
 /// others renewed), and what it wrote is what the locks then read.
 pub async fn batches_answer_as_their_locks(factory: &dyn LockFactory) {
@@ -364,6 +366,44 @@ pub async fn batches_answer_as_their_locks(factory: &dyn LockFactory) {
         read[3].as_ref().expect("absent").is_none(),
         "an absent key reads as None"
     );
+
+    // Read again as a reader that holds: key 0 as created (unchanged), key 1 absent (it is
+    // not), key 2 as created (b took it since), key 3 absent (still).
+    let known = vec![
+        Known::Version(&stored[0].version),
+        Known::Absent,
+        Known::Version(&stored[2].version),
+        Known::Absent,
+    ];
+    let reread = set.get_changed(&keys, &known).await;
+    assert_eq!(reread.len(), keys.len(), "one answer per key");
+    for (i, (answer, single)) in reread.iter().zip(&read).enumerate() {
+        let single = single.as_ref().expect("get_many");
+        match answer.as_ref().expect("get_changed") {
+            Reread::Same => assert!(
+                i == 0 || i == 3,
+                "get_changed of {} said unchanged, but it changed",
+                keys[i]
+            ),
+            Reread::Now(now) => assert_eq!(
+                now, single,
+                "get_changed of {} differs from its lock's get",
+                keys[i]
+            ),
+        }
+    }
+    // A reader that holds nothing is sent everything.
+    let fresh = set
+        .get_changed(&keys, &vec![Known::Nothing; keys.len()])
+        .await;
+    for (i, (answer, single)) in fresh.iter().zip(&read).enumerate() {
+        assert_eq!(
+            answer.as_ref().expect("get_changed"),
+            &Reread::Now(single.as_ref().expect("get_many").clone()),
+            "get_changed of {}, never read, differs from its lock's get",
+            keys[i]
+        );
+    }
 
     let renewal = |i: usize, version: Version| {
         let mut record = stored[i].record.clone();

@@ -86,6 +86,25 @@ pub trait LockSet: Send + Sync + fmt::Debug {
         .await
     }
 
+    /// Reads the records of `keys` for a reader that already holds `known[i]` of record `i`
+    /// (one entry per key): a record still as the reader holds it (at that version, or still
+    /// absent) may be answered [`Reread::Same`] instead of being sent and decoded again, so
+    /// that a read of many records that mostly did not change costs the store and the reader
+    /// little. Any other answer is [`get_many`](Self::get_many)'s. The default reads them all
+    /// with `get_many`.
+    async fn get_changed(
+        &self,
+        keys: &[String],
+        known: &[Known<'_>],
+    ) -> Vec<Result<Reread, LockError>> {
+        debug_assert_eq!(keys.len(), known.len(), "one known state per key");
+        self.get_many(keys)
+            .await
+            .into_iter()
+            .map(|answer| answer.map(Reread::Now))
+            .collect()
+    }
+
     /// Renews each record of `renewals` as its holder.
     async fn renew_many(&self, renewals: &[Renewal]) -> Vec<Result<Observed, LockError>> {
         join_all(renewals.iter().map(|renewal| {
@@ -94,6 +113,26 @@ pub trait LockSet: Send + Sync + fmt::Debug {
         }))
         .await
     }
+}
+
+/// What a reader holds of a record, for [`LockSet::get_changed`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Known<'a> {
+    /// Nothing: the record was never read.
+    Nothing,
+    /// The record was absent when last read.
+    Absent,
+    /// The record at this version.
+    Version(&'a Version),
+}
+
+/// One answer of [`LockSet::get_changed`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reread {
+    /// The record is still as the reader holds it: at its version, or absent.
+    Same,
+    /// The record as it is now, or `None` when there is none.
+    Now(Option<Observed>),
 }
 
 type MakeLock = dyn Fn(&str, &str) -> Arc<dyn ResourceLock> + Send + Sync;
@@ -179,6 +218,13 @@ macro_rules! forward_set {
             }
             async fn get_many(&self, keys: &[String]) -> Vec<Result<Option<Observed>, LockError>> {
                 (**self).get_many(keys).await
+            }
+            async fn get_changed(
+                &self,
+                keys: &[String],
+                known: &[Known<'_>],
+            ) -> Vec<Result<Reread, LockError>> {
+                (**self).get_changed(keys, known).await
             }
             async fn renew_many(&self, renewals: &[Renewal]) -> Vec<Result<Observed, LockError>> {
                 (**self).renew_many(renewals).await

@@ -10,7 +10,9 @@
 //!
 //! Each member renews its member record and all its shards in one batch per retry period
 //! ([`LockSet::renew_many`]) and reads the roster, the member records and the shards in
-//! another ([`LockSet::get_many`]); once a read finds the set balanced and nothing to do, the
+//! another ([`LockSet::get_changed`], passing the version it last read of each shard, so that
+//! a store whose renewals keep the version sends only what changed); once a read finds the
+//! set balanced and nothing to do, the
 //! member reads the shards only once per half a lease, or as soon as the live members or its
 //! own shards change. From what it reads it computes every member's fair share
 //! (the shard count divided by the live members, one more for some), the same on every member:
@@ -41,7 +43,7 @@ use crate::error::ConfigError;
 use crate::leadership::{Leadership, StepDown};
 use crate::status::IdentityConflict;
 
-pub use locks::{KeyedLocks, LockSet, Renewal, common_prefix};
+pub use locks::{KeyedLocks, Known, LockSet, Renewal, Reread, common_prefix};
 
 /// The most shards a set may have.
 pub const MAX_SHARDS: u32 = 100_000;

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::assign::{affinity, gifts, shares};
-use super::locks::{LockSet, Renewal};
+use super::locks::{Known, LockSet, Renewal, Reread};
 use super::{
     COUNT_EXTENSION, Callbacks, ShardsConfig, ShardsError, ShardsState, member_key, roster_key,
     shard_key,
@@ -104,8 +104,8 @@ struct Claim {
 struct View {
     roster: Option<Observed>,
     members: HashMap<String, Option<Observed>>,
-    /// Every shard, on a full read.
-    shards: Option<Vec<Option<Observed>>>,
+    /// Whether every shard was read (into [`Runner::shard_records`]).
+    shards: bool,
 }
 
 pub(crate) struct Runner {
@@ -146,6 +146,11 @@ pub(crate) struct Runner {
     shard_prefix: String,
     /// What this member saw of each shard (of other records: `seen`).
     shard_seen: Vec<Option<Seen>>,
+    /// Each shard's record as the last read of every shard found it: a read passes their
+    /// versions, and the store need not send a record still at its version again.
+    shard_records: Vec<Option<Observed>>,
+    /// Whether each shard was read yet (an absent record is known only then).
+    shard_read: Vec<bool>,
     /// What a read asks for: the roster, the members it names, every shard; made again only
     /// when the roster's members change.
     read_keys: Vec<String>,
@@ -205,6 +210,10 @@ impl Runner {
             shard_seen: std::iter::repeat_with(|| None)
                 .take(shard_keys.len())
                 .collect(),
+            shard_records: std::iter::repeat_with(|| None)
+                .take(shard_keys.len())
+                .collect(),
+            shard_read: vec![false; shard_keys.len()],
             shard_keys,
             read_keys,
             owned_changed: true,
@@ -753,18 +762,53 @@ impl Runner {
     }
 
     /// Reads the roster, the member records it named last time and (`full`) every shard, in
-    /// one batch.
+    /// one batch; the shards with the versions last read, so that the store may answer those
+    /// unchanged without sending them ([`LockSet::get_changed`]).
     async fn read(&mut self, full: bool) -> Result<View, LockError> {
         let keys = std::mem::take(&mut self.read_keys);
+        if self.shard_records.len() != self.shard_keys.len() {
+            // A round dropped while it acted (see `act`) took them along: read them all again.
+            self.shard_records = std::iter::repeat_with(|| None)
+                .take(self.shard_keys.len())
+                .collect();
+            self.shard_read.fill(false);
+        }
+        let first_shard = 1 + self.roster_members.len();
         let asked = if full {
             &keys[..]
         } else {
-            &keys[..1 + self.roster_members.len()]
+            &keys[..first_shard]
         };
-        let results =
-            tokio::time::timeout(self.config.request_timeout, self.set.get_many(asked)).await;
+        let known: Vec<Known<'_>> = std::iter::repeat_n(Known::Nothing, first_shard)
+            .chain(
+                self.shard_records
+                    .iter()
+                    .zip(&self.shard_read)
+                    .map(|(record, &read)| match record {
+                        _ if !read => Known::Nothing,
+                        None => Known::Absent,
+                        Some(observed) => Known::Version(&observed.version),
+                    })
+                    .take(asked.len() - first_shard),
+            )
+            .collect();
+        let results = tokio::time::timeout(
+            self.config.request_timeout,
+            self.set.get_changed(asked, &known),
+        )
+        .await;
         let results = match results {
-            Ok(results) => results,
+            Ok(results) if results.len() == asked.len() => results,
+            Ok(_) => {
+                self.read_keys = keys;
+                return Err(LockError::unavailable(
+                    "shards",
+                    format!(
+                        "{}: a batch read answered another number of keys",
+                        self.set.describe()
+                    ),
+                ));
+            }
             Err(_) => {
                 self.read_keys = keys;
                 return Err(LockError::Timeout {
@@ -774,22 +818,46 @@ impl Runner {
                 });
             }
         };
-        let mut read = Vec::with_capacity(asked.len());
+        let mut head = Vec::with_capacity(first_shard);
         let mut failed = None;
-        let first_shard = 1 + self.roster_members.len();
         for (i, (key, result)) in asked.iter().zip(results).enumerate() {
-            match result {
-                Ok(observed) => {
-                    match i.checked_sub(first_shard) {
-                        // The shards come in order, after the roster and the members.
-                        Some(shard) => note(&mut self.shard_seen[shard], observed.as_ref()),
-                        None => self.observe(key, observed.as_ref()),
-                    }
-                    read.push(observed);
-                }
+            let answer = match result {
+                Ok(answer) => answer,
                 Err(err) => {
                     failed = Some(err);
                     break;
+                }
+            };
+            match i.checked_sub(first_shard) {
+                // The shards come in order, after the roster and the members.
+                Some(shard) => {
+                    if let Reread::Now(observed) = answer {
+                        self.shard_records[shard] = observed;
+                    }
+                    self.shard_read[shard] = true;
+                    note(
+                        &mut self.shard_seen[shard],
+                        self.shard_records[shard].as_ref(),
+                    );
+                }
+                None => {
+                    let observed = match answer {
+                        Reread::Now(observed) => observed,
+                        // Never asked with a version: a store that says so anyway is read
+                        // again next round.
+                        Reread::Same => {
+                            failed = Some(LockError::unavailable(
+                                "shards",
+                                format!(
+                                    "{}: {key} answered unchanged unasked",
+                                    self.set.describe()
+                                ),
+                            ));
+                            break;
+                        }
+                    };
+                    self.observe(key, observed.as_ref());
+                    head.push(observed);
                 }
             }
         }
@@ -797,18 +865,13 @@ impl Runner {
         if let Some(err) = failed {
             return Err(err);
         }
-        let mut read = read.into_iter();
-        let roster = read.next().flatten();
-        let members = self
-            .roster_members
-            .values()
-            .cloned()
-            .zip(read.by_ref())
-            .collect();
+        let mut head = head.into_iter();
+        let roster = head.next().flatten();
+        let members = self.roster_members.values().cloned().zip(head).collect();
         Ok(View {
             roster,
             members,
-            shards: full.then(|| read.collect()),
+            shards: full,
         })
     }
 
@@ -830,15 +893,16 @@ impl Runner {
             return Ok(());
         }
         self.reap_releases();
-        let Some(shards) = view.shards else {
+        if !view.shards {
             // A member that died is seen by its record (read every round); its shards' last
             // versions by the next full read, half a lease at most after its last renewal.
             if live != self.settled_live {
                 self.settled = false;
             }
             return Ok(());
-        };
-        let view_shards = shards;
+        }
+        // Out of `self` while this round acts on it (put back below; nothing returns early).
+        let view_shards = std::mem::take(&mut self.shard_records);
         let count = self.config.count;
         let mut owners: BTreeMap<String, Vec<u32>> =
             live.iter().map(|m| (m.clone(), Vec::new())).collect();
@@ -891,6 +955,7 @@ impl Runner {
             self.give(shard, Some(&to), StepDownReason::HandedOver);
         }
         self.take(room, &lapsed, &open, &view_shards).await;
+        self.shard_records = view_shards;
         Ok(())
     }
 
