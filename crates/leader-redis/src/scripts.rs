@@ -239,22 +239,14 @@ return {1, version, transitions, ARGV[2], record, -1}
 });
 
 /// `get` of many elections (a shard set's read): KEYS the hash, fence counter and extensions
-/// key of each, in threes. Returns one entry per election: `{0}` absent, `{1, version, holder,
+/// key of each, in threes; ARGV what the reader holds of each: a version, `-` (absent) or
+/// empty (nothing). Returns one entry per election: `{3}` for one still as held (after one
+/// `HGET`, or one `EXISTS` for an absent one), else `{0}` absent, `{1, version, holder,
 /// transitions, record}`, or `{2, error}` for one that cannot be read.
-pub(crate) static GET_MANY: LazyLock<LuaScript> = LazyLock::new(|| {
-    script(&format!(
-        r#"{READ_ENTRY}
-local out = {{}}
-for i = 1, #KEYS, 3 do
-  out[#out + 1] = read_entry(i)
-end
-return out
-"#
-    ))
-});
-
-/// The entry `get_many` answers for the election whose keys start at `KEYS[i]`.
-const READ_ENTRY: &str = r#"
+pub(crate) static GET_CHANGED: LazyLock<LuaScript> = LazyLock::new(|| {
+    script(
+        r#"
+-- The entry of an election whose keys start at KEYS[i], read in full.
 local function read_entry(i)
   local bad_fence = fence_error(KEYS[i + 1])
   if bad_fence then return {2, bad_fence} end
@@ -263,29 +255,21 @@ local function read_entry(i)
   if not cur then return {0} end
   return {1, cur.version, cur.holder, cur.transitions, cur.record}
 end
-"#;
 
-/// `get_many` for a reader that holds a version of each election: KEYS as for `get_many`,
-/// ARGV what is held of each: a version, `-` (absent) or empty (nothing). An election whose
-/// hash still holds that version is answered `{3}` (unchanged) after one `HGET`, one still
-/// absent after one `EXISTS`; the others as `get_many` answers.
-pub(crate) static GET_CHANGED: LazyLock<LuaScript> = LazyLock::new(|| {
-    script(&format!(
-        r#"{READ_ENTRY}
-local out = {{}}
+local out = {}
 for i = 1, #KEYS, 3 do
   local known = ARGV[(i + 2) / 3]
   local entry
   if known == '-' then
-    if redis.call('EXISTS', KEYS[i]) == 0 then entry = {{3}} end
+    if redis.call('EXISTS', KEYS[i]) == 0 then entry = {3} end
   elseif known ~= '' and redis.pcall('HGET', KEYS[i], 'version') == known then
-    entry = {{3}}
+    entry = {3}
   end
   out[#out + 1] = entry or read_entry(i)
 end
 return out
-"#
-    ))
+"#,
+    )
 });
 
 /// `renew` of many elections (a shard set's round): KEYS the hashes, ARGV the expected version

@@ -48,11 +48,10 @@ impl RedisLockSet {
         format!("{} shard set", self.store.inner.redacted)
     }
 
-    /// Runs a read script (`GET_MANY` or `GET_CHANGED`) over the elections `names`: one entry
-    /// per election, or the error of the whole batch.
+    /// Runs the read script over the elections `names`, with what is held of each in `args`:
+    /// one entry per election, or the error of the whole batch.
     async fn read(
         &self,
-        script: &scripts::LuaScript,
         names: &[String],
         args: &[&[u8]],
     ) -> Result<Vec<Result<Reread, LockError>>, LockError> {
@@ -65,7 +64,10 @@ impl RedisLockSet {
             .flat_map(|k| k[..3].iter().map(String::as_str))
             .collect();
         let entries: Vec<Vec<Value>> =
-            eval(&self.store, script, &batch, args, || self.context()).await?;
+            eval(&self.store, &scripts::GET_CHANGED, &batch, args, || {
+                self.context()
+            })
+            .await?;
         if entries.len() != names.len() {
             return Err(LockError::unavailable(
                 BACKEND,
@@ -148,21 +150,19 @@ impl LockSet for RedisLockSet {
         if self.per_key.load(Ordering::Relaxed) {
             return self.locks.get_many(names).await;
         }
-        match self.read(&scripts::GET_MANY, names, &[]).await {
-            Ok(entries) => entries
-                .into_iter()
-                .map(|entry| match entry {
-                    Ok(Reread::Now(observed)) => Ok(observed),
-                    Ok(Reread::Same) => Err(LockError::invalid_record(
-                        BACKEND,
-                        format!("{}: unchanged, though no version was given", self.context()),
-                    )),
-                    Err(err) => Err(err),
-                })
-                .collect(),
-            Err(err) if self.refused_by_cluster(&err) => self.locks.get_many(names).await,
-            Err(err) => failed(names.len(), &err),
-        }
+        // The changed-records read, holding nothing: every record is sent.
+        self.get_changed(names, &vec![Known::Nothing; names.len()])
+            .await
+            .into_iter()
+            .map(|entry| match entry {
+                Ok(Reread::Now(observed)) => Ok(observed),
+                Ok(Reread::Same) => Err(LockError::invalid_record(
+                    BACKEND,
+                    format!("{}: unchanged, though no version was given", self.context()),
+                )),
+                Err(err) => Err(err),
+            })
+            .collect()
     }
 
     /// One script: a record still at the version given is answered after a single `HGET` on
@@ -184,7 +184,7 @@ impl LockSet for RedisLockSet {
                 Known::Version(v) => v.as_str().as_bytes(),
             })
             .collect();
-        match self.read(&scripts::GET_CHANGED, names, &args).await {
+        match self.read(names, &args).await {
             Ok(entries) => entries,
             Err(err) if self.refused_by_cluster(&err) => self.locks.get_changed(names, known).await,
             Err(err) => failed(names.len(), &err),
