@@ -7,6 +7,7 @@
 
 use std::path::Path;
 use std::process::{ExitStatus, Stdio};
+use std::sync::Arc;
 use std::time::Duration;
 
 use leader_tests::{TermEvent as Event, now_ns as now, term_events as events};
@@ -98,14 +99,38 @@ async fn start_number(log: &Path, n: usize, within: Duration) -> Event {
     })
 }
 
+/// The jobs of a log that went without a `stop` line (SIGKILLed by their `leader` after the grace
+/// or by its watchdog), marked when seen gone, as the fault harness marks them: watched from
+/// before the first `leader` starts, until dropped.
+struct Gone {
+    marks: std::sync::Arc<std::sync::Mutex<leader_tests::harness::checker::Marks>>,
+    watcher: tokio::task::JoinHandle<()>,
+}
+
+impl Gone {
+    fn watch(log: &Path) -> Self {
+        let marks = std::sync::Arc::default();
+        let watcher =
+            leader_tests::harness::campaign::watch_commands(log.to_path_buf(), Arc::clone(&marks));
+        Self { marks, watcher }
+    }
+}
+
+impl Drop for Gone {
+    fn drop(&mut self) {
+        self.watcher.abort();
+    }
+}
+
 /// Exactly one job at a time, by the fault harness's checker: each start comes after the
-/// previous job stopped (or, for a job whose `leader` was killed, after that kill), and fencing
-/// tokens grow. The last job may still run.
-fn assert_one_at_a_time(log: &Path, killed: &[(String, i128)]) {
+/// previous job stopped (or, for a job whose `leader` was killed, after that kill; for a job
+/// that went without a `stop` line, after `gone` saw it gone), and fencing tokens grow. The
+/// last job may still run.
+fn assert_one_at_a_time(log: &Path, killed: &[(String, i128)], gone: &Gone) {
     use leader_tests::harness::checker::{self, Marks};
     let events = events(log);
     // A kill ends the term its identity last started before it.
-    let killed: Marks = killed
+    let mut ends: Marks = killed
         .iter()
         .filter_map(|(identity, at)| {
             let term = events
@@ -115,7 +140,16 @@ fn assert_one_at_a_time(log: &Path, killed: &[(String, i128)]) {
             Some(((identity.clone(), term.token), *at))
         })
         .collect();
-    let mut terms = checker::terms(&events, &killed, &Marks::new());
+    let seen_gone = gone
+        .marks
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    for (term, at) in seen_gone {
+        let end = ends.entry(term).or_insert(at);
+        *end = (*end).min(at);
+    }
+    let mut terms = checker::terms(&events, &ends, &Marks::new());
     if let Some(last) = terms.last_mut() {
         last.end.get_or_insert_with(now);
     }
@@ -140,6 +174,7 @@ async fn handovers(lock: &str) {
 async fn handovers_within(lock: &str, handover_bound: Duration, failover_bound: Duration) {
     let dir = tempfile::tempdir().expect("tempdir");
     let log = dir.path().join("jobs.log");
+    let gone = Gone::watch(&log);
     let name = format!("e2e-{:08x}", std::process::id() ^ (now() as u32));
     let identities = ["one", "two", "three"];
     let mut leaders: Vec<Child> = identities
@@ -193,7 +228,7 @@ async fn handovers_within(lock: &str, handover_bound: Duration, failover_bound: 
             let _ = timeout(Duration::from_secs(10), child.wait()).await;
         }
     }
-    assert_one_at_a_time(&log, &[(second.identity.clone(), killed_at)]);
+    assert_one_at_a_time(&log, &[(second.identity.clone(), killed_at)], &gone);
     assert!(first.token < second.token && second.token < third.token);
 }
 
@@ -291,6 +326,7 @@ async fn object_store_lock_one_job_at_a_time_and_handovers() {
 async fn kubernetes_coordinated_rolling_upgrade() {
     let dir = tempfile::tempdir().expect("tempdir");
     let log = dir.path().join("jobs.log");
+    let gone = Gone::watch(&log);
     let (_server, kubeconfig) =
         kube_api_server(dir.path(), &["--coordinated-leader-election"]).await;
     let start = |lock: &str, identity: &str| {
@@ -340,7 +376,7 @@ async fn kubernetes_coordinated_rolling_upgrade() {
         let _ = kill(pid(child), Signal::SIGTERM);
         let _ = timeout(Duration::from_secs(10), child.wait()).await;
     }
-    assert_one_at_a_time(&log, &[]);
+    assert_one_at_a_time(&log, &[], &gone);
     eprintln!("jobs: {:?}", events(&log));
 }
 
@@ -384,6 +420,7 @@ async fn planned_handovers_in(lock: &str, env: &[(&str, &str)]) -> Vec<Duration>
     let handover = |lock, name, args| handover_in(lock, name, args, env);
     let dir = tempfile::tempdir().expect("tempdir");
     let log = dir.path().join("jobs.log");
+    let gone = Gone::watch(&log);
     let name = format!("planned-{:08x}", std::process::id() ^ (now() as u32));
     let identities = ["one", "two", "three"];
     assert_eq!(
@@ -460,7 +497,7 @@ async fn planned_handovers_in(lock: &str, env: &[(&str, &str)]) -> Vec<Duration>
             let _ = timeout(Duration::from_secs(10), child.wait()).await;
         }
     }
-    assert_one_at_a_time(&log, &[]);
+    assert_one_at_a_time(&log, &[], &gone);
     eprintln!("{lock}: from the handover request to the named replica's job: {took:?}");
     took
 }
@@ -1047,6 +1084,9 @@ async fn shards_split_and_move(lock: &str) {
     let name = format!("shards-{:08x}", fastrand::u32(..));
     let count = 6;
     let shards = ["--shards", "6"];
+    let gone: Vec<Gone> = (0..count)
+        .map(|shard| Gone::watch(&shard_log(&log, shard)))
+        .collect();
     let mut replicas: Vec<Child> = ["a", "b", "c"]
         .iter()
         .map(|id| leader_with(lock, &name, id, &log, &shards))
@@ -1097,8 +1137,12 @@ async fn shards_split_and_move(lock: &str) {
     let mut a = replicas.pop().expect("a");
     kill(pid(&a), Signal::SIGTERM).expect("SIGTERM");
     let _ = timeout(Duration::from_secs(20), a.wait()).await;
-    for shard in 0..count {
-        assert_one_at_a_time(&shard_log(&log, shard), &[("b".into(), killed)]);
+    for (shard, gone) in gone.iter().enumerate() {
+        assert_one_at_a_time(
+            &shard_log(&log, shard as u32),
+            &[("b".into(), killed)],
+            gone,
+        );
     }
 }
 

@@ -5,6 +5,7 @@ use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::process::{ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
@@ -75,10 +76,7 @@ impl Program {
             Some(id) => Some(Watchdog::start(Pid::from_raw(id.cast_signed()), backstop)?),
             None => None,
         };
-        Ok(Group {
-            child,
-            _watchdog: watchdog,
-        })
+        Ok(Group { child, watchdog })
     }
 }
 
@@ -109,19 +107,26 @@ impl Backstop {
 #[derive(Debug)]
 struct Watchdog {
     stop: Arc<(Mutex<bool>, Condvar)>,
+    /// Set before the watchdog kills the group.
+    killed: Arc<AtomicBool>,
 }
 
 impl Watchdog {
     fn start(group: Pid, backstop: Backstop) -> io::Result<Self> {
         let stop = Arc::new((Mutex::new(false), Condvar::new()));
-        let theirs = stop.clone();
+        let killed = Arc::new(AtomicBool::new(false));
+        let (theirs, kills) = (stop.clone(), killed.clone());
         // The group's leader as started: a number the kernel gave to another process since
         // (the supervisor reaped, the number reused) is never signalled.
         let leader = started_at(group);
         std::thread::Builder::new()
             .name("leader-watchdog".into())
-            .spawn(move || watch(group, leader, &backstop, &theirs))?;
-        Ok(Self { stop })
+            .spawn(move || watch(group, leader, &backstop, &theirs, &kills))?;
+        Ok(Self { stop, killed })
+    }
+
+    fn killed(&self) -> bool {
+        self.killed.load(Ordering::SeqCst)
     }
 }
 
@@ -140,7 +145,13 @@ fn started_at(pid: Pid) -> Option<u64> {
     stat.rsplit_once(") ")?.1.split(' ').nth(19)?.parse().ok()
 }
 
-fn watch(group: Pid, leader: Option<u64>, backstop: &Backstop, stop: &(Mutex<bool>, Condvar)) {
+fn watch(
+    group: Pid,
+    leader: Option<u64>,
+    backstop: &Backstop,
+    stop: &(Mutex<bool>, Condvar),
+    killed: &AtomicBool,
+) {
     let (stopped, wake) = stop;
     let mut stopped = stopped.lock().unwrap_or_else(|p| p.into_inner());
     loop {
@@ -155,6 +166,8 @@ fn watch(group: Pid, leader: Option<u64>, backstop: &Backstop, stop: &(Mutex<boo
                 // The supervisor is gone, and its group with it.
                 return;
             }
+            // Before the kill: whoever reaps the group must know it was not COMMAND's doing.
+            killed.store(true, Ordering::SeqCst);
             let _ = killpg(group, Signal::SIGKILL);
             eprintln!(
                 "leader: COMMAND still ran {:?} past its term's deadline (this process was stopped or stuck): killed its process group {group}",
@@ -177,19 +190,35 @@ fn watch(group: Pid, leader: Option<u64>, backstop: &Backstop, stop: &(Mutex<boo
 #[derive(Debug)]
 pub(crate) struct Group {
     child: Child,
-    _watchdog: Option<Watchdog>,
+    watchdog: Option<Watchdog>,
 }
 
-impl std::ops::Deref for Group {
-    type Target = Child;
-    fn deref(&self) -> &Child {
-        &self.child
+/// How a started COMMAND ended.
+#[derive(Debug)]
+pub(crate) enum Ended {
+    /// By itself (its own exit, or a signal `leader` did not send): its status.
+    Itself(ExitStatus),
+    /// Killed by the watchdog, past its term's deadline: the term is over (this process was
+    /// stopped or stuck), which is no exit of COMMAND's own to report.
+    PastDeadline,
+}
+
+impl Group {
+    /// The supervisor's process id (its group's), until it has been reaped.
+    pub(crate) fn id(&self) -> Option<u32> {
+        self.child.id()
     }
-}
 
-impl std::ops::DerefMut for Group {
-    fn deref_mut(&mut self) -> &mut Child {
-        &mut self.child
+    /// Waits until COMMAND's supervisor has ended, and says how. This, not the process
+    /// handle's own `wait`, is how a term learns that COMMAND ended: a kill by the watchdog
+    /// shows in the status as a SIGKILL, which read as COMMAND's own end would make `leader`
+    /// exit with 137 where it should go on as a follower.
+    pub(crate) async fn wait(&mut self) -> io::Result<Ended> {
+        let status = self.child.wait().await?;
+        Ok(match &self.watchdog {
+            Some(watchdog) if watchdog.killed() => Ended::PastDeadline,
+            _ => Ended::Itself(status),
+        })
     }
 }
 
@@ -325,7 +354,8 @@ fn inherit(command: &mut Command, fd: RawFd) {
 
 /// Stops the child's whole process group: SIGTERM, then SIGKILL after `grace`; returns once the
 /// child has been reaped.
-pub(crate) async fn terminate(child: &mut Child, grace: Duration) -> io::Result<ExitStatus> {
+pub(crate) async fn terminate(group: &mut Group, grace: Duration) -> io::Result<ExitStatus> {
+    let child = &mut group.child;
     if let Ok(Some(status)) = child.try_wait() {
         return Ok(status);
     }
@@ -400,7 +430,7 @@ mod tests {
             .kill_on_drop(true);
         let group = Group {
             child: command.spawn().expect("sh"),
-            _watchdog: None,
+            watchdog: None,
         };
         let started = tokio::time::Instant::now();
         let pid = loop {
@@ -502,6 +532,57 @@ mod tests {
         assert!(alive(pid.as_raw()), "a dropped watchdog killed");
         let _ = stopped.start_kill();
         let _ = stopped.wait().await;
+    }
+
+    /// A group the watchdog killed ends `PastDeadline`, never as an exit of COMMAND's own: read
+    /// as a SIGKILL of its own, `leader` exited with 137 after a freeze where it should have gone
+    /// on as a follower. A COMMAND that exits, or is killed by someone else, ends `Itself`.
+    #[tokio::test]
+    async fn a_kill_by_the_watchdog_is_not_an_exit_of_commands_own() {
+        let group_of = |command: &mut Command, deadline: std::time::Instant| {
+            let child = command
+                .process_group(0)
+                .kill_on_drop(true)
+                .spawn()
+                .expect("spawn");
+            let pid = Pid::from_raw(child.id().expect("pid").cast_signed());
+            let backstop = Backstop {
+                deadline: TermDeadline::new(deadline),
+                after: Duration::from_millis(50),
+            };
+            let watchdog = Watchdog::start(pid, backstop).expect("watchdog");
+            (
+                Group {
+                    child,
+                    watchdog: Some(watchdog),
+                },
+                pid,
+            )
+        };
+        let now = std::time::Instant::now();
+        let later = now + Duration::from_secs(300);
+
+        let (mut past, _) = group_of(Command::new("sleep").arg("300"), now);
+        let ended = tokio::time::timeout(Duration::from_secs(10), past.wait()).await;
+        assert!(
+            matches!(ended, Ok(Ok(Ended::PastDeadline))),
+            "killed by the watchdog: {ended:?}"
+        );
+
+        let (mut exits, _) = group_of(Command::new("sh").args(["-c", "exit 3"]), later);
+        let ended = exits.wait().await.expect("wait");
+        assert!(
+            matches!(&ended, Ended::Itself(status) if status.code() == Some(3)),
+            "{ended:?}"
+        );
+
+        let (mut killed, pid) = group_of(Command::new("sleep").arg("300"), later);
+        let _ = killpg(pid, Signal::SIGKILL);
+        let ended = killed.wait().await.expect("wait");
+        assert!(
+            matches!(&ended, Ended::Itself(status) if exit_code(*status) == 137),
+            "{ended:?}"
+        );
     }
 
     /// The delay leaves COMMAND its grace and ends half way to the end of the lease.

@@ -8,7 +8,7 @@ use leader::cron::{
 use leader_core::{CancellationToken, FileLock, Leadership};
 
 use crate::args::CronArgs;
-use crate::child::{self, Backstop};
+use crate::child::{self, Backstop, Ended};
 use crate::exit;
 use crate::open::fail;
 use crate::run::{Term, Work, elect};
@@ -124,8 +124,14 @@ async fn fire(
         }
     };
     tokio::select! {
-        status = running.wait() => {
-            let code = status.map_or(exit::FAILURE, child::exit_code);
+        ended = running.wait() => {
+            let code = match ended {
+                Ok(Ended::Itself(status)) => child::exit_code(status),
+                Ok(Ended::PastDeadline) => {
+                    return Err("killed: COMMAND still ran past its term's deadline".into());
+                }
+                Err(_) => exit::FAILURE,
+            };
             if code == exit::OK {
                 Ok(())
             } else {

@@ -11,7 +11,7 @@ use leader_core::{
 use tokio::sync::watch;
 
 use crate::args::{ElectionArgs, RunArgs};
-use crate::child::{self, Backstop, Program};
+use crate::child::{self, Backstop, Ended, Program};
 use crate::exit;
 use crate::label;
 use crate::open::{fail, open_lock};
@@ -210,12 +210,21 @@ impl Term {
         };
         tracing::info!(fencing_token = token, pid = child.id(), "COMMAND started");
         tokio::select! {
-            status = child.wait() => {
-                let code = status.map_or(exit::FAILURE, child::exit_code);
-                tracing::info!(code, "COMMAND exited by itself: releasing the lease");
-                self.outcome.set_once(code);
-                self.shutdown.cancel();
-            }
+            ended = child.wait() => match ended {
+                Ok(Ended::PastDeadline) => {
+                    // The term is over; the elector steps down at its own deadline.
+                    leadership.lost().await;
+                }
+                ended => {
+                    let code = match ended {
+                        Ok(Ended::Itself(status)) => child::exit_code(status),
+                        _ => exit::FAILURE,
+                    };
+                    tracing::info!(code, "COMMAND exited by itself: releasing the lease");
+                    self.outcome.set_once(code);
+                    self.shutdown.cancel();
+                }
+            },
             () = leadership.lost() => {
                 let status = child::terminate(&mut child, self.grace).await;
                 tracing::info!(?status, "COMMAND stopped");

@@ -10,7 +10,7 @@ use std::time::Duration;
 use leader_core::{CancellationToken, Leadership, Shards, ShardsError, Timings};
 
 use crate::args::ElectionArgs;
-use crate::child::{self, Backstop, Program};
+use crate::child::{self, Backstop, Ended, Program};
 use crate::exit;
 use crate::open::{code_for, fail};
 use crate::run::{command_grace, identity_and_timings, wait_for_signal};
@@ -122,11 +122,17 @@ async fn per_shard(
         "COMMAND started for the shard"
     );
     tokio::select! {
-        status = process.wait() => {
-            let code = status.map_or(exit::FAILURE, child::exit_code);
-            tracing::warn!(shard, code, "COMMAND exited by itself: giving the shard up");
-            let _ = term.step_down();
-        }
+        ended = process.wait() => match ended {
+            Ok(Ended::PastDeadline) => term.lost().await,
+            ended => {
+                let code = match ended {
+                    Ok(Ended::Itself(status)) => child::exit_code(status),
+                    _ => exit::FAILURE,
+                };
+                tracing::warn!(shard, code, "COMMAND exited by itself: giving the shard up");
+                let _ = term.step_down();
+            }
+        },
         () = term.lost() => {
             let status = child::terminate(&mut process, grace).await;
             tracing::info!(shard, ?status, "COMMAND stopped: the shard's term ended");

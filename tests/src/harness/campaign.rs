@@ -487,10 +487,7 @@ fn process_stopped(pid: i32) -> bool {
 /// gone without a `stop` line (SIGKILLed by its `leader` after the grace, say) is marked in
 /// `gone` when it was seen gone, which is never earlier than it died. The log is read from
 /// where the last look ended.
-pub(crate) fn watch_commands(
-    log: PathBuf,
-    gone: Arc<StdMutex<Marks>>,
-) -> tokio::task::JoinHandle<()> {
+pub fn watch_commands(log: PathBuf, gone: Arc<StdMutex<Marks>>) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         use std::io::{Read, Seek, SeekFrom};
         let mut open: BTreeMap<(String, u64), i32> = BTreeMap::new();
