@@ -138,7 +138,11 @@ struct Member {
     state: watch::Receiver<ShardsState>,
 }
 
-fn join(backend: &Arc<Backend>, name: &str, count: u32, identity: &str) -> Member {
+/// How many shard terms ended, by reason, over all members: a set that does not settle shows
+/// why (terms lost to others, or ended by their deadline) on the benchmark's standard error.
+type Ends = Arc<Mutex<std::collections::BTreeMap<String, usize>>>;
+
+fn join(backend: &Arc<Backend>, name: &str, count: u32, identity: &str, ends: &Ends) -> Member {
     let counting = Arc::new(Counting {
         inner: backend.lock_set(name, identity),
         batched: Batched::of(backend),
@@ -150,6 +154,15 @@ fn join(backend: &Arc<Backend>, name: &str, count: u32, identity: &str) -> Membe
         .lease_duration(LEASE)
         .renew_deadline(RENEW)
         .retry_period(RETRY)
+        .on_shard_stopped({
+            let ends = ends.clone();
+            move |_, stop| {
+                let mut ends = ends
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                *ends.entry(format!("{:?}", stop.reason)).or_default() += 1;
+            }
+        })
         .build()
         .expect("valid shard set");
     let state = shards.subscribe();
@@ -217,8 +230,9 @@ async fn main() {
         }
         let backend = Arc::new(backend);
         let name = format!("shards-bench-{:08x}", fastrand::u32(..));
+        let ends = Ends::default();
         let mut set: Vec<Member> = (0..members)
-            .map(|i| join(&backend, &name, count, &format!("m{i}")))
+            .map(|i| join(&backend, &name, count, &format!("m{i}"), &ends))
             .collect();
         let started = until_balanced(&set, count, within).await;
         // A round for the set to settle, then the steady window.
@@ -235,12 +249,27 @@ async fn main() {
         let rounds = elapsed.as_secs_f64() / RETRY.as_secs_f64();
         let per_member = format!("{:.2}", requests as f64 / members as f64 / rounds);
         let cores = cpu.as_secs_f64() / elapsed.as_secs_f64();
-        set.push(join(&backend, &name, count, &format!("m{members}")));
+        let ended = |what: &str, set: &[Member]| {
+            let owned: Vec<usize> = set
+                .iter()
+                .map(|m| m.state.borrow().tokens().len())
+                .collect();
+            eprintln!(
+                "{}: {what}: owned {owned:?}, terms ended so far {:?}",
+                backend.name(),
+                ends.lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+            );
+        };
+        ended("start", &set);
+        set.push(join(&backend, &name, count, &format!("m{members}"), &ends));
         let joined = until_balanced(&set, count, within).await;
+        ended("join", &set);
         let leaving = set.remove(0);
         leaving.shutdown.cancel();
         let _ = leaving.task.await;
         let left = until_balanced(&set, count, within).await;
+        ended("leave", &set);
         println!(
             "| {} | {} | {per_member} | {cores:.3} | {} | {} | {} |",
             backend.name(),

@@ -212,7 +212,9 @@ impl Term {
         tokio::select! {
             ended = child.wait() => match ended {
                 Ok(Ended::PastDeadline) => {
-                    // The term is over; the elector steps down at its own deadline.
+                    // The term is over (the elector ends it at its own deadline); should it not
+                    // be yet, no term goes on without its COMMAND.
+                    let _ = leadership.step_down();
                     leadership.lost().await;
                 }
                 ended => {

@@ -123,7 +123,10 @@ async fn per_shard(
     );
     tokio::select! {
         ended = process.wait() => match ended {
-            Ok(Ended::PastDeadline) => term.lost().await,
+            Ok(Ended::PastDeadline) => {
+                let _ = term.step_down();
+                term.lost().await;
+            }
             ended => {
                 let code = match ended {
                     Ok(Ended::Itself(status)) => child::exit_code(status),

@@ -514,42 +514,6 @@ async fn a_shard_moves_only_once_its_work_has_stopped() {
     task.await.unwrap().unwrap();
 }
 
-/// Ten members of a thousand shards: one leaving and one joining each rebalance within a lease
-/// and a retry period (free shards are spread by rendezvous hashing, and a member that loses a
-/// race for one takes the next).
-#[tokio::test]
-async fn ten_members_rebalance_within_a_lease() {
-    tokio::time::pause();
-    let set = Set::new(Clock::Follower, 1000);
-    let mut members: Vec<Member> = (0..10).map(|i| set.join(&format!("m{i}"))).collect();
-    let balanced_now = |members: &[Member]| {
-        let refs: Vec<&Member> = members.iter().collect();
-        balanced_members(&refs, 1000)
-    };
-    until(Duration::from_secs(120), || balanced_now(&members))
-        .await
-        .expect("balanced");
-    let bound = TIMINGS.lease_duration + TIMINGS.retry_period;
-    members.remove(0).leave().await.expect("left");
-    let left = until(Duration::from_secs(60), || balanced_now(&members)).await;
-    assert!(left.is_some_and(|t| t <= bound), "after a leave: {left:?}");
-    members.push(set.join("m10"));
-    let joined = until(Duration::from_secs(60), || balanced_now(&members)).await;
-    assert!(
-        joined.is_some_and(|t| t <= bound),
-        "after a join: {joined:?}"
-    );
-    assert_eq!(
-        set.expired.load(Ordering::SeqCst),
-        0,
-        "terms ended by their deadline"
-    );
-    for m in members {
-        m.leave().await.expect("left");
-    }
-    set.log.check("ten members");
-}
-
 /// S9 for a shard set: a store down for ten leases. Every member's work stops within the renew
 /// deadline of the outage's start; while it lasts, each member's rounds back off to about one a
 /// lease (not one a retry period); once the store answers again, the members are balanced
@@ -620,4 +584,73 @@ async fn an_outage_stops_the_work_and_the_members_back_off() {
         m.leave().await.expect("left");
     }
     set.log.check("an outage");
+}
+
+/// Ten members of a thousand shards: one joining and one leaving each move exactly the share
+/// that changes hands (the newcomer's, the leaver's) and rebalance within a lease and a retry
+/// period (a leave within a lease: its shards are released), with no term ending by its
+/// deadline (free shards are spread by rendezvous hashing, and a member that loses a race for
+/// one takes the next).
+async fn ten_members_rebalance_within_a_lease(clock: Clock) {
+    tokio::time::pause();
+    let count = 1000;
+    let set = Set::new(clock, count);
+    let mut members: Vec<Member> = (0..10).map(|i| set.join(&format!("m{i}"))).collect();
+    let balanced_now = |members: &[Member]| {
+        let refs: Vec<&Member> = members.iter().collect();
+        balanced_members(&refs, count)
+    };
+    let sizes = |members: &[Member]| members.iter().map(|m| m.owned().len()).collect::<Vec<_>>();
+    until(Duration::from_secs(120), || balanced_now(&members))
+        .await
+        .expect("balanced at the start");
+
+    let before = set.log.moves();
+    members.push(set.join("m10"));
+    let took = until(Duration::from_secs(60), || balanced_now(&members))
+        .await
+        .unwrap_or_else(|| panic!("not balanced after the join: {:?}", sizes(&members)));
+    assert!(
+        took <= TIMINGS.lease_duration + TIMINGS.retry_period,
+        "rebalanced {took:?} after the join"
+    );
+    let newcomers = members[10].owned().len();
+    assert_eq!(
+        set.log.moves() - before,
+        newcomers,
+        "only the newcomer's share moved"
+    );
+
+    let before = set.log.moves();
+    let leaver = members.remove(3);
+    let given = leaver.owned().len();
+    leaver.leave().await.expect("left");
+    let took = until(Duration::from_secs(60), || balanced_now(&members))
+        .await
+        .unwrap_or_else(|| panic!("not balanced after the leave: {:?}", sizes(&members)));
+    assert!(
+        took < TIMINGS.lease_duration,
+        "rebalanced {took:?} after the leave"
+    );
+    assert_eq!(
+        set.log.moves() - before,
+        given,
+        "only the leaver's share moved"
+    );
+    let expired = set.expired.load(Ordering::SeqCst);
+    assert_eq!(expired, 0, "terms ended by their deadline");
+    for m in members {
+        m.leave().await.expect("left");
+    }
+    set.log.check("ten members");
+}
+
+#[tokio::test]
+async fn ten_members_rebalance_within_a_lease_on_the_followers_clock() {
+    ten_members_rebalance_within_a_lease(Clock::Follower).await;
+}
+
+#[tokio::test]
+async fn ten_members_rebalance_within_a_lease_renewed_in_the_store() {
+    ten_members_rebalance_within_a_lease(Clock::InStore).await;
 }
