@@ -194,10 +194,11 @@ pub(crate) struct Group {
 }
 
 /// How a started COMMAND ended.
-#[derive(Debug)]
+#[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Ended {
-    /// By itself (its own exit, or a signal `leader` did not send): its status.
-    Itself(ExitStatus),
+    /// By itself (its own exit, or a signal `leader` did not send), with the exit code that
+    /// reports it ([`exit_code`]; [`exit::FAILURE`] if it could not be waited for).
+    Itself(u8),
     /// Killed by the watchdog, past its term's deadline: the term is over (this process was
     /// stopped or stuck), which is no exit of COMMAND's own to report.
     PastDeadline,
@@ -213,12 +214,12 @@ impl Group {
     /// handle's own `wait`, is how a term learns that COMMAND ended: a kill by the watchdog
     /// shows in the status as a SIGKILL, which read as COMMAND's own end would make `leader`
     /// exit with 137 where it should go on as a follower.
-    pub(crate) async fn wait(&mut self) -> io::Result<Ended> {
-        let status = self.child.wait().await?;
-        Ok(match &self.watchdog {
+    pub(crate) async fn wait(&mut self) -> Ended {
+        let status = self.child.wait().await;
+        match &self.watchdog {
             Some(watchdog) if watchdog.killed() => Ended::PastDeadline,
-            _ => Ended::Itself(status),
-        })
+            _ => Ended::Itself(status.map_or(exit::FAILURE, exit_code)),
+        }
     }
 }
 
@@ -564,25 +565,14 @@ mod tests {
 
         let (mut past, _) = group_of(Command::new("sleep").arg("300"), now);
         let ended = tokio::time::timeout(Duration::from_secs(10), past.wait()).await;
-        assert!(
-            matches!(ended, Ok(Ok(Ended::PastDeadline))),
-            "killed by the watchdog: {ended:?}"
-        );
+        assert_eq!(ended, Ok(Ended::PastDeadline), "killed by the watchdog");
 
         let (mut exits, _) = group_of(Command::new("sh").args(["-c", "exit 3"]), later);
-        let ended = exits.wait().await.expect("wait");
-        assert!(
-            matches!(&ended, Ended::Itself(status) if status.code() == Some(3)),
-            "{ended:?}"
-        );
+        assert_eq!(exits.wait().await, Ended::Itself(3));
 
         let (mut killed, pid) = group_of(Command::new("sleep").arg("300"), later);
         let _ = killpg(pid, Signal::SIGKILL);
-        let ended = killed.wait().await.expect("wait");
-        assert!(
-            matches!(&ended, Ended::Itself(status) if exit_code(*status) == 137),
-            "{ended:?}"
-        );
+        assert_eq!(killed.wait().await, Ended::Itself(137));
     }
 
     /// The delay leaves COMMAND its grace and ends half way to the end of the lease.

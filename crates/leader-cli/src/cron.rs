@@ -124,20 +124,13 @@ async fn fire(
         }
     };
     tokio::select! {
-        ended = running.wait() => {
-            let code = match ended {
-                Ok(Ended::Itself(status)) => child::exit_code(status),
-                Ok(Ended::PastDeadline) => {
-                    return Err("killed: COMMAND still ran past its term's deadline".into());
-                }
-                Err(_) => exit::FAILURE,
-            };
-            if code == exit::OK {
-                Ok(())
-            } else {
-                Err(format!("COMMAND exited with {code}").into())
+        ended = running.wait() => match ended {
+            Ended::Itself(exit::OK) => Ok(()),
+            Ended::Itself(code) => Err(format!("COMMAND exited with {code}").into()),
+            Ended::PastDeadline => {
+                Err("killed: COMMAND still ran past its term's deadline".into())
             }
-        }
+        },
         () = cancel.cancelled() => {
             let status = child::terminate(&mut running, term.grace).await;
             tracing::info!(?status, "COMMAND stopped: the term ended or a later firing replaced it");

@@ -211,17 +211,13 @@ impl Term {
         tracing::info!(fencing_token = token, pid = child.id(), "COMMAND started");
         tokio::select! {
             ended = child.wait() => match ended {
-                Ok(Ended::PastDeadline) => {
+                Ended::PastDeadline => {
                     // The term is over (the elector ends it at its own deadline); should it not
                     // be yet, no term goes on without its COMMAND.
                     let _ = leadership.step_down();
                     leadership.lost().await;
                 }
-                ended => {
-                    let code = match ended {
-                        Ok(Ended::Itself(status)) => child::exit_code(status),
-                        _ => exit::FAILURE,
-                    };
+                Ended::Itself(code) => {
                     tracing::info!(code, "COMMAND exited by itself: releasing the lease");
                     self.outcome.set_once(code);
                     self.shutdown.cancel();

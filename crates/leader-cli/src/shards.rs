@@ -123,15 +123,11 @@ async fn per_shard(
     );
     tokio::select! {
         ended = process.wait() => match ended {
-            Ok(Ended::PastDeadline) => {
+            Ended::PastDeadline => {
                 let _ = term.step_down();
                 term.lost().await;
             }
-            ended => {
-                let code = match ended {
-                    Ok(Ended::Itself(status)) => child::exit_code(status),
-                    _ => exit::FAILURE,
-                };
+            Ended::Itself(code) => {
                 tracing::warn!(shard, code, "COMMAND exited by itself: giving the shard up");
                 let _ = term.step_down();
             }
