@@ -197,11 +197,16 @@ async fn until_balanced(members: &[Member], count: u32, within: Duration) -> Opt
     None
 }
 
-fn spread(members: &[Member]) -> usize {
-    let owned: Vec<usize> = members
+/// How many shards each member owns.
+fn owned(members: &[Member]) -> Vec<usize> {
+    members
         .iter()
         .map(|m| m.state.borrow().tokens().len())
-        .collect();
+        .collect()
+}
+
+fn spread(members: &[Member]) -> usize {
+    let owned = owned(members);
     owned.iter().max().unwrap_or(&0) - owned.iter().min().unwrap_or(&0)
 }
 
@@ -250,13 +255,10 @@ async fn main() {
         let per_member = format!("{:.2}", requests as f64 / members as f64 / rounds);
         let cores = cpu.as_secs_f64() / elapsed.as_secs_f64();
         let ended = |what: &str, set: &[Member]| {
-            let owned: Vec<usize> = set
-                .iter()
-                .map(|m| m.state.borrow().tokens().len())
-                .collect();
             eprintln!(
-                "{}: {what}: owned {owned:?}, terms ended so far {:?}",
+                "{}: {what}: owned {:?}, terms ended so far {:?}",
                 backend.name(),
+                owned(set),
                 ends.lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner)
             );

@@ -103,13 +103,13 @@ async fn start_number(log: &Path, n: usize, within: Duration) -> Event {
 /// or by its watchdog), marked when seen gone, as the fault harness marks them: watched from
 /// before the first `leader` starts, until dropped.
 struct Gone {
-    marks: std::sync::Arc<std::sync::Mutex<leader_tests::harness::checker::Marks>>,
+    marks: Arc<std::sync::Mutex<leader_tests::harness::checker::Marks>>,
     watcher: tokio::task::JoinHandle<()>,
 }
 
 impl Gone {
     fn watch(log: &Path) -> Self {
-        let marks = std::sync::Arc::default();
+        let marks = Arc::default();
         let watcher =
             leader_tests::harness::campaign::watch_commands(log.to_path_buf(), Arc::clone(&marks));
         Self { marks, watcher }
@@ -130,7 +130,7 @@ fn assert_one_at_a_time(log: &Path, killed: &[(String, i128)], gone: &Gone) {
     use leader_tests::harness::checker::{self, Marks};
     let events = events(log);
     // A kill ends the term its identity last started before it.
-    let mut ends: Marks = killed
+    let killed: Marks = killed
         .iter()
         .filter_map(|(identity, at)| {
             let term = events
@@ -145,11 +145,7 @@ fn assert_one_at_a_time(log: &Path, killed: &[(String, i128)], gone: &Gone) {
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .clone();
-    for (term, at) in seen_gone {
-        let end = ends.entry(term).or_insert(at);
-        *end = (*end).min(at);
-    }
-    let mut terms = checker::terms(&events, &ends, &Marks::new());
+    let mut terms = checker::terms_seen(&events, &killed, &Marks::new(), &seen_gone);
     if let Some(last) = terms.last_mut() {
         last.end.get_or_insert_with(now);
     }
