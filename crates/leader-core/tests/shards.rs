@@ -34,6 +34,9 @@ enum Clock {
 
 struct Member {
     faults: Faults,
+    /// Faults of the requests on this member's shard records alone (not the roster's, nor the
+    /// member records').
+    shard_faults: Faults,
     shutdown: CancellationToken,
     task: JoinHandle<Result<(), ShardsError>>,
     state: watch::Receiver<ShardsState>,
@@ -75,8 +78,9 @@ impl Set {
     }
 
     fn join_with(&self, identity: &str, count: u32) -> Member {
-        let faults = Faults::new();
-        let (store, clock, handle) = (self.store.clone(), self.clock, faults.clone());
+        let (faults, shard_faults) = (Faults::new(), Faults::new());
+        let (store, clock) = (self.store.clone(), self.clock);
+        let (handle, shard_handle) = (faults.clone(), shard_faults.clone());
         let locks = KeyedLocks::new(identity, "memory", move |key, identity| {
             let lock = store.lock(key, identity);
             let lock = match clock {
@@ -84,6 +88,12 @@ impl Set {
                 Clock::Store => lock.with_store_clock(true),
                 Clock::InStore => lock.with_renewal_in_store(true),
             };
+            let inner = if key.starts_with("jobs-shard-") {
+                shard_handle.clone()
+            } else {
+                Faults::new()
+            };
+            let lock = FaultyLock::with_faults(lock, inner);
             Arc::new(FaultyLock::with_faults(lock, handle.clone()))
         });
         // Requests may hang up to the renew deadline: each term's own timer must end it.
@@ -105,6 +115,7 @@ impl Set {
         let task = tokio::spawn(shards.run_per_shard(shutdown.clone(), self.log.work(identity)));
         Member {
             faults,
+            shard_faults,
             shutdown,
             task,
             state,
@@ -323,6 +334,48 @@ async fn a_frozen_member_stops_in_time_on_the_followers_clock() {
 #[tokio::test]
 async fn a_frozen_member_stops_in_time_with_leases_renewed_in_the_store() {
     a_frozen_member_stops_in_time_and_comes_back_to_a_stale_view(Clock::InStore).await;
+}
+
+/// A member whose shard terms ended (its shard requests failed while its member
+/// record stayed alive) still counts those shards as its own; when a newcomer is there as the
+/// requests come back, it retakes them and hands the newcomer its share, never giving a shard
+/// it holds no term of.
+async fn lapsed_shards_are_retaken_then_shared(clock: Clock) {
+    tokio::time::pause();
+    let set = Set::new(clock, 6);
+    let a = set.join("a");
+    until(Duration::from_secs(30), || a.owned().len() == 6)
+        .await
+        .expect("a took every shard");
+    a.shard_faults
+        .fail_all(Some(leader_core::faults::Fault::Unavailable));
+    let b = set.join("b");
+    until(Duration::from_secs(30), || a.owned().is_empty())
+        .await
+        .expect("a's terms ended");
+    assert!(
+        b.owned().is_empty(),
+        "b took {:?} from a live member",
+        b.owned()
+    );
+    a.shard_faults.fail_all(None);
+    until(Duration::from_secs(30), || balanced_members(&[&a, &b], 6))
+        .await
+        .expect("balanced");
+    for m in [a, b] {
+        m.leave().await.expect("left");
+    }
+    set.log.check("lapsed shards");
+}
+
+#[tokio::test]
+async fn lapsed_shards_are_retaken_then_shared_on_the_followers_clock() {
+    lapsed_shards_are_retaken_then_shared(Clock::Follower).await;
+}
+
+#[tokio::test]
+async fn lapsed_shards_are_retaken_then_shared_with_leases_renewed_in_the_store() {
+    lapsed_shards_are_retaken_then_shared(Clock::InStore).await;
 }
 
 #[tokio::test]

@@ -937,9 +937,15 @@ impl Runner {
         let shares = shares(count, &counts);
         let counts = owners.values().map(Vec::len);
         self.imbalance = counts.clone().max().unwrap_or(0) - counts.min().unwrap_or(0);
-        let gifts = gifts(&self.me, &owners, &shares);
+        // Only a shard this member holds a term of can be handed over (its work stopped, then
+        // its record released to the receiver). A lapsed shard counts towards this member's
+        // surplus but is retaken first, and given in a later round if still surplus.
+        let mut gifts = gifts(&self.me, &owners, &shares);
+        gifts.retain(|(shard, _)| self.owned.contains_key(shard));
         let share = shares.get(&self.me).copied().unwrap_or(0);
-        let room = share.saturating_sub(self.owned.len() - gifts.len() + lapsed.len());
+        // Distinct shards, all owned: no more gifts than shards owned.
+        let kept = self.owned.len() - gifts.len() + lapsed.len();
+        let room = share.saturating_sub(kept);
         // Nothing to do, here or (as far as this read shows) anywhere: every shard owned by a
         // live member, within one of each other. Until the members or this member's shards
         // change, the next rounds read the roster and the members alone.
