@@ -4,9 +4,9 @@
 
 mod common;
 
-use chrono::Utc;
 use common::{ConsulApiServer, store};
-use leader_core::{Acquisition, LeaderElectionRecord, LockSet, Observed, Renewal, ResourceLock};
+use leader_core::conformance::renewals;
+use leader_core::{Acquisition, LeaderElectionRecord, LockSet, Observed, ResourceLock};
 
 const RECORDS: usize = 100;
 
@@ -16,21 +16,6 @@ fn desired(identity: &str) -> LeaderElectionRecord {
 
 fn txns(api: &ConsulApiServer) -> usize {
     api.requests().get("PUT /v1/txn").copied().unwrap_or(0)
-}
-
-fn renewals(taken: &[(String, Observed)]) -> Vec<Renewal> {
-    taken
-        .iter()
-        .map(|(key, observed)| {
-            let mut record = observed.record.clone();
-            record.renew_time = Utc::now();
-            Renewal {
-                key: key.clone(),
-                version: observed.version.clone(),
-                record,
-            }
-        })
-        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

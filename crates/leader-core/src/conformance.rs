@@ -99,6 +99,23 @@ fn now() -> DateTime<Utc> {
     Utc::now().trunc_subsecs(6)
 }
 
+/// The renewals, now, of records held as `taken` says (key, record as stored): what a shard
+/// set member's round sends to [`LockSet::renew_many`](crate::LockSet::renew_many).
+pub fn renewals(taken: &[(String, Observed)]) -> Vec<crate::Renewal> {
+    taken
+        .iter()
+        .map(|(key, observed)| {
+            let mut record = observed.record.clone();
+            record.renew_time = now();
+            crate::Renewal {
+                key: key.clone(),
+                version: observed.version.clone(),
+                record,
+            }
+        })
+        .collect()
+}
+
 /// A record held by `holder`, with a whole-second lease as every backend can store it.
 pub fn record(holder: &str, leader_transitions: u64) -> LeaderElectionRecord {
     let now = now();

@@ -9,6 +9,7 @@ mod members;
 mod queue;
 mod seen;
 mod set;
+mod shared;
 mod store;
 mod url;
 mod watch;

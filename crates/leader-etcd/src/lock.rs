@@ -15,12 +15,14 @@ use leader_core::{
     Acquisition, ChangeStream, LeaderElectionRecord, LockError, Observed, ResourceLock, Version,
 };
 use tokio::sync::Mutex;
+use tokio::time::Instant;
 
 use crate::error::{BACKEND, map};
 use crate::lease::{KeptLease, ttl};
 use crate::members::Members;
 use crate::queue::{Prepared, Successor};
 use crate::seen::{RecordSeen, Seen, Takeover};
+use crate::shared::SetShared;
 use crate::store::EtcdStore;
 use crate::watch::{TermWatch, changes};
 
@@ -42,6 +44,7 @@ impl EtcdStore {
             term: Arc::new(Mutex::new(None)),
             prepared: Arc::new(Mutex::new(None)),
             seen: Arc::new(SyncMutex::new(Seen::default())),
+            shared: None,
         }
     }
 }
@@ -94,10 +97,53 @@ pub struct EtcdLock {
     prepared: Arc<Mutex<Option<Prepared>>>,
     /// The key and the fence key as last read or reported by a watch.
     seen: Arc<SyncMutex<Seen>>,
+    /// For a record of a shard set: the etcd lease and the watch its member's records share
+    /// (no lease per term, no term watch, no candidates waiting).
+    shared: Option<Arc<SetShared>>,
+}
+
+/// The etcd lease a term's key is on.
+enum TermLease {
+    /// Its own, kept alive by the term.
+    Own(KeptLease),
+    /// Its shard set member's, kept alive once per round for all its records.
+    Shared(i64),
+}
+
+impl TermLease {
+    fn id(&self) -> i64 {
+        match self {
+            Self::Own(lease) => lease.id,
+            Self::Shared(id) => *id,
+        }
+    }
+
+    /// Revokes an own lease in the background; a shared one stays, for the other records.
+    fn revoke_later(&self, store: &EtcdStore) {
+        if let Self::Own(lease) = self {
+            lease.revoke_later(store);
+        }
+    }
+
+    /// One keep-alive: `true` if the lease (and so the key on it) is still alive.
+    async fn keep_alive(
+        &mut self,
+        store: &EtcdStore,
+        shared: Option<&SetShared>,
+    ) -> Result<bool, LockError> {
+        match (self, shared) {
+            (Self::Own(lease), _) => lease.keep_alive(store).await.map_err(|err| {
+                let context = format!("{} lease {}", store.inner.endpoints, lease.id);
+                map(&context, err)
+            }),
+            (Self::Shared(id), Some(shared)) => shared.keep_alive(*id).await,
+            (Self::Shared(_), None) => Ok(false),
+        }
+    }
 }
 
 struct Term {
-    lease: KeptLease,
+    lease: TermLease,
     token: u64,
     /// The revision of this term's last write of the record.
     written: i64,
@@ -105,14 +151,15 @@ struct Term {
     /// the next full renewal also succeeds if the key still holds exactly that, on this
     /// term's lease, which only that write can have left.
     unconfirmed: Option<Vec<u8>>,
-    /// What the term's watch of the key has seen.
-    watch: TermWatch,
+    /// What the term's watch of the key has seen (none for a shard set's record: its
+    /// member's set watch).
+    watch: Option<TermWatch>,
 }
 
 impl fmt::Debug for Term {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Term")
-            .field("lease", &self.lease.id)
+            .field("lease", &self.lease.id())
             .field("token", &self.token)
             .field("written", &self.written)
             .finish_non_exhaustive()
@@ -149,7 +196,13 @@ impl EtcdLock {
     /// The etcd lease of this lock's current term, if it holds one: what `etcdctl lease revoke`
     /// takes.
     pub async fn lease_id(&self) -> Option<i64> {
-        self.term.lock().await.as_ref().map(|t| t.lease.id)
+        self.term.lock().await.as_ref().map(|t| t.lease.id())
+    }
+
+    /// This lock as a record of a shard set whose member's records share `shared`.
+    pub(crate) fn in_set(mut self, shared: Arc<SetShared>) -> Self {
+        self.shared = Some(shared);
+        self
     }
 }
 
@@ -213,16 +266,20 @@ impl ResourceLock for EtcdLock {
                 .filter(|t| t.token == record.leader_transitions)
                 && unchanged
                 && current.written == expected
-                && current.watch.clean(expected)
+                && self.clean(current, expected)
             {
-                return match current.lease.keep_alive(&self.store).await {
+                return match current
+                    .lease
+                    .keep_alive(&self.store, self.shared.as_deref())
+                    .await
+                {
                     Ok(true) => Ok(Observed {
                         record: record.clone(),
                         version: version.clone(),
                     }),
                     // The lease is gone, and the key with it.
                     Ok(false) => Err(conflict()),
-                    Err(err) => Err(map(&self.context(), err)),
+                    Err(err) => Err(err),
                 };
             }
         }
@@ -236,6 +293,9 @@ impl ResourceLock for EtcdLock {
         &self,
         desired: &LeaderElectionRecord,
     ) -> Result<Option<Acquisition>, LockError> {
+        if let Some(shared) = &self.shared {
+            return self.try_acquire_in_set(shared, desired).await;
+        }
         let (mut prepared, due) = self.prepared_lease(desired).await?;
         if let Some(handed) = self.adopt(&mut prepared).await {
             return Ok(Some(handed));
@@ -260,24 +320,13 @@ impl ResourceLock for EtcdLock {
             }
         }
         for _ in 0..2 {
-            let Some(Takeover {
-                conditions,
-                wanted,
-                extensions,
-            }) = plan.take()
-            else {
+            let Some(takeover) = plan.take() else {
                 break;
             };
             let Some(ready) = prepared.as_mut() else {
                 return Err(conflict());
             };
-            let mut record = desired.clone();
-            record.leader_transitions = wanted;
-            record.extensions = extensions;
-            let txn = Txn::new()
-                .when(conditions)
-                .and_then(self.acquisition_ops(&record, ready.lease.id, wanted))
-                .or_else(self.gets());
+            let (txn, record, wanted) = self.takeover_txn(takeover, desired, ready.lease.id);
             // The lease granted in advance is kept alive in the same round trip: its TTL then
             // runs from after this attempt began, so it outlasts the elector's renew deadline
             // as a fresh lease would (S3).
@@ -297,14 +346,16 @@ impl ResourceLock for EtcdLock {
                     ));
                 }
                 let observed = self
-                    .begin_term(taken.lease, &record, revision_of(&response), wanted)
+                    .begin_term(
+                        TermLease::Own(taken.lease),
+                        &record,
+                        revision_of(&response),
+                        wanted,
+                    )
                     .await;
                 return Ok(Some(Acquisition::Acquired(observed)));
             }
-            // Lost: the transaction read both keys instead; decide again from them.
-            let (record, fence, kept) = split_gets(&response);
-            let current = self.decode(record, fence, kept)?;
-            match self.decide(current, desired) {
+            match self.decide_after(&response, desired)? {
                 Decision::Take(takeover) => plan = Some(takeover),
                 Decision::Held(held) => return Ok(Some(held)),
             }
@@ -379,6 +430,144 @@ impl EtcdLock {
 
     fn members(&self) -> &Members {
         &self.store.inner.members
+    }
+
+    /// Whether nobody else wrote the key after this term's write at `written`, as the term's
+    /// watch (or its shard set member's) reports.
+    fn clean(&self, term: &Term, written: i64) -> bool {
+        match (&term.watch, &self.shared) {
+            (Some(watch), _) => watch.clean(written),
+            (None, Some(shared)) => shared.clean(&self.key, written),
+            (None, None) => false,
+        }
+    }
+
+    /// An acquisition of a shard set's record on its member's shared lease: one transaction
+    /// when the key was last seen takeable (released, expired or absent), else a read first.
+    async fn try_acquire_in_set(
+        &self,
+        shared: &SetShared,
+        desired: &LeaderElectionRecord,
+    ) -> Result<Option<Acquisition>, LockError> {
+        let started = Instant::now();
+        let mut plan = self.takeover(desired);
+        if plan.is_none() {
+            match self.decide(self.read().await?, desired) {
+                Decision::Take(takeover) => plan = Some(takeover),
+                Decision::Held(held) => return Ok(Some(held)),
+            }
+        }
+        for _ in 0..2 {
+            let Some(takeover) = plan.take() else {
+                break;
+            };
+            // Confirmed alive since this attempt began: the term's deadline, counted from
+            // then, comes before the lease can run out (S3).
+            let lease = shared.lease_since(desired.lease_duration, started).await?;
+            let (txn, record, wanted) = self.takeover_txn(takeover, desired, lease);
+            let response = self.txn(txn).await?;
+            if response.succeeded() {
+                let observed = self
+                    .begin_term(
+                        TermLease::Shared(lease),
+                        &record,
+                        revision_of(&response),
+                        wanted,
+                    )
+                    .await;
+                return Ok(Some(Acquisition::Acquired(observed)));
+            }
+            match self.decide_after(&response, desired)? {
+                Decision::Take(takeover) => plan = Some(takeover),
+                Decision::Held(held) => return Ok(Some(held)),
+            }
+        }
+        Err(conflict())
+    }
+
+    /// The transaction of `takeover` by `desired` on `lease`, with the record it writes and
+    /// the token it asks for: the acquisition's writes if the keys are still as seen, else a
+    /// read of them.
+    fn takeover_txn(
+        &self,
+        takeover: Takeover,
+        desired: &LeaderElectionRecord,
+        lease: i64,
+    ) -> (Txn, LeaderElectionRecord, u64) {
+        let Takeover {
+            conditions,
+            wanted,
+            extensions,
+        } = takeover;
+        let mut record = desired.clone();
+        record.leader_transitions = wanted;
+        record.extensions = extensions;
+        let txn = Txn::new()
+            .when(conditions)
+            .and_then(self.acquisition_ops(&record, lease, wanted))
+            .or_else(self.gets());
+        (txn, record, wanted)
+    }
+
+    /// What to do after a takeover transaction lost: it read the keys instead; decide again
+    /// from them.
+    fn decide_after(
+        &self,
+        response: &TxnResponse,
+        desired: &LeaderElectionRecord,
+    ) -> Result<Decision, LockError> {
+        let (record, fence, kept) = split_gets(response);
+        let current = self.decode(record, fence, kept)?;
+        Ok(self.decide(current, desired))
+    }
+
+    /// A shard set's renewal of this record after its member's leases were kept alive once
+    /// for the round (`kept`, by lease): no request while the key is as this term wrote it,
+    /// a transaction that rewrites it otherwise, an acquisition for a term this lock does not
+    /// hold (as [`renew`](ResourceLock::renew)).
+    pub(crate) async fn renew_kept(
+        &self,
+        version: &Version,
+        record: &LeaderElectionRecord,
+        kept: &std::collections::HashMap<i64, Result<bool, LockError>>,
+    ) -> Result<Observed, LockError> {
+        let expected = parse_version(version)?;
+        let unchanged = matches!(
+            self.seen().record,
+            Some(RecordSeen::Present { mod_revision, .. }) if mod_revision <= expected
+        );
+        let held = {
+            let term = self.term.lock().await;
+            term.as_ref()
+                .filter(|t| t.token == record.leader_transitions)
+                .map(|t| {
+                    let clean = unchanged && t.written == expected && self.clean(t, expected);
+                    (t.lease.id(), clean)
+                })
+        };
+        let Some((lease, clean)) = held else {
+            return self.update(version, record).await;
+        };
+        let Some(alive) = kept.get(&lease) else {
+            // Not a lease kept alive this round (replaced since): the renewal of one record.
+            return self.renew(version, record).await;
+        };
+        match alive {
+            Err(err) => Err(err.duplicate()),
+            // The lease is gone, and the key with it.
+            Ok(false) => Err(conflict()),
+            Ok(true) if clean => Ok(Observed {
+                record: record.clone(),
+                version: version.clone(),
+            }),
+            Ok(true) => match self
+                .renew_with_record_kept(expected, record, Some(Ok(true)))
+                .await
+            {
+                Some(renewed) => renewed,
+                None => self.update(version, record).await,
+            },
+        }
     }
 
     fn seen(&self) -> std::sync::MutexGuard<'_, Seen> {
@@ -575,7 +764,7 @@ impl EtcdLock {
         let alive_since = taken.lease.alive_since;
         let wanted = record.leader_transitions;
         let observed = self
-            .begin_term(taken.lease, &record, mod_revision, wanted)
+            .begin_term(TermLease::Own(taken.lease), &record, mod_revision, wanted)
             .await;
         Some(Acquisition::Handed {
             observed,
@@ -643,18 +832,24 @@ impl EtcdLock {
     /// anyone else wrote it.
     async fn begin_term(
         &self,
-        lease: KeptLease,
+        lease: TermLease,
         record: &LeaderElectionRecord,
         revision: i64,
         wanted: u64,
     ) -> Observed {
         let token = token_of(wanted.to_string().as_bytes(), revision);
-        let watch = TermWatch::start(
-            self.store.clone(),
-            self.key.clone(),
-            self.candidates.clone(),
-            revision,
-        );
+        let watch = match &self.shared {
+            Some(shared) => {
+                shared.watch_from(revision);
+                None
+            }
+            None => Some(TermWatch::start(
+                self.store.clone(),
+                self.key.clone(),
+                self.candidates.clone(),
+                revision,
+            )),
+        };
         let stored = LeaderElectionRecord {
             leader_transitions: wanted,
             ..record.clone()
@@ -669,7 +864,7 @@ impl EtcdLock {
             });
             seen.record = Some(RecordSeen::Present {
                 mod_revision: revision,
-                lease: lease.id,
+                lease: lease.id(),
                 record: stored,
             });
         }
@@ -714,13 +909,23 @@ impl EtcdLock {
             ));
         }
         let record = &record;
-        let lease = KeptLease::grant(&self.store, record.lease_duration)
-            .await
-            .map_err(|err| map(&self.context(), err))?;
+        let lease = match &self.shared {
+            Some(shared) => TermLease::Shared(
+                shared
+                    .lease_since(record.lease_duration, Instant::now())
+                    .await?,
+            ),
+            None => TermLease::Own(
+                KeptLease::grant(&self.store, record.lease_duration)
+                    .await
+                    .map_err(|err| map(&self.context(), err))?,
+            ),
+        };
         let wanted = record.leader_transitions.max(1);
-        let txn = Txn::new()
-            .when(conditions)
-            .and_then(self.acquisition_ops(record, lease.id, wanted));
+        let txn =
+            Txn::new()
+                .when(conditions)
+                .and_then(self.acquisition_ops(record, lease.id(), wanted));
         match self.txn(txn).await {
             Ok(response) if response.succeeded() => Ok(self
                 .begin_term(lease, record, revision_of(&response), wanted)
@@ -740,11 +945,22 @@ impl EtcdLock {
         version: i64,
         record: &LeaderElectionRecord,
     ) -> Option<Result<Observed, LockError>> {
+        self.renew_with_record_kept(version, record, None).await
+    }
+
+    /// [`renew_with_record`](Self::renew_with_record), with the lease's keep-alive of this
+    /// round sent already when `kept` says how it went.
+    async fn renew_with_record_kept(
+        &self,
+        version: i64,
+        record: &LeaderElectionRecord,
+        kept: Option<Result<bool, LockError>>,
+    ) -> Option<Result<Observed, LockError>> {
         let mut term = self.term.lock().await;
         let current = term
             .as_mut()
             .filter(|t| t.token == record.leader_transitions)?;
-        let lease = current.lease.id;
+        let lease = current.lease.id();
         let json = record.to_json();
         let put = || {
             TxnOp::put(
@@ -770,7 +986,18 @@ impl EtcdLock {
                 .and_then([put(), self.extensions_op(record)]);
             txn = txn.or_else([TxnOp::txn(applied)]);
         }
-        let (kept, written) = tokio::join!(current.lease.keep_alive(&self.store), self.txn(txn));
+        let keep = async {
+            match kept {
+                Some(kept) => kept,
+                None => {
+                    current
+                        .lease
+                        .keep_alive(&self.store, self.shared.as_deref())
+                        .await
+                }
+            }
+        };
+        let (kept, written) = tokio::join!(keep, self.txn(txn));
         let succeeded = |response: &TxnResponse| {
             response.succeeded()
                 || response.op_responses().into_iter().any(|op| match op {
@@ -793,7 +1020,7 @@ impl EtcdLock {
                     version: Version::from(current.written),
                 })
             }
-            (Err(err), Ok(_)) => Err(map(&self.context(), err)),
+            (Err(err), Ok(_)) => Err(err),
             _ => Err(conflict()),
         };
         Some(result)
@@ -888,8 +1115,9 @@ impl EtcdLock {
     /// may not have reached the watch yet, and registrations arrive in order, so a watch that
     /// knows of one knows of every earlier one.
     async fn successor(&self, term: &Term, record: &LeaderElectionRecord) -> Option<Successor> {
-        let known = term
-            .watch
+        // A shard set's members take what is released by reading the set.
+        let watch = term.watch.as_ref()?;
+        let known = watch
             .waiting()
             .filter(|w| w.iter().any(|c| c.identity != self.identity));
         let waiting = match known {

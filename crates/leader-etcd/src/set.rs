@@ -1,32 +1,55 @@
-//! A shard set's records on etcd: one range read finds them all.
+//! A shard set's records on etcd: one range read finds them all, and a member's records
+//! share one etcd lease, kept alive by one keep-alive per round.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use etcd_client::GetOptions;
-use leader_core::{LockError, LockSet, Observed, ResourceLock, async_trait, common_prefix};
+use futures_util::future::join_all;
+use leader_core::{
+    LockError, LockSet, Observed, Renewal, ResourceLock, async_trait, common_prefix,
+};
 
 use crate::error::map;
 use crate::lock::EtcdLock;
+use crate::shared::SetShared;
 use crate::store::EtcdStore;
 
-/// The records of a shard set on etcd ([`EtcdStore::lock_set`]): an [`EtcdLock`] per key.
-/// [`get_many`](LockSet::get_many) is one range read over the set's keys (every key of a set
-/// begins with its name and a dash), whatever the number of records; renewals stay one
-/// keep-alive per record for now, each on the record's own etcd lease.
+/// The records of a shard set on etcd ([`EtcdStore::lock_set`]): an [`EtcdLock`] per key, whose
+/// cost does not grow with the number of records a member holds.
+///
+/// - [`get_many`](LockSet::get_many) is one range read over the set's keys (every key of a
+///   set begins with its name and a dash), whatever the number of records.
+/// - Every record this member takes goes on one etcd lease of the member's (granted at its
+///   first acquisition, or again once it ran out), not on a lease of its own: when the member
+///   dies, etcd expires the lease and all its records with it, on etcd's clock. An acquisition
+///   uses the lease only once a keep-alive sent after the acquisition began confirmed it
+///   (acquisitions at once share that keep-alive), so that the lease outlasts the term's
+///   renew deadline.
+/// - [`renew_many`](LockSet::renew_many) is one keep-alive of that lease, whatever the number
+///   of records: a record is renewed by it alone while one watch of the set's keys (the
+///   member's, one stream) has seen no write of it since this member's; otherwise (after
+///   someone else's write, or while that watch does not run) by a transaction that rewrites
+///   it only if its version and its lease are still this term's, as a single lock's full
+///   renewal.
+/// - No waiting candidates: members take what is released or expired by reading the set, and
+///   a release names its receiver in the record.
 #[derive(Clone, Debug)]
 pub struct EtcdLockSet {
     store: EtcdStore,
     identity: String,
+    shared: Arc<SetShared>,
     locks: Arc<Mutex<HashMap<String, Arc<EtcdLock>>>>,
 }
 
 impl EtcdStore {
-    /// The records of a shard set, as member `identity`.
-    pub fn lock_set(&self, identity: impl Into<String>) -> EtcdLockSet {
+    /// The records of shard set `name`, as member `identity`.
+    pub fn lock_set(&self, name: &str, identity: impl Into<String>) -> EtcdLockSet {
+        let prefix = format!("{}{name}-", self.inner.prefix);
         EtcdLockSet {
             store: self.clone(),
             identity: identity.into(),
+            shared: Arc::new(SetShared::new(self.clone(), prefix)),
             locks: Arc::default(),
         }
     }
@@ -37,7 +60,10 @@ impl EtcdLockSet {
         let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
         locks
             .entry(key.to_owned())
-            .or_insert_with(|| Arc::new(self.store.lock(key, self.identity.clone())))
+            .or_insert_with(|| {
+                let lock = self.store.lock(key, self.identity.clone());
+                Arc::new(lock.in_set(self.shared.clone()))
+            })
             .clone()
     }
 }
@@ -85,5 +111,23 @@ impl LockSet for EtcdLockSet {
         keys.iter()
             .map(|key| self.etcd_lock(key).absorb(&found))
             .collect()
+    }
+
+    /// One keep-alive of this member's lease, then each record: answered by it alone while
+    /// the set's watch saw nobody else write the record, else a transaction of its own.
+    async fn renew_many(&self, renewals: &[Renewal]) -> Vec<Result<Observed, LockError>> {
+        if renewals.is_empty() {
+            return Vec::new();
+        }
+        let kept = self.shared.keep_all_alive().await;
+        join_all(renewals.iter().map(|renewal| {
+            let lock = self.etcd_lock(&renewal.key);
+            let kept = &kept;
+            async move {
+                lock.renew_kept(&renewal.version, &renewal.record, kept)
+                    .await
+            }
+        }))
+        .await
     }
 }

@@ -139,9 +139,12 @@ impl LockTarget for LockUrl {
         Ok(Box::new(self.store().build().await?.lock(name, identity)))
     }
 
-    /// A key per record, on one client; the set read in one range request.
-    async fn open_set(&self, _name: &str, identity: &str) -> Result<Box<dyn LockSet>, LockError> {
-        Ok(Box::new(self.store().build().await?.lock_set(identity)))
+    /// A key per record, on one client; the set read in one range request, a member's records
+    /// on one etcd lease.
+    async fn open_set(&self, name: &str, identity: &str) -> Result<Box<dyn LockSet>, LockError> {
+        Ok(Box::new(
+            self.store().build().await?.lock_set(name, identity),
+        ))
     }
 }
 

@@ -5,7 +5,9 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use etcd_client::{Client, Event, EventType, GetOptions, GetResponse, WatchOptions, WatchStream};
+use etcd_client::{
+    Client, Event, EventType, GetOptions, GetResponse, WatchOptions, WatchResponse, WatchStream,
+};
 use futures_util::StreamExt;
 use leader_core::{ChangeStream, LeaderElectionRecord};
 
@@ -63,7 +65,7 @@ impl TermWatch {
                     match outcome {
                         // The revisions it needs are compacted away: what they did to the key
                         // is in its last write, read now; the watch goes on after that read.
-                        Ended::Compacted => {
+                        Ended::Compacted(_) => {
                             match members
                                 .call(true, |mut client| {
                                     let key = key.clone();
@@ -117,14 +119,50 @@ impl Drop for TermWatch {
     }
 }
 
-/// How a term watch on one member ended.
-enum Ended {
+/// How a watch on one member ended.
+pub(crate) enum Ended {
     /// The stream failed or ended.
     Failed,
     /// The store moved to another member.
     Moved,
-    /// The watch's start revision was compacted.
-    Compacted,
+    /// The revisions it needed were compacted: the oldest one left.
+    Compacted(i64),
+}
+
+/// The next message of a watch on one member, or how the watch ended: every half second (on
+/// `check`) it gives up when `moved` says the store talks to another member now, so that a
+/// silent stream on a frozen member is not waited on.
+pub(crate) async fn next_message(
+    stream: &mut WatchStream,
+    check: &mut tokio::time::Interval,
+    moved: &impl Fn() -> bool,
+) -> Result<WatchResponse, Ended> {
+    loop {
+        let message = tokio::select! {
+            message = stream.message() => message,
+            _ = check.tick() => {
+                if moved() {
+                    return Err(Ended::Moved);
+                }
+                continue;
+            }
+        };
+        let Ok(Some(message)) = message else {
+            return Err(Ended::Failed);
+        };
+        if message.compact_revision() > 0 {
+            return Err(Ended::Compacted(message.compact_revision()));
+        }
+        if message.canceled() {
+            return Err(Ended::Failed);
+        }
+        return Ok(message);
+    }
+}
+
+/// A half-second timer for [`next_message`].
+pub(crate) fn member_check() -> tokio::time::Interval {
+    tokio::time::interval(std::time::Duration::from_millis(500))
 }
 
 type Shared<'a> = (
@@ -164,26 +202,12 @@ async fn watch_term(
             *waiting.lock().unwrap_or_else(|e| e.into_inner()) = Some(known(&read));
         }
     }
-    let mut check = tokio::time::interval(std::time::Duration::from_millis(500));
+    let mut check = member_check();
     loop {
-        let message = tokio::select! {
-            message = stream.message() => message,
-            _ = check.tick() => {
-                if moved() {
-                    return Ended::Moved;
-                }
-                continue;
-            }
+        let message = match next_message(&mut stream, &mut check, &moved).await {
+            Ok(message) => message,
+            Err(ended) => return ended,
         };
-        let Ok(Some(message)) = message else {
-            return Ended::Failed;
-        };
-        if message.compact_revision() > 0 {
-            return Ended::Compacted;
-        }
-        if message.canceled() {
-            return Ended::Failed;
-        }
         for event in message.events() {
             let Some(kv) = event.kv() else { continue };
             if kv.key() == key.as_bytes() {

@@ -161,7 +161,7 @@ impl Backend {
             Self::Postgres(store) => Box::new(store.lock_set(identity)),
             Self::Mysql(store) => Box::new(store.lock_set(identity)),
             Self::Redis(store) => Box::new(store.lock_set(identity)),
-            Self::Etcd(store) => Box::new(store.lock_set(identity)),
+            Self::Etcd(store) => Box::new(store.lock_set(name, identity)),
             Self::Consul(_, store) => {
                 Box::new(store.lock_set(name, identity).expect("a valid name"))
             }

@@ -65,7 +65,7 @@ impl LockFactory for Factory {
     }
 
     async fn lock_set(&self, identity: &str) -> Option<Box<dyn leader_core::LockSet>> {
-        Some(Box::new(self.store.lock_set(identity)))
+        Some(Box::new(self.store.lock_set("conformance", identity)))
     }
 
     async fn corrupt(&self, name: &str) -> bool {

@@ -1,0 +1,180 @@
+//! A shard set's records on etcd: a member's records share one etcd lease, a round of renewals
+//! is one keep-alive whatever the number of records, a record someone else wrote is not renewed
+//! by it, and the records go with the lease when the member dies or the lease is revoked.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use leader_core::conformance::renewals;
+use leader_core::{Acquisition, LeaderElectionRecord, LockSet, Observed};
+use leader_etcd::{EtcdLockSet, EtcdStore};
+use tokio::time::{Instant, sleep};
+
+use common::{store, unique};
+
+const RECORDS: usize = 50;
+
+fn desired(identity: &str, lease: Duration) -> LeaderElectionRecord {
+    LeaderElectionRecord {
+        lease_duration: lease,
+        ..leader_core::conformance::record(identity, 0)
+    }
+}
+
+/// Takes every key of `keys` for the set's member.
+async fn take_all(
+    set: &EtcdLockSet,
+    keys: &[String],
+    identity: &str,
+    lease: Duration,
+) -> Vec<(String, Observed)> {
+    let mut taken = Vec::new();
+    for key in keys {
+        let acquired = set
+            .lock(key)
+            .try_acquire(&desired(identity, lease))
+            .await
+            .expect("try_acquire");
+        let Some(Acquisition::Acquired(observed)) = acquired else {
+            panic!("{key} not taken: {acquired:?}");
+        };
+        taken.push((key.clone(), observed));
+    }
+    taken
+}
+
+/// The etcd leases the keys are on, as etcd tells (0: on none; absent keys left out).
+async fn leases_of(store: &EtcdStore, keys: &[String]) -> Vec<i64> {
+    let mut client = store.client().await.expect("client");
+    let mut leases = Vec::new();
+    for key in keys {
+        let full = store.lock(key, "reader").key().to_owned();
+        let read = client.get(full, None).await.expect("get");
+        leases.extend(read.kvs().first().map(|kv| kv.lease()));
+    }
+    leases
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_members_records_share_one_lease_and_a_round_is_one_keep_alive() {
+    let Some(store) = store().await else { return };
+    let name = unique("jobs");
+    let set = store.lock_set(&name, "member-1");
+    let keys: Vec<String> = (0..RECORDS).map(|n| format!("{name}-shard-{n}")).collect();
+    let before = store.requests_sent();
+    let mut taken = take_all(&set, &keys, "member-1", Duration::from_secs(15)).await;
+    let taking = store.requests_sent() - before;
+    // Per record taken one after the other: a read (of a key not seen yet), a keep-alive of
+    // the member's lease (confirmed after the attempt began) and a transaction; and the grant.
+    assert!(
+        taking <= 3 * RECORDS as u64 + 2,
+        "{taking} requests to take {RECORDS} records"
+    );
+    let leases: BTreeSet<i64> = leases_of(&store, &keys).await.into_iter().collect();
+    assert_eq!(leases.len(), 1, "one lease for all: {leases:?}");
+    assert!(!leases.contains(&0), "the records are on a lease");
+
+    // The first round may find the set's watch not running yet (each record then rewritten);
+    // once it runs, a round is the lease's keep-alive alone.
+    let mut last_round = u64::MAX;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        let before = store.requests_sent();
+        let renewed = set.renew_many(&renewals(&taken)).await;
+        last_round = store.requests_sent() - before;
+        for ((key, held), renewed) in taken.iter_mut().zip(renewed) {
+            *held = renewed.unwrap_or_else(|err| panic!("{key} not renewed: {err}"));
+        }
+        if last_round == 1 {
+            break;
+        }
+        sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        last_round, 1,
+        "a round of {RECORDS} renewals in one keep-alive"
+    );
+    let still: BTreeSet<i64> = leases_of(&store, &keys).await.into_iter().collect();
+    assert_eq!(still, leases, "the records stay on the member's lease");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_someone_else_wrote_is_not_renewed_by_the_keep_alive() {
+    let Some(store) = store().await else { return };
+    let name = unique("jobs");
+    let set = store.lock_set(&name, "member-1");
+    let keys: Vec<String> = (0..4).map(|n| format!("{name}-shard-{n}")).collect();
+    let taken = take_all(&set, &keys, "member-1", Duration::from_secs(15)).await;
+    // The set's watch runs from the first acquisition on.
+    sleep(Duration::from_millis(300)).await;
+    // Record 2 overwritten behind the member's back (an operator, a stray process).
+    let other = store.lock(&keys[2], "member-2");
+    leader_core::ResourceLock::update(
+        &other,
+        &taken[2].1.version,
+        &desired("member-2", Duration::from_secs(15)),
+    )
+    .await
+    .expect("taken by member-2");
+    sleep(Duration::from_millis(300)).await;
+    let renewed = set.renew_many(&renewals(&taken)).await;
+    for (i, result) in renewed.iter().enumerate() {
+        if i == 2 {
+            assert!(
+                result
+                    .as_ref()
+                    .is_err_and(leader_core::LockError::is_conflict),
+                "record 2 renewed though member-2 wrote it: {result:?}"
+            );
+        } else {
+            assert!(result.is_ok(), "record {i} not renewed: {result:?}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_members_records_go_with_its_lease() {
+    let Some(store) = store().await else { return };
+    let name = unique("jobs");
+    let keys: Vec<String> = (0..10).map(|n| format!("{name}-shard-{n}")).collect();
+
+    // Revoked (`etcdctl lease revoke`): every record goes, every renewal is refused, and the
+    // member takes them again on a new lease.
+    let set = store.lock_set(&name, "member-1");
+    let taken = take_all(&set, &keys, "member-1", Duration::from_secs(15)).await;
+    let lease = leases_of(&store, &keys).await[0];
+    let mut client = store.client().await.expect("client");
+    client.lease_revoke(lease).await.expect("revoke");
+    assert!(
+        leases_of(&store, &keys).await.is_empty(),
+        "keys gone with the lease"
+    );
+    for result in set.renew_many(&renewals(&taken)).await {
+        assert!(
+            result
+                .as_ref()
+                .is_err_and(leader_core::LockError::is_conflict),
+            "renewed on a revoked lease: {result:?}"
+        );
+    }
+    take_all(&set, &keys, "member-1", Duration::from_secs(2)).await;
+    let again: BTreeSet<i64> = leases_of(&store, &keys).await.into_iter().collect();
+    assert_eq!(again.len(), 1, "taken again on one lease: {again:?}");
+    assert!(!again.contains(&lease), "not on the revoked lease");
+
+    // The member dies (its set dropped, nothing released): etcd expires its lease, 2 s, and
+    // every record with it; another member then takes them.
+    drop(set);
+    let died = Instant::now();
+    while !leases_of(&store, &keys).await.is_empty() {
+        assert!(
+            died.elapsed() < Duration::from_secs(10),
+            "the records outlived their member's lease"
+        );
+        sleep(Duration::from_millis(100)).await;
+    }
+    let other = store.lock_set(&name, "member-2");
+    take_all(&other, &keys, "member-2", Duration::from_secs(2)).await;
+}
