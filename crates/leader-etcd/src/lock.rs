@@ -452,9 +452,23 @@ impl EtcdLock {
         let started = Instant::now();
         let mut plan = self.takeover(desired);
         if plan.is_none() {
-            match self.decide(self.read().await?, desired) {
-                Decision::Take(takeover) => plan = Some(takeover),
-                Decision::Held(held) => return Ok(Some(held)),
+            let current = self.read().await?;
+            // A record of this member's on its own lease (a term its runner let lapse, whose
+            // record that lease keeps alive with the others): no other process has that lease
+            // (S13), so it takes the record again, with the next token.
+            let mine = match &current {
+                Some((_, lease)) if shared.owns(*lease).await => {
+                    self.seen()
+                        .retake((&self.key, &self.fence), *lease, desired)
+                }
+                _ => None,
+            };
+            match mine {
+                Some(retake) => plan = Some(retake),
+                None => match self.decide(current, desired) {
+                    Decision::Take(takeover) => plan = Some(takeover),
+                    Decision::Held(held) => return Ok(Some(held)),
+                },
             }
         }
         for _ in 0..2 {

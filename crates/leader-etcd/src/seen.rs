@@ -132,6 +132,41 @@ impl Seen {
     }
 }
 
+impl Seen {
+    /// The conditions under which `desired` may take again the record `key` (fenced by
+    /// `fence`) that it holds, as last seen, on etcd lease `lease` (a term its holder no longer
+    /// counts, say, on a lease only this lock's shard set member has), with the next token;
+    /// `None` when it was not seen so.
+    pub(crate) fn retake(
+        &self,
+        (key, fence): (&str, &str),
+        lease: i64,
+        desired: &LeaderElectionRecord,
+    ) -> Option<Takeover> {
+        let (fence_token, fence_revision) = self.fence?;
+        let Some(RecordSeen::Present {
+            mod_revision,
+            lease: on,
+            record,
+        }) = &self.record
+        else {
+            return None;
+        };
+        if *on != lease || record.holder_identity != desired.holder_identity {
+            return None;
+        }
+        Some(Takeover {
+            conditions: vec![
+                Compare::mod_revision(key, CompareOp::Equal, *mod_revision),
+                Compare::lease(key, CompareOp::Equal, lease),
+                Compare::mod_revision(fence, CompareOp::Equal, fence_revision),
+            ],
+            wanted: (fence_token + 1).max(desired.leader_transitions),
+            extensions: record.extensions.clone(),
+        })
+    }
+}
+
 /// A takeover of the record as last seen: the conditions that it is still so, the token to ask
 /// for, and the stored extensions to keep (only a holder writes them).
 #[derive(Debug)]

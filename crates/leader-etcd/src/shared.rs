@@ -83,6 +83,17 @@ impl SetShared {
         Ok(id)
     }
 
+    /// Whether etcd lease `id` is one of this member's (as far as it knows, alive).
+    pub(crate) async fn owns(&self, id: i64) -> bool {
+        id != 0
+            && self
+                .leases
+                .lock()
+                .await
+                .values()
+                .any(|lease| lease.id == id)
+    }
+
     /// One keep-alive of each lease this member holds records on (one, in practice): whether
     /// each is still alive, by id. A lease found gone is forgotten.
     pub(crate) async fn keep_all_alive(&self) -> HashMap<i64, Result<bool, LockError>> {

@@ -178,3 +178,35 @@ async fn a_members_records_go_with_its_lease() {
     let other = store.lock_set(&name, "member-2");
     take_all(&other, &keys, "member-2", Duration::from_secs(2)).await;
 }
+
+/// A record on the member's own lease that its runner no longer counts as a term (one that
+/// ended by its deadline while the lease, kept alive for the others, kept the record) is taken
+/// again by that member, with the next token; never by another process given the same
+/// identity (S13), whose lease it is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_on_the_members_own_lease_is_taken_again_by_it_alone() {
+    let Some(store) = store().await else { return };
+    let name = unique("jobs");
+    let keys = vec![format!("{name}-shard-0")];
+    let set = store.lock_set(&name, "member-1");
+    let first = take_all(&set, &keys, "member-1", Duration::from_secs(15)).await;
+    let token = first[0].1.record.leader_transitions;
+
+    let twin = store.lock_set(&name, "member-1");
+    let held = twin
+        .lock(&keys[0])
+        .try_acquire(&desired("member-1", Duration::from_secs(15)))
+        .await
+        .expect("try_acquire");
+    assert!(
+        matches!(held, Some(Acquisition::Held { .. })),
+        "another process with the same identity took it: {held:?}"
+    );
+
+    let again = take_all(&set, &keys, "member-1", Duration::from_secs(15)).await;
+    assert!(
+        again[0].1.record.leader_transitions > token,
+        "taken again with token {} after {token}",
+        again[0].1.record.leader_transitions
+    );
+}
