@@ -567,6 +567,81 @@ async fn a_shard_moves_only_once_its_work_has_stopped() {
     task.await.unwrap().unwrap();
 }
 
+/// S6 for a shard whose term ended by its deadline: its record may still name this member
+/// (on some stores for as long as the member lives), but the member takes it again only once
+/// the work of the term that ended has stopped, never beside it.
+#[tokio::test]
+async fn a_lapsed_shard_is_taken_again_only_once_its_work_has_stopped() {
+    tokio::time::pause();
+    let store = MemoryStore::new();
+    let faults = Faults::new();
+    let locks = KeyedLocks::new("a", "memory", {
+        let faults = faults.clone();
+        move |key, identity| {
+            let lock = Arc::new(store.lock(key, identity));
+            if key.starts_with("jobs-shard-") {
+                Arc::new(FaultyLock::with_faults(lock, faults.clone()))
+            } else {
+                lock
+            }
+        }
+    });
+    type Times = Arc<Mutex<Vec<(u32, Instant)>>>;
+    let (starts, stops): (Times, Times) = Default::default();
+    let shards = {
+        let (starts, stops) = (starts.clone(), stops.clone());
+        Shards::builder("jobs", 4, locks)
+            .timings(TIMINGS)
+            .request_timeout(TIMINGS.renew_deadline)
+            .on_shard_started(move |shard, term| {
+                starts.lock().unwrap().push((shard, Instant::now()));
+                let stops = stops.clone();
+                // Work that takes five seconds to stop once its term ends.
+                tokio::spawn(async move {
+                    term.lost().await;
+                    sleep(Duration::from_secs(5)).await;
+                    stops.lock().unwrap().push((shard, Instant::now()));
+                    drop(term);
+                });
+            })
+            .build()
+            .unwrap()
+    };
+    let mut state = shards.subscribe();
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(shards.run(shutdown.clone()));
+    state.wait_for(|s| s.owned.len() == 4).await.unwrap();
+    // The shards' renewals fail until every term has ended by its deadline.
+    faults.fail_all(Some(leader_core::faults::Fault::Unavailable));
+    state.wait_for(|s| s.owned.is_empty()).await.unwrap();
+    faults.fail_all(None);
+    state.wait_for(|s| s.owned.len() == 4).await.unwrap();
+    let (starts, stops) = (
+        starts.lock().unwrap().clone(),
+        stops.lock().unwrap().clone(),
+    );
+    for shard in 0..4 {
+        let stopped = stops
+            .iter()
+            .find(|(s, _)| *s == shard)
+            .map(|(_, at)| *at)
+            .unwrap_or_else(|| panic!("shard {shard} taken again while its work still ran"));
+        let again: Vec<Instant> = starts
+            .iter()
+            .filter(|(s, _)| *s == shard)
+            .map(|(_, at)| *at)
+            .skip(1)
+            .collect();
+        assert!(!again.is_empty(), "shard {shard} not taken again");
+        assert!(
+            again.iter().all(|at| *at >= stopped),
+            "shard {shard} taken again at {again:?}, before its work stopped at {stopped:?}"
+        );
+    }
+    shutdown.cancel();
+    task.await.unwrap().unwrap();
+}
+
 /// S9 for a shard set: a store down for ten leases. Every member's work stops within the renew
 /// deadline of the outage's start; while it lasts, each member's rounds back off to about one a
 /// lease (not one a retry period); once the store answers again, the members are balanced

@@ -42,18 +42,29 @@ impl KeepAlive {
     ///
     /// Answers carry no request id, so the answers to keep-alives whose callers gave up (a
     /// timeout) are read and dropped first: an answer is never taken for a later request's.
+    ///
+    /// A stream that ended (its member went away) is a failure of the member, not an answer
+    /// that the lease is gone: the keep-alive goes to the other members.
     async fn once(&mut self) -> Result<(bool, Instant), Error> {
         while self.unanswered > 0 {
-            self.stream.message().await?;
+            self.answer().await?;
             self.unanswered -= 1;
         }
         let sent = Instant::now();
         // A send that does not complete sends nothing (the channel's send is cancel-safe).
         self.keeper.keep_alive().await?;
         self.unanswered += 1;
-        let answer = self.stream.message().await?;
+        let answer = self.answer().await?;
         self.unanswered -= 1;
-        Ok((answer.is_some_and(|r| r.ttl() > 0), sent))
+        Ok((answer.ttl() > 0, sent))
+    }
+
+    /// The stream's next answer.
+    async fn answer(&mut self) -> Result<etcd_client::LeaseKeepAliveResponse, Error> {
+        self.stream
+            .message()
+            .await?
+            .ok_or_else(|| Error::LeaseKeepAliveError("the keep-alive stream ended".to_owned()))
     }
 }
 

@@ -457,7 +457,18 @@ impl EtcdLock {
             // record that lease keeps alive with the others): no other process has that lease
             // (S13), so it takes the record again, with the next token.
             let mine = match &current {
-                Some((_, lease)) if shared.owns(*lease).await => {
+                Some((observed, lease)) if shared.owns(*lease).await => {
+                    // Unless a handover request names another candidate (which ended the term
+                    // it was written under): released to that one, as the end of the lease
+                    // would have let it take the shard.
+                    if let Some(to) = observed
+                        .record
+                        .reserved_for_other_than(&self.identity)
+                        .then(|| observed.record.handover_to())
+                        .flatten()
+                    {
+                        return self.release_as_asked(observed, *lease, to).await.map(Some);
+                    }
                     self.seen()
                         .retake((&self.key, &self.fence), *lease, desired)
                 }
@@ -497,6 +508,53 @@ impl EtcdLock {
             }
         }
         Err(conflict())
+    }
+
+    /// Releases to `to` a record on this member's lease `lease` whose handover request names
+    /// `to`: free, on no lease, reserved for `to`; reported held (reserved for another).
+    async fn release_as_asked(
+        &self,
+        observed: &Observed,
+        lease: i64,
+        to: &str,
+    ) -> Result<Acquisition, LockError> {
+        let expected = parse_version(&observed.version)?;
+        let now = chrono::Utc::now();
+        let freed = LeaderElectionRecord {
+            holder_identity: String::new(),
+            acquire_time: now,
+            renew_time: now,
+            preferred_holder: Some(to.to_owned()),
+            ..observed.record.clone()
+        };
+        let key = self.key.as_str();
+        let txn = Txn::new()
+            .when([
+                Compare::mod_revision(key, CompareOp::Equal, expected),
+                Compare::lease(key, CompareOp::Equal, lease),
+            ])
+            .and_then([
+                TxnOp::put(key, freed.to_json(), None),
+                self.extensions_op(&freed),
+            ]);
+        let response = self.txn(txn).await?;
+        if !response.succeeded() {
+            return Err(conflict());
+        }
+        let revision = revision_of(&response);
+        self.wrote(&freed, revision, 0);
+        tracing::debug!(
+            to,
+            "released a shard to the candidate its handover request names"
+        );
+        Ok(Acquisition::Held {
+            observed: Observed {
+                record: freed,
+                version: Version::from(revision),
+            },
+            renewed_in_store: false,
+            expires_in: None,
+        })
     }
 
     /// The transaction of `takeover` by `desired` on `lease`, with the record it writes and

@@ -34,7 +34,10 @@ use crate::store::EtcdStore;
 ///   renewal.
 /// - No waiting candidates: members take what is released or expired by reading the set, and
 ///   a release names its receiver in the record.
-#[derive(Clone, Debug)]
+///
+/// Not `Clone`: the lease is this member's alone, and a record on it is taken again only by
+/// the member (the runner) that holds the set.
+#[derive(Debug)]
 pub struct EtcdLockSet {
     store: EtcdStore,
     identity: String,

@@ -175,7 +175,8 @@ impl SetWatch {
     }
 
     fn clean(&self, key: &str, written: i64) -> bool {
-        if !self.healthy.load(Ordering::Acquire) {
+        // A key outside the watched prefix is never known clean.
+        if !key.starts_with(&self.prefix) || !self.healthy.load(Ordering::Acquire) {
             return false;
         }
         let state = self.state.lock().unwrap_or_else(|p| p.into_inner());

@@ -210,3 +210,42 @@ async fn a_record_on_the_members_own_lease_is_taken_again_by_it_alone() {
         again[0].1.record.leader_transitions
     );
 }
+
+/// A handover request written on a shard's record (`leader handover` on its key) ends the
+/// holder's term, since its renewal finds the record changed; the record stays on the
+/// member's lease, which lives on, so when the member comes to take it again it releases it to
+/// the candidate the request names instead, who takes it with the next token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handover_request_on_a_shard_hands_it_over() {
+    let Some(store) = store().await else { return };
+    let name = unique("jobs");
+    let keys = vec![format!("{name}-shard-0")];
+    let set = store.lock_set(&name, "member-1");
+    let taken = take_all(&set, &keys, "member-1", Duration::from_secs(15)).await;
+    sleep(Duration::from_millis(300)).await;
+    let operator = store.lock(&keys[0], "operator");
+    leader_core::request_handover(&operator, "member-2")
+        .await
+        .expect("handover asked");
+    sleep(Duration::from_millis(300)).await;
+    let renewed = set.renew_many(&renewals(&taken)).await;
+    assert!(
+        renewed[0]
+            .as_ref()
+            .is_err_and(leader_core::LockError::is_conflict),
+        "renewed over a handover request: {renewed:?}"
+    );
+    let again = set
+        .lock(&keys[0])
+        .try_acquire(&desired("member-1", Duration::from_secs(15)))
+        .await
+        .expect("try_acquire");
+    let Some(Acquisition::Held { observed, .. }) = again else {
+        panic!("member-1 took the shard over the request: {again:?}");
+    };
+    assert!(observed.record.is_free(), "released: {observed:?}");
+    assert_eq!(observed.record.handover_to(), Some("member-2"));
+    let other = store.lock_set(&name, "member-2");
+    let handed = take_all(&other, &keys, "member-2", Duration::from_secs(15)).await;
+    assert!(handed[0].1.record.leader_transitions > taken[0].1.record.leader_transitions);
+}

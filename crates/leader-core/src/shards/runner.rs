@@ -615,15 +615,27 @@ impl Runner {
         }
     }
 
-    /// Ends the term of `shard` without releasing it.
+    /// Ends the term of `shard` without releasing it. Until its work has stopped, the shard is
+    /// kept out as a release under way is: its record may still name this member (on a store
+    /// whose leases outlive a term, such as a member's one etcd lease, for as long as the
+    /// member lives), and taking it again then would start its work a second time beside the
+    /// first.
     fn end(&mut self, shard: u32, reason: StepDownReason) {
-        if let Some(term) = self.owned.remove(&shard) {
+        if let Some(mut term) = self.owned.remove(&shard) {
             self.owned_changed = true;
             self.settled = false;
             term.cancel.cancel();
             m::shard_moved(&self.config.name, reason_label(reason));
             let stopped = self.callbacks.stopped.as_ref();
             tell_stopped(stopped, shard, term.token(), reason, false);
+            if let Some(mut alive) = term.alive.take() {
+                drop(term);
+                let task = self.releases.spawn(async move {
+                    let _ = alive.recv().await;
+                    shard
+                });
+                self.releasing.insert(shard, task.id());
+            }
         }
     }
 
@@ -908,10 +920,12 @@ impl Runner {
             live.iter().map(|m| (m.clone(), Vec::new())).collect();
         // One pass over the shards sorts them out: a live member's; this member's though it
         // holds no term of them (lapsed: a term that ended by its deadline, say; the others
-        // count them as this member's, so it does too, and takes them again once their lease
-        // has run out, since nobody else would); or open (absent, free, or held by a member
-        // not alive), which this member may take. A shard this member gave up is none of these
-        // until its release ends: counted as lapsed, it would be given or taken again.
+        // count them as this member's, so it does too, and takes them again, since nobody else
+        // would: once their lease has run out, or at once where the lease is this member's
+        // own); or open (absent, free, or held by a member not alive), which this member may
+        // take. A shard this member gave up, or whose term ended, is none of these until its
+        // release ends or its work stopped: counted as lapsed, it would be given or taken
+        // again beside the work still running.
         let mut lapsed: Vec<u32> = Vec::new();
         let mut open: Vec<u32> = Vec::new();
         for (shard, observed) in (0..count).zip(&view_shards) {
