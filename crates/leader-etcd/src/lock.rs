@@ -125,17 +125,14 @@ impl TermLease {
         }
     }
 
-    /// One keep-alive: `true` if the lease (and so the key on it) is still alive.
-    async fn keep_alive(
-        &mut self,
-        store: &EtcdStore,
-        shared: Option<&SetShared>,
-    ) -> Result<bool, LockError> {
-        match (self, shared) {
-            (Self::Own(lease), _) => lease.keep_alive(store).await.map_err(|err| {
-                let context = format!("{} lease {}", store.inner.endpoints, lease.id);
-                map(&context, err)
-            }),
+    /// One keep-alive for `lock`'s term: `true` if the lease (and so the key on it) is still
+    /// alive.
+    async fn keep_alive(&mut self, lock: &EtcdLock) -> Result<bool, LockError> {
+        match (self, lock.shared.as_deref()) {
+            (Self::Own(lease), _) => lease
+                .keep_alive(&lock.store)
+                .await
+                .map_err(|err| map(&lock.context(), err)),
             (Self::Shared(id), Some(shared)) => shared.keep_alive(*id).await,
             (Self::Shared(_), None) => Ok(false),
         }
@@ -268,11 +265,7 @@ impl ResourceLock for EtcdLock {
                 && current.written == expected
                 && self.clean(current, expected)
             {
-                return match current
-                    .lease
-                    .keep_alive(&self.store, self.shared.as_deref())
-                    .await
-                {
+                return match current.lease.keep_alive(self).await {
                     Ok(true) => Ok(Observed {
                         record: record.clone(),
                         version: version.clone(),
@@ -1061,12 +1054,7 @@ impl EtcdLock {
         let keep = async {
             match kept {
                 Some(kept) => kept,
-                None => {
-                    current
-                        .lease
-                        .keep_alive(&self.store, self.shared.as_deref())
-                        .await
-                }
+                None => current.lease.keep_alive(self).await,
             }
         };
         let (kept, written) = tokio::join!(keep, self.txn(txn));
