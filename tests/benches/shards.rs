@@ -125,6 +125,9 @@ impl LockSet for Counting {
         self.batch(self.batched.reads, keys.len());
         self.inner.get_changed(keys, known).await
     }
+    fn reads_show_expiry(&self) -> bool {
+        self.inner.reads_show_expiry()
+    }
     async fn renew_many(&self, renewals: &[Renewal]) -> Vec<Result<Observed, LockError>> {
         self.batch(self.batched.renewals, renewals.len());
         self.inner.renew_many(renewals).await

@@ -11,8 +11,8 @@ use std::time::Duration;
 use leader_core::conformance::{ShardLog, balanced};
 use leader_core::faults::{Faults, FaultyLock};
 use leader_core::{
-    CancellationToken, ConfigError, KeyedLocks, MemoryStore, Shards, ShardsError, ShardsState,
-    StepDownReason, Timings,
+    CancellationToken, ConfigError, KeyedLocks, LockSet, MemoryStore, ResourceLock, Shards,
+    ShardsError, ShardsState, StepDownReason, Timings,
 };
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -640,6 +640,93 @@ async fn a_lapsed_shard_is_taken_again_only_once_its_work_has_stopped() {
     }
     shutdown.cancel();
     task.await.unwrap().unwrap();
+}
+
+/// A member's records on a store that renews leases itself, read with or without expired
+/// records showing.
+#[derive(Debug)]
+struct Expiring {
+    inner: KeyedLocks,
+    shows_expiry: bool,
+}
+
+#[leader_core::async_trait]
+impl LockSet for Expiring {
+    fn lock(&self, key: &str) -> Arc<dyn ResourceLock> {
+        self.inner.lock(key)
+    }
+    fn identity(&self) -> &str {
+        self.inner.identity()
+    }
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+    fn reads_show_expiry(&self) -> bool {
+        self.shows_expiry
+    }
+}
+
+/// The acquisition attempts of other members' records (the probes) three settled members
+/// send over ten leases, on a store that renews leases itself.
+async fn probes_of_settled_members(shows_expiry: bool) -> usize {
+    let store = MemoryStore::new();
+    let probes = Faults::new();
+    let shutdown = CancellationToken::new();
+    let mut members = Vec::new();
+    for identity in ["a", "b", "c"] {
+        let (store, probes) = (store.clone(), probes.clone());
+        let locks = KeyedLocks::new(identity, "memory", move |key, identity| {
+            let lock = Arc::new(store.lock(key, identity).with_renewal_in_store(true));
+            if key.starts_with("jobs-member-") {
+                Arc::new(FaultyLock::with_faults(lock, probes.clone()))
+            } else {
+                lock
+            }
+        });
+        let set = Expiring {
+            inner: locks,
+            shows_expiry,
+        };
+        let shards = Shards::builder("jobs", 6, set)
+            .timings(TIMINGS)
+            .build()
+            .unwrap();
+        let state = shards.subscribe();
+        let task = tokio::spawn(
+            shards.run_per_shard(shutdown.clone(), |_, _| std::future::pending::<()>()),
+        );
+        members.push((state, task));
+    }
+    let states: Vec<_> = members.iter().map(|(state, _)| state).collect();
+    until(Duration::from_secs(30), || balanced(&states, 6))
+        .await
+        .expect("balanced");
+    let settled = Instant::now();
+    sleep(TIMINGS.lease_duration * 10).await;
+    let probes = probes
+        .calls()
+        .iter()
+        .filter(|c| c.sent >= settled && c.operation == "try_acquire")
+        .count();
+    shutdown.cancel();
+    for (_, task) in members {
+        task.await.unwrap().unwrap();
+    }
+    probes
+}
+
+/// Where a lease that runs out takes its record with it (etcd), the next read shows a dead
+/// member: its peers never probe each other's records. Elsewhere they do, once per lease.
+#[tokio::test]
+async fn members_probe_each_other_only_where_reads_do_not_show_expiry() {
+    tokio::time::pause();
+    let without = probes_of_settled_members(false).await;
+    assert!(
+        without >= 3 * 2 * 5,
+        "{without} probes over ten leases where reads do not show expiry"
+    );
+    let with = probes_of_settled_members(true).await;
+    assert_eq!(with, 0, "probes where reads show expiry");
 }
 
 /// S9 for a shard set: a store down for ten leases. Every member's work stops within the renew

@@ -116,6 +116,12 @@ impl LockSet for EtcdLockSet {
             .collect()
     }
 
+    /// A member's lease that runs out takes its records (its member record too) with it:
+    /// etcd deletes them.
+    fn reads_show_expiry(&self) -> bool {
+        true
+    }
+
     /// One keep-alive of this member's lease, then each record: answered by it alone while
     /// the set's watch saw nobody else write the record, else a transaction of its own.
     async fn renew_many(&self, renewals: &[Renewal]) -> Vec<Result<Observed, LockError>> {

@@ -105,6 +105,16 @@ pub trait LockSet: Send + Sync + fmt::Debug {
             .collect()
     }
 
+    /// Whether a record whose lease ran out is gone from the next read of the set (the store
+    /// deletes it, as etcd does with the keys on an expired etcd lease). Then the members never
+    /// ask the store about each other's records once per lease, which they otherwise do where
+    /// the store renews leases itself ([`Acquisition::Held`](crate::Acquisition::Held)'s
+    /// `renewed_in_store`), since only the store knows whether such a lease ran out. The
+    /// default is `false`.
+    fn reads_show_expiry(&self) -> bool {
+        false
+    }
+
     /// Renews each record of `renewals` as its holder.
     async fn renew_many(&self, renewals: &[Renewal]) -> Vec<Result<Observed, LockError>> {
         join_all(renewals.iter().map(|renewal| {
@@ -225,6 +235,9 @@ macro_rules! forward_set {
                 known: &[Known<'_>],
             ) -> Vec<Result<Reread, LockError>> {
                 (**self).get_changed(keys, known).await
+            }
+            fn reads_show_expiry(&self) -> bool {
+                (**self).reads_show_expiry()
             }
             async fn renew_many(&self, renewals: &[Renewal]) -> Vec<Result<Observed, LockError>> {
                 (**self).renew_many(renewals).await

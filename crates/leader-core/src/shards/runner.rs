@@ -1189,6 +1189,7 @@ impl Runner {
     async fn probe(&mut self, members: &HashMap<String, Option<Observed>>) -> BTreeSet<String> {
         let mut dead = BTreeSet::new();
         if self.renews_in_store != Some(true)
+            || self.set.reads_show_expiry()
             || self.member.is_none()
             || !self.try_acquire_supported
         {
