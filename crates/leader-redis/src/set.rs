@@ -138,6 +138,12 @@ impl LockSet for RedisLockSet {
         self.locks.lock(key)
     }
 
+    /// A record's hash expires (`PEXPIRE`) a lease after its holder's last write: a member that
+    /// died is gone from the next read.
+    fn reads_show_expiry(&self) -> bool {
+        true
+    }
+
     fn identity(&self) -> &str {
         self.locks.identity()
     }
