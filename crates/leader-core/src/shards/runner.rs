@@ -137,8 +137,9 @@ pub(crate) struct Runner {
     /// renewals leave the record as it is (see [`Runner::probe`]).
     probed: HashMap<String, Instant>,
     releases: JoinSet<u32>,
-    /// The shards given up whose release is under way, with its task: neither this member's
-    /// nor to take again until it ends, though their records still name this member.
+    /// The shards given up whose release is under way, or whose term ended while its work
+    /// still runs, with the task that waits for it: neither this member's nor to take again
+    /// until it ends, though their records still name this member.
     releasing: BTreeMap<u32, tokio::task::Id>,
     /// The key of each shard, made once.
     shard_keys: Vec<String>,
