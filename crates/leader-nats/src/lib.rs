@@ -8,7 +8,9 @@ mod store;
 mod url;
 
 pub use lock::{NatsLock, key_of};
-pub use store::{DEFAULT_BUCKET, DEFAULT_REQUEST_TIMEOUT, NatsStore, NatsStoreBuilder};
+pub use store::{
+    DEFAULT_BUCKET, DEFAULT_REQUEST_TIMEOUT, MAX_RECONNECT_DELAY, NatsStore, NatsStoreBuilder,
+};
 pub use url::LockUrl;
 
 /// The client.

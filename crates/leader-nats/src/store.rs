@@ -17,6 +17,24 @@ pub const DEFAULT_BUCKET: &str = "leader";
 /// The default time a request waits for the server's answer.
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// The longest the client waits between two attempts to connect again after it lost the
+/// server. The client's own default grows to 4 s, which an election would add to its wait for
+/// a server that came back (a follower could lead up to 4 s late); one attempt a second per
+/// replica is a small load on a server that is down.
+pub const MAX_RECONNECT_DELAY: Duration = Duration::from_secs(1);
+
+/// The wait before the client's `attempts`-th attempt in a row to connect again: none for the
+/// first, then doubling from 50 ms up to [`MAX_RECONNECT_DELAY`].
+fn reconnect_delay(attempts: usize) -> Duration {
+    let doublings = u32::try_from(attempts.saturating_sub(2)).unwrap_or(u32::MAX);
+    match attempts {
+        0 | 1 => Duration::ZERO,
+        _ => Duration::from_millis(50)
+            .saturating_mul(2u32.saturating_pow(doublings.min(16)))
+            .min(MAX_RECONNECT_DELAY),
+    }
+}
+
 /// Builds a [`NatsStore`].
 #[must_use]
 pub struct NatsStoreBuilder {
@@ -131,7 +149,7 @@ impl NatsStoreBuilder {
     }
 
     /// Makes the store. The client connects in the background (and again after every lost
-    /// connection): a server that is down at start makes the first requests fail as
+    /// connection, at most [`MAX_RECONNECT_DELAY`] apart): a server that is down at start makes the first requests fail as
     /// [`LockError::Unavailable`], not the build. The bucket is looked up on first use.
     ///
     /// # Errors
@@ -186,6 +204,7 @@ impl NatsStoreBuilder {
         let mut options = async_nats::ConnectOptions::new()
             .name("leader")
             .retry_on_initial_connect()
+            .reconnect_delay_callback(reconnect_delay)
             .request_timeout(Some(self.request_timeout))
             .require_tls(self.require_tls)
             .event_callback(move |event| {
@@ -412,4 +431,20 @@ pub(crate) fn is_timeout(err: &(dyn std::error::Error + 'static)) -> bool {
         current = err.source();
     }
     false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reconnect_attempts_start_at_once_and_stay_at_most_a_second_apart() {
+        assert_eq!(reconnect_delay(1), Duration::ZERO);
+        assert_eq!(reconnect_delay(2), Duration::from_millis(50));
+        assert_eq!(reconnect_delay(3), Duration::from_millis(100));
+        let waits: Vec<Duration> = (1..10_000).map(reconnect_delay).collect();
+        assert!(waits.windows(2).all(|w| w[0] <= w[1]), "{waits:?}");
+        assert_eq!(waits.last(), Some(&MAX_RECONNECT_DELAY));
+        assert_eq!(reconnect_delay(usize::MAX), MAX_RECONNECT_DELAY);
+    }
 }
