@@ -7,8 +7,9 @@
 //! then, over `WINDOW_S` seconds (default 10) with nothing changing, the requests each member
 //! sent per retry period (counted on the wire where the client counts them: etcd's requests
 //! and keep-alive messages, the test Consul server's requests, object storage's requests;
-//! on Postgres, MySQL, Redis and Kubernetes, at the member: a batched read or round of renewals
-//! as one request, an update per Lease on Kubernetes), and the CPU this process used (all members
+//! on Postgres, MySQL, Redis and Kubernetes, at the member: a batched read, batch of renewals
+//! or round of both as one request, an update per Lease on Kubernetes), and the CPU this
+//! process used (all members
 //! together); then a member joining, and one leaving (shut down, its shards
 //! released), each until balanced again, and the spread (most owned less fewest) after it.
 //!
@@ -28,8 +29,8 @@ use common::{Backend, cpu_time, ms};
 use leader_core::conformance::balanced;
 use leader_core::faults::{Faults, FaultyLock};
 use leader_core::{
-    CancellationToken, Known, LockError, LockSet, Observed, Renewal, Reread, ResourceLock, Shards,
-    ShardsState, async_trait,
+    CancellationToken, Known, LockError, LockSet, Observed, Renewal, RenewedAndRead, Reread,
+    ResourceLock, Shards, ShardsState, async_trait,
 };
 use leader_test_support::{LEASE, RENEW, RETRY};
 use tokio::sync::watch;
@@ -69,25 +70,36 @@ impl Counting {
 struct Batched {
     reads: bool,
     renewals: bool,
+    /// A round's renewals and read together.
+    rounds: bool,
 }
 
 impl Batched {
     fn of(backend: &Backend) -> Self {
         match backend {
-            // One statement, one script: both.
-            Backend::Postgres(_) | Backend::Mysql(_) | Backend::Redis(_) => Self {
+            // One statement, one script: each, and a round of both.
+            Backend::Postgres(_) | Backend::Redis(_) => Self {
                 reads: true,
                 renewals: true,
+                rounds: true,
+            },
+            // One statement each: a round is both, one after the other.
+            Backend::Mysql(_) => Self {
+                reads: true,
+                renewals: true,
+                rounds: false,
             },
             // One list of the namespace's Leases; an update per Lease.
             Backend::Kubernetes(..) => Self {
                 reads: true,
                 renewals: false,
+                rounds: false,
             },
             // Counted on the wire (etcd, Consul, object storage), or a request per record.
             _ => Self {
                 reads: false,
                 renewals: false,
+                rounds: false,
             },
         }
     }
@@ -131,6 +143,21 @@ impl LockSet for Counting {
     async fn renew_many(&self, renewals: &[Renewal]) -> Vec<Result<Observed, LockError>> {
         self.batch(self.batched.renewals, renewals.len());
         self.inner.renew_many(renewals).await
+    }
+    async fn renew_and_read(
+        &self,
+        renewals: &[Renewal],
+        keys: &[String],
+        known: &[Known<'_>],
+    ) -> RenewedAndRead {
+        if self.batched.rounds {
+            self.batch(true, 1);
+            return self.inner.renew_and_read(renewals, keys, known).await;
+        }
+        // As the backend does it: the renewals, then the read, each counted.
+        let renewed = self.renew_many(renewals).await;
+        let read = self.get_changed(keys, known).await;
+        RenewedAndRead { renewed, read }
     }
 }
 

@@ -50,9 +50,9 @@ pub use memory::{MemoryLock, MemoryStore};
 pub use record::{LeaderElectionRecord, Observed, RecordColumns, Version};
 pub use redact::redact_url;
 pub use shards::{
-    COUNT_EXTENSION, KeyedLocks, Known, LockSet, MAX_SHARDS, Renewal, Reread, Shards,
-    ShardsBuilder, ShardsConfig, ShardsError, ShardsState, common_prefix, member_key, roster_key,
-    shard_key,
+    COUNT_EXTENSION, KeyedLocks, Known, LockSet, MAX_SHARDS, Renewal, RenewedAndRead, Reread,
+    Shards, ShardsBuilder, ShardsConfig, ShardsError, ShardsState, common_prefix, member_key,
+    roster_key, shard_key,
 };
 pub use status::{ElectionError, ElectorStatus, IdentityConflict, LastError};
 pub use url::{FileUrl, LockTarget, UrlError};

@@ -652,13 +652,22 @@ impl EtcdLock {
     }
 
     async fn send(&self, repeatable: bool, txn: Txn) -> Result<TxnResponse, LockError> {
-        self.members()
+        let response = self
+            .members()
             .call(repeatable, |mut client| {
                 let txn = txn.clone();
                 async move { client.txn(txn).await }
             })
             .await
-            .map_err(|err| map(&self.context(), err))
+            .map_err(|err| map(&self.context(), err))?;
+        // A set's reads from its watch wait for the watch to report this write.
+        if let Some(shared) = &self.shared
+            && !repeatable
+            && response.succeeded()
+        {
+            shared.wrote(revision_of(&response));
+        }
+        Ok(response)
     }
 
     /// Writes `record` if `condition` holds (a conflict otherwise), without a term of its own.

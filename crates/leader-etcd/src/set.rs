@@ -85,7 +85,20 @@ impl LockSet for EtcdLockSet {
         format!("etcd:{}", self.store.inner.endpoints)
     }
 
+    /// From the set's watch when it knows every key (see [`EtcdLockSet`]), else one range
+    /// read of the set's keys, which also gives the watch its start.
     async fn get_many(&self, keys: &[String]) -> Vec<Result<Option<Observed>, LockError>> {
+        let full_keys = keys
+            .iter()
+            .map(|key| format!("{}{key}", self.store.inner.prefix));
+        let known = self.shared.read_watched(full_keys, |values| {
+            keys.iter()
+                .map(|key| self.etcd_lock(key).absorb(values))
+                .collect()
+        });
+        if let Some(answers) = known {
+            return answers;
+        }
         let prefix = format!("{}{}", self.store.inner.prefix, common_prefix(keys));
         let context = format!("{} keys {prefix}*", self.store.inner.endpoints);
         let answer = self
@@ -102,11 +115,17 @@ impl LockSet for EtcdLockSet {
             })
             .await;
         let found: HashMap<Vec<u8>, etcd_client::KeyValue> = match answer {
-            Ok(response) => response
-                .kvs()
-                .iter()
-                .map(|kv| (kv.key().to_vec(), kv.clone()))
-                .collect(),
+            Ok(response) => {
+                if prefix == self.shared.prefix() {
+                    let revision = response.header().map_or(0, |h| h.revision());
+                    self.shared.seed(response.kvs(), revision);
+                }
+                response
+                    .kvs()
+                    .iter()
+                    .map(|kv| (kv.key().to_vec(), kv.clone()))
+                    .collect()
+            }
             Err(err) => {
                 return map(&context, err).for_each(keys.len());
             }

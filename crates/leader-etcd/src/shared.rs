@@ -5,12 +5,12 @@
 //! (its records go with it then): revoking it early could let another member start a shard's
 //! work while this member's still runs.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex as SyncMutex};
 use std::time::Duration;
 
-use etcd_client::{Client, WatchOptions};
+use etcd_client::{Client, EventType, KeyValue, WatchOptions};
 use leader_core::LockError;
 use tokio::sync::Mutex;
 use tokio::time::Instant;
@@ -49,6 +49,11 @@ impl SetShared {
 
     fn context(&self) -> String {
         format!("{} keys {}*", self.store.inner.endpoints, self.watch.prefix)
+    }
+
+    /// The full key prefix of the set's keys.
+    pub(crate) fn prefix(&self) -> &str {
+        &self.watch.prefix
     }
 
     /// The lease for a term that starts at `started` and lasts `lease_duration`: one etcd
@@ -143,14 +148,71 @@ impl SetShared {
     pub(crate) fn clean(&self, key: &str, written: i64) -> bool {
         self.watch.clean(key, written)
     }
+
+    /// Notes this member's write at `revision` of a key under the set's prefix: the set's
+    /// keys are answered from the watch only once it has reported that write.
+    pub(crate) fn wrote(&self, revision: i64) {
+        self.watch.need.fetch_max(revision, Ordering::AcqRel);
+    }
+
+    /// Answers `read` over the set's keys as the watch knows them, without asking etcd, when
+    /// every key of `keys` is under the set's prefix, the watch runs, and it has reported
+    /// every write since a range read of the whole prefix and this member's own last write.
+    pub(crate) fn read_watched<T>(
+        &self,
+        keys: impl IntoIterator<Item = impl AsRef<str>>,
+        read: impl FnOnce(&HashMap<Vec<u8>, KeyValue>) -> T,
+    ) -> Option<T> {
+        if !keys
+            .into_iter()
+            .all(|key| key.as_ref().starts_with(&self.watch.prefix))
+            || !self.watch.healthy.load(Ordering::Acquire)
+        {
+            return None;
+        }
+        let state = self.watch.state.lock().unwrap_or_else(|p| p.into_inner());
+        (state.seeded && state.progress >= self.watch.need.load(Ordering::Acquire))
+            .then(|| read(&state.values))
+    }
+
+    /// Takes a range read of the whole prefix at `revision` (`kvs`) as the start of the
+    /// watch's copy of the keys, and starts the watch after it if it does not run yet.
+    pub(crate) fn seed(&self, kvs: &[KeyValue], revision: i64) {
+        self.watch.start(&self.store, revision);
+        let mut state = self.watch.state.lock().unwrap_or_else(|p| p.into_inner());
+        // The copy is whole only if the watch reports every write after the read.
+        if state.from > revision + 1 || revision <= 0 {
+            return;
+        }
+        let Coverage {
+            latest,
+            values,
+            seeded,
+            ..
+        } = &mut *state;
+        // A key the watch saw written (or deleted) after the read is as the watch saw it;
+        // one it saw written before the read and that the read does not have was deleted by
+        // then (the watch reports that too, if it has not yet).
+        let read: HashSet<&[u8]> = kvs.iter().map(KeyValue::key).collect();
+        values.retain(|key, kv| kv.mod_revision() > revision || read.contains(key.as_slice()));
+        for kv in kvs {
+            if latest.get(kv.key()).is_none_or(|&seen| seen <= revision) {
+                values.insert(kv.key().to_vec(), kv.clone());
+            }
+        }
+        *seeded = true;
+    }
 }
 
 /// One watch of every key under a prefix, in the background: the highest revision of each
-/// key's last write seen, from which revision on it saw every write, and whether it runs.
+/// key's last write seen, from which revision on it saw every write, whether it runs, and
+/// (once a range read of the prefix gave it a start) a copy of the keys.
 struct SetWatch {
     prefix: String,
     state: Arc<SyncMutex<Coverage>>,
     healthy: Arc<AtomicBool>,
+    /// The revision of this member's last write under the prefix.
+    need: AtomicI64,
     task: SyncMutex<Option<tokio::task::AbortHandle>>,
 }
 
@@ -162,6 +224,12 @@ struct Coverage {
     latest: HashMap<Vec<u8>, i64>,
     /// The highest revision of any write it reported: it resumes after it.
     progress: i64,
+    /// The keys it saw written and not deleted since; once `seeded`, with those of a range
+    /// read of the prefix: the keys as of `progress`.
+    values: HashMap<Vec<u8>, KeyValue>,
+    /// Whether `values` holds every key: a range read seeded it, and no write went unreported
+    /// since (revisions compacted before the watch saw them).
+    seeded: bool,
 }
 
 impl SetWatch {
@@ -170,6 +238,7 @@ impl SetWatch {
             prefix,
             state: Arc::default(),
             healthy: Arc::default(),
+            need: AtomicI64::default(),
             task: SyncMutex::default(),
         }
     }
@@ -227,6 +296,7 @@ impl SetWatch {
                             let mut state = state.lock().unwrap_or_else(|p| p.into_inner());
                             state.from = state.from.max(oldest);
                             state.progress = state.progress.max(oldest - 1);
+                            state.seeded = false;
                         }
                         Ended::Failed => {
                             members.skip(index);
@@ -277,11 +347,20 @@ async fn watch_set(
             Err(ended) => return ended,
         };
         let mut state = state.lock().unwrap_or_else(|p| p.into_inner());
-        for kv in message.events().iter().filter_map(|event| event.kv()) {
+        for event in message.events() {
+            let Some(kv) = event.kv() else { continue };
             let revision = kv.mod_revision();
             let latest = state.latest.entry(kv.key().to_vec()).or_default();
             *latest = (*latest).max(revision);
             state.progress = state.progress.max(revision);
+            match event.event_type() {
+                EventType::Put => {
+                    state.values.insert(kv.key().to_vec(), kv.clone());
+                }
+                EventType::Delete => {
+                    state.values.remove(kv.key());
+                }
+            }
         }
     }
 }

@@ -249,3 +249,107 @@ async fn a_handover_request_on_a_shard_hands_it_over() {
     let handed = take_all(&other, &keys, "member-2", Duration::from_secs(15)).await;
     assert!(handed[0].1.record.leader_transitions > taken[0].1.record.leader_transitions);
 }
+
+/// Reads of the set's records as a reader that never holds them: `get_many` of a fresh set
+/// (one range read), for comparison.
+async fn read_fresh(store: &EtcdStore, name: &str, keys: &[String]) -> Vec<Option<Observed>> {
+    store
+        .lock_set(name, "reader")
+        .get_many(keys)
+        .await
+        .into_iter()
+        .map(|r| r.expect("read"))
+        .collect()
+}
+
+/// Once the set's watch has a start (a range read of the set), a member's round, renewals and
+/// read together, is one request (the keep-alive): the read comes from the watch. It shows
+/// another client's write once the watch reports it, and this member's own writes at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_round_is_one_request_and_its_read_comes_from_the_watch() {
+    let Some(store) = store().await else { return };
+    let name = unique("jobs");
+    let set = store.lock_set(&name, "member-1");
+    let mut keys: Vec<String> = (0..RECORDS).map(|n| format!("{name}-shard-{n}")).collect();
+    let mut taken = take_all(&set, &keys, "member-1", Duration::from_secs(15)).await;
+    // A key nobody holds is read too.
+    keys.push(format!("{name}-roster"));
+    let unknown = vec![leader_core::Known::Nothing; keys.len()];
+    let round = async |set: &EtcdLockSet, taken: &mut Vec<(String, Observed)>| {
+        let before = store.requests_sent();
+        let answer = set.renew_and_read(&renewals(taken), &keys, &unknown).await;
+        let sent = store.requests_sent() - before;
+        for ((key, held), renewed) in taken.iter_mut().zip(answer.renewed) {
+            *held = renewed.unwrap_or_else(|err| panic!("{key} not renewed: {err}"));
+        }
+        let read: Vec<Option<Observed>> = answer
+            .read
+            .into_iter()
+            .map(|r| match r.expect("read") {
+                leader_core::Reread::Now(observed) => observed,
+                leader_core::Reread::Same => panic!("unchanged, though nothing was known"),
+            })
+            .collect();
+        (sent, read)
+    };
+    let mut last = (u64::MAX, Vec::new());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        last = round(&set, &mut taken).await;
+        if last.0 == 1 {
+            break;
+        }
+        sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        last.0, 1,
+        "a round of {RECORDS} renewals and a read in one request"
+    );
+    assert_eq!(
+        last.1,
+        read_fresh(&store, &name, &keys).await,
+        "the read from the watch differs from a range read"
+    );
+
+    // Another client's write: seen once the watch reports it, still without a request.
+    let elsewhere = common::store().await.expect("another client");
+    let other = elsewhere.lock(&keys[RECORDS], "member-2");
+    leader_core::ResourceLock::create(&other, &desired("member-2", Duration::from_secs(15)))
+        .await
+        .expect("created by member-2");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (sent, read) = round(&set, &mut taken).await;
+        assert_eq!(sent, 1, "a round in one request");
+        let holder = read[RECORDS]
+            .as_ref()
+            .map(|o| o.record.holder_identity.clone());
+        if holder.as_deref() == Some("member-2") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "another client's write never read"
+        );
+        sleep(Duration::from_millis(50)).await;
+    }
+
+    // This member's own write: read at once (from etcd if the watch has not reported it).
+    let (key, held) = taken.pop().expect("taken");
+    let released = LeaderElectionRecord {
+        holder_identity: String::new(),
+        ..held.record.clone()
+    };
+    let written = set
+        .lock(&key)
+        .update(&held.version, &released)
+        .await
+        .expect("released");
+    let read = set.get_many(std::slice::from_ref(&key)).await;
+    let read = read[0].as_ref().expect("read").as_ref().expect("present");
+    assert_eq!(
+        read.version, written.version,
+        "a read missed this member's write"
+    );
+    assert_eq!(read.record.holder_identity, "");
+}

@@ -1,13 +1,13 @@
-//! A shard set's records in the lock table: one statement reads them all, one renews all of a
-//! member's.
+//! A shard set's records in the lock table: one statement renews all of a member's and reads
+//! them all.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use leader_core::{
-    KeyedLocks, LockError, LockSet, Observed, RecordColumns, Renewal, ResourceLock, Version,
-    async_trait,
+    KeyedLocks, Known, LockError, LockSet, Observed, RecordColumns, Renewal, RenewedAndRead,
+    Reread, ResourceLock, Version, async_trait,
 };
 
 use crate::error::{BACKEND, map};
@@ -15,8 +15,9 @@ use crate::sql::{decode, parse_version};
 use crate::store::PostgresStore;
 
 /// The records of a shard set, rows of one lock table ([`PostgresStore::lock_set`]).
-/// [`get_many`](LockSet::get_many) and [`renew_many`](LockSet::renew_many) are one statement
-/// each, whatever the number of records; each row keeps the table lock's contract.
+/// [`get_many`](LockSet::get_many), [`renew_many`](LockSet::renew_many) and a round of both
+/// ([`renew_and_read`](LockSet::renew_and_read)) are one statement each, whatever the number of
+/// records; each row keeps the table lock's contract.
 #[derive(Clone, Debug)]
 pub struct PostgresLockSet {
     store: PostgresStore,
@@ -92,44 +93,90 @@ impl LockSet for PostgresLockSet {
     }
 
     async fn renew_many(&self, renewals: &[Renewal]) -> Vec<Result<Observed, LockError>> {
-        let mut columns = Columns::default();
-        let mut unusable = HashMap::new();
-        for (i, renewal) in renewals.iter().enumerate() {
-            let params = RecordColumns::new(&renewal.record, BACKEND);
-            match (params, parse_version(&renewal.version)) {
-                (Ok(params), Some(expected)) => columns.push(&renewal.key, params, expected),
-                (Err(err), _) => {
-                    unusable.insert(i, err);
-                }
-                // A version this table never issued matches no row.
-                (_, None) => {
-                    unusable.insert(i, LockError::conflict(BACKEND));
-                }
-            }
-        }
+        let (columns, unusable) = Columns::of(renewals);
         let sql = &self.store.inner().table_statements.renew_many;
         let rows = match self.query(sql, &columns.params()).await {
             Ok(rows) => rows,
             Err(err) => return err.for_each(renewals.len()),
         };
         let written: HashMap<String, i64> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
-        renewals
-            .iter()
-            .enumerate()
-            .map(|(i, renewal)| {
-                if let Some(err) = unusable.remove(&i) {
-                    return Err(err);
-                }
-                match written.get(&renewal.key) {
-                    Some(&version) => Ok(Observed {
-                        record: renewal.record.clone(),
-                        version: Version::from(version),
-                    }),
-                    None => Err(LockError::conflict(BACKEND)),
-                }
-            })
-            .collect()
+        answer_renewals(renewals, unusable, |key| written.get(key).copied())
     }
+
+    /// One statement: the renewals, then the read, which sees them.
+    async fn renew_and_read(
+        &self,
+        renewals: &[Renewal],
+        keys: &[String],
+        known: &[Known<'_>],
+    ) -> RenewedAndRead {
+        if renewals.is_empty() {
+            let read = self.get_changed(keys, known).await;
+            return RenewedAndRead {
+                renewed: Vec::new(),
+                read,
+            };
+        }
+        let (columns, unusable) = Columns::of(renewals);
+        let mut params = columns.params().to_vec();
+        params.push(&keys);
+        let sql = &self.store.inner().table_statements.renew_and_read;
+        let rows = match self.query(sql, &params).await {
+            Ok(rows) => rows,
+            Err(err) => {
+                return RenewedAndRead {
+                    renewed: err.for_each(renewals.len()),
+                    read: err.for_each(keys.len()),
+                };
+            }
+        };
+        let context = self.store.context();
+        let mut written = HashMap::new();
+        let mut found: HashMap<String, Result<Observed, LockError>> = HashMap::new();
+        for row in &rows {
+            let name: String = row.get(1);
+            let observed = decode(row, 2, &format!("{context} election {name:?}"));
+            if row.get::<_, bool>(0)
+                && let Ok(observed) = &observed
+            {
+                written.insert(name.clone(), observed.version.clone());
+            }
+            found.insert(name, observed);
+        }
+        let renewed = answer_renewals(renewals, unusable, |key| {
+            written.get(key).and_then(parse_version)
+        });
+        let read = keys
+            .iter()
+            .map(|key| found.remove(key).transpose().map(Reread::Now))
+            .collect();
+        RenewedAndRead { renewed, read }
+    }
+}
+
+/// The answer to each renewal: its error if it could not be sent, else the version `written`
+/// gives its key, or a conflict when the row was not written.
+fn answer_renewals(
+    renewals: &[Renewal],
+    mut unusable: HashMap<usize, LockError>,
+    written: impl Fn(&str) -> Option<i64>,
+) -> Vec<Result<Observed, LockError>> {
+    renewals
+        .iter()
+        .enumerate()
+        .map(|(i, renewal)| {
+            if let Some(err) = unusable.remove(&i) {
+                return Err(err);
+            }
+            match written(&renewal.key) {
+                Some(version) => Ok(Observed {
+                    record: renewal.record.clone(),
+                    version: Version::from(version),
+                }),
+                None => Err(LockError::conflict(BACKEND)),
+            }
+        })
+        .collect()
 }
 
 /// The renewals as the columns `renew_many` unnests.
@@ -148,6 +195,26 @@ struct Columns {
 }
 
 impl Columns {
+    /// The columns of `renewals`, and the error of each that cannot be sent (by its index).
+    fn of(renewals: &[Renewal]) -> (Self, HashMap<usize, LockError>) {
+        let mut columns = Self::default();
+        let mut unusable = HashMap::new();
+        for (i, renewal) in renewals.iter().enumerate() {
+            let params = RecordColumns::new(&renewal.record, BACKEND);
+            match (params, parse_version(&renewal.version)) {
+                (Ok(params), Some(expected)) => columns.push(&renewal.key, params, expected),
+                (Err(err), _) => {
+                    unusable.insert(i, err);
+                }
+                // A version this table never issued matches no row.
+                (_, None) => {
+                    unusable.insert(i, LockError::conflict(BACKEND));
+                }
+            }
+        }
+        (columns, unusable)
+    }
+
     fn push(&mut self, name: &str, p: RecordColumns, expected: i64) {
         self.names.push(name.to_owned());
         self.holders.push(p.holder);

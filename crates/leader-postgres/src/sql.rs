@@ -152,6 +152,10 @@ pub(crate) struct Statements {
     /// Returns the name and new version of each row written; a row not returned lost its
     /// compare-and-swap.
     pub(crate) renew_many: String,
+    /// `renew_many`, then `get_many` of `$11` names, in one statement: each row is whether it
+    /// is a renewal's (true: as written, which the read of that name sees too), the name, then
+    /// the columns.
+    pub(crate) renew_and_read: String,
 }
 
 impl Statements {
@@ -287,7 +291,7 @@ ALTER TABLE {t} ADD COLUMN IF NOT EXISTS extensions text"
             held("$1")
         );
         let get_many = format!("SELECT name, {COLUMNS} FROM {t} WHERE name = ANY($1::text[])");
-        let renew_many = format!(
+        let renewals = format!(
             "UPDATE {t} AS l SET holder_identity = v.holder, lease_duration_ms = v.lease_ms,
                acquire_time = v.acquire, renew_time = v.renew, leader_transitions = v.transitions,
                strategy = v.strategy, preferred_holder = v.preferred, extensions = v.extensions,
@@ -298,12 +302,23 @@ ALTER TABLE {t} ADD COLUMN IF NOT EXISTS extensions text"
                AS v(name, holder, lease_ms, acquire, renew, transitions, strategy, preferred,
                     extensions, expected)
              WHERE l.name = v.name AND l.version = v.expected AND l.holder_identity = v.holder
-               AND {VALID}
-             RETURNING l.name, l.version"
+               AND {VALID}"
+        );
+        let renew_many = format!("{renewals} RETURNING l.name, l.version");
+        // A statement's reads see the table as it began: a renewed row is answered as written.
+        let written: Vec<String> = COLUMNS.split(", ").map(|c| format!("l.{c}")).collect();
+        let renew_and_read = format!(
+            "WITH renewed AS ({renewals} RETURNING l.name, {written})
+             SELECT true, name, {COLUMNS} FROM renewed
+             UNION ALL
+             SELECT false, name, {COLUMNS} FROM {t}
+             WHERE name = ANY($11::text[]) AND name NOT IN (SELECT name FROM renewed)",
+            written = written.join(", ")
         );
         Self {
             get_many,
             renew_many,
+            renew_and_read,
             create_table,
             get,
             create,

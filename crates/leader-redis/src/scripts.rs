@@ -238,12 +238,15 @@ return {1, version, transitions, ARGV[2], record, -1}
     )
 });
 
-/// `get` of many elections (a shard set's read): KEYS the hash, fence counter and extensions
-/// key of each, in threes; ARGV what the reader holds of each: a version, `-` (absent) or
-/// empty (nothing). Returns one entry per election: `{3}` for one still as held (after one
-/// `HGET`, or one `EXISTS` for an absent one), else `{0}` absent, `{1, version, holder,
-/// transitions, record}`, or `{2, error}` for one that cannot be read.
-pub(crate) static GET_CHANGED: LazyLock<LuaScript> = LazyLock::new(|| {
+/// A shard set's round: `renew` of many elections, then a read of many. ARGV[1] is the number
+/// `n` of renewals. KEYS[1..n] are the renewed hashes, with ARGV the expected version and lease
+/// ms of each, in pairs: each hash still holding its version has its expiry extended, as
+/// `renew` does. The read's keys follow, three per election (its hash, fence and extensions),
+/// with an ARGV each after the pairs: what the reader holds of the election, `-` for absent, a
+/// version, or empty for nothing. Returns `{renewed, entries}`: 1 (renewed) or 0 (the record
+/// changed) per renewal; per election read `{0}` (none), `{1, version, holder, transitions,
+/// record}`, `{2, error}` (not a lock's hash), or `{3}` (still as the reader holds it).
+pub(crate) static RENEW_AND_READ: LazyLock<LuaScript> = LazyLock::new(|| {
     script(
         r#"
 -- The entry of an election whose keys start at KEYS[i], read in full.
@@ -256,38 +259,29 @@ local function read_entry(i)
   return {1, cur.version, cur.holder, cur.transitions, cur.record}
 end
 
-local out = {}
-for i = 1, #KEYS, 3 do
-  local known = ARGV[(i + 2) / 3]
+local n = tonumber(ARGV[1])
+local renewed = {}
+for i = 1, n do
+  if redis.call('HGET', KEYS[i], 'version') == ARGV[2 * i] then
+    redis.call('PEXPIRE', KEYS[i], ARGV[2 * i + 1])
+    renewed[i] = 1
+  else
+    renewed[i] = 0
+  end
+end
+
+local entries = {}
+for i = n + 1, #KEYS, 3 do
+  local known = ARGV[2 * n + 1 + (i - n + 2) / 3]
   local entry
   if known == '-' then
     if redis.call('EXISTS', KEYS[i]) == 0 then entry = {3} end
   elseif known ~= '' and redis.pcall('HGET', KEYS[i], 'version') == known then
     entry = {3}
   end
-  out[#out + 1] = entry or read_entry(i)
+  entries[#entries + 1] = entry or read_entry(i)
 end
-return out
-"#,
-    )
-});
-
-/// `renew` of many elections (a shard set's round): KEYS the hashes, ARGV the expected version
-/// and lease ms of each, in pairs. Each hash still holding its version has its expiry extended,
-/// as `renew` does. Returns 1 (renewed) or 0 (the record changed) per election.
-pub(crate) static RENEW_MANY: LazyLock<LuaScript> = LazyLock::new(|| {
-    bare(
-        r#"
-local out = {}
-for i = 1, #KEYS do
-  if redis.call('HGET', KEYS[i], 'version') == ARGV[2 * i - 1] then
-    redis.call('PEXPIRE', KEYS[i], ARGV[2 * i])
-    out[i] = 1
-  else
-    out[i] = 0
-  end
-end
-return out
+return {renewed, entries}
 "#,
     )
 });

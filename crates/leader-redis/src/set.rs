@@ -1,11 +1,12 @@
-//! A shard set's records on one Redis server: one script reads them all (sending only those
-//! whose version changed, when the reader says which it holds), one renews all of a member's.
+//! A shard set's records on one Redis server: one script renews all of a member's and then reads
+//! them all (sending only those whose version changed, when the reader says which it holds).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use leader_core::{
-    KeyedLocks, Known, LockError, LockSet, Observed, Renewal, Reread, ResourceLock, async_trait,
+    KeyedLocks, Known, LockError, LockSet, Observed, Renewal, RenewedAndRead, Reread, ResourceLock,
+    async_trait,
 };
 use redis::Value;
 
@@ -15,8 +16,9 @@ use crate::scripts;
 use crate::store::RedisStore;
 
 /// The records of a shard set on one Redis server ([`RedisStore::lock_set`]).
-/// [`get_many`](LockSet::get_many) and [`renew_many`](LockSet::renew_many) are one script each,
-/// whatever the number of records, each record kept as the [`RedisLock`](crate::RedisLock)
+/// [`get_many`](LockSet::get_many), [`renew_many`](LockSet::renew_many) and a round of both
+/// ([`renew_and_read`](LockSet::renew_and_read)) are one script each, whatever the number of
+/// records, each record kept as the [`RedisLock`](crate::RedisLock)
 /// keeps it. A Redis Cluster refuses scripts over keys of several slots: there the set falls
 /// back to a request per record, once it has seen the refusal.
 #[derive(Clone, Debug)]
@@ -48,37 +50,62 @@ impl RedisLockSet {
         format!("{} shard set", self.store.inner.redacted)
     }
 
-    /// Runs the read script over the elections `names`, with what is held of each in `args`:
-    /// one entry per election, or the error of the whole batch.
-    async fn read(
+    /// Runs the round script: `renewals`, then a read of the elections `names` with what is
+    /// held of each (`known`, one per name). One answer per renewal (renewed or not) and per
+    /// election, or the error of the whole batch.
+    async fn round(
         &self,
+        renewals: &[Renewal],
         names: &[String],
-        args: &[&[u8]],
-    ) -> Result<Vec<Result<Reread, LockError>>, LockError> {
-        let all: Vec<[String; 4]> = names
+        known: &[Known<'_>],
+    ) -> Result<(Vec<bool>, Vec<Result<Reread, LockError>>), LockError> {
+        let prefix = &self.store.inner.prefix;
+        let renewed_keys: Vec<String> = renewals
             .iter()
-            .map(|n| keys(&self.store.inner.prefix, n))
+            .map(|r| keys(prefix, &r.key)[0].clone())
             .collect();
-        let batch: Vec<&str> = all
+        let read_keys: Vec<[String; 4]> = names.iter().map(|n| keys(prefix, n)).collect();
+        let batch: Vec<&str> = renewed_keys
             .iter()
-            .flat_map(|k| k[..3].iter().map(String::as_str))
+            .map(String::as_str)
+            .chain(
+                read_keys
+                    .iter()
+                    .flat_map(|k| k[..3].iter().map(String::as_str)),
+            )
             .collect();
-        let entries: Vec<Vec<Value>> =
-            eval(&self.store, &scripts::GET_CHANGED, &batch, args, || {
+        let mut args: Vec<Vec<u8>> = vec![renewals.len().to_string().into_bytes()];
+        for renewal in renewals {
+            let lease_ms = u64::try_from(renewal.record.lease_duration.as_millis())
+                .unwrap_or(u64::MAX)
+                .max(1);
+            args.push(renewal.version.as_str().as_bytes().to_vec());
+            args.push(lease_ms.to_string().into_bytes());
+        }
+        // Versions are decimal numbers: `-` cannot be one.
+        args.extend(known.iter().map(|k| match k {
+            Known::Nothing => Vec::new(),
+            Known::Absent => b"-".to_vec(),
+            Known::Version(v) => v.as_str().as_bytes().to_vec(),
+        }));
+        let args: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+        let (renewed, entries): (Vec<i64>, Vec<Vec<Value>>) =
+            eval(&self.store, &scripts::RENEW_AND_READ, &batch, &args, || {
                 self.context()
             })
             .await?;
-        if entries.len() != names.len() {
+        if renewed.len() != renewals.len() || entries.len() != names.len() {
             return Err(LockError::unavailable(
                 BACKEND,
                 "a batch answer of the wrong length",
             ));
         }
-        Ok(entries
+        let entries = entries
             .into_iter()
-            .zip(&all)
+            .zip(&read_keys)
             .map(|(entry, keys)| self.entry(&entry, &keys[0]))
-            .collect())
+            .collect();
+        Ok((renewed.into_iter().map(|done| done == 1).collect(), entries))
     }
 
     /// Decodes one entry of a read script's answer for the election whose hash is `key`.
@@ -178,70 +205,41 @@ impl LockSet for RedisLockSet {
         names: &[String],
         known: &[Known<'_>],
     ) -> Vec<Result<Reread, LockError>> {
-        if self.per_key.load(Ordering::Relaxed) || names.len() != known.len() {
-            return self.locks.get_changed(names, known).await;
-        }
-        // Versions are decimal numbers: `-` cannot be one.
-        let args: Vec<&[u8]> = known
-            .iter()
-            .map(|k| match k {
-                Known::Nothing => &b""[..],
-                Known::Absent => &b"-"[..],
-                Known::Version(v) => v.as_str().as_bytes(),
-            })
-            .collect();
-        match self.read(names, &args).await {
-            Ok(entries) => entries,
-            Err(err) if self.refused_by_cluster(&err) => self.locks.get_changed(names, known).await,
-            Err(err) => failed(names.len(), &err),
-        }
+        self.renew_and_read(&[], names, known).await.read
     }
 
+    /// One script, whatever the number of records.
     async fn renew_many(&self, renewals: &[Renewal]) -> Vec<Result<Observed, LockError>> {
-        if self.per_key.load(Ordering::Relaxed) {
-            return self.locks.renew_many(renewals).await;
+        self.renew_and_read(renewals, &[], &[]).await.renewed
+    }
+
+    /// One script: the renewals, then the read.
+    async fn renew_and_read(
+        &self,
+        renewals: &[Renewal],
+        names: &[String],
+        known: &[Known<'_>],
+    ) -> RenewedAndRead {
+        if self.per_key.load(Ordering::Relaxed) || names.len() != known.len() {
+            return self.locks.renew_and_read(renewals, names, known).await;
         }
-        let all: Vec<String> = renewals
-            .iter()
-            .map(|r| keys(&self.store.inner.prefix, &r.key)[0].clone())
-            .collect();
-        let batch: Vec<&str> = all.iter().map(String::as_str).collect();
-        let args: Vec<Vec<u8>> = renewals
-            .iter()
-            .flat_map(|r| {
-                let lease_ms = u64::try_from(r.record.lease_duration.as_millis())
-                    .unwrap_or(u64::MAX)
-                    .max(1);
-                [
-                    r.version.as_str().as_bytes().to_vec(),
-                    lease_ms.to_string().into_bytes(),
-                ]
-            })
-            .collect();
-        let args: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
-        let answer: Result<Vec<i64>, LockError> =
-            eval(&self.store, &scripts::RENEW_MANY, &batch, &args, || {
-                self.context()
-            })
-            .await;
-        let renewed = match answer {
-            Ok(renewed) if renewed.len() == renewals.len() => renewed,
-            Ok(_) => {
-                return failed(
-                    renewals.len(),
-                    &LockError::unavailable(BACKEND, "a batch answer of the wrong length"),
-                );
-            }
+        let (renewed, read) = match self.round(renewals, names, known).await {
+            Ok(answer) => answer,
             Err(err) if self.refused_by_cluster(&err) => {
-                return self.locks.renew_many(renewals).await;
+                return self.locks.renew_and_read(renewals, names, known).await;
             }
-            Err(err) => return failed(renewals.len(), &err),
+            Err(err) => {
+                return RenewedAndRead {
+                    renewed: failed(renewals.len(), &err),
+                    read: failed(names.len(), &err),
+                };
+            }
         };
-        renewals
+        let renewed = renewals
             .iter()
             .zip(renewed)
             .map(|(renewal, done)| {
-                if done == 1 {
+                if done {
                     // Renewed in the store: the record and its version stay as they were.
                     Ok(Observed {
                         record: renewal.record.clone(),
@@ -251,6 +249,7 @@ impl LockSet for RedisLockSet {
                     Err(LockError::conflict(BACKEND))
                 }
             })
-            .collect()
+            .collect();
+        RenewedAndRead { renewed, read }
     }
 }

@@ -38,3 +38,77 @@ async fn a_record_not_renewed_is_gone_from_the_read_after_its_lease() {
         "still read after its lease: {read:?}"
     );
 }
+
+/// A member's round, its renewals and its read of the set, is one script on the server,
+/// whatever the number of records (the commands `MONITOR` shows a client sending with the set's
+/// keys).
+#[tokio::test]
+async fn a_round_is_one_script_whatever_the_number_of_records() {
+    use futures_util::StreamExt;
+    use leader_core::{Known, Reread};
+
+    let Some(store) = store().await else { return };
+    let set = store.lock_set("member-1");
+    let name = unique("round");
+    let keys: Vec<String> = (0..50).map(|i| format!("{name}-shard-{i}")).collect();
+    let mut taken = Vec::new();
+    for key in &keys {
+        let observed = set
+            .lock(key)
+            .create(&leader_core::conformance::record("member-1", 1))
+            .await
+            .expect("create");
+        taken.push((key.clone(), observed));
+    }
+    let renewals = leader_core::conformance::renewals(&taken);
+    let known: Vec<Known<'_>> = taken
+        .iter()
+        .map(|(_, o)| Known::Version(&o.version))
+        .collect();
+
+    let client = redis::Client::open(common::redis_url()).expect("REDIS_URL");
+    let mut monitor = client
+        .get_async_monitor()
+        .await
+        .expect("MONITOR")
+        .into_on_message::<String>();
+    let round = set.renew_and_read(&renewals, &keys, &known).await;
+    assert!(
+        round.renewed.iter().all(Result::is_ok),
+        "{:?}",
+        round.renewed
+    );
+    assert!(
+        round.read.iter().all(|r| matches!(r, Ok(Reread::Same))),
+        "{:?}",
+        round.read
+    );
+    // A command after the round marks the end of what the monitor is to see.
+    let end = format!("{name}-end");
+    let mut admin = common::admin().await.expect("admin");
+    let _: Option<String> = redis::cmd("GET")
+        .arg(&end)
+        .query_async(&mut admin)
+        .await
+        .expect("GET");
+    let mut seen = Vec::new();
+    while let Some(line) = tokio::time::timeout(Duration::from_secs(5), monitor.next())
+        .await
+        .expect("the monitor saw the end")
+    {
+        if line.contains(&end) {
+            break;
+        }
+        // The commands a script runs show as the script's (`[DB lua]`): not requests.
+        if line.contains(&name) && !line.contains(" lua]") {
+            seen.push(line.chars().take(120).collect::<String>());
+        }
+    }
+    assert_eq!(seen.len(), 1, "one command for the round: {seen:#?}");
+    assert!(
+        seen[0].to_ascii_uppercase().contains("\"EVALSHA\"")
+            || seen[0].to_ascii_uppercase().contains("\"EVAL\""),
+        "{}",
+        seen[0]
+    );
+}

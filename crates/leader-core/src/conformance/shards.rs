@@ -329,7 +329,8 @@ pub async fn shard_protocol(factory: &dyn LockFactory) {
 /// the reader holds, except that a record still at its version may be answered unchanged; a
 /// batch renewal as each lock's
 /// `renew` (a stale version, or a record another holder took, a conflict that leaves the
-/// others renewed), and what it wrote is what the locks then read.
+/// others renewed), and what it wrote is what the locks then read; a round of both
+/// ([`LockSet::renew_and_read`]) as the renewal then the read.
 pub async fn batches_answer_as_their_locks(factory: &dyn LockFactory) {
     let Some(set) = factory.lock_set("a").await else {
         return;
@@ -458,8 +459,61 @@ pub async fn batches_answer_as_their_locks(factory: &dyn LockFactory) {
     // The renewed record goes on: renewed again through its lock.
     let mut again = first.record.clone();
     again.renew_time = super::now();
-    set.lock(&keys[0])
+    let held = set
+        .lock(&keys[0])
         .renew(&first.version, &again)
         .await
         .expect("renewed by its lock");
+
+    // A round: renewals, then a read that sees them.
+    let renewals = vec![
+        Renewal {
+            key: keys[0].clone(),
+            version: held.version.clone(),
+            record: held.record.clone(),
+        },
+        renewal(2, stored[2].version.clone()),
+    ];
+    let known = vec![
+        Known::Version(&held.version),
+        Known::Nothing,
+        Known::Version(&stored[2].version),
+        Known::Absent,
+    ];
+    let round = set.renew_and_read(&renewals, &keys, &known).await;
+    assert_eq!(
+        round.renewed.len(),
+        renewals.len(),
+        "one answer per renewal"
+    );
+    assert_eq!(round.read.len(), keys.len(), "one answer per key");
+    let renewed = round.renewed[0]
+        .as_ref()
+        .expect("the holder's renewal in a round");
+    assert!(
+        matches!(round.renewed[1], Err(LockError::Conflict { .. })),
+        "a record another holder took, renewed in a round: expected a conflict, got {:?}",
+        round.renewed[1]
+    );
+    for (i, answer) in round.read.iter().enumerate() {
+        let single = set.lock(&keys[i]).get().await.expect("get");
+        match answer.as_ref().expect("the read of a round") {
+            Reread::Same => assert!(
+                (i == 0 && renewed.version == held.version) || i == 3,
+                "the read of a round said {} unchanged, but it changed",
+                keys[i]
+            ),
+            Reread::Now(now) => assert_eq!(
+                now, &single,
+                "the read of a round differs from the lock's get of {} after it",
+                keys[i]
+            ),
+        }
+    }
+    if let Ok(Reread::Now(Some(now))) = &round.read[0] {
+        assert_eq!(
+            now.version, renewed.version,
+            "the read of a round does not see its renewal"
+        );
+    }
 }

@@ -66,6 +66,9 @@ pub struct Renewal {
 ///   statement, one Redis script, one etcd transaction) overrides them, so that a replica's
 ///   cost per retry period does not grow with the number of shards. A batch may fail as a
 ///   whole (every result the same error), never half-applied without saying which.
+/// * [`renew_and_read`](Self::renew_and_read) answers as `renew_many` then `get_changed`
+///   would, one after the other; a backend that can do both in one request overrides it, so
+///   that a member's round (its renewals and its read of the set) is one request.
 #[async_trait]
 pub trait LockSet: Send + Sync + fmt::Debug {
     /// The lock on record `key`.
@@ -123,6 +126,32 @@ pub trait LockSet: Send + Sync + fmt::Debug {
         }))
         .await
     }
+
+    /// Renews `renewals`, then reads `keys` for a reader holding `known` (as
+    /// [`get_changed`](Self::get_changed)): the answers of both, each in order. The read sees
+    /// the renewals: a record renewed here is read as renewed. The default sends
+    /// [`renew_many`](Self::renew_many), then `get_changed` once it answered; a backend
+    /// overrides it where one request can do both (one SQL statement, one Redis script), or
+    /// where it knows the records without asking (etcd, from its watch of the set).
+    async fn renew_and_read(
+        &self,
+        renewals: &[Renewal],
+        keys: &[String],
+        known: &[Known<'_>],
+    ) -> RenewedAndRead {
+        let renewed = self.renew_many(renewals).await;
+        let read = self.get_changed(keys, known).await;
+        RenewedAndRead { renewed, read }
+    }
+}
+
+/// The answers of [`LockSet::renew_and_read`].
+#[derive(Debug)]
+pub struct RenewedAndRead {
+    /// One per renewal, as [`LockSet::renew_many`] answers.
+    pub renewed: Vec<Result<Observed, LockError>>,
+    /// One per key read, as [`LockSet::get_changed`] answers.
+    pub read: Vec<Result<Reread, LockError>>,
 }
 
 /// What a reader holds of a record, for [`LockSet::get_changed`].
@@ -241,6 +270,14 @@ macro_rules! forward_set {
             }
             async fn renew_many(&self, renewals: &[Renewal]) -> Vec<Result<Observed, LockError>> {
                 (**self).renew_many(renewals).await
+            }
+            async fn renew_and_read(
+                &self,
+                renewals: &[Renewal],
+                keys: &[String],
+                known: &[Known<'_>],
+            ) -> RenewedAndRead {
+                (**self).renew_and_read(renewals, keys, known).await
             }
         }
     };

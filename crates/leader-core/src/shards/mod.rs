@@ -43,7 +43,7 @@ use crate::error::ConfigError;
 use crate::leadership::{Leadership, StepDown};
 use crate::status::IdentityConflict;
 
-pub use locks::{KeyedLocks, Known, LockSet, Renewal, Reread, common_prefix};
+pub use locks::{KeyedLocks, Known, LockSet, Renewal, RenewedAndRead, Reread, common_prefix};
 
 /// The most shards a set may have.
 pub const MAX_SHARDS: u32 = 100_000;

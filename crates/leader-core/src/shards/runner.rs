@@ -244,19 +244,21 @@ impl Runner {
                 _ = round.tick() => {}
             }
             self.serve_requests().await;
-            self.renew().await;
             if Instant::now() >= self.next_attempt {
                 let full = !self.settled || Instant::now() >= self.full_read_due;
-                let mut step = self.read_and_act(full).await;
+                // The renewals and the read in one request where the store allows it.
+                let mut step = self.read_and_act(full, true).await;
                 // A change seen in a read of the members alone: read the shards at once.
                 if matches!(step, Ok(true)) && !full && !self.settled {
-                    step = self.read_and_act(true).await;
+                    step = self.read_and_act(true, false).await;
                 }
                 if let Err(err) = step {
                     // The caller says so (the `leader` command in one line).
                     result = Err(err);
                     break;
                 }
+            } else {
+                self.renew().await;
             }
             self.publish(false);
         }
@@ -265,10 +267,11 @@ impl Runner {
         result
     }
 
-    /// A read of the set (`full`: with every shard), and what follows from it. False when the
-    /// read failed (reported, and the next one backs off).
-    async fn read_and_act(&mut self, full: bool) -> Result<bool, ShardsError> {
-        match self.read(full).await {
+    /// A read of the set (`full`: with every shard), after this round's renewals when `renew`
+    /// says so, and what follows from it. False when the read failed (reported, and the next
+    /// one backs off).
+    async fn read_and_act(&mut self, full: bool, renew: bool) -> Result<bool, ShardsError> {
+        match self.read(full, renew).await {
             Ok(view) => {
                 self.backoff.succeeded();
                 self.next_attempt = Instant::now();
@@ -512,9 +515,33 @@ impl Runner {
         }
     }
 
-    /// Renews the member record and every shard in one batch. A term whose renewal is refused
-    /// ends at once; one whose deadline passed meanwhile is not extended (S3).
+    /// Renews the member record and every shard in one batch (see [`renewed`](Self::renewed)).
     async fn renew(&mut self) {
+        let (renewals, whose) = self.renewals();
+        if renewals.is_empty() {
+            return;
+        }
+        let started = Instant::now();
+        match tokio::time::timeout(self.config.request_timeout, self.set.renew_many(&renewals))
+            .await
+        {
+            Ok(results) => self.renewed(whose, results, started),
+            Err(_) => self.renew_timed_out(),
+        }
+    }
+
+    fn renew_timed_out(&self) {
+        let err = LockError::Timeout {
+            lock: self.set.describe(),
+            operation: "renew",
+            after: self.config.request_timeout,
+        };
+        self.report("renew", &err);
+    }
+
+    /// This round's renewals of the member record and every shard, and whose each is (`None`:
+    /// the member record's), once the terms past their deadline have ended.
+    fn renewals(&mut self) -> (Vec<Renewal>, Vec<Option<u32>>) {
         self.drop_expired();
         let mut renewals = Vec::new();
         let mut whose = Vec::new();
@@ -529,25 +556,17 @@ impl Runner {
                 record,
             });
         }
-        if renewals.is_empty() {
-            return;
-        }
-        let started = Instant::now();
-        let results =
-            match tokio::time::timeout(self.config.request_timeout, self.set.renew_many(&renewals))
-                .await
-            {
-                Ok(results) => results,
-                Err(_) => {
-                    let err = LockError::Timeout {
-                        lock: self.set.describe(),
-                        operation: "renew",
-                        after: self.config.request_timeout,
-                    };
-                    self.report("renew", &err);
-                    return;
-                }
-            };
+        (renewals, whose)
+    }
+
+    /// Takes the answers of the renewals sent at `started`. A term whose renewal is refused
+    /// ends at once; one whose deadline passed meanwhile is not extended (S3).
+    fn renewed(
+        &mut self,
+        whose: Vec<Option<u32>>,
+        results: Vec<Result<Observed, LockError>>,
+        started: Instant,
+    ) {
         let took = started.elapsed();
         let mut failed = None;
         let mut renewed = 0usize;
@@ -776,8 +795,15 @@ impl Runner {
 
     /// Reads the roster, the member records it named last time and (`full`) every shard, in
     /// one batch; the shards with the versions last read, so that the store may answer those
-    /// unchanged without sending them ([`LockSet::get_changed`]).
-    async fn read(&mut self, full: bool) -> Result<View, LockError> {
+    /// unchanged without sending them ([`LockSet::get_changed`]). With `renew`, this round's
+    /// renewals go first, in the same request where the store allows it
+    /// ([`LockSet::renew_and_read`]).
+    async fn read(&mut self, full: bool, renew: bool) -> Result<View, LockError> {
+        let (renewals, whose) = if renew {
+            self.renewals()
+        } else {
+            Default::default()
+        };
         let keys = std::mem::take(&mut self.read_keys);
         if self.shard_records.len() != self.shard_keys.len() {
             // A round dropped while it acted (see `act`) took them along: read them all again.
@@ -805,11 +831,31 @@ impl Runner {
                     .take(asked.len() - first_shard),
             )
             .collect();
-        let results = tokio::time::timeout(
-            self.config.request_timeout,
-            self.set.get_changed(asked, &known),
-        )
-        .await;
+        let started = Instant::now();
+        let results = if renewals.is_empty() {
+            tokio::time::timeout(
+                self.config.request_timeout,
+                self.set.get_changed(asked, &known),
+            )
+            .await
+        } else {
+            let answer = tokio::time::timeout(
+                self.config.request_timeout,
+                self.set.renew_and_read(&renewals, asked, &known),
+            )
+            .await;
+            drop(known);
+            match answer {
+                Ok(answer) => {
+                    self.renewed(whose, answer.renewed, started);
+                    Ok(answer.read)
+                }
+                Err(elapsed) => {
+                    self.renew_timed_out();
+                    Err(elapsed)
+                }
+            }
+        };
         let results = match results {
             Ok(results) if results.len() == asked.len() => results,
             Ok(_) => {
@@ -1604,7 +1650,7 @@ mod tests {
     use tokio::time::sleep;
     use tokio_util::sync::CancellationToken;
 
-    use super::super::{KeyedLocks, LockSet, Renewal, Shards};
+    use super::super::{KeyedLocks, Known, LockSet, Renewal, RenewedAndRead, Shards};
     use crate::config::Timings;
     use crate::error::LockError;
     use crate::leadership::StepDownReason;
@@ -1618,11 +1664,13 @@ mod tests {
         retry_period: Duration::from_secs(1),
     };
 
-    /// A member's records, with the number of keys of each read.
+    /// A member's records, with the number of keys of each read and the number of renewals
+    /// sent alone (not with a read).
     #[derive(Debug)]
     struct Reads {
         inner: KeyedLocks,
         sizes: Arc<Mutex<Vec<usize>>>,
+        renewals_alone: Arc<Mutex<usize>>,
     }
 
     #[async_trait]
@@ -1641,19 +1689,31 @@ mod tests {
             self.inner.get_many(keys).await
         }
         async fn renew_many(&self, renewals: &[Renewal]) -> Vec<Result<Observed, LockError>> {
+            *self.renewals_alone.lock().unwrap() += 1;
             self.inner.renew_many(renewals).await
+        }
+        async fn renew_and_read(
+            &self,
+            renewals: &[Renewal],
+            keys: &[String],
+            known: &[Known<'_>],
+        ) -> RenewedAndRead {
+            self.sizes.lock().unwrap().push(keys.len());
+            self.inner.renew_and_read(renewals, keys, known).await
         }
     }
 
     /// Once balanced, a member reads every shard once per half a lease, and otherwise the
-    /// roster and the members alone; a round that changes nothing publishes nothing. Then a
-    /// join is seen by the members' read, and the shards are read again at once.
+    /// roster and the members alone, with its renewals in the same request; a round that
+    /// changes nothing publishes nothing. Then a join is seen by the members' read, and the
+    /// shards are read again at once.
     #[tokio::test]
     async fn a_settled_member_reads_the_shards_only_now_and_then() {
         tokio::time::pause();
         const COUNT: u32 = 30;
         let store = MemoryStore::new();
         let shutdown = CancellationToken::new();
+        let renewals_alone = Arc::new(Mutex::new(0));
         let join = |identity: &str| {
             let store = store.clone();
             let sizes = Arc::new(Mutex::new(Vec::new()));
@@ -1662,6 +1722,7 @@ mod tests {
                     Arc::new(store.lock(key, identity))
                 }),
                 sizes: sizes.clone(),
+                renewals_alone: renewals_alone.clone(),
             };
             let shards = Shards::builder("jobs", COUNT, locks)
                 .timings(TIMINGS)
@@ -1686,9 +1747,19 @@ mod tests {
         sleep(TIMINGS.lease_duration).await;
         state.mark_unchanged();
         sizes.lock().unwrap().clear();
+        *renewals_alone.lock().unwrap() = 0;
         // Twenty rounds with nothing changing.
         sleep(TIMINGS.retry_period * 20).await;
         let reads = std::mem::take(&mut *sizes.lock().unwrap());
+        assert!(
+            (19..=21).contains(&reads.len()),
+            "a read a round: {reads:?}"
+        );
+        assert_eq!(
+            *renewals_alone.lock().unwrap(),
+            0,
+            "renewals sent apart from the round's read"
+        );
         let full = reads.iter().filter(|&&n| n > COUNT as usize).count();
         let light = reads.iter().filter(|&&n| n == 4).count();
         assert_eq!(full + light, reads.len(), "{reads:?}");
