@@ -475,11 +475,11 @@ fn process_state(pid: i32) -> Option<char> {
 }
 
 /// Gone, or a zombie nobody reaped yet: it runs no more code either way.
-fn process_gone(pid: i32) -> bool {
+pub(crate) fn process_gone(pid: i32) -> bool {
     matches!(process_state(pid), None | Some('Z' | 'X'))
 }
 
-fn process_stopped(pid: i32) -> bool {
+pub(crate) fn process_stopped(pid: i32) -> bool {
     process_state(pid) == Some('T')
 }
 

@@ -39,6 +39,18 @@ pub struct Term {
 /// When a term was killed (or seen gone) or frozen: (identity, token) -> `CLOCK_MONOTONIC` ns.
 pub type Marks = BTreeMap<(String, u64), i128>;
 
+/// The highest token among `starts` (when each term started, and its token) that started
+/// before `at`, or 0: a write at `at` with a lower token was made after a later term had begun.
+#[must_use]
+pub fn highest_started_before(starts: impl IntoIterator<Item = (i128, u64)>, at: i128) -> u64 {
+    starts
+        .into_iter()
+        .filter(|(started, _)| *started < at)
+        .map(|(_, token)| token)
+        .max()
+        .unwrap_or(0)
+}
+
 /// The terms in `events`, ordered by start, each with its end.
 #[must_use]
 pub fn terms(events: &[Event], killed: &Marks, frozen: &Marks) -> Vec<Term> {

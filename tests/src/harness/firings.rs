@@ -23,6 +23,7 @@ use super::campaign::{
     Backend, Fault, HarnessError, Settings, command_group, connect_sink, crash_and_restart,
     drain_sink, proxy_to, stop_replicas,
 };
+use super::checker;
 use super::proxy::{Mode, Proxy};
 use super::servers::PrivateServer;
 
@@ -409,12 +410,7 @@ pub async fn run(
         let token = u64::try_from(row.get::<_, i64>(0)).unwrap_or(0);
         let at = i128::from(row.get::<_, i64>(1));
         let accepted: bool = row.get(2);
-        let highest = started
-            .iter()
-            .filter(|s| s.at < at)
-            .map(|s| s.token)
-            .max()
-            .unwrap_or(0);
+        let highest = checker::highest_started_before(started.iter().map(|s| (s.at, s.token)), at);
         if !accepted {
             report.stale_refused += 1;
         } else if token < highest {

@@ -19,7 +19,7 @@ use tokio::time::sleep;
 use super::Programs;
 use super::campaign::{
     Backend, Fault, HarnessError, Settings, command_groups, connect_sink, crash_and_restart,
-    drain_sink, proxy_to, stop_replicas, watch_commands,
+    drain_sink, poll, process_gone, process_stopped, proxy_to, stop_replicas, watch_commands,
 };
 use super::checker::{self, Marks};
 use super::proxy::{Mode, Proxy};
@@ -44,6 +44,11 @@ pub struct ShardsReport {
     pub stale_refused: usize,
     /// Stale writes the sink accepted: must be 0.
     pub stale_accepted: usize,
+    /// Writes a frozen term made once resumed, before the next term of its shard had written
+    /// anything: the sink accepted them, and they come before all of the next term's writes in
+    /// its order. Fencing promises no more (a process resumed acts before it can look at a
+    /// clock); they are not stale, and counted apart.
+    pub resumed_first: usize,
     /// Replicas that exited with no kill aimed at them (and were started again), with their
     /// exit status: each incarnation's stderr is kept beside the logs of a failed run.
     pub exited: Vec<String>,
@@ -65,8 +70,8 @@ struct Run<'a> {
     /// Per shard: a term's identity and token are unique within its shard only.
     killed: BTreeMap<u32, Marks>,
     frozen: BTreeMap<u32, Marks>,
-    /// The processes of each freeze's COMMAND groups, and when they were stopped.
-    frozen_pids: Vec<(BTreeSet<i32>, i128)>,
+    /// Every freeze: the processes it stopped, and when.
+    frozen_pids: Vec<Freeze>,
     exited: Vec<String>,
 }
 
@@ -95,41 +100,161 @@ fn members_of(groups: &[Pid]) -> BTreeSet<i32> {
         .collect()
 }
 
+/// One freeze of a replica: the processes of its COMMANDs it stopped, when they were all
+/// stopped, and when they were resumed.
+#[derive(Clone, Debug)]
+struct Freeze {
+    pids: BTreeSet<i32>,
+    stopped: i128,
+    thawed: i128,
+}
+
+/// How long after a thaw a start line can still be the one a frozen COMMAND had yet to write:
+/// `leader`'s watchdog kills such a COMMAND as soon as both run again, its term long past its
+/// deadline. Far too short for its process id to be another's by then (they wrap around after
+/// tens of thousands of processes).
+const LATE_START: i128 = 1_000_000_000;
+
+/// Stops replica `leader` and every process of its COMMANDs, and says which groups and
+/// processes: its children by process as well as by group (a child caught between its fork
+/// and its own `setpgid` has no group of its own yet, and a signal to that group would stop
+/// nothing: its COMMAND would then start and run through the freeze), over again until no
+/// process is new, then waits until each shows stopped.
+async fn freeze(leader: Pid) -> (Vec<Pid>, BTreeSet<i32>) {
+    let _ = kill(leader, Signal::SIGSTOP);
+    let mut groups = BTreeSet::new();
+    let mut pids = BTreeSet::new();
+    for _ in 0..20 {
+        let children = command_groups(leader.as_raw().cast_unsigned());
+        for child in &children {
+            let _ = kill(*child, Signal::SIGSTOP);
+            let _ = killpg(*child, Signal::SIGSTOP);
+        }
+        let mut found = members_of(&children);
+        found.extend(children.iter().map(|c| c.as_raw()));
+        let new: Vec<i32> = found.difference(&pids).copied().collect();
+        for pid in &new {
+            let _ = kill(Pid::from_raw(*pid), Signal::SIGSTOP);
+        }
+        groups.extend(children.iter().map(|c| c.as_raw()));
+        pids.extend(new.iter().copied());
+        if new.is_empty() {
+            break;
+        }
+    }
+    let _ = poll(Duration::from_secs(1), Duration::from_millis(1), || {
+        (process_stopped(leader.as_raw())
+            && pids.iter().all(|&p| process_stopped(p) || process_gone(p)))
+        .then_some(())
+    })
+    .await;
+    (groups.into_iter().map(Pid::from_raw).collect(), pids)
+}
+
 /// Freeze marks by process: a term whose COMMAND was in a frozen group is marked at the first
 /// freeze after its start, unless its own log marked it earlier. Only a freeze while the term
 /// could still run counts: before its stop line, and before it was killed. Process ids are
 /// reused (a long run wraps around them), so a later process with the pid of a term that had
 /// ended is not that term's COMMAND.
+///
+/// A COMMAND frozen before it wrote its start line (still starting, under load) writes it once
+/// resumed, and is killed by its `leader` at once: its term began before the freeze, and it acts
+/// after the thaw as any frozen term does, which the fence answers for. Such a start line (at
+/// most [`LATE_START`] after the thaw) is moved to the freeze, and the term marked there. A
+/// start line written during a freeze by one of its processes is a freeze that missed it: said
+/// in the returned list.
 fn mark_frozen_by_pid(
-    events: &[TermEvent],
-    frozen_pids: &[(BTreeSet<i32>, i128)],
+    events: &mut [TermEvent],
+    freezes: &[Freeze],
     killed: &Marks,
     frozen: &mut Marks,
-) {
-    for event in events.iter().filter(|e| e.start) {
+) -> Vec<String> {
+    let mut missed = Vec::new();
+    let stops: Vec<(String, u64, i128)> = events
+        .iter()
+        .filter(|e| !e.start)
+        .map(|e| (e.identity.clone(), e.token, e.at))
+        .collect();
+    for event in events.iter_mut().filter(|e| e.start) {
         let Some(pid) = event.pid else { continue };
         let key = (event.identity.clone(), event.token);
-        let stopped = events
+        let mut mark = |at: i128| {
+            let mark = frozen.entry(key.clone()).or_insert(at);
+            *mark = (*mark).min(at);
+        };
+        let ours = |f: &&Freeze| f.pids.contains(&pid) && f.stopped < event.at;
+        if let Some(freeze) = freezes
             .iter()
-            .filter(|e| !e.start && e.identity == event.identity && e.token == event.token)
-            .map(|e| e.at)
+            .filter(ours)
+            .find(|f| event.at >= f.thawed && event.at - f.thawed <= LATE_START)
+        {
+            event.at = freeze.stopped;
+            mark(freeze.stopped);
+            continue;
+        }
+        if let Some(freeze) = freezes.iter().filter(ours).find(|f| event.at < f.thawed) {
+            missed.push(format!(
+                "{} (token {}): its COMMAND, pid {pid}, wrote its start line during a freeze \
+                 that was to stop it (at {} ns, resumed at {} ns)",
+                event.identity, event.token, freeze.stopped, freeze.thawed
+            ));
+        }
+        let stopped = stops
+            .iter()
+            .filter(|(identity, token, _)| *identity == event.identity && *token == event.token)
+            .map(|(_, _, at)| *at)
             .min();
         let ended = [stopped, killed.get(&key).copied()]
             .into_iter()
             .flatten()
             .min();
-        let first = frozen_pids
+        let first = freezes
             .iter()
-            .filter(|(pids, at)| {
-                *at > event.at && ended.is_none_or(|end| *at < end) && pids.contains(&pid)
+            .filter(|f| {
+                f.stopped > event.at
+                    && ended.is_none_or(|end| f.stopped < end)
+                    && f.pids.contains(&pid)
             })
-            .map(|(_, at)| *at)
+            .map(|f| f.stopped)
             .min();
         if let Some(at) = first {
-            let mark = frozen.entry(key).or_insert(at);
-            *mark = (*mark).min(at);
+            mark(at);
         }
     }
+    missed
+}
+
+/// Whether an accepted write of `token` at `at`, on a shard whose terms started as `starts`
+/// say, is stale: a later term had started before it. A write of a frozen term after its freeze
+/// (`frozen_at`) is the fence's to judge: the sink took it only while no later token had been
+/// written, so it comes before all of the next term's writes (`Resumed`).
+fn judge_write(
+    token: u64,
+    at: i128,
+    accepted: bool,
+    starts: &[TermEvent],
+    frozen_at: Option<i128>,
+) -> Judged {
+    let highest = checker::highest_started_before(starts.iter().map(|s| (s.at, s.token)), at);
+    if !accepted {
+        Judged::Refused
+    } else if token >= highest {
+        Judged::Fine
+    } else if frozen_at.is_some_and(|frozen| frozen <= at) {
+        Judged::Resumed
+    } else {
+        Judged::Stale(highest)
+    }
+}
+
+/// What [`judge_write`] found.
+#[derive(Debug, PartialEq, Eq)]
+enum Judged {
+    Fine,
+    Refused,
+    Resumed,
+    /// Accepted, though a term with this higher token had started.
+    Stale(u64),
 }
 
 fn shard_log(dir: &Path, shard: u32) -> PathBuf {
@@ -218,24 +343,33 @@ impl Run<'_> {
             }
             Fault::Freeze => {
                 let Some(pid) = pid else { return Ok(false) };
-                // The replica first, so that it starts no COMMAND once its groups are read.
-                let _ = kill(Pid::from_raw(pid.cast_signed()), Signal::SIGSTOP);
-                let groups = command_groups(pid);
-                for group in &groups {
-                    let _ = killpg(*group, Signal::SIGSTOP);
-                }
-                let at = now_ns();
+                let leader = Pid::from_raw(pid.cast_signed());
+                let (groups, pids) = freeze(leader).await;
+                let stopped = now_ns();
                 for (shard, key) in self.open_terms(&identity) {
-                    self.frozen.entry(shard).or_default().insert(key, at);
+                    // A term still open by its log since an earlier freeze keeps that mark.
+                    self.frozen
+                        .entry(shard)
+                        .or_default()
+                        .entry(key)
+                        .or_insert(stopped);
                 }
-                // And by process: a COMMAND whose start line is not in its log yet (written
-                // late, under load) is frozen all the same; the checker finds its term by pid.
-                self.frozen_pids.push((members_of(&groups), at));
                 sleep(lasts).await;
+                let thawed = now_ns();
                 for group in &groups {
                     let _ = killpg(*group, Signal::SIGCONT);
                 }
-                let _ = kill(Pid::from_raw(pid.cast_signed()), Signal::SIGCONT);
+                for pid in &pids {
+                    let _ = kill(Pid::from_raw(*pid), Signal::SIGCONT);
+                }
+                let _ = kill(leader, Signal::SIGCONT);
+                // And by process: a COMMAND whose start line is not in its log yet (written
+                // late, under load) is frozen all the same; the checker finds its term by pid.
+                self.frozen_pids.push(Freeze {
+                    pids,
+                    stopped,
+                    thawed,
+                });
             }
             Fault::Cut => {
                 let Some(proxy) = self.proxies.get(slot) else {
@@ -364,15 +498,19 @@ pub async fn run(
 
     // Each shard on its own: terms that never overlap, tokens that grow.
     let mut starts: BTreeMap<u32, Vec<TermEvent>> = BTreeMap::new();
+    let mut frozen_by_shard: BTreeMap<u32, Marks> = BTreeMap::new();
     for shard in 0..SHARDS {
         let killed = run.killed.get(&shard).cloned().unwrap_or_default();
         let seen_gone = gone[shard as usize]
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
-        let events = term_events(&shard_log(dir.path(), shard));
+        let mut events = term_events(&shard_log(dir.path(), shard));
         let mut frozen = run.frozen.get(&shard).cloned().unwrap_or_default();
-        mark_frozen_by_pid(&events, &run.frozen_pids, &killed, &mut frozen);
+        let missed = mark_frozen_by_pid(&mut events, &run.frozen_pids, &killed, &mut frozen);
+        report
+            .violations
+            .extend(missed.into_iter().map(|m| format!("shard {shard}: {m}")));
         let terms = checker::terms_seen(&events, &killed, &frozen, &seen_gone);
         report.terms += terms.len();
         let (overlaps, violations) = checker::check(&terms);
@@ -383,31 +521,38 @@ pub async fn run(
                 .map(|v| format!("shard {shard}: {v}")),
         );
         starts.insert(shard, events.into_iter().filter(|e| e.start).collect());
+        frozen_by_shard.insert(shard, frozen);
     }
 
-    let rows = drain_sink(&sink, &prefix, "shard, token, at, accepted", &sink_error).await?;
+    let rows = drain_sink(
+        &sink,
+        &prefix,
+        "shard, token, writer, at, accepted",
+        &sink_error,
+    )
+    .await?;
     report.writes = rows.len();
     let keep = std::env::temp_dir().join(format!("leader-shards-{tag}"));
     for row in &rows {
         let shard = u32::try_from(row.get::<_, i32>(0)).unwrap_or(0);
         let token = u64::try_from(row.get::<_, i64>(1)).unwrap_or(0);
-        let at = i128::from(row.get::<_, i64>(2));
-        let accepted: bool = row.get(3);
-        let highest = starts
+        let writer: String = row.get(2);
+        let at = i128::from(row.get::<_, i64>(3));
+        let accepted: bool = row.get(4);
+        let frozen_at = frozen_by_shard
             .get(&shard)
-            .into_iter()
-            .flatten()
-            .filter(|s| s.at < at)
-            .map(|s| s.token)
-            .max()
-            .unwrap_or(0);
-        if !accepted {
-            report.stale_refused += 1;
-        } else if token < highest {
-            report.stale_accepted += 1;
-            report.violations.push(format!(
-                "shard {shard}: the sink accepted a stale write (token {token} < {highest})"
-            ));
+            .and_then(|marks| marks.get(&(writer, token)).copied());
+        let starts = starts.get(&shard).map_or(&[][..], Vec::as_slice);
+        match judge_write(token, at, accepted, starts, frozen_at) {
+            Judged::Fine => {}
+            Judged::Refused => report.stale_refused += 1,
+            Judged::Resumed => report.resumed_first += 1,
+            Judged::Stale(highest) => {
+                report.stale_accepted += 1;
+                report.violations.push(format!(
+                    "shard {shard}: the sink accepted a stale write (token {token} < {highest})"
+                ));
+            }
         }
     }
     if !report.violations.is_empty() {
@@ -463,46 +608,65 @@ mod tests {
         }
     }
 
-    /// A term whose COMMAND was in a frozen group is marked at the first freeze after its
-    /// start, though its log had no start line when the freeze read it; an earlier mark stays;
-    /// a freeze after the term stopped or was killed does not count, though a process that
-    /// came later has its pid.
-    #[test]
-    fn freezes_mark_terms_by_process() {
-        let stop = |identity: &str, token: u64, at: i128| TermEvent {
+    fn stop(identity: &str, token: u64, at: i128) -> TermEvent {
+        TermEvent {
             start: false,
             identity: identity.into(),
             token,
             at,
             pid: None,
-        };
-        let events = [
-            start("a", 1, 100, 7),
-            start("b", 2, 100, 8),
-            start("a", 3, 500, 9),
-            start("c", 4, 100, 10),
-            stop("c", 4, 200),
-            start("d", 5, 100, 11),
+        }
+    }
+
+    const MS: i128 = 1_000_000;
+
+    fn freeze(pids: &[i32], stopped_ms: i128, thawed_ms: i128) -> Freeze {
+        Freeze {
+            pids: pids.iter().copied().collect(),
+            stopped: stopped_ms * MS,
+            thawed: thawed_ms * MS,
+        }
+    }
+
+    /// A term whose COMMAND was in a frozen group is marked at the first freeze after its
+    /// start, though its log had no start line when the freeze read it; an earlier mark stays;
+    /// a freeze after the term stopped or was killed does not count, nor one long before its
+    /// start (a process that had its pid before). A start line written just after a thaw by a
+    /// process of the freeze is moved to the freeze; one written during it is a freeze that
+    /// missed its process.
+    #[test]
+    fn freezes_mark_terms_by_process() {
+        let mut events = [
+            start("a", 1, 100 * MS, 7),
+            start("b", 2, 5_000 * MS, 8),
+            start("a", 3, 3_000 * MS, 9),
+            start("c", 4, 100 * MS, 10),
+            stop("c", 4, 200 * MS),
+            start("d", 5, 100 * MS, 11),
+            start("e", 6, 2_500 * MS, 12),
+            start("f", 7, 4_100 * MS, 13),
         ];
-        let frozen_pids = [
-            (BTreeSet::from([7, 9]), 300),
-            (BTreeSet::from([7, 9]), 600),
-            (BTreeSet::from([8]), 50),
-            (BTreeSet::from([10, 11]), 900),
+        let freezes = [
+            freeze(&[7, 9], 300, 480),
+            freeze(&[7, 9], 3_600, 3_780),
+            freeze(&[8], 50, 230),
+            freeze(&[10, 11], 900, 1_080),
+            freeze(&[12], 2_000, 2_180),
+            freeze(&[13], 4_000, 4_180),
         ];
         let mut frozen = Marks::new();
-        frozen.insert(("a".into(), 3), 550);
-        let killed = Marks::from([(("d".into(), 5), 400)]);
-        mark_frozen_by_pid(&events, &frozen_pids, &killed, &mut frozen);
-        assert_eq!(frozen.get(&("a".into(), 1)), Some(&300));
+        frozen.insert(("a".into(), 3), 3_550 * MS);
+        let killed = Marks::from([(("d".into(), 5), 400 * MS)]);
+        let missed = mark_frozen_by_pid(&mut events, &freezes, &killed, &mut frozen);
+        assert_eq!(frozen.get(&("a".into(), 1)), Some(&(300 * MS)));
         assert_eq!(
             frozen.get(&("b".into(), 2)),
             None,
-            "frozen before it started"
+            "frozen long before it started"
         );
         assert_eq!(
             frozen.get(&("a".into(), 3)),
-            Some(&550),
+            Some(&(3_550 * MS)),
             "the earlier mark stays"
         );
         assert_eq!(
@@ -514,6 +678,73 @@ mod tests {
             frozen.get(&("d".into(), 5)),
             None,
             "its pid frozen after it was killed"
+        );
+        assert_eq!(
+            frozen.get(&("e".into(), 6)),
+            Some(&(2_000 * MS)),
+            "frozen before it wrote its start line"
+        );
+        assert_eq!(events[6].at, 2_000 * MS, "its start moved to the freeze");
+        assert_eq!(missed.len(), 1, "{missed:?}");
+        assert!(missed[0].starts_with("f (token 7)"), "{missed:?}");
+        assert_eq!(frozen.get(&("f".into(), 7)), None);
+    }
+
+    /// Two terms of a shard as a freeze left them: the earlier one's COMMAND was frozen while
+    /// it started, wrote its start line once resumed, after the next term had begun, and was
+    /// killed at once. Its term ends at the freeze; without the move its late start line would
+    /// read as an overlap and a token that went down.
+    #[test]
+    fn a_command_frozen_while_starting_acts_as_a_frozen_term() {
+        let events = vec![
+            start("s2.8", 65, 2_000 * MS, 1443),
+            start("s0.8", 64, 2_810 * MS, 1270),
+            stop("s2.8", 65, 3_000 * MS),
+        ];
+        let freezes = [freeze(&[1268, 1270], 1_000, 2_800)];
+        let gone = Marks::from([(("s0.8".into(), 64), 2_816 * MS)]);
+        let check = |events: &[TermEvent], frozen: &Marks| {
+            checker::check(&checker::terms_seen(events, &Marks::new(), frozen, &gone))
+        };
+        let (overlaps, _) = check(&events, &Marks::new());
+        assert_eq!(overlaps, 1, "the late start line alone reads as an overlap");
+
+        let mut events = events;
+        let mut frozen = Marks::new();
+        let missed = mark_frozen_by_pid(&mut events, &freezes, &Marks::new(), &mut frozen);
+        assert!(missed.is_empty(), "{missed:?}");
+        assert_eq!(frozen.get(&("s0.8".into(), 64)), Some(&(1_000 * MS)));
+        assert_eq!(check(&events, &frozen), (0, Vec::new()));
+    }
+
+    /// A write is stale when the sink accepted it after a term with a higher token had started,
+    /// but a frozen term's write after its freeze is the fence's to judge: accepted only before
+    /// the next term's first write.
+    #[test]
+    fn writes_resumed_after_a_freeze_are_judged_by_the_fence() {
+        let starts = [start("s0", 400, 100, 1), start("s1", 401, 300, 2)];
+        assert_eq!(
+            judge_write(400, 120, true, &starts, Some(150)),
+            Judged::Fine
+        );
+        assert_eq!(judge_write(401, 305, true, &starts, None), Judged::Fine);
+        assert_eq!(
+            judge_write(400, 320, true, &starts, Some(150)),
+            Judged::Resumed
+        );
+        assert_eq!(
+            judge_write(400, 320, true, &starts, None),
+            Judged::Stale(401),
+            "a term never frozen that wrote after the next began"
+        );
+        assert_eq!(
+            judge_write(400, 320, true, &starts, Some(330)),
+            Judged::Stale(401),
+            "written before its freeze"
+        );
+        assert_eq!(
+            judge_write(400, 340, false, &starts, Some(150)),
+            Judged::Refused
         );
     }
 }
