@@ -11,15 +11,30 @@ use crate::error::{BACKEND, map};
 use crate::scripts::{self, LuaScript};
 use crate::store::RedisStore;
 
+/// What follows `PREFIX{NAME}` in each key of an election, in the order of [`keys`]. The braces
+/// are a Redis Cluster hash tag: every key of one election is in one slot.
+const SUFFIXES: [&str; 4] = ["", ":fence", ":extensions", ":released"];
+
 /// The keys of election `name`: the hash, the fence counter, the kept extensions, and the
 /// release channel.
 pub(crate) fn keys(prefix: &str, name: &str) -> [String; 4] {
-    [
-        format!("{prefix}{{{name}}}"),
-        format!("{prefix}{{{name}}}:fence"),
-        format!("{prefix}{{{name}}}:extensions"),
-        format!("{prefix}{{{name}}}:released"),
-    ]
+    first_keys(prefix, name)
+}
+
+/// The first `N` of [`keys`], and only those: a shard set's round asks for thousands (the hash
+/// alone for a renewal, three for a read), each made in one allocation of its exact length.
+pub(crate) fn first_keys<const N: usize>(prefix: &str, name: &str) -> [String; N] {
+    const { assert!(N <= SUFFIXES.len()) };
+    std::array::from_fn(|i| {
+        let suffix = SUFFIXES[i];
+        let mut key = String::with_capacity(prefix.len() + name.len() + 2 + suffix.len());
+        key.push_str(prefix);
+        key.push('{');
+        key.push_str(name);
+        key.push('}');
+        key.push_str(suffix);
+        key
+    })
 }
 
 impl RedisStore {
@@ -327,5 +342,30 @@ impl ResourceLock for RedisLock {
                 expires_in: u64::try_from(left_ms).ok().map(Duration::from_millis),
             }
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every key of an election carries the same hash tag, and a set's round asks for the
+    /// first of them only.
+    #[test]
+    fn an_elections_keys_share_one_hash_tag() {
+        assert_eq!(
+            keys("leader:", "jobs"),
+            [
+                "leader:{jobs}",
+                "leader:{jobs}:fence",
+                "leader:{jobs}:extensions",
+                "leader:{jobs}:released"
+            ]
+        );
+        assert_eq!(first_keys::<1>("p", "a"), ["p{a}"]);
+        assert_eq!(
+            first_keys::<3>("", "s-1"),
+            ["{s-1}", "{s-1}:fence", "{s-1}:extensions"]
+        );
     }
 }

@@ -11,7 +11,7 @@ use leader_core::{
 use redis::Value;
 
 use crate::error::BACKEND;
-use crate::lock::{decode, eval, keys};
+use crate::lock::{decode, eval, first_keys};
 use crate::scripts;
 use crate::store::RedisStore;
 
@@ -60,19 +60,17 @@ impl RedisLockSet {
         known: &[Known<'_>],
     ) -> Result<(Vec<bool>, Vec<Result<Reread, LockError>>), LockError> {
         let prefix = &self.store.inner.prefix;
-        let renewed_keys: Vec<String> = renewals
+        let renewed_keys: Vec<[String; 1]> = renewals
             .iter()
-            .map(|r| keys(prefix, &r.key)[0].clone())
+            .map(|r| first_keys(prefix, &r.key))
             .collect();
-        let read_keys: Vec<[String; 4]> = names.iter().map(|n| keys(prefix, n)).collect();
+        // The hash, the fence counter and the extensions of each election read.
+        let read_keys: Vec<[String; 3]> = names.iter().map(|n| first_keys(prefix, n)).collect();
         let batch: Vec<&str> = renewed_keys
             .iter()
+            .flatten()
+            .chain(read_keys.iter().flatten())
             .map(String::as_str)
-            .chain(
-                read_keys
-                    .iter()
-                    .flat_map(|k| k[..3].iter().map(String::as_str)),
-            )
             .collect();
         let mut args: Vec<Vec<u8>> = vec![renewals.len().to_string().into_bytes()];
         for renewal in renewals {
