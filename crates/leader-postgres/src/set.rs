@@ -1,7 +1,7 @@
 //! A shard set's records in the lock table: one statement renews all of a member's and reads
 //! them all.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
@@ -11,7 +11,7 @@ use leader_core::{
 };
 
 use crate::error::{BACKEND, map};
-use crate::sql::{decode, parse_version};
+use crate::sql::{VERSION, decode, parse_version};
 use crate::store::PostgresStore;
 
 /// The records of a shard set, rows of one lock table ([`PostgresStore::lock_set`]).
@@ -131,24 +131,28 @@ impl LockSet for PostgresLockSet {
             }
         };
         let context = self.store.context();
-        let mut written = HashMap::new();
-        let mut found: HashMap<String, Result<Observed, LockError>> = HashMap::new();
+        let asked: HashSet<&str> = keys.iter().map(String::as_str).collect();
+        let mut written: HashMap<&str, i64> = HashMap::new();
+        let mut found: HashMap<&str, Result<Observed, LockError>> = HashMap::new();
         for row in &rows {
-            let name: String = row.get(1);
-            let observed = decode(row, 2, &format!("{context} election {name:?}"));
-            if row.get::<_, bool>(0)
-                && let Ok(observed) = &observed
-            {
-                written.insert(name.clone(), observed.version.clone());
+            let name: &str = row.get(1);
+            // A renewal's answer is its row's new version alone (the row holds what the
+            // renewal wrote); only a row the read asked for is decoded, as read.
+            if row.get::<_, bool>(0) {
+                if let Ok(version) = row.try_get::<_, i64>(2 + VERSION) {
+                    written.insert(name, version);
+                }
+                if !asked.contains(name) {
+                    continue;
+                }
             }
+            let observed = decode(row, 2, &format!("{context} election {name:?}"));
             found.insert(name, observed);
         }
-        let renewed = answer_renewals(renewals, unusable, |key| {
-            written.get(key).and_then(parse_version)
-        });
+        let renewed = answer_renewals(renewals, unusable, |key| written.get(key).copied());
         let read = keys
             .iter()
-            .map(|key| found.remove(key).transpose().map(Reread::Now))
+            .map(|key| found.remove(key.as_str()).transpose().map(Reread::Now))
             .collect();
         RenewedAndRead { renewed, read }
     }

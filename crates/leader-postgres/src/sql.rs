@@ -332,6 +332,9 @@ ALTER TABLE {t} ADD COLUMN IF NOT EXISTS extensions text"
     }
 }
 
+/// Where the version is among a record's columns from `at` on, as [`decode`] reads them.
+pub(crate) const VERSION: usize = 7;
+
 /// Decodes a row of `COLUMNS` starting at column `at`, checking what the types cannot.
 pub(crate) fn decode(row: &Row, at: usize, context: &str) -> Result<Observed, LockError> {
     fn get<'a, T: tokio_postgres::types::FromSql<'a>>(
@@ -357,7 +360,7 @@ pub(crate) fn decode(row: &Row, at: usize, context: &str) -> Result<Observed, Lo
         extensions: get(row, at + 8, context)?,
     }
     .into_record(BACKEND, context)?;
-    let version: i64 = get(row, at + 7, context)?;
+    let version: i64 = get(row, at + VERSION, context)?;
     Ok(Observed {
         record,
         version: Version::from(version),
