@@ -606,13 +606,14 @@ pub(crate) async fn stop_replicas(replicas: &mut [(String, tokio::process::Child
 }
 
 /// The fenced sink's writes (`columns` of `PREFIX_writes`, in the order written), and its
-/// tables dropped.
+/// tables dropped, over a connection of its own: the run's may not have lasted the hour a long
+/// run takes (a restart of the sink's server, for one, ends it).
 pub(crate) async fn drain_sink(
-    sink: &tokio_postgres::Client,
+    sink_url: &str,
     prefix: &str,
     columns: &str,
-    sink_error: impl Fn(tokio_postgres::Error) -> HarnessError,
 ) -> Result<Vec<tokio_postgres::Row>, HarnessError> {
+    let (sink, sink_error) = connect_sink(sink_url).await?;
     let rows = sink
         .query(
             &format!("SELECT {columns} FROM {prefix}_writes ORDER BY seq"),
@@ -1332,7 +1333,7 @@ pub async fn run(
     outcome?;
 
     let (terms, overlaps) = run.check_terms();
-    let rows = drain_sink(&sink, &prefix, "token, writer, at, accepted", &sink_error).await?;
+    let rows = drain_sink(sink_url, &prefix, "token, writer, at, accepted").await?;
     let mut stale_refused = 0;
     let mut stale_accepted = 0;
     for row in &rows {

@@ -404,7 +404,7 @@ pub async fn run(
         }
     }
 
-    let rows = drain_sink(&sink, &prefix, "token, at, accepted", &sink_error).await?;
+    let rows = drain_sink(sink_url, &prefix, "token, at, accepted").await?;
     report.writes = rows.len();
     for row in &rows {
         let token = u64::try_from(row.get::<_, i64>(0)).unwrap_or(0);

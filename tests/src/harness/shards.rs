@@ -524,13 +524,7 @@ pub async fn run(
         frozen_by_shard.insert(shard, frozen);
     }
 
-    let rows = drain_sink(
-        &sink,
-        &prefix,
-        "shard, token, writer, at, accepted",
-        &sink_error,
-    )
-    .await?;
+    let rows = drain_sink(sink_url, &prefix, "shard, token, writer, at, accepted").await?;
     report.writes = rows.len();
     let keep = std::env::temp_dir().join(format!("leader-shards-{tag}"));
     for row in &rows {
