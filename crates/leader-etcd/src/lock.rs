@@ -12,7 +12,8 @@ use etcd_client::{
     TxnResponse,
 };
 use leader_core::{
-    Acquisition, ChangeStream, LeaderElectionRecord, LockError, Observed, ResourceLock, Version,
+    Acquisition, ChangeStream, Known, LeaderElectionRecord, LockError, Observed, ResourceLock,
+    Version,
 };
 use tokio::sync::Mutex;
 use tokio::time::Instant;
@@ -745,6 +746,35 @@ impl EtcdLock {
             .map(|(observed, _)| observed))
     }
 
+    /// Whether the keys of this election are as this lock last learned them and as a reader
+    /// holding `known` holds the record: a shard set's read may answer it unchanged. A record
+    /// renewed through its member's etcd lease keeps its revision, so most records of a set
+    /// are, round after round.
+    pub(crate) fn unchanged(
+        &self,
+        keys: &std::collections::HashMap<Vec<u8>, KeyValue>,
+        known: &Known<'_>,
+    ) -> bool {
+        let revision = |key: &str| keys.get(key.as_bytes()).map_or(0, KeyValue::mod_revision);
+        let seen = self.seen();
+        if seen.fence.is_none_or(|(_, at)| at != revision(&self.fence))
+            || seen
+                .kept
+                .as_ref()
+                .is_none_or(|(_, at)| *at != revision(&self.kept))
+        {
+            return false;
+        }
+        match (known, keys.get(self.key.as_bytes()), &seen.record) {
+            (Known::Absent, None, Some(RecordSeen::Absent)) => true,
+            (Known::Version(version), Some(kv), Some(RecordSeen::Present { mod_revision, .. })) => {
+                *mod_revision == kv.mod_revision()
+                    && version.as_str().parse() == Ok(kv.mod_revision())
+            }
+            _ => false,
+        }
+    }
+
     fn decode_kvs(
         &self,
         record: Option<&KeyValue>,
@@ -752,27 +782,46 @@ impl EtcdLock {
         kept_kv: Option<&KeyValue>,
     ) -> Result<Option<(Observed, i64)>, LockError> {
         let token = fence_kv.map_or(0, |kv| token_of(kv.value(), kv.mod_revision()));
-        // A value that is not a record keeps nothing (the record key's own value is checked).
-        let kept = kept_kv.map_or((Default::default(), 0), |kv| {
-            let extensions = LeaderElectionRecord::from_json(BACKEND, "", kv.value())
-                .map(|r| r.extensions)
-                .unwrap_or_default();
-            (extensions, kv.mod_revision())
-        });
         let mut seen = self.seen();
         seen.fence = Some((token, fence_kv.map_or(0, KeyValue::mod_revision)));
-        seen.kept = Some(kept);
+        // A value that is not a record keeps nothing (the record key's own value is checked).
+        // A revision is one write: what was learned of it holds (a shard set reads its keys
+        // every round, and most are as they were).
+        let kept_revision = kept_kv.map_or(0, KeyValue::mod_revision);
+        if seen
+            .kept
+            .as_ref()
+            .is_none_or(|(_, at)| *at != kept_revision)
+        {
+            let extensions = kept_kv
+                .and_then(|kv| LeaderElectionRecord::from_json(BACKEND, "", kv.value()).ok())
+                .map(|r| r.extensions)
+                .unwrap_or_default();
+            seen.kept = Some((extensions, kept_revision));
+        }
         let Some(kv) = record else {
             seen.record = Some(RecordSeen::Absent);
             return Ok(None);
         };
-        seen.record = None;
-        let stored = LeaderElectionRecord::from_json(BACKEND, &self.context(), kv.value())?;
-        seen.record = Some(RecordSeen::Present {
-            mod_revision: kv.mod_revision(),
-            lease: kv.lease(),
-            record: stored.clone(),
-        });
+        let stored = match &seen.record {
+            Some(RecordSeen::Present {
+                mod_revision,
+                record,
+                decoded: true,
+                ..
+            }) if *mod_revision == kv.mod_revision() => record.clone(),
+            _ => {
+                seen.record = None;
+                let stored = LeaderElectionRecord::from_json(BACKEND, &self.context(), kv.value())?;
+                seen.record = Some(RecordSeen::Present {
+                    mod_revision: kv.mod_revision(),
+                    lease: kv.lease(),
+                    record: stored.clone(),
+                    decoded: true,
+                });
+                stored
+            }
+        };
         Ok(Some((
             Observed {
                 record: LeaderElectionRecord {
@@ -825,6 +874,7 @@ impl EtcdLock {
             mod_revision,
             lease,
             record,
+            ..
         }) = self.seen().record.clone()
         else {
             return None;
@@ -940,6 +990,7 @@ impl EtcdLock {
                 mod_revision: revision,
                 lease: lease.id(),
                 record: stored,
+                decoded: false,
             });
         }
         let previous = self.term.lock().await.replace(Term {

@@ -31,6 +31,10 @@ pub(crate) enum RecordSeen {
         mod_revision: i64,
         lease: i64,
         record: LeaderElectionRecord,
+        /// Decoded from the value stored at `mod_revision`, which a read of that revision may
+        /// take as it is; `false` for what this lock wrote (a record's lease duration is stored
+        /// in milliseconds, and finer parts would be read back without them).
+        decoded: bool,
     },
 }
 
@@ -44,6 +48,7 @@ impl Seen {
                     mod_revision: kv.mod_revision(),
                     lease: kv.lease(),
                     record,
+                    decoded: true,
                 }),
             (EventType::Delete, _) => Some(RecordSeen::Absent),
             _ => None,
@@ -78,6 +83,7 @@ impl Seen {
             mod_revision: revision,
             lease,
             record: record.clone(),
+            decoded: false,
         });
         self.own_write = revision;
     }
@@ -148,6 +154,7 @@ impl Seen {
             mod_revision,
             lease: on,
             record,
+            ..
         }) = &self.record
         else {
             return None;

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use etcd_client::GetOptions;
 use futures_util::future::join_all;
 use leader_core::{
-    LockError, LockSet, Observed, Renewal, ResourceLock, async_trait, common_prefix,
+    Known, LockError, LockSet, Observed, Renewal, Reread, ResourceLock, async_trait, common_prefix,
 };
 
 use crate::error::map;
@@ -19,7 +19,11 @@ use crate::store::EtcdStore;
 /// cost does not grow with the number of records a member holds.
 ///
 /// - [`get_many`](LockSet::get_many) is one range read over the set's keys (every key of a
-///   set begins with its name and a dash), whatever the number of records.
+///   set begins with its name and a dash), whatever the number of records; once that read
+///   started the member's watch of the set's keys, none: the watch keeps a copy of them.
+///   [`get_changed`](LockSet::get_changed) answers a record still at the revision the reader
+///   holds unchanged, without decoding it again (a record renewed through the member's etcd
+///   lease keeps its revision), and a record's value is decoded once per revision.
 /// - Every record this member takes goes on one etcd lease of the member's (granted at its
 ///   first acquisition, or again once it ran out), not on a lease of its own: when the member
 ///   dies, etcd expires the lease and all its records with it, on etcd's clock. An acquisition
@@ -61,6 +65,9 @@ impl EtcdStore {
 impl EtcdLockSet {
     fn etcd_lock(&self, key: &str) -> Arc<EtcdLock> {
         let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(lock) = locks.get(key) {
+            return lock.clone();
+        }
         locks
             .entry(key.to_owned())
             .or_insert_with(|| {
@@ -88,10 +95,7 @@ impl LockSet for EtcdLockSet {
     /// From the set's watch when it knows every key (see [`EtcdLockSet`]), else one range
     /// read of the set's keys, which also gives the watch its start.
     async fn get_many(&self, keys: &[String]) -> Vec<Result<Option<Observed>, LockError>> {
-        let full_keys = keys
-            .iter()
-            .map(|key| format!("{}{key}", self.store.inner.prefix));
-        let known = self.shared.read_watched(full_keys, |values| {
+        let known = self.shared.read_watched(keys, |values| {
             keys.iter()
                 .map(|key| self.etcd_lock(key).absorb(values))
                 .collect()
@@ -132,6 +136,38 @@ impl LockSet for EtcdLockSet {
         };
         keys.iter()
             .map(|key| self.etcd_lock(key).absorb(&found))
+            .collect()
+    }
+
+    /// From the set's watch when it knows every key, as [`get_many`](LockSet::get_many): a
+    /// record at the revision the reader holds (renewed through its member's etcd lease since)
+    /// is answered unchanged, without decoding it again. Else one range read, every record
+    /// answered.
+    async fn get_changed(
+        &self,
+        keys: &[String],
+        known: &[Known<'_>],
+    ) -> Vec<Result<Reread, LockError>> {
+        let watched = self.shared.read_watched(keys, |values| {
+            keys.iter()
+                .zip(known)
+                .map(|(key, known)| {
+                    let lock = self.etcd_lock(key);
+                    if lock.unchanged(values, known) {
+                        Ok(Reread::Same)
+                    } else {
+                        lock.absorb(values).map(Reread::Now)
+                    }
+                })
+                .collect()
+        });
+        if let Some(answers) = watched {
+            return answers;
+        }
+        self.get_many(keys)
+            .await
+            .into_iter()
+            .map(|answer| answer.map(Reread::Now))
             .collect()
     }
 

@@ -156,16 +156,20 @@ impl SetShared {
     }
 
     /// Answers `read` over the set's keys as the watch knows them, without asking etcd, when
-    /// every key of `keys` is under the set's prefix, the watch runs, and it has reported
-    /// every write since a range read of the whole prefix and this member's own last write.
+    /// every key of `keys` (named without the store's prefix) is under the set's prefix, the
+    /// watch runs, and it has reported every write since a range read of the whole prefix and
+    /// this member's own last write.
     pub(crate) fn read_watched<T>(
         &self,
-        keys: impl IntoIterator<Item = impl AsRef<str>>,
+        keys: &[String],
         read: impl FnOnce(&HashMap<Vec<u8>, KeyValue>) -> T,
     ) -> Option<T> {
-        if !keys
-            .into_iter()
-            .all(|key| key.as_ref().starts_with(&self.watch.prefix))
+        let set_prefix = self
+            .watch
+            .prefix
+            .strip_prefix(self.store.inner.prefix.as_str())
+            .unwrap_or_default();
+        if !keys.iter().all(|key| key.starts_with(set_prefix))
             || !self.watch.healthy.load(Ordering::Acquire)
         {
             return None;

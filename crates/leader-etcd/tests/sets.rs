@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use leader_core::conformance::renewals;
-use leader_core::{Acquisition, LeaderElectionRecord, LockSet, Observed};
+use leader_core::{Acquisition, Known, LeaderElectionRecord, LockSet, Observed, Reread};
 use leader_etcd::{EtcdLockSet, EtcdStore};
 use tokio::time::{Instant, sleep};
 
@@ -271,7 +271,10 @@ async fn a_round_is_one_request_and_its_read_comes_from_the_watch() {
     let name = unique("jobs");
     let set = store.lock_set(&name, "member-1");
     let mut keys: Vec<String> = (0..RECORDS).map(|n| format!("{name}-shard-{n}")).collect();
-    let mut taken = take_all(&set, &keys, "member-1", Duration::from_secs(15)).await;
+    // A lease of a part of a millisecond, which the stored record does not keep: a read must
+    // answer what is stored, never what this member wrote.
+    let lease = Duration::from_micros(15_000_250);
+    let mut taken = take_all(&set, &keys, "member-1", lease).await;
     // A key nobody holds is read too.
     keys.push(format!("{name}-roster"));
     let unknown = vec![leader_core::Known::Nothing; keys.len()];
@@ -310,6 +313,32 @@ async fn a_round_is_one_request_and_its_read_comes_from_the_watch() {
         read_fresh(&store, &name, &keys).await,
         "the read from the watch differs from a range read"
     );
+    // A reader that holds what it read is told that nothing changed: renewals through the
+    // member's lease keep every record's revision.
+    let held = last.1.clone();
+    let known: Vec<Known<'_>> = held
+        .iter()
+        .map(|read| {
+            read.as_ref()
+                .map_or(Known::Absent, |o| Known::Version(&o.version))
+        })
+        .collect();
+    let changed = |answers: Vec<Result<Reread, leader_core::LockError>>| -> Vec<usize> {
+        answers
+            .into_iter()
+            .enumerate()
+            .filter(|(_, answer)| !matches!(answer, Ok(Reread::Same)))
+            .map(|(i, _)| i)
+            .collect()
+    };
+    let before = store.requests_sent();
+    let unchanged = set.get_changed(&keys, &known).await;
+    assert_eq!(store.requests_sent(), before, "read from the watch");
+    assert_eq!(
+        changed(unchanged),
+        Vec::<usize>::new(),
+        "records said changed"
+    );
 
     // Another client's write: seen once the watch reports it, still without a request.
     let elsewhere = common::store().await.expect("another client");
@@ -325,6 +354,14 @@ async fn a_round_is_one_request_and_its_read_comes_from_the_watch() {
             .as_ref()
             .map(|o| o.record.holder_identity.clone());
         if holder.as_deref() == Some("member-2") {
+            // Only that record is sent again, as the range read has it.
+            let answers = set.get_changed(&keys, &known).await;
+            let fresh = read_fresh(&store, &name, &keys).await;
+            assert_eq!(
+                answers[RECORDS].as_ref().expect("read"),
+                &Reread::Now(fresh[RECORDS].clone()),
+            );
+            assert_eq!(changed(answers), vec![RECORDS], "records said changed");
             break;
         }
         assert!(
