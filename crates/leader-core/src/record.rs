@@ -211,10 +211,12 @@ impl RecordColumns {
     /// # Errors
     /// [`LockError::InvalidRecord`], naming `context` (the table and election), for a negative
     /// lease or transitions count, or extensions that are not a JSON object of strings.
+    /// `context` is formatted only for an error: a reader of many rows may pass
+    /// [`format_args!`] at no cost.
     pub fn into_record(
         self,
         backend: &'static str,
-        context: &str,
+        context: impl fmt::Display,
     ) -> Result<LeaderElectionRecord, LockError> {
         let bad =
             |reason: String| LockError::invalid_record(backend, format!("{context}: {reason}"));

@@ -80,7 +80,7 @@ impl MysqlLockSet {
             .filter_map(|row| {
                 let name = row.get_opt::<Vec<u8>, _>(0)?.ok()?;
                 let name = String::from_utf8(name).ok()?;
-                let observed = decode(row, 1, &format!("{context} election {name:?}"));
+                let observed = decode(row, 1, format_args!("{context} election {name:?}"));
                 Some((name, observed))
             })
             .collect())

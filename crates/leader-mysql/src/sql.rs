@@ -268,7 +268,11 @@ fn stored_time(time: DateTime<Utc>) -> NaiveDateTime {
 }
 
 /// Decodes the 9 columns of `COLUMNS` starting at column `at`, checking what the types cannot.
-pub(crate) fn decode(row: &Row, at: usize, context: &str) -> Result<Observed, LockError> {
+pub(crate) fn decode(
+    row: &Row,
+    at: usize,
+    context: impl std::fmt::Display + Copy,
+) -> Result<Observed, LockError> {
     let bad = |reason: String| LockError::invalid_record(BACKEND, format!("{context}: {reason}"));
     let column = |i: usize| {
         row.columns_ref()

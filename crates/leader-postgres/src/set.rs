@@ -79,16 +79,16 @@ impl LockSet for PostgresLockSet {
             Err(err) => return err.for_each(keys.len()),
         };
         let context = self.store.context();
-        let mut found: HashMap<String, Result<Observed, LockError>> = rows
+        let mut found: HashMap<&str, Result<Observed, LockError>> = rows
             .iter()
             .map(|row| {
-                let name: String = row.get(0);
-                let observed = decode(row, 1, &format!("{context} election {name:?}"));
+                let name: &str = row.get(0);
+                let observed = decode(row, 1, format_args!("{context} election {name:?}"));
                 (name, observed)
             })
             .collect();
         keys.iter()
-            .map(|key| found.remove(key).transpose())
+            .map(|key| found.remove(key.as_str()).transpose())
             .collect()
     }
 
@@ -146,7 +146,7 @@ impl LockSet for PostgresLockSet {
                     continue;
                 }
             }
-            let observed = decode(row, 2, &format!("{context} election {name:?}"));
+            let observed = decode(row, 2, format_args!("{context} election {name:?}"));
             found.insert(name, observed);
         }
         let renewed = answer_renewals(renewals, unusable, |key| written.get(key).copied());

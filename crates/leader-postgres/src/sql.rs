@@ -336,11 +336,15 @@ ALTER TABLE {t} ADD COLUMN IF NOT EXISTS extensions text"
 pub(crate) const VERSION: usize = 7;
 
 /// Decodes a row of `COLUMNS` starting at column `at`, checking what the types cannot.
-pub(crate) fn decode(row: &Row, at: usize, context: &str) -> Result<Observed, LockError> {
+pub(crate) fn decode(
+    row: &Row,
+    at: usize,
+    context: impl std::fmt::Display + Copy,
+) -> Result<Observed, LockError> {
     fn get<'a, T: tokio_postgres::types::FromSql<'a>>(
         row: &'a Row,
         i: usize,
-        context: &str,
+        context: impl std::fmt::Display,
     ) -> Result<T, LockError> {
         row.try_get(i).map_err(|err| {
             LockError::invalid_record(
