@@ -129,7 +129,7 @@ impl Acquisition {
 ///   credentials.
 /// * Requests may be cancelled (dropped) at any await point without leaving the lock inconsistent.
 ///
-/// [`conformance`](crate::conformance) (feature `testing`) checks these rules against a real store.
+/// The `conformance` module (feature `testing`) checks these rules against a real store.
 #[async_trait]
 pub trait ResourceLock: Send + Sync + fmt::Debug {
     /// Reads the current record, or `None` when no object exists.
