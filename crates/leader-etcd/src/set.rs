@@ -76,33 +76,9 @@ impl EtcdLockSet {
             })
             .clone()
     }
-}
 
-#[async_trait]
-impl LockSet for EtcdLockSet {
-    fn lock(&self, key: &str) -> Arc<dyn ResourceLock> {
-        self.etcd_lock(key)
-    }
-
-    fn identity(&self) -> &str {
-        &self.identity
-    }
-
-    fn describe(&self) -> String {
-        format!("etcd:{}", self.store.inner.endpoints)
-    }
-
-    /// From the set's watch when it knows every key (see [`EtcdLockSet`]), else one range
-    /// read of the set's keys, which also gives the watch its start.
-    async fn get_many(&self, keys: &[String]) -> Vec<Result<Option<Observed>, LockError>> {
-        let known = self.shared.read_watched(keys, |values| {
-            keys.iter()
-                .map(|key| self.etcd_lock(key).absorb(values))
-                .collect()
-        });
-        if let Some(answers) = known {
-            return answers;
-        }
+    /// One range read of the set's keys, which also gives the watch its start.
+    async fn range_read(&self, keys: &[String]) -> Vec<Result<Option<Observed>, LockError>> {
         let prefix = format!("{}{}", self.store.inner.prefix, common_prefix(keys));
         let context = format!("{} keys {prefix}*", self.store.inner.endpoints);
         let answer = self
@@ -138,6 +114,35 @@ impl LockSet for EtcdLockSet {
             .map(|key| self.etcd_lock(key).absorb(&found))
             .collect()
     }
+}
+
+#[async_trait]
+impl LockSet for EtcdLockSet {
+    fn lock(&self, key: &str) -> Arc<dyn ResourceLock> {
+        self.etcd_lock(key)
+    }
+
+    fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    fn describe(&self) -> String {
+        format!("etcd:{}", self.store.inner.endpoints)
+    }
+
+    /// From the set's watch when it knows every key (see [`EtcdLockSet`]), else one range
+    /// read of the set's keys, which also gives the watch its start.
+    async fn get_many(&self, keys: &[String]) -> Vec<Result<Option<Observed>, LockError>> {
+        let known = self.shared.read_watched(keys, |values| {
+            keys.iter()
+                .map(|key| self.etcd_lock(key).absorb(values))
+                .collect()
+        });
+        if let Some(answers) = known {
+            return answers;
+        }
+        self.range_read(keys).await
+    }
 
     /// From the set's watch when it knows every key, as [`get_many`](LockSet::get_many): a
     /// record at the revision the reader holds (renewed through its member's etcd lease since)
@@ -164,7 +169,7 @@ impl LockSet for EtcdLockSet {
         if let Some(answers) = watched {
             return answers;
         }
-        self.get_many(keys)
+        self.range_read(keys)
             .await
             .into_iter()
             .map(|answer| answer.map(Reread::Now))

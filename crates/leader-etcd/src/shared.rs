@@ -167,8 +167,7 @@ impl SetShared {
         let set_prefix = self
             .watch
             .prefix
-            .strip_prefix(self.store.inner.prefix.as_str())
-            .unwrap_or_default();
+            .strip_prefix(self.store.inner.prefix.as_str())?;
         if !keys.iter().all(|key| key.starts_with(set_prefix))
             || !self.watch.healthy.load(Ordering::Acquire)
         {
