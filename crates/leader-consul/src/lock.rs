@@ -194,14 +194,16 @@ impl ConsulLock {
         version: &Version,
         record: &LeaderElectionRecord,
     ) -> Result<Observed, LockError> {
-        Ok(Observed {
+        let renewed = Observed {
             record: record.clone(),
             version: Indexes {
                 record: Indexes::of(version)?.record,
                 renewal: self.index_in(results, &self.renewal_key)?,
             }
             .version(),
-        })
+        };
+        // A renewal key written as it was keeps its ModifyIndex (`kvsSetTxn`): no renewal.
+        LockError::unless_moved(BACKEND, "renew", version, renewed)
     }
 
     /// The record as [`get`](ResourceLock::get) answers it, from the entries of a read of many
@@ -447,7 +449,9 @@ impl ConsulLock {
             record: record.clone(),
             version: Indexes {
                 record: index,
-                renewal: index,
+                // Not `index`: Consul skips a renewal key set to the value it holds
+                // (`kvsSetTxn`), which keeps its ModifyIndex.
+                renewal: self.index_in(&results, &self.renewal_key)?,
             }
             .version(),
         })
@@ -486,14 +490,17 @@ impl ConsulLock {
             self.locker_at(at.record)
         };
         self.note(index, locked, record.leader_transitions);
-        Ok(Observed {
+        let written = Observed {
             record: record.clone(),
             version: Indexes {
                 record: index,
                 renewal,
             }
             .version(),
-        })
+        };
+        // Consul keeps the ModifyIndex of a key written with the value, flags and session it
+        // has (`kvsSetTxn`): such a write changed nothing (S14).
+        LockError::unless_moved(BACKEND, "update", &at.version(), written)
     }
 }
 

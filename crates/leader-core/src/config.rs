@@ -124,6 +124,8 @@ pub struct ElectorConfig {
     /// The lowest fencing token an acquisition takes: every acquisition's token is at least
     /// this, and greater than every earlier one (S5). 0: no floor.
     pub fencing_token_floor: u64,
+    /// Where the times written into the record come from.
+    pub wall_clock: crate::WallClock,
 }
 
 impl ElectorConfig {

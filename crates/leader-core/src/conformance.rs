@@ -70,6 +70,7 @@ pub async fn run_all(factory: &dyn LockFactory) {
     create_then_get(factory).await;
     create_conflicts_when_present(factory).await;
     update_is_compare_and_swap(factory).await;
+    identical_writes_move_the_version(factory).await;
     fields_round_trip(factory).await;
     acquisitions_keep_the_extensions(factory).await;
     extensions_outlive_a_crashed_holder(factory).await;
@@ -84,6 +85,7 @@ pub async fn run_all(factory: &dyn LockFactory) {
     renewals_keep_the_lease(factory).await;
     handover_requests(factory).await;
     electors_elect_one_and_hand_over(factory).await;
+    wall_clock_steps(factory).await;
     planned_handover(factory).await;
     one_identity_one_process(factory).await;
     batches_answer_as_their_locks(factory).await;
@@ -106,7 +108,7 @@ pub fn renewals(taken: &[(String, Observed)]) -> Vec<crate::Renewal> {
         .iter()
         .map(|(key, observed)| {
             let mut record = observed.record.clone();
-            record.renew_time = now();
+            record.renew_time = record.renewal_time(now());
             crate::Renewal {
                 key: key.clone(),
                 version: observed.version.clone(),
@@ -256,6 +258,71 @@ pub async fn update_is_compare_and_swap(factory: &dyn LockFactory) {
     );
 }
 
+/// A write of the record exactly as stored moves the version, or is refused (S14). Some
+/// stores skip a write of what they hold (kube-apiserver's `GuaranteedUpdate`, Consul's
+/// `kvsSetTxn`) and answer it with the version they had: a lock that took that answer as done
+/// would leave a holder who believes it renewed beside a follower whose compare-and-swap on
+/// the unchanged version succeeds. Updates and renewals alike, twice each; a renewal may keep
+/// the version only where the store keeps the lease alive itself (`renewed_in_store`).
+pub async fn identical_writes_move_the_version(factory: &dyn LockFactory) {
+    let name = unique("identical");
+    let a = factory.lock(&name, "a").await;
+    let b = factory.lock(&name, "b").await;
+    let mut current = match a.try_acquire(&record("a", 1)).await.expect("try_acquire") {
+        Some(Acquisition::Acquired(taken)) => taken,
+        None => a.create(&record("a", 1)).await.expect("create"),
+        Some(other) => panic!("identical writes: a free lease was not acquired: {other:?}"),
+    };
+    for operation in ["update", "update", "renew", "renew"] {
+        let same = current.record.clone();
+        let written = match operation {
+            "update" => a.update(&current.version, &same).await,
+            _ => a.renew(&current.version, &same).await,
+        };
+        match written {
+            Ok(stored) if stored.version != current.version => {
+                assert_conflict(
+                    &format!(
+                        "identical writes: an update at the version before an identical {operation}"
+                    ),
+                    b.update(&current.version, &record("b", 99)).await,
+                );
+                current = stored;
+            }
+            Ok(stored) if operation == "renew" => {
+                let seen = b.try_acquire(&record("b", 0)).await.expect("try_acquire");
+                assert!(
+                    matches!(
+                        seen,
+                        Some(Acquisition::Held {
+                            renewed_in_store: true,
+                            ..
+                        })
+                    ),
+                    "identical writes: a renewal of the record as stored kept its version ({}) \
+                     though the store does not keep the lease alive itself ({seen:?}): a \
+                     follower's compare-and-swap on it would succeed",
+                    current.version.as_str()
+                );
+                current = stored;
+            }
+            Ok(_) => panic!(
+                "identical writes: an {operation} of the record as stored was answered with \
+                 the version it had ({}): a store that skipped it renewed nothing, and a \
+                 follower's compare-and-swap on that version would succeed",
+                current.version.as_str()
+            ),
+            Err(err) => {
+                assert!(
+                    !err.is_conflict(),
+                    "identical writes: an {operation} at the current version conflicted: {err}"
+                );
+                current = get("identical writes", &*a).await.expect("the record");
+            }
+        }
+    }
+}
+
 /// A released lease: an empty holder.
 fn free(leader_transitions: u64) -> LeaderElectionRecord {
     let mut free = record("", leader_transitions);
@@ -299,7 +366,7 @@ pub async fn fields_round_trip(factory: &dyn LockFactory) {
         "extensions as stored"
     );
     let mut renewal = written.record.clone();
-    renewal.renew_time = now();
+    renewal.renew_time = renewal.renewal_time(now());
     let renewed = lock.renew(&written.version, &renewal).await.expect("renew");
     assert_eq!(
         get("after a renewal", &*lock)
@@ -637,7 +704,7 @@ pub async fn change_notifications(factory: &dyn LockFactory) {
     // Let subscriptions that are set up in the background settle.
     tokio::time::sleep(Duration::from_millis(200)).await;
     let mut renewal = created.record.clone();
-    renewal.renew_time = Utc::now();
+    renewal.renew_time = renewal.renewal_time(Utc::now());
     let renewed = a.update(&created.version, &renewal).await.expect("renew");
     let woken = tokio::time::timeout(Duration::from_millis(500), changes.next()).await;
     assert!(woken.is_err(), "a renewal woke the followers: {woken:?}");
@@ -647,7 +714,7 @@ pub async fn change_notifications(factory: &dyn LockFactory) {
     let mut own = a.watch().await.expect("the holder's watch");
     tokio::time::sleep(Duration::from_millis(200)).await;
     let mut written = renewed.record.clone();
-    written.renew_time = Utc::now();
+    written.renew_time = written.renewal_time(Utc::now());
     written
         .extensions
         .insert("conformance/own".into(), "1".into());
@@ -945,7 +1012,7 @@ pub async fn renewals_keep_the_lease(factory: &dyn LockFactory) {
     while started.elapsed() < Duration::from_millis(2500) {
         tokio::time::sleep(Duration::from_millis(300)).await;
         let mut renewal = held.record.clone();
-        renewal.renew_time = now();
+        renewal.renew_time = renewal.renewal_time(now());
         held = a.renew(&held.version, &renewal).await.expect("renew");
         assert_eq!(held.record.holder_identity, "a");
         match b.try_acquire(&short("b")).await.expect("try_acquire") {
@@ -986,7 +1053,7 @@ pub async fn renewals_keep_the_lease(factory: &dyn LockFactory) {
         );
         // The holder carries on from the record as it now reads.
         let mut renewal = written.record.clone();
-        renewal.renew_time = now();
+        renewal.renew_time = renewal.renewal_time(now());
         held = a.renew(&written.version, &renewal).await.expect("renew");
     }
     if !store_expires {
@@ -1050,7 +1117,7 @@ pub async fn handover_requests(factory: &dyn LockFactory) {
         );
     }
     let mut renewal = held.record.clone();
-    renewal.renew_time = Utc::now();
+    renewal.renew_time = renewal.renewal_time(Utc::now());
     let stale = a.update(&held.version, &renewal).await;
     assert!(
         stale.as_ref().is_err_and(LockError::is_conflict),
@@ -1208,6 +1275,58 @@ pub async fn electors_elect_one_and_hand_over(factory: &dyn LockFactory) {
     for elector in electors {
         elector.stop().await;
     }
+}
+
+/// A leader whose wall clock steps back an hour, then forward two (an hour ahead), while it
+/// leads (S14): it keeps leading through every step with the same token, nobody else leads,
+/// and the record's times stay in order (`renew_time` never before `acquire_time`, never going
+/// back). When it shuts down the other takes over with a larger token.
+pub async fn wall_clock_steps(factory: &dyn LockFactory) {
+    let name = unique("clock");
+    let (clock, step) = crate::WallClock::stepped();
+    let mut first = Candidate::build(
+        LeaderElector::builder(factory.lock(&name, "stepped").await)
+            .lease_duration(LEASE)
+            .renew_deadline(RENEW)
+            .retry_period(RETRY)
+            .wall_clock(clock),
+    );
+    let token = first.wait_leading(Duration::from_secs(10)).await;
+    let second = Candidate::start(factory.lock(&name, "steady").await);
+    let reader = factory.lock(&name, "reader").await;
+    let mut last = get("wall clock steps", &*reader).await.expect("the record");
+    for by in [chrono::TimeDelta::hours(-1), chrono::TimeDelta::hours(2)] {
+        step.step(by);
+        // Past a lease of the follower's own wait, and several renewals.
+        let until = tokio::time::Instant::now() + LEASE * 2;
+        while tokio::time::Instant::now() < until {
+            assert_eq!(
+                first.leading_token(),
+                Some(token),
+                "wall clock stepped by {by}: the leader lost its term"
+            );
+            assert!(
+                !second.is_leading(),
+                "wall clock stepped by {by}: two lead at once"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let now = get("wall clock steps", &*reader).await.expect("the record");
+        assert_eq!(now.record.holder_identity, "stepped");
+        assert!(
+            now.record.renew_time >= now.record.acquire_time
+                && now.record.renew_time >= last.record.renew_time,
+            "wall clock stepped by {by}: the record's times went back: {:?} then {:?}",
+            last.record,
+            now.record
+        );
+        last = now;
+    }
+    first.stop().await;
+    let mut second = second;
+    let next = second.wait_leading(LEASE * 4).await;
+    assert!(next > token, "fencing token {token} then {next}");
+    second.stop().await;
 }
 
 /// `n` electors on one election: a leader within 10 s, never two at once, no change of hands

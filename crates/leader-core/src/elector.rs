@@ -9,6 +9,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use crate::clock::WallClock;
 use crate::config::{
     DEFAULT_LEASE_DURATION, DEFAULT_RENEW_DEADLINE, DEFAULT_RETRY_PERIOD, ElectorConfig,
     JITTER_FACTOR, Timings, WorkExit,
@@ -34,6 +35,7 @@ pub struct LeaderElectorBuilder {
     release_on_cancel: bool,
     work_exit: WorkExit,
     fencing_token_floor: u64,
+    wall_clock: WallClock,
     callbacks: Callbacks,
 }
 
@@ -121,6 +123,15 @@ impl LeaderElectorBuilder {
         self
     }
 
+    /// The wall clock whose times go into the record (default: the system clock). Leases are
+    /// judged on the monotonic clock whatever it says; tests step it
+    /// ([`WallClock::stepped`]) to check that a clock stepped back or forward changes what the
+    /// record shows and never who leads (S14).
+    pub fn wall_clock(mut self, clock: WallClock) -> Self {
+        self.wall_clock = clock;
+        self
+    }
+
     /// Called, in a task of its own, each time this candidate becomes leader (client-go's
     /// `OnStartedLeading`). The work should stop when [`Leadership::lost`] completes; the elector
     /// waits for it before releasing or running again. When the callback returns (and no clone
@@ -204,6 +215,7 @@ impl LeaderElectorBuilder {
             release_on_cancel: self.release_on_cancel,
             work_exit: self.work_exit,
             fencing_token_floor: self.fencing_token_floor,
+            wall_clock: self.wall_clock,
         };
         let (state, _) = watch::channel(LeaderState::Unknown);
         Ok(LeaderElector {
@@ -275,6 +287,7 @@ impl LeaderElector {
             release_on_cancel: true,
             work_exit: WorkExit::StepDown,
             fencing_token_floor: 0,
+            wall_clock: WallClock::system(),
             callbacks: Callbacks::default(),
         }
     }

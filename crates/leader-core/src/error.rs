@@ -65,6 +65,20 @@ pub enum LockError {
         /// The timeout that elapsed.
         after: Duration,
     },
+    /// The store answered a write with the version it already had: it skipped the write as
+    /// identical to what it stores (kube-apiserver and Consul do). That is no renewal: a
+    /// follower's compare-and-swap on the unchanged version still succeeds (S14).
+    #[error(
+        "{backend}: the {operation} was answered with the version already stored ({version}): the store skipped it as identical, so it renewed nothing"
+    )]
+    Unmoved {
+        /// The backend concerned.
+        backend: &'static str,
+        /// The lock operation (`update`, `renew`).
+        operation: &'static str,
+        /// The version that did not move.
+        version: String,
+    },
     /// Any other backend error.
     #[error("{backend}: {source}")]
     Other {
@@ -138,6 +152,15 @@ impl LockError {
                 operation,
                 after: *after,
             },
+            Self::Unmoved {
+                backend,
+                operation,
+                version,
+            } => Self::Unmoved {
+                backend,
+                operation,
+                version: version.clone(),
+            },
             Self::Other { backend, source } => Self::Other {
                 backend,
                 source: source.to_string().into(),
@@ -152,13 +175,35 @@ impl LockError {
         (0..n).map(|_| Err(self.duplicate())).collect()
     }
 
+    /// A [`LockError::Unmoved`] unless `stored` moved on from `sent`: what a lock whose store
+    /// can skip an identical write makes of the answer to an `operation` sent at version
+    /// `sent`.
+    ///
+    /// # Errors
+    /// The version did not move.
+    pub fn unless_moved(
+        backend: &'static str,
+        operation: &'static str,
+        sent: &crate::Version,
+        stored: crate::Observed,
+    ) -> Result<crate::Observed, Self> {
+        if stored.version == *sent {
+            return Err(Self::Unmoved {
+                backend,
+                operation,
+                version: sent.as_str().to_owned(),
+            });
+        }
+        Ok(stored)
+    }
+
     /// True for a lost compare-and-swap.
     pub fn is_conflict(&self) -> bool {
         matches!(self, Self::Conflict { .. })
     }
 
     /// A short, stable label for metrics: `conflict`, `invalid_record`, `forbidden`,
-    /// `misconfigured`, `unavailable`, `timeout` or `other`.
+    /// `misconfigured`, `unavailable`, `timeout`, `unmoved` or `other`.
     pub fn kind(&self) -> &'static str {
         match self {
             Self::Conflict { .. } => "conflict",
@@ -167,6 +212,7 @@ impl LockError {
             Self::Misconfigured { .. } => "misconfigured",
             Self::Unavailable { .. } => "unavailable",
             Self::Timeout { .. } => "timeout",
+            Self::Unmoved { .. } => "unmoved",
             Self::Other { .. } => "other",
         }
     }

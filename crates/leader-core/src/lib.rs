@@ -2,6 +2,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
+mod clock;
 mod config;
 mod elector;
 mod error;
@@ -31,6 +32,7 @@ pub mod conformance;
 #[cfg(feature = "testing")]
 pub mod faults;
 
+pub use clock::{ClockStep, WallClock};
 pub use config::{
     DEFAULT_LEASE_DURATION, DEFAULT_RENEW_DEADLINE, DEFAULT_RETRY_PERIOD, ElectorConfig,
     JITTER_FACTOR, Timings, WorkExit,
@@ -47,7 +49,7 @@ pub use leadership::{
 };
 pub use lock::{Acquisition, ChangeStream, LeaderEvent, ResourceLock};
 pub use memory::{MemoryLock, MemoryStore};
-pub use record::{LeaderElectionRecord, Observed, RecordColumns, Version};
+pub use record::{LeaderElectionRecord, Observed, RENEWAL_STEP, RecordColumns, Version};
 pub use redact::redact_url;
 pub use shards::{
     COUNT_EXTENSION, KeyedLocks, Known, LockSet, MAX_SHARDS, Renewal, RenewedAndRead, Reread,

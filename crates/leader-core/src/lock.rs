@@ -99,6 +99,12 @@ impl Acquisition {
 ///   then writes blindly: the comparison and the write are one atomic step in the store.
 /// * Every field of the record round-trips, [`extensions`](LeaderElectionRecord::extensions)
 ///   included (keys and values of any text, up to a few kilobytes in all).
+/// * Every `update` that succeeds moves the version, also when the record is the one stored:
+///   a store that skips a write of what it holds (kube-apiserver, Consul) answers with the
+///   version it had, which the lock must refuse ([`LockError::Unmoved`]), since a follower's
+///   compare-and-swap on that version would still succeed (S14). The elector never sends one:
+///   a renewal's `renew_time` is always later than the stored one
+///   ([`LeaderElectionRecord::renewal_time`]).
 /// * `create` and `update` return the record as stored, with its new version. A backend may raise
 ///   `leader_transitions` when it writes (to keep fencing tokens growing when its objects can
 ///   vanish, for example on expiry) but never lowers it.

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, TimeDelta, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::error::LockError;
@@ -54,7 +54,23 @@ pub struct LeaderElectionRecord {
     pub extensions: BTreeMap<String, String>,
 }
 
+/// How much later than the stored `renew_time` a renewal writes at least: a step every store
+/// keeps (they all keep at least milliseconds), so no renewal repeats the stored bytes.
+pub const RENEWAL_STEP: TimeDelta = TimeDelta::milliseconds(1);
+
 impl LeaderElectionRecord {
+    /// The `renew_time` a renewal of this record (as stored) writes when the wall clock reads
+    /// `now`: `now`, but at least [`RENEWAL_STEP`] after both the stored `renew_time` and
+    /// `acquire_time` (S14). A wall clock stepped back behind them would otherwise make every
+    /// renewal write the bytes already stored, which kube-apiserver and Consul skip without
+    /// moving the version: no renewal at all, while the holder believed it renewed. So after a
+    /// step back, the record's `renew_time` holds where it was (one step more per renewal)
+    /// until the holder's clock catches up; after a step forward it shows the holder's clock.
+    #[must_use]
+    pub fn renewal_time(&self, now: DateTime<Utc>) -> DateTime<Utc> {
+        now.max(self.renew_time.max(self.acquire_time) + RENEWAL_STEP)
+    }
+
     /// True when no one holds the lease (it was released or never taken).
     pub fn is_free(&self) -> bool {
         self.holder_identity.is_empty()

@@ -6,7 +6,6 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use chrono::Utc;
 use futures_util::StreamExt;
 use tokio::sync::{oneshot, watch};
 use tokio::time::{Instant, sleep, sleep_until, timeout};
@@ -376,7 +375,7 @@ impl Runner {
         leader_transitions: u64,
         base: Option<&LeaderElectionRecord>,
     ) -> LeaderElectionRecord {
-        let now = Utc::now();
+        let now = self.config.wall_clock.now();
         LeaderElectionRecord {
             holder_identity: self.identity().to_owned(),
             lease_duration: self.config.lease_duration,
@@ -433,7 +432,7 @@ impl Runner {
                     }
                     let confirming = Instant::now();
                     let mut record = observed.record.clone();
-                    record.renew_time = Utc::now().max(record.acquire_time);
+                    record.renew_time = record.renewal_time(self.config.wall_clock.now());
                     let renewal = tokio::select! {
                         biased;
                         () = shutdown.cancelled() => return None,
@@ -846,7 +845,7 @@ impl Runner {
             .filter(|o| self.is_ours(o, fencing_token) && o.record.handover_to().is_none())
         {
             let mut record = cached.record.clone();
-            record.renew_time = Utc::now().max(record.acquire_time);
+            record.renew_time = record.renewal_time(self.config.wall_clock.now());
             let written = match changes {
                 // Extensions change the record: a write, which renews too.
                 Some(changes) => {
@@ -882,7 +881,7 @@ impl Runner {
             return Ok(Renewal::HandOver(to.to_owned()));
         }
         let mut record = current.record.clone();
-        record.renew_time = Utc::now().max(record.acquire_time);
+        record.renew_time = record.renewal_time(self.config.wall_clock.now());
         if let Some(changes) = changes {
             changes.apply(&mut record.extensions);
         }
@@ -918,7 +917,7 @@ impl Runner {
             let Some(ours) = current.filter(|o| self.is_ours(o, fencing_token)) else {
                 return false;
             };
-            let now = Utc::now();
+            let now = self.config.wall_clock.now();
             let mut record = LeaderElectionRecord {
                 holder_identity: String::new(),
                 acquire_time: now,

@@ -707,7 +707,9 @@ impl ResourceLock for LeaseLock {
             .replace(&self.name, &PostParams::default(), &lease)
             .await
             .map_err(|err| self.map("update", err))?;
-        self.stored(replaced, record)
+        // kube-apiserver answers an update that leaves the Lease as stored with the same
+        // resourceVersion and writes nothing (`GuaranteedUpdate`): no renewal (S14).
+        LockError::unless_moved(BACKEND, "update", version, self.stored(replaced, record)?)
     }
 
     async fn record_event(&self, event: &LeaderEvent) {

@@ -14,8 +14,8 @@ use super::{LockFactory, unique};
 use crate::background::{LEASE, RENEW, RETRY};
 use crate::record::Version;
 use crate::{
-    CancellationToken, Known, LockError, LockSet, Renewal, Reread, ResourceLock, Shards,
-    ShardsError, ShardsState, member_key, roster_key, shard_key,
+    CancellationToken, Known, LeaderElectionRecord, LockError, LockSet, Renewal, Reread,
+    ResourceLock, Shards, ShardsError, ShardsState, member_key, roster_key, shard_key,
 };
 
 /// One interval of a shard's work on one member, as the work saw it.
@@ -408,7 +408,7 @@ pub async fn batches_answer_as_their_locks(factory: &dyn LockFactory) {
 
     let renewal = |i: usize, version: Version| {
         let mut record = stored[i].record.clone();
-        record.renew_time = super::now();
+        record.renew_time = record.renewal_time(super::now());
         Renewal {
             key: keys[i].clone(),
             version,
@@ -458,7 +458,7 @@ pub async fn batches_answer_as_their_locks(factory: &dyn LockFactory) {
     );
     // The renewed record goes on: renewed again through its lock.
     let mut again = first.record.clone();
-    again.renew_time = super::now();
+    again.renew_time = again.renewal_time(super::now());
     let held = set
         .lock(&keys[0])
         .renew(&first.version, &again)
@@ -470,7 +470,10 @@ pub async fn batches_answer_as_their_locks(factory: &dyn LockFactory) {
         Renewal {
             key: keys[0].clone(),
             version: held.version.clone(),
-            record: held.record.clone(),
+            record: LeaderElectionRecord {
+                renew_time: held.record.renewal_time(super::now()),
+                ..held.record.clone()
+            },
         },
         renewal(2, stored[2].version.clone()),
     ];

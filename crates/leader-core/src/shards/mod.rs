@@ -164,6 +164,8 @@ pub struct ShardsConfig {
     pub stop_grace: Duration,
     /// Release the shards on shutdown, so that others take them at once.
     pub release_on_cancel: bool,
+    /// Where the times written into records come from.
+    pub wall_clock: crate::WallClock,
 }
 
 /// Builds [`Shards`].
@@ -227,6 +229,13 @@ impl ShardsBuilder {
     /// Release the shards on shutdown (default true).
     pub fn release_on_cancel(mut self, release: bool) -> Self {
         self.config.release_on_cancel = release;
+        self
+    }
+
+    /// The wall clock whose times go into the records (default: the system clock); see
+    /// [`LeaderElectorBuilder::wall_clock`](crate::LeaderElectorBuilder::wall_clock).
+    pub fn wall_clock(mut self, clock: crate::WallClock) -> Self {
+        self.config.wall_clock = clock;
         self
     }
 
@@ -351,6 +360,7 @@ impl Shards {
                 request_timeout: Duration::ZERO,
                 stop_grace: Duration::from_secs(5),
                 release_on_cancel: true,
+                wall_clock: crate::WallClock::system(),
             },
             request_timeout: None,
             locks: Arc::new(locks),

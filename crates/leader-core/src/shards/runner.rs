@@ -4,7 +4,6 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use chrono::Utc;
 use futures_util::future::join_all;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
@@ -373,7 +372,7 @@ impl Runner {
     }
 
     fn desired(&self, token: u64, base: Option<&LeaderElectionRecord>) -> LeaderElectionRecord {
-        let now = Utc::now();
+        let now = self.config.wall_clock.now();
         LeaderElectionRecord {
             holder_identity: self.me.clone(),
             lease_duration: self.config.lease_duration,
@@ -554,7 +553,7 @@ impl Runner {
         let terms = self.member.iter().map(|t| (None, t));
         for (shard, term) in terms.chain(self.owned.iter().map(|(&s, t)| (Some(s), t))) {
             let mut record = term.observed.record.clone();
-            record.renew_time = Utc::now().max(record.acquire_time);
+            record.renew_time = record.renewal_time(self.config.wall_clock.now());
             whose.push(shard);
             renewals.push(Renewal {
                 key: term.key.clone(),
@@ -680,6 +679,7 @@ impl Runner {
         let stopped = self.callbacks.stopped.clone();
         let to = to.map(str::to_owned);
         let name = self.config.name.clone();
+        let clock = self.config.wall_clock.clone();
         m::shard_moved(&name, reason_label(reason));
         tracing::info!(shards = name, shard, to, "releasing the shard");
         let task = self.releases.spawn(async move {
@@ -691,7 +691,7 @@ impl Runner {
             };
             let mut released = false;
             if work_stopped {
-                let now = Utc::now();
+                let now = clock.now();
                 let record = LeaderElectionRecord {
                     holder_identity: String::new(),
                     acquire_time: now,
@@ -770,7 +770,7 @@ impl Runner {
         };
         let mut record = term.observed.record.clone();
         changes.apply(&mut record.extensions);
-        record.renew_time = Utc::now().max(record.acquire_time);
+        record.renew_time = record.renewal_time(self.config.wall_clock.now());
         let (key, version) = (term.key.clone(), term.observed.version.clone());
         let started = Instant::now();
         let result = self
@@ -1044,8 +1044,8 @@ impl Runner {
             let mut record = LeaderElectionRecord {
                 holder_identity: String::new(),
                 lease_duration: ROSTER_LEASE,
-                acquire_time: Utc::now(),
-                renew_time: Utc::now(),
+                acquire_time: self.config.wall_clock.now(),
+                renew_time: self.config.wall_clock.now(),
                 leader_transitions: 0,
                 strategy: None,
                 preferred_holder: None,
@@ -1098,13 +1098,13 @@ impl Runner {
             self.problem = None;
         }
         self.note_roster(&roster);
-        let stale = Utc::now() - roster.record.renew_time > ROSTER_REFRESH;
+        let stale = self.config.wall_clock.now() - roster.record.renew_time > ROSTER_REFRESH;
         let joining = !roster.record.extensions.contains_key(&my_entry);
         if joining || stale {
             let mut record = roster.record.clone();
             record.extensions.insert(my_entry, self.me.clone());
             record.lease_duration = ROSTER_LEASE;
-            record.renew_time = Utc::now();
+            record.renew_time = self.config.wall_clock.now();
             let stored = self.write_roster(&roster.version, &record).await;
             if stored.is_some() && joining {
                 tracing::info!(shards = name, "joined the shard set's roster");

@@ -307,6 +307,17 @@ impl Data {
                 return Ok(true);
             }
         }
+        // A write of what is stored already is skipped: the entry keeps its ModifyIndex and
+        // no watch fires (`kvsSetTxn` returns early when `existing.Equal(entry)`, and
+        // `DirEntry.Equal` compares LockIndex, Key, Flags, Value and Session alone).
+        if existing.as_ref().is_some_and(|e| {
+            e.lock_index == lock_index
+                && e.flags == flags
+                && e.value == value
+                && e.session == session
+        }) {
+            return Ok(true);
+        }
         self.kv.insert(
             key.to_owned(),
             Entry {

@@ -257,8 +257,8 @@ fn write(server: &KubeApiServer, objects: &mut Objects, resource: Resource, mut 
         MANAGER,
         resource.api_version(),
     );
-    let change = objects.store(&key, object);
-    server.shared.committed(objects, change);
+    let write = objects.store(&key, object);
+    server.shared.written(objects, &write);
 }
 
 /// One step of the election for a Lease (`reconcileElectionStep`); returns when to look again.

@@ -14,6 +14,8 @@
 //!   `resourceVersion` or a body's `uid` that does not match, also for a Lease deleted since;
 //!   DELETE with `preconditions`), JSON patch, merge, strategic merge and server-side apply
 //!   patches with field ownership (`fields`: `managedFields`, 409 apply conflicts, `force`).
+//! - Updates that leave an object as stored are skipped, as `GuaranteedUpdate` skips them
+//!   (`objects::Objects::store`): 200 with the same `resourceVersion`, no watch event.
 //! - Watches as the watch cache serves them: the current state first, or the changes after a
 //!   `resourceVersion`, 410 `Expired` once that is too old, `timeoutSeconds`, `BOOKMARK`s.
 //! - `coordination.k8s.io/v1beta1` LeaseCandidates when a test serves them (a beta API, off by
@@ -52,7 +54,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tokio::sync::broadcast;
 
-use objects::{Change, Objects, Resource};
+use objects::{Change, Objects, Resource, Write};
 use selector::Selector;
 
 /// What a test can make the server do besides keeping the contract.
@@ -132,6 +134,14 @@ impl Shared {
             eprintln!("kube-api-server: saving {}: {err}", path.display());
         }
         let _ = self.changes.send(change);
+    }
+
+    /// [`committed`](Self::committed) for a write that changed the object; a skipped write
+    /// changed nothing and tells nobody.
+    fn written(&self, objects: &Objects, write: &Write) {
+        if let Write::Changed(change) = write {
+            self.committed(objects, change.clone());
+        }
     }
 }
 
@@ -310,8 +320,8 @@ impl KubeApiServer {
         lease["metadata"]["namespace"] = json!(namespace);
         let mut objects = self.shared.objects();
         let key = (Resource::Lease, namespace.to_owned(), name.to_owned());
-        let change = objects.store(&key, lease);
-        self.shared.committed(&objects, change);
+        let write = objects.store(&key, lease);
+        self.shared.written(&objects, &write);
     }
 
     /// The stored Lease, if there is one.
@@ -382,8 +392,8 @@ impl KubeApiServer {
         });
         let mut objects = self.shared.objects();
         let key = (Resource::Pod, namespace.to_owned(), name.to_owned());
-        let change = objects.store(&key, pod);
-        self.shared.committed(&objects, change);
+        let write = objects.store(&key, pod);
+        self.shared.written(&objects, &write);
     }
 
     /// The stored Pod, if there is one.

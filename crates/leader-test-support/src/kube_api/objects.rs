@@ -112,6 +112,25 @@ pub(crate) struct Change {
     pub(crate) previous: Option<Value>,
 }
 
+/// What [`Objects::store`] did.
+#[derive(Clone, Debug)]
+pub(crate) enum Write {
+    /// The object changed: a new revision, sent to watches.
+    Changed(Change),
+    /// The object was already stored as written: nothing changed, nothing is sent.
+    Unchanged(Value),
+}
+
+impl Write {
+    /// The object as stored.
+    pub(crate) fn object(&self) -> &Value {
+        match self {
+            Self::Changed(change) => &change.object,
+            Self::Unchanged(object) => object,
+        }
+    }
+}
+
 impl Change {
     /// The event a watch that selects objects with `selects` sends for this change, if any, as
     /// the watch cache converts it (`staging/src/k8s.io/apiserver/pkg/storage/cacher/
@@ -175,31 +194,39 @@ impl Objects {
 
     /// Stores `object` under `key` with a new `resourceVersion` (keeping `uid` and
     /// `creationTimestamp` of the object it replaces, or giving new ones), records the change,
-    /// and returns it.
-    pub(crate) fn store(&mut self, key: &Key, mut object: Value) -> Change {
-        self.revision += 1;
+    /// and returns it. An update that leaves the object as stored is skipped, as
+    /// kube-apiserver skips it: `GuaranteedUpdate` (`staging/src/k8s.io/apiserver/pkg/storage/
+    /// etcd3/store.go`) compares the encoded object with the stored bytes and, when equal,
+    /// answers the stored object with its `resourceVersion` unchanged, writes nothing to etcd
+    /// and so sends no watch event.
+    pub(crate) fn store(&mut self, key: &Key, mut object: Value) -> Write {
         let previous = self.items.get(key).cloned();
         object["apiVersion"] = json!(key.0.api_version());
         object["kind"] = json!(key.0.kind());
         object["metadata"]["name"] = json!(key.2);
         object["metadata"]["namespace"] = json!(key.1);
+        if let Some(previous) = &previous {
+            object["metadata"]["uid"] = previous["metadata"]["uid"].clone();
+            object["metadata"]["creationTimestamp"] =
+                previous["metadata"]["creationTimestamp"].clone();
+            // The stored bytes carry no resourceVersion (`PrepareObjectForStorage` clears it).
+            object["metadata"]["resourceVersion"] = previous["metadata"]["resourceVersion"].clone();
+            if object == *previous {
+                return Write::Unchanged(object);
+            }
+        }
+        self.revision += 1;
         object["metadata"]["resourceVersion"] = json!(self.revision.to_string());
-        let kind = match &previous {
-            Some(previous) => {
-                object["metadata"]["uid"] = previous["metadata"]["uid"].clone();
-                object["metadata"]["creationTimestamp"] =
-                    previous["metadata"]["creationTimestamp"].clone();
-                "MODIFIED"
-            }
-            None => {
-                object["metadata"]["uid"] = json!(uid(self.revision));
-                object["metadata"]["creationTimestamp"] =
-                    json!(chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ").to_string());
-                "ADDED"
-            }
+        let kind = if previous.is_some() {
+            "MODIFIED"
+        } else {
+            object["metadata"]["uid"] = json!(uid(self.revision));
+            object["metadata"]["creationTimestamp"] =
+                json!(chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ").to_string());
+            "ADDED"
         };
         self.items.insert(key.clone(), object.clone());
-        self.record(kind, object, previous)
+        Write::Changed(self.record(kind, object, previous))
     }
 
     /// Removes the object under `key`, recording a `DELETED` change with a new revision.

@@ -276,14 +276,14 @@ fn stored(
             annotations.remove(stripped);
         }
     }
-    let change = objects.store(key, object);
-    api.shared.committed(objects, change.clone());
+    let write = objects.store(key, object);
+    api.shared.written(objects, &write);
     let code = if existed {
         StatusCode::OK
     } else {
         StatusCode::CREATED
     };
-    json_response(code, &change.object)
+    json_response(code, write.object())
 }
 
 async fn read(
