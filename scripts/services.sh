@@ -123,6 +123,13 @@ ensure_strace() {
   apt_install strace
 }
 
+# libfaketime steps the wall clock of the `leader` processes in the clock tests.
+ensure_faketime() {
+  if command -v faketime >/dev/null 2>&1; then return 0; fi
+  log "installing faketime"
+  apt_install faketime
+}
+
 ensure_etcd() {
   if port_open 127.0.0.1 2379; then return 0; fi
   command -v etcd >/dev/null 2>&1 || { log "installing etcd-server"; apt_install etcd-server; }

@@ -817,6 +817,95 @@ async fn once_exits_with_75_when_leadership_is_lost() {
     assert!(!events[1].start);
 }
 
+/// Two `leader run` replicas on `lock` (with `env`); the first leads, and its wall clock
+/// (libfaketime) steps back an hour, then forward to an hour ahead, each for two leases (S14).
+/// Its job keeps running through both with the same token, and nobody else's starts: no
+/// overlap, no change of hands. Then a SIGTERM hands over to the other, with a larger token.
+/// On a store that skips identical writes (the Kubernetes API server, Consul), a renewal that
+/// repeats the stored bytes after the step back is no renewal, and the other took over while
+/// the first still ran its job.
+async fn wall_clock_steps(lock: &str, env: &[(&str, &std::ffi::OsStr)]) {
+    let Some(faketime) = leader_test_support::faketime_or_skip() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("jobs.log");
+    let offset = dir.path().join("clock-offset");
+    std::fs::write(&offset, "+0").expect("offset");
+    let gone = Gone::watch(&log);
+    let name = format!("clock-{:08x}", fastrand::u32(..));
+    let mut stepped = leader_command(lock, &name, "stepped", &log, &[])
+        .envs(env.iter().copied())
+        .envs(leader_test_support::faketime_env(&faketime, &offset))
+        .spawn()
+        .expect("spawn leader");
+    let first = start_number(&log, 1, Duration::from_secs(15)).await;
+    assert_eq!(first.identity, "stepped");
+    let mut steady = leader_command(lock, &name, "steady", &log, &[])
+        .envs(env.iter().copied())
+        .spawn()
+        .expect("spawn leader");
+    for step in ["-1h", "+1h"] {
+        std::fs::write(&offset, step).expect("step the clock");
+        sleep(LEASE * 2 + RETRY).await;
+        let starts: Vec<Event> = events(&log).into_iter().filter(|e| e.start).collect();
+        assert_eq!(
+            starts.len(),
+            1,
+            "{lock}: the leader's wall clock stepped {step}: another job started: {:?}",
+            events(&log)
+        );
+        assert!(
+            matches!(stepped.try_wait(), Ok(None)),
+            "{lock}: the leader exited"
+        );
+    }
+    kill(pid(&stepped), Signal::SIGTERM).expect("SIGTERM");
+    let second = start_number(&log, 2, Duration::from_secs(10)).await;
+    assert_eq!(second.identity, "steady");
+    assert!(second.token > first.token, "{first:?} then {second:?}");
+    for child in [&mut stepped, &mut steady] {
+        let _ = kill(pid(child), Signal::SIGTERM);
+        let _ = timeout(Duration::from_secs(10), child.wait()).await;
+    }
+    assert_one_at_a_time(&log, &[], &gone);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubernetes_lock_wall_clock_steps() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_server, kubeconfig) = kube_api_server(dir.path(), &[]).await;
+    wall_clock_steps(
+        "kubernetes://default",
+        &[("KUBECONFIG", kubeconfig.as_os_str())],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consul_lock_wall_clock_steps() {
+    let server = leader_test_support::consul_api::ConsulApiServer::start().await;
+    wall_clock_steps(&format!("consul://{}/e2e/", server.address()), &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_lock_wall_clock_steps() {
+    let Some(url) = leader_test_support::postgres_lock_or_skip() else {
+        return;
+    };
+    wall_clock_steps(&url, &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_lock_wall_clock_steps() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    wall_clock_steps(
+        &format!("file://{}", dir.path().join("lock").display()),
+        &[],
+    )
+    .await;
+}
+
 /// A loopback address with a port nobody listens on.
 fn free_addr() -> String {
     let port = std::net::TcpListener::bind("127.0.0.1:0")

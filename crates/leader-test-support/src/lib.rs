@@ -277,3 +277,36 @@ macro_rules! skip_or_fail {
 pub use leader_core::background::{
     Candidate, LEASE, RENEW, RETRY, assert_outage_handled, next_leader,
 };
+
+/// libfaketime's library, which steps the wall clock of a process it is preloaded into
+/// (Debian package `faketime`; `scripts/setup` installs it), or `None` with a line saying why
+/// (a skip), or a failure under CI.
+pub fn faketime_or_skip() -> Option<std::path::PathBuf> {
+    let found = std::fs::read_dir("/usr/lib")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|dir| dir.path().join("faketime/libfaketime.so.1"))
+        .chain([std::path::PathBuf::from("/usr/lib/faketime/libfaketime.so.1")])
+        .find(|path| path.is_file());
+    if found.is_none() {
+        assert!(!in_ci(), "CI=true, but libfaketime is not installed");
+        eprintln!("skipping: libfaketime is not installed; run scripts/setup");
+    }
+    found
+}
+
+/// The environment that preloads libfaketime (`library`) into a process, with its wall clock
+/// offset by what `offset_file` holds (`+0`, `-1h`, `+1h`), read again at every call; its
+/// monotonic clock stays the system's.
+pub fn faketime_env(
+    library: &std::path::Path,
+    offset_file: &std::path::Path,
+) -> [(&'static str, std::ffi::OsString); 4] {
+    [
+        ("LD_PRELOAD", library.as_os_str().to_owned()),
+        ("FAKETIME_TIMESTAMP_FILE", offset_file.as_os_str().to_owned()),
+        ("FAKETIME_NO_CACHE", "1".into()),
+        ("FAKETIME_DONT_FAKE_MONOTONIC", "1".into()),
+    ]
+}
