@@ -291,6 +291,44 @@ async fn a_follower_never_takes_over_a_renewed_lease() {
     assert_eq!(a.stop().await.len(), 1);
 }
 
+/// S14 on a store that skips identical writes (as kube-apiserver and Consul do): the leader's
+/// wall clock steps back an hour, then forward to an hour ahead; it keeps its term, nobody
+/// else leads, and every renewal moves the version, with `renew_time` never going back.
+#[tokio::test(start_paused = true)]
+async fn a_wall_clock_that_steps_changes_what_the_record_shows_never_who_leads() {
+    let store = MemoryStore::skipping_identical_writes();
+    let (clock, step) = leader_core::WallClock::stepped();
+    let mut a = Candidate::build(builder(store.lock("election", "a")).wall_clock(clock));
+    let a_leads = a.leadership().await;
+    let b = Candidate::build(builder(store.lock("election", "b")));
+    let reader = store.lock("election", "reader");
+    let mut last = reader.get().await.expect("get").expect("record");
+    for by in [chrono::TimeDelta::hours(-1), chrono::TimeDelta::hours(2)] {
+        step.step(by);
+        for _ in 0..20 {
+            sleep(RETRY).await;
+            assert!(
+                !a_leads.is_lost(),
+                "stepped by {by}: the leader lost its term"
+            );
+            assert!(!b.is_leading(), "stepped by {by}: two lead");
+        }
+        let now = reader.get().await.expect("get").expect("record");
+        assert_ne!(now.version, last.version, "stepped by {by}");
+        assert!(
+            now.record.renew_time > last.record.renew_time
+                && now.record.renew_time > now.record.acquire_time,
+            "stepped by {by}: {:?} then {:?}",
+            last.record,
+            now.record
+        );
+        last = now;
+    }
+    drop(a_leads);
+    assert!(b.stop().await.is_empty());
+    assert_eq!(a.stop().await.len(), 1);
+}
+
 /// S5 and S7: after losing leadership the elector runs again, and its next term has a larger
 /// fencing token even though its identity is the same.
 #[tokio::test(start_paused = true)]

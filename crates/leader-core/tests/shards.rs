@@ -12,7 +12,7 @@ use leader_core::conformance::{ShardLog, balanced};
 use leader_core::faults::{Faults, FaultyLock};
 use leader_core::{
     CancellationToken, ConfigError, KeyedLocks, LockSet, MemoryStore, ResourceLock, Shards,
-    ShardsError, ShardsState, StepDownReason, Timings,
+    ShardsError, ShardsState, StepDownReason, Timings, WallClock,
 };
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -78,6 +78,10 @@ impl Set {
     }
 
     fn join_with(&self, identity: &str, count: u32) -> Member {
+        self.join_clocked(identity, count, WallClock::system())
+    }
+
+    fn join_clocked(&self, identity: &str, count: u32, wall_clock: WallClock) -> Member {
         let (faults, shard_faults) = (Faults::new(), Faults::new());
         let (store, clock) = (self.store.clone(), self.clock);
         let (handle, shard_handle) = (faults.clone(), shard_faults.clone());
@@ -100,6 +104,7 @@ impl Set {
         let shards = Shards::builder("jobs", count, locks)
             .timings(TIMINGS)
             .request_timeout(TIMINGS.renew_deadline)
+            .wall_clock(wall_clock)
             .on_shard_stopped({
                 let expired = self.expired.clone();
                 move |_, stop| {
@@ -167,6 +172,41 @@ async fn three_members_split_the_shards(clock: Clock) {
         m.leave().await.expect("left");
     }
     set.log.check("paused clock");
+}
+
+/// S14 for shard sets, on a store that skips identical writes (as kube-apiserver and Consul
+/// do): a member's wall clock steps back an hour, then forward to an hour ahead; its
+/// renewals still move every record's version, so no shard changes hands and none has two
+/// owners.
+#[tokio::test]
+async fn a_members_wall_clock_that_steps_moves_no_shard() {
+    tokio::time::pause();
+    let set = Set {
+        store: MemoryStore::skipping_identical_writes(),
+        ..Set::new(Clock::Follower, 6)
+    };
+    let (clock, step) = WallClock::stepped();
+    let a = set.join_clocked("a", 6, clock);
+    let b = set.join("b");
+    let took = until(Duration::from_secs(30), || balanced_members(&[&a, &b], 6)).await;
+    assert!(
+        took.is_some(),
+        "never balanced: {:?} {:?}",
+        a.owned(),
+        b.owned()
+    );
+    let moves = set.log.moves();
+    for by in [chrono::TimeDelta::hours(-1), chrono::TimeDelta::hours(2)] {
+        step.step(by);
+        sleep(Duration::from_secs(20)).await;
+        assert!(balanced_members(&[&a, &b], 6), "stepped by {by}");
+        assert_eq!(set.log.moves(), moves, "stepped by {by}: shards moved");
+    }
+    assert_eq!(set.expired.load(Ordering::SeqCst), 0, "terms ran out");
+    for m in [a, b] {
+        m.leave().await.expect("left");
+    }
+    set.log.check("wall clock steps");
 }
 
 #[tokio::test]
