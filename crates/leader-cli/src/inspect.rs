@@ -71,12 +71,12 @@ pub(crate) async fn status(args: StatusArgs) -> u8 {
             humantime::format_duration(record.lease_duration)
         );
         println!(
-            "acquired     {} ({} ago)",
+            "acquired     {} ({})",
             record.acquire_time.to_rfc3339(),
             ago(now - record.acquire_time)
         );
         println!(
-            "renewed      {} ({} ago)",
+            "renewed      {} ({})",
             record.renew_time.to_rfc3339(),
             ago(now - record.renew_time)
         );
@@ -225,10 +225,29 @@ pub(crate) async fn handover(args: HandoverArgs) -> u8 {
     )
 }
 
+/// `elapsed` for people: "3s ago", or, for a time ahead of this replica's clock (a writer's
+/// clock ahead of ours), "3s ahead of this clock".
 fn ago(elapsed: chrono::Duration) -> String {
-    let elapsed = elapsed.to_std().unwrap_or_default();
-    humantime::format_duration(Duration::from_millis(
-        u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX),
-    ))
-    .to_string()
+    let format = |d: chrono::Duration| {
+        let d = d.to_std().unwrap_or_default();
+        humantime::format_duration(Duration::from_millis(
+            u64::try_from(d.as_millis()).unwrap_or(u64::MAX),
+        ))
+    };
+    if elapsed < chrono::Duration::zero() {
+        format!("{} ahead of this clock", format(-elapsed))
+    } else {
+        format!("{} ago", format(elapsed))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ago;
+
+    #[test]
+    fn times_ahead_of_this_clock_say_so() {
+        assert_eq!(ago(chrono::Duration::seconds(90)), "1m 30s ago");
+        assert_eq!(ago(chrono::Duration::hours(-1)), "1h ahead of this clock");
+    }
 }
