@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use leader_core::LockError;
+use leader_core::{LockError, UrlError, redact_url};
 use reqwest::{Method, RequestBuilder, StatusCode};
 
 use crate::error::{BACKEND, status, transport};
@@ -27,7 +27,7 @@ pub struct ConsulStoreBuilder {
 impl fmt::Debug for ConsulStoreBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ConsulStoreBuilder")
-            .field("address", &self.address)
+            .field("address", &redact_url(&self.address))
             .field("token", &self.token.as_ref().map(|_| "(set)"))
             .field("datacenter", &self.datacenter)
             .field("prefix", &self.prefix)
@@ -94,12 +94,14 @@ impl ConsulStoreBuilder {
         if self.timeout.is_zero() {
             return Err(bad("the request timeout must be above zero".to_owned()));
         }
+        let address = redact_url(&self.address);
+        UrlError::check_user_info(&self.address)
+            .map_err(|err| bad(format!("the agent address {address:?}: {}", err.message)))?;
         let base = url::Url::parse(&self.address)
-            .map_err(|err| bad(format!("the agent address {:?}: {err}", self.address)))?;
+            .map_err(|err| bad(format!("the agent address {address:?}: {err}")))?;
         if !matches!(base.scheme(), "http" | "https") || base.host_str().is_none() {
             return Err(bad(format!(
-                "the agent address {:?} must be http://HOST:PORT or https://HOST:PORT",
-                self.address
+                "the agent address {address:?} must be http://HOST:PORT or https://HOST:PORT"
             )));
         }
         if !base.username().is_empty() || base.password().is_some() {

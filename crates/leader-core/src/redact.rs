@@ -1,86 +1,147 @@
 //! Redaction of credentials in connection strings.
 
 /// A connection string with its password replaced by `***`, for logs and errors.
+///
+/// It redacts more than a URL parser would see rather than less: a password may hold `/`, `?`,
+/// `#`, `@` or `:` unencoded, which ends the user-info early for a parser, so here the
+/// user-info runs to the string's last `@`. A user without a password is kept where it is a
+/// user name (`postgres://app@db`) and redacted elsewhere, where it may be a token
+/// (`nats://TOKEN@host`). Values of [`SECRET_KEYWORDS`] (`password=`, `token=`, ...) are
+/// redacted too, in URL parameters and in key-value connection strings.
 pub fn redact_url(url: &str) -> String {
-    let redacted = redact_keyword_password(url);
-    let Some(scheme_end) = redacted.find("://") else {
-        return redacted;
-    };
-    let rest = &redacted[scheme_end + 3..];
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let authority = &rest[..authority_end];
-    let Some(at) = authority.rfind('@') else {
-        return redacted;
-    };
-    let userinfo = &authority[..at];
-    let Some(colon) = userinfo.find(':') else {
-        return redacted;
-    };
-    format!(
-        "{}{}:***{}",
-        &redacted[..scheme_end + 3],
-        &userinfo[..colon],
-        &redacted[scheme_end + 3 + at..]
-    )
+    let mut secrets = keyword_values(url);
+    secrets.extend(user_info_secret(url));
+    secrets.sort_unstable();
+    let mut out = String::with_capacity(url.len());
+    // Where the last `***` ends.
+    let mut redacted_to: Option<usize> = None;
+    for (start, end) in secrets {
+        match redacted_to {
+            // Overlaps or touches the secret before: one `***` for both.
+            Some(to) if start <= to => redacted_to = Some(to.max(end)),
+            _ => {
+                out.push_str(&url[redacted_to.unwrap_or(0)..start]);
+                out.push_str("***");
+                redacted_to = Some(end);
+            }
+        }
+    }
+    out.push_str(&url[redacted_to.unwrap_or(0)..]);
+    out
 }
 
-/// The keywords whose values are credentials, in key-value connection strings and URL query
-/// parameters (`password=`, an ACL `token=`, a `secret=`, a SAS `sig=`), also at the end of a
-/// longer name (`aws_secret_access_key=`, `sas_token=`).
-const SECRET_KEYWORDS: [&str; 6] = [
-    "password=",
-    "token=",
-    "secret=",
-    "access_key=",
-    "key=",
-    "sig=",
+/// The schemes in which a user-info without `:` is a user name, shown; in any other it may be a
+/// token, and is redacted whole.
+const USER_NAME_SCHEMES: [&str; 6] = [
+    "postgres",
+    "postgresql",
+    "mysql",
+    "mariadb",
+    "etcd",
+    "etcds",
 ];
 
-/// Redacts the values of [`SECRET_KEYWORDS`] in key-value connection strings and URL query
-/// parameters.
-fn redact_keyword_password(conn: &str) -> String {
-    let mut redacted = conn.to_owned();
-    for keyword in SECRET_KEYWORDS {
-        redacted = redact_keyword(&redacted, keyword);
+/// The byte range of the password in `url`, if it has a user-info.
+fn user_info_secret(url: &str) -> Option<(usize, usize)> {
+    let scheme_end = url.find("://")?;
+    let start = scheme_end + 3;
+    // Never under-redact: the user-info runs to the LAST `@`, the password from its first `:`.
+    let at = url.rfind('@').filter(|&at| at >= start)?;
+    match url[start..at].find(':') {
+        Some(colon) => Some((start + colon + 1, at)),
+        None if USER_NAME_SCHEMES.contains(&url[..scheme_end].to_ascii_lowercase().as_str()) => {
+            None
+        }
+        None => Some((start, at)),
     }
-    redacted
 }
 
-fn redact_keyword(conn: &str, keyword: &str) -> String {
+/// The names whose values are credentials, in key-value connection strings and URL query
+/// parameters (`password=`, an ACL `token=`, a `secret=`, a SAS `sig=`, a signed URL's
+/// `X-Amz-Signature=`), also at the end of a longer name (`aws_secret_access_key=`,
+/// `sas_token=`).
+const SECRET_KEYWORDS: [&str; 10] = [
+    "password",
+    "passwd",
+    "pass",
+    "pwd",
+    "token",
+    "secret",
+    "key",
+    "sig",
+    "signature",
+    "credential",
+];
+
+/// The byte ranges of the values of [`SECRET_KEYWORDS`] in `conn`.
+fn keyword_values(conn: &str) -> Vec<(usize, usize)> {
     let lower = conn.to_ascii_lowercase();
-    let mut out = String::with_capacity(conn.len());
-    let mut rest = 0;
-    let mut search = 0;
-    while let Some(found) = lower[search..].find(keyword) {
-        let start = search + found;
-        // The keyword ends a parameter's name: `token=`, also `sas_token=` or
-        // `aws_secret_access_key=`.
-        let name_start = conn[..start]
-            .rfind([' ', '?', '&', '\t'])
-            .map_or(0, |b| b + 1);
-        let boundary = conn[name_start..start]
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
-        let value_start = start + keyword.len();
-        if !boundary {
-            search = value_start;
-            continue;
+    let mut ranges = Vec::new();
+    for keyword in SECRET_KEYWORDS {
+        let mut search = 0;
+        while let Some(found) = lower[search..].find(keyword) {
+            let start = search + found;
+            search = start + keyword.len();
+            // The keyword ends a parameter's name: `token=`, also `sas_token=` or
+            // `aws_secret_access_key=`, and `password = x` in a key-value string.
+            let name_start = conn[..start]
+                .rfind([' ', '?', '&', '\t'])
+                .map_or(0, |b| b + 1);
+            let boundary = conn[name_start..start]
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+            let after_name = conn[search..].trim_start_matches([' ', '\t']);
+            let Some(value) = after_name.strip_prefix('=').filter(|_| boundary) else {
+                continue;
+            };
+            let value = value.trim_start_matches([' ', '\t']);
+            let value_start = conn.len() - value.len();
+            let value_end = value_start + value_len(value);
+            ranges.push((value_start, value_end));
+            search = value_end.max(search);
         }
-        let value_end = conn[value_start..]
-            .find([' ', '&', '\t'])
-            .map_or(conn.len(), |end| value_start + end);
-        out.push_str(&conn[rest..value_start]);
-        out.push_str("***");
-        rest = value_end;
-        search = value_end;
     }
-    out.push_str(&conn[rest..]);
-    out
+    ranges
+}
+
+/// The length of the value `value` starts with: up to a space, tab or `&`, or a quoted value
+/// (`'it''s'`, `'a\'b'`) up to its closing quote.
+fn value_len(value: &str) -> usize {
+    let Some(quoted) = value.strip_prefix('\'') else {
+        return value.find([' ', '&', '\t']).unwrap_or(value.len());
+    };
+    let mut escaped = false;
+    for (i, c) in quoted.char_indices() {
+        match c {
+            _ if escaped => escaped = false,
+            '\\' => escaped = true,
+            '\'' => return i + 2,
+            _ => {}
+        }
+    }
+    value.len()
 }
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::redact_url;
+
+    proptest! {
+        /// Whatever the password holds, all of it and nothing else is redacted.
+        #[test]
+        fn redact_any_password(
+            scheme in "(postgres|mysql|redis|nats|etcd|s3)",
+            user in "[a-z0-9_.-]{0,8}",
+            password in "[^=]{0,24}",
+            host in "[a-z0-9.-]{1,12}(:[0-9]{1,5})?(,[a-z0-9.-]{1,12})?",
+            rest in "([/?#][^@=]{0,24})?",
+        ) {
+            let url = format!("{scheme}://{user}:{password}@{host}{rest}");
+            prop_assert_eq!(redact_url(&url), format!("{scheme}://{user}:***@{host}{rest}"));
+        }
+    }
 
     #[test]
     fn passwords_are_redacted() {
@@ -114,5 +175,99 @@ mod tests {
             redact_url("s3://b/k/?aws_secret_access_key=x&region=eu&sas_token=y&sig=z"),
             "s3://b/k/?aws_secret_access_key=***&region=eu&sas_token=***&sig=***"
         );
+    }
+
+    /// A password holding a character that ends the user-info for a URL parser is redacted
+    /// whole, raw or percent-encoded.
+    #[test]
+    fn redact_passwords_holding_url_delimiters() {
+        for (url, redacted) in [
+            ("mysql://u:se/cret@h/x", "mysql://u:***@h/x"),
+            ("postgres://u:a?b@h/db", "postgres://u:***@h/db"),
+            ("redis://:p#w@h:6379", "redis://:***@h:6379"),
+            ("redis://:p@w@h:6379", "redis://:***@h:6379"),
+            ("nats://u:p:w@h", "nats://u:***@h"),
+            ("postgres://u:a/b?c#d@e:f@h/db", "postgres://u:***@h/db"),
+            ("postgres://u:se%2Fcret@h/db", "postgres://u:***@h/db"),
+            (
+                "etcd://u:p/w@h1:2379,h2:2379/",
+                "etcd://u:***@h1:2379,h2:2379/",
+            ),
+            // The last `@` ends the user-info, even in the path or the parameters.
+            ("postgres://u:pw@h/db?x=a@b", "postgres://u:***@b"),
+            ("postgres://h:5432/db?x=a@b", "postgres://h:***@b"),
+        ] {
+            assert_eq!(redact_url(url), redacted, "{url}");
+        }
+    }
+
+    /// A user-info without a password is a token except in the schemes of database users.
+    #[test]
+    fn redact_a_lone_user_info_where_it_may_be_a_token() {
+        for (url, redacted) in [
+            ("nats://s3cret@h:4222", "nats://***@h:4222"),
+            ("nats://tok/en@h", "nats://***@h"),
+            ("redis://s3cret@h", "redis://***@h"),
+            (
+                "https://ghp_s3cret@example.com/x",
+                "https://***@example.com/x",
+            ),
+            ("mysql://app@db/x", "mysql://app@db/x"),
+            ("etcd://root@a:2379,b:2379", "etcd://root@a:2379,b:2379"),
+            ("nats://h1:4222,nats://s3cret@h2", "nats://h1:***@h2"),
+        ] {
+            assert_eq!(redact_url(url), redacted, "{url}");
+        }
+    }
+
+    /// Redactions that overlap are one: a parameter's value holding `@` is hidden with the
+    /// user-info that ends there.
+    #[test]
+    fn redact_overlapping_secrets_once() {
+        for (url, redacted) in [
+            ("s3://b/x/?sig=p4ss@w0rd", "s3://***"),
+            (
+                "postgres://h/db?password=p4ss@w0rd",
+                "postgres://h/db?password=***",
+            ),
+            ("redis://:p?secret=x@y@h", "redis://:***"),
+            ("postgres://h:1/db?password=a@b&x=1", "postgres://h:***&x=1"),
+        ] {
+            assert_eq!(redact_url(url), redacted, "{url}");
+        }
+    }
+
+    /// Key-value connection strings: spaces around `=` and quoted values.
+    #[test]
+    fn redact_key_value_passwords_however_written() {
+        for (conn, redacted) in [
+            (
+                "host=db password = hunter2 user=a",
+                "host=db password = *** user=a",
+            ),
+            (
+                "host=db password='se cret' user=a",
+                "host=db password=*** user=a",
+            ),
+            (
+                r"host=db password='it\'s secret' user=a",
+                "host=db password=*** user=a",
+            ),
+            ("host=db password='unterminated x", "host=db password=***"),
+            (
+                "host=db passwd=x pwd=y pass=z",
+                "host=db passwd=*** pwd=*** pass=***",
+            ),
+            (
+                "s3://b/k?X-Amz-Signature=abc&X-Amz-Credential=AKID",
+                "s3://b/k?X-Amz-Signature=***&X-Amz-Credential=***",
+            ),
+            (
+                "host=db keyword=x monkey_id=y",
+                "host=db keyword=x monkey_id=y",
+            ),
+        ] {
+            assert_eq!(redact_url(conn), redacted, "{conn}");
+        }
     }
 }

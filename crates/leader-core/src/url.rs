@@ -61,6 +61,29 @@ impl UrlError {
             message: message.into(),
         }
     }
+
+    /// Refuses `url` when an `@` follows the end of its authority (the first `/`, `?` or `#`
+    /// after `://`). A URL parser ends the user-info there, so such a URL holds one of those
+    /// characters unencoded in its password (read as the host, port, path or parameters, and
+    /// shown as them), or an `@` in its path or parameters, which cannot be told apart.
+    ///
+    /// # Errors
+    /// Such a URL, with a message asking to percent-encode them.
+    pub fn check_user_info(url: &str) -> Result<(), Self> {
+        let Some(scheme_end) = url.find("://") else {
+            return Ok(());
+        };
+        let rest = &url[scheme_end + 3..];
+        let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+        if rest[authority_end..].contains('@') {
+            return Err(Self::new(
+                url,
+                "an @ after a /, ? or #: percent-encode /, ?, # and @ in a password (%2F, %3F, \
+                 %23, %40), and @ in a path or parameter (%40)",
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// A `file:///PATH` URL: a [`FileLock`] on that directory.
@@ -117,5 +140,36 @@ impl LockTarget for FileUrl {
 
     fn file_path(&self) -> Option<&Path> {
         Some(&self.path)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::UrlError;
+
+    /// An `@` past the authority is refused, and the password is not shown.
+    #[test]
+    fn redact_and_refuse_a_password_holding_a_delimiter() {
+        for url in [
+            "mysql://u:se/cret@h/x",
+            "postgres://u:se?cret@h/db",
+            "redis://:se#cret@h:6379",
+            "postgres://u:54321?secret@h/db",
+            "nats://tok/secret@h",
+            "postgres://u:secret@h/db?application_name=a@b",
+        ] {
+            let err = UrlError::check_user_info(url).expect_err(url);
+            assert!(err.message.contains("percent-encode"), "{url}: {err}");
+            assert!(!format!("{err} {err:?}").contains("secret"), "{url}: {err}");
+        }
+        for url in [
+            "postgres://u:se%2Fcret@h/db?sslmode=require",
+            "postgres://u:p@ss:w@h/db",
+            "postgres://h/db",
+            "host=db password=a@b",
+            "file:///run/a",
+        ] {
+            assert_eq!(UrlError::check_user_info(url), Ok(()), "{url}");
+        }
     }
 }

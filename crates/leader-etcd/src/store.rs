@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{Client, ConnectOptions, TlsOptions};
-use leader_core::LockError;
+use leader_core::{LockError, redact_url};
 
 use crate::error::map;
 use crate::members::Members;
@@ -27,7 +27,7 @@ pub struct EtcdStoreBuilder {
 impl fmt::Debug for EtcdStoreBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("EtcdStoreBuilder")
-            .field("endpoints", &self.endpoints)
+            .field("endpoints", &redact_url(&self.endpoints.join(",")))
             .field("prefix", &self.prefix)
             .field("user", &self.user.as_ref().map(|(user, _)| user))
             .field("tls", &self.tls.is_some())
@@ -81,7 +81,7 @@ impl EtcdStoreBuilder {
     /// connected when first used, and the lock talks to one member at a time (see
     /// [`member_timeout`](Self::member_timeout)).
     pub async fn build(self) -> Result<EtcdStore, LockError> {
-        let context = self.endpoints.join(",");
+        let context = redact_url(&self.endpoints.join(","));
         if self.endpoints.is_empty() {
             return Err(LockError::Misconfigured {
                 backend: crate::error::BACKEND,

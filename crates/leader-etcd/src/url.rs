@@ -31,13 +31,14 @@ impl LockUrl {
     /// Another scheme, no host, or a malformed URL.
     pub fn parse(lock: &str) -> Result<Self, UrlError> {
         let invalid = |message: String| UrlError::new(lock, message);
+        UrlError::check_user_info(lock)?;
         let (scheme, rest) = lock
             .split_once("://")
             .filter(|(scheme, _)| matches!(*scheme, "etcd" | "etcds"))
             .ok_or_else(|| invalid("not an etcd:// URL".to_owned()))?;
         // Several hosts in the authority, which URL parsers do not take: split them by hand,
         // and parse the rest (user, password, query) as a URL with the first host alone.
-        let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+        let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
         let authority = &rest[..authority_end];
         let (user_info, hosts) = match authority.rsplit_once('@') {
             Some((user_info, hosts)) => (Some(user_info), hosts),

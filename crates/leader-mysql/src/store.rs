@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use leader_core::{LockError, redact_url};
+use leader_core::{LockError, UrlError, redact_url};
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Opts, OptsBuilder, Pool};
 
@@ -65,6 +65,7 @@ impl MysqlStoreBuilder {
             backend: BACKEND,
             message: format!("invalid connection URL {redacted}: {message}"),
         };
+        UrlError::check_user_info(&self.url).map_err(|err| invalid(err.message))?;
         let mut url = url::Url::parse(&self.url).map_err(|err| invalid(err.to_string()))?;
         let given: Vec<String> = url.query_pairs().map(|(k, _)| k.into_owned()).collect();
         {

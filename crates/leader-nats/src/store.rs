@@ -76,12 +76,19 @@ impl fmt::Debug for NatsStoreBuilder {
     }
 }
 
-fn redacted(servers: &[String]) -> String {
-    servers
-        .iter()
-        .map(|server| redact_url(server))
-        .collect::<Vec<_>>()
-        .join(",")
+/// The servers with their passwords and tokens redacted, as one list: a password holding a
+/// comma was split with it.
+pub(crate) fn redacted(servers: &[String]) -> String {
+    let joined = servers.join(",");
+    // Without a scheme (`user:pass@host`) the user-info is not found: redacted with one.
+    if joined.contains("://") {
+        return redact_url(&joined);
+    }
+    let redacted = redact_url(&format!("nats://{joined}"));
+    match redacted.strip_prefix("nats://") {
+        Some(rest) => rest.to_owned(),
+        None => redacted,
+    }
 }
 
 /// Whether `name` can name a bucket: letters, digits, `-` and `_` (the server's rule).
@@ -172,14 +179,13 @@ impl NatsStoreBuilder {
         let mut login = self.login;
         let mut addresses = Vec::with_capacity(self.servers.len());
         for server in &self.servers {
-            let bad = |err: String| {
-                misconfigured(format!("server address {}: {err}", redact_url(server)))
-            };
+            let bad = |err: String| misconfigured(format!("server address in {redacted}: {err}"));
             let with_scheme = if server.contains("://") {
                 server.clone()
             } else {
                 format!("nats://{server}")
             };
+            leader_core::UrlError::check_user_info(&with_scheme).map_err(|err| bad(err.message))?;
             let mut url = url::Url::parse(&with_scheme).map_err(|err| bad(err.to_string()))?;
             if let Some((user, password)) = login_of(&url) {
                 let found = match password {

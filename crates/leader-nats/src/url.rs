@@ -6,7 +6,7 @@ use std::time::Duration;
 use leader_core::{LockError, LockSet, LockTarget, ResourceLock, UrlError, async_trait};
 use url::Url;
 
-use crate::store::{NatsStore, NatsStoreBuilder, login_of, valid_bucket};
+use crate::store::{NatsStore, NatsStoreBuilder, login_of, redacted, valid_bucket};
 
 /// A NATS lock URL: `nats://[user:password@]host:4222[/bucket]`, with parameters `server`
 /// (another server of the cluster, `host:port`; repeatable), `creds` (a credentials file),
@@ -37,6 +37,7 @@ impl LockUrl {
     /// A malformed URL, another scheme, no host, an invalid bucket name or parameter.
     pub fn parse(lock: &str) -> Result<Self, UrlError> {
         let invalid = |message: String| UrlError::new(lock, message);
+        UrlError::check_user_info(lock)?;
         let url = Url::parse(lock).map_err(|err| invalid(err.to_string()))?;
         if url.scheme() != "nats" {
             return Err(invalid("not a nats:// URL".to_owned()));
@@ -161,7 +162,7 @@ impl LockTarget for LockUrl {
         };
         format!(
             "nats://{login}{}/{}",
-            self.servers.join(","),
+            redacted(&self.servers),
             self.bucket.as_deref().unwrap_or(crate::DEFAULT_BUCKET)
         )
     }

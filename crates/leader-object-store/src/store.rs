@@ -330,11 +330,14 @@ impl BucketStore {
     /// `GOOGLE_SERVICE_ACCOUNT`, `AZURE_STORAGE_ACCOUNT_NAME`, ...) or from
     /// [`option`](BucketStoreBuilder::option).
     pub fn from_url(url: &str) -> BucketStoreBuilder {
-        let source = match url::Url::parse(url) {
+        let parsed = leader_core::UrlError::check_user_info(url)
+            .map_err(|err| err.message)
+            .and_then(|()| url::Url::parse(url).map_err(|err| format!("not a URL ({err})")));
+        let source = match parsed {
             Ok(parsed) => Source::Url(parsed),
-            Err(err) => Source::Invalid(format!(
-                "{}: not a URL ({err}); use s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, \
-                 az://CONTAINER/PREFIX or memory://",
+            Err(why) => Source::Invalid(format!(
+                "{}: {why}; use s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, az://CONTAINER/PREFIX \
+                 or memory://",
                 leader_core::redact_url(url)
             )),
         };

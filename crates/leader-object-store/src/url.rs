@@ -31,6 +31,7 @@ impl LockUrl {
     /// store without conditional writes.
     pub fn parse(lock: &str) -> Result<Self, UrlError> {
         let invalid = |message: String| UrlError::new(lock, message);
+        UrlError::check_user_info(lock)?;
         let url = url::Url::parse(lock).map_err(|err| invalid(err.to_string()))?;
         let scheme = url.scheme();
         if !matches!(scheme, "s3" | "gs" | "az" | "azure") {

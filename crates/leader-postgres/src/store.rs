@@ -17,7 +17,7 @@ use tokio_postgres_rustls::MakeRustlsConnect;
 
 use crate::error::{BACKEND, map, map_pool};
 use crate::sql::{Kind, Statements, TableName};
-use leader_core::redact_url;
+use leader_core::{UrlError, redact_url};
 
 /// The default table name.
 pub const DEFAULT_TABLE: &str = "leader_election";
@@ -92,10 +92,12 @@ impl PostgresStoreBuilder {
     /// Connects (lazily: the pool opens connections on first use) and, if asked, creates the table.
     pub async fn build(self) -> Result<PostgresStore, LockError> {
         let redacted = redact_url(&self.url);
-        let mut config = Config::from_str(&self.url).map_err(|err| LockError::Misconfigured {
+        let invalid = |message: String| LockError::Misconfigured {
             backend: BACKEND,
-            message: format!("invalid connection string {redacted}: {err}"),
-        })?;
+            message: format!("invalid connection string {redacted}: {message}"),
+        };
+        UrlError::check_user_info(&self.url).map_err(|err| invalid(err.message))?;
+        let mut config = Config::from_str(&self.url).map_err(|err| invalid(err.to_string()))?;
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(Duration::from_secs(5));
         }

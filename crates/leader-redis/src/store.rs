@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use leader_core::{ChangeHub, ChangeStream, LockError, redact_url};
+use leader_core::{ChangeHub, ChangeStream, LockError, UrlError, redact_url};
 use redis::Client;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig, PubSubSink};
 use tokio::sync::Mutex;
@@ -43,13 +43,13 @@ impl RedisStoreBuilder {
     /// Parses the URL and prepares a connection that opens on first use and reconnects by itself.
     pub async fn build(self) -> Result<RedisStore, LockError> {
         let redacted = redact_url(&self.url);
-        let client = Client::open(self.url.as_str()).map_err(|err| LockError::Misconfigured {
+        let invalid = |message: &str| LockError::Misconfigured {
             backend: BACKEND,
-            message: format!(
-                "invalid Redis URL {redacted}: {}",
-                err.detail().unwrap_or("cannot parse it")
-            ),
-        })?;
+            message: format!("invalid Redis URL {redacted}: {message}"),
+        };
+        UrlError::check_user_info(&self.url).map_err(|err| invalid(&err.message))?;
+        let client = Client::open(self.url.as_str())
+            .map_err(|err| invalid(err.detail().unwrap_or("cannot parse it")))?;
         let connection = new_manager(&client).map_err(|err| map(&redacted, err))?;
         Ok(RedisStore {
             inner: Arc::new(Inner {

@@ -14,6 +14,7 @@ pub mod etcd_cluster;
 pub mod kube_api;
 #[cfg(feature = "object-store")]
 pub mod object_store_counting;
+pub mod secrets;
 
 /// `DATABASE_URL`'s default: the loopback server's `postgres` database.
 pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres:postgres@127.0.0.1:5432/postgres";

@@ -49,6 +49,11 @@ pub enum OpenError {
 /// A lock URL, parsed by the crate of its backend, before anything connects. The facade only
 /// maps the scheme to that crate ([`BACKENDS`]); each crate owns its grammar.
 ///
+/// Errors and [`describe`](Self::describe) never show a password or token, whatever it holds.
+/// Percent-encode `/`, `?`, `#` and `@` in one (`%2F`, `%3F`, `%23`, `%40`), and `@` in a path
+/// or parameter: a URL with an `@` after its first `/`, `?` or `#` is refused, as a parser would
+/// read a part of the password as the host.
+///
 /// | URL | lock |
 /// |---|---|
 /// | `file:///run/myapp/leader` | [`FileLock`](leader_core::FileLock) on that directory |
