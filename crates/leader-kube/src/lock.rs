@@ -698,6 +698,18 @@ impl ResourceLock for LeaseLock {
         let Some(base) = self.at_version(version).await? else {
             return Err(LockError::conflict(BACKEND));
         };
+        // An acquisition (a term this identity does not hold yet) goes on from the highest
+        // token this lock saw, as a create does: another client may have deleted the Lease and
+        // created it again with its own count from 0 and without our annotation (S5).
+        let stored = record_of(&self.context(), &base)?.record;
+        let renewing = stored.is_held_by(&self.identity)
+            && stored.leader_transitions == record.leader_transitions;
+        let mut record = record.clone();
+        let seen = self.highest_token.load(Ordering::Relaxed);
+        if record.is_held_by(&self.identity) && !renewing && record.leader_transitions <= seen {
+            record.leader_transitions = seen + 1;
+        }
+        let record = &record;
         let lease = self.lease(record, Some(base));
         // The Lease goes back with the uid it was read with: the API server makes it a
         // precondition, so a Lease deleted (or deleted and created again) since is a conflict,

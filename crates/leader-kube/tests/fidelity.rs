@@ -373,6 +373,16 @@ async fn deleted_lease(target: &Target) {
         lease["metadata"]["annotations"][FENCING_TOKEN_ANNOTATION],
         second.to_string()
     );
+    // Another client (client-go, kubert) deletes the Lease and creates it again with its own
+    // count from 0 and none of our annotations: our next acquisition, an update of that
+    // Lease, still goes on from the highest token this lock saw.
+    let term = leader.term().expect("a term");
+    target.put(&name, json!({}), expired(0)).await;
+    timeout(Duration::from_secs(10), term.cancelled())
+        .await
+        .expect("the term ends with its Lease");
+    let third = leader.wait_leading(Duration::from_secs(10)).await;
+    assert!(third > second, "tokens {second} then {third}");
     leader.stop().await;
     target.cleanup(&[&name]).await;
 }
