@@ -4,8 +4,11 @@
 use std::fmt;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
+use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, WatchEvent, WatchParams};
 use leader_core::{Leadership, LockError};
 use serde_json::json;
 
@@ -18,6 +21,10 @@ pub const POD_LABEL: &str = "leader-rs.io/leader";
 
 /// How long a term's end waits for the label's removal by default.
 const DEFAULT_REMOVAL_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// How long one watch of the labelled Pods lasts before the server ends it (and a list
+/// starts the next): below kube-apiserver's own cap on a watch's `timeoutSeconds`.
+const WATCH_TIMEOUT: Duration = Duration::from_secs(290);
 
 /// The label on the leader's own Pod (`leader-rs.io/leader: ELECTION` by default), for a
 /// Service whose selector includes it: traffic goes to the leader only, while every replica
@@ -32,7 +39,11 @@ const DEFAULT_REMOVAL_TIMEOUT: Duration = Duration::from_secs(1);
 ///    labels its own Pod. Only after every other Pod is clear: never two labelled Pods by its
 ///    writes. A request that fails is tried again, backing off from the retry period, while
 ///    the term lasts; the term itself never waits for the label.
-/// 2. When the term ends, it removes the label from its own Pod before the term's work counts
+/// 2. For the rest of the term it watches the Pods that carry the label: one that gains it
+///    (an earlier leader's write that lands late: a request delayed, a process frozen and
+///    resumed) is cleared as soon as the watch reports it, and its own Pod labelled again if
+///    someone removed the label. A watch that ends is followed by a list and a new watch.
+/// 3. When the term ends, it removes the label from its own Pod before the term's work counts
 ///    as stopped: the elector releases the lease only after that (S6), so the next leader,
 ///    which labels its Pod only after it acquired the lease, finds this Pod clear. A removal
 ///    that fails or does not answer within the removal timeout (default 1 s, kept below the
@@ -41,17 +52,20 @@ const DEFAULT_REMOVAL_TIMEOUT: Duration = Duration::from_secs(1);
 ///    it labels its own Pod.
 ///
 /// The label is routing, not fencing: endpoints follow it after the EndpointSlice controller
-/// and the proxies catch up, and a write the API server applies late (a request cut short
-/// that still lands) can leave a label the next leader's clean-up removes. Guard the leader's
-/// writes with its fencing token.
+/// and the proxies catch up, so for a moment after a change (and for a late write, until the
+/// watch reports it) a Service can still send new connections to the previous Pod; connections
+/// already established keep going to it (kube-proxy clears conntrack entries for UDP only).
+/// Guard the leader's writes with its fencing token.
 ///
-/// RBAC: `list` and `patch` on `pods` in the namespace (`deploy/kubernetes/rbac-pod-label.yaml`;
+/// RBAC: `list`, `watch` and `patch` on `pods` in the namespace (`deploy/kubernetes/rbac-pod-label.yaml`;
 /// a Role cannot narrow `patch` to the Pods of one Deployment, whose names are generated).
 /// Without `list` it never labels its Pod (it cannot make sure no other carries the label),
 /// and says so.
 #[derive(Clone)]
 pub struct PodLabel {
     api: Api<Pod>,
+    /// For watches, which outlast a request's read timeout.
+    watch_api: Api<Pod>,
     namespace: String,
     pod: String,
     key: String,
@@ -89,7 +103,8 @@ impl PodLabel {
             )));
         }
         Self {
-            api: Api::namespaced(client, &namespace),
+            api: Api::namespaced(client.clone(), &namespace),
+            watch_api: Api::namespaced(client, &namespace),
             namespace,
             pod,
             key: String::new(),
@@ -125,8 +140,11 @@ impl PodLabel {
         })?;
         let namespace =
             std::env::var("POD_NAMESPACE").unwrap_or_else(|_| config.default_namespace.clone());
-        let client = client_with_timeouts(config, timeout, timeout)?;
-        Self::new(client, namespace, pod, election)
+        let client = client_with_timeouts(config.clone(), timeout, timeout)?;
+        let watch_client = client_with_timeouts(config, timeout, WATCH_TIMEOUT + timeout)?;
+        let mut label = Self::new(client, namespace, pod, election)?;
+        label.watch_api = Api::namespaced(watch_client, &label.namespace);
+        Ok(label)
     }
 
     /// Writes `key: value` instead (for a Pod that takes part in two elections, say).
@@ -187,30 +205,39 @@ impl PodLabel {
     pub async fn hold(&self, leadership: Leadership) {
         let token = leadership.fencing_token();
         let mut sent = false;
+        // Zero once the Pod is labelled (and said so); the back-off after a failure otherwise.
         let mut wait = self.retry;
         let _ = leadership
             .run(async {
                 loop {
-                    match self.clear_others().await {
-                        Ok(()) => {
-                            sent = true;
-                            match self.write(Some(&self.value)).await {
-                                Ok(()) => {
-                                    tracing::info!(
-                                        pod = %self.pod,
-                                        label = %self.selector(),
-                                        fencing_token = token,
-                                        "labelled this Pod as the leader's"
-                                    );
-                                    return;
-                                }
-                                Err(err) => self.warn("label", &err, wait),
+                    let watched = Instant::now();
+                    match self.alone(&mut sent).await {
+                        Ok(version) => {
+                            if wait != Duration::ZERO {
+                                tracing::info!(
+                                    pod = %self.pod,
+                                    label = %self.selector(),
+                                    fencing_token = token,
+                                    "labelled this Pod as the leader's"
+                                );
+                                wait = Duration::ZERO;
+                            }
+                            if let Err(err) = self.keep_alone(&version).await {
+                                tracing::debug!(error = %err, "the watch of labelled Pods ended");
+                            }
+                            // A watch that ends at once (a server that refuses it) is not
+                            // opened again at once.
+                            if watched.elapsed() < self.retry {
+                                tokio::time::sleep(jittered(self.retry)).await;
                             }
                         }
-                        Err(err) => self.warn("clear", &err, wait),
+                        Err((what, err)) => {
+                            wait = wait.max(self.retry);
+                            self.warn(what, &err, wait);
+                            tokio::time::sleep(jittered(wait)).await;
+                            wait = (wait * 2).min(self.retry * 8);
+                        }
                     }
-                    tokio::time::sleep(jittered(wait)).await;
-                    wait = (wait * 2).min(self.retry * 8);
                 }
             })
             .await;
@@ -250,19 +277,69 @@ impl PodLabel {
         );
     }
 
-    /// Removes the label from every other Pod that carries it.
-    async fn clear_others(&self) -> Result<(), LockError> {
+    /// Removes the label from every other Pod that carries it, then labels this Pod if it
+    /// does not carry it (`sent` once a label write went out). Returns the resourceVersion
+    /// of the list, from which a watch goes on; or what failed.
+    async fn alone(&self, sent: &mut bool) -> Result<String, (&'static str, LockError)> {
         let selected = self
             .api
             .list(&ListParams::default().labels(&self.selector()))
             .await
-            .map_err(|err| self.map("list", err))?;
+            .map_err(|err| ("clear", self.map("list", err)))?;
+        let mut labelled = false;
         for pod in selected.items {
-            let Some(name) = pod.metadata.name.filter(|name| *name != self.pod) else {
-                continue;
-            };
-            tracing::info!(pod = %name, label = %self.selector(), "removing a stale leader's label");
-            self.patch(&name, None).await?;
+            match pod.metadata.name {
+                Some(name) if name == self.pod => labelled = true,
+                Some(name) => {
+                    tracing::info!(pod = %name, label = %self.selector(), "removing a stale leader's label");
+                    self.patch(&name, None)
+                        .await
+                        .map_err(|err| ("clear", err))?;
+                }
+                None => {}
+            }
+        }
+        if !labelled {
+            *sent = true;
+            self.write(Some(&self.value))
+                .await
+                .map_err(|err| ("label", err))?;
+        }
+        Ok(selected.metadata.resource_version.unwrap_or_default())
+    }
+
+    /// Watches the labelled Pods from `version` until the watch ends: clears the label from
+    /// any other Pod that gains it; returns when this Pod lost it (to label it again).
+    async fn keep_alone(&self, version: &str) -> Result<(), LockError> {
+        let seconds = u32::try_from(WATCH_TIMEOUT.as_secs()).unwrap_or(290);
+        let params = WatchParams::default()
+            .labels(&self.selector())
+            .timeout(seconds);
+        let mut events = self
+            .watch_api
+            .watch(&params, version)
+            .await
+            .map_err(|err| self.map("watch", err))?
+            .boxed();
+        while let Some(event) = events.next().await {
+            match event.map_err(|err| self.map("watch", err))? {
+                WatchEvent::Added(pod) | WatchEvent::Modified(pod) => {
+                    if let Some(name) = pod.metadata.name.filter(|name| *name != self.pod) {
+                        tracing::warn!(
+                            pod = %name,
+                            label = %self.selector(),
+                            "another Pod gained the leader's label during this term (a late write of an earlier leader?); removing it"
+                        );
+                        self.patch(&name, None).await?;
+                    }
+                }
+                WatchEvent::Deleted(pod) if pod.metadata.name.as_deref() == Some(&self.pod) => {
+                    return Ok(());
+                }
+                // 410 Gone and other errors: a list starts over.
+                WatchEvent::Error(_) => return Ok(()),
+                WatchEvent::Deleted(_) | WatchEvent::Bookmark(_) => {}
+            }
         }
         Ok(())
     }
@@ -293,7 +370,7 @@ impl PodLabel {
             kube::Error::Api(status) if status.is_forbidden() => LockError::Forbidden {
                 backend: BACKEND,
                 message: format!(
-                    "{context}: {}; the Role needs the verbs list and patch on pods (see \
+                    "{context}: {}; the Role needs the verbs list, watch and patch on pods (see \
                      deploy/kubernetes/rbac-pod-label.yaml)",
                     status.message
                 ),

@@ -465,6 +465,54 @@ async fn the_label_follows_the_leader_and_is_never_on_two_pods() {
     );
 }
 
+/// A label write that lands on another Pod during the term (an earlier leader's PATCH,
+/// delayed, or sent by a process frozen and resumed) is removed at once, and a label someone
+/// removes from the leader's own Pod comes back: the label stays on the leader's Pod alone for
+/// the whole term.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_label_on_another_pod_is_removed_during_the_term() {
+    let api = KubeApiServer::start().await;
+    let labelled = Labelled::watch(&api).await;
+    deny_what_the_role_does_not_grant(&api);
+    let store = MemoryStore::new();
+    let replicas = vec![("a", replica(&api, &store, "a"))];
+    api.put_pod("default", "old-leader", &[("app", "jobs")]);
+    let (leader, token) = leader_of(&replicas).await;
+    labelled.wait_for(leader).await;
+    let patch = |pod: &'static str, value: Option<&'static str>| {
+        let pods = pods(&api);
+        async move {
+            let labels = json!({"metadata": {"labels": {POD_LABEL: value}}});
+            pods.patch(pod, &PatchParams::default(), &Patch::Merge(&labels))
+                .await
+                .expect("patch");
+        }
+    };
+    for round in 0..3 {
+        patch("old-leader", Some("jobs")).await;
+        let landed = Instant::now();
+        labelled.wait_for(leader).await;
+        assert!(
+            landed.elapsed() < Duration::from_secs(2),
+            "round {round}: the late label stayed {:?}",
+            landed.elapsed()
+        );
+    }
+    // Someone removes the leader's own label: it comes back.
+    patch(leader, None).await;
+    timeout(Duration::from_secs(2), async {
+        while api.pods_selected("default", SELECTOR) != [leader] {
+            sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the leader's Pod labelled again");
+    assert_eq!(replicas[0].1.candidate.leading_token(), Some(token));
+    for (_, replica) in replicas {
+        replica.candidate.stop().await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crashed_leaders_label_is_removed_before_the_next_labels_its_own() {
     let api = KubeApiServer::start().await;
