@@ -10,7 +10,7 @@ use common::scenarios;
 use common::{ConsulApiServer, get_status, lock, put, store};
 use leader_consul::ConsulStore;
 use leader_core::conformance::record;
-use leader_core::{Acquisition, LockError, ResourceLock};
+use leader_core::{Acquisition, LeaderElectionRecord, LockError, ResourceLock};
 
 /// A token is sent, never shown; a missing rule is a 403 that names the ACL rules to grant.
 #[tokio::test]
@@ -285,6 +285,15 @@ async fn a_restarted_server_keeps_sessions_and_locks() {
     stop(runtime).await;
 }
 
+/// `record` renewed now: a renewal always writes a later `renew_time` (S14; Consul skips a
+/// write of the value a key holds).
+fn renewal(record: &LeaderElectionRecord) -> LeaderElectionRecord {
+    LeaderElectionRecord {
+        renew_time: record.renewal_time(chrono::Utc::now()),
+        ..record.clone()
+    }
+}
+
 /// A renewal is one request, a transaction that writes the renewal key and checks the
 /// record's index, which followers' blocking queries on the record do not wake for; someone
 /// else's write of the record is found by the next renewal.
@@ -301,7 +310,10 @@ async fn renewals_are_one_request_and_find_another_write() {
     let before = requests();
     for _ in 0..20 {
         let previous = held.version.clone();
-        held = a.renew(&held.version, &held.record).await.expect("renew");
+        held = a
+            .renew(&held.version, &renewal(&held.record))
+            .await
+            .expect("renew");
         assert_ne!(held.version, previous, "a renewal changes the version");
     }
     assert_eq!(requests() - before, 20, "{:?}", api.requests());
@@ -322,7 +334,10 @@ async fn a_handover_request_makes_the_next_renewal_conflict() {
     else {
         panic!("a takes the free key");
     };
-    let held = a.renew(&held.version, &held.record).await.expect("renew");
+    let held = a
+        .renew(&held.version, &renewal(&held.record))
+        .await
+        .expect("renew");
     leader_core::request_handover(&lock(&store, "request", "operator"), "b")
         .await
         .expect("request");
