@@ -36,7 +36,9 @@ async fn a_restored_snapshot_wakes_watchers_and_never_lowers_a_token() {
     let b = lock(&store, "restore", "b");
     let held = acquired(b.try_acquire(&record("b", 0)).await.expect("try"));
     assert!(held.record.leader_transitions > released.record.leader_transitions);
-    let held = b.renew(&held.version, &held.record).await.expect("renew");
+    let mut renewal = held.record.clone();
+    renewal.renew_time = renewal.renewal_time(chrono::Utc::now());
+    let held = b.renew(&held.version, &renewal).await.expect("renew");
     let c = lock(&store, "restore", "c");
     assert!(matches!(
         c.try_acquire(&record("c", 0)).await.expect("try"),
