@@ -341,7 +341,7 @@ impl NatsStore {
             .get_or_try_init(|| async {
                 let context = format!("{} bucket {}", self.inner.redacted, self.inner.bucket);
                 let found = self.inner.jetstream.get_key_value(&self.inner.bucket).await;
-                match found {
+                let store = match found {
                     Ok(store) => Ok(store),
                     Err(err) if err.kind() == jetstream::context::KeyValueErrorKind::InvalidStoreName => {
                         Err(LockError::Misconfigured {
@@ -352,6 +352,14 @@ impl NatsStore {
                             ),
                         })
                     }
+                    // Nobody subscribes to the JetStream API: the server (or the account)
+                    // runs without JetStream.
+                    Err(err) if answered_by_nobody(&err) => Err(LockError::Misconfigured {
+                        backend: BACKEND,
+                        message: format!(
+                            "{context}: no JetStream answers on this server (no responders): enable it (`nats-server -js`, or a jetstream block in the server's configuration) and for the account"
+                        ),
+                    }),
                     Err(err) => {
                         let mapped = map(&context, &self.inner.refusals, is_timeout(&err), err);
                         if !(self.inner.create_bucket
@@ -361,9 +369,52 @@ impl NatsStore {
                         }
                         self.create(&context).await
                     }
-                }
+                }?;
+                self.check(&context, &store.stream.cached_info().config)?;
+                Ok(store)
             })
             .await
+    }
+
+    /// Refuses a bucket the lock cannot be safe on (S15), in one line naming the setting: one
+    /// whose limits make the server delete records (an election's record removed while its
+    /// holder leads is created afresh by a candidate at once), and a replicated bucket on a
+    /// server whose clustered compare-and-swap can let two writers win (before 2.9.21).
+    fn check(&self, context: &str, config: &jetstream::stream::Config) -> Result<(), LockError> {
+        let refuse = |message: String| {
+            Err(LockError::Misconfigured {
+                backend: BACKEND,
+                message: format!("{context}: {message}"),
+            })
+        };
+        if !config.max_age.is_zero() {
+            return refuse(format!(
+                "its records expire after {:?} (max_age, `nats kv add --ttl`), also while their holder leads; use a bucket without a TTL",
+                config.max_age
+            ));
+        }
+        if config.discard == jetstream::stream::DiscardPolicy::Old {
+            if config.max_messages > 0 {
+                return refuse(format!(
+                    "it keeps at most {} values and discards the oldest (max_msgs with discard old), which deletes the records of other elections; use a bucket without that limit",
+                    config.max_messages
+                ));
+            }
+            if config.max_bytes > 0 {
+                return refuse(format!(
+                    "it keeps at most {} bytes and discards the oldest values (max_bytes with discard old), which deletes the records of other elections; use a bucket without that limit",
+                    config.max_bytes
+                ));
+            }
+        }
+        let version = self.inner.client.server_info().version;
+        if config.num_replicas > 1 && !has_clustered_compare_and_swap(&version) {
+            return refuse(format!(
+                "the bucket has {} replicas and the server runs nats-server {version}: before 2.9.21 a replicated stream checks the expected revision only before it proposes a write (nats-server#4319), so two compare-and-swaps at one revision can both win; upgrade the servers to 2.9.21 or later, or use a bucket with one replica",
+                config.num_replicas
+            ));
+        }
+        Ok(())
     }
 
     /// Creates the bucket's stream with the key-value conventions (`KV_<bucket>`, subjects
@@ -385,6 +436,8 @@ impl NatsStore {
             discard: jetstream::stream::DiscardPolicy::New,
             ..Default::default()
         };
+        // No bucket is created that would be refused once made.
+        self.check(context, &config)?;
         let created = self.inner.jetstream.create_stream(config).await;
         // Whether it was this store or another replica that created it, read it as a bucket.
         match self.inner.jetstream.get_key_value(bucket).await {
@@ -415,6 +468,14 @@ impl NatsStore {
     }
 }
 
+/// Whether a server of `version` checks a clustered stream's expected revision when it applies
+/// a write, not only before it proposes it (nats-server#4319, released in 2.9.21). A version
+/// that does not parse is taken for a current one.
+fn has_clustered_compare_and_swap(version: &str) -> bool {
+    semver::Version::parse(version.trim_start_matches('v'))
+        .map_or(true, |v| (v.major, v.minor, v.patch) >= (2, 9, 21))
+}
+
 /// The user (or token) and password in `url`, percent-decoded; `None` without a user.
 pub(crate) fn login_of(url: &url::Url) -> Option<(String, Option<String>)> {
     let decode = |part: &str| {
@@ -424,6 +485,24 @@ pub(crate) fn login_of(url: &url::Url) -> Option<(String, Option<String>)> {
             .unwrap_or_default()
     };
     (!url.username().is_empty()).then(|| (decode(url.username()), url.password().map(decode)))
+}
+
+/// Whether the server said that nobody subscribes to the request's subject, somewhere in
+/// `err`'s chain.
+fn answered_by_nobody(err: &(dyn std::error::Error + 'static)) -> bool {
+    use async_nats::jetstream::context::{RequestError, RequestErrorKind};
+    let mut current = Some(err);
+    while let Some(err) = current {
+        if err
+            .downcast_ref::<RequestError>()
+            .is_some_and(|err| err.kind() == RequestErrorKind::NoResponders)
+            || err.to_string().to_ascii_lowercase().contains("no responders")
+        {
+            return true;
+        }
+        current = err.source();
+    }
+    false
 }
 
 /// Whether the client gave up waiting for an answer somewhere in `err`'s chain.
@@ -442,6 +521,22 @@ pub(crate) fn is_timeout(err: &(dyn std::error::Error + 'static)) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn clustered_compare_and_swap_holds_from_2_9_21() {
+        for (version, holds) in [
+            ("2.9.10", false),
+            ("2.9.20", false),
+            ("2.9.21", true),
+            ("2.10.0", true),
+            ("2.11.4", true),
+            ("v2.8.4", false),
+            ("2.10.0-beta.1", true),
+            ("", true),
+        ] {
+            assert_eq!(has_clustered_compare_and_swap(version), holds, "{version}");
+        }
+    }
 
     #[test]
     fn reconnect_attempts_start_at_once_and_stay_at_most_a_second_apart() {

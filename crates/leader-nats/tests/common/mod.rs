@@ -57,6 +57,7 @@ pub struct Server {
     pub port: u16,
     dir: tempfile::TempDir,
     config: Option<String>,
+    jetstream: bool,
 }
 
 fn free_port() -> u16 {
@@ -86,9 +87,42 @@ impl Server {
             port: free_port(),
             dir: tempfile::tempdir().expect("temporary directory"),
             config: config.map(str::to_owned),
+            jetstream: true,
         };
         server.run();
         Some(server)
+    }
+
+    /// A server without JetStream, as `nats-server` runs without `-js`.
+    pub fn start_without_jetstream() -> Option<Self> {
+        let mut server = Self::start(None)?;
+        server.jetstream = false;
+        server.restart();
+        Some(server)
+    }
+
+    /// `n` servers with JetStream in one cluster on loopback, each with a name and routes to
+    /// all; their client URLs, comma-separated, with [`Self::urls`].
+    pub fn cluster(n: usize) -> Option<Vec<Self>> {
+        let routes: Vec<u16> = (0..n).map(|_| free_port()).collect();
+        let listed: Vec<String> = routes
+            .iter()
+            .map(|port| format!("\"nats-route://127.0.0.1:{port}\""))
+            .collect();
+        (0..n)
+            .map(|i| {
+                Self::start(Some(&format!(
+                    "server_name: n{i}\ncluster {{\n  name: leader-test\n  listen: \"127.0.0.1:{}\"\n  routes: [{}]\n}}\n",
+                    routes[i],
+                    listed.join(", ")
+                )))
+            })
+            .collect()
+    }
+
+    /// The client URLs of `servers`, comma-separated.
+    pub fn urls(servers: &[Self]) -> String {
+        servers.iter().map(Self::url).collect::<Vec<_>>().join(",")
     }
 
     pub fn url(&self) -> String {
@@ -98,17 +132,15 @@ impl Server {
     fn run(&mut self) {
         let mut command = Command::new("nats-server");
         command
-            .args([
-                "-a",
-                "127.0.0.1",
-                "-p",
-                &self.port.to_string(),
-                "-js",
-                "-sd",
-            ])
-            .arg(self.dir.path().join("js"))
+            .args(["-a", "127.0.0.1", "-p", &self.port.to_string()])
             .stdout(Stdio::null())
             .stderr(Stdio::null());
+        if self.jetstream {
+            command
+                .arg("-js")
+                .arg("-sd")
+                .arg(self.dir.path().join("js"));
+        }
         if let Some(config) = &self.config {
             let path = self.dir.path().join("server.conf");
             std::fs::write(&path, config).expect("write the configuration");
