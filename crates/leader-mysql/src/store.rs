@@ -88,17 +88,21 @@ impl MysqlStoreBuilder {
             if !given.iter().any(|k| k == "inactive_connection_ttl") {
                 query.append_pair("inactive_connection_ttl", "60");
             }
-            // The locks keep no session state, so a returned connection needs no reset, which
-            // costs a round trip and drops the prepared statements cached on it.
-            if !given.iter().any(|k| k == "reset_connection") {
-                query.append_pair("reset_connection", "false");
-            }
         }
         if url.scheme() == "mariadb" {
             url.set_scheme("mysql")
                 .map_err(|()| invalid("cannot read the scheme".into()))?;
         }
         let opts = Opts::from_url(url.as_str()).map_err(|err| invalid(err.to_string()))?;
+        // A connection that another user of the pool returns is reset before the pool hands it
+        // out again: its session may have moved its clock (`SET timestamp` moves the
+        // `UTC_TIMESTAMP()` the locks judge leases by), or kept a transaction open. The locks
+        // skip the reset on their own connections ([`MysqlStore::conn`]).
+        if !opts.pool_opts().reset_connection() {
+            return Err(invalid(
+                "reset_connection=false: the pool would hand the lock connections whose session another user changed (a session's SET timestamp moves the clock the lock judges leases by); the lock already skips the reset on its own connections".into(),
+            ));
+        }
         let opts = OptsBuilder::from_opts(opts).tcp_keepalive(Some(Duration::from_secs(10)));
         let table = TableName::parse(&self.table)?;
         let opts = Opts::from(opts);
@@ -210,9 +214,9 @@ impl MysqlStore {
     }
 
     /// Returns `conn` to the pool when its last statement left it outside any transaction, with
-    /// autocommit on, as the locks need: otherwise (another user of [`pool`](Self::pool) left
-    /// it in a transaction) what the statement wrote is not committed, so it fails, and closes
-    /// the connection, which rolls that transaction back.
+    /// autocommit on, as the locks need: otherwise (another user of [`pool`](Self::pool)
+    /// returned it in a transaction with its reset turned off) what the statement wrote is not
+    /// committed, so it fails, and closes the connection, which rolls that transaction back.
     pub(crate) async fn committed(&self, conn: Conn) -> Result<(), LockError> {
         use mysql_async::consts::StatusFlags;
         let flags = conn.last_ok_packet().map(|ok| ok.status_flags());
@@ -241,12 +245,19 @@ impl MysqlStore {
             .map_err(|err| map(&self.context(), err))
     }
 
-    /// A pooled connection; its prepared statements are cached on it.
+    /// A pooled connection; its prepared statements are cached on it. It comes back to the
+    /// pool without a reset, which would cost a round trip and those statements: the locks
+    /// change nothing in a session. A connection any other user of the pool returns is reset
+    /// (the pool's default, which [`MysqlStoreBuilder::build`] keeps), so the lock never gets a
+    /// session whose clock was moved with `SET timestamp`.
     pub(crate) async fn conn(&self) -> Result<Conn, LockError> {
-        self.inner
+        let mut conn = self
+            .inner
             .pool
             .get_conn()
             .await
-            .map_err(|err| map(&self.context(), err))
+            .map_err(|err| map(&self.context(), err))?;
+        conn.reset_connection(false);
+        Ok(conn)
     }
 }

@@ -255,7 +255,8 @@ async fn invalid_settings_are_rejected_before_connecting() {
     assert!(matches!(err, LockError::Misconfigured { .. }), "{err:?}");
 }
 
-/// A connection that another user of the pool left in a transaction (autocommit off) is found
+/// A connection that another user of the pool returns in a transaction (autocommit off) is
+/// reset by the pool before the lock gets it. One returned so with its reset turned off is found
 /// by the lock's next statement on it: the write is not reported done (it was not committed),
 /// the connection is closed, and the next attempt, on a new one, is committed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -270,14 +271,24 @@ async fn a_pooled_connection_left_in_a_transaction_commits_nothing_in_silence() 
         .await
         .expect("store");
     let lock = store.lock(unique("left-open"), "a");
-    let held = lock.create(&record("a", 1)).await.expect("create");
+    let created = lock.create(&record("a", 1)).await.expect("create");
     let mut conn = store.pool().get_conn().await.expect("pooled");
     conn.query_drop("SET autocommit = 0")
         .await
         .expect("autocommit off");
     drop(conn);
-    let mut renewal = held.record.clone();
+    let mut renewal = created.record.clone();
     renewal.renew_time = chrono::Utc::now();
+    let held = lock
+        .update(&created.version, &renewal)
+        .await
+        .expect("the pool reset the connection: autocommit is on again");
+    let mut conn = store.pool().get_conn().await.expect("pooled");
+    conn.query_drop("SET autocommit = 0")
+        .await
+        .expect("autocommit off");
+    conn.reset_connection(false);
+    drop(conn);
     let err = lock
         .update(&held.version, &renewal)
         .await

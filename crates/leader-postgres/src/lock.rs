@@ -9,7 +9,7 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Statement};
 
 use crate::error::{BACKEND, map};
-use crate::sql::{decode, fnv1a, parse_version};
+use crate::sql::{TIME_LEFT, decode, fnv1a, parse_version};
 use crate::store::PostgresStore;
 
 /// A [`ResourceLock`] on one row of the lock table.
@@ -223,7 +223,7 @@ impl Election {
             Acquisition::Acquired(observed)
         } else {
             // What the lease has left by the server's clock (`expires_at - now()`).
-            let left_ms: Option<i64> = row.try_get(9).ok().flatten();
+            let left_ms: Option<i64> = row.try_get(TIME_LEFT).ok().flatten();
             Acquisition::Held {
                 observed,
                 expires_in: left_ms

@@ -1,5 +1,6 @@
 //! The statements, one round trip each. Expiry is decided with the server's `now()` inside the
-//! statement that acts on it (S1).
+//! statement that acts on it (S1): `pg_catalog.now()`, the start of the statement's own
+//! transaction, which no session setting moves.
 
 use leader_core::{LockError, Observed, RecordColumns, Version};
 use tokio_postgres::Row;
@@ -85,6 +86,13 @@ pub const SCHEMA: &str = concat!(
 pub const MIGRATION: &str =
     r#"ALTER TABLE "public"."leader_election" ADD COLUMN IF NOT EXISTS extensions text"#;
 
+/// The server's clock: the start of the statement's transaction, which for the locks' statements
+/// is the statement's start (each runs as its own transaction; a pooled connection left inside
+/// one is refused, see `PostgresStore::client`). Named in `pg_catalog`, so that a `now()` of
+/// another schema that a session's `search_path` puts first (a test's clock, say) is never the
+/// one called.
+const NOW: &str = "pg_catalog.now()";
+
 const COLUMNS: &str = "holder_identity, lease_duration_ms, acquire_time, renew_time, leader_transitions, strategy, preferred_holder, version, extensions";
 
 /// A row that [`decode`] can read: an acquisition never overwrites a row it could not read, and
@@ -169,7 +177,7 @@ ALTER TABLE {t} ADD COLUMN IF NOT EXISTS extensions text"
         let get = format!("SELECT {COLUMNS} FROM {t} WHERE name = $1");
         // A random first version: a row deleted and created again never matches an old version.
         let first_version = "(floor(random() * 4503599627370496))::bigint + 1";
-        let expires = "now() + $3::bigint * interval '1 millisecond'";
+        let expires = format!("{NOW} + $3::bigint * interval '1 millisecond'");
 
         // An acquisition by this session takes the advisory lock (if it is free).
         let create_guard = if advisory {
@@ -233,8 +241,10 @@ ALTER TABLE {t} ADD COLUMN IF NOT EXISTS extensions text"
 
         // Free or expired, and not reserved for another candidate by a handover request. A lease
         // of this identity is no exception: another process may run with it (S13).
-        let takeable = "(l.holder_identity = '' OR l.expires_at <= now()) \
-            AND coalesce(l.preferred_holder, '') IN ('', EXCLUDED.holder_identity)";
+        let takeable = format!(
+            "(l.holder_identity = '' OR l.expires_at <= {NOW}) \
+             AND coalesce(l.preferred_holder, '') IN ('', EXCLUDED.holder_identity)"
+        );
         let (insert_guard, takeover_guard) = if advisory {
             (
                 // The insert's guard runs before the conflict with an existing row is found:
@@ -268,7 +278,7 @@ ALTER TABLE {t} ADD COLUMN IF NOT EXISTS extensions text"
              SELECT * FROM acquired
              UNION ALL
              SELECT false, {COLUMNS},
-               greatest(0, ceil(extract(epoch FROM expires_at - now()) * 1000))::bigint
+               greatest(0, ceil(extract(epoch FROM expires_at - {NOW}) * 1000))::bigint
              FROM {t} WHERE name = $1 AND NOT EXISTS (SELECT 1 FROM acquired)"
         );
         let request = format!(
@@ -282,7 +292,7 @@ ALTER TABLE {t} ADD COLUMN IF NOT EXISTS extensions text"
              LEFT JOIN LATERAL (SELECT pg_notify($11, '')) n ON true"
         );
         let time_left = format!(
-            "SELECT greatest(0, ceil(extract(epoch FROM expires_at - now()) * 1000))::bigint \
+            "SELECT greatest(0, ceil(extract(epoch FROM expires_at - {NOW}) * 1000))::bigint \
              FROM {t} WHERE name = $1 AND holder_identity <> ''"
         );
         let unlock_unless_holder = format!(
@@ -296,7 +306,7 @@ ALTER TABLE {t} ADD COLUMN IF NOT EXISTS extensions text"
                acquire_time = v.acquire, renew_time = v.renew, leader_transitions = v.transitions,
                strategy = v.strategy, preferred_holder = v.preferred, extensions = v.extensions,
                version = l.version + 1,
-               expires_at = now() + v.lease_ms * interval '1 millisecond'
+               expires_at = {NOW} + v.lease_ms * interval '1 millisecond'
              FROM unnest($1::text[], $2::text[], $3::bigint[], $4::timestamptz[], $5::timestamptz[],
                          $6::bigint[], $7::text[], $8::text[], $9::text[], $10::bigint[])
                AS v(name, holder, lease_ms, acquire, renew, transitions, strategy, preferred,
@@ -334,6 +344,10 @@ ALTER TABLE {t} ADD COLUMN IF NOT EXISTS extensions text"
 
 /// Where the version is among a record's columns from `at` on, as [`decode`] reads them.
 pub(crate) const VERSION: usize = 7;
+
+/// Where `try_acquire`'s row has the holder's time left: after whether it acquired and the
+/// record's columns.
+pub(crate) const TIME_LEFT: usize = 10;
 
 /// Decodes a row of `COLUMNS` starting at column `at`, checking what the types cannot.
 pub(crate) fn decode(
@@ -422,6 +436,39 @@ mod tests {
         );
         let migration = include_str!("../../../deploy/postgres/migrate.sql");
         assert!(migration.contains(&format!("{MIGRATION};")), "{migration}");
+    }
+
+    #[test]
+    fn the_time_left_follows_the_record() {
+        assert_eq!(TIME_LEFT, 1 + COLUMNS.split(", ").count());
+        let try_acquire = Statements::new(
+            &TableName::new("public", "leader_election").expect("name"),
+            Kind::Table,
+        )
+        .try_acquire;
+        assert!(try_acquire.contains(&format!("{COLUMNS}, NULL::bigint AS left_ms")));
+    }
+
+    #[test]
+    fn every_now_is_pg_catalog_s() {
+        for kind in [Kind::Table, Kind::Advisory] {
+            let s = Statements::new(&TableName::new("public", "t").expect("name"), kind);
+            for sql in [
+                &s.create,
+                &s.update,
+                &s.release,
+                &s.request,
+                &s.try_acquire,
+                &s.time_left,
+                &s.renew_many,
+                &s.renew_and_read,
+            ] {
+                assert!(
+                    !sql.replace(NOW, "").contains("now()"),
+                    "an unqualified now(): {sql}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -1,18 +1,20 @@
 //! The connection side: pool, TLS, dedicated sessions and the shared LISTEN connection.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::str::FromStr;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, PoisonError};
+use std::time::{Duration, Instant};
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
 use futures_util::StreamExt;
 use leader_core::{ChangeHub, ChangeStream, LockError};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{Mutex, broadcast};
 use tokio_postgres::config::SslMode;
+use tokio_postgres::error::SqlState;
 use tokio_postgres::tls::MakeTlsConnect;
-use tokio_postgres::{AsyncMessage, Client, Config, Connection, NoTls, Socket};
+use tokio_postgres::{AsyncMessage, Client, Config, Connection, NoTls, SimpleQueryMessage, Socket};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 use crate::error::{BACKEND, map, map_pool};
@@ -83,7 +85,9 @@ impl PostgresStoreBuilder {
     }
 
     /// Use an existing pool for the table lock's statements; the URL still serves the dedicated
-    /// connections (notifications, advisory locks).
+    /// connections (notifications, advisory locks). A connection that the pool's other users had
+    /// since the locks last did is checked with one statement before a lock uses it, and closed
+    /// if they left it inside a transaction.
     pub fn pool(mut self, pool: Pool) -> Self {
         self.pool = Some(pool);
         self
@@ -148,6 +152,7 @@ impl PostgresStoreBuilder {
                 advisory_statements: Statements::new(&table, Kind::Advisory),
                 table,
                 listener: Listener::default(),
+                checkouts: Checkouts::default(),
             }),
         };
         if self.create_table {
@@ -190,6 +195,7 @@ pub(crate) struct Inner {
     pub(crate) table_statements: Statements,
     pub(crate) advisory_statements: Statements,
     listener: Listener,
+    checkouts: Checkouts,
 }
 
 impl fmt::Debug for PostgresStore {
@@ -276,12 +282,55 @@ impl PostgresStore {
         )
     }
 
-    pub(crate) async fn client(&self) -> Result<deadpool_postgres::Object, LockError> {
-        self.inner
+    /// A pooled connection for one of the locks' statements, each its own transaction. One
+    /// that another user of the pool had since the locks last did is checked first: see
+    /// [`checked`](Self::checked).
+    pub(crate) async fn client(&self) -> Result<Object, LockError> {
+        let client = self
+            .inner
             .pool
             .get()
             .await
-            .map_err(|err| map_pool(&self.context(), err))
+            .map_err(|err| map_pool(&self.context(), err))?;
+        let checkouts = &self.inner.checkouts;
+        let bound = 4 * self.inner.pool.status().max_size + 16;
+        if checkouts.ours(&client, bound) {
+            return Ok(client);
+        }
+        let client = self.checked(client).await?;
+        checkouts.record(&client, bound);
+        Ok(client)
+    }
+
+    /// `client`, unless the user of the pool who had it left it inside a transaction (or one
+    /// that failed): its `now()` is when that transaction began, and nothing the lock wrote
+    /// would be committed. One statement in the simple protocol tells: it begins a transaction
+    /// of its own, which starts when it does, unless it runs inside one already. Such a
+    /// connection is closed, which rolls its transaction back.
+    async fn checked(&self, client: Object) -> Result<Object, LockError> {
+        let answer = client
+            .simple_query(
+                "SELECT pg_catalog.statement_timestamp() = pg_catalog.transaction_timestamp()",
+            )
+            .await;
+        let own_transaction = match answer {
+            Ok(messages) => messages
+                .iter()
+                .any(|m| matches!(m, SimpleQueryMessage::Row(row) if row.get(0) == Some("t"))),
+            Err(err) if err.code() == Some(&SqlState::IN_FAILED_SQL_TRANSACTION) => false,
+            Err(err) => return Err(map(&self.context(), err)),
+        };
+        if own_transaction {
+            return Ok(client);
+        }
+        drop(Object::take(client));
+        Err(LockError::other(
+            BACKEND,
+            format!(
+                "{}: a pooled connection was inside a transaction, left open by another user of the pool: its now() is when that transaction began, and nothing written on it would be committed; nothing was run on it, and it is closed (commit or roll back before returning a connection to the pool)",
+                self.context()
+            ),
+        ))
     }
 
     /// A connection outside the pool; its notifications go to `notify`.
@@ -376,6 +425,60 @@ where
                 break;
             }
         }
+    }
+}
+
+/// Which pooled connections the store's locks had, and at which of their checkouts. The pool
+/// counts every checkout of a connection after the first (its recycle count): a connection the
+/// locks had at the count just before went to nobody else in between, and one the pool has just
+/// made (count 0) went to nobody before.
+#[derive(Debug, Default)]
+struct Checkouts {
+    /// By connection (its statement cache's address, and when it was made): the count at the
+    /// locks' last checkout of it.
+    last: std::sync::Mutex<HashMap<(usize, Instant), usize>>,
+}
+
+impl Checkouts {
+    fn key(client: &Object) -> (usize, Instant) {
+        (
+            Arc::as_ptr(&client.statement_cache).addr(),
+            Object::metrics(client).created,
+        )
+    }
+
+    /// Whether the locks had `client` at its previous checkout, or nobody did; records this
+    /// checkout when so.
+    fn ours(&self, client: &Object, bound: usize) -> bool {
+        let count = Object::metrics(client).recycle_count;
+        let key = Self::key(client);
+        let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
+        let ours = count == 0 || last.get(&key).is_some_and(|&seen| seen + 1 == count);
+        if ours {
+            Self::insert(&mut last, key, count, bound);
+        }
+        ours
+    }
+
+    /// Records a checkout of `client` by the locks.
+    fn record(&self, client: &Object, bound: usize) {
+        let count = Object::metrics(client).recycle_count;
+        let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
+        Self::insert(&mut last, Self::key(client), count, bound);
+    }
+
+    /// Keeps at most `bound` connections: the others are ones the pool has dropped, or are
+    /// checked again at their next checkout.
+    fn insert(
+        last: &mut HashMap<(usize, Instant), usize>,
+        key: (usize, Instant),
+        count: usize,
+        bound: usize,
+    ) {
+        if last.len() >= bound && !last.contains_key(&key) {
+            last.clear();
+        }
+        last.insert(key, count);
     }
 }
 
