@@ -441,9 +441,19 @@ impl ConsulLock {
         };
         let index = self.index_in(&results, &self.key)?;
         self.note(index, Some(session.clone()), record.leader_transitions);
-        if let Some(previous) = before.filter(|previous| *previous != session) {
-            // A dead or stopped holder's session, which now holds nothing.
-            session::destroy(&self.store, &previous).await;
+        if before.as_deref() != Some(session.as_str()) {
+            if let Some(previous) = before {
+                // A dead or stopped holder's session, which now holds nothing.
+                session::destroy(&self.store, &previous).await;
+            }
+            // A new term: a lease from now, sessions left for this key before it are gone.
+            session::sweep_later(
+                self.store.clone(),
+                self.key.clone(),
+                session.clone(),
+                index,
+                record.lease_duration,
+            );
         }
         Ok(Observed {
             record: record.clone(),

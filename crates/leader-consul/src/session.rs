@@ -60,6 +60,71 @@ impl SessionSlot {
     }
 }
 
+/// The name of the sessions that lock `key`: the key, then the candidate's identity.
+fn name(key: &str, identity: &str) -> String {
+    format!("leader {key} {identity}")
+}
+
+/// A lease after a term began (`ours` locked `key` at raft index `locked_at`), destroys the
+/// sessions left for `key` that hold nothing (S9: bounded load on the server, here its
+/// memory): named for the key, created before that index, and not `ours`. Such a session
+/// belongs to a process killed between creating it and locking the key, or to a holder
+/// whose successor could not destroy it; without a TTL, Consul keeps it until its node
+/// deregisters, and it has no cap on sessions (hashicorp/consul#5327). A candidate racing
+/// this term's acquisition has, by then, failed and destroyed its own.
+pub(crate) fn sweep_later(
+    store: ConsulStore,
+    key: String,
+    ours: String,
+    locked_at: u64,
+    after: Duration,
+) {
+    tokio::spawn(async move {
+        tokio::time::sleep(after).await;
+        let context = format!("{} session list", store.address());
+        let answer = match store
+            .send(
+                &context,
+                Method::GET,
+                "/v1/session/list",
+                &[],
+                None,
+                Duration::ZERO,
+            )
+            .await
+        {
+            Ok(answer) if answer.code == StatusCode::OK => answer,
+            Ok(answer) => {
+                let err = store.refused(&context, &answer);
+                tracing::warn!(error = %err, "could not list Consul sessions to destroy those left behind (the token needs session read)");
+                return;
+            }
+            Err(err) => {
+                tracing::debug!(error = %err, "could not list Consul sessions");
+                return;
+            }
+        };
+        let Ok(Value::Array(sessions)) = serde_json::from_str::<Value>(&answer.body) else {
+            return;
+        };
+        let prefix = name(&key, "");
+        for left in sessions.iter().filter(|s| {
+            s["Name"].as_str().is_some_and(|n| n.starts_with(&prefix))
+                && s["CreateIndex"].as_u64().is_some_and(|i| i < locked_at)
+                && s["ID"].as_str() != Some(ours.as_str())
+        }) {
+            if let Some(id) = left["ID"].as_str() {
+                tracing::info!(
+                    key,
+                    session = id,
+                    "destroying a Consul session left behind for this key"
+                );
+                destroy(&store, id).await;
+            }
+        }
+    });
+}
+
 /// Creates a session for `identity` on `key`, locking a key of lease `lease`: no TTL (nothing
 /// but an explicit destroy or the node's deregistration ends it: the lock's renewals are
 /// writes that candidates see, so no session timer decides who leads), no health checks
@@ -72,7 +137,7 @@ pub(crate) async fn create(
     lease: Duration,
 ) -> Result<String, LockError> {
     let body = json!({
-        "Name": format!("leader {key} {identity}"),
+        "Name": name(key, identity),
         "LockDelay": format!("{}ms", lock_delay(lease).as_millis()),
         "Behavior": "release",
         "Checks": [],
@@ -114,9 +179,11 @@ pub(crate) async fn destroy(store: &ConsulStore, id: &str) {
         .await;
     match answer {
         Err(err) => tracing::debug!(error = %err, "could not destroy the Consul session"),
+        // A refusal (an ACL without session write) leaves sessions that only a node's
+        // deregistration ends: say so.
         Ok(answer) if answer.code != StatusCode::OK => {
             let err = store.refused("session destroy", &answer);
-            tracing::debug!(error = %err, "could not destroy the Consul session");
+            tracing::warn!(session = id, error = %err, "could not destroy a Consul session; it stays until its node deregisters");
         }
         Ok(_) => {}
     }

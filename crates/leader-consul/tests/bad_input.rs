@@ -350,3 +350,48 @@ async fn a_handover_request_makes_the_next_renewal_conflict() {
     assert_eq!(read.record.handover_to(), Some("b"));
     assert_eq!(read.record.holder_identity, "a", "the holder stays");
 }
+
+/// Sessions left behind for a key (a hundred processes killed between creating their session
+/// and locking the key, holders killed whose successor could not destroy theirs) are
+/// destroyed a lease into the next term: Consul keeps a session without a TTL until its node
+/// deregisters, and caps nothing (hashicorp/consul#5327). Sessions of other keys stay.
+#[tokio::test]
+async fn sessions_left_behind_are_destroyed_a_lease_into_the_next_term() {
+    let api = ConsulApiServer::start().await;
+    let store = store(&api);
+    let a = lock(&store, "orphans", "a");
+    let create = |name: String| {
+        let url = format!("{}/v1/session/create", api.url());
+        async move {
+            let body = format!(r#"{{"Name": "{name}", "Behavior": "release", "Checks": []}}"#);
+            let (status, answer) = put(&url, &body).await;
+            assert!(status.is_success(), "{answer}");
+        }
+    };
+    for i in 0..100 {
+        create(format!("leader {} killed-{i}", a.key())).await;
+    }
+    create("leader another/key someone".to_owned()).await;
+    assert_eq!(api.sessions(), 101);
+    let mut short = record("a", 0);
+    short.lease_duration = Duration::from_millis(500);
+    let Some(Acquisition::Acquired(_)) = a.try_acquire(&short).await.expect("try") else {
+        panic!("a takes the free key");
+    };
+    assert_eq!(api.sessions(), 102);
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while api.sessions() != 2 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{} sessions left", api.sessions()));
+    // The holder's session still locks the key; the other key's session is untouched.
+    let held = a.get().await.expect("get").expect("the record");
+    assert_eq!(held.record.holder_identity, "a");
+    let renewal = LeaderElectionRecord {
+        renew_time: held.record.renewal_time(chrono::Utc::now()),
+        ..held.record.clone()
+    };
+    a.renew(&held.version, &renewal).await.expect("still held");
+}
