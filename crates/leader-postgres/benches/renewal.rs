@@ -124,6 +124,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
                         &transitions,
                         &record.strategy,
                         &record.preferred_holder,
+                        &None::<String>,
                         &version,
                     ],
                 )
