@@ -525,6 +525,42 @@ async fn file_lock_planned_handovers() {
 /// Kubernetes, on the test API server as a stock cluster runs (the CoordinatedLeaderElection
 /// gate off, so the API server drops `spec.preferredHolder`): `leader handover --wait` ends
 /// with the named replica leading.
+/// `leader handover --withdraw`: a request naming a replica that never comes keeps the lease
+/// free for it (everyone else stands back a lease); withdrawn, the leader that released it
+/// takes it again at once. Nothing to withdraw is no error; no election is exit 6.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handover_request_can_be_withdrawn() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let lock = format!("file://{}", dir.path().join("lock").display());
+    let log = dir.path().join("jobs.log");
+    assert_eq!(handover(&lock, "withdrawn", &["--withdraw"]).await, Some(6));
+    let mut replica = leader(&lock, "withdrawn", "only", &log);
+    start_number(&log, 1, Duration::from_secs(15)).await;
+    assert_eq!(
+        handover(&lock, "withdrawn", &["--to", "ghost"]).await,
+        Some(0)
+    );
+    // The job stops: the lease is released, reserved for the replica named.
+    timeout(Duration::from_secs(10), async {
+        while events(&log).len() < 2 {
+            sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the job stops for the handover");
+    let withdrawn = now();
+    assert_eq!(handover(&lock, "withdrawn", &["--withdraw"]).await, Some(0));
+    let again = start_number(&log, 2, LEASE).await;
+    let took = Duration::from_nanos(u64::try_from(again.at - withdrawn).unwrap_or(0));
+    assert!(
+        took < RETRY * 3,
+        "took the lease again {took:?} after the withdrawal"
+    );
+    assert_eq!(handover(&lock, "withdrawn", &["--withdraw"]).await, Some(0));
+    let _ = kill(pid(&replica), Signal::SIGTERM);
+    let _ = timeout(Duration::from_secs(10), replica.wait()).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubernetes_lock_planned_handovers() {
     let dir = tempfile::tempdir().expect("tempdir");

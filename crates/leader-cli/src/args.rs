@@ -195,8 +195,12 @@ pub(crate) struct HandoverArgs {
     #[command(flatten)]
     pub(crate) lock: LockArgs,
     /// The identity of the replica that should lead next.
-    #[arg(long, value_name = "IDENTITY")]
-    pub(crate) to: String,
+    #[arg(long, value_name = "IDENTITY", required_unless_present = "withdraw")]
+    pub(crate) to: Option<String>,
+    /// Withdraw a pending request instead (one the holder will never act on: a client other
+    /// than this toolkit, or a replica that is gone).
+    #[arg(long, conflicts_with_all = ["to", "wait"])]
+    pub(crate) withdraw: bool,
     /// Wait until that replica leads (exit 0), or until `--timeout` (exit 7).
     #[arg(long)]
     pub(crate) wait: bool,

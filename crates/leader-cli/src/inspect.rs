@@ -175,7 +175,21 @@ pub(crate) async fn handover(args: HandoverArgs) -> u8 {
         Ok((lock, _)) => lock,
         Err(code) => return code,
     };
-    let written = match leader_core::request_handover(&*lock, &args.to).await {
+    let Some(to) = args.to.as_deref() else {
+        return match leader_core::withdraw_handover(&*lock).await {
+            Ok(_) => {
+                println!("{}: no handover request pending", lock.describe());
+                exit::OK
+            }
+            Err(leader_core::HandoverError::NoElection { lock }) => fail(
+                exit::NO_ELECTION,
+                format!("{lock}: nobody has run for this election yet; nothing to withdraw"),
+            ),
+            Err(leader_core::HandoverError::Lock(err)) => fail(code_for(&err), err),
+            Err(err) => fail(exit::FAILURE, err),
+        };
+    };
+    let written = match leader_core::request_handover(&*lock, to).await {
         Ok(written) => written,
         Err(leader_core::HandoverError::NoElection { lock }) => {
             return fail(
@@ -186,11 +200,11 @@ pub(crate) async fn handover(args: HandoverArgs) -> u8 {
         Err(leader_core::HandoverError::Lock(err)) => return fail(code_for(&err), err),
         Err(err) => return fail(exit::FAILURE, err),
     };
-    if written.record.is_held_by(&args.to) {
-        println!("{} already leads", args.to);
+    if written.record.is_held_by(to) {
+        println!("{to} already leads");
         return exit::OK;
     }
-    println!("asked {} to hand over to {}", lock.describe(), args.to);
+    println!("asked {} to hand over to {to}", lock.describe());
     if !args.wait {
         return exit::OK;
     }
@@ -199,10 +213,10 @@ pub(crate) async fn handover(args: HandoverArgs) -> u8 {
     while tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(100)).await;
         match lock.get().await {
-            Ok(Some(current)) if current.record.is_held_by(&args.to) => {
+            Ok(Some(current)) if current.record.is_held_by(to) => {
                 println!(
-                    "{} leads (fencing token {})",
-                    args.to, current.record.leader_transitions
+                    "{to} leads (fencing token {})",
+                    current.record.leader_transitions
                 );
                 return exit::OK;
             }
@@ -218,8 +232,7 @@ pub(crate) async fn handover(args: HandoverArgs) -> u8 {
     fail(
         exit::NOT_HANDED_OVER,
         format!(
-            "{} did not lead within {} ({now})",
-            args.to,
+            "{to} did not lead within {} ({now})",
             humantime::format_duration(args.timeout)
         ),
     )

@@ -80,3 +80,37 @@ pub async fn request_handover(
         tries: TRIES,
     })
 }
+
+/// Withdraws a pending handover request from the election behind `lock`, with a
+/// compare-and-swap (read again and retried when a renewal got there first): the leader, if it
+/// has not acted on it yet, goes on leading; a free lease reserved for the named candidate is
+/// free for all again. For a request that will never be acted on: one left for a holder that is
+/// not this toolkit's (client-go, kubert), or naming a replica that is gone. Returns the record
+/// as written, or as read when no request was pending.
+///
+/// # Errors
+/// [`HandoverError::NoElection`] when nobody has run for the election yet; lock errors as the
+/// lock reports them.
+pub async fn withdraw_handover(lock: &dyn ResourceLock) -> Result<Observed, HandoverError> {
+    for _ in 0..TRIES {
+        let Some(current) = lock.get().await? else {
+            return Err(HandoverError::NoElection {
+                lock: lock.describe(),
+            });
+        };
+        if current.record.handover_to().is_none() {
+            return Ok(current);
+        }
+        let mut record = current.record.clone();
+        record.preferred_holder = None;
+        match lock.update(&current.version, &record).await {
+            Ok(written) => return Ok(written),
+            Err(err) if err.is_conflict() => {}
+            Err(err) => return Err(err.into()),
+        }
+    }
+    Err(HandoverError::Contended {
+        lock: lock.describe(),
+        tries: TRIES,
+    })
+}

@@ -439,6 +439,10 @@ impl LeaseLock {
         // A coordinated candidate acts when the coordinator gives it the Lease.
         let assigned_to = self.coordinated.is_some().then(|| self.identity.clone());
         let mut holder_before: Option<String> = None;
+        // A handover request wakes candidates once: a holder that is not this toolkit's
+        // (client-go, kubert) never acts on it, and each of its renewals would wake every
+        // follower again.
+        let mut request_before: Option<(String, String)> = None;
         let seconds = u32::try_from(WATCH_TIMEOUT.as_secs()).unwrap_or(290);
         let params = WatchParams::default()
             .fields(&format!("metadata.name={}", self.name))
@@ -454,15 +458,21 @@ impl LeaseLock {
         let outcomes = stream.map(move |event| match event {
             Ok(WatchEvent::Deleted(_)) => {
                 holder_before = None;
+                request_before = None;
                 WatchOutcome::Released
             }
             Ok(WatchEvent::Added(lease) | WatchEvent::Modified(lease)) => {
                 let spec = lease.spec.as_ref();
                 let holder = spec.and_then(|spec| spec.holder_identity.clone());
                 let free = holder.as_deref().is_none_or(str::is_empty);
-                // The request as the lock reads it: the spec's, or the one in the annotation.
-                let handover = record_of("", &lease)
-                    .is_ok_and(|observed| observed.record.handover_to().is_some());
+                // The request as the lock reads it: the spec's, or the one in the annotation;
+                // new when it, or the holder it is for, changed.
+                let request = record_of("", &lease).ok().and_then(|observed| {
+                    let to = observed.record.handover_to()?.to_owned();
+                    Some((observed.record.holder_identity, to))
+                });
+                let handover = request.is_some() && request != request_before;
+                request_before = request;
                 let assigned =
                     assigned_to.is_some() && holder == assigned_to && holder != holder_before;
                 holder_before = holder;

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{KubeApiServer, client};
+use futures_util::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, PostParams};
@@ -385,6 +386,76 @@ async fn deleted_lease(target: &Target) {
     assert!(third > second, "tokens {second} then {third}");
     leader.stop().await;
     target.cleanup(&[&name]).await;
+}
+
+/// A handover request left for a holder that is not this toolkit's (here a client that renews
+/// as client-go does: the whole Lease written back, annotations kept) is never acted on; it
+/// wakes a follower's watch once, not at each of that holder's renewals, and it can be
+/// withdrawn.
+async fn a_request_for_a_foreign_holder(target: &Target) {
+    let name = Target::unique("foreign-request");
+    let now = chrono::Utc::now()
+        .format("%Y-%m-%dT%H:%M:%S%.6fZ")
+        .to_string();
+    target
+        .put(
+            &name,
+            json!({}),
+            json!({"holderIdentity": "client-go", "leaseDurationSeconds": 15,
+                "acquireTime": now, "renewTime": now, "leaseTransitions": 3}),
+        )
+        .await;
+    let follower = target.lock(&name, "rust-1");
+    request_handover(&target.lock(&name, "operator"), "rust-1")
+        .await
+        .expect("a request");
+    let mut wakes = follower.watch().await.expect("watch").expect("a stream");
+    let renew = async || {
+        let mut lease = target.get(&name).await;
+        lease["spec"]["renewTime"] = json!(
+            chrono::Utc::now()
+                .format("%Y-%m-%dT%H:%M:%S%.6fZ")
+                .to_string()
+        );
+        let lease: Lease = serde_json::from_value(lease).expect("a Lease");
+        target
+            .leases()
+            .replace(&name, &PostParams::default(), &lease)
+            .await
+            .expect("renew as client-go");
+    };
+    let count = async |wakes: &mut leader_core::ChangeStream, within: Duration| {
+        let mut n = 0;
+        while let Ok(Some(())) = timeout(within, wakes.next()).await {
+            n += 1;
+        }
+        n
+    };
+    for _ in 0..5 {
+        renew().await;
+    }
+    assert_eq!(
+        count(&mut wakes, Duration::from_millis(500)).await,
+        1,
+        "the pending request woke the follower at each of the foreign holder's renewals"
+    );
+    let withdrawn = leader_core::withdraw_handover(&target.lock(&name, "operator"))
+        .await
+        .expect("withdraw");
+    assert_eq!(withdrawn.record.handover_to(), None);
+    renew().await;
+    assert_eq!(count(&mut wakes, Duration::from_millis(500)).await, 0);
+    let lease = target.get(&name).await;
+    assert!(
+        lease["metadata"]["annotations"][COORDINATION_ANNOTATION].is_null(),
+        "{lease}"
+    );
+    target.cleanup(&[&name]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_for_a_foreign_holder_wakes_followers_once_and_can_be_withdrawn() {
+    a_request_for_a_foreign_holder(&Target::test_server().await).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
