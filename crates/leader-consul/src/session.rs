@@ -136,12 +136,15 @@ pub(crate) async fn create(
     identity: &str,
     lease: Duration,
 ) -> Result<String, LockError> {
-    let body = json!({
+    let mut body = json!({
         "Name": name(key, identity),
         "LockDelay": format!("{}ms", lock_delay(lease).as_millis()),
         "Behavior": "release",
         "Checks": [],
     });
+    if let Some(node) = &store.inner.session_node {
+        body["Node"] = json!(node);
+    }
     let context = format!("{} session create", store.address());
     let answer = store
         .send(

@@ -22,6 +22,7 @@ pub struct ConsulStoreBuilder {
     prefix: String,
     timeout: Duration,
     tls: Option<rustls::ClientConfig>,
+    session_node: Option<String>,
 }
 
 impl fmt::Debug for ConsulStoreBuilder {
@@ -32,6 +33,7 @@ impl fmt::Debug for ConsulStoreBuilder {
             .field("datacenter", &self.datacenter)
             .field("prefix", &self.prefix)
             .field("timeout", &self.timeout)
+            .field("session_node", &self.session_node)
             .finish_non_exhaustive()
     }
 }
@@ -55,6 +57,19 @@ impl ConsulStoreBuilder {
     /// The datacenter (`?dc=`); by default the agent's own.
     pub fn datacenter(mut self, datacenter: impl Into<String>) -> Self {
         self.datacenter = Some(datacenter.into()).filter(|d| !d.is_empty());
+        self
+    }
+
+    /// The node the holders' sessions belong to (default: the agent's own node). A client
+    /// agent leaves the cluster when it stops (`leave_on_terminate`, on by default for
+    /// clients), which deregisters its node and ends its sessions: every holder on that agent
+    /// loses its term at an agent restart, and followers take over a lease later. Sessions on
+    /// a node that does not restart with the agents (a server's, or one registered for the
+    /// purpose through the catalog) outlive the restart, and a holder whose agent is back
+    /// within its renew deadline goes on leading. The ACL token then needs `session:write` on
+    /// that node. A node that is deregistered still ends its sessions.
+    pub fn session_node(mut self, node: impl Into<String>) -> Self {
+        self.session_node = Some(node.into()).filter(|n| !n.is_empty());
         self
     }
 
@@ -129,6 +144,7 @@ impl ConsulStoreBuilder {
                 datacenter: self.datacenter,
                 prefix: self.prefix,
                 timeout: self.timeout,
+                session_node: self.session_node,
             }),
         })
     }
@@ -159,6 +175,7 @@ pub(crate) struct Inner {
     datacenter: Option<String>,
     pub(crate) prefix: String,
     pub(crate) timeout: Duration,
+    pub(crate) session_node: Option<String>,
 }
 
 impl fmt::Debug for ConsulStore {
@@ -188,6 +205,7 @@ impl ConsulStore {
             prefix: DEFAULT_PREFIX.to_owned(),
             timeout: Duration::from_secs(5),
             tls: None,
+            session_node: None,
         }
     }
 

@@ -5,14 +5,15 @@ use leader_core::{LockError, LockSet, LockTarget, ResourceLock, UrlError, async_
 
 use crate::store::{ConsulStore, ConsulStoreBuilder};
 
-/// A Consul lock URL: `consul://HOST:8500/PREFIX?dc=DC` (or `consuls://`, TLS, port 8501 by
-/// default). The path is the key prefix; the ACL token comes from `CONSUL_HTTP_TOKEN`, as
+/// A Consul lock URL: `consul://HOST:8500/PREFIX?dc=DC&session_node=NODE` (or `consuls://`,
+/// TLS, port 8501 by default; see [`ConsulStoreBuilder::session_node`]). The path is the key prefix; the ACL token comes from `CONSUL_HTTP_TOKEN`, as
 /// Consul's own tools read it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LockUrl {
     address: String,
     prefix: Option<String>,
     datacenter: Option<String>,
+    session_node: Option<String>,
 }
 
 impl LockUrl {
@@ -42,13 +43,15 @@ impl LockUrl {
         let port = url.port().unwrap_or(if tls { 8501 } else { 8500 });
         let http = if tls { "https" } else { "http" };
         let mut datacenter = None;
+        let mut session_node = None;
         for (key, value) in url.query_pairs() {
             match key.as_ref() {
                 "dc" => datacenter = Some(value.into_owned()),
+                "session_node" => session_node = Some(value.into_owned()),
                 other => {
                     return Err(invalid(format!(
-                        "unknown parameter {other:?}; consul:// takes dc (the token comes from \
-                         CONSUL_HTTP_TOKEN)"
+                        "unknown parameter {other:?}; consul:// takes dc and session_node (the \
+                         token comes from CONSUL_HTTP_TOKEN)"
                     )));
                 }
             }
@@ -58,6 +61,7 @@ impl LockUrl {
             address: format!("{http}://{host}:{port}"),
             prefix: (!prefix.is_empty()).then(|| prefix.to_owned()),
             datacenter,
+            session_node,
         })
     }
 
@@ -75,6 +79,9 @@ impl LockUrl {
         let mut builder = ConsulStore::builder(&self.address).token_from_env();
         if let Some(prefix) = &self.prefix {
             builder = builder.prefix(prefix);
+        }
+        if let Some(node) = &self.session_node {
+            builder = builder.session_node(node);
         }
         if let Some(datacenter) = &self.datacenter {
             builder = builder.datacenter(datacenter);

@@ -80,3 +80,68 @@ async fn a_failing_node_check_does_not_end_the_term() {
     holder.stop().await;
     follower.stop().await;
 }
+
+/// A holder whose agent restarts (`leave_on_terminate`, a client agent's default: its node is
+/// deregistered, which ends its sessions), back within the holder's renew deadline, with the
+/// sessions on the agent's own node (the default) and on a node that does not restart
+/// (`session_node`). On its own node the holder loses its term and the follower takes over
+/// a lease later; on the other node the holder leads on, with the same token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_restart_ends_terms_unless_sessions_are_on_another_node() {
+    use std::time::Duration;
+
+    use leader_consul::ConsulStore;
+    use leader_core::LeaderElector;
+    use leader_core::background::Candidate;
+
+    for on_stable_node in [false, true] {
+        let api = common::ConsulApiServer::start().await;
+        let agent = api.agent("node-a").await;
+        let prefix = common::prefix();
+        let mut holder_store = ConsulStore::builder(agent.url())
+            .prefix(&prefix)
+            .timeout(Duration::from_millis(500));
+        if on_stable_node {
+            holder_store = holder_store.session_node(api.node());
+        }
+        let holder_store = holder_store.build().expect("a store");
+        let mut holder = Candidate::build(
+            LeaderElector::builder(common::lock(&holder_store, "restart", "holder"))
+                .lease_duration(LEASE)
+                .renew_deadline(RENEW)
+                .retry_period(HOLDER_RETRY),
+        );
+        let token = holder.wait_leading(Duration::from_secs(5)).await;
+        let follower = Candidate::start(common::lock(
+            &common::store_at(&api.url(), &prefix),
+            "restart",
+            "follower",
+        ));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let (ended, led) = after(
+            &holder,
+            &follower,
+            agent.restart(Duration::from_millis(500)),
+            LEASE * 2,
+        )
+        .await;
+        if on_stable_node {
+            assert_eq!(
+                ended, None,
+                "the holder lost its term at its agent's restart"
+            );
+            assert_eq!(led, None, "the follower led");
+            assert_eq!(holder.leading_token(), Some(token));
+            assert_eq!(api.sessions(), 1, "the holder's session on {}", api.node());
+        } else {
+            let led = led.expect("the follower leads");
+            eprintln!(
+                "an agent restart with sessions on its node: the follower led {led:?} after it"
+            );
+            assert!(ended.is_some(), "the holder's term ends");
+            assert!(led >= LEASE, "the follower led {led:?} after the restart");
+        }
+        holder.stop().await;
+        follower.stop().await;
+    }
+}

@@ -222,7 +222,17 @@ impl ConsulApiServer {
             }),
             address,
         };
-        let app = Router::new()
+        let app = Self::agent_routes(server.clone());
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        *lock(&server.agent.accept) = Some(task);
+        Ok(server)
+    }
+
+    /// What an agent other than the first serves.
+    fn agent_routes(server: Self) -> Router {
+        Router::new()
             .route("/v1/session/create", put(session::create))
             .route("/v1/session/renew/{id}", put(session::renew))
             .route("/v1/session/destroy/{id}", put(session::destroy))
@@ -238,12 +248,7 @@ impl ConsulApiServer {
                 server.clone(),
                 unless_left,
             ))
-            .with_state(server.clone());
-        let task = tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
-        *lock(&server.agent.accept) = Some(task);
-        Ok(server)
+            .with_state(server)
     }
 
     /// `http://127.0.0.1:PORT`.
@@ -275,6 +280,28 @@ impl ConsulApiServer {
             task.abort();
         }
         self.deregister_node(&self.agent.node);
+    }
+
+    /// This agent restarts as a client agent does by default (`leave_on_terminate`): it
+    /// leaves ([`leave`](Self::leave): its node deregistered, its sessions invalidated),
+    /// stays down for `down`, then starts again on the same address and joins, which
+    /// registers its node anew.
+    ///
+    /// # Panics
+    /// If the address cannot be bound again.
+    pub async fn restart(&self, down: std::time::Duration) {
+        self.leave();
+        tokio::time::sleep(down).await;
+        let listener = tokio::net::TcpListener::bind(self.address)
+            .await
+            .expect("bind the agent's address again");
+        self.register_node(&self.agent.node);
+        self.agent.left.store(false, Ordering::Release);
+        let app = Self::agent_routes(self.clone());
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        *lock(&self.agent.accept) = Some(task);
     }
 
     /// Deregisters `node` from the catalog, as `consul force-leave -prune` or `PUT
