@@ -49,6 +49,19 @@ pub(crate) fn status(context: &str, prefix: &str, code: StatusCode, body: &str) 
             backend: BACKEND,
             message: format!("{context}: {body} ({code})"),
         },
+        // A datacenter the servers know no path to (`?dc=`), or a session whose node is not
+        // registered in the datacenter (`sessionCreateTxn`: the agent's node, in a datacenter
+        // other than the agent's own): settings, not an outage.
+        500 if body.contains("No path to datacenter") => LockError::Misconfigured {
+            backend: BACKEND,
+            message: format!("{context}: {body}; is dc= a datacenter of this cluster?"),
+        },
+        500 if body.contains("Missing node registration") => LockError::Misconfigured {
+            backend: BACKEND,
+            message: format!(
+                "{context}: {body}: the session's node is not registered in the datacenter; in a datacenter other than the agent's own, name one of its nodes with session_node="
+            ),
+        },
         429 | 500.. => LockError::unavailable(BACKEND, format!("{context}: {body} ({code})")),
         _ => LockError::other(BACKEND, format!("{context}: {body} ({code})")),
     }

@@ -134,7 +134,25 @@ async fn unreachable_agents_and_bad_settings() {
         .get()
         .await
         .expect_err("no such dc");
-    assert!(err.to_string().contains("No path to datacenter"), "{err}");
+    assert!(
+        matches!(err, LockError::Misconfigured { .. })
+            && err.to_string().contains("No path to datacenter"),
+        "{err:?}"
+    );
+    // Sessions on a node the datacenter does not know (the agent's node, asked of another
+    // datacenter, is the same answer): a setting to fix, not an outage retried forever.
+    let nowhere = ConsulStore::builder(api.url())
+        .session_node("no-such-node")
+        .build()
+        .expect("store");
+    let err = lock(&nowhere, "x", "a")
+        .try_acquire(&record("a", 0))
+        .await
+        .expect_err("no such node");
+    assert!(
+        matches!(err, LockError::Misconfigured { .. }) && err.to_string().contains("session_node="),
+        "{err:?}"
+    );
 }
 
 /// Consul checks key names on `GET`, `PUT` and `DELETE /v1/kv` (`validateKVKey`) but not in
