@@ -38,7 +38,11 @@ async fn store(url: &str, bucket: &str) -> NatsStore {
 
 /// A bucket setting under test: its name, the change, and what the refusal must say (nothing:
 /// accepted).
-type Case = (&'static str, fn(&mut stream::Config), &'static [&'static str]);
+type Case = (
+    &'static str,
+    fn(&mut stream::Config),
+    &'static [&'static str],
+);
 
 fn misconfigured(result: Result<impl std::fmt::Debug, LockError>, says: &[&str]) -> String {
     match result {

@@ -288,7 +288,9 @@ pub fn faketime_or_skip() -> Option<std::path::PathBuf> {
         .flatten()
         .flatten()
         .map(|dir| dir.path().join("faketime/libfaketime.so.1"))
-        .chain([std::path::PathBuf::from("/usr/lib/faketime/libfaketime.so.1")])
+        .chain([std::path::PathBuf::from(
+            "/usr/lib/faketime/libfaketime.so.1",
+        )])
         .find(|path| path.is_file());
     if found.is_none() {
         assert!(!in_ci(), "CI=true, but libfaketime is not installed");
@@ -306,7 +308,10 @@ pub fn faketime_env(
 ) -> [(&'static str, std::ffi::OsString); 4] {
     [
         ("LD_PRELOAD", library.as_os_str().to_owned()),
-        ("FAKETIME_TIMESTAMP_FILE", offset_file.as_os_str().to_owned()),
+        (
+            "FAKETIME_TIMESTAMP_FILE",
+            offset_file.as_os_str().to_owned(),
+        ),
         ("FAKETIME_NO_CACHE", "1".into()),
         ("FAKETIME_DONT_FAKE_MONOTONIC", "1".into()),
     ]
