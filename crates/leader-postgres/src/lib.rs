@@ -5,6 +5,7 @@
 mod advisory;
 mod error;
 mod lock;
+mod schema;
 mod set;
 mod sql;
 mod store;
@@ -13,8 +14,8 @@ mod url;
 pub use advisory::AdvisoryLock;
 pub use leader_core::redact_url;
 pub use lock::TableLock;
+pub use schema::{MIGRATION, SCHEMA};
 pub use set::PostgresLockSet;
-pub use sql::{MIGRATION, SCHEMA};
 pub use store::{DEFAULT_SCHEMA, DEFAULT_TABLE, PostgresStore, PostgresStoreBuilder};
 pub use url::LockUrl;
 

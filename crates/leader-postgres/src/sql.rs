@@ -48,44 +48,6 @@ impl TableName {
     }
 }
 
-/// The lock table's columns, written once for [`SCHEMA`] and the statement `create_table` runs.
-macro_rules! table_columns {
-    () => {
-        "(
-    name               text        PRIMARY KEY,
-    holder_identity    text        NOT NULL DEFAULT '',
-    lease_duration_ms  bigint      NOT NULL,
-    acquire_time       timestamptz NOT NULL,
-    renew_time         timestamptz NOT NULL,
-    leader_transitions bigint      NOT NULL DEFAULT 0,
-    strategy           text,
-    preferred_holder   text,
-    version            bigint      NOT NULL,
-    expires_at         timestamptz NOT NULL,
-    extensions         text
-)"
-    };
-}
-
-const TABLE_COLUMNS: &str = table_columns!();
-
-/// The lock table in the default schema and name, as
-/// [`PostgresStore::create_table`](crate::PostgresStore::create_table) creates it (and the
-/// repository's `deploy/postgres/schema.sql` has it): for a migration tool, or a table owner who
-/// creates it for a least-privilege role. For another schema or table name, replace
-/// `"public"."leader_election"`.
-pub const SCHEMA: &str = concat!(
-    r#"CREATE TABLE IF NOT EXISTS "public"."leader_election" "#,
-    table_columns!()
-);
-
-/// What a table made by an earlier version needs, in the default schema and name (replace
-/// `"public"."leader_election"` for another): the `extensions` column, where features built on the
-/// election keep their data. [`PostgresStore::create_table`](crate::PostgresStore::create_table)
-/// runs it too.
-pub const MIGRATION: &str =
-    r#"ALTER TABLE "public"."leader_election" ADD COLUMN IF NOT EXISTS extensions text"#;
-
 /// The server's clock: the start of the statement's transaction, which for the locks' statements
 /// is the statement's start (each runs as its own transaction; a pooled connection left inside
 /// one is refused, see `PostgresStore::client`). Named in `pg_catalog`, so that a `now()` of
@@ -129,7 +91,6 @@ pub(crate) enum Kind {
 /// lock's renewal stays a bare single-row `UPDATE`.
 #[derive(Clone, Debug)]
 pub(crate) struct Statements {
-    pub(crate) create_table: String,
     /// `$1` name.
     pub(crate) get: String,
     /// `$1` name, `$2..$9` record; advisory: `$10` key.
@@ -170,10 +131,6 @@ impl Statements {
     pub(crate) fn new(table: &TableName, kind: Kind) -> Self {
         let t = table.quoted();
         let advisory = kind == Kind::Advisory;
-        let create_table = format!(
-            "CREATE TABLE IF NOT EXISTS {t} {TABLE_COLUMNS};
-ALTER TABLE {t} ADD COLUMN IF NOT EXISTS extensions text"
-        );
         let get = format!("SELECT {COLUMNS} FROM {t} WHERE name = $1");
         // A random first version: a row deleted and created again never matches an old version.
         let first_version = "(floor(random() * 4503599627370496))::bigint + 1";
@@ -329,7 +286,6 @@ ALTER TABLE {t} ADD COLUMN IF NOT EXISTS extensions text"
             get_many,
             renew_many,
             renew_and_read,
-            create_table,
             get,
             create,
             update,
@@ -413,29 +369,6 @@ mod tests {
             assert!(TableName::new("public", bad).is_err(), "{bad}");
             assert!(TableName::new(bad, "t").is_err(), "{bad}");
         }
-    }
-
-    #[test]
-    fn the_shipped_schema_is_the_one_the_code_creates() {
-        let shipped = include_str!("../../../deploy/postgres/schema.sql");
-        let statement: String = shipped
-            .lines()
-            .filter(|line| !line.starts_with("--"))
-            .collect::<Vec<_>>()
-            .join("\n");
-        let created = Statements::new(
-            &TableName::new("public", "leader_election").expect("name"),
-            Kind::Table,
-        )
-        .create_table;
-        assert_eq!(statement.trim().trim_end_matches(';'), SCHEMA);
-        assert_eq!(
-            created,
-            format!("{SCHEMA};\n{MIGRATION}"),
-            "the store creates the table and adds what an earlier version's table lacks"
-        );
-        let migration = include_str!("../../../deploy/postgres/migrate.sql");
-        assert!(migration.contains(&format!("{MIGRATION};")), "{migration}");
     }
 
     #[test]

@@ -230,34 +230,19 @@ impl PostgresStore {
         Self::builder(url).build().await
     }
 
-    /// Creates the lock table if it does not exist (`CREATE TABLE IF NOT EXISTS`; needs the
-    /// CREATE privilege on the schema).
+    /// Makes the lock table ready, after looking at the table of that name: creates it if it
+    /// does not exist (`CREATE TABLE IF NOT EXISTS`; needs the CREATE privilege on the schema),
+    /// adds the `extensions` column to a lock table of the earlier version (as
+    /// [`MIGRATION`](crate::MIGRATION); needs to own it), and uses a current lock table as it is
+    /// (needs no right beyond the lock's).
+    ///
+    /// # Errors
+    /// `Misconfigured`, in one line naming the table and what is wrong, when a table of that
+    /// name is not a lock table of this or the earlier version (other columns or types, no
+    /// unique `name`, a view): it is left exactly as it is.
     pub async fn create_table(&self) -> Result<(), LockError> {
         let client = self.client().await?;
-        let mut attempt = 1;
-        loop {
-            match client
-                .batch_execute(&self.inner.table_statements.create_table)
-                .await
-            {
-                Ok(()) => return Ok(()),
-                // `CREATE ... IF NOT EXISTS` is not safe against itself: when candidates create
-                // the table at the same time, all but one may fail on the catalog's unique
-                // indexes (23505 on pg_type) or find the table created meanwhile (42P07). The
-                // other creator has committed by then, so the statements, run again, find it.
-                Err(err)
-                    if attempt < 3
-                        && err.code().is_some_and(|code| {
-                            *code == tokio_postgres::error::SqlState::UNIQUE_VIOLATION
-                                || *code == tokio_postgres::error::SqlState::DUPLICATE_TABLE
-                                || *code == tokio_postgres::error::SqlState::DUPLICATE_OBJECT
-                        }) =>
-                {
-                    attempt += 1;
-                }
-                Err(err) => return Err(map(&self.context(), err)),
-            }
-        }
+        crate::schema::prepare(&client, &self.inner.table, &self.context()).await
     }
 
     /// The connection pool.

@@ -116,14 +116,10 @@ impl LockTarget for LockUrl {
         redact_url(&self.connection)
     }
 
-    /// Builds the store (its pool connects lazily), creates the lock table when it is missing
-    /// and the role may (a role without that right finds out from the lock's own error if the
-    /// table is really missing), and makes the table lock or the advisory lock.
+    /// Builds the store (its pool connects lazily), makes the lock table ready as
+    /// [`PostgresStore::create_table`] does, and makes the table lock or the advisory lock.
     async fn open(&self, name: &str, identity: &str) -> Result<Box<dyn ResourceLock>, LockError> {
-        let store = self.store().build().await?;
-        if let Err(err) = store.create_table().await {
-            tracing::debug!(error = %err, "could not create the lock table");
-        }
+        let store = self.prepared().await?;
         Ok(if self.advisory {
             let mut lock = store.advisory_lock(name, identity);
             if let Some(timeout) = self.idle_session_timeout {
@@ -146,11 +142,24 @@ impl LockTarget for LockUrl {
                     .into(),
             });
         }
-        let store = self.store().build().await?;
-        if let Err(err) = store.create_table().await {
-            tracing::debug!(error = %err, "could not create the lock table");
-        }
+        let store = self.prepared().await?;
         Ok(Box::new(store.lock_set(identity)))
+    }
+}
+
+impl LockUrl {
+    /// The store, with its table made ready where the role may: a role without the right to
+    /// create or alter it finds out from the lock's own error whether the table is really
+    /// missing or of the earlier version. A table that is not a lock table is refused here,
+    /// untouched.
+    async fn prepared(&self) -> Result<PostgresStore, LockError> {
+        let store = self.store().build().await?;
+        match store.create_table().await {
+            Ok(()) => {}
+            Err(err @ LockError::Misconfigured { .. }) => return Err(err),
+            Err(err) => tracing::debug!(error = %err, "could not create the lock table"),
+        }
+        Ok(store)
     }
 }
 
