@@ -459,18 +459,21 @@ impl CronJob {
         starts: &mut Vec<(DateTime<Utc>, u32)>,
     ) -> (bool, bool) {
         let inner = &self.inner;
-        let mut instants = Vec::new();
+        let mut instants = std::collections::VecDeque::new();
         let mut at = state.handled_until();
         let mut beyond = 0_u64;
+        // A backlog too long to look at: the oldest count as missed, passed over at once
+        // where the schedule can count them, else one by one.
+        if let Some((skipped_to, skipped)) = inner.schedule.skip_to_last(at, now, MOST_INSTANTS) {
+            at = skipped_to;
+            beyond = skipped;
+        }
         while let Some(next) = inner.schedule.next_after(at).filter(|n| *n <= now) {
-            if instants.len() < MOST_INSTANTS {
-                instants.push(next);
-            } else {
-                // A backlog too long to look at: the oldest count as missed.
-                instants.remove(0);
-                instants.push(next);
+            if instants.len() == MOST_INSTANTS {
+                instants.pop_front();
                 beyond += 1;
             }
+            instants.push_back(next);
             at = next;
         }
         if instants.is_empty() {

@@ -168,6 +168,33 @@ impl Schedule {
         Err(bad())
     }
 
+    /// Where a walk of the instants in (`after`, `until`] can start to see only the last
+    /// `keep` of them, and how many it passes over: computed, not walked, for a fixed period
+    /// (`every 1s` with a cursor a year old is 31 million instants); `None` when nothing is
+    /// passed over or the schedule is an expression (walked instant by instant).
+    pub(crate) fn skip_to_last(
+        &self,
+        after: DateTime<Utc>,
+        until: DateTime<Utc>,
+        keep: usize,
+    ) -> Option<(DateTime<Utc>, u64)> {
+        let Kind::Every(period) = &self.kind else {
+            return None;
+        };
+        let period = i64::try_from(period.as_millis()).ok()?;
+        let first = after.timestamp_millis().div_euclid(period);
+        let last = until.timestamp_millis().div_euclid(period);
+        let count = u64::try_from(last.checked_sub(first)?).ok()?;
+        let skipped = count.checked_sub(u64::try_from(keep).ok()?)?;
+        if skipped == 0 {
+            return None;
+        }
+        let at = first
+            .checked_add(i64::try_from(skipped).ok()?)?
+            .checked_mul(period)?;
+        Some((DateTime::from_timestamp_millis(at)?, skipped))
+    }
+
     /// The first instant of the schedule strictly after `after`; `None` when there is none (an
     /// expression whose instants ran out).
     pub fn next_after(&self, after: DateTime<Utc>) -> Option<DateTime<Utc>> {
@@ -276,6 +303,31 @@ mod tests {
         DateTime::parse_from_rfc3339(text)
             .expect("RFC 3339")
             .with_timezone(&Utc)
+    }
+
+    #[test]
+    fn a_long_backlog_of_a_period_is_passed_over_to_its_last_instants() {
+        let every = Schedule::every(Duration::from_secs(1)).expect("schedule");
+        let (after, until) = (at("2025-01-10T00:00:00.5Z"), at("2026-01-10T00:00:00Z"));
+        let (from, skipped) = every.skip_to_last(after, until, 1000).expect("a skip");
+        // The walk from there sees exactly the last 1000 instants, and none is counted twice.
+        let mut seen = Vec::new();
+        let mut at = from;
+        while let Some(next) = every.next_after(at).filter(|n| *n <= until) {
+            seen.push(next);
+            at = next;
+        }
+        assert_eq!(seen.len(), 1000);
+        assert_eq!(seen.last(), Some(&until));
+        assert_eq!(skipped + 1000, 365 * 24 * 3600);
+        // Nothing to pass over, and expressions are walked.
+        assert_eq!(every.skip_to_last(after, after, 10), None);
+        assert_eq!(
+            every.skip_to_last(until - chrono::Duration::seconds(5), until, 10),
+            None
+        );
+        let cron = Schedule::cron("* * * * * *", "UTC").expect("every second");
+        assert_eq!(cron.skip_to_last(after, until, 10), None);
     }
 
     #[test]

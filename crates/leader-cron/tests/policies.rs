@@ -538,3 +538,71 @@ async fn events_tell_each_start_end_and_miss() {
     assert_eq!(started(&seen[3]), Some((minutes(3), 1)), "{seen:#?}");
     replica.crash();
 }
+
+/// A cursor a year old on a schedule of every second (31 million instants behind): the new
+/// leader passes over the backlog at once instead of walking it (a walk kept the renewals
+/// waiting past the term's deadline, and the next leader started over from the same cursor),
+/// runs the latest late instant, and counts the rest as missed.
+#[tokio::test(start_paused = true)]
+async fn a_cursor_a_year_old_is_passed_over_at_once() {
+    let store = MemoryStore::new();
+    let log = Log::default();
+    let every = Schedule::every(Duration::from_secs(1)).expect("schedule");
+    let year = chrono::Duration::days(365);
+    let old_clock = TokioClock::starting_at(origin() - year);
+    let mut old = replica(
+        &store,
+        &old_clock,
+        "old",
+        &every,
+        &log,
+        Duration::from_millis(100),
+        |b| b,
+    );
+    sleep(Duration::from_secs(5)).await;
+    old.crash();
+    let cursor = stored(&store).await.cursor.expect("a cursor");
+    assert!(cursor < origin() - year + chrono::Duration::minutes(1));
+    // A year later, by the next leader's clock.
+    let clock = TokioClock::starting_at(origin());
+    let started = std::time::Instant::now();
+    let mut new = replica(
+        &store,
+        &clock,
+        "new",
+        &every,
+        &log,
+        Duration::from_millis(100),
+        |b| b,
+    );
+    let state = loop {
+        sleep(Duration::from_millis(500)).await;
+        let state = stored(&store).await;
+        if state.cursor.is_some_and(|c| c >= origin()) {
+            break state;
+        }
+    };
+    eprintln!("a year of backlog settled in {:?}", started.elapsed());
+    let now = state.cursor.expect("a cursor");
+    let behind = u64::try_from((now - cursor).num_seconds()).expect("seconds");
+    assert!(
+        state.missed >= behind - 100 && state.missed <= behind,
+        "{} missed of {behind}",
+        state.missed
+    );
+    let by_new: Vec<_> = log
+        .lock()
+        .expect("log")
+        .iter()
+        .filter(|(_, _, id)| id == "new")
+        .map(|(at, _, _)| *at)
+        .collect();
+    assert!(
+        by_new
+            .first()
+            .is_some_and(|first| *first >= origin() - chrono::Duration::seconds(60)),
+        "the new leader's first firing: {:?}",
+        by_new.first()
+    );
+    new.crash();
+}
