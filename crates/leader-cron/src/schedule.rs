@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use chrono::{DateTime, Offset, TimeZone, Utc};
+use chrono::{DateTime, Offset, SubsecRound, TimeZone, Utc};
 use chrono_tz::Tz;
 use croner::parser::{CronParser, Seconds, Year};
 use croner::{Cron, JobType};
@@ -206,6 +206,9 @@ impl Schedule {
                 DateTime::from_timestamp_millis(next)
             }
             Kind::Cron { cron, zone } => {
+                // An expression's instants are whole seconds; croner carries the fraction of
+                // the instant it searches from into what it finds.
+                let after = after.trunc_subsecs(0);
                 let fixed = cron.determine_job_type() == JobType::FixedTime;
                 let next = next_in_wall_time(cron, *zone, after, fixed)?;
                 // croner searches wall time: from the first pass of an hour a fall-back repeats,
@@ -266,7 +269,8 @@ fn second_pass(
     // The transition: the first second with the later offset.
     let (mut low, mut high) = (after, next);
     while (high - low).num_seconds() > 1 {
-        let middle = low + (high - low) / 2;
+        // Whole seconds, as the instants and the transitions are.
+        let middle = low + chrono::Duration::seconds((high - low).num_seconds() / 2);
         if offset(middle) == before {
             low = middle;
         } else {
@@ -303,6 +307,44 @@ mod tests {
         DateTime::parse_from_rfc3339(text)
             .expect("RFC 3339")
             .with_timezone(&Utc)
+    }
+
+    /// A firing's instant is the schedule's own, to the nanosecond, whatever fraction of a
+    /// second the instant searched from carries (a job's start time, a clock's reading): jobs
+    /// use it as their key.
+    #[test]
+    fn instants_are_whole_seconds_whatever_they_are_searched_from() {
+        let zones = [
+            "UTC",
+            "Europe/Berlin",
+            "America/New_York",
+            "Australia/Sydney",
+        ];
+        let expressions = ["30 2 * * *", "30 2,14 * * *", "*/15 * * * *", "0 0-3 * * *"];
+        for zone in zones {
+            for expression in expressions {
+                let schedule = Schedule::cron(expression, zone).expect("schedule");
+                // Around both changes of 2027 in the zones that have them.
+                for start in [
+                    "2027-03-27T12:00:00.012450068Z",
+                    "2027-10-30T12:00:00.987654321Z",
+                    "2027-11-06T12:00:00.5Z",
+                    "2027-04-03T12:00:00.25Z",
+                ] {
+                    let mut after = at(start);
+                    for _ in 0..60 {
+                        let next = schedule.next_after(after).expect("a next instant");
+                        assert_eq!(
+                            next.timestamp_subsec_nanos(),
+                            0,
+                            "{expression} in {zone} after {after}: {next}"
+                        );
+                        assert!(next > after);
+                        after = next;
+                    }
+                }
+            }
+        }
     }
 
     #[test]
