@@ -53,6 +53,8 @@ mod code {
     pub(super) const TRUNCATED_WRONG_VALUE: u16 = 1292;
     pub(super) const DATA_TOO_LONG: u16 = 1406;
     pub(super) const TRUNCATED_WRONG_VALUE_FOR_FIELD: u16 = 1366;
+    /// `ER_NOT_SUPPORTED_YET`: "This version of MariaDB doesn't yet support '%s'".
+    pub(super) const NOT_SUPPORTED_YET: u16 = 1235;
     /// Too many connections, a Galera node that is not primary, server shutdown, lock wait
     /// timeout, deadlock, read-only (a replica or a cluster member that lost quorum), query
     /// interrupted, a statement to prepare again, a connection killed, a statement timeout
@@ -61,6 +63,26 @@ mod code {
     pub(super) const TRANSIENT: &[u16] = &[
         1040, 1047, 1053, 1205, 1213, 1290, 1317, 1615, 1836, 1927, 1969, 3024, 3058, 4031,
     ];
+}
+
+/// Maps the error of a statement that calls `GET_LOCK` as [`map`] does, except that the server
+/// refusing it means this server cannot run the `GET_LOCK` lock at all.
+pub(crate) fn map_get_lock(context: &str, err: mysql_async::Error) -> LockError {
+    match &err {
+        // MariaDB with Galera replication on refuses GET_LOCK (MDEV-30473) with error 1235,
+        // SQLSTATE 42000: "This version of MariaDB doesn't yet support 'GET_LOCK in cluster
+        // (WSREP_ON=ON)'". Retrying cannot help.
+        mysql_async::Error::Server(server) if server.code == code::NOT_SUPPORTED_YET => {
+            LockError::Misconfigured {
+                backend: BACKEND,
+                message: format!(
+                    "{context}: {} (error {}); the GET_LOCK lock does not work on Galera: use the table lock (leave out lock=named; MysqlStore::lock)",
+                    server.message, server.code
+                ),
+            }
+        }
+        _ => map(context, err),
+    }
 }
 
 /// Maps a driver error onto a [`LockError`] kind by the server's error code.
@@ -128,5 +150,61 @@ pub(crate) fn map(context: &str, err: mysql_async::Error) -> LockError {
         },
         code if code::TRANSIENT.contains(&code) => LockError::unavailable(BACKEND, wrap(err)),
         _ => LockError::other(BACKEND, wrap(err)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use mysql_async::ServerError;
+
+    use super::*;
+
+    fn server(code: u16, state: &str, message: &str) -> mysql_async::Error {
+        mysql_async::Error::Server(ServerError {
+            code,
+            message: message.to_owned(),
+            state: state.to_owned(),
+        })
+    }
+
+    /// No Galera cluster runs here: the error is the one MariaDB answers to `GET_LOCK` with
+    /// `WSREP_ON=ON` since MDEV-30473, as its users report it.
+    #[test]
+    fn a_server_refusing_get_lock_is_misconfigured_for_the_get_lock_lock() {
+        let refused = || {
+            server(
+                1235,
+                "42000",
+                "This version of MariaDB doesn't yet support 'GET_LOCK in cluster (WSREP_ON=ON)'",
+            )
+        };
+        let err = map_get_lock("mysql://app:***@db/app election \"jobs\"", refused());
+        let LockError::Misconfigured { message, .. } = &err else {
+            panic!("not Misconfigured: {err:?}");
+        };
+        assert!(
+            message.contains("GET_LOCK in cluster (WSREP_ON=ON)")
+                && message.contains("error 1235")
+                && message.contains("Galera")
+                && message.contains("table lock")
+                && message.contains("lock=named")
+                && message.contains("election \"jobs\""),
+            "{message}"
+        );
+        assert!(!message.contains('\n'), "one line: {message}");
+        // Elsewhere 1235 stays what it was (a statement of another kind the server lacks).
+        assert!(!matches!(
+            map("ctx", refused()),
+            LockError::Misconfigured { .. }
+        ));
+        // Other errors of a GET_LOCK statement map as every statement's do.
+        assert!(matches!(
+            map_get_lock("ctx", server(1146, "42S02", "Table 'app.t' doesn't exist")),
+            LockError::Misconfigured { .. }
+        ));
+        assert!(matches!(
+            map_get_lock("ctx", server(1205, "HY000", "Lock wait timeout exceeded")),
+            LockError::Unavailable { .. }
+        ));
     }
 }

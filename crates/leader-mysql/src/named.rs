@@ -15,7 +15,7 @@ use mysql_async::prelude::{FromRow, Queryable};
 use mysql_async::{Conn, Value};
 use tokio::task::JoinHandle;
 
-use crate::error::{BACKEND, map};
+use crate::error::{BACKEND, map, map_get_lock};
 use crate::lock::{TableLock, first_record};
 use crate::sql::parse_version;
 use crate::store::MysqlStore;
@@ -36,6 +36,23 @@ const FIRST_FREE_PAUSE: Duration = Duration::from_millis(50);
 /// How long the server keeps a silent session of the lock (its `wait_timeout`).
 const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How much longer than its interval a watch's connection may stay silent before the server
+/// drops it: the watch sends a statement at least once an interval.
+const WATCH_SILENCE_MARGIN: Duration = Duration::from_secs(5);
+
+/// The statement that has the server drop a session once its client has been silent for
+/// `timeout` (whole seconds, rounded up), whatever it was doing: waiting for the next statement
+/// (`wait_timeout`, 8 hours by default), or for the rest of one, or for the client to read a
+/// result (`net_read_timeout`, `net_write_timeout`). The server then lets go of the session's
+/// user-level locks.
+fn session_timeouts(timeout: Duration) -> String {
+    let seconds = (timeout.as_secs() + u64::from(timeout.subsec_nanos() > 0)).max(1);
+    format!(
+        "SET SESSION wait_timeout = {seconds}, net_read_timeout = {seconds}, \
+         net_write_timeout = {seconds}"
+    )
+}
+
 /// A [`ResourceLock`] that ties leadership to a MySQL or MariaDB session: the record lives in
 /// the lock table as for [`TableLock`], and the holder also holds a user-level lock
 /// (`GET_LOCK`) on a session of its own, kept outside the pool, for as long as its term lasts.
@@ -55,8 +72,9 @@ const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 ///   a leader whose session died may still act until its renew deadline.
 ///
 /// [`watch`](ResourceLock::watch) waits in `GET_LOCK` on a connection of its own (and lets go
-/// at once when it gets the lock), and reads the record after each wait: it reports a release,
-/// a holder's session that ended, a handover request and a new holder, never a renewal.
+/// in the same statement when it gets the lock, so that a follower whose process stops while
+/// it waits keeps nothing), and reads the record after each wait: it reports a release, a
+/// holder's session that ended, a handover request and a new holder, never a renewal.
 ///
 /// Not behind a proxy that shares server sessions between clients, and a user-level lock is not
 /// replicated: see the crate's documentation.
@@ -126,7 +144,19 @@ impl Session {
         params: Vec<Value>,
     ) -> Result<Option<T>, LockError> {
         let result = self.conn.exec_first(sql, params).await;
-        self.check(context, result)
+        self.check(context, result, map)
+    }
+
+    /// Runs a statement that calls `GET_LOCK`: as [`first`](Self::first), with a server that
+    /// refuses `GET_LOCK` reported as misconfigured.
+    async fn get_lock(
+        &mut self,
+        context: &str,
+        sql: &str,
+        params: Vec<Value>,
+    ) -> Result<Option<Option<i64>>, LockError> {
+        let result = self.conn.exec_first(sql, params).await;
+        self.check(context, result, map_get_lock)
     }
 
     /// Runs a write and returns how many rows it changed.
@@ -137,7 +167,7 @@ impl Session {
         params: Vec<Value>,
     ) -> Result<u64, LockError> {
         let result = self.conn.exec_drop(sql, params).await;
-        self.check(context, result)?;
+        self.check(context, result, map)?;
         Ok(self.conn.affected_rows())
     }
 
@@ -145,6 +175,7 @@ impl Session {
         &mut self,
         context: &str,
         result: Result<T, mysql_async::Error>,
+        map: fn(&str, mysql_async::Error) -> LockError,
     ) -> Result<T, LockError> {
         result.map_err(|err| {
             if connection_lost(&err) {
@@ -269,7 +300,9 @@ impl NamedLock {
     /// How long a follower's [`watch`](ResourceLock::watch) waits in `GET_LOCK` before it reads
     /// the record again (whole seconds, at least one; default 2 s). A release is seen at once
     /// either way; a handover request, or a holder's session that ended while the follower was
-    /// not waiting, within about this long.
+    /// not waiting, within about this long. The watch sends a statement at least this often,
+    /// and the server drops its connection after this long and 5 s more of silence (a follower
+    /// whose process stopped).
     #[must_use]
     pub fn watch_interval(mut self, interval: Duration) -> Self {
         self.watch_interval = interval.max(Duration::from_secs(1));
@@ -277,11 +310,12 @@ impl NamedLock {
     }
 
     /// How long the server keeps this lock's session when the client goes silent (its
-    /// `wait_timeout`, whole seconds; default 30 s): a holder whose process stopped with its
-    /// connection open (frozen, or cut off without the server noticing) keeps the user-level
-    /// lock, and with it the election, this long after its last statement, instead of the
-    /// server's default of 8 hours. It must exceed the longest wait between two requests of
-    /// the holder: the elector's `retry_period * (1 + jitter)`.
+    /// `wait_timeout`, and `net_read_timeout` and `net_write_timeout` for a client that stops
+    /// in the middle of a packet; whole seconds; default 30 s): a holder whose process stopped
+    /// with its connection open (frozen, or cut off without the server noticing) keeps the
+    /// user-level lock, and with it the election, this long after its last statement, instead
+    /// of the server's default of 8 hours. It must exceed the longest wait between two requests
+    /// of the holder: the elector's `retry_period * (1 + jitter)`.
     #[must_use]
     pub fn idle_session_timeout(mut self, timeout: Duration) -> Self {
         self.idle_timeout = timeout.max(Duration::from_secs(1));
@@ -315,8 +349,7 @@ impl NamedLock {
 
     async fn connect(&self) -> Result<Session, LockError> {
         let mut conn = self.store.dedicated().await?;
-        let seconds = self.idle_timeout.as_secs().max(1);
-        conn.query_drop(format!("SET SESSION wait_timeout = {seconds}"))
+        conn.query_drop(session_timeouts(self.idle_timeout))
             .await
             .map_err(|err| map(&self.context(), err))?;
         Ok(Session {
@@ -406,7 +439,7 @@ impl NamedLock {
                     ],
                 ),
             };
-            let got: Option<Option<i64>> = session.first(&context, sql, hold_params).await?;
+            let got = session.get_lock(&context, sql, hold_params).await?;
             if got.flatten() != Some(1) {
                 return Ok(Written::Busy);
             }
@@ -604,8 +637,8 @@ impl ResourceLock for NamedLock {
     }
 
     /// A stream fed by a task with a connection of its own, shared by every stream of this
-    /// lock: it waits in `GET_LOCK` while another session holds the lock (and lets go as soon
-    /// as it gets it), reads the record after each wait, and fires when the holder's session
+    /// lock: it waits in `GET_LOCK` while another session holds the lock (and lets go in the
+    /// same statement when it gets it), reads the record after each wait, and fires when the holder's session
     /// let go, or the holder, the handover request or the fencing term changed.
     async fn watch(&self) -> Result<Option<ChangeStream>, LockError> {
         {
@@ -621,6 +654,12 @@ impl ResourceLock for NamedLock {
         self.table.check_name()?;
         let mut conn = self.store.dedicated().await?;
         let context = self.context();
+        // The watch holds the user-level lock only inside a statement; should a statement
+        // still leave it held (killed between its GET_LOCK and RELEASE_LOCK), the server drops
+        // a stopped follower's connection, and the lock, within this long.
+        conn.query_drop(session_timeouts(self.watch_interval + WATCH_SILENCE_MARGIN))
+            .await
+            .map_err(|err| map(&context, err))?;
         let statements = &self.store.inner().named_statements;
         let last: Summary = conn
             .exec_first(&statements.summary, (self.table.name(),))
@@ -750,15 +789,13 @@ impl Follower {
             let wait = !holding && held(&self.last) && gone_at.as_ref() != Some(&self.last);
             let mut let_go = false;
             if wait {
+                // A follower never keeps the lock: the statement that gets it lets go of it,
+                // so a follower that stops while it waits holds up nobody.
+                let key = self.key.as_str();
                 let got: Option<Option<i64>> = conn
-                    .exec_first(&statements.wait, (self.key.as_str(), seconds))
+                    .exec_first(&statements.wait, (key, seconds, key))
                     .await?;
-                if got.flatten() == Some(1) {
-                    // A follower never keeps the lock: hand it back before telling anyone.
-                    conn.exec_drop(&statements.release, (self.key.as_str(),))
-                        .await?;
-                    let_go = true;
-                }
+                let_go = got.flatten() == Some(1);
             } else if !holding && !held(&self.last) {
                 tokio::time::sleep(free_pause.min(self.interval)).await;
                 free_pause = free_pause.saturating_mul(2);

@@ -190,7 +190,9 @@ pub(crate) struct NamedStatements {
     pub(crate) release: String,
     /// `name`: the holder, preferred holder and fencing term, what a follower's watch compares.
     pub(crate) summary: String,
-    /// `key`, the seconds to wait: 1 when the lock was obtained.
+    /// `key`, the seconds to wait, `key`: 1 when the lock was obtained, and let go of in the
+    /// same statement. The server runs the whole statement whatever the client does, so a
+    /// follower whose process stops while it waits never keeps the lock it is given.
     pub(crate) wait: String,
 }
 
@@ -215,7 +217,8 @@ impl NamedStatements {
             summary: format!(
                 "SELECT holder_identity, preferred_holder, leader_transitions FROM {t} WHERE name = ?"
             ),
-            wait: "SELECT GET_LOCK(?, ?)".to_owned(),
+            // IF evaluates its condition first, then only the branch it picks.
+            wait: "SELECT IF(GET_LOCK(?, ?) = 1, RELEASE_LOCK(?), 0)".to_owned(),
         }
     }
 }
