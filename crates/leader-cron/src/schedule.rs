@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use chrono::{DateTime, Offset, SubsecRound, TimeZone, Utc};
 use chrono_tz::Tz;
+use croner::Cron;
 use croner::parser::{CronParser, Seconds, Year};
-use croner::{Cron, JobType};
 
 /// A schedule that cannot be used, refused when it is built.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -48,7 +48,13 @@ pub enum ScheduleError {
 
 #[derive(Clone)]
 enum Kind {
-    Cron { cron: Box<Cron>, zone: Tz },
+    Cron {
+        cron: Box<Cron>,
+        zone: Tz,
+        /// The expression names wall times: no wildcard or step in its seconds, minutes or
+        /// hours (single values, lists, ranges), whatever its other fields say.
+        wall_times: bool,
+    },
     Every(Duration),
 }
 
@@ -58,11 +64,15 @@ enum Kind {
 /// first), in Vixie cron's syntax with its usual extensions (`L`, `W`, `#`, names of months and
 /// days), as the `croner` crate parses them. They are read in an IANA time zone (UTC unless
 /// given), with its daylight saving time rules:
-/// - a wall time that a spring-forward gap skips (02:30 on the night clocks go from 02:00 to
-///   03:00) fires at the first instant after the gap (03:00);
-/// - a wall time that a fall-back repeats (02:30 twice) fires once, at its first occurrence, for
-///   an expression that names it; an expression with a wildcard or a step in its hours or
-///   minutes (`*/15 * * * *`) fires at each real instant it names, in both passes.
+/// - an expression that names wall times (no wildcard or step in its seconds, minutes or hours:
+///   single values, lists and ranges alike, `30 2 * * *`, `30 2,14 * * *`, `0 1-3 * * 1-5`):
+///   a wall time that a spring-forward gap skips (02:30 on the night clocks go from 02:00 to
+///   03:00) fires at the first instant after the gap (03:00), once however many of the gap's
+///   wall times it names; a wall time that a fall-back repeats (02:30 twice) fires once, at its
+///   first occurrence;
+/// - an expression with a wildcard or a step in its seconds, minutes or hours
+///   (`*/15 * * * *`) fires at each real instant it names: in both passes of a fall-back, and
+///   none in a gap.
 ///
 /// A fixed interval fires at every multiple of it since the Unix epoch, in UTC: replicas agree on
 /// the instants without talking to each other, whenever each of them started.
@@ -112,11 +122,15 @@ impl Schedule {
                 expression: expression.clone(),
                 reason: err.to_string(),
             })?;
+        let fields: Vec<&str> = expression.split(' ').collect();
+        let time_fields = &fields[..fields.len().saturating_sub(3).min(3)];
+        let wall_times = time_fields.iter().all(|field| !field.contains(['*', '/']));
         let schedule = Self {
             spec: format!("cron {expression} in {}", zone_parsed.name()),
             kind: Kind::Cron {
                 cron: Box::new(cron),
                 zone: zone_parsed,
+                wall_times,
             },
         };
         if schedule.next_after(Utc::now()).is_none() {
@@ -205,12 +219,22 @@ impl Schedule {
                 let next = (millis.div_euclid(period) + 1).checked_mul(period)?;
                 DateTime::from_timestamp_millis(next)
             }
-            Kind::Cron { cron, zone } => {
+            Kind::Cron {
+                cron,
+                zone,
+                wall_times,
+            } => {
                 // An expression's instants are whole seconds; croner carries the fraction of
                 // the instant it searches from into what it finds.
                 let after = after.trunc_subsecs(0);
-                let fixed = cron.determine_job_type() == JobType::FixedTime;
+                let fixed = *wall_times;
                 let next = next_in_wall_time(cron, *zone, after, fixed)?;
+                // croner skips the wall times of a gap for an expression with a list or a
+                // range (it keeps them only where every field is a single value): one that
+                // names a wall time of the gap fires just after it.
+                if fixed && let Some(gap) = after_a_gap(cron, *zone, after, next) {
+                    return Some(gap);
+                }
                 // croner searches wall time: from the first pass of an hour a fall-back repeats,
                 // it finds the wall time after that hour, and would skip the instants of its
                 // second pass that an expression with a wildcard or a step names.
@@ -266,17 +290,7 @@ fn second_pass(
     if repeated <= 0 {
         return None;
     }
-    // The transition: the first second with the later offset.
-    let (mut low, mut high) = (after, next);
-    while (high - low).num_seconds() > 1 {
-        // Whole seconds, as the instants and the transitions are.
-        let middle = low + chrono::Duration::seconds((high - low).num_seconds() / 2);
-        if offset(middle) == before {
-            low = middle;
-        } else {
-            high = middle;
-        }
-    }
+    let high = transition(zone, after, next)?;
     let mut at = high.max(after + chrono::Duration::seconds(1));
     let end = (high + chrono::Duration::seconds(i64::from(repeated))).min(next);
     while at < end {
@@ -289,6 +303,54 @@ fn second_pass(
         at += chrono::Duration::seconds(1);
     }
     None
+}
+
+/// The first instant with the later offset between `after` and `next` (whole seconds), when
+/// the zone's offset changes between them: the moment clocks jump.
+fn transition(zone: Tz, after: DateTime<Utc>, next: DateTime<Utc>) -> Option<DateTime<Utc>> {
+    let offset = |t: DateTime<Utc>| zone.offset_from_utc_datetime(&t.naive_utc()).fix();
+    let before = offset(after);
+    if offset(next) == before {
+        return None;
+    }
+    let (mut low, mut high) = (after, next);
+    while (high - low).num_seconds() > 1 {
+        let middle = low + chrono::Duration::seconds((high - low).num_seconds() / 2);
+        if offset(middle) == before {
+            low = middle;
+        } else {
+            high = middle;
+        }
+    }
+    Some(high)
+}
+
+/// The first instant after a spring-forward gap between `after` and `next`, when the
+/// expression names a wall time of the gap (one that never happened): the documented rule
+/// fires it just after the gap, once.
+fn after_a_gap(
+    cron: &Cron,
+    zone: Tz,
+    after: DateTime<Utc>,
+    next: DateTime<Utc>,
+) -> Option<DateTime<Utc>> {
+    let offset = |t: DateTime<Utc>| zone.offset_from_utc_datetime(&t.naive_utc()).fix();
+    let (before, later) = (offset(after), offset(next));
+    let skipped = later.local_minus_utc() - before.local_minus_utc();
+    if skipped <= 0 {
+        return None;
+    }
+    let jump = transition(zone, after, next)?;
+    if jump <= after {
+        return None;
+    }
+    // The gap's wall times, read at the offset before the jump, second by second (an hour
+    // at most, on the nights clocks go forward).
+    let first_skipped = jump.with_timezone(&before);
+    (0..i64::from(skipped))
+        .map(|s| first_skipped + chrono::Duration::seconds(s))
+        .any(|wall| cron.is_time_matching(&wall).unwrap_or(false))
+        .then_some(jump)
 }
 
 /// `period` as the shortest humantime text (`30s`, `1h 30m`).
@@ -345,6 +407,81 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The first `n` instants after `from`.
+    fn first(schedule: &Schedule, from: &str, n: usize) -> Vec<DateTime<Utc>> {
+        let mut after = at(from);
+        (0..n)
+            .map(|_| {
+                after = schedule.next_after(after).expect("an instant");
+                after
+            })
+            .collect()
+    }
+
+    /// The documented rule holds for every expression that names wall times, lists and ranges
+    /// as much as single values: a wall time a spring-forward gap skips fires just after the
+    /// gap, once; a wall time a fall-back repeats fires once, at its first occurrence.
+    #[test]
+    fn lists_and_ranges_keep_the_daylight_saving_rule() {
+        // Europe/Berlin, 2027: 02:00 CET becomes 03:00 CEST on March 28th (01:00 UTC), and
+        // 03:00 CEST becomes 02:00 CET on October 31st (01:00 UTC).
+        for expression in [
+            "30 2 * * *",
+            "30 2,14 * * *",
+            "30 2-3,14 * * *",
+            "0 30 2,14 * * *",
+        ] {
+            let berlin = Schedule::cron(expression, "Europe/Berlin").expect("schedule");
+            let spring = first(&berlin, "2027-03-28T00:00:00Z", 2);
+            assert_eq!(
+                spring[0],
+                at("2027-03-28T01:00:00Z"),
+                "{expression}: {spring:?}"
+            );
+            assert!(
+                spring[1] > at("2027-03-28T01:00:00Z"),
+                "{expression}: {spring:?}"
+            );
+            let fall = first(&berlin, "2027-10-31T00:00:00Z", 2);
+            assert_eq!(
+                fall[0],
+                at("2027-10-31T00:30:00Z"),
+                "{expression}: {fall:?}"
+            );
+            assert_ne!(
+                fall[1],
+                at("2027-10-31T01:30:00Z"),
+                "{expression} fired 02:30 twice: {fall:?}"
+            );
+        }
+        // New York, 2027: 02:00 EST becomes 03:00 EDT on March 14th (07:00 UTC); 02:00 EDT
+        // becomes 01:00 EST on November 7th (06:00 UTC).
+        let new_york = Schedule::cron("15 1,2 * * *", "America/New_York").expect("schedule");
+        assert_eq!(
+            first(&new_york, "2027-03-14T05:00:00Z", 2),
+            [at("2027-03-14T06:15:00Z"), at("2027-03-14T07:00:00Z")]
+        );
+        assert_eq!(
+            first(&new_york, "2027-11-07T04:00:00Z", 3),
+            [
+                at("2027-11-07T05:15:00Z"),
+                at("2027-11-07T07:15:00Z"),
+                at("2027-11-08T06:15:00Z")
+            ]
+        );
+        // A step names real instants: in both passes of a fall-back, none in a gap.
+        let steps = Schedule::cron("0 */1 * * *", "Europe/Berlin").expect("schedule");
+        assert_eq!(
+            first(&steps, "2027-10-30T23:30:00Z", 4),
+            [
+                at("2027-10-31T00:00:00Z"),
+                at("2027-10-31T01:00:00Z"),
+                at("2027-10-31T02:00:00Z"),
+                at("2027-10-31T03:00:00Z")
+            ]
+        );
     }
 
     #[test]
