@@ -4,6 +4,7 @@ use std::error::Error as StdError;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::ErrorCode;
+use async_nats::jetstream::context::{PublishError, PublishErrorKind};
 use leader_core::LockError;
 
 pub(crate) const BACKEND: &str = "nats";
@@ -60,6 +61,26 @@ fn api_error(err: &(dyn StdError + 'static)) -> Option<(u64, u64)> {
     None
 }
 
+/// Whether `err` says that the bucket's stream does not exist: the JetStream API's "stream not
+/// found" (10059), or a write to the bucket's subjects that no stream takes (the client's
+/// `StreamNotFound`, from the server's "no responders").
+pub(crate) fn stream_not_found(err: &(dyn StdError + 'static)) -> bool {
+    if api_error(err).is_some_and(|(_, code)| ErrorCode(code) == ErrorCode::STREAM_NOT_FOUND) {
+        return true;
+    }
+    let mut current = Some(err);
+    while let Some(err) = current {
+        if err
+            .downcast_ref::<PublishError>()
+            .is_some_and(|err| err.kind() == PublishErrorKind::StreamNotFound)
+        {
+            return true;
+        }
+        current = err.source();
+    }
+    false
+}
+
 /// The whole chain of `err`'s messages, for errors whose kind alone says little.
 fn chain(err: &(dyn StdError + 'static)) -> String {
     let mut message = err.to_string();
@@ -83,15 +104,18 @@ pub(crate) fn map(
     timed_out: bool,
     err: impl StdError + Send + Sync + 'static,
 ) -> LockError {
+    if stream_not_found(&err) {
+        return LockError::Misconfigured {
+            backend: BACKEND,
+            message: format!(
+                "{context}: {}; the bucket's stream is gone (deleted?): create the bucket (`nats kv add BUCKET --history 1`, or NatsStoreBuilder::create_bucket(true))",
+                chain(&err)
+            ),
+        };
+    }
     if let Some((status, code)) = api_error(&err) {
         let message = format!("{context}: {}", chain(&err));
         return match ErrorCode(code) {
-            ErrorCode::STREAM_NOT_FOUND => LockError::Misconfigured {
-                backend: BACKEND,
-                message: format!(
-                    "{message}; create the bucket (`nats kv add BUCKET --history 1`, or NatsStoreBuilder::create_bucket(true))"
-                ),
-            },
             ErrorCode::JETSTREAM_NOT_ENABLED | ErrorCode::JETSTREAM_NOT_ENABLED_FOR_ACCOUNT => {
                 LockError::Misconfigured {
                     backend: BACKEND,
@@ -112,7 +136,7 @@ pub(crate) fn map(
         return LockError::Forbidden {
             backend: BACKEND,
             message: format!(
-                "{context}: no answer, and the server refused this client: {refused}; grant the user publish rights on $JS.API.> and $KV.<bucket>.> and subscribe rights on _INBOX.> (deploy/nats)"
+                "{context}: no answer, and the server refused this client: {refused}; grant the user publish rights on $JS.API.>, $KV.<bucket>.> and $JS.FC.KV_<bucket>.> (the watch's flow control) and subscribe rights on _INBOX.> (deploy/nats)"
             ),
         };
     }

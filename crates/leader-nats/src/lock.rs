@@ -1,6 +1,7 @@
 //! The lock: one election's record under one key of the bucket.
 
-use std::sync::Arc;
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_nats::jetstream::kv::{self, Operation, UpdateErrorKind};
 use async_trait::async_trait;
@@ -9,8 +10,8 @@ use leader_core::{
     ChangeStream, KeyedLocks, LeaderElectionRecord, LockError, Observed, ResourceLock, Version,
 };
 
-use crate::error::{BACKEND, map};
-use crate::store::{NatsStore, is_timeout};
+use crate::error::{BACKEND, map, stream_not_found};
+use crate::store::{NatsStore, Opened, is_timeout};
 
 /// The bucket key of election `name`: letters, digits, `-`, `_` and `/` as they are, every
 /// other byte (`.` and `=` included) as `=` and two hex digits, so that any name is a valid key
@@ -39,6 +40,7 @@ impl NatsStore {
             key: key_of(&name),
             name,
             identity: identity.into(),
+            known: Arc::default(),
         }
     }
 
@@ -57,7 +59,8 @@ impl NatsStore {
 
 /// A [`ResourceLock`] on one key of a JetStream key-value bucket: the record as JSON, a
 /// compare-and-swap on the key's revision for every write, fencing tokens that start above
-/// every revision the bucket has written (so they outlive a deletion of the key), and a KV
+/// every revision the bucket has written (so they outlive a deletion of the key) and above
+/// every token this lock object has seen (so they outlive a deletion of the bucket), and a KV
 /// watch that wakes followers when the holder changes, releases or is asked to hand over.
 ///
 /// The bucket keeps no lease clock of its own (per-key expiry needs a newer server than 2.9):
@@ -69,6 +72,57 @@ pub struct NatsLock {
     name: String,
     key: String,
     identity: String,
+    /// What this lock object (and its clones) learned of the key.
+    known: Arc<Mutex<Known>>,
+}
+
+/// What a lock object learned of its key from what it read and wrote.
+#[derive(Debug, Default)]
+struct Known {
+    /// The highest fencing token it read or wrote: the floor of its acquisitions. A bucket
+    /// deleted and created again starts its revisions over, and with them the tokens of records
+    /// created in it; this floor does not.
+    highest_token: u64,
+    /// The last revisions of the key it read or wrote, newest last.
+    revisions: VecDeque<Stored>,
+}
+
+/// A record at one revision of the key, as far as an update needs to know it.
+#[derive(Debug)]
+struct Stored {
+    /// When the bucket's stream was created: revisions of a bucket created again are not
+    /// those of the one deleted.
+    bucket_created: i128,
+    revision: u64,
+    held_by_this_identity: bool,
+    token: u64,
+}
+
+/// How many revisions a lock remembers: the elector's last read and write, and reads made
+/// between them (a watch's).
+const REMEMBERED: usize = 8;
+
+impl Known {
+    fn note(
+        &mut self,
+        bucket_created: i128,
+        revision: u64,
+        record: &LeaderElectionRecord,
+        identity: &str,
+    ) {
+        self.highest_token = self.highest_token.max(record.leader_transitions);
+        self.revisions
+            .retain(|r| r.revision != revision || r.bucket_created != bucket_created);
+        self.revisions.push_back(Stored {
+            bucket_created,
+            revision,
+            held_by_this_identity: record.is_held_by(identity),
+            token: record.leader_transitions,
+        });
+        while self.revisions.len() > REMEMBERED {
+            self.revisions.pop_front();
+        }
+    }
 }
 
 impl NatsLock {
@@ -91,12 +145,34 @@ impl NatsLock {
         map(&self.context(), self.store.refusals(), timed_out, err)
     }
 
-    /// The key's last entry, if any (a deletion or purge marker included).
+    fn known(&self) -> MutexGuard<'_, Known> {
+        self.known.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The key's last entry, if any (a deletion or purge marker included), remembered when it
+    /// holds a record.
     async fn entry(&self) -> Result<Option<kv::Entry>, LockError> {
-        let kv = self.store.kv().await?;
-        kv.entry(self.key.as_str())
-            .await
-            .map_err(|err| self.map(err))
+        let opened = self.store.opened().await?;
+        match opened.store.entry(self.key.as_str()).await {
+            Ok(entry) => {
+                if let Some(entry) = &entry
+                    && entry.operation == Operation::Put
+                    && let Ok(record) = LeaderElectionRecord::from_json(BACKEND, "", &entry.value)
+                {
+                    self.known()
+                        .note(opened.created, entry.revision, &record, &self.identity);
+                }
+                Ok(entry)
+            }
+            Err(err) => {
+                // A deleted stream leaves a read unanswered (no stream serves its direct gets):
+                // it times out, and the next request looks the bucket up.
+                if is_timeout(&err) || stream_not_found(&err) {
+                    self.store.forget(opened.generation);
+                }
+                Err(self.map(err))
+            }
+        }
     }
 
     fn decode(&self, entry: &kv::Entry) -> Result<Observed, LockError> {
@@ -107,21 +183,49 @@ impl NatsLock {
         })
     }
 
+    /// `record` with a fencing token above every one this lock object has seen, for an
+    /// acquisition.
+    fn floored(&self, record: &LeaderElectionRecord) -> LeaderElectionRecord {
+        let highest = self.known().highest_token;
+        let mut record = record.clone();
+        if record.leader_transitions <= highest {
+            record.leader_transitions = highest.saturating_add(1);
+        }
+        record
+    }
+
+    /// Whether writing `record` at revision `expected` renews this identity's term: this lock
+    /// read or wrote that revision (of the bucket as looked up now, not of one deleted before)
+    /// holding this identity's record with the same token.
+    fn renews(&self, opened: &Opened, expected: u64, record: &LeaderElectionRecord) -> bool {
+        self.known().revisions.iter().any(|stored| {
+            stored.bucket_created == opened.created
+                && stored.revision == expected
+                && stored.held_by_this_identity
+                && stored.token == record.leader_transitions
+        })
+    }
+
     /// Writes `record` if the key's last revision is still `expected` (0: no entry at all).
     async fn write(
         &self,
+        opened: &Opened,
         expected: u64,
         record: &LeaderElectionRecord,
     ) -> Result<Observed, LockError> {
-        let kv = self.store.kv().await?;
-        match kv
+        match opened
+            .store
             .update(self.key.as_str(), record.to_json().into(), expected)
             .await
         {
-            Ok(revision) => Ok(Observed {
-                record: record.clone(),
-                version: Version::new(revision.to_string()),
-            }),
+            Ok(revision) => {
+                self.known()
+                    .note(opened.created, revision, record, &self.identity);
+                Ok(Observed {
+                    record: record.clone(),
+                    version: Version::new(revision.to_string()),
+                })
+            }
             Err(err) if err.kind() == UpdateErrorKind::WrongLastRevision => {
                 Err(LockError::conflict(BACKEND))
             }
@@ -134,7 +238,13 @@ impl NatsLock {
             Err(err) if err.kind() == UpdateErrorKind::TimedOut => {
                 Err(map(&self.context(), self.store.refusals(), true, err))
             }
-            Err(err) => Err(self.map(err)),
+            Err(err) => {
+                // No stream takes the bucket's subjects: it was deleted.
+                if stream_not_found(&err) {
+                    self.store.forget(opened.generation);
+                }
+                Err(self.map(err))
+            }
         }
     }
 }
@@ -154,18 +264,22 @@ enum Seen {
 }
 
 impl Seen {
-    fn of(entry: &kv::Entry) -> Self {
+    /// What `entry` shows, and the fencing token of the record it holds, if any.
+    fn of(entry: &kv::Entry) -> (Self, Option<u64>) {
         if entry.operation != Operation::Put {
-            return Self::Free;
+            return (Self::Free, None);
         }
         match LeaderElectionRecord::from_json(BACKEND, "watch", &entry.value) {
-            Ok(record) if record.is_free() => Self::Free,
-            Ok(record) => Self::Held {
-                holder: record.holder_identity,
-                preferred: record.preferred_holder,
-                transitions: record.leader_transitions,
-            },
-            Err(_) => Self::Invalid,
+            Ok(record) if record.is_free() => (Self::Free, Some(record.leader_transitions)),
+            Ok(record) => (
+                Self::Held {
+                    holder: record.holder_identity,
+                    preferred: record.preferred_holder,
+                    transitions: record.leader_transitions,
+                },
+                Some(record.leader_transitions),
+            ),
+            Err(_) => (Self::Invalid, None),
         }
     }
 }
@@ -181,9 +295,10 @@ impl ResourceLock for NatsLock {
     }
 
     /// Creates the record where the key has none (never written, deleted or purged). Its
-    /// fencing token is at least one more than the bucket's last sequence number: above every
+    /// fencing token is at least one more than the bucket's last sequence number (above every
     /// revision written so far, and so above every token this key ever had, since a key's
-    /// tokens grow by one per takeover, each its own write.
+    /// tokens grow by one per takeover, each its own write), and above every token this lock
+    /// object has seen (a bucket created again starts its sequence over).
     async fn create(&self, record: &LeaderElectionRecord) -> Result<Observed, LockError> {
         let expected = match self.entry().await? {
             Some(entry) if entry.operation == Operation::Put => {
@@ -192,14 +307,19 @@ impl ResourceLock for NatsLock {
             Some(marker) => marker.revision,
             None => 0,
         };
-        let floor = self.store.last_sequence().await?.saturating_add(1);
-        let record = LeaderElectionRecord {
+        let opened = self.store.opened().await?;
+        let floor = self.store.last_sequence(&opened).await?.saturating_add(1);
+        let record = self.floored(&LeaderElectionRecord {
             leader_transitions: record.leader_transitions.max(floor),
             ..record.clone()
-        };
-        self.write(expected, &record).await
+        });
+        self.write(&opened, expected, &record).await
     }
 
+    /// Writes `record` over revision `version`. An acquisition (a record naming this identity
+    /// that does not renew its term) gets a token above every one this lock object has seen,
+    /// as a creation does: the bucket may have been deleted and created again, and the record
+    /// created in it with a token from its new sequence.
     async fn update(
         &self,
         version: &Version,
@@ -212,7 +332,11 @@ impl ResourceLock for NatsLock {
         if expected == 0 {
             return Err(LockError::conflict(BACKEND));
         }
-        self.write(expected, record).await
+        let opened = self.store.opened().await?;
+        if record.is_held_by(&self.identity) && !self.renews(&opened, expected, record) {
+            return self.write(&opened, expected, &self.floored(record)).await;
+        }
+        self.write(&opened, expected, record).await
     }
 
     fn identity(&self) -> &str {
@@ -228,30 +352,42 @@ impl ResourceLock for NatsLock {
     /// purged, and not for renewals, though every renewal reaches every follower.
     async fn watch(&self) -> Result<Option<ChangeStream>, LockError> {
         // Two requests: the consumer, and a read of the key.
-        let kv = self.store.kv().await?;
-        let watch = kv
-            .watch(self.key.as_str())
-            .await
-            .map_err(|err| self.map(err))?;
+        let opened = self.store.opened().await?;
+        let watch = match opened.store.watch(self.key.as_str()).await {
+            Ok(watch) => watch,
+            Err(err) => {
+                if is_timeout(&err) || stream_not_found(&err) {
+                    self.store.forget(opened.generation);
+                }
+                return Err(self.map(err));
+            }
+        };
         // What the key holds now, read after the watch began: a write the watch delivers is
         // compared with it, so that the first renewal after subscribing wakes nobody.
-        let now = self.entry().await?.as_ref().map(Seen::of);
-        let stream =
-            futures_util::stream::unfold((watch, now), |(mut watch, mut seen)| async move {
+        let now = self.entry().await?.as_ref().map(|entry| Seen::of(entry).0);
+        let known = Arc::clone(&self.known);
+        let stream = futures_util::stream::unfold((watch, now), move |(mut watch, mut seen)| {
+            let known = Arc::clone(&known);
+            async move {
                 loop {
                     let entry = match watch.next().await {
                         Some(Ok(entry)) => entry,
                         // The subscription is lost: the elector subscribes again.
                         Some(Err(_)) | None => return None,
                     };
-                    let now = Seen::of(&entry);
+                    let (now, token) = Seen::of(&entry);
+                    if let Some(token) = token {
+                        let mut known = known.lock().unwrap_or_else(|p| p.into_inner());
+                        known.highest_token = known.highest_token.max(token);
+                    }
                     let changed = seen.as_ref() != Some(&now) || now == Seen::Free;
                     seen = Some(now);
                     if changed {
                         return Some(((), (watch, seen)));
                     }
                 }
-            });
+            }
+        });
         Ok(Some(Box::pin(stream)))
     }
 }

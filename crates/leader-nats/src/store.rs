@@ -3,13 +3,13 @@
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_nats::jetstream::{self, kv};
 use leader_core::{LockError, redact_url};
-use tokio::sync::OnceCell;
 
-use crate::error::{BACKEND, Refusals, map};
+use crate::error::{BACKEND, Refusals, map, stream_not_found};
 
 /// The default bucket.
 pub const DEFAULT_BUCKET: &str = "leader";
@@ -263,7 +263,9 @@ impl NatsStoreBuilder {
                 bucket: self.bucket,
                 create_bucket: self.create_bucket,
                 replicas: self.replicas,
-                kv: OnceCell::new(),
+                kv: std::sync::Mutex::new(None),
+                lookups: tokio::sync::Mutex::new(Lookups::default()),
+                lookups_done: AtomicU64::new(0),
                 refusals,
                 redacted,
             }),
@@ -284,9 +286,30 @@ pub(crate) struct Inner {
     pub(crate) bucket: String,
     create_bucket: bool,
     replicas: usize,
-    kv: OnceCell<kv::Store>,
+    /// The bucket's handle, until a request finds its stream gone.
+    kv: std::sync::Mutex<Option<Opened>>,
+    /// Lookups of the bucket, one at a time.
+    lookups: tokio::sync::Mutex<Lookups>,
+    /// `lookups.done`, readable without waiting.
+    lookups_done: AtomicU64,
     pub(crate) refusals: Arc<Refusals>,
     pub(crate) redacted: String,
+}
+
+/// The bucket's handle, the number of the lookup that found it, and when its stream was
+/// created (which names it: a bucket deleted and created again has another).
+#[derive(Clone)]
+pub(crate) struct Opened {
+    pub(crate) store: Arc<kv::Store>,
+    pub(crate) generation: u64,
+    pub(crate) created: i128,
+}
+
+/// The lookups of the bucket made so far, and how the last one failed, if it did.
+#[derive(Default)]
+struct Lookups {
+    done: u64,
+    failure: Option<LockError>,
 }
 
 impl fmt::Debug for NatsStore {
@@ -330,50 +353,117 @@ impl NatsStore {
         &self.inner.bucket
     }
 
-    /// The bucket's handle: looked up once (and created, if the builder says so).
+    /// The bucket's handle: looked up on first use (and created, if the builder says so), and
+    /// again after a request found the bucket's stream gone (an operator deleted the bucket, or
+    /// deleted and created it again), with its settings checked each time.
     ///
     /// # Errors
     /// A missing bucket ([`LockError::Misconfigured`]), no answer
     /// ([`LockError::Unavailable`]), missing rights ([`LockError::Forbidden`]).
-    pub async fn kv(&self) -> Result<&kv::Store, LockError> {
+    pub async fn kv(&self) -> Result<kv::Store, LockError> {
+        self.opened().await.map(|opened| (*opened.store).clone())
+    }
+
+    /// The bucket's handle and the number of the lookup that found it. Concurrent callers wait
+    /// for one lookup and share its outcome, so a fleet of locks on one store makes one
+    /// request, not one each, when the handle was dropped.
+    pub(crate) async fn opened(&self) -> Result<Opened, LockError> {
+        if let Some(opened) = self.cached() {
+            return Ok(opened);
+        }
+        let before = self.inner.lookups_done.load(Ordering::Acquire);
+        let mut lookups = self.inner.lookups.lock().await;
+        if let Some(opened) = self.cached() {
+            return Ok(opened);
+        }
+        if lookups.done > before
+            && let Some(failure) = &lookups.failure
+        {
+            return Err(failure.duplicate());
+        }
+        let found = self.look_up().await;
+        lookups.done += 1;
+        self.inner
+            .lookups_done
+            .store(lookups.done, Ordering::Release);
+        match found {
+            Ok(store) => {
+                lookups.failure = None;
+                let opened = Opened {
+                    created: store.stream.cached_info().created.unix_timestamp_nanos(),
+                    store: Arc::new(store),
+                    generation: lookups.done,
+                };
+                *self.inner.kv.lock().unwrap_or_else(|p| p.into_inner()) = Some(opened.clone());
+                Ok(opened)
+            }
+            Err(err) => {
+                lookups.failure = Some(err.duplicate());
+                Err(err)
+            }
+        }
+    }
+
+    fn cached(&self) -> Option<Opened> {
         self.inner
             .kv
-            .get_or_try_init(|| async {
-                let context = format!("{} bucket {}", self.inner.redacted, self.inner.bucket);
-                let found = self.inner.jetstream.get_key_value(&self.inner.bucket).await;
-                let store = match found {
-                    Ok(store) => Ok(store),
-                    Err(err) if err.kind() == jetstream::context::KeyValueErrorKind::InvalidStoreName => {
-                        Err(LockError::Misconfigured {
-                            backend: BACKEND,
-                            message: format!(
-                                "{context}: the stream KV_{} is not a key-value bucket (it keeps no value per key)",
-                                self.inner.bucket
-                            ),
-                        })
-                    }
-                    // Nobody subscribes to the JetStream API: the server (or the account)
-                    // runs without JetStream.
-                    Err(err) if answered_by_nobody(&err) => Err(LockError::Misconfigured {
-                        backend: BACKEND,
-                        message: format!(
-                            "{context}: no JetStream answers on this server (no responders): enable it (`nats-server -js`, or a jetstream block in the server's configuration) and for the account"
-                        ),
-                    }),
-                    Err(err) => {
-                        let mapped = map(&context, &self.inner.refusals, is_timeout(&err), err);
-                        if !(self.inner.create_bucket
-                            && matches!(mapped, LockError::Misconfigured { .. }))
-                        {
-                            return Err(mapped);
-                        }
-                        self.create(&context).await
-                    }
-                }?;
-                self.check(&context, &store.stream.cached_info().config)?;
-                Ok(store)
-            })
-            .await
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Drops the handle of lookup `generation` (not a newer one), after a request that went
+    /// unanswered or found no stream: the next request looks the bucket up again, and creates
+    /// it if the builder says so. Nothing is retried here; the elector's next attempt, after its
+    /// retry period and back-off, makes the lookup.
+    pub(crate) fn forget(&self, generation: u64) {
+        let mut kv = self.inner.kv.lock().unwrap_or_else(|p| p.into_inner());
+        if kv
+            .as_ref()
+            .is_some_and(|opened| opened.generation == generation)
+        {
+            *kv = None;
+            tracing::debug!(
+                bucket = %self.inner.bucket,
+                "the bucket's stream did not answer or is gone: looking it up again on the next request"
+            );
+        }
+    }
+
+    /// Looks the bucket up (and creates it, if the builder says so), and checks its settings.
+    async fn look_up(&self) -> Result<kv::Store, LockError> {
+        let context = self.context();
+        let found = self.inner.jetstream.get_key_value(&self.inner.bucket).await;
+        let store = match found {
+            Ok(store) => Ok(store),
+            Err(err) if err.kind() == jetstream::context::KeyValueErrorKind::InvalidStoreName => {
+                Err(LockError::Misconfigured {
+                    backend: BACKEND,
+                    message: format!(
+                        "{context}: the stream KV_{} is not a key-value bucket (it keeps no value per key)",
+                        self.inner.bucket
+                    ),
+                })
+            }
+            // Nobody subscribes to the JetStream API: the server (or the account) runs
+            // without JetStream.
+            Err(err) if answered_by_nobody(&err) => Err(LockError::Misconfigured {
+                backend: BACKEND,
+                message: format!(
+                    "{context}: no JetStream answers on this server (no responders): enable it (`nats-server -js`, or a jetstream block in the server's configuration) and for the account"
+                ),
+            }),
+            Err(err) => {
+                let mapped = map(&context, &self.inner.refusals, is_timeout(&err), err);
+                if !(self.inner.create_bucket && matches!(mapped, LockError::Misconfigured { .. }))
+                {
+                    return Err(mapped);
+                }
+                self.create(&context).await
+            }
+        }?;
+        self.check(&context, &store.stream.cached_info().config)?;
+        Ok(store)
     }
 
     /// Refuses a bucket the lock cannot be safe on (S15), in one line naming the setting: one
@@ -450,13 +540,28 @@ impl NatsStore {
     }
 
     /// The stream's last sequence number now: above every revision the bucket has written.
-    pub(crate) async fn last_sequence(&self) -> Result<u64, LockError> {
-        let kv = self.kv().await?;
-        kv.stream
-            .get_info()
-            .await
-            .map(|info| info.state.last_sequence)
-            .map_err(|err| map(&self.context(), &self.inner.refusals, is_timeout(&err), err))
+    pub(crate) async fn last_sequence(&self, opened: &Opened) -> Result<u64, LockError> {
+        match opened.store.stream.get_info().await {
+            Ok(info) => {
+                // Deleted and created again since it was looked up: the next request looks it
+                // up again, and checks its settings.
+                if info.created.unix_timestamp_nanos() != opened.created {
+                    self.forget(opened.generation);
+                }
+                Ok(info.state.last_sequence)
+            }
+            Err(err) => {
+                if stream_not_found(&err) {
+                    self.forget(opened.generation);
+                }
+                Err(map(
+                    &self.context(),
+                    &self.inner.refusals,
+                    is_timeout(&err),
+                    err,
+                ))
+            }
+        }
     }
 
     pub(crate) fn context(&self) -> String {
@@ -496,7 +601,10 @@ fn answered_by_nobody(err: &(dyn std::error::Error + 'static)) -> bool {
         if err
             .downcast_ref::<RequestError>()
             .is_some_and(|err| err.kind() == RequestErrorKind::NoResponders)
-            || err.to_string().to_ascii_lowercase().contains("no responders")
+            || err
+                .to_string()
+                .to_ascii_lowercase()
+                .contains("no responders")
         {
             return true;
         }

@@ -192,17 +192,7 @@ async fn no_server_is_an_outage_within_the_timeout() {
 /// followers' watches, a release taken over at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_documented_permissions_are_enough() {
-    let permissions = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../deploy/nats/permissions.conf"
-    ))
-    .expect("deploy/nats/permissions.conf");
-    let config = format!(
-        "{permissions}\naccounts {{ APP {{ jetstream: enabled, users: [ \
-         {{ user: owner, password: owner-secret }}, \
-         {{ user: app, password: app-secret, permissions: $LEADER_PERMISSIONS }} ] }} }}\n"
-    );
-    let Some(server) = Server::start(Some(&config)) else {
+    let Some(server) = Server::start(Some(&common::documented_permissions())) else {
         return;
     };
     // An operator creates the bucket once.

@@ -51,6 +51,22 @@ impl LockFactory for Factory {
     }
 }
 
+/// A server configuration with two users in an account with JetStream: `owner` (password
+/// `owner-secret`) with every right, and `app` (password `app-secret`) with exactly the
+/// permissions `deploy/nats/permissions.conf` documents for bucket `leader`.
+pub fn documented_permissions() -> String {
+    let permissions = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../deploy/nats/permissions.conf"
+    ))
+    .expect("deploy/nats/permissions.conf");
+    format!(
+        "{permissions}\naccounts {{ APP {{ jetstream: enabled, users: [ \
+         {{ user: owner, password: owner-secret }}, \
+         {{ user: app, password: app-secret, permissions: $LEADER_PERMISSIONS }} ] }} }}\n"
+    )
+}
+
 /// A `nats-server` of the test's own, with JetStream, on a free loopback port, stopped on drop.
 pub struct Server {
     child: Option<Child>,

@@ -1,0 +1,268 @@
+//! What operators do to running locks: a user with exactly the permissions of `deploy/nats`
+//! whose watches carry megabytes of renewals, and a bucket deleted (and created again) while
+//! locks use it.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{Running, Server, unique};
+use futures_util::StreamExt;
+use leader_core::{LockError, Observed, ResourceLock, conformance};
+use leader_nats::async_nats::{self, jetstream};
+use leader_nats::{DEFAULT_BUCKET, NatsStore, NatsStoreBuilder};
+use tokio::time::{sleep, timeout};
+
+const STREAM: &str = "KV_leader";
+
+fn store(url: &str) -> NatsStoreBuilder {
+    NatsStore::builder(url).request_timeout(Duration::from_secs(1))
+}
+
+/// The bucket `leader` as the lock creates it, made by someone with every right.
+async fn create_bucket(url: &str) {
+    store(url)
+        .create_bucket(true)
+        .build()
+        .await
+        .expect("store")
+        .kv()
+        .await
+        .expect("create the bucket");
+}
+
+async fn delete_bucket(admin: &jetstream::Context) {
+    admin
+        .delete_stream(STREAM)
+        .await
+        .expect("delete the bucket's stream");
+}
+
+/// `count` writes to another key of the bucket, so that its sequence (and the tokens of
+/// records created in it) runs well ahead of a bucket created afresh.
+async fn write_elsewhere(url: &str, count: usize) {
+    let store = store(url).build().await.expect("store");
+    let kv = store.kv().await.expect("bucket");
+    for i in 0..count {
+        kv.put("elsewhere", i.to_string().into())
+            .await
+            .expect("write another key");
+    }
+}
+
+/// `observed` renewed by its holder, carrying `padding`.
+fn renewal(observed: &Observed, padding: String) -> leader_core::LeaderElectionRecord {
+    let mut record = observed.record.clone();
+    record.renew_time = record.renewal_time(chrono::Utc::now());
+    record.extensions.insert("padding".to_owned(), padding);
+    record
+}
+
+/// A follower's KV watch is an ordered consumer with flow control: after a window of bytes
+/// (a few hundred kilobytes to a few megabytes, by server version) the server sends a
+/// flow-control request and delivers nothing more until the client answers it on
+/// `$JS.FC.<stream>.>`. 3 MiB of renewals (32 KiB records) cross that window, at the holder's
+/// usual pace in about an hour and a half at 2 s per renewal; the change of holder after them
+/// must still wake the follower, whose user has exactly the permissions of `deploy/nats`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_watch_keeps_delivering_past_flow_control_with_the_documented_permissions() {
+    let Some(server) = Server::start(Some(&common::documented_permissions())) else {
+        return;
+    };
+    create_bucket(&format!(
+        "nats://owner:owner-secret@127.0.0.1:{}",
+        server.port
+    ))
+    .await;
+    let app = format!("nats://app:app-secret@127.0.0.1:{}", server.port);
+    let holder_store = store(&app).build().await.expect("store");
+    let follower_store = store(&app).build().await.expect("store");
+    let name = unique("flow");
+    let holder = holder_store.lock(&name, "holder");
+    let mut observed = holder
+        .create(&conformance::record("holder", 1))
+        .await
+        .expect("create");
+    let mut changes = follower_store
+        .lock(&name, "follower")
+        .watch()
+        .await
+        .expect("watch")
+        .expect("a watch");
+    // The follower reads its watch all along, as an elector does.
+    let (woken, mut wakes) = tokio::sync::mpsc::unbounded_channel();
+    let reader = tokio::spawn(async move {
+        while changes.next().await.is_some() {
+            if woken.send(Instant::now()).is_err() {
+                break;
+            }
+        }
+    });
+    let padding = "x".repeat(32 * 1024);
+    for i in 0..96 {
+        observed = holder
+            .update(
+                &observed.version,
+                &renewal(&observed, format!("{i}{padding}")),
+            )
+            .await
+            .expect("renew");
+    }
+    assert!(wakes.try_recv().is_err(), "a renewal woke the follower");
+    holder_store
+        .lock(&name, "next")
+        .update(
+            &observed.version,
+            &conformance::record("next", observed.record.leader_transitions + 1),
+        )
+        .await
+        .expect("take over");
+    timeout(Duration::from_secs(10), wakes.recv())
+        .await
+        .expect("the watch delivered nothing after 3 MiB of renewals: its flow control stalled")
+        .expect("the watch ended");
+    reader.abort();
+}
+
+/// An operator deletes the bucket under a leader whose store may create it: the lock notices
+/// that the stream is gone, looks the bucket up again and creates it, and the elector leads
+/// again, with a token above the one before although the new bucket's sequence starts over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_bucket_deleted_under_a_leader_is_created_again() {
+    let Some(server) = Server::start(None) else {
+        return;
+    };
+    let url = server.url();
+    let admin = jetstream::new(async_nats::connect(&url).await.expect("client"));
+    let lock_store = store(&url)
+        .create_bucket(true)
+        .build()
+        .await
+        .expect("store");
+    lock_store.kv().await.expect("bucket");
+    write_elsewhere(&url, 50).await;
+    let mut elector = Running::start(lock_store.lock(unique("deleted"), "a"));
+    let before = elector.wait_leading(Duration::from_secs(10)).await;
+    assert!(before > 50, "token {before}");
+
+    delete_bucket(&admin).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let next = loop {
+        if let Some(now) = elector.leading_token()
+            && now != before
+        {
+            break now;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no new term after the bucket was deleted"
+        );
+        sleep(Duration::from_millis(50)).await;
+    };
+    assert!(next > before, "token {next} after {before}: not above");
+    let info = admin
+        .get_stream(STREAM)
+        .await
+        .expect("the bucket was created again")
+        .cached_info()
+        .clone();
+    assert_eq!(info.config.max_messages_per_subject, 1);
+    elector.stop().await;
+}
+
+/// Without the right to create it, a deleted bucket is reported at the caller's pace (one
+/// lookup per request, nothing in between) and used again once an operator creates it again;
+/// the same lock object's next acquisitions, by a creation or by an update over another
+/// candidate's record, get tokens above every one it saw in the bucket deleted, and its
+/// renewals keep theirs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_bucket_created_again_is_used_again_with_tokens_above_the_old_ones() {
+    let Some(server) = Server::start(None) else {
+        return;
+    };
+    let url = server.url();
+    let client = async_nats::connect(&url).await.expect("client");
+    let admin = jetstream::new(client.clone());
+    create_bucket(&url).await;
+    write_elsewhere(&url, 50).await;
+    let lock_store = store(&url).build().await.expect("store");
+    assert_eq!(lock_store.bucket(), DEFAULT_BUCKET);
+    let name = unique("again");
+    let lock = lock_store.lock(&name, "a");
+    let first = lock
+        .create(&conformance::record("a", 1))
+        .await
+        .expect("create");
+    let first_token = first.record.leader_transitions;
+    assert!(first_token > 50, "token {first_token}");
+
+    delete_bucket(&admin).await;
+    let mut lookups = client
+        .subscribe(format!("$JS.API.STREAM.INFO.{STREAM}"))
+        .await
+        .expect("subscribe");
+    client.flush().await.expect("flush");
+    let mut last = None;
+    for _ in 0..5 {
+        last = Some(lock.get().await.expect_err("no bucket"));
+    }
+    let last = last.expect("an error");
+    assert!(matches!(last, LockError::Misconfigured { .. }), "{last:?}");
+    assert!(last.to_string().contains("create the bucket"), "{last}");
+    // Nothing more while nobody calls.
+    sleep(Duration::from_secs(1)).await;
+    let mut seen = 0;
+    while timeout(Duration::from_millis(100), lookups.next())
+        .await
+        .is_ok_and(|m| m.is_some())
+    {
+        seen += 1;
+    }
+    assert!(
+        (1..=5).contains(&seen),
+        "{seen} lookups of the bucket for 5 requests"
+    );
+
+    create_bucket(&url).await;
+    assert_eq!(lock.get().await.expect("get"), None);
+    let created = lock
+        .create(&conformance::record("a", 1))
+        .await
+        .expect("create");
+    let second_token = created.record.leader_transitions;
+    assert!(
+        second_token > first_token,
+        "token {second_token} in the bucket created again, after {first_token}"
+    );
+    // A renewal of that term keeps its token.
+    let renewed = lock
+        .update(&created.version, &renewal(&created, String::new()))
+        .await
+        .expect("renew");
+    assert_eq!(renewed.record.leader_transitions, second_token);
+
+    // Again, and this time another candidate, which never saw the old bucket, creates the
+    // record first; this lock takes it over as an elector does, asking for the next token.
+    delete_bucket(&admin).await;
+    let _ = lock.get().await;
+    create_bucket(&url).await;
+    let other = lock_store
+        .lock(&name, "b")
+        .create(&conformance::record("b", 1))
+        .await
+        .expect("create");
+    assert!(other.record.leader_transitions < second_token);
+    let seen = lock.get().await.expect("get").expect("b's record");
+    let taken = lock
+        .update(
+            &seen.version,
+            &conformance::record("a", seen.record.leader_transitions + 1),
+        )
+        .await
+        .expect("take over");
+    assert!(
+        taken.record.leader_transitions > second_token,
+        "token {} after {second_token}",
+        taken.record.leader_transitions
+    );
+}
