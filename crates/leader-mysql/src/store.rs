@@ -1,12 +1,13 @@
 //! The server and its lock table: a connection pool shared by every lock made from it.
 
 use std::fmt;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use leader_core::{LockError, UrlError, redact_url};
 use mysql_async::prelude::Queryable;
-use mysql_async::{Conn, Opts, OptsBuilder, Pool};
+use mysql_async::{ClientIdentity, Conn, Opts, OptsBuilder, Pool};
 
 use crate::error::{BACKEND, map};
 use crate::sql::{NamedStatements, Statements, TableName};
@@ -21,6 +22,8 @@ pub struct MysqlStoreBuilder {
     table: String,
     create_table: bool,
     max_connections: usize,
+    ssl_ca: Option<PathBuf>,
+    ssl_identity: Option<(PathBuf, PathBuf)>,
 }
 
 impl fmt::Debug for MysqlStoreBuilder {
@@ -30,6 +33,8 @@ impl fmt::Debug for MysqlStoreBuilder {
             .field("table", &self.table)
             .field("create_table", &self.create_table)
             .field("max_connections", &self.max_connections)
+            .field("ssl_ca", &self.ssl_ca)
+            .field("ssl_identity", &self.ssl_identity)
             .finish()
     }
 }
@@ -54,10 +59,34 @@ impl MysqlStoreBuilder {
         self
     }
 
+    /// Trusts the root certificates in `path` (PEM, one or more; the URL's `ssl_ca=PATH`), and
+    /// only those unless the URL says `built_in_roots=true`: for a server whose certificate a
+    /// private CA signed (a self-hosted server, AWS RDS with its CA bundle). Turns TLS on
+    /// (`require_ssl=true`); the server's name is checked against its certificate unless the URL
+    /// says `verify_identity=false`.
+    pub fn ssl_ca(mut self, path: impl Into<PathBuf>) -> Self {
+        self.ssl_ca = Some(path.into());
+        self
+    }
+
+    /// Presents the client certificate (chain) in `cert` with its private key in `key` (PEM;
+    /// the URL's `ssl_cert=PATH&ssl_key=PATH`), for a user created `REQUIRE X509` or
+    /// `REQUIRE SUBJECT ...`. Turns TLS on (`require_ssl=true`).
+    pub fn ssl_client_identity(
+        mut self,
+        cert: impl Into<PathBuf>,
+        key: impl Into<PathBuf>,
+    ) -> Self {
+        self.ssl_identity = Some((cert.into(), key.into()));
+        self
+    }
+
     /// Makes the store (the pool connects lazily: on first use) and, if asked, creates the table.
     ///
     /// # Errors
-    /// An invalid URL or table name ([`LockError::Misconfigured`]); with
+    /// An invalid URL or table name, or a TLS file ([`ssl_ca`](Self::ssl_ca),
+    /// [`ssl_client_identity`](Self::ssl_client_identity)) that cannot be read or holds no
+    /// certificate or key ([`LockError::Misconfigured`]); with
     /// [`create_table`](Self::create_table), what the server answered to it.
     pub async fn build(self) -> Result<MysqlStore, LockError> {
         let redacted = redact_url(&self.url);
@@ -67,25 +96,55 @@ impl MysqlStoreBuilder {
         };
         UrlError::check_user_info(&self.url).map_err(|err| invalid(err.message))?;
         let mut url = url::Url::parse(&self.url).map_err(|err| invalid(err.to_string()))?;
-        let given: Vec<String> = url.query_pairs().map(|(k, _)| k.into_owned()).collect();
+        let tls = TlsFiles::take(&mut url, self.ssl_ca, self.ssl_identity).map_err(invalid)?;
+        let given: Vec<(String, String)> = url
+            .query_pairs()
+            .map(|(k, v)| (k.into_owned(), v.into_owned()))
+            .collect();
+        let value = |key: &str| {
+            given
+                .iter()
+                .find(|(k, _)| k == key)
+                .map(|(_, v)| v.as_str())
+        };
+        if let Some(tls) = &tls {
+            tls.check().map_err(|message| LockError::Misconfigured {
+                backend: BACKEND,
+                message: format!("{redacted}: {message}"),
+            })?;
+            if value("require_ssl").is_some_and(|v| v != "true") {
+                return Err(invalid(format!(
+                    "{} turns TLS on: leave out require_ssl=false",
+                    tls.given()
+                )));
+            }
+        }
         {
             let mut query = url.query_pairs_mut();
+            if tls.is_some() && value("require_ssl").is_none() {
+                query.append_pair("require_ssl", "true");
+            }
+            // A private CA is trusted alone, as MySQL's own client trusts its --ssl-ca.
+            if tls.as_ref().is_some_and(|tls| tls.ca.is_some()) && value("built_in_roots").is_none()
+            {
+                query.append_pair("built_in_roots", "false");
+            }
             // A TCP address is what is meant: the driver would otherwise switch to the server's
             // Unix socket when it finds one, past any proxy or network path the URL names.
-            if !given.iter().any(|k| k == "prefer_socket") {
+            if value("prefer_socket").is_none() {
                 query.append_pair("prefer_socket", "false");
             }
             // Each bound on its own: the driver's own minimum (10) is above a small maximum.
-            if !given.iter().any(|k| k == "pool_min") {
+            if value("pool_min").is_none() {
                 query.append_pair("pool_min", "0");
             }
-            if !given.iter().any(|k| k == "pool_max") {
+            if value("pool_max").is_none() {
                 query.append_pair("pool_max", &self.max_connections.to_string());
             }
             // Idle connections are kept for a minute: the driver's default (0) closes every
             // connection above the pool's minimum as soon as it is returned, so each request
             // would open a new one.
-            if !given.iter().any(|k| k == "inactive_connection_ttl") {
+            if value("inactive_connection_ttl").is_none() {
                 query.append_pair("inactive_connection_ttl", "60");
             }
         }
@@ -103,7 +162,12 @@ impl MysqlStoreBuilder {
                 "reset_connection=false: the pool would hand the lock connections whose session another user changed (a session's SET timestamp moves the clock the lock judges leases by); the lock already skips the reset on its own connections".into(),
             ));
         }
-        let opts = OptsBuilder::from_opts(opts).tcp_keepalive(Some(Duration::from_secs(10)));
+        // The URL's TLS settings (verify_ca, verify_identity, built_in_roots) with the files.
+        let ssl = tls.map(|tls| tls.apply(opts.ssl_opts().cloned().unwrap_or_default()));
+        let mut opts = OptsBuilder::from_opts(opts).tcp_keepalive(Some(Duration::from_secs(10)));
+        if ssl.is_some() {
+            opts = opts.ssl_opts(ssl);
+        }
         let table = TableName::parse(&self.table)?;
         let opts = Opts::from(opts);
         let statements = Statements::new(&table);
@@ -127,6 +191,109 @@ impl MysqlStoreBuilder {
         }
         Ok(store)
     }
+}
+
+/// The TLS files a store was given, by its builder or by its URL (`ssl_ca`, `ssl_cert`,
+/// `ssl_key`, named as MySQL's client options), which the driver does not know.
+struct TlsFiles {
+    ca: Option<PathBuf>,
+    identity: Option<(PathBuf, PathBuf)>,
+}
+
+impl TlsFiles {
+    /// Takes the TLS parameters out of `url`; the builder's own settings win over them. `None`
+    /// when there are none.
+    fn take(
+        url: &mut url::Url,
+        ca: Option<PathBuf>,
+        identity: Option<(PathBuf, PathBuf)>,
+    ) -> Result<Option<Self>, String> {
+        let (mut url_ca, mut cert, mut key) = (None, None, None);
+        let mut kept = Vec::new();
+        for (k, v) in url.query_pairs() {
+            let slot = match k.as_ref() {
+                "ssl_ca" => &mut url_ca,
+                "ssl_cert" => &mut cert,
+                "ssl_key" => &mut key,
+                _ => {
+                    kept.push((k.into_owned(), v.into_owned()));
+                    continue;
+                }
+            };
+            if v.is_empty() {
+                return Err(format!("{k}= is empty: the path of a PEM file"));
+            }
+            *slot = Some(PathBuf::from(v.as_ref()));
+        }
+        if url_ca.is_none() && cert.is_none() && key.is_none() {
+            return Ok((ca.is_some() || identity.is_some()).then_some(Self { ca, identity }));
+        }
+        if kept.is_empty() {
+            url.set_query(None);
+        } else {
+            url.query_pairs_mut().clear().extend_pairs(&kept);
+        }
+        let url_identity = match (cert, key) {
+            (Some(cert), Some(key)) => Some((cert, key)),
+            (None, None) => None,
+            (Some(_), None) => return Err("ssl_cert without ssl_key: give both".to_owned()),
+            (None, Some(_)) => return Err("ssl_key without ssl_cert: give both".to_owned()),
+        };
+        Ok(Some(Self {
+            ca: ca.or(url_ca),
+            identity: identity.or(url_identity),
+        }))
+    }
+
+    /// What turned TLS on, for messages.
+    fn given(&self) -> &'static str {
+        if self.ca.is_some() {
+            "ssl_ca"
+        } else {
+            "ssl_cert"
+        }
+    }
+
+    /// Reads each file now, so that a wrong path is found when the store is built rather than
+    /// at every connection attempt: it must be readable and hold a PEM certificate (a key).
+    fn check(&self) -> Result<(), String> {
+        if let Some(ca) = &self.ca {
+            check_pem(ca, "ssl_ca", "CERTIFICATE-----")?;
+        }
+        if let Some((cert, key)) = &self.identity {
+            check_pem(cert, "ssl_cert", "CERTIFICATE-----")?;
+            check_pem(key, "ssl_key", "PRIVATE KEY-----")?;
+        }
+        Ok(())
+    }
+
+    /// The driver's TLS options with these files; the driver reads them (by path, so that no
+    /// key is kept in memory that a `Debug` of the options could print) when it first connects.
+    fn apply(self, mut ssl: mysql_async::SslOpts) -> mysql_async::SslOpts {
+        if let Some(ca) = self.ca {
+            ssl = ssl.with_root_certs(vec![ca.into()]);
+        }
+        if let Some((cert, key)) = self.identity {
+            ssl = ssl.with_client_identity(Some(ClientIdentity::new(cert.into(), key.into())));
+        }
+        ssl
+    }
+}
+
+/// Checks that `path` can be read and holds a PEM block ending in `marker` (DER, binary, is
+/// taken as it is).
+fn check_pem(path: &Path, what: &str, marker: &str) -> Result<(), String> {
+    let data = std::fs::read(path)
+        .map_err(|err| format!("{what} file {}: cannot read it: {err}", path.display()))?;
+    let text = std::str::from_utf8(&data).ok();
+    if data.is_empty() || text.is_some_and(|text| !text.contains(marker)) {
+        return Err(format!(
+            "{what} file {}: no PEM {} in it",
+            path.display(),
+            marker.trim_end_matches('-').to_lowercase()
+        ));
+    }
+    Ok(())
 }
 
 /// A MySQL or MariaDB server holding a lock table: make [`TableLock`](crate::TableLock)s and
@@ -168,6 +335,8 @@ impl MysqlStore {
             table: DEFAULT_TABLE.to_owned(),
             create_table: false,
             max_connections: 4,
+            ssl_ca: None,
+            ssl_identity: None,
         }
     }
 

@@ -1,0 +1,454 @@
+//! TLS with a private CA against a MariaDB of the test's own (`mariadbd` from Debian's packages)
+//! that refuses plain TCP (`--require-secure-transport=ON`), its certificates made by `openssl`
+//! in a temporary directory: the CA given with `ssl_ca` (URL or builder), a client certificate
+//! given with `ssl_cert` and `ssl_key`, and the errors when either is missing or wrong. Skipped
+//! without `mariadbd` or `openssl`, a failure under `CI=true`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use leader_core::conformance::record;
+use leader_core::{LockError, LockTarget, ResourceLock};
+use leader_mysql::mysql_async::prelude::Queryable;
+use leader_mysql::mysql_async::{self, Conn};
+use leader_mysql::{LockUrl, MysqlStore};
+use leader_test_support::in_ci;
+
+/// A private MariaDB with TLS on loopback; killed when dropped, its directory removed.
+struct TlsServer {
+    dir: tempfile::TempDir,
+    port: u16,
+    child: Child,
+}
+
+impl Drop for TlsServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn run(command: &mut Command) {
+    let output = command
+        .output()
+        .unwrap_or_else(|err| panic!("{command:?}: {err}"));
+    assert!(
+        output.status.success(),
+        "{command:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// `name.key` and `name.pem` in `dir`: an EC key and a certificate signed by the CA in `dir`
+/// (`ca.key`, `ca.pem`), or the self-signed CA itself for `ca`.
+fn certificate(dir: &Path, name: &str, subject: &str, extensions: &[&str]) {
+    let mut command = Command::new("openssl");
+    command
+        .current_dir(dir)
+        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt"])
+        .args(["ec_paramgen_curve:prime256v1", "-nodes", "-days", "2"])
+        .args(["-subj", subject, "-keyout"])
+        .arg(format!("{name}.key"))
+        .arg("-out")
+        .arg(format!("{name}.pem"));
+    if name != "ca" {
+        command.args(["-CA", "ca.pem", "-CAkey", "ca.key"]);
+    }
+    for extension in extensions {
+        command.args(["-addext", extension]);
+    }
+    run(command.stdout(Stdio::null()));
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+fn running_as_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|out| out.stdout.trim_ascii() == b"0")
+}
+
+impl TlsServer {
+    /// Makes a CA, a server certificate for 127.0.0.1 and localhost and a client certificate,
+    /// initialises a data directory and starts the server; `None` (outside CI) without
+    /// `mariadbd` or `openssl`.
+    async fn start() -> Option<Self> {
+        for tool in ["mariadbd", "mariadb-install-db", "openssl"] {
+            if Command::new(tool)
+                .arg("--version")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_err()
+            {
+                assert!(
+                    !in_ci(),
+                    "CI=true and no {tool} (scripts/setup installs MariaDB)"
+                );
+                eprintln!("skipping: no {tool}");
+                return None;
+            }
+        }
+        let dir = tempfile::Builder::new()
+            .prefix("leader-mysql-tls-")
+            .tempdir()
+            .expect("temporary directory");
+        let path = dir.path();
+        certificate(
+            path,
+            "ca",
+            "/CN=leader test CA",
+            &[
+                "basicConstraints=critical,CA:TRUE",
+                "keyUsage=critical,keyCertSign,cRLSign",
+            ],
+        );
+        certificate(
+            path,
+            "server",
+            "/CN=localhost",
+            &[
+                "basicConstraints=critical,CA:FALSE",
+                "subjectAltName=DNS:localhost,IP:127.0.0.1",
+                "extendedKeyUsage=serverAuth",
+            ],
+        );
+        certificate(
+            path,
+            "client",
+            "/CN=x509",
+            &[
+                "basicConstraints=critical,CA:FALSE",
+                "extendedKeyUsage=clientAuth",
+            ],
+        );
+        let data = path.join("data");
+        let mut install = Command::new("mariadb-install-db");
+        install
+            .arg("--no-defaults")
+            .arg(format!("--datadir={}", data.display()))
+            .arg(format!("--tmpdir={}", path.display()))
+            .env("TMPDIR", path)
+            .args(["--skip-test-db", "--auth-root-authentication-method=normal"]);
+        if running_as_root() {
+            install.arg("--user=root");
+        }
+        run(&mut install);
+        let port = free_port();
+        let log = std::fs::File::create(path.join("mariadbd.log")).expect("log file");
+        let mut server = Command::new("mariadbd");
+        server
+            .arg("--no-defaults")
+            .arg(format!("--datadir={}", data.display()))
+            .arg(format!("--socket={}", path.join("mysqld.sock").display()))
+            .arg(format!("--pid-file={}", path.join("mysqld.pid").display()))
+            .arg(format!("--port={port}"))
+            .arg(format!("--ssl-ca={}", path.join("ca.pem").display()))
+            .arg(format!("--ssl-cert={}", path.join("server.pem").display()))
+            .arg(format!("--ssl-key={}", path.join("server.key").display()))
+            .args([
+                "--bind-address=127.0.0.1",
+                "--require-secure-transport=ON",
+                "--skip-log-bin",
+                "--innodb-buffer-pool-size=32M",
+            ]);
+        if running_as_root() {
+            server.arg("--user=root");
+        }
+        let child = server
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start mariadbd");
+        let mut server = Self { dir, port, child };
+        server.admin_ready().await;
+        Some(server)
+    }
+
+    fn file(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn url(&self, user: &str, query: &str) -> String {
+        let separator = if query.is_empty() { "" } else { "?" };
+        format!(
+            "mysql://{user}@127.0.0.1:{}/leader{separator}{query}",
+            self.port
+        )
+    }
+
+    /// Waits until root gets in over TLS, then makes the database and the client-certificate
+    /// user.
+    async fn admin_ready(&mut self) {
+        let opts = mysql_async::Opts::from_url(&format!(
+            "mysql://root@127.0.0.1:{}/?require_ssl=true&verify_ca=false",
+            self.port
+        ))
+        .expect("admin URL");
+        let started = Instant::now();
+        let mut conn = loop {
+            match Conn::new(opts.clone()).await {
+                Ok(conn) => break conn,
+                Err(err) => {
+                    let exited = self.child.try_wait().expect("mariadbd's status");
+                    if exited.is_some() || started.elapsed() > Duration::from_secs(30) {
+                        panic!(
+                            "mariadbd did not come up ({exited:?}, {err}): {}",
+                            std::fs::read_to_string(self.file("mariadbd.log")).unwrap_or_default()
+                        );
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        };
+        for sql in [
+            "CREATE DATABASE leader",
+            "CREATE USER x509@'%' REQUIRE SUBJECT '/CN=x509'",
+            "GRANT ALL ON leader.* TO x509@'%'",
+        ] {
+            conn.query_drop(sql).await.expect(sql);
+        }
+        let _ = conn.disconnect().await;
+    }
+}
+
+async fn acquire(lock: &dyn ResourceLock) {
+    let acquisition = lock
+        .try_acquire(&record(lock.identity(), 0))
+        .await
+        .expect("acquire over TLS")
+        .expect("the table lock acquires in one statement");
+    assert!(acquisition.acquired().is_some(), "{acquisition:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_private_ca_and_a_client_certificate_connect_and_nothing_else_does() {
+    let Some(server) = TlsServer::start().await else {
+        return;
+    };
+    let ca = server.file("ca.pem");
+
+    // (a) The lock URL's ssl_ca, with the server's name checked: connects, and the lock works.
+    let lock_url = LockUrl::parse(&server.url(
+        "root",
+        &format!(
+            "ssl_ca={}&verify_identity=true&table=tls_locks",
+            ca.display()
+        ),
+    ))
+    .expect("lock URL");
+    let lock = lock_url.open("over-tls", "a").await.expect("open over TLS");
+    acquire(lock.as_ref()).await;
+    // The driver's connection is really encrypted.
+    let store = lock_url.store().build().await.expect("store");
+    let mut conn = store.pool().get_conn().await.expect("a pooled connection");
+    let cipher: Option<(String, String)> = conn
+        .query_first("SHOW SESSION STATUS LIKE 'Ssl_cipher'")
+        .await
+        .expect("Ssl_cipher");
+    assert!(
+        cipher.as_ref().is_some_and(|(_, c)| !c.is_empty()),
+        "{cipher:?}"
+    );
+    drop(conn);
+
+    // The builder's ssl_ca, on a URL that only says where the server is.
+    let store = MysqlStore::builder(server.url("root", ""))
+        .ssl_ca(&ca)
+        .table("tls_locks")
+        .build()
+        .await
+        .expect("store");
+    acquire(&store.lock("builder", "b")).await;
+
+    // A client certificate for a user who must present one (REQUIRE SUBJECT), from the URL and
+    // from the builder.
+    let with_identity = format!(
+        "ssl_ca={}&ssl_cert={}&ssl_key={}&table=tls_locks",
+        ca.display(),
+        server.file("client.pem").display(),
+        server.file("client.key").display()
+    );
+    let lock = LockUrl::parse(&server.url("x509", &with_identity))
+        .expect("lock URL")
+        .open("client-certificate", "c")
+        .await
+        .expect("open with a client certificate");
+    acquire(lock.as_ref()).await;
+    let store = MysqlStore::builder(server.url("x509", ""))
+        .ssl_ca(&ca)
+        .ssl_client_identity(server.file("client.pem"), server.file("client.key"))
+        .table("tls_locks")
+        .build()
+        .await
+        .expect("store");
+    acquire(&store.lock("client-certificate-builder", "d")).await;
+    // Without it the server refuses that user: Forbidden, as any failed authentication.
+    let store = MysqlStore::builder(server.url("x509", ""))
+        .ssl_ca(&ca)
+        .table("tls_locks")
+        .build()
+        .await
+        .expect("store");
+    let err = store
+        .lock("no-identity", "e")
+        .get()
+        .await
+        .expect_err("no client certificate");
+    assert!(matches!(err, LockError::Forbidden { .. }), "{err:?}");
+
+    // (b) Without the CA, TLS with the built-in roots only: the server's certificate is not
+    // trusted. The crate maps TLS failures as every failure to connect: Unavailable, with the
+    // driver's reason.
+    let store = MysqlStore::builder(server.url("root:hunter2", "require_ssl=true"))
+        .table("tls_locks")
+        .build()
+        .await
+        .expect("store");
+    let err = store
+        .lock("no-ca", "f")
+        .get()
+        .await
+        .expect_err("untrusted server");
+    assert!(matches!(err, LockError::Unavailable { .. }), "{err:?}");
+    let message = format!("{err} {err:?}");
+    assert!(message.contains("UnknownIssuer"), "{message}");
+    assert!(!message.contains("hunter2"), "{message}");
+    // A CA that did not sign the server's certificate is no better, and the built-in roots
+    // are not tried besides it.
+    let other = tempfile::tempdir().expect("temporary directory");
+    certificate(
+        other.path(),
+        "ca",
+        "/CN=another CA",
+        &["basicConstraints=critical,CA:TRUE"],
+    );
+    let store = MysqlStore::builder(server.url("root", ""))
+        .ssl_ca(other.path().join("ca.pem"))
+        .table("tls_locks")
+        .build()
+        .await
+        .expect("store");
+    let err = store
+        .lock("other-ca", "g")
+        .get()
+        .await
+        .expect_err("untrusted server");
+    assert!(matches!(err, LockError::Unavailable { .. }), "{err:?}");
+    // Plain TCP: the server refuses it. MariaDB answers a connection without TLS under
+    // require_secure_transport as a failed login ("Access denied", error 1045): Forbidden.
+    let store = MysqlStore::builder(server.url("root", ""))
+        .table("tls_locks")
+        .build()
+        .await
+        .expect("store");
+    let err = store.lock("plain", "h").get().await.expect_err("plain TCP");
+    assert!(matches!(err, LockError::Forbidden { .. }), "{err:?}");
+    drop(server);
+}
+
+/// Files that are missing, unreadable or not what they should be: `Misconfigured` naming the
+/// file when the store is built, before any connection (no server needed), without the
+/// password.
+#[tokio::test]
+async fn bad_tls_files_are_refused_when_the_store_is_built() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let missing = dir.path().join("no-such-ca.pem");
+    let empty = dir.path().join("empty.pem");
+    std::fs::write(&empty, "").expect("write");
+    let not_pem = dir.path().join("not.pem");
+    std::fs::write(&not_pem, "hello\n").expect("write");
+    let cert = dir.path().join("cert.pem");
+    std::fs::write(
+        &cert,
+        "-----BEGIN CERTIFICATE-----\nAA==\n-----END CERTIFICATE-----\n",
+    )
+    .expect("write");
+    let base = "mysql://app:hunter2@127.0.0.1:1/app";
+    let cases = [
+        (
+            format!("{base}?ssl_ca={}", missing.display()),
+            missing.display().to_string(),
+        ),
+        (
+            format!("{base}?ssl_ca={}", empty.display()),
+            format!("{}: no PEM certificate", empty.display()),
+        ),
+        (
+            format!("{base}?ssl_ca={}", not_pem.display()),
+            format!("{}: no PEM certificate", not_pem.display()),
+        ),
+        (
+            format!(
+                "{base}?ssl_cert={}&ssl_key={}",
+                cert.display(),
+                missing.display()
+            ),
+            format!("ssl_key file {}", missing.display()),
+        ),
+        (
+            format!(
+                "{base}?ssl_cert={}&ssl_key={}",
+                cert.display(),
+                cert.display()
+            ),
+            format!("ssl_key file {}: no PEM private key", cert.display()),
+        ),
+        (
+            format!("{base}?ssl_cert={}", cert.display()),
+            "ssl_cert without ssl_key".to_owned(),
+        ),
+        (format!("{base}?ssl_ca="), "ssl_ca= is empty".to_owned()),
+        (
+            format!("{base}?ssl_ca={}&require_ssl=false", cert.display()),
+            "leave out require_ssl=false".to_owned(),
+        ),
+    ];
+    for (url, expected) in cases {
+        let lock_url = LockUrl::parse(&url).expect("the lock URL parses");
+        let Err(err) = lock_url.open("x", "a").await else {
+            panic!("{url}: opened");
+        };
+        let message = err.to_string();
+        assert!(
+            matches!(err, LockError::Misconfigured { .. }),
+            "{url}: {err:?}"
+        );
+        assert!(message.contains(&expected), "{url}: {message}");
+        assert!(!message.contains("hunter2"), "{url}: {message}");
+    }
+    // The builder's own paths too.
+    let err = MysqlStore::builder(base)
+        .ssl_ca(&missing)
+        .build()
+        .await
+        .expect_err("missing CA");
+    assert!(matches!(err, LockError::Misconfigured { .. }), "{err:?}");
+    assert!(
+        err.to_string().contains(&missing.display().to_string()),
+        "{err}"
+    );
+    let err = MysqlStore::builder(base)
+        .ssl_client_identity(&missing, &cert)
+        .build()
+        .await
+        .expect_err("missing certificate");
+    assert!(
+        err.to_string()
+            .contains(&format!("ssl_cert file {}", missing.display())),
+        "{err}"
+    );
+    // A readable CA builds (the pool connects lazily).
+    MysqlStore::builder(base)
+        .ssl_ca(&cert)
+        .build()
+        .await
+        .expect("a readable CA builds");
+}
