@@ -1,5 +1,7 @@
 //! The table lock: one row per election, compare-and-swap on a version column.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -22,6 +24,9 @@ pub struct TableLock {
     store: MysqlStore,
     name: String,
     identity: String,
+    /// The highest fencing token this lock has seen: an acquisition goes on from above it,
+    /// also after the row was deleted or a backup restored (its count would start over).
+    highest: Arc<AtomicU64>,
 }
 
 impl MysqlStore {
@@ -32,6 +37,7 @@ impl MysqlStore {
             store: self.clone(),
             name: name.into(),
             identity: identity.into(),
+            highest: Arc::default(),
         }
     }
 }
@@ -44,6 +50,18 @@ impl TableLock {
 
     fn context(&self) -> String {
         format!("{} election {:?}", self.store.context(), self.name)
+    }
+
+    /// Notes the token of a record read or written.
+    fn seen(&self, observed: &Observed) {
+        self.highest
+            .fetch_max(observed.record.leader_transitions, Ordering::Relaxed);
+    }
+
+    /// `token`, raised above every token this lock has seen (S5).
+    fn floored(&self, token: u64) -> u64 {
+        let highest = self.highest.load(Ordering::Relaxed);
+        if token <= highest { highest + 1 } else { token }
     }
 
     /// An election name the table can store, or why not.
@@ -109,8 +127,8 @@ impl TableLock {
             lease_duration: desired.lease_duration,
             acquire_time: desired.acquire_time,
             renew_time: desired.acquire_time,
-            leader_transitions: (stored.leader_transitions + 1)
-                .max(desired.leader_transitions.max(1)),
+            leader_transitions: self
+                .floored((stored.leader_transitions + 1).max(desired.leader_transitions.max(1))),
             strategy: stored.strategy.clone(),
             preferred_holder: None,
             extensions: stored.extensions.clone(),
@@ -155,6 +173,7 @@ impl TableLock {
             return Ok(None);
         };
         let observed = decode(&row, 0, &self.context())?;
+        self.seen(&observed);
         let left_us = row.get_opt::<i64, _>(9).and_then(Result::ok).unwrap_or(0);
         Ok(Some((
             observed,
@@ -167,17 +186,31 @@ impl TableLock {
 impl ResourceLock for TableLock {
     async fn get(&self) -> Result<Option<Observed>, LockError> {
         let row = self.read(&self.store.inner().statements.get).await?;
-        row.map(|row| decode(&row, 0, &self.context())).transpose()
+        let observed = row
+            .map(|row| decode(&row, 0, &self.context()))
+            .transpose()?;
+        if let Some(observed) = &observed {
+            self.seen(observed);
+        }
+        Ok(observed)
     }
 
+    /// A row created for this candidate goes on from the highest token this lock saw: one
+    /// deleted since starts its count over.
     async fn create(&self, record: &LeaderElectionRecord) -> Result<Observed, LockError> {
-        let (params, version) = self.create_params(record)?;
+        let mut record = record.clone();
+        if record.is_held_by(&self.identity) {
+            record.leader_transitions = self.floored(record.leader_transitions);
+        }
+        let (params, version) = self.create_params(&record)?;
         self.write(&self.store.inner().statements.create, params)
             .await?;
-        Ok(Observed {
-            record: record.clone(),
+        let created = Observed {
+            record,
             version: Version::from(version),
-        })
+        };
+        self.seen(&created);
+        Ok(created)
     }
 
     async fn update(
@@ -204,8 +237,25 @@ impl ResourceLock for TableLock {
                 ]);
                 (&statements.request, params, new_version)
             } else {
-                let (params, new_version) = self.update_params(expected, record)?;
-                (&statements.update, params, new_version)
+                // An acquisition by update below a token seen (the row's count started over)
+                // goes on from above it; a renewal carries the highest token, its own.
+                let mut record = record.clone();
+                let highest = self.highest.load(Ordering::Relaxed);
+                if record.is_held_by(&self.identity) && record.leader_transitions < highest {
+                    record.leader_transitions = highest + 1;
+                }
+                let (params, new_version) = self.update_params(expected, &record)?;
+                return match self.write(&statements.update, params).await? {
+                    1 => {
+                        let written = Observed {
+                            record,
+                            version: Version::from(new_version),
+                        };
+                        self.seen(&written);
+                        Ok(written)
+                    }
+                    _ => Err(LockError::conflict(BACKEND)),
+                };
             };
         match self.write(sql, params).await? {
             1 => Ok(Observed {
@@ -262,10 +312,14 @@ impl ResourceLock for TableLock {
             .write(&self.store.inner().statements.take, params)
             .await?
         {
-            1 => Ok(Some(Acquisition::Acquired(Observed {
-                record: taken,
-                version: Version::from(version),
-            }))),
+            1 => {
+                let taken = Observed {
+                    record: taken,
+                    version: Version::from(version),
+                };
+                self.seen(&taken);
+                Ok(Some(Acquisition::Acquired(taken)))
+            }
             // Written since the read, or not expired yet by the server's clock.
             _ => Err(LockError::conflict(BACKEND)),
         }
