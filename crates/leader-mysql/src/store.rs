@@ -62,8 +62,8 @@ impl MysqlStoreBuilder {
     /// Trusts the root certificates in `path` (PEM, one or more; the URL's `ssl_ca=PATH`), and
     /// only those unless the URL says `built_in_roots=true`: for a server whose certificate a
     /// private CA signed (a self-hosted server, AWS RDS with its CA bundle). Turns TLS on
-    /// (`require_ssl=true`); the server's name is checked against its certificate unless the URL
-    /// says `verify_identity=false`.
+    /// (`require_ssl=true`); the URL's host must be a name (an address) the server's certificate
+    /// carries.
     pub fn ssl_ca(mut self, path: impl Into<PathBuf>) -> Self {
         self.ssl_ca = Some(path.into());
         self
@@ -328,7 +328,9 @@ impl fmt::Debug for MysqlStore {
 
 impl MysqlStore {
     /// A builder for the server at `url`: `mysql://user:password@host:3306/database` (or
-    /// `mariadb://`), with the driver's own parameters (`require_ssl=true`, `pool_max=8`, ...).
+    /// `mariadb://`), with the driver's own parameters (`require_ssl=true`, `pool_max=8`, ...) and
+    /// the TLS files `ssl_ca`, `ssl_cert` and `ssl_key` (as [`MysqlStoreBuilder::ssl_ca`] and
+    /// [`MysqlStoreBuilder::ssl_client_identity`]).
     pub fn builder(url: impl Into<String>) -> MysqlStoreBuilder {
         MysqlStoreBuilder {
             url: url.into(),
@@ -428,5 +430,86 @@ impl MysqlStore {
             .map_err(|err| map(&self.context(), err))?;
         conn.reset_connection(false);
         Ok(conn)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use mysql_async::SslOpts;
+
+    use super::*;
+
+    async fn ssl_opts(builder: MysqlStoreBuilder) -> Option<SslOpts> {
+        let store = builder.build().await.expect("store");
+        store.inner().opts.ssl_opts().cloned()
+    }
+
+    #[tokio::test]
+    async fn the_tls_files_reach_the_driver_with_the_urls_settings() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let pem = "-----BEGIN CERTIFICATE-----\nAA==\n-----END CERTIFICATE-----\n";
+        let (a, b) = (dir.path().join("a.pem"), dir.path().join("b.pem"));
+        std::fs::write(&a, pem).expect("write");
+        std::fs::write(&b, pem).expect("write");
+        let key = dir.path().join("key.pem");
+        std::fs::write(
+            &key,
+            "-----BEGIN PRIVATE KEY-----\nAA==\n-----END PRIVATE KEY-----\n",
+        )
+        .expect("write");
+        let base = "mysql://app:secret@127.0.0.1:1/app";
+        let trusting = |ca: &PathBuf| SslOpts::default().with_root_certs(vec![ca.clone().into()]);
+
+        assert_eq!(ssl_opts(MysqlStore::builder(base)).await, None);
+        // ssl_ca turns TLS on, trusts that CA alone (by path) and checks the server's name.
+        assert_eq!(
+            ssl_opts(MysqlStore::builder(format!(
+                "{base}?ssl_ca={}",
+                a.display()
+            )))
+            .await,
+            Some(trusting(&a).with_disable_built_in_roots(true))
+        );
+        // The driver's own TLS parameters still apply.
+        assert_eq!(
+            ssl_opts(MysqlStore::builder(format!(
+                "{base}?ssl_ca={}&built_in_roots=true&verify_identity=false&require_ssl=true",
+                a.display()
+            )))
+            .await,
+            Some(trusting(&a).with_danger_skip_domain_validation(true))
+        );
+        // The builder's paths win over the URL's.
+        assert_eq!(
+            ssl_opts(
+                MysqlStore::builder(format!("{base}?ssl_ca={}", a.display()))
+                    .ssl_ca(&b)
+                    .ssl_client_identity(&a, &key),
+            )
+            .await,
+            Some(
+                trusting(&b)
+                    .with_disable_built_in_roots(true)
+                    .with_client_identity(Some(ClientIdentity::new(
+                        a.clone().into(),
+                        key.clone().into()
+                    )))
+            )
+        );
+        // A client certificate alone turns TLS on, with the built-in roots.
+        assert_eq!(
+            ssl_opts(MysqlStore::builder(format!(
+                "{base}?ssl_cert={}&ssl_key={}",
+                a.display(),
+                key.display()
+            )))
+            .await,
+            Some(
+                SslOpts::default().with_client_identity(Some(ClientIdentity::new(
+                    a.clone().into(),
+                    key.clone().into()
+                )))
+            )
+        );
     }
 }

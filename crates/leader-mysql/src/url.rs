@@ -11,9 +11,13 @@ use crate::store::{MysqlStore, MysqlStoreBuilder};
 /// A MySQL or MariaDB lock URL: `mysql://user:pass@host:3306/database?table=T&lock=named` (or
 /// `mariadb://`). `table` picks the lock table (`table` or `database.table`), `lock` the lock:
 /// `table` (the default, [`TableLock`](crate::TableLock)) or `named` (the `GET_LOCK` lock,
-/// [`NamedLock`](crate::NamedLock), with `idle_session_timeout=30s` for its session); every
-/// other parameter goes to the driver (`require_ssl`,
-/// `pool_max`, ...), which refuses those it does not know.
+/// [`NamedLock`](crate::NamedLock), with `idle_session_timeout=30s` for its session).
+/// `ssl_ca=PATH` (a PEM file of root certificates: a private CA, AWS RDS's bundle),
+/// `ssl_cert=PATH` and `ssl_key=PATH` (a client certificate and its key), named as MySQL's
+/// client options, go to the store ([`MysqlStoreBuilder::ssl_ca`],
+/// [`MysqlStoreBuilder::ssl_client_identity`]), which reads them when it is built and turns TLS
+/// on. Every other parameter goes to the driver (`require_ssl`, `verify_identity`,
+/// `built_in_roots`, `pool_max`, ...), which refuses those it does not know.
 #[derive(Clone, PartialEq, Eq)]
 pub struct LockUrl {
     connection: String,
@@ -106,7 +110,8 @@ impl LockUrl {
         Ok(Box::new(Self::parse(lock)?))
     }
 
-    /// The connection URL the driver gets: the URL without the lock's own parameters.
+    /// The connection URL the store gets: the URL without the lock's own parameters (the
+    /// store takes out `ssl_ca`, `ssl_cert` and `ssl_key` before the rest goes to the driver).
     pub fn connection(&self) -> &str {
         &self.connection
     }
@@ -179,6 +184,17 @@ mod tests {
         assert_eq!(url.describe(), "mysql://u:***@db:3306/app?require_ssl=true");
         assert!(LockUrl::parse("mariadb://u@db/app").is_ok());
         assert!(!url.named());
+    }
+
+    #[test]
+    fn the_tls_files_go_to_the_store() {
+        let lock = "mysql://u:p@db/app?ssl_ca=/etc/ssl/rds.pem&table=locks&ssl_cert=/c.pem&ssl_key=/k.pem&verify_identity=true";
+        let url = LockUrl::parse(lock).expect("valid");
+        assert_eq!(
+            url.connection(),
+            "mysql://u:p@db/app?ssl_ca=%2Fetc%2Fssl%2Frds.pem&ssl_cert=%2Fc.pem&ssl_key=%2Fk.pem&verify_identity=true"
+        );
+        assert!(url.describe().contains("ssl_ca=%2Fetc%2Fssl%2Frds.pem"));
     }
 
     #[test]

@@ -154,7 +154,8 @@ impl TlsServer {
             .arg(format!("--ssl-cert={}", path.join("server.pem").display()))
             .arg(format!("--ssl-key={}", path.join("server.key").display()))
             .args([
-                "--bind-address=127.0.0.1",
+                // 127.0.0.2, an address the server's certificate does not name.
+                "--bind-address=127.0.0.1,127.0.0.2",
                 "--require-secure-transport=ON",
                 "--skip-log-bin",
                 "--innodb-buffer-pool-size=32M",
@@ -342,6 +343,27 @@ async fn a_private_ca_and_a_client_certificate_connect_and_nothing_else_does() {
         .await
         .expect_err("untrusted server");
     assert!(matches!(err, LockError::Unavailable { .. }), "{err:?}");
+    // The server's name is checked: the certificate for 127.0.0.1 and localhost does not
+    // vouch for 127.0.0.2. (The driver's verify_identity=false does not help here with
+    // mysql_async 0.37.1 and rustls 0.23: blackbeam/mysql_async#404.)
+    let url = server.url("root", "").replace("127.0.0.1", "127.0.0.2");
+    let store = MysqlStore::builder(url)
+        .ssl_ca(&ca)
+        .table("tls_locks")
+        .build()
+        .await
+        .expect("store");
+    let err = store
+        .lock("name", "i")
+        .get()
+        .await
+        .expect_err("another name");
+    assert!(matches!(err, LockError::Unavailable { .. }), "{err:?}");
+    assert!(
+        err.to_string()
+            .contains("certificate not valid for name \"127.0.0.2\""),
+        "{err}"
+    );
     // Plain TCP: the server refuses it. MariaDB answers a connection without TLS under
     // require_secure_transport as a failed login ("Access denied", error 1045): Forbidden.
     let store = MysqlStore::builder(server.url("root", ""))
