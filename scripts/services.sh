@@ -123,6 +123,13 @@ ensure_strace() {
   apt_install strace
 }
 
+# openssl makes the private CA and certificates of the MySQL TLS tests.
+ensure_openssl() {
+  if command -v openssl >/dev/null 2>&1; then return 0; fi
+  log "installing openssl"
+  apt_install openssl
+}
+
 # libfaketime steps the wall clock of the `leader` processes in the clock tests.
 ensure_faketime() {
   if command -v faketime >/dev/null 2>&1; then return 0; fi

@@ -19,7 +19,9 @@ async fn a_term(lock: &dyn ResourceLock) -> u64 {
         holder_identity: String::new(),
         ..held.record.clone()
     };
-    lock.update(&held.version, &released).await.expect("release");
+    lock.update(&held.version, &released)
+        .await
+        .expect("release");
     token
 }
 
