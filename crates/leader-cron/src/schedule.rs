@@ -284,9 +284,7 @@ fn second_pass(
     after: DateTime<Utc>,
     next: DateTime<Utc>,
 ) -> Option<DateTime<Utc>> {
-    let offset = |t: DateTime<Utc>| zone.offset_from_utc_datetime(&t.naive_utc()).fix();
-    let (before, later) = (offset(after), offset(next));
-    let repeated = before.local_minus_utc() - later.local_minus_utc();
+    let repeated = -jump_between(zone, after, next);
     if repeated <= 0 {
         return None;
     }
@@ -305,10 +303,20 @@ fn second_pass(
     None
 }
 
+/// The zone's offset from UTC at `t`.
+fn offset_at(zone: Tz, t: DateTime<Utc>) -> chrono::FixedOffset {
+    zone.offset_from_utc_datetime(&t.naive_utc()).fix()
+}
+
+/// How many seconds the zone's clocks jump forward between `after` and `next` (negative: back).
+fn jump_between(zone: Tz, after: DateTime<Utc>, next: DateTime<Utc>) -> i32 {
+    offset_at(zone, next).local_minus_utc() - offset_at(zone, after).local_minus_utc()
+}
+
 /// The first instant with the later offset between `after` and `next` (whole seconds), when
 /// the zone's offset changes between them: the moment clocks jump.
 fn transition(zone: Tz, after: DateTime<Utc>, next: DateTime<Utc>) -> Option<DateTime<Utc>> {
-    let offset = |t: DateTime<Utc>| zone.offset_from_utc_datetime(&t.naive_utc()).fix();
+    let offset = |t| offset_at(zone, t);
     let before = offset(after);
     if offset(next) == before {
         return None;
@@ -334,9 +342,7 @@ fn after_a_gap(
     after: DateTime<Utc>,
     next: DateTime<Utc>,
 ) -> Option<DateTime<Utc>> {
-    let offset = |t: DateTime<Utc>| zone.offset_from_utc_datetime(&t.naive_utc()).fix();
-    let (before, later) = (offset(after), offset(next));
-    let skipped = later.local_minus_utc() - before.local_minus_utc();
+    let skipped = jump_between(zone, after, next);
     if skipped <= 0 {
         return None;
     }
@@ -346,7 +352,7 @@ fn after_a_gap(
     }
     // The gap's wall times, read at the offset before the jump, second by second (an hour
     // at most, on the nights clocks go forward).
-    let first_skipped = jump.with_timezone(&before);
+    let first_skipped = jump.with_timezone(&offset_at(zone, after));
     (0..i64::from(skipped))
         .map(|s| first_skipped + chrono::Duration::seconds(s))
         .any(|wall| cron.is_time_matching(&wall).unwrap_or(false))
