@@ -46,6 +46,10 @@ pub struct NatsStoreBuilder {
     login: Option<Login>,
     require_tls: bool,
     request_timeout: Duration,
+    nkey_file: Option<PathBuf>,
+    tls_roots: Option<PathBuf>,
+    tls_client: Option<(PathBuf, PathBuf)>,
+    api_prefix: Option<String>,
 }
 
 /// A login other than a credentials file.
@@ -72,6 +76,10 @@ impl fmt::Debug for NatsStoreBuilder {
             )
             .field("require_tls", &self.require_tls)
             .field("request_timeout", &self.request_timeout)
+            .field("nkey_file", &self.nkey_file)
+            .field("tls_roots", &self.tls_roots)
+            .field("tls_client", &self.tls_client)
+            .field("api_prefix", &self.api_prefix)
             .finish()
     }
 }
@@ -139,6 +147,45 @@ impl NatsStoreBuilder {
     /// Logs in with a token.
     pub fn token(mut self, token: impl Into<String>) -> Self {
         self.login = Some(Login::Token(token.into()));
+        self
+    }
+
+    /// Logs in with the NKey whose seed (`SU...`) the file at `path` holds, as `nk -gen user`
+    /// writes it (the seed is read when the store is built, never shown).
+    pub fn nkey_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.nkey_file = Some(path.into());
+        self
+    }
+
+    /// Trusts the CA certificates (PEM) in the file at `path` for the server's certificate,
+    /// as a private CA needs, and requires TLS.
+    pub fn tls_root_certificates(mut self, path: impl Into<PathBuf>) -> Self {
+        self.tls_roots = Some(path.into());
+        self
+    }
+
+    /// Presents the client certificate and key (PEM files) the server asks for (`verify:
+    /// true` in its `tls` block), and requires TLS.
+    pub fn tls_client_certificate(
+        mut self,
+        certificate: impl Into<PathBuf>,
+        key: impl Into<PathBuf>,
+    ) -> Self {
+        self.tls_client = Some((certificate.into(), key.into()));
+        self
+    }
+
+    /// The JetStream domain of the bucket (a leaf node's, or a hub's seen from a leaf node):
+    /// the JetStream API is `$JS.DOMAIN.API`.
+    pub fn jetstream_domain(mut self, domain: impl AsRef<str>) -> Self {
+        self.api_prefix = Some(format!("$JS.{}.API", domain.as_ref()));
+        self
+    }
+
+    /// The JetStream API prefix, for an account that imports another's JetStream under its own
+    /// prefix (default `$JS.API`).
+    pub fn jetstream_api_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.api_prefix = Some(prefix.into());
         self
     }
 
@@ -244,6 +291,37 @@ impl NatsStoreBuilder {
             Some(Login::Token(token)) => options = options.token(token.clone()),
             None => {}
         }
+        if let Some(path) = &self.nkey_file {
+            let seed = std::fs::read_to_string(path).map_err(|err| {
+                misconfigured(format!("NKey seed file {}: {err}", path.display()))
+            })?;
+            let seed = seed.trim();
+            if !seed.starts_with('S') {
+                return Err(misconfigured(format!(
+                    "NKey seed file {}: no seed (a seed begins with S, such as SU... for a user)",
+                    path.display()
+                )));
+            }
+            options = options.nkey(seed.to_owned());
+        }
+        let readable = |what: &str, path: &std::path::Path| {
+            std::fs::File::open(path)
+                .map(drop)
+                .map_err(|err| misconfigured(format!("{what} {}: {err}", path.display())))
+        };
+        if let Some(path) = &self.tls_roots {
+            readable("TLS CA file", path)?;
+            options = options
+                .add_root_certificates(path.clone())
+                .require_tls(true);
+        }
+        if let Some((certificate, key)) = &self.tls_client {
+            readable("TLS client certificate", certificate)?;
+            readable("TLS client key", key)?;
+            options = options
+                .add_client_certificate(certificate.clone(), key.clone())
+                .require_tls(true);
+        }
         if let Some(path) = &self.credentials {
             options = options.credentials_file(path).await.map_err(|err| {
                 misconfigured(format!("credentials file {}: {err}", path.display()))
@@ -253,23 +331,74 @@ impl NatsStoreBuilder {
             // Only a configuration the client refuses fails here: connecting is retried.
             misconfigured(format!("{redacted}: {err}"))
         })?;
-        let jetstream = jetstream::ContextBuilder::new()
-            .timeout(self.request_timeout)
-            .build(client.clone());
-        Ok(NatsStore {
+        let jetstream = match &self.api_prefix {
+            Some(prefix) => jetstream::ContextBuilder::new()
+                .api_prefix(prefix.clone())
+                .timeout(self.request_timeout)
+                .build(client.clone()),
+            None => jetstream::ContextBuilder::new()
+                .timeout(self.request_timeout)
+                .build(client.clone()),
+        };
+        Ok(Self::store(
+            (self.bucket, self.create_bucket, self.replicas),
+            jetstream,
+            refusals,
+            redacted,
+        ))
+    }
+
+    /// Makes the store on the service's own JetStream context (its connection, login, TLS and
+    /// domain or API prefix), with this builder's bucket settings; the builder's servers,
+    /// login, TLS and JetStream settings are not used. The connection's own event callback
+    /// stays the service's, so a server's refusal is not told apart from a timeout by the
+    /// lock: keep the request timeout of the context below the elector's renew deadline.
+    ///
+    /// # Errors
+    /// An invalid bucket name ([`LockError::Misconfigured`]).
+    pub fn build_on(self, jetstream: jetstream::Context) -> Result<NatsStore, LockError> {
+        if !valid_bucket(&self.bucket) {
+            return Err(LockError::Misconfigured {
+                backend: BACKEND,
+                message: format!(
+                    "bucket name {:?}: only letters, digits, '-' and '_'",
+                    self.bucket
+                ),
+            });
+        }
+        let redacted = format!(
+            "(the service's connection to {})",
+            jetstream.client().server_info().host
+        );
+        Ok(Self::store(
+            (self.bucket, self.create_bucket, self.replicas),
+            jetstream,
+            Arc::default(),
+            redacted,
+        ))
+    }
+
+    /// The store on `jetstream` for the bucket settings `(bucket, create, replicas)`.
+    fn store(
+        (bucket, create_bucket, replicas): (String, bool, usize),
+        jetstream: jetstream::Context,
+        refusals: Arc<Refusals>,
+        redacted: String,
+    ) -> NatsStore {
+        NatsStore {
             inner: Arc::new(Inner {
-                client,
+                client: jetstream.client(),
                 jetstream,
-                bucket: self.bucket,
-                create_bucket: self.create_bucket,
-                replicas: self.replicas,
+                bucket,
+                create_bucket,
+                replicas,
                 kv: std::sync::Mutex::new(None),
                 lookups: tokio::sync::Mutex::new(Lookups::default()),
                 lookups_done: AtomicU64::new(0),
                 refusals,
                 redacted,
             }),
-        })
+        }
     }
 }
 
@@ -340,6 +469,10 @@ impl NatsStore {
             login: None,
             require_tls: false,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            nkey_file: None,
+            tls_roots: None,
+            tls_client: None,
+            api_prefix: None,
         }
     }
 

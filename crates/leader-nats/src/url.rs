@@ -10,8 +10,10 @@ use crate::store::{NatsStore, NatsStoreBuilder, login_of, redacted, valid_bucket
 
 /// A NATS lock URL: `nats://[user:password@]host:4222[/bucket]`, with parameters `server`
 /// (another server of the cluster, `host:port`; repeatable), `creds` (a credentials file),
-/// `tls=true` (require TLS), `replicas` (for a bucket the lock creates) and `timeout` (a
-/// request's, like `5s`). A user without a password is a token. The bucket defaults to
+/// `nkey_file` (a file holding an NKey seed), `tls=true` (require TLS), `tls_ca` (a private
+/// CA's certificates), `tls_cert` and `tls_key` (a client certificate), `domain` or
+/// `api_prefix` (where the JetStream API is), `replicas` (for a bucket the lock creates) and
+/// `timeout` (a request's, like `5s`). A user without a password is a token. The bucket defaults to
 /// [`DEFAULT_BUCKET`](crate::DEFAULT_BUCKET); unknown parameters are refused.
 #[derive(Clone, PartialEq, Eq)]
 pub struct LockUrl {
@@ -22,6 +24,12 @@ pub struct LockUrl {
     tls: bool,
     replicas: Option<usize>,
     timeout: Option<Duration>,
+    nkey_file: Option<PathBuf>,
+    tls_ca: Option<PathBuf>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
+    domain: Option<String>,
+    api_prefix: Option<String>,
 }
 
 impl std::fmt::Debug for LockUrl {
@@ -66,6 +74,12 @@ impl LockUrl {
             tls: false,
             replicas: None,
             timeout: None,
+            nkey_file: None,
+            tls_ca: None,
+            tls_cert: None,
+            tls_key: None,
+            domain: None,
+            api_prefix: None,
         };
         for (key, value) in url.query_pairs() {
             match key.as_ref() {
@@ -97,12 +111,31 @@ impl LockUrl {
                             })?,
                     );
                 }
+                "nkey_file" | "tls_ca" | "tls_cert" | "tls_key" | "domain" | "api_prefix"
+                    if value.is_empty() =>
+                {
+                    return Err(invalid(format!("{key}= is empty")));
+                }
+                "nkey_file" => parsed.nkey_file = Some(PathBuf::from(value.as_ref())),
+                "tls_ca" => parsed.tls_ca = Some(PathBuf::from(value.as_ref())),
+                "tls_cert" => parsed.tls_cert = Some(PathBuf::from(value.as_ref())),
+                "tls_key" => parsed.tls_key = Some(PathBuf::from(value.as_ref())),
+                "domain" => parsed.domain = Some(value.into_owned()),
+                "api_prefix" => parsed.api_prefix = Some(value.into_owned()),
                 other => {
                     return Err(invalid(format!(
-                        "unknown parameter {other:?} (known: server, creds, tls, replicas, timeout)"
+                        "unknown parameter {other:?} (known: server, creds, nkey_file, tls, tls_ca, tls_cert, tls_key, domain, api_prefix, replicas, timeout)"
                     )));
                 }
             }
+        }
+        if parsed.tls_cert.is_some() != parsed.tls_key.is_some() {
+            return Err(invalid("tls_cert= and tls_key= go together".to_owned()));
+        }
+        if parsed.domain.is_some() && parsed.api_prefix.is_some() {
+            return Err(invalid(
+                "domain= and api_prefix= both name the JetStream API: give one".to_owned(),
+            ));
         }
         parsed.servers = servers;
         Ok(parsed)
@@ -143,6 +176,21 @@ impl LockUrl {
         }
         if let Some(timeout) = self.timeout {
             builder = builder.request_timeout(timeout);
+        }
+        if let Some(path) = &self.nkey_file {
+            builder = builder.nkey_file(path);
+        }
+        if let Some(path) = &self.tls_ca {
+            builder = builder.tls_root_certificates(path);
+        }
+        if let (Some(certificate), Some(key)) = (&self.tls_cert, &self.tls_key) {
+            builder = builder.tls_client_certificate(certificate, key);
+        }
+        if let Some(domain) = &self.domain {
+            builder = builder.jetstream_domain(domain);
+        }
+        if let Some(prefix) = &self.api_prefix {
+            builder = builder.jetstream_api_prefix(prefix);
         }
         builder
     }
