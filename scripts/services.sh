@@ -200,25 +200,43 @@ ensure_etcd_cluster() {
 
 # An S3 API server on loopback for the object storage lock: moto's, from PyPI (pinned), which
 # keeps If-Match / If-None-Match on PutObject (412 on a lost precondition) and If-None-Match on
-# GetObject (304). Its data is in memory: a restart empties it.
+# GetObject (304). scripts/s3-server runs it one request at a time: moto checks a precondition
+# and writes in two steps on a thread per request, so two conditional writes on one ETag could
+# both succeed (its opening comment cites the code). Its data is in memory: a restart empties it.
 MOTO_VERSION="${MOTO_VERSION:-5.2.1}"
 S3_PORT=9000
+S3_SERVER="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/s3-server"
 
 ensure_moto_installed() {
-  if command -v moto_server >/dev/null 2>&1; then return 0; fi
+  if python3 -c 'import moto.server, werkzeug' >/dev/null 2>&1; then return 0; fi
   command -v python3 >/dev/null 2>&1 || { log "installing python3-pip"; apt_install python3 python3-pip python3-venv; }
   log "installing moto[server]==${MOTO_VERSION} from PyPI"
   python3 -m pip install --quiet --disable-pip-version-check "moto[server]==${MOTO_VERSION}" \
     || python3 -m pip install --quiet --break-system-packages "moto[server]==${MOTO_VERSION}"
-  hash -r
-  command -v moto_server >/dev/null 2>&1 || { log "moto_server is not on PATH after installing moto"; return 1; }
+  python3 -c 'import moto.server, werkzeug' >/dev/null 2>&1 || { log "python3 cannot import moto after installing it"; return 1; }
+}
+
+# True when the server on the S3 port is scripts/s3-server (its answers carry the marker).
+s3_is_serial() {
+  curl -s -I "http://127.0.0.1:${S3_PORT}/" 2>/dev/null | grep -qi '^x-leader-s3-server: serial'
 }
 
 ensure_s3() {
-  if port_open 127.0.0.1 "$S3_PORT"; then return 0; fi
+  if port_open 127.0.0.1 "$S3_PORT"; then
+    if s3_is_serial; then return 0; fi
+    # A plain moto_server an earlier version of this script started: replace it, since the
+    # tests must not pass or fail on its races. Anything else on the port is not ours.
+    if pkill -f "moto_server -H 127.0.0.1 -p ${S3_PORT}" >/dev/null 2>&1; then
+      log "replacing the plain moto_server on 127.0.0.1:${S3_PORT} with scripts/s3-server"
+      for _ in $(seq 1 50); do port_open 127.0.0.1 "$S3_PORT" || break; sleep 0.1; done
+    else
+      log "127.0.0.1:${S3_PORT} is taken by a server that is not scripts/s3-server; stop it first"
+      return 1
+    fi
+  fi
   ensure_moto_installed
-  log "starting moto's S3 server on 127.0.0.1:${S3_PORT}"
-  setsid nohup moto_server -H 127.0.0.1 -p "$S3_PORT" >/tmp/leader-moto.log 2>&1 < /dev/null &
+  log "starting moto's S3 server (scripts/s3-server) on 127.0.0.1:${S3_PORT}"
+  setsid nohup python3 "$S3_SERVER" -H 127.0.0.1 -p "$S3_PORT" >/tmp/leader-moto.log 2>&1 < /dev/null &
   wait_port 127.0.0.1 "$S3_PORT" moto
 }
 

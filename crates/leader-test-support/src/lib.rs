@@ -91,18 +91,36 @@ pub fn s3_endpoint() -> String {
 
 /// The bucket the tests use: `S3_BUCKET`, or a new bucket made once per test binary on the S3
 /// server (moto checks no signature, so an unsigned `CreateBucket` does). Err: the server did
-/// not answer.
+/// not answer, or a loopback server is a plain `moto_server` instead of `scripts/s3-server`
+/// (moto alone can let two conditional writes on one ETag both succeed, which would make the
+/// lock's tests pass or fail by chance).
 pub fn s3_bucket() -> Result<String, String> {
     static BUCKET: std::sync::OnceLock<Result<String, String>> = std::sync::OnceLock::new();
     BUCKET
         .get_or_init(|| {
+            let endpoint = s3_endpoint();
+            if is_loopback(&endpoint) && !s3_server_is_serial(&endpoint)? {
+                return Err(format!(
+                    "the S3 server at {endpoint} is not scripts/s3-server (a plain moto_server \
+                     lets two conditional writes on one ETag both succeed); scripts/setup \
+                     replaces it"
+                ));
+            }
             if let Some(bucket) = std::env::var("S3_BUCKET").ok().filter(|b| !b.is_empty()) {
                 return Ok(bucket);
             }
             let bucket = format!("leader-test-{:08x}", fastrand::u32(..));
-            create_bucket(&s3_endpoint(), &bucket).map(|()| bucket)
+            create_bucket(&endpoint, &bucket).map(|()| bucket)
         })
         .clone()
+}
+
+/// True for an `http://` endpoint on this machine (a test server), false for a cloud's.
+fn is_loopback(endpoint: &str) -> bool {
+    let authority = endpoint.strip_prefix("http://").unwrap_or_default();
+    ["127.0.0.1:", "localhost:", "[::1]:"]
+        .iter()
+        .any(|host| authority.starts_with(host))
 }
 
 /// `host:port` of a URL's first (or only) host, with `default_port` when it names none.
@@ -235,25 +253,7 @@ pub fn s3_env_at(endpoint: &str) -> Vec<(String, String)> {
 
 /// Creates `bucket` with an unsigned `PUT /BUCKET` on a plain-HTTP S3 server (`endpoint`).
 pub fn create_bucket(endpoint: &str, bucket: &str) -> Result<(), String> {
-    use std::io::{Read, Write};
-    let authority = endpoint
-        .strip_prefix("http://")
-        .ok_or_else(|| format!("{endpoint}: only plain http:// test servers can be set up"))?
-        .trim_end_matches('/');
-    let mut stream = std::net::TcpStream::connect(authority)
-        .map_err(|err| format!("the S3 server at {endpoint}: {err}"))?;
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .map_err(|err| err.to_string())?;
-    write!(
-        stream,
-        "PUT /{bucket} HTTP/1.1\r\nHost: {authority}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-    )
-    .map_err(|err| format!("the S3 server at {endpoint}: {err}"))?;
-    let mut answer = String::new();
-    stream
-        .read_to_string(&mut answer)
-        .map_err(|err| format!("the S3 server at {endpoint}: {err}"))?;
+    let answer = raw_request(endpoint, "PUT", &format!("/{bucket}"))?;
     match answer.split_whitespace().nth(1) {
         Some("200") => Ok(()),
         _ => Err(format!(
@@ -261,6 +261,40 @@ pub fn create_bucket(endpoint: &str, bucket: &str) -> Result<(), String> {
             answer.lines().next().unwrap_or_default()
         )),
     }
+}
+
+/// True when the plain-HTTP S3 server at `endpoint` is `scripts/s3-server`, which answers one
+/// request at a time and says so in the header `x-leader-s3-server: serial`.
+pub fn s3_server_is_serial(endpoint: &str) -> Result<bool, String> {
+    let answer = raw_request(endpoint, "HEAD", "/")?;
+    let head = answer.split("\r\n\r\n").next().unwrap_or_default();
+    Ok(head.lines().any(|line| {
+        line.split_once(':').is_some_and(|(name, value)| {
+            name.trim().eq_ignore_ascii_case("x-leader-s3-server") && value.trim() == "serial"
+        })
+    }))
+}
+
+/// One unsigned request without a body to a plain-HTTP server; its whole answer.
+fn raw_request(endpoint: &str, method: &str, path: &str) -> Result<String, String> {
+    use std::io::{Read, Write};
+    let authority = endpoint
+        .strip_prefix("http://")
+        .ok_or_else(|| format!("{endpoint}: only plain http:// test servers can be set up"))?
+        .trim_end_matches('/');
+    let failed = |err: std::io::Error| format!("the S3 server at {endpoint}: {err}");
+    let mut stream = std::net::TcpStream::connect(authority).map_err(failed)?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(failed)?;
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: {authority}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    )
+    .map_err(failed)?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).map_err(failed)?;
+    Ok(answer)
 }
 
 /// Skips the test (returns from it) with a line saying why, or fails it under CI, where every

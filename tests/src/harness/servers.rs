@@ -6,6 +6,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+/// moto's S3 server as the tests run it (see [`ServerKind::S3`]).
+const S3_SERVER: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/s3-server");
+
 /// Which server.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ServerKind {
@@ -30,9 +33,10 @@ pub enum ServerKind {
     /// entries and sessions in a state file across restarts as Consul keeps them in its raft
     /// log.
     Consul,
-    /// moto's S3 API server (`moto_server`, from PyPI; `scripts/setup` installs it), with the
-    /// bucket [`FAULT_BUCKET`](super::campaign::FAULT_BUCKET). It keeps its objects in memory:
-    /// a restart loses them, so the campaign does not restart it.
+    /// moto's S3 API server, one request at a time (`scripts/s3-server`; `scripts/setup`
+    /// installs moto from PyPI), with the bucket
+    /// [`FAULT_BUCKET`](super::campaign::FAULT_BUCKET). It keeps its objects in memory: a
+    /// restart loses them, so the campaign does not restart it.
     S3,
 }
 
@@ -328,12 +332,15 @@ impl PrivateServer {
                 self.child = Some(child);
             }
             ServerKind::S3 => {
-                let child = Command::new("moto_server")
+                // One request at a time: moto alone can let two conditional writes on one
+                // ETag both succeed (scripts/s3-server says where).
+                let child = Command::new("python3")
+                    .arg(S3_SERVER)
                     .args(["-H", "127.0.0.1", "-p", &self.port.to_string()])
                     .stdout(Stdio::null())
                     .stderr(Stdio::null())
                     .spawn()
-                    .map_err(|e| fail(format!("moto_server (scripts/setup installs it): {e}")))?;
+                    .map_err(|e| fail(format!("{S3_SERVER} (scripts/setup installs moto): {e}")))?;
                 self.child = Some(child);
             }
             ServerKind::Kube | ServerKind::Consul => {
