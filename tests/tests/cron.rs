@@ -229,3 +229,60 @@ async fn a_replica_with_another_schedule_exits_10_and_changes_nothing() {
         "the stored schedule is unchanged"
     );
 }
+
+/// `--overlap replace` with a COMMAND that takes 1.5 s to exit after SIGTERM (within its
+/// `--grace`), every 2 s, each running longer than that: each firing stops the one before and
+/// starts only once it has exited, so no two COMMANDs ever run at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replace_starts_a_firing_only_after_the_replaced_command_exited() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let lock = format!("file://{}", dir.path().join("lock").display());
+    let out = dir.path().join("firings");
+    let script = format!(
+        "echo \"start $LEADER_FIRING_SCHEDULED\" >> {out}; \
+         trap 'sleep 1.5; echo \"end $LEADER_FIRING_SCHEDULED\" >> {out}; exit 0' TERM; \
+         sleep 30 & wait; echo \"end $LEADER_FIRING_SCHEDULED\" >> {out}",
+        out = out.display()
+    );
+    let mut leader = Command::new(LEADER)
+        .args([
+            "cron",
+            "--lock",
+            &lock,
+            "--name",
+            "replaced",
+            "--identity",
+            "a",
+        ])
+        .args(["--every", "2s", "--overlap", "replace", "--grace", "5s"])
+        .args(["--", "sh", "-c", &script])
+        .stdout(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn leader cron");
+    sleep(Duration::from_secs(11)).await;
+    let status = status(&lock, "replaced").await;
+    let _ = kill(
+        Pid::from_raw(i32::try_from(leader.id().expect("running")).expect("pid")),
+        Signal::SIGTERM,
+    );
+    let _ = tokio::time::timeout(Duration::from_secs(10), leader.wait()).await;
+    let text = std::fs::read_to_string(&out).unwrap_or_default();
+    let mut running = 0_i32;
+    let mut starts = 0;
+    for line in text.lines() {
+        if line.starts_with("start") {
+            running += 1;
+            starts += 1;
+        } else {
+            running -= 1;
+        }
+        assert!(running <= 1, "two COMMANDs at once:\n{text}");
+    }
+    assert!(starts >= 3, "firings replaced one another:\n{text}");
+    let schedule = &status["schedules"][0];
+    assert_eq!(
+        schedule["last"]["outcome"]["kind"], "replaced",
+        "{status:#}"
+    );
+}

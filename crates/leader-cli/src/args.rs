@@ -170,10 +170,18 @@ pub(crate) struct CronArgs {
     /// Firings later than this are missed whatever --missed says.
     #[arg(long, env = "LEADER_STARTING_DEADLINE", value_parser = humantime::parse_duration, value_name = "DURATION")]
     pub(crate) starting_deadline: Option<Duration>,
-    /// A firing due while the previous one still runs: skip it (forbid), run both (allow), or
-    /// stop the running one (replace).
+    /// How late a firing may start and still be on time; a later one is a missed firing, which
+    /// --missed decides about.
+    #[arg(long, env = "LEADER_MISFIRE_THRESHOLD", default_value = "1s", value_parser = humantime::parse_duration, value_name = "DURATION")]
+    pub(crate) misfire_threshold: Duration,
+    /// A firing due while the previous one still runs: wait for it to end, then --missed
+    /// decides (forbid), run both (allow), or stop the running one and start when it exited
+    /// (replace).
     #[arg(long, env = "LEADER_OVERLAP", default_value = "forbid", value_parser = ["forbid", "allow", "replace"])]
     pub(crate) overlap: String,
+    /// With --overlap allow: the most firings running at once (1 to 1000); one more waits.
+    #[arg(long, env = "LEADER_MAX_RUNNING", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=1000))]
+    pub(crate) max_running: u16,
     /// A firing whose leader died before it ended: attempts in all, the first included (1:
     /// give it up, so that it runs at most once).
     #[arg(long, env = "LEADER_ATTEMPTS", default_value_t = 3)]

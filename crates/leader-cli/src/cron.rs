@@ -45,6 +45,8 @@ pub(crate) async fn cron(args: CronArgs) -> u8 {
     let mut job = CronJob::builder(args.election.lock.name.clone(), schedule)
         .missed(missed)
         .overlap(overlap)
+        .max_running(usize::from(args.max_running))
+        .misfire_threshold(args.misfire_threshold)
         .interrupted(interrupted);
     if let Some(deadline) = args.starting_deadline {
         job = job.starting_deadline(deadline);

@@ -10,7 +10,7 @@ use chrono::{DateTime, Utc};
 use leader_core::{CancellationToken, ExtensionError, Leadership};
 use tokio::sync::{broadcast, mpsc};
 
-use crate::policy::{Interrupted, Missed, ON_TIME, Overlap};
+use crate::policy::{Interrupted, MAX_RUNNING, Missed, ON_TIME, Overlap};
 use crate::schedule::{Schedule, ScheduleError};
 use crate::state::{CronState, Ended, Outcome, Started, extension_key};
 
@@ -167,6 +167,8 @@ pub struct CronJobBuilder {
     overlap: Overlap,
     interrupted: Interrupted,
     starting_deadline: Option<Duration>,
+    misfire_threshold: Duration,
+    max_running: usize,
     clock: Arc<dyn Clock>,
 }
 
@@ -196,6 +198,23 @@ impl CronJobBuilder {
         self
     }
 
+    /// How late a firing may start and still be on time (Quartz's `misfireThreshold`;
+    /// default [`ON_TIME`], 1 s): a firing later than this when the leader gets to it is a
+    /// missed one, which [`Missed`] decides about. Raise it where a leader may be slow to wake
+    /// (a loaded machine, a long garbage collection) and firings should still run on time.
+    pub fn misfire_threshold(mut self, threshold: Duration) -> Self {
+        self.misfire_threshold = threshold;
+        self
+    }
+
+    /// Under [`Overlap::Allow`], the most firings running at once (default [`MAX_RUNNING`],
+    /// 16): one more waits until one of them ends. It bounds the state each firing adds to the
+    /// record (a Kubernetes Lease keeps the whole record in one annotation).
+    pub fn max_running(mut self, max: usize) -> Self {
+        self.max_running = max;
+        self
+    }
+
     /// The wall clock (default: the system's; [`TokioClock`] in tests).
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.clock = Arc::new(clock);
@@ -222,6 +241,12 @@ impl CronJobBuilder {
                 "Missed::All needs a maximum of 1 or more".to_owned(),
             ));
         }
+        if self.max_running == 0 || self.max_running > 1000 {
+            return Err(CronError::BadPolicy(format!(
+                "max_running must be 1 to 1000, not {}",
+                self.max_running
+            )));
+        }
         if let Interrupted::Retry { max_attempts } = self.interrupted
             && max_attempts < 2
         {
@@ -238,6 +263,8 @@ impl CronJobBuilder {
                 overlap: self.overlap,
                 interrupted: self.interrupted,
                 starting_deadline: self.starting_deadline,
+                misfire_threshold: self.misfire_threshold,
+                max_running: self.max_running,
                 clock: self.clock,
                 work: Arc::new(move |firing, cancel| Box::pin(work(firing, cancel))),
                 events: broadcast::channel(EVENTS).0,
@@ -262,6 +289,8 @@ struct Inner {
     overlap: Overlap,
     interrupted: Interrupted,
     starting_deadline: Option<Duration>,
+    misfire_threshold: Duration,
+    max_running: usize,
     clock: Arc<dyn Clock>,
     work: JobFn,
     events: broadcast::Sender<CronEvent>,
@@ -277,15 +306,20 @@ impl fmt::Debug for CronJob {
             .field("overlap", &inner.overlap)
             .field("interrupted", &inner.interrupted)
             .field("starting_deadline", &inner.starting_deadline)
+            .field("misfire_threshold", &inner.misfire_threshold)
+            .field("max_running", &inner.max_running)
             .finish_non_exhaustive()
     }
 }
 
-/// A firing this term started and that has not ended.
+/// A firing this term started and whose work has not returned.
 struct Running {
     scheduled: DateTime<Utc>,
     attempt: u32,
     cancel: CancellationToken,
+    /// Cancelled by a later firing ([`Overlap::Replace`]) and recorded as replaced; the later
+    /// one starts once this work has returned.
+    replaced: bool,
 }
 
 /// The term is over (or was given up): stop.
@@ -301,6 +335,8 @@ impl CronJob {
             overlap: Overlap::default(),
             interrupted: Interrupted::default(),
             starting_deadline: None,
+            misfire_threshold: ON_TIME,
+            max_running: MAX_RUNNING,
             clock: Arc::new(SystemClock),
         }
     }
@@ -342,6 +378,8 @@ impl CronJob {
         let token = leadership.fencing_token();
         let (done, mut finished) = mpsc::unbounded_channel();
         let mut running: Vec<Running> = Vec::new();
+        // A firing that waits for the work it replaced to return.
+        let mut replacing = None;
         // Firings started by earlier terms and never ended: their leader died or lost its
         // lease. Retried or given up, never silently either.
         let mut starts: Vec<(DateTime<Utc>, u32)> = Vec::new();
@@ -386,7 +424,8 @@ impl CronJob {
         }
         loop {
             let now = inner.clock.now();
-            let (changed, blocked) = self.due(&mut state, now, &mut running, &mut starts);
+            let (changed, blocked) =
+                self.due(&mut state, now, &mut running, &mut starts, &mut replacing);
             dirty |= changed;
             if dirty || !starts.is_empty() {
                 for &(scheduled, attempt) in &starts {
@@ -450,15 +489,19 @@ impl CronJob {
 
     /// Settles the instants due by `now`: which to start (into `starts`), which are missed,
     /// which running firings a new one replaces; moves the cursor. Returns whether the state
-    /// changed, and whether a missed firing waits for a running one.
+    /// changed, and whether a due firing waits for a running one to end ([`Overlap::Forbid`],
+    /// [`Overlap::Allow`] at its maximum, or [`Overlap::Replace`] until the replaced work has
+    /// returned, for which `replacing` keeps the waiting instant on time).
     fn due(
         &self,
         state: &mut CronState,
         now: DateTime<Utc>,
-        running: &mut Vec<Running>,
+        running: &mut [Running],
         starts: &mut Vec<(DateTime<Utc>, u32)>,
+        replacing: &mut Option<DateTime<Utc>>,
     ) -> (bool, bool) {
         let inner = &self.inner;
+        let on_time_until = replacing.take();
         let mut instants = std::collections::VecDeque::new();
         let mut at = state.handled_until();
         let mut beyond = 0_u64;
@@ -479,52 +522,68 @@ impl CronJob {
         if instants.is_empty() {
             return (false, false);
         }
-        let late =
-            |instant: &DateTime<Utc>| (now - *instant).to_std().unwrap_or_default() > ON_TIME;
-        let too_late = |instant: &DateTime<Utc>| {
-            inner
-                .starting_deadline
-                .is_some_and(|d| (now - *instant).to_std().unwrap_or_default() > d)
+        let waited = |instant: &DateTime<Utc>| (now - *instant).to_std().unwrap_or_default();
+        // A firing that waited for replaced work to return is still on time.
+        let late = |instant: &DateTime<Utc>| {
+            on_time_until.is_none_or(|until| *instant > until)
+                && waited(instant) > inner.misfire_threshold
         };
+        let too_late =
+            |instant: &DateTime<Utc>| inner.starting_deadline.is_some_and(|d| waited(instant) > d);
         let late_count = instants.iter().filter(|i| late(i)).count();
-        // The late instants to run, by the missed policy.
+        let on_time_count = instants.len() - late_count;
+        // The late instants to run, by the missed policy: the last `keep_late` of them.
         let keep_late = match inner.missed {
+            // The latest unmet firing runs: an on-time one, when there is one, is the latest.
+            Missed::Latest if on_time_count > 0 => 0,
             Missed::Latest => late_count.min(1),
             Missed::All { max } => late_count.min(usize::try_from(max).unwrap_or(usize::MAX)),
             Missed::Skip => 0,
         };
+        let mut late_rank = 0;
         let mut missed = beyond;
         let mut latest_missed = None;
-        let mut busy = !running.is_empty() || !starts.is_empty();
+        let mut recorded = false;
+        let mut busy = running.len() + starts.len();
         let mut cursor = state.cursor;
         let mut blocked = false;
-        for (index, instant) in instants.iter().enumerate() {
-            let is_late = late(instant);
-            let wanted = !is_late || index >= late_count - keep_late;
+        for instant in &instants {
+            let wanted = !late(instant) || {
+                late_rank += 1;
+                late_rank > late_count - keep_late
+            };
             if !wanted || too_late(instant) {
                 missed += 1;
                 latest_missed = Some(*instant);
                 cursor = Some(*instant);
                 continue;
             }
-            if busy {
+            if busy > 0 {
                 match inner.overlap {
-                    Overlap::Allow => {}
-                    // A backlog waits for the running firing; a firing on time is skipped.
-                    Overlap::Forbid if is_late => {
+                    Overlap::Allow if busy < inner.max_running => {}
+                    // This firing and the later ones wait for a running one to end; the missed
+                    // policy decides about them then (Kubernetes CronJob's Forbid keeps its
+                    // unmet times likewise).
+                    Overlap::Allow | Overlap::Forbid => {
+                        tracing::info!(schedule = %inner.name, scheduled = %instant, "due: waits for the previous firing to end");
                         blocked = true;
                         break;
                     }
-                    Overlap::Forbid => {
-                        tracing::info!(schedule = %inner.name, scheduled = %instant, "skipped: the previous firing still runs");
-                        missed += 1;
-                        latest_missed = Some(*instant);
-                        cursor = Some(*instant);
-                        continue;
-                    }
                     Overlap::Replace => {
-                        for replaced in running.drain(..) {
+                        // Starts not begun yet are superseded by this later firing: a first
+                        // attempt is missed, a retry ends as replaced; none goes untold.
+                        for (scheduled, attempt) in starts.drain(..) {
+                            if attempt == 1 {
+                                missed += 1;
+                                latest_missed = Some(scheduled);
+                            } else {
+                                self.ended(state, scheduled, attempt, Outcome::Replaced);
+                                recorded = true;
+                            }
+                        }
+                        for replaced in running.iter_mut().filter(|r| !r.replaced) {
                             replaced.cancel.cancel();
+                            replaced.replaced = true;
                             state.running.retain(|s| {
                                 (s.scheduled, s.attempt) != (replaced.scheduled, replaced.attempt)
                             });
@@ -534,13 +593,21 @@ impl CronJob {
                                 replaced.attempt,
                                 Outcome::Replaced,
                             );
+                            recorded = true;
                         }
-                        starts.clear();
+                        // Two never run at once: this one starts once the replaced work (a
+                        // COMMAND in its grace after SIGTERM) has returned.
+                        if !running.is_empty() {
+                            tracing::info!(schedule = %inner.name, scheduled = %instant, "due: waits for the replaced firing to stop");
+                            *replacing = Some(*instant);
+                            blocked = true;
+                            break;
+                        }
                     }
                 }
             }
             starts.push((*instant, 1));
-            busy = true;
+            busy += 1;
             cursor = Some(*instant);
         }
         if missed > 0 {
@@ -553,7 +620,7 @@ impl CronJob {
             });
         }
         state.missed += missed;
-        let changed = cursor != state.cursor || missed > 0;
+        let changed = cursor != state.cursor || missed > 0 || recorded;
         state.cursor = cursor;
         (changed, blocked)
     }
@@ -654,6 +721,7 @@ impl CronJob {
             scheduled,
             attempt,
             cancel,
+            replaced: false,
         }
     }
 }

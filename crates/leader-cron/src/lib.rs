@@ -11,7 +11,7 @@ pub use job::{
     BoxError, Clock, CronError, CronEvent, CronJob, CronJobBuilder, Firing, ScheduleStatus,
     SystemClock, TokioClock,
 };
-pub use policy::{Interrupted, Missed, ON_TIME, Overlap};
+pub use policy::{Interrupted, MAX_RUNNING, Missed, ON_TIME, Overlap};
 pub use schedule::{Schedule, ScheduleError};
 pub use state::{CronState, Ended, Outcome, Started, extension_key};
 

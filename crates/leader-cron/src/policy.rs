@@ -2,19 +2,27 @@
 
 use std::time::Duration;
 
-/// How late a firing may start and still count as on time (not missed): the time a leader needs
-/// to wake and record it.
+/// How late a firing may start and still count as on time (not missed) unless the job says
+/// otherwise ([`CronJobBuilder::misfire_threshold`](crate::CronJobBuilder::misfire_threshold)):
+/// the time a leader needs to wake and record it.
 pub const ON_TIME: Duration = Duration::from_secs(1);
 
-/// What to do with firings whose time passed while nobody led (all replicas down, a failover),
-/// as Kubernetes CronJob's missed schedules and Quartz's misfire instructions: firings more than
-/// [`ON_TIME`] late when the leader gets to them. Firings older than the job's starting
-/// deadline, when it has one, are missed whatever the policy.
+/// The most firings running at once under [`Overlap::Allow`] unless the job says otherwise
+/// ([`CronJobBuilder::max_running`](crate::CronJobBuilder::max_running)).
+pub const MAX_RUNNING: usize = 16;
+
+/// What to do with firings whose time passed unmet, as Kubernetes CronJob's missed schedules
+/// and Quartz's misfire instructions: firings more than the misfire threshold ([`ON_TIME`]
+/// unless the job says otherwise) late when the leader gets to them, because nobody led (all
+/// replicas down, a failover) or because they waited for a running firing ([`Overlap`]).
+/// Firings older than the job's starting deadline, when it has one, are missed whatever the
+/// policy.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Missed {
-    /// Run the latest missed firing, late; count the others as missed (CronJob's behaviour,
-    /// Quartz's "fire once now").
+    /// Run the latest unmet firing, late; count the others as missed (CronJob's behaviour,
+    /// Quartz's "fire once now"). When one is on time as well, it is the latest: the late
+    /// ones are all missed.
     #[default]
     Latest,
     /// Run each missed firing, oldest first, at most `max` of them (the most recent ones); count
@@ -32,13 +40,22 @@ pub enum Missed {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Overlap {
-    /// Skip the new firing (counted as missed); the running one goes on.
+    /// One at a time: the new firing waits for the running one to end, and [`Missed`] decides
+    /// about it then, as it does about any firing that is late by then (as CronJob's Forbid
+    /// keeps its unmet schedule times): with [`Missed::Latest`] the latest waiting one runs,
+    /// with [`Missed::All`] each runs in turn, with [`Missed::Skip`] they are skipped and
+    /// counted as missed.
     #[default]
     Forbid,
-    /// Run both.
+    /// Run both, up to the job's maximum at once
+    /// ([`MAX_RUNNING`] unless it says otherwise); beyond it a firing waits as under `Forbid`.
     Allow,
     /// Cancel the running one (its outcome is [`Outcome::Replaced`](crate::Outcome::Replaced))
-    /// and run the new one.
+    /// and run the new one once the cancelled work has returned, so that two never run at once
+    /// (a `leader cron` COMMAND gets SIGTERM and its grace first). Firings due meanwhile are
+    /// superseded by the latest: a first attempt is counted as missed, a retry of an
+    /// interrupted firing ends as replaced. Work that ignores its cancellation holds up the
+    /// next firing.
     Replace,
 }
 

@@ -4,150 +4,20 @@
 //! firings (retried, given up); a replica with another schedule refused; a clock stepped back
 //! repeats nothing; the events a subscriber sees.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use leader_core::background::Candidate;
-use leader_core::{LeaderElector, MemoryStore};
+use leader_core::MemoryStore;
 use leader_cron::{
-    Clock, CronEvent, CronJob, CronState, Firing, Interrupted, Missed, Outcome, Overlap, Schedule,
-    TokioClock, extension_key,
+    Clock, CronEvent, CronJob, Interrupted, Missed, Outcome, Overlap, Schedule, TokioClock,
 };
 use tokio::time::sleep;
 
-const LEASE: Duration = Duration::from_secs(15);
+mod common;
 
-fn origin() -> DateTime<Utc> {
-    DateTime::parse_from_rfc3339("2026-01-10T00:00:00Z")
-        .expect("time")
-        .with_timezone(&Utc)
-}
-
-/// The firings the jobs started, in order: (scheduled, attempt, replica).
-type Log = Arc<Mutex<Vec<(DateTime<Utc>, u32, String)>>>;
-
-/// One replica: an elector running the job, and a flag that makes its job act as if its process
-/// died (it records nothing more) once the replica is crashed.
-struct Replica {
-    candidate: Option<Candidate>,
-    dead: Arc<AtomicBool>,
-    errors: Arc<Mutex<Vec<String>>>,
-}
-
-impl Replica {
-    fn start(store: &MemoryStore, id: &str, job: CronJob) -> Self {
-        let errors = Arc::new(Mutex::new(Vec::new()));
-        let seen = errors.clone();
-        let elector = LeaderElector::builder(store.lock("election", id))
-            .jitter(0.0)
-            .lease_duration(LEASE)
-            .renew_deadline(Duration::from_secs(10))
-            .retry_period(Duration::from_secs(2))
-            .on_started_leading(move |leadership| {
-                let (job, seen) = (job.clone(), seen.clone());
-                async move {
-                    if let Err(err) = job.run(leadership).await {
-                        seen.lock().expect("errors").push(err.to_string());
-                    }
-                }
-            });
-        Self {
-            candidate: Some(Candidate::build(elector)),
-            dead: Arc::new(AtomicBool::new(false)),
-            errors,
-        }
-    }
-
-    fn leading(&self) -> bool {
-        self.candidate.as_ref().is_some_and(Candidate::is_leading)
-    }
-
-    /// The process dies: no release, no more writes; its lease runs out.
-    fn crash(&mut self) {
-        self.dead.store(true, Ordering::Release);
-        if let Some(candidate) = self.candidate.take() {
-            candidate.task.abort();
-        }
-    }
-}
-
-/// The job: logs each firing it starts, then works for `works` (or until cancelled); once its
-/// replica is dead it does nothing.
-fn work(
-    builder: leader_cron::CronJobBuilder,
-    id: &str,
-    log: &Log,
-    works: Duration,
-    dead: &Arc<AtomicBool>,
-) -> CronJob {
-    let (log, id, dead) = (log.clone(), id.to_owned(), dead.clone());
-    builder
-        .build(move |firing: Firing, cancel| {
-            let (log, id, dead) = (log.clone(), id.clone(), dead.clone());
-            async move {
-                if dead.load(Ordering::Acquire) {
-                    return Ok(());
-                }
-                log.lock()
-                    .expect("log")
-                    .push((firing.scheduled, firing.attempt, id));
-                tokio::select! {
-                    () = sleep(works) => Ok(()),
-                    () = cancel.cancelled() => Err("cancelled".into()),
-                }
-            }
-        })
-        .expect("valid job")
-}
-
-/// A replica running schedule `schedule` under name `name` with `configure` applied.
-fn replica(
-    store: &MemoryStore,
-    clock: &TokioClock,
-    id: &str,
-    schedule: &Schedule,
-    log: &Log,
-    works: Duration,
-    configure: impl FnOnce(leader_cron::CronJobBuilder) -> leader_cron::CronJobBuilder,
-) -> Replica {
-    let dead = Arc::new(AtomicBool::new(false));
-    let builder = configure(CronJob::builder("report", schedule.clone()).clock(clock.clone()));
-    let job = work(builder, id, log, works, &dead);
-    let mut replica = Replica::start(store, id, job);
-    replica.dead = dead;
-    replica
-}
-
-/// The schedule's state as the store holds it.
-async fn stored(store: &MemoryStore) -> CronState {
-    use leader_core::ResourceLock;
-    let value = store
-        .lock("election", "reader")
-        .get()
-        .await
-        .expect("get")
-        .expect("a record")
-        .record
-        .extensions
-        .get(&extension_key("report"))
-        .cloned()
-        .expect("the schedule's state");
-    CronState::from_json(&value).expect("a state")
-}
-
-fn instants(log: &Log) -> Vec<(DateTime<Utc>, u32)> {
-    log.lock()
-        .expect("log")
-        .iter()
-        .map(|(at, attempt, _)| (*at, *attempt))
-        .collect()
-}
-
-fn minutes(n: i64) -> DateTime<Utc> {
-    origin() + chrono::Duration::minutes(n)
-}
+use common::{Log, Replica, instants, minutes, origin, replica, stored, work};
 
 #[tokio::test(start_paused = true)]
 async fn a_steady_leader_starts_each_firing_once_on_time() {
@@ -319,7 +189,12 @@ async fn a_starting_deadline_misses_what_is_too_late() {
 
 #[tokio::test(start_paused = true)]
 async fn overlapping_firings_follow_the_policy() {
-    for overlap in [Overlap::Forbid, Overlap::Allow, Overlap::Replace] {
+    for (overlap, missed) in [
+        (Overlap::Forbid, Missed::Latest),
+        (Overlap::Forbid, Missed::Skip),
+        (Overlap::Allow, Missed::Latest),
+        (Overlap::Replace, Missed::Latest),
+    ] {
         let store = MemoryStore::new();
         let clock = TokioClock::starting_at(origin());
         let log = Log::default();
@@ -332,20 +207,28 @@ async fn overlapping_firings_follow_the_policy() {
             &every,
             &log,
             Duration::from_secs(25),
-            |b| b.overlap(overlap),
+            |b| b.overlap(overlap).missed(missed),
         );
-        sleep(Duration::from_secs(65)).await;
+        sleep(Duration::from_secs(66)).await;
         let started: Vec<i64> = instants(&log)
             .iter()
             .map(|s| (s.0 - origin()).num_seconds())
             .collect();
         let state = stored(&store).await;
-        match overlap {
-            Overlap::Forbid => {
-                assert_eq!(started, vec![10, 40], "forbid");
+        match (overlap, missed) {
+            // 20 and 30 wait for 10 (ended at 35): the latest of them runs late. 40 and 50
+            // wait for 30 (ended at 60), when 60 is due on time: it is the latest.
+            (Overlap::Forbid, Missed::Latest) => {
+                assert_eq!(started, vec![10, 30, 60], "forbid");
+                assert_eq!(state.missed, 3, "20, 40 and 50 missed: {state:?}");
+            }
+            (Overlap::Forbid, _) => {
+                assert_eq!(started, vec![10, 40], "forbid, skip");
                 assert_eq!(state.missed, 4, "20, 30, 50 and 60 skipped: {state:?}");
             }
-            Overlap::Allow => assert_eq!(started, vec![10, 20, 30, 40, 50, 60], "allow"),
+            (Overlap::Allow, _) => {
+                assert_eq!(started, vec![10, 20, 30, 40, 50, 60], "allow");
+            }
             _ => {
                 assert_eq!(started, vec![10, 20, 30, 40, 50, 60], "replace");
                 assert_eq!(
@@ -504,8 +387,10 @@ async fn events_tell_each_start_end_and_miss() {
     let dead = Arc::new(AtomicBool::new(false));
     let builder = CronJob::builder("report", every)
         .clock(clock.clone())
-        .overlap(Overlap::Forbid);
-    // Each firing works 90 s: the one of minute 2 is due while minute 1's still runs.
+        .overlap(Overlap::Forbid)
+        .missed(Missed::Skip);
+    // Each firing works 90 s: the one of minute 2 is due while minute 1's still runs, waits,
+    // and is late when it ends.
     let job = work(builder, "a", &log, Duration::from_secs(90), &dead);
     let mut events = job.subscribe();
     let mut replica = Replica::start(&store, "a", job);
@@ -522,17 +407,17 @@ async fn events_tell_each_start_end_and_miss() {
     assert_eq!(started(&seen[0]), Some((minutes(1), 1)), "{seen:#?}");
     assert_eq!(
         seen[1],
-        CronEvent::Missed {
-            count: 1,
-            latest: Some(minutes(2))
-        }
-    );
-    assert_eq!(
-        seen[2],
         CronEvent::Ended {
             scheduled: minutes(1),
             attempt: 1,
             outcome: Outcome::Succeeded
+        }
+    );
+    assert_eq!(
+        seen[2],
+        CronEvent::Missed {
+            count: 1,
+            latest: Some(minutes(2))
         }
     );
     assert_eq!(started(&seen[3]), Some((minutes(3), 1)), "{seen:#?}");

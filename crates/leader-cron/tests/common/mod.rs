@@ -1,0 +1,146 @@
+//! What the schedule tests share: replicas running a job on electors of one in-memory store,
+//! on tokio's paused clock, and a log of the firings their jobs started.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use leader_core::background::Candidate;
+use leader_core::{LeaderElector, MemoryStore};
+use leader_cron::{CronJob, CronState, Firing, Schedule, TokioClock, extension_key};
+use tokio::time::sleep;
+
+pub const LEASE: Duration = Duration::from_secs(15);
+
+pub fn origin() -> DateTime<Utc> {
+    DateTime::parse_from_rfc3339("2026-01-10T00:00:00Z")
+        .expect("time")
+        .with_timezone(&Utc)
+}
+
+/// The firings the jobs started, in order: (scheduled, attempt, replica).
+pub type Log = Arc<Mutex<Vec<(DateTime<Utc>, u32, String)>>>;
+
+/// One replica: an elector running the job, and a flag that makes its job act as if its process
+/// died (it records nothing more) once the replica is crashed.
+pub struct Replica {
+    pub candidate: Option<Candidate>,
+    pub dead: Arc<AtomicBool>,
+    pub errors: Arc<Mutex<Vec<String>>>,
+}
+
+impl Replica {
+    pub fn start(store: &MemoryStore, id: &str, job: CronJob) -> Self {
+        let errors = Arc::new(Mutex::new(Vec::new()));
+        let seen = errors.clone();
+        let elector = LeaderElector::builder(store.lock("election", id))
+            .jitter(0.0)
+            .lease_duration(LEASE)
+            .renew_deadline(Duration::from_secs(10))
+            .retry_period(Duration::from_secs(2))
+            .on_started_leading(move |leadership| {
+                let (job, seen) = (job.clone(), seen.clone());
+                async move {
+                    if let Err(err) = job.run(leadership).await {
+                        seen.lock().expect("errors").push(err.to_string());
+                    }
+                }
+            });
+        Self {
+            candidate: Some(Candidate::build(elector)),
+            dead: Arc::new(AtomicBool::new(false)),
+            errors,
+        }
+    }
+
+    pub fn leading(&self) -> bool {
+        self.candidate.as_ref().is_some_and(Candidate::is_leading)
+    }
+
+    /// The process dies: no release, no more writes; its lease runs out.
+    pub fn crash(&mut self) {
+        self.dead.store(true, Ordering::Release);
+        if let Some(candidate) = self.candidate.take() {
+            candidate.task.abort();
+        }
+    }
+}
+
+/// The job: logs each firing it starts, then works for `works` (or until cancelled); once its
+/// replica is dead it does nothing.
+pub fn work(
+    builder: leader_cron::CronJobBuilder,
+    id: &str,
+    log: &Log,
+    works: Duration,
+    dead: &Arc<AtomicBool>,
+) -> CronJob {
+    let (log, id, dead) = (log.clone(), id.to_owned(), dead.clone());
+    builder
+        .build(move |firing: Firing, cancel| {
+            let (log, id, dead) = (log.clone(), id.clone(), dead.clone());
+            async move {
+                if dead.load(Ordering::Acquire) {
+                    return Ok(());
+                }
+                log.lock()
+                    .expect("log")
+                    .push((firing.scheduled, firing.attempt, id));
+                tokio::select! {
+                    () = sleep(works) => Ok(()),
+                    () = cancel.cancelled() => Err("cancelled".into()),
+                }
+            }
+        })
+        .expect("valid job")
+}
+
+/// A replica running schedule `schedule` under name `name` with `configure` applied.
+pub fn replica(
+    store: &MemoryStore,
+    clock: &TokioClock,
+    id: &str,
+    schedule: &Schedule,
+    log: &Log,
+    works: Duration,
+    configure: impl FnOnce(leader_cron::CronJobBuilder) -> leader_cron::CronJobBuilder,
+) -> Replica {
+    let dead = Arc::new(AtomicBool::new(false));
+    let builder = configure(CronJob::builder("report", schedule.clone()).clock(clock.clone()));
+    let job = work(builder, id, log, works, &dead);
+    let mut replica = Replica::start(store, id, job);
+    replica.dead = dead;
+    replica
+}
+
+/// The schedule's state as the store holds it.
+pub async fn stored(store: &MemoryStore) -> CronState {
+    use leader_core::ResourceLock;
+    let value = store
+        .lock("election", "reader")
+        .get()
+        .await
+        .expect("get")
+        .expect("a record")
+        .record
+        .extensions
+        .get(&extension_key("report"))
+        .cloned()
+        .expect("the schedule's state");
+    CronState::from_json(&value).expect("a state")
+}
+
+pub fn instants(log: &Log) -> Vec<(DateTime<Utc>, u32)> {
+    log.lock()
+        .expect("log")
+        .iter()
+        .map(|(at, attempt, _)| (*at, *attempt))
+        .collect()
+}
+
+pub fn minutes(n: i64) -> DateTime<Utc> {
+    origin() + chrono::Duration::minutes(n)
+}
