@@ -285,4 +285,11 @@ async fn replace_starts_a_firing_only_after_the_replaced_command_exited() {
         schedule["last"]["outcome"]["kind"], "replaced",
         "{status:#}"
     );
+    let history = schedule["history"].as_array().expect("a history");
+    assert!(history.len() >= 2, "{status:#}");
+    for ended in history {
+        assert_eq!(ended["identity"], "a", "{status:#}");
+        assert!(ended["fencingToken"].as_u64().is_some(), "{status:#}");
+        assert!(ended["startedAt"].as_str().is_some(), "{status:#}");
+    }
 }

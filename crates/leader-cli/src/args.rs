@@ -179,6 +179,9 @@ pub(crate) struct CronArgs {
     /// (replace).
     #[arg(long, env = "LEADER_OVERLAP", default_value = "forbid", value_parser = ["forbid", "allow", "replace"])]
     pub(crate) overlap: String,
+    /// How many ended firings the record keeps, shown by `leader status` (0 to 100).
+    #[arg(long, env = "LEADER_HISTORY", default_value_t = 10, value_parser = clap::value_parser!(u8).range(0..=100))]
+    pub(crate) history: u8,
     /// With --overlap allow: the most firings running at once (1 to 1000); one more waits.
     #[arg(long, env = "LEADER_MAX_RUNNING", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=1000))]
     pub(crate) max_running: u16,

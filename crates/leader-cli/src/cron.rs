@@ -46,6 +46,7 @@ pub(crate) async fn cron(args: CronArgs) -> u8 {
         .missed(missed)
         .overlap(overlap)
         .max_running(usize::from(args.max_running))
+        .history(usize::from(args.history))
         .misfire_threshold(args.misfire_threshold)
         .interrupted(interrupted);
     if let Some(deadline) = args.starting_deadline {

@@ -109,6 +109,7 @@ fn schedules_json(record: &leader_core::LeaderElectionRecord) -> serde_json::Val
                 "schedule": s.state.schedule,
                 "running": s.state.running,
                 "last": s.state.last,
+                "history": s.state.history,
                 "missed": s.state.missed,
                 "next": s.next,
             })
@@ -137,6 +138,21 @@ fn print_schedules(record: &leader_core::LeaderElectionRecord) {
                 last.ended_at.to_rfc3339()
             ),
             None => println!("  last       (none yet)"),
+        }
+        for ended in s.state.history.iter().rev().skip(1) {
+            println!(
+                "  earlier    {} attempt {}: {} at {}{}",
+                ended.scheduled.to_rfc3339(),
+                ended.attempt,
+                describe(&ended.outcome),
+                ended.ended_at.to_rfc3339(),
+                ended
+                    .identity
+                    .as_ref()
+                    .zip(ended.fencing_token)
+                    .map(|(identity, token)| format!(" ({identity}, fencing token {token})"))
+                    .unwrap_or_default()
+            );
         }
         for running in &s.state.running {
             println!(

@@ -12,7 +12,7 @@ use tokio::sync::{broadcast, mpsc};
 
 use crate::policy::{Interrupted, MAX_RUNNING, Missed, ON_TIME, Overlap};
 use crate::schedule::{Schedule, ScheduleError};
-use crate::state::{CronState, Ended, Outcome, Started, extension_key};
+use crate::state::{CronState, Ended, HISTORY, Outcome, Started, extension_key};
 
 /// What a job may fail with.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -169,6 +169,7 @@ pub struct CronJobBuilder {
     starting_deadline: Option<Duration>,
     misfire_threshold: Duration,
     max_running: usize,
+    history: usize,
     clock: Arc<dyn Clock>,
 }
 
@@ -215,6 +216,14 @@ impl CronJobBuilder {
         self
     }
 
+    /// How many ended firings the record keeps (default [`HISTORY`], 10; 0 to 100): their
+    /// start, end, attempt, outcome, fencing token and leader, shown by `leader status` and
+    /// read with [`ScheduleStatus`].
+    pub fn history(mut self, keep: usize) -> Self {
+        self.history = keep;
+        self
+    }
+
     /// The wall clock (default: the system's; [`TokioClock`] in tests).
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.clock = Arc::new(clock);
@@ -241,6 +250,12 @@ impl CronJobBuilder {
                 "Missed::All needs a maximum of 1 or more".to_owned(),
             ));
         }
+        if self.history > 100 {
+            return Err(CronError::BadPolicy(format!(
+                "a history of at most 100 firings, not {}",
+                self.history
+            )));
+        }
         if self.max_running == 0 || self.max_running > 1000 {
             return Err(CronError::BadPolicy(format!(
                 "max_running must be 1 to 1000, not {}",
@@ -265,6 +280,7 @@ impl CronJobBuilder {
                 starting_deadline: self.starting_deadline,
                 misfire_threshold: self.misfire_threshold,
                 max_running: self.max_running,
+                history: self.history,
                 clock: self.clock,
                 work: Arc::new(move |firing, cancel| Box::pin(work(firing, cancel))),
                 events: broadcast::channel(EVENTS).0,
@@ -291,6 +307,7 @@ struct Inner {
     starting_deadline: Option<Duration>,
     misfire_threshold: Duration,
     max_running: usize,
+    history: usize,
     clock: Arc<dyn Clock>,
     work: JobFn,
     events: broadcast::Sender<CronEvent>,
@@ -308,6 +325,7 @@ impl fmt::Debug for CronJob {
             .field("starting_deadline", &inner.starting_deadline)
             .field("misfire_threshold", &inner.misfire_threshold)
             .field("max_running", &inner.max_running)
+            .field("history", &inner.history)
             .finish_non_exhaustive()
     }
 }
@@ -337,6 +355,7 @@ impl CronJob {
             starting_deadline: None,
             misfire_threshold: ON_TIME,
             max_running: MAX_RUNNING,
+            history: HISTORY,
             clock: Arc::new(SystemClock),
         }
     }
@@ -407,18 +426,13 @@ impl CronJob {
                     tracing::warn!(schedule = %inner.name, scheduled = %firing.scheduled, %reason, "a firing is given up");
                     metrics::counter!("leader_cron_firings_given_up_total", "name" => inner.name.clone())
                         .increment(1);
-                    let outcome = Outcome::GaveUp { reason };
-                    let _ = inner.events.send(CronEvent::Ended {
-                        scheduled: firing.scheduled,
-                        attempt: firing.attempt,
-                        outcome: outcome.clone(),
-                    });
-                    state.last = Some(Ended {
-                        scheduled: firing.scheduled,
-                        attempt: firing.attempt,
-                        outcome,
-                        ended_at: inner.clock.now(),
-                    });
+                    self.ended(
+                        &mut state,
+                        firing.scheduled,
+                        firing.attempt,
+                        Some(&firing),
+                        Outcome::GaveUp { reason },
+                    );
                 }
             }
         }
@@ -434,6 +448,7 @@ impl CronJob {
                         attempt,
                         fencing_token: token,
                         started_at: now,
+                        identity: Some(leadership.identity().to_owned()),
                     });
                 }
                 if self.write(&leadership, &state).await.is_err() {
@@ -454,10 +469,9 @@ impl CronJob {
                 () = leadership.lost() => return Ok(()),
                 Some((scheduled, attempt, outcome)) = finished.recv() => {
                     running.retain(|r: &Running| (r.scheduled, r.attempt) != (scheduled, attempt));
-                    let before = state.running.len();
-                    state.running.retain(|s| (s.scheduled, s.attempt) != (scheduled, attempt));
-                    if state.running.len() < before {
-                        self.ended(&mut state, scheduled, attempt, outcome);
+                    // A replaced firing was recorded when it was replaced.
+                    if let Some(started) = take_running(&mut state, scheduled, attempt) {
+                        self.ended(&mut state, scheduled, attempt, Some(&started), outcome);
                         dirty = true;
                     }
                 }
@@ -577,20 +591,20 @@ impl CronJob {
                                 missed += 1;
                                 latest_missed = Some(scheduled);
                             } else {
-                                self.ended(state, scheduled, attempt, Outcome::Replaced);
+                                self.ended(state, scheduled, attempt, None, Outcome::Replaced);
                                 recorded = true;
                             }
                         }
                         for replaced in running.iter_mut().filter(|r| !r.replaced) {
                             replaced.cancel.cancel();
                             replaced.replaced = true;
-                            state.running.retain(|s| {
-                                (s.scheduled, s.attempt) != (replaced.scheduled, replaced.attempt)
-                            });
+                            let (scheduled, attempt) = (replaced.scheduled, replaced.attempt);
+                            let started = take_running(state, scheduled, attempt);
                             self.ended(
                                 state,
-                                replaced.scheduled,
-                                replaced.attempt,
+                                scheduled,
+                                attempt,
+                                started.as_ref(),
                                 Outcome::Replaced,
                             );
                             recorded = true;
@@ -625,12 +639,14 @@ impl CronJob {
         (changed, blocked)
     }
 
-    /// Records the end of a firing in `state` (written with the next write).
+    /// Records the end of a firing in `state` (written with the next write): the last
+    /// outcome, and the history, which keeps the job's number of the latest.
     fn ended(
         &self,
         state: &mut CronState,
         scheduled: DateTime<Utc>,
         attempt: u32,
+        started: Option<&Started>,
         outcome: Outcome,
     ) {
         let inner = &self.inner;
@@ -646,12 +662,19 @@ impl CronJob {
             attempt,
             outcome: outcome.clone(),
         });
-        state.last = Some(Ended {
+        let ended = Ended {
             scheduled,
             attempt,
             outcome,
             ended_at: inner.clock.now(),
-        });
+            started_at: started.map(|s| s.started_at),
+            fencing_token: started.map(|s| s.fencing_token),
+            identity: started.and_then(|s| s.identity.clone()),
+        };
+        state.last = Some(ended.clone());
+        state.history.push(ended);
+        let beyond = state.history.len().saturating_sub(inner.history);
+        state.history.drain(..beyond);
     }
 
     /// Writes `state` into the record; `Err` when the term is over or given up (a write whose
@@ -724,6 +747,15 @@ impl CronJob {
             replaced: false,
         }
     }
+}
+
+/// Takes firing (`scheduled`, `attempt`) out of the state's running firings, if it is there.
+fn take_running(state: &mut CronState, scheduled: DateTime<Utc>, attempt: u32) -> Option<Started> {
+    let index = state
+        .running
+        .iter()
+        .position(|s| (s.scheduled, s.attempt) == (scheduled, attempt))?;
+    Some(state.running.remove(index))
 }
 
 /// Sleeps for `wait`, or forever without a next firing.

@@ -13,7 +13,7 @@ pub use job::{
 };
 pub use policy::{Interrupted, MAX_RUNNING, Missed, ON_TIME, Overlap};
 pub use schedule::{Schedule, ScheduleError};
-pub use state::{CronState, Ended, Outcome, Started, extension_key};
+pub use state::{CronState, Ended, HISTORY, Outcome, Started, extension_key};
 
 /// The core crate, so that one dependency is enough.
 pub use leader_core;

@@ -3,6 +3,9 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+/// How many ended firings a schedule's state keeps unless the job says otherwise.
+pub const HISTORY: usize = 10;
+
 /// The record extension that holds schedule `name`'s state.
 pub fn extension_key(name: &str) -> String {
     format!("cron/{name}")
@@ -28,6 +31,10 @@ pub struct CronState {
     /// The firing that ended last, with its outcome.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last: Option<Ended>,
+    /// The firings that ended last, oldest first, as many as the job keeps
+    /// ([`CronJobBuilder::history`](crate::CronJobBuilder::history), [`HISTORY`] by default).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<Ended>,
     /// Firings missed so far (no leader at their time, or skipped by the policy).
     #[serde(default)]
     pub missed: u64,
@@ -46,6 +53,10 @@ pub struct Started {
     pub fencing_token: u64,
     /// When it started, by the leader's clock.
     pub started_at: DateTime<Utc>,
+    /// The identity of the leader that started it (absent in states written before it was
+    /// kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<String>,
 }
 
 /// A firing that ended.
@@ -61,6 +72,16 @@ pub struct Ended {
     pub outcome: Outcome,
     /// When it ended (or was given up), by the leader's clock.
     pub ended_at: DateTime<Utc>,
+    /// When it started, by the clock of the leader that started it (absent for a retry
+    /// superseded before it started).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<DateTime<Utc>>,
+    /// The fencing token of the term that started it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fencing_token: Option<u64>,
+    /// The identity of the leader that started it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<String>,
 }
 
 /// How a firing ended.
@@ -106,6 +127,7 @@ impl CronState {
             cursor: None,
             running: Vec::new(),
             last: None,
+            history: Vec::new(),
             missed: 0,
         }
     }
@@ -145,18 +167,28 @@ mod tests {
             attempt: 1,
             fencing_token: 7,
             started_at: at,
+            identity: Some("a".into()),
         });
-        state.last = Some(Ended {
+        let ended = Ended {
             scheduled: at,
             attempt: 2,
             outcome: Outcome::Failed {
                 message: "exit 3".into(),
             },
             ended_at: at,
-        });
+            started_at: Some(at),
+            fencing_token: Some(7),
+            identity: Some("a".into()),
+        };
+        state.last = Some(ended.clone());
+        state.history.push(ended);
         let json = state.to_json();
         assert!(json.contains(r#""kind":"failed""#), "{json}");
         assert_eq!(CronState::from_json(&json).expect("parses"), state);
         assert!(CronState::from_json("{\"garbage\":1}").is_err());
+        // A state written before the history and the identities were kept still reads.
+        let older = r#"{"schedule":"every 1s","since":"2026-01-10T00:00:00Z","running":[{"scheduled":"2026-01-10T00:00:00Z","attempt":1,"fencingToken":7,"startedAt":"2026-01-10T00:00:00Z"}],"last":{"scheduled":"2026-01-10T00:00:00Z","attempt":1,"outcome":{"kind":"succeeded"},"endedAt":"2026-01-10T00:00:00Z"},"missed":0}"#;
+        let read = CronState::from_json(older).expect("an older state");
+        assert!(read.history.is_empty() && read.running[0].identity.is_none());
     }
 }

@@ -22,6 +22,26 @@ fn every_minute() -> Schedule {
     Schedule::every(Duration::from_secs(60)).expect("schedule")
 }
 
+/// One replica alone on a schedule of every 10 s, its firings working for `works`.
+fn every_ten_seconds(
+    works: Duration,
+    configure: impl FnOnce(leader_cron::CronJobBuilder) -> leader_cron::CronJobBuilder,
+) -> (MemoryStore, Log, Replica) {
+    let (store, log) = (MemoryStore::new(), Log::default());
+    let clock = TokioClock::starting_at(origin());
+    let every = Schedule::every(Duration::from_secs(10)).expect("schedule");
+    let replica = replica(&store, &clock, "a", &every, &log, works, configure);
+    (store, log, replica)
+}
+
+/// Instants as seconds after the origin.
+fn seconds(instants: &[DateTime<Utc>]) -> Vec<i64> {
+    instants
+        .iter()
+        .map(|at| (*at - origin()).num_seconds())
+        .collect()
+}
+
 /// Starts of the log, as scheduled instants.
 fn scheduled(log: &Log) -> Vec<DateTime<Utc>> {
     instants(log).iter().map(|s| s.0).collect()
@@ -236,25 +256,11 @@ async fn the_misfire_threshold_decides_on_time() {
 /// the record's list of running firings stays bounded.
 #[tokio::test(start_paused = true)]
 async fn allow_is_bounded_by_max_running() {
-    let store = MemoryStore::new();
-    let clock = TokioClock::starting_at(origin());
-    let log = Log::default();
-    let every = Schedule::every(Duration::from_secs(10)).expect("schedule");
-    let mut a = replica(
-        &store,
-        &clock,
-        "a",
-        &every,
-        &log,
-        Duration::from_secs(10_000),
-        |b| b.overlap(Overlap::Allow).max_running(3),
-    );
+    let (store, log, mut a) = every_ten_seconds(Duration::from_secs(10_000), |b| {
+        b.overlap(Overlap::Allow).max_running(3)
+    });
     sleep(Duration::from_secs(125)).await;
-    let started: Vec<i64> = scheduled(&log)
-        .iter()
-        .map(|at| (*at - origin()).num_seconds())
-        .collect();
-    assert_eq!(started, vec![10, 20, 30]);
+    assert_eq!(seconds(&scheduled(&log)), vec![10, 20, 30]);
     let state = stored(&store).await;
     assert_eq!(state.running.len(), 3, "{state:?}");
     a.crash();
@@ -272,4 +278,27 @@ fn max_running_must_be_one_to_a_thousand() {
             "{max}"
         );
     }
+}
+
+/// The record keeps the latest outcomes, as many as the job says, each with its start, end,
+/// attempt, token and leader.
+#[tokio::test(start_paused = true)]
+async fn the_history_keeps_the_latest_outcomes() {
+    let (store, _, mut a) = every_ten_seconds(Duration::from_secs(1), |b| b.history(3));
+    sleep(Duration::from_secs(65)).await;
+    let state = stored(&store).await;
+    let kept: Vec<DateTime<Utc>> = state.history.iter().map(|e| e.scheduled).collect();
+    assert_eq!(seconds(&kept), vec![40, 50, 60], "{state:?}");
+    for ended in &state.history {
+        assert_eq!(ended.outcome, Outcome::Succeeded);
+        assert_eq!(ended.identity.as_deref(), Some("a"));
+        assert_eq!(ended.fencing_token, Some(1));
+        assert_eq!(ended.started_at, Some(ended.scheduled));
+        assert_eq!(
+            ended.ended_at - ended.scheduled,
+            chrono::Duration::seconds(1)
+        );
+    }
+    assert_eq!(state.last.as_ref(), state.history.last());
+    a.crash();
 }
