@@ -530,7 +530,7 @@ impl Runner {
         match tokio::time::timeout(self.config.request_timeout, self.set.renew_many(&renewals))
             .await
         {
-            Ok(results) => self.renewed(whose, results, started),
+            Ok(results) => self.renewed(whose, results, started).await,
             Err(_) => self.renew_timed_out(),
         }
     }
@@ -552,60 +552,201 @@ impl Runner {
         let mut whose = Vec::new();
         let terms = self.member.iter().map(|t| (None, t));
         for (shard, term) in terms.chain(self.owned.iter().map(|(&s, t)| (Some(s), t))) {
-            let mut record = term.observed.record.clone();
-            record.renew_time = record.renewal_time(self.config.wall_clock.now());
             whose.push(shard);
-            renewals.push(Renewal {
-                key: term.key.clone(),
-                version: term.observed.version.clone(),
-                record,
-            });
+            renewals.push(self.renewal_of(term));
         }
         (renewals, whose)
     }
 
-    /// Takes the answers of the renewals sent at `started`. A term whose renewal is refused
-    /// ends at once; one whose deadline passed meanwhile is not extended (S3).
-    fn renewed(
+    /// The renewal of `term` from the record it last saw.
+    fn renewal_of(&self, term: &Term) -> Renewal {
+        let mut record = term.observed.record.clone();
+        record.renew_time = record.renewal_time(self.config.wall_clock.now());
+        Renewal {
+            key: term.key.clone(),
+            version: term.observed.version.clone(),
+            record,
+        }
+    }
+
+    /// The term of `whose`: a shard's, or (`None`) the member record's.
+    fn term(&self, whose: Option<u32>) -> Option<&Term> {
+        match whose {
+            Some(shard) => self.owned.get(&shard),
+            None => self.member.as_ref(),
+        }
+    }
+
+    /// The term of `whose`, to change.
+    fn term_mut(&mut self, whose: Option<u32>) -> Option<&mut Term> {
+        match whose {
+            Some(shard) => self.owned.get_mut(&shard),
+            None => self.member.as_mut(),
+        }
+    }
+
+    /// Takes the answers of the renewals sent at `started`; one whose deadline passed
+    /// meanwhile is not extended (S3). The terms whose renewal conflicted are read again and,
+    /// when still this member's, renewed at once (see [`reread`](Self::reread)).
+    async fn renewed(
         &mut self,
         whose: Vec<Option<u32>>,
         results: Vec<Result<Observed, LockError>>,
         started: Instant,
     ) {
+        let conflicts = self.take_renewals(whose, results, started);
+        if !conflicts.is_empty() {
+            let again = self.reread(conflicts).await;
+            if !again.is_empty() {
+                let (whose, renewals): (Vec<_>, Vec<_>) = again.into_iter().unzip();
+                let started = Instant::now();
+                match tokio::time::timeout(
+                    self.config.request_timeout,
+                    self.set.renew_many(&renewals),
+                )
+                .await
+                {
+                    Ok(results) => {
+                        for whose in self.take_renewals(whose, results, started) {
+                            self.lose(whose);
+                        }
+                    }
+                    Err(_) => self.renew_timed_out(),
+                }
+            }
+        }
+        self.drop_expired();
+    }
+
+    /// Reads the records of the terms whose renewal conflicted before declaring any lost: a
+    /// renewal that timed out may have reached the store, and then the record moved on under
+    /// this very term (as the elector's slow path does). A record that still names this
+    /// member with the term's token is still the term's: its version is adopted, and the term
+    /// returned with its renewal to send at once (a shard whose record asks for a handover is
+    /// handed over instead). The others are lost. Should the read fail, the terms go on until a
+    /// renewal succeeds or their deadline passes (S3), as after any failed renewal.
+    async fn reread(&mut self, conflicts: Vec<Option<u32>>) -> Vec<(Option<u32>, Renewal)> {
+        m::slow_path(&self.config.name);
+        let mut terms = Vec::with_capacity(conflicts.len());
+        for whose in conflicts {
+            if let Some(term) = self.term_mut(whose).filter(|t| !t.past_deadline()) {
+                let key = term.key.clone();
+                terms.push((whose, key));
+            }
+        }
+        let keys: Vec<String> = terms.iter().map(|(_, key)| key.clone()).collect();
+        let answers =
+            match tokio::time::timeout(self.config.request_timeout, self.set.get_many(&keys)).await
+            {
+                Ok(answers) if answers.len() == keys.len() => answers,
+                Ok(_) => {
+                    let err = LockError::unavailable(
+                        "shards",
+                        format!(
+                            "{}: a batch read answered another number of keys",
+                            self.set.describe()
+                        ),
+                    );
+                    self.report("get", &err);
+                    return Vec::new();
+                }
+                Err(_) => {
+                    let err = LockError::Timeout {
+                        lock: self.set.describe(),
+                        operation: "get",
+                        after: self.config.request_timeout,
+                    };
+                    self.report("get", &err);
+                    return Vec::new();
+                }
+            };
+        let mut again = Vec::new();
+        for ((whose, key), answer) in terms.into_iter().zip(answers) {
+            let current = match answer {
+                Ok(current) => current,
+                Err(err) => {
+                    self.report("get", &err);
+                    continue;
+                }
+            };
+            self.observe(&key, current.as_ref());
+            let me = self.me.clone();
+            let Some(term) = self.term_mut(whose) else {
+                continue;
+            };
+            let Some(current) = current.filter(|c| {
+                c.record.is_held_by(&me) && c.record.leader_transitions == term.token()
+            }) else {
+                self.lose(whose);
+                continue;
+            };
+            let handover = current
+                .record
+                .handover_to()
+                .filter(|to| *to != me)
+                .map(str::to_owned);
+            term.observed = current;
+            match (whose, handover) {
+                (Some(shard), Some(to)) => self.give(shard, Some(&to), StepDownReason::HandedOver),
+                _ => {
+                    if let Some(term) = self.term(whose) {
+                        again.push((whose, self.renewal_of(term)));
+                    }
+                }
+            }
+        }
+        again
+    }
+
+    /// Ends the term of `whose` (a shard's, or the member record's): its record is another's.
+    fn lose(&mut self, whose: Option<u32>) {
+        let Some(term) = self.term(whose) else {
+            return;
+        };
+        term.cancel.cancel();
+        tracing::warn!(
+            shards = self.config.name,
+            key = term.key,
+            "lost: the record is no longer this member's"
+        );
+        match whose {
+            Some(shard) => self.end(shard, StepDownReason::Lost),
+            None => self.member = None,
+        }
+    }
+
+    /// Takes the answers of the renewals sent at `started`: a term renewed is extended unless
+    /// its deadline passed meanwhile (S3). Returns the terms whose renewal conflicted.
+    fn take_renewals(
+        &mut self,
+        whose: Vec<Option<u32>>,
+        results: Vec<Result<Observed, LockError>>,
+        started: Instant,
+    ) -> Vec<Option<u32>> {
         let took = started.elapsed();
         let mut failed = None;
         let mut renewed = 0usize;
+        let mut conflicts = Vec::new();
+        let renew_deadline = self.config.renew_deadline;
         for (shard, result) in whose.into_iter().zip(results) {
-            let term = match shard {
-                Some(shard) => self.owned.get_mut(&shard),
-                None => self.member.as_mut(),
+            let learn = shard.is_none() && self.renews_in_store.is_none();
+            let Some(term) = self.term_mut(shard) else {
+                continue;
             };
-            let Some(term) = term else { continue };
             if term.past_deadline() {
                 continue;
             }
             match result {
                 Ok(stored) => {
-                    if shard.is_none() && self.renews_in_store.is_none() {
-                        self.renews_in_store = Some(stored.version == term.observed.version);
-                    }
+                    let kept_version = stored.version == term.observed.version;
                     term.observed = stored;
-                    term.extend(started + self.config.renew_deadline);
+                    term.extend(started + renew_deadline);
                     renewed += 1;
-                }
-                Err(err) if err.is_conflict() => {
-                    term.cancel.cancel();
-                    tracing::warn!(
-                        shards = self.config.name,
-                        key = term.key,
-                        "lost: the record is no longer this member's"
-                    );
-                    if let Some(shard) = shard {
-                        self.end(shard, StepDownReason::Lost);
-                    } else {
-                        self.member = None;
+                    if learn {
+                        self.renews_in_store = Some(kept_version);
                     }
                 }
+                Err(err) if err.is_conflict() => conflicts.push(shard),
                 Err(err) => failed = Some(err),
             }
         }
@@ -615,7 +756,7 @@ impl Runner {
         if let Some(err) = failed {
             self.report("renew", &err);
         }
-        self.drop_expired();
+        conflicts
     }
 
     /// Ends the terms whose deadline passed (their timers have cancelled them already, or do
@@ -853,7 +994,7 @@ impl Runner {
             drop(known);
             match answer {
                 Ok(answer) => {
-                    self.renewed(whose, answer.renewed, started);
+                    self.renewed(whose, answer.renewed, started).await;
                     Ok(answer.read)
                 }
                 Err(elapsed) => {

@@ -1,0 +1,111 @@
+//! A shard set's terms through trouble, on tokio's paused clock and the in-memory store: a
+//! renewal batch that reached the store but timed out keeps its shards (the records are read
+//! again before any is declared lost).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use leader_core::faults::{Faults, FaultyLock};
+use leader_core::{CancellationToken, KeyedLocks, MemoryStore, Shards, Timings};
+use tokio::time::{Instant, sleep};
+
+const TIMINGS: Timings = Timings {
+    lease_duration: Duration::from_secs(10),
+    renew_deadline: Duration::from_secs(8),
+    retry_period: Duration::from_secs(1),
+};
+
+/// Advances the paused clock until `done`, up to `within`.
+async fn until(within: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() <= within {
+        if done() {
+            return true;
+        }
+        sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
+
+/// Member `identity` of set `jobs` whose requests on shard records go through `faults`.
+fn locks(store: &MemoryStore, identity: &str, faults: &Faults) -> KeyedLocks {
+    let (store, faults) = (store.clone(), faults.clone());
+    KeyedLocks::new(identity, "memory", move |key, identity| {
+        let lock = store.lock(key, identity);
+        if key.starts_with("jobs-shard-") {
+            Arc::new(FaultyLock::with_faults(lock, faults.clone()))
+        } else {
+            Arc::new(lock)
+        }
+    })
+}
+
+/// A renewal batch whose answers come after the request timeout (the store renewed every
+/// record, the member never heard): the next round's renewals carry the versions from before and
+/// conflict. The member reads the records again, finds them still its own with its terms'
+/// tokens, and keeps every shard: no term ends, no token changes, no work restarts.
+#[tokio::test]
+async fn a_renewal_that_timed_out_after_reaching_the_store_keeps_the_shards() {
+    tokio::time::pause();
+    const COUNT: u32 = 4;
+    let store = MemoryStore::new();
+    let faults = Faults::new();
+    let stopped = Arc::new(Mutex::new(Vec::new()));
+    let shards = Shards::builder("jobs", COUNT, locks(&store, "a", &faults))
+        .timings(TIMINGS)
+        .request_timeout(Duration::from_secs(2))
+        .on_shard_stopped({
+            let stopped = stopped.clone();
+            move |shard, stop| stopped.lock().unwrap().push((shard, stop.reason))
+        })
+        .build()
+        .unwrap();
+    let state = shards.subscribe();
+    let shutdown = CancellationToken::new();
+    let task =
+        tokio::spawn(shards.run_per_shard(shutdown.clone(), |_, _| std::future::pending::<()>()));
+    assert!(
+        until(Duration::from_secs(30), || state.borrow().tokens().len()
+            == COUNT as usize)
+        .await,
+        "a took every shard"
+    );
+    // Settled: a few rounds of plain renewals.
+    sleep(TIMINGS.lease_duration).await;
+    let tokens = state.borrow().tokens();
+    let renewals_before = renewals(&faults);
+
+    // One round's renewals reach the store and are answered after the request timeout.
+    faults.delay_responses(Duration::from_secs(3));
+    assert!(
+        until(TIMINGS.retry_period * 2, || renewals(&faults)
+            > renewals_before)
+        .await,
+        "a round of renewals"
+    );
+    faults.delay_responses(Duration::ZERO);
+    sleep(TIMINGS.lease_duration * 2).await;
+
+    assert_eq!(
+        *stopped.lock().unwrap(),
+        Vec::new(),
+        "terms ended after a renewal that timed out"
+    );
+    assert_eq!(state.borrow().tokens(), tokens, "the shards' terms changed");
+    let late = faults
+        .calls()
+        .iter()
+        .filter(|c| c.operation == "renew" && c.sent > Instant::now() - TIMINGS.lease_duration)
+        .all(|c| c.ok == Some(true));
+    assert!(late, "renewals still fail a lease later");
+    shutdown.cancel();
+    task.await.unwrap().unwrap();
+}
+
+fn renewals(faults: &Faults) -> usize {
+    faults
+        .calls()
+        .iter()
+        .filter(|c| c.operation == "renew")
+        .count()
+}
