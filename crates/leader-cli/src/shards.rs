@@ -96,8 +96,9 @@ pub(crate) async fn run(args: ElectionArgs, count: u32, command: Vec<String>) ->
 }
 
 /// One shard's COMMAND: started with the shard's number and token, stopped when the shard's
-/// term ends. A COMMAND that exits by itself gives the shard up (it may come back to this
-/// replica or go to another on a later round).
+/// term ends. A COMMAND that cannot start (where `leader run` exits with 126 or 127) or that
+/// exits by itself gives the shard up: another replica may take it, and this one takes it
+/// again only after a back-off that grows while COMMAND keeps failing.
 async fn per_shard(
     mut program: Program,
     grace: Duration,
@@ -111,7 +112,11 @@ async fn per_shard(
     let mut process = match program.spawn(token, None, backstop) {
         Ok(process) => process,
         Err(err) => {
-            eprintln!("leader: cannot start {:?}: {err}", program.command[0]);
+            eprintln!(
+                "leader: cannot start {:?} for shard {shard}: {err}: giving the shard up",
+                program.command[0]
+            );
+            let _ = term.step_down();
             return;
         }
     };

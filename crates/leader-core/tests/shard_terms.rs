@@ -1,12 +1,16 @@
 //! A shard set's terms through trouble, on tokio's paused clock and the in-memory store: a
 //! renewal batch that reached the store but timed out keeps its shards (the records are read
-//! again before any is declared lost).
+//! again before any is declared lost), and a shard whose work keeps ending is taken again after
+//! a back-off that grows, not at once every time.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use leader_core::faults::{Faults, FaultyLock};
-use leader_core::{CancellationToken, KeyedLocks, MemoryStore, Shards, Timings};
+use leader_core::{
+    CancellationToken, KeyedLocks, MemoryStore, Shards, ShardsState, StepDownReason, Timings,
+};
+use tokio::sync::watch;
 use tokio::time::{Instant, sleep};
 
 const TIMINGS: Timings = Timings {
@@ -108,4 +112,85 @@ fn renewals(faults: &Faults) -> usize {
         .iter()
         .filter(|c| c.operation == "renew")
         .count()
+}
+
+/// A shard whose work returns at once (a COMMAND that crashes) is given up each time, and
+/// taken again by the same member only after a back-off that doubles with each give-up that
+/// follows a short term; once the work has run a long while, the next give-up waits the
+/// shortest back-off again.
+#[tokio::test]
+async fn work_that_keeps_ending_is_taken_again_after_a_growing_back_off() {
+    tokio::time::pause();
+    let store = MemoryStore::new();
+    let starts = Arc::new(Mutex::new(Vec::new()));
+    let run_for = Arc::new(Mutex::new(Duration::ZERO));
+    let stopped = Arc::new(Mutex::new(Vec::new()));
+    let shards = Shards::builder("jobs", 1, locks(&store, "a", &Faults::new()))
+        .timings(TIMINGS)
+        .on_shard_stopped({
+            let stopped = stopped.clone();
+            move |_, stop| stopped.lock().unwrap().push(stop.reason)
+        })
+        .build()
+        .unwrap();
+    let state: watch::Receiver<ShardsState> = shards.subscribe();
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(shards.run_per_shard(shutdown.clone(), {
+        let (starts, run_for) = (starts.clone(), run_for.clone());
+        move |_, _| {
+            starts.lock().unwrap().push(Instant::now());
+            let run = *run_for.lock().unwrap();
+            async move { sleep(run).await }
+        }
+    }));
+    sleep(Duration::from_secs(60)).await;
+    let crashing: Vec<Instant> = starts.lock().unwrap().clone();
+    let gaps: Vec<Duration> = crashing.windows(2).map(|w| w[1] - w[0]).collect();
+    assert!(
+        (4..=9).contains(&crashing.len()),
+        "{} starts in a minute: {gaps:?}",
+        crashing.len()
+    );
+    assert!(
+        gaps.windows(2).all(|w| w[1] >= w[0]),
+        "the waits do not grow: {gaps:?}"
+    );
+    assert!(
+        gaps.last().is_some_and(|g| *g >= TIMINGS.retry_period * 8),
+        "the waits do not grow: {gaps:?}"
+    );
+    assert!(
+        stopped
+            .lock()
+            .unwrap()
+            .iter()
+            .all(|r| *r == StepDownReason::SteppedDown)
+    );
+
+    // The work now runs a long while before it ends: the back-off starts again.
+    *run_for.lock().unwrap() = Duration::from_secs(3600);
+    let count = crashing.len();
+    assert!(
+        until(Duration::from_secs(600), || starts.lock().unwrap().len()
+            > count)
+        .await,
+        "the shard was never taken again"
+    );
+    *run_for.lock().unwrap() = Duration::ZERO;
+    let long = *starts.lock().unwrap().last().unwrap();
+    assert!(
+        until(Duration::from_secs(3700), || starts.lock().unwrap().len()
+            > count + 1)
+        .await,
+        "the shard was never taken again after its long run"
+    );
+    let again = starts.lock().unwrap()[count + 1];
+    let wait = again - (long + Duration::from_secs(3600));
+    assert!(
+        wait <= TIMINGS.retry_period * 3,
+        "a give-up after a long run waited {wait:?}"
+    );
+    drop(state);
+    shutdown.cancel();
+    task.await.unwrap().unwrap();
 }

@@ -36,10 +36,19 @@ const ROSTER_LEASE: std::time::Duration = std::time::Duration::from_secs(30 * 24
 /// How old the roster's last write may grow before a member writes it again.
 const ROSTER_REFRESH: chrono::TimeDelta = chrono::TimeDelta::days(1);
 
+/// How long a shard's work must have run for its next give-up to count as a first one again
+/// (Kubernetes's CrashLoopBackOff resets after as long).
+const GIVE_UP_RESET: std::time::Duration = std::time::Duration::from_secs(600);
+/// The longest a member waits before taking again a shard whose work gave it up (as
+/// CrashLoopBackOff's cap).
+const GIVE_UP_CAP: std::time::Duration = std::time::Duration::from_secs(300);
+
 /// One term this member holds: a shard's, or its member record's.
 struct Term {
     key: String,
     observed: Observed,
+    /// When the term started.
+    started: Instant,
     /// Moved on by each successful renewal; its timer ends the term when it passes (S3).
     deadline: watch::Sender<Instant>,
     /// The same deadline, for the leadership's readers on other threads.
@@ -79,6 +88,16 @@ impl Drop for Term {
     fn drop(&mut self) {
         self.cancel.cancel();
     }
+}
+
+/// A shard whose work gave it up on this member: not taken again by this member before
+/// `until` (S9 for work: a crashing work is not restarted at once, every time).
+struct GaveUp {
+    /// Consecutive give-ups of terms that ended soon after they started.
+    backoff: Backoff,
+    /// When the last give-up was.
+    at: Instant,
+    until: Instant,
 }
 
 /// What this member saw of a record: the follower's clock for its lease (S2), and since when
@@ -136,6 +155,8 @@ pub(crate) struct Runner {
     /// renewals leave the record as it is (see [`Runner::probe`]).
     probed: HashMap<String, Instant>,
     releases: JoinSet<u32>,
+    /// The shards whose work gave them up, while this member waits before taking them again.
+    gave_up: BTreeMap<u32, GaveUp>,
     /// The shards given up whose release is under way, or whose term ended while its work
     /// still runs, with the task that waits for it: neither this member's nor to take again
     /// until it ends, though their records still name this member.
@@ -206,6 +227,7 @@ impl Runner {
             probed: HashMap::new(),
             releases: JoinSet::new(),
             releasing: BTreeMap::new(),
+            gave_up: BTreeMap::new(),
             shard_prefix,
             shard_seen: std::iter::repeat_with(|| None)
                 .take(shard_keys.len())
@@ -511,6 +533,7 @@ impl Runner {
         Term {
             key,
             observed,
+            started,
             deadline,
             shared_deadline,
             cancel,
@@ -885,7 +908,10 @@ impl Runner {
         }
         for (shard, request) in asked {
             match request {
-                TermRequest::StepDown => self.give(shard, None, StepDownReason::SteppedDown),
+                TermRequest::StepDown => {
+                    self.back_off(shard);
+                    self.give(shard, None, StepDownReason::SteppedDown);
+                }
                 TermRequest::HandOver(to) => {
                     self.give(shard, Some(&to), StepDownReason::HandedOver)
                 }
@@ -895,6 +921,45 @@ impl Runner {
                 }
             }
         }
+    }
+
+    /// The work of `shard` gave it up: this member takes it again only after a back-off, the
+    /// jittered retry period at first, doubling with each give-up that follows the last one
+    /// within [`GIVE_UP_RESET`] (unless the term ran that long), up to [`GIVE_UP_CAP`].
+    fn back_off(&mut self, shard: u32) {
+        let Some(term) = self.owned.get(&shard) else {
+            return;
+        };
+        let now = Instant::now();
+        let ran = now - term.started;
+        let retry = self.config.retry_period;
+        let gave_up = self.gave_up.entry(shard).or_insert_with(|| GaveUp {
+            backoff: Backoff::new(retry, 0.2, GIVE_UP_CAP),
+            at: now,
+            until: now,
+        });
+        if ran >= GIVE_UP_RESET || now >= gave_up.at + GIVE_UP_RESET {
+            gave_up.backoff.succeeded();
+        }
+        gave_up.backoff.failed();
+        let wait = gave_up.backoff.wait();
+        gave_up.at = now;
+        gave_up.until = now + wait;
+        tracing::warn!(
+            shards = self.config.name,
+            shard,
+            times = gave_up.backoff.failures(),
+            ran = ?ran,
+            after = ?wait,
+            "the shard's work gave it up: taking it again after a back-off"
+        );
+    }
+
+    /// True while this member waits before taking `shard` again (see [`Runner::back_off`]).
+    fn backing_off(&self, shard: u32) -> bool {
+        self.gave_up
+            .get(&shard)
+            .is_some_and(|g| Instant::now() < g.until)
     }
 
     async fn write_extensions(
@@ -1119,8 +1184,12 @@ impl Runner {
         // own); or open (absent, free, or held by a member not alive), which this member may
         // take. A shard this member gave up, or whose term ended, is none of these until its
         // release ends or its work stopped: counted as lapsed, it would be given or taken
-        // again beside the work still running.
+        // again beside the work still running. A shard whose work gave it up here is not taken
+        // again before its back-off ends (held back, if its record still names this member).
+        let now = Instant::now();
+        self.gave_up.retain(|_, g| now < g.at + GIVE_UP_RESET);
         let mut lapsed: Vec<u32> = Vec::new();
+        let mut held_back: Vec<u32> = Vec::new();
         let mut open: Vec<u32> = Vec::new();
         for (shard, observed) in (0..count).zip(&view_shards) {
             if self.owned.contains_key(&shard) || self.releasing.contains_key(&shard) {
@@ -1130,16 +1199,20 @@ impl Runner {
                 .as_ref()
                 .map(|o| o.record.holder_identity.as_str())
                 .filter(|h| !h.is_empty());
+            let backing_off = self.backing_off(shard);
             match holder {
+                Some(holder) if holder == self.me && backing_off => held_back.push(shard),
                 Some(holder) if holder == self.me => lapsed.push(shard),
                 Some(holder) => match owners.get_mut(holder) {
                     Some(list) => list.push(shard),
+                    None if backing_off => {}
                     None => open.push(shard),
                 },
+                None if backing_off => {}
                 None => open.push(shard),
             }
         }
-        let mine = self.owned.keys().copied().chain(lapsed.iter().copied());
+        let mine = self.owned.keys().chain(&lapsed).chain(&held_back).copied();
         owners.insert(self.me.clone(), mine.collect());
         let counts = owners.iter().map(|(m, s)| (m.clone(), s.len())).collect();
         let shares = shares(count, &counts);
@@ -1152,7 +1225,7 @@ impl Runner {
         gifts.retain(|(shard, _)| self.owned.contains_key(shard));
         let share = shares.get(&self.me).copied().unwrap_or(0);
         // Distinct shards, all owned: no more gifts than shards owned.
-        let kept = self.owned.len() - gifts.len() + lapsed.len();
+        let kept = self.owned.len() - gifts.len() + lapsed.len() + held_back.len();
         let room = share.saturating_sub(kept);
         // Nothing to do, here or (as far as this read shows) anywhere: every shard owned by a
         // live member, within one of each other. Until the members or this member's shards
@@ -1161,7 +1234,8 @@ impl Runner {
             && room == 0
             && lapsed.is_empty()
             && open.is_empty()
-            && self.releasing.is_empty();
+            && self.releasing.is_empty()
+            && !self.gave_up.values().any(|g| now < g.until);
         self.settled = idle && self.imbalance <= 1;
         self.settled_live = live;
         self.full_read_due = Instant::now() + self.config.lease_duration / 2;
