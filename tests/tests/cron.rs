@@ -293,3 +293,79 @@ async fn replace_starts_a_firing_only_after_the_replaced_command_exited() {
         assert!(ended["startedAt"].as_str().is_some(), "{status:#}");
     }
 }
+
+/// `leader cron suspend`, `trigger` and `resume` on a running schedule (every 2 s), through the
+/// record: while suspended no scheduled firing starts, a trigger still runs once with who asked
+/// for it, and after `resume` the schedule runs again; a request for a schedule that is not
+/// there exits 6 in one line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn suspend_trigger_and_resume_act_through_the_record() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let lock = format!("file://{}", dir.path().join("lock").display());
+    let out = dir.path().join("firings");
+    let script = format!(
+        "echo \"$LEADER_FIRING_SCHEDULED ${{LEADER_FIRING_TRIGGERED_BY:-schedule}}\" >> {}",
+        out.display()
+    );
+    let mut leader = Command::new(LEADER)
+        .args(["cron", "--lock", &lock, "--name", "ops", "--identity", "a"])
+        .args(["--every", "2s", "--retry-period", "250ms"])
+        .args(["--", "sh", "-c", &script])
+        .stdout(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn leader cron");
+    let request = async |what: &str, name: &str| {
+        Command::new(LEADER)
+            .args([
+                "cron", what, "--lock", &lock, "--name", name, "--by", "alice",
+            ])
+            .output()
+            .await
+            .expect("leader cron request")
+    };
+    let lines = || -> Vec<String> {
+        std::fs::read_to_string(&out)
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    };
+    sleep(Duration::from_secs(5)).await;
+    assert!(request("suspend", "ops").await.status.success());
+    sleep(Duration::from_secs(3)).await;
+    let suspended = lines().len();
+    assert!(suspended >= 1, "{:?}", lines());
+    assert!(request("trigger", "ops").await.status.success());
+    sleep(Duration::from_secs(5)).await;
+    let during = lines();
+    assert_eq!(
+        during.len(),
+        suspended + 1,
+        "only the trigger ran: {during:?}"
+    );
+    assert!(during[suspended].ends_with(" alice"), "{during:?}");
+    assert!(request("resume", "ops").await.status.success());
+    sleep(Duration::from_secs(5)).await;
+    let after = lines();
+    assert!(
+        after.len() >= during.len() + 2,
+        "the schedule runs again: {after:?}"
+    );
+    let none = request("trigger", "nothing-here").await;
+    assert_eq!(none.status.code(), Some(6));
+    assert_eq!(String::from_utf8_lossy(&none.stderr).lines().count(), 1);
+    let shown = status(&lock, "ops").await;
+    let _ = kill(
+        Pid::from_raw(i32::try_from(leader.id().expect("running")).expect("pid")),
+        Signal::SIGTERM,
+    );
+    let _ = tokio::time::timeout(Duration::from_secs(10), leader.wait()).await;
+    let history = shown["schedules"][0]["history"]
+        .as_array()
+        .expect("history");
+    assert!(
+        history.iter().any(|e| e["triggeredBy"] == "alice"),
+        "{shown:#}"
+    );
+}

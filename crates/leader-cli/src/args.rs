@@ -18,8 +18,10 @@ pub(crate) enum Command {
     /// Wait to be elected, run COMMAND while leading, stop it when leadership ends.
     Run(RunArgs),
     /// Run COMMAND once per firing of a schedule, on whichever replica leads: each firing
-    /// started at most once across replicas, recorded in the lock's record.
+    /// started at most once across replicas, recorded in the lock's record; or suspend,
+    /// resume or trigger a running schedule.
     #[cfg(feature = "cron")]
+    #[command(after_help = CRON_REQUESTS)]
     Cron(CronArgs),
     /// Show the lock's holder, times and transitions, without taking part in the election.
     Status(StatusArgs),
@@ -135,6 +137,53 @@ pub(crate) struct RunArgs {
     /// The program to run while leading, and its arguments.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub(crate) command: Vec<String>,
+}
+
+/// What `leader cron --help` says of the requests, which [`CronRequestCli`] parses.
+#[cfg(feature = "cron")]
+const CRON_REQUESTS: &str = "Requests for a running schedule, through the lock's record (whichever replica leads obeys):
+  leader cron suspend --lock URL --name NAME [--by WHO]   start none of its firings until resumed
+  leader cron resume --lock URL --name NAME               run it again from its next firing
+  leader cron trigger --lock URL --name NAME [--by WHO]   run COMMAND once now, outside the schedule";
+
+/// The words after `leader cron` that make it a request for a running schedule.
+#[cfg(feature = "cron")]
+pub(crate) const CRON_REQUEST_WORDS: [&str; 3] = ["suspend", "resume", "trigger"];
+
+/// `leader cron suspend|resume|trigger`: parsed apart from `leader cron`, whose trailing
+/// COMMAND cannot share a command line with subcommands.
+#[cfg(feature = "cron")]
+#[derive(Debug, Parser)]
+#[command(name = "leader cron")]
+pub(crate) struct CronRequestCli {
+    #[command(subcommand)]
+    pub(crate) request: CronRequest,
+}
+
+/// What operators ask of a running schedule, through the lock's record: whichever replica
+/// leads obeys.
+#[cfg(feature = "cron")]
+#[derive(Debug, Subcommand)]
+pub(crate) enum CronRequest {
+    /// Start none of the schedule's firings until `resume` (they count as missed); a firing
+    /// running goes on.
+    Suspend(CronRequestArgs),
+    /// Run the schedule again from its next firing.
+    Resume(CronRequestArgs),
+    /// Run COMMAND once now, outside the schedule, fenced and recorded like any firing.
+    Trigger(CronRequestArgs),
+}
+
+/// The schedule a request is for.
+#[cfg(feature = "cron")]
+#[derive(Debug, Args)]
+pub(crate) struct CronRequestArgs {
+    /// The lock and the schedule's name (the election's name of `leader cron`).
+    #[command(flatten)]
+    pub(crate) lock: LockArgs,
+    /// Who asks, recorded with the request. Default: USER@HOSTNAME.
+    #[arg(long, value_name = "NAME")]
+    pub(crate) by: Option<String>,
 }
 
 /// `leader cron`: the schedule, its policies and the program run per firing.

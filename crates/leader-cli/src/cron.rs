@@ -2,16 +2,78 @@
 //! schedule runner is `leader_cron`'s: each firing is recorded in the lock's record before
 //! COMMAND starts, and COMMAND's exit status is recorded as its outcome.
 
+use std::time::Duration;
+
 use leader::cron::{
-    CronError, CronJob, CronJobBuilder, Firing, Interrupted, Missed, Overlap, Schedule,
+    ControlError, CronError, CronJob, CronJobBuilder, Firing, Interrupted, Missed, Overlap,
+    Schedule,
 };
 use leader_core::{CancellationToken, FileLock, Leadership};
 
-use crate::args::CronArgs;
+use crate::args::{CronArgs, CronRequest, CronRequestArgs};
 use crate::child::{self, Backstop, Ended};
 use crate::exit;
-use crate::open::fail;
+use crate::open::{code_for, fail, open_lock};
 use crate::run::{Term, Work, elect};
+
+/// `leader cron suspend|resume|trigger`: written into the record with a compare-and-swap, for
+/// whichever replica leads.
+pub(crate) async fn request(request: CronRequest) -> u8 {
+    let (what, args): (&str, &CronRequestArgs) = match &request {
+        CronRequest::Suspend(args) => ("suspend", args),
+        CronRequest::Resume(args) => ("resume", args),
+        CronRequest::Trigger(args) => ("trigger", args),
+    };
+    let lock = match open_lock(&args.lock, "leader-cron-request", Duration::from_secs(5)).await {
+        Ok((lock, _)) => lock,
+        Err(code) => return code,
+    };
+    let name = &args.lock.name;
+    let by = args.by.clone().unwrap_or_else(asker);
+    let written = match &request {
+        CronRequest::Suspend(_) => leader::cron::suspend(&*lock, name, &by).await,
+        CronRequest::Resume(_) => leader::cron::resume(&*lock, name).await,
+        CronRequest::Trigger(_) => leader::cron::trigger(&*lock, name, &by).await,
+    };
+    match written {
+        Ok(control) => {
+            match (what, &control.suspended, &control.trigger) {
+                ("suspend", Some(since), _) => println!(
+                    "{name}: suspended (by {} at {}); the leader starts no firing until resumed",
+                    since.by,
+                    since.at.to_rfc3339()
+                ),
+                ("resume", _, _) => println!("{name}: runs as scheduled"),
+                (_, _, Some(asked)) => println!(
+                    "{name}: asked for a firing now (at {}); the leader starts it once the overlap policy lets it",
+                    asked.at.to_rfc3339()
+                ),
+                _ => println!("{name}: done"),
+            }
+            exit::OK
+        }
+        Err(err @ (ControlError::NoElection { .. } | ControlError::NoSchedule { .. })) => {
+            fail(exit::NO_ELECTION, err)
+        }
+        Err(ControlError::Lock(err)) => fail(code_for(&err), err),
+        Err(err @ ControlError::BadControl { .. }) => fail(exit::REFUSED, err),
+        Err(err) => fail(exit::FAILURE, err),
+    }
+}
+
+/// Who asks, when `--by` does not say: USER@HOSTNAME.
+fn asker() -> String {
+    let user = std::env::var("USER").unwrap_or_else(|_| "someone".to_owned());
+    let host = std::env::var("HOSTNAME").ok().or_else(|| {
+        std::fs::read_to_string("/etc/hostname")
+            .ok()
+            .map(|h| h.trim().to_owned())
+    });
+    match host {
+        Some(host) if !host.is_empty() => format!("{user}@{host}"),
+        _ => user,
+    }
+}
 
 pub(crate) async fn cron(args: CronArgs) -> u8 {
     let schedule = match (&args.schedule, args.every) {
@@ -112,6 +174,11 @@ async fn fire(
             firing.attempt.to_string(),
         ),
     ];
+    if let Some(by) = &firing.triggered_by {
+        term.program
+            .env
+            .push(("LEADER_FIRING_TRIGGERED_BY".to_owned(), by.clone()));
+    }
     let term_lock = term.file_lock.as_ref().and_then(FileLock::term_lock);
     let backstop = Backstop::new(firing.deadline.clone(), term.grace, term.timings);
     let mut running = match term

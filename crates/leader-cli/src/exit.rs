@@ -15,7 +15,8 @@ pub(crate) const BAD_LOCK: u8 = 3;
 pub(crate) const UNREACHABLE: u8 = 4;
 /// The backend refused: wrong credentials, missing permissions, an unreadable record.
 pub(crate) const REFUSED: u8 = 5;
-/// `handover`: nobody has run for this election yet, so there is nothing to hand over.
+/// `handover`, `cron suspend|resume|trigger`: nobody has run for this election (or this
+/// schedule) yet, so there is nothing to act on.
 pub(crate) const NO_ELECTION: u8 = 6;
 /// `handover --wait`: the named identity did not lead within `--timeout`.
 pub(crate) const NOT_HANDED_OVER: u8 = 7;

@@ -43,17 +43,47 @@ pub fn main() -> ExitCode {
             Err(_) => ExitCode::from(exit::FAILURE),
         };
     }
+    #[cfg(feature = "cron")]
+    if args.get(1).map(String::as_str) == Some("cron")
+        && args
+            .get(2)
+            .is_some_and(|word| args::CRON_REQUEST_WORDS.contains(&word.as_str()))
+    {
+        let request = match args::CronRequestCli::try_parse_from(
+            std::iter::once("leader cron".to_owned()).chain(args[2..].iter().cloned()),
+        ) {
+            Ok(cli) => cli.request,
+            Err(err) => return usage(&err),
+        };
+        return run_async(cron::request(request));
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
-        Err(err) => {
-            let _ = err.print();
-            return ExitCode::from(if err.use_stderr() {
-                exit::USAGE
-            } else {
-                exit::OK
-            });
-        }
+        Err(err) => return usage(&err),
     };
+    run_async(async {
+        match cli.command {
+            Command::Run(args) => run::run(args).await,
+            #[cfg(feature = "cron")]
+            Command::Cron(args) => cron::cron(args).await,
+            Command::Status(args) => inspect::status(args).await,
+            Command::Handover(args) => inspect::handover(args).await,
+        }
+    })
+}
+
+/// Prints clap's answer (help, version or a usage error) and gives its exit code.
+fn usage(err: &clap::Error) -> ExitCode {
+    let _ = err.print();
+    ExitCode::from(if err.use_stderr() {
+        exit::USAGE
+    } else {
+        exit::OK
+    })
+}
+
+/// Runs a subcommand on the command's runtime, with its logging, and gives its exit code.
+fn run_async(subcommand: impl std::future::Future<Output = u8>) -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(log_filter(std::env::var("RUST_LOG").ok().as_deref()))
         .with_writer(std::io::stderr)
@@ -70,16 +100,7 @@ pub fn main() -> ExitCode {
             return ExitCode::from(exit::FAILURE);
         }
     };
-    let code = runtime.block_on(async {
-        match cli.command {
-            Command::Run(args) => run::run(args).await,
-            #[cfg(feature = "cron")]
-            Command::Cron(args) => cron::cron(args).await,
-            Command::Status(args) => inspect::status(args).await,
-            Command::Handover(args) => inspect::handover(args).await,
-        }
-    });
-    ExitCode::from(code)
+    ExitCode::from(runtime.block_on(subcommand))
 }
 
 /// Client libraries' own lines per failed attempt, off unless `RUST_LOG` names the library:

@@ -2,7 +2,7 @@
 
 use crate::error::LockError;
 use crate::lock::ResourceLock;
-use crate::record::Observed;
+use crate::record::{LeaderElectionRecord, Observed};
 
 /// How often [`request_handover`] reads and writes again when the leader's renewals keep
 /// changing the record under it.
@@ -58,27 +58,17 @@ pub async fn request_handover(
     if to.is_empty() {
         return Err(HandoverError::EmptyIdentity);
     }
-    for _ in 0..TRIES {
-        let Some(current) = lock.get().await? else {
-            return Err(HandoverError::NoElection {
-                lock: lock.describe(),
-            });
-        };
+    edit_record::<HandoverError>(lock, TRIES, |current| {
+        let current = current.ok_or_else(|| no_election(lock))?;
         if current.record.is_held_by(to) || current.record.handover_to() == Some(to) {
-            return Ok(current);
+            return Ok(None);
         }
         let mut record = current.record.clone();
         record.preferred_holder = Some(to.to_owned());
-        match lock.update(&current.version, &record).await {
-            Ok(written) => return Ok(written),
-            Err(err) if err.is_conflict() => {}
-            Err(err) => return Err(err.into()),
-        }
-    }
-    Err(HandoverError::Contended {
-        lock: lock.describe(),
-        tries: TRIES,
+        Ok(Some(record))
     })
+    .await?
+    .ok_or_else(|| contended(lock))
 }
 
 /// Withdraws a pending handover request from the election behind `lock`, with a
@@ -92,25 +82,63 @@ pub async fn request_handover(
 /// [`HandoverError::NoElection`] when nobody has run for the election yet; lock errors as the
 /// lock reports them.
 pub async fn withdraw_handover(lock: &dyn ResourceLock) -> Result<Observed, HandoverError> {
-    for _ in 0..TRIES {
-        let Some(current) = lock.get().await? else {
-            return Err(HandoverError::NoElection {
-                lock: lock.describe(),
-            });
-        };
+    edit_record::<HandoverError>(lock, TRIES, |current| {
+        let current = current.ok_or_else(|| no_election(lock))?;
         if current.record.handover_to().is_none() {
-            return Ok(current);
+            return Ok(None);
         }
         let mut record = current.record.clone();
         record.preferred_holder = None;
+        Ok(Some(record))
+    })
+    .await?
+    .ok_or_else(|| contended(lock))
+}
+
+fn no_election(lock: &dyn ResourceLock) -> HandoverError {
+    HandoverError::NoElection {
+        lock: lock.describe(),
+    }
+}
+
+fn contended(lock: &dyn ResourceLock) -> HandoverError {
+    HandoverError::Contended {
+        lock: lock.describe(),
+        tries: TRIES,
+    }
+}
+
+/// A write into a record by someone who does not hold it (an operator's request): reads the
+/// record and writes what `edit` makes of it with a compare-and-swap, read again and tried again,
+/// up to `tries` times, when the record changed in between (a leader's renewal got there first).
+/// `edit` gets the record as read (`None`: there is none, and what it answers is created) and
+/// answers the record to write, `None` to write nothing, or its own error. Returns the record as written (or as read when nothing
+/// was written), or `None` when the record changed under every try.
+///
+/// # Errors
+/// `edit`'s errors, and the lock's.
+pub async fn edit_record<E: From<LockError>>(
+    lock: &dyn ResourceLock,
+    tries: usize,
+    mut edit: impl FnMut(Option<&Observed>) -> Result<Option<LeaderElectionRecord>, E>,
+) -> Result<Option<Observed>, E> {
+    for _ in 0..tries {
+        let current = lock.get().await?;
+        let Some(record) = edit(current.as_ref())? else {
+            return Ok(current);
+        };
+        let Some(current) = current else {
+            match lock.create(&record).await {
+                Ok(written) => return Ok(Some(written)),
+                Err(err) if err.is_conflict() => continue,
+                Err(err) => return Err(err.into()),
+            }
+        };
         match lock.update(&current.version, &record).await {
-            Ok(written) => return Ok(written),
+            Ok(written) => return Ok(Some(written)),
             Err(err) if err.is_conflict() => {}
             Err(err) => return Err(err.into()),
         }
     }
-    Err(HandoverError::Contended {
-        lock: lock.describe(),
-        tries: TRIES,
-    })
+    Ok(None)
 }

@@ -40,7 +40,7 @@ pub use config::{
 pub use elector::{LeaderElector, LeaderElectorBuilder};
 pub use error::{BoxError, ConfigError, LockError};
 pub use file::FileLock;
-pub use handover::{HandoverError, request_handover, withdraw_handover};
+pub use handover::{HandoverError, edit_record, request_handover, withdraw_handover};
 pub use health::{HealthCheck, NotReady, Unhealthy};
 pub use hub::ChangeHub;
 pub use identity::default_identity;

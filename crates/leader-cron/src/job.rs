@@ -10,9 +10,12 @@ use chrono::{DateTime, Utc};
 use leader_core::{CancellationToken, ExtensionError, Leadership};
 use tokio::sync::{broadcast, mpsc};
 
+use crate::clock::{Clock, SystemClock};
+use crate::control::control_key;
 use crate::policy::{Interrupted, MAX_RUNNING, Missed, ON_TIME, Overlap};
 use crate::schedule::{Schedule, ScheduleError};
-use crate::state::{CronState, Ended, HISTORY, Outcome, Started, extension_key};
+use crate::state::{CronState, HISTORY, Outcome, Started, extension_key};
+use crate::term::{CONTROL_POLL, Running, Start, Waits, take_running};
 
 /// What a job may fail with.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -22,9 +25,6 @@ type JobFn = Arc<dyn Fn(Firing, CancellationToken) -> JobFuture + Send + Sync>;
 
 /// Events kept for a subscriber that falls behind.
 const EVENTS: usize = 256;
-
-/// The most scheduled instants looked at in one go (a backlog beyond it is counted as missed).
-const MOST_INSTANTS: usize = 100_000;
 
 /// One firing of a schedule, as the job gets it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -41,6 +41,9 @@ pub struct Firing {
     pub fencing_token: u64,
     /// How late it started, from its scheduled instant, by the leader's clock.
     pub lateness: Duration,
+    /// Who asked for it, for a firing outside the schedule ([`trigger`](crate::trigger));
+    /// `scheduled` is then the request's instant.
+    pub triggered_by: Option<String>,
     /// When the term running it ends unless a renewal succeeds first
     /// ([`Leadership::deadline`](leader_core::Leadership::deadline)): for a watchdog on a thread
     /// of its own.
@@ -116,47 +119,6 @@ pub enum CronError {
     Schedule(#[from] ScheduleError),
 }
 
-/// The wall clock the job reads scheduled instants against.
-pub trait Clock: Send + Sync + fmt::Debug + 'static {
-    /// Now.
-    fn now(&self) -> DateTime<Utc>;
-}
-
-/// The system's clock.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct SystemClock;
-
-impl Clock for SystemClock {
-    fn now(&self) -> DateTime<Utc> {
-        Utc::now()
-    }
-}
-
-/// A wall clock that follows tokio's clock from `origin`: for tests on tokio's paused clock,
-/// where sleeping a day takes no time.
-#[derive(Clone, Debug)]
-pub struct TokioClock {
-    origin: DateTime<Utc>,
-    start: tokio::time::Instant,
-}
-
-impl TokioClock {
-    /// A clock that reads `origin` now and advances with tokio's clock.
-    pub fn starting_at(origin: DateTime<Utc>) -> Self {
-        Self {
-            origin,
-            start: tokio::time::Instant::now(),
-        }
-    }
-}
-
-impl Clock for TokioClock {
-    fn now(&self) -> DateTime<Utc> {
-        let elapsed = chrono::Duration::from_std(self.start.elapsed()).unwrap_or_default();
-        self.origin + elapsed
-    }
-}
-
 /// Builds a [`CronJob`]; start with [`CronJob::builder`].
 #[must_use = "builder does nothing itself, use `.build()` to build it"]
 #[derive(Debug)]
@@ -218,13 +180,13 @@ impl CronJobBuilder {
 
     /// How many ended firings the record keeps (default [`HISTORY`], 10; 0 to 100): their
     /// start, end, attempt, outcome, fencing token and leader, shown by `leader status` and
-    /// read with [`ScheduleStatus`].
+    /// read with [`ScheduleStatus`](crate::ScheduleStatus).
     pub fn history(mut self, keep: usize) -> Self {
         self.history = keep;
         self
     }
 
-    /// The wall clock (default: the system's; [`TokioClock`] in tests).
+    /// The wall clock (default: the system's; [`TokioClock`](crate::TokioClock) in tests).
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.clock = Arc::new(clock);
         self
@@ -272,6 +234,7 @@ impl CronJobBuilder {
         Ok(CronJob {
             inner: Arc::new(Inner {
                 key: extension_key(&self.name),
+                control_key: control_key(&self.name),
                 name: self.name,
                 schedule: self.schedule,
                 missed: self.missed,
@@ -294,23 +257,25 @@ impl CronJobBuilder {
 /// most once across replicas and terms (see the crate's documentation for what that rests on).
 #[derive(Clone)]
 pub struct CronJob {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
-struct Inner {
-    name: String,
-    key: String,
-    schedule: Schedule,
-    missed: Missed,
-    overlap: Overlap,
-    interrupted: Interrupted,
-    starting_deadline: Option<Duration>,
-    misfire_threshold: Duration,
-    max_running: usize,
-    history: usize,
-    clock: Arc<dyn Clock>,
+/// A job's configuration, shared by its clones.
+pub(crate) struct Inner {
+    pub(crate) name: String,
+    pub(crate) key: String,
+    pub(crate) control_key: String,
+    pub(crate) schedule: Schedule,
+    pub(crate) missed: Missed,
+    pub(crate) overlap: Overlap,
+    pub(crate) interrupted: Interrupted,
+    pub(crate) starting_deadline: Option<Duration>,
+    pub(crate) misfire_threshold: Duration,
+    pub(crate) max_running: usize,
+    pub(crate) history: usize,
+    pub(crate) clock: Arc<dyn Clock>,
     work: JobFn,
-    events: broadcast::Sender<CronEvent>,
+    pub(crate) events: broadcast::Sender<CronEvent>,
 }
 
 impl fmt::Debug for CronJob {
@@ -328,16 +293,6 @@ impl fmt::Debug for CronJob {
             .field("history", &inner.history)
             .finish_non_exhaustive()
     }
-}
-
-/// A firing this term started and whose work has not returned.
-struct Running {
-    scheduled: DateTime<Utc>,
-    attempt: u32,
-    cancel: CancellationToken,
-    /// Cancelled by a later firing ([`Overlap::Replace`]) and recorded as replaced; the later
-    /// one starts once this work has returned.
-    replaced: bool,
 }
 
 /// The term is over (or was given up): stop.
@@ -401,7 +356,7 @@ impl CronJob {
         let mut replacing = None;
         // Firings started by earlier terms and never ended: their leader died or lost its
         // lease. Retried or given up, never silently either.
-        let mut starts: Vec<(DateTime<Utc>, u32)> = Vec::new();
+        let mut starts: Vec<Start> = Vec::new();
         let interrupted = std::mem::take(&mut state.running);
         let mut dirty = !interrupted.is_empty();
         for firing in interrupted {
@@ -413,7 +368,11 @@ impl CronJob {
                         attempt = firing.attempt + 1,
                         "a firing whose leader died before it ended runs again"
                     );
-                    starts.push((firing.scheduled, firing.attempt + 1));
+                    starts.push(Start {
+                        scheduled: firing.scheduled,
+                        attempt: firing.attempt + 1,
+                        triggered_by: firing.triggered_by.clone(),
+                    });
                 }
                 policy => {
                     let reason = match policy {
@@ -436,27 +395,52 @@ impl CronJob {
                 }
             }
         }
+        let mut waits = Waits::default();
         loop {
             let now = inner.clock.now();
-            let (changed, blocked) =
-                self.due(&mut state, now, &mut running, &mut starts, &mut replacing);
+            let control = self.control(&leadership, &mut waits);
+            let suspended = control.suspended.is_some();
+            if suspended != waits.suspended {
+                waits.suspended = suspended;
+                match &control.suspended {
+                    Some(by) => {
+                        tracing::info!(schedule = %inner.name, by = %by.by, "suspended: firings due are not started")
+                    }
+                    None => tracing::info!(schedule = %inner.name, "resumed"),
+                }
+            }
+            let (changed, blocked) = self.due(
+                &mut state,
+                now,
+                &mut running,
+                &mut starts,
+                &mut replacing,
+                &mut waits,
+            );
             dirty |= changed;
+            if let Some(request) = control
+                .trigger
+                .filter(|t| state.last_trigger.is_none_or(|last| t.at > last))
+            {
+                dirty |= self.triggered(&mut state, request, &mut running, &mut starts, &mut waits);
+            }
             if dirty || !starts.is_empty() {
-                for &(scheduled, attempt) in &starts {
+                for start in &starts {
                     state.running.push(Started {
-                        scheduled,
-                        attempt,
+                        scheduled: start.scheduled,
+                        attempt: start.attempt,
                         fencing_token: token,
                         started_at: now,
                         identity: Some(leadership.identity().to_owned()),
+                        triggered_by: start.triggered_by.clone(),
                     });
                 }
                 if self.write(&leadership, &state).await.is_err() {
                     return Ok(());
                 }
                 dirty = false;
-                for (scheduled, attempt) in starts.drain(..) {
-                    running.push(self.start(&leadership, scheduled, attempt, now, &done));
+                for start in starts.drain(..) {
+                    running.push(self.start(&leadership, start, now, &done));
                 }
             }
             // Blocked: a missed firing waits for the running one to end (Overlap::Forbid).
@@ -464,18 +448,30 @@ impl CronJob {
                 .then(|| inner.schedule.next_after(state.handled_until()))
                 .flatten();
             let wait = next.map(|at| (at - inner.clock.now()).to_std().unwrap_or_default());
-            tokio::select! {
-                biased;
-                () = leadership.lost() => return Ok(()),
-                Some((scheduled, attempt, outcome)) = finished.recv() => {
-                    running.retain(|r: &Running| (r.scheduled, r.attempt) != (scheduled, attempt));
-                    // A replaced firing was recorded when it was replaced.
-                    if let Some(started) = take_running(&mut state, scheduled, attempt) {
-                        self.ended(&mut state, scheduled, attempt, Some(&started), outcome);
-                        dirty = true;
+            let until = wait.map(|wait| tokio::time::Instant::now() + wait);
+            let requests = leadership.extensions().remove(&inner.control_key);
+            loop {
+                tokio::select! {
+                    biased;
+                    () = leadership.lost() => return Ok(()),
+                    Some((scheduled, attempt, outcome)) = finished.recv() => {
+                        running.retain(|r: &Running| (r.scheduled, r.attempt) != (scheduled, attempt));
+                        // A replaced firing was recorded when it was replaced.
+                        if let Some(started) = take_running(&mut state, scheduled, attempt) {
+                            self.ended(&mut state, scheduled, attempt, Some(&started), outcome);
+                            dirty = true;
+                        }
+                        break;
+                    }
+                    () = sleep_until(until) => break,
+                    // Operators' requests arrive with the term's renewals: look again only
+                    // when they changed.
+                    () = tokio::time::sleep(CONTROL_POLL) => {
+                        if leadership.extensions().remove(&inner.control_key) != requests {
+                            break;
+                        }
                     }
                 }
-                () = sleep(wait) => {}
             }
         }
     }
@@ -501,182 +497,6 @@ impl CronJob {
         Ok(state)
     }
 
-    /// Settles the instants due by `now`: which to start (into `starts`), which are missed,
-    /// which running firings a new one replaces; moves the cursor. Returns whether the state
-    /// changed, and whether a due firing waits for a running one to end ([`Overlap::Forbid`],
-    /// [`Overlap::Allow`] at its maximum, or [`Overlap::Replace`] until the replaced work has
-    /// returned, for which `replacing` keeps the waiting instant on time).
-    fn due(
-        &self,
-        state: &mut CronState,
-        now: DateTime<Utc>,
-        running: &mut [Running],
-        starts: &mut Vec<(DateTime<Utc>, u32)>,
-        replacing: &mut Option<DateTime<Utc>>,
-    ) -> (bool, bool) {
-        let inner = &self.inner;
-        let on_time_until = replacing.take();
-        let mut instants = std::collections::VecDeque::new();
-        let mut at = state.handled_until();
-        let mut beyond = 0_u64;
-        // A backlog too long to look at: the oldest count as missed, passed over at once
-        // where the schedule can count them, else one by one.
-        if let Some((skipped_to, skipped)) = inner.schedule.skip_to_last(at, now, MOST_INSTANTS) {
-            at = skipped_to;
-            beyond = skipped;
-        }
-        while let Some(next) = inner.schedule.next_after(at).filter(|n| *n <= now) {
-            if instants.len() == MOST_INSTANTS {
-                instants.pop_front();
-                beyond += 1;
-            }
-            instants.push_back(next);
-            at = next;
-        }
-        if instants.is_empty() {
-            return (false, false);
-        }
-        let waited = |instant: &DateTime<Utc>| (now - *instant).to_std().unwrap_or_default();
-        // A firing that waited for replaced work to return is still on time.
-        let late = |instant: &DateTime<Utc>| {
-            on_time_until.is_none_or(|until| *instant > until)
-                && waited(instant) > inner.misfire_threshold
-        };
-        let too_late =
-            |instant: &DateTime<Utc>| inner.starting_deadline.is_some_and(|d| waited(instant) > d);
-        let late_count = instants.iter().filter(|i| late(i)).count();
-        let on_time_count = instants.len() - late_count;
-        // The late instants to run, by the missed policy: the last `keep_late` of them.
-        let keep_late = match inner.missed {
-            // The latest unmet firing runs: an on-time one, when there is one, is the latest.
-            Missed::Latest if on_time_count > 0 => 0,
-            Missed::Latest => late_count.min(1),
-            Missed::All { max } => late_count.min(usize::try_from(max).unwrap_or(usize::MAX)),
-            Missed::Skip => 0,
-        };
-        let mut late_rank = 0;
-        let mut missed = beyond;
-        let mut latest_missed = None;
-        let mut recorded = false;
-        let mut busy = running.len() + starts.len();
-        let mut cursor = state.cursor;
-        let mut blocked = false;
-        for instant in &instants {
-            let wanted = !late(instant) || {
-                late_rank += 1;
-                late_rank > late_count - keep_late
-            };
-            if !wanted || too_late(instant) {
-                missed += 1;
-                latest_missed = Some(*instant);
-                cursor = Some(*instant);
-                continue;
-            }
-            if busy > 0 {
-                match inner.overlap {
-                    Overlap::Allow if busy < inner.max_running => {}
-                    // This firing and the later ones wait for a running one to end; the missed
-                    // policy decides about them then (Kubernetes CronJob's Forbid keeps its
-                    // unmet times likewise).
-                    Overlap::Allow | Overlap::Forbid => {
-                        tracing::info!(schedule = %inner.name, scheduled = %instant, "due: waits for the previous firing to end");
-                        blocked = true;
-                        break;
-                    }
-                    Overlap::Replace => {
-                        // Starts not begun yet are superseded by this later firing: a first
-                        // attempt is missed, a retry ends as replaced; none goes untold.
-                        for (scheduled, attempt) in starts.drain(..) {
-                            if attempt == 1 {
-                                missed += 1;
-                                latest_missed = Some(scheduled);
-                            } else {
-                                self.ended(state, scheduled, attempt, None, Outcome::Replaced);
-                                recorded = true;
-                            }
-                        }
-                        for replaced in running.iter_mut().filter(|r| !r.replaced) {
-                            replaced.cancel.cancel();
-                            replaced.replaced = true;
-                            let (scheduled, attempt) = (replaced.scheduled, replaced.attempt);
-                            let started = take_running(state, scheduled, attempt);
-                            self.ended(
-                                state,
-                                scheduled,
-                                attempt,
-                                started.as_ref(),
-                                Outcome::Replaced,
-                            );
-                            recorded = true;
-                        }
-                        // Two never run at once: this one starts once the replaced work (a
-                        // COMMAND in its grace after SIGTERM) has returned.
-                        if !running.is_empty() {
-                            tracing::info!(schedule = %inner.name, scheduled = %instant, "due: waits for the replaced firing to stop");
-                            *replacing = Some(*instant);
-                            blocked = true;
-                            break;
-                        }
-                    }
-                }
-            }
-            starts.push((*instant, 1));
-            busy += 1;
-            cursor = Some(*instant);
-        }
-        if missed > 0 {
-            tracing::info!(schedule = %inner.name, missed, "firings missed");
-            metrics::counter!("leader_cron_firings_missed_total", "name" => inner.name.clone())
-                .increment(missed);
-            let _ = inner.events.send(CronEvent::Missed {
-                count: missed,
-                latest: latest_missed,
-            });
-        }
-        state.missed += missed;
-        let changed = cursor != state.cursor || missed > 0 || recorded;
-        state.cursor = cursor;
-        (changed, blocked)
-    }
-
-    /// Records the end of a firing in `state` (written with the next write): the last
-    /// outcome, and the history, which keeps the job's number of the latest.
-    fn ended(
-        &self,
-        state: &mut CronState,
-        scheduled: DateTime<Utc>,
-        attempt: u32,
-        started: Option<&Started>,
-        outcome: Outcome,
-    ) {
-        let inner = &self.inner;
-        tracing::info!(schedule = %inner.name, %scheduled, attempt, outcome = outcome.name(), "firing ended");
-        metrics::counter!(
-            "leader_cron_firings_completed_total",
-            "name" => inner.name.clone(),
-            "outcome" => outcome.name()
-        )
-        .increment(1);
-        let _ = inner.events.send(CronEvent::Ended {
-            scheduled,
-            attempt,
-            outcome: outcome.clone(),
-        });
-        let ended = Ended {
-            scheduled,
-            attempt,
-            outcome,
-            ended_at: inner.clock.now(),
-            started_at: started.map(|s| s.started_at),
-            fencing_token: started.map(|s| s.fencing_token),
-            identity: started.and_then(|s| s.identity.clone()),
-        };
-        state.last = Some(ended.clone());
-        state.history.push(ended);
-        let beyond = state.history.len().saturating_sub(inner.history);
-        state.history.drain(..beyond);
-    }
-
     /// Writes `state` into the record; `Err` when the term is over or given up (a write whose
     /// outcome is unknown: the leader steps down rather than guess).
     async fn write(&self, leadership: &Leadership, state: &CronState) -> Result<(), Stop> {
@@ -699,12 +519,16 @@ impl CronJob {
     fn start(
         &self,
         leadership: &Leadership,
-        scheduled: DateTime<Utc>,
-        attempt: u32,
+        start: Start,
         now: DateTime<Utc>,
         done: &mpsc::UnboundedSender<(DateTime<Utc>, u32, Outcome)>,
     ) -> Running {
         let inner = &self.inner;
+        let Start {
+            scheduled,
+            attempt,
+            triggered_by,
+        } = start;
         let lateness = (now - scheduled).to_std().unwrap_or_default();
         metrics::counter!("leader_cron_firings_started_total", "name" => inner.name.clone())
             .increment(1);
@@ -717,6 +541,7 @@ impl CronJob {
             attempt,
             fencing_token: leadership.fencing_token(),
             lateness,
+            triggered_by,
             deadline: leadership.deadline(),
         };
         let _ = inner.events.send(CronEvent::Started(firing.clone()));
@@ -749,54 +574,10 @@ impl CronJob {
     }
 }
 
-/// Takes firing (`scheduled`, `attempt`) out of the state's running firings, if it is there.
-fn take_running(state: &mut CronState, scheduled: DateTime<Utc>, attempt: u32) -> Option<Started> {
-    let index = state
-        .running
-        .iter()
-        .position(|s| (s.scheduled, s.attempt) == (scheduled, attempt))?;
-    Some(state.running.remove(index))
-}
-
-/// Sleeps for `wait`, or forever without a next firing.
-async fn sleep(wait: Option<Duration>) {
-    match wait {
-        Some(wait) => tokio::time::sleep(wait).await,
+/// Sleeps until `until`, or forever without a next firing.
+async fn sleep_until(until: Option<tokio::time::Instant>) {
+    match until {
+        Some(until) => tokio::time::sleep_until(until).await,
         None => std::future::pending().await,
-    }
-}
-
-/// What `leader status` shows of a schedule: its state and next firing, from a record's
-/// extension.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct ScheduleStatus {
-    /// The schedule's name.
-    pub name: String,
-    /// Its state as stored.
-    pub state: CronState,
-    /// The next firing due, from the stored cursor (`None` when the schedule cannot be read or
-    /// never fires again).
-    pub next: Option<DateTime<Utc>>,
-}
-
-impl ScheduleStatus {
-    /// The schedules in a record's extensions, by name.
-    pub fn all_in(extensions: &std::collections::BTreeMap<String, String>) -> Vec<Self> {
-        extensions
-            .iter()
-            .filter_map(|(key, value)| {
-                let name = key.strip_prefix("cron/")?;
-                let state = CronState::from_json(value).ok()?;
-                let next = Schedule::from_spec(&state.schedule)
-                    .ok()
-                    .and_then(|s| s.next_after(state.handled_until()));
-                Some(Self {
-                    name: name.to_owned(),
-                    state,
-                    next,
-                })
-            })
-            .collect()
     }
 }

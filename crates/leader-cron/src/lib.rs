@@ -2,18 +2,22 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
+mod clock;
+mod control;
 mod job;
 mod policy;
 mod schedule;
 mod state;
+mod status;
+mod term;
 
-pub use job::{
-    BoxError, Clock, CronError, CronEvent, CronJob, CronJobBuilder, Firing, ScheduleStatus,
-    SystemClock, TokioClock,
-};
+pub use clock::{Clock, SystemClock, TokioClock};
+pub use control::{Control, ControlError, Request, control_key, resume, suspend, trigger};
+pub use job::{BoxError, CronError, CronEvent, CronJob, CronJobBuilder, Firing};
 pub use policy::{Interrupted, MAX_RUNNING, Missed, ON_TIME, Overlap};
 pub use schedule::{Schedule, ScheduleError};
 pub use state::{CronState, Ended, HISTORY, Outcome, Started, extension_key};
+pub use status::ScheduleStatus;
 
 /// The core crate, so that one dependency is enough.
 pub use leader_core;

@@ -35,6 +35,10 @@ pub struct CronState {
     /// ([`CronJobBuilder::history`](crate::CronJobBuilder::history), [`HISTORY`] by default).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub history: Vec<Ended>,
+    /// The instant of the last firing asked for now ([`trigger`](crate::trigger)) that a
+    /// leader started: a request no later than it is handled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_trigger: Option<DateTime<Utc>>,
     /// Firings missed so far (no leader at their time, or skipped by the policy).
     #[serde(default)]
     pub missed: u64,
@@ -57,6 +61,9 @@ pub struct Started {
     /// kept).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub identity: Option<String>,
+    /// Who asked for it, for a firing outside the schedule.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub triggered_by: Option<String>,
 }
 
 /// A firing that ended.
@@ -82,6 +89,9 @@ pub struct Ended {
     /// The identity of the leader that started it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub identity: Option<String>,
+    /// Who asked for it, for a firing outside the schedule.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub triggered_by: Option<String>,
 }
 
 /// How a firing ended.
@@ -128,6 +138,7 @@ impl CronState {
             running: Vec::new(),
             last: None,
             history: Vec::new(),
+            last_trigger: None,
             missed: 0,
         }
     }
@@ -168,6 +179,7 @@ mod tests {
             fencing_token: 7,
             started_at: at,
             identity: Some("a".into()),
+            triggered_by: None,
         });
         let ended = Ended {
             scheduled: at,
@@ -179,6 +191,7 @@ mod tests {
             started_at: Some(at),
             fencing_token: Some(7),
             identity: Some("a".into()),
+            triggered_by: Some("ops".into()),
         };
         state.last = Some(ended.clone());
         state.history.push(ended);

@@ -1,0 +1,225 @@
+//! What operators ask of a schedule, through the record: suspend it, resume it, run it now.
+//!
+//! The requests live in an extension of their own, `cron-control/NAME`, which operators write
+//! with a compare-and-swap of the record ([`suspend`], [`resume`], [`trigger`]; `leader cron
+//! suspend|resume|trigger`) and the leader only reads: its own state (`cron/NAME`) is never
+//! written by anyone else. The leader's next renewal finds the change (a renewal from before it
+//! loses its compare-and-swap and reads the record again; at once where the backend notifies),
+//! and its schedule loop looks at the requests every second.
+
+use chrono::{DateTime, Utc};
+use leader_core::{LockError, ResourceLock};
+use serde::{Deserialize, Serialize};
+
+/// How often an operator's request is read and written again when the leader's renewals keep
+/// changing the record under it.
+const TRIES: usize = 10;
+
+/// The record extension that holds the operators' requests for schedule `name`.
+pub fn control_key(name: &str) -> String {
+    format!("cron-control/{name}")
+}
+
+/// The operators' requests for one schedule, as the record keeps them.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[non_exhaustive]
+pub struct Control {
+    /// Set while the schedule is suspended: by whom and since when. Firings due meanwhile are
+    /// not started and count as missed; a firing running goes on, a retry of an interrupted one
+    /// and a firing asked for with [`trigger`] still run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suspended: Option<Request>,
+    /// A firing asked for outside the schedule, run once by the leader (whichever replica it
+    /// is) as soon as the overlap policy lets it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trigger: Option<Request>,
+}
+
+/// One operator's request: who asked, and when.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[non_exhaustive]
+pub struct Request {
+    /// Who asked (an operator's name, `leader cron trigger`'s `--by`, or the host).
+    pub by: String,
+    /// When, by the asker's clock; a trigger's identity, with its instant as the firing's
+    /// `scheduled`.
+    pub at: DateTime<Utc>,
+}
+
+impl Control {
+    /// Reads the requests from a record extension's value.
+    ///
+    /// # Errors
+    /// The value is not such a set of requests.
+    pub fn from_json(value: &str) -> Result<Self, serde_json::Error> {
+        serde_json::from_str(value)
+    }
+
+    /// The requests as the extension's value.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+}
+
+/// Why an operator's request could not be written.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ControlError {
+    /// Nobody has run for the election yet, so there is no schedule to act on.
+    #[error("{lock}: no election yet (nobody has run this schedule)")]
+    NoElection {
+        /// The lock's description.
+        lock: String,
+    },
+    /// The record holds no schedule under this name.
+    #[error("{lock}: no schedule {name:?} in the record (schedules there: {found})")]
+    NoSchedule {
+        /// The lock's description.
+        lock: String,
+        /// The schedule asked for.
+        name: String,
+        /// The schedules the record holds, or "none".
+        found: String,
+    },
+    /// The requests stored for this schedule cannot be read; they are left as they are.
+    #[error("{lock}: the requests stored for schedule {name:?} cannot be read: {reason}")]
+    BadControl {
+        /// The lock's description.
+        lock: String,
+        /// The schedule.
+        name: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The record changed under every attempt.
+    #[error("{lock}: the record changed under each of {tries} attempts to write the request")]
+    Contended {
+        /// The lock's description.
+        lock: String,
+        /// Attempts made.
+        tries: usize,
+    },
+    /// The lock failed.
+    #[error(transparent)]
+    Lock(#[from] LockError),
+}
+
+/// Suspends schedule `name` in the election behind `lock` (Kubernetes CronJob's `suspend`):
+/// whichever replica leads starts none of its firings until [`resume`]; they count as missed.
+/// Suspending a suspended schedule changes nothing. Returns the requests as stored.
+///
+/// # Errors
+/// [`ControlError`]: no election, no such schedule, unreadable requests, or the lock's error.
+pub async fn suspend(
+    lock: &dyn ResourceLock,
+    name: &str,
+    by: &str,
+) -> Result<Control, ControlError> {
+    let by = by.to_owned();
+    change(lock, name, move |control| {
+        if control.suspended.is_some() {
+            return false;
+        }
+        control.suspended = Some(Request {
+            by: by.clone(),
+            at: Utc::now(),
+        });
+        true
+    })
+    .await
+}
+
+/// Resumes schedule `name`: the next firing after now runs as the schedule says (the ones due
+/// while it was suspended stay missed). Resuming a schedule that is not suspended changes
+/// nothing. Returns the requests as stored.
+///
+/// # Errors
+/// As [`suspend`].
+pub async fn resume(lock: &dyn ResourceLock, name: &str) -> Result<Control, ControlError> {
+    change(lock, name, |control| control.suspended.take().is_some()).await
+}
+
+/// Asks for one firing of schedule `name` now, outside the schedule (`kubectl create job
+/// --from=cronjob/NAME`): the leader starts it once, fenced and recorded as any firing, with
+/// the request's instant as its `scheduled` and [`Firing::triggered_by`](crate::Firing) set.
+/// A trigger not yet started is replaced by a newer one (one run now, not two). Returns the
+/// requests as stored; `trigger.at` identifies this one.
+///
+/// # Errors
+/// As [`suspend`].
+pub async fn trigger(
+    lock: &dyn ResourceLock,
+    name: &str,
+    by: &str,
+) -> Result<Control, ControlError> {
+    let by = by.to_owned();
+    change(lock, name, move |control| {
+        // Never a whole second, so that it never shares an identity with a scheduled firing.
+        let mut at = Utc::now();
+        if at.timestamp_subsec_nanos() == 0 {
+            at += chrono::Duration::nanoseconds(1);
+        }
+        control.trigger = Some(Request { by: by.clone(), at });
+        true
+    })
+    .await
+}
+
+/// Applies `edit` to schedule `name`'s requests with a compare-and-swap of the record, read
+/// again and retried when the leader's renewals got there first; `edit` returns whether it
+/// changed anything.
+async fn change(
+    lock: &dyn ResourceLock,
+    name: &str,
+    mut edit: impl FnMut(&mut Control) -> bool,
+) -> Result<Control, ControlError> {
+    let key = control_key(name);
+    let mut control = Control::default();
+    let written = leader_core::edit_record::<ControlError>(lock, TRIES, |current| {
+        let Some(current) = current else {
+            return Err(ControlError::NoElection {
+                lock: lock.describe(),
+            });
+        };
+        let extensions = &current.record.extensions;
+        if !extensions.contains_key(&crate::extension_key(name)) {
+            let found: Vec<&str> = extensions
+                .keys()
+                .filter_map(|k| k.strip_prefix("cron/"))
+                .collect();
+            return Err(ControlError::NoSchedule {
+                lock: lock.describe(),
+                name: name.to_owned(),
+                found: if found.is_empty() {
+                    "none".to_owned()
+                } else {
+                    found.join(", ")
+                },
+            });
+        }
+        control = match extensions.get(&key) {
+            Some(value) => Control::from_json(value).map_err(|err| ControlError::BadControl {
+                lock: lock.describe(),
+                name: name.to_owned(),
+                reason: err.to_string(),
+            })?,
+            None => Control::default(),
+        };
+        if !edit(&mut control) {
+            return Ok(None);
+        }
+        let mut record = current.record.clone();
+        record.extensions.insert(key.clone(), control.to_json());
+        Ok(Some(record))
+    })
+    .await?;
+    match written {
+        Some(_) => Ok(control),
+        None => Err(ControlError::Contended {
+            lock: lock.describe(),
+            tries: TRIES,
+        }),
+    }
+}

@@ -1,0 +1,41 @@
+//! What `leader status` shows of the schedules in a record.
+
+use chrono::{DateTime, Utc};
+
+use crate::schedule::Schedule;
+use crate::state::CronState;
+
+/// What `leader status` shows of a schedule: its state and next firing, from a record's
+/// extension.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ScheduleStatus {
+    /// The schedule's name.
+    pub name: String,
+    /// Its state as stored.
+    pub state: CronState,
+    /// The next firing due, from the stored cursor (`None` when the schedule cannot be read or
+    /// never fires again).
+    pub next: Option<DateTime<Utc>>,
+}
+
+impl ScheduleStatus {
+    /// The schedules in a record's extensions, by name.
+    pub fn all_in(extensions: &std::collections::BTreeMap<String, String>) -> Vec<Self> {
+        extensions
+            .iter()
+            .filter_map(|(key, value)| {
+                let name = key.strip_prefix("cron/")?;
+                let state = CronState::from_json(value).ok()?;
+                let next = Schedule::from_spec(&state.schedule)
+                    .ok()
+                    .and_then(|s| s.next_after(state.handled_until()));
+                Some(Self {
+                    name: name.to_owned(),
+                    state,
+                    next,
+                })
+            })
+            .collect()
+    }
+}
