@@ -228,6 +228,31 @@ async fn a_replica_with_another_schedule_exits_10_and_changes_nothing() {
         before,
         "the stored schedule is unchanged"
     );
+    // With --adopt-schedule the new schedule replaces the stored one.
+    let mut adopting = Command::new(LEADER)
+        .args([
+            "cron",
+            "--lock",
+            &lock,
+            "--name",
+            "mixed",
+            "--identity",
+            "c",
+        ])
+        .args(["--every", "2s", "--adopt-schedule", "--", "true"])
+        .stdout(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn leader cron");
+    sleep(Duration::from_secs(4)).await;
+    assert!(adopting.try_wait().expect("status").is_none(), "it runs");
+    let after = status(&lock, "mixed").await;
+    assert_eq!(after["schedules"][0]["schedule"], "every 2s", "{after:#}");
+    let _ = kill(
+        Pid::from_raw(i32::try_from(adopting.id().expect("running")).expect("pid")),
+        Signal::SIGTERM,
+    );
+    let _ = adopting.wait().await;
 }
 
 /// `--overlap replace` with a COMMAND that takes 1.5 s to exit after SIGTERM (within its

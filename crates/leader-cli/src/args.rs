@@ -228,6 +228,12 @@ pub(crate) struct CronArgs {
     /// (replace).
     #[arg(long, env = "LEADER_OVERLAP", default_value = "forbid", value_parser = ["forbid", "allow", "replace"])]
     pub(crate) overlap: String,
+    /// Change the stored schedule to this one when this replica leads and finds another there
+    /// (a rollout of a new schedule; the change is recorded, the cursor kept, and replicas of
+    /// the old schedule started before it follow the stored one). Without it a replica with
+    /// another schedule exits with code 10.
+    #[arg(long, env = "LEADER_ADOPT_SCHEDULE")]
+    pub(crate) adopt_schedule: bool,
     /// How many ended firings the record keeps, shown by `leader status` (0 to 100).
     #[arg(long, env = "LEADER_HISTORY", default_value_t = 10, value_parser = clap::value_parser!(u8).range(0..=100))]
     pub(crate) history: u8,

@@ -109,6 +109,7 @@ pub(crate) async fn cron(args: CronArgs) -> u8 {
         .overlap(overlap)
         .max_running(usize::from(args.max_running))
         .history(usize::from(args.history))
+        .adopt_schedule(args.adopt_schedule)
         .misfire_threshold(args.misfire_threshold)
         .interrupted(interrupted);
     if let Some(deadline) = args.starting_deadline {

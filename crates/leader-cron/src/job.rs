@@ -14,8 +14,8 @@ use crate::clock::{Clock, SystemClock};
 use crate::control::control_key;
 use crate::policy::{Interrupted, MAX_RUNNING, Missed, ON_TIME, Overlap};
 use crate::schedule::{Schedule, ScheduleError};
-use crate::state::{CronState, HISTORY, Outcome, Started, extension_key};
-use crate::term::{CONTROL_POLL, Running, Start, Waits, take_running};
+use crate::state::{CronState, HISTORY, Outcome, ScheduleChange, Started, extension_key};
+use crate::term::{CONTROL_POLL, Running, Start, Term, take_running};
 
 /// What a job may fail with.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -84,8 +84,8 @@ pub enum CronEvent {
 pub enum CronError {
     /// The store holds another schedule under this name: replicas were started with different
     /// schedules. Nothing is run and nothing is changed; the term ends so that a replica with
-    /// the stored schedule may lead. To change a schedule on purpose, give it a new name (or
-    /// remove the `cron/NAME` extension from the record).
+    /// the stored schedule may lead. To change a schedule on purpose, start the replicas of the
+    /// new one with [`CronJobBuilder::adopt_schedule`] (`leader cron --adopt-schedule`).
     #[error(
         "schedule {name:?}: the store has {stored:?}, this replica has {ours:?}; replicas must run the same schedule under one name"
     )]
@@ -132,6 +132,7 @@ pub struct CronJobBuilder {
     misfire_threshold: Duration,
     max_running: usize,
     history: usize,
+    adopt_schedule: bool,
     clock: Arc<dyn Clock>,
 }
 
@@ -167,6 +168,19 @@ impl CronJobBuilder {
     /// (a loaded machine, a long garbage collection) and firings should still run on time.
     pub fn misfire_threshold(mut self, threshold: Duration) -> Self {
         self.misfire_threshold = threshold;
+        self
+    }
+
+    /// Changes the stored schedule to this job's when this replica leads and finds another
+    /// there (default: off, and a replica with another schedule is refused,
+    /// [`CronError::ScheduleMismatch`]). For a rollout of a new schedule: the change is
+    /// recorded with who made it and when ([`CronState::changed`]), the cursor is kept, so the
+    /// next firing is the new schedule's first instant after the last one handled (none lost
+    /// or doubled across the switch), and replicas of the old configuration started before the
+    /// change follow the stored schedule when they lead, until they are replaced. A replica
+    /// started after the change with a third schedule and without this is still refused.
+    pub fn adopt_schedule(mut self, adopt: bool) -> Self {
+        self.adopt_schedule = adopt;
         self
     }
 
@@ -244,6 +258,8 @@ impl CronJobBuilder {
                 misfire_threshold: self.misfire_threshold,
                 max_running: self.max_running,
                 history: self.history,
+                adopt_schedule: self.adopt_schedule,
+                built_at: self.clock.now(),
                 clock: self.clock,
                 work: Arc::new(move |firing, cancel| Box::pin(work(firing, cancel))),
                 events: broadcast::channel(EVENTS).0,
@@ -273,6 +289,10 @@ pub(crate) struct Inner {
     pub(crate) misfire_threshold: Duration,
     pub(crate) max_running: usize,
     pub(crate) history: usize,
+    adopt_schedule: bool,
+    /// When the job was built, by its clock: a schedule changed after it is newer than this
+    /// replica's configuration.
+    built_at: DateTime<Utc>,
     pub(crate) clock: Arc<dyn Clock>,
     work: JobFn,
     pub(crate) events: broadcast::Sender<CronEvent>,
@@ -291,6 +311,7 @@ impl fmt::Debug for CronJob {
             .field("misfire_threshold", &inner.misfire_threshold)
             .field("max_running", &inner.max_running)
             .field("history", &inner.history)
+            .field("adopt_schedule", &inner.adopt_schedule)
             .finish_non_exhaustive()
     }
 }
@@ -311,6 +332,7 @@ impl CronJob {
             misfire_threshold: ON_TIME,
             max_running: MAX_RUNNING,
             history: HISTORY,
+            adopt_schedule: false,
             clock: Arc::new(SystemClock),
         }
     }
@@ -348,17 +370,14 @@ impl CronJob {
     /// [`CronError::ScheduleMismatch`], [`CronError::BadState`].
     pub async fn run(&self, leadership: Leadership) -> Result<(), CronError> {
         let inner = &self.inner;
-        let mut state = self.load(&leadership)?;
+        let (mut state, schedule, adopted) = self.load(&leadership)?;
         let token = leadership.fencing_token();
         let (done, mut finished) = mpsc::unbounded_channel();
-        let mut running: Vec<Running> = Vec::new();
-        // A firing that waits for the work it replaced to return.
-        let mut replacing = None;
+        let mut term = Term::default();
         // Firings started by earlier terms and never ended: their leader died or lost its
         // lease. Retried or given up, never silently either.
-        let mut starts: Vec<Start> = Vec::new();
         let interrupted = std::mem::take(&mut state.running);
-        let mut dirty = !interrupted.is_empty();
+        let mut dirty = adopted || !interrupted.is_empty();
         for firing in interrupted {
             match inner.interrupted {
                 Interrupted::Retry { max_attempts } if firing.attempt < max_attempts => {
@@ -368,7 +387,7 @@ impl CronJob {
                         attempt = firing.attempt + 1,
                         "a firing whose leader died before it ended runs again"
                     );
-                    starts.push(Start {
+                    term.starts.push(Start {
                         scheduled: firing.scheduled,
                         attempt: firing.attempt + 1,
                         triggered_by: firing.triggered_by.clone(),
@@ -395,13 +414,12 @@ impl CronJob {
                 }
             }
         }
-        let mut waits = Waits::default();
         loop {
             let now = inner.clock.now();
-            let control = self.control(&leadership, &mut waits);
+            let control = self.control(&leadership, &mut term.waits);
             let suspended = control.suspended.is_some();
-            if suspended != waits.suspended {
-                waits.suspended = suspended;
+            if suspended != term.waits.suspended {
+                term.waits.suspended = suspended;
                 match &control.suspended {
                     Some(by) => {
                         tracing::info!(schedule = %inner.name, by = %by.by, "suspended: firings due are not started")
@@ -409,23 +427,16 @@ impl CronJob {
                     None => tracing::info!(schedule = %inner.name, "resumed"),
                 }
             }
-            let (changed, blocked) = self.due(
-                &mut state,
-                now,
-                &mut running,
-                &mut starts,
-                &mut replacing,
-                &mut waits,
-            );
+            let (changed, blocked) = self.due(&schedule, &mut state, now, &mut term);
             dirty |= changed;
             if let Some(request) = control
                 .trigger
                 .filter(|t| state.last_trigger.is_none_or(|last| t.at > last))
             {
-                dirty |= self.triggered(&mut state, request, &mut running, &mut starts, &mut waits);
+                dirty |= self.triggered(&mut state, request, &mut term);
             }
-            if dirty || !starts.is_empty() {
-                for start in &starts {
+            if dirty || !term.starts.is_empty() {
+                for start in &term.starts {
                     state.running.push(Started {
                         scheduled: start.scheduled,
                         attempt: start.attempt,
@@ -439,13 +450,14 @@ impl CronJob {
                     return Ok(());
                 }
                 dirty = false;
-                for start in starts.drain(..) {
-                    running.push(self.start(&leadership, start, now, &done));
+                for start in term.starts.drain(..) {
+                    term.running
+                        .push(self.start(&leadership, start, now, &done));
                 }
             }
             // Blocked: a missed firing waits for the running one to end (Overlap::Forbid).
             let next = (!blocked)
-                .then(|| inner.schedule.next_after(state.handled_until()))
+                .then(|| schedule.next_after(state.handled_until()))
                 .flatten();
             let wait = next.map(|at| (at - inner.clock.now()).to_std().unwrap_or_default());
             let until = wait.map(|wait| tokio::time::Instant::now() + wait);
@@ -455,7 +467,7 @@ impl CronJob {
                     biased;
                     () = leadership.lost() => return Ok(()),
                     Some((scheduled, attempt, outcome)) = finished.recv() => {
-                        running.retain(|r: &Running| (r.scheduled, r.attempt) != (scheduled, attempt));
+                        term.running.retain(|r: &Running| (r.scheduled, r.attempt) != (scheduled, attempt));
                         // A replaced firing was recorded when it was replaced.
                         if let Some(started) = take_running(&mut state, scheduled, attempt) {
                             self.ended(&mut state, scheduled, attempt, Some(&started), outcome);
@@ -476,25 +488,48 @@ impl CronJob {
         }
     }
 
-    /// The schedule's state as the term's record holds it, or a new one.
-    fn load(&self, leadership: &Leadership) -> Result<CronState, CronError> {
+    /// The schedule's state as the term's record holds it, or a new one; the schedule the
+    /// term runs; and whether this term changed it ([`CronJobBuilder::adopt_schedule`]).
+    fn load(&self, leadership: &Leadership) -> Result<(CronState, Schedule, bool), CronError> {
         let inner = &self.inner;
         let ours = inner.schedule.spec();
         let Some(stored) = leadership.extensions().get(&inner.key).cloned() else {
-            return Ok(CronState::new(ours, inner.clock.now()));
+            let state = CronState::new(ours, inner.clock.now());
+            return Ok((state, inner.schedule.clone(), false));
         };
-        let state = CronState::from_json(&stored).map_err(|err| CronError::BadState {
+        let mut state = CronState::from_json(&stored).map_err(|err| CronError::BadState {
             name: inner.name.clone(),
             reason: err.to_string(),
         })?;
-        if state.schedule != ours {
-            return Err(CronError::ScheduleMismatch {
-                name: inner.name.clone(),
-                stored: state.schedule,
-                ours: ours.to_owned(),
-            });
+        if state.schedule == ours {
+            return Ok((state, inner.schedule.clone(), false));
         }
-        Ok(state)
+        if inner.adopt_schedule {
+            tracing::warn!(schedule = %inner.name, from = %state.schedule, to = %ours, "changing the stored schedule to this replica's");
+            state.changed = Some(ScheduleChange {
+                from: std::mem::replace(&mut state.schedule, ours.to_owned()),
+                at: inner.clock.now(),
+                by: leadership.identity().to_owned(),
+            });
+            return Ok((state, inner.schedule.clone(), true));
+        }
+        // A schedule changed after this replica was configured is newer: follow it.
+        let newer = state
+            .changed
+            .as_ref()
+            .is_some_and(|c| c.at > inner.built_at);
+        if let Some(stored) = newer
+            .then(|| Schedule::from_spec(&state.schedule).ok())
+            .flatten()
+        {
+            tracing::warn!(schedule = %inner.name, stored = %state.schedule, ours, "the stored schedule was changed after this replica started: running it instead of this replica's");
+            return Ok((state, stored, false));
+        }
+        Err(CronError::ScheduleMismatch {
+            name: inner.name.clone(),
+            stored: state.schedule,
+            ours: ours.to_owned(),
+        })
     }
 
     /// Writes `state` into the record; `Err` when the term is over or given up (a write whose

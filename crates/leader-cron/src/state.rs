@@ -35,6 +35,10 @@ pub struct CronState {
     /// ([`CronJobBuilder::history`](crate::CronJobBuilder::history), [`HISTORY`] by default).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub history: Vec<Ended>,
+    /// The last change of the schedule by a replica that adopted its own
+    /// ([`CronJobBuilder::adopt_schedule`](crate::CronJobBuilder::adopt_schedule)).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub changed: Option<ScheduleChange>,
     /// The instant of the last firing asked for now ([`trigger`](crate::trigger)) that a
     /// leader started: a request no later than it is handled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -42,6 +46,19 @@ pub struct CronState {
     /// Firings missed so far (no leader at their time, or skipped by the policy).
     #[serde(default)]
     pub missed: u64,
+}
+
+/// A change of a schedule in place.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[non_exhaustive]
+pub struct ScheduleChange {
+    /// The schedule before.
+    pub from: String,
+    /// When it changed, by the clock of the leader that changed it.
+    pub at: DateTime<Utc>,
+    /// The identity of that leader.
+    pub by: String,
 }
 
 /// A firing started.
@@ -138,6 +155,7 @@ impl CronState {
             running: Vec::new(),
             last: None,
             history: Vec::new(),
+            changed: None,
             last_trigger: None,
             missed: 0,
         }

@@ -10,6 +10,7 @@ use leader_core::{CancellationToken, Leadership};
 use crate::control::{Control, Request};
 use crate::job::{CronEvent, CronJob};
 use crate::policy::{Missed, Overlap};
+use crate::schedule::Schedule;
 use crate::state::{CronState, Ended, Outcome, Started};
 
 /// The most scheduled instants looked at in one go (a backlog beyond it is counted as missed).
@@ -51,6 +52,18 @@ pub(crate) enum Room {
     },
 }
 
+/// What a term's loop keeps between its rounds besides the schedule's state.
+#[derive(Default)]
+pub(crate) struct Term {
+    /// The firings this term started whose work has not returned.
+    pub(crate) running: Vec<Running>,
+    /// The firings to start with the next write.
+    pub(crate) starts: Vec<Start>,
+    /// A firing that waits for the work it replaced to return.
+    pub(crate) replacing: Option<DateTime<Utc>>,
+    pub(crate) waits: Waits,
+}
+
 /// What the loop said already, so that each wait and each bad request is said once.
 #[derive(Default)]
 pub(crate) struct Waits {
@@ -79,25 +92,23 @@ impl CronJob {
     /// returned, for which `replacing` keeps the waiting instant on time).
     pub(crate) fn due(
         &self,
+        schedule: &Schedule,
         state: &mut CronState,
         now: DateTime<Utc>,
-        running: &mut [Running],
-        starts: &mut Vec<Start>,
-        replacing: &mut Option<DateTime<Utc>>,
-        waits: &mut Waits,
+        term: &mut Term,
     ) -> (bool, bool) {
         let inner = &self.inner;
-        let on_time_until = replacing.take();
+        let on_time_until = term.replacing.take();
         let mut instants = std::collections::VecDeque::new();
         let mut at = state.handled_until();
         let mut beyond = 0_u64;
         // A backlog too long to look at: the oldest count as missed, passed over at once
         // where the schedule can count them, else one by one.
-        if let Some((skipped_to, skipped)) = inner.schedule.skip_to_last(at, now, MOST_INSTANTS) {
+        if let Some((skipped_to, skipped)) = schedule.skip_to_last(at, now, MOST_INSTANTS) {
             at = skipped_to;
             beyond = skipped;
         }
-        while let Some(next) = inner.schedule.next_after(at).filter(|n| *n <= now) {
+        while let Some(next) = schedule.next_after(at).filter(|n| *n <= now) {
             if instants.len() == MOST_INSTANTS {
                 instants.pop_front();
                 beyond += 1;
@@ -133,7 +144,7 @@ impl CronJob {
         let mut cursor = state.cursor;
         let mut blocked = false;
         for instant in &instants {
-            let wanted = !waits.suspended
+            let wanted = !term.waits.suspended
                 && (!late(instant) || {
                     late_rank += 1;
                     late_rank > late_count - keep_late
@@ -144,7 +155,7 @@ impl CronJob {
                 cursor = Some(*instant);
                 continue;
             }
-            match self.room(state, running, starts, *instant, waits) {
+            match self.room(state, term, *instant) {
                 Room::Now { superseded, latest } => {
                     missed += superseded;
                     latest_missed = latest.or(latest_missed);
@@ -157,13 +168,13 @@ impl CronJob {
                     latest_missed = latest.or(latest_missed);
                     if inner.overlap == Overlap::Replace {
                         recorded = true;
-                        *replacing = Some(*instant);
+                        term.replacing = Some(*instant);
                     }
                     blocked = true;
                     break;
                 }
             }
-            starts.push(Start {
+            term.starts.push(Start {
                 scheduled: *instant,
                 attempt: 1,
                 triggered_by: None,
@@ -205,12 +216,10 @@ impl CronJob {
         &self,
         state: &mut CronState,
         request: Request,
-        running: &mut [Running],
-        starts: &mut Vec<Start>,
-        waits: &mut Waits,
+        term: &mut Term,
     ) -> bool {
         let inner = &self.inner;
-        match self.room(state, running, starts, request.at, waits) {
+        match self.room(state, term, request.at) {
             Room::Now { superseded, latest } => self.missed(state, superseded, latest),
             Room::Later { superseded, latest } => {
                 self.missed(state, superseded, latest);
@@ -219,7 +228,7 @@ impl CronJob {
         }
         tracing::info!(schedule = %inner.name, by = %request.by, at = %request.at, "a firing asked for now starts");
         state.last_trigger = Some(request.at);
-        starts.push(Start {
+        term.starts.push(Start {
             scheduled: request.at,
             attempt: 1,
             triggered_by: Some(request.by),
@@ -231,16 +240,9 @@ impl CronJob {
     /// once): when a running firing ended, or when the work it replaced has returned, since two
     /// never run at once under [`Overlap::Replace`]. Says how many starts not begun yet a
     /// replacement superseded (counted as missed), and the latest of them.
-    fn room(
-        &self,
-        state: &mut CronState,
-        running: &mut [Running],
-        starts: &mut Vec<Start>,
-        instant: DateTime<Utc>,
-        waits: &mut Waits,
-    ) -> Room {
+    fn room(&self, state: &mut CronState, term: &mut Term, instant: DateTime<Utc>) -> Room {
         let inner = &self.inner;
-        let busy = running.len() + starts.len();
+        let busy = term.running.len() + term.starts.len();
         let free = Room::Now {
             superseded: 0,
             latest: None,
@@ -249,18 +251,19 @@ impl CronJob {
             _ if busy == 0 => free,
             Overlap::Allow if busy < inner.max_running => free,
             Overlap::Allow | Overlap::Forbid => {
-                waits.say(&inner.name, instant, "waits for the previous firing to end");
+                term.waits
+                    .say(&inner.name, instant, "waits for the previous firing to end");
                 Room::Later {
                     superseded: 0,
                     latest: None,
                 }
             }
             Overlap::Replace => {
-                let (superseded, latest) = self.replace(state, running, starts);
-                if running.is_empty() {
+                let (superseded, latest) = self.replace(state, term);
+                if term.running.is_empty() {
                     Room::Now { superseded, latest }
                 } else {
-                    waits.say(
+                    term.waits.say(
                         &inner.name,
                         instant,
                         "waits for the replaced firing to stop",
@@ -275,14 +278,9 @@ impl CronJob {
     /// work is waited for before anything starts), and drops the starts not begun yet, which a
     /// later firing supersedes: a first attempt counts as missed, a retry ends as replaced;
     /// none goes untold. Returns how many were missed, and the latest of them.
-    fn replace(
-        &self,
-        state: &mut CronState,
-        running: &mut [Running],
-        starts: &mut Vec<Start>,
-    ) -> (u64, Option<DateTime<Utc>>) {
+    fn replace(&self, state: &mut CronState, term: &mut Term) -> (u64, Option<DateTime<Utc>>) {
         let (mut missed, mut latest) = (0, None);
-        for start in starts.drain(..) {
+        for start in term.starts.drain(..) {
             if start.attempt == 1 {
                 missed += 1;
                 latest = Some(start.scheduled);
@@ -296,7 +294,7 @@ impl CronJob {
                 );
             }
         }
-        for replaced in running.iter_mut().filter(|r| !r.replaced) {
+        for replaced in term.running.iter_mut().filter(|r| !r.replaced) {
             replaced.cancel.cancel();
             replaced.replaced = true;
             let (scheduled, attempt) = (replaced.scheduled, replaced.attempt);

@@ -164,3 +164,72 @@ async fn requests_without_a_schedule_say_why() {
     );
     a.crash();
 }
+
+/// A rollout from every minute to every two minutes: the new replica adopts its schedule when
+/// it leads (recorded with who and when), the cursor is kept so that nothing is lost or doubled
+/// across the switch, and an old replica started before the change follows the stored schedule
+/// when it leads later instead of being refused. A replica of a third schedule started after
+/// the change, without adopting, is refused as before.
+#[tokio::test(start_paused = true)]
+async fn a_schedule_changes_in_place() {
+    let store = MemoryStore::new();
+    let clock = TokioClock::starting_at(origin());
+    let log = Log::default();
+    let works = Duration::from_secs(5);
+    let minute = Schedule::every(Duration::from_secs(60)).expect("schedule");
+    let two = Schedule::every(Duration::from_secs(120)).expect("schedule");
+    let mut old = common::replica(&store, &clock, "old", &minute, &log, works, |b| b);
+    sleep(Duration::from_secs(150)).await;
+    // The rollout: one new replica, and the old configuration still running elsewhere.
+    let mut new = common::replica(&store, &clock, "new", &two, &log, works, |b| {
+        b.adopt_schedule(true)
+    });
+    let mut older = common::replica(&store, &clock, "older", &minute, &log, works, |b| b);
+    sleep(Duration::from_secs(5)).await;
+    old.crash();
+    // older or new takes over near 2:50; make it new by crashing older if it leads.
+    sleep(Duration::from_secs(25)).await;
+    if older.leading() {
+        older.crash();
+        sleep(Duration::from_secs(20)).await;
+        older = common::replica(&store, &clock, "older", &minute, &log, works, |b| b);
+    }
+    assert!(new.leading());
+    sleep(Duration::from_secs(100)).await;
+    let state = stored(&store).await;
+    let changed = state.changed.clone().expect("the change is recorded");
+    assert_eq!(
+        (changed.from.as_str(), changed.by.as_str()),
+        ("every 1m", "new")
+    );
+    assert_eq!(state.schedule, "every 2m");
+    // The new leader dies; the old configuration's replica follows the stored schedule.
+    new.crash();
+    sleep(Duration::from_secs(215)).await;
+    assert!(
+        older.leading(),
+        "{:?}",
+        older.errors.lock().expect("errors")
+    );
+    assert!(older.errors.lock().expect("errors").is_empty());
+    let runs: Vec<(i64, String)> = log
+        .lock()
+        .expect("log")
+        .iter()
+        .map(|(at, _, id)| ((*at - origin()).num_seconds(), id.clone()))
+        .collect();
+    let at: Vec<i64> = runs.iter().map(|r| r.0).collect();
+    assert_eq!(at, vec![60, 120, 240, 360, 480], "{runs:?}");
+    assert_eq!(runs[2].1, "new");
+    assert_eq!(runs[4].1, "older");
+    // A replica of a third schedule, started after the change, without adopting.
+    older.crash();
+    let hourly = Schedule::every(Duration::from_secs(3600)).expect("schedule");
+    let third = common::replica(&store, &clock, "third", &hourly, &log, works, |b| b);
+    sleep(Duration::from_secs(30)).await;
+    let errors = third.errors.lock().expect("errors").clone();
+    assert!(
+        errors.iter().any(|e| e.contains("every 2m")),
+        "refused: {errors:?}"
+    );
+}
