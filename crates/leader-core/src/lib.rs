@@ -52,9 +52,10 @@ pub use memory::{MemoryLock, MemoryStore};
 pub use record::{LeaderElectionRecord, Observed, RENEWAL_STEP, RecordColumns, Version};
 pub use redact::redact_url;
 pub use shards::{
-    COUNT_EXTENSION, KeyedLocks, Known, LockSet, MAX_SHARDS, Renewal, RenewedAndRead, Reread,
-    Shards, ShardsBuilder, ShardsConfig, ShardsError, ShardsState, common_prefix, member_key,
-    roster_key, shard_key,
+    COUNT_EXTENSION, KeyedLocks, Known, LockSet, MAX_SHARDS, MemberView, RecordState, RecordView,
+    Renewal, RenewedAndRead, Reread, ShardSetView, ShardSetViewError, ShardView, Shards,
+    ShardsBuilder, ShardsConfig, ShardsError, ShardsState, common_prefix, member_key, roster_key,
+    shard_key,
 };
 pub use status::{ElectionError, ElectorStatus, IdentityConflict, LastError};
 pub use url::{FileUrl, LockTarget, UrlError};

@@ -22,10 +22,23 @@
 //! lease runs out. Balance and the roster rest on what members read; safety rests on each
 //! shard's lease alone, so a member with a stale view can be slow to balance, never a second
 //! owner.
+//!
+//! A shard whose work gives it up (its term's [`Leadership::step_down`], or work of
+//! [`Shards::run_per_shard`] that returns or panics) is released, and the member that gave it
+//! up takes it again only after a back-off, as Kubernetes's CrashLoopBackOff restarts a
+//! container: the jittered retry period at first, doubling with each give-up that follows the
+//! previous one within ten minutes, up to five minutes; a term that ran ten minutes before
+//! its give-up starts the back-off over. Meanwhile any other member may take the shard, and
+//! the member says so in a warning naming the shard, how many times in a row and the wait.
+//!
+//! [`ShardSetView`] reads a whole set (the count, the members and their last renewals, each
+//! shard's owner, fencing token and since when, the shards nobody owns) without taking part:
+//! what `leader status` shows of a set.
 
 mod assign;
 mod locks;
 mod runner;
+mod view;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -44,6 +57,7 @@ use crate::leadership::{Leadership, StepDown};
 use crate::status::IdentityConflict;
 
 pub use locks::{KeyedLocks, Known, LockSet, Renewal, RenewedAndRead, Reread, common_prefix};
+pub use view::{MemberView, RecordState, RecordView, ShardSetView, ShardSetViewError, ShardView};
 
 /// The most shards a set may have.
 pub const MAX_SHARDS: u32 = 100_000;
@@ -66,6 +80,10 @@ pub fn member_key(name: &str, identity: &str) -> String {
 
 /// The roster's extension holding the shard count.
 pub const COUNT_EXTENSION: &str = "shards.count";
+
+/// The prefix of the roster's extensions naming a member: `member.KEY` = identity, `KEY` the
+/// member record's key.
+pub(crate) const MEMBER_PREFIX: &str = "member.";
 
 /// Why a shard set takes no shards.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -240,7 +258,11 @@ impl ShardsBuilder {
     }
 
     /// Called when this member takes a shard, with the shard and a counted [`Leadership`] of
-    /// its term: the shard is released only once every counted clone is gone (S6).
+    /// its term: the shard is released only once every counted clone is gone (S6). Work that
+    /// gives the shard up ([`Leadership::step_down`]) has it taken again by this member only
+    /// after a back-off: the jittered retry period, doubling with each give-up within ten
+    /// minutes of the previous one (unless the term ran that long), up to five minutes, as
+    /// Kubernetes's CrashLoopBackOff. Another member may take it meanwhile.
     pub fn on_shard_started(
         mut self,
         callback: impl Fn(u32, Leadership) + Send + Sync + 'static,
@@ -395,7 +417,10 @@ impl Shards {
     /// the work's future is dropped when the shard's term ends (a handover, a lost lease, the
     /// shutdown), and the shard is released only after that (S6). Work that returns or panics
     /// while the shard is still owned gives the shard up, so that a member never keeps a shard
-    /// whose work no longer runs (S13).
+    /// whose work no longer runs (S13). This member takes it again only after a back-off that
+    /// grows while the work keeps ending soon after it starts, as
+    /// [`on_shard_started`](ShardsBuilder::on_shard_started) says; another member may take it
+    /// meanwhile.
     ///
     /// # Errors
     /// As [`run`](Self::run).

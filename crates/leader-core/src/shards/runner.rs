@@ -13,8 +13,8 @@ use tokio_util::sync::CancellationToken;
 use super::assign::{affinity, gifts, shares};
 use super::locks::{Known, LockSet, Renewal, Reread};
 use super::{
-    COUNT_EXTENSION, Callbacks, ShardsConfig, ShardsError, ShardsState, member_key, roster_key,
-    shard_key,
+    COUNT_EXTENSION, Callbacks, MEMBER_PREFIX, ShardsConfig, ShardsError, ShardsState, member_key,
+    roster_key, shard_key,
 };
 use crate::error::LockError;
 use crate::leadership::{Leadership, StepDown, StepDownReason, TermDeadline, TermRequest};
@@ -26,9 +26,6 @@ use crate::status::IdentityConflict;
 
 /// How many shards a member tries to take at once (each a request on its own record).
 const CLAIMS_AT_ONCE: usize = 32;
-
-/// The roster's extension naming a member: `member.HASH` = identity.
-const MEMBER_PREFIX: &str = "member.";
 
 /// The roster is no election: its `lease_duration` only tells stores that expire records (a
 /// free Redis record expires after it) to keep it. Members write it again once a day.
