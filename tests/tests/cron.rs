@@ -358,11 +358,26 @@ async fn suspend_trigger_and_resume_act_through_the_record() {
     };
     sleep(Duration::from_secs(5)).await;
     assert!(request("suspend", "ops").await.status.success());
-    sleep(Duration::from_secs(3)).await;
-    let suspended = lines().len();
+    // The leader finds the request within a renewal and a second; a loaded machine may take
+    // longer, so wait until nothing has started for 5 s (two firing periods and more).
+    let mut suspended = lines().len();
+    for _ in 0..10 {
+        sleep(Duration::from_secs(5)).await;
+        let now = lines().len();
+        if now == suspended {
+            break;
+        }
+        suspended = now;
+    }
     assert!(suspended >= 1, "{:?}", lines());
     assert!(request("trigger", "ops").await.status.success());
-    sleep(Duration::from_secs(5)).await;
+    for _ in 0..20 {
+        if lines().len() > suspended {
+            break;
+        }
+        sleep(Duration::from_millis(500)).await;
+    }
+    sleep(Duration::from_secs(4)).await;
     let during = lines();
     assert_eq!(
         during.len(),
@@ -393,4 +408,54 @@ async fn suspend_trigger_and_resume_act_through_the_record() {
         history.iter().any(|e| e["triggeredBy"] == "alice"),
         "{shown:#}"
     );
+}
+
+/// A firing asked for now whose COMMAND runs past `--timeout` is stopped, recorded as timed
+/// out, and run again once by `--retries 1` after `--retry-backoff`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_past_its_timeout_is_stopped_and_retried() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let lock = format!("file://{}", dir.path().join("lock").display());
+    let out = dir.path().join("attempts");
+    let script = format!(
+        "echo \"$LEADER_FIRING_ATTEMPT\" >> {}; exec sleep 30",
+        out.display()
+    );
+    let mut leader = Command::new(LEADER)
+        .args(["cron", "--lock", &lock, "--name", "slow", "--identity", "a"])
+        .args(["--every", "1h", "--retry-period", "250ms"])
+        .args(["--timeout", "1s", "--retries", "1", "--retry-backoff", "1s"])
+        .args(["--grace", "1s", "--", "sh", "-c", &script])
+        .stdout(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn leader cron");
+    sleep(Duration::from_secs(2)).await;
+    let asked = Command::new(LEADER)
+        .args(["cron", "trigger", "--lock", &lock, "--name", "slow"])
+        .output()
+        .await
+        .expect("leader cron trigger");
+    assert!(asked.status.success(), "{asked:?}");
+    sleep(Duration::from_secs(8)).await;
+    let shown = status(&lock, "slow").await;
+    let _ = kill(
+        Pid::from_raw(i32::try_from(leader.id().expect("running")).expect("pid")),
+        Signal::SIGTERM,
+    );
+    let _ = tokio::time::timeout(Duration::from_secs(10), leader.wait()).await;
+    let attempts = std::fs::read_to_string(&out).unwrap_or_default();
+    assert_eq!(
+        attempts.lines().collect::<Vec<_>>(),
+        ["1", "2"],
+        "{shown:#}"
+    );
+    let history = shown["schedules"][0]["history"]
+        .as_array()
+        .expect("history");
+    let kinds: Vec<&str> = history
+        .iter()
+        .filter_map(|e| e["outcome"]["kind"].as_str())
+        .collect();
+    assert_eq!(kinds, ["timedOut", "timedOut"], "{shown:#}");
 }

@@ -23,7 +23,8 @@ pub(crate) enum Command {
     #[cfg(feature = "cron")]
     #[command(after_help = CRON_REQUESTS)]
     Cron(CronArgs),
-    /// Show the lock's holder, times and transitions, without taking part in the election.
+    /// Show the lock's holder, times and transitions, or a shard set's members and each shard's
+    /// owner, without taking part.
     Status(StatusArgs),
     /// Ask the leader to hand over to a named replica (a planned handover), without taking
     /// part in the election.
@@ -228,6 +229,17 @@ pub(crate) struct CronArgs {
     /// (replace).
     #[arg(long, env = "LEADER_OVERLAP", default_value = "forbid", value_parser = ["forbid", "allow", "replace"])]
     pub(crate) overlap: String,
+    /// Run a firing whose COMMAND failed (exited non-zero, or ran past --timeout) again, up to
+    /// this many more attempts (0 to 100), after --retry-backoff, doubling up to 6 minutes.
+    #[arg(long, env = "LEADER_RETRIES", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=100))]
+    pub(crate) retries: u32,
+    /// The first wait before a failed firing runs again.
+    #[arg(long, env = "LEADER_RETRY_BACKOFF", default_value = "10s", value_parser = humantime::parse_duration, value_name = "DURATION")]
+    pub(crate) retry_backoff: Duration,
+    /// Stop a firing's COMMAND that runs longer than this (SIGTERM, then SIGKILL after
+    /// --grace), recorded as timed out.
+    #[arg(long, env = "LEADER_TIMEOUT", value_parser = humantime::parse_duration, value_name = "DURATION")]
+    pub(crate) timeout: Option<Duration>,
     /// Change the stored schedule to this one when this replica leads and finds another there
     /// (a rollout of a new schedule; the change is recorded, the cursor kept, and replicas of
     /// the old schedule started before it follow the stored one). Without it a replica with
@@ -282,6 +294,11 @@ pub(crate) struct StatusArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     pub(crate) json: bool,
+    /// Show the shard set NAME (`leader run --shards`): its members, each shard's owner,
+    /// fencing token and since when, the shards unowned. Without it, a set is shown when the
+    /// lock holds no election NAME.
+    #[arg(long)]
+    pub(crate) shards: bool,
 }
 
 #[cfg(test)]

@@ -110,10 +110,15 @@ pub(crate) async fn cron(args: CronArgs) -> u8 {
         .max_running(usize::from(args.max_running))
         .history(usize::from(args.history))
         .adopt_schedule(args.adopt_schedule)
+        .retries(args.retries)
+        .retry_backoff(args.retry_backoff)
         .misfire_threshold(args.misfire_threshold)
         .interrupted(interrupted);
     if let Some(deadline) = args.starting_deadline {
         job = job.starting_deadline(deadline);
+    }
+    if let Some(limit) = args.timeout {
+        job = job.timeout(limit);
     }
     tracing::info!(schedule = %job_schedule(&args), "scheduled");
     elect(

@@ -133,6 +133,9 @@ pub struct CronJobBuilder {
     max_running: usize,
     history: usize,
     adopt_schedule: bool,
+    retries: u32,
+    retry_backoff: Duration,
+    timeout: Option<Duration>,
     clock: Arc<dyn Clock>,
 }
 
@@ -184,6 +187,34 @@ impl CronJobBuilder {
         self
     }
 
+    /// Runs a firing that failed (its work returned an error or panicked, or ran past the
+    /// [`timeout`](Self::timeout)) again, up to `retries` more attempts (Kubernetes Job's
+    /// `backoffLimit`; default 0, at most 100), after a back-off that starts at
+    /// [`retry_backoff`](Self::retry_backoff) and doubles, up to six minutes. Each attempt's
+    /// outcome is recorded; a retry waits for its time in the record, so a new leader runs it
+    /// too, and takes its turn under the overlap policy ([`Overlap::Replace`] supersedes it).
+    pub fn retries(mut self, retries: u32) -> Self {
+        self.retries = retries;
+        self
+    }
+
+    /// The first back-off before a failed firing runs again (default 10 s, as Kubernetes
+    /// Jobs); it doubles with each attempt, up to six minutes (or this, when longer).
+    pub fn retry_backoff(mut self, backoff: Duration) -> Self {
+        self.retry_backoff = backoff;
+        self
+    }
+
+    /// Stops a firing's work that runs longer than `limit` (Kubernetes Job's
+    /// `activeDeadlineSeconds`): its cancellation fires (a `leader cron` COMMAND gets SIGTERM,
+    /// then SIGKILL after its grace), and once it returned its outcome is
+    /// [`Outcome::TimedOut`], a failure that [`retries`](Self::retries) may run again.
+    /// Default: none.
+    pub fn timeout(mut self, limit: Duration) -> Self {
+        self.timeout = Some(limit);
+        self
+    }
+
     /// Under [`Overlap::Allow`], the most firings running at once (default [`MAX_RUNNING`],
     /// 16): one more waits until one of them ends. It bounds the state each firing adds to the
     /// record (a Kubernetes Lease keeps the whole record in one annotation).
@@ -226,6 +257,17 @@ impl CronJobBuilder {
                 "Missed::All needs a maximum of 1 or more".to_owned(),
             ));
         }
+        if self.retries > 100 {
+            return Err(CronError::BadPolicy(format!(
+                "at most 100 retries, not {}",
+                self.retries
+            )));
+        }
+        if self.timeout.is_some_and(|t| t.is_zero()) || self.retry_backoff.is_zero() {
+            return Err(CronError::BadPolicy(
+                "a timeout and a retry back-off must be longer than zero".to_owned(),
+            ));
+        }
         if self.history > 100 {
             return Err(CronError::BadPolicy(format!(
                 "a history of at most 100 firings, not {}",
@@ -259,6 +301,9 @@ impl CronJobBuilder {
                 max_running: self.max_running,
                 history: self.history,
                 adopt_schedule: self.adopt_schedule,
+                retries: self.retries,
+                retry_backoff: self.retry_backoff,
+                timeout: self.timeout,
                 built_at: self.clock.now(),
                 clock: self.clock,
                 work: Arc::new(move |firing, cancel| Box::pin(work(firing, cancel))),
@@ -290,6 +335,9 @@ pub(crate) struct Inner {
     pub(crate) max_running: usize,
     pub(crate) history: usize,
     adopt_schedule: bool,
+    pub(crate) retries: u32,
+    pub(crate) retry_backoff: Duration,
+    timeout: Option<Duration>,
     /// When the job was built, by its clock: a schedule changed after it is newer than this
     /// replica's configuration.
     built_at: DateTime<Utc>,
@@ -312,6 +360,9 @@ impl fmt::Debug for CronJob {
             .field("max_running", &inner.max_running)
             .field("history", &inner.history)
             .field("adopt_schedule", &inner.adopt_schedule)
+            .field("retries", &inner.retries)
+            .field("retry_backoff", &inner.retry_backoff)
+            .field("timeout", &inner.timeout)
             .finish_non_exhaustive()
     }
 }
@@ -333,6 +384,9 @@ impl CronJob {
             max_running: MAX_RUNNING,
             history: HISTORY,
             adopt_schedule: false,
+            retries: 0,
+            retry_backoff: Duration::from_secs(10),
+            timeout: None,
             clock: Arc::new(SystemClock),
         }
     }
@@ -370,14 +424,14 @@ impl CronJob {
     /// [`CronError::ScheduleMismatch`], [`CronError::BadState`].
     pub async fn run(&self, leadership: Leadership) -> Result<(), CronError> {
         let inner = &self.inner;
-        let (mut state, schedule, adopted) = self.load(&leadership)?;
+        let (mut state, schedule, write) = self.load(&leadership)?;
         let token = leadership.fencing_token();
         let (done, mut finished) = mpsc::unbounded_channel();
         let mut term = Term::default();
         // Firings started by earlier terms and never ended: their leader died or lost its
         // lease. Retried or given up, never silently either.
         let interrupted = std::mem::take(&mut state.running);
-        let mut dirty = adopted || !interrupted.is_empty();
+        let mut dirty = write || !interrupted.is_empty();
         for firing in interrupted {
             match inner.interrupted {
                 Interrupted::Retry { max_attempts } if firing.attempt < max_attempts => {
@@ -427,6 +481,7 @@ impl CronJob {
                     None => tracing::info!(schedule = %inner.name, "resumed"),
                 }
             }
+            dirty |= self.retries_due(&mut state, now, &mut term);
             let (changed, blocked) = self.due(&schedule, &mut state, now, &mut term);
             dirty |= changed;
             if let Some(request) = control
@@ -459,6 +514,8 @@ impl CronJob {
             let next = (!blocked)
                 .then(|| schedule.next_after(state.handled_until()))
                 .flatten();
+            let retry = state.retrying.iter().map(|r| r.at).min();
+            let next = next.into_iter().chain(retry).min();
             let wait = next.map(|at| (at - inner.clock.now()).to_std().unwrap_or_default());
             let until = wait.map(|wait| tokio::time::Instant::now() + wait);
             let requests = leadership.extensions().remove(&inner.control_key);
@@ -470,6 +527,7 @@ impl CronJob {
                         term.running.retain(|r: &Running| (r.scheduled, r.attempt) != (scheduled, attempt));
                         // A replaced firing was recorded when it was replaced.
                         if let Some(started) = take_running(&mut state, scheduled, attempt) {
+                            self.retry_if_failed(&mut state, &started, &outcome);
                             self.ended(&mut state, scheduled, attempt, Some(&started), outcome);
                             dirty = true;
                         }
@@ -489,13 +547,15 @@ impl CronJob {
     }
 
     /// The schedule's state as the term's record holds it, or a new one; the schedule the
-    /// term runs; and whether this term changed it ([`CronJobBuilder::adopt_schedule`]).
+    /// term runs; and whether the state is to be written at once (new, or changed by
+    /// [`CronJobBuilder::adopt_schedule`]).
     fn load(&self, leadership: &Leadership) -> Result<(CronState, Schedule, bool), CronError> {
         let inner = &self.inner;
         let ours = inner.schedule.spec();
         let Some(stored) = leadership.extensions().get(&inner.key).cloned() else {
+            // Written at once, so that `leader status` and operators' requests find it.
             let state = CronState::new(ours, inner.clock.now());
-            return Ok((state, inner.schedule.clone(), false));
+            return Ok((state, inner.schedule.clone(), true));
         };
         let mut state = CronState::from_json(&stored).map_err(|err| CronError::BadState {
             name: inner.name.clone(),
@@ -583,8 +643,21 @@ impl CronJob {
         let cancel = leadership.cancellation_token().child_token();
         let work = (inner.work)(firing, cancel.clone());
         let (held, done) = (leadership.clone(), done.clone());
+        let (limit, stop) = (inner.timeout, cancel.clone());
         tokio::spawn(async move {
-            let outcome = match tokio::spawn(work).await {
+            let mut work = tokio::spawn(work);
+            let joined = match limit {
+                Some(limit) => tokio::time::timeout(limit, &mut work).await.ok(),
+                None => Some((&mut work).await),
+            };
+            let Some(joined) = joined else {
+                stop.cancel();
+                let _ = work.await;
+                let _ = done.send((scheduled, attempt, Outcome::TimedOut));
+                drop(held);
+                return;
+            };
+            let outcome = match joined {
                 Ok(Ok(())) => Outcome::Succeeded,
                 Ok(Err(err)) => Outcome::Failed {
                     message: err.to_string(),

@@ -16,7 +16,9 @@ pub use control::{Control, ControlError, Request, control_key, resume, suspend, 
 pub use job::{BoxError, CronError, CronEvent, CronJob, CronJobBuilder, Firing};
 pub use policy::{Interrupted, MAX_RUNNING, Missed, ON_TIME, Overlap};
 pub use schedule::{Schedule, ScheduleError};
-pub use state::{CronState, Ended, HISTORY, Outcome, ScheduleChange, Started, extension_key};
+pub use state::{
+    CronState, Ended, HISTORY, Outcome, Retry, ScheduleChange, Started, extension_key,
+};
 pub use status::ScheduleStatus;
 
 /// The core crate, so that one dependency is enough.

@@ -35,6 +35,10 @@ pub struct CronState {
     /// ([`CronJobBuilder::history`](crate::CronJobBuilder::history), [`HISTORY`] by default).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub history: Vec<Ended>,
+    /// Failed firings to run again ([`CronJobBuilder::retries`](crate::CronJobBuilder::retries)),
+    /// each at its time: kept in the record so that a new leader runs them too.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub retrying: Vec<Retry>,
     /// The last change of the schedule by a replica that adopted its own
     /// ([`CronJobBuilder::adopt_schedule`](crate::CronJobBuilder::adopt_schedule)).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -46,6 +50,22 @@ pub struct CronState {
     /// Firings missed so far (no leader at their time, or skipped by the policy).
     #[serde(default)]
     pub missed: u64,
+}
+
+/// A failed firing to run again.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[non_exhaustive]
+pub struct Retry {
+    /// The firing's scheduled instant.
+    pub scheduled: DateTime<Utc>,
+    /// The attempt to run.
+    pub attempt: u32,
+    /// When it is due, after the back-off, by the leader's clock.
+    pub at: DateTime<Utc>,
+    /// Who asked for the firing, for one outside the schedule.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub triggered_by: Option<String>,
 }
 
 /// A change of a schedule in place.
@@ -131,16 +151,20 @@ pub enum Outcome {
     },
     /// A later firing replaced it while it ran ([`Overlap::Replace`](crate::Overlap::Replace)).
     Replaced,
+    /// It ran past the job's timeout
+    /// ([`CronJobBuilder::timeout`](crate::CronJobBuilder::timeout)) and was stopped.
+    TimedOut,
 }
 
 impl Outcome {
-    /// A short name: `succeeded`, `failed`, `gave up`, `replaced`.
+    /// A short name: `succeeded`, `failed`, `gave up`, `replaced`, `timed out`.
     pub fn name(&self) -> &'static str {
         match self {
             Self::Succeeded => "succeeded",
             Self::Failed { .. } => "failed",
             Self::GaveUp { .. } => "gave up",
             Self::Replaced => "replaced",
+            Self::TimedOut => "timed out",
         }
     }
 }
@@ -155,6 +179,7 @@ impl CronState {
             running: Vec::new(),
             last: None,
             history: Vec::new(),
+            retrying: Vec::new(),
             changed: None,
             last_trigger: None,
             missed: 0,

@@ -11,7 +11,11 @@ use crate::control::{Control, Request};
 use crate::job::{CronEvent, CronJob};
 use crate::policy::{Missed, Overlap};
 use crate::schedule::Schedule;
-use crate::state::{CronState, Ended, Outcome, Started};
+use crate::state::{CronState, Ended, Outcome, Retry, Started};
+
+/// The longest back-off before a failed firing runs again, unless the first is longer
+/// (Kubernetes Jobs' six minutes).
+const MOST_BACKOFF: Duration = Duration::from_secs(6 * 60);
 
 /// The most scheduled instants looked at in one go (a backlog beyond it is counted as missed).
 const MOST_INSTANTS: usize = 100_000;
@@ -274,12 +278,81 @@ impl CronJob {
         }
     }
 
+    /// Failed firings whose retry is due by `now`: started with the next write when the
+    /// overlap policy makes room, oldest first; the rest wait. Returns whether the state
+    /// changed.
+    pub(crate) fn retries_due(
+        &self,
+        state: &mut CronState,
+        now: DateTime<Utc>,
+        term: &mut Term,
+    ) -> bool {
+        let mut changed = false;
+        while let Some(index) = state.retrying.iter().position(|r| r.at <= now) {
+            let retry = state.retrying.remove(index);
+            match self.room(state, term, retry.scheduled) {
+                Room::Now { superseded, latest } => {
+                    self.missed(state, superseded, latest);
+                    term.starts.push(Start {
+                        scheduled: retry.scheduled,
+                        attempt: retry.attempt,
+                        triggered_by: retry.triggered_by,
+                    });
+                    changed = true;
+                }
+                Room::Later { superseded, latest } => {
+                    self.missed(state, superseded, latest);
+                    state.retrying.insert(0, retry);
+                    return changed || self.inner.overlap == Overlap::Replace;
+                }
+            }
+        }
+        changed
+    }
+
+    /// A firing that failed with attempts left ([`retries`](crate::CronJobBuilder::retries)):
+    /// its next attempt waits in the state for its back-off.
+    pub(crate) fn retry_if_failed(
+        &self,
+        state: &mut CronState,
+        started: &Started,
+        outcome: &Outcome,
+    ) {
+        let inner = &self.inner;
+        let failed = matches!(outcome, Outcome::Failed { .. } | Outcome::TimedOut);
+        if !failed || started.attempt > inner.retries {
+            return;
+        }
+        let doublings = started.attempt.saturating_sub(1).min(16);
+        let backoff = inner
+            .retry_backoff
+            .saturating_mul(1 << doublings)
+            .min(MOST_BACKOFF.max(inner.retry_backoff));
+        let at = inner.clock.now() + chrono::Duration::from_std(backoff).unwrap_or_default();
+        tracing::warn!(schedule = %inner.name, scheduled = %started.scheduled, attempt = started.attempt, outcome = outcome.name(), ?backoff, "firing failed: it runs again after a back-off");
+        state.retrying.push(Retry {
+            scheduled: started.scheduled,
+            attempt: started.attempt + 1,
+            at,
+            triggered_by: started.triggered_by.clone(),
+        });
+    }
+
     /// [`Overlap::Replace`]: cancels the running firings, recorded as replaced at once (their
     /// work is waited for before anything starts), and drops the starts not begun yet, which a
     /// later firing supersedes: a first attempt counts as missed, a retry ends as replaced;
     /// none goes untold. Returns how many were missed, and the latest of them.
     fn replace(&self, state: &mut CronState, term: &mut Term) -> (u64, Option<DateTime<Utc>>) {
         let (mut missed, mut latest) = (0, None);
+        for retry in std::mem::take(&mut state.retrying) {
+            self.ended(
+                state,
+                retry.scheduled,
+                retry.attempt,
+                None,
+                Outcome::Replaced,
+            );
+        }
         for start in term.starts.drain(..) {
             if start.attempt == 1 {
                 missed += 1;
