@@ -10,21 +10,20 @@ use chrono::{DateTime, Utc};
 use leader_core::{CancellationToken, ExtensionError, Leadership};
 use tokio::sync::{broadcast, mpsc};
 
-use crate::clock::{Clock, SystemClock};
-use crate::control::control_key;
-use crate::policy::{Interrupted, MAX_RUNNING, Missed, ON_TIME, Overlap};
+use crate::clock::Clock;
+use crate::policy::{Interrupted, Missed, Overlap};
 use crate::schedule::{Schedule, ScheduleError};
-use crate::state::{CronState, HISTORY, Outcome, ScheduleChange, Started, extension_key};
+use crate::state::{CronState, Outcome, ScheduleChange, Started};
 use crate::term::{CONTROL_POLL, Running, Start, Term, take_running};
 
 /// What a job may fail with.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-type JobFuture = Pin<Box<dyn Future<Output = Result<(), BoxError>> + Send>>;
-type JobFn = Arc<dyn Fn(Firing, CancellationToken) -> JobFuture + Send + Sync>;
+pub(crate) type JobFuture = Pin<Box<dyn Future<Output = Result<(), BoxError>> + Send>>;
+pub(crate) type JobFn = Arc<dyn Fn(Firing, CancellationToken) -> JobFuture + Send + Sync>;
 
 /// Events kept for a subscriber that falls behind.
-const EVENTS: usize = 256;
+pub(crate) const EVENTS: usize = 256;
 
 /// One firing of a schedule, as the job gets it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -85,7 +84,8 @@ pub enum CronError {
     /// The store holds another schedule under this name: replicas were started with different
     /// schedules. Nothing is run and nothing is changed; the term ends so that a replica with
     /// the stored schedule may lead. To change a schedule on purpose, start the replicas of the
-    /// new one with [`CronJobBuilder::adopt_schedule`] (`leader cron --adopt-schedule`).
+    /// new one with [`adopt_schedule`](crate::CronJobBuilder::adopt_schedule) (`leader cron
+    /// --adopt-schedule`).
     #[error(
         "schedule {name:?}: the store has {stored:?}, this replica has {ours:?}; replicas must run the same schedule under one name"
     )]
@@ -117,200 +117,9 @@ pub enum CronError {
     /// The schedule.
     #[error(transparent)]
     Schedule(#[from] ScheduleError),
-}
-
-/// Builds a [`CronJob`]; start with [`CronJob::builder`].
-#[must_use = "builder does nothing itself, use `.build()` to build it"]
-#[derive(Debug)]
-pub struct CronJobBuilder {
-    name: String,
-    schedule: Schedule,
-    missed: Missed,
-    overlap: Overlap,
-    interrupted: Interrupted,
-    starting_deadline: Option<Duration>,
-    misfire_threshold: Duration,
-    max_running: usize,
-    history: usize,
-    adopt_schedule: bool,
-    retries: u32,
-    retry_backoff: Duration,
-    timeout: Option<Duration>,
-    clock: Arc<dyn Clock>,
-}
-
-impl CronJobBuilder {
-    /// Missed firings (default [`Missed::Latest`]).
-    pub fn missed(mut self, missed: Missed) -> Self {
-        self.missed = missed;
-        self
-    }
-
-    /// A firing due while another runs (default [`Overlap::Forbid`]).
-    pub fn overlap(mut self, overlap: Overlap) -> Self {
-        self.overlap = overlap;
-        self
-    }
-
-    /// A firing whose leader died before it ended (default: retried, three attempts in all).
-    pub fn interrupted(mut self, interrupted: Interrupted) -> Self {
-        self.interrupted = interrupted;
-        self
-    }
-
-    /// Firings later than this are missed whatever [`Missed`] says (CronJob's
-    /// `startingDeadlineSeconds`). Default: none.
-    pub fn starting_deadline(mut self, deadline: Duration) -> Self {
-        self.starting_deadline = Some(deadline);
-        self
-    }
-
-    /// How late a firing may start and still be on time (Quartz's `misfireThreshold`;
-    /// default [`ON_TIME`], 1 s): a firing later than this when the leader gets to it is a
-    /// missed one, which [`Missed`] decides about. Raise it where a leader may be slow to wake
-    /// (a loaded machine, a long garbage collection) and firings should still run on time.
-    pub fn misfire_threshold(mut self, threshold: Duration) -> Self {
-        self.misfire_threshold = threshold;
-        self
-    }
-
-    /// Changes the stored schedule to this job's when this replica leads and finds another
-    /// there (default: off, and a replica with another schedule is refused,
-    /// [`CronError::ScheduleMismatch`]). For a rollout of a new schedule: the change is
-    /// recorded with who made it and when ([`CronState::changed`]), the cursor is kept, so the
-    /// next firing is the new schedule's first instant after the last one handled (none lost
-    /// or doubled across the switch), and replicas of the old configuration started before the
-    /// change follow the stored schedule when they lead, until they are replaced. A replica
-    /// started after the change with a third schedule and without this is still refused.
-    pub fn adopt_schedule(mut self, adopt: bool) -> Self {
-        self.adopt_schedule = adopt;
-        self
-    }
-
-    /// Runs a firing that failed (its work returned an error or panicked, or ran past the
-    /// [`timeout`](Self::timeout)) again, up to `retries` more attempts (Kubernetes Job's
-    /// `backoffLimit`; default 0, at most 100), after a back-off that starts at
-    /// [`retry_backoff`](Self::retry_backoff) and doubles, up to six minutes. Each attempt's
-    /// outcome is recorded; a retry waits for its time in the record, so a new leader runs it
-    /// too, and takes its turn under the overlap policy ([`Overlap::Replace`] supersedes it).
-    pub fn retries(mut self, retries: u32) -> Self {
-        self.retries = retries;
-        self
-    }
-
-    /// The first back-off before a failed firing runs again (default 10 s, as Kubernetes
-    /// Jobs); it doubles with each attempt, up to six minutes (or this, when longer).
-    pub fn retry_backoff(mut self, backoff: Duration) -> Self {
-        self.retry_backoff = backoff;
-        self
-    }
-
-    /// Stops a firing's work that runs longer than `limit` (Kubernetes Job's
-    /// `activeDeadlineSeconds`): its cancellation fires (a `leader cron` COMMAND gets SIGTERM,
-    /// then SIGKILL after its grace), and once it returned its outcome is
-    /// [`Outcome::TimedOut`], a failure that [`retries`](Self::retries) may run again.
-    /// Default: none.
-    pub fn timeout(mut self, limit: Duration) -> Self {
-        self.timeout = Some(limit);
-        self
-    }
-
-    /// Under [`Overlap::Allow`], the most firings running at once (default [`MAX_RUNNING`],
-    /// 16): one more waits until one of them ends. It bounds the state each firing adds to the
-    /// record (a Kubernetes Lease keeps the whole record in one annotation).
-    pub fn max_running(mut self, max: usize) -> Self {
-        self.max_running = max;
-        self
-    }
-
-    /// How many ended firings the record keeps (default [`HISTORY`], 10; 0 to 100): their
-    /// start, end, attempt, outcome, fencing token and leader, shown by `leader status` and
-    /// read with [`ScheduleStatus`](crate::ScheduleStatus).
-    pub fn history(mut self, keep: usize) -> Self {
-        self.history = keep;
-        self
-    }
-
-    /// The wall clock (default: the system's; [`TokioClock`](crate::TokioClock) in tests).
-    pub fn clock(mut self, clock: impl Clock) -> Self {
-        self.clock = Arc::new(clock);
-        self
-    }
-
-    /// The job with `work`, run once per firing with the firing and a cancellation that fires
-    /// when the term ends (or a later firing replaces this one). Its `Ok` or `Err` is recorded
-    /// as the firing's outcome.
-    ///
-    /// # Errors
-    /// An invalid name or policy.
-    pub fn build<F, Fut>(self, work: F) -> Result<CronJob, CronError>
-    where
-        F: Fn(Firing, CancellationToken) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<(), BoxError>> + Send + 'static,
-    {
-        let valid = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
-        if self.name.is_empty() || self.name.len() > 200 || !self.name.chars().all(valid) {
-            return Err(CronError::BadName { name: self.name });
-        }
-        if let Missed::All { max: 0 } = self.missed {
-            return Err(CronError::BadPolicy(
-                "Missed::All needs a maximum of 1 or more".to_owned(),
-            ));
-        }
-        if self.retries > 100 {
-            return Err(CronError::BadPolicy(format!(
-                "at most 100 retries, not {}",
-                self.retries
-            )));
-        }
-        if self.timeout.is_some_and(|t| t.is_zero()) || self.retry_backoff.is_zero() {
-            return Err(CronError::BadPolicy(
-                "a timeout and a retry back-off must be longer than zero".to_owned(),
-            ));
-        }
-        if self.history > 100 {
-            return Err(CronError::BadPolicy(format!(
-                "a history of at most 100 firings, not {}",
-                self.history
-            )));
-        }
-        if self.max_running == 0 || self.max_running > 1000 {
-            return Err(CronError::BadPolicy(format!(
-                "max_running must be 1 to 1000, not {}",
-                self.max_running
-            )));
-        }
-        if let Interrupted::Retry { max_attempts } = self.interrupted
-            && max_attempts < 2
-        {
-            return Err(CronError::BadPolicy(
-                "Interrupted::Retry needs 2 attempts or more (or use GiveUp)".to_owned(),
-            ));
-        }
-        Ok(CronJob {
-            inner: Arc::new(Inner {
-                key: extension_key(&self.name),
-                control_key: control_key(&self.name),
-                name: self.name,
-                schedule: self.schedule,
-                missed: self.missed,
-                overlap: self.overlap,
-                interrupted: self.interrupted,
-                starting_deadline: self.starting_deadline,
-                misfire_threshold: self.misfire_threshold,
-                max_running: self.max_running,
-                history: self.history,
-                adopt_schedule: self.adopt_schedule,
-                retries: self.retries,
-                retry_backoff: self.retry_backoff,
-                timeout: self.timeout,
-                built_at: self.clock.now(),
-                clock: self.clock,
-                work: Arc::new(move |firing, cancel| Box::pin(work(firing, cancel))),
-                events: broadcast::channel(EVENTS).0,
-            }),
-        })
-    }
+    /// The election cannot be built ([`CronJob::run_elected`]).
+    #[error(transparent)]
+    Election(#[from] leader_core::ConfigError),
 }
 
 /// A scheduled job on a leader election: run it in each term with [`run`](Self::run) (from
@@ -334,15 +143,15 @@ pub(crate) struct Inner {
     pub(crate) misfire_threshold: Duration,
     pub(crate) max_running: usize,
     pub(crate) history: usize,
-    adopt_schedule: bool,
+    pub(crate) adopt_schedule: bool,
     pub(crate) retries: u32,
     pub(crate) retry_backoff: Duration,
-    timeout: Option<Duration>,
+    pub(crate) timeout: Option<Duration>,
     /// When the job was built, by its clock: a schedule changed after it is newer than this
     /// replica's configuration.
-    built_at: DateTime<Utc>,
+    pub(crate) built_at: DateTime<Utc>,
     pub(crate) clock: Arc<dyn Clock>,
-    work: JobFn,
+    pub(crate) work: JobFn,
     pub(crate) events: broadcast::Sender<CronEvent>,
 }
 
@@ -371,26 +180,6 @@ impl fmt::Debug for CronJob {
 struct Stop;
 
 impl CronJob {
-    /// A job named `name` (its record extension is `cron/NAME`) on `schedule`.
-    pub fn builder(name: impl Into<String>, schedule: Schedule) -> CronJobBuilder {
-        CronJobBuilder {
-            name: name.into(),
-            schedule,
-            missed: Missed::default(),
-            overlap: Overlap::default(),
-            interrupted: Interrupted::default(),
-            starting_deadline: None,
-            misfire_threshold: ON_TIME,
-            max_running: MAX_RUNNING,
-            history: HISTORY,
-            adopt_schedule: false,
-            retries: 0,
-            retry_backoff: Duration::from_secs(10),
-            timeout: None,
-            clock: Arc::new(SystemClock),
-        }
-    }
-
     /// The events of this job's firings on this replica from now on (every clone of the job
     /// shares them). A receiver that falls more than 256 events behind loses the oldest, as
     /// [`broadcast`] does.

@@ -2,8 +2,10 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
+mod builder;
 mod clock;
 mod control;
+mod elected;
 mod job;
 mod policy;
 mod schedule;
@@ -11,9 +13,10 @@ mod state;
 mod status;
 mod term;
 
+pub use builder::CronJobBuilder;
 pub use clock::{Clock, SystemClock, TokioClock};
 pub use control::{Control, ControlError, Request, control_key, resume, suspend, trigger};
-pub use job::{BoxError, CronError, CronEvent, CronJob, CronJobBuilder, Firing};
+pub use job::{BoxError, CronError, CronEvent, CronJob, Firing};
 pub use policy::{Interrupted, MAX_RUNNING, Missed, ON_TIME, Overlap};
 pub use schedule::{Schedule, ScheduleError};
 pub use state::{
