@@ -6,8 +6,14 @@ use std::time::Duration;
 use crate::args::{HandoverArgs, StatusArgs};
 use crate::exit;
 use crate::open::{code_for, fail, open_lock};
+use crate::set_status;
 
 pub(crate) async fn status(args: StatusArgs) -> u8 {
+    if args.shards {
+        return set_status::status(&args, true)
+            .await
+            .unwrap_or(exit::FAILURE);
+    }
     let lock = match open_lock(&args.lock, "leader-status", Duration::from_secs(5)).await {
         Ok((lock, _)) => lock,
         Err(code) => return code,
@@ -18,6 +24,10 @@ pub(crate) async fn status(args: StatusArgs) -> u8 {
     };
     let now = chrono::Utc::now();
     let Some(observed) = observed else {
+        // A shard set keeps no record under its own name: its roster is `NAME-members`.
+        if let Some(code) = set_status::status(&args, false).await {
+            return code;
+        }
         if args.json {
             println!(
                 "{}",
@@ -25,7 +35,7 @@ pub(crate) async fn status(args: StatusArgs) -> u8 {
             );
         } else {
             println!(
-                "{}: no record yet (nobody has run for leadership)",
+                "{}: no record yet (nobody has run for leadership, and no shard set of this name)",
                 lock.describe()
             );
         }
@@ -256,7 +266,7 @@ pub(crate) async fn handover(args: HandoverArgs) -> u8 {
 
 /// `elapsed` for people: "3s ago", or, for a time ahead of this replica's clock (a writer's
 /// clock ahead of ours), "3s ahead of this clock".
-fn ago(elapsed: chrono::Duration) -> String {
+pub(crate) fn ago(elapsed: chrono::Duration) -> String {
     let format = |d: chrono::Duration| {
         let d = d.to_std().unwrap_or_default();
         humantime::format_duration(Duration::from_millis(

@@ -12,6 +12,7 @@ mod label;
 mod open;
 mod run;
 mod serve;
+mod set_status;
 mod shards;
 
 use std::process::ExitCode;
