@@ -12,6 +12,21 @@ pub fn now_ns() -> i128 {
     })
 }
 
+/// Whether a firing's first attempt fails on purpose in the schedule workload: a scheduled
+/// instant (a whole second) that is a multiple of `every` seconds. The fenced writer fails
+/// those, and the checker expects their retries.
+#[must_use]
+pub fn firing_fails(
+    scheduled: chrono::DateTime<chrono::Utc>,
+    first_attempt: bool,
+    every: i64,
+) -> bool {
+    first_attempt
+        && every > 0
+        && scheduled.timestamp_subsec_nanos() == 0
+        && scheduled.timestamp() % every == 0
+}
+
 /// Appends `EVENT IDENTITY TOKEN NANOS PID` to the file in `JOB_LOG` (if set), with this
 /// process's `LEADER_IDENTITY` and `LEADER_FENCING_TOKEN` and [`now_ns`]: how the COMMANDs of
 /// the end-to-end tests report the start and end of their term.

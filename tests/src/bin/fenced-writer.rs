@@ -10,11 +10,27 @@
 //!
 //! Under `leader cron` (`LEADER_FIRING_SCHEDULED` set) it is one firing's COMMAND: it appends
 //! `SCHEDULED ATTEMPT TOKEN IDENTITY MONOTONIC_NS WALL_MS` to `FIRINGS_LOG` when it starts, makes
-//! `FIRING_WRITES` writes (default 5), 20 ms apart, and exits.
+//! `FIRING_WRITES` writes (default 5), 20 ms apart, and exits; with `FIRING_FAILS=N` its first
+//! attempt exits with 1 after the writes when the scheduled second is a multiple of N (a
+//! firing that fails, for `--retries`).
 
 use std::time::Duration;
 
-use leader_tests::{log_term_event, now_ns};
+use leader_tests::{firing_fails, log_term_event, now_ns};
+
+/// Whether this attempt of the firing fails on purpose (`FIRING_FAILS`).
+fn fails(scheduled: &str, attempt: &str) -> bool {
+    let every = std::env::var("FIRING_FAILS")
+        .ok()
+        .and_then(|n| n.parse().ok());
+    let scheduled = chrono::DateTime::parse_from_rfc3339(scheduled).ok();
+    match (every, scheduled) {
+        (Some(every), Some(at)) => {
+            firing_fails(at.with_timezone(&chrono::Utc), attempt == "1", every)
+        }
+        _ => false,
+    }
+}
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -64,6 +80,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             let at = i64::try_from(now_ns())?;
             client.execute(&write, &[&token, &identity, &at]).await?;
             tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        if fails(&scheduled, &attempt) {
+            std::process::exit(1);
         }
         return Ok(());
     }

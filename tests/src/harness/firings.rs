@@ -1,11 +1,15 @@
 //! A schedule workload under faults: three replicas of `leader cron --every 1s --missed all
-//! --overlap allow -- fenced-writer` against one backend, each firing's COMMAND logging its
-//! scheduled instant, attempt and token and writing through the fenced sink for 600 ms; faults into
+//! --overlap allow --retries 1 --timeout 3s -- fenced-writer` against one backend, each firing's
+//! COMMAND logging its scheduled instant, attempt and token and writing through the fenced sink
+//! for 600 ms, the first attempt of every seventh second failing on purpose; faults into
 //! whichever replica leads (SIGKILL, SIGSTOP past the lease, its connection cut) and into the
-//! server (a crash and restart). The checker accounts for every scheduled instant: no (instant,
-//! attempt) started twice, no instant from the first to the last left unstarted (the policy runs
-//! every missed firing), a retry only of a firing started before (or recorded as started by a
-//! leader that a fault stopped before its COMMAND ran), and no stale write accepted by the sink.
+//! server (a crash and restart); after each fault an operator's `leader cron trigger`, and every
+//! 25th fault (the second first) a `suspend` for 4 s and a `resume`. The checker accounts for every scheduled
+//! instant: no (instant, attempt) started twice, no instant from the first to the last left
+//! unstarted (the policy runs every missed firing) but those due while suspended, a failed first
+//! attempt retried, a retry only of a firing started before (or recorded as started by a leader
+//! that a fault stopped before its COMMAND ran), a trigger run at most once, and no stale write
+//! accepted by the sink.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -43,8 +47,20 @@ pub struct FiringsReport {
     pub retried_unstarted: usize,
     /// (instant, attempt) pairs started more than once: must be 0.
     pub started_twice: usize,
-    /// Instants never started: must be 0 (every missed firing runs).
+    /// Instants never started: must be 0 (every missed firing runs), but for those due while
+    /// the schedule was suspended.
     pub lost: usize,
+    /// Instants not started because they were due while the schedule was suspended.
+    pub suspended_missed: usize,
+    /// Firings whose first attempt failed on purpose.
+    pub failed_on_purpose: usize,
+    /// Of those, retried (attempt 2 started).
+    pub failures_retried: usize,
+    /// `leader cron trigger` requests sent.
+    pub triggers_sent: usize,
+    /// Firings asked for by a trigger that started (a trigger not started yet is replaced by a
+    /// newer one, so at most `triggers_sent`).
+    pub triggers_ran: usize,
     /// Writes to the fenced sink.
     pub writes: usize,
     /// Stale writes the sink refused.
@@ -115,7 +131,14 @@ struct Run<'a> {
     incarnations: Vec<usize>,
     /// When the last fault was injected, by the wall clock.
     faulted_at: Option<DateTime<Utc>>,
+    /// Operators' requests sent: triggers.
+    triggers: usize,
+    /// From each `suspend` to its `resume`, by the wall clock.
+    suspensions: Vec<(DateTime<Utc>, DateTime<Utc>)>,
 }
+
+/// The first attempt of a firing at a multiple of this many seconds fails on purpose.
+const FAILS_EVERY: i64 = 7;
 
 impl Run<'_> {
     fn spawn(&mut self, slot: usize) -> Result<(), HarnessError> {
@@ -135,6 +158,7 @@ impl Run<'_> {
                 "--overlap",
                 "allow",
             ])
+            .args(["--retries", "1", "--retry-backoff", "1s", "--timeout", "3s"])
             .args(["--lease-duration", &ms(self.settings.lease)])
             .args(["--renew-deadline", &ms(self.settings.renew)])
             .args(["--retry-period", &ms(self.settings.retry)])
@@ -146,6 +170,7 @@ impl Run<'_> {
             // 600 ms of writes per firing: a frozen leader is often caught inside one, and its
             // writes after it is resumed exercise the fence.
             .env("FIRING_WRITES", "30")
+            .env("FIRING_FAILS", FAILS_EVERY.to_string())
             .env(
                 "RUST_LOG",
                 std::env::var("FAULT_LOG").unwrap_or_else(|_| "error".into()),
@@ -165,6 +190,43 @@ impl Run<'_> {
             self.replicas.push(replica);
         }
         Ok(())
+    }
+
+    /// An operator's request for the schedule (`leader cron suspend|resume|trigger`), through
+    /// the first proxy; whether it was taken.
+    async fn request(&self, what: &str) -> bool {
+        let port = self.proxies.first().map_or(0, Proxy::port);
+        let Ok((url, env)) = self.backend.replica_lock(self.dir, port, &self.settings) else {
+            return false;
+        };
+        Command::new(&self.programs.leader)
+            .args([
+                "cron", what, "--lock", &url, "--name", &self.name, "--by", "harness",
+            ])
+            .envs(env)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .await
+            .is_ok_and(|status| status.success())
+    }
+
+    /// After a fault: an operator asks for a firing now, and after the second fault and every
+    /// 25th after it suspends the schedule for 4 s.
+    async fn operate(&mut self, done: usize) {
+        if self.request("trigger").await {
+            self.triggers += 1;
+        }
+        if done % 25 == 1 {
+            let from = Utc::now();
+            if self.request("suspend").await {
+                sleep(Duration::from_secs(4)).await;
+                while !self.request("resume").await {
+                    sleep(Duration::from_millis(500)).await;
+                }
+                self.suspensions.push((from, Utc::now()));
+            }
+        }
     }
 
     /// The replica that holds the lease now, as `leader status` says (its lock URL through the
@@ -314,6 +376,8 @@ pub async fn run(
         replicas: Vec::new(),
         incarnations: vec![0; settings.replicas],
         faulted_at: None,
+        triggers: 0,
+        suspensions: Vec::new(),
     };
     let mut report = FiringsReport::default();
     let mut outcome = Ok(());
@@ -325,6 +389,7 @@ pub async fn run(
         for (done, fault) in faults.iter().enumerate() {
             let injected = run.inject(*fault).await;
             report.faulted_at.extend(run.faulted_at.take());
+            run.operate(done).await;
             match injected {
                 Ok(Some(violation)) => report.violations.push(violation),
                 Ok(None) => report.faults += 1,
@@ -347,11 +412,50 @@ pub async fn run(
     stop_replicas(&mut run.replicas).await;
     outcome?;
 
+    report.triggers_sent = run.triggers;
     let started = parse(&dir.path().join("firings.log"));
     let mut attempts: BTreeMap<DateTime<Utc>, Vec<u32>> = BTreeMap::new();
     for s in &started {
         attempts.entry(s.scheduled).or_default().push(s.attempt);
     }
+    // Firings asked for now have the request's instant, never a whole second.
+    let triggered = |at: &DateTime<Utc>| at.timestamp_subsec_nanos() != 0;
+    report.triggers_ran = attempts.keys().filter(|at| triggered(at)).count();
+    if report.triggers_ran > report.triggers_sent {
+        report.violations.push(format!(
+            "{} triggered firings ran for {} requests",
+            report.triggers_ran, report.triggers_sent
+        ));
+    }
+    let near_fault = |instant: &DateTime<Utc>| {
+        let near = chrono::Duration::from_std(settings.lease * 2 + Duration::from_secs(3))
+            .unwrap_or_default();
+        report
+            .faulted_at
+            .iter()
+            .any(|at| *at - near <= *instant && *instant <= *at + near)
+    };
+    // A failed first attempt is retried, unless a fault near it ended its leader's term (then
+    // the next leader may find it interrupted, or its failure unrecorded).
+    for (instant, runs) in &attempts {
+        if crate::firing_fails(*instant, true, FAILS_EVERY) && runs.contains(&1) {
+            report.failed_on_purpose += 1;
+            if runs.contains(&2) {
+                report.failures_retried += 1;
+            } else if !near_fault(instant) {
+                report.violations.push(format!(
+                    "{instant}: a failed firing was not retried ({runs:?})"
+                ));
+            }
+        }
+    }
+    let suspended = |instant: &DateTime<Utc>| {
+        let lag = chrono::Duration::from_std(settings.lease * 2 + Duration::from_secs(3))
+            .unwrap_or_default();
+        run.suspensions
+            .iter()
+            .any(|(from, to)| *from <= *instant && *instant <= *to + lag)
+    };
     report.starts = started.len();
     report.retries = started.iter().filter(|s| s.attempt > 1).count();
     for (instant, runs) in &attempts {
@@ -369,13 +473,7 @@ pub async fn run(
             // The attempt before was recorded as started, but its leader died (or lost its
             // term, or its write's outcome was unknown) before its COMMAND ran: the next leader
             // finds it interrupted and retries it, as the policy says. Only a fault explains it.
-            let near = chrono::Duration::from_std(settings.lease * 2 + Duration::from_secs(3))
-                .unwrap_or_default();
-            if report
-                .faulted_at
-                .iter()
-                .any(|at| *at - near <= *instant && *instant <= *at + near)
-            {
+            if near_fault(instant) {
                 report.retried_unstarted += 1;
             } else {
                 report.violations.push(format!(
@@ -384,13 +482,18 @@ pub async fn run(
             }
         }
     }
-    if let (Some(first), Some(last)) = (attempts.keys().next(), attempts.keys().last()) {
+    let mut scheduled = attempts.keys().filter(|at| !triggered(at));
+    if let (Some(first), Some(last)) = (scheduled.next(), scheduled.next_back()) {
         let mut at = *first;
         while at <= *last {
             report.instants += 1;
             if !attempts.contains_key(&at) {
-                report.lost += 1;
-                report.violations.push(format!("{at}: never started"));
+                if suspended(&at) {
+                    report.suspended_missed += 1;
+                } else {
+                    report.lost += 1;
+                    report.violations.push(format!("{at}: never started"));
+                }
             }
             at += chrono::Duration::seconds(1);
         }
