@@ -248,6 +248,11 @@ async fn a_replica_with_another_schedule_exits_10_and_changes_nothing() {
     assert!(adopting.try_wait().expect("status").is_none(), "it runs");
     let after = status(&lock, "mixed").await;
     assert_eq!(after["schedules"][0]["schedule"], "every 2s", "{after:#}");
+    assert_eq!(after["schedules"][0]["changed"]["by"], "c", "{after:#}");
+    assert_eq!(
+        after["schedules"][0]["changed"]["from"], "every 1s",
+        "{after:#}"
+    );
     let _ = kill(
         Pid::from_raw(i32::try_from(adopting.id().expect("running")).expect("pid")),
         Signal::SIGTERM,
@@ -370,6 +375,11 @@ async fn suspend_trigger_and_resume_act_through_the_record() {
         suspended = now;
     }
     assert!(suspended >= 1, "{:?}", lines());
+    let shown = status(&lock, "ops").await;
+    assert_eq!(
+        shown["schedules"][0]["suspended"]["by"], "alice",
+        "{shown:#}"
+    );
     assert!(request("trigger", "ops").await.status.success());
     for _ in 0..20 {
         if lines().len() > suspended {

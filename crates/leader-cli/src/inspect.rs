@@ -120,8 +120,12 @@ fn schedules_json(record: &leader_core::LeaderElectionRecord) -> serde_json::Val
                 "running": s.state.running,
                 "last": s.state.last,
                 "history": s.state.history,
+                "retrying": s.state.retrying,
                 "missed": s.state.missed,
                 "next": s.next,
+                "changed": s.state.changed,
+                "suspended": s.suspended,
+                "pendingTrigger": s.pending_trigger,
             })
         })
         .collect();
@@ -173,9 +177,37 @@ fn print_schedules(record: &leader_core::LeaderElectionRecord) {
                 running.started_at.to_rfc3339()
             );
         }
-        match s.next {
-            Some(next) => println!("  next       {}", next.to_rfc3339()),
-            None => println!("  next       (never)"),
+        for retry in &s.state.retrying {
+            println!(
+                "  retrying   {} attempt {} at {}",
+                retry.scheduled.to_rfc3339(),
+                retry.attempt,
+                retry.at.to_rfc3339()
+            );
+        }
+        match (&s.suspended, s.next) {
+            (Some(by), _) => println!(
+                "  suspended  by {} since {}: no firing starts until resumed",
+                by.by,
+                by.at.to_rfc3339()
+            ),
+            (None, Some(next)) => println!("  next       {}", next.to_rfc3339()),
+            (None, None) => println!("  next       (never)"),
+        }
+        if let Some(asked) = &s.pending_trigger {
+            println!(
+                "  trigger    asked by {} at {}, not started yet",
+                asked.by,
+                asked.at.to_rfc3339()
+            );
+        }
+        if let Some(changed) = &s.state.changed {
+            println!(
+                "  changed    from {} by {} at {}",
+                changed.from,
+                changed.by,
+                changed.at.to_rfc3339()
+            );
         }
         if s.state.missed > 0 {
             println!("  missed     {}", s.state.missed);

@@ -2,6 +2,7 @@
 
 use chrono::{DateTime, Utc};
 
+use crate::control::{Control, Request, control_key};
 use crate::schedule::Schedule;
 use crate::state::CronState;
 
@@ -17,6 +18,10 @@ pub struct ScheduleStatus {
     /// The next firing due, from the stored cursor (`None` when the schedule cannot be read or
     /// never fires again).
     pub next: Option<DateTime<Utc>>,
+    /// The operators' requests: set while suspended.
+    pub suspended: Option<Request>,
+    /// A firing asked for now that no leader has started yet.
+    pub pending_trigger: Option<Request>,
 }
 
 impl ScheduleStatus {
@@ -30,10 +35,19 @@ impl ScheduleStatus {
                 let next = Schedule::from_spec(&state.schedule)
                     .ok()
                     .and_then(|s| s.next_after(state.handled_until()));
+                let control = extensions
+                    .get(&control_key(name))
+                    .and_then(|c| Control::from_json(c).ok())
+                    .unwrap_or_default();
+                let pending_trigger = control
+                    .trigger
+                    .filter(|t| state.last_trigger.is_none_or(|last| t.at > last));
                 Some(Self {
                     name: name.to_owned(),
                     state,
                     next,
+                    suspended: control.suspended,
+                    pending_trigger,
                 })
             })
             .collect()
