@@ -5,7 +5,11 @@
 //!    scheduled instant to the job's first line, by the system clock. The lock's requests are
 //!    counted at the lock: for a while with the elector alone, then with the job, and the writes
 //!    that carry a firing (its start, its outcome) are told apart by the record they write.
-//! 2. **After a failover**, per backend, with real processes: the fault harness's schedule
+//! 2. **A cursor a year old**, per backend, in this process: the record holds the state of a
+//!    job every second whose cursor is 365 days behind (31.5 million instants); from the
+//!    elector's start to the first firing's start (the default policy: the latest late one
+//!    runs, the rest count as missed), and to the next on-time one.
+//! 3. **After a failover**, per backend, with real processes: the fault harness's schedule
 //!    workload (three `leader cron --every 1s` replicas, lease 2 s, retry period 250 ms), the
 //!    leader SIGKILLed again and again; for each kill, the latest start of the instants due from
 //!    a second before the kill until the lease and a second after it, against lease + retry
@@ -54,6 +58,14 @@ async fn main() {
     println!("|---|---|---|---|---|---|---|---|---|");
     for backend in Backend::available().await {
         steady(&backend, firings).await;
+    }
+    println!("\nA cursor a year old (every second, 31.5 million instants behind):\n");
+    println!(
+        "| backend | leading after | first firing after | next on-time firing late by | missed counted |"
+    );
+    println!("|---|---|---|---|---|");
+    for backend in Backend::available().await {
+        year_old(&backend).await;
     }
     println!("\nAfter the leader is SIGKILLed (real processes, lease 2 s, retry period 250 ms):\n");
     println!("| backend | kills | latest start per kill p50 | p99 | max | lease + retry period |");
@@ -151,6 +163,100 @@ async fn steady(backend: &Backend, firings: usize) {
         with_job - alone,
         carrying,
     );
+}
+
+/// A job every second whose stored cursor is a year old: how long until it leads, until the
+/// first firing starts, how late the next on-time one is, and the backlog counted as missed.
+async fn year_old(backend: &Backend) {
+    let name = format!("cron-year-{:08x}", fastrand::u32(..));
+    let lock = backend.lock(&name, "c0");
+    let year_ago = Utc::now() - chrono::Duration::days(365);
+    let mut state = leader::cron::CronState::new("every 1s", year_ago);
+    state.cursor = Some(year_ago);
+    let mut record = LeaderElectionRecord {
+        holder_identity: String::new(),
+        lease_duration: LEASE,
+        acquire_time: Utc::now(),
+        renew_time: Utc::now(),
+        leader_transitions: 1,
+        strategy: None,
+        preferred_holder: None,
+        extensions: BTreeMap::new(),
+    };
+    record
+        .extensions
+        .insert(leader::cron::extension_key("bench"), state.to_json());
+    if let Err(err) = lock.create(&record).await {
+        eprintln!("{}: {err}", backend.name());
+        return;
+    }
+    let elector = LeaderElector::builder(lock)
+        .lease_duration(LEASE)
+        .renew_deadline(RENEW)
+        .retry_period(RETRY)
+        .build()
+        .expect("valid timings");
+    let mut leading = elector.subscribe();
+    let starts = Arc::new(Mutex::new(Vec::new()));
+    let job = {
+        let starts = starts.clone();
+        CronJob::builder(
+            "bench",
+            Schedule::every(Duration::from_secs(1)).expect("every second"),
+        )
+        .build(move |firing: Firing, _cancel| {
+            starts
+                .lock()
+                .expect("starts")
+                .push((Instant::now(), firing.scheduled, Utc::now()));
+            async { Ok(()) }
+        })
+        .expect("a valid job")
+    };
+    let shutdown = CancellationToken::new();
+    let began = Instant::now();
+    let task = tokio::spawn(
+        elector.run_while_leading(shutdown.clone(), move |leadership| {
+            let job = job.clone();
+            async move {
+                let _ = job.run(leadership).await;
+            }
+        }),
+    );
+    let led = tokio::time::timeout(
+        Duration::from_secs(30),
+        leading.wait_for(leader_core::LeaderState::is_leading),
+    )
+    .await
+    .is_ok_and(|r| r.is_ok())
+    .then(|| began.elapsed());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while starts.lock().expect("starts").len() < 2 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    shutdown.cancel();
+    let _ = task.await;
+    let starts = starts.lock().expect("starts").clone();
+    let first = starts.first().map(|s| s.0 - began);
+    let on_time = starts.get(1).and_then(|s| (s.2 - s.1).to_std().ok());
+    let missed = leader::cron::ScheduleStatus::all_in(&backend_record(backend, &name).await)
+        .first()
+        .map_or(0, |s| s.state.missed);
+    println!(
+        "| {} | {} | {} | {} | {missed} |",
+        backend.name(),
+        led.map_or_else(|| "-".to_owned(), ms),
+        first.map_or_else(|| "-".to_owned(), ms),
+        on_time.map_or_else(|| "-".to_owned(), ms),
+    );
+}
+
+/// The extensions of election `name`'s record on `backend`, as stored.
+async fn backend_record(backend: &Backend, name: &str) -> BTreeMap<String, String> {
+    match backend.lock(name, "reader").get().await {
+        Ok(Some(observed)) => observed.record.extensions,
+        _ => BTreeMap::new(),
+    }
 }
 
 /// Requests per second the lock makes over `window`.
