@@ -20,6 +20,7 @@ mod redact;
 mod retry;
 mod runner;
 mod shards;
+mod signal;
 mod status;
 mod url;
 mod view;
@@ -57,6 +58,7 @@ pub use shards::{
     ShardsBuilder, ShardsConfig, ShardsError, ShardsState, common_prefix, member_key, roster_key,
     shard_key,
 };
+pub use signal::{shutdown_on_signals, shutdown_signal};
 pub use status::{ElectionError, ElectorStatus, IdentityConflict, LastError};
 pub use url::{FileUrl, LockTarget, UrlError};
 pub use view::LeaderView;

@@ -25,7 +25,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::http::StatusCode;
 use axum::routing::get;
-use leader_core::{CancellationToken, LeaderElector};
+use leader_core::LeaderElector;
 use leader_kube::{Coordination, DEFAULT_REQUEST_TIMEOUT, LeaseLock, PodLabel};
 
 #[tokio::main]
@@ -89,18 +89,8 @@ async fn main() -> Result<(), Box<dyn Error>> {
     let listener = tokio::net::TcpListener::bind("0.0.0.0:8080").await?;
     tokio::spawn(async move { axum::serve(listener, app).await });
 
-    let shutdown = CancellationToken::new();
-    let on_signal = shutdown.clone();
-    tokio::spawn(async move {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("SIGTERM handler");
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = tokio::signal::ctrl_c() => {}
-        }
-        tracing::info!("stopping: the work stops, then the Lease is released");
-        on_signal.cancel();
-    });
+    // SIGTERM (the kubelet's stop) or Ctrl-C: the work stops, then the Lease is released.
+    let shutdown = leader_core::shutdown_on_signals();
     elector
         .run_while_leading(shutdown, |leadership| async move {
             let mut tick = tokio::time::interval(Duration::from_secs(5));

@@ -16,7 +16,7 @@
 use std::error::Error;
 use std::time::Duration;
 
-use leader_core::{CancellationToken, LeaderElector};
+use leader_core::LeaderElector;
 use leader_object_store::BucketStore;
 
 #[tokio::main]
@@ -42,13 +42,8 @@ async fn main() -> Result<(), Box<dyn Error>> {
         .retry_period(Duration::from_secs(2))
         .on_new_leader(|leader| println!("leader is now {leader}"))
         .build()?;
-    let shutdown = CancellationToken::new();
-    let ctrl_c = shutdown.clone();
-    tokio::spawn(async move {
-        let _ = tokio::signal::ctrl_c().await;
-        println!("shutting down: stopping the work, then releasing the lease");
-        ctrl_c.cancel();
-    });
+    // SIGTERM (Kubernetes, systemd) or Ctrl-C: stop the work, then release the lease.
+    let shutdown = leader_core::shutdown_on_signals();
     elector
         .run_while_leading(shutdown, |leadership| async move {
             println!("leading with fencing token {}", leadership.fencing_token());

@@ -12,7 +12,7 @@
 use std::error::Error;
 use std::time::Duration;
 
-use leader_core::{CancellationToken, LeaderElector, LeaderState, ResourceLock};
+use leader_core::{LeaderElector, LeaderState, ResourceLock};
 use leader_postgres::PostgresStore;
 
 #[tokio::main]
@@ -48,13 +48,8 @@ async fn main() -> Result<(), Box<dyn Error>> {
         .on_new_leader(|leader| println!("leader is now {leader}"))
         .build()?;
     let mut state = elector.subscribe();
-    let shutdown = CancellationToken::new();
-    let ctrl_c = shutdown.clone();
-    tokio::spawn(async move {
-        let _ = tokio::signal::ctrl_c().await;
-        println!("shutting down: stopping the work, then releasing the lease");
-        ctrl_c.cancel();
-    });
+    // SIGTERM (Kubernetes, systemd) or Ctrl-C: stop the work, then release the lease.
+    let shutdown = leader_core::shutdown_on_signals();
     let watcher = tokio::spawn(async move {
         while state.changed().await.is_ok() {
             if let LeaderState::Leading(leadership) = &*state.borrow() {
