@@ -12,9 +12,9 @@ use leader_core::{CancellationToken, FileLock, Leadership};
 
 use crate::args::{CronArgs, CronRequest, CronRequestArgs};
 use crate::child::{self, Backstop, Ended};
+use crate::election::{Term, TermWork, elect};
 use crate::exit;
 use crate::open::{code_for, fail, open_lock};
-use crate::run::{Term, Work, elect};
 
 /// `leader cron suspend|resume|trigger`: written into the record with a compare-and-swap, for
 /// whichever replica leads.
@@ -121,13 +121,12 @@ pub(crate) async fn cron(args: CronArgs) -> u8 {
         job = job.timeout(limit);
     }
     tracing::info!(schedule = %job_schedule(&args), "scheduled");
-    elect(
-        args.election,
-        Work::Cron {
-            job,
-            command: args.command,
-        },
-    )
+    elect(args.election, false, args.command, |term| {
+        let job = work(job, term.clone()).map_err(|err| err.to_string())?;
+        let each: TermWork =
+            Box::new(move |leadership| Box::pin(run_term(job.clone(), term.clone(), leadership)));
+        Ok(each)
+    })
     .await
 }
 
@@ -140,7 +139,7 @@ fn job_schedule(args: &CronArgs) -> String {
 }
 
 /// The job with its work: COMMAND per firing.
-pub(crate) fn work(job: CronJobBuilder, term: Term) -> Result<CronJob, CronError> {
+fn work(job: CronJobBuilder, term: Term) -> Result<CronJob, CronError> {
     job.build(move |firing: Firing, cancel: CancellationToken| {
         let term = term.clone();
         async move { fire(term, firing, cancel).await }
@@ -149,7 +148,7 @@ pub(crate) fn work(job: CronJobBuilder, term: Term) -> Result<CronJob, CronError
 
 /// One term of `leader cron`: the schedule runs until the term ends; a schedule the store
 /// refuses ends `leader` with its exit code.
-pub(crate) async fn run_term(job: CronJob, term: Term, leadership: Leadership) {
+async fn run_term(job: CronJob, term: Term, leadership: Leadership) {
     let Err(err) = job.run(leadership).await else {
         return;
     };

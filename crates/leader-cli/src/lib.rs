@@ -2,10 +2,12 @@
 //! end-to-end tests, which build it as a binary of their own: it is not an API.
 #![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
+mod ago;
 mod args;
 mod child;
 #[cfg(feature = "cron")]
 mod cron;
+mod election;
 mod exit;
 mod inspect;
 mod label;

@@ -9,9 +9,9 @@ use std::time::Duration;
 use leader::LockUrl;
 use leader_core::{LockError, RecordState, RecordView, ShardSetView, ShardSetViewError};
 
+use crate::ago::ago;
 use crate::args::StatusArgs;
 use crate::exit;
-use crate::inspect::ago;
 use crate::open::{code_for, fail};
 
 /// How long opening the store and reading the roster may take.

@@ -11,9 +11,9 @@ use leader_core::{CancellationToken, Leadership, Shards, ShardsError, Timings};
 
 use crate::args::ElectionArgs;
 use crate::child::{self, Backstop, Ended, Program};
+use crate::election::{command_grace, identity_and_timings};
 use crate::exit;
 use crate::open::{code_for, fail};
-use crate::run::{command_grace, identity_and_timings, wait_for_signal};
 use crate::serve;
 
 pub(crate) async fn run(args: ElectionArgs, count: u32, command: Vec<String>) -> u8 {
@@ -78,7 +78,7 @@ pub(crate) async fn run(args: ElectionArgs, count: u32, command: Vec<String>) ->
     tokio::spawn({
         let shutdown = shutdown.clone();
         async move {
-            wait_for_signal().await;
+            leader_core::shutdown_signal().await;
             tracing::info!(
                 "signal received: stopping every shard's COMMAND and releasing the shards"
             );

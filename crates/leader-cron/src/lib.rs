@@ -8,6 +8,7 @@ mod control;
 mod elected;
 mod job;
 mod policy;
+mod run;
 mod schedule;
 mod state;
 mod status;
