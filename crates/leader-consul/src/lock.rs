@@ -44,6 +44,7 @@ impl ConsulStore {
             path: format!("/v1/kv/{}", encode_key(&key)),
             renewal_key: format!("{key}{RENEWAL_SUFFIX}"),
             key,
+            name,
             store: self.clone(),
             identity: identity.into(),
             session: Arc::default(),
@@ -91,6 +92,8 @@ fn encode_key(key: &str) -> String {
 pub struct ConsulLock {
     store: ConsulStore,
     key: String,
+    /// The election's name: the key without the store's prefix.
+    name: String,
     renewal_key: String,
     path: String,
     context: String,
@@ -604,6 +607,10 @@ impl ResourceLock for ConsulLock {
 
     fn describe(&self) -> String {
         format!("consul:{}", self.key)
+    }
+
+    fn election_name(&self) -> Option<&str> {
+        Some(&self.name)
     }
 
     async fn watch(&self) -> Result<Option<ChangeStream>, LockError> {

@@ -103,7 +103,8 @@ pub enum WorkExit {
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
 pub struct ElectorConfig {
-    /// Name for logs and metrics labels.
+    /// The election's name, for status, logs and metric labels (see
+    /// [`LeaderElectorBuilder::name`](crate::LeaderElectorBuilder::name)).
     pub name: String,
     /// How long followers wait after the last change they saw before taking over.
     pub lease_duration: Duration,

@@ -79,6 +79,7 @@ pub async fn run_all(factory: &dyn LockFactory) {
     invalid_record_is_reported_and_kept(factory).await;
     odd_records_do_not_block_the_election(factory).await;
     identity_and_describe(factory).await;
+    election_name_is_the_given_name(factory).await;
     change_notifications(factory).await;
     store_clock_acquisition(factory).await;
     fencing_token_floor(factory).await;
@@ -688,6 +689,20 @@ pub async fn identity_and_describe(factory: &dyn LockFactory) {
     let lock = factory.lock(&unique("identity"), "candidate-7").await;
     assert_eq!(lock.identity(), "candidate-7");
     assert!(!lock.describe().is_empty(), "describe must not be empty");
+}
+
+/// A lock made for election `name` reports `name` as its election's name, without the store,
+/// prefix or path its description adds: the name an elector built without a name of its own
+/// shows in its status and metric labels.
+pub async fn election_name_is_the_given_name(factory: &dyn LockFactory) {
+    let name = unique("name");
+    let lock = factory.lock(&name, "candidate-7").await;
+    assert_eq!(
+        lock.election_name(),
+        Some(name.as_str()),
+        "election_name must be the name the lock was made for ({})",
+        lock.describe()
+    );
 }
 
 /// A backend with change notifications reports a release by another candidate, and wakes

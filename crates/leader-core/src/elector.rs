@@ -51,7 +51,11 @@ impl fmt::Debug for LeaderElectorBuilder {
 }
 
 impl LeaderElectorBuilder {
-    /// Name for logs and metrics (default: the lock's description).
+    /// The election's name in [`LeaderElector::status`] and its `/leader` view, in
+    /// [`Leadership::name`], in logs and in metric labels. Default: the name the lock was made
+    /// for ([`ResourceLock::election_name`]: `billing` for `store.lock("billing", ..)` or
+    /// `leader::open(url, "billing", ..)`), or the lock's description for a lock that knows no
+    /// such name. Set it to show another name than the one the store keeps the record under.
     pub fn name(mut self, name: impl Into<String>) -> Self {
         self.name = Some(name.into());
         self
@@ -205,7 +209,11 @@ impl LeaderElectorBuilder {
             });
         }
         let config = ElectorConfig {
-            name: self.name.unwrap_or_else(|| self.lock.describe()),
+            name: self.name.unwrap_or_else(|| {
+                self.lock
+                    .election_name()
+                    .map_or_else(|| self.lock.describe(), str::to_owned)
+            }),
             lease_duration: self.lease_duration,
             renew_deadline: self.renew_deadline,
             retry_period: self.retry_period,

@@ -271,6 +271,10 @@ impl<L: ResourceLock> ResourceLock for FaultyLock<L> {
         format!("faulty({})", self.inner.describe())
     }
 
+    fn election_name(&self) -> Option<&str> {
+        self.inner.election_name()
+    }
+
     async fn time_left(&self) -> Result<Option<std::time::Duration>, LockError> {
         self.inner.time_left().await
     }

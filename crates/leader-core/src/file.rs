@@ -62,6 +62,9 @@ const READ_TRIES: usize = 20;
 #[derive(Clone, Debug)]
 pub struct FileLock {
     dir: PathBuf,
+    /// The election's name: the directory's own name unless set, `None` for a path that ends
+    /// in no name that is text (`/`, `..`, bytes that are not UTF-8).
+    name: Option<String>,
     identity: String,
     poll_interval: Duration,
     term: Arc<TermSlot>,
@@ -122,10 +125,14 @@ impl Drop for TermSlot {
 
 impl FileLock {
     /// A lock whose record lives in the directory `path`, for candidate `identity`. The directory
-    /// is created on the first write; its parent must exist.
+    /// is created on the first write; its parent must exist. The election's name
+    /// ([`ResourceLock::election_name`]) is the directory's own name (`leader` for
+    /// `/run/myapp/leader`); [`with_election_name`](Self::with_election_name) sets another.
     pub fn new(path: impl Into<PathBuf>, identity: impl Into<String>) -> Self {
+        let dir: PathBuf = path.into();
         Self {
-            dir: path.into(),
+            name: dir.file_name().and_then(|n| n.to_str()).map(str::to_owned),
+            dir,
             identity: identity.into(),
             poll_interval: Duration::from_millis(50),
             term: Arc::default(),
@@ -144,6 +151,14 @@ impl FileLock {
     /// The lock directory.
     pub fn path(&self) -> &Path {
         &self.dir
+    }
+
+    /// Names the election `name` instead of after the lock directory, for a directory that is
+    /// not named after its election (the one a `file://` URL names, say).
+    #[must_use]
+    pub fn with_election_name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
     }
 
     /// A new handle on the open file whose `flock` marks this candidate's current term as alive,
@@ -571,6 +586,10 @@ impl ResourceLock for FileLock {
 
     fn describe(&self) -> String {
         format!("file:{}", self.dir.display())
+    }
+
+    fn election_name(&self) -> Option<&str> {
+        self.name.as_deref()
     }
 
     async fn watch(&self) -> Result<Option<ChangeStream>, LockError> {

@@ -178,6 +178,16 @@ pub trait ResourceLock: Send + Sync + fmt::Debug {
     /// `postgres:public.leader_election/app`. It never contains credentials.
     fn describe(&self) -> String;
 
+    /// The election's name as the caller gave it (`billing`, for `store.lock("billing", ..)`
+    /// or `leader::open(url, "billing", ..)`), without the store, table, prefix or path
+    /// [`describe`](Self::describe) adds: the name an elector built without
+    /// [`name`](crate::LeaderElectorBuilder::name) reports in its status, its `/leader` view,
+    /// its logs and its metric labels. `None` (the default) when the lock knows no such name;
+    /// the elector then falls back to [`describe`](Self::describe).
+    fn election_name(&self) -> Option<&str> {
+        None
+    }
+
     /// Subscribes to changes of the record, so that followers act on a release at once instead of
     /// on their next retry. `Ok(None)` (the default) means the backend has no notifications.
     /// A stream must fire when the record is released (freed or removed) and when a write sets
@@ -274,6 +284,9 @@ macro_rules! forward_lock {
             }
             fn describe(&self) -> String {
                 (**self).describe()
+            }
+            fn election_name(&self) -> Option<&str> {
+                (**self).election_name()
             }
             async fn watch(&self) -> Result<Option<ChangeStream>, LockError> {
                 (**self).watch().await

@@ -282,6 +282,10 @@ impl ResourceLock for MemoryLock {
         format!("memory:{}", self.name)
     }
 
+    fn election_name(&self) -> Option<&str> {
+        Some(&self.name)
+    }
+
     async fn watch(&self) -> Result<Option<ChangeStream>, LockError> {
         if !self.notifications {
             return Ok(None);

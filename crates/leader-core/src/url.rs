@@ -122,8 +122,11 @@ impl LockTarget for FileUrl {
         format!("file:{}", self.path.display())
     }
 
-    async fn open(&self, _name: &str, identity: &str) -> Result<Box<dyn ResourceLock>, LockError> {
-        Ok(Box::new(FileLock::new(&self.path, identity)))
+    /// The lock on the URL's directory, named `name` whatever the directory is called.
+    async fn open(&self, name: &str, identity: &str) -> Result<Box<dyn ResourceLock>, LockError> {
+        Ok(Box::new(
+            FileLock::new(&self.path, identity).with_election_name(name),
+        ))
     }
 
     /// A directory per record below the URL's directory, which is made for this user alone

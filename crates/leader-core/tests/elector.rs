@@ -787,6 +787,9 @@ impl ResourceLock for HandedLock {
     fn describe(&self) -> String {
         self.inner.describe()
     }
+    fn election_name(&self) -> Option<&str> {
+        self.inner.election_name()
+    }
     async fn try_acquire(
         &self,
         desired: &LeaderElectionRecord,
@@ -908,6 +911,9 @@ impl ResourceLock for AssignedLock {
     }
     fn describe(&self) -> String {
         self.inner.describe()
+    }
+    fn election_name(&self) -> Option<&str> {
+        self.inner.election_name()
     }
     async fn withdraw(&self) {
         self.order.lock().unwrap().push("withdraw".into());

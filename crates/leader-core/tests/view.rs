@@ -4,7 +4,10 @@
 use std::time::Duration;
 
 use leader_core::background::Candidate;
-use leader_core::{LeaderElector, LeaderView, MemoryStore};
+use leader_core::faults::FaultyLock;
+use leader_core::{
+    FileLock, FileUrl, LeaderElector, LeaderView, LockTarget, MemoryStore, ResourceLock,
+};
 use tokio::time::sleep;
 
 const RETRY: Duration = Duration::from_secs(2);
@@ -82,6 +85,43 @@ async fn every_replica_names_the_leader_its_token_and_since_when() {
         (stopped.leader, stopped.fencing_token, stopped.since),
         (None, None, None)
     );
+}
+
+/// An elector built without a name of its own reports the election's name, the one its lock
+/// was made for, everywhere it shows one: not the lock's description (`memory:billing`).
+#[tokio::test(start_paused = true)]
+async fn the_election_is_named_as_its_lock_was_made() {
+    let store = MemoryStore::new();
+    let mut a = Candidate::build(LeaderElector::builder(store.lock("billing", "a")).jitter(0.0));
+    a.wait_leading(RETRY).await;
+    assert_eq!(a.status.view().name, "billing");
+    assert_eq!(a.leadership().await.name(), "billing");
+    a.stop().await;
+
+    let named = |lock: Box<dyn ResourceLock>| {
+        let elector = LeaderElector::builder(lock).build().expect("valid");
+        elector.config().name.clone()
+    };
+    assert_eq!(
+        named(Box::new(FaultyLock::new(store.lock("billing", "b")))),
+        "billing"
+    );
+    // A file lock is named after its directory, or as the URL was opened.
+    let dir = tempfile::tempdir().expect("temporary directory");
+    assert_eq!(
+        named(Box::new(FileLock::new(dir.path().join("nightly"), "c"))),
+        "nightly"
+    );
+    let opened = FileUrl::new(dir.path().join("lock"))
+        .open("billing", "d")
+        .await
+        .expect("opens");
+    assert_eq!(named(opened), "billing");
+    // A name of the elector's own wins.
+    let elector = LeaderElector::builder(store.lock("billing", "e"))
+        .name("invoices")
+        .build();
+    assert_eq!(elector.expect("valid").config().name, "invoices");
 }
 
 #[tokio::test(start_paused = true)]

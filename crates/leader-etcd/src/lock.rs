@@ -415,6 +415,10 @@ impl ResourceLock for EtcdLock {
     fn describe(&self) -> String {
         format!("etcd:{}", self.key)
     }
+
+    fn election_name(&self) -> Option<&str> {
+        Some(&self.name)
+    }
 }
 
 impl EtcdLock {

@@ -792,6 +792,10 @@ impl ResourceLock for LeaseLock {
         format!("kubernetes:{}/{}", self.namespace, self.name)
     }
 
+    fn election_name(&self) -> Option<&str> {
+        Some(&self.name)
+    }
+
     /// Plain candidates have no one-request acquisition (the elector reads and writes). A
     /// coordinated candidate takes up the Lease only when the coordinator gave it to this
     /// identity (its holder, without the `acquireTime` a take-up writes) and no handover to

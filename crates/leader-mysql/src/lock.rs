@@ -282,6 +282,10 @@ impl ResourceLock for TableLock {
         format!("mysql:{}/{}", self.store.inner().table.display(), self.name)
     }
 
+    fn election_name(&self) -> Option<&str> {
+        Some(&self.name)
+    }
+
     /// Reads the record; when it is free, or expired by the server's clock, takes it with one
     /// `UPDATE` at the version read, whose condition the server checks again by its own clock.
     /// A record that cannot be decoded is reported and never written (S8). Inserts it when there

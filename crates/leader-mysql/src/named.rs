@@ -636,6 +636,10 @@ impl ResourceLock for NamedLock {
         )
     }
 
+    fn election_name(&self) -> Option<&str> {
+        Some(self.table.name())
+    }
+
     /// A stream fed by a task with a connection of its own, shared by every stream of this
     /// lock: it waits in `GET_LOCK` while another session holds the lock (and lets go in the
     /// same statement when it gets it), reads the record after each wait, and fires when the holder's session

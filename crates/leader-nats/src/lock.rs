@@ -347,6 +347,10 @@ impl ResourceLock for NatsLock {
         format!("nats:{}/{}", self.store.bucket(), self.key)
     }
 
+    fn election_name(&self) -> Option<&str> {
+        Some(&self.name)
+    }
+
     /// A KV watch of the key (an ordered consumer on the server), filtered here: it fires when
     /// the holder, its token or a handover request changes, or the record is freed, deleted or
     /// purged, and not for renewals, though every renewal reaches every follower.

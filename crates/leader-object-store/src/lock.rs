@@ -14,11 +14,13 @@ use crate::store::BucketStore;
 impl BucketStore {
     /// A lock on election `name` (the object `PREFIX` + `name`) for candidate `identity`.
     pub fn lock(&self, name: impl AsRef<str>, identity: impl Into<String>) -> BucketLock {
-        let key = format!("{}{}", self.inner.prefix, name.as_ref());
+        let name = name.as_ref().to_owned();
+        let key = format!("{}{name}", self.inner.prefix);
         BucketLock {
             context: format!("{} object {key}", self.inner.name),
             path: Path::from(key.as_str()),
             key,
+            name,
             store: self.clone(),
             identity: identity.into(),
             last: Arc::default(),
@@ -49,6 +51,9 @@ impl BucketStore {
 pub struct BucketLock {
     store: BucketStore,
     key: String,
+    /// The election's name: the object's key without the store's prefix, unless
+    /// [`with_election_name`](Self::with_election_name) said otherwise.
+    name: String,
     path: Path,
     context: String,
     identity: String,
@@ -99,6 +104,14 @@ impl BucketLock {
     /// The object's key in the bucket.
     pub fn key(&self) -> &str {
         &self.key
+    }
+
+    /// Names the election `name` (default: the name the lock was made for), for a lock whose
+    /// object is not named after its election, such as the one object a URL names.
+    #[must_use]
+    pub fn with_election_name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
     }
 
     fn last(&self) -> Option<Last> {
@@ -253,6 +266,10 @@ impl ResourceLock for BucketLock {
 
     fn describe(&self) -> String {
         format!("{}/{}", self.store.inner.name, self.key)
+    }
+
+    fn election_name(&self) -> Option<&str> {
+        Some(&self.name)
     }
 }
 

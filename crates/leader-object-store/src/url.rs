@@ -100,9 +100,11 @@ impl LockTarget for LockUrl {
             }
             Ok(()) => {}
         }
-        Ok(Box::new(
-            store.lock(self.object.as_deref().unwrap_or(name), identity),
-        ))
+        let lock = match &self.object {
+            Some(object) => store.lock(object, identity).with_election_name(name),
+            None => store.lock(name, identity),
+        };
+        Ok(Box::new(lock))
     }
 
     /// An object per record under the URL's prefix; a URL naming one object has no room for

@@ -268,6 +268,10 @@ impl ResourceLock for AdvisoryLock {
         self.election.describe(&self.store, "+advisory")
     }
 
+    fn election_name(&self) -> Option<&str> {
+        Some(&self.election.name)
+    }
+
     async fn watch(&self) -> Result<Option<ChangeStream>, LockError> {
         self.store.listen(&self.election.channel).await.map(Some)
     }

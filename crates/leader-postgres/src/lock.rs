@@ -324,6 +324,10 @@ impl ResourceLock for TableLock {
         self.election.describe(&self.store, "")
     }
 
+    fn election_name(&self) -> Option<&str> {
+        Some(&self.election.name)
+    }
+
     async fn watch(&self) -> Result<Option<ChangeStream>, LockError> {
         self.store.listen(&self.election.channel).await.map(Some)
     }

@@ -296,6 +296,10 @@ impl ResourceLock for RedisLock {
         format!("redis:{}", self.key)
     }
 
+    fn election_name(&self) -> Option<&str> {
+        Some(&self.name)
+    }
+
     async fn watch(&self) -> Result<Option<ChangeStream>, LockError> {
         self.store
             .inner
