@@ -398,6 +398,9 @@ impl ResourceLock for Counted {
     fn describe(&self) -> String {
         self.inner.describe()
     }
+    fn election_name(&self) -> Option<&str> {
+        self.inner.election_name()
+    }
     async fn watch(&self) -> Result<Option<ChangeStream>, LockError> {
         self.inner.watch().await
     }
