@@ -76,7 +76,7 @@ impl CronJob {
             }
         }
         loop {
-            let now = inner.clock.now();
+            let mut now = inner.clock.now();
             let control = self.control(&leadership, &mut term.waits);
             let suspended = control.suspended.is_some();
             if suspended != term.waits.suspended {
@@ -89,6 +89,11 @@ impl CronJob {
                 }
             }
             dirty |= self.retries_due(&mut state, now, &mut term);
+            if self.pass_over_backlog(&schedule, &mut state, now).await {
+                dirty = true;
+                // Passing over took its time: what is due is judged from now.
+                now = inner.clock.now();
+            }
             let (changed, blocked) = self.due(&schedule, &mut state, now, &mut term);
             dirty |= changed;
             if let Some(request) = control

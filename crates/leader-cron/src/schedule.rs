@@ -209,6 +209,12 @@ impl Schedule {
         Some((DateTime::from_timestamp_millis(at)?, skipped))
     }
 
+    /// Whether a backlog of this schedule is passed over by arithmetic ([`skip_to_last`](Self::skip_to_last)):
+    /// a fixed period. An expression's instants are found one by one.
+    pub(crate) fn is_fixed_period(&self) -> bool {
+        matches!(self.kind, Kind::Every(_))
+    }
+
     /// The first instant of the schedule strictly after `after`; `None` when there is none (an
     /// expression whose instants ran out).
     pub fn next_after(&self, after: DateTime<Utc>) -> Option<DateTime<Utc>> {

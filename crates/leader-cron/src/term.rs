@@ -17,6 +17,10 @@ use crate::state::{CronState, Ended, Outcome, Retry, Started};
 /// (Kubernetes Jobs' six minutes).
 const MOST_BACKOFF: Duration = Duration::from_secs(6 * 60);
 
+/// How many of an expression's instants are found between two yields when a long backlog is
+/// passed over (about 5 ms).
+const BACKLOG_STEP: usize = 10_000;
+
 /// The most scheduled instants looked at in one go (a backlog beyond it is counted as missed).
 const MOST_INSTANTS: usize = 100_000;
 
@@ -276,6 +280,54 @@ impl CronJob {
                 }
             }
         }
+    }
+
+    /// A long backlog of an expression's instants (a cursor a year old on `* * * * * *`: 31.5
+    /// million, about 15 s of finding them): the late instants the missed policy cannot run
+    /// (all but the latest, or the latest `max` of [`Missed::All`]) are counted and passed over
+    /// in steps, yielding between them so that the term's renewals go on (the command runs on
+    /// one thread); [`due`](Self::due) then settles the few left. A fixed period's backlog is
+    /// passed over by arithmetic in `due`. Returns whether the state changed.
+    pub(crate) async fn pass_over_backlog(
+        &self,
+        schedule: &Schedule,
+        state: &mut CronState,
+        now: DateTime<Utc>,
+    ) -> bool {
+        if schedule.is_fixed_period() {
+            return false;
+        }
+        let inner = &self.inner;
+        let keep = match inner.missed {
+            Missed::All { max } => usize::try_from(max).unwrap_or(MOST_INSTANTS),
+            Missed::Latest | Missed::Skip => 1,
+        }
+        .clamp(1, MOST_INSTANTS);
+        // Instants later than this are on time: `due` decides about them.
+        let late_until =
+            now - chrono::Duration::from_std(inner.misfire_threshold).unwrap_or_default();
+        let mut kept = std::collections::VecDeque::new();
+        let (mut at, mut passed, mut last_passed) = (state.handled_until(), 0_u64, None);
+        let mut walked = 0_usize;
+        while let Some(next) = schedule.next_after(at).filter(|n| *n <= late_until) {
+            if kept.len() == keep {
+                last_passed = kept.pop_front();
+                passed += 1;
+            }
+            kept.push_back(next);
+            at = next;
+            walked += 1;
+            if walked.is_multiple_of(BACKLOG_STEP) {
+                tokio::task::yield_now().await;
+            }
+        }
+        if passed == 0 {
+            return false;
+        }
+        tracing::info!(schedule = %self.inner.name, passed, "a long backlog passed over");
+        state.cursor = last_passed;
+        self.missed(state, passed, last_passed);
+        true
     }
 
     /// Failed firings whose retry is due by `now`: started with the next write when the
