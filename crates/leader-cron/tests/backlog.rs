@@ -72,7 +72,8 @@ async fn a_month_of_an_expressions_instants_is_passed_over_without_losing_the_te
     .map(|l| l.fencing_token());
     let first = tokio::time::timeout(Duration::from_secs(120), async {
         loop {
-            if let Some(at) = started.lock().expect("starts").first().copied() {
+            let first = started.lock().expect("starts").first().copied();
+            if let Some(at) = first {
                 return at;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
