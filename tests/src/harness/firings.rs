@@ -52,6 +52,10 @@ pub struct FiringsReport {
     pub lost: usize,
     /// Instants not started because they were due while the schedule was suspended.
     pub suspended_missed: usize,
+    /// Instants never started that a leader gave up near a fault: each of their attempts was
+    /// recorded as started by a leader a fault stopped before its COMMAND logged, and the
+    /// attempts (`--attempts`, 3) ran out, as the policy says.
+    pub given_up: usize,
     /// Firings whose first attempt failed on purpose.
     pub failed_on_purpose: usize,
     /// Of those, retried (attempt 2 started).
@@ -91,6 +95,34 @@ struct Started {
     at: i128,
     /// When it started, by the wall clock (milliseconds since the epoch).
     wall_ms: i64,
+}
+
+fn log_file(path: &Path) -> Result<std::fs::File, HarnessError> {
+    std::fs::File::create(path).map_err(|source| HarnessError::Io {
+        what: format!("creating {}", path.display()),
+        source,
+    })
+}
+
+/// The scheduled instants the replicas' logs say were given up (`a firing is given up
+/// ... scheduled=2026-11-28 16:49:09 UTC ...`).
+fn given_up(dir: &Path) -> BTreeSet<DateTime<Utc>> {
+    let logs = std::fs::read_dir(dir).into_iter().flatten().flatten();
+    logs.filter(|entry| entry.path().extension().is_some_and(|e| e == "stderr"))
+        .filter_map(|entry| std::fs::read_to_string(entry.path()).ok())
+        .flat_map(|text| {
+            text.lines()
+                .filter(|line| line.contains("a firing is given up"))
+                .filter_map(|line| {
+                    let (_, rest) = line.split_once("scheduled=")?;
+                    let (at, _) = rest.split_once(" UTC")?;
+                    chrono::NaiveDateTime::parse_from_str(at, "%Y-%m-%d %H:%M:%S%.f")
+                        .ok()
+                        .map(|at| at.and_utc())
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect()
 }
 
 fn parse(log: &Path) -> Vec<Started> {
@@ -171,12 +203,15 @@ impl Run<'_> {
             // writes after it is resumed exercise the fence.
             .env("FIRING_WRITES", "30")
             .env("FIRING_FAILS", FAILS_EVERY.to_string())
+            // The schedule's warnings (a firing given up, run again) kept for the checker.
             .env(
                 "RUST_LOG",
-                std::env::var("FAULT_LOG").unwrap_or_else(|_| "error".into()),
+                std::env::var("FAULT_LOG").unwrap_or_else(|_| "error,leader_cron=warn".into()),
             )
+            .env("NO_COLOR", "1")
             .envs(env)
             .stdout(Stdio::null())
+            .stderr(log_file(&self.dir.join(format!("{identity}.stderr")))?)
             .kill_on_drop(true)
             .spawn()
             .map_err(|source| HarnessError::Io {
@@ -482,6 +517,7 @@ pub async fn run(
             }
         }
     }
+    let gave_up = given_up(dir.path());
     let mut scheduled = attempts.keys().filter(|at| !triggered(at));
     if let (Some(first), Some(last)) = (scheduled.next(), scheduled.next_back()) {
         let mut at = *first;
@@ -490,6 +526,8 @@ pub async fn run(
             if !attempts.contains_key(&at) {
                 if suspended(&at) {
                     report.suspended_missed += 1;
+                } else if gave_up.contains(&at) && near_fault(&at) {
+                    report.given_up += 1;
                 } else {
                     report.lost += 1;
                     report.violations.push(format!("{at}: never started"));
@@ -523,5 +561,39 @@ pub async fn run(
             ));
         }
     }
+    if !report.violations.is_empty() {
+        // The replicas' logs and the firings' log, for whoever looks into a violation.
+        let kept = dir.keep();
+        eprintln!("schedule workload: logs kept in {}", kept.display());
+    }
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::given_up;
+
+    #[test]
+    fn given_up_firings_are_read_from_the_replicas_logs() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(
+            dir.path().join("f0.1.stderr"),
+            "2026-11-28T16:49:10.1Z  WARN a firing whose leader died before it ended runs again schedule=s scheduled=2026-11-28 16:49:08 UTC attempt=2\n\
+             2026-11-28T16:49:12.2Z  WARN a firing is given up schedule=s scheduled=2026-11-28 16:49:09 UTC reason=its leader died before it ended, 3 attempts in all\n",
+        )
+        .expect("write");
+        std::fs::write(
+            dir.path().join("f1.1.stderr"),
+            "2026-11-28T16:49:13.2Z  WARN a firing is given up schedule=s scheduled=2026-11-28 16:49:09.138 UTC reason=its leader died before it ended\n",
+        )
+        .expect("write");
+        let seen: Vec<String> = given_up(dir.path())
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(
+            seen,
+            ["2026-11-28 16:49:09 UTC", "2026-11-28 16:49:09.138 UTC"]
+        );
+    }
 }
