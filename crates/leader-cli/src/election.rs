@@ -94,11 +94,8 @@ pub(crate) async fn elect(
         Err(err) => return fail(exit::USAGE, err),
     };
     if let Some(addr) = args.serve_addr() {
-        let endpoints = serve::Endpoints {
-            health: elector.health_check(Duration::from_secs(5)),
-            status: elector.status(),
-            ready_only_while_leading: args.ready_only_while_leading,
-        };
+        let endpoints = leader::LeaderEndpointsLayer::new(&elector)
+            .ready_only_while_leading(args.ready_only_while_leading);
         if let Err(err) = serve::start(addr, endpoints).await {
             return fail(exit::USAGE, format!("--serve {addr}: {err}"));
         }

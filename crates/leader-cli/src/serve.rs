@@ -6,19 +6,9 @@ use std::net::SocketAddr;
 use axum::Router;
 use axum::http::StatusCode;
 use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE};
-use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use leader_core::{ElectorStatus, HealthCheck};
+use leader::LeaderEndpointsLayer;
 use metrics_exporter_prometheus::PrometheusBuilder;
-
-/// What the endpoints answer from.
-#[derive(Clone)]
-pub(crate) struct Endpoints {
-    pub(crate) health: HealthCheck,
-    pub(crate) status: ElectorStatus,
-    /// `--ready-only-while-leading`.
-    pub(crate) ready_only_while_leading: bool,
-}
 
 /// Installs the Prometheus recorder and listens on `addr`: the router with `/metrics`, and the
 /// listener.
@@ -82,69 +72,15 @@ pub(crate) async fn start_shards(
     Ok(())
 }
 
-/// Installs the Prometheus recorder and serves it, with the other endpoints, in the
+/// Installs the Prometheus recorder and serves it, with `endpoints` (`/leader`, `/readyz`,
+/// `/healthz`: the library's [`LeaderEndpointsLayer`], as a service mounts it), in the
 /// background.
-pub(crate) async fn start(addr: SocketAddr, endpoints: Endpoints) -> Result<(), String> {
+pub(crate) async fn start(addr: SocketAddr, endpoints: LeaderEndpointsLayer) -> Result<(), String> {
     let (app, listener) = listen(addr).await?;
-    let app = app
-        .route("/healthz", {
-            let health = endpoints.health.clone();
-            get(move || std::future::ready(answer(health.check())))
-        })
-        .route("/readyz", {
-            let endpoints = endpoints.clone();
-            get(move || std::future::ready(endpoints.ready()))
-        })
-        .route(
-            "/leader",
-            get(move || std::future::ready(leader(&endpoints.status))),
-        );
+    let app = app.layer(endpoints);
     tracing::info!(%addr, "serving /leader, /readyz, /healthz and /metrics");
     spawn(listener, app);
     Ok(())
-}
-
-impl Endpoints {
-    /// Ready unless this replica could not take over (the store has not answered for a lease,
-    /// or another process leads with its identity), and, with `--ready-only-while-leading`,
-    /// unless it does not lead.
-    fn ready(&self) -> (StatusCode, String) {
-        if let Err(err) = self.health.ready() {
-            return answer(Err(err));
-        }
-        if self.ready_only_while_leading {
-            let view = self.status.view();
-            if !view.leading {
-                let leader = view.leader.as_deref().unwrap_or("nobody");
-                return (
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    format!("not leading (--ready-only-while-leading); the leader: {leader}"),
-                );
-            }
-        }
-        (StatusCode::OK, "ok".to_owned())
-    }
-}
-
-/// The [`LeaderView`](leader_core::LeaderView) as JSON: 200 on the leader, 503 elsewhere, so
-/// that a load balancer's health check on `/leader` routes to the leader.
-fn leader(status: &ElectorStatus) -> Response {
-    let view = status.view();
-    let code = if view.leading {
-        StatusCode::OK
-    } else {
-        StatusCode::SERVICE_UNAVAILABLE
-    };
-    let body = serde_json::to_string(&view).unwrap_or_default();
-    (
-        code,
-        [
-            (CONTENT_TYPE, "application/json"),
-            (CACHE_CONTROL, "no-store"),
-        ],
-        body,
-    )
-        .into_response()
 }
 
 /// 200 `ok`, or 503 with the reason.

@@ -345,6 +345,13 @@ impl LeaderElector {
     /// Runs for leadership until `shutdown` is cancelled. After losing leadership it becomes a
     /// candidate again (S7). On shutdown it cancels the leadership, waits for the work to stop
     /// and releases the lease if configured (S6).
+    ///
+    /// The shape for a service whose leader-only work is its requests (the leader answers an
+    /// admin API, a webhook): the term lasts as long as the lease, with no work of its own, and
+    /// the handlers take the [`Leadership`] from [`subscribe`](Self::subscribe) (or the
+    /// `leader` crate's `LeaderOnlyLayer`). Work given with
+    /// [`on_started_leading`](LeaderElectorBuilder::on_started_leading) ends the term when it
+    /// returns, as with [`run_while_leading`](Self::run_while_leading).
     pub async fn run(self, shutdown: CancellationToken) {
         let span = tracing::info_span!(
             "leader_election",
@@ -367,6 +374,12 @@ impl LeaderElector {
     /// future starts when this candidate becomes leader and is dropped the moment leadership ends.
     /// When `work` completes or panics while the term goes on, the term ends and the lease is
     /// released (or the work is started again: [`LeaderElectorBuilder::work_exit`]).
+    ///
+    /// The shape for work the leader does by itself (a loop, a queue consumer, a job): `work`
+    /// runs until the term ends (`leadership.lost()`, or a loop the drop of the future stops).
+    /// Work that returns at once (`|_| async {}`) ends every term as it begins, so leadership
+    /// flaps: the elector says so at error level. A service that only answers requests while
+    /// leading calls [`run`](Self::run) instead.
     pub async fn run_while_leading<F, Fut>(mut self, shutdown: CancellationToken, work: F)
     where
         F: Fn(Leadership) -> Fut + Send + Sync + 'static,

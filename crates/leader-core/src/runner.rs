@@ -726,7 +726,23 @@ impl Runner {
                 },
                 end = work.ended() => match end {
                     WorkEnd::Returned => {
-                        tracing::warn!(fencing_token, "leader work returned: ending the term");
+                        let lasted = started.elapsed();
+                        if lasted < self.config.retry_period {
+                            // `run_while_leading(.., |_| async {})`: every term ends at once,
+                            // the work runs again next term, and leadership flaps.
+                            tracing::error!(
+                                fencing_token,
+                                ?lasted,
+                                "leader work returned as soon as the term began: the term ends, \
+                                 this candidate stands back and campaigns again, so leadership \
+                                 flaps and the work runs once per term; work that runs until \
+                                 the term ends awaits `leadership.lost()`, and a service whose \
+                                 leader-only work is its requests calls `run` (no work) with \
+                                 `LeaderOnlyLayer`"
+                            );
+                        } else {
+                            tracing::warn!(fencing_token, "leader work returned: ending the term");
+                        }
                         m::work_ended(&self.config.name, false);
                         break StepDownReason::WorkEnded;
                     }

@@ -254,3 +254,77 @@ async fn a_lease_handed_back_is_taken_at_once() {
     b.stop().await;
     a.stop().await;
 }
+
+/// The log lines of a test, at warn and above.
+#[derive(Clone, Default)]
+struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Logs {
+    fn capture(&self) -> tracing::subscriber::DefaultGuard {
+        let logs = self.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::WARN)
+            .with_ansi(false)
+            .with_writer(move || logs.clone())
+            .finish();
+        tracing::subscriber::set_default(subscriber)
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+/// Terms that end at once, as `run_while_leading(.., |_| async {})` gives them: said at error
+/// level with what to write instead, where work that ran a while ends its term with a warning.
+#[tokio::test(start_paused = true)]
+async fn work_that_returns_at_once_is_an_error_that_says_what_to_write() {
+    let logs = Logs::default();
+    let _guard = logs.capture();
+    let store = MemoryStore::new();
+    let elector = builder(store.lock("election", "a")).build().unwrap();
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn(elector.run_while_leading(shutdown.clone(), |_| async {}));
+    // Its terms end as they begin (a watch of the state may never see one): a few of them.
+    sleep(LEASE).await;
+    shutdown.cancel();
+    running.await.unwrap();
+    let text = logs.text();
+    let flap = text
+        .lines()
+        .find(|l| l.contains("as soon as the term began"))
+        .unwrap_or_else(|| panic!("not said: {text}"));
+    assert!(flap.contains("ERROR"), "{flap}");
+    assert!(flap.contains("flaps") && flap.contains("`run`"), "{flap}");
+
+    // Work that ran longer than a retry period: a warning, no error.
+    let logs = Logs::default();
+    let _guard = logs.capture();
+    let elector = builder(store.lock("election-2", "a")).build().unwrap();
+    let mut state = elector.subscribe();
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn(elector.run_while_leading(shutdown.clone(), |_| async {
+        sleep(RETRY * 3).await;
+    }));
+    state.wait_for(LeaderState::is_leading).await.unwrap();
+    sleep(RETRY * 4).await;
+    shutdown.cancel();
+    running.await.unwrap();
+    let text = logs.text();
+    assert!(
+        text.contains("leader work returned: ending the term"),
+        "{text}"
+    );
+    assert!(!text.contains("ERROR"), "{text}");
+}

@@ -3,9 +3,11 @@
 //!
 //! - Identity: the pod name (`POD_NAME`, from the downward API); namespace from `POD_NAMESPACE`;
 //!   the Lease's name from `LEADER_NAME`.
-//! - `:8080/readyz` answers once the elector runs; `:8080/healthz` is the HealthzAdaptor-like
-//!   check, failing when this pod believes it leads although its lease ran out; `:8080/leader`
-//!   says who leads (JSON; 200 on the leader, 503 elsewhere).
+//! - `:8080/readyz` fails while this pod could not take over (the API server has not answered
+//!   it for a lease, or another pod leads with its name); `:8080/healthz` is the
+//!   HealthzAdaptor-like check, failing when this pod believes it leads although its lease ran
+//!   out; `:8080/leader` says who leads (JSON; 200 on the leader, 503 elsewhere): the library's
+//!   `LeaderEndpointsLayer`.
 //! - With `LEADER_LABEL_POD=true`, the leader's Pod carries the label
 //!   `leader-rs.io/leader: LEADER_NAME` while it leads, for `deploy/kubernetes/
 //!   service-leader.yaml` (needs `deploy/kubernetes/rbac-pod-label.yaml`).
@@ -23,9 +25,7 @@ use std::error::Error;
 use std::time::Duration;
 
 use axum::Router;
-use axum::http::StatusCode;
-use axum::routing::get;
-use leader_core::LeaderElector;
+use leader::{LeaderElector, LeaderEndpointsLayer};
 use leader_kube::{Coordination, DEFAULT_REQUEST_TIMEOUT, LeaseLock, PodLabel};
 
 #[tokio::main]
@@ -35,7 +35,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
         .init();
     // The pod name (POD_NAME, which the Deployment sets from the downward API), else this
     // host's name and process id: one identity per process.
-    let identity = leader_core::default_identity();
+    let identity = leader::default_identity();
     let namespace = std::env::var("POD_NAMESPACE").unwrap_or_else(|_| "default".into());
     let name = std::env::var("LEADER_NAME").unwrap_or_else(|_| "leader-example".into());
 
@@ -60,37 +60,13 @@ async fn main() -> Result<(), Box<dyn Error>> {
     }
     let elector = builder.build()?;
 
-    let health = elector.health_check(Duration::from_secs(5));
-    let status = elector.status();
-    let app = Router::new()
-        .route(
-            "/leader",
-            get(move || {
-                let view = status.view();
-                let code = if view.leading {
-                    StatusCode::OK
-                } else {
-                    StatusCode::SERVICE_UNAVAILABLE
-                };
-                let json = serde_json::to_string(&view).unwrap_or_default();
-                std::future::ready((code, [("content-type", "application/json")], json))
-            }),
-        )
-        .route("/readyz", get(|| async { "ok" }))
-        .route(
-            "/healthz",
-            get(move || {
-                std::future::ready(match health.check() {
-                    Ok(()) => (StatusCode::OK, "ok".to_owned()),
-                    Err(err) => (StatusCode::SERVICE_UNAVAILABLE, err.to_string()),
-                })
-            }),
-        );
+    // /leader, /readyz and /healthz, as `leader run --serve` answers them.
+    let app = Router::new().layer(LeaderEndpointsLayer::new(&elector));
     let listener = tokio::net::TcpListener::bind("0.0.0.0:8080").await?;
     tokio::spawn(async move { axum::serve(listener, app).await });
 
     // SIGTERM (the kubelet's stop) or Ctrl-C: the work stops, then the Lease is released.
-    let shutdown = leader_core::shutdown_on_signals();
+    let shutdown = leader::shutdown_on_signals();
     elector
         .run_while_leading(shutdown, |leadership| async move {
             let mut tick = tokio::time::interval(Duration::from_secs(5));

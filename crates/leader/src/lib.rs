@@ -3,9 +3,13 @@
 #![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
 #[cfg(feature = "tower")]
+mod endpoints;
+#[cfg(feature = "tower")]
 mod leader_only;
 mod url;
 
+#[cfg(feature = "tower")]
+pub use endpoints::{DEFAULT_HEALTH_TOLERANCE, LeaderEndpoints, LeaderEndpointsLayer};
 #[cfg(feature = "tower")]
 pub use leader_only::{LeaderOnly, LeaderOnlyLayer};
 
