@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use leader_core::{LeaderElectorBuilder, Timings};
 
-/// Adds to `builder` a term callback that holds the label `key: election` on this replica's
+/// Adds to `builder` a task beside the term's work that holds the label `key: election` on this replica's
 /// Pod, or says why it cannot (a line for exit code 2).
 #[cfg(feature = "kubernetes")]
 pub(crate) async fn attach(
@@ -21,7 +21,7 @@ pub(crate) async fn attach(
         .retry(timings.retry_period)
         .removal_timeout(removal_timeout(timings));
     tracing::info!(label = %label.selector(), "labelling this Pod while it leads");
-    Ok(builder.on_started_leading(move |leadership| {
+    Ok(builder.beside_work(move |leadership| {
         let label = label.clone();
         async move { label.hold(leadership).await }
     }))

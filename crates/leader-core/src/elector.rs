@@ -152,6 +152,27 @@ impl LeaderElectorBuilder {
         self
     }
 
+    /// Runs `task` during each term beside the work, for what serves the term without being
+    /// its work: the leader's Pod label (`leader_kube::PodLabel::hold`), a heartbeat, a
+    /// gauge. It starts when the term begins, with the term's [`Leadership`]; when the term
+    /// ends, [`Leadership::lost`] completes and the elector waits for the task (up to the stop
+    /// grace, as for the work) before it releases the lease, so that what the task undoes (a
+    /// label removed) is undone before another leader begins. Unlike
+    /// [`on_started_leading`](Self::on_started_leading), it does not keep the term: when the
+    /// work returns, the term ends although the task still runs (clones the task makes of its
+    /// leadership count as work, though). A task that returns or panics early is not started
+    /// again and does not end the term.
+    pub fn beside_work<F, Fut>(mut self, task: F) -> Self
+    where
+        F: Fn(Leadership) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        self.callbacks
+            .beside
+            .push(Arc::new(move |leadership| Box::pin(task(leadership))));
+        self
+    }
+
     /// Called when a term of this candidate ends, after its work has stopped (client-go's
     /// `OnStoppedLeading`, but only for a candidate that led: client-go#1187).
     pub fn on_stopped_leading<F>(mut self, callback: F) -> Self

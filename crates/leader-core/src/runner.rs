@@ -33,6 +33,8 @@ type ErrorFn = Arc<dyn Fn(&ElectionError) + Send + Sync>;
 #[derive(Clone, Default)]
 pub(crate) struct Callbacks {
     pub(crate) started: Vec<StartedFn>,
+    /// Tasks of each term that run beside the work without keeping the term.
+    pub(crate) beside: Vec<StartedFn>,
     pub(crate) stopped: Option<StoppedFn>,
     pub(crate) new_leader: Option<NewLeaderFn>,
     pub(crate) error: Option<ErrorFn>,
@@ -695,6 +697,7 @@ impl Runner {
         self.publish(LeaderState::Leading(leadership.uncounted()));
         let mut work = TermWork::start(
             &self.callbacks.started,
+            &self.callbacks.beside,
             leadership,
             alive,
             self.config.work_exit,

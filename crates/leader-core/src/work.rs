@@ -33,6 +33,9 @@ pub(crate) enum WorkEnd {
 pub(crate) struct TermWork {
     callbacks: Vec<StartedFn>,
     tasks: JoinSet<()>,
+    /// The tasks that run beside the work (`beside_work`): stopped and waited for with it,
+    /// never keeping the term.
+    beside: JoinSet<()>,
     /// Which callback each task runs, for restarts.
     callback_of: HashMap<Id, usize>,
     /// Completes (with `None`) once every counted clone of the leadership is gone.
@@ -46,9 +49,11 @@ pub(crate) struct TermWork {
 }
 
 impl TermWork {
-    /// Starts every callback with a clone of `leadership`.
+    /// Starts every callback with a clone of `leadership`, and every task beside the work with
+    /// a copy that does not count.
     pub(crate) fn start(
         callbacks: &[StartedFn],
+        beside: &[StartedFn],
         leadership: Leadership,
         alive: mpsc::Receiver<()>,
         exit: WorkExit,
@@ -57,6 +62,7 @@ impl TermWork {
         let mut work = Self {
             callbacks: callbacks.to_vec(),
             tasks: JoinSet::new(),
+            beside: JoinSet::new(),
             callback_of: HashMap::new(),
             alive,
             alive_gone: false,
@@ -66,6 +72,9 @@ impl TermWork {
         };
         for index in 0..work.callbacks.len() {
             work.spawn(index, leadership.clone(), Duration::ZERO);
+        }
+        for task in beside {
+            work.beside.spawn(task(leadership.uncounted()));
         }
         if work.callbacks.is_empty() || exit == WorkExit::Restart {
             work.kept = Some(leadership);
@@ -172,11 +181,19 @@ impl TermWork {
             }
             // `None` once every counted clone of the leadership has been dropped.
             while self.alive.recv().await.is_some() {}
+            while let Some(done) = self.beside.join_next().await {
+                if let Err(err) = done
+                    && let Some(message) = panic_message(err)
+                {
+                    tracing::error!(panic = %message, "a task beside the leader's work panicked");
+                }
+            }
         };
         if timeout(grace, all_stopped).await.is_ok() {
             return true;
         }
         self.tasks.abort_all();
+        self.beside.abort_all();
         tracing::warn!(
             ?grace,
             "leader work still running after the stop grace; callback tasks aborted"
@@ -190,6 +207,7 @@ impl Drop for TermWork {
     /// finish: the term's cancellation, which fires next, tells them to stop.
     fn drop(&mut self) {
         self.tasks.detach_all();
+        self.beside.detach_all();
     }
 }
 

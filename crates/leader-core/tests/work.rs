@@ -328,3 +328,64 @@ async fn work_that_returns_at_once_is_an_error_that_says_what_to_write() {
     );
     assert!(!text.contains("ERROR"), "{text}");
 }
+
+/// A task beside the work (the leader's Pod label) does not keep the term: when the work
+/// returns the term ends, and the task's clean-up is done before the lease is released, so the
+/// next leader begins after it.
+#[tokio::test(start_paused = true)]
+async fn a_task_beside_the_work_ends_with_the_term_and_is_waited_for() {
+    let store = MemoryStore::new();
+    let cleaned = Arc::new(Mutex::new(None::<Instant>));
+    let seen = cleaned.clone();
+    let mut a = Candidate::build(
+        builder(store.lock("election", "a"))
+            .on_started_leading(|leadership| async move {
+                let _ = leadership.run(sleep(Duration::from_secs(5))).await;
+            })
+            .beside_work(move |leadership| {
+                let seen = seen.clone();
+                async move {
+                    // Holds something for the term, undoes it when the term ends.
+                    leadership.lost().await;
+                    sleep(Duration::from_millis(800)).await;
+                    *seen.lock().unwrap() = Some(Instant::now());
+                }
+            }),
+    );
+    let first = a.wait_leading(RETRY).await;
+    let started = Instant::now();
+    let mut b = Candidate::build(builder(store.lock("election", "b")));
+    let next = b.wait_leading(Duration::from_secs(8)).await;
+    let taken = Instant::now();
+    assert!(next > first);
+    // Ended by the work, not held for a lease by the task that never returns by itself.
+    assert!(
+        taken - started < Duration::from_secs(7),
+        "taken after {:?}",
+        taken - started
+    );
+    let stopped = a.stopped();
+    assert_eq!(stopped.len(), 1);
+    assert_eq!(stopped[0].reason, StepDownReason::WorkEnded);
+    assert!(stopped[0].released);
+    let cleaned = cleaned.lock().unwrap().expect("the task's clean-up ran");
+    assert!(
+        cleaned <= taken,
+        "the next leader began before the clean-up"
+    );
+    b.stop().await;
+    a.stop().await;
+}
+
+/// Without work (`run`), a task beside it leaves the term to the lease: it lasts.
+#[tokio::test(start_paused = true)]
+async fn a_task_beside_no_work_keeps_no_term_from_lasting() {
+    let store = MemoryStore::new();
+    let mut a =
+        Candidate::build(builder(store.lock("election", "a")).beside_work(|_leadership| async {}));
+    a.wait_leading(RETRY).await;
+    sleep(LEASE * 3).await;
+    assert!(a.is_leading(), "a task that returned ended the term");
+    assert!(a.stopped().is_empty());
+    a.stop().await;
+}

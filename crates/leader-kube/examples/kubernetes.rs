@@ -53,7 +53,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
         .on_new_leader(|leader| tracing::info!(leader, "new leader"));
     if std::env::var("LEADER_LABEL_POD").is_ok_and(|v| v == "true") {
         let label = PodLabel::from_env(&name, DEFAULT_REQUEST_TIMEOUT).await?;
-        builder = builder.on_started_leading(move |leadership| {
+        builder = builder.beside_work(move |leadership| {
             let label = label.clone();
             async move { label.hold(leadership).await }
         });

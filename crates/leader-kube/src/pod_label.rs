@@ -31,8 +31,10 @@ const WATCH_TIMEOUT: Duration = Duration::from_secs(290);
 /// stays ready (so rolling updates go on; see the `leader` command's README for the
 /// trade-off against readiness that follows leadership).
 ///
-/// [`hold`](Self::hold) runs for one term, as an
-/// [`on_started_leading`](leader_core::LeaderElectorBuilder::on_started_leading) callback:
+/// [`hold`](Self::hold) runs for one term, as a task
+/// [`beside_work`](leader_core::LeaderElectorBuilder::beside_work): it does not keep the term,
+/// so the term still ends when the work returns (as an `on_started_leading` callback it would
+/// keep the lease and the label after the work had returned):
 ///
 /// 1. Once leadership is acquired, it removes the label from every other Pod of the namespace
 ///    that still carries it (a leader that crashed, or whose removal failed, left it), then

@@ -36,7 +36,8 @@ use tower::{Layer, Service};
 /// use leader::{LeaderElector, LeaderOnlyLayer, Leadership, MemoryLock};
 ///
 /// # fn f() -> Result<(), Box<dyn std::error::Error>> {
-/// let elector = LeaderElector::builder(MemoryLock::new("webhooks", "replica-1")).build()?;
+/// let identity = leader::default_identity(); // the pod name, else host name and process id
+/// let elector = LeaderElector::builder(MemoryLock::new("webhooks", &identity)).build()?;
 /// let app: Router = Router::new()
 ///     .route("/hook", post(|Extension(term): Extension<Leadership>| async move {
 ///         format!("handled under fencing token {}", term.fencing_token())
