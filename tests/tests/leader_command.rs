@@ -1410,3 +1410,45 @@ async fn a_supervisor_starts_command_only_under_the_leader_that_started_it() {
     assert_eq!(status.code(), Some(0), "{status:?}");
     assert!(marker.exists(), "COMMAND did not run");
 }
+
+/// `--fencing-token-floor` end to end: COMMAND's `LEADER_FENCING_TOKEN` is the floor on a lock
+/// whose tokens are below it (a token is at least the floor), and the next term's token is
+/// above that one again.
+#[tokio::test]
+async fn the_fencing_token_floor_raises_the_token_command_sees() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let lock = format!("file://{}", dir.path().join("lock").display());
+    let seen = dir.path().join("token");
+    let write = format!("echo \"$LEADER_FENCING_TOKEN\" > {}", seen.display());
+    let token = || {
+        std::fs::read_to_string(&seen)
+            .expect("COMMAND wrote its token")
+            .trim()
+            .parse::<u64>()
+            .expect("a number")
+    };
+    let run = ["run", "--lock", &lock, "--name", "floor"];
+    let status = run_to_end(&[&run[..], &["--", "sh", "-c", &write]].concat(), &[]).await;
+    assert_eq!(status.code(), Some(0));
+    assert_eq!(token(), 1, "the first term without a floor");
+    let status = run_to_end(
+        &[
+            &run[..],
+            &["--fencing-token-floor", "5000", "--", "sh", "-c", &write],
+        ]
+        .concat(),
+        &[],
+    )
+    .await;
+    assert_eq!(status.code(), Some(0));
+    let raised = token();
+    assert_eq!(raised, 5000, "the first token of a term under the floor");
+    // Through the environment too; the floor below the stored token changes nothing.
+    let status = run_to_end(
+        &[&run[..], &["--", "sh", "-c", &write]].concat(),
+        &[("LEADER_FENCING_TOKEN_FLOOR", "10")],
+    )
+    .await;
+    assert_eq!(status.code(), Some(0));
+    assert_eq!(token(), raised + 1);
+}

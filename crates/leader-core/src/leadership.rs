@@ -5,6 +5,7 @@ use std::fmt;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 
+use chrono::{DateTime, Utc};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -43,6 +44,8 @@ struct Term {
     identity: String,
     fencing_token: u64,
     acquired_at: Instant,
+    /// When this term began, by the elector's wall clock: for people.
+    began: DateTime<Utc>,
     deadline: TermDeadline,
     cancel: CancellationToken,
     /// Asks the elector to end this term: hand its lease to a named candidate, or step down.
@@ -156,6 +159,7 @@ impl Leadership {
         cancel: CancellationToken,
         extensions: BTreeMap<String, String>,
         deadline: TermDeadline,
+        began: DateTime<Utc>,
     ) -> (Self, mpsc::Receiver<TermRequest>, mpsc::Receiver<()>) {
         let (requests, requests_rx) = mpsc::channel(1);
         let (alive, alive_rx) = mpsc::channel(1);
@@ -165,6 +169,7 @@ impl Leadership {
                 identity,
                 fencing_token,
                 acquired_at: Instant::now(),
+                began,
                 deadline,
                 cancel,
                 requests,
@@ -214,9 +219,17 @@ impl Leadership {
         &self.term.name
     }
 
-    /// When this term began, on the monotonic clock.
+    /// When this term began, on the monotonic clock: for measuring how long it has lasted
+    /// (`acquired_at().elapsed()`), never to print.
     pub fn acquired_at(&self) -> Instant {
         self.term.acquired_at
+    }
+
+    /// When this term began, by the elector's wall clock
+    /// ([`wall_clock`](crate::LeaderElectorBuilder::wall_clock)), to print or log ("leading
+    /// since 12:00:03"). A wall clock may step: never decide anything by it (S1).
+    pub fn began_at(&self) -> DateTime<Utc> {
+        self.term.began
     }
 
     /// True once the term has ended. Check it before every action that must not happen twice.

@@ -687,6 +687,7 @@ impl Runner {
             cancel.clone(),
             acquired.record.extensions.clone(),
             shared_deadline.clone(),
+            self.config.wall_clock.now(),
         );
         let extensions = leadership.extensions_handle();
         status::lock(&self.shared).renewed_at = Some(started);

@@ -164,3 +164,34 @@ async fn the_json_is_the_documented_one() {
     lonely.stop().await;
     a.stop().await;
 }
+
+/// A term's start as a time to print: by the elector's wall clock, which a test steps.
+#[tokio::test(start_paused = true)]
+async fn a_term_says_when_it_began_by_the_elector_wall_clock() {
+    let (clock, step) = leader_core::WallClock::stepped();
+    step.step(chrono::TimeDelta::hours(-1));
+    let before = chrono::Utc::now();
+    let store = MemoryStore::new();
+    let elector = LeaderElector::builder(store.lock("billing", "a"))
+        .wall_clock(clock)
+        .jitter(0.0)
+        .build()
+        .expect("valid");
+    let mut state = elector.subscribe();
+    let shutdown = leader_core::CancellationToken::new();
+    let running = tokio::spawn(elector.run(shutdown.clone()));
+    state
+        .wait_for(leader_core::LeaderState::is_leading)
+        .await
+        .expect("leads");
+    let leadership = state.borrow().leadership().cloned().expect("leading");
+    let began = leadership.began_at();
+    let behind = before - began;
+    assert!(
+        behind > chrono::TimeDelta::minutes(59) && behind < chrono::TimeDelta::minutes(61),
+        "began {began}, an hour behind {before} expected"
+    );
+    drop(leadership);
+    shutdown.cancel();
+    running.await.expect("stops");
+}

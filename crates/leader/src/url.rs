@@ -214,8 +214,12 @@ pub const OPEN_TIMEOUT: Duration = Duration::from_secs(10);
 /// Opens the lock that `url` names for election `name`, as candidate `identity`, and checks it:
 /// connects where the backend needs it and reads the record once, within [`OPEN_TIMEOUT`]. So
 /// a server that is down or does not answer, a wrong password, a missing database, table or
-/// bucket, missing rights and an unreadable record are errors here, at start, as the `leader`
-/// command reports them; later outages are the elector's to retry.
+/// bucket, missing rights to read and an unreadable record are errors here, at start, as the
+/// `leader` command reports them; later outages are the elector's to retry. Rights to write
+/// are not tried here (a write would change the record): a store that refuses the elector's
+/// first write answers [`LockError::Forbidden`] (with the store's own message), which the
+/// elector logs, passes to `on_error` and keeps in its status (`ElectorStatus::last_error`),
+/// and tries again with back-off.
 ///
 /// # Errors
 /// The URL cannot be used ([`LockUrlError`]), or the backend's set-up or first read failed
@@ -330,7 +334,7 @@ impl LockUrl {
     /// needs it (for `postgres://`, it creates the lock table when it is missing and the role
     /// may). It checks no more than building the lock needs (Postgres connects lazily, for
     /// one): the crate's [`open`] also reads the record once, which finds a server that is
-    /// down, refused credentials or missing rights.
+    /// down, refused credentials or missing rights to read.
     ///
     /// # Errors
     /// The backend's set-up failed: a server that cannot be reached, refused credentials, no

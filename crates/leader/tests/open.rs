@@ -46,3 +46,63 @@ async fn a_postgres_that_is_down_or_a_missing_database_is_an_error_at_open() {
         other => panic!("a database that does not exist: {other:?}"),
     }
 }
+
+/// `url` with `password` for its user (and `user` when it has none).
+fn with_password(url: &str, user: &str, password: &str) -> String {
+    let mut url: url::Url = url.parse().expect("a URL");
+    if url.username().is_empty() {
+        url.set_username(user).expect("a user");
+    }
+    url.set_password(Some(password)).expect("a password");
+    url.into()
+}
+
+/// A wrong password is an error at open, promptly (not a timeout), saying the server refused
+/// it, never showing it.
+async fn a_wrong_password_is_refused_at_open(url: String) {
+    let started = std::time::Instant::now();
+    match leader::open(&url, "jobs", "a").await {
+        Err(OpenError::Lock(err)) => {
+            let shown = format!("{err} {err:?}");
+            assert!(
+                !shown.contains("Wr0ngSecret"),
+                "the password is shown: {shown}"
+            );
+            assert!(
+                !matches!(err, LockError::Timeout { .. }),
+                "a refusal waited for the open timeout: {shown}"
+            );
+            let lower = shown.to_ascii_lowercase();
+            assert!(
+                ["denied", "auth", "password", "wrongpass"]
+                    .iter()
+                    .any(|w| lower.contains(w)),
+                "says nothing of the refusal: {shown}"
+            );
+        }
+        Ok(_) => panic!("opened with a wrong password"),
+        Err(other) => panic!("{other:?}"),
+    }
+    assert!(started.elapsed() < leader::OPEN_TIMEOUT);
+}
+
+#[cfg(feature = "mysql")]
+#[tokio::test]
+async fn a_wrong_mysql_password_is_an_error_at_open() {
+    let Some(url) = leader_test_support::mysql_lock_or_skip() else {
+        return;
+    };
+    a_wrong_password_is_refused_at_open(with_password(&url, "root", "Wr0ngSecret-mysql")).await;
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn a_wrong_redis_password_is_an_error_at_open() {
+    let Some(url) = leader_test_support::redis_lock_or_skip() else {
+        return;
+    };
+    // A Redis without requirepass takes any password for `default` (nopass): a user that does
+    // not exist is refused as a wrong password is.
+    a_wrong_password_is_refused_at_open(with_password(&url, "no-such-user", "Wr0ngSecret-redis"))
+        .await;
+}

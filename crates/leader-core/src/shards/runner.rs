@@ -522,6 +522,7 @@ impl Runner {
                     cancel.clone(),
                     observed.record.extensions.clone(),
                     shared_deadline.clone(),
+                    self.config.wall_clock.now(),
                 );
                 (Some(leadership), Some(requests), Some(alive))
             }
