@@ -107,7 +107,8 @@ pub(crate) struct ElectionArgs {
     pub(crate) ready_only_while_leading: bool,
     /// Kubernetes: label this replica's Pod (POD_NAME in POD_NAMESPACE, from the downward API)
     /// KEY=NAME while it leads [default KEY: leader-rs.io/leader], for a Service that selects
-    /// the label; needs list, watch and patch on pods (deploy/kubernetes/rbac-pod-label.yaml).
+    /// the label; needs list, watch and patch on pods (kubectl create role leader-pod-label
+    /// --verb=list,watch,patch --resource=pods, bound to the Pod's service account).
     #[arg(
         long,
         env = "LEADER_LABEL_POD",

@@ -372,9 +372,10 @@ impl PodLabel {
             kube::Error::Api(status) if status.is_forbidden() => LockError::Forbidden {
                 backend: BACKEND,
                 message: format!(
-                    "{context}: {}; the Role needs the verbs list, watch and patch on pods (see \
-                     deploy/kubernetes/rbac-pod-label.yaml)",
-                    status.message
+                    "{context}: {}; grant this service account the verbs list, watch and patch \
+                     on pods in {} (kubectl create role leader-pod-label -n {} \
+                     --verb=list,watch,patch --resource=pods, and a RoleBinding to it)",
+                    status.message, self.namespace, self.namespace
                 ),
             },
             kube::Error::Api(status) if status.is_not_found() => misconfigured(format!(

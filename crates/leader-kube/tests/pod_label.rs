@@ -343,7 +343,7 @@ fn replica(api: &KubeApiServer, store: &MemoryStore, pod: &str) -> Replica {
         .lease_duration(RETRY * 20)
         .renew_deadline(RETRY * 10)
         .retry_period(RETRY)
-        .on_started_leading(move |leadership| {
+        .beside_work(move |leadership| {
             seen.lock()
                 .unwrap()
                 .push(server.pods_selected("default", SELECTOR));

@@ -123,7 +123,7 @@ pub(crate) fn map(context: &str, err: mysql_async::Error) -> LockError {
             LockError::Forbidden {
                 backend: BACKEND,
                 message: format!(
-                    "{message}; grant SELECT, INSERT, UPDATE ON the lock table to this user (deploy/mysql/grants.sql)"
+                    "{message}; grant this user SELECT, INSERT, UPDATE on the lock table (GRANT SELECT, INSERT, UPDATE ON db.table TO 'user'@'host')"
                 ),
             }
         }

@@ -136,7 +136,7 @@ pub(crate) fn map(
         return LockError::Forbidden {
             backend: BACKEND,
             message: format!(
-                "{context}: no answer, and the server refused this client: {refused}; grant the user publish rights on $JS.API.>, $KV.<bucket>.> and $JS.FC.KV_<bucket>.> (the watch's flow control) and subscribe rights on _INBOX.> (deploy/nats)"
+                "{context}: no answer, and the server refused this client: {refused}; grant the user publish rights on $JS.API.>, $KV.<bucket>.> and $JS.FC.KV_<bucket>.> (the watch's flow control) and subscribe rights on _INBOX.> (in the server's authorization block or the account's user)"
             ),
         };
     }
