@@ -6,7 +6,7 @@
 /// `#`, `@` or `:` unencoded, which ends the user-info early for a parser, so here the
 /// user-info runs to the string's last `@`. A user without a password is kept where it is a
 /// user name (`postgres://app@db`) and redacted elsewhere, where it may be a token
-/// (`nats://TOKEN@host`). Values of [`SECRET_KEYWORDS`] (`password=`, `token=`, ...) are
+/// (`nats://TOKEN@host`). Values of secret keywords (`password=`, `token=`, ...) are
 /// redacted too, in URL parameters and in key-value connection strings.
 pub fn redact_url(url: &str) -> String {
     let mut secrets = keyword_values(url);
