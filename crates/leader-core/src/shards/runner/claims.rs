@@ -1,0 +1,293 @@
+//! Taking shards: what a member may claim, the claim (a create or a compare-and-swap on the
+//! record as read), the start of a shard's term, and the pass of a round that takes the
+//! shards this member should own.
+
+use super::*;
+
+impl Runner {
+    /// True when `observed` has stayed unchanged for its lease since this member first saw it.
+    pub(super) fn expired(&self, key: &str, observed: &Observed) -> bool {
+        self.seen(key).is_some_and(|seen| {
+            seen.version == observed.version
+                && Instant::now() >= seen.since + observed.record.lease_duration
+        })
+    }
+
+    /// True while a handover request names another member and this one stands back from it
+    /// (a request naming another candidate than the one seen is new: it is stood back from).
+    pub(super) fn standing_back(&self, key: &str, record: &LeaderElectionRecord) -> bool {
+        record.reserved_for_other_than(&self.me)
+            && self
+                .seen(key)
+                .and_then(|s| s.handover.as_ref())
+                .filter(|(to, _)| record.handover_to() == Some(to.as_str()))
+                .is_none_or(|(_, since)| Instant::now() < *since + record.lease_duration)
+    }
+
+    pub(super) fn desired(
+        &self,
+        token: u64,
+        base: Option<&LeaderElectionRecord>,
+    ) -> LeaderElectionRecord {
+        let now = self.config.wall_clock.now();
+        LeaderElectionRecord {
+            holder_identity: self.me.clone(),
+            lease_duration: self.config.lease_duration,
+            acquire_time: now,
+            renew_time: now,
+            leader_transitions: token,
+            strategy: base.and_then(|r| r.strategy.clone()),
+            preferred_holder: None,
+            extensions: base.map(|r| r.extensions.clone()).unwrap_or_default(),
+        }
+    }
+
+    /// One acquisition attempt of `key`, whose last read is `current`: the store's clock where
+    /// it has one, else the follower's (S2). Many run at once (each on its own record), so it
+    /// changes nothing here: [`Runner::note_claim`] notes what it learnt.
+    pub(super) async fn claim(&self, key: &str, mut current: Option<Observed>) -> Claim {
+        let mut claim = Claim {
+            result: Ok(None),
+            held: None,
+            no_try_acquire: false,
+        };
+        let lock = self.lock(key);
+        let started = Instant::now();
+        if self.try_acquire_supported {
+            let desired = self.desired(0, current.as_ref().map(|o| &o.record));
+            match self
+                .request("try_acquire", key, lock.try_acquire(&desired))
+                .await
+            {
+                Err(err) => claim.result = Err(err),
+                Ok(Some(Acquisition::Acquired(observed))) => {
+                    claim.result = Ok(Some((observed, started)));
+                }
+                Ok(Some(Acquisition::Handed {
+                    observed,
+                    alive_since,
+                })) => claim.result = Ok(Some((observed, alive_since.min(started)))),
+                Ok(Some(Acquisition::Held {
+                    observed,
+                    renewed_in_store,
+                    ..
+                })) => {
+                    claim.held = Some(observed.clone());
+                    if !renewed_in_store {
+                        current = Some(observed);
+                        claim.result = self.claim_by_update(key, &lock, current, started).await;
+                    }
+                }
+                Ok(Some(Acquisition::Unassigned(_))) => {}
+                Ok(None) => {
+                    claim.no_try_acquire = true;
+                    claim.result = self.claim_by_update(key, &lock, current, started).await;
+                }
+            }
+            return claim;
+        }
+        claim.result = self.claim_by_update(key, &lock, current, started).await;
+        claim
+    }
+
+    /// An acquisition by compare-and-swap on the record as read: taken only when free or seen
+    /// unchanged for its lease by this member's clock (S2), with the next token (S5). What the
+    /// store showed of `key` in this attempt is already in `current` (a version this member
+    /// had not seen is not expired, as it would not be once noted).
+    pub(super) async fn claim_by_update(
+        &self,
+        key: &str,
+        lock: &Arc<dyn ResourceLock>,
+        current: Option<Observed>,
+        started: Instant,
+    ) -> Result<Option<(Observed, Instant)>, LockError> {
+        let Some(current) = current else {
+            let created = self
+                .request("create", key, lock.create(&self.desired(1, None)))
+                .await?;
+            return Ok(Some((created, started)));
+        };
+        let record = &current.record;
+        if (!record.is_free() && !self.expired(key, &current)) || self.standing_back(key, record) {
+            return Ok(None);
+        }
+        // S5: every acquisition gets the next token.
+        let desired = self.desired(record.leader_transitions + 1, Some(record));
+        let stored = self
+            .request("update", key, lock.update(&current.version, &desired))
+            .await?;
+        Ok(Some((stored, started)))
+    }
+
+    /// Notes what an acquisition attempt of `key` learnt: the record the store showed, whether
+    /// the store has a one-request acquisition, and the record taken. Returns the attempt's
+    /// result.
+    pub(super) fn note_claim(
+        &mut self,
+        key: &str,
+        claim: Claim,
+    ) -> Result<Option<(Observed, Instant)>, LockError> {
+        if claim.no_try_acquire {
+            self.try_acquire_supported = false;
+        }
+        if let Some(held) = &claim.held {
+            self.observe(key, Some(held));
+        }
+        if let Ok(Some((observed, _))) = &claim.result {
+            self.observe(key, Some(observed));
+        }
+        claim.result
+    }
+
+    /// A term that starts now: its timer, and for a shard its leadership.
+    pub(super) fn start_term(
+        &self,
+        key: String,
+        shard: Option<u32>,
+        observed: Observed,
+        started: Instant,
+    ) -> Term {
+        let cancel = CancellationToken::new();
+        let (deadline, until) = watch::channel(started + self.config.renew_deadline);
+        let shared_deadline = TermDeadline::new((started + self.config.renew_deadline).into_std());
+        end_at_deadline(cancel.clone(), until);
+        let (leadership, requests, alive) = match shard {
+            Some(shard) => {
+                let (leadership, requests, alive) = Leadership::new(
+                    format!("{}/{shard}", self.config.name),
+                    self.me.clone(),
+                    observed.record.leader_transitions,
+                    cancel.clone(),
+                    observed.record.extensions.clone(),
+                    shared_deadline.clone(),
+                    self.config.wall_clock.now(),
+                );
+                (Some(leadership), Some(requests), Some(alive))
+            }
+            None => (None, None, None),
+        };
+        Term {
+            key,
+            observed,
+            started,
+            deadline,
+            shared_deadline,
+            cancel,
+            leadership,
+            requests,
+            alive,
+        }
+    }
+
+    /// Takes up to `room` shards of `open` (those no live member owns: handed to this member
+    /// first, then those it likes best), and one more when a shard has stayed free for a
+    /// lease whatever the shares say (members whose view is stale leave no shard unowned for
+    /// long). The `lapsed` shards are taken again whatever the room.
+    pub(super) async fn take(
+        &mut self,
+        room: usize,
+        lapsed: &[u32],
+        open: &[u32],
+        shards: &[Option<Observed>],
+    ) {
+        let mut candidates: Vec<(bool, u64, u32)> = Vec::new();
+        let mut stuck = None;
+        for &shard in open {
+            let observed = &shards[shard as usize];
+            let key = &self.shard_keys[shard as usize];
+            let handed_to_me = observed
+                .as_ref()
+                .is_some_and(|o| o.record.handover_to() == Some(self.me.as_str()));
+            if observed
+                .as_ref()
+                .is_some_and(|o| self.standing_back(key, &o.record))
+            {
+                continue;
+            }
+            let free_for_long = observed
+                .as_ref()
+                .is_some_and(|o| o.record.is_free() && self.expired(key, o));
+            if free_for_long && stuck.is_none() {
+                stuck = Some(shard);
+            }
+            // Without room only the stuck shard is wanted: no need to rank every shard.
+            if room > 0 {
+                candidates.push((handed_to_me, affinity(&self.me, shard), shard));
+            }
+        }
+        candidates.sort_unstable_by(|a, b| b.cmp(a));
+        // Lapsed shards first, then candidates until `room` are taken: a shard another member
+        // took first (a conflict) makes way for the next candidate.
+        let lapsed_count = lapsed.len();
+        let mut wanted: Vec<u32> = lapsed.to_vec();
+        wanted.extend(candidates.iter().map(|&(_, _, s)| s));
+        if wanted.is_empty() {
+            wanted.extend(stuck);
+        }
+        let mut taken = 0;
+        let mut next = 0;
+        // A request per shard taken, up to `CLAIMS_AT_ONCE` at a time, each on its own record:
+        // the round ends in time for the next renewals, and the rest waits for the next round.
+        let budget = Instant::now() + self.config.retry_period / 2;
+        while next < wanted.len() && Instant::now() < budget {
+            // A batch never mixes lapsed shards and candidates, nor takes more than the room.
+            let limit = if next < lapsed_count {
+                lapsed_count - next
+            } else if room > 0 {
+                room.saturating_sub(taken)
+            } else {
+                wanted.len() - next
+            };
+            let batch = &wanted[next..wanted.len().min(next + limit.min(CLAIMS_AT_ONCE))];
+            if batch.is_empty() {
+                break;
+            }
+            let retaking = next < lapsed_count;
+            next += batch.len();
+            let claims = join_all(batch.iter().map(|&shard| {
+                let current = shards[shard as usize].clone();
+                self.claim(&self.shard_keys[shard as usize], current)
+            }))
+            .await;
+            let mut failed = false;
+            for (&shard, claim) in batch.iter().zip(claims) {
+                let key = self.shard_keys[shard as usize].clone();
+                match self.note_claim(&key, claim) {
+                    Ok(Some((observed, started))) => {
+                        let token = observed.record.leader_transitions;
+                        let term = self.start_term(key, Some(shard), observed, started);
+                        tracing::info!(
+                            shards = self.config.name,
+                            shard,
+                            fencing_token = token,
+                            "took the shard"
+                        );
+                        m::shard_moved(&self.config.name, "acquired");
+                        let counted = term.leadership.clone();
+                        self.owned.insert(shard, term);
+                        self.owned_changed = true;
+                        if !retaking {
+                            taken += 1;
+                        }
+                        if let (Some(started), Some(leadership)) =
+                            (&self.callbacks.started, counted)
+                        {
+                            started(shard, leadership);
+                        }
+                    }
+                    Ok(None) => {}
+                    Err(err) if err.is_conflict() => {}
+                    Err(err) => {
+                        if !failed {
+                            self.report("acquire", &err);
+                        }
+                        failed = true;
+                    }
+                }
+            }
+            if failed {
+                break;
+            }
+        }
+    }
+}

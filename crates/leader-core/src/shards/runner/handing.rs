@@ -1,0 +1,208 @@
+//! Ending and giving shards: a term ended, a shard handed to the member that should own it,
+//! releases reaped, the work's requests served, the back-off of a shard whose work keeps
+//! ending, and the extensions a shard's work writes.
+
+use super::*;
+
+impl Runner {
+    /// Ends the term of `shard` without releasing it. Until its work has stopped, the shard is
+    /// kept out as a release under way is: its record may still name this member (on a store
+    /// whose leases outlive a term, such as a member's one etcd lease, for as long as the
+    /// member lives), and taking it again then would start its work a second time beside the
+    /// first.
+    pub(super) fn end(&mut self, shard: u32, reason: StepDownReason) {
+        if let Some(mut term) = self.owned.remove(&shard) {
+            self.owned_changed = true;
+            self.settled = false;
+            term.cancel.cancel();
+            m::shard_moved(&self.config.name, reason_label(reason));
+            let stopped = self.callbacks.stopped.as_ref();
+            tell_stopped(stopped, shard, term.token(), reason, false);
+            if let Some(mut alive) = term.alive.take() {
+                drop(term);
+                let task = self.releases.spawn(async move {
+                    let _ = alive.recv().await;
+                    shard
+                });
+                self.releasing.insert(shard, task.id());
+            }
+        }
+    }
+
+    /// Ends the term of `shard` and releases it once its work has stopped (S6), naming `to` as
+    /// the next owner when given (S10); in the background, so renewals keep their pace.
+    pub(super) fn give(&mut self, shard: u32, to: Option<&str>, reason: StepDownReason) {
+        let Some(mut term) = self.owned.remove(&shard) else {
+            return;
+        };
+        self.owned_changed = true;
+        self.settled = false;
+        term.cancel.cancel();
+        let lock = self.lock(&term.key);
+        let grace = self.config.stop_grace;
+        let timeout = self.config.request_timeout;
+        let stopped = self.callbacks.stopped.clone();
+        let to = to.map(str::to_owned);
+        let name = self.config.name.clone();
+        let clock = self.config.wall_clock.clone();
+        m::shard_moved(&name, reason_label(reason));
+        tracing::info!(shards = name, shard, to, "releasing the shard");
+        let task = self.releases.spawn(async move {
+            let fencing_token = term.token();
+            drop(term.leadership.take());
+            let work_stopped = match term.alive.as_mut() {
+                Some(alive) => tokio::time::timeout(grace, alive.recv()).await.is_ok(),
+                None => true,
+            };
+            let mut released = false;
+            if work_stopped {
+                let now = clock.now();
+                let record = LeaderElectionRecord {
+                    holder_identity: String::new(),
+                    acquire_time: now,
+                    renew_time: now,
+                    preferred_holder: to,
+                    ..term.observed.record.clone()
+                };
+                released =
+                    tokio::time::timeout(timeout, lock.update(&term.observed.version, &record))
+                        .await
+                        .is_ok_and(|r| r.is_ok());
+            } else {
+                tracing::warn!(
+                    shards = name,
+                    shard,
+                    "the shard's work did not stop in time: leaving the shard to expire"
+                );
+            }
+            tell_stopped(stopped.as_ref(), shard, fencing_token, reason, released);
+            // This member takes the shard again only once the work has stopped.
+            if let Some(alive) = term.alive.as_mut().filter(|_| !work_stopped) {
+                let _ = alive.recv().await;
+            }
+            shard
+        });
+        self.releasing.insert(shard, task.id());
+    }
+
+    /// Forgets the releases that ended: their shards are read as anyone's again.
+    pub(super) fn reap_releases(&mut self) {
+        while let Some(ended) = self.releases.try_join_next() {
+            match ended {
+                Ok(shard) => {
+                    self.releasing.remove(&shard);
+                }
+                Err(err) => self.releasing.retain(|_, task| *task != err.id()),
+            }
+        }
+    }
+
+    /// The requests of shards' work: a step-down, a handover, extensions to write.
+    pub(super) async fn serve_requests(&mut self) {
+        let mut asked = Vec::new();
+        for (&shard, term) in &mut self.owned {
+            if let Some(requests) = term.requests.as_mut() {
+                while let Ok(request) = requests.try_recv() {
+                    asked.push((shard, request));
+                }
+            }
+        }
+        for (shard, request) in asked {
+            match request {
+                TermRequest::StepDown => {
+                    self.back_off(shard);
+                    self.give(shard, None, StepDownReason::SteppedDown);
+                }
+                TermRequest::HandOver(to) => {
+                    self.give(shard, Some(&to), StepDownReason::HandedOver)
+                }
+                TermRequest::SetExtensions { changes, reply } => {
+                    let answer = self.write_extensions(shard, &changes).await;
+                    let _ = reply.send(answer);
+                }
+            }
+        }
+    }
+
+    /// The work of `shard` gave it up: this member takes it again only after a back-off, the
+    /// jittered retry period at first, doubling with each give-up that follows the last one
+    /// within [`GIVE_UP_RESET`] (unless the term ran that long), up to [`GIVE_UP_CAP`].
+    pub(super) fn back_off(&mut self, shard: u32) {
+        let Some(term) = self.owned.get(&shard) else {
+            return;
+        };
+        let now = Instant::now();
+        let ran = now - term.started;
+        let retry = self.config.retry_period;
+        let gave_up = self.gave_up.entry(shard).or_insert_with(|| GaveUp {
+            backoff: Backoff::new(retry, 0.2, GIVE_UP_CAP),
+            at: now,
+            until: now,
+        });
+        if ran >= GIVE_UP_RESET || now >= gave_up.at + GIVE_UP_RESET {
+            gave_up.backoff.succeeded();
+        }
+        gave_up.backoff.failed();
+        let wait = gave_up.backoff.wait();
+        gave_up.at = now;
+        gave_up.until = now + wait;
+        tracing::warn!(
+            shards = self.config.name,
+            shard,
+            times = gave_up.backoff.failures(),
+            ran = ?ran,
+            after = ?wait,
+            "the shard's work gave it up: taking it again after a back-off"
+        );
+    }
+
+    /// True while this member waits before taking `shard` again (see [`Runner::back_off`]).
+    pub(super) fn backing_off(&self, shard: u32) -> bool {
+        self.gave_up
+            .get(&shard)
+            .is_some_and(|g| Instant::now() < g.until)
+    }
+
+    pub(super) async fn write_extensions(
+        &mut self,
+        shard: u32,
+        changes: &crate::leadership::ExtensionChanges,
+    ) -> Result<(), crate::leadership::ExtensionError> {
+        use crate::leadership::{ExtensionError, LeadershipLost};
+        let Some(term) = self.owned.get(&shard) else {
+            return Err(ExtensionError::Lost(LeadershipLost { fencing_token: 0 }));
+        };
+        let lost = LeadershipLost {
+            fencing_token: term.token(),
+        };
+        let mut record = term.observed.record.clone();
+        changes.apply(&mut record.extensions);
+        record.renew_time = record.renewal_time(self.config.wall_clock.now());
+        let (key, version) = (term.key.clone(), term.observed.version.clone());
+        let started = Instant::now();
+        let result = self
+            .request("update", &key, self.lock(&key).update(&version, &record))
+            .await;
+        let Some(term) = self.owned.get_mut(&shard).filter(|t| !t.past_deadline()) else {
+            return Err(lost.into());
+        };
+        match result {
+            Ok(stored) => {
+                if let Some(leadership) = &term.leadership {
+                    *leadership
+                        .extensions_handle()
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner()) = stored.record.extensions.clone();
+                }
+                term.observed = stored;
+                term.extend(started + self.config.renew_deadline);
+                Ok(())
+            }
+            Err(err) if err.is_conflict() => {
+                self.end(shard, StepDownReason::Lost);
+                Err(lost.into())
+            }
+            Err(err) => Err(ExtensionError::Lock(Arc::new(err))),
+        }
+    }
+}

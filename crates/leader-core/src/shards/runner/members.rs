@@ -1,0 +1,403 @@
+//! The roster and the member records: the set's count checked, this member's record held,
+//! another process with this identity noticed, live members found (and probed when their
+//! records stand still), dead ones pruned, and the leave at shutdown.
+
+use super::*;
+
+impl Runner {
+    /// Checks the roster (creates it, or joins it): the roster when this member may go on.
+    pub(super) async fn check_roster(
+        &mut self,
+        roster: Option<Observed>,
+    ) -> Result<Option<Observed>, ShardsError> {
+        let name = self.config.name.clone();
+        let key = roster_key(&name);
+        let my_entry = format!("{MEMBER_PREFIX}{}", member_key(&name, &self.me));
+        let Some(roster) = roster else {
+            let mut record = LeaderElectionRecord {
+                holder_identity: String::new(),
+                lease_duration: ROSTER_LEASE,
+                acquire_time: self.config.wall_clock.now(),
+                renew_time: self.config.wall_clock.now(),
+                leader_transitions: 0,
+                strategy: None,
+                preferred_holder: None,
+                extensions: BTreeMap::new(),
+            };
+            record
+                .extensions
+                .insert(COUNT_EXTENSION.into(), self.config.count.to_string());
+            record.extensions.insert(my_entry, self.me.clone());
+            match self
+                .request("create", &key, self.lock(&key).create(&record))
+                .await
+            {
+                Ok(created) => {
+                    tracing::info!(
+                        shards = name,
+                        count = self.config.count,
+                        "created the shard set's roster"
+                    );
+                    self.note_roster(&created);
+                }
+                Err(err) if err.is_conflict() => {}
+                Err(err) => self.report("create", &err),
+            }
+            return Ok(None);
+        };
+        let value = roster.record.extensions.get(COUNT_EXTENSION);
+        let stored = value.and_then(|v| v.parse::<u32>().ok()).filter(|&c| c > 0);
+        let Some(stored) = stored else {
+            let err = ShardsError::InvalidRoster {
+                name,
+                roster: key,
+                value: value.cloned(),
+            };
+            if self.problem.as_ref() != Some(&err) {
+                tracing::error!("{err}");
+            }
+            self.problem = Some(err);
+            return Ok(None);
+        };
+        if stored != self.config.count {
+            return Err(ShardsError::CountMismatch {
+                name,
+                stored,
+                ours: self.config.count,
+                roster: key,
+            });
+        }
+        if matches!(self.problem, Some(ShardsError::InvalidRoster { .. })) {
+            self.problem = None;
+        }
+        self.note_roster(&roster);
+        let stale = self.config.wall_clock.now() - roster.record.renew_time > ROSTER_REFRESH;
+        let joining = !roster.record.extensions.contains_key(&my_entry);
+        if joining || stale {
+            let mut record = roster.record.clone();
+            record.extensions.insert(my_entry, self.me.clone());
+            record.lease_duration = ROSTER_LEASE;
+            record.renew_time = self.config.wall_clock.now();
+            let stored = self.write_roster(&roster.version, &record).await;
+            if stored.is_some() && joining {
+                tracing::info!(shards = name, "joined the shard set's roster");
+            }
+            return Ok(stored);
+        }
+        Ok(Some(roster))
+    }
+
+    pub(super) fn note_roster(&mut self, roster: &Observed) {
+        let members = roster
+            .record
+            .extensions
+            .iter()
+            .filter_map(|(k, v)| k.strip_prefix(MEMBER_PREFIX).map(|key| (key, v)));
+        if members
+            .clone()
+            .eq(self.roster_members.iter().map(|(k, v)| (k.as_str(), v)))
+        {
+            return;
+        }
+        self.roster_members = members.map(|(k, v)| (k.to_owned(), v.clone())).collect();
+        // The keys a read asks for follow the roster's members.
+        let mut keys = Vec::with_capacity(1 + self.roster_members.len() + self.shard_keys.len());
+        keys.push(roster_key(&self.config.name));
+        keys.extend(self.roster_members.keys().cloned());
+        keys.extend(self.shard_keys.iter().cloned());
+        self.read_keys = keys;
+    }
+
+    /// Takes this member's record when it does not hold it: a record of its identity that it
+    /// did not write is another process's (S13), waited out as any other holder's.
+    pub(super) async fn hold_member_record(&mut self, current: Option<Observed>) {
+        if self.member.is_some() {
+            return;
+        }
+        let key = member_key(&self.config.name, &self.me);
+        if let Some(current) = &current {
+            self.check_identity(current);
+        }
+        let claim = self.claim(&key, current).await;
+        match self.note_claim(&key, claim) {
+            Ok(Some((observed, started))) => {
+                self.member_token = Some(observed.record.leader_transitions);
+                if self.conflict.take().is_some() {
+                    self.problem = None;
+                    tracing::info!(
+                        shards = self.config.name,
+                        "the other process with this identity is gone"
+                    );
+                }
+                self.member = Some(self.start_term(key, None, observed, started));
+            }
+            Ok(None) => {}
+            Err(err) if err.is_conflict() => {}
+            Err(err) => self.report("acquire", &err),
+        }
+    }
+
+    /// S13: this identity's member record held by a term this process did not start, and seen
+    /// renewed (or outliving its lease), is another process's: say so once.
+    pub(super) fn check_identity(&mut self, current: &Observed) {
+        let record = &current.record;
+        if !record.is_held_by(&self.me) || self.member_token == Some(record.leader_transitions) {
+            return;
+        }
+        let token = record.leader_transitions;
+        match &mut self.conflict {
+            Some((t, version, reported)) if *t == token => {
+                let renewed = *version != current.version;
+                let outlived = self.renews_in_store != Some(false)
+                    && self
+                        .seen
+                        .get(&member_key(&self.config.name, &self.me))
+                        .is_some_and(|s| {
+                            Instant::now()
+                                >= s.since + record.lease_duration * 2 + self.config.retry_period
+                        });
+                if !*reported && (renewed || outlived) {
+                    *reported = true;
+                    let conflict = IdentityConflict {
+                        lock: format!(
+                            "{} {}",
+                            self.set.describe(),
+                            member_key(&self.config.name, &self.me)
+                        ),
+                        identity: self.me.clone(),
+                        fencing_token: token,
+                    };
+                    tracing::error!(shards = self.config.name, "{conflict}");
+                    m::identity_conflict(&self.config.name);
+                    self.problem = Some(ShardsError::IdentityConflict(conflict));
+                }
+            }
+            _ => {
+                tracing::warn!(
+                    shards = self.config.name,
+                    identity = self.me,
+                    fencing_token = token,
+                    "this identity's member record is held by a term this process did not start: \
+                     waiting for it as for another member's (another process may run with the same identity)"
+                );
+                self.conflict = Some((token, current.version.clone(), false));
+            }
+        }
+    }
+
+    /// The members alive: named by the roster, holding their member record, and not seen
+    /// unchanged past its lease where renewals change the version. This member once it holds
+    /// its own.
+    pub(super) fn live_members(
+        &self,
+        members: &HashMap<String, Option<Observed>>,
+    ) -> BTreeSet<String> {
+        let mut live: BTreeSet<String> = members
+            .iter()
+            .filter(|(identity, observed)| {
+                observed.as_ref().is_some_and(|o| {
+                    o.record.is_held_by(identity)
+                        && !(self.renews_in_store == Some(false)
+                            && self.expired(&member_key(&self.config.name, identity), o))
+                })
+            })
+            .map(|(identity, _)| identity.clone())
+            .collect();
+        live.remove(&self.me);
+        if self.member.is_some() {
+            live.insert(self.me.clone());
+        }
+        live
+    }
+
+    /// Where the store renews leases without changing the record, a record that looks held may
+    /// belong to a member long dead, whose lease only the store knows ran out: asks the store
+    /// ([`try_acquire`](ResourceLock::try_acquire)) about each other member at most once per
+    /// lease, and lets go at once of a record it was given that way. Returns the members
+    /// found dead.
+    pub(super) async fn probe(
+        &mut self,
+        members: &HashMap<String, Option<Observed>>,
+    ) -> BTreeSet<String> {
+        let mut dead = BTreeSet::new();
+        if self.renews_in_store != Some(true)
+            || self.set.reads_show_expiry()
+            || self.member.is_none()
+            || !self.try_acquire_supported
+        {
+            return dead;
+        }
+        let now = Instant::now();
+        let lease = self.config.lease_duration;
+        let due: Vec<(String, Observed)> = members
+            .iter()
+            .filter(|(identity, _)| **identity != self.me)
+            .filter_map(|(identity, observed)| {
+                let observed = observed
+                    .as_ref()
+                    .filter(|o| o.record.is_held_by(identity))?;
+                let last = self.probed.entry(identity.clone()).or_insert(now);
+                (now >= *last + lease).then(|| (identity.clone(), observed.clone()))
+            })
+            .collect();
+        for (identity, observed) in due {
+            let key = member_key(&self.config.name, &identity);
+            let lock = self.lock(&key);
+            let desired = self.desired(0, Some(&observed.record));
+            match self
+                .request("try_acquire", &key, lock.try_acquire(&desired))
+                .await
+            {
+                Ok(Some(
+                    Acquisition::Acquired(taken)
+                    | Acquisition::Handed {
+                        observed: taken, ..
+                    },
+                )) => {
+                    tracing::info!(
+                        shards = self.config.name,
+                        member = identity,
+                        "a member's lease ran out: it left or died"
+                    );
+                    let freed = LeaderElectionRecord {
+                        holder_identity: String::new(),
+                        ..taken.record.clone()
+                    };
+                    let _ = self
+                        .request("release", &key, lock.update(&taken.version, &freed))
+                        .await;
+                    self.probed.remove(&identity);
+                    dead.insert(identity);
+                }
+                Ok(_) => {
+                    self.probed.insert(identity, Instant::now());
+                }
+                Err(err) => self.report("try_acquire", &err),
+            }
+        }
+        self.probed
+            .retain(|identity, _| members.contains_key(identity));
+        dead
+    }
+
+    /// Removes from the roster the members whose record is gone, free, or (where renewals
+    /// change the version) unchanged for twice its lease: members that left or died.
+    pub(super) async fn prune(
+        &mut self,
+        roster: &Observed,
+        members: &HashMap<String, Option<Observed>>,
+        live: &BTreeSet<String>,
+    ) {
+        if self.member.is_none() || self.renews_in_store.is_none() {
+            return;
+        }
+        let name = self.config.name.clone();
+        let gone: Vec<String> = members
+            .iter()
+            .filter(|(identity, observed)| {
+                !live.contains(*identity)
+                    && match observed {
+                        None => true,
+                        Some(o) => {
+                            o.record.is_free()
+                                || !o.record.is_held_by(identity)
+                                || self.seen(&member_key(&name, identity)).is_some_and(|s| {
+                                    Instant::now() >= s.since + o.record.lease_duration * 2
+                                })
+                        }
+                    }
+            })
+            .map(|(identity, _)| identity.clone())
+            .collect();
+        if gone.is_empty() {
+            return;
+        }
+        let mut record = roster.record.clone();
+        for identity in &gone {
+            record
+                .extensions
+                .remove(&format!("{MEMBER_PREFIX}{}", member_key(&name, identity)));
+        }
+        if self.write_roster(&roster.version, &record).await.is_some() {
+            tracing::info!(shards = name, members = ?gone, "removed members that left from the roster");
+        }
+    }
+
+    /// Writes the roster by compare-and-swap: the roster as stored, or `None` when another
+    /// member wrote it first or the store failed (reported).
+    pub(super) async fn write_roster(
+        &mut self,
+        version: &Version,
+        record: &LeaderElectionRecord,
+    ) -> Option<Observed> {
+        let key = roster_key(&self.config.name);
+        match self
+            .request("update", &key, self.lock(&key).update(version, record))
+            .await
+        {
+            Ok(stored) => {
+                self.note_roster(&stored);
+                Some(stored)
+            }
+            Err(err) => {
+                if !err.is_conflict() {
+                    self.report("update", &err);
+                }
+                None
+            }
+        }
+    }
+
+    /// Shutdown: every shard's work stopped and its shard released (S6), then the member
+    /// record and the roster entry.
+    pub(super) async fn leave(&mut self) {
+        let shards: Vec<u32> = self.owned.keys().copied().collect();
+        for shard in shards {
+            if self.config.release_on_cancel {
+                self.give(shard, None, StepDownReason::Shutdown);
+            } else {
+                self.end(shard, StepDownReason::Shutdown);
+            }
+        }
+        let bound = self.config.stop_grace + self.config.request_timeout;
+        let _ = tokio::time::timeout(bound, async {
+            while self.releases.join_next().await.is_some() {}
+        })
+        .await;
+        self.releases.abort_all();
+        if !self.config.release_on_cancel {
+            return;
+        }
+        let name = self.config.name.clone();
+        let key = roster_key(&name);
+        let entry = format!("{MEMBER_PREFIX}{}", member_key(&name, &self.me));
+        for _ in 0..2 {
+            let Ok(Some(roster)) = self.request("get", &key, self.lock(&key).get()).await else {
+                break;
+            };
+            if !roster.record.extensions.contains_key(&entry) {
+                break;
+            }
+            let mut record = roster.record.clone();
+            record.extensions.remove(&entry);
+            if self.write_roster(&roster.version, &record).await.is_some() {
+                break;
+            }
+        }
+        if let Some(member) = self.member.take() {
+            member.cancel.cancel();
+            let record = LeaderElectionRecord {
+                holder_identity: String::new(),
+                ..member.observed.record.clone()
+            };
+            let _ = self
+                .request(
+                    "release",
+                    &member.key,
+                    self.lock(&member.key)
+                        .update(&member.observed.version, &record),
+                )
+                .await;
+        }
+    }
+}

@@ -1,0 +1,248 @@
+//! A round's read of the set (its roster, the member records, the shards, or only what changed)
+//! and what the member does about it: take, give, hold or leave.
+
+use super::*;
+
+impl Runner {
+    /// Reads the roster, the member records it named last time and (`full`) every shard, in
+    /// one batch; the shards with the versions last read, so that the store may answer those
+    /// unchanged without sending them ([`LockSet::get_changed`]). With `renew`, this round's
+    /// renewals go first, in the same request where the store allows it
+    /// ([`LockSet::renew_and_read`]).
+    pub(super) async fn read(&mut self, full: bool, renew: bool) -> Result<View, LockError> {
+        let (renewals, whose) = if renew {
+            self.renewals()
+        } else {
+            Default::default()
+        };
+        let keys = std::mem::take(&mut self.read_keys);
+        if self.shard_records.len() != self.shard_keys.len() {
+            // A round dropped while it acted (see `act`) took them along: read them all again.
+            self.shard_records = std::iter::repeat_with(|| None)
+                .take(self.shard_keys.len())
+                .collect();
+            self.shard_read.fill(false);
+        }
+        let first_shard = 1 + self.roster_members.len();
+        let asked = if full {
+            &keys[..]
+        } else {
+            &keys[..first_shard]
+        };
+        let known: Vec<Known<'_>> = std::iter::repeat_n(Known::Nothing, first_shard)
+            .chain(
+                self.shard_records
+                    .iter()
+                    .zip(&self.shard_read)
+                    .map(|(record, &read)| match record {
+                        _ if !read => Known::Nothing,
+                        None => Known::Absent,
+                        Some(observed) => Known::Version(&observed.version),
+                    })
+                    .take(asked.len() - first_shard),
+            )
+            .collect();
+        let started = Instant::now();
+        let results = if renewals.is_empty() {
+            tokio::time::timeout(
+                self.config.request_timeout,
+                self.set.get_changed(asked, &known),
+            )
+            .await
+        } else {
+            let answer = tokio::time::timeout(
+                self.config.request_timeout,
+                self.set.renew_and_read(&renewals, asked, &known),
+            )
+            .await;
+            drop(known);
+            match answer {
+                Ok(answer) => {
+                    self.renewed(whose, answer.renewed, started).await;
+                    Ok(answer.read)
+                }
+                Err(elapsed) => {
+                    self.renew_timed_out();
+                    Err(elapsed)
+                }
+            }
+        };
+        let results = match results {
+            Ok(results) if results.len() == asked.len() => results,
+            Ok(_) => {
+                self.read_keys = keys;
+                return Err(LockError::unavailable(
+                    "shards",
+                    format!(
+                        "{}: a batch read answered another number of keys",
+                        self.set.describe()
+                    ),
+                ));
+            }
+            Err(_) => {
+                self.read_keys = keys;
+                return Err(LockError::Timeout {
+                    lock: self.set.describe(),
+                    operation: "get",
+                    after: self.config.request_timeout,
+                });
+            }
+        };
+        let mut head = Vec::with_capacity(first_shard);
+        let mut failed = None;
+        for (i, (key, result)) in asked.iter().zip(results).enumerate() {
+            let answer = match result {
+                Ok(answer) => answer,
+                Err(err) => {
+                    failed = Some(err);
+                    break;
+                }
+            };
+            match i.checked_sub(first_shard) {
+                // The shards come in order, after the roster and the members.
+                Some(shard) => {
+                    if let Reread::Now(observed) = answer {
+                        self.shard_records[shard] = observed;
+                    }
+                    self.shard_read[shard] = true;
+                    note(
+                        &mut self.shard_seen[shard],
+                        self.shard_records[shard].as_ref(),
+                    );
+                }
+                None => {
+                    let observed = match answer {
+                        Reread::Now(observed) => observed,
+                        // Never asked with a version: a store that says so anyway is read
+                        // again next round.
+                        Reread::Same => {
+                            failed = Some(LockError::unavailable(
+                                "shards",
+                                format!(
+                                    "{}: {key} answered unchanged unasked",
+                                    self.set.describe()
+                                ),
+                            ));
+                            break;
+                        }
+                    };
+                    self.observe(key, observed.as_ref());
+                    head.push(observed);
+                }
+            }
+        }
+        self.read_keys = keys;
+        if let Some(err) = failed {
+            return Err(err);
+        }
+        let mut head = head.into_iter();
+        let roster = head.next().flatten();
+        let members = self.roster_members.values().cloned().zip(head).collect();
+        Ok(View {
+            roster,
+            members,
+            shards: full,
+        })
+    }
+
+    /// Acts on a read: the roster, this member's record, then the shares.
+    pub(super) async fn act(&mut self, view: View) -> Result<(), ShardsError> {
+        let Some(roster) = self.check_roster(view.roster).await? else {
+            self.settled = false;
+            return Ok(());
+        };
+        self.hold_member_record(view.members.get(&self.me).cloned().flatten())
+            .await;
+        let dead = self.probe(&view.members).await;
+        let mut live = self.live_members(&view.members);
+        live.retain(|m| !dead.contains(m));
+        self.live = live.len();
+        self.prune(&roster, &view.members, &live).await;
+        if self.member.is_none() {
+            self.settled = false;
+            return Ok(());
+        }
+        self.reap_releases();
+        if !view.shards {
+            // A member that died is seen by its record (read every round); its shards' last
+            // versions by the next full read, half a lease at most after its last renewal.
+            if live != self.settled_live {
+                self.settled = false;
+            }
+            return Ok(());
+        }
+        // Out of `self` while this round acts on it (put back below; nothing returns early).
+        let view_shards = std::mem::take(&mut self.shard_records);
+        let count = self.config.count;
+        let mut owners: BTreeMap<String, Vec<u32>> =
+            live.iter().map(|m| (m.clone(), Vec::new())).collect();
+        // One pass over the shards sorts them out: a live member's; this member's though it
+        // holds no term of them (lapsed: a term that ended by its deadline, say; the others
+        // count them as this member's, so it does too, and takes them again, since nobody else
+        // would: once their lease has run out, or at once where the lease is this member's
+        // own); or open (absent, free, or held by a member not alive), which this member may
+        // take. A shard this member gave up, or whose term ended, is none of these until its
+        // release ends or its work stopped: counted as lapsed, it would be given or taken
+        // again beside the work still running. A shard whose work gave it up here is not taken
+        // again before its back-off ends (held back, if its record still names this member).
+        let now = Instant::now();
+        self.gave_up.retain(|_, g| now < g.at + GIVE_UP_RESET);
+        let mut lapsed: Vec<u32> = Vec::new();
+        let mut held_back: Vec<u32> = Vec::new();
+        let mut open: Vec<u32> = Vec::new();
+        for (shard, observed) in (0..count).zip(&view_shards) {
+            if self.owned.contains_key(&shard) || self.releasing.contains_key(&shard) {
+                continue;
+            }
+            let holder = observed
+                .as_ref()
+                .map(|o| o.record.holder_identity.as_str())
+                .filter(|h| !h.is_empty());
+            let backing_off = self.backing_off(shard);
+            match holder {
+                Some(holder) if holder == self.me && backing_off => held_back.push(shard),
+                Some(holder) if holder == self.me => lapsed.push(shard),
+                Some(holder) => match owners.get_mut(holder) {
+                    Some(list) => list.push(shard),
+                    None if backing_off => {}
+                    None => open.push(shard),
+                },
+                None if backing_off => {}
+                None => open.push(shard),
+            }
+        }
+        let mine = self.owned.keys().chain(&lapsed).chain(&held_back).copied();
+        owners.insert(self.me.clone(), mine.collect());
+        let counts = owners.iter().map(|(m, s)| (m.clone(), s.len())).collect();
+        let shares = shares(count, &counts);
+        let counts = owners.values().map(Vec::len);
+        self.imbalance = counts.clone().max().unwrap_or(0) - counts.min().unwrap_or(0);
+        // Only a shard this member holds a term of can be handed over (its work stopped, then
+        // its record released to the receiver). A lapsed shard counts towards this member's
+        // surplus but is retaken first, and given in a later round if still surplus.
+        let mut gifts = gifts(&self.me, &owners, &shares);
+        gifts.retain(|(shard, _)| self.owned.contains_key(shard));
+        let share = shares.get(&self.me).copied().unwrap_or(0);
+        // Distinct shards, all owned: no more gifts than shards owned.
+        let kept = self.owned.len() - gifts.len() + lapsed.len() + held_back.len();
+        let room = share.saturating_sub(kept);
+        // Nothing to do, here or (as far as this read shows) anywhere: every shard owned by a
+        // live member, within one of each other. Until the members or this member's shards
+        // change, the next rounds read the roster and the members alone.
+        let idle = gifts.is_empty()
+            && room == 0
+            && lapsed.is_empty()
+            && open.is_empty()
+            && self.releasing.is_empty()
+            && !self.gave_up.values().any(|g| now < g.until);
+        self.settled = idle && self.imbalance <= 1;
+        self.settled_live = live;
+        self.full_read_due = Instant::now() + self.config.lease_duration / 2;
+        for (shard, to) in gifts {
+            self.give(shard, Some(&to), StepDownReason::HandedOver);
+        }
+        self.take(room, &lapsed, &open, &view_shards).await;
+        self.shard_records = view_shards;
+        Ok(())
+    }
+}
