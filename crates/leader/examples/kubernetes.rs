@@ -19,14 +19,15 @@
 //!   version. It needs `deploy/kubernetes/rbac-coordinated.yaml` as well and a cluster with the
 //!   `CoordinatedLeaderElection` feature gate.
 //!
-//! Outside a cluster it uses your kubeconfig: `POD_NAME=me cargo run --example kubernetes`.
+//! Outside a cluster it uses your kubeconfig: `POD_NAME=me cargo run -p leader --features tower --example
+//! kubernetes`.
 
 use std::error::Error;
 use std::time::Duration;
 
 use axum::Router;
 use leader::{LeaderElector, LeaderEndpointsLayer};
-use leader_kube::{Coordination, DEFAULT_REQUEST_TIMEOUT, LeaseLock, PodLabel};
+use leader::kubernetes::{Coordination, DEFAULT_REQUEST_TIMEOUT, LeaseLock, PodLabel};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn Error>> {
