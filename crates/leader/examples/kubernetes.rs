@@ -26,8 +26,8 @@ use std::error::Error;
 use std::time::Duration;
 
 use axum::Router;
-use leader::{LeaderElector, LeaderEndpointsLayer};
 use leader::kubernetes::{Coordination, DEFAULT_REQUEST_TIMEOUT, LeaseLock, PodLabel};
+use leader::{LeaderElector, LeaderEndpointsLayer};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn Error>> {
