@@ -281,10 +281,21 @@ impl ResourceLock for AdvisoryLock {
         desired: &LeaderElectionRecord,
     ) -> Result<Option<Acquisition>, LockError> {
         self.with_session(async |s| {
-            self.election
+            let acquisition = self
+                .election
                 .try_acquire(&self.store, &s.client, &s.try_acquire, desired, true)
-                .await
-                .map(Some)
+                .await?;
+            // The statement may take the advisory lock although the record is reserved for
+            // the candidate a handover names: kept, it would stop that candidate from
+            // acquiring, and after a lease of standing back another would lead instead.
+            if let Acquisition::Held { observed, .. } = &acquisition
+                && observed
+                    .record
+                    .reserved_for_other_than(&self.election.identity)
+            {
+                self.unlock_unless_holder(s).await;
+            }
+            Ok(Some(acquisition))
         })
         .await
     }

@@ -217,3 +217,49 @@ async fn a_released_lease_is_taken_over_well_within_a_retry_period() {
         eprintln!("advisory={advisory}: handover after release took {took:?}");
     }
 }
+
+/// A handover on the advisory lock goes to the candidate it names, even when another candidate
+/// tries first: that candidate's attempt may take the advisory lock in its statement, and must
+/// let it go, or the named one could not acquire (and, once the others stood back for a lease,
+/// the other would lead instead).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_advisory_handover_goes_to_the_named_candidate_whoever_tries_first() {
+    let Some(store) = common::store().await else {
+        return;
+    };
+    let name = unique("advisory-reserved");
+    let (a, b, c) = (
+        store.advisory_lock(&name, "a"),
+        store.advisory_lock(&name, "b"),
+        store.advisory_lock(&name, "c"),
+    );
+    let record = |holder: &str| {
+        let mut record = conformance::record(holder, 1);
+        record.acquire_time = chrono::Utc::now();
+        record.renew_time = record.acquire_time;
+        record
+    };
+    let held = a.create(&record("a")).await.expect("a acquires");
+    // The operator's request names b; a releases, keeping the request.
+    let requested = leader_core::request_handover(&a, "b")
+        .await
+        .expect("handover request");
+    let mut released = requested.record.clone();
+    released.holder_identity.clear();
+    a.update(&requested.version, &released)
+        .await
+        .expect("a releases");
+    let _ = held;
+    // c tries first: the lease is reserved for b.
+    let tried = c.try_acquire(&record("c")).await.expect("c's attempt");
+    assert!(
+        matches!(tried, Some(leader_core::Acquisition::Held { .. })),
+        "c took a lease reserved for b: {tried:?}"
+    );
+    // b, named, acquires.
+    let taken = b.try_acquire(&record("b")).await.expect("b's attempt");
+    assert!(
+        matches!(taken, Some(leader_core::Acquisition::Acquired(ref o)) if o.record.holder_identity == "b"),
+        "the named candidate could not acquire after another tried: {taken:?}"
+    );
+}
