@@ -193,9 +193,6 @@ where
         if let Some(response) = self.layer.answer(request.method(), request.uri().path()) {
             return Box::pin(std::future::ready(Ok(response)));
         }
-        // The service that was polled ready takes the request; its clone stays for the next.
-        let ready = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, ready);
-        Box::pin(inner.call(request))
+        Box::pin(crate::leader_only::take_ready(&mut self.inner).call(request))
     }
 }

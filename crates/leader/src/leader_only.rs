@@ -150,9 +150,7 @@ where
             let response = self.layer.unavailable();
             return Box::pin(std::future::ready(Ok(response)));
         };
-        // The service that was polled ready takes the request; its clone stays for the next.
-        let ready = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, ready);
+        let mut inner = take_ready(&mut self.inner);
         request.extensions_mut().insert(leadership.clone());
         let answer = inner.call(request);
         let layer = self.layer.clone();
@@ -163,4 +161,11 @@ where
             }
         })
     }
+}
+
+/// The service that was polled ready, to take the request; a clone stays for the next one
+/// (tower's `poll_ready` contract: the service polled is the one called).
+pub(crate) fn take_ready<S: Clone>(inner: &mut S) -> S {
+    let ready = inner.clone();
+    std::mem::replace(inner, ready)
 }
