@@ -11,7 +11,9 @@
 //! or round of both as one request, an update per Lease on Kubernetes), and the CPU this
 //! process used (all members
 //! together); then a member joining, and one leaving (shut down, its shards
-//! released), each until balanced again, and the spread (most owned less fewest) after it.
+//! released), each until balanced again, and the spread (most owned less fewest) after it;
+//! then the set resized to twice its shards while it runs (`resize_shard_set`), and back,
+//! each until every shard of the new count is owned and the members within one of each other.
 //!
 //! ```text
 //! cargo bench -p leader-tests --bench shards
@@ -25,8 +27,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{Backend, cpu_time, ms};
-use leader_core::conformance::balanced;
+use common::{Backend, cpu_time, knob, ms};
 use leader_core::faults::{Faults, FaultyLock};
 use leader_core::{
     CancellationToken, Known, LockError, LockSet, Observed, Renewal, RenewedAndRead, Reread,
@@ -34,13 +35,6 @@ use leader_core::{
 };
 use leader_test_support::{LEASE, RENEW, RETRY};
 use tokio::sync::watch;
-
-fn knob(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(default)
-}
 
 /// A member's records, its requests counted: a read or a round of renewals as one request
 /// where the backend batches it, as one per record where it does not, and every request of a
@@ -195,16 +189,7 @@ fn join(backend: &Arc<Backend>, name: &str, count: u32, identity: &str, ends: &E
         })
         .build()
         .expect("valid shard set");
-    let state = shards.subscribe();
-    let shutdown = CancellationToken::new();
-    let task = tokio::spawn({
-        let shutdown = shutdown.clone();
-        async move {
-            let _ = shards
-                .run_per_shard(shutdown, |_, _| std::future::pending::<()>())
-                .await;
-        }
-    });
+    let (shutdown, task, state) = common::run_member(shards);
     Member {
         counting,
         shutdown,
@@ -213,18 +198,9 @@ fn join(backend: &Arc<Backend>, name: &str, count: u32, identity: &str, ends: &E
     }
 }
 
-/// How long until the members are balanced (every shard owned, within one of each other), or
-/// `None` after `within`.
 async fn until_balanced(members: &[Member], count: u32, within: Duration) -> Option<Duration> {
-    let start = Instant::now();
     let states: Vec<_> = members.iter().map(|m| &m.state).collect();
-    while start.elapsed() < within {
-        if balanced(&states, count) {
-            return Some(start.elapsed());
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    None
+    common::until_balanced(&states, count, within).await
 }
 
 /// How many shards each member owns.
@@ -255,9 +231,9 @@ async fn main() {
         ms(RETRY)
     );
     println!(
-        "| backend | balanced after start | requests per member per retry period | CPU (cores, all members) | rebalanced after a join | after a leave | spread after |"
+        "| backend | balanced after start | requests per member per retry period | CPU (cores, all members) | rebalanced after a join | after a leave | spread after | balanced after a resize to twice the shards | and back |"
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|");
     let within = Duration::from_secs(120);
     for backend in Backend::available().await {
         // A session per record: shard sets refuse them (`leader run --shards` says so).
@@ -306,13 +282,25 @@ async fn main() {
         let _ = leaving.task.await;
         let left = until_balanced(&set, count, within).await;
         ended("leave", &set);
+        let spread_after = spread(&set);
+        // Resized while running: doubled, then back.
+        let operator = backend.lock_set(&name, "bench-operator");
+        let mut resized = Vec::new();
+        for to in [count * 2, count] {
+            leader_core::resize_shard_set(&*operator, &name, to)
+                .await
+                .expect("resized");
+            resized.push(until_balanced(&set, to, within).await);
+            ended(&format!("resize to {to}"), &set);
+        }
         println!(
-            "| {} | {} | {per_member} | {cores:.3} | {} | {} | {} |",
+            "| {} | {} | {per_member} | {cores:.3} | {} | {} | {spread_after} | {} | {} |",
             backend.name(),
             took(started),
             took(joined),
             took(left),
-            spread(&set)
+            took(resized[0]),
+            took(resized[1]),
         );
         for member in set {
             member.shutdown.cancel();

@@ -1,7 +1,10 @@
 //! End to end: `leader run --shards` on the file lock when a shard's COMMAND cannot start (the
 //! `leader` binary replaced under a running replica, as in an upgrade) or keeps crashing. The
 //! shard is given up, said so in a line naming it, and taken again by that replica only after a
-//! back-off that grows; another replica may take it meanwhile.
+//! back-off that grows; another replica may take it meanwhile. And a rolling restart with
+//! `--static-membership`: a replica restarted under its identity takes its own shards back, and
+//! no shard moves. And `leader shards resize` while the replicas run, on the file lock,
+//! Postgres, Redis and etcd.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -30,8 +33,26 @@ fn replica(
     dir: &Path,
     env: &[(&str, &str)],
 ) -> Child {
+    replica_with(binary, lock, name, identity, dir, env, &["--shards", "1"])
+}
+
+/// [`replica`] with `args` (`--shards K` and more) in place of `--shards 1`; shard N's
+/// COMMAND logs to `DIR/job.log.N`.
+fn replica_with(
+    binary: &Path,
+    lock: &str,
+    name: &str,
+    identity: &str,
+    dir: &Path,
+    env: &[(&str, &str)],
+    args: &[&str],
+) -> Child {
     let ms = |d: Duration| format!("{}ms", d.as_millis());
-    let stderr = std::fs::File::create(stderr_of(dir, identity)).expect("stderr file");
+    let stderr = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(stderr_of(dir, identity))
+        .expect("stderr file");
     Command::new(binary)
         .arg("run")
         .args(["--lock", lock])
@@ -40,7 +61,8 @@ fn replica(
         .args(["--lease-duration", &ms(LEASE)])
         .args(["--renew-deadline", &ms(RENEW)])
         .args(["--retry-period", &ms(RETRY)])
-        .args(["--shards", "1", "--", JOB])
+        .args(args)
+        .args(["--", JOB])
         .env("JOB_LOG", dir.join("job.log"))
         .env("RUST_LOG", "warn")
         .envs(env.iter().copied())
@@ -167,4 +189,218 @@ async fn a_command_that_keeps_crashing_is_restarted_after_a_back_off() {
         std::fs::read_to_string(stderr_of(dir.path(), "a"))
     );
     assert!(!backoffs.is_empty(), "no back-off in the log");
+}
+
+/// A rolling restart of two replicas with `--static-membership`, each stopped by SIGTERM and
+/// started again under its identity within the lease: each takes its own shards back, and no shard's
+/// COMMAND ever starts on the other replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_restart_with_static_membership_moves_no_shard() {
+    const SHARDS: u32 = 4;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let lock = format!("file://{}", dir.path().join("lock").display());
+    let name = format!("static-{:08x}", fastrand::u32(..));
+    let args = ["--shards", "4", "--static-membership"];
+    let start = |identity: &str| {
+        replica_with(
+            Path::new(LEADER),
+            &lock,
+            &name,
+            identity,
+            dir.path(),
+            &[],
+            &args,
+        )
+    };
+    let logs: Vec<PathBuf> = (0..SHARDS)
+        .map(|shard| dir.path().join(format!("job.log.{shard}")))
+        .collect();
+    // Who runs each shard now (by its last event), if anyone.
+    let owners = || -> Vec<Option<String>> {
+        logs.iter()
+            .map(|log| {
+                events(log)
+                    .last()
+                    .filter(|e| e.start)
+                    .map(|e| e.identity.clone())
+            })
+            .collect()
+    };
+    let balanced = |owners: &[Option<String>]| {
+        ["a", "b"].iter().all(|id| {
+            owners.iter().filter(|o| o.as_deref() == Some(*id)).count() == SHARDS as usize / 2
+        })
+    };
+    let mut replicas = vec![("a", start("a")), ("b", start("b"))];
+    assert!(
+        wait_until(Duration::from_secs(20), || balanced(&owners())).await,
+        "never balanced: {:?}",
+        owners()
+    );
+    let before = owners();
+    let starts_before: Vec<usize> = logs.iter().map(|log| events(log).len()).collect();
+    for i in 0..replicas.len() {
+        let (identity, old) = replicas.remove(i);
+        stop(old).await;
+        // A restart takes a while (a Pod's new container): rounds pass, a lease does not.
+        sleep(RETRY * 4).await;
+        replicas.insert(i, (identity, start(identity)));
+        assert!(
+            wait_until(Duration::from_secs(20), || owners() == before).await,
+            "{identity} did not take its shards back: {:?}, before {before:?}",
+            owners()
+        );
+    }
+    for (_, child) in replicas {
+        stop(child).await;
+    }
+    for (shard, log) in logs.iter().enumerate() {
+        let later: Vec<String> = events(log)
+            .into_iter()
+            .skip(starts_before[shard])
+            .filter(|e| e.start)
+            .map(|e| e.identity)
+            .collect();
+        assert!(
+            later.iter().all(|id| Some(id) == before[shard].as_ref()),
+            "shard {shard}, run by {:?}, started on {later:?} in the restart",
+            before[shard]
+        );
+    }
+}
+
+/// `--static-membership` without an identity that outlives the process (the default is
+/// HOSTNAME-PID) is refused in one line, with the usage exit code.
+#[tokio::test]
+async fn static_membership_without_a_lasting_identity_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = Command::new(LEADER)
+        .arg("run")
+        .args([
+            "--lock",
+            &format!("file://{}", dir.path().join("lock").display()),
+        ])
+        .args([
+            "--name",
+            "static-refused",
+            "--shards",
+            "2",
+            "--static-membership",
+        ])
+        .args(["--", JOB])
+        .env_remove("POD_NAME")
+        .env_remove("LEADER_IDENTITY")
+        .output()
+        .await
+        .expect("run leader");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--identity"), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+}
+
+/// `leader shards resize` while two replicas run: grown from 2 to 4 shards, every shard's
+/// COMMAND runs; shrunk to 1, the COMMANDs of shards 1 to 3 stop and none
+/// starts again. A replica started with the old count is refused (exit 11); a set nobody ran
+/// cannot be resized (exit 6).
+async fn a_set_resized_while_its_replicas_run(lock: &str) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let name = format!("resized-{:08x}", fastrand::u32(..));
+    let start = |identity: &str, count: &str| {
+        replica_with(
+            Path::new(LEADER),
+            lock,
+            &name,
+            identity,
+            dir.path(),
+            &[],
+            &["--shards", count],
+        )
+    };
+    let resize = |name: &str, count: &str| {
+        let out = std::process::Command::new(LEADER)
+            .args(["shards", "resize", "--lock", lock, "--name", name, count])
+            .output()
+            .expect("run leader shards resize");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr),
+        )
+    };
+    let log = |shard: u32| dir.path().join(format!("job.log.{shard}"));
+    let running = |shard: u32| events(&log(shard)).last().is_some_and(|e| e.start);
+    let replicas = [start("a", "2"), start("b", "2")];
+    assert!(
+        wait_until(Duration::from_secs(20), || running(0) && running(1)).await,
+        "the two shards never ran"
+    );
+    let (code, said) = resize(&name, "4");
+    assert_eq!(code, Some(0), "{said}");
+    assert!(said.contains("2 -> 4"), "{said}");
+    assert!(
+        wait_until(Duration::from_secs(20), || (0..4).all(running)).await,
+        "not every shard ran after growing to 4: {:?}",
+        (0..4).map(running).collect::<Vec<_>>()
+    );
+    let (code, said) = resize(&name, "1");
+    assert_eq!(code, Some(0), "{said}");
+    assert!(
+        wait_until(Duration::from_secs(20), || running(0)
+            && !(1..4).any(running))
+        .await,
+        "shards past the count still run: {:?}",
+        (0..4).map(running).collect::<Vec<_>>()
+    );
+    let starts: Vec<usize> = (1..4)
+        .map(|s| events(&log(s)).iter().filter(|e| e.start).count())
+        .collect();
+    // An old manifest: refused, in one line naming the command that resizes.
+    let mut old = start("c", "2");
+    let status = timeout(Duration::from_secs(20), old.wait())
+        .await
+        .expect("the replica with the old count exits")
+        .expect("wait");
+    assert_eq!(status.code(), Some(11));
+    let refused = std::fs::read_to_string(stderr_of(dir.path(), "c")).unwrap_or_default();
+    assert!(refused.contains("leader shards resize"), "{refused}");
+    sleep(LEASE).await;
+    let later: Vec<usize> = (1..4)
+        .map(|s| events(&log(s)).iter().filter(|e| e.start).count())
+        .collect();
+    assert_eq!(starts, later, "a removed shard's COMMAND started again");
+    for child in replicas {
+        stop(child).await;
+    }
+    let (code, said) = resize("never-ran", "3");
+    assert_eq!(code, Some(6), "{said}");
+    assert_eq!(said.trim().lines().count(), 1, "{said}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_lock_set_resized_while_its_replicas_run() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    a_set_resized_while_its_replicas_run(&format!("file://{}", dir.path().join("lock").display()))
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_lock_set_resized_while_its_replicas_run() {
+    if let Some(url) = leader_test_support::postgres_lock_or_skip() {
+        a_set_resized_while_its_replicas_run(&url).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_lock_set_resized_while_its_replicas_run() {
+    if let Some(url) = leader_test_support::redis_lock_or_skip() {
+        a_set_resized_while_its_replicas_run(&url).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_lock_set_resized_while_its_replicas_run() {
+    if let Some(url) = leader_test_support::etcd_lock_or_skip() {
+        a_set_resized_while_its_replicas_run(&url).await;
+    }
 }

@@ -29,6 +29,27 @@ pub(crate) enum Command {
     /// Ask the leader to hand over to a named replica (a planned handover), without taking
     /// part in the election.
     Handover(HandoverArgs),
+    /// Operate on a running shard set (`leader run --shards`) without taking part in it.
+    #[command(subcommand)]
+    Shards(ShardsCommand),
+}
+
+/// `leader shards ...`.
+#[derive(Debug, Subcommand)]
+pub(crate) enum ShardsCommand {
+    /// Change the set's shard count while its replicas run: each follows within a retry
+    /// period, takes the shards added and stops and releases those removed (the highest
+    /// numbers). Replicas started afterwards need `--shards K`.
+    Resize(ResizeArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ResizeArgs {
+    #[command(flatten)]
+    pub(crate) lock: LockArgs,
+    /// The new shard count.
+    #[arg(value_name = "K", value_parser = clap::value_parser!(u32).range(1..=i64::from(leader_core::MAX_SHARDS)))]
+    pub(crate) count: u32,
 }
 
 #[derive(Debug, Args)]
@@ -136,6 +157,12 @@ pub(crate) struct RunArgs {
     /// LEADER_FENCING_TOKEN in its environment. Every replica of a set needs the same K.
     #[arg(long, env = "LEADER_SHARDS", value_name = "K", value_parser = clap::value_parser!(u32).range(1..=i64::from(leader_core::MAX_SHARDS)))]
     pub(crate) shards: Option<u32>,
+    /// With --shards, where this replica's identity is the same after a restart (a
+    /// StatefulSet's Pod name as POD_NAME, or --identity): on SIGTERM its shards are released reserved for
+    /// it, so that a replica restarted within the lease takes them back and none moves. A
+    /// replica that does not come back leaves them idle for a lease.
+    #[arg(long, env = "LEADER_STATIC_MEMBERSHIP", requires = "shards")]
+    pub(crate) static_membership: bool,
     /// The program to run while leading, and its arguments.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub(crate) command: Vec<String>,

@@ -15,8 +15,8 @@ pub(crate) const BAD_LOCK: u8 = 3;
 pub(crate) const UNREACHABLE: u8 = 4;
 /// The backend refused: wrong credentials, missing permissions, an unreadable record.
 pub(crate) const REFUSED: u8 = 5;
-/// `handover`, `cron suspend|resume|trigger`: nobody has run for this election (or this
-/// schedule) yet, so there is nothing to act on.
+/// `handover`, `cron suspend|resume|trigger`, `shards resize`: nobody has run for this
+/// election (or this schedule, or this set) yet, so there is nothing to act on.
 pub(crate) const NO_ELECTION: u8 = 6;
 /// `handover --wait`: the named identity did not lead within `--timeout`.
 pub(crate) const NOT_HANDED_OVER: u8 = 7;
@@ -31,7 +31,7 @@ pub(crate) const BAD_SCHEDULE: u8 = 9;
 #[cfg(feature = "cron")]
 pub(crate) const SCHEDULE_MISMATCH: u8 = 10;
 /// `run --shards`: the store holds another shard count for this name (replicas started with
-/// different counts), or a roster record that is not a shard set's.
+/// different counts), or a roster record that is not a shard set's (also `shards resize`).
 pub(crate) const SHARD_COUNT_MISMATCH: u8 = 11;
 /// The supervisor of a COMMAND found the `leader` that started it gone before COMMAND could
 /// start, and did not start it; `leader` itself never exits with it.

@@ -12,6 +12,7 @@ mod exit;
 mod inspect;
 mod label;
 mod open;
+mod resize;
 mod run;
 mod serve;
 mod set_status;
@@ -21,7 +22,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-use crate::args::{Cli, Command};
+use crate::args::{Cli, Command, ShardsCommand};
 
 /// Runs `leader` with the process's arguments and returns its exit code. Not an API: the
 /// workspace's end-to-end tests build the command from it.
@@ -71,6 +72,7 @@ pub fn main() -> ExitCode {
             Command::Cron(args) => cron::cron(args).await,
             Command::Status(args) => inspect::status(args).await,
             Command::Handover(args) => inspect::handover(args).await,
+            Command::Shards(ShardsCommand::Resize(args)) => resize::resize(args).await,
         }
     })
 }

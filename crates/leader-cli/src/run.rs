@@ -10,7 +10,8 @@ use crate::election::{Term, TermWork, elect};
 
 pub(crate) async fn run(args: RunArgs) -> u8 {
     if let Some(count) = args.shards {
-        return crate::shards::run(args.election, count, args.command).await;
+        return crate::shards::run(args.election, count, args.static_membership, args.command)
+            .await;
     }
     elect(args.election, args.once, args.command, |term| {
         let work: TermWork =

@@ -10,12 +10,12 @@ use leader::LockUrl;
 use leader_core::{LockError, RecordState, RecordView, ShardSetView, ShardSetViewError};
 
 use crate::ago::ago;
-use crate::args::StatusArgs;
+use crate::args::{LockArgs, StatusArgs};
 use crate::exit;
 use crate::open::{code_for, fail};
 
 /// How long opening the store and reading the roster may take.
-const OPEN_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const OPEN_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long reading the whole set may take (every member and every shard).
 const READ_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -23,12 +23,9 @@ const READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// holds no such set (or keeps no sets), so that the caller says the lock holds nothing.
 pub(crate) async fn status(args: &StatusArgs, asked: bool) -> Option<u8> {
     let name = &args.lock.name;
-    let url = match args.lock.lock.as_deref() {
-        Some(url) => match LockUrl::parse(url) {
-            Ok(url) => url,
-            Err(err) => return Some(fail(exit::BAD_LOCK, err)),
-        },
-        None => LockUrl::file(leader::default_file(name)),
+    let url = match set_url(&args.lock) {
+        Ok(url) => url,
+        Err(code) => return Some(code),
     };
     // A file lock directory that does not exist holds no set; status creates nothing.
     if url.file_path().is_some_and(|dir| !dir.is_dir()) {
@@ -63,7 +60,16 @@ pub(crate) async fn status(args: &StatusArgs, asked: bool) -> Option<u8> {
     Some(exit::OK)
 }
 
-fn no_answer(url: &LockUrl, after: Duration) -> u8 {
+/// The lock URL of `--lock` (default: the file lock of `--name`), or the exit code of a URL
+/// that is not one.
+pub(crate) fn set_url(lock: &LockArgs) -> Result<LockUrl, u8> {
+    match lock.lock.as_deref() {
+        Some(url) => LockUrl::parse(url).map_err(|err| fail(exit::BAD_LOCK, err)),
+        None => Ok(LockUrl::file(leader::default_file(&lock.name))),
+    }
+}
+
+pub(crate) fn no_answer(url: &LockUrl, after: Duration) -> u8 {
     fail(
         exit::UNREACHABLE,
         format!("{}: no answer within {after:?}", url.describe()),

@@ -16,7 +16,12 @@ use crate::exit;
 use crate::open::{code_for, fail};
 use crate::serve;
 
-pub(crate) async fn run(args: ElectionArgs, count: u32, command: Vec<String>) -> u8 {
+pub(crate) async fn run(
+    args: ElectionArgs,
+    count: u32,
+    static_membership: bool,
+    command: Vec<String>,
+) -> u8 {
     let (identity, timings) = match identity_and_timings(&args) {
         Ok(both) => both,
         Err(code) => return code,
@@ -35,6 +40,14 @@ pub(crate) async fn run(args: ElectionArgs, count: u32, command: Vec<String>) ->
         return fail(
             exit::USAGE,
             format!("{flag} applies to a single election and is not taken with --shards"),
+        );
+    }
+    let pod_name = std::env::var("POD_NAME").is_ok_and(|p| !p.is_empty());
+    if static_membership && args.identity.is_none() && !pod_name {
+        return fail(
+            exit::USAGE,
+            "--static-membership needs an identity that outlives the process: give --identity \
+             (or POD_NAME); the default, HOSTNAME-PID, changes with every start",
         );
     }
     let name = args.lock.name.clone();
@@ -61,6 +74,7 @@ pub(crate) async fn run(args: ElectionArgs, count: u32, command: Vec<String>) ->
     let shards = match Shards::builder(name.clone(), count, set)
         .timings(timings)
         .stop_grace(timings.stop_window())
+        .static_membership(static_membership)
         .on_shard_started(move |shard, term| {
             tokio::spawn(per_shard(program.clone(), grace, timings, shard, term));
         })

@@ -435,6 +435,9 @@ pub enum StepDownReason {
     WorkEnded,
     /// The term's work panicked ([`WorkExit::StepDown`](crate::WorkExit)).
     WorkPanicked,
+    /// The shard set was resized to fewer shards than this one's number: the shard is no
+    /// longer part of it ([`resize_shard_set`](crate::resize_shard_set)).
+    Resized,
 }
 
 impl StepDownReason {

@@ -11,8 +11,8 @@ use std::time::Duration;
 use leader_core::conformance::{ShardLog, balanced};
 use leader_core::faults::{Faults, FaultyLock};
 use leader_core::{
-    CancellationToken, ConfigError, KeyedLocks, LockSet, MemoryStore, ResourceLock, Shards,
-    ShardsError, ShardsState, StepDownReason, Timings, WallClock,
+    CancellationToken, ConfigError, KeyedLocks, LockSet, MemoryStore, ResizeError, ResourceLock,
+    Shards, ShardsError, ShardsState, StepDownReason, Timings, WallClock, resize_shard_set,
 };
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -60,6 +60,8 @@ struct Set {
     log: ShardLog,
     /// Terms that ended by their renew deadline.
     expired: Arc<AtomicUsize>,
+    /// Whether members join with static membership.
+    static_membership: bool,
 }
 
 impl Set {
@@ -70,6 +72,7 @@ impl Set {
             count,
             log: ShardLog::default(),
             expired: Arc::default(),
+            static_membership: false,
         }
     }
 
@@ -105,6 +108,7 @@ impl Set {
             .timings(TIMINGS)
             .request_timeout(TIMINGS.renew_deadline)
             .wall_clock(wall_clock)
+            .static_membership(self.static_membership)
             .on_shard_stopped({
                 let expired = self.expired.clone();
                 move |_, stop| {
@@ -288,6 +292,129 @@ async fn a_member_that_leaves_hands_its_shards_over_at_once() {
     set.log.check("paused clock");
 }
 
+/// Restarts each of three members (13 shards: one owns five) in turn, the new process with the same identity starting
+/// as soon as the old one has left, and waits for the set to balance after each: the shard
+/// moves (a shard's work starting on another member than the last) of the whole rolling
+/// restart. On the paused clock.
+async fn rolling_restart(clock: Clock, static_membership: bool) -> usize {
+    let mut set = Set::new(clock, 13);
+    set.static_membership = static_membership;
+    let mut members: Vec<(&str, Member)> = ["a", "b", "c"]
+        .into_iter()
+        .map(|id| (id, set.join(id)))
+        .collect();
+    let balanced_now = |members: &[(&str, Member)]| {
+        let all: Vec<&Member> = members.iter().map(|(_, m)| m).collect();
+        balanced_members(&all, 13)
+    };
+    until(Duration::from_secs(30), || balanced_now(&members))
+        .await
+        .expect("balanced");
+    let before = set.log.moves();
+    for i in 0..members.len() {
+        let (id, member) = members.remove(i);
+        let held = member.owned();
+        member.leave().await.expect("left");
+        members.insert(i, (id, set.join(id)));
+        until(Duration::from_secs(30), || balanced_now(&members))
+            .await
+            .expect("balanced after a restart");
+        if static_membership {
+            assert_eq!(members[i].1.owned(), held, "{id} came back to other shards");
+        }
+    }
+    for (_, member) in members {
+        member.leave().await.expect("left");
+    }
+    set.log.check("paused clock");
+    set.log.moves() - before
+}
+
+#[tokio::test]
+async fn a_rolling_restart_with_static_membership_moves_no_shard() {
+    tokio::time::pause();
+    for clock in [Clock::Follower, Clock::Store, Clock::InStore] {
+        let moves = rolling_restart(clock, true).await;
+        assert_eq!(moves, 0, "{clock:?}: shards moved in a rolling restart");
+    }
+}
+
+#[tokio::test]
+async fn a_rolling_restart_without_static_membership_moves_each_members_shards_twice() {
+    // What static membership saves: each restarted member's four or five shards go to the
+    // others and as many come back.
+    tokio::time::pause();
+    let moves = rolling_restart(Clock::Follower, false).await;
+    assert!(moves >= 3 * 2 * 4, "{moves} moves");
+}
+
+#[tokio::test]
+async fn a_static_member_that_restarts_keeps_its_place_in_the_shares() {
+    // z owns three of five shards, a two: back from a restart with none yet, z still gets
+    // the one extra shard at once (its reserved shards count as its own), although a would
+    // win the tie between equals by its identity.
+    tokio::time::pause();
+    let mut set = Set::new(Clock::Follower, 5);
+    set.static_membership = true;
+    let z = set.join("z");
+    until(Duration::from_secs(30), || z.owned().len() == 5)
+        .await
+        .expect("z took every shard");
+    let a = set.join("a");
+    until(Duration::from_secs(30), || {
+        a.owned().len() == 2 && z.owned().len() == 3
+    })
+    .await
+    .expect("balanced");
+    let held = z.owned();
+    let moves = set.log.moves();
+    z.leave().await.expect("left");
+    let z = set.join("z");
+    // All three at once: the third is not left idle until the reservation runs out.
+    until(TIMINGS.lease_duration / 2, || z.owned() == held)
+        .await
+        .expect("z took its shards back");
+    sleep(TIMINGS.lease_duration * 2).await;
+    assert_eq!(z.owned(), held, "z's shards moved after the restart");
+    assert_eq!(set.log.moves(), moves, "shards moved in the restart");
+    for m in [a, z] {
+        m.leave().await.expect("left");
+    }
+    set.log.check("paused clock");
+}
+
+#[tokio::test]
+async fn a_static_member_that_does_not_come_back_leaves_its_shards_for_a_lease() {
+    tokio::time::pause();
+    let mut set = Set::new(Clock::Follower, 9);
+    set.static_membership = true;
+    let a = set.join("a");
+    let b = set.join("b");
+    let c = set.join("c");
+    until(Duration::from_secs(30), || {
+        balanced_members(&[&a, &b, &c], 9)
+    })
+    .await
+    .expect("balanced");
+    c.leave().await.expect("left");
+    let took = until(Duration::from_secs(30), || balanced_members(&[&a, &b], 9))
+        .await
+        .expect("balanced after the leave");
+    // Reserved for c: the others stand back for a lease from when they saw the release.
+    assert!(
+        took >= TIMINGS.lease_duration - TIMINGS.retry_period,
+        "c's shards taken after {took:?}, within the lease they were reserved for"
+    );
+    assert!(
+        took <= TIMINGS.lease_duration + TIMINGS.retry_period * 4,
+        "c's shards taken after {took:?}"
+    );
+    for m in [a, b] {
+        m.leave().await.expect("left");
+    }
+    set.log.check("paused clock");
+}
+
 async fn a_crashed_members_shards_are_taken_after_their_lease(clock: Clock) {
     tokio::time::pause();
     let set = Set::new(clock, 8);
@@ -447,6 +574,125 @@ async fn members_started_with_another_count_take_no_shard() {
     .to_string();
     assert!(!message.contains('\n') && message.contains("8") && message.contains("9"));
     a.leave().await.expect("left");
+    set.log.check("paused clock");
+}
+
+/// The set's records as an operator's tool reaches them.
+fn operator(set: &Set) -> KeyedLocks {
+    let store = set.store.clone();
+    KeyedLocks::new("operator", "memory", move |key, identity| {
+        Arc::new(store.lock(key, identity)) as Arc<dyn ResourceLock>
+    })
+}
+
+/// Grown, shrunk and grown back while three members run (on each clock): every shard of the
+/// new count is owned and the set balanced within a few rounds, no member keeps a shard past
+/// the count, no shard ever has two owners, and the fencing tokens of shards removed and added
+/// again go on from where they were.
+async fn a_set_resized_while_it_runs(clock: Clock) {
+    let set = Set::new(clock, 9);
+    let members = [set.join("a"), set.join("b"), set.join("c")];
+    let states = || members.iter().collect::<Vec<_>>();
+    until(Duration::from_secs(30), || balanced_members(&states(), 9))
+        .await
+        .expect("balanced");
+    let tool = operator(&set);
+    let mut tokens = std::collections::BTreeMap::new();
+    for count in [15, 6, 12] {
+        let before = resize_shard_set(&tool, "jobs", count)
+            .await
+            .expect("resized");
+        assert!(before != count, "{clock:?}: the count was already {count}");
+        let took = until(Duration::from_secs(30), || {
+            balanced_members(&states(), count)
+                && members.iter().all(|m| m.owned().iter().all(|&s| s < count))
+        })
+        .await
+        .unwrap_or_else(|| {
+            panic!(
+                "{clock:?}: not balanced at {count}: {:?}",
+                members.iter().map(Member::owned).collect::<Vec<_>>()
+            )
+        });
+        assert!(
+            took <= TIMINGS.lease_duration,
+            "{clock:?}: rebalanced at {count} after {took:?}"
+        );
+        for member in &members {
+            let owned = member.state.borrow().tokens();
+            for (shard, token) in owned {
+                let last = tokens.insert(shard, token).unwrap_or(0);
+                assert!(token >= last, "{clock:?}: shard {shard}'s token went back");
+            }
+        }
+    }
+    for member in members {
+        member.leave().await.expect("left");
+    }
+    set.log.check(&format!("{clock:?}"));
+}
+
+#[tokio::test]
+async fn a_set_resized_while_it_runs_on_the_followers_clock() {
+    tokio::time::pause();
+    a_set_resized_while_it_runs(Clock::Follower).await;
+}
+
+#[tokio::test]
+async fn a_set_resized_while_it_runs_on_the_stores_clock() {
+    tokio::time::pause();
+    a_set_resized_while_it_runs(Clock::Store).await;
+}
+
+#[tokio::test]
+async fn a_set_resized_while_it_runs_with_leases_renewed_in_the_store() {
+    tokio::time::pause();
+    a_set_resized_while_it_runs(Clock::InStore).await;
+}
+
+/// After a resize, a replica started with the old count is refused, one started with the
+/// new count joins; a resize to no shard, or of a set that never ran, is refused.
+#[tokio::test]
+async fn after_a_resize_the_new_count_is_the_sets() {
+    tokio::time::pause();
+    let set = Set::new(Clock::Follower, 4);
+    let a = set.join("a");
+    until(Duration::from_secs(10), || a.owned().len() == 4)
+        .await
+        .expect("a owns the set");
+    let tool = operator(&set);
+    assert_eq!(
+        resize_shard_set(&tool, "jobs", 6).await.expect("resized"),
+        4
+    );
+    let old = set.join_with("b", 4);
+    match tokio::time::timeout(Duration::from_secs(10), old.task)
+        .await
+        .expect("b stops")
+        .expect("b's task")
+    {
+        Err(ShardsError::CountMismatch { stored, ours, .. }) => assert_eq!((stored, ours), (6, 4)),
+        other => panic!("expected a count mismatch, got {other:?}"),
+    }
+    let c = set.join_with("c", 6);
+    until(Duration::from_secs(10), || balanced_members(&[&a, &c], 6))
+        .await
+        .expect("c joined at the new count");
+    assert!(matches!(
+        resize_shard_set(&tool, "jobs", 0).await,
+        Err(ResizeError::InvalidCount { count: 0, .. })
+    ));
+    let missing = resize_shard_set(&tool, "nobody", 3)
+        .await
+        .expect_err("no set");
+    assert!(
+        matches!(missing, ResizeError::NoSuchSet { .. }),
+        "{missing:?}"
+    );
+    assert!(missing.to_string().contains("nobody-members"), "{missing}");
+    for m in [a, c] {
+        m.leave().await.expect("left");
+    }
     set.log.check("paused clock");
 }
 

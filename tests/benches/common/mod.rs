@@ -347,3 +347,50 @@ pub use leader_test_support::bench::percentile;
 pub fn ms(d: Duration) -> String {
     format!("{:.1} ms", d.as_secs_f64() * 1e3)
 }
+
+/// A number from the environment variable `name`, else `default`.
+pub fn knob(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(default)
+}
+
+/// A shard set's member run with work that waits until its shard is taken away: its shutdown,
+/// its task and its state.
+pub fn run_member(
+    shards: leader_core::Shards,
+) -> (
+    leader_core::CancellationToken,
+    tokio::task::JoinHandle<()>,
+    tokio::sync::watch::Receiver<leader_core::ShardsState>,
+) {
+    let state = shards.subscribe();
+    let shutdown = leader_core::CancellationToken::new();
+    let task = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move {
+            let _ = shards
+                .run_per_shard(shutdown, |_, _| std::future::pending::<()>())
+                .await;
+        }
+    });
+    (shutdown, task, state)
+}
+
+/// How long until `states` are balanced (every shard of `count` owned, within one of each
+/// other), or `None` after `within`.
+pub async fn until_balanced(
+    states: &[&tokio::sync::watch::Receiver<leader_core::ShardsState>],
+    count: u32,
+    within: Duration,
+) -> Option<Duration> {
+    let start = std::time::Instant::now();
+    while start.elapsed() < within {
+        if leader_core::conformance::balanced(states, count) {
+            return Some(start.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    None
+}

@@ -31,12 +31,19 @@
 //! its give-up starts the back-off over. Meanwhile any other member may take the shard, and
 //! the member says so in a warning naming the shard, how many times in a row and the wait.
 //!
+//! A member's identity that outlives its process (static membership,
+//! [`ShardsBuilder::static_membership`]) keeps its shards across a restart: released on
+//! shutdown reserved for that identity, taken back by the process that starts with it within a
+//! lease. The count lives in the roster; [`resize_shard_set`] changes it while the set runs,
+//! and every member follows on its next read.
+//!
 //! [`ShardSetView`] reads a whole set (the count, the members and their last renewals, each
 //! shard's owner, fencing token and since when, the shards nobody owns) without taking part:
 //! what `leader status` shows of a set.
 
 mod assign;
 mod locks;
+mod resize;
 mod runner;
 mod view;
 
@@ -57,6 +64,7 @@ use crate::leadership::{Leadership, StepDown};
 use crate::status::IdentityConflict;
 
 pub use locks::{KeyedLocks, Known, LockSet, Renewal, RenewedAndRead, Reread, common_prefix};
+pub use resize::{ResizeError, resize_shard_set};
 pub use view::{MemberView, RecordState, RecordView, ShardSetView, ShardSetViewError, ShardView};
 
 /// The most shards a set may have.
@@ -89,13 +97,15 @@ pub(crate) const MEMBER_PREFIX: &str = "member.";
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ShardsError {
-    /// The store's roster says another shard count: replicas of one set must agree on it. To
-    /// change the count, stop every replica of the set, delete its roster record (the shard
-    /// records may stay: their fencing tokens go on), and start them with the new count.
+    /// The store's roster says another shard count than this replica was started with:
+    /// replicas of one set agree on it. A set is resized while it runs with
+    /// [`resize_shard_set`] (`leader shards resize`), whose count running members follow; a replica started
+    /// afterwards needs the new count.
     #[error(
         "shard set {name:?}: the store holds {stored} shards and this replica was started with \
-         {ours}; every replica of a set needs the same count (to change it, stop them all, \
-         delete the roster record {roster:?} and start them with the new count)"
+         {ours}; every replica of a set needs the same count (start it with {stored}, or resize \
+         the set with `leader shards resize --lock URL --name {name} {ours}`; roster record \
+         {roster:?})"
     )]
     CountMismatch {
         /// The set's name.
@@ -182,6 +192,10 @@ pub struct ShardsConfig {
     pub stop_grace: Duration,
     /// Release the shards on shutdown, so that others take them at once.
     pub release_on_cancel: bool,
+    /// This member's identity outlives its process (static membership): on shutdown its shards
+    /// are released reserved for that identity, so that a process that comes back with it
+    /// within a lease takes them again and nobody else does meanwhile.
+    pub static_membership: bool,
     /// Where the times written into records come from.
     pub wall_clock: crate::WallClock,
 }
@@ -254,6 +268,27 @@ impl ShardsBuilder {
     /// [`LeaderElectorBuilder::wall_clock`](crate::LeaderElectorBuilder::wall_clock).
     pub fn wall_clock(mut self, clock: crate::WallClock) -> Self {
         self.config.wall_clock = clock;
+        self
+    }
+
+    /// Static membership (default false), as Kafka's `group.instance.id`: this member's
+    /// identity is the same when its process starts again (a StatefulSet's Pod name, a
+    /// host name), so a restart need not move its shards.
+    ///
+    /// On shutdown the member stops each shard's work and releases the shard reserved for
+    /// its own identity (a planned handover to itself, S10). The other members stand back
+    /// from a reserved shard for one lease from when they see it; a process that starts with
+    /// the same identity within that lease takes its shards back first. A rolling restart
+    /// then moves no shard: each is idle from its work's stop until the new process takes
+    /// it, instead of moving to another member and back. A member that does not come back
+    /// (a scale-down) leaves its shards idle for a lease before the others take them.
+    ///
+    /// Leave it off where a restarted process gets a new identity (a Deployment's Pod
+    /// names): nobody would take the reserved shards before the lease runs out. It changes
+    /// nothing without [`release_on_cancel`](Self::release_on_cancel), nor after a crash,
+    /// whose shards are taken once their lease runs out.
+    pub fn static_membership(mut self, on: bool) -> Self {
+        self.config.static_membership = on;
         self
     }
 
@@ -382,6 +417,7 @@ impl Shards {
                 request_timeout: Duration::ZERO,
                 stop_grace: Duration::from_secs(5),
                 release_on_cancel: true,
+                static_membership: false,
                 wall_clock: crate::WallClock::system(),
             },
             request_timeout: None,

@@ -3,7 +3,7 @@
 //! This file holds the member's state and the loop; the round's read and decisions are in
 //! `runner/round.rs`, the renewals in `runner/renewals.rs`, the claims in `runner/claims.rs`,
 //! ending and giving shards in `runner/handing.rs`, the roster and the member records in
-//! `runner/members.rs`.
+//! `runner/members.rs`, a change of the count in `runner/resize.rs`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -32,6 +32,7 @@ mod claims;
 mod handing;
 mod members;
 mod renewals;
+mod resize;
 mod round;
 
 /// How many shards a member tries to take at once (each a request on its own record).
@@ -180,8 +181,11 @@ pub(crate) struct Runner {
     /// Whether each shard was read yet (an absent record is known only then).
     shard_read: Vec<bool>,
     /// What a read asks for: the roster, the members it names, every shard; made again only
-    /// when the roster's members change.
+    /// when the roster's members or the count change.
     read_keys: Vec<String>,
+    /// Whether this member has seen the roster with its count (or created it): a count that
+    /// differs afterwards is a resize, which it follows.
+    counted: bool,
     /// Whether the shards owned changed since the state was last published.
     owned_changed: bool,
     /// True while the last read of every shard found nothing to do, here or anywhere (see
@@ -245,6 +249,7 @@ impl Runner {
             shard_read: vec![false; shard_keys.len()],
             shard_keys,
             read_keys,
+            counted: false,
             owned_changed: true,
             settled: false,
             settled_live: BTreeSet::new(),

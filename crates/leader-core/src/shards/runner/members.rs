@@ -33,6 +33,7 @@ impl Runner {
                 .await
             {
                 Ok(created) => {
+                    self.counted = true;
                     tracing::info!(
                         shards = name,
                         count = self.config.count,
@@ -60,13 +61,22 @@ impl Runner {
             return Ok(None);
         };
         if stored != self.config.count {
-            return Err(ShardsError::CountMismatch {
-                name,
-                stored,
-                ours: self.config.count,
-                roster: key,
-            });
+            // A count that differs at the first sight of the roster is this replica's
+            // mistake; once it has taken part, the set was resized.
+            if !self.counted {
+                return Err(ShardsError::CountMismatch {
+                    name,
+                    stored,
+                    ours: self.config.count,
+                    roster: key,
+                });
+            }
+            // The shards are read again, at the new count, before anything is decided.
+            self.note_roster(&roster);
+            self.resize(stored);
+            return Ok(None);
         }
+        self.counted = true;
         if matches!(self.problem, Some(ShardsError::InvalidRoster { .. })) {
             self.problem = None;
         }
@@ -100,7 +110,11 @@ impl Runner {
             return;
         }
         self.roster_members = members.map(|(k, v)| (k.to_owned(), v.clone())).collect();
-        // The keys a read asks for follow the roster's members.
+        self.make_read_keys();
+    }
+
+    /// The keys a read asks for: the roster, its members, every shard.
+    pub(super) fn make_read_keys(&mut self) {
         let mut keys = Vec::with_capacity(1 + self.roster_members.len() + self.shard_keys.len());
         keys.push(roster_key(&self.config.name));
         keys.extend(self.roster_members.keys().cloned());
@@ -348,13 +362,15 @@ impl Runner {
         }
     }
 
-    /// Shutdown: every shard's work stopped and its shard released (S6), then the member
-    /// record and the roster entry.
+    /// Shutdown: every shard's work stopped and its shard released (S6), reserved for this
+    /// identity under static membership, then the member record and the roster entry.
     pub(super) async fn leave(&mut self) {
         let shards: Vec<u32> = self.owned.keys().copied().collect();
+        let me = self.me.clone();
+        let to = self.config.static_membership.then_some(me.as_str());
         for shard in shards {
             if self.config.release_on_cancel {
-                self.give(shard, None, StepDownReason::Shutdown);
+                self.give(shard, to, StepDownReason::Shutdown);
             } else {
                 self.end(shard, StepDownReason::Shutdown);
             }

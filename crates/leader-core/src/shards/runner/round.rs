@@ -190,6 +190,10 @@ impl Runner {
         let mut lapsed: Vec<u32> = Vec::new();
         let mut held_back: Vec<u32> = Vec::new();
         let mut open: Vec<u32> = Vec::new();
+        // Free shards reserved for a live member (handed to it, or kept for it across its
+        // restart) count as its own where the shares are ranked: the member about to take
+        // them back keeps the place in the shares their number gives it.
+        let mut reserved: BTreeMap<&str, usize> = BTreeMap::new();
         for (shard, observed) in (0..count).zip(&view_shards) {
             if self.owned.contains_key(&shard) || self.releasing.contains_key(&shard) {
                 continue;
@@ -207,13 +211,25 @@ impl Runner {
                     None if backing_off => {}
                     None => open.push(shard),
                 },
-                None if backing_off => {}
-                None => open.push(shard),
+                None => {
+                    if let Some(to) = observed.as_ref().and_then(|o| o.record.handover_to()) {
+                        *reserved.entry(to).or_default() += 1;
+                    }
+                    if !backing_off {
+                        open.push(shard);
+                    }
+                }
             }
         }
         let mine = self.owned.keys().chain(&lapsed).chain(&held_back).copied();
         owners.insert(self.me.clone(), mine.collect());
-        let counts = owners.iter().map(|(m, s)| (m.clone(), s.len())).collect();
+        let counts = owners
+            .iter()
+            .map(|(m, s)| {
+                let reserved = reserved.get(m.as_str()).copied().unwrap_or(0);
+                (m.clone(), s.len() + reserved)
+            })
+            .collect();
         let shares = shares(count, &counts);
         let counts = owners.values().map(Vec::len);
         self.imbalance = counts.clone().max().unwrap_or(0) - counts.min().unwrap_or(0);

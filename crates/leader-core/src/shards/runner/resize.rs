@@ -1,0 +1,36 @@
+//! A change of the shard count while the set runs ([`resize_shard_set`](crate::resize_shard_set)): the
+//! shards added are taken as any free shard, those removed have their work stopped and are
+//! released, and nobody takes them again while it follows the new count.
+
+use super::*;
+
+impl Runner {
+    /// Follows the roster's new `count`: ends and releases the shards owned past it (their
+    /// work stopped first, S6) and reads the set again at the new count before acting.
+    pub(super) fn resize(&mut self, count: u32) {
+        let name = self.config.name.clone();
+        tracing::info!(
+            shards = name,
+            from = self.config.count,
+            to = count,
+            "the shard set was resized"
+        );
+        let removed: Vec<u32> = self.owned.range(count..).map(|(&s, _)| s).collect();
+        for shard in removed {
+            self.give(shard, None, StepDownReason::Resized);
+        }
+        self.gave_up.retain(|&shard, _| shard < count);
+        let n = count as usize;
+        self.shard_keys.truncate(n);
+        let from = u32::try_from(self.shard_keys.len()).unwrap_or(count);
+        self.shard_keys
+            .extend((from..count).map(|shard| shard_key(&name, shard)));
+        self.shard_seen.resize_with(n, || None);
+        self.shard_records.resize_with(n, || None);
+        self.shard_read.resize(n, false);
+        self.config.count = count;
+        self.make_read_keys();
+        self.settled = false;
+        self.owned_changed = true;
+    }
+}

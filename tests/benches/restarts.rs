@@ -1,0 +1,184 @@
+//! Shard sets in a rolling restart: how many shards move, and how long the restart takes.
+//!
+//! Per backend, in this process: `MEMBERS` members (default 10) of a set of `SHARDS` shards
+//! (default 1,000), lease 3 s, renew deadline 2 s, retry period 500 ms. Once the set is
+//! balanced, each member in turn is shut down (its shards released), started again under its
+//! identity `RESTART_MS` later (default 1,000: within the lease), and the set left to balance
+//! again before the next; once without static membership and once with it. Measured: the
+//! moves (a shard's term starting on another member than its last), the most moves of one
+//! shard, and the time from the first shutdown until the set is balanced after the last start.
+//!
+//! ```text
+//! BENCH_BACKENDS=postgres,redis cargo bench -p leader-tests --bench restarts
+//! ```
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{Backend, knob, ms};
+use leader_core::{CancellationToken, Shards, ShardsState};
+use leader_test_support::{LEASE, RENEW, RETRY};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// Each shard's owners, in the order their terms started.
+type Owners = Arc<Mutex<HashMap<u32, Vec<String>>>>;
+
+struct Member {
+    shutdown: CancellationToken,
+    task: JoinHandle<()>,
+    state: watch::Receiver<ShardsState>,
+}
+
+struct Set {
+    backend: Arc<Backend>,
+    name: String,
+    count: u32,
+    static_membership: bool,
+    owners: Owners,
+}
+
+impl Set {
+    fn join(&self, identity: &str) -> Member {
+        let shards = Shards::builder(
+            self.name.as_str(),
+            self.count,
+            self.backend.lock_set(&self.name, identity),
+        )
+        .lease_duration(LEASE)
+        .renew_deadline(RENEW)
+        .retry_period(RETRY)
+        .static_membership(self.static_membership)
+        .on_shard_started({
+            let (owners, identity) = (self.owners.clone(), identity.to_owned());
+            move |shard, _| {
+                owners
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .entry(shard)
+                    .or_default()
+                    .push(identity.clone());
+            }
+        })
+        .build()
+        .expect("valid shard set");
+        let (shutdown, task, state) = common::run_member(shards);
+        Member {
+            shutdown,
+            task,
+            state,
+        }
+    }
+
+    /// How many terms each shard has started so far.
+    fn terms(&self) -> HashMap<u32, usize> {
+        let owners = self
+            .owners
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        owners
+            .iter()
+            .map(|(&shard, list)| (shard, list.len()))
+            .collect()
+    }
+
+    /// The moves since `since` (each shard's terms then), and the most of one shard.
+    fn moves(&self, since: &HashMap<u32, usize>) -> (usize, usize) {
+        let owners = self
+            .owners
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let per_shard = owners.iter().map(|(shard, list)| {
+            // From the owner at `since` on.
+            let from = since.get(shard).map_or(0, |n| n.saturating_sub(1));
+            list[from..].windows(2).filter(|w| w[0] != w[1]).count()
+        });
+        (per_shard.clone().sum(), per_shard.max().unwrap_or(0))
+    }
+}
+
+async fn until_balanced(members: &[Member], count: u32, within: Duration) -> Option<Duration> {
+    let states: Vec<_> = members.iter().map(|m| &m.state).collect();
+    common::until_balanced(&states, count, within).await
+}
+
+/// One rolling restart: `(moves, most moves of one shard, duration)`, or `None` when the set
+/// did not balance within two minutes of a step.
+async fn rolling_restart(
+    set: &Set,
+    members: usize,
+    pause: Duration,
+) -> Option<(usize, usize, Duration)> {
+    let within = Duration::from_secs(120);
+    let identities: Vec<String> = (0..members).map(|i| format!("m{i}")).collect();
+    let mut running: Vec<Member> = identities.iter().map(|id| set.join(id)).collect();
+    until_balanced(&running, set.count, within).await?;
+    tokio::time::sleep(RETRY * 2).await;
+    let before = set.terms();
+    let started = Instant::now();
+    for (i, identity) in identities.iter().enumerate() {
+        let old = running.remove(i);
+        old.shutdown.cancel();
+        let _ = old.task.await;
+        tokio::time::sleep(pause).await;
+        running.insert(i, set.join(identity));
+        until_balanced(&running, set.count, within).await?;
+    }
+    let took = started.elapsed();
+    // The set as it stands once balanced, for a round, so that late moves are counted too.
+    tokio::time::sleep(RETRY * 2).await;
+    let (moves, most) = set.moves(&before);
+    for member in running {
+        member.shutdown.cancel();
+        let _ = member.task.await;
+    }
+    Some((moves, most, took))
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let count = u32::try_from(knob("SHARDS", 1000)).expect("a shard count");
+    let members = usize::try_from(knob("MEMBERS", 10)).expect("a member count");
+    let pause = Duration::from_millis(knob("RESTART_MS", 1000));
+    println!(
+        "A rolling restart of {members} members of a set of {count} shards in one process, each started again {} after its shutdown (lease {}, retry period {}):\n",
+        ms(pause),
+        ms(LEASE),
+        ms(RETRY)
+    );
+    println!(
+        "| backend | static membership | shard moves | most moves of one shard | rolling restart took |"
+    );
+    println!("|---|---|---|---|---|");
+    for backend in Backend::available().await {
+        let backend = Arc::new(backend);
+        // A session per record: shard sets refuse them.
+        if matches!(
+            *backend,
+            Backend::PostgresAdvisory(_) | Backend::MysqlNamed(_)
+        ) {
+            continue;
+        }
+        for static_membership in [false, true] {
+            let set = Set {
+                backend: backend.clone(),
+                name: format!("restarts-bench-{:08x}", fastrand::u32(..)),
+                count,
+                static_membership,
+                owners: Owners::default(),
+            };
+            let row = match rolling_restart(&set, members, pause).await {
+                Some((moves, most, took)) => format!("{moves} | {most} | {}", ms(took)),
+                None => "not balanced within 120 s | | ".into(),
+            };
+            println!(
+                "| {} | {} | {row} |",
+                backend.name(),
+                if static_membership { "on" } else { "off" }
+            );
+        }
+    }
+}
