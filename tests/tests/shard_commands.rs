@@ -87,6 +87,18 @@ fn lines_with(dir: &Path, identity: &str, text: &str) -> Vec<String> {
         .collect()
 }
 
+/// `leader ARGS`, run to its end: its exit code and what it wrote, stdout then stderr.
+fn leader(args: &[&str]) -> (Option<i32>, String) {
+    let out = std::process::Command::new(LEADER)
+        .args(args)
+        .output()
+        .expect("run leader");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
+    )
+}
+
 async fn wait_until(within: Duration, mut done: impl FnMut() -> bool) -> bool {
     timeout(within, async {
         while !done() {
@@ -318,15 +330,7 @@ async fn a_set_resized_while_its_replicas_run(lock: &str) {
         )
     };
     let resize = |name: &str, count: &str| {
-        let out = std::process::Command::new(LEADER)
-            .args(["shards", "resize", "--lock", lock, "--name", name, count])
-            .output()
-            .expect("run leader shards resize");
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stdout).into_owned()
-                + &String::from_utf8_lossy(&out.stderr),
-        )
+        leader(&["shards", "resize", "--lock", lock, "--name", name, count])
     };
     let log = |shard: u32| dir.path().join(format!("job.log.{shard}"));
     let running = |shard: u32| events(&log(shard)).last().is_some_and(|e| e.start);
@@ -402,5 +406,78 @@ async fn redis_lock_set_resized_while_its_replicas_run() {
 async fn etcd_lock_set_resized_while_its_replicas_run() {
     if let Some(url) = leader_test_support::etcd_lock_or_skip() {
         a_set_resized_while_its_replicas_run(&url).await;
+    }
+}
+
+/// `--weight` and `leader shards drain|undrain --wait` on the file lock: a replica of weight 3
+/// runs three of four shards beside one of weight 1; drained, it hands them all to the other
+/// (`leader status` says so) and runs none; undrained, it takes its three back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn weights_and_drains() {
+    const SHARDS: u32 = 4;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let lock = format!("file://{}", dir.path().join("lock").display());
+    let name = format!("weights-{:08x}", fastrand::u32(..));
+    let start = |identity: &str, weight: &str| {
+        replica_with(
+            Path::new(LEADER),
+            &lock,
+            &name,
+            identity,
+            dir.path(),
+            &[],
+            &["--shards", "4", "--weight", weight],
+        )
+    };
+    let leader = |args: &[&str]| leader(&[args, &["--lock", &lock, "--name", &name]].concat());
+    let runs = |identity: &str| {
+        (0..SHARDS)
+            .filter(|shard| {
+                events(&dir.path().join(format!("job.log.{shard}")))
+                    .last()
+                    .is_some_and(|e| e.start && e.identity == identity)
+            })
+            .count()
+    };
+    let replicas = [start("big", "3"), start("small", "1")];
+    assert!(
+        wait_until(Duration::from_secs(20), || runs("big") == 3
+            && runs("small") == 1)
+        .await,
+        "not by weight: big {}, small {}",
+        runs("big"),
+        runs("small")
+    );
+    sleep(LEASE * 2).await;
+    assert_eq!(
+        (runs("big"), runs("small")),
+        (3, 1),
+        "not settled by weight"
+    );
+    let (code, said) = leader(&["shards", "drain", "big", "--wait", "--timeout", "20s"]);
+    assert_eq!(code, Some(0), "{said}");
+    assert!(
+        wait_until(Duration::from_secs(10), || runs("small") == 4).await,
+        "the drained replica's shards did not move: small runs {}",
+        runs("small")
+    );
+    assert_eq!(runs("big"), 0);
+    let (_, status) = leader(&["status", "--shards"]);
+    assert!(status.contains("drained"), "{status}");
+    let (code, said) = leader(&["shards", "undrain", "big", "--wait", "--timeout", "20s"]);
+    assert_eq!(code, Some(0), "{said}");
+    assert!(
+        wait_until(Duration::from_secs(10), || runs("big") == 3).await,
+        "undrained, big runs {}",
+        runs("big")
+    );
+    // Settled there, not passing through.
+    sleep(LEASE * 2).await;
+    assert_eq!((runs("big"), runs("small")), (3, 1));
+    let (code, said) = leader(&["shards", "drain", "nobody-yet"]);
+    assert_eq!(code, Some(0), "{said}");
+    assert!(said.contains("not a member"), "{said}");
+    for child in replicas {
+        stop(child).await;
     }
 }

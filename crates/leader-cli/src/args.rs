@@ -41,6 +41,27 @@ pub(crate) enum ShardsCommand {
     /// period, takes the shards added and stops and releases those removed (the highest
     /// numbers). Replicas started afterwards need `--shards K`.
     Resize(ResizeArgs),
+    /// Drain a member before maintenance: it hands every shard to the others (each COMMAND
+    /// stopped first) and takes none until undrained, while it keeps running.
+    Drain(DrainArgs),
+    /// Let a drained member take its share of the shards again.
+    Undrain(DrainArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct DrainArgs {
+    #[command(flatten)]
+    pub(crate) lock: LockArgs,
+    /// The member's identity (`leader status` lists them).
+    #[arg(value_name = "IDENTITY")]
+    pub(crate) identity: String,
+    /// Wait until the member owns no shard (drain) or its share (undrain): exit 0, or exit 7
+    /// after `--timeout`.
+    #[arg(long)]
+    pub(crate) wait: bool,
+    /// How long `--wait` waits.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    pub(crate) timeout: Duration,
 }
 
 #[derive(Debug, Args)]
@@ -163,6 +184,16 @@ pub(crate) struct RunArgs {
     /// replica that does not come back leaves them idle for a lease.
     #[arg(long, env = "LEADER_STATIC_MEMBERSHIP", requires = "shards")]
     pub(crate) static_membership: bool,
+    /// With --shards, this replica's weight: its share of the shards is in proportion to it
+    /// (2 owns about twice as many as 1; 0 takes none).
+    #[arg(
+        long,
+        env = "LEADER_WEIGHT",
+        value_name = "W",
+        default_value_t = 1,
+        requires = "shards"
+    )]
+    pub(crate) weight: u32,
     /// The program to run while leading, and its arguments.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub(crate) command: Vec<String>,

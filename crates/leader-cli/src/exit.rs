@@ -18,7 +18,8 @@ pub(crate) const REFUSED: u8 = 5;
 /// `handover`, `cron suspend|resume|trigger`, `shards resize`: nobody has run for this
 /// election (or this schedule, or this set) yet, so there is nothing to act on.
 pub(crate) const NO_ELECTION: u8 = 6;
-/// `handover --wait`: the named identity did not lead within `--timeout`.
+/// `handover --wait`: the named identity did not lead within `--timeout`; `shards drain|undrain
+/// --wait`: the member did not reach its target within `--timeout`.
 pub(crate) const NOT_HANDED_OVER: u8 = 7;
 /// `--exit-on-identity-conflict`: another process leads with this replica's identity.
 pub(crate) const IDENTITY_CONFLICT: u8 = 8;

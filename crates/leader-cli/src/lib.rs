@@ -12,7 +12,7 @@ mod exit;
 mod inspect;
 mod label;
 mod open;
-mod resize;
+mod roster;
 mod run;
 mod serve;
 mod set_status;
@@ -72,7 +72,9 @@ pub fn main() -> ExitCode {
             Command::Cron(args) => cron::cron(args).await,
             Command::Status(args) => inspect::status(args).await,
             Command::Handover(args) => inspect::handover(args).await,
-            Command::Shards(ShardsCommand::Resize(args)) => resize::resize(args).await,
+            Command::Shards(ShardsCommand::Resize(args)) => roster::resize(args).await,
+            Command::Shards(ShardsCommand::Drain(args)) => roster::drain(args, true).await,
+            Command::Shards(ShardsCommand::Undrain(args)) => roster::drain(args, false).await,
         }
     })
 }

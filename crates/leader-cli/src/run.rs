@@ -10,8 +10,12 @@ use crate::election::{Term, TermWork, elect};
 
 pub(crate) async fn run(args: RunArgs) -> u8 {
     if let Some(count) = args.shards {
-        return crate::shards::run(args.election, count, args.static_membership, args.command)
-            .await;
+        let membership = crate::shards::Membership {
+            count,
+            static_membership: args.static_membership,
+            weight: args.weight,
+        };
+        return crate::shards::run(args.election, membership, args.command).await;
     }
     elect(args.election, args.once, args.command, |term| {
         let work: TermWork =

@@ -132,6 +132,7 @@ fn table(view: &ShardSetView) -> String {
     let mut rows = vec![[
         "MEMBER".to_owned(),
         "ALIVE".to_owned(),
+        "WEIGHT".to_owned(),
         "SHARDS".to_owned(),
         "OWNED".to_owned(),
         "SINCE".to_owned(),
@@ -141,6 +142,11 @@ fn table(view: &ShardSetView) -> String {
         rows.push([
             member.identity.clone(),
             if member.alive { "yes" } else { "no" }.to_owned(),
+            if member.drained {
+                "drained".to_owned()
+            } else {
+                member.weight.to_string()
+            },
             member.shards.len().to_string(),
             list(&member.shards),
             time(member.record.acquire_time, view),

@@ -16,12 +16,19 @@ use crate::exit;
 use crate::open::{code_for, fail};
 use crate::serve;
 
-pub(crate) async fn run(
-    args: ElectionArgs,
-    count: u32,
-    static_membership: bool,
-    command: Vec<String>,
-) -> u8 {
+/// How this replica takes part in the set: `--shards`, `--static-membership`, `--weight`.
+pub(crate) struct Membership {
+    pub(crate) count: u32,
+    pub(crate) static_membership: bool,
+    pub(crate) weight: u32,
+}
+
+pub(crate) async fn run(args: ElectionArgs, membership: Membership, command: Vec<String>) -> u8 {
+    let Membership {
+        count,
+        static_membership,
+        weight,
+    } = membership;
     let (identity, timings) = match identity_and_timings(&args) {
         Ok(both) => both,
         Err(code) => return code,
@@ -75,6 +82,7 @@ pub(crate) async fn run(
         .timings(timings)
         .stop_grace(timings.stop_window())
         .static_membership(static_membership)
+        .weight(weight)
         .on_shard_started(move |shard, term| {
             tokio::spawn(per_shard(program.clone(), grace, timings, shard, term));
         })

@@ -54,9 +54,9 @@ pub use record::{LeaderElectionRecord, Observed, RENEWAL_STEP, RecordColumns, Ve
 pub use redact::redact_url;
 pub use shards::{
     COUNT_EXTENSION, KeyedLocks, Known, LockSet, MAX_SHARDS, MemberView, RecordState, RecordView,
-    Renewal, RenewedAndRead, Reread, ResizeError, ShardSetView, ShardSetViewError, ShardView,
-    Shards, ShardsBuilder, ShardsConfig, ShardsError, ShardsState, common_prefix, member_key,
-    resize_shard_set, roster_key, shard_key,
+    Renewal, RenewedAndRead, Reread, RosterError, ShardSetView, ShardSetViewError, ShardView,
+    Shards, ShardsBuilder, ShardsConfig, ShardsError, ShardsState, common_prefix, drain_member,
+    member_key, resize_shard_set, roster_key, shard_key,
 };
 pub use signal::{shutdown_on_signals, shutdown_signal};
 pub use status::{ElectionError, ElectorStatus, IdentityConflict, LastError};

@@ -11,8 +11,9 @@ use std::time::Duration;
 use leader_core::conformance::{ShardLog, balanced};
 use leader_core::faults::{Faults, FaultyLock};
 use leader_core::{
-    CancellationToken, ConfigError, KeyedLocks, LockSet, MemoryStore, ResizeError, ResourceLock,
-    Shards, ShardsError, ShardsState, StepDownReason, Timings, WallClock, resize_shard_set,
+    CancellationToken, ConfigError, KeyedLocks, LockSet, MemoryStore, ResourceLock, RosterError,
+    Shards, ShardsError, ShardsState, StepDownReason, Timings, WallClock, drain_member,
+    resize_shard_set,
 };
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -62,6 +63,8 @@ struct Set {
     expired: Arc<AtomicUsize>,
     /// Whether members join with static membership.
     static_membership: bool,
+    /// The weights of members that do not weigh 1.
+    weights: Vec<(&'static str, u32)>,
 }
 
 impl Set {
@@ -73,6 +76,7 @@ impl Set {
             log: ShardLog::default(),
             expired: Arc::default(),
             static_membership: false,
+            weights: Vec::new(),
         }
     }
 
@@ -109,6 +113,12 @@ impl Set {
             .request_timeout(TIMINGS.renew_deadline)
             .wall_clock(wall_clock)
             .static_membership(self.static_membership)
+            .weight(
+                self.weights
+                    .iter()
+                    .find(|(id, _)| *id == identity)
+                    .map_or(1, |&(_, w)| w),
+            )
             .on_shard_stopped({
                 let expired = self.expired.clone();
                 move |_, stop| {
@@ -680,17 +690,123 @@ async fn after_a_resize_the_new_count_is_the_sets() {
         .expect("c joined at the new count");
     assert!(matches!(
         resize_shard_set(&tool, "jobs", 0).await,
-        Err(ResizeError::InvalidCount { count: 0, .. })
+        Err(RosterError::InvalidCount { count: 0, .. })
     ));
     let missing = resize_shard_set(&tool, "nobody", 3)
         .await
         .expect_err("no set");
     assert!(
-        matches!(missing, ResizeError::NoSuchSet { .. }),
+        matches!(missing, RosterError::NoSuchSet { .. }),
         "{missing:?}"
     );
     assert!(missing.to_string().contains("nobody-members"), "{missing}");
     for m in [a, c] {
+        m.leave().await.expect("left");
+    }
+    set.log.check("paused clock");
+}
+
+/// How many shards each member owns, once every shard of `count` is owned once.
+fn sizes(members: &[&Member], count: u32) -> Option<Vec<usize>> {
+    let owned: Vec<BTreeSet<u32>> = members.iter().map(|m| m.owned()).collect();
+    let all: BTreeSet<u32> = owned.iter().flatten().copied().collect();
+    let total: usize = owned.iter().map(BTreeSet::len).sum();
+    (total == count as usize && all.len() == total)
+        .then(|| owned.iter().map(BTreeSet::len).collect())
+}
+
+#[tokio::test]
+async fn members_own_shards_in_proportion_to_their_weights() {
+    tokio::time::pause();
+    for clock in [Clock::Follower, Clock::Store, Clock::InStore] {
+        weighted_members(clock).await;
+    }
+}
+
+async fn weighted_members(clock: Clock) {
+    let mut set = Set::new(clock, 12);
+    set.weights = vec![("a", 2), ("c", 3)];
+    let a = set.join("a");
+    let b = set.join("b");
+    let c = set.join("c");
+    until(Duration::from_secs(30), || {
+        sizes(&[&a, &b, &c], 12) == Some(vec![4, 2, 6])
+    })
+    .await
+    .unwrap_or_else(|| panic!("not by weight: {:?}", [&a, &b, &c].map(Member::owned)));
+    // And it stays so: the set settles at the weighted shares.
+    sleep(TIMINGS.lease_duration * 2).await;
+    assert_eq!(sizes(&[&a, &b, &c], 12), Some(vec![4, 2, 6]));
+    c.leave().await.expect("left");
+    until(Duration::from_secs(30), || {
+        sizes(&[&a, &b], 12) == Some(vec![8, 4])
+    })
+    .await
+    .unwrap_or_else(|| panic!("not by weight: {:?}", [&a, &b].map(Member::owned)));
+    for m in [a, b] {
+        m.leave().await.expect("left");
+    }
+    set.log.check("paused clock");
+}
+
+/// Drained through the roster (as `leader shards drain` does), a member hands its shards to
+/// the others within a few rounds and takes none, not even after a lease; undrained, it takes
+/// its share again. A drain of every member is ignored. A member of weight 0 takes none.
+#[tokio::test]
+async fn a_drained_member_gives_its_shards_away_and_takes_none() {
+    tokio::time::pause();
+    let mut set = Set::new(Clock::Follower, 9);
+    set.weights = vec![("d", 0)];
+    let a = set.join("a");
+    let b = set.join("b");
+    let c = set.join("c");
+    let d = set.join("d");
+    until(Duration::from_secs(30), || {
+        sizes(&[&a, &b, &c, &d], 9) == Some(vec![3, 3, 3, 0])
+    })
+    .await
+    .unwrap_or_else(|| panic!("not shared: {:?}", [&a, &b, &c, &d].map(Member::owned)));
+    let tool = operator(&set);
+    assert!(
+        !drain_member(&tool, "jobs", "c", true)
+            .await
+            .expect("drained")
+    );
+    assert!(
+        drain_member(&tool, "jobs", "c", true)
+            .await
+            .expect("drained again")
+    );
+    let took = until(Duration::from_secs(30), || {
+        sizes(&[&a, &b, &c, &d], 9).is_some_and(|s| s[2] == 0 && s[3] == 0)
+    })
+    .await
+    .unwrap_or_else(|| panic!("c kept shards: {:?}", [&a, &b, &c, &d].map(Member::owned)));
+    assert!(took < TIMINGS.lease_duration, "drained after {took:?}");
+    sleep(TIMINGS.lease_duration * 3).await;
+    assert_eq!(c.owned().len(), 0, "a drained member took shards");
+    assert!(
+        drain_member(&tool, "jobs", "c", false)
+            .await
+            .expect("undrained")
+    );
+    until(Duration::from_secs(30), || {
+        sizes(&[&a, &b, &c, &d], 9) == Some(vec![3, 3, 3, 0])
+    })
+    .await
+    .unwrap_or_else(|| panic!("c not back: {:?}", [&a, &b, &c, &d].map(Member::owned)));
+    for id in ["a", "b", "c", "d"] {
+        drain_member(&tool, "jobs", id, true)
+            .await
+            .expect("drained");
+    }
+    sleep(TIMINGS.lease_duration * 2).await;
+    let shared = sizes(&[&a, &b, &c, &d], 9).expect("every shard owned");
+    assert!(
+        shared.iter().all(|&n| (2..=3).contains(&n)),
+        "every member drained: {shared:?}"
+    );
+    for m in [a, b, c, d] {
         m.leave().await.expect("left");
     }
     set.log.check("paused clock");
@@ -1154,4 +1270,53 @@ async fn ten_members_rebalance_within_a_lease_on_the_followers_clock() {
 #[tokio::test]
 async fn ten_members_rebalance_within_a_lease_renewed_in_the_store() {
     ten_members_rebalance_within_a_lease(Clock::InStore).await;
+}
+
+/// A member of weight 3 beside one of weight 1, drained and undrained: it takes its three
+/// shards back, on every clock (where acquisitions keep the stored extensions too).
+#[tokio::test]
+async fn a_heavy_member_drained_and_undrained_takes_its_weight_back() {
+    tokio::time::pause();
+    for clock in [Clock::Follower, Clock::Store, Clock::InStore] {
+        heavy_member_drained(clock).await;
+    }
+}
+
+async fn heavy_member_drained(clock: Clock) {
+    let mut set = Set::new(clock, 4);
+    set.weights = vec![("big", 3)];
+    let big = set.join("big");
+    let small = set.join("small");
+    until(Duration::from_secs(30), || {
+        sizes(&[&big, &small], 4) == Some(vec![3, 1])
+    })
+    .await
+    .unwrap_or_else(|| panic!("not by weight: {:?}", [&big, &small].map(Member::owned)));
+    let tool = operator(&set);
+    drain_member(&tool, "jobs", "big", true)
+        .await
+        .expect("drained");
+    until(Duration::from_secs(30), || {
+        sizes(&[&big, &small], 4) == Some(vec![0, 4])
+    })
+    .await
+    .unwrap_or_else(|| panic!("not drained: {:?}", [&big, &small].map(Member::owned)));
+    drain_member(&tool, "jobs", "big", false)
+        .await
+        .expect("undrained");
+    until(Duration::from_secs(30), || {
+        sizes(&[&big, &small], 4) == Some(vec![3, 1])
+    })
+    .await
+    .unwrap_or_else(|| panic!("not back: {:?}", [&big, &small].map(Member::owned)));
+    sleep(TIMINGS.lease_duration * 2).await;
+    assert_eq!(
+        sizes(&[&big, &small], 4),
+        Some(vec![3, 1]),
+        "{clock:?}: not settled"
+    );
+    for m in [big, small] {
+        m.leave().await.expect("left");
+    }
+    set.log.check("paused clock");
 }

@@ -5,21 +5,46 @@ use std::collections::BTreeMap;
 use std::ops::Bound;
 
 /// A member's fair share of `count` shards among `members` (each with the number of shards it
-/// owns now): `count / n` each, and one more for `count % n` of them, those that own the most
-/// now (then by identity), so that reaching the share moves as few shards as possible.
-pub(crate) fn shares(count: u32, members: &BTreeMap<String, usize>) -> BTreeMap<String, usize> {
-    let n = members.len();
-    if n == 0 {
+/// owns now), in proportion to its `weight` (a drained member's is 0): with equal weights
+/// `count / n` each, and one more for `count % n` of them. The shards left over by the
+/// rounding go to the members whose exact share the rounding cut the most, then to those
+/// that own the most now (then by identity), so that reaching the share moves as few shards
+/// as possible. When every member weighs 0, they weigh alike: a set is never drained whole.
+pub(crate) fn shares(
+    count: u32,
+    members: &BTreeMap<String, usize>,
+    weight: impl Fn(&str) -> u32,
+) -> BTreeMap<String, usize> {
+    if members.is_empty() {
         return BTreeMap::new();
     }
-    let count = count as usize;
-    let (base, extra) = (count / n, count % n);
-    let mut order: Vec<(&String, usize)> = members.iter().map(|(m, &o)| (m, o)).collect();
-    order.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(b.0)));
+    let mut weights: Vec<u64> = members.keys().map(|m| u64::from(weight(m))).collect();
+    let mut total: u64 = weights.iter().sum();
+    if total == 0 {
+        weights.fill(1);
+        total = weights.len() as u64;
+    }
+    let count = u64::from(count);
+    // (member, owned, whole share, what the rounding cut off it, in 1/total of a shard)
+    let mut order: Vec<(&String, usize, u64, u64)> = members
+        .iter()
+        .zip(&weights)
+        .map(|((m, &owned), &w)| (m, owned, count * w / total, count * w % total))
+        .collect();
+    let given: u64 = order.iter().map(|&(_, _, base, _)| base).sum();
+    let extra = count - given;
+    order.sort_by(|a, b| {
+        b.3.cmp(&a.3)
+            .then_with(|| b.1.cmp(&a.1))
+            .then_with(|| a.0.cmp(b.0))
+    });
     order
         .into_iter()
         .enumerate()
-        .map(|(i, (member, _))| (member.clone(), base + usize::from(i < extra)))
+        .map(|(i, (member, _, base, _))| {
+            let share = base + u64::from((i as u64) < extra);
+            (member.clone(), usize::try_from(share).unwrap_or(usize::MAX))
+        })
         .collect()
 }
 
@@ -142,7 +167,7 @@ mod tests {
             for n in 1..9usize {
                 let members: BTreeMap<String, usize> =
                     (0..n).map(|i| (format!("m{i}"), i % 3)).collect();
-                let shares = shares(count, &members);
+                let shares = shares(count, &members, |_| 1);
                 assert_eq!(shares.values().sum::<usize>(), count as usize);
                 let (min, max) = (shares.values().min(), shares.values().max());
                 assert!(
@@ -151,14 +176,14 @@ mod tests {
                 );
             }
         }
-        assert!(shares(5, &BTreeMap::new()).is_empty());
+        assert!(shares(5, &BTreeMap::new(), |_| 1).is_empty());
     }
 
     #[test]
     fn the_extra_shard_stays_with_those_who_have_it() {
         // 10 over 3: whoever owns 4 keeps 4, so nothing moves.
         let members = BTreeMap::from([("a".into(), 3), ("b".into(), 4), ("c".into(), 3)]);
-        let shares = shares(10, &members);
+        let shares = shares(10, &members, |_| 1);
         assert_eq!(shares["b"], 4);
         assert_eq!((shares["a"], shares["c"]), (3, 3));
     }
@@ -166,7 +191,7 @@ mod tests {
     #[test]
     fn a_join_moves_only_what_the_newcomer_gets() {
         let before = owners(&[("a", &[0, 1, 2, 3, 4]), ("b", &[5, 6, 7, 8, 9]), ("c", &[])]);
-        let shares = shares(10, &counts(&before));
+        let shares = shares(10, &counts(&before), |_| 1);
         let all: Vec<(u32, String)> = ["a", "b", "c"]
             .iter()
             .flat_map(|me| gifts(me, &before, &shares))
@@ -181,7 +206,7 @@ mod tests {
     #[test]
     fn gifts_fill_the_emptiest_first_and_never_overfill() {
         let now = owners(&[("a", &[0, 1, 2, 3, 4, 5, 6]), ("b", &[7]), ("c", &[])]);
-        let shares = shares(8, &counts(&now));
+        let shares = shares(8, &counts(&now), |_| 1);
         let gifts = gifts("a", &now, &shares);
         let to_b = gifts.iter().filter(|(_, to)| to == "b").count();
         let to_c = gifts.iter().filter(|(_, to)| to == "c").count();
@@ -193,7 +218,7 @@ mod tests {
     #[test]
     fn balanced_owners_give_nothing() {
         let now = owners(&[("a", &[0, 1, 2]), ("b", &[3, 4]), ("c", &[5, 6])]);
-        let shares = shares(7, &counts(&now));
+        let shares = shares(7, &counts(&now), |_| 1);
         for me in ["a", "b", "c"] {
             assert!(gifts(me, &now, &shares).is_empty());
         }
@@ -205,7 +230,7 @@ mod tests {
         let balanced: BTreeMap<String, Vec<u32>> = (0..10u32)
             .map(|m| (format!("m{m}"), (m * 1000..(m + 1) * 1000).collect()))
             .collect();
-        let shares = shares(10_000, &counts(&balanced));
+        let shares = shares(10_000, &counts(&balanced), |_| 1);
         let before = affinities();
         for m in 0..10 {
             assert!(gifts(&format!("m{m}"), &balanced, &shares).is_empty());
@@ -216,7 +241,7 @@ mod tests {
         // pairing is the same as when every giver's surplus is listed in order.
         let mut joined = balanced.clone();
         joined.insert("m10".into(), Vec::new());
-        let shares = super::shares(10_000, &counts(&joined));
+        let shares = super::shares(10_000, &counts(&joined), |_| 1);
         let before = affinities();
         let given = gifts("m3", &joined, &shares);
         assert_eq!(affinities() - before, 1000);
@@ -237,5 +262,27 @@ mod tests {
         // Replicas built with other compilers must agree on these.
         assert_eq!(hash_hex(""), "cbf29ce484222325");
         assert_eq!(hash_hex("a"), "af63dc4c8601ec8c");
+    }
+
+    #[test]
+    fn shares_follow_the_weights() {
+        let owned: BTreeMap<String, usize> = [("a", 0), ("b", 5), ("c", 3)]
+            .map(|(m, o)| (m.to_owned(), o))
+            .into();
+        let weight = |w: [u32; 3]| move |m: &str| w[usize::from(m.as_bytes()[0] - b'a')];
+        let of = |shares: BTreeMap<String, usize>| shares.into_values().collect::<Vec<_>>();
+        assert_eq!(of(shares(8, &owned, weight([2, 1, 1]))), [4, 2, 2]);
+        // The rounding's leftover goes to the share it cut the most: 10 * 2/4 = 5 exactly,
+        // 2.5 each for the others, one of whom (b, owning the most) gets the leftover.
+        assert_eq!(of(shares(10, &owned, weight([2, 1, 1]))), [5, 3, 2]);
+        // A drained member's share is 0, and the leftover never goes to it.
+        assert_eq!(of(shares(9, &owned, weight([0, 1, 1]))), [0, 5, 4]);
+        assert_eq!(of(shares(9, &owned, weight([1, 0, 0]))), [9, 0, 0]);
+        // Everyone drained: the set is shared as if nobody were.
+        assert_eq!(of(shares(9, &owned, weight([0, 0, 0]))), [3, 3, 3]);
+        for count in 0..50 {
+            let total: usize = shares(count, &owned, weight([3, 0, 7])).values().sum();
+            assert_eq!(total, count as usize);
+        }
     }
 }

@@ -64,7 +64,7 @@ use crate::leadership::{Leadership, StepDown};
 use crate::status::IdentityConflict;
 
 pub use locks::{KeyedLocks, Known, LockSet, Renewal, RenewedAndRead, Reread, common_prefix};
-pub use resize::{ResizeError, resize_shard_set};
+pub use resize::{RosterError, drain_member, resize_shard_set};
 pub use view::{MemberView, RecordState, RecordView, ShardSetView, ShardSetViewError, ShardView};
 
 /// The most shards a set may have.
@@ -88,6 +88,32 @@ pub fn member_key(name: &str, identity: &str) -> String {
 
 /// The roster's extension holding the shard count.
 pub const COUNT_EXTENSION: &str = "shards.count";
+
+/// The member record's extension holding the member's weight, when not 1.
+pub(crate) const WEIGHT_EXTENSION: &str = "shards.weight";
+
+/// The prefix of the roster's extensions naming a drained member: `drain.KEY` = identity, `KEY`
+/// the member record's key.
+pub(crate) const DRAIN_PREFIX: &str = "drain.";
+
+/// The members a roster drains, by identity.
+pub(crate) fn drained(roster: &crate::LeaderElectionRecord) -> std::collections::BTreeSet<&str> {
+    roster
+        .extensions
+        .iter()
+        .filter(|(k, _)| k.starts_with(DRAIN_PREFIX))
+        .map(|(_, identity)| identity.as_str())
+        .collect()
+}
+
+/// The weight a member record holds (1 unless it says otherwise).
+pub(crate) fn weight_in(record: &crate::LeaderElectionRecord) -> u32 {
+    record
+        .extensions
+        .get(WEIGHT_EXTENSION)
+        .and_then(|w| w.parse().ok())
+        .unwrap_or(1)
+}
 
 /// The prefix of the roster's extensions naming a member: `member.KEY` = identity, `KEY` the
 /// member record's key.
@@ -196,6 +222,9 @@ pub struct ShardsConfig {
     /// are released reserved for that identity, so that a process that comes back with it
     /// within a lease takes them again and nobody else does meanwhile.
     pub static_membership: bool,
+    /// This member's weight: its share of the shards is in proportion to it (default 1; 0
+    /// takes none).
+    pub weight: u32,
     /// Where the times written into records come from.
     pub wall_clock: crate::WallClock,
 }
@@ -289,6 +318,16 @@ impl ShardsBuilder {
     /// whose shards are taken once their lease runs out.
     pub fn static_membership(mut self, on: bool) -> Self {
         self.config.static_membership = on;
+        self
+    }
+
+    /// This member's weight (default 1): each member's share of the shards is in proportion
+    /// to its weight, so a member of weight 2 owns about twice the shards of a member of
+    /// weight 1 (a larger machine). The weight goes into the member's record, where the others
+    /// read it. A member of weight 0 takes no shard (nor does a member drained with
+    /// [`drain_member`]), unless every member weighs 0: a set is never left to nobody.
+    pub fn weight(mut self, weight: u32) -> Self {
+        self.config.weight = weight;
         self
     }
 
@@ -418,6 +457,7 @@ impl Shards {
                 stop_grace: Duration::from_secs(5),
                 release_on_cancel: true,
                 static_membership: false,
+                weight: 1,
                 wall_clock: crate::WallClock::system(),
             },
             request_timeout: None,

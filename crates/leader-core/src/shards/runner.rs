@@ -17,8 +17,8 @@ use tokio_util::sync::CancellationToken;
 use super::assign::{affinity, gifts, shares};
 use super::locks::{Known, LockSet, Renewal, Reread};
 use super::{
-    COUNT_EXTENSION, Callbacks, MEMBER_PREFIX, ShardsConfig, ShardsError, ShardsState, member_key,
-    roster_key, shard_key,
+    COUNT_EXTENSION, Callbacks, DRAIN_PREFIX, MEMBER_PREFIX, ShardsConfig, ShardsError,
+    ShardsState, WEIGHT_EXTENSION, drained, member_key, roster_key, shard_key, weight_in,
 };
 use crate::error::LockError;
 use crate::leadership::{Leadership, StepDown, StepDownReason, TermDeadline, TermRequest};
@@ -138,6 +138,8 @@ pub(crate) struct Runner {
     config: ShardsConfig,
     set: Arc<dyn LockSet>,
     me: String,
+    /// This member's record's key.
+    member_key: String,
     callbacks: Callbacks,
     state: watch::Sender<ShardsState>,
     owned: BTreeMap<u32, Term>,
@@ -194,6 +196,8 @@ pub(crate) struct Runner {
     settled: bool,
     /// The live members as of the last read of every shard.
     settled_live: BTreeSet<String>,
+    /// The members the roster drains, as last read.
+    drains: Vec<String>,
     /// When the shards must be read again, settled or not.
     full_read_due: Instant,
 }
@@ -206,6 +210,7 @@ impl Runner {
         state: watch::Sender<ShardsState>,
     ) -> Self {
         let me = set.identity().to_owned();
+        let my_key = member_key(&config.name, &me);
         let backoff = Backoff::new(config.retry_period, 0.2, config.lease_duration);
         let shard_keys: Vec<String> = (0..config.count)
             .map(|s| shard_key(&config.name, s))
@@ -219,6 +224,7 @@ impl Runner {
         Self {
             config,
             set,
+            member_key: my_key,
             me,
             callbacks,
             state,
@@ -253,6 +259,7 @@ impl Runner {
             owned_changed: true,
             settled: false,
             settled_live: BTreeSet::new(),
+            drains: Vec::new(),
             full_read_due: Instant::now(),
         }
     }

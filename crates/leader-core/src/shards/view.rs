@@ -9,7 +9,9 @@ use futures_util::stream::{self, StreamExt};
 use serde::Serialize;
 
 use super::locks::LockSet;
-use super::{COUNT_EXTENSION, MEMBER_PREFIX, ShardsError, roster_key, shard_key};
+use super::{
+    COUNT_EXTENSION, MEMBER_PREFIX, ShardsError, drained, roster_key, shard_key, weight_in,
+};
 use crate::WallClock;
 use crate::error::LockError;
 use crate::record::Observed;
@@ -173,6 +175,10 @@ pub struct MemberView {
     pub alive: bool,
     /// The shards it owns.
     pub shards: Vec<u32>,
+    /// Its weight, as its record says ([`ShardsBuilder::weight`](crate::ShardsBuilder::weight)).
+    pub weight: u32,
+    /// Whether the roster drains it ([`drain_member`](crate::drain_member)): it takes no shard.
+    pub drained: bool,
     /// Its member record: its last renewal ([`RecordView::renew_time`]) and since when it
     /// takes part ([`RecordView::acquire_time`]).
     #[serde(flatten)]
@@ -296,6 +302,18 @@ impl ShardSetView {
                 "the store answered fewer records than asked",
             ))
         });
+        // Each member's weight, from its record, before the records become views.
+        let weights: Vec<u32> = answers[..identities.len()]
+            .iter()
+            .map(|answer| {
+                answer
+                    .as_ref()
+                    .ok()
+                    .and_then(Option::as_ref)
+                    .map_or(1, |o| weight_in(&o.record))
+            })
+            .collect();
+        let drained = drained(&roster.record);
         let now = clock.now();
         let mut records: Vec<RecordView> = keys
             .into_iter()
@@ -317,9 +335,12 @@ impl ShardSetView {
         let mut members: Vec<MemberView> = identities
             .into_iter()
             .zip(records)
-            .map(|((identity, _), record)| MemberView {
+            .zip(weights)
+            .map(|(((identity, _), record), weight)| MemberView {
                 alive: record.owner() == Some(identity.as_str()),
                 shards: owned.get(identity.as_str()).cloned().unwrap_or_default(),
+                weight,
+                drained: drained.contains(identity.as_str()),
                 identity,
                 record,
             })

@@ -42,6 +42,25 @@ impl Runner {
         }
     }
 
+    /// `desired` for `key`, with this member's weight where `key` is its member record (where
+    /// the others read it; none written for the default of 1).
+    pub(super) fn weighed(
+        &self,
+        key: &str,
+        mut desired: LeaderElectionRecord,
+    ) -> LeaderElectionRecord {
+        if key == self.member_key {
+            if self.config.weight == 1 {
+                desired.extensions.remove(WEIGHT_EXTENSION);
+            } else {
+                desired
+                    .extensions
+                    .insert(WEIGHT_EXTENSION.into(), self.config.weight.to_string());
+            }
+        }
+        desired
+    }
+
     /// One acquisition attempt of `key`, whose last read is `current`: the store's clock where
     /// it has one, else the follower's (S2). Many run at once (each on its own record), so it
     /// changes nothing here: [`Runner::note_claim`] notes what it learnt.
@@ -54,7 +73,7 @@ impl Runner {
         let lock = self.lock(key);
         let started = Instant::now();
         if self.try_acquire_supported {
-            let desired = self.desired(0, current.as_ref().map(|o| &o.record));
+            let desired = self.weighed(key, self.desired(0, current.as_ref().map(|o| &o.record)));
             match self
                 .request("try_acquire", key, lock.try_acquire(&desired))
                 .await
@@ -102,9 +121,8 @@ impl Runner {
         started: Instant,
     ) -> Result<Option<(Observed, Instant)>, LockError> {
         let Some(current) = current else {
-            let created = self
-                .request("create", key, lock.create(&self.desired(1, None)))
-                .await?;
+            let desired = self.weighed(key, self.desired(1, None));
+            let created = self.request("create", key, lock.create(&desired)).await?;
             return Ok(Some((created, started)));
         };
         let record = &current.record;
@@ -112,7 +130,10 @@ impl Runner {
             return Ok(None);
         }
         // S5: every acquisition gets the next token.
-        let desired = self.desired(record.leader_transitions + 1, Some(record));
+        let desired = self.weighed(
+            key,
+            self.desired(record.leader_transitions + 1, Some(record)),
+        );
         let stored = self
             .request("update", key, lock.update(&current.version, &desired))
             .await?;
@@ -182,13 +203,15 @@ impl Runner {
     /// Takes up to `room` shards of `open` (those no live member owns: handed to this member
     /// first, then those it likes best), and one more when a shard has stayed free for a
     /// lease whatever the shares say (members whose view is stale leave no shard unowned for
-    /// long). The `lapsed` shards are taken again whatever the room.
+    /// long), unless this member is `drained`. The `lapsed` shards are taken again whatever
+    /// the room.
     pub(super) async fn take(
         &mut self,
         room: usize,
         lapsed: &[u32],
         open: &[u32],
         shards: &[Option<Observed>],
+        drained: bool,
     ) {
         let mut candidates: Vec<(bool, u64, u32)> = Vec::new();
         let mut stuck = None;
@@ -207,7 +230,7 @@ impl Runner {
             let free_for_long = observed
                 .as_ref()
                 .is_some_and(|o| o.record.is_free() && self.expired(key, o));
-            if free_for_long && stuck.is_none() {
+            if free_for_long && stuck.is_none() && !drained {
                 stuck = Some(shard);
             }
             // Without room only the stuck shard is wanted: no need to rank every shard.

@@ -151,6 +151,33 @@ impl Runner {
         }
     }
 
+    /// Writes this member's weight into its member record when the record holds another
+    /// (an acquisition in one request keeps the stored extensions: only a holder writes them),
+    /// so that the others read it. Once; again on the next round if the write fails.
+    pub(super) async fn publish_weight(&mut self) {
+        let Some(term) = &self.member else {
+            return;
+        };
+        let desired = self.weighed(&term.key, term.observed.record.clone());
+        if desired.extensions == term.observed.record.extensions {
+            return;
+        }
+        let mut record = desired;
+        record.renew_time = record.renewal_time(self.config.wall_clock.now());
+        let (key, version) = (term.key.clone(), term.observed.version.clone());
+        let result = self
+            .request("update", &key, self.lock(&key).update(&version, &record))
+            .await;
+        match (result, self.member.as_mut()) {
+            (Ok(stored), Some(term)) if term.observed.version == version => {
+                term.observed = stored;
+            }
+            (Ok(_), _) => {}
+            (Err(err), _) if err.is_conflict() => {}
+            (Err(err), _) => self.report("update", &err),
+        }
+    }
+
     /// S13: this identity's member record held by a term this process did not start, and seen
     /// renewed (or outliving its lease), is another process's: say so once.
     pub(super) fn check_identity(&mut self, current: &Observed) {

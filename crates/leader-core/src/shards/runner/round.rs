@@ -153,6 +153,7 @@ impl Runner {
         };
         self.hold_member_record(view.members.get(&self.me).cloned().flatten())
             .await;
+        self.publish_weight().await;
         let dead = self.probe(&view.members).await;
         let mut live = self.live_members(&view.members);
         live.retain(|m| !dead.contains(m));
@@ -163,6 +164,16 @@ impl Runner {
             return Ok(());
         }
         self.reap_releases();
+        // A member drained or undrained changes the shares: the shards are read at once.
+        let drains = roster
+            .record
+            .extensions
+            .iter()
+            .filter(|(k, _)| k.starts_with(DRAIN_PREFIX));
+        if !drains.clone().map(|(_, v)| v).eq(&self.drains) {
+            self.drains = drains.map(|(_, v)| v.clone()).collect();
+            self.settled = false;
+        }
         if !view.shards {
             // A member that died is seen by its record (read every round); its shards' last
             // versions by the next full read, half a lease at most after its last renewal.
@@ -230,9 +241,28 @@ impl Runner {
                 (m.clone(), s.len() + reserved)
             })
             .collect();
-        let shares = shares(count, &counts);
+        // Each member's weight: 0 when the roster drains it, else as its record says (this
+        // member's own from its configuration).
+        let drained = drained(&roster.record);
+        let weight_of = |member: &str| -> u32 {
+            if drained.contains(member) {
+                0
+            } else if member == self.me {
+                self.config.weight
+            } else {
+                view.members
+                    .get(member)
+                    .and_then(Option::as_ref)
+                    .map_or(1, |o| weight_in(&o.record))
+            }
+        };
+        let drained_here = weight_of(&self.me) == 0;
+        let shares = shares(count, &counts, weight_of);
         let counts = owners.values().map(Vec::len);
         self.imbalance = counts.clone().max().unwrap_or(0) - counts.min().unwrap_or(0);
+        let at_shares = owners
+            .iter()
+            .all(|(member, owned)| shares.get(member) == Some(&owned.len()));
         // Only a shard this member holds a term of can be handed over (its work stopped, then
         // its record released to the receiver). A lapsed shard counts towards this member's
         // surplus but is retaken first, and given in a later round if still surplus.
@@ -243,21 +273,22 @@ impl Runner {
         let kept = self.owned.len() - gifts.len() + lapsed.len() + held_back.len();
         let room = share.saturating_sub(kept);
         // Nothing to do, here or (as far as this read shows) anywhere: every shard owned by a
-        // live member, within one of each other. Until the members or this member's shards
-        // change, the next rounds read the roster and the members alone.
+        // live member, each at its share. Until the members or this member's shards change,
+        // the next rounds read the roster and the members alone.
         let idle = gifts.is_empty()
             && room == 0
             && lapsed.is_empty()
             && open.is_empty()
             && self.releasing.is_empty()
             && !self.gave_up.values().any(|g| now < g.until);
-        self.settled = idle && self.imbalance <= 1;
+        self.settled = idle && at_shares;
         self.settled_live = live;
         self.full_read_due = Instant::now() + self.config.lease_duration / 2;
         for (shard, to) in gifts {
             self.give(shard, Some(&to), StepDownReason::HandedOver);
         }
-        self.take(room, &lapsed, &open, &view_shards).await;
+        let drained = drained_here && share == 0;
+        self.take(room, &lapsed, &open, &view_shards, drained).await;
         self.shard_records = view_shards;
         Ok(())
     }
