@@ -43,7 +43,7 @@
 
 mod assign;
 mod locks;
-mod resize;
+mod roster;
 mod runner;
 mod view;
 
@@ -64,7 +64,7 @@ use crate::leadership::{Leadership, StepDown};
 use crate::status::IdentityConflict;
 
 pub use locks::{KeyedLocks, Known, LockSet, Renewal, RenewedAndRead, Reread, common_prefix};
-pub use resize::{RosterError, drain_member, resize_shard_set};
+pub use roster::{RosterError, drain_member, resize_shard_set};
 pub use view::{MemberView, RecordState, RecordView, ShardSetView, ShardSetViewError, ShardView};
 
 /// The most shards a set may have.
