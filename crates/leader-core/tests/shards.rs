@@ -1320,3 +1320,155 @@ async fn heavy_member_drained(clock: Clock) {
     }
     set.log.check("paused clock");
 }
+
+/// A shard's lock whose acquisitions (`try_acquire`, `create`) take `delay` while `slow` is
+/// set, and its reads while `slow_reads` is: a store that answers renewals in time but claims
+/// or reads slowly, as a loaded one does for the requests it makes one at a time.
+#[derive(Debug)]
+struct SlowClaims {
+    inner: Arc<dyn ResourceLock>,
+    slow: Arc<std::sync::atomic::AtomicBool>,
+    /// Reads (`get`) slow too while set.
+    slow_reads: Arc<std::sync::atomic::AtomicBool>,
+    delay: Duration,
+}
+
+impl SlowClaims {
+    async fn wait(&self) {
+        if self.slow.load(Ordering::SeqCst) {
+            sleep(self.delay).await;
+        }
+    }
+}
+
+#[leader_core::async_trait]
+impl ResourceLock for SlowClaims {
+    async fn get(&self) -> Result<Option<leader_core::Observed>, leader_core::LockError> {
+        if self.slow_reads.load(Ordering::SeqCst) {
+            sleep(self.delay).await;
+        }
+        self.inner.get().await
+    }
+    async fn create(
+        &self,
+        record: &leader_core::LeaderElectionRecord,
+    ) -> Result<leader_core::Observed, leader_core::LockError> {
+        self.wait().await;
+        self.inner.create(record).await
+    }
+    async fn update(
+        &self,
+        version: &leader_core::Version,
+        record: &leader_core::LeaderElectionRecord,
+    ) -> Result<leader_core::Observed, leader_core::LockError> {
+        self.inner.update(version, record).await
+    }
+    fn identity(&self) -> &str {
+        self.inner.identity()
+    }
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+    async fn try_acquire(
+        &self,
+        desired: &leader_core::LeaderElectionRecord,
+    ) -> Result<Option<leader_core::Acquisition>, leader_core::LockError> {
+        self.wait().await;
+        self.inner.try_acquire(desired).await
+    }
+}
+
+/// Claims or reads of every shard that take longer than the renew deadline (the shards of a
+/// member that left, taken from a slow store) never hold up the renewals of the shards a member
+/// owns: no term ends by its deadline, and the set balances once the store answers in time.
+async fn slow_requests_never_delay_the_renewals(reads: bool) {
+    let store = MemoryStore::new();
+    let log = ShardLog::default();
+    let slow = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let slow_reads = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let expired = Arc::new(AtomicUsize::new(0));
+    let join = |identity: &str| {
+        let (store, slow, slow_reads) = (store.clone(), slow.clone(), slow_reads.clone());
+        let locks = KeyedLocks::new(identity, "memory", move |key, identity| {
+            let lock: Arc<dyn ResourceLock> =
+                Arc::new(store.lock(key, identity).with_store_clock(true));
+            if key.starts_with("jobs-shard-") {
+                Arc::new(SlowClaims {
+                    inner: lock,
+                    slow: slow.clone(),
+                    slow_reads: slow_reads.clone(),
+                    delay: TIMINGS.renew_deadline * 4,
+                })
+            } else {
+                lock
+            }
+        });
+        let shards = Shards::builder("jobs", 8, locks)
+            .timings(TIMINGS)
+            .request_timeout(TIMINGS.renew_deadline)
+            .on_shard_stopped({
+                let expired = expired.clone();
+                move |_, stop| {
+                    if stop.reason == StepDownReason::RenewDeadlineExceeded {
+                        expired.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+            })
+            .build()
+            .expect("valid configuration");
+        let state = shards.subscribe();
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(shards.run_per_shard(shutdown.clone(), log.work(identity)));
+        Member {
+            faults: Faults::new(),
+            shard_faults: Faults::new(),
+            shutdown,
+            task,
+            state,
+        }
+    };
+    let a = join("a");
+    let b = join("b");
+    until(Duration::from_secs(30), || balanced_members(&[&a, &b], 8))
+        .await
+        .expect("balanced");
+    let kept = a.owned();
+    if reads {
+        slow_reads.store(true, Ordering::SeqCst);
+    } else {
+        slow.store(true, Ordering::SeqCst);
+    }
+    b.leave().await.expect("left");
+    // a claims b's released shards, each claim (or read) answered after four renew deadlines.
+    sleep(TIMINGS.renew_deadline * 6).await;
+    assert_eq!(
+        expired.load(Ordering::SeqCst),
+        0,
+        "terms ended by their deadline"
+    );
+    assert!(a.owned().is_superset(&kept), "a lost shards it owned");
+    slow.store(false, Ordering::SeqCst);
+    slow_reads.store(false, Ordering::SeqCst);
+    until(Duration::from_secs(60), || a.owned().len() == 8)
+        .await
+        .unwrap_or_else(|| panic!("a took {:?}", a.owned()));
+    assert_eq!(
+        expired.load(Ordering::SeqCst),
+        0,
+        "terms ended by their deadline"
+    );
+    a.leave().await.expect("left");
+    log.check("paused clock");
+}
+
+#[tokio::test]
+async fn slow_claims_never_delay_the_renewals() {
+    tokio::time::pause();
+    slow_requests_never_delay_the_renewals(false).await;
+}
+
+#[tokio::test]
+async fn slow_reads_never_delay_the_renewals() {
+    tokio::time::pause();
+    slow_requests_never_delay_the_renewals(true).await;
+}

@@ -267,11 +267,20 @@ impl Runner {
             }
             let retaking = next < lapsed_count;
             next += batch.len();
+            // Never past the budget: a slow store answers claims late, and the next round's
+            // renewals must not wait for them (a claim dropped after the store took it leaves
+            // a record naming this member without a term: lapsed, taken again later).
             let claims = join_all(batch.iter().map(|&shard| {
                 let current = shards[shard as usize].clone();
                 self.claim(&self.shard_keys[shard as usize], current)
-            }))
-            .await;
+            }));
+            let Ok(claims) = tokio::time::timeout_at(budget, claims).await else {
+                tracing::debug!(
+                    shards = self.config.name,
+                    "claims outlasted the round's budget: the rest waits for the next rounds"
+                );
+                break;
+            };
             let mut failed = false;
             for (&shard, claim) in batch.iter().zip(claims) {
                 let key = self.shard_keys[shard as usize].clone();

@@ -44,11 +44,14 @@ impl Runner {
             .collect();
         let started = Instant::now();
         let results = if renewals.is_empty() {
-            tokio::time::timeout(
-                self.config.request_timeout,
-                self.set.get_changed(asked, &known),
-            )
-            .await
+            // A read alone waits no longer than the terms can: the next round's renewals go
+            // out a retry period before the first deadline, whatever a slow store makes of a
+            // read of every shard (the read fails and backs off; the set rebalances later).
+            let mut until = started + self.config.request_timeout;
+            if let Some(first) = self.first_deadline() {
+                until = until.min(first - self.config.retry_period);
+            }
+            tokio::time::timeout_at(until, self.set.get_changed(asked, &known)).await
         } else {
             let answer = tokio::time::timeout(
                 self.config.request_timeout,
@@ -84,7 +87,7 @@ impl Runner {
                 return Err(LockError::Timeout {
                     lock: self.set.describe(),
                     operation: "get",
-                    after: self.config.request_timeout,
+                    after: started.elapsed(),
                 });
             }
         };
@@ -143,6 +146,15 @@ impl Runner {
             members,
             shards: full,
         })
+    }
+
+    /// The earliest deadline of the terms this member holds, if it holds any.
+    pub(super) fn first_deadline(&self) -> Option<Instant> {
+        self.member
+            .iter()
+            .chain(self.owned.values())
+            .map(|term| *term.deadline.borrow())
+            .min()
     }
 
     /// Acts on a read: the roster, this member's record, then the shares.
