@@ -16,9 +16,10 @@
 //! the report counts leaderships lost to a member's fault. And on every backend the schedule
 //! workload (`leader cron --every 1s`, see `harness::firings`): every scheduled instant started,
 //! none twice, no stale write accepted, under faults into the leader and the server.
-//! And the shard workload on every backend but the advisory lock (`leader run --shards 4`,
-//! see `harness::shards`): per shard, no two terms at once, tokens that grow, no stale write
-//! accepted, under faults into each replica in turn and into the server.
+//! And the shard workload on every backend but the advisory lock (`leader run --shards 4
+//! --static-membership`, see `harness::shards`): per shard, no two terms at once, tokens that
+//! grow, no stale write accepted, under faults into each replica in turn and into the server,
+//! with rolling restarts and resizes of the running set beside them.
 //!
 //! By default one round (each fault once per backend), in order. Knobs for the long run:
 //! - `FAULT_ROUNDS=N`: N rounds, or `FAULT_COUNT=N`: N faults per backend (the kinds in turn);
@@ -288,8 +289,9 @@ fn firings_under_faults_on_object_storage() {
     firings(Backend::ObjectStore);
 }
 
-/// The shard workload (`leader run --shards 4`) under the faults of `backend`: per shard, no
-/// two terms at once, tokens that grow, no stale write accepted.
+/// The shard workload (`leader run --shards 4 --static-membership`) under the faults of
+/// `backend`, with rolling restarts and resizes beside them: per shard, no two terms at once,
+/// tokens that grow, no stale write accepted.
 fn shards(backend: Backend) {
     let _turn = turn();
     let faults = workload_faults(&leader_tests::harness::shards::faults_for(backend));
@@ -315,6 +317,23 @@ fn shards(backend: Backend) {
     );
     assert_eq!(report.faults, faults.len(), "every fault injected");
     assert!(report.terms > 0 && report.writes > 0, "{report:?}");
+    // The operators' part: a rolling restart after the second fault and every seventh, a
+    // resize after the second and every tenth (one may fail while the server is down).
+    assert_eq!(
+        report.rolling_restarts,
+        (faults.len() + 5) / 7,
+        "{report:?}"
+    );
+    let resizes = (faults.len() + 8) / 10;
+    assert_eq!(
+        report.resizes + report.resize_failures.len(),
+        resizes,
+        "{report:?}"
+    );
+    assert!(
+        resizes == 0 || report.resizes > 0,
+        "no resize went through: {report:?}"
+    );
 }
 
 #[test]

@@ -1,9 +1,14 @@
-//! A shard workload under faults: three replicas of `leader run --shards 4 -- fenced-writer`
-//! against one backend, each shard's COMMAND writing its token through a fenced sink that keeps
-//! a high-water mark per shard; faults into the replicas in turn (SIGKILL, SIGSTOP of the
-//! replica and its COMMANDs past the lease, its connection cut) and into the server (a crash
-//! and restart). The checker takes each shard on its own: its terms (from its COMMANDs' log)
-//! never overlap, their tokens grow, and the sink accepted no stale write for it.
+//! A shard workload under faults: three replicas of `leader run --shards 4 --static-membership
+//! -- fenced-writer` against one backend, each shard's COMMAND writing its token through a
+//! fenced sink that keeps a high-water mark per shard; faults into the replicas in turn
+//! (SIGKILL, SIGSTOP of the replica and its COMMANDs past the lease, its connection cut) and
+//! into the server (a crash and restart). Beside the faults, what operators do: after every
+//! seventh fault (from the second) a rolling restart of the three replicas (SIGTERM, started
+//! again under the same identity within the lease), and after every tenth (from the second) a
+//! resize of the running set (`leader shards resize`, through 6, 3, 8 and 4 shards in turn;
+//! replicas started later get the count of the day). The checker takes each shard on its own:
+//! its terms (from its COMMANDs' log) never overlap, their tokens grow, and the sink accepted
+//! no stale write for it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -26,8 +31,14 @@ use super::proxy::{Mode, Proxy};
 use super::servers::PrivateServer;
 use crate::{TermEvent, now_ns, term_events};
 
-/// The shards of the workload's set.
+/// The shards of the workload's set, at its start.
 pub const SHARDS: u32 = 4;
+
+/// The counts the workload's resizes go through, in turn.
+const RESIZES: [u32; 4] = [6, 3, 8, SHARDS];
+
+/// The most shards the set ever has: the range of the sink and the checker.
+pub const MOST_SHARDS: u32 = 8;
 
 /// What a shard workload under faults saw.
 #[derive(Clone, Debug, Default)]
@@ -52,6 +63,15 @@ pub struct ShardsReport {
     /// Replicas that exited with no kill aimed at them (and were started again), with their
     /// exit status: each incarnation's stderr is kept beside the logs of a failed run.
     pub exited: Vec<String>,
+    /// Rolling restarts of every replica.
+    pub rolling_restarts: usize,
+    /// Replicas that did not exit within three leases of their SIGTERM in a rolling restart
+    /// (killed then, and started again under a new identity).
+    pub stuck_on_sigterm: usize,
+    /// Resizes the set took.
+    pub resizes: usize,
+    /// Resizes `leader shards resize` refused or could not make (a server down, say).
+    pub resize_failures: Vec<String>,
     /// Every broken rule, in words.
     pub violations: Vec<String>,
 }
@@ -67,6 +87,10 @@ struct Run<'a> {
     proxies: Vec<Proxy>,
     replicas: Vec<(String, Child)>,
     incarnations: Vec<usize>,
+    /// The set's shard count now, which replicas are started with.
+    count: u32,
+    /// Resizes made.
+    resized: usize,
     /// Per shard: a term's identity and token are unique within its shard only.
     killed: BTreeMap<u32, Marks>,
     frozen: BTreeMap<u32, Marks>,
@@ -262,22 +286,32 @@ fn shard_log(dir: &Path, shard: u32) -> PathBuf {
 }
 
 impl Run<'_> {
+    /// Starts the replica of `slot` under a new identity (after a kill: its records are the
+    /// dead one's until their leases run out).
     fn spawn(&mut self, slot: usize) -> Result<(), HarnessError> {
         self.incarnations[slot] += 1;
-        let identity = format!("s{slot}.{}", self.incarnations[slot]);
+        self.spawn_as(slot, format!("s{slot}.{}", self.incarnations[slot]))
+    }
+
+    /// Starts the replica of `slot` as `identity`.
+    fn spawn_as(&mut self, slot: usize, identity: String) -> Result<(), HarnessError> {
         let port = self.proxies.get(slot).map_or(0, Proxy::port);
         let (url, env) = self.backend.replica_lock(self.dir, port, &self.settings)?;
         let ms = |d: Duration| format!("{}ms", d.as_millis());
         // Each incarnation's own errors, kept beside the logs of a failed run: why a replica
         // exited is read there.
-        let stderr = std::fs::File::create(self.dir.join(format!("leader.{identity}.stderr")))
+        let stderr = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join(format!("leader.{identity}.stderr")))
             .map_err(|source| HarnessError::Io {
                 what: "creating a replica's stderr file".into(),
                 source,
             })?;
         let child = Command::new(&self.programs.leader)
             .args(["run", "--lock", &url, "--name", &self.name])
-            .args(["--identity", &identity, "--shards", &SHARDS.to_string()])
+            .args(["--identity", &identity, "--shards", &self.count.to_string()])
+            .arg("--static-membership")
             .args(["--lease-duration", &ms(self.settings.lease)])
             .args(["--renew-deadline", &ms(self.settings.renew)])
             .args(["--retry-period", &ms(self.settings.retry)])
@@ -310,7 +344,7 @@ impl Run<'_> {
 
     /// The terms `identity` has open now, by the shards' logs: shard, identity and token.
     fn open_terms(&self, identity: &str) -> Vec<(u32, (String, u64))> {
-        (0..SHARDS)
+        (0..MOST_SHARDS)
             .filter_map(|shard| {
                 let events = term_events(&shard_log(self.dir, shard));
                 let last = events.iter().rev().find(|e| e.identity == identity)?;
@@ -400,6 +434,85 @@ impl Run<'_> {
     }
 }
 
+impl Run<'_> {
+    /// What operators do beside the faults, after fault `turn`.
+    async fn operate(
+        &mut self,
+        turn: usize,
+        report: &mut ShardsReport,
+    ) -> Result<(), HarnessError> {
+        if turn % 7 == 1 {
+            self.rolling_restart(report).await?;
+        }
+        if turn % 10 == 1 {
+            self.resize(report).await;
+        }
+        Ok(())
+    }
+
+    /// Each replica in turn: SIGTERM, and started again under the same identity a few rounds
+    /// later, within the lease (static membership: its shards wait for it). One that does not
+    /// exit within three leases is killed, and started under a new identity.
+    async fn rolling_restart(&mut self, report: &mut ShardsReport) -> Result<(), HarnessError> {
+        for slot in 0..self.replicas.len() {
+            let identity = self.replicas[slot].0.clone();
+            let open = self.open_terms(&identity);
+            if let Some(pid) = self.replicas[slot].1.id() {
+                let _ = kill(Pid::from_raw(pid.cast_signed()), Signal::SIGTERM);
+            }
+            let exit = tokio::time::timeout(self.settings.lease * 3, self.replicas[slot].1.wait());
+            if exit.await.is_err() {
+                report.stuck_on_sigterm += 1;
+                let _ = self.replicas[slot].1.start_kill();
+                let _ = self.replicas[slot].1.wait().await;
+                let at = now_ns();
+                for (shard, key) in open {
+                    self.killed.entry(shard).or_default().insert(key, at);
+                }
+                self.spawn(slot)?;
+            } else {
+                sleep(self.settings.retry * 2).await;
+                self.spawn_as(slot, identity)?;
+            }
+            sleep(self.settings.lease).await;
+        }
+        report.rolling_restarts += 1;
+        Ok(())
+    }
+
+    /// `leader shards resize` to the next count, through replica 0's way to the server.
+    async fn resize(&mut self, report: &mut ShardsReport) {
+        let to = RESIZES[self.resized % RESIZES.len()];
+        let port = self.proxies.first().map_or(0, Proxy::port);
+        let (url, env) = match self.backend.replica_lock(self.dir, port, &self.settings) {
+            Ok(both) => both,
+            Err(err) => {
+                report.resize_failures.push(err.to_string());
+                return;
+            }
+        };
+        let out = Command::new(&self.programs.leader)
+            .args(["shards", "resize", "--lock", &url, "--name", &self.name])
+            .arg(to.to_string())
+            .envs(env)
+            .output()
+            .await;
+        match out {
+            Ok(out) if out.status.success() => {
+                self.count = to;
+                self.resized += 1;
+                report.resizes += 1;
+            }
+            Ok(out) => report.resize_failures.push(format!(
+                "to {to}: {}: {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            )),
+            Err(err) => report.resize_failures.push(format!("to {to}: {err}")),
+        }
+    }
+}
+
 /// The faults a shard workload takes on `backend`.
 #[must_use]
 pub fn faults_for(backend: Backend) -> Vec<Fault> {
@@ -425,7 +538,7 @@ pub async fn run(
          INSERT INTO {prefix}_mark SELECT s, 0 FROM generate_series(0, {}) s;
          CREATE TABLE {prefix}_writes (seq bigserial PRIMARY KEY, shard int NOT NULL,
              token bigint NOT NULL, writer text NOT NULL, at bigint NOT NULL, accepted bool NOT NULL);",
-        SHARDS - 1
+        MOST_SHARDS - 1
     ))
     .await
     .map_err(&sink_error)?;
@@ -433,8 +546,8 @@ pub async fn run(
         what: "temporary directory".into(),
         source,
     })?;
-    let gone: Vec<Arc<StdMutex<Marks>>> = (0..SHARDS).map(|_| Arc::default()).collect();
-    let watchers: Vec<_> = (0..SHARDS)
+    let gone: Vec<Arc<StdMutex<Marks>>> = (0..MOST_SHARDS).map(|_| Arc::default()).collect();
+    let watchers: Vec<_> = (0..MOST_SHARDS)
         .map(|shard| watch_commands(shard_log(dir.path(), shard), gone[shard as usize].clone()))
         .collect();
     let server = backend.start_server(programs).await?;
@@ -455,6 +568,8 @@ pub async fn run(
         proxies,
         replicas: Vec::new(),
         incarnations: vec![0; settings.replicas],
+        count: SHARDS,
+        resized: 0,
         killed: BTreeMap::new(),
         frozen: BTreeMap::new(),
         frozen_pids: Vec::new(),
@@ -475,6 +590,10 @@ pub async fn run(
                     outcome = Err(err);
                     break;
                 }
+            }
+            if let Err(err) = run.operate(turn, &mut report).await {
+                outcome = Err(err);
+                break;
             }
             if (turn + 1) % 100 == 0 {
                 eprintln!(
@@ -499,7 +618,7 @@ pub async fn run(
     // Each shard on its own: terms that never overlap, tokens that grow.
     let mut starts: BTreeMap<u32, Vec<TermEvent>> = BTreeMap::new();
     let mut frozen_by_shard: BTreeMap<u32, Marks> = BTreeMap::new();
-    for shard in 0..SHARDS {
+    for shard in 0..MOST_SHARDS {
         let killed = run.killed.get(&shard).cloned().unwrap_or_default();
         let seen_gone = gone[shard as usize]
             .lock()
@@ -552,7 +671,7 @@ pub async fn run(
     if !report.violations.is_empty() {
         // The COMMANDs' logs of a failed run are kept for a look.
         let _ = std::fs::create_dir_all(&keep);
-        for shard in 0..SHARDS {
+        for shard in 0..MOST_SHARDS {
             let _ = std::fs::copy(
                 shard_log(dir.path(), shard),
                 keep.join(format!("job.log.{shard}")),
