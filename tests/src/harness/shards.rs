@@ -474,7 +474,9 @@ impl Run<'_> {
                 sleep(self.settings.retry * 2).await;
                 self.spawn_as(slot, identity)?;
             }
-            sleep(self.settings.lease).await;
+            // Before the next, this one takes its shards back, as a rollout waits for a
+            // replica to be ready.
+            sleep(self.settings.retry * 4).await;
         }
         report.rolling_restarts += 1;
         Ok(())
