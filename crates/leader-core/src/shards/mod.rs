@@ -89,6 +89,23 @@ pub fn member_key(name: &str, identity: &str) -> String {
 /// The roster's extension holding the shard count.
 pub const COUNT_EXTENSION: &str = "shards.count";
 
+/// The shard count a roster record holds, from 1 to [`MAX_SHARDS`]; anything else is
+/// [`ShardsError::InvalidRoster`] (a record written by something else).
+pub(crate) fn stored_count(
+    name: &str,
+    roster: &crate::LeaderElectionRecord,
+) -> Result<u32, ShardsError> {
+    let value = roster.extensions.get(COUNT_EXTENSION);
+    value
+        .and_then(|v| v.parse::<u32>().ok())
+        .filter(|&c| c > 0 && c <= MAX_SHARDS)
+        .ok_or_else(|| ShardsError::InvalidRoster {
+            name: name.to_owned(),
+            roster: roster_key(name),
+            value: value.cloned(),
+        })
+}
+
 /// The member record's extension holding the member's weight, when not 1.
 pub(crate) const WEIGHT_EXTENSION: &str = "shards.weight";
 

@@ -7,6 +7,7 @@ use crate::error::LockError;
 
 use super::{
     COUNT_EXTENSION, DRAIN_PREFIX, LockSet, MAX_SHARDS, ShardsError, member_key, roster_key,
+    stored_count,
 };
 use crate::record::LeaderElectionRecord;
 
@@ -170,14 +171,7 @@ async fn update_roster(
                 roster: key,
             });
         };
-        let value = roster.record.extensions.get(COUNT_EXTENSION);
-        let Some(stored) = value.and_then(|v| v.parse::<u32>().ok()).filter(|&c| c > 0) else {
-            return Err(RosterError::InvalidRoster(ShardsError::InvalidRoster {
-                name: name.to_owned(),
-                roster: key,
-                value: value.cloned(),
-            }));
-        };
+        let stored = stored_count(name, &roster.record).map_err(RosterError::InvalidRoster)?;
         let mut record = roster.record.clone();
         if !change(&mut record, stored) {
             return Ok(());

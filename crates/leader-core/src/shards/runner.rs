@@ -17,8 +17,9 @@ use tokio_util::sync::CancellationToken;
 use super::assign::{affinity, gifts, shares};
 use super::locks::{Known, LockSet, Renewal, Reread};
 use super::{
-    COUNT_EXTENSION, Callbacks, DRAIN_PREFIX, MEMBER_PREFIX, ShardsConfig, ShardsError,
-    ShardsState, WEIGHT_EXTENSION, drained, member_key, roster_key, shard_key, weight_in,
+    COUNT_EXTENSION, Callbacks, MEMBER_PREFIX, ShardsConfig, ShardsError,
+    ShardsState, WEIGHT_EXTENSION, drained, member_key, roster_key, shard_key, stored_count,
+    weight_in,
 };
 use crate::error::LockError;
 use crate::leadership::{Leadership, StepDown, StepDownReason, TermDeadline, TermRequest};
@@ -138,8 +139,6 @@ pub(crate) struct Runner {
     config: ShardsConfig,
     set: Arc<dyn LockSet>,
     me: String,
-    /// This member's record's key.
-    member_key: String,
     callbacks: Callbacks,
     state: watch::Sender<ShardsState>,
     owned: BTreeMap<u32, Term>,
@@ -210,7 +209,6 @@ impl Runner {
         state: watch::Sender<ShardsState>,
     ) -> Self {
         let me = set.identity().to_owned();
-        let my_key = member_key(&config.name, &me);
         let backoff = Backoff::new(config.retry_period, 0.2, config.lease_duration);
         let shard_keys: Vec<String> = (0..config.count)
             .map(|s| shard_key(&config.name, s))
@@ -224,7 +222,6 @@ impl Runner {
         Self {
             config,
             set,
-            member_key: my_key,
             me,
             callbacks,
             state,

@@ -9,9 +9,7 @@ use futures_util::stream::{self, StreamExt};
 use serde::Serialize;
 
 use super::locks::LockSet;
-use super::{
-    COUNT_EXTENSION, MEMBER_PREFIX, ShardsError, drained, roster_key, shard_key, weight_in,
-};
+use super::{MEMBER_PREFIX, ShardsError, drained, roster_key, shard_key, stored_count, weight_in};
 use crate::WallClock;
 use crate::error::LockError;
 use crate::record::Observed;
@@ -268,19 +266,7 @@ impl ShardSetView {
         let Some(roster) = roster else {
             return Ok(None);
         };
-        let value = roster.record.extensions.get(COUNT_EXTENSION);
-        let Some(count) = value
-            .and_then(|v| v.parse::<u32>().ok())
-            .filter(|&c| c > 0 && c <= super::MAX_SHARDS)
-        else {
-            return Err(ShardSetViewError::InvalidRoster(
-                ShardsError::InvalidRoster {
-                    name: name.to_owned(),
-                    roster: roster_key,
-                    value: value.cloned(),
-                },
-            ));
-        };
+        let count = stored_count(name, &roster.record).map_err(ShardSetViewError::InvalidRoster)?;
         // The members by identity; an entry whose key is not its identity's is still shown,
         // under the key the roster gives.
         let identities: Vec<(String, String)> = roster

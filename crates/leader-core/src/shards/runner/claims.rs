@@ -42,25 +42,6 @@ impl Runner {
         }
     }
 
-    /// `desired` for `key`, with this member's weight where `key` is its member record (where
-    /// the others read it; none written for the default of 1).
-    pub(super) fn weighed(
-        &self,
-        key: &str,
-        mut desired: LeaderElectionRecord,
-    ) -> LeaderElectionRecord {
-        if key == self.member_key {
-            if self.config.weight == 1 {
-                desired.extensions.remove(WEIGHT_EXTENSION);
-            } else {
-                desired
-                    .extensions
-                    .insert(WEIGHT_EXTENSION.into(), self.config.weight.to_string());
-            }
-        }
-        desired
-    }
-
     /// One acquisition attempt of `key`, whose last read is `current`: the store's clock where
     /// it has one, else the follower's (S2). Many run at once (each on its own record), so it
     /// changes nothing here: [`Runner::note_claim`] notes what it learnt.
@@ -73,7 +54,7 @@ impl Runner {
         let lock = self.lock(key);
         let started = Instant::now();
         if self.try_acquire_supported {
-            let desired = self.weighed(key, self.desired(0, current.as_ref().map(|o| &o.record)));
+            let desired = self.desired(0, current.as_ref().map(|o| &o.record));
             match self
                 .request("try_acquire", key, lock.try_acquire(&desired))
                 .await
@@ -121,8 +102,9 @@ impl Runner {
         started: Instant,
     ) -> Result<Option<(Observed, Instant)>, LockError> {
         let Some(current) = current else {
-            let desired = self.weighed(key, self.desired(1, None));
-            let created = self.request("create", key, lock.create(&desired)).await?;
+            let created = self
+                .request("create", key, lock.create(&self.desired(1, None)))
+                .await?;
             return Ok(Some((created, started)));
         };
         let record = &current.record;
@@ -130,10 +112,7 @@ impl Runner {
             return Ok(None);
         }
         // S5: every acquisition gets the next token.
-        let desired = self.weighed(
-            key,
-            self.desired(record.leader_transitions + 1, Some(record)),
-        );
+        let desired = self.desired(record.leader_transitions + 1, Some(record));
         let stored = self
             .request("update", key, lock.update(&current.version, &desired))
             .await?;

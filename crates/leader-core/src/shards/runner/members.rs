@@ -46,19 +46,15 @@ impl Runner {
             }
             return Ok(None);
         };
-        let value = roster.record.extensions.get(COUNT_EXTENSION);
-        let stored = value.and_then(|v| v.parse::<u32>().ok()).filter(|&c| c > 0);
-        let Some(stored) = stored else {
-            let err = ShardsError::InvalidRoster {
-                name,
-                roster: key,
-                value: value.cloned(),
-            };
-            if self.problem.as_ref() != Some(&err) {
-                tracing::error!("{err}");
+        let stored = match stored_count(&name, &roster.record) {
+            Ok(stored) => stored,
+            Err(err) => {
+                if self.problem.as_ref() != Some(&err) {
+                    tracing::error!("{err}");
+                }
+                self.problem = Some(err);
+                return Ok(None);
             }
-            self.problem = Some(err);
-            return Ok(None);
         };
         if stored != self.config.count {
             // A count that differs at the first sight of the roster is this replica's
@@ -152,17 +148,23 @@ impl Runner {
     }
 
     /// Writes this member's weight into its member record when the record holds another
-    /// (an acquisition in one request keeps the stored extensions: only a holder writes them),
-    /// so that the others read it. Once; again on the next round if the write fails.
+    /// (none for the default of 1), so that the others read it: as the record's holder, since
+    /// an acquisition in one request keeps the stored extensions, and a record taken by
+    /// compare-and-swap carries the last holder's. Once; again on the next round if the
+    /// write fails.
     pub(super) async fn publish_weight(&mut self) {
         let Some(term) = &self.member else {
             return;
         };
-        let desired = self.weighed(&term.key, term.observed.record.clone());
-        if desired.extensions == term.observed.record.extensions {
+        let wanted = (self.config.weight != 1).then(|| self.config.weight.to_string());
+        if term.observed.record.extensions.get(WEIGHT_EXTENSION) == wanted.as_ref() {
             return;
         }
-        let mut record = desired;
+        let mut record = term.observed.record.clone();
+        match wanted {
+            Some(weight) => record.extensions.insert(WEIGHT_EXTENSION.into(), weight),
+            None => record.extensions.remove(WEIGHT_EXTENSION),
+        };
         record.renew_time = record.renewal_time(self.config.wall_clock.now());
         let (key, version) = (term.key.clone(), term.observed.version.clone());
         let result = self

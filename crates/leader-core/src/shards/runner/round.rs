@@ -177,13 +177,13 @@ impl Runner {
         }
         self.reap_releases();
         // A member drained or undrained changes the shares: the shards are read at once.
-        let drains = roster
-            .record
-            .extensions
+        let drained = drained(&roster.record);
+        if !drained
             .iter()
-            .filter(|(k, _)| k.starts_with(DRAIN_PREFIX));
-        if !drains.clone().map(|(_, v)| v).eq(&self.drains) {
-            self.drains = drains.map(|(_, v)| v.clone()).collect();
+            .copied()
+            .eq(self.drains.iter().map(String::as_str))
+        {
+            self.drains = drained.iter().map(|&d| d.to_owned()).collect();
             self.settled = false;
         }
         if !view.shards {
@@ -255,7 +255,6 @@ impl Runner {
             .collect();
         // Each member's weight: 0 when the roster drains it, else as its record says (this
         // member's own from its configuration).
-        let drained = drained(&roster.record);
         let weight_of = |member: &str| -> u32 {
             if drained.contains(member) {
                 0
