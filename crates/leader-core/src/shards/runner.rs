@@ -17,9 +17,8 @@ use tokio_util::sync::CancellationToken;
 use super::assign::{affinity, gifts, shares};
 use super::locks::{Known, LockSet, Renewal, Reread};
 use super::{
-    COUNT_EXTENSION, Callbacks, MEMBER_PREFIX, ShardsConfig, ShardsError,
-    ShardsState, WEIGHT_EXTENSION, drained, member_key, roster_key, shard_key, stored_count,
-    weight_in,
+    COUNT_EXTENSION, Callbacks, MEMBER_PREFIX, ShardsConfig, ShardsError, ShardsState,
+    WEIGHT_EXTENSION, drained, member_key, roster_key, shard_key, stored_count, weight_in,
 };
 use crate::error::LockError;
 use crate::leadership::{Leadership, StepDown, StepDownReason, TermDeadline, TermRequest};
