@@ -35,6 +35,19 @@ fn nobody(lock: &str, name: &str, nothing: &str) -> u8 {
     )
 }
 
+/// `change` of the roster of `set` if the store answers within [`WRITE_TIMEOUT`], else the
+/// exit code of a store that did not.
+async fn within<T>(set: &dyn LockSet, change: impl Future<Output = T>) -> Result<T, u8> {
+    tokio::time::timeout(WRITE_TIMEOUT, change)
+        .await
+        .map_err(|_| {
+            fail(
+                exit::UNREACHABLE,
+                format!("{}: no answer within {WRITE_TIMEOUT:?}", set.describe()),
+            )
+        })
+}
+
 /// The exit code and line of a change of the roster that failed.
 fn failed(set: &dyn LockSet, name: &str, nothing: &str, err: RosterError) -> u8 {
     match err {
@@ -56,8 +69,8 @@ pub(crate) async fn resize(args: ResizeArgs) -> u8 {
         Ok(set) => set,
         Err(code) => return code,
     };
-    let resized = tokio::time::timeout(
-        WRITE_TIMEOUT,
+    let resized = within(
+        &*set,
         leader_core::resize_shard_set(&*set, name, args.count),
     )
     .await;
@@ -75,10 +88,7 @@ pub(crate) async fn resize(args: ResizeArgs) -> u8 {
             exit::OK
         }
         Ok(Err(err)) => failed(&*set, name, &nothing, err),
-        Err(_) => fail(
-            exit::UNREACHABLE,
-            format!("{}: no answer within {WRITE_TIMEOUT:?}", set.describe()),
-        ),
+        Err(code) => code,
     }
 }
 
@@ -89,20 +99,15 @@ pub(crate) async fn drain(args: DrainArgs, drain: bool) -> u8 {
         Ok(set) => set,
         Err(code) => return code,
     };
-    let changed = tokio::time::timeout(
-        WRITE_TIMEOUT,
+    let changed = within(
+        &*set,
         leader_core::drain_member(&*set, name, identity, drain),
     )
     .await;
     let was = match changed {
         Ok(Ok(was)) => was,
         Ok(Err(err)) => return failed(&*set, name, nothing, err),
-        Err(_) => {
-            return fail(
-                exit::UNREACHABLE,
-                format!("{}: no answer within {WRITE_TIMEOUT:?}", set.describe()),
-            );
-        }
+        Err(code) => return code,
     };
     let view = ShardSetView::read(&*set, name).await.ok().flatten();
     let member = view
