@@ -65,6 +65,15 @@ struct Set {
     static_membership: bool,
     /// The weights of members that do not weigh 1.
     weights: Vec<(&'static str, u32)>,
+    /// Switches that make the shards' acquisitions, or their reads, slow (see [`SlowClaims`]).
+    slow: Option<Slow>,
+}
+
+/// Whether the shards' acquisitions (`claims`) or reads (`reads`) are slow now.
+#[derive(Clone, Debug, Default)]
+struct Slow {
+    claims: Arc<std::sync::atomic::AtomicBool>,
+    reads: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Set {
@@ -77,6 +86,7 @@ impl Set {
             expired: Arc::default(),
             static_membership: false,
             weights: Vec::new(),
+            slow: None,
         }
     }
 
@@ -90,16 +100,25 @@ impl Set {
 
     fn join_clocked(&self, identity: &str, count: u32, wall_clock: WallClock) -> Member {
         let (faults, shard_faults) = (Faults::new(), Faults::new());
-        let (store, clock) = (self.store.clone(), self.clock);
+        let (store, clock, slow) = (self.store.clone(), self.clock, self.slow.clone());
         let (handle, shard_handle) = (faults.clone(), shard_faults.clone());
         let locks = KeyedLocks::new(identity, "memory", move |key, identity| {
             let lock = store.lock(key, identity);
-            let lock = match clock {
-                Clock::Follower => lock,
-                Clock::Store => lock.with_store_clock(true),
-                Clock::InStore => lock.with_renewal_in_store(true),
+            let lock: Arc<dyn ResourceLock> = match clock {
+                Clock::Follower => Arc::new(lock),
+                Clock::Store => Arc::new(lock.with_store_clock(true)),
+                Clock::InStore => Arc::new(lock.with_renewal_in_store(true)),
             };
-            let inner = if key.starts_with("jobs-shard-") {
+            let shard = key.starts_with("jobs-shard-");
+            let lock: Arc<dyn ResourceLock> = match &slow {
+                Some(slow) if shard => Arc::new(SlowClaims {
+                    inner: lock,
+                    slow: slow.clone(),
+                    delay: TIMINGS.renew_deadline * 4,
+                }),
+                _ => lock,
+            };
+            let inner = if shard {
                 shard_handle.clone()
             } else {
                 Faults::new()
@@ -555,6 +574,18 @@ async fn lapsed_shards_are_retaken_then_shared_with_leases_renewed_in_the_store(
     lapsed_shards_are_retaken_then_shared(Clock::InStore).await;
 }
 
+/// Waits for `member` to stop, refused for its count: the count stored and its own.
+async fn count_refused(member: Member) -> (u32, u32) {
+    let result = tokio::time::timeout(Duration::from_secs(10), member.task)
+        .await
+        .expect("the member stops")
+        .expect("the member's task");
+    match result {
+        Err(ShardsError::CountMismatch { stored, ours, .. }) => (stored, ours),
+        other => panic!("expected a count mismatch, got {other:?}"),
+    }
+}
+
 #[tokio::test]
 async fn members_started_with_another_count_take_no_shard() {
     tokio::time::pause();
@@ -565,14 +596,7 @@ async fn members_started_with_another_count_take_no_shard() {
         .expect("a owns the set");
     let b = set.join_with("b", 9);
     let mut state = b.state.clone();
-    let result = tokio::time::timeout(Duration::from_secs(10), b.task)
-        .await
-        .expect("b stops")
-        .expect("b's task");
-    match result {
-        Err(ShardsError::CountMismatch { stored, ours, .. }) => assert_eq!((stored, ours), (8, 9)),
-        other => panic!("expected a count mismatch, got {other:?}"),
-    }
+    assert_eq!(count_refused(b).await, (8, 9));
     assert!(state.borrow_and_update().owned.is_empty());
     assert_eq!(a.owned().len(), 8, "a keeps the set");
     let message = ShardsError::CountMismatch {
@@ -676,14 +700,7 @@ async fn after_a_resize_the_new_count_is_the_sets() {
         4
     );
     let old = set.join_with("b", 4);
-    match tokio::time::timeout(Duration::from_secs(10), old.task)
-        .await
-        .expect("b stops")
-        .expect("b's task")
-    {
-        Err(ShardsError::CountMismatch { stored, ours, .. }) => assert_eq!((stored, ours), (6, 4)),
-        other => panic!("expected a count mismatch, got {other:?}"),
-    }
+    assert_eq!(count_refused(old).await, (6, 4));
     let c = set.join_with("c", 6);
     until(Duration::from_secs(10), || balanced_members(&[&a, &c], 6))
         .await
@@ -1321,21 +1338,19 @@ async fn heavy_member_drained(clock: Clock) {
     set.log.check("paused clock");
 }
 
-/// A shard's lock whose acquisitions (`try_acquire`, `create`) take `delay` while `slow` is
-/// set, and its reads while `slow_reads` is: a store that answers renewals in time but claims
+/// A shard's lock whose acquisitions (`try_acquire`, `create`) take `delay` while
+/// `slow.claims` is set, and its reads while `slow.reads` is: a store that answers renewals in time but claims
 /// or reads slowly, as a loaded one does for the requests it makes one at a time.
 #[derive(Debug)]
 struct SlowClaims {
     inner: Arc<dyn ResourceLock>,
-    slow: Arc<std::sync::atomic::AtomicBool>,
-    /// Reads (`get`) slow too while set.
-    slow_reads: Arc<std::sync::atomic::AtomicBool>,
+    slow: Slow,
     delay: Duration,
 }
 
 impl SlowClaims {
-    async fn wait(&self) {
-        if self.slow.load(Ordering::SeqCst) {
+    async fn wait(&self, switch: &std::sync::atomic::AtomicBool) {
+        if switch.load(Ordering::SeqCst) {
             sleep(self.delay).await;
         }
     }
@@ -1344,16 +1359,14 @@ impl SlowClaims {
 #[leader_core::async_trait]
 impl ResourceLock for SlowClaims {
     async fn get(&self) -> Result<Option<leader_core::Observed>, leader_core::LockError> {
-        if self.slow_reads.load(Ordering::SeqCst) {
-            sleep(self.delay).await;
-        }
+        self.wait(&self.slow.reads).await;
         self.inner.get().await
     }
     async fn create(
         &self,
         record: &leader_core::LeaderElectionRecord,
     ) -> Result<leader_core::Observed, leader_core::LockError> {
-        self.wait().await;
+        self.wait(&self.slow.claims).await;
         self.inner.create(record).await
     }
     async fn update(
@@ -1373,7 +1386,7 @@ impl ResourceLock for SlowClaims {
         &self,
         desired: &leader_core::LeaderElectionRecord,
     ) -> Result<Option<leader_core::Acquisition>, leader_core::LockError> {
-        self.wait().await;
+        self.wait(&self.slow.claims).await;
         self.inner.try_acquire(desired).await
     }
 }
@@ -1382,83 +1395,37 @@ impl ResourceLock for SlowClaims {
 /// member that left, taken from a slow store) never hold up the renewals of the shards a member
 /// owns: no term ends by its deadline, and the set balances once the store answers in time.
 async fn slow_requests_never_delay_the_renewals(reads: bool) {
-    let store = MemoryStore::new();
-    let log = ShardLog::default();
-    let slow = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let slow_reads = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let expired = Arc::new(AtomicUsize::new(0));
-    let join = |identity: &str| {
-        let (store, slow, slow_reads) = (store.clone(), slow.clone(), slow_reads.clone());
-        let locks = KeyedLocks::new(identity, "memory", move |key, identity| {
-            let lock: Arc<dyn ResourceLock> =
-                Arc::new(store.lock(key, identity).with_store_clock(true));
-            if key.starts_with("jobs-shard-") {
-                Arc::new(SlowClaims {
-                    inner: lock,
-                    slow: slow.clone(),
-                    slow_reads: slow_reads.clone(),
-                    delay: TIMINGS.renew_deadline * 4,
-                })
-            } else {
-                lock
-            }
-        });
-        let shards = Shards::builder("jobs", 8, locks)
-            .timings(TIMINGS)
-            .request_timeout(TIMINGS.renew_deadline)
-            .on_shard_stopped({
-                let expired = expired.clone();
-                move |_, stop| {
-                    if stop.reason == StepDownReason::RenewDeadlineExceeded {
-                        expired.fetch_add(1, Ordering::SeqCst);
-                    }
-                }
-            })
-            .build()
-            .expect("valid configuration");
-        let state = shards.subscribe();
-        let shutdown = CancellationToken::new();
-        let task = tokio::spawn(shards.run_per_shard(shutdown.clone(), log.work(identity)));
-        Member {
-            faults: Faults::new(),
-            shard_faults: Faults::new(),
-            shutdown,
-            task,
-            state,
-        }
-    };
-    let a = join("a");
-    let b = join("b");
+    let mut set = Set::new(Clock::Store, 8);
+    let slow = Slow::default();
+    set.slow = Some(slow.clone());
+    let a = set.join("a");
+    let b = set.join("b");
     until(Duration::from_secs(30), || balanced_members(&[&a, &b], 8))
         .await
         .expect("balanced");
     let kept = a.owned();
-    if reads {
-        slow_reads.store(true, Ordering::SeqCst);
-    } else {
-        slow.store(true, Ordering::SeqCst);
-    }
+    let switch = if reads { &slow.reads } else { &slow.claims };
+    switch.store(true, Ordering::SeqCst);
     b.leave().await.expect("left");
     // a claims b's released shards, each claim (or read) answered after four renew deadlines.
     sleep(TIMINGS.renew_deadline * 6).await;
     assert_eq!(
-        expired.load(Ordering::SeqCst),
+        set.expired.load(Ordering::SeqCst),
         0,
         "terms ended by their deadline"
     );
     assert!(a.owned().is_superset(&kept), "a lost shards it owned");
-    slow.store(false, Ordering::SeqCst);
-    slow_reads.store(false, Ordering::SeqCst);
+    switch.store(false, Ordering::SeqCst);
     until(Duration::from_secs(60), || a.owned().len() == 8)
         .await
         .unwrap_or_else(|| panic!("a took {:?}", a.owned()));
     assert_eq!(
-        expired.load(Ordering::SeqCst),
+        set.expired.load(Ordering::SeqCst),
         0,
         "terms ended by their deadline"
     );
     a.leave().await.expect("left");
-    log.check("paused clock");
+    set.log.check("paused clock");
 }
 
 #[tokio::test]
