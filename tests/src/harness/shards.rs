@@ -89,8 +89,6 @@ struct Run<'a> {
     incarnations: Vec<usize>,
     /// The set's shard count now, which replicas are started with.
     count: u32,
-    /// Resizes made.
-    resized: usize,
     /// Per shard: a term's identity and token are unique within its shard only.
     killed: BTreeMap<u32, Marks>,
     frozen: BTreeMap<u32, Marks>,
@@ -342,6 +340,14 @@ impl Run<'_> {
         Ok(())
     }
 
+    /// Marks the terms `open` (see [`Run::open_terms`]) ended by a kill now.
+    fn killed_now(&mut self, open: Vec<(u32, (String, u64))>) {
+        let at = now_ns();
+        for (shard, key) in open {
+            self.killed.entry(shard).or_default().insert(key, at);
+        }
+    }
+
     /// The terms `identity` has open now, by the shards' logs: shard, identity and token.
     fn open_terms(&self, identity: &str) -> Vec<(u32, (String, u64))> {
         (0..MOST_SHARDS)
@@ -368,10 +374,7 @@ impl Run<'_> {
                 let _ = self.replicas[slot].1.wait().await;
                 // Its COMMANDs die with it (their supervisors' parent-death signal); the
                 // watchers see them gone, and the kill ends their terms at the latest.
-                let at = now_ns();
-                for (shard, key) in open {
-                    self.killed.entry(shard).or_default().insert(key, at);
-                }
+                self.killed_now(open);
                 sleep(lasts).await;
                 self.spawn(slot)?;
             }
@@ -465,10 +468,7 @@ impl Run<'_> {
                 report.stuck_on_sigterm += 1;
                 let _ = self.replicas[slot].1.start_kill();
                 let _ = self.replicas[slot].1.wait().await;
-                let at = now_ns();
-                for (shard, key) in open {
-                    self.killed.entry(shard).or_default().insert(key, at);
-                }
+                self.killed_now(open);
                 self.spawn(slot)?;
             } else {
                 sleep(self.settings.retry * 2).await;
@@ -484,7 +484,7 @@ impl Run<'_> {
 
     /// `leader shards resize` to the next count, through replica 0's way to the server.
     async fn resize(&mut self, report: &mut ShardsReport) {
-        let to = RESIZES[self.resized % RESIZES.len()];
+        let to = RESIZES[report.resizes % RESIZES.len()];
         let port = self.proxies.first().map_or(0, Proxy::port);
         let (url, env) = match self.backend.replica_lock(self.dir, port, &self.settings) {
             Ok(both) => both,
@@ -502,7 +502,6 @@ impl Run<'_> {
         match out {
             Ok(out) if out.status.success() => {
                 self.count = to;
-                self.resized += 1;
                 report.resizes += 1;
             }
             Ok(out) => report.resize_failures.push(format!(
@@ -571,7 +570,6 @@ pub async fn run(
         replicas: Vec::new(),
         incarnations: vec![0; settings.replicas],
         count: SHARDS,
-        resized: 0,
         killed: BTreeMap::new(),
         frozen: BTreeMap::new(),
         frozen_pids: Vec::new(),
