@@ -14,18 +14,16 @@
 
 mod common;
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{Backend, knob, ms};
+use leader_core::conformance::ShardLog;
 use leader_core::{CancellationToken, Shards, ShardsState};
 use leader_test_support::{LEASE, RENEW, RETRY};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-
-/// Each shard's owners, in the order their terms started.
-type Owners = Arc<Mutex<HashMap<u32, Vec<String>>>>;
 
 struct Member {
     shutdown: CancellationToken,
@@ -38,7 +36,8 @@ struct Set {
     name: String,
     count: u32,
     static_membership: bool,
-    owners: Owners,
+    /// Each shard's terms, by member.
+    log: ShardLog,
 }
 
 impl Set {
@@ -52,20 +51,9 @@ impl Set {
         .renew_deadline(RENEW)
         .retry_period(RETRY)
         .static_membership(self.static_membership)
-        .on_shard_started({
-            let (owners, identity) = (self.owners.clone(), identity.to_owned());
-            move |shard, _| {
-                owners
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .entry(shard)
-                    .or_default()
-                    .push(identity.clone());
-            }
-        })
         .build()
         .expect("valid shard set");
-        let (shutdown, task, state) = common::run_member(shards);
+        let (shutdown, task, state) = common::run_member(shards, self.log.work(identity));
         Member {
             shutdown,
             task,
@@ -73,30 +61,19 @@ impl Set {
         }
     }
 
-    /// How many terms each shard has started so far.
-    fn terms(&self) -> HashMap<u32, usize> {
-        let owners = self
-            .owners
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        owners
-            .iter()
-            .map(|(&shard, list)| (shard, list.len()))
-            .collect()
-    }
-
-    /// The moves since `since` (each shard's terms then), and the most of one shard.
-    fn moves(&self, since: &HashMap<u32, usize>) -> (usize, usize) {
-        let owners = self
-            .owners
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let per_shard = owners.iter().map(|(shard, list)| {
-            // From the owner at `since` on.
-            let from = since.get(shard).map_or(0, |n| n.saturating_sub(1));
-            list[from..].windows(2).filter(|w| w[0] != w[1]).count()
-        });
-        (per_shard.clone().sum(), per_shard.max().unwrap_or(0))
+    /// The moves since `since` (each shard's moves then, [`ShardLog::moves_by_shard`]), and
+    /// the most of one shard.
+    fn moves(&self, since: &BTreeMap<u32, usize>) -> (usize, usize) {
+        let per_shard: Vec<usize> = self
+            .log
+            .moves_by_shard()
+            .into_iter()
+            .map(|(shard, moves)| moves - since.get(&shard).copied().unwrap_or(0))
+            .collect();
+        (
+            per_shard.iter().sum(),
+            per_shard.into_iter().max().unwrap_or(0),
+        )
     }
 }
 
@@ -117,7 +94,7 @@ async fn rolling_restart(
     let mut running: Vec<Member> = identities.iter().map(|id| set.join(id)).collect();
     until_balanced(&running, set.count, within).await?;
     tokio::time::sleep(RETRY * 2).await;
-    let before = set.terms();
+    let before = set.log.moves_by_shard();
     let started = Instant::now();
     for (i, identity) in identities.iter().enumerate() {
         let old = running.remove(i);
@@ -168,7 +145,7 @@ async fn main() {
                 name: format!("restarts-bench-{:08x}", fastrand::u32(..)),
                 count,
                 static_membership,
-                owners: Owners::default(),
+                log: ShardLog::default(),
             };
             let row = match rolling_restart(&set, members, pause).await {
                 Some((moves, most, took)) => format!("{moves} | {most} | {}", ms(took)),

@@ -189,7 +189,7 @@ fn join(backend: &Arc<Backend>, name: &str, count: u32, identity: &str, ends: &E
         })
         .build()
         .expect("valid shard set");
-    let (shutdown, task, state) = common::run_member(shards);
+    let (shutdown, task, state) = common::run_member(shards, |_, _| std::future::pending::<()>());
     Member {
         counting,
         shutdown,

@@ -356,23 +356,26 @@ pub fn knob(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-/// A shard set's member run with work that waits until its shard is taken away: its shutdown,
-/// its task and its state.
-pub fn run_member(
+/// A shard set's member run with `work` for each shard it takes (work that runs until its
+/// shard is taken away): its shutdown, its task and its state.
+pub fn run_member<F, Fut>(
     shards: leader_core::Shards,
+    work: F,
 ) -> (
     leader_core::CancellationToken,
     tokio::task::JoinHandle<()>,
     tokio::sync::watch::Receiver<leader_core::ShardsState>,
-) {
+)
+where
+    F: Fn(u32, leader_core::Leadership) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
     let state = shards.subscribe();
     let shutdown = leader_core::CancellationToken::new();
     let task = tokio::spawn({
         let shutdown = shutdown.clone();
         async move {
-            let _ = shards
-                .run_per_shard(shutdown, |_, _| std::future::pending::<()>())
-                .await;
+            let _ = shards.run_per_shard(shutdown, work).await;
         }
     });
     (shutdown, task, state)

@@ -108,14 +108,22 @@ impl ShardLog {
 
     /// How many times a shard changed owner, over every shard.
     pub fn moves(&self) -> usize {
+        self.moves_by_shard().values().sum()
+    }
+
+    /// How many times each shard changed owner (a term of it starting on another member than
+    /// its last).
+    pub fn moves_by_shard(&self) -> BTreeMap<u32, usize> {
         self.intervals()
-            .values()
-            .map(|list| {
-                list.windows(2)
+            .iter()
+            .map(|(&shard, list)| {
+                let moves = list
+                    .windows(2)
                     .filter(|w| w[0].member != w[1].member)
-                    .count()
+                    .count();
+                (shard, moves)
             })
-            .sum()
+            .collect()
     }
 
     /// The latest end of `member`'s work intervals that began before `before`.
