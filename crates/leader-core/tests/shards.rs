@@ -297,10 +297,12 @@ async fn a_join_moves_only_the_newcomers_share_with_leases_renewed_in_the_store(
     a_join_moves_only_the_newcomers_share(Clock::InStore).await;
 }
 
-#[tokio::test]
-async fn a_member_that_leaves_hands_its_shards_over_at_once() {
+/// Three members of a set of 9 balanced, then `c` leaves (shut down; with static membership
+/// or not): how long until the two others own every shard, on the paused clock.
+async fn rebalanced_after_a_leave(static_membership: bool) -> Duration {
     tokio::time::pause();
-    let set = Set::new(Clock::Follower, 9);
+    let mut set = Set::new(Clock::Follower, 9);
+    set.static_membership = static_membership;
     let a = set.join("a");
     let b = set.join("b");
     let c = set.join("c");
@@ -313,12 +315,18 @@ async fn a_member_that_leaves_hands_its_shards_over_at_once() {
     let took = until(Duration::from_secs(30), || balanced_members(&[&a, &b], 9))
         .await
         .expect("balanced after the leave");
-    // Released: taken on the next rounds, well before a lease.
-    assert!(took < TIMINGS.lease_duration, "rebalanced after {took:?}");
     for m in [a, b] {
         m.leave().await.expect("left");
     }
     set.log.check("paused clock");
+    took
+}
+
+#[tokio::test]
+async fn a_member_that_leaves_hands_its_shards_over_at_once() {
+    let took = rebalanced_after_a_leave(false).await;
+    // Released: taken on the next rounds, well before a lease.
+    assert!(took < TIMINGS.lease_duration, "rebalanced after {took:?}");
 }
 
 /// Restarts each of three members (13 shards: one owns five) in turn, the new process with the same identity starting
@@ -414,21 +422,7 @@ async fn a_static_member_that_restarts_keeps_its_place_in_the_shares() {
 
 #[tokio::test]
 async fn a_static_member_that_does_not_come_back_leaves_its_shards_for_a_lease() {
-    tokio::time::pause();
-    let mut set = Set::new(Clock::Follower, 9);
-    set.static_membership = true;
-    let a = set.join("a");
-    let b = set.join("b");
-    let c = set.join("c");
-    until(Duration::from_secs(30), || {
-        balanced_members(&[&a, &b, &c], 9)
-    })
-    .await
-    .expect("balanced");
-    c.leave().await.expect("left");
-    let took = until(Duration::from_secs(30), || balanced_members(&[&a, &b], 9))
-        .await
-        .expect("balanced after the leave");
+    let took = rebalanced_after_a_leave(true).await;
     // Reserved for c: the others stand back for a lease from when they saw the release.
     assert!(
         took >= TIMINGS.lease_duration - TIMINGS.retry_period,
@@ -438,10 +432,6 @@ async fn a_static_member_that_does_not_come_back_leaves_its_shards_for_a_lease()
         took <= TIMINGS.lease_duration + TIMINGS.retry_period * 4,
         "c's shards taken after {took:?}"
     );
-    for m in [a, b] {
-        m.leave().await.expect("left");
-    }
-    set.log.check("paused clock");
 }
 
 async fn a_crashed_members_shards_are_taken_after_their_lease(clock: Clock) {
