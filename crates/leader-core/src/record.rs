@@ -111,7 +111,7 @@ impl LeaderElectionRecord {
     /// the backend and what is invalid once.
     pub fn from_json(
         backend: &'static str,
-        context: &str,
+        context: impl std::fmt::Display,
         bytes: &[u8],
     ) -> Result<Self, LockError> {
         serde_json::from_slice(bytes).map_err(|err| {

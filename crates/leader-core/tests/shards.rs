@@ -927,6 +927,46 @@ async fn a_thousand_shards_over_ten_members() {
     set.log.check("a thousand shards");
 }
 
+/// A member taking a large set from a store that answers each request in 100 ms claims a few
+/// batches a round, over many rounds; it reads every shard far less often than once a round
+/// (the claims one read calls for go on in the rounds after it, and such reads are paced by
+/// what they take), and no term ends by its deadline.
+#[tokio::test]
+async fn a_member_taking_many_shards_reads_them_all_rarely() {
+    tokio::time::pause();
+    let count = 2000;
+    let set = Set::new(Clock::Store, count);
+    let member = set.join("a");
+    member
+        .shard_faults
+        .delay_requests(Duration::from_millis(100));
+    let took = until(Duration::from_secs(120), || {
+        member.owned().len() == count as usize
+    })
+    .await
+    .unwrap_or_else(|| panic!("took {} shards", member.owned().len()));
+    let rounds = took.as_millis() / TIMINGS.retry_period.as_millis();
+    let reads = member
+        .shard_faults
+        .calls()
+        .iter()
+        .filter(|c| c.operation == "get")
+        .count()
+        / count as usize;
+    assert!(rounds >= 10, "took every shard in {rounds} rounds");
+    assert!(
+        reads as u128 * 2 <= rounds,
+        "read every shard {reads} times in {rounds} rounds"
+    );
+    assert_eq!(
+        set.expired.load(Ordering::SeqCst),
+        0,
+        "terms ended by their deadline"
+    );
+    member.leave().await.expect("left");
+    set.log.check("a large set");
+}
+
 /// S6 for a shard: work that takes a while to stop (it holds its term for a second after the
 /// term ends) delays the shard's release, and the next owner starts only after it stopped.
 #[tokio::test]

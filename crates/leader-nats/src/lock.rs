@@ -176,7 +176,7 @@ impl NatsLock {
     }
 
     fn decode(&self, entry: &kv::Entry) -> Result<Observed, LockError> {
-        let record = LeaderElectionRecord::from_json(BACKEND, &self.context(), &entry.value)?;
+        let record = LeaderElectionRecord::from_json(BACKEND, self.context(), &entry.value)?;
         Ok(Observed {
             record,
             version: Version::new(entry.revision.to_string()),

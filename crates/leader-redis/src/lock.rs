@@ -9,7 +9,7 @@ use leader_core::{
 
 use crate::error::{BACKEND, map};
 use crate::scripts::{self, LuaScript};
-use crate::store::RedisStore;
+use crate::store::{Lane, RedisStore};
 
 /// What follows `PREFIX{NAME}` in each key of an election, in the order of [`keys`]. The braces
 /// are a Redis Cluster hash tag: every key of one election is in one slot.
@@ -54,10 +54,11 @@ impl RedisStore {
     }
 }
 
-/// Runs `script` with `keys` and `args`: `EVALSHA`, and `EVAL` (which also caches the script)
+/// Runs `script` with `keys` and `args` on the connection of `lane`: `EVALSHA`, and `EVAL` (which also caches the script)
 /// only when the server answers `NOSCRIPT`, as after a restart.
 pub(crate) async fn eval<T: redis::FromRedisValue>(
     store: &RedisStore,
+    lane: Lane,
     script: &LuaScript,
     keys: &[&str],
     args: &[&[u8]],
@@ -71,7 +72,7 @@ pub(crate) async fn eval<T: redis::FromRedisValue>(
         }
         command
     };
-    let mut connection = store.connection();
+    let mut connection = store.connection_of(lane);
     let mut result = command("EVALSHA", &script.sha)
         .query_async(&mut connection)
         .await;
@@ -94,7 +95,7 @@ pub(crate) async fn eval<T: redis::FromRedisValue>(
 
 /// A stored record from its fields; the fields are authoritative for holder and token.
 pub(crate) fn decode(
-    context: &str,
+    context: impl std::fmt::Display + Copy,
     version: String,
     holder: String,
     transitions: i64,
@@ -159,7 +160,10 @@ impl RedisLock {
         args: &[&[u8]],
     ) -> Result<T, LockError> {
         let keys = [self.key.as_str(), &self.fence, &self.extensions];
-        eval(&self.store, script, &keys, args, || self.context()).await
+        eval(&self.store, Lane::Main, script, &keys, args, || {
+            self.context()
+        })
+        .await
     }
 
     /// A stored record from its fields; the fields are authoritative for holder and token.
@@ -218,7 +222,7 @@ impl ResourceLock for RedisLock {
             .await?;
         // The record as written: with the extensions an expired hash left, if any.
         let extensions =
-            LeaderElectionRecord::from_json(BACKEND, &self.context(), json.as_bytes())?.extensions;
+            LeaderElectionRecord::from_json(BACKEND, self.context(), json.as_bytes())?.extensions;
         Ok(Observed {
             record: LeaderElectionRecord {
                 leader_transitions: transitions,

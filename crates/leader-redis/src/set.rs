@@ -13,13 +13,14 @@ use redis::Value;
 use crate::error::BACKEND;
 use crate::lock::{decode, eval, first_keys};
 use crate::scripts;
-use crate::store::RedisStore;
+use crate::store::{Lane, RedisStore};
 
 /// The records of a shard set on one Redis server ([`RedisStore::lock_set`]).
 /// [`get_many`](LockSet::get_many), [`renew_many`](LockSet::renew_many) and a round of both
 /// ([`renew_and_read`](LockSet::renew_and_read)) are one script each, whatever the number of
 /// records, each record kept as the [`RedisLock`](crate::RedisLock)
-/// keeps it. A Redis Cluster refuses scripts over keys of several slots: there the set falls
+/// keeps it. A read of many records goes on a connection of its own, so that renewals never
+/// wait in line behind its large answer. A Redis Cluster refuses scripts over keys of several slots: there the set falls
 /// back to a request per record, once it has seen the refusal.
 #[derive(Clone, Debug)]
 pub struct RedisLockSet {
@@ -87,11 +88,22 @@ impl RedisLockSet {
             Known::Version(v) => v.as_str().as_bytes().to_vec(),
         }));
         let args: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
-        let (renewed, entries): (Vec<i64>, Vec<Vec<Value>>) =
-            eval(&self.store, &scripts::RENEW_AND_READ, &batch, &args, || {
-                self.context()
-            })
-            .await?;
+        // A read of many records alone goes on the bulk connection; renewals, with a read of
+        // the few records a round reads beside them or without, on the main one.
+        let lane = if renewals.is_empty() && names.len() > BULK_READ {
+            Lane::Bulk
+        } else {
+            Lane::Main
+        };
+        let (renewed, entries): (Vec<i64>, Vec<Vec<Value>>) = eval(
+            &self.store,
+            lane,
+            &scripts::RENEW_AND_READ,
+            &batch,
+            &args,
+            || self.context(),
+        )
+        .await?;
         if renewed.len() != renewals.len() || entries.len() != names.len() {
             return Err(LockError::unavailable(
                 BACKEND,
@@ -101,39 +113,46 @@ impl RedisLockSet {
         let entries = entries
             .into_iter()
             .zip(&read_keys)
-            .map(|(entry, keys)| self.entry(&entry, &keys[0]))
+            .map(|(entry, keys)| self.entry(entry, &keys[0]))
             .collect();
         Ok((renewed.into_iter().map(|done| done == 1).collect(), entries))
     }
 
-    /// Decodes one entry of a read script's answer for the election whose hash is `key`.
-    fn entry(&self, entry: &[Value], key: &str) -> Result<Reread, LockError> {
-        let context = format!("{} key {key}", self.store.inner.redacted);
+    /// Decodes one entry of a read script's answer for the election whose hash is `key` (its
+    /// context formatted only for an error: a read of every shard decodes thousands).
+    fn entry(&self, entry: Vec<Value>, key: &str) -> Result<Reread, LockError> {
+        let context = KeyContext {
+            url: &self.store.inner.redacted,
+            key,
+        };
         let bad = |what: &str| LockError::invalid_record(BACKEND, format!("{context}: {what}"));
-        let text =
-            |v: &Value| redis::from_redis_value::<String>(v.clone()).map_err(|_| bad("not text"));
-        match entry
-            .first()
-            .map(|v| redis::from_redis_value::<i64>(v.clone()))
-        {
+        let text = |v: Value| redis::from_redis_value::<String>(v).map_err(|_| bad("not text"));
+        let len = entry.len();
+        let mut fields = entry.into_iter();
+        match fields.next().map(redis::from_redis_value::<i64>) {
             Some(Ok(0)) => Ok(Reread::Now(None)),
-            Some(Ok(1)) if entry.len() == 5 => {
-                let transitions = redis::from_redis_value::<i64>(entry[3].clone())
+            Some(Ok(1)) if len == 5 => {
+                let (Some(version), Some(holder), Some(transitions), Some(json)) =
+                    (fields.next(), fields.next(), fields.next(), fields.next())
+                else {
+                    return Err(bad("an answer this version does not know"));
+                };
+                let transitions = redis::from_redis_value::<i64>(transitions)
                     .map_err(|_| bad("a fencing token that is not a number"))?;
                 decode(
-                    &context,
-                    text(&entry[1])?,
-                    text(&entry[2])?,
+                    context,
+                    text(version)?,
+                    text(holder)?,
                     transitions,
-                    &text(&entry[4])?,
+                    &text(json)?,
                 )
                 .map(|observed| Reread::Now(Some(observed)))
             }
-            Some(Ok(2)) if entry.len() == 2 => {
-                let message = text(&entry[1])?;
+            Some(Ok(2)) if len == 2 => {
+                let message = fields.next().map(text).transpose()?.unwrap_or_default();
                 Err(bad(message.trim_start_matches("LEADER_INVALID ")))
             }
-            Some(Ok(3)) if entry.len() == 1 => Ok(Reread::Same),
+            Some(Ok(3)) if len == 1 => Ok(Reread::Same),
             _ => Err(bad("an answer this version does not know")),
         }
     }
@@ -148,6 +167,22 @@ impl RedisLockSet {
             self.per_key.store(true, Ordering::Relaxed);
         }
         refused
+    }
+}
+
+/// How many records a read may name and still go on the main connection.
+const BULK_READ: usize = 64;
+
+/// The context of a record's errors: the server and the record's key.
+#[derive(Clone, Copy)]
+struct KeyContext<'a> {
+    url: &'a str,
+    key: &'a str,
+}
+
+impl std::fmt::Display for KeyContext<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} key {}", self.url, self.key)
     }
 }
 

@@ -51,10 +51,12 @@ impl RedisStoreBuilder {
         let client = Client::open(self.url.as_str())
             .map_err(|err| invalid(err.detail().unwrap_or("cannot parse it")))?;
         let connection = new_manager(&client).map_err(|err| map(&redacted, err))?;
+        let bulk = new_manager(&client).map_err(|err| map(&redacted, err))?;
         Ok(RedisStore {
             inner: Arc::new(Inner {
                 client,
                 connection: StdMutex::new(connection),
+                bulk: StdMutex::new(bulk),
                 redacted,
                 prefix: self.prefix,
                 subscriber: Subscriber::default(),
@@ -74,7 +76,8 @@ fn new_manager(client: &Client) -> redis::RedisResult<ConnectionManager> {
 
 /// A Redis server holding elections: make [`RedisLock`](crate::RedisLock)s from it. Cheap to clone; all locks of
 /// a store share one multiplexed connection (reconnected when it breaks) and one pub/sub
-/// connection.
+/// connection. A shard set's reads of many records go on a second connection, so that
+/// renewals never wait in line behind their large answers.
 #[derive(Clone)]
 pub struct RedisStore {
     pub(crate) inner: Arc<Inner>,
@@ -83,6 +86,8 @@ pub struct RedisStore {
 pub(crate) struct Inner {
     pub(crate) client: Client,
     pub(crate) connection: StdMutex<ConnectionManager>,
+    /// The connection of shard sets' reads of many records ([`Lane::Bulk`]).
+    pub(crate) bulk: StdMutex<ConnectionManager>,
     pub(crate) redacted: String,
     pub(crate) prefix: String,
     pub(crate) subscriber: Subscriber,
@@ -126,18 +131,39 @@ impl RedisStore {
             .clone()
     }
 
-    /// Replaces a connection that will not recover by itself: the driver's manager reconnects
-    /// after I/O errors but keeps returning a failed authentication forever, even once the
-    /// password has been fixed on the server.
-    pub(crate) fn renew_connection(&self) {
-        if let Ok(fresh) = new_manager(&self.inner.client) {
-            *self
+    /// The connection of `lane`.
+    pub(crate) fn connection_of(&self, lane: Lane) -> ConnectionManager {
+        match lane {
+            Lane::Main => self.connection(),
+            Lane::Bulk => self
                 .inner
-                .connection
+                .bulk
                 .lock()
-                .unwrap_or_else(|p| p.into_inner()) = fresh;
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
         }
     }
+
+    /// Replaces the connections that will not recover by themselves: the driver's manager
+    /// reconnects after I/O errors but keeps returning a failed authentication forever, even
+    /// once the password has been fixed on the server.
+    pub(crate) fn renew_connection(&self) {
+        for slot in [&self.inner.connection, &self.inner.bulk] {
+            if let Ok(fresh) = new_manager(&self.inner.client) {
+                *slot.lock().unwrap_or_else(|p| p.into_inner()) = fresh;
+            }
+        }
+    }
+}
+
+/// Which of a store's connections a request goes on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Lane {
+    /// Renewals, acquisitions, and reads of a few records.
+    Main,
+    /// A shard set's reads of many records: their answers are large, and a request behind
+    /// them on one multiplexed connection waits until they have all arrived.
+    Bulk,
 }
 
 /// One pub/sub connection per store, fanned out to the followers of each channel.

@@ -38,6 +38,12 @@ mod round;
 /// How many shards a member tries to take at once (each a request on its own record).
 const CLAIMS_AT_ONCE: usize = 32;
 
+/// A read of every shard is followed by at least this many times as long without one: a member that has not settled spends a tenth of its
+/// time at most reading the whole set, and a loaded store, whose reads take longer, is read
+/// less. Reading at once on every change instead (each shard given is one) ended terms by
+/// their deadline on two busy cores.
+const FULL_READ_PACE: u32 = 10;
+
 /// The roster is no election: its `lease_duration` only tells stores that expire records (a
 /// free Redis record expires after it) to keep it. Members write it again once a day.
 const ROSTER_LEASE: std::time::Duration = std::time::Duration::from_secs(30 * 24 * 3600);
@@ -126,6 +132,25 @@ struct Claim {
     no_try_acquire: bool,
 }
 
+/// The claims that a read of every shard called for, made over the rounds that follow while
+/// the members stay as read: a round claims what its budget allows, and the next round goes
+/// on from there without reading every shard again.
+#[derive(Debug, Default)]
+struct Plan {
+    /// This member's own shards that it holds no term of, to take again whatever the room.
+    lapsed: std::collections::VecDeque<u32>,
+    /// The open shards, best first: taken until `room` are, a shard that another member took
+    /// first making way for the next.
+    candidates: std::collections::VecDeque<u32>,
+    room: usize,
+}
+
+impl Plan {
+    fn done(&self) -> bool {
+        self.lapsed.is_empty() && (self.candidates.is_empty() || self.room == 0)
+    }
+}
+
 /// One read of the set.
 struct View {
     roster: Option<Observed>,
@@ -198,6 +223,13 @@ pub(crate) struct Runner {
     drains: Vec<String>,
     /// When the shards must be read again, settled or not.
     full_read_due: Instant,
+    /// The earliest the shards may be read again: the last read of every shard paced by what
+    /// it took ([`FULL_READ_PACE`]).
+    full_read_floor: Instant,
+    /// The claims left of the last read of every shard.
+    plan: Option<Plan>,
+    /// What the last round's renewals took: a round claims for half a retry period less it.
+    renewals_took: std::time::Duration,
 }
 
 impl Runner {
@@ -257,6 +289,9 @@ impl Runner {
             settled_live: BTreeSet::new(),
             drains: Vec::new(),
             full_read_due: Instant::now(),
+            full_read_floor: Instant::now(),
+            plan: None,
+            renewals_took: std::time::Duration::ZERO,
         }
     }
 
@@ -281,7 +316,7 @@ impl Runner {
             }
             self.serve_requests().await;
             if Instant::now() >= self.next_attempt {
-                let full = !self.settled || Instant::now() >= self.full_read_due;
+                let full = self.full_read_wanted();
                 // A read of the roster and the members goes with the renewals, in one request
                 // where the store allows it; a read of every shard only after them, so that
                 // the renewals never wait for its answer (a round's terms are extended only
@@ -290,8 +325,9 @@ impl Runner {
                     self.renew().await;
                 }
                 let mut step = self.read_and_act(full, !full).await;
-                // A change seen in a read of the members alone: read the shards at once.
-                if matches!(step, Ok(true)) && !full && !self.settled {
+                // A change seen in a read of the members alone: read the shards at once, if
+                // their pace allows.
+                if matches!(step, Ok(true)) && !full && self.full_read_wanted() {
                     step = self.read_and_act(true, false).await;
                 }
                 if let Err(err) = step {
@@ -307,6 +343,23 @@ impl Runner {
         self.leave().await;
         self.publish(true);
         result
+    }
+
+    /// Whether this round reads every shard: half a lease after the last such read, or sooner
+    /// while the set is not settled and the claims that read called for are made; never
+    /// before the pace of these reads allows ([`FULL_READ_PACE`]).
+    fn full_read_wanted(&self) -> bool {
+        let now = Instant::now();
+        now >= self.full_read_floor
+            && (now >= self.full_read_due || (!self.settled && self.plan.is_none()))
+    }
+
+    /// The set is no longer as the last read of every shard found it (a shard given or ended
+    /// here, say): the claims that read called for are dropped, and the next round allowed by
+    /// the pace of these reads ([`FULL_READ_PACE`]) reads every shard again.
+    fn unsettle(&mut self) {
+        self.settled = false;
+        self.plan = None;
     }
 
     /// A read of the set (`full`: with every shard), after this round's renewals when `renew`

@@ -121,7 +121,7 @@ impl EtcdLock {
             }) if *mod_revision == kv.mod_revision() => record.clone(),
             _ => {
                 seen.record = None;
-                let stored = LeaderElectionRecord::from_json(BACKEND, &self.context(), kv.value())?;
+                let stored = LeaderElectionRecord::from_json(BACKEND, self.context(), kv.value())?;
                 seen.record = Some(RecordSeen::Present {
                     mod_revision: kv.mod_revision(),
                     lease: kv.lease(),

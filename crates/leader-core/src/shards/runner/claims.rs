@@ -183,7 +183,8 @@ impl Runner {
     /// first, then those it likes best), and one more when a shard has stayed free for a
     /// lease whatever the shares say (members whose view is stale leave no shard unowned for
     /// long), unless this member is `drained`. The `lapsed` shards are taken again whatever
-    /// the room.
+    /// the room. This round makes the claims its budget allows; the plan keeps the rest for
+    /// the rounds that follow ([`claim_planned`](Self::claim_planned)).
     pub(super) async fn take(
         &mut self,
         room: usize,
@@ -218,39 +219,56 @@ impl Runner {
             }
         }
         candidates.sort_unstable_by(|a, b| b.cmp(a));
-        // Lapsed shards first, then candidates until `room` are taken: a shard another member
-        // took first (a conflict) makes way for the next candidate.
-        let lapsed_count = lapsed.len();
-        let mut wanted: Vec<u32> = lapsed.to_vec();
-        wanted.extend(candidates.iter().map(|&(_, _, s)| s));
-        if wanted.is_empty() {
-            wanted.extend(stuck);
+        // Lapsed shards first, then candidates until `room` are taken; without either, the
+        // stuck shard.
+        let mut plan = Plan {
+            lapsed: lapsed.iter().copied().collect(),
+            candidates: candidates.iter().map(|&(_, _, s)| s).collect(),
+            room,
+        };
+        if plan.lapsed.is_empty() && plan.candidates.is_empty() {
+            plan.candidates.extend(stuck);
+            plan.room = plan.candidates.len();
         }
-        let mut taken = 0;
-        let mut next = 0;
-        // A request per shard taken, up to `CLAIMS_AT_ONCE` at a time, each on its own record:
-        // the round ends in time for the next renewals, and the rest waits for the next round.
-        let budget = Instant::now() + self.config.retry_period / 2;
-        while next < wanted.len() && Instant::now() < budget {
+        self.plan = Some(plan);
+        self.claim_planned(shards).await;
+    }
+
+    /// Makes the claims of the plan (see [`Plan`]) that this round's budget allows: half a
+    /// retry period less what its renewals took (a tenth of one at least, so that a slow
+    /// store still sees claims), a request per shard, up to `CLAIMS_AT_ONCE` at a time, each
+    /// on its own record. What is left waits for the next rounds. `shards` holds each shard's
+    /// record as last read.
+    pub(super) async fn claim_planned(&mut self, shards: &[Option<Observed>]) {
+        let Some(mut plan) = self.plan.take() else {
+            return;
+        };
+        let retry = self.config.retry_period;
+        let budget = Instant::now()
+            + (retry / 2)
+                .saturating_sub(self.renewals_took)
+                .max(retry / 10);
+        while !plan.done() && Instant::now() < budget {
             // A batch never mixes lapsed shards and candidates, nor takes more than the room.
-            let limit = if next < lapsed_count {
-                lapsed_count - next
-            } else if room > 0 {
-                room.saturating_sub(taken)
+            let retaking = !plan.lapsed.is_empty();
+            let mut batch: Vec<u32> = if retaking {
+                let n = plan.lapsed.len().min(CLAIMS_AT_ONCE);
+                plan.lapsed.drain(..n).collect()
             } else {
-                wanted.len() - next
+                let n = plan.room.min(plan.candidates.len()).min(CLAIMS_AT_ONCE);
+                plan.candidates.drain(..n).collect()
             };
-            let batch = &wanted[next..wanted.len().min(next + limit.min(CLAIMS_AT_ONCE))];
-            if batch.is_empty() {
-                break;
-            }
-            let retaking = next < lapsed_count;
-            next += batch.len();
+            // Rounds after the read: a shard since taken here, or past a new count, is not.
+            batch.retain(|shard| {
+                (*shard as usize) < self.shard_keys.len()
+                    && !self.owned.contains_key(shard)
+                    && !self.releasing.contains_key(shard)
+            });
             // Never past the budget: a slow store answers claims late, and the next round's
             // renewals must not wait for them (a claim dropped after the store took it leaves
             // a record naming this member without a term: lapsed, taken again later).
             let claims = join_all(batch.iter().map(|&shard| {
-                let current = shards[shard as usize].clone();
+                let current = shards.get(shard as usize).cloned().flatten();
                 self.claim(&self.shard_keys[shard as usize], current)
             }));
             let Ok(claims) = tokio::time::timeout_at(budget, claims).await else {
@@ -278,7 +296,7 @@ impl Runner {
                         self.owned.insert(shard, term);
                         self.owned_changed = true;
                         if !retaking {
-                            taken += 1;
+                            plan.room = plan.room.saturating_sub(1);
                         }
                         if let (Some(started), Some(leadership)) =
                             (&self.callbacks.started, counted)
@@ -299,6 +317,9 @@ impl Runner {
             if failed {
                 break;
             }
+        }
+        if !plan.done() {
+            self.plan = Some(plan);
         }
     }
 }

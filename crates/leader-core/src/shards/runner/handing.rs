@@ -13,7 +13,7 @@ impl Runner {
     pub(super) fn end(&mut self, shard: u32, reason: StepDownReason) {
         if let Some(mut term) = self.owned.remove(&shard) {
             self.owned_changed = true;
-            self.settled = false;
+            self.unsettle();
             term.cancel.cancel();
             m::shard_moved(&self.config.name, reason_label(reason));
             let stopped = self.callbacks.stopped.as_ref();
@@ -36,7 +36,7 @@ impl Runner {
             return;
         };
         self.owned_changed = true;
-        self.settled = false;
+        self.unsettle();
         term.cancel.cancel();
         let lock = self.lock(&term.key);
         let grace = self.config.stop_grace;

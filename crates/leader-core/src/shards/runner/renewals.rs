@@ -20,7 +20,8 @@ impl Runner {
         }
     }
 
-    pub(super) fn renew_timed_out(&self) {
+    pub(super) fn renew_timed_out(&mut self) {
+        self.renewals_took = self.config.request_timeout;
         let err = LockError::Timeout {
             lock: self.set.describe(),
             operation: "renew",
@@ -79,6 +80,7 @@ impl Runner {
         results: Vec<Result<Observed, LockError>>,
         started: Instant,
     ) {
+        self.renewals_took = started.elapsed();
         let conflicts = self.take_renewals(whose, results, started);
         if !conflicts.is_empty() {
             let again = self.reread(conflicts).await;

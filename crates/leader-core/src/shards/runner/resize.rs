@@ -30,7 +30,7 @@ impl Runner {
         self.shard_read.resize(n, false);
         self.config.count = count;
         self.make_read_keys();
-        self.settled = false;
+        self.unsettle();
         self.owned_changed = true;
     }
 }

@@ -70,6 +70,11 @@ impl Runner {
                 }
             }
         };
+        if full {
+            // The next read of every shard waits as many times as long as this one took.
+            let now = Instant::now();
+            self.full_read_floor = now + (now - started) * FULL_READ_PACE;
+        }
         let results = match results {
             Ok(results) if results.len() == asked.len() => results,
             Ok(_) => {
@@ -160,7 +165,7 @@ impl Runner {
     /// Acts on a read: the roster, this member's record, then the shares.
     pub(super) async fn act(&mut self, view: View) -> Result<(), ShardsError> {
         let Some(roster) = self.check_roster(view.roster).await? else {
-            self.settled = false;
+            self.unsettle();
             return Ok(());
         };
         self.hold_member_record(view.members.get(&self.me).cloned().flatten())
@@ -172,7 +177,7 @@ impl Runner {
         self.live = live.len();
         self.prune(&roster, &view.members, &live).await;
         if self.member.is_none() {
-            self.settled = false;
+            self.unsettle();
             return Ok(());
         }
         self.reap_releases();
@@ -184,13 +189,20 @@ impl Runner {
             .eq(self.drains.iter().map(String::as_str))
         {
             self.drains = drained.iter().map(|&d| d.to_owned()).collect();
-            self.settled = false;
+            self.unsettle();
         }
         if !view.shards {
             // A member that died is seen by its record (read every round); its shards' last
             // versions by the next full read, half a lease at most after its last renewal.
             if live != self.settled_live {
-                self.settled = false;
+                self.unsettle();
+            }
+            // The claims the last read of every shard called for go on while the members
+            // stay as it found them.
+            if self.plan.is_some() {
+                let shards = std::mem::take(&mut self.shard_records);
+                self.claim_planned(&shards).await;
+                self.shard_records = shards;
             }
             return Ok(());
         }
