@@ -20,6 +20,13 @@ use crate::key::{RENEWAL_SUFFIX, check_name};
 use crate::session::{self, SessionSlot};
 use crate::store::ConsulStore;
 
+mod txn;
+mod watcher;
+
+pub(crate) use txn::RENEWAL_OPS;
+use txn::*;
+use watcher::*;
+
 /// How long a follower's blocking query waits on the server before it asks again.
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -121,110 +128,7 @@ struct Known {
     locked: Option<(u64, Option<String>)>,
 }
 
-/// The lock's version: the `ModifyIndex` of the record key and of the renewal key (0: absent).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Indexes {
-    record: u64,
-    renewal: u64,
-}
-
-impl Indexes {
-    fn version(self) -> Version {
-        Version::new(format!("{}:{}", self.record, self.renewal))
-    }
-
-    /// A version this lock gave out; anything else cannot match what is stored.
-    fn of(version: &Version) -> Result<Self, LockError> {
-        version
-            .as_str()
-            .split_once(':')
-            .and_then(|(record, renewal)| {
-                Some(Self {
-                    record: record.parse().ok()?,
-                    renewal: renewal.parse().ok()?,
-                })
-            })
-            .ok_or_else(|| LockError::conflict(BACKEND))
-    }
-}
-
-/// A key as Consul returns it.
-struct Entry {
-    modify_index: u64,
-    session: Option<String>,
-    value: Vec<u8>,
-}
-
-fn op(verb: &str, key: &str) -> Value {
-    json!({"KV": {"Verb": verb, "Key": key}})
-}
-
-fn check_index(key: &str, index: u64) -> Value {
-    if index == 0 {
-        op("check-not-exists", key)
-    } else {
-        json!({"KV": {"Verb": "check-index", "Key": key, "Index": index}})
-    }
-}
-
-/// The operations of a renewal ([`ConsulLock::renewal_ops`]).
-pub(crate) const RENEWAL_OPS: usize = 3;
-
 impl ConsulLock {
-    /// A renewal's operations: the record key's index and its lock by this candidate's session
-    /// checked, the renewal key written. A conflict when this candidate has no session, or for
-    /// a version it did not give out.
-    pub(crate) fn renewal_ops(
-        &self,
-        version: &Version,
-        record: &LeaderElectionRecord,
-    ) -> Result<[Value; RENEWAL_OPS], LockError> {
-        let at = Indexes::of(version)?;
-        let Some(session) = self.session.get() else {
-            return Err(LockError::conflict(BACKEND));
-        };
-        Ok([
-            check_index(&self.key, at.record),
-            json!({"KV": {"Verb": "check-session", "Key": self.key, "Session": session}}),
-            json!({"KV": {"Verb": "set", "Key": self.renewal_key, "Value": Self::renewal_value(&session, record)}}),
-        ])
-    }
-
-    /// What a transaction with [`renewal_ops`](Self::renewal_ops) stored, from its results.
-    pub(crate) fn renewed(
-        &self,
-        results: &[Value],
-        version: &Version,
-        record: &LeaderElectionRecord,
-    ) -> Result<Observed, LockError> {
-        let renewed = Observed {
-            record: record.clone(),
-            version: Indexes {
-                record: Indexes::of(version)?.record,
-                renewal: self.index_in(results, &self.renewal_key)?,
-            }
-            .version(),
-        };
-        // A renewal key written as it was keeps its ModifyIndex (`kvsSetTxn`): no renewal.
-        LockError::unless_moved(BACKEND, "renew", version, renewed)
-    }
-
-    /// The record as [`get`](ResourceLock::get) answers it, from the entries of a read of many
-    /// keys by key (a key missing from them is absent).
-    pub(crate) fn absorb(
-        &self,
-        found: &std::collections::HashMap<&str, &Value>,
-    ) -> Result<Option<Observed>, LockError> {
-        let entry = |key: &str| match found.get(key) {
-            Some(entry) => self.entry(entry),
-            None => Ok(None),
-        };
-        let renewal = entry(&self.renewal_key)?;
-        entry(&self.key)?
-            .map(|record| self.observed(&record, renewal.as_ref()))
-            .transpose()
-    }
-
     /// The KV key that holds the record.
     pub fn key(&self) -> &str {
         &self.key
@@ -711,70 +615,5 @@ impl ResourceLock for ConsulLock {
     /// Destroys this candidate's session, which releases the key if it still holds it.
     async fn close(&self) {
         self.drop_session().await;
-    }
-}
-
-/// A reader of the record key with blocking queries, for the change stream.
-struct Watcher {
-    store: ConsulStore,
-    path: String,
-    context: String,
-}
-
-impl Watcher {
-    /// Reads the key: the entry, if any, and the index to block on next.
-    async fn read(
-        &self,
-        query: &[(&str, String)],
-        extra: Duration,
-    ) -> Result<(Option<(Option<String>, Vec<u8>)>, u64), LockError> {
-        let answer = self
-            .store
-            .send(&self.context, Method::GET, &self.path, query, None, extra)
-            .await?;
-        match answer.code {
-            StatusCode::NOT_FOUND => Ok((None, answer.index)),
-            StatusCode::OK => {
-                let entries: Value = serde_json::from_str(&answer.body).map_err(|err| {
-                    LockError::invalid_record(
-                        BACKEND,
-                        format!("{}: an answer that is not JSON: {err}", self.context),
-                    )
-                })?;
-                let entry = &entries[0];
-                let value = entry["Value"]
-                    .as_str()
-                    .and_then(|v| BASE64.decode(v).ok())
-                    .unwrap_or_default();
-                let session = entry["Session"]
-                    .as_str()
-                    .filter(|s| !s.is_empty())
-                    .map(str::to_owned);
-                Ok((Some((session, value)), answer.index))
-            }
-            _ => Err(self.store.refused(&self.context, &answer)),
-        }
-    }
-}
-
-/// What followers wake for: the key's existence, its lock, its holder and a handover request.
-#[derive(PartialEq, Eq)]
-struct Wake {
-    present: bool,
-    session: Option<String>,
-    holder: Option<String>,
-    handover_to: Option<String>,
-}
-
-impl Wake {
-    fn of(entry: Option<&(Option<String>, Vec<u8>)>) -> Self {
-        let record =
-            entry.and_then(|(_, value)| serde_json::from_slice::<LeaderElectionRecord>(value).ok());
-        Self {
-            present: entry.is_some(),
-            session: entry.and_then(|(session, _)| session.clone()),
-            holder: record.as_ref().map(|r| r.holder_identity.clone()),
-            handover_to: record.and_then(|r| r.handover_to().map(str::to_owned)),
-        }
     }
 }

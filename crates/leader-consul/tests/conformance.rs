@@ -10,12 +10,8 @@ async fn the_consul_lock_conforms() {
     conformance::run_all(&Factory::start().await).await;
 }
 
+/// Two and ten electors each elect exactly one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn two_electors_elect_exactly_one() {
-    conformance::electors_elect_exactly_one(&Factory::start().await, 2).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn ten_electors_elect_exactly_one() {
-    conformance::electors_elect_exactly_one(&Factory::start().await, 10).await;
+async fn electors_conform() {
+    conformance::electors(&Factory::start().await, false).await;
 }

@@ -10,20 +10,14 @@ use leader_core::conformance;
 use leader_core::{LeaderElectionRecord, ResourceLock};
 use tokio::time::{Instant, sleep, timeout};
 
+/// Two and ten electors each elect exactly one; a release wakes the followers (a watch), and
+/// one takes over well within a retry period.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn two_electors_elect_exactly_one() {
+async fn electors_conform() {
     let Some(store) = common::store().await else {
         return;
     };
-    conformance::electors_elect_exactly_one(&Factory { store }, 2).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn ten_electors_elect_exactly_one() {
-    let Some(store) = common::store().await else {
-        return;
-    };
-    conformance::electors_elect_exactly_one(&Factory { store }, 10).await;
+    conformance::electors(&Factory { store }, true).await;
 }
 
 /// The holder's etcd lease is revoked by hand (as `etcdctl lease revoke` would): its key is
@@ -68,16 +62,6 @@ async fn a_revoked_lease_makes_the_holder_step_down_and_another_take_over() {
     assert!(next > token, "fencing token {token} then {next}");
     holder.stop().await;
     follower.stop().await;
-}
-
-/// A release wakes the followers at once (pub/sub for Redis, a watch for etcd).
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_released_lease_is_taken_over_well_within_a_retry_period() {
-    let Some(store) = common::store().await else {
-        return;
-    };
-    let took = conformance::release_is_taken_over_at_once(&Factory { store }).await;
-    eprintln!("handover after release took {took:?}");
 }
 
 /// The messages etcd received so far (`grpc_server_msg_received_total`, every method).

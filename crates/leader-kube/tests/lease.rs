@@ -18,26 +18,11 @@ fn lease_json(name: &str, spec: serde_json::Value) -> serde_json::Value {
            "metadata": {"name": name, "namespace": "default"}, "spec": spec})
 }
 
+/// Two and ten electors each elect exactly one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn two_electors_elect_exactly_one() {
-    conformance::electors_elect_exactly_one(
-        &Factory {
-            api: KubeApiServer::start().await,
-        },
-        2,
-    )
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn ten_electors_elect_exactly_one() {
-    conformance::electors_elect_exactly_one(
-        &Factory {
-            api: KubeApiServer::start().await,
-        },
-        10,
-    )
-    .await;
+async fn electors_conform() {
+    let api = KubeApiServer::start().await;
+    conformance::electors(&Factory { api }, false).await;
 }
 
 /// A Lease as client-go's LeaseLock writes it reads back field for field, and ours is written in

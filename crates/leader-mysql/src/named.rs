@@ -20,6 +20,14 @@ use crate::lock::{TableLock, first_record};
 use crate::sql::parse_version;
 use crate::store::MysqlStore;
 
+mod follower;
+mod key;
+mod session;
+
+use follower::Follower;
+use key::lock_key;
+use session::Session;
+
 /// The longest user-level lock name MySQL takes (MariaDB takes the same).
 const MAX_KEY: usize = 64;
 
@@ -126,78 +134,6 @@ impl Watcher {
     }
 }
 
-/// The lock's own session.
-#[derive(Debug)]
-struct Session {
-    conn: Conn,
-    /// The fencing term whose user-level lock this session holds; `None` when it holds none.
-    term: Option<u64>,
-    /// The connection failed: the session is gone, and its user-level lock with it.
-    lost: bool,
-}
-
-impl Session {
-    async fn first<T: FromRow + Send + 'static>(
-        &mut self,
-        context: &str,
-        sql: &str,
-        params: Vec<Value>,
-    ) -> Result<Option<T>, LockError> {
-        let result = self.conn.exec_first(sql, params).await;
-        self.check(context, result, map)
-    }
-
-    /// Runs a statement that calls `GET_LOCK`: as [`first`](Self::first), with a server that
-    /// refuses `GET_LOCK` reported as misconfigured.
-    async fn get_lock(
-        &mut self,
-        context: &str,
-        sql: &str,
-        params: Vec<Value>,
-    ) -> Result<Option<Option<i64>>, LockError> {
-        let result = self.conn.exec_first(sql, params).await;
-        self.check(context, result, map_get_lock)
-    }
-
-    /// Runs a write and returns how many rows it changed.
-    async fn write(
-        &mut self,
-        context: &str,
-        sql: &str,
-        params: Vec<Value>,
-    ) -> Result<u64, LockError> {
-        let result = self.conn.exec_drop(sql, params).await;
-        self.check(context, result, map)?;
-        Ok(self.conn.affected_rows())
-    }
-
-    fn check<T>(
-        &mut self,
-        context: &str,
-        result: Result<T, mysql_async::Error>,
-        map: fn(&str, mysql_async::Error) -> LockError,
-    ) -> Result<T, LockError> {
-        result.map_err(|err| {
-            if connection_lost(&err) {
-                self.lost = true;
-                self.term = None;
-            }
-            map(context, err)
-        })
-    }
-}
-
-/// Whether `err` means the session is gone (and the server let go of its user-level locks).
-fn connection_lost(err: &mysql_async::Error) -> bool {
-    match err {
-        mysql_async::Error::Server(server) => {
-            // Server shutdown, connection killed, idle connection closed by MySQL 8.
-            matches!(server.code, 1053 | 1927 | 4031)
-        }
-        _ => true,
-    }
-}
-
 /// What an acquisition does with the user-level lock before its write.
 enum Hold {
     /// Takes it if it is free (an insert, or a takeover decided by the server's clock).
@@ -247,42 +183,6 @@ impl MysqlStore {
             shared: Arc::default(),
         }
     }
-}
-
-/// The user-level lock's name: `leader:database.table/name` when that is at most 64
-/// characters of ASCII without capitals (the server compares lock names without regard to
-/// case), otherwise `leader#` and a hash of the three, with a readable part of the name.
-fn lock_key(database: &str, table: &str, name: &str) -> String {
-    let plain = format!("leader:{database}.{table}/{name}");
-    let fits = plain.len() <= MAX_KEY
-        && plain
-            .bytes()
-            .all(|b| b.is_ascii_graphic() && !b.is_ascii_uppercase());
-    if fits {
-        return plain;
-    }
-    let hash = fnv1a(&[database.as_bytes(), table.as_bytes(), name.as_bytes()]);
-    let readable: String = name
-        .chars()
-        .map(|c| match c {
-            'a'..='z' | '0'..='9' | '-' | '_' | '.' | '/' => c,
-            _ => '_',
-        })
-        .take(MAX_KEY - "leader#0123456789abcdef:".len())
-        .collect();
-    format!("leader#{hash:016x}:{readable}")
-}
-
-/// 64-bit FNV-1a over `parts`, each followed by a zero byte.
-fn fnv1a(parts: &[&[u8]]) -> u64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for part in parts {
-        for &byte in part.iter().chain(&[0]) {
-            hash ^= u64::from(byte);
-            hash = hash.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-    hash
 }
 
 impl fmt::Debug for NamedLock {
@@ -748,114 +648,5 @@ impl ResourceLock for NamedLock {
             // Written since the read, or not expired yet by the server's clock.
             Written::Missed => Err(LockError::conflict(BACKEND)),
         }
-    }
-}
-
-/// The task behind a lock's watch.
-struct Follower {
-    lock: Weak<Shared>,
-    store: MysqlStore,
-    name: String,
-    key: String,
-    interval: Duration,
-    hub: ChangeHub,
-    last: Summary,
-}
-
-impl Follower {
-    /// Until the lock is dropped or closed, or the connection fails (its streams then end, and
-    /// the elector subscribes again).
-    async fn run(mut self, mut conn: Conn) {
-        if let Err(err) = self.follow(&mut conn).await {
-            tracing::debug!(error = %err, "the GET_LOCK lock's watch ended");
-        }
-        self.hub.close();
-        let _ = conn.disconnect().await;
-    }
-
-    async fn follow(&mut self, conn: &mut Conn) -> Result<(), mysql_async::Error> {
-        let statements = &self.store.inner().named_statements;
-        let seconds = i64::try_from(self.interval.as_secs().max(1)).unwrap_or(i64::MAX);
-        // The record as it was when the holder's session was last found gone: the lock is not
-        // waited for again until the record changes (the lease may still run for a while).
-        let mut gone_at: Option<Summary> = None;
-        // How long to wait before reading a free record again: a release is usually followed
-        // by a takeover within milliseconds, and the new holder's lock is the one to wait for
-        // (the next handover may come at once), so a free record is read again soon, then
-        // less and less often.
-        let mut free_pause = FIRST_FREE_PAUSE;
-        loop {
-            let Some(lock) = self.lock.upgrade() else {
-                return Ok(());
-            };
-            let holding = lock.holding.load(Ordering::Acquire);
-            drop(lock);
-            let wait = !holding && held(&self.last) && gone_at.as_ref() != Some(&self.last);
-            let mut let_go = false;
-            if wait {
-                // A follower never keeps the lock: the statement that gets it lets go of it,
-                // so a follower that stops while it waits holds up nobody.
-                let key = self.key.as_str();
-                let got: Option<Option<i64>> = conn
-                    .exec_first(&statements.wait, (key, seconds, key))
-                    .await?;
-                let_go = got.flatten() == Some(1);
-            } else if !holding && !held(&self.last) {
-                tokio::time::sleep(free_pause.min(self.interval)).await;
-                free_pause = free_pause.saturating_mul(2);
-            } else {
-                tokio::time::sleep(Duration::from_secs(seconds.unsigned_abs())).await;
-            }
-            let now: Summary = conn
-                .exec_first(&statements.summary, (self.name.as_str(),))
-                .await?;
-            if held(&now) {
-                free_pause = FIRST_FREE_PAUSE;
-            }
-            if let_go {
-                // Still the record of the holder whose session let go: its lease may run on, so
-                // the lock is not waited for until the record changes. A record that changed
-                // meanwhile names a holder that took the lock before writing it, or nobody.
-                gone_at = (now == self.last).then(|| now.clone());
-            }
-            if let_go || now != self.last {
-                self.hub.notify(CHANNEL);
-            }
-            self.last = now;
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn lock_keys_fit_and_keep_names_apart() {
-        assert_eq!(
-            lock_key("app", "leader_election", "billing"),
-            "leader:app.leader_election/billing"
-        );
-        let long = "x".repeat(100);
-        for (database, table, name) in [
-            ("app", "leader_election", long.as_str()),
-            ("app", "leader_election", "Billing"),
-            ("app", "leader_election", "naïve"),
-            ("app", "leader_election", "a b"),
-        ] {
-            let key = lock_key(database, table, name);
-            assert!(key.len() <= MAX_KEY, "{key}");
-            assert!(key.starts_with("leader#"), "{key}");
-        }
-        // Names that differ only in case are different records: different locks.
-        assert_ne!(
-            lock_key("app", "t", "Billing").to_ascii_lowercase(),
-            lock_key("app", "t", "billing").to_ascii_lowercase()
-        );
-        assert_ne!(
-            lock_key("app", "t", &format!("{long}1")),
-            lock_key("app", "t", &format!("{long}2"))
-        );
-        assert_ne!(lock_key("a", "t", "n"), lock_key("b", "t", "n"));
     }
 }

@@ -9,21 +9,13 @@ use leader_core::conformance;
 use leader_mysql::mysql_async::prelude::Queryable;
 use tokio::time::sleep;
 
-async fn exactly_one_leads(n: usize) {
+/// Two and ten electors on the table lock each elect exactly one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn table_lock_electors_conform() {
     let Some(store) = common::store().await else {
         return;
     };
-    conformance::electors_elect_exactly_one(&Factory { store }, n).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn two_table_lock_electors_elect_exactly_one() {
-    exactly_one_leads(2).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn ten_table_lock_electors_elect_exactly_one() {
-    exactly_one_leads(10).await;
+    conformance::electors(&Factory { store }, false).await;
 }
 
 /// The lease lives in the row: when the server kills every connection of the leader's pool, the

@@ -22,21 +22,13 @@ async fn named_lock_conforms() {
     conformance::run_all(&NamedFactory { store }).await;
 }
 
-async fn exactly_one_leads(n: usize) {
+/// Two and ten electors on the `GET_LOCK` lock each elect exactly one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn named_lock_electors_conform() {
     let Some(store) = common::store().await else {
         return;
     };
-    conformance::electors_elect_exactly_one(&NamedFactory { store }, n).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn two_named_lock_electors_elect_exactly_one() {
-    exactly_one_leads(2).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn ten_named_lock_electors_elect_exactly_one() {
-    exactly_one_leads(10).await;
+    conformance::electors(&NamedFactory { store }, false).await;
 }
 
 /// Which session holds `lock`'s user-level lock, as another session sees it.

@@ -10,31 +10,14 @@ use leader_core::{ResourceLock, conformance};
 use leader_nats::key_of;
 use tokio::time::sleep;
 
-async fn exactly_one_leads(n: usize) {
+/// Two and ten electors each elect exactly one; a follower woken by the KV watch takes a
+/// released lease well within a retry period.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn electors_conform() {
     let Some(store) = common::store().await else {
         return;
     };
-    conformance::electors_elect_exactly_one(&Factory { store }, n).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn two_electors_elect_exactly_one() {
-    exactly_one_leads(2).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn ten_electors_elect_exactly_one() {
-    exactly_one_leads(10).await;
-}
-
-/// A follower woken by the KV watch takes a released lease well within a retry period.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_release_is_taken_over_at_once() {
-    let Some(store) = common::store().await else {
-        return;
-    };
-    let taken = conformance::release_is_taken_over_at_once(&Factory { store }).await;
-    eprintln!("handover after a release: {taken:?}");
+    conformance::electors(&Factory { store }, true).await;
 }
 
 /// Someone deletes (or purges) the key under a leader: the leader loses its term at its next

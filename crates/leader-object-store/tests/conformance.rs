@@ -22,20 +22,13 @@ async fn the_in_memory_lock_conforms() {
     .await;
 }
 
+/// Two and ten electors on S3 each elect exactly one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn two_electors_elect_exactly_one_on_s3() {
+async fn electors_conform_on_s3() {
     let Some(store) = common::s3_or_skip() else {
         return;
     };
-    conformance::electors_elect_exactly_one(&Factory { store }, 2).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn ten_electors_elect_exactly_one_on_s3() {
-    let Some(store) = common::s3_or_skip() else {
-        return;
-    };
-    conformance::electors_elect_exactly_one(&Factory { store }, 10).await;
+    conformance::electors(&Factory { store }, false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -10,20 +10,14 @@ use common::{Factory, RETRY, Running, unique};
 use leader_core::conformance;
 use tokio::time::{Instant, sleep, timeout};
 
+/// Two and ten electors each elect exactly one; a release wakes the followers (pub/sub), and
+/// one takes over well within a retry period.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn two_electors_elect_exactly_one() {
+async fn electors_conform() {
     let Some(store) = common::store().await else {
         return;
     };
-    conformance::electors_elect_exactly_one(&Factory { store }, 2).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn ten_electors_elect_exactly_one() {
-    let Some(store) = common::store().await else {
-        return;
-    };
-    conformance::electors_elect_exactly_one(&Factory { store }, 10).await;
+    conformance::electors(&Factory { store }, true).await;
 }
 
 /// The leader's key vanishes (deleted by hand, or expired early): the leader notices on its next
@@ -82,14 +76,4 @@ async fn a_leader_whose_key_vanished_steps_down_at_its_next_renewal() {
         follower.stop().await;
         leader.stop().await;
     }
-}
-
-/// A release wakes the followers at once (pub/sub for Redis, a watch for etcd).
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_released_lease_is_taken_over_well_within_a_retry_period() {
-    let Some(store) = common::store().await else {
-        return;
-    };
-    let took = conformance::release_is_taken_over_at_once(&Factory { store }).await;
-    eprintln!("handover after release took {took:?}");
 }

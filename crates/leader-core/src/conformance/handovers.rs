@@ -201,6 +201,21 @@ pub async fn electors_elect_one_and_hand_over(factory: &dyn LockFactory) {
     }
 }
 
+/// The electors' suite each backend runs on its real server: two and ten electors at once, each
+/// group electing exactly one ([`electors_elect_exactly_one`]), and, where the store wakes its
+/// followers (`woken`), a released lease taken over at once
+/// ([`release_is_taken_over_at_once`], its time printed).
+pub async fn electors(factory: &dyn LockFactory, woken: bool) {
+    tokio::join!(
+        electors_elect_exactly_one(factory, 2),
+        electors_elect_exactly_one(factory, 10)
+    );
+    if woken {
+        let took = release_is_taken_over_at_once(factory).await;
+        eprintln!("handover after a release took {took:?}");
+    }
+}
+
 /// `n` electors on one election: a leader within 10 s, never two at once, no change of hands
 /// without a fault; when the leader shuts down, exactly one other takes over with a larger
 /// fencing token.

@@ -1,0 +1,160 @@
+//! PATCH, in the four forms Lease clients send.
+
+use super::*;
+
+/// PATCH in the forms Lease clients send (`staging/src/k8s.io/apiserver/pkg/endpoints/handlers/
+/// patch.go`): `application/json-patch+json` (RFC 6902, `jsonPatcher.applyJSPatch`: a body
+/// that is not a patch is 400, an operation that fails, such as a `test` of
+/// `/metadata/resourceVersion` that does not hold, is 422; see [`fields::json_patch`]),
+/// `application/merge-patch+json` (RFC 7386), `application/strategic-merge-patch+json` (see
+/// [`fields::strategic_merge_patch`]), and `application/apply-patch+yaml` (server-side apply:
+/// needs `fieldManager`, creates a missing Lease, conflicts on fields other managers own unless
+/// `force=true`; a JSON body, which is YAML too). Only apply creates: the other forms answer 404
+/// for a missing object (`createNewObject`). A `resourceVersion` in the patched object other
+/// than the stored one is a precondition that fails (409), as the registry's update checks it.
+/// The result is decoded and admitted as an update is. Field ownership follows [`fields`].
+pub(super) async fn patch(
+    State(api): State<KubeApiServer>,
+    Extension(group): Extension<Group>,
+    Path((version, ns, plural, name)): Path<(String, String, String, String)>,
+    Query(query): Query<WriteQuery>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let resource = match resource_of(&api, group, &version, &plural) {
+        Ok(resource) => resource,
+        Err(response) => return *response,
+    };
+    if let Some(denied) = api.denied(resource, "patch", &ns, &name) {
+        return denied;
+    }
+    if resource == Resource::Pod {
+        let delay = api.shared.behaviour().pod_write_delay;
+        tokio::time::sleep(delay).await;
+    }
+    let content_type = headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_owned();
+    #[derive(PartialEq)]
+    enum Form {
+        Json,
+        Merge,
+        Strategic,
+        Apply,
+    }
+    let form = match content_type.as_str() {
+        "application/json-patch+json" => Form::Json,
+        "application/merge-patch+json" => Form::Merge,
+        "application/strategic-merge-patch+json" => Form::Strategic,
+        "application/apply-patch+yaml" => Form::Apply,
+        other => {
+            return status(
+                resource,
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "UnsupportedMediaType",
+                &format!(
+                    "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml, application/strategic-merge-patch+json (not {other:?})"
+                ),
+                &name,
+                json!({}),
+            );
+        }
+    };
+    if form == Form::Apply && query.field_manager.as_deref().is_none_or(str::is_empty) {
+        return refused(
+            resource,
+            &name,
+            Refusal::Invalid("fieldManager: Required value: is required for apply patch".into()),
+        );
+    }
+    let patch = match bad_json(resource, &name, &body) {
+        Ok(patch) if patch.is_object() => without_managed_fields(patch),
+        Ok(patch) => patch,
+        Err(response) => return *response,
+    };
+    let key: Key = (resource, ns, name.clone());
+    let mut objects = api.shared.objects();
+    let current = objects.items.get(&key).cloned();
+    if let Some(current) = &current
+        && let Some(expected) = patch
+            .get("metadata")
+            .and_then(|m| m["resourceVersion"].as_str())
+        && Some(expected) != current["metadata"]["resourceVersion"].as_str()
+    {
+        return conflict(resource, &name);
+    }
+    let manager = manager_of(&query, &headers);
+    let api_version = resource.api_version();
+    let mut object = match (form, &current) {
+        (Form::Apply, _) => {
+            let force = query.force.unwrap_or(false);
+            match fields::apply(current.as_ref(), &patch, &manager, force, api_version) {
+                Ok(object) => object,
+                Err(conflicts) => {
+                    let (message, details) = conflicts.status();
+                    return status(
+                        resource,
+                        StatusCode::CONFLICT,
+                        "Conflict",
+                        &message,
+                        &name,
+                        details,
+                    );
+                }
+            }
+        }
+        (_, None) => return not_found(resource, &name),
+        (Form::Json, Some(current)) => {
+            let patched = match fields::json_patch(current, &patch) {
+                Ok(patched) => patched,
+                Err(fields::JsonPatchError::Decode(message)) => {
+                    return refused(resource, &name, Refusal::BadRequest(message));
+                }
+                Err(fields::JsonPatchError::Apply(message)) => {
+                    return status(
+                        resource,
+                        StatusCode::UNPROCESSABLE_ENTITY,
+                        "Invalid",
+                        &message,
+                        &name,
+                        json!({}),
+                    );
+                }
+            };
+            if patched["metadata"]["resourceVersion"] != current["metadata"]["resourceVersion"] {
+                return conflict(resource, &name);
+            }
+            let mut object = without_managed_fields(patched);
+            fields::record_update(Some(current), &mut object, &manager, api_version);
+            object
+        }
+        (form, Some(current)) => {
+            let mut object = current.clone();
+            if form == Form::Merge {
+                fields::merge_patch(&mut object, &patch);
+            } else {
+                fields::strategic_merge_patch(&mut object, &patch);
+            }
+            fields::record_update(Some(current), &mut object, &manager, api_version);
+            object
+        }
+    };
+    if let Err(refusal) = decode(resource, &mut object).and_then(|()| {
+        admit(
+            resource,
+            &mut object,
+            &name,
+            current.as_ref(),
+            api.gate_on(),
+        )
+    }) {
+        return refused(resource, &name, refusal);
+    }
+    stored(&api, &mut objects, &key, object, current.is_some())
+}
