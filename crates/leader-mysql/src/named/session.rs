@@ -1,5 +1,6 @@
-//! The lock's own session: its statements, and whether its connection (with the user-level
-//! lock) is gone.
+//! The lock's own session: its statements, whether its connection (with the user-level lock)
+//! is gone, and the lock's work on it (connecting, an operation that a cancellation ends with
+//! the session, acquiring and letting go of the user-level lock).
 
 use super::*;
 
@@ -72,5 +73,201 @@ pub(super) fn connection_lost(err: &mysql_async::Error) -> bool {
             matches!(server.code, 1053 | 1927 | 4031)
         }
         _ => true,
+    }
+}
+
+/// The lock's work on its session: connecting, running an operation on the session (which a
+/// cancelled operation ends), acquiring and letting go of the user-level lock.
+impl NamedLock {
+    pub(super) fn context(&self) -> String {
+        format!("{} election {:?}", self.store.context(), self.table.name())
+    }
+
+    pub(super) async fn connect(&self) -> Result<Session, LockError> {
+        let mut conn = self.store.dedicated().await?;
+        conn.query_drop(session_timeouts(self.idle_timeout))
+            .await
+            .map_err(|err| map(&self.context(), err))?;
+        Ok(Session {
+            conn,
+            term: None,
+            lost: false,
+        })
+    }
+
+    /// Runs `op` on the lock's session, connecting one if there is none. A session that holds
+    /// no user-level lock may have been closed by the server while idle: it is checked first.
+    ///
+    /// The session is out of its slot while `op` runs: should this future be dropped midway
+    /// (the elector's request timeout), a statement already sent may still run later, so what
+    /// the session holds is unknown, and it is closed: the server lets go of its user-level
+    /// lock instead of a late statement keeping it for a client that never hears back.
+    pub(super) async fn with_session<T>(
+        &self,
+        op: impl AsyncFnOnce(&mut Session) -> Result<T, LockError>,
+    ) -> Result<T, LockError> {
+        self.table.check_name()?;
+        let mut slot = self.shared.session.lock().await;
+        let mut session = match slot.take() {
+            Some(session) if session.term.is_some() => session,
+            Some(mut session) => match session.conn.ping().await {
+                Ok(()) => session,
+                Err(_) => self.connect().await?,
+            },
+            None => self.connect().await?,
+        };
+        let pending = NotHoldingIfDropped(Some(&self.shared.holding));
+        let result = op(&mut session).await;
+        pending.disarm();
+        self.put_back(&mut slot, session);
+        result
+    }
+
+    /// Runs `op` on the lock's session if it has one, as [`with_session`](Self::with_session)
+    /// does.
+    pub(super) async fn if_session(&self, op: impl AsyncFnOnce(&mut Session)) {
+        let mut slot = self.shared.session.lock().await;
+        let Some(mut session) = slot.take() else {
+            return;
+        };
+        let pending = NotHoldingIfDropped(Some(&self.shared.holding));
+        op(&mut session).await;
+        pending.disarm();
+        self.put_back(&mut slot, session);
+    }
+
+    pub(super) fn put_back(&self, slot: &mut Option<Session>, session: Session) {
+        self.shared
+            .holding
+            .store(session.term.is_some() && !session.lost, Ordering::Release);
+        if !session.lost {
+            *slot = Some(session);
+        }
+    }
+
+    /// Takes the user-level lock as `hold` says, then runs `sql`, a write naming this candidate
+    /// as holder with fencing term `term`, guarded by the lock. A lock taken for a write that
+    /// did not go through is handed back at once; one the session held before is kept only
+    /// while the record still names this term.
+    pub(super) async fn acquire(
+        &self,
+        session: &mut Session,
+        hold: Hold,
+        sql: &str,
+        mut params: Vec<Value>,
+        term: u64,
+    ) -> Result<Written, LockError> {
+        let context = self.context();
+        let statements = &self.store.inner().named_statements;
+        let held_before = session.term.is_some();
+        if !held_before {
+            let key = Value::from(self.key.as_str());
+            let (sql, hold_params) = match hold {
+                Hold::Always => (&statements.hold, vec![key.clone(), key]),
+                Hold::Takeover(version) => (
+                    &statements.hold_to_take,
+                    vec![
+                        key.clone(),
+                        self.table.name().into(),
+                        version.into(),
+                        self.table.identity().into(),
+                        key,
+                    ],
+                ),
+            };
+            let got = session.get_lock(&context, sql, hold_params).await?;
+            if got.flatten() != Some(1) {
+                return Ok(Written::Busy);
+            }
+            // Held from here on, even if the write below does not go through.
+            session.term = Some(term);
+        }
+        params.push(self.key.as_str().into());
+        let written = session.write(&context, sql, params).await;
+        if matches!(written, Ok(1)) {
+            session.term = Some(term);
+            return Ok(Written::Stored);
+        }
+        if held_before {
+            self.keep_if_holder(session).await;
+        } else {
+            self.let_go(session).await;
+        }
+        written.map(|_| Written::Missed)
+    }
+
+    /// Hands the user-level lock back (the session stays connected).
+    pub(super) async fn let_go(&self, session: &mut Session) {
+        if session.term.is_none() {
+            return;
+        }
+        let sql = &self.store.inner().named_statements.release;
+        let params = vec![Value::from(self.key.as_str())];
+        match session
+            .first::<Option<i64>>(&self.context(), sql, params)
+            .await
+        {
+            Ok(_) => session.term = None,
+            Err(err) => {
+                // The session is left as it is only if it still works; a lost one held nothing.
+                tracing::debug!(error = %err, "handing back the user-level lock failed");
+                session.lost = true;
+            }
+        }
+    }
+
+    /// After a write of the term's holder that did not go through: keeps the user-level lock
+    /// while the record still names this term (someone wrote a handover request on its
+    /// behalf, and the holder carries on from the record as it now reads), hands it back
+    /// otherwise.
+    pub(super) async fn keep_if_holder(&self, session: &mut Session) {
+        let sql = &self.store.inner().named_statements.summary;
+        let params = vec![Value::from(self.table.name())];
+        let summary: Result<Summary, _> = session.first(&self.context(), sql, params).await;
+        let ours = match summary {
+            Ok(Some((holder, _, term))) => {
+                holder == self.table.identity().as_bytes()
+                    && u64::try_from(term).ok() == session.term
+            }
+            Ok(None) => false,
+            Err(_) => return,
+        };
+        if !ours {
+            self.let_go(session).await;
+        }
+    }
+
+    /// A write naming this candidate as holder: takes the user-level lock as `hold` says.
+    pub(super) async fn own_write(
+        &self,
+        record: &LeaderElectionRecord,
+        hold: Hold,
+        sql: &str,
+        params: Vec<Value>,
+    ) -> Result<Written, LockError> {
+        let term = record.leader_transitions;
+        self.with_session(async |session| self.acquire(session, hold, sql, params, term).await)
+            .await
+    }
+}
+
+/// Clears the lock's `holding` flag when dropped armed: an operation on its session was
+/// cancelled, and the session is closed with whatever it held.
+struct NotHoldingIfDropped<'a>(Option<&'a AtomicBool>);
+
+impl NotHoldingIfDropped<'_> {
+    fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for NotHoldingIfDropped<'_> {
+    fn drop(&mut self) {
+        if let Some(holding) = self.0 {
+            holding.store(false, Ordering::Release);
+            tracing::debug!(
+                "a request on the GET_LOCK lock's session was cancelled; session ended"
+            );
+        }
     }
 }
