@@ -1,5 +1,5 @@
-//! The parts of the lock's transactions: its version (the two keys' indexes), the checks, and
-//! the operations of a renewal that a shard set batches with others'.
+//! The lock's transactions: its version (the two keys' indexes), the checks, the operations of
+//! a renewal that a shard set batches with others', and the acquisition and write.
 
 use super::*;
 
@@ -105,5 +105,119 @@ impl ConsulLock {
         entry(&self.key)?
             .map(|record| self.observed(&record, renewal.as_ref()))
             .transpose()
+    }
+
+    /// Takes the key for `record` (which names this candidate) from the version `at` (`None`:
+    /// a create, which only wants the record key absent): checks both indexes, deletes the key
+    /// (a dead holder's session may still lock it) and locks it anew with this candidate's
+    /// session, and writes the renewal key. The session of the holder it took over from, if
+    /// any, is destroyed after.
+    pub(super) async fn take(
+        &self,
+        at: Option<Indexes>,
+        record: &LeaderElectionRecord,
+    ) -> Result<Observed, LockError> {
+        let session = self.session_for(record).await?;
+        let before = at.and_then(|at| self.locker_at(at.record));
+        let mut ops = Vec::new();
+        match at {
+            None => ops.push(op("check-not-exists", &self.key)),
+            Some(at) => {
+                ops.push(check_index(&self.key, at.record));
+                ops.push(check_index(&self.renewal_key, at.renewal));
+                if at.record != 0 {
+                    ops.push(op("delete", &self.key));
+                }
+            }
+        }
+        let value = BASE64.encode(record.to_json());
+        ops.push(
+            json!({"KV": {"Verb": "lock", "Key": self.key, "Value": value, "Session": session}}),
+        );
+        ops.push(json!({"KV": {"Verb": "set", "Key": self.renewal_key, "Value": Self::renewal_value(&session, record)}}));
+        let results = match self.txn(&ops).await {
+            Ok(results) => results,
+            Err(err) => {
+                // The transaction changed nothing: a session that held nothing before still
+                // holds nothing.
+                let held = self.known().locked.as_ref().and_then(|(_, l)| l.clone());
+                if err.is_conflict() && held.as_deref() != Some(session.as_str()) {
+                    self.drop_session().await;
+                }
+                return Err(err);
+            }
+        };
+        let index = self.index_in(&results, &self.key)?;
+        self.note(index, Some(session.clone()), record.leader_transitions);
+        if before.as_deref() != Some(session.as_str()) {
+            if let Some(previous) = before {
+                // A dead or stopped holder's session, which now holds nothing.
+                session::destroy(&self.store, &previous).await;
+            }
+            // A new term: a lease from now, sessions left for this key before it are gone.
+            session::sweep_later(
+                self.store.clone(),
+                self.key.clone(),
+                session.clone(),
+                index,
+                record.lease_duration,
+            );
+        }
+        Ok(Observed {
+            record: record.clone(),
+            version: Indexes {
+                record: index,
+                // Not `index`: Consul skips a renewal key set to the value it holds
+                // (`kvsSetTxn`), which keeps its ModifyIndex.
+                renewal: self.index_in(&results, &self.renewal_key)?,
+            }
+            .version(),
+        })
+    }
+
+    /// Writes `record` over version `at` with `verb`: `cas` (which keeps whoever locks the key),
+    /// or `unlock` by `session`; the renewal key stays as it is.
+    pub(super) async fn write(
+        &self,
+        at: Indexes,
+        record: &LeaderElectionRecord,
+        verb: &str,
+        session: Option<&str>,
+    ) -> Result<Observed, LockError> {
+        let value = BASE64.encode(record.to_json());
+        let write = match session {
+            Some(session) => {
+                json!({"KV": {"Verb": verb, "Key": self.key, "Value": value, "Session": session}})
+            }
+            None => {
+                json!({"KV": {"Verb": verb, "Key": self.key, "Value": value, "Index": at.record}})
+            }
+        };
+        let results = self
+            .txn(&[
+                check_index(&self.key, at.record),
+                write,
+                op("get-or-empty", &self.renewal_key),
+            ])
+            .await?;
+        let index = self.index_in(&results, &self.key)?;
+        let renewal = self.index_in(&results, &self.renewal_key)?;
+        let locked = if verb == "unlock" {
+            None
+        } else {
+            self.locker_at(at.record)
+        };
+        self.note(index, locked, record.leader_transitions);
+        let written = Observed {
+            record: record.clone(),
+            version: Indexes {
+                record: index,
+                renewal,
+            }
+            .version(),
+        };
+        // Consul keeps the ModifyIndex of a key written with the value, flags and session it
+        // has (`kvsSetTxn`): such a write changed nothing (S14).
+        LockError::unless_moved(BACKEND, "update", &at.version(), written)
     }
 }
