@@ -409,26 +409,14 @@ pub async fn run(
     let (sink, sink_error) = connect_sink(sink_url).await?;
     let tag = format!("{:08x}", fastrand::u32(..));
     let prefix = format!("fault_sink_{tag}");
-    sink.batch_execute(&format!(
-        "CREATE TABLE {prefix}_mark (token bigint NOT NULL);
-         INSERT INTO {prefix}_mark VALUES (0);
-         CREATE TABLE {prefix}_writes (seq bigserial PRIMARY KEY, token bigint NOT NULL,
-             writer text NOT NULL, at bigint NOT NULL, accepted bool NOT NULL);"
-    ))
-    .await
-    .map_err(&sink_error)?;
-
-    let dir = tempfile::tempdir().map_err(|source| HarnessError::Io {
-        what: "temporary directory".into(),
-        source,
-    })?;
-    let server = backend.start_server(programs).await?;
-    let mut proxies = Vec::new();
-    if let Some(server) = &server {
-        for _ in 0..settings.replicas {
-            proxies.push(proxy_to(server).await?);
-        }
-    }
+    create_token_sink(&sink, &prefix)
+        .await
+        .map_err(&sink_error)?;
+    let Stage {
+        dir,
+        server,
+        proxies,
+    } = stage(backend, programs, settings.replicas).await?;
     let (cluster, member_proxies) = if backend == Backend::EtcdCluster {
         start_cluster().await?
     } else {

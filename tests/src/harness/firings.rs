@@ -24,8 +24,8 @@ use tokio::time::sleep;
 
 use super::Programs;
 use super::campaign::{
-    Backend, Fault, HarnessError, Settings, command_group, connect_sink, crash_and_restart,
-    drain_sink, proxy_to, stop_replicas,
+    Backend, Fault, HarnessError, Settings, Stage, command_group, connect_sink, crash_and_restart,
+    create_token_sink, drain_sink, stage, stop_replicas,
 };
 use super::checker;
 use super::proxy::{Mode, Proxy};
@@ -380,25 +380,14 @@ pub async fn run(
     let (sink, sink_error) = connect_sink(sink_url).await?;
     let tag = format!("{:08x}", fastrand::u32(..));
     let prefix = format!("firing_sink_{tag}");
-    sink.batch_execute(&format!(
-        "CREATE TABLE {prefix}_mark (token bigint NOT NULL);
-         INSERT INTO {prefix}_mark VALUES (0);
-         CREATE TABLE {prefix}_writes (seq bigserial PRIMARY KEY, token bigint NOT NULL,
-             writer text NOT NULL, at bigint NOT NULL, accepted bool NOT NULL);"
-    ))
-    .await
-    .map_err(&sink_error)?;
-    let dir = tempfile::tempdir().map_err(|source| HarnessError::Io {
-        what: "temporary directory".into(),
-        source,
-    })?;
-    let server = backend.start_server(programs).await?;
-    let mut proxies = Vec::new();
-    if let Some(server) = &server {
-        for _ in 0..settings.replicas {
-            proxies.push(proxy_to(server).await?);
-        }
-    }
+    create_token_sink(&sink, &prefix)
+        .await
+        .map_err(&sink_error)?;
+    let Stage {
+        dir,
+        server,
+        proxies,
+    } = stage(backend, programs, settings.replicas).await?;
     let mut run = Run {
         backend,
         settings,

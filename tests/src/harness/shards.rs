@@ -23,8 +23,8 @@ use tokio::time::sleep;
 
 use super::Programs;
 use super::campaign::{
-    Backend, Fault, HarnessError, Settings, command_groups, connect_sink, crash_and_restart,
-    drain_sink, poll, process_gone, process_stopped, proxy_to, stop_replicas, watch_commands,
+    Backend, Fault, HarnessError, Settings, Stage, command_groups, connect_sink, crash_and_restart,
+    drain_sink, poll, process_gone, process_stopped, stage, stop_replicas, watch_commands,
 };
 use super::checker::{self, Marks};
 use super::proxy::{Mode, Proxy};
@@ -289,21 +289,15 @@ pub async fn run(
     ))
     .await
     .map_err(&sink_error)?;
-    let dir = tempfile::tempdir().map_err(|source| HarnessError::Io {
-        what: "temporary directory".into(),
-        source,
-    })?;
+    let Stage {
+        dir,
+        server,
+        proxies,
+    } = stage(backend, programs, settings.replicas).await?;
     let gone: Vec<Arc<StdMutex<Marks>>> = (0..MOST_SHARDS).map(|_| Arc::default()).collect();
     let watchers: Vec<_> = (0..MOST_SHARDS)
         .map(|shard| watch_commands(shard_log(dir.path(), shard), gone[shard as usize].clone()))
         .collect();
-    let server = backend.start_server(programs).await?;
-    let mut proxies = Vec::new();
-    if let Some(server) = &server {
-        for _ in 0..settings.replicas {
-            proxies.push(proxy_to(server).await?);
-        }
-    }
     let mut run = Run {
         backend,
         settings,

@@ -409,3 +409,50 @@ pub const FAULT_BUCKET: &str = "leader-fault";
 pub(super) fn whole_seconds(lease: Duration) -> u64 {
     u64::try_from(lease.as_millis().div_ceil(1000)).unwrap_or(u64::MAX)
 }
+
+/// What a run stands on: its temporary directory, the backend's private server (if it runs
+/// one) and a proxy to that server per replica, through which the connection faults go.
+pub(crate) struct Stage {
+    pub(crate) dir: tempfile::TempDir,
+    pub(crate) server: Option<PrivateServer>,
+    pub(crate) proxies: Vec<Proxy>,
+}
+
+/// Sets up the [`Stage`] of a run of `replicas` replicas on `backend`.
+pub(crate) async fn stage(
+    backend: Backend,
+    programs: &Programs,
+    replicas: usize,
+) -> Result<Stage, HarnessError> {
+    let dir = tempfile::tempdir().map_err(|source| HarnessError::Io {
+        what: "temporary directory".into(),
+        source,
+    })?;
+    let server = backend.start_server(programs).await?;
+    let mut proxies = Vec::new();
+    if let Some(server) = &server {
+        for _ in 0..replicas {
+            proxies.push(proxy_to(server).await?);
+        }
+    }
+    Ok(Stage {
+        dir,
+        server,
+        proxies,
+    })
+}
+
+/// Creates the fenced sink's tables of one token under `prefix`: the high-water mark, and
+/// every write with whether the sink accepted it.
+pub(crate) async fn create_token_sink(
+    sink: &tokio_postgres::Client,
+    prefix: &str,
+) -> Result<(), tokio_postgres::Error> {
+    sink.batch_execute(&format!(
+        "CREATE TABLE {prefix}_mark (token bigint NOT NULL);
+         INSERT INTO {prefix}_mark VALUES (0);
+         CREATE TABLE {prefix}_writes (seq bigserial PRIMARY KEY, token bigint NOT NULL,
+             writer text NOT NULL, at bigint NOT NULL, accepted bool NOT NULL);"
+    ))
+    .await
+}
