@@ -678,6 +678,42 @@ async fn consul_lock_planned_handovers() {
     planned_handovers(&format!("consul://{}/planned/", server.address())).await;
 }
 
+/// A reader that goes away (`leader status | head -0`) ends a report quietly, by SIGPIPE as it
+/// ends `ls`: no panic on the failed write, and no exit code of a crash (101).
+#[tokio::test]
+async fn a_report_to_a_closed_pipe_ends_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let lock = format!("file://{}", dir.path().join("lock").display());
+    for json in [false, true] {
+        let (read, write) = nix::unistd::pipe().expect("pipe");
+        drop(read);
+        let mut command = Command::new(LEADER);
+        command.args(["status", "--lock", &lock, "--name", "jobs"]);
+        if json {
+            command.arg("--json");
+        }
+        // Spawned, not `output()`, which would capture stdout instead of the closed pipe.
+        let child = command
+            .stdout(Stdio::from(write))
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("runs");
+        let output = timeout(Duration::from_secs(30), child.wait_with_output())
+            .await
+            .expect("exits")
+            .expect("waits");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!stderr.contains("panicked"), "json={json}: {stderr}");
+        assert_eq!(
+            output.status.signal(),
+            Some(Signal::SIGPIPE as i32),
+            "json={json}: {:?} {stderr}",
+            output.status
+        );
+    }
+}
+
 async fn run_to_end(args: &[&str], env: &[(&str, &str)]) -> ExitStatus {
     let mut command = Command::new(LEADER);
     command

@@ -59,12 +59,16 @@ pub fn main() -> ExitCode {
             Ok(cli) => cli.request,
             Err(err) => return usage(&err),
         };
+        end_on_closed_pipe();
         return run_async(cron::request(request));
     }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(err) => return usage(&err),
     };
+    if !matches!(cli.command, Command::Run(_)) && !is_cron(&cli.command) {
+        end_on_closed_pipe();
+    }
     run_async(async {
         match cli.command {
             Command::Run(args) => run::run(args).await,
@@ -77,6 +81,29 @@ pub fn main() -> ExitCode {
             Command::Shards(ShardsCommand::Undrain(args)) => roster::drain(args, false).await,
         }
     })
+}
+
+/// Whether `command` runs a schedule (a supervisor of COMMANDs, as `run` is).
+fn is_cron(command: &Command) -> bool {
+    #[cfg(feature = "cron")]
+    if matches!(command, Command::Cron(_)) {
+        return true;
+    }
+    let _ = command;
+    false
+}
+
+/// For the commands that print a report and end (`status`, `handover`, `shards`, a schedule's
+/// requests): a reader that goes away (`leader status | head -1`) ends the command quietly, as
+/// it ends `ls`, where a write to the closed pipe would panic. Not for `run` and `cron`, whose
+/// COMMANDs must not lose their supervisor to a closed pipe.
+#[allow(unsafe_code)]
+fn end_on_closed_pipe() {
+    use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
+    let default = SigAction::new(SigHandler::SigDfl, SaFlags::empty(), SigSet::empty());
+    // SAFETY: restoring the default disposition installs no handler, so no handler can run
+    // with broken assumptions; no thread has started yet.
+    let _ = unsafe { sigaction(Signal::SIGPIPE, &default) };
 }
 
 /// Prints clap's answer (help, version or a usage error) and gives its exit code.
