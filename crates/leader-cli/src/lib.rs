@@ -66,7 +66,7 @@ pub fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(err) => return usage(&err),
     };
-    if !matches!(cli.command, Command::Run(_)) && !is_cron(&cli.command) {
+    if !supervises(&cli.command) {
         end_on_closed_pipe();
     }
     run_async(async {
@@ -83,14 +83,14 @@ pub fn main() -> ExitCode {
     })
 }
 
-/// Whether `command` runs a schedule (a supervisor of COMMANDs, as `run` is).
-fn is_cron(command: &Command) -> bool {
-    #[cfg(feature = "cron")]
-    if matches!(command, Command::Cron(_)) {
-        return true;
+/// Whether `command` supervises COMMANDs (`run`, `cron`) rather than printing a report.
+fn supervises(command: &Command) -> bool {
+    match command {
+        Command::Run(_) => true,
+        #[cfg(feature = "cron")]
+        Command::Cron(_) => true,
+        _ => false,
     }
-    let _ = command;
-    false
 }
 
 /// For the commands that print a report and end (`status`, `handover`, `shards`, a schedule's
