@@ -275,6 +275,11 @@ fresh_test_targets() {
     export ETCD_PREFIX="leader-test-${tag}/"
     log "tests use the etcd prefix ${ETCD_PREFIX}"
   fi
+  if [ -z "${ZOOKEEPER_CHROOT:-}" ]; then
+    # The tests create it: a chroot is the operator's, and a missing one an error.
+    export ZOOKEEPER_CHROOT="/leader-test-${tag}"
+    log "tests use the new ZooKeeper chroot ${ZOOKEEPER_CHROOT}"
+  fi
   if [ -z "${S3_BUCKET:-}" ] && [ -z "${S3_ENDPOINT:-}" ]; then
     export S3_BUCKET="leader-test-${tag//_/-}"
     # moto checks no signature: an unsigned CreateBucket is enough.
@@ -295,4 +300,72 @@ drop_fresh_targets() {
     psql -qAt "postgres://postgres:postgres@127.0.0.1:5432/postgres" \
       -c "DROP DATABASE IF EXISTS ${FRESH_DATABASE} WITH (FORCE)" >/dev/null 2>&1 || true
   fi
+}
+
+# A three-server ZooKeeper ensemble on loopback, from Debian's zookeeperd (3.8), as users run
+# ZooKeeper so that one server can fail: client ports 22181-22183, quorum ports 22888-22890,
+# election ports 23888-23890, data in temporary directories. The servers keep ZooKeeper's
+# defaults (tickTime 2000 ms, so sessions of 4 to 40 s) and answer the srvr and ruok
+# four-letter words (the fault tests ask which server leads). scripts/test runs the ZooKeeper
+# tests on it (ZOOKEEPER_ENSEMBLE).
+ZOOKEEPER_PORTS=(22181 22182 22183)
+ZOOKEEPER_ENSEMBLE_DEFAULT="127.0.0.1:22181,127.0.0.1:22182,127.0.0.1:22183"
+
+# Starts ZooKeeper server $1 (1 to 3) of the loopback ensemble in data directory $2.
+start_zookeeper_server() {
+  local id=$1 data=$2
+  local i servers=""
+  for i in 1 2 3; do
+    servers+="server.$i=127.0.0.1:$((22887 + i)):$((23887 + i))"$'\n'
+  done
+  cat >"$data/zoo.cfg" <<CFG
+tickTime=2000
+initLimit=10
+syncLimit=5
+dataDir=$data
+clientPortAddress=127.0.0.1
+clientPort=$((22180 + id))
+admin.enableServer=false
+4lw.commands.whitelist=srvr,ruok,stat
+standaloneEnabled=false
+$servers
+CFG
+  echo "$id" >"$data/myid"
+  setsid nohup java -Xmx256m -cp /usr/share/java/zookeeper.jar:/usr/share/java/slf4j-simple.jar \
+    org.apache.zookeeper.server.quorum.QuorumPeerMain "$data/zoo.cfg" \
+    >"$data/zookeeper.log" 2>&1 </dev/null &
+  echo $! >"$data/pid"
+}
+
+# Whether the loopback ensemble has a quorum: a server that is part of one says its mode.
+zookeeper_serving() {
+  local port=$1 answer
+  answer=$( (exec 3<>"/dev/tcp/127.0.0.1/$port" && printf srvr >&3 && timeout 2 cat <&3) 2>/dev/null) || return 1
+  grep -qE '^Mode: (leader|follower)' <<<"$answer"
+}
+
+ensure_zookeeper_ensemble() {
+  local port all_up=1
+  for port in "${ZOOKEEPER_PORTS[@]}"; do
+    zookeeper_serving "$port" || all_up=0
+  done
+  if [ "$all_up" = 1 ]; then return 0; fi
+  [ -f /usr/share/java/zookeeper.jar ] || { log "installing zookeeperd"; apt_install zookeeperd; }
+  local i data
+  for i in 1 2 3; do
+    port=${ZOOKEEPER_PORTS[i - 1]}
+    if port_open 127.0.0.1 "$port"; then continue; fi
+    data=$(mktemp -d "/tmp/leader-zookeeper-$i.XXXXXX")
+    log "starting ZooKeeper server $i on 127.0.0.1:$port (data in $data)"
+    start_zookeeper_server "$i" "$data"
+  done
+  for _ in $(seq 1 120); do
+    all_up=1
+    for port in "${ZOOKEEPER_PORTS[@]}"; do
+      zookeeper_serving "$port" || all_up=0
+    done
+    if [ "$all_up" = 1 ]; then return 0; fi
+    sleep 0.5
+  done
+  log "the ZooKeeper ensemble formed no quorum"; return 1
 }

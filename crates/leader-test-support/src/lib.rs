@@ -53,6 +53,27 @@ pub fn nats_bucket() -> String {
         .unwrap_or_else(|| "leader_test".to_owned())
 }
 
+/// `ZOOKEEPER_ENSEMBLE`'s default: the three-server ensemble `scripts/setup` starts on loopback.
+pub const DEFAULT_ZOOKEEPER_ENSEMBLE: &str = "127.0.0.1:22181,127.0.0.1:22182,127.0.0.1:22183";
+
+/// The ZooKeeper ensemble the tests use: `ZOOKEEPER_ENSEMBLE` (`host:port` pairs separated by
+/// commas), or the loopback ensemble.
+pub fn zookeeper_ensemble() -> String {
+    std::env::var("ZOOKEEPER_ENSEMBLE")
+        .ok()
+        .filter(|e| !e.is_empty())
+        .unwrap_or_else(|| DEFAULT_ZOOKEEPER_ENSEMBLE.to_owned())
+}
+
+/// The chroot the ZooKeeper tests work under: `ZOOKEEPER_CHROOT` (`scripts/test` names a new
+/// one per run), or `/leader-tests`. The tests create it.
+pub fn zookeeper_chroot() -> String {
+    std::env::var("ZOOKEEPER_CHROOT")
+        .ok()
+        .filter(|c| c.starts_with('/') && c.len() > 1)
+        .unwrap_or_else(|| "/leader-tests".to_owned())
+}
+
 /// The Redis the tests use: `REDIS_URL`, or the loopback server.
 pub fn redis_url() -> String {
     std::env::var("REDIS_URL").unwrap_or_else(|_| DEFAULT_REDIS_URL.to_owned())

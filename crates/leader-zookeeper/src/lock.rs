@@ -1,0 +1,598 @@
+//! The lock: one election's two znodes under the prefix.
+//!
+//! Election `name` keeps a persistent znode `PREFIX/NAME` (the *election znode*), whose data is
+//! the last fencing token given out (a decimal `u64`), and under it `PREFIX/NAME/holder` (the
+//! *record znode*), the record as JSON. The record znode is ephemeral on the holder's session
+//! while it names a holder, so a holder whose session ends (a crash, a partition longer than
+//! the session timeout) is gone as soon as the ensemble expires it; a record with nobody
+//! holding it (a release, which keeps a handover request) is persistent.
+//!
+//! Every acquisition writes the election znode in the same `multi` as the record znode, with
+//! a compare-and-set on the election znode's version: the token is one more than the one
+//! stored there, and a record znode deleted by an expiry never takes the count with it.
+//! ZooKeeper's own counters are 32-bit (`cversion`, the sequence of a sequential znode) and
+//! wrap; this one is 64-bit.
+//!
+//! A renewal is a `setData` of the record znode at its version, in a `multi` that checks that
+//! the election znode has not moved: ZooKeeper moves a znode's version on every `setData`,
+//! also of identical bytes (`PrepRequestProcessor`: the new version is the stored one plus
+//! one, whatever the data), so every renewal moves the fence (S14). Anything else that changes
+//! who holds the lease, or asks for a handover, writes the election znode too: followers watch
+//! that znode alone (a persistent watch), which renewals never touch.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use async_trait::async_trait;
+use leader_core::{
+    ChangeStream, KeyedLocks, LeaderElectionRecord, LockError, Observed, ResourceLock, Version,
+};
+use zookeeper_client as zk;
+
+use crate::error::{BACKEND, map};
+use crate::store::ZooKeeperStore;
+
+/// The znode name of election `name`: letters, digits, `-` and `_` as they are, every other
+/// byte (`.` and `/` included) as `=` and two hex digits, so that any name is one valid znode
+/// name (never `.`, `..` or empty) and no two names share one. The empty name is `=`.
+pub fn node_of(name: &str) -> String {
+    if name.is_empty() {
+        return "=".to_owned();
+    }
+    let mut node = String::with_capacity(name.len());
+    for byte in name.bytes() {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'_') {
+            node.push(char::from(byte));
+        } else {
+            node.push_str(&format!("={byte:02X}"));
+        }
+    }
+    node
+}
+
+/// The record znode's name under the election znode.
+const RECORD: &str = "holder";
+
+impl ZooKeeperStore {
+    /// A lock on election `name` for candidate `identity`, on this store's session.
+    pub fn lock(&self, name: impl Into<String>, identity: impl Into<String>) -> ZooKeeperLock {
+        let name = name.into();
+        let path = format!("{}/{}", self.prefix(), node_of(&name));
+        ZooKeeperLock {
+            store: self.clone(),
+            record_path: format!("{path}/{RECORD}"),
+            path,
+            name,
+            identity: identity.into(),
+            highest: Arc::default(),
+        }
+    }
+
+    /// The locks of a shard set for member `identity`: an election znode per record, on this
+    /// store's session, one request per record read or renewed.
+    pub fn lock_set(&self, identity: impl Into<String>) -> KeyedLocks {
+        let store = self.clone();
+        KeyedLocks::new(
+            identity,
+            format!("zookeeper:{}{}", self.describe(), self.prefix()),
+            move |key, identity| Arc::new(store.lock(key, identity)),
+        )
+    }
+}
+
+/// A [`ResourceLock`] on a ZooKeeper ensemble: the holder's record in a znode ephemeral on its
+/// session, compare-and-set on znode versions for every write, 64-bit fencing tokens kept in
+/// the election's own znode (they survive the record's deletion), and a persistent watch that
+/// wakes followers when the holder changes, releases or is asked to hand over.
+///
+/// # Sessions and leases
+/// A holder stops leading by its renew deadline after its last successful renewal (the
+/// elector's timer), while the ensemble expires its session, and deletes its record, no sooner
+/// than the session timeout after it last heard from it. A lock therefore refuses to hold a
+/// lease longer than the session timeout the ensemble granted ([`LockError::Misconfigured`]):
+/// with `lease_duration > renew_deadline`, a holder cut off from the ensemble has stopped
+/// before its record can vanish, as Curator's `ConnectionState.SUSPENDED` asks of its users.
+/// A connection lost for less than the renew deadline keeps the term: the client moves the
+/// session to another server. Candidates otherwise wait out a holder's lease on their own
+/// monotonic clock, from when they saw its last renewal, and take an expired lease over by
+/// deleting the old record and creating their own in one `multi`.
+#[derive(Clone, Debug)]
+pub struct ZooKeeperLock {
+    store: ZooKeeperStore,
+    name: String,
+    path: String,
+    record_path: String,
+    identity: String,
+    /// The highest fencing token this lock object (and its clones) read or wrote: a floor for
+    /// its acquisitions, should an operator delete the election znode and its count.
+    highest: Arc<AtomicU64>,
+}
+
+/// What a version names: the two znodes' versions, the record znode's ephemeral owner (0 when
+/// persistent), the record's token and the count in the election znode. Written as
+/// `ELECTION.RECORD.OWNER.TOKEN.COUNT`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Stored {
+    election: i32,
+    record: i32,
+    owner: i64,
+    token: u64,
+    count: u64,
+}
+
+impl Stored {
+    fn version(self) -> Version {
+        Version::new(format!(
+            "{}.{}.{:x}.{}.{}",
+            self.election,
+            self.record,
+            self.owner.cast_unsigned(),
+            self.token,
+            self.count
+        ))
+    }
+
+    fn parse(version: &Version) -> Option<Self> {
+        let mut parts = version.as_str().split('.');
+        let stored = Self {
+            election: parts.next()?.parse().ok()?,
+            record: parts.next()?.parse().ok()?,
+            owner: u64::from_str_radix(parts.next()?, 16).ok()?.cast_signed(),
+            token: parts.next()?.parse().ok()?,
+            count: parts.next()?.parse().ok()?,
+        };
+        parts.next().is_none().then_some(stored)
+    }
+}
+
+/// The election znode as read: its version and count, or absent.
+struct Election {
+    version: i32,
+    count: u64,
+}
+
+impl ZooKeeperLock {
+    /// The election's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The election znode's path under the chroot.
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// The record znode's path under the chroot.
+    pub fn record_path(&self) -> &str {
+        &self.record_path
+    }
+
+    fn context(&self) -> String {
+        format!("{} {}", self.store.describe(), self.path)
+    }
+
+    fn note(&self, token: u64) {
+        self.highest.fetch_max(token, Ordering::Relaxed);
+    }
+
+    /// The next fencing token: above the count, every token this lock object saw, and at
+    /// least `asked`.
+    fn next_token(&self, count: u64, asked: u64) -> u64 {
+        let floor = count.max(self.highest.load(Ordering::Relaxed));
+        asked.max(floor.saturating_add(1))
+    }
+
+    /// Reads both znodes in one request.
+    async fn read(
+        &self,
+        client: &zk::Client,
+    ) -> Result<(Option<Election>, Option<(Vec<u8>, zk::Stat)>), LockError> {
+        let context = self.context();
+        let mut reader = client.new_multi_reader();
+        reader
+            .add_get_data(&self.path)
+            .and_then(|()| reader.add_get_data(&self.record_path))
+            .map_err(|err| map(&context, err))?;
+        let results = match reader.commit().await {
+            Ok(results) => results,
+            Err(err) => return Err(self.store.fail(client, &context, err).await),
+        };
+        let mut results = results.into_iter();
+        let election = match results.next() {
+            Some(zk::MultiReadResult::Data { data, stat }) => Some(Election {
+                version: stat.version,
+                count: count_of(&context, &data)?,
+            }),
+            Some(zk::MultiReadResult::Error {
+                err: zk::Error::NoNode,
+            }) => None,
+            Some(zk::MultiReadResult::Error { err }) => {
+                return Err(self.store.fail(client, &context, err).await);
+            }
+            other => return Err(unexpected(&context, &other)),
+        };
+        let record = match results.next() {
+            Some(zk::MultiReadResult::Data { data, stat }) => Some((data, stat)),
+            Some(zk::MultiReadResult::Error {
+                err: zk::Error::NoNode,
+            }) => None,
+            Some(zk::MultiReadResult::Error { err }) => {
+                return Err(self.store.fail(client, &self.record_path, err).await);
+            }
+            other => return Err(unexpected(&context, &other)),
+        };
+        if let Some(election) = &election {
+            self.note(election.count);
+        }
+        Ok((election, record))
+    }
+
+    /// Refuses a lease this session could outlive the ensemble's patience for (see the type's
+    /// documentation).
+    fn check_lease(
+        &self,
+        client: &zk::Client,
+        record: &LeaderElectionRecord,
+    ) -> Result<(), LockError> {
+        let granted = client.session_timeout();
+        if record.is_held_by(&self.identity) && record.lease_duration > granted {
+            return Err(LockError::Misconfigured {
+                backend: BACKEND,
+                message: format!(
+                    "{}: a lease of {:?} is longer than the session timeout the ensemble granted ({granted:?}): its record could vanish while its holder still leads; ask for a longer session (session_timeout=, up to the servers' maxSessionTimeout, 20 ticks by default) or shorten the lease",
+                    self.context(),
+                    record.lease_duration,
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// How the record znode is created for `record`: ephemeral on this session when it names
+    /// this lock's identity, persistent otherwise.
+    fn mode(&self, record: &LeaderElectionRecord) -> zk::CreateMode {
+        if record.is_held_by(&self.identity) {
+            zk::CreateMode::Ephemeral
+        } else {
+            zk::CreateMode::Persistent
+        }
+    }
+
+    /// Commits `writer`, mapping a lost compare-and-set to a conflict.
+    async fn commit(
+        &self,
+        client: &zk::Client,
+        writer: &mut zk::MultiWriter<'_>,
+    ) -> Result<Vec<zk::MultiWriteResult>, LockError> {
+        match writer.commit().await {
+            Ok(results) => Ok(results),
+            Err(err) => Err(self.store.fail(client, &self.context(), err.into()).await),
+        }
+    }
+
+    /// Replaces the record znode (delete at `stored`'s version, create anew, as
+    /// [`mode`](Self::mode) says) and sets the count to `count`, in one `multi`.
+    async fn replace(
+        &self,
+        client: &zk::Client,
+        stored: Stored,
+        count: u64,
+        record: &LeaderElectionRecord,
+    ) -> Result<Observed, LockError> {
+        let context = self.context();
+        let mode = self.mode(record);
+        let options = mode.with_acls(self.store.acls());
+        let json = record.to_json();
+        let mut writer = client.new_multi_writer();
+        writer
+            .add_delete(&self.record_path, Some(stored.record))
+            .and_then(|()| {
+                writer.add_set_data(
+                    &self.path,
+                    count.to_string().as_bytes(),
+                    Some(stored.election),
+                )
+            })
+            .and_then(|()| writer.add_create(&self.record_path, &json, &options))
+            .map_err(|err| map(&context, err))?;
+        let results = self.commit(client, &mut writer).await?;
+        let election = set_data_version(&context, &results, 1)?;
+        self.note(count);
+        Ok(self.observed(
+            record,
+            Stored {
+                election,
+                record: 0,
+                owner: owner_of(client, mode),
+                token: record.leader_transitions,
+                count,
+            },
+        ))
+    }
+
+    fn observed(&self, record: &LeaderElectionRecord, stored: Stored) -> Observed {
+        self.note(record.leader_transitions);
+        Observed {
+            record: record.clone(),
+            version: stored.version(),
+        }
+    }
+}
+
+/// The count in the election znode's data: a decimal `u64`, or nothing (0).
+fn count_of(context: &str, data: &[u8]) -> Result<u64, LockError> {
+    if data.is_empty() {
+        return Ok(0);
+    }
+    std::str::from_utf8(data)
+        .ok()
+        .and_then(|text| text.trim().parse().ok())
+        .ok_or_else(|| {
+            LockError::invalid_record(
+                BACKEND,
+                format!("{context}: the election znode holds {} bytes that are not a fencing token count", data.len()),
+            )
+        })
+}
+
+/// The ephemeral owner of a znode this session creates in `mode`.
+fn owner_of(client: &zk::Client, mode: zk::CreateMode) -> i64 {
+    match mode {
+        zk::CreateMode::Ephemeral => client.session_id().0,
+        _ => 0,
+    }
+}
+
+/// The version a `setData` at `index` of a committed `multi` left.
+fn set_data_version(
+    context: &str,
+    results: &[zk::MultiWriteResult],
+    index: usize,
+) -> Result<i32, LockError> {
+    match results.get(index) {
+        Some(zk::MultiWriteResult::SetData { stat }) => Ok(stat.version),
+        other => Err(unexpected(context, &other)),
+    }
+}
+
+fn unexpected(context: &str, what: &dyn std::fmt::Debug) -> LockError {
+    LockError::other(
+        BACKEND,
+        crate::error::Context::new(context, &format!("unexpected answer: {what:?}")),
+    )
+}
+
+#[async_trait]
+impl ResourceLock for ZooKeeperLock {
+    async fn get(&self) -> Result<Option<Observed>, LockError> {
+        let client = self.store.client().await?;
+        let (election, record) = self.read(&client).await?;
+        let (Some(election), Some((data, stat))) = (election, record) else {
+            return Ok(None);
+        };
+        let record = LeaderElectionRecord::from_json(BACKEND, &self.record_path, &data)?;
+        let stored = Stored {
+            election: election.version,
+            record: stat.version,
+            owner: stat.ephemeral_owner,
+            token: record.leader_transitions,
+            count: election.count,
+        };
+        Ok(Some(self.observed(&record, stored)))
+    }
+
+    /// Creates the record znode where there is none (never written, or its holder's session
+    /// ended), with a token one more than the election znode's count (and every token this
+    /// lock object saw), and the count raised to it, in one `multi`.
+    async fn create(&self, record: &LeaderElectionRecord) -> Result<Observed, LockError> {
+        let client = self.store.client().await?;
+        self.check_lease(&client, record)?;
+        let (election, existing) = self.read(&client).await?;
+        if existing.is_some() {
+            return Err(LockError::conflict(BACKEND));
+        }
+        let context = self.context();
+        let token = self.next_token(
+            election.as_ref().map_or(0, |e| e.count),
+            record.leader_transitions,
+        );
+        let record = LeaderElectionRecord {
+            leader_transitions: token,
+            ..record.clone()
+        };
+        let mode = self.mode(&record);
+        let record_options = mode.with_acls(self.store.acls());
+        let election_options = zk::CreateMode::Persistent.with_acls(self.store.acls());
+        let json = record.to_json();
+        let count = token.to_string();
+        let mut writer = client.new_multi_writer();
+        match &election {
+            Some(election) => {
+                writer.add_set_data(&self.path, count.as_bytes(), Some(election.version))
+            }
+            None => writer.add_create(&self.path, count.as_bytes(), &election_options),
+        }
+        .and_then(|()| writer.add_create(&self.record_path, &json, &record_options))
+        .map_err(|err| map(&context, err))?;
+        let results = self.commit(&client, &mut writer).await?;
+        let election = match &election {
+            Some(_) => set_data_version(&context, &results, 0)?,
+            None => 0,
+        };
+        Ok(self.observed(
+            &record,
+            Stored {
+                election,
+                record: 0,
+                owner: owner_of(&client, mode),
+                token,
+                count: token,
+            },
+        ))
+    }
+
+    /// Writes `record` over `version`, in one `multi`:
+    /// - the holder renewing its term (same token, the record znode its session's): the record
+    ///   znode's data, the election znode checked, not written;
+    /// - this identity taking the lease (any other write naming it): the old record znode
+    ///   deleted and one ephemeral on this session created, the count raised to the new token;
+    /// - a release (nobody holding): the record znode replaced by a persistent one;
+    /// - a write naming another holder (a handover request on its behalf): the record znode's
+    ///   data, its owner (and so the holder's lease) unchanged, the election znode rewritten so
+    ///   that the watches fire.
+    async fn update(
+        &self,
+        version: &Version,
+        record: &LeaderElectionRecord,
+    ) -> Result<Observed, LockError> {
+        // A version this lock never gave out names no znodes: it cannot match.
+        let Some(stored) = Stored::parse(version) else {
+            return Err(LockError::conflict(BACKEND));
+        };
+        let client = self.store.client().await?;
+        self.check_lease(&client, record)?;
+        let context = self.context();
+        if record.is_held_by(&self.identity) {
+            if record.leader_transitions == stored.token && stored.owner == client.session_id().0 {
+                let mut writer = client.new_multi_writer();
+                writer
+                    .add_check_version(&self.path, stored.election)
+                    .and_then(|()| {
+                        writer.add_set_data(
+                            &self.record_path,
+                            &record.to_json(),
+                            Some(stored.record),
+                        )
+                    })
+                    .map_err(|err| map(&context, err))?;
+                let results = self.commit(&client, &mut writer).await?;
+                let written = set_data_version(&context, &results, 1)?;
+                return Ok(self.observed(
+                    record,
+                    Stored {
+                        record: written,
+                        ..stored
+                    },
+                ));
+            }
+            let token = self.next_token(stored.count, record.leader_transitions);
+            let record = LeaderElectionRecord {
+                leader_transitions: token,
+                ..record.clone()
+            };
+            return self.replace(&client, stored, token, &record).await;
+        }
+        let count = stored.count.max(record.leader_transitions);
+        if record.is_free() {
+            return self.replace(&client, stored, count, record).await;
+        }
+        let mut writer = client.new_multi_writer();
+        writer
+            .add_set_data(
+                &self.path,
+                count.to_string().as_bytes(),
+                Some(stored.election),
+            )
+            .and_then(|()| {
+                writer.add_set_data(&self.record_path, &record.to_json(), Some(stored.record))
+            })
+            .map_err(|err| map(&context, err))?;
+        let results = self.commit(&client, &mut writer).await?;
+        let election = set_data_version(&context, &results, 0)?;
+        let written = set_data_version(&context, &results, 1)?;
+        Ok(self.observed(
+            record,
+            Stored {
+                election,
+                record: written,
+                owner: stored.owner,
+                token: record.leader_transitions,
+                count,
+            },
+        ))
+    }
+
+    fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    fn describe(&self) -> String {
+        format!("zookeeper:{}{}", self.store.describe(), self.path)
+    }
+
+    fn election_name(&self) -> Option<&str> {
+        Some(&self.name)
+    }
+
+    /// A persistent watch of the election znode (ZooKeeper 3.6 and later): it fires when the
+    /// record znode is created or deleted (an acquisition, a takeover, a release, an expired
+    /// session) and when the election znode is written (a handover request), never for a
+    /// renewal. It also fires when the session reconnects, since ZooKeeper may drop events
+    /// that happen while a client is away (ZOOKEEPER-4698), and ends with the session.
+    async fn watch(&self) -> Result<Option<ChangeStream>, LockError> {
+        let client = self.store.client().await?;
+        let watcher = match client.watch(&self.path, zk::AddWatchMode::Persistent).await {
+            Ok(watcher) => watcher,
+            Err(err) => return Err(self.store.fail(&client, &self.context(), err).await),
+        };
+        let stream = futures_util::stream::unfold(Some(watcher), |watcher| async move {
+            let mut watcher = watcher?;
+            let event = watcher.changed().await;
+            // The client panics on a wait after the session's last event.
+            if event.event_type == zk::EventType::Session && event.session_state.is_terminated() {
+                return None;
+            }
+            Some(((), Some(watcher)))
+        });
+        Ok(Some(Box::pin(stream)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_names_are_valid_and_distinct() {
+        let names = [
+            "app",
+            "app.v1",
+            "app=2Ev1",
+            "a b",
+            "",
+            "=",
+            ".",
+            "..",
+            "a/b",
+            "ü",
+            "zookeeper",
+        ];
+        let nodes: Vec<String> = names.iter().map(|name| node_of(name)).collect();
+        for (name, node) in names.iter().zip(&nodes) {
+            assert!(!node.is_empty() && node != "." && node != "..", "{name:?}");
+            assert!(
+                node.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'=')),
+                "{name:?} -> {node:?}"
+            );
+        }
+        let distinct: std::collections::HashSet<&String> = nodes.iter().collect();
+        assert_eq!(distinct.len(), nodes.len(), "{nodes:?}");
+        assert_eq!(node_of("a/b"), "a=2Fb");
+    }
+
+    #[test]
+    fn versions_round_trip_and_refuse_others() {
+        let stored = Stored {
+            election: 7,
+            record: -3,
+            owner: -0x1234_abcd,
+            token: 42,
+            count: 42,
+        };
+        assert_eq!(Stored::parse(&stored.version()), Some(stored));
+        for other in ["", "1", "1.2.3.4", "1.2.3.4.5.6", "a.b.c.d.e", "12"] {
+            assert_eq!(Stored::parse(&Version::new(other)), None, "{other:?}");
+        }
+    }
+}

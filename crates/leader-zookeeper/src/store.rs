@@ -1,0 +1,316 @@
+//! The ensemble: one ZooKeeper session shared by every lock made from a store, opened again
+//! when the ensemble ends it.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use leader_core::LockError;
+use zookeeper_client as zk;
+
+use crate::error::{BACKEND, Context, ends_session, map};
+
+/// The default prefix: the znode under the chroot that keeps every election's znodes.
+pub const DEFAULT_PREFIX: &str = "/leader";
+
+/// The session timeout a store asks the ensemble for unless told otherwise. The ensemble
+/// grants a value between its `minSessionTimeout` and `maxSessionTimeout` (by default 2 and 20
+/// times its `tickTime` of 2 s: 4 to 40 s); a lock refuses to hold a lease longer than what it
+/// granted (see [`ZooKeeperLock`](crate::ZooKeeperLock)). 30 s covers every lease up to 30 s.
+pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long opening a session may take before the store reports the ensemble unavailable.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A ZooKeeper ensemble and the prefix that keeps the election znodes, on one session. Cheap to
+/// clone; every lock made from it shares the session, whose ephemeral znodes are the leases of
+/// its holders.
+#[derive(Clone)]
+pub struct ZooKeeperStore {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    /// `host:port,...` and the chroot, as the client takes it.
+    connect: String,
+    /// The servers and chroot for messages.
+    described: String,
+    chroot: String,
+    pub(crate) prefix: String,
+    session_timeout: Duration,
+    connect_timeout: Duration,
+    digest: Option<(String, String)>,
+    /// The session, until the ensemble ends it.
+    session: tokio::sync::Mutex<Option<zk::Client>>,
+}
+
+impl fmt::Debug for ZooKeeperStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ZooKeeperStore")
+            .field("ensemble", &self.inner.described)
+            .field("prefix", &self.inner.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds a [`ZooKeeperStore`].
+#[derive(Clone)]
+pub struct ZooKeeperStoreBuilder {
+    servers: Vec<String>,
+    chroot: String,
+    prefix: String,
+    session_timeout: Duration,
+    connect_timeout: Duration,
+    digest: Option<(String, String)>,
+}
+
+impl fmt::Debug for ZooKeeperStoreBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ZooKeeperStoreBuilder")
+            .field("servers", &self.servers)
+            .field("chroot", &self.chroot)
+            .field("prefix", &self.prefix)
+            .field("session_timeout", &self.session_timeout)
+            .field("digest_user", &self.digest.as_ref().map(|(user, _)| user))
+            .finish_non_exhaustive()
+    }
+}
+
+impl ZooKeeperStoreBuilder {
+    /// The chroot: a znode that must exist, which the session sees as its root (`/kafka`, say).
+    /// Default: none.
+    pub fn chroot(mut self, chroot: impl Into<String>) -> Self {
+        self.chroot = normalize(&chroot.into());
+        self
+    }
+
+    /// The znode under the chroot that keeps the elections' znodes, created when missing.
+    /// Default [`DEFAULT_PREFIX`].
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        let prefix = normalize(&prefix.into());
+        self.prefix = if prefix.is_empty() {
+            DEFAULT_PREFIX.to_owned()
+        } else {
+            prefix
+        };
+        self
+    }
+
+    /// The session timeout to ask the ensemble for. Default [`DEFAULT_SESSION_TIMEOUT`].
+    pub fn session_timeout(mut self, timeout: Duration) -> Self {
+        self.session_timeout = timeout;
+        self
+    }
+
+    /// How long opening a session may take. Default [`DEFAULT_CONNECT_TIMEOUT`].
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Authenticates the session with ZooKeeper's `digest` scheme, and creates the znodes with
+    /// the `auth` ACL: only sessions with the same user and password may read or write them.
+    pub fn digest(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
+        self.digest = Some((user.into(), password.into()));
+        self
+    }
+
+    /// Opens the session, and checks that the chroot exists and that the prefix can be
+    /// created.
+    ///
+    /// # Errors
+    /// No server, or none answering within the connect timeout ([`LockError::Unavailable`]);
+    /// a chroot that does not exist ([`LockError::Misconfigured`]); refused credentials or no
+    /// rights on the prefix ([`LockError::Forbidden`]).
+    pub async fn build(self) -> Result<ZooKeeperStore, LockError> {
+        if self.servers.is_empty() {
+            return Err(LockError::Misconfigured {
+                backend: BACKEND,
+                message: "no ZooKeeper server given".to_owned(),
+            });
+        }
+        let servers = self.servers.join(",");
+        let described = format!("{servers}{}", self.chroot);
+        let store = ZooKeeperStore {
+            inner: Arc::new(Inner {
+                connect: described.clone(),
+                described,
+                chroot: self.chroot,
+                prefix: self.prefix,
+                session_timeout: self.session_timeout,
+                connect_timeout: self.connect_timeout,
+                digest: self.digest,
+                session: tokio::sync::Mutex::new(None),
+            }),
+        };
+        store.client().await?;
+        Ok(store)
+    }
+}
+
+/// `path` as an absolute znode path without a trailing `/`; the root is empty.
+fn normalize(path: &str) -> String {
+    let trimmed = path.trim_matches('/');
+    if trimmed.is_empty() {
+        String::new()
+    } else {
+        format!("/{trimmed}")
+    }
+}
+
+impl ZooKeeperStore {
+    /// A builder for the ensemble at `servers`: `host:port` pairs separated by commas, as
+    /// ZooKeeper's own clients take them (a chroot goes to
+    /// [`chroot`](ZooKeeperStoreBuilder::chroot)).
+    pub fn builder(servers: impl AsRef<str>) -> ZooKeeperStoreBuilder {
+        ZooKeeperStoreBuilder {
+            servers: servers
+                .as_ref()
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+                .collect(),
+            chroot: String::new(),
+            prefix: DEFAULT_PREFIX.to_owned(),
+            session_timeout: DEFAULT_SESSION_TIMEOUT,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            digest: None,
+        }
+    }
+
+    /// The prefix under the chroot.
+    pub fn prefix(&self) -> &str {
+        &self.inner.prefix
+    }
+
+    /// The ensemble and chroot, for messages.
+    pub fn describe(&self) -> &str {
+        &self.inner.described
+    }
+
+    /// The ACL of the znodes the locks create: the session's own digest identity when it has
+    /// one, anyone otherwise.
+    pub(crate) fn acls(&self) -> zk::Acls<'static> {
+        if self.inner.digest.is_some() {
+            zk::Acls::creator_all()
+        } else {
+            zk::Acls::anyone_all()
+        }
+    }
+
+    /// The session: the one open, or a new one when there is none or the ensemble ended it
+    /// (expired, closed, refused). A new session finds the chroot and creates the prefix.
+    ///
+    /// # Errors
+    /// As [`ZooKeeperStoreBuilder::build`].
+    pub async fn client(&self) -> Result<zk::Client, LockError> {
+        let mut session = self.inner.session.lock().await;
+        if let Some(client) = session.as_ref()
+            && !client.state().is_terminated()
+        {
+            return Ok(client.clone());
+        }
+        *session = None;
+        let client = self.open().await?;
+        *session = Some(client.clone());
+        Ok(client)
+    }
+
+    /// Drops session `id` after a request found it ended, so that the next request opens
+    /// another.
+    pub(crate) async fn forget(&self, id: zk::SessionId) {
+        let mut session = self.inner.session.lock().await;
+        if session
+            .as_ref()
+            .is_some_and(|client| client.session_id() == id)
+        {
+            tracing::info!(ensemble = %self.inner.described, session = %id, "the ZooKeeper session ended: opening another on the next request");
+            *session = None;
+        }
+    }
+
+    /// Maps `err` from a request on session `client`, dropping the session when `err` ended it.
+    pub(crate) async fn fail(
+        &self,
+        client: &zk::Client,
+        context: &str,
+        err: zk::Error,
+    ) -> LockError {
+        if ends_session(&err) {
+            self.forget(client.session_id()).await;
+        }
+        map(context, err)
+    }
+
+    async fn open(&self) -> Result<zk::Client, LockError> {
+        let inner = &self.inner;
+        let mut connector = zk::Client::connector()
+            .with_session_timeout(inner.session_timeout)
+            .with_fail_eagerly();
+        if let Some((user, password)) = &inner.digest {
+            connector = connector.with_auth("digest", format!("{user}:{password}").as_bytes());
+        }
+        let connecting = connector.connect(&inner.connect);
+        let client = match tokio::time::timeout(inner.connect_timeout, connecting).await {
+            Ok(Ok(client)) => client,
+            Ok(Err(err)) => {
+                return Err(match err {
+                    zk::Error::AuthFailed => map(&inner.described, err),
+                    zk::Error::BadArguments(_) => LockError::Misconfigured {
+                        backend: BACKEND,
+                        message: format!("{}: {err}", inner.described),
+                    },
+                    err => LockError::unavailable(
+                        BACKEND,
+                        Context::new(&inner.described, &format!("no session: {err}")),
+                    ),
+                });
+            }
+            Err(_) => {
+                return Err(LockError::unavailable(
+                    BACKEND,
+                    Context::new(
+                        &inner.described,
+                        &format!("no session within {:?}", inner.connect_timeout),
+                    ),
+                ));
+            }
+        };
+        // The chroot is the operator's: the client does not create it, and every path under a
+        // missing one is missing.
+        match client.check_stat("/").await {
+            Ok(Some(_)) => {}
+            Ok(None) => {
+                return Err(LockError::Misconfigured {
+                    backend: BACKEND,
+                    message: format!(
+                        "{}: the chroot does not exist; create it (zkCli.sh create {}) or fix the URL's path",
+                        inner.described, inner.chroot
+                    ),
+                });
+            }
+            Err(err) => return Err(map(&inner.described, err)),
+        }
+        // An existing prefix is used as it is: creating it again would need the right to
+        // create under its parent, which an operator who made it may not have given.
+        let prefix = format!("{} {}", inner.described, inner.prefix);
+        match client.check_stat(&inner.prefix).await {
+            Ok(Some(_)) => {}
+            Ok(None) => {
+                let options = zk::CreateMode::Persistent.with_acls(self.acls());
+                if let Err(err) = client.mkdir(&inner.prefix, &options).await {
+                    return Err(map(&prefix, err));
+                }
+            }
+            Err(err) => return Err(map(&prefix, err)),
+        }
+        tracing::debug!(
+            ensemble = %inner.described,
+            session = %client.session_id(),
+            timeout = ?client.session_timeout(),
+            "ZooKeeper session open"
+        );
+        Ok(client)
+    }
+}
