@@ -274,6 +274,17 @@ async fn nats_lock_one_job_at_a_time_and_handovers() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_lock_one_job_at_a_time_and_handovers() {
+    let Some(url) = leader_test_support::zookeeper_lock_or_skip() else {
+        return;
+    };
+    // A release deletes the record znode, which the followers' persistent watch reports; a
+    // killed holder's session outlives it (30 s), so its lease is waited out on the
+    // followers' clocks and taken over by deleting its record znode.
+    handovers(&url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_lock_one_job_at_a_time_and_handovers() {
     let Some(url) = leader_test_support::redis_lock_or_skip() else {
         return;
@@ -601,6 +612,14 @@ async fn postgres_lock_planned_handovers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_lock_planned_handovers() {
     let Some(url) = leader_test_support::redis_lock_or_skip() else {
+        return;
+    };
+    planned_handovers(&url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_lock_planned_handovers() {
+    let Some(url) = leader_test_support::zookeeper_lock_or_skip() else {
         return;
     };
     planned_handovers(&url).await;
@@ -1338,6 +1357,14 @@ async fn postgres_advisory_lock_keeps_no_shard_sets() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_lock_shards_split_and_move() {
     let Some(url) = leader_test_support::redis_lock_or_skip() else {
+        return;
+    };
+    shards_split_and_move(&url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_lock_shards_split_and_move() {
+    let Some(url) = leader_test_support::zookeeper_lock_or_skip() else {
         return;
     };
     shards_split_and_move(&url).await;

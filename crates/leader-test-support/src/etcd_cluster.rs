@@ -28,7 +28,7 @@ pub struct EtcdCluster {
     token: String,
 }
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map_or(0, |a| a.port())

@@ -15,6 +15,7 @@ pub mod kube_api;
 #[cfg(feature = "object-store")]
 pub mod object_store_counting;
 pub mod secrets;
+pub mod zookeeper_ensemble;
 
 /// `DATABASE_URL`'s default: the loopback server's `postgres` database.
 pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres:postgres@127.0.0.1:5432/postgres";
@@ -197,6 +198,22 @@ pub fn nats_lock_or_skip() -> Option<String> {
         "NATS",
         format!("{}/{}", nats_url().trim_end_matches('/'), nats_bucket()),
         4222,
+    )
+}
+
+/// The test ZooKeeper ensemble as a lock URL ([`zookeeper_ensemble`]), its elections under
+/// `/e2e` in the run's chroot ([`zookeeper_chroot`]) as a prefix (created when missing; a
+/// chroot must exist, and only the ZooKeeper crate's tests make one), or a skip (a failure
+/// under CI).
+pub fn zookeeper_lock_or_skip() -> Option<String> {
+    answering(
+        "ZooKeeper",
+        format!(
+            "zk://{}?prefix={}/e2e",
+            zookeeper_ensemble(),
+            zookeeper_chroot()
+        ),
+        2181,
     )
 }
 

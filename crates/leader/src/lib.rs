@@ -27,6 +27,9 @@ pub use leader_nats as nats;
 /// The Postgres table and advisory locks (feature `postgres`).
 #[cfg(feature = "postgres")]
 pub use leader_postgres as postgres;
+/// The ZooKeeper lock (feature `zookeeper`).
+#[cfg(feature = "zookeeper")]
+pub use leader_zookeeper as zookeeper;
 
 /// The Redis lock (feature `redis`).
 #[cfg(feature = "redis")]

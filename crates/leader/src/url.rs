@@ -60,6 +60,7 @@ pub enum OpenError {
 /// | `postgres://user:pass@host/db?table=T&schema=S&advisory=true&idle_session_timeout=30s` (or `postgresql://`) | the Postgres table lock, or the advisory lock ([`leader_postgres::LockUrl`]) |
 /// | `mysql://user:pass@host:3306/db?table=T&lock=named` (or `mariadb://`) | the MySQL / MariaDB table lock, or with `lock=named` the `GET_LOCK` lock ([`leader_mysql::LockUrl`]) |
 /// | `nats://user:pass@host:4222/BUCKET?server=host2:4222&creds=FILE` | the NATS JetStream key-value lock ([`leader_nats::LockUrl`]) |
+/// | `zk://user:pass@host1:2181,host2:2181/CHROOT?prefix=/leader&session_timeout=30s` (or `zookeeper://`) | the ZooKeeper lock ([`leader_zookeeper::LockUrl`]) |
 /// | `redis://host:6379/0?prefix=P` (or `rediss://`) | the Redis lock ([`leader_redis::LockUrl`]) |
 /// | `etcd://user:pass@host1:2379,host2:2379/?prefix=P` (or `etcds://`) | the etcd lock ([`leader_etcd::LockUrl`]) |
 /// | `consul://HOST:8500/PREFIX?dc=DC` (or `consuls://` for TLS) | the Consul lock; the ACL token from `CONSUL_HTTP_TOKEN` ([`leader_consul::LockUrl`]) |
@@ -119,6 +120,15 @@ pub const BACKENDS: &[Backend] = &[
         #[cfg(feature = "nats")]
         parse: Some(leader_nats::LockUrl::target),
         #[cfg(not(feature = "nats"))]
+        parse: None,
+    },
+    Backend {
+        schemes: &["zk", "zookeeper"],
+        name: "ZooKeeper",
+        feature: "zookeeper",
+        #[cfg(feature = "zookeeper")]
+        parse: Some(leader_zookeeper::LockUrl::target),
+        #[cfg(not(feature = "zookeeper"))]
         parse: None,
     },
     Backend {

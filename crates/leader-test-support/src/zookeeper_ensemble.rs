@@ -1,0 +1,233 @@
+//! A three-server ZooKeeper ensemble of a test's own on loopback, as users run ZooKeeper,
+//! whose servers the test kills, restarts and freezes: Debian's `zookeeperd` (3.8) with its
+//! defaults (`tickTime` 2000 ms), each server's data in a temporary directory that outlives its
+//! restarts.
+
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+use crate::etcd_cluster::free_port;
+
+/// Where Debian's package puts the server.
+const JAR: &str = "/usr/share/java/zookeeper.jar";
+/// A logger binding for the server's slf4j (Debian's `libslf4j-java`).
+const LOGGER: &str = "/usr/share/java/slf4j-simple.jar";
+
+/// One server: its ports, data and process.
+#[derive(Debug)]
+struct Server {
+    client_port: u16,
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+/// An ensemble of the test's own; every server killed and its data removed when dropped.
+#[derive(Debug)]
+pub struct ZooKeeperEnsemble {
+    servers: Vec<Server>,
+}
+
+/// Sends four-letter word `word` to loopback `port` and returns the answer, or `None` when
+/// nothing answered within a second.
+pub fn four_letter_word(port: u16, word: &str) -> Option<String> {
+    let address = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let mut stream =
+        std::net::TcpStream::connect_timeout(&address, Duration::from_millis(500)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+    stream.write_all(word.as_bytes()).ok()?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).ok()?;
+    Some(answer)
+}
+
+/// The requests server `port` has received from clients so far (its `stat`'s `Received:`).
+pub fn received(port: u16) -> Option<u64> {
+    four_letter_word(port, "stat")?
+        .lines()
+        .find_map(|line| line.strip_prefix("Received: ")?.trim().parse().ok())
+}
+
+impl ZooKeeperEnsemble {
+    /// Starts three servers and waits until they have a quorum; `None` when Debian's
+    /// `zookeeperd` is not installed (a failure under `CI=true`).
+    ///
+    /// # Panics
+    /// The ensemble formed no quorum within 60 s.
+    #[must_use]
+    pub fn start() -> Option<Self> {
+        if !std::path::Path::new(JAR).is_file()
+            || Command::new("java").arg("-version").output().is_err()
+        {
+            assert!(
+                !crate::in_ci(),
+                "CI=true and no ZooKeeper server (scripts/setup installs zookeeperd)"
+            );
+            eprintln!("skipping: no ZooKeeper server (zookeeperd)");
+            return None;
+        }
+        let tag = format!("{:08x}", fastrand::u32(..));
+        let ports: Vec<(u16, u16, u16)> = (0..3)
+            .map(|_| (free_port(), free_port(), free_port()))
+            .collect();
+        let peers: String = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (_, quorum, election))| {
+                format!("server.{}=127.0.0.1:{quorum}:{election}\n", i + 1)
+            })
+            .collect();
+        let mut servers = Vec::new();
+        for (i, (client, _, _)) in ports.iter().enumerate() {
+            let dir = std::env::temp_dir().join(format!("leader-zookeeper-{tag}-{}", i + 1));
+            std::fs::create_dir_all(&dir).expect("the server's directory");
+            std::fs::write(dir.join("myid"), format!("{}\n", i + 1)).expect("myid");
+            std::fs::write(
+                dir.join("zoo.cfg"),
+                format!(
+                    "tickTime=2000\ninitLimit=10\nsyncLimit=5\ndataDir={}\nclientPortAddress=127.0.0.1\nclientPort={client}\nadmin.enableServer=false\n4lw.commands.whitelist=srvr,ruok,stat\nstandaloneEnabled=false\n{peers}",
+                    dir.display()
+                ),
+            )
+            .expect("zoo.cfg");
+            servers.push(Server {
+                client_port: *client,
+                dir,
+                child: None,
+            });
+        }
+        let mut ensemble = Self { servers };
+        for index in 0..3 {
+            ensemble.spawn(index);
+        }
+        ensemble.wait_for_quorum(Duration::from_secs(60));
+        Some(ensemble)
+    }
+
+    fn spawn(&mut self, index: usize) {
+        let server = &self.servers[index];
+        let log = std::fs::File::create(server.dir.join("zookeeper.log"))
+            .map_or_else(|_| Stdio::null(), Stdio::from);
+        let child = Command::new("java")
+            .arg("-Xmx256m")
+            .args(["-cp", &format!("{JAR}:{LOGGER}")])
+            .arg("org.apache.zookeeper.server.quorum.QuorumPeerMain")
+            .arg(server.dir.join("zoo.cfg"))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start a ZooKeeper server");
+        self.servers[index].child = Some(child);
+    }
+
+    /// The connect string of every server, `127.0.0.1:PORT,...`.
+    #[must_use]
+    pub fn connect_string(&self) -> String {
+        self.servers
+            .iter()
+            .map(|s| format!("127.0.0.1:{}", s.client_port))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// Server `index`'s client port.
+    #[must_use]
+    pub fn client_port(&self, index: usize) -> u16 {
+        self.servers[index].client_port
+    }
+
+    /// The requests every server has received from clients so far.
+    #[must_use]
+    pub fn received(&self) -> u64 {
+        self.servers
+            .iter()
+            .filter(|s| s.child.is_some())
+            .filter_map(|s| received(s.client_port))
+            .sum()
+    }
+
+    /// The server that leads the ensemble now, as its `srvr` says.
+    #[must_use]
+    pub fn leader(&self) -> Option<usize> {
+        self.servers.iter().position(|s| {
+            s.child.is_some()
+                && four_letter_word(s.client_port, "srvr")
+                    .is_some_and(|answer| answer.lines().any(|l| l == "Mode: leader"))
+        })
+    }
+
+    /// Waits until every running server serves in a quorum (leader or follower).
+    ///
+    /// # Panics
+    /// They did not within `within`.
+    pub fn wait_for_quorum(&self, within: Duration) {
+        let since = Instant::now();
+        loop {
+            let serving = self.servers.iter().filter(|s| s.child.is_some()).all(|s| {
+                four_letter_word(s.client_port, "srvr").is_some_and(|answer| {
+                    answer
+                        .lines()
+                        .any(|l| l == "Mode: leader" || l == "Mode: follower")
+                })
+            });
+            if serving && self.leader().is_some() {
+                return;
+            }
+            assert!(
+                since.elapsed() < within,
+                "the ZooKeeper ensemble formed no quorum within {within:?}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Kills server `index` (SIGKILL), keeping its data.
+    pub fn kill(&mut self, index: usize) {
+        self.thaw(index);
+        if let Some(mut child) = self.servers[index].child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts server `index` again on its ports and data, and waits until it serves in the
+    /// quorum again.
+    ///
+    /// # Panics
+    /// It did not within 60 s.
+    pub fn restart(&mut self, index: usize) {
+        self.kill(index);
+        self.spawn(index);
+        self.wait_for_quorum(Duration::from_secs(60));
+    }
+
+    fn signal(&self, index: usize, signal: Signal) {
+        if let Some(child) = &self.servers[index].child {
+            let pid = Pid::from_raw(i32::try_from(child.id()).unwrap_or(i32::MAX));
+            let _ = kill(pid, signal);
+        }
+    }
+
+    /// Freezes server `index` (SIGSTOP): its connections stay open and silent.
+    pub fn freeze(&self, index: usize) {
+        self.signal(index, Signal::SIGSTOP);
+    }
+
+    /// Resumes a frozen server (SIGCONT).
+    pub fn thaw(&self, index: usize) {
+        self.signal(index, Signal::SIGCONT);
+    }
+}
+
+impl Drop for ZooKeeperEnsemble {
+    fn drop(&mut self) {
+        for index in 0..self.servers.len() {
+            self.kill(index);
+            let _ = std::fs::remove_dir_all(&self.servers[index].dir);
+        }
+    }
+}

@@ -1,0 +1,181 @@
+//! What the lock keeps in ZooKeeper, read back from the ensemble: the record znode ephemeral on
+//! the holder's session, tokens that outlive the record and the election znode, a renewal that
+//! is one request and moves the version, and a watch that fires for what followers act on and
+//! not for renewals.
+
+mod common;
+
+use std::time::Duration;
+
+use common::unique;
+use leader_core::{LockError, ResourceLock, conformance, request_handover};
+use leader_test_support::zookeeper_ensemble::ZooKeeperEnsemble;
+use leader_zookeeper::ZooKeeperStore;
+use tokio::time::{sleep, timeout};
+
+/// The holder's record znode is ephemeral on its session; the session's end (its store
+/// dropped, as a process that exits) deletes it, and the next holder's token is still one more
+/// than the last. An operator who deletes the election znode with its count does not take a
+/// running lock's tokens back either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_outlive_the_record_znode_and_the_election_znode() {
+    let Some(store) = common::store().await else {
+        return;
+    };
+    let name = unique("tokens");
+    let first_store = common::store().await.expect("store");
+    let first = first_store.lock(&name, "a");
+    let created = first
+        .create(&conformance::record("a", 1))
+        .await
+        .expect("create");
+    let session = first_store.client().await.expect("session").session_id();
+    let client = store.client().await.expect("session");
+    let stat = client
+        .check_stat(first.record_path())
+        .await
+        .expect("stat")
+        .expect("the record znode");
+    assert_eq!(
+        stat.ephemeral_owner, session.0,
+        "not ephemeral on the holder's session"
+    );
+    drop(first);
+    drop(first_store);
+    let since = tokio::time::Instant::now();
+    let record_path = store.lock(&name, "x").record_path().to_owned();
+    while client
+        .check_stat(&record_path)
+        .await
+        .expect("stat")
+        .is_some()
+    {
+        assert!(
+            since.elapsed() < Duration::from_secs(10),
+            "the record outlived its session"
+        );
+        sleep(Duration::from_millis(20)).await;
+    }
+    let second = store.lock(&name, "b");
+    assert_eq!(second.get().await.expect("get"), None);
+    let taken = second
+        .create(&conformance::record("b", 1))
+        .await
+        .expect("create");
+    assert_eq!(
+        taken.record.leader_transitions,
+        created.record.leader_transitions + 1
+    );
+
+    // An operator deletes the whole election (deleteall): this lock object still gives out
+    // larger tokens.
+    client
+        .delete(second.record_path(), None)
+        .await
+        .expect("delete the record");
+    client
+        .delete(second.path(), None)
+        .await
+        .expect("delete the election znode");
+    let again = second
+        .create(&conformance::record("b", 1))
+        .await
+        .expect("create");
+    assert!(again.record.leader_transitions > taken.record.leader_transitions);
+}
+
+/// A renewal is one request (a `multi`) that moves the version, also when it writes the same
+/// bytes; after a handover request written by someone else, a renewal from before it conflicts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_is_one_request_and_moves_the_version() {
+    let Some(ensemble) = ZooKeeperEnsemble::start() else {
+        return;
+    };
+    let store = ZooKeeperStore::builder(ensemble.connect_string())
+        .build()
+        .await
+        .expect("store");
+    let lock = store.lock("renewals", "a");
+    let mut held = lock
+        .create(&conformance::record("a", 1))
+        .await
+        .expect("create");
+    // Asking the servers counts too: what one more asking adds is taken off.
+    let asking = ensemble.received();
+    let before = ensemble.received();
+    let asking = before - asking;
+    for _ in 0..20 {
+        let version = held.version.clone();
+        held = lock
+            .renew(&held.version, &held.record)
+            .await
+            .expect("renew");
+        assert_ne!(
+            held.version, version,
+            "a renewal of the same bytes left the version"
+        );
+    }
+    let requests = ensemble.received() - before - asking;
+    assert!(
+        requests <= 22,
+        "{requests} requests for 20 renewals: a renewal must be one multi"
+    );
+    let other = store.lock("renewals", "operator");
+    request_handover(&other, "b").await.expect("request");
+    let stale = lock.renew(&held.version, &held.record).await;
+    assert!(
+        stale.as_ref().is_err_and(LockError::is_conflict),
+        "a renewal after someone else's write conflicts: {stale:?}"
+    );
+}
+
+/// A follower's watch fires when the record is released and when a handover is requested,
+/// and not for renewals.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_watch_fires_for_releases_and_handover_requests_not_renewals() {
+    use futures_util::StreamExt;
+    let Some(store) = common::store().await else {
+        return;
+    };
+    let name = unique("watch");
+    let holder = store.lock(&name, "a");
+    let mut held = holder
+        .create(&conformance::record("a", 1))
+        .await
+        .expect("create");
+    let follower = common::store().await.expect("store").lock(&name, "b");
+    let mut changes = follower.watch().await.expect("watch").expect("a stream");
+    for _ in 0..5 {
+        held = holder
+            .renew(&held.version, &held.record)
+            .await
+            .expect("renew");
+    }
+    assert!(
+        timeout(Duration::from_millis(500), changes.next())
+            .await
+            .is_err(),
+        "a renewal woke the follower"
+    );
+    request_handover(&follower, "b").await.expect("request");
+    timeout(Duration::from_secs(5), changes.next())
+        .await
+        .expect("a handover request wakes the followers");
+    let held = holder.get().await.expect("get").expect("the record");
+    let mut released = held.record.clone();
+    released.holder_identity.clear();
+    holder
+        .update(&held.version, &released)
+        .await
+        .expect("release");
+    timeout(Duration::from_secs(5), changes.next())
+        .await
+        .expect("a release wakes the followers");
+    let client = store.client().await.expect("session");
+    let stat = client
+        .check_stat(holder.record_path())
+        .await
+        .expect("stat")
+        .expect("the released record");
+    assert_eq!(stat.ephemeral_owner, 0, "a released record is persistent");
+}
