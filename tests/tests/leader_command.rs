@@ -1090,6 +1090,7 @@ async fn a_server_that_never_answers_gives_exit_4_within_the_request_timeout() {
         format!("postgres://postgres:postgres@{addr}/postgres"),
         format!("redis://{addr}"),
         format!("etcd://{addr}"),
+        format!("zk://{addr}"),
     ] {
         let started = tokio::time::Instant::now();
         let status = run_to_end(
@@ -1194,6 +1195,7 @@ async fn locks_that_cannot_be_used_give_the_documented_exit_codes() {
             5,
         ));
     }
+    cases.extend(zookeeper_cases().await);
     for (mut args, code) in cases {
         if !args.iter().any(|a| a == "--name") {
             args.splice(1..1, ["--name".to_owned(), "codes".to_owned()]);
@@ -1205,6 +1207,55 @@ async fn locks_that_cannot_be_used_give_the_documented_exit_codes() {
         let status = run_to_end(&args, &[]).await;
         assert_eq!(status.code(), Some(code.into()), "{args:?}");
     }
+}
+
+/// The ZooKeeper lock's documented exit codes, when the test ensemble answers: 3 for a chroot
+/// that does not exist and for a lease longer than the session the ensemble grants, 4 for an
+/// ensemble that is down, 5 for an election whose znodes another digest user owns.
+async fn zookeeper_cases() -> Vec<(Vec<String>, u8)> {
+    use leader_zookeeper::zookeeper_client as zk;
+    let Some(url) = leader_test_support::zookeeper_lock_or_skip() else {
+        return Vec::new();
+    };
+    let ensemble = leader_test_support::zookeeper_ensemble();
+    let chroot = leader_test_support::zookeeper_chroot();
+    let down = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port");
+    let owner = zk::Client::connector()
+        .with_auth("digest", b"owner:owner-secret")
+        .connect(&ensemble)
+        .await
+        .expect("a session");
+    let prefix = format!("{chroot}/codes-{:08x}", fastrand::u32(..));
+    owner
+        .mkdir(
+            &format!("{prefix}/codes"),
+            &zk::CreateMode::Persistent.with_acls(zk::Acls::creator_all()),
+        )
+        .await
+        .expect("an election only the owner may read");
+    let run = |lock: String| vec!["run".to_owned(), "--lock".to_owned(), lock];
+    vec![
+        (
+            run(format!(
+                "zk://{ensemble}/leader-no-such-chroot-{:08x}",
+                fastrand::u32(..)
+            )),
+            3,
+        ),
+        (run(format!("{url}&session_timeout=4s")), 3),
+        (run(format!("zk://{down}")), 4),
+        (run(format!("zk://{ensemble}?prefix={prefix}")), 5),
+        (
+            vec![
+                "status".to_owned(),
+                "--lock".to_owned(),
+                format!("zk://someone:wrong@{ensemble}?prefix={prefix}"),
+            ],
+            5,
+        ),
+    ]
 }
 
 /// The log of shard `shard`'s COMMANDs: `JOB_LOG.SHARD`.

@@ -18,7 +18,7 @@ use crate::args::ElectionArgs;
 use crate::child::Program;
 use crate::exit;
 use crate::label;
-use crate::open::{fail, open_lock};
+use crate::open::{code_for, fail, open_lock};
 use crate::serve;
 
 /// COMMAND's default time between SIGTERM and SIGKILL.
@@ -47,6 +47,9 @@ pub(crate) async fn elect(
         Ok(opened) => opened,
         Err(code) => return code,
     };
+    if let Err(err) = lock.check_lease(args.lease_duration).await {
+        return fail(code_for(&err), err);
+    }
     let describe = lock.describe();
     let term = Term {
         program: Program {

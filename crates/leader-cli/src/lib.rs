@@ -143,11 +143,14 @@ fn run_async(subcommand: impl std::future::Future<Output = u8>) -> ExitCode {
 /// `kube_client::client::builder`); the NATS client each connection event at INFO (target
 /// `async_nats`: "event: client error: nats: IO error" per failed reconnection) and some
 /// failed reconnections as an ERROR (target `async_nats::connector`: "expected INFO, got
-/// nothing"); the NATS lock reports the server's refusals itself, typed.
-const QUIET: [(&str, &str); 3] = [
+/// nothing"); the NATS lock reports the server's refusals itself, typed. The ZooKeeper client
+/// logs every session it opens at INFO and every failed attempt to reach a server as a WARN
+/// (target `zookeeper_client`: "fails to establish session to ...").
+const QUIET: [(&str, &str); 4] = [
     ("kube_client", "kube_client::client::builder=off"),
     ("async_nats", "async_nats=warn"),
     ("async_nats", "async_nats::connector=off"),
+    ("zookeeper_client", "zookeeper_client=error"),
 ];
 
 /// The log filter: `RUST_LOG`, or `info`, with [`QUIET`]'s targets off unless named.
@@ -182,6 +185,7 @@ mod tests {
                 "kube_client::client::builder=off",
                 "async_nats=warn",
                 "async_nats::connector=off",
+                "zookeeper_client=error",
             ] {
                 assert!(filter.contains(off), "{rust_log:?}: {filter}");
             }

@@ -206,6 +206,19 @@ pub trait ResourceLock: Send + Sync + fmt::Debug {
         Ok(None)
     }
 
+    /// Checks that the store lets this lock hold a lease of `lease_duration` safely, where the
+    /// store bounds it: a ZooKeeper session the ensemble would expire (deleting the holder's
+    /// record) before the holder's renew deadline, say. The `leader` command calls it at start,
+    /// so that such a lease is one line and an exit code instead of a lock that refuses every
+    /// write. The default accepts every lease.
+    ///
+    /// # Errors
+    /// [`LockError::Misconfigured`] naming the bound; an outage while finding it out.
+    async fn check_lease(&self, lease_duration: Duration) -> Result<(), LockError> {
+        let _ = lease_duration;
+        Ok(())
+    }
+
     /// Called once when the elector stops using this lock (after its release, if any): a
     /// backend lets go of what it keeps for the candidate, such as a lease granted in advance
     /// or a registration as a waiting candidate, so that nobody hands it the lease after it is
@@ -293,6 +306,9 @@ macro_rules! forward_lock {
             }
             async fn time_left(&self) -> Result<Option<Duration>, LockError> {
                 (**self).time_left().await
+            }
+            async fn check_lease(&self, lease_duration: Duration) -> Result<(), LockError> {
+                (**self).check_lease(lease_duration).await
             }
             async fn close(&self) {
                 (**self).close().await

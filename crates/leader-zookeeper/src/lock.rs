@@ -22,6 +22,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use leader_core::{
@@ -168,7 +169,7 @@ impl ZooKeeperLock {
     }
 
     fn context(&self) -> String {
-        format!("{} {}", self.store.describe(), self.path)
+        format!("{} znode {}", self.store.describe(), self.path)
     }
 
     fn note(&self, token: u64) {
@@ -228,20 +229,27 @@ impl ZooKeeperLock {
     }
 
     /// Refuses a lease this session could outlive the ensemble's patience for (see the type's
-    /// documentation).
-    fn check_lease(
+    /// documentation), when `record` names this lock's identity.
+    fn check_held_lease(
         &self,
         client: &zk::Client,
         record: &LeaderElectionRecord,
     ) -> Result<(), LockError> {
+        if record.is_held_by(&self.identity) {
+            return self.check_granted(client, record.lease_duration);
+        }
+        Ok(())
+    }
+
+    fn check_granted(&self, client: &zk::Client, lease: Duration) -> Result<(), LockError> {
         let granted = client.session_timeout();
-        if record.is_held_by(&self.identity) && record.lease_duration > granted {
+        if lease > granted {
             return Err(LockError::Misconfigured {
                 backend: BACKEND,
                 message: format!(
                     "{}: a lease of {:?} is longer than the session timeout the ensemble granted ({granted:?}): its record could vanish while its holder still leads; ask for a longer session (session_timeout=, up to the servers' maxSessionTimeout, 20 ticks by default) or shorten the lease",
                     self.context(),
-                    record.lease_duration,
+                    lease,
                 ),
             });
         }
@@ -386,7 +394,7 @@ impl ResourceLock for ZooKeeperLock {
     /// lock object saw), and the count raised to it, in one `multi`.
     async fn create(&self, record: &LeaderElectionRecord) -> Result<Observed, LockError> {
         let client = self.store.client().await?;
-        self.check_lease(&client, record)?;
+        self.check_held_lease(&client, record)?;
         let (election, existing) = self.read(&client).await?;
         if existing.is_some() {
             return Err(LockError::conflict(BACKEND));
@@ -450,7 +458,7 @@ impl ResourceLock for ZooKeeperLock {
             return Err(LockError::conflict(BACKEND));
         };
         let client = self.store.client().await?;
-        self.check_lease(&client, record)?;
+        self.check_held_lease(&client, record)?;
         let context = self.context();
         if record.is_held_by(&self.identity) {
             if record.leader_transitions == stored.token && stored.owner == client.session_id().0 {
@@ -510,6 +518,12 @@ impl ResourceLock for ZooKeeperLock {
                 count,
             },
         ))
+    }
+
+    /// Refuses a lease longer than the session timeout the ensemble granted.
+    async fn check_lease(&self, lease_duration: Duration) -> Result<(), LockError> {
+        let client = self.store.client().await?;
+        self.check_granted(&client, lease_duration)
     }
 
     fn identity(&self) -> &str {
