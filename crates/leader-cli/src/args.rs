@@ -77,7 +77,7 @@ pub(crate) struct ResizeArgs {
 pub(crate) struct LockArgs {
     /// The lock: file:///PATH, postgres://... or postgresql://... (?advisory=true for the
     /// advisory lock), mysql://... or mariadb://..., nats://HOST:PORT/BUCKET,
-    /// zk://HOST:PORT[,HOST:PORT]/CHROOT, redis://... or rediss://...,
+    /// zk://HOST:PORT[,HOST:PORT]/CHROOT or zookeeper://..., redis://... or rediss://...,
     /// etcd://HOST:PORT[,HOST:PORT] or etcds://...,
     /// consul://HOST:PORT/PREFIX or consuls://..., s3://BUCKET/PREFIX/, gs://BUCKET/PREFIX/ or
     /// az://CONTAINER/PREFIX/ (or azure://...), or kubernetes://NAMESPACE (?binary_version=V
