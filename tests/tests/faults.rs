@@ -179,6 +179,11 @@ fn faults_on_nats() {
 }
 
 #[test]
+fn faults_on_zookeeper() {
+    campaign(Backend::ZooKeeper);
+}
+
+#[test]
 fn faults_on_redis() {
     campaign(Backend::Redis);
 }
@@ -257,6 +262,11 @@ fn firings_under_faults_on_mysql() {
 #[test]
 fn firings_under_faults_on_nats() {
     firings(Backend::Nats);
+}
+
+#[test]
+fn firings_under_faults_on_zookeeper() {
+    firings(Backend::ZooKeeper);
 }
 
 #[test]
@@ -354,6 +364,11 @@ fn shards_under_faults_on_mysql() {
 #[test]
 fn shards_under_faults_on_nats() {
     shards(Backend::Nats);
+}
+
+#[test]
+fn shards_under_faults_on_zookeeper() {
+    shards(Backend::ZooKeeper);
 }
 
 #[test]

@@ -26,6 +26,10 @@ pub enum ServerKind {
     Nats,
     /// A single-member `etcd` cluster.
     Etcd,
+    /// A standalone ZooKeeper server from Debian's `zookeeperd` (3.8) with its defaults
+    /// (`tickTime` 2000 ms, sessions of 4 to 40 s), its snapshots and transaction log in a
+    /// directory of its own: a restart keeps the znodes and the sessions.
+    ZooKeeper,
     /// The test Kubernetes API server (`kube-api-server` of `leader-test-support`), keeping its
     /// Leases in a state file across restarts as a real one keeps them in etcd.
     Kube,
@@ -331,6 +335,34 @@ impl PrivateServer {
                     .map_err(|e| fail(format!("etcd: {e}")))?;
                 self.child = Some(child);
             }
+            ServerKind::ZooKeeper => {
+                std::fs::write(
+                    self.dir.join("zoo.cfg"),
+                    format!(
+                        "tickTime=2000\ndataDir={}\nclientPortAddress=127.0.0.1\nclientPort={}\nadmin.enableServer=false\n4lw.commands.whitelist=srvr,ruok,stat\n",
+                        self.dir.join("data").display(),
+                        self.port
+                    ),
+                )
+                .map_err(|e| fail(format!("zoo.cfg: {e}")))?;
+                let child = Command::new("java")
+                    .arg("-Xmx256m")
+                    .args([
+                        "-cp",
+                        "/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-simple.jar",
+                        "org.apache.zookeeper.server.quorum.QuorumPeerMain",
+                    ])
+                    .arg(self.dir.join("zoo.cfg"))
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .map_err(|e| {
+                        fail(format!(
+                            "ZooKeeper (scripts/setup installs zookeeperd): {e}"
+                        ))
+                    })?;
+                self.child = Some(child);
+            }
             ServerKind::S3 => {
                 // One request at a time: moto alone can let two conditional writes on one
                 // ETag both succeed (scripts/s3-server says where).
@@ -415,9 +447,14 @@ impl PrivateServer {
     }
 
     /// Accepts connections; for etcd, also has a raft leader and answers reads (`/health`), which
-    /// a fresh single-member cluster takes about a second for.
+    /// a fresh single-member cluster takes about a second for; for ZooKeeper, serves (its
+    /// `srvr` says it is standalone).
     fn ready(&self) -> bool {
         use std::io::{Read, Write};
+        if self.kind == ServerKind::ZooKeeper {
+            return leader_test_support::zookeeper_ensemble::four_letter_word(self.port, "srvr")
+                .is_some_and(|answer| answer.contains("Mode: standalone"));
+        }
         let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", self.port)) else {
             return false;
         };

@@ -18,6 +18,9 @@ pub enum Backend {
     MysqlNamed,
     /// `nats://`: a key-value bucket on a private NATS server with JetStream.
     Nats,
+    /// `zk://`: a standalone ZooKeeper server of the run's own, with sessions of the least
+    /// length it grants (4 s) or a lease, whichever is longer.
+    ZooKeeper,
     /// `redis://`: a private Redis.
     Redis,
     /// `etcd://`: a private etcd.
@@ -38,13 +41,14 @@ pub enum Backend {
 
 impl Backend {
     /// Every backend, in the order reports list them.
-    pub const ALL: [Self; 12] = [
+    pub const ALL: [Self; 13] = [
         Self::File,
         Self::Postgres,
         Self::Advisory,
         Self::Mysql,
         Self::MysqlNamed,
         Self::Nats,
+        Self::ZooKeeper,
         Self::Redis,
         Self::Etcd,
         Self::EtcdCluster,
@@ -130,6 +134,10 @@ impl Backend {
                 whole_seconds(settings.advisory_idle()).max(1)
             ),
             Self::Nats => format!("nats://127.0.0.1:{port}/fault"),
+            Self::ZooKeeper => format!(
+                "zk://127.0.0.1:{port}?session_timeout={}ms",
+                settings.lease.max(Duration::from_secs(4)).as_millis()
+            ),
             Self::Redis => format!("redis://127.0.0.1:{port}"),
             Self::Etcd => format!("etcd://127.0.0.1:{port}"),
             // `port` is the first member's proxy; the others' follow (see `run`). A member
@@ -186,6 +194,7 @@ impl Backend {
             Self::Postgres | Self::Advisory => Some(ServerKind::Postgres),
             Self::Mysql | Self::MysqlNamed => Some(ServerKind::Mysql),
             Self::Nats => Some(ServerKind::Nats),
+            Self::ZooKeeper => Some(ServerKind::ZooKeeper),
             Self::Redis => Some(ServerKind::Redis),
             Self::Etcd => Some(ServerKind::Etcd),
             // Started by `run`, as a cluster.
@@ -206,6 +215,7 @@ impl Backend {
             Self::Mysql => "mysql",
             Self::MysqlNamed => "mysql GET_LOCK",
             Self::Nats => "nats",
+            Self::ZooKeeper => "zookeeper",
             Self::Redis => "redis",
             Self::Etcd => "etcd",
             Self::EtcdCluster => "etcd (three members)",
