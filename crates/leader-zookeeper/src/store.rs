@@ -305,6 +305,27 @@ impl ZooKeeperStore {
             }
             Err(err) => return Err(map(&prefix, err)),
         }
+        // The locks read with `multiRead` and watch with `addWatch`, both of ZooKeeper 3.6: an
+        // older ensemble is refused here, in one line, instead of failing every read.
+        let mut reader = client.new_multi_reader();
+        reader
+            .add_get_data(&inner.prefix)
+            .map_err(|err| map(&prefix, err))?;
+        let read = reader.commit().await;
+        match read.as_deref() {
+            Err(zk::Error::Unimplemented) => {
+                return Err(LockError::Misconfigured {
+                    backend: BACKEND,
+                    message: format!(
+                        "{}: the ensemble does not know multiRead: the lock needs ZooKeeper 3.6 or later",
+                        inner.described
+                    ),
+                });
+            }
+            Err(err) => return Err(map(&prefix, err.clone())),
+            Ok([zk::MultiReadResult::Error { err }]) => return Err(map(&prefix, err.clone())),
+            Ok(_) => {}
+        }
         tracing::debug!(
             ensemble = %inner.described,
             session = %client.session_id(),

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use common::{make_chroot, raw, unique, zookeeper_chroot, zookeeper_ensemble};
 use leader_core::{LockError, ResourceLock, conformance};
 use leader_zookeeper::ZooKeeperStore;
+use leader_zookeeper::zookeeper_client as zk;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_chroot_that_does_not_exist_is_misconfigured() {
@@ -76,7 +77,7 @@ async fn znodes_under_digest_credentials_refuse_other_sessions() {
         .build()
         .await
         .expect("store");
-    let created = owner
+    owner
         .lock("billing", "a")
         .create(&conformance::record("a", 1))
         .await
@@ -98,7 +99,44 @@ async fn znodes_under_digest_credentials_refuse_other_sessions() {
         ("anonymous", None),
         ("wrong password", Some(("app", "wrong-secret"))),
     ] {
-        let other = builder(digest).build().await.expect("store");
+        // The prefix is the owner's too: a store is refused at once.
+        let err = builder(digest).build().await.expect_err(who);
+        assert!(matches!(err, LockError::Forbidden { .. }), "{who}: {err:?}");
+        assert!(!err.to_string().contains("secret"), "{who}: {err}");
+    }
+    // A prefix anyone may use (an operator's), an election the owner made in it: the others'
+    // locks are refused reading and writing it.
+    let shared = format!("/{}", unique("shared"));
+    client
+        .mkdir(
+            &format!("{}{shared}", zookeeper_chroot()),
+            &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all()),
+        )
+        .await
+        .expect("a shared prefix");
+    let in_shared = |digest: Option<(&str, &str)>| {
+        let builder = ZooKeeperStore::builder(zookeeper_ensemble())
+            .chroot(zookeeper_chroot())
+            .prefix(&shared);
+        match digest {
+            Some((user, password)) => builder.digest(user, password),
+            None => builder,
+        }
+    };
+    let owner = in_shared(Some(("app", "app-secret")))
+        .build()
+        .await
+        .expect("store");
+    let created = owner
+        .lock("billing", "a")
+        .create(&conformance::record("a", 1))
+        .await
+        .expect("the owner writes");
+    for (who, digest) in [
+        ("anonymous", None),
+        ("wrong password", Some(("app", "wrong-secret"))),
+    ] {
+        let other = in_shared(digest).build().await.expect("store");
         let lock = other.lock("billing", "b");
         let err = lock.get().await.expect_err(who);
         assert!(matches!(err, LockError::Forbidden { .. }), "{who}: {err:?}");
