@@ -4,11 +4,10 @@
 
 use std::io::{Read, Write};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
+use crate::process::Slot;
 
 /// One member: its ports, data and process.
 #[derive(Debug)]
@@ -17,7 +16,7 @@ struct Member {
     client_port: u16,
     peer_port: u16,
     dir: PathBuf,
-    child: Option<Child>,
+    child: Slot,
 }
 
 /// A cluster of the test's own; every member killed and its data removed when dropped.
@@ -75,7 +74,7 @@ impl EtcdCluster {
                 client_port: free_port(),
                 peer_port: free_port(),
                 dir: std::env::temp_dir().join(format!("leader-etcd-cluster-{tag}-m{i}")),
-                child: None,
+                child: Slot::default(),
             })
             .collect();
         let initial = members
@@ -125,7 +124,7 @@ impl EtcdCluster {
             .stderr(log)
             .spawn()
             .expect("start an etcd member");
-        self.members[index].child = Some(child);
+        self.members[index].child.set(child);
     }
 
     /// How many members there are.
@@ -159,7 +158,7 @@ impl EtcdCluster {
     #[must_use]
     pub fn leader(&self) -> Option<usize> {
         self.members.iter().position(|m| {
-            m.child.is_some()
+            m.child.is_running()
                 && http_get(m.client_port, "/metrics")
                     .is_some_and(|body| body.lines().any(|l| l == "etcd_server_is_leader 1"))
         })
@@ -185,10 +184,7 @@ impl EtcdCluster {
 
     /// Kills member `index` (SIGKILL), keeping its data.
     pub fn kill(&mut self, index: usize) {
-        if let Some(mut child) = self.members[index].child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.members[index].child.kill();
     }
 
     /// Starts member `index` again on its ports and data, and waits until it listens.
@@ -209,28 +205,20 @@ impl EtcdCluster {
         }
     }
 
-    fn signal(&self, index: usize, signal: Signal) {
-        if let Some(child) = &self.members[index].child {
-            let pid = Pid::from_raw(i32::try_from(child.id()).unwrap_or(i32::MAX));
-            let _ = kill(pid, signal);
-        }
-    }
-
     /// Freezes member `index` (SIGSTOP): its connections stay open and silent.
     pub fn freeze(&self, index: usize) {
-        self.signal(index, Signal::SIGSTOP);
+        self.members[index].child.freeze();
     }
 
     /// Resumes a frozen member (SIGCONT).
     pub fn thaw(&self, index: usize) {
-        self.signal(index, Signal::SIGCONT);
+        self.members[index].child.thaw();
     }
 }
 
 impl Drop for EtcdCluster {
     fn drop(&mut self) {
         for index in 0..self.members.len() {
-            self.thaw(index);
             self.kill(index);
             let _ = std::fs::remove_dir_all(&self.members[index].dir);
         }

@@ -14,6 +14,7 @@ pub mod etcd_cluster;
 pub mod kube_api;
 #[cfg(feature = "object-store")]
 pub mod object_store_counting;
+mod process;
 pub mod secrets;
 pub mod zookeeper_ensemble;
 

@@ -5,11 +5,10 @@
 
 use std::io::{Read, Write};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
+use crate::process::Slot;
 
 use crate::etcd_cluster::free_port;
 
@@ -23,7 +22,7 @@ const LOGGER: &str = "/usr/share/java/slf4j-simple.jar";
 struct Server {
     client_port: u16,
     dir: PathBuf,
-    child: Option<Child>,
+    child: Slot,
 }
 
 /// An ensemble of the test's own; every server killed and its data removed when dropped.
@@ -97,7 +96,7 @@ impl ZooKeeperEnsemble {
             servers.push(Server {
                 client_port: *client,
                 dir,
-                child: None,
+                child: Slot::default(),
             });
         }
         let mut ensemble = Self { servers };
@@ -121,7 +120,7 @@ impl ZooKeeperEnsemble {
             .stderr(log)
             .spawn()
             .expect("start a ZooKeeper server");
-        self.servers[index].child = Some(child);
+        self.servers[index].child.set(child);
     }
 
     /// The connect string of every server, `127.0.0.1:PORT,...`.
@@ -145,7 +144,7 @@ impl ZooKeeperEnsemble {
     pub fn received(&self) -> u64 {
         self.servers
             .iter()
-            .filter(|s| s.child.is_some())
+            .filter(|s| s.child.is_running())
             .filter_map(|s| received(s.client_port))
             .sum()
     }
@@ -154,7 +153,7 @@ impl ZooKeeperEnsemble {
     #[must_use]
     pub fn leader(&self) -> Option<usize> {
         self.servers.iter().position(|s| {
-            s.child.is_some()
+            s.child.is_running()
                 && four_letter_word(s.client_port, "srvr")
                     .is_some_and(|answer| answer.lines().any(|l| l == "Mode: leader"))
         })
@@ -167,13 +166,17 @@ impl ZooKeeperEnsemble {
     pub fn wait_for_quorum(&self, within: Duration) {
         let since = Instant::now();
         loop {
-            let serving = self.servers.iter().filter(|s| s.child.is_some()).all(|s| {
-                four_letter_word(s.client_port, "srvr").is_some_and(|answer| {
-                    answer
-                        .lines()
-                        .any(|l| l == "Mode: leader" || l == "Mode: follower")
-                })
-            });
+            let serving = self
+                .servers
+                .iter()
+                .filter(|s| s.child.is_running())
+                .all(|s| {
+                    four_letter_word(s.client_port, "srvr").is_some_and(|answer| {
+                        answer
+                            .lines()
+                            .any(|l| l == "Mode: leader" || l == "Mode: follower")
+                    })
+                });
             if serving && self.leader().is_some() {
                 return;
             }
@@ -187,11 +190,7 @@ impl ZooKeeperEnsemble {
 
     /// Kills server `index` (SIGKILL), keeping its data.
     pub fn kill(&mut self, index: usize) {
-        self.thaw(index);
-        if let Some(mut child) = self.servers[index].child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.servers[index].child.kill();
     }
 
     /// Starts server `index` again on its ports and data, and waits until it serves in the
@@ -205,21 +204,14 @@ impl ZooKeeperEnsemble {
         self.wait_for_quorum(Duration::from_secs(60));
     }
 
-    fn signal(&self, index: usize, signal: Signal) {
-        if let Some(child) = &self.servers[index].child {
-            let pid = Pid::from_raw(i32::try_from(child.id()).unwrap_or(i32::MAX));
-            let _ = kill(pid, signal);
-        }
-    }
-
     /// Freezes server `index` (SIGSTOP): its connections stay open and silent.
     pub fn freeze(&self, index: usize) {
-        self.signal(index, Signal::SIGSTOP);
+        self.servers[index].child.freeze();
     }
 
     /// Resumes a frozen server (SIGCONT).
     pub fn thaw(&self, index: usize) {
-        self.signal(index, Signal::SIGCONT);
+        self.servers[index].child.thaw();
     }
 }
 
