@@ -22,6 +22,22 @@ const LEASE: Duration = Duration::from_secs(4);
 const RENEW: Duration = Duration::from_secs(3);
 const RETRY: Duration = Duration::from_secs(1);
 
+/// A test of `scenario` per backend, named for both, each given its lock URL by an expression
+/// that is `None` (a skip, or a failure under CI) without the backend's server.
+macro_rules! on_each_backend {
+    ($scenario:ident: $($test:ident => $url:expr,)+) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $test() {
+                let Some(url) = $url else {
+                    return;
+                };
+                $scenario(&url).await;
+            }
+        )+
+    };
+}
+
 fn leader(lock: &str, name: &str, identity: &str, log: &Path) -> Child {
     leader_with(lock, name, identity, log, &[])
 }
@@ -234,13 +250,18 @@ async fn file_lock_one_job_at_a_time_and_handovers() {
     handovers(&format!("file://{}", dir.path().join("lock").display())).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_lock_one_job_at_a_time_and_handovers() {
-    let Some(url) = leader_test_support::postgres_lock_or_skip() else {
-        return;
-    };
-    handovers(&url).await;
-}
+on_each_backend!(handovers:
+    postgres_lock_one_job_at_a_time_and_handovers => leader_test_support::postgres_lock_or_skip(),
+    redis_lock_one_job_at_a_time_and_handovers => leader_test_support::redis_lock_or_skip(),
+    etcd_lock_one_job_at_a_time_and_handovers => leader_test_support::etcd_lock_or_skip(),
+    // A release reaches the followers through their KV watch; a kill is waited out on their
+    // own clocks, a lease from the last renewal they saw.
+    nats_lock_one_job_at_a_time_and_handovers => leader_test_support::nats_lock_or_skip(),
+    // A release deletes the record znode, which the followers' persistent watch reports; a
+    // killed holder's session outlives it (30 s), so its lease is waited out on the
+    // followers' clocks and taken over by deleting its record znode.
+    zookeeper_lock_one_job_at_a_time_and_handovers => leader_test_support::zookeeper_lock_or_skip(),
+);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mysql_lock_one_job_at_a_time_and_handovers() {
@@ -261,43 +282,6 @@ async fn mysql_get_lock_one_job_at_a_time_and_handovers() {
     // ends with it, and its lease runs out by the server's clock.
     let separator = if url.contains('?') { '&' } else { '?' };
     handovers(&format!("{url}{separator}lock=named")).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn nats_lock_one_job_at_a_time_and_handovers() {
-    let Some(url) = leader_test_support::nats_lock_or_skip() else {
-        return;
-    };
-    // A release reaches the followers through their KV watch; a kill is waited out on their
-    // own clocks, a lease from the last renewal they saw.
-    handovers(&url).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn zookeeper_lock_one_job_at_a_time_and_handovers() {
-    let Some(url) = leader_test_support::zookeeper_lock_or_skip() else {
-        return;
-    };
-    // A release deletes the record znode, which the followers' persistent watch reports; a
-    // killed holder's session outlives it (30 s), so its lease is waited out on the
-    // followers' clocks and taken over by deleting its record znode.
-    handovers(&url).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_lock_one_job_at_a_time_and_handovers() {
-    let Some(url) = leader_test_support::redis_lock_or_skip() else {
-        return;
-    };
-    handovers(&url).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn etcd_lock_one_job_at_a_time_and_handovers() {
-    let Some(url) = leader_test_support::etcd_lock_or_skip() else {
-        return;
-    };
-    handovers(&url).await;
 }
 
 /// Consul, on the test Consul server: the holder writes its renewal key at every renewal, so a
@@ -601,45 +585,13 @@ async fn kubernetes_lock_planned_handovers() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_lock_planned_handovers() {
-    let Some(url) = leader_test_support::postgres_lock_or_skip() else {
-        return;
-    };
-    planned_handovers(&url).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_lock_planned_handovers() {
-    let Some(url) = leader_test_support::redis_lock_or_skip() else {
-        return;
-    };
-    planned_handovers(&url).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn zookeeper_lock_planned_handovers() {
-    let Some(url) = leader_test_support::zookeeper_lock_or_skip() else {
-        return;
-    };
-    planned_handovers(&url).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn etcd_lock_planned_handovers() {
-    let Some(url) = leader_test_support::etcd_lock_or_skip() else {
-        return;
-    };
-    planned_handovers(&url).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn object_store_lock_planned_handovers() {
-    let Some(lock) = s3_lock("planned") else {
-        return;
-    };
-    planned_handovers(&lock).await;
-}
+on_each_backend!(planned_handovers:
+    postgres_lock_planned_handovers => leader_test_support::postgres_lock_or_skip(),
+    redis_lock_planned_handovers => leader_test_support::redis_lock_or_skip(),
+    zookeeper_lock_planned_handovers => leader_test_support::zookeeper_lock_or_skip(),
+    etcd_lock_planned_handovers => leader_test_support::etcd_lock_or_skip(),
+    object_store_lock_planned_handovers => s3_lock("planned"),
+);
 
 /// An S3 endpoint that answers every request `200` with an ETag, and so writes whatever its
 /// preconditions say: the `leader` command refuses it at start, with exit code 3, before it
@@ -1379,13 +1331,13 @@ async fn file_lock_shards_split_and_move() {
     shards_split_and_move(&format!("file://{}", dir.path().join("lock").display())).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_lock_shards_split_and_move() {
-    let Some(url) = leader_test_support::postgres_lock_or_skip() else {
-        return;
-    };
-    shards_split_and_move(&url).await;
-}
+on_each_backend!(shards_split_and_move:
+    postgres_lock_shards_split_and_move => leader_test_support::postgres_lock_or_skip(),
+    redis_lock_shards_split_and_move => leader_test_support::redis_lock_or_skip(),
+    zookeeper_lock_shards_split_and_move => leader_test_support::zookeeper_lock_or_skip(),
+    etcd_lock_shards_split_and_move => leader_test_support::etcd_lock_or_skip(),
+    object_store_lock_shards_split_and_move => s3_lock("shards"),
+);
 
 /// The advisory lock holds a database session per lock: no shard sets on it (exit code 3).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1403,38 +1355,6 @@ async fn postgres_advisory_lock_keeps_no_shard_sets() {
         .expect("refused at once")
         .expect("status");
     assert_eq!(status.code(), Some(3), "the advisory lock with --shards");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_lock_shards_split_and_move() {
-    let Some(url) = leader_test_support::redis_lock_or_skip() else {
-        return;
-    };
-    shards_split_and_move(&url).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn zookeeper_lock_shards_split_and_move() {
-    let Some(url) = leader_test_support::zookeeper_lock_or_skip() else {
-        return;
-    };
-    shards_split_and_move(&url).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn etcd_lock_shards_split_and_move() {
-    let Some(url) = leader_test_support::etcd_lock_or_skip() else {
-        return;
-    };
-    shards_split_and_move(&url).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn object_store_lock_shards_split_and_move() {
-    let Some(url) = s3_lock("shards") else {
-        return;
-    };
-    shards_split_and_move(&url).await;
 }
 
 /// `leader run --shards --serve`: the shards owned with their tokens at `/shards`, the shard
