@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::{Running, unique};
-use leader_core::conformance::record;
+use leader_core::conformance::{self, record};
 use leader_core::{LockError, LockSet, Renewal, ResourceLock, Version};
 use leader_postgres::PostgresStore;
 
@@ -58,27 +58,12 @@ async fn a_missing_table_is_reported_and_the_elector_recovers_once_it_exists() {
         .build()
         .await
         .expect("store without auto-create");
-    let lock = store.lock("jobs", "a");
-    let err = lock.get().await.expect_err("no table");
-    assert!(matches!(err, LockError::Misconfigured { .. }), "{err:?}");
-    let message = err.to_string();
-    assert!(
-        message.contains(&table) && message.contains("create_table"),
-        "{message}"
-    );
-    let err = lock
-        .try_acquire(&record("a", 0))
-        .await
-        .expect_err("no table");
-    assert!(matches!(err, LockError::Misconfigured { .. }), "{err:?}");
-
-    let mut elector = Running::start(lock);
-    elector
-        .stays_alive_without_leading(Duration::from_millis(1500))
-        .await;
-    store.create_table().await.expect("create the table");
-    elector.wait_leading(Duration::from_secs(5)).await;
-    elector.stop().await;
+    conformance::missing_storage_is_reported_until_it_exists(
+        store.lock("jobs", "a"),
+        &[&table, "create_table"],
+        async { store.create_table().await.expect("create the table") },
+    )
+    .await;
     admin
         .batch_execute(&format!("DROP TABLE public.\"{table}\""))
         .await

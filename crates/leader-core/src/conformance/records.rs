@@ -528,3 +528,35 @@ pub async fn election_name_is_the_given_name(factory: &dyn LockFactory) {
         lock.describe()
     );
 }
+
+/// Storage that is missing (a table not created, say) on a lock built without creating it:
+/// reads and acquisitions are [`LockError::Misconfigured`], with a message that names each of
+/// `mentions` (the storage, and what creates it); an elector on it keeps running without
+/// leading, and leads once `create` has made the storage (S8).
+///
+/// # Panics
+/// When the lock or the elector behaves otherwise.
+pub async fn missing_storage_is_reported_until_it_exists(
+    lock: impl ResourceLock + 'static,
+    mentions: &[&str],
+    create: impl std::future::Future<Output = ()>,
+) {
+    let err = lock.get().await.expect_err("no storage");
+    assert!(matches!(err, LockError::Misconfigured { .. }), "{err:?}");
+    let message = err.to_string();
+    for mention in mentions {
+        assert!(message.contains(mention), "{mention:?} not in {message}");
+    }
+    let err = lock
+        .try_acquire(&record(lock.identity(), 0))
+        .await
+        .expect_err("no storage");
+    assert!(matches!(err, LockError::Misconfigured { .. }), "{err:?}");
+    let mut elector = Candidate::start(lock);
+    elector
+        .stays_alive_without_leading(Duration::from_millis(1500))
+        .await;
+    create.await;
+    elector.wait_leading(Duration::from_secs(5)).await;
+    elector.stop().await;
+}
