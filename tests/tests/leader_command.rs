@@ -939,6 +939,16 @@ async fn postgres_lock_wall_clock_steps() {
     wall_clock_steps(&url, &[]).await;
 }
 
+/// ZooKeeper moves a znode's version on every write, identical bytes or not; the lock decides
+/// nothing by a wall clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_lock_wall_clock_steps() {
+    let Some(url) = leader_test_support::zookeeper_lock_or_skip() else {
+        return;
+    };
+    wall_clock_steps(&url, &[]).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn file_lock_wall_clock_steps() {
     let dir = tempfile::tempdir().expect("tempdir");

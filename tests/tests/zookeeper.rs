@@ -193,7 +193,8 @@ async fn a_session_the_ensemble_expires_ends_the_term_and_the_holder_follows_on_
 }
 
 /// The ensemble's leader server is killed, then a follower server, each started again, then
-/// the leader server frozen for 15 s and thawed: whatever each costs the holder (a write
+/// the leader server and a follower server frozen for 15 s each and thawed: whatever each
+/// costs the holder (a write
 /// waits for the ensemble to elect a leader), two candidates never lead at once, tokens only
 /// grow, and someone leads again within 30 s of each fault.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -220,15 +221,16 @@ async fn servers_killed_frozen_and_restarted_never_give_two_leaders() {
         "kill the leader server",
         "kill a follower server",
         "freeze the leader server",
+        "freeze a follower server",
     ] {
         let leader = ensemble.leader().expect("a leader server");
         let target = match fault {
-            "kill a follower server" => (leader + 1) % 3,
+            "kill a follower server" | "freeze a follower server" => (leader + 1) % 3,
             _ => leader,
         };
         eprintln!("{fault}: server {target}");
         match fault {
-            "freeze the leader server" => {
+            "freeze the leader server" | "freeze a follower server" => {
                 ensemble.freeze(target);
                 sleep(Duration::from_secs(15)).await;
                 ensemble.thaw(target);
@@ -245,6 +247,8 @@ async fn servers_killed_frozen_and_restarted_never_give_two_leaders() {
             next >= token,
             "fencing token {token} then {next} after {fault}"
         );
+        let kept = if next == token { "kept" } else { "lost" };
+        eprintln!("{fault}: the term with token {token} was {kept}");
         token = next;
         sleep(RETRY * 2).await;
     }
