@@ -33,6 +33,10 @@ use zookeeper_client as zk;
 use crate::error::{BACKEND, map};
 use crate::store::ZooKeeperStore;
 
+mod stored;
+
+use stored::Stored;
+
 /// The znode name of election `name`: letters, digits, `-` and `_` as they are, every other
 /// byte (`.` and `/` included) as `=` and two hex digits, so that any name is one valid znode
 /// name (never `.`, `..` or empty) and no two names share one. The empty name is `=`.
@@ -107,43 +111,6 @@ pub struct ZooKeeperLock {
     /// The highest fencing token this lock object (and its clones) read or wrote: a floor for
     /// its acquisitions, should an operator delete the election znode and its count.
     highest: Arc<AtomicU64>,
-}
-
-/// What a version names: the two znodes' versions, the record znode's ephemeral owner (0 when
-/// persistent), the record's token and the count in the election znode. Written as
-/// `ELECTION.RECORD.OWNER.TOKEN.COUNT`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Stored {
-    election: i32,
-    record: i32,
-    owner: i64,
-    token: u64,
-    count: u64,
-}
-
-impl Stored {
-    fn version(self) -> Version {
-        Version::new(format!(
-            "{}.{}.{:x}.{}.{}",
-            self.election,
-            self.record,
-            self.owner.cast_unsigned(),
-            self.token,
-            self.count
-        ))
-    }
-
-    fn parse(version: &Version) -> Option<Self> {
-        let mut parts = version.as_str().split('.');
-        let stored = Self {
-            election: parts.next()?.parse().ok()?,
-            record: parts.next()?.parse().ok()?,
-            owner: u64::from_str_radix(parts.next()?, 16).ok()?.cast_signed(),
-            token: parts.next()?.parse().ok()?,
-            count: parts.next()?.parse().ok()?,
-        };
-        parts.next().is_none().then_some(stored)
-    }
 }
 
 /// The election znode as read: its version and count, or absent.
@@ -593,20 +560,5 @@ mod tests {
         let distinct: std::collections::HashSet<&String> = nodes.iter().collect();
         assert_eq!(distinct.len(), nodes.len(), "{nodes:?}");
         assert_eq!(node_of("a/b"), "a=2Fb");
-    }
-
-    #[test]
-    fn versions_round_trip_and_refuse_others() {
-        let stored = Stored {
-            election: 7,
-            record: -3,
-            owner: -0x1234_abcd,
-            token: 42,
-            count: 42,
-        };
-        assert_eq!(Stored::parse(&stored.version()), Some(stored));
-        for other in ["", "1", "1.2.3.4", "1.2.3.4.5.6", "a.b.c.d.e", "12"] {
-            assert_eq!(Stored::parse(&Version::new(other)), None, "{other:?}");
-        }
     }
 }
