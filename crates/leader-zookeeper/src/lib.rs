@@ -4,10 +4,12 @@
 
 mod error;
 mod lock;
+mod set;
 mod store;
 mod url;
 
 pub use lock::{ZooKeeperLock, node_of};
+pub use set::ZooKeeperSet;
 pub use store::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_PREFIX, DEFAULT_SESSION_TIMEOUT, ZooKeeperStore,
     ZooKeeperStoreBuilder,

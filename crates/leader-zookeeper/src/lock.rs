@@ -25,9 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use leader_core::{
-    ChangeStream, KeyedLocks, LeaderElectionRecord, LockError, Observed, ResourceLock, Version,
-};
+use leader_core::{ChangeStream, LeaderElectionRecord, LockError, Observed, ResourceLock, Version};
 use zookeeper_client as zk;
 
 use crate::error::{BACKEND, map};
@@ -35,7 +33,7 @@ use crate::store::ZooKeeperStore;
 
 mod stored;
 
-use stored::Stored;
+pub(crate) use stored::Stored;
 
 /// The znode name of election `name`: letters, digits, `-` and `_` as they are, every other
 /// byte (`.` and `/` included) as `=` and two hex digits, so that any name is one valid znode
@@ -72,17 +70,6 @@ impl ZooKeeperStore {
             highest: Arc::default(),
         }
     }
-
-    /// The locks of a shard set for member `identity`: an election znode per record, on this
-    /// store's session, one request per record read or renewed.
-    pub fn lock_set(&self, identity: impl Into<String>) -> KeyedLocks {
-        let store = self.clone();
-        KeyedLocks::new(
-            identity,
-            format!("zookeeper:{}{}", self.describe(), self.prefix()),
-            move |key, identity| Arc::new(store.lock(key, identity)),
-        )
-    }
 }
 
 /// A [`ResourceLock`] on a ZooKeeper ensemble: the holder's record in a znode ephemeral on its
@@ -113,8 +100,12 @@ pub struct ZooKeeperLock {
     highest: Arc<AtomicU64>,
 }
 
+/// What a read of an election's two znodes found: the election znode and the record znode,
+/// each if there.
+pub(crate) type Read = (Option<Election>, Option<(Vec<u8>, zk::Stat)>);
+
 /// The election znode as read: its version and count, or absent.
-struct Election {
+pub(crate) struct Election {
     version: i32,
     count: u64,
 }
@@ -151,21 +142,30 @@ impl ZooKeeperLock {
     }
 
     /// Reads both znodes in one request.
-    async fn read(
-        &self,
-        client: &zk::Client,
-    ) -> Result<(Option<Election>, Option<(Vec<u8>, zk::Stat)>), LockError> {
-        let context = self.context();
+    async fn read(&self, client: &zk::Client) -> Result<Read, LockError> {
         let mut reader = client.new_multi_reader();
+        self.add_reads(&mut reader)?;
+        let results = match reader.commit().await {
+            Ok(results) => results,
+            Err(err) => return Err(self.store.fail(client, &self.context(), err).await),
+        };
+        self.take_read(&mut results.into_iter())
+    }
+
+    /// Adds the reads of both znodes to `reader`.
+    pub(crate) fn add_reads(&self, reader: &mut zk::MultiReader<'_>) -> Result<(), LockError> {
         reader
             .add_get_data(&self.path)
             .and_then(|()| reader.add_get_data(&self.record_path))
-            .map_err(|err| map(&context, err))?;
-        let results = match reader.commit().await {
-            Ok(results) => results,
-            Err(err) => return Err(self.store.fail(client, &context, err).await),
-        };
-        let mut results = results.into_iter();
+            .map_err(|err| map(&self.context(), err))
+    }
+
+    /// Takes the answers to [`add_reads`](Self::add_reads) from `results`.
+    pub(crate) fn take_read(
+        &self,
+        results: &mut impl Iterator<Item = zk::MultiReadResult>,
+    ) -> Result<Read, LockError> {
+        let context = self.context();
         let election = match results.next() {
             Some(zk::MultiReadResult::Data { data, stat }) => Some(Election {
                 version: stat.version,
@@ -174,9 +174,7 @@ impl ZooKeeperLock {
             Some(zk::MultiReadResult::Error {
                 err: zk::Error::NoNode,
             }) => None,
-            Some(zk::MultiReadResult::Error { err }) => {
-                return Err(self.store.fail(client, &context, err).await);
-            }
+            Some(zk::MultiReadResult::Error { err }) => return Err(map(&context, err)),
             other => return Err(unexpected(&context, &other)),
         };
         let record = match results.next() {
@@ -184,9 +182,7 @@ impl ZooKeeperLock {
             Some(zk::MultiReadResult::Error {
                 err: zk::Error::NoNode,
             }) => None,
-            Some(zk::MultiReadResult::Error { err }) => {
-                return Err(self.store.fail(client, &self.record_path, err).await);
-            }
+            Some(zk::MultiReadResult::Error { err }) => return Err(map(&context, err)),
             other => return Err(unexpected(&context, &other)),
         };
         if let Some(election) = &election {
@@ -195,9 +191,70 @@ impl ZooKeeperLock {
         Ok((election, record))
     }
 
+    /// The record a read found, if both znodes are there.
+    pub(crate) fn observed_of(&self, read: Read) -> Result<Option<Observed>, LockError> {
+        let (Some(election), Some((data, stat))) = read else {
+            return Ok(None);
+        };
+        let record = LeaderElectionRecord::from_json(BACKEND, &self.record_path, &data)?;
+        let stored = Stored {
+            election: election.version,
+            record: stat.version,
+            owner: stat.ephemeral_owner,
+            token: record.leader_transitions,
+            count: election.count,
+        };
+        Ok(Some(self.observed(&record, stored)))
+    }
+
+    /// Whether writing `record` over `stored` renews this session's own term: the record names
+    /// this identity with the token stored, and the record znode is this session's.
+    pub(crate) fn renews(
+        &self,
+        client: &zk::Client,
+        stored: Stored,
+        record: &LeaderElectionRecord,
+    ) -> bool {
+        record.is_held_by(&self.identity)
+            && record.leader_transitions == stored.token
+            && stored.owner == client.session_id().0
+    }
+
+    /// Adds a renewal to `writer`: the election znode checked at its version, the record
+    /// znode's data set at its version (two operations).
+    pub(crate) fn add_renewal(
+        &self,
+        writer: &mut zk::MultiWriter<'_>,
+        stored: Stored,
+        record: &LeaderElectionRecord,
+    ) -> Result<(), LockError> {
+        writer
+            .add_check_version(&self.path, stored.election)
+            .and_then(|()| {
+                writer.add_set_data(&self.record_path, &record.to_json(), Some(stored.record))
+            })
+            .map_err(|err| map(&self.context(), err))
+    }
+
+    /// What a renewal of `stored` that left the record znode at version `written` stored.
+    pub(crate) fn renewed(
+        &self,
+        record: &LeaderElectionRecord,
+        stored: Stored,
+        written: i32,
+    ) -> Observed {
+        self.observed(
+            record,
+            Stored {
+                record: written,
+                ..stored
+            },
+        )
+    }
+
     /// Refuses a lease this session could outlive the ensemble's patience for (see the type's
     /// documentation), when `record` names this lock's identity.
-    fn check_held_lease(
+    pub(crate) fn check_held_lease(
         &self,
         client: &zk::Client,
         record: &LeaderElectionRecord,
@@ -341,19 +398,8 @@ fn unexpected(context: &str, what: &dyn std::fmt::Debug) -> LockError {
 impl ResourceLock for ZooKeeperLock {
     async fn get(&self) -> Result<Option<Observed>, LockError> {
         let client = self.store.client().await?;
-        let (election, record) = self.read(&client).await?;
-        let (Some(election), Some((data, stat))) = (election, record) else {
-            return Ok(None);
-        };
-        let record = LeaderElectionRecord::from_json(BACKEND, &self.record_path, &data)?;
-        let stored = Stored {
-            election: election.version,
-            record: stat.version,
-            owner: stat.ephemeral_owner,
-            token: record.leader_transitions,
-            count: election.count,
-        };
-        Ok(Some(self.observed(&record, stored)))
+        let read = self.read(&client).await?;
+        self.observed_of(read)
     }
 
     /// Creates the record znode where there is none (never written, or its holder's session
@@ -428,27 +474,12 @@ impl ResourceLock for ZooKeeperLock {
         self.check_held_lease(&client, record)?;
         let context = self.context();
         if record.is_held_by(&self.identity) {
-            if record.leader_transitions == stored.token && stored.owner == client.session_id().0 {
+            if self.renews(&client, stored, record) {
                 let mut writer = client.new_multi_writer();
-                writer
-                    .add_check_version(&self.path, stored.election)
-                    .and_then(|()| {
-                        writer.add_set_data(
-                            &self.record_path,
-                            &record.to_json(),
-                            Some(stored.record),
-                        )
-                    })
-                    .map_err(|err| map(&context, err))?;
+                self.add_renewal(&mut writer, stored, record)?;
                 let results = self.commit(&client, &mut writer).await?;
                 let written = set_data_version(&context, &results, 1)?;
-                return Ok(self.observed(
-                    record,
-                    Stored {
-                        record: written,
-                        ..stored
-                    },
-                ));
+                return Ok(self.renewed(record, stored, written));
             }
             let token = self.next_token(stored.count, record.leader_transitions);
             let record = LeaderElectionRecord {

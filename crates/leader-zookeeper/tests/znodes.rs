@@ -179,3 +179,67 @@ async fn the_watch_fires_for_releases_and_handover_requests_not_renewals() {
         .expect("the released record");
     assert_eq!(stat.ephemeral_owner, 0, "a released record is persistent");
 }
+
+/// A shard set reads many records in one request and renews them in one: a renewal that lost
+/// its compare-and-set (someone asked its holder to hand over) is answered as a conflict, and
+/// the others are renewed in one more request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_reads_and_renews_many_records_a_request_at_a_time() {
+    use leader_core::{LockSet, Renewal};
+    let Some(ensemble) = ZooKeeperEnsemble::start() else {
+        return;
+    };
+    let store = ZooKeeperStore::builder(ensemble.connect_string())
+        .build()
+        .await
+        .expect("store");
+    let set = store.lock_set("a");
+    let keys: Vec<String> = (0..100).map(|i| format!("shard-{i}")).collect();
+    let mut renewals = Vec::new();
+    for key in &keys {
+        let held = set
+            .lock(key)
+            .create(&conformance::record("a", 1))
+            .await
+            .expect("create");
+        renewals.push(Renewal {
+            key: key.clone(),
+            version: held.version,
+            record: held.record,
+        });
+    }
+    request_handover(&store.lock("shard-50", "operator"), "b")
+        .await
+        .expect("request");
+
+    let asking = ensemble.received();
+    let before = ensemble.received();
+    let asking = before - asking;
+    let read = set.get_many(&keys).await;
+    let reads = ensemble.received() - before - asking;
+    assert!(read.iter().all(|r| matches!(r, Ok(Some(_)))), "{read:?}");
+    assert!(reads <= 1, "{reads} requests to read 100 records");
+
+    let before = ensemble.received();
+    let renewed = set.renew_many(&renewals).await;
+    let requests = ensemble.received() - before - asking;
+    assert!(requests <= 2, "{requests} requests to renew 100 records");
+    for (i, (answer, renewal)) in renewed.iter().zip(&renewals).enumerate() {
+        if i == 50 {
+            assert!(
+                answer.as_ref().is_err_and(LockError::is_conflict),
+                "{answer:?}"
+            );
+        } else {
+            let answer = answer.as_ref().expect("renewed");
+            assert_ne!(answer.version, renewal.version, "shard {i} not renewed");
+            let stored = set
+                .lock(&renewal.key)
+                .get()
+                .await
+                .expect("get")
+                .expect("record");
+            assert_eq!(stored.version, answer.version, "shard {i}");
+        }
+    }
+}

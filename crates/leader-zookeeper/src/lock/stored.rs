@@ -6,16 +6,16 @@ use leader_core::Version;
 /// persistent), the record's token and the count in the election znode. Written as
 /// `ELECTION.RECORD.OWNER.TOKEN.COUNT`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct Stored {
-    pub(super) election: i32,
-    pub(super) record: i32,
-    pub(super) owner: i64,
-    pub(super) token: u64,
-    pub(super) count: u64,
+pub(crate) struct Stored {
+    pub(crate) election: i32,
+    pub(crate) record: i32,
+    pub(crate) owner: i64,
+    pub(crate) token: u64,
+    pub(crate) count: u64,
 }
 
 impl Stored {
-    pub(super) fn version(self) -> Version {
+    pub(crate) fn version(self) -> Version {
         Version::new(format!(
             "{}.{}.{:x}.{}.{}",
             self.election,
@@ -26,7 +26,7 @@ impl Stored {
         ))
     }
 
-    pub(super) fn parse(version: &Version) -> Option<Self> {
+    pub(crate) fn parse(version: &Version) -> Option<Self> {
         let mut parts = version.as_str().split('.');
         let stored = Self {
             election: parts.next()?.parse().ok()?,

@@ -1,0 +1,199 @@
+//! A shard set's records on one session: reads and renewals of many elections in one request
+//! each (`multiRead`, `multi`).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use leader_core::{LockError, LockSet, Observed, Renewal, ResourceLock};
+use zookeeper_client as zk;
+
+use crate::error::{BACKEND, map};
+use crate::lock::{Stored, ZooKeeperLock};
+use crate::store::ZooKeeperStore;
+
+/// Elections a request reads or renews at most: two operations each, a few hundred bytes,
+/// far below the servers' request limit (`jute.maxbuffer`, 1 MiB by default).
+const BATCH: usize = 250;
+
+/// The records of a shard set on one session: a [`ZooKeeperLock`] per record, read many at a
+/// time with one `multiRead` and renewed many at a time with one `multi`. A `multi` is all or
+/// nothing: when one renewal of it fails its compare-and-set, the ensemble names it, it is
+/// answered with that failure, and the others are sent again without it.
+#[derive(Debug)]
+pub struct ZooKeeperSet {
+    store: ZooKeeperStore,
+    identity: String,
+    locks: Mutex<HashMap<String, Arc<ZooKeeperLock>>>,
+}
+
+impl ZooKeeperStore {
+    /// The locks of a shard set for member `identity`: an election znode per record, on this
+    /// store's session, read and renewed in batches.
+    pub fn lock_set(&self, identity: impl Into<String>) -> ZooKeeperSet {
+        ZooKeeperSet {
+            store: self.clone(),
+            identity: identity.into(),
+            locks: Mutex::default(),
+        }
+    }
+}
+
+impl ZooKeeperSet {
+    /// The lock on record `key`, made once and kept (it remembers the tokens it saw).
+    fn zk_lock(&self, key: &str) -> Arc<ZooKeeperLock> {
+        let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+        Arc::clone(
+            locks
+                .entry(key.to_owned())
+                .or_insert_with(|| Arc::new(self.store.lock(key, self.identity.as_str()))),
+        )
+    }
+
+    fn context(&self) -> String {
+        format!("{}{}", self.store.describe(), self.store.prefix())
+    }
+
+    /// Renews `batch` (indexes into `renewals`, each renewing its own term on this session)
+    /// in `multi`s, answering each in `answers`.
+    async fn renew_batch(
+        &self,
+        client: &zk::Client,
+        renewals: &[Renewal],
+        mut batch: Vec<(usize, Arc<ZooKeeperLock>, Stored)>,
+        answers: &mut [Option<Result<Observed, LockError>>],
+    ) {
+        while !batch.is_empty() {
+            let mut writer = client.new_multi_writer();
+            let refused = batch.iter().position(|(index, lock, stored)| {
+                lock.add_renewal(&mut writer, *stored, &renewals[*index].record)
+                    .map_err(|err| answers[*index] = Some(Err(err)))
+                    .is_err()
+            });
+            if let Some(refused) = refused {
+                batch.remove(refused);
+                continue;
+            }
+            match writer.commit().await {
+                Ok(results) => {
+                    for (n, (index, lock, stored)) in batch.iter().enumerate() {
+                        let answer = match results.get(2 * n + 1) {
+                            Some(zk::MultiWriteResult::SetData { stat }) => {
+                                Ok(lock.renewed(&renewals[*index].record, *stored, stat.version))
+                            }
+                            _ => Err(LockError::other(
+                                BACKEND,
+                                crate::error::Context::new(
+                                    &self.context(),
+                                    &"a multi answered without the renewal's setData",
+                                ),
+                            )),
+                        };
+                        answers[*index].get_or_insert(answer);
+                    }
+                    return;
+                }
+                // The renewal whose operation failed is answered so; the rest go again.
+                Err(zk::MultiWriteError::OperationFailed { index, source }) => {
+                    let (failed, lock, _) = batch.remove((index / 2).min(batch.len() - 1));
+                    answers[failed] = Some(Err(map(&lock.describe(), source)));
+                }
+                Err(zk::MultiWriteError::RequestFailed { source }) => {
+                    let err = self.store.fail(client, &self.context(), source).await;
+                    for (index, _, _) in &batch {
+                        answers[*index].get_or_insert_with(|| Err(err.duplicate()));
+                    }
+                    return;
+                }
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl LockSet for ZooKeeperSet {
+    fn lock(&self, key: &str) -> Arc<dyn ResourceLock> {
+        self.zk_lock(key)
+    }
+
+    fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    fn describe(&self) -> String {
+        format!("zookeeper:{}", self.context())
+    }
+
+    /// One `multiRead` per [`BATCH`] records.
+    async fn get_many(&self, keys: &[String]) -> Vec<Result<Option<Observed>, LockError>> {
+        let client = match self.store.client().await {
+            Ok(client) => client,
+            Err(err) => return err.for_each(keys.len()),
+        };
+        let mut answers = Vec::with_capacity(keys.len());
+        for chunk in keys.chunks(BATCH) {
+            let locks: Vec<Arc<ZooKeeperLock>> =
+                chunk.iter().map(|key| self.zk_lock(key)).collect();
+            let mut reader = client.new_multi_reader();
+            if let Some(err) = locks
+                .iter()
+                .find_map(|lock| lock.add_reads(&mut reader).err())
+            {
+                answers.extend(err.for_each(chunk.len()));
+                continue;
+            }
+            match reader.commit().await {
+                Ok(results) => {
+                    let mut results = results.into_iter();
+                    for lock in &locks {
+                        answers.push(
+                            lock.take_read(&mut results)
+                                .and_then(|read| lock.observed_of(read)),
+                        );
+                    }
+                }
+                Err(err) => {
+                    let err = self.store.fail(&client, &self.context(), err).await;
+                    answers.extend(err.for_each(chunk.len()));
+                }
+            }
+        }
+        answers
+    }
+
+    /// One `multi` per [`BATCH`] renewals of this session's own terms; anything else (a term
+    /// whose record znode another session owns, a version this set never gave out) as its
+    /// lock's [`renew`](ResourceLock::renew) answers it.
+    async fn renew_many(&self, renewals: &[Renewal]) -> Vec<Result<Observed, LockError>> {
+        let client = match self.store.client().await {
+            Ok(client) => client,
+            Err(err) => return err.for_each(renewals.len()),
+        };
+        let mut answers: Vec<Option<Result<Observed, LockError>>> = std::iter::repeat_with(|| None)
+            .take(renewals.len())
+            .collect();
+        let mut batched = Vec::new();
+        for (index, renewal) in renewals.iter().enumerate() {
+            let lock = self.zk_lock(&renewal.key);
+            match Stored::parse(&renewal.version) {
+                Some(stored) if lock.renews(&client, stored, &renewal.record) => {
+                    match lock.check_held_lease(&client, &renewal.record) {
+                        Ok(()) => batched.push((index, lock, stored)),
+                        Err(err) => answers[index] = Some(Err(err)),
+                    }
+                }
+                _ => answers[index] = Some(lock.renew(&renewal.version, &renewal.record).await),
+            }
+        }
+        let mut rest = batched.into_iter().peekable();
+        while rest.peek().is_some() {
+            let batch: Vec<_> = rest.by_ref().take(BATCH).collect();
+            self.renew_batch(&client, renewals, batch, &mut answers)
+                .await;
+        }
+        answers
+            .into_iter()
+            .map(|answer| answer.unwrap_or_else(|| Err(LockError::conflict(BACKEND))))
+            .collect()
+    }
+}
