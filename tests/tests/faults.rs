@@ -1,6 +1,7 @@
 //! Faults across backends: three replicas of `leader run -- fenced-writer` on the file lock and,
-//! through a TCP proxy each, on private Postgres (table and advisory locks), MariaDB, Redis, etcd,
-//! Kubernetes API and Consul servers (the last two the test support's); into whichever replica leads: SIGKILL, SIGSTOP past the lease then
+//! through a TCP proxy each, on private Postgres (table and advisory locks), MariaDB, NATS,
+//! ZooKeeper, Redis, etcd, Kubernetes API and Consul servers (the last two the test support's);
+//! into whichever replica leads: SIGKILL, SIGSTOP past the lease then
 //! SIGCONT, its network cut (a partition of the leader alone), a latency spike beyond the renew
 //! deadline; into the server: crashed and restarted, frozen with SIGSTOP, every connection
 //! refused (a full outage, during which the replicas' failed attempts are counted). On
@@ -34,8 +35,8 @@
 //! For example `FAULT_COUNT=1000 FAULT_SHUFFLE=1 FAULT_LEASE_MS=800 cargo test -p leader-tests
 //! --release --test faults -- --nocapture`. A run says every violation as it happens and its
 //! progress every 100 faults, and prints a summary table at the end. Needs the Postgres
-//! of `DATABASE_URL` for the sink, and Debian's PostgreSQL, MariaDB, `redis-server` and `etcd` binaries
-//! for the private servers (`scripts/setup` installs them).
+//! of `DATABASE_URL` for the sink, and Debian's PostgreSQL, MariaDB, `nats-server`, `zookeeperd`,
+//! `redis-server` and `etcd` for the private servers (`scripts/setup` installs them).
 
 use std::sync::Mutex;
 use std::time::Duration;
