@@ -193,10 +193,10 @@ async fn a_session_the_ensemble_expires_ends_the_term_and_the_holder_follows_on_
 }
 
 /// The ensemble's leader server is killed, then a follower server, each started again, then
-/// the leader server and a follower server frozen for 15 s each and thawed: whatever each
-/// costs the holder (a write
-/// waits for the ensemble to elect a leader), two candidates never lead at once, tokens only
-/// grow, and someone leads again within 30 s of each fault.
+/// the leader server and a follower server frozen for 15 s each and thawed. Two candidates
+/// never lead at once, tokens only grow, and someone leads again within 30 s of each fault;
+/// the holder keeps its term through all but the frozen leader server, which holds every write
+/// for longer than the renew deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn servers_killed_frozen_and_restarted_never_give_two_leaders() {
     let Some(mut ensemble) = ZooKeeperEnsemble::start() else {
@@ -249,6 +249,14 @@ async fn servers_killed_frozen_and_restarted_never_give_two_leaders() {
         );
         let kept = if next == token { "kept" } else { "lost" };
         eprintln!("{fault}: the term with token {token} was {kept}");
+        // A killed server's connections close, and the ensemble elects a new leader in about
+        // a second; a frozen follower is left after the client's connection timeout (4 s):
+        // each well within the renew deadline. A frozen leader server holds every write until
+        // the followers give up on it (syncLimit: 5 ticks, 10 s) and elect another, which a
+        // renew deadline of 10 s does not outlast.
+        if fault != "freeze the leader server" {
+            assert_eq!(next, token, "{fault} cost the holder its term");
+        }
         token = next;
         sleep(RETRY * 2).await;
     }

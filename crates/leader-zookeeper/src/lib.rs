@@ -11,8 +11,8 @@ mod url;
 pub use lock::{ZooKeeperLock, node_of};
 pub use set::ZooKeeperSet;
 pub use store::{
-    DEFAULT_CONNECT_TIMEOUT, DEFAULT_PREFIX, DEFAULT_SESSION_TIMEOUT, ZooKeeperStore,
-    ZooKeeperStoreBuilder,
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_CONNECTION_TIMEOUT, DEFAULT_PREFIX, DEFAULT_SESSION_TIMEOUT,
+    ZooKeeperStore, ZooKeeperStoreBuilder,
 };
 pub use url::LockUrl;
 

@@ -22,6 +22,14 @@ pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long opening a session may take before the store reports the ensemble unavailable.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long the client waits for a word from its server (an answer, a ping's) before it takes
+/// the connection as lost and moves the session to another server. The client's own default,
+/// 2/5 of the session timeout (12 s of a 30 s session), is longer than a renew deadline of
+/// 10 s: a holder connected to a server that froze would lose its term waiting for it. 4 s
+/// leaves the holder time to move and renew; the client pings an idle connection every 3/8 of
+/// it (1.5 s).
+pub const DEFAULT_CONNECTION_TIMEOUT: Duration = Duration::from_secs(4);
+
 /// A ZooKeeper ensemble and the prefix that keeps the election znodes, on one session. Cheap to
 /// clone; every lock made from it shares the session, whose ephemeral znodes are the leases of
 /// its holders.
@@ -39,6 +47,7 @@ pub(crate) struct Inner {
     pub(crate) prefix: String,
     session_timeout: Duration,
     connect_timeout: Duration,
+    connection_timeout: Duration,
     digest: Option<(String, String)>,
     /// The session, until the ensemble ends it.
     session: tokio::sync::Mutex<Option<zk::Client>>,
@@ -61,6 +70,7 @@ pub struct ZooKeeperStoreBuilder {
     prefix: String,
     session_timeout: Duration,
     connect_timeout: Duration,
+    connection_timeout: Duration,
     digest: Option<(String, String)>,
 }
 
@@ -108,6 +118,14 @@ impl ZooKeeperStoreBuilder {
         self
     }
 
+    /// How long the client waits for a word from its server before it moves the session to
+    /// another; keep it well under the renew deadline. Default
+    /// [`DEFAULT_CONNECTION_TIMEOUT`]; the client takes at most 3/5 of the session timeout.
+    pub fn connection_timeout(mut self, timeout: Duration) -> Self {
+        self.connection_timeout = timeout;
+        self
+    }
+
     /// Authenticates the session with ZooKeeper's `digest` scheme, and creates the znodes with
     /// the `auth` ACL: only sessions with the same user and password may read or write them.
     pub fn digest(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
@@ -139,6 +157,7 @@ impl ZooKeeperStoreBuilder {
                 prefix: self.prefix,
                 session_timeout: self.session_timeout,
                 connect_timeout: self.connect_timeout,
+                connection_timeout: self.connection_timeout,
                 digest: self.digest,
                 session: tokio::sync::Mutex::new(None),
             }),
@@ -175,6 +194,7 @@ impl ZooKeeperStore {
             prefix: DEFAULT_PREFIX.to_owned(),
             session_timeout: DEFAULT_SESSION_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            connection_timeout: DEFAULT_CONNECTION_TIMEOUT,
             digest: None,
         }
     }
@@ -247,6 +267,7 @@ impl ZooKeeperStore {
         let inner = &self.inner;
         let mut connector = zk::Client::connector()
             .with_session_timeout(inner.session_timeout)
+            .with_connection_timeout(inner.connection_timeout.min(inner.session_timeout * 3 / 5))
             .with_fail_eagerly();
         if let Some((user, password)) = &inner.digest {
             connector = connector.with_auth("digest", format!("{user}:{password}").as_bytes());

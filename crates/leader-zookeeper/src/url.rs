@@ -14,8 +14,9 @@ const DEFAULT_PORT: u16 = 2181;
 /// ZooKeeper's connect strings name an ensemble and a chroot (`zookeeper://` too). A user and
 /// password authenticate the session with the `digest` scheme, and the lock's znodes get the
 /// `auth` ACL. Parameters: `prefix` (the znode under the chroot that keeps the elections,
-/// default `/leader`), `session_timeout` (asked of the ensemble, like `30s`) and
-/// `connect_timeout`; unknown parameters are refused. The chroot must exist.
+/// default `/leader`), `session_timeout` (asked of the ensemble, like `30s`), `connect_timeout`
+/// and `connection_timeout` (see [`ZooKeeperStoreBuilder::connection_timeout`]); unknown
+/// parameters are refused. The chroot must exist.
 #[derive(Clone, PartialEq, Eq)]
 pub struct LockUrl {
     servers: Vec<String>,
@@ -24,6 +25,7 @@ pub struct LockUrl {
     prefix: Option<String>,
     session_timeout: Option<Duration>,
     connect_timeout: Option<Duration>,
+    connection_timeout: Option<Duration>,
 }
 
 impl std::fmt::Debug for LockUrl {
@@ -121,6 +123,7 @@ impl LockUrl {
             prefix: None,
             session_timeout: None,
             connect_timeout: None,
+            connection_timeout: None,
         };
         let duration = |key: &str, value: &str| {
             humantime::parse_duration(value)
@@ -140,9 +143,12 @@ impl LockUrl {
                 }
                 "session_timeout" => parsed.session_timeout = Some(duration(&key, &value)?),
                 "connect_timeout" => parsed.connect_timeout = Some(duration(&key, &value)?),
+                "connection_timeout" => {
+                    parsed.connection_timeout = Some(duration(&key, &value)?);
+                }
                 other => {
                     return Err(invalid(format!(
-                        "unknown parameter {other:?} (known: prefix, session_timeout, connect_timeout)"
+                        "unknown parameter {other:?} (known: prefix, session_timeout, connect_timeout, connection_timeout)"
                     )));
                 }
             }
@@ -172,6 +178,9 @@ impl LockUrl {
         }
         if let Some(timeout) = self.connect_timeout {
             builder = builder.connect_timeout(timeout);
+        }
+        if let Some(timeout) = self.connection_timeout {
+            builder = builder.connection_timeout(timeout);
         }
         builder
     }
@@ -210,7 +219,7 @@ mod tests {
     #[test]
     fn urls_give_servers_credentials_chroot_and_settings() {
         let url = LockUrl::parse(
-            "zk://app:s%40c+ret@z1:2182,z2,[::1]:2183/kafka/prod?prefix=/locks&session_timeout=20s&connect_timeout=3s",
+            "zk://app:s%40c+ret@z1:2182,z2,[::1]:2183/kafka/prod?prefix=/locks&session_timeout=20s&connect_timeout=3s&connection_timeout=2s",
         )
         .expect("valid");
         assert_eq!(url.servers, ["z1:2182", "z2:2181", "[::1]:2183"]);
@@ -219,6 +228,7 @@ mod tests {
         assert_eq!(url.prefix.as_deref(), Some("/locks"));
         assert_eq!(url.session_timeout, Some(Duration::from_secs(20)));
         assert_eq!(url.connect_timeout, Some(Duration::from_secs(3)));
+        assert_eq!(url.connection_timeout, Some(Duration::from_secs(2)));
         assert_eq!(
             url.describe(),
             "zk://app:***@z1:2182,z2:2181,[::1]:2183/kafka/prod/locks"
