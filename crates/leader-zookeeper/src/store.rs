@@ -120,7 +120,8 @@ impl ZooKeeperStoreBuilder {
 
     /// How long the client waits for a word from its server before it moves the session to
     /// another; keep it well under the renew deadline. Default
-    /// [`DEFAULT_CONNECTION_TIMEOUT`]; the client takes at most 3/5 of the session timeout.
+    /// [`DEFAULT_CONNECTION_TIMEOUT`], or 2/5 of the session timeout (the client's own) when
+    /// that is shorter.
     pub fn connection_timeout(mut self, timeout: Duration) -> Self {
         self.connection_timeout = timeout;
         self
@@ -267,7 +268,7 @@ impl ZooKeeperStore {
         let inner = &self.inner;
         let mut connector = zk::Client::connector()
             .with_session_timeout(inner.session_timeout)
-            .with_connection_timeout(inner.connection_timeout.min(inner.session_timeout * 3 / 5))
+            .with_connection_timeout(inner.connection_timeout.min(inner.session_timeout * 2 / 5))
             .with_fail_eagerly();
         if let Some((user, password)) = &inner.digest {
             connector = connector.with_auth("digest", format!("{user}:{password}").as_bytes());
