@@ -124,7 +124,7 @@ impl LockSet for ZooKeeperSet {
         format!("zookeeper:{}", self.context())
     }
 
-    /// One `multiRead` per [`BATCH`] records.
+    /// One `multiRead` per 250 records.
     async fn get_many(&self, keys: &[String]) -> Vec<Result<Option<Observed>, LockError>> {
         let client = match self.store.client().await {
             Ok(client) => client,
@@ -161,7 +161,7 @@ impl LockSet for ZooKeeperSet {
         answers
     }
 
-    /// One `multi` per [`BATCH`] renewals of this session's own terms; anything else (a term
+    /// One `multi` per 250 renewals of this session's own terms; anything else (a term
     /// whose record znode another session owns, a version this set never gave out) as its
     /// lock's [`renew`](ResourceLock::renew) answers it.
     async fn renew_many(&self, renewals: &[Renewal]) -> Vec<Result<Observed, LockError>> {
