@@ -251,10 +251,9 @@ fn main() {
             let second = Replica::start((contender.start)(&connect, &election, "b"));
             // The follower is up and watching.
             std::thread::sleep(Duration::from_secs(5));
-            let before = ensemble.received();
+            let count = ensemble.count_requests();
             std::thread::sleep(window);
-            let after = ensemble.received();
-            rates.push((after - before) as f64 / window.as_secs_f64());
+            rates.push(ensemble.requests(&count) as f64 / window.as_secs_f64());
             let killed = Instant::now();
             first.kill();
             match second.leading(Duration::from_secs(120)) {

@@ -25,6 +25,13 @@ struct Server {
     child: Slot,
 }
 
+/// Where a count of requests began ([`ZooKeeperEnsemble::count_requests`]).
+#[derive(Clone, Copy, Debug)]
+pub struct RequestCount {
+    before: u64,
+    asking: u64,
+}
+
 /// An ensemble of the test's own; every server killed and its data removed when dropped.
 #[derive(Debug)]
 pub struct ZooKeeperEnsemble {
@@ -147,6 +154,27 @@ impl ZooKeeperEnsemble {
             .filter(|s| s.child.is_running())
             .filter_map(|s| received(s.client_port))
             .sum()
+    }
+
+    /// Starts counting the requests the servers receive from clients: see
+    /// [`requests`](Self::requests).
+    #[must_use]
+    pub fn count_requests(&self) -> RequestCount {
+        let first = self.received();
+        let before = self.received();
+        RequestCount {
+            before,
+            asking: before.saturating_sub(first),
+        }
+    }
+
+    /// The requests the servers received from clients since `count` began, less those that
+    /// asking the servers makes (`stat` counts itself).
+    #[must_use]
+    pub fn requests(&self, count: &RequestCount) -> u64 {
+        self.received()
+            .saturating_sub(count.before)
+            .saturating_sub(count.asking)
     }
 
     /// The server that leads the ensemble now, as its `srvr` says.
