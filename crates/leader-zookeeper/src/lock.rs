@@ -160,13 +160,16 @@ impl ZooKeeperLock {
             .map_err(|err| map(&self.context(), err))
     }
 
-    /// Takes the answers to [`add_reads`](Self::add_reads) from `results`.
+    /// Takes the answers to [`add_reads`](Self::add_reads) from `results`: both, whatever the
+    /// first says, so that the answers of the elections read after it in one request stay
+    /// theirs.
     pub(crate) fn take_read(
         &self,
         results: &mut impl Iterator<Item = zk::MultiReadResult>,
     ) -> Result<Read, LockError> {
+        let (first, second) = (results.next(), results.next());
         let context = self.context();
-        let election = match results.next() {
+        let election = match first {
             Some(zk::MultiReadResult::Data { data, stat }) => Some(Election {
                 version: stat.version,
                 count: count_of(&context, &data)?,
@@ -177,7 +180,7 @@ impl ZooKeeperLock {
             Some(zk::MultiReadResult::Error { err }) => return Err(map(&context, err)),
             other => return Err(unexpected(&context, &other)),
         };
-        let record = match results.next() {
+        let record = match second {
             Some(zk::MultiReadResult::Data { data, stat }) => Some((data, stat)),
             Some(zk::MultiReadResult::Error {
                 err: zk::Error::NoNode,
@@ -421,6 +424,11 @@ impl ResourceLock for ZooKeeperLock {
             leader_transitions: token,
             ..record.clone()
         };
+        if election.is_none() {
+            // The first of this election: its parent, the prefix, may be gone (an operator
+            // deleted it), which would fail every creation as if another had won it.
+            self.store.ensure_prefix(&client).await?;
+        }
         let mode = self.mode(&record);
         let record_options = mode.with_acls(self.store.acls());
         let election_options = zk::CreateMode::Persistent.with_acls(self.store.acls());
@@ -516,6 +524,29 @@ impl ResourceLock for ZooKeeperLock {
                 count,
             },
         ))
+    }
+
+    /// Renews this session's own term, in one `multi`; anything else is a conflict (a renewal
+    /// never starts a term: a record znode another session owns, or another token, is not
+    /// this term's).
+    async fn renew(
+        &self,
+        version: &Version,
+        record: &LeaderElectionRecord,
+    ) -> Result<Observed, LockError> {
+        let Some(stored) = Stored::parse(version) else {
+            return Err(LockError::conflict(BACKEND));
+        };
+        let client = self.store.client().await?;
+        if !self.renews(&client, stored, record) {
+            return Err(LockError::conflict(BACKEND));
+        }
+        self.check_held_lease(&client, record)?;
+        let mut writer = client.new_multi_writer();
+        self.add_renewal(&mut writer, stored, record)?;
+        let results = self.commit(&client, &mut writer).await?;
+        let written = set_data_version(&self.context(), &results, 1)?;
+        Ok(self.renewed(record, stored, written))
     }
 
     /// Refuses a lease longer than the session timeout the ensemble granted.

@@ -12,9 +12,13 @@ use crate::error::{BACKEND, map};
 use crate::lock::{Stored, ZooKeeperLock};
 use crate::store::ZooKeeperStore;
 
-/// Elections a request reads or renews at most: two operations each, a few hundred bytes,
-/// far below the servers' request limit (`jute.maxbuffer`, 1 MiB by default).
+/// Elections a request reads or renews at most: two operations each.
 const BATCH: usize = 250;
+
+/// The most record bytes one renewal request carries, a quarter of the servers' request limit
+/// (`jute.maxbuffer`, 1 MiB by default): records of a few hundred bytes fill a batch by
+/// [`BATCH`], records with kilobytes of extensions by this.
+const BATCH_BYTES: usize = 256 * 1024;
 
 /// The records of a shard set on one session: a [`ZooKeeperLock`] per record, read many at a
 /// time with one `multiRead` and renewed many at a time with one `multi`. A `multi` is all or
@@ -161,7 +165,7 @@ impl LockSet for ZooKeeperSet {
         answers
     }
 
-    /// One `multi` per 250 renewals of this session's own terms; anything else (a term
+    /// One `multi` per 250 renewals (or 256 KiB of records) of this session's own terms; anything else (a term
     /// whose record znode another session owns, a version this set never gave out) as its
     /// lock's [`renew`](ResourceLock::renew) answers it.
     async fn renew_many(&self, renewals: &[Renewal]) -> Vec<Result<Observed, LockError>> {
@@ -185,9 +189,20 @@ impl LockSet for ZooKeeperSet {
                 _ => answers[index] = Some(lock.renew(&renewal.version, &renewal.record).await),
             }
         }
-        let mut rest = batched.into_iter().peekable();
-        while rest.peek().is_some() {
-            let batch: Vec<_> = rest.by_ref().take(BATCH).collect();
+        let mut batch = Vec::new();
+        let mut bytes = 0;
+        for renewal in batched {
+            let size = renewals[renewal.0].record.to_json().len();
+            if !batch.is_empty() && (batch.len() == BATCH || bytes + size > BATCH_BYTES) {
+                let full = std::mem::take(&mut batch);
+                self.renew_batch(&client, renewals, full, &mut answers)
+                    .await;
+                bytes = 0;
+            }
+            bytes += size;
+            batch.push(renewal);
+        }
+        if !batch.is_empty() {
             self.renew_batch(&client, renewals, batch, &mut answers)
                 .await;
         }

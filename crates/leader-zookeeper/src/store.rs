@@ -120,8 +120,8 @@ impl ZooKeeperStoreBuilder {
 
     /// How long the client waits for a word from its server before it moves the session to
     /// another; keep it well under the renew deadline. Default
-    /// [`DEFAULT_CONNECTION_TIMEOUT`], or 2/5 of the session timeout (the client's own) when
-    /// that is shorter.
+    /// [`DEFAULT_CONNECTION_TIMEOUT`]. Whatever is set, the store asks for at most 2/5 of the
+    /// session timeout it asks for (the client's own default).
     pub fn connection_timeout(mut self, timeout: Duration) -> Self {
         self.connection_timeout = timeout;
         self
@@ -264,7 +264,55 @@ impl ZooKeeperStore {
         map(context, err)
     }
 
+    /// Opens a session, all of it (connecting, finding the chroot, making the prefix, the
+    /// version check) within the connect timeout.
     async fn open(&self) -> Result<zk::Client, LockError> {
+        let inner = &self.inner;
+        match tokio::time::timeout(inner.connect_timeout, self.open_session()).await {
+            Ok(opened) => opened,
+            Err(_) => Err(LockError::unavailable(
+                BACKEND,
+                Context::new(
+                    &inner.described,
+                    &format!("no session within {:?}", inner.connect_timeout),
+                ),
+            )),
+        }
+    }
+
+    /// Creates the prefix when it is missing. An existing prefix is used as it is: creating
+    /// it again would need the right to create under its parent, which an operator who made
+    /// it may not have given.
+    pub(crate) async fn ensure_prefix(&self, client: &zk::Client) -> Result<(), LockError> {
+        let inner = &self.inner;
+        let prefix = format!("{} {}", inner.described, inner.prefix);
+        match client.check_stat(&inner.prefix).await {
+            Ok(Some(_)) => Ok(()),
+            Ok(None) => {
+                let options = zk::CreateMode::Persistent.with_acls(self.acls());
+                client
+                    .mkdir(&inner.prefix, &options)
+                    .await
+                    .map_err(|err| match err {
+                        zk::Error::NoNode => self.missing_chroot(),
+                        err => map(&prefix, err),
+                    })
+            }
+            Err(err) => Err(map(&prefix, err)),
+        }
+    }
+
+    fn missing_chroot(&self) -> LockError {
+        LockError::Misconfigured {
+            backend: BACKEND,
+            message: format!(
+                "{}: the chroot does not exist; create it (zkCli.sh create {}) or fix the URL's path",
+                self.inner.described, self.inner.chroot
+            ),
+        }
+    }
+
+    async fn open_session(&self) -> Result<zk::Client, LockError> {
         let inner = &self.inner;
         let mut connector = zk::Client::connector()
             .with_session_timeout(inner.session_timeout)
@@ -273,10 +321,9 @@ impl ZooKeeperStore {
         if let Some((user, password)) = &inner.digest {
             connector = connector.with_auth("digest", format!("{user}:{password}").as_bytes());
         }
-        let connecting = connector.connect(&inner.connect);
-        let client = match tokio::time::timeout(inner.connect_timeout, connecting).await {
-            Ok(Ok(client)) => client,
-            Ok(Err(err)) => {
+        let client = match connector.connect(&inner.connect).await {
+            Ok(client) => client,
+            Err(err) => {
                 return Err(match err {
                     zk::Error::AuthFailed => map(&inner.described, err),
                     zk::Error::BadArguments(_) => LockError::Misconfigured {
@@ -289,44 +336,16 @@ impl ZooKeeperStore {
                     ),
                 });
             }
-            Err(_) => {
-                return Err(LockError::unavailable(
-                    BACKEND,
-                    Context::new(
-                        &inner.described,
-                        &format!("no session within {:?}", inner.connect_timeout),
-                    ),
-                ));
-            }
         };
         // The chroot is the operator's: the client does not create it, and every path under a
         // missing one is missing.
         match client.check_stat("/").await {
             Ok(Some(_)) => {}
-            Ok(None) => {
-                return Err(LockError::Misconfigured {
-                    backend: BACKEND,
-                    message: format!(
-                        "{}: the chroot does not exist; create it (zkCli.sh create {}) or fix the URL's path",
-                        inner.described, inner.chroot
-                    ),
-                });
-            }
+            Ok(None) => return Err(self.missing_chroot()),
             Err(err) => return Err(map(&inner.described, err)),
         }
-        // An existing prefix is used as it is: creating it again would need the right to
-        // create under its parent, which an operator who made it may not have given.
+        self.ensure_prefix(&client).await?;
         let prefix = format!("{} {}", inner.described, inner.prefix);
-        match client.check_stat(&inner.prefix).await {
-            Ok(Some(_)) => {}
-            Ok(None) => {
-                let options = zk::CreateMode::Persistent.with_acls(self.acls());
-                if let Err(err) = client.mkdir(&inner.prefix, &options).await {
-                    return Err(map(&prefix, err));
-                }
-            }
-            Err(err) => return Err(map(&prefix, err)),
-        }
         // The locks read with `multiRead` and watch with `addWatch`, both of ZooKeeper 3.6: an
         // older ensemble is refused here, in one line, instead of failing every read.
         let mut reader = client.new_multi_reader();

@@ -238,3 +238,85 @@ async fn a_set_reads_and_renews_many_records_a_request_at_a_time() {
         }
     }
 }
+
+/// In a batch read, an election whose znode cannot be read is answered so, and the elections
+/// read after it in the same request are answered as their own locks would answer them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_election_in_a_batch_read_leaves_the_others_theirs() {
+    use leader_core::LockSet;
+    let Some(store) = common::store().await else {
+        return;
+    };
+    let set = store.lock_set("a");
+    let keys: Vec<String> = (0..3).map(|i| unique(&format!("batch-{i}"))).collect();
+    for key in &keys {
+        set.lock(key)
+            .create(&conformance::record("a", 1))
+            .await
+            .expect("create");
+    }
+    let broken = store.lock(&keys[0], "x");
+    let client = store.client().await.expect("session");
+    client
+        .set_data(broken.path(), b"not a count", None)
+        .await
+        .expect("an operator's write");
+    let read = set.get_many(&keys).await;
+    assert!(
+        matches!(read[0], Err(LockError::InvalidRecord { .. })),
+        "{:?}",
+        read[0]
+    );
+    for (key, answer) in keys.iter().zip(&read).skip(1) {
+        let alone = store.lock(key, "a").get().await.expect("get");
+        assert_eq!(answer.as_ref().expect("read"), &alone, "{key}");
+    }
+}
+
+/// A renewal never starts a term: the holder's record znode owned by another session (the
+/// same identity elsewhere) is a conflict, and the record stays as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_of_a_record_another_session_owns_conflicts() {
+    let Some(store) = common::store().await else {
+        return;
+    };
+    let name = unique("renew-other");
+    let held = store
+        .lock(&name, "a")
+        .create(&conformance::record("a", 1))
+        .await
+        .expect("create");
+    let elsewhere = common::store().await.expect("store").lock(&name, "a");
+    let renewed = elsewhere.renew(&held.version, &held.record).await;
+    assert!(
+        renewed.as_ref().is_err_and(LockError::is_conflict),
+        "{renewed:?}"
+    );
+    assert_eq!(store.lock(&name, "a").get().await.expect("get"), Some(held));
+}
+
+/// A prefix an operator deleted is made again by the next creation, instead of every creation
+/// failing as if another had won it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_prefix_is_made_again() {
+    let Some(client) = common::raw().await else {
+        return;
+    };
+    common::make_chroot(&client, "").await;
+    let prefix = format!("/{}", unique("prefix"));
+    let store = ZooKeeperStore::builder(common::zookeeper_ensemble())
+        .chroot(common::zookeeper_chroot())
+        .prefix(&prefix)
+        .build()
+        .await
+        .expect("store");
+    client
+        .delete(&format!("{}{prefix}", common::zookeeper_chroot()), None)
+        .await
+        .expect("delete the prefix");
+    store
+        .lock("again", "a")
+        .create(&conformance::record("a", 1))
+        .await
+        .expect("created under the prefix made again");
+}
