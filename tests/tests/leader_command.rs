@@ -1190,9 +1190,19 @@ async fn zookeeper_cases() -> Vec<(Vec<String>, u8)> {
         .await
         .expect("a session");
     let prefix = format!("{chroot}/codes-{:08x}", fastrand::u32(..));
+    // The chroot and the prefix open to all (as the other tests find them, whichever runs
+    // first), the election the owner's alone.
     owner
         .mkdir(
+            &prefix,
+            &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all()),
+        )
+        .await
+        .expect("a prefix anyone may use");
+    owner
+        .create(
             &format!("{prefix}/codes"),
+            b"",
             &zk::CreateMode::Persistent.with_acls(zk::Acls::creator_all()),
         )
         .await
