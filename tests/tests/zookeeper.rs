@@ -165,8 +165,10 @@ async fn a_session_the_ensemble_expires_ends_the_term_and_the_holder_follows_on_
     assert!(term.is_cancelled(), "the holder still leads");
     assert!(second > first, "fencing token {first} then {second}");
     eprintln!("the follower led {:?} after the cut", cut.elapsed());
-    // Past the session timeout: the ensemble has expired the holder's session.
-    sleep(Duration::from_secs(6).saturating_sub(cut.elapsed())).await;
+    // Well past the session timeout: the ensemble expires a session in buckets of its tick
+    // (2 s), so up to 6 s after it last heard from the client; until then the bytes the cut
+    // holds back, delivered, would keep the session.
+    sleep(Duration::from_secs(10).saturating_sub(cut.elapsed())).await;
     proxy.set(Mode::Open);
     let since = Instant::now();
     while !old.state().is_terminated() {
