@@ -239,6 +239,20 @@ impl ZooKeeperLock {
             .map_err(|err| map(&self.context(), err))
     }
 
+    /// Renews `stored` with `record` in one `multi` of its own.
+    async fn write_renewal(
+        &self,
+        client: &zk::Client,
+        stored: Stored,
+        record: &LeaderElectionRecord,
+    ) -> Result<Observed, LockError> {
+        let mut writer = client.new_multi_writer();
+        self.add_renewal(&mut writer, stored, record)?;
+        let results = self.commit(client, &mut writer).await?;
+        let written = set_data_version(&self.context(), &results, 1)?;
+        Ok(self.renewed(record, stored, written))
+    }
+
     /// What a renewal of `stored` that left the record znode at version `written` stored.
     pub(crate) fn renewed(
         &self,
@@ -379,7 +393,7 @@ fn owner_of(client: &zk::Client, mode: zk::CreateMode) -> i64 {
 }
 
 /// The version a `setData` at `index` of a committed `multi` left.
-fn set_data_version(
+pub(crate) fn set_data_version(
     context: &str,
     results: &[zk::MultiWriteResult],
     index: usize,
@@ -483,11 +497,7 @@ impl ResourceLock for ZooKeeperLock {
         let context = self.context();
         if record.is_held_by(&self.identity) {
             if self.renews(&client, stored, record) {
-                let mut writer = client.new_multi_writer();
-                self.add_renewal(&mut writer, stored, record)?;
-                let results = self.commit(&client, &mut writer).await?;
-                let written = set_data_version(&context, &results, 1)?;
-                return Ok(self.renewed(record, stored, written));
+                return self.write_renewal(&client, stored, record).await;
             }
             let token = self.next_token(stored.count, record.leader_transitions);
             let record = LeaderElectionRecord {
@@ -542,11 +552,7 @@ impl ResourceLock for ZooKeeperLock {
             return Err(LockError::conflict(BACKEND));
         }
         self.check_held_lease(&client, record)?;
-        let mut writer = client.new_multi_writer();
-        self.add_renewal(&mut writer, stored, record)?;
-        let results = self.commit(&client, &mut writer).await?;
-        let written = set_data_version(&self.context(), &results, 1)?;
-        Ok(self.renewed(record, stored, written))
+        self.write_renewal(&client, stored, record).await
     }
 
     /// Refuses a lease longer than the session timeout the ensemble granted.

@@ -9,7 +9,7 @@ use leader_core::{LockError, LockSet, Observed, Renewal, ResourceLock};
 use zookeeper_client as zk;
 
 use crate::error::{BACKEND, map};
-use crate::lock::{Stored, ZooKeeperLock};
+use crate::lock::{Stored, ZooKeeperLock, set_data_version};
 use crate::store::ZooKeeperStore;
 
 /// Elections a request reads or renews at most: two operations each.
@@ -81,18 +81,10 @@ impl ZooKeeperSet {
             match writer.commit().await {
                 Ok(results) => {
                     for (n, (index, lock, stored)) in batch.iter().enumerate() {
-                        let answer = match results.get(2 * n + 1) {
-                            Some(zk::MultiWriteResult::SetData { stat }) => {
-                                Ok(lock.renewed(&renewals[*index].record, *stored, stat.version))
-                            }
-                            _ => Err(LockError::other(
-                                BACKEND,
-                                crate::error::Context::new(
-                                    &self.context(),
-                                    &"a multi answered without the renewal's setData",
-                                ),
-                            )),
-                        };
+                        let answer =
+                            set_data_version(&self.context(), &results, 2 * n + 1).map(|written| {
+                                lock.renewed(&renewals[*index].record, *stored, written)
+                            });
                         answers[*index].get_or_insert(answer);
                     }
                     return;
