@@ -4,7 +4,7 @@
 //! restarts.
 
 use std::io::{Read, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -36,6 +36,34 @@ pub struct RequestCount {
 #[derive(Debug)]
 pub struct ZooKeeperEnsemble {
     servers: Vec<Server>,
+}
+
+/// The configuration of a server on loopback `client_port` that keeps its data in `data`, with
+/// ZooKeeper's defaults (`tickTime` 2000 ms) and the four-letter words the tests ask: a member
+/// of the ensemble `peers` names (its `server.N=` lines), or a standalone server without them.
+#[must_use]
+pub fn server_config(data: &Path, client_port: u16, peers: &str) -> String {
+    let mut config = format!(
+        "tickTime=2000\ndataDir={}\nclientPortAddress=127.0.0.1\nclientPort={client_port}\nadmin.enableServer=false\n4lw.commands.whitelist=srvr,ruok,stat\n",
+        data.display()
+    );
+    if !peers.is_empty() {
+        config.push_str("initLimit=10\nsyncLimit=5\nstandaloneEnabled=false\n");
+        config.push_str(peers);
+    }
+    config
+}
+
+/// The command that runs a server (Debian's `zookeeperd`) on configuration file `config`.
+#[must_use]
+pub fn server_command(config: &Path) -> Command {
+    let mut command = Command::new("java");
+    command
+        .arg("-Xmx256m")
+        .args(["-cp", &format!("{JAR}:{LOGGER}")])
+        .arg("org.apache.zookeeper.server.quorum.QuorumPeerMain")
+        .arg(config);
+    command
 }
 
 /// Sends four-letter word `word` to loopback `port` and returns the answer, or `None` when
@@ -92,14 +120,8 @@ impl ZooKeeperEnsemble {
             let dir = std::env::temp_dir().join(format!("leader-zookeeper-{tag}-{}", i + 1));
             std::fs::create_dir_all(&dir).expect("the server's directory");
             std::fs::write(dir.join("myid"), format!("{}\n", i + 1)).expect("myid");
-            std::fs::write(
-                dir.join("zoo.cfg"),
-                format!(
-                    "tickTime=2000\ninitLimit=10\nsyncLimit=5\ndataDir={}\nclientPortAddress=127.0.0.1\nclientPort={client}\nadmin.enableServer=false\n4lw.commands.whitelist=srvr,ruok,stat\nstandaloneEnabled=false\n{peers}",
-                    dir.display()
-                ),
-            )
-            .expect("zoo.cfg");
+            std::fs::write(dir.join("zoo.cfg"), server_config(&dir, *client, &peers))
+                .expect("zoo.cfg");
             servers.push(Server {
                 client_port: *client,
                 dir,
@@ -118,11 +140,7 @@ impl ZooKeeperEnsemble {
         let server = &self.servers[index];
         let log = std::fs::File::create(server.dir.join("zookeeper.log"))
             .map_or_else(|_| Stdio::null(), Stdio::from);
-        let child = Command::new("java")
-            .arg("-Xmx256m")
-            .args(["-cp", &format!("{JAR}:{LOGGER}")])
-            .arg("org.apache.zookeeper.server.quorum.QuorumPeerMain")
-            .arg(server.dir.join("zoo.cfg"))
+        let child = server_command(&server.dir.join("zoo.cfg"))
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()

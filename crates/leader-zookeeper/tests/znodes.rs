@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use common::unique;
 use leader_core::{LockError, ResourceLock, conformance, request_handover};
-use leader_test_support::zookeeper_ensemble::ZooKeeperEnsemble;
 use leader_zookeeper::ZooKeeperStore;
 use tokio::time::{sleep, timeout};
 
@@ -88,13 +87,9 @@ async fn tokens_outlive_the_record_znode_and_the_election_znode() {
 /// bytes; after a handover request written by someone else, a renewal from before it conflicts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_renewal_is_one_request_and_moves_the_version() {
-    let Some(ensemble) = ZooKeeperEnsemble::start() else {
+    let Some((ensemble, store)) = common::private_store().await else {
         return;
     };
-    let store = ZooKeeperStore::builder(ensemble.connect_string())
-        .build()
-        .await
-        .expect("store");
     let lock = store.lock("renewals", "a");
     let mut held = lock
         .create(&conformance::record("a", 1))
@@ -183,13 +178,9 @@ async fn the_watch_fires_for_releases_and_handover_requests_not_renewals() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_set_reads_and_renews_many_records_a_request_at_a_time() {
     use leader_core::{LockSet, Renewal};
-    let Some(ensemble) = ZooKeeperEnsemble::start() else {
+    let Some((ensemble, store)) = common::private_store().await else {
         return;
     };
-    let store = ZooKeeperStore::builder(ensemble.connect_string())
-        .build()
-        .await
-        .expect("store");
     let set = store.lock_set("a");
     let keys: Vec<String> = (0..100).map(|i| format!("shard-{i}")).collect();
     let mut renewals = Vec::new();

@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use leader_test_support::zookeeper_ensemble;
+
 /// moto's S3 server as the tests run it (see [`ServerKind::S3`]).
 const S3_SERVER: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/s3-server");
 
@@ -336,23 +338,13 @@ impl PrivateServer {
                 self.child = Some(child);
             }
             ServerKind::ZooKeeper => {
+                let config = self.dir.join("zoo.cfg");
                 std::fs::write(
-                    self.dir.join("zoo.cfg"),
-                    format!(
-                        "tickTime=2000\ndataDir={}\nclientPortAddress=127.0.0.1\nclientPort={}\nadmin.enableServer=false\n4lw.commands.whitelist=srvr,ruok,stat\n",
-                        self.dir.join("data").display(),
-                        self.port
-                    ),
+                    &config,
+                    zookeeper_ensemble::server_config(&self.dir.join("data"), self.port, ""),
                 )
                 .map_err(|e| fail(format!("zoo.cfg: {e}")))?;
-                let child = Command::new("java")
-                    .arg("-Xmx256m")
-                    .args([
-                        "-cp",
-                        "/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-simple.jar",
-                        "org.apache.zookeeper.server.quorum.QuorumPeerMain",
-                    ])
-                    .arg(self.dir.join("zoo.cfg"))
+                let child = zookeeper_ensemble::server_command(&config)
                     .stdout(Stdio::null())
                     .stderr(Stdio::null())
                     .spawn()
@@ -452,7 +444,7 @@ impl PrivateServer {
     fn ready(&self) -> bool {
         use std::io::{Read, Write};
         if self.kind == ServerKind::ZooKeeper {
-            return leader_test_support::zookeeper_ensemble::four_letter_word(self.port, "srvr")
+            return zookeeper_ensemble::four_letter_word(self.port, "srvr")
                 .is_some_and(|answer| answer.contains("Mode: standalone"));
         }
         let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", self.port)) else {

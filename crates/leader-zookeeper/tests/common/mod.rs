@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use leader_core::conformance::LockFactory;
 use leader_core::{LockSet, ResourceLock, async_trait};
+use leader_test_support::zookeeper_ensemble::ZooKeeperEnsemble;
 use leader_zookeeper::ZooKeeperStore;
 use leader_zookeeper::zookeeper_client as zk;
 
@@ -63,6 +64,17 @@ pub async fn store() -> Option<ZooKeeperStore> {
             .await
             .expect("store"),
     )
+}
+
+/// A three-server ensemble of the test's own, and a store on it, for tests that count its
+/// requests; `None` (outside CI) without `zookeeperd`.
+pub async fn private_store() -> Option<(ZooKeeperEnsemble, ZooKeeperStore)> {
+    let ensemble = ZooKeeperEnsemble::start()?;
+    let store = ZooKeeperStore::builder(ensemble.connect_string())
+        .build()
+        .await
+        .expect("store");
+    Some((ensemble, store))
 }
 
 pub fn unique(prefix: &str) -> String {
