@@ -224,18 +224,16 @@ impl ZooKeeperLock {
     }
 
     /// Adds a renewal to `writer`: the election znode checked at its version, the record
-    /// znode's data set at its version (two operations).
+    /// znode's data set to `json` (the record, encoded) at its version (two operations).
     pub(crate) fn add_renewal(
         &self,
         writer: &mut zk::MultiWriter<'_>,
         stored: Stored,
-        record: &LeaderElectionRecord,
+        json: &[u8],
     ) -> Result<(), LockError> {
         writer
             .add_check_version(&self.path, stored.election)
-            .and_then(|()| {
-                writer.add_set_data(&self.record_path, &record.to_json(), Some(stored.record))
-            })
+            .and_then(|()| writer.add_set_data(&self.record_path, json, Some(stored.record)))
             .map_err(|err| map(&self.context(), err))
     }
 
@@ -247,7 +245,7 @@ impl ZooKeeperLock {
         record: &LeaderElectionRecord,
     ) -> Result<Observed, LockError> {
         let mut writer = client.new_multi_writer();
-        self.add_renewal(&mut writer, stored, record)?;
+        self.add_renewal(&mut writer, stored, &record.to_json())?;
         let results = self.commit(client, &mut writer).await?;
         let written = set_data_version(&self.context(), &results, 1)?;
         Ok(self.renewed(record, stored, written))

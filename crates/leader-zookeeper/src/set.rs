@@ -43,6 +43,17 @@ impl ZooKeeperStore {
     }
 }
 
+/// A renewal of a batch: its place in the request, its lock, what it renews, and its record
+/// encoded once (a batch that lost one renewal is sent again without encoding the others
+/// anew).
+#[derive(Debug)]
+struct Pending {
+    index: usize,
+    lock: Arc<ZooKeeperLock>,
+    stored: Stored,
+    json: Vec<u8>,
+}
+
 impl ZooKeeperSet {
     /// The lock on record `key`, made once and kept (it remembers the tokens it saw).
     fn zk_lock(&self, key: &str) -> Arc<ZooKeeperLock> {
@@ -64,14 +75,16 @@ impl ZooKeeperSet {
         &self,
         client: &zk::Client,
         renewals: &[Renewal],
-        mut batch: Vec<(usize, Arc<ZooKeeperLock>, Stored)>,
+        mut batch: Vec<Pending>,
         answers: &mut [Option<Result<Observed, LockError>>],
     ) {
         while !batch.is_empty() {
             let mut writer = client.new_multi_writer();
-            let refused = batch.iter().position(|(index, lock, stored)| {
-                lock.add_renewal(&mut writer, *stored, &renewals[*index].record)
-                    .map_err(|err| answers[*index] = Some(Err(err)))
+            let refused = batch.iter().position(|pending| {
+                pending
+                    .lock
+                    .add_renewal(&mut writer, pending.stored, &pending.json)
+                    .map_err(|err| answers[pending.index] = Some(Err(err)))
                     .is_err()
             });
             if let Some(refused) = refused {
@@ -80,24 +93,25 @@ impl ZooKeeperSet {
             }
             match writer.commit().await {
                 Ok(results) => {
-                    for (n, (index, lock, stored)) in batch.iter().enumerate() {
+                    for (n, pending) in batch.iter().enumerate() {
                         let answer =
                             set_data_version(&self.context(), &results, 2 * n + 1).map(|written| {
-                                lock.renewed(&renewals[*index].record, *stored, written)
+                                let record = &renewals[pending.index].record;
+                                pending.lock.renewed(record, pending.stored, written)
                             });
-                        answers[*index].get_or_insert(answer);
+                        answers[pending.index].get_or_insert(answer);
                     }
                     return;
                 }
                 // The renewal whose operation failed is answered so; the rest go again.
                 Err(zk::MultiWriteError::OperationFailed { index, source }) => {
-                    let (failed, lock, _) = batch.remove((index / 2).min(batch.len() - 1));
-                    answers[failed] = Some(Err(map(&lock.describe(), source)));
+                    let failed = batch.remove((index / 2).min(batch.len() - 1));
+                    answers[failed.index] = Some(Err(map(&failed.lock.describe(), source)));
                 }
                 Err(zk::MultiWriteError::RequestFailed { source }) => {
                     let err = self.store.fail(client, &self.context(), source).await;
-                    for (index, _, _) in &batch {
-                        answers[*index].get_or_insert_with(|| Err(err.duplicate()));
+                    for pending in &batch {
+                        answers[pending.index].get_or_insert_with(|| Err(err.duplicate()));
                     }
                     return;
                 }
@@ -174,7 +188,12 @@ impl LockSet for ZooKeeperSet {
             match Stored::parse(&renewal.version) {
                 Some(stored) if lock.renews(&client, stored, &renewal.record) => {
                     match lock.check_held_lease(&client, &renewal.record) {
-                        Ok(()) => batched.push((index, lock, stored)),
+                        Ok(()) => batched.push(Pending {
+                            index,
+                            lock,
+                            stored,
+                            json: renewal.record.to_json(),
+                        }),
                         Err(err) => answers[index] = Some(Err(err)),
                     }
                 }
@@ -184,7 +203,7 @@ impl LockSet for ZooKeeperSet {
         let mut batch = Vec::new();
         let mut bytes = 0;
         for renewal in batched {
-            let size = renewals[renewal.0].record.to_json().len();
+            let size = renewal.json.len();
             if !batch.is_empty() && (batch.len() == BATCH || bytes + size > BATCH_BYTES) {
                 let full = std::mem::take(&mut batch);
                 self.renew_batch(&client, renewals, full, &mut answers)
