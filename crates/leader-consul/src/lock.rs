@@ -60,8 +60,19 @@ impl ConsulStore {
     }
 }
 
+/// What the renewal key holds: the session that wrote it, and the time of that renewal.
+fn renewal_of(renewal: &Entry) -> (Option<String>, Option<chrono::DateTime<chrono::Utc>>) {
+    let Ok(value) = serde_json::from_slice::<Value>(&renewal.value) else {
+        return (None, None);
+    };
+    (
+        value["session"].as_str().map(str::to_owned),
+        serde_json::from_value(value["renewTime"].clone()).ok(),
+    )
+}
+
 /// Percent-encodes a key for the URL path, keeping its slashes.
-fn encode_key(key: &str) -> String {
+pub(crate) fn encode_key(key: &str) -> String {
     let mut encoded = String::with_capacity(key.len());
     for byte in key.bytes() {
         if byte.is_ascii_alphanumeric() || b"-_./".contains(&byte) {
@@ -260,9 +271,18 @@ impl ConsulLock {
         Ok((record, renewal))
     }
 
-    /// The record and version of what [`read`](Self::read) found, noting it.
+    /// The record and version of what [`read`](Self::read) found, noting it. The record's
+    /// `renew_time` is the last renewal's, from the renewal key, while the session that locks
+    /// the record writes it: renewals leave the record key as it is, and people who read the
+    /// record (`leader status`, a shard set's view) would see a live holder as expired.
     fn observed(&self, record: &Entry, renewal: Option<&Entry>) -> Result<Observed, LockError> {
-        let stored = LeaderElectionRecord::from_json(BACKEND, &self.context, &record.value)?;
+        let mut stored = LeaderElectionRecord::from_json(BACKEND, &self.context, &record.value)?;
+        if let Some((session, Some(renewed))) = renewal.map(renewal_of)
+            && session.is_some()
+            && session == record.session
+        {
+            stored.renew_time = stored.renew_time.max(renewed);
+        }
         self.note(
             record.modify_index,
             record.session.clone(),
@@ -278,9 +298,15 @@ impl ConsulLock {
         })
     }
 
-    /// The renewal key's value: the session it renews, and the time, for people.
-    fn renewal_value(session: &str, record: &LeaderElectionRecord) -> String {
-        BASE64.encode(json!({"session": session, "renewTime": record.renew_time}).to_string())
+    /// The renewal key's value: the session it renews, the time (what [`get`](ResourceLock::get)
+    /// reports as the record's `renewTime`), and the renewal key's index it replaces (`after`).
+    /// No two writes can store the same bytes: a value is written at an index above the one
+    /// it names, and Consul's indexes only grow, so Consul never skips a renewal as identical
+    /// (`kvsSetTxn`) whatever the holder's wall clock reads (S14).
+    fn renewal_value(session: &str, record: &LeaderElectionRecord, after: u64) -> String {
+        BASE64.encode(
+            json!({"session": session, "renewTime": record.renew_time, "after": after}).to_string(),
+        )
     }
 
     /// This candidate's session, created for `record`'s lease if it has none.
@@ -468,14 +494,11 @@ impl ResourceLock for ConsulLock {
                 // Its session holds nothing of this key.
                 self.drop_session().await;
             }
-            let renewed_by = renewal
-                .as_ref()
-                .and_then(|r| serde_json::from_slice::<Value>(&r.value).ok())
-                .and_then(|v| v["session"].as_str().map(str::to_owned));
+            let renewer = renewal.as_ref().and_then(|r| renewal_of(r).0);
             return Ok(Some(Acquisition::Held {
                 observed,
                 expires_in: None,
-                renewed_in_store: renewed_by.as_deref() != Some(locker.as_str()),
+                renewed_in_store: renewer.as_deref() != Some(locker.as_str()),
             }));
         }
         if !observed.record.is_free() || observed.record.reserved_for_other_than(&self.identity) {

@@ -1,11 +1,13 @@
 //! The candidate's Consul session: created to lock the key, destroyed once the key is let go.
 
+use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
 use leader_core::LockError;
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
+use tokio::time::Instant;
 
 use crate::error::BACKEND;
 use crate::store::ConsulStore;
@@ -65,53 +67,186 @@ fn name(key: &str, identity: &str) -> String {
     format!("leader {key} {identity}")
 }
 
+/// The sweeps a store has to make: sessions left behind for a key, destroyed a lease into a
+/// term of this process on that key (see [`sweep_later`]). One task per store makes them, a
+/// few at a time: a shard set's member that takes a thousand shards schedules a thousand
+/// sweeps, which cost one list of the node's sessions and one read of the keys per batch due,
+/// instead of a list of every session of the datacenter per shard.
+#[derive(Debug, Default)]
+pub(crate) struct Sweeper {
+    pending: Mutex<Pending>,
+}
+
+#[derive(Debug, Default)]
+struct Pending {
+    /// By key: this process's session that locked it, the raft index it locked it at, and
+    /// when to sweep.
+    keys: HashMap<String, Due>,
+    /// Whether the store's sweeping task runs.
+    running: bool,
+    /// The node of the store's sessions, once known.
+    node: Option<String>,
+}
+
+#[derive(Debug)]
+struct Due {
+    ours: String,
+    locked_at: u64,
+    at: Instant,
+}
+
+/// How long the sweeping task waits past the first sweep due for others to come due.
+const SWEEP_GATHER: Duration = Duration::from_secs(1);
+
+/// How many keys one read of a sweep asks for: a read-only transaction of that many
+/// operations, under Consul's limit of 128.
+const SWEEP_READ: usize = 64;
+
 /// A lease after a term began (`ours` locked `key` at raft index `locked_at`), destroys the
 /// sessions left for `key` that hold nothing (S9: bounded load on the server, here its
-/// memory): named for the key, created before that index, and not `ours`. Such a session
-/// belongs to a process killed between creating it and locking the key, or to a holder
-/// whose successor could not destroy it; without a TTL, Consul keeps it until its node
-/// deregisters, and it has no cap on sessions (hashicorp/consul#5327). A candidate racing
-/// this term's acquisition has, by then, failed and destroyed its own.
+/// memory): named for the key, on the node of `ours`, created before that index, and not
+/// `ours`. Such a session belongs to a process killed between creating it and locking the
+/// key, or to a holder whose successor could not destroy it; without a TTL, Consul keeps it
+/// until its node deregisters, and it has no cap on sessions (hashicorp/consul#5327).
+///
+/// A key is swept only while `ours` still locks it: then no other session holds it, so no
+/// session destroyed holds a key (a candidate that kept its session after a take that timed
+/// out, and took the key with it once this term ended, keeps it). The node's sessions alone
+/// are listed (`/v1/session/node/NODE`): sessions left on other nodes are swept by holders
+/// that run there, and go with their node.
 pub(crate) fn sweep_later(
-    store: ConsulStore,
+    store: &ConsulStore,
     key: String,
     ours: String,
     locked_at: u64,
     after: Duration,
 ) {
-    tokio::spawn(async move {
-        tokio::time::sleep(after).await;
-        let context = format!("{} session list", store.address());
-        let answer = match store
-            .send(
-                &context,
-                Method::GET,
-                "/v1/session/list",
-                &[],
-                None,
-                Duration::ZERO,
-            )
-            .await
-        {
-            Ok(answer) if answer.code == StatusCode::OK => answer,
-            Ok(answer) => {
-                let err = store.refused(&context, &answer);
-                tracing::warn!(error = %err, "could not list Consul sessions to destroy those left behind (the token needs session read)");
-                return;
-            }
-            Err(err) => {
-                tracing::debug!(error = %err, "could not list Consul sessions");
-                return;
+    let sweeper = &store.inner.sweeper;
+    let mut pending = sweeper.pending.lock().unwrap_or_else(|p| p.into_inner());
+    pending.keys.insert(
+        key,
+        Due {
+            ours,
+            locked_at,
+            at: Instant::now() + after,
+        },
+    );
+    if !pending.running {
+        pending.running = true;
+        tokio::spawn(sweep_while_due(store.clone()));
+    }
+}
+
+/// The store's sweeping task: sweeps each key when due, until none is pending.
+async fn sweep_while_due(store: ConsulStore) {
+    loop {
+        let next = {
+            let mut pending = store
+                .inner
+                .sweeper
+                .pending
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            match pending.keys.values().map(|due| due.at).min() {
+                Some(next) => next,
+                None => {
+                    pending.running = false;
+                    return;
+                }
             }
         };
-        let Ok(Value::Array(sessions)) = serde_json::from_str::<Value>(&answer.body) else {
+        // Sweeps due within a second of each other are made together; later is always safe.
+        tokio::time::sleep_until(next + SWEEP_GATHER).await;
+        let due: Vec<(String, Due)> = {
+            let mut pending = store
+                .inner
+                .sweeper
+                .pending
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            let now = Instant::now();
+            let keys: Vec<String> = pending
+                .keys
+                .iter()
+                .filter(|(_, due)| due.at <= now)
+                .map(|(key, _)| key.clone())
+                .collect();
+            keys.into_iter()
+                .filter_map(|key| pending.keys.remove_entry(&key))
+                .collect()
+        };
+        for batch in due.chunks(SWEEP_READ) {
+            sweep(&store, batch).await;
+        }
+    }
+}
+
+/// Sweeps `due`'s keys: reads which session locks each, lists the sessions of the node, and
+/// destroys those left for a key that its term's session still locks.
+async fn sweep(store: &ConsulStore, due: &[(String, Due)]) {
+    let Some((_, first)) = due.first() else {
+        return;
+    };
+    let ops: Vec<Value> = due
+        .iter()
+        .map(|(key, _)| json!({"KV": {"Verb": "get-or-empty", "Key": key}}))
+        .collect();
+    let context = format!("{} sweep", store.address());
+    let locked: HashMap<String, String> = match store.txn(&context, &ops).await {
+        Ok(Ok(results)) => results
+            .iter()
+            .filter_map(|r| {
+                Some((
+                    r["KV"]["Key"].as_str()?.to_owned(),
+                    r["KV"]["Session"].as_str()?.to_owned(),
+                ))
+            })
+            .collect(),
+        Ok(Err(body)) => {
+            tracing::debug!(%body, "could not read the keys to sweep");
             return;
-        };
-        let prefix = name(&key, "");
+        }
+        Err(err) => {
+            tracing::debug!(error = %err, "could not read the keys to sweep");
+            return;
+        }
+    };
+    let still_ours: Vec<&(String, Due)> = due
+        .iter()
+        .filter(|(key, due)| locked.get(key) == Some(&due.ours))
+        .collect();
+    if still_ours.is_empty() {
+        return;
+    }
+    let Some(node) = node_of(store, &first.ours).await else {
+        return;
+    };
+    let path = format!("/v1/session/node/{}", crate::lock::encode_key(&node));
+    let context = format!("{} session list of node {node}", store.address());
+    let answer = match store
+        .send(&context, Method::GET, &path, &[], None, Duration::ZERO)
+        .await
+    {
+        Ok(answer) if answer.code == StatusCode::OK => answer,
+        Ok(answer) => {
+            let err = store.refused(&context, &answer);
+            tracing::warn!(error = %err, "could not list Consul sessions to destroy those left behind (the token needs session read)");
+            return;
+        }
+        Err(err) => {
+            tracing::debug!(error = %err, "could not list Consul sessions");
+            return;
+        }
+    };
+    let Ok(Value::Array(sessions)) = serde_json::from_str::<Value>(&answer.body) else {
+        return;
+    };
+    for (key, due) in still_ours {
+        let prefix = name(key, "");
         for left in sessions.iter().filter(|s| {
             s["Name"].as_str().is_some_and(|n| n.starts_with(&prefix))
-                && s["CreateIndex"].as_u64().is_some_and(|i| i < locked_at)
-                && s["ID"].as_str() != Some(ours.as_str())
+                && s["CreateIndex"].as_u64().is_some_and(|i| i < due.locked_at)
+                && s["ID"].as_str() != Some(due.ours.as_str())
         }) {
             if let Some(id) = left["ID"].as_str() {
                 tracing::info!(
@@ -119,10 +254,47 @@ pub(crate) fn sweep_later(
                     session = id,
                     "destroying a Consul session left behind for this key"
                 );
-                destroy(&store, id).await;
+                destroy(store, id).await;
             }
         }
-    });
+    }
+}
+
+/// The node that session `id` belongs to, as every session of the store does: the store's
+/// session node, or the one Consul says (asked once).
+async fn node_of(store: &ConsulStore, id: &str) -> Option<String> {
+    if let Some(node) = &store.inner.session_node {
+        return Some(node.clone());
+    }
+    let pending = || {
+        store
+            .inner
+            .sweeper
+            .pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    };
+    let known = pending().node.clone();
+    if known.is_some() {
+        return known;
+    }
+    let context = format!("{} session info", store.address());
+    let answer = store
+        .send(
+            &context,
+            Method::GET,
+            &format!("/v1/session/info/{id}"),
+            &[],
+            None,
+            Duration::ZERO,
+        )
+        .await
+        .ok()
+        .filter(|answer| answer.code == StatusCode::OK)?;
+    let info: Value = serde_json::from_str(&answer.body).ok()?;
+    let node = info[0]["Node"].as_str()?.to_owned();
+    pending().node = Some(node.clone());
+    Some(node)
 }
 
 /// Creates a session for `identity` on `key`, locking a key of lease `lease`: no TTL (nothing

@@ -30,7 +30,7 @@ pub(crate) const RENEWALS_PER_TXN: usize = MAX_TXN_OPS / RENEWAL_OPS;
 ///   [`LockError::Forbidden`], as for a single lock.
 /// - [`renew_many`](LockSet::renew_many) puts the renewals of up to 42 records in one
 ///   transaction (Consul's transactions hold at most 128 operations; a renewal is three: the
-///   record's index and session checked, its renewal key written), so a round costs one
+///   record's index and session checked, its renewal key checked and set), so a round costs one
 ///   request per 42 records held. A transaction is all or nothing: when one record of it was
 ///   lost (taken over, or its session ended), its records are renewed again one by one, so
 ///   that the others go on.

@@ -145,6 +145,7 @@ impl ConsulStoreBuilder {
                 prefix: self.prefix,
                 timeout: self.timeout,
                 session_node: self.session_node,
+                sweeper: crate::session::Sweeper::default(),
             }),
         })
     }
@@ -176,6 +177,8 @@ pub(crate) struct Inner {
     pub(crate) prefix: String,
     pub(crate) timeout: Duration,
     pub(crate) session_node: Option<String>,
+    /// The sessions left behind to destroy, for every lock of this store.
+    pub(crate) sweeper: crate::session::Sweeper,
 }
 
 impl fmt::Debug for ConsulStore {

@@ -372,7 +372,9 @@ async fn a_handover_request_makes_the_next_renewal_conflict() {
 /// Sessions left behind for a key (a hundred processes killed between creating their session
 /// and locking the key, holders killed whose successor could not destroy theirs) are
 /// destroyed a lease into the next term: Consul keeps a session without a TTL until its node
-/// deregisters, and caps nothing (hashicorp/consul#5327). Sessions of other keys stay.
+/// deregisters, and caps nothing (hashicorp/consul#5327). Sessions of other keys stay, and so
+/// do those of other nodes: the sweep lists the holder's node alone, never every session of
+/// the datacenter.
 #[tokio::test]
 async fn sessions_left_behind_are_destroyed_a_lease_into_the_next_term() {
     let api = ConsulApiServer::start().await;
@@ -390,15 +392,23 @@ async fn sessions_left_behind_are_destroyed_a_lease_into_the_next_term() {
         create(format!("leader {} killed-{i}", a.key())).await;
     }
     create("leader another/key someone".to_owned()).await;
-    assert_eq!(api.sessions(), 101);
+    api.register_node("elsewhere");
+    let url = format!("{}/v1/session/create", api.url());
+    let body = format!(
+        r#"{{"Name": "leader {} far", "Node": "elsewhere", "Behavior": "release", "Checks": []}}"#,
+        a.key()
+    );
+    let (status, answer) = put(&url, &body).await;
+    assert!(status.is_success(), "{answer}");
+    assert_eq!(api.sessions(), 102);
     let mut short = record("a", 0);
     short.lease_duration = Duration::from_millis(500);
     let Some(Acquisition::Acquired(_)) = a.try_acquire(&short).await.expect("try") else {
         panic!("a takes the free key");
     };
-    assert_eq!(api.sessions(), 102);
+    assert_eq!(api.sessions(), 103);
     tokio::time::timeout(Duration::from_secs(5), async {
-        while api.sessions() != 2 {
+        while api.sessions() != 3 {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     })
@@ -412,4 +422,81 @@ async fn sessions_left_behind_are_destroyed_a_lease_into_the_next_term() {
         ..held.record.clone()
     };
     a.renew(&held.version, &renewal).await.expect("still held");
+    let requests = api.requests();
+    assert_eq!(requests.get("GET /v1/session/list"), None, "{requests:?}");
+    assert_eq!(
+        requests.get("GET /v1/session/node"),
+        Some(&1),
+        "{requests:?}"
+    );
+}
+
+/// A candidate whose take timed out keeps its session, and may lock the key with it once the
+/// term that was due to sweep ends: the sweep never destroys a session that holds the key
+/// (that would end the new holder's term for nothing). A key is swept only while the term
+/// that scheduled the sweep still locks it.
+#[tokio::test]
+async fn a_sweep_never_destroys_the_session_that_holds_the_key() {
+    let api = ConsulApiServer::start().await;
+    let store = store(&api);
+    let a = lock(&store, "kept", "a");
+    // b's session, created before a's term, as a take that timed out leaves it.
+    let url = format!("{}/v1/session/create", api.url());
+    let body = format!(
+        r#"{{"Name": "leader {} b", "Behavior": "release", "Checks": []}}"#,
+        a.key()
+    );
+    let (status, answer) = put(&url, &body).await;
+    assert!(status.is_success(), "{answer}");
+    let kept: serde_json::Value = serde_json::from_str(&answer).expect("JSON");
+    let kept = kept["ID"].as_str().expect("an ID").to_owned();
+    let mut short = record("a", 0);
+    short.lease_duration = Duration::from_millis(500);
+    let Some(Acquisition::Acquired(held)) = a.try_acquire(&short).await.expect("try") else {
+        panic!("a takes the free key");
+    };
+    // a's term ends before its sweep is due; b locks the key with the session it kept.
+    let mut free = held.record.clone();
+    free.holder_identity.clear();
+    a.update(&held.version, &free).await.expect("release");
+    let value = base64_encode(&record("b", held.record.leader_transitions + 1).to_json());
+    let body = format!(
+        r#"[{{"KV": {{"Verb": "lock", "Key": "{}", "Value": "{value}", "Session": "{kept}"}}}}]"#,
+        a.key()
+    );
+    let (status, answer) = put(&format!("{}/v1/txn", api.url()), &body).await;
+    assert!(status.is_success(), "{answer}");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        api.session(&kept).is_some(),
+        "the session that holds the key was destroyed by a sweep"
+    );
+}
+
+/// A shard set's member takes many keys at once: their sweeps share one list of the node's
+/// sessions and one read of the keys per batch, instead of a list per key.
+#[tokio::test]
+async fn sweeps_of_many_keys_share_their_requests() {
+    let api = ConsulApiServer::start().await;
+    let store = store(&api);
+    let mut short = record("a", 0);
+    short.lease_duration = Duration::from_millis(500);
+    let locks: Vec<_> = (0..50)
+        .map(|i| lock(&store, &format!("many-{i}"), "a"))
+        .collect();
+    for lock in &locks {
+        let Some(Acquisition::Acquired(_)) = lock.try_acquire(&short).await.expect("try") else {
+            panic!("a takes the free key");
+        };
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let requests = api.requests();
+    let lists = requests.get("GET /v1/session/node").copied().unwrap_or(0);
+    assert!((1..=3).contains(&lists), "{requests:?}");
+    assert_eq!(requests.get("GET /v1/session/list"), None, "{requests:?}");
+}
+
+fn base64_encode(bytes: &[u8]) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
 }

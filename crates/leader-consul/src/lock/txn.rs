@@ -54,8 +54,14 @@ pub(crate) const RENEWAL_OPS: usize = 3;
 
 impl ConsulLock {
     /// A renewal's operations: the record key's index and its lock by this candidate's session
-    /// checked, the renewal key written. A conflict when this candidate has no session, or for
-    /// a version it did not give out.
+    /// checked, the renewal key written over its index as read (a check-and-set). A conflict
+    /// when this candidate has no session, or for a version it did not give out.
+    ///
+    /// The renewal key's index is checked as the record key's is: a renewal whose answer was
+    /// lost moved it, and a follower that read it counts the lease from then, so sending the
+    /// renewal again from the version before must conflict, as on every other store, instead
+    /// of writing the same bytes (which Consul skips, answering the lost write's index) and
+    /// extending the term from the retry (S3, S14).
     pub(crate) fn renewal_ops(
         &self,
         version: &Version,
@@ -68,7 +74,7 @@ impl ConsulLock {
         Ok([
             check_index(&self.key, at.record),
             json!({"KV": {"Verb": "check-session", "Key": self.key, "Session": session}}),
-            json!({"KV": {"Verb": "set", "Key": self.renewal_key, "Value": Self::renewal_value(&session, record)}}),
+            json!({"KV": {"Verb": "cas", "Key": self.renewal_key, "Index": at.renewal, "Value": Self::renewal_value(&session, record, at.renewal)}}),
         ])
     }
 
@@ -134,7 +140,8 @@ impl ConsulLock {
         ops.push(
             json!({"KV": {"Verb": "lock", "Key": self.key, "Value": value, "Session": session}}),
         );
-        ops.push(json!({"KV": {"Verb": "set", "Key": self.renewal_key, "Value": Self::renewal_value(&session, record)}}));
+        let after = at.map_or(0, |at| at.renewal);
+        ops.push(json!({"KV": {"Verb": "set", "Key": self.renewal_key, "Value": Self::renewal_value(&session, record, after)}}));
         let results = match self.txn(&ops).await {
             Ok(results) => results,
             Err(err) => {
@@ -156,7 +163,7 @@ impl ConsulLock {
             }
             // A new term: a lease from now, sessions left for this key before it are gone.
             session::sweep_later(
-                self.store.clone(),
+                &self.store,
                 self.key.clone(),
                 session.clone(),
                 index,

@@ -240,6 +240,7 @@ impl ConsulApiServer {
             .route("/v1/session/destroy/{id}", put(session::destroy))
             .route("/v1/session/info/{id}", get(session::info))
             .route("/v1/session/list", get(session::list))
+            .route("/v1/session/node/{node}", get(session::node))
             .route("/v1/catalog/deregister", put(session::deregister))
             .route(
                 "/v1/kv/{*key}",

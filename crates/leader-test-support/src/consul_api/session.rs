@@ -222,6 +222,28 @@ pub(super) async fn list(
     json_response(StatusCode::OK, data.index, &json!(body))
 }
 
+/// `GET /v1/session/node/NODE`: the sessions of one node (`SessionsForNode` in
+/// `agent/session_endpoint.go`, `Session.NodeSessions`), an empty list when it has none.
+pub(super) async fn node(
+    State(api): State<ConsulApiServer>,
+    headers: HeaderMap,
+    Path(node): Path<String>,
+    Query(params): Params,
+) -> Response {
+    if let Some(refused) = api.admit("GET /v1/session/node", &params, &headers, "", "") {
+        return refused;
+    }
+    let data = api.data();
+    let mut sessions: Vec<(&String, &Session)> = data
+        .sessions
+        .iter()
+        .filter(|(_, s)| s.node == node)
+        .collect();
+    sessions.sort_by_key(|(_, s)| s.create_index);
+    let body: Vec<Value> = sessions.iter().map(|(id, s)| s.to_json(id)).collect();
+    json_response(StatusCode::OK, data.index, &json!(body))
+}
+
 /// `PUT /v1/catalog/deregister` with `{"Node": NODE}` and no service or check: the node goes
 /// with its sessions (`Catalog.Deregister` → `deleteNodeTxn`); needs `node:write`.
 pub(super) async fn deregister(
