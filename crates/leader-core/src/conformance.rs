@@ -90,6 +90,8 @@ pub async fn run_all(factory: &dyn LockFactory) {
     store_clock_acquisition(factory).await;
     fencing_token_floor(factory).await;
     renewals_keep_the_lease(factory).await;
+    lost_renewal_answers(factory).await;
+    reads_show_the_last_renewal(factory).await;
     handover_requests(factory).await;
     electors_elect_one_and_hand_over(factory).await;
     wall_clock_steps(factory).await;

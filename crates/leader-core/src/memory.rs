@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::sync::watch;
@@ -272,6 +273,21 @@ impl ResourceLock for MemoryLock {
             record: stored,
             version: version.clone(),
         })
+    }
+
+    /// With the store clock: the holder's lease left since the last write or renewal.
+    async fn time_left(&self) -> Result<Option<Duration>, LockError> {
+        if !self.store_clock {
+            return Ok(None);
+        }
+        let objects = self.store.objects();
+        Ok(objects
+            .read(&self.name)?
+            .filter(|(record, _)| !record.is_free())
+            .map(|(record, object)| {
+                (object.written_at + record.lease_duration)
+                    .saturating_duration_since(Instant::now())
+            }))
     }
 
     fn identity(&self) -> &str {

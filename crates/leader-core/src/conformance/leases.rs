@@ -444,3 +444,114 @@ pub async fn wall_clock_steps(factory: &dyn LockFactory) {
     assert!(next > token, "fencing token {token} then {next}");
     second.stop().await;
 }
+
+/// S3, S14: a renewal that the store applied but whose answer was lost (a timeout), sent again
+/// from the holder's cache while its wall clock is behind the stored `renew_time` (so that it
+/// writes exactly the bytes of the lost one), never extends a term that a follower may take.
+/// A follower read the lost write and counts the lease from then; a retry that the store
+/// answers as a success must therefore move the version past what that follower read (its
+/// clock starts again), or be a renewal the store keeps itself (the follower waits for the
+/// store). Anything else is a conflict, as a compare-and-swap on a version that moved is.
+/// Checked for a renewal and for an update (a write of the record's extensions).
+pub async fn lost_renewal_answers(factory: &dyn LockFactory) {
+    let name = unique("lost-answer");
+    let a = factory.lock(&name, "a").await;
+    let b = factory.lock(&name, "b").await;
+    let mut cached = match a.try_acquire(&record("a", 1)).await.expect("try_acquire") {
+        Some(Acquisition::Acquired(taken)) => taken,
+        None => a.create(&record("a", 1)).await.expect("create"),
+        Some(other) => panic!("lost renewal answers: a free lease was not acquired: {other:?}"),
+    };
+    for operation in ["renew", "update"] {
+        let context = format!("a {operation} whose answer was lost, sent again");
+        // The holder's wall clock is an hour behind what the record shows: the renewal time
+        // is the stored one and a step, the same for both sends.
+        let mut renewal = cached.record.clone();
+        renewal.renew_time = renewal.renewal_time(now() - chrono::TimeDelta::hours(1));
+        // Applied; its answer never reaches the holder, whose cache stays as it was.
+        write(&*a, operation, &cached.version, &renewal)
+            .await
+            .unwrap_or_else(|err| panic!("{context}: the first {operation} failed: {err}"));
+        let seen = get(&context, &*b).await.expect("the record");
+        match write(&*a, operation, &cached.version, &renewal).await {
+            Err(err) if err.is_conflict() => {}
+            Err(err) => panic!("{context}: {err}"),
+            Ok(stored) => {
+                let after = get(&context, &*b).await.expect("the record");
+                if after.version == seen.version {
+                    let held = b.try_acquire(&record("b", 0)).await.expect("try_acquire");
+                    assert!(
+                        matches!(
+                            held,
+                            Some(Acquisition::Held {
+                                renewed_in_store: true,
+                                ..
+                            })
+                        ),
+                        "{context}: the store answered it as a success ({}) but left the \
+                         version a follower read after the lost one ({}), and does not keep \
+                         the lease alive itself ({held:?}): the holder counts its term from \
+                         the retry, the follower from the lost write, and takes the lease \
+                         while the holder still leads",
+                        stored.version,
+                        seen.version
+                    );
+                }
+            }
+        }
+        // The holder carries on from the record as it now reads, as the elector does after a
+        // conflict.
+        cached = get(&context, &*a).await.expect("the record");
+        assert!(
+            cached.record.is_held_by("a"),
+            "{context}: the holder lost the lease: {:?}",
+            cached.record
+        );
+    }
+    a.close().await;
+    b.close().await;
+}
+
+/// A renewal or an update of `record` over `version`.
+async fn write(
+    lock: &dyn ResourceLock,
+    operation: &str,
+    version: &Version,
+    record: &LeaderElectionRecord,
+) -> Result<Observed, LockError> {
+    match operation {
+        "renew" => lock.renew(version, record).await,
+        _ => lock.update(version, record).await,
+    }
+}
+
+/// What a lock reports of a live holder (`leader status`, a shard set's view, a drain that
+/// waits) shows its last renewal: a read after a renewal has the renewal's `renew_time`, or
+/// the store tells how long the lease has left ([`ResourceLock::time_left`]). A reader
+/// would otherwise take a holder that renews for one whose lease ran out.
+pub async fn reads_show_the_last_renewal(factory: &dyn LockFactory) {
+    let name = unique("last-renewal");
+    let a = factory.lock(&name, "a").await;
+    let reader = factory.lock(&name, "reader").await;
+    let held = match a.try_acquire(&record("a", 1)).await.expect("try_acquire") {
+        Some(Acquisition::Acquired(taken)) => taken,
+        None => a.create(&record("a", 1)).await.expect("create"),
+        Some(other) => panic!("last renewal: a free lease was not acquired: {other:?}"),
+    };
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let mut renewal = held.record.clone();
+    renewal.renew_time = renewal.renewal_time(now());
+    a.renew(&held.version, &renewal).await.expect("renew");
+    let read = get("last renewal", &*reader).await.expect("the record");
+    if read.record.renew_time < renewal.renew_time {
+        let left = reader.time_left().await.expect("time_left");
+        assert!(
+            left.is_some(),
+            "a read after a renewal shows the renew time of before it ({} < {}) and the \
+             store tells no time left: readers take a live holder for an expired one",
+            read.record.renew_time,
+            renewal.renew_time
+        );
+    }
+    a.close().await;
+}
