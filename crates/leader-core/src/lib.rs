@@ -18,6 +18,7 @@ pub mod metrics;
 mod record;
 mod redact;
 mod retry;
+mod rules;
 mod runner;
 mod shards;
 mod signal;

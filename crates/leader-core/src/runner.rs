@@ -23,6 +23,7 @@ use crate::lock::{Acquisition, ChangeStream, LeaderEvent, ResourceLock};
 use crate::metrics as m;
 use crate::record::{LeaderElectionRecord, Observed, Version};
 use crate::retry::{Backoff, FailureLog, LogLine};
+use crate::rules::{Changes, Sighting};
 use crate::status::{self, ElectionError, IdentityConflict, Shared};
 use crate::view::ObservedTerm;
 use crate::work::{StartedFn, TermWork, WorkEnd};
@@ -54,8 +55,9 @@ pub(crate) struct Runner {
     shared: Arc<Mutex<Shared>>,
     /// The last record seen, read or written.
     observed: Option<Observed>,
-    /// When `observed`'s version was first seen, on this process's monotonic clock (S1, S2).
-    observed_at: Instant,
+    /// What this candidate saw of `observed` and since when, on this process's monotonic
+    /// clock: the holder's lease (S1, S2) and a pending handover request (S10).
+    sighting: Option<Sighting>,
     /// When the holder's lease runs out by the store's clock, as its last `Held` answer said
     /// (on this process's clock, counted from when that answer arrived). Only a wake-up time:
     /// the store itself decides a store-clock acquisition.
@@ -65,10 +67,6 @@ pub(crate) struct Runner {
     /// Whether a wait was already cut short for `observed`'s expiry: an early wake-up is used
     /// once per version, so a lease that has run out never makes attempts follow each other.
     woke_for_expiry: bool,
-    /// The pending handover request last seen (the candidate it names), and until when other
-    /// candidates stand back: one lease duration (the record's, when the request was first seen)
-    /// from then, on this process's clock.
-    handover_seen: Option<(String, Instant)>,
     reported_leader: Option<String>,
     /// The fencing token of the last term this process led (S13): a record held by this
     /// identity under another token is another process's.
@@ -135,11 +133,10 @@ impl Runner {
             state,
             shared,
             observed: None,
-            observed_at: Instant::now(),
+            sighting: None,
             store_expiry: None,
             held_in_store: false,
             woke_for_expiry: false,
-            handover_seen: None,
             reported_leader: None,
             own_term: None,
             shared_identity: None,
@@ -254,27 +251,26 @@ impl Runner {
     /// Takes note of a record read or written. The follower's clock for the holder's lease
     /// starts when a version is first seen, after the request returned (S2).
     fn observe(&mut self, observed: Observed) {
-        let is_new = self
-            .observed
-            .as_ref()
-            .is_none_or(|previous| previous.version != observed.version);
-        if is_new {
-            self.observed_at = Instant::now();
+        let now = Instant::now();
+        let changes = match &mut self.sighting {
+            Some(sighting) => sighting.see(&observed, now),
+            None => {
+                let sighting = Sighting::new(&observed, now);
+                self.sighting = Some(sighting);
+                Changes {
+                    version: true,
+                    handover: observed.record.handover_to().is_some(),
+                }
+            }
+        };
+        if changes.version {
             self.woke_for_expiry = false;
             status::lock(&self.shared).term = ObservedTerm::of(&observed.record);
         }
-        match observed.record.handover_to() {
-            Some(to)
-                if self
-                    .handover_seen
-                    .as_ref()
-                    .is_some_and(|(seen, _)| seen == to) => {}
-            Some(to) => {
-                tracing::info!(to, "handover requested");
-                let until = Instant::now() + observed.record.lease_duration;
-                self.handover_seen = Some((to.to_owned(), until));
-            }
-            None => self.handover_seen = None,
+        if changes.handover
+            && let Some(to) = observed.record.handover_to()
+        {
+            tracing::info!(to, "handover requested");
         }
         self.check_identity(&observed);
         let holder = &observed.record.holder_identity;

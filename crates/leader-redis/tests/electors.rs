@@ -77,3 +77,51 @@ async fn a_leader_whose_key_vanished_steps_down_at_its_next_renewal() {
         leader.stop().await;
     }
 }
+
+/// An operator's `PERSIST` of the holder's key (or a `RESTORE` without a TTL) while the holder
+/// renews it in the store: the follower, which waited on the store's TTL and never counted the
+/// lease itself, counts a whole lease from when it saw the store stop keeping it, never from
+/// when it first saw the term. The holder's next renewal puts the TTL back, so the follower
+/// never takes over a holder that renews while the key is persisted now and then (here about
+/// once a second, never in step with the renewals).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_persisted_key_is_not_taken_from_a_holder_that_renews() {
+    let Some(store) = common::store().await else {
+        return;
+    };
+    let mut admin = common::admin().await.expect("server");
+    let name = unique("persist");
+    let mut holder = Running::start(store.lock(&name, "holder"));
+    let token = holder.wait_leading(Duration::from_secs(10)).await;
+    let follower = Running::start(store.lock(&name, "follower"));
+    let key = store.lock(&name, "x").key().to_owned();
+    // Past the follower's first sighting plus a lease, several times over.
+    let until = Instant::now() + common::LEASE * 3;
+    while Instant::now() < until {
+        let _: i64 = redis::cmd("PERSIST")
+            .arg(&key)
+            .query_async(&mut admin)
+            .await
+            .expect("PERSIST");
+        assert!(
+            !follower.is_leading(),
+            "the follower took the lease of a holder that renews, after a PERSIST"
+        );
+        assert_eq!(
+            holder.leading_token(),
+            Some(token),
+            "the holder lost its term"
+        );
+        // Watch closely until the next PERSIST.
+        let next = Instant::now() + Duration::from_millis(1130);
+        while Instant::now() < next {
+            assert!(
+                !follower.is_leading(),
+                "the follower took the lease of a holder that renews, after a PERSIST"
+            );
+            sleep(Duration::from_millis(10)).await;
+        }
+    }
+    follower.stop().await;
+    holder.stop().await;
+}

@@ -32,10 +32,9 @@ impl Runner {
     /// another candidate: one lease duration from when it first saw the request. `None` when
     /// no such request is pending.
     pub(super) fn stand_back_until(&self, record: &LeaderElectionRecord) -> Option<Instant> {
-        if !record.reserved_for_other_than(self.identity()) {
-            return None;
-        }
-        self.handover_seen.as_ref().map(|(_, until)| *until)
+        self.sighting
+            .as_ref()?
+            .stand_back_until(record, self.identity())
     }
 
     /// The candidate loop: returns the acquired record and when the acquiring request started,
@@ -165,9 +164,12 @@ impl Runner {
             until
         } else if record.is_free() || self.started(record) {
             return wait;
+        } else if let Some(expiry) = self.store_expiry {
+            expiry
+        } else if let Some(sighting) = &self.sighting {
+            sighting.lease_ends(record)
         } else {
-            self.store_expiry
-                .unwrap_or(self.observed_at + record.lease_duration)
+            return wait;
         };
         let now = Instant::now();
         if expires <= now {
@@ -244,6 +246,10 @@ impl Runner {
                     self.store_expiry = expires_in.map(|left| Instant::now() + left);
                     self.held_in_store = renewed_in_store;
                     self.observe(observed.clone());
+                    // A lease the store stopped keeping alive is counted from now (S2).
+                    if let Some(sighting) = &mut self.sighting {
+                        sighting.store_keeps(renewed_in_store, Instant::now());
+                    }
                     // The holder renews in the store without changing the record: only the
                     // store can say it expired (S2 by the store's clock alone). A term this
                     // process led itself (before its renew deadline passed) it takes again
@@ -284,7 +290,10 @@ impl Runner {
         // A term of this identity that this process did not start is another's (S13).
         if !record.is_free()
             && !self.started(record)
-            && Instant::now() < self.observed_at + record.lease_duration
+            && !self
+                .sighting
+                .as_ref()
+                .is_some_and(|s| s.expired(&current, Instant::now()))
         {
             return Ok(Attempt::NotAcquired);
         }

@@ -26,6 +26,7 @@ use crate::lock::{Acquisition, ResourceLock};
 use crate::metrics as m;
 use crate::record::{LeaderElectionRecord, Observed, Version};
 use crate::retry::Backoff;
+use crate::rules::Sighting;
 use crate::status::IdentityConflict;
 
 mod claims;
@@ -114,20 +115,13 @@ struct GaveUp {
     until: Instant,
 }
 
-/// What this member saw of a record: the follower's clock for its lease (S2), and since when
-/// a handover request names someone.
-struct Seen {
-    version: Version,
-    since: Instant,
-    handover: Option<(String, Instant)>,
-}
-
 /// One acquisition attempt: its result, and what it learnt on the way.
 struct Claim {
     /// The record taken and when its term starts, or `None` when not taken.
     result: Result<Option<(Observed, Instant)>, LockError>,
-    /// The record the store showed as held by another.
-    held: Option<Observed>,
+    /// The record the store showed as held by another, and whether the store said it keeps
+    /// that lease alive itself.
+    held: Option<(Observed, bool)>,
     /// The store has no one-request acquisition.
     no_try_acquire: bool,
 }
@@ -170,7 +164,7 @@ pub(crate) struct Runner {
     /// The member record's term this process started, if any (S13).
     member_token: Option<u64>,
     conflict: Option<(u64, Version, bool)>,
-    seen: HashMap<String, Seen>,
+    seen: HashMap<String, Sighting>,
     /// Members named by the last roster read: identity by member key.
     roster_members: BTreeMap<String, String>,
     try_acquire_supported: bool,
@@ -199,7 +193,7 @@ pub(crate) struct Runner {
     /// What every shard's key begins with.
     shard_prefix: String,
     /// What this member saw of each shard (of other records: `seen`).
-    shard_seen: Vec<Option<Seen>>,
+    shard_seen: Vec<Option<Sighting>>,
     /// Each shard's record as the last read of every shard found it: a read passes their
     /// versions, and the store need not send a record still at its version again.
     shard_records: Vec<Option<Observed>>,
@@ -420,11 +414,24 @@ impl Runner {
         };
         // Most keys are known: look them up without making a key.
         if let Some(seen) = self.seen.get_mut(key) {
-            note_seen(seen, observed);
+            seen.see(observed, Instant::now());
         } else {
             let mut slot = None;
             note(&mut slot, Some(observed));
             self.seen.extend(slot.map(|seen| (key.to_owned(), seen)));
+        }
+    }
+
+    /// Notes what the store said of record `key`'s lease, as last observed: whether it keeps
+    /// it alive itself (a lease it stopped keeping is counted from now).
+    fn store_keeps(&mut self, key: &str, kept: bool) {
+        let now = Instant::now();
+        let seen = match self.shard_index(key) {
+            Some(shard) => self.shard_seen[shard].as_mut(),
+            None => self.seen.get_mut(key),
+        };
+        if let Some(seen) = seen {
+            seen.store_keeps(kept, now);
         }
     }
 
@@ -435,7 +442,7 @@ impl Runner {
     }
 
     /// What this member saw of record `key`.
-    fn seen(&self, key: &str) -> Option<&Seen> {
+    fn seen(&self, key: &str) -> Option<&Sighting> {
         match self.shard_index(key) {
             Some(shard) => self.shard_seen[shard].as_ref(),
             None => self.seen.get(key),
@@ -471,39 +478,17 @@ impl Runner {
     }
 }
 
-/// Notes a read or written record in what was seen of it (see [`Runner::observe`]).
-fn note(slot: &mut Option<Seen>, observed: Option<&Observed>) {
-    let Some(observed) = observed else {
-        *slot = None;
-        return;
-    };
-    match slot {
-        Some(seen) => note_seen(seen, observed),
-        None => {
-            *slot = Some(Seen {
-                version: observed.version.clone(),
-                since: Instant::now(),
-                handover: observed
-                    .record
-                    .handover_to()
-                    .map(|to| (to.to_owned(), Instant::now())),
-            });
-        }
-    }
-}
-
-/// Notes `observed` in what was seen of its record: the follower's clock for its lease starts
-/// when a version is first seen (S2), and the stand-back clock when a handover is first seen.
-fn note_seen(seen: &mut Seen, observed: &Observed) {
+/// Notes a read or written record in what was seen of it (see [`Runner::observe`]): the
+/// follower's clock for its lease starts when a version is first seen (S2), the stand-back
+/// clock when a handover request is.
+fn note(slot: &mut Option<Sighting>, observed: Option<&Observed>) {
     let now = Instant::now();
-    if seen.version != observed.version {
-        seen.version.clone_from(&observed.version);
-        seen.since = now;
-    }
-    match observed.record.handover_to() {
-        Some(to) if seen.handover.as_ref().is_some_and(|(h, _)| h == to) => {}
-        Some(to) => seen.handover = Some((to.to_owned(), now)),
-        None => seen.handover = None,
+    match (slot.as_mut(), observed) {
+        (_, None) => *slot = None,
+        (Some(seen), Some(observed)) => {
+            seen.see(observed, now);
+        }
+        (None, Some(observed)) => *slot = Some(Sighting::new(observed, now)),
     }
 }
 

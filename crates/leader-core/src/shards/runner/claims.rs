@@ -7,21 +7,14 @@ use super::*;
 impl Runner {
     /// True when `observed` has stayed unchanged for its lease since this member first saw it.
     pub(super) fn expired(&self, key: &str, observed: &Observed) -> bool {
-        self.seen(key).is_some_and(|seen| {
-            seen.version == observed.version
-                && Instant::now() >= seen.since + observed.record.lease_duration
-        })
+        self.seen(key)
+            .is_some_and(|seen| seen.expired(observed, Instant::now()))
     }
 
     /// True while a handover request names another member and this one stands back from it
     /// (a request naming another candidate than the one seen is new: it is stood back from).
     pub(super) fn standing_back(&self, key: &str, record: &LeaderElectionRecord) -> bool {
-        record.reserved_for_other_than(&self.me)
-            && self
-                .seen(key)
-                .and_then(|s| s.handover.as_ref())
-                .filter(|(to, _)| record.handover_to() == Some(to.as_str()))
-                .is_none_or(|(_, since)| Instant::now() < *since + record.lease_duration)
+        Sighting::standing_back(self.seen(key), record, &self.me, Instant::now())
     }
 
     pub(super) fn desired(
@@ -72,8 +65,13 @@ impl Runner {
                     renewed_in_store,
                     ..
                 })) => {
-                    claim.held = Some(observed.clone());
-                    if !renewed_in_store {
+                    claim.held = Some((observed.clone(), renewed_in_store));
+                    // A lease the store kept alive until now is counted from now (S2): the
+                    // clock as it stands started with the term, not with this answer.
+                    let stopped_keeping = self
+                        .seen(key)
+                        .is_some_and(|seen| seen.kept_by_store(&observed.version));
+                    if !renewed_in_store && !stopped_keeping {
                         current = Some(observed);
                         claim.result = self.claim_by_update(key, &lock, current, started).await;
                     }
@@ -130,8 +128,9 @@ impl Runner {
         if claim.no_try_acquire {
             self.try_acquire_supported = false;
         }
-        if let Some(held) = &claim.held {
+        if let Some((held, kept)) = &claim.held {
             self.observe(key, Some(held));
+            self.store_keeps(key, *kept);
         }
         if let Ok(Some((observed, _))) = &claim.result {
             self.observe(key, Some(observed));

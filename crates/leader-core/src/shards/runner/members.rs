@@ -197,7 +197,7 @@ impl Runner {
                         .get(&member_key(&self.config.name, &self.me))
                         .is_some_and(|s| {
                             Instant::now()
-                                >= s.since + record.lease_duration * 2 + self.config.retry_period
+                                >= s.since() + record.lease_duration * 2 + self.config.retry_period
                         });
                 if !*reported && (renewed || outlived) {
                     *reported = true;
@@ -345,7 +345,7 @@ impl Runner {
                             o.record.is_free()
                                 || !o.record.is_held_by(identity)
                                 || self.seen(&member_key(&name, identity)).is_some_and(|s| {
-                                    Instant::now() >= s.since + o.record.lease_duration * 2
+                                    Instant::now() >= s.since() + o.record.lease_duration * 2
                                 })
                         }
                     }

@@ -1,0 +1,249 @@
+//! The lease rules that the elector and a shard set's member both keep, written once: what a
+//! candidate saw of a record and since when, on its own monotonic clock (S1, S2), and the
+//! stand-back from a handover request that names another candidate (S10).
+
+use tokio::time::Instant;
+
+use crate::record::{LeaderElectionRecord, Observed, Version};
+
+/// What a candidate saw of one record: the follower's clock for the holder's lease (S2) and
+/// the stand-back clock for a pending handover request (S10).
+///
+/// A holder's lease runs for the record's `lease_duration` from when the candidate first saw
+/// its version (after the read returned, not when it was sent), so a holder that renews by
+/// writing is never taken over while it renews. A lease that the store kept alive itself (a
+/// TTL, a session) is not counted at all while the store keeps it: the candidate waits for
+/// the store. Should the store stop keeping it with the version unchanged (a Redis `PERSIST`
+/// or `RESTORE` of the key, an operator's edit), the candidate counts a whole lease from
+/// then, never from when it first saw the version: it may have seen it a term ago.
+#[derive(Clone, Debug)]
+pub(crate) struct Sighting {
+    version: Version,
+    /// When the lease's clock started: the version first seen, or the store seen to stop
+    /// keeping it.
+    since: Instant,
+    /// Whether the store said, last it was asked, that it keeps this version's lease alive.
+    kept_by_store: bool,
+    /// The candidate a pending handover request names, and when this candidate first saw it.
+    handover: Option<(String, Instant)>,
+}
+
+/// What a new sighting changed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Changes {
+    /// The version is new: the lease's clock started again.
+    pub(crate) version: bool,
+    /// A handover request (to another candidate than before) was seen for the first time.
+    pub(crate) handover: bool,
+}
+
+impl Sighting {
+    /// The first sighting of `observed`, at `now`.
+    pub(crate) fn new(observed: &Observed, now: Instant) -> Self {
+        Self {
+            version: observed.version.clone(),
+            since: now,
+            kept_by_store: false,
+            handover: observed.record.handover_to().map(|to| (to.to_owned(), now)),
+        }
+    }
+
+    /// Notes `observed`, read or written at `now`: a new version starts the lease's clock
+    /// again, a new handover request the stand-back clock.
+    pub(crate) fn see(&mut self, observed: &Observed, now: Instant) -> Changes {
+        let mut changes = Changes::default();
+        if self.version != observed.version {
+            self.version.clone_from(&observed.version);
+            self.since = now;
+            self.kept_by_store = false;
+            changes.version = true;
+        }
+        match observed.record.handover_to() {
+            Some(to) if self.handover.as_ref().is_some_and(|(seen, _)| seen == to) => {}
+            Some(to) => {
+                self.handover = Some((to.to_owned(), now));
+                changes.handover = true;
+            }
+            None => self.handover = None,
+        }
+        changes
+    }
+
+    /// Notes what the store said at `now` of the lease of the version last seen: whether it
+    /// keeps it alive itself. A lease it stopped keeping is counted from `now`.
+    pub(crate) fn store_keeps(&mut self, kept: bool, now: Instant) {
+        if self.kept_by_store && !kept {
+            self.since = now;
+        }
+        self.kept_by_store = kept;
+    }
+
+    /// True when the store last said it keeps alive the lease of `version`, which is the
+    /// version last seen: an answer that it no longer does restarts the lease's clock, so a
+    /// candidate must not take that lease on the strength of the clock as it stands.
+    pub(crate) fn kept_by_store(&self, version: &Version) -> bool {
+        self.kept_by_store && self.version == *version
+    }
+
+    /// When the lease of `record` (the version last seen) runs out on this candidate's clock.
+    pub(crate) fn lease_ends(&self, record: &LeaderElectionRecord) -> Instant {
+        self.since + record.lease_duration
+    }
+
+    /// True when `observed` is the version last seen and has stayed so for its lease (S2).
+    pub(crate) fn expired(&self, observed: &Observed, now: Instant) -> bool {
+        self.version == observed.version && now >= self.lease_ends(&observed.record)
+    }
+
+    /// Until when a candidate `me` stands back from `record` (the version last seen), whose
+    /// pending handover request names another candidate: one lease from when it first saw
+    /// the request. `None` when no request names another candidate, or this one has not
+    /// seen it yet.
+    pub(crate) fn stand_back_until(
+        &self,
+        record: &LeaderElectionRecord,
+        me: &str,
+    ) -> Option<Instant> {
+        if !record.reserved_for_other_than(me) {
+            return None;
+        }
+        let (to, since) = self.handover.as_ref()?;
+        (record.handover_to() == Some(to.as_str())).then(|| *since + record.lease_duration)
+    }
+
+    /// True while `me` stands back at `now` from `record`, which may be newer than the
+    /// version last seen: a request this candidate has not seen yet is stood back from too.
+    pub(crate) fn standing_back(
+        sighting: Option<&Self>,
+        record: &LeaderElectionRecord,
+        me: &str,
+        now: Instant,
+    ) -> bool {
+        record.reserved_for_other_than(me)
+            && sighting
+                .and_then(|s| s.stand_back_until(record, me))
+                .is_none_or(|until| now < until)
+    }
+
+    /// When the lease's clock started: the version first seen, or the store seen to stop
+    /// keeping its lease.
+    pub(crate) fn since(&self) -> Instant {
+        self.since
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use chrono::Utc;
+
+    use super::*;
+
+    fn observed(holder: &str, version: &str, handover: Option<&str>) -> Observed {
+        let now = Utc::now();
+        Observed {
+            record: LeaderElectionRecord {
+                holder_identity: holder.into(),
+                lease_duration: Duration::from_secs(10),
+                acquire_time: now,
+                renew_time: now,
+                leader_transitions: 1,
+                strategy: None,
+                preferred_holder: handover.map(str::to_owned),
+                extensions: Default::default(),
+            },
+            version: Version::new(version),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_runs_from_when_its_version_was_first_seen() {
+        let start = Instant::now();
+        let first = observed("a", "1", None);
+        let mut seen = Sighting::new(&first, start);
+        let later = start + Duration::from_secs(9);
+        assert_eq!(seen.see(&first, later), Changes::default());
+        assert!(!seen.expired(&first, later));
+        assert!(seen.expired(&first, start + Duration::from_secs(10)));
+        // A renewal: a new version, a new lease.
+        let renewed = observed("a", "2", None);
+        assert!(seen.see(&renewed, later).version);
+        assert!(!seen.expired(&renewed, start + Duration::from_secs(10)));
+        assert!(
+            !seen.expired(&first, start + Duration::from_secs(30)),
+            "not the version seen"
+        );
+        assert!(seen.expired(&renewed, later + Duration::from_secs(10)));
+    }
+
+    /// A store that kept the lease alive and stops (Redis `PERSIST`, `RESTORE`) with the
+    /// version unchanged: the lease is counted from then, not from the term's start.
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_the_store_stops_keeping_is_counted_from_then() {
+        let start = Instant::now();
+        let held = observed("a", "1", None);
+        let mut seen = Sighting::new(&held, start);
+        seen.store_keeps(true, start);
+        assert!(seen.kept_by_store(&held.version));
+        let stopped = start + Duration::from_secs(3600);
+        seen.see(&held, stopped);
+        seen.store_keeps(false, stopped);
+        assert!(!seen.kept_by_store(&held.version));
+        assert!(!seen.expired(&held, stopped + Duration::from_secs(9)));
+        assert!(seen.expired(&held, stopped + Duration::from_secs(10)));
+        // Never kept by the store (another client's record without a TTL): counted from the
+        // first sighting, as before.
+        let mut other = Sighting::new(&held, start);
+        other.store_keeps(false, stopped);
+        assert!(other.expired(&held, stopped));
+        // A new version forgets what the store said of the old one.
+        seen.store_keeps(true, stopped);
+        let next = observed("a", "2", None);
+        seen.see(&next, stopped);
+        assert!(!seen.kept_by_store(&next.version));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_handover_request_is_stood_back_from_for_a_lease() {
+        let start = Instant::now();
+        let request = observed("a", "1", Some("b"));
+        let mut seen = Sighting::new(&observed("a", "0", None), start);
+        let at = start + Duration::from_secs(2);
+        assert!(seen.see(&request, at).handover);
+        assert_eq!(
+            seen.stand_back_until(&request.record, "c"),
+            Some(at + Duration::from_secs(10))
+        );
+        assert_eq!(
+            seen.stand_back_until(&request.record, "b"),
+            None,
+            "the one named"
+        );
+        assert!(Sighting::standing_back(
+            Some(&seen),
+            &request.record,
+            "c",
+            at
+        ));
+        assert!(!Sighting::standing_back(
+            Some(&seen),
+            &request.record,
+            "c",
+            at + Duration::from_secs(10)
+        ));
+        // The same request again is not new; another candidate named is.
+        assert!(!seen.see(&request, at).handover);
+        let other = observed("a", "2", Some("d"));
+        assert!(Sighting::standing_back(
+            Some(&seen),
+            &other.record,
+            "c",
+            at + Duration::from_secs(60)
+        ));
+        assert!(seen.see(&other, at).handover);
+        // Not seen at all: stood back from.
+        assert!(Sighting::standing_back(None, &other.record, "c", at));
+        assert_eq!(seen.since(), at, "a new version starts the clock");
+    }
+}
