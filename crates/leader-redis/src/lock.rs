@@ -166,6 +166,26 @@ impl RedisLock {
         .await
     }
 
+    /// At a term's start (`taken` was just acquired): checks again that the server does not
+    /// evict keys, since `CONFIG SET` changes that on a running server (S15). When it does,
+    /// the lease is released at once and the term never starts.
+    async fn check_store(&self, taken: &Observed) -> Result<(), LockError> {
+        let Err(err) = self.store.check_eviction().await else {
+            return Ok(());
+        };
+        if matches!(err, LockError::Misconfigured { .. }) {
+            let mut free = taken.record.clone();
+            free.holder_identity.clear();
+            if let Err(release) = self.update(&taken.version, &free).await {
+                tracing::debug!(error = %release, "could not release a lease refused at its start");
+            }
+            return Err(err);
+        }
+        // An outage right after the acquisition: the term goes on, and the next one checks.
+        tracing::debug!(error = %err, "could not check the server's eviction setting");
+        Ok(())
+    }
+
     /// A stored record from its fields; the fields are authoritative for holder and token.
     fn decode(
         &self,
@@ -223,14 +243,18 @@ impl ResourceLock for RedisLock {
         // The record as written: with the extensions an expired hash left, if any.
         let extensions =
             LeaderElectionRecord::from_json(BACKEND, self.context(), json.as_bytes())?.extensions;
-        Ok(Observed {
+        let created = Observed {
             record: LeaderElectionRecord {
                 leader_transitions: transitions,
                 extensions,
                 ..record.clone()
             },
             version: Version::new(version),
-        })
+        };
+        if record.is_held_by(&self.identity) {
+            self.check_store(&created).await?;
+        }
+        Ok(created)
     }
 
     async fn update(
@@ -339,6 +363,7 @@ impl ResourceLock for RedisLock {
             .await?;
         let observed = self.decode(version, holder, transitions, &json)?;
         Ok(Some(if acquired {
+            self.check_store(&observed).await?;
             Acquisition::Acquired(observed)
         } else {
             Acquisition::Held {

@@ -11,6 +11,11 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig, PubSubSink};
 use tokio::sync::Mutex;
 
 use crate::error::{BACKEND, map};
+use crate::eviction::EvictionCheck;
+
+/// How long building a store waits for the server's eviction setting before it leaves the
+/// check to the first term's start: a server that is down does not hold up the start.
+const BUILD_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The default key prefix.
 pub const DEFAULT_PREFIX: &str = "leader:";
@@ -52,7 +57,7 @@ impl RedisStoreBuilder {
             .map_err(|err| invalid(err.detail().unwrap_or("cannot parse it")))?;
         let connection = new_manager(&client).map_err(|err| map(&redacted, err))?;
         let bulk = new_manager(&client).map_err(|err| map(&redacted, err))?;
-        Ok(RedisStore {
+        let store = RedisStore {
             inner: Arc::new(Inner {
                 client,
                 connection: StdMutex::new(connection),
@@ -60,8 +65,17 @@ impl RedisStoreBuilder {
                 redacted,
                 prefix: self.prefix,
                 subscriber: Subscriber::default(),
+                eviction: EvictionCheck::default(),
             }),
-        })
+        };
+        // A server that evicts keys is refused here, in one line (S15); one that cannot be
+        // reached yet is checked at the first term's start.
+        if let Ok(Err(err @ LockError::Misconfigured { .. })) =
+            tokio::time::timeout(BUILD_CHECK_TIMEOUT, store.check_eviction()).await
+        {
+            return Err(err);
+        }
+        Ok(store)
     }
 }
 
@@ -91,6 +105,7 @@ pub(crate) struct Inner {
     pub(crate) redacted: String,
     pub(crate) prefix: String,
     pub(crate) subscriber: Subscriber,
+    pub(crate) eviction: EvictionCheck,
 }
 
 impl fmt::Debug for RedisStore {
