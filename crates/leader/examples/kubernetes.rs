@@ -19,7 +19,7 @@
 //!   version. It needs `deploy/kubernetes/rbac-coordinated.yaml` as well and a cluster with the
 //!   `CoordinatedLeaderElection` feature gate.
 //!
-//! Outside a cluster it uses your kubeconfig: `POD_NAME=me cargo run -p leader --features tower --example
+//! Outside a cluster it uses your kubeconfig: `POD_NAME=me cargo run -p leader --features kubernetes,tower --example
 //! kubernetes`.
 
 use std::error::Error;

@@ -3,7 +3,7 @@
 //! load balancers and probes. Run two or three at once:
 //!
 //! ```sh
-//! LOCK_URL=postgres://app@db/app LISTEN=127.0.0.1:8081 cargo run -p leader --features tower --example leader_only_route
+//! LOCK_URL=postgres://app@db/app LISTEN=127.0.0.1:8081 cargo run -p leader --features postgres,tower --example leader_only_route
 //! curl -X POST 127.0.0.1:8081/admin/rebuild
 //! ```
 //!

@@ -2,7 +2,7 @@
 //! whichever replica leads, under a fencing token. Run two or three at once:
 //!
 //! ```sh
-//! LOCK_URL=postgres://app@db/app cargo run -p leader --example nightly_job
+//! LOCK_URL=postgres://app@db/app cargo run -p leader --features postgres,cron --example nightly_job
 //! ```
 //!
 //! `SCHEDULE` (default `0 3 * * *`, in Europe/Berlin) takes any cron expression, such as

@@ -3,7 +3,7 @@
 //! shards move when replicas come and go. Run two or three at once:
 //!
 //! ```sh
-//! LOCK_URL=postgres://app@db/app cargo run -p leader --example sharded_worker
+//! LOCK_URL=postgres://app@db/app cargo run -p leader --features postgres --example sharded_worker
 //! ```
 //!
 //! SIGTERM or Ctrl-C stops the work, releases the shards and leaves the set at once.
