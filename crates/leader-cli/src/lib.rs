@@ -47,6 +47,9 @@ pub fn main() -> ExitCode {
             Err(_) => ExitCode::from(exit::FAILURE),
         };
     }
+    // The command is the application: it picks rustls' crypto provider for the HTTP clients
+    // that use the process's own (object storage's).
+    let _ = rustls::crypto::ring::default_provider().install_default();
     #[cfg(feature = "cron")]
     if args.get(1).map(String::as_str) == Some("cron")
         && args

@@ -23,6 +23,7 @@ const PER_ROUND: usize = 20;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<(), Box<dyn Error>> {
+    leader_object_store::ensure_crypto_provider();
     let bucket = leader_test_support::s3_bucket()?;
     let mut builder = BucketStore::from_url(&format!("s3://{bucket}/"));
     for (key, value) in leader_test_support::s3_options() {

@@ -30,6 +30,8 @@ async fn main() -> Result<(), Box<dyn Error>> {
     let identity =
         std::env::var("LEADER_IDENTITY").unwrap_or_else(|_| leader_core::default_identity());
 
+    // The application picks rustls' crypto provider for the HTTP clients: ring.
+    leader_object_store::ensure_crypto_provider();
     let store = BucketStore::from_url(&url).build()?;
     let lock = store.lock(&name, &identity);
     println!(

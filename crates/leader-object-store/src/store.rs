@@ -108,7 +108,6 @@ impl BucketStoreBuilder {
             backend: BACKEND,
             message,
         };
-        ensure_crypto_provider();
         let (store, kind, name, bucket, path_prefix): (Arc<dyn ObjectStore>, _, _, _, _) =
             match self.source {
                 Source::Store { store, name } => {
@@ -148,17 +147,33 @@ impl BucketStoreBuilder {
     }
 }
 
-/// Installs ring as rustls' process-wide crypto provider, unless the program installed one.
+/// Installs ring as rustls' process-wide crypto provider, unless the program installed one:
+/// for an application that has no provider of its own, at the start of `main`.
 ///
-/// The `object_store` this crate re-exports makes its HTTP clients with rustls and no provider
-/// of its own (this workspace signs and encrypts with ring, not aws-lc-rs). [`BucketStore`]'s
-/// builders call this; call it before building an `object_store` client yourself (for
-/// [`BucketStore::builder`]), which otherwise panics for want of a provider.
+/// The `object_store` this crate re-exports makes its HTTP clients with rustls and the
+/// process's provider (this crate brings ring, not aws-lc-rs). Which provider a process uses
+/// is the application's choice, so the lock never installs one itself: an application that
+/// installs aws-lc-rs later would find ring there and fail. [`BucketStore::from_url`] refuses
+/// to build without one, saying so; an `object_store` client built without one panics.
 pub fn ensure_crypto_provider() {
     if rustls::crypto::CryptoProvider::get_default().is_none() {
         // Another thread may have installed one in between: either is fine.
         let _ = rustls::crypto::ring::default_provider().install_default();
     }
+}
+
+/// Whether the process has the rustls crypto provider that `object_store`'s HTTP clients need.
+fn check_crypto_provider() -> Result<(), String> {
+    if rustls::crypto::CryptoProvider::get_default().is_some() {
+        return Ok(());
+    }
+    Err(
+        "no rustls crypto provider is installed in this process, and object storage's HTTP \
+         client needs one: install one at the start of main \
+         (rustls::crypto::ring::default_provider().install_default(), or aws-lc-rs's), or \
+         call leader_object_store::ensure_crypto_provider() to install ring"
+            .to_owned(),
+    )
 }
 
 /// What a store URL must be, before anything reads the environment: a scheme with conditional
@@ -244,6 +259,8 @@ fn build_from_url(
                         .to_owned(),
                 );
             }
+            // The last check, so that what is wrong with the URL is said first.
+            check_crypto_provider()?;
             let store = builder.build().map_err(|e| scrub(&chain(&e)))?;
             Ok((Arc::new(store), Kind::S3))
         }
@@ -260,6 +277,8 @@ fn build_from_url(
                 let parsed: GoogleConfigKey = key.parse().map_err(|e| unknown(key, e))?;
                 builder = builder.with_config(parsed, value);
             }
+            // The last check, so that what is wrong with the URL is said first.
+            check_crypto_provider()?;
             let store = builder.build().map_err(|e| scrub(&chain(&e)))?;
             Ok((Arc::new(store), Kind::Gcs))
         }
@@ -276,6 +295,8 @@ fn build_from_url(
                 let parsed: AzureConfigKey = key.parse().map_err(|e| unknown(key, e))?;
                 builder = builder.with_config(parsed, value);
             }
+            // The last check, so that what is wrong with the URL is said first.
+            check_crypto_provider()?;
             let store = builder.build().map_err(|e| scrub(&chain(&e)))?;
             Ok((Arc::new(store), Kind::Azure))
         }
@@ -350,7 +371,8 @@ impl BucketStore {
     }
 
     /// A store on an `object_store` client the caller built (its own credentials, retries,
-    /// HTTP client; call [`ensure_crypto_provider`] before building it), named `name` in
+    /// HTTP client; install a rustls crypto provider before building it, see
+    /// [`ensure_crypto_provider`]), named `name` in
     /// messages. Turn its retries off (`RetryConfig { max_retries: 0, .. }`) and keep its
     /// timeout below the elector's renew deadline, as [`BucketStore::from_url`] does. A store that ignores preconditions is refused
     /// by [`check_conditional_writes`](Self::check_conditional_writes), which runs before the

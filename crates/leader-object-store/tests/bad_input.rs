@@ -27,6 +27,7 @@ fn misconfigured(result: Result<BucketStore, LockError>) -> String {
 
 #[test]
 fn stores_without_conditional_update_are_refused_when_built() {
+    leader_object_store::ensure_crypto_provider();
     for (url, says) in [
         ("file:///tmp/locks/", "file lock"),
         ("http://127.0.0.1:9/locks/", "no conditional update"),
@@ -141,6 +142,7 @@ async fn forbidding_server() -> String {
 }
 
 fn s3_store(endpoint: &str, timeout: Duration) -> BucketStore {
+    leader_object_store::ensure_crypto_provider();
     BucketStore::from_url("s3://locks-bucket/svc/")
         .option("aws_endpoint", endpoint)
         .option("allow_http", "true")

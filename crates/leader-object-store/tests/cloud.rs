@@ -20,6 +20,7 @@ fn bucket() -> Factory {
     let url = std::env::var("LEADER_OBJECT_STORE_E2E_URL")
         .expect("set LEADER_OBJECT_STORE_E2E_URL=s3://BUCKET/PREFIX/ (or gs://, az://)");
     let url = format!("{}/{:08x}/", url.trim_end_matches('/'), fastrand::u32(..));
+    leader_object_store::ensure_crypto_provider();
     Factory {
         store: BucketStore::from_url(&url).build().expect("a store"),
     }

@@ -27,6 +27,7 @@ fn urls() -> Vec<String> {
 
 #[test]
 fn redact_secrets_of_lock_urls_and_stores() {
+    leader_object_store::ensure_crypto_provider();
     for url in urls() {
         match LockUrl::parse(&url) {
             Err(err) => assert_hidden(&url, &format!("{err} {err:?}")),

@@ -292,6 +292,7 @@ pub fn wanted(name: &str) -> bool {
 
 /// A store on the test S3 server's bucket, its requests counted.
 fn object_store() -> Result<(Arc<Counting>, BucketStore), Box<dyn std::error::Error>> {
+    leader_object_store::ensure_crypto_provider();
     let bucket = leader_test_support::s3_bucket()?;
     let mut builder = BucketStore::from_url(&format!("s3://{bucket}/"));
     for (key, value) in leader_test_support::s3_options() {

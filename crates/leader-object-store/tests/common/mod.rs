@@ -20,6 +20,7 @@ pub fn unique_prefix() -> String {
 
 /// A builder for `bucket` on the test S3 server.
 pub fn s3_builder(bucket: &str, prefix: &str) -> BucketStoreBuilder {
+    leader_object_store::ensure_crypto_provider();
     let mut builder = BucketStore::from_url(&format!("s3://{bucket}/{prefix}"));
     for (key, value) in leader_test_support::s3_options() {
         builder = builder.option(key, value);
