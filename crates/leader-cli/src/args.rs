@@ -83,7 +83,8 @@ pub(crate) struct LockArgs {
     /// az://CONTAINER/PREFIX/ (or azure://...), or kubernetes://NAMESPACE (?binary_version=V
     /// for coordinated leader election). Default: a lock directory private to this user in the runtime or temp
     /// directory.
-    #[arg(long, env = "LEADER_LOCK", value_name = "URL")]
+    // The URL may hold a password: help names the variable, never its value.
+    #[arg(long, env = "LEADER_LOCK", value_name = "URL", hide_env_values = true)]
     pub(crate) lock: Option<String>,
     /// The election's name: replicas with the same lock and name elect one leader.
     #[arg(long, env = "LEADER_NAME")]

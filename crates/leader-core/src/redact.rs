@@ -8,9 +8,18 @@
 /// user name (`postgres://app@db`) and redacted elsewhere, where it may be a token
 /// (`nats://TOKEN@host`). Values of secret keywords (`password=`, `token=`, ...) are
 /// redacted too, in URL parameters and in key-value connection strings.
+///
+/// Strings that are not URLs are redacted too, since they are what errors show: a mistyped
+/// scheme (`postgres:/app:pw@db`, `postgres//app:pw@db`), no scheme (`app:pw@db`) or a `://`
+/// only further on hide every `user:password@` the same way, and in a key-value connection
+/// string each value shaped like one (`host=app:pw@db`).
 pub fn redact_url(url: &str) -> String {
     let mut secrets = keyword_values(url);
-    secrets.extend(user_info_secret(url));
+    if is_key_value(url) {
+        secrets.extend(value_user_infos(url));
+    } else {
+        secrets.extend(user_info_secret(url, true));
+    }
     secrets.sort_unstable();
     let mut out = String::with_capacity(url.len());
     // Where the last `***` ends.
@@ -41,19 +50,95 @@ const USER_NAME_SCHEMES: [&str; 6] = [
     "etcds",
 ];
 
-/// The byte range of the password in `url`, if it has a user-info.
-fn user_info_secret(url: &str) -> Option<(usize, usize)> {
-    let scheme_end = url.find("://")?;
-    let start = scheme_end + 3;
+/// Whether `name` is a URL scheme: a letter, then letters, digits, `+`, `-` or `.`.
+fn is_scheme(name: &str) -> bool {
+    name.starts_with(|c: char| c.is_ascii_alphabetic())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'-' | b'.'))
+}
+
+/// Where the user-info of `url` would start, and the scheme before it when there is one: after
+/// `scheme://` in a URL; in anything else after a scheme-like word and `:/`, `//`, `:\\` (a
+/// mistyped `://`), or at the start.
+fn user_info_start(url: &str) -> (usize, Option<&str>) {
+    if let Some((scheme, _)) = url.split_once("://")
+        && is_scheme(scheme)
+    {
+        return (scheme.len() + 3, Some(scheme));
+    }
+    let body = url.trim_start();
+    let offset = url.len() - body.len();
+    let name_len = body
+        .find(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.')))
+        .unwrap_or(body.len());
+    let after = &body[name_len..];
+    let colon = usize::from(after.starts_with(':'));
+    let slashes = after[colon..]
+        .find(|c: char| !matches!(c, '/' | '\\'))
+        .unwrap_or(after.len() - colon);
+    if slashes == 0 {
+        return (offset, None);
+    }
+    let name = &body[..name_len];
+    (
+        offset + name_len + colon + slashes,
+        is_scheme(name).then_some(name),
+    )
+}
+
+/// The byte range of the password in `url`, if it has a user-info. A user-info without `:`
+/// and without a scheme saying what it is counts as a secret when `lone_is_secret`.
+fn user_info_secret(url: &str, lone_is_secret: bool) -> Option<(usize, usize)> {
+    let (start, scheme) = user_info_start(url);
     // Never under-redact: the user-info runs to the LAST `@`, the password from its first `:`.
     let at = url.rfind('@').filter(|&at| at >= start)?;
+    let user_name = match scheme {
+        Some(scheme) => USER_NAME_SCHEMES.contains(&scheme.to_ascii_lowercase().as_str()),
+        None => !lone_is_secret,
+    };
     match url[start..at].find(':') {
         Some(colon) => Some((start + colon + 1, at)),
-        None if USER_NAME_SCHEMES.contains(&url[..scheme_end].to_ascii_lowercase().as_str()) => {
-            None
-        }
+        None if user_name => None,
         None => Some((start, at)),
     }
+}
+
+/// Whether `conn` is a key-value connection string (`host=db user=app`): it starts with a
+/// parameter's name and `=`.
+fn is_key_value(conn: &str) -> bool {
+    let body = conn.trim_start();
+    let name_len = body
+        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .unwrap_or(body.len());
+    name_len > 0
+        && body[name_len..]
+            .trim_start_matches([' ', '\t'])
+            .starts_with('=')
+}
+
+/// The passwords of the values of key-value string `conn` written as `user:password@host` or as
+/// URLs. A lone `user@host` there is a user name (`user=app@server`), kept.
+fn value_user_infos(conn: &str) -> Vec<(usize, usize)> {
+    let mut ranges = Vec::new();
+    let mut word_start = 0;
+    for word in conn.split([' ', '\t']) {
+        let value_start = word
+            .find('=')
+            .filter(|&eq| {
+                word[..eq]
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_')
+            })
+            .map_or(0, |eq| eq + 1);
+        let value = word[value_start..].trim_matches('\'');
+        let offset = word_start + value_start + word[value_start..].find(value).unwrap_or(0);
+        if let Some((start, end)) = user_info_secret(value, false) {
+            ranges.push((offset + start, offset + end));
+        }
+        word_start += word.len() + 1;
+    }
+    ranges
 }
 
 /// The names whose values are credentials, in key-value connection strings and URL query
@@ -141,6 +226,23 @@ mod tests {
             let url = format!("{scheme}://{user}:{password}@{host}{rest}");
             prop_assert_eq!(redact_url(&url), format!("{scheme}://{user}:***@{host}{rest}"));
         }
+
+        /// The same with `://` mistyped: the password is redacted all the same.
+        #[test]
+        fn redact_any_password_after_a_mistyped_scheme(
+            scheme in "(postgres|mysql|redis|nats|etcd|s3)",
+            separator in r"(:/|//|:\\\\|/|:///| //| )",
+            user in "[a-z0-9_.-]{0,8}",
+            password in "[^=]{0,24}",
+            host in "[a-z0-9.-]{1,12}(:[0-9]{1,5})?(,[a-z0-9.-]{1,12})?",
+            rest in "([/?#][^@=]{0,24})?",
+        ) {
+            let url = format!("{scheme}{separator}{user}:{password}@{host}{rest}");
+            prop_assert_eq!(
+                redact_url(&url),
+                format!("{scheme}{separator}{user}:***@{host}{rest}")
+            );
+        }
     }
 
     #[test]
@@ -217,6 +319,61 @@ mod tests {
             ("nats://h1:4222,nats://s3cret@h2", "nats://h1:***@h2"),
         ] {
             assert_eq!(redact_url(url), redacted, "{url}");
+        }
+    }
+
+    /// Strings that are not URLs, whatever went wrong around `://`, keep no `user:password@`.
+    #[test]
+    fn redact_passwords_of_strings_that_are_not_urls() {
+        for (url, redacted) in [
+            ("postgres:/app:pw@db/x", "postgres:/app:***@db/x"),
+            ("postgres//app:pw@db/x", "postgres//app:***@db/x"),
+            ("postgres:\\\\app:pw@db", "postgres:\\\\app:***@db"),
+            ("postgres:///app:pw@db", "postgres:///app:***@db"),
+            ("postgres:app:pw@db/x", "postgres:***@db/x"),
+            ("postgres::/app:pw@db", "postgres:***@db"),
+            ("postgres:/ app:pw@db", "postgres:/ app:***@db"),
+            (" postgres://app:pw@db", " postgres://app:***@db"),
+            ("://app:pw@db", "://app:***@db"),
+            ("app:pw@db:5432/x", "app:***@db:5432/x"),
+            ("app:p@w/d:x@db", "app:***@db"),
+            ("redis:/:pw@h:6379", "redis:/:***@h:6379"),
+            ("pw@db", "***@db"),
+            ("nats:/tok@h", "nats:/***@h"),
+            ("postgres:/app@db", "postgres:/app@db"),
+            // A `://` further on is no scheme: it is in the password, the path or a value.
+            ("app:pw@db?next=http://x", "app:***@db?next=http://x"),
+            ("postgres:/app:pw@db://x", "postgres:/app:***@db://x"),
+            ("app:p://w@db", "app:***@db"),
+            ("db:5432/x", "db:5432/x"),
+            ("nonsense", "nonsense"),
+        ] {
+            assert_eq!(redact_url(url), redacted, "{url}");
+        }
+    }
+
+    /// In a key-value connection string, a value shaped `user:password@host` or a URL loses its
+    /// password; a user name holding `@` stays.
+    #[test]
+    fn redact_user_infos_in_key_value_values() {
+        for (conn, redacted) in [
+            (
+                "host=db user=app@server password=pw",
+                "host=db user=app@server password=***",
+            ),
+            ("host=app:pw@db user=a", "host=app:***@db user=a"),
+            (
+                "dbname=postgres://app:pw@db/x sslmode=require",
+                "dbname=postgres://app:***@db/x sslmode=require",
+            ),
+            ("host='app:pw@db' user=a", "host='app:***@db' user=a"),
+            (
+                "host=db\tservice=nats://tok@h",
+                "host=db\tservice=nats://***@h",
+            ),
+            ("host = app:pw@db", "host = app:***@db"),
+        ] {
+            assert_eq!(redact_url(conn), redacted, "{conn}");
         }
     }
 

@@ -198,6 +198,14 @@ fn schemes() -> String {
         .join(", ")
 }
 
+/// Whether `name` is a URL scheme: a letter, then letters, digits, `+`, `-` or `.`.
+fn is_scheme(name: &str) -> bool {
+    name.starts_with(|c: char| c.is_ascii_alphabetic())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'-' | b'.'))
+}
+
 /// The default lock directory for election `name`: `leader-NAME` in `$XDG_RUNTIME_DIR`, else in
 /// the temporary directory.
 pub fn default_file(name: &str) -> PathBuf {
@@ -290,7 +298,12 @@ impl LockUrl {
     /// A malformed URL, an unknown scheme, a bad parameter, or a backend this build leaves out.
     pub fn parse(lock: &str) -> Result<Self, LockUrlError> {
         let redacted = redact_url(lock);
-        let Some((scheme, _)) = lock.split_once("://") else {
+        // What comes before a `://` that follows no scheme (`app:pw@db?next=http://x`) may
+        // hold a password: it is never named as a scheme.
+        let Some((scheme, _)) = lock
+            .split_once("://")
+            .filter(|(scheme, _)| is_scheme(scheme))
+        else {
             return Err(LockUrlError::Invalid {
                 url: redacted,
                 message: format!(
@@ -421,6 +434,13 @@ mod tests {
             ("ftp://u:secret@h/x", "unknown scheme"),
             ("file://relative", "absolute path"),
             ("nonsense", "not a URL"),
+            ("postgres:/u:secret@db/app", "not a URL"),
+            ("postgres//u:secret@db/app", "not a URL"),
+            ("postgres:u:secret@db/app", "not a URL"),
+            ("u:secret@db/app", "not a URL"),
+            ("u:secret@db/app?next=http://x", "not a URL"),
+            ("postgres:/u:secret@db://x", "not a URL"),
+            ("ftp:/u:secret@h/x", "not a URL"),
         ] {
             let err = LockUrl::parse(lock).expect_err(lock).to_string();
             assert!(err.contains(expected), "{lock}: {err}");
