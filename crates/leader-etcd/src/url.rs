@@ -2,6 +2,7 @@
 //! the key prefix.
 
 use leader_core::{LockError, LockSet, LockTarget, ResourceLock, UrlError, async_trait};
+use percent_encoding::percent_decode_str;
 
 use crate::store::{EtcdStore, EtcdStoreBuilder};
 
@@ -55,18 +56,22 @@ impl LockUrl {
         );
         let url = url::Url::parse(&single).map_err(|err| invalid(err.to_string()))?;
         let http = if scheme == "etcds" { "https" } else { "http" };
-        let decode = |s: &str| {
-            url::form_urlencoded::parse(s.as_bytes())
-                .map(|(k, _)| k.into_owned())
-                .next()
-                .unwrap_or_default()
+        // A user-info is percent-encoded, not form data: `+`, `&` and `=` stand for themselves.
+        let decode = |part: &str| {
+            percent_decode_str(part)
+                .decode_utf8()
+                .map(|decoded| decoded.into_owned())
+                .map_err(|_| {
+                    invalid("the user or password is not UTF-8 once percent-decoded".to_owned())
+                })
         };
-        let user = (!url.username().is_empty()).then(|| {
-            (
-                decode(url.username()),
-                url.password().map(decode).unwrap_or_default(),
-            )
-        });
+        let user = match url.username() {
+            "" => None,
+            user => Some((
+                decode(user)?,
+                url.password().map(decode).transpose()?.unwrap_or_default(),
+            )),
+        };
         let mut prefix = None;
         let mut member_timeout = None;
         for (key, value) in url.query_pairs() {
@@ -171,5 +176,34 @@ mod tests {
         }
         let err = LockUrl::parse("etcd://u:secret@/x").expect_err("no host");
         assert!(!err.to_string().contains("secret"), "{err}");
+    }
+
+    /// The user and password are percent-decoded and nothing else: `+` is no space, `&` and
+    /// `=` end nothing.
+    #[test]
+    fn user_info_is_percent_decoded_only() {
+        for (user_info, user, password) in [
+            ("app:a+b", "app", "a+b"),
+            ("app:a&b=c", "app", "a&b=c"),
+            ("app:x=1&y=2+3", "app", "x=1&y=2+3"),
+            ("app:a%2Bb", "app", "a+b"),
+            ("app:a%26b%3Dc%25d", "app", "a&b=c%d"),
+            ("app:p%40ss%2Fw%3Ford%23", "app", "p@ss/w?ord#"),
+            ("app:%C3%A9t%C3%A9+", "app", "\u{e9}t\u{e9}+"),
+            ("a+p%2Bp:pw", "a+p+p", "pw"),
+            ("app:", "app", ""),
+            ("app", "app", ""),
+        ] {
+            let url = LockUrl::parse(&format!("etcd://{user_info}@a:2379,b:2379/?prefix=x/"))
+                .expect(user_info);
+            assert_eq!(
+                url.user,
+                Some((user.to_owned(), password.to_owned())),
+                "{user_info}"
+            );
+        }
+        let err = LockUrl::parse("etcd://app:s3cret%FF@a:2379/").expect_err("not UTF-8");
+        assert!(err.message.contains("not UTF-8"), "{err}");
+        assert!(!err.to_string().contains("s3cret"), "{err}");
     }
 }
