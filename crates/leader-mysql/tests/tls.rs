@@ -4,40 +4,20 @@
 //! given with `ssl_cert` and `ssl_key`, and the errors when either is missing or wrong. Skipped
 //! without `mariadbd` or `openssl`, a failure under `CI=true`.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+mod common;
 
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use common::private::{PrivateServer, run, server_dir, tools_or_skip};
 use leader_core::conformance::record;
 use leader_core::{LockError, LockTarget, ResourceLock};
 use leader_mysql::mysql_async::prelude::Queryable;
-use leader_mysql::mysql_async::{self, Conn};
 use leader_mysql::{LockUrl, MysqlStore};
-use leader_test_support::in_ci;
 
 /// A private MariaDB with TLS on loopback; killed when dropped, its directory removed.
 struct TlsServer {
-    dir: tempfile::TempDir,
-    port: u16,
-    child: Child,
-}
-
-impl Drop for TlsServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn run(command: &mut Command) {
-    let output = command
-        .output()
-        .unwrap_or_else(|err| panic!("{command:?}: {err}"));
-    assert!(
-        output.status.success(),
-        "{command:?}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    server: PrivateServer,
 }
 
 /// `name.key` and `name.pem` in `dir`: an EC key and a certificate signed by the CA in `dir`
@@ -61,45 +41,15 @@ fn certificate(dir: &Path, name: &str, subject: &str, extensions: &[&str]) {
     run(command.stdout(Stdio::null()));
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .expect("a free port")
-        .port()
-}
-
-fn running_as_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|out| out.stdout.trim_ascii() == b"0")
-}
-
 impl TlsServer {
     /// Makes a CA, a server certificate for 127.0.0.1 and localhost and a client certificate,
     /// initialises a data directory and starts the server; `None` (outside CI) without
     /// `mariadbd` or `openssl`.
     async fn start() -> Option<Self> {
-        for tool in ["mariadbd", "mariadb-install-db", "openssl"] {
-            if Command::new(tool)
-                .arg("--version")
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .is_err()
-            {
-                assert!(
-                    !in_ci(),
-                    "CI=true and no {tool} (scripts/setup installs MariaDB)"
-                );
-                eprintln!("skipping: no {tool}");
-                return None;
-            }
+        if !tools_or_skip(&["openssl"]) {
+            return None;
         }
-        let dir = tempfile::Builder::new()
-            .prefix("leader-mysql-tls-")
-            .tempdir()
-            .expect("temporary directory");
+        let dir = server_dir("tls");
         let path = dir.path();
         certificate(
             path,
@@ -129,86 +79,17 @@ impl TlsServer {
                 "extendedKeyUsage=clientAuth",
             ],
         );
-        let data = path.join("data");
-        let mut install = Command::new("mariadb-install-db");
-        install
-            .arg("--no-defaults")
-            .arg(format!("--datadir={}", data.display()))
-            .arg(format!("--tmpdir={}", path.display()))
-            .env("TMPDIR", path)
-            .args(["--skip-test-db", "--auth-root-authentication-method=normal"]);
-        if running_as_root() {
-            install.arg("--user=root");
-        }
-        run(&mut install);
-        let port = free_port();
-        let log = std::fs::File::create(path.join("mariadbd.log")).expect("log file");
-        let mut server = Command::new("mariadbd");
-        server
-            .arg("--no-defaults")
-            .arg(format!("--datadir={}", data.display()))
-            .arg(format!("--socket={}", path.join("mysqld.sock").display()))
-            .arg(format!("--pid-file={}", path.join("mysqld.pid").display()))
-            .arg(format!("--port={port}"))
-            .arg(format!("--ssl-ca={}", path.join("ca.pem").display()))
-            .arg(format!("--ssl-cert={}", path.join("server.pem").display()))
-            .arg(format!("--ssl-key={}", path.join("server.key").display()))
-            .args([
-                // 127.0.0.2, an address the server's certificate does not name.
-                "--bind-address=127.0.0.1,127.0.0.2",
-                "--require-secure-transport=ON",
-                "--skip-log-bin",
-                "--innodb-buffer-pool-size=32M",
-            ]);
-        if running_as_root() {
-            server.arg("--user=root");
-        }
-        let child = server
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start mariadbd");
-        let mut server = Self { dir, port, child };
-        server.admin_ready().await;
-        Some(server)
-    }
-
-    fn file(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-
-    fn url(&self, user: &str, query: &str) -> String {
-        let separator = if query.is_empty() { "" } else { "?" };
-        format!(
-            "mysql://{user}@127.0.0.1:{}/leader{separator}{query}",
-            self.port
-        )
-    }
-
-    /// Waits until root gets in over TLS, then makes the database and the client-certificate
-    /// user.
-    async fn admin_ready(&mut self) {
-        let opts = mysql_async::Opts::from_url(&format!(
-            "mysql://root@127.0.0.1:{}/?require_ssl=true&verify_ca=false",
-            self.port
-        ))
-        .expect("admin URL");
-        let started = Instant::now();
-        let mut conn = loop {
-            match Conn::new(opts.clone()).await {
-                Ok(conn) => break conn,
-                Err(err) => {
-                    let exited = self.child.try_wait().expect("mariadbd's status");
-                    if exited.is_some() || started.elapsed() > Duration::from_secs(30) {
-                        panic!(
-                            "mariadbd did not come up ({exited:?}, {err}): {}",
-                            std::fs::read_to_string(self.file("mariadbd.log")).unwrap_or_default()
-                        );
-                    }
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            }
-        };
+        let args = [
+            format!("--ssl-ca={}", path.join("ca.pem").display()),
+            format!("--ssl-cert={}", path.join("server.pem").display()),
+            format!("--ssl-key={}", path.join("server.key").display()),
+            // 127.0.0.2, an address the server's certificate does not name.
+            "--bind-address=127.0.0.1,127.0.0.2".to_owned(),
+            "--require-secure-transport=ON".to_owned(),
+        ];
+        let mut server = PrivateServer::start(dir, &args)?;
+        // Root gets in over TLS, then makes the database and the client-certificate user.
+        let mut conn = server.admin("require_ssl=true&verify_ca=false").await;
         for sql in [
             "CREATE DATABASE leader",
             "CREATE USER x509@'%' REQUIRE SUBJECT '/CN=x509'",
@@ -217,6 +98,15 @@ impl TlsServer {
             conn.query_drop(sql).await.expect(sql);
         }
         let _ = conn.disconnect().await;
+        Some(Self { server })
+    }
+
+    fn file(&self, name: &str) -> PathBuf {
+        self.server.file(name)
+    }
+
+    fn url(&self, user: &str, query: &str) -> String {
+        self.server.url(user, "leader", query)
     }
 }
 

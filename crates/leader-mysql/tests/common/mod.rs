@@ -12,6 +12,8 @@ use leader_mysql::mysql_async::{self, Conn};
 
 pub use leader_test_support::{in_ci, mysql_url};
 
+pub mod private;
+
 /// A raw connection for setting up and breaking things; `None` (outside CI) without a server.
 pub async fn admin() -> Option<Conn> {
     let opts = mysql_async::Opts::from_url(&mysql_url()).expect("MYSQL_URL");
