@@ -6,6 +6,10 @@ use leader_core::LockError;
 
 pub(crate) const BACKEND: &str = "mysql";
 
+/// What to use where the `GET_LOCK` lock cannot work (a Galera cluster).
+pub(crate) const USE_THE_TABLE_LOCK: &str =
+    "use the table lock (leave out lock=named; MysqlStore::lock)";
+
 /// A driver error with the server's message, for `source` fields. The driver never puts the
 /// password in its errors; `context` is a redacted URL or a table name.
 #[derive(Debug)]
@@ -76,7 +80,7 @@ pub(crate) fn map_get_lock(context: &str, err: mysql_async::Error) -> LockError 
             LockError::Misconfigured {
                 backend: BACKEND,
                 message: format!(
-                    "{context}: {} (error {}); the GET_LOCK lock does not work on Galera: use the table lock (leave out lock=named; MysqlStore::lock)",
+                    "{context}: {} (error {}); the GET_LOCK lock does not work on Galera: {USE_THE_TABLE_LOCK}",
                     server.message, server.code
                 ),
             }

@@ -3,6 +3,7 @@
 #![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
 mod error;
+mod fence;
 mod lock;
 mod named;
 mod set;

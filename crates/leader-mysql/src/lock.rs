@@ -1,7 +1,6 @@
 //! The table lock: one row per election, compare-and-swap on a version column.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -10,6 +9,7 @@ use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Row, Value};
 
 use crate::error::{BACKEND, map};
+use crate::fence::TokenFloor;
 use crate::sql::{MAX_TEXT, columns, decode, next_version, parse_version, values};
 use crate::store::MysqlStore;
 
@@ -24,9 +24,9 @@ pub struct TableLock {
     store: MysqlStore,
     name: String,
     identity: String,
-    /// The highest fencing token this lock has seen: an acquisition goes on from above it,
-    /// also after the row was deleted or a backup restored (its count would start over).
-    highest: Arc<AtomicU64>,
+    /// The fencing tokens this lock has seen: an acquisition goes on from above them, also
+    /// after the row was deleted or a backup restored (its count would start over).
+    floor: Arc<TokenFloor>,
 }
 
 impl MysqlStore {
@@ -37,7 +37,7 @@ impl MysqlStore {
             store: self.clone(),
             name: name.into(),
             identity: identity.into(),
-            highest: Arc::default(),
+            floor: Arc::default(),
         }
     }
 }
@@ -53,15 +53,58 @@ impl TableLock {
     }
 
     /// Notes the token of a record read or written.
-    fn seen(&self, observed: &Observed) {
-        self.highest
-            .fetch_max(observed.record.leader_transitions, Ordering::Relaxed);
+    pub(crate) fn seen(&self, observed: &Observed) {
+        self.floor.seen(
+            parse_version(&observed.version),
+            observed.record.leader_transitions,
+        );
     }
 
-    /// `token`, raised above every token this lock has seen (S5).
-    fn floored(&self, token: u64) -> u64 {
-        let highest = self.highest.load(Ordering::Relaxed);
-        if token <= highest { highest + 1 } else { token }
+    /// `record` as this candidate's write of it must store it (S5): one it holds that starts a
+    /// term (a new row, when `expected` is `None`, or a compare-and-swap over a record at
+    /// `expected` with another token) goes on from above every token this lock has seen; a
+    /// write of the term stored at `expected` (a renewal) keeps its token, as does a record it
+    /// does not hold.
+    pub(crate) async fn fenced(
+        &self,
+        expected: Option<i64>,
+        record: &LeaderElectionRecord,
+    ) -> Result<LeaderElectionRecord, LockError> {
+        let mut record = record.clone();
+        if !record.is_held_by(&self.identity) {
+            return Ok(record);
+        }
+        let token = record.leader_transitions;
+        record.leader_transitions = match expected {
+            None => self.floor.new_term(token),
+            Some(expected) => match self.floor.holder_write(expected, token) {
+                Some(token) => token,
+                None => {
+                    // Rare (a version a shard set's batch read or wrote): one read tells.
+                    self.note_stored(expected).await?;
+                    // No row at that version any more: the write matches none either.
+                    self.floor.holder_write(expected, token).unwrap_or(token)
+                }
+            },
+        };
+        Ok(record)
+    }
+
+    /// Notes the token stored at version `expected`, if the row is still at it.
+    async fn note_stored(&self, expected: i64) -> Result<(), LockError> {
+        let mut conn = self.conn().await?;
+        let token: Option<i64> = conn
+            .exec_first(
+                &self.store.inner().statements.token_at,
+                (self.name.as_str(), expected),
+            )
+            .await
+            .map_err(|err| map(&self.context(), err))?;
+        self.store.committed(conn).await?;
+        if let Some(token) = token.and_then(|t| u64::try_from(t).ok()) {
+            self.floor.seen(Some(expected), token);
+        }
+        Ok(())
     }
 
     /// An election name the table can store, or why not.
@@ -128,7 +171,8 @@ impl TableLock {
             acquire_time: desired.acquire_time,
             renew_time: desired.acquire_time,
             leader_transitions: self
-                .floored((stored.leader_transitions + 1).max(desired.leader_transitions.max(1))),
+                .floor
+                .new_term((stored.leader_transitions + 1).max(desired.leader_transitions.max(1))),
             strategy: stored.strategy.clone(),
             preferred_holder: None,
             extensions: stored.extensions.clone(),
@@ -198,10 +242,7 @@ impl ResourceLock for TableLock {
     /// A row created for this candidate goes on from the highest token this lock saw: one
     /// deleted since starts its count over.
     async fn create(&self, record: &LeaderElectionRecord) -> Result<Observed, LockError> {
-        let mut record = record.clone();
-        if record.is_held_by(&self.identity) {
-            record.leader_transitions = self.floored(record.leader_transitions);
-        }
+        let record = self.fenced(None, record).await?;
         let (params, version) = self.create_params(&record)?;
         self.write(&self.store.inner().statements.create, params)
             .await?;
@@ -237,13 +278,9 @@ impl ResourceLock for TableLock {
                 ]);
                 (&statements.request, params, new_version)
             } else {
-                // An acquisition by update below a token seen (the row's count started over)
-                // goes on from above it; a renewal carries the highest token, its own.
-                let mut record = record.clone();
-                let highest = self.highest.load(Ordering::Relaxed);
-                if record.is_held_by(&self.identity) && record.leader_transitions < highest {
-                    record.leader_transitions = highest + 1;
-                }
+                // An acquisition by update at or below a token seen (the row's count started
+                // over) goes on from above it; a renewal carries its term's token on.
+                let record = self.fenced(Some(expected), record).await?;
                 let (params, new_version) = self.update_params(expected, &record)?;
                 return match self.write(&statements.update, params).await? {
                     1 => {

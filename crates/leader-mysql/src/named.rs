@@ -15,12 +15,13 @@ use mysql_async::prelude::{FromRow, Queryable};
 use mysql_async::{Conn, Value};
 use tokio::task::JoinHandle;
 
-use crate::error::{BACKEND, map, map_get_lock};
+use crate::error::{BACKEND, USE_THE_TABLE_LOCK, map, map_get_lock};
 use crate::lock::{TableLock, first_record};
 use crate::sql::parse_version;
 use crate::store::MysqlStore;
 
 mod follower;
+mod galera;
 mod key;
 mod session;
 
@@ -54,7 +55,9 @@ const WATCH_SILENCE_MARGIN: Duration = Duration::from_secs(5);
 /// result (`net_read_timeout`, `net_write_timeout`). The server then lets go of the session's
 /// user-level locks.
 fn session_timeouts(timeout: Duration) -> String {
-    let seconds = (timeout.as_secs() + u64::from(timeout.subsec_nanos() > 0)).max(1);
+    // The servers' largest `wait_timeout` (on Windows; 31536000 elsewhere).
+    const MAX_SECONDS: u64 = 2_147_483;
+    let seconds = (timeout.as_secs() + u64::from(timeout.subsec_nanos() > 0)).clamp(1, MAX_SECONDS);
     format!(
         "SET SESSION wait_timeout = {seconds}, net_read_timeout = {seconds}, \
          net_write_timeout = {seconds}"
@@ -78,6 +81,8 @@ fn session_timeouts(timeout: Duration) -> String {
 ///   in `GET_LOCK` wakes at once and takes over.
 /// * Followers still wait out the holder's lease by the server's clock, as for the table lock:
 ///   a leader whose session died may still act until its renew deadline.
+/// * Fencing tokens are the table lock's: each term's goes on from the highest this lock has
+///   seen, also after the row was deleted or a backup restored.
 ///
 /// [`watch`](ResourceLock::watch) waits in `GET_LOCK` on a connection of its own (and lets go
 /// in the same statement when it gets the lock, so that a follower whose process stops while
@@ -85,7 +90,9 @@ fn session_timeouts(timeout: Duration) -> String {
 /// holder's session that ended, a handover request and a new holder, never a renewal.
 ///
 /// Not behind a proxy that shares server sessions between clients, and a user-level lock is not
-/// replicated: see the crate's documentation.
+/// replicated: see the crate's documentation. Not on a Galera cluster, which refuses `GET_LOCK`
+/// (or takes it on one node only): [`check_lease`](ResourceLock::check_lease), and opening
+/// the lock from a URL, refuse a server with `wsrep_on=ON` as [`LockError::Misconfigured`].
 #[derive(Clone)]
 pub struct NamedLock {
     table: TableLock,
@@ -211,11 +218,14 @@ impl NamedLock {
 
     /// How long the server keeps this lock's session when the client goes silent (its
     /// `wait_timeout`, and `net_read_timeout` and `net_write_timeout` for a client that stops
-    /// in the middle of a packet; whole seconds; default 30 s): a holder whose process stopped
-    /// with its connection open (frozen, or cut off without the server noticing) keeps the
-    /// user-level lock, and with it the election, this long after its last statement, instead
-    /// of the server's default of 8 hours. It must exceed the longest wait between two requests
-    /// of the holder: the elector's `retry_period * (1 + jitter)`.
+    /// in the middle of a packet; whole seconds; default 30 s), and never less than the lease
+    /// of the term it holds: a holder whose process stopped with its connection open (frozen,
+    /// or cut off without the server noticing) keeps the user-level lock, and with it the
+    /// election, this long after its last statement, instead of the server's default of 8
+    /// hours. The lock sets these on its own session whatever the server's defaults are, so a
+    /// short server `wait_timeout` does not drop a holder between renewals; a value below the
+    /// lease would (the holder renews once a retry period), and would free the election no
+    /// sooner, since followers wait the lease out.
     #[must_use]
     pub fn idle_session_timeout(mut self, timeout: Duration) -> Self {
         self.idle_timeout = timeout.max(Duration::from_secs(1));
@@ -242,6 +252,16 @@ impl NamedLock {
             .as_ref()
             .map(|session| session.conn.id())
     }
+
+    /// What a write of this candidate stored, with its token noted for the floor.
+    fn stored(&self, record: LeaderElectionRecord, version: i64) -> Observed {
+        let stored = Observed {
+            record,
+            version: Version::from(version),
+        };
+        self.table.seen(&stored);
+        stored
+    }
 }
 
 #[async_trait]
@@ -251,26 +271,25 @@ impl ResourceLock for NamedLock {
     }
 
     /// Creates the record; one naming this candidate as holder takes the user-level lock first
-    /// ([`LockError::Conflict`] when another session holds it).
+    /// ([`LockError::Conflict`] when another session holds it), and goes on from the highest
+    /// fencing token this lock saw, as the table lock's does.
     async fn create(&self, record: &LeaderElectionRecord) -> Result<Observed, LockError> {
         if record.is_free() || record.holder_identity != self.table.identity() {
             return self.table.create(record).await;
         }
-        let (params, version) = self.table.create_params(record)?;
+        let record = self.table.fenced(None, record).await?;
+        let (params, version) = self.table.create_params(&record)?;
         let sql = &self.store.inner().named_statements.create;
-        match self.own_write(record, Hold::Always, sql, params).await? {
-            Written::Stored => Ok(Observed {
-                record: record.clone(),
-                version: Version::from(version),
-            }),
+        match self.own_write(&record, Hold::Always, sql, params).await? {
+            Written::Stored => Ok(self.stored(record, version)),
             Written::Busy | Written::Missed => Err(LockError::conflict(BACKEND)),
         }
     }
 
-    /// As the table lock's update; a write naming this candidate as holder also needs the
-    /// user-level lock on this lock's session (taken for a takeover of a record that names
-    /// nobody or another holder, only checked for the holder's own writes), and a release hands
-    /// the user-level lock back once the free record is stored.
+    /// As the table lock's update (fencing tokens included); a write naming this candidate as
+    /// holder also needs the user-level lock on this lock's session (taken for a takeover of a
+    /// record that names nobody or another holder, only checked for the holder's own writes),
+    /// and a release hands the user-level lock back once the free record is stored.
     async fn update(
         &self,
         version: &Version,
@@ -300,22 +319,27 @@ impl ResourceLock for NamedLock {
         let Some(expected) = parse_version(version) else {
             return Err(LockError::conflict(BACKEND));
         };
-        let (params, new_version) = self.table.update_params(expected, record)?;
+        let record = self.table.fenced(Some(expected), record).await?;
+        let (params, new_version) = self.table.update_params(expected, &record)?;
         let sql = &self.store.inner().named_statements.update;
         match self
-            .own_write(record, Hold::Takeover(expected), sql, params)
+            .own_write(&record, Hold::Takeover(expected), sql, params)
             .await?
         {
-            Written::Stored => Ok(Observed {
-                record: record.clone(),
-                version: Version::from(new_version),
-            }),
+            Written::Stored => Ok(self.stored(record, new_version)),
             Written::Busy | Written::Missed => Err(LockError::conflict(BACKEND)),
         }
     }
 
     async fn time_left(&self) -> Result<Option<Duration>, LockError> {
         self.table.time_left().await
+    }
+
+    /// Refuses a server with Galera replication on (`wsrep_on=ON`), as opening the lock from a
+    /// URL does: there every attempt would fail. Any lease the table lock takes, this lock takes.
+    async fn check_lease(&self, lease_duration: Duration) -> Result<(), LockError> {
+        let _ = lease_duration;
+        self.check_server().await
     }
 
     /// Writes the event as a `tracing` event; when a term ends, hands its user-level lock back
@@ -448,10 +472,7 @@ impl ResourceLock for NamedLock {
         let (taken, params, version) = self.table.takeover(&observed, desired)?;
         let sql = &self.store.inner().named_statements.take;
         match self.own_write(&taken, Hold::Always, sql, params).await? {
-            Written::Stored => Ok(Some(Acquisition::Acquired(Observed {
-                record: taken,
-                version: Version::from(version),
-            }))),
+            Written::Stored => Ok(Some(Acquisition::Acquired(self.stored(taken, version)))),
             Written::Busy => Ok(Some(held)),
             // Written since the read, or not expired yet by the server's clock.
             Written::Missed => Err(LockError::conflict(BACKEND)),

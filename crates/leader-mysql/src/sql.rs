@@ -130,6 +130,8 @@ pub(crate) struct Statements {
     pub(crate) observe: String,
     /// `name`: the holder's microseconds left by the server's clock, if someone holds it.
     pub(crate) time_left: String,
+    /// `name`, a version: the fencing token stored at that version, if the row is at it.
+    pub(crate) token_at: String,
 }
 
 impl Statements {
@@ -164,6 +166,9 @@ impl Statements {
             ),
             observe: format!("SELECT {COLUMNS}, {left} FROM {t} WHERE name = ?"),
             time_left: format!("SELECT {left} FROM {t} WHERE name = ? AND holder_identity <> ''"),
+            token_at: format!(
+                "SELECT leader_transitions FROM {t} WHERE name = ? AND version = ? AND {VALID}"
+            ),
         }
     }
 }

@@ -142,15 +142,24 @@ impl LockTarget for LockUrl {
 
     /// Builds the store (its pool connects lazily), creates the lock table when it is missing
     /// and the user may (a user without that right finds out from the lock's own error if the
-    /// table is really missing), and makes the table lock or the `GET_LOCK` lock.
+    /// table is really missing), and makes the table lock or the `GET_LOCK` lock. The
+    /// `GET_LOCK` lock is refused on a Galera cluster (`wsrep_on=ON`) as
+    /// [`LockError::Misconfigured`]; a server that cannot be asked yet is left to the lock.
     async fn open(&self, name: &str, identity: &str) -> Result<Box<dyn ResourceLock>, LockError> {
         let store = self.build().await?;
         Ok(if self.named {
-            let lock = store.named_lock(name, identity);
-            Box::new(match self.idle {
-                Some(idle) => lock.idle_session_timeout(idle),
-                None => lock,
-            })
+            let mut lock = store.named_lock(name, identity);
+            if let Some(idle) = self.idle {
+                lock = lock.idle_session_timeout(idle);
+            }
+            match lock.check_server().await {
+                Err(err @ LockError::Misconfigured { .. }) => return Err(err),
+                // Down, or not answering yet: the lock's own attempts report it, and a Galera
+                // refusal then too.
+                Err(err) => tracing::debug!(error = %err, "could not check the server"),
+                Ok(()) => {}
+            }
+            Box::new(lock)
         } else {
             Box::new(store.lock(name, identity))
         })

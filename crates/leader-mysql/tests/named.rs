@@ -1,6 +1,7 @@
 //! The `GET_LOCK` lock against a real MySQL or MariaDB: the conformance suite (with the shard
 //! protocol, one record at a time), electors, a killed session, the handover on release (and on
-//! releases in a row), and a user-level lock that never stacks.
+//! releases in a row), a user-level lock that never stacks, a session kept between renewals
+//! whatever its idle timeout, and the server check at open.
 
 mod common;
 
@@ -8,10 +9,10 @@ use std::time::Duration;
 
 use common::{LEASE, NamedFactory, RENEW, RETRY, Running, unique};
 use leader_core::conformance::{self, record};
-use leader_core::{Acquisition, LeaderElectionRecord, LockError, ResourceLock};
-use leader_mysql::NamedLock;
+use leader_core::{Acquisition, LeaderElectionRecord, LockError, LockTarget, ResourceLock};
 use leader_mysql::mysql_async::Conn;
 use leader_mysql::mysql_async::prelude::Queryable;
+use leader_mysql::{LockUrl, NamedLock};
 use tokio::time::{Instant, sleep, timeout};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -253,4 +254,56 @@ async fn the_user_level_lock_never_stacks() {
     b.close().await;
     a.close().await;
     assert_eq!(user(&mut admin, &b).await, None, "close lets go");
+}
+
+/// An idle session timeout shorter than the retry period: the server would drop the holder's
+/// session, and its user-level lock, between two renewals, and the leader would lose every term
+/// at its first renewal. The session stays at least the lease, so the term goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_holder_keeps_its_session_with_an_idle_timeout_below_the_retry_period() {
+    let Some(store) = common::store().await else {
+        return;
+    };
+    let mut admin = common::admin().await.expect("server");
+    let name = unique("named-idle");
+    let lock = store
+        .named_lock(&name, "a")
+        .idle_session_timeout(Duration::from_secs(1));
+    let handle = lock.clone();
+    // Lease 6 s, renew deadline 4.5 s: renewals 1.5 s apart, each past the 1 s.
+    let retry = Duration::from_millis(1500);
+    let mut leader = Running::start_with(lock, retry);
+    let token = leader.wait_leading(Duration::from_secs(10)).await;
+    let id = handle.session_id().await.expect("the leader's session");
+    // Past the renew deadline, several renewals in.
+    sleep(Duration::from_secs(7)).await;
+    assert_eq!(
+        leader.leading_token(),
+        Some(token),
+        "the term ended: {:?}",
+        leader.stopped()
+    );
+    assert!(leader.stopped().is_empty(), "{:?}", leader.stopped());
+    assert_eq!(handle.session_id().await, Some(id), "the same session");
+    assert_eq!(user(&mut admin, &handle).await, Some(u64::from(id)));
+    leader.stop().await;
+}
+
+/// The `leader` command's start on a server that can run the lock (no Galera: `wsrep_on` is
+/// OFF or absent): open and the start check pass.
+#[tokio::test]
+async fn the_lock_opens_on_a_server_without_galera() {
+    let Some(_store) = common::store().await else {
+        return;
+    };
+    let url = format!("{}?lock=named", common::mysql_url());
+    let lock = LockUrl::parse(&url)
+        .expect("a lock URL")
+        .open(&unique("named-open"), "a")
+        .await
+        .expect("opens");
+    lock.check_lease(LEASE)
+        .await
+        .expect("the start check passes");
+    lock.close().await;
 }

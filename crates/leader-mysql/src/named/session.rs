@@ -12,6 +12,8 @@ pub(super) struct Session {
     pub(super) term: Option<u64>,
     /// The connection failed: the session is gone, and its user-level lock with it.
     pub(super) lost: bool,
+    /// How long the server keeps the session when its client goes silent, as last set.
+    pub(super) timeout: Duration,
 }
 
 impl Session {
@@ -49,6 +51,18 @@ impl Session {
         Ok(self.conn.affected_rows())
     }
 
+    /// Has the server keep this session `timeout` after its client goes silent.
+    pub(super) async fn keep_for(
+        &mut self,
+        context: &str,
+        timeout: Duration,
+    ) -> Result<(), LockError> {
+        let result = self.conn.query_drop(session_timeouts(timeout)).await;
+        self.check(context, result, map)?;
+        self.timeout = timeout;
+        Ok(())
+    }
+
     fn check<T>(
         &mut self,
         context: &str,
@@ -83,20 +97,29 @@ impl NamedLock {
         format!("{} election {:?}", self.store.context(), self.table.name())
     }
 
-    pub(super) async fn connect(&self) -> Result<Session, LockError> {
-        let mut conn = self.store.dedicated().await?;
-        conn.query_drop(session_timeouts(self.idle_timeout))
-            .await
-            .map_err(|err| map(&self.context(), err))?;
-        Ok(Session {
-            conn,
+    pub(super) async fn connect(&self, timeout: Duration) -> Result<Session, LockError> {
+        let mut session = Session {
+            conn: self.store.dedicated().await?,
             term: None,
             lost: false,
-        })
+            timeout: Duration::ZERO,
+        };
+        session.keep_for(&self.context(), timeout).await?;
+        Ok(session)
     }
 
-    /// Runs `op` on the lock's session, connecting one if there is none. A session that holds
-    /// no user-level lock may have been closed by the server while idle: it is checked first.
+    /// How long the server is to keep the session of a holder whose lease is `lease`: the idle
+    /// session timeout, and never less than the lease. The holder writes once a retry period,
+    /// which is shorter than the lease: a timeout below the lease could drop its session, and
+    /// the user-level lock, between two renewals, and frees the election no sooner, since
+    /// followers wait the lease out anyway.
+    pub(super) fn session_timeout(&self, lease: Duration) -> Duration {
+        self.idle_timeout.max(lease)
+    }
+
+    /// Runs `op` on the lock's session, connecting one if there is none, with the server
+    /// keeping it at least `timeout` after its client goes silent. A session that holds no
+    /// user-level lock may have been closed by the server while idle: it is checked first.
     ///
     /// The session is out of its slot while `op` runs: should this future be dropped midway
     /// (the elector's request timeout), a statement already sent may still run later, so what
@@ -104,6 +127,7 @@ impl NamedLock {
     /// lock instead of a late statement keeping it for a client that never hears back.
     pub(super) async fn with_session<T>(
         &self,
+        timeout: Duration,
         op: impl AsyncFnOnce(&mut Session) -> Result<T, LockError>,
     ) -> Result<T, LockError> {
         self.table.check_name()?;
@@ -112,12 +136,19 @@ impl NamedLock {
             Some(session) if session.term.is_some() => session,
             Some(mut session) => match session.conn.ping().await {
                 Ok(()) => session,
-                Err(_) => self.connect().await?,
+                Err(_) => self.connect(timeout).await?,
             },
-            None => self.connect().await?,
+            None => self.connect(timeout).await?,
         };
         let pending = NotHoldingIfDropped(Some(&self.shared.holding));
-        let result = op(&mut session).await;
+        let result = async {
+            if session.timeout < timeout {
+                // A lease longer than the one the session was set up for.
+                session.keep_for(&self.context(), timeout).await?;
+            }
+            op(&mut session).await
+        }
+        .await;
         pending.disarm();
         self.put_back(&mut slot, session);
         result
@@ -246,8 +277,11 @@ impl NamedLock {
         params: Vec<Value>,
     ) -> Result<Written, LockError> {
         let term = record.leader_transitions;
-        self.with_session(async |session| self.acquire(session, hold, sql, params, term).await)
-            .await
+        let timeout = self.session_timeout(record.lease_duration);
+        self.with_session(timeout, async |session| {
+            self.acquire(session, hold, sql, params, term).await
+        })
+        .await
     }
 }
 
