@@ -102,6 +102,20 @@ struct Stored {
 /// between them (a watch's).
 const REMEMBERED: usize = 8;
 
+/// The version of revision `revision` of the bucket whose stream was created at `created`
+/// (nanoseconds since the epoch): a bucket deleted and created again counts its revisions
+/// from 1 again, and a version read from the old one must not match a record of the new one.
+fn version_of(revision: u64, created: i128) -> Version {
+    Version::new(format!("{revision}@{created}"))
+}
+
+/// The revision and the stream's creation a version names; `None` for one this lock never
+/// gives out.
+fn parse_version(version: &Version) -> Option<(u64, i128)> {
+    let (revision, created) = version.as_str().split_once('@')?;
+    Some((revision.parse().ok()?, created.parse().ok()?))
+}
+
 impl Known {
     fn note(
         &mut self,
@@ -150,8 +164,8 @@ impl NatsLock {
     }
 
     /// The key's last entry, if any (a deletion or purge marker included), remembered when it
-    /// holds a record.
-    async fn entry(&self) -> Result<Option<kv::Entry>, LockError> {
+    /// holds a record, and the bucket's handle it was read through.
+    async fn entry(&self) -> Result<(Opened, Option<kv::Entry>), LockError> {
         let opened = self.store.opened().await?;
         match opened.store.entry(self.key.as_str()).await {
             Ok(entry) => {
@@ -162,7 +176,7 @@ impl NatsLock {
                     self.known()
                         .note(opened.created, entry.revision, &record, &self.identity);
                 }
-                Ok(entry)
+                Ok((opened, entry))
             }
             Err(err) => {
                 // A deleted stream leaves a read unanswered (no stream serves its direct gets):
@@ -175,11 +189,11 @@ impl NatsLock {
         }
     }
 
-    fn decode(&self, entry: &kv::Entry) -> Result<Observed, LockError> {
+    fn decode(&self, opened: &Opened, entry: &kv::Entry) -> Result<Observed, LockError> {
         let record = LeaderElectionRecord::from_json(BACKEND, self.context(), &entry.value)?;
         Ok(Observed {
             record,
-            version: Version::new(entry.revision.to_string()),
+            version: version_of(entry.revision, opened.created),
         })
     }
 
@@ -223,7 +237,7 @@ impl NatsLock {
                     .note(opened.created, revision, record, &self.identity);
                 Ok(Observed {
                     record: record.clone(),
-                    version: Version::new(revision.to_string()),
+                    version: version_of(revision, opened.created),
                 })
             }
             Err(err) if err.kind() == UpdateErrorKind::WrongLastRevision => {
@@ -287,8 +301,11 @@ impl Seen {
 #[async_trait]
 impl ResourceLock for NatsLock {
     async fn get(&self) -> Result<Option<Observed>, LockError> {
-        match self.entry().await? {
-            Some(entry) if entry.operation == Operation::Put => self.decode(&entry).map(Some),
+        let (opened, entry) = self.entry().await?;
+        match entry {
+            Some(entry) if entry.operation == Operation::Put => {
+                self.decode(&opened, &entry).map(Some)
+            }
             // Deleted or purged: no record.
             _ => Ok(None),
         }
@@ -298,17 +315,18 @@ impl ResourceLock for NatsLock {
     /// fencing token is at least one more than the bucket's last sequence number (above every
     /// revision written so far, and so above every token this key ever had, since a key's
     /// tokens grow by one per takeover, each its own write), and above every token this lock
-    /// object has seen (a bucket created again starts its sequence over).
+    /// object has seen (a bucket created again starts its sequence over). The bucket's
+    /// settings are checked again first, as when a term starts by update.
     async fn create(&self, record: &LeaderElectionRecord) -> Result<Observed, LockError> {
-        let expected = match self.entry().await? {
+        let (opened, entry) = self.entry().await?;
+        let expected = match entry {
             Some(entry) if entry.operation == Operation::Put => {
                 return Err(LockError::conflict(BACKEND));
             }
             Some(marker) => marker.revision,
             None => 0,
         };
-        let opened = self.store.opened().await?;
-        let floor = self.store.last_sequence(&opened).await?.saturating_add(1);
+        let floor = self.store.term_start(&opened).await?.saturating_add(1);
         let record = self.floored(&LeaderElectionRecord {
             leader_transitions: record.leader_transitions.max(floor),
             ..record.clone()
@@ -317,23 +335,30 @@ impl ResourceLock for NatsLock {
     }
 
     /// Writes `record` over revision `version`. An acquisition (a record naming this identity
-    /// that does not renew its term) gets a token above every one this lock object has seen,
-    /// as a creation does: the bucket may have been deleted and created again, and the record
-    /// created in it with a token from its new sequence.
+    /// that does not renew its term) first checks the bucket again (its settings, and that its
+    /// stream is still the one `version` was read from), and gets a token above every one this
+    /// lock object has seen, as a creation does: the bucket may have been deleted and created
+    /// again, and the record created in it with a token from its new sequence.
     async fn update(
         &self,
         version: &Version,
         record: &LeaderElectionRecord,
     ) -> Result<Observed, LockError> {
         // A version this lock never gave out names no revision: it cannot match.
-        let Ok(expected) = version.as_str().parse::<u64>() else {
+        let Some((expected, created)) = parse_version(version) else {
             return Err(LockError::conflict(BACKEND));
         };
         if expected == 0 {
             return Err(LockError::conflict(BACKEND));
         }
         let opened = self.store.opened().await?;
+        // A revision of another bucket's stream (deleted since, or created after the read)
+        // may be the number of an unrelated record of this one.
+        if created != opened.created {
+            return Err(LockError::conflict(BACKEND));
+        }
         if record.is_held_by(&self.identity) && !self.renews(&opened, expected, record) {
+            self.store.term_start(&opened).await?;
             return self.write(&opened, expected, &self.floored(record)).await;
         }
         self.write(&opened, expected, record).await
@@ -368,7 +393,12 @@ impl ResourceLock for NatsLock {
         };
         // What the key holds now, read after the watch began: a write the watch delivers is
         // compared with it, so that the first renewal after subscribing wakes nobody.
-        let now = self.entry().await?.as_ref().map(|entry| Seen::of(entry).0);
+        let now = self
+            .entry()
+            .await?
+            .1
+            .as_ref()
+            .map(|entry| Seen::of(entry).0);
         let known = Arc::clone(&self.known);
         let stream = futures_util::stream::unfold((watch, now), move |(mut watch, mut seen)| {
             let known = Arc::clone(&known);

@@ -228,7 +228,8 @@ impl NatsStore {
     /// Refuses a bucket the lock cannot be safe on (S15), in one line naming the setting: one
     /// whose limits make the server delete records (an election's record removed while its
     /// holder leads is created afresh by a candidate at once), and a replicated bucket on a
-    /// server whose clustered compare-and-swap can let two writers win (before 2.9.21).
+    /// server whose clustered compare-and-swap can let two writers win or replicas diverge
+    /// ([`REPLICATED_FLAWS`]: before 2.10.19), or whose version does not parse.
     fn check(&self, context: &str, config: &jetstream::stream::Config) -> Result<(), LockError> {
         let refuse = |message: String| {
             Err(LockError::Misconfigured {
@@ -256,12 +257,24 @@ impl NatsStore {
                 ));
             }
         }
-        let version = self.inner.client.server_info().version;
-        if config.num_replicas > 1 && !has_clustered_compare_and_swap(&version) {
-            return refuse(format!(
-                "the bucket has {} replicas and the server runs nats-server {version}: before 2.9.21 a replicated stream checks the expected revision only before it proposes a write (nats-server#4319), so two compare-and-swaps at one revision can both win; upgrade the servers to 2.9.21 or later, or use a bucket with one replica",
-                config.num_replicas
-            ));
+        if config.num_replicas > 1 {
+            let version = self.inner.client.server_info().version;
+            let replicas = config.num_replicas;
+            let (major, minor, patch) = REPLICATED_FLAWS[REPLICATED_FLAWS.len() - 1].0;
+            match replicated_compare_and_swap_flaws(&version) {
+                Some(flaws) if flaws.is_empty() => {}
+                Some(flaws) => {
+                    return refuse(format!(
+                        "the bucket has {replicas} replicas and the server runs nats-server {version}: {}; upgrade every server to {major}.{minor}.{patch} or later, or use a bucket with one replica",
+                        flaws.join("; ")
+                    ));
+                }
+                None => {
+                    return refuse(format!(
+                        "the bucket has {replicas} replicas and the server's version {version:?} does not parse, so the lock cannot tell whether it fixed the flaws of compare-and-swap on replicated streams (fixed by {major}.{minor}.{patch}: nats-server#4319, nats-server#5794); run a released server, or use a bucket with one replica"
+                    ));
+                }
+            }
         }
         Ok(())
     }
@@ -298,29 +311,33 @@ impl NatsStore {
         }
     }
 
-    /// The stream's last sequence number now: above every revision the bucket has written.
-    pub(crate) async fn last_sequence(&self, opened: &Opened) -> Result<u64, LockError> {
-        match opened.store.stream.get_info().await {
-            Ok(info) => {
-                // Deleted and created again since it was looked up: the next request looks it
-                // up again, and checks its settings.
-                if info.created.unix_timestamp_nanos() != opened.created {
-                    self.forget(opened.generation);
-                }
-                Ok(info.state.last_sequence)
-            }
+    /// Checks the bucket again before a write that starts a term (S15), in one request: its
+    /// settings, which an operator may have changed since it was looked up (`nats kv edit
+    /// --ttl`, a limit, a scale to three replicas), and its stream, which may have been deleted
+    /// and created again. Returns the stream's last sequence number: above every revision the
+    /// bucket has written.
+    ///
+    /// # Errors
+    /// A setting the lock refuses ([`LockError::Misconfigured`], as at the lookup); a stream
+    /// other than the one looked up ([`LockError::Conflict`]: what was read may be the old
+    /// bucket's, and the next request looks the bucket up again); the server's errors.
+    pub(crate) async fn term_start(&self, opened: &Opened) -> Result<u64, LockError> {
+        let context = self.context();
+        let info = match opened.store.stream.get_info().await {
+            Ok(info) => info,
             Err(err) => {
                 if stream_not_found(&err) {
                     self.forget(opened.generation);
                 }
-                Err(map(
-                    &self.context(),
-                    &self.inner.refusals,
-                    is_timeout(&err),
-                    err,
-                ))
+                return Err(map(&context, &self.inner.refusals, is_timeout(&err), err));
             }
+        };
+        if info.created.unix_timestamp_nanos() != opened.created {
+            self.forget(opened.generation);
+            return Err(LockError::conflict(BACKEND));
         }
+        self.check(&context, &info.config)?;
+        Ok(info.state.last_sequence)
     }
 
     pub(crate) fn context(&self) -> String {
@@ -332,23 +349,52 @@ impl NatsStore {
     }
 }
 
-/// Whether a server of `version` checks a clustered stream's expected revision when it applies
-/// a write, not only before it proposes it (nats-server#4319, released in 2.9.21). A version
-/// that does not parse is taken for a current one.
-fn has_clustered_compare_and_swap(version: &str) -> bool {
-    semver::Version::parse(version.trim_start_matches('v'))
-        .map_or(true, |v| (v.major, v.minor, v.patch) >= (2, 9, 21))
+/// The flaws of compare-and-swap on a replicated (R>1) stream, each with the nats-server
+/// release that fixed it, oldest first.
+const REPLICATED_FLAWS: [((u64, u64, u64), &str); 2] = [
+    (
+        (2, 9, 21),
+        "before 2.9.21 a replicated stream checks the expected revision only before it proposes a write, not when it applies it (nats-server#4319), so two compare-and-swaps at one revision can both win",
+    ),
+    (
+        (2, 10, 19),
+        "before 2.10.19 a replicated stream does not check a create (expected revision 0) before it proposes it, so a replica can store a create the others refuse and the replicas then hold different records (nats-server#5794)",
+    ),
+];
+
+/// The flaws of [`REPLICATED_FLAWS`] a server of `version` still has (none: compare-and-swap
+/// holds on its replicated streams); `None` when the version does not parse, which says
+/// nothing of what the server fixed.
+fn replicated_compare_and_swap_flaws(version: &str) -> Option<Vec<&'static str>> {
+    let parsed = semver::Version::parse(version.trim_start_matches('v')).ok()?;
+    let release = (parsed.major, parsed.minor, parsed.patch);
+    Some(
+        REPLICATED_FLAWS
+            .iter()
+            .filter(|(fixed, _)| release < *fixed)
+            .map(|(_, flaw)| *flaw)
+            .collect(),
+    )
 }
 
-/// The user (or token) and password in `url`, percent-decoded; `None` without a user.
-pub(crate) fn login_of(url: &url::Url) -> Option<(String, Option<String>)> {
+/// The user (or token) and password in `url`, percent-decoded as a URL's user-info is (RFC
+/// 3986): `+` and `&` are themselves, not a space and a separator as in form data, so that
+/// generated passwords log in as written; `None` without a user.
+///
+/// # Errors
+/// A user or password that is not UTF-8 once decoded, in a message that shows neither.
+pub(crate) fn login_of(url: &url::Url) -> Result<Option<(String, Option<String>)>, String> {
+    if url.username().is_empty() {
+        return Ok(None);
+    }
     let decode = |part: &str| {
-        url::form_urlencoded::parse(format!("x={part}").as_bytes())
-            .next()
-            .map(|(_, v)| v.into_owned())
-            .unwrap_or_default()
+        percent_encoding::percent_decode_str(part)
+            .decode_utf8()
+            .map(std::borrow::Cow::into_owned)
+            .map_err(|_| "the user or password is not UTF-8 once percent-decoded".to_owned())
     };
-    (!url.username().is_empty()).then(|| (decode(url.username()), url.password().map(decode)))
+    let password = url.password().map(decode).transpose()?;
+    Ok(Some((decode(url.username())?, password)))
 }
 
 /// Whether the server said that nobody subscribes to the request's subject, somewhere in
@@ -391,19 +437,64 @@ mod tests {
     use super::*;
 
     #[test]
-    fn clustered_compare_and_swap_holds_from_2_9_21() {
-        for (version, holds) in [
-            ("2.9.10", false),
-            ("2.9.20", false),
-            ("2.9.21", true),
-            ("2.10.0", true),
-            ("2.11.4", true),
-            ("v2.8.4", false),
-            ("2.10.0-beta.1", true),
-            ("", true),
+    fn replicated_compare_and_swap_holds_from_2_10_19_and_an_unknown_version_is_not_taken_for_it() {
+        for (version, flaws) in [
+            ("2.9.10", Some(&["#4319", "#5794"][..])),
+            ("v2.8.4", Some(&["#4319", "#5794"][..])),
+            ("2.9.21", Some(&["#5794"][..])),
+            ("2.9.25", Some(&["#5794"][..])),
+            ("2.10.0", Some(&["#5794"][..])),
+            ("2.10.0-beta.1", Some(&["#5794"][..])),
+            ("2.10.18", Some(&["#5794"][..])),
+            ("2.10.19", Some(&[][..])),
+            ("2.10.19-RC.1", Some(&[][..])),
+            ("2.11.4", Some(&[][..])),
+            ("", None),
+            ("2.10", None),
+            ("dev", None),
         ] {
-            assert_eq!(has_clustered_compare_and_swap(version), holds, "{version}");
+            let found = replicated_compare_and_swap_flaws(version);
+            assert_eq!(found.is_none(), flaws.is_none(), "{version}: {found:?}");
+            if let (Some(found), Some(flaws)) = (found, flaws) {
+                assert_eq!(found.len(), flaws.len(), "{version}: {found:?}");
+                for (flaw, issue) in found.iter().zip(flaws) {
+                    assert!(flaw.contains(issue), "{version}: {flaw}");
+                }
+            }
         }
+    }
+
+    /// A user-info is percent-encoded, not form data: `+` and `&` are themselves.
+    #[test]
+    fn logins_are_percent_decoded_as_user_info() {
+        for (url, user, password) in [
+            (
+                "nats://app:p4ss+w0rd&x%2By%40z%25@h",
+                "app",
+                Some("p4ss+w0rd&x+y@z%"),
+            ),
+            ("nats://a%2Bb+c@h", "a+b+c", None),
+            ("nats://u:%zz%4@h", "u", Some("%zz%4")),
+            ("nats://u:%+1@h", "u", Some("%+1")),
+            ("nats://%C3%BC:%C3%A9@h", "\u{fc}", Some("\u{e9}")),
+        ] {
+            let parsed = url::Url::parse(url).expect(url);
+            assert_eq!(
+                login_of(&parsed),
+                Ok(Some((user.to_owned(), password.map(str::to_owned)))),
+                "{url}"
+            );
+        }
+        assert_eq!(
+            login_of(&url::Url::parse("nats://h:4222").expect("url")),
+            Ok(None)
+        );
+        let err = login_of(&url::Url::parse("nats://u:s3cret%FF@h").expect("url"))
+            .expect_err("not UTF-8");
+        assert!(
+            err.contains("not UTF-8") && !err.contains("s3cret"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -55,7 +55,7 @@ impl LockUrl {
             .filter(|h| !h.is_empty())
             .ok_or_else(|| invalid("no server host".to_owned()))?;
         let mut servers = vec![format!("{host}:{}", url.port().unwrap_or(4222))];
-        let user = login_of(&url);
+        let user = login_of(&url).map_err(invalid)?;
         let path = url.path().trim_matches('/');
         let bucket = match path {
             "" => None,
@@ -269,6 +269,7 @@ mod tests {
             ("nats://u:secret@h/x?tls=maybe", "tls=maybe"),
             ("nats://u:secret@h/x?bucket=y", "unknown parameter"),
             ("nats://u:secret@h/x?server=", "server= is empty"),
+            ("nats://u:secret%FF@h/x", "not UTF-8"),
         ] {
             let err = LockUrl::parse(lock).expect_err(lock).to_string();
             assert!(err.contains(expected), "{lock}: {err}");

@@ -1,8 +1,10 @@
 //! Buckets the lock cannot be safe on are refused when it opens them (S15), in one line naming
 //! the setting: limits that make the server delete records (`max_age`, `max_msgs` or
-//! `max_bytes` with discard old), a replicated bucket on servers before 2.9.21 (their
-//! clustered compare-and-swap can let two writers win, nats-server#4319: a three-server
-//! cluster on loopback here), and a server without JetStream.
+//! `max_bytes` with discard old), a replicated bucket on servers before 2.10.19 (their
+//! clustered compare-and-swap can let two writers win, nats-server#4319, or replicas store
+//! different creates, nats-server#5794: a three-server cluster on loopback here), and a server
+//! without JetStream. The same settings changed on a bucket in use (`nats kv edit`, a scale to
+//! three replicas) are refused at the next term's start.
 
 mod common;
 
@@ -10,7 +12,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, stream};
 use common::{Server, nats_url, unique};
-use leader_core::{LockError, ResourceLock};
+use leader_core::{LockError, ResourceLock, conformance};
 use leader_nats::NatsStore;
 
 /// The stream of bucket `bucket` as `nats kv add` makes it, with `tweak` applied.
@@ -124,10 +126,157 @@ async fn a_server_without_jetstream_is_misconfigured_naming_it() {
     misconfigured(store.lock("e", "a").get().await, &["JetStream", "-js"]);
 }
 
+/// Whether a server of `version` keeps compare-and-swap on a replicated stream.
+fn replicated_compare_and_swap_holds(version: &str) -> bool {
+    semver::Version::parse(version).expect("version") >= semver::Version::new(2, 10, 19)
+}
+
+/// Applies `tweak` to the settings of the stream `stream`, as `nats kv edit` or `nats stream
+/// edit` does, retrying while a cluster is not ready for it.
+async fn edit(jetstream: &jetstream::Context, stream: &str, tweak: impl Fn(&mut stream::Config)) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut config = jetstream
+            .get_stream(stream)
+            .await
+            .expect("the stream")
+            .cached_info()
+            .config
+            .clone();
+        tweak(&mut config);
+        match jetstream.update_stream(config).await {
+            Ok(_) => return,
+            Err(err) => {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "{stream} not edited: {err}"
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+}
+
+/// A takeover of `holder`'s record by a candidate whose wait ran out, and a creation of another
+/// election's record: the two writes that start a term.
+async fn start_terms(
+    store: &NatsStore,
+    election: &str,
+    holder: &leader_core::Observed,
+) -> [Result<leader_core::Observed, LockError>; 2] {
+    let takeover = store
+        .lock(election, "b")
+        .update(
+            &holder.version,
+            &conformance::record("b", holder.record.leader_transitions + 1),
+        )
+        .await;
+    let created = store
+        .lock(unique("other"), "c")
+        .create(&conformance::record("c", 1))
+        .await;
+    [takeover, created]
+}
+
+/// An operator edits a bucket in use (`nats kv edit --ttl`, a limit that discards the oldest
+/// values) while a leader holds its record: the next term's start refuses it, naming the
+/// setting, and nothing is written; the leader's renewals go on (a renewal starts no term);
+/// once the setting is undone, terms start again.
+#[tokio::test]
+async fn settings_changed_on_a_bucket_in_use_are_refused_at_the_next_term() {
+    if leader_test_support::nats_lock_or_skip().is_none() {
+        return;
+    }
+    let client = async_nats::connect(nats_url()).await.expect("connect");
+    let jetstream = jetstream::new(client);
+    let cases: [Case; 3] = [
+        (
+            "ttl",
+            // As `nats kv edit --ttl 1m` does: the server wants no longer a duplicate window.
+            |c| {
+                c.max_age = Duration::from_secs(60);
+                c.duplicate_window = Duration::from_secs(60);
+            },
+            &["max_age", "--ttl"],
+        ),
+        (
+            "msgs",
+            |c| {
+                c.max_messages = 100;
+                c.discard = stream::DiscardPolicy::Old;
+            },
+            &["max_msgs", "discard old"],
+        ),
+        (
+            "bytes",
+            |c| {
+                c.max_bytes = 1 << 20;
+                c.discard = stream::DiscardPolicy::Old;
+            },
+            &["max_bytes", "discard old"],
+        ),
+    ];
+    for (what, tweak, says) in cases {
+        let bucket = unique(&format!("edited_{what}")).replace('-', "_");
+        let stream = format!("KV_{bucket}");
+        jetstream
+            .create_stream(bucket_config(&bucket, |c| {
+                c.discard = stream::DiscardPolicy::New;
+            }))
+            .await
+            .expect("create the bucket");
+        let holder_store = store(&nats_url(), &bucket).await;
+        let candidates = store(&nats_url(), &bucket).await;
+        let election = unique("edited");
+        let holder = holder_store.lock(&election, "a");
+        let held = holder
+            .create(&conformance::record("a", 1))
+            .await
+            .expect("a term on the bucket as made");
+        // Both stores have looked the bucket up before the edit.
+        assert_eq!(
+            candidates.lock(&election, "b").get().await.expect("get"),
+            Some(held.clone())
+        );
+
+        edit(&jetstream, &stream, tweak).await;
+        for refused in start_terms(&candidates, &election, &held).await {
+            let message = misconfigured(refused, says);
+            assert!(message.contains(&bucket), "{message}");
+        }
+        assert_eq!(
+            holder.get().await.expect("get"),
+            Some(held.clone()),
+            "a refused term start wrote"
+        );
+        let mut renewal = held.record.clone();
+        renewal.renew_time = renewal.renewal_time(chrono::Utc::now());
+        let renewed = holder
+            .update(&held.version, &renewal)
+            .await
+            .expect("a renewal starts no term");
+
+        edit(&jetstream, &stream, |c| {
+            c.max_age = Duration::ZERO;
+            c.max_messages = -1;
+            c.max_bytes = -1;
+            c.discard = stream::DiscardPolicy::New;
+        })
+        .await;
+        for started in start_terms(&candidates, &election, &renewed).await {
+            started.expect("a term on the bucket as it was");
+        }
+        jetstream
+            .delete_stream(&stream)
+            .await
+            .expect("delete the bucket");
+    }
+}
+
 /// Three servers of one cluster (the 2.9 on this machine): a replicated bucket is refused,
 /// named with the version, and never created by the lock; a bucket on one replica works.
 #[tokio::test]
-async fn a_replicated_bucket_on_servers_before_2_9_21_is_refused() {
+async fn a_replicated_bucket_on_servers_before_2_10_19_is_refused() {
     let Some(servers) = Server::cluster(3) else {
         return;
     };
@@ -161,9 +310,7 @@ async fn a_replicated_bucket_on_servers_before_2_9_21_is_refused() {
 
     let replicated = store(&urls, "replicated").await;
     let single = store(&urls, "single").await;
-    let fixed =
-        semver::Version::parse(&version).expect("version") >= semver::Version::new(2, 9, 21);
-    if fixed {
+    if replicated_compare_and_swap_holds(&version) {
         replicated
             .lock("e", "a")
             .get()
@@ -172,7 +319,14 @@ async fn a_replicated_bucket_on_servers_before_2_9_21_is_refused() {
     } else {
         misconfigured(
             replicated.lock("e", "a").get().await,
-            &["3 replicas", &version, "2.9.21", "nats-server#4319"],
+            &[
+                "3 replicas",
+                &version,
+                "2.9.21",
+                "nats-server#4319",
+                "2.10.19",
+                "nats-server#5794",
+            ],
         );
         // Asked to create one, the lock refuses before it creates anything.
         let creating = NatsStore::builder(&urls)
@@ -182,7 +336,7 @@ async fn a_replicated_bucket_on_servers_before_2_9_21_is_refused() {
             .build()
             .await
             .expect("store");
-        misconfigured(creating.lock("e", "a").get().await, &["2.9.21"]);
+        misconfigured(creating.lock("e", "a").get().await, &["2.10.19"]);
         assert!(
             jetstream.get_stream("KV_created").await.is_err(),
             "the lock created a bucket it refuses"
@@ -193,4 +347,74 @@ async fn a_replicated_bucket_on_servers_before_2_9_21_is_refused() {
         .get()
         .await
         .expect("a bucket on one replica");
+}
+
+/// A bucket on one replica of a three-server cluster, in use, scaled to three replicas (`nats
+/// stream edit --replicas 3`): on servers before 2.10.19 the next term's start refuses it,
+/// naming the replicas and the version.
+#[tokio::test]
+async fn a_bucket_scaled_to_three_replicas_in_use_is_refused_at_the_next_term() {
+    let Some(servers) = Server::cluster(3) else {
+        return;
+    };
+    let urls = Server::urls(&servers);
+    let client = async_nats::connect(servers[0].url())
+        .await
+        .expect("connect");
+    let version = client.server_info().version;
+    let jetstream = jetstream::new(client);
+    // The cluster elects its JetStream meta leader first.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while let Err(err) = jetstream
+        .create_stream(bucket_config("scaled", |_| {}))
+        .await
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no R1 stream: {err}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let holder_store = store(&urls, "scaled").await;
+    let candidates = store(&urls, "scaled").await;
+    let held = holder_store
+        .lock("e", "a")
+        .create(&conformance::record("a", 1))
+        .await
+        .expect("a term on one replica");
+    candidates.lock("e", "b").get().await.expect("get");
+
+    edit(&jetstream, "KV_scaled", |c| c.num_replicas = 3).await;
+    // While the stream moves to three servers, a write to it may find no stream for a moment.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let kv = async_nats::jetstream::new(
+        async_nats::connect(&servers[1].url())
+            .await
+            .expect("connect"),
+    )
+    .get_key_value("scaled")
+    .await
+    .expect("the bucket");
+    while let Err(err) = kv.put("elsewhere", "x".into()).await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no write after the scale: {err}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let results = start_terms(&candidates, "e", &held).await;
+    if replicated_compare_and_swap_holds(&version) {
+        for started in results {
+            started.expect("a term on three replicas of a fixed server");
+        }
+    } else {
+        for refused in results {
+            misconfigured(refused, &["3 replicas", &version, "2.10.19"]);
+        }
+        assert_eq!(
+            holder_store.lock("e", "a").get().await.expect("get"),
+            Some(held),
+            "a refused term start wrote"
+        );
+    }
 }

@@ -1,6 +1,7 @@
 //! The connections NATS users configure, each against a server of the test's own: TLS with a
 //! private CA and a client certificate the server verifies, an NKey user, a JetStream domain,
-//! and a store on the service's own JetStream context. Lock URLs carry the same settings.
+//! a store on the service's own JetStream context, and a password of the characters generated
+//! passwords hold. Lock URLs carry the same settings.
 
 mod common;
 
@@ -259,4 +260,64 @@ async fn a_jetstream_domain_and_the_services_own_context() {
     works(&own)
         .await
         .expect("the bucket through the service's context");
+}
+
+/// A password of `+`, `&`, `@` and `%`, in a URL as its user-info is written (RFC 3986): `+`
+/// and `&` as they are, `@` and `%` percent-encoded, and a `+` as `%2B` too. It logs in through
+/// a lock URL and through the store's own address; a wrong one is refused without showing it.
+#[tokio::test]
+async fn a_password_with_plus_ampersand_and_encoded_characters_logs_in() {
+    const PASSWORD: &str = "p4ss+w0rd&x@y+z%";
+    const IN_URL: &str = "p4ss+w0rd&x%40y%2Bz%25";
+    let config = format!(
+        "accounts {{ APP {{ jetstream: enabled, users: [ {{ user: app, password: \"{PASSWORD}\" }} ] }} }}\n"
+    );
+    let Some(server) = Server::start(Some(&config)) else {
+        return;
+    };
+    let address = format!("nats://app:{IN_URL}@127.0.0.1:{}", server.port);
+    let lock = LockUrl::parse(&format!("{address}/leader")).expect("a lock URL");
+    works(
+        &lock
+            .store()
+            .create_bucket(true)
+            .request_timeout(TIMEOUT)
+            .build()
+            .await
+            .expect("store"),
+    )
+    .await
+    .expect("the URL's password");
+    let store = NatsStore::builder(&address)
+        .create_bucket(true)
+        .request_timeout(TIMEOUT)
+        .build()
+        .await
+        .expect("store");
+    works(&store).await.expect("the address's password");
+
+    // The same password with `+` read as a space, as form data reads it, is another one.
+    let wrong = format!(
+        "nats://app:{}@127.0.0.1:{}",
+        IN_URL.replace('+', "%20"),
+        server.port
+    );
+    let refused = works(
+        &NatsStore::builder(&wrong)
+            .request_timeout(TIMEOUT)
+            .build()
+            .await
+            .expect("store"),
+    )
+    .await
+    .expect_err("a wrong password");
+    assert!(
+        matches!(refused, LockError::Forbidden { .. }),
+        "{refused:?}"
+    );
+    for shown in [refused.to_string(), format!("{refused:?}")] {
+        for part in ["p4ss", "w0rd"] {
+            assert!(!shown.contains(part), "{shown}");
+        }
+    }
 }

@@ -266,3 +266,89 @@ async fn a_bucket_created_again_is_used_again_with_tokens_above_the_old_ones() {
         taken.record.leader_transitions
     );
 }
+
+/// An operator deletes the bucket and creates it again, and the election's record comes back
+/// at the revision it had: a candidate's compare-and-swap on the version it read from the old
+/// bucket conflicts (its store had not noticed the deletion: no request of it failed), the
+/// record written in the new bucket stays, and a read names it with another version, so that
+/// the candidate's wait for the holder's lease starts again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_version_of_a_bucket_deleted_and_created_again_matches_no_record_of_the_new_one() {
+    let Some(server) = Server::start(None) else {
+        return;
+    };
+    let url = server.url();
+    let admin = jetstream::new(async_nats::connect(&url).await.expect("client"));
+    create_bucket(&url).await;
+    write_elsewhere(&url, 20).await;
+    let name = unique("recreated");
+    let holder = store(&url).build().await.expect("store");
+    let held = holder
+        .lock(&name, "a")
+        .create(&conformance::record("a", 1))
+        .await
+        .expect("create");
+    let candidate = store(&url).build().await.expect("store");
+    let candidate_lock = candidate.lock(&name, "b");
+    let read = candidate_lock
+        .get()
+        .await
+        .expect("get")
+        .expect("a's record");
+    assert_eq!(read, held);
+    let old = revision(&holder, &name).await;
+
+    delete_bucket(&admin).await;
+    create_bucket(&url).await;
+    // The key's record comes back at the revision it had: 20 other writes, then the record.
+    write_elsewhere(&url, 20).await;
+    let newcomer = store(&url).build().await.expect("store");
+    let new_record = newcomer
+        .lock(&name, "c")
+        .create(&conformance::record("c", 1))
+        .await
+        .expect("create in the new bucket");
+    assert_eq!(
+        revision(&newcomer, &name).await,
+        old,
+        "the record is not back at its revision"
+    );
+
+    let taken = candidate_lock
+        .update(
+            &read.version,
+            &conformance::record("b", read.record.leader_transitions + 1),
+        )
+        .await;
+    assert!(
+        matches!(taken, Err(LockError::Conflict { .. })),
+        "a version of the deleted bucket was taken for a record of the new one: {taken:?}"
+    );
+    assert_eq!(
+        newcomer.lock(&name, "c").get().await.expect("get"),
+        Some(new_record.clone())
+    );
+    let seen = candidate_lock
+        .get()
+        .await
+        .expect("get")
+        .expect("c's record");
+    assert_eq!(seen.record, new_record.record);
+    assert_ne!(
+        seen.version, read.version,
+        "the record of the new bucket has the version of the old one's"
+    );
+}
+
+/// The revision of election `name`'s key in the bucket of `store`.
+async fn revision(store: &NatsStore, name: &str) -> u64 {
+    store
+        .kv()
+        .await
+        .expect("bucket")
+        .entry(leader_nats::key_of(name))
+        .await
+        .expect("read")
+        .expect("a record")
+        .revision
+}

@@ -214,7 +214,8 @@ impl NatsStoreBuilder {
             };
             leader_core::UrlError::check_user_info(&with_scheme).map_err(|err| bad(err.message))?;
             let mut url = url::Url::parse(&with_scheme).map_err(|err| bad(err.to_string()))?;
-            if let Some((user, password)) = login_of(&url) {
+            let in_address = login_of(&url).map_err(bad)?;
+            if let Some((user, password)) = in_address {
                 let found = match password {
                     Some(password) => Login::UserAndPassword(user, password),
                     None => Login::Token(user),
