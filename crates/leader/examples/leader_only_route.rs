@@ -15,6 +15,9 @@ use leader::{LeaderElector, LeaderEndpointsLayer, LeaderOnlyLayer, Leadership};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // Log what the election does, refused writes and outages included (RUST_LOG, default info).
+    let filter = std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into());
+    tracing_subscriber::fmt().with_env_filter(filter).init();
     let url = std::env::var("LOCK_URL")?; // postgres://app@db/app, redis://..., etcd://...
     let lock = leader::open(&url, "admin", &leader::default_identity()).await?;
     let elector = LeaderElector::builder(lock).build()?;

@@ -14,6 +14,9 @@ use leader::cron::{BoxError, CronJob, Firing, Schedule};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // Log what the election does, refused writes and outages included (RUST_LOG, default info).
+    let filter = std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into());
+    tracing_subscriber::fmt().with_env_filter(filter).init();
     let cron = std::env::var("SCHEDULE").unwrap_or_else(|_| "0 3 * * *".into());
     let schedule = Schedule::cron(&cron, "Europe/Berlin")?;
     let job = CronJob::builder("nightly-report", schedule).build(report)?;

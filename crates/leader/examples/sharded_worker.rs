@@ -14,6 +14,9 @@ use leader::{Leadership, Shards};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // Log what the election does, refused writes and outages included (RUST_LOG, default info).
+    let filter = std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into());
+    tracing_subscriber::fmt().with_env_filter(filter).init();
     let url = std::env::var("LOCK_URL")?; // postgres://app@db/app, redis://..., etcd://...
     let locks = leader::open_set(&url, "tenants", &leader::default_identity()).await?;
     let shards = Shards::builder("tenants", 8, locks).build()?;
