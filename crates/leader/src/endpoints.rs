@@ -33,6 +33,14 @@ pub const DEFAULT_HEALTH_TOLERANCE: Duration = Duration::from_secs(5);
 /// - `GET /healthz`: 200 `ok` unless this replica believes it leads although its last renewal
 ///   is older than its lease ([`HealthCheck::check`]: its loop is stuck; restart it), then 503.
 ///
+/// The paths are the application's choice: the layer answers them before the service it
+/// wraps, so an application that has a `/healthz` of its own moves the layer's
+/// ([`health_path`](Self::health_path)) or turns it off (`None`), and likewise for the others.
+///
+/// The service's response body must be buildable from a `String` (`ResBody: From<String>`):
+/// axum's `Body`, `String`, and `http_body_util::Full<Bytes>` are; tonic's `Body` is not, so
+/// a gRPC server serves these endpoints on an HTTP router of its own (axum, say) beside it.
+///
 /// With axum, one line on the router (its routes and its fallback):
 ///
 /// ```
@@ -54,12 +62,18 @@ pub struct LeaderEndpointsLayer {
     status: ElectorStatus,
     health: HealthCheck,
     ready_only_while_leading: bool,
+    leader_path: Option<String>,
+    ready_path: Option<String>,
+    health_path: Option<String>,
 }
 
 impl fmt::Debug for LeaderEndpointsLayer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LeaderEndpointsLayer")
             .field("ready_only_while_leading", &self.ready_only_while_leading)
+            .field("leader_path", &self.leader_path)
+            .field("ready_path", &self.ready_path)
+            .field("health_path", &self.health_path)
             .finish_non_exhaustive()
     }
 }
@@ -76,7 +90,33 @@ impl LeaderEndpointsLayer {
             status: elector.status(),
             health,
             ready_only_while_leading: false,
+            leader_path: Some("/leader".to_owned()),
+            ready_path: Some("/readyz".to_owned()),
+            health_path: Some("/healthz".to_owned()),
         }
+    }
+
+    /// Where who leads is served (default `/leader`); `None`: nowhere, the request goes to the
+    /// wrapped service.
+    #[must_use]
+    pub fn leader_path(mut self, path: Option<&str>) -> Self {
+        self.leader_path = path.map(str::to_owned);
+        self
+    }
+
+    /// Where readiness is served (default `/readyz`); `None`: nowhere.
+    #[must_use]
+    pub fn ready_path(mut self, path: Option<&str>) -> Self {
+        self.ready_path = path.map(str::to_owned);
+        self
+    }
+
+    /// Where liveness is served (default `/healthz`); `None`: nowhere, for an application
+    /// whose own `/healthz` must stay its own.
+    #[must_use]
+    pub fn health_path(mut self, path: Option<&str>) -> Self {
+        self.health_path = path.map(str::to_owned);
+        self
     }
 
     /// `/readyz` fails on a replica that does not lead (default `false`): for a Service whose
@@ -93,26 +133,24 @@ impl LeaderEndpointsLayer {
         if method != Method::GET && method != Method::HEAD {
             return None;
         }
-        let (code, content_type, body) = match path {
-            "/leader" => {
-                let view = self.status.view();
-                let code = if view.leading {
-                    StatusCode::OK
-                } else {
-                    StatusCode::SERVICE_UNAVAILABLE
-                };
-                let json = serde_json::to_string(&view).unwrap_or_default();
-                (code, "application/json", json)
-            }
-            "/readyz" => {
-                let (code, text) = self.ready();
-                (code, "text/plain; charset=utf-8", text)
-            }
-            "/healthz" => {
-                let (code, text) = outcome(self.health.check());
-                (code, "text/plain; charset=utf-8", text)
-            }
-            _ => return None,
+        let is = |served: &Option<String>| served.as_deref() == Some(path);
+        let (code, content_type, body) = if is(&self.leader_path) {
+            let view = self.status.view();
+            let code = if view.leading {
+                StatusCode::OK
+            } else {
+                StatusCode::SERVICE_UNAVAILABLE
+            };
+            let json = serde_json::to_string(&view).unwrap_or_default();
+            (code, "application/json", json)
+        } else if is(&self.ready_path) {
+            let (code, text) = self.ready();
+            (code, "text/plain; charset=utf-8", text)
+        } else if is(&self.health_path) {
+            let (code, text) = outcome(self.health.check());
+            (code, "text/plain; charset=utf-8", text)
+        } else {
+            return None;
         };
         let mut response = Response::new(B::from(body));
         *response.status_mut() = code;

@@ -217,3 +217,53 @@ async fn readyz_fails_on_a_replica_the_store_no_longer_answers() {
     }
     assert_eq!(code, 200, "ready again once the store answers");
 }
+
+/// The paths are the application's: moved, or turned off so that the application's own
+/// `/healthz` answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_application_chooses_the_paths() {
+    let elector = LeaderElector::builder(MemoryStore::new().lock("paths", "a"))
+        .name("paths")
+        .lease_duration(RETRY * 5)
+        .renew_deadline(RETRY * 3)
+        .retry_period(RETRY)
+        .build()
+        .expect("valid timings");
+    let endpoints = LeaderEndpointsLayer::new(&elector)
+        .leader_path(Some("/-/leader"))
+        .ready_path(Some("/-/ready"))
+        .health_path(None);
+    let app = Router::new()
+        .route("/healthz", get(|| async { "the application's own health" }))
+        .route("/leader", get(|| async { "the application's leader page" }))
+        .layer(endpoints);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("address"));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let mut state = elector.subscribe();
+    let shutdown = CancellationToken::new();
+    tokio::spawn(elector.run(shutdown.clone()));
+    timeout(Duration::from_secs(5), state.wait_for(LeaderState::is_leading))
+        .await
+        .expect("leads in time")
+        .expect("running");
+    let http = client();
+    assert_eq!(
+        get_text(&http, &format!("{url}/healthz")).await,
+        (200, "the application's own health".to_owned())
+    );
+    assert_eq!(
+        get_text(&http, &format!("{url}/leader")).await,
+        (200, "the application's leader page".to_owned())
+    );
+    let (code, body) = get_text(&http, &format!("{url}/-/leader")).await;
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("\"leading\":true"), "{body}");
+    assert_eq!(
+        get_text(&http, &format!("{url}/-/ready")).await,
+        (200, "ok".to_owned())
+    );
+    shutdown.cancel();
+}
