@@ -228,7 +228,8 @@ fn main() {
     } else {
         eprintln!("kazoo left out: {DEBIAN_PYTHON} has no kazoo (python3-kazoo)");
     }
-    contenders.push(ours(leader, s(10), s(10), s(7), s(2)));
+    // A 10 s lease needs a session of 14 s: the lease plus the client's connection timeout.
+    contenders.push(ours(leader, s(14), s(10), s(7), s(2)));
     if let Ok(classes) = &classes {
         contenders.push(curator(classes.clone(), s(10)));
     }

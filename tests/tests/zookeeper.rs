@@ -138,10 +138,12 @@ async fn a_session_the_ensemble_expires_ends_the_term_and_the_holder_follows_on_
     let Some(ensemble) = ZooKeeperEnsemble::start() else {
         return;
     };
+    // The longest lease a 4 s session takes: the session less the client's connection
+    // timeout (2/5 of it).
     let timings = [
-        Duration::from_secs(4),
-        Duration::from_secs(3),
-        Duration::from_millis(500),
+        Duration::from_millis(2400),
+        Duration::from_millis(1600),
+        Duration::from_millis(400),
     ];
     let proxy = proxy_to(&ensemble, 1).await;
     let holder_store = store(

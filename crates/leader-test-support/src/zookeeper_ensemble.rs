@@ -1,7 +1,8 @@
 //! A three-server ZooKeeper ensemble of a test's own on loopback, as users run ZooKeeper,
 //! whose servers the test kills, restarts and freezes: Debian's `zookeeperd` (3.8) with its
 //! defaults (`tickTime` 2000 ms), each server's data in a temporary directory that outlives its
-//! restarts.
+//! restarts. A test that needs other settings (authentication enforced, containers reaped
+//! sooner) starts servers of its own with [`ZooKeeperEnsemble::start_with`].
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -36,6 +37,8 @@ pub struct RequestCount {
 #[derive(Debug)]
 pub struct ZooKeeperEnsemble {
     servers: Vec<Server>,
+    /// The Java system properties every server starts with (`-Dkey=value`).
+    properties: Vec<String>,
 }
 
 /// The configuration of a server on loopback `client_port` that keeps its data in `data`, with
@@ -44,7 +47,7 @@ pub struct ZooKeeperEnsemble {
 #[must_use]
 pub fn server_config(data: &Path, client_port: u16, peers: &str) -> String {
     let mut config = format!(
-        "tickTime=2000\ndataDir={}\nclientPortAddress=127.0.0.1\nclientPort={client_port}\nadmin.enableServer=false\n4lw.commands.whitelist=srvr,ruok,stat\n",
+        "tickTime=2000\ndataDir={}\nclientPortAddress=127.0.0.1\nclientPort={client_port}\nadmin.enableServer=false\n4lw.commands.whitelist=srvr,ruok,stat,wchs\n",
         data.display()
     );
     if !peers.is_empty() {
@@ -57,9 +60,17 @@ pub fn server_config(data: &Path, client_port: u16, peers: &str) -> String {
 /// The command that runs a server (Debian's `zookeeperd`) on configuration file `config`.
 #[must_use]
 pub fn server_command(config: &Path) -> Command {
+    server_command_with(config, &[])
+}
+
+/// [`server_command`] with Java system properties (`-Dkey=value`, such as
+/// `znode.container.checkIntervalMs`, which the server reads only from there).
+#[must_use]
+pub fn server_command_with(config: &Path, properties: &[String]) -> Command {
     let mut command = Command::new("java");
     command
         .arg("-Xmx256m")
+        .args(properties.iter().map(|p| format!("-D{p}")))
         .args(["-cp", &format!("{JAR}:{LOGGER}")])
         .arg("org.apache.zookeeper.server.quorum.QuorumPeerMain")
         .arg(config);
@@ -86,6 +97,14 @@ pub fn received(port: u16) -> Option<u64> {
         .find_map(|line| line.strip_prefix("Received: ")?.trim().parse().ok())
 }
 
+/// The watches server `port` keeps for its clients' connections, persistent ones included
+/// (its `wchs`'s `Total watches:`).
+pub fn watches(port: u16) -> Option<u64> {
+    four_letter_word(port, "wchs")?
+        .lines()
+        .find_map(|line| line.strip_prefix("Total watches:")?.trim().parse().ok())
+}
+
 impl ZooKeeperEnsemble {
     /// Starts three servers and waits until they have a quorum; `None` when Debian's
     /// `zookeeperd` is not installed (a failure under `CI=true`).
@@ -94,6 +113,18 @@ impl ZooKeeperEnsemble {
     /// The ensemble formed no quorum within 60 s.
     #[must_use]
     pub fn start() -> Option<Self> {
+        Self::start_with(3, "", &[])
+    }
+
+    /// Starts `count` servers (one: a standalone server), each with `settings` (lines added
+    /// to its `zoo.cfg`, such as `enforce.auth.enabled=true`) and Java system `properties`
+    /// (`key=value`), and waits until they serve; `None` when Debian's `zookeeperd` is not
+    /// installed (a failure under `CI=true`).
+    ///
+    /// # Panics
+    /// The servers did not serve within 60 s.
+    #[must_use]
+    pub fn start_with(count: usize, settings: &str, properties: &[&str]) -> Option<Self> {
         if !std::path::Path::new(JAR).is_file()
             || Command::new("java").arg("-version").output().is_err()
         {
@@ -105,31 +136,42 @@ impl ZooKeeperEnsemble {
             return None;
         }
         let tag = format!("{:08x}", fastrand::u32(..));
-        let ports: Vec<(u16, u16, u16)> = (0..3)
+        let ports: Vec<(u16, u16, u16)> = (0..count)
             .map(|_| (free_port(), free_port(), free_port()))
             .collect();
-        let peers: String = ports
-            .iter()
-            .enumerate()
-            .map(|(i, (_, quorum, election))| {
-                format!("server.{}=127.0.0.1:{quorum}:{election}\n", i + 1)
-            })
-            .collect();
+        let peers: String = if count == 1 {
+            String::new()
+        } else {
+            ports
+                .iter()
+                .enumerate()
+                .map(|(i, (_, quorum, election))| {
+                    format!("server.{}=127.0.0.1:{quorum}:{election}\n", i + 1)
+                })
+                .collect()
+        };
         let mut servers = Vec::new();
         for (i, (client, _, _)) in ports.iter().enumerate() {
             let dir = std::env::temp_dir().join(format!("leader-zookeeper-{tag}-{}", i + 1));
             std::fs::create_dir_all(&dir).expect("the server's directory");
             std::fs::write(dir.join("myid"), format!("{}\n", i + 1)).expect("myid");
-            std::fs::write(dir.join("zoo.cfg"), server_config(&dir, *client, &peers))
-                .expect("zoo.cfg");
+            let mut config = server_config(&dir, *client, &peers);
+            for line in settings.lines().map(str::trim).filter(|l| !l.is_empty()) {
+                config.push_str(line);
+                config.push('\n');
+            }
+            std::fs::write(dir.join("zoo.cfg"), config).expect("zoo.cfg");
             servers.push(Server {
                 client_port: *client,
                 dir,
                 child: Slot::default(),
             });
         }
-        let mut ensemble = Self { servers };
-        for index in 0..3 {
+        let mut ensemble = Self {
+            servers,
+            properties: properties.iter().map(|p| (*p).to_owned()).collect(),
+        };
+        for index in 0..count {
             ensemble.spawn(index);
         }
         ensemble.wait_for_quorum(Duration::from_secs(60));
@@ -140,7 +182,7 @@ impl ZooKeeperEnsemble {
         let server = &self.servers[index];
         let log = std::fs::File::create(server.dir.join("zookeeper.log"))
             .map_or_else(|_| Stdio::null(), Stdio::from);
-        let child = server_command(&server.dir.join("zoo.cfg"))
+        let child = server_command_with(&server.dir.join("zoo.cfg"), &self.properties)
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -205,7 +247,7 @@ impl ZooKeeperEnsemble {
         })
     }
 
-    /// Waits until every running server serves in a quorum (leader or follower).
+    /// Waits until every running server serves in a quorum (leader or follower), or alone.
     ///
     /// # Panics
     /// They did not within `within`.
@@ -218,12 +260,12 @@ impl ZooKeeperEnsemble {
                 .filter(|s| s.child.is_running())
                 .all(|s| {
                     four_letter_word(s.client_port, "srvr").is_some_and(|answer| {
-                        answer
-                            .lines()
-                            .any(|l| l == "Mode: leader" || l == "Mode: follower")
+                        answer.lines().any(|l| {
+                            l == "Mode: leader" || l == "Mode: follower" || l == "Mode: standalone"
+                        })
                     })
                 });
-            if serving && self.leader().is_some() {
+            if serving && (self.servers.len() == 1 || self.leader().is_some()) {
                 return;
             }
             assert!(

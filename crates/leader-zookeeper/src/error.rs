@@ -30,9 +30,7 @@ pub(crate) fn map(context: &str, err: zk::Error) -> LockError {
         },
         zk::Error::AuthFailed => LockError::Forbidden {
             backend: BACKEND,
-            message: format!(
-                "{context}: the ensemble refused the session's credentials (authentication failed)"
-            ),
+            message: format!("{context}: the ensemble refused the session (authentication failed)"),
         },
         zk::Error::InvalidAcl => LockError::Misconfigured {
             backend: BACKEND,
@@ -53,6 +51,26 @@ pub(crate) fn map(context: &str, err: zk::Error) -> LockError {
         | zk::Error::NotReadOnly
         | zk::Error::SessionMoved => LockError::unavailable(BACKEND, Context::new(context, &err)),
         other => LockError::other(BACKEND, Context::new(context, &other)),
+    }
+}
+
+/// The refusal of a session by authentication, saying what the session sent: `digest` when it
+/// authenticated with the digest scheme, nothing otherwise. The lock speaks no SASL (Kerberos,
+/// DIGEST-MD5), which ensembles with `enforce.auth.enabled` or `sessionRequireClientSASLAuth`
+/// may ask for.
+pub(crate) fn auth_failed(context: &str, digest: bool) -> LockError {
+    let message = if digest {
+        format!(
+            "{context}: the ensemble refused the session's digest credentials (authentication failed); an ensemble that requires SASL (Kerberos, DIGEST-MD5) refuses every session of this lock, which authenticates with the digest scheme only"
+        )
+    } else {
+        format!(
+            "{context}: the ensemble refused the session, which sent no credentials: it requires authentication (enforce.auth.enabled or SASL); give the lock digest credentials (zk://user:password@...) if the ensemble takes the digest scheme, since the lock speaks no SASL"
+        )
+    };
+    LockError::Forbidden {
+        backend: BACKEND,
+        message,
     }
 }
 

@@ -1,6 +1,6 @@
 //! The lock: one election's two znodes under the prefix.
 //!
-//! Election `name` keeps a persistent znode `PREFIX/NAME` (the *election znode*), whose data is
+//! Election `name` keeps a container znode `PREFIX/NAME` (the *election znode*), whose data is
 //! the last fencing token given out (a decimal `u64`), and under it `PREFIX/NAME/holder` (the
 //! *record znode*), the record as JSON. The record znode is ephemeral on the holder's session
 //! while it names a holder, so a holder whose session ends (a crash, a partition longer than
@@ -11,7 +11,8 @@
 //! a compare-and-set on the election znode's version: the token is one more than the one
 //! stored there, and a record znode deleted by an expiry never takes the count with it.
 //! ZooKeeper's own counters are 32-bit (`cversion`, the sequence of a sequential znode) and
-//! wrap; this one is 64-bit.
+//! wrap; this one is 64-bit. An election znode that goes with its count (the ensemble removes
+//! it once it holds no record znode, or an operator deletes it) is counted on from a zxid.
 //!
 //! A renewal is a `setData` of the record znode at its version, in a `multi` that checks that
 //! the election znode has not moved: ZooKeeper moves a znode's version on every `setData`,
@@ -79,15 +80,19 @@ impl ZooKeeperStore {
 ///
 /// # Sessions and leases
 /// A holder stops leading by its renew deadline after its last successful renewal (the
-/// elector's timer), while the ensemble expires its session, and deletes its record, no sooner
-/// than the session timeout after it last heard from it. A lock therefore refuses to hold a
-/// lease longer than the session timeout the ensemble granted ([`LockError::Misconfigured`]):
-/// with `lease_duration > renew_deadline`, a holder cut off from the ensemble has stopped
-/// before its record can vanish, as Curator's `ConnectionState.SUSPENDED` asks of its users.
-/// A connection lost for less than the renew deadline keeps the term: the client moves the
-/// session to another server. Candidates otherwise wait out a holder's lease on their own
-/// monotonic clock, from when they saw its last renewal, and take an expired lease over by
-/// deleting the old record and creating their own in one `multi`.
+/// elector's timer), while the ensemble expires its session, and deletes its record, about the
+/// session timeout after it last heard from it, and up to about a client ping interval sooner
+/// (the ensemble's leader times sessions from its followers' reports). A lock therefore
+/// refuses to hold a lease longer than the session timeout the ensemble granted less the
+/// client's connection timeout ([`LockError::Misconfigured`]): with
+/// `lease_duration > renew_deadline`, a holder cut off from the ensemble has stopped before its
+/// record can vanish, as Curator's `ConnectionState.SUSPENDED` asks of its users. A server lost
+/// while another answers keeps the term: the client moves the session at once. With no server
+/// to reach, the client waits twice as long before each pass over them, so an outage of more
+/// than a few seconds can outlast the renew deadline (see the crate's documentation).
+/// Candidates otherwise wait out a holder's lease on their own monotonic clock, from when they
+/// saw its last renewal, and take an expired lease over by deleting the old record and
+/// creating their own in one `multi`.
 #[derive(Clone, Debug)]
 pub struct ZooKeeperLock {
     store: ZooKeeperStore,
@@ -134,11 +139,26 @@ impl ZooKeeperLock {
         self.highest.fetch_max(token, Ordering::Relaxed);
     }
 
-    /// The next fencing token: above the count, every token this lock object saw, and at
-    /// least `asked`.
-    fn next_token(&self, count: u64, asked: u64) -> u64 {
-        let floor = count.max(self.highest.load(Ordering::Relaxed));
-        asked.max(floor.saturating_add(1))
+    /// The next fencing token: above the count, `seed` and every token this lock object saw,
+    /// and at least `asked`. Each token is at most the zxid of the write that gives it out
+    /// (one more than a count, a seed or a token written or read before), which is what lets
+    /// a zxid seed a count that was deleted (see [`create`](ResourceLock::create)).
+    ///
+    /// # Errors
+    /// [`LockError::InvalidRecord`] when the floor is `u64::MAX`: no larger token exists, and
+    /// handing out the same one again would let two terms share it.
+    fn next_token(&self, count: u64, seed: u64, asked: u64) -> Result<u64, LockError> {
+        let floor = count.max(seed).max(self.highest.load(Ordering::Relaxed));
+        let Some(next) = floor.checked_add(1) else {
+            return Err(LockError::invalid_record(
+                BACKEND,
+                format!(
+                    "{}: the fencing tokens are used up (the count is {floor}): no acquisition can get a larger token",
+                    self.context()
+                ),
+            ));
+        };
+        Ok(asked.max(next))
     }
 
     /// Reads both znodes in one request.
@@ -210,6 +230,16 @@ impl ZooKeeperLock {
         Ok(Some(self.observed(&record, stored)))
     }
 
+    /// Whether writing `record` over `stored` continues the stored term: the record names this
+    /// identity with the token stored, and the record znode is ephemeral on some session (a
+    /// held term). Only this session's own term ([`renews`](Self::renews)) may be continued;
+    /// a record znode of another session with this token is another process's term (S13).
+    fn continues(stored: Stored, record: &LeaderElectionRecord, identity: &str) -> bool {
+        record.is_held_by(identity)
+            && record.leader_transitions == stored.token
+            && stored.owner != 0
+    }
+
     /// Whether writing `record` over `stored` renews this session's own term: the record names
     /// this identity with the token stored, and the record znode is this session's.
     pub(crate) fn renews(
@@ -218,9 +248,7 @@ impl ZooKeeperLock {
         stored: Stored,
         record: &LeaderElectionRecord,
     ) -> bool {
-        record.is_held_by(&self.identity)
-            && record.leader_transitions == stored.token
-            && stored.owner == client.session_id().0
+        Self::continues(stored, record, &self.identity) && stored.owner == client.session_id().0
     }
 
     /// Adds a renewal to `writer`: the election znode checked at its version, the record
@@ -280,15 +308,21 @@ impl ZooKeeperLock {
         Ok(())
     }
 
+    /// Refuses a lease longer than the granted session timeout less the client's connection
+    /// timeout. The ensemble's leader expires a session by what its followers report of it
+    /// (every half tick), and the client pings only after 3/8 of its connection timeout without
+    /// a request: a session can expire up to about a ping interval before "session timeout
+    /// after the holder's last renewal", and a connection timeout covers that.
     fn check_granted(&self, client: &zk::Client, lease: Duration) -> Result<(), LockError> {
         let granted = client.session_timeout();
-        if lease > granted {
+        let connection = self.store.connection_timeout_for(granted);
+        let longest = granted.saturating_sub(connection);
+        if lease > longest {
             return Err(LockError::Misconfigured {
                 backend: BACKEND,
                 message: format!(
-                    "{}: a lease of {:?} is longer than the session timeout the ensemble granted ({granted:?}): its record could vanish while its holder still leads; ask for a longer session (session_timeout=, up to the servers' maxSessionTimeout, 20 ticks by default) or shorten the lease",
+                    "{}: a lease of {lease:?} is longer than the session timeout the ensemble granted ({granted:?}) less the connection timeout ({connection:?}), {longest:?}: the ensemble could expire the session, and delete the record, while its holder still leads; ask for a longer session (session_timeout=, up to the servers' maxSessionTimeout, 20 ticks by default) or shorten the lease",
                     self.context(),
-                    lease,
                 ),
             });
         }
@@ -428,22 +462,33 @@ impl ResourceLock for ZooKeeperLock {
             return Err(LockError::conflict(BACKEND));
         }
         let context = self.context();
+        let seed = match &election {
+            Some(_) => 0,
+            // The first of this election, or the first since its znode went (reaped as an
+            // empty container, or deleted by an operator) with its count. The prefix's pzxid
+            // is the zxid of the last creation or deletion under it, that deletion's or later,
+            // so it is above every token the election gave out (see `next_token`). The prefix
+            // may be gone too, which would fail every creation as if another had won it.
+            None => {
+                let prefix = self.store.ensure_prefix(&client).await?;
+                u64::try_from(prefix.pzxid).unwrap_or(0)
+            }
+        };
         let token = self.next_token(
             election.as_ref().map_or(0, |e| e.count),
+            seed,
             record.leader_transitions,
-        );
+        )?;
         let record = LeaderElectionRecord {
             leader_transitions: token,
             ..record.clone()
         };
-        if election.is_none() {
-            // The first of this election: its parent, the prefix, may be gone (an operator
-            // deleted it), which would fail every creation as if another had won it.
-            self.store.ensure_prefix(&client).await?;
-        }
         let mode = self.mode(&record);
         let record_options = mode.with_acls(self.store.acls());
-        let election_options = zk::CreateMode::Persistent.with_acls(self.store.acls());
+        // A container: the ensemble deletes it once it has no record znode (its holder's
+        // session ended and nobody took it since), so elections of past members and shards do
+        // not pile up; the count it takes along is seeded again from a zxid.
+        let election_options = zk::CreateMode::Container.with_acls(self.store.acls());
         let json = record.to_json();
         let count = token.to_string();
         let mut writer = client.new_multi_writer();
@@ -497,7 +542,11 @@ impl ResourceLock for ZooKeeperLock {
             if self.renews(&client, stored, record) {
                 return self.write_renewal(&client, stored, record).await;
             }
-            let token = self.next_token(stored.count, record.leader_transitions);
+            // The stored term with its token, on another session: as `renew` answers it.
+            if Self::continues(stored, record, &self.identity) {
+                return Err(LockError::conflict(BACKEND));
+            }
+            let token = self.next_token(stored.count, 0, record.leader_transitions)?;
             let record = LeaderElectionRecord {
                 leader_transitions: token,
                 ..record.clone()
@@ -553,7 +602,8 @@ impl ResourceLock for ZooKeeperLock {
         self.write_renewal(&client, stored, record).await
     }
 
-    /// Refuses a lease longer than the session timeout the ensemble granted.
+    /// Refuses a lease longer than the session timeout the ensemble granted less the client's
+    /// connection timeout.
     async fn check_lease(&self, lease_duration: Duration) -> Result<(), LockError> {
         let client = self.store.client().await?;
         self.check_granted(&client, lease_duration)
@@ -574,8 +624,11 @@ impl ResourceLock for ZooKeeperLock {
     /// A persistent watch of the election znode (ZooKeeper 3.6 and later): it fires when the
     /// record znode is created or deleted (an acquisition, a takeover, a release, an expired
     /// session) and when the election znode is written (a handover request), never for a
-    /// renewal. It also fires when the session reconnects, since ZooKeeper may drop events
-    /// that happen while a client is away (ZOOKEEPER-4698), and ends with the session.
+    /// renewal. It ends with the session, and when the session is back after a lost
+    /// connection: the server dropped the watch with the connection, the client does not set
+    /// persistent watches again (zookeeper-client 0.11's `resend_watches` sends none), and
+    /// ZooKeeper may drop events that happen while a client is away (ZOOKEEPER-4698), so the
+    /// elector subscribes again and reads the record on its next attempt.
     async fn watch(&self) -> Result<Option<ChangeStream>, LockError> {
         let client = self.store.client().await?;
         let watcher = match client.watch(&self.path, zk::AddWatchMode::Persistent).await {
@@ -584,12 +637,17 @@ impl ResourceLock for ZooKeeperLock {
         };
         let stream = futures_util::stream::unfold(Some(watcher), |watcher| async move {
             let mut watcher = watcher?;
-            let event = watcher.changed().await;
-            // The client panics on a wait after the session's last event.
-            if event.event_type == zk::EventType::Session && event.session_state.is_terminated() {
-                return None;
+            loop {
+                let event = watcher.changed().await;
+                if event.event_type != zk::EventType::Session {
+                    return Some(((), Some(watcher)));
+                }
+                // Nothing comes while the connection is lost; the session's end (after which
+                // the client panics on a wait) or its return ends the stream.
+                if event.session_state != zk::SessionState::Disconnected {
+                    return None;
+                }
             }
-            Some(((), Some(watcher)))
         });
         Ok(Some(Box::pin(stream)))
     }

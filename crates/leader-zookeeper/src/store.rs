@@ -8,7 +8,7 @@ use std::time::Duration;
 use leader_core::LockError;
 use zookeeper_client as zk;
 
-use crate::error::{BACKEND, Context, ends_session, map};
+use crate::error::{BACKEND, Context, auth_failed, ends_session, map};
 
 /// The default prefix: the znode under the chroot that keeps every election's znodes.
 pub const DEFAULT_PREFIX: &str = "/leader";
@@ -16,7 +16,8 @@ pub const DEFAULT_PREFIX: &str = "/leader";
 /// The session timeout a store asks the ensemble for unless told otherwise. The ensemble
 /// grants a value between its `minSessionTimeout` and `maxSessionTimeout` (by default 2 and 20
 /// times its `tickTime` of 2 s: 4 to 40 s); a lock refuses to hold a lease longer than what it
-/// granted (see [`ZooKeeperLock`](crate::ZooKeeperLock)). 30 s covers every lease up to 30 s.
+/// granted less the connection timeout (see [`ZooKeeperLock`](crate::ZooKeeperLock)). 30 s,
+/// with [`DEFAULT_CONNECTION_TIMEOUT`], covers every lease up to 26 s.
 pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How long opening a session may take before the store reports the ensemble unavailable.
@@ -121,7 +122,8 @@ impl ZooKeeperStoreBuilder {
     /// How long the client waits for a word from its server before it moves the session to
     /// another; keep it well under the renew deadline. Default
     /// [`DEFAULT_CONNECTION_TIMEOUT`]. Whatever is set, the store asks for at most 2/5 of the
-    /// session timeout it asks for (the client's own default).
+    /// session timeout it asks for (the client's own default). A lock's lease is at most the
+    /// granted session timeout less this.
     pub fn connection_timeout(mut self, timeout: Duration) -> Self {
         self.connection_timeout = timeout;
         self
@@ -261,7 +263,33 @@ impl ZooKeeperStore {
         if ends_session(&err) {
             self.forget(client.session_id()).await;
         }
-        map(context, err)
+        self.map(context, err)
+    }
+
+    /// Maps `err` on `context`, saying of a refused authentication what this store sent.
+    pub(crate) fn map(&self, context: &str, err: zk::Error) -> LockError {
+        match err {
+            zk::Error::AuthFailed => auth_failed(context, self.inner.digest.is_some()),
+            err => map(context, err),
+        }
+    }
+
+    /// How long the client waits for a word from its server on a session the ensemble granted
+    /// `granted` for, as the client derives it (its `reset_timeout`): the connection timeout
+    /// the store asked for, or 2/5 of the granted session when that is more than 3/5 of it.
+    pub(crate) fn connection_timeout_for(&self, granted: Duration) -> Duration {
+        let asked = self.asked_connection_timeout();
+        if asked.is_zero() || asked > granted * 3 / 5 {
+            granted * 2 / 5
+        } else {
+            asked
+        }
+    }
+
+    /// The connection timeout the store asks the client for.
+    fn asked_connection_timeout(&self) -> Duration {
+        let inner = &self.inner;
+        inner.connection_timeout.min(inner.session_timeout * 2 / 5)
     }
 
     /// Opens a session, all of it (connecting, finding the chroot, making the prefix, the
@@ -280,25 +308,29 @@ impl ZooKeeperStore {
         }
     }
 
-    /// Creates the prefix when it is missing. An existing prefix is used as it is: creating
-    /// it again would need the right to create under its parent, which an operator who made
-    /// it may not have given.
-    pub(crate) async fn ensure_prefix(&self, client: &zk::Client) -> Result<(), LockError> {
+    /// Creates the prefix when it is missing, and returns its stat. An existing prefix is used
+    /// as it is: creating it again would need the right to create under its parent, which an
+    /// operator who made it may not have given. (Errors are mapped without dropping the
+    /// session: opening one calls this while holding the session's slot.)
+    pub(crate) async fn ensure_prefix(&self, client: &zk::Client) -> Result<zk::Stat, LockError> {
         let inner = &self.inner;
         let prefix = format!("{} {}", inner.described, inner.prefix);
         match client.check_stat(&inner.prefix).await {
-            Ok(Some(_)) => Ok(()),
-            Ok(None) => {
-                let options = zk::CreateMode::Persistent.with_acls(self.acls());
-                client
-                    .mkdir(&inner.prefix, &options)
-                    .await
-                    .map_err(|err| match err {
-                        zk::Error::NoNode => self.missing_chroot(),
-                        err => map(&prefix, err),
-                    })
-            }
-            Err(err) => Err(map(&prefix, err)),
+            Ok(Some(stat)) => return Ok(stat),
+            Ok(None) => {}
+            Err(err) => return Err(self.map(&prefix, err)),
+        }
+        let options = zk::CreateMode::Persistent.with_acls(self.acls());
+        match client.mkdir(&inner.prefix, &options).await {
+            Ok(()) => {}
+            Err(zk::Error::NoNode) => return Err(self.missing_chroot()),
+            Err(err) => return Err(self.map(&prefix, err)),
+        }
+        match client.check_stat(&inner.prefix).await {
+            Ok(Some(stat)) => Ok(stat),
+            // Deleted again at once: whoever creates an election under it next finds out.
+            Ok(None) => Err(LockError::conflict(BACKEND)),
+            Err(err) => Err(self.map(&prefix, err)),
         }
     }
 
@@ -316,7 +348,7 @@ impl ZooKeeperStore {
         let inner = &self.inner;
         let mut connector = zk::Client::connector()
             .with_session_timeout(inner.session_timeout)
-            .with_connection_timeout(inner.connection_timeout.min(inner.session_timeout * 2 / 5))
+            .with_connection_timeout(self.asked_connection_timeout())
             .with_fail_eagerly();
         if let Some((user, password)) = &inner.digest {
             connector = connector.with_auth("digest", format!("{user}:{password}").as_bytes());
@@ -325,7 +357,7 @@ impl ZooKeeperStore {
             Ok(client) => client,
             Err(err) => {
                 return Err(match err {
-                    zk::Error::AuthFailed => map(&inner.described, err),
+                    zk::Error::AuthFailed => self.map(&inner.described, err),
                     zk::Error::BadArguments(_) => LockError::Misconfigured {
                         backend: BACKEND,
                         message: format!("{}: {err}", inner.described),
@@ -342,7 +374,7 @@ impl ZooKeeperStore {
         match client.check_stat("/").await {
             Ok(Some(_)) => {}
             Ok(None) => return Err(self.missing_chroot()),
-            Err(err) => return Err(map(&inner.described, err)),
+            Err(err) => return Err(self.map(&inner.described, err)),
         }
         self.ensure_prefix(&client).await?;
         let prefix = format!("{} {}", inner.described, inner.prefix);
@@ -351,7 +383,7 @@ impl ZooKeeperStore {
         let mut reader = client.new_multi_reader();
         reader
             .add_get_data(&inner.prefix)
-            .map_err(|err| map(&prefix, err))?;
+            .map_err(|err| self.map(&prefix, err))?;
         let read = reader.commit().await;
         match read.as_deref() {
             Err(zk::Error::Unimplemented) => {
@@ -363,8 +395,8 @@ impl ZooKeeperStore {
                     ),
                 });
             }
-            Err(err) => return Err(map(&prefix, err.clone())),
-            Ok([zk::MultiReadResult::Error { err }]) => return Err(map(&prefix, err.clone())),
+            Err(err) => return Err(self.map(&prefix, err.clone())),
+            Ok([zk::MultiReadResult::Error { err }]) => return Err(self.map(&prefix, err.clone())),
             Ok(_) => {}
         }
         tracing::debug!(

@@ -16,7 +16,8 @@ const DEFAULT_PORT: u16 = 2181;
 /// `auth` ACL. Parameters: `prefix` (the znode under the chroot that keeps the elections,
 /// default `/leader`), `session_timeout` (asked of the ensemble, like `30s`), `connect_timeout`
 /// and `connection_timeout` (see [`ZooKeeperStoreBuilder::connection_timeout`]); unknown
-/// parameters are refused. The chroot must exist.
+/// parameters are refused. The chroot must exist. The servers' plain client port: TLS and SASL
+/// are not supported (see the crate's documentation).
 #[derive(Clone, PartialEq, Eq)]
 pub struct LockUrl {
     servers: Vec<String>,

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use common::{make_chroot, raw, unique, zookeeper_chroot, zookeeper_ensemble};
 use leader_core::{LockError, ResourceLock, conformance};
+use leader_test_support::zookeeper_ensemble::ZooKeeperEnsemble;
 use leader_zookeeper::ZooKeeperStore;
 use leader_zookeeper::zookeeper_client as zk;
 
@@ -156,10 +157,12 @@ async fn znodes_under_digest_credentials_refuse_other_sessions() {
     );
 }
 
-/// A lease longer than the session timeout the ensemble granted could outlive its record: the
-/// lock refuses to hold it, naming both, and writes nothing.
+/// A lease longer than the granted session timeout less the client's connection timeout could
+/// outlive its record (the ensemble times the session from its followers' reports, up to a
+/// client ping interval early): the lock refuses to hold it, naming the bound, and writes
+/// nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lease_longer_than_the_granted_session_is_refused() {
+async fn a_lease_longer_than_the_granted_session_less_the_connection_timeout_is_refused() {
     let Some(client) = raw().await else {
         return;
     };
@@ -171,20 +174,91 @@ async fn a_lease_longer_than_the_granted_session_is_refused() {
         .await
         .expect("store");
     let granted = store.client().await.expect("session").session_timeout();
+    assert_eq!(
+        granted,
+        Duration::from_secs(6),
+        "within the servers' bounds"
+    );
+    // The store asks for a connection timeout of at most 2/5 of the session: 2.4 s.
+    let longest = granted - Duration::from_millis(2400);
     let lock = store.lock(unique("long"), "a");
     let mut record = conformance::record("a", 1);
-    record.lease_duration = granted + Duration::from_secs(1);
-    let err = lock.create(&record).await.expect_err("too long a lease");
-    assert!(matches!(err, LockError::Misconfigured { .. }), "{err:?}");
-    assert!(
-        err.to_string().contains("longer than the session timeout"),
-        "{err}"
-    );
-    assert_eq!(lock.get().await.expect("get"), None, "it wrote");
-    record.lease_duration = granted;
-    lock.create(&record)
+    for lease in [
+        granted + Duration::from_secs(1),
+        granted,
+        longest + Duration::from_millis(1),
+    ] {
+        record.lease_duration = lease;
+        let err = lock.create(&record).await.expect_err("too long a lease");
+        assert!(matches!(err, LockError::Misconfigured { .. }), "{err:?}");
+        let message = err.to_string();
+        assert!(
+            message.contains("less the connection timeout") && message.contains("3.6s"),
+            "{lease:?}: {message}"
+        );
+        assert_eq!(lock.get().await.expect("get"), None, "it wrote");
+        let err = lock.check_lease(lease).await.expect_err("too long a lease");
+        assert!(matches!(err, LockError::Misconfigured { .. }), "{err:?}");
+    }
+    lock.check_lease(longest).await.expect("the longest lease");
+    record.lease_duration = longest;
+    lock.create(&record).await.expect("the longest lease");
+}
+
+/// An ensemble that requires authentication refuses a session without credentials, and says
+/// that none were sent (not that they were refused); with digest credentials, the same
+/// ensemble takes the session. An ensemble that requires SASL refuses digest credentials, and
+/// the message says the lock speaks no SASL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_refused_for_want_of_credentials_says_none_were_sent() {
+    let Some(ensemble) = ZooKeeperEnsemble::start_with(
+        1,
+        "enforce.auth.enabled=true\nenforce.auth.schemes=digest",
+        &[],
+    ) else {
+        return;
+    };
+    let connect = ensemble.connect_string();
+    let store = |digest: bool| {
+        let builder = ZooKeeperStore::builder(&connect).connect_timeout(Duration::from_secs(5));
+        if digest {
+            builder.digest("app", "app-secret")
+        } else {
+            builder
+        }
+    };
+    let err = store(false).build().await.expect_err("no credentials");
+    assert!(matches!(err, LockError::Forbidden { .. }), "{err:?}");
+    let message = err.to_string();
+    assert!(message.contains("sent no credentials"), "{message}");
+    assert!(!message.contains("refused the session's"), "{message}");
+    let owner = store(true).build().await.expect("digest credentials");
+    owner
+        .lock("billing", "a")
+        .create(&conformance::record("a", 1))
         .await
-        .expect("a lease as long as the session");
+        .expect("the session writes");
+
+    let Some(sasl) = ZooKeeperEnsemble::start_with(
+        1,
+        "enforce.auth.enabled=true\nenforce.auth.schemes=sasl\nauthProvider.sasl=org.apache.zookeeper.server.auth.SASLAuthenticationProvider",
+        &[],
+    ) else {
+        return;
+    };
+    let err = ZooKeeperStore::builder(sasl.connect_string())
+        .digest("app", "app-secret")
+        .connect_timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .expect_err("SASL required");
+    assert!(matches!(err, LockError::Forbidden { .. }), "{err:?}");
+    let message = err.to_string();
+    assert!(
+        message.contains("digest credentials") && message.contains("SASL"),
+        "{message}"
+    );
+    assert!(!message.contains("secret"), "{message}");
 }
 
 /// An election znode whose data is not a token count (an operator's write) is an invalid

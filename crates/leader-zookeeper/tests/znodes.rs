@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use common::unique;
 use leader_core::{LockError, ResourceLock, conformance, request_handover};
+use leader_test_support::zookeeper_ensemble::ZooKeeperEnsemble;
 use leader_zookeeper::ZooKeeperStore;
+use leader_zookeeper::zookeeper_client as zk;
 use tokio::time::{sleep, timeout};
 
 /// The holder's record znode is ephemeral on its session; the session's end (its store
@@ -310,4 +312,198 @@ async fn a_deleted_prefix_is_made_again() {
         .create(&conformance::record("a", 1))
         .await
         .expect("created under the prefix made again");
+}
+
+/// Tokens never repeat: with the count one below `u64::MAX`, an acquisition gets `u64::MAX`,
+/// and the next one is refused (an invalid record, reported) instead of getting it again; an
+/// election whose count is `u64::MAX` is refused its first acquisition too. Nothing is
+/// written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_are_refused_rather_than_repeated_at_the_top() {
+    let Some(store) = common::store().await else {
+        return;
+    };
+    let client = store.client().await.expect("session");
+    let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+    let name = unique("top");
+    let a = store.lock(&name, "a");
+    client
+        .create(a.path(), (u64::MAX - 1).to_string().as_bytes(), &persistent)
+        .await
+        .expect("an election znode near the top");
+    let held = a
+        .create(&conformance::record("a", 1))
+        .await
+        .expect("the last token");
+    assert_eq!(held.record.leader_transitions, u64::MAX);
+    let mut released = held.record.clone();
+    released.holder_identity.clear();
+    let free = a.update(&held.version, &released).await.expect("release");
+    let b = common::store().await.expect("store").lock(&name, "b");
+    let err = b
+        .update(&free.version, &conformance::record("b", 1))
+        .await
+        .expect_err("no token above u64::MAX");
+    assert!(matches!(err, LockError::InvalidRecord { .. }), "{err:?}");
+    assert!(err.to_string().contains("used up"), "{err}");
+    assert_eq!(b.get().await.expect("get"), Some(free), "it wrote");
+
+    let name = unique("top");
+    let c = store.lock(&name, "c");
+    client
+        .create(c.path(), u64::MAX.to_string().as_bytes(), &persistent)
+        .await
+        .expect("an election znode at the top");
+    let err = c
+        .create(&conformance::record("c", 1))
+        .await
+        .expect_err("no token above u64::MAX");
+    assert!(matches!(err, LockError::InvalidRecord { .. }), "{err:?}");
+    assert_eq!(c.get().await.expect("get"), None, "it wrote");
+}
+
+/// An operator deletes an election's znodes (deleteall): a process started after that, which
+/// never saw the old tokens, still gives out a larger one (the count is seeded from the
+/// prefix's pzxid, a zxid at or above the deletion's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_process_counts_on_after_the_election_znode_is_deleted() {
+    let Some(store) = common::store().await else {
+        return;
+    };
+    let name = unique("deleted");
+    let a = store.lock(&name, "a");
+    let mut held = a
+        .create(&conformance::record("a", 1))
+        .await
+        .expect("create");
+    for _ in 0..3 {
+        let mut released = held.record.clone();
+        released.holder_identity.clear();
+        let free = a.update(&held.version, &released).await.expect("release");
+        let mut again = conformance::record("a", free.record.leader_transitions + 1);
+        again.acquire_time = free.record.renew_time;
+        held = a.update(&free.version, &again).await.expect("acquire");
+    }
+    let client = store.client().await.expect("session");
+    client
+        .delete(a.record_path(), None)
+        .await
+        .expect("delete the record");
+    client
+        .delete(a.path(), None)
+        .await
+        .expect("delete the election znode");
+    let fresh = common::store().await.expect("store").lock(&name, "b");
+    let taken = fresh
+        .create(&conformance::record("b", 1))
+        .await
+        .expect("create");
+    assert!(
+        taken.record.leader_transitions > held.record.leader_transitions,
+        "token {} after {}",
+        taken.record.leader_transitions,
+        held.record.leader_transitions
+    );
+}
+
+/// An update from another session of the same identity, with the stored term's token, is no
+/// renewal of that term (its record znode is another session's) and starts none either: a
+/// conflict, as a renewal gets, and the record stays as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_update_of_another_sessions_term_with_its_token_conflicts() {
+    let Some(store) = common::store().await else {
+        return;
+    };
+    let name = unique("update-other");
+    let held = store
+        .lock(&name, "a")
+        .create(&conformance::record("a", 1))
+        .await
+        .expect("create");
+    let elsewhere = common::store().await.expect("store").lock(&name, "a");
+    let mut record = held.record.clone();
+    record.renew_time = record.renewal_time(record.renew_time);
+    record
+        .extensions
+        .insert("note".to_owned(), "elsewhere".to_owned());
+    let updated = elsewhere.update(&held.version, &record).await;
+    assert!(
+        updated.as_ref().is_err_and(LockError::is_conflict),
+        "{updated:?}"
+    );
+    let renewed = elsewhere.renew(&held.version, &record).await;
+    assert!(
+        renewed.as_ref().is_err_and(LockError::is_conflict),
+        "{renewed:?}"
+    );
+    assert_eq!(store.lock(&name, "a").get().await.expect("get"), Some(held));
+}
+
+/// Election znodes are containers: once a holder's session ends and nobody takes its place,
+/// the ensemble deletes the empty election znode (here within a second; a minute by default),
+/// and the next acquisition's token is still larger. A released record (persistent, like a
+/// shard set's roster) keeps its election znode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn empty_election_znodes_are_removed_and_tokens_still_grow() {
+    let Some(ensemble) =
+        ZooKeeperEnsemble::start_with(1, "", &["znode.container.checkIntervalMs=200"])
+    else {
+        return;
+    };
+    let open = || async {
+        ZooKeeperStore::builder(ensemble.connect_string())
+            .build()
+            .await
+            .expect("store")
+    };
+    let store = open().await;
+    let client = store.client().await.expect("session");
+
+    let gone = open().await;
+    let created = gone
+        .lock("member-1", "a")
+        .create(&conformance::record("a", 1))
+        .await
+        .expect("create");
+    let kept = store.lock("roster", "a");
+    let held = kept
+        .create(&conformance::record("a", 1))
+        .await
+        .expect("create");
+    let mut released = held.record.clone();
+    released.holder_identity.clear();
+    kept.update(&held.version, &released)
+        .await
+        .expect("release");
+    // The member's process ends: its session closes, its record znode goes.
+    drop(gone);
+    let path = store.lock("member-1", "x").path().to_owned();
+    let since = tokio::time::Instant::now();
+    while client.check_stat(&path).await.expect("stat").is_some() {
+        assert!(
+            since.elapsed() < Duration::from_secs(10),
+            "the empty election znode stayed"
+        );
+        sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        client
+            .check_stat(kept.path())
+            .await
+            .expect("stat")
+            .is_some(),
+        "a released record's election znode was removed"
+    );
+    let next = open()
+        .await
+        .lock("member-1", "b")
+        .create(&conformance::record("b", 1))
+        .await
+        .expect("create");
+    assert!(
+        next.record.leader_transitions > created.record.leader_transitions,
+        "token {} after {}",
+        next.record.leader_transitions,
+        created.record.leader_transitions
+    );
 }

@@ -115,3 +115,94 @@ impl LockFactory for Factory {
         true
     }
 }
+
+/// A TCP proxy on loopback to one server, which a test closes (every connection dropped, new
+/// ones accepted and closed at once, as by a server that is down) and opens again. Threads of
+/// its own, so that it keeps forwarding whatever the test's runtime does.
+pub struct Proxy {
+    port: u16,
+    state: Arc<ProxyState>,
+}
+
+#[derive(Default)]
+struct ProxyState {
+    closed: std::sync::atomic::AtomicBool,
+    stopped: std::sync::atomic::AtomicBool,
+    connections: std::sync::Mutex<Vec<std::net::TcpStream>>,
+}
+
+impl ProxyState {
+    fn drop_connections(&self) {
+        let mut connections = self.connections.lock().unwrap_or_else(|p| p.into_inner());
+        for stream in connections.drain(..) {
+            let _ = stream.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
+impl Proxy {
+    /// A proxy to `upstream`, open.
+    pub fn start(upstream: std::net::SocketAddr) -> Self {
+        use std::sync::atomic::Ordering::SeqCst;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a proxy port");
+        listener.set_nonblocking(true).expect("nonblocking");
+        let port = listener.local_addr().expect("address").port();
+        let state = Arc::new(ProxyState::default());
+        let shared = Arc::clone(&state);
+        std::thread::spawn(move || {
+            while !shared.stopped.load(SeqCst) {
+                let Ok((inbound, _)) = listener.accept() else {
+                    std::thread::sleep(Duration::from_millis(5));
+                    continue;
+                };
+                if shared.closed.load(SeqCst) {
+                    continue;
+                }
+                let Ok(outbound) = std::net::TcpStream::connect(upstream) else {
+                    continue;
+                };
+                let _ = inbound.set_nonblocking(false);
+                let pipes = [
+                    (inbound.try_clone(), outbound.try_clone()),
+                    (outbound.try_clone(), inbound.try_clone()),
+                ];
+                let mut connections = shared.connections.lock().unwrap_or_else(|p| p.into_inner());
+                connections.extend([inbound, outbound]);
+                drop(connections);
+                for pipe in pipes {
+                    if let (Ok(mut from), Ok(mut to)) = pipe {
+                        std::thread::spawn(move || {
+                            let _ = std::io::copy(&mut from, &mut to);
+                            let _ = to.shutdown(std::net::Shutdown::Both);
+                        });
+                    }
+                }
+            }
+        });
+        Self { port, state }
+    }
+
+    /// The proxy's port on 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Opens (`true`) or closes (`false`) the proxy.
+    pub fn set_open(&self, open: bool) {
+        self.state
+            .closed
+            .store(!open, std::sync::atomic::Ordering::SeqCst);
+        if !open {
+            self.state.drop_connections();
+        }
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.state
+            .stopped
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.state.drop_connections();
+    }
+}

@@ -134,9 +134,13 @@ impl Backend {
                 whole_seconds(settings.advisory_idle()).max(1)
             ),
             Self::Nats => format!("nats://127.0.0.1:{port}/fault"),
+            // A session that takes the lease: it must outlast the lease by the client's
+            // connection timeout (2/5 of a session under 10 s, else 4 s).
             Self::ZooKeeper => format!(
                 "zk://127.0.0.1:{port}?session_timeout={}ms",
-                settings.lease.max(Duration::from_secs(4)).as_millis()
+                (settings.lease * 5 / 3)
+                    .max(settings.lease + Duration::from_secs(4))
+                    .as_millis()
             ),
             Self::Redis => format!("redis://127.0.0.1:{port}"),
             Self::Etcd => format!("etcd://127.0.0.1:{port}"),
