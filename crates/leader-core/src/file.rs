@@ -486,10 +486,11 @@ impl ResourceLock for FileLock {
         self.blocking(move |this| {
             let current = read(&this.dir)?;
             let mut record = desired;
-            record.leader_transitions = current
-                .as_ref()
-                .map_or(1, |c| c.record.leader_transitions + 1)
-                .max(record.leader_transitions);
+            record.leader_transitions = match &current {
+                Some(c) => crate::rules::next_token(&c.record)?,
+                None => 1,
+            }
+            .max(record.leader_transitions);
             // The stored extensions, not the candidate's (only a holder writes them).
             record.extensions = current
                 .as_ref()

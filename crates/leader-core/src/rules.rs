@@ -4,6 +4,7 @@
 
 use tokio::time::Instant;
 
+use crate::error::LockError;
 use crate::record::{LeaderElectionRecord, Observed, Version};
 
 /// What a candidate saw of one record: the follower's clock for the holder's lease (S2) and
@@ -26,6 +27,21 @@ pub(crate) struct Sighting {
     kept_by_store: bool,
     /// The candidate a pending handover request names, and when this candidate first saw it.
     handover: Option<(String, Instant)>,
+}
+
+/// The fencing token of the acquisition that takes over `record` (S5): one more than its
+/// token. A token that cannot grow any more is an error, never a token given out again.
+///
+/// # Errors
+/// [`LockError::InvalidRecord`] for a record whose token is `u64::MAX`.
+pub(crate) fn next_token(record: &LeaderElectionRecord) -> Result<u64, LockError> {
+    record.leader_transitions.checked_add(1).ok_or_else(|| {
+        LockError::invalid_record(
+            "lock",
+            "the record's fencing token is the largest there is: no token above it can be \
+             given out (was it written by hand?)",
+        )
+    })
 }
 
 /// What a new sighting changed.
@@ -155,6 +171,16 @@ mod tests {
             },
             version: Version::new(version),
         }
+    }
+
+    #[test]
+    fn tokens_grow_and_never_repeat_at_the_top() {
+        let mut record = observed("a", "1", None).record;
+        record.leader_transitions = 41;
+        assert_eq!(next_token(&record).ok(), Some(42));
+        record.leader_transitions = u64::MAX;
+        let err = next_token(&record).expect_err("no token above the largest");
+        assert!(matches!(err, LockError::InvalidRecord { .. }), "{err}");
     }
 
     #[tokio::test(start_paused = true)]

@@ -23,7 +23,7 @@ use crate::lock::{Acquisition, ChangeStream, LeaderEvent, ResourceLock};
 use crate::metrics as m;
 use crate::record::{LeaderElectionRecord, Observed, Version};
 use crate::retry::{Backoff, FailureLog, LogLine};
-use crate::rules::{Changes, Sighting};
+use crate::rules::{Changes, Sighting, next_token};
 use crate::status::{self, ElectionError, IdentityConflict, Shared};
 use crate::view::ObservedTerm;
 use crate::work::{StartedFn, TermWork, WorkEnd};

@@ -305,7 +305,7 @@ impl Runner {
             return Ok(Attempt::NotAcquired);
         }
         // S5: every acquisition, also our own again, gets the next fencing token.
-        let desired = self.desired(record.leader_transitions + 1, Some(record));
+        let desired = self.desired(next_token(record)?, Some(record));
         let stored = self
             .request("update", self.lock.update(&current.version, &desired))
             .await?;

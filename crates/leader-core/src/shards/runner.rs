@@ -26,7 +26,7 @@ use crate::lock::{Acquisition, ResourceLock};
 use crate::metrics as m;
 use crate::record::{LeaderElectionRecord, Observed, Version};
 use crate::retry::Backoff;
-use crate::rules::Sighting;
+use crate::rules::{Sighting, next_token};
 use crate::status::IdentityConflict;
 
 mod claims;

@@ -110,7 +110,7 @@ impl Runner {
             return Ok(None);
         }
         // S5: every acquisition gets the next token.
-        let desired = self.desired(record.leader_transitions + 1, Some(record));
+        let desired = self.desired(next_token(record)?, Some(record));
         let stored = self
             .request("update", key, lock.update(&current.version, &desired))
             .await?;
