@@ -245,10 +245,13 @@ async fn the_application_chooses_the_paths() {
     let mut state = elector.subscribe();
     let shutdown = CancellationToken::new();
     tokio::spawn(elector.run(shutdown.clone()));
-    timeout(Duration::from_secs(5), state.wait_for(LeaderState::is_leading))
-        .await
-        .expect("leads in time")
-        .expect("running");
+    timeout(
+        Duration::from_secs(5),
+        state.wait_for(LeaderState::is_leading),
+    )
+    .await
+    .expect("leads in time")
+    .expect("running");
     let http = client();
     assert_eq!(
         get_text(&http, &format!("{url}/healthz")).await,
