@@ -379,7 +379,39 @@ impl ResourceLock for NatsLock {
     /// A KV watch of the key (an ordered consumer on the server), filtered here: it fires when
     /// the holder, its token or a handover request changes, or the record is freed, deleted or
     /// purged, and not for renewals, though every renewal reaches every follower.
+    ///
+    /// While the client is not connected (a server down, a network cut), the stream waits for
+    /// it to connect again, then watches and fires once: a follower that backs off during an
+    /// outage tries again as soon as the client is back, instead of at the end of its back-off
+    /// (which, with the client's own reconnect delay, could cost it a whole back-off more).
     async fn watch(&self) -> Result<Option<ChangeStream>, LockError> {
+        let client = self.store.inner.client.clone();
+        if client.connection_state() == async_nats::connection::State::Connected {
+            return self.watch_now().await.map(Some);
+        }
+        let lock = self.clone();
+        let back = async move {
+            // A check of the client's own state, no request: the client reconnects by itself.
+            while client.connection_state() != async_nats::connection::State::Connected {
+                tokio::time::sleep(RECONNECT_POLL).await;
+            }
+            let woken = futures_util::stream::once(std::future::ready(()));
+            match lock.watch_now().await {
+                Ok(watching) => woken.chain(watching).boxed(),
+                // Woken all the same: the elector subscribes again at its next attempt.
+                Err(_) => woken.boxed(),
+            }
+        };
+        Ok(Some(futures_util::stream::once(back).flatten().boxed()))
+    }
+}
+
+/// How often a change stream opened during an outage looks whether the client is connected.
+const RECONNECT_POLL: std::time::Duration = std::time::Duration::from_millis(50);
+
+impl NatsLock {
+    /// The KV watch of [`watch`](ResourceLock::watch), opened now.
+    async fn watch_now(&self) -> Result<ChangeStream, LockError> {
         // Two requests: the consumer, and a read of the key.
         let opened = self.store.opened().await?;
         let watch = match opened.store.watch(self.key.as_str()).await {
@@ -422,7 +454,7 @@ impl ResourceLock for NatsLock {
                 }
             }
         });
-        Ok(Some(Box::pin(stream)))
+        Ok(Box::pin(stream))
     }
 }
 

@@ -46,3 +46,42 @@ async fn electors_step_down_while_nats_is_down_and_recover_when_it_is_back() {
     follower.stop().await;
     leader.stop().await;
 }
+
+/// A change stream opened while the client is cut off waits for it to connect again, then
+/// fires once: a follower backing off during an outage tries again as soon as the server is
+/// back, not at the end of its back-off (a lease, at the longest) plus the client's reconnect
+/// delay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_change_stream_opened_during_an_outage_fires_when_the_client_is_back() {
+    use futures_util::StreamExt;
+    let Some(mut server) = Server::start(None) else {
+        return;
+    };
+    let store = NatsStore::builder(server.url())
+        .create_bucket(true)
+        .request_timeout(Duration::from_secs(1))
+        .build()
+        .await
+        .expect("store");
+    let lock = store.lock(unique("outage-watch"), "follower");
+    lock.get().await.expect("the bucket");
+    server.kill();
+    // The client notices the lost connection.
+    sleep(Duration::from_millis(500)).await;
+    let mut changes = tokio::time::timeout(Duration::from_secs(1), lock.watch())
+        .await
+        .expect("no request is made while the client is cut off")
+        .expect("a stream, not an error")
+        .expect("NATS has change notifications");
+    let early = tokio::time::timeout(Duration::from_secs(2), changes.next()).await;
+    assert!(early.is_err(), "it fired while the server was down");
+    server.restart();
+    let back = Instant::now();
+    let woken = tokio::time::timeout(Duration::from_secs(10), changes.next())
+        .await
+        .expect("fired once the client was back");
+    assert_eq!(woken, Some(()));
+    // The client's reconnect delay (at most MAX_RECONNECT_DELAY) and the server's start.
+    eprintln!("fired {:?} after the restart", back.elapsed());
+    assert!(back.elapsed() < leader_nats::MAX_RECONNECT_DELAY + Duration::from_secs(5));
+}
