@@ -76,6 +76,18 @@ pub(crate) async fn eval<T: redis::FromRedisValue>(
     let mut result = command("EVALSHA", &script.sha)
         .query_async(&mut connection)
         .await;
+    // A connection found broken (the server was away: restarted, cut off) is made again by
+    // the connection manager, which this request only started: sent once more, it goes on the
+    // new connection, so the first request after an outage is not a failure that costs the
+    // elector a whole back-off. Every script is a compare-and-swap or a read, so a second
+    // send of one whose answer was lost changes nothing twice.
+    if let Err(err) = &result
+        && (err.is_connection_dropped() || err.is_io_error())
+    {
+        result = command("EVALSHA", &script.sha)
+            .query_async(&mut connection)
+            .await;
+    }
     if let Err(err) = &result
         && err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
     {
