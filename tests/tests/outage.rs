@@ -68,8 +68,15 @@ fn check(backend: Backend) {
         report.log_lines,
         report.logged.join("\n")
     );
-    // Back soon: the back-off cap (a lease) plus a jittered retry, with a margin for the load.
-    let within = timings.lease + timings.retry.mul_f64(2.2) + Duration::from_secs(2);
+    // Back soon: the next attempt by the end of the back-off (capped at a lease) and a jittered
+    // retry; where the follower counts the holder's lease itself, a lease from its first read
+    // of a version it had not seen (S2); a margin for the load.
+    let own_clock = if backend.counts_leases_itself() {
+        timings.lease
+    } else {
+        Duration::ZERO
+    };
+    let within = timings.lease + own_clock + timings.retry.mul_f64(2.2) + Duration::from_secs(2);
     let recovery = report
         .recovery
         .unwrap_or_else(|| panic!("{name}: no leader after the store came back"));

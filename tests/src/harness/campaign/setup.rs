@@ -209,6 +209,18 @@ impl Backend {
         }
     }
 
+    /// Whether a follower waits out a holder's lease on its own clock from when it first reads
+    /// the holder's version (S2), rather than the store deciding expiry: then a version first
+    /// read after an outage (the holder renewed once more before it went) runs a whole lease
+    /// from that read.
+    #[must_use]
+    pub fn counts_leases_itself(self) -> bool {
+        matches!(
+            self,
+            Self::Nats | Self::ZooKeeper | Self::Kubernetes | Self::Consul | Self::ObjectStore
+        )
+    }
+
     /// Lower-case name, as in tables.
     #[must_use]
     pub fn name(self) -> &'static str {
