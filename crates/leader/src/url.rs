@@ -47,32 +47,22 @@ pub enum OpenError {
 }
 
 /// A lock URL, parsed by the crate of its backend, before anything connects. The facade only
-/// maps the scheme to that crate ([`BACKENDS`]); each crate owns its grammar.
+/// maps the scheme to that crate ([`BACKENDS`]); each crate owns its grammar, in its `LockUrl`
+/// (such as `leader_postgres::LockUrl`). The table of the [crate documentation](crate), rendered
+/// from [`BACKENDS`], shows every scheme with its backend, feature, crate and an example URL.
 ///
 /// Errors and [`describe`](Self::describe) never show a password or token, whatever it holds.
 /// Percent-encode `/`, `?`, `#` and `@` in one (`%2F`, `%3F`, `%23`, `%40`), and `@` in a path
 /// or parameter: a URL with an `@` after its first `/`, `?` or `#` is refused, as a parser would
 /// read a part of the password as the host.
-///
-/// | URL | lock |
-/// |---|---|
-/// | `file:///run/myapp/leader` | [`FileLock`](leader_core::FileLock) on that directory |
-/// | `postgres://user:pass@host/db?table=T&schema=S&advisory=true&idle_session_timeout=30s` (or `postgresql://`) | the Postgres table lock, or the advisory lock ([`leader_postgres::LockUrl`]) |
-/// | `mysql://user:pass@host:3306/db?table=T&lock=named` (or `mariadb://`) | the MySQL / MariaDB table lock, or with `lock=named` the `GET_LOCK` lock ([`leader_mysql::LockUrl`]) |
-/// | `nats://user:pass@host:4222/BUCKET?server=host2:4222&creds=FILE` | the NATS JetStream key-value lock ([`leader_nats::LockUrl`]) |
-/// | `zk://user:pass@host1:2181,host2:2181/CHROOT?prefix=/leader&session_timeout=30s` (or `zookeeper://`) | the ZooKeeper lock ([`leader_zookeeper::LockUrl`]) |
-/// | `redis://host:6379/0?prefix=P` (or `rediss://`) | the Redis lock ([`leader_redis::LockUrl`]) |
-/// | `etcd://user:pass@host1:2379,host2:2379/?prefix=P` (or `etcds://`) | the etcd lock ([`leader_etcd::LockUrl`]) |
-/// | `consul://HOST:8500/PREFIX?dc=DC` (or `consuls://` for TLS) | the Consul lock; the ACL token from `CONSUL_HTTP_TOKEN` ([`leader_consul::LockUrl`]) |
-/// | `s3://BUCKET/PREFIX/`, `gs://BUCKET/PREFIX/`, `az://CONTAINER/PREFIX/` | the object storage lock; credentials, region and endpoint from the environment as `object_store` reads them ([`leader_object_store::LockUrl`]) |
-/// | `kubernetes://NAMESPACE?binary_version=V&emulation_version=E` | a Lease in that namespace (in-cluster or kubeconfig); with `binary_version`, a candidate in coordinated leader election ([`leader_kube::LockUrl`]) |
 #[derive(Debug)]
 pub struct LockUrl {
     target: Box<dyn LockTarget>,
 }
 
-/// A backend the facade knows: its schemes, its name for people, the cargo feature that brings
-/// it, and its crate's parser when this build has it.
+/// A backend the facade knows: its schemes, its name for people, the cargo feature and crate that
+/// bring it, what its lock is and an example URL (the lock-URL table of the READMEs is rendered
+/// from these), and its crate's parser when this build has it.
 #[derive(Debug)]
 pub struct Backend {
     /// The URL schemes it takes.
@@ -81,6 +71,12 @@ pub struct Backend {
     pub name: &'static str,
     /// The feature of this crate (and of `leader-cli`) that brings it; empty when always there.
     pub feature: &'static str,
+    /// The crate that parses and opens its URLs.
+    pub crate_name: &'static str,
+    /// What the lock is and the URL's main parameters, in a line of Markdown.
+    pub description: &'static str,
+    /// A URL of it, as a user would write one.
+    pub example: &'static str,
     parse: Option<Parse>,
 }
 
@@ -93,12 +89,19 @@ pub const BACKENDS: &[Backend] = &[
         schemes: &["file"],
         name: "file",
         feature: "",
+        crate_name: "leader-core",
+        description: "a directory on this host: the processes of one machine, no server",
+        example: "file:///run/myapp/leader",
         parse: Some(file_target),
     },
     Backend {
         schemes: &["postgres", "postgresql"],
         name: "Postgres",
         feature: "postgres",
+        crate_name: "leader-postgres",
+        description: "a row of a Postgres table (`table`, `schema`), or with `advisory=true` the \
+                      advisory lock; other parameters are the driver's (`sslmode`)",
+        example: "postgres://app:secret@db:5432/app?table=leader_election",
         #[cfg(feature = "postgres")]
         parse: Some(leader_postgres::LockUrl::target),
         #[cfg(not(feature = "postgres"))]
@@ -108,6 +111,11 @@ pub const BACKENDS: &[Backend] = &[
         schemes: &["mysql", "mariadb"],
         name: "MySQL",
         feature: "mysql",
+        crate_name: "leader-mysql",
+        description: "a row of a MySQL or MariaDB table (`table`), or with `lock=named` the \
+                      `GET_LOCK` lock; `ssl_ca` for a private CA; other parameters are the \
+                      driver's",
+        example: "mysql://app:secret@db:3306/app?lock=named",
         #[cfg(feature = "mysql")]
         parse: Some(leader_mysql::LockUrl::target),
         #[cfg(not(feature = "mysql"))]
@@ -117,6 +125,10 @@ pub const BACKENDS: &[Backend] = &[
         schemes: &["nats"],
         name: "NATS",
         feature: "nats",
+        crate_name: "leader-nats",
+        description: "a key in the NATS JetStream key-value bucket the path names (default \
+                      `leader`); `server` for each other server, `creds` for a credentials file",
+        example: "nats://app:secret@nats1:4222/leader?server=nats2:4222",
         #[cfg(feature = "nats")]
         parse: Some(leader_nats::LockUrl::target),
         #[cfg(not(feature = "nats"))]
@@ -126,6 +138,11 @@ pub const BACKENDS: &[Backend] = &[
         schemes: &["zk", "zookeeper"],
         name: "ZooKeeper",
         feature: "zookeeper",
+        crate_name: "leader-zookeeper",
+        description: "znodes of a ZooKeeper ensemble, under the chroot (which must exist) and \
+                      `prefix` (default `/leader`); `session_timeout`; a user and password log \
+                      in with `digest`",
+        example: "zk://app:secret@zk1:2181,zk2:2181,zk3:2181/myapp?session_timeout=30s",
         #[cfg(feature = "zookeeper")]
         parse: Some(leader_zookeeper::LockUrl::target),
         #[cfg(not(feature = "zookeeper"))]
@@ -135,6 +152,10 @@ pub const BACKENDS: &[Backend] = &[
         schemes: &["redis", "rediss"],
         name: "Redis",
         feature: "redis",
+        crate_name: "leader-redis",
+        description: "a hash in one Redis (`rediss://`: TLS); `prefix` for its keys; other \
+                      parameters are the driver's",
+        example: "redis://:secret@cache:6379/0?prefix=myapp:",
         #[cfg(feature = "redis")]
         parse: Some(leader_redis::LockUrl::target),
         #[cfg(not(feature = "redis"))]
@@ -144,6 +165,10 @@ pub const BACKENDS: &[Backend] = &[
         schemes: &["etcd", "etcds"],
         name: "etcd",
         feature: "etcd",
+        crate_name: "leader-etcd",
+        description: "a key in etcd v3 (`etcds://`: TLS); name every member; `prefix`, \
+                      `member_timeout`; building it needs `protoc`",
+        example: "etcd://app:secret@etcd1:2379,etcd2:2379,etcd3:2379/?prefix=myapp/",
         #[cfg(feature = "etcd")]
         parse: Some(leader_etcd::LockUrl::target),
         #[cfg(not(feature = "etcd"))]
@@ -153,6 +178,10 @@ pub const BACKENDS: &[Backend] = &[
         schemes: &["consul", "consuls"],
         name: "Consul",
         feature: "consul",
+        crate_name: "leader-consul",
+        description: "a Consul KV key locked by a session, under the path (`consuls://`: TLS, \
+                      port 8501); `dc`; the ACL token from `CONSUL_HTTP_TOKEN`, never in the URL",
+        example: "consul://consul.internal:8500/myapp/?dc=dc1",
         #[cfg(feature = "consul")]
         parse: Some(leader_consul::LockUrl::target),
         #[cfg(not(feature = "consul"))]
@@ -162,6 +191,11 @@ pub const BACKENDS: &[Backend] = &[
         schemes: &["s3", "gs", "az", "azure"],
         name: "object storage",
         feature: "object-store",
+        crate_name: "leader-object-store",
+        description: "one object in S3 (or an S3-compatible store), Cloud Storage or Azure Blob \
+                      Storage, written only with preconditions; credentials, region and \
+                      endpoint from the environment",
+        example: "s3://my-bucket/leader/",
         #[cfg(feature = "object-store")]
         parse: Some(leader_object_store::LockUrl::target),
         #[cfg(not(feature = "object-store"))]
@@ -171,6 +205,11 @@ pub const BACKENDS: &[Backend] = &[
         schemes: &["kubernetes"],
         name: "Kubernetes",
         feature: "kubernetes",
+        crate_name: "leader-kube",
+        description: "a `coordination.k8s.io/v1` Lease named after the election in that \
+                      namespace, with the in-cluster configuration or the kubeconfig; \
+                      `binary_version` for coordinated leader election",
+        example: "kubernetes://myapp",
         #[cfg(feature = "kubernetes")]
         parse: Some(leader_kube::LockUrl::target),
         #[cfg(not(feature = "kubernetes"))]
@@ -292,7 +331,7 @@ pub async fn open_set(
 }
 
 impl LockUrl {
-    /// Parses a lock URL with the crate of its scheme; see the table above.
+    /// Parses a lock URL with the crate of its scheme ([`BACKENDS`]).
     ///
     /// # Errors
     /// A malformed URL, an unknown scheme, a bad parameter, or a backend this build leaves out.
