@@ -25,8 +25,8 @@ pub(crate) struct Sighting {
     since: Instant,
     /// Whether the store said, last it was asked, that it keeps this version's lease alive.
     kept_by_store: bool,
-    /// The candidate a pending handover request names, and when this candidate first saw it.
-    handover: Option<(String, Instant)>,
+    /// The pending handover request this candidate saw, if any.
+    handover: Option<Request>,
 }
 
 /// The fencing token of the acquisition that takes over `record` (S5): one more than its
@@ -42,6 +42,27 @@ pub(crate) fn next_token(record: &LeaderElectionRecord) -> Result<u64, LockError
              given out (was it written by hand?)",
         )
     })
+}
+
+/// A pending handover request as a candidate saw it: whom it names, when the candidate first
+/// saw it, and until when it stands back: a lease from then, the longest lease that any record
+/// carrying the request has shown since (a release that keeps the request writes a short
+/// lease, which must not cut the stand-back short).
+#[derive(Clone, Debug)]
+struct Request {
+    to: String,
+    since: Instant,
+    until: Instant,
+}
+
+impl Request {
+    fn new(to: &str, now: Instant, record: &LeaderElectionRecord) -> Self {
+        Self {
+            to: to.to_owned(),
+            since: now,
+            until: now + record.lease_duration,
+        }
+    }
 }
 
 /// What a new sighting changed.
@@ -60,7 +81,10 @@ impl Sighting {
             version: observed.version.clone(),
             since: now,
             kept_by_store: false,
-            handover: observed.record.handover_to().map(|to| (to.to_owned(), now)),
+            handover: observed
+                .record
+                .handover_to()
+                .map(|to| Request::new(to, now, &observed.record)),
         }
     }
 
@@ -74,13 +98,15 @@ impl Sighting {
             self.kept_by_store = false;
             changes.version = true;
         }
-        match observed.record.handover_to() {
-            Some(to) if self.handover.as_ref().is_some_and(|(seen, _)| seen == to) => {}
-            Some(to) => {
-                self.handover = Some((to.to_owned(), now));
+        match (observed.record.handover_to(), &mut self.handover) {
+            (Some(to), Some(seen)) if seen.to == to => {
+                seen.until = seen.until.max(seen.since + observed.record.lease_duration);
+            }
+            (Some(to), _) => {
+                self.handover = Some(Request::new(to, now, &observed.record));
                 changes.handover = true;
             }
-            None => self.handover = None,
+            (None, _) => self.handover = None,
         }
         changes
     }
@@ -123,8 +149,9 @@ impl Sighting {
         if !record.reserved_for_other_than(me) {
             return None;
         }
-        let (to, since) = self.handover.as_ref()?;
-        (record.handover_to() == Some(to.as_str())).then(|| *since + record.lease_duration)
+        let seen = self.handover.as_ref()?;
+        (record.handover_to() == Some(seen.to.as_str()))
+            .then(|| seen.until.max(seen.since + record.lease_duration))
     }
 
     /// True while `me` stands back at `now` from `record`, which may be newer than the
@@ -268,8 +295,21 @@ mod tests {
             at + Duration::from_secs(60)
         ));
         assert!(seen.see(&other, at).handover);
+        // The holder releases, keeping the request, with a short lease (as client-go's release
+        // writes 1 s): the stand-back still runs a lease of the request from when it was seen.
+        let mut released = observed("", "3", Some("d"));
+        released.record.lease_duration = Duration::from_secs(1);
+        assert!(!seen.see(&released, at + Duration::from_secs(1)).handover);
+        assert_eq!(
+            seen.stand_back_until(&released.record, "c"),
+            Some(at + Duration::from_secs(10))
+        );
         // Not seen at all: stood back from.
         assert!(Sighting::standing_back(None, &other.record, "c", at));
-        assert_eq!(seen.since(), at, "a new version starts the clock");
+        assert_eq!(
+            seen.since(),
+            at + Duration::from_secs(1),
+            "a new version starts the clock"
+        );
     }
 }
