@@ -435,6 +435,56 @@ mod tests {
     }
 
     #[test]
+    fn merge_patches_follow_rfc_7386() {
+        // The examples of RFC 7386's appendix A that a Lease or a Pod can meet.
+        for (target, patch, expected) in [
+            (json!({"a": "b"}), json!({"a": "c"}), json!({"a": "c"})),
+            (
+                json!({"a": "b"}),
+                json!({"b": "c"}),
+                json!({"a": "b", "b": "c"}),
+            ),
+            (json!({"a": "b"}), json!({"a": null}), json!({})),
+            (
+                json!({"a": "b", "b": "c"}),
+                json!({"a": null}),
+                json!({"b": "c"}),
+            ),
+            (json!({"a": ["b"]}), json!({"a": "c"}), json!({"a": "c"})),
+            (json!({"a": "c"}), json!({"a": ["b"]}), json!({"a": ["b"]})),
+            (
+                json!({"a": {"b": "c"}}),
+                json!({"a": {"b": "d", "c": null}}),
+                json!({"a": {"b": "d"}}),
+            ),
+            (
+                json!({"a": [{"b": "c"}]}),
+                json!({"a": [1]}),
+                json!({"a": [1]}),
+            ),
+            (
+                json!({"e": null}),
+                json!({"a": 1}),
+                json!({"e": null, "a": 1}),
+            ),
+            (
+                json!([1, 2]),
+                json!({"a": "b", "c": null}),
+                json!({"a": "b"}),
+            ),
+            (
+                json!({}),
+                json!({"a": {"bb": {"ccc": null}}}),
+                json!({"a": {"bb": {}}}),
+            ),
+        ] {
+            let mut patched = target.clone();
+            merge_patch(&mut patched, &patch);
+            assert_eq!(patched, expected, "{target} + {patch}");
+        }
+    }
+
+    #[test]
     fn strategic_merge_patches_merge_owner_references_by_uid() {
         let mut object = json!({"metadata": {"ownerReferences": [
             {"uid": "1", "name": "a"}, {"uid": "2", "name": "b"}]}});

@@ -30,7 +30,8 @@
 //!   leaves the selection as `DELETED` and one that enters it as `ADDED`, as the watch cache does.
 //! - The core/v1 Events endpoint (POST).
 //! - 403 `Forbidden` for a verb a test denies, as RBAC would; 429/5xx and slow answers on
-//!   request, as a busy API server.
+//!   request, as a busy API server; a Pod PATCH held back until the test lets it through; a
+//!   validating admission policy on Pod updates that a test installs.
 //!
 //! It runs inside a test ([`KubeApiServer::start`]) or as a process (the `kube-api-server`
 //! binary), and with a state file it keeps its objects and revision across a restart, as the
@@ -85,6 +86,66 @@ struct Behaviour {
     lease_candidates: bool,
     /// Annotations removed from every Lease written, as a mutating admission webhook might.
     stripped_annotations: Vec<String>,
+    /// The next Pod PATCH to hold until the test releases it.
+    held_pod_write: Option<HeldSlot>,
+    /// A validating admission policy every Pod update goes through.
+    pod_admission: Option<PodAdmission>,
+}
+
+/// What a [`PodAdmission`] check is given: the Pod as stored, the Pod as the update would
+/// store it, and the bearer token the request came with (empty without one).
+pub type PodAdmissionCheck = dyn Fn(&Value, &Value, &str) -> Result<(), String> + Send + Sync;
+
+/// A validating admission policy on Pod updates ([`KubeApiServer::admit_pod_updates`]).
+#[derive(Clone)]
+struct PodAdmission {
+    name: String,
+    check: Arc<PodAdmissionCheck>,
+}
+
+impl std::fmt::Debug for PodAdmission {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PodAdmission")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The server's side of a [`HeldWrite`].
+#[derive(Debug)]
+struct HeldSlot {
+    arrived: tokio::sync::oneshot::Sender<()>,
+    release: tokio::sync::oneshot::Receiver<()>,
+    answered: tokio::sync::oneshot::Sender<u16>,
+}
+
+/// A Pod PATCH that the server holds, as a request delayed on its way (or sent by a process
+/// frozen and resumed) would be: it is applied only once [`released`](Self::release) (or the
+/// handle dropped), to the Pod as stored then, and whether or not its client still waits.
+#[derive(Debug)]
+pub struct HeldWrite {
+    arrived: tokio::sync::oneshot::Receiver<()>,
+    release: tokio::sync::oneshot::Sender<()>,
+    answered: tokio::sync::oneshot::Receiver<u16>,
+}
+
+impl HeldWrite {
+    /// Completes once the server holds a PATCH.
+    ///
+    /// # Panics
+    /// If the server is gone.
+    pub async fn arrived(&mut self) {
+        (&mut self.arrived).await.expect("the server holds a write");
+    }
+
+    /// Lets the held PATCH through; returns the status code the server answered it with.
+    ///
+    /// # Panics
+    /// If the server is gone.
+    pub async fn release(self) -> u16 {
+        let _ = self.release.send(());
+        self.answered.await.expect("the held write answered")
+    }
 }
 
 impl Default for Behaviour {
@@ -103,6 +164,8 @@ impl Default for Behaviour {
             coordinated_leader_election: false,
             lease_candidates: false,
             stripped_annotations: Vec::new(),
+            held_pod_write: None,
+            pod_admission: None,
         }
     }
 }
@@ -427,5 +490,65 @@ impl KubeApiServer {
     /// Makes every Pod write (PATCH, PUT) answer after `delay`, as a busy API server would.
     pub fn delay_pod_writes(&self, delay: Duration) {
         self.shared.behaviour().pod_write_delay = delay;
+    }
+
+    /// Runs `check` on every update of a Pod (PATCH, PUT) that passed the Pod strategy and
+    /// validation, as the ValidatingAdmissionPolicy `name` with a binding of the same name and
+    /// `validationActions: [Deny]` would (`staging/src/k8s.io/apiserver/pkg/admission/plugin/
+    /// policy/validating/dispatcher.go`): an `Err(message)` is 422 `Invalid`, "pods \"NAME\" is
+    /// forbidden: ValidatingAdmissionPolicy 'name' with binding 'name' denied request:
+    /// message", and nothing is stored. The check decides who the request is from by its bearer
+    /// token, as the API server's authenticator does.
+    pub fn admit_pod_updates(
+        &self,
+        name: &str,
+        check: impl Fn(&Value, &Value, &str) -> Result<(), String> + Send + Sync + 'static,
+    ) {
+        self.shared.behaviour().pod_admission = Some(PodAdmission {
+            name: name.to_owned(),
+            check: Arc::new(check),
+        });
+    }
+
+    /// The refusal of the Pod admission policy, if one is installed and refuses the update of
+    /// `old` into `new`.
+    fn pod_admission_refuses(
+        &self,
+        name: &str,
+        old: &Value,
+        new: &Value,
+        headers: &axum::http::HeaderMap,
+    ) -> Option<String> {
+        let admission = self.shared.behaviour().pod_admission.clone()?;
+        let token = headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or_default();
+        (admission.check)(old, new, token).err().map(|message| {
+            format!(
+                "pods \"{name}\" is forbidden: ValidatingAdmissionPolicy '{policy}' with binding '{policy}' denied request: {message}",
+                policy = admission.name
+            )
+        })
+    }
+
+    /// Holds the next PATCH of a Pod until the returned handle releases it, while every other
+    /// request goes on: a write that lands late, after writes sent later.
+    #[must_use = "the held write waits until the handle releases it"]
+    pub fn hold_next_pod_write(&self) -> HeldWrite {
+        let (arrived_tx, arrived) = tokio::sync::oneshot::channel();
+        let (release, release_rx) = tokio::sync::oneshot::channel();
+        let (answered_tx, answered) = tokio::sync::oneshot::channel();
+        self.shared.behaviour().held_pod_write = Some(HeldSlot {
+            arrived: arrived_tx,
+            release: release_rx,
+            answered: answered_tx,
+        });
+        HeldWrite {
+            arrived,
+            release,
+            answered,
+        }
     }
 }

@@ -15,10 +15,14 @@
 //!   `ValidatePodUpdate`, with `ValidateObjectMeta` and `ValidateLabels` from
 //!   `staging/src/k8s.io/apimachinery/pkg/apis/meta/v1/validation/validation.go`), 422
 //!   `Invalid`: the name is a DNS subdomain; each label key a qualified name and each value a
-//!   label value (at most 63 characters); a create needs `spec.containers`; an update may not
-//!   change the spec (the real server lets a few fields change: container images,
-//!   `activeDeadlineSeconds`, added tolerations; label writers change none).
-//! - Decoding: labels that are not strings are 400, as the JSON decoder refuses them.
+//!   label value (at most 63 characters); each annotation key a qualified name once lower-cased
+//!   (`ValidateAnnotations` in `staging/src/k8s.io/apimachinery/pkg/api/validation/
+//!   objectmeta.go`; its 256 KiB limit on all annotations together is not kept); a create
+//!   needs `spec.containers`; an update may not change the spec (the real server lets a few
+//!   fields change: container images, `activeDeadlineSeconds`, added tolerations; label
+//!   writers change none).
+//! - Decoding: labels or annotations that are not strings are 400, as the JSON decoder refuses
+//!   them.
 //!
 //! Not served: the `status`, `binding`, `eviction`, `exec` and other subresources, and graceful
 //! deletion (a DELETE removes the Pod at once, as for a Pod never scheduled).
@@ -29,22 +33,28 @@ use super::validation::{
     LABEL_VALUE, QUALIFIED_NAME, Refusal, is_dns_subdomain, is_label_value, is_qualified_name,
 };
 
-/// Decodes a Pod's metadata: labels must be a map of strings.
+/// Decodes a Pod's metadata: labels and annotations must be maps of strings.
 pub(crate) fn decode(object: &mut Value) -> Result<(), Refusal> {
-    match &object["metadata"]["labels"] {
-        Value::Null => Ok(()),
-        Value::Object(labels) => match labels.iter().find(|(_, v)| !v.is_string()) {
-            None => Ok(()),
-            Some((key, value)) => Err(Refusal::BadRequest(format!(
-                "Pod in version \"v1\" cannot be handled as a Pod: json: cannot unmarshal {} into Go struct field ObjectMeta.metadata.labels of type string (label {key:?})",
-                json_type(value)
-            ))),
-        },
-        other => Err(Refusal::BadRequest(format!(
-            "Pod in version \"v1\" cannot be handled as a Pod: json: cannot unmarshal {} into Go struct field ObjectMeta.metadata.labels of type map[string]string",
-            json_type(other)
-        ))),
+    for map in ["labels", "annotations"] {
+        match &object["metadata"][map] {
+            Value::Null => {}
+            Value::Object(entries) => {
+                if let Some((key, value)) = entries.iter().find(|(_, v)| !v.is_string()) {
+                    return Err(Refusal::BadRequest(format!(
+                        "Pod in version \"v1\" cannot be handled as a Pod: json: cannot unmarshal {} into Go struct field ObjectMeta.metadata.{map} of type string (key {key:?})",
+                        json_type(value)
+                    )));
+                }
+            }
+            other => {
+                return Err(Refusal::BadRequest(format!(
+                    "Pod in version \"v1\" cannot be handled as a Pod: json: cannot unmarshal {} into Go struct field ObjectMeta.metadata.{map} of type map[string]string",
+                    json_type(other)
+                )));
+            }
+        }
     }
+    Ok(())
 }
 
 fn json_type(value: &Value) -> &'static str {
@@ -77,6 +87,15 @@ pub(crate) fn admit(object: &mut Value, name: &str, old: Option<&Value>) -> Vec<
             if !is_label_value(value) {
                 errors.push(format!(
                     "metadata.labels: Invalid value: {value:?}: {LABEL_VALUE}"
+                ));
+            }
+        }
+    }
+    if let Some(annotations) = object["metadata"]["annotations"].as_object() {
+        for key in annotations.keys() {
+            if !is_qualified_name(&key.to_lowercase()) {
+                errors.push(format!(
+                    "metadata.annotations: Invalid value: {key:?}: {QUALIFIED_NAME}"
                 ));
             }
         }

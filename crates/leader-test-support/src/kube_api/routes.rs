@@ -474,7 +474,24 @@ async fn replace(
         &manager_of(&query, &headers),
         resource.api_version(),
     );
+    if let Some(current) = current.as_ref().filter(|_| resource == Resource::Pod)
+        && let Some(message) = api.pod_admission_refuses(&name, current, &object, &headers)
+    {
+        return policy_refused(resource, &name, &message);
+    }
     stored(&api, &mut objects, &key, object, current.is_some())
+}
+
+/// 422 `Invalid` with `message`, the cause a ValidatingAdmissionPolicy's denial carries.
+fn policy_refused(resource: Resource, name: &str, message: &str) -> Response {
+    status(
+        resource,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "Invalid",
+        message,
+        name,
+        json!({"causes": [{"message": message}]}),
+    )
 }
 
 /// DELETE (`staging/src/k8s.io/apiserver/pkg/registry/generic/registry/store.go` `Delete`): 404

@@ -4,18 +4,24 @@
 use super::*;
 
 /// RFC 7386 JSON merge patch: objects merge key by key, `null` removes, anything else replaces.
+/// An object patched onto what is not one (a map the object lacks) patches an empty object, so
+/// a `null` in it removes nothing and is not stored.
 pub(crate) fn merge_patch(target: &mut Value, patch: &Value) {
-    match (target, patch) {
-        (Value::Object(target), Value::Object(patch)) => {
-            for (key, value) in patch {
-                if value.is_null() {
-                    target.remove(key);
-                } else {
-                    merge_patch(target.entry(key.clone()).or_insert(Value::Null), value);
-                }
+    let Value::Object(patch) = patch else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = Value::Object(serde_json::Map::new());
+    }
+    if let Value::Object(target) = target {
+        for (key, value) in patch {
+            if value.is_null() {
+                target.remove(key);
+            } else {
+                merge_patch(target.entry(key.clone()).or_insert(Value::Null), value);
             }
         }
-        (target, patch) => *target = patch.clone(),
     }
 }
 

@@ -11,8 +11,12 @@ use super::*;
 /// needs `fieldManager`, creates a missing Lease, conflicts on fields other managers own unless
 /// `force=true`; a JSON body, which is YAML too). Only apply creates: the other forms answer 404
 /// for a missing object (`createNewObject`). A `resourceVersion` in the patched object other
-/// than the stored one is a precondition that fails (409), as the registry's update checks it.
+/// than the stored one is a precondition that fails (409): the patch is applied to the stored
+/// object, and `staging/src/k8s.io/apiserver/pkg/registry/generic/registry/store.go` `Update`
+/// answers `NewConflict` when the result's version is not the stored one.
 /// The result is decoded and admitted as an update is. Field ownership follows [`fields`].
+/// A Pod PATCH that a test holds ([`KubeApiServer::hold_next_pod_write`]) waits before all of
+/// this, and is then done whether or not its client still waits for the answer.
 pub(super) async fn patch(
     State(api): State<KubeApiServer>,
     Extension(group): Extension<Group>,
@@ -21,6 +25,61 @@ pub(super) async fn patch(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    let request = Request {
+        api,
+        group,
+        version,
+        ns,
+        plural,
+        name,
+        query,
+        headers,
+        body,
+    };
+    let held = (request.plural == "pods")
+        .then(|| request.api.shared.behaviour().held_pod_write.take())
+        .flatten();
+    let Some(held) = held else {
+        return apply(request).await;
+    };
+    // Its own task: a request the server has received goes on when its client goes away.
+    let task = tokio::spawn(async move {
+        let _ = held.arrived.send(());
+        let _ = held.release.await;
+        let response = apply(request).await;
+        let _ = held.answered.send(response.status().as_u16());
+        response
+    });
+    task.await
+        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}
+
+/// A PATCH as received.
+struct Request {
+    api: KubeApiServer,
+    group: Group,
+    version: String,
+    ns: String,
+    plural: String,
+    name: String,
+    query: WriteQuery,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+/// The PATCH itself, once the request is let through.
+async fn apply(request: Request) -> Response {
+    let Request {
+        api,
+        group,
+        version,
+        ns,
+        plural,
+        name,
+        query,
+        headers,
+        body,
+    } = request;
     let resource = match resource_of(&api, group, &version, &plural) {
         Ok(resource) => resource,
         Err(response) => return *response,
@@ -155,6 +214,11 @@ pub(super) async fn patch(
         )
     }) {
         return refused(resource, &name, refusal);
+    }
+    if let Some(current) = current.as_ref().filter(|_| resource == Resource::Pod)
+        && let Some(message) = api.pod_admission_refuses(&name, current, &object, &headers)
+    {
+        return policy_refused(resource, &name, &message);
     }
     stored(&api, &mut objects, &key, object, current.is_some())
 }
