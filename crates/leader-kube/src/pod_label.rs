@@ -6,15 +6,17 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, ListParams, Patch, PatchParams, WatchEvent, WatchParams};
+use kube::api::Api;
 use leader_core::{Leadership, LockError};
-use serde_json::json;
 
 use crate::error::BACKEND;
 use crate::lock::client_with_timeouts;
 use crate::names;
+
+mod term;
+
+use term::{Alone, Term, Watched};
 
 /// The label key [`PodLabel`] writes unless told otherwise; its value is the election's name.
 pub const POD_LABEL: &str = "leader-rs.io/leader";
@@ -31,6 +33,12 @@ const WATCH_TIMEOUT: Duration = Duration::from_secs(290);
 /// stays ready (so rolling updates go on; see the `leader` command's README for the
 /// trade-off against readiness that follows leadership).
 ///
+/// Each label carries its term: the annotation of the label's key (`leader-rs.io/leader:
+/// "7"`) holds the fencing token of the term that wrote it. Each write is a merge patch
+/// conditional on the Pod's `resourceVersion` as read (the API server answers 409 once the
+/// Pod changed), and goes out only while the term's renew deadline has not passed (checked
+/// after each read and before each write).
+///
 /// [`hold`](Self::hold) runs for one term, as a task
 /// [`beside_work`](leader_core::LeaderElectorBuilder::beside_work): it does not keep the term,
 /// so the term still ends when the work returns (as an `on_started_leading` callback it would
@@ -38,20 +46,37 @@ const WATCH_TIMEOUT: Duration = Duration::from_secs(290);
 ///
 /// 1. Once leadership is acquired, it removes the label from every other Pod of the namespace
 ///    that still carries it (a leader that crashed, or whose removal failed, left it), then
-///    labels its own Pod. Only after every other Pod is clear: never two labelled Pods by its
-///    writes. A request that fails is tried again, backing off from the retry period, while
-///    the term lasts; the term itself never waits for the label.
-/// 2. For the rest of the term it watches the Pods that carry the label: one that gains it
-///    (an earlier leader's write that lands late: a request delayed, a process frozen and
-///    resumed) is cleared as soon as the watch reports it, and its own Pod labelled again if
-///    someone removed the label. A watch that ends is followed by a list and a new watch.
-/// 3. When the term ends, it removes the label from its own Pod before the term's work counts
-///    as stopped: the elector releases the lease only after that (S6), so the next leader,
-///    which labels its Pod only after it acquired the lease, finds this Pod clear. A removal
-///    that fails or does not answer within the removal timeout (default 1 s, kept below the
-///    elector's stop grace) is abandoned: the release waits that long at most, the end of the
-///    term (the work's cancellation) not at all, and the next leader removes the label before
-///    it labels its own Pod.
+///    labels its own Pod with its term. A label whose term is not earlier than this one, read
+///    while this term is still renewed, is not a later term's (a later term begins only after
+///    this term's renew deadline, S2 and S3): fencing tokens that restarted (a Lease deleted
+///    while no candidate saw it) or another election with the same label; it is removed too,
+///    so that it never keeps the leader's Pod unlabelled. A label without a term (an earlier
+///    release's, or one set by hand) counts as an ended term's. A request that fails is tried
+///    again, backing off from the retry period, while the term lasts; the term itself never
+///    waits for the label.
+/// 2. For the rest of the term it watches the Pods that carry the label: one that gains it (an
+///    earlier leader's write applied late: a request delayed, a process frozen and resumed) is
+///    cleared as soon as the watch reports it, and its own Pod labelled again if someone
+///    removed the label. A watch that ends is followed by a list and a new watch.
+/// 3. When the term ends, it removes the label from its own Pod (unless a later term wrote it)
+///    before the term's work counts as stopped: the elector releases the lease only after that
+///    (S6), so the next leader, which labels its Pod only after it acquired the lease, finds
+///    this Pod clear. A removal that fails or does not answer within the removal timeout
+///    (default 1 s, kept below the elector's stop grace) is abandoned: the release waits that
+///    long at most, the end of the term (the work's cancellation) not at all, and the next
+///    leader removes the label before it labels its own Pod.
+///
+/// A leader whose term ended without its knowing (its process, or the runtime running its
+/// elector, frozen past the renew deadline and resumed) writes nothing more but the removal of
+/// its own Pod's label at the term's end: it finds the deadline passed before its next write. A
+/// request sent before the deadline that reaches the API server after the next term began can
+/// still land: a removal then fails (409) if the Pod was labelled since, so no late write
+/// removes the current term's label; a label of its own Pod lands beside the current
+/// leader's. So, through the election's writes, at most one Pod carries the label, except after
+/// a label write that a leader sent before its term's renew deadline and that the API server
+/// applied once the next term had begun: then two Pods carry it until the current leader's
+/// watch (or its next list) reports the late one and removes it. Between terms the Service may
+/// have no endpoint.
 ///
 /// The label is routing, not fencing: endpoints follow it after the EndpointSlice controller
 /// and the proxies catch up, so for a moment after a change (and for a late write, until the
@@ -200,11 +225,12 @@ impl PodLabel {
         format!("{}={}", self.key, self.value)
     }
 
-    /// Holds the label for the term of `leadership`: clears other Pods, labels this one, and
-    /// removes the label when the term ends (see the type's documentation). Returns once the
-    /// term has ended and the removal is done or abandoned; it never fails, and says what went
-    /// wrong in `tracing` warnings.
+    /// Holds the label for the term of `leadership`: clears the labels of ended terms from
+    /// other Pods, labels this one, and removes the label when the term ends (see the type's
+    /// documentation). Returns once the term has ended and the removal is done or abandoned; it
+    /// never fails, and says what went wrong in `tracing` warnings.
     pub async fn hold(&self, leadership: Leadership) {
+        let term = Term::new(self, &leadership);
         let token = leadership.fencing_token();
         let mut sent = false;
         // Zero once the Pod is labelled (and said so); the back-off after a failure otherwise.
@@ -213,8 +239,8 @@ impl PodLabel {
             .run(async {
                 loop {
                     let watched = Instant::now();
-                    match self.alone(&mut sent).await {
-                        Ok(version) => {
+                    let over = match term.alone(&mut sent).await {
+                        Ok(Alone::Labelled(version)) => {
                             if wait != Duration::ZERO {
                                 tracing::info!(
                                     pod = %self.pod,
@@ -224,21 +250,33 @@ impl PodLabel {
                                 );
                                 wait = Duration::ZERO;
                             }
-                            if let Err(err) = self.keep_alone(&version).await {
-                                tracing::debug!(error = %err, "the watch of labelled Pods ended");
-                            }
-                            // A watch that ends at once (a server that refuses it) is not
-                            // opened again at once.
-                            if watched.elapsed() < self.retry {
-                                tokio::time::sleep(jittered(self.retry)).await;
+                            match term.keep_alone(&version).await {
+                                Ok(Watched::Again) => false,
+                                Ok(Watched::Over) => true,
+                                Err(err) => {
+                                    tracing::debug!(error = %err, "the watch of labelled Pods ended");
+                                    false
+                                }
                             }
                         }
+                        Ok(Alone::Over) => true,
+                        // A Pod changed between its read and the write: read again.
+                        Err((_, err)) if err.is_conflict() => false,
                         Err((what, err)) => {
                             wait = wait.max(self.retry);
                             self.warn(what, &err, wait);
                             tokio::time::sleep(jittered(wait)).await;
                             wait = (wait * 2).min(self.retry * 8);
+                            continue;
                         }
+                    };
+                    if over {
+                        term.stand_aside().await;
+                    }
+                    // A watch that ends at once (a server that refuses it) is not opened
+                    // again at once, nor is a write that conflicts tried again at once.
+                    if watched.elapsed() < self.retry {
+                        tokio::time::sleep(jittered(self.retry)).await;
                     }
                 }
             })
@@ -247,12 +285,16 @@ impl PodLabel {
         if !sent {
             return;
         }
-        match tokio::time::timeout(self.removal_timeout, self.write(None)).await {
-            Ok(Ok(())) => tracing::info!(
+        match tokio::time::timeout(self.removal_timeout, term.clear_own()).await {
+            Ok(Ok(true)) => tracing::info!(
                 pod = %self.pod,
                 label = %self.selector(),
                 fencing_token = token,
                 "removed the leader's label from this Pod"
+            ),
+            Ok(Ok(false)) => tracing::debug!(
+                pod = %self.pod,
+                "this Pod no longer carried this term's label"
             ),
             Ok(Err(err)) => tracing::warn!(
                 pod = %self.pod,
@@ -277,93 +319,6 @@ impl PodLabel {
             ?retry_in,
             "could not {what} the leader's Pod label; this Pod is not labelled yet"
         );
-    }
-
-    /// Removes the label from every other Pod that carries it, then labels this Pod if it
-    /// does not carry it (`sent` once a label write went out). Returns the resourceVersion
-    /// of the list, from which a watch goes on; or what failed.
-    async fn alone(&self, sent: &mut bool) -> Result<String, (&'static str, LockError)> {
-        let selected = self
-            .api
-            .list(&ListParams::default().labels(&self.selector()))
-            .await
-            .map_err(|err| ("clear", self.map("list", err)))?;
-        let mut labelled = false;
-        for pod in selected.items {
-            match pod.metadata.name {
-                Some(name) if name == self.pod => labelled = true,
-                Some(name) => {
-                    tracing::info!(pod = %name, label = %self.selector(), "removing a stale leader's label");
-                    self.patch(&name, None)
-                        .await
-                        .map_err(|err| ("clear", err))?;
-                }
-                None => {}
-            }
-        }
-        if !labelled {
-            *sent = true;
-            self.write(Some(&self.value))
-                .await
-                .map_err(|err| ("label", err))?;
-        }
-        Ok(selected.metadata.resource_version.unwrap_or_default())
-    }
-
-    /// Watches the labelled Pods from `version` until the watch ends: clears the label from
-    /// any other Pod that gains it; returns when this Pod lost it (to label it again).
-    async fn keep_alone(&self, version: &str) -> Result<(), LockError> {
-        let seconds = u32::try_from(WATCH_TIMEOUT.as_secs()).unwrap_or(290);
-        let params = WatchParams::default()
-            .labels(&self.selector())
-            .timeout(seconds);
-        let mut events = self
-            .watch_api
-            .watch(&params, version)
-            .await
-            .map_err(|err| self.map("watch", err))?
-            .boxed();
-        while let Some(event) = events.next().await {
-            match event.map_err(|err| self.map("watch", err))? {
-                WatchEvent::Added(pod) | WatchEvent::Modified(pod) => {
-                    if let Some(name) = pod.metadata.name.filter(|name| *name != self.pod) {
-                        tracing::warn!(
-                            pod = %name,
-                            label = %self.selector(),
-                            "another Pod gained the leader's label during this term (a late write of an earlier leader?); removing it"
-                        );
-                        self.patch(&name, None).await?;
-                    }
-                }
-                WatchEvent::Deleted(pod) if pod.metadata.name.as_deref() == Some(&self.pod) => {
-                    return Ok(());
-                }
-                // 410 Gone and other errors: a list starts over.
-                WatchEvent::Error(_) => return Ok(()),
-                WatchEvent::Deleted(_) | WatchEvent::Bookmark(_) => {}
-            }
-        }
-        Ok(())
-    }
-
-    /// Sets (`Some`) or removes the label on this Pod.
-    async fn write(&self, value: Option<&str>) -> Result<(), LockError> {
-        self.patch(&self.pod, value).await
-    }
-
-    async fn patch(&self, pod: &str, value: Option<&str>) -> Result<(), LockError> {
-        // A merge patch of one label: `null` removes it, and a Pod without it stays as it is.
-        let patch = json!({"metadata": {"labels": {&self.key: value}}});
-        match self
-            .api
-            .patch(pod, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            Ok(_) => Ok(()),
-            // A Pod that is gone carries no label.
-            Err(kube::Error::Api(status)) if status.is_not_found() && value.is_none() => Ok(()),
-            Err(err) => Err(self.map("patch", err)),
-        }
     }
 
     fn map(&self, verb: &str, err: kube::Error) -> LockError {

@@ -1,8 +1,10 @@
 //! The leader's Pod label (`PodLabel`) on the test API server, through a real `kube::Client`:
 //! added once a replica leads, removed on step-down, on handover and on shutdown, moved from a
 //! crashed leader's Pod, never on two Pods at once (every change of the labelled set watched),
-//! and a label write that fails or hangs never holds up the election. First, the Pod API of
-//! the test server that these tests rely on, as kube-apiserver serves it.
+//! a label write that fails or hangs never holds up the election, an old leader that resumes
+//! or a write that lands late never removes the current term's label, and every write passes
+//! the admission policy of `deploy/kubernetes`. First, the Pod API of the test server that
+//! these tests rely on, as kube-apiserver serves it.
 
 mod common;
 
@@ -10,17 +12,21 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::policy::{Policy, client_with_token, token_of};
 use common::{KubeApiServer, client, code, granted};
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use leader_core::background::Candidate;
-use leader_core::{LeaderElector, MemoryStore};
+use leader_core::{CancellationToken, LeaderElector, LeaderState, MemoryStore};
 use leader_kube::{POD_LABEL, PodLabel};
-use serde_json::json;
+use serde_json::{Value, json};
+use tokio::sync::{oneshot, watch};
 use tokio::time::{Instant, sleep, timeout};
 
 const SELECTOR: &str = "leader-rs.io/leader=jobs";
+/// The label of the example's election, the one the admission policy allows.
+const EXAMPLE_SELECTOR: &str = "leader-rs.io/leader=leader-example";
 const RETRY: Duration = Duration::from_millis(100);
 const REMOVAL: Duration = Duration::from_millis(300);
 
@@ -199,6 +205,47 @@ async fn the_test_api_server_writes_pod_labels_as_kube_apiserver_does() {
         );
     }
 
+    // Annotations: a merge patch sets and removes them; a `null` for one the Pod lacks is not
+    // stored (RFC 7386); keys are qualified names (any case), values strings.
+    let patch = json!({"metadata": {"annotations": {"leader-rs.io/leader": null}}});
+    let pod = pods
+        .patch("web-2", &params, &Patch::Merge(&patch))
+        .await
+        .expect("nothing to remove");
+    assert!(
+        pod.metadata.annotations.unwrap_or_default().is_empty(),
+        "no annotation stored"
+    );
+    let patch =
+        json!({"metadata": {"annotations": {"leader-rs.io/leader": "7", "Example.com/X": "y"}}});
+    let pod = pods
+        .patch("web-2", &params, &Patch::Merge(&patch))
+        .await
+        .expect("annotations");
+    assert_eq!(
+        pod.metadata.annotations.unwrap_or_default()["leader-rs.io/leader"],
+        "7"
+    );
+    for (patch, expected_code) in [
+        (json!({"metadata": {"annotations": {"bad key": "v"}}}), 422),
+        (json!({"metadata": {"annotations": {"a/b/c": "v"}}}), 422),
+        (json!({"metadata": {"annotations": {"n": 7}}}), 400),
+        (json!({"metadata": {"annotations": "v"}}), 400),
+    ] {
+        let err = pods
+            .patch("web-2", &params, &Patch::Merge(&patch))
+            .await
+            .expect_err("refused");
+        assert_eq!(code(err), expected_code, "{patch}");
+    }
+    // A list by name (a field selector), as a client with `list` but not `get` reads one Pod.
+    let by_name = pods
+        .list(&ListParams::default().fields("metadata.name=web-2"))
+        .await
+        .expect("list");
+    assert_eq!(by_name.items.len(), 1);
+    assert_eq!(by_name.items[0].metadata.name.as_deref(), Some("web-2"));
+
     // Lists and watches by label selector.
     let selected = |selector: &str| {
         let pods = pods.clone();
@@ -249,16 +296,94 @@ async fn the_test_api_server_writes_pod_labels_as_kube_apiserver_does() {
     }
 }
 
+/// What tests make the server do beyond kube-apiserver's contract: a Pod write held back and
+/// applied late, to the Pod as stored then (a precondition that no longer holds is 409); a
+/// validating admission policy refusing a Pod update with the API server's status.
+#[tokio::test]
+async fn the_test_api_server_holds_pod_writes_and_runs_an_admission_policy() {
+    let api = KubeApiServer::start().await;
+    api.put_pod("default", "web-1", &[("app", "web")]);
+    let pods = pods(&api);
+    let read = pods.get("web-1").await.expect("get");
+    let version = read.metadata.resource_version.clone().expect("a version");
+    let mut held = api.hold_next_pod_write();
+    let late = {
+        let pods = pods.clone();
+        let patch = json!({"metadata": {"resourceVersion": version, "labels": {"late": "yes"}}});
+        tokio::spawn(async move {
+            pods.patch("web-1", &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+        })
+    };
+    timeout(Duration::from_secs(5), held.arrived())
+        .await
+        .expect("held");
+    // The client gives up; the server still has the request.
+    late.abort();
+    let patch = json!({"metadata": {"labels": {"early": "yes"}}});
+    pods.patch("web-1", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("a later write goes through");
+    assert_eq!(held.release().await, 409, "the held write's precondition");
+    let pod = pods.get("web-1").await.expect("get");
+    assert!(!labels(&pod).contains(&("late".into(), "yes".into())));
+    // Without a precondition the held write lands, late.
+    let mut held = api.hold_next_pod_write();
+    let late = {
+        let pods = pods.clone();
+        tokio::spawn(async move {
+            let patch = json!({"metadata": {"labels": {"late": "yes"}}});
+            pods.patch("web-1", &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+        })
+    };
+    held.arrived().await;
+    assert_eq!(held.release().await, 200);
+    late.await.expect("joined").expect("answered");
+
+    api.admit_pod_updates("no-late", |_old, new, token| {
+        if new["metadata"]["labels"]["late"] == "again" && token != "admin" {
+            Err(format!("not by {token:?}"))
+        } else {
+            Ok(())
+        }
+    });
+    let patch = json!({"metadata": {"labels": {"late": "again"}}});
+    let err = pods
+        .patch("web-1", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect_err("refused");
+    match err {
+        kube::Error::Api(status) => {
+            assert_eq!((status.code, status.reason.as_str()), (422, "Invalid"));
+            assert_eq!(
+                status.message,
+                "pods \"web-1\" is forbidden: ValidatingAdmissionPolicy 'no-late' with binding 'no-late' denied request: not by \"\""
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    let admin: Api<Pod> = Api::namespaced(client_with_token(&api, "admin"), "default");
+    admin
+        .patch("web-1", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("the policy tells requests apart by their bearer token");
+}
+
 /// Every change of the set of labelled Pods, as a label-selector watch sees them in order.
 #[derive(Clone, Default)]
 struct Labelled(Arc<Mutex<Vec<BTreeSet<String>>>>);
 
 impl Labelled {
     async fn watch(api: &KubeApiServer) -> Self {
+        Self::watch_selected(api, SELECTOR).await
+    }
+
+    async fn watch_selected(api: &KubeApiServer, selector: &str) -> Self {
         let labelled = Self::default();
         let history = labelled.clone();
         let mut events = pods(api)
-            .watch(&WatchParams::default().labels(SELECTOR), "0")
+            .watch(&WatchParams::default().labels(selector), "0")
             .await
             .expect("watch")
             .boxed();
@@ -301,6 +426,21 @@ impl Labelled {
         .unwrap_or_else(|_| panic!("{pod} labelled: {:?}", self.history()));
     }
 
+    /// Asserts that once exactly `pod` was labelled, nothing else ever was: the label never
+    /// left it and no other Pod gained it.
+    fn stayed_on(&self, pod: &str) {
+        let expected = BTreeSet::from([pod.to_owned()]);
+        let history = self.history();
+        let from = history
+            .iter()
+            .position(|set| *set == expected)
+            .unwrap_or_else(|| panic!("{pod} never labelled alone: {history:?}"));
+        assert!(
+            history[from..].iter().all(|set| *set == expected),
+            "the label left {pod}, or another Pod gained it: {history:?}"
+        );
+    }
+
     fn never_two(&self) {
         let history = self.history();
         assert!(
@@ -331,11 +471,23 @@ struct Replica {
 }
 
 fn replica(api: &KubeApiServer, store: &MemoryStore, pod: &str) -> Replica {
+    replica_of(api, store, pod, "jobs", &token_of(pod))
+}
+
+/// A replica in the election `election`, whose requests carry the bearer token `token`.
+fn replica_of(
+    api: &KubeApiServer,
+    store: &MemoryStore,
+    pod: &str,
+    election: &str,
+    token: &str,
+) -> Replica {
     api.put_pod("default", pod, &[("app", "jobs")]);
-    let label = PodLabel::new(client(api), "default", pod, "jobs")
+    let label = PodLabel::new(client_with_token(api, token), "default", pod, election)
         .expect("valid names")
         .retry(RETRY)
         .removal_timeout(REMOVAL);
+    let selector = label.selector();
     let at_term_start = Arc::new(Mutex::new(Vec::new()));
     let seen = at_term_start.clone();
     let server = api.clone();
@@ -346,7 +498,7 @@ fn replica(api: &KubeApiServer, store: &MemoryStore, pod: &str) -> Replica {
         .beside_work(move |leadership| {
             seen.lock()
                 .unwrap()
-                .push(server.pods_selected("default", SELECTOR));
+                .push(server.pods_selected("default", &selector));
             let label = label.clone();
             async move { label.hold(leadership).await }
         });
@@ -620,4 +772,297 @@ fn labels_the_api_server_would_refuse_are_refused_when_built() {
             .expect("valid");
         assert_eq!(label.selector(), "example.com/billing-leader=true");
     });
+}
+
+/// An elector on a runtime and a thread of its own, whose label task runs on the test's
+/// runtime: blocking that thread freezes the elector (its term neither renewed nor cancelled,
+/// as in a process stopped and resumed before its term's timer ran, or an elector whose runtime
+/// is stuck) while the label task goes on.
+struct FreezableReplica {
+    state: watch::Receiver<LeaderState>,
+    runtime: tokio::runtime::Handle,
+    shutdown: CancellationToken,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl FreezableReplica {
+    fn start(api: &KubeApiServer, store: &MemoryStore, pod: &str) -> Self {
+        api.put_pod("default", pod, &[("app", "jobs")]);
+        let label = PodLabel::new(client(api), "default", pod, "jobs")
+            .expect("valid names")
+            .retry(RETRY)
+            .removal_timeout(REMOVAL);
+        let lock = store.lock("jobs", pod);
+        let tests = tokio::runtime::Handle::current();
+        let (started, elector) = std::sync::mpsc::channel();
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            runtime.block_on(async move {
+                let builder = LeaderElector::builder(lock)
+                    .lease_duration(RETRY * 20)
+                    .renew_deadline(RETRY * 10)
+                    .retry_period(RETRY)
+                    .beside_work(move |leadership| {
+                        let label = label.clone();
+                        let task = tests.spawn(async move { label.hold(leadership).await });
+                        async move {
+                            let _ = task.await;
+                        }
+                    });
+                let candidate = Candidate::build(builder);
+                let handles = (
+                    candidate.state.clone(),
+                    tokio::runtime::Handle::current(),
+                    candidate.shutdown.clone(),
+                );
+                started.send(handles).expect("the test waits");
+                let _ = candidate.task.await;
+            });
+        });
+        let (state, runtime, shutdown) = elector.recv().expect("started");
+        Self {
+            state,
+            runtime,
+            shutdown,
+            thread,
+        }
+    }
+
+    fn leading_token(&self) -> Option<u64> {
+        self.state
+            .borrow()
+            .leadership()
+            .map(leader_core::Leadership::fencing_token)
+    }
+
+    /// Blocks the elector's thread until the returned sender is dropped.
+    async fn freeze(&self) -> std::sync::mpsc::Sender<()> {
+        let (thaw, frozen) = std::sync::mpsc::channel::<()>();
+        let (blocked, is_blocked) = oneshot::channel();
+        self.runtime.spawn(async move {
+            let _ = blocked.send(());
+            let _ = frozen.recv();
+        });
+        is_blocked.await.expect("frozen");
+        thaw
+    }
+
+    async fn stop(self) {
+        self.shutdown.cancel();
+        tokio::task::spawn_blocking(move || self.thread.join().expect("the elector's thread"))
+            .await
+            .expect("joined");
+    }
+}
+
+/// A leader whose elector is frozen past its term (its renewals stop, its term is not
+/// cancelled) while its label task goes on: the next leader moves the label to its own Pod,
+/// and the old one, which finds its renew deadline passed, writes nothing more (one that
+/// removed every other Pod's label and labelled its own again would fight the new leader).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_old_leader_that_resumes_never_removes_the_new_leaders_label() {
+    let api = KubeApiServer::start().await;
+    let labelled = Labelled::watch(&api).await;
+    deny_what_the_role_does_not_grant(&api);
+    let store = MemoryStore::new();
+    let old = FreezableReplica::start(&api, &store, "old");
+    timeout(Duration::from_secs(10), async {
+        while old.leading_token().is_none() {
+            sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the first replica leads");
+    labelled.wait_for("old").await;
+    let replicas = vec![("new", replica(&api, &store, "new"))];
+    let thaw = old.freeze().await;
+    let (_, token) = leader_other_than(&replicas, None, Duration::from_secs(10)).await;
+    labelled.wait_for("new").await;
+    assert_eq!(
+        api.pod("default", "new").expect("pod")["metadata"]["annotations"][POD_LABEL],
+        token.to_string(),
+        "the label carries its term"
+    );
+    // The old leader's label task runs all this while, on a term it still believes in.
+    sleep(RETRY * 10).await;
+    assert!(
+        old.leading_token().is_some(),
+        "its term was never cancelled"
+    );
+    drop(thaw);
+    timeout(Duration::from_secs(5), async {
+        while old.leading_token().is_some() {
+            sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the old term ends once its elector runs");
+    sleep(RETRY * 5).await;
+    labelled.stayed_on("new");
+    old.stop().await;
+    for (_, replica) in replicas {
+        replica.candidate.stop().await;
+    }
+}
+
+/// A removal that the end of a term sent and that lands late, after the same Pod's next term
+/// labelled it again, is refused (409: the Pod changed since the removal's read) and the label
+/// stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removal_that_lands_late_never_strips_the_label_written_since() {
+    let api = KubeApiServer::start().await;
+    let labelled = Labelled::watch(&api).await;
+    deny_what_the_role_does_not_grant(&api);
+    let store = MemoryStore::new();
+    let replicas = vec![("a", replica(&api, &store, "a"))];
+    let (_, first) = leader_of(&replicas).await;
+    labelled.wait_for("a").await;
+    let mut held = api.hold_next_pod_write();
+    step_down(&replicas, "a");
+    timeout(Duration::from_secs(5), held.arrived())
+        .await
+        .expect("the end of the term sends the removal");
+    // Abandoned after the removal timeout; the replica leads again and labels its Pod.
+    let second = timeout(Duration::from_secs(10), async {
+        loop {
+            if let Some(token) = replicas[0].1.candidate.leading_token()
+                && token > first
+            {
+                return token;
+            }
+            sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("a second term");
+    let term = |pod: Value| {
+        pod["metadata"]["annotations"][POD_LABEL]
+            .as_str()
+            .map(str::to_owned)
+    };
+    timeout(Duration::from_secs(5), async {
+        while term(api.pod("default", "a").expect("pod")) != Some(second.to_string()) {
+            sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the second term's label");
+    assert_eq!(
+        held.release().await,
+        409,
+        "the first term's removal, applied late"
+    );
+    sleep(RETRY * 3).await;
+    labelled.stayed_on("a");
+    assert_eq!(api.pods_selected("default", SELECTOR), ["a"]);
+    for (_, replica) in replicas {
+        replica.candidate.stop().await;
+    }
+}
+
+/// A label whose term is later than the leader's while the leader's term is still renewed
+/// cannot be a later term of this election (the fencing tokens restarted, as after a Lease
+/// deleted while no candidate saw it): it is removed, and never keeps the leader's Pod
+/// unlabelled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_later_term_seen_while_the_term_is_renewed_is_not_one() {
+    let api = KubeApiServer::start().await;
+    api.put_pod(
+        "default",
+        "restarted",
+        &[("app", "jobs"), (POD_LABEL, "jobs")],
+    );
+    let term = json!({"metadata": {"annotations": {POD_LABEL: "999"}}});
+    pods(&api)
+        .patch("restarted", &PatchParams::default(), &Patch::Merge(&term))
+        .await
+        .expect("a term from before the count restarted");
+    let labelled = Labelled::watch(&api).await;
+    labelled.wait_for("restarted").await;
+    deny_what_the_role_does_not_grant(&api);
+    let store = MemoryStore::new();
+    let replicas = vec![("a", replica(&api, &store, "a"))];
+    let (_, token) = leader_of(&replicas).await;
+    assert!(token < 999);
+    labelled.wait_for("a").await;
+    labelled.never_two();
+    for (_, replica) in replicas {
+        replica.candidate.stop().await;
+    }
+}
+
+/// With the admission policy of `deploy/kubernetes/policy-pod-label.yaml` enforced by the
+/// server, each replica's requests from a token bound to its own Pod: every write the label
+/// makes through a crash's leftovers, a step-down, a handover and a shutdown is allowed. A
+/// replica whose token is bound to no Pod leads without a label: the policy refuses it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_write_of_the_label_passes_the_admission_policy() {
+    let api = KubeApiServer::start().await;
+    let refused = Policy::load().enforce_on(&api);
+    // A crashed leader's label, written by an earlier release (no term).
+    api.put_pod(
+        "default",
+        "web-0",
+        &[("app", "jobs"), (POD_LABEL, "leader-example")],
+    );
+    let labelled = Labelled::watch_selected(&api, EXAMPLE_SELECTOR).await;
+    labelled.wait_for("web-0").await;
+    deny_what_the_role_does_not_grant(&api);
+    let store = MemoryStore::new();
+    let mut replicas: Vec<(&'static str, Replica)> = ["web-1", "web-2", "web-3"]
+        .into_iter()
+        .map(|pod| {
+            let replica = replica_of(&api, &store, pod, "leader-example", &token_of(pod));
+            (pod, replica)
+        })
+        .collect();
+    let (first, _) = leader_of(&replicas).await;
+    labelled.wait_for(first).await;
+    step_down(&replicas, first);
+    let (second, _) = leader_other_than(&replicas, Some(first), Duration::from_secs(5)).await;
+    labelled.wait_for(second).await;
+    let leadership = replicas
+        .iter()
+        .find(|(pod, _)| *pod == second)
+        .and_then(|(_, r)| r.candidate.state.borrow().leadership().cloned())
+        .expect("leads");
+    leadership.hand_over(first).expect("hand over");
+    drop(leadership);
+    labelled.wait_for(first).await;
+    let at = replicas
+        .iter()
+        .position(|(pod, _)| *pod == first)
+        .expect("replica");
+    let (_, stopped) = replicas.remove(at);
+    stopped.candidate.stop().await;
+    let (fourth, _) = leader_of(&replicas).await;
+    labelled.wait_for(fourth).await;
+    for (_, replica) in replicas {
+        replica.candidate.stop().await;
+    }
+    labelled.never_two();
+    assert!(
+        refused.lock().unwrap().is_empty(),
+        "refused: {:?}",
+        refused.lock().unwrap()
+    );
+
+    let mut unbound = replica_of(&api, &store, "web-9", "leader-example", "unbound");
+    unbound
+        .candidate
+        .wait_leading(Duration::from_secs(10))
+        .await;
+    sleep(RETRY * 5).await;
+    assert!(api.pods_selected("default", EXAMPLE_SELECTOR).is_empty());
+    let refusals = refused.lock().unwrap().clone();
+    assert!(
+        refusals
+            .iter()
+            .any(|r| r.starts_with("web-9") && r.contains("only on the Pod it runs in")),
+        "{refusals:?}"
+    );
+    unbound.candidate.stop().await;
 }

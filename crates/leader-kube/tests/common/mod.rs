@@ -4,6 +4,8 @@
 
 #![allow(dead_code, unreachable_pub)]
 
+pub mod policy;
+
 use std::sync::Arc;
 
 use leader_core::conformance::LockFactory;
