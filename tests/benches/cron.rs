@@ -173,16 +173,7 @@ async fn year_old(backend: &Backend) {
     let year_ago = Utc::now() - chrono::Duration::days(365);
     let mut state = leader::cron::CronState::new("every 1s", year_ago);
     state.cursor = Some(year_ago);
-    let mut record = LeaderElectionRecord {
-        holder_identity: String::new(),
-        lease_duration: LEASE,
-        acquire_time: Utc::now(),
-        renew_time: Utc::now(),
-        leader_transitions: 1,
-        strategy: None,
-        preferred_holder: None,
-        extensions: BTreeMap::new(),
-    };
+    let mut record = LeaderElectionRecord::new("", LEASE, Utc::now(), 1);
     record
         .extensions
         .insert(leader::cron::extension_key("bench"), state.to_json());

@@ -306,9 +306,10 @@ async fn a_restarted_server_keeps_sessions_and_locks() {
 /// `record` renewed now: a renewal always writes a later `renew_time` (S14; Consul skips a
 /// write of the value a key holds).
 fn renewal(record: &LeaderElectionRecord) -> LeaderElectionRecord {
-    LeaderElectionRecord {
-        renew_time: record.renewal_time(chrono::Utc::now()),
-        ..record.clone()
+    {
+        let mut record = record.clone();
+        record.renew_time = record.renewal_time(chrono::Utc::now());
+        record
     }
 }
 
@@ -417,9 +418,10 @@ async fn sessions_left_behind_are_destroyed_a_lease_into_the_next_term() {
     // The holder's session still locks the key; the other key's session is untouched.
     let held = a.get().await.expect("get").expect("the record");
     assert_eq!(held.record.holder_identity, "a");
-    let renewal = LeaderElectionRecord {
-        renew_time: held.record.renewal_time(chrono::Utc::now()),
-        ..held.record.clone()
+    let renewal = {
+        let mut record = held.record.clone();
+        record.renew_time = held.record.renewal_time(chrono::Utc::now());
+        record
     };
     a.renew(&held.version, &renewal).await.expect("still held");
     let requests = api.requests();

@@ -52,6 +52,16 @@ pub trait LockFactory: Send + Sync {
     /// Kubernetes API server validates every Lease), and the check that needs one is skipped.
     async fn corrupt(&self, name: &str) -> bool;
 
+    /// Whether the store keeps the record's
+    /// [`unknown_fields`](crate::LeaderElectionRecord::unknown_fields) (the fields of a later
+    /// release, S16): a store of the record as JSON does. A store of the record as columns
+    /// (SQL) or as an API's object with a schema of its own (a Kubernetes Lease) does not: a
+    /// later release's field is a column or an annotation this release leaves alone, which the
+    /// backend's own tests show. Default: `true`.
+    fn keeps_unknown_fields(&self) -> bool {
+        true
+    }
+
     /// How much longer than the suite's default bounds the store may take to expire a lease
     /// whose holder is gone without a word (the default bounds suit stores that expire a lease
     /// within a few seconds of its duration). A Consul session, for one, lives at least 10 s
@@ -77,6 +87,7 @@ pub async fn run_all(factory: &dyn LockFactory) {
     create_conflicts_when_present(factory).await;
     update_is_compare_and_swap(factory).await;
     identical_writes_move_the_version(factory).await;
+    fields_of_a_later_release_survive(factory).await;
     fields_round_trip(factory).await;
     acquisitions_keep_the_extensions(factory).await;
     extensions_outlive_a_crashed_holder(factory).await;
@@ -139,6 +150,7 @@ pub fn record(holder: &str, leader_transitions: u64) -> LeaderElectionRecord {
         strategy: None,
         preferred_holder: None,
         extensions: std::collections::BTreeMap::new(),
+        unknown_fields: std::collections::BTreeMap::new(),
     }
 }
 

@@ -76,7 +76,6 @@ pub struct FileLock {
 }
 
 #[derive(Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 struct Stored {
     generation: u64,
     version: u64,
@@ -84,6 +83,9 @@ struct Stored {
     /// The holder's term lock file, when the holder keeps one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     term: Option<String>,
+    /// What a later release keeps beside the record, written back as it was (S16).
+    #[serde(flatten)]
+    unknown_fields: std::collections::BTreeMap<String, serde_json::Value>,
 }
 
 impl Stored {
@@ -219,6 +221,9 @@ impl FileLock {
             term: held
                 .or_else(|| new_term.as_ref().map(|t| t.name.clone()))
                 .or(holders),
+            unknown_fields: current
+                .map(|c| c.unknown_fields.clone())
+                .unwrap_or_default(),
         };
         match self.link_version(&stored) {
             Ok(()) => {}

@@ -14,8 +14,23 @@ use crate::error::LockError;
 /// Timestamps are wall-clock and informational: they are shown to people and never used for a
 /// safety decision on another machine's clock. Expiry is decided with the monotonic clock of the
 /// reader (or the store's own clock, see [`ResourceLock::try_acquire`](crate::ResourceLock::try_acquire)).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+///
+/// # Compatibility (S16)
+///
+/// Replicas of two adjacent releases share one election during a rolling upgrade, so each
+/// reads what the other writes:
+/// - Fields this release does not know are read into [`unknown_fields`](Self::unknown_fields),
+///   never refused, and written back by every write within the term that wrote them
+///   (renewals, releases, handover requests, [`extensions`](Self::extensions)). An
+///   acquisition writes the acquiring release's own record. What a release keeps with the
+///   election across terms goes in `extensions`, which every write keeps.
+/// - What is not a record is still refused ([`LockError::InvalidRecord`], S8): a missing or
+///   mistyped field of this release's, values out of range.
+/// - The struct is `#[non_exhaustive]`: build one with [`new`](Self::new) and set its public
+///   fields, so that a field added later breaks no lock implementation.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[non_exhaustive]
 pub struct LeaderElectionRecord {
     /// Identity of the holder; empty when the lease is free (released).
     pub holder_identity: String,
@@ -47,11 +62,12 @@ pub struct LeaderElectionRecord {
     /// which keep what is stored whatever the candidate asked for (see
     /// [`ResourceLock`](crate::ResourceLock)'s contract).
     ///
-    /// A record with extensions is unreadable to versions of this crate that do not know the
-    /// field (an invalid record to them, never overwritten, S8): use the features that write
-    /// extensions once every replica runs a version that knows them.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub extensions: BTreeMap<String, String>,
+    /// The fields of the stored record that this release does not know (written by a later
+    /// one), as they were: kept by every write within their term (see "Compatibility").
+    #[serde(flatten)]
+    pub unknown_fields: BTreeMap<String, serde_json::Value>,
 }
 
 /// How much later than the stored `renew_time` a renewal writes at least: a step every store
@@ -59,6 +75,26 @@ pub struct LeaderElectionRecord {
 pub const RENEWAL_STEP: TimeDelta = TimeDelta::milliseconds(1);
 
 impl LeaderElectionRecord {
+    /// A record held by `holder_identity` (empty: free) with fencing token
+    /// `leader_transitions`, acquired and renewed at `now`, with no handover request,
+    /// strategy, extensions or unknown fields: set the public fields for the rest.
+    #[must_use]
+    pub fn new(
+        holder_identity: impl Into<String>,
+        lease_duration: Duration,
+        now: DateTime<Utc>,
+        leader_transitions: u64,
+    ) -> Self {
+        Self {
+            holder_identity: holder_identity.into(),
+            lease_duration,
+            acquire_time: now,
+            renew_time: now,
+            leader_transitions,
+            ..Self::default()
+        }
+    }
+
     /// The `renew_time` a renewal of this record (as stored) writes when the wall clock reads
     /// `now`: `now`, but at least [`RENEWAL_STEP`] after both the stored `renew_time` and
     /// `acquire_time` (S14). A wall clock stepped back behind them would otherwise make every
@@ -102,8 +138,9 @@ impl LeaderElectionRecord {
 
     /// Decodes a record stored by [`to_json`](Self::to_json).
     ///
-    /// JSON with missing, extra or out-of-range fields is [`LockError::InvalidRecord`]: a record
-    /// that cannot be read is never overwritten (S8). Odd values that decode are read as they are
+    /// JSON with missing, mistyped or out-of-range fields is [`LockError::InvalidRecord`]: a
+    /// record that cannot be read is never overwritten (S8). Fields this release does not know
+    /// are kept in [`unknown_fields`](Self::unknown_fields) (S16). Odd values that decode are read as they are
     /// (S8): a zero lease duration is a lease that has run out, and the times, which are only
     /// informational, may be in any order.
     ///
@@ -256,6 +293,8 @@ impl RecordColumns {
                 })?,
                 None => BTreeMap::new(),
             },
+            // A later release's field is a column this release neither reads nor writes.
+            unknown_fields: BTreeMap::new(),
         })
     }
 }
@@ -289,7 +328,29 @@ mod tests {
             strategy: None,
             preferred_holder: Some("b".into()),
             extensions: BTreeMap::from([("cron/nightly".into(), "{\"at\":1}".into())]),
+            unknown_fields: BTreeMap::new(),
         }
+    }
+
+    /// S16: a record a later release wrote, with fields this one does not know, is read, and
+    /// written back with them; a field this release knows, mistyped, is still refused.
+    #[test]
+    fn fields_of_a_later_release_are_kept() {
+        let later = br#"{"holderIdentity":"a","leaseDurationMillis":5000,"acquireTime":"2024-01-01T00:00:00Z","renewTime":"2024-01-01T00:00:01Z","leaderTransitions":3,"holderRelease":"0.2.0","lease":{"kind":"session","id":7}}"#;
+        let record = LeaderElectionRecord::from_json("test", "key", later).expect("readable");
+        assert_eq!(record.holder_identity, "a");
+        assert_eq!(record.unknown_fields.len(), 2, "{record:?}");
+        let mut renewed = record.clone();
+        renewed.renew_time = renewed.renewal_time(Utc::now());
+        let written: serde_json::Value = serde_json::from_slice(&renewed.to_json()).expect("JSON");
+        assert_eq!(written["holderRelease"], "0.2.0");
+        assert_eq!(written["lease"]["id"], 7);
+        assert_eq!(
+            LeaderElectionRecord::from_json("test", "key", &renewed.to_json()).ok(),
+            Some(renewed)
+        );
+        let mistyped = br#"{"holderIdentity":"a","leaseDurationMillis":"5s","acquireTime":"2024-01-01T00:00:00Z","renewTime":"2024-01-01T00:00:01Z","leaderTransitions":3,"holderRelease":"0.2.0"}"#;
+        assert!(LeaderElectionRecord::from_json("test", "key", mistyped).is_err());
     }
 
     #[test]

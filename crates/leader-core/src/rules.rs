@@ -195,6 +195,7 @@ mod tests {
                 strategy: None,
                 preferred_holder: handover.map(str::to_owned),
                 extensions: Default::default(),
+                unknown_fields: Default::default(),
             },
             version: Version::new(version),
         }

@@ -32,16 +32,7 @@ fn faulty(store: &MemoryStore, identity: &str) -> (FaultyLock<MemoryLock>, Fault
 async fn write_holder(store: &MemoryStore, holder: &str, lease: Duration, transitions: u64) {
     let lock = store.lock("election", holder);
     let now = Utc::now();
-    let record = LeaderElectionRecord {
-        holder_identity: holder.into(),
-        lease_duration: lease,
-        acquire_time: now,
-        renew_time: now,
-        leader_transitions: transitions,
-        strategy: None,
-        preferred_holder: None,
-        extensions: Default::default(),
-    };
+    let record = LeaderElectionRecord::new(holder, lease, now, transitions);
     match lock.get().await.expect("get") {
         None => drop(lock.create(&record).await.expect("create")),
         Some(current) => drop(

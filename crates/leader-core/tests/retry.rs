@@ -43,16 +43,7 @@ const NOTIFICATIONS: [Option<ChangeFault>; 4] = [
 /// Another process's record, whose lease runs out long before the outage ends.
 async fn write_other_holder(store: &MemoryStore) {
     let now = Utc::now();
-    let record = LeaderElectionRecord {
-        holder_identity: "gone".into(),
-        lease_duration: LEASE,
-        acquire_time: now,
-        renew_time: now,
-        leader_transitions: 7,
-        strategy: None,
-        preferred_holder: None,
-        extensions: Default::default(),
-    };
+    let record = LeaderElectionRecord::new("gone", LEASE, now, 7);
     store
         .lock("election", "gone")
         .create(&record)

@@ -1469,3 +1469,67 @@ async fn slow_reads_never_delay_the_renewals() {
     tokio::time::pause();
     slow_requests_never_delay_the_renewals(true).await;
 }
+
+/// S16: the roster, a member record and a shard record written by a later release, with
+/// fields and extension keys this release does not know, keep them through this release's
+/// members joining, taking shards, renewing and leaving.
+#[tokio::test]
+async fn a_later_releases_fields_survive_this_releases_members() {
+    tokio::time::pause();
+    let set = Set::new(Clock::Follower, 4);
+    let later = |key: &str| {
+        let mut record = leader_core::LeaderElectionRecord::new(
+            "",
+            Duration::from_secs(30 * 24 * 3600),
+            chrono::Utc::now(),
+            0,
+        );
+        record
+            .unknown_fields
+            .insert("setVersion".into(), serde_json::json!(3));
+        record
+            .extensions
+            .insert("placement/zone".into(), key.to_owned());
+        record
+    };
+    let roster = leader_core::roster_key("jobs");
+    let mut first = later(&roster);
+    first
+        .extensions
+        .insert(leader_core::COUNT_EXTENSION.into(), "4".into());
+    let lock = |key: &str| set.store.lock(key, "later-release");
+    lock(&roster).create(&first).await.expect("the roster");
+    let shard = leader_core::shard_key("jobs", 2);
+    lock(&shard).create(&later(&shard)).await.expect("a shard");
+    let a = set.join("a");
+    let b = set.join("b");
+    until(Duration::from_secs(60), || balanced_members(&[&a, &b], 4))
+        .await
+        .expect("balanced");
+    sleep(TIMINGS.lease_duration * 2).await;
+    a.leave().await.expect("left");
+    sleep(TIMINGS.lease_duration).await;
+    for key in [&roster, &shard] {
+        let stored = lock(key).get().await.expect("get").expect("the record");
+        assert_eq!(
+            stored
+                .record
+                .extensions
+                .get("placement/zone")
+                .map(String::as_str),
+            Some(key.as_str()),
+            "{key}: {:?}",
+            stored.record
+        );
+        if key == &roster {
+            assert_eq!(
+                stored.record.unknown_fields.get("setVersion"),
+                Some(&serde_json::json!(3)),
+                "{key}: {:?}",
+                stored.record
+            );
+        }
+    }
+    b.leave().await.expect("left");
+    set.log.check("a later release's records");
+}

@@ -34,6 +34,10 @@ pub struct Control {
     /// is) as soon as the overlap policy lets it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trigger: Option<Request>,
+    /// Fields this release does not know (written by a later one), kept and written back
+    /// (S16).
+    #[serde(flatten)]
+    pub unknown_fields: std::collections::BTreeMap<String, serde_json::Value>,
 }
 
 /// One operator's request: who asked, and when.
@@ -46,6 +50,10 @@ pub struct Request {
     /// When, by the asker's clock; a trigger's identity, with its instant as the firing's
     /// `scheduled`.
     pub at: DateTime<Utc>,
+    /// Fields this release does not know (written by a later one), kept and written back
+    /// (S16).
+    #[serde(flatten)]
+    pub unknown_fields: std::collections::BTreeMap<String, serde_json::Value>,
 }
 
 impl Control {
@@ -125,6 +133,7 @@ pub async fn suspend(
         control.suspended = Some(Request {
             by: by.clone(),
             at: Utc::now(),
+            unknown_fields: Default::default(),
         });
         true
     })
@@ -161,7 +170,11 @@ pub async fn trigger(
         if at.timestamp_subsec_nanos() == 0 {
             at += chrono::Duration::nanoseconds(1);
         }
-        control.trigger = Some(Request { by: by.clone(), at });
+        control.trigger = Some(Request {
+            by: by.clone(),
+            at,
+            unknown_fields: Default::default(),
+        });
         true
     })
     .await
@@ -221,5 +234,22 @@ async fn change(
             lock: lock.describe(),
             tries: TRIES,
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// S16: requests a later release wrote, with fields this release does not know, read and
+    /// write back whole.
+    #[test]
+    fn a_later_releases_requests_are_read_and_written_back_whole() {
+        let later = r#"{"suspended":{"by":"ops","at":"2026-01-10T00:00:00Z","reason":"maintenance"},"pausedUntil":"2026-01-11T00:00:00Z"}"#;
+        let control = Control::from_json(later).expect("a later release's requests");
+        assert!(control.suspended.is_some());
+        let written: serde_json::Value = serde_json::from_str(&control.to_json()).expect("JSON");
+        let before: serde_json::Value = serde_json::from_str(later).expect("JSON");
+        assert_eq!(written, before);
     }
 }

@@ -111,6 +111,7 @@ impl CronJob {
                         started_at: now,
                         identity: Some(leadership.identity().to_owned()),
                         triggered_by: start.triggered_by.clone(),
+                        unknown_fields: Default::default(),
                     });
                 }
                 if self.write(&leadership, &state).await.is_err() {
@@ -182,6 +183,7 @@ impl CronJob {
                 from: std::mem::replace(&mut state.schedule, ours.to_owned()),
                 at: inner.clock.now(),
                 by: leadership.identity().to_owned(),
+                unknown_fields: Default::default(),
             });
             return Ok((state, inner.schedule.clone(), true));
         }

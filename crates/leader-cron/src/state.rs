@@ -1,5 +1,7 @@
 //! What the store keeps of a schedule: one extension of the lock's record, `cron/NAME`, as JSON.
 
+use std::collections::BTreeMap;
+
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
@@ -50,6 +52,10 @@ pub struct CronState {
     /// Firings missed so far (no leader at their time, or skipped by the policy).
     #[serde(default)]
     pub missed: u64,
+    /// Fields this release does not know (written by a later one), kept and written back
+    /// (S16).
+    #[serde(flatten)]
+    pub unknown_fields: BTreeMap<String, serde_json::Value>,
 }
 
 /// A failed firing to run again.
@@ -66,6 +72,10 @@ pub struct Retry {
     /// Who asked for the firing, for one outside the schedule.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub triggered_by: Option<String>,
+    /// Fields this release does not know (written by a later one), kept and written back
+    /// (S16).
+    #[serde(flatten)]
+    pub unknown_fields: BTreeMap<String, serde_json::Value>,
 }
 
 /// A change of a schedule in place.
@@ -79,6 +89,10 @@ pub struct ScheduleChange {
     pub at: DateTime<Utc>,
     /// The identity of that leader.
     pub by: String,
+    /// Fields this release does not know (written by a later one), kept and written back
+    /// (S16).
+    #[serde(flatten)]
+    pub unknown_fields: BTreeMap<String, serde_json::Value>,
 }
 
 /// A firing started.
@@ -101,6 +115,10 @@ pub struct Started {
     /// Who asked for it, for a firing outside the schedule.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub triggered_by: Option<String>,
+    /// Fields this release does not know (written by a later one), kept and written back
+    /// (S16).
+    #[serde(flatten)]
+    pub unknown_fields: BTreeMap<String, serde_json::Value>,
 }
 
 /// A firing that ended.
@@ -129,11 +147,19 @@ pub struct Ended {
     /// Who asked for it, for a firing outside the schedule.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub triggered_by: Option<String>,
+    /// Fields this release does not know (written by a later one), kept and written back
+    /// (S16).
+    #[serde(flatten)]
+    pub unknown_fields: BTreeMap<String, serde_json::Value>,
 }
 
 /// How a firing ended.
+///
+/// Stored as a JSON object tagged by its `kind`. A kind this release does not know (a later
+/// release's) is read as [`Other`](Self::Other) and written back as it was (S16); a later
+/// release adds kinds, never fields to a kind this one knows.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", tag = "kind")]
+#[serde(from = "StoredOutcome", into = "StoredOutcome")]
 #[non_exhaustive]
 pub enum Outcome {
     /// The job returned `Ok`.
@@ -154,6 +180,53 @@ pub enum Outcome {
     /// It ran past the job's timeout
     /// ([`CronJobBuilder::timeout`](crate::CronJobBuilder::timeout)) and was stopped.
     TimedOut,
+    /// An outcome of a kind this release does not know, as a later release wrote it.
+    Other(serde_json::Map<String, serde_json::Value>),
+}
+
+/// An outcome as stored: one of the kinds this release knows, or any other object.
+#[derive(Serialize, Deserialize)]
+#[serde(untagged)]
+enum StoredOutcome {
+    Known(KnownOutcome),
+    Other(serde_json::Map<String, serde_json::Value>),
+}
+
+/// The kinds of outcome this release knows, as stored.
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", tag = "kind")]
+enum KnownOutcome {
+    Succeeded,
+    Failed { message: String },
+    GaveUp { reason: String },
+    Replaced,
+    TimedOut,
+}
+
+impl From<StoredOutcome> for Outcome {
+    fn from(stored: StoredOutcome) -> Self {
+        match stored {
+            StoredOutcome::Known(KnownOutcome::Succeeded) => Self::Succeeded,
+            StoredOutcome::Known(KnownOutcome::Failed { message }) => Self::Failed { message },
+            StoredOutcome::Known(KnownOutcome::GaveUp { reason }) => Self::GaveUp { reason },
+            StoredOutcome::Known(KnownOutcome::Replaced) => Self::Replaced,
+            StoredOutcome::Known(KnownOutcome::TimedOut) => Self::TimedOut,
+            StoredOutcome::Other(object) => Self::Other(object),
+        }
+    }
+}
+
+impl From<Outcome> for StoredOutcome {
+    fn from(outcome: Outcome) -> Self {
+        match outcome {
+            Outcome::Succeeded => Self::Known(KnownOutcome::Succeeded),
+            Outcome::Failed { message } => Self::Known(KnownOutcome::Failed { message }),
+            Outcome::GaveUp { reason } => Self::Known(KnownOutcome::GaveUp { reason }),
+            Outcome::Replaced => Self::Known(KnownOutcome::Replaced),
+            Outcome::TimedOut => Self::Known(KnownOutcome::TimedOut),
+            Outcome::Other(object) => Self::Other(object),
+        }
+    }
 }
 
 impl Outcome {
@@ -165,6 +238,7 @@ impl Outcome {
             Self::GaveUp { .. } => "gave up",
             Self::Replaced => "replaced",
             Self::TimedOut => "timed out",
+            Self::Other(_) => "of a kind this release does not know",
         }
     }
 }
@@ -183,6 +257,7 @@ impl CronState {
             changed: None,
             last_trigger: None,
             missed: 0,
+            unknown_fields: BTreeMap::new(),
         }
     }
 
@@ -223,6 +298,7 @@ mod tests {
             started_at: at,
             identity: Some("a".into()),
             triggered_by: None,
+            unknown_fields: Default::default(),
         });
         let ended = Ended {
             scheduled: at,
@@ -235,6 +311,7 @@ mod tests {
             fencing_token: Some(7),
             identity: Some("a".into()),
             triggered_by: Some("ops".into()),
+            unknown_fields: Default::default(),
         };
         state.last = Some(ended.clone());
         state.history.push(ended);
@@ -246,5 +323,44 @@ mod tests {
         let older = r#"{"schedule":"every 1s","since":"2026-01-10T00:00:00Z","running":[{"scheduled":"2026-01-10T00:00:00Z","attempt":1,"fencingToken":7,"startedAt":"2026-01-10T00:00:00Z"}],"last":{"scheduled":"2026-01-10T00:00:00Z","attempt":1,"outcome":{"kind":"succeeded"},"endedAt":"2026-01-10T00:00:00Z"},"missed":0}"#;
         let read = CronState::from_json(older).expect("an older state");
         assert!(read.history.is_empty() && read.running[0].identity.is_none());
+    }
+
+    /// S16: a state a later release wrote, with fields this release does not know at every
+    /// level and an outcome of a kind it does not know, reads, and what this release writes
+    /// of it keeps them all; a field this release knows, mistyped, is still refused.
+    #[test]
+    fn a_later_releases_state_is_read_and_written_back_whole() {
+        let later = r#"{"schedule":"every 1s","since":"2026-01-10T00:00:00Z","version":2,"cursor":"2026-01-10T00:00:05Z","running":[{"scheduled":"2026-01-10T00:00:05Z","attempt":1,"fencingToken":7,"startedAt":"2026-01-10T00:00:05Z","host":"node-3"}],"last":{"scheduled":"2026-01-10T00:00:04Z","attempt":1,"outcome":{"kind":"skippedByWindow","window":"night"},"endedAt":"2026-01-10T00:00:04Z","durationMs":12},"retrying":[{"scheduled":"2026-01-10T00:00:03Z","attempt":2,"at":"2026-01-10T00:00:09Z","reason":"exit 1"}],"changed":{"from":"every 2s","at":"2026-01-10T00:00:00Z","by":"a","configVersion":5},"missed":0,"paused":{"until":"2026-01-11T00:00:00Z"}}"#;
+        let mut state = CronState::from_json(later).expect("a later release's state");
+        assert_eq!(state.unknown_fields.len(), 2, "{state:?}");
+        assert_eq!(state.running[0].unknown_fields["host"], "node-3");
+        let last = state.last.clone().expect("last");
+        assert!(matches!(last.outcome, Outcome::Other(_)), "{last:?}");
+        // What this release writes: a new firing started beside what was there.
+        state.missed += 1;
+        let written: serde_json::Value = serde_json::from_str(&state.to_json()).expect("JSON");
+        let before: serde_json::Value = serde_json::from_str(later).expect("JSON");
+        for pointer in [
+            "/version",
+            "/paused/until",
+            "/running/0/host",
+            "/last/durationMs",
+            "/last/outcome/kind",
+            "/last/outcome/window",
+            "/retrying/0/reason",
+            "/changed/configVersion",
+        ] {
+            assert_eq!(
+                written.pointer(pointer),
+                before.pointer(pointer),
+                "{pointer} in {written}"
+            );
+        }
+        assert_eq!(written["missed"], 1);
+        let mistyped = later.replace(
+            r#""attempt":1,"fencingToken":7"#,
+            r#""attempt":"one","fencingToken":7"#,
+        );
+        assert!(CronState::from_json(&mistyped).is_err());
     }
 }

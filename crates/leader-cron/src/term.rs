@@ -387,6 +387,7 @@ impl CronJob {
             attempt: started.attempt + 1,
             at,
             triggered_by: started.triggered_by.clone(),
+            unknown_fields: Default::default(),
         });
     }
 
@@ -481,6 +482,7 @@ impl CronJob {
             fencing_token: started.map(|s| s.fencing_token),
             identity: started.and_then(|s| s.identity.clone()),
             triggered_by: started.and_then(|s| s.triggered_by.clone()),
+            unknown_fields: Default::default(),
         };
         state.last = Some(ended.clone());
         state.history.push(ended);

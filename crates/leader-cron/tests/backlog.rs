@@ -20,15 +20,10 @@ async fn a_month_of_an_expressions_instants_is_passed_over_without_losing_the_te
     let month_ago = Utc::now() - chrono::Duration::days(30);
     let mut state = CronState::new(schedule.spec(), month_ago);
     state.cursor = Some(month_ago.with_nanosecond_zero());
-    let record = LeaderElectionRecord {
-        holder_identity: String::new(),
-        lease_duration: Duration::from_secs(2),
-        acquire_time: Utc::now(),
-        renew_time: Utc::now(),
-        leader_transitions: 1,
-        strategy: None,
-        preferred_holder: None,
-        extensions: BTreeMap::from([(extension_key("report"), state.to_json())]),
+    let record = {
+        let mut record = LeaderElectionRecord::new("", Duration::from_secs(2), Utc::now(), 1);
+        record.extensions = BTreeMap::from([(extension_key("report"), state.to_json())]);
+        record
     };
     store
         .lock("backlog", "setup")

@@ -112,15 +112,12 @@ impl Successor {
         wanted: u64,
     ) -> LeaderElectionRecord {
         let now = Utc::now();
-        LeaderElectionRecord {
-            holder_identity: self.identity.clone(),
-            lease_duration: self.lease_duration,
-            acquire_time: now,
-            renew_time: now,
-            leader_transitions: wanted,
-            strategy: released.strategy.clone(),
-            preferred_holder: None,
-            extensions: released.extensions.clone(),
+        {
+            let mut record =
+                LeaderElectionRecord::new(self.identity.clone(), self.lease_duration, now, wanted);
+            record.strategy = released.strategy.clone();
+            record.extensions = released.extensions.clone();
+            record
         }
     }
 

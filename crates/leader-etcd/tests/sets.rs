@@ -17,9 +17,10 @@ use common::{store, unique};
 const RECORDS: usize = 50;
 
 fn desired(identity: &str, lease: Duration) -> LeaderElectionRecord {
-    LeaderElectionRecord {
-        lease_duration: lease,
-        ..leader_core::conformance::record(identity, 0)
+    {
+        let mut record = leader_core::conformance::record(identity, 0);
+        record.lease_duration = lease;
+        record
     }
 }
 
@@ -373,9 +374,10 @@ async fn a_round_is_one_request_and_its_read_comes_from_the_watch() {
 
     // This member's own write: read at once (from etcd if the watch has not reported it).
     let (key, held) = taken.pop().expect("taken");
-    let released = LeaderElectionRecord {
-        holder_identity: String::new(),
-        ..held.record.clone()
+    let released = {
+        let mut record = held.record.clone();
+        record.holder_identity = String::new();
+        record
     };
     let written = set
         .lock(&key)

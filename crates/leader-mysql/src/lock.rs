@@ -165,17 +165,18 @@ impl TableLock {
             return Err(LockError::conflict(BACKEND));
         };
         let stored = &current.record;
-        let taken = LeaderElectionRecord {
-            holder_identity: desired.holder_identity.clone(),
-            lease_duration: desired.lease_duration,
-            acquire_time: desired.acquire_time,
-            renew_time: desired.acquire_time,
-            leader_transitions: self
-                .floor
-                .new_term((stored.leader_transitions + 1).max(desired.leader_transitions.max(1))),
-            strategy: stored.strategy.clone(),
-            preferred_holder: None,
-            extensions: stored.extensions.clone(),
+        let taken = {
+            let mut record = LeaderElectionRecord::new(
+                desired.holder_identity.clone(),
+                desired.lease_duration,
+                desired.acquire_time,
+                self.floor.new_term(
+                    (stored.leader_transitions + 1).max(desired.leader_transitions.max(1)),
+                ),
+            );
+            record.strategy = stored.strategy.clone();
+            record.extensions = stored.extensions.clone();
+            record
         };
         let p = columns(&taken)?;
         let version = next_version();
@@ -370,12 +371,13 @@ impl ResourceLock for TableLock {
 /// The record an acquisition stores when there is none yet: `desired`, with the first fencing
 /// term (at least the one asked for) and nothing carried over.
 pub(crate) fn first_record(desired: &LeaderElectionRecord) -> LeaderElectionRecord {
-    LeaderElectionRecord {
-        renew_time: desired.acquire_time,
-        leader_transitions: desired.leader_transitions.max(1),
-        strategy: None,
-        preferred_holder: None,
-        extensions: Default::default(),
-        ..desired.clone()
+    {
+        let mut record = desired.clone();
+        record.renew_time = desired.acquire_time;
+        record.leader_transitions = desired.leader_transitions.max(1);
+        record.strategy = None;
+        record.preferred_holder = None;
+        record.extensions = Default::default();
+        record
     }
 }

@@ -23,9 +23,10 @@ async fn a_term(lock: &dyn ResourceLock) -> u64 {
 }
 
 async fn release(lock: &dyn ResourceLock, held: &Observed) {
-    let released = LeaderElectionRecord {
-        holder_identity: String::new(),
-        ..held.record.clone()
+    let released = {
+        let mut record = held.record.clone();
+        record.holder_identity = String::new();
+        record
     };
     lock.update(&held.version, &released)
         .await

@@ -327,9 +327,10 @@ impl ResourceLock for NatsLock {
             None => 0,
         };
         let floor = self.store.term_start(&opened).await?.saturating_add(1);
-        let record = self.floored(&LeaderElectionRecord {
-            leader_transitions: record.leader_transitions.max(floor),
-            ..record.clone()
+        let record = self.floored(&{
+            let mut record = record.clone();
+            record.leader_transitions = record.leader_transitions.max(floor);
+            record
         });
         self.write(&opened, expected, &record).await
     }

@@ -1,12 +1,16 @@
 //! The start-up schema step against a real Postgres: a table of the configured name that is not
 //! a lock table is refused and left exactly as it was (S8, S15); a lock table of the earlier
-//! version (without `extensions`) is upgraded, and a current one is used as it is.
+//! version (without `extensions`) is upgraded, and a current one is used as it is. A later
+//! release's column is kept by every write of this one (S16).
 
 mod common;
 
+use chrono::Utc;
 use common::unique;
-use leader_core::conformance::record;
-use leader_core::{LockError, LockTarget, ResourceLock};
+use leader_core::conformance::{record, renewals};
+use leader_core::{
+    Acquisition, Known, LockError, LockSet, LockTarget, Observed, ResourceLock, request_handover,
+};
 use leader_postgres::{LockUrl, PostgresStore};
 use tokio_postgres::Client;
 
@@ -369,6 +373,214 @@ async fn a_current_lock_table_works_as_it_is() {
             .await
             .expect("drop");
     }
+}
+
+/// What a later release wrote into its own column.
+const LATER: &str = "n+1";
+
+/// The current lock table plus a nullable column this release does not know, as a later
+/// release's migration would add it.
+fn later_layout(schema: &str) -> String {
+    let layout = current_layout(schema).replace(
+        "extensions         text",
+        "extensions         text,\n    holder_release     text",
+    );
+    assert!(layout.contains("holder_release"), "{layout}");
+    layout
+}
+
+/// The later release's column of `schema.leader_election`, watched through this release's writes.
+struct LaterColumn<'a> {
+    admin: &'a Client,
+    schema: &'a str,
+    store: &'a PostgresStore,
+}
+
+impl LaterColumn<'_> {
+    /// A free record of election `name` as a later release wrote it, with its column set.
+    async fn write(&self, name: &str) {
+        self.admin
+            .execute(
+                &format!(
+                    "INSERT INTO {}.leader_election (name, holder_identity, lease_duration_ms, \
+                     acquire_time, renew_time, leader_transitions, version, expires_at, \
+                     holder_release) VALUES ($1, '', 15000, now(), now(), 3, 1, now(), $2)",
+                    self.schema
+                ),
+                &[&name, &LATER],
+            )
+            .await
+            .expect("a later release's record");
+    }
+
+    /// After `step`: the column of `name` still holds the later release's value, and `get` and a
+    /// shard set's `get_many` both read the record.
+    async fn kept(&self, step: &str, name: &str, lock: &dyn ResourceLock) -> Observed {
+        let value: Option<String> = self
+            .admin
+            .query_one(
+                &format!(
+                    "SELECT holder_release FROM {}.leader_election WHERE name = $1",
+                    self.schema
+                ),
+                &[&name],
+            )
+            .await
+            .unwrap_or_else(|err| panic!("{step}: the row of {name}: {err}"))
+            .get(0);
+        assert_eq!(
+            value.as_deref(),
+            Some(LATER),
+            "{step}: the later release's column of {name} lost its value"
+        );
+        let read = lock
+            .get()
+            .await
+            .unwrap_or_else(|err| panic!("{step}: get: {err}"))
+            .unwrap_or_else(|| panic!("{step}: get found no record"));
+        let many = self
+            .store
+            .lock_set("reader")
+            .get_many(&[name.to_owned()])
+            .await;
+        let [Ok(Some(many))] = many.as_slice() else {
+            panic!("{step}: get_many: {many:?}");
+        };
+        assert_eq!(many, &read, "{step}: get_many and get differ");
+        read
+    }
+
+    /// Every write of one election: `a` acquires, renews, updates with an extension, `b` asks
+    /// for a handover, `a` releases, `b` acquires; the column is checked after each.
+    async fn every_write(&self, name: &str, a: &dyn ResourceLock, b: &dyn ResourceLock) {
+        self.write(name).await;
+        self.kept("a later release's write", name, a).await;
+
+        let Some(Acquisition::Acquired(held)) =
+            a.try_acquire(&record("a", 0)).await.expect("acquisition")
+        else {
+            panic!("{name}: a did not take the free lease");
+        };
+        let read = self.kept("an acquisition", name, a).await;
+        assert!(read.record.is_held_by("a"), "{read:?}");
+
+        let mut renewal = held.record.clone();
+        renewal.renew_time = renewal.renewal_time(Utc::now());
+        let renewed = a.renew(&held.version, &renewal).await.expect("renewal");
+        self.kept("a renewal", name, a).await;
+
+        let mut extended = renewed.record.clone();
+        extended.renew_time = extended.renewal_time(Utc::now());
+        extended
+            .extensions
+            .insert("schedule".to_owned(), "fired=1".to_owned());
+        a.update(&renewed.version, &extended)
+            .await
+            .expect("update with an extension");
+        let read = self.kept("an update with an extension", name, a).await;
+        assert_eq!(read.record.extensions, extended.extensions);
+
+        request_handover(b, "b").await.expect("handover request");
+        let requested = self.kept("a handover request", name, a).await;
+        assert_eq!(requested.record.handover_to(), Some("b"));
+
+        let now = Utc::now();
+        let mut released = requested.record.clone();
+        released.holder_identity = String::new();
+        released.acquire_time = now;
+        released.renew_time = now;
+        a.update(&requested.version, &released)
+            .await
+            .expect("release");
+        let read = self.kept("a release", name, a).await;
+        assert!(read.record.is_free(), "{read:?}");
+
+        let Some(Acquisition::Acquired(_)) =
+            b.try_acquire(&record("b", 0)).await.expect("acquisition")
+        else {
+            panic!("{name}: b did not take the lease handed to it");
+        };
+        let read = self.kept("another candidate's acquisition", name, b).await;
+        assert!(read.record.is_held_by("b"), "{read:?}");
+        assert!(read.record.leader_transitions > held.record.leader_transitions);
+        assert_eq!(read.record.extensions, extended.extensions);
+    }
+}
+
+/// A lock table with a later release's column, holding a value that release wrote: every write
+/// this release makes (the table lock's, the advisory lock's and a shard set's batched renewals)
+/// leaves the column as it was, and `get` and `get_many` read the record beside it (S16).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_later_release_s_column_is_kept_by_every_write() {
+    let Some(admin) = common::admin().await else {
+        return;
+    };
+    let schema = fresh_schema(&admin, "later").await;
+    admin
+        .batch_execute(&later_layout(&schema))
+        .await
+        .expect("the table");
+    let before = columns(&admin, &schema, "leader_election").await;
+    let store = PostgresStore::builder(common::database_url())
+        .schema(&schema)
+        .create_table(true)
+        .build()
+        .await
+        .expect("a lock table with a later release's column");
+    let later = LaterColumn {
+        admin: &admin,
+        schema: &schema,
+        store: &store,
+    };
+
+    later
+        .every_write("jobs", &store.lock("jobs", "a"), &store.lock("jobs", "b"))
+        .await;
+    later
+        .every_write(
+            "advisory-jobs",
+            &store.advisory_lock("advisory-jobs", "a"),
+            &store.advisory_lock("advisory-jobs", "b"),
+        )
+        .await;
+
+    let set = store.lock_set("m");
+    let keys = ["shard-0".to_owned(), "shard-1".to_owned()];
+    let mut taken = Vec::new();
+    for key in &keys {
+        later.write(key).await;
+        let Some(Acquisition::Acquired(held)) = set
+            .lock(key)
+            .try_acquire(&record("m", 0))
+            .await
+            .expect("a shard's acquisition")
+        else {
+            panic!("{key}: m did not take the free lease");
+        };
+        later
+            .kept("a shard's acquisition", key, &*set.lock(key))
+            .await;
+        taken.push((key.clone(), held));
+    }
+    let mut renewed = Vec::new();
+    for (key, result) in keys.iter().zip(set.renew_many(&renewals(&taken)).await) {
+        renewed.push((key.clone(), result.expect("a batched renewal")));
+        later.kept("a batched renewal", key, &*set.lock(key)).await;
+    }
+    let round = set
+        .renew_and_read(&renewals(&renewed), &keys, &[Known::Nothing; 2])
+        .await;
+    for ((key, renewal), read) in keys.iter().zip(round.renewed).zip(round.read) {
+        renewal.expect("a round's renewal");
+        read.expect("a round's read");
+        later.kept("a round's renewal", key, &*set.lock(key)).await;
+    }
+
+    assert_eq!(columns(&admin, &schema, "leader_election").await, before);
+    admin
+        .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
+        .await
+        .expect("drop");
 }
 
 /// The table lock, the advisory lock and a shard set each take a fresh record.

@@ -256,10 +256,11 @@ impl ResourceLock for RedisLock {
         let extensions =
             LeaderElectionRecord::from_json(BACKEND, self.context(), json.as_bytes())?.extensions;
         let created = Observed {
-            record: LeaderElectionRecord {
-                leader_transitions: transitions,
-                extensions,
-                ..record.clone()
+            record: {
+                let mut record = record.clone();
+                record.leader_transitions = transitions;
+                record.extensions = extensions;
+                record
             },
             version: Version::new(version),
         };
@@ -292,9 +293,10 @@ impl ResourceLock for RedisLock {
             )
             .await?;
         Ok(Observed {
-            record: LeaderElectionRecord {
-                leader_transitions: transitions,
-                ..record.clone()
+            record: {
+                let mut record = record.clone();
+                record.leader_transitions = transitions;
+                record
             },
             version: Version::new(version),
         })
@@ -360,10 +362,11 @@ impl ResourceLock for RedisLock {
                 &[
                     // Without extensions: a new object has none, a takeover keeps the stored.
                     // The token is the fence's (the floor goes below).
-                    &LeaderElectionRecord {
-                        extensions: Default::default(),
-                        leader_transitions: 0,
-                        ..desired.clone()
+                    &{
+                        let mut record = desired.clone();
+                        record.extensions = Default::default();
+                        record.leader_transitions = 0;
+                        record
                     }
                     .to_json(),
                     desired.holder_identity.as_bytes(),

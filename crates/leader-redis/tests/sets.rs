@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use leader_core::{Acquisition, LeaderElectionRecord, LockSet};
+use leader_core::{Acquisition, LockSet};
 
 use common::{store, unique};
 
@@ -16,9 +16,10 @@ async fn a_record_not_renewed_is_gone_from_the_read_after_its_lease() {
     let set = store.lock_set("member-1");
     assert!(set.reads_show_expiry());
     let key = format!("{}-member-1", unique("jobs"));
-    let desired = LeaderElectionRecord {
-        lease_duration: Duration::from_millis(500),
-        ..leader_core::conformance::record("member-1", 0)
+    let desired = {
+        let mut record = leader_core::conformance::record("member-1", 0);
+        record.lease_duration = Duration::from_millis(500);
+        record
     };
     let taken = set
         .lock(&key)

@@ -77,9 +77,10 @@ pub async fn renewals(
 
 /// `record` with its renew time set to now, as a renewal writes it.
 pub fn renewed(record: &LeaderElectionRecord) -> LeaderElectionRecord {
-    LeaderElectionRecord {
-        renew_time: Utc::now(),
-        ..record.clone()
+    {
+        let mut record = record.clone();
+        record.renew_time = Utc::now();
+        record
     }
 }
 

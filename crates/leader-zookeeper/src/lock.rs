@@ -479,9 +479,10 @@ impl ResourceLock for ZooKeeperLock {
             seed,
             record.leader_transitions,
         )?;
-        let record = LeaderElectionRecord {
-            leader_transitions: token,
-            ..record.clone()
+        let record = {
+            let mut record = record.clone();
+            record.leader_transitions = token;
+            record
         };
         let mode = self.mode(&record);
         let record_options = mode.with_acls(self.store.acls());
@@ -547,9 +548,10 @@ impl ResourceLock for ZooKeeperLock {
                 return Err(LockError::conflict(BACKEND));
             }
             let token = self.next_token(stored.count, 0, record.leader_transitions)?;
-            let record = LeaderElectionRecord {
-                leader_transitions: token,
-                ..record.clone()
+            let record = {
+                let mut record = record.clone();
+                record.leader_transitions = token;
+                record
             };
             return self.replace(&client, stored, token, &record).await;
         }

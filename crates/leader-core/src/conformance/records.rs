@@ -560,3 +560,66 @@ pub async fn missing_storage_is_reported_until_it_exists(
     elector.wait_leading(Duration::from_secs(5)).await;
     elector.stop().await;
 }
+
+/// S16: a record a later release's holder wrote, with fields this release does not know, is
+/// read with them, and every write within its term keeps them: a renewal, a write of its
+/// extensions, a handover request written on the holder's behalf, a release. Skipped for a
+/// store that keeps no such fields ([`LockFactory::keeps_unknown_fields`]).
+pub async fn fields_of_a_later_release_survive(factory: &dyn LockFactory) {
+    if !factory.keeps_unknown_fields() {
+        return;
+    }
+    let name = unique("later-release");
+    let a = factory.lock(&name, "a").await;
+    let b = factory.lock(&name, "b").await;
+    let mut later = record("a", 1);
+    later
+        .unknown_fields
+        .insert("holderRelease".into(), serde_json::json!("0.2.0"));
+    later.unknown_fields.insert(
+        "lease".into(),
+        serde_json::json!({"kind": "session", "id": 7}),
+    );
+    let expected = later.unknown_fields.clone();
+    let check = |context: &str, observed: &Observed| {
+        assert_eq!(
+            observed.record.unknown_fields, expected,
+            "a later release's fields after {context}: {:?}",
+            observed.record
+        );
+    };
+    let held = a.create(&later).await.expect("create");
+    let read = get("a later release's record", &*b)
+        .await
+        .expect("the record");
+    check("a read", &read);
+    let mut renewal = read.record.clone();
+    renewal.renew_time = renewal.renewal_time(now());
+    let renewed = a.renew(&held.version, &renewal).await.expect("renew");
+    check("a renewal", &get("renewal", &*b).await.expect("the record"));
+    let mut written = renewed.record.clone();
+    written.renew_time = written.renewal_time(now());
+    written
+        .extensions
+        .insert("conformance/later".into(), "1".into());
+    a.update(&renewed.version, &written)
+        .await
+        .expect("an extension write");
+    check(
+        "an extension write",
+        &get("write", &*b).await.expect("record"),
+    );
+    crate::request_handover(&*b, "b")
+        .await
+        .expect("a handover request");
+    let requested = get("handover request", &*a).await.expect("the record");
+    check("a handover request", &requested);
+    let mut released = requested.record.clone();
+    released.holder_identity.clear();
+    a.update(&requested.version, &released)
+        .await
+        .expect("a release");
+    check("a release", &get("release", &*b).await.expect("the record"));
+    a.close().await;
+    b.close().await;
+}

@@ -25,6 +25,8 @@ impl Runner {
             // An acquisition keeps the extensions of the record it replaces (a store-clock
             // acquisition keeps the stored ones, whatever these are).
             extensions: base.map(|r| r.extensions.clone()).unwrap_or_default(),
+            // The record of this release's term: a later release's fields were its term's.
+            unknown_fields: Default::default(),
         }
     }
 

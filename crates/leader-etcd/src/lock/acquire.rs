@@ -253,9 +253,10 @@ impl EtcdLock {
                 revision,
             )),
         };
-        let stored = LeaderElectionRecord {
-            leader_transitions: wanted,
-            ..record.clone()
+        let stored = {
+            let mut record = record.clone();
+            record.leader_transitions = wanted;
+            record
         };
         {
             let mut seen = self.seen();
@@ -283,9 +284,10 @@ impl EtcdLock {
             previous.lease.revoke_later(&self.store);
         }
         Observed {
-            record: LeaderElectionRecord {
-                leader_transitions: token,
-                ..record.clone()
+            record: {
+                let mut record = record.clone();
+                record.leader_transitions = token;
+                record
             },
             version: Version::from(revision),
         }

@@ -133,9 +133,10 @@ impl EtcdLock {
         };
         Ok(Some((
             Observed {
-                record: LeaderElectionRecord {
-                    leader_transitions: token,
-                    ..stored
+                record: {
+                    let mut record = stored;
+                    record.leader_transitions = token;
+                    record
                 },
                 version: Version::from(kv.mod_revision()),
             },

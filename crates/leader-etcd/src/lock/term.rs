@@ -24,12 +24,13 @@ impl EtcdLock {
     ) -> Result<Acquisition, LockError> {
         let expected = parse_version(&observed.version)?;
         let now = chrono::Utc::now();
-        let freed = LeaderElectionRecord {
-            holder_identity: String::new(),
-            acquire_time: now,
-            renew_time: now,
-            preferred_holder: Some(to.to_owned()),
-            ..observed.record.clone()
+        let freed = {
+            let mut record = observed.record.clone();
+            record.holder_identity = String::new();
+            record.acquire_time = now;
+            record.renew_time = now;
+            record.preferred_holder = Some(to.to_owned());
+            record
         };
         let key = self.key.as_str();
         let txn = Txn::new()
@@ -260,9 +261,11 @@ impl EtcdLock {
                 self.wrote(&next_record, revision, next.lease);
                 tracing::debug!(to = %next.identity, "released the lease to the longest-waiting candidate");
                 Ok(Observed {
-                    record: LeaderElectionRecord {
-                        leader_transitions: token_of(wanted.to_string().as_bytes(), revision),
-                        ..next_record
+                    record: {
+                        let mut record = next_record;
+                        record.leader_transitions =
+                            token_of(wanted.to_string().as_bytes(), revision);
+                        record
                     },
                     version: Version::from(revision),
                 })

@@ -153,28 +153,31 @@ pub(super) fn record_of(context: &str, lease: &Lease) -> Result<Observed, LockEr
         .and_then(|a| a.get(FENCING_TOKEN_ANNOTATION))
         .and_then(|v| v.parse::<u64>().ok())
         .unwrap_or(0);
-    let record = LeaderElectionRecord {
-        holder_identity: spec.holder_identity.unwrap_or_default(),
-        lease_duration: Duration::from_secs(
-            u64::try_from(seconds)
-                .map_err(|_| bad(format!("negative leaseDurationSeconds {seconds}")))?,
-        ),
-        acquire_time: acquire.flatten().or(renew.flatten()).unwrap_or_default(),
-        renew_time: renew.flatten().or(acquire.flatten()).unwrap_or_default(),
-        leader_transitions: u64::try_from(transitions)
-            .map_err(|_| bad(format!("negative leaseTransitions {transitions}")))?
-            .max(high_water),
+    let record = {
+        let mut record = LeaderElectionRecord::new(
+            spec.holder_identity.unwrap_or_default(),
+            Duration::from_secs(
+                u64::try_from(seconds)
+                    .map_err(|_| bad(format!("negative leaseDurationSeconds {seconds}")))?,
+            ),
+            acquire.flatten().or(renew.flatten()).unwrap_or_default(),
+            u64::try_from(transitions)
+                .map_err(|_| bad(format!("negative leaseTransitions {transitions}")))?
+                .max(high_water),
+        );
+        record.renew_time = renew.flatten().or(acquire.flatten()).unwrap_or_default();
         // The spec's fields (written by the coordinator, or kept by a server with the gate on),
         // else what the annotation keeps for this term.
-        strategy: spec
+        record.strategy = spec
             .strategy
             .filter(|s| s != HANDOVER_STRATEGY)
-            .or_else(|| kept.as_ref().and_then(|k| k.strategy.clone())),
-        preferred_holder: spec
+            .or_else(|| kept.as_ref().and_then(|k| k.strategy.clone()));
+        record.preferred_holder = spec
             .preferred_holder
             .filter(|p| !p.is_empty())
-            .or_else(|| kept.and_then(|k| k.preferred_holder)),
-        extensions,
+            .or_else(|| kept.and_then(|k| k.preferred_holder));
+        record.extensions = extensions;
+        record
     };
     let version = lease
         .metadata

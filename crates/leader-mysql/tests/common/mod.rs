@@ -79,6 +79,10 @@ pub struct NamedFactory {
 
 #[async_trait]
 impl LockFactory for NamedFactory {
+    /// A later release's field is a column (an annotation) this release leaves alone.
+    fn keeps_unknown_fields(&self) -> bool {
+        false
+    }
     async fn lock(&self, name: &str, identity: &str) -> Arc<dyn ResourceLock> {
         Arc::new(self.store.named_lock(name, identity))
     }
@@ -96,6 +100,10 @@ pub struct Factory {
 
 #[async_trait]
 impl LockFactory for Factory {
+    /// A later release's field is a column (an annotation) this release leaves alone.
+    fn keeps_unknown_fields(&self) -> bool {
+        false
+    }
     async fn lock(&self, name: &str, identity: &str) -> Arc<dyn ResourceLock> {
         Arc::new(self.store.lock(name, identity))
     }

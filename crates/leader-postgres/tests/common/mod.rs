@@ -60,6 +60,10 @@ pub struct Factory {
 
 #[async_trait]
 impl LockFactory for Factory {
+    /// A later release's field is a column (an annotation) this release leaves alone.
+    fn keeps_unknown_fields(&self) -> bool {
+        false
+    }
     async fn lock(&self, name: &str, identity: &str) -> Arc<dyn ResourceLock> {
         if self.advisory {
             Arc::new(self.store.advisory_lock(name, identity))

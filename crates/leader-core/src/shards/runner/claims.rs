@@ -32,6 +32,7 @@ impl Runner {
             strategy: base.and_then(|r| r.strategy.clone()),
             preferred_holder: None,
             extensions: base.map(|r| r.extensions.clone()).unwrap_or_default(),
+            unknown_fields: Default::default(),
         }
     }
 

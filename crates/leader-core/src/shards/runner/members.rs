@@ -14,16 +14,8 @@ impl Runner {
         let key = roster_key(&name);
         let my_entry = format!("{MEMBER_PREFIX}{}", member_key(&name, &self.me));
         let Some(roster) = roster else {
-            let mut record = LeaderElectionRecord {
-                holder_identity: String::new(),
-                lease_duration: ROSTER_LEASE,
-                acquire_time: self.config.wall_clock.now(),
-                renew_time: self.config.wall_clock.now(),
-                leader_transitions: 0,
-                strategy: None,
-                preferred_holder: None,
-                extensions: BTreeMap::new(),
-            };
+            let mut record =
+                LeaderElectionRecord::new("", ROSTER_LEASE, self.config.wall_clock.now(), 0);
             record
                 .extensions
                 .insert(COUNT_EXTENSION.into(), self.config.count.to_string());
