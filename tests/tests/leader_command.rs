@@ -841,7 +841,8 @@ async fn once_exits_with_75_when_leadership_is_lost() {
     start_number(&log, 1, Duration::from_secs(10)).await;
     // Someone else takes the record (as after a lease that expired while this one was stalled).
     use leader_core::ResourceLock;
-    let intruder = leader_core::FileLock::new(&path, "intruder");
+    // The election's own directory under the URL's.
+    let intruder = leader_core::FileLock::new(path.join("once"), "intruder");
     let current = intruder.get().await.expect("get").expect("record");
     let mut record = current.record.clone();
     record.holder_identity = "intruder".into();

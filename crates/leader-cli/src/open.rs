@@ -37,9 +37,9 @@ pub(crate) async fn open_lock(
         None => LockUrl::file(leader::default_file(&args.name)),
     };
     let opened = async {
-        let (lock, file): (Box<dyn ResourceLock>, _) = match url.file_path() {
-            Some(path) => {
-                let file = FileLock::new(path, identity);
+        let (lock, file): (Box<dyn ResourceLock>, _) = match url.file_lock(&args.name, identity) {
+            Some(file) => {
+                let file = file?;
                 (Box::new(file.clone()), Some(file))
             }
             None => (url.open(&args.name, identity).await?, None),

@@ -19,9 +19,11 @@ use crate::lock::{Acquisition, ChangeStream, ResourceLock};
 use crate::record::{LeaderElectionRecord, Observed, Version};
 
 mod dir;
+mod layout;
 
 pub(crate) use dir::ensure_private_dir;
 use dir::*;
+pub(crate) use layout::election_dir;
 
 const BACKEND: &str = "file";
 /// Versions kept behind the newest, for readers that listed the directory a moment ago.

@@ -35,9 +35,19 @@ pub trait LockTarget: fmt::Debug + Send + Sync {
         })
     }
 
-    /// The lock directory, for a file lock (whose term lock the `leader` command hands to
-    /// COMMAND); `None` for every other backend.
+    /// The directory a file lock URL names (where a shard set's records live); `None` for
+    /// every other backend.
     fn file_path(&self) -> Option<&Path> {
+        None
+    }
+
+    /// The file lock for election `name` as candidate `identity`, for a file lock URL (whose
+    /// term lock the `leader` command hands to COMMAND); `None` for every other backend.
+    ///
+    /// # Errors
+    /// As [`open`](Self::open).
+    fn file_lock(&self, name: &str, identity: &str) -> Option<Result<FileLock, LockError>> {
+        let _ = (name, identity);
         None
     }
 }
@@ -86,10 +96,16 @@ impl UrlError {
     }
 }
 
-/// A `file:///PATH` URL: a [`FileLock`] on that directory.
+/// A `file:///PATH` URL: a [`FileLock`] per election in a directory of its name under `PATH`
+/// (`PATH/NAME`, the name percent-encoded), as every other store keeps a record per name. A
+/// `PATH` that holds one election of the earlier layout (version files of its own) is used as
+/// it is, for every name, with a warning; see the crate's README on rolling upgrades.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FileUrl {
     path: PathBuf,
+    /// Whether `path` holds a directory per election (a URL), or is the election's (a path
+    /// given as it is, [`FileUrl::new`]).
+    per_name: bool,
 }
 
 impl FileUrl {
@@ -107,12 +123,30 @@ impl FileUrl {
                     "a file lock needs an absolute path, like file:///run/myapp/leader",
                 )
             })?;
-        Ok(Self { path: path.into() })
+        Ok(Self {
+            path: path.into(),
+            per_name: true,
+        })
     }
 
-    /// A file lock URL for the directory `path`.
+    /// The file lock on the directory `path` itself, whatever the election's name: the lock
+    /// directory of one election (as the `leader` command's default, `leader-NAME` in the
+    /// runtime directory).
     pub fn new(path: impl Into<PathBuf>) -> Self {
-        Self { path: path.into() }
+        Self {
+            path: path.into(),
+            per_name: false,
+        }
+    }
+
+    /// The lock of election `name` for `identity`.
+    fn lock(&self, name: &str, identity: &str) -> Result<FileLock, LockError> {
+        let dir = if self.per_name {
+            crate::file::election_dir(&self.path, name)?
+        } else {
+            self.path.clone()
+        };
+        Ok(FileLock::new(dir, identity).with_election_name(name))
     }
 }
 
@@ -122,11 +156,10 @@ impl LockTarget for FileUrl {
         format!("file:{}", self.path.display())
     }
 
-    /// The lock on the URL's directory, named `name` whatever the directory is called.
+    /// The lock of election `name`: in its own directory under the URL's, or in the path
+    /// given itself ([`FileUrl::new`]).
     async fn open(&self, name: &str, identity: &str) -> Result<Box<dyn ResourceLock>, LockError> {
-        Ok(Box::new(
-            FileLock::new(&self.path, identity).with_election_name(name),
-        ))
+        Ok(Box::new(self.lock(name, identity)?))
     }
 
     /// A directory per record below the URL's directory, which is made for this user alone
@@ -143,6 +176,10 @@ impl LockTarget for FileUrl {
 
     fn file_path(&self) -> Option<&Path> {
         Some(&self.path)
+    }
+
+    fn file_lock(&self, name: &str, identity: &str) -> Option<Result<FileLock, LockError>> {
+        Some(self.lock(name, identity))
     }
 }
 

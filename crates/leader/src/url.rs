@@ -90,7 +90,7 @@ pub const BACKENDS: &[Backend] = &[
         name: "file",
         feature: "",
         crate_name: "leader-core",
-        description: "a directory on this host: the processes of one machine, no server",
+        description: "a directory on this host, one directory per election in it: the processes of one machine, no server",
         example: "file:///run/myapp/leader",
         parse: Some(file_target),
     },
@@ -382,9 +382,22 @@ impl LockUrl {
         }
     }
 
-    /// The lock directory, for a file lock; `None` for every other backend.
+    /// The directory a file lock URL names; `None` for every other backend.
     pub fn file_path(&self) -> Option<&Path> {
         self.target.file_path()
+    }
+
+    /// The file lock for election `name` as candidate `identity`, for a file lock URL; `None`
+    /// for every other backend.
+    ///
+    /// # Errors
+    /// As [`open`](Self::open).
+    pub fn file_lock(
+        &self,
+        name: &str,
+        identity: &str,
+    ) -> Option<Result<leader_core::FileLock, LockError>> {
+        self.target.file_lock(name, identity)
     }
 
     /// The lock for messages, before it is opened; never with credentials.
@@ -538,5 +551,78 @@ mod tests {
         let lock = open(&url, "jobs", "a").await.expect("open");
         assert_eq!(lock.identity(), "a");
         assert!(lock.get().await.expect("get").is_none());
+    }
+
+    /// One election per name on a file URL, as on every other store: two schedules on one URL
+    /// each have their own lock, with its own fencing tokens.
+    #[tokio::test]
+    async fn a_file_url_keeps_one_election_per_name() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let url = format!("file://{}", dir.path().join("locks").display());
+        let record = |holder: &str| {
+            leader_core::LeaderElectionRecord::new(
+                holder,
+                std::time::Duration::from_secs(15),
+                Default::default(),
+                1,
+            )
+        };
+        let nightly = open(&url, "nightly", "a").await.expect("open");
+        let hourly = open(&url, "hourly", "b").await.expect("open");
+        nightly.create(&record("a")).await.expect("nightly's lock");
+        hourly
+            .create(&record("b"))
+            .await
+            .expect("hourly's lock is another one");
+        assert_eq!(
+            open(&url, "nightly", "c")
+                .await
+                .expect("open")
+                .get()
+                .await
+                .expect("get")
+                .expect("held")
+                .record
+                .holder_identity,
+            "a"
+        );
+        assert!(dir.path().join("locks/nightly").is_dir());
+        assert!(dir.path().join("locks/hourly").is_dir());
+    }
+
+    /// A directory that holds one election of the earlier layout (its own version files) is
+    /// used as it is, for every name, so that replicas of an earlier release and of this one
+    /// share it during a rollout; a directory of the new layout carries a marker that an
+    /// earlier release cannot read as a record, so it never leads (nor writes) there.
+    #[tokio::test]
+    async fn a_file_url_of_the_earlier_layout_is_used_as_it_is() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("locks");
+        let earlier = leader_core::FileLock::new(&path, "old");
+        let record = leader_core::LeaderElectionRecord::new(
+            "old",
+            std::time::Duration::from_secs(15),
+            Default::default(),
+            1,
+        );
+        earlier
+            .create(&record)
+            .await
+            .expect("an earlier release's lock");
+        let url = format!("file://{}", path.display());
+        for name in ["nightly", "hourly"] {
+            let lock = open(&url, name, "new").await.expect("open");
+            let held = lock.get().await.expect("get").expect("the earlier lock");
+            assert_eq!(held.record.holder_identity, "old", "{name}");
+        }
+        // The new layout, read as an earlier release reads its directory: not a record.
+        let fresh = dir.path().join("fresh");
+        let url = format!("file://{}", fresh.display());
+        open(&url, "nightly", "new").await.expect("open");
+        let err = leader_core::FileLock::new(&fresh, "old")
+            .get()
+            .await
+            .expect_err("the marker is no record");
+        assert!(matches!(err, LockError::InvalidRecord { .. }), "{err}");
     }
 }

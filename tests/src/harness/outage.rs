@@ -219,7 +219,8 @@ pub async fn measure(
         Some(server) => Some(proxy_to(server).await?),
         None => None,
     };
-    let lock_dir = dir.path().join("lock");
+    // The election's own directory under the file URL's (one per election name).
+    let lock_dir = dir.path().join("lock").join("outage");
     let settings = Settings {
         lease: timings.lease,
         renew: timings.renew,
