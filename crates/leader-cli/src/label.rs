@@ -14,6 +14,7 @@ pub(crate) async fn attach(
     election: &str,
     timings: Timings,
 ) -> Result<LeaderElectorBuilder, String> {
+    leader::kubernetes::PodLabel::check_key(key).map_err(|err| format!("--label-pod: {err}"))?;
     let label = leader::kubernetes::PodLabel::from_env(election, timings.renew_deadline / 2)
         .await
         .and_then(|label| label.label(key, election))

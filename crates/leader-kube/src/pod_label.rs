@@ -174,6 +174,23 @@ impl PodLabel {
         Ok(label)
     }
 
+    /// Refuses a key that reads as a switch (`true`, `1`, `on`, ...): `leader run
+    /// --label-pod=KEY` and `LEADER_LABEL_POD` name the label's key, and `LEADER_LABEL_POD=true`
+    /// copied from an on/off setting would label Pods `true=NAME`, which no Service selects.
+    ///
+    /// # Errors
+    /// [`LockError::Misconfigured`] naming the key and what to write instead.
+    pub fn check_key(key: &str) -> Result<(), LockError> {
+        const SWITCHES: [&str; 8] = ["true", "false", "yes", "no", "on", "off", "1", "0"];
+        if SWITCHES.contains(&key.to_ascii_lowercase().as_str()) {
+            return Err(misconfigured(format!(
+                "{key:?} is a switch, not a label key: LEADER_LABEL_POD (and --label-pod=KEY) \
+                 names the key of the label the leader's Pod gets, such as {POD_LABEL}"
+            )));
+        }
+        Ok(())
+    }
+
     /// Writes `key: value` instead (for a Pod that takes part in two elections, say).
     ///
     /// # Errors
@@ -185,6 +202,7 @@ impl PodLabel {
         value: impl Into<String>,
     ) -> Result<Self, LockError> {
         let (key, value) = (key.into(), value.into());
+        Self::check_key(&key)?;
         if !names::is_qualified_name(&key) {
             return Err(misconfigured(format!(
                 "{key:?} is not a label key the API server accepts (a qualified name such as \

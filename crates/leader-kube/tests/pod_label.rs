@@ -766,6 +766,15 @@ fn labels_the_api_server_would_refuse_are_refused_when_built() {
             .expect_err("key")
             .to_string();
         assert!(err.contains("not a label key"), "{err}");
+        // A switch copied from an on/off setting is no key.
+        for switch in ["true", "ON", "1"] {
+            let err = PodLabel::new(client(&api), "default", "web-1", "jobs")
+                .expect("valid")
+                .label(switch, "jobs")
+                .expect_err(switch)
+                .to_string();
+            assert!(err.contains("is a switch, not a label key"), "{err}");
+        }
         let label = PodLabel::new(client(&api), "default", "web-1", "jobs")
             .expect("valid")
             .label("example.com/billing-leader", "true")

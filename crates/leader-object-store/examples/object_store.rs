@@ -1,13 +1,13 @@
 //! Elect a leader among processes on one bucket. Run it in two or three terminals:
 //!
 //! ```text
-//! LOCK_URL=s3://my-bucket/locks/ cargo run -p leader-object-store --example object_store
+//! LEADER_LOCK=s3://my-bucket/locks/ cargo run -p leader-object-store --example object_store
 //! ```
 //!
 //! Credentials, region and endpoint come from the environment (`AWS_*`, `GOOGLE_*`,
 //! `AZURE_*`). With no bucket at hand, moto's S3 server (`scripts/setup` starts it) will do:
 //! `AWS_ENDPOINT=http://127.0.0.1:9000 AWS_ALLOW_HTTP=true AWS_ACCESS_KEY_ID=test
-//! AWS_SECRET_ACCESS_KEY=test AWS_REGION=us-east-1 LOCK_URL=s3://BUCKET/locks/`.
+//! AWS_SECRET_ACCESS_KEY=test AWS_REGION=us-east-1 LEADER_LOCK=s3://BUCKET/locks/`.
 //!
 //! The leader prints a line per second with its fencing token; stop it with Ctrl-C and another
 //! process takes over at its next poll (it releases the lease); kill it with `kill -9` and
@@ -25,7 +25,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
         .with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
         .init();
-    let url = std::env::var("LOCK_URL").unwrap_or_else(|_| "memory://".into());
+    let url = std::env::var("LEADER_LOCK").unwrap_or_else(|_| "memory://".into());
     let name = std::env::var("LEADER_NAME").unwrap_or_else(|_| "example".into());
     let identity =
         std::env::var("LEADER_IDENTITY").unwrap_or_else(|_| leader_core::default_identity());

@@ -1,9 +1,12 @@
 //! Elect a leader among processes on a Postgres table. Run it in two or three terminals:
 //!
 //! ```text
-//! DATABASE_URL=postgres://postgres:postgres@127.0.0.1:5432/postgres cargo run --example postgres
-//! LEADER_LOCK=advisory cargo run --example postgres    # the advisory lock instead
+//! LEADER_LOCK=postgres://postgres:postgres@127.0.0.1:5432/postgres cargo run --example postgres
+//! LEADER_LOCK='postgres://...?advisory=true' cargo run --example postgres  # the advisory lock
 //! ```
+//!
+//! `LEADER_LOCK` is the lock URL, as for the `leader` command (default: `DATABASE_URL`, else
+//! the local server).
 //!
 //! The leader prints a line per second with its fencing token; stop it with Ctrl-C and another
 //! process takes over at once (the release is announced with NOTIFY). Kill it with `kill -9` and
@@ -12,8 +15,9 @@
 use std::error::Error;
 use std::time::Duration;
 
+use leader_core::LockTarget;
 use leader_core::{LeaderElector, LeaderState, ResourceLock};
-use leader_postgres::PostgresStore;
+use leader_postgres::LockUrl;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn Error>> {
@@ -21,20 +25,16 @@ async fn main() -> Result<(), Box<dyn Error>> {
         .with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
         .init();
-    let url = std::env::var("DATABASE_URL")
+    let url = std::env::var("LEADER_LOCK")
+        .or_else(|_| std::env::var("DATABASE_URL"))
         .unwrap_or_else(|_| "postgres://postgres:postgres@127.0.0.1:5432/postgres".into());
     let name = std::env::var("LEADER_NAME").unwrap_or_else(|_| "example".into());
     let identity =
         std::env::var("LEADER_IDENTITY").unwrap_or_else(|_| leader_core::default_identity());
 
-    let store = PostgresStore::builder(url)
-        .create_table(true)
-        .build()
-        .await?;
-    let lock: Box<dyn ResourceLock> = match std::env::var("LEADER_LOCK").as_deref() {
-        Ok("advisory") => Box::new(store.advisory_lock(&name, &identity)),
-        _ => Box::new(store.lock(&name, &identity)),
-    };
+    // The table lock, or the advisory lock with `?advisory=true`; the table is created when
+    // the role may.
+    let lock: Box<dyn ResourceLock> = LockUrl::parse(&url)?.open(&name, &identity).await?;
     println!(
         "{identity} runs for leadership of {:?} on {}",
         name,

@@ -8,7 +8,7 @@
 //!   HealthzAdaptor-like check, failing when this pod believes it leads although its lease ran
 //!   out; `:8080/leader` says who leads (JSON; 200 on the leader, 503 elsewhere): the library's
 //!   `LeaderEndpointsLayer`.
-//! - With `LEADER_LABEL_POD=true`, the leader's Pod carries the label
+//! - With `LEADER_LABEL_POD=leader-rs.io/leader` (the label's key), the leader's Pod carries the label
 //!   `leader-rs.io/leader: LEADER_NAME` while it leads, for `deploy/kubernetes/
 //!   service-leader.yaml` (needs `deploy/kubernetes/rbac-pod-label.yaml`).
 //! - SIGTERM (pod deletion, rolling update) stops the work and releases the Lease, so another
@@ -52,8 +52,14 @@ async fn main() -> Result<(), Box<dyn Error>> {
         .renew_deadline(Duration::from_secs(10))
         .retry_period(Duration::from_secs(2))
         .on_new_leader(|leader| tracing::info!(leader, "new leader"));
-    if std::env::var("LEADER_LABEL_POD").is_ok_and(|v| v == "true") {
-        let label = PodLabel::from_env(&name, DEFAULT_REQUEST_TIMEOUT).await?;
+    // The label's key, as `leader run --label-pod=KEY` takes it: the Pod gets KEY=NAME.
+    if let Some(key) = std::env::var("LEADER_LABEL_POD")
+        .ok()
+        .filter(|k| !k.is_empty())
+    {
+        let label = PodLabel::from_env(&name, DEFAULT_REQUEST_TIMEOUT)
+            .await?
+            .label(key, &name)?;
         builder = builder.beside_work(move |leadership| {
             let label = label.clone();
             async move { label.hold(leadership).await }

@@ -3,7 +3,7 @@
 //! load balancers and probes. Run two or three at once:
 //!
 //! ```sh
-//! LOCK_URL=postgres://app@db/app LISTEN=127.0.0.1:8081 cargo run -p leader --features postgres,tower --example leader_only_route
+//! LEADER_LOCK=postgres://app@db/app LISTEN=127.0.0.1:8081 cargo run -p leader --features postgres,tower --example leader_only_route
 //! curl -X POST 127.0.0.1:8081/admin/rebuild
 //! ```
 //!
@@ -18,7 +18,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Log what the election does, refused writes and outages included (RUST_LOG, default info).
     let filter = std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into());
     tracing_subscriber::fmt().with_env_filter(filter).init();
-    let url = std::env::var("LOCK_URL")?; // postgres://app@db/app, redis://..., etcd://...
+    let url = std::env::var("LEADER_LOCK")?; // postgres://app@db/app, redis://..., etcd://...
     let lock = leader::open(&url, "admin", &leader::default_identity()).await?;
     let elector = LeaderElector::builder(lock).build()?;
     let app = Router::new()

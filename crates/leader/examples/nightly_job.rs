@@ -2,7 +2,7 @@
 //! whichever replica leads, under a fencing token. Run two or three at once:
 //!
 //! ```sh
-//! LOCK_URL=postgres://app@db/app cargo run -p leader --features postgres,cron --example nightly_job
+//! LEADER_LOCK=postgres://app@db/app cargo run -p leader --features postgres,cron --example nightly_job
 //! ```
 //!
 //! `SCHEDULE` (default `0 3 * * *`, in Europe/Berlin) takes any cron expression, such as
@@ -20,7 +20,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let cron = std::env::var("SCHEDULE").unwrap_or_else(|_| "0 3 * * *".into());
     let schedule = Schedule::cron(&cron, "Europe/Berlin")?;
     let job = CronJob::builder("nightly-report", schedule).build(report)?;
-    let url = std::env::var("LOCK_URL")?; // postgres://app@db/app, redis://..., etcd://...
+    let url = std::env::var("LEADER_LOCK")?; // postgres://app@db/app, redis://..., etcd://...
     let lock = leader::open(&url, "nightly-report", &leader::default_identity()).await?;
     job.run_elected(lock, leader::shutdown_on_signals()).await?;
     Ok(())

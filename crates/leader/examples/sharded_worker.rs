@@ -3,7 +3,7 @@
 //! shards move when replicas come and go. Run two or three at once:
 //!
 //! ```sh
-//! LOCK_URL=postgres://app@db/app cargo run -p leader --features postgres --example sharded_worker
+//! LEADER_LOCK=postgres://app@db/app cargo run -p leader --features postgres --example sharded_worker
 //! ```
 //!
 //! SIGTERM or Ctrl-C stops the work, releases the shards and leaves the set at once.
@@ -17,7 +17,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Log what the election does, refused writes and outages included (RUST_LOG, default info).
     let filter = std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into());
     tracing_subscriber::fmt().with_env_filter(filter).init();
-    let url = std::env::var("LOCK_URL")?; // postgres://app@db/app, redis://..., etcd://...
+    let url = std::env::var("LEADER_LOCK")?; // postgres://app@db/app, redis://..., etcd://...
     let locks = leader::open_set(&url, "tenants", &leader::default_identity()).await?;
     let shards = Shards::builder("tenants", 8, locks).build()?;
     let work = |shard: u32, term: Leadership| async move {

@@ -80,7 +80,7 @@ impl Replica {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nightly_job_fires_each_instant_on_one_replica() {
     let Some(url) = lock_url() else { return };
-    let env = [("LOCK_URL", url.as_str()), ("SCHEDULE", "* * * * * *")];
+    let env = [("LEADER_LOCK", url.as_str()), ("SCHEDULE", "* * * * * *")];
     let a = Replica::start("nightly_job", &env);
     let b = Replica::start("nightly_job", &env);
     sleep(Duration::from_secs(6)).await;
@@ -109,7 +109,7 @@ async fn leader_only_route_answers_on_the_leader_and_moves_with_it() {
         .map(|addr| {
             Some(Replica::start(
                 "leader_only_route",
-                &[("LOCK_URL", url.as_str()), ("LISTEN", addr.as_str())],
+                &[("LEADER_LOCK", url.as_str()), ("LISTEN", addr.as_str())],
             ))
         })
         .collect();
@@ -165,7 +165,7 @@ async fn leader_only_route_answers_on_the_leader_and_moves_with_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sharded_worker_covers_every_shard_across_replicas() {
     let Some(url) = lock_url() else { return };
-    let env = [("LOCK_URL", url.as_str())];
+    let env = [("LEADER_LOCK", url.as_str())];
     let a = Replica::start("sharded_worker", &env);
     let b = Replica::start("sharded_worker", &env);
     let shards_of = |replica: &Replica| {
