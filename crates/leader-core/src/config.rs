@@ -118,6 +118,9 @@ pub struct ElectorConfig {
     pub request_timeout: Duration,
     /// How long the elector waits for the leader's work to stop after cancelling it.
     pub stop_grace: Duration,
+    /// Whether the work of `run_while_leading` is given the stop grace to return by itself at
+    /// a term's end, instead of being dropped at once.
+    pub graceful_stop: bool,
     /// Release the lease on shutdown.
     pub release_on_cancel: bool,
     /// What happens when the term's work ends by itself.

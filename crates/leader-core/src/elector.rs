@@ -32,6 +32,7 @@ pub struct LeaderElectorBuilder {
     jitter: f64,
     request_timeout: Option<Duration>,
     stop_grace: Option<Duration>,
+    graceful_stop: bool,
     release_on_cancel: bool,
     work_exit: WorkExit,
     fencing_token_floor: u64,
@@ -101,6 +102,20 @@ impl LeaderElectorBuilder {
     /// and on shutdown the lease is not released but left to expire.
     pub fn stop_grace(mut self, duration: Duration) -> Self {
         self.stop_grace = Some(duration);
+        self
+    }
+
+    /// Whether the work of [`run_while_leading`](LeaderElector::run_while_leading) stops on
+    /// its own when a term ends (default `false`: its future is dropped at once, wherever it
+    /// is). With `true`, the work sees the end ([`Leadership::lost`], its
+    /// [`cancellation_token`](Leadership::cancellation_token)) and has the
+    /// [`stop_grace`](Self::stop_grace) to return: a controller finishes the reconcile it is
+    /// in (kube-runtime's `Controller::graceful_shutdown_on`), a consumer acknowledges what it
+    /// processed. Work still running near the grace's end is dropped then, so the lease is
+    /// released as usual. The next leader can take over only once the work stopped or the
+    /// lease ran out, as always (S6).
+    pub fn graceful_stop(mut self, graceful: bool) -> Self {
+        self.graceful_stop = graceful;
         self
     }
 
@@ -241,6 +256,7 @@ impl LeaderElectorBuilder {
             jitter: self.jitter,
             request_timeout,
             stop_grace: self.stop_grace.unwrap_or(timings.stop_window()),
+            graceful_stop: self.graceful_stop,
             release_on_cancel: self.release_on_cancel,
             work_exit: self.work_exit,
             fencing_token_floor: self.fencing_token_floor,
@@ -313,6 +329,7 @@ impl LeaderElector {
             jitter: JITTER_FACTOR,
             request_timeout: None,
             stop_grace: None,
+            graceful_stop: false,
             release_on_cancel: true,
             work_exit: WorkExit::StepDown,
             fencing_token_floor: 0,
@@ -392,7 +409,9 @@ impl LeaderElector {
     }
 
     /// Runs for leadership until `shutdown` is cancelled and runs `work` during each term: the
-    /// future starts when this candidate becomes leader and is dropped the moment leadership ends.
+    /// future starts when this candidate becomes leader and is dropped the moment leadership ends
+    /// (or, with [`graceful_stop`](LeaderElectorBuilder::graceful_stop), is given the stop grace
+    /// to return by itself).
     /// When `work` completes or panics while the term goes on, the term ends and the lease is
     /// released (or the work is started again: [`LeaderElectorBuilder::work_exit`]).
     ///
@@ -407,10 +426,27 @@ impl LeaderElector {
         Fut: Future<Output = ()> + Send + 'static,
     {
         let work = Arc::new(work);
+        // A little short of the elector's own wait, so that it finds the work stopped in time
+        // and releases the lease.
+        let grace = self
+            .config
+            .graceful_stop
+            .then(|| self.config.stop_grace.mul_f64(0.9));
         self.callbacks.started.push(Arc::new(move |leadership| {
             let work = work.clone();
             Box::pin(async move {
-                let _ = leadership.run(work(leadership.clone())).await;
+                let Some(grace) = grace else {
+                    let _ = leadership.run(work(leadership.clone())).await;
+                    return;
+                };
+                let ended = leadership.clone();
+                let mut running = std::pin::pin!(work(leadership));
+                tokio::select! {
+                    biased;
+                    () = &mut running => return,
+                    () = ended.lost() => {}
+                }
+                let _ = tokio::time::timeout(grace, running).await;
             })
         }));
         self.run(shutdown).await;

@@ -389,3 +389,65 @@ async fn a_task_beside_no_work_keeps_no_term_from_lasting() {
     assert!(a.stopped().is_empty());
     a.stop().await;
 }
+
+/// With `graceful_stop`, the work of `run_while_leading` sees the term end and finishes what it
+/// does within the stop grace (a reconcile half done is completed), and the lease is released
+/// after it; without, the work is dropped at once. Work that ignores the end is dropped before
+/// the grace runs out, and the lease is still released.
+#[tokio::test(start_paused = true)]
+async fn graceful_work_finishes_within_the_grace() {
+    for (graceful, step, finishes) in [
+        (true, Duration::from_secs(1), true),
+        (false, Duration::from_secs(1), false),
+        (true, Duration::from_secs(60), false),
+    ] {
+        let store = MemoryStore::new();
+        let finished = Arc::new(Mutex::new(None::<Instant>));
+        let done = finished.clone();
+        let elector = builder(store.lock("election", "a"))
+            .stop_grace(Duration::from_secs(4))
+            .graceful_stop(graceful)
+            .build()
+            .unwrap();
+        let mut state = elector.subscribe();
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(
+            elector.run_while_leading(shutdown.clone(), move |leadership| {
+                let done = done.clone();
+                async move {
+                    leadership.lost().await;
+                    // The rest of a reconcile, after the term ended.
+                    sleep(step).await;
+                    *done.lock().unwrap() = Some(Instant::now());
+                }
+            }),
+        );
+        state.wait_for(LeaderState::is_leading).await.unwrap();
+        let stopped = Instant::now();
+        shutdown.cancel();
+        task.await.unwrap();
+        let released = store
+            .lock("election", "reader")
+            .get()
+            .await
+            .unwrap()
+            .expect("the record")
+            .record
+            .is_free();
+        assert!(released, "graceful {graceful}, step {step:?}: not released");
+        let finished_at = *finished.lock().unwrap();
+        assert_eq!(
+            finished_at.is_some(),
+            finishes,
+            "graceful {graceful}, step {step:?}"
+        );
+        if let Some(at) = finished_at {
+            assert!(at - stopped >= step, "finished before its step");
+        }
+        assert!(
+            stopped.elapsed() < Duration::from_secs(4),
+            "{:?}",
+            stopped.elapsed()
+        );
+    }
+}
