@@ -113,6 +113,7 @@ pub(crate) async fn run(args: ElectionArgs, membership: Membership, command: Vec
         Err(err @ (ShardsError::CountMismatch { .. } | ShardsError::InvalidRoster { .. })) => {
             fail(exit::SHARD_COUNT_MISMATCH, err)
         }
+        Err(err @ ShardsError::LeaseNotKept { .. }) => fail(exit::BAD_LOCK, err),
         Err(err) => fail(exit::FAILURE, err),
     }
 }

@@ -232,6 +232,9 @@ impl<L: ResourceLock> FaultyLock<L> {
     }
 }
 
+// A wrapper forwards every method, the optional ones included: one it left out would fall
+// back to the default and hide the wrapped lock's own (its lease check, its store clock).
+#[warn(clippy::missing_trait_methods)]
 #[async_trait]
 impl<L: ResourceLock> ResourceLock for FaultyLock<L> {
     async fn get(&self) -> Result<Option<Observed>, LockError> {
@@ -277,6 +280,10 @@ impl<L: ResourceLock> ResourceLock for FaultyLock<L> {
 
     async fn time_left(&self) -> Result<Option<std::time::Duration>, LockError> {
         self.inner.time_left().await
+    }
+
+    async fn check_lease(&self, lease_duration: std::time::Duration) -> Result<(), LockError> {
+        self.inner.check_lease(lease_duration).await
     }
 
     async fn close(&self) {

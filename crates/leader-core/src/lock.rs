@@ -208,9 +208,10 @@ pub trait ResourceLock: Send + Sync + fmt::Debug {
 
     /// Checks that the store lets this lock hold a lease of `lease_duration` safely, where the
     /// store bounds it: a ZooKeeper session the ensemble would expire (deleting the holder's
-    /// record) before the holder's renew deadline, say. The `leader` command calls it at start,
-    /// so that such a lease is one line and an exit code instead of a lock that refuses every
-    /// write. The default accepts every lease.
+    /// record) before the holder's renew deadline, say. The elector and shard sets call it
+    /// before they run (and the `leader` command at start), so that such a lease is one error
+    /// (and an exit code) instead of a lock that refuses every write. The default accepts every
+    /// lease. A wrapper of a lock must forward it (as every other method).
     ///
     /// # Errors
     /// [`LockError::Misconfigured`] naming the bound; an outage while finding it out.
@@ -265,8 +266,11 @@ pub trait ResourceLock: Send + Sync + fmt::Debug {
     }
 }
 
+// Every method forwarded, the optional ones included (a lint keeps it so): one left out would
+// fall back to the default and hide the lock's own.
 macro_rules! forward_lock {
     ($ptr:ident) => {
+        #[warn(clippy::missing_trait_methods)]
         #[async_trait]
         impl<L: ResourceLock + ?Sized> ResourceLock for $ptr<L> {
             async fn get(&self) -> Result<Option<Observed>, LockError> {

@@ -154,6 +154,11 @@ impl Runner {
 
     pub(crate) async fn run(mut self, shutdown: CancellationToken) {
         m::set_leading(&self.config.name, false);
+        if !self.lease_is_kept().await {
+            let _ = timeout(self.config.request_timeout, self.lock.close()).await;
+            self.publish(LeaderState::Stopped);
+            return;
+        }
         while let Some((acquired, started)) = self.acquire(&shutdown).await {
             let reason = self.lead(acquired, started, &shutdown).await;
             if shutdown.is_cancelled() {
@@ -166,6 +171,34 @@ impl Runner {
         let _ = timeout(self.config.request_timeout, self.lock.close()).await;
         self.publish(LeaderState::Stopped);
         tracing::debug!("elector stopped");
+    }
+
+    /// Whether the store keeps a lease of this elector's duration ([`ResourceLock::check_lease`]):
+    /// a lease it would drop before the renew deadline (a ZooKeeper session shorter than the
+    /// lease, say) is refused before the first attempt, in one error, and the elector stops, as
+    /// the `leader` command exits 3. A check that cannot be made now (an outage) is left to the
+    /// lock, which refuses such a lease's writes itself.
+    async fn lease_is_kept(&mut self) -> bool {
+        let lease = self.config.lease_duration;
+        match self
+            .request("check_lease", self.lock.check_lease(lease))
+            .await
+        {
+            Err(err @ LockError::Misconfigured { .. }) => {
+                tracing::error!(error = %err, "the store does not keep a lease this long: not running for leadership");
+                m::error(&self.config.name, "check_lease", err.kind());
+                self.tell_error(ElectionError::Lock {
+                    operation: "check_lease",
+                    error: Arc::new(err),
+                });
+                false
+            }
+            Err(err) => {
+                tracing::debug!(error = %err, "could not check the lease against the store");
+                true
+            }
+            Ok(()) => true,
+        }
     }
 
     /// After giving up the lease (a step-down, its work ending), a candidate lets the others

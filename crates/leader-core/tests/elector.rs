@@ -979,3 +979,98 @@ async fn a_leader_shutting_down_withdraws_before_it_releases() {
         "{order:?}"
     );
 }
+
+/// A lock whose store keeps leases of at most `longest` ([`ResourceLock::check_lease`]), as a
+/// ZooKeeper session bounds them.
+#[derive(Debug)]
+struct BoundedLock {
+    inner: MemoryLock,
+    longest: Duration,
+}
+
+#[leader_core::async_trait]
+impl ResourceLock for BoundedLock {
+    async fn get(&self) -> Result<Option<Observed>, LockError> {
+        self.inner.get().await
+    }
+    async fn create(&self, record: &LeaderElectionRecord) -> Result<Observed, LockError> {
+        self.inner.create(record).await
+    }
+    async fn update(
+        &self,
+        version: &Version,
+        record: &LeaderElectionRecord,
+    ) -> Result<Observed, LockError> {
+        self.inner.update(version, record).await
+    }
+    fn identity(&self) -> &str {
+        self.inner.identity()
+    }
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+    async fn check_lease(&self, lease_duration: Duration) -> Result<(), LockError> {
+        if lease_duration > self.longest {
+            return Err(LockError::Misconfigured {
+                backend: "test",
+                message: format!("the store keeps leases of {:?} at most", self.longest),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Every elector checks its lease against the store before running (not only the `leader`
+/// command): a lease the store would not keep is one error (on_error, the status) and the
+/// elector stops without writing; a lease it keeps runs as usual.
+#[tokio::test(start_paused = true)]
+async fn a_lease_the_store_would_not_keep_is_refused_before_running() {
+    for (lease, runs) in [
+        (Duration::from_secs(15), false),
+        (Duration::from_secs(5), true),
+    ] {
+        let store = MemoryStore::new();
+        let errors = Arc::new(Mutex::new(Vec::new()));
+        let seen = errors.clone();
+        let elector = LeaderElector::builder(BoundedLock {
+            inner: store.lock("election", "a"),
+            longest: Duration::from_secs(10),
+        })
+        .lease_duration(lease)
+        .renew_deadline(Duration::from_secs(3))
+        .retry_period(Duration::from_secs(1))
+        .on_error(move |err| seen.lock().unwrap().push(err.to_string()))
+        .build()
+        .expect("valid timings");
+        let status = elector.status();
+        let mut state = elector.subscribe();
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(elector.run(shutdown.clone()));
+        let led = tokio::time::timeout(
+            Duration::from_secs(5),
+            state.wait_for(LeaderState::is_leading),
+        )
+        .await
+        .is_ok_and(|r| r.is_ok());
+        assert_eq!(led, runs, "lease {lease:?}");
+        if !runs {
+            task.await.expect("the elector stops by itself");
+            let errors = errors.lock().unwrap().clone();
+            assert_eq!(errors.len(), 1, "{errors:?}");
+            assert!(errors[0].contains("at most"), "{errors:?}");
+            assert!(status.last_error().is_some());
+            assert!(
+                store
+                    .lock("election", "r")
+                    .get()
+                    .await
+                    .expect("get")
+                    .is_none(),
+                "it wrote"
+            );
+        } else {
+            shutdown.cancel();
+            task.await.expect("stops");
+        }
+    }
+}

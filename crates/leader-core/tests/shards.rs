@@ -1533,3 +1533,62 @@ async fn a_later_releases_fields_survive_this_releases_members() {
     b.leave().await.expect("left");
     set.log.check("a later release's records");
 }
+
+/// A shard set checks its lease against the store before joining, as the elector does: a lease
+/// the store would not keep is `ShardsError::LeaseNotKept`, and nothing is written.
+#[tokio::test]
+async fn a_lease_the_store_would_not_keep_is_refused_before_joining() {
+    #[derive(Debug)]
+    struct Bounded(Arc<dyn ResourceLock>);
+    #[leader_core::async_trait]
+    impl ResourceLock for Bounded {
+        async fn get(&self) -> Result<Option<leader_core::Observed>, leader_core::LockError> {
+            self.0.get().await
+        }
+        async fn create(
+            &self,
+            record: &leader_core::LeaderElectionRecord,
+        ) -> Result<leader_core::Observed, leader_core::LockError> {
+            self.0.create(record).await
+        }
+        async fn update(
+            &self,
+            version: &leader_core::Version,
+            record: &leader_core::LeaderElectionRecord,
+        ) -> Result<leader_core::Observed, leader_core::LockError> {
+            self.0.update(version, record).await
+        }
+        fn identity(&self) -> &str {
+            self.0.identity()
+        }
+        fn describe(&self) -> String {
+            self.0.describe()
+        }
+        async fn check_lease(&self, lease: Duration) -> Result<(), leader_core::LockError> {
+            Err(leader_core::LockError::Misconfigured {
+                backend: "test",
+                message: format!("no lease of {lease:?} is kept here"),
+            })
+        }
+    }
+    let store = MemoryStore::new();
+    let made = store.clone();
+    let locks = KeyedLocks::new("a", "memory", move |key, identity| {
+        Arc::new(Bounded(Arc::new(made.lock(key, identity))))
+    });
+    let shards = Shards::builder("jobs", 4, locks)
+        .timings(TIMINGS)
+        .build()
+        .expect("valid");
+    let result = shards
+        .run_per_shard(CancellationToken::new(), |_, _| {
+            std::future::pending::<()>()
+        })
+        .await;
+    assert!(
+        matches!(result, Err(ShardsError::LeaseNotKept { .. })),
+        "{result:?}"
+    );
+    let roster = store.lock(leader_core::roster_key("jobs"), "r");
+    assert!(roster.get().await.expect("get").is_none(), "a member wrote");
+}

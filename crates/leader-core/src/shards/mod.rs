@@ -176,6 +176,16 @@ pub enum ShardsError {
     /// takes no shard while that process lives.
     #[error(transparent)]
     IdentityConflict(IdentityConflict),
+    /// The store does not keep a lease of the set's duration
+    /// ([`ResourceLock::check_lease`](crate::ResourceLock::check_lease)): the member does not
+    /// join.
+    #[error("shard set {name:?}: {message}")]
+    LeaseNotKept {
+        /// The set's name.
+        name: String,
+        /// What the store said.
+        message: String,
+    },
 }
 
 /// What a member knows about its shard set, published on [`Shards::subscribe`].

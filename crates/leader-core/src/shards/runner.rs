@@ -297,6 +297,24 @@ impl Runner {
             identity = self.me,
             "joining the shard set"
         );
+        // A lease the store would not keep is refused before anything is written (as the
+        // elector refuses it).
+        let roster = self.set.lock(&roster_key(&name));
+        let lease = self.config.lease_duration;
+        match tokio::time::timeout(self.config.request_timeout, roster.check_lease(lease)).await {
+            Ok(Err(err @ LockError::Misconfigured { .. })) => {
+                let refused = ShardsError::LeaseNotKept {
+                    name: name.clone(),
+                    message: err.to_string(),
+                };
+                tracing::error!(shards = name, "{refused}");
+                self.problem = Some(refused.clone());
+                self.publish(true);
+                return Err(refused);
+            }
+            Ok(Err(err)) => tracing::debug!(error = %err, "could not check the lease"),
+            Ok(Ok(())) | Err(_) => {}
+        }
         let mut result = Ok(());
         // Renewals keep their pace, a retry period apart; reads and acquisitions back off
         // while the store fails (S9).
