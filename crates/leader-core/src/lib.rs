@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
+pub mod backoff;
 mod clock;
 mod config;
 mod elector;

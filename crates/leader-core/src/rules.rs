@@ -44,6 +44,70 @@ pub(crate) fn next_token(record: &LeaderElectionRecord) -> Result<u64, LockError
     })
 }
 
+/// S13: a term held under this candidate's identity that this process did not start, which
+/// the candidate treats as another's (it waits for it as for any holder's) and reports once it
+/// is seen alive: a shared identity is a misconfiguration, never two leaders.
+#[derive(Clone, Debug)]
+pub(crate) struct OtherTerm {
+    fencing_token: u64,
+    /// The version it was first seen at: a newer one under the same term is a renewal.
+    version: Version,
+    first_seen: Instant,
+    /// When the store said, at first sight, that its lease runs out.
+    first_expiry: Option<Instant>,
+    reported: bool,
+}
+
+impl OtherTerm {
+    /// The term of `observed`, first seen at `now`, with the lease end the store gave then.
+    pub(crate) fn new(observed: &Observed, now: Instant, first_expiry: Option<Instant>) -> Self {
+        Self {
+            fencing_token: observed.record.leader_transitions,
+            version: observed.version.clone(),
+            first_seen: now,
+            first_expiry,
+            reported: false,
+        }
+    }
+
+    /// Whether `observed` is still this term (its identity's record, under its token).
+    pub(crate) fn is(&self, observed: &Observed) -> bool {
+        observed.record.leader_transitions == self.fencing_token
+    }
+
+    /// True, once, when `observed` (this term, read at `now`) shows the term alive: renewed
+    /// (a new version under its token), or, where the store may keep leases alive without a
+    /// new version (`kept` not `Some(false)`: the store said so, or nobody can tell yet), still
+    /// held past the lease end the store gave at first sight, else two leases after it was
+    /// first seen, and a retry period more. A process of this identity that died holding the
+    /// term is not alive: its lease runs out unrenewed.
+    pub(crate) fn seen_alive(
+        &mut self,
+        observed: &Observed,
+        kept: Option<bool>,
+        retry_period: std::time::Duration,
+        now: Instant,
+    ) -> bool {
+        if self.reported {
+            return false;
+        }
+        let renewed = self.version != observed.version;
+        let outlived = kept != Some(false)
+            && now
+                >= self
+                    .first_expiry
+                    .unwrap_or(self.first_seen + observed.record.lease_duration * 2)
+                    + retry_period;
+        self.reported = renewed || outlived;
+        self.reported
+    }
+
+    /// Whether it was reported alive.
+    pub(crate) fn reported(&self) -> bool {
+        self.reported
+    }
+}
+
 /// A pending handover request as a candidate saw it: whom it names, when the candidate first
 /// saw it, and until when it stands back: a lease from then, the longest lease that any record
 /// carrying the request has shown since (a release that keeps the request writes a short
@@ -199,6 +263,39 @@ mod tests {
             },
             version: Version::new(version),
         }
+    }
+
+    /// S13: another process's term of this identity is reported once, when seen renewed, or
+    /// where the store may keep it alive, when it outlives two leases and a retry period;
+    /// a dead twin's term, which a store renewing by writes leaves unchanged, is not.
+    #[tokio::test(start_paused = true)]
+    async fn another_process_of_this_identity_is_reported_once_seen_alive() {
+        let start = Instant::now();
+        let retry = Duration::from_secs(2);
+        let first = observed("a", "1", None);
+        let mut twin = OtherTerm::new(&first, start, None);
+        let later = start + Duration::from_secs(60);
+        assert!(
+            !twin.seen_alive(&first, Some(false), retry, later),
+            "renews by writes"
+        );
+        let renewed = observed("a", "2", None);
+        assert!(twin.seen_alive(&renewed, Some(false), retry, start));
+        assert!(
+            !twin.seen_alive(&renewed, Some(false), retry, start),
+            "once"
+        );
+        // Kept alive by the store, or nobody can tell yet: alive once it outlives two leases.
+        for kept in [Some(true), None] {
+            let mut twin = OtherTerm::new(&first, start, None);
+            let two_leases = start + Duration::from_secs(20);
+            assert!(!twin.seen_alive(&first, kept, retry, two_leases));
+            assert!(twin.seen_alive(&first, kept, retry, two_leases + retry));
+            assert!(twin.reported() && twin.is(&first));
+        }
+        // The lease end the store gave is the bound instead.
+        let mut twin = OtherTerm::new(&first, start, Some(start + Duration::from_secs(5)));
+        assert!(twin.seen_alive(&first, Some(true), retry, start + Duration::from_secs(7)));
     }
 
     #[test]

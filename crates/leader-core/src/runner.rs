@@ -13,6 +13,7 @@ use tokio::sync::{oneshot, watch};
 use tokio::time::{Instant, sleep, sleep_until, timeout};
 use tokio_util::sync::CancellationToken;
 
+use crate::backoff::{Backoff, Jitter};
 use crate::config::ElectorConfig;
 use crate::error::LockError;
 use crate::leadership::{
@@ -21,9 +22,9 @@ use crate::leadership::{
 };
 use crate::lock::{Acquisition, ChangeStream, LeaderEvent, ResourceLock};
 use crate::metrics as m;
-use crate::record::{LeaderElectionRecord, Observed, Version};
-use crate::retry::{Backoff, FailureLog, LogLine};
-use crate::rules::{Changes, Sighting, next_token};
+use crate::record::{LeaderElectionRecord, Observed};
+use crate::retry::{FailureLog, LogLine};
+use crate::rules::{Changes, OtherTerm, Sighting, next_token};
 use crate::status::{self, ElectionError, IdentityConflict, Shared};
 use crate::view::ObservedTerm;
 use crate::work::{StartedFn, TermWork, WorkEnd};
@@ -72,7 +73,7 @@ pub(crate) struct Runner {
     /// identity under another token is another process's.
     own_term: Option<u64>,
     /// A term of this identity that this process did not start, as first seen (S13).
-    shared_identity: Option<SharedIdentity>,
+    shared_identity: Option<OtherTerm>,
     /// In a mutex only to keep the runner `Sync`; it is reached through `&mut` and never locked.
     changes: Option<Mutex<ChangeStream>>,
     watch_supported: bool,
@@ -87,18 +88,6 @@ pub(crate) struct Runner {
     change_shortened_backoff: bool,
     failures: FailureLog,
     watch_failures: FailureLog,
-}
-
-/// A term held under this candidate's identity that this process did not start (S13).
-struct SharedIdentity {
-    fencing_token: u64,
-    /// The version it was first seen at: a newer one under the same term is a renewal.
-    version: Version,
-    first_seen: Instant,
-    /// When the store said it would run out, when first seen.
-    first_expiry: Option<Instant>,
-    /// Whether it was found alive (renewed) and reported as a conflict.
-    reported: bool,
 }
 
 enum Attempt {
@@ -125,7 +114,8 @@ impl Runner {
         state: watch::Sender<LeaderState>,
         shared: Arc<Mutex<Shared>>,
     ) -> Self {
-        let backoff = Backoff::new(config.retry_period, config.jitter, config.lease_duration);
+        let backoff = Backoff::new(config.retry_period, config.lease_duration)
+            .jitter(Jitter::Spread(config.jitter));
         Self {
             lock,
             config,
@@ -337,7 +327,7 @@ impl Runner {
     fn check_identity(&mut self, observed: &Observed) {
         let record = &observed.record;
         if !record.is_held_by(self.identity()) || self.started(record) {
-            if self.shared_identity.take().is_some_and(|s| s.reported) {
+            if self.shared_identity.take().is_some_and(|s| s.reported()) {
                 status::lock(&self.shared).identity_conflict = None;
                 tracing::info!("the term of the other process with this identity is over");
             }
@@ -345,7 +335,7 @@ impl Runner {
         }
         let now = Instant::now();
         let seen = match &mut self.shared_identity {
-            Some(seen) if seen.fencing_token == record.leader_transitions => seen,
+            Some(seen) if seen.is(observed) => seen,
             _ => {
                 tracing::warn!(
                     identity = self.identity(),
@@ -354,29 +344,16 @@ impl Runner {
                      not start: waiting for it as for another holder (another process may run \
                      with the same identity)"
                 );
-                self.shared_identity = Some(SharedIdentity {
-                    fencing_token: record.leader_transitions,
-                    version: observed.version.clone(),
-                    first_seen: now,
-                    first_expiry: self.store_expiry,
-                    reported: false,
-                });
+                self.shared_identity = Some(OtherTerm::new(observed, now, self.store_expiry));
                 return;
             }
         };
-        let renewed = seen.version != observed.version;
-        // A lease the store keeps alive does not change its version when renewed: it is alive
-        // when still held after it would have run out.
-        let outlived = self.held_in_store
-            && now
-                >= seen
-                    .first_expiry
-                    .unwrap_or(seen.first_seen + record.lease_duration * 2)
-                    + self.config.retry_period;
-        if seen.reported || !(renewed || outlived) {
+        // Whether the store keeps leases alive without a new version, as its last answer said;
+        // unknown without such answers (a store with no one-request acquisition).
+        let kept = self.try_acquire_supported.then_some(self.held_in_store);
+        if !seen.seen_alive(observed, kept, self.config.retry_period, now) {
             return;
         }
-        seen.reported = true;
         let conflict = IdentityConflict {
             lock: self.lock.describe(),
             identity: self.identity().to_owned(),

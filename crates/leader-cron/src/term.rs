@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use leader_core::backoff::Backoff;
 use leader_core::{CancellationToken, Leadership};
 
 use crate::control::{Control, Request};
@@ -375,11 +376,7 @@ impl CronJob {
         if !failed || started.attempt > inner.retries {
             return;
         }
-        let doublings = started.attempt.saturating_sub(1).min(16);
-        let backoff = inner
-            .retry_backoff
-            .saturating_mul(1 << doublings)
-            .min(MOST_BACKOFF.max(inner.retry_backoff));
+        let backoff = Backoff::new(inner.retry_backoff, MOST_BACKOFF).wait_after(started.attempt);
         let at = inner.clock.now() + chrono::Duration::from_std(backoff).unwrap_or_default();
         tracing::warn!(schedule = %inner.name, scheduled = %started.scheduled, attempt = started.attempt, outcome = outcome.name(), ?backoff, "firing failed: it runs again after a back-off");
         state.retrying.push(Retry {

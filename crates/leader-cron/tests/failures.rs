@@ -86,6 +86,23 @@ async fn a_failed_firing_runs_again_after_a_growing_back_off() {
     a.crash();
 }
 
+/// The back-off stops growing at six minutes: 200 s, then 360 s where doubling would give 400 s
+/// (past the next firing at 1200 s).
+#[tokio::test(start_paused = true)]
+async fn the_back_off_stops_growing_at_six_minutes() {
+    let store = MemoryStore::new();
+    let clock = TokioClock::starting_at(origin());
+    let starts = Starts::default();
+    let mut a = replica(&store, &clock, "a", &starts, 3, false, |b| {
+        b.retries(3).retry_backoff(Duration::from_secs(200))
+    });
+    sleep(Duration::from_secs(1190)).await;
+    let seen = starts.lock().expect("starts").clone();
+    let when: Vec<(i64, u32)> = seen.iter().map(|s| (s.0, s.1)).collect();
+    assert_eq!(when, vec![(600, 1), (801, 2), (1162, 3)]);
+    a.crash();
+}
+
 /// With one retry, two failures end the firing: its last outcome is the failure.
 #[tokio::test(start_paused = true)]
 async fn retries_run_out() {

@@ -11,6 +11,7 @@ use k8s_openapi::api::coordination::v1beta1::{LeaseCandidate, LeaseCandidateSpec
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, DeleteParams, PostParams, WatchEvent, WatchParams};
 use leader_core::LockError;
+use leader_core::backoff::Backoff;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -189,25 +190,26 @@ impl Candidate {
     /// `problem` for the elector to report.
     pub(crate) fn keep(self, problem: Problem) -> Keeper {
         Keeper(tokio::spawn(async move {
-            let mut backoff = FIRST_BACKOFF;
+            let mut backoff = Backoff::new(FIRST_BACKOFF, MAX_BACKOFF);
             loop {
                 let started = Instant::now();
-                match self.serve().await {
-                    // The watch ended as watches do: again at once, unless that keeps happening.
-                    Ok(()) if started.elapsed() >= FIRST_BACKOFF => {
-                        backoff = FIRST_BACKOFF;
-                        continue;
-                    }
+                let served = self.serve().await;
+                // The watch ended as watches do: again at once, unless that keeps happening.
+                if served.is_ok() && started.elapsed() >= FIRST_BACKOFF {
+                    backoff.succeeded();
+                    continue;
+                }
+                let wait = backoff.failed();
+                match served {
                     Ok(()) => {}
                     Err(err @ (LockError::Forbidden { .. } | LockError::Misconfigured { .. })) => {
                         *problem.lock().unwrap_or_else(|p| p.into_inner()) = Some(err);
                     }
                     Err(err) => {
-                        tracing::warn!(error = %err, retry_in = ?backoff, "could not keep the lease candidate");
+                        tracing::warn!(error = %err, retry_in = ?wait, "could not keep the lease candidate");
                     }
                 }
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(MAX_BACKOFF);
+                tokio::time::sleep(wait).await;
             }
         }))
     }

@@ -8,6 +8,7 @@ use tokio::time::Instant;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
+use leader_core::backoff::{Backoff, Jitter};
 use leader_core::{Leadership, LockError};
 
 use crate::error::BACKEND;
@@ -251,22 +252,27 @@ impl PodLabel {
         let term = Term::new(self, &leadership);
         let token = leadership.fencing_token();
         let mut sent = false;
-        // Zero once the Pod is labelled (and said so); the back-off after a failure otherwise.
-        let mut wait = self.retry;
+        // Failed requests wait the retry period, doubling up to eight times it, each up to a
+        // fifth longer so that nothing retries in lockstep.
+        let mut backoff =
+            Backoff::new(self.retry, self.retry.saturating_mul(8)).jitter(Jitter::Longer(0.2));
+        // The label is announced once, and again once it is back after failures.
+        let mut announce = true;
         let _ = leadership
             .run(async {
                 loop {
                     let watched = Instant::now();
                     let over = match term.alone(&mut sent).await {
                         Ok(Alone::Labelled(version)) => {
-                            if wait != Duration::ZERO {
+                            backoff.succeeded();
+                            if announce {
                                 tracing::info!(
                                     pod = %self.pod,
                                     label = %self.selector(),
                                     fencing_token = token,
                                     "labelled this Pod as the leader's"
                                 );
-                                wait = Duration::ZERO;
+                                announce = false;
                             }
                             match term.keep_alone(&version).await {
                                 Ok(Watched::Again) => false,
@@ -281,10 +287,10 @@ impl PodLabel {
                         // A Pod changed between its read and the write: read again.
                         Err((_, err)) if err.is_conflict() => false,
                         Err((what, err)) => {
-                            wait = wait.max(self.retry);
+                            let wait = backoff.failed();
+                            announce = true;
                             self.warn(what, &err, wait);
-                            tokio::time::sleep(jittered(wait)).await;
-                            wait = (wait * 2).min(self.retry * 8);
+                            tokio::time::sleep(wait).await;
                             continue;
                         }
                     };
@@ -294,7 +300,7 @@ impl PodLabel {
                     // A watch that ends at once (a server that refuses it) is not opened
                     // again at once, nor is a write that conflicts tried again at once.
                     if watched.elapsed() < self.retry {
-                        tokio::time::sleep(jittered(self.retry)).await;
+                        tokio::time::sleep(backoff.wait_after(0)).await;
                     }
                 }
             })
@@ -365,9 +371,4 @@ fn misconfigured(message: impl Into<String>) -> LockError {
         backend: BACKEND,
         message: message.into(),
     }
-}
-
-/// `wait` plus up to a fifth more at random, so that nothing retries in lockstep.
-fn jittered(wait: Duration) -> Duration {
-    wait.mul_f64(1.0 + fastrand::f64() * 0.2)
 }

@@ -502,6 +502,8 @@ mod tests {
         assert_eq!(reconnect_delay(1), Duration::ZERO);
         assert_eq!(reconnect_delay(2), Duration::from_millis(50));
         assert_eq!(reconnect_delay(3), Duration::from_millis(100));
+        assert_eq!(reconnect_delay(6), Duration::from_millis(800));
+        assert_eq!(reconnect_delay(7), MAX_RECONNECT_DELAY);
         let waits: Vec<Duration> = (1..10_000).map(reconnect_delay).collect();
         assert!(waits.windows(2).all(|w| w[0] <= w[1]), "{waits:?}");
         assert_eq!(waits.last(), Some(&MAX_RECONNECT_DELAY));

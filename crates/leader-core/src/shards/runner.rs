@@ -20,13 +20,13 @@ use super::{
     COUNT_EXTENSION, Callbacks, MEMBER_PREFIX, ShardsConfig, ShardsError, ShardsState,
     WEIGHT_EXTENSION, drained, member_key, roster_key, shard_key, stored_count, weight_in,
 };
+use crate::backoff::{Backoff, Jitter};
 use crate::error::LockError;
 use crate::leadership::{Leadership, StepDown, StepDownReason, TermDeadline, TermRequest};
 use crate::lock::{Acquisition, ResourceLock};
 use crate::metrics as m;
 use crate::record::{LeaderElectionRecord, Observed, Version};
-use crate::retry::Backoff;
-use crate::rules::{Sighting, next_token};
+use crate::rules::{OtherTerm, Sighting, next_token};
 use crate::status::IdentityConflict;
 
 mod claims;
@@ -163,7 +163,8 @@ pub(crate) struct Runner {
     member: Option<Term>,
     /// The member record's term this process started, if any (S13).
     member_token: Option<u64>,
-    conflict: Option<(u64, Version, bool)>,
+    /// A term of this identity's member record that this process did not start (S13).
+    conflict: Option<OtherTerm>,
     seen: HashMap<String, Sighting>,
     /// Members named by the last roster read: identity by member key.
     roster_members: BTreeMap<String, String>,
@@ -234,7 +235,8 @@ impl Runner {
         state: watch::Sender<ShardsState>,
     ) -> Self {
         let me = set.identity().to_owned();
-        let backoff = Backoff::new(config.retry_period, 0.2, config.lease_duration);
+        let backoff =
+            Backoff::new(config.retry_period, config.lease_duration).jitter(Jitter::Spread(0.2));
         let shard_keys: Vec<String> = (0..config.count)
             .map(|s| shard_key(&config.name, s))
             .collect();

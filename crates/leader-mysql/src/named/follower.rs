@@ -1,6 +1,8 @@
 //! The task behind a lock's watch: it waits in `GET_LOCK` (and reads the record) until the
 //! holder changes.
 
+use leader_core::backoff::Backoff;
+
 use super::*;
 
 /// The task behind a lock's watch.
@@ -34,8 +36,8 @@ impl Follower {
         // How long to wait before reading a free record again: a release is usually followed
         // by a takeover within milliseconds, and the new holder's lock is the one to wait for
         // (the next handover may come at once), so a free record is read again soon, then
-        // less and less often.
-        let mut free_pause = FIRST_FREE_PAUSE;
+        // less and less often: each read that finds it still free counts as a failure.
+        let mut free_pause = Backoff::new(FIRST_FREE_PAUSE, self.interval);
         loop {
             let Some(lock) = self.lock.upgrade() else {
                 return Ok(());
@@ -53,8 +55,7 @@ impl Follower {
                     .await?;
                 let_go = got.flatten() == Some(1);
             } else if !holding && !held(&self.last) {
-                tokio::time::sleep(free_pause.min(self.interval)).await;
-                free_pause = free_pause.saturating_mul(2);
+                tokio::time::sleep(free_pause.failed()).await;
             } else {
                 tokio::time::sleep(Duration::from_secs(seconds.unsigned_abs())).await;
             }
@@ -62,7 +63,7 @@ impl Follower {
                 .exec_first(&statements.summary, (self.name.as_str(),))
                 .await?;
             if held(&now) {
-                free_pause = FIRST_FREE_PAUSE;
+                free_pause.succeeded();
             }
             if let_go {
                 // Still the record of the holder whose session let go: its lease may run on, so

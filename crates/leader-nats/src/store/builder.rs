@@ -1,18 +1,19 @@
 //! The store's builder: the servers, the credentials, TLS, the bucket and its checks, and the
 //! client's connection.
 
+use leader_core::backoff::Backoff;
+
 use super::*;
 
-/// The wait before the client's `attempts`-th attempt in a row to connect again: none for the
-/// first, then doubling from 50 ms up to [`MAX_RECONNECT_DELAY`].
+/// The client's waits between attempts to connect again: none before the first, then doubling
+/// from 50 ms up to [`MAX_RECONNECT_DELAY`].
+const RECONNECT: Backoff =
+    Backoff::new(Duration::from_millis(50), MAX_RECONNECT_DELAY).first_retry_at_once();
+
+/// The wait before the client's `attempts`-th attempt in a row to connect again (the client
+/// counts from 1).
 pub(super) fn reconnect_delay(attempts: usize) -> Duration {
-    let doublings = u32::try_from(attempts.saturating_sub(2)).unwrap_or(u32::MAX);
-    match attempts {
-        0 | 1 => Duration::ZERO,
-        _ => Duration::from_millis(50)
-            .saturating_mul(2u32.saturating_pow(doublings.min(16)))
-            .min(MAX_RECONNECT_DELAY),
-    }
+    RECONNECT.wait_after(u32::try_from(attempts).unwrap_or(u32::MAX))
 }
 
 /// Builds a [`NatsStore`].

@@ -135,15 +135,14 @@ impl Runner {
         let ran = now - term.started;
         let retry = self.config.retry_period;
         let gave_up = self.gave_up.entry(shard).or_insert_with(|| GaveUp {
-            backoff: Backoff::new(retry, 0.2, GIVE_UP_CAP),
+            backoff: Backoff::new(retry, GIVE_UP_CAP).jitter(Jitter::Spread(0.2)),
             at: now,
             until: now,
         });
         if ran >= GIVE_UP_RESET || now >= gave_up.at + GIVE_UP_RESET {
             gave_up.backoff.succeeded();
         }
-        gave_up.backoff.failed();
-        let wait = gave_up.backoff.wait();
+        let wait = gave_up.backoff.failed();
         gave_up.at = now;
         gave_up.until = now + wait;
         tracing::warn!(

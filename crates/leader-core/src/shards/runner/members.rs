@@ -180,19 +180,10 @@ impl Runner {
             return;
         }
         let token = record.leader_transitions;
+        let now = Instant::now();
         match &mut self.conflict {
-            Some((t, version, reported)) if *t == token => {
-                let renewed = *version != current.version;
-                let outlived = self.renews_in_store != Some(false)
-                    && self
-                        .seen
-                        .get(&member_key(&self.config.name, &self.me))
-                        .is_some_and(|s| {
-                            Instant::now()
-                                >= s.since() + record.lease_duration * 2 + self.config.retry_period
-                        });
-                if !*reported && (renewed || outlived) {
-                    *reported = true;
+            Some(other) if other.is(current) => {
+                if other.seen_alive(current, self.renews_in_store, self.config.retry_period, now) {
                     let conflict = IdentityConflict {
                         lock: format!(
                             "{} {}",
@@ -215,7 +206,7 @@ impl Runner {
                     "this identity's member record is held by a term this process did not start: \
                      waiting for it as for another member's (another process may run with the same identity)"
                 );
-                self.conflict = Some((token, current.version.clone(), false));
+                self.conflict = Some(OtherTerm::new(current, now, None));
             }
         }
     }
