@@ -28,10 +28,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{Backend, cpu_time, knob, ms};
+use leader_core::backend::{Known, Renewal, RenewedAndRead, Reread};
 use leader_core::faults::{Faults, FaultyLock};
 use leader_core::{
-    CancellationToken, Known, LockError, LockSet, Observed, Renewal, RenewedAndRead, Reread,
-    ResourceLock, Shards, ShardsState, async_trait,
+    CancellationToken, LockError, LockSet, Observed, ResourceLock, Shards, ShardsState, async_trait,
 };
 use leader_test_support::{LEASE, RENEW, RETRY};
 use tokio::sync::watch;

@@ -4,7 +4,8 @@
 //! back-off that grows; another replica may take it meanwhile. And a rolling restart with
 //! `--static-membership`: a replica restarted under its identity takes its own shards back, and
 //! no shard moves. And `leader shards resize` while the replicas run, on the file lock,
-//! Postgres, Redis and etcd.
+//! Postgres, Redis and etcd: each COMMAND is started again under the new count, and no replica
+//! runs COMMANDs under two counts at once.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -47,6 +48,21 @@ fn replica_with(
     env: &[(&str, &str)],
     args: &[&str],
 ) -> Child {
+    replica_running(binary, lock, name, identity, dir, env, args, &[JOB])
+}
+
+/// [`replica_with`] running `command` as COMMAND.
+#[allow(clippy::too_many_arguments)]
+fn replica_running(
+    binary: &Path,
+    lock: &str,
+    name: &str,
+    identity: &str,
+    dir: &Path,
+    env: &[(&str, &str)],
+    args: &[&str],
+    command: &[&str],
+) -> Child {
     let ms = |d: Duration| format!("{}ms", d.as_millis());
     let stderr = std::fs::OpenOptions::new()
         .create(true)
@@ -62,7 +78,8 @@ fn replica_with(
         .args(["--renew-deadline", &ms(RENEW)])
         .args(["--retry-period", &ms(RETRY)])
         .args(args)
-        .args(["--", JOB])
+        .arg("--")
+        .args(command)
         .env("JOB_LOG", dir.join("job.log"))
         .env("RUST_LOG", "warn")
         .envs(env.iter().copied())
@@ -477,6 +494,93 @@ async fn weights_and_drains() {
     let (code, said) = leader(&["shards", "drain", "nobody-yet"]);
     assert_eq!(code, Some(0), "{said}");
     assert!(said.contains("not a member"), "{said}");
+    for child in replicas {
+        stop(child).await;
+    }
+}
+
+/// `leader shards resize` reaches the COMMANDs (S17): two replicas of a set of 2 shards, grown
+/// to 4 then shrunk to 3. After each resize every shard's COMMAND runs under the new count
+/// (`LEADER_SHARD_COUNT`), the COMMANDs under the old count have all stopped, and on each
+/// replica the last COMMAND under the old count stopped before the first under the new count
+/// started. The COMMAND logs to `job.log.cCOUNT.SHARD`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resize_restarts_every_command_under_the_new_count() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let lock = format!("file://{}", dir.path().join("lock").display());
+    let name = format!("recount-{:08x}", fastrand::u32(..));
+    let command = [
+        "sh",
+        "-c",
+        r#"JOB_LOG="$JOB_LOG.c$LEADER_SHARD_COUNT" exec "$0""#,
+        JOB,
+    ];
+    let start = |identity: &str| {
+        replica_running(
+            Path::new(LEADER),
+            &lock,
+            &name,
+            identity,
+            dir.path(),
+            &[],
+            &["--shards", "2"],
+            &command,
+        )
+    };
+    let log = |count: u32, shard: u32| dir.path().join(format!("job.log.c{count}.{shard}"));
+    let running =
+        |count: u32, shard: u32| events(&log(count, shard)).last().is_some_and(|e| e.start);
+    // Every shard runs under `count`, none under `old`.
+    let under = |count: u32, old: u32| {
+        (0..count).all(|s| running(count, s)) && !(0..old).any(|s| running(old, s))
+    };
+    // On each replica, every event under `old` came before the first start under `new`.
+    let in_order = |old: u32, new: u32| {
+        for identity in ["a", "b"] {
+            let last_old = (0..old)
+                .flat_map(|s| events(&log(old, s)))
+                .filter(|e| e.identity == identity)
+                .map(|e| e.at)
+                .max();
+            let first_new = (0..new)
+                .flat_map(|s| events(&log(new, s)))
+                .filter(|e| e.identity == identity && e.start)
+                .map(|e| e.at)
+                .min();
+            if let (Some(last_old), Some(first_new)) = (last_old, first_new) {
+                assert!(
+                    last_old < first_new,
+                    "{identity} ran a COMMAND under {old} shards beside one under {new}"
+                );
+            }
+        }
+    };
+    let replicas = [start("a"), start("b")];
+    assert!(
+        wait_until(Duration::from_secs(20), || (0..2).all(|s| running(2, s))).await,
+        "the two shards never ran"
+    );
+    let resize =
+        |count: &str| leader(&["shards", "resize", "--lock", &lock, "--name", &name, count]);
+    let (code, said) = resize("4");
+    assert_eq!(code, Some(0), "{said}");
+    assert!(
+        wait_until(Duration::from_secs(20), || under(4, 2)).await,
+        "not every shard ran under 4: {:?}",
+        (0..4).map(|s| running(4, s)).collect::<Vec<_>>()
+    );
+    in_order(2, 4);
+    let (code, said) = resize("3");
+    assert_eq!(code, Some(0), "{said}");
+    assert!(
+        wait_until(Duration::from_secs(20), || under(3, 4)).await,
+        "not every shard ran under 3: {:?}",
+        (0..3).map(|s| running(3, s)).collect::<Vec<_>>()
+    );
+    in_order(4, 3);
+    // Settled: nothing starts again under an old count.
+    sleep(LEASE).await;
+    assert!(under(3, 4) && !(0..2).any(|s| running(2, s)));
     for child in replicas {
         stop(child).await;
     }

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use leader::LockUrl;
+use leader::{LockUrl, OpenError};
 use leader_core::{FileLock, LockError, ResourceLock};
 
 use crate::args::LockArgs;
@@ -24,35 +24,52 @@ pub(crate) fn code_for(err: &LockError) -> u8 {
     }
 }
 
-/// Opens the lock and reads it once. Connecting and reading together answer within `timeout`,
-/// whatever the server does. The file lock comes back as a [`FileLock`] too: its term lock is
-/// handed to COMMAND.
+/// The exit code and line for an error of [`LockUrl::open_checked`].
+pub(crate) fn open_failed(err: OpenError) -> u8 {
+    match err {
+        OpenError::Lock(err) => fail(code_for(&err), err),
+        OpenError::Url(err) => fail(exit::BAD_LOCK, err),
+        err => fail(exit::BAD_LOCK, err),
+    }
+}
+
+/// The lock URL of `--lock` (default: the file lock of `--name`), or the exit code of a URL
+/// that is not one.
+pub(crate) fn lock_url(lock: &LockArgs) -> Result<LockUrl, u8> {
+    match lock.lock.as_deref() {
+        Some(url) => LockUrl::parse(url).map_err(|err| fail(exit::BAD_LOCK, err)),
+        None => Ok(LockUrl::file(leader::default_file(&lock.name))),
+    }
+}
+
+/// Opens the lock and reads it once, as the library's `open` does: connecting and reading
+/// together answer within `timeout`, whatever the server does. The file lock comes back as a
+/// [`FileLock`] too: its term lock is handed to COMMAND.
 pub(crate) async fn open_lock(
     args: &LockArgs,
     identity: &str,
     timeout: Duration,
 ) -> Result<(Box<dyn ResourceLock>, Option<FileLock>), u8> {
-    let url = match args.lock.as_deref() {
-        Some(url) => LockUrl::parse(url).map_err(|err| fail(exit::BAD_LOCK, err))?,
-        None => LockUrl::file(leader::default_file(&args.name)),
+    let url = lock_url(args)?;
+    let Some(file) = url.file_lock(&args.name, identity) else {
+        let lock = url
+            .open_checked(&args.name, identity, timeout)
+            .await
+            .map_err(open_failed)?;
+        return Ok((lock, None));
     };
-    let opened = async {
-        let (lock, file): (Box<dyn ResourceLock>, _) = match url.file_lock(&args.name, identity) {
-            Some(file) => {
-                let file = file?;
-                (Box::new(file.clone()), Some(file))
-            }
-            None => (url.open(&args.name, identity).await?, None),
-        };
-        lock.get().await?;
-        Ok::<_, LockError>((lock, file))
-    };
-    match tokio::time::timeout(timeout, opened).await {
-        Ok(Ok(opened)) => Ok(opened),
+    let file = file.map_err(|err| fail(code_for(&err), err))?;
+    match tokio::time::timeout(timeout, file.get()).await {
+        Ok(Ok(_)) => Ok((Box::new(file.clone()), Some(file))),
         Ok(Err(err)) => Err(fail(code_for(&err), err)),
-        Err(_) => Err(fail(
-            exit::UNREACHABLE,
-            format!("{}: no answer within {timeout:?}", url.describe()),
-        )),
+        Err(_) => Err(no_answer(&url, timeout)),
     }
+}
+
+/// The exit code and line for a store that did not answer within `after`.
+pub(crate) fn no_answer(url: &LockUrl, after: Duration) -> u8 {
+    fail(
+        exit::UNREACHABLE,
+        format!("{}: no answer within {after:?}", url.describe()),
+    )
 }

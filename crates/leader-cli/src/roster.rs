@@ -7,8 +7,8 @@ use leader_core::{LockSet, RosterError, ShardSetView};
 
 use crate::args::{DrainArgs, LockArgs, ResizeArgs};
 use crate::exit;
-use crate::open::{code_for, fail};
-use crate::set_status::{OPEN_TIMEOUT, no_answer, set_url};
+use crate::open::{code_for, fail, lock_url, open_failed};
+use crate::set_status::OPEN_TIMEOUT;
 
 /// How long the read and the compare-and-swap of the roster may take.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -16,16 +16,14 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// The set's records through `--lock`, or the exit code: `nothing` says what there is to act
 /// on, in the line said when no replica has run the set.
 async fn open(lock: &LockArgs, nothing: &str) -> Result<Box<dyn LockSet>, u8> {
-    let url = set_url(lock)?;
+    let url = lock_url(lock)?;
     // A file lock directory that does not exist holds no set; this creates nothing.
     if url.file_path().is_some_and(|dir| !dir.is_dir()) {
         return Err(nobody(&url.describe(), &lock.name, nothing));
     }
-    match tokio::time::timeout(OPEN_TIMEOUT, url.open_set(&lock.name, "leader-shards")).await {
-        Ok(Ok(set)) => Ok(set),
-        Ok(Err(err)) => Err(fail(code_for(&err), err)),
-        Err(_) => Err(no_answer(&url, OPEN_TIMEOUT)),
-    }
+    url.open_set_checked(&lock.name, "leader-shards", OPEN_TIMEOUT)
+        .await
+        .map_err(open_failed)
 }
 
 fn nobody(lock: &str, name: &str, nothing: &str) -> u8 {

@@ -6,13 +6,13 @@ use std::fmt::Write as _;
 use std::io::Write as _;
 use std::time::Duration;
 
-use leader::LockUrl;
+use leader::OpenError;
 use leader_core::{LockError, RecordState, RecordView, ShardSetView, ShardSetViewError};
 
 use crate::ago::ago;
-use crate::args::{LockArgs, StatusArgs};
+use crate::args::StatusArgs;
 use crate::exit;
-use crate::open::{code_for, fail};
+use crate::open::{code_for, fail, lock_url, no_answer, open_failed};
 
 /// How long opening the store and reading the roster may take.
 pub(crate) const OPEN_TIMEOUT: Duration = Duration::from_secs(5);
@@ -23,7 +23,7 @@ const READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// holds no such set (or keeps no sets), so that the caller says the lock holds nothing.
 pub(crate) async fn status(args: &StatusArgs, asked: bool) -> Option<u8> {
     let name = &args.lock.name;
-    let url = match set_url(&args.lock) {
+    let url = match lock_url(&args.lock) {
         Ok(url) => url,
         Err(code) => return Some(code),
     };
@@ -31,12 +31,14 @@ pub(crate) async fn status(args: &StatusArgs, asked: bool) -> Option<u8> {
     if url.file_path().is_some_and(|dir| !dir.is_dir()) {
         return no_set(args, &url.describe(), asked);
     }
-    let set = match tokio::time::timeout(OPEN_TIMEOUT, url.open_set(name, "leader-status")).await {
-        Ok(Ok(set)) => set,
+    let set = match url
+        .open_set_checked(name, "leader-status", OPEN_TIMEOUT)
+        .await
+    {
+        Ok(set) => set,
         // A backend that keeps no shard sets holds none of this name.
-        Ok(Err(LockError::Misconfigured { .. })) if !asked => return None,
-        Ok(Err(err)) => return Some(fail(code_for(&err), err)),
-        Err(_) => return Some(no_answer(&url, OPEN_TIMEOUT)),
+        Err(OpenError::Lock(LockError::Misconfigured { .. })) if !asked => return None,
+        Err(err) => return Some(open_failed(err)),
     };
     let view = match tokio::time::timeout(READ_TIMEOUT, ShardSetView::read(&*set, name)).await {
         Ok(Ok(Some(view))) => view,
@@ -58,22 +60,6 @@ pub(crate) async fn status(args: &StatusArgs, asked: bool) -> Option<u8> {
     // A reader that closed the pipe (`| head`) has what it wanted.
     let _ = std::io::stdout().lock().write_all(out.as_bytes());
     Some(exit::OK)
-}
-
-/// The lock URL of `--lock` (default: the file lock of `--name`), or the exit code of a URL
-/// that is not one.
-pub(crate) fn set_url(lock: &LockArgs) -> Result<LockUrl, u8> {
-    match lock.lock.as_deref() {
-        Some(url) => LockUrl::parse(url).map_err(|err| fail(exit::BAD_LOCK, err)),
-        None => Ok(LockUrl::file(leader::default_file(&lock.name))),
-    }
-}
-
-pub(crate) fn no_answer(url: &LockUrl, after: Duration) -> u8 {
-    fail(
-        exit::UNREACHABLE,
-        format!("{}: no answer within {after:?}", url.describe()),
-    )
 }
 
 /// No roster of that name: said when asked for, else left to the caller.

@@ -4,10 +4,16 @@
 //! process is stopped (SIGTERM, then SIGKILL after the grace) before its shard is released or
 //! lost, exactly as a leader's COMMAND is before its lease (S3, S6), and a shard moving never
 //! disturbs the others' work. A large set is better served by the library's `run_per_shard`.
+//!
+//! COMMAND is told the count in `LEADER_SHARD_COUNT`. When the set is resized, every COMMAND
+//! of this replica is stopped and started again under the new count, in order: no COMMAND
+//! starts under the new count while one of this replica still runs under the old (S17).
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use leader_core::{CancellationToken, Leadership, Shards, ShardsError, Timings};
+use tokio::sync::{Notify, watch};
 
 use crate::args::ElectionArgs;
 use crate::child::{self, Backstop, Ended, Program};
@@ -41,7 +47,6 @@ pub(crate) async fn run(args: ElectionArgs, membership: Membership, command: Vec
             args.exit_on_identity_conflict,
         ),
         ("--ready-only-while-leading", args.ready_only_while_leading),
-        ("--fencing-token-floor", args.fencing_token_floor != 0),
     ];
     if let Some((flag, _)) = single.iter().find(|(_, given)| *given) {
         return fail(
@@ -73,18 +78,28 @@ pub(crate) async fn run(args: ElectionArgs, membership: Membership, command: Vec
         command,
         name: name.clone(),
         identity: identity.clone(),
-        env: vec![("LEADER_SHARD_COUNT".into(), count.to_string())],
+        env: Vec::new(),
     };
     let grace = command_grace(args.grace, timings);
+    let builder = Shards::builder(name.clone(), count, set);
+    let counts = Counts::new(builder.subscribe_count());
     // The shard's term (a counted clone) stays with its COMMAND until COMMAND is gone: the
     // shard is released only then (S6).
-    let shards = match Shards::builder(name.clone(), count, set)
+    let shards = match builder
         .timings(timings)
         .stop_grace(timings.stop_window())
+        .fencing_token_floor(args.fencing_token_floor)
         .static_membership(static_membership)
         .weight(weight)
         .on_shard_started(move |shard, term| {
-            tokio::spawn(per_shard(program.clone(), grace, timings, shard, term));
+            let shard = Shard {
+                program: program.clone(),
+                grace,
+                timings,
+                shard,
+                counts: counts.clone(),
+            };
+            tokio::spawn(shard.run(term));
         })
         .build()
     {
@@ -118,51 +133,176 @@ pub(crate) async fn run(args: ElectionArgs, membership: Membership, command: Vec
     }
 }
 
-/// One shard's COMMAND: started with the shard's number and token, stopped when the shard's
-/// term ends. A COMMAND that cannot start (where `leader run` exits with 126 or 127) or that
-/// exits by itself gives the shard up: another replica may take it, and this one takes it
-/// again only after a back-off that grows while COMMAND keeps failing.
-async fn per_shard(
-    mut program: Program,
+/// The shard count each COMMAND of this replica runs under: a COMMAND starts under a count
+/// only while none of this replica runs under another, so that no key is worked under two
+/// counts here, and a COMMAND under a count that is no longer the set's is stopped.
+#[derive(Clone, Debug)]
+struct Counts {
+    /// The count the set follows, as this replica last read it.
+    set: watch::Receiver<u32>,
+    /// The count the running COMMANDs run under, and how many run.
+    running: Arc<Mutex<(u32, usize)>>,
+    /// Woken when a COMMAND stops.
+    stopped: Arc<Notify>,
+}
+
+impl Counts {
+    fn new(set: watch::Receiver<u32>) -> Self {
+        Self {
+            set,
+            running: Arc::default(),
+            stopped: Arc::default(),
+        }
+    }
+
+    /// Waits until a COMMAND may start under `count`: none runs under another.
+    async fn enter(&self, count: u32) -> Running {
+        loop {
+            let stopped = self.stopped.notified();
+            {
+                let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+                if running.1 == 0 || running.0 == count {
+                    *running = (count, running.1 + 1);
+                    return Running {
+                        counts: self.clone(),
+                    };
+                }
+            }
+            stopped.await;
+        }
+    }
+}
+
+/// A COMMAND counted as running under its count, until dropped (once it has stopped).
+#[derive(Debug)]
+struct Running {
+    counts: Counts,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let mut running = self
+            .counts
+            .running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        running.1 = running.1.saturating_sub(1);
+        drop(running);
+        self.counts.stopped.notify_waiters();
+    }
+}
+
+/// One shard's COMMAND and what it needs.
+struct Shard {
+    program: Program,
     grace: Duration,
     timings: Timings,
     shard: u32,
-    term: Leadership,
-) {
-    program.env.push(("LEADER_SHARD".into(), shard.to_string()));
-    let token = term.fencing_token();
-    let backstop = Backstop::new(term.deadline(), grace, timings);
-    let mut process = match program.spawn(token, None, backstop) {
-        Ok(process) => process,
-        Err(err) => {
-            eprintln!(
-                "leader: cannot start {:?} for shard {shard}: {err}: giving the shard up",
-                program.command[0]
+    counts: Counts,
+}
+
+impl Shard {
+    /// One shard's COMMAND: started with the shard's number, its token and the count, stopped
+    /// when the shard's term ends, and started again under the new count when the set is
+    /// resized (once this replica's COMMANDs under the old count have all stopped). A COMMAND
+    /// that cannot start (where `leader run` exits with 126 or 127) or that exits by itself
+    /// gives the shard up: another replica may take it, and this one takes it again only after
+    /// a back-off that grows while COMMAND keeps failing.
+    async fn run(self, term: Leadership) {
+        let Self {
+            program,
+            grace,
+            timings,
+            shard,
+            counts,
+        } = self;
+        let token = term.fencing_token();
+        let backstop = Backstop::new(term.deadline(), grace, timings);
+        let mut set = counts.set.clone();
+        loop {
+            let count = *set.borrow_and_update();
+            let running = tokio::select! {
+                biased;
+                () = term.lost() => return,
+                running = counts.enter(count) => running,
+            };
+            // The count moved on while this waited: wait again, under the newest.
+            if set.has_changed().unwrap_or(false) {
+                continue;
+            }
+            let mut program = program.clone();
+            program.env.extend([
+                ("LEADER_SHARD".into(), shard.to_string()),
+                ("LEADER_SHARD_COUNT".into(), count.to_string()),
+            ]);
+            let mut process = match program.spawn(token, None, backstop.clone()) {
+                Ok(process) => process,
+                Err(err) => {
+                    eprintln!(
+                        "leader: cannot start {:?} for shard {shard}: {err}: giving the shard up",
+                        program.command[0]
+                    );
+                    give_up(&term).await;
+                    return;
+                }
+            };
+            tracing::info!(
+                shard,
+                count,
+                fencing_token = token,
+                pid = process.id(),
+                "COMMAND started for the shard"
             );
-            let _ = term.step_down();
-            return;
-        }
-    };
-    tracing::info!(
-        shard,
-        fencing_token = token,
-        pid = process.id(),
-        "COMMAND started for the shard"
-    );
-    tokio::select! {
-        ended = process.wait() => match ended {
-            Ended::PastDeadline => {
-                let _ = term.step_down();
-                term.lost().await;
+            // A count that can no longer change (the set is stopping) is waited for no more.
+            let resized = async {
+                while set.changed().await.is_ok() {
+                    if *set.borrow_and_update() != count {
+                        return;
+                    }
+                }
+                std::future::pending::<()>().await;
+            };
+            tokio::select! {
+                ended = process.wait() => {
+                    drop(running);
+                    match ended {
+                        Ended::PastDeadline => {
+                            give_up(&term).await;
+                            term.lost().await;
+                        }
+                        Ended::Itself(code) => {
+                            tracing::warn!(shard, code, "COMMAND exited by itself: giving the shard up");
+                            give_up(&term).await;
+                        }
+                    }
+                    return;
+                }
+                () = term.lost() => {
+                    let status = child::terminate(&mut process, grace).await;
+                    tracing::info!(shard, ?status, "COMMAND stopped: the shard's term ended");
+                    return;
+                }
+                () = resized => {
+                    let status = child::terminate(&mut process, grace).await;
+                    tracing::info!(
+                        shard,
+                        from = count,
+                        to = *set.borrow(),
+                        ?status,
+                        "COMMAND stopped: the set was resized; starting it again under the new count"
+                    );
+                }
             }
-            Ended::Itself(code) => {
-                tracing::warn!(shard, code, "COMMAND exited by itself: giving the shard up");
-                let _ = term.step_down();
-            }
-        },
-        () = term.lost() => {
-            let status = child::terminate(&mut process, grace).await;
-            tracing::info!(shard, ?status, "COMMAND stopped: the shard's term ended");
+            drop(running);
         }
+    }
+}
+
+/// Gives the shard up ([`Leadership::step_down`]), asking again while the term's one request
+/// slot is taken, until the member takes the request or the term ends: a give-up is never
+/// lost, so a shard never stays owned with no COMMAND running.
+async fn give_up(term: &Leadership) {
+    while term.step_down().is_err() && !term.is_lost() {
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

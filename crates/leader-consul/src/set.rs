@@ -1,13 +1,13 @@
 //! A shard set's records on Consul: read with one transaction, renewed in transactions of as
 //! many records as Consul lets one hold.
 
+use leader_core::backend::LockErrorExt;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use futures_util::future::join_all;
-use leader_core::{
-    LockError, LockSet, Observed, Renewal, ResourceLock, async_trait, common_prefix,
-};
+use leader_core::backend::{Renewal, common_prefix};
+use leader_core::{LockError, LockSet, Observed, ResourceLock, async_trait};
 use serde_json::Value;
 
 use crate::lock::{ConsulLock, RENEWAL_OPS};
@@ -56,9 +56,9 @@ impl ConsulStore {
     ) -> Result<ConsulLockSet, LockError> {
         let identity = identity.into();
         for key in [
-            leader_core::roster_key(name),
-            leader_core::member_key(name, &identity),
-            leader_core::shard_key(name, leader_core::MAX_SHARDS),
+            leader_core::backend::roster_key(name),
+            leader_core::backend::member_key(name, &identity),
+            leader_core::backend::shard_key(name, leader_core::MAX_SHARDS),
         ] {
             self.lock(key, identity.clone())?;
         }

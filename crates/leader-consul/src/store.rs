@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use leader_core::{LockError, UrlError, redact_url};
+use leader_core::{LockError, redact_url};
 use reqwest::{Method, RequestBuilder, StatusCode};
 
 use crate::error::{BACKEND, status, transport};
@@ -110,7 +110,7 @@ impl ConsulStoreBuilder {
             return Err(bad("the request timeout must be above zero".to_owned()));
         }
         let address = redact_url(&self.address);
-        UrlError::check_user_info(&self.address)
+        leader_core::backend::check_user_info(&self.address)
             .map_err(|err| bad(format!("the agent address {address:?}: {}", err.message)))?;
         let base = url::Url::parse(&self.address)
             .map_err(|err| bad(format!("the agent address {address:?}: {err}")))?;

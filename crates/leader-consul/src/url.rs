@@ -24,7 +24,7 @@ impl LockUrl {
     /// host, or an unknown parameter.
     pub fn parse(lock: &str) -> Result<Self, UrlError> {
         let invalid = |message: String| UrlError::new(lock, message);
-        UrlError::check_user_info(lock)?;
+        leader_core::backend::check_user_info(lock)?;
         let url = url::Url::parse(lock).map_err(|err| invalid(err.to_string()))?;
         let tls = match url.scheme() {
             "consul" => false,

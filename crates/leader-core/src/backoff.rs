@@ -10,7 +10,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use leader_core::backoff::{Backoff, Jitter};
+//! use leader_core::backend::{Backoff, Jitter};
 //!
 //! let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(4));
 //! let waits: Vec<u64> = (0..4).map(|_| backoff.failed().as_secs()).collect();

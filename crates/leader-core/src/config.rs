@@ -98,41 +98,41 @@ pub enum WorkExit {
     Restart,
 }
 
-/// The elector's timings and switches, as validated by
-/// [`LeaderElectorBuilder::build`](crate::LeaderElectorBuilder::build).
+/// The settings of a lease, shared by an election ([`LeaderElector`](crate::LeaderElector)) and
+/// each shard of a set ([`Shards`](crate::Shards)): one validation, one set of defaults.
+///
+/// | setting | default |
+/// |---|---|
+/// | `lease_duration`, `renew_deadline`, `retry_period` | 15 s, 10 s, 2 s (client-go's) |
+/// | `request_timeout` | half the renew deadline (client-go's leader election clients' timeout): a failed renewal leaves time for another |
+/// | `stop_grace` | lease duration less renew deadline ([`Timings::stop_window`]): the time left before a follower can take over |
+/// | `release_on_cancel` | true |
+/// | `fencing_token_floor` | 0 (none) |
+/// | `wall_clock` | the system's |
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
-pub struct ElectorConfig {
-    /// The election's name, for status, logs and metric labels (see
-    /// [`LeaderElectorBuilder::name`](crate::LeaderElectorBuilder::name)).
-    pub name: String,
+pub struct LeaseConfig {
     /// How long followers wait after the last change they saw before taking over.
     pub lease_duration: Duration,
-    /// How long the leader keeps leading without a successful renewal.
+    /// How long a holder keeps its lease without a successful renewal.
     pub renew_deadline: Duration,
-    /// Time between attempts.
+    /// Time between attempts (and, for a shard set, between rounds).
     pub retry_period: Duration,
-    /// Candidates wait `retry_period * (1 + random(0..jitter))` between attempts.
-    pub jitter: f64,
-    /// Timeout of every lock request.
+    /// Timeout of every lock request (a batch counts as one).
     pub request_timeout: Duration,
-    /// How long the elector waits for the leader's work to stop after cancelling it.
+    /// How long the work is waited for once a term ends, before the lease is released (or, for
+    /// work still running then, left to expire).
     pub stop_grace: Duration,
-    /// Whether the work of `run_while_leading` is given the stop grace to return by itself at
-    /// a term's end, instead of being dropped at once.
-    pub graceful_stop: bool,
-    /// Release the lease on shutdown.
+    /// Release the lease on shutdown, so that another takes it at once.
     pub release_on_cancel: bool,
-    /// What happens when the term's work ends by itself.
-    pub work_exit: WorkExit,
     /// The lowest fencing token an acquisition takes: every acquisition's token is at least
     /// this, and greater than every earlier one (S5). 0: no floor.
     pub fencing_token_floor: u64,
-    /// Where the times written into the record come from.
+    /// Where the times written into records come from.
     pub wall_clock: crate::WallClock,
 }
 
-impl ElectorConfig {
+impl LeaseConfig {
     /// The timings of this configuration.
     pub fn timings(&self) -> Timings {
         Timings {
@@ -141,10 +141,81 @@ impl ElectorConfig {
             retry_period: self.retry_period,
         }
     }
+}
 
+/// A [`LeaseConfig`] as a builder holds it: settings left unset take their defaults, which
+/// depend on the timings, when it is checked.
+#[derive(Clone, Debug)]
+pub(crate) struct LeaseSettings {
+    pub(crate) timings: Timings,
+    pub(crate) request_timeout: Option<Duration>,
+    pub(crate) stop_grace: Option<Duration>,
+    pub(crate) release_on_cancel: bool,
+    pub(crate) fencing_token_floor: u64,
+    pub(crate) wall_clock: crate::WallClock,
+}
+
+impl Default for LeaseSettings {
+    fn default() -> Self {
+        Self {
+            timings: Timings::default(),
+            request_timeout: None,
+            stop_grace: None,
+            release_on_cancel: true,
+            fencing_token_floor: 0,
+            wall_clock: crate::WallClock::system(),
+        }
+    }
+}
+
+impl LeaseSettings {
+    /// The rules (S4), then the defaults that depend on the timings.
+    pub(crate) fn check(&self) -> Result<LeaseConfig, ConfigError> {
+        let timings = self.timings;
+        timings.validate()?;
+        let request_timeout = self.request_timeout.unwrap_or(timings.renew_deadline / 2);
+        if request_timeout.is_zero() || request_timeout > timings.renew_deadline {
+            return Err(ConfigError::InvalidRequestTimeout {
+                request_timeout,
+                renew_deadline: timings.renew_deadline,
+            });
+        }
+        Ok(LeaseConfig {
+            lease_duration: timings.lease_duration,
+            renew_deadline: timings.renew_deadline,
+            retry_period: timings.retry_period,
+            request_timeout,
+            stop_grace: self.stop_grace.unwrap_or(timings.stop_window()),
+            release_on_cancel: self.release_on_cancel,
+            fencing_token_floor: self.fencing_token_floor,
+            wall_clock: self.wall_clock.clone(),
+        })
+    }
+}
+
+/// The elector's settings, as validated by
+/// [`LeaderElectorBuilder::build`](crate::LeaderElectorBuilder::build).
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct ElectorConfig {
+    /// The election's name, for status, logs and metric labels (see
+    /// [`LeaderElectorBuilder::name`](crate::LeaderElectorBuilder::name)).
+    pub name: String,
+    /// The lease's settings.
+    pub lease: LeaseConfig,
+    /// Candidates wait `retry_period * (1 + random(0..jitter))` between attempts.
+    pub jitter: f64,
+    /// Whether the work of `run_while_leading` is given the stop grace to return by itself at
+    /// a term's end, instead of being dropped at once.
+    pub graceful_stop: bool,
+    /// What happens when the term's work ends by itself.
+    pub work_exit: WorkExit,
+}
+
+impl ElectorConfig {
     /// The longest a candidate waits between two attempts while the store answers:
     /// `retry_period * (1 + jitter)`.
     pub(crate) fn longest_retry(&self) -> Duration {
-        self.retry_period.mul_f64(1.0 + self.jitter)
+        self.lease.retry_period.mul_f64(1.0 + self.jitter)
     }
 }

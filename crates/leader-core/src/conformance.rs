@@ -123,13 +123,13 @@ fn now() -> DateTime<Utc> {
 
 /// The renewals, now, of records held as `taken` says (key, record as stored): what a shard
 /// set member's round sends to [`LockSet::renew_many`](crate::LockSet::renew_many).
-pub fn renewals(taken: &[(String, Observed)]) -> Vec<crate::Renewal> {
+pub fn renewals(taken: &[(String, Observed)]) -> Vec<crate::backend::Renewal> {
     taken
         .iter()
         .map(|(key, observed)| {
             let mut record = observed.record.clone();
             record.renew_time = record.renewal_time(now());
-            crate::Renewal {
+            crate::backend::Renewal {
                 key: key.clone(),
                 version: observed.version.clone(),
                 record,

@@ -10,10 +10,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::clock::WallClock;
-use crate::config::{
-    DEFAULT_LEASE_DURATION, DEFAULT_RENEW_DEADLINE, DEFAULT_RETRY_PERIOD, ElectorConfig,
-    JITTER_FACTOR, Timings, WorkExit,
-};
+use crate::config::{ElectorConfig, JITTER_FACTOR, LeaseSettings, WorkExit};
 use crate::error::ConfigError;
 use crate::health::HealthCheck;
 use crate::leadership::{LeaderState, Leadership, StepDown};
@@ -26,17 +23,10 @@ use crate::status::{ElectionError, ElectorStatus, Shared};
 pub struct LeaderElectorBuilder {
     lock: Arc<dyn ResourceLock>,
     name: Option<String>,
-    lease_duration: Duration,
-    renew_deadline: Duration,
-    retry_period: Duration,
+    lease: LeaseSettings,
     jitter: f64,
-    request_timeout: Option<Duration>,
-    stop_grace: Option<Duration>,
     graceful_stop: bool,
-    release_on_cancel: bool,
     work_exit: WorkExit,
-    fencing_token_floor: u64,
-    wall_clock: WallClock,
     callbacks: Callbacks,
 }
 
@@ -44,9 +34,7 @@ impl fmt::Debug for LeaderElectorBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LeaderElectorBuilder")
             .field("lock", &self.lock.describe())
-            .field("lease_duration", &self.lease_duration)
-            .field("renew_deadline", &self.renew_deadline)
-            .field("retry_period", &self.retry_period)
+            .field("lease", &self.lease)
             .finish_non_exhaustive()
     }
 }
@@ -66,20 +54,20 @@ impl LeaderElectorBuilder {
     /// over (default 15 s). The leader writes it into the record; followers honour the holder's
     /// value, not their own.
     pub fn lease_duration(mut self, duration: Duration) -> Self {
-        self.lease_duration = duration;
+        self.lease.timings.lease_duration = duration;
         self
     }
 
     /// How long the leader keeps leading without a successful renewal (default 10 s). Its
     /// leadership is cancelled at the start of the last successful renewal plus this.
     pub fn renew_deadline(mut self, duration: Duration) -> Self {
-        self.renew_deadline = duration;
+        self.lease.timings.renew_deadline = duration;
         self
     }
 
     /// Time between renewals, and the base wait between attempts to acquire (default 2 s).
     pub fn retry_period(mut self, duration: Duration) -> Self {
-        self.retry_period = duration;
+        self.lease.timings.retry_period = duration;
         self
     }
 
@@ -92,7 +80,7 @@ impl LeaderElectorBuilder {
 
     /// Timeout of every request to the lock (default: half the renew deadline).
     pub fn request_timeout(mut self, duration: Duration) -> Self {
-        self.request_timeout = Some(duration);
+        self.lease.request_timeout = Some(duration);
         self
     }
 
@@ -101,7 +89,7 @@ impl LeaderElectorBuilder {
     /// take over). Work still running then is aborted (callbacks) or left behind with a warning,
     /// and on shutdown the lease is not released but left to expire.
     pub fn stop_grace(mut self, duration: Duration) -> Self {
-        self.stop_grace = Some(duration);
+        self.lease.stop_grace = Some(duration);
         self
     }
 
@@ -122,7 +110,7 @@ impl LeaderElectorBuilder {
     /// Release the lease on shutdown, so a follower takes over at once instead of after the
     /// lease duration (default true). The release waits for the leader's work to stop first.
     pub fn release_on_cancel(mut self, release: bool) -> Self {
-        self.release_on_cancel = release;
+        self.lease.release_on_cancel = release;
         self
     }
 
@@ -138,7 +126,7 @@ impl LeaderElectorBuilder {
     /// an election to a new store, set it above the highest token the old store gave, so that
     /// downstream stores that fence on the token keep refusing the old leaders' writes.
     pub fn fencing_token_floor(mut self, floor: u64) -> Self {
-        self.fencing_token_floor = floor;
+        self.lease.fencing_token_floor = floor;
         self
     }
 
@@ -147,7 +135,7 @@ impl LeaderElectorBuilder {
     /// ([`WallClock::stepped`]) to check that a clock stepped back or forward changes what the
     /// record shows and never who leads (S14).
     pub fn wall_clock(mut self, clock: WallClock) -> Self {
-        self.wall_clock = clock;
+        self.lease.wall_clock = clock;
         self
     }
 
@@ -225,24 +213,8 @@ impl LeaderElectorBuilder {
         if self.lock.identity().is_empty() {
             return Err(ConfigError::EmptyIdentity);
         }
-        let timings = Timings {
-            lease_duration: self.lease_duration,
-            renew_deadline: self.renew_deadline,
-            retry_period: self.retry_period,
-        };
-        if self.retry_period.is_zero() {
-            return Err(ConfigError::ZeroRetryPeriod);
-        }
         if !(self.jitter.is_finite() && (0.0..=10.0).contains(&self.jitter)) {
             return Err(ConfigError::InvalidJitter(self.jitter));
-        }
-        timings.validate()?;
-        let request_timeout = self.request_timeout.unwrap_or(self.renew_deadline / 2);
-        if request_timeout.is_zero() || request_timeout > self.renew_deadline {
-            return Err(ConfigError::InvalidRequestTimeout {
-                request_timeout,
-                renew_deadline: self.renew_deadline,
-            });
         }
         let config = ElectorConfig {
             name: self.name.unwrap_or_else(|| {
@@ -250,17 +222,10 @@ impl LeaderElectorBuilder {
                     .election_name()
                     .map_or_else(|| self.lock.describe(), str::to_owned)
             }),
-            lease_duration: self.lease_duration,
-            renew_deadline: self.renew_deadline,
-            retry_period: self.retry_period,
+            lease: self.lease.check()?,
             jitter: self.jitter,
-            request_timeout,
-            stop_grace: self.stop_grace.unwrap_or(timings.stop_window()),
             graceful_stop: self.graceful_stop,
-            release_on_cancel: self.release_on_cancel,
             work_exit: self.work_exit,
-            fencing_token_floor: self.fencing_token_floor,
-            wall_clock: self.wall_clock,
         };
         let (state, _) = watch::channel(LeaderState::Unknown);
         Ok(LeaderElector {
@@ -323,17 +288,10 @@ impl LeaderElector {
         LeaderElectorBuilder {
             lock: Arc::new(lock),
             name: None,
-            lease_duration: DEFAULT_LEASE_DURATION,
-            renew_deadline: DEFAULT_RENEW_DEADLINE,
-            retry_period: DEFAULT_RETRY_PERIOD,
+            lease: LeaseSettings::default(),
             jitter: JITTER_FACTOR,
-            request_timeout: None,
-            stop_grace: None,
             graceful_stop: false,
-            release_on_cancel: true,
             work_exit: WorkExit::StepDown,
-            fencing_token_floor: 0,
-            wall_clock: WallClock::system(),
             callbacks: Callbacks::default(),
         }
     }
@@ -362,7 +320,7 @@ impl LeaderElector {
         HealthCheck::new(
             self.config.name.clone(),
             self.shared.clone(),
-            self.config.lease_duration,
+            self.config.lease.lease_duration,
             tolerance,
         )
     }
@@ -431,7 +389,7 @@ impl LeaderElector {
         let grace = self
             .config
             .graceful_stop
-            .then(|| self.config.stop_grace.mul_f64(0.9));
+            .then(|| self.config.lease.stop_grace.mul_f64(0.9));
         self.callbacks.started.push(Arc::new(move |leadership| {
             let work = work.clone();
             Box::pin(async move {

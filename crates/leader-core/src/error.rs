@@ -120,11 +120,8 @@ impl LockError {
         }
     }
 
-    /// The same failure again, of the same kind and saying the same (a driver's error becomes
-    /// its message): what each record of a batch that failed as a whole reports
-    /// ([`LockError::for_each`]).
-    #[must_use]
-    pub fn duplicate(&self) -> Self {
+    /// The same failure again, of the same kind and saying the same.
+    pub(crate) fn duplicated(&self) -> Self {
         match self {
             Self::Conflict { backend } => Self::Conflict { backend },
             Self::InvalidRecord { backend, reason } => Self::InvalidRecord {
@@ -166,35 +163,6 @@ impl LockError {
                 source: source.to_string().into(),
             },
         }
-    }
-
-    /// This error for each of `n` records: the results of a batch request that failed as a
-    /// whole ([`LockSet::get_many`](crate::LockSet::get_many),
-    /// [`LockSet::renew_many`](crate::LockSet::renew_many)), each of the same kind.
-    pub fn for_each<T>(&self, n: usize) -> Vec<Result<T, Self>> {
-        (0..n).map(|_| Err(self.duplicate())).collect()
-    }
-
-    /// A [`LockError::Unmoved`] unless `stored` moved on from `sent`: what a lock whose store
-    /// can skip an identical write makes of the answer to an `operation` sent at version
-    /// `sent`.
-    ///
-    /// # Errors
-    /// The version did not move.
-    pub fn unless_moved(
-        backend: &'static str,
-        operation: &'static str,
-        sent: &crate::Version,
-        stored: crate::Observed,
-    ) -> Result<crate::Observed, Self> {
-        if stored.version == *sent {
-            return Err(Self::Unmoved {
-                backend,
-                operation,
-                version: sent.as_str().to_owned(),
-            });
-        }
-        Ok(stored)
     }
 
     /// True for a lost compare-and-swap.
@@ -304,7 +272,7 @@ mod tests {
             LockError::other("b", "odd"),
         ];
         for err in &errors {
-            let copies: Vec<Result<(), LockError>> = err.for_each(3);
+            let copies: Vec<Result<(), LockError>> = crate::backend::LockErrorExt::for_each(err, 3);
             assert_eq!(copies.len(), 3);
             for copy in copies {
                 let copy = copy.expect_err("an error");

@@ -3,7 +3,8 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
-pub mod backoff;
+pub mod backend;
+mod backoff;
 mod clock;
 mod config;
 mod elector;
@@ -39,27 +40,25 @@ pub mod faults;
 pub use clock::{ClockStep, WallClock};
 pub use config::{
     DEFAULT_LEASE_DURATION, DEFAULT_RENEW_DEADLINE, DEFAULT_RETRY_PERIOD, ElectorConfig,
-    JITTER_FACTOR, Timings, WorkExit,
+    JITTER_FACTOR, LeaseConfig, Timings, WorkExit,
 };
 pub use elector::{LeaderElector, LeaderElectorBuilder};
 pub use error::{BoxError, ConfigError, LockError};
 pub use file::FileLock;
 pub use handover::{HandoverError, edit_record, request_handover, withdraw_handover};
 pub use health::{HealthCheck, NotReady, Unhealthy};
-pub use hub::ChangeHub;
 pub use identity::default_identity;
 pub use leadership::{
     ExtensionError, LeaderState, Leadership, LeadershipLost, StepDown, StepDownReason, TermDeadline,
 };
 pub use lock::{Acquisition, ChangeStream, LeaderEvent, ResourceLock};
 pub use memory::{MemoryLock, MemoryStore};
-pub use record::{LeaderElectionRecord, Observed, RENEWAL_STEP, RecordColumns, Version};
+pub use record::{LeaderElectionRecord, Observed, Version};
 pub use redact::redact_url;
 pub use shards::{
-    COUNT_EXTENSION, KeyedLocks, Known, LockSet, MAX_SHARDS, MemberView, RecordState, RecordView,
-    Renewal, RenewedAndRead, Reread, RosterError, ShardSetView, ShardSetViewError, ShardView,
-    Shards, ShardsBuilder, ShardsConfig, ShardsError, ShardsState, common_prefix, drain_member,
-    member_key, resize_shard_set, roster_key, shard_key,
+    COUNT_EXTENSION, LockSet, MAX_SHARDS, MemberView, RecordState, RecordView, RosterError,
+    ShardSetView, ShardSetViewError, ShardView, Shards, ShardsBuilder, ShardsConfig, ShardsError,
+    ShardsState, drain_member, resize_shard_set,
 };
 pub use signal::{shutdown_on_signals, shutdown_signal};
 pub use status::{ElectionError, ElectorStatus, IdentityConflict, LastError};

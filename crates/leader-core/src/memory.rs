@@ -250,7 +250,7 @@ impl ResourceLock for MemoryLock {
             record: record.clone(),
             version: written,
         };
-        LockError::unless_moved(BACKEND, "update", version, written)
+        crate::backend::unless_moved(BACKEND, "update", version, written)
     }
 
     async fn renew(

@@ -114,7 +114,7 @@ impl Runner {
         state: watch::Sender<LeaderState>,
         shared: Arc<Mutex<Shared>>,
     ) -> Self {
-        let backoff = Backoff::new(config.retry_period, config.lease_duration)
+        let backoff = Backoff::new(config.lease.retry_period, config.lease.lease_duration)
             .jitter(Jitter::Spread(config.jitter));
         Self {
             lock,
@@ -145,7 +145,7 @@ impl Runner {
     pub(crate) async fn run(mut self, shutdown: CancellationToken) {
         m::set_leading(&self.config.name, false);
         if !self.lease_is_kept().await {
-            let _ = timeout(self.config.request_timeout, self.lock.close()).await;
+            let _ = timeout(self.config.lease.request_timeout, self.lock.close()).await;
             self.publish(LeaderState::Stopped);
             return;
         }
@@ -158,7 +158,7 @@ impl Runner {
                 break;
             }
         }
-        let _ = timeout(self.config.request_timeout, self.lock.close()).await;
+        let _ = timeout(self.config.lease.request_timeout, self.lock.close()).await;
         self.publish(LeaderState::Stopped);
         tracing::debug!("elector stopped");
     }
@@ -169,7 +169,7 @@ impl Runner {
     /// the `leader` command exits 3. A check that cannot be made now (an outage) is left to the
     /// lock, which refuses such a lease's writes itself.
     async fn lease_is_kept(&mut self) -> bool {
-        let lease = self.config.lease_duration;
+        let lease = self.config.lease.lease_duration;
         match self
             .request("check_lease", self.lock.check_lease(lease))
             .await
@@ -224,7 +224,7 @@ impl Runner {
         operation: &'static str,
         fut: impl Future<Output = Result<T, LockError>>,
     ) -> Result<T, LockError> {
-        let after = self.config.request_timeout;
+        let after = self.config.lease.request_timeout;
         timeout(after, fut).await.unwrap_or_else(|_| {
             Err(LockError::Timeout {
                 lock: self.lock.describe(),
@@ -351,7 +351,7 @@ impl Runner {
         // Whether the store keeps leases alive without a new version, as its last answer said;
         // unknown without such answers (a store with no one-request acquisition).
         let kept = self.try_acquire_supported.then_some(self.held_in_store);
-        if !seen.seen_alive(observed, kept, self.config.retry_period, now) {
+        if !seen.seen_alive(observed, kept, self.config.lease.retry_period, now) {
             return;
         }
         let conflict = IdentityConflict {
@@ -383,7 +383,7 @@ impl Runner {
 
     fn spawn_event(&self, event: LeaderEvent) {
         let lock = self.lock.clone();
-        let after = self.config.request_timeout;
+        let after = self.config.lease.request_timeout;
         tokio::spawn(async move {
             let _ = timeout(after, lock.record_event(&event)).await;
         });

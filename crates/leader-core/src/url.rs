@@ -79,7 +79,7 @@ impl UrlError {
     ///
     /// # Errors
     /// Such a URL, with a message asking to percent-encode them.
-    pub fn check_user_info(url: &str) -> Result<(), Self> {
+    pub(crate) fn check_user_info(url: &str) -> Result<(), Self> {
         let Some(scheme_end) = url.find("://") else {
             return Ok(());
         };

@@ -95,8 +95,8 @@ async fn build_rejects_invalid_timings_with_the_rule_broken() {
     let ok = builder(lock())
         .build()
         .expect("client-go defaults are valid");
-    assert_eq!(ok.config().request_timeout, RENEW / 2);
-    assert_eq!(ok.config().stop_grace, LEASE - RENEW);
+    assert_eq!(ok.config().lease.request_timeout, RENEW / 2);
+    assert_eq!(ok.config().lease.stop_grace, LEASE - RENEW);
 }
 
 #[tokio::test(start_paused = true)]

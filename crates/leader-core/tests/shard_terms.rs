@@ -6,10 +6,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use leader_core::backend::KeyedLocks;
 use leader_core::faults::{Faults, FaultyLock};
-use leader_core::{
-    CancellationToken, KeyedLocks, MemoryStore, Shards, ShardsState, StepDownReason, Timings,
-};
+use leader_core::{CancellationToken, MemoryStore, Shards, ShardsState, StepDownReason, Timings};
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep};
 

@@ -6,9 +6,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use leader_core::backend::KeyedLocks;
 use leader_core::{
-    CancellationToken, KeyedLocks, MemoryStore, RecordState, ResourceLock, ShardSetView,
-    ShardSetViewError, Shards, ShardsError, ShardsState, Timings, WallClock,
+    CancellationToken, MemoryStore, RecordState, ResourceLock, ShardSetView, ShardSetViewError,
+    Shards, ShardsError, ShardsState, Timings, WallClock,
 };
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -125,7 +126,10 @@ async fn the_view_shows_owners_and_tokens_as_members_hold_them() {
     }
     for shard in &seen.shards {
         assert!(shard.record.acquire_time.is_some(), "{shard:?}");
-        assert_eq!(shard.record.key, leader_core::shard_key(NAME, shard.shard));
+        assert_eq!(
+            shard.record.key,
+            leader_core::backend::shard_key(NAME, shard.shard)
+        );
     }
 
     // A crash: the process is gone, its records stay as they were.
@@ -232,7 +236,7 @@ async fn bad_records_are_shown_or_named() {
         );
         sleep(TIMINGS.retry_period).await;
     }
-    store.corrupt(&leader_core::shard_key(NAME, 2), "not a record");
+    store.corrupt(&leader_core::backend::shard_key(NAME, 2), "not a record");
     let seen = view(&reader).await;
     let bad = seen.shard(2).expect("shard 2");
     assert_eq!(bad.record.state, RecordState::Unreadable);
@@ -241,7 +245,7 @@ async fn bad_records_are_shown_or_named() {
     assert_eq!(owned_in(&seen, "a").len(), COUNT as usize - 1);
     a.task.abort();
 
-    let roster = store.lock(leader_core::roster_key(NAME), "operator");
+    let roster = store.lock(leader_core::backend::roster_key(NAME), "operator");
     let mut current = roster.get().await.expect("reads").expect("a roster");
     current
         .record
@@ -257,10 +261,10 @@ async fn bad_records_are_shown_or_named() {
         }
         other => panic!("a roster with no count: {other:?}"),
     }
-    store.corrupt(&leader_core::roster_key(NAME), "not a record");
+    store.corrupt(&leader_core::backend::roster_key(NAME), "not a record");
     match ShardSetView::read(&reader, NAME).await {
         Err(ShardSetViewError::Roster { roster, .. }) => {
-            assert_eq!(roster, leader_core::roster_key(NAME));
+            assert_eq!(roster, leader_core::backend::roster_key(NAME));
         }
         other => panic!("an unreadable roster: {other:?}"),
     }

@@ -8,12 +8,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use leader_core::backend::KeyedLocks;
 use leader_core::conformance::{ShardLog, balanced};
 use leader_core::faults::{Faults, FaultyLock};
 use leader_core::{
-    CancellationToken, ConfigError, KeyedLocks, LockSet, MemoryStore, ResourceLock, RosterError,
-    Shards, ShardsError, ShardsState, StepDownReason, Timings, WallClock, drain_member,
-    resize_shard_set,
+    CancellationToken, ConfigError, LockSet, MemoryStore, ResourceLock, RosterError, Shards,
+    ShardsError, ShardsState, StepDownReason, Timings, WallClock, drain_member, resize_shard_set,
 };
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -1492,14 +1492,14 @@ async fn a_later_releases_fields_survive_this_releases_members() {
             .insert("placement/zone".into(), key.to_owned());
         record
     };
-    let roster = leader_core::roster_key("jobs");
+    let roster = leader_core::backend::roster_key("jobs");
     let mut first = later(&roster);
     first
         .extensions
         .insert(leader_core::COUNT_EXTENSION.into(), "4".into());
     let lock = |key: &str| set.store.lock(key, "later-release");
     lock(&roster).create(&first).await.expect("the roster");
-    let shard = leader_core::shard_key("jobs", 2);
+    let shard = leader_core::backend::shard_key("jobs", 2);
     lock(&shard).create(&later(&shard)).await.expect("a shard");
     let a = set.join("a");
     let b = set.join("b");
@@ -1589,6 +1589,414 @@ async fn a_lease_the_store_would_not_keep_is_refused_before_joining() {
         matches!(result, Err(ShardsError::LeaseNotKept { .. })),
         "{result:?}"
     );
-    let roster = store.lock(leader_core::roster_key("jobs"), "r");
+    let roster = store.lock(leader_core::backend::roster_key("jobs"), "r");
     assert!(roster.get().await.expect("get").is_none(), "a member wrote");
+}
+
+/// Whether `members` own every shard of `count` but those of `left`, each once, at their
+/// shares of the shards they can read (within one of each other).
+fn balanced_around(members: &[&Member], count: u32, left: &[u32]) -> bool {
+    let owned: Vec<BTreeSet<u32>> = members.iter().map(|m| m.owned()).collect();
+    let all: BTreeSet<u32> = owned.iter().flatten().copied().collect();
+    let total: usize = owned.iter().map(BTreeSet::len).sum();
+    let wanted: BTreeSet<u32> = (0..count).filter(|s| !left.contains(s)).collect();
+    let sizes = owned.iter().map(BTreeSet::len);
+    all == wanted
+        && total == wanted.len()
+        && sizes.clone().max().unwrap_or(0) - sizes.min().unwrap_or(0) <= 1
+}
+
+/// The record of `key` still holds what `corrupt` wrote: nobody overwrote it (S8).
+async fn still_unreadable(set: &Set, key: &str) {
+    let read = set.store.lock(key, "operator").get().await;
+    assert!(
+        matches!(read, Err(leader_core::LockError::InvalidRecord { .. })),
+        "{key} was overwritten: {read:?}"
+    );
+}
+
+/// S8 for a shard set: one shard record that cannot be read freezes nothing. A member that
+/// owned it crashes: its other shards are taken once their lease runs out; a newcomer joins
+/// and gets its share; the set grows; a member is drained. The bad record is left as it is,
+/// owned and taken by nobody, and no term ends by its deadline.
+#[tokio::test]
+async fn one_unreadable_shard_record_freezes_nothing() {
+    tokio::time::pause();
+    let set = Set::new(Clock::Follower, 9);
+    let (a, b, c) = (set.join("a"), set.join("b"), set.join("c"));
+    until(Duration::from_secs(30), || {
+        balanced_members(&[&a, &b, &c], 9)
+    })
+    .await
+    .expect("balanced");
+    let bad = *c.owned().first().expect("c owns a shard");
+    let bad_key = leader_core::backend::shard_key("jobs", bad);
+    set.store.corrupt(&bad_key, "not a record");
+    // A crash: the process is gone, its records stay as they were.
+    c.faults.hang(true);
+    c.task.abort();
+    until(Duration::from_secs(30), || {
+        balanced_around(&[&a, &b], 9, &[bad])
+    })
+    .await
+    .unwrap_or_else(|| {
+        panic!(
+            "c's other shards not taken: {:?} {:?}",
+            a.owned(),
+            b.owned()
+        )
+    });
+    let d = set.join("d");
+    until(Duration::from_secs(30), || {
+        balanced_around(&[&a, &b, &d], 9, &[bad])
+    })
+    .await
+    .unwrap_or_else(|| panic!("d got no share: {:?}", d.owned()));
+    resize_shard_set(&operator(&set), "jobs", 12)
+        .await
+        .expect("resized");
+    until(Duration::from_secs(30), || {
+        balanced_around(&[&a, &b, &d], 12, &[bad])
+    })
+    .await
+    .unwrap_or_else(|| {
+        panic!(
+            "the set did not grow: {:?}",
+            [a.owned(), b.owned(), d.owned()]
+        )
+    });
+    drain_member(&operator(&set), "jobs", "d", true)
+        .await
+        .expect("drained");
+    until(Duration::from_secs(30), || {
+        d.owned().is_empty() && balanced_around(&[&a, &b], 12, &[bad])
+    })
+    .await
+    .unwrap_or_else(|| panic!("d not drained: {:?}", d.owned()));
+    still_unreadable(&set, &bad_key).await;
+    assert_eq!(
+        set.expired.load(Ordering::SeqCst),
+        0,
+        "terms ended by their deadline"
+    );
+    for m in [a, b, d] {
+        m.leave().await.expect("left");
+    }
+    set.log.check("paused clock");
+}
+
+/// S8 for a shard set: a crashed member's record that cannot be read, then a roster that
+/// cannot be read, freeze nothing: the member's shards are taken once their lease runs out,
+/// and with the roster unreadable the members go on as last read (a second crash is failed
+/// over too). Neither record is overwritten.
+#[tokio::test]
+async fn an_unreadable_member_record_or_roster_freezes_nothing() {
+    tokio::time::pause();
+    let set = Set::new(Clock::Follower, 12);
+    let (a, b, c, d) = (set.join("a"), set.join("b"), set.join("c"), set.join("d"));
+    until(Duration::from_secs(30), || {
+        balanced_members(&[&a, &b, &c, &d], 12)
+    })
+    .await
+    .expect("balanced");
+    let c_key = leader_core::backend::member_key("jobs", "c");
+    set.store.corrupt(&c_key, "not a record");
+    c.faults.hang(true);
+    c.task.abort();
+    until(Duration::from_secs(30), || {
+        balanced_members(&[&a, &b, &d], 12)
+    })
+    .await
+    .unwrap_or_else(|| {
+        panic!(
+            "c's shards not taken: {:?}",
+            [a.owned(), b.owned(), d.owned()]
+        )
+    });
+    let roster = leader_core::backend::roster_key("jobs");
+    set.store.corrupt(&roster, "not a record");
+    d.faults.hang(true);
+    d.task.abort();
+    until(Duration::from_secs(30), || balanced_members(&[&a, &b], 12))
+        .await
+        .unwrap_or_else(|| panic!("d's shards not taken: {:?}", [a.owned(), b.owned()]));
+    still_unreadable(&set, &c_key).await;
+    still_unreadable(&set, &roster).await;
+    assert_eq!(
+        set.expired.load(Ordering::SeqCst),
+        0,
+        "terms ended by their deadline"
+    );
+    for m in [a, b] {
+        m.leave().await.expect("left");
+    }
+    set.log.check("paused clock");
+}
+
+/// S17 for a shard set: the count reaches the work. A member's count watch starts at the count
+/// it was built with and follows each resize; when it moves to a smaller count, the terms of
+/// the shards past it have ended already, so work that restarts on the new count never runs
+/// beside the removed shards' work of this member.
+#[tokio::test]
+async fn the_count_reaches_the_work() {
+    tokio::time::pause();
+    let store = MemoryStore::new();
+    let locks = KeyedLocks::new("a", "memory", move |key, identity| {
+        Arc::new(store.lock(key, identity)) as Arc<dyn ResourceLock>
+    });
+    let tool = locks.clone();
+    let shards = Shards::builder("jobs", 6, locks)
+        .timings(TIMINGS)
+        .build()
+        .expect("valid configuration");
+    let mut count = shards.subscribe_count();
+    let state = shards.subscribe();
+    assert_eq!(*count.borrow_and_update(), 6);
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(shards.run(shutdown.clone()));
+    until(Duration::from_secs(10), || {
+        state.borrow().tokens().len() == 6
+    })
+    .await
+    .expect("a owns the set");
+    let terms = state.borrow().owned.clone();
+    resize_shard_set(&tool, "jobs", 9).await.expect("grown");
+    tokio::time::timeout(TIMINGS.retry_period * 4, count.changed())
+        .await
+        .expect("the count reached the work within a few rounds")
+        .expect("the set runs");
+    assert_eq!(*count.borrow_and_update(), 9);
+    resize_shard_set(&tool, "jobs", 4).await.expect("shrunk");
+    tokio::time::timeout(TIMINGS.retry_period * 4, count.changed())
+        .await
+        .expect("the count reached the work within a few rounds")
+        .expect("the set runs");
+    assert_eq!(*count.borrow_and_update(), 4);
+    for (shard, term) in &terms {
+        assert_eq!(
+            term.is_lost(),
+            *shard >= 4,
+            "shard {shard}'s term when the count moved to 4"
+        );
+    }
+    shutdown.cancel();
+    task.await.expect("task").expect("ran");
+    assert!(
+        count.changed().await.is_err(),
+        "the count's sender outlived the set"
+    );
+}
+
+/// A shard record whose compare-and-swap writes (`update`: extensions, releases) or claims
+/// (`try_acquire`, `create`) answer `delay` late, the store applying them at once; its
+/// renewals and reads answer at once.
+#[derive(Debug)]
+struct LateAnswers {
+    inner: Arc<dyn ResourceLock>,
+    updates: Duration,
+    claims: Duration,
+}
+
+#[leader_core::async_trait]
+impl ResourceLock for LateAnswers {
+    async fn get(&self) -> Result<Option<leader_core::Observed>, leader_core::LockError> {
+        self.inner.get().await
+    }
+    async fn create(
+        &self,
+        record: &leader_core::LeaderElectionRecord,
+    ) -> Result<leader_core::Observed, leader_core::LockError> {
+        let answer = self.inner.create(record).await;
+        sleep(self.claims).await;
+        answer
+    }
+    async fn update(
+        &self,
+        version: &leader_core::Version,
+        record: &leader_core::LeaderElectionRecord,
+    ) -> Result<leader_core::Observed, leader_core::LockError> {
+        let answer = self.inner.update(version, record).await;
+        sleep(self.updates).await;
+        answer
+    }
+    async fn renew(
+        &self,
+        version: &leader_core::Version,
+        record: &leader_core::LeaderElectionRecord,
+    ) -> Result<leader_core::Observed, leader_core::LockError> {
+        self.inner.renew(version, record).await
+    }
+    fn identity(&self) -> &str {
+        self.inner.identity()
+    }
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+    async fn try_acquire(
+        &self,
+        desired: &leader_core::LeaderElectionRecord,
+    ) -> Result<Option<leader_core::Acquisition>, leader_core::LockError> {
+        let answer = self.inner.try_acquire(desired).await;
+        sleep(self.claims).await;
+        answer
+    }
+}
+
+/// Member `identity` of set "jobs" on `store`, whose shard records answer writes and claims
+/// late ([`LateAnswers`]); the terms that ended by their deadline are counted in `expired`.
+fn late_member(
+    store: &MemoryStore,
+    identity: &str,
+    count: u32,
+    updates: Duration,
+    claims: Duration,
+    expired: &Arc<AtomicUsize>,
+) -> leader_core::ShardsBuilder {
+    let store = store.clone();
+    let locks = KeyedLocks::new(identity, "memory", move |key, identity| {
+        let lock: Arc<dyn ResourceLock> = Arc::new(store.lock(key, identity));
+        if key.starts_with("jobs-shard-") {
+            Arc::new(LateAnswers {
+                inner: lock,
+                updates,
+                claims,
+            })
+        } else {
+            lock
+        }
+    });
+    let expired = expired.clone();
+    Shards::builder("jobs", count, locks)
+        .timings(TIMINGS)
+        .request_timeout(TIMINGS.renew_deadline)
+        .on_shard_stopped(move |_, stop| {
+            if stop.reason == StepDownReason::RenewDeadlineExceeded {
+                expired.fetch_add(1, Ordering::SeqCst);
+            }
+        })
+}
+
+/// The shards' work writes an extension every round, each write answered in more than a
+/// retry period: the writes go out together after the round's renewals, so no term ends by
+/// its deadline (one by one before the renewals, eight of them outlast the renew deadline),
+/// and every shard's writes succeed.
+#[tokio::test]
+async fn extension_writes_never_delay_the_renewals() {
+    tokio::time::pause();
+    const COUNT: u32 = 8;
+    let store = MemoryStore::new();
+    let expired = Arc::new(AtomicUsize::new(0));
+    let updates = TIMINGS.retry_period + Duration::from_millis(100);
+    let shards = late_member(&store, "a", COUNT, updates, Duration::ZERO, &expired)
+        .build()
+        .expect("valid configuration");
+    let written = Arc::new(Mutex::new(std::collections::BTreeMap::<u32, usize>::new()));
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(shards.run_per_shard(shutdown.clone(), {
+        let written = written.clone();
+        move |shard, term| {
+            let written = written.clone();
+            async move {
+                for n in 0.. {
+                    if term
+                        .set_extension("progress", Some(n.to_string()))
+                        .await
+                        .is_ok()
+                    {
+                        *written.lock().unwrap().entry(shard).or_default() += 1;
+                    }
+                }
+            }
+        }
+    }));
+    sleep(TIMINGS.lease_duration * 6).await;
+    assert_eq!(
+        expired.load(Ordering::SeqCst),
+        0,
+        "terms ended by their deadline while extensions were written"
+    );
+    let written = written.lock().unwrap().clone();
+    assert_eq!(written.len(), COUNT as usize, "{written:?}");
+    assert!(written.values().all(|&n| n >= 5), "{written:?}");
+    shutdown.cancel();
+    task.await.expect("task").expect("ran");
+}
+
+/// A shard's work that returns while another holder of its term has a request waiting (an
+/// extensions write) still gives the shard up: the give-up is asked again until the member
+/// takes it, and the shard is never left owned with no work running.
+#[tokio::test]
+async fn a_give_up_is_never_lost() {
+    tokio::time::pause();
+    let store = MemoryStore::new();
+    let locks = KeyedLocks::new("a", "memory", move |key, identity| {
+        Arc::new(store.lock(key, identity)) as Arc<dyn ResourceLock>
+    });
+    let ends = Arc::new(Mutex::new(Vec::new()));
+    let shards = Shards::builder("jobs", 2, locks)
+        .timings(TIMINGS)
+        .on_shard_stopped({
+            let ends = ends.clone();
+            move |shard, stop| ends.lock().unwrap().push((shard, stop.reason))
+        })
+        .build()
+        .expect("valid configuration");
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(
+        shards.run_per_shard(shutdown.clone(), |shard, term| async move {
+            if shard == 0 {
+                // Another holder of the term asks for a write, which waits for the member's next
+                // round; the work returns meanwhile.
+                let other = term.clone();
+                tokio::spawn(async move {
+                    let _ = other.set_extension("note", Some("x".into())).await;
+                });
+                for _ in 0..4 {
+                    tokio::task::yield_now().await;
+                }
+                return;
+            }
+            std::future::pending::<()>().await;
+        }),
+    );
+    until(Duration::from_secs(10), || {
+        ends.lock().unwrap().iter().any(|(shard, _)| *shard == 0)
+    })
+    .await
+    .expect("shard 0 given up");
+    assert_eq!(
+        ends.lock().unwrap().first(),
+        Some(&(0, StepDownReason::SteppedDown))
+    );
+    shutdown.cancel();
+    task.await.expect("task").expect("ran");
+}
+
+/// Claims that the store applies at once but answers past the round's budget (a slow
+/// network) are waited for: the member takes every shard with its first claim of each (the
+/// fencing tokens are all 1: no claim was dropped after the store applied it), and no term
+/// ends by its deadline.
+#[tokio::test]
+async fn claims_answered_late_are_not_dropped() {
+    tokio::time::pause();
+    const COUNT: u32 = 8;
+    let store = MemoryStore::new();
+    let expired = Arc::new(AtomicUsize::new(0));
+    let claims = TIMINGS.retry_period;
+    let shards = late_member(&store, "a", COUNT, Duration::ZERO, claims, &expired)
+        .build()
+        .expect("valid configuration");
+    let state = shards.subscribe();
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(shards.run(shutdown.clone()));
+    until(TIMINGS.lease_duration * 2, || {
+        state.borrow().tokens().len() == COUNT as usize
+    })
+    .await
+    .unwrap_or_else(|| panic!("a owns {:?}", state.borrow().tokens()));
+    let tokens = state.borrow().tokens();
+    assert!(tokens.values().all(|&t| t == 1), "{tokens:?}");
+    assert_eq!(expired.load(Ordering::SeqCst), 0);
+    shutdown.cancel();
+    task.await.expect("task").expect("ran");
 }

@@ -14,9 +14,9 @@ use etcd_client::{
     Compare, CompareOp, GetOptions, GetResponse, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse,
     TxnResponse,
 };
+use leader_core::backend::Known;
 use leader_core::{
-    Acquisition, ChangeStream, Known, LeaderElectionRecord, LockError, Observed, ResourceLock,
-    Version,
+    Acquisition, ChangeStream, LeaderElectionRecord, LockError, Observed, ResourceLock, Version,
 };
 use tokio::sync::Mutex;
 use tokio::time::Instant;

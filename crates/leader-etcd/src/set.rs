@@ -1,14 +1,14 @@
 //! A shard set's records on etcd: one range read finds them all, and a member's records
 //! share one etcd lease, kept alive by one keep-alive per round.
 
+use leader_core::backend::LockErrorExt;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use etcd_client::GetOptions;
 use futures_util::future::join_all;
-use leader_core::{
-    Known, LockError, LockSet, Observed, Renewal, Reread, ResourceLock, async_trait, common_prefix,
-};
+use leader_core::backend::{Known, Renewal, Reread, common_prefix};
+use leader_core::{LockError, LockSet, Observed, ResourceLock, async_trait};
 
 use crate::error::map;
 use crate::lock::EtcdLock;

@@ -32,7 +32,7 @@ impl LockUrl {
     /// Another scheme, no host, or a malformed URL.
     pub fn parse(lock: &str) -> Result<Self, UrlError> {
         let invalid = |message: String| UrlError::new(lock, message);
-        UrlError::check_user_info(lock)?;
+        leader_core::backend::check_user_info(lock)?;
         let (scheme, rest) = lock
             .split_once("://")
             .filter(|(scheme, _)| matches!(*scheme, "etcd" | "etcds"))

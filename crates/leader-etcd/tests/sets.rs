@@ -7,8 +7,9 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use leader_core::backend::{Known, Reread};
 use leader_core::conformance::renewals;
-use leader_core::{Acquisition, Known, LeaderElectionRecord, LockSet, Observed, Reread};
+use leader_core::{Acquisition, LeaderElectionRecord, LockSet, Observed};
 use leader_etcd::{EtcdLockSet, EtcdStore};
 use tokio::time::{Instant, sleep};
 
@@ -278,7 +279,7 @@ async fn a_round_is_one_request_and_its_read_comes_from_the_watch() {
     let mut taken = take_all(&set, &keys, "member-1", lease).await;
     // A key nobody holds is read too.
     keys.push(format!("{name}-roster"));
-    let unknown = vec![leader_core::Known::Nothing; keys.len()];
+    let unknown = vec![leader_core::backend::Known::Nothing; keys.len()];
     let round = async |set: &EtcdLockSet, taken: &mut Vec<(String, Observed)>| {
         let before = store.requests_sent();
         let answer = set.renew_and_read(&renewals(taken), &keys, &unknown).await;
@@ -290,8 +291,8 @@ async fn a_round_is_one_request_and_its_read_comes_from_the_watch() {
             .read
             .into_iter()
             .map(|r| match r.expect("read") {
-                leader_core::Reread::Now(observed) => observed,
-                leader_core::Reread::Same => panic!("unchanged, though nothing was known"),
+                leader_core::backend::Reread::Now(observed) => observed,
+                leader_core::backend::Reread::Same => panic!("unchanged, though nothing was known"),
             })
             .collect();
         (sent, read)

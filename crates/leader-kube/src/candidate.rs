@@ -11,7 +11,7 @@ use k8s_openapi::api::coordination::v1beta1::{LeaseCandidate, LeaseCandidateSpec
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, DeleteParams, PostParams, WatchEvent, WatchParams};
 use leader_core::LockError;
-use leader_core::backoff::Backoff;
+use leader_core::backend::Backoff;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 

@@ -218,7 +218,12 @@ impl ResourceLock for LeaseLock {
             .map_err(|err| self.map("update", err))?;
         // kube-apiserver answers an update that leaves the Lease as stored with the same
         // resourceVersion and writes nothing (`GuaranteedUpdate`): no renewal (S14).
-        LockError::unless_moved(BACKEND, "update", version, self.stored(replaced, record)?)
+        leader_core::backend::unless_moved(
+            BACKEND,
+            "update",
+            version,
+            self.stored(replaced, record)?,
+        )
     }
 
     async fn record_event(&self, event: &LeaderEvent) {

@@ -8,7 +8,7 @@ use tokio::time::Instant;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
-use leader_core::backoff::{Backoff, Jitter};
+use leader_core::backend::{Backoff, Jitter};
 use leader_core::{Leadership, LockError};
 
 use crate::error::BACKEND;

@@ -1,14 +1,13 @@
 //! A shard set's Leases: read with one list of the namespace's Leases.
 
+use leader_core::backend::LockErrorExt;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::ListParams;
-use leader_core::{
-    LockError, LockSet, MAX_SHARDS, Observed, ResourceLock, async_trait, member_key, roster_key,
-    shard_key,
-};
+use leader_core::backend::{member_key, roster_key, shard_key};
+use leader_core::{LockError, LockSet, MAX_SHARDS, Observed, ResourceLock, async_trait};
 
 use crate::error::BACKEND;
 use crate::lock::LeaseLock;

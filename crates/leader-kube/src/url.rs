@@ -3,9 +3,8 @@
 
 use std::time::Duration;
 
-use leader_core::{
-    LockError, LockSet, LockTarget, ResourceLock, UrlError, async_trait, roster_key,
-};
+use leader_core::backend::roster_key;
+use leader_core::{LockError, LockSet, LockTarget, ResourceLock, UrlError, async_trait};
 
 use crate::candidate::Coordination;
 use crate::lock::LeaseLock;

@@ -7,8 +7,9 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use leader_core::backend::ChangeHub;
 use leader_core::{
-    Acquisition, ChangeHub, ChangeStream, LeaderElectionRecord, LeaderEvent, LockError, Observed,
+    Acquisition, ChangeStream, LeaderElectionRecord, LeaderEvent, LockError, Observed,
     ResourceLock, Version,
 };
 use mysql_async::prelude::{FromRow, Queryable};

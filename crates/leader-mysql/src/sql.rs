@@ -2,7 +2,8 @@
 //! session's time zone and of daylight saving) inside the statement that acts on it (S1).
 
 use chrono::{DateTime, NaiveDateTime, Utc};
-use leader_core::{LeaderElectionRecord, LockError, Observed, RecordColumns, Version};
+use leader_core::backend::RecordColumns;
+use leader_core::{LeaderElectionRecord, LockError, Observed, Version};
 use mysql_async::{Row, Value};
 
 use crate::error::BACKEND;

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use leader_core::{LockError, UrlError, redact_url};
+use leader_core::{LockError, redact_url};
 use mysql_async::prelude::Queryable;
 use mysql_async::{ClientIdentity, Conn, Opts, OptsBuilder, Pool};
 
@@ -94,7 +94,7 @@ impl MysqlStoreBuilder {
             backend: BACKEND,
             message: format!("invalid connection URL {redacted}: {message}"),
         };
-        UrlError::check_user_info(&self.url).map_err(|err| invalid(err.message))?;
+        leader_core::backend::check_user_info(&self.url).map_err(|err| invalid(err.message))?;
         let mut url = url::Url::parse(&self.url).map_err(|err| invalid(err.to_string()))?;
         let tls = TlsFiles::take(&mut url, self.ssl_ca, self.ssl_identity).map_err(invalid)?;
         let given: Vec<(String, String)> = url

@@ -40,7 +40,7 @@ impl LockUrl {
     /// A malformed URL, another scheme, or an empty table name.
     pub fn parse(lock: &str) -> Result<Self, UrlError> {
         let invalid = |message: String| UrlError::new(lock, message);
-        UrlError::check_user_info(lock)?;
+        leader_core::backend::check_user_info(lock)?;
         let mut url = Url::parse(lock).map_err(|err| invalid(err.to_string()))?;
         if !matches!(url.scheme(), "mysql" | "mariadb") {
             return Err(invalid("not a mysql:// URL".to_owned()));

@@ -3,8 +3,9 @@
 
 mod common;
 
+use leader_core::backend::Renewal;
 use leader_core::conformance::record;
-use leader_core::{LockSet, Renewal, ResourceLock, Version};
+use leader_core::{LockSet, ResourceLock, Version};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_with_a_stale_version_renews_the_others_alone() {

@@ -5,8 +5,9 @@ mod common;
 
 use chrono::Utc;
 use common::unique;
+use leader_core::backend::Known;
 use leader_core::conformance::{record, renewals};
-use leader_core::{Acquisition, Known, LockSet, Observed, ResourceLock, request_handover};
+use leader_core::{Acquisition, LockSet, Observed, ResourceLock, request_handover};
 use leader_mysql::MysqlStore;
 use leader_mysql::mysql_async::Conn;
 use leader_mysql::mysql_async::prelude::Queryable;

@@ -6,8 +6,9 @@
 
 mod common;
 
+use leader_core::backend::Renewal;
 use leader_core::conformance::record;
-use leader_core::{Acquisition, LeaderElectionRecord, LockSet, Observed, Renewal, ResourceLock};
+use leader_core::{Acquisition, LeaderElectionRecord, LockSet, Observed, ResourceLock};
 use leader_mysql::mysql_async::Conn;
 use leader_mysql::mysql_async::prelude::Queryable;
 

@@ -6,9 +6,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use async_nats::jetstream::kv::{self, Operation, UpdateErrorKind};
 use async_trait::async_trait;
 use futures_util::StreamExt;
-use leader_core::{
-    ChangeStream, KeyedLocks, LeaderElectionRecord, LockError, Observed, ResourceLock, Version,
-};
+use leader_core::backend::KeyedLocks;
+use leader_core::{ChangeStream, LeaderElectionRecord, LockError, Observed, ResourceLock, Version};
 
 use crate::error::{BACKEND, map, stream_not_found};
 use crate::store::{NatsStore, Opened, is_timeout};

@@ -1,5 +1,6 @@
 //! The server and its bucket: one client connection shared by every lock made from it.
 
+use leader_core::backend::LockErrorExt;
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::Arc;

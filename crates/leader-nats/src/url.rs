@@ -45,7 +45,7 @@ impl LockUrl {
     /// A malformed URL, another scheme, no host, an invalid bucket name or parameter.
     pub fn parse(lock: &str) -> Result<Self, UrlError> {
         let invalid = |message: String| UrlError::new(lock, message);
-        UrlError::check_user_info(lock)?;
+        leader_core::backend::check_user_info(lock)?;
         let url = Url::parse(lock).map_err(|err| invalid(err.to_string()))?;
         if url.scheme() != "nats" {
             return Err(invalid("not a nats:// URL".to_owned()));

@@ -257,7 +257,7 @@ impl ResourceLock for BucketLock {
         let written = self.put(record, PutMode::Update(decode(version))).await?;
         // S3's ETag is a digest of the bytes: a write of the bytes stored keeps it, so a
         // follower's conditional write on it would still succeed (S14).
-        LockError::unless_moved(BACKEND, "update", version, written)
+        leader_core::backend::unless_moved(BACKEND, "update", version, written)
     }
 
     fn identity(&self) -> &str {

@@ -351,7 +351,7 @@ impl BucketStore {
     /// `GOOGLE_SERVICE_ACCOUNT`, `AZURE_STORAGE_ACCOUNT_NAME`, ...) or from
     /// [`option`](BucketStoreBuilder::option).
     pub fn from_url(url: &str) -> BucketStoreBuilder {
-        let parsed = leader_core::UrlError::check_user_info(url)
+        let parsed = leader_core::backend::check_user_info(url)
             .map_err(|err| err.message)
             .and_then(|()| url::Url::parse(url).map_err(|err| format!("not a URL ({err})")));
         let source = match parsed {

@@ -1,8 +1,7 @@
 //! `s3://`, `gs://` and `az://` lock URLs: a bucket, a key prefix, and optionally the object.
 
-use leader_core::{
-    KeyedLocks, LockError, LockSet, LockTarget, ResourceLock, UrlError, async_trait,
-};
+use leader_core::backend::KeyedLocks;
+use leader_core::{LockError, LockSet, LockTarget, ResourceLock, UrlError, async_trait};
 
 use crate::store::{BucketStore, DEFAULT_PREFIX, check_url};
 
@@ -31,7 +30,7 @@ impl LockUrl {
     /// store without conditional writes.
     pub fn parse(lock: &str) -> Result<Self, UrlError> {
         let invalid = |message: String| UrlError::new(lock, message);
-        UrlError::check_user_info(lock)?;
+        leader_core::backend::check_user_info(lock)?;
         let url = url::Url::parse(lock).map_err(|err| invalid(err.to_string()))?;
         let scheme = url.scheme();
         if !matches!(scheme, "s3" | "gs" | "az" | "azure") {

@@ -1,9 +1,9 @@
 //! The table lock: one row per election, compare-and-swap on a version column.
 
 use async_trait::async_trait;
+use leader_core::backend::RecordColumns;
 use leader_core::{
-    Acquisition, ChangeStream, LeaderElectionRecord, LockError, Observed, RecordColumns,
-    ResourceLock, Version,
+    Acquisition, ChangeStream, LeaderElectionRecord, LockError, Observed, ResourceLock, Version,
 };
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Statement};

@@ -2,7 +2,8 @@
 //! statement that acts on it (S1): `pg_catalog.now()`, the start of the statement's own
 //! transaction, which no session setting moves.
 
-use leader_core::{LockError, Observed, RecordColumns, Version};
+use leader_core::backend::RecordColumns;
+use leader_core::{LockError, Observed, Version};
 use tokio_postgres::Row;
 
 use crate::error::BACKEND;

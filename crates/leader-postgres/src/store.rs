@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
 use futures_util::StreamExt;
-use leader_core::{ChangeHub, ChangeStream, LockError};
+use leader_core::backend::ChangeHub;
+use leader_core::{ChangeStream, LockError};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{Mutex, broadcast};
 use tokio_postgres::config::SslMode;
@@ -19,7 +20,7 @@ use tokio_postgres_rustls::MakeRustlsConnect;
 
 use crate::error::{BACKEND, map, map_pool};
 use crate::sql::{Kind, Statements, TableName};
-use leader_core::{UrlError, redact_url};
+use leader_core::redact_url;
 
 /// The default table name.
 pub const DEFAULT_TABLE: &str = "leader_election";
@@ -100,7 +101,7 @@ impl PostgresStoreBuilder {
             backend: BACKEND,
             message: format!("invalid connection string {redacted}: {message}"),
         };
-        UrlError::check_user_info(&self.url).map_err(|err| invalid(err.message))?;
+        leader_core::backend::check_user_info(&self.url).map_err(|err| invalid(err.message))?;
         let mut config = Config::from_str(&self.url).map_err(|err| invalid(err.to_string()))?;
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(Duration::from_secs(5));

@@ -6,8 +6,9 @@ mod common;
 use std::time::Duration;
 
 use common::{Running, unique};
+use leader_core::backend::Renewal;
 use leader_core::conformance::{self, record};
-use leader_core::{LockError, LockSet, Renewal, ResourceLock, Version};
+use leader_core::{LockError, LockSet, ResourceLock, Version};
 use leader_postgres::PostgresStore;
 
 /// A key-value connection string for the test server as `user`.

@@ -7,9 +7,10 @@ mod common;
 
 use chrono::Utc;
 use common::unique;
+use leader_core::backend::Known;
 use leader_core::conformance::{record, renewals};
 use leader_core::{
-    Acquisition, Known, LockError, LockSet, LockTarget, Observed, ResourceLock, request_handover,
+    Acquisition, LockError, LockSet, LockTarget, Observed, ResourceLock, request_handover,
 };
 use leader_postgres::{LockUrl, PostgresStore};
 use tokio_postgres::Client;

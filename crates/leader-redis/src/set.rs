@@ -4,10 +4,8 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use leader_core::{
-    KeyedLocks, Known, LockError, LockSet, Observed, Renewal, RenewedAndRead, Reread, ResourceLock,
-    async_trait,
-};
+use leader_core::backend::{KeyedLocks, Known, Renewal, RenewedAndRead, Reread};
+use leader_core::{LockError, LockSet, Observed, ResourceLock, async_trait};
 use redis::Value;
 
 use crate::error::BACKEND;

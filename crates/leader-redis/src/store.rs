@@ -5,7 +5,8 @@ use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use leader_core::{ChangeHub, ChangeStream, LockError, UrlError, redact_url};
+use leader_core::backend::ChangeHub;
+use leader_core::{ChangeStream, LockError, redact_url};
 use redis::Client;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig, PubSubSink};
 use tokio::sync::Mutex;
@@ -52,7 +53,7 @@ impl RedisStoreBuilder {
             backend: BACKEND,
             message: format!("invalid Redis URL {redacted}: {message}"),
         };
-        UrlError::check_user_info(&self.url).map_err(|err| invalid(&err.message))?;
+        leader_core::backend::check_user_info(&self.url).map_err(|err| invalid(&err.message))?;
         let client = Client::open(self.url.as_str())
             .map_err(|err| invalid(err.detail().unwrap_or("cannot parse it")))?;
         let connection = new_manager(&client).map_err(|err| map(&redacted, err))?;

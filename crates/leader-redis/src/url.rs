@@ -29,7 +29,7 @@ impl LockUrl {
     /// A malformed URL or another scheme.
     pub fn parse(lock: &str) -> Result<Self, UrlError> {
         let invalid = |message: String| UrlError::new(lock, message);
-        UrlError::check_user_info(lock)?;
+        leader_core::backend::check_user_info(lock)?;
         let mut url = Url::parse(lock).map_err(|err| invalid(err.to_string()))?;
         if !matches!(url.scheme(), "redis" | "rediss") {
             return Err(invalid("not a redis:// URL".to_owned()));

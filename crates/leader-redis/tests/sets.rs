@@ -46,7 +46,7 @@ async fn a_record_not_renewed_is_gone_from_the_read_after_its_lease() {
 #[tokio::test]
 async fn a_round_is_one_script_whatever_the_number_of_records() {
     use futures_util::StreamExt;
-    use leader_core::{Known, Reread};
+    use leader_core::backend::{Known, Reread};
 
     let Some(store) = store().await else { return };
     let set = store.lock_set("member-1");

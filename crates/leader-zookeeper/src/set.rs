@@ -1,11 +1,13 @@
 //! A shard set's records on one session: reads and renewals of many elections in one request
 //! each (`multiRead`, `multi`).
 
+use leader_core::backend::LockErrorExt;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use leader_core::{LockError, LockSet, Observed, Renewal, ResourceLock};
+use leader_core::backend::Renewal;
+use leader_core::{LockError, LockSet, Observed, ResourceLock};
 use zookeeper_client as zk;
 
 use crate::error::{BACKEND, map};

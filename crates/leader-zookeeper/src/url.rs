@@ -53,7 +53,7 @@ impl LockUrl {
     /// A malformed URL, another scheme, no host, a bad port, chroot or parameter.
     pub fn parse(lock: &str) -> Result<Self, UrlError> {
         let invalid = |message: String| UrlError::new(lock, message);
-        UrlError::check_user_info(lock)?;
+        leader_core::backend::check_user_info(lock)?;
         let rest = lock
             .strip_prefix("zk://")
             .or_else(|| lock.strip_prefix("zookeeper://"))

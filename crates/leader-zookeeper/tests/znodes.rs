@@ -179,7 +179,8 @@ async fn the_watch_fires_for_releases_and_handover_requests_not_renewals() {
 /// the others are renewed in one more request.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_set_reads_and_renews_many_records_a_request_at_a_time() {
-    use leader_core::{LockSet, Renewal};
+    use leader_core::LockSet;
+    use leader_core::backend::Renewal;
     let Some((ensemble, store)) = common::private_store().await else {
         return;
     };

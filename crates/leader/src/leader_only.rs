@@ -68,7 +68,7 @@ impl LeaderOnlyLayer {
         Self {
             state: elector.subscribe(),
             status: elector.status(),
-            retry_after: whole_seconds(elector.config().retry_period),
+            retry_after: whole_seconds(elector.config().lease.retry_period),
         }
     }
 

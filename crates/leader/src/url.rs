@@ -4,9 +4,8 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use leader_core::{
-    FileUrl, LockError, LockSet, LockTarget, ResourceLock, UrlError, redact_url, roster_key,
-};
+use leader_core::backend::roster_key;
+use leader_core::{FileUrl, LockError, LockSet, LockTarget, ResourceLock, UrlError, redact_url};
 
 /// Why a lock URL cannot be used. The message never contains the URL's password.
 #[derive(Debug, thiserror::Error)]
@@ -202,6 +201,20 @@ pub const BACKENDS: &[Backend] = &[
         parse: None,
     },
     Backend {
+        schemes: &["dynamodb"],
+        name: "DynamoDB",
+        feature: "dynamodb",
+        crate_name: "leader-dynamodb",
+        description: "an item in a DynamoDB table (a string partition key `name`), written only \
+                      with conditions; `create_table`, `allow_global_table`; region, endpoint \
+                      and credentials from the AWS environment",
+        example: "dynamodb://leader_locks",
+        #[cfg(feature = "dynamodb")]
+        parse: Some(leader_dynamodb::LockUrl::target),
+        #[cfg(not(feature = "dynamodb"))]
+        parse: None,
+    },
+    Backend {
         schemes: &["kubernetes"],
         name: "Kubernetes",
         feature: "kubernetes",
@@ -286,26 +299,23 @@ pub async fn open(
     name: &str,
     identity: &str,
 ) -> Result<Box<dyn ResourceLock>, OpenError> {
-    let url = LockUrl::parse(url)?;
-    within_open_timeout(&url, async {
-        let lock = url.open(name, identity).await?;
-        lock.get().await?;
-        Ok(lock)
-    })
-    .await
+    LockUrl::parse(url)?
+        .open_checked(name, identity, OPEN_TIMEOUT)
+        .await
 }
 
-/// `opening`, or a timeout after [`OPEN_TIMEOUT`].
-async fn within_open_timeout<T>(
+/// `opening`, or a timeout after `timeout`.
+async fn within<T>(
     url: &LockUrl,
+    timeout: Duration,
     opening: impl std::future::Future<Output = Result<T, LockError>>,
 ) -> Result<T, OpenError> {
-    match tokio::time::timeout(OPEN_TIMEOUT, opening).await {
+    match tokio::time::timeout(timeout, opening).await {
         Ok(opened) => Ok(opened?),
         Err(_) => Err(OpenError::Lock(LockError::Timeout {
             lock: url.describe(),
             operation: "open",
-            after: OPEN_TIMEOUT,
+            after: timeout,
         })),
     }
 }
@@ -321,13 +331,9 @@ pub async fn open_set(
     name: &str,
     identity: &str,
 ) -> Result<Box<dyn LockSet>, OpenError> {
-    let url = LockUrl::parse(url)?;
-    within_open_timeout(&url, async {
-        let set = url.open_set(name, identity).await?;
-        set.lock(&roster_key(name)).get().await?;
-        Ok(set)
-    })
-    .await
+    LockUrl::parse(url)?
+        .open_set_checked(name, identity, OPEN_TIMEOUT)
+        .await
 }
 
 impl LockUrl {
@@ -434,6 +440,46 @@ impl LockUrl {
         identity: &str,
     ) -> Result<Box<dyn LockSet>, LockError> {
         self.target.open_set(name, identity).await
+    }
+
+    /// Opens the lock as [`open`](Self::open) does and reads the record once, all within
+    /// `timeout`: what the crate's [`open`] does with [`OPEN_TIMEOUT`], for a URL already
+    /// parsed (or made with [`LockUrl::file`]).
+    ///
+    /// # Errors
+    /// As the crate's [`open`].
+    pub async fn open_checked(
+        &self,
+        name: &str,
+        identity: &str,
+        timeout: Duration,
+    ) -> Result<Box<dyn ResourceLock>, OpenError> {
+        within(self, timeout, async {
+            let lock = self.open(name, identity).await?;
+            lock.get().await?;
+            Ok(lock)
+        })
+        .await
+    }
+
+    /// Opens the records of shard set `name` as [`open_set`](Self::open_set) does and reads
+    /// the set's roster once, all within `timeout`: the crate's [`open_set`] for a URL
+    /// already parsed.
+    ///
+    /// # Errors
+    /// As the crate's [`open_set`].
+    pub async fn open_set_checked(
+        &self,
+        name: &str,
+        identity: &str,
+        timeout: Duration,
+    ) -> Result<Box<dyn LockSet>, OpenError> {
+        within(self, timeout, async {
+            let set = self.open_set(name, identity).await?;
+            set.lock(&roster_key(name)).get().await?;
+            Ok(set)
+        })
+        .await
     }
 }
 

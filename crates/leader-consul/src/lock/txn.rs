@@ -94,7 +94,7 @@ impl ConsulLock {
             .version(),
         };
         // A renewal key written as it was keeps its ModifyIndex (`kvsSetTxn`): no renewal.
-        LockError::unless_moved(BACKEND, "renew", version, renewed)
+        leader_core::backend::unless_moved(BACKEND, "renew", version, renewed)
     }
 
     /// The record as [`get`](ResourceLock::get) answers it, from the entries of a read of many
@@ -225,6 +225,6 @@ impl ConsulLock {
         };
         // Consul keeps the ModifyIndex of a key written with the value, flags and session it
         // has (`kvsSetTxn`): such a write changed nothing (S14).
-        LockError::unless_moved(BACKEND, "update", &at.version(), written)
+        leader_core::backend::unless_moved(BACKEND, "update", &at.version(), written)
     }
 }

@@ -11,11 +11,12 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::{LockFactory, unique};
+use crate::backend::{Known, Renewal, Reread, member_key, roster_key, shard_key};
 use crate::background::{LEASE, RENEW, RETRY};
 use crate::record::Version;
 use crate::{
-    CancellationToken, Known, LeaderElectionRecord, LockError, LockSet, Renewal, Reread,
-    ResourceLock, Shards, ShardsError, ShardsState, member_key, roster_key, shard_key,
+    CancellationToken, LeaderElectionRecord, LockError, LockSet, ResourceLock, Shards, ShardsError,
+    ShardsState,
 };
 
 /// One interval of a shard's work on one member, as the work saw it.

@@ -12,13 +12,13 @@ impl Runner {
         leader_transitions: u64,
         base: Option<&LeaderElectionRecord>,
     ) -> LeaderElectionRecord {
-        let now = self.config.wall_clock.now();
+        let now = self.config.lease.wall_clock.now();
         LeaderElectionRecord {
             holder_identity: self.identity().to_owned(),
-            lease_duration: self.config.lease_duration,
+            lease_duration: self.config.lease.lease_duration,
             acquire_time: now,
             renew_time: now,
-            leader_transitions: leader_transitions.max(self.config.fencing_token_floor),
+            leader_transitions: leader_transitions.max(self.config.lease.fencing_token_floor),
             strategy: base.and_then(|r| r.strategy.clone()),
             // An acquisition fulfils (or overrides) a pending handover request.
             preferred_holder: None,
@@ -66,14 +66,16 @@ impl Runner {
                     // S3: the term counts from when the store last confirmed the lease alive.
                     // With less than a retry period of it left, a renewal confirms it first.
                     let config = &self.config;
-                    if Instant::now() + config.retry_period < alive_since + config.renew_deadline {
+                    if Instant::now() + config.lease.retry_period
+                        < alive_since + config.lease.renew_deadline
+                    {
                         self.backoff.succeeded();
                         self.report_success();
                         return Some((observed, alive_since.min(started)));
                     }
                     let confirming = Instant::now();
                     let mut record = observed.record.clone();
-                    record.renew_time = record.renewal_time(self.config.wall_clock.now());
+                    record.renew_time = record.renewal_time(self.config.lease.wall_clock.now());
                     let renewal = tokio::select! {
                         biased;
                         () = shutdown.cancelled() => return None,
@@ -143,7 +145,7 @@ impl Runner {
                     }
                     if !self.change_shortened_backoff {
                         self.change_shortened_backoff = true;
-                        wake_at = wake_at.min(attempt_started + self.config.retry_period);
+                        wake_at = wake_at.min(attempt_started + self.config.lease.retry_period);
                     }
                 }
             }

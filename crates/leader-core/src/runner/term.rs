@@ -16,7 +16,7 @@ impl Runner {
         // Should this future be dropped mid-term (an aborted task), the work must still stop.
         let _cancel_on_drop = cancel.clone().drop_guard();
         // S3: the term lasts until the start of the last successful renewal plus the deadline.
-        let mut deadline = started + self.config.renew_deadline;
+        let mut deadline = started + self.config.lease.renew_deadline;
         let shared_deadline = TermDeadline::new(deadline.into_std());
         let (leadership, mut requests, alive) = Leadership::new(
             self.config.name.clone(),
@@ -25,7 +25,7 @@ impl Runner {
             cancel.clone(),
             acquired.record.extensions.clone(),
             shared_deadline.clone(),
-            self.config.wall_clock.now(),
+            self.config.lease.wall_clock.now(),
         );
         let extensions = leadership.extensions_handle();
         status::lock(&self.shared).renewed_at = Some(started);
@@ -40,7 +40,7 @@ impl Runner {
             leadership,
             alive,
             self.config.work_exit,
-            self.config.retry_period,
+            self.config.lease.retry_period,
         );
 
         // A handover this term was asked for (by its own work, or by a request in the record).
@@ -69,7 +69,7 @@ impl Runner {
                 end = work.ended() => match end {
                     WorkEnd::Returned => {
                         let lasted = started.elapsed();
-                        if lasted < self.config.retry_period {
+                        if lasted < self.config.lease.retry_period {
                             // `run_while_leading(.., |_| async {})`: every term ends at once,
                             // the work runs again next term, and leadership flaps.
                             tracing::error!(
@@ -93,7 +93,7 @@ impl Runner {
                         break StepDownReason::WorkPanicked;
                     }
                 },
-                () = sleep(self.config.retry_period) => {}
+                () = sleep(self.config.lease.retry_period) => {}
                 // A release or a handover request: renew now, which reads what changed.
                 more = next_change(changes) => if !more {
                     self.changes = None;
@@ -116,7 +116,7 @@ impl Runner {
                 // An answer after the deadline does not extend the term; the next select ends it.
                 Ok(Renewal::Renewed) if Instant::now() < deadline => {
                     self.report_success();
-                    deadline = attempt_started + self.config.renew_deadline;
+                    deadline = attempt_started + self.config.lease.renew_deadline;
                     shared_deadline.set(deadline.into_std());
                     m::renewed(&self.config.name, attempt_started.elapsed());
                     status::lock(&self.shared).renewed_at = Some(attempt_started);
@@ -152,17 +152,17 @@ impl Runner {
         status::lock(&self.shared).renewed_at = None;
         tracing::info!(fencing_token, ?reason, "stopped leading");
         self.publish_following();
-        let stopped = work.stop(self.config.stop_grace).await;
+        let stopped = work.stop(self.config.lease.stop_grace).await;
         let mut released = false;
         let release = match reason {
-            StepDownReason::Shutdown => self.config.release_on_cancel,
+            StepDownReason::Shutdown => self.config.lease.release_on_cancel,
             StepDownReason::RenewDeadlineExceeded | StepDownReason::Lost => false,
             _ => true,
         };
         if release {
             if stopped {
                 if reason == StepDownReason::Shutdown {
-                    let _ = timeout(self.config.request_timeout, self.lock.withdraw()).await;
+                    let _ = timeout(self.config.lease.request_timeout, self.lock.withdraw()).await;
                 }
                 released = self.release(fencing_token, hand_to.as_deref()).await;
                 if released && let Some(to) = &hand_to {
@@ -203,7 +203,7 @@ impl Runner {
             .filter(|o| self.is_ours(o, fencing_token) && o.record.handover_to().is_none())
         {
             let mut record = cached.record.clone();
-            record.renew_time = record.renewal_time(self.config.wall_clock.now());
+            record.renew_time = record.renewal_time(self.config.lease.wall_clock.now());
             let written = match changes {
                 // Extensions change the record: a write, which renews too.
                 Some(changes) => {
@@ -239,7 +239,7 @@ impl Runner {
             return Ok(Renewal::HandOver(to.to_owned()));
         }
         let mut record = current.record.clone();
-        record.renew_time = record.renewal_time(self.config.wall_clock.now());
+        record.renew_time = record.renewal_time(self.config.lease.wall_clock.now());
         if let Some(changes) = changes {
             changes.apply(&mut record.extensions);
         }
@@ -275,7 +275,7 @@ impl Runner {
             let Some(ours) = current.filter(|o| self.is_ours(o, fencing_token)) else {
                 return false;
             };
-            let now = self.config.wall_clock.now();
+            let now = self.config.lease.wall_clock.now();
             let mut record = LeaderElectionRecord {
                 holder_identity: String::new(),
                 acquire_time: now,

@@ -16,9 +16,9 @@ use crate::record::{LeaderElectionRecord, Observed, Version};
 ///
 /// ```
 /// let keys = ["jobs-members", "jobs-shard-0", "jobs-member-ab"].map(String::from);
-/// assert_eq!(leader_core::common_prefix(&keys), "jobs-");
-/// assert_eq!(leader_core::common_prefix(&["only".to_owned()]), "only");
-/// assert_eq!(leader_core::common_prefix(&[]), "");
+/// assert_eq!(leader_core::backend::common_prefix(&keys), "jobs-");
+/// assert_eq!(leader_core::backend::common_prefix(&["only".to_owned()]), "only");
+/// assert_eq!(leader_core::backend::common_prefix(&[]), "");
 /// ```
 pub fn common_prefix(keys: &[String]) -> &str {
     let Some(first) = keys.first() else {
@@ -182,7 +182,8 @@ type MakeLock = dyn Fn(&str, &str) -> Arc<dyn ResourceLock> + Send + Sync;
 ///
 /// ```
 /// use std::sync::Arc;
-/// use leader_core::{KeyedLocks, MemoryStore};
+/// use leader_core::MemoryStore;
+/// use leader_core::backend::KeyedLocks;
 ///
 /// let store = MemoryStore::new();
 /// let locks = KeyedLocks::new("replica-1", "memory", move |key, identity| {

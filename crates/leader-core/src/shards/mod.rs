@@ -35,7 +35,12 @@
 //! [`ShardsBuilder::static_membership`]) keeps its shards across a restart: released on
 //! shutdown reserved for that identity, taken back by the process that starts with it within a
 //! lease. The count lives in the roster; [`resize_shard_set`] changes it while the set runs,
-//! and every member follows on its next read.
+//! and every member follows on its next read and tells its work
+//! ([`Shards::subscribe_count`]).
+//!
+//! A record of the set that cannot be read (garbage, a refusal) is reported and left alone
+//! (S8): the member reads the records one by one, as [`ShardSetView`] does, and the rest of
+//! the set goes on.
 //!
 //! [`ShardSetView`] reads a whole set (the count, the members and their last renewals, each
 //! shard's owner, fencing token and since when, the shards nobody owns) without taking part:
@@ -56,9 +61,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{
-    DEFAULT_LEASE_DURATION, DEFAULT_RENEW_DEADLINE, DEFAULT_RETRY_PERIOD, JITTER_FACTOR, Timings,
-};
+use crate::config::Timings;
 use crate::error::ConfigError;
 use crate::leadership::{Leadership, StepDown};
 use crate::status::IdentityConflict;
@@ -232,19 +235,11 @@ pub struct ShardsConfig {
     pub name: String,
     /// The number of shards.
     pub count: u32,
-    /// Each shard's lease, and how long followers wait for one that is no longer renewed.
-    pub lease_duration: Duration,
-    /// How long a member keeps a shard without a successful renewal.
-    pub renew_deadline: Duration,
-    /// Time between two rounds (a batch of renewals, a batch of reads).
-    pub retry_period: Duration,
-    /// Timeout of every request (a batch counts as one).
-    pub request_timeout: Duration,
-    /// How long a member waits for a shard's work to stop before it releases the shard; work
-    /// still running then keeps the shard unreleased, to expire after its lease.
-    pub stop_grace: Duration,
-    /// Release the shards on shutdown, so that others take them at once.
-    pub release_on_cancel: bool,
+    /// Each shard's lease: its timings (a round every retry period), request timeout (a batch
+    /// counts as one), stop grace (work still running then keeps the shard unreleased, to
+    /// expire after its lease), release on shutdown, token floor and wall clock, with the
+    /// elector's defaults.
+    pub lease: crate::LeaseConfig,
     /// This member's identity outlives its process (static membership): on shutdown its shards
     /// are released reserved for that identity, so that a process that comes back with it
     /// within a lease takes them again and nobody else does meanwhile.
@@ -252,23 +247,27 @@ pub struct ShardsConfig {
     /// This member's weight: its share of the shards is in proportion to it (default 1; 0
     /// takes none).
     pub weight: u32,
-    /// Where the times written into records come from.
-    pub wall_clock: crate::WallClock,
 }
 
 /// Builds [`Shards`].
 #[must_use = "builder does nothing itself, use `.build()` to build it"]
 pub struct ShardsBuilder {
-    config: ShardsConfig,
-    request_timeout: Option<Duration>,
+    name: String,
+    shards: u32,
+    lease: crate::config::LeaseSettings,
+    static_membership: bool,
+    weight: u32,
     locks: Arc<dyn LockSet>,
     callbacks: Callbacks,
+    count: watch::Sender<u32>,
 }
 
 impl fmt::Debug for ShardsBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ShardsBuilder")
-            .field("config", &self.config)
+            .field("name", &self.name)
+            .field("count", &self.shards)
+            .field("lease", &self.lease)
             .field("locks", &self.locks)
             .finish_non_exhaustive()
     }
@@ -277,53 +276,60 @@ impl fmt::Debug for ShardsBuilder {
 impl ShardsBuilder {
     /// Sets the lease, the renew deadline and the retry period at once.
     pub fn timings(mut self, timings: Timings) -> Self {
-        self.config.lease_duration = timings.lease_duration;
-        self.config.renew_deadline = timings.renew_deadline;
-        self.config.retry_period = timings.retry_period;
+        self.lease.timings = timings;
         self
     }
 
     /// Each shard's lease (default 15 s).
     pub fn lease_duration(mut self, lease_duration: Duration) -> Self {
-        self.config.lease_duration = lease_duration;
+        self.lease.timings.lease_duration = lease_duration;
         self
     }
 
     /// How long a member keeps a shard without a successful renewal (default 10 s).
     pub fn renew_deadline(mut self, renew_deadline: Duration) -> Self {
-        self.config.renew_deadline = renew_deadline;
+        self.lease.timings.renew_deadline = renew_deadline;
         self
     }
 
     /// Time between rounds (default 2 s).
     pub fn retry_period(mut self, retry_period: Duration) -> Self {
-        self.config.retry_period = retry_period;
+        self.lease.timings.retry_period = retry_period;
         self
     }
 
-    /// Timeout of every request (default: the renew deadline less a retry period, at least
-    /// the retry period).
+    /// Timeout of every request, a batch counting as one (default: half the renew deadline, as
+    /// the elector's).
     pub fn request_timeout(mut self, request_timeout: Duration) -> Self {
-        self.request_timeout = Some(request_timeout);
+        self.lease.request_timeout = Some(request_timeout);
         self
     }
 
-    /// How long to wait for a shard's work to stop before releasing it (default 5 s).
+    /// How long to wait for a shard's work to stop before releasing it (default: the lease
+    /// duration less the renew deadline, as the elector's).
     pub fn stop_grace(mut self, stop_grace: Duration) -> Self {
-        self.config.stop_grace = stop_grace;
+        self.lease.stop_grace = Some(stop_grace);
         self
     }
 
     /// Release the shards on shutdown (default true).
     pub fn release_on_cancel(mut self, release: bool) -> Self {
-        self.config.release_on_cancel = release;
+        self.lease.release_on_cancel = release;
         self
     }
 
     /// The wall clock whose times go into the records (default: the system clock); see
     /// [`LeaderElectorBuilder::wall_clock`](crate::LeaderElectorBuilder::wall_clock).
     pub fn wall_clock(mut self, clock: crate::WallClock) -> Self {
-        self.config.wall_clock = clock;
+        self.lease.wall_clock = clock;
+        self
+    }
+
+    /// The lowest fencing token a shard's term takes (default 0: none), as the elector's
+    /// [`fencing_token_floor`](crate::LeaderElectorBuilder::fencing_token_floor): every
+    /// acquisition's token is at least this and greater than every earlier one of the shard.
+    pub fn fencing_token_floor(mut self, floor: u64) -> Self {
+        self.lease.fencing_token_floor = floor;
         self
     }
 
@@ -344,7 +350,7 @@ impl ShardsBuilder {
     /// nothing without [`release_on_cancel`](Self::release_on_cancel), nor after a crash,
     /// whose shards are taken once their lease runs out.
     pub fn static_membership(mut self, on: bool) -> Self {
-        self.config.static_membership = on;
+        self.static_membership = on;
         self
     }
 
@@ -354,7 +360,7 @@ impl ShardsBuilder {
     /// read it. A member of weight 0 takes no shard (nor does a member drained with
     /// [`drain_member`]), unless every member weighs 0: a set is never left to nobody.
     pub fn weight(mut self, weight: u32) -> Self {
-        self.config.weight = weight;
+        self.weight = weight;
         self
     }
 
@@ -372,6 +378,14 @@ impl ShardsBuilder {
         self
     }
 
+    /// The shard count this member follows, as it changes: the count it was built with, then
+    /// each count a resize writes ([`resize_shard_set`]), from the round in which the member
+    /// reads it. For the callbacks, which are given before the set is built; the same as
+    /// [`Shards::subscribe_count`].
+    pub fn subscribe_count(&self) -> watch::Receiver<u32> {
+        self.count.subscribe()
+    }
+
     /// Called when a shard's term ends, with why.
     pub fn on_shard_stopped(
         mut self,
@@ -386,41 +400,43 @@ impl ShardsBuilder {
     /// # Errors
     /// The rule broken.
     pub fn build(self) -> Result<Shards, ConfigError> {
-        let mut config = self.config;
-        if config.count == 0 || config.count > MAX_SHARDS {
+        if self.shards == 0 || self.shards > MAX_SHARDS {
             return Err(ConfigError::InvalidShardCount {
-                count: config.count,
+                count: self.shards,
                 max: MAX_SHARDS,
             });
         }
         if self.locks.identity().is_empty() {
             return Err(ConfigError::EmptyIdentity);
         }
-        let timings = Timings {
-            lease_duration: config.lease_duration,
-            renew_deadline: config.renew_deadline,
-            retry_period: config.retry_period,
+        let config = ShardsConfig {
+            name: self.name,
+            count: self.shards,
+            lease: self.lease.check()?,
+            static_membership: self.static_membership,
+            weight: self.weight,
         };
-        timings.validate()?;
-        config.request_timeout = self.request_timeout.unwrap_or_else(|| {
-            config
-                .renew_deadline
-                .saturating_sub(config.retry_period.mul_f64(JITTER_FACTOR))
-                .max(config.retry_period)
-        });
-        if config.request_timeout.is_zero() || config.request_timeout > config.renew_deadline {
-            return Err(ConfigError::InvalidRequestTimeout {
-                request_timeout: config.request_timeout,
-                renew_deadline: config.renew_deadline,
-            });
-        }
         let (state, _) = watch::channel(ShardsState::default());
+        self.count.send_replace(config.count);
         Ok(Shards {
             config,
             locks: self.locks,
             callbacks: self.callbacks,
             state,
+            count: self.count,
         })
+    }
+}
+
+/// How often a give-up is asked again while the term's one request slot is taken.
+const GIVE_UP_AGAIN: Duration = Duration::from_millis(20);
+
+/// Gives up `term`'s shard ([`Leadership::step_down`]), asking again while another request of
+/// the term (an extensions write) fills its one slot, until the member takes the request or
+/// the term ends: a give-up is never lost, so a shard never stays owned with no work running.
+async fn give_up(term: &Leadership) {
+    while term.step_down().is_err() && !term.is_lost() {
+        tokio::time::sleep(GIVE_UP_AGAIN).await;
     }
 }
 
@@ -428,7 +444,8 @@ impl ShardsBuilder {
 ///
 /// ```
 /// use std::sync::Arc;
-/// use leader_core::{CancellationToken, KeyedLocks, MemoryStore, Shards};
+/// use leader_core::backend::KeyedLocks;
+/// use leader_core::{CancellationToken, MemoryStore, Shards};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -455,6 +472,7 @@ pub struct Shards {
     locks: Arc<dyn LockSet>,
     callbacks: Callbacks,
     state: watch::Sender<ShardsState>,
+    count: watch::Sender<u32>,
 }
 
 impl fmt::Debug for Shards {
@@ -474,20 +492,12 @@ impl Shards {
         locks: impl LockSet + 'static,
     ) -> ShardsBuilder {
         ShardsBuilder {
-            config: ShardsConfig {
-                name: name.into(),
-                count,
-                lease_duration: DEFAULT_LEASE_DURATION,
-                renew_deadline: DEFAULT_RENEW_DEADLINE,
-                retry_period: DEFAULT_RETRY_PERIOD,
-                request_timeout: Duration::ZERO,
-                stop_grace: Duration::from_secs(5),
-                release_on_cancel: true,
-                static_membership: false,
-                weight: 1,
-                wall_clock: crate::WallClock::system(),
-            },
-            request_timeout: None,
+            count: watch::Sender::new(count),
+            name: name.into(),
+            shards: count,
+            lease: crate::config::LeaseSettings::default(),
+            static_membership: false,
+            weight: 1,
             locks: Arc::new(locks),
             callbacks: Callbacks::default(),
         }
@@ -503,6 +513,16 @@ impl Shards {
         self.state.subscribe()
     }
 
+    /// The shard count this member follows, as it changes: the count it was built with, then
+    /// each count a resize writes ([`resize_shard_set`]), from the round in which this member
+    /// reads it (the shards past a smaller count have had their terms ended by then, their
+    /// work told to stop). Work that splits keys by the count (`key % count == shard`) reads
+    /// it here and restarts under a new one; see "Resizing" in the crate's documentation for
+    /// what keeps a key from being worked under two counts at once.
+    pub fn subscribe_count(&self) -> watch::Receiver<u32> {
+        self.count.subscribe()
+    }
+
     /// Takes part in the set until `shutdown` is cancelled, then stops every shard's work,
     /// releases the shards (unless told not to) and leaves the roster.
     ///
@@ -511,9 +531,15 @@ impl Shards {
     /// roster disagrees with this replica: it took no shard and stopped. Outages and a shared
     /// identity are not errors here: the member waits them out, and says so on its state.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), ShardsError> {
-        runner::Runner::new(self.config, self.locks, self.callbacks, self.state)
-            .run(shutdown)
-            .await
+        runner::Runner::new(
+            self.config,
+            self.locks,
+            self.callbacks,
+            self.state,
+            self.count,
+        )
+        .run(shutdown)
+        .await
     }
 
     /// Runs `work(shard, term)` for each shard while this member owns it, until `shutdown`:
@@ -556,7 +582,7 @@ impl Shards {
                     );
                 }
                 // Work that ended while the shard was still owned gives it up.
-                let _ = term.step_down();
+                give_up(&term).await;
             });
         }));
         self.run(shutdown).await

@@ -65,7 +65,9 @@ const ATTEMPTS: u32 = 10;
 /// roster, within a retry period: the shards added are taken as any free shard, and the shards
 /// removed (numbers from `count` on) have their work stopped and are released
 /// ([`StepDownReason::Resized`](crate::StepDownReason::Resized)), and nobody that has seen
-/// the new count takes them. Safety never rests on the members agreeing at once: each shard
+/// the new count takes them; each member then tells its work the new count
+/// ([`Shards::subscribe_count`](crate::Shards::subscribe_count)), whose keys it may split
+/// otherwise. Safety never rests on the members agreeing at once: each shard
 /// keeps its own lease, so a member that still follows the old count for a round may be slow
 /// to let a removed shard go, never its second owner. The records of removed shards stay, so
 /// that growing the set again goes on from their fencing tokens. A replica started afterwards

@@ -145,10 +145,20 @@ impl Plan {
     }
 }
 
+/// A record of the set that could not be read this round (garbage, a wrong-typed key, a
+/// refusal): reported and left alone (S8).
+#[derive(Clone, Copy, Debug)]
+struct Unreadable;
+
 /// One read of the set.
 struct View {
-    roster: Option<Observed>,
+    /// The roster, absent, or unreadable.
+    roster: Result<Option<Observed>, Unreadable>,
+    /// The members whose record was read (absent or not), by identity: an unreadable member
+    /// record is in `unreadable_members` instead.
     members: HashMap<String, Option<Observed>>,
+    /// The members whose record could not be read.
+    unreadable_members: BTreeSet<String>,
     /// Whether every shard was read (into [`Runner::shard_records`]).
     shards: bool,
 }
@@ -159,6 +169,8 @@ pub(crate) struct Runner {
     me: String,
     callbacks: Callbacks,
     state: watch::Sender<ShardsState>,
+    /// The count this member follows, for the work ([`Shards::subscribe_count`](super::Shards::subscribe_count)).
+    count: watch::Sender<u32>,
     owned: BTreeMap<u32, Term>,
     member: Option<Term>,
     /// The member record's term this process started, if any (S13).
@@ -168,6 +180,15 @@ pub(crate) struct Runner {
     seen: HashMap<String, Sighting>,
     /// Members named by the last roster read: identity by member key.
     roster_members: BTreeMap<String, String>,
+    /// The roster as last read and checked: what an unreadable roster is taken as meanwhile.
+    last_roster: Option<Observed>,
+    /// The records that could not be read, with the error last reported of each: a record is
+    /// reported when it turns unreadable (or its error changes) and when it is read again,
+    /// not every round.
+    unreadable: HashMap<String, String>,
+    /// The shards whose record the last read of every shard could not read: owned by nobody
+    /// as far as this member knows, taken by nobody, and left out of the shares.
+    unreadable_shards: BTreeSet<u32>,
     try_acquire_supported: bool,
     /// Whether the store renews leases without a new version, learned from this member's own
     /// first renewal: then a member record's unchanged version says nothing of its age.
@@ -225,7 +246,16 @@ pub(crate) struct Runner {
     plan: Option<Plan>,
     /// What the last round's renewals took: a round claims for half a retry period less it.
     renewals_took: std::time::Duration,
+    /// The extensions the shards' work asked to write, made after the round's renewals.
+    extension_writes: std::collections::VecDeque<ExtensionWrite>,
 }
+
+/// An extensions write a shard's work asked for, and where its answer goes.
+type ExtensionWrite = (
+    u32,
+    crate::leadership::ExtensionChanges,
+    tokio::sync::oneshot::Sender<Result<(), crate::leadership::ExtensionError>>,
+);
 
 impl Runner {
     pub(crate) fn new(
@@ -233,10 +263,11 @@ impl Runner {
         set: Arc<dyn LockSet>,
         callbacks: Callbacks,
         state: watch::Sender<ShardsState>,
+        count: watch::Sender<u32>,
     ) -> Self {
         let me = set.identity().to_owned();
-        let backoff =
-            Backoff::new(config.retry_period, config.lease_duration).jitter(Jitter::Spread(0.2));
+        let backoff = Backoff::new(config.lease.retry_period, config.lease.lease_duration)
+            .jitter(Jitter::Spread(0.2));
         let shard_keys: Vec<String> = (0..config.count)
             .map(|s| shard_key(&config.name, s))
             .collect();
@@ -252,12 +283,16 @@ impl Runner {
             me,
             callbacks,
             state,
+            count,
             owned: BTreeMap::new(),
             member: None,
             member_token: None,
             conflict: None,
             seen: HashMap::new(),
             roster_members: BTreeMap::new(),
+            last_roster: None,
+            unreadable: HashMap::new(),
+            unreadable_shards: BTreeSet::new(),
             try_acquire_supported: true,
             renews_in_store: None,
             backoff,
@@ -288,6 +323,7 @@ impl Runner {
             full_read_floor: Instant::now(),
             plan: None,
             renewals_took: std::time::Duration::ZERO,
+            extension_writes: std::collections::VecDeque::new(),
         }
     }
 
@@ -302,8 +338,10 @@ impl Runner {
         // A lease the store would not keep is refused before anything is written (as the
         // elector refuses it).
         let roster = self.set.lock(&roster_key(&name));
-        let lease = self.config.lease_duration;
-        match tokio::time::timeout(self.config.request_timeout, roster.check_lease(lease)).await {
+        let lease = self.config.lease.lease_duration;
+        match tokio::time::timeout(self.config.lease.request_timeout, roster.check_lease(lease))
+            .await
+        {
             Ok(Err(err @ LockError::Misconfigured { .. })) => {
                 let refused = ShardsError::LeaseNotKept {
                     name: name.clone(),
@@ -320,7 +358,7 @@ impl Runner {
         let mut result = Ok(());
         // Renewals keep their pace, a retry period apart; reads and acquisitions back off
         // while the store fails (S9).
-        let mut round = tokio::time::interval(self.config.retry_period);
+        let mut round = tokio::time::interval(self.config.lease.retry_period);
         round.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
@@ -328,7 +366,7 @@ impl Runner {
                 () = shutdown.cancelled() => break,
                 _ = round.tick() => {}
             }
-            self.serve_requests().await;
+            self.serve_requests();
             if Instant::now() >= self.next_attempt {
                 let full = self.full_read_wanted();
                 // A read of the roster and the members goes with the renewals, in one request
@@ -352,6 +390,7 @@ impl Runner {
             } else {
                 self.renew().await;
             }
+            self.write_extensions().await;
             self.publish(false);
         }
         self.leave().await;
@@ -401,20 +440,60 @@ impl Runner {
         tracing::warn!(shards = self.config.name, operation, error = %err, "shard set request failed");
     }
 
+    /// Record `key` could not be read (S8): counted in the errors metric each time, said in
+    /// the log when it turns unreadable or its error changes. The record is left alone.
+    fn report_unreadable(&mut self, key: &str, err: &LockError) {
+        m::error(&self.config.name, "read", err.kind());
+        let said = err.to_string();
+        if self.unreadable.get(key) != Some(&said) {
+            tracing::warn!(
+                shards = self.config.name,
+                key,
+                error = %err,
+                "a record of the set cannot be read: it is left alone, and the rest of the set goes on"
+            );
+            self.unreadable.insert(key.to_owned(), said);
+        }
+    }
+
+    /// Record `key` was read: said in the log when it was unreadable before.
+    fn note_readable(&mut self, key: &str) {
+        if !self.unreadable.is_empty() && self.unreadable.remove(key).is_some() {
+            tracing::info!(
+                shards = self.config.name,
+                key,
+                "a record of the set that could not be read is readable again"
+            );
+        }
+    }
+
+    /// A request on record `key`, waiting no longer than the request timeout nor than the
+    /// first deadline of the terms held: past it, the term it ends needs a renewal more than
+    /// this request needs an answer.
     async fn request<T>(
         &self,
         operation: &'static str,
         key: &str,
         request: impl std::future::Future<Output = Result<T, LockError>>,
     ) -> Result<T, LockError> {
-        match tokio::time::timeout(self.config.request_timeout, request).await {
+        let started = Instant::now();
+        let until = self.request_deadline();
+        match tokio::time::timeout_at(until, request).await {
             Ok(result) => result,
             Err(_) => Err(LockError::Timeout {
                 lock: format!("{} {key}", self.set.describe()),
                 operation,
-                after: self.config.request_timeout,
+                after: until.saturating_duration_since(started),
             }),
         }
+    }
+
+    /// When a request sent now must have been answered: a request timeout from now, or the
+    /// first deadline of the terms held if sooner.
+    fn request_deadline(&self) -> Instant {
+        let until = Instant::now() + self.config.lease.request_timeout;
+        self.first_deadline()
+            .map_or(until, |first| until.min(first))
     }
 
     fn lock(&self, key: &str) -> Arc<dyn ResourceLock> {

@@ -196,7 +196,8 @@ pub struct MemberView {
 ///
 /// ```
 /// use std::sync::Arc;
-/// use leader_core::{KeyedLocks, MemoryStore, ShardSetView};
+/// use leader_core::backend::KeyedLocks;
+/// use leader_core::{MemoryStore, ShardSetView};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -2,6 +2,7 @@
 //! the release, the successor a release wakes, and what a term leaves clean.
 
 use super::*;
+use leader_core::backend::LockErrorExt;
 
 impl EtcdLock {
     /// Whether nobody else wrote the key after this term's write at `written`, as the term's

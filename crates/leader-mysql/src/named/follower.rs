@@ -1,7 +1,7 @@
 //! The task behind a lock's watch: it waits in `GET_LOCK` (and reads the record) until the
 //! holder changes.
 
-use leader_core::backoff::Backoff;
+use leader_core::backend::Backoff;
 
 use super::*;
 

@@ -1,7 +1,7 @@
 //! The store's builder: the servers, the credentials, TLS, the bucket and its checks, and the
 //! client's connection.
 
-use leader_core::backoff::Backoff;
+use leader_core::backend::Backoff;
 
 use super::*;
 
@@ -213,7 +213,7 @@ impl NatsStoreBuilder {
             } else {
                 format!("nats://{server}")
             };
-            leader_core::UrlError::check_user_info(&with_scheme).map_err(|err| bad(err.message))?;
+            leader_core::backend::check_user_info(&with_scheme).map_err(|err| bad(err.message))?;
             let mut url = url::Url::parse(&with_scheme).map_err(|err| bad(err.to_string()))?;
             let in_address = login_of(&url).map_err(bad)?;
             if let Some((user, password)) = in_address {

@@ -22,13 +22,14 @@ impl Runner {
         token: u64,
         base: Option<&LeaderElectionRecord>,
     ) -> LeaderElectionRecord {
-        let now = self.config.wall_clock.now();
+        let now = self.config.lease.wall_clock.now();
         LeaderElectionRecord {
             holder_identity: self.me.clone(),
-            lease_duration: self.config.lease_duration,
+            lease_duration: self.config.lease.lease_duration,
             acquire_time: now,
             renew_time: now,
-            leader_transitions: token,
+            // The floor, if any, is what a store that gives the next token asks for at least.
+            leader_transitions: token.max(self.config.lease.fencing_token_floor),
             strategy: base.and_then(|r| r.strategy.clone()),
             preferred_holder: None,
             extensions: base.map(|r| r.extensions.clone()).unwrap_or_default(),
@@ -148,8 +149,9 @@ impl Runner {
         started: Instant,
     ) -> Term {
         let cancel = CancellationToken::new();
-        let (deadline, until) = watch::channel(started + self.config.renew_deadline);
-        let shared_deadline = TermDeadline::new((started + self.config.renew_deadline).into_std());
+        let (deadline, until) = watch::channel(started + self.config.lease.renew_deadline);
+        let shared_deadline =
+            TermDeadline::new((started + self.config.lease.renew_deadline).into_std());
         end_at_deadline(cancel.clone(), until);
         let (leadership, requests, alive) = match shard {
             Some(shard) => {
@@ -160,7 +162,7 @@ impl Runner {
                     cancel.clone(),
                     observed.record.extensions.clone(),
                     shared_deadline.clone(),
-                    self.config.wall_clock.now(),
+                    self.config.lease.wall_clock.now(),
                 );
                 (Some(leadership), Some(requests), Some(alive))
             }
@@ -243,7 +245,7 @@ impl Runner {
         let Some(mut plan) = self.plan.take() else {
             return;
         };
-        let retry = self.config.retry_period;
+        let retry = self.config.lease.retry_period;
         let budget = Instant::now()
             + (retry / 2)
                 .saturating_sub(self.renewals_took)
@@ -264,17 +266,34 @@ impl Runner {
                     && !self.owned.contains_key(shard)
                     && !self.releasing.contains_key(shard)
             });
-            // Never past the budget: a slow store answers claims late, and the next round's
-            // renewals must not wait for them (a claim dropped after the store took it leaves
-            // a record naming this member without a term: lapsed, taken again later).
-            let claims = join_all(batch.iter().map(|&shard| {
-                let current = shards.get(shard as usize).cloned().flatten();
-                self.claim(&self.shard_keys[shard as usize], current)
-            }));
-            let Ok(claims) = tokio::time::timeout_at(budget, claims).await else {
+            // Claims sent are waited for past the budget (each no longer than its request
+            // may take), since the store may apply a claim it answers late: dropped, it would
+            // leave a record naming this member without a term, idle for a lease and a token
+            // spent. Never past the point where the next round's renewals would be late: a
+            // retry period before the first deadline of the terms held.
+            let last = self
+                .first_deadline()
+                .map(|first| first - self.config.lease.retry_period);
+            let claims = {
+                let claims = join_all(batch.iter().map(|&shard| {
+                    let current = shards.get(shard as usize).cloned().flatten();
+                    self.claim(&self.shard_keys[shard as usize], current)
+                }));
+                let mut claims = std::pin::pin!(claims);
+                match tokio::time::timeout_at(budget, &mut claims).await {
+                    Ok(claims) => Some(claims),
+                    // The budget is spent: this batch is the round's last.
+                    Err(_) => match last {
+                        Some(last) => tokio::time::timeout_at(last, claims).await.ok(),
+                        None => Some(claims.await),
+                    },
+                }
+            };
+            let Some(claims) = claims else {
                 tracing::debug!(
                     shards = self.config.name,
-                    "claims outlasted the round's budget: the rest waits for the next rounds"
+                    "claims outlasted what the terms held allow: the rest waits for the next \
+                     rounds"
                 );
                 break;
             };

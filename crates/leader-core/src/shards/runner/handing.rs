@@ -39,12 +39,12 @@ impl Runner {
         self.unsettle();
         term.cancel.cancel();
         let lock = self.lock(&term.key);
-        let grace = self.config.stop_grace;
-        let timeout = self.config.request_timeout;
+        let grace = self.config.lease.stop_grace;
+        let timeout = self.config.lease.request_timeout;
         let stopped = self.callbacks.stopped.clone();
         let to = to.map(str::to_owned);
         let name = self.config.name.clone();
-        let clock = self.config.wall_clock.clone();
+        let clock = self.config.lease.wall_clock.clone();
         m::shard_moved(&name, reason_label(reason));
         tracing::info!(shards = name, shard, to, "releasing the shard");
         let task = self.releases.spawn(async move {
@@ -97,8 +97,10 @@ impl Runner {
         }
     }
 
-    /// The requests of shards' work: a step-down, a handover, extensions to write.
-    pub(super) async fn serve_requests(&mut self) {
+    /// The requests of shards' work: a step-down, a handover, extensions to write. Writes of
+    /// extensions wait for [`write_extensions`](Self::write_extensions), after the round's
+    /// renewals.
+    pub(super) fn serve_requests(&mut self) {
         let mut asked = Vec::new();
         for (&shard, term) in &mut self.owned {
             if let Some(requests) = term.requests.as_mut() {
@@ -117,8 +119,7 @@ impl Runner {
                     self.give(shard, Some(&to), StepDownReason::HandedOver)
                 }
                 TermRequest::SetExtensions { changes, reply } => {
-                    let answer = self.write_extensions(shard, &changes).await;
-                    let _ = reply.send(answer);
+                    self.extension_writes.push_back((shard, changes, reply));
                 }
             }
         }
@@ -133,7 +134,7 @@ impl Runner {
         };
         let now = Instant::now();
         let ran = now - term.started;
-        let retry = self.config.retry_period;
+        let retry = self.config.lease.retry_period;
         let gave_up = self.gave_up.entry(shard).or_insert_with(|| GaveUp {
             backoff: Backoff::new(retry, GIVE_UP_CAP).jitter(Jitter::Spread(0.2)),
             at: now,
@@ -162,27 +163,95 @@ impl Runner {
             .is_some_and(|g| Instant::now() < g.until)
     }
 
-    pub(super) async fn write_extensions(
+    /// Writes the extensions the shards' work asked for since the last round, after this
+    /// round's renewals so that none waits for them: up to [`CLAIMS_AT_ONCE`] at a time (one
+    /// per shard at a time, each on its own record), each waiting no longer than its term's
+    /// deadline. Each write is a compare-and-swap of the record its term last stored, and
+    /// renews the term as a renewal would.
+    pub(super) async fn write_extensions(&mut self) {
+        use crate::leadership::{ExtensionError, LeadershipLost};
+        while !self.extension_writes.is_empty() {
+            let mut batch = Vec::new();
+            let mut later = std::collections::VecDeque::new();
+            let mut shards = BTreeSet::new();
+            while let Some((shard, changes, reply)) = self.extension_writes.pop_front() {
+                if batch.len() < CLAIMS_AT_ONCE && shards.insert(shard) {
+                    batch.push((shard, changes, reply));
+                } else {
+                    later.push_back((shard, changes, reply));
+                }
+            }
+            self.extension_writes = later;
+            let mut writes = Vec::with_capacity(batch.len());
+            for (shard, changes, reply) in batch {
+                let Some(term) = self.owned.get(&shard).filter(|t| !t.past_deadline()) else {
+                    let token = self.owned.get(&shard).map_or(0, Term::token);
+                    let lost = LeadershipLost {
+                        fencing_token: token,
+                    };
+                    let _ = reply.send(Err(ExtensionError::Lost(lost)));
+                    continue;
+                };
+                let mut record = term.observed.record.clone();
+                changes.apply(&mut record.extensions);
+                record.renew_time = record.renewal_time(self.config.lease.wall_clock.now());
+                let until = (Instant::now() + self.config.lease.request_timeout)
+                    .min(*term.deadline.borrow());
+                let write = (
+                    term.key.clone(),
+                    term.observed.version.clone(),
+                    record,
+                    until,
+                );
+                writes.push((shard, term.token(), reply, write));
+            }
+            let started = Instant::now();
+            let describe = self.set.describe();
+            let answers = join_all(writes.iter().map(
+                |(_, _, _, (key, version, record, until))| {
+                    let lock = self.lock(key);
+                    let describe = &describe;
+                    async move {
+                        match tokio::time::timeout_at(*until, lock.update(version, record)).await {
+                            Ok(result) => result,
+                            Err(_) => Err(LockError::Timeout {
+                                lock: format!("{describe} {key}"),
+                                operation: "update",
+                                after: until.saturating_duration_since(started),
+                            }),
+                        }
+                    }
+                },
+            ))
+            .await;
+            for ((shard, token, reply, (_, version, _, _)), result) in
+                writes.into_iter().zip(answers)
+            {
+                let answer = self.extensions_written(shard, token, &version, result, started);
+                let _ = reply.send(answer);
+            }
+        }
+    }
+
+    /// Takes the answer of an extensions write of `shard`'s term `token`, sent at `started`
+    /// on the record at `version`.
+    fn extensions_written(
         &mut self,
         shard: u32,
-        changes: &crate::leadership::ExtensionChanges,
+        token: u64,
+        version: &Version,
+        result: Result<Observed, LockError>,
+        started: Instant,
     ) -> Result<(), crate::leadership::ExtensionError> {
         use crate::leadership::{ExtensionError, LeadershipLost};
-        let Some(term) = self.owned.get(&shard) else {
-            return Err(ExtensionError::Lost(LeadershipLost { fencing_token: 0 }));
-        };
         let lost = LeadershipLost {
-            fencing_token: term.token(),
+            fencing_token: token,
         };
-        let mut record = term.observed.record.clone();
-        changes.apply(&mut record.extensions);
-        record.renew_time = record.renewal_time(self.config.wall_clock.now());
-        let (key, version) = (term.key.clone(), term.observed.version.clone());
-        let started = Instant::now();
-        let result = self
-            .request("update", &key, self.lock(&key).update(&version, &record))
-            .await;
-        let Some(term) = self.owned.get_mut(&shard).filter(|t| !t.past_deadline()) else {
+        let Some(term) = self
+            .owned
+            .get_mut(&shard)
+            .filter(|t| !t.past_deadline() && t.token() == token)
+        else {
             return Err(lost.into());
         };
         match result {
@@ -193,8 +262,12 @@ impl Runner {
                         .lock()
                         .unwrap_or_else(|p| p.into_inner()) = stored.record.extensions.clone();
                 }
-                term.observed = stored;
-                term.extend(started + self.config.renew_deadline);
+                // A renewal of this term answered meanwhile moved it on: this write, on the
+                // version before, extends nothing it did not.
+                if term.observed.version == *version {
+                    term.observed = stored;
+                    term.extend(started + self.config.lease.renew_deadline);
+                }
                 Ok(())
             }
             Err(err) if err.is_conflict() => {

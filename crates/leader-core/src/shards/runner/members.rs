@@ -15,7 +15,7 @@ impl Runner {
         let my_entry = format!("{MEMBER_PREFIX}{}", member_key(&name, &self.me));
         let Some(roster) = roster else {
             let mut record =
-                LeaderElectionRecord::new("", ROSTER_LEASE, self.config.wall_clock.now(), 0);
+                LeaderElectionRecord::new("", ROSTER_LEASE, self.config.lease.wall_clock.now(), 0);
             record
                 .extensions
                 .insert(COUNT_EXTENSION.into(), self.config.count.to_string());
@@ -69,13 +69,13 @@ impl Runner {
             self.problem = None;
         }
         self.note_roster(&roster);
-        let stale = self.config.wall_clock.now() - roster.record.renew_time > ROSTER_REFRESH;
+        let stale = self.config.lease.wall_clock.now() - roster.record.renew_time > ROSTER_REFRESH;
         let joining = !roster.record.extensions.contains_key(&my_entry);
         if joining || stale {
             let mut record = roster.record.clone();
             record.extensions.insert(my_entry, self.me.clone());
             record.lease_duration = ROSTER_LEASE;
-            record.renew_time = self.config.wall_clock.now();
+            record.renew_time = self.config.lease.wall_clock.now();
             let stored = self.write_roster(&roster.version, &record).await;
             if stored.is_some() && joining {
                 tracing::info!(shards = name, "joined the shard set's roster");
@@ -157,7 +157,7 @@ impl Runner {
             Some(weight) => record.extensions.insert(WEIGHT_EXTENSION.into(), weight),
             None => record.extensions.remove(WEIGHT_EXTENSION),
         };
-        record.renew_time = record.renewal_time(self.config.wall_clock.now());
+        record.renew_time = record.renewal_time(self.config.lease.wall_clock.now());
         let (key, version) = (term.key.clone(), term.observed.version.clone());
         let result = self
             .request("update", &key, self.lock(&key).update(&version, &record))
@@ -183,7 +183,12 @@ impl Runner {
         let now = Instant::now();
         match &mut self.conflict {
             Some(other) if other.is(current) => {
-                if other.seen_alive(current, self.renews_in_store, self.config.retry_period, now) {
+                if other.seen_alive(
+                    current,
+                    self.renews_in_store,
+                    self.config.lease.retry_period,
+                    now,
+                ) {
                     let conflict = IdentityConflict {
                         lock: format!(
                             "{} {}",
@@ -254,7 +259,7 @@ impl Runner {
             return dead;
         }
         let now = Instant::now();
-        let lease = self.config.lease_duration;
+        let lease = self.config.lease.lease_duration;
         let due: Vec<(String, Observed)> = members
             .iter()
             .filter(|(identity, _)| **identity != self.me)
@@ -381,19 +386,19 @@ impl Runner {
         let me = self.me.clone();
         let to = self.config.static_membership.then_some(me.as_str());
         for shard in shards {
-            if self.config.release_on_cancel {
+            if self.config.lease.release_on_cancel {
                 self.give(shard, to, StepDownReason::Shutdown);
             } else {
                 self.end(shard, StepDownReason::Shutdown);
             }
         }
-        let bound = self.config.stop_grace + self.config.request_timeout;
+        let bound = self.config.lease.stop_grace + self.config.lease.request_timeout;
         let _ = tokio::time::timeout(bound, async {
             while self.releases.join_next().await.is_some() {}
         })
         .await;
         self.releases.abort_all();
-        if !self.config.release_on_cancel {
+        if !self.config.lease.release_on_cancel {
             return;
         }
         let name = self.config.name.clone();

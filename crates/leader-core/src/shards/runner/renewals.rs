@@ -12,8 +12,11 @@ impl Runner {
             return;
         }
         let started = Instant::now();
-        match tokio::time::timeout(self.config.request_timeout, self.set.renew_many(&renewals))
-            .await
+        match tokio::time::timeout(
+            self.config.lease.request_timeout,
+            self.set.renew_many(&renewals),
+        )
+        .await
         {
             Ok(results) => self.renewed(whose, results, started).await,
             Err(_) => self.renew_timed_out(),
@@ -21,11 +24,11 @@ impl Runner {
     }
 
     pub(super) fn renew_timed_out(&mut self) {
-        self.renewals_took = self.config.request_timeout;
+        self.renewals_took = self.config.lease.request_timeout;
         let err = LockError::Timeout {
             lock: self.set.describe(),
             operation: "renew",
-            after: self.config.request_timeout,
+            after: self.config.lease.request_timeout,
         };
         self.report("renew", &err);
     }
@@ -47,7 +50,7 @@ impl Runner {
     /// The renewal of `term` from the record it last saw.
     pub(super) fn renewal_of(&self, term: &Term) -> Renewal {
         let mut record = term.observed.record.clone();
-        record.renew_time = record.renewal_time(self.config.wall_clock.now());
+        record.renew_time = record.renewal_time(self.config.lease.wall_clock.now());
         Renewal {
             key: term.key.clone(),
             version: term.observed.version.clone(),
@@ -87,8 +90,8 @@ impl Runner {
             if !again.is_empty() {
                 let (whose, renewals): (Vec<_>, Vec<_>) = again.into_iter().unzip();
                 let started = Instant::now();
-                match tokio::time::timeout(
-                    self.config.request_timeout,
+                match tokio::time::timeout_at(
+                    self.request_deadline(),
                     self.set.renew_many(&renewals),
                 )
                 .await
@@ -125,31 +128,34 @@ impl Runner {
             }
         }
         let keys: Vec<String> = terms.iter().map(|(_, key)| key.clone()).collect();
-        let answers =
-            match tokio::time::timeout(self.config.request_timeout, self.set.get_many(&keys)).await
-            {
-                Ok(answers) if answers.len() == keys.len() => answers,
-                Ok(_) => {
-                    let err = LockError::unavailable(
-                        "shards",
-                        format!(
-                            "{}: a batch read answered another number of keys",
-                            self.set.describe()
-                        ),
-                    );
-                    self.report("get", &err);
-                    return Vec::new();
-                }
-                Err(_) => {
-                    let err = LockError::Timeout {
-                        lock: self.set.describe(),
-                        operation: "get",
-                        after: self.config.request_timeout,
-                    };
-                    self.report("get", &err);
-                    return Vec::new();
-                }
-            };
+        let answers = match tokio::time::timeout_at(
+            self.request_deadline(),
+            self.set.get_many(&keys),
+        )
+        .await
+        {
+            Ok(answers) if answers.len() == keys.len() => answers,
+            Ok(_) => {
+                let err = LockError::unavailable(
+                    "shards",
+                    format!(
+                        "{}: a batch read answered another number of keys",
+                        self.set.describe()
+                    ),
+                );
+                self.report("get", &err);
+                return Vec::new();
+            }
+            Err(_) => {
+                let err = LockError::Timeout {
+                    lock: self.set.describe(),
+                    operation: "get",
+                    after: self.config.lease.request_timeout,
+                };
+                self.report("get", &err);
+                return Vec::new();
+            }
+        };
         let mut again = Vec::new();
         for ((whose, key), answer) in terms.into_iter().zip(answers) {
             let current = match answer {
@@ -217,7 +223,7 @@ impl Runner {
         let mut failed = None;
         let mut renewed = 0usize;
         let mut conflicts = Vec::new();
-        let renew_deadline = self.config.renew_deadline;
+        let renew_deadline = self.config.lease.renew_deadline;
         for (shard, result) in whose.into_iter().zip(results) {
             let learn = shard.is_none() && self.renews_in_store.is_none();
             let Some(term) = self.term_mut(shard) else {

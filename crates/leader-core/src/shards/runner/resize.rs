@@ -20,6 +20,7 @@ impl Runner {
             self.give(shard, None, StepDownReason::Resized);
         }
         self.gave_up.retain(|&shard, _| shard < count);
+        self.unreadable_shards.retain(|&shard| shard < count);
         let n = count as usize;
         self.shard_keys.truncate(n);
         let from = u32::try_from(self.shard_keys.len()).unwrap_or(count);
@@ -29,6 +30,9 @@ impl Runner {
         self.shard_records.resize_with(n, || None);
         self.shard_read.resize(n, false);
         self.config.count = count;
+        // Told after the terms past the count were ended: work that sees the new count finds
+        // the removed shards' work already told to stop.
+        self.count.send_replace(count);
         self.make_read_keys();
         self.unsettle();
         self.owned_changed = true;

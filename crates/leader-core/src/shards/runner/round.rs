@@ -47,14 +47,14 @@ impl Runner {
             // A read alone waits no longer than the terms can: the next round's renewals go
             // out a retry period before the first deadline, whatever a slow store makes of a
             // read of every shard (the read fails and backs off; the set rebalances later).
-            let mut until = started + self.config.request_timeout;
+            let mut until = started + self.config.lease.request_timeout;
             if let Some(first) = self.first_deadline() {
-                until = until.min(first - self.config.retry_period);
+                until = until.min(first - self.config.lease.retry_period);
             }
             tokio::time::timeout_at(until, self.set.get_changed(asked, &known)).await
         } else {
             let answer = tokio::time::timeout(
-                self.config.request_timeout,
+                self.config.lease.request_timeout,
                 self.set.renew_and_read(&renewals, asked, &known),
             )
             .await;
@@ -96,19 +96,36 @@ impl Runner {
                 });
             }
         };
-        let mut head = Vec::with_capacity(first_shard);
-        let mut failed = None;
+        // A store that fails as a whole answers every key with the same error: the read
+        // failed (and backs off). Otherwise each record stands on its own: one that cannot be
+        // read is reported and left alone, and the rest of the set goes on (S8).
+        if results
+            .iter()
+            .all(|r| matches!(r, Err(e) if !matches!(e, LockError::InvalidRecord { .. })))
+        {
+            self.read_keys = keys;
+            let err = results.into_iter().find_map(Result::err);
+            return Err(err.unwrap_or_else(|| {
+                LockError::unavailable("shards", "a batch read answered nothing".to_owned())
+            }));
+        }
+        let identities: Vec<String> = self.roster_members.values().cloned().collect();
+        let mut roster = Err(Unreadable);
+        let mut members = HashMap::with_capacity(identities.len());
+        let mut unreadable_members = BTreeSet::new();
         for (i, (key, result)) in asked.iter().zip(results).enumerate() {
-            let answer = match result {
-                Ok(answer) => answer,
-                Err(err) => {
-                    failed = Some(err);
-                    break;
-                }
+            let answer = match (result, i < first_shard) {
+                // Never asked with a version: a store that says so anyway is read again next
+                // round.
+                (Ok(Reread::Same), true) => Err(LockError::unavailable(
+                    "shards",
+                    format!("{}: {key} answered unchanged unasked", self.set.describe()),
+                )),
+                (result, _) => result,
             };
-            match i.checked_sub(first_shard) {
+            match (i.checked_sub(first_shard), answer) {
                 // The shards come in order, after the roster and the members.
-                Some(shard) => {
+                (Some(shard), Ok(answer)) => {
                     if let Reread::Now(observed) = answer {
                         self.shard_records[shard] = observed;
                     }
@@ -117,38 +134,48 @@ impl Runner {
                         &mut self.shard_seen[shard],
                         self.shard_records[shard].as_ref(),
                     );
+                    if !self.unreadable_shards.is_empty() {
+                        let shard = u32::try_from(shard).unwrap_or(u32::MAX);
+                        self.unreadable_shards.remove(&shard);
+                    }
+                    self.note_readable(key);
                 }
-                None => {
+                (Some(shard), Err(err)) => {
+                    // Known as nothing: read again in full, its lease clock started over.
+                    self.shard_records[shard] = None;
+                    self.shard_read[shard] = false;
+                    self.shard_seen[shard] = None;
+                    self.unreadable_shards
+                        .insert(u32::try_from(shard).unwrap_or(u32::MAX));
+                    self.report_unreadable(key, &err);
+                }
+                (None, Ok(answer)) => {
                     let observed = match answer {
                         Reread::Now(observed) => observed,
-                        // Never asked with a version: a store that says so anyway is read
-                        // again next round.
-                        Reread::Same => {
-                            failed = Some(LockError::unavailable(
-                                "shards",
-                                format!(
-                                    "{}: {key} answered unchanged unasked",
-                                    self.set.describe()
-                                ),
-                            ));
-                            break;
-                        }
+                        Reread::Same => None,
                     };
                     self.observe(key, observed.as_ref());
-                    head.push(observed);
+                    self.note_readable(key);
+                    match i.checked_sub(1).and_then(|m| identities.get(m)) {
+                        None => roster = Ok(observed),
+                        Some(identity) => {
+                            members.insert(identity.clone(), observed);
+                        }
+                    }
+                }
+                (None, Err(err)) => {
+                    self.report_unreadable(key, &err);
+                    if let Some(identity) = i.checked_sub(1).and_then(|m| identities.get(m)) {
+                        unreadable_members.insert(identity.clone());
+                    }
                 }
             }
         }
         self.read_keys = keys;
-        if let Some(err) = failed {
-            return Err(err);
-        }
-        let mut head = head.into_iter();
-        let roster = head.next().flatten();
-        let members = self.roster_members.values().cloned().zip(head).collect();
         Ok(View {
             roster,
             members,
+            unreadable_members,
             shards: full,
         })
     }
@@ -164,18 +191,40 @@ impl Runner {
 
     /// Acts on a read: the roster, this member's record, then the shares.
     pub(super) async fn act(&mut self, view: View) -> Result<(), ShardsError> {
-        let Some(roster) = self.check_roster(view.roster).await? else {
-            self.unsettle();
-            return Ok(());
+        // An unreadable roster is taken as last read, and never written meanwhile (no join,
+        // no prune): the members go on with what they knew.
+        let (roster, roster_read) = match view.roster {
+            Ok(roster) => {
+                let Some(roster) = self.check_roster(roster).await? else {
+                    self.unsettle();
+                    return Ok(());
+                };
+                self.last_roster = Some(roster.clone());
+                (roster, true)
+            }
+            Err(Unreadable) => match self.last_roster.clone() {
+                Some(roster) => (roster, false),
+                None => {
+                    self.unsettle();
+                    return Ok(());
+                }
+            },
         };
-        self.hold_member_record(view.members.get(&self.me).cloned().flatten())
-            .await;
+        // This member's own record unreadable: left alone, as any other.
+        if !view.unreadable_members.contains(&self.me) {
+            self.hold_member_record(view.members.get(&self.me).cloned().flatten())
+                .await;
+        }
         self.publish_weight().await;
+        // A member whose record cannot be read is not known alive: its shards are taken once
+        // their own leases run out, as a dead member's (S2 on each shard).
         let dead = self.probe(&view.members).await;
         let mut live = self.live_members(&view.members);
         live.retain(|m| !dead.contains(m));
         self.live = live.len();
-        self.prune(&roster, &view.members, &live).await;
+        if roster_read {
+            self.prune(&roster, &view.members, &live).await;
+        }
         if self.member.is_none() {
             self.unsettle();
             return Ok(());
@@ -229,8 +278,15 @@ impl Runner {
         // restart) count as its own where the shares are ranked: the member about to take
         // them back keeps the place in the shares their number gives it.
         let mut reserved: BTreeMap<&str, usize> = BTreeMap::new();
+        // Shards whose record cannot be read: nobody's as far as this read shows, left out of
+        // the shares, so that the others settle around them.
+        let mut unknown = 0u32;
         for (shard, observed) in (0..count).zip(&view_shards) {
             if self.owned.contains_key(&shard) || self.releasing.contains_key(&shard) {
+                continue;
+            }
+            if self.unreadable_shards.contains(&shard) {
+                unknown += 1;
                 continue;
             }
             let holder = observed
@@ -280,7 +336,7 @@ impl Runner {
             }
         };
         let drained_here = weight_of(&self.me) == 0;
-        let shares = shares(count, &counts, weight_of);
+        let shares = shares(count - unknown, &counts, weight_of);
         let counts = owners.values().map(Vec::len);
         self.imbalance = counts.clone().max().unwrap_or(0) - counts.min().unwrap_or(0);
         let at_shares = owners
@@ -306,7 +362,7 @@ impl Runner {
             && !self.gave_up.values().any(|g| now < g.until);
         self.settled = idle && at_shares;
         self.settled_live = live;
-        self.full_read_due = Instant::now() + self.config.lease_duration / 2;
+        self.full_read_due = Instant::now() + self.config.lease.lease_duration / 2;
         for (shard, to) in gifts {
             self.give(shard, Some(&to), StepDownReason::HandedOver);
         }
