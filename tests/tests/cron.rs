@@ -21,7 +21,14 @@ use tokio::time::sleep;
 const LEADER: &str = env!("CARGO_BIN_EXE_leader-e2e");
 
 fn replica(lock: &str, name: &str, identity: &str, out: &Path, every: &str) -> Child {
-    Command::new(LEADER)
+    replica_command(lock, name, identity, out, every)
+        .spawn()
+        .expect("spawn leader cron")
+}
+
+fn replica_command(lock: &str, name: &str, identity: &str, out: &Path, every: &str) -> Command {
+    let mut command = Command::new(LEADER);
+    command
         .args(["cron", "--lock", lock, "--name", name, "--identity", identity])
         .args(["--every", every])
         .args(["--lease-duration", "2s", "--renew-deadline", "1500ms"])
@@ -40,9 +47,8 @@ fn replica(lock: &str, name: &str, identity: &str, out: &Path, every: &str) -> C
             std::env::var("E2E_LOG").unwrap_or_else(|_| "warn".into()),
         )
         .stdout(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn leader cron")
+        .kill_on_drop(true);
+    command
 }
 
 /// `leader status --json` of the election.
@@ -216,13 +222,26 @@ async fn a_replica_with_another_schedule_exits_10_and_changes_nothing() {
     );
     let _ = first.wait().await;
     let before = status(&lock, "mixed").await["schedules"].clone();
-    let mut other = replica(&lock, "mixed", "b", &out, "2s");
+    let mut other = replica_command(&lock, "mixed", "b", &out, "2s")
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn leader cron");
     let code = tokio::time::timeout(Duration::from_secs(20), other.wait())
         .await
         .expect("exits")
         .expect("status")
         .code();
     assert_eq!(code, Some(10));
+    // One line, naming the flags that change a schedule.
+    let mut stderr = String::new();
+    if let Some(mut pipe) = other.stderr.take() {
+        use tokio::io::AsyncReadExt;
+        let _ = pipe.read_to_string(&mut stderr).await;
+    }
+    assert!(
+        stderr.contains("--adopt-schedule") && stderr.contains("--schedule-revision"),
+        "{stderr}"
+    );
     assert_eq!(
         status(&lock, "mixed").await["schedules"],
         before,
@@ -258,6 +277,90 @@ async fn a_replica_with_another_schedule_exits_10_and_changes_nothing() {
         Signal::SIGTERM,
     );
     let _ = adopting.wait().await;
+}
+
+/// A schedule changed with `--adopt-schedule` runs none of the new schedule's instants
+/// between the last one handled and the change: its first firing is its first instant after
+/// the change. (A nightly `0 3 * * *` changed to `0 4 * * *` at 10:00 waits for tomorrow 04:00;
+/// here, in seconds: an instant of the new schedule passes between the state's creation and
+/// the change, and is not run.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_schedule_first_fires_after_the_change() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let lock = format!("file://{}", dir.path().join("lock").display());
+    let out = dir.path().join("firings");
+    let spawn = |identity: &str, schedule: &str, adopt: bool| {
+        let mut command = Command::new(LEADER);
+        command
+            .args([
+                "cron",
+                "--lock",
+                &lock,
+                "--name",
+                "changed",
+                "--identity",
+                identity,
+            ])
+            .args(["--schedule", schedule, "--retry-period", "250ms"]);
+        if adopt {
+            command.arg("--adopt-schedule");
+        }
+        command
+            .args([
+                "--",
+                "sh",
+                "-c",
+                &format!("echo \"$LEADER_FIRING_SCHEDULED\" >> {}", out.display()),
+            ])
+            .stdout(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn leader cron")
+    };
+    // The first configuration (yearly: it does not fire here) writes the state as it leads.
+    let mut first = spawn("a", "0 0 1 1 *", false);
+    let mut seen = None;
+    for _ in 0..40 {
+        let shown = status(&lock, "changed").await;
+        if shown["schedules"][0]["schedule"].is_string() {
+            seen = Some(Utc::now());
+            break;
+        }
+        sleep(Duration::from_millis(250)).await;
+    }
+    let seen = seen.expect("the state is written");
+    let _ = kill(
+        Pid::from_raw(i32::try_from(first.id().expect("running")).expect("pid")),
+        Signal::SIGTERM,
+    );
+    let _ = first.wait().await;
+    // An instant of the new schedule (once a minute, at this second) passes after the state
+    // was written and before the change.
+    let instant = seen + chrono::Duration::seconds(2);
+    let second = chrono::Timelike::second(&instant);
+    while Utc::now() < instant + chrono::Duration::seconds(2) {
+        sleep(Duration::from_millis(200)).await;
+    }
+    let mut changed = spawn("b", &format!("{second} * * * * *"), true);
+    sleep(Duration::from_secs(6)).await;
+    let shown = status(&lock, "changed").await;
+    let _ = kill(
+        Pid::from_raw(i32::try_from(changed.id().expect("running")).expect("pid")),
+        Signal::SIGTERM,
+    );
+    let _ = tokio::time::timeout(Duration::from_secs(10), changed.wait()).await;
+    let schedule = &shown["schedules"][0];
+    assert_eq!(
+        schedule["schedule"],
+        format!("cron {second} * * * * * in UTC"),
+        "{shown:#}"
+    );
+    assert_eq!(schedule["changed"]["by"], "b", "{shown:#}");
+    let ran = std::fs::read_to_string(&out).unwrap_or_default();
+    assert!(
+        ran.is_empty(),
+        "the instant {instant} before the change ran:\n{ran}"
+    );
 }
 
 /// `--overlap replace` with a COMMAND that takes 1.5 s to exit after SIGTERM (within its

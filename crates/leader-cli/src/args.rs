@@ -80,7 +80,8 @@ pub(crate) struct LockArgs {
     /// zk://HOST:PORT[,HOST:PORT]/CHROOT or zookeeper://..., redis://... or rediss://...,
     /// etcd://HOST:PORT[,HOST:PORT] or etcds://...,
     /// consul://HOST:PORT/PREFIX or consuls://..., s3://BUCKET/PREFIX/, gs://BUCKET/PREFIX/ or
-    /// az://CONTAINER/PREFIX/ (or azure://...), or kubernetes://NAMESPACE (?binary_version=V
+    /// az://CONTAINER/PREFIX/ (or azure://...), dynamodb://TABLE, or kubernetes://NAMESPACE
+    /// (?binary_version=V
     /// for coordinated leader election). Default: a lock directory private to this user in the runtime or temp
     /// directory.
     // The URL may hold a password: help names the variable, never its value.
@@ -302,11 +303,21 @@ pub(crate) struct CronArgs {
     #[arg(long, env = "LEADER_TIMEOUT", value_parser = humantime::parse_duration, value_name = "DURATION")]
     pub(crate) timeout: Option<Duration>,
     /// Change the stored schedule to this one when this replica leads and finds another there
-    /// (a rollout of a new schedule; the change is recorded, the cursor kept, and replicas of
-    /// the old schedule started before it follow the stored one). Without it a replica with
-    /// another schedule exits with code 10.
+    /// of the same --schedule-revision, changed before this replica started (or never): the
+    /// new schedule's first firing is its first instant after the change. Without it such a
+    /// replica exits with code 10.
     #[arg(long, env = "LEADER_ADOPT_SCHEDULE")]
     pub(crate) adopt_schedule: bool,
+    /// The revision of this configuration's schedule (a number that grows with each change,
+    /// 0 by default): a replica with a higher revision than the stored schedule's changes it;
+    /// one with a lower revision runs the stored schedule and never writes its own back.
+    #[arg(
+        long,
+        env = "LEADER_SCHEDULE_REVISION",
+        default_value_t = 0,
+        value_name = "N"
+    )]
+    pub(crate) schedule_revision: u64,
     /// How many ended firings the record keeps, shown by `leader status` (0 to 100).
     #[arg(long, env = "LEADER_HISTORY", default_value_t = 10, value_parser = clap::value_parser!(u8).range(0..=100))]
     pub(crate) history: u8,

@@ -44,10 +44,17 @@ pub(crate) async fn request(request: CronRequest) -> u8 {
                     since.at.to_rfc3339()
                 ),
                 ("resume", _, _) => println!("{name}: runs as scheduled"),
-                (_, _, Some(asked)) => println!(
-                    "{name}: asked for a firing now (at {}); the leader starts it once the overlap policy lets it",
-                    asked.at.to_rfc3339()
-                ),
+                (_, _, Some(asked)) => {
+                    println!(
+                        "{name}: asked for a firing now (at {}); the leader starts it once the overlap policy lets it",
+                        asked.at.to_rfc3339()
+                    );
+                    if asked.at > chrono::Utc::now() + chrono::Duration::seconds(1) {
+                        println!(
+                            "{name}: this machine's clock is behind the last trigger handled: the request is dated just after it"
+                        );
+                    }
+                }
                 _ => println!("{name}: done"),
             }
             exit::OK
@@ -110,6 +117,7 @@ pub(crate) async fn cron(args: CronArgs) -> u8 {
         .max_running(usize::from(args.max_running))
         .history(usize::from(args.history))
         .adopt_schedule(args.adopt_schedule)
+        .schedule_revision(args.schedule_revision)
         .retries(args.retries)
         .retry_backoff(args.retry_backoff)
         .misfire_threshold(args.misfire_threshold)
@@ -118,7 +126,11 @@ pub(crate) async fn cron(args: CronArgs) -> u8 {
         job = job.starting_deadline(deadline);
     }
     if let Some(limit) = args.timeout {
-        job = job.timeout(limit);
+        // COMMAND gets its --grace between SIGTERM and SIGKILL before it is dropped.
+        let grace = args.election.grace.unwrap_or(Duration::from_secs(3));
+        job = job
+            .timeout(limit)
+            .timeout_grace(grace + Duration::from_secs(2));
     }
     tracing::info!(schedule = %job_schedule(&args), "scheduled");
     elect(args.election, false, args.command, |term| {

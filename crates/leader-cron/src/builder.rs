@@ -28,9 +28,11 @@ pub struct CronJobBuilder {
     max_running: usize,
     history: usize,
     adopt_schedule: bool,
+    schedule_revision: u64,
     retries: u32,
     retry_backoff: Duration,
     timeout: Option<Duration>,
+    timeout_grace: Duration,
     clock: Arc<dyn Clock>,
 }
 
@@ -54,7 +56,7 @@ impl CronJobBuilder {
     }
 
     /// Firings later than this are missed whatever [`Missed`] says (CronJob's
-    /// `startingDeadlineSeconds`). Default: none.
+    /// `startingDeadlineSeconds`). Default: none; longer than zero.
     pub fn starting_deadline(mut self, deadline: Duration) -> Self {
         self.starting_deadline = Some(deadline);
         self
@@ -64,21 +66,43 @@ impl CronJobBuilder {
     /// default [`ON_TIME`], 1 s): a firing later than this when the leader gets to it is a
     /// missed one, which [`Missed`] decides about. Raise it where a leader may be slow to wake
     /// (a loaded machine, a long garbage collection) and firings should still run on time.
+    /// Longer than zero: no leader starts a firing at its very instant.
     pub fn misfire_threshold(mut self, threshold: Duration) -> Self {
         self.misfire_threshold = threshold;
         self
     }
 
     /// Changes the stored schedule to this job's when this replica leads and finds another
-    /// there (default: off, and a replica with another schedule is refused,
-    /// [`CronError::ScheduleMismatch`]). For a rollout of a new schedule: the change is
-    /// recorded with who made it and when ([`CronState::changed`](crate::CronState::changed)), the cursor is kept, so the
-    /// next firing is the new schedule's first instant after the last one handled (none lost
-    /// or doubled across the switch), and replicas of the old configuration started before the
-    /// change follow the stored schedule when they lead, until they are replaced. A replica
-    /// started after the change with a third schedule and without this is still refused.
+    /// there whose configuration is not newer than this one's (default: off). A schedule change
+    /// is a decision with a revision ([`schedule_revision`](Self::schedule_revision)), and the
+    /// newer configuration wins, whichever replica leads:
+    /// - a replica whose revision is higher than the stored schedule's changes it, with or
+    ///   without this flag;
+    /// - one whose revision is lower follows the stored schedule (runs it, never writes its own
+    ///   back), and says so in one line;
+    /// - with equal revisions (none given: 0), a replica started before the stored schedule
+    ///   was changed follows it; one started after it changes it with this flag, and is
+    ///   refused without it ([`CronError::ScheduleMismatch`], naming this option).
+    ///
+    /// Without revisions, a replica of the old schedule restarted after the change (a crash, a
+    /// rollback) with this flag on changes it back: give each configuration a revision where
+    /// that matters. A change is recorded ([`CronState::changed`](crate::CronState::changed):
+    /// from what, when, by whom, the revision), and the new schedule's first firing is its
+    /// first instant after the change (as db-scheduler and Quartz reschedule): none of its
+    /// instants before the change runs; the old schedule's instants not handled by then are
+    /// counted as missed.
     pub fn adopt_schedule(mut self, adopt: bool) -> Self {
         self.adopt_schedule = adopt;
+        self
+    }
+
+    /// The revision of this replica's schedule configuration (default 0: none given), a
+    /// number that grows with each change of the schedule (a counter, a date as
+    /// `20260110`): the stored schedule keeps the revision it came with, a replica with a
+    /// higher revision changes it, one with a lower revision follows it and never writes its
+    /// own back (see [`adopt_schedule`](Self::adopt_schedule)).
+    pub fn schedule_revision(mut self, revision: u64) -> Self {
+        self.schedule_revision = revision;
         self
     }
 
@@ -102,11 +126,23 @@ impl CronJobBuilder {
 
     /// Stops a firing's work that runs longer than `limit` (Kubernetes Job's
     /// `activeDeadlineSeconds`): its cancellation fires (a `leader cron` COMMAND gets SIGTERM,
-    /// then SIGKILL after its grace), and once it returned its outcome is
+    /// then SIGKILL after its grace), and once it returned (or after the
+    /// [`timeout_grace`](Self::timeout_grace), dropped) its outcome is
     /// [`Outcome::TimedOut`](crate::Outcome::TimedOut), a failure that [`retries`](Self::retries) may run again.
     /// Default: none.
     pub fn timeout(mut self, limit: Duration) -> Self {
         self.timeout = Some(limit);
+        self
+    }
+
+    /// How long work stopped by the [`timeout`](Self::timeout) may take to return once
+    /// cancelled (default 10 s): work still running then is dropped at its next `.await` and
+    /// its slot is freed, so that work that ignores its cancellation cannot hold the schedule
+    /// up ([`Overlap::Forbid`] would wait behind it for ever). Work that blocks its thread
+    /// without awaiting cannot be dropped: it goes on beside the next firing. A `leader cron`
+    /// COMMAND gets its `--grace` first.
+    pub fn timeout_grace(mut self, grace: Duration) -> Self {
+        self.timeout_grace = grace;
         self
     }
 
@@ -163,6 +199,11 @@ impl CronJobBuilder {
                 "a timeout and a retry back-off must be longer than zero".to_owned(),
             ));
         }
+        if self.misfire_threshold.is_zero() || self.starting_deadline.is_some_and(|d| d.is_zero()) {
+            return Err(CronError::BadPolicy(
+                "a misfire threshold and a starting deadline must be longer than zero (no leader starts a firing at its very instant)".to_owned(),
+            ));
+        }
         if self.history > 100 {
             return Err(CronError::BadPolicy(format!(
                 "a history of at most 100 firings, not {}",
@@ -196,9 +237,11 @@ impl CronJobBuilder {
                 max_running: self.max_running,
                 history: self.history,
                 adopt_schedule: self.adopt_schedule,
+                schedule_revision: self.schedule_revision,
                 retries: self.retries,
                 retry_backoff: self.retry_backoff,
                 timeout: self.timeout,
+                timeout_grace: self.timeout_grace,
                 built_at: self.clock.now(),
                 clock: self.clock,
                 work: Arc::new(move |firing, cancel| Box::pin(work(firing, cancel))),
@@ -222,9 +265,11 @@ impl CronJob {
             max_running: MAX_RUNNING,
             history: HISTORY,
             adopt_schedule: false,
+            schedule_revision: 0,
             retries: 0,
             retry_backoff: Duration::from_secs(10),
             timeout: None,
+            timeout_grace: Duration::from_secs(10),
             clock: Arc::new(SystemClock),
         }
     }

@@ -126,7 +126,7 @@ pub async fn suspend(
     by: &str,
 ) -> Result<Control, ControlError> {
     let by = by.to_owned();
-    change(lock, name, move |control| {
+    change(lock, name, move |control, _| {
         if control.suspended.is_some() {
             return false;
         }
@@ -147,7 +147,7 @@ pub async fn suspend(
 /// # Errors
 /// As [`suspend`].
 pub async fn resume(lock: &dyn ResourceLock, name: &str) -> Result<Control, ControlError> {
-    change(lock, name, |control| control.suspended.take().is_some()).await
+    change(lock, name, |control, _| control.suspended.take().is_some()).await
 }
 
 /// Asks for one firing of schedule `name` now, outside the schedule (`kubectl create job
@@ -155,6 +155,11 @@ pub async fn resume(lock: &dyn ResourceLock, name: &str) -> Result<Control, Cont
 /// the request's instant as its `scheduled` and [`Firing::triggered_by`](crate::Firing) set.
 /// A trigger not yet started is replaced by a newer one (one run now, not two). Returns the
 /// requests as stored; `trigger.at` identifies this one.
+///
+/// A request is dated by the asker's clock, and a leader starts a request later than the last
+/// one it handled: when this machine's clock reads no later than that (it is behind the
+/// clock of an earlier asker), the request is dated just after it, so that it still runs
+/// (`trigger.at` is then later than this machine's clock).
 ///
 /// # Errors
 /// As [`suspend`].
@@ -164,9 +169,13 @@ pub async fn trigger(
     by: &str,
 ) -> Result<Control, ControlError> {
     let by = by.to_owned();
-    change(lock, name, move |control| {
-        // Never a whole second, so that it never shares an identity with a scheduled firing.
+    change(lock, name, move |control, last_handled| {
+        // Later than the last request handled, or the leader would take it for that one.
         let mut at = Utc::now();
+        if let Some(last) = last_handled.filter(|last| *last >= at) {
+            at = last + chrono::Duration::milliseconds(1);
+        }
+        // Never a whole second, so that it never shares an identity with a scheduled firing.
         if at.timestamp_subsec_nanos() == 0 {
             at += chrono::Duration::nanoseconds(1);
         }
@@ -181,12 +190,12 @@ pub async fn trigger(
 }
 
 /// Applies `edit` to schedule `name`'s requests with a compare-and-swap of the record, read
-/// again and retried when the leader's renewals got there first; `edit` returns whether it
-/// changed anything.
+/// again and retried when the leader's renewals got there first; `edit` gets the instant of the
+/// last trigger a leader handled, and returns whether it changed anything.
 async fn change(
     lock: &dyn ResourceLock,
     name: &str,
-    mut edit: impl FnMut(&mut Control) -> bool,
+    mut edit: impl FnMut(&mut Control, Option<DateTime<Utc>>) -> bool,
 ) -> Result<Control, ControlError> {
     let key = control_key(name);
     let mut control = Control::default();
@@ -197,7 +206,7 @@ async fn change(
             });
         };
         let extensions = &current.record.extensions;
-        if !extensions.contains_key(&crate::extension_key(name)) {
+        let Some(state) = extensions.get(&crate::extension_key(name)) else {
             let found: Vec<&str> = extensions
                 .keys()
                 .filter_map(|k| k.strip_prefix("cron/"))
@@ -211,7 +220,10 @@ async fn change(
                     found.join(", ")
                 },
             });
-        }
+        };
+        let last_handled = crate::CronState::from_json(state)
+            .ok()
+            .and_then(|s| s.last_trigger);
         control = match extensions.get(&key) {
             Some(value) => Control::from_json(value).map_err(|err| ControlError::BadControl {
                 lock: lock.describe(),
@@ -220,7 +232,7 @@ async fn change(
             })?,
             None => Control::default(),
         };
-        if !edit(&mut control) {
+        if !edit(&mut control, last_handled) {
             return Ok(None);
         }
         let mut record = current.record.clone();

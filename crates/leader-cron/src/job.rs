@@ -15,8 +15,7 @@ use crate::policy::{Interrupted, Missed, Overlap};
 use crate::schedule::{Schedule, ScheduleError};
 use crate::state::Outcome;
 
-/// What a job may fail with.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub use leader_core::BoxError;
 
 pub(crate) type JobFuture = Pin<Box<dyn Future<Output = Result<(), BoxError>> + Send>>;
 pub(crate) type JobFn = Arc<dyn Fn(Firing, CancellationToken) -> JobFuture + Send + Sync>;
@@ -80,13 +79,16 @@ pub enum CronEvent {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum CronError {
-    /// The store holds another schedule under this name: replicas were started with different
-    /// schedules. Nothing is run and nothing is changed; the term ends so that a replica with
-    /// the stored schedule may lead. To change a schedule on purpose, start the replicas of the
-    /// new one with [`adopt_schedule`](crate::CronJobBuilder::adopt_schedule) (`leader cron
-    /// --adopt-schedule`).
+    /// The store holds another schedule under this name, of the same configuration revision,
+    /// and this replica neither follows it (it started after the stored schedule was changed,
+    /// or it never was) nor adopts its own. Nothing is run and nothing is changed; the term
+    /// ends so that a replica with the stored schedule may lead. To change a schedule on
+    /// purpose, start the replicas of the new one with a higher
+    /// [`schedule_revision`](crate::CronJobBuilder::schedule_revision) (`leader cron
+    /// --schedule-revision`) or with [`adopt_schedule`](crate::CronJobBuilder::adopt_schedule)
+    /// (`--adopt-schedule`).
     #[error(
-        "schedule {name:?}: the store has {stored:?}, this replica has {ours:?}; replicas must run the same schedule under one name"
+        "schedule {name:?}: the store has {stored:?}, this replica has {ours:?} (same revision {revision}); to change it, start the new replicas with a higher --schedule-revision (schedule_revision) or --adopt-schedule (adopt_schedule)"
     )]
     ScheduleMismatch {
         /// The schedule's name.
@@ -95,6 +97,8 @@ pub enum CronError {
         stored: String,
         /// This replica's.
         ours: String,
+        /// The configuration revision of both.
+        revision: u64,
     },
     /// The stored state of the schedule cannot be read; it is left as it is.
     #[error("schedule {name:?}: the stored state cannot be read: {reason}")]
@@ -143,9 +147,11 @@ pub(crate) struct Inner {
     pub(crate) max_running: usize,
     pub(crate) history: usize,
     pub(crate) adopt_schedule: bool,
+    pub(crate) schedule_revision: u64,
     pub(crate) retries: u32,
     pub(crate) retry_backoff: Duration,
     pub(crate) timeout: Option<Duration>,
+    pub(crate) timeout_grace: Duration,
     /// When the job was built, by its clock: a schedule changed after it is newer than this
     /// replica's configuration.
     pub(crate) built_at: DateTime<Utc>,
@@ -168,9 +174,11 @@ impl fmt::Debug for CronJob {
             .field("max_running", &inner.max_running)
             .field("history", &inner.history)
             .field("adopt_schedule", &inner.adopt_schedule)
+            .field("schedule_revision", &inner.schedule_revision)
             .field("retries", &inner.retries)
             .field("retry_backoff", &inner.retry_backoff)
             .field("timeout", &inner.timeout)
+            .field("timeout_grace", &inner.timeout_grace)
             .finish_non_exhaustive()
     }
 }

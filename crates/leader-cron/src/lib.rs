@@ -21,9 +21,11 @@ pub use job::{BoxError, CronError, CronEvent, CronJob, Firing};
 pub use policy::{Interrupted, MAX_RUNNING, Missed, ON_TIME, Overlap};
 pub use schedule::{Schedule, ScheduleError};
 pub use state::{
-    CronState, Ended, HISTORY, Outcome, Retry, ScheduleChange, Started, extension_key,
+    CronState, Ended, FORMAT, HISTORY, MAX_MESSAGE, MAX_RETRYING, Outcome, Retry, Revision,
+    ScheduleChange, Started, extension_key,
 };
 pub use status::ScheduleStatus;
+pub use term::CLOCK_HORIZON;
 
 /// The core crate, so that one dependency is enough.
 pub use leader_core;

@@ -8,11 +8,24 @@ use tokio::sync::mpsc;
 use crate::job::{CronError, CronEvent, CronJob, Firing};
 use crate::policy::Interrupted;
 use crate::schedule::Schedule;
-use crate::state::{CronState, Outcome, ScheduleChange, Started};
+use crate::state::{CronState, FORMAT, Outcome, Revision, ScheduleChange, Started};
 use crate::term::{CONTROL_POLL, Running, Start, Term, take_running};
 
 /// The term is over (or was given up): stop.
 struct Stop;
+
+/// The most instants of an old schedule counted as missed when it is changed.
+const MOST_COUNTED: usize = 100_000;
+
+/// What a replica does with a stored schedule other than its own.
+enum Decision {
+    /// Its configuration is newer: it changes the stored schedule to its own.
+    Change,
+    /// The stored schedule's is newer (why): it runs the stored schedule.
+    Follow(&'static str),
+    /// Neither is newer, and it does not adopt: it is refused.
+    Refuse,
+}
 
 impl CronJob {
     /// Runs the schedule for the term `leadership`: returns `Ok` when the term ends, and an
@@ -52,6 +65,7 @@ impl CronJob {
                         scheduled: firing.scheduled,
                         attempt: firing.attempt + 1,
                         triggered_by: firing.triggered_by.clone(),
+                        retry_at: None,
                     });
                 }
                 policy => {
@@ -88,14 +102,27 @@ impl CronJob {
                     None => tracing::info!(schedule = %inner.name, "resumed"),
                 }
             }
-            dirty |= self.retries_due(&mut state, now, &mut term);
+            dirty |= self.clock_far_behind(&mut state, now, &mut term.waits);
             if self.pass_over_backlog(&schedule, &mut state, now).await {
                 dirty = true;
                 // Passing over took its time: what is due is judged from now.
                 now = inner.clock.now();
             }
+            // A retry and a scheduled firing that wait for one slot take it in the order they
+            // were due.
+            let first_instant = schedule
+                .next_after(state.handled_until())
+                .filter(|i| *i <= now);
+            let retry_first =
+                first_instant.is_none_or(|instant| state.retrying.iter().any(|r| r.at <= instant));
+            if retry_first {
+                dirty |= self.retries_due(&mut state, now, &mut term);
+            }
             let (changed, blocked) = self.due(&schedule, &mut state, now, &mut term);
             dirty |= changed;
+            if !retry_first {
+                dirty |= self.retries_due(&mut state, now, &mut term);
+            }
             if let Some(request) = control
                 .trigger
                 .filter(|t| state.last_trigger.is_none_or(|last| t.at > last))
@@ -114,6 +141,7 @@ impl CronJob {
                         unknown_fields: Default::default(),
                     });
                 }
+                state.format = FORMAT;
                 if self.write(&leadership, &state).await.is_err() {
                     return Ok(());
                 }
@@ -124,10 +152,14 @@ impl CronJob {
                 }
             }
             // Blocked: a missed firing waits for the running one to end (Overlap::Forbid).
-            let next = (!blocked)
-                .then(|| schedule.next_after(state.handled_until()))
-                .flatten();
-            let retry = state.retrying.iter().map(|r| r.at).min();
+            let scheduled = schedule.next_after(state.handled_until());
+            if scheduled.is_none() && !term.waits.ran_out {
+                term.waits.ran_out = true;
+                tracing::warn!(schedule = %inner.name, after = %state.handled_until(), "the schedule has no instant after the last one handled: nothing more fires");
+            }
+            let next = (!blocked).then_some(scheduled).flatten();
+            // A retry already due waits for a running firing to end, or for a resume.
+            let retry = Self::next_retry(&state, now);
             let next = next.into_iter().chain(retry).min();
             let wait = next.map(|at| (at - inner.clock.now()).to_std().unwrap_or_default());
             let until = wait.map(|wait| tokio::time::Instant::now() + wait);
@@ -160,49 +192,103 @@ impl CronJob {
     }
 
     /// The schedule's state as the term's record holds it, or a new one; the schedule the
-    /// term runs; and whether the state is to be written at once (new, or changed by
-    /// [`CronJobBuilder::adopt_schedule`]).
+    /// term runs; and whether the state is to be written at once (new, or its schedule or
+    /// revision changed by this replica's configuration, [`CronJobBuilder::adopt_schedule`]).
+    ///
+    /// [`CronJobBuilder::adopt_schedule`]: crate::CronJobBuilder::adopt_schedule
     fn load(&self, leadership: &Leadership) -> Result<(CronState, Schedule, bool), CronError> {
         let inner = &self.inner;
         let ours = inner.schedule.spec();
+        let revision = inner.schedule_revision;
         let Some(stored) = leadership.extensions().get(&inner.key).cloned() else {
             // Written at once, so that `leader status` and operators' requests find it.
-            let state = CronState::new(ours, inner.clock.now());
+            let mut state = CronState::new(ours, inner.clock.now());
+            state.revision = self.our_revision();
             return Ok((state, inner.schedule.clone(), true));
         };
         let mut state = CronState::from_json(&stored).map_err(|err| CronError::BadState {
             name: inner.name.clone(),
             reason: err.to_string(),
         })?;
-        if state.schedule == ours {
-            return Ok((state, inner.schedule.clone(), false));
+        let stored_revision = state.revision_number();
+        let same = state.schedule == ours
+            || Schedule::from_spec(&state.schedule).is_ok_and(|s| s.same_instants(&inner.schedule));
+        if same {
+            // A newer revision of the same schedule is kept, so that an older configuration
+            // of another schedule cannot come back.
+            let newer = revision > stored_revision;
+            if newer {
+                state.revision = self.our_revision();
+                if let Some(r) = &mut state.revision {
+                    r.schedule.clone_from(&state.schedule);
+                }
+            }
+            return Ok((state, inner.schedule.clone(), newer));
         }
-        if inner.adopt_schedule {
-            tracing::warn!(schedule = %inner.name, from = %state.schedule, to = %ours, "changing the stored schedule to this replica's");
-            state.changed = Some(ScheduleChange {
-                from: std::mem::replace(&mut state.schedule, ours.to_owned()),
-                at: inner.clock.now(),
-                by: leadership.identity().to_owned(),
-                unknown_fields: Default::default(),
-            });
-            return Ok((state, inner.schedule.clone(), true));
-        }
-        // A schedule changed after this replica was configured is newer: follow it.
-        let newer = state
+        let changed_after_start = state
             .changed
             .as_ref()
             .is_some_and(|c| c.at > inner.built_at);
-        if let Some(stored) = newer
-            .then(|| Schedule::from_spec(&state.schedule).ok())
-            .flatten()
-        {
-            tracing::warn!(schedule = %inner.name, stored = %state.schedule, ours, "the stored schedule was changed after this replica started: running it instead of this replica's");
-            return Ok((state, stored, false));
+        let decision = match revision.cmp(&stored_revision) {
+            std::cmp::Ordering::Greater => Decision::Change,
+            std::cmp::Ordering::Less => Decision::Follow("a higher revision"),
+            std::cmp::Ordering::Equal if changed_after_start => {
+                Decision::Follow("the same revision, changed after this replica started")
+            }
+            std::cmp::Ordering::Equal if inner.adopt_schedule => Decision::Change,
+            std::cmp::Ordering::Equal => Decision::Refuse,
+        };
+        match decision {
+            Decision::Change => {
+                let now = inner.clock.now();
+                tracing::warn!(schedule = %inner.name, from = %state.schedule, from_revision = stored_revision, to = %ours, revision, "changing the stored schedule to this replica's newer configuration: its first firing is its first instant after now");
+                // The old schedule's instants not handled by now do not run: counted missed.
+                let (missed, latest) = Schedule::from_spec(&state.schedule)
+                    .map(|old| old.count_between(state.handled_until(), now, MOST_COUNTED))
+                    .unwrap_or_default();
+                self.missed(&mut state, missed, latest);
+                state.changed = Some(ScheduleChange {
+                    from: std::mem::replace(&mut state.schedule, ours.to_owned()),
+                    at: now,
+                    by: leadership.identity().to_owned(),
+                    revision: (revision > 0).then_some(revision),
+                    unknown_fields: Default::default(),
+                });
+                state.revision = self.our_revision();
+                // The new schedule's first instant is its first after the change, never one
+                // between the last firing and the change (S17).
+                state.cursor = Some(now.max(state.handled_until()));
+                Ok((state, inner.schedule.clone(), true))
+            }
+            Decision::Follow(why) => match Schedule::from_spec(&state.schedule) {
+                Ok(stored) => {
+                    tracing::warn!(schedule = %inner.name, stored = %state.schedule, stored_revision, ours, revision, "this replica's schedule differs from the stored one, which has {why}: running the stored schedule, never writing this one back (to change it, give the new configuration a higher --schedule-revision)");
+                    Ok((state, stored, false))
+                }
+                Err(err) => Err(CronError::BadState {
+                    name: inner.name.clone(),
+                    reason: format!(
+                        "the stored schedule {:?} has {why} than this replica's {ours:?}, and this release cannot run it: {err}",
+                        state.schedule
+                    ),
+                }),
+            },
+            Decision::Refuse => Err(CronError::ScheduleMismatch {
+                name: inner.name.clone(),
+                stored: state.schedule,
+                ours: ours.to_owned(),
+                revision,
+            }),
         }
-        Err(CronError::ScheduleMismatch {
-            name: inner.name.clone(),
-            stored: state.schedule,
-            ours: ours.to_owned(),
+    }
+
+    /// This replica's revision as the state keeps it (none for 0).
+    fn our_revision(&self) -> Option<Revision> {
+        let inner = &self.inner;
+        (inner.schedule_revision > 0).then(|| Revision {
+            number: inner.schedule_revision,
+            schedule: inner.schedule.spec().to_owned(),
+            unknown_fields: Default::default(),
         })
     }
 
@@ -237,12 +323,17 @@ impl CronJob {
             scheduled,
             attempt,
             triggered_by,
+            ..
         } = start;
         let lateness = (now - scheduled).to_std().unwrap_or_default();
         metrics::counter!("leader_cron_firings_started_total", "name" => inner.name.clone())
             .increment(1);
-        metrics::histogram!("leader_cron_firing_lateness_seconds", "name" => inner.name.clone())
-            .record(lateness.as_secs_f64());
+        // How late the schedule's own first attempts start: a retry waits for its back-off
+        // and a trigger has no schedule to be late for.
+        if attempt == 1 && triggered_by.is_none() {
+            metrics::histogram!("leader_cron_firing_lateness_seconds", "name" => inner.name.clone())
+                .record(lateness.as_secs_f64());
+        }
         tracing::info!(schedule = %inner.name, %scheduled, attempt, ?lateness, "firing started");
         let firing = Firing {
             name: inner.name.clone(),
@@ -257,7 +348,8 @@ impl CronJob {
         let cancel = leadership.cancellation_token().child_token();
         let work = (inner.work)(firing, cancel.clone());
         let (held, done) = (leadership.clone(), done.clone());
-        let (limit, stop) = (inner.timeout, cancel.clone());
+        let (limit, grace, stop) = (inner.timeout, inner.timeout_grace, cancel.clone());
+        let name = inner.name.clone();
         tokio::spawn(async move {
             let mut work = tokio::spawn(work);
             let joined = match limit {
@@ -266,7 +358,11 @@ impl CronJob {
             };
             let Some(joined) = joined else {
                 stop.cancel();
-                let _ = work.await;
+                // Work that ignores its cancellation does not hold the schedule up.
+                if tokio::time::timeout(grace, &mut work).await.is_err() {
+                    work.abort();
+                    tracing::warn!(schedule = %name, %scheduled, attempt, ?grace, "the work went on past its timeout and grace, ignoring its cancellation: dropped, and its slot freed");
+                }
                 let _ = done.send((scheduled, attempt, Outcome::TimedOut));
                 drop(held);
                 return;

@@ -122,7 +122,12 @@ impl Schedule {
                 expression: expression.clone(),
                 reason: err.to_string(),
             })?;
-        let fields: Vec<&str> = expression.split(' ').collect();
+        // A nickname names the expression it stands for (`@hourly` fires as `0 * * * *` does,
+        // in both passes of a fall-back).
+        let fields: Vec<&str> = nickname(&expression)
+            .unwrap_or(&expression)
+            .split(' ')
+            .collect();
         let time_fields = &fields[..fields.len().saturating_sub(3).min(3)];
         let wall_times = time_fields.iter().all(|field| !field.contains(['*', '/']));
         let schedule = Self {
@@ -180,6 +185,46 @@ impl Schedule {
             return Self::every(period);
         }
         Err(bad())
+    }
+
+    /// Whether this schedule fires at the same instants as `other`: the same spec, or the same
+    /// expression in two names of one zone (`US/Eastern` and `America/New_York`, a link and
+    /// its zone, or zones whose clocks agree from 1970 to 2100).
+    pub fn same_instants(&self, other: &Self) -> bool {
+        if self.spec == other.spec {
+            return true;
+        }
+        let (Kind::Cron { zone: a, .. }, Kind::Cron { zone: b, .. }) = (&self.kind, &other.kind)
+        else {
+            return false;
+        };
+        let expression = |spec: &str| spec.rsplit_once(" in ").map(|(e, _)| e.to_owned());
+        expression(&self.spec) == expression(&other.spec) && same_clocks(*a, *b)
+    }
+
+    /// How many instants of the schedule fall in (`after`, `until`], and the latest of them:
+    /// counted by arithmetic for a fixed period, found one by one (at most `most`) for an
+    /// expression.
+    pub(crate) fn count_between(
+        &self,
+        after: DateTime<Utc>,
+        until: DateTime<Utc>,
+        most: usize,
+    ) -> (u64, Option<DateTime<Utc>>) {
+        if let Some((skipped_to, skipped)) = self.skip_to_last(after, until, 1) {
+            let latest = self.next_after(skipped_to).filter(|n| *n <= until);
+            return (skipped + u64::from(latest.is_some()), latest);
+        }
+        let (mut count, mut latest, mut at) = (0_u64, None, after);
+        while let Some(next) = self.next_after(at).filter(|n| *n <= until) {
+            count += 1;
+            latest = Some(next);
+            at = next;
+            if count >= u64::try_from(most).unwrap_or(u64::MAX) {
+                break;
+            }
+        }
+        (count, latest)
     }
 
     /// Where a walk of the instants in (`after`, `until`] can start to see only the last
@@ -307,6 +352,49 @@ fn second_pass(
         at += chrono::Duration::seconds(1);
     }
     None
+}
+
+/// The expression a nickname stands for, as Vixie cron defines them.
+fn nickname(expression: &str) -> Option<&'static str> {
+    Some(match expression.to_ascii_lowercase().as_str() {
+        "@yearly" | "@annually" => "0 0 1 1 *",
+        "@monthly" => "0 0 1 * *",
+        "@weekly" => "0 0 * * 0",
+        "@daily" | "@midnight" => "0 0 * * *",
+        "@hourly" => "0 * * * *",
+        _ => return None,
+    })
+}
+
+/// Whether two zones' clocks agree from 1970 to 2100: a link and its zone (`US/Eastern`,
+/// `America/New_York`) always do. Compared day by day, and to the second at each change.
+fn same_clocks(a: Tz, b: Tz) -> bool {
+    if a == b {
+        return true;
+    }
+    let Some(mut at) = DateTime::from_timestamp(0, 0) else {
+        return false;
+    };
+    let Some(end) = DateTime::from_timestamp(4_102_444_800, 0) else {
+        return false;
+    };
+    let day = chrono::Duration::days(1);
+    let mut before = offset_at(a, at);
+    if offset_at(b, at) != before {
+        return false;
+    }
+    while at < end {
+        let next = at + day;
+        let now = offset_at(a, next);
+        if offset_at(b, next) != now {
+            return false;
+        }
+        if now != before && transition(a, at, next) != transition(b, at, next) {
+            return false;
+        }
+        (at, before) = (next, now);
+    }
+    true
 }
 
 /// The zone's offset from UTC at `t`.

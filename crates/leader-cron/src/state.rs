@@ -8,6 +8,19 @@ use serde::{Deserialize, Serialize};
 /// How many ended firings a schedule's state keeps unless the job says otherwise.
 pub const HISTORY: usize = 10;
 
+/// The most failed firings waiting in a schedule's state for their retry: one more gives up
+/// the oldest of them ([`Outcome::GaveUp`]), so that a job that always fails cannot grow the
+/// record past what a store keeps (a Kubernetes Lease holds it in one 256 KiB annotation).
+pub const MAX_RETRYING: usize = 32;
+
+/// The longest message an outcome keeps ([`Outcome::Failed`], [`Outcome::GaveUp`]), in bytes;
+/// a longer one is cut, ending with `…`.
+pub const MAX_MESSAGE: usize = 512;
+
+/// The format of the state this release writes ([`CronState::format`]); a state written before
+/// the format was kept reads as 1.
+pub const FORMAT: u32 = 2;
+
 /// The record extension that holds schedule `name`'s state.
 pub fn extension_key(name: &str) -> String {
     format!("cron/{name}")
@@ -19,8 +32,18 @@ pub fn extension_key(name: &str) -> String {
 #[serde(rename_all = "camelCase")]
 #[non_exhaustive]
 pub struct CronState {
+    /// The format of the release that wrote the state last ([`FORMAT`] for this one; 1 for a
+    /// state from before the format was kept). Every release reads every format: a later one
+    /// adds fields, which an earlier one keeps and writes back (S16).
+    #[serde(default = "first_format")]
+    pub format: u32,
     /// The schedule's [`spec`](crate::Schedule::spec): every replica must run the same one.
     pub schedule: String,
+    /// The configuration revision the stored schedule came with
+    /// ([`CronJobBuilder::schedule_revision`](crate::CronJobBuilder::schedule_revision)): a
+    /// replica with a higher one changes the schedule, one with a lower one follows it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<Revision>,
     /// When the state was first written: no firing before it is due.
     pub since: DateTime<Utc>,
     /// The latest scheduled instant handled (started, or missed by the policy); the next firing
@@ -78,6 +101,22 @@ pub struct Retry {
     pub unknown_fields: BTreeMap<String, serde_json::Value>,
 }
 
+/// The revision of a schedule's configuration, as the state keeps it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[non_exhaustive]
+pub struct Revision {
+    /// The revision's number, as the configuration gives it.
+    pub number: u64,
+    /// The schedule it is the revision of: when it is not the stored schedule (a release that
+    /// keeps no revisions wrote its own over it), the stored schedule has no revision.
+    pub schedule: String,
+    /// Fields this release does not know (written by a later one), kept and written back
+    /// (S16).
+    #[serde(flatten)]
+    pub unknown_fields: BTreeMap<String, serde_json::Value>,
+}
+
 /// A change of a schedule in place.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -89,6 +128,9 @@ pub struct ScheduleChange {
     pub at: DateTime<Utc>,
     /// The identity of that leader.
     pub by: String,
+    /// The revision of the new schedule's configuration (absent: none given).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<u64>,
     /// Fields this release does not know (written by a later one), kept and written back
     /// (S16).
     #[serde(flatten)]
@@ -243,11 +285,31 @@ impl Outcome {
     }
 }
 
+/// The format of a state that carries none.
+fn first_format() -> u32 {
+    1
+}
+
+/// `message`, cut to [`MAX_MESSAGE`] bytes at a character's boundary.
+pub(crate) fn bounded(message: String) -> String {
+    if message.len() <= MAX_MESSAGE {
+        return message;
+    }
+    let ellipsis = "…";
+    let mut end = MAX_MESSAGE - ellipsis.len();
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}{ellipsis}", &message[..end])
+}
+
 impl CronState {
     /// A new state for `schedule`, due from `since`.
     pub fn new(schedule: &str, since: DateTime<Utc>) -> Self {
         Self {
+            format: FORMAT,
             schedule: schedule.to_owned(),
+            revision: None,
             since,
             cursor: None,
             running: Vec::new(),
@@ -277,6 +339,28 @@ impl CronState {
     /// The instant after which the next firing is due: the cursor, or `since` before any firing.
     pub fn handled_until(&self) -> DateTime<Utc> {
         self.cursor.map_or(self.since, |c| c.max(self.since))
+    }
+
+    /// The revision of the stored schedule: its [`revision`](Self::revision)'s number when it
+    /// is the revision of the stored schedule, else 0 (none given).
+    pub fn revision_number(&self) -> u64 {
+        self.revision
+            .as_ref()
+            .filter(|r| r.schedule == self.schedule)
+            .map_or(0, |r| r.number)
+    }
+
+    /// The latest instant the state records (by the clocks of the leaders that wrote it).
+    pub(crate) fn latest_recorded(&self) -> DateTime<Utc> {
+        let ended = self.history.iter().chain(&self.last).map(|e| e.ended_at);
+        let started = self.running.iter().map(|s| s.started_at);
+        let changed = self.changed.iter().map(|c| c.at);
+        std::iter::once(self.handled_until())
+            .chain(ended)
+            .chain(started)
+            .chain(changed)
+            .max()
+            .unwrap_or(self.since)
     }
 }
 
@@ -362,5 +446,42 @@ mod tests {
             r#""attempt":"one","fencingToken":7"#,
         );
         assert!(CronState::from_json(&mistyped).is_err());
+    }
+
+    /// The state carries its format (1 when absent, this release's when written), and a
+    /// revision counts only for the schedule it was given with: an earlier release that
+    /// wrote its own schedule over a revised one leaves the stored schedule without one.
+    #[test]
+    fn the_format_and_the_revision_are_read_as_written() {
+        let older = r#"{"schedule":"every 1s","since":"2026-01-10T00:00:00Z","missed":0}"#;
+        let mut state = CronState::from_json(older).expect("an older state");
+        assert_eq!((state.format, state.revision_number()), (1, 0));
+        assert_eq!(CronState::new("every 1s", state.since).format, FORMAT);
+        state.revision = Some(Revision {
+            number: 3,
+            schedule: "every 1s".into(),
+            unknown_fields: Default::default(),
+        });
+        assert_eq!(state.revision_number(), 3);
+        let json = state.to_json();
+        assert!(
+            json.contains(r#""revision":{"number":3,"schedule":"every 1s"}"#),
+            "{json}"
+        );
+        state.schedule = "every 2s".into();
+        assert_eq!(state.revision_number(), 0, "a revision of another schedule");
+    }
+
+    /// Messages are kept to [`MAX_MESSAGE`] bytes, cut at a character's boundary.
+    #[test]
+    fn long_messages_are_cut() {
+        assert_eq!(bounded("exit 3".into()), "exit 3");
+        let long = "é".repeat(MAX_MESSAGE);
+        let cut = bounded(long);
+        assert!(
+            cut.len() <= MAX_MESSAGE && cut.ends_with('…'),
+            "{}",
+            cut.len()
+        );
     }
 }

@@ -5,14 +5,14 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use leader_core::backoff::Backoff;
+use leader_core::backend::Backoff;
 use leader_core::{CancellationToken, Leadership};
 
 use crate::control::{Control, Request};
 use crate::job::{CronEvent, CronJob};
 use crate::policy::{Missed, Overlap};
 use crate::schedule::Schedule;
-use crate::state::{CronState, Ended, Outcome, Retry, Started};
+use crate::state::{CronState, Ended, MAX_RETRYING, Outcome, Retry, Started, bounded};
 
 /// The longest back-off before a failed firing runs again, unless the first is longer
 /// (Kubernetes Jobs' six minutes).
@@ -40,25 +40,40 @@ pub(crate) struct Start {
     pub(crate) scheduled: DateTime<Utc>,
     pub(crate) attempt: u32,
     pub(crate) triggered_by: Option<String>,
+    /// For the retry of a failed firing, when it was due: a replacement that supersedes it
+    /// before it started puts it back to wait ([`Overlap::Replace`]).
+    pub(crate) retry_at: Option<DateTime<Utc>>,
 }
+
+/// How far ahead of a leader's clock the instants of a schedule's state may lie before they
+/// are read as written by a clock that ran ahead, and the schedule goes on from the leader's
+/// clock: one day. A clock stepped back by less waits until it reads past the cursor again (no
+/// firing repeated); a clock further behind than this would run again the instants of that
+/// span.
+pub const CLOCK_HORIZON: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// How often the schedule loop looks at the operators' requests, which the term's renewals
 /// bring into the leadership's extensions.
 pub(crate) const CONTROL_POLL: Duration = Duration::from_secs(1);
 
-/// Whether one more firing may start, by the overlap policy, and the starts a replacement
-/// superseded to make room (counted as missed), with the latest of them.
+/// Whether one more firing may start, by the overlap policy, and what a replacement did to
+/// make room.
 pub(crate) enum Room {
     /// It starts now.
-    Now {
-        superseded: u64,
-        latest: Option<DateTime<Utc>>,
-    },
+    Now(Made),
     /// It waits.
-    Later {
-        superseded: u64,
-        latest: Option<DateTime<Utc>>,
-    },
+    Later(Made),
+}
+
+/// What a replacement did to make room ([`Overlap::Replace`]).
+#[derive(Default)]
+pub(crate) struct Made {
+    /// Starts not begun yet that it superseded (counted as missed).
+    superseded: u64,
+    /// The latest of them.
+    latest: Option<DateTime<Utc>>,
+    /// Whether it changed the state (a firing recorded as replaced, a retry put back).
+    changed: bool,
 }
 
 /// What a term's loop keeps between its rounds besides the schedule's state.
@@ -82,6 +97,10 @@ pub(crate) struct Waits {
     pub(crate) suspended: bool,
     /// The requests cannot be read (said once until they can).
     pub(crate) bad_control: bool,
+    /// The schedule has no instant left (said once).
+    pub(crate) ran_out: bool,
+    /// This leader's clock reads far past what the record holds (said once).
+    pub(crate) far_ahead: bool,
 }
 
 impl Waits {
@@ -146,7 +165,7 @@ impl CronJob {
             Missed::All { max } => late_count.min(usize::try_from(max).unwrap_or(usize::MAX)),
             Missed::Skip => 0,
         };
-        let mut late_rank = 0;
+        let mut late_rank = 0_usize;
         let mut missed = beyond;
         let mut latest_missed = None;
         let mut recorded = false;
@@ -165,18 +184,18 @@ impl CronJob {
                 continue;
             }
             match self.room(state, term, *instant) {
-                Room::Now { superseded, latest } => {
-                    missed += superseded;
-                    latest_missed = latest.or(latest_missed);
-                    recorded |= inner.overlap == Overlap::Replace;
+                Room::Now(made) => {
+                    missed += made.superseded;
+                    latest_missed = made.latest.or(latest_missed);
+                    recorded |= made.changed;
                 }
                 // This firing and the later ones wait; the missed policy decides about them
                 // then (Kubernetes CronJob's Forbid keeps its unmet times likewise).
-                Room::Later { superseded, latest } => {
-                    missed += superseded;
-                    latest_missed = latest.or(latest_missed);
+                Room::Later(made) => {
+                    missed += made.superseded;
+                    latest_missed = made.latest.or(latest_missed);
+                    recorded |= made.changed;
                     if inner.overlap == Overlap::Replace {
-                        recorded = true;
                         term.replacing = Some(*instant);
                     }
                     blocked = true;
@@ -187,6 +206,7 @@ impl CronJob {
                 scheduled: *instant,
                 attempt: 1,
                 triggered_by: None,
+                retry_at: None,
             });
             cursor = Some(*instant);
         }
@@ -194,6 +214,40 @@ impl CronJob {
         let changed = cursor != state.cursor || missed > 0 || recorded;
         state.cursor = cursor;
         (changed, blocked)
+    }
+
+    /// A state whose instants lie more than [`CLOCK_HORIZON`] ahead of this leader's clock was
+    /// written by a leader whose clock ran ahead (a clock reading year 9999 would otherwise
+    /// hold the schedule until then): said in one line, and the schedule goes on from this
+    /// clock (the cursor and the retries waiting are brought back to now). A clock reading far
+    /// past what the record holds is said once (no leader for that long, or this clock runs
+    /// ahead): its firings run, and a later leader with a right clock goes on from its own.
+    /// Returns whether the state changed.
+    pub(crate) fn clock_far_behind(
+        &self,
+        state: &mut CronState,
+        now: DateTime<Utc>,
+        waits: &mut Waits,
+    ) -> bool {
+        let inner = &self.inner;
+        let horizon = chrono::Duration::from_std(CLOCK_HORIZON).unwrap_or_default();
+        let mut changed = false;
+        let handled = state.handled_until();
+        if handled > now + horizon {
+            tracing::warn!(schedule = %inner.name, cursor = %handled, clock = %now, "the record's cursor is more than a day ahead of this leader's clock: a leader's clock ran ahead; the schedule goes on from this clock");
+            state.since = state.since.min(now);
+            state.cursor = Some(now);
+            changed = true;
+        }
+        for retry in state.retrying.iter_mut().filter(|r| r.at > now + horizon) {
+            retry.at = now;
+            changed = true;
+        }
+        if !waits.far_ahead && now > state.latest_recorded() + horizon {
+            waits.far_ahead = true;
+            tracing::warn!(schedule = %inner.name, clock = %now, recorded = %state.latest_recorded(), "this leader's clock reads more than a day past the latest instant the record holds: no leader for that long, or this clock runs ahead");
+        }
+        changed
     }
 
     /// The operators' requests as the term's record holds them (none when they cannot be
@@ -229,10 +283,10 @@ impl CronJob {
     ) -> bool {
         let inner = &self.inner;
         match self.room(state, term, request.at) {
-            Room::Now { superseded, latest } => self.missed(state, superseded, latest),
-            Room::Later { superseded, latest } => {
-                self.missed(state, superseded, latest);
-                return inner.overlap == Overlap::Replace;
+            Room::Now(made) => self.missed(state, made.superseded, made.latest),
+            Room::Later(made) => {
+                self.missed(state, made.superseded, made.latest);
+                return made.changed;
             }
         }
         tracing::info!(schedule = %inner.name, by = %request.by, at = %request.at, "a firing asked for now starts");
@@ -241,6 +295,7 @@ impl CronJob {
             scheduled: request.at,
             attempt: 1,
             triggered_by: Some(request.by),
+            retry_at: None,
         });
         true
     }
@@ -252,32 +307,25 @@ impl CronJob {
     fn room(&self, state: &mut CronState, term: &mut Term, instant: DateTime<Utc>) -> Room {
         let inner = &self.inner;
         let busy = term.running.len() + term.starts.len();
-        let free = Room::Now {
-            superseded: 0,
-            latest: None,
-        };
         match inner.overlap {
-            _ if busy == 0 => free,
-            Overlap::Allow if busy < inner.max_running => free,
+            _ if busy == 0 => Room::Now(Made::default()),
+            Overlap::Allow if busy < inner.max_running => Room::Now(Made::default()),
             Overlap::Allow | Overlap::Forbid => {
                 term.waits
                     .say(&inner.name, instant, "waits for the previous firing to end");
-                Room::Later {
-                    superseded: 0,
-                    latest: None,
-                }
+                Room::Later(Made::default())
             }
             Overlap::Replace => {
-                let (superseded, latest) = self.replace(state, term);
+                let made = self.replace(state, term);
                 if term.running.is_empty() {
-                    Room::Now { superseded, latest }
+                    Room::Now(made)
                 } else {
                     term.waits.say(
                         &inner.name,
                         instant,
                         "waits for the replaced firing to stop",
                     );
-                    Room::Later { superseded, latest }
+                    Room::Later(made)
                 }
             }
         }
@@ -332,35 +380,62 @@ impl CronJob {
     }
 
     /// Failed firings whose retry is due by `now`: started with the next write when the
-    /// overlap policy makes room, oldest first; the rest wait. Returns whether the state
-    /// changed.
+    /// overlap policy makes room, the earliest due first; the rest wait, in the state, for a
+    /// running firing to end (they are not waited for by time: [`next_retry`](Self::next_retry)).
+    /// None starts while the schedule is suspended, and a retry replaces nothing: under
+    /// [`Overlap::Replace`] it waits for the slot to be free. Returns whether the state changed.
     pub(crate) fn retries_due(
         &self,
         state: &mut CronState,
         now: DateTime<Utc>,
         term: &mut Term,
     ) -> bool {
+        if term.waits.suspended {
+            return false;
+        }
         let mut changed = false;
-        while let Some(index) = state.retrying.iter().position(|r| r.at <= now) {
-            let retry = state.retrying.remove(index);
-            match self.room(state, term, retry.scheduled) {
-                Room::Now { superseded, latest } => {
-                    self.missed(state, superseded, latest);
+        while let Some(index) = earliest_due(&state.retrying, now) {
+            let scheduled = state.retrying[index].scheduled;
+            // A retry replaces nothing: under Replace it waits for the slot to be free.
+            let busy = !term.running.is_empty() || !term.starts.is_empty();
+            if self.inner.overlap == Overlap::Replace && busy {
+                term.waits.say(
+                    &self.inner.name,
+                    scheduled,
+                    "a retry waits for the running firing to end",
+                );
+                return changed;
+            }
+            match self.room(state, term, scheduled) {
+                Room::Now(made) => {
+                    self.missed(state, made.superseded, made.latest);
+                    let retry = state.retrying.remove(index);
                     term.starts.push(Start {
                         scheduled: retry.scheduled,
                         attempt: retry.attempt,
                         triggered_by: retry.triggered_by,
+                        retry_at: Some(retry.at),
                     });
                     changed = true;
                 }
-                Room::Later { superseded, latest } => {
-                    self.missed(state, superseded, latest);
-                    state.retrying.insert(0, retry);
-                    return changed || self.inner.overlap == Overlap::Replace;
+                Room::Later(made) => {
+                    self.missed(state, made.superseded, made.latest);
+                    return changed || made.changed;
                 }
             }
         }
         changed
+    }
+
+    /// When the next retry not due yet by `now` is due: a retry already due waits for a
+    /// running firing to end (or for the schedule to resume), which wakes the loop, not a timer.
+    pub(crate) fn next_retry(state: &CronState, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        state
+            .retrying
+            .iter()
+            .map(|r| r.at)
+            .filter(|at| *at > now)
+            .min()
     }
 
     /// A firing that failed with attempts left ([`retries`](crate::CronJobBuilder::retries)):
@@ -379,6 +454,28 @@ impl CronJob {
         let backoff = Backoff::new(inner.retry_backoff, MOST_BACKOFF).wait_after(started.attempt);
         let at = inner.clock.now() + chrono::Duration::from_std(backoff).unwrap_or_default();
         tracing::warn!(schedule = %inner.name, scheduled = %started.scheduled, attempt = started.attempt, outcome = outcome.name(), ?backoff, "firing failed: it runs again after a back-off");
+        // The record stays bounded: beyond the most retries waiting, the oldest is given up.
+        while state.retrying.len() >= MAX_RETRYING {
+            let Some(index) =
+                (0..state.retrying.len()).min_by_key(|&i| state.retrying[i].scheduled)
+            else {
+                break;
+            };
+            let oldest = state.retrying.remove(index);
+            let reason = format!(
+                "more than {MAX_RETRYING} failed firings waited for a retry: the oldest is given up"
+            );
+            tracing::warn!(schedule = %inner.name, scheduled = %oldest.scheduled, attempt = oldest.attempt, %reason, "a retry is given up");
+            metrics::counter!("leader_cron_firings_given_up_total", "name" => inner.name.clone())
+                .increment(1);
+            self.ended(
+                state,
+                oldest.scheduled,
+                oldest.attempt,
+                None,
+                Outcome::GaveUp { reason },
+            );
+        }
         state.retrying.push(Retry {
             scheduled: started.scheduled,
             attempt: started.attempt + 1,
@@ -390,23 +487,24 @@ impl CronJob {
 
     /// [`Overlap::Replace`]: cancels the running firings, recorded as replaced at once (their
     /// work is waited for before anything starts), and drops the starts not begun yet, which a
-    /// later firing supersedes: a first attempt counts as missed, a retry ends as replaced;
-    /// none goes untold. Returns how many were missed, and the latest of them.
-    fn replace(&self, state: &mut CronState, term: &mut Term) -> (u64, Option<DateTime<Utc>>) {
-        let (mut missed, mut latest) = (0, None);
-        for retry in std::mem::take(&mut state.retrying) {
-            self.ended(
-                state,
-                retry.scheduled,
-                retry.attempt,
-                None,
-                Outcome::Replaced,
-            );
-        }
-        for start in term.starts.drain(..) {
-            if start.attempt == 1 {
-                missed += 1;
-                latest = Some(start.scheduled);
+    /// later firing supersedes: a first attempt counts as missed, the retry of a failed firing
+    /// goes back to wait for its turn, the retry of an interrupted one ends as replaced; none
+    /// goes untold. Retries waiting in the state are left to wait.
+    fn replace(&self, state: &mut CronState, term: &mut Term) -> Made {
+        let mut made = Made::default();
+        for start in std::mem::take(&mut term.starts) {
+            made.changed = true;
+            if let Some(at) = start.retry_at {
+                state.retrying.push(Retry {
+                    scheduled: start.scheduled,
+                    attempt: start.attempt,
+                    at,
+                    triggered_by: start.triggered_by,
+                    unknown_fields: Default::default(),
+                });
+            } else if start.attempt == 1 {
+                made.superseded += 1;
+                made.latest = Some(start.scheduled);
             } else {
                 self.ended(
                     state,
@@ -418,6 +516,7 @@ impl CronJob {
             }
         }
         for replaced in term.running.iter_mut().filter(|r| !r.replaced) {
+            made.changed = true;
             replaced.cancel.cancel();
             replaced.replaced = true;
             let (scheduled, attempt) = (replaced.scheduled, replaced.attempt);
@@ -430,12 +529,12 @@ impl CronJob {
                 Outcome::Replaced,
             );
         }
-        (missed, latest)
+        made
     }
 
     /// Counts `count` firings as missed, the latest of them `latest`: in the state, the
     /// metrics, the log and the events.
-    fn missed(&self, state: &mut CronState, count: u64, latest: Option<DateTime<Utc>>) {
+    pub(crate) fn missed(&self, state: &mut CronState, count: u64, latest: Option<DateTime<Utc>>) {
         if count == 0 {
             return;
         }
@@ -458,6 +557,15 @@ impl CronJob {
         outcome: Outcome,
     ) {
         let inner = &self.inner;
+        let outcome = match outcome {
+            Outcome::Failed { message } => Outcome::Failed {
+                message: bounded(message),
+            },
+            Outcome::GaveUp { reason } => Outcome::GaveUp {
+                reason: bounded(reason),
+            },
+            outcome => outcome,
+        };
         tracing::info!(schedule = %inner.name, %scheduled, attempt, outcome = outcome.name(), "firing ended");
         metrics::counter!(
             "leader_cron_firings_completed_total",
@@ -486,6 +594,13 @@ impl CronJob {
         let beyond = state.history.len().saturating_sub(inner.history);
         state.history.drain(..beyond);
     }
+}
+
+/// The retry due by `now` that was due first (the earlier scheduled instant first among equals).
+fn earliest_due(retrying: &[Retry], now: DateTime<Utc>) -> Option<usize> {
+    (0..retrying.len())
+        .filter(|&i| retrying[i].at <= now)
+        .min_by_key(|&i| (retrying[i].at, retrying[i].scheduled))
 }
 
 /// Takes firing (`scheduled`, `attempt`) out of the state's running firings, if it is there.

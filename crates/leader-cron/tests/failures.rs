@@ -180,6 +180,43 @@ async fn the_next_leader_runs_a_waiting_retry() {
     follower.crash();
 }
 
+/// The lateness histogram measures the schedule's own first attempts: not a retry, which
+/// waits for its back-off, nor a trigger, which has no schedule to be late for.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_lateness_metric_leaves_out_retries_and_triggers() {
+    let recorder = metrics_util::debugging::DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _guard = metrics::set_default_local_recorder(&recorder);
+    let store = MemoryStore::new();
+    let clock = TokioClock::starting_at(origin());
+    let starts = Starts::default();
+    let mut a = replica(&store, &clock, "a", &starts, 2, false, |b| {
+        b.retries(1).retry_backoff(Duration::from_secs(10))
+    });
+    sleep(Duration::from_secs(700)).await;
+    leader_cron::trigger(&store.lock("election", "ops"), "report", "ops")
+        .await
+        .expect("trigger");
+    sleep(Duration::from_secs(600)).await;
+    a.crash();
+    // 600 and 1200, each retried once, and a trigger, retried once.
+    assert_eq!(starts.lock().expect("starts").len(), 6, "{starts:?}");
+    let recorded = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .find(|(key, ..)| key.key().name() == "leader_cron_firing_lateness_seconds")
+        .map(|(.., value)| value);
+    let Some(metrics_util::debugging::DebugValue::Histogram(values)) = recorded else {
+        panic!("no lateness recorded: {recorded:?}");
+    };
+    assert_eq!(
+        values.len(),
+        2,
+        "the two scheduled first attempts: {values:?}"
+    );
+}
+
 /// Bad limits are refused when the job is built.
 #[test]
 fn bad_limits_are_refused() {
@@ -188,6 +225,10 @@ fn bad_limits_are_refused() {
         (|b: leader_cron::CronJobBuilder| b.retries(101)) as fn(_) -> _,
         |b| b.timeout(Duration::ZERO),
         |b| b.retry_backoff(Duration::ZERO),
+        // A threshold or deadline of zero would miss every firing (none starts at its
+        // very instant).
+        |b| b.misfire_threshold(Duration::ZERO),
+        |b| b.starting_deadline(Duration::ZERO),
     ] {
         let built = configure(CronJob::builder("report", every.clone()))
             .build(|_: Firing, _| async { Ok(()) });

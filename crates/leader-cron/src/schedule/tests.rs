@@ -249,3 +249,42 @@ fn daylight_saving_gaps_and_repeats() {
         "every 15 minutes of real time: {instants:?}"
     );
 }
+
+/// `@hourly` fires as `0 * * * *` does: in both passes of a fall-back's repeated hour; a
+/// nickname's spec stays as written, so that stored states keep matching.
+#[test]
+fn a_nickname_fires_as_the_expression_it_stands_for() {
+    let nickname = Schedule::cron("@hourly", "Europe/Berlin").expect("schedule");
+    let expression = Schedule::cron("0 * * * *", "Europe/Berlin").expect("schedule");
+    let fall = first(&expression, "2027-10-30T23:30:00Z", 4);
+    assert_eq!(
+        fall[1],
+        at("2027-10-31T01:00:00Z"),
+        "the second pass: {fall:?}"
+    );
+    assert_eq!(first(&nickname, "2027-10-30T23:30:00Z", 4), fall);
+    assert_eq!(nickname.spec(), "cron @hourly in Europe/Berlin");
+    let daily = Schedule::cron("@daily", "Europe/Berlin").expect("schedule");
+    assert_eq!(
+        first(&daily, "2027-10-30T00:00:00Z", 2),
+        [at("2027-10-30T22:00:00Z"), at("2027-10-31T23:00:00Z")]
+    );
+}
+
+/// Two names of one zone (a link and its zone) are the same schedule; other zones, other
+/// expressions and intervals are not.
+#[test]
+fn two_names_of_one_zone_are_the_same_schedule() {
+    let cron = |expression: &str, zone: &str| Schedule::cron(expression, zone).expect("schedule");
+    let new_york = cron("0 3 * * *", "America/New_York");
+    assert!(new_york.same_instants(&cron("0 3 * * *", "US/Eastern")));
+    assert!(cron("0 3 * * *", "UTC").same_instants(&cron("0 3 * * *", "Etc/UTC")));
+    assert!(!new_york.same_instants(&cron("0 3 * * *", "America/Chicago")));
+    assert!(!cron("0 3 * * *", "Europe/Berlin").same_instants(&cron("0 3 * * *", "Europe/Paris")));
+    assert!(!new_york.same_instants(&cron("0 4 * * *", "US/Eastern")));
+    assert!(
+        !Schedule::every(Duration::from_secs(60))
+            .expect("schedule")
+            .same_instants(&Schedule::every(Duration::from_secs(120)).expect("schedule"))
+    );
+}
