@@ -197,3 +197,71 @@ async fn sharded_worker_covers_every_shard_across_replicas() {
     a.stop().await;
     b.stop().await;
 }
+
+/// A write that the store refuses after `open()` (a role that may read the lock table but not
+/// write it) shows in the example's log, instead of being retried in silence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_write_shows_in_the_log() {
+    let Some(base) = leader_test_support::postgres_lock_or_skip() else {
+        return;
+    };
+    let suffix = format!("{:08x}", fastrand::u32(..));
+    let (table, role) = (
+        format!("examples_ro_{suffix}"),
+        format!("leader_ro_{suffix}"),
+    );
+    let joiner = if base.contains('?') { '&' } else { '?' };
+    let owner = format!("{base}{joiner}table={table}");
+    // The table, made by a role that may write; then a role that may only read it.
+    drop(
+        leader::open(&owner, "nightly-report", "setup")
+            .await
+            .expect("the lock table"),
+    );
+    psql(
+        &base,
+        &format!(
+            "CREATE ROLE {role} LOGIN PASSWORD 'read-only'; GRANT SELECT ON {table} TO {role};"
+        ),
+    );
+    let mut reader = url::Url::parse(&base).expect("DATABASE_URL");
+    reader.set_username(&role).expect("a user");
+    reader.set_password(Some("read-only")).expect("a password");
+    let reader = format!("{reader}{joiner}table={table}");
+    let mut replica = Replica::start(
+        "nightly_job",
+        &[
+            ("LEADER_LOCK", reader.as_str()),
+            ("SCHEDULE", "* * * * * *"),
+        ],
+    );
+    let until = Instant::now() + Duration::from_secs(20);
+    let refused = loop {
+        let lines = replica.lines();
+        if let Some(line) = lines.iter().find(|l| l.contains("permission denied")) {
+            break Some(line.clone());
+        }
+        if Instant::now() > until {
+            break None;
+        }
+        sleep(Duration::from_millis(200)).await;
+    };
+    let lines = replica.lines();
+    replica.child.kill().await.expect("killed");
+    psql(&base, &format!("DROP OWNED BY {role}; DROP ROLE {role};"));
+    let refused = refused.unwrap_or_else(|| panic!("no refused write in the log: {lines:?}"));
+    assert!(
+        !refused.contains("read-only"),
+        "a password in the log: {refused}"
+    );
+}
+
+/// Runs `sql` with psql on the database of `url` (its parameters left out, as psql knows none).
+fn psql(url: &str, sql: &str) {
+    let url = url.split('?').next().expect("a URL");
+    let status = std::process::Command::new("psql")
+        .args([url, "-v", "ON_ERROR_STOP=1", "-q", "-c", sql])
+        .status()
+        .expect("psql (Postgres's client)");
+    assert!(status.success(), "psql: {sql}");
+}
