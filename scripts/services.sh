@@ -240,6 +240,28 @@ ensure_s3() {
   wait_port 127.0.0.1 "$S3_PORT" moto
 }
 
+# Azurite, Microsoft's Azure Storage emulator, from the npm registry (pinned: 3.35.0 is the last
+# release that runs on Node.js 20), for the object storage lock's `az://` tests: its blob
+# service alone on loopback, with the well-known development account (devstoreaccount1), data
+# in a temporary directory. It keeps If-Match / If-None-Match on writes and reads as Azure does.
+AZURITE_VERSION="${AZURITE_VERSION:-3.35.0}"
+AZURITE_PORT=10000
+
+ensure_azurite() {
+  if port_open 127.0.0.1 "$AZURITE_PORT"; then return 0; fi
+  if ! command -v azurite-blob >/dev/null 2>&1; then
+    command -v npm >/dev/null 2>&1 || { log "installing nodejs and npm"; apt_install nodejs npm; }
+    log "installing azurite@${AZURITE_VERSION} from the npm registry"
+    npm install --global --silent --no-audit --no-fund "azurite@${AZURITE_VERSION}" >/dev/null
+  fi
+  local data
+  data=$(mktemp -d /tmp/leader-azurite.XXXXXX)
+  log "starting Azurite's blob service on 127.0.0.1:${AZURITE_PORT} (data in $data)"
+  setsid nohup azurite-blob --blobHost 127.0.0.1 --blobPort "$AZURITE_PORT" --location "$data" \
+    --skipApiVersionCheck --silent >"$data/azurite.log" 2>&1 < /dev/null &
+  wait_port 127.0.0.1 "$AZURITE_PORT" azurite
+}
+
 # Fresh places for one test run, so that nothing an earlier run left can make it pass: an empty
 # Postgres database, an emptied Redis database number, an etcd key prefix nobody used, a new S3
 # bucket. Exports DATABASE_URL, REDIS_URL, ETCD_PREFIX and S3_BUCKET for what the caller did not

@@ -50,6 +50,10 @@ pub use leader_consul as consul;
 #[cfg(feature = "object-store")]
 pub use leader_object_store as object_store;
 
+/// The DynamoDB lock (feature `dynamodb`).
+#[cfg(feature = "dynamodb")]
+pub use leader_dynamodb as dynamodb;
+
 /// The Kubernetes Lease lock (feature `kubernetes`).
 #[cfg(feature = "kubernetes")]
 pub use leader_kube as kubernetes;

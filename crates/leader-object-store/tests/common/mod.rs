@@ -72,3 +72,115 @@ impl LockFactory for Factory {
         true
     }
 }
+
+/// Azurite's well-known development account and key (published in Azurite's documentation:
+/// not a secret).
+pub const AZURITE_ACCOUNT: &str = "devstoreaccount1";
+pub const AZURITE_KEY: &str =
+    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==";
+
+/// Azurite's blob endpoint, as object_store's emulator mode reads it: `AZURITE_BLOB_STORAGE_URL`,
+/// or Azurite's default on loopback.
+pub fn azurite_url() -> String {
+    std::env::var("AZURITE_BLOB_STORAGE_URL")
+        .ok()
+        .filter(|u| !u.is_empty())
+        .unwrap_or_else(|| "http://127.0.0.1:10000".to_owned())
+        .trim_end_matches('/')
+        .to_owned()
+}
+
+/// Whether Azurite answers: `false` (a skip) when it does not, a failure under CI.
+pub fn azurite_or_skip() -> bool {
+    let url = azurite_url();
+    let authority = url.trim_start_matches("http://").to_owned();
+    let reached = std::net::ToSocketAddrs::to_socket_addrs(&authority)
+        .ok()
+        .and_then(|mut addrs| addrs.next())
+        .is_some_and(|addr| {
+            std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(2)).is_ok()
+        });
+    if !reached {
+        assert!(
+            !leader_test_support::in_ci(),
+            "CI=true, but Azurite does not answer at {url}"
+        );
+        eprintln!("skipping: Azurite does not answer at {url}; run scripts/test");
+    }
+    reached
+}
+
+/// A container name nobody used.
+pub fn unique_container() -> String {
+    format!("leader-test-{:08x}", fastrand::u32(..))
+}
+
+/// A builder for `az://CONTAINER/PREFIX` on Azurite, with its development account (object_store's
+/// emulator mode), and `key` as the account key when given.
+pub fn azurite_builder(container: &str, prefix: &str, key: Option<&str>) -> BucketStoreBuilder {
+    leader_object_store::ensure_crypto_provider();
+    let builder = BucketStore::from_url(&format!("az://{container}/{prefix}"))
+        .option("azure_storage_use_emulator", "true");
+    match key {
+        Some(key) => builder.option("azure_storage_account_key", key),
+        None => builder,
+    }
+}
+
+/// A store on a new container of Azurite with a prefix of its own, or `None` (a skip).
+pub fn azurite_or_skip_store() -> Option<BucketStore> {
+    if !azurite_or_skip() {
+        return None;
+    }
+    let container = unique_container();
+    create_container(&container);
+    Some(
+        azurite_builder(&container, &unique_prefix(), None)
+            .build()
+            .expect("a store on Azurite"),
+    )
+}
+
+/// Creates `container` on Azurite: a `Create Container` request signed with the development
+/// account's Shared Key (object_store makes no containers).
+pub fn create_container(container: &str) {
+    use std::io::{Read, Write};
+    let url = azurite_url();
+    let authority = url.trim_start_matches("http://");
+    let date = chrono::Utc::now()
+        .format("%a, %d %b %Y %H:%M:%S GMT")
+        .to_string();
+    let version = "2021-08-06";
+    // Shared Key: the verb, eleven standard headers (all empty here), the x-ms- headers, then
+    // the resource (path-style: the account twice) with its query parameters.
+    let to_sign = format!(
+        "PUT\n\n\n\n\n\n\n\n\n\n\n\nx-ms-date:{date}\nx-ms-version:{version}\n\
+         /{AZURITE_ACCOUNT}/{AZURITE_ACCOUNT}/{container}\nrestype:container"
+    );
+    let key = base64::Engine::decode(&base64::engine::general_purpose::STANDARD, AZURITE_KEY)
+        .expect("the development key is base64");
+    let tag = ring::hmac::sign(
+        &ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &key),
+        to_sign.as_bytes(),
+    );
+    let signature =
+        base64::Engine::encode(&base64::engine::general_purpose::STANDARD, tag.as_ref());
+    let mut stream = std::net::TcpStream::connect(authority).expect("Azurite answers");
+    write!(
+        stream,
+        "PUT /{AZURITE_ACCOUNT}/{container}?restype=container HTTP/1.1\r\nHost: {authority}\r\n\
+         x-ms-date: {date}\r\nx-ms-version: {version}\r\n\
+         Authorization: SharedKey {AZURITE_ACCOUNT}:{signature}\r\n\
+         Content-Length: 0\r\nConnection: close\r\n\r\n"
+    )
+    .expect("a request to Azurite");
+    let mut answer = String::new();
+    stream
+        .read_to_string(&mut answer)
+        .expect("Azurite's answer");
+    let status = answer.lines().next().unwrap_or_default().to_owned();
+    assert!(
+        status.contains(" 201 "),
+        "Azurite did not create container {container}: {status}"
+    );
+}

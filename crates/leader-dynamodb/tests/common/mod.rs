@@ -1,0 +1,149 @@
+//! The DynamoDB lock against moto's server (`DYNAMODB_ENDPOINT`, default
+//! `http://127.0.0.1:9000`: the S3 server `scripts/setup` starts, whose moto answers DynamoDB
+//! on the same port), on a table of each test's own.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use leader_core::conformance::LockFactory;
+use leader_core::{LockSet, ResourceLock, async_trait};
+use leader_dynamodb::aws_sdk_dynamodb::types::AttributeValue;
+use leader_dynamodb::{DynamoStore, DynamoStoreBuilder, aws_config};
+
+/// `DYNAMODB_ENDPOINT`'s default: moto on loopback.
+pub const DEFAULT_ENDPOINT: &str = "http://127.0.0.1:9000";
+
+/// The DynamoDB endpoint of the tests.
+pub fn endpoint() -> String {
+    std::env::var("DYNAMODB_ENDPOINT")
+        .ok()
+        .filter(|e| !e.is_empty())
+        .unwrap_or_else(|| DEFAULT_ENDPOINT.to_owned())
+}
+
+/// A table name nobody used.
+pub fn unique_table() -> String {
+    format!("leader-test-{:08x}", fastrand::u32(..))
+}
+
+/// The environment a `leader` process needs for the test server: region, endpoint and
+/// moto's any-will-do credentials.
+pub fn env() -> Vec<(String, String)> {
+    vec![
+        ("AWS_REGION".to_owned(), "us-east-1".to_owned()),
+        ("AWS_ENDPOINT_URL_DYNAMODB".to_owned(), endpoint()),
+        ("AWS_ACCESS_KEY_ID".to_owned(), "test".to_owned()),
+        ("AWS_SECRET_ACCESS_KEY".to_owned(), "test".to_owned()),
+    ]
+}
+
+/// The AWS configuration of the test server.
+pub async fn sdk_config() -> aws_config::SdkConfig {
+    aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .region(aws_config::Region::new("us-east-1"))
+        .endpoint_url(endpoint())
+        .credentials_provider(leader_dynamodb::aws_sdk_dynamodb::config::Credentials::for_tests())
+        .load()
+        .await
+}
+
+/// A builder of a store on `table` of the test server.
+pub async fn builder(table: &str) -> DynamoStoreBuilder {
+    DynamoStore::builder(table).sdk_config(sdk_config().await)
+}
+
+/// Whether the test server answers: `false` (a skip) when it does not, a failure under CI.
+pub fn server_or_skip() -> bool {
+    let endpoint = endpoint();
+    let authority = endpoint
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_owned();
+    let reached = std::net::ToSocketAddrs::to_socket_addrs(&authority)
+        .ok()
+        .and_then(|mut addrs| addrs.next())
+        .is_some_and(|addr| {
+            std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(2)).is_ok()
+        });
+    if !reached {
+        assert!(
+            !leader_test_support::in_ci(),
+            "CI=true, but no DynamoDB server answers at {endpoint}"
+        );
+        eprintln!("skipping: no DynamoDB server answers at {endpoint}; run scripts/test");
+    }
+    reached
+}
+
+/// A store on a new table of the test server (created by the lock), or `None` (a skip).
+pub async fn store_or_skip() -> Option<DynamoStore> {
+    if !server_or_skip() {
+        return None;
+    }
+    let store = builder(&unique_table())
+        .await
+        .create_table(true)
+        .build()
+        .await
+        .expect("a store on the test server");
+    store.check_table().await.expect("the test table");
+    Some(store)
+}
+
+/// Writes `item` as it is, without a condition, as a broken writer would.
+pub async fn raw_put(store: &DynamoStore, item: HashMap<String, AttributeValue>) {
+    store
+        .client()
+        .put_item()
+        .table_name(store.table())
+        .set_item(Some(item))
+        .send()
+        .await
+        .expect("a raw write");
+}
+
+/// Deletes the item `name`, as an operator (or a TTL) would.
+pub async fn raw_delete(store: &DynamoStore, name: &str) {
+    store
+        .client()
+        .delete_item()
+        .table_name(store.table())
+        .key("name", AttributeValue::S(name.to_owned()))
+        .send()
+        .await
+        .expect("a raw delete");
+}
+
+/// Locks of one store for the conformance suite.
+pub struct Factory {
+    pub store: DynamoStore,
+}
+
+#[async_trait]
+impl LockFactory for Factory {
+    async fn lock(&self, name: &str, identity: &str) -> Arc<dyn ResourceLock> {
+        Arc::new(self.store.lock(name, identity))
+    }
+
+    async fn corrupt(&self, name: &str) -> bool {
+        raw_put(
+            &self.store,
+            HashMap::from([
+                ("name".to_owned(), AttributeValue::S(name.to_owned())),
+                (
+                    "record".to_owned(),
+                    AttributeValue::S("{\"holderIdentity\": 5, garbage".to_owned()),
+                ),
+                ("version".to_owned(), AttributeValue::N("7".to_owned())),
+            ]),
+        )
+        .await;
+        true
+    }
+
+    async fn lock_set(&self, identity: &str) -> Option<Box<dyn LockSet>> {
+        Some(Box::new(self.store.lock_set(identity)))
+    }
+}

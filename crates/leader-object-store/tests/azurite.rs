@@ -1,0 +1,176 @@
+//! The object storage lock on Azure Blob Storage, against Azurite (Microsoft's emulator, from
+//! the npm registry, started on loopback by `scripts/setup`; `AZURITE_BLOB_STORAGE_URL`, default
+//! `http://127.0.0.1:10000`), each test on a container of its own: the conformance suite and
+//! electors (conditional create with `If-None-Match: *`, conditional update with `If-Match` on
+//! the ETag), the conditional read (`304`), the precondition check at open, a missing container
+//! and a wrong account key.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::Factory;
+use leader_core::{LockError, ResourceLock, conformance};
+use leader_object_store::BucketStore;
+use leader_object_store::object_store::azure::MicrosoftAzureBuilder;
+use leader_object_store::object_store::{ObjectStore, ObjectStoreExt};
+use leader_test_support::object_store_counting::Counting;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_azure_lock_conforms_on_azurite() {
+    let Some(store) = common::azurite_or_skip_store() else {
+        return;
+    };
+    conformance::run_all(&Factory { store }).await;
+}
+
+/// Two and ten electors on Azurite each elect exactly one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn electors_conform_on_azurite() {
+    let Some(store) = common::azurite_or_skip_store() else {
+        return;
+    };
+    conformance::electors(&Factory { store }, false).await;
+}
+
+/// Azurite keeps preconditions: the check before the first write passes and writes nothing, a
+/// create over an existing blob and an update on an old ETag are conflicts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn azurite_keeps_preconditions() {
+    let Some(store) = common::azurite_or_skip_store() else {
+        return;
+    };
+    store
+        .check_conditional_writes()
+        .await
+        .expect("Azurite keeps If-Match");
+    let probe = format!("{}{}", store.prefix(), leader_object_store::PROBE_NAME);
+    let head = store.object_store().head(&probe.as_str().into()).await;
+    assert!(
+        matches!(
+            head,
+            Err(leader_object_store::object_store::Error::NotFound { .. })
+        ),
+        "the check wrote its probe: {head:?}"
+    );
+    let a = store.lock("app", "a");
+    let created = a
+        .create(&conformance::record("a", 1))
+        .await
+        .expect("create");
+    let err = store
+        .lock("app", "b")
+        .create(&conformance::record("b", 1))
+        .await
+        .expect_err("the blob exists");
+    assert!(err.is_conflict(), "{err:?}");
+    let mut renewed = created.record.clone();
+    renewed.renew_time = renewed.renewal_time(chrono::Utc::now());
+    let first = a.update(&created.version, &renewed).await.expect("renew");
+    assert_ne!(first.version, created.version, "the ETag moves");
+    let err = a
+        .update(&created.version, &renewed)
+        .await
+        .expect_err("an old ETag");
+    assert!(err.is_conflict(), "{err:?}");
+    // A blob deleted by hand: an update on the ETag read before is a conflict, not a write.
+    let path = format!("{}app", store.prefix());
+    store
+        .object_store()
+        .delete(&path.as_str().into())
+        .await
+        .expect("a delete");
+    let err = a
+        .update(&first.version, &renewed)
+        .await
+        .expect_err("the blob is gone");
+    assert!(err.is_conflict(), "{err:?}");
+    assert_eq!(a.get().await.expect("get"), None);
+}
+
+/// While the record does not change, a follower's reads are answered `304 Not Modified`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unchanged_record_is_answered_not_modified_by_azurite() {
+    if !common::azurite_or_skip() {
+        return;
+    }
+    let container = common::unique_container();
+    common::create_container(&container);
+    leader_object_store::ensure_crypto_provider();
+    let azure: Arc<dyn ObjectStore> = Arc::new(
+        MicrosoftAzureBuilder::new()
+            .with_use_emulator(true)
+            .with_container_name(&container)
+            .build()
+            .expect("an Azure client"),
+    );
+    let counting = Counting::new(azure);
+    let store = BucketStore::builder(counting.clone(), format!("az://{container}"))
+        .build()
+        .expect("a store");
+    let holder = store.lock("app", "gone");
+    let mut record = conformance::record("gone", 1);
+    record.lease_duration = Duration::from_secs(3600);
+    holder.create(&record).await.expect("created");
+    let follower = store.lock("app", "follower");
+    let first = follower.get().await.expect("read").expect("a record");
+    for _ in 0..3 {
+        let again = follower.get().await.expect("read").expect("a record");
+        assert_eq!(again, first);
+    }
+    let counts = counting.counts();
+    assert_eq!(counts.get("GET 200"), Some(&1), "{counts:?}");
+    assert_eq!(counts.get("GET 304"), Some(&3), "{counts:?}");
+}
+
+/// A container that does not exist is a misconfiguration naming it, at the check and at every
+/// read and write; it is never taken for an absent record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_container_is_reported() {
+    if !common::azurite_or_skip() {
+        return;
+    }
+    let store = common::azurite_builder(&common::unique_container(), "locks/", None)
+        .build()
+        .expect("built: only a request can tell");
+    let err = store
+        .check_conditional_writes()
+        .await
+        .expect_err("no container");
+    assert!(matches!(err, LockError::Misconfigured { .. }), "{err:?}");
+    assert!(err.to_string().contains("does not exist"), "{err}");
+    let lock = store.lock("app", "a");
+    let err = lock.get().await.expect_err("no container");
+    assert!(matches!(err, LockError::Misconfigured { .. }), "{err:?}");
+    let err = lock
+        .create(&conformance::record("a", 1))
+        .await
+        .expect_err("no container");
+    assert!(matches!(err, LockError::Misconfigured { .. }), "{err:?}");
+}
+
+/// A wrong account key is refused by the store, said as such, and never shown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_key_is_refused_without_being_shown() {
+    if !common::azurite_or_skip() {
+        return;
+    }
+    let container = common::unique_container();
+    common::create_container(&container);
+    // A valid base64 key that is not the account's.
+    let wrong = "bm90LXRoZS1hY2NvdW50LWtleS1ub3QtdGhlLWFjY291bnQta2V5LXdyb25nLWtleQ==";
+    let store = common::azurite_builder(&container, "locks/", Some(wrong))
+        .build()
+        .expect("built: only a request can tell");
+    assert!(!format!("{store:?}").contains(wrong));
+    let err = store
+        .check_conditional_writes()
+        .await
+        .expect_err("a wrong key");
+    let text = format!("{err} {err:?}");
+    assert!(matches!(err, LockError::Forbidden { .. }), "{err:?}");
+    assert!(!text.contains(wrong), "{text}");
+    let err = store.lock("app", "a").get().await.expect_err("a wrong key");
+    assert!(matches!(err, LockError::Forbidden { .. }), "{err:?}");
+}
