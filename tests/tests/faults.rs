@@ -1,6 +1,7 @@
 //! Faults across backends: three replicas of `leader run -- fenced-writer` on the file lock and,
 //! through a TCP proxy each, on private Postgres (table and advisory locks), MariaDB, NATS,
-//! ZooKeeper, Redis, etcd, Kubernetes API and Consul servers (the last two the test support's);
+//! ZooKeeper, Redis, etcd, Kubernetes API and Consul servers (the last two the test support's)
+//! and moto's S3 and DynamoDB server;
 //! into whichever replica leads: SIGKILL, SIGSTOP past the lease then
 //! SIGCONT, its network cut (a partition of the leader alone), a latency spike beyond the renew
 //! deadline; into the server: crashed and restarted, frozen with SIGSTOP, every connection
@@ -300,6 +301,11 @@ fn firings_under_faults_on_object_storage() {
     firings(Backend::ObjectStore);
 }
 
+#[test]
+fn firings_under_faults_on_dynamodb() {
+    firings(Backend::DynamoDb);
+}
+
 /// The shard workload (`leader run --shards 4 --static-membership`) under the faults of
 /// `backend`, with rolling restarts and resizes beside them: per shard, no two terms at once,
 /// tokens that grow, no stale write accepted.
@@ -397,6 +403,13 @@ fn shards_under_faults_on_object_storage() {
     shards(Backend::ObjectStore);
 }
 
+/// The batched path: a member's records read with `BatchGetItem` and renewed with
+/// `TransactWriteItems`.
+#[test]
+fn shards_under_faults_on_dynamodb() {
+    shards(Backend::DynamoDb);
+}
+
 /// A three-member etcd cluster: faults of the leader, and of one member (killed and restarted,
 /// frozen, cut off from the replicas), which must cost the leader nothing. With the timings of
 /// a production service (lease 6 s, renew deadline 4 s, retry period 500 ms; a member timeout of
@@ -456,4 +469,9 @@ fn faults_on_a_mixed_kubernetes_fleet() {
 #[test]
 fn faults_on_object_storage() {
     campaign(Backend::ObjectStore);
+}
+
+#[test]
+fn faults_on_dynamodb() {
+    campaign(Backend::DynamoDb);
 }

@@ -41,6 +41,7 @@ fn leader(
         .envs(leader_test_support::s3_env_at(
             &leader_test_support::s3_endpoint(),
         ))
+        .envs(leader_test_support::dynamodb_env())
         .envs(env.iter().cloned())
         .env("JOB_LOG", log)
         .env("RUST_LOG", "warn")
@@ -152,6 +153,14 @@ async fn one_identity_one_leader_on_object_storage() {
         return;
     };
     one_identity_one_leader(&format!("s3://{bucket}/twins-{:08x}/", fastrand::u32(..))).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_identity_one_leader_on_dynamodb() {
+    let Some(lock) = leader_test_support::dynamodb_lock_or_skip("twins") else {
+        return;
+    };
+    one_identity_one_leader(&lock).await;
 }
 
 /// Kubernetes, on the test API server as a stock cluster runs.

@@ -1,9 +1,10 @@
 //! End to end: several real `leader run` processes per lock (file, Postgres, MySQL, Redis, etcd, Consul
-//! on the test Consul server, S3 on moto's server), each running the `job` binary as COMMAND.
-//! Exactly one job runs at a time; a SIGTERM hands over within a retry period (on object
-//! storage, whose followers poll, by their next poll); a SIGKILL of `leader` kills its job and
-//! hands over within a lease and three retry periods (the bound asserted for every lock,
-//! Consul's included); fencing tokens grow; exit codes are as documented.
+//! on the test Consul server, S3 and DynamoDB on moto's server), each running the `job` binary
+//! as COMMAND. Exactly one job runs at a time; a SIGTERM hands over within a retry period (on
+//! object storage and DynamoDB, whose followers poll, by their next poll); a SIGKILL of
+//! `leader` kills its job and hands over within a lease and three retry periods (the bound
+//! asserted for every lock, Consul's included); fencing tokens grow; exit codes are as
+//! documented.
 
 use std::path::Path;
 use std::process::{ExitStatus, Stdio};
@@ -71,8 +72,10 @@ fn leader_command(lock: &str, name: &str, identity: &str, log: &Path, extra: &[&
         ])
         .args(extra)
         .args(["--", JOB])
-        // For the object storage lock: moto's server, wherever the test S3 server is.
+        // For the object storage and DynamoDB locks: moto's server, wherever the test S3
+        // and DynamoDB servers are.
         .envs(object_store_env())
+        .envs(leader_test_support::dynamodb_env())
         .env("JOB_LOG", log)
         .env(
             "RUST_LOG",
@@ -313,6 +316,17 @@ async fn object_store_lock_one_job_at_a_time_and_handovers() {
     handovers_within(&lock, RETRY * 2, LEASE + RETRY * 3).await;
 }
 
+/// DynamoDB, on moto's server: followers poll (a condition cannot wait), so a release is seen
+/// at the next poll, and a killed holder's lease is taken a lease after a follower's first read
+/// of its last renewal, on the follower's own clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dynamodb_lock_one_job_at_a_time_and_handovers() {
+    let Some(lock) = leader_test_support::dynamodb_lock_or_skip("e2e") else {
+        return;
+    };
+    handovers_within(&lock, RETRY * 2, LEASE + RETRY * 3).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubernetes_coordinated_rolling_upgrade() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -390,6 +404,7 @@ async fn handover_in(lock: &str, name: &str, args: &[&str], env: &[(&str, &str)]
         .args(["handover", "--lock", lock, "--name", name])
         .args(args)
         .envs(object_store_env())
+        .envs(leader_test_support::dynamodb_env())
         .envs(env.iter().copied())
         .env("RUST_LOG", "warn")
         .output()
@@ -591,6 +606,7 @@ on_each_backend!(planned_handovers:
     zookeeper_lock_planned_handovers => leader_test_support::zookeeper_lock_or_skip(),
     etcd_lock_planned_handovers => leader_test_support::etcd_lock_or_skip(),
     object_store_lock_planned_handovers => s3_lock("planned"),
+    dynamodb_lock_planned_handovers => leader_test_support::dynamodb_lock_or_skip("planned"),
 );
 
 /// An S3 endpoint that answers every request `200` with an ETag, and so writes whatever its
@@ -1358,6 +1374,7 @@ on_each_backend!(shards_split_and_move:
     zookeeper_lock_shards_split_and_move => leader_test_support::zookeeper_lock_or_skip(),
     etcd_lock_shards_split_and_move => leader_test_support::etcd_lock_or_skip(),
     object_store_lock_shards_split_and_move => s3_lock("shards"),
+    dynamodb_lock_shards_split_and_move => leader_test_support::dynamodb_lock_or_skip("shards"),
 );
 
 /// The advisory lock holds a database session per lock: no shard sets on it (exit code 3).

@@ -1,8 +1,9 @@
 //! S9 end to end: a follower `leader run` whose store goes down (a proxy in front of a private
-//! Postgres, MySQL, NATS, Redis, etcd, Kubernetes API or Consul server closes every connection) or whose file
-//! lock record turns unreadable, after the holder was killed. It must not retry faster than its retry period, must back off
-//! during the outage, must log a summary rather than a line per attempt, and must lead soon after
-//! the store is back.
+//! Postgres, MySQL, NATS, Redis, etcd, Kubernetes API, Consul or moto (S3, DynamoDB) server
+//! closes every connection) or whose file lock record turns unreadable, after the holder was
+//! killed. It must not retry faster than its retry period, must back off during the outage,
+//! must log a summary rather than a line per attempt, and must lead soon after the store is
+//! back.
 //!
 //! `OUTAGE_SECS` sets the outage (default 12 s); the benchmark `outage` runs 30 s and prints the
 //! table BENCHMARKS.md quotes.
@@ -134,6 +135,11 @@ fn a_waiting_follower_backs_off_during_an_outage_on_consul() {
 #[test]
 fn a_waiting_follower_backs_off_during_an_outage_on_object_storage() {
     check(Backend::ObjectStore);
+}
+
+#[test]
+fn a_waiting_follower_backs_off_during_an_outage_on_dynamodb() {
+    check(Backend::DynamoDb);
 }
 
 #[test]

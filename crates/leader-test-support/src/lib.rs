@@ -290,6 +290,54 @@ pub fn s3_env_at(endpoint: &str) -> Vec<(String, String)> {
         .collect()
 }
 
+/// `DYNAMODB_ENDPOINT`'s default: moto's server that `scripts/setup` starts for S3, which
+/// answers DynamoDB on the same port.
+pub const DEFAULT_DYNAMODB_ENDPOINT: &str = "http://127.0.0.1:9000";
+
+/// The DynamoDB endpoint the tests use: `DYNAMODB_ENDPOINT`, or the loopback test server.
+pub fn dynamodb_endpoint() -> String {
+    std::env::var("DYNAMODB_ENDPOINT")
+        .ok()
+        .filter(|e| !e.is_empty())
+        .unwrap_or_else(|| DEFAULT_DYNAMODB_ENDPOINT.to_owned())
+}
+
+/// The environment a child process (the `leader` command) needs for a plain-HTTP DynamoDB
+/// server at `endpoint`, as every AWS SDK reads it: `AWS_ENDPOINT_URL_DYNAMODB`, and the
+/// environment's region and credentials or moto's any-will-do ones.
+pub fn dynamodb_env_at(endpoint: &str) -> Vec<(String, String)> {
+    let env = |name: &str, default: &str| {
+        let value = std::env::var(name)
+            .ok()
+            .filter(|v| !v.is_empty())
+            .unwrap_or_else(|| default.to_owned());
+        (name.to_owned(), value)
+    };
+    vec![
+        ("AWS_ENDPOINT_URL_DYNAMODB".to_owned(), endpoint.to_owned()),
+        env("AWS_REGION", "us-east-1"),
+        env("AWS_ACCESS_KEY_ID", "test"),
+        env("AWS_SECRET_ACCESS_KEY", "test"),
+    ]
+}
+
+/// [`dynamodb_env_at`] the test server ([`dynamodb_endpoint`]).
+pub fn dynamodb_env() -> Vec<(String, String)> {
+    dynamodb_env_at(&dynamodb_endpoint())
+}
+
+/// A `dynamodb://` lock URL on a new table of the test server named after `what`, which the
+/// lock creates (`create_table=true`), or a skip (a failure under CI) when the server does not
+/// answer. Its processes need [`dynamodb_env`].
+pub fn dynamodb_lock_or_skip(what: &str) -> Option<String> {
+    let endpoint = dynamodb_endpoint();
+    answering("DynamoDB", endpoint, 80)?;
+    Some(format!(
+        "dynamodb://leader-{what}-{:08x}?create_table=true",
+        fastrand::u32(..)
+    ))
+}
+
 /// Creates `bucket` with an unsigned `PUT /BUCKET` on a plain-HTTP S3 server (`endpoint`).
 pub fn create_bucket(endpoint: &str, bucket: &str) -> Result<(), String> {
     let answer = raw_request(endpoint, "PUT", &format!("/{bucket}"))?;

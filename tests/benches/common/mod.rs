@@ -1,7 +1,8 @@
 //! What the workspace benchmarks share: the backends on the servers of `DATABASE_URL`,
 //! `REDIS_URL` and `ETCD_ENDPOINTS` (loopback by default) and on a test Consul server in this
-//! process (no Consul agent runs here), on moto's S3 server (`S3_ENDPOINT`, `S3_BUCKET`), and a
-//! few numbers read off the servers and this process. `BENCH_BACKENDS=redis,consul` keeps only the backends named.
+//! process (no Consul agent runs here), on moto's S3 server (`S3_ENDPOINT`, `S3_BUCKET`) and its
+//! DynamoDB (`DYNAMODB_ENDPOINT`, a table of the run's own), and a few numbers read off the
+//! servers and this process. `BENCH_BACKENDS=redis,consul` keeps only the backends named.
 
 #![allow(dead_code, unreachable_pub, unused_imports)]
 
@@ -40,6 +41,8 @@ pub enum Backend {
     Kubernetes(KubeApiServer, leader::kubernetes::kube::Client),
     /// Requests counted at the client (object_store's retries off: one call, one request).
     ObjectStore(Arc<Counting>, BucketStore),
+    /// A table of the run's own on moto's DynamoDB, created for it.
+    DynamoDb(leader::dynamodb::DynamoStore),
 }
 
 impl Backend {
@@ -105,6 +108,10 @@ impl Backend {
             Ok((counting, store)) => backends.push(Self::ObjectStore(counting, store)),
             Err(err) => eprintln!("no S3 server: {err}"),
         }
+        match dynamodb().await {
+            Ok(store) => backends.push(Self::DynamoDb(store)),
+            Err(err) => eprintln!("no DynamoDB server: {err}"),
+        }
         let api = ConsulApiServer::start().await;
         match ConsulStore::builder(api.url()).build() {
             Ok(store) => backends.push(Self::Consul(api, store)),
@@ -132,6 +139,7 @@ impl Backend {
             Self::Consul(..) => "consul (test server)",
             Self::Kubernetes(..) => "kubernetes (test API server)",
             Self::ObjectStore(..) => "object store (moto s3)",
+            Self::DynamoDb(_) => "dynamodb (moto)",
         }
     }
 
@@ -151,6 +159,7 @@ impl Backend {
                     .expect("a valid name"),
             ),
             Self::ObjectStore(_, store) => Arc::new(store.lock(name, identity)),
+            Self::DynamoDb(store) => Arc::new(store.lock(name, identity)),
         }
     }
 
@@ -162,6 +171,7 @@ impl Backend {
             Self::Mysql(store) => Box::new(store.lock_set(identity)),
             Self::Redis(store) => Box::new(store.lock_set(identity)),
             Self::Etcd(store) => Box::new(store.lock_set(name, identity)),
+            Self::DynamoDb(store) => Box::new(store.lock_set(identity)),
             Self::Consul(_, store) => {
                 Box::new(store.lock_set(name, identity).expect("a valid name"))
             }
@@ -172,7 +182,7 @@ impl Backend {
             ),
             _ => {
                 let this = self.clone();
-                Box::new(leader_core::KeyedLocks::new(
+                Box::new(leader_core::backend::KeyedLocks::new(
                     identity,
                     self.name(),
                     move |key, identity| this.lock(key, identity),
@@ -207,8 +217,8 @@ impl Backend {
     /// every member), HTTP requests to the test Consul server, S3 requests counted at the client.
     pub async fn server_requests(&self) -> Option<u64> {
         match self {
-            // The test API server keeps no count of its requests.
-            Self::File(_) | Self::Kubernetes(..) => None,
+            // The test API server and moto keep no count of their requests.
+            Self::File(_) | Self::Kubernetes(..) | Self::DynamoDb(_) => None,
             Self::Mysql(store) | Self::MysqlNamed(store) => {
                 use leader_mysql::mysql_async::prelude::Queryable;
                 let mut conn = store.pool().get_conn().await.ok()?;
@@ -303,6 +313,26 @@ fn object_store() -> Result<(Arc<Counting>, BucketStore), Box<dyn std::error::Er
         .prefix(format!("leader-bench-{:08x}/", fastrand::u32(..)))
         .build()?;
     Ok((counting, store))
+}
+
+/// A store on a new table of the test DynamoDB server, created and checked.
+async fn dynamodb() -> Result<leader::dynamodb::DynamoStore, Box<dyn std::error::Error>> {
+    use leader::dynamodb::{DynamoStore, aws_config, aws_sdk_dynamodb};
+    let config = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .region(aws_config::Region::new("us-east-1"))
+        .endpoint_url(leader_test_support::dynamodb_endpoint())
+        .credentials_provider(aws_sdk_dynamodb::config::Credentials::new(
+            "test", "test", None, None, "bench",
+        ))
+        .load()
+        .await;
+    let store = DynamoStore::builder(format!("leader-bench-{:08x}", fastrand::u32(..)))
+        .sdk_config(config)
+        .create_table(true)
+        .build()
+        .await?;
+    store.check_table().await?;
+    Ok(store)
 }
 
 fn http_get(address: &str, path: &str) -> Option<String> {

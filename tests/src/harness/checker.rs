@@ -128,10 +128,15 @@ pub fn check_fenced(terms: &[Term], fenced: impl Fn(&Term) -> bool) -> (usize, V
             }
         }
     }
+    // Tokens grow with each acquisition, not with each start of its work: a holder may start
+    // its work again within one term (the elector's `WorkExit::Restart`, a shard's COMMAND
+    // restarted under a resized set's new count) after the earlier run ended, which the
+    // overlap check above sees; the same holder's same token is that, not a token gone back.
     let mut previous: Option<&Term> = None;
     for term in terms.iter().filter(|t| fenced(t)) {
         if let Some(previous) = previous
-            && term.token <= previous.token
+            && (term.token < previous.token
+                || (term.token == previous.token && term.identity != previous.identity))
         {
             violations.push(format!(
                 "fencing token went from {} ({}) to {} ({})",
@@ -297,6 +302,31 @@ mod tests {
             event(false, "r1.1", 5, 400),
         ];
         let (_, violations) = run(&events, &Marks::new(), &Marks::new());
+        assert!(
+            violations[0].contains("fencing token went from 5"),
+            "{violations:?}"
+        );
+    }
+
+    /// A holder that starts its work again within its term (after the earlier run ended) keeps
+    /// its token; another holder with that token, or a lower one, is a violation.
+    #[test]
+    fn work_started_again_in_its_term_keeps_the_token() {
+        let again = [
+            event(true, "r0.1", 5, 100),
+            event(false, "r0.1", 5, 200),
+            event(true, "r0.1", 5, 240),
+            event(false, "r0.1", 5, 400),
+        ];
+        let (overlaps, violations) = run(&again, &Marks::new(), &Marks::new());
+        assert_eq!((overlaps, violations.len()), (0, 0), "{violations:?}");
+        let back = [
+            event(true, "r0.1", 5, 100),
+            event(false, "r0.1", 5, 200),
+            event(true, "r0.1", 4, 240),
+            event(false, "r0.1", 4, 400),
+        ];
+        let (_, violations) = run(&back, &Marks::new(), &Marks::new());
         assert!(
             violations[0].contains("fencing token went from 5"),
             "{violations:?}"

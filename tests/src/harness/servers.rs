@@ -41,8 +41,9 @@ pub enum ServerKind {
     Consul,
     /// moto's S3 API server, one request at a time (`scripts/s3-server`; `scripts/setup`
     /// installs moto from PyPI), with the bucket
-    /// [`FAULT_BUCKET`](super::campaign::FAULT_BUCKET). It keeps its objects in memory: a
-    /// restart loses them, so the campaign does not restart it.
+    /// [`FAULT_BUCKET`](super::campaign::FAULT_BUCKET); it answers DynamoDB on the same port.
+    /// It keeps its objects and tables in memory: a restart loses them, so the campaign does
+    /// not restart it.
     S3,
 }
 

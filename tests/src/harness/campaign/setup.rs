@@ -37,11 +37,15 @@ pub enum Backend {
     Consul,
     /// `s3://`: an object written with preconditions on a private S3 API server (moto's).
     ObjectStore,
+    /// `dynamodb://`: an item written with conditions in a table of its own
+    /// ([`FAULT_TABLE`], which the lock creates) on a private moto server, the one
+    /// [`Backend::ObjectStore`] runs (moto answers DynamoDB on the same port).
+    DynamoDb,
 }
 
 impl Backend {
     /// Every backend, in the order reports list them.
-    pub const ALL: [Self; 13] = [
+    pub const ALL: [Self; 14] = [
         Self::File,
         Self::Postgres,
         Self::Advisory,
@@ -55,6 +59,7 @@ impl Backend {
         Self::Kubernetes,
         Self::Consul,
         Self::ObjectStore,
+        Self::DynamoDb,
     ];
 
     /// The faults that apply: the network and server faults need a server.
@@ -70,9 +75,9 @@ impl Backend {
                 Fault::MemberFreeze,
                 Fault::MemberCut,
             ],
-            // An object store does not lose what it acknowledged when it restarts, and moto
-            // keeps nothing on disk to play that with: no server restart.
-            Self::ObjectStore => &[
+            // An object store or DynamoDB does not lose what it acknowledged when it restarts,
+            // and moto keeps nothing on disk to play that with: no server restart.
+            Self::ObjectStore | Self::DynamoDb => &[
                 Fault::Kill,
                 Fault::Freeze,
                 Fault::Cut,
@@ -113,8 +118,8 @@ impl Backend {
 
     /// The `--lock` URL of a replica that reaches the server at `port` (a proxy, usually), and
     /// the environment it needs: for Kubernetes a `KUBECONFIG` for that port, written into
-    /// `dir`; for object storage the endpoint and credentials. The file lock's directory is
-    /// `dir/lock`.
+    /// `dir`; for object storage and DynamoDB the endpoint and credentials. The file lock's
+    /// directory is `dir/lock`.
     fn replica_url(
         self,
         dir: &Path,
@@ -159,6 +164,11 @@ impl Backend {
             Self::ObjectStore => {
                 let env = leader_test_support::s3_env_at(&format!("http://127.0.0.1:{port}"));
                 return Ok((format!("s3://{FAULT_BUCKET}/fault/"), env));
+            }
+            // Every replica may create the table; the ones that lose the race use it.
+            Self::DynamoDb => {
+                let env = leader_test_support::dynamodb_env_at(&format!("http://127.0.0.1:{port}"));
+                return Ok((format!("dynamodb://{FAULT_TABLE}?create_table=true"), env));
             }
             Self::Kubernetes => {
                 let path = dir.join(format!("kubeconfig-{port}"));
@@ -205,7 +215,7 @@ impl Backend {
             Self::EtcdCluster => None,
             Self::Kubernetes => Some(ServerKind::Kube),
             Self::Consul => Some(ServerKind::Consul),
-            Self::ObjectStore => Some(ServerKind::S3),
+            Self::ObjectStore | Self::DynamoDb => Some(ServerKind::S3),
         }
     }
 
@@ -217,7 +227,12 @@ impl Backend {
     pub fn counts_leases_itself(self) -> bool {
         matches!(
             self,
-            Self::Nats | Self::ZooKeeper | Self::Kubernetes | Self::Consul | Self::ObjectStore
+            Self::Nats
+                | Self::ZooKeeper
+                | Self::Kubernetes
+                | Self::Consul
+                | Self::ObjectStore
+                | Self::DynamoDb
         )
     }
 
@@ -238,6 +253,7 @@ impl Backend {
             Self::Kubernetes => "kubernetes",
             Self::Consul => "consul",
             Self::ObjectStore => "object store (s3)",
+            Self::DynamoDb => "dynamodb",
         }
     }
 }
@@ -430,6 +446,9 @@ impl Settings {
 
 /// The bucket of a private S3 server ([`ServerKind::S3`] makes it when it starts).
 pub const FAULT_BUCKET: &str = "leader-fault";
+
+/// The DynamoDB table of a private moto server ([`Backend::DynamoDb`]'s replicas create it).
+pub const FAULT_TABLE: &str = "leader-fault";
 
 /// `lease` rounded up to whole seconds.
 pub(super) fn whole_seconds(lease: Duration) -> u64 {
