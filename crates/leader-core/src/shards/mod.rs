@@ -253,7 +253,6 @@ pub struct ShardsConfig {
 #[must_use = "builder does nothing itself, use `.build()` to build it"]
 pub struct ShardsBuilder {
     name: String,
-    shards: u32,
     lease: crate::config::LeaseSettings,
     static_membership: bool,
     weight: u32,
@@ -266,7 +265,7 @@ impl fmt::Debug for ShardsBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ShardsBuilder")
             .field("name", &self.name)
-            .field("count", &self.shards)
+            .field("count", &*self.count.borrow())
             .field("lease", &self.lease)
             .field("locks", &self.locks)
             .finish_non_exhaustive()
@@ -400,9 +399,10 @@ impl ShardsBuilder {
     /// # Errors
     /// The rule broken.
     pub fn build(self) -> Result<Shards, ConfigError> {
-        if self.shards == 0 || self.shards > MAX_SHARDS {
+        let count = *self.count.borrow();
+        if count == 0 || count > MAX_SHARDS {
             return Err(ConfigError::InvalidShardCount {
-                count: self.shards,
+                count,
                 max: MAX_SHARDS,
             });
         }
@@ -411,7 +411,7 @@ impl ShardsBuilder {
         }
         let config = ShardsConfig {
             name: self.name,
-            count: self.shards,
+            count,
             lease: self.lease.check()?,
             static_membership: self.static_membership,
             weight: self.weight,
@@ -494,7 +494,6 @@ impl Shards {
         ShardsBuilder {
             count: watch::Sender::new(count),
             name: name.into(),
-            shards: count,
             lease: crate::config::LeaseSettings::default(),
             static_membership: false,
             weight: 1,
