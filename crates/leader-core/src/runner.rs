@@ -24,7 +24,7 @@ use crate::lock::{Acquisition, ChangeStream, LeaderEvent, ResourceLock};
 use crate::metrics as m;
 use crate::record::{LeaderElectionRecord, Observed};
 use crate::retry::{FailureLog, LogLine};
-use crate::rules::{Changes, OtherTerm, Sighting, next_token};
+use crate::rules::{self, Changes, OtherTerm, Sighting, next_token};
 use crate::status::{self, ElectionError, IdentityConflict, Shared};
 use crate::view::ObservedTerm;
 use crate::work::{StartedFn, TermWork, WorkEnd};
@@ -316,7 +316,8 @@ impl Runner {
     /// True when `record` is the term this process led last: its identity and its token. A
     /// term of this identity with any other token was started by another process (S13).
     fn started(&self, record: &LeaderElectionRecord) -> bool {
-        record.is_held_by(self.identity()) && self.own_term == Some(record.leader_transitions)
+        self.own_term
+            .is_some_and(|token| rules::is_term(record, self.identity(), token))
     }
 
     /// S13: a lease held under this candidate's identity by a term this process did not start
@@ -326,7 +327,7 @@ impl Runner {
     /// its lease runs out and this one takes over.
     fn check_identity(&mut self, observed: &Observed) {
         let record = &observed.record;
-        if !record.is_held_by(self.identity()) || self.started(record) {
+        if !rules::started_elsewhere(record, self.identity(), self.own_term) {
             if self.shared_identity.take().is_some_and(|s| s.reported()) {
                 status::lock(&self.shared).identity_conflict = None;
                 tracing::info!("the term of the other process with this identity is over");

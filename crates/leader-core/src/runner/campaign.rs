@@ -5,29 +5,19 @@
 use super::*;
 
 impl Runner {
-    /// The record of an acquisition by this candidate with token `leader_transitions`, raised
-    /// to the configured floor.
+    /// The record of an acquisition by this candidate with token `leader_transitions`
+    /// ([`rules::acquisition`]).
     pub(super) fn desired(
         &self,
         leader_transitions: u64,
         base: Option<&LeaderElectionRecord>,
     ) -> LeaderElectionRecord {
-        let now = self.config.lease.wall_clock.now();
-        LeaderElectionRecord {
-            holder_identity: self.identity().to_owned(),
-            lease_duration: self.config.lease.lease_duration,
-            acquire_time: now,
-            renew_time: now,
-            leader_transitions: leader_transitions.max(self.config.lease.fencing_token_floor),
-            strategy: base.and_then(|r| r.strategy.clone()),
-            // An acquisition fulfils (or overrides) a pending handover request.
-            preferred_holder: None,
-            // An acquisition keeps the extensions of the record it replaces (a store-clock
-            // acquisition keeps the stored ones, whatever these are).
-            extensions: base.map(|r| r.extensions.clone()).unwrap_or_default(),
-            // The record of this release's term: a later release's fields were its term's.
-            unknown_fields: Default::default(),
-        }
+        rules::acquisition(
+            self.identity(),
+            &self.config.lease,
+            leader_transitions,
+            base,
+        )
     }
 
     /// Until when this candidate stands back from `record`, whose pending handover names

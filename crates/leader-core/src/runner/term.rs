@@ -259,8 +259,7 @@ impl Runner {
     /// The record is this term's: our identity and our fencing token (a re-acquisition by a
     /// process with the same identity would have raised the token).
     pub(super) fn is_ours(&self, observed: &Observed, fencing_token: u64) -> bool {
-        observed.record.is_held_by(self.identity())
-            && observed.record.leader_transitions == fencing_token
+        rules::is_term(&observed.record, self.identity(), fencing_token)
     }
 
     /// Clears the holder with a compare-and-swap, so a release never frees a lease that someone
@@ -275,13 +274,7 @@ impl Runner {
             let Some(ours) = current.filter(|o| self.is_ours(o, fencing_token)) else {
                 return false;
             };
-            let now = self.config.lease.wall_clock.now();
-            let mut record = LeaderElectionRecord {
-                holder_identity: String::new(),
-                acquire_time: now,
-                renew_time: now,
-                ..ours.record.clone()
-            };
+            let mut record = rules::released(&ours.record, self.config.lease.wall_clock.now());
             if let Some(to) = hand_to {
                 record.preferred_holder = Some(to.to_owned());
             }

@@ -26,7 +26,7 @@ use crate::leadership::{Leadership, StepDown, StepDownReason, TermDeadline, Term
 use crate::lock::{Acquisition, ResourceLock};
 use crate::metrics as m;
 use crate::record::{LeaderElectionRecord, Observed, Version};
-use crate::rules::{OtherTerm, Sighting, next_token};
+use crate::rules::{self, OtherTerm, Sighting, next_token};
 use crate::status::IdentityConflict;
 
 mod claims;

@@ -17,24 +17,13 @@ impl Runner {
         Sighting::standing_back(self.seen(key), record, &self.me, Instant::now())
     }
 
+    /// The record of a claim by this member with `token` ([`rules::acquisition`]).
     pub(super) fn desired(
         &self,
         token: u64,
         base: Option<&LeaderElectionRecord>,
     ) -> LeaderElectionRecord {
-        let now = self.config.lease.wall_clock.now();
-        LeaderElectionRecord {
-            holder_identity: self.me.clone(),
-            lease_duration: self.config.lease.lease_duration,
-            acquire_time: now,
-            renew_time: now,
-            // The floor, if any, is what a store that gives the next token asks for at least.
-            leader_transitions: token.max(self.config.lease.fencing_token_floor),
-            strategy: base.and_then(|r| r.strategy.clone()),
-            preferred_holder: None,
-            extensions: base.map(|r| r.extensions.clone()).unwrap_or_default(),
-            unknown_fields: Default::default(),
-        }
+        rules::acquisition(&self.me, &self.config.lease, token, base)
     }
 
     /// One acquisition attempt of `key`, whose last read is `current`: the store's clock where

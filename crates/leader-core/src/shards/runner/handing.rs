@@ -56,13 +56,11 @@ impl Runner {
             };
             let mut released = false;
             if work_stopped {
-                let now = clock.now();
+                // A release that names no one clears a pending request too: the set's
+                // assignment, not a request, says who takes the shard next.
                 let record = LeaderElectionRecord {
-                    holder_identity: String::new(),
-                    acquire_time: now,
-                    renew_time: now,
                     preferred_holder: to,
-                    ..term.observed.record.clone()
+                    ..rules::released(&term.observed.record, clock.now())
                 };
                 released =
                     tokio::time::timeout(timeout, lock.update(&term.observed.version, &record))

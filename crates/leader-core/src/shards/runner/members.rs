@@ -176,7 +176,7 @@ impl Runner {
     /// renewed (or outliving its lease), is another process's: say so once.
     pub(super) fn check_identity(&mut self, current: &Observed) {
         let record = &current.record;
-        if !record.is_held_by(&self.me) || self.member_token == Some(record.leader_transitions) {
+        if !rules::started_elsewhere(record, &self.me, self.member_token) {
             return;
         }
         let token = record.leader_transitions;

@@ -170,9 +170,8 @@ impl Runner {
             let Some(term) = self.term_mut(whose) else {
                 continue;
             };
-            let Some(current) = current.filter(|c| {
-                c.record.is_held_by(&me) && c.record.leader_transitions == term.token()
-            }) else {
+            let Some(current) = current.filter(|c| rules::is_term(&c.record, &me, term.token()))
+            else {
                 self.lose(whose);
                 continue;
             };
