@@ -1,133 +1,182 @@
-//! A candidate's campaign: the attempts to acquire (paced by the retry period, woken by the
-//! store's notifications), each attempt's decision on the record as read, and the record an
-//! acquisition writes.
+//! A candidate's campaign: the attempts to acquire (paced by the retry period and its back-off,
+//! woken by the store's notifications), each attempt's decision on the record as read, the
+//! record an acquisition writes, and what the candidate saw of the record, which the terms it
+//! leads keep up to date.
 
-use super::*;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-impl Runner {
-    /// The record of an acquisition by this candidate with token `leader_transitions`
-    /// ([`rules::acquisition`]).
-    pub(super) fn desired(
-        &self,
-        leader_transitions: u64,
-        base: Option<&LeaderElectionRecord>,
-    ) -> LeaderElectionRecord {
-        rules::acquisition(
-            self.identity(),
-            &self.config.lease,
-            leader_transitions,
-            base,
-        )
+use futures_util::StreamExt;
+use tokio::time::{Instant, sleep_until};
+use tokio_util::sync::CancellationToken;
+
+use super::context::{Context, log_failure, log_recovery};
+use crate::backoff::{Backoff, Jitter};
+use crate::config::ElectorConfig;
+use crate::error::LockError;
+use crate::lock::{Acquisition, ChangeStream};
+use crate::metrics as m;
+use crate::record::{LeaderElectionRecord, Observed};
+use crate::retry::FailureLog;
+use crate::rules::{self, Changes, OtherTerm, Sighting, next_token};
+use crate::status::{self, ElectionError, IdentityConflict};
+use crate::view::ObservedTerm;
+
+/// A candidate's campaign, kept across the terms it leads: what it saw, how long it waits
+/// between attempts, and its subscription to the store's changes.
+pub(super) struct Campaign {
+    /// What this candidate saw of the record; the terms it leads keep it up to date.
+    seen: Seen,
+    /// Waits between attempts (S9).
+    backoff: Backoff,
+    /// Whether a change notification already cut short a back-off since the last success.
+    change_shortened_backoff: bool,
+    /// Whether the lock has a one-request acquisition ([`ResourceLock::try_acquire`]); false
+    /// once it said it has none.
+    ///
+    /// [`ResourceLock::try_acquire`]: crate::ResourceLock::try_acquire
+    try_acquire_supported: bool,
+    /// The subscription to the store's change notifications.
+    watch: Subscription,
+}
+
+/// What one attempt to acquire got.
+enum Attempt {
+    /// The lease, from this attempt's request.
+    Acquired(Observed),
+    /// Handed over by a release, on a lease the store confirmed alive at that instant.
+    Handed(Observed, Instant),
+    /// Nothing: held by another, stood back from, or lost to another candidate.
+    NotAcquired,
+}
+
+impl Campaign {
+    /// A campaign with nothing seen yet, paced by `config`'s retry period.
+    pub(super) fn new(config: &ElectorConfig) -> Self {
+        let backoff = Backoff::new(config.lease.retry_period, config.lease.lease_duration)
+            .jitter(Jitter::Spread(config.jitter));
+        Self {
+            seen: Seen::default(),
+            watch: Subscription::new(backoff.clone()),
+            backoff,
+            change_shortened_backoff: false,
+            try_acquire_supported: true,
+        }
     }
 
-    /// Until when this candidate stands back from `record`, whose pending handover names
-    /// another candidate: one lease duration from when it first saw the request. `None` when
-    /// no such request is pending.
-    pub(super) fn stand_back_until(&self, record: &LeaderElectionRecord) -> Option<Instant> {
-        self.sighting
-            .as_ref()?
-            .stand_back_until(record, self.identity())
+    /// The last record seen, read or written.
+    pub(super) fn observed(&self) -> Option<&Observed> {
+        self.seen.observed.as_ref()
+    }
+
+    /// Takes note of a record read or written ([`Seen::observe`]).
+    pub(super) fn observe(&mut self, context: &Context, observed: Observed) {
+        self.seen
+            .observe(context, observed, self.try_acquire_supported);
+    }
+
+    /// The next change notification: `true` when one arrived, `false` when the stream ended
+    /// (subscribed again at the next attempt). Without a subscription it never completes.
+    pub(super) async fn changed(&mut self) -> bool {
+        self.watch.changed().await
     }
 
     /// The candidate loop: returns the acquired record and when the acquiring request started,
     /// or `None` on shutdown.
     pub(super) async fn acquire(
         &mut self,
+        context: &mut Context,
         shutdown: &CancellationToken,
     ) -> Option<(Observed, Instant)> {
         loop {
             if shutdown.is_cancelled() {
                 return None;
             }
-            self.ensure_watch().await;
+            self.watch.ensure(context).await;
             let started = Instant::now();
             let attempt = tokio::select! {
                 biased;
                 () = shutdown.cancelled() => return None,
-                attempt = self.try_acquire() => attempt,
+                attempt = self.try_acquire(context) => attempt,
             };
             match attempt {
                 Ok(Attempt::Acquired(observed)) => {
                     self.backoff.succeeded();
-                    self.report_success();
+                    context.report_success();
                     return Some((observed, started));
                 }
                 Ok(Attempt::Handed(observed, alive_since)) => {
                     // S3: the term counts from when the store last confirmed the lease alive.
                     // With less than a retry period of it left, a renewal confirms it first.
-                    let config = &self.config;
-                    if Instant::now() + config.lease.retry_period
-                        < alive_since + config.lease.renew_deadline
-                    {
+                    let lease = &context.config.lease;
+                    if Instant::now() + lease.retry_period < alive_since + lease.renew_deadline {
                         self.backoff.succeeded();
-                        self.report_success();
+                        context.report_success();
                         return Some((observed, alive_since.min(started)));
                     }
                     let confirming = Instant::now();
                     let mut record = observed.record.clone();
-                    record.renew_time = record.renewal_time(self.config.lease.wall_clock.now());
+                    record.renew_time = record.renewal_time(context.config.lease.wall_clock.now());
                     let renewal = tokio::select! {
                         biased;
                         () = shutdown.cancelled() => return None,
-                        renewal = self.request("renew", self.lock.renew(&observed.version, &record)) => renewal,
+                        renewal = context.request("renew", context.lock.renew(&observed.version, &record)) => renewal,
                     };
                     match renewal {
                         Ok(stored) => {
-                            self.observe(stored.clone());
+                            self.observe(context, stored.clone());
                             self.backoff.succeeded();
-                            self.report_success();
+                            context.report_success();
                             return Some((stored, confirming));
                         }
-                        Err(err) => {
-                            if !err.is_conflict() {
-                                self.backoff.failed();
-                            }
-                            self.report_error("renew", err);
-                        }
+                        Err(err) => self.failed(context, "renew", err),
                     }
                 }
                 Ok(Attempt::NotAcquired) => {
                     self.backoff.succeeded();
-                    self.report_success();
+                    context.report_success();
                 }
-                Err(err) => {
-                    if !err.is_conflict() {
-                        self.backoff.failed();
-                    }
-                    self.report_error("acquire", err);
-                }
+                Err(err) => self.failed(context, "acquire", err),
             }
-            self.publish_following();
-            if !self.wait_for_next_attempt(started, shutdown).await {
+            context.publish_following(self.observed());
+            if !self.wait_for_next_attempt(context, started, shutdown).await {
                 return None;
             }
         }
+    }
+
+    /// Notes a failed request: a failure for the back-off unless it lost a compare-and-swap,
+    /// then reported ([`Context::report_error`]).
+    fn failed(&mut self, context: &mut Context, operation: &'static str, err: LockError) {
+        if !err.is_conflict() {
+            self.backoff.failed();
+        }
+        context.report_error(operation, err, self.backoff.failures());
     }
 
     /// Waits until the next attempt; `false` on shutdown. A change notification ends the wait at
     /// once. After a failure it ends the back-off no sooner than a retry period after the last
     /// attempt started, and only once until an attempt succeeds: a stream that fires (or ends)
     /// over and over never makes a failing candidate retry faster than its back-off (S9).
-    pub(super) async fn wait_for_next_attempt(
+    async fn wait_for_next_attempt(
         &mut self,
+        context: &Context,
         attempt_started: Instant,
         shutdown: &CancellationToken,
     ) -> bool {
-        let mut wake_at = Instant::now() + self.next_attempt_in();
+        let mut wake_at = Instant::now() + self.next_attempt_in(context.identity());
         let failing = self.backoff.is_failing();
         if !failing {
             self.change_shortened_backoff = false;
         }
         loop {
-            let changes = self.changes.as_mut();
             tokio::select! {
                 biased;
                 () = shutdown.cancelled() => return false,
                 () = sleep_until(wake_at) => return true,
-                more = next_change(changes) => {
+                more = self.watch.changed() => {
                     if !more {
                         // Subscribe again at the next attempt; wait out this one's time.
-                        self.changes = None;
                         continue;
                     }
                     if !failing {
@@ -135,7 +184,7 @@ impl Runner {
                     }
                     if !self.change_shortened_backoff {
                         self.change_shortened_backoff = true;
-                        wake_at = wake_at.min(attempt_started + self.config.lease.retry_period);
+                        wake_at = wake_at.min(attempt_started + context.config.lease.retry_period);
                     }
                 }
             }
@@ -143,20 +192,269 @@ impl Runner {
     }
 
     /// How long a candidate waits before the next attempt (S9): after a failure, the back-off;
-    /// otherwise the jittered retry period, or less when the observed lease runs out sooner. That
-    /// early wake-up is used once per observed version and only for an instant still to come.
-    pub(super) fn next_attempt_in(&mut self) -> Duration {
+    /// otherwise the jittered retry period, or less when the observed lease runs out sooner
+    /// ([`Seen::until_expiry`]).
+    fn next_attempt_in(&mut self, me: &str) -> Duration {
         let wait = self.backoff.wait();
-        if self.backoff.is_failing() || self.woke_for_expiry {
+        if self.backoff.is_failing() {
+            return wait;
+        }
+        self.seen.until_expiry(me, wait)
+    }
+
+    /// One attempt of client-go's `tryAcquireOrRenew` for a candidate.
+    async fn try_acquire(&mut self, context: &Context) -> Result<Attempt, LockError> {
+        self.seen.forget_store_answer();
+        let mut current = None;
+        if self.try_acquire_supported {
+            // The store gives the next token; the floor, if any, is what it asks for at least.
+            let desired = desired(context, 0, self.observed().map(|o| &o.record));
+            match context
+                .request("try_acquire", context.lock.try_acquire(&desired))
+                .await?
+            {
+                Some(Acquisition::Acquired(observed)) => {
+                    self.took(context, &observed);
+                    return Ok(Attempt::Acquired(observed));
+                }
+                Some(Acquisition::Handed {
+                    observed,
+                    alive_since,
+                }) => {
+                    self.took(context, &observed);
+                    return Ok(Attempt::Handed(observed, alive_since));
+                }
+                Some(Acquisition::Held {
+                    observed,
+                    expires_in,
+                    renewed_in_store,
+                }) => {
+                    self.seen.held(
+                        context,
+                        observed.clone(),
+                        expires_in,
+                        renewed_in_store,
+                        self.try_acquire_supported,
+                    );
+                    // The holder renews in the store without changing the record: only the
+                    // store can say it expired (S2 by the store's clock alone). A term this
+                    // process led itself (before its renew deadline passed) it takes again
+                    // with a compare-and-swap, below.
+                    if renewed_in_store && !self.seen.started(&observed.record, context.identity())
+                    {
+                        return Ok(Attempt::NotAcquired);
+                    }
+                    // The store's clock says held; ours may still say expired (below): a record
+                    // the store never expires (written without a TTL by another client) must
+                    // not block the election forever (S8).
+                    current = Some(observed);
+                }
+                Some(Acquisition::Unassigned(observed)) => {
+                    if let Some(observed) = observed {
+                        self.observe(context, observed);
+                    }
+                    return Ok(Attempt::NotAcquired);
+                }
+                None => self.try_acquire_supported = false,
+            }
+        }
+        if current.is_none() {
+            let Some(read) = context.request("get", context.lock.get()).await? else {
+                let created = context
+                    .request("create", context.lock.create(&desired(context, 1, None)))
+                    .await?;
+                self.took(context, &created);
+                return Ok(Attempt::Acquired(created));
+            };
+            self.observe(context, read.clone());
+            current = Some(read);
+        }
+        let Some(current) = current else {
+            return Ok(Attempt::NotAcquired);
+        };
+        let record = &current.record;
+        let me = context.identity();
+        // S2: another holder's lease runs for *its* duration from when we first saw this version.
+        // A term of this identity that this process did not start is another's (S13).
+        if !record.is_free()
+            && !self.seen.started(record, me)
+            && !self.seen.expired(&current, Instant::now())
+        {
+            return Ok(Attempt::NotAcquired);
+        }
+        // A planned handover to another candidate: stand back for a lease, so that it wins.
+        if self
+            .seen
+            .stand_back_until(record, me)
+            .is_some_and(|until| Instant::now() < until)
+        {
+            return Ok(Attempt::NotAcquired);
+        }
+        // S5: every acquisition, also our own again, gets the next fencing token.
+        let desired = desired(context, next_token(record)?, Some(record));
+        let stored = context
+            .request("update", context.lock.update(&current.version, &desired))
+            .await?;
+        self.took(context, &stored);
+        Ok(Attempt::Acquired(stored))
+    }
+
+    /// Takes note of a record this candidate acquired ([`Seen::took`]).
+    fn took(&mut self, context: &Context, acquired: &Observed) {
+        self.seen
+            .took(context, acquired, self.try_acquire_supported);
+    }
+}
+
+/// The record of an acquisition by this candidate with token `leader_transitions`
+/// ([`rules::acquisition`]).
+fn desired(
+    context: &Context,
+    leader_transitions: u64,
+    base: Option<&LeaderElectionRecord>,
+) -> LeaderElectionRecord {
+    rules::acquisition(
+        context.identity(),
+        &context.config.lease,
+        leader_transitions,
+        base,
+    )
+}
+
+/// What this candidate saw of the record and what follows from it: the holder's lease and a
+/// pending handover request on this process's clock (S1, S2, S10), what the store said of the
+/// lease, the leader last reported, and whose term the record is (S13).
+#[derive(Default)]
+struct Seen {
+    /// The last record seen, read or written.
+    observed: Option<Observed>,
+    /// What this candidate saw of `observed` and since when, on this process's monotonic
+    /// clock: the holder's lease (S1, S2) and a pending handover request (S10).
+    sighting: Option<Sighting>,
+    /// When the holder's lease runs out by the store's clock, as its last `Held` answer said
+    /// (on this process's clock, counted from when that answer arrived). Only a wake-up time:
+    /// the store itself decides a store-clock acquisition.
+    store_expiry: Option<Instant>,
+    /// Whether the last `Held` answer said the store keeps the holder's lease alive.
+    held_in_store: bool,
+    /// Whether a wait was already cut short for `observed`'s expiry: an early wake-up is used
+    /// once per version, so a lease that has run out never makes attempts follow each other.
+    woke_for_expiry: bool,
+    /// The leader last passed to `on_new_leader`.
+    reported_leader: Option<String>,
+    /// The fencing token of the last term this process led (S13): a record held by this
+    /// identity under another token is another process's.
+    own_term: Option<u64>,
+    /// A term of this identity that this process did not start, as first seen (S13).
+    shared_identity: Option<OtherTerm>,
+}
+
+impl Seen {
+    /// Takes note of a record read or written. The follower's clock for the holder's lease
+    /// starts when a version is first seen, after the request returned (S2). `one_request`:
+    /// whether the lock has a one-request acquisition, whose answers say whether the store
+    /// keeps leases alive.
+    fn observe(&mut self, context: &Context, observed: Observed, one_request: bool) {
+        let now = Instant::now();
+        let changes = match &mut self.sighting {
+            Some(sighting) => sighting.see(&observed, now),
+            None => {
+                let sighting = Sighting::new(&observed, now);
+                self.sighting = Some(sighting);
+                Changes {
+                    version: true,
+                    handover: observed.record.handover_to().is_some(),
+                }
+            }
+        };
+        if changes.version {
+            self.woke_for_expiry = false;
+            status::lock(&context.shared).term = ObservedTerm::of(&observed.record);
+        }
+        if changes.handover
+            && let Some(to) = observed.record.handover_to()
+        {
+            tracing::info!(to, "handover requested");
+        }
+        self.check_identity(context, &observed, one_request);
+        let holder = &observed.record.holder_identity;
+        if !holder.is_empty() && self.reported_leader.as_deref() != Some(holder.as_str()) {
+            tracing::info!(leader = %holder, "new leader observed");
+            self.reported_leader = Some(holder.clone());
+            if let Some(callback) = &context.callbacks.new_leader {
+                callback(holder);
+            }
+        }
+        self.observed = Some(observed);
+    }
+
+    /// Takes note of a record this candidate acquired: its term is this process's own (S13).
+    fn took(&mut self, context: &Context, acquired: &Observed, one_request: bool) {
+        self.own_term = Some(acquired.record.leader_transitions);
+        self.observe(context, acquired.clone(), one_request);
+    }
+
+    /// Forgets what the store said of the holder's lease, before an attempt asks again.
+    fn forget_store_answer(&mut self) {
+        self.store_expiry = None;
+        self.held_in_store = false;
+    }
+
+    /// Takes note of a `Held` answer: `observed`, whose lease runs out by the store's clock in
+    /// `expires_in` if it says, and that the store keeps alive if `renewed_in_store`.
+    fn held(
+        &mut self,
+        context: &Context,
+        observed: Observed,
+        expires_in: Option<Duration>,
+        renewed_in_store: bool,
+        one_request: bool,
+    ) {
+        self.store_expiry = expires_in.map(|left| Instant::now() + left);
+        self.held_in_store = renewed_in_store;
+        self.observe(context, observed, one_request);
+        // A lease the store stopped keeping alive is counted from now (S2).
+        if let Some(sighting) = &mut self.sighting {
+            sighting.store_keeps(renewed_in_store, Instant::now());
+        }
+    }
+
+    /// True when `record` is the term this process led last: identity `me` and its token. A
+    /// term of this identity with any other token was started by another process (S13).
+    fn started(&self, record: &LeaderElectionRecord, me: &str) -> bool {
+        self.own_term
+            .is_some_and(|token| rules::is_term(record, me, token))
+    }
+
+    /// True when `observed`'s lease ran out on this candidate's clock at `now` (S2); false for
+    /// a record never seen.
+    fn expired(&self, observed: &Observed, now: Instant) -> bool {
+        self.sighting
+            .as_ref()
+            .is_some_and(|s| s.expired(observed, now))
+    }
+
+    /// Until when candidate `me` stands back from `record`, whose pending handover names
+    /// another candidate: one lease duration from when it first saw the request. `None` when
+    /// no such request is pending.
+    fn stand_back_until(&self, record: &LeaderElectionRecord, me: &str) -> Option<Instant> {
+        self.sighting.as_ref()?.stand_back_until(record, me)
+    }
+
+    /// How long candidate `me` waits for its next attempt instead of `wait`: less when the
+    /// observed lease (or a stand-back) runs out sooner. That early wake-up is used once per
+    /// observed version and only for an instant still to come.
+    fn until_expiry(&mut self, me: &str, wait: Duration) -> Duration {
+        if self.woke_for_expiry {
             return wait;
         }
         let Some(observed) = &self.observed else {
             return wait;
         };
         let record = &observed.record;
-        let expires = if let Some(until) = self.stand_back_until(record) {
+        let expires = if let Some(until) = self.stand_back_until(record, me) {
             until
-        } else if record.is_free() || self.started(record) {
+        } else if record.is_free() || self.started(record, me) {
             return wait;
         } else if let Some(expiry) = self.store_expiry {
             expiry
@@ -178,30 +476,115 @@ impl Runner {
         wait
     }
 
+    /// S13: a lease held under this candidate's identity by a term this process did not start
+    /// is another process's. Says so once when first seen, and reports a conflict once that
+    /// term is seen alive: renewed in the record, or still held by the store after it would
+    /// have run out. A process of this identity that died holding the lease is not a conflict:
+    /// its lease runs out and this one takes over.
+    fn check_identity(&mut self, context: &Context, observed: &Observed, one_request: bool) {
+        let record = &observed.record;
+        let me = context.identity();
+        if !rules::started_elsewhere(record, me, self.own_term) {
+            if self.shared_identity.take().is_some_and(|s| s.reported()) {
+                status::lock(&context.shared).identity_conflict = None;
+                tracing::info!("the term of the other process with this identity is over");
+            }
+            return;
+        }
+        let now = Instant::now();
+        let seen = match &mut self.shared_identity {
+            Some(seen) if seen.is(observed) => seen,
+            _ => {
+                tracing::warn!(
+                    identity = me,
+                    fencing_token = record.leader_transitions,
+                    "the lease is held under this candidate's identity by a term this process did \
+                     not start: waiting for it as for another holder (another process may run \
+                     with the same identity)"
+                );
+                self.shared_identity = Some(OtherTerm::new(observed, now, self.store_expiry));
+                return;
+            }
+        };
+        // Whether the store keeps leases alive without a new version, as its last answer said;
+        // unknown without such answers (a store with no one-request acquisition).
+        let kept = one_request.then_some(self.held_in_store);
+        if !seen.seen_alive(observed, kept, context.config.lease.retry_period, now) {
+            return;
+        }
+        let conflict = IdentityConflict {
+            lock: context.lock.describe(),
+            identity: me.to_owned(),
+            fencing_token: record.leader_transitions,
+        };
+        tracing::error!(
+            identity = me,
+            fencing_token = record.leader_transitions,
+            "{conflict}"
+        );
+        m::identity_conflict(&context.config.name);
+        status::lock(&context.shared).identity_conflict = Some(conflict.clone());
+        if let Some(callback) = &context.callbacks.error {
+            callback(&ElectionError::IdentityConflict(conflict));
+        }
+    }
+}
+
+/// The subscription to the store's change notifications ([`ResourceLock::watch`]), made again
+/// on a back-off of its own: a backend whose notifications fail must not slow down the
+/// election itself, and a failure never delays an attempt.
+///
+/// [`ResourceLock::watch`]: crate::ResourceLock::watch
+struct Subscription {
+    /// The notifications. In a mutex only to keep the runner `Sync`; it is reached through
+    /// `&mut` and never locked.
+    changes: Option<Mutex<ChangeStream>>,
+    /// False once the lock said it has no notifications.
+    supported: bool,
+    /// Waits between attempts to subscribe, apart from the lock's own requests.
+    backoff: Backoff,
+    /// No attempt to subscribe before this instant.
+    retry_at: Option<Instant>,
+    /// The failed attempts to subscribe, logged as one outage (S9).
+    failures: FailureLog,
+}
+
+impl Subscription {
+    /// No subscription yet; failed attempts wait as `backoff` says.
+    fn new(backoff: Backoff) -> Self {
+        Self {
+            changes: None,
+            supported: true,
+            backoff,
+            retry_at: None,
+            failures: FailureLog::default(),
+        }
+    }
+
     /// Subscribes to change notifications when there is no subscription; a failure is retried
     /// on its own back-off, and never delays an attempt.
-    pub(super) async fn ensure_watch(&mut self) {
-        if self.changes.is_some() || !self.watch_supported {
+    async fn ensure(&mut self, context: &Context) {
+        if self.changes.is_some() || !self.supported {
             return;
         }
-        if self.watch_retry_at.is_some_and(|at| Instant::now() < at) {
+        if self.retry_at.is_some_and(|at| Instant::now() < at) {
             return;
         }
-        match self.request("watch", self.lock.watch()).await {
+        match context.request("watch", context.lock.watch()).await {
             Ok(stream) => {
-                self.watch_supported = stream.is_some();
+                self.supported = stream.is_some();
                 self.changes = stream.map(Mutex::new);
-                self.watch_backoff.succeeded();
-                self.watch_retry_at = None;
-                log_recovery(self.watch_failures.succeeded(), "watch");
+                self.backoff.succeeded();
+                self.retry_at = None;
+                log_recovery(self.failures.succeeded(), "watch");
             }
             Err(err) => {
-                m::error(&self.config.name, "watch", err.kind());
-                self.watch_backoff.failed();
-                self.watch_retry_at = Some(Instant::now() + self.watch_backoff.wait());
-                let line = self.watch_failures.failed("watch", &err);
-                log_failure(line, "watch", &err, self.watch_backoff.failures());
-                self.tell_error(ElectionError::Lock {
+                m::error(&context.config.name, "watch", err.kind());
+                self.backoff.failed();
+                self.retry_at = Some(Instant::now() + self.backoff.wait());
+                let line = self.failures.failed("watch", &err);
+                log_failure(line, "watch", &err, self.backoff.failures());
+                context.tell_error(ElectionError::Lock {
                     operation: "watch",
                     error: Arc::new(err),
                 });
@@ -209,101 +592,17 @@ impl Runner {
         }
     }
 
-    /// One attempt of client-go's `tryAcquireOrRenew` for a candidate.
-    pub(super) async fn try_acquire(&mut self) -> Result<Attempt, LockError> {
-        self.store_expiry = None;
-        self.held_in_store = false;
-        let mut current = None;
-        if self.try_acquire_supported {
-            // The store gives the next token; the floor, if any, is what it asks for at least.
-            let desired = self.desired(0, self.observed.as_ref().map(|o| &o.record));
-            match self
-                .request("try_acquire", self.lock.try_acquire(&desired))
-                .await?
-            {
-                Some(Acquisition::Acquired(observed)) => {
-                    self.took(&observed);
-                    return Ok(Attempt::Acquired(observed));
-                }
-                Some(Acquisition::Handed {
-                    observed,
-                    alive_since,
-                }) => {
-                    self.took(&observed);
-                    return Ok(Attempt::Handed(observed, alive_since));
-                }
-                Some(Acquisition::Held {
-                    observed,
-                    expires_in,
-                    renewed_in_store,
-                }) => {
-                    self.store_expiry = expires_in.map(|left| Instant::now() + left);
-                    self.held_in_store = renewed_in_store;
-                    self.observe(observed.clone());
-                    // A lease the store stopped keeping alive is counted from now (S2).
-                    if let Some(sighting) = &mut self.sighting {
-                        sighting.store_keeps(renewed_in_store, Instant::now());
-                    }
-                    // The holder renews in the store without changing the record: only the
-                    // store can say it expired (S2 by the store's clock alone). A term this
-                    // process led itself (before its renew deadline passed) it takes again
-                    // with a compare-and-swap, below.
-                    if renewed_in_store && !self.started(&observed.record) {
-                        return Ok(Attempt::NotAcquired);
-                    }
-                    // The store's clock says held; ours may still say expired (below): a record
-                    // the store never expires (written without a TTL by another client) must
-                    // not block the election forever (S8).
-                    current = Some(observed);
-                }
-                Some(Acquisition::Unassigned(observed)) => {
-                    if let Some(observed) = observed {
-                        self.observe(observed);
-                    }
-                    return Ok(Attempt::NotAcquired);
-                }
-                None => self.try_acquire_supported = false,
-            }
-        }
-        if current.is_none() {
-            let Some(read) = self.request("get", self.lock.get()).await? else {
-                let created = self
-                    .request("create", self.lock.create(&self.desired(1, None)))
-                    .await?;
-                self.took(&created);
-                return Ok(Attempt::Acquired(created));
-            };
-            self.observe(read.clone());
-            current = Some(read);
-        }
-        let Some(current) = current else {
-            return Ok(Attempt::NotAcquired);
+    /// The next change notification: `true` when one arrived, `false` when the stream ended,
+    /// which drops the subscription. Without a subscription it never completes.
+    async fn changed(&mut self) -> bool {
+        let Some(stream) = &mut self.changes else {
+            return std::future::pending().await;
         };
-        let record = &current.record;
-        // S2: another holder's lease runs for *its* duration from when we first saw this version.
-        // A term of this identity that this process did not start is another's (S13).
-        if !record.is_free()
-            && !self.started(record)
-            && !self
-                .sighting
-                .as_ref()
-                .is_some_and(|s| s.expired(&current, Instant::now()))
-        {
-            return Ok(Attempt::NotAcquired);
+        let stream = stream.get_mut().unwrap_or_else(|p| p.into_inner());
+        let more = stream.next().await.is_some();
+        if !more {
+            self.changes = None;
         }
-        // A planned handover to another candidate: stand back for a lease, so that it wins.
-        if self
-            .stand_back_until(record)
-            .is_some_and(|until| Instant::now() < until)
-        {
-            return Ok(Attempt::NotAcquired);
-        }
-        // S5: every acquisition, also our own again, gets the next fencing token.
-        let desired = self.desired(next_token(record)?, Some(record));
-        let stored = self
-            .request("update", self.lock.update(&current.version, &desired))
-            .await?;
-        self.took(&stored);
-        Ok(Attempt::Acquired(stored))
+        more
     }
 }

@@ -1,49 +1,132 @@
 //! A term: its work started, renewals until the renew deadline (S3), the requests its work
-//! makes (a handover, a step-down, extensions), and the release at its end (S6).
+//! makes (a handover, a step-down, extensions), and the release at its end (S6). The records a
+//! term reads and writes are noted in the campaign it was won by, which goes on from them.
 
-use super::*;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 
-impl Runner {
-    /// One term of leadership, from acquisition to step-down; returns why it ended.
-    pub(super) async fn lead(
-        &mut self,
-        acquired: Observed,
-        started: Instant,
-        shutdown: &CancellationToken,
-    ) -> StepDownReason {
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::{Instant, sleep, sleep_until, timeout};
+use tokio_util::sync::{CancellationToken, DropGuard};
+
+use super::campaign::Campaign;
+use super::context::Context;
+use crate::error::LockError;
+use crate::leadership::{
+    ExtensionChanges, ExtensionError, LeaderState, Leadership, LeadershipLost, StepDown,
+    StepDownReason, TermDeadline, TermRequest,
+};
+use crate::lock::LeaderEvent;
+use crate::metrics as m;
+use crate::record::Observed;
+use crate::rules;
+use crate::status;
+use crate::work::{TermWork, WorkEnd};
+
+/// Failed campaign attempts in a row while a term runs: none, as a term starts only after an
+/// attempt succeeded and leaves the campaign's back-off alone.
+const NO_FAILED_ATTEMPTS: u32 = 0;
+
+/// One term of leadership, from acquisition to step-down.
+pub(super) struct Term {
+    /// This term's fencing token (S5).
+    fencing_token: u64,
+    /// When the acquiring request started: the first renewal the renew deadline counts from (S3).
+    started: Instant,
+    /// The renew deadline as the term's work reads it ([`Leadership::deadline`]).
+    shared_deadline: TermDeadline,
+    /// What the term's work asks of it.
+    requests: mpsc::Receiver<TermRequest>,
+    /// The record's extensions as the term's work reads them.
+    extensions: Arc<Mutex<BTreeMap<String, String>>>,
+    /// The term's running work.
+    work: TermWork,
+    /// Cancelled when the term ends: the work's [`Leadership`] is lost.
+    cancel: CancellationToken,
+    /// Should the term be dropped mid-way (an aborted task), the work must still stop. Kept
+    /// after `work`, which is dropped first and leaves its callbacks to this cancellation.
+    _cancel_on_drop: DropGuard,
+}
+
+/// What a leader's renewal found.
+enum Renewal {
+    /// The lease is renewed.
+    Renewed,
+    /// Someone else holds the lease now.
+    Lost,
+    /// The record asks for a handover to this candidate.
+    HandOver(String),
+}
+
+impl Term {
+    /// Starts the term of `acquired`, whose acquiring request started at `started`: publishes
+    /// the leadership and starts the work.
+    pub(super) fn begin(context: &Context, acquired: Observed, started: Instant) -> Self {
         let fencing_token = acquired.record.leader_transitions;
         let cancel = CancellationToken::new();
-        // Should this future be dropped mid-term (an aborted task), the work must still stop.
-        let _cancel_on_drop = cancel.clone().drop_guard();
+        let cancel_on_drop = cancel.clone().drop_guard();
         // S3: the term lasts until the start of the last successful renewal plus the deadline.
-        let mut deadline = started + self.config.lease.renew_deadline;
-        let shared_deadline = TermDeadline::new(deadline.into_std());
-        let (leadership, mut requests, alive) = Leadership::new(
-            self.config.name.clone(),
-            self.identity().to_owned(),
+        let shared_deadline =
+            TermDeadline::new((started + context.config.lease.renew_deadline).into_std());
+        let (leadership, requests, alive) = Leadership::new(
+            context.config.name.clone(),
+            context.identity().to_owned(),
             fencing_token,
             cancel.clone(),
             acquired.record.extensions.clone(),
             shared_deadline.clone(),
-            self.config.lease.wall_clock.now(),
+            context.config.lease.wall_clock.now(),
         );
         let extensions = leadership.extensions_handle();
-        status::lock(&self.shared).renewed_at = Some(started);
+        status::lock(&context.shared).renewed_at = Some(started);
         tracing::info!(fencing_token, "became leader");
-        m::acquired(&self.config.name);
-        m::set_leading(&self.config.name, true);
-        self.spawn_event(LeaderEvent::BecameLeader { fencing_token });
-        self.publish(LeaderState::Leading(leadership.uncounted()));
-        let mut work = TermWork::start(
-            &self.callbacks.started,
-            &self.callbacks.beside,
+        m::acquired(&context.config.name);
+        m::set_leading(&context.config.name, true);
+        context.spawn_event(LeaderEvent::BecameLeader { fencing_token });
+        context.publish(LeaderState::Leading(leadership.uncounted()));
+        let work = TermWork::start(
+            &context.callbacks.started,
+            &context.callbacks.beside,
             leadership,
             alive,
-            self.config.work_exit,
-            self.config.lease.retry_period,
+            context.config.work_exit,
+            context.config.lease.retry_period,
         );
+        Self {
+            fencing_token,
+            started,
+            shared_deadline,
+            requests,
+            extensions,
+            work,
+            cancel,
+            _cancel_on_drop: cancel_on_drop,
+        }
+    }
 
-        // A handover this term was asked for (by its own work, or by a request in the record).
+    /// Leads until the term ends, then steps down; returns why it ended. The records it reads
+    /// and writes are noted in `campaign`.
+    pub(super) async fn lead(
+        mut self,
+        context: &mut Context,
+        campaign: &mut Campaign,
+        shutdown: &CancellationToken,
+    ) -> StepDownReason {
+        let (reason, hand_to) = self.hold(context, campaign, shutdown).await;
+        self.step_down(context, campaign, reason, hand_to).await
+    }
+
+    /// Renews the lease and answers the work's requests until the term ends: returns why, and
+    /// the candidate to hand the lease over to, if it was asked for (by its own work, or by a
+    /// request in the record).
+    async fn hold(
+        &mut self,
+        context: &mut Context,
+        campaign: &mut Campaign,
+        shutdown: &CancellationToken,
+    ) -> (StepDownReason, Option<String>) {
+        let fencing_token = self.fencing_token;
+        let mut deadline = self.started + context.config.lease.renew_deadline;
         let mut hand_to: Option<String> = None;
         // Extensions the term's work asked to write, with where to answer.
         let mut pending: Option<(
@@ -51,12 +134,11 @@ impl Runner {
             oneshot::Sender<Result<(), ExtensionError>>,
         )> = None;
         let reason = loop {
-            let changes = self.changes.as_mut();
             tokio::select! {
                 biased;
                 () = sleep_until(deadline) => break StepDownReason::RenewDeadlineExceeded,
                 () = shutdown.cancelled() => break StepDownReason::Shutdown,
-                Some(request) = requests.recv() => match request {
+                Some(request) = self.requests.recv() => match request {
                     TermRequest::HandOver(to) => {
                         hand_to = Some(to);
                         break StepDownReason::HandedOver;
@@ -66,10 +148,10 @@ impl Runner {
                         pending = Some((changes, reply));
                     }
                 },
-                end = work.ended() => match end {
+                end = self.work.ended() => match end {
                     WorkEnd::Returned => {
-                        let lasted = started.elapsed();
-                        if lasted < self.config.lease.retry_period {
+                        let lasted = self.started.elapsed();
+                        if lasted < context.config.lease.retry_period {
                             // `run_while_leading(.., |_| async {})`: every term ends at once,
                             // the work runs again next term, and leadership flaps.
                             tracing::error!(
@@ -85,19 +167,17 @@ impl Runner {
                         } else {
                             tracing::warn!(fencing_token, "leader work returned: ending the term");
                         }
-                        m::work_ended(&self.config.name, false);
+                        m::work_ended(&context.config.name, false);
                         break StepDownReason::WorkEnded;
                     }
                     WorkEnd::Panicked => {
-                        m::work_ended(&self.config.name, true);
+                        m::work_ended(&context.config.name, true);
                         break StepDownReason::WorkPanicked;
                     }
                 },
-                () = sleep(self.config.lease.retry_period) => {}
+                () = sleep(context.config.lease.retry_period) => {}
                 // A release or a handover request: renew now, which reads what changed.
-                more = next_change(changes) => if !more {
-                    self.changes = None;
-                },
+                _ = campaign.changed() => {}
             }
             let attempt_started = Instant::now();
             let write = pending.take();
@@ -105,7 +185,7 @@ impl Runner {
                 biased;
                 () = sleep_until(deadline) => break StepDownReason::RenewDeadlineExceeded,
                 () = shutdown.cancelled() => break StepDownReason::Shutdown,
-                renewed = self.renew(fencing_token, write.as_ref().map(|(c, _)| c)) => renewed,
+                renewed = self.renew(context, campaign, write.as_ref().map(|(c, _)| c)) => renewed,
             };
             let answer = |result: Result<(), ExtensionError>| {
                 if let Some((_, reply)) = write {
@@ -115,13 +195,13 @@ impl Runner {
             match renewed {
                 // An answer after the deadline does not extend the term; the next select ends it.
                 Ok(Renewal::Renewed) if Instant::now() < deadline => {
-                    self.report_success();
-                    deadline = attempt_started + self.config.lease.renew_deadline;
-                    shared_deadline.set(deadline.into_std());
-                    m::renewed(&self.config.name, attempt_started.elapsed());
-                    status::lock(&self.shared).renewed_at = Some(attempt_started);
-                    if let Some(observed) = &self.observed {
-                        *extensions.lock().unwrap_or_else(|p| p.into_inner()) =
+                    context.report_success();
+                    deadline = attempt_started + context.config.lease.renew_deadline;
+                    self.shared_deadline.set(deadline.into_std());
+                    m::renewed(&context.config.name, attempt_started.elapsed());
+                    status::lock(&context.shared).renewed_at = Some(attempt_started);
+                    if let Some(observed) = campaign.observed() {
+                        *self.extensions.lock().unwrap_or_else(|p| p.into_inner()) =
                             observed.record.extensions.clone();
                     }
                     answer(Ok(()));
@@ -135,39 +215,56 @@ impl Runner {
                 }
                 Ok(Renewal::HandOver(to)) => {
                     answer(Err(ExtensionError::Lost(LeadershipLost { fencing_token })));
-                    self.report_success();
+                    context.report_success();
                     hand_to = Some(to);
                     break StepDownReason::HandedOver;
                 }
                 Err(err) => {
                     let err = Arc::new(err);
                     answer(Err(ExtensionError::Lock(err.clone())));
-                    self.report_error_shared("renew", err);
+                    context.report_error("renew", err, NO_FAILED_ATTEMPTS);
                 }
             }
         };
+        (reason, hand_to)
+    }
 
-        cancel.cancel();
-        m::set_leading(&self.config.name, false);
-        status::lock(&self.shared).renewed_at = None;
+    /// Ends the term for `reason`: cancels the leadership, stops the work and, unless the lease
+    /// may be someone else's by now, releases it, handed over to `hand_to` if named (S6).
+    /// Returns `reason`.
+    async fn step_down(
+        self,
+        context: &mut Context,
+        campaign: &mut Campaign,
+        reason: StepDownReason,
+        hand_to: Option<String>,
+    ) -> StepDownReason {
+        let fencing_token = self.fencing_token;
+        self.cancel.cancel();
+        m::set_leading(&context.config.name, false);
+        status::lock(&context.shared).renewed_at = None;
         tracing::info!(fencing_token, ?reason, "stopped leading");
-        self.publish_following();
-        let stopped = work.stop(self.config.lease.stop_grace).await;
+        context.publish_following(campaign.observed());
+        let stopped = self.work.stop(context.config.lease.stop_grace).await;
         let mut released = false;
-        let release = match reason {
-            StepDownReason::Shutdown => self.config.lease.release_on_cancel,
+        let may_release = match reason {
+            StepDownReason::Shutdown => context.config.lease.release_on_cancel,
             StepDownReason::RenewDeadlineExceeded | StepDownReason::Lost => false,
             _ => true,
         };
-        if release {
+        if may_release {
             if stopped {
                 if reason == StepDownReason::Shutdown {
-                    let _ = timeout(self.config.lease.request_timeout, self.lock.withdraw()).await;
+                    let _ = timeout(
+                        context.config.lease.request_timeout,
+                        context.lock.withdraw(),
+                    )
+                    .await;
                 }
-                released = self.release(fencing_token, hand_to.as_deref()).await;
+                released = release(context, campaign, fencing_token, hand_to.as_deref()).await;
                 if released && let Some(to) = &hand_to {
                     tracing::info!(fencing_token, to, "handed the lease over");
-                    m::handed_over(&self.config.name);
+                    m::handed_over(&context.config.name);
                 }
             } else {
                 tracing::warn!(
@@ -177,9 +274,9 @@ impl Runner {
             }
         }
         // What the release wrote (a free lease, or one handed to another), not this term.
-        self.publish_following();
-        self.spawn_event(LeaderEvent::StoppedLeading { fencing_token });
-        if let Some(callback) = &self.callbacks.stopped {
+        context.publish_following(campaign.observed());
+        context.spawn_event(LeaderEvent::StoppedLeading { fencing_token });
+        if let Some(callback) = &context.callbacks.stopped {
             callback(StepDown {
                 fencing_token,
                 reason,
@@ -192,119 +289,131 @@ impl Runner {
     /// Renews the lease: one request from the cached record (client-go's fast path), and a read
     /// only when that loses the compare-and-swap, which is also how a handover request written
     /// by someone else is found.
-    pub(super) async fn renew(
-        &mut self,
-        fencing_token: u64,
+    async fn renew(
+        &self,
+        context: &Context,
+        campaign: &mut Campaign,
         changes: Option<&ExtensionChanges>,
     ) -> Result<Renewal, LockError> {
-        if let Some(cached) = self
-            .observed
-            .clone()
-            .filter(|o| self.is_ours(o, fencing_token) && o.record.handover_to().is_none())
+        let fencing_token = self.fencing_token;
+        let me = context.identity();
+        if let Some(cached) = campaign
+            .observed()
+            .filter(|o| is_ours(o, me, fencing_token) && o.record.handover_to().is_none())
+            .cloned()
         {
             let mut record = cached.record.clone();
-            record.renew_time = record.renewal_time(self.config.lease.wall_clock.now());
+            record.renew_time = record.renewal_time(context.config.lease.wall_clock.now());
             let written = match changes {
                 // Extensions change the record: a write, which renews too.
                 Some(changes) => {
                     changes.apply(&mut record.extensions);
-                    self.request("update", self.lock.update(&cached.version, &record))
+                    context
+                        .request("update", context.lock.update(&cached.version, &record))
                         .await
                 }
                 None => {
-                    self.request("renew", self.lock.renew(&cached.version, &record))
+                    context
+                        .request("renew", context.lock.renew(&cached.version, &record))
                         .await
                 }
             };
             match written {
                 Ok(stored) => {
-                    self.observe(stored);
+                    campaign.observe(context, stored);
                     return Ok(Renewal::Renewed);
                 }
                 Err(err) if err.is_conflict() => {}
                 Err(err) => return Err(err),
             }
         }
-        m::slow_path(&self.config.name);
-        let Some(current) = self.request("get", self.lock.get()).await? else {
+        m::slow_path(&context.config.name);
+        let Some(current) = context.request("get", context.lock.get()).await? else {
             return Ok(Renewal::Lost);
         };
-        self.observe(current.clone());
-        if !self.is_ours(&current, fencing_token) {
+        campaign.observe(context, current.clone());
+        if !is_ours(&current, me, fencing_token) {
             return Ok(Renewal::Lost);
         }
         if let Some(to) = current.record.handover_to()
-            && to != self.identity()
+            && to != me
         {
             return Ok(Renewal::HandOver(to.to_owned()));
         }
         let mut record = current.record.clone();
-        record.renew_time = record.renewal_time(self.config.lease.wall_clock.now());
+        record.renew_time = record.renewal_time(context.config.lease.wall_clock.now());
         if let Some(changes) = changes {
             changes.apply(&mut record.extensions);
         }
         let stored = if record.handover_to().is_some() || changes.is_some() {
             // A request naming this leader is fulfilled already: clear it.
             record.preferred_holder = None;
-            self.request("update", self.lock.update(&current.version, &record))
+            context
+                .request("update", context.lock.update(&current.version, &record))
                 .await?
         } else {
-            self.request("renew", self.lock.renew(&current.version, &record))
+            context
+                .request("renew", context.lock.renew(&current.version, &record))
                 .await?
         };
-        self.observe(stored);
+        campaign.observe(context, stored);
         Ok(Renewal::Renewed)
     }
+}
 
-    /// The record is this term's: our identity and our fencing token (a re-acquisition by a
-    /// process with the same identity would have raised the token).
-    pub(super) fn is_ours(&self, observed: &Observed, fencing_token: u64) -> bool {
-        rules::is_term(&observed.record, self.identity(), fencing_token)
-    }
+/// The record is the term `fencing_token` of identity `me`: a re-acquisition by a process with
+/// the same identity would have raised the token.
+fn is_ours(observed: &Observed, me: &str, fencing_token: u64) -> bool {
+    rules::is_term(&observed.record, me, fencing_token)
+}
 
-    /// Clears the holder with a compare-and-swap, so a release never frees a lease that someone
-    /// else holds (S6). A handover names `hand_to` as the next holder; otherwise a pending
-    /// request in the record is kept.
-    pub(super) async fn release(&mut self, fencing_token: u64, hand_to: Option<&str>) -> bool {
-        let mut current = self.observed.clone();
-        // Two tries: from the cached record, then, if that lost the compare-and-swap, from a
-        // fresh read. The cache can be stale without anyone else having written: a renewal cut
-        // short by the shutdown may still have reached the store.
-        for attempt in 0..2 {
-            let Some(ours) = current.filter(|o| self.is_ours(o, fencing_token)) else {
-                return false;
-            };
-            let mut record = rules::released(&ours.record, self.config.lease.wall_clock.now());
-            if let Some(to) = hand_to {
-                record.preferred_holder = Some(to.to_owned());
+/// Clears the holder of term `fencing_token` with a compare-and-swap, so a release never frees
+/// a lease that someone else holds (S6). A handover names `hand_to` as the next holder;
+/// otherwise a pending request in the record is kept. True when released.
+async fn release(
+    context: &mut Context,
+    campaign: &mut Campaign,
+    fencing_token: u64,
+    hand_to: Option<&str>,
+) -> bool {
+    let mut current = campaign.observed().cloned();
+    // Two tries: from the cached record, then, if that lost the compare-and-swap, from a
+    // fresh read. The cache can be stale without anyone else having written: a renewal cut
+    // short by the shutdown may still have reached the store.
+    for attempt in 0..2 {
+        let Some(ours) = current.filter(|o| is_ours(o, context.identity(), fencing_token)) else {
+            return false;
+        };
+        let mut record = rules::released(&ours.record, context.config.lease.wall_clock.now());
+        if let Some(to) = hand_to {
+            record.preferred_holder = Some(to.to_owned());
+        }
+        match context
+            .request("release", context.lock.update(&ours.version, &record))
+            .await
+        {
+            Ok(stored) => {
+                tracing::info!(fencing_token, "released the lease");
+                campaign.observe(context, stored);
+                return true;
             }
-            match self
-                .request("release", self.lock.update(&ours.version, &record))
-                .await
-            {
-                Ok(stored) => {
-                    tracing::info!(fencing_token, "released the lease");
-                    self.observe(stored);
-                    return true;
-                }
-                Err(err) if err.is_conflict() && attempt == 0 => {
-                    current = match self.request("get", self.lock.get()).await {
-                        Ok(fresh) => fresh,
-                        Err(err) => {
-                            self.report_error("release", err);
-                            return false;
-                        }
-                    };
-                    if let Some(fresh) = &current {
-                        self.observe(fresh.clone());
+            Err(err) if err.is_conflict() && attempt == 0 => {
+                current = match context.request("get", context.lock.get()).await {
+                    Ok(fresh) => fresh,
+                    Err(err) => {
+                        context.report_error("release", err, NO_FAILED_ATTEMPTS);
+                        return false;
                     }
+                };
+                if let Some(fresh) = &current {
+                    campaign.observe(context, fresh.clone());
                 }
-                Err(err) => {
-                    self.report_error("release", err);
-                    return false;
-                }
+            }
+            Err(err) => {
+                context.report_error("release", err, NO_FAILED_ATTEMPTS);
+                return false;
             }
         }
-        false
     }
+    false
 }
