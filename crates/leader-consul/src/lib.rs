@@ -8,6 +8,7 @@ mod lock;
 mod session;
 mod set;
 mod store;
+mod sweeper;
 mod url;
 
 pub use lock::ConsulLock;

@@ -16,7 +16,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
 use crate::error::{BACKEND, Refusal, acl_rules, refusal};
-use crate::key::{RENEWAL_SUFFIX, check_name};
+use crate::key::{RENEWAL_SUFFIX, check_name, encode_key};
 use crate::session::{self, SessionSlot};
 use crate::store::ConsulStore;
 
@@ -69,19 +69,6 @@ fn renewal_of(renewal: &Entry) -> (Option<String>, Option<chrono::DateTime<chron
         value["session"].as_str().map(str::to_owned),
         serde_json::from_value(value["renewTime"].clone()).ok(),
     )
-}
-
-/// Percent-encodes a key for the URL path, keeping its slashes.
-pub(crate) fn encode_key(key: &str) -> String {
-    let mut encoded = String::with_capacity(key.len());
-    for byte in key.bytes() {
-        if byte.is_ascii_alphanumeric() || b"-_./".contains(&byte) {
-            encoded.push(char::from(byte));
-        } else {
-            encoded.push_str(&format!("%{byte:02X}"));
-        }
-    }
-    encoded
 }
 
 /// A [`ResourceLock`] on one Consul KV key:

@@ -11,6 +11,7 @@ use tokio::time::Instant;
 
 use crate::error::BACKEND;
 use crate::store::ConsulStore;
+use crate::sweeper::Due;
 
 /// The longest lock-delay Consul applies (`MaxLockDelay`).
 const LOCK_DELAY_MAX: Duration = Duration::from_secs(60);
@@ -65,34 +66,6 @@ impl SessionSlot {
 /// The name of the sessions that lock `key`: the key, then the candidate's identity.
 fn name(key: &str, identity: &str) -> String {
     format!("leader {key} {identity}")
-}
-
-/// The sweeps a store has to make: sessions left behind for a key, destroyed a lease into a
-/// term of this process on that key (see [`sweep_later`]). One task per store makes them, a
-/// few at a time: a shard set's member that takes a thousand shards schedules a thousand
-/// sweeps, which cost one list of the node's sessions and one read of the keys per batch due,
-/// instead of a list of every session of the datacenter per shard.
-#[derive(Debug, Default)]
-pub(crate) struct Sweeper {
-    pending: Mutex<Pending>,
-}
-
-#[derive(Debug, Default)]
-struct Pending {
-    /// By key: this process's session that locked it, the raft index it locked it at, and
-    /// when to sweep.
-    keys: HashMap<String, Due>,
-    /// Whether the store's sweeping task runs.
-    running: bool,
-    /// The node of the store's sessions, once known.
-    node: Option<String>,
-}
-
-#[derive(Debug)]
-struct Due {
-    ours: String,
-    locked_at: u64,
-    at: Instant,
 }
 
 /// How long the sweeping task waits past the first sweep due for others to come due.
@@ -221,7 +194,7 @@ async fn sweep(store: &ConsulStore, due: &[(String, Due)]) {
     let Some(node) = node_of(store, &first.ours).await else {
         return;
     };
-    let path = format!("/v1/session/node/{}", crate::lock::encode_key(&node));
+    let path = format!("/v1/session/node/{}", crate::key::encode_key(&node));
     let context = format!("{} session list of node {node}", store.address());
     let answer = match store
         .send(&context, Method::GET, &path, &[], None, Duration::ZERO)

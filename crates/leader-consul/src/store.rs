@@ -145,7 +145,7 @@ impl ConsulStoreBuilder {
                 prefix: self.prefix,
                 timeout: self.timeout,
                 session_node: self.session_node,
-                sweeper: crate::session::Sweeper::default(),
+                sweeper: crate::sweeper::Sweeper::default(),
             }),
         })
     }
@@ -178,7 +178,7 @@ pub(crate) struct Inner {
     pub(crate) timeout: Duration,
     pub(crate) session_node: Option<String>,
     /// The sessions left behind to destroy, for every lock of this store.
-    pub(crate) sweeper: crate::session::Sweeper,
+    pub(crate) sweeper: crate::sweeper::Sweeper,
 }
 
 impl fmt::Debug for ConsulStore {

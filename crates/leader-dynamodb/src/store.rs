@@ -49,7 +49,7 @@ impl fmt::Debug for DynamoStoreBuilder {
 }
 
 impl DynamoStoreBuilder {
-    fn new(table: Result<String, String>) -> Self {
+    pub(crate) fn new(table: Result<String, String>) -> Self {
         Self {
             table,
             create_table: false,
@@ -197,19 +197,6 @@ impl fmt::Debug for DynamoStore {
 }
 
 impl DynamoStore {
-    /// A store from a URL, `dynamodb://TABLE`, with the parameters `create_table=true` and
-    /// `allow_global_table=true` ([`DynamoStoreBuilder::create_table`],
-    /// [`DynamoStoreBuilder::allow_global_table`]). Region, endpoint and credentials come from
-    /// the AWS environment, as every AWS SDK reads it (`AWS_REGION`, `AWS_ENDPOINT_URL` or
-    /// `AWS_ENDPOINT_URL_DYNAMODB`, `AWS_ACCESS_KEY_ID`, `AWS_PROFILE`, a web identity, the
-    /// container's or instance's role); the URL holds none of them.
-    pub fn from_url(url: &str) -> DynamoStoreBuilder {
-        match crate::url::LockUrl::parse(url) {
-            Ok(parsed) => parsed.builder(),
-            Err(err) => DynamoStoreBuilder::new(Err(err.to_string())),
-        }
-    }
-
     /// A store on `table`, configured from the AWS environment (see
     /// [`from_url`](Self::from_url)).
     pub fn builder(table: impl Into<String>) -> DynamoStoreBuilder {

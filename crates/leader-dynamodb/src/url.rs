@@ -126,6 +126,21 @@ impl LockTarget for LockUrl {
     }
 }
 
+impl DynamoStore {
+    /// A store from a URL, `dynamodb://TABLE`, with the parameters `create_table=true` and
+    /// `allow_global_table=true` ([`DynamoStoreBuilder::create_table`],
+    /// [`DynamoStoreBuilder::allow_global_table`]). Region, endpoint and credentials come from
+    /// the AWS environment, as every AWS SDK reads it (`AWS_REGION`, `AWS_ENDPOINT_URL` or
+    /// `AWS_ENDPOINT_URL_DYNAMODB`, `AWS_ACCESS_KEY_ID`, `AWS_PROFILE`, a web identity, the
+    /// container's or instance's role); the URL holds none of them.
+    pub fn from_url(url: &str) -> DynamoStoreBuilder {
+        match LockUrl::parse(url) {
+            Ok(parsed) => parsed.builder(),
+            Err(err) => DynamoStoreBuilder::new(Err(err.to_string())),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

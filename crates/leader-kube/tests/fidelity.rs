@@ -81,16 +81,24 @@ impl Target {
     }
 
     /// Stores a Lease through the API, as another client would (replacing any earlier one).
+    /// A candidate of ours may create the Lease again between the delete and the create (it
+    /// sees none, and takes it): then the delete and the create are made again.
     async fn put(&self, name: &str, metadata: Value, spec: Value) {
-        let _ = self.leases().delete(name, &DeleteParams::default()).await;
         let mut lease = json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
             "metadata": metadata, "spec": spec});
         lease["metadata"]["name"] = json!(name);
         let lease: Lease = serde_json::from_value(lease).expect("a Lease");
-        self.leases()
-            .create(&PostParams::default(), &lease)
-            .await
-            .expect("create the Lease");
+        for _ in 0..20 {
+            let _ = self.leases().delete(name, &DeleteParams::default()).await;
+            match self.leases().create(&PostParams::default(), &lease).await {
+                Err(kube::Error::Api(status)) if status.code == 409 => continue,
+                created => {
+                    created.expect("create the Lease");
+                    return;
+                }
+            }
+        }
+        panic!("the Lease {name} was created again by others 20 times in a row");
     }
 
     /// The Lease as the API returns it.

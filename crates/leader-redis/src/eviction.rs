@@ -7,10 +7,10 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use leader_core::LockError;
+use redis::aio::ConnectionManager;
 use tokio::time::Instant;
 
 use crate::error::{BACKEND, map};
-use crate::store::{Lane, RedisStore};
 
 /// How long a check that passed stands for the terms that start after it: a shard set's member
 /// that takes a thousand shards at once asks once, not a thousand times.
@@ -68,13 +68,17 @@ impl Eviction {
     }
 }
 
-impl RedisStore {
-    /// Checks the server's eviction setting: [`LockError::Misconfigured`] naming it when the
-    /// server can evict the lock's keys. A server that will not tell (`INFO` denied by its
-    /// ACL) is accepted with a warning, said once; an outage is returned as it is. A check
-    /// that passed stands for a second.
-    pub(crate) async fn check_eviction(&self) -> Result<(), LockError> {
-        let check = &self.inner.eviction;
+impl EvictionCheck {
+    /// Checks the eviction setting of `server` (its redacted address) over `connection`:
+    /// [`LockError::Misconfigured`] naming it when the server can evict the lock's keys. A
+    /// server that will not tell (`INFO` denied by its ACL) is accepted with a warning, said
+    /// once; an outage is returned as it is. A check that passed stands for a second.
+    pub(crate) async fn run(
+        &self,
+        server: &str,
+        mut connection: ConnectionManager,
+    ) -> Result<(), LockError> {
+        let check = self;
         let recent = check
             .passed_at
             .lock()
@@ -83,8 +87,6 @@ impl RedisStore {
         if recent {
             return Ok(());
         }
-        let server = &self.inner.redacted;
-        let mut connection = self.connection_of(Lane::Main);
         let info: Result<String, _> = redis::cmd("INFO")
             .arg("memory")
             .query_async(&mut connection)

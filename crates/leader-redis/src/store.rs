@@ -147,6 +147,14 @@ impl RedisStore {
             .clone()
     }
 
+    /// Checks the server's eviction setting ([`EvictionCheck::run`]) on the main connection.
+    pub(crate) async fn check_eviction(&self) -> Result<(), LockError> {
+        self.inner
+            .eviction
+            .run(&self.inner.redacted, self.connection_of(Lane::Main))
+            .await
+    }
+
     /// The connection of `lane`.
     pub(crate) fn connection_of(&self, lane: Lane) -> ConnectionManager {
         match lane {
