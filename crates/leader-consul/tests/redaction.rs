@@ -3,8 +3,7 @@
 //! percent-encoded). No agent is needed: the client sends nothing until a lock asks.
 
 use leader_consul::{ConsulStore, LockUrl};
-use leader_core::LockTarget;
-use leader_test_support::secrets::{assert_hidden, passwords, tokens};
+use leader_test_support::secrets::{assert_built_hidden, assert_parsed_hidden, passwords, tokens};
 
 /// Lock URLs with each password, as user-info or as a parameter, and with each token.
 fn urls() -> Vec<String> {
@@ -34,28 +33,15 @@ fn addresses() -> Vec<String> {
     addresses
 }
 
-#[test]
-fn redact_passwords_and_tokens_of_lock_urls_and_stores() {
+#[tokio::test]
+async fn redact_passwords_and_tokens_of_lock_urls_and_stores() {
     for url in urls() {
-        match LockUrl::parse(&url) {
-            Err(err) => assert_hidden(&url, &format!("{err} {err:?}")),
-            Ok(parsed) => {
-                assert_hidden(&url, &format!("{} {parsed:?}", parsed.describe()));
-                let store = parsed.store();
-                assert_hidden(&url, &format!("{store:?}"));
-                match store.build() {
-                    Ok(store) => assert_hidden(&url, &format!("{store:?}")),
-                    Err(err) => assert_hidden(&url, &format!("{err} {err:?}")),
-                }
-            }
+        if let Some(parsed) = assert_parsed_hidden(&url, LockUrl::parse(&url)) {
+            assert_built_hidden(&url, parsed.store(), async |b| b.build()).await;
         }
     }
     for address in addresses() {
-        let store = ConsulStore::builder(&address).token("p4ss-w0rd");
-        assert_hidden(&address, &format!("{store:?}"));
-        match store.build() {
-            Ok(store) => assert_hidden(&address, &format!("{store:?}")),
-            Err(err) => assert_hidden(&address, &format!("{err} {err:?}")),
-        }
+        let builder = ConsulStore::builder(&address).token("p4ss-w0rd");
+        assert_built_hidden(&address, builder, async |b| b.build()).await;
     }
 }

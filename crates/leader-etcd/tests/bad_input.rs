@@ -4,14 +4,13 @@
 
 mod common;
 
-use leader_test_support::next_leader;
-
 use std::time::Duration;
 
 use common::{PrivateEtcd, Running, unique};
-use leader_core::conformance::record;
-use leader_core::{LockError, ResourceLock};
+use leader_core::ResourceLock;
 use leader_etcd::EtcdStore;
+use leader_test_support::secrets::assert_wrong_password;
+use leader_test_support::{assert_server_down, leader_and_follower, next_leader, unreadable};
 use tokio::time::sleep;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -25,20 +24,8 @@ async fn a_value_that_is_not_a_record_is_reported_never_overwritten_and_the_elec
         .put(lock.key(), "{\"holderIdentity\": 42}", None)
         .await
         .expect("write garbage");
-    let err = lock.get().await.expect_err("garbage");
-    assert!(matches!(err, LockError::InvalidRecord { .. }), "{err:?}");
-    assert!(err.to_string().contains(lock.key()), "{err}");
-    let err = lock
-        .try_acquire(&record("a", 0))
-        .await
-        .expect_err("garbage");
-    assert!(matches!(err, LockError::InvalidRecord { .. }), "{err:?}");
-
     let key = lock.key().to_owned();
-    let mut elector = Running::start(lock);
-    elector
-        .stays_alive_without_leading(Duration::from_millis(1500))
-        .await;
+    let mut elector = unreadable::reported_while_the_elector_waits(lock, "garbage", &key).await;
     let value = client.get(key.as_str(), None).await.expect("get");
     assert_eq!(
         value.kvs()[0].value(),
@@ -75,14 +62,7 @@ async fn wrong_credentials_are_a_clear_error_that_never_shows_the_password() {
         !format!("{builder:?}").contains(secret),
         "Debug shows the password"
     );
-    let err = builder.build().await.expect_err("wrong password");
-    assert!(matches!(err, LockError::Forbidden { .. }), "{err:?}");
-    let shown = format!("{err} {err:?}");
-    assert!(shown.contains("authentication failed"), "{shown}");
-    assert!(
-        !shown.contains(secret),
-        "the error shows the password: {shown}"
-    );
+    assert_wrong_password(builder.build().await, secret);
 
     let store = EtcdStore::builder([etcd.endpoint()])
         .user("root", "root-password")
@@ -105,30 +85,12 @@ async fn electors_step_down_while_etcd_is_down_and_recover_when_it_is_back() {
         .await
         .expect("connect");
     let name = unique("restart");
-    let mut leader = Running::start(store.lock(&name, "first"));
-    let token = leader.wait_leading(Duration::from_secs(10)).await;
-    let term = leader
-        .state
-        .borrow()
-        .leadership()
-        .map(|l| l.cancellation_token())
-        .expect("leading");
-    let follower = Running::start(store.lock(&name, "second"));
+    let (leader, token, term, follower) =
+        leader_and_follower(store.lock(&name, "first"), store.lock(&name, "second")).await;
     sleep(Duration::from_secs(1)).await;
 
     etcd.stop();
-    let err = store
-        .lock(&name, "probe")
-        .get()
-        .await
-        .expect_err("server is down");
-    assert!(
-        matches!(
-            err,
-            LockError::Unavailable { .. } | LockError::Timeout { .. }
-        ),
-        "{err:?}"
-    );
+    assert_server_down(store.lock(&name, "probe").get().await);
     tokio::time::timeout(common::RENEW + common::RETRY * 3, term.cancelled())
         .await
         .expect("the leader steps down by its renew deadline");

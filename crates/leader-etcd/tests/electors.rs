@@ -3,6 +3,7 @@
 
 mod common;
 
+use leader_test_support::started_leading;
 use std::time::Duration;
 
 use common::{Factory, RETRY, Running, unique};
@@ -30,14 +31,8 @@ async fn a_revoked_lease_makes_the_holder_step_down_and_another_take_over() {
     let name = unique("revoke");
     let holder_lock = store.lock(&name, "first");
     let lease_of = holder_lock.clone();
-    let mut holder = Running::start(holder_lock);
-    let token = holder.wait_leading(Duration::from_secs(10)).await;
-    let term = holder
-        .state
-        .borrow()
-        .leadership()
-        .map(|l| l.cancellation_token())
-        .expect("leading");
+    let (holder, token) = started_leading(holder_lock).await;
+    let term = holder.term().expect("leading");
     let mut follower = Running::start(store.lock(&name, "second"));
     sleep(RETRY * 3 / 2).await; // mid-way between two renewals
     let lease = lease_of
@@ -173,8 +168,7 @@ async fn a_release_hands_the_lease_to_the_longest_waiting_candidate() {
     let first = store.lock(&name, "a");
     let key = first.key().to_owned();
     let waiting = |identity: &str| format!("{key}.candidates/{identity}");
-    let mut a = Running::start(first);
-    let token = a.wait_leading(Duration::from_secs(10)).await;
+    let (a, token) = started_leading(first).await;
     // b registers while a leads, then c.
     let mut b = Running::start(store.lock(&name, "b"));
     wait_for_key(&store, &waiting("b"), true, Duration::from_secs(10)).await;

@@ -8,10 +8,10 @@ mod common;
 use std::time::Duration;
 
 use common::unique;
-use leader_core::conformance::record;
-use leader_core::{Acquisition, LeaderElectionRecord, LockError, ResourceLock};
+use leader_core::{Acquisition, LockError, ResourceLock};
 use leader_mysql::MysqlStore;
 use leader_mysql::mysql_async::prelude::Queryable;
+use leader_test_support::held_lease::{assert_held, hold, lease, renew, take};
 
 /// A store whose pool holds one connection: the connection another user of the pool changes is
 /// the one the lock gets next.
@@ -42,12 +42,6 @@ async fn set_session_clock(store: &MysqlStore, seconds: i64) {
     drop(conn);
 }
 
-fn lease(holder: &str) -> LeaderElectionRecord {
-    let mut record = record(holder, 1);
-    record.lease_duration = Duration::from_secs(30);
-    record
-}
-
 /// The holder's lease as another store reads it, by the server's own clock.
 async fn time_left(name: &str) -> Duration {
     let store = MysqlStore::connect(common::mysql_url())
@@ -69,35 +63,10 @@ async fn a_session_clock_set_ahead_takes_no_held_lease() {
         return;
     };
     let name = unique("clock-ahead");
-    let holder = holder_store.lock(&name, "holder");
-    let Some(Acquisition::Acquired(held)) =
-        holder.try_acquire(&lease("holder")).await.expect("acquire")
-    else {
-        panic!("a new election is free");
-    };
-    let mut renewal = held.record.clone();
-    renewal.renew_time = chrono::Utc::now();
-    holder.update(&held.version, &renewal).await.expect("renew");
-
+    hold(&holder_store.lock(&name, "holder")).await;
     let candidate_store = one_connection_store().await;
     set_session_clock(&candidate_store, 3600).await;
-    let candidate = candidate_store.lock(&name, "candidate");
-    match candidate.try_acquire(&lease("candidate")).await {
-        Ok(Some(Acquisition::Held { expires_in, .. })) => {
-            let left = expires_in.expect("the server tells the time left");
-            assert!(
-                left > Duration::from_secs(20) && left <= Duration::from_secs(30),
-                "time left by the lock's clock: {left:?}"
-            );
-        }
-        other => panic!("a candidate an hour ahead took or broke a held lease: {other:?}"),
-    }
-    let left = candidate
-        .time_left()
-        .await
-        .expect("time left")
-        .expect("held");
-    assert!(left > Duration::from_secs(20), "time left: {left:?}");
+    assert_held(&candidate_store.lock(&name, "candidate")).await;
 }
 
 /// A holder whose pooled connection had its session clock set an hour behind renews for its
@@ -110,15 +79,9 @@ async fn a_session_clock_set_behind_renews_no_lease_into_the_past() {
     let holder_store = one_connection_store().await;
     let name = unique("clock-behind");
     let holder = holder_store.lock(&name, "holder");
-    let Some(Acquisition::Acquired(held)) =
-        holder.try_acquire(&lease("holder")).await.expect("acquire")
-    else {
-        panic!("a new election is free");
-    };
+    let held = take(&holder).await;
     set_session_clock(&holder_store, -3600).await;
-    let mut renewal = held.record.clone();
-    renewal.renew_time = chrono::Utc::now();
-    holder.update(&held.version, &renewal).await.expect("renew");
+    renew(&holder, &held).await;
     let left = time_left(&name).await;
     assert!(
         left > Duration::from_secs(20),

@@ -2,9 +2,9 @@
 
 mod common;
 
-use std::time::Duration;
+use leader_test_support::started_leading;
 
-use common::{Factory, RENEW, Running, unique};
+use common::{Factory, RENEW, unique};
 use leader_core::conformance;
 use leader_mysql::mysql_async::prelude::Queryable;
 use tokio::time::sleep;
@@ -26,8 +26,7 @@ async fn a_leader_rides_out_its_connections_killed() {
         return;
     };
     let name = unique("killed");
-    let mut leader = Running::start(store.lock(&name, "first"));
-    let token = leader.wait_leading(Duration::from_secs(10)).await;
+    let (leader, token) = started_leading(store.lock(&name, "first")).await;
     let mut admin = common::admin().await.expect("server");
     for _ in 0..3 {
         // Every connection of the store's pool (4): held at once, so each is a different one.

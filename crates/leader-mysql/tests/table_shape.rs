@@ -3,18 +3,13 @@
 
 mod common;
 
-use chrono::Utc;
 use common::unique;
-use leader_core::backend::Known;
-use leader_core::conformance::{record, renewals};
-use leader_core::{Acquisition, LockSet, Observed, ResourceLock, request_handover};
+use leader_core::ResourceLock;
 use leader_mysql::MysqlStore;
 use leader_mysql::mysql_async::Conn;
 use leader_mysql::mysql_async::prelude::Queryable;
+use leader_test_support::later_column::{LATER, LaterColumn, LaterTable};
 use tokio::sync::Mutex;
-
-/// What a later release wrote into its own column.
-const LATER: &str = "n+1";
 
 /// The current lock table, in `database`, plus a nullable column this release does not know,
 /// as a later release's migration would add it.
@@ -33,16 +28,13 @@ fn later_layout(database: &str) -> String {
     layout
 }
 
-/// The later release's column of `database.leader_election`, watched through this release's
-/// writes.
-struct LaterColumn<'a> {
+/// `database.leader_election` with a later release's column, through an admin connection.
+struct LaterTableOf<'a> {
     admin: Mutex<Conn>,
     database: &'a str,
-    store: &'a MysqlStore,
 }
 
-impl LaterColumn<'_> {
-    /// A free record of election `name` as a later release wrote it, with its column set.
+impl LaterTable for LaterTableOf<'_> {
     async fn write(&self, name: &str) {
         self.admin
             .lock()
@@ -61,9 +53,7 @@ impl LaterColumn<'_> {
             .expect("a later release's record");
     }
 
-    /// After `step`: the column of `name` still holds the later release's value, and `get` and a
-    /// shard set's `get_many` both read the record.
-    async fn kept(&self, step: &str, name: &str, lock: &dyn ResourceLock) -> Observed {
+    async fn column(&self, name: &str) -> Result<Option<String>, String> {
         let value: Option<Option<String>> = self
             .admin
             .lock()
@@ -76,84 +66,8 @@ impl LaterColumn<'_> {
                 (name,),
             )
             .await
-            .unwrap_or_else(|err| panic!("{step}: the row of {name}: {err}"));
-        let value = value.unwrap_or_else(|| panic!("{step}: the row of {name} is gone"));
-        assert_eq!(
-            value.as_deref(),
-            Some(LATER),
-            "{step}: the later release's column of {name} lost its value"
-        );
-        let read = lock
-            .get()
-            .await
-            .unwrap_or_else(|err| panic!("{step}: get: {err}"))
-            .unwrap_or_else(|| panic!("{step}: get found no record"));
-        let many = self
-            .store
-            .lock_set("reader")
-            .get_many(&[name.to_owned()])
-            .await;
-        let [Ok(Some(many))] = many.as_slice() else {
-            panic!("{step}: get_many: {many:?}");
-        };
-        assert_eq!(many, &read, "{step}: get_many and get differ");
-        read
-    }
-
-    /// Every write of one election: `a` acquires, renews, updates with an extension, `b` asks
-    /// for a handover, `a` releases, `b` acquires; the column is checked after each.
-    async fn every_write(&self, name: &str, a: &dyn ResourceLock, b: &dyn ResourceLock) {
-        self.write(name).await;
-        self.kept("a later release's write", name, a).await;
-
-        let Some(Acquisition::Acquired(held)) =
-            a.try_acquire(&record("a", 0)).await.expect("acquisition")
-        else {
-            panic!("{name}: a did not take the free lease");
-        };
-        let read = self.kept("an acquisition", name, a).await;
-        assert!(read.record.is_held_by("a"), "{read:?}");
-
-        let mut renewal = held.record.clone();
-        renewal.renew_time = renewal.renewal_time(Utc::now());
-        let renewed = a.renew(&held.version, &renewal).await.expect("renewal");
-        self.kept("a renewal", name, a).await;
-
-        let mut extended = renewed.record.clone();
-        extended.renew_time = extended.renewal_time(Utc::now());
-        extended
-            .extensions
-            .insert("schedule".to_owned(), "fired=1".to_owned());
-        a.update(&renewed.version, &extended)
-            .await
-            .expect("update with an extension");
-        let read = self.kept("an update with an extension", name, a).await;
-        assert_eq!(read.record.extensions, extended.extensions);
-
-        request_handover(b, "b").await.expect("handover request");
-        let requested = self.kept("a handover request", name, a).await;
-        assert_eq!(requested.record.handover_to(), Some("b"));
-
-        let now = Utc::now();
-        let mut released = requested.record.clone();
-        released.holder_identity = String::new();
-        released.acquire_time = now;
-        released.renew_time = now;
-        a.update(&requested.version, &released)
-            .await
-            .expect("release");
-        let read = self.kept("a release", name, a).await;
-        assert!(read.record.is_free(), "{read:?}");
-
-        let Some(Acquisition::Acquired(_)) =
-            b.try_acquire(&record("b", 0)).await.expect("acquisition")
-        else {
-            panic!("{name}: b did not take the lease handed to it");
-        };
-        let read = self.kept("another candidate's acquisition", name, b).await;
-        assert!(read.record.is_held_by("b"), "{read:?}");
-        assert!(read.record.leader_transitions > held.record.leader_transitions);
-        assert_eq!(read.record.extensions, extended.extensions);
+            .map_err(|err| err.to_string())?;
+        value.ok_or_else(|| "the row is gone".to_owned())
     }
 }
 
@@ -182,9 +96,11 @@ async fn a_later_release_s_column_is_kept_by_every_write() {
         .await
         .expect("a lock table with a later release's column");
     let later = LaterColumn {
-        admin: Mutex::new(admin),
-        database: &database,
-        store: &store,
+        table: LaterTableOf {
+            admin: Mutex::new(admin),
+            database: &database,
+        },
+        reader: store.lock_set("reader"),
     };
 
     later
@@ -197,40 +113,9 @@ async fn a_later_release_s_column_is_kept_by_every_write() {
     later.every_write("named-jobs", &a, &b).await;
     a.close().await;
     b.close().await;
+    later.every_shard_write(&store.lock_set("m")).await;
 
-    let set = store.lock_set("m");
-    let keys = ["shard-0".to_owned(), "shard-1".to_owned()];
-    let mut taken = Vec::new();
-    for key in &keys {
-        later.write(key).await;
-        let Some(Acquisition::Acquired(held)) = set
-            .lock(key)
-            .try_acquire(&record("m", 0))
-            .await
-            .expect("a shard's acquisition")
-        else {
-            panic!("{key}: m did not take the free lease");
-        };
-        later
-            .kept("a shard's acquisition", key, &*set.lock(key))
-            .await;
-        taken.push((key.clone(), held));
-    }
-    let mut renewed = Vec::new();
-    for (key, result) in keys.iter().zip(set.renew_many(&renewals(&taken)).await) {
-        renewed.push((key.clone(), result.expect("a batched renewal")));
-        later.kept("a batched renewal", key, &*set.lock(key)).await;
-    }
-    let round = set
-        .renew_and_read(&renewals(&renewed), &keys, &[Known::Nothing; 2])
-        .await;
-    for ((key, renewal), read) in keys.iter().zip(round.renewed).zip(round.read) {
-        renewal.expect("a round's renewal");
-        read.expect("a round's read");
-        later.kept("a round's renewal", key, &*set.lock(key)).await;
-    }
-
-    let mut admin = later.admin.into_inner();
+    let mut admin = later.table.admin.into_inner();
     admin
         .query_drop(format!("DROP DATABASE `{database}`"))
         .await

@@ -3,9 +3,10 @@
 
 mod common;
 
+use leader_test_support::started_leading;
 use std::time::Duration;
 
-use common::{Factory, Running, unique};
+use common::{Factory, unique};
 use leader_core::{ResourceLock, conformance};
 use leader_nats::key_of;
 use tokio::time::sleep;
@@ -29,8 +30,7 @@ async fn a_deleted_key_keeps_the_tokens_growing() {
         return;
     };
     let name = unique("deleted");
-    let mut first = Running::start(store.lock(&name, "first"));
-    let token = first.wait_leading(Duration::from_secs(10)).await;
+    let (first, token) = started_leading(store.lock(&name, "first")).await;
     let kv = store.kv().await.expect("bucket");
     let probe = store.lock(&name, "probe");
     for purge in [false, true] {

@@ -4,9 +4,10 @@
 
 mod common;
 
+use leader_test_support::started_leading;
 use std::time::{Duration, Instant};
 
-use common::{Running, Server, unique};
+use common::{Server, unique};
 use futures_util::StreamExt;
 use leader_core::{LockError, Observed, ResourceLock, conformance};
 use leader_nats::async_nats::{self, jetstream};
@@ -141,8 +142,7 @@ async fn a_bucket_deleted_under_a_leader_is_created_again() {
         .expect("store");
     lock_store.kv().await.expect("bucket");
     write_elsewhere(&url, 50).await;
-    let mut elector = Running::start(lock_store.lock(unique("deleted"), "a"));
-    let before = elector.wait_leading(Duration::from_secs(10)).await;
+    let (elector, before) = started_leading(lock_store.lock(unique("deleted"), "a")).await;
     assert!(before > 50, "token {before}");
 
     delete_bucket(&admin).await;

@@ -2,9 +2,8 @@
 //! however it is written (`/`, `?`, `#`, `@`, `:` raw or percent-encoded). No server is needed:
 //! the client connects in the background.
 
-use leader_core::LockTarget;
 use leader_nats::{LockUrl, NatsStore};
-use leader_test_support::secrets::{assert_hidden, passwords, tokens};
+use leader_test_support::secrets::{assert_built_hidden, assert_parsed_hidden, passwords, tokens};
 
 /// `value` as a URL parameter's value.
 fn encoded(value: &str) -> String {
@@ -52,25 +51,12 @@ fn servers() -> Vec<String> {
 #[tokio::test]
 async fn redact_passwords_and_tokens_of_lock_urls_and_stores() {
     for url in urls() {
-        match LockUrl::parse(&url) {
-            Err(err) => assert_hidden(&url, &format!("{err} {err:?}")),
-            Ok(parsed) => {
-                assert_hidden(&url, &format!("{} {parsed:?}", parsed.describe()));
-                let store = parsed.store();
-                assert_hidden(&url, &format!("{store:?}"));
-                match store.build().await {
-                    Ok(store) => assert_hidden(&url, &format!("{store:?}")),
-                    Err(err) => assert_hidden(&url, &format!("{err} {err:?}")),
-                }
-            }
+        if let Some(parsed) = assert_parsed_hidden(&url, LockUrl::parse(&url)) {
+            assert_built_hidden(&url, parsed.store(), async |b| b.build().await).await;
         }
     }
     for servers in servers() {
-        let store = NatsStore::builder(&servers);
-        assert_hidden(&servers, &format!("{store:?}"));
-        match store.build().await {
-            Ok(store) => assert_hidden(&servers, &format!("{store:?}")),
-            Err(err) => assert_hidden(&servers, &format!("{err} {err:?}")),
-        }
+        let builder = NatsStore::builder(&servers);
+        assert_built_hidden(&servers, builder, async |b| b.build().await).await;
     }
 }

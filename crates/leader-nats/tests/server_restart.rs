@@ -7,10 +7,10 @@ mod common;
 
 use std::time::Duration;
 
-use common::{RETRY, Running, Server, unique};
+use common::{RETRY, Server, unique};
 use leader_core::ResourceLock;
 use leader_nats::NatsStore;
-use leader_test_support::{assert_outage_handled, next_leader};
+use leader_test_support::{assert_outage_handled, leader_and_follower, next_leader};
 use tokio::time::{Instant, sleep};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -25,10 +25,8 @@ async fn electors_step_down_while_nats_is_down_and_recover_when_it_is_back() {
         .await
         .expect("store");
     let name = unique("restart");
-    let mut leader = Running::start(store.lock(&name, "first"));
-    let token = leader.wait_leading(Duration::from_secs(10)).await;
-    let term = leader.term().expect("leading");
-    let follower = Running::start(store.lock(&name, "second"));
+    let (leader, token, term, follower) =
+        leader_and_follower(store.lock(&name, "first"), store.lock(&name, "second")).await;
     sleep(RETRY * 2).await;
 
     let stopped = Instant::now();

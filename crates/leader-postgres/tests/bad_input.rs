@@ -5,23 +5,13 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Running, unique};
+use common::{Running, conn_as, unique};
 use leader_core::backend::Renewal;
 use leader_core::conformance::{self, record};
 use leader_core::{LockError, LockSet, ResourceLock, Version};
 use leader_postgres::PostgresStore;
-
-/// A key-value connection string for the test server as `user`.
-fn conn_as(user: &str, password: &str) -> String {
-    let config: tokio_postgres::Config = common::database_url().parse().expect("DATABASE_URL");
-    let host = match config.get_hosts().first() {
-        Some(tokio_postgres::config::Host::Tcp(host)) => host.clone(),
-        _ => "127.0.0.1".to_owned(),
-    };
-    let port = config.get_ports().first().copied().unwrap_or(5432);
-    let db = config.get_dbname().unwrap_or("postgres");
-    format!("host={host} port={port} dbname={db} user={user} password={password}")
-}
+use leader_test_support::secrets::assert_wrong_password;
+use leader_test_support::unreadable;
 
 /// Candidates that start together on a fresh database all create the table at once: every one
 /// of them gets a store (Postgres's `CREATE TABLE IF NOT EXISTS` races on its own catalog).
@@ -93,20 +83,12 @@ async fn garbage_rows_are_reported_never_overwritten_and_the_elector_recovers() 
             )
             .await
             .expect("write garbage");
-        let lock = store.lock(&name, "a");
-        let err = lock.get().await.expect_err("garbage");
-        assert!(matches!(err, LockError::InvalidRecord { .. }), "{err:?}");
-        assert!(err.to_string().contains(expected), "{expected}: {err}");
-        let err = lock
-            .try_acquire(&record("a", 0))
-            .await
-            .expect_err("garbage");
-        assert!(matches!(err, LockError::InvalidRecord { .. }), "{err:?}");
-
-        let mut elector = Running::start(lock);
-        elector
-            .stays_alive_without_leading(Duration::from_millis(1500))
-            .await;
+        let mut elector = unreadable::reported_while_the_elector_waits(
+            store.lock(&name, "a"),
+            expected,
+            expected,
+        )
+        .await;
         let version: i64 = admin
             .query_one(
                 "SELECT version FROM public.leader_election WHERE name = $1",
@@ -250,18 +232,7 @@ async fn a_wrong_password_is_a_clear_error_that_never_shows_the_password() {
             !format!("{store:?}").contains(secret),
             "Debug shows the password"
         );
-        let err = store
-            .lock("jobs", "a")
-            .get()
-            .await
-            .expect_err("wrong password");
-        assert!(matches!(err, LockError::Forbidden { .. }), "{err:?}");
-        let shown = format!("{err} {err:?}");
-        assert!(shown.contains("authentication failed"), "{shown}");
-        assert!(
-            !shown.contains(secret),
-            "the error shows the password: {shown}"
-        );
+        assert_wrong_password(store.lock("jobs", "a").get().await, secret);
     }
 
     // The elector keeps trying, and recovers when the password becomes right.

@@ -6,12 +6,10 @@
 
 mod common;
 
-use std::time::Duration;
-
 use common::unique;
-use leader_core::conformance::record;
-use leader_core::{Acquisition, LeaderElectionRecord, ResourceLock};
+use leader_core::ResourceLock;
 use leader_postgres::PostgresStore;
+use leader_test_support::held_lease::{assert_held, hold, lease, take};
 
 /// A store whose pool holds one connection: the connection another user of the pool changes is
 /// the one the lock gets next.
@@ -28,46 +26,6 @@ async fn one_connection_store() -> PostgresStore {
 async fn on_pooled_connection(store: &PostgresStore, sql: &str) {
     let client = store.pool().get().await.expect("pooled");
     client.batch_execute(sql).await.expect(sql);
-}
-
-fn lease(holder: &str) -> LeaderElectionRecord {
-    let mut record = record(holder, 1);
-    record.lease_duration = Duration::from_secs(30);
-    record
-}
-
-/// Acquires election `name` for "holder" on `store`, and renews it once.
-async fn hold(store: &PostgresStore, name: &str) {
-    let holder = store.lock(name, "holder");
-    let Some(Acquisition::Acquired(held)) =
-        holder.try_acquire(&lease("holder")).await.expect("acquire")
-    else {
-        panic!("a new election is free");
-    };
-    let mut renewal = held.record.clone();
-    renewal.renew_time = chrono::Utc::now();
-    holder.update(&held.version, &renewal).await.expect("renew");
-}
-
-/// Asserts that a candidate on `store` finds election `name` held, for most of a 30 s lease.
-async fn assert_held(store: &PostgresStore, name: &str) {
-    let candidate = store.lock(name, "candidate");
-    match candidate.try_acquire(&lease("candidate")).await {
-        Ok(Some(Acquisition::Held { expires_in, .. })) => {
-            let left = expires_in.expect("the server tells the time left");
-            assert!(
-                left > Duration::from_secs(20) && left <= Duration::from_secs(30),
-                "time left by the lock's clock: {left:?}"
-            );
-        }
-        other => panic!("a candidate took or broke a held lease: {other:?}"),
-    }
-    let left = candidate
-        .time_left()
-        .await
-        .expect("time left")
-        .expect("held");
-    assert!(left > Duration::from_secs(20), "time left: {left:?}");
 }
 
 /// A schema with a `now()` of its own, `offset` away from the server's; dropped on drop.
@@ -118,10 +76,10 @@ async fn a_now_an_hour_ahead_on_the_search_path_takes_no_held_lease() {
     };
     let ahead = ShiftedNow::create("1 hour").await.expect("server");
     let name = unique("clock-ahead");
-    hold(&holder_store, &name).await;
+    hold(&holder_store.lock(&name, "holder")).await;
     let candidate_store = one_connection_store().await;
     on_pooled_connection(&candidate_store, &ahead.search_path()).await;
-    assert_held(&candidate_store, &name).await;
+    assert_held(&candidate_store.lock(&name, "candidate")).await;
 }
 
 /// A holder whose pooled connection's `search_path` finds a `now()` an hour behind renews for its
@@ -135,8 +93,8 @@ async fn a_now_an_hour_behind_on_the_search_path_renews_no_lease_into_the_past()
     let holder_store = one_connection_store().await;
     on_pooled_connection(&holder_store, &behind.search_path()).await;
     let name = unique("clock-behind");
-    hold(&holder_store, &name).await;
-    assert_held(&candidate_store, &name).await;
+    hold(&holder_store.lock(&name, "holder")).await;
+    assert_held(&candidate_store.lock(&name, "candidate")).await;
 }
 
 /// A session's time zone changes how times are shown, not the instants the lock compares: a
@@ -149,10 +107,10 @@ async fn a_session_time_zone_moves_no_lease() {
     let holder_store = one_connection_store().await;
     on_pooled_connection(&holder_store, "SET TIME ZONE 'Etc/GMT+12'").await;
     let name = unique("clock-zone");
-    hold(&holder_store, &name).await;
+    hold(&holder_store.lock(&name, "holder")).await;
     let candidate_store = one_connection_store().await;
     on_pooled_connection(&candidate_store, "SET TIME ZONE 'Pacific/Kiritimati'").await;
-    assert_held(&candidate_store, &name).await;
+    assert_held(&candidate_store.lock(&name, "candidate")).await;
 }
 
 /// A pooled connection that another user of the pool returned inside a transaction (whose
@@ -167,11 +125,7 @@ async fn a_pooled_connection_left_inside_a_transaction_decides_nothing() {
     let store = one_connection_store().await;
     let name = unique("left-open");
     let lock = store.lock(&name, "holder");
-    let Some(Acquisition::Acquired(held)) =
-        lock.try_acquire(&lease("holder")).await.expect("acquire")
-    else {
-        panic!("a new election is free");
-    };
+    let held = take(&lock).await;
     on_pooled_connection(&store, "BEGIN").await;
     let mut renewal = held.record.clone();
     renewal.renew_time = chrono::Utc::now();
@@ -208,5 +162,5 @@ async fn a_pooled_connection_left_inside_a_transaction_decides_nothing() {
         .await
         .expect_err("an attempt inside a transaction left open");
     assert!(err.to_string().contains("transaction"), "{err}");
-    assert_held(&candidate_store, &name).await;
+    assert_held(&candidate_store.lock(&name, "candidate")).await;
 }

@@ -2,6 +2,7 @@
 
 mod common;
 
+use leader_test_support::started_leading;
 use std::time::Duration;
 
 use common::{Factory, LEASE, RENEW, RETRY, Running, unique};
@@ -39,8 +40,7 @@ async fn advisory_leader_steps_down_when_its_session_is_killed() {
     let name = unique("terminate");
     let leader_lock = store.advisory_lock(&name, "first");
     let pid_of = leader_lock.clone();
-    let mut leader = Running::start(leader_lock);
-    let token = leader.wait_leading(Duration::from_secs(10)).await;
+    let (mut leader, token) = started_leading(leader_lock).await;
     let mut follower = Running::start(store.advisory_lock(&name, "second"));
     sleep(RETRY * 2).await;
     let pid = pid_of.backend_pid().await.expect("pid").expect("connected");
@@ -154,8 +154,7 @@ async fn table_leader_rides_out_a_killed_connection() {
         .await
         .expect("store");
     let name = unique("terminate-table");
-    let mut leader = Running::start(store.lock(&name, "first"));
-    let token = leader.wait_leading(Duration::from_secs(10)).await;
+    let (leader, token) = started_leading(store.lock(&name, "first")).await;
     let follower = Running::start(store.lock(&name, "second"));
     sleep(RETRY * 2).await;
     let killed: i64 = admin

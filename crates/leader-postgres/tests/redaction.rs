@@ -2,9 +2,10 @@
 //! it is written (`/`, `?`, `#`, `@`, `:` raw or percent-encoded). No server is needed: the
 //! store connects lazily.
 
-use leader_core::LockTarget;
 use leader_postgres::{LockUrl, PostgresStore};
-use leader_test_support::secrets::{assert_hidden, passwords};
+use leader_test_support::secrets::{
+    assert_built_hidden, assert_hidden, assert_parsed_hidden, passwords,
+};
 
 #[tokio::test]
 async fn redact_passwords_of_lock_urls_and_stores() {
@@ -14,26 +15,14 @@ async fn redact_passwords_of_lock_urls_and_stores() {
             format!("postgresql://app:{password}@db/app?sslmode=disable&table=locks"),
             format!("postgres://app:{password}@db/app?advisory=maybe"),
         ] {
-            match LockUrl::parse(&url) {
-                Err(err) => assert_hidden(&url, &format!("{err} {err:?}")),
-                Ok(parsed) => {
-                    assert_hidden(&url, &format!("{} {parsed:?}", parsed.describe()));
-                    let store = parsed.store();
-                    assert_hidden(&url, &format!("{store:?}"));
-                    match store.build().await {
-                        Ok(store) => assert_hidden(&url, &format!("{store:?}")),
-                        Err(err) => assert_hidden(&url, &format!("{err} {err:?}")),
-                    }
-                }
+            if let Some(parsed) = assert_parsed_hidden(&url, LockUrl::parse(&url)) {
+                assert_built_hidden(&url, parsed.store(), async |b| b.build().await).await;
             }
             // The store takes a connection string of its own too.
-            let store = PostgresStore::builder(url.as_str());
-            assert_hidden(&url, &format!("{store:?}"));
-            match store.build().await {
-                Ok(store) => {
-                    assert_hidden(&url, &format!("{store:?} {}", store.redacted_url()));
-                }
-                Err(err) => assert_hidden(&url, &format!("{err} {err:?}")),
+            let builder = PostgresStore::builder(url.as_str());
+            if let Some(store) = assert_built_hidden(&url, builder, async |b| b.build().await).await
+            {
+                assert_hidden(&url, store.redacted_url());
             }
         }
     }

@@ -6,13 +6,12 @@
 
 mod common;
 
-use leader_test_support::next_leader;
-
 use std::process::Command;
 use std::time::Duration;
 
 use common::{RENEW, RETRY, Running, unique};
-use leader_core::{LockError, ResourceLock};
+use leader_core::ResourceLock;
+use leader_test_support::{assert_server_down, next_leader};
 use tokio::time::{Instant, sleep, timeout};
 
 /// The local cluster's version, if this test may stop and start it.
@@ -84,18 +83,7 @@ async fn electors_step_down_while_the_server_is_stopped_and_recover_when_it_is_b
     let stopped = Instant::now();
     pg_ctl(&version, &["stop", "-m", "fast"]);
     let restart = scopeguard(&version);
-    let err = store
-        .lock(&table_name, "probe")
-        .get()
-        .await
-        .expect_err("server is down");
-    assert!(
-        matches!(
-            err,
-            LockError::Unavailable { .. } | LockError::Timeout { .. }
-        ),
-        "{err:?}"
-    );
+    assert_server_down(store.lock(&table_name, "probe").get().await);
     for leader in &mut leaders {
         timeout(
             RENEW + RETRY * 3,

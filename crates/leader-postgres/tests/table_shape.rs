@@ -5,14 +5,11 @@
 
 mod common;
 
-use chrono::Utc;
 use common::unique;
-use leader_core::backend::Known;
-use leader_core::conformance::{record, renewals};
-use leader_core::{
-    Acquisition, LockError, LockSet, LockTarget, Observed, ResourceLock, request_handover,
-};
+use leader_core::conformance::record;
+use leader_core::{LockError, LockTarget, ResourceLock};
 use leader_postgres::{LockUrl, PostgresStore};
+use leader_test_support::later_column::{LATER, LaterColumn, LaterTable};
 use tokio_postgres::Client;
 
 /// A schema of its own for one test, so that each table can be called `leader_election`.
@@ -23,6 +20,14 @@ async fn fresh_schema(admin: &Client, prefix: &str) -> String {
         .await
         .expect("schema");
     schema
+}
+
+/// Drops `schema` and everything in it.
+async fn drop_schema(admin: &Client, schema: &str) {
+    admin
+        .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
+        .await
+        .expect("drop");
 }
 
 /// The table's columns and their types, in order.
@@ -242,10 +247,7 @@ async fn a_table_that_is_not_a_lock_table_is_refused_and_left_as_it_was() {
             rows_before,
             "{what}: the rows changed"
         );
-        admin
-            .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
-            .await
-            .expect("drop");
+        drop_schema(&admin, &schema).await;
     }
 }
 
@@ -304,10 +306,7 @@ async fn a_lock_table_of_the_earlier_version_is_upgraded_and_works() {
             "{acquired:?}"
         );
         works(&store).await;
-        admin
-            .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
-            .await
-            .expect("drop");
+        drop_schema(&admin, &schema).await;
     }
 }
 
@@ -349,21 +348,12 @@ async fn a_current_lock_table_works_as_it_is() {
             ))
             .await
             .expect("role");
-        let config: tokio_postgres::Config = common::database_url().parse().expect("URL");
-        let host = match config.get_hosts().first() {
-            Some(tokio_postgres::config::Host::Tcp(host)) => host.clone(),
-            _ => "127.0.0.1".to_owned(),
-        };
-        let port = config.get_ports().first().copied().unwrap_or(5432);
-        let db = config.get_dbname().unwrap_or("postgres");
-        let least = PostgresStore::builder(format!(
-            "host={host} port={port} dbname={db} user={role} password=pw"
-        ))
-        .schema(&schema)
-        .create_table(true)
-        .build()
-        .await
-        .expect("a role that may not create or alter starts on a current table");
+        let least = PostgresStore::builder(common::conn_as(&role, "pw"))
+            .schema(&schema)
+            .create_table(true)
+            .build()
+            .await
+            .expect("a role that may not create or alter starts on a current table");
         works(&least).await;
         assert_eq!(columns(&admin, &schema, "leader_election").await, before);
         drop(least);
@@ -376,9 +366,6 @@ async fn a_current_lock_table_works_as_it_is() {
     }
 }
 
-/// What a later release wrote into its own column.
-const LATER: &str = "n+1";
-
 /// The current lock table plus a nullable column this release does not know, as a later
 /// release's migration would add it.
 fn later_layout(schema: &str) -> String {
@@ -390,15 +377,13 @@ fn later_layout(schema: &str) -> String {
     layout
 }
 
-/// The later release's column of `schema.leader_election`, watched through this release's writes.
-struct LaterColumn<'a> {
+/// `schema.leader_election` with a later release's column, through an admin connection.
+struct LaterTableOf<'a> {
     admin: &'a Client,
     schema: &'a str,
-    store: &'a PostgresStore,
 }
 
-impl LaterColumn<'_> {
-    /// A free record of election `name` as a later release wrote it, with its column set.
+impl LaterTable for LaterTableOf<'_> {
     async fn write(&self, name: &str) {
         self.admin
             .execute(
@@ -414,10 +399,8 @@ impl LaterColumn<'_> {
             .expect("a later release's record");
     }
 
-    /// After `step`: the column of `name` still holds the later release's value, and `get` and a
-    /// shard set's `get_many` both read the record.
-    async fn kept(&self, step: &str, name: &str, lock: &dyn ResourceLock) -> Observed {
-        let value: Option<String> = self
+    async fn column(&self, name: &str) -> Result<Option<String>, String> {
+        let row = self
             .admin
             .query_one(
                 &format!(
@@ -427,84 +410,8 @@ impl LaterColumn<'_> {
                 &[&name],
             )
             .await
-            .unwrap_or_else(|err| panic!("{step}: the row of {name}: {err}"))
-            .get(0);
-        assert_eq!(
-            value.as_deref(),
-            Some(LATER),
-            "{step}: the later release's column of {name} lost its value"
-        );
-        let read = lock
-            .get()
-            .await
-            .unwrap_or_else(|err| panic!("{step}: get: {err}"))
-            .unwrap_or_else(|| panic!("{step}: get found no record"));
-        let many = self
-            .store
-            .lock_set("reader")
-            .get_many(&[name.to_owned()])
-            .await;
-        let [Ok(Some(many))] = many.as_slice() else {
-            panic!("{step}: get_many: {many:?}");
-        };
-        assert_eq!(many, &read, "{step}: get_many and get differ");
-        read
-    }
-
-    /// Every write of one election: `a` acquires, renews, updates with an extension, `b` asks
-    /// for a handover, `a` releases, `b` acquires; the column is checked after each.
-    async fn every_write(&self, name: &str, a: &dyn ResourceLock, b: &dyn ResourceLock) {
-        self.write(name).await;
-        self.kept("a later release's write", name, a).await;
-
-        let Some(Acquisition::Acquired(held)) =
-            a.try_acquire(&record("a", 0)).await.expect("acquisition")
-        else {
-            panic!("{name}: a did not take the free lease");
-        };
-        let read = self.kept("an acquisition", name, a).await;
-        assert!(read.record.is_held_by("a"), "{read:?}");
-
-        let mut renewal = held.record.clone();
-        renewal.renew_time = renewal.renewal_time(Utc::now());
-        let renewed = a.renew(&held.version, &renewal).await.expect("renewal");
-        self.kept("a renewal", name, a).await;
-
-        let mut extended = renewed.record.clone();
-        extended.renew_time = extended.renewal_time(Utc::now());
-        extended
-            .extensions
-            .insert("schedule".to_owned(), "fired=1".to_owned());
-        a.update(&renewed.version, &extended)
-            .await
-            .expect("update with an extension");
-        let read = self.kept("an update with an extension", name, a).await;
-        assert_eq!(read.record.extensions, extended.extensions);
-
-        request_handover(b, "b").await.expect("handover request");
-        let requested = self.kept("a handover request", name, a).await;
-        assert_eq!(requested.record.handover_to(), Some("b"));
-
-        let now = Utc::now();
-        let mut released = requested.record.clone();
-        released.holder_identity = String::new();
-        released.acquire_time = now;
-        released.renew_time = now;
-        a.update(&requested.version, &released)
-            .await
-            .expect("release");
-        let read = self.kept("a release", name, a).await;
-        assert!(read.record.is_free(), "{read:?}");
-
-        let Some(Acquisition::Acquired(_)) =
-            b.try_acquire(&record("b", 0)).await.expect("acquisition")
-        else {
-            panic!("{name}: b did not take the lease handed to it");
-        };
-        let read = self.kept("another candidate's acquisition", name, b).await;
-        assert!(read.record.is_held_by("b"), "{read:?}");
-        assert!(read.record.leader_transitions > held.record.leader_transitions);
-        assert_eq!(read.record.extensions, extended.extensions);
+            .map_err(|err| err.to_string())?;
+        Ok(row.get(0))
     }
 }
 
@@ -529,9 +436,11 @@ async fn a_later_release_s_column_is_kept_by_every_write() {
         .await
         .expect("a lock table with a later release's column");
     let later = LaterColumn {
-        admin: &admin,
-        schema: &schema,
-        store: &store,
+        table: LaterTableOf {
+            admin: &admin,
+            schema: &schema,
+        },
+        reader: store.lock_set("reader"),
     };
 
     later
@@ -544,71 +453,32 @@ async fn a_later_release_s_column_is_kept_by_every_write() {
             &store.advisory_lock("advisory-jobs", "b"),
         )
         .await;
-
-    let set = store.lock_set("m");
-    let keys = ["shard-0".to_owned(), "shard-1".to_owned()];
-    let mut taken = Vec::new();
-    for key in &keys {
-        later.write(key).await;
-        let Some(Acquisition::Acquired(held)) = set
-            .lock(key)
-            .try_acquire(&record("m", 0))
-            .await
-            .expect("a shard's acquisition")
-        else {
-            panic!("{key}: m did not take the free lease");
-        };
-        later
-            .kept("a shard's acquisition", key, &*set.lock(key))
-            .await;
-        taken.push((key.clone(), held));
-    }
-    let mut renewed = Vec::new();
-    for (key, result) in keys.iter().zip(set.renew_many(&renewals(&taken)).await) {
-        renewed.push((key.clone(), result.expect("a batched renewal")));
-        later.kept("a batched renewal", key, &*set.lock(key)).await;
-    }
-    let round = set
-        .renew_and_read(&renewals(&renewed), &keys, &[Known::Nothing; 2])
-        .await;
-    for ((key, renewal), read) in keys.iter().zip(round.renewed).zip(round.read) {
-        renewal.expect("a round's renewal");
-        read.expect("a round's read");
-        later.kept("a round's renewal", key, &*set.lock(key)).await;
-    }
+    later.every_shard_write(&store.lock_set("m")).await;
 
     assert_eq!(columns(&admin, &schema, "leader_election").await, before);
-    admin
-        .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
-        .await
-        .expect("drop");
+    drop_schema(&admin, &schema).await;
+}
+
+/// `lock` (`what`) takes its fresh record.
+async fn takes_a_fresh_record(lock: &dyn ResourceLock, what: &str) {
+    assert!(
+        matches!(
+            lock.try_acquire(&record("w", 0)).await.expect(what),
+            Some(leader_core::Acquisition::Acquired(_))
+        ),
+        "{what}"
+    );
 }
 
 /// The table lock, the advisory lock and a shard set each take a fresh record.
 async fn works(store: &PostgresStore) {
     let name = unique("works");
-    let table = store.lock(format!("{name}-table"), "w");
-    assert!(
-        matches!(
-            table
-                .try_acquire(&record("w", 0))
-                .await
-                .expect("table lock"),
-            Some(leader_core::Acquisition::Acquired(_))
-        ),
-        "table lock"
-    );
-    let advisory = store.advisory_lock(format!("{name}-advisory"), "w");
-    assert!(
-        matches!(
-            advisory
-                .try_acquire(&record("w", 0))
-                .await
-                .expect("advisory lock"),
-            Some(leader_core::Acquisition::Acquired(_))
-        ),
-        "advisory lock"
-    );
+    takes_a_fresh_record(&store.lock(format!("{name}-table"), "w"), "table lock").await;
+    takes_a_fresh_record(
+        &store.advisory_lock(format!("{name}-advisory"), "w"),
+        "advisory lock",
+    )
+    .await;
     let set = store.lock_set("w");
     let keys = [format!("{name}-0"), format!("{name}-1")];
     for read in leader_core::LockSet::get_many(&set, &keys).await {

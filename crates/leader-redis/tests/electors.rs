@@ -2,12 +2,11 @@
 
 mod common;
 
-use leader_test_support::next_leader;
-
 use std::time::Duration;
 
 use common::{Factory, RETRY, Running, unique};
 use leader_core::conformance;
+use leader_test_support::{next_leader, started_leading};
 use tokio::time::{Instant, sleep, timeout};
 
 /// Two and ten electors each elect exactly one; a release wakes the followers (pub/sub), and
@@ -31,16 +30,10 @@ async fn a_leader_whose_key_vanished_steps_down_at_its_next_renewal() {
     let mut admin = common::admin().await.expect("server");
     for how in ["DEL", "PEXPIRE"] {
         let name = unique("vanish");
-        let mut leader = Running::start(store.lock(&name, "first"));
-        let token = leader.wait_leading(Duration::from_secs(10)).await;
+        let (leader, token) = started_leading(store.lock(&name, "first")).await;
         // The term's own token: the old leader may step down and win the next term at once, too
         // quickly for a watch of the state to see it not leading in between.
-        let first_term = leader
-            .state
-            .borrow()
-            .leadership()
-            .map(|l| l.cancellation_token())
-            .expect("leading");
+        let first_term = leader.term().expect("leading");
         let follower = Running::start(store.lock(&name, "second"));
         // Mid-way between two renewals, so that a 1 ms TTL runs out before the next one (a
         // renewal in that millisecond would rightly extend the lease).
@@ -91,8 +84,7 @@ async fn a_persisted_key_is_not_taken_from_a_holder_that_renews() {
     };
     let mut admin = common::admin().await.expect("server");
     let name = unique("persist");
-    let mut holder = Running::start(store.lock(&name, "holder"));
-    let token = holder.wait_leading(Duration::from_secs(10)).await;
+    let (holder, token) = started_leading(store.lock(&name, "holder")).await;
     let follower = Running::start(store.lock(&name, "follower"));
     let key = store.lock(&name, "x").key().to_owned();
     // Past the follower's first sighting plus a lease, several times over.

@@ -2,9 +2,10 @@
 //! is written (`/`, `?`, `#`, `@`, `:` raw or percent-encoded). No server is needed: the store
 //! connects on first use.
 
-use leader_core::LockTarget;
 use leader_redis::{LockUrl, RedisStore};
-use leader_test_support::secrets::{assert_hidden, passwords, tokens};
+use leader_test_support::secrets::{
+    assert_built_hidden, assert_hidden, assert_parsed_hidden, passwords, tokens,
+};
 
 /// Lock URLs with each password, and with each token in place of the user.
 fn urls() -> Vec<String> {
@@ -22,24 +23,13 @@ fn urls() -> Vec<String> {
 #[tokio::test]
 async fn redact_passwords_of_lock_urls_and_stores() {
     for url in urls() {
-        match LockUrl::parse(&url) {
-            Err(err) => assert_hidden(&url, &format!("{err} {err:?}")),
-            Ok(parsed) => {
-                assert_hidden(&url, &format!("{} {parsed:?}", parsed.describe()));
-                let store = parsed.store();
-                assert_hidden(&url, &format!("{store:?}"));
-                match store.build().await {
-                    Ok(store) => assert_hidden(&url, &format!("{store:?}")),
-                    Err(err) => assert_hidden(&url, &format!("{err} {err:?}")),
-                }
-            }
+        if let Some(parsed) = assert_parsed_hidden(&url, LockUrl::parse(&url)) {
+            assert_built_hidden(&url, parsed.store(), async |b| b.build().await).await;
         }
         // The store takes a URL of its own too.
-        let store = RedisStore::builder(url.as_str());
-        assert_hidden(&url, &format!("{store:?}"));
-        match store.build().await {
-            Ok(store) => assert_hidden(&url, &format!("{store:?} {}", store.redacted_url())),
-            Err(err) => assert_hidden(&url, &format!("{err} {err:?}")),
+        let builder = RedisStore::builder(url.as_str());
+        if let Some(store) = assert_built_hidden(&url, builder, async |b| b.build().await).await {
+            assert_hidden(&url, store.redacted_url());
         }
     }
 }

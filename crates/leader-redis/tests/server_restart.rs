@@ -7,13 +7,12 @@
 
 mod common;
 
-use leader_test_support::{assert_outage_handled, next_leader};
-
 use std::process::Command;
 use std::time::Duration;
 
-use common::{RETRY, Running, unique};
+use common::{RETRY, unique};
 use leader_core::ResourceLock;
+use leader_test_support::{assert_outage_handled, leader_and_follower, next_leader};
 use tokio::time::{Instant, sleep};
 
 async fn config(admin: &mut redis::aio::MultiplexedConnection, name: &str) -> String {
@@ -57,15 +56,8 @@ async fn electors_step_down_while_redis_is_down_and_recover_when_it_is_back() {
     let logfile = config(&mut admin, "logfile").await;
 
     let name = unique("restart");
-    let mut leader = Running::start(store.lock(&name, "first"));
-    let token = leader.wait_leading(Duration::from_secs(10)).await;
-    let term = leader
-        .state
-        .borrow()
-        .leadership()
-        .map(|l| l.cancellation_token())
-        .expect("leading");
-    let follower = Running::start(store.lock(&name, "second"));
+    let (leader, token, term, follower) =
+        leader_and_follower(store.lock(&name, "first"), store.lock(&name, "second")).await;
     sleep(RETRY * 2).await;
 
     let stopped = Instant::now();

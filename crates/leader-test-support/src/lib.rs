@@ -10,12 +10,15 @@ pub mod bench;
 #[cfg(feature = "consul-api")]
 pub mod consul_api;
 pub mod etcd_cluster;
+pub mod held_lease;
 #[cfg(feature = "kube-api")]
 pub mod kube_api;
+pub mod later_column;
 #[cfg(feature = "object-store")]
 pub mod object_store_counting;
 mod process;
 pub mod secrets;
+pub mod unreadable;
 pub mod zookeeper_ensemble;
 
 /// `DATABASE_URL`'s default: the loopback server's `postgres` database.
@@ -436,4 +439,61 @@ pub fn faketime_env(
         ("FAKETIME_NO_CACHE", "1".into()),
         ("FAKETIME_DONT_FAKE_MONOTONIC", "1".into()),
     ]
+}
+
+/// A [`Candidate`] on `lock`, started and waited for until it leads (within 10 s): the
+/// candidate and its fencing token.
+pub async fn started_leading(lock: impl leader_core::ResourceLock + 'static) -> (Candidate, u64) {
+    let mut candidate = Candidate::start(lock);
+    let token = candidate.wait_leading(Duration::from_secs(10)).await;
+    (candidate, token)
+}
+
+/// Panics unless `answer`, to a request sent while the server is down, is an outage:
+/// [`leader_core::LockError::Unavailable`] or [`leader_core::LockError::Timeout`].
+pub fn assert_server_down<T: std::fmt::Debug>(answer: Result<T, leader_core::LockError>) {
+    let err = answer.expect_err("server is down");
+    assert!(
+        matches!(
+            err,
+            leader_core::LockError::Unavailable { .. } | leader_core::LockError::Timeout { .. }
+        ),
+        "{err:?}"
+    );
+}
+
+/// Two candidates of one election: `first` started and waited for until it leads (within
+/// 10 s), then `second`. The leader, its fencing token, its term's cancellation, and the
+/// follower.
+pub async fn leader_and_follower(
+    first: impl leader_core::ResourceLock + 'static,
+    second: impl leader_core::ResourceLock + 'static,
+) -> (Candidate, u64, leader_core::CancellationToken, Candidate) {
+    let (leader, token) = started_leading(first).await;
+    let term = leader.term().expect("leading");
+    (leader, token, term, Candidate::start(second))
+}
+
+/// `prefix` and eight random hex digits: a name no other test run uses.
+pub fn unique(prefix: &str) -> String {
+    format!("{prefix}-{:08x}", fastrand::u32(..))
+}
+
+/// What connecting to the test server gave: the connection, or `None` with a line saying why
+/// (a skip), or a failure under CI. `what` names the server, `at` where it was looked for (with
+/// no password), and `variable` the environment variable that says where it is.
+pub fn connected_or_skip<T, E: std::fmt::Display>(
+    connected: Result<T, E>,
+    what: &str,
+    at: &str,
+    variable: &str,
+) -> Option<T> {
+    match connected {
+        Ok(connection) => Some(connection),
+        Err(err) => {
+            assert!(!in_ci(), "CI=true and no {what} at {at}: {err}");
+            eprintln!("skipping: no {what} at {at} ({err}); set {variable} or run scripts/test");
+            None
+        }
+    }
 }

@@ -53,3 +53,68 @@ pub fn assert_hidden(url: &str, text: &str) {
         "{url}: the password shows in {text:?}"
     );
 }
+
+/// Panics when parsing `url` shows a part of its password: the error by its `Display` and
+/// `Debug`, or the parsed URL by its description and `Debug`. The parsed URL, for more checks.
+pub fn assert_parsed_hidden<P, E>(url: &str, parsed: Result<P, E>) -> Option<P>
+where
+    P: leader_core::LockTarget + std::fmt::Debug,
+    E: std::fmt::Display + std::fmt::Debug,
+{
+    match parsed {
+        Err(err) => {
+            assert_hidden(url, &format!("{err} {err:?}"));
+            None
+        }
+        Ok(parsed) => {
+            assert_hidden(url, &format!("{} {parsed:?}", parsed.describe()));
+            Some(parsed)
+        }
+    }
+}
+
+/// Panics when a store builder made from `url` shows a part of its password, by its `Debug`,
+/// or what `build` makes of it does: the store by its `Debug`, an error by its `Display` and
+/// `Debug`. The store, for more checks.
+pub async fn assert_built_hidden<B, T, E>(
+    url: &str,
+    builder: B,
+    build: impl AsyncFnOnce(B) -> Result<T, E>,
+) -> Option<T>
+where
+    B: std::fmt::Debug,
+    T: std::fmt::Debug,
+    E: std::fmt::Display + std::fmt::Debug,
+{
+    assert_hidden(url, &format!("{builder:?}"));
+    match build(builder).await {
+        Ok(store) => {
+            assert_hidden(url, &format!("{store:?}"));
+            Some(store)
+        }
+        Err(err) => {
+            assert_hidden(url, &format!("{err} {err:?}"));
+            None
+        }
+    }
+}
+
+/// Panics unless `answer`, to a request made with the wrong password `secret`, is
+/// [`leader_core::LockError::Forbidden`] saying "authentication failed", without showing
+/// `secret` in its `Display` or `Debug`.
+pub fn assert_wrong_password<T: std::fmt::Debug>(
+    answer: Result<T, leader_core::LockError>,
+    secret: &str,
+) {
+    let err = answer.expect_err("wrong password");
+    assert!(
+        matches!(err, leader_core::LockError::Forbidden { .. }),
+        "{err:?}"
+    );
+    let shown = format!("{err} {err:?}");
+    assert!(shown.contains("authentication failed"), "{shown}");
+    assert!(
+        !shown.contains(secret),
+        "the error shows the password: {shown}"
+    );
+}

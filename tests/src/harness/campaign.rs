@@ -187,25 +187,19 @@ impl Run<'_> {
         } else {
             let (url, env) = self.backend.replica_lock(&self.dir, port, &self.settings)?;
             let metrics = format!("127.0.0.1:{}", free_port()?);
-            let ms = |d: Duration| format!("{}ms", d.as_millis());
             let program = &self.programs.leader;
             let mut command = Command::new(program);
             command
                 .args(["run", "--lock", &url, "--name", &self.name])
                 .args(["--identity", &identity])
-                .args(["--lease-duration", &ms(self.settings.lease)])
-                .args(["--renew-deadline", &ms(self.settings.renew)])
-                .args(["--retry-period", &ms(self.settings.retry)])
+                .args(timing_args(&self.settings))
                 .args(["--metrics-addr", &metrics])
                 .arg("--")
                 .arg(&self.programs.writer)
                 .env("DATABASE_URL", &self.sink_url)
                 .env("SINK", &self.sink_prefix)
                 .env("JOB_LOG", &self.log)
-                .env(
-                    "RUST_LOG",
-                    std::env::var("FAULT_LOG").unwrap_or_else(|_| "error".into()),
-                )
+                .env("RUST_LOG", replica_log_filter("error"))
                 .stdout(Stdio::null())
                 .kill_on_drop(true);
             command.envs(env);
@@ -215,11 +209,7 @@ impl Run<'_> {
                 metrics: Some(metrics),
             }
         };
-        if slot < self.replicas.len() {
-            self.replicas[slot] = replica;
-        } else {
-            self.replicas.push(replica);
-        }
+        place(&mut self.replicas, slot, replica);
         Ok(())
     }
 
@@ -406,12 +396,7 @@ pub async fn run(
             "peers run on Kubernetes only, beside at least one replica of ours, with a lease of whole seconds ({settings:?})"
         )));
     }
-    let (sink, sink_error) = connect_sink(sink_url).await?;
-    let tag = format!("{:08x}", fastrand::u32(..));
-    let prefix = format!("fault_sink_{tag}");
-    create_token_sink(&sink, &prefix)
-        .await
-        .map_err(&sink_error)?;
+    let (tag, prefix) = token_sink(sink_url, "fault").await?;
     let Stage {
         dir,
         server,
@@ -449,10 +434,7 @@ pub async fn run(
         outage_rates: Vec::new(),
         violations: Vec::new(),
     };
-    let mut outcome = Ok(());
-    for slot in 0..settings.replicas {
-        outcome = outcome.and_then(|()| run.spawn(slot));
-    }
+    let mut outcome = (0..settings.replicas).try_for_each(|slot| run.spawn(slot));
     if outcome.is_ok() {
         for (done, fault) in faults.iter().enumerate() {
             if let Err(err) = run.inject(*fault).await {

@@ -24,8 +24,8 @@ use tokio::time::sleep;
 
 use super::Programs;
 use super::campaign::{
-    Backend, Fault, HarnessError, Settings, Stage, command_group, connect_sink, crash_and_restart,
-    create_token_sink, drain_sink, stage, stop_replicas,
+    Backend, Fault, HarnessError, Settings, Stage, command_group, crash_and_restart, drain_sink,
+    place, replica_log_filter, stage, stop_replicas, timing_args, token_sink,
 };
 use super::checker;
 use super::proxy::{Mode, Proxy};
@@ -178,7 +178,6 @@ impl Run<'_> {
         let identity = format!("f{slot}.{}", self.incarnations[slot]);
         let port = self.proxies.get(slot).map_or(0, Proxy::port);
         let (url, env) = self.backend.replica_lock(self.dir, port, &self.settings)?;
-        let ms = |d: Duration| format!("{}ms", d.as_millis());
         let child = Command::new(&self.programs.leader)
             .args(["cron", "--lock", &url, "--name", &self.name])
             .args(["--identity", &identity, "--every", "1s"])
@@ -191,9 +190,7 @@ impl Run<'_> {
                 "allow",
             ])
             .args(["--retries", "1", "--retry-backoff", "1s", "--timeout", "3s"])
-            .args(["--lease-duration", &ms(self.settings.lease)])
-            .args(["--renew-deadline", &ms(self.settings.renew)])
-            .args(["--retry-period", &ms(self.settings.retry)])
+            .args(timing_args(&self.settings))
             .arg("--")
             .arg(&self.programs.writer)
             .env("DATABASE_URL", self.sink.0)
@@ -204,10 +201,7 @@ impl Run<'_> {
             .env("FIRING_WRITES", "30")
             .env("FIRING_FAILS", FAILS_EVERY.to_string())
             // The schedule's warnings (a firing given up, run again) kept for the checker.
-            .env(
-                "RUST_LOG",
-                std::env::var("FAULT_LOG").unwrap_or_else(|_| "error,leader_cron=warn".into()),
-            )
+            .env("RUST_LOG", replica_log_filter("error,leader_cron=warn"))
             .env("NO_COLOR", "1")
             .envs(env)
             .stdout(Stdio::null())
@@ -218,12 +212,7 @@ impl Run<'_> {
                 what: "spawning leader cron".into(),
                 source,
             })?;
-        let replica = (identity, child);
-        if slot < self.replicas.len() {
-            self.replicas[slot] = replica;
-        } else {
-            self.replicas.push(replica);
-        }
+        place(&mut self.replicas, slot, (identity, child));
         Ok(())
     }
 
@@ -377,12 +366,7 @@ pub async fn run(
     programs: &Programs,
     sink_url: &str,
 ) -> Result<FiringsReport, HarnessError> {
-    let (sink, sink_error) = connect_sink(sink_url).await?;
-    let tag = format!("{:08x}", fastrand::u32(..));
-    let prefix = format!("firing_sink_{tag}");
-    create_token_sink(&sink, &prefix)
-        .await
-        .map_err(&sink_error)?;
+    let (tag, prefix) = token_sink(sink_url, "firing").await?;
     let Stage {
         dir,
         server,
@@ -404,10 +388,7 @@ pub async fn run(
         suspensions: Vec::new(),
     };
     let mut report = FiringsReport::default();
-    let mut outcome = Ok(());
-    for slot in 0..settings.replicas {
-        outcome = outcome.and_then(|()| run.spawn(slot));
-    }
+    let mut outcome = (0..settings.replicas).try_for_each(|slot| run.spawn(slot));
     if outcome.is_ok() {
         sleep(Duration::from_secs(3)).await;
         for (done, fault) in faults.iter().enumerate() {

@@ -24,7 +24,8 @@ use tokio::time::sleep;
 use super::Programs;
 use super::campaign::{
     Backend, Fault, HarnessError, Settings, Stage, command_groups, connect_sink, crash_and_restart,
-    drain_sink, poll, process_gone, process_stopped, stage, stop_replicas, watch_commands,
+    drain_sink, place, poll, process_gone, process_stopped, replica_log_filter, stage,
+    stop_replicas, timing_args, watch_commands,
 };
 use super::checker::{self, Marks};
 use super::proxy::{Mode, Proxy};
@@ -118,7 +119,6 @@ impl Run<'_> {
     fn spawn_as(&mut self, slot: usize, identity: String) -> Result<(), HarnessError> {
         let port = self.proxies.get(slot).map_or(0, Proxy::port);
         let (url, env) = self.backend.replica_lock(self.dir, port, &self.settings)?;
-        let ms = |d: Duration| format!("{}ms", d.as_millis());
         // Each incarnation's own errors, kept beside the logs of a failed run: why a replica
         // exited is read there.
         let stderr = std::fs::OpenOptions::new()
@@ -133,18 +133,13 @@ impl Run<'_> {
             .args(["run", "--lock", &url, "--name", &self.name])
             .args(["--identity", &identity, "--shards", &self.count.to_string()])
             .arg("--static-membership")
-            .args(["--lease-duration", &ms(self.settings.lease)])
-            .args(["--renew-deadline", &ms(self.settings.renew)])
-            .args(["--retry-period", &ms(self.settings.retry)])
+            .args(timing_args(&self.settings))
             .arg("--")
             .arg(&self.programs.writer)
             .env("DATABASE_URL", self.sink.0)
             .env("SINK", self.sink.1)
             .env("JOB_LOG", self.dir.join("job.log"))
-            .env(
-                "RUST_LOG",
-                std::env::var("FAULT_LOG").unwrap_or_else(|_| "error".into()),
-            )
+            .env("RUST_LOG", replica_log_filter("error"))
             .envs(env)
             .stdout(Stdio::null())
             .stderr(stderr)
@@ -154,12 +149,7 @@ impl Run<'_> {
                 what: "spawning leader run --shards".into(),
                 source,
             })?;
-        let replica = (identity, child);
-        if slot < self.replicas.len() {
-            self.replicas[slot] = replica;
-        } else {
-            self.replicas.push(replica);
-        }
+        place(&mut self.replicas, slot, (identity, child));
         Ok(())
     }
 
@@ -316,10 +306,7 @@ pub async fn run(
         exited: Vec::new(),
     };
     let mut report = ShardsReport::default();
-    let mut outcome = Ok(());
-    for slot in 0..settings.replicas {
-        outcome = outcome.and_then(|()| run.spawn(slot));
-    }
+    let mut outcome = (0..settings.replicas).try_for_each(|slot| run.spawn(slot));
     if outcome.is_ok() {
         sleep(Duration::from_secs(3)).await;
         for (turn, fault) in faults.iter().enumerate() {

@@ -49,9 +49,7 @@ pub async fn store() -> Option<EtcdStore> {
     }
 }
 
-pub fn unique(prefix: &str) -> String {
-    format!("{prefix}-{:08x}", fastrand::u32(..))
-}
+pub use leader_test_support::unique;
 
 /// Locks for the conformance suite.
 pub struct Factory {

@@ -17,20 +17,8 @@ pub mod private;
 /// A raw connection for setting up and breaking things; `None` (outside CI) without a server.
 pub async fn admin() -> Option<Conn> {
     let opts = mysql_async::Opts::from_url(&mysql_url()).expect("MYSQL_URL");
-    match Conn::new(opts).await {
-        Ok(conn) => Some(conn),
-        Err(err) if !in_ci() => {
-            eprintln!(
-                "skipping: no MySQL at {} ({err}); set MYSQL_URL or run scripts/test",
-                leader_mysql::redact_url(&mysql_url())
-            );
-            None
-        }
-        Err(err) => panic!(
-            "CI=true and no MySQL at {}: {err}",
-            leader_mysql::redact_url(&mysql_url())
-        ),
-    }
+    let at = leader_mysql::redact_url(&mysql_url());
+    leader_test_support::connected_or_skip(Conn::new(opts).await, "MySQL", &at, "MYSQL_URL")
 }
 
 /// Runs `sql` as the admin.
@@ -51,9 +39,7 @@ pub async fn store() -> Option<MysqlStore> {
     )
 }
 
-pub fn unique(prefix: &str) -> String {
-    format!("{prefix}-{:08x}", fastrand::u32(..))
-}
+pub use leader_test_support::unique;
 
 pub use leader_test_support::{Candidate as Running, LEASE, RENEW, RETRY};
 

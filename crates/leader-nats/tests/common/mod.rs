@@ -27,9 +27,7 @@ pub async fn store() -> Option<NatsStore> {
     )
 }
 
-pub fn unique(prefix: &str) -> String {
-    format!("{prefix}-{:08x}", fastrand::u32(..))
-}
+pub use leader_test_support::unique;
 
 /// Locks of one store, and its shard sets (a key per record).
 pub struct Factory {

@@ -15,23 +15,12 @@ pub use leader_test_support::in_ci;
 
 /// A raw client for setting up and breaking things.
 pub async fn admin() -> Option<tokio_postgres::Client> {
-    match tokio_postgres::connect(&database_url(), tokio_postgres::NoTls).await {
-        Ok((client, connection)) => {
-            tokio::spawn(connection);
-            Some(client)
-        }
-        Err(err) if !in_ci() => {
-            eprintln!(
-                "skipping: no Postgres at {} ({err}); set DATABASE_URL or run scripts/test",
-                leader_postgres::redact_url(&database_url())
-            );
-            None
-        }
-        Err(err) => panic!(
-            "CI=true and no Postgres at {}: {err}",
-            leader_postgres::redact_url(&database_url())
-        ),
-    }
+    let connected = tokio_postgres::connect(&database_url(), tokio_postgres::NoTls).await;
+    let at = leader_postgres::redact_url(&database_url());
+    let (client, connection) =
+        leader_test_support::connected_or_skip(connected, "Postgres", &at, "DATABASE_URL")?;
+    tokio::spawn(connection);
+    Some(client)
 }
 
 /// A store on the default table, created if missing; `None` (outside CI) without a server.
@@ -46,9 +35,19 @@ pub async fn store() -> Option<PostgresStore> {
     )
 }
 
-pub fn unique(prefix: &str) -> String {
-    format!("{prefix}-{:08x}", fastrand::u32(..))
+/// A key-value connection string for the test server as `user`.
+pub fn conn_as(user: &str, password: &str) -> String {
+    let config: tokio_postgres::Config = database_url().parse().expect("DATABASE_URL");
+    let host = match config.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(host)) => host.clone(),
+        _ => "127.0.0.1".to_owned(),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let db = config.get_dbname().unwrap_or("postgres");
+    format!("host={host} port={port} dbname={db} user={user} password={password}")
 }
+
+pub use leader_test_support::unique;
 
 pub use leader_test_support::{Candidate as Running, LEASE, RENEW, RETRY};
 

@@ -16,20 +16,9 @@ pub use leader_test_support::in_ci;
 /// A raw connection for setting up and breaking things; `None` (outside CI) without a server.
 pub async fn admin() -> Option<MultiplexedConnection> {
     let client = redis::Client::open(redis_url()).expect("REDIS_URL");
-    match client.get_multiplexed_async_connection().await {
-        Ok(connection) => Some(connection),
-        Err(err) if !in_ci() => {
-            eprintln!(
-                "skipping: no Redis at {} ({err}); set REDIS_URL or run scripts/test",
-                leader_core::redact_url(&redis_url())
-            );
-            None
-        }
-        Err(err) => panic!(
-            "CI=true and no Redis at {}: {err}",
-            leader_core::redact_url(&redis_url())
-        ),
-    }
+    let connected = client.get_multiplexed_async_connection().await;
+    let at = leader_core::redact_url(&redis_url());
+    leader_test_support::connected_or_skip(connected, "Redis", &at, "REDIS_URL")
 }
 
 pub async fn store() -> Option<RedisStore> {
@@ -37,9 +26,7 @@ pub async fn store() -> Option<RedisStore> {
     Some(RedisStore::connect(redis_url()).await.expect("store"))
 }
 
-pub fn unique(prefix: &str) -> String {
-    format!("{prefix}-{:08x}", fastrand::u32(..))
-}
+pub use leader_test_support::unique;
 
 pub use leader_test_support::{Candidate as Running, LEASE, RENEW, RETRY};
 

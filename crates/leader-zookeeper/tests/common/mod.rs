@@ -77,9 +77,7 @@ pub async fn private_store() -> Option<(ZooKeeperEnsemble, ZooKeeperStore)> {
     Some((ensemble, store))
 }
 
-pub fn unique(prefix: &str) -> String {
-    format!("{prefix}-{:08x}", fastrand::u32(..))
-}
+pub use leader_test_support::unique;
 
 /// Locks of one store, and its shard sets (an election znode per record).
 pub struct Factory {

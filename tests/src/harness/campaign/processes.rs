@@ -233,3 +233,32 @@ pub(super) async fn stop_inside_a_write(pid: Pid) -> Result<(), HarnessError> {
 pub(super) fn is_peer(identity: &str) -> bool {
     identity.starts_with('k')
 }
+
+/// The `leader` options of the timings in `settings`: lease duration, renew deadline and retry
+/// period, in milliseconds.
+pub(crate) fn timing_args(settings: &Settings) -> [String; 6] {
+    let ms = |d: Duration| format!("{}ms", d.as_millis());
+    [
+        "--lease-duration".into(),
+        ms(settings.lease),
+        "--renew-deadline".into(),
+        ms(settings.renew),
+        "--retry-period".into(),
+        ms(settings.retry),
+    ]
+}
+
+/// A replica's log filter: `FAULT_LOG`, or `default`.
+pub(crate) fn replica_log_filter(default: &str) -> String {
+    std::env::var("FAULT_LOG").unwrap_or_else(|_| default.into())
+}
+
+/// Puts `replica` in `slot`: in place of the one there (an earlier incarnation), or after the
+/// last one started.
+pub(crate) fn place<T>(replicas: &mut Vec<T>, slot: usize, replica: T) {
+    if slot < replicas.len() {
+        replicas[slot] = replica;
+    } else {
+        replicas.push(replica);
+    }
+}

@@ -501,3 +501,18 @@ pub(crate) async fn create_token_sink(
     ))
     .await
 }
+
+/// A new run's tag (which names its election) and the prefix of its fenced sink of one token on
+/// `sink_url` (`{kind}_sink_{tag}`), whose tables are made.
+pub(crate) async fn token_sink(
+    sink_url: &str,
+    kind: &str,
+) -> Result<(String, String), HarnessError> {
+    let (sink, sink_error) = connect_sink(sink_url).await?;
+    let tag = format!("{:08x}", fastrand::u32(..));
+    let prefix = format!("{kind}_sink_{tag}");
+    create_token_sink(&sink, &prefix)
+        .await
+        .map_err(&sink_error)?;
+    Ok((tag, prefix))
+}
