@@ -5,7 +5,9 @@
 //! died before its COMMAND wrote a line), or counted
 //! as missed in the store (the default policy runs the latest missed firing late and counts the
 //! others); `leader status` shows the schedule. Bad schedules exit 9; a replica started with
-//! another schedule under the same name exits 10 and changes nothing.
+//! another schedule under the same name exits 10 and changes nothing. Operators' requests
+//! (suspend, trigger, resume, cancel) act through the record; a leader whose wall clock steps
+//! back an hour and forward again (libfaketime) runs no firing twice.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -571,4 +573,199 @@ async fn a_command_past_its_timeout_is_stopped_and_retried() {
         .filter_map(|e| e["outcome"]["kind"].as_str())
         .collect();
     assert_eq!(kinds, ["timedOut", "timedOut"], "{shown:#}");
+}
+
+/// `leader cron cancel` on a firing whose COMMAND runs: the COMMAND gets SIGTERM (and exits
+/// within its grace), the firing is recorded as cancelled with who asked, and `--retries 1`
+/// does not run it again; with nothing left to cancel, the request exits 6 in one line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_stops_a_running_command_and_nothing_retries_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let lock = format!("file://{}", dir.path().join("lock").display());
+    let out = dir.path().join("attempts");
+    let script = format!(
+        "echo \"$LEADER_FIRING_ATTEMPT\" >> {out}; \
+         trap 'echo stopped >> {out}; exit 0' TERM; sleep 30 & wait",
+        out = out.display()
+    );
+    let mut leader = Command::new(LEADER)
+        .args(["cron", "--lock", &lock, "--name", "long", "--identity", "a"])
+        .args(["--every", "1h", "--retry-period", "250ms"])
+        .args(["--retries", "1", "--retry-backoff", "1s", "--grace", "5s"])
+        .args(["--", "sh", "-c", &script])
+        .stdout(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn leader cron");
+    let request = async |args: &[&str]| {
+        Command::new(LEADER)
+            .args(["cron"])
+            .args(args)
+            .args(["--lock", &lock, "--name", "long", "--by", "alice"])
+            .output()
+            .await
+            .expect("leader cron request")
+    };
+    let lines = || -> Vec<String> {
+        std::fs::read_to_string(&out)
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    };
+    sleep(Duration::from_secs(2)).await;
+    assert!(request(&["trigger"]).await.status.success());
+    for _ in 0..40 {
+        if !lines().is_empty() {
+            break;
+        }
+        sleep(Duration::from_millis(250)).await;
+    }
+    assert_eq!(lines(), ["1"], "the triggered firing runs");
+    let cancelled = request(&["cancel"]).await;
+    let said = String::from_utf8_lossy(&cancelled.stdout);
+    assert!(cancelled.status.success(), "{cancelled:?}");
+    assert!(said.contains("cancels the firing scheduled at"), "{said}");
+    for _ in 0..40 {
+        if lines().len() > 1 {
+            break;
+        }
+        sleep(Duration::from_millis(250)).await;
+    }
+    // Past the retry's back-off: nothing runs it again.
+    sleep(Duration::from_secs(4)).await;
+    assert_eq!(lines(), ["1", "stopped"], "stopped once, never retried");
+    let shown = status(&lock, "long").await;
+    let schedule = &shown["schedules"][0];
+    assert_eq!(
+        schedule["last"]["outcome"]["kind"], "cancelled",
+        "{shown:#}"
+    );
+    assert_eq!(schedule["last"]["outcome"]["by"], "alice", "{shown:#}");
+    assert_eq!(schedule["running"], serde_json::json!([]), "{shown:#}");
+    assert!(
+        schedule["retrying"].as_array().is_none_or(Vec::is_empty),
+        "{shown:#}"
+    );
+    let nothing = request(&["cancel"]).await;
+    assert_eq!(nothing.status.code(), Some(6), "{nothing:?}");
+    assert_eq!(String::from_utf8_lossy(&nothing.stderr).lines().count(), 1);
+    let _ = kill(
+        Pid::from_raw(i32::try_from(leader.id().expect("running")).expect("pid")),
+        Signal::SIGTERM,
+    );
+    let _ = tokio::time::timeout(Duration::from_secs(10), leader.wait()).await;
+}
+
+/// Sets the wall clock of the processes that read `file` (libfaketime) to `offset`, at once:
+/// written beside it and renamed over it, so that no reader finds it half written.
+fn step_clock(file: &Path, offset: &str) {
+    let next = file.with_extension("next");
+    std::fs::write(&next, offset).expect("the clock's offset");
+    std::fs::rename(&next, file).expect("the clock's offset");
+}
+
+/// A `leader cron --every 1s` leader whose wall clock (libfaketime; its monotonic clock is
+/// left alone) steps back an hour, then forward an hour, a few seconds later. Each firing
+/// runs at most once: no instant twice, none from the hour the clock stepped back to, no more
+/// than the seconds that passed. While the clock reads behind, nothing runs (the leader
+/// waits for its clock to pass the last instant handled again); within a few seconds of the
+/// step forward the firings go on, the ones of the span behind found late: the latest runs
+/// late and the others are counted missed, so every instant ran or is counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_clock_steps_back_and_forward_runs_no_firing_twice() {
+    let Some(faketime) = leader_test_support::faketime_or_skip() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let lock = format!("file://{}", dir.path().join("lock").display());
+    let out = dir.path().join("firings");
+    let offset = dir.path().join("clock-offset");
+    step_clock(&offset, "+0");
+    let began = Utc::now();
+    let mut leader = replica_command(&lock, "stepped", "a", &out, "1s")
+        .envs(leader_test_support::faketime_env(&faketime, &offset))
+        .spawn()
+        .expect("spawn leader cron");
+    let read = || -> Vec<(DateTime<Utc>, u32)> {
+        std::fs::read_to_string(&out)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|line| {
+                let mut fields = line.split(' ');
+                let at = DateTime::parse_from_rfc3339(fields.next()?).ok()?;
+                Some((at.with_timezone(&Utc), fields.next()?.parse().ok()?))
+            })
+            .collect()
+    };
+    for _ in 0..60 {
+        if read().len() >= 3 {
+            break;
+        }
+        sleep(Duration::from_millis(250)).await;
+    }
+    assert!(read().len() >= 3, "the schedule runs: {:?}", read());
+    let back = Utc::now();
+    step_clock(&offset, "-1h");
+    sleep(Duration::from_secs(8)).await;
+    let forward = Utc::now();
+    step_clock(&offset, "+0");
+    sleep(Duration::from_secs(8)).await;
+    let shown = status(&lock, "stepped").await;
+    let _ = kill(
+        Pid::from_raw(i32::try_from(leader.id().expect("running")).expect("pid")),
+        Signal::SIGTERM,
+    );
+    let _ = tokio::time::timeout(Duration::from_secs(10), leader.wait()).await;
+    let ended = Utc::now();
+    let firings = read();
+    let text = format!("{firings:?}\n{shown:#}");
+    let seconds = |at: DateTime<Utc>| at.timestamp();
+    // Safety: each instant once, all of them the schedule's own by the real clock (none from
+    // the hour behind), and no more than the seconds that passed.
+    let mut instants: Vec<i64> = firings.iter().map(|(at, _)| seconds(*at)).collect();
+    instants.sort_unstable();
+    let count = instants.len();
+    instants.dedup();
+    assert_eq!(instants.len(), count, "a firing ran twice: {text}");
+    assert!(firings.iter().all(|(_, attempt)| *attempt == 1), "{text}");
+    assert!(
+        instants
+            .iter()
+            .all(|at| (seconds(began)..=seconds(ended)).contains(at)),
+        "a firing from outside {began}..{ended}: {text}"
+    );
+    let elapsed = seconds(ended) - seconds(began) + 1;
+    assert!(i64::try_from(count).expect("count") <= elapsed, "{text}");
+    // While the clock read an hour behind, nothing ran (a margin of 2 s each side).
+    assert!(
+        !instants
+            .iter()
+            .any(|at| (seconds(back) + 2..=seconds(forward) - 2).contains(at)),
+        "a firing ran while the clock read behind: {text}"
+    );
+    // Within a few seconds of the step forward the schedule goes on, each second again.
+    let after: Vec<&i64> = instants
+        .iter()
+        .filter(|at| **at >= seconds(forward) + 3)
+        .collect();
+    assert!(
+        after.len() >= 3,
+        "the schedule stalled after the step forward: {text}"
+    );
+    // Nothing lost uncounted: each instant from the first to the last ran or is counted
+    // missed, and the missed ones are the span the clock read behind (with 6 s of margin).
+    let missed = shown["schedules"][0]["missed"]
+        .as_i64()
+        .expect("missed count");
+    let (first, last) = (instants[0], instants[instants.len() - 1]);
+    let span = last - first + 1;
+    assert!(
+        i64::try_from(count).expect("count") + missed >= span,
+        "{span} instants, {count} ran, {missed} counted missed: {text}"
+    );
+    assert!(
+        missed <= seconds(forward) - seconds(back) + 6,
+        "{missed} missed: {text}"
+    );
 }

@@ -19,7 +19,7 @@ pub(crate) enum Command {
     Run(RunArgs),
     /// Run COMMAND once per firing of a schedule, on whichever replica leads: each firing
     /// started at most once across replicas, recorded in the lock's record; or suspend,
-    /// resume or trigger a running schedule.
+    /// resume, trigger or cancel a running schedule's firings.
     #[cfg(feature = "cron")]
     #[command(after_help = CRON_REQUESTS)]
     Cron(CronArgs),
@@ -183,10 +183,22 @@ pub(crate) struct RunArgs {
     pub(crate) shards: Option<u32>,
     /// With --shards, where this replica's identity is the same after a restart (a
     /// StatefulSet's Pod name as POD_NAME, or --identity): on SIGTERM its shards are released reserved for
-    /// it, so that a replica restarted within the lease takes them back and none moves. A
-    /// replica that does not come back leaves them idle for a lease.
+    /// it, so that a replica restarted within --static-membership-window takes them back and
+    /// none moves. A replica that does not come back leaves them idle as long.
     #[arg(long, env = "LEADER_STATIC_MEMBERSHIP", requires = "shards")]
     pub(crate) static_membership: bool,
+    /// With --static-membership, how long a replica's shards wait for it to come back after a
+    /// SIGTERM before the others take them [default: the lease duration]: a restart that
+    /// takes longer than the lease (a Pod rescheduled, an image pulled) moves no shard within
+    /// it. A replica that does not come back leaves its shards idle as long.
+    #[arg(
+        long,
+        env = "LEADER_STATIC_MEMBERSHIP_WINDOW",
+        value_name = "DURATION",
+        value_parser = humantime::parse_duration,
+        requires = "static_membership"
+    )]
+    pub(crate) static_membership_window: Option<Duration>,
     /// With --shards, this replica's weight: its share of the shards is in proportion to it
     /// (2 owns about twice as many as 1; 0 takes none).
     #[arg(
@@ -207,13 +219,17 @@ pub(crate) struct RunArgs {
 const CRON_REQUESTS: &str = "Requests for a running schedule, through the lock's record (whichever replica leads obeys):
   leader cron suspend --lock URL --name NAME [--by WHO]   start none of its firings until resumed
   leader cron resume --lock URL --name NAME               run it again from its next firing
-  leader cron trigger --lock URL --name NAME [--by WHO]   run COMMAND once now, outside the schedule";
+  leader cron trigger --lock URL --name NAME [--by WHO]   run COMMAND once now, outside the schedule
+  leader cron cancel --lock URL --name NAME [--by WHO] [--firing SCHEDULED]
+                                                          stop the running COMMAND (SIGTERM, then SIGKILL
+                                                          after --grace) and drop a pending retry;
+                                                          recorded as cancelled, not retried";
 
 /// The words after `leader cron` that make it a request for a running schedule.
 #[cfg(feature = "cron")]
-pub(crate) const CRON_REQUEST_WORDS: [&str; 3] = ["suspend", "resume", "trigger"];
+pub(crate) const CRON_REQUEST_WORDS: [&str; 4] = ["suspend", "resume", "trigger", "cancel"];
 
-/// `leader cron suspend|resume|trigger`: parsed apart from `leader cron`, whose trailing
+/// `leader cron suspend|resume|trigger|cancel`: parsed apart from `leader cron`, whose trailing
 /// COMMAND cannot share a command line with subcommands.
 #[cfg(feature = "cron")]
 #[derive(Debug, Parser)]
@@ -235,6 +251,31 @@ pub(crate) enum CronRequest {
     Resume(CronRequestArgs),
     /// Run COMMAND once now, outside the schedule, fenced and recorded like any firing.
     Trigger(CronRequestArgs),
+    /// Cancel firings: a running COMMAND is stopped as --timeout stops it (SIGTERM, then
+    /// SIGKILL after --grace), a firing waiting for a retry is dropped; each is recorded as
+    /// cancelled (not failed) and not retried. Every firing the record shows running or
+    /// waiting for a retry, or the one --firing names; none there exits 6.
+    Cancel(CronCancelArgs),
+}
+
+/// The firings a cancel is for.
+#[cfg(feature = "cron")]
+#[derive(Debug, Args)]
+pub(crate) struct CronCancelArgs {
+    #[command(flatten)]
+    pub(crate) request: CronRequestArgs,
+    /// Only the firing scheduled at this instant (RFC 3339, as `leader status` and
+    /// LEADER_FIRING_SCHEDULED show it).
+    #[arg(long, value_name = "SCHEDULED", value_parser = rfc3339)]
+    pub(crate) firing: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+/// An instant in RFC 3339.
+#[cfg(feature = "cron")]
+fn rfc3339(text: &str) -> Result<chrono::DateTime<chrono::Utc>, String> {
+    chrono::DateTime::parse_from_rfc3339(text)
+        .map(|at| at.with_timezone(&chrono::Utc))
+        .map_err(|err| format!("not an RFC 3339 instant ({err}): 2026-01-10T03:00:00Z, say"))
 }
 
 /// The schedule a request is for.
@@ -375,9 +416,11 @@ pub(crate) struct StatusArgs {
 
 #[cfg(test)]
 mod tests {
-    use clap::CommandFactory;
+    use std::time::Duration;
 
-    use super::Cli;
+    use clap::{CommandFactory, Parser};
+
+    use super::{Cli, Command};
 
     /// `--lock`'s help names every scheme the command takes, built in or not (a scheme left
     /// out of the build is refused naming its feature).
@@ -398,5 +441,30 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// `--static-membership-window` takes a duration, is unset by default (the lease), and
+    /// goes only with `--static-membership`.
+    #[test]
+    fn the_static_membership_window_goes_with_static_membership() {
+        let window = |extra: &[&str]| -> Result<Option<Duration>, clap::Error> {
+            let args = ["leader", "run", "--name", "jobs", "--shards", "4"];
+            let cli = Cli::try_parse_from(args.iter().chain(extra).chain(&["--", "true"]))?;
+            match cli.command {
+                Command::Run(run) => Ok(run.static_membership_window),
+                _ => unreachable!("a run"),
+            }
+        };
+        let on = ["--static-membership", "--static-membership-window", "2m"];
+        assert_eq!(window(&on).ok(), Some(Some(Duration::from_secs(120))));
+        assert_eq!(window(&["--static-membership"]).ok(), Some(None));
+        let err = window(&["--static-membership-window", "2m"]).expect_err("alone");
+        assert!(err.to_string().contains("--static-membership"), "{err}");
+        let err = window(&["--static-membership", "--static-membership-window", "soon"])
+            .expect_err("not a duration");
+        assert!(
+            err.to_string().contains("--static-membership-window"),
+            "{err}"
+        );
     }
 }

@@ -16,13 +16,14 @@ use crate::election::{Term, TermWork, elect};
 use crate::exit;
 use crate::open::{code_for, fail, open_lock};
 
-/// `leader cron suspend|resume|trigger`: written into the record with a compare-and-swap, for
-/// whichever replica leads.
+/// `leader cron suspend|resume|trigger|cancel`: written into the record with a
+/// compare-and-swap, for whichever replica leads.
 pub(crate) async fn request(request: CronRequest) -> u8 {
     let (what, args): (&str, &CronRequestArgs) = match &request {
         CronRequest::Suspend(args) => ("suspend", args),
         CronRequest::Resume(args) => ("resume", args),
         CronRequest::Trigger(args) => ("trigger", args),
+        CronRequest::Cancel(args) => ("cancel", &args.request),
     };
     let lock = match open_lock(&args.lock, "leader-cron-request", Duration::from_secs(5)).await {
         Ok((lock, _)) => lock,
@@ -34,6 +35,7 @@ pub(crate) async fn request(request: CronRequest) -> u8 {
         CronRequest::Suspend(_) => leader::cron::suspend(&*lock, name, &by).await,
         CronRequest::Resume(_) => leader::cron::resume(&*lock, name).await,
         CronRequest::Trigger(_) => leader::cron::trigger(&*lock, name, &by).await,
+        CronRequest::Cancel(args) => leader::cron::cancel(&*lock, name, &by, args.firing).await,
     };
     match written {
         Ok(control) => {
@@ -44,6 +46,15 @@ pub(crate) async fn request(request: CronRequest) -> u8 {
                     since.at.to_rfc3339()
                 ),
                 ("resume", _, _) => println!("{name}: runs as scheduled"),
+                ("cancel", _, _) => {
+                    let firings = control.cancel.as_ref().map(|c| &c.firings);
+                    for at in firings.into_iter().flatten() {
+                        println!(
+                            "{name}: cancels the firing scheduled at {}; the leader stops its COMMAND or drops its retry",
+                            at.to_rfc3339()
+                        );
+                    }
+                }
                 (_, _, Some(asked)) => {
                     println!(
                         "{name}: asked for a firing now (at {}); the leader starts it once the overlap policy lets it",
@@ -59,9 +70,11 @@ pub(crate) async fn request(request: CronRequest) -> u8 {
             }
             exit::OK
         }
-        Err(err @ (ControlError::NoElection { .. } | ControlError::NoSchedule { .. })) => {
-            fail(exit::NO_ELECTION, err)
-        }
+        Err(
+            err @ (ControlError::NoElection { .. }
+            | ControlError::NoSchedule { .. }
+            | ControlError::NothingToCancel { .. }),
+        ) => fail(exit::NO_ELECTION, err),
         Err(ControlError::Lock(err)) => fail(code_for(&err), err),
         Err(err @ ControlError::BadControl { .. }) => fail(exit::REFUSED, err),
         Err(err) => fail(exit::FAILURE, err),
@@ -125,12 +138,12 @@ pub(crate) async fn cron(args: CronArgs) -> u8 {
     if let Some(deadline) = args.starting_deadline {
         job = job.starting_deadline(deadline);
     }
+    // A COMMAND stopped by --timeout or `leader cron cancel` gets its --grace between SIGTERM
+    // and SIGKILL before it is dropped.
+    let grace = args.election.grace.unwrap_or(Duration::from_secs(3));
+    job = job.timeout_grace(grace + Duration::from_secs(2));
     if let Some(limit) = args.timeout {
-        // COMMAND gets its --grace between SIGTERM and SIGKILL before it is dropped.
-        let grace = args.election.grace.unwrap_or(Duration::from_secs(3));
-        job = job
-            .timeout(limit)
-            .timeout_grace(grace + Duration::from_secs(2));
+        job = job.timeout(limit);
     }
     tracing::info!(schedule = %job_schedule(&args), "scheduled");
     elect(args.election, false, args.command, |term| {
@@ -220,8 +233,8 @@ async fn fire(
         },
         () = cancel.cancelled() => {
             let status = child::terminate(&mut running, term.grace).await;
-            tracing::info!(?status, "COMMAND stopped: the term ended or a later firing replaced it");
-            Err("stopped: the term ended or a later firing replaced it".into())
+            tracing::info!(?status, "COMMAND stopped: the term ended, a later firing replaced it, or it was timed out or cancelled");
+            Err("stopped: the term ended, a later firing replaced it, or it was timed out or cancelled".into())
         }
     }
 }

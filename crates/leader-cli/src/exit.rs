@@ -15,8 +15,9 @@ pub(crate) const BAD_LOCK: u8 = 3;
 pub(crate) const UNREACHABLE: u8 = 4;
 /// The backend refused: wrong credentials, missing permissions, an unreadable record.
 pub(crate) const REFUSED: u8 = 5;
-/// `handover`, `cron suspend|resume|trigger`, `shards resize`: nobody has run for this
-/// election (or this schedule, or this set) yet, so there is nothing to act on.
+/// `handover`, `cron suspend|resume|trigger|cancel`, `shards resize`: nobody has run for this
+/// election (or this schedule, or this set) yet, or no firing is there to cancel, so there is
+/// nothing to act on.
 pub(crate) const NO_ELECTION: u8 = 6;
 /// `handover --wait`: the named identity did not lead within `--timeout`; `shards drain|undrain
 /// --wait`: the member did not reach its target within `--timeout`.

@@ -127,6 +127,7 @@ fn schedules_json(record: &leader_core::LeaderElectionRecord) -> serde_json::Val
                 "changed": s.state.changed,
                 "suspended": s.suspended,
                 "pendingTrigger": s.pending_trigger,
+                "pendingCancel": s.pending_cancel,
             })
         })
         .collect();
@@ -202,6 +203,15 @@ fn print_schedules(record: &leader_core::LeaderElectionRecord) {
                 asked.at.to_rfc3339()
             );
         }
+        if let Some(asked) = &s.pending_cancel {
+            let firings: Vec<String> = asked.firings.iter().map(|at| at.to_rfc3339()).collect();
+            println!(
+                "  cancel     of {} asked by {} at {}, not handled yet",
+                firings.join(", "),
+                asked.by,
+                asked.at.to_rfc3339()
+            );
+        }
         if let Some(changed) = &s.state.changed {
             println!(
                 "  changed    from {} by {} at {}",
@@ -222,6 +232,7 @@ fn describe(outcome: &leader::cron::Outcome) -> String {
     match outcome {
         Outcome::Failed { message } => format!("failed ({message})"),
         Outcome::GaveUp { reason } => format!("gave up ({reason})"),
+        Outcome::Cancelled { by } => format!("cancelled (by {by})"),
         other => other.name().to_owned(),
     }
 }

@@ -13,6 +13,7 @@ pub(crate) async fn run(args: RunArgs) -> u8 {
         let membership = crate::shards::Membership {
             count,
             static_membership: args.static_membership,
+            static_membership_window: args.static_membership_window,
             weight: args.weight,
         };
         return crate::shards::run(args.election, membership, args.command).await;

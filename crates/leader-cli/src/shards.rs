@@ -22,10 +22,12 @@ use crate::exit;
 use crate::open::{code_for, fail};
 use crate::serve;
 
-/// How this replica takes part in the set: `--shards`, `--static-membership`, `--weight`.
+/// How this replica takes part in the set: `--shards`, `--static-membership`,
+/// `--static-membership-window`, `--weight`.
 pub(crate) struct Membership {
     pub(crate) count: u32,
     pub(crate) static_membership: bool,
+    pub(crate) static_membership_window: Option<Duration>,
     pub(crate) weight: u32,
 }
 
@@ -33,6 +35,7 @@ pub(crate) async fn run(args: ElectionArgs, membership: Membership, command: Vec
     let Membership {
         count,
         static_membership,
+        static_membership_window,
         weight,
     } = membership;
     let (identity, timings) = match identity_and_timings(&args) {
@@ -81,7 +84,10 @@ pub(crate) async fn run(args: ElectionArgs, membership: Membership, command: Vec
         env: Vec::new(),
     };
     let grace = command_grace(args.grace, timings);
-    let builder = Shards::builder(name.clone(), count, set);
+    let mut builder = Shards::builder(name.clone(), count, set);
+    if let Some(window) = static_membership_window {
+        builder = builder.static_membership_window(window);
+    }
     let counts = Counts::new(builder.subscribe_count());
     // The shard's term (a counted clone) stays with its COMMAND until COMMAND is gone: the
     // shard is released only then (S6).

@@ -61,11 +61,12 @@ fn helps() -> Vec<&'static [&'static str]> {
         &["shards", "undrain", "-h"],
     ];
     if cfg!(feature = "cron") {
-        helps.extend::<[&[&str]; 4]>([
+        helps.extend::<[&[&str]; 5]>([
             &["cron", "--help"],
             &["cron", "suspend", "--help"],
             &["cron", "resume", "-h"],
             &["cron", "trigger", "--help"],
+            &["cron", "cancel", "--help"],
         ]);
     }
     helps

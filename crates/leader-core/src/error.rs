@@ -231,6 +231,20 @@ pub enum ConfigError {
         /// The largest count allowed.
         max: u32,
     },
+    /// A shard set's static membership window must last at least the lease (a crashed
+    /// member's shards wait that long anyway) and at most the limit.
+    #[error(
+        "static membership window ({window:?}) must be at least the lease duration \
+         ({lease_duration:?}) and at most {max:?}"
+    )]
+    InvalidStaticMembershipWindow {
+        /// The configured window.
+        window: Duration,
+        /// The configured lease duration.
+        lease_duration: Duration,
+        /// The longest window allowed.
+        max: Duration,
+    },
     /// Every request must time out before the renew deadline, so that a hung request cannot keep a
     /// leader from stepping down on time.
     #[error(

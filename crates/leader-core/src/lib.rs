@@ -56,9 +56,9 @@ pub use memory::{MemoryLock, MemoryStore};
 pub use record::{LeaderElectionRecord, Observed, Version};
 pub use redact::redact_url;
 pub use shards::{
-    COUNT_EXTENSION, LockSet, MAX_SHARDS, MemberView, RecordState, RecordView, RosterError,
-    ShardSetView, ShardSetViewError, ShardView, Shards, ShardsBuilder, ShardsConfig, ShardsError,
-    ShardsState, drain_member, resize_shard_set,
+    COUNT_EXTENSION, LockSet, MAX_SHARDS, MAX_STATIC_MEMBERSHIP_WINDOW, MemberView, RecordState,
+    RecordView, RosterError, ShardSetView, ShardSetViewError, ShardView, Shards, ShardsBuilder,
+    ShardsConfig, ShardsError, ShardsState, drain_member, resize_shard_set,
 };
 pub use signal::{shutdown_on_signals, shutdown_signal};
 pub use status::{ElectionError, ElectorStatus, IdentityConflict, LastError};

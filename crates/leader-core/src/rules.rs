@@ -164,13 +164,20 @@ impl OtherTerm {
     }
 }
 
-/// A pending handover request as a candidate saw it: whom it names, when the candidate first
-/// saw it, and until when it stands back: a lease from then, the longest lease that any record
-/// carrying the request has shown since (a release that keeps the request writes a short
-/// lease, which must not cut the stand-back short).
+/// A pending handover request as a candidate saw it: whom it names, in which term, when the
+/// candidate first saw it, and until when it stands back: a lease from then, the longest lease
+/// that any record carrying the request has shown since (a release that keeps the request
+/// writes a short lease, which must not cut the stand-back short).
+///
+/// A request belongs to the term whose record carries it (its fencing token): a release keeps
+/// the token, and every acquisition, which clears the request, raises it. So a request naming
+/// the same candidate under another token is a new one, made after the first was fulfilled
+/// (a static member that shut down, came back and shut down again), even when the candidate
+/// never saw the records in between: it gets a stand-back of its own.
 #[derive(Clone, Debug)]
 struct Request {
     to: String,
+    fencing_token: u64,
     since: Instant,
     until: Instant,
 }
@@ -179,9 +186,15 @@ impl Request {
     fn new(to: &str, now: Instant, record: &LeaderElectionRecord) -> Self {
         Self {
             to: to.to_owned(),
+            fencing_token: record.leader_transitions,
             since: now,
             until: now + record.lease_duration,
         }
+    }
+
+    /// Whether `record`'s request (naming `to`) is this one.
+    fn is(&self, to: &str, record: &LeaderElectionRecord) -> bool {
+        self.to == to && self.fencing_token == record.leader_transitions
     }
 }
 
@@ -190,7 +203,8 @@ impl Request {
 pub(crate) struct Changes {
     /// The version is new: the lease's clock started again.
     pub(crate) version: bool,
-    /// A handover request (to another candidate than before) was seen for the first time.
+    /// A handover request (to another candidate than before, or in another term) was seen
+    /// for the first time.
     pub(crate) handover: bool,
 }
 
@@ -219,7 +233,7 @@ impl Sighting {
             changes.version = true;
         }
         match (observed.record.handover_to(), &mut self.handover) {
-            (Some(to), Some(seen)) if seen.to == to => {
+            (Some(to), Some(seen)) if seen.is(to, &observed.record) => {
                 seen.until = seen.until.max(seen.since + observed.record.lease_duration);
             }
             (Some(to), _) => {
@@ -270,7 +284,8 @@ impl Sighting {
             return None;
         }
         let seen = self.handover.as_ref()?;
-        (record.handover_to() == Some(seen.to.as_str()))
+        let to = record.handover_to()?;
+        seen.is(to, record)
             .then(|| seen.until.max(seen.since + record.lease_duration))
     }
 
@@ -466,6 +481,51 @@ mod tests {
             seen.since(),
             at + Duration::from_secs(1),
             "a new version starts the clock"
+        );
+    }
+
+    /// A request naming the same candidate again in a later term (taken by the candidate
+    /// named, then released to it again) is a new request with a stand-back of its own, also
+    /// when the records in between went unseen; within one term (held, then released) it is
+    /// the same request.
+    #[tokio::test(start_paused = true)]
+    async fn a_request_made_again_in_a_later_term_is_stood_back_from_anew() {
+        let start = Instant::now();
+        let mut first = observed("", "1", Some("x"));
+        first.record.leader_transitions = 4;
+        let mut seen = Sighting::new(&first, start);
+        let lease = Duration::from_secs(10);
+        let later = start + Duration::from_secs(8);
+        let mut again = observed("", "3", Some("x"));
+        again.record.leader_transitions = 5;
+        assert!(seen.see(&again, later).handover, "a new request");
+        assert_eq!(
+            seen.stand_back_until(&again.record, "c"),
+            Some(later + lease)
+        );
+        assert!(Sighting::standing_back(
+            Some(&seen),
+            &again.record,
+            "c",
+            start + lease + Duration::from_secs(1)
+        ));
+        // Unseen yet, under its own token: stood back from until seen.
+        let mut third = observed("", "5", Some("x"));
+        third.record.leader_transitions = 6;
+        assert_eq!(seen.stand_back_until(&third.record, "c"), None);
+        assert!(Sighting::standing_back(
+            Some(&seen),
+            &third.record,
+            "c",
+            later + lease * 5
+        ));
+        // The same term's release keeps the request and its clock.
+        let mut released = observed("", "4", Some("x"));
+        released.record.leader_transitions = 5;
+        assert!(!seen.see(&released, later + lease).handover);
+        assert_eq!(
+            seen.stand_back_until(&released.record, "c"),
+            Some(later + lease)
         );
     }
 

@@ -1,11 +1,12 @@
-//! What operators ask of a schedule, through the record: suspend it, resume it, run it now.
+//! What operators ask of a schedule, through the record: suspend it, resume it, run it now,
+//! cancel a firing.
 //!
 //! The requests live in an extension of their own, `cron-control/NAME`, which operators write
-//! with a compare-and-swap of the record ([`suspend`], [`resume`], [`trigger`]; `leader cron
-//! suspend|resume|trigger`) and the leader only reads: its own state (`cron/NAME`) is never
-//! written by anyone else. The leader's next renewal finds the change (a renewal from before it
-//! loses its compare-and-swap and reads the record again; at once where the backend notifies),
-//! and its schedule loop looks at the requests every second.
+//! with a compare-and-swap of the record ([`suspend`], [`resume`], [`trigger`], [`cancel`];
+//! `leader cron suspend|resume|trigger|cancel`) and the leader only reads: its own state
+//! (`cron/NAME`) is never written by anyone else. The leader's next renewal finds the change
+//! (a renewal from before it loses its compare-and-swap and reads the record again; at once
+//! where the backend notifies), and its schedule loop looks at the requests every second.
 
 use chrono::{DateTime, Utc};
 use leader_core::{LockError, ResourceLock};
@@ -31,9 +32,15 @@ pub struct Control {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub suspended: Option<Request>,
     /// A firing asked for outside the schedule, run once by the leader (whichever replica it
-    /// is) as soon as the overlap policy lets it.
+    /// is) as soon as the overlap policy lets it, in its turn with the firings and retries
+    /// due (it is due when it was asked).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trigger: Option<Request>,
+    /// Firings to cancel ([`cancel`]), named in the request's
+    /// [`firings`](Request::firings): whichever replica leads stops the ones running and drops
+    /// the ones waiting for a retry, once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cancel: Option<Request>,
     /// Fields this release does not know (written by a later one), kept and written back
     /// (S16).
     #[serde(flatten)]
@@ -48,8 +55,12 @@ pub struct Request {
     /// Who asked (an operator's name, `leader cron trigger`'s `--by`, or the host).
     pub by: String,
     /// When, by the asker's clock; a trigger's identity, with its instant as the firing's
-    /// `scheduled`.
+    /// `scheduled`, and a cancel's.
     pub at: DateTime<Utc>,
+    /// For a cancel, the firings it cancels, by their scheduled instants (empty for the other
+    /// requests).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub firings: Vec<DateTime<Utc>>,
     /// Fields this release does not know (written by a later one), kept and written back
     /// (S16).
     #[serde(flatten)]
@@ -101,6 +112,17 @@ pub enum ControlError {
         /// What is wrong.
         reason: String,
     },
+    /// A cancel found nothing to cancel: no firing running or waiting for a retry in the
+    /// record (or not the one named).
+    #[error("{lock}: schedule {name:?}: {}", nothing_to_cancel(.firing.as_ref()))]
+    NothingToCancel {
+        /// The lock's description.
+        lock: String,
+        /// The schedule.
+        name: String,
+        /// The firing asked for, when one was named.
+        firing: Option<DateTime<Utc>>,
+    },
     /// The record changed under every attempt.
     #[error("{lock}: the record changed under each of {tries} attempts to write the request")]
     Contended {
@@ -112,6 +134,17 @@ pub enum ControlError {
     /// The lock failed.
     #[error(transparent)]
     Lock(#[from] LockError),
+}
+
+/// What [`ControlError::NothingToCancel`] says.
+fn nothing_to_cancel(firing: Option<&DateTime<Utc>>) -> String {
+    match firing {
+        Some(at) => format!(
+            "no firing scheduled at {} is running or waiting for a retry: nothing to cancel",
+            at.to_rfc3339()
+        ),
+        None => "no firing is running or waiting for a retry: nothing to cancel".to_owned(),
+    }
 }
 
 /// Suspends schedule `name` in the election behind `lock` (Kubernetes CronJob's `suspend`):
@@ -128,14 +161,15 @@ pub async fn suspend(
     let by = by.to_owned();
     change(lock, name, move |control, _| {
         if control.suspended.is_some() {
-            return false;
+            return Ok(false);
         }
         control.suspended = Some(Request {
             by: by.clone(),
             at: Utc::now(),
+            firings: Vec::new(),
             unknown_fields: Default::default(),
         });
-        true
+        Ok(true)
     })
     .await
 }
@@ -147,7 +181,10 @@ pub async fn suspend(
 /// # Errors
 /// As [`suspend`].
 pub async fn resume(lock: &dyn ResourceLock, name: &str) -> Result<Control, ControlError> {
-    change(lock, name, |control, _| control.suspended.take().is_some()).await
+    change(lock, name, |control, _| {
+        Ok(control.suspended.take().is_some())
+    })
+    .await
 }
 
 /// Asks for one firing of schedule `name` now, outside the schedule (`kubectl create job
@@ -169,12 +206,8 @@ pub async fn trigger(
     by: &str,
 ) -> Result<Control, ControlError> {
     let by = by.to_owned();
-    change(lock, name, move |control, last_handled| {
-        // Later than the last request handled, or the leader would take it for that one.
-        let mut at = Utc::now();
-        if let Some(last) = last_handled.filter(|last| *last >= at) {
-            at = last + chrono::Duration::milliseconds(1);
-        }
+    change(lock, name, move |control, state| {
+        let mut at = dated(state.and_then(|s| s.last_trigger));
         // Never a whole second, so that it never shares an identity with a scheduled firing.
         if at.timestamp_subsec_nanos() == 0 {
             at += chrono::Duration::nanoseconds(1);
@@ -182,20 +215,91 @@ pub async fn trigger(
         control.trigger = Some(Request {
             by: by.clone(),
             at,
+            firings: Vec::new(),
             unknown_fields: Default::default(),
         });
-        true
+        Ok(true)
     })
     .await
 }
 
+/// Cancels firings of schedule `name`: the one scheduled at `firing`, or, when `None`, every
+/// firing the record shows running or waiting for a retry. Whichever replica leads stops a
+/// running one's work as [`timeout`](crate::CronJobBuilder::timeout) does (its cancellation
+/// token, then dropped after [`timeout_grace`](crate::CronJobBuilder::timeout_grace); a
+/// `leader cron` COMMAND gets SIGTERM, then SIGKILL after its grace), and drops a retry waiting for its turn; each is
+/// recorded as [`Outcome::Cancelled`](crate::Outcome::Cancelled), not as failed, and no retry
+/// follows. A firing that ended before the leader got to the request stays as it ended. A
+/// cancel not handled yet is joined by a newer one (both sets of firings are cancelled).
+/// Returns the requests as stored; `cancel.firings` names the firings.
+///
+/// A request is dated as [`trigger`] dates one: later than the last cancel handled.
+///
+/// # Errors
+/// [`ControlError::NothingToCancel`] when the record shows no such firing running or
+/// waiting; else as [`suspend`].
+pub async fn cancel(
+    lock: &dyn ResourceLock,
+    name: &str,
+    by: &str,
+    firing: Option<DateTime<Utc>>,
+) -> Result<Control, ControlError> {
+    let by = by.to_owned();
+    change(lock, name, move |control, state| {
+        let waiting = state.into_iter().flat_map(|s| {
+            let running = s.running.iter().map(|r| r.scheduled);
+            running.chain(s.retrying.iter().map(|r| r.scheduled))
+        });
+        let mut firings: Vec<DateTime<Utc>> = waiting
+            .filter(|at| firing.is_none_or(|named| named == *at))
+            .collect();
+        if firings.is_empty() {
+            return Err(ControlError::NothingToCancel {
+                lock: lock.describe(),
+                name: name.to_owned(),
+                firing,
+            });
+        }
+        let last_handled = state.and_then(|s| s.last_cancel);
+        // A cancel the leader has not handled yet keeps its firings beside the new ones.
+        if let Some(pending) = control
+            .cancel
+            .take()
+            .filter(|c| last_handled.is_none_or(|last| c.at > last))
+        {
+            firings.extend(pending.firings);
+        }
+        firings.sort();
+        firings.dedup();
+        control.cancel = Some(Request {
+            by: by.clone(),
+            at: dated(last_handled),
+            firings,
+            unknown_fields: Default::default(),
+        });
+        Ok(true)
+    })
+    .await
+}
+
+/// Now by this machine's clock, or just after `last_handled` when this clock reads no later
+/// than it: later than the last request of its kind a leader handled, or the leader would
+/// take it for that one.
+fn dated(last_handled: Option<DateTime<Utc>>) -> DateTime<Utc> {
+    let now = Utc::now();
+    match last_handled.filter(|last| *last >= now) {
+        Some(last) => last + chrono::Duration::milliseconds(1),
+        None => now,
+    }
+}
+
 /// Applies `edit` to schedule `name`'s requests with a compare-and-swap of the record, read
-/// again and retried when the leader's renewals got there first; `edit` gets the instant of the
-/// last trigger a leader handled, and returns whether it changed anything.
+/// again and retried when the leader's renewals got there first; `edit` gets the schedule's
+/// state as stored (none when it cannot be read), and returns whether it changed anything.
 async fn change(
     lock: &dyn ResourceLock,
     name: &str,
-    mut edit: impl FnMut(&mut Control, Option<DateTime<Utc>>) -> bool,
+    mut edit: impl FnMut(&mut Control, Option<&crate::CronState>) -> Result<bool, ControlError>,
 ) -> Result<Control, ControlError> {
     let key = control_key(name);
     let mut control = Control::default();
@@ -221,9 +325,7 @@ async fn change(
                 },
             });
         };
-        let last_handled = crate::CronState::from_json(state)
-            .ok()
-            .and_then(|s| s.last_trigger);
+        let state = crate::CronState::from_json(state).ok();
         control = match extensions.get(&key) {
             Some(value) => Control::from_json(value).map_err(|err| ControlError::BadControl {
                 lock: lock.describe(),
@@ -232,7 +334,7 @@ async fn change(
             })?,
             None => Control::default(),
         };
-        if !edit(&mut control, last_handled) {
+        if !edit(&mut control, state.as_ref())? {
             return Ok(None);
         }
         let mut record = current.record.clone();

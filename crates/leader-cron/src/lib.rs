@@ -16,7 +16,7 @@ mod term;
 
 pub use builder::CronJobBuilder;
 pub use clock::{Clock, SystemClock, TokioClock};
-pub use control::{Control, ControlError, Request, control_key, resume, suspend, trigger};
+pub use control::{Control, ControlError, Request, cancel, control_key, resume, suspend, trigger};
 pub use job::{BoxError, CronError, CronEvent, CronJob, Firing};
 pub use policy::{Interrupted, MAX_RUNNING, Missed, ON_TIME, Overlap};
 pub use schedule::{Schedule, ScheduleError};

@@ -2,7 +2,7 @@
 //! firing's start and outcome are written and its work run.
 
 use chrono::{DateTime, Utc};
-use leader_core::{ExtensionError, Leadership};
+use leader_core::{CancellationToken, ExtensionError, Leadership};
 use tokio::sync::mpsc;
 
 use crate::job::{CronError, CronEvent, CronJob, Firing};
@@ -103,32 +103,24 @@ impl CronJob {
                 }
             }
             dirty |= self.clock_far_behind(&mut state, now, &mut term.waits);
+            if let Some(request) = control
+                .cancel
+                .clone()
+                .filter(|c| state.last_cancel.is_none_or(|last| c.at > last))
+            {
+                dirty |= self.cancelled(&mut state, request, &mut term);
+            }
             if self.pass_over_backlog(&schedule, &mut state, now).await {
                 dirty = true;
                 // Passing over took its time: what is due is judged from now.
                 now = inner.clock.now();
             }
-            // A retry and a scheduled firing that wait for one slot take it in the order they
-            // were due.
-            let first_instant = schedule
-                .next_after(state.handled_until())
-                .filter(|i| *i <= now);
-            let retry_first =
-                first_instant.is_none_or(|instant| state.retrying.iter().any(|r| r.at <= instant));
-            if retry_first {
-                dirty |= self.retries_due(&mut state, now, &mut term);
-            }
-            let (changed, blocked) = self.due(&schedule, &mut state, now, &mut term);
-            dirty |= changed;
-            if !retry_first {
-                dirty |= self.retries_due(&mut state, now, &mut term);
-            }
-            if let Some(request) = control
+            let trigger = control
                 .trigger
-                .filter(|t| state.last_trigger.is_none_or(|last| t.at > last))
-            {
-                dirty |= self.triggered(&mut state, request, &mut term);
-            }
+                .filter(|t| state.last_trigger.is_none_or(|last| t.at > last));
+            let (changed, blocked) =
+                self.take_turns(&schedule, &mut state, now, trigger, &mut term);
+            dirty |= changed;
             if dirty || !term.starts.is_empty() {
                 for start in &term.starts {
                     state.running.push(Started {
@@ -180,9 +172,13 @@ impl CronJob {
                     }
                     () = sleep_until(until) => break,
                     // Operators' requests arrive with the term's renewals: look again only
-                    // when they changed.
+                    // when they changed. The wait is timed on the monotonic clock: a wall
+                    // clock stepped forward (back from a step back, say) brings the next
+                    // instant nearer than the timer, so the wall clock is read again too.
                     () = tokio::time::sleep(CONTROL_POLL) => {
-                        if leadership.extensions().remove(&inner.control_key) != requests {
+                        if leadership.extensions().remove(&inner.control_key) != requests
+                            || next.is_some_and(|at| inner.clock.now() >= at)
+                        {
                             break;
                         }
                     }
@@ -346,24 +342,39 @@ impl CronJob {
         };
         let _ = inner.events.send(CronEvent::Started(firing.clone()));
         let cancel = leadership.cancellation_token().child_token();
+        let asked = CancellationToken::new();
         let work = (inner.work)(firing, cancel.clone());
         let (held, done) = (leadership.clone(), done.clone());
         let (limit, grace, stop) = (inner.timeout, inner.timeout_grace, cancel.clone());
-        let name = inner.name.clone();
+        let (name, stopped) = (inner.name.clone(), asked.clone());
         tokio::spawn(async move {
             let mut work = tokio::spawn(work);
-            let joined = match limit {
-                Some(limit) => tokio::time::timeout(limit, &mut work).await.ok(),
-                None => Some((&mut work).await),
+            let timed_out = async {
+                match limit {
+                    Some(limit) => tokio::time::sleep(limit).await,
+                    None => std::future::pending().await,
+                }
+            };
+            let joined = tokio::select! {
+                joined = &mut work => Some(joined),
+                () = timed_out => None,
+                () = stopped.cancelled() => None,
             };
             let Some(joined) = joined else {
+                // An operator's cancel was recorded when it was handled; a timeout is recorded
+                // when the work has returned.
+                let (outcome, why) = if stopped.is_cancelled() {
+                    (Outcome::Cancelled { by: String::new() }, "its cancel")
+                } else {
+                    (Outcome::TimedOut, "its timeout")
+                };
                 stop.cancel();
                 // Work that ignores its cancellation does not hold the schedule up.
                 if tokio::time::timeout(grace, &mut work).await.is_err() {
                     work.abort();
-                    tracing::warn!(schedule = %name, %scheduled, attempt, ?grace, "the work went on past its timeout and grace, ignoring its cancellation: dropped, and its slot freed");
+                    tracing::warn!(schedule = %name, %scheduled, attempt, ?grace, "the work went on past {why} and grace, ignoring its cancellation: dropped, and its slot freed");
                 }
-                let _ = done.send((scheduled, attempt, Outcome::TimedOut));
+                let _ = done.send((scheduled, attempt, outcome));
                 drop(held);
                 return;
             };
@@ -387,7 +398,8 @@ impl CronJob {
             scheduled,
             attempt,
             cancel,
-            replaced: false,
+            stop: asked,
+            ended: false,
         }
     }
 }

@@ -326,32 +326,32 @@ fn next_in_wall_time(
     None
 }
 
-/// An instant in the second pass of a fall-back between `after` and `next` that the expression
-/// names, if any: the repeated wall times are checked second by second (an hour at most, and
-/// only on a night whose clocks go back).
+/// The first instant in the second pass of a fall-back between `after` and `next` that the
+/// expression names, if any: the repeated wall times are checked second by second (an hour at
+/// most, and only on a night whose clocks go back). Each fall-back between them counts (a
+/// yearly expression's instants are a spring and an autumn apart).
 fn second_pass(
     cron: &Cron,
     zone: Tz,
     after: DateTime<Utc>,
     next: DateTime<Utc>,
 ) -> Option<DateTime<Utc>> {
-    let repeated = -jump_between(zone, after, next);
-    if repeated <= 0 {
-        return None;
-    }
-    let high = transition(zone, after, next)?;
-    let mut at = high.max(after + chrono::Duration::seconds(1));
-    let end = (high + chrono::Duration::seconds(i64::from(repeated))).min(next);
-    while at < end {
-        if cron
-            .is_time_matching(&at.with_timezone(&zone))
-            .unwrap_or(false)
-        {
-            return Some(at);
-        }
-        at += chrono::Duration::seconds(1);
-    }
-    None
+    jumps(zone, after, next)
+        .filter(|(_, seconds)| *seconds < 0)
+        .find_map(|(high, seconds)| {
+            let mut at = high.max(after + chrono::Duration::seconds(1));
+            let end = (high + chrono::Duration::seconds(i64::from(-seconds))).min(next);
+            while at < end {
+                if cron
+                    .is_time_matching(&at.with_timezone(&zone))
+                    .unwrap_or(false)
+                {
+                    return Some(at);
+                }
+                at += chrono::Duration::seconds(1);
+            }
+            None
+        })
 }
 
 /// The expression a nickname stands for, as Vixie cron defines them.
@@ -402,9 +402,32 @@ fn offset_at(zone: Tz, t: DateTime<Utc>) -> chrono::FixedOffset {
     zone.offset_from_utc_datetime(&t.naive_utc()).fix()
 }
 
-/// How many seconds the zone's clocks jump forward between `after` and `next` (negative: back).
-fn jump_between(zone: Tz, after: DateTime<Utc>, next: DateTime<Utc>) -> i32 {
-    offset_at(zone, next).local_minus_utc() - offset_at(zone, after).local_minus_utc()
+/// How far apart the offsets are looked at when the zone's clock changes between two instants
+/// are searched: less than any two changes of a zone ever were.
+const JUMP_STEP: chrono::Duration = chrono::Duration::hours(6);
+
+/// Each moment the zone's clocks jump between `after` and `next`, in order, with how many
+/// seconds they jump (negative: back). Every change counts, not only the net one: between two
+/// instants of a yearly expression, clocks go forward in spring and back in autumn.
+fn jumps(
+    zone: Tz,
+    after: DateTime<Utc>,
+    next: DateTime<Utc>,
+) -> impl Iterator<Item = (DateTime<Utc>, i32)> {
+    let mut low = after;
+    std::iter::from_fn(move || {
+        while low < next {
+            let high = (low + JUMP_STEP).min(next);
+            let (before, later) = (offset_at(zone, low), offset_at(zone, high));
+            let from = low;
+            low = high;
+            if before != later {
+                let at = transition(zone, from, high)?;
+                return Some((at, later.local_minus_utc() - before.local_minus_utc()));
+            }
+        }
+        None
+    })
 }
 
 /// The first instant with the later offset between `after` and `next` (whole seconds), when
@@ -429,28 +452,26 @@ fn transition(zone: Tz, after: DateTime<Utc>, next: DateTime<Utc>) -> Option<Dat
 
 /// The first instant after a spring-forward gap between `after` and `next`, when the
 /// expression names a wall time of the gap (one that never happened): the documented rule
-/// fires it just after the gap, once.
+/// fires it just after the gap, once. Each gap between them counts, the earliest first, and
+/// whatever the clocks did between `after` and the gap (a fall-back in autumn).
 fn after_a_gap(
     cron: &Cron,
     zone: Tz,
     after: DateTime<Utc>,
     next: DateTime<Utc>,
 ) -> Option<DateTime<Utc>> {
-    let skipped = jump_between(zone, after, next);
-    if skipped <= 0 {
-        return None;
-    }
-    let jump = transition(zone, after, next)?;
-    if jump <= after {
-        return None;
-    }
-    // The gap's wall times, read at the offset before the jump, second by second (an hour
-    // at most, on the nights clocks go forward).
-    let first_skipped = jump.with_timezone(&offset_at(zone, after));
-    (0..i64::from(skipped))
-        .map(|s| first_skipped + chrono::Duration::seconds(s))
-        .any(|wall| cron.is_time_matching(&wall).unwrap_or(false))
-        .then_some(jump)
+    jumps(zone, after, next)
+        .filter(|(jump, skipped)| *skipped > 0 && *jump > after)
+        .find_map(|(jump, skipped)| {
+            // The gap's wall times, read at the offset before the jump, second by second (an
+            // hour at most, on the nights clocks go forward).
+            let before = offset_at(zone, jump - chrono::Duration::seconds(1));
+            let first_skipped = jump.with_timezone(&before);
+            (0..i64::from(skipped))
+                .map(|s| first_skipped + chrono::Duration::seconds(s))
+                .any(|wall| cron.is_time_matching(&wall).unwrap_or(false))
+                .then_some(jump)
+        })
 }
 
 /// `period` as the shortest humantime text (`30s`, `1h 30m`).

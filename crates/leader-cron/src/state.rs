@@ -19,7 +19,7 @@ pub const MAX_MESSAGE: usize = 512;
 
 /// The format of the state this release writes ([`CronState::format`]); a state written before
 /// the format was kept reads as 1.
-pub const FORMAT: u32 = 2;
+pub const FORMAT: u32 = 3;
 
 /// The record extension that holds schedule `name`'s state.
 pub fn extension_key(name: &str) -> String {
@@ -72,6 +72,10 @@ pub struct CronState {
     /// leader started: a request no later than it is handled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_trigger: Option<DateTime<Utc>>,
+    /// The instant of the last request to cancel firings ([`cancel`](crate::cancel)) that a
+    /// leader handled: a request no later than it is handled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_cancel: Option<DateTime<Utc>>,
     /// Firings missed so far (no leader at their time, or skipped by the policy).
     #[serde(default)]
     pub missed: u64,
@@ -222,6 +226,12 @@ pub enum Outcome {
     /// It ran past the job's timeout
     /// ([`CronJobBuilder::timeout`](crate::CronJobBuilder::timeout)) and was stopped.
     TimedOut,
+    /// An operator cancelled it ([`cancel`](crate::cancel)): its work was stopped, or its
+    /// retry dropped before it started. Not a failure: no retry follows.
+    Cancelled {
+        /// Who asked.
+        by: String,
+    },
     /// An outcome of a kind this release does not know, as a later release wrote it.
     Other(serde_json::Map<String, serde_json::Value>),
 }
@@ -243,6 +253,7 @@ enum KnownOutcome {
     GaveUp { reason: String },
     Replaced,
     TimedOut,
+    Cancelled { by: String },
 }
 
 impl From<StoredOutcome> for Outcome {
@@ -253,6 +264,7 @@ impl From<StoredOutcome> for Outcome {
             StoredOutcome::Known(KnownOutcome::GaveUp { reason }) => Self::GaveUp { reason },
             StoredOutcome::Known(KnownOutcome::Replaced) => Self::Replaced,
             StoredOutcome::Known(KnownOutcome::TimedOut) => Self::TimedOut,
+            StoredOutcome::Known(KnownOutcome::Cancelled { by }) => Self::Cancelled { by },
             StoredOutcome::Other(object) => Self::Other(object),
         }
     }
@@ -266,13 +278,14 @@ impl From<Outcome> for StoredOutcome {
             Outcome::GaveUp { reason } => Self::Known(KnownOutcome::GaveUp { reason }),
             Outcome::Replaced => Self::Known(KnownOutcome::Replaced),
             Outcome::TimedOut => Self::Known(KnownOutcome::TimedOut),
+            Outcome::Cancelled { by } => Self::Known(KnownOutcome::Cancelled { by }),
             Outcome::Other(object) => Self::Other(object),
         }
     }
 }
 
 impl Outcome {
-    /// A short name: `succeeded`, `failed`, `gave up`, `replaced`, `timed out`.
+    /// A short name: `succeeded`, `failed`, `gave up`, `replaced`, `timed out`, `cancelled`.
     pub fn name(&self) -> &'static str {
         match self {
             Self::Succeeded => "succeeded",
@@ -280,6 +293,7 @@ impl Outcome {
             Self::GaveUp { .. } => "gave up",
             Self::Replaced => "replaced",
             Self::TimedOut => "timed out",
+            Self::Cancelled { .. } => "cancelled",
             Self::Other(_) => "of a kind this release does not know",
         }
     }
@@ -318,6 +332,7 @@ impl CronState {
             retrying: Vec::new(),
             changed: None,
             last_trigger: None,
+            last_cancel: None,
             missed: 0,
             unknown_fields: BTreeMap::new(),
         }

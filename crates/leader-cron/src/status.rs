@@ -22,6 +22,8 @@ pub struct ScheduleStatus {
     pub suspended: Option<Request>,
     /// A firing asked for now that no leader has started yet.
     pub pending_trigger: Option<Request>,
+    /// A request to cancel firings that no leader has handled yet.
+    pub pending_cancel: Option<Request>,
 }
 
 impl ScheduleStatus {
@@ -42,12 +44,16 @@ impl ScheduleStatus {
                 let pending_trigger = control
                     .trigger
                     .filter(|t| state.last_trigger.is_none_or(|last| t.at > last));
+                let pending_cancel = control
+                    .cancel
+                    .filter(|c| state.last_cancel.is_none_or(|last| c.at > last));
                 Some(Self {
                     name: name.to_owned(),
                     state,
                     next,
                     suspended: control.suspended,
                     pending_trigger,
+                    pending_cancel,
                 })
             })
             .collect()

@@ -30,9 +30,13 @@ pub(crate) struct Running {
     pub(crate) scheduled: DateTime<Utc>,
     pub(crate) attempt: u32,
     pub(crate) cancel: CancellationToken,
-    /// Cancelled by a later firing ([`Overlap::Replace`]) and recorded as replaced; the later
-    /// one starts once this work has returned.
-    pub(crate) replaced: bool,
+    /// Asks the work to stop as a timeout stops it: its cancellation, then dropped after the
+    /// grace ([`cancel`](crate::cancel)).
+    pub(crate) stop: CancellationToken,
+    /// Its end is recorded already: cancelled by a later firing ([`Overlap::Replace`]) and
+    /// recorded as replaced, or by an operator; a later firing takes its slot once this work
+    /// has returned.
+    pub(crate) ended: bool,
 }
 
 /// A firing to start with the next write.
@@ -53,7 +57,8 @@ pub(crate) struct Start {
 pub const CLOCK_HORIZON: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// How often the schedule loop looks at the operators' requests, which the term's renewals
-/// bring into the leadership's extensions.
+/// bring into the leadership's extensions, and at the wall clock, which may have stepped
+/// forward past the next instant.
 pub(crate) const CONTROL_POLL: Duration = Duration::from_secs(1);
 
 /// Whether one more firing may start, by the overlap policy, and what a replacement did to
@@ -85,7 +90,18 @@ pub(crate) struct Term {
     pub(crate) starts: Vec<Start>,
     /// A firing that waits for the work it replaced to return.
     pub(crate) replacing: Option<DateTime<Utc>>,
+    /// The trigger waiting to start (its request's instant) and when this leader first saw it,
+    /// by its own clock.
+    pub(crate) trigger_seen: Option<(DateTime<Utc>, DateTime<Utc>)>,
     pub(crate) waits: Waits,
+}
+
+/// What may take a free slot: the retries due, the scheduled instants due, a trigger.
+#[derive(Clone, Copy)]
+enum Turn {
+    Retries,
+    Scheduled,
+    Trigger,
 }
 
 /// What the loop said already, so that each wait and each bad request is said once.
@@ -113,6 +129,63 @@ impl Waits {
 }
 
 impl CronJob {
+    /// Settles what is due by `now`, each in its turn: the retries due, the schedule's
+    /// instants due and a trigger not started yet take the slots the overlap policy gives in
+    /// the order they were due (a retry first among equals, then a scheduled instant), so that
+    /// none waits for ever behind the others under [`Overlap::Forbid`]. A trigger is due when
+    /// it was asked: the request's instant, or when this leader first saw it if that is
+    /// earlier by its clock (an asker's clock ahead of the leader's would otherwise put it
+    /// behind every scheduled firing). Returns whether the state changed, and whether a due
+    /// scheduled firing waits for a slot (see [`due`](Self::due)).
+    pub(crate) fn take_turns(
+        &self,
+        schedule: &Schedule,
+        state: &mut CronState,
+        now: DateTime<Utc>,
+        trigger: Option<Request>,
+        term: &mut Term,
+    ) -> (bool, bool) {
+        let first_instant = schedule
+            .next_after(state.handled_until())
+            .filter(|i| *i <= now);
+        let first_retry = state
+            .retrying
+            .iter()
+            .map(|r| r.at)
+            .filter(|at| *at <= now)
+            .min();
+        term.trigger_seen = trigger.as_ref().map(|request| match term.trigger_seen {
+            Some((at, seen)) if at == request.at => (at, seen),
+            _ => (request.at, now),
+        });
+        let trigger_due = term.trigger_seen.map(|(at, seen)| at.min(seen));
+        // Nothing due sorts last; among equals, the order of this list.
+        let mut turns = [
+            (first_retry, Turn::Retries),
+            (first_instant, Turn::Scheduled),
+            (trigger_due, Turn::Trigger),
+        ];
+        turns.sort_by_key(|(due, _)| (due.is_none(), *due));
+        let (mut changed, mut blocked) = (false, false);
+        let mut trigger = trigger;
+        for (_, turn) in turns {
+            match turn {
+                Turn::Retries => changed |= self.retries_due(state, now, term),
+                Turn::Scheduled => {
+                    let (moved, waits) = self.due(schedule, state, now, term);
+                    changed |= moved;
+                    blocked = waits;
+                }
+                Turn::Trigger => {
+                    if let Some(request) = trigger.take() {
+                        changed |= self.triggered(state, request, term);
+                    }
+                }
+            }
+        }
+        (changed, blocked)
+    }
+
     /// Settles the instants due by `now`: which to start (into `starts`), which are missed,
     /// which running firings a new one replaces; moves the cursor. Returns whether the state
     /// changed, and whether a due firing waits for a running one to end ([`Overlap::Forbid`],
@@ -297,6 +370,57 @@ impl CronJob {
             triggered_by: Some(request.by),
             retry_at: None,
         });
+        true
+    }
+
+    /// An operator's request to cancel firings ([`cancel`](crate::cancel)), not handled yet:
+    /// the firings it names that this term runs are stopped as a timeout stops them (their slot
+    /// is freed once their work has returned), those about to start and those waiting for a
+    /// retry are dropped; each is recorded as cancelled at once, in the same write as the
+    /// request handled, so that no leader retries it. A firing it names that ended already is
+    /// left as it ended. Returns whether the state changed (always: the request is handled).
+    pub(crate) fn cancelled(
+        &self,
+        state: &mut CronState,
+        request: Request,
+        term: &mut Term,
+    ) -> bool {
+        let inner = &self.inner;
+        let named = |scheduled: &DateTime<Utc>| request.firings.contains(scheduled);
+        let outcome = || Outcome::Cancelled {
+            by: request.by.clone(),
+        };
+        let mut count = 0_usize;
+        for running in term
+            .running
+            .iter_mut()
+            .filter(|r| !r.ended && named(&r.scheduled))
+        {
+            running.stop.cancel();
+            running.ended = true;
+            let (scheduled, attempt) = (running.scheduled, running.attempt);
+            let started = take_running(state, scheduled, attempt);
+            self.ended(state, scheduled, attempt, started.as_ref(), outcome());
+            count += 1;
+        }
+        let (dropped, kept) = std::mem::take(&mut term.starts)
+            .into_iter()
+            .partition(|start| named(&start.scheduled));
+        term.starts = kept;
+        for start in dropped {
+            self.ended(state, start.scheduled, start.attempt, None, outcome());
+            count += 1;
+        }
+        let (dropped, kept) = std::mem::take(&mut state.retrying)
+            .into_iter()
+            .partition(|retry| named(&retry.scheduled));
+        state.retrying = kept;
+        for retry in dropped {
+            self.ended(state, retry.scheduled, retry.attempt, None, outcome());
+            count += 1;
+        }
+        tracing::info!(schedule = %inner.name, by = %request.by, at = %request.at, asked = request.firings.len(), cancelled = count, "a request to cancel firings is handled");
+        state.last_cancel = Some(request.at);
         true
     }
 
@@ -515,10 +639,10 @@ impl CronJob {
                 );
             }
         }
-        for replaced in term.running.iter_mut().filter(|r| !r.replaced) {
+        for replaced in term.running.iter_mut().filter(|r| !r.ended) {
             made.changed = true;
             replaced.cancel.cancel();
-            replaced.replaced = true;
+            replaced.ended = true;
             let (scheduled, attempt) = (replaced.scheduled, replaced.attempt);
             let started = take_running(state, scheduled, attempt);
             self.ended(

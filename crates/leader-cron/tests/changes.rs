@@ -8,11 +8,10 @@ mod common;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use leader_core::MemoryStore;
 use leader_cron::{Clock, Schedule, TokioClock};
 use tokio::time::sleep;
 
-use common::{Log, origin, replica, stored};
+use common::{Log, every_minute_and_every_two, origin, replica, stored, world};
 
 fn at(text: &str) -> DateTime<Utc> {
     DateTime::parse_from_rfc3339(text)
@@ -38,9 +37,7 @@ fn runs(log: &Log) -> Vec<(DateTime<Utc>, String)> {
 /// run), then 04:00 runs each night.
 #[tokio::test(start_paused = true)]
 async fn a_changed_schedule_first_fires_after_the_change() {
-    let store = MemoryStore::new();
-    let clock = TokioClock::starting_at(origin());
-    let log = Log::default();
+    let (store, clock, log) = world();
     let works = Duration::from_secs(5);
     let three = Schedule::cron("0 3 * * *", "UTC").expect("schedule");
     let four = Schedule::cron("0 4 * * *", "UTC").expect("schedule");
@@ -87,12 +84,9 @@ async fn a_changed_schedule_first_fires_after_the_change() {
 /// names the flags.
 #[tokio::test(start_paused = true)]
 async fn the_newer_revision_wins_whichever_replica_leads() {
-    let store = MemoryStore::new();
-    let clock = TokioClock::starting_at(origin());
-    let log = Log::default();
+    let (store, clock, log) = world();
     let works = Duration::from_secs(5);
-    let minute = Schedule::every(Duration::from_secs(60)).expect("schedule");
-    let two = Schedule::every(Duration::from_secs(120)).expect("schedule");
+    let (minute, two) = every_minute_and_every_two();
     let old_config = |b: leader_cron::CronJobBuilder| b.schedule_revision(1).adopt_schedule(true);
     let mut v1 = replica(&store, &clock, "v1", &minute, &log, works, old_config);
     sleep(Duration::from_secs(150)).await;
@@ -158,12 +152,9 @@ async fn the_newer_revision_wins_whichever_replica_leads() {
 /// rather than writing the old one back.
 #[tokio::test(start_paused = true)]
 async fn an_old_replica_running_before_the_change_follows_it() {
-    let store = MemoryStore::new();
-    let clock = TokioClock::starting_at(origin());
-    let log = Log::default();
+    let (store, clock, log) = world();
     let works = Duration::from_secs(5);
-    let minute = Schedule::every(Duration::from_secs(60)).expect("schedule");
-    let two = Schedule::every(Duration::from_secs(120)).expect("schedule");
+    let (minute, two) = every_minute_and_every_two();
     let adopt = |b: leader_cron::CronJobBuilder| b.adopt_schedule(true);
     let mut first = replica(&store, &clock, "old-1", &minute, &log, works, adopt);
     sleep(Duration::from_secs(100)).await;
@@ -194,9 +185,7 @@ async fn an_old_replica_running_before_the_change_follows_it() {
 /// schedule stored as `America/New_York` without being refused or changing it.
 #[tokio::test(start_paused = true)]
 async fn a_zone_link_is_the_same_schedule() {
-    let store = MemoryStore::new();
-    let clock = TokioClock::starting_at(origin());
-    let log = Log::default();
+    let (store, clock, log) = world();
     let works = Duration::from_secs(5);
     let zone = Schedule::cron("0 * * * *", "America/New_York").expect("schedule");
     let link = Schedule::cron("0 * * * *", "US/Eastern").expect("schedule");

@@ -1,41 +1,25 @@
 //! Clocks that disagree, on tokio's paused clock with electors on the in-memory lock: a
 //! trigger asked from a machine whose clock is behind the last trigger handled still runs; a
-//! leader whose clock read year 9999 does not hold the schedule until then.
+//! leader whose clock read year 9999 does not hold the schedule until then; a leader whose
+//! clock steps back an hour and forward again goes on within a second of the step forward.
 
 mod common;
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use leader_core::{LockError, MemoryStore};
-use leader_cron::{Clock, CronState, Schedule, TokioClock, extension_key};
+use leader_core::LockError;
+use leader_cron::{Clock, CronState, Schedule, extension_key};
 use tokio::time::sleep;
 
-use common::{Log, instants, origin, replica, stored};
-
-/// A clock that can be stepped, over tokio's.
-#[derive(Debug)]
-struct SteppedClock {
-    base: TokioClock,
-    offset_seconds: Arc<AtomicI64>,
-}
-
-impl Clock for SteppedClock {
-    fn now(&self) -> DateTime<Utc> {
-        self.base.now() + chrono::Duration::seconds(self.offset_seconds.load(Ordering::Acquire))
-    }
-}
+use common::{SteppedClock, instants, origin, replica, stored, world};
 
 /// The last trigger handled was asked from a machine whose clock ran far ahead (it reads
 /// 2100 in the record); a trigger asked now, by a clock behind it, is dated after it and
 /// runs, instead of being taken for one handled already.
 #[tokio::test(start_paused = true)]
 async fn a_trigger_from_a_clock_behind_the_last_one_handled_runs() {
-    let store = MemoryStore::new();
-    let clock = TokioClock::starting_at(origin());
-    let log = Log::default();
+    let (store, clock, log) = world();
     let hourly = Schedule::every(Duration::from_secs(3600)).expect("schedule");
     let works = Duration::from_secs(1);
     let mut a = replica(&store, &clock, "a", &hourly, &log, works, |b| b);
@@ -83,9 +67,7 @@ async fn a_trigger_from_a_clock_behind_the_last_one_handled_runs() {
 /// fires again within its period, not in year 9999.
 #[tokio::test(start_paused = true)]
 async fn a_cursor_moved_to_year_9999_does_not_hold_the_schedule() {
-    let store = MemoryStore::new();
-    let clock = TokioClock::starting_at(origin());
-    let log = Log::default();
+    let (store, clock, log) = world();
     let minute = Schedule::every(Duration::from_secs(60)).expect("schedule");
     let works = Duration::from_secs(1);
     let mut right = replica(&store, &clock, "right", &minute, &log, works, |b| b);
@@ -94,10 +76,7 @@ async fn a_cursor_moved_to_year_9999_does_not_hold_the_schedule() {
     let to_9999 = (DateTime::parse_from_rfc3339("9999-01-01T00:00:00Z").expect("time")
         - origin().fixed_offset())
     .num_seconds();
-    let wrong = SteppedClock {
-        base: clock.clone(),
-        offset_seconds: Arc::new(AtomicI64::new(to_9999)),
-    };
+    let (wrong, _) = SteppedClock::over(&clock, to_9999);
     let mut ahead = replica(&store, &clock, "ahead", &minute, &log, works, |b| {
         b.clock(wrong)
     });
@@ -117,4 +96,37 @@ async fn a_cursor_moved_to_year_9999_does_not_hold_the_schedule() {
     let state = stored(&store).await;
     assert!(state.handled_until() <= clock.now(), "{state:?}");
     again.crash();
+}
+
+/// Every 10 s, the leader's clock steps back an hour at 25 s and forward again at 45 s. While
+/// it reads an hour behind, nothing runs (the firing of 30 s waits for the clock to pass it
+/// again, nothing repeated); once it steps forward, the leader, which was waiting an hour by
+/// its timer, finds 30 and 40 late within a second: the missed policy runs 40 late and counts
+/// 30 missed, and 50 and 60 run on time.
+#[tokio::test(start_paused = true)]
+async fn a_clock_stepped_back_and_forward_goes_on_at_once() {
+    let (store, clock, log) = world();
+    let every = Schedule::every(Duration::from_secs(10)).expect("schedule");
+    let (stepped, offset) = SteppedClock::over(&clock, 0);
+    let mut a = replica(
+        &store,
+        &clock,
+        "a",
+        &every,
+        &log,
+        Duration::from_secs(1),
+        |b| b.clock(stepped),
+    );
+    sleep(Duration::from_secs(25)).await;
+    offset.store(-3600, std::sync::atomic::Ordering::Release);
+    sleep(Duration::from_secs(20)).await;
+    offset.store(0, std::sync::atomic::Ordering::Release);
+    sleep(Duration::from_secs(20)).await;
+    let seconds: Vec<(i64, u32)> = instants(&log)
+        .iter()
+        .map(|(at, attempt)| ((*at - origin()).num_seconds(), *attempt))
+        .collect();
+    assert_eq!(seconds, [(10, 1), (20, 1), (40, 1), (50, 1), (60, 1)]);
+    assert_eq!(stored(&store).await.missed, 1);
+    a.crash();
 }

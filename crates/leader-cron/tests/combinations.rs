@@ -16,7 +16,7 @@ use leader_cron::{
 };
 use tokio::time::sleep;
 
-use common::{Log, Replica, instants, minutes, origin, replica, stored};
+use common::{Log, Replica, instants, minutes, origin, replica, scheduled, stored, world};
 
 fn every_minute() -> Schedule {
     Schedule::every(Duration::from_secs(60)).expect("schedule")
@@ -42,19 +42,12 @@ fn seconds(instants: &[DateTime<Utc>]) -> Vec<i64> {
         .collect()
 }
 
-/// Starts of the log, as scheduled instants.
-fn scheduled(log: &Log) -> Vec<DateTime<Utc>> {
-    instants(log).iter().map(|s| s.0).collect()
-}
-
 /// A new leader catches up a late firing (minute 2, working 20 s) under `Forbid` and
 /// `Missed::All`; the firing of minute 3 comes due on time meanwhile. It waits its turn and
 /// runs: every firing runs once, in order, none missed.
 #[tokio::test(start_paused = true)]
 async fn forbid_with_missed_all_runs_an_on_time_firing_due_during_a_catch_up() {
-    let store = MemoryStore::new();
-    let clock = TokioClock::starting_at(origin());
-    let log = Log::default();
+    let (store, clock, log) = world();
     let works = Duration::from_secs(20);
     let configure =
         |b: leader_cron::CronJobBuilder| b.missed(Missed::All { max: 10 }).overlap(Overlap::Forbid);
@@ -80,9 +73,7 @@ async fn forbid_with_missed_all_runs_an_on_time_firing_due_during_a_catch_up() {
 /// others before they start; each of those is counted as missed, none vanishes.
 #[tokio::test(start_paused = true)]
 async fn replace_beside_a_backlog_counts_every_firing_it_supersedes() {
-    let store = MemoryStore::new();
-    let clock = TokioClock::starting_at(origin());
-    let log = Log::default();
+    let (store, clock, log) = world();
     let works = Duration::from_secs(5);
     let configure =
         |b: leader_cron::CronJobBuilder| b.missed(Missed::All { max: 3 }).overlap(Overlap::Replace);
@@ -106,9 +97,7 @@ async fn replace_beside_a_backlog_counts_every_firing_it_supersedes() {
 /// supersedes the retry, which ends as replaced (an outcome a subscriber sees), not silently.
 #[tokio::test(start_paused = true)]
 async fn replace_beside_a_retry_records_the_retry_as_replaced() {
-    let store = MemoryStore::new();
-    let clock = TokioClock::starting_at(origin());
-    let log = Log::default();
+    let (store, clock, log) = world();
     let works = Duration::from_secs(50);
     let configure = |b: leader_cron::CronJobBuilder| {
         b.overlap(Overlap::Replace)
@@ -221,9 +210,7 @@ async fn replace_waits_for_the_replaced_work_to_stop() {
 #[tokio::test(start_paused = true)]
 async fn the_misfire_threshold_decides_on_time() {
     for (threshold, runs) in [(None, false), (Some(Duration::from_secs(30)), true)] {
-        let store = MemoryStore::new();
-        let clock = TokioClock::starting_at(origin());
-        let log = Log::default();
+        let (store, clock, log) = world();
         let works = Duration::from_secs(5);
         let configure = |b: leader_cron::CronJobBuilder| {
             let b = b.missed(Missed::Skip);

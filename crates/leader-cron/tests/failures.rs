@@ -12,7 +12,7 @@ use leader_core::MemoryStore;
 use leader_cron::{CronJob, Firing, Outcome, Schedule, TokioClock};
 use tokio::time::sleep;
 
-use common::{Replica, origin, stored};
+use common::{Replica, by_leadership, origin, stored};
 
 /// The attempts the jobs started: (seconds after the origin when it started, attempt, replica).
 type Starts = Arc<Mutex<Vec<(i64, u32, String)>>>;
@@ -156,11 +156,7 @@ async fn the_next_leader_runs_a_waiting_retry() {
     sleep(Duration::from_secs(1)).await;
     let mut b = replica(&store, &clock, "b", &starts, 2, false, configure);
     sleep(Duration::from_secs(604)).await;
-    let (leader, follower) = if a.leading() {
-        (&mut a, &mut b)
-    } else {
-        (&mut b, &mut a)
-    };
+    let (leader, follower) = by_leadership(&mut a, &mut b);
     leader.crash();
     sleep(Duration::from_secs(60)).await;
     assert!(follower.leading());

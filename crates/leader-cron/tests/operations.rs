@@ -1,6 +1,7 @@
 //! What operators do to a running schedule, through the record, on tokio's paused clock with
 //! electors on the in-memory lock: suspend and resume it, run it now (beside a suspension, behind
-//! a running firing), and the errors of a request that has nothing to act on.
+//! a running firing), cancel a running firing or a pending retry, and the errors of a request
+//! that has nothing to act on.
 
 mod common;
 
@@ -8,10 +9,12 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use leader_core::{MemoryStore, ResourceLock};
-use leader_cron::{ControlError, CronEvent, CronJob, Overlap, Schedule, TokioClock};
+use leader_cron::{
+    ControlError, CronEvent, CronJob, Firing, Outcome, Overlap, Schedule, TokioClock,
+};
 use tokio::time::sleep;
 
-use common::{Log, Replica, origin, stored};
+use common::{Log, Replica, every_minute_and_every_two, origin, stored, world};
 
 /// A replica alone on a schedule of every 10 s whose firings work for `works`, and a subscriber.
 fn leader(
@@ -145,6 +148,282 @@ async fn a_trigger_waits_behind_a_running_firing_under_forbid() {
     a.crash();
 }
 
+/// The attempts started: (scheduled second, attempt).
+type Starts = std::sync::Arc<std::sync::Mutex<Vec<(i64, u32)>>>;
+
+/// The attempts started, and a replica every 10 s whose first attempts work for `works` and
+/// fail, and whose later attempts succeed at once; its work heeds its cancellation, or ignores
+/// it.
+fn failing(
+    store: &MemoryStore,
+    works: Duration,
+    heeds: bool,
+    configure: impl FnOnce(leader_cron::CronJobBuilder) -> leader_cron::CronJobBuilder,
+) -> (Starts, Replica, tokio::sync::broadcast::Receiver<CronEvent>) {
+    let starts = Starts::default();
+    let clock = TokioClock::starting_at(origin());
+    let every = Schedule::every(Duration::from_secs(10)).expect("schedule");
+    let seen = starts.clone();
+    let job = configure(CronJob::builder("report", every).clock(clock))
+        .build(
+            move |firing: Firing, cancel: leader_core::CancellationToken| {
+                let seen = seen.clone();
+                async move {
+                    let scheduled = (firing.scheduled - origin()).num_seconds();
+                    seen.lock()
+                        .expect("starts")
+                        .push((scheduled, firing.attempt));
+                    if firing.attempt > 1 {
+                        return Ok(());
+                    }
+                    if heeds {
+                        tokio::select! {
+                            () = sleep(works) => {}
+                            () = cancel.cancelled() => return Err("cancelled".into()),
+                        }
+                    } else {
+                        sleep(works).await;
+                    }
+                    Err("failed".into())
+                }
+            },
+        )
+        .expect("a job");
+    let events = job.subscribe();
+    (starts, Replica::start(store, "a", job), events)
+}
+
+/// The firings that ended, as the events tell: (scheduled second, attempt, outcome).
+fn ended(events: &mut tokio::sync::broadcast::Receiver<CronEvent>) -> Vec<(i64, u32, Outcome)> {
+    std::iter::from_fn(|| events.try_recv().ok())
+        .filter_map(|event| match event {
+            CronEvent::Ended {
+                scheduled,
+                attempt,
+                outcome,
+            } => Some(((scheduled - origin()).num_seconds(), attempt, outcome)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A running firing cancelled by an operator is stopped through its cancellation within the
+/// request's way to the leader (a renewal and a look), recorded as cancelled with who asked,
+/// and not retried although it ended with an error and retries are on; the schedule goes on.
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_firing_stops_and_is_not_retried() {
+    let store = MemoryStore::new();
+    let (starts, mut a, mut events) = failing(&store, Duration::from_secs(8), true, |b| {
+        b.retries(2).retry_backoff(Duration::from_secs(1))
+    });
+    sleep(Duration::from_secs(11)).await;
+    let asked = leader_cron::cancel(&operator(&store), "report", "ops", None)
+        .await
+        .expect("cancel")
+        .cancel
+        .expect("a cancel");
+    assert_eq!(seconds(asked.firings.clone()), vec![10]);
+    sleep(Duration::from_secs(20)).await;
+    let ends = ended(&mut events);
+    assert_eq!(
+        ends[0],
+        (10, 1, Outcome::Cancelled { by: "ops".into() }),
+        "{ends:?}"
+    );
+    // The next firing ran, failed, and was retried as usual.
+    assert_eq!(ends[1].0, 20, "{ends:?}");
+    assert!(matches!(ends[1].2, Outcome::Failed { .. }), "{ends:?}");
+    let runs = starts.lock().expect("starts").clone();
+    assert!(
+        !runs.contains(&(10, 2)),
+        "the cancelled firing was retried: {runs:?}"
+    );
+    assert!(runs.contains(&(20, 2)), "{runs:?}");
+    let state = stored(&store).await;
+    assert_eq!(state.last_cancel, Some(asked.at), "{state:?}");
+    let cancelled = state
+        .history
+        .iter()
+        .find(|e| e.outcome == Outcome::Cancelled { by: "ops".into() })
+        .expect("the cancel is in the history");
+    assert_eq!(
+        cancelled.scheduled,
+        origin() + chrono::Duration::seconds(10)
+    );
+    // Asked at 11 s, and the work would have ended at 18 s.
+    let at = (cancelled.ended_at - origin()).num_seconds();
+    assert!(at <= 14, "recorded at {at} s");
+    a.crash();
+}
+
+/// Work that ignores its cancellation gets the timeout's grace, then is dropped and its slot
+/// freed: under `Forbid` the next firing starts then, not when the work would have ended.
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_firing_that_goes_on_is_dropped_after_the_grace() {
+    let store = MemoryStore::new();
+    let (starts, mut a, mut events) = failing(&store, Duration::from_secs(60), false, |b| {
+        b.timeout_grace(Duration::from_secs(3))
+            .overlap(Overlap::Forbid)
+    });
+    sleep(Duration::from_secs(11)).await;
+    leader_cron::cancel(
+        &operator(&store),
+        "report",
+        "ops",
+        Some(origin() + chrono::Duration::seconds(10)),
+    )
+    .await
+    .expect("cancel");
+    sleep(Duration::from_secs(10)).await;
+    let ends = ended(&mut events);
+    assert_eq!(
+        ends,
+        vec![(10, 1, Outcome::Cancelled { by: "ops".into() })],
+        "{ends:?}"
+    );
+    // The cancel reached the leader within 3 s, and the grace is 3 s: the slot is free by
+    // 17 s, and the firing of 20 s is on time.
+    let runs = starts.lock().expect("starts").clone();
+    assert_eq!(runs, vec![(10, 1), (20, 1)], "{runs:?}");
+    let state = stored(&store).await;
+    assert_eq!(
+        state.running.len(),
+        1,
+        "only the firing of 20 s runs: {state:?}"
+    );
+    assert_eq!(state.missed, 0, "{state:?}");
+    a.crash();
+}
+
+/// A failed firing waiting for its retry is dropped by a cancel, recorded as cancelled (the
+/// attempt that would have run), and its retry never starts.
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_retry_is_dropped() {
+    let store = MemoryStore::new();
+    let (starts, mut a, mut events) = failing(&store, Duration::from_secs(1), true, |b| {
+        b.retries(2).retry_backoff(Duration::from_secs(30))
+    });
+    sleep(Duration::from_secs(13)).await;
+    let state = stored(&store).await;
+    assert_eq!(state.retrying.len(), 1, "{state:?}");
+    leader_cron::cancel(
+        &operator(&store),
+        "report",
+        "ops",
+        Some(state.retrying[0].scheduled),
+    )
+    .await
+    .expect("cancel");
+    sleep(Duration::from_secs(40)).await;
+    let runs = starts.lock().expect("starts").clone();
+    assert!(
+        !runs.contains(&(10, 2)),
+        "the cancelled retry ran: {runs:?}"
+    );
+    let ends = ended(&mut events);
+    assert!(
+        ends.iter()
+            .any(|(at, attempt, outcome)| (*at, *attempt) == (10, 2)
+                && *outcome == Outcome::Cancelled { by: "ops".into() }),
+        "{ends:?}"
+    );
+    let state = stored(&store).await;
+    assert!(
+        state
+            .retrying
+            .iter()
+            .all(|r| r.scheduled != origin() + chrono::Duration::seconds(10)),
+        "{state:?}"
+    );
+    a.crash();
+}
+
+/// A cancel of a firing whose leader died while it ran, asked while nobody leads: the next
+/// leader, which would run it again (attempt 2), drops it instead, recorded as cancelled.
+#[tokio::test(start_paused = true)]
+async fn a_cancel_reaches_a_firing_whose_leader_died() {
+    let (store, clock, log) = world();
+    let every = Schedule::every(Duration::from_secs(60)).expect("schedule");
+    let works = Duration::from_secs(30);
+    let mut a = common::replica(&store, &clock, "a", &every, &log, works, |b| b);
+    sleep(Duration::from_secs(65)).await;
+    a.crash();
+    let asked = leader_cron::cancel(&operator(&store), "report", "ops", None)
+        .await
+        .expect("cancel")
+        .cancel
+        .expect("a cancel");
+    assert_eq!(seconds(asked.firings.clone()), vec![60]);
+    let mut b = common::replica(&store, &clock, "b", &every, &log, works, |b| b);
+    sleep(Duration::from_secs(40)).await;
+    assert!(b.leading());
+    assert_eq!(
+        common::instants(&log),
+        vec![(origin() + chrono::Duration::seconds(60), 1)],
+        "the cancelled firing ran again"
+    );
+    let state = stored(&store).await;
+    let last = state.last.clone().expect("an outcome");
+    assert_eq!(
+        (last.attempt, last.outcome),
+        (2, Outcome::Cancelled { by: "ops".into() }),
+        "{state:?}"
+    );
+    assert!(
+        state.running.is_empty() && state.retrying.is_empty(),
+        "{state:?}"
+    );
+    b.crash();
+}
+
+/// A cancel with nothing to cancel, or naming a firing that is not running or waiting, says
+/// so and writes nothing.
+#[tokio::test(start_paused = true)]
+async fn a_cancel_with_nothing_to_cancel_says_why() {
+    let store = MemoryStore::new();
+    let (_, mut a, _) = leader(&store, Duration::from_secs(1), |b| b);
+    sleep(Duration::from_secs(15)).await;
+    let err = leader_cron::cancel(&operator(&store), "report", "ops", None)
+        .await
+        .expect_err("nothing runs");
+    assert!(
+        matches!(err, ControlError::NothingToCancel { firing: None, .. }),
+        "{err}"
+    );
+    // The firing of 10 s ended at 11 s.
+    let named = origin() + chrono::Duration::seconds(10);
+    let err = leader_cron::cancel(&operator(&store), "report", "ops", Some(named))
+        .await
+        .expect_err("no such firing");
+    assert!(err.to_string().contains("scheduled at"), "{err}");
+    assert!(stored(&store).await.last_cancel.is_none());
+    a.crash();
+}
+
+/// Under `Forbid`, firings that each outlast the period keep coming due; a trigger asked
+/// meanwhile takes the single slot in its turn (it was asked at 12 s, before the firing of
+/// 20 s was due) instead of waiting for ever behind them.
+#[tokio::test(start_paused = true)]
+async fn a_trigger_takes_its_turn_among_firings_that_keep_coming_due() {
+    let store = MemoryStore::new();
+    let (_, mut a, mut events) = leader(&store, Duration::from_secs(15), |b| {
+        b.overlap(Overlap::Forbid)
+    });
+    sleep(Duration::from_secs(12)).await;
+    leader_cron::trigger(&operator(&store), "report", "alice")
+        .await
+        .expect("trigger");
+    sleep(Duration::from_secs(60)).await;
+    let seen = started(&mut events);
+    assert!(seen.len() >= 3, "{seen:?}");
+    assert_eq!(seen[0], (10, None), "{seen:?}");
+    // The firing of 10 s ends at 25 s: the trigger, due since 12 s, runs next.
+    assert_eq!(seen[1].1.as_deref(), Some("alice"), "{seen:?}");
+    // Then the schedule goes on: the firing due when the trigger ended runs.
+    assert_eq!(seen[2].1, None, "{seen:?}");
+    a.crash();
+}
+
 /// A request with nothing to act on says why.
 #[tokio::test(start_paused = true)]
 async fn requests_without_a_schedule_say_why() {
@@ -172,12 +451,9 @@ async fn requests_without_a_schedule_say_why() {
 /// the change, without adopting, is refused as before.
 #[tokio::test(start_paused = true)]
 async fn a_schedule_changes_in_place() {
-    let store = MemoryStore::new();
-    let clock = TokioClock::starting_at(origin());
-    let log = Log::default();
+    let (store, clock, log) = world();
     let works = Duration::from_secs(5);
-    let minute = Schedule::every(Duration::from_secs(60)).expect("schedule");
-    let two = Schedule::every(Duration::from_secs(120)).expect("schedule");
+    let (minute, two) = every_minute_and_every_two();
     let mut old = common::replica(&store, &clock, "old", &minute, &log, works, |b| b);
     sleep(Duration::from_secs(150)).await;
     // The rollout: one new replica, and the old configuration still running elsewhere.

@@ -5,25 +5,26 @@
 //! repeats nothing; the events a subscriber sees.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use leader_core::MemoryStore;
 use leader_cron::{
-    Clock, CronEvent, CronJob, Interrupted, Missed, Outcome, Overlap, Schedule, TokioClock,
+    CronEvent, CronJob, Interrupted, Missed, Outcome, Overlap, Schedule, TokioClock,
 };
 use tokio::time::sleep;
 
 mod common;
 
-use common::{Log, Replica, instants, minutes, origin, replica, stored, work};
+use common::{
+    Log, Replica, SteppedClock, by_leadership, instants, minutes, origin, replica, scheduled,
+    stored, work, world,
+};
 
 #[tokio::test(start_paused = true)]
 async fn a_steady_leader_starts_each_firing_once_on_time() {
-    let store = MemoryStore::new();
-    let clock = TokioClock::starting_at(origin());
-    let log = Log::default();
+    let (store, clock, log) = world();
     let every = Schedule::every(Duration::from_secs(60)).expect("schedule");
     let mut replicas: Vec<Replica> = ["a", "b", "c"]
         .iter()
@@ -63,9 +64,7 @@ async fn a_steady_leader_starts_each_firing_once_on_time() {
 #[tokio::test(start_paused = true)]
 async fn a_leader_change_before_during_and_after_a_firing() {
     for (case, offset) in [("before", -5), ("during", 10), ("after", 40)] {
-        let store = MemoryStore::new();
-        let clock = TokioClock::starting_at(origin());
-        let log = Log::default();
+        let (store, clock, log) = world();
         let every = Schedule::every(Duration::from_secs(60)).expect("schedule");
         let works = Duration::from_secs(20);
         let mut a = replica(&store, &clock, "a", &every, &log, works, |b| b);
@@ -76,11 +75,7 @@ async fn a_leader_change_before_during_and_after_a_firing() {
             u64::try_from(2 * 60 + offset - 1).expect("later"),
         ))
         .await;
-        let (leader, follower) = if a.leading() {
-            (&mut a, &mut b)
-        } else {
-            (&mut b, &mut a)
-        };
+        let (leader, follower) = by_leadership(&mut a, &mut b);
         leader.crash();
         sleep(Duration::from_secs(6 * 60)).await;
         assert!(follower.leading(), "{case}: the follower took over");
@@ -110,9 +105,7 @@ async fn missed_firings_follow_the_policy() {
         (Missed::All { max: 3 }, vec![3, 4, 5]),
         (Missed::Skip, vec![]),
     ] {
-        let store = MemoryStore::new();
-        let clock = TokioClock::starting_at(origin());
-        let log = Log::default();
+        let (store, clock, log) = world();
         let every = Schedule::every(Duration::from_secs(60)).expect("schedule");
         let short = Duration::from_secs(5);
         // A leads through minute 1, and dies; nobody leads until minute 5:30.
@@ -131,7 +124,7 @@ async fn missed_firings_follow_the_policy() {
             "{missed:?}: b leads; {:?}",
             b.errors.lock().expect("errors")
         );
-        let started: Vec<DateTime<Utc>> = instants(&log).iter().map(|s| s.0).collect();
+        let started: Vec<DateTime<Utc>> = scheduled(&log);
         let mut expected = vec![minutes(1)];
         expected.extend(late_runs.iter().map(|m| minutes(*m)));
         expected.extend([minutes(6), minutes(7)]);
@@ -148,9 +141,7 @@ async fn missed_firings_follow_the_policy() {
 
 #[tokio::test(start_paused = true)]
 async fn a_starting_deadline_misses_what_is_too_late() {
-    let store = MemoryStore::new();
-    let clock = TokioClock::starting_at(origin());
-    let log = Log::default();
+    let (store, clock, log) = world();
     let every = Schedule::every(Duration::from_secs(60)).expect("schedule");
     let configure = |b: leader_cron::CronJobBuilder| {
         b.missed(Missed::All { max: 10 })
@@ -181,7 +172,7 @@ async fn a_starting_deadline_misses_what_is_too_late() {
     );
     // It takes over a lease after it saw the record (S2), and starts what is due then.
     sleep(Duration::from_secs(25)).await;
-    let started: Vec<DateTime<Utc>> = instants(&log).iter().map(|s| s.0).collect();
+    let started: Vec<DateTime<Utc>> = scheduled(&log);
     assert_eq!(started, vec![minutes(1), minutes(5), minutes(6)]);
     assert_eq!(stored(&store).await.missed, 3);
     b.crash();
@@ -195,9 +186,7 @@ async fn overlapping_firings_follow_the_policy() {
         (Overlap::Allow, Missed::Latest),
         (Overlap::Replace, Missed::Latest),
     ] {
-        let store = MemoryStore::new();
-        let clock = TokioClock::starting_at(origin());
-        let log = Log::default();
+        let (store, clock, log) = world();
         let every = Schedule::every(Duration::from_secs(10)).expect("schedule");
         // Each run takes 25 s: it overruns two later firings.
         let mut a = replica(
@@ -246,9 +235,7 @@ async fn overlapping_firings_follow_the_policy() {
 #[tokio::test(start_paused = true)]
 async fn an_interrupted_firing_is_retried_or_given_up_never_silently() {
     for policy in [Interrupted::Retry { max_attempts: 2 }, Interrupted::GiveUp] {
-        let store = MemoryStore::new();
-        let clock = TokioClock::starting_at(origin());
-        let log = Log::default();
+        let (store, clock, log) = world();
         let every = Schedule::every(Duration::from_secs(600)).expect("schedule");
         let works = Duration::from_secs(120);
         let mut a = replica(&store, &clock, "a", &every, &log, works, |b| {
@@ -260,11 +247,7 @@ async fn an_interrupted_firing_is_retried_or_given_up_never_silently() {
         });
         // The firing of 10:00 runs; its leader dies at 10:30.
         sleep(Duration::from_secs(600 + 29)).await;
-        let (leader, follower) = if a.leading() {
-            (&mut a, &mut b)
-        } else {
-            (&mut b, &mut a)
-        };
+        let (leader, follower) = by_leadership(&mut a, &mut b);
         leader.crash();
         sleep(Duration::from_secs(3 * 60)).await;
         let started = instants(&log);
@@ -296,9 +279,7 @@ async fn an_interrupted_firing_is_retried_or_given_up_never_silently() {
 
 #[tokio::test(start_paused = true)]
 async fn a_replica_with_another_schedule_is_refused_and_changes_nothing() {
-    let store = MemoryStore::new();
-    let clock = TokioClock::starting_at(origin());
-    let log = Log::default();
+    let (store, clock, log) = world();
     let every = Schedule::every(Duration::from_secs(60)).expect("schedule");
     let mut a = replica(
         &store,
@@ -335,30 +316,11 @@ async fn a_replica_with_another_schedule_is_refused_and_changes_nothing() {
     b.crash();
 }
 
-/// A clock that can be stepped, over tokio's.
-#[derive(Debug)]
-struct SteppedClock {
-    base: TokioClock,
-    offset_seconds: Arc<AtomicI64>,
-}
-
-impl Clock for SteppedClock {
-    fn now(&self) -> DateTime<Utc> {
-        self.base.now() + chrono::Duration::seconds(self.offset_seconds.load(Ordering::Acquire))
-    }
-}
-
 #[tokio::test(start_paused = true)]
 async fn a_clock_stepped_back_repeats_no_firing() {
-    let store = MemoryStore::new();
-    let clock = TokioClock::starting_at(origin());
-    let log = Log::default();
+    let (store, clock, log) = world();
     let every = Schedule::every(Duration::from_secs(60)).expect("schedule");
-    let offset = Arc::new(AtomicI64::new(0));
-    let stepped = SteppedClock {
-        base: clock.clone(),
-        offset_seconds: offset.clone(),
-    };
+    let (stepped, offset) = SteppedClock::over(&clock, 0);
     let mut a = replica(
         &store,
         &clock,
@@ -371,7 +333,7 @@ async fn a_clock_stepped_back_repeats_no_firing() {
     sleep(Duration::from_secs(5 * 60 + 30)).await;
     offset.store(-3 * 60, Ordering::Release);
     sleep(Duration::from_secs(5 * 60)).await;
-    let started: Vec<DateTime<Utc>> = instants(&log).iter().map(|s| s.0).collect();
+    let started: Vec<DateTime<Utc>> = scheduled(&log);
     // 1 to 5, then (the clock reading 2:30 at 5:30) nothing until it reads past 5 again.
     assert_eq!(started, (1..=7).map(minutes).collect::<Vec<_>>());
     a.crash();
@@ -380,9 +342,7 @@ async fn a_clock_stepped_back_repeats_no_firing() {
 /// A subscriber sees each firing's start and end and the firings missed, in order.
 #[tokio::test(start_paused = true)]
 async fn events_tell_each_start_end_and_miss() {
-    let store = MemoryStore::new();
-    let clock = TokioClock::starting_at(origin());
-    let log = Log::default();
+    let (store, clock, log) = world();
     let every = Schedule::every(Duration::from_secs(60)).expect("schedule");
     let dead = Arc::new(AtomicBool::new(false));
     let builder = CronJob::builder("report", every)

@@ -33,10 +33,10 @@
 //!
 //! A member's identity that outlives its process (static membership,
 //! [`ShardsBuilder::static_membership`]) keeps its shards across a restart: released on
-//! shutdown reserved for that identity, taken back by the process that starts with it within a
-//! lease. The count lives in the roster; [`resize_shard_set`] changes it while the set runs,
-//! and every member follows on its next read and tells its work
-//! ([`Shards::subscribe_count`]).
+//! shutdown reserved for that identity, taken back by the process that starts with it within
+//! the window ([`ShardsBuilder::static_membership_window`], a lease unless set). The count
+//! lives in the roster; [`resize_shard_set`] changes it while the set runs, and every member
+//! follows on its next read and tells its work ([`Shards::subscribe_count`]).
 //!
 //! A record of the set that cannot be read (garbage, a refusal) is reported and left alone
 //! (S8): the member reads the records one by one, as [`ShardSetView`] does, and the rest of
@@ -73,6 +73,9 @@ pub use view::{MemberView, RecordState, RecordView, ShardSetView, ShardSetViewEr
 /// The most shards a set may have.
 pub const MAX_SHARDS: u32 = 100_000;
 
+/// The longest [`ShardsBuilder::static_membership_window`]: a day.
+pub const MAX_STATIC_MEMBERSHIP_WINDOW: Duration = Duration::from_secs(24 * 3600);
+
 /// The key of the roster record of shard set `name`: the shard count and the members.
 pub fn roster_key(name: &str) -> String {
     format!("{name}-members")
@@ -107,6 +110,29 @@ pub(crate) fn stored_count(
             roster: roster_key(name),
             value: value.cloned(),
         })
+}
+
+/// Whether `identity` looks like the name of a Pod that a ReplicaSet (a Deployment's) made:
+/// `NAME-HASH-SUFFIX`, the pod template's hash of 5 to 10 and a random suffix of 5 lowercase
+/// letters and digits. Such a name changes on every restart, so static membership under it
+/// keeps nothing.
+pub(crate) fn looks_like_replica_set_pod(identity: &str) -> bool {
+    let lower_alphanumeric = |part: &str| {
+        part.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+    };
+    let mut parts = identity.rsplitn(3, '-');
+    let (Some(suffix), Some(hash), Some(name)) = (parts.next(), parts.next(), parts.next()) else {
+        return false;
+    };
+    suffix.len() == 5
+        && lower_alphanumeric(suffix)
+        && (5..=10).contains(&hash.len())
+        && lower_alphanumeric(hash)
+        && name
+            .bytes()
+            .last()
+            .is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
 }
 
 /// The member record's extension holding the member's weight, when not 1.
@@ -242,8 +268,12 @@ pub struct ShardsConfig {
     pub lease: crate::LeaseConfig,
     /// This member's identity outlives its process (static membership): on shutdown its shards
     /// are released reserved for that identity, so that a process that comes back with it
-    /// within a lease takes them again and nobody else does meanwhile.
+    /// within [`static_membership_window`](Self::static_membership_window) takes them again
+    /// and nobody else does meanwhile.
     pub static_membership: bool,
+    /// How long the shards of a member that shut down under static membership wait for its
+    /// identity to come back before the others take them (default: the lease).
+    pub static_membership_window: Duration,
     /// This member's weight: its share of the shards is in proportion to it (default 1; 0
     /// takes none).
     pub weight: u32,
@@ -255,6 +285,7 @@ pub struct ShardsBuilder {
     name: String,
     lease: crate::config::LeaseSettings,
     static_membership: bool,
+    static_membership_window: Option<Duration>,
     weight: u32,
     locks: Arc<dyn LockSet>,
     callbacks: Callbacks,
@@ -337,19 +368,39 @@ impl ShardsBuilder {
     /// host name), so a restart need not move its shards.
     ///
     /// On shutdown the member stops each shard's work and releases the shard reserved for
-    /// its own identity (a planned handover to itself, S10). The other members stand back
-    /// from a reserved shard for one lease from when they see it; a process that starts with
-    /// the same identity within that lease takes its shards back first. A rolling restart
-    /// then moves no shard: each is idle from its work's stop until the new process takes
-    /// it, instead of moving to another member and back. A member that does not come back
-    /// (a scale-down) leaves its shards idle for a lease before the others take them.
+    /// its own identity (a planned handover to itself, S10), for the
+    /// [`static_membership_window`](Self::static_membership_window) (default: the lease).
+    /// The other members stand back from a reserved shard for the window from when they see
+    /// it; a process that starts with the same identity within it takes its shards back
+    /// first. A rolling restart then moves no shard: each is idle from its work's stop until
+    /// the new process takes it, instead of moving to another member and back. A member that
+    /// does not come back (a scale-down) leaves its shards idle for the window before the
+    /// others take them, each once.
     ///
     /// Leave it off where a restarted process gets a new identity (a Deployment's Pod
-    /// names): nobody would take the reserved shards before the lease runs out. It changes
-    /// nothing without [`release_on_cancel`](Self::release_on_cancel), nor after a crash,
-    /// whose shards are taken once their lease runs out.
+    /// names, which the member warns of): nobody would take the reserved shards before the
+    /// window runs out. It changes nothing without
+    /// [`release_on_cancel`](Self::release_on_cancel), nor after a crash, whose shards are
+    /// taken once their lease runs out.
     pub fn static_membership(mut self, on: bool) -> Self {
         self.static_membership = on;
+        self
+    }
+
+    /// How long a member's shards wait for its identity to come back after it shut down
+    /// under [`static_membership`](Self::static_membership), as Kafka's `session.timeout.ms`
+    /// beside its heartbeats (default: the lease). Within the window a process started with
+    /// the same identity takes its shards back and none moves; after it the others take them,
+    /// each once. A restart that takes longer than the lease (a Pod rescheduled onto another
+    /// node, an image pulled) keeps its shards with a window that outlasts it; the price is
+    /// as long an idle time for the shards of a member that does not come back.
+    ///
+    /// The window goes into each reserved shard's record (its lease duration, which a free
+    /// record's readers stand back for), so every member follows the one that shut down.
+    /// From the lease to [`MAX_STATIC_MEMBERSHIP_WINDOW`]; without static membership it
+    /// changes nothing.
+    pub fn static_membership_window(mut self, window: Duration) -> Self {
+        self.static_membership_window = Some(window);
         self
     }
 
@@ -394,7 +445,8 @@ impl ShardsBuilder {
         self
     }
 
-    /// Checks the configuration (S4, and a shard count from 1 to [`MAX_SHARDS`]).
+    /// Checks the configuration (S4, a shard count from 1 to [`MAX_SHARDS`], and a static
+    /// membership window from the lease to [`MAX_STATIC_MEMBERSHIP_WINDOW`]).
     ///
     /// # Errors
     /// The rule broken.
@@ -409,11 +461,23 @@ impl ShardsBuilder {
         if self.locks.identity().is_empty() {
             return Err(ConfigError::EmptyIdentity);
         }
+        let lease = self.lease.check()?;
+        let window = self
+            .static_membership_window
+            .unwrap_or(lease.lease_duration);
+        if window < lease.lease_duration || window > MAX_STATIC_MEMBERSHIP_WINDOW {
+            return Err(ConfigError::InvalidStaticMembershipWindow {
+                window,
+                lease_duration: lease.lease_duration,
+                max: MAX_STATIC_MEMBERSHIP_WINDOW,
+            });
+        }
         let config = ShardsConfig {
             name: self.name,
             count,
-            lease: self.lease.check()?,
+            lease,
             static_membership: self.static_membership,
+            static_membership_window: window,
             weight: self.weight,
         };
         let (state, _) = watch::channel(ShardsState::default());
@@ -496,6 +560,7 @@ impl Shards {
             name: name.into(),
             lease: crate::config::LeaseSettings::default(),
             static_membership: false,
+            static_membership_window: None,
             weight: 1,
             locks: Arc::new(locks),
             callbacks: Callbacks::default(),
@@ -585,5 +650,48 @@ impl Shards {
             });
         }));
         self.run(shutdown).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::looks_like_replica_set_pod;
+
+    #[test]
+    fn a_replica_sets_pod_names_are_told_from_stable_names() {
+        for deployment in [
+            "web-7d4b9c8f6-x2kqz",
+            "nginx-deployment-66b6c48dd5-4jw2p",
+            "jobs-worker-5f8d9c7b4d-abcde",
+            "a-bcdfg-hjklm",
+            "api-0123456789-zz9zz",
+        ] {
+            assert!(looks_like_replica_set_pod(deployment), "{deployment}");
+        }
+        for stable in [
+            // StatefulSet Pods, host names, the default identity (HOSTNAME-PID).
+            "web-0",
+            "kafka-broker-12",
+            "jobs-worker-2",
+            "ip-10-0-1-23",
+            "build-host-48213",
+            "replica-1",
+            "",
+            "-",
+            "web-7d4b9c8f6",
+            // A hash too short or too long, a suffix of another length.
+            "web-7d4b-x2kqz",
+            "web-7d4b9c8f6ab-x2kqz",
+            "web-7d4b9c8f6-x2kq",
+            "web-7d4b9c8f6-x2kqzz",
+            // Not what Kubernetes writes: capitals, other characters, no name before.
+            "web-7D4B9C8F6-X2KQZ",
+            "web-7d4b9c8f6-x2_qz",
+            "7d4b9c8f6-x2kqz",
+            "-7d4b9c8f6-x2kqz",
+            "web--7d4b9c8f6-x2kqz",
+        ] {
+            assert!(!looks_like_replica_set_pod(stable), "{stable:?}");
+        }
     }
 }

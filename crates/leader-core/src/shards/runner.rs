@@ -1,33 +1,30 @@
 //! The loop of a shard set's member: a round per retry period (renew everything it holds in one
 //! batch, read the set in another, then take, give or leave shards), a timer per term (S3).
-//! This file holds the member's state and the loop; the round's read and decisions are in
-//! `runner/round.rs`, the renewals in `runner/renewals.rs`, the claims in `runner/claims.rs`,
-//! ending and giving shards in `runner/handing.rs`, the roster and the member records in
-//! `runner/members.rs`, a change of the count in `runner/resize.rs`.
+//! This file holds the member's shared state and the loop; the round's read and decisions are
+//! in `runner/round.rs`, the renewals in `runner/renewals.rs`, the claims in
+//! `runner/claims.rs`, ending and giving shards in `runner/handing.rs`, the roster and the
+//! member records in `runner/members.rs`, a change of the count in `runner/resize.rs`. State
+//! that one of them alone uses is its own: the pace of full reads (`round::Pace`), what the
+//! member knows of its own record (`members::Membership`), the work's give-ups and extension
+//! writes (`handing::WorkRequests`).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use futures_util::future::join_all;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::assign::{affinity, gifts, shares};
-use super::locks::{Known, LockSet, Renewal, Reread};
-use super::{
-    COUNT_EXTENSION, Callbacks, MEMBER_PREFIX, ShardsConfig, ShardsError, ShardsState,
-    WEIGHT_EXTENSION, drained, member_key, roster_key, shard_key, stored_count, weight_in,
-};
+use super::locks::LockSet;
+use super::{Callbacks, ShardsConfig, ShardsError, ShardsState, roster_key, shard_key};
 use crate::backoff::{Backoff, Jitter};
 use crate::error::LockError;
 use crate::leadership::{Leadership, StepDown, StepDownReason, TermDeadline, TermRequest};
-use crate::lock::{Acquisition, ResourceLock};
+use crate::lock::ResourceLock;
 use crate::metrics as m;
-use crate::record::{LeaderElectionRecord, Observed, Version};
-use crate::rules::{self, OtherTerm, Sighting, next_token};
-use crate::status::IdentityConflict;
+use crate::record::Observed;
+use crate::rules::Sighting;
 
 mod claims;
 mod handing;
@@ -39,24 +36,16 @@ mod round;
 /// How many shards a member tries to take at once (each a request on its own record).
 const CLAIMS_AT_ONCE: usize = 32;
 
-/// A read of every shard is followed by at least this many times as long without one: a member that has not settled spends a tenth of its
-/// time at most reading the whole set, and a loaded store, whose reads take longer, is read
-/// less. Reading at once on every change instead (each shard given is one) ended terms by
-/// their deadline on two busy cores.
-const FULL_READ_PACE: u32 = 10;
+/// How many release writes a member makes at once: a join at 10,000 shards hands about 900
+/// over, a shrink releases every shard past the new count; their writes go out this many at
+/// a time, not all at once (bounded load on the store), while the work of each stops at once.
+pub(crate) const RELEASES_AT_ONCE: usize = 32;
 
 /// The roster is no election: its `lease_duration` only tells stores that expire records (a
 /// free Redis record expires after it) to keep it. Members write it again once a day.
 const ROSTER_LEASE: std::time::Duration = std::time::Duration::from_secs(30 * 24 * 3600);
 /// How old the roster's last write may grow before a member writes it again.
 const ROSTER_REFRESH: chrono::TimeDelta = chrono::TimeDelta::days(1);
-
-/// How long a shard's work must have run for its next give-up to count as a first one again
-/// (Kubernetes's CrashLoopBackOff resets after as long).
-const GIVE_UP_RESET: std::time::Duration = std::time::Duration::from_secs(600);
-/// The longest a member waits before taking again a shard whose work gave it up (as
-/// CrashLoopBackOff's cap).
-const GIVE_UP_CAP: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// One term this member holds: a shard's, or its member record's.
 struct Term {
@@ -105,16 +94,6 @@ impl Drop for Term {
     }
 }
 
-/// A shard whose work gave it up on this member: not taken again by this member before
-/// `until` (S9 for work: a crashing work is not restarted at once, every time).
-struct GaveUp {
-    /// Consecutive give-ups of terms that ended soon after they started.
-    backoff: Backoff,
-    /// When the last give-up was.
-    at: Instant,
-    until: Instant,
-}
-
 /// One acquisition attempt: its result, and what it learnt on the way.
 struct Claim {
     /// The record taken and when its term starts, or `None` when not taken.
@@ -137,6 +116,9 @@ struct Plan {
     /// first making way for the next.
     candidates: std::collections::VecDeque<u32>,
     room: usize,
+    /// This member takes no shard (drained, or of weight 0): its lapsed shards are released
+    /// once their records are its own again, never taken up with a term and work.
+    drained: bool,
 }
 
 impl Plan {
@@ -173,10 +155,8 @@ pub(crate) struct Runner {
     count: watch::Sender<u32>,
     owned: BTreeMap<u32, Term>,
     member: Option<Term>,
-    /// The member record's term this process started, if any (S13).
-    member_token: Option<u64>,
-    /// A term of this identity's member record that this process did not start (S13).
-    conflict: Option<OtherTerm>,
+    /// This member's own record and what it knows of the others' (`runner/members.rs`).
+    membership: members::Membership,
     seen: HashMap<String, Sighting>,
     /// Members named by the last roster read: identity by member key.
     roster_members: BTreeMap<String, String>,
@@ -200,12 +180,9 @@ pub(crate) struct Runner {
     live: usize,
     /// The most shards a live member owns less the fewest, as last read.
     imbalance: usize,
-    /// When each other member's record was last found alive by the store's own word, where
-    /// renewals leave the record as it is (see [`Runner::probe`]).
-    probed: HashMap<String, Instant>,
     releases: JoinSet<u32>,
-    /// The shards whose work gave them up, while this member waits before taking them again.
-    gave_up: BTreeMap<u32, GaveUp>,
+    /// The release writes that may be under way at once ([`RELEASES_AT_ONCE`]).
+    release_writes: Arc<tokio::sync::Semaphore>,
     /// The shards given up whose release is under way, or whose term ended while its work
     /// still runs, with the task that waits for it: neither this member's nor to take again
     /// until it ends, though their records still name this member.
@@ -224,38 +201,17 @@ pub(crate) struct Runner {
     /// What a read asks for: the roster, the members it names, every shard; made again only
     /// when the roster's members or the count change.
     read_keys: Vec<String>,
-    /// Whether this member has seen the roster with its count (or created it): a count that
-    /// differs afterwards is a resize, which it follows.
-    counted: bool,
     /// Whether the shards owned changed since the state was last published.
     owned_changed: bool,
-    /// True while the last read of every shard found nothing to do, here or anywhere (see
-    /// [`Runner::act`]), and nothing changed since: rounds read the roster and the members
-    /// alone, and the shards once per half a lease.
-    settled: bool,
-    /// The live members as of the last read of every shard.
-    settled_live: BTreeSet<String>,
-    /// The members the roster drains, as last read.
-    drains: Vec<String>,
-    /// When the shards must be read again, settled or not.
-    full_read_due: Instant,
-    /// The earliest the shards may be read again: the last read of every shard paced by what
-    /// it took ([`FULL_READ_PACE`]).
-    full_read_floor: Instant,
+    /// When every shard is read again (`runner/round.rs`).
+    pace: round::Pace,
     /// The claims left of the last read of every shard.
     plan: Option<Plan>,
     /// What the last round's renewals took: a round claims for half a retry period less it.
     renewals_took: std::time::Duration,
-    /// The extensions the shards' work asked to write, made after the round's renewals.
-    extension_writes: std::collections::VecDeque<ExtensionWrite>,
+    /// What the shards' work asked for and waits on (`runner/handing.rs`).
+    work_requests: handing::WorkRequests,
 }
-
-/// An extensions write a shard's work asked for, and where its answer goes.
-type ExtensionWrite = (
-    u32,
-    crate::leadership::ExtensionChanges,
-    tokio::sync::oneshot::Sender<Result<(), crate::leadership::ExtensionError>>,
-);
 
 impl Runner {
     pub(crate) fn new(
@@ -286,8 +242,7 @@ impl Runner {
             count,
             owned: BTreeMap::new(),
             member: None,
-            member_token: None,
-            conflict: None,
+            membership: members::Membership::default(),
             seen: HashMap::new(),
             roster_members: BTreeMap::new(),
             last_roster: None,
@@ -300,10 +255,9 @@ impl Runner {
             problem: None,
             live: 0,
             imbalance: 0,
-            probed: HashMap::new(),
             releases: JoinSet::new(),
+            release_writes: Arc::new(tokio::sync::Semaphore::new(RELEASES_AT_ONCE)),
             releasing: BTreeMap::new(),
-            gave_up: BTreeMap::new(),
             shard_prefix,
             shard_seen: std::iter::repeat_with(|| None)
                 .take(shard_keys.len())
@@ -314,16 +268,11 @@ impl Runner {
             shard_read: vec![false; shard_keys.len()],
             shard_keys,
             read_keys,
-            counted: false,
             owned_changed: true,
-            settled: false,
-            settled_live: BTreeSet::new(),
-            drains: Vec::new(),
-            full_read_due: Instant::now(),
-            full_read_floor: Instant::now(),
+            pace: round::Pace::new(),
             plan: None,
             renewals_took: std::time::Duration::ZERO,
-            extension_writes: std::collections::VecDeque::new(),
+            work_requests: handing::WorkRequests::default(),
         }
     }
 
@@ -335,6 +284,17 @@ impl Runner {
             identity = self.me,
             "joining the shard set"
         );
+        if self.config.static_membership && super::looks_like_replica_set_pod(&self.me) {
+            tracing::warn!(
+                shards = name,
+                identity = self.me,
+                "static membership is on, but this identity looks like the name of a \
+                 ReplicaSet's Pod (a Deployment's), which changes on every restart: static \
+                 membership keeps nothing, and the shards of each restarted member stay idle \
+                 for the window; run the set as a StatefulSet, whose Pod names stay, or turn \
+                 static membership off"
+            );
+        }
         // A lease the store would not keep is refused before anything is written (as the
         // elector refuses it).
         let roster = self.set.lock(&roster_key(&name));
@@ -396,23 +356,6 @@ impl Runner {
         self.leave().await;
         self.publish(true);
         result
-    }
-
-    /// Whether this round reads every shard: half a lease after the last such read, or sooner
-    /// while the set is not settled and the claims that read called for are made; never
-    /// before the pace of these reads allows ([`FULL_READ_PACE`]).
-    fn full_read_wanted(&self) -> bool {
-        let now = Instant::now();
-        now >= self.full_read_floor
-            && (now >= self.full_read_due || (!self.settled && self.plan.is_none()))
-    }
-
-    /// The set is no longer as the last read of every shard found it (a shard given or ended
-    /// here, say): the claims that read called for are dropped, and the next round allowed by
-    /// the pace of these reads ([`FULL_READ_PACE`]) reads every shard again.
-    fn unsettle(&mut self) {
-        self.settled = false;
-        self.plan = None;
     }
 
     /// A read of the set (`full`: with every shard), after this round's renewals when `renew`

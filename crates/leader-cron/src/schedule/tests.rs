@@ -288,3 +288,48 @@ fn two_names_of_one_zone_are_the_same_schedule() {
             .same_instants(&Schedule::every(Duration::from_secs(120)).expect("schedule"))
     );
 }
+
+/// A yearly expression's instants lie a spring and an autumn apart: clocks go forward and back
+/// between them, and the documented rule still holds on the night of the gap. Europe/Berlin,
+/// 2030: March 31st is the last Sunday of March, when 02:00 CET becomes 03:00 CEST (01:00 UTC);
+/// America/New_York, 2030: March 10th, when 02:00 EST becomes 03:00 EDT (07:00 UTC). The wall
+/// time 02:30 falls in the gap and 14:30 does not: both fire, the first just after the gap,
+/// each once. And in autumn, an expression with a step fires in both passes of the hour a
+/// fall-back repeats (Berlin, October 31st 2027: 03:00 CEST becomes 02:00 CET at 01:00 UTC).
+#[test]
+fn a_yearly_list_keeps_its_gap_firing_across_a_year_of_changes() {
+    let berlin = Schedule::cron("30 2,14 L 3 *", "Europe/Berlin").expect("schedule");
+    assert_eq!(
+        first(&berlin, "2029-03-31T12:30:00Z", 4),
+        [
+            at("2030-03-31T01:00:00Z"),
+            at("2030-03-31T12:30:00Z"),
+            at("2031-03-31T00:30:00Z"),
+            at("2031-03-31T12:30:00Z"),
+        ]
+    );
+    let single = Schedule::cron("30 2 L 3 *", "Europe/Berlin").expect("schedule");
+    assert_eq!(
+        first(&single, "2029-03-31T12:30:00Z", 2),
+        [at("2030-03-31T01:00:00Z"), at("2031-03-31T00:30:00Z")]
+    );
+    let new_york = Schedule::cron("30 2,14 10 3 *", "America/New_York").expect("schedule");
+    assert_eq!(
+        first(&new_york, "2029-03-10T19:30:00Z", 3),
+        [
+            at("2030-03-10T07:00:00Z"),
+            at("2030-03-10T18:30:00Z"),
+            at("2031-03-10T06:30:00Z"),
+        ]
+    );
+    let autumn = Schedule::cron("*/30 2 L 10 *", "Europe/Berlin").expect("schedule");
+    assert_eq!(
+        first(&autumn, "2026-10-31T01:30:00Z", 4),
+        [
+            at("2027-10-31T00:00:00Z"),
+            at("2027-10-31T00:30:00Z"),
+            at("2027-10-31T01:00:00Z"),
+            at("2027-10-31T01:30:00Z"),
+        ]
+    );
+}

@@ -144,3 +144,62 @@ pub fn instants(log: &Log) -> Vec<(DateTime<Utc>, u32)> {
 pub fn minutes(n: i64) -> DateTime<Utc> {
     origin() + chrono::Duration::minutes(n)
 }
+
+/// What each schedule test starts from: a new in-memory store, a clock at [`origin`] that
+/// follows tokio's (paused) clock, and an empty log of firings.
+pub fn world() -> (MemoryStore, TokioClock, Log) {
+    (
+        MemoryStore::new(),
+        TokioClock::starting_at(origin()),
+        Log::default(),
+    )
+}
+
+/// The instants the jobs started, in order, without their attempts.
+pub fn scheduled(log: &Log) -> Vec<DateTime<Utc>> {
+    instants(log).iter().map(|s| s.0).collect()
+}
+
+/// `a` and `b` as (the one that leads, the other).
+pub fn by_leadership<'r>(
+    a: &'r mut Replica,
+    b: &'r mut Replica,
+) -> (&'r mut Replica, &'r mut Replica) {
+    if a.leading() { (a, b) } else { (b, a) }
+}
+
+/// A clock that can be stepped, over tokio's.
+#[derive(Debug)]
+pub struct SteppedClock {
+    /// The clock it steps away from.
+    pub base: TokioClock,
+    /// How far ahead of `base` it reads (behind when negative).
+    pub offset_seconds: Arc<std::sync::atomic::AtomicI64>,
+}
+
+impl leader_cron::Clock for SteppedClock {
+    fn now(&self) -> DateTime<Utc> {
+        self.base.now() + chrono::Duration::seconds(self.offset_seconds.load(Ordering::Acquire))
+    }
+}
+
+/// The schedules of a rollout: every minute, then every two minutes.
+pub fn every_minute_and_every_two() -> (Schedule, Schedule) {
+    let every = |seconds| Schedule::every(Duration::from_secs(seconds)).expect("schedule");
+    (every(60), every(120))
+}
+
+impl SteppedClock {
+    /// A clock over `base`, `offset_seconds` ahead of it, and the offset that steps it.
+    pub fn over(
+        base: &TokioClock,
+        offset_seconds: i64,
+    ) -> (Self, Arc<std::sync::atomic::AtomicI64>) {
+        let offset = Arc::new(std::sync::atomic::AtomicI64::new(offset_seconds));
+        let clock = Self {
+            base: base.clone(),
+            offset_seconds: offset.clone(),
+        };
+        (clock, offset)
+    }
+}

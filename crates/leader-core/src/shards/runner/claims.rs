@@ -2,7 +2,21 @@
 //! record as read), the start of a shard's term, and the pass of a round that takes the
 //! shards this member should own.
 
-use super::*;
+use std::sync::Arc;
+
+use futures_util::future::join_all;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::{CLAIMS_AT_ONCE, Claim, Plan, Runner, Term, end_at_deadline};
+use crate::error::LockError;
+use crate::leadership::{Leadership, TermDeadline};
+use crate::lock::{Acquisition, ResourceLock};
+use crate::metrics as m;
+use crate::record::{LeaderElectionRecord, Observed};
+use crate::rules::{self, Sighting, next_token};
+use crate::shards::assign::affinity;
 
 impl Runner {
     /// True when `observed` has stayed unchanged for its lease since this member first saw it.
@@ -174,8 +188,11 @@ impl Runner {
     /// first, then those it likes best), and one more when a shard has stayed free for a
     /// lease whatever the shares say (members whose view is stale leave no shard unowned for
     /// long), unless this member is `drained`. The `lapsed` shards are taken again whatever
-    /// the room. This round makes the claims its budget allows; the plan keeps the rest for
-    /// the rounds that follow ([`claim_planned`](Self::claim_planned)).
+    /// the room, unless this member is `drained`: then each is only made free (its record
+    /// taken back as any claim takes it, S2 and S13, and released at once, with no term and
+    /// no work), for the members that should own it. This round makes the claims its budget
+    /// allows; the plan keeps the rest for the rounds that follow
+    /// ([`claim_planned`](Self::claim_planned)).
     pub(super) async fn take(
         &mut self,
         room: usize,
@@ -216,6 +233,7 @@ impl Runner {
             lapsed: lapsed.iter().copied().collect(),
             candidates: candidates.iter().map(|&(_, _, s)| s).collect(),
             room,
+            drained,
         };
         if plan.lapsed.is_empty() && plan.candidates.is_empty() {
             plan.candidates.extend(stuck);
@@ -290,6 +308,9 @@ impl Runner {
             for (&shard, claim) in batch.iter().zip(claims) {
                 let key = self.shard_keys[shard as usize].clone();
                 match self.note_claim(&key, claim) {
+                    Ok(Some((observed, _))) if retaking && plan.drained => {
+                        self.free(shard, observed);
+                    }
                     Ok(Some((observed, started))) => {
                         let token = observed.record.leader_transitions;
                         let term = self.start_term(key, Some(shard), observed, started);

@@ -2,7 +2,73 @@
 //! releases reaped, the work's requests served, the back-off of a shard whose work keeps
 //! ending, and the extensions a shard's work writes.
 
-use super::*;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
+
+use futures_util::future::join_all;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use super::{CLAIMS_AT_ONCE, Runner, Term, reason_label, tell_stopped};
+use crate::backoff::{Backoff, Jitter};
+use crate::error::LockError;
+use crate::leadership::{
+    ExtensionChanges, ExtensionError, LeadershipLost, StepDownReason, TermRequest,
+};
+use crate::metrics as m;
+use crate::record::{LeaderElectionRecord, Observed, Version};
+use crate::rules;
+
+/// How long a shard's work must have run for its next give-up to count as a first one again
+/// (Kubernetes's CrashLoopBackOff resets after as long).
+const GIVE_UP_RESET: std::time::Duration = std::time::Duration::from_secs(600);
+/// The longest a member waits before taking again a shard whose work gave it up (as
+/// CrashLoopBackOff's cap).
+const GIVE_UP_CAP: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// What the shards' work asked for and waits on: the shards it gave up, which this member
+/// takes again only after a back-off, and the extensions it asked to write.
+#[derive(Default)]
+pub(super) struct WorkRequests {
+    /// The shards whose work gave them up, while this member waits before taking them again.
+    gave_up: BTreeMap<u32, GaveUp>,
+    /// The extensions the shards' work asked to write, made after the round's renewals.
+    extension_writes: VecDeque<ExtensionWrite>,
+}
+
+/// A shard whose work gave it up on this member: not taken again by this member before
+/// `until` (S9 for work: a crashing work is not restarted at once, every time).
+struct GaveUp {
+    /// Consecutive give-ups of terms that ended soon after they started.
+    backoff: Backoff,
+    /// When the last give-up was.
+    at: Instant,
+    until: Instant,
+}
+
+/// An extensions write a shard's work asked for, and where its answer goes.
+type ExtensionWrite = (
+    u32,
+    ExtensionChanges,
+    oneshot::Sender<Result<(), ExtensionError>>,
+);
+
+impl WorkRequests {
+    /// Forgets the give-ups that no longer count: those before [`GIVE_UP_RESET`] from `now`.
+    pub(super) fn forget_old_give_ups(&mut self, now: Instant) {
+        self.gave_up.retain(|_, g| now < g.at + GIVE_UP_RESET);
+    }
+
+    /// Forgets the give-ups of the shards from `count` on (removed by a resize).
+    pub(super) fn forget_give_ups_from(&mut self, count: u32) {
+        self.gave_up.retain(|&shard, _| shard < count);
+    }
+
+    /// Whether this member waits at `now` before taking a shard again.
+    pub(super) fn any_backing_off(&self, now: Instant) -> bool {
+        self.gave_up.values().any(|g| now < g.until)
+    }
+}
 
 impl Runner {
     /// Ends the term of `shard` without releasing it. Until its work has stopped, the shard is
@@ -32,6 +98,29 @@ impl Runner {
     /// Ends the term of `shard` and releases it once its work has stopped (S6), naming `to` as
     /// the next owner when given (S10); in the background, so renewals keep their pace.
     pub(super) fn give(&mut self, shard: u32, to: Option<&str>, reason: StepDownReason) {
+        self.release(shard, to, None, reason);
+    }
+
+    /// Ends the term of `shard` at shutdown and releases it reserved for this member's own
+    /// identity (static membership) for the window: the released record carries the window
+    /// as its lease, which every member reading it stands back for (S10), so that a process
+    /// started again with this identity within it takes the shard back.
+    pub(super) fn reserve(&mut self, shard: u32) {
+        let me = self.me.clone();
+        let window = self.config.static_membership_window;
+        self.release(shard, Some(&me), Some(window), StepDownReason::Shutdown);
+    }
+
+    /// Ends the term of `shard` and releases it, naming `to` (S10), with `hold` as the
+    /// released record's lease when given (how long the others stand back from `to`'s
+    /// request).
+    fn release(
+        &mut self,
+        shard: u32,
+        to: Option<&str>,
+        hold: Option<std::time::Duration>,
+        reason: StepDownReason,
+    ) {
         let Some(mut term) = self.owned.remove(&shard) else {
             return;
         };
@@ -45,6 +134,7 @@ impl Runner {
         let to = to.map(str::to_owned);
         let name = self.config.name.clone();
         let clock = self.config.lease.wall_clock.clone();
+        let writes = self.release_writes.clone();
         m::shard_moved(&name, reason_label(reason));
         tracing::info!(shards = name, shard, to, "releasing the shard");
         let task = self.releases.spawn(async move {
@@ -58,10 +148,14 @@ impl Runner {
             if work_stopped {
                 // A release that names no one clears a pending request too: the set's
                 // assignment, not a request, says who takes the shard next.
+                let free = rules::released(&term.observed.record, clock.now());
                 let record = LeaderElectionRecord {
                     preferred_holder: to,
-                    ..rules::released(&term.observed.record, clock.now())
+                    lease_duration: hold.unwrap_or(free.lease_duration),
+                    ..free
                 };
+                // The semaphore is never closed: a permit always comes.
+                let _write = writes.acquire().await;
                 released =
                     tokio::time::timeout(timeout, lock.update(&term.observed.version, &record))
                         .await
@@ -78,6 +172,34 @@ impl Runner {
             if let Some(alive) = term.alive.as_mut().filter(|_| !work_stopped) {
                 let _ = alive.recv().await;
             }
+            shard
+        });
+        self.releasing.insert(shard, task.id());
+    }
+
+    /// Releases `shard`, whose record this drained member took back (`observed`) without
+    /// starting a term or work: in the background, the shard kept out as a release under way
+    /// is until it ends. The release names no one: the members under their share take it.
+    pub(super) fn free(&mut self, shard: u32, observed: Observed) {
+        let Some(key) = self.shard_keys.get(shard as usize) else {
+            return;
+        };
+        let lock = self.lock(key);
+        let timeout = self.config.lease.request_timeout;
+        let record = LeaderElectionRecord {
+            preferred_holder: None,
+            ..rules::released(&observed.record, self.config.lease.wall_clock.now())
+        };
+        self.unsettle();
+        tracing::info!(
+            shards = self.config.name,
+            shard,
+            "this member is drained: releasing a shard whose term had lapsed, without taking it up"
+        );
+        let writes = self.release_writes.clone();
+        let task = self.releases.spawn(async move {
+            let _write = writes.acquire().await;
+            let _ = tokio::time::timeout(timeout, lock.update(&observed.version, &record)).await;
             shard
         });
         self.releasing.insert(shard, task.id());
@@ -117,7 +239,9 @@ impl Runner {
                     self.give(shard, Some(&to), StepDownReason::HandedOver)
                 }
                 TermRequest::SetExtensions { changes, reply } => {
-                    self.extension_writes.push_back((shard, changes, reply));
+                    self.work_requests
+                        .extension_writes
+                        .push_back((shard, changes, reply));
                 }
             }
         }
@@ -133,11 +257,15 @@ impl Runner {
         let now = Instant::now();
         let ran = now - term.started;
         let retry = self.config.lease.retry_period;
-        let gave_up = self.gave_up.entry(shard).or_insert_with(|| GaveUp {
-            backoff: Backoff::new(retry, GIVE_UP_CAP).jitter(Jitter::Spread(0.2)),
-            at: now,
-            until: now,
-        });
+        let gave_up = self
+            .work_requests
+            .gave_up
+            .entry(shard)
+            .or_insert_with(|| GaveUp {
+                backoff: Backoff::new(retry, GIVE_UP_CAP).jitter(Jitter::Spread(0.2)),
+                at: now,
+                until: now,
+            });
         if ran >= GIVE_UP_RESET || now >= gave_up.at + GIVE_UP_RESET {
             gave_up.backoff.succeeded();
         }
@@ -156,7 +284,8 @@ impl Runner {
 
     /// True while this member waits before taking `shard` again (see [`Runner::back_off`]).
     pub(super) fn backing_off(&self, shard: u32) -> bool {
-        self.gave_up
+        self.work_requests
+            .gave_up
             .get(&shard)
             .is_some_and(|g| Instant::now() < g.until)
     }
@@ -167,19 +296,20 @@ impl Runner {
     /// deadline. Each write is a compare-and-swap of the record its term last stored, and
     /// renews the term as a renewal would.
     pub(super) async fn write_extensions(&mut self) {
-        use crate::leadership::{ExtensionError, LeadershipLost};
-        while !self.extension_writes.is_empty() {
+        while !self.work_requests.extension_writes.is_empty() {
             let mut batch = Vec::new();
-            let mut later = std::collections::VecDeque::new();
+            let mut later = VecDeque::new();
             let mut shards = BTreeSet::new();
-            while let Some((shard, changes, reply)) = self.extension_writes.pop_front() {
+            while let Some((shard, changes, reply)) =
+                self.work_requests.extension_writes.pop_front()
+            {
                 if batch.len() < CLAIMS_AT_ONCE && shards.insert(shard) {
                     batch.push((shard, changes, reply));
                 } else {
                     later.push_back((shard, changes, reply));
                 }
             }
-            self.extension_writes = later;
+            self.work_requests.extension_writes = later;
             let mut writes = Vec::with_capacity(batch.len());
             for (shard, changes, reply) in batch {
                 let Some(term) = self.owned.get(&shard).filter(|t| !t.past_deadline()) else {
@@ -240,8 +370,7 @@ impl Runner {
         version: &Version,
         result: Result<Observed, LockError>,
         started: Instant,
-    ) -> Result<(), crate::leadership::ExtensionError> {
-        use crate::leadership::{ExtensionError, LeadershipLost};
+    ) -> Result<(), ExtensionError> {
         let lost = LeadershipLost {
             fencing_token: token,
         };

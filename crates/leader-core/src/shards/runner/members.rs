@@ -2,7 +2,36 @@
 //! another process with this identity noticed, live members found (and probed when their
 //! records stand still), dead ones pruned, and the leave at shutdown.
 
-use super::*;
+use std::collections::{BTreeSet, HashMap};
+
+use tokio::time::Instant;
+
+use super::{ROSTER_LEASE, ROSTER_REFRESH, Runner};
+use crate::leadership::StepDownReason;
+use crate::lock::Acquisition;
+use crate::metrics as m;
+use crate::record::{LeaderElectionRecord, Observed, Version};
+use crate::rules::{self, OtherTerm};
+use crate::shards::{
+    COUNT_EXTENSION, MEMBER_PREFIX, ShardsError, WEIGHT_EXTENSION, drained, member_key, roster_key,
+    stored_count,
+};
+use crate::status::IdentityConflict;
+
+/// What a member knows of its own membership, and of the others' records.
+#[derive(Default)]
+pub(super) struct Membership {
+    /// The member record's term this process started, if any (S13).
+    token: Option<u64>,
+    /// A term of this identity's member record that this process did not start (S13).
+    conflict: Option<OtherTerm>,
+    /// When each other member's record was last found alive by the store's own word, where
+    /// renewals leave the record as it is (see [`Runner::probe`]).
+    probed: HashMap<String, Instant>,
+    /// Whether this member has seen the roster with its count (or created it): a count that
+    /// differs afterwards is a resize, which it follows.
+    counted: bool,
+}
 
 impl Runner {
     /// Checks the roster (creates it, or joins it): the roster when this member may go on.
@@ -14,8 +43,22 @@ impl Runner {
         let key = roster_key(&name);
         let my_entry = format!("{MEMBER_PREFIX}{}", member_key(&name, &self.me));
         let Some(roster) = roster else {
-            let mut record =
-                LeaderElectionRecord::new("", ROSTER_LEASE, self.config.lease.wall_clock.now(), 0);
+            let now = self.config.lease.wall_clock.now();
+            // A roster this member has read and finds gone (deleted by hand, or dropped by the
+            // store) is created again as last read, not with this member alone: its members,
+            // its drains, its count, and what a later release wrote into it (S16).
+            let last = self.last_roster.as_ref().map(|last| &last.record);
+            let recreating = last.is_some();
+            let mut record = match last {
+                Some(last) => LeaderElectionRecord {
+                    holder_identity: String::new(),
+                    lease_duration: ROSTER_LEASE,
+                    acquire_time: now,
+                    renew_time: now,
+                    ..last.clone()
+                },
+                None => LeaderElectionRecord::new("", ROSTER_LEASE, now, 0),
+            };
             record
                 .extensions
                 .insert(COUNT_EXTENSION.into(), self.config.count.to_string());
@@ -24,8 +67,27 @@ impl Runner {
                 .request("create", &key, self.lock(&key).create(&record))
                 .await
             {
+                Ok(created) if recreating => {
+                    let members: Vec<&String> = created
+                        .record
+                        .extensions
+                        .iter()
+                        .filter(|(k, _)| k.starts_with(MEMBER_PREFIX))
+                        .map(|(_, identity)| identity)
+                        .collect();
+                    tracing::warn!(
+                        shards = name,
+                        count = self.config.count,
+                        ?members,
+                        drained = ?drained(&created.record),
+                        roster = key,
+                        "the shard set's roster was gone: created it again as this member last \
+                         read it, with its members, drains and count"
+                    );
+                    self.note_roster(&created);
+                }
                 Ok(created) => {
-                    self.counted = true;
+                    self.membership.counted = true;
                     tracing::info!(
                         shards = name,
                         count = self.config.count,
@@ -51,7 +113,7 @@ impl Runner {
         if stored != self.config.count {
             // A count that differs at the first sight of the roster is this replica's
             // mistake; once it has taken part, the set was resized.
-            if !self.counted {
+            if !self.membership.counted {
                 return Err(ShardsError::CountMismatch {
                     name,
                     stored,
@@ -64,7 +126,7 @@ impl Runner {
             self.resize(stored);
             return Ok(None);
         }
-        self.counted = true;
+        self.membership.counted = true;
         if matches!(self.problem, Some(ShardsError::InvalidRoster { .. })) {
             self.problem = None;
         }
@@ -123,8 +185,8 @@ impl Runner {
         let claim = self.claim(&key, current).await;
         match self.note_claim(&key, claim) {
             Ok(Some((observed, started))) => {
-                self.member_token = Some(observed.record.leader_transitions);
-                if self.conflict.take().is_some() {
+                self.membership.token = Some(observed.record.leader_transitions);
+                if self.membership.conflict.take().is_some() {
                     self.problem = None;
                     tracing::info!(
                         shards = self.config.name,
@@ -176,12 +238,12 @@ impl Runner {
     /// renewed (or outliving its lease), is another process's: say so once.
     pub(super) fn check_identity(&mut self, current: &Observed) {
         let record = &current.record;
-        if !rules::started_elsewhere(record, &self.me, self.member_token) {
+        if !rules::started_elsewhere(record, &self.me, self.membership.token) {
             return;
         }
         let token = record.leader_transitions;
         let now = Instant::now();
-        match &mut self.conflict {
+        match &mut self.membership.conflict {
             Some(other) if other.is(current) => {
                 if other.seen_alive(
                     current,
@@ -211,7 +273,7 @@ impl Runner {
                     "this identity's member record is held by a term this process did not start: \
                      waiting for it as for another member's (another process may run with the same identity)"
                 );
-                self.conflict = Some(OtherTerm::new(current, now, None));
+                self.membership.conflict = Some(OtherTerm::new(current, now, None));
             }
         }
     }
@@ -267,7 +329,11 @@ impl Runner {
                 let observed = observed
                     .as_ref()
                     .filter(|o| o.record.is_held_by(identity))?;
-                let last = self.probed.entry(identity.clone()).or_insert(now);
+                let last = self
+                    .membership
+                    .probed
+                    .entry(identity.clone())
+                    .or_insert(now);
                 (now >= *last + lease).then(|| (identity.clone(), observed.clone()))
             })
             .collect();
@@ -297,16 +363,17 @@ impl Runner {
                     let _ = self
                         .request("release", &key, lock.update(&taken.version, &freed))
                         .await;
-                    self.probed.remove(&identity);
+                    self.membership.probed.remove(&identity);
                     dead.insert(identity);
                 }
                 Ok(_) => {
-                    self.probed.insert(identity, Instant::now());
+                    self.membership.probed.insert(identity, Instant::now());
                 }
                 Err(err) => self.report("try_acquire", &err),
             }
         }
-        self.probed
+        self.membership
+            .probed
             .retain(|identity, _| members.contains_key(identity));
         dead
     }
@@ -380,16 +447,16 @@ impl Runner {
     }
 
     /// Shutdown: every shard's work stopped and its shard released (S6), reserved for this
-    /// identity under static membership, then the member record and the roster entry.
+    /// identity for the static membership window under static membership, then the member record and the roster entry.
     pub(super) async fn leave(&mut self) {
         let shards: Vec<u32> = self.owned.keys().copied().collect();
-        let me = self.me.clone();
-        let to = self.config.static_membership.then_some(me.as_str());
         for shard in shards {
-            if self.config.lease.release_on_cancel {
-                self.give(shard, to, StepDownReason::Shutdown);
-            } else {
+            if !self.config.lease.release_on_cancel {
                 self.end(shard, StepDownReason::Shutdown);
+            } else if self.config.static_membership {
+                self.reserve(shard);
+            } else {
+                self.give(shard, None, StepDownReason::Shutdown);
             }
         }
         let bound = self.config.lease.stop_grace + self.config.lease.request_timeout;

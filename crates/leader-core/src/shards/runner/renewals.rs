@@ -2,7 +2,15 @@
 //! batch where the store allows it, a batch that timed out re-read before anything is called
 //! lost, and the terms that end by their deadline.
 
-use super::*;
+use tokio::time::Instant;
+
+use super::{Runner, Term};
+use crate::error::LockError;
+use crate::leadership::StepDownReason;
+use crate::metrics as m;
+use crate::record::Observed;
+use crate::rules;
+use crate::shards::Renewal;
 
 impl Runner {
     /// Renews the member record and every shard in one batch (see [`renewed`](Self::renewed)).

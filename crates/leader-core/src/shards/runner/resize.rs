@@ -2,7 +2,9 @@
 //! shards added are taken as any free shard, those removed have their work stopped and are
 //! released, and nobody takes them again while it follows the new count.
 
-use super::*;
+use super::Runner;
+use crate::leadership::StepDownReason;
+use crate::shards::shard_key;
 
 impl Runner {
     /// Follows the roster's new `count`: ends and releases the shards owned past it (their
@@ -19,7 +21,7 @@ impl Runner {
         for shard in removed {
             self.give(shard, None, StepDownReason::Resized);
         }
-        self.gave_up.retain(|&shard, _| shard < count);
+        self.work_requests.forget_give_ups_from(count);
         self.unreadable_shards.retain(|&shard| shard < count);
         let n = count as usize;
         self.shard_keys.truncate(n);

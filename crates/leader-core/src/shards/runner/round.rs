@@ -1,9 +1,72 @@
 //! A round's read of the set (its roster, the member records, the shards, or only what changed)
 //! and what the member does about it: take, give, hold or leave.
 
-use super::*;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use tokio::time::Instant;
+
+use super::{Runner, Unreadable, View, note};
+use crate::error::LockError;
+use crate::leadership::StepDownReason;
+use crate::shards::assign::{gifts, shares};
+use crate::shards::{Known, Reread, ShardsError, drained, weight_in};
+
+/// A read of every shard is followed by at least this many times as long without one: a
+/// member that has not settled spends a tenth of its time at most reading the whole set, and
+/// a loaded store, whose reads take longer, is read less. Reading at once on every change
+/// instead (each shard given is one) ended terms by their deadline on two busy cores.
+const FULL_READ_PACE: u32 = 10;
+
+/// When a member reads every shard again: what the last such read found, and when the next
+/// is due and allowed.
+pub(super) struct Pace {
+    /// True while the last read of every shard found nothing to do, here or anywhere (see
+    /// [`Runner::act`]), and nothing changed since: rounds read the roster and the members
+    /// alone, and the shards once per half a lease.
+    settled: bool,
+    /// The live members as of the last read of every shard.
+    settled_live: BTreeSet<String>,
+    /// The members the roster drains, as last read.
+    drains: Vec<String>,
+    /// When the shards must be read again, settled or not.
+    full_read_due: Instant,
+    /// The earliest the shards may be read again: the last read of every shard paced by what
+    /// it took ([`FULL_READ_PACE`]).
+    full_read_floor: Instant,
+}
+
+impl Pace {
+    /// Nothing read yet: every shard is read on the first round.
+    pub(super) fn new() -> Self {
+        let now = Instant::now();
+        Self {
+            settled: false,
+            settled_live: BTreeSet::new(),
+            drains: Vec::new(),
+            full_read_due: now,
+            full_read_floor: now,
+        }
+    }
+}
 
 impl Runner {
+    /// Whether this round reads every shard: half a lease after the last such read, or sooner
+    /// while the set is not settled and the claims that read called for are made; never
+    /// before the pace of these reads allows ([`FULL_READ_PACE`]).
+    pub(super) fn full_read_wanted(&self) -> bool {
+        let now = Instant::now();
+        now >= self.pace.full_read_floor
+            && (now >= self.pace.full_read_due || (!self.pace.settled && self.plan.is_none()))
+    }
+
+    /// The set is no longer as the last read of every shard found it (a shard given or ended
+    /// here, say): the claims that read called for are dropped, and the next round allowed by
+    /// the pace of these reads ([`FULL_READ_PACE`]) reads every shard again.
+    pub(super) fn unsettle(&mut self) {
+        self.pace.settled = false;
+        self.plan = None;
+    }
+
     /// Reads the roster, the member records it named last time and (`full`) every shard, in
     /// one batch; the shards with the versions last read, so that the store may answer those
     /// unchanged without sending them ([`LockSet::get_changed`]). With `renew`, this round's
@@ -73,7 +136,7 @@ impl Runner {
         if full {
             // The next read of every shard waits as many times as long as this one took.
             let now = Instant::now();
-            self.full_read_floor = now + (now - started) * FULL_READ_PACE;
+            self.pace.full_read_floor = now + (now - started) * FULL_READ_PACE;
         }
         let results = match results {
             Ok(results) if results.len() == asked.len() => results,
@@ -235,15 +298,15 @@ impl Runner {
         if !drained
             .iter()
             .copied()
-            .eq(self.drains.iter().map(String::as_str))
+            .eq(self.pace.drains.iter().map(String::as_str))
         {
-            self.drains = drained.iter().map(|&d| d.to_owned()).collect();
+            self.pace.drains = drained.iter().map(|&d| d.to_owned()).collect();
             self.unsettle();
         }
         if !view.shards {
             // A member that died is seen by its record (read every round); its shards' last
             // versions by the next full read, half a lease at most after its last renewal.
-            if live != self.settled_live {
+            if live != self.pace.settled_live {
                 self.unsettle();
             }
             // The claims the last read of every shard called for go on while the members
@@ -270,7 +333,7 @@ impl Runner {
         // again beside the work still running. A shard whose work gave it up here is not taken
         // again before its back-off ends (held back, if its record still names this member).
         let now = Instant::now();
-        self.gave_up.retain(|_, g| now < g.at + GIVE_UP_RESET);
+        self.work_requests.forget_old_give_ups(now);
         let mut lapsed: Vec<u32> = Vec::new();
         let mut held_back: Vec<u32> = Vec::new();
         let mut open: Vec<u32> = Vec::new();
@@ -359,10 +422,10 @@ impl Runner {
             && lapsed.is_empty()
             && open.is_empty()
             && self.releasing.is_empty()
-            && !self.gave_up.values().any(|g| now < g.until);
-        self.settled = idle && at_shares;
-        self.settled_live = live;
-        self.full_read_due = Instant::now() + self.config.lease.lease_duration / 2;
+            && !self.work_requests.any_backing_off(now);
+        self.pace.settled = idle && at_shares;
+        self.pace.settled_live = live;
+        self.pace.full_read_due = Instant::now() + self.config.lease.lease_duration / 2;
         for (shard, to) in gifts {
             self.give(shard, Some(&to), StepDownReason::HandedOver);
         }
