@@ -180,13 +180,18 @@ fn pid(child: &Child) -> Pid {
 }
 
 async fn handovers(lock: &str) {
-    handovers_within(lock, RETRY, LEASE + RETRY * 3).await;
+    handovers_within(lock, LEASE + RETRY * 3).await;
 }
 
-/// [`handovers`], for a lock whose followers see a release within `handover_bound` rather than
-/// within a retry period, or whose holder, once killed, is let go by the server within
+/// [`handovers`], for a lock whose holder, once killed, is let go by the server within
 /// `failover_bound` of the kill rather than within the lease.
-async fn handovers_within(lock: &str, handover_bound: Duration, failover_bound: Duration) {
+///
+/// The handover after a SIGTERM is asserted to be a handover: the next job starts before a
+/// follower could have waited the lease out (the holder renews every retry period until it
+/// releases, so waiting it out takes at least the lease less a retry period), with room for
+/// a loaded machine. How fast a handover is (a retry period, or a notification's time) is
+/// measured in BENCHMARKS.md, not asserted here.
+async fn handovers_within(lock: &str, failover_bound: Duration) {
     let dir = tempfile::tempdir().expect("tempdir");
     let log = dir.path().join("jobs.log");
     let gone = Gone::watch(&log);
@@ -216,8 +221,8 @@ async fn handovers_within(lock: &str, handover_bound: Duration, failover_bound: 
     let handover = Duration::from_nanos((second.at - sent) as u64);
     eprintln!("{lock}: handover after SIGTERM took {handover:?}");
     assert!(
-        handover < handover_bound,
-        "handover after SIGTERM took {handover:?}"
+        handover < LEASE - RETRY,
+        "handover after SIGTERM took {handover:?}: was the lease waited out?"
     );
 
     // SIGKILL of `leader`: its job dies with it; another starts within lease + retry.
@@ -273,7 +278,7 @@ async fn mysql_lock_one_job_at_a_time_and_handovers() {
     };
     // Followers poll (the server has no notifications): a release is seen at the next retry,
     // a jittered retry period away.
-    handovers_within(&url, RETRY * 2, LEASE + RETRY * 3).await;
+    handovers_within(&url, LEASE + RETRY * 3).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -313,7 +318,7 @@ async fn object_store_lock_one_job_at_a_time_and_handovers() {
     let Some(lock) = s3_lock("e2e") else {
         return;
     };
-    handovers_within(&lock, RETRY * 2, LEASE + RETRY * 3).await;
+    handovers_within(&lock, LEASE + RETRY * 3).await;
 }
 
 /// DynamoDB, on moto's server: followers poll (a condition cannot wait), so a release is seen
@@ -324,7 +329,7 @@ async fn dynamodb_lock_one_job_at_a_time_and_handovers() {
     let Some(lock) = leader_test_support::dynamodb_lock_or_skip("e2e") else {
         return;
     };
-    handovers_within(&lock, RETRY * 2, LEASE + RETRY * 3).await;
+    handovers_within(&lock, LEASE + RETRY * 3).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
