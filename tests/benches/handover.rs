@@ -36,7 +36,11 @@ async fn main() {
             leader.shutdown.cancel();
             follower.wait_leading(Duration::from_secs(10)).await;
             samples.push(released.elapsed());
-            leader.task.await.expect("elector");
+            leader
+                .task
+                .await
+                .expect("elector")
+                .expect("the elector ran");
             leader = follower;
             follower = Candidate::start(backend.lock(&name, &format!("c{i}")));
         }

@@ -110,7 +110,9 @@ pub(crate) async fn elect(
         args.handover_to.clone(),
     ));
     tracing::info!(identity, lock = %describe, "running for leadership");
-    elector.run(shutdown).await;
+    if let Err(err) = elector.run(shutdown).await {
+        return fail(exit::BAD_LOCK, err);
+    }
     outcome.get().unwrap_or(exit::OK)
 }
 

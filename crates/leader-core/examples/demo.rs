@@ -58,7 +58,7 @@ async fn candidate(id: &str, path: PathBuf) -> Result<(), Box<dyn Error>> {
         let _ = tokio::io::stdin().read_to_end(&mut Vec::new()).await;
         stop.cancel();
     });
-    elector.run(shutdown).await;
+    elector.run(shutdown).await?;
     Ok(())
 }
 

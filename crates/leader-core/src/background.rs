@@ -8,8 +8,8 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::{
-    CancellationToken, ElectorStatus, LeaderElector, LeaderElectorBuilder, LeaderState, Leadership,
-    ResourceLock, StepDown,
+    CancellationToken, ElectionError, ElectorStatus, LeaderElector, LeaderElectorBuilder,
+    LeaderState, Leadership, ResourceLock, StepDown,
 };
 
 /// The lease duration [`Candidate::start`] uses: short, so that tests against real servers run
@@ -31,7 +31,7 @@ pub struct Candidate {
     /// Cancel it to shut the elector down.
     pub shutdown: CancellationToken,
     /// The elector's task.
-    pub task: JoinHandle<()>,
+    pub task: JoinHandle<Result<(), ElectionError>>,
     stopped: Arc<Mutex<Vec<StepDown>>>,
 }
 
@@ -145,7 +145,10 @@ impl Candidate {
     /// [`build`](Self::build)).
     pub async fn stop(self) -> Vec<StepDown> {
         self.shutdown.cancel();
-        self.task.await.expect("elector task");
+        self.task
+            .await
+            .expect("elector task")
+            .expect("the elector ran");
         self.stopped
             .lock()
             .unwrap_or_else(|p| p.into_inner())

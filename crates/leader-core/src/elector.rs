@@ -260,7 +260,7 @@ impl LeaderElectorBuilder {
 /// let running = tokio::spawn(elector.run(shutdown.clone()));
 /// state.wait_for(|s| s.is_leading()).await?;
 /// shutdown.cancel(); // steps down, waits for the work, releases the lease
-/// running.await?;
+/// running.await??;
 /// # Ok(())
 /// # }
 /// ```
@@ -348,7 +348,15 @@ impl LeaderElector {
     /// `leader` crate's `LeaderOnlyLayer`). Work given with
     /// [`on_started_leading`](LeaderElectorBuilder::on_started_leading) ends the term when it
     /// returns, as with [`run_while_leading`](Self::run_while_leading).
-    pub async fn run(self, shutdown: CancellationToken) {
+    ///
+    /// # Errors
+    /// [`ElectionError::Lock`] (operation `check_lease`) when the store does not keep a lease
+    /// this long ([`ResourceLock::check_lease`](crate::ResourceLock::check_lease): a ZooKeeper
+    /// session shorter than the lease, say): the elector stops before its first attempt.
+    /// Outages, lost leases and a shared identity are not errors here: the elector waits them
+    /// out, reports them to [`on_error`](LeaderElectorBuilder::on_error) and shows them in
+    /// its [`status`](Self::status).
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), ElectionError> {
         let span = tracing::info_span!(
             "leader_election",
             name = %self.config.name,
@@ -363,7 +371,7 @@ impl LeaderElector {
         )
         .run(shutdown)
         .instrument(span)
-        .await;
+        .await
     }
 
     /// Runs for leadership until `shutdown` is cancelled and runs `work` during each term: the
@@ -378,7 +386,14 @@ impl LeaderElector {
     /// Work that returns at once (`|_| async {}`) ends every term as it begins, so leadership
     /// flaps: the elector says so at error level. A service that only answers requests while
     /// leading calls [`run`](Self::run) instead.
-    pub async fn run_while_leading<F, Fut>(mut self, shutdown: CancellationToken, work: F)
+    ///
+    /// # Errors
+    /// As [`run`](Self::run).
+    pub async fn run_while_leading<F, Fut>(
+        mut self,
+        shutdown: CancellationToken,
+        work: F,
+    ) -> Result<(), ElectionError>
     where
         F: Fn(Leadership) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = ()> + Send + 'static,
@@ -407,6 +422,6 @@ impl LeaderElector {
                 let _ = tokio::time::timeout(grace, running).await;
             })
         }));
-        self.run(shutdown).await;
+        self.run(shutdown).await
     }
 }

@@ -50,12 +50,16 @@ impl Runner {
     }
 
     /// Campaigns and leads, by turns, until `shutdown` is cancelled.
-    pub(crate) async fn run(mut self, shutdown: CancellationToken) {
+    ///
+    /// # Errors
+    /// The store does not keep a lease this long ([`lease_is_kept`](Self::lease_is_kept)):
+    /// the elector stops before its first attempt.
+    pub(crate) async fn run(mut self, shutdown: CancellationToken) -> Result<(), ElectionError> {
         m::set_leading(&self.context.config.name, false);
-        if !self.lease_is_kept().await {
+        if let Err(refused) = self.lease_is_kept().await {
             self.close().await;
             self.context.publish(LeaderState::Stopped);
-            return;
+            return Err(refused);
         }
         while let Some((acquired, started)) =
             self.campaign.acquire(&mut self.context, &shutdown).await
@@ -74,6 +78,7 @@ impl Runner {
         self.close().await;
         self.context.publish(LeaderState::Stopped);
         tracing::debug!("elector stopped");
+        Ok(())
     }
 
     /// Whether the store keeps a lease of this elector's duration ([`ResourceLock::check_lease`]):
@@ -81,7 +86,7 @@ impl Runner {
     /// lease, say) is refused before the first attempt, in one error, and the elector stops, as
     /// the `leader` command exits 3. A check that cannot be made now (an outage) is left to the
     /// lock, which refuses such a lease's writes itself.
-    async fn lease_is_kept(&self) -> bool {
+    async fn lease_is_kept(&self) -> Result<(), ElectionError> {
         let context = &self.context;
         let lease = context.config.lease.lease_duration;
         match context
@@ -91,17 +96,18 @@ impl Runner {
             Err(err @ LockError::Misconfigured { .. }) => {
                 tracing::error!(error = %err, "the store does not keep a lease this long: not running for leadership");
                 m::error(&context.config.name, "check_lease", err.kind());
-                context.tell_error(ElectionError::Lock {
+                let refused = ElectionError::Lock {
                     operation: "check_lease",
                     error: Arc::new(err),
-                });
-                false
+                };
+                context.tell_error(refused.clone());
+                Err(refused)
             }
             Err(err) => {
                 tracing::debug!(error = %err, "could not check the lease against the store");
-                true
+                Ok(())
             }
-            Ok(()) => true,
+            Ok(()) => Ok(()),
         }
     }
 

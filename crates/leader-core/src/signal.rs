@@ -33,14 +33,15 @@ pub async fn shutdown_signal() {
 /// `shutdown`. Call it inside the tokio runtime (it spawns the task that waits).
 ///
 /// ```no_run
-/// # async fn example(elector: leader_core::LeaderElector) {
+/// # async fn example(elector: leader_core::LeaderElector) -> Result<(), leader_core::ElectionError> {
 /// let shutdown = leader_core::shutdown_on_signals();
 /// elector
 ///     .run_while_leading(shutdown, |leadership| async move {
 ///         // the leader's work, until the term ends or the process is asked to stop
 ///         let _ = leadership.fencing_token();
 ///     })
-///     .await;
+///     .await?;
+/// # Ok(())
 /// # }
 /// ```
 #[must_use = "pass the token as the shutdown of the elector or of the work"]

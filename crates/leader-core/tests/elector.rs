@@ -451,7 +451,7 @@ async fn run_while_leading_drops_the_work_when_leadership_ends() {
     );
     faults.hang(false);
     shutdown.cancel();
-    task.await.unwrap();
+    task.await.unwrap().expect("the elector ran");
 }
 
 /// A renewal that loses the compare-and-swap reads the record (slow path) and keeps leading
@@ -1054,7 +1054,9 @@ async fn a_lease_the_store_would_not_keep_is_refused_before_running() {
         .is_ok_and(|r| r.is_ok());
         assert_eq!(led, runs, "lease {lease:?}");
         if !runs {
-            task.await.expect("the elector stops by itself");
+            let refused = task.await.expect("the elector stops by itself");
+            let err = refused.expect_err("run says why it stopped");
+            assert!(err.to_string().contains("at most"), "{err}");
             let errors = errors.lock().unwrap().clone();
             assert_eq!(errors.len(), 1, "{errors:?}");
             assert!(errors[0].contains("at most"), "{errors:?}");
@@ -1070,7 +1072,7 @@ async fn a_lease_the_store_would_not_keep_is_refused_before_running() {
             );
         } else {
             shutdown.cancel();
-            task.await.expect("stops");
+            task.await.expect("stops").expect("the elector ran");
         }
     }
 }

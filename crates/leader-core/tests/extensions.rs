@@ -126,5 +126,8 @@ async fn a_term_that_ended_writes_nothing() {
     );
     drop((term, next));
     b.stop().await;
-    a.task.await.expect("elector task");
+    a.task
+        .await
+        .expect("elector task")
+        .expect("the elector ran");
 }

@@ -78,7 +78,7 @@ struct Term {
 struct Candidate {
     faults: Faults,
     shutdown: CancellationToken,
-    task: JoinHandle<()>,
+    task: JoinHandle<Result<(), leader_core::ElectionError>>,
 }
 
 fn start(
@@ -162,7 +162,10 @@ async fn simulate(steps: Vec<(Duration, usize, Action)>, store_clock: bool) -> V
             Action::Restart { release } => {
                 candidate.faults.clear();
                 candidate.shutdown.cancel();
-                (&mut candidate.task).await.expect("elector task");
+                (&mut candidate.task)
+                    .await
+                    .expect("elector task")
+                    .expect("the elector ran");
                 *candidate = start(&store, index, store_clock, release, &terms);
             }
             Action::Crash(pause) => {
@@ -187,7 +190,11 @@ async fn simulate(steps: Vec<(Duration, usize, Action)>, store_clock: bool) -> V
     for candidate in candidates {
         candidate.faults.clear();
         candidate.shutdown.cancel();
-        candidate.task.await.expect("elector task");
+        candidate
+            .task
+            .await
+            .expect("elector task")
+            .expect("the elector ran");
     }
     terms.lock().unwrap().clone()
 }

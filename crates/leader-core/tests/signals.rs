@@ -38,7 +38,8 @@ async fn sigterm_stops_the_leader_and_releases_the_lease() {
     tokio::time::timeout(Duration::from_secs(10), task)
         .await
         .expect("the elector returns")
-        .expect("no panic");
+        .expect("no panic")
+        .expect("the elector ran");
     let record = store
         .lock("signals", "reader")
         .get()

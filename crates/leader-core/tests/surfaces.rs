@@ -2,7 +2,7 @@
 
 use std::future::Future;
 use std::pin::pin;
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Waker};
 use std::time::Duration;
 
 use leader_core::faults::{Fault, FaultyLock};
@@ -55,7 +55,8 @@ async fn metrics_follow_leadership_with_client_go_names() {
         );
         shutdown.cancel();
     };
-    tokio::join!(&mut run, drive);
+    let (ran, ()) = tokio::join!(&mut run, drive);
+    ran.expect("the elector ran");
     assert_eq!(
         value(&snapshotter, MASTER_STATUS),
         Some(DebugValue::Gauge(0.0.into()))
@@ -89,7 +90,7 @@ async fn the_health_check_reports_a_stuck_leader() {
     let mut cx = Context::from_waker(Waker::noop());
     // Poll the elector by hand until it leads, then stop polling it: a stuck loop.
     while !state.borrow().is_leading() {
-        assert!(run.as_mut().poll(&mut cx) == Poll::Pending);
+        assert!(run.as_mut().poll(&mut cx).is_pending());
         tokio::task::yield_now().await;
     }
     advance(Duration::from_secs(15)).await;

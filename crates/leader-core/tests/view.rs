@@ -193,5 +193,5 @@ async fn a_term_says_when_it_began_by_the_elector_wall_clock() {
     );
     drop(leadership);
     shutdown.cancel();
-    running.await.expect("stops");
+    running.await.expect("stops").expect("the elector ran");
 }

@@ -90,7 +90,7 @@ async fn run_while_leading_ends_the_term_when_its_work_returns() {
     );
     assert_eq!(runs.load(Ordering::SeqCst), 2);
     shutdown.cancel();
-    task.await.unwrap();
+    task.await.unwrap().expect("the elector ran");
 }
 
 #[tokio::test(start_paused = true)]
@@ -299,7 +299,7 @@ async fn work_that_returns_at_once_is_an_error_that_says_what_to_write() {
     // Its terms end as they begin (a watch of the state may never see one): a few of them.
     sleep(LEASE).await;
     shutdown.cancel();
-    running.await.unwrap();
+    running.await.unwrap().expect("the elector ran");
     let text = logs.text();
     let flap = text
         .lines()
@@ -320,7 +320,7 @@ async fn work_that_returns_at_once_is_an_error_that_says_what_to_write() {
     state.wait_for(LeaderState::is_leading).await.unwrap();
     sleep(RETRY * 4).await;
     shutdown.cancel();
-    running.await.unwrap();
+    running.await.unwrap().expect("the elector ran");
     let text = logs.text();
     assert!(
         text.contains("leader work returned: ending the term"),
@@ -425,7 +425,7 @@ async fn graceful_work_finishes_within_the_grace() {
         state.wait_for(LeaderState::is_leading).await.unwrap();
         let stopped = Instant::now();
         shutdown.cancel();
-        task.await.unwrap();
+        task.await.unwrap().expect("the elector ran");
         let released = store
             .lock("election", "reader")
             .get()

@@ -54,7 +54,7 @@ impl CronJob {
                     }
                 }
             })
-            .await;
+            .await?;
         let refused = refused.lock().unwrap_or_else(|p| p.into_inner()).take();
         refused.map_or(Ok(()), Err)
     }

@@ -123,6 +123,10 @@ pub enum CronError {
     /// The election cannot be built ([`CronJob::run_elected`]).
     #[error(transparent)]
     Election(#[from] leader_core::ConfigError),
+    /// The election stopped before its first attempt: the store does not keep a lease this
+    /// long ([`LeaderElector::run`](leader_core::LeaderElector::run)).
+    #[error(transparent)]
+    Elector(#[from] leader_core::ElectionError),
 }
 
 /// A scheduled job on a leader election: run it in each term with [`run`](Self::run) (from

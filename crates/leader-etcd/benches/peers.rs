@@ -151,7 +151,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
         leader.shutdown.cancel();
         next.wait_leading(Duration::from_secs(10)).await;
         ours.push(released.elapsed());
-        leader.task.await?;
+        leader.task.await??;
         leader = next;
         next = Candidate::start(store.lock(&name, format!("c{i}")));
         // The peer: a leader session resigns while a second session's campaign waits.

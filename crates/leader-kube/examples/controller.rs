@@ -83,7 +83,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                     .await;
             }
         })
-        .await;
+        .await?;
     Ok(())
 }
 

@@ -252,7 +252,7 @@ async fn a_denied_verb_is_a_clear_error_naming_it() {
         .expect("leads")
         .expect("alive");
     shutdown.cancel();
-    task.await.expect("elector");
+    task.await.expect("elector").expect("the elector ran");
 }
 
 /// "became leader" and "stopped leading" are recorded as Events on the Lease; followers take over
@@ -283,7 +283,7 @@ async fn events_are_recorded_and_a_release_is_taken_over_at_once() {
     sleep(Duration::from_millis(500)).await;
     let released = Instant::now();
     first_stop.cancel();
-    first_task.await.expect("elector");
+    first_task.await.expect("elector").expect("the elector ran");
     timeout(Duration::from_secs(2), second.wait_for(|s| s.is_leading()))
         .await
         .expect("takes over")
@@ -292,7 +292,10 @@ async fn events_are_recorded_and_a_release_is_taken_over_at_once() {
     eprintln!("handover after release took {took:?}");
     assert!(took < Duration::from_millis(500), "handover took {took:?}");
     second_stop.cancel();
-    second_task.await.expect("elector");
+    second_task
+        .await
+        .expect("elector")
+        .expect("the elector ran");
     sleep(Duration::from_millis(200)).await; // events are sent in the background
     let events = api.events();
     let messages: Vec<&str> = events

@@ -66,7 +66,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
                 println!("working (fencing token {})", leadership.fencing_token());
             }
         })
-        .await;
+        .await?;
     watcher.abort();
     Ok(())
 }

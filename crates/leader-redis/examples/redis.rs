@@ -49,6 +49,6 @@ async fn main() -> Result<(), Box<dyn Error>> {
                 println!("working (fencing token {})", leadership.fencing_token());
             }
         })
-        .await;
+        .await?;
     Ok(())
 }

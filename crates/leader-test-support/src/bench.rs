@@ -34,7 +34,7 @@ pub async fn elector_requests_per_renewal(
     tokio::time::sleep(window).await;
     let in_window: Vec<_> = calls.calls()[before..].to_vec();
     shutdown.cancel();
-    running.await?;
+    running.await??;
     let renewals = in_window
         .iter()
         .filter(|c| c.operation == "renew" && c.ok == Some(true))

@@ -86,6 +86,6 @@ async fn main() -> Result<(), Box<dyn Error>> {
                 );
             }
         })
-        .await;
+        .await?;
     Ok(())
 }

@@ -31,7 +31,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let stop = shutdown.clone().cancelled_owned();
     let serving = axum::serve(listener, app).with_graceful_shutdown(stop);
     tokio::spawn(async move { serving.await });
-    elector.run(shutdown).await;
+    elector.run(shutdown).await?;
     Ok(())
 }
 

@@ -44,7 +44,7 @@ struct Replica {
     url: String,
     state: watch::Receiver<LeaderState>,
     shutdown: CancellationToken,
-    task: tokio::task::JoinHandle<()>,
+    task: tokio::task::JoinHandle<Result<(), leader::ElectionError>>,
     slow_ended: Times,
 }
 
@@ -201,8 +201,8 @@ async fn only_the_leader_answers_through_a_leadership_change() {
         replica.shutdown.cancel();
     }
     let (a_url, b_url) = (a.url.clone(), b.url.clone());
-    a.task.await.expect("a stops");
-    b.task.await.expect("b stops");
+    a.task.await.expect("a stops").expect("a ran");
+    b.task.await.expect("b stops").expect("b ran");
     for url in [a_url, b_url] {
         let response = http
             .post(format!("{url}/hook"))

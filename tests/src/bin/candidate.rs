@@ -32,6 +32,6 @@ async fn main() -> Result<(), Box<dyn Error>> {
         let _ = tokio::io::stdin().read_to_end(&mut Vec::new()).await;
         stop.cancel();
     });
-    elector.run(shutdown).await;
+    elector.run(shutdown).await.expect("the elector runs");
     Ok(())
 }

@@ -34,6 +34,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 leadership.lost().await;
             }
         })
-        .await;
+        .await?;
     Ok(())
 }
