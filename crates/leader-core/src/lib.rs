@@ -37,7 +37,7 @@ pub mod conformance;
 #[cfg(feature = "testing")]
 pub mod faults;
 
-pub use clock::{ClockStep, WallClock};
+pub use clock::{Clock, ClockStep, SystemClock, TokioClock, WallClock};
 pub use config::{
     DEFAULT_LEASE_DURATION, DEFAULT_RENEW_DEADLINE, DEFAULT_RETRY_PERIOD, ElectorConfig,
     JITTER_FACTOR, LeaseConfig, Timings, WorkExit,

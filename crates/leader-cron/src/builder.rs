@@ -7,12 +7,12 @@ use std::time::Duration;
 use leader_core::CancellationToken;
 use tokio::sync::broadcast;
 
-use crate::clock::{Clock, SystemClock};
 use crate::control::control_key;
 use crate::job::{BoxError, CronError, CronJob, EVENTS, Firing, Inner};
 use crate::policy::{Interrupted, MAX_RUNNING, Missed, ON_TIME, Overlap};
 use crate::schedule::Schedule;
 use crate::state::{HISTORY, extension_key};
+use leader_core::{Clock, SystemClock};
 
 /// Builds a [`CronJob`]; start with [`CronJob::builder`].
 #[must_use = "builder does nothing itself, use `.build()` to build it"]

@@ -10,10 +10,10 @@ use chrono::{DateTime, Utc};
 use leader_core::CancellationToken;
 use tokio::sync::broadcast;
 
-use crate::clock::Clock;
 use crate::policy::{Interrupted, Missed, Overlap};
 use crate::schedule::{Schedule, ScheduleError};
 use crate::state::Outcome;
+use leader_core::Clock;
 
 pub use leader_core::BoxError;
 

@@ -3,7 +3,6 @@
 #![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
 mod builder;
-mod clock;
 mod control;
 mod elected;
 mod job;
@@ -15,9 +14,10 @@ mod status;
 mod term;
 
 pub use builder::CronJobBuilder;
-pub use clock::{Clock, SystemClock, TokioClock};
 pub use control::{Control, ControlError, Request, cancel, control_key, resume, suspend, trigger};
 pub use job::{BoxError, CronError, CronEvent, CronJob, Firing};
+/// The wall clock a job reads scheduled instants against: the toolkit's one clock abstraction.
+pub use leader_core::{Clock, SystemClock, TokioClock};
 pub use policy::{Interrupted, MAX_RUNNING, Missed, ON_TIME, Overlap};
 pub use schedule::{Schedule, ScheduleError};
 pub use state::{
