@@ -1,6 +1,7 @@
 //! Deterministic tests of the elector on tokio's paused clock, with injected faults.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+mod common;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -8,19 +9,12 @@ use chrono::Utc;
 use leader_core::background::Candidate;
 use leader_core::faults::{Fault, Faults, FaultyLock};
 use leader_core::{
-    Acquisition, CancellationToken, ConfigError, LeaderElectionRecord, LeaderElector,
-    LeaderElectorBuilder, LeaderState, LockError, MemoryLock, MemoryStore, Observed, ResourceLock,
-    StepDownReason, Version,
+    CancellationToken, ConfigError, LeaderElectionRecord, LeaderElector, LeaderElectorBuilder,
+    LeaderState, MemoryLock, MemoryStore, ResourceLock, StepDownReason,
 };
 use tokio::time::{Instant, sleep};
 
-const LEASE: Duration = Duration::from_secs(15);
-const RENEW: Duration = Duration::from_secs(10);
-const RETRY: Duration = Duration::from_secs(2);
-
-fn builder(lock: impl ResourceLock + 'static) -> LeaderElectorBuilder {
-    LeaderElector::builder(lock).jitter(0.0)
-}
+use common::{LEASE, RENEW, RETRY, Switch, TestLock, builder, lose_a_term, stored_record};
 
 fn faulty(store: &MemoryStore, identity: &str) -> (FaultyLock<MemoryLock>, Faults) {
     let lock = FaultyLock::new(store.lock("election", identity));
@@ -120,9 +114,9 @@ async fn a_lone_candidate_leads_and_renews_in_one_request() {
         after_acquire.iter().all(|c| c.operation == "renew"),
         "renewals must not read first: {calls:?}"
     );
-    let stored = store.lock("election", "x").get().await.unwrap().unwrap();
-    assert!(stored.record.is_held_by("a"));
-    assert!(stored.record.renew_time > stored.record.acquire_time);
+    let stored = stored_record(&store, "election").await;
+    assert!(stored.is_held_by("a"));
+    assert!(stored.renew_time > stored.acquire_time);
     drop(leadership);
     a.stop().await;
 }
@@ -327,24 +321,14 @@ async fn re_acquisition_by_the_same_identity_raises_the_fencing_token() {
     let store = MemoryStore::new();
     let (lock, faults) = faulty(&store, "a");
     let mut a = Candidate::build(builder(lock));
-    let first = a.leadership().await;
-    faults.hang(true);
-    first.lost().await;
-    drop(first);
-    faults.hang(false);
+    lose_a_term(&mut a, &faults).await;
     let second = a.leadership().await;
     assert!(
         second.fencing_token() > 1,
         "token {}",
         second.fencing_token()
     );
-    let record = store
-        .lock("election", "x")
-        .get()
-        .await
-        .unwrap()
-        .unwrap()
-        .record;
+    let record = stored_record(&store, "election").await;
     assert_eq!(record.leader_transitions, second.fencing_token());
     drop(second);
     let stopped = a.stop().await;
@@ -377,13 +361,7 @@ async fn release_waits_for_the_work_to_stop() {
         release.reached.expect("reached") >= finished,
         "released before the work stopped"
     );
-    let record = store
-        .lock("election", "x")
-        .get()
-        .await
-        .unwrap()
-        .unwrap()
-        .record;
+    let record = stored_record(&store, "election").await;
     assert!(record.is_free(), "lease released: {record:?}");
     assert_eq!(stopped.len(), 1);
     assert!(stopped[0].released);
@@ -403,13 +381,7 @@ async fn work_that_does_not_stop_keeps_the_lease_from_being_released() {
     drop(a.leadership().await);
     let stopped = a.stop().await;
     assert!(!stopped[0].released);
-    let record = store
-        .lock("election", "x")
-        .get()
-        .await
-        .unwrap()
-        .unwrap()
-        .record;
+    let record = stored_record(&store, "election").await;
     assert!(
         record.is_held_by("a"),
         "lease must be left to expire: {record:?}"
@@ -489,13 +461,7 @@ async fn a_leader_whose_record_was_taken_steps_down() {
     // Release must not free the intruder's lease.
     let stopped = a.stop().await;
     assert_eq!(stopped[0].reason, StepDownReason::Lost);
-    let record = store
-        .lock("election", "x")
-        .get()
-        .await
-        .unwrap()
-        .unwrap()
-        .record;
+    let record = stored_record(&store, "election").await;
     assert!(record.is_held_by("intruder"));
 }
 
@@ -605,13 +571,7 @@ async fn a_shutdown_during_a_renewal_that_reached_the_store_still_releases() {
     assert!(renewed, "a renewal is in flight: {:?}", faults.calls());
     let stopped = a.stop().await;
     assert!(stopped[0].released, "{stopped:?}");
-    let record = store
-        .lock("election", "x")
-        .get()
-        .await
-        .unwrap()
-        .unwrap()
-        .record;
+    let record = stored_record(&store, "election").await;
     assert!(record.is_free(), "lease released: {record:?}");
 }
 
@@ -632,13 +592,7 @@ async fn the_leader_hands_over_to_the_named_candidate() {
     assert!(next.fencing_token() > 1, "token {}", next.fencing_token());
     assert!(!b.is_leading() && !a.is_leading());
     // The request is fulfilled: cleared by the acquisition.
-    let record = store
-        .lock("election", "x")
-        .get()
-        .await
-        .unwrap()
-        .unwrap()
-        .record;
+    let record = stored_record(&store, "election").await;
     assert_eq!(record.holder_identity, "c");
     assert_eq!(record.handover_to(), None);
     drop(next);
@@ -734,78 +688,16 @@ async fn a_lease_renewed_in_the_store_is_never_taken_over_on_the_followers_clock
     let _ = a.stop().await;
 }
 
-/// A lock whose acquisitions come as handed over by a release, on a lease the store confirmed
-/// alive `confirmed_ago` before the attempt (as the etcd lock's waiting candidates do); its
-/// writes (renewals and updates) fail while `failing_renewals` is set.
-#[derive(Debug)]
-struct HandedLock {
-    inner: MemoryLock,
-    confirmed_ago: Duration,
-    failing_renewals: Arc<AtomicBool>,
-}
-
-#[leader_core::async_trait]
-impl ResourceLock for HandedLock {
-    async fn get(&self) -> Result<Option<Observed>, LockError> {
-        self.inner.get().await
-    }
-    async fn create(&self, record: &LeaderElectionRecord) -> Result<Observed, LockError> {
-        self.inner.create(record).await
-    }
-    async fn update(
-        &self,
-        version: &Version,
-        record: &LeaderElectionRecord,
-    ) -> Result<Observed, LockError> {
-        if self.failing_renewals.load(Ordering::SeqCst) {
-            return Err(LockError::unavailable("test", "writes fail".to_owned()));
-        }
-        self.inner.update(version, record).await
-    }
-    async fn renew(
-        &self,
-        version: &Version,
-        record: &LeaderElectionRecord,
-    ) -> Result<Observed, LockError> {
-        if self.failing_renewals.load(Ordering::SeqCst) {
-            return Err(LockError::unavailable("test", "renewals fail".to_owned()));
-        }
-        self.inner.renew(version, record).await
-    }
-    fn identity(&self) -> &str {
-        self.inner.identity()
-    }
-    fn describe(&self) -> String {
-        self.inner.describe()
-    }
-    fn election_name(&self) -> Option<&str> {
-        self.inner.election_name()
-    }
-    async fn try_acquire(
-        &self,
-        desired: &LeaderElectionRecord,
-    ) -> Result<Option<Acquisition>, LockError> {
-        let alive_since = Instant::now() - self.confirmed_ago;
-        Ok(match self.inner.try_acquire(desired).await? {
-            Some(Acquisition::Acquired(observed)) => Some(Acquisition::Handed {
-                observed,
-                alive_since,
-            }),
-            other => other,
-        })
-    }
-}
-
-fn handed(
-    store: &MemoryStore,
-    confirmed_ago: Duration,
-) -> (FaultyLock<HandedLock>, Faults, Arc<AtomicBool>) {
-    let failing_renewals = Arc::new(AtomicBool::new(false));
-    let lock = FaultyLock::new(HandedLock {
-        inner: store.lock("election", "a").with_renewal_in_store(true),
-        confirmed_ago,
-        failing_renewals: failing_renewals.clone(),
-    });
+/// Candidate `a`'s lock on `store`, whose acquisitions come as handed over by a release on a
+/// lease the store confirmed alive `confirmed_ago` before the attempt; its writes (renewals and
+/// updates) fail while the switch returned is on.
+fn handed(store: &MemoryStore, confirmed_ago: Duration) -> (FaultyLock<TestLock>, Faults, Switch) {
+    let failing_renewals = Switch::default();
+    let lock = FaultyLock::new(
+        TestLock::new(store.lock("election", "a").with_renewal_in_store(true))
+            .handed(confirmed_ago)
+            .failing_writes(&failing_renewals),
+    );
     let faults = lock.faults();
     (lock, faults, failing_renewals)
 }
@@ -817,7 +709,7 @@ async fn a_handed_lease_counts_from_its_last_confirmation() {
     let store = MemoryStore::new();
     let ago = Duration::from_secs(3);
     let (lock, faults, failing_renewals) = handed(&store, ago);
-    failing_renewals.store(true, Ordering::SeqCst);
+    failing_renewals.set(true);
     let started = Instant::now();
     let mut a = Candidate::build(builder(lock));
     let leadership = a.leadership().await;
@@ -847,11 +739,11 @@ async fn a_handed_lease_counts_from_its_last_confirmation() {
 async fn a_handed_lease_with_too_little_left_is_renewed_before_leading() {
     let store = MemoryStore::new();
     let (lock, faults, failing_renewals) = handed(&store, RENEW - RETRY / 2);
-    failing_renewals.store(true, Ordering::SeqCst);
+    failing_renewals.set(true);
     let mut a = Candidate::build(builder(lock));
     sleep(RENEW * 2).await;
     assert!(!a.is_leading(), "led on a lease nobody confirmed");
-    failing_renewals.store(false, Ordering::SeqCst);
+    failing_renewals.set(false);
     let leadership = a.leadership().await;
     let operations: Vec<_> = faults.calls().iter().map(|c| c.operation).collect();
     let last_acquisition = operations
@@ -871,69 +763,14 @@ async fn a_handed_lease_with_too_little_left_is_renewed_before_leading() {
     let _ = a.stop().await;
 }
 
-/// A lock whose store assigns the lease (as Kubernetes' coordinator does): a candidate only
-/// takes up a lease whose record already names it; its own writes go through the inner lock.
-#[derive(Debug)]
-struct AssignedLock {
-    inner: MemoryLock,
-    /// The writes and withdrawals, in order.
-    order: Arc<Mutex<Vec<String>>>,
-}
-
-#[leader_core::async_trait]
-impl ResourceLock for AssignedLock {
-    async fn get(&self) -> Result<Option<Observed>, LockError> {
-        self.inner.get().await
-    }
-    async fn create(&self, record: &LeaderElectionRecord) -> Result<Observed, LockError> {
-        self.inner.create(record).await
-    }
-    async fn update(
-        &self,
-        version: &Version,
-        record: &LeaderElectionRecord,
-    ) -> Result<Observed, LockError> {
-        let write = format!("update holder={:?}", record.holder_identity);
-        self.order.lock().unwrap().push(write);
-        self.inner.update(version, record).await
-    }
-    fn identity(&self) -> &str {
-        self.inner.identity()
-    }
-    fn describe(&self) -> String {
-        self.inner.describe()
-    }
-    fn election_name(&self) -> Option<&str> {
-        self.inner.election_name()
-    }
-    async fn withdraw(&self) {
-        self.order.lock().unwrap().push("withdraw".into());
-    }
-    async fn try_acquire(
-        &self,
-        desired: &LeaderElectionRecord,
-    ) -> Result<Option<Acquisition>, LockError> {
-        let current = match self.inner.get().await? {
-            Some(current) if current.record.holder_identity == self.identity() => current,
-            other => return Ok(Some(Acquisition::Unassigned(other))),
-        };
-        let mut taken = desired.clone();
-        taken.leader_transitions = current.record.leader_transitions + 1;
-        let stored = self.inner.update(&current.version, &taken).await?;
-        Ok(Some(Acquisition::Acquired(stored)))
-    }
-}
-
 /// A candidate of a store that assigns the lease never takes a free or expired lease on its
 /// own, and leads once the store names it, with the next fencing token.
 #[tokio::test(start_paused = true)]
 async fn a_candidate_of_an_assigning_store_leads_only_once_assigned() {
     let store = MemoryStore::new();
     let (lock, calls) = {
-        let lock = FaultyLock::new(AssignedLock {
-            inner: store.lock("election", "b"),
-            order: Arc::default(),
-        });
+        let lock =
+            FaultyLock::new(TestLock::new(store.lock("election", "b")).assigned(&Arc::default()));
         let calls = lock.faults();
         (lock, calls)
     };
@@ -962,10 +799,7 @@ async fn a_candidate_of_an_assigning_store_leads_only_once_assigned() {
 async fn a_leader_shutting_down_withdraws_before_it_releases() {
     let store = MemoryStore::new();
     let order = Arc::new(Mutex::new(Vec::new()));
-    let lock = AssignedLock {
-        inner: store.lock("election", "b"),
-        order: order.clone(),
-    };
+    let lock = TestLock::new(store.lock("election", "b")).assigned(&order);
     let b = Candidate::build(builder(lock));
     write_holder(&store, "b", LEASE, 1).await;
     let mut b = b;
@@ -980,46 +814,6 @@ async fn a_leader_shutting_down_withdraws_before_it_releases() {
     );
 }
 
-/// A lock whose store keeps leases of at most `longest` ([`ResourceLock::check_lease`]), as a
-/// ZooKeeper session bounds them.
-#[derive(Debug)]
-struct BoundedLock {
-    inner: MemoryLock,
-    longest: Duration,
-}
-
-#[leader_core::async_trait]
-impl ResourceLock for BoundedLock {
-    async fn get(&self) -> Result<Option<Observed>, LockError> {
-        self.inner.get().await
-    }
-    async fn create(&self, record: &LeaderElectionRecord) -> Result<Observed, LockError> {
-        self.inner.create(record).await
-    }
-    async fn update(
-        &self,
-        version: &Version,
-        record: &LeaderElectionRecord,
-    ) -> Result<Observed, LockError> {
-        self.inner.update(version, record).await
-    }
-    fn identity(&self) -> &str {
-        self.inner.identity()
-    }
-    fn describe(&self) -> String {
-        self.inner.describe()
-    }
-    async fn check_lease(&self, lease_duration: Duration) -> Result<(), LockError> {
-        if lease_duration > self.longest {
-            return Err(LockError::Misconfigured {
-                backend: "test",
-                message: format!("the store keeps leases of {:?} at most", self.longest),
-            });
-        }
-        Ok(())
-    }
-}
-
 /// Every elector checks its lease against the store before running (not only the `leader`
 /// command): a lease the store would not keep is one error (on_error, the status) and the
 /// elector stops without writing; a lease it keeps runs as usual.
@@ -1032,16 +826,15 @@ async fn a_lease_the_store_would_not_keep_is_refused_before_running() {
         let store = MemoryStore::new();
         let errors = Arc::new(Mutex::new(Vec::new()));
         let seen = errors.clone();
-        let elector = LeaderElector::builder(BoundedLock {
-            inner: store.lock("election", "a"),
-            longest: Duration::from_secs(10),
-        })
-        .lease_duration(lease)
-        .renew_deadline(Duration::from_secs(3))
-        .retry_period(Duration::from_secs(1))
-        .on_error(move |err| seen.lock().unwrap().push(err.to_string()))
-        .build()
-        .expect("valid timings");
+        let lock =
+            TestLock::new(store.lock("election", "a")).longest_lease(Duration::from_secs(10));
+        let elector = LeaderElector::builder(lock)
+            .lease_duration(lease)
+            .renew_deadline(Duration::from_secs(3))
+            .retry_period(Duration::from_secs(1))
+            .on_error(move |err| seen.lock().unwrap().push(err.to_string()))
+            .build()
+            .expect("valid timings");
         let status = elector.status();
         let mut state = elector.subscribe();
         let shutdown = CancellationToken::new();

@@ -2,22 +2,16 @@
 //! compare-and-swap fenced by its term, the next leader reads what was stored, and a leader
 //! whose term ended writes nothing.
 
+mod common;
+
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use leader_core::background::Candidate;
 use leader_core::faults::FaultyLock;
-use leader_core::{
-    ExtensionError, LeaderElector, LeaderElectorBuilder, MemoryStore, ResourceLock,
-    request_handover,
-};
+use leader_core::{ExtensionError, MemoryStore, ResourceLock, request_handover};
 use tokio::time::sleep;
 
-const RETRY: Duration = Duration::from_secs(2);
-
-fn builder(lock: impl ResourceLock + 'static) -> LeaderElectorBuilder {
-    LeaderElector::builder(lock).jitter(0.0)
-}
+use common::{RETRY, builder};
 
 async fn stored(store: &MemoryStore) -> BTreeMap<String, String> {
     store

@@ -1,21 +1,16 @@
 //! S13 on tokio's paused clock: two processes given one identity never lead at once, the second
 //! says so, and a process of the same identity that died holding the lease is waited out.
 
+mod common;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use leader_core::background::Candidate;
-use leader_core::{
-    ElectionError, LeaderElector, LeaderElectorBuilder, MemoryLock, MemoryStore, ResourceLock,
-};
+use leader_core::{ElectionError, MemoryLock, MemoryStore};
 use tokio::time::{Instant, sleep};
 
-const LEASE: Duration = Duration::from_secs(15);
-const RETRY: Duration = Duration::from_secs(2);
-
-fn builder(lock: impl ResourceLock + 'static) -> LeaderElectorBuilder {
-    LeaderElector::builder(lock).jitter(0.0)
-}
+use common::{LEASE, RETRY, builder, lose_a_term};
 
 /// The kinds of lock the elector meets: a record renewed by writing it (file, Postgres,
 /// Kubernetes), a store-clock acquisition, and a lease the store keeps alive (etcd, Redis,
@@ -128,11 +123,7 @@ async fn a_process_takes_its_own_term_again() {
         let lock = FaultyLock::new(lock);
         let faults = lock.faults();
         let mut a = Candidate::build(builder(lock));
-        let first = a.leadership().await;
-        faults.hang(true);
-        first.lost().await;
-        drop(first);
-        faults.hang(false);
+        lose_a_term(&mut a, &faults).await;
         let lost = Instant::now();
         let second = a.wait_leading(LEASE).await;
         assert!(

@@ -3,6 +3,8 @@
 //! no shard ever has two owners (each shard's work intervals, as the work itself saw them,
 //! never overlap, and their fencing tokens grow), on a store with and without its own clock.
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -12,12 +14,15 @@ use leader_core::backend::KeyedLocks;
 use leader_core::conformance::{ShardLog, balanced};
 use leader_core::faults::{Faults, FaultyLock};
 use leader_core::{
-    CancellationToken, ConfigError, LockSet, MemoryStore, ResourceLock, RosterError, Shards,
-    ShardsError, ShardsState, StepDownReason, Timings, WallClock, drain_member, resize_shard_set,
+    CancellationToken, ConfigError, Leadership, LockSet, MemoryStore, ResourceLock, RosterError,
+    Shards, ShardsError, ShardsState, StepDown, StepDownReason, Timings, WallClock, drain_member,
+    resize_shard_set,
 };
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep};
+
+use common::{CLAIMS, Request, Switch, TestLock, until};
 
 const TIMINGS: Timings = Timings {
     lease_duration: Duration::from_secs(3),
@@ -33,6 +38,18 @@ enum Clock {
     InStore,
 }
 
+/// Tests that each run `scenario` on one clock: `test_name: Clock` pairs.
+macro_rules! on_clocks {
+    ($scenario:ident { $($test:ident: $clock:ident),+ $(,)? }) => {
+        $(
+            #[tokio::test]
+            async fn $test() {
+                $scenario(Clock::$clock).await;
+            }
+        )+
+    };
+}
+
 struct Member {
     faults: Faults,
     /// Faults of the requests on this member's shard records alone (not the roster's, nor the
@@ -44,13 +61,38 @@ struct Member {
 }
 
 impl Member {
+    /// Runs `shards` with the work `run` starts (`Shards::run` or `Shards::run_per_shard`),
+    /// with fault handles that set nothing.
+    fn start<F>(shards: Shards, run: impl FnOnce(Shards, CancellationToken) -> F) -> Self
+    where
+        F: Future<Output = Result<(), ShardsError>> + Send + 'static,
+    {
+        let state = shards.subscribe();
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(run(shards, shutdown.clone()));
+        Member {
+            faults: Faults::new(),
+            shard_faults: Faults::new(),
+            shutdown,
+            task,
+            state,
+        }
+    }
+
     fn owned(&self) -> BTreeSet<u32> {
         self.state.borrow().tokens().into_keys().collect()
     }
 
-    async fn leave(self) -> Result<(), ShardsError> {
+    /// Shuts the member down; it must stop without an error.
+    async fn leave(self) {
         self.shutdown.cancel();
-        self.task.await.expect("member task")
+        self.task.await.expect("member task").expect("left");
+    }
+
+    /// A crash: the process is gone, its records stay as they were.
+    fn crash(&self) {
+        self.faults.hang(true);
+        self.task.abort();
     }
 }
 
@@ -65,15 +107,17 @@ struct Set {
     static_membership: bool,
     /// The weights of members that do not weigh 1.
     weights: Vec<(&'static str, u32)>,
-    /// Switches that make the shards' acquisitions, or their reads, slow (see [`SlowClaims`]).
+    /// Switches that make the shards' acquisitions, or their reads, slow.
     slow: Option<Slow>,
 }
 
-/// Whether the shards' acquisitions (`claims`) or reads (`reads`) are slow now.
+/// Whether the shards' acquisitions (`claims`) or reads (`reads`) are slow now: a store that
+/// answers renewals in time but claims or reads slowly, as a loaded one does for the requests
+/// it makes one at a time.
 #[derive(Clone, Debug, Default)]
 struct Slow {
-    claims: Arc<std::sync::atomic::AtomicBool>,
-    reads: Arc<std::sync::atomic::AtomicBool>,
+    claims: Switch,
+    reads: Switch,
 }
 
 impl Set {
@@ -88,6 +132,50 @@ impl Set {
             weights: Vec::new(),
             slow: None,
         }
+    }
+
+    /// Waits up to 30 s for `members` to balance the set's shards; returns how long it took,
+    /// and fails the test (saying `what` was expected) when they do not.
+    async fn until_balanced(&self, members: &[&Member], what: &str) -> Duration {
+        until(Duration::from_secs(30), || {
+            balanced_members(members, self.count)
+        })
+        .await
+        .unwrap_or_else(|| {
+            let owned: Vec<_> = members.iter().map(|m| m.owned()).collect();
+            panic!("not {what}: {owned:?}")
+        })
+    }
+
+    /// Starts members of `identities`.
+    fn join_all<const N: usize>(&self, identities: [&str; N]) -> [Member; N] {
+        identities.map(|identity| self.join(identity))
+    }
+
+    /// A set of `count` shards on the follower's clock, and its member `a` once it owns every
+    /// shard (within 10 s).
+    async fn owned_by_a(count: u32) -> (Self, Member) {
+        let set = Self::new(Clock::Follower, count);
+        let a = set.join("a");
+        until(Duration::from_secs(10), || {
+            a.owned().len() == count as usize
+        })
+        .await
+        .expect("a owns the set");
+        (set, a)
+    }
+
+    /// How many terms ended by their renew deadline so far.
+    fn expired(&self) -> usize {
+        self.expired.load(Ordering::SeqCst)
+    }
+
+    /// Shuts `members` down and checks the work log: no shard ever had two owners.
+    async fn finish(&self, members: impl IntoIterator<Item = Member>, context: &str) {
+        for member in members {
+            member.leave().await;
+        }
+        self.log.check(context);
     }
 
     fn join(&self, identity: &str) -> Member {
@@ -111,11 +199,14 @@ impl Set {
             };
             let shard = key.starts_with("jobs-shard-");
             let lock: Arc<dyn ResourceLock> = match &slow {
-                Some(slow) if shard => Arc::new(SlowClaims {
-                    inner: lock,
-                    slow: slow.clone(),
-                    delay: TIMINGS.renew_deadline * 4,
-                }),
+                Some(slow) if shard => {
+                    let delay = TIMINGS.renew_deadline * 4;
+                    Arc::new(
+                        TestLock::wrap(lock)
+                            .slow(&CLAIMS, delay, &slow.claims)
+                            .slow(&[Request::Get], delay, &slow.reads),
+                    )
+                }
                 _ => lock,
             };
             let inner = if shard {
@@ -138,26 +229,94 @@ impl Set {
                     .find(|(id, _)| *id == identity)
                     .map_or(1, |&(_, w)| w),
             )
-            .on_shard_stopped({
-                let expired = self.expired.clone();
-                move |_, stop| {
-                    if stop.reason == StepDownReason::RenewDeadlineExceeded {
-                        expired.fetch_add(1, Ordering::SeqCst);
-                    }
-                }
-            })
+            .on_shard_stopped(count_expired(&self.expired))
             .build()
             .expect("valid configuration");
-        let state = shards.subscribe();
-        let shutdown = CancellationToken::new();
-        let task = tokio::spawn(shards.run_per_shard(shutdown.clone(), self.log.work(identity)));
+        let work = self.log.work(identity);
         Member {
             faults,
             shard_faults,
-            shutdown,
-            task,
-            state,
+            ..Member::start(shards, |shards, shutdown| {
+                shards.run_per_shard(shutdown, work)
+            })
         }
+    }
+}
+
+/// An `on_shard_stopped` callback that counts in `expired` the terms that ended by their renew
+/// deadline.
+fn count_expired(expired: &Arc<AtomicUsize>) -> impl Fn(u32, StepDown) + Send + Sync + 'static {
+    let expired = expired.clone();
+    move |_, stop| {
+        if stop.reason == StepDownReason::RenewDeadlineExceeded {
+            expired.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+/// Member `identity`'s locks on `store`, with nothing in between.
+fn plain_locks(store: &MemoryStore, identity: &str) -> KeyedLocks {
+    let store = store.clone();
+    KeyedLocks::new(identity, "memory", move |key, identity| {
+        Arc::new(store.lock(key, identity)) as Arc<dyn ResourceLock>
+    })
+}
+
+/// The shards' step-downs: the shard, why.
+type Ends = Arc<Mutex<Vec<(u32, StepDownReason)>>>;
+
+/// An `on_shard_stopped` callback that records each step-down in `ends`.
+fn record_ends(ends: &Ends) -> impl Fn(u32, StepDown) + Send + Sync + 'static {
+    let ends = ends.clone();
+    move |shard, stop| ends.lock().unwrap().push((shard, stop.reason))
+}
+
+/// Member `a` of a set of two shards on a store of its own, running `work` on each shard it
+/// owns, with its step-downs recorded in the [`Ends`] returned.
+fn two_shards_with_work<F, Fut>(work: F) -> (Member, Ends)
+where
+    F: Fn(u32, Leadership) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let ends = Ends::default();
+    let shards = Shards::builder("jobs", 2, plain_locks(&MemoryStore::new(), "a"))
+        .timings(TIMINGS)
+        .on_shard_stopped(record_ends(&ends))
+        .build()
+        .expect("valid configuration");
+    let member = Member::start(shards, |shards, shutdown| {
+        shards.run_per_shard(shutdown, work)
+    });
+    (member, ends)
+}
+
+/// Waits up to ten seconds for `shard` to step down, as `ends` records it.
+async fn until_given_up(ends: &Ends, shard: u32) {
+    until(Duration::from_secs(10), || {
+        ends.lock().unwrap().iter().any(|(s, _)| *s == shard)
+    })
+    .await
+    .unwrap_or_else(|| panic!("shard {shard} given up"));
+}
+
+/// Times of the shards' events: the shard, when.
+type Times = Arc<Mutex<Vec<(u32, Instant)>>>;
+
+/// An `on_shard_started` callback whose work takes `delay` to stop once its term ends; when
+/// each shard's work stopped goes to `stops`.
+fn slow_to_stop(
+    delay: Duration,
+    stops: &Times,
+) -> impl Fn(u32, Leadership) + Send + Sync + 'static {
+    let stops = stops.clone();
+    move |shard, term| {
+        let stops = stops.clone();
+        tokio::spawn(async move {
+            term.lost().await;
+            sleep(delay).await;
+            stops.lock().unwrap().push((shard, Instant::now()));
+            drop(term);
+        });
     }
 }
 
@@ -166,25 +325,10 @@ fn balanced_members(members: &[&Member], count: u32) -> bool {
     balanced(&states, count)
 }
 
-/// Advances the paused clock a retry period at a time until `done`, up to `within`; returns
-/// how long it took.
-async fn until(within: Duration, mut done: impl FnMut() -> bool) -> Option<Duration> {
-    let start = Instant::now();
-    while start.elapsed() <= within {
-        if done() {
-            return Some(start.elapsed());
-        }
-        sleep(Duration::from_millis(100)).await;
-    }
-    None
-}
-
 async fn three_members_split_the_shards(clock: Clock) {
     tokio::time::pause();
     let set = Set::new(clock, 10);
-    let a = set.join("a");
-    let b = set.join("b");
-    let c = set.join("c");
+    let [a, b, c] = set.join_all(["a", "b", "c"]);
     let took = until(Duration::from_secs(30), || {
         balanced_members(&[&a, &b, &c], 10)
     })
@@ -201,10 +345,7 @@ async fn three_members_split_the_shards(clock: Clock) {
     sleep(Duration::from_secs(20)).await;
     assert!(balanced_members(&[&a, &b, &c], 10));
     assert_eq!(set.log.moves(), moves, "shards moved without a change");
-    for m in [a, b, c] {
-        m.leave().await.expect("left");
-    }
-    set.log.check("paused clock");
+    set.finish([a, b, c], "paused clock").await;
 }
 
 /// S14 for shard sets, on a store that skips identical writes (as kube-apiserver and Consul
@@ -235,67 +376,15 @@ async fn a_members_wall_clock_that_steps_moves_no_shard() {
         assert!(balanced_members(&[&a, &b], 6), "stepped by {by}");
         assert_eq!(set.log.moves(), moves, "stepped by {by}: shards moved");
     }
-    assert_eq!(set.expired.load(Ordering::SeqCst), 0, "terms ran out");
-    for m in [a, b] {
-        m.leave().await.expect("left");
-    }
-    set.log.check("wall clock steps");
+    assert_eq!(set.expired(), 0, "terms ran out");
+    set.finish([a, b], "wall clock steps").await;
 }
 
-#[tokio::test]
-async fn three_members_split_the_shards_on_the_followers_clock() {
-    three_members_split_the_shards(Clock::Follower).await;
-}
-
-#[tokio::test]
-async fn three_members_split_the_shards_on_the_stores_clock() {
-    three_members_split_the_shards(Clock::Store).await;
-}
-
-#[tokio::test]
-async fn three_members_split_the_shards_with_leases_renewed_in_the_store() {
-    three_members_split_the_shards(Clock::InStore).await;
-}
-
-async fn a_join_moves_only_the_newcomers_share(clock: Clock) {
-    tokio::time::pause();
-    let set = Set::new(clock, 12);
-    let a = set.join("a");
-    let b = set.join("b");
-    let c = set.join("c");
-    until(Duration::from_secs(30), || {
-        balanced_members(&[&a, &b, &c], 12)
-    })
-    .await
-    .expect("balanced before the join");
-    let before = set.log.moves();
-    let d = set.join("d");
-    let took = until(Duration::from_secs(30), || {
-        balanced_members(&[&a, &b, &c, &d], 12)
-    })
-    .await
-    .expect("balanced after the join");
-    // Handed over, not waited out: within a lease and a retry period.
-    assert!(
-        took <= TIMINGS.lease_duration + TIMINGS.retry_period,
-        "rebalanced after {took:?}"
-    );
-    assert_eq!(set.log.moves() - before, 3, "d's share moves, nothing else");
-    for m in [a, b, c, d] {
-        m.leave().await.expect("left");
-    }
-    set.log.check("paused clock");
-}
-
-#[tokio::test]
-async fn a_join_moves_only_the_newcomers_share_on_the_followers_clock() {
-    a_join_moves_only_the_newcomers_share(Clock::Follower).await;
-}
-
-#[tokio::test]
-async fn a_join_moves_only_the_newcomers_share_with_leases_renewed_in_the_store() {
-    a_join_moves_only_the_newcomers_share(Clock::InStore).await;
-}
+on_clocks!(three_members_split_the_shards {
+    three_members_split_the_shards_on_the_followers_clock: Follower,
+    three_members_split_the_shards_on_the_stores_clock: Store,
+    three_members_split_the_shards_with_leases_renewed_in_the_store: InStore,
+});
 
 /// Three members of a set of 9 balanced, then `c` leaves (shut down; with static membership
 /// or not): how long until the two others own every shard, on the paused clock.
@@ -303,22 +392,13 @@ async fn rebalanced_after_a_leave(static_membership: bool) -> Duration {
     tokio::time::pause();
     let mut set = Set::new(Clock::Follower, 9);
     set.static_membership = static_membership;
-    let a = set.join("a");
-    let b = set.join("b");
-    let c = set.join("c");
-    until(Duration::from_secs(30), || {
-        balanced_members(&[&a, &b, &c], 9)
-    })
-    .await
-    .expect("balanced");
-    c.leave().await.expect("left");
-    let took = until(Duration::from_secs(30), || balanced_members(&[&a, &b], 9))
-        .await
-        .expect("balanced after the leave");
-    for m in [a, b] {
-        m.leave().await.expect("left");
-    }
-    set.log.check("paused clock");
+    let [a, b, c] = set.join_all(["a", "b", "c"]);
+    set.until_balanced(&[&a, &b, &c], "balanced").await;
+    c.leave().await;
+    let took = set
+        .until_balanced(&[&a, &b], "balanced after the leave")
+        .await;
+    set.finish([a, b], "paused clock").await;
     took
 }
 
@@ -328,6 +408,31 @@ async fn a_member_that_leaves_hands_its_shards_over_at_once() {
     // Released: taken on the next rounds, well before a lease.
     assert!(took < TIMINGS.lease_duration, "rebalanced after {took:?}");
 }
+
+async fn a_join_moves_only_the_newcomers_share(clock: Clock) {
+    tokio::time::pause();
+    let set = Set::new(clock, 12);
+    let [a, b, c] = set.join_all(["a", "b", "c"]);
+    set.until_balanced(&[&a, &b, &c], "balanced before the join")
+        .await;
+    let before = set.log.moves();
+    let d = set.join("d");
+    let took = set
+        .until_balanced(&[&a, &b, &c, &d], "balanced after the join")
+        .await;
+    // Handed over, not waited out: within a lease and a retry period.
+    assert!(
+        took <= TIMINGS.lease_duration + TIMINGS.retry_period,
+        "rebalanced after {took:?}"
+    );
+    assert_eq!(set.log.moves() - before, 3, "d's share moves, nothing else");
+    set.finish([a, b, c, d], "paused clock").await;
+}
+
+on_clocks!(a_join_moves_only_the_newcomers_share {
+    a_join_moves_only_the_newcomers_share_on_the_followers_clock: Follower,
+    a_join_moves_only_the_newcomers_share_with_leases_renewed_in_the_store: InStore,
+});
 
 /// Restarts each of three members (13 shards: one owns five) in turn, the new process with the same identity starting
 /// as soon as the old one has left, and waits for the set to balance after each: the shard
@@ -351,7 +456,7 @@ async fn rolling_restart(clock: Clock, static_membership: bool) -> usize {
     for i in 0..members.len() {
         let (id, member) = members.remove(i);
         let held = member.owned();
-        member.leave().await.expect("left");
+        member.leave().await;
         members.insert(i, (id, set.join(id)));
         until(Duration::from_secs(30), || balanced_now(&members))
             .await
@@ -361,7 +466,7 @@ async fn rolling_restart(clock: Clock, static_membership: bool) -> usize {
         }
     }
     for (_, member) in members {
-        member.leave().await.expect("left");
+        member.leave().await;
     }
     set.log.check("paused clock");
     set.log.moves() - before
@@ -405,7 +510,7 @@ async fn a_static_member_that_restarts_keeps_its_place_in_the_shares() {
     .expect("balanced");
     let held = z.owned();
     let moves = set.log.moves();
-    z.leave().await.expect("left");
+    z.leave().await;
     let z = set.join("z");
     // All three at once: the third is not left idle until the reservation runs out.
     until(TIMINGS.lease_duration / 2, || z.owned() == held)
@@ -414,10 +519,7 @@ async fn a_static_member_that_restarts_keeps_its_place_in_the_shares() {
     sleep(TIMINGS.lease_duration * 2).await;
     assert_eq!(z.owned(), held, "z's shards moved after the restart");
     assert_eq!(set.log.moves(), moves, "shards moved in the restart");
-    for m in [a, z] {
-        m.leave().await.expect("left");
-    }
-    set.log.check("paused clock");
+    set.finish([a, z], "paused clock").await;
 }
 
 #[tokio::test]
@@ -434,58 +536,11 @@ async fn a_static_member_that_does_not_come_back_leaves_its_shards_for_a_lease()
     );
 }
 
-async fn a_crashed_members_shards_are_taken_after_their_lease(clock: Clock) {
-    tokio::time::pause();
-    let set = Set::new(clock, 8);
-    let a = set.join("a");
-    let b = set.join("b");
-    until(Duration::from_secs(30), || balanced_members(&[&a, &b], 8))
-        .await
-        .expect("balanced");
-    let held: BTreeSet<u32> = b.owned();
-    // A crash: the process is gone, its records stay as they were.
-    b.faults.hang(true);
-    b.task.abort();
-    let crashed = Instant::now();
-    let took = until(Duration::from_secs(30), || a.owned().len() == 8)
-        .await
-        .expect("a took every shard");
-    assert!(
-        took >= TIMINGS.lease_duration - TIMINGS.retry_period,
-        "a crashed member's shards taken after {took:?}, before their lease could run out"
-    );
-    assert!(
-        took <= TIMINGS.lease_duration * 2 + TIMINGS.retry_period * 2,
-        "{took:?}"
-    );
-    let _ = (crashed, held);
-    a.leave().await.expect("left");
-    set.log.check("paused clock");
-}
-
-#[tokio::test]
-async fn a_crashed_members_shards_are_taken_after_their_lease_on_the_followers_clock() {
-    a_crashed_members_shards_are_taken_after_their_lease(Clock::Follower).await;
-}
-
-#[tokio::test]
-async fn a_crashed_members_shards_are_taken_after_their_lease_on_the_stores_clock() {
-    a_crashed_members_shards_are_taken_after_their_lease(Clock::Store).await;
-}
-
-#[tokio::test]
-async fn a_crashed_members_shards_are_taken_after_their_lease_renewed_in_the_store() {
-    a_crashed_members_shards_are_taken_after_their_lease(Clock::InStore).await;
-}
-
 async fn a_frozen_member_stops_in_time_and_comes_back_to_a_stale_view(clock: Clock) {
     tokio::time::pause();
     let set = Set::new(clock, 6);
-    let a = set.join("a");
-    let b = set.join("b");
-    until(Duration::from_secs(30), || balanced_members(&[&a, &b], 6))
-        .await
-        .expect("balanced");
+    let [a, b] = set.join_all(["a", "b"]);
+    set.until_balanced(&[&a, &b], "balanced").await;
     // b's requests hang (a process paused, a network cut): its terms end by their timers.
     b.faults.hang(true);
     let frozen = Instant::now();
@@ -503,24 +558,16 @@ async fn a_frozen_member_stops_in_time_and_comes_back_to_a_stale_view(clock: Clo
     );
     // b comes back with requests sent before the freeze and a view of the set from then.
     b.faults.hang(false);
-    until(Duration::from_secs(30), || balanced_members(&[&a, &b], 6))
-        .await
-        .expect("balanced again");
-    for m in [a, b] {
-        m.leave().await.expect("left");
+    set.until_balanced(&[&a, &b], "balanced again").await;
+    set.finish([a, b], "paused clock").await;
+}
+
+on_clocks!(
+    a_frozen_member_stops_in_time_and_comes_back_to_a_stale_view {
+        a_frozen_member_stops_in_time_on_the_followers_clock: Follower,
+        a_frozen_member_stops_in_time_with_leases_renewed_in_the_store: InStore,
     }
-    set.log.check("paused clock");
-}
-
-#[tokio::test]
-async fn a_frozen_member_stops_in_time_on_the_followers_clock() {
-    a_frozen_member_stops_in_time_and_comes_back_to_a_stale_view(Clock::Follower).await;
-}
-
-#[tokio::test]
-async fn a_frozen_member_stops_in_time_with_leases_renewed_in_the_store() {
-    a_frozen_member_stops_in_time_and_comes_back_to_a_stale_view(Clock::InStore).await;
-}
+);
 
 /// A member whose shard terms ended (its shard requests failed while its member
 /// record stayed alive) still counts those shards as its own; when a newcomer is there as the
@@ -545,24 +592,43 @@ async fn lapsed_shards_are_retaken_then_shared(clock: Clock) {
         b.owned()
     );
     a.shard_faults.fail_all(None);
-    until(Duration::from_secs(30), || balanced_members(&[&a, &b], 6))
+    set.until_balanced(&[&a, &b], "balanced").await;
+    set.finish([a, b], "lapsed shards").await;
+}
+
+on_clocks!(lapsed_shards_are_retaken_then_shared {
+    lapsed_shards_are_retaken_then_shared_on_the_followers_clock: Follower,
+    lapsed_shards_are_retaken_then_shared_with_leases_renewed_in_the_store: InStore,
+});
+
+async fn a_crashed_members_shards_are_taken_after_their_lease(clock: Clock) {
+    tokio::time::pause();
+    let set = Set::new(clock, 8);
+    let [a, b] = set.join_all(["a", "b"]);
+    set.until_balanced(&[&a, &b], "balanced").await;
+    let held: BTreeSet<u32> = b.owned();
+    b.crash();
+    let crashed = Instant::now();
+    let took = until(Duration::from_secs(30), || a.owned().len() == 8)
         .await
-        .expect("balanced");
-    for m in [a, b] {
-        m.leave().await.expect("left");
-    }
-    set.log.check("lapsed shards");
+        .expect("a took every shard");
+    assert!(
+        took >= TIMINGS.lease_duration - TIMINGS.retry_period,
+        "a crashed member's shards taken after {took:?}, before their lease could run out"
+    );
+    assert!(
+        took <= TIMINGS.lease_duration * 2 + TIMINGS.retry_period * 2,
+        "{took:?}"
+    );
+    let _ = (crashed, held);
+    set.finish([a], "paused clock").await;
 }
 
-#[tokio::test]
-async fn lapsed_shards_are_retaken_then_shared_on_the_followers_clock() {
-    lapsed_shards_are_retaken_then_shared(Clock::Follower).await;
-}
-
-#[tokio::test]
-async fn lapsed_shards_are_retaken_then_shared_with_leases_renewed_in_the_store() {
-    lapsed_shards_are_retaken_then_shared(Clock::InStore).await;
-}
+on_clocks!(a_crashed_members_shards_are_taken_after_their_lease {
+    a_crashed_members_shards_are_taken_after_their_lease_on_the_followers_clock: Follower,
+    a_crashed_members_shards_are_taken_after_their_lease_on_the_stores_clock: Store,
+    a_crashed_members_shards_are_taken_after_their_lease_renewed_in_the_store: InStore,
+});
 
 /// Waits for `member` to stop, refused for its count: the count stored and its own.
 async fn count_refused(member: Member) -> (u32, u32) {
@@ -579,11 +645,7 @@ async fn count_refused(member: Member) -> (u32, u32) {
 #[tokio::test]
 async fn members_started_with_another_count_take_no_shard() {
     tokio::time::pause();
-    let set = Set::new(Clock::Follower, 8);
-    let a = set.join("a");
-    until(Duration::from_secs(10), || a.owned().len() == 8)
-        .await
-        .expect("a owns the set");
+    let (set, a) = Set::owned_by_a(8).await;
     let b = set.join_with("b", 9);
     let mut state = b.state.clone();
     assert_eq!(count_refused(b).await, (8, 9));
@@ -597,16 +659,12 @@ async fn members_started_with_another_count_take_no_shard() {
     }
     .to_string();
     assert!(!message.contains('\n') && message.contains("8") && message.contains("9"));
-    a.leave().await.expect("left");
-    set.log.check("paused clock");
+    set.finish([a], "paused clock").await;
 }
 
 /// The set's records as an operator's tool reaches them.
 fn operator(set: &Set) -> KeyedLocks {
-    let store = set.store.clone();
-    KeyedLocks::new("operator", "memory", move |key, identity| {
-        Arc::new(store.lock(key, identity)) as Arc<dyn ResourceLock>
-    })
+    plain_locks(&set.store, "operator")
 }
 
 /// Grown, shrunk and grown back while three members run (on each clock): every shard of the
@@ -614,12 +672,11 @@ fn operator(set: &Set) -> KeyedLocks {
 /// the count, no shard ever has two owners, and the fencing tokens of shards removed and added
 /// again go on from where they were.
 async fn a_set_resized_while_it_runs(clock: Clock) {
+    tokio::time::pause();
     let set = Set::new(clock, 9);
     let members = [set.join("a"), set.join("b"), set.join("c")];
     let states = || members.iter().collect::<Vec<_>>();
-    until(Duration::from_secs(30), || balanced_members(&states(), 9))
-        .await
-        .expect("balanced");
+    set.until_balanced(&states(), "balanced").await;
     let tool = operator(&set);
     let mut tokens = std::collections::BTreeMap::new();
     for count in [15, 6, 12] {
@@ -650,40 +707,21 @@ async fn a_set_resized_while_it_runs(clock: Clock) {
             }
         }
     }
-    for member in members {
-        member.leave().await.expect("left");
-    }
-    set.log.check(&format!("{clock:?}"));
+    set.finish(members, &format!("{clock:?}")).await;
 }
 
-#[tokio::test]
-async fn a_set_resized_while_it_runs_on_the_followers_clock() {
-    tokio::time::pause();
-    a_set_resized_while_it_runs(Clock::Follower).await;
-}
-
-#[tokio::test]
-async fn a_set_resized_while_it_runs_on_the_stores_clock() {
-    tokio::time::pause();
-    a_set_resized_while_it_runs(Clock::Store).await;
-}
-
-#[tokio::test]
-async fn a_set_resized_while_it_runs_with_leases_renewed_in_the_store() {
-    tokio::time::pause();
-    a_set_resized_while_it_runs(Clock::InStore).await;
-}
+on_clocks!(a_set_resized_while_it_runs {
+    a_set_resized_while_it_runs_on_the_followers_clock: Follower,
+    a_set_resized_while_it_runs_on_the_stores_clock: Store,
+    a_set_resized_while_it_runs_with_leases_renewed_in_the_store: InStore,
+});
 
 /// After a resize, a replica started with the old count is refused, one started with the
 /// new count joins; a resize to no shard, or of a set that never ran, is refused.
 #[tokio::test]
 async fn after_a_resize_the_new_count_is_the_sets() {
     tokio::time::pause();
-    let set = Set::new(Clock::Follower, 4);
-    let a = set.join("a");
-    until(Duration::from_secs(10), || a.owned().len() == 4)
-        .await
-        .expect("a owns the set");
+    let (set, a) = Set::owned_by_a(4).await;
     let tool = operator(&set);
     assert_eq!(
         resize_shard_set(&tool, "jobs", 6).await.expect("resized"),
@@ -707,10 +745,7 @@ async fn after_a_resize_the_new_count_is_the_sets() {
         "{missing:?}"
     );
     assert!(missing.to_string().contains("nobody-members"), "{missing}");
-    for m in [a, c] {
-        m.leave().await.expect("left");
-    }
-    set.log.check("paused clock");
+    set.finish([a, c], "paused clock").await;
 }
 
 /// How many shards each member owns, once every shard of `count` is owned once.
@@ -722,38 +757,34 @@ fn sizes(members: &[&Member], count: u32) -> Option<Vec<usize>> {
         .then(|| owned.iter().map(BTreeSet::len).collect())
 }
 
+/// Waits up to 30 s for `members` to own `want` shards each, every shard of `count` owned
+/// once; fails the test, saying `what` was wrong, when they do not.
+async fn until_sizes(members: &[&Member], count: u32, want: &[usize], what: &str) {
+    until(Duration::from_secs(30), || {
+        sizes(members, count).as_deref() == Some(want)
+    })
+    .await
+    .unwrap_or_else(|| {
+        let owned: Vec<_> = members.iter().map(|m| m.owned()).collect();
+        panic!("{what}: {owned:?}")
+    });
+}
+
 #[tokio::test]
 async fn members_own_shards_in_proportion_to_their_weights() {
     tokio::time::pause();
     for clock in [Clock::Follower, Clock::Store, Clock::InStore] {
-        weighted_members(clock).await;
+        let mut set = Set::new(clock, 12);
+        set.weights = vec![("a", 2), ("c", 3)];
+        let [a, b, c] = set.join_all(["a", "b", "c"]);
+        until_sizes(&[&a, &b, &c], 12, &[4, 2, 6], "not by weight").await;
+        // And it stays so: the set settles at the weighted shares.
+        sleep(TIMINGS.lease_duration * 2).await;
+        assert_eq!(sizes(&[&a, &b, &c], 12), Some(vec![4, 2, 6]));
+        c.leave().await;
+        until_sizes(&[&a, &b], 12, &[8, 4], "not by weight").await;
+        set.finish([a, b], "paused clock").await;
     }
-}
-
-async fn weighted_members(clock: Clock) {
-    let mut set = Set::new(clock, 12);
-    set.weights = vec![("a", 2), ("c", 3)];
-    let a = set.join("a");
-    let b = set.join("b");
-    let c = set.join("c");
-    until(Duration::from_secs(30), || {
-        sizes(&[&a, &b, &c], 12) == Some(vec![4, 2, 6])
-    })
-    .await
-    .unwrap_or_else(|| panic!("not by weight: {:?}", [&a, &b, &c].map(Member::owned)));
-    // And it stays so: the set settles at the weighted shares.
-    sleep(TIMINGS.lease_duration * 2).await;
-    assert_eq!(sizes(&[&a, &b, &c], 12), Some(vec![4, 2, 6]));
-    c.leave().await.expect("left");
-    until(Duration::from_secs(30), || {
-        sizes(&[&a, &b], 12) == Some(vec![8, 4])
-    })
-    .await
-    .unwrap_or_else(|| panic!("not by weight: {:?}", [&a, &b].map(Member::owned)));
-    for m in [a, b] {
-        m.leave().await.expect("left");
-    }
-    set.log.check("paused clock");
 }
 
 /// Drained through the roster (as `leader shards drain` does), a member hands its shards to
@@ -764,15 +795,8 @@ async fn a_drained_member_gives_its_shards_away_and_takes_none() {
     tokio::time::pause();
     let mut set = Set::new(Clock::Follower, 9);
     set.weights = vec![("d", 0)];
-    let a = set.join("a");
-    let b = set.join("b");
-    let c = set.join("c");
-    let d = set.join("d");
-    until(Duration::from_secs(30), || {
-        sizes(&[&a, &b, &c, &d], 9) == Some(vec![3, 3, 3, 0])
-    })
-    .await
-    .unwrap_or_else(|| panic!("not shared: {:?}", [&a, &b, &c, &d].map(Member::owned)));
+    let [a, b, c, d] = set.join_all(["a", "b", "c", "d"]);
+    until_sizes(&[&a, &b, &c, &d], 9, &[3, 3, 3, 0], "not shared").await;
     let tool = operator(&set);
     assert!(
         !drain_member(&tool, "jobs", "c", true)
@@ -797,11 +821,7 @@ async fn a_drained_member_gives_its_shards_away_and_takes_none() {
             .await
             .expect("undrained")
     );
-    until(Duration::from_secs(30), || {
-        sizes(&[&a, &b, &c, &d], 9) == Some(vec![3, 3, 3, 0])
-    })
-    .await
-    .unwrap_or_else(|| panic!("c not back: {:?}", [&a, &b, &c, &d].map(Member::owned)));
+    until_sizes(&[&a, &b, &c, &d], 9, &[3, 3, 3, 0], "c not back").await;
     for id in ["a", "b", "c", "d"] {
         drain_member(&tool, "jobs", id, true)
             .await
@@ -813,20 +833,13 @@ async fn a_drained_member_gives_its_shards_away_and_takes_none() {
         shared.iter().all(|&n| (2..=3).contains(&n)),
         "every member drained: {shared:?}"
     );
-    for m in [a, b, c, d] {
-        m.leave().await.expect("left");
-    }
-    set.log.check("paused clock");
+    set.finish([a, b, c, d], "paused clock").await;
 }
 
 #[tokio::test]
 async fn one_identity_in_two_processes_owns_each_shard_once() {
     tokio::time::pause();
-    let set = Set::new(Clock::Follower, 6);
-    let a = set.join("a");
-    until(Duration::from_secs(10), || a.owned().len() == 6)
-        .await
-        .expect("a owns the set");
+    let (set, a) = Set::owned_by_a(6).await;
     let twin = set.join("a");
     let conflict = until(Duration::from_secs(30), || {
         matches!(
@@ -841,47 +854,21 @@ async fn one_identity_in_two_processes_owns_each_shard_once() {
     );
     assert!(twin.owned().is_empty(), "the twin owns {:?}", twin.owned());
     assert_eq!(a.owned().len(), 6);
-    for m in [a, twin] {
-        m.leave().await.expect("left");
-    }
-    set.log.check("paused clock");
+    set.finish([a, twin], "paused clock").await;
 }
 
 #[tokio::test]
 async fn work_that_ends_gives_its_shard_up() {
     tokio::time::pause();
-    let store = MemoryStore::new();
-    let make = |identity: &str| {
-        let store = store.clone();
-        KeyedLocks::new(identity, "memory", move |key, identity| {
-            Arc::new(store.lock(key, identity))
-        })
-    };
-    let ends = Arc::new(Mutex::new(Vec::new()));
-    let shards = Shards::builder("jobs", 2, make("a"))
-        .timings(TIMINGS)
-        .on_shard_stopped({
-            let ends = ends.clone();
-            move |shard, stop| ends.lock().unwrap().push((shard, stop.reason))
-        })
-        .build()
-        .unwrap();
-    let mut state = shards.subscribe();
-    let shutdown = CancellationToken::new();
-    let task = tokio::spawn(
-        shards.run_per_shard(shutdown.clone(), |shard, _term| async move {
-            if shard == 0 {
-                // Shard 0's work returns at once; shard 1's runs on.
-                return;
-            }
-            std::future::pending::<()>().await;
-        }),
-    );
-    until(Duration::from_secs(10), || {
-        ends.lock().unwrap().iter().any(|(shard, _)| *shard == 0)
-    })
-    .await
-    .expect("shard 0 given up");
+    let (a, ends) = two_shards_with_work(|shard, _term| async move {
+        if shard == 0 {
+            // Shard 0's work returns at once; shard 1's runs on.
+            return;
+        }
+        std::future::pending::<()>().await;
+    });
+    let mut state = a.state.clone();
+    until_given_up(&ends, 0).await;
     assert!(
         ends.lock()
             .unwrap()
@@ -889,8 +876,7 @@ async fn work_that_ends_gives_its_shard_up() {
             .all(|(shard, reason)| *shard == 0 && *reason == StepDownReason::SteppedDown)
     );
     assert!(state.borrow_and_update().owned.contains_key(&1));
-    shutdown.cancel();
-    task.await.unwrap().unwrap();
+    a.leave().await;
 }
 
 #[test]
@@ -916,15 +902,8 @@ async fn a_thousand_shards_over_ten_members() {
     let took = until(Duration::from_secs(120), || balanced_members(&refs, 1000)).await;
     let sizes: Vec<usize> = members.iter().map(|m| m.owned().len()).collect();
     assert!(took.is_some(), "not balanced: {sizes:?}");
-    assert_eq!(
-        set.expired.load(Ordering::SeqCst),
-        0,
-        "terms ended by their deadline"
-    );
-    for m in members {
-        m.leave().await.expect("left");
-    }
-    set.log.check("a thousand shards");
+    assert_eq!(set.expired(), 0, "terms ended by their deadline");
+    set.finish(members, "a thousand shards").await;
 }
 
 /// A member taking a large set from a store that answers each request in 100 ms claims a few
@@ -958,13 +937,8 @@ async fn a_member_taking_many_shards_reads_them_all_rarely() {
         reads as u128 * 2 <= rounds,
         "read every shard {reads} times in {rounds} rounds"
     );
-    assert_eq!(
-        set.expired.load(Ordering::SeqCst),
-        0,
-        "terms ended by their deadline"
-    );
-    member.leave().await.expect("left");
-    set.log.check("a large set");
+    assert_eq!(set.expired(), 0, "terms ended by their deadline");
+    set.finish([member], "a large set").await;
 }
 
 /// S6 for a shard: work that takes a while to stop (it holds its term for a second after the
@@ -973,31 +947,18 @@ async fn a_member_taking_many_shards_reads_them_all_rarely() {
 async fn a_shard_moves_only_once_its_work_has_stopped() {
     tokio::time::pause();
     let set = Set::new(Clock::Follower, 4);
-    let stopped: Arc<Mutex<Vec<(u32, Instant)>>> = Arc::default();
-    let shards = {
-        let store = set.store.clone();
-        let locks = KeyedLocks::new("slow", "memory", move |key, identity| {
-            Arc::new(store.lock(key, identity))
-        });
-        let stopped = stopped.clone();
-        Shards::builder("jobs", 4, locks)
-            .timings(TIMINGS)
-            .on_shard_started(move |shard, term| {
-                let stopped = stopped.clone();
-                tokio::spawn(async move {
-                    term.lost().await;
-                    sleep(Duration::from_secs(1)).await;
-                    stopped.lock().unwrap().push((shard, Instant::now()));
-                    drop(term);
-                });
-            })
-            .build()
-            .unwrap()
-    };
-    let mut slow = shards.subscribe();
-    let shutdown = CancellationToken::new();
-    let task = tokio::spawn(shards.run(shutdown.clone()));
-    slow.wait_for(|s| s.owned.len() == 4).await.unwrap();
+    let stopped = Times::default();
+    let shards = Shards::builder("jobs", 4, plain_locks(&set.store, "slow"))
+        .timings(TIMINGS)
+        .on_shard_started(slow_to_stop(Duration::from_secs(1), &stopped))
+        .build()
+        .unwrap();
+    let slow = Member::start(shards, Shards::run);
+    slow.state
+        .clone()
+        .wait_for(|s| s.owned.len() == 4)
+        .await
+        .unwrap();
     let b = set.join("b");
     until(Duration::from_secs(30), || b.owned().len() == 2)
         .await
@@ -1011,9 +972,8 @@ async fn a_shard_moves_only_once_its_work_has_stopped() {
             "shard {shard}: b started at {starts:?}, before the slow work stopped at {at:?}"
         );
     }
-    b.leave().await.expect("left");
-    shutdown.cancel();
-    task.await.unwrap().unwrap();
+    b.leave().await;
+    slow.leave().await;
 }
 
 /// S6 for a shard whose term ended by its deadline: its record may still name this member
@@ -1035,30 +995,23 @@ async fn a_lapsed_shard_is_taken_again_only_once_its_work_has_stopped() {
             }
         }
     });
-    type Times = Arc<Mutex<Vec<(u32, Instant)>>>;
     let (starts, stops): (Times, Times) = Default::default();
     let shards = {
-        let (starts, stops) = (starts.clone(), stops.clone());
+        let starts = starts.clone();
+        // Work that takes five seconds to stop once its term ends.
+        let slow = slow_to_stop(Duration::from_secs(5), &stops);
         Shards::builder("jobs", 4, locks)
             .timings(TIMINGS)
             .request_timeout(TIMINGS.renew_deadline)
             .on_shard_started(move |shard, term| {
                 starts.lock().unwrap().push((shard, Instant::now()));
-                let stops = stops.clone();
-                // Work that takes five seconds to stop once its term ends.
-                tokio::spawn(async move {
-                    term.lost().await;
-                    sleep(Duration::from_secs(5)).await;
-                    stops.lock().unwrap().push((shard, Instant::now()));
-                    drop(term);
-                });
+                slow(shard, term);
             })
             .build()
             .unwrap()
     };
-    let mut state = shards.subscribe();
-    let shutdown = CancellationToken::new();
-    let task = tokio::spawn(shards.run(shutdown.clone()));
+    let a = Member::start(shards, Shards::run);
+    let mut state = a.state.clone();
     state.wait_for(|s| s.owned.len() == 4).await.unwrap();
     // The shards' renewals fail until every term has ended by its deadline.
     faults.fail_all(Some(leader_core::faults::Fault::Unavailable));
@@ -1087,8 +1040,7 @@ async fn a_lapsed_shard_is_taken_again_only_once_its_work_has_stopped() {
             "shard {shard} taken again at {again:?}, before its work stopped at {stopped:?}"
         );
     }
-    shutdown.cancel();
-    task.await.unwrap().unwrap();
+    a.leave().await;
 }
 
 /// A member's records on a store that renews leases itself, read with or without expired
@@ -1188,9 +1140,7 @@ async fn an_outage_stops_the_work_and_the_members_back_off() {
     let set = Set::new(Clock::Store, 6);
     let members: Vec<Member> = ["a", "b", "c"].iter().map(|m| set.join(m)).collect();
     let refs: Vec<&Member> = members.iter().collect();
-    until(Duration::from_secs(30), || balanced_members(&refs, 6))
-        .await
-        .expect("balanced");
+    set.until_balanced(&refs, "balanced").await;
 
     let down = Instant::now();
     for m in &members {
@@ -1244,10 +1194,7 @@ async fn an_outage_stops_the_work_and_the_members_back_off() {
         back <= TIMINGS.lease_duration * 4,
         "balanced again {back:?} after the store came back"
     );
-    for m in members {
-        m.leave().await.expect("left");
-    }
-    set.log.check("an outage");
+    set.finish(members, "an outage").await;
 }
 
 /// Ten members of a thousand shards: one joining and one leaving each move exactly the share
@@ -1288,7 +1235,7 @@ async fn ten_members_rebalance_within_a_lease(clock: Clock) {
     let before = set.log.moves();
     let leaver = members.remove(3);
     let given = leaver.owned().len();
-    leaver.leave().await.expect("left");
+    leaver.leave().await;
     let took = until(Duration::from_secs(60), || balanced_now(&members))
         .await
         .unwrap_or_else(|| panic!("not balanced after the leave: {:?}", sizes(&members)));
@@ -1301,23 +1248,15 @@ async fn ten_members_rebalance_within_a_lease(clock: Clock) {
         given,
         "only the leaver's share moved"
     );
-    let expired = set.expired.load(Ordering::SeqCst);
+    let expired = set.expired();
     assert_eq!(expired, 0, "terms ended by their deadline");
-    for m in members {
-        m.leave().await.expect("left");
-    }
-    set.log.check("ten members");
+    set.finish(members, "ten members").await;
 }
 
-#[tokio::test]
-async fn ten_members_rebalance_within_a_lease_on_the_followers_clock() {
-    ten_members_rebalance_within_a_lease(Clock::Follower).await;
-}
-
-#[tokio::test]
-async fn ten_members_rebalance_within_a_lease_renewed_in_the_store() {
-    ten_members_rebalance_within_a_lease(Clock::InStore).await;
-}
+on_clocks!(ten_members_rebalance_within_a_lease {
+    ten_members_rebalance_within_a_lease_on_the_followers_clock: Follower,
+    ten_members_rebalance_within_a_lease_renewed_in_the_store: InStore,
+});
 
 /// A member of weight 3 beside one of weight 1, drained and undrained: it takes its three
 /// shards back, on every clock (where acquisitions keep the stored extensions too).
@@ -1325,99 +1264,27 @@ async fn ten_members_rebalance_within_a_lease_renewed_in_the_store() {
 async fn a_heavy_member_drained_and_undrained_takes_its_weight_back() {
     tokio::time::pause();
     for clock in [Clock::Follower, Clock::Store, Clock::InStore] {
-        heavy_member_drained(clock).await;
-    }
-}
-
-async fn heavy_member_drained(clock: Clock) {
-    let mut set = Set::new(clock, 4);
-    set.weights = vec![("big", 3)];
-    let big = set.join("big");
-    let small = set.join("small");
-    until(Duration::from_secs(30), || {
-        sizes(&[&big, &small], 4) == Some(vec![3, 1])
-    })
-    .await
-    .unwrap_or_else(|| panic!("not by weight: {:?}", [&big, &small].map(Member::owned)));
-    let tool = operator(&set);
-    drain_member(&tool, "jobs", "big", true)
-        .await
-        .expect("drained");
-    until(Duration::from_secs(30), || {
-        sizes(&[&big, &small], 4) == Some(vec![0, 4])
-    })
-    .await
-    .unwrap_or_else(|| panic!("not drained: {:?}", [&big, &small].map(Member::owned)));
-    drain_member(&tool, "jobs", "big", false)
-        .await
-        .expect("undrained");
-    until(Duration::from_secs(30), || {
-        sizes(&[&big, &small], 4) == Some(vec![3, 1])
-    })
-    .await
-    .unwrap_or_else(|| panic!("not back: {:?}", [&big, &small].map(Member::owned)));
-    sleep(TIMINGS.lease_duration * 2).await;
-    assert_eq!(
-        sizes(&[&big, &small], 4),
-        Some(vec![3, 1]),
-        "{clock:?}: not settled"
-    );
-    for m in [big, small] {
-        m.leave().await.expect("left");
-    }
-    set.log.check("paused clock");
-}
-
-/// A shard's lock whose acquisitions (`try_acquire`, `create`) take `delay` while
-/// `slow.claims` is set, and its reads while `slow.reads` is: a store that answers renewals in time but claims
-/// or reads slowly, as a loaded one does for the requests it makes one at a time.
-#[derive(Debug)]
-struct SlowClaims {
-    inner: Arc<dyn ResourceLock>,
-    slow: Slow,
-    delay: Duration,
-}
-
-impl SlowClaims {
-    async fn wait(&self, switch: &std::sync::atomic::AtomicBool) {
-        if switch.load(Ordering::SeqCst) {
-            sleep(self.delay).await;
-        }
-    }
-}
-
-#[leader_core::async_trait]
-impl ResourceLock for SlowClaims {
-    async fn get(&self) -> Result<Option<leader_core::Observed>, leader_core::LockError> {
-        self.wait(&self.slow.reads).await;
-        self.inner.get().await
-    }
-    async fn create(
-        &self,
-        record: &leader_core::LeaderElectionRecord,
-    ) -> Result<leader_core::Observed, leader_core::LockError> {
-        self.wait(&self.slow.claims).await;
-        self.inner.create(record).await
-    }
-    async fn update(
-        &self,
-        version: &leader_core::Version,
-        record: &leader_core::LeaderElectionRecord,
-    ) -> Result<leader_core::Observed, leader_core::LockError> {
-        self.inner.update(version, record).await
-    }
-    fn identity(&self) -> &str {
-        self.inner.identity()
-    }
-    fn describe(&self) -> String {
-        self.inner.describe()
-    }
-    async fn try_acquire(
-        &self,
-        desired: &leader_core::LeaderElectionRecord,
-    ) -> Result<Option<leader_core::Acquisition>, leader_core::LockError> {
-        self.wait(&self.slow.claims).await;
-        self.inner.try_acquire(desired).await
+        let mut set = Set::new(clock, 4);
+        set.weights = vec![("big", 3)];
+        let big = set.join("big");
+        let small = set.join("small");
+        until_sizes(&[&big, &small], 4, &[3, 1], "not by weight").await;
+        let tool = operator(&set);
+        drain_member(&tool, "jobs", "big", true)
+            .await
+            .expect("drained");
+        until_sizes(&[&big, &small], 4, &[0, 4], "not drained").await;
+        drain_member(&tool, "jobs", "big", false)
+            .await
+            .expect("undrained");
+        until_sizes(&[&big, &small], 4, &[3, 1], "not back").await;
+        sleep(TIMINGS.lease_duration * 2).await;
+        assert_eq!(
+            sizes(&[&big, &small], 4),
+            Some(vec![3, 1]),
+            "{clock:?}: not settled"
+        );
+        set.finish([big, small], "paused clock").await;
     }
 }
 
@@ -1428,34 +1295,22 @@ async fn slow_requests_never_delay_the_renewals(reads: bool) {
     let mut set = Set::new(Clock::Store, 8);
     let slow = Slow::default();
     set.slow = Some(slow.clone());
-    let a = set.join("a");
-    let b = set.join("b");
-    until(Duration::from_secs(30), || balanced_members(&[&a, &b], 8))
-        .await
-        .expect("balanced");
+    let [a, b] = set.join_all(["a", "b"]);
+    set.until_balanced(&[&a, &b], "balanced").await;
     let kept = a.owned();
     let switch = if reads { &slow.reads } else { &slow.claims };
-    switch.store(true, Ordering::SeqCst);
-    b.leave().await.expect("left");
+    switch.set(true);
+    b.leave().await;
     // a claims b's released shards, each claim (or read) answered after four renew deadlines.
     sleep(TIMINGS.renew_deadline * 6).await;
-    assert_eq!(
-        set.expired.load(Ordering::SeqCst),
-        0,
-        "terms ended by their deadline"
-    );
+    assert_eq!(set.expired(), 0, "terms ended by their deadline");
     assert!(a.owned().is_superset(&kept), "a lost shards it owned");
-    switch.store(false, Ordering::SeqCst);
+    switch.set(false);
     until(Duration::from_secs(60), || a.owned().len() == 8)
         .await
         .unwrap_or_else(|| panic!("a took {:?}", a.owned()));
-    assert_eq!(
-        set.expired.load(Ordering::SeqCst),
-        0,
-        "terms ended by their deadline"
-    );
-    a.leave().await.expect("left");
-    set.log.check("paused clock");
+    assert_eq!(set.expired(), 0, "terms ended by their deadline");
+    set.finish([a], "paused clock").await;
 }
 
 #[tokio::test]
@@ -1501,13 +1356,12 @@ async fn a_later_releases_fields_survive_this_releases_members() {
     lock(&roster).create(&first).await.expect("the roster");
     let shard = leader_core::backend::shard_key("jobs", 2);
     lock(&shard).create(&later(&shard)).await.expect("a shard");
-    let a = set.join("a");
-    let b = set.join("b");
+    let [a, b] = set.join_all(["a", "b"]);
     until(Duration::from_secs(60), || balanced_members(&[&a, &b], 4))
         .await
         .expect("balanced");
     sleep(TIMINGS.lease_duration * 2).await;
-    a.leave().await.expect("left");
+    a.leave().await;
     sleep(TIMINGS.lease_duration).await;
     for key in [&roster, &shard] {
         let stored = lock(key).get().await.expect("get").expect("the record");
@@ -1530,51 +1384,18 @@ async fn a_later_releases_fields_survive_this_releases_members() {
             );
         }
     }
-    b.leave().await.expect("left");
-    set.log.check("a later release's records");
+    set.finish([b], "a later release's records").await;
 }
 
 /// A shard set checks its lease against the store before joining, as the elector does: a lease
 /// the store would not keep is `ShardsError::LeaseNotKept`, and nothing is written.
 #[tokio::test]
 async fn a_lease_the_store_would_not_keep_is_refused_before_joining() {
-    #[derive(Debug)]
-    struct Bounded(Arc<dyn ResourceLock>);
-    #[leader_core::async_trait]
-    impl ResourceLock for Bounded {
-        async fn get(&self) -> Result<Option<leader_core::Observed>, leader_core::LockError> {
-            self.0.get().await
-        }
-        async fn create(
-            &self,
-            record: &leader_core::LeaderElectionRecord,
-        ) -> Result<leader_core::Observed, leader_core::LockError> {
-            self.0.create(record).await
-        }
-        async fn update(
-            &self,
-            version: &leader_core::Version,
-            record: &leader_core::LeaderElectionRecord,
-        ) -> Result<leader_core::Observed, leader_core::LockError> {
-            self.0.update(version, record).await
-        }
-        fn identity(&self) -> &str {
-            self.0.identity()
-        }
-        fn describe(&self) -> String {
-            self.0.describe()
-        }
-        async fn check_lease(&self, lease: Duration) -> Result<(), leader_core::LockError> {
-            Err(leader_core::LockError::Misconfigured {
-                backend: "test",
-                message: format!("no lease of {lease:?} is kept here"),
-            })
-        }
-    }
     let store = MemoryStore::new();
     let made = store.clone();
     let locks = KeyedLocks::new("a", "memory", move |key, identity| {
-        Arc::new(Bounded(Arc::new(made.lock(key, identity))))
+        // The store keeps no lease at all.
+        Arc::new(TestLock::new(made.lock(key, identity)).longest_lease(Duration::ZERO))
     });
     let shards = Shards::builder("jobs", 4, locks)
         .timings(TIMINGS)
@@ -1624,17 +1445,11 @@ async fn one_unreadable_shard_record_freezes_nothing() {
     tokio::time::pause();
     let set = Set::new(Clock::Follower, 9);
     let (a, b, c) = (set.join("a"), set.join("b"), set.join("c"));
-    until(Duration::from_secs(30), || {
-        balanced_members(&[&a, &b, &c], 9)
-    })
-    .await
-    .expect("balanced");
+    set.until_balanced(&[&a, &b, &c], "balanced").await;
     let bad = *c.owned().first().expect("c owns a shard");
     let bad_key = leader_core::backend::shard_key("jobs", bad);
     set.store.corrupt(&bad_key, "not a record");
-    // A crash: the process is gone, its records stay as they were.
-    c.faults.hang(true);
-    c.task.abort();
+    c.crash();
     until(Duration::from_secs(30), || {
         balanced_around(&[&a, &b], 9, &[bad])
     })
@@ -1674,15 +1489,8 @@ async fn one_unreadable_shard_record_freezes_nothing() {
     .await
     .unwrap_or_else(|| panic!("d not drained: {:?}", d.owned()));
     still_unreadable(&set, &bad_key).await;
-    assert_eq!(
-        set.expired.load(Ordering::SeqCst),
-        0,
-        "terms ended by their deadline"
-    );
-    for m in [a, b, d] {
-        m.leave().await.expect("left");
-    }
-    set.log.check("paused clock");
+    assert_eq!(set.expired(), 0, "terms ended by their deadline");
+    set.finish([a, b, d], "paused clock").await;
 }
 
 /// S8 for a shard set: a crashed member's record that cannot be read, then a roster that
@@ -1694,15 +1502,10 @@ async fn an_unreadable_member_record_or_roster_freezes_nothing() {
     tokio::time::pause();
     let set = Set::new(Clock::Follower, 12);
     let (a, b, c, d) = (set.join("a"), set.join("b"), set.join("c"), set.join("d"));
-    until(Duration::from_secs(30), || {
-        balanced_members(&[&a, &b, &c, &d], 12)
-    })
-    .await
-    .expect("balanced");
+    set.until_balanced(&[&a, &b, &c, &d], "balanced").await;
     let c_key = leader_core::backend::member_key("jobs", "c");
     set.store.corrupt(&c_key, "not a record");
-    c.faults.hang(true);
-    c.task.abort();
+    c.crash();
     until(Duration::from_secs(30), || {
         balanced_members(&[&a, &b, &d], 12)
     })
@@ -1715,22 +1518,14 @@ async fn an_unreadable_member_record_or_roster_freezes_nothing() {
     });
     let roster = leader_core::backend::roster_key("jobs");
     set.store.corrupt(&roster, "not a record");
-    d.faults.hang(true);
-    d.task.abort();
+    d.crash();
     until(Duration::from_secs(30), || balanced_members(&[&a, &b], 12))
         .await
         .unwrap_or_else(|| panic!("d's shards not taken: {:?}", [a.owned(), b.owned()]));
     still_unreadable(&set, &c_key).await;
     still_unreadable(&set, &roster).await;
-    assert_eq!(
-        set.expired.load(Ordering::SeqCst),
-        0,
-        "terms ended by their deadline"
-    );
-    for m in [a, b] {
-        m.leave().await.expect("left");
-    }
-    set.log.check("paused clock");
+    assert_eq!(set.expired(), 0, "terms ended by their deadline");
+    set.finish([a, b], "paused clock").await;
 }
 
 /// S17 for a shard set: the count reaches the work. A member's count watch starts at the count
@@ -1740,38 +1535,27 @@ async fn an_unreadable_member_record_or_roster_freezes_nothing() {
 #[tokio::test]
 async fn the_count_reaches_the_work() {
     tokio::time::pause();
-    let store = MemoryStore::new();
-    let locks = KeyedLocks::new("a", "memory", move |key, identity| {
-        Arc::new(store.lock(key, identity)) as Arc<dyn ResourceLock>
-    });
+    let locks = plain_locks(&MemoryStore::new(), "a");
     let tool = locks.clone();
     let shards = Shards::builder("jobs", 6, locks)
         .timings(TIMINGS)
         .build()
         .expect("valid configuration");
     let mut count = shards.subscribe_count();
-    let state = shards.subscribe();
     assert_eq!(*count.borrow_and_update(), 6);
-    let shutdown = CancellationToken::new();
-    let task = tokio::spawn(shards.run(shutdown.clone()));
-    until(Duration::from_secs(10), || {
-        state.borrow().tokens().len() == 6
-    })
-    .await
-    .expect("a owns the set");
-    let terms = state.borrow().owned.clone();
-    resize_shard_set(&tool, "jobs", 9).await.expect("grown");
-    tokio::time::timeout(TIMINGS.retry_period * 4, count.changed())
+    let a = Member::start(shards, Shards::run);
+    until(Duration::from_secs(10), || a.owned().len() == 6)
         .await
-        .expect("the count reached the work within a few rounds")
-        .expect("the set runs");
-    assert_eq!(*count.borrow_and_update(), 9);
-    resize_shard_set(&tool, "jobs", 4).await.expect("shrunk");
-    tokio::time::timeout(TIMINGS.retry_period * 4, count.changed())
-        .await
-        .expect("the count reached the work within a few rounds")
-        .expect("the set runs");
-    assert_eq!(*count.borrow_and_update(), 4);
+        .expect("a owns the set");
+    let terms = a.state.borrow().owned.clone();
+    for (to, resized) in [(9, "grown"), (4, "shrunk")] {
+        resize_shard_set(&tool, "jobs", to).await.expect(resized);
+        tokio::time::timeout(TIMINGS.retry_period * 4, count.changed())
+            .await
+            .expect("the count reached the work within a few rounds")
+            .expect("the set runs");
+        assert_eq!(*count.borrow_and_update(), to);
+    }
     for (shard, term) in &terms {
         assert_eq!(
             term.is_lost(),
@@ -1779,101 +1563,41 @@ async fn the_count_reaches_the_work() {
             "shard {shard}'s term when the count moved to 4"
         );
     }
-    shutdown.cancel();
-    task.await.expect("task").expect("ran");
+    a.leave().await;
     assert!(
         count.changed().await.is_err(),
         "the count's sender outlived the set"
     );
 }
 
-/// A shard record whose compare-and-swap writes (`update`: extensions, releases) or claims
-/// (`try_acquire`, `create`) answer `delay` late, the store applying them at once; its
-/// renewals and reads answer at once.
-#[derive(Debug)]
-struct LateAnswers {
-    inner: Arc<dyn ResourceLock>,
-    updates: Duration,
-    claims: Duration,
-}
-
-#[leader_core::async_trait]
-impl ResourceLock for LateAnswers {
-    async fn get(&self) -> Result<Option<leader_core::Observed>, leader_core::LockError> {
-        self.inner.get().await
-    }
-    async fn create(
-        &self,
-        record: &leader_core::LeaderElectionRecord,
-    ) -> Result<leader_core::Observed, leader_core::LockError> {
-        let answer = self.inner.create(record).await;
-        sleep(self.claims).await;
-        answer
-    }
-    async fn update(
-        &self,
-        version: &leader_core::Version,
-        record: &leader_core::LeaderElectionRecord,
-    ) -> Result<leader_core::Observed, leader_core::LockError> {
-        let answer = self.inner.update(version, record).await;
-        sleep(self.updates).await;
-        answer
-    }
-    async fn renew(
-        &self,
-        version: &leader_core::Version,
-        record: &leader_core::LeaderElectionRecord,
-    ) -> Result<leader_core::Observed, leader_core::LockError> {
-        self.inner.renew(version, record).await
-    }
-    fn identity(&self) -> &str {
-        self.inner.identity()
-    }
-    fn describe(&self) -> String {
-        self.inner.describe()
-    }
-    async fn try_acquire(
-        &self,
-        desired: &leader_core::LeaderElectionRecord,
-    ) -> Result<Option<leader_core::Acquisition>, leader_core::LockError> {
-        let answer = self.inner.try_acquire(desired).await;
-        sleep(self.claims).await;
-        answer
-    }
-}
-
-/// Member `identity` of set "jobs" on `store`, whose shard records answer writes and claims
-/// late ([`LateAnswers`]); the terms that ended by their deadline are counted in `expired`.
+/// The only member, `a`, of a set of `count` shards on a store of its own, whose shard records
+/// answer their compare-and-swap writes (`update`: extensions, releases) `updates` late and
+/// their claims `claims` late, the store applying them at once (renewals and reads answer at
+/// once); the terms that ended by their deadline are counted in the number returned.
 fn late_member(
-    store: &MemoryStore,
-    identity: &str,
     count: u32,
     updates: Duration,
     claims: Duration,
-    expired: &Arc<AtomicUsize>,
-) -> leader_core::ShardsBuilder {
-    let store = store.clone();
-    let locks = KeyedLocks::new(identity, "memory", move |key, identity| {
+) -> (leader_core::ShardsBuilder, Arc<AtomicUsize>) {
+    let store = MemoryStore::new();
+    let expired = Arc::new(AtomicUsize::new(0));
+    let locks = KeyedLocks::new("a", "memory", move |key, identity| {
         let lock: Arc<dyn ResourceLock> = Arc::new(store.lock(key, identity));
         if key.starts_with("jobs-shard-") {
-            Arc::new(LateAnswers {
-                inner: lock,
-                updates,
-                claims,
-            })
+            Arc::new(
+                TestLock::wrap(lock)
+                    .late(&[Request::Update], updates)
+                    .late(&CLAIMS, claims),
+            )
         } else {
             lock
         }
     });
-    let expired = expired.clone();
-    Shards::builder("jobs", count, locks)
+    let builder = Shards::builder("jobs", count, locks)
         .timings(TIMINGS)
         .request_timeout(TIMINGS.renew_deadline)
-        .on_shard_stopped(move |_, stop| {
-            if stop.reason == StepDownReason::RenewDeadlineExceeded {
-                expired.fetch_add(1, Ordering::SeqCst);
-            }
-        })
+        .on_shard_stopped(count_expired(&expired));
+    (builder, expired)
 }
 
 /// The shards' work writes an extension every round, each write answered in more than a
@@ -1884,17 +1608,13 @@ fn late_member(
 async fn extension_writes_never_delay_the_renewals() {
     tokio::time::pause();
     const COUNT: u32 = 8;
-    let store = MemoryStore::new();
-    let expired = Arc::new(AtomicUsize::new(0));
     let updates = TIMINGS.retry_period + Duration::from_millis(100);
-    let shards = late_member(&store, "a", COUNT, updates, Duration::ZERO, &expired)
-        .build()
-        .expect("valid configuration");
+    let (shards, expired) = late_member(COUNT, updates, Duration::ZERO);
+    let shards = shards.build().expect("valid configuration");
     let written = Arc::new(Mutex::new(std::collections::BTreeMap::<u32, usize>::new()));
-    let shutdown = CancellationToken::new();
-    let task = tokio::spawn(shards.run_per_shard(shutdown.clone(), {
+    let work = {
         let written = written.clone();
-        move |shard, term| {
+        move |shard, term: Leadership| {
             let written = written.clone();
             async move {
                 for n in 0.. {
@@ -1908,7 +1628,10 @@ async fn extension_writes_never_delay_the_renewals() {
                 }
             }
         }
-    }));
+    };
+    let a = Member::start(shards, |shards, shutdown| {
+        shards.run_per_shard(shutdown, work)
+    });
     sleep(TIMINGS.lease_duration * 6).await;
     assert_eq!(
         expired.load(Ordering::SeqCst),
@@ -1918,8 +1641,7 @@ async fn extension_writes_never_delay_the_renewals() {
     let written = written.lock().unwrap().clone();
     assert_eq!(written.len(), COUNT as usize, "{written:?}");
     assert!(written.values().all(|&n| n >= 5), "{written:?}");
-    shutdown.cancel();
-    task.await.expect("task").expect("ran");
+    a.leave().await;
 }
 
 /// A shard's work that returns while another holder of its term has a request waiting (an
@@ -1928,48 +1650,27 @@ async fn extension_writes_never_delay_the_renewals() {
 #[tokio::test]
 async fn a_give_up_is_never_lost() {
     tokio::time::pause();
-    let store = MemoryStore::new();
-    let locks = KeyedLocks::new("a", "memory", move |key, identity| {
-        Arc::new(store.lock(key, identity)) as Arc<dyn ResourceLock>
-    });
-    let ends = Arc::new(Mutex::new(Vec::new()));
-    let shards = Shards::builder("jobs", 2, locks)
-        .timings(TIMINGS)
-        .on_shard_stopped({
-            let ends = ends.clone();
-            move |shard, stop| ends.lock().unwrap().push((shard, stop.reason))
-        })
-        .build()
-        .expect("valid configuration");
-    let shutdown = CancellationToken::new();
-    let task = tokio::spawn(
-        shards.run_per_shard(shutdown.clone(), |shard, term| async move {
-            if shard == 0 {
-                // Another holder of the term asks for a write, which waits for the member's next
-                // round; the work returns meanwhile.
-                let other = term.clone();
-                tokio::spawn(async move {
-                    let _ = other.set_extension("note", Some("x".into())).await;
-                });
-                for _ in 0..4 {
-                    tokio::task::yield_now().await;
-                }
-                return;
+    let (a, ends) = two_shards_with_work(|shard, term| async move {
+        if shard == 0 {
+            // Another holder of the term asks for a write, which waits for the member's next
+            // round; the work returns meanwhile.
+            let other = term.clone();
+            tokio::spawn(async move {
+                let _ = other.set_extension("note", Some("x".into())).await;
+            });
+            for _ in 0..4 {
+                tokio::task::yield_now().await;
             }
-            std::future::pending::<()>().await;
-        }),
-    );
-    until(Duration::from_secs(10), || {
-        ends.lock().unwrap().iter().any(|(shard, _)| *shard == 0)
-    })
-    .await
-    .expect("shard 0 given up");
+            return;
+        }
+        std::future::pending::<()>().await;
+    });
+    until_given_up(&ends, 0).await;
     assert_eq!(
         ends.lock().unwrap().first(),
         Some(&(0, StepDownReason::SteppedDown))
     );
-    shutdown.cancel();
-    task.await.expect("task").expect("ran");
+    a.leave().await;
 }
 
 /// Claims that the store applies at once but answers past the round's budget (a slow
@@ -1980,23 +1681,16 @@ async fn a_give_up_is_never_lost() {
 async fn claims_answered_late_are_not_dropped() {
     tokio::time::pause();
     const COUNT: u32 = 8;
-    let store = MemoryStore::new();
-    let expired = Arc::new(AtomicUsize::new(0));
-    let claims = TIMINGS.retry_period;
-    let shards = late_member(&store, "a", COUNT, Duration::ZERO, claims, &expired)
-        .build()
-        .expect("valid configuration");
-    let state = shards.subscribe();
-    let shutdown = CancellationToken::new();
-    let task = tokio::spawn(shards.run(shutdown.clone()));
+    let (shards, expired) = late_member(COUNT, Duration::ZERO, TIMINGS.retry_period);
+    let shards = shards.build().expect("valid configuration");
+    let a = Member::start(shards, Shards::run);
     until(TIMINGS.lease_duration * 2, || {
-        state.borrow().tokens().len() == COUNT as usize
+        a.owned().len() == COUNT as usize
     })
     .await
-    .unwrap_or_else(|| panic!("a owns {:?}", state.borrow().tokens()));
-    let tokens = state.borrow().tokens();
+    .unwrap_or_else(|| panic!("a owns {:?}", a.state.borrow().tokens()));
+    let tokens = a.state.borrow().tokens();
     assert!(tokens.values().all(|&t| t == 1), "{tokens:?}");
     assert_eq!(expired.load(Ordering::SeqCst), 0);
-    shutdown.cancel();
-    task.await.expect("task").expect("ran");
+    a.leave().await;
 }

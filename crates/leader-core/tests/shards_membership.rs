@@ -4,6 +4,8 @@
 //! runs, a second reservation of the same member, and a member handing many shards over at
 //! once.
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -19,6 +21,8 @@ use leader_core::{
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep};
+
+use common::{Logs, until};
 
 const TIMINGS: Timings = Timings {
     lease_duration: Duration::from_secs(3),
@@ -130,19 +134,6 @@ fn operator(set: &Set) -> KeyedLocks {
 fn balanced_members(members: &[&Member], count: u32) -> bool {
     let states: Vec<_> = members.iter().map(|m| &m.state).collect();
     balanced(&states, count)
-}
-
-/// Advances the paused clock a little at a time until `done`, up to `within`; returns how
-/// long it took.
-async fn until(within: Duration, mut done: impl FnMut() -> bool) -> Option<Duration> {
-    let start = Instant::now();
-    while start.elapsed() <= within {
-        if done() {
-            return Some(start.elapsed());
-        }
-        sleep(Duration::from_millis(100)).await;
-    }
-    None
 }
 
 /// Three static members with `window`, balanced over 9 shards.
@@ -295,46 +286,6 @@ async fn the_static_membership_window_is_the_lease_unless_set_and_is_checked() {
             err.to_string().contains("static membership window"),
             "{err}"
         );
-    }
-}
-
-/// The log lines of a test, at warn and above.
-#[derive(Clone, Default)]
-struct Logs(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Logs {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Logs {
-    fn capture(&self) -> tracing::subscriber::DefaultGuard {
-        let logs = self.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::WARN)
-            .with_ansi(false)
-            .with_writer(move || logs.clone())
-            .finish();
-        tracing::subscriber::set_default(subscriber)
-    }
-
-    /// The lines that say `words`.
-    fn lines_with(&self, words: &str) -> Vec<String> {
-        let text =
-            String::from_utf8_lossy(&self.0.lock().unwrap_or_else(|p| p.into_inner())).into_owned();
-        text.lines()
-            .filter(|l| l.contains(words))
-            .map(str::to_owned)
-            .collect()
     }
 }
 

@@ -2,23 +2,17 @@
 //! handle, readiness fails for a replica that could not take over, a timeout names the lock,
 //! and fencing tokens start at a floor.
 
+mod common;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use leader_core::background::Candidate;
 use leader_core::faults::{Fault, FaultyLock};
-use leader_core::{
-    ElectionError, LeaderElector, LeaderElectorBuilder, LockError, MemoryStore, NotReady,
-    ResourceLock,
-};
+use leader_core::{ElectionError, LockError, MemoryStore, NotReady};
 use tokio::time::{Instant, sleep};
 
-const LEASE: Duration = Duration::from_secs(15);
-const RETRY: Duration = Duration::from_secs(2);
-
-fn builder(lock: impl ResourceLock + 'static) -> LeaderElectorBuilder {
-    LeaderElector::builder(lock).jitter(0.0)
-}
+use common::{LEASE, RETRY, builder};
 
 #[tokio::test(start_paused = true)]
 async fn errors_reach_the_program_and_readiness() {

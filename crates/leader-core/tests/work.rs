@@ -2,22 +2,34 @@
 //! Work that returns or panics ends the term (or is restarted, when asked), and work can step
 //! down.
 
+mod common;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use leader_core::background::Candidate;
 use leader_core::{
-    CancellationToken, LeaderElector, LeaderElectorBuilder, LeaderState, MemoryStore, ResourceLock,
-    StepDownReason, WorkExit,
+    CancellationToken, LeaderState, MemoryStore, ResourceLock, StepDownReason, WorkExit,
 };
+use tokio::sync::watch;
 use tokio::time::{Instant, sleep};
 
-const LEASE: Duration = Duration::from_secs(15);
-const RETRY: Duration = Duration::from_secs(2);
+use common::{LEASE, Logs, RETRY, builder};
 
-fn builder(lock: impl ResourceLock + 'static) -> LeaderElectorBuilder {
-    LeaderElector::builder(lock).jitter(0.0)
+/// Waits for the elector that `state` follows to lead; returns its term's fencing token.
+async fn leading_token(state: &mut watch::Receiver<LeaderState>) -> u64 {
+    let state = state.wait_for(LeaderState::is_leading).await.unwrap();
+    state.leadership().unwrap().fencing_token()
+}
+
+/// `a` stepped down: it does not take the lease back while `b` leads, for two leases; then
+/// both stop.
+async fn only_b_leads_then_stop(a: Candidate, b: Candidate) {
+    sleep(LEASE * 2).await;
+    assert!(b.is_leading() && !a.is_leading());
+    b.stop().await;
+    a.stop().await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -45,10 +57,7 @@ async fn work_that_returns_ends_the_term_and_releases_the_lease() {
         "the lease is released for the next one"
     );
     // The one that stepped down does not take the lease back while the other leads.
-    sleep(LEASE * 2).await;
-    assert!(b.is_leading() && !a.is_leading());
-    b.stop().await;
-    a.stop().await;
+    only_b_leads_then_stop(a, b).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -66,23 +75,11 @@ async fn run_while_leading_ends_the_term_when_its_work_returns() {
             sleep(Duration::from_secs(1)).await;
         }
     }));
-    let first = state
-        .wait_for(LeaderState::is_leading)
-        .await
-        .unwrap()
-        .leadership()
-        .unwrap()
-        .fencing_token();
+    let first = leading_token(&mut state).await;
     // Alone, it leads again after standing back, with a new token, and runs the work again.
     state.wait_for(|s| !s.is_leading()).await.unwrap();
     let stepped_down = Instant::now();
-    let second = state
-        .wait_for(LeaderState::is_leading)
-        .await
-        .unwrap()
-        .leadership()
-        .unwrap()
-        .fencing_token();
+    let second = leading_token(&mut state).await;
     assert!(second > first);
     assert!(
         stepped_down.elapsed() >= RETRY,
@@ -167,10 +164,7 @@ async fn work_can_step_down() {
     let stopped = a.stopped();
     assert_eq!(stopped[0].reason, StepDownReason::SteppedDown);
     assert!(stopped[0].released);
-    sleep(LEASE * 2).await;
-    assert!(b.is_leading() && !a.is_leading());
-    b.stop().await;
-    a.stop().await;
+    only_b_leads_then_stop(a, b).await;
 }
 
 /// Work handed to a task of its own, with a clone of the leadership, keeps the term while
@@ -253,37 +247,6 @@ async fn a_lease_handed_back_is_taken_at_once() {
     );
     b.stop().await;
     a.stop().await;
-}
-
-/// The log lines of a test, at warn and above.
-#[derive(Clone, Default)]
-struct Logs(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Logs {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Logs {
-    fn capture(&self) -> tracing::subscriber::DefaultGuard {
-        let logs = self.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::WARN)
-            .with_ansi(false)
-            .with_writer(move || logs.clone())
-            .finish();
-        tracing::subscriber::set_default(subscriber)
-    }
-
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
-    }
 }
 
 /// Terms that end at once, as `run_while_leading(.., |_| async {})` gives them: said at error
