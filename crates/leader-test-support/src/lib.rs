@@ -167,9 +167,10 @@ fn host_port(url: &str, default_port: u16) -> String {
     }
 }
 
-/// `url` when its server answers a TCP connection, else `None` with a line saying why (a
-/// skip), or a failure under CI, where every service must be there.
-fn answering(what: &str, url: String, default_port: u16) -> Option<String> {
+/// `url` when its server answers a TCP connection (at `default_port` when the URL names
+/// none), else `None` with a line saying why (a skip), or a failure under CI, where every
+/// service must be there.
+pub fn answering(what: &str, url: String, default_port: u16) -> Option<String> {
     let address = host_port(&url, default_port);
     let reached = std::net::ToSocketAddrs::to_socket_addrs(&address)
         .ok()

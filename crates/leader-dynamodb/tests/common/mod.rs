@@ -12,15 +12,9 @@ use leader_core::{LockSet, ResourceLock, async_trait};
 use leader_dynamodb::aws_sdk_dynamodb::types::AttributeValue;
 use leader_dynamodb::{DynamoStore, DynamoStoreBuilder, aws_config};
 
-/// `DYNAMODB_ENDPOINT`'s default: moto on loopback.
-pub const DEFAULT_ENDPOINT: &str = "http://127.0.0.1:9000";
-
-/// The DynamoDB endpoint of the tests.
+/// The DynamoDB endpoint of the tests ([`leader_test_support::dynamodb_endpoint`]).
 pub fn endpoint() -> String {
-    std::env::var("DYNAMODB_ENDPOINT")
-        .ok()
-        .filter(|e| !e.is_empty())
-        .unwrap_or_else(|| DEFAULT_ENDPOINT.to_owned())
+    leader_test_support::dynamodb_endpoint()
 }
 
 /// A table name nobody used.
@@ -56,25 +50,7 @@ pub async fn builder(table: &str) -> DynamoStoreBuilder {
 
 /// Whether the test server answers: `false` (a skip) when it does not, a failure under CI.
 pub fn server_or_skip() -> bool {
-    let endpoint = endpoint();
-    let authority = endpoint
-        .trim_start_matches("http://")
-        .trim_end_matches('/')
-        .to_owned();
-    let reached = std::net::ToSocketAddrs::to_socket_addrs(&authority)
-        .ok()
-        .and_then(|mut addrs| addrs.next())
-        .is_some_and(|addr| {
-            std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(2)).is_ok()
-        });
-    if !reached {
-        assert!(
-            !leader_test_support::in_ci(),
-            "CI=true, but no DynamoDB server answers at {endpoint}"
-        );
-        eprintln!("skipping: no DynamoDB server answers at {endpoint}; run scripts/test");
-    }
-    reached
+    leader_test_support::answering("DynamoDB server", endpoint(), 80).is_some()
 }
 
 /// A store on a new table of the test server (created by the lock), or `None` (a skip).

@@ -92,22 +92,7 @@ pub fn azurite_url() -> String {
 
 /// Whether Azurite answers: `false` (a skip) when it does not, a failure under CI.
 pub fn azurite_or_skip() -> bool {
-    let url = azurite_url();
-    let authority = url.trim_start_matches("http://").to_owned();
-    let reached = std::net::ToSocketAddrs::to_socket_addrs(&authority)
-        .ok()
-        .and_then(|mut addrs| addrs.next())
-        .is_some_and(|addr| {
-            std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(2)).is_ok()
-        });
-    if !reached {
-        assert!(
-            !leader_test_support::in_ci(),
-            "CI=true, but Azurite does not answer at {url}"
-        );
-        eprintln!("skipping: Azurite does not answer at {url}; run scripts/test");
-    }
-    reached
+    leader_test_support::answering("Azurite", azurite_url(), 10000).is_some()
 }
 
 /// A container name nobody used.
