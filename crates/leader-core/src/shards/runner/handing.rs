@@ -15,6 +15,7 @@ use crate::error::LockError;
 use crate::leadership::{
     ExtensionChanges, ExtensionError, LeadershipLost, StepDownReason, TermRequest,
 };
+use crate::lock::ResourceLock;
 use crate::metrics as m;
 use crate::record::{LeaderElectionRecord, Observed, Version};
 use crate::rules;
@@ -154,12 +155,8 @@ impl Runner {
                     lease_duration: hold.unwrap_or(free.lease_duration),
                     ..free
                 };
-                // The semaphore is never closed: a permit always comes.
-                let _write = writes.acquire().await;
                 released =
-                    tokio::time::timeout(timeout, lock.update(&term.observed.version, &record))
-                        .await
-                        .is_ok_and(|r| r.is_ok());
+                    write_release(&writes, &*lock, &term.observed.version, &record, timeout).await;
             } else {
                 tracing::warn!(
                     shards = name,
@@ -198,8 +195,7 @@ impl Runner {
         );
         let writes = self.release_writes.clone();
         let task = self.releases.spawn(async move {
-            let _write = writes.acquire().await;
-            let _ = tokio::time::timeout(timeout, lock.update(&observed.version, &record)).await;
+            write_release(&writes, &*lock, &observed.version, &record, timeout).await;
             shard
         });
         self.releasing.insert(shard, task.id());
@@ -404,4 +400,21 @@ impl Runner {
             Err(err) => Err(ExtensionError::Lock(Arc::new(err))),
         }
     }
+}
+
+/// Writes a release, `record` over `version`, within `timeout`, once one of the release writes
+/// that may be under way at once (`writes`, [`RELEASES_AT_ONCE`](super::RELEASES_AT_ONCE)) is
+/// free. True when the store took it.
+async fn write_release(
+    writes: &tokio::sync::Semaphore,
+    lock: &dyn ResourceLock,
+    version: &Version,
+    record: &LeaderElectionRecord,
+    timeout: std::time::Duration,
+) -> bool {
+    // The semaphore is never closed: a permit always comes.
+    let _write = writes.acquire().await;
+    tokio::time::timeout(timeout, lock.update(version, record))
+        .await
+        .is_ok_and(|r| r.is_ok())
 }
