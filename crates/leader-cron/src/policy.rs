@@ -60,7 +60,8 @@ pub enum Overlap {
 }
 
 /// What to do with a firing that was started and whose leader died (or lost its lease) before
-/// its outcome was recorded. The next leader finds it in the store and applies this at once.
+/// its outcome was recorded. The next leader finds it in the store and applies this at once;
+/// a retry then takes its turn by that leader's [`Overlap`](crate::Overlap), as any firing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Interrupted {

@@ -50,7 +50,8 @@ impl CronJob {
         let mut term = Term::default();
         // Firings started by earlier terms and never ended: their leader died or lost its
         // lease. Retried or given up, never silently either.
-        let interrupted = std::mem::take(&mut state.running);
+        let mut interrupted = std::mem::take(&mut state.running);
+        interrupted.sort_by_key(|firing| firing.scheduled);
         let mut dirty = write || !interrupted.is_empty();
         for firing in interrupted {
             match inner.interrupted {
@@ -61,12 +62,7 @@ impl CronJob {
                         attempt = firing.attempt + 1,
                         "a firing whose leader died before it ended runs again"
                     );
-                    term.starts.push(Start {
-                        scheduled: firing.scheduled,
-                        attempt: firing.attempt + 1,
-                        triggered_by: firing.triggered_by.clone(),
-                        retry_at: None,
-                    });
+                    self.resume_interrupted(&mut state, &firing, &mut term);
                 }
                 policy => {
                     let reason = match policy {

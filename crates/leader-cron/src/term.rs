@@ -578,7 +578,62 @@ impl CronJob {
         let backoff = Backoff::new(inner.retry_backoff, MOST_BACKOFF).wait_after(started.attempt);
         let at = inner.clock.now() + chrono::Duration::from_std(backoff).unwrap_or_default();
         tracing::warn!(schedule = %inner.name, scheduled = %started.scheduled, attempt = started.attempt, outcome = outcome.name(), ?backoff, "firing failed: it runs again after a back-off");
-        // The record stays bounded: beyond the most retries waiting, the oldest is given up.
+        self.wait_to_retry(
+            state,
+            Retry {
+                scheduled: started.scheduled,
+                attempt: started.attempt + 1,
+                at,
+                triggered_by: started.triggered_by.clone(),
+                unknown_fields: Default::default(),
+            },
+        );
+    }
+
+    /// A firing an earlier leader started and never ended (its leader died or lost its
+    /// lease), to run again as attempt `firing.attempt + 1`: it takes its turn by the overlap
+    /// policy as any firing does, the interrupted ones in the order of their instants. It
+    /// starts now when there is room; under [`Overlap::Forbid`] (or [`Overlap::Allow`] at
+    /// its maximum) it waits among the retries, due at its instant, so that it runs before
+    /// anything due later; under [`Overlap::Replace`] the latest interrupted firing replaces
+    /// the earlier ones, which end as replaced. An earlier leader under another policy (a
+    /// configuration changed, a rollout under way) may have left several running at once.
+    pub(crate) fn resume_interrupted(
+        &self,
+        state: &mut CronState,
+        firing: &Started,
+        term: &mut Term,
+    ) {
+        match self.room(state, term, firing.scheduled) {
+            Room::Now(made) => {
+                self.missed(state, made.superseded, made.latest);
+                term.starts.push(Start {
+                    scheduled: firing.scheduled,
+                    attempt: firing.attempt + 1,
+                    triggered_by: firing.triggered_by.clone(),
+                    retry_at: None,
+                });
+            }
+            Room::Later(made) => {
+                self.missed(state, made.superseded, made.latest);
+                self.wait_to_retry(
+                    state,
+                    Retry {
+                        scheduled: firing.scheduled,
+                        attempt: firing.attempt + 1,
+                        at: firing.scheduled,
+                        triggered_by: firing.triggered_by.clone(),
+                        unknown_fields: Default::default(),
+                    },
+                );
+            }
+        }
+    }
+
+    /// Puts `retry` among the firings that wait for a retry, keeping the record bounded:
+    /// beyond [`MAX_RETRYING`] waiting, the oldest is given up.
+    fn wait_to_retry(&self, state: &mut CronState, retry: Retry) {
+        let inner = &self.inner;
         while state.retrying.len() >= MAX_RETRYING {
             let Some(index) =
                 (0..state.retrying.len()).min_by_key(|&i| state.retrying[i].scheduled)
@@ -600,13 +655,7 @@ impl CronJob {
                 Outcome::GaveUp { reason },
             );
         }
-        state.retrying.push(Retry {
-            scheduled: started.scheduled,
-            attempt: started.attempt + 1,
-            at,
-            triggered_by: started.triggered_by.clone(),
-            unknown_fields: Default::default(),
-        });
+        state.retrying.push(retry);
     }
 
     /// [`Overlap::Replace`]: cancels the running firings, recorded as replaced at once (their

@@ -277,6 +277,61 @@ async fn an_interrupted_firing_is_retried_or_given_up_never_silently() {
     }
 }
 
+/// A leader under `Allow` dies with two firings running (10:00 and 10:20, each working 1000
+/// s); the next leader's configuration says `Forbid` or `Replace` (a changed configuration
+/// rolled out, or replicas of two releases). The interrupted firings run again by the new
+/// leader's policy, as any firing does: under `Forbid` one at a time, in the order of their
+/// instants; under `Replace` the latest only, the earlier recorded as replaced. Never the two
+/// side by side.
+#[tokio::test(start_paused = true)]
+async fn interrupted_firings_run_again_by_the_new_leaders_overlap_policy() {
+    for overlap in [Overlap::Forbid, Overlap::Replace] {
+        let (store, clock, log) = world();
+        let every = Schedule::every(Duration::from_secs(600)).expect("schedule");
+        let works = Duration::from_secs(1000);
+        let retry = Interrupted::Retry { max_attempts: 3 };
+        let mut a = replica(&store, &clock, "a", &every, &log, works, |b| {
+            b.overlap(Overlap::Allow).interrupted(retry)
+        });
+        sleep(Duration::from_secs(20 * 60 + 30)).await;
+        assert!(a.leading());
+        assert_eq!(stored(&store).await.running.len(), 2, "two run at 10:20");
+        a.crash();
+        let mut b = replica(&store, &clock, "b", &every, &log, works, |b| {
+            b.overlap(overlap).interrupted(retry)
+        });
+        // Every 30 s for an hour: never two firings running.
+        for _ in 0..120 {
+            sleep(Duration::from_secs(30)).await;
+            let state = stored(&store).await;
+            assert!(state.running.len() <= 1, "{overlap:?}: {state:?}");
+        }
+        let started = instants(&log);
+        let state = stored(&store).await;
+        assert_eq!(started[..2], [(minutes(10), 1), (minutes(20), 1)]);
+        match overlap {
+            Overlap::Forbid => assert_eq!(
+                started[2..4],
+                [(minutes(10), 2), (minutes(20), 2)],
+                "in the order of their instants, one after the other: {state:?}"
+            ),
+            _ => {
+                assert_eq!(started[2], (minutes(20), 2), "the latest: {state:?}");
+                assert!(!started.contains(&(minutes(10), 2)), "{started:?}");
+                assert!(
+                    state.history.iter().chain(&state.last).any(|ended| {
+                        ended.scheduled == minutes(10)
+                            && ended.attempt == 2
+                            && ended.outcome == Outcome::Replaced
+                    }),
+                    "the earlier recorded as replaced: {state:?}"
+                );
+            }
+        }
+        b.crash();
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_replica_with_another_schedule_is_refused_and_changes_nothing() {
     let (store, clock, log) = world();
