@@ -271,6 +271,7 @@ async fn failovers(kills: usize) {
         let report = match firings::run(
             backend,
             &vec![Fault::Kill; kills],
+            firings::Variations::none(),
             settings,
             &programs,
             &database_url(),

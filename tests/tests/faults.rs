@@ -16,8 +16,10 @@
 //! On a three-member etcd cluster (its own, on loopback) also faults of one member (killed and
 //! restarted, frozen, cut off from the replicas), each of which must cost the leader nothing:
 //! the report counts leaderships lost to a member's fault. And on every backend the schedule
-//! workload (`leader cron --every 1s`, see `harness::firings`): every scheduled instant started,
-//! none twice, no stale write accepted, under faults into the leader and the server.
+//! workload (`leader cron`, see `harness::firings`): every scheduled instant started, none
+//! twice, no two firings of a term side by side under forbid and replace, no stale write
+//! accepted, under faults into the leader and the server, with configuration changes (schedule
+//! and overlap policy) rolled out under it and replicas whose clocks disagree.
 //! And the shard workload on every backend but the advisory lock (`leader run --shards 4
 //! --static-membership`, see `harness::shards`): per shard, no two terms at once, tokens that
 //! grow, no stale write accepted, under faults into each replica in turn and into the server,
@@ -32,6 +34,8 @@
 //!   mixed fleet keeps whole seconds, as kubert needs);
 //! - `FAULT_OUTAGE_MS=O`: how long a full outage lasts (default three leases);
 //! - `FAULT_PARALLEL=1`: backends at the same time instead of one after the other.
+//! - `FAULT_CHANGE_EVERY=N`: the schedule workload rolls out a new configuration revision after
+//!   every Nth fault (default 50, or every quarter of a shorter run).
 //!
 //! For example `FAULT_COUNT=1000 FAULT_SHUFFLE=1 FAULT_LEASE_MS=800 cargo test -p leader-tests
 //! --release --test faults -- --nocapture`. A run says every violation as it happens and its
@@ -217,8 +221,9 @@ fn workload_faults(kinds: &[Fault]) -> Vec<Fault> {
     faults
 }
 
-/// The schedule workload (`leader cron --every 1s`) under the faults of `backend`: every
-/// scheduled instant started, none twice, no stale write accepted.
+/// The schedule workload (`leader cron`, its schedule and overlap policy changed under it,
+/// the replicas' clocks apart) under the faults of `backend`: every scheduled instant
+/// started, none twice, none of no schedule in force, no stale write accepted.
 fn firings(backend: Backend) {
     let _turn = turn();
     let faults = workload_faults(&leader_tests::harness::firings::faults_for(backend));
@@ -228,6 +233,7 @@ fn firings(backend: Backend) {
         leader_tests::harness::firings::run(
             backend,
             &faults,
+            leader_tests::harness::firings::Variations::campaign(faults.len()),
             settings(),
             &programs,
             &database_url(),
@@ -244,6 +250,10 @@ fn firings(backend: Backend) {
     );
     assert_eq!(report.faults, faults.len(), "every fault injected");
     assert!(report.instants > 0 && report.writes > 0, "{report:?}");
+    assert!(
+        report.changes > 0 || faults.len() < 2,
+        "a change rolled out: {report:?}"
+    );
 }
 
 #[test]

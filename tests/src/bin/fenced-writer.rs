@@ -10,9 +10,10 @@
 //!
 //! Under `leader cron` (`LEADER_FIRING_SCHEDULED` set) it is one firing's COMMAND: it appends
 //! `SCHEDULED ATTEMPT TOKEN IDENTITY MONOTONIC_NS WALL_MS` to `FIRINGS_LOG` when it starts, makes
-//! `FIRING_WRITES` writes (default 5), 20 ms apart, and exits; with `FIRING_FAILS=N` its first
-//! attempt exits with 1 after the writes when the scheduled second is a multiple of N (a
-//! firing that fails, for `--retries`).
+//! `FIRING_WRITES` writes (default 5), 20 ms apart, or fewer when a SIGTERM stops it (a firing
+//! replaced, cancelled or timed out), appends `end SCHEDULED ATTEMPT TOKEN MONOTONIC_NS`, and
+//! exits; with `FIRING_FAILS=N` its first attempt exits with 1 after the writes when the
+//! scheduled second is a multiple of N (a firing that fails, for `--retries`).
 
 use std::time::Duration;
 
@@ -56,30 +57,49 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let write = client.prepare(&sql).await?;
     if let Ok(scheduled) = std::env::var("LEADER_FIRING_SCHEDULED") {
         let attempt = std::env::var("LEADER_FIRING_ATTEMPT").unwrap_or_default();
-        if let Ok(path) = std::env::var("FIRINGS_LOG") {
+        let log = |line: String| -> std::io::Result<()> {
             use std::io::Write;
-            let wall = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)?
-                .as_millis();
-            let line = format!(
-                "{scheduled} {attempt} {token} {identity} {} {wall}\n",
-                now_ns()
-            );
+            let Ok(path) = std::env::var("FIRINGS_LOG") else {
+                return Ok(());
+            };
             // One write per line: lines from different processes never interleave.
             std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
                 .open(path)?
-                .write_all(line.as_bytes())?;
-        }
+                .write_all(line.as_bytes())
+        };
+        let wall = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_millis();
+        // The handler first: a SIGTERM right after the start line must still log the end.
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        log(format!(
+            "{scheduled} {attempt} {token} {identity} {} {wall}\n",
+            now_ns()
+        ))?;
         let writes: u32 = std::env::var("FIRING_WRITES")
             .ok()
             .and_then(|w| w.parse().ok())
             .unwrap_or(5);
+        let mut stopped = false;
         for _ in 0..writes {
             let at = i64::try_from(now_ns())?;
-            client.execute(&write, &[&token, &identity, &at]).await?;
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            tokio::select! {
+                _ = term.recv() => stopped = true,
+                written = async {
+                    client.execute(&write, &[&token, &identity, &at]).await?;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    Ok::<_, tokio_postgres::Error>(())
+                } => written?,
+            }
+            if stopped {
+                break;
+            }
+        }
+        log(format!("end {scheduled} {attempt} {token} {}\n", now_ns()))?;
+        if stopped {
+            std::process::exit(143);
         }
         if fails(&scheduled, &attempt) {
             std::process::exit(1);

@@ -1,15 +1,23 @@
-//! A schedule workload under faults: three replicas of `leader cron --every 1s --missed all
-//! --overlap allow --retries 1 --timeout 3s -- fenced-writer` against one backend, each firing's
-//! COMMAND logging its scheduled instant, attempt and token and writing through the fenced sink
-//! for 600 ms, the first attempt of every seventh second failing on purpose; faults into
-//! whichever replica leads (SIGKILL, SIGSTOP past the lease, its connection cut) and into the
-//! server (a crash and restart); after each fault an operator's `leader cron trigger`, and every
-//! 25th fault (the second first) a `suspend` for 4 s and a `resume`. The checker accounts for every scheduled
-//! instant: no (instant, attempt) started twice, no instant from the first to the last left
-//! unstarted (the policy runs every missed firing) but those due while suspended, a failed first
-//! attempt retried, a retry only of a firing started before (or recorded as started by a leader
-//! that a fault stopped before its COMMAND ran), a trigger run at most once, and no stale write
-//! accepted by the sink.
+//! A schedule workload under faults: three replicas of `leader cron --missed all --retries 1
+//! --timeout 3s -- fenced-writer` against one backend, each firing's COMMAND logging its
+//! scheduled instant, attempt and token, writing through the fenced sink for 600 ms and logging
+//! its end, the first attempt of every seventh second failing on purpose; faults into whichever
+//! replica leads (SIGKILL, SIGSTOP past the lease, its connection cut) and into the server (a
+//! crash and restart); after each fault an operator's `leader cron trigger`, every 25th fault
+//! (the second first) a `suspend` for 4 s and a `resume`, and every 50th (every quarter of a
+//! shorter run) a new configuration revision rolled out one replica at a time: its schedule
+//! moves every instant (every second, then odd and even seconds in turn) and its overlap policy
+//! goes allow, forbid, replace in turn (see [`plan`]). The replicas' wall clocks disagree
+//! (libfaketime): one right, one 1.5 s ahead, one 1.5 s behind.
+//!
+//! The checker accounts for every scheduled instant: no (instant, attempt) started twice, no
+//! instant of the schedule in force from the first to the last left unstarted (the missed
+//! policy runs every missed firing) but those due while suspended, those of the old schedule a
+//! change found unhandled (counted missed), and those a `replace` leader superseded after a
+//! fault; no instant started that no schedule in force has; a failed first attempt retried, a
+//! retry only of a firing started before (or recorded as started by a leader that a fault
+//! stopped before its COMMAND ran); under `forbid` and `replace` no two firings of one term
+//! side by side; a trigger run at most once, and no stale write accepted by the sink.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -22,6 +30,7 @@ use nix::unistd::Pid;
 use tokio::process::{Child, Command};
 use tokio::time::sleep;
 
+use self::plan::{Change, SKEW, configuration, in_force, near_change};
 use super::Programs;
 use super::campaign::{
     Backend, Fault, HarnessError, Settings, Stage, command_group, crash_and_restart, drain_sink,
@@ -52,6 +61,18 @@ pub struct FiringsReport {
     pub lost: usize,
     /// Instants not started because they were due while the schedule was suspended.
     pub suspended_missed: usize,
+    /// Configuration revisions rolled out under the running schedule (each changes its
+    /// instants and its overlap policy).
+    pub changes: usize,
+    /// Instants of the old schedule not started because a change found them unhandled (the
+    /// record counts them missed), and the new schedule's first instants near a change that
+    /// the changing leader's clock (off by up to 1.5 s) put before it.
+    pub changed_missed: usize,
+    /// Instants a `replace` leader found due together after a fault and superseded by the
+    /// latest (the record counts them missed, as the policy says).
+    pub superseded: usize,
+    /// Firings of one term that ran side by side under `forbid` or `replace`: must be 0.
+    pub side_by_side: usize,
     /// Instants never started that a leader gave up near a fault: each of their attempts was
     /// recorded as started by a leader a fault stopped before its COMMAND logged, and the
     /// attempts (`--attempts`, 3) ran out, as the policy says.
@@ -93,8 +114,6 @@ struct Started {
     attempt: u32,
     token: u64,
     at: i128,
-    /// When it started, by the wall clock (milliseconds since the epoch).
-    wall_ms: i64,
 }
 
 fn log_file(path: &Path) -> Result<std::fs::File, HarnessError> {
@@ -138,13 +157,11 @@ fn parse(log: &Path) -> Vec<Started> {
             let token = fields.next()?.parse().ok()?;
             let _identity = fields.next()?;
             let at = fields.next()?.parse().ok()?;
-            let wall_ms = fields.next()?.parse().ok()?;
             Some(Started {
                 scheduled,
                 attempt,
                 token,
                 at,
-                wall_ms,
             })
         })
         .collect()
@@ -167,6 +184,15 @@ struct Run<'a> {
     triggers: usize,
     /// From each `suspend` to its `resume`, by the wall clock.
     suspensions: Vec<(DateTime<Utc>, DateTime<Utc>)>,
+    /// The configuration revision rolled out last, and each replica's.
+    revision: u64,
+    revisions: Vec<u64>,
+    /// Each replica incarnation's overlap policy, by identity.
+    policies: BTreeMap<String, &'static str>,
+    /// The schedule changes the record showed after each rollout.
+    changes: Vec<Change>,
+    /// libfaketime's library, when the replicas' clocks are to disagree.
+    faketime: Option<std::path::PathBuf>,
 }
 
 /// The first attempt of a firing at a multiple of this many seconds fails on purpose.
@@ -178,17 +204,25 @@ impl Run<'_> {
         let identity = format!("f{slot}.{}", self.incarnations[slot]);
         let port = self.proxies.get(slot).map_or(0, Proxy::port);
         let (url, env) = self.backend.replica_lock(self.dir, port, &self.settings)?;
-        let child = Command::new(&self.programs.leader)
+        let revision = self.revisions[slot];
+        let (schedule, _, overlap) = configuration(revision);
+        self.policies.insert(identity.clone(), overlap);
+        let mut command = Command::new(&self.programs.leader);
+        if let Some(library) = &self.faketime {
+            // A fixed offset, read once (not a file read at every call, which slows every
+            // reading of the clock); the monotonic clock stays the system's.
+            command
+                .env("LD_PRELOAD", library)
+                .env("FAKETIME", plan::clock_offset(slot))
+                .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+        }
+        let child = command
             .args(["cron", "--lock", &url, "--name", &self.name])
-            .args(["--identity", &identity, "--every", "1s"])
-            .args([
-                "--missed",
-                "all",
-                "--missed-max",
-                "100000",
-                "--overlap",
-                "allow",
-            ])
+            .args(["--identity", &identity])
+            .args(schedule)
+            .args(["--schedule-revision", &revision.to_string()])
+            .args(["--missed", "all", "--missed-max", "100000"])
+            .args(["--overlap", overlap])
             .args(["--retries", "1", "--retry-backoff", "1s", "--timeout", "3s"])
             .args(timing_args(&self.settings))
             .arg("--")
@@ -253,9 +287,48 @@ impl Run<'_> {
         }
     }
 
-    /// The replica that holds the lease now, as `leader status` says (its lock URL through the
-    /// first proxy).
-    async fn leader(&self) -> Option<usize> {
+    /// A new configuration revision, rolled out as a Deployment does: each replica in turn
+    /// stopped (SIGTERM) and started again with it. The change the record then shows (when,
+    /// by the changing leader's clock) is kept for the checker; a change that never shows is a
+    /// violation.
+    async fn roll_out(&mut self) -> Result<Option<String>, HarnessError> {
+        self.revision += 1;
+        for slot in 0..self.replicas.len() {
+            stop_replicas(std::slice::from_mut(&mut self.replicas[slot])).await;
+            let _ = self.replicas[slot].1.kill().await;
+            self.revisions[slot] = self.revision;
+            self.spawn(slot)?;
+            sleep(Duration::from_secs(1)).await;
+        }
+        for _ in 0..100 {
+            if let Some(status) = self.status().await {
+                let changed = &status["schedules"][0]["changed"];
+                let at = changed["at"]
+                    .as_str()
+                    .and_then(|at| DateTime::parse_from_rfc3339(at).ok());
+                if changed["revision"].as_u64() == Some(self.revision)
+                    && let Some(at) = at
+                {
+                    self.changes.push(Change {
+                        at: at.with_timezone(&Utc),
+                        instants: configuration(self.revision).1,
+                        policy: configuration(self.revision).2,
+                    });
+                    return Ok(None);
+                }
+            }
+            self.restart_exited()?;
+            sleep(Duration::from_millis(200)).await;
+        }
+        Ok(Some(format!(
+            "the change to revision {} never showed in the record",
+            self.revision
+        )))
+    }
+
+    /// `leader status --json` for the schedule's election (its lock URL through the first
+    /// proxy).
+    async fn status(&self) -> Option<serde_json::Value> {
         let port = self.proxies.first().map_or(0, Proxy::port);
         let (url, env) = self
             .backend
@@ -267,26 +340,57 @@ impl Run<'_> {
             .output()
             .await
             .ok()?;
-        let status: serde_json::Value = serde_json::from_slice(&output.stdout).ok()?;
-        let holder = status["holder"].as_str()?;
-        if status["expired"].as_bool() == Some(true) {
-            return None;
-        }
-        self.replicas.iter().position(|(id, _)| id == holder)
+        serde_json::from_slice(&output.stdout).ok()
     }
 
-    async fn settled_leader(&self) -> Option<usize> {
+    /// The replica that holds the lease now, as `leader status` says.
+    ///
+    /// `leader status` judges a lease by the store's clock where the store keeps one (etcd,
+    /// Redis), and otherwise by the record's renew time, written by the holder's clock: the
+    /// harness knows each replica's offset and reads that time back on its own clock.
+    async fn leader(&self) -> Option<usize> {
+        let status = self.status().await?;
+        let holder = status["holder"].as_str()?;
+        let slot = self.replicas.iter().position(|(id, _)| id == holder)?;
+        let expired = if status["expiresInMillis"].is_u64() || self.faketime.is_none() {
+            status["expired"].as_bool() == Some(true)
+        } else {
+            let renewed = status["renewTime"]
+                .as_str()
+                .and_then(|at| DateTime::parse_from_rfc3339(at).ok())?;
+            let offset: f64 = plan::clock_offset(slot).parse().ok()?;
+            let lease = chrono::Duration::milliseconds(status["leaseDurationMillis"].as_i64()?);
+            let offset = chrono::Duration::milliseconds((offset * 1000.0) as i64);
+            renewed.with_timezone(&Utc) - offset + lease < Utc::now()
+        };
+        (!expired).then_some(slot)
+    }
+
+    async fn settled_leader(&mut self) -> Result<Option<usize>, HarnessError> {
         for _ in 0..100 {
             if let Some(slot) = self.leader().await {
-                return Some(slot);
+                return Ok(Some(slot));
             }
+            self.restart_exited()?;
             sleep(Duration::from_millis(200)).await;
         }
-        None
+        Ok(None)
+    }
+
+    /// Starts again every replica whose process has exited (one that could not reach a
+    /// restarting server, or whose open timed out on a loaded machine), as an orchestrator
+    /// would.
+    fn restart_exited(&mut self) -> Result<(), HarnessError> {
+        for slot in 0..self.replicas.len() {
+            if let Ok(Some(_)) = self.replicas[slot].1.try_wait() {
+                self.spawn(slot)?;
+            }
+        }
+        Ok(())
     }
 
     async fn inject(&mut self, fault: Fault) -> Result<Option<String>, HarnessError> {
-        let Some(slot) = self.settled_leader().await else {
+        let Some(slot) = self.settled_leader().await? else {
             return Ok(Some(format!("no leader before {}", fault.name())));
         };
         let pid = self.replicas[slot]
@@ -330,13 +434,8 @@ impl Run<'_> {
             }
             _ => return Ok(None),
         }
-        // A replica that could not reach a restarting server exits as unreachable at start:
-        // start it again, as an orchestrator would.
-        for slot in 0..self.replicas.len() {
-            if let Ok(Some(_)) = self.replicas[slot].1.try_wait() {
-                self.spawn(slot)?;
-            }
-        }
+        // A replica that could not reach a restarting server exits as unreachable at start.
+        self.restart_exited()?;
         // A firing or so on the leader now in place before the next fault (which waits for
         // a settled leader first).
         sleep(Duration::from_secs(1)).await;
@@ -355,18 +454,68 @@ pub fn faults_for(backend: Backend) -> Vec<Fault> {
         .collect()
 }
 
-/// Runs the schedule workload against `backend` with `faults` in order.
+/// What the workload changes beside the faults.
+#[derive(Clone, Copy, Debug)]
+pub struct Variations {
+    /// A new configuration revision rolled out after every this many faults (none: the first
+    /// configuration throughout).
+    pub change_every: Option<usize>,
+    /// Whether the replicas' wall clocks disagree (libfaketime: one right, one 1.5 s ahead,
+    /// one 1.5 s behind).
+    pub skewed_clocks: bool,
+}
+
+impl Variations {
+    /// The fault campaign's: a rollout every 50th fault (`FAULT_CHANGE_EVERY`), or after each
+    /// quarter of a shorter run (a round of four faults rolls out forbid, replace and allow in
+    /// turn), and clocks that disagree.
+    #[must_use]
+    pub fn campaign(faults: usize) -> Self {
+        let every = std::env::var("FAULT_CHANGE_EVERY")
+            .ok()
+            .and_then(|n| n.parse::<usize>().ok())
+            .unwrap_or((faults / 4).clamp(1, 50));
+        Self {
+            change_every: Some(every.max(1)),
+            skewed_clocks: true,
+        }
+    }
+
+    /// Neither: one configuration, one clock (what a measurement of failovers wants).
+    #[must_use]
+    pub fn none() -> Self {
+        Self {
+            change_every: None,
+            skewed_clocks: false,
+        }
+    }
+}
+
+/// Runs the schedule workload against `backend` with `faults` in order, and `variations`
+/// beside them.
 ///
 /// # Errors
 /// Something could not be set up; what goes wrong under the faults is in the report.
 pub async fn run(
     backend: Backend,
     faults: &[Fault],
+    variations: Variations,
     settings: Settings,
     programs: &Programs,
     sink_url: &str,
 ) -> Result<FiringsReport, HarnessError> {
     let (tag, prefix) = token_sink(sink_url, "firing").await?;
+    // The clocks disagree where libfaketime is installed (under CI it must be).
+    let faketime = variations
+        .skewed_clocks
+        .then(leader_test_support::faketime_or_skip)
+        .flatten();
+    // The harness's wall clock at one monotonic instant: the COMMANDs' monotonic times, which
+    // no replica's skewed clock touches, read as wall-clock times.
+    let origin = (crate::now_ns(), Utc::now());
+    let wall = |ns: i128| {
+        origin.1 + chrono::Duration::nanoseconds(i64::try_from(ns - origin.0).unwrap_or_default())
+    };
     let Stage {
         dir,
         server,
@@ -386,6 +535,11 @@ pub async fn run(
         faulted_at: None,
         triggers: 0,
         suspensions: Vec::new(),
+        revision: 1,
+        revisions: vec![1; settings.replicas],
+        policies: BTreeMap::new(),
+        changes: Vec::new(),
+        faketime,
     };
     let mut report = FiringsReport::default();
     let mut outcome = (0..settings.replicas).try_for_each(|slot| run.spawn(slot));
@@ -395,6 +549,19 @@ pub async fn run(
             let injected = run.inject(*fault).await;
             report.faulted_at.extend(run.faulted_at.take());
             run.operate(done).await;
+            let change = variations
+                .change_every
+                .is_some_and(|every| (done + 1) % every == 0 && done + 1 < faults.len());
+            if change {
+                match run.roll_out().await {
+                    Ok(Some(violation)) => report.violations.push(violation),
+                    Ok(None) => report.changes += 1,
+                    Err(err) => {
+                        outcome = Err(err);
+                        break;
+                    }
+                }
+            }
             match injected {
                 Ok(Some(violation)) => report.violations.push(violation),
                 Ok(None) => report.faults += 1,
@@ -418,7 +585,12 @@ pub async fn run(
     outcome?;
 
     report.triggers_sent = run.triggers;
+    let log = std::fs::read_to_string(dir.path().join("firings.log")).unwrap_or_default();
     let started = parse(&dir.path().join("firings.log"));
+    let side_by_side = plan::overlaps(&plan::spans(&log), &run.policies);
+    report.side_by_side = side_by_side.len();
+    report.violations.extend(side_by_side);
+    let skew = chrono::Duration::from_std(SKEW).unwrap_or_default();
     let mut attempts: BTreeMap<DateTime<Utc>, Vec<u32>> = BTreeMap::new();
     for s in &started {
         attempts.entry(s.scheduled).or_default().push(s.attempt);
@@ -434,7 +606,8 @@ pub async fn run(
     }
     let near_fault = |instant: &DateTime<Utc>| {
         let near = chrono::Duration::from_std(settings.lease * 2 + Duration::from_secs(3))
-            .unwrap_or_default();
+            .unwrap_or_default()
+            + skew;
         report
             .faulted_at
             .iter()
@@ -442,8 +615,9 @@ pub async fn run(
     };
     // The run ends (the replicas stopped) a few seconds after the last fault: a firing that
     // failed in its last seconds has no time left for its retry (--retry-backoff 1s).
-    let last_start = started.iter().map(|s| s.wall_ms).max().unwrap_or_default();
-    let cut_by_the_end = |instant: &DateTime<Utc>| instant.timestamp_millis() + 3_000 > last_start;
+    let last_start = started.iter().map(|s| wall(s.at)).max().unwrap_or(origin.1);
+    let cut_by_the_end =
+        |instant: &DateTime<Utc>| *instant + chrono::Duration::seconds(3) + skew > last_start;
     // A failed first attempt is retried, unless a fault near it ended its leader's term (then
     // the next leader may find it interrupted, or its failure unrecorded).
     for (instant, runs) in &attempts {
@@ -460,10 +634,14 @@ pub async fn run(
     }
     let suspended = |instant: &DateTime<Utc>| {
         let lag = chrono::Duration::from_std(settings.lease * 2 + Duration::from_secs(3))
-            .unwrap_or_default();
+            .unwrap_or_default()
+            + skew;
+        // A leader whose clock is behind comes to an instant late: one due before the
+        // suspension by the harness's clock may be due after it by the leader's.
+        let early = skew + chrono::Duration::seconds(1);
         run.suspensions
             .iter()
-            .any(|(from, to)| *from <= *instant && *instant <= *to + lag)
+            .any(|(from, to)| *from - early <= *instant && *instant <= *to + lag)
     };
     report.starts = started.len();
     report.retries = started.iter().filter(|s| s.attempt > 1).count();
@@ -492,27 +670,64 @@ pub async fn run(
         }
     }
     let gave_up = given_up(dir.path());
+    // The old schedule's instants a change found unhandled are counted missed: those after the
+    // last one started before it (a rollout's failovers, a backlog that forbid runs in turn);
+    // the changing leader's clock may be off by the skew either way.
+    let change_after = skew + chrono::Duration::seconds(1);
+    let unhandled_since: Vec<chrono::Duration> = run
+        .changes
+        .iter()
+        .map(|change| {
+            let last = attempts
+                .keys()
+                .rfind(|at| !triggered(at) && **at < change.at - skew);
+            last.map_or(skew, |last| change.at - *last)
+        })
+        .collect();
+    let near_a_change = |at: &DateTime<Utc>| {
+        run.changes
+            .iter()
+            .zip(&unhandled_since)
+            .any(|(change, before)| {
+                near_change(std::slice::from_ref(change), *at, *before, change_after)
+            })
+    };
     let mut scheduled = attempts.keys().filter(|at| !triggered(at));
     if let (Some(first), Some(last)) = (scheduled.next(), scheduled.next_back()) {
         let mut at = *first;
         while at <= *last {
-            report.instants += 1;
-            if !attempts.contains_key(&at) {
+            let (instants, policy) = in_force(&run.changes, at);
+            let ran = attempts.contains_key(&at);
+            if !instants.contains(at) {
+                if ran && !near_a_change(&at) {
+                    report.violations.push(format!(
+                        "{at}: started, but the schedule in force ({instants:?}) has no such instant"
+                    ));
+                }
+            } else if !ran {
+                report.instants += 1;
                 if suspended(&at) {
                     report.suspended_missed += 1;
+                } else if near_a_change(&at) {
+                    report.changed_missed += 1;
                 } else if gave_up.contains(&at) && near_fault(&at) {
                     report.given_up += 1;
+                } else if policy == "replace" && near_fault(&at) {
+                    report.superseded += 1;
                 } else {
                     report.lost += 1;
                     report.violations.push(format!("{at}: never started"));
                 }
+            } else {
+                report.instants += 1;
             }
             at += chrono::Duration::seconds(1);
         }
     }
-    // Lateness: from each instant to its first start, by the wall clock (one machine).
+    // Lateness: from each instant to its first start, by the harness's clock (the COMMAND's
+    // monotonic time read as the harness's wall clock: the replicas' clocks disagree).
     for s in &started {
-        if let Ok(late) = u64::try_from(s.wall_ms - s.scheduled.timestamp_millis()) {
+        if let Ok(late) = u64::try_from((wall(s.at) - s.scheduled).num_milliseconds()) {
             let late = Duration::from_millis(late);
             let first = report.lateness.entry(s.scheduled).or_insert(late);
             *first = (*first).min(late);
@@ -542,6 +757,8 @@ pub async fn run(
     }
     Ok(report)
 }
+
+mod plan;
 
 #[cfg(test)]
 mod tests;
