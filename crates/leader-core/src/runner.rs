@@ -52,11 +52,11 @@ impl Runner {
     /// Campaigns and leads, by turns, until `shutdown` is cancelled.
     ///
     /// # Errors
-    /// The store does not keep a lease this long ([`lease_is_kept`](Self::lease_is_kept)):
+    /// The store does not keep a lease this long ([`check_lease`](Self::check_lease)):
     /// the elector stops before its first attempt.
     pub(crate) async fn run(mut self, shutdown: CancellationToken) -> Result<(), ElectionError> {
         m::set_leading(&self.context.config.name, false);
-        if let Err(refused) = self.lease_is_kept().await {
+        if let Err(refused) = self.check_lease().await {
             self.close().await;
             self.context.publish(LeaderState::Stopped);
             return Err(refused);
@@ -86,7 +86,7 @@ impl Runner {
     /// lease, say) is refused before the first attempt, in one error, and the elector stops, as
     /// the `leader` command exits 3. A check that cannot be made now (an outage) is left to the
     /// lock, which refuses such a lease's writes itself.
-    async fn lease_is_kept(&self) -> Result<(), ElectionError> {
+    async fn check_lease(&self) -> Result<(), ElectionError> {
         let context = &self.context;
         let lease = context.config.lease.lease_duration;
         match context

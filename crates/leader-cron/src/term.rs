@@ -403,20 +403,20 @@ impl CronJob {
             self.ended(state, scheduled, attempt, started.as_ref(), outcome());
             count += 1;
         }
-        let (dropped, kept) = std::mem::take(&mut term.starts)
-            .into_iter()
-            .partition(|start| named(&start.scheduled));
-        term.starts = kept;
-        for start in dropped {
-            self.ended(state, start.scheduled, start.attempt, None, outcome());
-            count += 1;
-        }
-        let (dropped, kept) = std::mem::take(&mut state.retrying)
-            .into_iter()
-            .partition(|retry| named(&retry.scheduled));
-        state.retrying = kept;
-        for retry in dropped {
-            self.ended(state, retry.scheduled, retry.attempt, None, outcome());
+        // The named firings not begun: starts of this round, and retries waiting their turn.
+        let not_begun: Vec<(DateTime<Utc>, u32)> = term
+            .starts
+            .extract_if(.., |start| named(&start.scheduled))
+            .map(|start| (start.scheduled, start.attempt))
+            .chain(
+                state
+                    .retrying
+                    .extract_if(.., |retry| named(&retry.scheduled))
+                    .map(|retry| (retry.scheduled, retry.attempt)),
+            )
+            .collect();
+        for (scheduled, attempt) in not_begun {
+            self.ended(state, scheduled, attempt, None, outcome());
             count += 1;
         }
         tracing::info!(schedule = %inner.name, by = %request.by, at = %request.at, asked = request.firings.len(), cancelled = count, "a request to cancel firings is handled");
