@@ -22,7 +22,9 @@ pub(crate) const NO_ELECTION: u8 = 6;
 /// `handover --wait`: the named identity did not lead within `--timeout`; `shards drain|undrain
 /// --wait`: the member did not reach its target within `--timeout`.
 pub(crate) const NOT_HANDED_OVER: u8 = 7;
-/// `--exit-on-identity-conflict`: another process leads with this replica's identity.
+/// `--exit-on-identity-conflict`: another process leads with this replica's identity;
+/// `--shards --static-membership`: a newer process started with this replica's identity
+/// fenced it.
 pub(crate) const IDENTITY_CONFLICT: u8 = 8;
 /// `cron`: the schedule cannot be used (an invalid expression, an unknown time zone, a schedule
 /// that never fires, an interval under a second).

@@ -135,6 +135,7 @@ pub(crate) async fn run(args: ElectionArgs, membership: Membership, command: Vec
             fail(exit::SHARD_COUNT_MISMATCH, err)
         }
         Err(err @ ShardsError::LeaseNotKept { .. }) => fail(exit::BAD_LOCK, err),
+        Err(err @ ShardsError::Fenced { .. }) => fail(exit::IDENTITY_CONFLICT, err),
         Err(err) => fail(exit::FAILURE, err),
     }
 }

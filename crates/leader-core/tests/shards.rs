@@ -857,6 +857,57 @@ async fn one_identity_in_two_processes_owns_each_shard_once() {
     set.finish([a, twin], "paused clock").await;
 }
 
+/// Under static membership a process started with an identity whose member record another
+/// process holds fences that older process, as Kafka does for a `group.instance.id`: the older
+/// one hands its shards to the identity and stops, saying why; the newer one takes them at
+/// once (no lease waited out), and no shard ever has two owners.
+#[tokio::test]
+async fn under_static_membership_a_newer_process_of_an_identity_fences_the_older() {
+    tokio::time::pause();
+    for clock in [Clock::Follower, Clock::InStore] {
+        fenced_on(clock).await;
+    }
+}
+
+/// [`under_static_membership_a_newer_process_of_an_identity_fences_the_older`] on a store of
+/// `clock`'s kind (renewals that write, or kept in the store).
+async fn fenced_on(clock: Clock) {
+    let mut set = Set::new(clock, 6);
+    set.static_membership = true;
+    let older = set.join("a");
+    until(Duration::from_secs(10), || older.owned().len() == 6)
+        .await
+        .expect("the older process owns the set");
+    // Its member record names its incarnation before the newer one starts.
+    sleep(TIMINGS.retry_period * 2).await;
+    let started = tokio::time::Instant::now();
+    let newer = set.join("a");
+    until(Duration::from_secs(30), || newer.owned().len() == 6)
+        .await
+        .expect("the newer process takes every shard");
+    let took = started.elapsed();
+    let stopped = older.state.borrow().clone();
+    assert!(
+        matches!(&stopped.problem, Some(ShardsError::Fenced { identity, .. }) if identity == "a"),
+        "the older process says it was fenced: {:?}",
+        stopped.problem
+    );
+    assert!(stopped.stopped && stopped.owned.is_empty(), "{stopped:?}");
+    // Handed over, not waited out: well within two leases (the stand-back for a conflict
+    // seen alive, then the releases).
+    assert!(
+        took < TIMINGS.lease_duration * 3,
+        "took {took:?}, lease {:?}",
+        TIMINGS.lease_duration
+    );
+    let ended = older.task.await.expect("the older process's task");
+    assert!(
+        matches!(ended, Err(ShardsError::Fenced { .. })),
+        "{ended:?}"
+    );
+    set.finish([newer], "paused clock").await;
+}
+
 #[tokio::test]
 async fn work_that_ends_gives_its_shard_up() {
     tokio::time::pause();

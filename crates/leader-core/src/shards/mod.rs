@@ -138,6 +138,14 @@ pub(crate) fn looks_like_replica_set_pod(identity: &str) -> bool {
 /// The member record's extension holding the member's weight, when not 1.
 pub(crate) const WEIGHT_EXTENSION: &str = "shards.weight";
 
+/// The member record's extension naming the process that holds it (a random number drawn at
+/// its start), under static membership: what a newer process of the same identity fences.
+pub(crate) const INCARNATION_EXTENSION: &str = "shards.incarnation";
+
+/// The member record's extension a newer process of the member's identity writes, under static
+/// membership, naming the incarnation it fences: that process hands its shards over and stops.
+pub(crate) const FENCED_EXTENSION: &str = "shards.fenced";
+
 /// The prefix of the roster's extensions naming a drained member: `drain.KEY` = identity, `KEY`
 /// the member record's key.
 pub(crate) const DRAIN_PREFIX: &str = "drain.";
@@ -205,6 +213,20 @@ pub enum ShardsError {
     /// takes no shard while that process lives.
     #[error(transparent)]
     IdentityConflict(IdentityConflict),
+    /// Under static membership, a newer process started with this member's identity fenced
+    /// this one (as Kafka fences the older consumer of a `group.instance.id`): it stopped its
+    /// work and handed its shards to the newer process, which takes them at once. Each
+    /// identity of a set is one process; a supervisor that starts this one again makes it the
+    /// newer one, which fences the other in turn.
+    #[error(
+        "shard set {name:?}: another process started with this member's identity {identity:?}          (static membership) and fenced this one: its shards are handed to that process, and          this one stops; run each identity of a set once"
+    )]
+    Fenced {
+        /// The set's name.
+        name: String,
+        /// The identity both processes run with.
+        identity: String,
+    },
     /// The store does not keep a lease of the set's duration
     /// ([`ResourceLock::check_lease`](crate::ResourceLock::check_lease)): the member does not
     /// join.
@@ -382,6 +404,10 @@ impl ShardsBuilder {
     /// window runs out. It changes nothing without
     /// [`release_on_cancel`](Self::release_on_cancel), nor after a crash, whose shards are
     /// taken once their lease runs out.
+    ///
+    /// A process started while another still runs with its identity fences that one (Kafka
+    /// fences the older consumer of a `group.instance.id` the same way): the older process
+    /// hands its shards to the identity and its run ends with [`ShardsError::Fenced`].
     pub fn static_membership(mut self, on: bool) -> Self {
         self.static_membership = on;
         self

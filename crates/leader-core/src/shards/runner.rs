@@ -242,7 +242,7 @@ impl Runner {
             count,
             owned: BTreeMap::new(),
             member: None,
-            membership: members::Membership::default(),
+            membership: members::Membership::new(),
             seen: HashMap::new(),
             roster_members: BTreeMap::new(),
             last_roster: None,

@@ -13,24 +13,45 @@ use crate::metrics as m;
 use crate::record::{LeaderElectionRecord, Observed, Version};
 use crate::rules::{self, OtherTerm};
 use crate::shards::{
-    COUNT_EXTENSION, MEMBER_PREFIX, ShardsError, WEIGHT_EXTENSION, drained, member_key, roster_key,
-    stored_count,
+    COUNT_EXTENSION, FENCED_EXTENSION, INCARNATION_EXTENSION, MEMBER_PREFIX, ShardsError,
+    WEIGHT_EXTENSION, drained, member_key, roster_key, stored_count,
 };
 use crate::status::IdentityConflict;
 
 /// What a member knows of its own membership, and of the others' records.
-#[derive(Default)]
 pub(super) struct Membership {
+    /// This process among those that ever ran with its identity: a random number drawn at its
+    /// start, which its member record names under static membership.
+    incarnation: String,
     /// The member record's term this process started, if any (S13).
     token: Option<u64>,
     /// A term of this identity's member record that this process did not start (S13).
     conflict: Option<OtherTerm>,
+    /// The incarnation this process fenced last (static membership): written once.
+    fenced: Option<String>,
+    /// Whether a newer process of this identity fenced this one: it leaves the roster entry,
+    /// which is that process's too.
+    pub(super) stopped_by_fence: bool,
     /// When each other member's record was last found alive by the store's own word, where
     /// renewals leave the record as it is (see [`Runner::probe`]).
     probed: HashMap<String, Instant>,
     /// Whether this member has seen the roster with its count (or created it): a count that
     /// differs afterwards is a resize, which it follows.
     counted: bool,
+}
+
+impl Membership {
+    pub(super) fn new() -> Self {
+        Self {
+            incarnation: format!("{:016x}", fastrand::u64(..)),
+            token: None,
+            conflict: None,
+            fenced: None,
+            stopped_by_fence: false,
+            probed: HashMap::new(),
+            counted: false,
+        }
+    }
 }
 
 impl Runner {
@@ -179,8 +200,10 @@ impl Runner {
             return;
         }
         let key = member_key(&self.config.name, &self.me);
-        if let Some(current) = &current {
-            self.check_identity(current);
+        if let Some(current) = &current
+            && self.check_identity(current)
+        {
+            self.fence(&key, current).await;
         }
         let claim = self.claim(&key, current).await;
         match self.note_claim(&key, claim) {
@@ -210,15 +233,32 @@ impl Runner {
         let Some(term) = &self.member else {
             return;
         };
-        let wanted = (self.config.weight != 1).then(|| self.config.weight.to_string());
-        if term.observed.record.extensions.get(WEIGHT_EXTENSION) == wanted.as_ref() {
+        let wanted = [
+            (
+                WEIGHT_EXTENSION,
+                (self.config.weight != 1).then(|| self.config.weight.to_string()),
+            ),
+            (
+                INCARNATION_EXTENSION,
+                self.config
+                    .static_membership
+                    .then(|| self.membership.incarnation.clone()),
+            ),
+        ];
+        let stored = &term.observed.record.extensions;
+        if wanted
+            .iter()
+            .all(|(key, value)| stored.get(*key) == value.as_ref())
+        {
             return;
         }
         let mut record = term.observed.record.clone();
-        match wanted {
-            Some(weight) => record.extensions.insert(WEIGHT_EXTENSION.into(), weight),
-            None => record.extensions.remove(WEIGHT_EXTENSION),
-        };
+        for (key, value) in wanted {
+            match value {
+                Some(value) => record.extensions.insert(key.into(), value),
+                None => record.extensions.remove(key),
+            };
+        }
         record.renew_time = record.renewal_time(self.config.lease.wall_clock.now());
         let (key, version) = (term.key.clone(), term.observed.version.clone());
         let result = self
@@ -235,11 +275,12 @@ impl Runner {
     }
 
     /// S13: this identity's member record held by a term this process did not start, and seen
-    /// renewed (or outliving its lease), is another process's: say so once.
-    pub(super) fn check_identity(&mut self, current: &Observed) {
+    /// renewed (or outliving its lease), is another process's: say so once. True when it is
+    /// seen alive: under static membership this process then fences it ([`fence`](Self::fence)).
+    pub(super) fn check_identity(&mut self, current: &Observed) -> bool {
         let record = &current.record;
         if !rules::started_elsewhere(record, &self.me, self.membership.token) {
-            return;
+            return false;
         }
         let token = record.leader_transitions;
         let now = Instant::now();
@@ -264,6 +305,7 @@ impl Runner {
                     m::identity_conflict(&self.config.name);
                     self.problem = Some(ShardsError::IdentityConflict(conflict));
                 }
+                other.reported()
             }
             _ => {
                 tracing::warn!(
@@ -274,8 +316,76 @@ impl Runner {
                      waiting for it as for another member's (another process may run with the same identity)"
                 );
                 self.membership.conflict = Some(OtherTerm::new(current, now, None));
+                false
             }
         }
+    }
+
+    /// Under static membership, the older process holding this identity's member record (seen
+    /// alive) is fenced, as Kafka fences the older consumer of a `group.instance.id`: the
+    /// incarnation its record names is written into the record as fenced (a compare-and-swap
+    /// that changes nothing else), and that process, on its next read, hands its shards to
+    /// this identity and stops ([`ShardsError::Fenced`]). Once per incarnation; a process
+    /// that names none (a release before static membership fenced) is waited out as before.
+    async fn fence(&mut self, key: &str, current: &Observed) {
+        let record = &current.record;
+        let Some(older) = record.extensions.get(INCARNATION_EXTENSION) else {
+            return;
+        };
+        if !self.config.static_membership
+            || *older == self.membership.incarnation
+            || record.extensions.get(FENCED_EXTENSION) == Some(older)
+            || self.membership.fenced.as_ref() == Some(older)
+        {
+            return;
+        }
+        let mut fenced = record.clone();
+        fenced
+            .extensions
+            .insert(FENCED_EXTENSION.into(), older.clone());
+        match self
+            .request(
+                "update",
+                key,
+                self.lock(key).update(&current.version, &fenced),
+            )
+            .await
+        {
+            Ok(_) => {
+                tracing::warn!(
+                    shards = self.config.name,
+                    identity = self.me,
+                    fenced = older,
+                    "another process holds this member's identity: static membership fences                      it, and it hands its shards to this one"
+                );
+                self.membership.fenced = Some(older.clone());
+            }
+            Err(err) if err.is_conflict() => {}
+            Err(err) => self.report("update", &err),
+        }
+    }
+
+    /// Whether a newer process of this identity fenced this one ([`fence`](Self::fence)): its
+    /// own member record, still this process's term, names its incarnation as fenced.
+    pub(super) fn check_fenced(&mut self, own: Option<&Observed>) -> Result<(), ShardsError> {
+        let (Some(own), Some(term)) = (own, &self.member) else {
+            return Ok(());
+        };
+        let record = &own.record;
+        let fenced = self.config.static_membership
+            && rules::is_term(record, &self.me, term.token())
+            && record.extensions.get(FENCED_EXTENSION) == Some(&self.membership.incarnation);
+        if !fenced {
+            return Ok(());
+        }
+        let err = ShardsError::Fenced {
+            name: self.config.name.clone(),
+            identity: self.me.clone(),
+        };
+        tracing::error!(shards = self.config.name, "{err}");
+        self.membership.stopped_by_fence = true;
+        self.problem = Some(err.clone());
+        Err(err)
     }
 
     /// The members alive: named by the roster, holding their member record, and not seen
@@ -468,6 +578,11 @@ impl Runner {
         if !self.config.lease.release_on_cancel {
             return;
         }
+        // Fenced: the roster entry is the newer process's too.
+        if self.membership.stopped_by_fence {
+            self.release_member_record().await;
+            return;
+        }
         let name = self.config.name.clone();
         let key = roster_key(&name);
         let entry = format!("{MEMBER_PREFIX}{}", member_key(&name, &self.me));
@@ -484,6 +599,11 @@ impl Runner {
                 break;
             }
         }
+        self.release_member_record().await;
+    }
+
+    /// Releases this member's record (at shutdown).
+    async fn release_member_record(&mut self) {
         if let Some(member) = self.member.take() {
             member.cancel.cancel();
             let record = LeaderElectionRecord {

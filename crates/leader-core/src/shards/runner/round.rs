@@ -275,6 +275,7 @@ impl Runner {
         };
         // This member's own record unreadable: left alone, as any other.
         if !view.unreadable_members.contains(&self.me) {
+            self.check_fenced(view.members.get(&self.me).and_then(Option::as_ref))?;
             self.hold_member_record(view.members.get(&self.me).cloned().flatten())
                 .await;
         }
