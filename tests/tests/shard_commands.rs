@@ -298,6 +298,71 @@ async fn a_rolling_restart_with_static_membership_moves_no_shard() {
     }
 }
 
+/// `--static-membership`: a replica started while another process still runs with its
+/// identity fences that process: the older one exits with code 8, saying so, its COMMANDs
+/// stopped, and the newer one runs every shard, each shard's COMMAND starting only after the
+/// older one's stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_started_under_a_running_identity_fences_the_older() {
+    const SHARDS: u32 = 4;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let lock = format!("file://{}", dir.path().join("lock").display());
+    let name = format!("fenced-{:08x}", fastrand::u32(..));
+    let args = ["--shards", "4", "--static-membership"];
+    let start = || replica_with(Path::new(LEADER), &lock, &name, "a", dir.path(), &[], &args);
+    let logs: Vec<PathBuf> = (0..SHARDS)
+        .map(|shard| dir.path().join(format!("job.log.{shard}")))
+        .collect();
+    // Each shard's COMMAND running now, by its last event: its fencing token.
+    let running = || -> Vec<Option<u64>> {
+        logs.iter()
+            .map(|log| events(log).last().filter(|e| e.start).map(|e| e.token))
+            .collect()
+    };
+    let mut older = start();
+    assert!(
+        wait_until(Duration::from_secs(20), || running()
+            .iter()
+            .all(Option::is_some))
+        .await,
+        "the first replica never ran every shard: {:?}",
+        running()
+    );
+    let before = running();
+    // Its member record names its process before the newer one starts.
+    sleep(RETRY * 4).await;
+    let newer = start();
+    let exited = timeout(Duration::from_secs(30), older.wait())
+        .await
+        .expect("the older replica exits")
+        .expect("its status");
+    assert_eq!(exited.code(), Some(8), "{exited:?}");
+    assert!(
+        !lines_with(dir.path(), "a", "fenced this one").is_empty(),
+        "the older replica says why it stops"
+    );
+    let taken = |now: &[Option<u64>]| {
+        now.iter()
+            .zip(&before)
+            .all(|(now, then)| now.is_some_and(|token| Some(token) > *then))
+    };
+    assert!(
+        wait_until(Duration::from_secs(20), || taken(&running())).await,
+        "the newer replica never ran every shard under a new term: {:?}, before {before:?}",
+        running()
+    );
+    stop(newer).await;
+    // Per shard, a start only after the stop before it: never two COMMANDs at once.
+    for log in &logs {
+        let starts: Vec<bool> = events(log).iter().map(|e| e.start).collect();
+        assert!(
+            starts.chunks(2).all(|pair| pair == [true, false]),
+            "{}: {starts:?}",
+            log.display()
+        );
+    }
+}
+
 /// `--static-membership` without an identity that outlives the process (the default is
 /// HOSTNAME-PID) is refused in one line, with the usage exit code.
 #[tokio::test]
