@@ -63,6 +63,9 @@ pub(crate) async fn status(args: StatusArgs) -> u8 {
             "renewTime": record.renew_time,
             "leaderTransitions": record.leader_transitions,
             "expired": expired,
+            // What `expired` was judged by: the store's clock, or the holder's renew time
+            // against this machine's clock.
+            "expiredBy": if time_left.is_some() { "store" } else { "renewTime" },
             "expiresInMillis": time_left.map(|left| left.as_millis()),
             "handoverTo": record.handover_to(),
             "schedules": schedules_json(record),
@@ -92,7 +95,17 @@ pub(crate) async fn status(args: StatusArgs) -> u8 {
             ago(now - record.renew_time)
         );
         println!("transitions  {}", record.leader_transitions);
-        println!("expired      {}", if expired { "yes" } else { "no" });
+        // Without the store's clock, the holder's renew time against this machine's clock:
+        // machines whose clocks disagree by more than what is left of the lease disagree.
+        let judged_by = if time_left.is_some() || record.is_free() {
+            ""
+        } else {
+            " (the renew time, written by the holder's clock, against this machine's)"
+        };
+        println!(
+            "expired      {}{judged_by}",
+            if expired { "yes" } else { "no" }
+        );
         if let Some(left) = time_left {
             println!(
                 "expires in   {} (by the store's clock)",
