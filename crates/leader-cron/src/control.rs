@@ -27,8 +27,10 @@ pub fn control_key(name: &str) -> String {
 #[non_exhaustive]
 pub struct Control {
     /// Set while the schedule is suspended: by whom and since when. Firings due meanwhile are
-    /// not started and count as missed; a firing running goes on, a retry of an interrupted one
-    /// and a firing asked for with [`trigger`] still run.
+    /// not started and count as missed, and so do those still waiting when the leader sees it
+    /// (a backlog after a failover, or behind a running firing under
+    /// [`Overlap::Forbid`](crate::Overlap::Forbid)); a firing running goes on, a retry of an
+    /// interrupted one and a firing asked for with [`trigger`] still run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub suspended: Option<Request>,
     /// A firing asked for outside the schedule, run once by the leader (whichever replica it
@@ -148,7 +150,8 @@ fn nothing_to_cancel(firing: Option<&DateTime<Utc>>) -> String {
 }
 
 /// Suspends schedule `name` in the election behind `lock` (Kubernetes CronJob's `suspend`):
-/// whichever replica leads starts none of its firings until [`resume`]; they count as missed.
+/// whichever replica leads starts none of its firings until [`resume`]; they count as missed,
+/// as do those not started yet when it sees the suspension.
 /// Suspending a suspended schedule changes nothing. Returns the requests as stored.
 ///
 /// # Errors

@@ -90,6 +90,45 @@ async fn a_suspended_schedule_starts_nothing_until_resumed() {
     a.crash();
 }
 
+/// Under `Forbid` with every missed firing run, firings that work 25 s on a schedule of 10 s
+/// fall behind: at 0:58 the firing of 20 runs and those of 30, 40 and 50 wait their turn. A
+/// suspension then counts missed what has not started, the backlog too, and starts nothing
+/// more: after the resume at 1:25 the schedule goes on from its next instant (90), and each
+/// instant from 10 to 90 ran once or is counted missed.
+#[tokio::test(start_paused = true)]
+async fn a_suspension_counts_the_backlog_missed_and_runs_none_of_it() {
+    let store = MemoryStore::new();
+    let (log, mut a, _) = leader(&store, Duration::from_secs(25), |b| {
+        b.overlap(Overlap::Forbid)
+            .missed(leader_cron::Missed::All { max: 100 })
+    });
+    sleep(Duration::from_secs(58)).await;
+    let before: Vec<i64> = seconds(common::instants(&log).into_iter().map(|(at, _)| at));
+    let waiting = stored(&store).await.handled_until();
+    assert!(
+        (waiting - origin()).num_seconds() < 50,
+        "a backlog waits behind the running firing: {before:?}"
+    );
+    leader_cron::suspend(&operator(&store), "report", "ops")
+        .await
+        .expect("suspend");
+    sleep(Duration::from_secs(27)).await;
+    leader_cron::resume(&operator(&store), "report")
+        .await
+        .expect("resume");
+    sleep(Duration::from_secs(10)).await;
+    let runs = seconds(common::instants(&log).into_iter().map(|(at, _)| at));
+    let state = stored(&store).await;
+    assert_eq!(
+        runs[before.len()..],
+        [90],
+        "none of the backlog ran, and the schedule went on after the resume: {runs:?}"
+    );
+    // Each instant from 10 to 90 ran once or counts as missed.
+    assert_eq!(runs.len() as u64 + state.missed, 9, "{runs:?}: {state:?}");
+    a.crash();
+}
+
 /// A firing asked for now runs once, with who asked; a second request runs once more; a
 /// request beside a suspension still runs.
 #[tokio::test(start_paused = true)]

@@ -12,7 +12,8 @@
 //!
 //! The checker accounts for every scheduled instant: no (instant, attempt) started twice, no
 //! instant of the schedule in force from the first to the last left unstarted (the missed
-//! policy runs every missed firing) but those due while suspended, those of the old schedule a
+//! policy runs every missed firing) but those a suspension counted missed (due while
+//! suspended, or waiting when the leader saw it), those of the old schedule a
 //! change found unhandled (counted missed), and those a `replace` leader superseded after a
 //! fault; no instant started that no schedule in force has; a failed first attempt retried, a
 //! retry only of a firing started before (or recorded as started by a leader that a fault
@@ -632,16 +633,26 @@ pub async fn run(
             }
         }
     }
+    // A suspension counts missed what has not started when the leader sees it: the instants
+    // due while suspended, and those still waiting then (a backlog after a failover, or behind
+    // a running firing under forbid), which lie after the last one started before it.
+    let lag = chrono::Duration::from_std(settings.lease * 2 + Duration::from_secs(3))
+        .unwrap_or_default()
+        + skew;
+    let suspended_since: Vec<(DateTime<Utc>, DateTime<Utc>)> = run
+        .suspensions
+        .iter()
+        .map(|(from, to)| {
+            let last = attempts
+                .keys()
+                .rfind(|at| !triggered(at) && **at < *from - skew);
+            (last.map_or(*from - skew, |last| *last), *to + lag)
+        })
+        .collect();
     let suspended = |instant: &DateTime<Utc>| {
-        let lag = chrono::Duration::from_std(settings.lease * 2 + Duration::from_secs(3))
-            .unwrap_or_default()
-            + skew;
-        // A leader whose clock is behind comes to an instant late: one due before the
-        // suspension by the harness's clock may be due after it by the leader's.
-        let early = skew + chrono::Duration::seconds(1);
-        run.suspensions
+        suspended_since
             .iter()
-            .any(|(from, to)| *from - early <= *instant && *instant <= *to + lag)
+            .any(|(after, until)| *after < *instant && *instant <= *until)
     };
     report.starts = started.len();
     report.retries = started.iter().filter(|s| s.attempt > 1).count();
