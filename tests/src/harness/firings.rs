@@ -31,7 +31,7 @@ use nix::unistd::Pid;
 use tokio::process::{Child, Command};
 use tokio::time::sleep;
 
-use self::plan::{Change, SKEW, configuration, in_force, near_change};
+use self::plan::{Change, SKEW, configuration, in_force};
 use super::Programs;
 use super::campaign::{
     Backend, Fault, HarnessError, Settings, Stage, command_group, crash_and_restart, drain_sink,
@@ -310,10 +310,11 @@ impl Run<'_> {
                 if changed["revision"].as_u64() == Some(self.revision)
                     && let Some(at) = at
                 {
+                    let (_, instants, policy) = configuration(self.revision);
                     self.changes.push(Change {
                         at: at.with_timezone(&Utc),
-                        instants: configuration(self.revision).1,
-                        policy: configuration(self.revision).2,
+                        instants,
+                        policy,
                     });
                     return Ok(None);
                 }
@@ -639,15 +640,18 @@ pub async fn run(
     let lag = chrono::Duration::from_std(settings.lease * 2 + Duration::from_secs(3))
         .unwrap_or_default()
         + skew;
+    // What was still waiting at `when` (by a clock off by the skew at most) lies after the
+    // last scheduled instant started before it.
+    let waiting_after = |when: DateTime<Utc>| {
+        attempts
+            .keys()
+            .rfind(|at| !triggered(at) && **at < when - skew)
+            .map_or(when - skew, |last| *last)
+    };
     let suspended_since: Vec<(DateTime<Utc>, DateTime<Utc>)> = run
         .suspensions
         .iter()
-        .map(|(from, to)| {
-            let last = attempts
-                .keys()
-                .rfind(|at| !triggered(at) && **at < *from - skew);
-            (last.map_or(*from - skew, |last| *last), *to + lag)
-        })
+        .map(|(from, to)| (waiting_after(*from), *to + lag))
         .collect();
     let suspended = |instant: &DateTime<Utc>| {
         suspended_since
@@ -688,20 +692,13 @@ pub async fn run(
     let unhandled_since: Vec<chrono::Duration> = run
         .changes
         .iter()
-        .map(|change| {
-            let last = attempts
-                .keys()
-                .rfind(|at| !triggered(at) && **at < change.at - skew);
-            last.map_or(skew, |last| change.at - *last)
-        })
+        .map(|change| change.at - waiting_after(change.at))
         .collect();
     let near_a_change = |at: &DateTime<Utc>| {
         run.changes
             .iter()
             .zip(&unhandled_since)
-            .any(|(change, before)| {
-                near_change(std::slice::from_ref(change), *at, *before, change_after)
-            })
+            .any(|(change, before)| change.near(*at, *before, change_after))
     };
     let mut scheduled = attempts.keys().filter(|at| !triggered(at));
     if let (Some(first), Some(last)) = (scheduled.next(), scheduled.next_back()) {

@@ -219,7 +219,9 @@ pub enum ShardsError {
     /// identity of a set is one process; a supervisor that starts this one again makes it the
     /// newer one, which fences the other in turn.
     #[error(
-        "shard set {name:?}: another process started with this member's identity {identity:?}          (static membership) and fenced this one: its shards are handed to that process, and          this one stops; run each identity of a set once"
+        "shard set {name:?}: another process started with this member's identity {identity:?} \
+         (static membership) and fenced this one: its shards are handed to that process, and \
+         this one stops; run each identity of a set once"
     )]
     Fenced {
         /// The set's name.

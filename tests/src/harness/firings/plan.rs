@@ -79,17 +79,18 @@ pub(crate) fn in_force(changes: &[Change], at: DateTime<Utc>) -> (Instants, &'st
         .map_or((Instants::EverySecond, "allow"), |c| (c.instants, c.policy))
 }
 
-/// Whether `at` lies within `margin` of a change (the changing leader's clock may be off by
-/// [`SKEW`], and the old schedule's instants not handled by the change are counted missed).
-pub(crate) fn near_change(
-    changes: &[Change],
-    at: DateTime<Utc>,
-    before: chrono::Duration,
-    after: chrono::Duration,
-) -> bool {
-    changes
-        .iter()
-        .any(|c| c.at - before <= at && at <= c.at + after)
+impl Change {
+    /// Whether `at` lies from `before` ahead of this change to `after` past it (the changing
+    /// leader's clock may be off by [`SKEW`], and the old schedule's instants not handled by
+    /// the change are counted missed).
+    pub(crate) fn near(
+        &self,
+        at: DateTime<Utc>,
+        before: chrono::Duration,
+        after: chrono::Duration,
+    ) -> bool {
+        self.at - before <= at && at <= self.at + after
+    }
 }
 
 /// One firing's COMMAND, from its start line to its end line (monotonic nanoseconds; no end

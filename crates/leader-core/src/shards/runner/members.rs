@@ -356,7 +356,8 @@ impl Runner {
                     shards = self.config.name,
                     identity = self.me,
                     fenced = older,
-                    "another process holds this member's identity: static membership fences                      it, and it hands its shards to this one"
+                    "another process holds this member's identity: static membership fences \
+                     it, and it hands its shards to this one"
                 );
                 self.membership.fenced = Some(older.clone());
             }

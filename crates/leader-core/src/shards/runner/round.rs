@@ -275,9 +275,9 @@ impl Runner {
         };
         // This member's own record unreadable: left alone, as any other.
         if !view.unreadable_members.contains(&self.me) {
-            self.check_fenced(view.members.get(&self.me).and_then(Option::as_ref))?;
-            self.hold_member_record(view.members.get(&self.me).cloned().flatten())
-                .await;
+            let own = view.members.get(&self.me).cloned().flatten();
+            self.check_fenced(own.as_ref())?;
+            self.hold_member_record(own).await;
         }
         self.publish_weight().await;
         // A member whose record cannot be read is not known alive: its shards are taken once
