@@ -64,6 +64,24 @@ async fn the_get_lock_lock_is_refused_at_open_on_a_galera_node() {
         return;
     };
     let mut admin = server.admin("").await;
+    // A new cluster's node accepts connections before it takes queries ("WSREP has not yet
+    // prepared node for application use"): wait for `wsrep_ready`, as a deployment's readiness
+    // check does.
+    let started = std::time::Instant::now();
+    loop {
+        let ready: Option<(String, String)> = admin
+            .query_first("SHOW GLOBAL STATUS LIKE 'wsrep_ready'")
+            .await
+            .expect("wsrep_ready");
+        if ready.is_some_and(|(_, value)| value == "ON") {
+            break;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(60),
+            "the Galera node never became ready"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
     let wsrep_on: Option<(String, String)> = admin
         .query_first("SHOW GLOBAL VARIABLES LIKE 'wsrep_on'")
         .await

@@ -2,53 +2,17 @@
 //! and at a term's start once `CONFIG SET` made it so on a running server. On a private
 //! `redis-server` of its own, so that changing its settings touches no other test.
 
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
+mod common;
+
 use std::time::Duration;
 
 use leader_core::conformance::record;
 use leader_core::{LockError, ResourceLock};
 use leader_redis::RedisStore;
 
-/// A `redis-server` on a free loopback port, stopped when dropped.
-struct Server {
-    child: Child,
-    url: String,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-async fn server() -> Server {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
-    let child = Command::new("redis-server")
-        .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
-        .args(["--save", "", "--appendonly", "no", "--dir", "/tmp"])
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("redis-server");
-    let url = format!("redis://127.0.0.1:{port}");
-    let server = Server { child, url };
-    let client = redis::Client::open(server.url.as_str()).expect("URL");
-    for _ in 0..100 {
-        if client.get_multiplexed_async_connection().await.is_ok() {
-            return server;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("the private redis-server did not start");
-}
-
 async fn config_set(url: &str, name: &str, value: &str) {
-    let client = redis::Client::open(url).expect("URL");
-    let mut admin = client
+    let mut admin = redis::Client::open(url)
+        .expect("URL")
         .get_multiplexed_async_connection()
         .await
         .expect("connect");
@@ -63,14 +27,9 @@ async fn config_set(url: &str, name: &str, value: &str) {
 
 #[tokio::test]
 async fn a_server_that_evicts_keys_is_refused_when_built_and_at_a_terms_start() {
-    if Command::new("redis-server")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        leader_test_support::skip_or_fail!("no redis-server on the PATH to start a private server");
-    }
-    let server = server().await;
+    let Some(server) = common::PrivateServer::start().await else {
+        return;
+    };
     // No memory limit: nothing is ever evicted, whatever the policy.
     config_set(&server.url, "maxmemory-policy", "allkeys-lru").await;
     let store = RedisStore::connect(server.url.clone())

@@ -1,11 +1,12 @@
 //! After the server forgets its scripts (a restart, `SCRIPT FLUSH`), an operation costs one
 //! failed `EVALSHA` and one `EVAL`, which caches the script again; the next is one `EVALSHA`.
-//! In a test binary of its own, so no other test's commands mix into the server's counters.
+//! On a private `redis-server`, so no other test's commands mix into the server's counters.
 
 mod common;
 
 use leader_core::ResourceLock;
 use leader_core::conformance::record;
+use leader_redis::RedisStore;
 
 async fn calls(admin: &mut redis::aio::MultiplexedConnection, command: &str) -> u64 {
     let info: String = redis::cmd("INFO")
@@ -21,10 +22,13 @@ async fn calls(admin: &mut redis::aio::MultiplexedConnection, command: &str) -> 
 
 #[tokio::test]
 async fn a_flushed_script_is_sent_again_with_eval_once() {
-    let Some(store) = common::store().await else {
+    let Some(server) = common::PrivateServer::start().await else {
         return;
     };
-    let mut admin = common::admin().await.expect("server");
+    let store = RedisStore::connect(server.url.clone())
+        .await
+        .expect("store");
+    let mut admin = server.admin().await.expect("server");
     let lock = store.lock(common::unique("script-cache"), "a");
     let created = lock.create(&record("a", 1)).await.expect("create");
     let _: () = redis::cmd("SCRIPT")

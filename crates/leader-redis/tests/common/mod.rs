@@ -2,7 +2,10 @@
 
 #![allow(dead_code, unreachable_pub, unused_imports)]
 
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
+use std::time::Duration;
 
 use leader_core::conformance::LockFactory;
 use leader_core::{ResourceLock, async_trait};
@@ -27,6 +30,68 @@ pub async fn store() -> Option<RedisStore> {
 }
 
 pub use leader_test_support::unique;
+
+/// A `redis-server` of a test's own on a free loopback port, stopped when dropped: for a test
+/// that changes the server's settings or reads its counters, which other tests running side by
+/// side on the shared server would disturb.
+pub struct PrivateServer {
+    child: Child,
+    /// Where it listens.
+    pub url: String,
+}
+
+impl Drop for PrivateServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl PrivateServer {
+    /// Started and answering, or `None` (a skip outside CI) without `redis-server` on the PATH.
+    pub async fn start() -> Option<Self> {
+        if Command::new("redis-server")
+            .arg("--version")
+            .output()
+            .is_err()
+        {
+            assert!(
+                !in_ci(),
+                "CI=true, but no redis-server on the PATH to start a private server"
+            );
+            eprintln!("skipping: no redis-server on the PATH to start a private server");
+            return None;
+        }
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let child = Command::new("redis-server")
+            .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+            .args(["--save", "", "--appendonly", "no", "--dir", "/tmp"])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("redis-server");
+        let server = Self {
+            child,
+            url: format!("redis://127.0.0.1:{port}"),
+        };
+        for _ in 0..100 {
+            if server.admin().await.is_ok() {
+                return Some(server);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("the private redis-server did not start");
+    }
+
+    /// A raw connection to it.
+    pub async fn admin(&self) -> redis::RedisResult<MultiplexedConnection> {
+        redis::Client::open(self.url.as_str())?
+            .get_multiplexed_async_connection()
+            .await
+    }
+}
 
 pub use leader_test_support::{Candidate as Running, LEASE, RENEW, RETRY};
 
