@@ -2,8 +2,8 @@
 //! `leader` binary replaced under a running replica, as in an upgrade) or keeps crashing. The
 //! shard is given up, said so in a line naming it, and taken again by that replica only after a
 //! back-off that grows; another replica may take it meanwhile. And a rolling restart with
-//! `--static-membership`: a replica restarted under its identity takes its own shards back, and
-//! no shard moves. And `leader shards resize` while the replicas run, on the file lock,
+//! `--static-membership`: a replica restarted under its identity (after SIGTERM, or after
+//! SIGKILL within its window) takes its own shards back, and no shard moves. And `leader shards resize` while the replicas run, on the file lock,
 //! Postgres, Redis and etcd: each COMMAND is started again under the new count, and no replica
 //! runs COMMANDs under two counts at once.
 
@@ -220,20 +220,58 @@ async fn a_command_that_keeps_crashing_is_restarted_after_a_back_off() {
     assert!(!backoffs.is_empty(), "no back-off in the log");
 }
 
-/// A rolling restart of two replicas with `--static-membership`, each stopped by SIGTERM and
-/// started again under its identity within the lease: each takes its own shards back, and no shard's
-/// COMMAND ever starts on the other replica.
+/// A rolling restart of two replicas with `--static-membership` on the file lock, each stopped
+/// by SIGTERM and started again under its identity within the lease: each takes its own shards
+/// back, and no shard's COMMAND ever starts on the other replica.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolling_restart_with_static_membership_moves_no_shard() {
-    const SHARDS: u32 = 4;
     let dir = tempfile::tempdir().expect("tempdir");
     let lock = format!("file://{}", dir.path().join("lock").display());
+    a_rolling_restart_moves_no_shard(&lock, Signal::SIGTERM, RETRY * 4, &[]).await;
+}
+
+/// The same with each replica SIGKILLed (a crash: nothing released) and started again after
+/// longer than its lease, within a window of five leases: the other replica keeps away from
+/// the crashed one's shards, which it takes back. On Postgres, whose records stay as the crash
+/// left them, and etcd, which deletes them when their lease runs out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_lock_set_crashes_within_the_window_move_no_shard() {
+    if let Some(url) = leader_test_support::postgres_lock_or_skip() {
+        crashes_within_the_window(&url).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_lock_set_crashes_within_the_window_move_no_shard() {
+    if let Some(url) = leader_test_support::etcd_lock_or_skip() {
+        crashes_within_the_window(&url).await;
+    }
+}
+
+async fn crashes_within_the_window(lock: &str) {
+    let window = format!("{}ms", (LEASE * 5).as_millis());
+    let args = ["--static-membership-window", window.as_str()];
+    a_rolling_restart_moves_no_shard(lock, Signal::SIGKILL, LEASE * 3 / 2, &args).await;
+}
+
+/// Two replicas of a set of four shards with `--static-membership` and `more` arguments on
+/// `lock`, each in turn sent `signal` and started again under its identity `pause` later:
+/// each takes its own shards back, and no shard's COMMAND ever starts on the other replica.
+async fn a_rolling_restart_moves_no_shard(
+    lock: &str,
+    signal: Signal,
+    pause: Duration,
+    more: &[&str],
+) {
+    const SHARDS: u32 = 4;
+    let dir = tempfile::tempdir().expect("tempdir");
     let name = format!("static-{:08x}", fastrand::u32(..));
-    let args = ["--shards", "4", "--static-membership"];
+    let mut args = vec!["--shards", "4", "--static-membership"];
+    args.extend_from_slice(more);
     let start = |identity: &str| {
         replica_with(
             Path::new(LEADER),
-            &lock,
+            lock,
             &name,
             identity,
             dir.path(),
@@ -269,15 +307,22 @@ async fn a_rolling_restart_with_static_membership_moves_no_shard() {
     let before = owners();
     let starts_before: Vec<usize> = logs.iter().map(|log| events(log).len()).collect();
     for i in 0..replicas.len() {
-        let (identity, old) = replicas.remove(i);
-        stop(old).await;
-        // A restart takes a while (a Pod's new container): rounds pass, a lease does not.
-        sleep(RETRY * 4).await;
+        let (identity, mut old) = replicas.remove(i);
+        if signal == Signal::SIGTERM {
+            stop(old).await;
+        } else {
+            let id = old.id().expect("a running replica");
+            kill(Pid::from_raw(id.cast_signed()), signal).expect("signal");
+            let _ = old.wait().await;
+        }
+        // A restart takes a while (a Pod's new container).
+        sleep(pause).await;
         replicas.insert(i, (identity, start(identity)));
         assert!(
             wait_until(Duration::from_secs(20), || owners() == before).await,
-            "{identity} did not take its shards back: {:?}, before {before:?}",
-            owners()
+            "{identity} did not take its shards back: {:?}, before {before:?}; {}",
+            owners(),
+            std::fs::read_to_string(stderr_of(dir.path(), identity)).unwrap_or_default()
         );
     }
     for (_, child) in replicas {

@@ -182,13 +182,15 @@ pub(crate) struct RunArgs {
     #[arg(long, env = "LEADER_SHARDS", value_name = "K", value_parser = clap::value_parser!(u32).range(1..=i64::from(leader_core::MAX_SHARDS)))]
     pub(crate) shards: Option<u32>,
     /// With --shards, where this replica's identity is the same after a restart (a
-    /// StatefulSet's Pod name as POD_NAME, or --identity): on SIGTERM its shards are released reserved for
-    /// it, so that a replica restarted within --static-membership-window takes them back and
-    /// none moves. A replica that does not come back leaves them idle as long.
+    /// StatefulSet's Pod name as POD_NAME, or --identity): on SIGTERM its shards are released
+    /// reserved for it, and after a crash the others keep them for it once its lease ran out,
+    /// so that a replica restarted within --static-membership-window takes them back and none
+    /// moves. A replica that does not come back leaves them idle as long.
     #[arg(long, env = "LEADER_STATIC_MEMBERSHIP", requires = "shards")]
     pub(crate) static_membership: bool,
     /// With --static-membership, how long a replica's shards wait for it to come back after a
-    /// SIGTERM before the others take them [default: the lease duration]: a restart that
+    /// SIGTERM (or a crash, once its lease ran out) before the others take them [default: the
+    /// lease duration]: a restart that
     /// takes longer than the lease (a Pod rescheduled, an image pulled) moves no shard within
     /// it. A replica that does not come back leaves its shards idle as long.
     #[arg(

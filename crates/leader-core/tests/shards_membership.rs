@@ -1,5 +1,5 @@
 //! Who takes part in a shard set, on tokio's paused clock and the in-memory store: how long a
-//! static member's shards wait for it (its window), the warning for an identity that cannot
+//! static member's shards wait for it (its window, after a shutdown or a crash), the warning for an identity that cannot
 //! outlive its process, a drained member whose terms lapsed, a roster deleted while the set
 //! runs, a second reservation of the same member, and a member handing many shards over at
 //! once.
@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use leader_core::backend::{KeyedLocks, member_key, roster_key};
+use leader_core::backend::{KeyedLocks, member_key, roster_key, shard_key};
 use leader_core::conformance::{ShardLog, balanced};
 use leader_core::faults::{Fault, Faults, FaultyLock};
 use leader_core::{
@@ -149,40 +149,6 @@ async fn three_static_members(set: &Set, window: Duration) -> [Member; 3] {
     members
 }
 
-/// A static member away for twice the lease, within a window of four leases: nobody takes its
-/// shards meanwhile, and it takes them back when it starts again: no shard moves.
-#[tokio::test(start_paused = true)]
-async fn a_restart_longer_than_the_lease_within_the_window_moves_no_shard() {
-    let window = TIMINGS.lease_duration * 4;
-    let set = Set::new(9);
-    let [a, b, c] = three_static_members(&set, window).await;
-    let held = c.owned();
-    let moves = set.log.moves();
-    c.leave().await;
-    sleep(TIMINGS.lease_duration * 2).await;
-    for other in [&a, &b] {
-        let taken: Vec<_> = other.owned().intersection(&held).copied().collect();
-        assert!(
-            taken.is_empty(),
-            "c's shards {taken:?} taken within the window"
-        );
-    }
-    let c = set.join("c", |b| {
-        b.static_membership(true).static_membership_window(window)
-    });
-    until(TIMINGS.lease_duration, || c.owned() == held)
-        .await
-        .unwrap_or_else(|| panic!("c took {:?} back, not {held:?}", c.owned()));
-    sleep(TIMINGS.lease_duration * 2).await;
-    assert!(balanced_members(&[&a, &b, &c], 9));
-    assert_eq!(c.owned(), held, "c's shards moved after its restart");
-    assert_eq!(set.log.moves(), moves, "shards moved in the restart");
-    for m in [a, b, c] {
-        m.leave().await;
-    }
-    set.log.check("a restart within the window");
-}
-
 /// A static member away for longer than its window of two leases: its shards wait for the
 /// window, then move to the others, each once; back, it takes its share as any newcomer.
 #[tokio::test(start_paused = true)]
@@ -231,6 +197,113 @@ async fn a_restart_longer_than_the_window_moves_each_shard_once() {
         m.leave().await;
     }
     set.log.check("a restart longer than the window");
+}
+
+/// How a static member goes away before it starts again.
+#[derive(Clone, Copy, PartialEq)]
+enum Away {
+    /// Shut down: its shards released reserved for it.
+    Shutdown,
+    /// A crash: nothing released.
+    Crash,
+    /// A crash whose records the store deletes once their leases run out (etcd, ZooKeeper).
+    CrashDeleted,
+}
+
+/// A static member away for three leases (`how`), within its window of four, then started
+/// again: nobody takes its shards meanwhile, and the new process takes them back: no shard
+/// moves.
+async fn away_within_the_window(how: Away) {
+    let window = TIMINGS.lease_duration * 4;
+    let set = Set::new(9);
+    let [a, b, c] = three_static_members(&set, window).await;
+    let held = c.owned();
+    let moves = set.log.moves();
+    if how == Away::Shutdown {
+        c.leave().await;
+    } else {
+        c.task.abort();
+    }
+    sleep(TIMINGS.lease_duration + TIMINGS.retry_period).await;
+    if how == Away::CrashDeleted {
+        set.store.delete(&member_key(NAME, "c"));
+        for &shard in &held {
+            set.store.delete(&shard_key(NAME, shard));
+        }
+    }
+    sleep(TIMINGS.lease_duration * 2).await;
+    for other in [&a, &b] {
+        let taken: Vec<_> = other.owned().intersection(&held).copied().collect();
+        assert!(
+            taken.is_empty(),
+            "c's shards {taken:?} taken within the window"
+        );
+    }
+    let c = set.join("c", |b| {
+        b.static_membership(true).static_membership_window(window)
+    });
+    // After a crash, once the leases of its shards have run out (S13).
+    until(TIMINGS.lease_duration * 3, || c.owned() == held)
+        .await
+        .unwrap_or_else(|| panic!("c took {:?} back, not {held:?}", c.owned()));
+    sleep(TIMINGS.lease_duration * 2).await;
+    assert!(balanced_members(&[&a, &b, &c], 9));
+    assert_eq!(c.owned(), held, "c's shards moved after its restart");
+    assert_eq!(set.log.moves(), moves, "shards moved in the restart");
+    for m in [a, b, c] {
+        m.leave().await;
+    }
+    if how == Away::Shutdown {
+        set.log.check("a restart within the window");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_restart_longer_than_the_lease_within_the_window_moves_no_shard() {
+    away_within_the_window(Away::Shutdown).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_crash_and_a_restart_within_the_window_moves_no_shard() {
+    away_within_the_window(Away::Crash).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_crash_whose_records_the_store_deletes_moves_no_shard_within_the_window() {
+    away_within_the_window(Away::CrashDeleted).await;
+}
+
+/// A static member that crashes for good: its shards wait for its lease to run out and then
+/// for its window, and move to the others, each once.
+#[tokio::test(start_paused = true)]
+async fn a_crash_for_good_keeps_the_shards_for_the_window_then_moves_each_once() {
+    let window = TIMINGS.lease_duration * 2;
+    let set = Set::new(9);
+    let [a, b, c] = three_static_members(&set, window).await;
+    let held = c.owned();
+    let moves = set.log.moves_by_shard();
+    c.task.abort();
+    let took = until(window * 4, || balanced_members(&[&a, &b], 9))
+        .await
+        .expect("the others took c's shards");
+    let least = TIMINGS.lease_duration + window - TIMINGS.retry_period;
+    let most = TIMINGS.lease_duration + window + TIMINGS.retry_period * 6;
+    assert!(
+        (least..=most).contains(&took),
+        "c's shards taken {took:?} after its crash, not after its lease and window \
+         ({least:?} to {most:?})"
+    );
+    sleep(window * 2).await;
+    let after = set.log.moves_by_shard();
+    for shard in 0..9 {
+        let moved =
+            after.get(&shard).copied().unwrap_or(0) - moves.get(&shard).copied().unwrap_or(0);
+        let expected = usize::from(held.contains(&shard));
+        assert_eq!(moved, expected, "shard {shard} moved {moved} times");
+    }
+    for m in [a, b] {
+        m.leave().await;
+    }
 }
 
 /// The window is the lease unless set, and is refused shorter than the lease or past the

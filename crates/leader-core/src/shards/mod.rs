@@ -173,6 +173,26 @@ pub(crate) fn weight_in(record: &crate::LeaderElectionRecord) -> u32 {
 /// member record's key.
 pub(crate) const MEMBER_PREFIX: &str = "member.";
 
+/// The prefix of the roster's extensions holding a static member's window: `window.KEY` = the
+/// window in milliseconds, `KEY` the member record's key. The others keep the shards of a
+/// member found gone without leaving (a crash) for it for that long.
+pub(crate) const WINDOW_PREFIX: &str = "window.";
+
+/// The static membership windows a roster holds, by member record key; a value that is not a
+/// number of milliseconds is ignored, a longer one than [`MAX_STATIC_MEMBERSHIP_WINDOW`] cut to
+/// it.
+pub(crate) fn windows(roster: &crate::LeaderElectionRecord) -> BTreeMap<&str, Duration> {
+    roster
+        .extensions
+        .iter()
+        .filter_map(|(k, v)| {
+            let key = k.strip_prefix(WINDOW_PREFIX)?;
+            let window = Duration::from_millis(v.parse().ok()?);
+            Some((key, window.min(MAX_STATIC_MEMBERSHIP_WINDOW)))
+        })
+        .collect()
+}
+
 /// Why a shard set takes no shards.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -403,9 +423,16 @@ impl ShardsBuilder {
     ///
     /// Leave it off where a restarted process gets a new identity (a Deployment's Pod
     /// names, which the member warns of): nobody would take the reserved shards before the
-    /// window runs out. It changes nothing without
-    /// [`release_on_cancel`](Self::release_on_cancel), nor after a crash, whose shards are
-    /// taken once their lease runs out.
+    /// window runs out. Without [`release_on_cancel`](Self::release_on_cancel) a shutdown
+    /// is a crash.
+    ///
+    /// After a crash (no release: a process killed, a node lost) the member's shards wait
+    /// for it too: the roster keeps the member's window, and the others, once they find its
+    /// member record's lease run out, keep its shards for it for the window from then. A
+    /// process started again with the identity within the window takes them back once their
+    /// leases have run out (S13), and none moves; after the window they move to the others,
+    /// each once. A member that crashes for good leaves its shards idle for a lease and the
+    /// window, where without static membership they wait a lease.
     ///
     /// A process started while another still runs with its identity fences that one (Kafka
     /// fences the older consumer of a `group.instance.id` the same way): the older process
@@ -417,14 +444,16 @@ impl ShardsBuilder {
 
     /// How long a member's shards wait for its identity to come back after it shut down
     /// under [`static_membership`](Self::static_membership), as Kafka's `session.timeout.ms`
-    /// beside its heartbeats (default: the lease). Within the window a process started with
-    /// the same identity takes its shards back and none moves; after it the others take them,
-    /// each once. A restart that takes longer than the lease (a Pod rescheduled onto another
+    /// beside its heartbeats (default: the lease), counted from the shutdown, or after a crash
+    /// from when the others find the member's lease run out. Within the window a process
+    /// started with the same identity takes its shards back and none moves; after it the
+    /// others take them, each once. A restart that takes longer than the lease (a Pod rescheduled onto another
     /// node, an image pulled) keeps its shards with a window that outlasts it; the price is
     /// as long an idle time for the shards of a member that does not come back.
     ///
     /// The window goes into each reserved shard's record (its lease duration, which a free
-    /// record's readers stand back for), so every member follows the one that shut down.
+    /// record's readers stand back for), and into the roster beside the member, so every
+    /// member follows the one that shut down or crashed.
     /// From the lease to [`MAX_STATIC_MEMBERSHIP_WINDOW`]; without static membership it
     /// changes nothing.
     pub fn static_membership_window(mut self, window: Duration) -> Self {

@@ -198,6 +198,10 @@ pub(crate) struct Runner {
     shard_records: Vec<Option<Observed>>,
     /// Whether each shard was read yet (an absent record is known only then).
     shard_read: Vec<bool>,
+    /// The shards whose record the store deleted under a holder (its lease run out, where the
+    /// store keeps leases: etcd, ZooKeeper), with that holder, until the record is back: what
+    /// a static member gone within its window still counts as its own.
+    vanished: BTreeMap<u32, String>,
     /// What a read asks for: the roster, the members it names, every shard; made again only
     /// when the roster's members or the count change.
     read_keys: Vec<String>,
@@ -262,6 +266,7 @@ impl Runner {
             shard_seen: std::iter::repeat_with(|| None)
                 .take(shard_keys.len())
                 .collect(),
+            vanished: BTreeMap::new(),
             shard_records: std::iter::repeat_with(|| None)
                 .take(shard_keys.len())
                 .collect(),

@@ -14,7 +14,7 @@ use crate::record::{LeaderElectionRecord, Observed, Version};
 use crate::rules::{self, OtherTerm};
 use crate::shards::{
     COUNT_EXTENSION, FENCED_EXTENSION, INCARNATION_EXTENSION, MEMBER_PREFIX, ShardsError,
-    WEIGHT_EXTENSION, drained, member_key, roster_key, stored_count,
+    WEIGHT_EXTENSION, WINDOW_PREFIX, drained, member_key, roster_key, stored_count, windows,
 };
 use crate::status::IdentityConflict;
 
@@ -35,6 +35,9 @@ pub(super) struct Membership {
     /// When each other member's record was last found alive by the store's own word, where
     /// renewals leave the record as it is (see [`Runner::probe`]).
     probed: HashMap<String, Instant>,
+    /// When this member first found each static member of the roster gone without leaving
+    /// (its record's lease run out), for the member's window ([`Runner::absent`]).
+    gone_since: HashMap<String, Instant>,
     /// Whether this member has seen the roster with its count (or created it): a count that
     /// differs afterwards is a resize, which it follows.
     counted: bool,
@@ -49,6 +52,7 @@ impl Membership {
             fenced: None,
             stopped_by_fence: false,
             probed: HashMap::new(),
+            gone_since: HashMap::new(),
             counted: false,
         }
     }
@@ -84,6 +88,7 @@ impl Runner {
                 .extensions
                 .insert(COUNT_EXTENSION.into(), self.config.count.to_string());
             record.extensions.insert(my_entry, self.me.clone());
+            self.enter_window(&mut record);
             match self
                 .request("create", &key, self.lock(&key).create(&record))
                 .await
@@ -154,8 +159,9 @@ impl Runner {
         self.note_roster(&roster);
         let stale = self.config.lease.wall_clock.now() - roster.record.renew_time > ROSTER_REFRESH;
         let joining = !roster.record.extensions.contains_key(&my_entry);
-        if joining || stale {
-            let mut record = roster.record.clone();
+        let mut record = roster.record.clone();
+        let window_changed = self.enter_window(&mut record);
+        if joining || stale || window_changed {
             record.extensions.insert(my_entry, self.me.clone());
             record.lease_duration = ROSTER_LEASE;
             record.renew_time = self.config.lease.wall_clock.now();
@@ -166,6 +172,24 @@ impl Runner {
             return Ok(stored);
         }
         Ok(Some(roster))
+    }
+
+    /// Writes this member's static membership window into `roster` beside its entry, or takes
+    /// it out without static membership: true when that changed the roster.
+    fn enter_window(&self, roster: &mut LeaderElectionRecord) -> bool {
+        let key = format!("{WINDOW_PREFIX}{}", member_key(&self.config.name, &self.me));
+        let window = self
+            .config
+            .static_membership
+            .then(|| self.config.static_membership_window.as_millis().to_string());
+        if roster.extensions.get(&key) == window.as_ref() {
+            return false;
+        }
+        match window {
+            Some(window) => roster.extensions.insert(key, window),
+            None => roster.extensions.remove(&key),
+        };
+        true
     }
 
     pub(super) fn note_roster(&mut self, roster: &Observed) {
@@ -414,6 +438,41 @@ impl Runner {
         live
     }
 
+    /// The static members of `roster` found gone without leaving (a crash: their lease ran out
+    /// while the roster still names them), within their window from when this member first
+    /// found them so: their shards are kept for them, as a shutdown's are reserved, so that a
+    /// process started again with their identity takes them back and none moves.
+    pub(super) fn absent(
+        &mut self,
+        roster: &LeaderElectionRecord,
+        live: &BTreeSet<String>,
+    ) -> BTreeSet<String> {
+        let now = Instant::now();
+        let windows = windows(roster);
+        let mut gone_since = HashMap::new();
+        let mut absent = BTreeSet::new();
+        for (key, identity) in &self.roster_members {
+            let Some(&window) = windows.get(key.as_str()) else {
+                continue;
+            };
+            if *identity == self.me || live.contains(identity) {
+                continue;
+            }
+            let since = self
+                .membership
+                .gone_since
+                .get(identity)
+                .copied()
+                .unwrap_or(now);
+            gone_since.insert(identity.clone(), since);
+            if now < since + window {
+                absent.insert(identity.clone());
+            }
+        }
+        self.membership.gone_since = gone_since;
+        absent
+    }
+
     /// Where the store renews leases without changing the record, a record that looks held may
     /// belong to a member long dead, whose lease only the store knows ran out: asks the store
     /// ([`try_acquire`](ResourceLock::try_acquire)) about each other member at most once per
@@ -523,9 +582,9 @@ impl Runner {
         }
         let mut record = roster.record.clone();
         for identity in &gone {
-            record
-                .extensions
-                .remove(&format!("{MEMBER_PREFIX}{}", member_key(&name, identity)));
+            let key = member_key(&name, identity);
+            record.extensions.remove(&format!("{MEMBER_PREFIX}{key}"));
+            record.extensions.remove(&format!("{WINDOW_PREFIX}{key}"));
         }
         if self.write_roster(&roster.version, &record).await.is_some() {
             tracing::info!(shards = name, members = ?gone, "removed members that left from the roster");
@@ -586,16 +645,23 @@ impl Runner {
         }
         let name = self.config.name.clone();
         let key = roster_key(&name);
-        let entry = format!("{MEMBER_PREFIX}{}", member_key(&name, &self.me));
+        let member = member_key(&name, &self.me);
+        let entries = [
+            format!("{MEMBER_PREFIX}{member}"),
+            format!("{WINDOW_PREFIX}{member}"),
+        ];
         for _ in 0..2 {
             let Ok(Some(roster)) = self.request("get", &key, self.lock(&key).get()).await else {
                 break;
             };
-            if !roster.record.extensions.contains_key(&entry) {
+            let mut record = roster.record.clone();
+            let removed = entries
+                .iter()
+                .filter(|entry| record.extensions.remove(*entry).is_some())
+                .count();
+            if removed == 0 {
                 break;
             }
-            let mut record = roster.record.clone();
-            record.extensions.remove(&entry);
             if self.write_roster(&roster.version, &record).await.is_some() {
                 break;
             }

@@ -23,6 +23,7 @@ impl Runner {
         }
         self.work_requests.forget_give_ups_from(count);
         self.unreadable_shards.retain(|&shard| shard < count);
+        self.vanished.retain(|&shard, _| shard < count);
         let n = count as usize;
         self.shard_keys.truncate(n);
         let from = u32::try_from(self.shard_keys.len()).unwrap_or(count);

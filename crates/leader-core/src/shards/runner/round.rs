@@ -24,7 +24,8 @@ pub(super) struct Pace {
     /// [`Runner::act`]), and nothing changed since: rounds read the roster and the members
     /// alone, and the shards once per half a lease.
     settled: bool,
-    /// The live members as of the last read of every shard.
+    /// The members present (alive, or static members gone within their window) as of the
+    /// last read of every shard.
     settled_live: BTreeSet<String>,
     /// The members the roster drains, as last read.
     drains: Vec<String>,
@@ -190,7 +191,17 @@ impl Runner {
                 // The shards come in order, after the roster and the members.
                 (Some(shard), Ok(answer)) => {
                     if let Reread::Now(observed) = answer {
-                        self.shard_records[shard] = observed;
+                        let index = u32::try_from(shard).unwrap_or(u32::MAX);
+                        let before = std::mem::replace(&mut self.shard_records[shard], observed);
+                        if self.shard_records[shard].is_some() {
+                            if !self.vanished.is_empty() {
+                                self.vanished.remove(&index);
+                            }
+                        } else if let Some(before) =
+                            before.filter(|b| !b.record.holder_identity.is_empty())
+                        {
+                            self.vanished.insert(index, before.record.holder_identity);
+                        }
                     }
                     self.shard_read[shard] = true;
                     note(
@@ -286,8 +297,12 @@ impl Runner {
         let mut live = self.live_members(&view.members);
         live.retain(|m| !dead.contains(m));
         self.live = live.len();
+        // Static members gone without leaving, within their window: in the shares with the
+        // shards they hold, which nobody takes meanwhile; given nothing.
+        let absent = self.absent(&roster.record, &live);
+        let present: BTreeSet<String> = live.union(&absent).cloned().collect();
         if roster_read {
-            self.prune(&roster, &view.members, &live).await;
+            self.prune(&roster, &view.members, &present).await;
         }
         if self.member.is_none() {
             self.unsettle();
@@ -307,7 +322,7 @@ impl Runner {
         if !view.shards {
             // A member that died is seen by its record (read every round); its shards' last
             // versions by the next full read, half a lease at most after its last renewal.
-            if live != self.pace.settled_live {
+            if present != self.pace.settled_live {
                 self.unsettle();
             }
             // The claims the last read of every shard called for go on while the members
@@ -323,7 +338,7 @@ impl Runner {
         let view_shards = std::mem::take(&mut self.shard_records);
         let count = self.config.count;
         let mut owners: BTreeMap<String, Vec<u32>> =
-            live.iter().map(|m| (m.clone(), Vec::new())).collect();
+            present.iter().map(|m| (m.clone(), Vec::new())).collect();
         // One pass over the shards sorts them out: a live member's; this member's though it
         // holds no term of them (lapsed: a term that ended by its deadline, say; the others
         // count them as this member's, so it does too, and takes them again, since nobody else
@@ -357,6 +372,18 @@ impl Runner {
                 .as_ref()
                 .map(|o| o.record.holder_identity.as_str())
                 .filter(|h| !h.is_empty());
+            // Deleted by the store under a static member gone within its window: its own.
+            if observed.is_none()
+                && !self.vanished.is_empty()
+                && let Some(list) = self
+                    .vanished
+                    .get(&shard)
+                    .filter(|holder| absent.contains(*holder))
+                    .and_then(|holder| owners.get_mut(holder))
+            {
+                list.push(shard);
+                continue;
+            }
             let backing_off = self.backing_off(shard);
             match holder {
                 Some(holder) if holder == self.me && backing_off => held_back.push(shard),
@@ -380,6 +407,7 @@ impl Runner {
         owners.insert(self.me.clone(), mine.collect());
         let counts = owners
             .iter()
+            .filter(|(m, _)| !absent.contains(*m))
             .map(|(m, s)| {
                 let reserved = reserved.get(m.as_str()).copied().unwrap_or(0);
                 (m.clone(), s.len() + reserved)
@@ -400,8 +428,26 @@ impl Runner {
             }
         };
         let drained_here = weight_of(&self.me) == 0;
-        let shares = shares(count - unknown, &counts, weight_of);
-        let counts = owners.values().map(Vec::len);
+        // An absent member's share is what it holds; the live share the rest.
+        let kept_for_absent: usize = absent
+            .iter()
+            .filter_map(|m| owners.get(m))
+            .map(Vec::len)
+            .sum();
+        let mut shares = shares(
+            (count - unknown).saturating_sub(u32::try_from(kept_for_absent).unwrap_or(u32::MAX)),
+            &counts,
+            weight_of,
+        );
+        shares.extend(
+            absent
+                .iter()
+                .map(|m| (m.clone(), owners.get(m).map_or(0, Vec::len))),
+        );
+        let counts = owners
+            .iter()
+            .filter(|(m, _)| !absent.contains(*m))
+            .map(|(_, owned)| owned.len());
         self.imbalance = counts.clone().max().unwrap_or(0) - counts.min().unwrap_or(0);
         let at_shares = owners
             .iter()
@@ -425,7 +471,7 @@ impl Runner {
             && self.releasing.is_empty()
             && !self.work_requests.any_backing_off(now);
         self.pace.settled = idle && at_shares;
-        self.pace.settled_live = live;
+        self.pace.settled_live = present;
         self.pace.full_read_due = Instant::now() + self.config.lease.lease_duration / 2;
         for (shard, to) in gifts {
             self.give(shard, Some(&to), StepDownReason::HandedOver);
