@@ -7,9 +7,12 @@
 //! again before the next; once without static membership and once with it. Measured: the
 //! moves (a shard's term starting on another member than its last), the most moves of one
 //! shard, and the time from the first shutdown until the set is balanced after the last start.
+//! `CRASH=1` crashes each member instead (its task aborted: nothing released); `WINDOW_MS`
+//! sets the static membership window (default: the lease).
 //!
 //! ```text
 //! BENCH_BACKENDS=postgres,redis cargo bench -p leader-tests --bench restarts
+//! CRASH=1 RESTART_MS=5000 WINDOW_MS=10000 cargo bench -p leader-tests --bench restarts
 //! ```
 
 mod common;
@@ -36,6 +39,8 @@ struct Set {
     name: String,
     count: u32,
     static_membership: bool,
+    /// The static membership window, when not the lease.
+    window: Option<Duration>,
     /// Each shard's terms, by member.
     log: ShardLog,
 }
@@ -50,7 +55,11 @@ impl Set {
         .lease_duration(LEASE)
         .renew_deadline(RENEW)
         .retry_period(RETRY)
-        .static_membership(self.static_membership)
+        .static_membership(self.static_membership);
+        let shards = match self.window.filter(|_| self.static_membership) {
+            Some(window) => shards.static_membership_window(window),
+            None => shards,
+        }
         .build()
         .expect("valid shard set");
         let (shutdown, task, state) = common::run_member(shards, self.log.work(identity));
@@ -88,6 +97,7 @@ async fn rolling_restart(
     set: &Set,
     members: usize,
     pause: Duration,
+    crash: bool,
 ) -> Option<(usize, usize, Duration)> {
     let within = Duration::from_secs(120);
     let identities: Vec<String> = (0..members).map(|i| format!("m{i}")).collect();
@@ -98,7 +108,11 @@ async fn rolling_restart(
     let started = Instant::now();
     for (i, identity) in identities.iter().enumerate() {
         let old = running.remove(i);
-        old.shutdown.cancel();
+        if crash {
+            old.task.abort();
+        } else {
+            old.shutdown.cancel();
+        }
         let _ = old.task.await;
         tokio::time::sleep(pause).await;
         running.insert(i, set.join(identity));
@@ -120,11 +134,15 @@ async fn main() {
     let count = u32::try_from(knob("SHARDS", 1000)).expect("a shard count");
     let members = usize::try_from(knob("MEMBERS", 10)).expect("a member count");
     let pause = Duration::from_millis(knob("RESTART_MS", 1000));
+    let crash = knob("CRASH", 0) != 0;
+    let window = Some(Duration::from_millis(knob("WINDOW_MS", 0))).filter(|w| !w.is_zero());
     println!(
-        "A rolling restart of {members} members of a set of {count} shards in one process, each started again {} after its shutdown (lease {}, retry period {}):\n",
+        "A rolling restart of {members} members of a set of {count} shards in one process, each started again {} after its {} (lease {}, retry period {}, static membership window {}):\n",
         ms(pause),
+        if crash { "crash" } else { "shutdown" },
         ms(LEASE),
-        ms(RETRY)
+        ms(RETRY),
+        window.map_or_else(|| "the lease".to_owned(), ms),
     );
     println!(
         "| backend | static membership | shard moves | most moves of one shard | rolling restart took |"
@@ -145,9 +163,10 @@ async fn main() {
                 name: format!("restarts-bench-{:08x}", fastrand::u32(..)),
                 count,
                 static_membership,
+                window,
                 log: ShardLog::default(),
             };
-            let row = match rolling_restart(&set, members, pause).await {
+            let row = match rolling_restart(&set, members, pause, crash).await {
                 Some((moves, most, took)) => format!("{moves} | {most} | {}", ms(took)),
                 None => "not balanced within 120 s | | ".into(),
             };

@@ -317,14 +317,36 @@ async fn a_rolling_restart_moves_no_shard(
         }
         // A restart takes a while (a Pod's new container).
         sleep(pause).await;
+        let stopped: Vec<usize> = logs.iter().map(|log| events(log).len()).collect();
         replicas.insert(i, (identity, start(identity)));
+        // Back when the new process runs each of its shards again (a COMMAND killed with its
+        // replica may have logged no end).
+        let restarted = || {
+            logs.iter()
+                .zip(&stopped)
+                .zip(&before)
+                .all(|((log, &at), owner)| {
+                    owner.as_deref() != Some(identity)
+                        || events(log).iter().skip(at).any(|e| e.start)
+                })
+        };
         assert!(
-            wait_until(Duration::from_secs(20), || owners() == before).await,
+            wait_until(Duration::from_secs(20), || restarted()
+                && owners() == before)
+            .await,
             "{identity} did not take its shards back: {:?}, before {before:?}; {}",
             owners(),
             std::fs::read_to_string(stderr_of(dir.path(), identity)).unwrap_or_default()
         );
     }
+    // `leader status` says each member is static, with its window.
+    let (code, status) = leader(&["status", "--lock", lock, "--name", &name]);
+    assert_eq!(code, Some(0), "{status}");
+    assert_eq!(
+        status.matches("yes (static, window ").count(),
+        2,
+        "{status}"
+    );
     for (_, child) in replicas {
         stop(child).await;
     }

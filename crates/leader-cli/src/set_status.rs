@@ -7,7 +7,9 @@ use std::io::Write as _;
 use std::time::Duration;
 
 use leader::OpenError;
-use leader_core::{LockError, RecordState, RecordView, ShardSetView, ShardSetViewError};
+use leader_core::{
+    LockError, MemberView, RecordState, RecordView, ShardSetView, ShardSetViewError,
+};
 
 use crate::ago::ago;
 use crate::args::StatusArgs;
@@ -127,7 +129,7 @@ fn table(view: &ShardSetView) -> String {
     for member in &view.members {
         rows.push([
             member.identity.clone(),
-            if member.alive { "yes" } else { "no" }.to_owned(),
+            liveness(member),
             if member.drained {
                 "drained".to_owned()
             } else {
@@ -165,6 +167,19 @@ fn table(view: &ShardSetView) -> String {
     }
     rows_into(&mut out, &rows);
     out
+}
+
+/// Whether a member is alive, and for a static member its window: how long its shards wait
+/// for it once its lease ran out.
+fn liveness(member: &MemberView) -> String {
+    let alive = if member.alive { "yes" } else { "no" };
+    match member.static_membership_window {
+        Some(window) => format!(
+            "{alive} (static, window {})",
+            humantime::format_duration(window)
+        ),
+        None => alive.to_owned(),
+    }
 }
 
 /// What a record's state says, with what people need to act on it.

@@ -115,6 +115,7 @@ async fn the_view_shows_owners_and_tokens_as_members_hold_them() {
     for (identity, member) in [("a", &a), ("b", &b), ("c", &c)] {
         let shown = seen.member(identity).expect("a member");
         assert!(shown.alive, "{identity} not alive: {shown:?}");
+        assert_eq!(shown.static_membership_window, None, "not static");
         assert_eq!(shown.record.state, RecordState::Held);
         assert!(shown.record.renew_time.is_some());
         assert_eq!(owned_in(&seen, identity), member.tokens(), "{identity}");

@@ -15,8 +15,8 @@ use leader_core::conformance::{ShardLog, balanced};
 use leader_core::faults::{Fault, Faults, FaultyLock};
 use leader_core::{
     CancellationToken, ConfigError, LeaderElectionRecord, MAX_STATIC_MEMBERSHIP_WINDOW,
-    MemoryStore, ResourceLock, Shards, ShardsBuilder, ShardsError, ShardsState, Timings,
-    drain_member,
+    MemoryStore, ResourceLock, ShardSetView, Shards, ShardsBuilder, ShardsError, ShardsState,
+    Timings, TokioClock, WallClock, drain_member,
 };
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -214,6 +214,9 @@ enum Away {
 /// again: nobody takes its shards meanwhile, and the new process takes them back: no shard
 /// moves.
 async fn away_within_the_window(how: Away) {
+    // The members write the system's time into their records, which stands still with tokio's
+    // paused clock; the view judges expiry by one that moves with it from now.
+    let clock = WallClock::from_clock(TokioClock::starting_at(chrono::Utc::now()));
     let window = TIMINGS.lease_duration * 4;
     let set = Set::new(9);
     let [a, b, c] = three_static_members(&set, window).await;
@@ -238,6 +241,16 @@ async fn away_within_the_window(how: Away) {
             taken.is_empty(),
             "c's shards {taken:?} taken within the window"
         );
+    }
+    if how != Away::Shutdown {
+        // What `leader status` shows of it: gone, and how long its shards wait.
+        let seen = ShardSetView::read_with_clock(&operator(&set), NAME, &clock)
+            .await
+            .expect("the roster reads")
+            .expect("a set");
+        let shown = seen.member("c").expect("the roster still names c");
+        assert!(!shown.alive, "{shown:?}");
+        assert_eq!(shown.static_membership_window, Some(window));
     }
     let c = set.join("c", |b| {
         b.static_membership(true).static_membership_window(window)

@@ -9,7 +9,9 @@ use futures_util::stream::{self, StreamExt};
 use serde::Serialize;
 
 use super::locks::LockSet;
-use super::{MEMBER_PREFIX, ShardsError, drained, roster_key, shard_key, stored_count, weight_in};
+use super::{
+    MEMBER_PREFIX, ShardsError, drained, roster_key, shard_key, stored_count, weight_in, windows,
+};
 use crate::WallClock;
 use crate::error::LockError;
 use crate::record::Observed;
@@ -177,6 +179,12 @@ pub struct MemberView {
     pub weight: u32,
     /// Whether the roster drains it ([`drain_member`](crate::drain_member)): it takes no shard.
     pub drained: bool,
+    /// Its static membership window, when it runs with static membership
+    /// ([`ShardsBuilder::static_membership_window`](crate::ShardsBuilder::static_membership_window)):
+    /// gone without leaving (a crash), its shards are kept for it that long after its lease
+    /// ran out.
+    #[serde(rename = "staticMembershipWindowMillis", with = "opt_millis")]
+    pub static_membership_window: Option<Duration>,
     /// Its member record: its last renewal ([`RecordView::renew_time`]) and since when it
     /// takes part ([`RecordView::acquire_time`]).
     #[serde(flatten)]
@@ -301,6 +309,7 @@ impl ShardSetView {
             })
             .collect();
         let drained = drained(&roster.record);
+        let windows = windows(&roster.record);
         let now = clock.now();
         let mut records: Vec<RecordView> = keys
             .into_iter()
@@ -323,7 +332,8 @@ impl ShardSetView {
             .into_iter()
             .zip(records)
             .zip(weights)
-            .map(|(((identity, _), record), weight)| MemberView {
+            .map(|(((identity, key), record), weight)| MemberView {
+                static_membership_window: windows.get(key.as_str()).copied(),
                 alive: record.owner() == Some(identity.as_str()),
                 shards: owned.get(identity.as_str()).cloned().unwrap_or_default(),
                 weight,
