@@ -368,15 +368,34 @@ async fn a_rolling_restart_moves_no_shard(
 /// `--static-membership`: a replica started while another process still runs with its
 /// identity fences that process: the older one exits with code 8, saying so, its COMMANDs
 /// stopped, and the newer one runs every shard, each shard's COMMAND starting only after the
-/// older one's stopped.
+/// older one's stopped. On the file lock, Postgres (renewals that write) and etcd (renewals
+/// kept in the store, where the fence's write must leave the holder's lease alone).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_started_under_a_running_identity_fences_the_older() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    fences_the_older(&format!("file://{}", dir.path().join("lock").display())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_lock_set_fences_the_older_process_of_an_identity() {
+    if let Some(url) = leader_test_support::postgres_lock_or_skip() {
+        fences_the_older(&url).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_lock_set_fences_the_older_process_of_an_identity() {
+    if let Some(url) = leader_test_support::etcd_lock_or_skip() {
+        fences_the_older(&url).await;
+    }
+}
+
+async fn fences_the_older(lock: &str) {
     const SHARDS: u32 = 4;
     let dir = tempfile::tempdir().expect("tempdir");
-    let lock = format!("file://{}", dir.path().join("lock").display());
     let name = format!("fenced-{:08x}", fastrand::u32(..));
     let args = ["--shards", "4", "--static-membership"];
-    let start = || replica_with(Path::new(LEADER), &lock, &name, "a", dir.path(), &[], &args);
+    let start = || replica_with(Path::new(LEADER), lock, &name, "a", dir.path(), &[], &args);
     let logs: Vec<PathBuf> = (0..SHARDS)
         .map(|shard| dir.path().join(format!("job.log.{shard}")))
         .collect();
@@ -401,7 +420,12 @@ async fn a_replica_started_under_a_running_identity_fences_the_older() {
     let newer = start();
     let exited = timeout(Duration::from_secs(30), older.wait())
         .await
-        .expect("the older replica exits")
+        .unwrap_or_else(|_| {
+            panic!(
+                "the older replica never exited: {}",
+                std::fs::read_to_string(stderr_of(dir.path(), "a")).unwrap_or_default()
+            )
+        })
         .expect("its status");
     assert_eq!(exited.code(), Some(8), "{exited:?}");
     assert!(

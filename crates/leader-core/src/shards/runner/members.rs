@@ -390,15 +390,22 @@ impl Runner {
         }
     }
 
-    /// Whether a newer process of this identity fenced this one ([`fence`](Self::fence)): its
-    /// own member record, still this process's term, names its incarnation as fenced.
+    /// Whether a newer process of this identity fenced this one ([`fence`](Self::fence)): the
+    /// identity's member record, which this process held, names its incarnation as fenced.
+    ///
+    /// Whether this process still holds its term of the record does not matter: where the
+    /// store ties a record to its writer's lease (etcd), the fence's write ends the older
+    /// process's term before it reads the record, and that process, no longer holding it,
+    /// would otherwise fence the newer in turn. Its incarnation is its own (drawn at its
+    /// start), so only a process that fenced it names it.
     pub(super) fn check_fenced(&mut self, own: Option<&Observed>) -> Result<(), ShardsError> {
-        let (Some(own), Some(term)) = (own, &self.member) else {
+        let Some(own) = own else {
             return Ok(());
         };
         let record = &own.record;
         let fenced = self.config.static_membership
-            && rules::is_term(record, &self.me, term.token())
+            && self.membership.token.is_some()
+            && record.is_held_by(&self.me)
             && record.extensions.get(FENCED_EXTENSION) == Some(&self.membership.incarnation);
         if !fenced {
             return Ok(());
