@@ -67,10 +67,16 @@ pub fn terms_seen(events: &[Event], killed: &Marks, frozen: &Marks, gone: &Marks
         .map(|e| {
             let key = (e.identity.clone(), e.token);
             let after_start = |at: &i128| *at >= e.at;
+            // A term may run its work more than once, one run after the other (a shard's
+            // COMMAND restarted under a resized set's count): each start ends at the first stop
+            // after it, and a freeze after that stop froze a later run, not this one.
             let stop = events
                 .iter()
-                .find(|s| !s.start && s.identity == e.identity && s.token == e.token)
-                .map(|s| s.at);
+                .filter(|s| !s.start && s.identity == e.identity && s.token == e.token)
+                .map(|s| s.at)
+                .filter(after_start)
+                .min();
+            let running = |at: &i128| after_start(at) && stop.is_none_or(|s| *at <= s);
             let seen_gone = gone.get(&key).copied().filter(after_start);
             let before_gone = |at: &i128| seen_gone.is_none_or(|g| *at <= g);
             let killed_or_gone = match (killed.get(&key).copied().filter(after_start), seen_gone) {
@@ -80,7 +86,7 @@ pub fn terms_seen(events: &[Event], killed: &Marks, frozen: &Marks, gone: &Marks
             let end = frozen
                 .get(&key)
                 .copied()
-                .filter(after_start)
+                .filter(running)
                 .filter(before_gone)
                 .or(stop)
                 .or(killed_or_gone);
@@ -265,6 +271,28 @@ mod tests {
             0,
             "a kill before the next term, the end at the kill"
         );
+    }
+
+    /// A term that ran its work twice, one run after the other (a COMMAND restarted under a
+    /// resized set's count), the second run frozen: the first run ended at its own stop, and
+    /// the second's end is not the first's.
+    #[test]
+    fn a_term_run_twice_ends_each_run_at_its_own_end() {
+        let events = [
+            event(true, "r0.1", 2, 100),
+            event(false, "r0.1", 2, 200),
+            event(true, "r0.1", 2, 210),
+            // The second run was frozen at 300, its replica killed: no stop line.
+            event(true, "r1.1", 3, 400),
+            event(false, "r1.1", 3, 500),
+        ];
+        let frozen = marks(&[("r0.1", 2, 300)]);
+        assert_eq!(run(&events, &Marks::new(), &frozen), (0, vec![]));
+        // Without the freeze, the second run never logged its end: not hidden by the first's.
+        let (overlaps, violations) = run(&events, &Marks::new(), &Marks::new());
+        assert_eq!(overlaps, 0);
+        assert_eq!(violations.len(), 1, "{violations:?}");
+        assert!(violations[0].contains("r0.1 (token 2) never logged its end"));
     }
 
     #[test]

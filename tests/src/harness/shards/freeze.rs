@@ -127,9 +127,13 @@ pub(super) fn mark_frozen_by_pid(
                 event.identity, event.token, freeze.stopped, freeze.thawed
             ));
         }
+        // This run's own stop: the first after its start (a term may run its COMMAND twice,
+        // one run after the other, when its set is resized).
         let stopped = stops
             .iter()
-            .filter(|(identity, token, _)| *identity == event.identity && *token == event.token)
+            .filter(|(identity, token, at)| {
+                *identity == event.identity && *token == event.token && *at >= event.at
+            })
             .map(|(_, _, at)| *at)
             .min();
         let ended = [stopped, killed.get(&key).copied()]
