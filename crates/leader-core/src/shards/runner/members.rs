@@ -88,7 +88,8 @@ impl Runner {
                 .extensions
                 .insert(COUNT_EXTENSION.into(), self.config.count.to_string());
             record.extensions.insert(my_entry, self.me.clone());
-            self.enter_window(&mut record);
+            let (window_key, window) = self.window_entry();
+            enter(&mut record, window_key, window);
             match self
                 .request("create", &key, self.lock(&key).create(&record))
                 .await
@@ -159,9 +160,11 @@ impl Runner {
         self.note_roster(&roster);
         let stale = self.config.lease.wall_clock.now() - roster.record.renew_time > ROSTER_REFRESH;
         let joining = !roster.record.extensions.contains_key(&my_entry);
-        let mut record = roster.record.clone();
-        let window_changed = self.enter_window(&mut record);
+        let (window_key, window) = self.window_entry();
+        let window_changed = roster.record.extensions.get(&window_key) != window.as_ref();
         if joining || stale || window_changed {
+            let mut record = roster.record.clone();
+            enter(&mut record, window_key, window);
             record.extensions.insert(my_entry, self.me.clone());
             record.lease_duration = ROSTER_LEASE;
             record.renew_time = self.config.lease.wall_clock.now();
@@ -174,22 +177,15 @@ impl Runner {
         Ok(Some(roster))
     }
 
-    /// Writes this member's static membership window into `roster` beside its entry, or takes
-    /// it out without static membership: true when that changed the roster.
-    fn enter_window(&self, roster: &mut LeaderElectionRecord) -> bool {
+    /// This member's static membership window as the roster holds it beside its entry: the
+    /// key, and the value (none without static membership).
+    fn window_entry(&self) -> (String, Option<String>) {
         let key = format!("{WINDOW_PREFIX}{}", member_key(&self.config.name, &self.me));
         let window = self
             .config
             .static_membership
             .then(|| self.config.static_membership_window.as_millis().to_string());
-        if roster.extensions.get(&key) == window.as_ref() {
-            return false;
-        }
-        match window {
-            Some(window) => roster.extensions.insert(key, window),
-            None => roster.extensions.remove(&key),
-        };
-        true
+        (key, window)
     }
 
     pub(super) fn note_roster(&mut self, roster: &Observed) {
@@ -278,10 +274,7 @@ impl Runner {
         }
         let mut record = term.observed.record.clone();
         for (key, value) in wanted {
-            match value {
-                Some(value) => record.extensions.insert(key.into(), value),
-                None => record.extensions.remove(key),
-            };
+            enter(&mut record, key.into(), value);
         }
         record.renew_time = record.renewal_time(self.config.lease.wall_clock.now());
         let (key, version) = (term.key.clone(), term.observed.version.clone());
@@ -694,4 +687,12 @@ impl Runner {
                 .await;
         }
     }
+}
+
+/// Sets extension `key` of `record` to `value`, or removes it for none.
+fn enter(record: &mut LeaderElectionRecord, key: String, value: Option<String>) {
+    match value {
+        Some(value) => record.extensions.insert(key, value),
+        None => record.extensions.remove(&key),
+    };
 }

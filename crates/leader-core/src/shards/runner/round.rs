@@ -194,9 +194,7 @@ impl Runner {
                         let index = u32::try_from(shard).unwrap_or(u32::MAX);
                         let before = std::mem::replace(&mut self.shard_records[shard], observed);
                         if self.shard_records[shard].is_some() {
-                            if !self.vanished.is_empty() {
-                                self.vanished.remove(&index);
-                            }
+                            self.vanished.remove(&index);
                         } else if let Some(before) =
                             before.filter(|b| !b.record.holder_identity.is_empty())
                         {
@@ -374,7 +372,6 @@ impl Runner {
                 .filter(|h| !h.is_empty());
             // Deleted by the store under a static member gone within its window: its own.
             if observed.is_none()
-                && !self.vanished.is_empty()
                 && let Some(list) = self
                     .vanished
                     .get(&shard)
