@@ -6,7 +6,7 @@
 
 mod common;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -136,6 +136,18 @@ fn balanced_members(members: &[&Member], count: u32) -> bool {
     balanced(&states, count)
 }
 
+/// Since `before` (moves by shard), each of the shards `held` moved once and no other shard
+/// of the set's 9 moved.
+fn moved_once_each(set: &Set, before: &BTreeMap<u32, usize>, held: &BTreeSet<u32>) {
+    let after = set.log.moves_by_shard();
+    for shard in 0..9 {
+        let moved =
+            after.get(&shard).copied().unwrap_or(0) - before.get(&shard).copied().unwrap_or(0);
+        let expected = usize::from(held.contains(&shard));
+        assert_eq!(moved, expected, "shard {shard} moved {moved} times");
+    }
+}
+
 /// Three static members with `window`, balanced over 9 shards.
 async fn three_static_members(set: &Set, window: Duration) -> [Member; 3] {
     let static_member =
@@ -172,13 +184,7 @@ async fn a_restart_longer_than_the_window_moves_each_shard_once() {
     );
     // Long after the window: each of c's shards moved once, the others not at all.
     sleep(window * 2).await;
-    let after = set.log.moves_by_shard();
-    for shard in 0..9 {
-        let moved =
-            after.get(&shard).copied().unwrap_or(0) - moves.get(&shard).copied().unwrap_or(0);
-        let expected = usize::from(held.contains(&shard));
-        assert_eq!(moved, expected, "shard {shard} moved {moved} times");
-    }
+    moved_once_each(&set, &moves, &held);
     let before_return = set.log.moves();
     let c = set.join("c", |b| {
         b.static_membership(true).static_membership_window(window)
@@ -307,13 +313,7 @@ async fn a_crash_for_good_keeps_the_shards_for_the_window_then_moves_each_once()
          ({least:?} to {most:?})"
     );
     sleep(window * 2).await;
-    let after = set.log.moves_by_shard();
-    for shard in 0..9 {
-        let moved =
-            after.get(&shard).copied().unwrap_or(0) - moves.get(&shard).copied().unwrap_or(0);
-        let expected = usize::from(held.contains(&shard));
-        assert_eq!(moved, expected, "shard {shard} moved {moved} times");
-    }
+    moved_once_each(&set, &moves, &held);
     for m in [a, b] {
         m.leave().await;
     }
