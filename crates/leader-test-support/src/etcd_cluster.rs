@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::free_port;
 use crate::process::Slot;
 
 /// One member: its ports, data and process.
@@ -25,12 +26,6 @@ pub struct EtcdCluster {
     members: Vec<Member>,
     initial: String,
     token: String,
-}
-
-pub(crate) fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map_or(0, |a| a.port())
 }
 
 /// `GET path` on loopback `port`, the body, or `None` when nothing answered within a second.
@@ -59,12 +54,7 @@ impl EtcdCluster {
     /// The cluster did not come up within 30 s.
     #[must_use]
     pub fn start(members: usize) -> Option<Self> {
-        if Command::new("etcd").arg("--version").output().is_err() {
-            assert!(
-                !crate::in_ci(),
-                "CI=true and no etcd binary (scripts/setup installs etcd-server)"
-            );
-            eprintln!("skipping: no etcd binary");
+        if !crate::tool_or_skip("etcd", "scripts/setup installs etcd-server") {
             return None;
         }
         let tag = format!("{:08x}", fastrand::u32(..));

@@ -104,6 +104,39 @@ pub fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0")
 }
 
+/// A free loopback port: bound, then let go, for a server of a test's own.
+///
+/// # Panics
+/// No port could be bound.
+#[must_use]
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// Whether `tool` can be run (`TOOL --version` starts), for a test that starts a server of its
+/// own; `false` with a line saying why (a skip), a failure under `CI=true`. `install` says what
+/// provides it.
+///
+/// # Panics
+/// Under `CI=true`, when the tool is missing.
+#[must_use]
+pub fn tool_or_skip(tool: &str, install: &str) -> bool {
+    let found = std::process::Command::new(tool)
+        .arg("--version")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok();
+    if !found {
+        assert!(!in_ci(), "CI=true and no {tool} ({install})");
+        eprintln!("skipping: no {tool}");
+    }
+    found
+}
+
 /// `S3_ENDPOINT`'s default: moto's S3 server that `scripts/setup` starts on loopback.
 pub const DEFAULT_S3_ENDPOINT: &str = "http://127.0.0.1:9000";
 

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use crate::process::Slot;
 
-use crate::etcd_cluster::free_port;
+use crate::free_port;
 
 /// Where Debian's package puts the server.
 const JAR: &str = "/usr/share/java/zookeeper.jar";

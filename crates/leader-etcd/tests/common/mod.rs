@@ -93,12 +93,7 @@ pub struct PrivateEtcd {
 impl PrivateEtcd {
     /// Starts one, or `None` (outside CI) when the `etcd` binary is missing.
     pub fn start() -> Option<Self> {
-        if Command::new("etcd").arg("--version").output().is_err() {
-            assert!(
-                !in_ci(),
-                "CI=true and no etcd binary (scripts/setup installs etcd-server)"
-            );
-            eprintln!("skipping: no etcd binary");
+        if !leader_test_support::tool_or_skip("etcd", "scripts/setup installs etcd-server") {
             return None;
         }
         let free = || {

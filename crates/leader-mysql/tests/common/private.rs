@@ -35,12 +35,7 @@ pub fn run(command: &mut Command) {
     );
 }
 
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .expect("a free port")
-        .port()
-}
+pub use leader_test_support::free_port;
 
 fn running_as_root() -> bool {
     Command::new("id")
@@ -51,23 +46,9 @@ fn running_as_root() -> bool {
 
 /// Whether every one of `tools` runs; `false` (outside CI) says why.
 pub fn tools_or_skip(tools: &[&str]) -> bool {
-    for tool in tools {
-        if Command::new(tool)
-            .arg("--version")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_err()
-        {
-            assert!(
-                !in_ci(),
-                "CI=true and no {tool} (scripts/setup installs MariaDB)"
-            );
-            eprintln!("skipping: no {tool}");
-            return false;
-        }
-    }
-    true
+    tools
+        .iter()
+        .all(|tool| leader_test_support::tool_or_skip(tool, "scripts/setup installs MariaDB"))
 }
 
 /// A temporary directory for a server, named after what it is for.

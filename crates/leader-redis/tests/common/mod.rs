@@ -2,7 +2,6 @@
 
 #![allow(dead_code, unreachable_pub, unused_imports)]
 
-use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
@@ -50,22 +49,10 @@ impl Drop for PrivateServer {
 impl PrivateServer {
     /// Started and answering, or `None` (a skip outside CI) without `redis-server` on the PATH.
     pub async fn start() -> Option<Self> {
-        if Command::new("redis-server")
-            .arg("--version")
-            .output()
-            .is_err()
-        {
-            assert!(
-                !in_ci(),
-                "CI=true, but no redis-server on the PATH to start a private server"
-            );
-            eprintln!("skipping: no redis-server on the PATH to start a private server");
+        if !leader_test_support::tool_or_skip("redis-server", "scripts/setup installs Redis") {
             return None;
         }
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
+        let port = leader_test_support::free_port();
         let child = Command::new("redis-server")
             .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
             .args(["--save", "", "--appendonly", "no", "--dir", "/tmp"])
