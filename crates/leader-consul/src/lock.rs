@@ -343,14 +343,7 @@ impl ResourceLock for ConsulLock {
             .await?;
         let index = self.index_in(&results, &self.key)?;
         self.note(index, None, record.leader_transitions);
-        Ok(Observed {
-            record: record.clone(),
-            version: Indexes {
-                record: index,
-                renewal: self.index_in(&results, &self.renewal_key)?,
-            }
-            .version(),
-        })
+        self.written(record, index, &results)
     }
 
     /// Takes the key for a record that names this candidate, unlocks it for a free record

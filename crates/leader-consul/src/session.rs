@@ -95,7 +95,7 @@ pub(crate) fn sweep_later(
     after: Duration,
 ) {
     let sweeper = &store.inner.sweeper;
-    let mut pending = sweeper.pending.lock().unwrap_or_else(|p| p.into_inner());
+    let mut pending = sweeper.lock_pending();
     pending.keys.insert(
         key,
         Due {
@@ -114,12 +114,7 @@ pub(crate) fn sweep_later(
 async fn sweep_while_due(store: ConsulStore) {
     loop {
         let next = {
-            let mut pending = store
-                .inner
-                .sweeper
-                .pending
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
+            let mut pending = store.inner.sweeper.lock_pending();
             match pending.keys.values().map(|due| due.at).min() {
                 Some(next) => next,
                 None => {
@@ -131,12 +126,7 @@ async fn sweep_while_due(store: ConsulStore) {
         // Sweeps due within a second of each other are made together; later is always safe.
         tokio::time::sleep_until(next + SWEEP_GATHER).await;
         let due: Vec<(String, Due)> = {
-            let mut pending = store
-                .inner
-                .sweeper
-                .pending
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
+            let mut pending = store.inner.sweeper.lock_pending();
             let now = Instant::now();
             let keys: Vec<String> = pending
                 .keys
@@ -239,14 +229,7 @@ async fn node_of(store: &ConsulStore, id: &str) -> Option<String> {
     if let Some(node) = &store.inner.session_node {
         return Some(node.clone());
     }
-    let pending = || {
-        store
-            .inner
-            .sweeper
-            .pending
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-    };
+    let pending = || store.inner.sweeper.lock_pending();
     let known = pending().node.clone();
     if known.is_some() {
         return known;

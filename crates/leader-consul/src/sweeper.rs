@@ -2,7 +2,7 @@
 //! module), apart from the store so that the store holds it without depending on sessions.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 
 use tokio::time::Instant;
 
@@ -13,7 +13,14 @@ use tokio::time::Instant;
 /// instead of a list of every session of the datacenter per shard.
 #[derive(Debug, Default)]
 pub(crate) struct Sweeper {
-    pub(crate) pending: Mutex<Pending>,
+    pending: Mutex<Pending>,
+}
+
+impl Sweeper {
+    /// The sweeps due, locked; a panic while another held them leaves them usable.
+    pub(crate) fn lock_pending(&self) -> MutexGuard<'_, Pending> {
+        self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 /// The sweeps due, and the sweeping task's state.

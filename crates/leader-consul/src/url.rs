@@ -24,13 +24,12 @@ impl LockUrl {
     /// host, or an unknown parameter.
     pub fn parse(lock: &str) -> Result<Self, UrlError> {
         let invalid = |message: String| UrlError::new(lock, message);
-        leader_core::backend::check_user_info(lock)?;
-        let url = url::Url::parse(lock).map_err(|err| invalid(err.to_string()))?;
-        let tls = match url.scheme() {
-            "consul" => false,
-            "consuls" => true,
-            _ => return Err(invalid("not a consul:// URL".to_owned())),
-        };
+        let url = leader_core::backend::parse_lock_url(
+            lock,
+            &["consul", "consuls"],
+            "not a consul:// URL",
+        )?;
+        let tls = url.scheme() == "consuls";
         if !url.username().is_empty() || url.password().is_some() {
             return Err(invalid(
                 "a consul:// URL takes no credentials; set CONSUL_HTTP_TOKEN".to_owned(),

@@ -68,3 +68,70 @@ pub fn unless_moved(
 pub fn check_user_info(url: &str) -> Result<(), UrlError> {
     UrlError::check_user_info(url)
 }
+
+/// Whether `name` is a SQL identifier that its quotes alone make safe: 1 to `max_len` bytes of
+/// ASCII letters, digits, `_` and `$`, starting with a letter or `_`.
+pub fn is_plain_sql_identifier(name: &str, max_len: usize) -> bool {
+    !name.is_empty()
+        && name.len() <= max_len
+        && name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '$')
+}
+
+/// 64-bit FNV-1a over `parts`, each followed by a zero byte (so that `["a", "bc"]` and
+/// `["ab", "c"]` differ): the same in every build, for the lock keys and names that processes
+/// built apart must agree on.
+pub fn fnv1a<P: AsRef<[u8]>>(parts: &[P]) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for part in parts {
+        for &byte in part.as_ref().iter().chain(&[0]) {
+            hash ^= u64::from(byte);
+            hash = hash.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    hash
+}
+
+/// Parses `lock` as a URL of one of `schemes`, after [`check_user_info`]: the start of every
+/// backend whose lock URL is a standard URL.
+///
+/// # Errors
+/// A URL [`check_user_info`] refuses, a malformed URL (the parser's message), or another
+/// scheme (saying `not_ours`, like `not a postgres:// URL`).
+#[cfg(feature = "url")]
+#[cfg_attr(docsrs, doc(cfg(feature = "url")))]
+pub fn parse_lock_url(lock: &str, schemes: &[&str], not_ours: &str) -> Result<url::Url, UrlError> {
+    check_user_info(lock)?;
+    let url = url::Url::parse(lock).map_err(|err| UrlError::new(lock, err.to_string()))?;
+    if !schemes.contains(&url.scheme()) {
+        return Err(UrlError::new(lock, not_ours));
+    }
+    Ok(url)
+}
+
+/// Hands each query parameter of `url` to `own`, which answers `true` for the lock's own, and
+/// leaves only the others in the query, in their order: the connection string a driver gets.
+///
+/// # Errors
+/// The first error of `own`, with `url` left as it was.
+#[cfg(feature = "url")]
+#[cfg_attr(docsrs, doc(cfg(feature = "url")))]
+pub fn take_lock_params(
+    url: &mut url::Url,
+    mut own: impl FnMut(&str, &str) -> Result<bool, UrlError>,
+) -> Result<(), UrlError> {
+    let mut kept = Vec::new();
+    for (key, value) in url.query_pairs() {
+        if !own(&key, &value)? {
+            kept.push((key.into_owned(), value.into_owned()));
+        }
+    }
+    if kept.is_empty() {
+        url.set_query(None);
+    } else {
+        url.query_pairs_mut().clear().extend_pairs(&kept);
+    }
+    Ok(())
+}

@@ -378,20 +378,29 @@ impl DynamoLock {
         format!("{FLOOR_PREFIX}{}", self.name)
     }
 
-    /// The election's floor: the highest token issued (0 when none was).
-    async fn read_floor(&self) -> Result<u64, LockError> {
+    /// The item named `name`, read strongly consistent.
+    async fn read_item(
+        &self,
+        name: &str,
+    ) -> Result<Option<HashMap<String, AttributeValue>>, LockError> {
         let answer = self
             .store
             .inner
             .client
             .get_item()
             .table_name(&self.store.inner.table)
-            .set_key(Some(key(&self.floor_key())))
+            .set_key(Some(key(name)))
             .consistent_read(true)
             .send()
             .await
             .map_err(|err| map(&self.context(), "get", "dynamodb:GetItem", err))?;
-        match answer.item.as_ref().and_then(|item| item.get(FENCE)) {
+        Ok(answer.item)
+    }
+
+    /// The election's floor: the highest token issued (0 when none was).
+    async fn read_floor(&self) -> Result<u64, LockError> {
+        let item = self.read_item(&self.floor_key()).await?;
+        match item.as_ref().and_then(|item| item.get(FENCE)) {
             None => Ok(0),
             Some(AttributeValue::N(number)) => number.parse().map_err(|_| {
                 LockError::invalid_record(
@@ -429,18 +438,7 @@ pub(crate) fn cancellation_reasons<R>(
 impl ResourceLock for DynamoLock {
     async fn get(&self) -> Result<Option<Observed>, LockError> {
         self.check_name()?;
-        let answer = self
-            .store
-            .inner
-            .client
-            .get_item()
-            .table_name(&self.store.inner.table)
-            .set_key(Some(key(&self.name)))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(|err| map(&self.context(), "get", "dynamodb:GetItem", err))?;
-        let Some(item) = answer.item else {
+        let Some(item) = self.read_item(&self.name).await? else {
             self.remember(None);
             return Ok(None);
         };

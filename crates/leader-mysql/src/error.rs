@@ -157,6 +157,24 @@ pub(crate) fn map(context: &str, err: mysql_async::Error) -> LockError {
     }
 }
 
+/// Checks that `err` is a [`LockError::Misconfigured`] whose message, on one line, blames
+/// Galera, points to the table lock instead of `lock=named`, and says each of `words`.
+#[cfg(test)]
+pub(crate) fn assert_galera_refusal(err: &LockError, words: &[&str]) {
+    let LockError::Misconfigured { message, .. } = err else {
+        panic!("not Misconfigured: {err:?}");
+    };
+    let advice = ["Galera", "table lock", "lock=named"];
+    assert!(
+        words
+            .iter()
+            .chain(&advice)
+            .all(|word| message.contains(word)),
+        "{message}"
+    );
+    assert!(!message.contains('\n'), "one line: {message}");
+}
+
 #[cfg(test)]
 mod tests {
     use mysql_async::ServerError;
@@ -183,19 +201,14 @@ mod tests {
             )
         };
         let err = map_get_lock("mysql://app:***@db/app election \"jobs\"", refused());
-        let LockError::Misconfigured { message, .. } = &err else {
-            panic!("not Misconfigured: {err:?}");
-        };
-        assert!(
-            message.contains("GET_LOCK in cluster (WSREP_ON=ON)")
-                && message.contains("error 1235")
-                && message.contains("Galera")
-                && message.contains("table lock")
-                && message.contains("lock=named")
-                && message.contains("election \"jobs\""),
-            "{message}"
+        assert_galera_refusal(
+            &err,
+            &[
+                "GET_LOCK in cluster (WSREP_ON=ON)",
+                "error 1235",
+                "election \"jobs\"",
+            ],
         );
-        assert!(!message.contains('\n'), "one line: {message}");
         // Elsewhere 1235 stays what it was (a statement of another kind the server lacks).
         assert!(!matches!(
             map("ctx", refused()),

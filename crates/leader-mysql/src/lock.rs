@@ -60,6 +60,17 @@ impl TableLock {
         );
     }
 
+    /// `record` as a write of this candidate stored it at `version`, its token noted for the
+    /// floor.
+    pub(crate) fn written(&self, record: LeaderElectionRecord, version: i64) -> Observed {
+        let written = Observed {
+            record,
+            version: Version::from(version),
+        };
+        self.seen(&written);
+        written
+    }
+
     /// `record` as this candidate's write of it must store it (S5): one it holds that starts a
     /// term (a new row, when `expected` is `None`, or a compare-and-swap over a record at
     /// `expected` with another token) goes on from above every token this lock has seen; a
@@ -247,12 +258,7 @@ impl ResourceLock for TableLock {
         let (params, version) = self.create_params(&record)?;
         self.write(&self.store.inner().statements.create, params)
             .await?;
-        let created = Observed {
-            record,
-            version: Version::from(version),
-        };
-        self.seen(&created);
-        Ok(created)
+        Ok(self.written(record, version))
     }
 
     async fn update(
@@ -284,14 +290,7 @@ impl ResourceLock for TableLock {
                 let record = self.fenced(Some(expected), record).await?;
                 let (params, new_version) = self.update_params(expected, &record)?;
                 return match self.write(&statements.update, params).await? {
-                    1 => {
-                        let written = Observed {
-                            record,
-                            version: Version::from(new_version),
-                        };
-                        self.seen(&written);
-                        Ok(written)
-                    }
+                    1 => Ok(self.written(record, new_version)),
                     _ => Err(LockError::conflict(BACKEND)),
                 };
             };
@@ -333,11 +332,7 @@ impl ResourceLock for TableLock {
         desired: &LeaderElectionRecord,
     ) -> Result<Option<Acquisition>, LockError> {
         let Some((observed, left)) = self.observe().await? else {
-            // Someone may insert it first: a conflict, and the next attempt reads theirs.
-            return self
-                .create(&first_record(desired))
-                .await
-                .map(|o| Some(Acquisition::Acquired(o)));
+            return acquire_first(self, desired).await;
         };
         let current = &observed.record;
         let reserved = current.reserved_for_other_than(&desired.holder_identity);
@@ -354,30 +349,27 @@ impl ResourceLock for TableLock {
             .write(&self.store.inner().statements.take, params)
             .await?
         {
-            1 => {
-                let taken = Observed {
-                    record: taken,
-                    version: Version::from(version),
-                };
-                self.seen(&taken);
-                Ok(Some(Acquisition::Acquired(taken)))
-            }
+            1 => Ok(Some(Acquisition::Acquired(self.written(taken, version)))),
             // Written since the read, or not expired yet by the server's clock.
             _ => Err(LockError::conflict(BACKEND)),
         }
     }
 }
 
-/// The record an acquisition stores when there is none yet: `desired`, with the first fencing
-/// term (at least the one asked for) and nothing carried over.
-pub(crate) fn first_record(desired: &LeaderElectionRecord) -> LeaderElectionRecord {
-    {
-        let mut record = desired.clone();
-        record.renew_time = desired.acquire_time;
-        record.leader_transitions = desired.leader_transitions.max(1);
-        record.strategy = None;
-        record.preferred_holder = None;
-        record.extensions = Default::default();
-        record
-    }
+/// Acquires by creating the record when there is none yet: `desired`, with the first fencing
+/// term (at least the one asked for) and nothing carried over. Someone may insert it first: a
+/// conflict, and the next attempt reads theirs.
+pub(crate) async fn acquire_first(
+    lock: &impl ResourceLock,
+    desired: &LeaderElectionRecord,
+) -> Result<Option<Acquisition>, LockError> {
+    let mut record = desired.clone();
+    record.renew_time = desired.acquire_time;
+    record.leader_transitions = desired.leader_transitions.max(1);
+    record.strategy = None;
+    record.preferred_holder = None;
+    record.extensions = Default::default();
+    lock.create(&record)
+        .await
+        .map(|o| Some(Acquisition::Acquired(o)))
 }

@@ -17,7 +17,7 @@ use mysql_async::{Conn, Value};
 use tokio::task::JoinHandle;
 
 use crate::error::{BACKEND, USE_THE_TABLE_LOCK, map, map_get_lock};
-use crate::lock::{TableLock, first_record};
+use crate::lock::{TableLock, acquire_first};
 use crate::sql::parse_version;
 use crate::store::MysqlStore;
 
@@ -253,16 +253,6 @@ impl NamedLock {
             .as_ref()
             .map(|session| session.conn.id())
     }
-
-    /// What a write of this candidate stored, with its token noted for the floor.
-    fn stored(&self, record: LeaderElectionRecord, version: i64) -> Observed {
-        let stored = Observed {
-            record,
-            version: Version::from(version),
-        };
-        self.table.seen(&stored);
-        stored
-    }
 }
 
 #[async_trait]
@@ -282,7 +272,7 @@ impl ResourceLock for NamedLock {
         let (params, version) = self.table.create_params(&record)?;
         let sql = &self.store.inner().named_statements.create;
         match self.own_write(&record, Hold::Always, sql, params).await? {
-            Written::Stored => Ok(self.stored(record, version)),
+            Written::Stored => Ok(self.table.written(record, version)),
             Written::Busy | Written::Missed => Err(LockError::conflict(BACKEND)),
         }
     }
@@ -327,7 +317,7 @@ impl ResourceLock for NamedLock {
             .own_write(&record, Hold::Takeover(expected), sql, params)
             .await?
         {
-            Written::Stored => Ok(self.stored(record, new_version)),
+            Written::Stored => Ok(self.table.written(record, new_version)),
             Written::Busy | Written::Missed => Err(LockError::conflict(BACKEND)),
         }
     }
@@ -454,10 +444,7 @@ impl ResourceLock for NamedLock {
         desired: &LeaderElectionRecord,
     ) -> Result<Option<Acquisition>, LockError> {
         let Some((observed, left)) = self.table.observe().await? else {
-            return self
-                .create(&first_record(desired))
-                .await
-                .map(|o| Some(Acquisition::Acquired(o)));
+            return acquire_first(self, desired).await;
         };
         let current = &observed.record;
         let reserved = current.reserved_for_other_than(&desired.holder_identity);
@@ -473,7 +460,9 @@ impl ResourceLock for NamedLock {
         let (taken, params, version) = self.table.takeover(&observed, desired)?;
         let sql = &self.store.inner().named_statements.take;
         match self.own_write(&taken, Hold::Always, sql, params).await? {
-            Written::Stored => Ok(Some(Acquisition::Acquired(self.stored(taken, version)))),
+            Written::Stored => Ok(Some(Acquisition::Acquired(
+                self.table.written(taken, version),
+            ))),
             Written::Busy => Ok(Some(held)),
             // Written since the read, or not expired yet by the server's clock.
             Written::Missed => Err(LockError::conflict(BACKEND)),

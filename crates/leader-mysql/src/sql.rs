@@ -26,13 +26,7 @@ impl TableName {
             None => (None, name),
         };
         for part in database.into_iter().chain([table]) {
-            let valid = !part.is_empty()
-                && part.len() <= 64
-                && part.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
-                && part
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '$');
-            if !valid {
+            if !leader_core::backend::is_plain_sql_identifier(part, 64) {
                 return Err(LockError::Misconfigured {
                     backend: BACKEND,
                     message: format!(

@@ -4,7 +4,6 @@
 use leader_core::{
     LockError, LockSet, LockTarget, ResourceLock, UrlError, async_trait, redact_url,
 };
-use url::Url;
 
 use crate::store::{MysqlStore, MysqlStoreBuilder};
 
@@ -40,27 +39,26 @@ impl LockUrl {
     /// A malformed URL, another scheme, or an empty table name.
     pub fn parse(lock: &str) -> Result<Self, UrlError> {
         let invalid = |message: String| UrlError::new(lock, message);
-        leader_core::backend::check_user_info(lock)?;
-        let mut url = Url::parse(lock).map_err(|err| invalid(err.to_string()))?;
-        if !matches!(url.scheme(), "mysql" | "mariadb") {
-            return Err(invalid("not a mysql:// URL".to_owned()));
-        }
+        let mut url = leader_core::backend::parse_lock_url(
+            lock,
+            &["mysql", "mariadb"],
+            "not a mysql:// URL",
+        )?;
         if url.host_str().is_none_or(str::is_empty) {
             return Err(invalid("no server host".to_owned()));
         }
         let mut table = None;
         let mut named = false;
         let mut idle = None;
-        let mut kept = Vec::new();
-        for (key, value) in url.query_pairs() {
-            match key.as_ref() {
+        leader_core::backend::take_lock_params(&mut url, |key, value| {
+            match key {
                 "table" if value.is_empty() => {
                     return Err(invalid("table= is empty".to_owned()));
                 }
-                "table" => table = Some(value.into_owned()),
+                "table" => table = Some(value.to_owned()),
                 "idle_session_timeout" => {
                     idle = Some(
-                        humantime::parse_duration(&value)
+                        humantime::parse_duration(value)
                             .ok()
                             .filter(|d| *d >= std::time::Duration::from_secs(1))
                             .ok_or_else(|| {
@@ -71,7 +69,7 @@ impl LockUrl {
                     );
                 }
                 "lock" => {
-                    named = match value.as_ref() {
+                    named = match value {
                         "table" => false,
                         "named" => true,
                         other => {
@@ -81,14 +79,10 @@ impl LockUrl {
                         }
                     };
                 }
-                _ => kept.push((key.into_owned(), value.into_owned())),
+                _ => return Ok(false),
             }
-        }
-        if kept.is_empty() {
-            url.set_query(None);
-        } else {
-            url.query_pairs_mut().clear().extend_pairs(&kept);
-        }
+            Ok(true)
+        })?;
         Ok(Self {
             connection: url.into(),
             table,

@@ -4,7 +4,6 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use leader_core::{LockError, LockSet, LockTarget, ResourceLock, UrlError, async_trait};
-use url::Url;
 
 use crate::store::{NatsStore, NatsStoreBuilder, login_of, redacted, valid_bucket};
 
@@ -45,11 +44,7 @@ impl LockUrl {
     /// A malformed URL, another scheme, no host, an invalid bucket name or parameter.
     pub fn parse(lock: &str) -> Result<Self, UrlError> {
         let invalid = |message: String| UrlError::new(lock, message);
-        leader_core::backend::check_user_info(lock)?;
-        let url = Url::parse(lock).map_err(|err| invalid(err.to_string()))?;
-        if url.scheme() != "nats" {
-            return Err(invalid("not a nats:// URL".to_owned()));
-        }
+        let url = leader_core::backend::parse_lock_url(lock, &["nats"], "not a nats:// URL")?;
         let host = url
             .host_str()
             .filter(|h| !h.is_empty())

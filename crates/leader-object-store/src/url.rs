@@ -30,14 +30,12 @@ impl LockUrl {
     /// store without conditional writes.
     pub fn parse(lock: &str) -> Result<Self, UrlError> {
         let invalid = |message: String| UrlError::new(lock, message);
-        leader_core::backend::check_user_info(lock)?;
-        let url = url::Url::parse(lock).map_err(|err| invalid(err.to_string()))?;
+        let url = leader_core::backend::parse_lock_url(
+            lock,
+            &["s3", "gs", "az", "azure"],
+            "not an object storage URL; use s3://, gs:// or az://",
+        )?;
         let scheme = url.scheme();
-        if !matches!(scheme, "s3" | "gs" | "az" | "azure") {
-            return Err(invalid(
-                "not an object storage URL; use s3://, gs:// or az://".to_owned(),
-            ));
-        }
         check_url(&url).map_err(invalid)?;
         let bucket = url.host_str().unwrap_or_default();
         let path = url.path().trim_start_matches('/');

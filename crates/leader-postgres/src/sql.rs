@@ -18,13 +18,7 @@ pub(crate) struct TableName {
 impl TableName {
     pub(crate) fn new(schema: &str, table: &str) -> Result<Self, LockError> {
         for (what, name) in [("schema", schema), ("table", table)] {
-            let valid = !name.is_empty()
-                && name.len() <= 63
-                && name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
-                && name
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '$');
-            if !valid {
+            if !leader_core::backend::is_plain_sql_identifier(name, 63) {
                 return Err(LockError::Misconfigured {
                     backend: BACKEND,
                     message: format!(
@@ -349,14 +343,7 @@ pub(crate) fn parse_version(version: &Version) -> Option<i64> {
 
 /// A stable 64-bit FNV-1a hash, for advisory keys and channel names.
 pub(crate) fn fnv1a(parts: &[&str]) -> u64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for part in parts {
-        for byte in part.bytes().chain(std::iter::once(0)) {
-            hash ^= u64::from(byte);
-            hash = hash.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-    hash
+    leader_core::backend::fnv1a(parts)
 }
 
 #[cfg(test)]

@@ -6,7 +6,6 @@ use std::time::Duration;
 use leader_core::{
     LockError, LockSet, LockTarget, ResourceLock, UrlError, async_trait, redact_url,
 };
-use url::Url;
 
 use crate::store::{PostgresStore, PostgresStoreBuilder};
 
@@ -36,11 +35,11 @@ impl LockUrl {
     /// A malformed URL, another scheme, or a bad value of the lock's own parameters.
     pub fn parse(lock: &str) -> Result<Self, UrlError> {
         let invalid = |message: String| UrlError::new(lock, message);
-        leader_core::backend::check_user_info(lock)?;
-        let mut url = Url::parse(lock).map_err(|err| invalid(err.to_string()))?;
-        if !matches!(url.scheme(), "postgres" | "postgresql") {
-            return Err(invalid("not a postgres:// URL".to_owned()));
-        }
+        let mut url = leader_core::backend::parse_lock_url(
+            lock,
+            &["postgres", "postgresql"],
+            "not a postgres:// URL",
+        )?;
         let mut parsed = Self {
             connection: String::new(),
             advisory: false,
@@ -48,32 +47,27 @@ impl LockUrl {
             table: None,
             idle_session_timeout: None,
         };
-        let mut kept = Vec::new();
-        for (key, value) in url.query_pairs() {
-            match key.as_ref() {
-                "advisory" => parsed.advisory = parse_bool(&value).map_err(invalid)?,
+        leader_core::backend::take_lock_params(&mut url, |key, value| {
+            match key {
+                "advisory" => parsed.advisory = parse_bool(value).map_err(invalid)?,
                 "idle_session_timeout" => {
-                    let timeout = humantime::parse_duration(&value).map_err(|err| {
+                    let timeout = humantime::parse_duration(value).map_err(|err| {
                         invalid(format!(
                             "idle_session_timeout={value:?} is not a duration like 30s: {err}"
                         ))
                     })?;
                     parsed.idle_session_timeout = Some(timeout);
                 }
-                "schema" => parsed.schema = Some(value.into_owned()),
-                "table" => parsed.table = Some(value.into_owned()),
-                _ => kept.push((key.into_owned(), value.into_owned())),
+                "schema" => parsed.schema = Some(value.to_owned()),
+                "table" => parsed.table = Some(value.to_owned()),
+                _ => return Ok(false),
             }
-        }
+            Ok(true)
+        })?;
         if parsed.idle_session_timeout.is_some() && !parsed.advisory {
             return Err(invalid(
                 "idle_session_timeout applies to the advisory lock (advisory=true)".to_owned(),
             ));
-        }
-        if kept.is_empty() {
-            url.set_query(None);
-        } else {
-            url.query_pairs_mut().clear().extend_pairs(&kept);
         }
         parsed.connection = url.into();
         Ok(parsed)

@@ -54,6 +54,13 @@ local function current(key)
   return {version = v[1], holder = v[2], transitions = transitions, record = v[4], preferred = v[5] or ''}
 end
 
+-- `current(key)` for a decision, once the fence counter `fence_key` is checked too.
+local function checked_current(key, fence_key)
+  local bad_fence = fence_error(fence_key)
+  if bad_fence then return nil, bad_fence end
+  return current(key)
+end
+
 local function fence(key, at_least)
   local n = redis.call('INCR', key)
   if n < at_least then
@@ -108,9 +115,7 @@ fn bare(source: &str) -> LuaScript {
 pub(crate) static GET: LazyLock<LuaScript> = LazyLock::new(|| {
     script(
         r#"
-local bad_fence = fence_error(KEYS[2])
-if bad_fence then return redis.error_reply(bad_fence) end
-local cur, err = current(KEYS[1])
+local cur, err = checked_current(KEYS[1], KEYS[2])
 if err then return redis.error_reply(err) end
 if not cur then return false end
 return {cur.version, cur.holder, cur.transitions, cur.record}
@@ -206,9 +211,7 @@ return redis.call('PTTL', KEYS[1])
 pub(crate) static TRY_ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {
     script(
         r#"
-local bad_fence = fence_error(KEYS[2])
-if bad_fence then return redis.error_reply(bad_fence) end
-local cur, err = current(KEYS[1])
+local cur, err = checked_current(KEYS[1], KEYS[2])
 if err then return redis.error_reply(err) end
 local version, transitions
 local record = ARGV[1]
@@ -251,9 +254,7 @@ pub(crate) static RENEW_AND_READ: LazyLock<LuaScript> = LazyLock::new(|| {
         r#"
 -- The entry of an election whose keys start at KEYS[i], read in full.
 local function read_entry(i)
-  local bad_fence = fence_error(KEYS[i + 1])
-  if bad_fence then return {2, bad_fence} end
-  local cur, err = current(KEYS[i])
+  local cur, err = checked_current(KEYS[i], KEYS[i + 1])
   if err then return {2, err} end
   if not cur then return {0} end
   return {1, cur.version, cur.holder, cur.transitions, cur.record}

@@ -4,7 +4,6 @@
 use leader_core::{
     LockError, LockSet, LockTarget, ResourceLock, UrlError, async_trait, redact_url,
 };
-use url::Url;
 
 use crate::store::{RedisStore, RedisStoreBuilder};
 
@@ -28,25 +27,16 @@ impl LockUrl {
     /// # Errors
     /// A malformed URL or another scheme.
     pub fn parse(lock: &str) -> Result<Self, UrlError> {
-        let invalid = |message: String| UrlError::new(lock, message);
-        leader_core::backend::check_user_info(lock)?;
-        let mut url = Url::parse(lock).map_err(|err| invalid(err.to_string()))?;
-        if !matches!(url.scheme(), "redis" | "rediss") {
-            return Err(invalid("not a redis:// URL".to_owned()));
-        }
+        let mut url =
+            leader_core::backend::parse_lock_url(lock, &["redis", "rediss"], "not a redis:// URL")?;
         let mut prefix = None;
-        let mut kept = Vec::new();
-        for (key, value) in url.query_pairs() {
-            match key.as_ref() {
-                "prefix" => prefix = Some(value.into_owned()),
-                _ => kept.push((key.into_owned(), value.into_owned())),
+        leader_core::backend::take_lock_params(&mut url, |key, value| {
+            match key {
+                "prefix" => prefix = Some(value.to_owned()),
+                _ => return Ok(false),
             }
-        }
-        if kept.is_empty() {
-            url.set_query(None);
-        } else {
-            url.query_pairs_mut().clear().extend_pairs(&kept);
-        }
+            Ok(true)
+        })?;
         Ok(Self {
             connection: url.into(),
             prefix,

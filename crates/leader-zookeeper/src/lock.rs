@@ -532,10 +532,7 @@ impl ResourceLock for ZooKeeperLock {
         version: &Version,
         record: &LeaderElectionRecord,
     ) -> Result<Observed, LockError> {
-        // A version this lock never gave out names no znodes: it cannot match.
-        let Some(stored) = Stored::parse(version) else {
-            return Err(LockError::conflict(BACKEND));
-        };
+        let stored = Stored::expected(version)?;
         let client = self.store.client().await?;
         self.check_held_lease(&client, record)?;
         let context = self.context();
@@ -593,9 +590,7 @@ impl ResourceLock for ZooKeeperLock {
         version: &Version,
         record: &LeaderElectionRecord,
     ) -> Result<Observed, LockError> {
-        let Some(stored) = Stored::parse(version) else {
-            return Err(LockError::conflict(BACKEND));
-        };
+        let stored = Stored::expected(version)?;
         let client = self.store.client().await?;
         if !self.renews(&client, stored, record) {
             return Err(LockError::conflict(BACKEND));

@@ -78,6 +78,26 @@ impl ConsulLock {
         ])
     }
 
+    /// `record` as a transaction stored it with the record key at `index`, from the
+    /// transaction's `results`. The renewal key's index is read there, not taken to be `index`:
+    /// Consul skips a renewal key set to the value it holds (`kvsSetTxn`), which keeps its
+    /// ModifyIndex.
+    pub(super) fn written(
+        &self,
+        record: &LeaderElectionRecord,
+        index: u64,
+        results: &[Value],
+    ) -> Result<Observed, LockError> {
+        Ok(Observed {
+            record: record.clone(),
+            version: Indexes {
+                record: index,
+                renewal: self.index_in(results, &self.renewal_key)?,
+            }
+            .version(),
+        })
+    }
+
     /// What a transaction with [`renewal_ops`](Self::renewal_ops) stored, from its results.
     pub(crate) fn renewed(
         &self,
@@ -85,14 +105,7 @@ impl ConsulLock {
         version: &Version,
         record: &LeaderElectionRecord,
     ) -> Result<Observed, LockError> {
-        let renewed = Observed {
-            record: record.clone(),
-            version: Indexes {
-                record: Indexes::of(version)?.record,
-                renewal: self.index_in(results, &self.renewal_key)?,
-            }
-            .version(),
-        };
+        let renewed = self.written(record, Indexes::of(version)?.record, results)?;
         // A renewal key written as it was keeps its ModifyIndex (`kvsSetTxn`): no renewal.
         leader_core::backend::unless_moved(BACKEND, "renew", version, renewed)
     }
@@ -170,16 +183,7 @@ impl ConsulLock {
                 record.lease_duration,
             );
         }
-        Ok(Observed {
-            record: record.clone(),
-            version: Indexes {
-                record: index,
-                // Not `index`: Consul skips a renewal key set to the value it holds
-                // (`kvsSetTxn`), which keeps its ModifyIndex.
-                renewal: self.index_in(&results, &self.renewal_key)?,
-            }
-            .version(),
-        })
+        self.written(record, index, &results)
     }
 
     /// Writes `record` over version `at` with `verb`: `cas` (which keeps whoever locks the key),

@@ -14,7 +14,7 @@ pub(super) fn lock_key(database: &str, table: &str, name: &str) -> String {
     if fits {
         return plain;
     }
-    let hash = fnv1a(&[database.as_bytes(), table.as_bytes(), name.as_bytes()]);
+    let hash = leader_core::backend::fnv1a(&[database, table, name]);
     let readable: String = name
         .chars()
         .map(|c| match c {
@@ -24,18 +24,6 @@ pub(super) fn lock_key(database: &str, table: &str, name: &str) -> String {
         .take(MAX_KEY - "leader#0123456789abcdef:".len())
         .collect();
     format!("leader#{hash:016x}:{readable}")
-}
-
-/// 64-bit FNV-1a over `parts`, each followed by a zero byte.
-fn fnv1a(parts: &[&[u8]]) -> u64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for part in parts {
-        for &byte in part.iter().chain(&[0]) {
-            hash ^= u64::from(byte);
-            hash = hash.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-    hash
 }
 
 #[cfg(test)]

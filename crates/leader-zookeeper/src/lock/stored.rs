@@ -1,6 +1,8 @@
 //! What a lock's version names, written into it so that an update needs no read first.
 
-use leader_core::Version;
+use leader_core::{LockError, Version};
+
+use crate::error::BACKEND;
 
 /// What a version names: the two znodes' versions, the record znode's ephemeral owner (0 when
 /// persistent), the record's token and the count in the election znode. Written as
@@ -28,6 +30,12 @@ impl Stored {
             self.token,
             self.count
         ))
+    }
+
+    /// The parts of a version a write expects, or a conflict for a version this lock never
+    /// gave out: it names no znodes, so it cannot match.
+    pub(crate) fn expected(version: &Version) -> Result<Self, LockError> {
+        Self::parse(version).ok_or_else(|| LockError::conflict(BACKEND))
     }
 
     /// The version's parts, or `None` for a version this lock never gave out (malformed, or a
