@@ -9,12 +9,11 @@
 //! ```
 
 use std::error::Error;
-use std::time::{Duration, Instant};
 
 use leader_consul::ConsulStore;
 use leader_core::ResourceLock;
-use leader_test_support::bench;
 use leader_test_support::consul_api::ConsulApiServer;
+use leader_test_support::{bench, renewal};
 
 // Short interleaved rounds, so that drift in the machine's speed hits all rows alike.
 const ROUNDS: usize = 100;
@@ -40,14 +39,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
     let name = "renewal";
 
     // 1. Requests per renewal as the elector makes them: a real elector on a counting wrapper.
-    let (renewals, requests_per_renewal) = bench::elector_requests_per_renewal(
-        store.lock(name, "bench")?,
-        Duration::from_millis(600),
-        Duration::from_millis(400),
-        Duration::from_millis(20),
-        Duration::from_secs(3),
-    )
-    .await?;
+    let elector = renewal::elected(store.lock(name, "bench")?, renewal::SHORT).await?;
 
     // The elector released the lease on shutdown: take it again, so that what follows are
     // renewals by the holder.
@@ -75,11 +67,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
     // 3. Latency against a plain read of the key through the same client.
     let (mut t_read, mut t_renew) = (Vec::new(), Vec::new());
     for _ in 0..ROUNDS {
-        for _ in 0..PER_ROUND {
-            let at = Instant::now();
-            lock.get().await?;
-            t_read.push(at.elapsed());
-        }
+        renewal::time_each(PER_ROUND, &mut t_read, async || lock.get().await).await?;
         t_renew.extend(bench::renewals(&lock, &mut observed, PER_ROUND).await?);
     }
     lock.close().await;
@@ -88,9 +76,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
         Some(_) => println!("consul lock renewal on the test Consul server ({address})"),
         None => println!("consul lock renewal on the agent at {address}"),
     }
-    println!(
-        "requests per renewal (elector, {renewals} renewals in 3 s): {requests_per_renewal:.2}"
-    );
+    elector.print();
     if let Some((total, by_kind)) = on_server {
         println!("HTTP requests per renewal (server, {N} renewals): {total:.2} ({by_kind})");
     }

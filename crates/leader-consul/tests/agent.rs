@@ -62,49 +62,25 @@ async fn ten_electors_on_a_real_agent_elect_exactly_one() {
     conformance::electors_elect_exactly_one(&Agent::connect().await, 10).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs a Consul agent: LEADER_CONSUL_E2E=1 CONSUL_HTTP_ADDR=..."]
-async fn an_operators_destroy_never_gives_two_leaders_on_a_real_agent() {
-    scenarios::an_operators_destroy_never_gives_two_leaders(&Cluster::agent().await).await;
+/// Tests that each run one scenario of the test server's tests on the real agent.
+macro_rules! on_a_real_agent {
+    ($($test:ident => $scenario:ident;)+) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        #[ignore = "needs a Consul agent: LEADER_CONSUL_E2E=1 CONSUL_HTTP_ADDR=..."]
+        async fn $test() {
+            scenarios::$scenario(&Cluster::agent().await).await;
+        }
+    )+};
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs a Consul agent: LEADER_CONSUL_E2E=1 CONSUL_HTTP_ADDR=..."]
-async fn a_force_left_node_never_gives_two_leaders_on_a_real_agent() {
-    scenarios::a_force_left_node_never_gives_two_leaders(&Cluster::agent().await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs a Consul agent: LEADER_CONSUL_E2E=1 CONSUL_HTTP_ADDR=..."]
-async fn a_release_still_hands_over_at_once_on_a_real_agent() {
-    scenarios::a_release_still_hands_over_at_once(&Cluster::agent().await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs a Consul agent: LEADER_CONSUL_E2E=1 CONSUL_HTTP_ADDR=..."]
-async fn a_crashed_holder_is_replaced_within_a_lease_and_a_jittered_retry_period_on_a_real_agent() {
-    let cluster = Cluster::agent().await;
-    scenarios::a_crashed_holder_is_replaced_within_a_lease_and_a_jittered_retry_period(&cluster)
-        .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs a Consul agent: LEADER_CONSUL_E2E=1 CONSUL_HTTP_ADDR=..."]
-async fn sessions_carry_no_ttl_and_no_checks_on_a_real_agent() {
-    scenarios::sessions_carry_no_ttl_and_no_checks(&Cluster::agent().await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs a Consul agent: LEADER_CONSUL_E2E=1 CONSUL_HTTP_ADDR=..."]
-async fn a_watch_on_a_missing_key_wakes_for_its_creation_only_on_a_real_agent() {
-    scenarios::a_watch_on_a_missing_key_wakes_for_its_creation_only(&Cluster::agent().await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs a Consul agent: LEADER_CONSUL_E2E=1 CONSUL_HTTP_ADDR=..."]
-async fn names_consul_would_refuse_are_refused_when_the_lock_is_built_on_a_real_agent() {
-    let cluster = Cluster::agent().await;
-    scenarios::names_consul_would_refuse_are_refused_when_the_lock_is_built(&cluster).await;
+on_a_real_agent! {
+    an_operators_destroy_never_gives_two_leaders_on_a_real_agent => an_operators_destroy_never_gives_two_leaders;
+    a_force_left_node_never_gives_two_leaders_on_a_real_agent => a_force_left_node_never_gives_two_leaders;
+    a_release_still_hands_over_at_once_on_a_real_agent => a_release_still_hands_over_at_once;
+    a_crashed_holder_is_replaced_within_a_lease_and_a_jittered_retry_period_on_a_real_agent => a_crashed_holder_is_replaced_within_a_lease_and_a_jittered_retry_period;
+    sessions_carry_no_ttl_and_no_checks_on_a_real_agent => sessions_carry_no_ttl_and_no_checks;
+    a_watch_on_a_missing_key_wakes_for_its_creation_only_on_a_real_agent => a_watch_on_a_missing_key_wakes_for_its_creation_only;
+    names_consul_would_refuse_are_refused_when_the_lock_is_built_on_a_real_agent => names_consul_would_refuse_are_refused_when_the_lock_is_built;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,6 +11,7 @@ use common::{ConsulApiServer, get_status, lock, put, store};
 use leader_consul::ConsulStore;
 use leader_core::conformance::record;
 use leader_core::{Acquisition, LeaderElectionRecord, LockError, ResourceLock};
+use leader_test_support::record_writes::released;
 
 /// A token is sent, never shown; a missing rule is a 403 that names the ACL rules to grant.
 #[tokio::test]
@@ -458,9 +459,7 @@ async fn a_sweep_never_destroys_the_session_that_holds_the_key() {
         panic!("a takes the free key");
     };
     // a's term ends before its sweep is due; b locks the key with the session it kept.
-    let mut free = held.record.clone();
-    free.holder_identity.clear();
-    a.update(&held.version, &free).await.expect("release");
+    released(&a, &held).await;
     let value = base64_encode(&record("b", held.record.leader_transitions + 1).to_json());
     let body = format!(
         r#"[{{"KV": {{"Verb": "lock", "Key": "{}", "Value": "{value}", "Session": "{kept}"}}}}]"#,

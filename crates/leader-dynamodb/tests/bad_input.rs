@@ -18,15 +18,10 @@ use leader_dynamodb::{DynamoStore, FLOOR_PREFIX, LockUrl};
 /// then the candidate leads. The lock creates nothing unless asked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_table_is_reported_until_it_exists() {
-    if !common::server_or_skip() {
+    let Some(table) = common::table_or_skip() else {
         return;
-    }
-    let table = common::unique_table();
-    let store = common::builder(&table)
-        .await
-        .build()
-        .await
-        .expect("a store");
+    };
+    let store = common::store_on(&table, false).await;
     let err = store.check_table().await.expect_err("no table");
     let text = err.to_string();
     assert!(matches!(err, LockError::Misconfigured { .. }), "{err:?}");
@@ -35,12 +30,7 @@ async fn a_missing_table_is_reported_until_it_exists() {
         "{text}"
     );
     assert!(text.contains("create_table=true"), "{text}");
-    let creator = common::builder(&table)
-        .await
-        .create_table(true)
-        .build()
-        .await
-        .expect("a store");
+    let creator = common::store_on(&table, true).await;
     let lock = store.lock("app", "a");
     let err = lock.get().await.expect_err("no table");
     assert!(matches!(err, LockError::Misconfigured { .. }), "{err:?}");
@@ -64,16 +54,10 @@ async fn a_missing_table_is_reported_until_it_exists() {
 /// A table whose key is not the lock's is refused at open, and left as it is.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_table_of_another_key_is_refused_and_left_alone() {
-    if !common::server_or_skip() {
+    let Some(table) = common::table_or_skip() else {
         return;
-    }
-    let table = common::unique_table();
-    let store = common::builder(&table)
-        .await
-        .create_table(true)
-        .build()
-        .await
-        .expect("a store");
+    };
+    let store = common::store_on(&table, true).await;
     store
         .client()
         .create_table()

@@ -23,15 +23,9 @@
 use std::error::Error;
 use std::time::{Duration, Instant};
 
-use leader_core::{Acquisition, LeaderElectionRecord, ResourceLock};
+use leader_core::{Acquisition, ResourceLock};
 use leader_etcd::EtcdStore;
-use leader_test_support::{Candidate, bench};
-
-fn short(holder: &str) -> LeaderElectionRecord {
-    let mut record = leader_core::conformance::record(holder, 0);
-    record.lease_duration = Duration::from_secs(10);
-    record
-}
+use leader_test_support::{Candidate, bench, renewal};
 
 fn ratio(ours: &mut [Duration], theirs: &mut [Duration]) -> (Duration, Duration, f64) {
     ours.sort();
@@ -47,17 +41,15 @@ fn us(d: Duration) -> String {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<(), Box<dyn Error>> {
     let endpoint = bench::etcd_endpoint();
-    let rounds: usize = std::env::var("ROUNDS")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(200);
+    let rounds = renewal::rounds(200);
     let store = EtcdStore::connect([endpoint.as_str()]).await?;
     let mut client = store.client().await.expect("etcd client");
     let tag = format!("{:08x}", fastrand::u32(..));
 
     // 1. Renewal: ours by the holder, against a keep-alive of an election session's lease.
     let lock = store.lock(format!("peers-renew-{tag}"), "ours");
-    let Some(Acquisition::Acquired(mut held)) = lock.try_acquire(&short("ours")).await? else {
+    let Some(Acquisition::Acquired(mut held)) = lock.try_acquire(&renewal::lasting("ours")).await?
+    else {
         return Err("could not take a free lease".into());
     };
     let session = client.lease_grant(10, None).await?.id();
@@ -104,10 +96,12 @@ async fn main() -> Result<(), Box<dyn Error>> {
         let name = format!("peers-take-{tag}-{i}");
         let holder = store.lock(&name, "holder");
         let follower = store.lock(&name, "follower");
-        let Some(Acquisition::Acquired(taken)) = holder.try_acquire(&short("holder")).await? else {
+        let Some(Acquisition::Acquired(taken)) =
+            holder.try_acquire(&renewal::lasting("holder")).await?
+        else {
             return Err("the holder could not take the lease".into());
         };
-        follower.try_acquire(&short("follower")).await?;
+        follower.try_acquire(&renewal::lasting("follower")).await?;
         client
             .delete(format!("{}.candidates/follower", holder.key()), None)
             .await?;
@@ -116,7 +110,9 @@ async fn main() -> Result<(), Box<dyn Error>> {
         holder.update(&taken.version, &free).await?;
         follower.get().await?;
         let at = Instant::now();
-        let Some(Acquisition::Acquired(_)) = follower.try_acquire(&short("follower")).await? else {
+        let Some(Acquisition::Acquired(_)) =
+            follower.try_acquire(&renewal::lasting("follower")).await?
+        else {
             return Err("the follower could not take a free lease".into());
         };
         ours.push(at.elapsed());

@@ -9,10 +9,10 @@
 //! every method (a unary call or a message on a stream, such as a lease keep-alive, is one).
 
 use std::error::Error;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use leader_etcd::EtcdStore;
-use leader_test_support::bench;
+use leader_test_support::{bench, renewal};
 
 // Short interleaved rounds, so that drift in the machine's speed hits both rows alike.
 const ROUNDS: usize = 100;
@@ -22,17 +22,15 @@ const PER_ROUND: usize = 25;
 async fn main() -> Result<(), Box<dyn Error>> {
     let endpoint = bench::etcd_endpoint();
     let store = EtcdStore::connect([endpoint.as_str()]).await?;
-    let name = format!("bench-{:08x}", fastrand::u32(..));
+    let name = leader_test_support::unique("bench");
 
     // 1. Lock requests per renewal as the elector makes them: a real elector on a counting wrapper.
-    let (renewals, requests_per_renewal) = bench::elector_requests_per_renewal(
-        store.lock(&name, "bench"),
-        Duration::from_millis(2600),
-        Duration::from_millis(1000),
-        Duration::from_millis(50),
-        Duration::from_secs(3),
-    )
-    .await?;
+    let timings = renewal::Timings {
+        lease_duration: Duration::from_millis(2600),
+        renew_deadline: Duration::from_millis(1000),
+        retry_period: Duration::from_millis(50),
+    };
+    let elector = renewal::elected(store.lock(&name, "bench"), timings).await?;
 
     // The elector released the lease on shutdown: take it again, so that what follows are
     // renewals by the holder.
@@ -50,18 +48,18 @@ async fn main() -> Result<(), Box<dyn Error>> {
     let mut client = store.client().await.expect("etcd client");
     let (mut t_get, mut t_renew) = (Vec::new(), Vec::new());
     for _ in 0..ROUNDS {
-        for _ in 0..PER_ROUND {
-            let at = Instant::now();
-            client.get(lock.key(), None).await?;
-            t_get.push(at.elapsed());
-        }
+        renewal::time_each(PER_ROUND, &mut t_get, async || {
+            client.get(lock.key(), None).await
+        })
+        .await?;
         t_renew.extend(bench::renewals(&lock, &mut observed, PER_ROUND).await?);
     }
     client.delete(lock.key(), None).await?;
 
     println!("etcd lock renewal on {endpoint}");
     println!(
-        "lock requests per renewal (elector, {renewals} renewals in 3 s): {requests_per_renewal:.2}"
+        "lock requests per renewal (elector, {} renewals in 3 s): {:.2}",
+        elector.renewals, elector.per_renewal
     );
     println!("server requests per renewal ({N} renewals): {server_requests_per_renewal:.2}");
     println!();

@@ -42,19 +42,7 @@ async fn wrong_credentials_are_a_clear_error_that_never_shows_the_password() {
     let Some(etcd) = PrivateEtcd::start() else {
         return;
     };
-    let admin = EtcdStore::connect([etcd.endpoint()])
-        .await
-        .expect("connect");
-    let mut client = admin.client().await.expect("etcd client");
-    client
-        .user_add("root", "root-password", None)
-        .await
-        .expect("add root");
-    client
-        .user_grant_role("root", "root")
-        .await
-        .expect("grant root");
-    client.auth_enable().await.expect("enable auth");
+    etcd.enable_auth("root-password").await;
 
     let secret = "wr0ng-Pa55word";
     let builder = EtcdStore::builder([etcd.endpoint()]).user("root", secret);

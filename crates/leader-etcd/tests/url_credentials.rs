@@ -6,7 +6,7 @@ mod common;
 
 use common::PrivateEtcd;
 use leader_core::ResourceLock;
-use leader_etcd::{EtcdStore, LockUrl};
+use leader_etcd::LockUrl;
 
 /// A password as generators make them, with the characters form data gives a meaning to.
 const PASSWORD: &str = "Ab+c&d=e+f%g";
@@ -16,19 +16,7 @@ async fn passwords_with_plus_ampersand_and_equals_log_in() {
     let Some(etcd) = PrivateEtcd::start() else {
         return;
     };
-    let admin = EtcdStore::connect([etcd.endpoint()])
-        .await
-        .expect("connect");
-    let mut client = admin.client().await.expect("etcd client");
-    client
-        .user_add("root", PASSWORD, None)
-        .await
-        .expect("add root");
-    client
-        .user_grant_role("root", "root")
-        .await
-        .expect("grant root");
-    client.auth_enable().await.expect("enable auth");
+    etcd.enable_auth(PASSWORD).await;
 
     let port = etcd.client_port;
     for written in [

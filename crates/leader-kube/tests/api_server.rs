@@ -13,12 +13,19 @@ use leader_kube::LeaseLock;
 use leader_test_support::Candidate;
 use serde_json::json;
 
+/// Lease `name` with `spec`, as JSON (which the API server may refuse).
+fn lease_json(name: &str, spec: serde_json::Value) -> serde_json::Value {
+    json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+    "metadata": {"name": name}, "spec": spec})
+}
+
 fn lease(name: &str, spec: serde_json::Value) -> Lease {
-    serde_json::from_value(
-        json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-        "metadata": {"name": name}, "spec": spec}),
-    )
-    .expect("a Lease")
+    serde_json::from_value(lease_json(name, spec)).expect("a Lease")
+}
+
+/// A server-side apply of Lease `name` with `spec`.
+fn apply(name: &str, spec: serde_json::Value) -> Patch<serde_json::Value> {
+    Patch::Apply(lease_json(name, spec))
 }
 
 #[tokio::test]
@@ -147,10 +154,9 @@ async fn writes_follow_the_lease_strategy_and_validation() {
         .patch(
             "applied",
             &PatchParams::apply("test"),
-            &Patch::Apply(
-                json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                "metadata": {"name": "applied"}, "spec": {"holderIdentity": "c",
-                "leaseDurationSeconds": 10}}),
+            &apply(
+                "applied",
+                json!({"holderIdentity": "c", "leaseDurationSeconds": 10}),
             ),
         )
         .await
@@ -231,10 +237,9 @@ async fn apply_conflicts_on_fields_other_managers_own() {
         .await
         .expect("create");
     let take = |holder: &str| {
-        Patch::Apply(
-            json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-            "metadata": {"name": "ssa"}, "spec": {"holderIdentity": holder,
-            "leaseDurationSeconds": 15}}),
+        apply(
+            "ssa",
+            json!({"holderIdentity": holder, "leaseDurationSeconds": 15}),
         )
     };
     let err = leases
@@ -281,8 +286,7 @@ async fn apply_conflicts_on_fields_other_managers_own() {
         "{managers:?}"
     );
     // An apply with a stale resourceVersion is refused like any other write.
-    let mut stale = json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-        "metadata": {"name": "ssa"}, "spec": {"holderIdentity": "c"}});
+    let mut stale = lease_json("ssa", json!({"holderIdentity": "c"}));
     stale["metadata"]["resourceVersion"] = json!(created.metadata.resource_version);
     let err = leases
         .patch(
@@ -304,10 +308,7 @@ async fn bodies_are_decoded_and_validated_as_the_real_server_does() {
         .patch(
             "missing-or-not",
             &PatchParams::apply("t"),
-            &Patch::Apply(
-                json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                "metadata": {"name": "typed"}, "spec": {"leaseDurationSeconds": "15"}}),
-            ),
+            &apply("typed", json!({"leaseDurationSeconds": "15"})),
         )
         .await;
     assert_eq!(code(err.expect_err("a string for an int32")), 400);
@@ -315,10 +316,7 @@ async fn bodies_are_decoded_and_validated_as_the_real_server_does() {
         .patch(
             "unknown",
             &PatchParams::apply("t"),
-            &Patch::Apply(
-                json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                "metadata": {"name": "unknown"}, "spec": {"holderIdentity": "a", "bogus": 1}}),
-            ),
+            &apply("unknown", json!({"holderIdentity": "a", "bogus": 1})),
         )
         .await
         .expect("an unknown field is dropped");

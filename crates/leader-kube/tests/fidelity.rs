@@ -466,16 +466,6 @@ async fn a_request_for_a_foreign_holder_wakes_followers_once_and_can_be_withdraw
     a_request_for_a_foreign_holder(&Target::test_server().await).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn planned_handover_works_where_the_api_server_drops_preferred_holder() {
-    planned_handover(&Target::test_server().await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_leader_whose_lease_is_deleted_steps_down_and_tokens_go_on() {
-    deleted_lease(&Target::test_server().await).await;
-}
-
 /// A request the API server did not store (here an admission webhook strips the annotation)
 /// is an error, never a request reported as made.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -499,60 +489,29 @@ async fn a_handover_request_the_server_drops_is_an_error() {
     one.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs a Kubernetes cluster: LEADER_KUBE_E2E=1 and KUBECONFIG, run with --ignored"]
-async fn real_cluster_planned_handover() {
-    planned_handover(&Target::real_cluster().await).await;
+/// Tests that each run one check on the test API server, and on a real cluster when asked for.
+macro_rules! on_each_target {
+    ($($check:ident: $test:ident, $real:ident;)+) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $test() {
+            $check(&Target::test_server().await).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        #[ignore = "needs a Kubernetes cluster: LEADER_KUBE_E2E=1 and KUBECONFIG, run with --ignored"]
+        async fn $real() {
+            $check(&Target::real_cluster().await).await;
+        }
+    )+};
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs a Kubernetes cluster: LEADER_KUBE_E2E=1 and KUBECONFIG, run with --ignored"]
-async fn real_cluster_deleted_lease() {
-    deleted_lease(&Target::real_cluster().await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fencing_tokens_grow_beyond_int32_and_past_counts_other_clients_reset() {
-    fencing_tokens(&Target::test_server().await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_release_is_written_as_client_go_writes_it() {
-    release_as_client_go(&Target::test_server().await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn writes_keep_the_lease_metadata() {
-    metadata_kept(&Target::test_server().await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_slow_api_server_fails_no_renewal_and_cuts_no_watch() {
-    long_lived_clients(&Target::test_server().await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs a Kubernetes cluster: LEADER_KUBE_E2E=1 and KUBECONFIG, run with --ignored"]
-async fn real_cluster_fencing_tokens() {
-    fencing_tokens(&Target::real_cluster().await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs a Kubernetes cluster: LEADER_KUBE_E2E=1 and KUBECONFIG, run with --ignored"]
-async fn real_cluster_release_as_client_go() {
-    release_as_client_go(&Target::real_cluster().await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs a Kubernetes cluster: LEADER_KUBE_E2E=1 and KUBECONFIG, run with --ignored"]
-async fn real_cluster_metadata_kept() {
-    metadata_kept(&Target::real_cluster().await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs a Kubernetes cluster: LEADER_KUBE_E2E=1 and KUBECONFIG, run with --ignored"]
-async fn real_cluster_long_lived_clients() {
-    long_lived_clients(&Target::real_cluster().await).await;
+on_each_target! {
+    planned_handover: planned_handover_works_where_the_api_server_drops_preferred_holder, real_cluster_planned_handover;
+    deleted_lease: a_leader_whose_lease_is_deleted_steps_down_and_tokens_go_on, real_cluster_deleted_lease;
+    fencing_tokens: fencing_tokens_grow_beyond_int32_and_past_counts_other_clients_reset, real_cluster_fencing_tokens;
+    release_as_client_go: a_release_is_written_as_client_go_writes_it, real_cluster_release_as_client_go;
+    metadata_kept: writes_keep_the_lease_metadata, real_cluster_metadata_kept;
+    long_lived_clients: a_slow_api_server_fails_no_renewal_and_cuts_no_watch, real_cluster_long_lived_clients;
 }
 
 /// The conformance suite and three electors on a real cluster.

@@ -13,9 +13,19 @@ use leader_kube::LeaseLock;
 use serde_json::json;
 use tokio::time::{Instant, sleep, timeout};
 
-fn lease_json(name: &str, spec: serde_json::Value) -> serde_json::Value {
-    json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-           "metadata": {"name": name, "namespace": "default"}, "spec": spec})
+/// Writes Lease `name` in namespace `default` with `spec`, as another client would.
+fn put_lease(api: &KubeApiServer, name: &str, spec: serde_json::Value) {
+    api.put_raw(
+        "default",
+        name,
+        json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+               "metadata": {"name": name, "namespace": "default"}, "spec": spec}),
+    );
+}
+
+/// A lock on Lease `name` in namespace `default` for `identity`.
+fn lease_lock(api: &KubeApiServer, name: &str, identity: &str) -> LeaseLock {
+    LeaseLock::new(client(api), "default", name, identity).expect("valid names")
 }
 
 /// Two and ten electors each elect exactly one.
@@ -30,18 +40,15 @@ async fn electors_conform() {
 #[tokio::test]
 async fn leases_use_client_gos_field_layout() {
     let api = KubeApiServer::start().await;
-    api.put_raw(
-        "default",
+    put_lease(
+        &api,
         "cg",
-        lease_json(
-            "cg",
-            json!({
+        json!({
         "holderIdentity": "client-go-7f9c", "leaseDurationSeconds": 15,
         "acquireTime": "2026-11-21T10:00:00.000000Z", "renewTime": "2026-11-21T10:00:05.123456Z",
         "leaseTransitions": 3}),
-        ),
     );
-    let lock = LeaseLock::new(client(&api), "default", "cg", "rust-1").expect("valid names");
+    let lock = lease_lock(&api, "cg", "rust-1");
     let observed = lock.get().await.expect("get").expect("lease");
     assert_eq!(observed.record.holder_identity, "client-go-7f9c");
     assert_eq!(observed.record.lease_duration, Duration::from_secs(15));
@@ -56,19 +63,15 @@ async fn leases_use_client_gos_field_layout() {
     );
 
     // client-go's release: an empty holder and a 1 s lease.
-    api.put_raw(
-        "default",
+    put_lease(
+        &api,
         "released",
-        lease_json(
-            "released",
-            json!({
+        json!({
         "holderIdentity": "", "leaseDurationSeconds": 1,
         "acquireTime": "2026-11-21T10:00:00.000000Z", "renewTime": "2026-11-21T10:00:00.000000Z",
         "leaseTransitions": 4}),
-        ),
     );
-    let released =
-        LeaseLock::new(client(&api), "default", "released", "rust-1").expect("valid names");
+    let released = lease_lock(&api, "released", "rust-1");
     assert!(
         released
             .get()
@@ -83,7 +86,7 @@ async fn leases_use_client_gos_field_layout() {
     // client-go counts them (0 on create), our fencing token in the annotation.
     let mut ours = record("rust-1", 5);
     ours.lease_duration = Duration::from_millis(1500);
-    let fresh = LeaseLock::new(client(&api), "default", "ours", "rust-1").expect("valid names");
+    let fresh = lease_lock(&api, "ours", "rust-1");
     let created = fresh.create(&ours).await.expect("create");
     assert_eq!(created.record.leader_transitions, 5);
     let stored = api.lease("default", "ours").expect("stored");
@@ -123,8 +126,8 @@ async fn leases_with_odd_values_are_read_and_taken_over() {
             Duration::from_secs(4),
         ),
     ] {
-        api.put_raw("default", name, lease_json(name, spec));
-        let lock = LeaseLock::new(client(&api), "default", name, "rust-1").expect("valid names");
+        put_lease(&api, name, spec);
+        let lock = lease_lock(&api, name, "rust-1");
         let observed = lock
             .get()
             .await
@@ -209,7 +212,7 @@ async fn timeout_at(state: &mut tokio::sync::watch::Receiver<leader_core::Leader
 #[tokio::test]
 async fn a_denied_verb_is_a_clear_error_naming_it() {
     let api = KubeApiServer::start().await;
-    let lock = LeaseLock::new(client(&api), "default", "rbac", "a").expect("valid names");
+    let lock = lease_lock(&api, "rbac", "a");
     api.deny("create");
     let err = lock
         .create(&record("a", 1))
@@ -232,14 +235,12 @@ async fn a_denied_verb_is_a_clear_error_naming_it() {
 
     // The elector keeps running on a denied verb and leads once the Role allows it.
     api.deny("get");
-    let elector = LeaderElector::builder(
-        LeaseLock::new(client(&api), "default", "rbac-elector", "a").expect("valid names"),
-    )
-    .lease_duration(Duration::from_secs(3))
-    .renew_deadline(Duration::from_secs(2))
-    .retry_period(Duration::from_millis(300))
-    .build()
-    .expect("valid");
+    let elector = LeaderElector::builder(lease_lock(&api, "rbac-elector", "a"))
+        .lease_duration(Duration::from_secs(3))
+        .renew_deadline(Duration::from_secs(2))
+        .retry_period(Duration::from_millis(300))
+        .build()
+        .expect("valid");
     let mut state = elector.subscribe();
     let shutdown = CancellationToken::new();
     let task = tokio::spawn(elector.run(shutdown.clone()));
@@ -261,14 +262,12 @@ async fn a_denied_verb_is_a_clear_error_naming_it() {
 async fn events_are_recorded_and_a_release_is_taken_over_at_once() {
     let api = KubeApiServer::start().await;
     let start = |id: &str| {
-        let elector = LeaderElector::builder(
-            LeaseLock::new(client(&api), "default", "handover", id).expect("valid names"),
-        )
-        .lease_duration(Duration::from_secs(8))
-        .renew_deadline(Duration::from_secs(6))
-        .retry_period(Duration::from_secs(2))
-        .build()
-        .expect("valid");
+        let elector = LeaderElector::builder(lease_lock(&api, "handover", id))
+            .lease_duration(Duration::from_secs(8))
+            .renew_deadline(Duration::from_secs(6))
+            .retry_period(Duration::from_secs(2))
+            .build()
+            .expect("valid");
         let state = elector.subscribe();
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(elector.run(shutdown.clone()));

@@ -534,6 +534,13 @@ async fn leader_of(replicas: &[(&'static str, Replica)]) -> (&'static str, u64) 
     leader_other_than(replicas, None, Duration::from_secs(10)).await
 }
 
+/// Stops every replica.
+async fn stop_all(replicas: Vec<(&'static str, Replica)>) {
+    for (_, replica) in replicas {
+        replica.candidate.stop().await;
+    }
+}
+
 /// Asks the leader `pod` to step down; when it was asked.
 fn step_down(replicas: &[(&'static str, Replica)], pod: &str) -> Instant {
     let leadership = replicas
@@ -660,9 +667,7 @@ async fn a_late_label_on_another_pod_is_removed_during_the_term() {
     .await
     .expect("the leader's Pod labelled again");
     assert_eq!(replicas[0].1.candidate.leading_token(), Some(token));
-    for (_, replica) in replicas {
-        replica.candidate.stop().await;
-    }
+    stop_all(replicas).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -688,9 +693,7 @@ async fn a_crashed_leaders_label_is_removed_before_the_next_labels_its_own() {
         api.pods_selected("default", &format!("{POD_LABEL}=billing")),
         ["other"]
     );
-    for (_, replica) in replicas {
-        replica.candidate.stop().await;
-    }
+    stop_all(replicas).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -735,9 +738,7 @@ async fn a_label_that_cannot_be_written_never_holds_up_the_election() {
     labelled.wait_for(third).await;
     labelled.never_two();
     api.delay_pod_writes(Duration::ZERO);
-    for (_, replica) in replicas {
-        replica.candidate.stop().await;
-    }
+    stop_all(replicas).await;
 }
 
 #[test]
@@ -912,9 +913,7 @@ async fn an_old_leader_that_resumes_never_removes_the_new_leaders_label() {
     sleep(RETRY * 5).await;
     labelled.stayed_on("new");
     old.stop().await;
-    for (_, replica) in replicas {
-        replica.candidate.stop().await;
-    }
+    stop_all(replicas).await;
 }
 
 /// A removal that the end of a term sent and that lands late, after the same Pod's next term
@@ -967,9 +966,7 @@ async fn a_removal_that_lands_late_never_strips_the_label_written_since() {
     sleep(RETRY * 3).await;
     labelled.stayed_on("a");
     assert_eq!(api.pods_selected("default", SELECTOR), ["a"]);
-    for (_, replica) in replicas {
-        replica.candidate.stop().await;
-    }
+    stop_all(replicas).await;
 }
 
 /// A label whose term is later than the leader's while the leader's term is still renewed
@@ -998,9 +995,7 @@ async fn a_later_term_seen_while_the_term_is_renewed_is_not_one() {
     assert!(token < 999);
     labelled.wait_for("a").await;
     labelled.never_two();
-    for (_, replica) in replicas {
-        replica.candidate.stop().await;
-    }
+    stop_all(replicas).await;
 }
 
 /// With the admission policy of `deploy/kubernetes/policy-pod-label.yaml` enforced by the
@@ -1049,9 +1044,7 @@ async fn every_write_of_the_label_passes_the_admission_policy() {
     stopped.candidate.stop().await;
     let (fourth, _) = leader_of(&replicas).await;
     labelled.wait_for(fourth).await;
-    for (_, replica) in replicas {
-        replica.candidate.stop().await;
-    }
+    stop_all(replicas).await;
     labelled.never_two();
     assert!(
         refused.lock().unwrap().is_empty(),

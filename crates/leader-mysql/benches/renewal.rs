@@ -8,12 +8,12 @@
 //! ```
 
 use std::error::Error;
-use std::time::{Duration, Instant};
 
 use leader_core::{Observed, ResourceLock};
 use leader_mysql::MysqlStore;
 use leader_mysql::mysql_async::prelude::Queryable;
 use leader_test_support::bench;
+use leader_test_support::renewal::{self, ElectorRequests};
 
 // Short interleaved rounds, so that drift in the machine's speed hits all rows alike.
 const ROUNDS: usize = 200;
@@ -30,8 +30,7 @@ async fn status(store: &MysqlStore, name: &str) -> Result<u64, Box<dyn Error>> {
 
 /// What one lock's part of the benchmark found.
 struct Measured {
-    renewals: usize,
-    requests_per_renewal: f64,
+    elector: ElectorRequests,
     executions: f64,
     preparations: f64,
 }
@@ -44,35 +43,20 @@ async fn measure<L: ResourceLock + 'static>(
     make: impl Fn() -> L,
 ) -> Result<(Measured, L, Observed), Box<dyn Error>> {
     // 1. A real elector on a counting wrapper.
-    let (renewals, requests_per_renewal) = bench::elector_requests_per_renewal(
-        make(),
-        Duration::from_millis(600),
-        Duration::from_millis(400),
-        Duration::from_millis(20),
-        Duration::from_secs(3),
-    )
-    .await?;
+    let (elector, lock, mut observed) = renewal::elected_then_held(make).await?;
 
     // 2. Executions and preparations on the server over N renewals (every session counts:
     //    the GET_LOCK lock writes on a session of its own).
-    let lock = make();
-    let mut observed = bench::acquire(&lock, "bench").await?;
-    assert!(observed.record.is_held_by("bench"));
     let executed = status(store, "Com_stmt_execute").await?;
     let prepared = status(store, "Com_stmt_prepare").await?;
     const N: u32 = 1000;
-    for _ in 0..N {
-        observed = lock
-            .update(&observed.version, &bench::renewed(&observed.record))
-            .await?;
-    }
+    renewal::updates(&lock, &mut observed, N as usize).await?;
     let per =
         |n: u64| -> Result<f64, Box<dyn Error>> { Ok(f64::from(u32::try_from(n)?) / f64::from(N)) };
     let executions = per(status(store, "Com_stmt_execute").await? - executed)?;
     let preparations = per(status(store, "Com_stmt_prepare").await? - prepared)?;
     let measured = Measured {
-        renewals,
-        requests_per_renewal,
+        elector,
         executions,
         preparations,
     };
@@ -88,7 +72,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
         .create_table(true)
         .build()
         .await?;
-    let name = format!("bench-{:08x}", fastrand::u32(..));
+    let name = leader_test_support::unique("bench");
     let named_name = format!("{name}-named");
 
     let (table, lock, mut observed) = measure(&store, || store.lock(&name, "bench")).await?;
@@ -109,35 +93,18 @@ async fn main() -> Result<(), Box<dyn Error>> {
     let (mut t_renew, mut t_named) = (Vec::new(), Vec::new());
     for _ in 0..ROUNDS {
         let mut conn = store.pool().get_conn().await?;
-        for _ in 0..PER_ROUND {
-            let at = Instant::now();
-            let _: Option<i64> = conn.exec_first("SELECT 1", ()).await?;
-            t_select.push(at.elapsed());
-        }
-        for _ in 0..PER_ROUND {
-            let at = Instant::now();
+        renewal::time_each(PER_ROUND, &mut t_select, async || {
+            conn.exec_first::<i64, _, _>("SELECT 1", ()).await
+        })
+        .await?;
+        renewal::time_each(PER_ROUND, &mut t_update, async || {
             conn.exec_drop("UPDATE leader_bench_plain SET v = v + 1 WHERE id = 1", ())
-                .await?;
-            t_update.push(at.elapsed());
-        }
+                .await
+        })
+        .await?;
         drop(conn);
-        for _ in 0..PER_ROUND {
-            let at = Instant::now();
-            observed = lock
-                .update(&observed.version, &bench::renewed(&observed.record))
-                .await?;
-            t_renew.push(at.elapsed());
-        }
-        for _ in 0..PER_ROUND {
-            let at = Instant::now();
-            named_observed = named_lock
-                .update(
-                    &named_observed.version,
-                    &bench::renewed(&named_observed.record),
-                )
-                .await?;
-            t_named.push(at.elapsed());
-        }
+        t_renew.extend(renewal::updates(&lock, &mut observed, PER_ROUND).await?);
+        t_named.extend(renewal::updates(&named_lock, &mut named_observed, PER_ROUND).await?);
     }
     named_lock.close().await;
     let mut conn = store.pool().get_conn().await?;
@@ -157,7 +124,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
         println!(
             "{label}: requests per renewal (elector, {} renewals in 3 s): {:.2}; \
              statements per renewal (server, 1000 renewals): {:.2} executed, {:.3} prepared",
-            m.renewals, m.requests_per_renewal, m.executions, m.preparations
+            m.elector.renewals, m.elector.per_renewal, m.executions, m.preparations
         );
     }
     println!();

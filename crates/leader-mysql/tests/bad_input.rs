@@ -14,12 +14,15 @@ use leader_mysql::mysql_async::prelude::Queryable;
 use leader_test_support::secrets::assert_wrong_password;
 use leader_test_support::unreadable;
 
-/// `MYSQL_URL` as another user.
-fn url_as(user: &str, password: &str) -> String {
+/// A store on `MYSQL_URL` as another user; its pool connects lazily.
+async fn store_as(user: &str, password: &str) -> MysqlStore {
     let mut url = url::Url::parse(&common::mysql_url()).expect("MYSQL_URL");
     url.set_username(user).expect("user");
     url.set_password(Some(password)).expect("password");
-    url.into()
+    MysqlStore::builder(String::from(url))
+        .build()
+        .await
+        .expect("the pool connects lazily")
 }
 
 fn database() -> String {
@@ -125,10 +128,7 @@ async fn a_user_without_update_rights_gets_a_clear_error_and_recovers_when_grant
         "GRANT SELECT, INSERT ON `{db}`.`leader_election` TO '{user}'@'%'"
     ))
     .await;
-    let limited = MysqlStore::builder(url_as(&user, "pw"))
-        .build()
-        .await
-        .expect("store");
+    let limited = store_as(&user, "pw").await;
     let name = unique("rights");
     // Someone else holds it, so that taking it over needs an UPDATE.
     let other = store.lock(&name, "other");
@@ -167,10 +167,7 @@ async fn a_wrong_password_is_a_clear_error_that_never_shows_the_password() {
         "CREATE USER '{user}'@'%' IDENTIFIED BY 'right-one'"
     ))
     .await;
-    let store = MysqlStore::builder(url_as(&user, "wrong-secret"))
-        .build()
-        .await
-        .expect("the pool connects lazily");
+    let store = store_as(&user, "wrong-secret").await;
     assert_wrong_password(store.lock("jobs", "a").get().await, "wrong-secret");
     assert!(!format!("{store:?}").contains("wrong-secret"), "{store:?}");
     admin_exec(&format!("DROP USER '{user}'@'%'")).await;
@@ -269,25 +266,19 @@ async fn a_pooled_connection_left_in_a_transaction_commits_nothing_in_silence() 
     let other = MysqlStore::connect(common::mysql_url())
         .await
         .expect("store");
-    let seen = other
-        .lock(lock.name(), "x")
-        .get()
-        .await
-        .expect("get")
-        .expect("a record");
+    let seen = || async {
+        let read = other.lock(lock.name(), "x").get().await.expect("get");
+        read.expect("a record").version
+    };
     assert_eq!(
-        seen.version, held.version,
+        seen().await,
+        held.version,
         "the failed write was not committed"
     );
     let renewed = lock.update(&held.version, &renewal).await.expect("renewed");
-    let seen = other
-        .lock(lock.name(), "x")
-        .get()
-        .await
-        .expect("get")
-        .expect("a record");
     assert_eq!(
-        seen.version, renewed.version,
+        seen().await,
+        renewed.version,
         "committed on a new connection"
     );
 }

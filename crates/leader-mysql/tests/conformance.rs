@@ -11,5 +11,9 @@ async fn table_lock_conforms() {
     let Some(store) = common::store().await else {
         return;
     };
-    conformance::run_all(&Factory { store }).await;
+    conformance::run_all(&Factory {
+        store,
+        named: false,
+    })
+    .await;
 }

@@ -15,7 +15,14 @@ async fn table_lock_electors_conform() {
     let Some(store) = common::store().await else {
         return;
     };
-    conformance::electors(&Factory { store }, false).await;
+    conformance::electors(
+        &Factory {
+            store,
+            named: false,
+        },
+        false,
+    )
+    .await;
 }
 
 /// The lease lives in the row: when the server kills every connection of the leader's pool, the

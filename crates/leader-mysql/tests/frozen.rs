@@ -184,6 +184,19 @@ async fn user(admin: &mut Conn, key: &str) -> Option<u64> {
         .flatten()
 }
 
+/// The test's store, an admin connection, a proxy to the server and a store through it (whose
+/// process the proxy can freeze); `None` (a skip) without a server.
+async fn behind_a_proxy() -> Option<(MysqlStore, Conn, Proxy, MysqlStore)> {
+    let store = common::store().await?;
+    let admin = common::admin().await.expect("server");
+    let proxy = Proxy::start(server_addr()).await;
+    let frozen_store = MysqlStore::builder(proxy.url(&common::mysql_url()))
+        .build()
+        .await
+        .expect("store through the proxy");
+    Some((store, admin, proxy, frozen_store))
+}
+
 /// A follower whose process stops while its watch waits in `GET_LOCK`: the server goes on with
 /// that statement, and gives the frozen session the user-level lock when the leader releases.
 /// The watch lets go of it in the same statement, so the next candidate leads at once; before,
@@ -191,15 +204,9 @@ async fn user(admin: &mut Conn, key: &str) -> Option<u64> {
 /// by default), and nobody could lead.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_follower_frozen_in_get_lock_holds_up_nobody() {
-    let Some(store) = common::store().await else {
+    let Some((store, mut admin, proxy, frozen_store)) = behind_a_proxy().await else {
         return;
     };
-    let mut admin = common::admin().await.expect("server");
-    let proxy = Proxy::start(server_addr()).await;
-    let frozen_store = MysqlStore::builder(proxy.url(&common::mysql_url()))
-        .build()
-        .await
-        .expect("store through the proxy");
     let name = unique("frozen-follower");
     let leading = store.named_lock(&name, "leader");
     let key = leading.key().to_owned();
@@ -301,15 +308,9 @@ async fn a_follower_frozen_in_get_lock_holds_up_nobody() {
 /// by the server's clock too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_frozen_holders_session_is_dropped_after_its_idle_timeout() {
-    let Some(store) = common::store().await else {
+    let Some((store, mut admin, proxy, frozen_store)) = behind_a_proxy().await else {
         return;
     };
-    let mut admin = common::admin().await.expect("server");
-    let proxy = Proxy::start(server_addr()).await;
-    let frozen_store = MysqlStore::builder(proxy.url(&common::mysql_url()))
-        .build()
-        .await
-        .expect("store through the proxy");
     let name = unique("frozen-holder");
     let idle = Duration::from_secs(3);
     let holding = frozen_store

@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{LEASE, NamedFactory, RENEW, RETRY, Running, unique};
+use common::{Factory, LEASE, RENEW, RETRY, Running, unique};
 use leader_core::conformance::{self, record};
 use leader_core::{Acquisition, LeaderElectionRecord, LockError, LockTarget, ResourceLock};
 use leader_mysql::mysql_async::Conn;
@@ -20,7 +20,7 @@ async fn named_lock_conforms() {
     let Some(store) = common::store().await else {
         return;
     };
-    conformance::run_all(&NamedFactory { store }).await;
+    conformance::run_all(&Factory { store, named: true }).await;
 }
 
 /// Two and ten electors on the `GET_LOCK` lock each elect exactly one.
@@ -29,7 +29,7 @@ async fn named_lock_electors_conform() {
     let Some(store) = common::store().await else {
         return;
     };
-    conformance::electors(&NamedFactory { store }, false).await;
+    conformance::electors(&Factory { store, named: true }, false).await;
 }
 
 /// Which session holds `lock`'s user-level lock, as another session sees it.
@@ -95,7 +95,7 @@ async fn a_released_lease_is_taken_over_at_once() {
     let Some(store) = common::store().await else {
         return;
     };
-    let factory = NamedFactory { store };
+    let factory = Factory { store, named: true };
     let mut took = Vec::new();
     for _ in 0..5 {
         took.push(conformance::release_is_taken_over_at_once(&factory).await);

@@ -13,7 +13,7 @@ use common::private::{PrivateServer, run, server_dir, tools_or_skip};
 use leader_core::conformance::record;
 use leader_core::{LockError, LockTarget, ResourceLock};
 use leader_mysql::mysql_async::prelude::Queryable;
-use leader_mysql::{LockUrl, MysqlStore};
+use leader_mysql::{LockUrl, MysqlStore, MysqlStoreBuilder};
 
 /// A private MariaDB with TLS on loopback; killed when dropped, its directory removed.
 struct TlsServer {
@@ -110,6 +110,22 @@ impl TlsServer {
     }
 }
 
+/// A store on the test's table, as `builder` says.
+async fn built(builder: MysqlStoreBuilder) -> MysqlStore {
+    builder.table("tls_locks").build().await.expect("store")
+}
+
+/// What reading the election `name` as `identity` on [`built`] `builder` fails with (`why`
+/// says why it must).
+async fn refused(builder: MysqlStoreBuilder, name: &str, identity: &str, why: &str) -> LockError {
+    built(builder)
+        .await
+        .lock(name, identity)
+        .get()
+        .await
+        .expect_err(why)
+}
+
 async fn acquire(lock: &dyn ResourceLock) {
     let acquisition = lock
         .try_acquire(&record(lock.identity(), 0))
@@ -151,12 +167,7 @@ async fn a_private_ca_and_a_client_certificate_connect_and_nothing_else_does() {
     drop(conn);
 
     // The builder's ssl_ca, on a URL that only says where the server is.
-    let store = MysqlStore::builder(server.url("root", ""))
-        .ssl_ca(&ca)
-        .table("tls_locks")
-        .build()
-        .await
-        .expect("store");
+    let store = built(MysqlStore::builder(server.url("root", "")).ssl_ca(&ca)).await;
     acquire(&store.lock("builder", "b")).await;
 
     // A client certificate for a user who must present one (REQUIRE SUBJECT), from the URL and
@@ -173,41 +184,23 @@ async fn a_private_ca_and_a_client_certificate_connect_and_nothing_else_does() {
         .await
         .expect("open with a client certificate");
     acquire(lock.as_ref()).await;
-    let store = MysqlStore::builder(server.url("x509", ""))
-        .ssl_ca(&ca)
-        .ssl_client_identity(server.file("client.pem"), server.file("client.key"))
-        .table("tls_locks")
-        .build()
-        .await
-        .expect("store");
+    let store = built(
+        MysqlStore::builder(server.url("x509", ""))
+            .ssl_ca(&ca)
+            .ssl_client_identity(server.file("client.pem"), server.file("client.key")),
+    )
+    .await;
     acquire(&store.lock("client-certificate-builder", "d")).await;
     // Without it the server refuses that user: Forbidden, as any failed authentication.
-    let store = MysqlStore::builder(server.url("x509", ""))
-        .ssl_ca(&ca)
-        .table("tls_locks")
-        .build()
-        .await
-        .expect("store");
-    let err = store
-        .lock("no-identity", "e")
-        .get()
-        .await
-        .expect_err("no client certificate");
+    let builder = MysqlStore::builder(server.url("x509", "")).ssl_ca(&ca);
+    let err = refused(builder, "no-identity", "e", "no client certificate").await;
     assert!(matches!(err, LockError::Forbidden { .. }), "{err:?}");
 
     // (b) Without the CA, TLS with the built-in roots only: the server's certificate is not
     // trusted. The crate maps TLS failures as every failure to connect: Unavailable, with the
     // driver's reason.
-    let store = MysqlStore::builder(server.url("root:hunter2", "require_ssl=true"))
-        .table("tls_locks")
-        .build()
-        .await
-        .expect("store");
-    let err = store
-        .lock("no-ca", "f")
-        .get()
-        .await
-        .expect_err("untrusted server");
+    let builder = MysqlStore::builder(server.url("root:hunter2", "require_ssl=true"));
+    let err = refused(builder, "no-ca", "f", "untrusted server").await;
     assert!(matches!(err, LockError::Unavailable { .. }), "{err:?}");
     let message = format!("{err} {err:?}");
     assert!(message.contains("UnknownIssuer"), "{message}");
@@ -221,33 +214,20 @@ async fn a_private_ca_and_a_client_certificate_connect_and_nothing_else_does() {
         "/CN=another CA",
         &["basicConstraints=critical,CA:TRUE"],
     );
-    let store = MysqlStore::builder(server.url("root", ""))
-        .ssl_ca(other.path().join("ca.pem"))
-        .table("tls_locks")
-        .build()
-        .await
-        .expect("store");
-    let err = store
-        .lock("other-ca", "g")
-        .get()
-        .await
-        .expect_err("untrusted server");
+    let builder = MysqlStore::builder(server.url("root", "")).ssl_ca(other.path().join("ca.pem"));
+    let err = refused(builder, "other-ca", "g", "untrusted server").await;
     assert!(matches!(err, LockError::Unavailable { .. }), "{err:?}");
     // The server's name is checked: the certificate for 127.0.0.1 and localhost does not
     // vouch for 127.0.0.2. (The driver's verify_identity=false does not help here with
     // mysql_async 0.37.1 and rustls 0.23: blackbeam/mysql_async#404.)
     let url = server.url("root", "").replace("127.0.0.1", "127.0.0.2");
-    let store = MysqlStore::builder(url)
-        .ssl_ca(&ca)
-        .table("tls_locks")
-        .build()
-        .await
-        .expect("store");
-    let err = store
-        .lock("name", "i")
-        .get()
-        .await
-        .expect_err("another name");
+    let err = refused(
+        MysqlStore::builder(url).ssl_ca(&ca),
+        "name",
+        "i",
+        "another name",
+    )
+    .await;
     assert!(matches!(err, LockError::Unavailable { .. }), "{err:?}");
     assert!(
         err.to_string()
@@ -256,12 +236,8 @@ async fn a_private_ca_and_a_client_certificate_connect_and_nothing_else_does() {
     );
     // Plain TCP: the server refuses it. MariaDB answers a connection without TLS under
     // require_secure_transport as a failed login ("Access denied", error 1045): Forbidden.
-    let store = MysqlStore::builder(server.url("root", ""))
-        .table("tls_locks")
-        .build()
-        .await
-        .expect("store");
-    let err = store.lock("plain", "h").get().await.expect_err("plain TCP");
+    let builder = MysqlStore::builder(server.url("root", ""));
+    let err = refused(builder, "plain", "h", "plain TCP").await;
     assert!(matches!(err, LockError::Forbidden { .. }), "{err:?}");
     drop(server);
 }

@@ -12,12 +12,18 @@ use leader_core::{Acquisition, LeaderElectionRecord, LockSet, Observed, Resource
 use leader_mysql::mysql_async::Conn;
 use leader_mysql::mysql_async::prelude::Queryable;
 
-/// Takes the free lease with `lock`, then releases it; the token of that term.
-async fn a_term(lock: &dyn ResourceLock) -> u64 {
+/// Takes the free lease with `lock` as "a".
+async fn take_free(lock: &dyn ResourceLock) -> Observed {
     let Some(Acquisition::Acquired(held)) = lock.try_acquire(&record("a", 0)).await.expect("try")
     else {
         panic!("the free lease is taken");
     };
+    held
+}
+
+/// Takes the free lease with `lock`, then releases it; the token of that term.
+async fn a_term(lock: &dyn ResourceLock) -> u64 {
+    let held = take_free(lock).await;
     let token = held.record.leader_transitions;
     release(lock, &held).await;
     token
@@ -65,6 +71,74 @@ async fn delete_row(admin: &mut Conn, name: &str) {
         .expect("delete the row");
 }
 
+/// Runs `check` on a table lock of a new election named after `prefix`.
+async fn on_table_lock(prefix: &str, check: impl AsyncFnOnce(&dyn ResourceLock, &str)) {
+    let Some(store) = common::store().await else {
+        return;
+    };
+    let name = common::unique(prefix);
+    check(&store.lock(&name, "a"), &name).await;
+}
+
+/// Runs `check` on a `GET_LOCK` lock of a new election named after `prefix`, then closes it.
+async fn on_named_lock(prefix: &str, check: impl AsyncFnOnce(&dyn ResourceLock, &str)) {
+    let Some(store) = common::store().await else {
+        return;
+    };
+    let name = common::unique(prefix);
+    let lock = store.named_lock(&name, "a");
+    check(&lock, &name).await;
+    lock.close().await;
+}
+
+/// Takes the lease by compare-and-swap of the record `read` after a restored backup, with its
+/// count plus one: `highest`, the highest token the lock has seen, which must not be issued
+/// again (`what` names the acquisition). What it holds then.
+async fn taken_above(
+    lock: &dyn ResourceLock,
+    admin: &mut Conn,
+    name: &str,
+    read: &Observed,
+    highest: u64,
+    what: &str,
+) -> Observed {
+    let desired = record("a", read.record.leader_transitions + 1);
+    assert_eq!(
+        desired.leader_transitions, highest,
+        "the case at hand: the restored count plus one is the highest token seen"
+    );
+    let taken = lock.update(&read.version, &desired).await.expect("take");
+    let token = taken.record.leader_transitions;
+    assert!(
+        token > highest,
+        "{what} reused token {token} (highest seen {highest})"
+    );
+    assert_eq!(stored_token(admin, name).await, token);
+    taken
+}
+
+/// The holder's write of its term's own (an extension) after `renewed`: it keeps the term's
+/// `token`, in what the lock returns and in the row. What it holds then.
+async fn written_in_term(
+    lock: &dyn ResourceLock,
+    admin: &mut Conn,
+    name: &str,
+    renewed: &Observed,
+    token: u64,
+) -> Observed {
+    let mut extended = renewal(&renewed.record);
+    extended
+        .extensions
+        .insert("weight".to_owned(), "2".to_owned());
+    let written = lock
+        .update(&renewed.version, &extended)
+        .await
+        .expect("write of the term");
+    assert_eq!(written.record.leader_transitions, token, "the term's token");
+    assert_eq!(stored_token(admin, name).await, token);
+    written
+}
+
 async fn tokens_go_on(lock: &dyn ResourceLock, name: &str) {
     let mut admin = common::admin().await.expect("server");
     let mut tokens = vec![a_term(lock).await, a_term(lock).await];
@@ -89,22 +163,12 @@ async fn tokens_go_on(lock: &dyn ResourceLock, name: &str) {
 
 #[tokio::test]
 async fn tokens_go_on_after_the_row_is_deleted_or_a_backup_restored() {
-    let Some(store) = common::store().await else {
-        return;
-    };
-    let name = common::unique("tokens");
-    tokens_go_on(&store.lock(&name, "a"), &name).await;
+    on_table_lock("tokens", tokens_go_on).await;
 }
 
 #[tokio::test]
 async fn get_lock_tokens_go_on_after_the_row_is_deleted_or_a_backup_restored() {
-    let Some(store) = common::store().await else {
-        return;
-    };
-    let name = common::unique("named-tokens");
-    let lock = store.named_lock(&name, "a");
-    tokens_go_on(&lock, &name).await;
-    lock.close().await;
+    on_named_lock("named-tokens", tokens_go_on).await;
 }
 
 /// The elector's acquisition by compare-and-swap (`update` of the record read, with its token
@@ -117,18 +181,8 @@ async fn an_acquisition_by_update_goes_above_every_token_seen(lock: &dyn Resourc
 
     restore_older_count(&mut admin, name).await;
     let read = lock.get().await.expect("get").expect("the row");
-    let desired = record("a", read.record.leader_transitions + 1);
-    assert_eq!(
-        desired.leader_transitions, highest,
-        "the case at hand: the restored count plus one is the highest token seen"
-    );
-    let taken = lock.update(&read.version, &desired).await.expect("take");
+    let taken = taken_above(lock, &mut admin, name, &read, highest, "an acquisition").await;
     let token = taken.record.leader_transitions;
-    assert!(
-        token > highest,
-        "an acquisition reused token {token} (highest seen {highest})"
-    );
-    assert_eq!(stored_token(&mut admin, name).await, token);
 
     // A renewal, and a write of the term's own (an extension), carry the term's token on.
     let renewed = lock
@@ -136,16 +190,7 @@ async fn an_acquisition_by_update_goes_above_every_token_seen(lock: &dyn Resourc
         .await
         .expect("renew");
     assert_eq!(renewed.record.leader_transitions, token);
-    let mut extended = renewal(&renewed.record);
-    extended
-        .extensions
-        .insert("weight".to_owned(), "2".to_owned());
-    let written = lock
-        .update(&renewed.version, &extended)
-        .await
-        .expect("write of the term");
-    assert_eq!(written.record.leader_transitions, token);
-    assert_eq!(stored_token(&mut admin, name).await, token);
+    let written = written_in_term(lock, &mut admin, name, &renewed, token).await;
 
     release(lock, &written).await;
     delete_row(&mut admin, name).await;
@@ -159,22 +204,20 @@ fn renewal(of: &LeaderElectionRecord) -> LeaderElectionRecord {
 
 #[tokio::test]
 async fn a_table_lock_acquisition_by_update_goes_above_every_token_seen() {
-    let Some(store) = common::store().await else {
-        return;
-    };
-    let name = common::unique("tokens-update");
-    an_acquisition_by_update_goes_above_every_token_seen(&store.lock(&name, "a"), &name).await;
+    on_table_lock(
+        "tokens-update",
+        an_acquisition_by_update_goes_above_every_token_seen,
+    )
+    .await;
 }
 
 #[tokio::test]
 async fn a_get_lock_acquisition_by_update_goes_above_every_token_seen() {
-    let Some(store) = common::store().await else {
-        return;
-    };
-    let name = common::unique("named-tokens-update");
-    let lock = store.named_lock(&name, "a");
-    an_acquisition_by_update_goes_above_every_token_seen(&lock, &name).await;
-    lock.close().await;
+    on_named_lock(
+        "named-tokens-update",
+        an_acquisition_by_update_goes_above_every_token_seen,
+    )
+    .await;
 }
 
 /// A shard set's batch renews a term (at a version the key's lock never saw): the holder's
@@ -188,10 +231,7 @@ async fn a_write_after_a_batch_renewal_keeps_the_terms_token() {
     let name = common::unique("set-tokens-renew");
     let set = store.lock_set("a");
     let lock = set.lock(&name);
-    let Some(Acquisition::Acquired(held)) = lock.try_acquire(&record("a", 0)).await.expect("try")
-    else {
-        panic!("the free lease is taken");
-    };
+    let held = take_free(lock.as_ref()).await;
     let token = held.record.leader_transitions;
     let renewed = set
         .renew_many(&[Renewal {
@@ -203,16 +243,7 @@ async fn a_write_after_a_batch_renewal_keeps_the_terms_token() {
         .pop()
         .expect("one result")
         .expect("renewed in the batch");
-    let mut extended = renewal(&renewed.record);
-    extended
-        .extensions
-        .insert("weight".to_owned(), "2".to_owned());
-    let written = lock
-        .update(&renewed.version, &extended)
-        .await
-        .expect("write of the term");
-    assert_eq!(written.record.leader_transitions, token, "the term's token");
-    assert_eq!(stored_token(&mut admin, &name).await, token);
+    let written = written_in_term(lock.as_ref(), &mut admin, &name, &renewed, token).await;
     release(lock.as_ref(), &written).await;
     delete_row(&mut admin, &name).await;
 }
@@ -240,15 +271,7 @@ async fn a_claim_after_a_batch_read_goes_above_every_token_seen() {
         .expect("one result")
         .expect("read")
         .expect("the row");
-    let desired = record("a", read.record.leader_transitions + 1);
-    assert_eq!(desired.leader_transitions, highest, "the case at hand");
-    let taken = lock.update(&read.version, &desired).await.expect("take");
-    let token = taken.record.leader_transitions;
-    assert!(
-        token > highest,
-        "a claim reused token {token} (highest seen {highest})"
-    );
-    assert_eq!(stored_token(&mut admin, &name).await, token);
+    let taken = taken_above(lock.as_ref(), &mut admin, &name, &read, highest, "a claim").await;
     release(lock.as_ref(), &taken).await;
     delete_row(&mut admin, &name).await;
 }

@@ -8,11 +8,10 @@
 //! ```
 
 use std::error::Error;
-use std::time::{Duration, Instant};
 
 use leader_core::ResourceLock;
 use leader_nats::NatsStore;
-use leader_test_support::bench;
+use leader_test_support::{bench, renewal};
 
 // Short interleaved rounds, so that drift in the machine's speed hits all rows alike.
 const ROUNDS: usize = 200;
@@ -26,17 +25,10 @@ async fn main() -> Result<(), Box<dyn Error>> {
         .create_bucket(true)
         .build()
         .await?;
-    let name = format!("bench-{:08x}", fastrand::u32(..));
+    let name = leader_test_support::unique("bench");
 
     // 1. Requests per renewal as the elector makes them: a real elector on a counting wrapper.
-    let (renewals, requests_per_renewal) = bench::elector_requests_per_renewal(
-        store.lock(&name, "bench"),
-        Duration::from_millis(600),
-        Duration::from_millis(400),
-        Duration::from_millis(20),
-        Duration::from_secs(3),
-    )
-    .await?;
+    let elector = renewal::elected(store.lock(&name, "bench"), renewal::SHORT).await?;
 
     // 2. Writes per renewal on the server: the bucket's stream sequence over N renewals.
     let lock = store.lock(&name, "bench");
@@ -56,35 +48,23 @@ async fn main() -> Result<(), Box<dyn Error>> {
     let kv = store.kv().await?;
     let sequence = || async { kv.stream.get_info().await.map(|i| i.state.last_sequence) };
     let before = sequence().await?;
-    const N: u32 = 1000;
-    for _ in 0..N {
-        observed = lock
-            .update(&observed.version, &bench::renewed(&observed.record))
-            .await?;
-    }
-    let writes = (sequence().await? - before) as f64 / f64::from(N);
+    const N: usize = 1000;
+    renewal::updates(&lock, &mut observed, N).await?;
+    let writes = (sequence().await? - before) as f64 / N as f64;
 
     // 3. Latency against the raw references on the same connection.
     let plain = format!("{name}-plain");
     let (mut t_ping, mut t_put, mut t_renew) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..ROUNDS {
-        for _ in 0..PER_ROUND {
-            let at = Instant::now();
-            store.client().request("$JS.API.INFO", "".into()).await?;
-            t_ping.push(at.elapsed());
-        }
-        for _ in 0..PER_ROUND {
-            let at = Instant::now();
-            kv.put(plain.as_str(), "x".into()).await?;
-            t_put.push(at.elapsed());
-        }
-        for _ in 0..PER_ROUND {
-            let at = Instant::now();
-            observed = lock
-                .update(&observed.version, &bench::renewed(&observed.record))
-                .await?;
-            t_renew.push(at.elapsed());
-        }
+        renewal::time_each(PER_ROUND, &mut t_ping, async || {
+            store.client().request("$JS.API.INFO", "".into()).await
+        })
+        .await?;
+        renewal::time_each(PER_ROUND, &mut t_put, async || {
+            kv.put(plain.as_str(), "x".into()).await
+        })
+        .await?;
+        t_renew.extend(renewal::updates(&lock, &mut observed, PER_ROUND).await?);
     }
     kv.purge(lock.key()).await?;
     kv.purge(plain.as_str()).await?;
@@ -94,9 +74,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
         leader_nats::redact_url(&url),
         store.client().server_info().version
     );
-    println!(
-        "requests per renewal (elector, {renewals} renewals in 3 s): {requests_per_renewal:.2}"
-    );
+    elector.print();
     println!("stream writes per renewal (server, {N} renewals): {writes:.2}");
     println!();
     bench::print_latencies(

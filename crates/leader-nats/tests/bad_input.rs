@@ -5,7 +5,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Server, unique};
+use common::{Server, builder as store, unique};
 use leader_core::{LockError, ResourceLock, conformance};
 use leader_nats::NatsStore;
 use leader_nats::async_nats::jetstream;
@@ -30,23 +30,16 @@ accounts {
 }
 "#;
 
-fn store(url: &str) -> leader_nats::NatsStoreBuilder {
-    NatsStore::builder(url).request_timeout(Duration::from_secs(1))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_user_without_write_rights_is_forbidden_and_a_wrong_password_too() {
     let Some(server) = Server::start(Some(ACCOUNTS)) else {
         return;
     };
-    let owner = store(&format!(
-        "nats://owner:owner-secret@127.0.0.1:{}",
-        server.port
-    ))
-    .create_bucket(true)
-    .build()
-    .await
-    .expect("store");
+    let owner = store(&server.url_as("owner", "owner-secret"))
+        .create_bucket(true)
+        .build()
+        .await
+        .expect("store");
     let name = unique("rights");
     let created = owner
         .lock(&name, "a")
@@ -54,13 +47,10 @@ async fn a_user_without_write_rights_is_forbidden_and_a_wrong_password_too() {
         .await
         .expect("the owner writes");
 
-    let reader = store(&format!(
-        "nats://reader:reader-secret@127.0.0.1:{}",
-        server.port
-    ))
-    .build()
-    .await
-    .expect("store");
+    let reader = store(&server.url_as("reader", "reader-secret"))
+        .build()
+        .await
+        .expect("store");
     let lock = reader.lock(&name, "b");
     assert_eq!(
         lock.get().await.expect("the reader reads"),
@@ -79,13 +69,10 @@ async fn a_user_without_write_rights_is_forbidden_and_a_wrong_password_too() {
         "the refused write changed the record"
     );
 
-    let wrong = store(&format!(
-        "nats://owner:wrong-secret@127.0.0.1:{}",
-        server.port
-    ))
-    .build()
-    .await
-    .expect("store");
+    let wrong = store(&server.url_as("owner", "wrong-secret"))
+        .build()
+        .await
+        .expect("store");
     let err = wrong
         .lock(&name, "c")
         .get()
@@ -96,18 +83,24 @@ async fn a_user_without_write_rights_is_forbidden_and_a_wrong_password_too() {
     assert!(!format!("{wrong:?}").contains("wrong-secret"));
 }
 
+/// What a read in `bucket` on `server` gets, a misconfiguration; `why` says why.
+async fn refused_read(server: &Server, bucket: &str, why: &str) -> LockError {
+    let store = store(&server.url())
+        .bucket(bucket)
+        .build()
+        .await
+        .expect("store");
+    let err = store.lock("x", "a").get().await.expect_err(why);
+    assert!(matches!(err, LockError::Misconfigured { .. }), "{err:?}");
+    err
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_bucket_or_a_stream_that_is_no_bucket_is_misconfigured() {
     let Some(server) = Server::start(None) else {
         return;
     };
-    let missing = store(&server.url())
-        .bucket("nothing_here")
-        .build()
-        .await
-        .expect("store");
-    let err = missing.lock("x", "a").get().await.expect_err("no bucket");
-    assert!(matches!(err, LockError::Misconfigured { .. }), "{err:?}");
+    let err = refused_read(&server, "nothing_here", "no bucket").await;
     assert!(err.to_string().contains("nats kv add"), "{err}");
 
     // A stream under a bucket's name that keeps every message of a subject: not a bucket.
@@ -123,13 +116,7 @@ async fn a_missing_bucket_or_a_stream_that_is_no_bucket_is_misconfigured() {
         })
         .await
         .expect("a plain stream");
-    let plain = store(&server.url())
-        .bucket("plain")
-        .build()
-        .await
-        .expect("store");
-    let err = plain.lock("x", "a").get().await.expect_err("not a bucket");
-    assert!(matches!(err, LockError::Misconfigured { .. }), "{err:?}");
+    refused_read(&server, "plain", "not a bucket").await;
 
     for bad in ["", "a.b", "a b", "a*"] {
         let err = store(&server.url())
@@ -156,11 +143,7 @@ async fn a_missing_bucket_or_a_stream_that_is_no_bucket_is_misconfigured() {
 /// fails as an outage within its timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_server_is_an_outage_within_the_timeout() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("port")
-        .local_addr()
-        .expect("address")
-        .port();
+    let port = leader_test_support::free_port();
     let nobody = store(&format!("nats://u:secret@127.0.0.1:{port}"))
         .build()
         .await
@@ -192,22 +175,10 @@ async fn no_server_is_an_outage_within_the_timeout() {
 /// followers' watches, a release taken over at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_documented_permissions_are_enough() {
-    let Some(server) = Server::start(Some(&common::documented_permissions())) else {
+    let Some(server) = common::documented_server().await else {
         return;
     };
-    // An operator creates the bucket once.
-    store(&format!(
-        "nats://owner:owner-secret@127.0.0.1:{}",
-        server.port
-    ))
-    .create_bucket(true)
-    .build()
-    .await
-    .expect("store")
-    .kv()
-    .await
-    .expect("the owner creates the bucket");
-    let app = NatsStore::builder(format!("nats://app:app-secret@127.0.0.1:{}", server.port))
+    let app = NatsStore::builder(server.url_as("app", "app-secret"))
         .build()
         .await
         .expect("store");

@@ -38,6 +38,13 @@ async fn store(url: &str, bucket: &str) -> NatsStore {
         .expect("store")
 }
 
+/// JetStream on the test server ([`nats_url`]), or `None` (a skip, a failure under CI).
+async fn test_jetstream() -> Option<jetstream::Context> {
+    leader_test_support::nats_lock_or_skip()?;
+    let client = async_nats::connect(nats_url()).await.expect("connect");
+    Some(jetstream::new(client))
+}
+
 /// A bucket setting under test: its name, the change, and what the refusal must say (nothing:
 /// accepted).
 type Case = (
@@ -60,11 +67,9 @@ fn misconfigured(result: Result<impl std::fmt::Debug, LockError>, says: &[&str])
 
 #[tokio::test]
 async fn buckets_whose_limits_delete_records_are_refused() {
-    if leader_test_support::nats_lock_or_skip().is_none() {
+    let Some(jetstream) = test_jetstream().await else {
         return;
-    }
-    let client = async_nats::connect(nats_url()).await.expect("connect");
-    let jetstream = jetstream::new(client);
+    };
     let cases: [Case; 4] = [
         (
             "ttl",
@@ -126,6 +131,31 @@ async fn a_server_without_jetstream_is_misconfigured_naming_it() {
     misconfigured(store.lock("e", "a").get().await, &["JetStream", "-js"]);
 }
 
+/// Three servers of one cluster of the test's own, their client URLs, their version, and a
+/// JetStream context on them with `config`'s stream, created once the cluster has elected its
+/// JetStream meta leader; `None` (outside CI) without a `nats-server` binary.
+async fn cluster_with(
+    config: stream::Config,
+) -> Option<(Vec<Server>, String, String, jetstream::Context)> {
+    let servers = Server::cluster(3)?;
+    let urls = Server::urls(&servers);
+    let client = async_nats::connect(servers[0].url())
+        .await
+        .expect("connect");
+    let version = client.server_info().version;
+    let jetstream = jetstream::new(client);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while let Err(err) = jetstream.create_stream(config.clone()).await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no stream {}: {err}",
+            config.name
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Some((servers, urls, version, jetstream))
+}
+
 /// Whether a server of `version` keeps compare-and-swap on a replicated stream.
 fn replicated_compare_and_swap_holds(version: &str) -> bool {
     semver::Version::parse(version).expect("version") >= semver::Version::new(2, 10, 19)
@@ -184,11 +214,9 @@ async fn start_terms(
 /// once the setting is undone, terms start again.
 #[tokio::test]
 async fn settings_changed_on_a_bucket_in_use_are_refused_at_the_next_term() {
-    if leader_test_support::nats_lock_or_skip().is_none() {
+    let Some(jetstream) = test_jetstream().await else {
         return;
-    }
-    let client = async_nats::connect(nats_url()).await.expect("connect");
-    let jetstream = jetstream::new(client);
+    };
     let cases: [Case; 3] = [
         (
             "ttl",
@@ -277,32 +305,11 @@ async fn settings_changed_on_a_bucket_in_use_are_refused_at_the_next_term() {
 /// named with the version, and never created by the lock; a bucket on one replica works.
 #[tokio::test]
 async fn a_replicated_bucket_on_servers_before_2_10_19_is_refused() {
-    let Some(servers) = Server::cluster(3) else {
+    let Some((_servers, urls, version, jetstream)) =
+        cluster_with(bucket_config("replicated", |c| c.num_replicas = 3)).await
+    else {
         return;
     };
-    let urls = Server::urls(&servers);
-    let client = async_nats::connect(servers[0].url())
-        .await
-        .expect("connect");
-    let version = client.server_info().version;
-    let jetstream = jetstream::new(client);
-    // The cluster elects its JetStream meta leader first.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        match jetstream
-            .create_stream(bucket_config("replicated", |c| c.num_replicas = 3))
-            .await
-        {
-            Ok(_) => break,
-            Err(err) => {
-                assert!(
-                    tokio::time::Instant::now() < deadline,
-                    "no R3 stream: {err}"
-                );
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-        }
-    }
     jetstream
         .create_stream(bucket_config("single", |_| {}))
         .await
@@ -354,27 +361,11 @@ async fn a_replicated_bucket_on_servers_before_2_10_19_is_refused() {
 /// naming the replicas and the version.
 #[tokio::test]
 async fn a_bucket_scaled_to_three_replicas_in_use_is_refused_at_the_next_term() {
-    let Some(servers) = Server::cluster(3) else {
+    let Some((servers, urls, version, jetstream)) =
+        cluster_with(bucket_config("scaled", |_| {})).await
+    else {
         return;
     };
-    let urls = Server::urls(&servers);
-    let client = async_nats::connect(servers[0].url())
-        .await
-        .expect("connect");
-    let version = client.server_info().version;
-    let jetstream = jetstream::new(client);
-    // The cluster elects its JetStream meta leader first.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while let Err(err) = jetstream
-        .create_stream(bucket_config("scaled", |_| {}))
-        .await
-    {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no R1 stream: {err}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
     let holder_store = store(&urls, "scaled").await;
     let candidates = store(&urls, "scaled").await;
     let held = holder_store

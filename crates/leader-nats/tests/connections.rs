@@ -12,13 +12,33 @@ use std::time::Duration;
 use async_nats::jetstream;
 use common::Server;
 use leader_core::{LockError, ResourceLock};
-use leader_nats::{LockUrl, NatsStore};
+use leader_nats::{LockUrl, NatsStore, NatsStoreBuilder};
 
 const TIMEOUT: Duration = Duration::from_secs(2);
 
 /// A lock on a bucket the store creates: it works when a read answers.
 async fn works(store: &NatsStore) -> Result<(), LockError> {
     store.lock("connections", "a").get().await.map(drop)
+}
+
+/// A store at `address` that creates its bucket and waits [`TIMEOUT`] for an answer.
+fn creating(address: &str) -> NatsStoreBuilder {
+    NatsStore::builder(address)
+        .create_bucket(true)
+        .request_timeout(TIMEOUT)
+}
+
+/// The store a lock URL names, creating its bucket and waiting [`TIMEOUT`]: [`works`].
+async fn url_works(url: &str) -> Result<(), LockError> {
+    let store = LockUrl::parse(url)
+        .expect("a lock URL")
+        .store()
+        .create_bucket(true)
+        .request_timeout(TIMEOUT)
+        .build()
+        .await
+        .expect("store");
+    works(&store).await
 }
 
 /// Runs openssl with `args` in `dir`.
@@ -115,10 +135,7 @@ async fn tls_with_a_private_ca_and_a_client_certificate() {
         return;
     };
     let store = |ca: &str, client: bool| {
-        let mut builder = NatsStore::builder(server.url())
-            .create_bucket(true)
-            .request_timeout(TIMEOUT)
-            .tls_root_certificates(path(ca));
+        let mut builder = creating(&server.url()).tls_root_certificates(path(ca));
         if client {
             builder = builder.tls_client_certificate(path("client.pem"), path("client.key"));
         }
@@ -135,17 +152,7 @@ async fn tls_with_a_private_ca_and_a_client_certificate() {
         path("client.pem").display(),
         path("client.key").display()
     );
-    let lock = LockUrl::parse(&url).expect("a lock URL");
-    works(
-        &lock
-            .store()
-            .create_bucket(true)
-            .build()
-            .await
-            .expect("store"),
-    )
-    .await
-    .expect("the URL's TLS files");
+    url_works(&url).await.expect("the URL's TLS files");
     // Another CA, or no client certificate: no connection, so no answer.
     for (ca, client) in [("other.pem", true), ("ca.pem", false)] {
         let refused = works(&store(ca, client).await.expect("store")).await;
@@ -179,26 +186,14 @@ async fn an_nkey_user_logs_in_with_its_seed() {
     let dir = tempfile::tempdir().expect("dir");
     let seed = dir.path().join("user.nk");
     std::fs::write(&seed, user.seed().expect("a seed")).expect("write the seed");
-    let store = NatsStore::builder(server.url())
-        .create_bucket(true)
-        .request_timeout(TIMEOUT)
+    let store = creating(&server.url())
         .nkey_file(&seed)
         .build()
         .await
         .expect("store");
     works(&store).await.expect("logged in with the NKey");
     let url = format!("{}/leader?nkey_file={}", server.url(), seed.display());
-    let lock = LockUrl::parse(&url).expect("a lock URL");
-    works(
-        &lock
-            .store()
-            .create_bucket(true)
-            .build()
-            .await
-            .expect("store"),
-    )
-    .await
-    .expect("the URL's NKey");
+    url_works(&url).await.expect("the URL's NKey");
     // Another user's seed is refused; a file without a seed is a setting to fix.
     std::fs::write(&seed, nkeys::KeyPair::new_user().seed().expect("seed")).expect("write");
     let stranger = NatsStore::builder(server.url())
@@ -229,9 +224,7 @@ async fn a_jetstream_domain_and_the_services_own_context() {
     let Some(server) = Server::start(Some("jetstream {\n  domain: hub\n}\n")) else {
         return;
     };
-    let in_domain = NatsStore::builder(server.url())
-        .create_bucket(true)
-        .request_timeout(TIMEOUT)
+    let in_domain = creating(&server.url())
         .jetstream_domain("hub")
         .build()
         .await
@@ -276,24 +269,10 @@ async fn a_password_with_plus_ampersand_and_encoded_characters_logs_in() {
         return;
     };
     let address = format!("nats://app:{IN_URL}@127.0.0.1:{}", server.port);
-    let lock = LockUrl::parse(&format!("{address}/leader")).expect("a lock URL");
-    works(
-        &lock
-            .store()
-            .create_bucket(true)
-            .request_timeout(TIMEOUT)
-            .build()
-            .await
-            .expect("store"),
-    )
-    .await
-    .expect("the URL's password");
-    let store = NatsStore::builder(&address)
-        .create_bucket(true)
-        .request_timeout(TIMEOUT)
-        .build()
+    url_works(&format!("{address}/leader"))
         .await
-        .expect("store");
+        .expect("the URL's password");
+    let store = creating(&address).build().await.expect("store");
     works(&store).await.expect("the address's password");
 
     // The same password with `+` read as a space, as form data reads it, is another one.

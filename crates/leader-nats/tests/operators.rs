@@ -7,29 +7,23 @@ mod common;
 use leader_test_support::started_leading;
 use std::time::{Duration, Instant};
 
-use common::{Server, unique};
+use common::{Server, builder as store, create_bucket, unique};
 use futures_util::StreamExt;
 use leader_core::{LockError, Observed, ResourceLock, conformance};
 use leader_nats::async_nats::{self, jetstream};
-use leader_nats::{DEFAULT_BUCKET, NatsStore, NatsStoreBuilder};
+use leader_nats::{DEFAULT_BUCKET, NatsStore};
+use leader_test_support::record_writes::created;
 use tokio::time::{sleep, timeout};
 
 const STREAM: &str = "KV_leader";
 
-fn store(url: &str) -> NatsStoreBuilder {
-    NatsStore::builder(url).request_timeout(Duration::from_secs(1))
-}
-
-/// The bucket `leader` as the lock creates it, made by someone with every right.
-async fn create_bucket(url: &str) {
-    store(url)
-        .create_bucket(true)
-        .build()
-        .await
-        .expect("store")
-        .kv()
-        .await
-        .expect("create the bucket");
+/// A server of the test's own, its URL, and JetStream on it for an operator's changes; `None`
+/// (outside CI) without a `nats-server` binary.
+async fn server_and_admin() -> Option<(Server, String, jetstream::Context)> {
+    let server = Server::start(None)?;
+    let url = server.url();
+    let admin = jetstream::new(async_nats::connect(&url).await.expect("client"));
+    Some((server, url, admin))
 }
 
 async fn delete_bucket(admin: &jetstream::Context) {
@@ -67,23 +61,15 @@ fn renewal(observed: &Observed, padding: String) -> leader_core::LeaderElectionR
 /// must still wake the follower, whose user has exactly the permissions of `deploy/nats`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_watch_keeps_delivering_past_flow_control_with_the_documented_permissions() {
-    let Some(server) = Server::start(Some(&common::documented_permissions())) else {
+    let Some(server) = common::documented_server().await else {
         return;
     };
-    create_bucket(&format!(
-        "nats://owner:owner-secret@127.0.0.1:{}",
-        server.port
-    ))
-    .await;
-    let app = format!("nats://app:app-secret@127.0.0.1:{}", server.port);
+    let app = server.url_as("app", "app-secret");
     let holder_store = store(&app).build().await.expect("store");
     let follower_store = store(&app).build().await.expect("store");
     let name = unique("flow");
     let holder = holder_store.lock(&name, "holder");
-    let mut observed = holder
-        .create(&conformance::record("holder", 1))
-        .await
-        .expect("create");
+    let mut observed = created(&holder).await;
     let mut changes = follower_store
         .lock(&name, "follower")
         .watch()
@@ -130,11 +116,9 @@ async fn a_watch_keeps_delivering_past_flow_control_with_the_documented_permissi
 /// again, with a token above the one before although the new bucket's sequence starts over.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_bucket_deleted_under_a_leader_is_created_again() {
-    let Some(server) = Server::start(None) else {
+    let Some((_server, url, admin)) = server_and_admin().await else {
         return;
     };
-    let url = server.url();
-    let admin = jetstream::new(async_nats::connect(&url).await.expect("client"));
     let lock_store = store(&url)
         .create_bucket(true)
         .build()
@@ -177,22 +161,17 @@ async fn a_bucket_deleted_under_a_leader_is_created_again() {
 /// renewals keep theirs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_bucket_created_again_is_used_again_with_tokens_above_the_old_ones() {
-    let Some(server) = Server::start(None) else {
+    let Some((_server, url, admin)) = server_and_admin().await else {
         return;
     };
-    let url = server.url();
-    let client = async_nats::connect(&url).await.expect("client");
-    let admin = jetstream::new(client.clone());
+    let client = admin.client();
     create_bucket(&url).await;
     write_elsewhere(&url, 50).await;
     let lock_store = store(&url).build().await.expect("store");
     assert_eq!(lock_store.bucket(), DEFAULT_BUCKET);
     let name = unique("again");
     let lock = lock_store.lock(&name, "a");
-    let first = lock
-        .create(&conformance::record("a", 1))
-        .await
-        .expect("create");
+    let first = created(&lock).await;
     let first_token = first.record.leader_transitions;
     assert!(first_token > 50, "token {first_token}");
 
@@ -225,18 +204,15 @@ async fn a_bucket_created_again_is_used_again_with_tokens_above_the_old_ones() {
 
     create_bucket(&url).await;
     assert_eq!(lock.get().await.expect("get"), None);
-    let created = lock
-        .create(&conformance::record("a", 1))
-        .await
-        .expect("create");
-    let second_token = created.record.leader_transitions;
+    let again = created(&lock).await;
+    let second_token = again.record.leader_transitions;
     assert!(
         second_token > first_token,
         "token {second_token} in the bucket created again, after {first_token}"
     );
     // A renewal of that term keeps its token.
     let renewed = lock
-        .update(&created.version, &renewal(&created, String::new()))
+        .update(&again.version, &renewal(&again, String::new()))
         .await
         .expect("renew");
     assert_eq!(renewed.record.leader_transitions, second_token);
@@ -246,11 +222,7 @@ async fn a_bucket_created_again_is_used_again_with_tokens_above_the_old_ones() {
     delete_bucket(&admin).await;
     let _ = lock.get().await;
     create_bucket(&url).await;
-    let other = lock_store
-        .lock(&name, "b")
-        .create(&conformance::record("b", 1))
-        .await
-        .expect("create");
+    let other = created(&lock_store.lock(&name, "b")).await;
     assert!(other.record.leader_transitions < second_token);
     let seen = lock.get().await.expect("get").expect("b's record");
     let taken = lock
@@ -274,20 +246,14 @@ async fn a_bucket_created_again_is_used_again_with_tokens_above_the_old_ones() {
 /// the candidate's wait for the holder's lease starts again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_version_of_a_bucket_deleted_and_created_again_matches_no_record_of_the_new_one() {
-    let Some(server) = Server::start(None) else {
+    let Some((_server, url, admin)) = server_and_admin().await else {
         return;
     };
-    let url = server.url();
-    let admin = jetstream::new(async_nats::connect(&url).await.expect("client"));
     create_bucket(&url).await;
     write_elsewhere(&url, 20).await;
     let name = unique("recreated");
     let holder = store(&url).build().await.expect("store");
-    let held = holder
-        .lock(&name, "a")
-        .create(&conformance::record("a", 1))
-        .await
-        .expect("create");
+    let held = created(&holder.lock(&name, "a")).await;
     let candidate = store(&url).build().await.expect("store");
     let candidate_lock = candidate.lock(&name, "b");
     let read = candidate_lock

@@ -2,8 +2,9 @@
 //! however it is written (`/`, `?`, `#`, `@`, `:` raw or percent-encoded). No server is needed:
 //! the client connects in the background.
 
-use leader_nats::{LockUrl, NatsStore};
-use leader_test_support::secrets::{assert_built_hidden, assert_parsed_hidden, passwords, tokens};
+use leader_nats::{LockUrl, NatsStore, NatsStoreBuilder};
+use leader_test_support::redaction::assert_urls_hidden;
+use leader_test_support::secrets::{assert_built_hidden, passwords, tokens};
 
 /// `value` as a URL parameter's value.
 fn encoded(value: &str) -> String {
@@ -50,13 +51,10 @@ fn servers() -> Vec<String> {
 
 #[tokio::test]
 async fn redact_passwords_and_tokens_of_lock_urls_and_stores() {
-    for url in urls() {
-        if let Some(parsed) = assert_parsed_hidden(&url, LockUrl::parse(&url)) {
-            assert_built_hidden(&url, parsed.store(), async |b| b.build().await).await;
-        }
-    }
+    let build = async |b: NatsStoreBuilder| b.build().await;
+    assert_urls_hidden(urls(), LockUrl::parse, LockUrl::store, &build, None).await;
     for servers in servers() {
         let builder = NatsStore::builder(&servers);
-        assert_built_hidden(&servers, builder, async |b| b.build().await).await;
+        assert_built_hidden(&servers, builder, &build).await;
     }
 }

@@ -13,17 +13,23 @@ use leader_nats::NatsStore;
 use leader_test_support::{assert_outage_handled, leader_and_follower, next_leader};
 use tokio::time::{Instant, sleep};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn electors_step_down_while_nats_is_down_and_recover_when_it_is_back() {
-    let Some(mut server) = Server::start(None) else {
-        return;
-    };
-    let store = NatsStore::builder(server.url())
+/// A server of the test's own and a store on it that waits a second for an answer; `None`
+/// (outside CI) without a `nats-server` binary.
+async fn server_and_store() -> Option<(Server, NatsStore)> {
+    let server = Server::start(None)?;
+    let store = common::builder(&server.url())
         .create_bucket(true)
-        .request_timeout(Duration::from_secs(1))
         .build()
         .await
         .expect("store");
+    Some((server, store))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn electors_step_down_while_nats_is_down_and_recover_when_it_is_back() {
+    let Some((mut server, store)) = server_and_store().await else {
+        return;
+    };
     let name = unique("restart");
     let (leader, token, term, follower) =
         leader_and_follower(store.lock(&name, "first"), store.lock(&name, "second")).await;
@@ -52,15 +58,9 @@ async fn electors_step_down_while_nats_is_down_and_recover_when_it_is_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_change_stream_opened_during_an_outage_fires_when_the_client_is_back() {
     use futures_util::StreamExt;
-    let Some(mut server) = Server::start(None) else {
+    let Some((mut server, store)) = server_and_store().await else {
         return;
     };
-    let store = NatsStore::builder(server.url())
-        .create_bucket(true)
-        .request_timeout(Duration::from_secs(1))
-        .build()
-        .await
-        .expect("store");
     let lock = store.lock(unique("outage-watch"), "follower");
     lock.get().await.expect("the bucket");
     server.kill();

@@ -8,14 +8,13 @@
 //! ```
 
 use std::error::Error;
-use std::time::{Duration, Instant};
 
 use leader_core::ResourceLock;
 use leader_object_store::BucketStore;
 use leader_object_store::object_store::ObjectStore;
 use leader_object_store::object_store::path::Path;
-use leader_test_support::bench;
 use leader_test_support::object_store_counting::Counting;
+use leader_test_support::{bench, renewal};
 
 // Short interleaved rounds, so that drift in the machine's speed hits all rows alike.
 const ROUNDS: usize = 50;
@@ -38,14 +37,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
 
     // 1. Lock requests per renewal as the elector makes them: a real elector on a counting
     //    wrapper of the lock.
-    let (renewals, requests_per_renewal) = bench::elector_requests_per_renewal(
-        store.lock(name, "bench"),
-        Duration::from_millis(600),
-        Duration::from_millis(400),
-        Duration::from_millis(20),
-        Duration::from_secs(3),
-    )
-    .await?;
+    let elector = renewal::elected(store.lock(name, "bench"), renewal::SHORT).await?;
 
     // The elector released the lease on shutdown: take it again as a plain update, so that
     // what follows are renewals by the holder.
@@ -83,19 +75,11 @@ async fn main() -> Result<(), Box<dyn Error>> {
     let path = Path::from(format!("{}{name}", store.prefix()));
     let (mut t_get, mut t_poll, mut t_renew) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..ROUNDS {
-        for _ in 0..PER_ROUND {
-            let at = Instant::now();
-            s3.get_opts(&path, Default::default())
-                .await?
-                .bytes()
-                .await?;
-            t_get.push(at.elapsed());
-        }
-        for _ in 0..PER_ROUND {
-            let at = Instant::now();
-            follower.get().await?;
-            t_poll.push(at.elapsed());
-        }
+        renewal::time_each(PER_ROUND, &mut t_get, async || {
+            s3.get_opts(&path, Default::default()).await?.bytes().await
+        })
+        .await?;
+        renewal::time_each(PER_ROUND, &mut t_poll, async || follower.get().await).await?;
         t_renew.extend(bench::renewals(&lock, &mut observed, PER_ROUND).await?);
         // The renewals changed the record: one full read, then the polls are 304s again.
         follower.get().await?;
@@ -106,7 +90,8 @@ async fn main() -> Result<(), Box<dyn Error>> {
         leader_test_support::s3_endpoint()
     );
     println!(
-        "lock requests per renewal (elector, {renewals} renewals in 3 s): {requests_per_renewal:.2}"
+        "lock requests per renewal (elector, {} renewals in 3 s): {:.2}",
+        elector.renewals, elector.per_renewal
     );
     println!("S3 requests per renewal ({N} renewals): {per_renewal:.2} (PUT If-Match)");
     println!(

@@ -8,7 +8,6 @@
 mod common;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use common::Factory;
 use leader_core::{LockError, ResourceLock, conformance};
@@ -16,6 +15,7 @@ use leader_object_store::BucketStore;
 use leader_object_store::object_store::azure::MicrosoftAzureBuilder;
 use leader_object_store::object_store::{ObjectStore, ObjectStoreExt};
 use leader_test_support::object_store_counting::Counting;
+use leader_test_support::record_writes::created;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_azure_lock_conforms_on_azurite() {
@@ -55,10 +55,7 @@ async fn azurite_keeps_preconditions() {
         "the check wrote its probe: {head:?}"
     );
     let a = store.lock("app", "a");
-    let created = a
-        .create(&conformance::record("a", 1))
-        .await
-        .expect("create");
+    let created = created(&a).await;
     let err = store
         .lock("app", "b")
         .create(&conformance::record("b", 1))
@@ -92,11 +89,9 @@ async fn azurite_keeps_preconditions() {
 /// While the record does not change, a follower's reads are answered `304 Not Modified`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unchanged_record_is_answered_not_modified_by_azurite() {
-    if !common::azurite_or_skip() {
+    let Some(container) = common::azurite_container_or_skip() else {
         return;
-    }
-    let container = common::unique_container();
-    common::create_container(&container);
+    };
     leader_object_store::ensure_crypto_provider();
     let azure: Arc<dyn ObjectStore> = Arc::new(
         MicrosoftAzureBuilder::new()
@@ -109,19 +104,7 @@ async fn an_unchanged_record_is_answered_not_modified_by_azurite() {
     let store = BucketStore::builder(counting.clone(), format!("az://{container}"))
         .build()
         .expect("a store");
-    let holder = store.lock("app", "gone");
-    let mut record = conformance::record("gone", 1);
-    record.lease_duration = Duration::from_secs(3600);
-    holder.create(&record).await.expect("created");
-    let follower = store.lock("app", "follower");
-    let first = follower.get().await.expect("read").expect("a record");
-    for _ in 0..3 {
-        let again = follower.get().await.expect("read").expect("a record");
-        assert_eq!(again, first);
-    }
-    let counts = counting.counts();
-    assert_eq!(counts.get("GET 200"), Some(&1), "{counts:?}");
-    assert_eq!(counts.get("GET 304"), Some(&3), "{counts:?}");
+    common::assert_unchanged_reads_not_modified(&store, &counting, 3).await;
 }
 
 /// A container that does not exist is a misconfiguration naming it, at the check and at every
@@ -153,11 +136,9 @@ async fn a_missing_container_is_reported() {
 /// A wrong account key is refused by the store, said as such, and never shown.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_key_is_refused_without_being_shown() {
-    if !common::azurite_or_skip() {
+    let Some(container) = common::azurite_container_or_skip() else {
         return;
-    }
-    let container = common::unique_container();
-    common::create_container(&container);
+    };
     // A valid base64 key that is not the account's.
     let wrong = "bm90LXRoZS1hY2NvdW50LWtleS1ub3QtdGhlLWFjY291bnQta2V5LXdyb25nLWtleQ==";
     let store = common::azurite_builder(&container, "locks/", Some(wrong))

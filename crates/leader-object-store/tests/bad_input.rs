@@ -65,13 +65,23 @@ fn stores_without_conditional_update_are_refused_when_built() {
     assert!(message.contains("no_such_option"), "{message}");
 }
 
-#[tokio::test]
-async fn a_store_that_ignores_preconditions_is_refused_before_any_write() {
+/// An in-memory object store, `counting` wrapped around it (a [`Counting`] constructor), and a
+/// lock store named `name` on the wrapper.
+fn counted_in_memory(
+    counting: fn(Arc<dyn ObjectStore>) -> Arc<Counting>,
+    name: &str,
+) -> (Arc<dyn ObjectStore>, Arc<Counting>, BucketStore) {
     let inner: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-    let broken = Counting::ignoring_preconditions(inner.clone());
-    let store = BucketStore::builder(broken.clone(), "broken")
+    let counted = counting(inner.clone());
+    let store = BucketStore::builder(counted.clone(), name)
         .build()
         .expect("built: only a request can tell");
+    (inner, counted, store)
+}
+
+#[tokio::test]
+async fn a_store_that_ignores_preconditions_is_refused_before_any_write() {
+    let (inner, broken, store) = counted_in_memory(Counting::ignoring_preconditions, "broken");
     let lock = store.lock("app", "a");
     let record = leader_core::conformance::record("a", 1);
     for _ in 0..2 {
@@ -97,11 +107,7 @@ async fn a_store_that_ignores_preconditions_is_refused_before_any_write() {
 
 #[tokio::test]
 async fn the_check_costs_one_request_per_store_and_writes_nothing() {
-    let inner: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-    let counting = Counting::new(inner.clone());
-    let store = BucketStore::builder(counting.clone(), "memory")
-        .build()
-        .expect("a store");
+    let (inner, counting, store) = counted_in_memory(Counting::new, "memory");
     for name in ["a", "b"] {
         let lock = store.lock(name, "x");
         lock.create(&leader_core::conformance::record("x", 1))
@@ -286,22 +292,6 @@ async fn followers_read_conditionally_and_renewals_are_one_request() {
 /// every poll of a follower is answered `304 Not Modified`, without the object.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unchanged_record_is_answered_not_modified() {
-    let inner: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-    let counting = Counting::new(inner);
-    let store = BucketStore::builder(counting.clone(), "memory")
-        .build()
-        .expect("a store");
-    let holder = store.lock("app", "gone");
-    let mut record = leader_core::conformance::record("gone", 1);
-    record.lease_duration = Duration::from_secs(3600);
-    holder.create(&record).await.expect("created");
-    let follower = store.lock("app", "follower");
-    let first = follower.get().await.expect("read").expect("a record");
-    for _ in 0..5 {
-        let again = follower.get().await.expect("read").expect("a record");
-        assert_eq!(again, first);
-    }
-    let counts = counting.counts();
-    assert_eq!(counts.get("GET 200"), Some(&1), "{counts:?}");
-    assert_eq!(counts.get("GET 304"), Some(&5), "{counts:?}");
+    let (_, counting, store) = counted_in_memory(Counting::new, "memory");
+    common::assert_unchanged_reads_not_modified(&store, &counting, 5).await;
 }

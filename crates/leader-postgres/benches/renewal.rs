@@ -9,9 +9,8 @@
 use std::error::Error;
 use std::time::{Duration, Instant};
 
-use leader_core::ResourceLock;
 use leader_postgres::PostgresStore;
-use leader_test_support::bench;
+use leader_test_support::{bench, renewal};
 
 // Short interleaved rounds, so that drift in the machine's speed hits all three alike.
 const ROUNDS: usize = 200;
@@ -19,32 +18,22 @@ const PER_ROUND: usize = 25;
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn Error>> {
-    let url = std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres:postgres@127.0.0.1:5432/postgres".into());
+    let url = leader_test_support::database_url();
     // One pooled connection: the lock and the references share it.
     let store = PostgresStore::builder(&url)
         .max_connections(1)
         .create_table(true)
         .build()
         .await?;
-    let name = format!("bench-{:08x}", fastrand::u32(..));
+    let name = leader_test_support::unique("bench");
 
     // 1. Requests per renewal as the elector makes them: a real elector on a counting wrapper.
-    let (renewals, requests_per_renewal) = bench::elector_requests_per_renewal(
-        store.lock(&name, "bench"),
-        Duration::from_millis(600),
-        Duration::from_millis(400),
-        Duration::from_millis(20),
-        Duration::from_secs(3),
-    )
-    .await?;
+    // It released the lease on shutdown: taken again, what follows are renewals by the holder
+    // (a write of a free record would be a release, which also NOTIFYs).
+    let (elector, lock, mut observed) =
+        renewal::elected_then_held(|| store.lock(&name, "bench")).await?;
 
     // 2. Statements per renewal on the server: committed transactions of this database.
-    // The elector released the lease on shutdown: take it again, so that what follows are
-    // renewals by the holder (a write of a free record would be a release, which also NOTIFYs).
-    let lock = store.lock(&name, "bench");
-    let mut observed = bench::acquire(&lock, "bench").await?;
-    assert!(observed.record.is_held_by("bench"));
     let client = store.pool().get().await?;
     let xacts = "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()";
     let stats = async |client: &tokio_postgres::Client| -> Result<i64, Box<dyn Error>> {
@@ -59,12 +48,8 @@ async fn main() -> Result<(), Box<dyn Error>> {
     };
     let start = stats(&client).await?;
     drop(client);
-    const N: i64 = 1000;
-    for _ in 0..N {
-        observed = lock
-            .update(&observed.version, &bench::renewed(&observed.record))
-            .await?;
-    }
+    const N: usize = 1000;
+    renewal::updates(&lock, &mut observed, N).await?;
     let client = store.pool().get().await?;
     let end = stats(&client).await?;
     // Each stats read itself commits a few transactions (snapshot clears and the query).
@@ -96,16 +81,14 @@ async fn main() -> Result<(), Box<dyn Error>> {
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..ROUNDS {
         let client = store.pool().get().await?;
-        for _ in 0..PER_ROUND {
-            let at = Instant::now();
-            client.query_one(&select, &[]).await?;
-            t_select.push(at.elapsed());
-        }
-        for _ in 0..PER_ROUND {
-            let at = Instant::now();
-            client.execute(&update, &[]).await?;
-            t_update.push(at.elapsed());
-        }
+        renewal::time_each(PER_ROUND, &mut t_select, async || {
+            client.query_one(&select, &[]).await
+        })
+        .await?;
+        renewal::time_each(PER_ROUND, &mut t_update, async || {
+            client.execute(&update, &[]).await
+        })
+        .await?;
         for _ in 0..PER_ROUND {
             let record = bench::renewed(&observed.record);
             let version: i64 = observed.version.as_str().parse()?;
@@ -133,13 +116,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
             observed.version = leader_core::Version::from(row.get::<_, i64>(0));
         }
         drop(client);
-        for _ in 0..PER_ROUND {
-            let at = Instant::now();
-            observed = lock
-                .update(&observed.version, &bench::renewed(&observed.record))
-                .await?;
-            t_renew.push(at.elapsed());
-        }
+        t_renew.extend(renewal::updates(&lock, &mut observed, PER_ROUND).await?);
     }
     let client = store.pool().get().await?;
     client
@@ -150,9 +127,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
         .await?;
 
     println!("table lock renewal on {}", store.redacted_url());
-    println!(
-        "requests per renewal (elector, {renewals} renewals in 3 s): {requests_per_renewal:.2}"
-    );
+    elector.print();
     println!("statements per renewal (server, {N} renewals):         {statements_per_renewal:.2}");
     println!();
     bench::print_latencies(

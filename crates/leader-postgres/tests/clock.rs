@@ -134,24 +134,16 @@ async fn a_pooled_connection_left_inside_a_transaction_decides_nothing() {
         .await
         .expect_err("a renewal inside a transaction left open");
     assert!(err.to_string().contains("transaction"), "{err}");
-    let seen = reader
-        .lock(&name, "reader")
-        .get()
-        .await
-        .expect("get")
-        .expect("a record");
-    assert_eq!(seen.version, held.version, "nothing was written");
+    let seen = || async {
+        let read = reader.lock(&name, "reader").get().await.expect("get");
+        read.expect("a record").version
+    };
+    assert_eq!(seen().await, held.version, "nothing was written");
     let renewed = lock
         .update(&held.version, &renewal)
         .await
         .expect("renewed on a new connection");
-    let seen = reader
-        .lock(&name, "reader")
-        .get()
-        .await
-        .expect("get")
-        .expect("a record");
-    assert_eq!(seen.version, renewed.version, "committed");
+    assert_eq!(seen().await, renewed.version, "committed");
 
     // A candidate's attempt is refused the same way.
     let candidate_store = one_connection_store().await;

@@ -5,26 +5,20 @@ mod common;
 use common::Factory;
 use leader_core::conformance;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn table_lock_conforms() {
+/// The suite on the table lock, or on the advisory lock.
+async fn conforms(advisory: bool) {
     let Some(store) = common::store().await else {
         return;
     };
-    conformance::run_all(&Factory {
-        store,
-        advisory: false,
-    })
-    .await;
+    conformance::run_all(&Factory { store, advisory }).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn table_lock_conforms() {
+    conforms(false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn advisory_lock_conforms() {
-    let Some(store) = common::store().await else {
-        return;
-    };
-    conformance::run_all(&Factory {
-        store,
-        advisory: true,
-    })
-    .await;
+    conforms(true).await;
 }

@@ -2,30 +2,26 @@
 //! it is written (`/`, `?`, `#`, `@`, `:` raw or percent-encoded). No server is needed: the
 //! store connects lazily.
 
-use leader_postgres::{LockUrl, PostgresStore};
-use leader_test_support::secrets::{
-    assert_built_hidden, assert_hidden, assert_parsed_hidden, passwords,
-};
+use leader_postgres::{LockUrl, PostgresStore, PostgresStoreBuilder};
+use leader_test_support::redaction::{StoreUrl, assert_urls_hidden};
+use leader_test_support::secrets::{assert_hidden, passwords};
 
 #[tokio::test]
 async fn redact_passwords_of_lock_urls_and_stores() {
-    for password in passwords() {
-        for url in [
+    let urls = passwords().into_iter().flat_map(|password| {
+        [
             format!("postgres://app:{password}@127.0.0.1:1/app"),
             format!("postgresql://app:{password}@db/app?sslmode=disable&table=locks"),
             format!("postgres://app:{password}@db/app?advisory=maybe"),
-        ] {
-            if let Some(parsed) = assert_parsed_hidden(&url, LockUrl::parse(&url)) {
-                assert_built_hidden(&url, parsed.store(), async |b| b.build().await).await;
-            }
-            // The store takes a connection string of its own too.
-            let builder = PostgresStore::builder(url.as_str());
-            if let Some(store) = assert_built_hidden(&url, builder, async |b| b.build().await).await
-            {
-                assert_hidden(&url, store.redacted_url());
-            }
-        }
-    }
+        ]
+    });
+    // The store takes a connection string of its own too.
+    let store_url = StoreUrl {
+        builder: |url| PostgresStore::builder(url),
+        redacted: PostgresStore::redacted_url,
+    };
+    let build = async |b: PostgresStoreBuilder| b.build().await;
+    assert_urls_hidden(urls, LockUrl::parse, LockUrl::store, build, Some(store_url)).await;
 }
 
 /// Key-value connection strings: quoted values and spaces around `=`.

@@ -212,10 +212,7 @@ async fn a_table_that_is_not_a_lock_table_is_refused_and_left_as_it_was() {
         let rows_before = rows(&admin, &schema, "leader_election").await;
         assert!(!before.is_empty(), "{what}");
 
-        let err = PostgresStore::builder(common::database_url())
-            .schema(&schema)
-            .create_table(true)
-            .build()
+        let err = creating_store(common::database_url(), &schema)
             .await
             .expect_err(what);
         assert_refused(&err, &schema, what, expected);
@@ -327,10 +324,7 @@ async fn a_current_lock_table_works_as_it_is() {
         admin.batch_execute(&layout).await.expect("the table");
         let before = columns(&admin, &schema, "leader_election").await;
 
-        let store = PostgresStore::builder(common::database_url())
-            .schema(&schema)
-            .create_table(true)
-            .build()
+        let store = creating_store(common::database_url(), &schema)
             .await
             .expect("a current table");
         assert_eq!(columns(&admin, &schema, "leader_election").await, before);
@@ -348,10 +342,7 @@ async fn a_current_lock_table_works_as_it_is() {
             ))
             .await
             .expect("role");
-        let least = PostgresStore::builder(common::conn_as(&role, "pw"))
-            .schema(&schema)
-            .create_table(true)
-            .build()
+        let least = creating_store(common::conn_as(&role, "pw"), &schema)
             .await
             .expect("a role that may not create or alter starts on a current table");
         works(&least).await;
@@ -429,10 +420,7 @@ async fn a_later_release_s_column_is_kept_by_every_write() {
         .await
         .expect("the table");
     let before = columns(&admin, &schema, "leader_election").await;
-    let store = PostgresStore::builder(common::database_url())
-        .schema(&schema)
-        .create_table(true)
-        .build()
+    let store = creating_store(common::database_url(), &schema)
         .await
         .expect("a lock table with a later release's column");
     let later = LaterColumn {
@@ -457,6 +445,15 @@ async fn a_later_release_s_column_is_kept_by_every_write() {
 
     assert_eq!(columns(&admin, &schema, "leader_election").await, before);
     drop_schema(&admin, &schema).await;
+}
+
+/// A store on `schema` that creates its lock table when it is missing, connected by `conn`.
+async fn creating_store(conn: String, schema: &str) -> Result<PostgresStore, LockError> {
+    PostgresStore::builder(conn)
+        .schema(schema)
+        .create_table(true)
+        .build()
+        .await
 }
 
 /// `lock` (`what`) takes its fresh record.

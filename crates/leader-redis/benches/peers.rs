@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use leader_core::{Acquisition, ResourceLock};
 use leader_redis::RedisStore;
-use leader_test_support::bench;
+use leader_test_support::{bench, renewal};
 
 const HAND_WRITTEN: &str = r#"
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
@@ -33,18 +33,14 @@ fn us(d: Duration) -> String {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn Error>> {
     let url = leader_test_support::redis_url();
-    let rounds: usize = std::env::var("ROUNDS")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(2000);
+    let rounds = renewal::rounds(2000);
     let store = RedisStore::connect(url.clone()).await?;
     let mut admin = store.connection();
     let tag = format!("{:08x}", fastrand::u32(..));
 
     // Ours: the holder of a lease.
     let lock = store.lock(format!("peers-{tag}"), "ours");
-    let mut record = leader_core::conformance::record("ours", 0);
-    record.lease_duration = Duration::from_secs(10);
+    let record = renewal::lasting("ours");
     let Some(Acquisition::Acquired(mut held)) = lock.try_acquire(&record).await? else {
         return Err("could not take a free lease".into());
     };

@@ -6,10 +6,9 @@
 //! ```
 
 use std::error::Error;
-use std::time::{Duration, Instant};
 
 use leader_redis::RedisStore;
-use leader_test_support::bench;
+use leader_test_support::{bench, renewal};
 
 // Short interleaved rounds, so that drift in the machine's speed hits all rows alike.
 const ROUNDS: usize = 200;
@@ -17,24 +16,14 @@ const PER_ROUND: usize = 25;
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn Error>> {
-    let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let url = leader_test_support::redis_url();
     let store = RedisStore::connect(&url).await?;
-    let name = format!("bench-{:08x}", fastrand::u32(..));
+    let name = leader_test_support::unique("bench");
 
     // 1. Requests per renewal as the elector makes them: a real elector on a counting wrapper.
-    let (renewals, requests_per_renewal) = bench::elector_requests_per_renewal(
-        store.lock(&name, "bench"),
-        Duration::from_millis(600),
-        Duration::from_millis(400),
-        Duration::from_millis(20),
-        Duration::from_secs(3),
-    )
-    .await?;
-
-    // The elector released the lease on shutdown: take it again, so that what follows are
-    // renewals by the holder.
-    let lock = store.lock(&name, "bench");
-    let mut observed = bench::acquire(&lock, "bench").await?;
+    // It released the lease on shutdown: taken again, what follows are renewals by the holder.
+    let (elector, lock, mut observed) =
+        renewal::elected_then_held(|| store.lock(&name, "bench")).await?;
 
     // 2. Commands per renewal on the server, from INFO commandstats before and after. Redis
     //    counts the commands a script runs inside it too: report those apart from what the
@@ -67,22 +56,22 @@ async fn main() -> Result<(), Box<dyn Error>> {
     let plain_key = format!("leader-bench-plain-{name}");
     let (mut t_ping, mut t_set, mut t_renew) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..ROUNDS {
-        for _ in 0..PER_ROUND {
-            let at = Instant::now();
-            let _: String = redis::cmd("PING").query_async(&mut connection).await?;
-            t_ping.push(at.elapsed());
-        }
-        for _ in 0..PER_ROUND {
-            let at = Instant::now();
-            let _: () = redis::cmd("SET")
+        renewal::time_each(PER_ROUND, &mut t_ping, async || {
+            redis::cmd("PING")
+                .query_async::<String>(&mut connection)
+                .await
+        })
+        .await?;
+        renewal::time_each(PER_ROUND, &mut t_set, async || {
+            redis::cmd("SET")
                 .arg(&plain_key)
                 .arg("x")
                 .arg("PX")
                 .arg(ttl)
-                .query_async(&mut connection)
-                .await?;
-            t_set.push(at.elapsed());
-        }
+                .query_async::<()>(&mut connection)
+                .await
+        })
+        .await?;
         t_renew.extend(bench::renewals(&lock, &mut observed, PER_ROUND).await?);
     }
     let _: () = redis::cmd("DEL")
@@ -92,9 +81,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
         .await?;
 
     println!("redis lock renewal on {}", store.redacted_url());
-    println!(
-        "requests per renewal (elector, {renewals} renewals in 3 s): {requests_per_renewal:.2}"
-    );
+    elector.print();
     println!("commands sent per renewal (server, {N} renewals): {sent_per_renewal:.2}");
     println!("commands run inside the script per renewal: {inside_per_renewal:.2}");
     println!();

@@ -21,12 +21,37 @@ async fn cmd(admin: &mut MultiplexedConnection, args: &[&str]) -> redis::Value {
     command.query_async(admin).await.expect("admin command")
 }
 
-/// A URL for `user:password` on the test server.
-fn url_as(user: &str, password: &str) -> String {
+/// `ACL SETUSER user RULES...`.
+async fn set_user(admin: &mut MultiplexedConnection, user: &str, rules: &[&str]) {
+    cmd(admin, &[&["ACL", "SETUSER", user][..], rules].concat()).await;
+}
+
+/// An elector on `lock` keeps running without leading while the ACL user `user` is refused,
+/// then leads once `rules` are added to the user; the user is deleted after.
+async fn leads_once_the_user_gets(
+    lock: leader_redis::RedisLock,
+    admin: &mut MultiplexedConnection,
+    user: &str,
+    rules: &[&str],
+) {
+    let mut elector = Running::start(lock);
+    elector
+        .stays_alive_without_leading(Duration::from_millis(1500))
+        .await;
+    set_user(admin, user, rules).await;
+    elector.wait_leading(Duration::from_secs(5)).await;
+    elector.stop().await;
+    cmd(admin, &["ACL", "DELUSER", user]).await;
+}
+
+/// A store on the test server as `user:password`; it connects lazily.
+async fn store_as(user: &str, password: &str) -> RedisStore {
     let url = common::redis_url();
     let rest = url.split_once("://").map_or(url.as_str(), |(_, rest)| rest);
     let rest = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
-    format!("redis://{user}:{password}@{rest}")
+    RedisStore::connect(format!("redis://{user}:{password}@{rest}"))
+        .await
+        .expect("a lazy connection")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -142,24 +167,14 @@ async fn a_wrong_password_is_a_clear_error_that_never_shows_the_password() {
         return;
     };
     let user = unique("leader_acl");
-    cmd(
+    set_user(
         &mut admin,
-        &[
-            "ACL",
-            "SETUSER",
-            &user,
-            "on",
-            ">the-right-one",
-            "~leader:*",
-            "&*",
-            "+@all",
-        ],
+        &user,
+        &["on", ">the-right-one", "~leader:*", "&*", "+@all"],
     )
     .await;
     let secret = "wr0ng-Pa55word";
-    let store = RedisStore::connect(url_as(&user, secret))
-        .await
-        .expect("a lazy connection");
+    let store = store_as(&user, secret).await;
     assert!(
         !format!("{store:?}").contains(secret),
         "Debug shows the password"
@@ -168,18 +183,7 @@ async fn a_wrong_password_is_a_clear_error_that_never_shows_the_password() {
     assert_wrong_password(lock.get().await, secret);
 
     // The elector keeps trying, and recovers when the password becomes right.
-    let mut elector = Running::start(lock);
-    elector
-        .stays_alive_without_leading(Duration::from_millis(1500))
-        .await;
-    cmd(
-        &mut admin,
-        &["ACL", "SETUSER", &user, &format!(">{secret}")],
-    )
-    .await;
-    elector.wait_leading(Duration::from_secs(5)).await;
-    elector.stop().await;
-    cmd(&mut admin, &["ACL", "DELUSER", &user]).await;
+    leads_once_the_user_gets(lock, &mut admin, &user, &[&format!(">{secret}")]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -188,25 +192,13 @@ async fn an_acl_user_without_script_rights_gets_a_clear_error_and_recovers_when_
         return;
     };
     let user = unique("leader_noscript");
-    cmd(
+    set_user(
         &mut admin,
-        &[
-            "ACL",
-            "SETUSER",
-            &user,
-            "on",
-            ">pw",
-            "~leader:*",
-            "&*",
-            "+@all",
-            "-evalsha",
-            "-eval",
-        ],
+        &user,
+        &["on", ">pw", "~leader:*", "&*", "+@all", "-evalsha", "-eval"],
     )
     .await;
-    let store = RedisStore::connect(url_as(&user, "pw"))
-        .await
-        .expect("store");
+    let store = store_as(&user, "pw").await;
     let lock = store.lock(unique("noperm"), "a");
     let err = lock
         .try_acquire(&record("a", 0))
@@ -214,14 +206,7 @@ async fn an_acl_user_without_script_rights_gets_a_clear_error_and_recovers_when_
         .expect_err("no EVALSHA");
     assert!(matches!(err, LockError::Forbidden { .. }), "{err:?}");
     assert!(err.to_string().contains("EVALSHA"), "{err}");
-    let mut elector = Running::start(lock);
-    elector
-        .stays_alive_without_leading(Duration::from_millis(1500))
-        .await;
-    cmd(&mut admin, &["ACL", "SETUSER", &user, "+evalsha", "+eval"]).await;
-    elector.wait_leading(Duration::from_secs(5)).await;
-    elector.stop().await;
-    cmd(&mut admin, &["ACL", "DELUSER", &user]).await;
+    leads_once_the_user_gets(lock, &mut admin, &user, &["+evalsha", "+eval"]).await;
 }
 
 #[tokio::test]

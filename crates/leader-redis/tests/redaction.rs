@@ -2,10 +2,9 @@
 //! is written (`/`, `?`, `#`, `@`, `:` raw or percent-encoded). No server is needed: the store
 //! connects on first use.
 
-use leader_redis::{LockUrl, RedisStore};
-use leader_test_support::secrets::{
-    assert_built_hidden, assert_hidden, assert_parsed_hidden, passwords, tokens,
-};
+use leader_redis::{LockUrl, RedisStore, RedisStoreBuilder};
+use leader_test_support::redaction::{StoreUrl, assert_urls_hidden};
+use leader_test_support::secrets::{passwords, tokens};
 
 /// Lock URLs with each password, and with each token in place of the user.
 fn urls() -> Vec<String> {
@@ -22,14 +21,18 @@ fn urls() -> Vec<String> {
 
 #[tokio::test]
 async fn redact_passwords_of_lock_urls_and_stores() {
-    for url in urls() {
-        if let Some(parsed) = assert_parsed_hidden(&url, LockUrl::parse(&url)) {
-            assert_built_hidden(&url, parsed.store(), async |b| b.build().await).await;
-        }
-        // The store takes a URL of its own too.
-        let builder = RedisStore::builder(url.as_str());
-        if let Some(store) = assert_built_hidden(&url, builder, async |b| b.build().await).await {
-            assert_hidden(&url, store.redacted_url());
-        }
-    }
+    // The store takes a URL of its own too.
+    let store_url = StoreUrl {
+        builder: |url| RedisStore::builder(url),
+        redacted: RedisStore::redacted_url,
+    };
+    let build = async |b: RedisStoreBuilder| b.build().await;
+    assert_urls_hidden(
+        urls(),
+        LockUrl::parse,
+        LockUrl::store,
+        build,
+        Some(store_url),
+    )
+    .await;
 }

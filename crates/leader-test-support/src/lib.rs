@@ -17,6 +17,9 @@ pub mod later_column;
 #[cfg(feature = "object-store")]
 pub mod object_store_counting;
 mod process;
+pub mod record_writes;
+pub mod redaction;
+pub mod renewal;
 pub mod secrets;
 pub mod unreadable;
 pub mod zookeeper_ensemble;
@@ -52,10 +55,7 @@ pub fn nats_url() -> String {
 /// The key-value bucket the tests use: `NATS_BUCKET` (`scripts/test` names a new one per run),
 /// or `leader_test`, created when missing.
 pub fn nats_bucket() -> String {
-    std::env::var("NATS_BUCKET")
-        .ok()
-        .filter(|b| !b.is_empty())
-        .unwrap_or_else(|| "leader_test".to_owned())
+    env_or("NATS_BUCKET", "leader_test")
 }
 
 /// `ZOOKEEPER_ENSEMBLE`'s default: the three-server ensemble `scripts/setup` starts on loopback.
@@ -64,10 +64,7 @@ pub const DEFAULT_ZOOKEEPER_ENSEMBLE: &str = "127.0.0.1:22181,127.0.0.1:22182,12
 /// The ZooKeeper ensemble the tests use: `ZOOKEEPER_ENSEMBLE` (`host:port` pairs separated by
 /// commas), or the loopback ensemble.
 pub fn zookeeper_ensemble() -> String {
-    std::env::var("ZOOKEEPER_ENSEMBLE")
-        .ok()
-        .filter(|e| !e.is_empty())
-        .unwrap_or_else(|| DEFAULT_ZOOKEEPER_ENSEMBLE.to_owned())
+    env_or("ZOOKEEPER_ENSEMBLE", DEFAULT_ZOOKEEPER_ENSEMBLE)
 }
 
 /// The chroot the ZooKeeper tests work under: `ZOOKEEPER_CHROOT` (`scripts/test` names a new
@@ -95,7 +92,17 @@ pub fn etcd_endpoints() -> Vec<String> {
 
 /// The etcd key prefix of this test run (`ETCD_PREFIX`), if one is set.
 pub fn etcd_prefix() -> Option<String> {
-    std::env::var("ETCD_PREFIX").ok().filter(|p| !p.is_empty())
+    setting("ETCD_PREFIX")
+}
+
+/// The environment variable `name`, when it is set and not empty.
+fn setting(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+/// The environment variable `name`, or `default` when it is unset or empty.
+fn env_or(name: &str, default: &str) -> String {
+    setting(name).unwrap_or_else(|| default.to_owned())
 }
 
 /// Whether this runs under CI (`CI` set to anything but empty, `false` or `0`), where a missing
@@ -142,10 +149,7 @@ pub const DEFAULT_S3_ENDPOINT: &str = "http://127.0.0.1:9000";
 
 /// The S3 API server the tests use: `S3_ENDPOINT`, or the loopback test server.
 pub fn s3_endpoint() -> String {
-    std::env::var("S3_ENDPOINT")
-        .ok()
-        .filter(|e| !e.is_empty())
-        .unwrap_or_else(|| DEFAULT_S3_ENDPOINT.to_owned())
+    env_or("S3_ENDPOINT", DEFAULT_S3_ENDPOINT)
 }
 
 /// The bucket the tests use: `S3_BUCKET`, or a new bucket made once per test binary on the S3
@@ -165,7 +169,7 @@ pub fn s3_bucket() -> Result<String, String> {
                      replaces it"
                 ));
             }
-            if let Some(bucket) = std::env::var("S3_BUCKET").ok().filter(|b| !b.is_empty()) {
+            if let Some(bucket) = setting("S3_BUCKET") {
                 return Ok(bucket);
             }
             let bucket = format!("leader-test-{:08x}", fastrand::u32(..));
@@ -296,24 +300,18 @@ pub fn s3_options() -> Vec<(String, String)> {
 /// The `object_store` options for a plain-HTTP S3 server at `endpoint`, with the environment's
 /// credentials or moto's any-will-do ones.
 pub fn s3_options_at(endpoint: &str) -> Vec<(String, String)> {
-    let env = |name: &str, default: &str| {
-        std::env::var(name)
-            .ok()
-            .filter(|v| !v.is_empty())
-            .unwrap_or_else(|| default.to_owned())
-    };
     vec![
         ("aws_endpoint".to_owned(), endpoint.to_owned()),
         // Spelt as object_store reads it from the environment too (`AWS_ALLOW_HTTP`).
         ("aws_allow_http".to_owned(), "true".to_owned()),
-        ("aws_region".to_owned(), env("AWS_REGION", "us-east-1")),
+        ("aws_region".to_owned(), env_or("AWS_REGION", "us-east-1")),
         (
             "aws_access_key_id".to_owned(),
-            env("AWS_ACCESS_KEY_ID", "test"),
+            env_or("AWS_ACCESS_KEY_ID", "test"),
         ),
         (
             "aws_secret_access_key".to_owned(),
-            env("AWS_SECRET_ACCESS_KEY", "test"),
+            env_or("AWS_SECRET_ACCESS_KEY", "test"),
         ),
     ]
 }
@@ -333,23 +331,14 @@ pub const DEFAULT_DYNAMODB_ENDPOINT: &str = "http://127.0.0.1:9000";
 
 /// The DynamoDB endpoint the tests use: `DYNAMODB_ENDPOINT`, or the loopback test server.
 pub fn dynamodb_endpoint() -> String {
-    std::env::var("DYNAMODB_ENDPOINT")
-        .ok()
-        .filter(|e| !e.is_empty())
-        .unwrap_or_else(|| DEFAULT_DYNAMODB_ENDPOINT.to_owned())
+    env_or("DYNAMODB_ENDPOINT", DEFAULT_DYNAMODB_ENDPOINT)
 }
 
 /// The environment a child process (the `leader` command) needs for a plain-HTTP DynamoDB
 /// server at `endpoint`, as every AWS SDK reads it: `AWS_ENDPOINT_URL_DYNAMODB`, and the
 /// environment's region and credentials or moto's any-will-do ones.
 pub fn dynamodb_env_at(endpoint: &str) -> Vec<(String, String)> {
-    let env = |name: &str, default: &str| {
-        let value = std::env::var(name)
-            .ok()
-            .filter(|v| !v.is_empty())
-            .unwrap_or_else(|| default.to_owned());
-        (name.to_owned(), value)
-    };
+    let env = |name: &str, default: &str| (name.to_owned(), env_or(name, default));
     vec![
         ("AWS_ENDPOINT_URL_DYNAMODB".to_owned(), endpoint.to_owned()),
         env("AWS_REGION", "us-east-1"),

@@ -7,9 +7,27 @@ use std::time::{Duration, Instant};
 
 use common::{make_chroot, raw, unique, zookeeper_chroot, zookeeper_ensemble};
 use leader_core::{LockError, ResourceLock, conformance};
+use leader_test_support::record_writes::created;
 use leader_test_support::zookeeper_ensemble::ZooKeeperEnsemble;
-use leader_zookeeper::ZooKeeperStore;
 use leader_zookeeper::zookeeper_client as zk;
+use leader_zookeeper::{ZooKeeperStore, ZooKeeperStoreBuilder};
+
+/// A store on the ensemble at `connect` that gives up connecting after 5 s.
+fn connecting(connect: &str) -> ZooKeeperStoreBuilder {
+    ZooKeeperStore::builder(connect).connect_timeout(Duration::from_secs(5))
+}
+
+/// A store on the test ensemble under the run's chroot and `prefix`, logging in with `digest`
+/// (user and password) when given.
+fn under(prefix: &str, digest: Option<(&str, &str)>) -> ZooKeeperStoreBuilder {
+    let builder = ZooKeeperStore::builder(zookeeper_ensemble())
+        .chroot(zookeeper_chroot())
+        .prefix(prefix);
+    match digest {
+        Some((user, password)) => builder.digest(user, password),
+        None => builder,
+    }
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_chroot_that_does_not_exist_is_misconfigured() {
@@ -33,13 +51,9 @@ async fn a_chroot_that_does_not_exist_is_misconfigured() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ensemble_that_is_down_at_start_is_unavailable_at_once() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
+    let port = leader_test_support::free_port();
     let started = Instant::now();
-    let err = ZooKeeperStore::builder(format!("127.0.0.1:{port},127.0.0.1:{port}"))
-        .connect_timeout(Duration::from_secs(5))
+    let err = connecting(&format!("127.0.0.1:{port},127.0.0.1:{port}"))
         .build()
         .await
         .expect_err("nothing listens");
@@ -65,16 +79,7 @@ async fn znodes_under_digest_credentials_refuse_other_sessions() {
     };
     make_chroot(&client, "").await;
     let prefix = format!("/{}", unique("acl"));
-    let builder = |digest: Option<(&str, &str)>| {
-        let builder = ZooKeeperStore::builder(zookeeper_ensemble())
-            .chroot(zookeeper_chroot())
-            .prefix(&prefix);
-        match digest {
-            Some((user, password)) => builder.digest(user, password),
-            None => builder,
-        }
-    };
-    let owner = builder(Some(("app", "app-secret")))
+    let owner = under(&prefix, Some(("app", "app-secret")))
         .build()
         .await
         .expect("store");
@@ -101,7 +106,7 @@ async fn znodes_under_digest_credentials_refuse_other_sessions() {
         ("wrong password", Some(("app", "wrong-secret"))),
     ] {
         // The prefix is the owner's too: a store is refused at once.
-        let err = builder(digest).build().await.expect_err(who);
+        let err = under(&prefix, digest).build().await.expect_err(who);
         assert!(matches!(err, LockError::Forbidden { .. }), "{who}: {err:?}");
         assert!(!err.to_string().contains("secret"), "{who}: {err}");
     }
@@ -115,16 +120,7 @@ async fn znodes_under_digest_credentials_refuse_other_sessions() {
         )
         .await
         .expect("a shared prefix");
-    let in_shared = |digest: Option<(&str, &str)>| {
-        let builder = ZooKeeperStore::builder(zookeeper_ensemble())
-            .chroot(zookeeper_chroot())
-            .prefix(&shared);
-        match digest {
-            Some((user, password)) => builder.digest(user, password),
-            None => builder,
-        }
-    };
-    let owner = in_shared(Some(("app", "app-secret")))
+    let owner = under(&shared, Some(("app", "app-secret")))
         .build()
         .await
         .expect("store");
@@ -137,7 +133,7 @@ async fn znodes_under_digest_credentials_refuse_other_sessions() {
         ("anonymous", None),
         ("wrong password", Some(("app", "wrong-secret"))),
     ] {
-        let other = in_shared(digest).build().await.expect("store");
+        let other = under(&shared, digest).build().await.expect("store");
         let lock = other.lock("billing", "b");
         let err = lock.get().await.expect_err(who);
         assert!(matches!(err, LockError::Forbidden { .. }), "{who}: {err:?}");
@@ -220,7 +216,7 @@ async fn a_session_refused_for_want_of_credentials_says_none_were_sent() {
     };
     let connect = ensemble.connect_string();
     let store = |digest: bool| {
-        let builder = ZooKeeperStore::builder(&connect).connect_timeout(Duration::from_secs(5));
+        let builder = connecting(&connect);
         if digest {
             builder.digest("app", "app-secret")
         } else {
@@ -246,9 +242,8 @@ async fn a_session_refused_for_want_of_credentials_says_none_were_sent() {
     ) else {
         return;
     };
-    let err = ZooKeeperStore::builder(sasl.connect_string())
+    let err = connecting(&sasl.connect_string())
         .digest("app", "app-secret")
-        .connect_timeout(Duration::from_secs(5))
         .build()
         .await
         .expect_err("SASL required");
@@ -269,9 +264,7 @@ async fn an_election_znode_that_holds_no_count_is_an_invalid_record() {
         return;
     };
     let lock = store.lock(unique("count"), "a");
-    lock.create(&conformance::record("a", 1))
-        .await
-        .expect("create");
+    created(&lock).await;
     let client = store.client().await.expect("session");
     client
         .set_data(lock.path(), b"not a number", None)

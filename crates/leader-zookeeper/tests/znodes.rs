@@ -9,10 +9,32 @@ use std::time::Duration;
 
 use common::unique;
 use leader_core::{LockError, ResourceLock, conformance, request_handover};
+use leader_test_support::record_writes::{assert_conflict, created, released};
 use leader_test_support::zookeeper_ensemble::ZooKeeperEnsemble;
 use leader_zookeeper::ZooKeeperStore;
 use leader_zookeeper::zookeeper_client as zk;
 use tokio::time::{sleep, timeout};
+
+/// Waits until the znode at `path` is gone, for at most 10 s; `stayed` says what failed if not.
+async fn wait_gone(client: &zk::Client, path: &str, stayed: &str) {
+    let since = tokio::time::Instant::now();
+    while client.check_stat(path).await.expect("stat").is_some() {
+        assert!(since.elapsed() < Duration::from_secs(10), "{stayed}");
+        sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Deletes `lock`'s record znode and its election znode, as an operator's `deleteall` does.
+async fn delete_election(client: &zk::Client, lock: &leader_zookeeper::ZooKeeperLock) {
+    client
+        .delete(lock.record_path(), None)
+        .await
+        .expect("delete the record");
+    client
+        .delete(lock.path(), None)
+        .await
+        .expect("delete the election znode");
+}
 
 /// The holder's record znode is ephemeral on its session; the session's end (its store
 /// dropped, as a process that exits) deletes it, and the next holder's token is still one more
@@ -26,10 +48,7 @@ async fn tokens_outlive_the_record_znode_and_the_election_znode() {
     let name = unique("tokens");
     let first_store = common::store().await.expect("store");
     let first = first_store.lock(&name, "a");
-    let created = first
-        .create(&conformance::record("a", 1))
-        .await
-        .expect("create");
+    let first_term = created(&first).await;
     let session = first_store.client().await.expect("session").session_id();
     let client = store.client().await.expect("session");
     let stat = client
@@ -43,45 +62,20 @@ async fn tokens_outlive_the_record_znode_and_the_election_znode() {
     );
     drop(first);
     drop(first_store);
-    let since = tokio::time::Instant::now();
     let record_path = store.lock(&name, "x").record_path().to_owned();
-    while client
-        .check_stat(&record_path)
-        .await
-        .expect("stat")
-        .is_some()
-    {
-        assert!(
-            since.elapsed() < Duration::from_secs(10),
-            "the record outlived its session"
-        );
-        sleep(Duration::from_millis(20)).await;
-    }
+    wait_gone(&client, &record_path, "the record outlived its session").await;
     let second = store.lock(&name, "b");
     assert_eq!(second.get().await.expect("get"), None);
-    let taken = second
-        .create(&conformance::record("b", 1))
-        .await
-        .expect("create");
+    let taken = created(&second).await;
     assert_eq!(
         taken.record.leader_transitions,
-        created.record.leader_transitions + 1
+        first_term.record.leader_transitions + 1
     );
 
     // An operator deletes the whole election (deleteall): this lock object still gives out
     // larger tokens.
-    client
-        .delete(second.record_path(), None)
-        .await
-        .expect("delete the record");
-    client
-        .delete(second.path(), None)
-        .await
-        .expect("delete the election znode");
-    let again = second
-        .create(&conformance::record("b", 1))
-        .await
-        .expect("create");
+    delete_election(&client, &second).await;
+    let again = created(&second).await;
     assert!(again.record.leader_transitions > taken.record.leader_transitions);
 }
 
@@ -93,10 +87,7 @@ async fn a_renewal_is_one_request_and_moves_the_version() {
         return;
     };
     let lock = store.lock("renewals", "a");
-    let mut held = lock
-        .create(&conformance::record("a", 1))
-        .await
-        .expect("create");
+    let mut held = created(&lock).await;
     let count = ensemble.count_requests();
     for _ in 0..20 {
         let version = held.version.clone();
@@ -117,10 +108,7 @@ async fn a_renewal_is_one_request_and_moves_the_version() {
     let other = store.lock("renewals", "operator");
     request_handover(&other, "b").await.expect("request");
     let stale = lock.renew(&held.version, &held.record).await;
-    assert!(
-        stale.as_ref().is_err_and(LockError::is_conflict),
-        "a renewal after someone else's write conflicts: {stale:?}"
-    );
+    assert_conflict(&stale, "a renewal after someone else's write conflicts");
 }
 
 /// A follower's watch fires when the record is released and when a handover is requested,
@@ -133,10 +121,7 @@ async fn the_watch_fires_for_releases_and_handover_requests_not_renewals() {
     };
     let name = unique("watch");
     let holder = store.lock(&name, "a");
-    let mut held = holder
-        .create(&conformance::record("a", 1))
-        .await
-        .expect("create");
+    let mut held = created(&holder).await;
     let follower = common::store().await.expect("store").lock(&name, "b");
     let mut changes = follower.watch().await.expect("watch").expect("a stream");
     for _ in 0..5 {
@@ -156,12 +141,7 @@ async fn the_watch_fires_for_releases_and_handover_requests_not_renewals() {
         .await
         .expect("a handover request wakes the followers");
     let held = holder.get().await.expect("get").expect("the record");
-    let mut released = held.record.clone();
-    released.holder_identity.clear();
-    holder
-        .update(&held.version, &released)
-        .await
-        .expect("release");
+    released(&holder, &held).await;
     timeout(Duration::from_secs(5), changes.next())
         .await
         .expect("a release wakes the followers");
@@ -188,11 +168,7 @@ async fn a_set_reads_and_renews_many_records_a_request_at_a_time() {
     let keys: Vec<String> = (0..100).map(|i| format!("shard-{i}")).collect();
     let mut renewals = Vec::new();
     for key in &keys {
-        let held = set
-            .lock(key)
-            .create(&conformance::record("a", 1))
-            .await
-            .expect("create");
+        let held = created(&set.lock(key)).await;
         renewals.push(Renewal {
             key: key.clone(),
             version: held.version,
@@ -215,10 +191,7 @@ async fn a_set_reads_and_renews_many_records_a_request_at_a_time() {
     assert!(requests <= 2, "{requests} requests to renew 100 records");
     for (i, (answer, renewal)) in renewed.iter().zip(&renewals).enumerate() {
         if i == 50 {
-            assert!(
-                answer.as_ref().is_err_and(LockError::is_conflict),
-                "{answer:?}"
-            );
+            assert_conflict(answer, "shard 50");
         } else {
             let answer = answer.as_ref().expect("renewed");
             assert_ne!(answer.version, renewal.version, "shard {i} not renewed");
@@ -244,10 +217,7 @@ async fn a_broken_election_in_a_batch_read_leaves_the_others_theirs() {
     let set = store.lock_set("a");
     let keys: Vec<String> = (0..3).map(|i| unique(&format!("batch-{i}"))).collect();
     for key in &keys {
-        set.lock(key)
-            .create(&conformance::record("a", 1))
-            .await
-            .expect("create");
+        created(&set.lock(key)).await;
     }
     let broken = store.lock(&keys[0], "x");
     let client = store.client().await.expect("session");
@@ -275,17 +245,10 @@ async fn a_renewal_of_a_record_another_session_owns_conflicts() {
         return;
     };
     let name = unique("renew-other");
-    let held = store
-        .lock(&name, "a")
-        .create(&conformance::record("a", 1))
-        .await
-        .expect("create");
+    let held = created(&store.lock(&name, "a")).await;
     let elsewhere = common::store().await.expect("store").lock(&name, "a");
     let renewed = elsewhere.renew(&held.version, &held.record).await;
-    assert!(
-        renewed.as_ref().is_err_and(LockError::is_conflict),
-        "{renewed:?}"
-    );
+    assert_conflict(&renewed, "a renewal from another session");
     assert_eq!(store.lock(&name, "a").get().await.expect("get"), Some(held));
 }
 
@@ -337,9 +300,7 @@ async fn tokens_are_refused_rather_than_repeated_at_the_top() {
         .await
         .expect("the last token");
     assert_eq!(held.record.leader_transitions, u64::MAX);
-    let mut released = held.record.clone();
-    released.holder_identity.clear();
-    let free = a.update(&held.version, &released).await.expect("release");
+    let free = released(&a, &held).await;
     let b = common::store().await.expect("store").lock(&name, "b");
     let err = b
         .update(&free.version, &conformance::record("b", 1))
@@ -373,32 +334,17 @@ async fn a_new_process_counts_on_after_the_election_znode_is_deleted() {
     };
     let name = unique("deleted");
     let a = store.lock(&name, "a");
-    let mut held = a
-        .create(&conformance::record("a", 1))
-        .await
-        .expect("create");
+    let mut held = created(&a).await;
     for _ in 0..3 {
-        let mut released = held.record.clone();
-        released.holder_identity.clear();
-        let free = a.update(&held.version, &released).await.expect("release");
+        let free = released(&a, &held).await;
         let mut again = conformance::record("a", free.record.leader_transitions + 1);
         again.acquire_time = free.record.renew_time;
         held = a.update(&free.version, &again).await.expect("acquire");
     }
     let client = store.client().await.expect("session");
-    client
-        .delete(a.record_path(), None)
-        .await
-        .expect("delete the record");
-    client
-        .delete(a.path(), None)
-        .await
-        .expect("delete the election znode");
+    delete_election(&client, &a).await;
     let fresh = common::store().await.expect("store").lock(&name, "b");
-    let taken = fresh
-        .create(&conformance::record("b", 1))
-        .await
-        .expect("create");
+    let taken = created(&fresh).await;
     assert!(
         taken.record.leader_transitions > held.record.leader_transitions,
         "token {} after {}",
@@ -416,11 +362,7 @@ async fn an_update_of_another_sessions_term_with_its_token_conflicts() {
         return;
     };
     let name = unique("update-other");
-    let held = store
-        .lock(&name, "a")
-        .create(&conformance::record("a", 1))
-        .await
-        .expect("create");
+    let held = created(&store.lock(&name, "a")).await;
     let elsewhere = common::store().await.expect("store").lock(&name, "a");
     let mut record = held.record.clone();
     record.renew_time = record.renewal_time(record.renew_time);
@@ -428,15 +370,9 @@ async fn an_update_of_another_sessions_term_with_its_token_conflicts() {
         .extensions
         .insert("note".to_owned(), "elsewhere".to_owned());
     let updated = elsewhere.update(&held.version, &record).await;
-    assert!(
-        updated.as_ref().is_err_and(LockError::is_conflict),
-        "{updated:?}"
-    );
+    assert_conflict(&updated, "an update from another session");
     let renewed = elsewhere.renew(&held.version, &record).await;
-    assert!(
-        renewed.as_ref().is_err_and(LockError::is_conflict),
-        "{renewed:?}"
-    );
+    assert_conflict(&renewed, "a renewal from another session");
     assert_eq!(store.lock(&name, "a").get().await.expect("get"), Some(held));
 }
 
@@ -461,32 +397,14 @@ async fn empty_election_znodes_are_removed_and_tokens_still_grow() {
     let client = store.client().await.expect("session");
 
     let gone = open().await;
-    let created = gone
-        .lock("member-1", "a")
-        .create(&conformance::record("a", 1))
-        .await
-        .expect("create");
+    let first = created(&gone.lock("member-1", "a")).await;
     let kept = store.lock("roster", "a");
-    let held = kept
-        .create(&conformance::record("a", 1))
-        .await
-        .expect("create");
-    let mut released = held.record.clone();
-    released.holder_identity.clear();
-    kept.update(&held.version, &released)
-        .await
-        .expect("release");
+    let held = created(&kept).await;
+    released(&kept, &held).await;
     // The member's process ends: its session closes, its record znode goes.
     drop(gone);
     let path = store.lock("member-1", "x").path().to_owned();
-    let since = tokio::time::Instant::now();
-    while client.check_stat(&path).await.expect("stat").is_some() {
-        assert!(
-            since.elapsed() < Duration::from_secs(10),
-            "the empty election znode stayed"
-        );
-        sleep(Duration::from_millis(50)).await;
-    }
+    wait_gone(&client, &path, "the empty election znode stayed").await;
     assert!(
         client
             .check_stat(kept.path())
@@ -495,16 +413,11 @@ async fn empty_election_znodes_are_removed_and_tokens_still_grow() {
             .is_some(),
         "a released record's election znode was removed"
     );
-    let next = open()
-        .await
-        .lock("member-1", "b")
-        .create(&conformance::record("b", 1))
-        .await
-        .expect("create");
+    let next = created(&open().await.lock("member-1", "b")).await;
     assert!(
-        next.record.leader_transitions > created.record.leader_transitions,
+        next.record.leader_transitions > first.record.leader_transitions,
         "token {} after {}",
         next.record.leader_transitions,
-        created.record.leader_transitions
+        first.record.leader_transitions
     );
 }

@@ -3,6 +3,8 @@
 //! and `/healthz` answer on both, `/readyz` fails on a follower when asked to and on a replica
 //! the store no longer answers; every other request reaches the application.
 
+mod common;
+
 use std::time::Duration;
 
 use axum::Router;
@@ -42,25 +44,13 @@ async fn start<L: leader::ResourceLock + 'static>(lock: L, only_leading: bool) -
         .route("/leader/history", get(|| async { "the application's own" }))
         .route("/submit", post(|| async { "submitted" }))
         .layer(endpoints);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let url = format!("http://{}", listener.local_addr().expect("address"));
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    let state = elector.subscribe();
-    let shutdown = CancellationToken::new();
-    tokio::spawn(elector.run(shutdown.clone()));
+    let url = common::serve(app).await;
+    let (state, shutdown, _) = common::run(elector);
     Replica {
         url,
         state,
         shutdown,
     }
-}
-
-fn client() -> reqwest::Client {
-    // reqwest is built without a TLS provider of its own; plain HTTP still builds one.
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    reqwest::Client::new()
 }
 
 async fn get_text(http: &reqwest::Client, url: &str) -> (u16, String) {
@@ -93,7 +83,7 @@ async fn view(http: &reqwest::Client, replica: &Replica) -> (u16, LeaderView) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_endpoints_answer_in_front_of_the_application() {
-    let http = client();
+    let http = common::client();
     let store = MemoryStore::new();
     let mut a = start(store.lock("reports", "a"), false).await;
     timeout(RETRY * 20, a.state.wait_for(LeaderState::is_leading))
@@ -172,7 +162,7 @@ async fn the_endpoints_answer_in_front_of_the_application() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readyz_fails_on_a_replica_the_store_no_longer_answers() {
-    let http = client();
+    let http = common::client();
     let store = MemoryStore::new();
     let lock = FaultyLock::new(store.lock("reports", "a"));
     let faults = lock.faults();
@@ -237,14 +227,8 @@ async fn the_application_chooses_the_paths() {
         .route("/healthz", get(|| async { "the application's own health" }))
         .route("/leader", get(|| async { "the application's leader page" }))
         .layer(endpoints);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let url = format!("http://{}", listener.local_addr().expect("address"));
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    let mut state = elector.subscribe();
-    let shutdown = CancellationToken::new();
-    tokio::spawn(elector.run(shutdown.clone()));
+    let url = common::serve(app).await;
+    let (mut state, shutdown, _) = common::run(elector);
     timeout(
         Duration::from_secs(5),
         state.wait_for(LeaderState::is_leading),
@@ -252,7 +236,7 @@ async fn the_application_chooses_the_paths() {
     .await
     .expect("leads in time")
     .expect("running");
-    let http = client();
+    let http = common::client();
     assert_eq!(
         get_text(&http, &format!("{url}/healthz")).await,
         (200, "the application's own health".to_owned())

@@ -3,6 +3,8 @@
 //! `Retry-After` and name the leader, a request cut short by the end of the term gets the 503
 //! too, and never runs beside the next leader's term.
 
+mod common;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -78,14 +80,8 @@ impl Replica {
             )
             .route_layer(LeaderOnlyLayer::new(&elector))
             .route("/open", get(|| async { "open to every replica" }));
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let url = format!("http://{}", listener.local_addr().expect("address"));
-        tokio::spawn(async move { axum::serve(listener, app).await });
-        let state = elector.subscribe();
-        let shutdown = CancellationToken::new();
-        let task = tokio::spawn(elector.run(shutdown.clone()));
+        let url = common::serve(app).await;
+        let (state, shutdown, task) = common::run(elector);
         Self {
             url,
             state,
@@ -106,12 +102,6 @@ impl Replica {
             .expect("elector alive");
         self.leadership().expect("leading")
     }
-}
-
-fn client() -> reqwest::Client {
-    // reqwest is built without a TLS provider of its own; plain HTTP still builds one.
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    reqwest::Client::new()
 }
 
 /// A 503 as the layer answers it: `Retry-After` and the view, as JSON.
@@ -135,7 +125,7 @@ async fn refused(response: reqwest::Response) -> (String, LeaderView) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_leader_answers_through_a_leadership_change() {
-    let http = client();
+    let http = common::client();
     let store = MemoryStore::new();
     let mut a = Replica::start(&store, "a").await;
     let first = a.wait_leading().await.fencing_token();
@@ -217,18 +207,14 @@ async fn only_the_leader_answers_through_a_leadership_change() {
 
 #[tokio::test]
 async fn retry_after_is_in_whole_seconds_rounded_up() {
-    let http = client();
+    let http = common::client();
     let elector = LeaderElector::builder(MemoryStore::new().lock("webhooks", "a"))
         .build()
         .expect("defaults");
     let app = Router::new()
         .route("/hook", post(|| async { "leading" }))
         .route_layer(LeaderOnlyLayer::new(&elector).retry_after(Duration::from_millis(2500)));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let url = format!("http://{}/hook", listener.local_addr().expect("address"));
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    let url = format!("{}/hook", common::serve(app).await);
     // The elector is not running: nobody leads.
     let (retry_after, view) = refused(http.post(&url).send().await.expect("answer")).await;
     assert_eq!(retry_after, "3");

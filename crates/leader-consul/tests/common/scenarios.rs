@@ -78,6 +78,18 @@ pub async fn session_of(cluster: &Cluster, prefix: &str) -> Value {
     sessions[0].clone()
 }
 
+/// Panics unless the session that locks `prefix`'s key is the follower's; `why` says what
+/// that shows.
+async fn assert_the_followers_session(cluster: &Cluster, prefix: &str, why: &str) {
+    let session = session_of(cluster, prefix).await;
+    assert!(
+        session["Name"]
+            .as_str()
+            .is_some_and(|n| n.ends_with(" follower")),
+        "{why}: {session}"
+    );
+}
+
 /// An operator destroys the holder's session (`PUT /v1/session/destroy/ID`): Consul unlocks the
 /// key at once and keeps it under the session's lock-delay (the lease). The holder's next
 /// renewal finds the key no longer locked by its session, and its term ends at its renew
@@ -133,13 +145,12 @@ pub async fn a_release_still_hands_over_at_once(cluster: &Cluster) {
         "the follower led {:?} after the release",
         started.elapsed()
     );
-    let session = session_of(cluster, &prefix).await;
-    assert!(
-        session["Name"]
-            .as_str()
-            .is_some_and(|n| n.ends_with(" follower")),
-        "the holder's session went with its release: {session}"
-    );
+    assert_the_followers_session(
+        cluster,
+        &prefix,
+        "the holder's session went with its release",
+    )
+    .await;
     follower.stop().await;
 }
 
@@ -161,13 +172,7 @@ pub async fn a_crashed_holder_is_replaced_within_a_lease_and_a_jittered_retry_pe
         failover <= bound,
         "failover {failover:?} after the crash, more than {bound:?}"
     );
-    let session = session_of(cluster, &prefix).await;
-    assert!(
-        session["Name"]
-            .as_str()
-            .is_some_and(|n| n.ends_with(" follower")),
-        "the dead holder's session was destroyed: {session}"
-    );
+    assert_the_followers_session(cluster, &prefix, "the dead holder's session was destroyed").await;
     follower.stop().await;
 }
 

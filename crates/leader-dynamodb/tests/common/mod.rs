@@ -48,22 +48,30 @@ pub async fn builder(table: &str) -> DynamoStoreBuilder {
     DynamoStore::builder(table).sdk_config(sdk_config().await)
 }
 
+/// A store on `table` of the test server, which creates the table when `create` is set.
+pub async fn store_on(table: &str, create: bool) -> DynamoStore {
+    builder(table)
+        .await
+        .create_table(create)
+        .build()
+        .await
+        .expect("a store on the test server")
+}
+
 /// Whether the test server answers: `false` (a skip) when it does not, a failure under CI.
 pub fn server_or_skip() -> bool {
     leader_test_support::answering("DynamoDB server", endpoint(), 80).is_some()
 }
 
+/// A table name nobody used, when the test server answers; `None` (a skip) when it does not, a
+/// failure under CI.
+pub fn table_or_skip() -> Option<String> {
+    server_or_skip().then(unique_table)
+}
+
 /// A store on a new table of the test server (created by the lock), or `None` (a skip).
 pub async fn store_or_skip() -> Option<DynamoStore> {
-    if !server_or_skip() {
-        return None;
-    }
-    let store = builder(&unique_table())
-        .await
-        .create_table(true)
-        .build()
-        .await
-        .expect("a store on the test server");
+    let store = store_on(&table_or_skip()?, true).await;
     store.check_table().await.expect("the test table");
     Some(store)
 }

@@ -21,32 +21,19 @@ pub async fn store() -> Option<EtcdStore> {
     if let Some(prefix) = prefix() {
         builder = builder.prefix(prefix);
     }
-    match builder.build().await {
-        Ok(store)
-            if store
-                .client()
-                .await
-                .expect("etcd client")
-                .status()
-                .await
-                .is_ok() =>
-        {
-            Some(store)
-        }
-        result if !in_ci() => {
-            eprintln!(
-                "skipping: no etcd at {:?} ({:?}); set ETCD_ENDPOINTS or run scripts/test",
-                endpoints(),
-                result.err()
-            );
-            None
-        }
-        result => panic!(
-            "CI=true and no etcd at {:?}: {:?}",
-            endpoints(),
-            result.err()
-        ),
-    }
+    let connected = match builder.build().await {
+        Ok(store) => match store.client().await.expect("etcd client").status().await {
+            Ok(_) => Ok(store),
+            Err(err) => Err(err.to_string()),
+        },
+        Err(err) => Err(err.to_string()),
+    };
+    leader_test_support::connected_or_skip(
+        connected,
+        "etcd",
+        &format!("{:?}", endpoints()),
+        "ETCD_ENDPOINTS",
+    )
 }
 
 pub use leader_test_support::unique;
@@ -96,13 +83,7 @@ impl PrivateEtcd {
         if !leader_test_support::tool_or_skip("etcd", "scripts/setup installs etcd-server") {
             return None;
         }
-        let free = || {
-            std::net::TcpListener::bind("127.0.0.1:0")
-                .expect("port")
-                .local_addr()
-                .expect("addr")
-                .port()
-        };
+        let free = leader_test_support::free_port;
         let dir = std::env::temp_dir().join(format!("leader-etcd-test-{:08x}", fastrand::u32(..)));
         let mut etcd = Self {
             client_port: free(),
@@ -114,8 +95,26 @@ impl PrivateEtcd {
         Some(etcd)
     }
 
+    /// The server's client URL.
     pub fn endpoint(&self) -> String {
         format!("http://127.0.0.1:{}", self.client_port)
+    }
+
+    /// Turns authentication on, with user `root` (role `root`) logging in with `password`.
+    pub async fn enable_auth(&self, password: &str) {
+        let admin = EtcdStore::connect([self.endpoint()])
+            .await
+            .expect("connect");
+        let mut client = admin.client().await.expect("etcd client");
+        client
+            .user_add("root", password, None)
+            .await
+            .expect("add root");
+        client
+            .user_grant_role("root", "root")
+            .await
+            .expect("grant root");
+        client.auth_enable().await.expect("enable auth");
     }
 
     /// Starts (again) on the same ports and data.

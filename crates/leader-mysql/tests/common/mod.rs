@@ -43,45 +43,11 @@ pub use leader_test_support::unique;
 
 pub use leader_test_support::{Candidate as Running, LEASE, RENEW, RETRY};
 
-/// Writes, under election `name`, a row that does not decode.
-async fn corrupt_row(name: &str) {
-    let mut admin = admin().await.expect("server");
-    admin
-        .exec_drop(
-            "INSERT INTO leader_election (name, holder_identity, lease_duration_ms, acquire_time, \
-             renew_time, leader_transitions, version, expires_at) \
-             VALUES (?, 'x', -5, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) - INTERVAL 1 DAY, -1, 1, \
-             UTC_TIMESTAMP(6))",
-            (name,),
-        )
-        .await
-        .expect("write a garbage row");
-}
-
-/// `GET_LOCK` locks of one store; the shard protocol runs on them one record at a time.
-pub struct NamedFactory {
-    pub store: MysqlStore,
-}
-
-#[async_trait]
-impl LockFactory for NamedFactory {
-    /// A later release's field is a column (an annotation) this release leaves alone.
-    fn keeps_unknown_fields(&self) -> bool {
-        false
-    }
-    async fn lock(&self, name: &str, identity: &str) -> Arc<dyn ResourceLock> {
-        Arc::new(self.store.named_lock(name, identity))
-    }
-
-    async fn corrupt(&self, name: &str) -> bool {
-        corrupt_row(name).await;
-        true
-    }
-}
-
-/// Table locks of one store, and its shard sets.
+/// Locks for the conformance suite: table locks of one store and its shard sets, or its
+/// `GET_LOCK` locks (`named`), on which the shard protocol runs one record at a time.
 pub struct Factory {
     pub store: MysqlStore,
+    pub named: bool,
 }
 
 #[async_trait]
@@ -91,15 +57,30 @@ impl LockFactory for Factory {
         false
     }
     async fn lock(&self, name: &str, identity: &str) -> Arc<dyn ResourceLock> {
-        Arc::new(self.store.lock(name, identity))
+        if self.named {
+            Arc::new(self.store.named_lock(name, identity))
+        } else {
+            Arc::new(self.store.lock(name, identity))
+        }
     }
 
     async fn lock_set(&self, identity: &str) -> Option<Box<dyn LockSet>> {
-        Some(Box::new(self.store.lock_set(identity)))
+        (!self.named).then(|| Box::new(self.store.lock_set(identity)) as Box<_>)
     }
 
+    /// Writes, under election `name`, a row that does not decode.
     async fn corrupt(&self, name: &str) -> bool {
-        corrupt_row(name).await;
+        let mut admin = admin().await.expect("server");
+        admin
+            .exec_drop(
+                "INSERT INTO leader_election (name, holder_identity, lease_duration_ms, acquire_time, \
+                 renew_time, leader_transitions, version, expires_at) \
+                 VALUES (?, 'x', -5, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) - INTERVAL 1 DAY, -1, 1, \
+                 UTC_TIMESTAMP(6))",
+                (name,),
+            )
+            .await
+            .expect("write a garbage row");
         true
     }
 }

@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use leader_core::conformance::LockFactory;
 use leader_core::{LockSet, ResourceLock, async_trait};
-use leader_nats::{NatsStore, key_of};
+use leader_nats::{NatsStore, NatsStoreBuilder, key_of};
+use leader_test_support::free_port;
 
 pub use leader_test_support::{Candidate as Running, LEASE, RENEW, RETRY};
 pub use leader_test_support::{in_ci, nats_bucket, nats_url};
@@ -28,6 +29,11 @@ pub async fn store() -> Option<NatsStore> {
 }
 
 pub use leader_test_support::unique;
+
+/// A store at `url` that waits a second for an answer.
+pub fn builder(url: &str) -> NatsStoreBuilder {
+    NatsStore::builder(url).request_timeout(Duration::from_secs(1))
+}
 
 /// Locks of one store, and its shard sets (a key per record).
 pub struct Factory {
@@ -65,6 +71,26 @@ pub fn documented_permissions() -> String {
     )
 }
 
+/// A server with [`documented_permissions`] and the bucket `leader` that `owner` created, as
+/// an operator does once; `None` (outside CI) without a `nats-server` binary.
+pub async fn documented_server() -> Option<Server> {
+    let server = Server::start(Some(&documented_permissions()))?;
+    create_bucket(&server.url_as("owner", "owner-secret")).await;
+    Some(server)
+}
+
+/// The bucket `leader` as the lock creates it, made at `url` by someone with every right.
+pub async fn create_bucket(url: &str) {
+    builder(url)
+        .create_bucket(true)
+        .build()
+        .await
+        .expect("store")
+        .kv()
+        .await
+        .expect("create the bucket");
+}
+
 /// A `nats-server` of the test's own, with JetStream, on a free loopback port, stopped on drop.
 pub struct Server {
     child: Option<Child>,
@@ -74,26 +100,11 @@ pub struct Server {
     jetstream: bool,
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("a free port")
-        .local_addr()
-        .expect("its address")
-        .port()
-}
-
 impl Server {
     /// Starts a server with `config` (a `nats-server` configuration, or none); `None` (outside
     /// CI) when there is no `nats-server` binary.
     pub fn start(config: Option<&str>) -> Option<Self> {
-        let found = Command::new("nats-server")
-            .arg("--version")
-            .stdout(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        if !found {
-            assert!(!in_ci(), "CI=true, but there is no nats-server binary");
-            eprintln!("skipping: no nats-server binary; run scripts/setup");
+        if !leader_test_support::tool_or_skip("nats-server", "scripts/setup installs it") {
             return None;
         }
         let mut server = Self {
@@ -139,8 +150,14 @@ impl Server {
         servers.iter().map(Self::url).collect::<Vec<_>>().join(",")
     }
 
+    /// The server's client URL.
     pub fn url(&self) -> String {
         format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// The server's client URL with `user`'s name and `password`.
+    pub fn url_as(&self, user: &str, password: &str) -> String {
+        format!("nats://{user}:{password}@127.0.0.1:{}", self.port)
     }
 
     fn run(&mut self) {

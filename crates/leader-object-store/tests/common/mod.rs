@@ -12,6 +12,7 @@ use leader_object_store::object_store::memory::InMemory;
 use leader_object_store::object_store::path::Path;
 use leader_object_store::object_store::{ObjectStore, PutOptions, PutPayload};
 use leader_object_store::{BucketStore, BucketStoreBuilder};
+use leader_test_support::object_store_counting::Counting;
 
 /// A prefix nobody else uses.
 pub fn unique_prefix() -> String {
@@ -100,6 +101,39 @@ pub fn unique_container() -> String {
     format!("leader-test-{:08x}", fastrand::u32(..))
 }
 
+/// A new container on Azurite, or `None` (a skip) when Azurite does not answer, a failure
+/// under CI.
+pub fn azurite_container_or_skip() -> Option<String> {
+    if !azurite_or_skip() {
+        return None;
+    }
+    let container = unique_container();
+    create_container(&container);
+    Some(container)
+}
+
+/// Checks that a follower's `reads` reads of a record nobody renews, after its first, are
+/// each answered `304 Not Modified` without the object; `counting` sees `store`'s requests.
+pub async fn assert_unchanged_reads_not_modified(
+    store: &BucketStore,
+    counting: &Counting,
+    reads: usize,
+) {
+    let holder = store.lock("app", "gone");
+    let mut record = leader_core::conformance::record("gone", 1);
+    record.lease_duration = std::time::Duration::from_secs(3600);
+    holder.create(&record).await.expect("created");
+    let follower = store.lock("app", "follower");
+    let first = follower.get().await.expect("read").expect("a record");
+    for _ in 0..reads {
+        let again = follower.get().await.expect("read").expect("a record");
+        assert_eq!(again, first);
+    }
+    let counts = counting.counts();
+    assert_eq!(counts.get("GET 200"), Some(&1), "{counts:?}");
+    assert_eq!(counts.get("GET 304"), Some(&reads), "{counts:?}");
+}
+
 /// A builder for `az://CONTAINER/PREFIX` on Azurite, with its development account (object_store's
 /// emulator mode), and `key` as the account key when given.
 pub fn azurite_builder(container: &str, prefix: &str, key: Option<&str>) -> BucketStoreBuilder {
@@ -114,11 +148,7 @@ pub fn azurite_builder(container: &str, prefix: &str, key: Option<&str>) -> Buck
 
 /// A store on a new container of Azurite with a prefix of its own, or `None` (a skip).
 pub fn azurite_or_skip_store() -> Option<BucketStore> {
-    if !azurite_or_skip() {
-        return None;
-    }
-    let container = unique_container();
-    create_container(&container);
+    let container = azurite_container_or_skip()?;
     Some(
         azurite_builder(&container, &unique_prefix(), None)
             .build()

@@ -216,10 +216,8 @@ pub(super) async fn list(
         return refused;
     }
     let data = api.data();
-    let mut sessions: Vec<(&String, &Session)> = data.sessions.iter().collect();
-    sessions.sort_by_key(|(_, s)| s.create_index);
-    let body: Vec<Value> = sessions.iter().map(|(id, s)| s.to_json(id)).collect();
-    json_response(StatusCode::OK, data.index, &json!(body))
+    let body = listed(data.sessions.iter());
+    json_response(StatusCode::OK, data.index, &body)
 }
 
 /// `GET /v1/session/node/NODE`: the sessions of one node (`SessionsForNode` in
@@ -234,14 +232,16 @@ pub(super) async fn node(
         return refused;
     }
     let data = api.data();
-    let mut sessions: Vec<(&String, &Session)> = data
-        .sessions
-        .iter()
-        .filter(|(_, s)| s.node == node)
-        .collect();
+    let body = listed(data.sessions.iter().filter(|(_, s)| s.node == node));
+    json_response(StatusCode::OK, data.index, &body)
+}
+
+/// Sessions as a list answers them: in the order they were created.
+fn listed<'a>(sessions: impl Iterator<Item = (&'a String, &'a Session)>) -> Value {
+    let mut sessions: Vec<(&String, &Session)> = sessions.collect();
     sessions.sort_by_key(|(_, s)| s.create_index);
     let body: Vec<Value> = sessions.iter().map(|(id, s)| s.to_json(id)).collect();
-    json_response(StatusCode::OK, data.index, &json!(body))
+    json!(body)
 }
 
 /// `PUT /v1/catalog/deregister` with `{"Node": NODE}` and no service or check: the node goes

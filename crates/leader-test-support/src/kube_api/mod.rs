@@ -381,9 +381,14 @@ impl KubeApiServer {
     pub fn put_raw(&self, namespace: &str, name: &str, mut lease: Value) {
         lease["metadata"]["name"] = json!(name);
         lease["metadata"]["namespace"] = json!(namespace);
+        self.put(Resource::Lease, namespace, name, lease);
+    }
+
+    /// Stores `object` as it is, and tells the watchers.
+    fn put(&self, resource: Resource, namespace: &str, name: &str, object: Value) {
         let mut objects = self.shared.objects();
-        let key = (Resource::Lease, namespace.to_owned(), name.to_owned());
-        let write = objects.store(&key, lease);
+        let key = (resource, namespace.to_owned(), name.to_owned());
+        let write = objects.store(&key, object);
         self.shared.written(&objects, &write);
     }
 
@@ -453,17 +458,13 @@ impl KubeApiServer {
             "spec": {"containers": [{"name": "app", "image": "app:1"}]},
             "status": {"phase": "Running"},
         });
-        let mut objects = self.shared.objects();
-        let key = (Resource::Pod, namespace.to_owned(), name.to_owned());
-        let write = objects.store(&key, pod);
-        self.shared.written(&objects, &write);
+        self.put(Resource::Pod, namespace, name, pod);
     }
 
     /// The stored Pod, if there is one.
     #[must_use]
     pub fn pod(&self, namespace: &str, name: &str) -> Option<Value> {
-        let key = (Resource::Pod, namespace.to_owned(), name.to_owned());
-        self.shared.objects().items.get(&key).cloned()
+        self.object(Resource::Pod, namespace, name)
     }
 
     /// The names of the Pods in `namespace` that `selector` (a label selector, such as

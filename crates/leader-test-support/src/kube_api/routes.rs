@@ -73,6 +73,24 @@ fn resource_of(
         })
 }
 
+/// The resource of a request on the object `name`, or the answer the server gives instead:
+/// 404 for a resource it does not serve ([`resource_of`]), 403 for a `verb` a test denied.
+fn permitted(
+    api: &KubeApiServer,
+    group: Group,
+    version: &str,
+    plural: &str,
+    verb: &str,
+    ns: &str,
+    name: &str,
+) -> Result<Resource, Box<Response>> {
+    let resource = resource_of(api, group, version, plural)?;
+    match api.denied(resource, verb, ns, name) {
+        Some(denied) => Err(Box::new(denied)),
+        None => Ok(resource),
+    }
+}
+
 /// A `Status` body with `code`, as the API server answers every error.
 fn status(
     resource: Resource,
@@ -297,13 +315,10 @@ async fn read(
     Extension(group): Extension<Group>,
     Path((version, ns, plural, name)): Path<(String, String, String, String)>,
 ) -> Response {
-    let resource = match resource_of(&api, group, &version, &plural) {
+    let resource = match permitted(&api, group, &version, &plural, "get", &ns, &name) {
         Ok(resource) => resource,
         Err(response) => return *response,
     };
-    if let Some(denied) = api.denied(resource, "get", &ns, &name) {
-        return denied;
-    }
     match api
         .shared
         .objects()
@@ -392,13 +407,10 @@ async fn replace(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let resource = match resource_of(&api, group, &version, &plural) {
+    let resource = match permitted(&api, group, &version, &plural, "update", &ns, &name) {
         Ok(resource) => resource,
         Err(response) => return *response,
     };
-    if let Some(denied) = api.denied(resource, "update", &ns, &name) {
-        return denied;
-    }
     let (delay, rejected) = {
         let mut behaviour = api.shared.behaviour();
         let delay = if resource == Resource::Pod {
@@ -504,13 +516,10 @@ async fn remove(
     Path((version, ns, plural, name)): Path<(String, String, String, String)>,
     body: Bytes,
 ) -> Response {
-    let resource = match resource_of(&api, group, &version, &plural) {
+    let resource = match permitted(&api, group, &version, &plural, "delete", &ns, &name) {
         Ok(resource) => resource,
         Err(response) => return *response,
     };
-    if let Some(denied) = api.denied(resource, "delete", &ns, &name) {
-        return denied;
-    }
     let options = if body.is_empty() {
         json!({})
     } else {

@@ -24,21 +24,16 @@ pub async fn raw() -> Option<zk::Client> {
         .with_session_timeout(Duration::from_secs(10))
         .with_fail_eagerly()
         .connect(&ensemble);
-    match tokio::time::timeout(Duration::from_secs(10), connecting).await {
-        Ok(Ok(client)) => Some(client),
-        other => {
-            assert!(
-                !in_ci(),
-                "CI=true and no ZooKeeper ensemble at {}: {other:?}",
-                zookeeper_ensemble()
-            );
-            eprintln!(
-                "skipping: no ZooKeeper ensemble at {} ({other:?}); set ZOOKEEPER_ENSEMBLE or run scripts/test",
-                zookeeper_ensemble()
-            );
-            None
-        }
-    }
+    let connected = match tokio::time::timeout(Duration::from_secs(10), connecting).await {
+        Ok(connected) => connected.map_err(|err| err.to_string()),
+        Err(elapsed) => Err(elapsed.to_string()),
+    };
+    leader_test_support::connected_or_skip(
+        connected,
+        "ZooKeeper ensemble",
+        &ensemble,
+        "ZOOKEEPER_ENSEMBLE",
+    )
 }
 
 /// Creates the run's chroot (and `more` under it) when missing.

@@ -80,13 +80,10 @@ async fn apply(request: Request) -> Response {
         headers,
         body,
     } = request;
-    let resource = match resource_of(&api, group, &version, &plural) {
+    let resource = match permitted(&api, group, &version, &plural, "patch", &ns, &name) {
         Ok(resource) => resource,
         Err(response) => return *response,
     };
-    if let Some(denied) = api.denied(resource, "patch", &ns, &name) {
-        return denied;
-    }
     if resource == Resource::Pod {
         let delay = api.shared.behaviour().pod_write_delay;
         tokio::time::sleep(delay).await;

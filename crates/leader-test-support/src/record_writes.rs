@@ -1,0 +1,34 @@
+//! The record writes a test makes by hand on a lock, as a candidate makes them: taking the
+//! lock in its first term and releasing it.
+
+use leader_core::{LockError, Observed, ResourceLock, conformance};
+
+/// `lock` taken by a create of its own record (its identity, token 1).
+///
+/// # Panics
+/// The create failed.
+pub async fn created<L: ResourceLock + ?Sized>(lock: &L) -> Observed {
+    lock.create(&conformance::record(lock.identity(), 1))
+        .await
+        .expect("create")
+}
+
+/// `held`, the record `lock` holds, released: written again with no holder.
+///
+/// # Panics
+/// The update failed.
+pub async fn released<L: ResourceLock + ?Sized>(lock: &L, held: &Observed) -> Observed {
+    let mut released = held.record.clone();
+    released.holder_identity.clear();
+    lock.update(&held.version, &released)
+        .await
+        .expect("release")
+}
+
+/// Panics unless `answer` is a conflict ([`LockError::is_conflict`]); `what` says which write.
+pub fn assert_conflict<T: std::fmt::Debug>(answer: &Result<T, LockError>, what: &str) {
+    assert!(
+        answer.as_ref().is_err_and(LockError::is_conflict),
+        "{what}: {answer:?}"
+    );
+}
