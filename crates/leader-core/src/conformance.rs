@@ -116,6 +116,28 @@ fn unique(test: &str) -> String {
     format!("conformance-{test}-{:08x}", fastrand::u32(..))
 }
 
+/// Candidates `a` and `b` of a new election of its own for `test`.
+async fn rivals(
+    factory: &dyn LockFactory,
+    test: &str,
+) -> (Arc<dyn ResourceLock>, Arc<dyn ResourceLock>) {
+    let name = unique(test);
+    (
+        factory.lock(&name, "a").await,
+        factory.lock(&name, "b").await,
+    )
+}
+
+/// The first term of a new election, for `a`: acquired where the backend acquires in one
+/// request, created where it does not.
+async fn first_term(context: &str, a: &dyn ResourceLock) -> Observed {
+    match a.try_acquire(&record("a", 1)).await.expect("try_acquire") {
+        Some(Acquisition::Acquired(taken)) => taken,
+        None => a.create(&record("a", 1)).await.expect("create"),
+        Some(other) => panic!("{context}: a free lease was not acquired: {other:?}"),
+    }
+}
+
 /// Times as every backend can store them: whole microseconds.
 fn now() -> DateTime<Utc> {
     Utc::now().trunc_subsecs(6)

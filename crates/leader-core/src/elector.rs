@@ -15,7 +15,7 @@ use crate::error::ConfigError;
 use crate::health::HealthCheck;
 use crate::leadership::{LeaderState, Leadership, StepDown};
 use crate::lock::ResourceLock;
-use crate::runner::{Callbacks, Runner};
+use crate::runner::{Callbacks, Context, Runner};
 use crate::status::{ElectionError, ElectorStatus, Shared};
 
 /// Builds a [`LeaderElector`]; start with [`LeaderElector::builder`].
@@ -362,16 +362,14 @@ impl LeaderElector {
             name = %self.config.name,
             identity = %self.lock.identity(),
         );
-        Runner::new(
+        let context = Context::new(
             self.lock,
             self.config,
             self.callbacks,
             self.state,
             self.shared,
-        )
-        .run(shutdown)
-        .instrument(span)
-        .await
+        );
+        Runner::new(context).run(shutdown).instrument(span).await
     }
 
     /// Runs for leadership until `shutdown` is cancelled and runs `work` during each term: the

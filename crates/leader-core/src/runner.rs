@@ -5,22 +5,19 @@
 //! requests, release: `runner/term.rs`), and again; both run with one [`Context`] (the lock,
 //! the configuration, the callbacks and where they report: `runner/context.rs`).
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use tokio::sync::watch;
 use tokio::time::{sleep, timeout};
 use tokio_util::sync::CancellationToken;
 
 use self::campaign::Campaign;
-pub(crate) use self::context::Callbacks;
-use self::context::Context;
+pub(crate) use self::context::{Callbacks, Context};
 use self::term::Term;
-use crate::config::ElectorConfig;
 use crate::error::LockError;
 use crate::leadership::LeaderState;
 use crate::lock::ResourceLock;
 use crate::metrics as m;
-use crate::status::{ElectionError, Shared};
+use crate::status::ElectionError;
 
 mod campaign;
 mod context;
@@ -36,16 +33,10 @@ pub(crate) struct Runner {
 
 impl Runner {
     /// A runner that has seen nothing yet.
-    pub(crate) fn new(
-        lock: Arc<dyn ResourceLock>,
-        config: ElectorConfig,
-        callbacks: Callbacks,
-        state: watch::Sender<LeaderState>,
-        shared: Arc<Mutex<Shared>>,
-    ) -> Self {
+    pub(crate) fn new(context: Context) -> Self {
         Self {
-            campaign: Campaign::new(&config),
-            context: Context::new(lock, config, callbacks, state, shared),
+            campaign: Campaign::new(&context.config),
+            context,
         }
     }
 

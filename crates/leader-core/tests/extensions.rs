@@ -8,20 +8,13 @@ use std::collections::BTreeMap;
 
 use leader_core::background::Candidate;
 use leader_core::faults::FaultyLock;
-use leader_core::{ExtensionError, MemoryStore, ResourceLock, request_handover};
+use leader_core::{ExtensionError, MemoryStore, request_handover};
 use tokio::time::sleep;
 
-use common::{RETRY, builder};
+use common::{RETRY, builder, stored_record};
 
 async fn stored(store: &MemoryStore) -> BTreeMap<String, String> {
-    store
-        .lock("election", "reader")
-        .get()
-        .await
-        .expect("get")
-        .expect("a record")
-        .record
-        .extensions
+    stored_record(store, "election").await.extensions
 }
 
 #[tokio::test(start_paused = true)]

@@ -9,10 +9,12 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use leader_core::LockError;
-use leader_cron::{Clock, CronState, Schedule, extension_key};
+use leader_cron::{Clock, CronState, extension_key};
 use tokio::time::sleep;
 
-use common::{SteppedClock, instants, origin, replica, stored, world};
+use common::{
+    SteppedClock, every_seconds, instants, on_stepped_clock, origin, replica, stored, world,
+};
 
 /// The last trigger handled was asked from a machine whose clock ran far ahead (it reads
 /// 2100 in the record); a trigger asked now, by a clock behind it, is dated after it and
@@ -20,7 +22,7 @@ use common::{SteppedClock, instants, origin, replica, stored, world};
 #[tokio::test(start_paused = true)]
 async fn a_trigger_from_a_clock_behind_the_last_one_handled_runs() {
     let (store, clock, log) = world();
-    let hourly = Schedule::every(Duration::from_secs(3600)).expect("schedule");
+    let hourly = every_seconds(3600);
     let works = Duration::from_secs(1);
     let mut a = replica(&store, &clock, "a", &hourly, &log, works, |b| b);
     sleep(Duration::from_secs(10)).await;
@@ -68,7 +70,7 @@ async fn a_trigger_from_a_clock_behind_the_last_one_handled_runs() {
 #[tokio::test(start_paused = true)]
 async fn a_cursor_moved_to_year_9999_does_not_hold_the_schedule() {
     let (store, clock, log) = world();
-    let minute = Schedule::every(Duration::from_secs(60)).expect("schedule");
+    let minute = every_seconds(60);
     let works = Duration::from_secs(1);
     let mut right = replica(&store, &clock, "right", &minute, &log, works, |b| b);
     sleep(Duration::from_secs(130)).await;
@@ -106,17 +108,7 @@ async fn a_cursor_moved_to_year_9999_does_not_hold_the_schedule() {
 #[tokio::test(start_paused = true)]
 async fn a_clock_stepped_back_and_forward_goes_on_at_once() {
     let (store, clock, log) = world();
-    let every = Schedule::every(Duration::from_secs(10)).expect("schedule");
-    let (stepped, offset) = SteppedClock::over(&clock, 0);
-    let mut a = replica(
-        &store,
-        &clock,
-        "a",
-        &every,
-        &log,
-        Duration::from_secs(1),
-        |b| b.clock(stepped),
-    );
+    let (mut a, offset) = on_stepped_clock(&store, &clock, &every_seconds(10), &log);
     sleep(Duration::from_secs(25)).await;
     offset.store(-3600, std::sync::atomic::Ordering::Release);
     sleep(Duration::from_secs(20)).await;

@@ -18,27 +18,18 @@ use tokio::time::sleep;
 mod common;
 
 use common::{
-    Log, Replica, SteppedClock, by_leadership, instants, minutes, origin, replica, scheduled,
-    stored, work, world,
+    Log, Replica, by_leadership, every_seconds, instants, minutes, on_stepped_clock, origin,
+    replica, scheduled, stored, work, world,
 };
 
 #[tokio::test(start_paused = true)]
 async fn a_steady_leader_starts_each_firing_once_on_time() {
     let (store, clock, log) = world();
-    let every = Schedule::every(Duration::from_secs(60)).expect("schedule");
+    let every = every_seconds(60);
+    let works = Duration::from_secs(5);
     let mut replicas: Vec<Replica> = ["a", "b", "c"]
         .iter()
-        .map(|id| {
-            replica(
-                &store,
-                &clock,
-                id,
-                &every,
-                &log,
-                Duration::from_secs(5),
-                |b| b,
-            )
-        })
+        .map(|id| replica(&store, &clock, id, &every, &log, works, |b| b))
         .collect();
     sleep(Duration::from_secs(10 * 60 + 30)).await;
     let started = instants(&log);
@@ -65,7 +56,7 @@ async fn a_steady_leader_starts_each_firing_once_on_time() {
 async fn a_leader_change_before_during_and_after_a_firing() {
     for (case, offset) in [("before", -5), ("during", 10), ("after", 40)] {
         let (store, clock, log) = world();
-        let every = Schedule::every(Duration::from_secs(60)).expect("schedule");
+        let every = every_seconds(60);
         let works = Duration::from_secs(20);
         let mut a = replica(&store, &clock, "a", &every, &log, works, |b| b);
         sleep(Duration::from_secs(1)).await;
@@ -106,7 +97,7 @@ async fn missed_firings_follow_the_policy() {
         (Missed::Skip, vec![]),
     ] {
         let (store, clock, log) = world();
-        let every = Schedule::every(Duration::from_secs(60)).expect("schedule");
+        let every = every_seconds(60);
         let short = Duration::from_secs(5);
         // A leads through minute 1, and dies; nobody leads until minute 5:30.
         let mut a = replica(&store, &clock, "a", &every, &log, short, |b| {
@@ -142,34 +133,19 @@ async fn missed_firings_follow_the_policy() {
 #[tokio::test(start_paused = true)]
 async fn a_starting_deadline_misses_what_is_too_late() {
     let (store, clock, log) = world();
-    let every = Schedule::every(Duration::from_secs(60)).expect("schedule");
+    let every = every_seconds(60);
+    let works = Duration::from_secs(1);
     let configure = |b: leader_cron::CronJobBuilder| {
         b.missed(Missed::All { max: 10 })
             .overlap(Overlap::Allow)
             .starting_deadline(Duration::from_secs(150))
     };
-    let mut a = replica(
-        &store,
-        &clock,
-        "a",
-        &every,
-        &log,
-        Duration::from_secs(1),
-        configure,
-    );
+    let mut a = replica(&store, &clock, "a", &every, &log, works, configure);
     sleep(Duration::from_secs(90)).await;
     a.crash();
     sleep(Duration::from_secs(5 * 60)).await;
     // Now 6:30: minutes 2, 3 and 4 are older than 150 s; 5 and 6 are within it.
-    let mut b = replica(
-        &store,
-        &clock,
-        "b",
-        &every,
-        &log,
-        Duration::from_secs(1),
-        configure,
-    );
+    let mut b = replica(&store, &clock, "b", &every, &log, works, configure);
     // It takes over a lease after it saw the record (S2), and starts what is due then.
     sleep(Duration::from_secs(25)).await;
     let started: Vec<DateTime<Utc>> = scheduled(&log);
@@ -187,17 +163,12 @@ async fn overlapping_firings_follow_the_policy() {
         (Overlap::Replace, Missed::Latest),
     ] {
         let (store, clock, log) = world();
-        let every = Schedule::every(Duration::from_secs(10)).expect("schedule");
+        let every = every_seconds(10);
+        let works = Duration::from_secs(25);
         // Each run takes 25 s: it overruns two later firings.
-        let mut a = replica(
-            &store,
-            &clock,
-            "a",
-            &every,
-            &log,
-            Duration::from_secs(25),
-            |b| b.overlap(overlap).missed(missed),
-        );
+        let mut a = replica(&store, &clock, "a", &every, &log, works, |b| {
+            b.overlap(overlap).missed(missed)
+        });
         sleep(Duration::from_secs(66)).await;
         let started: Vec<i64> = instants(&log)
             .iter()
@@ -236,7 +207,7 @@ async fn overlapping_firings_follow_the_policy() {
 async fn an_interrupted_firing_is_retried_or_given_up_never_silently() {
     for policy in [Interrupted::Retry { max_attempts: 2 }, Interrupted::GiveUp] {
         let (store, clock, log) = world();
-        let every = Schedule::every(Duration::from_secs(600)).expect("schedule");
+        let every = every_seconds(600);
         let works = Duration::from_secs(120);
         let mut a = replica(&store, &clock, "a", &every, &log, works, |b| {
             b.interrupted(policy)
@@ -287,7 +258,7 @@ async fn an_interrupted_firing_is_retried_or_given_up_never_silently() {
 async fn interrupted_firings_run_again_by_the_new_leaders_overlap_policy() {
     for overlap in [Overlap::Forbid, Overlap::Replace] {
         let (store, clock, log) = world();
-        let every = Schedule::every(Duration::from_secs(600)).expect("schedule");
+        let every = every_seconds(600);
         let works = Duration::from_secs(1000);
         let retry = Interrupted::Retry { max_attempts: 3 };
         let mut a = replica(&store, &clock, "a", &every, &log, works, |b| {
@@ -335,29 +306,14 @@ async fn interrupted_firings_run_again_by_the_new_leaders_overlap_policy() {
 #[tokio::test(start_paused = true)]
 async fn a_replica_with_another_schedule_is_refused_and_changes_nothing() {
     let (store, clock, log) = world();
-    let every = Schedule::every(Duration::from_secs(60)).expect("schedule");
-    let mut a = replica(
-        &store,
-        &clock,
-        "a",
-        &every,
-        &log,
-        Duration::from_secs(1),
-        |b| b,
-    );
+    let every = every_seconds(60);
+    let works = Duration::from_secs(1);
+    let mut a = replica(&store, &clock, "a", &every, &log, works, |b| b);
     sleep(Duration::from_secs(90)).await;
     a.crash();
     let before = stored(&store).await;
     let other = Schedule::cron("*/2 * * * *", "UTC").expect("schedule");
-    let mut b = replica(
-        &store,
-        &clock,
-        "b",
-        &other,
-        &log,
-        Duration::from_secs(1),
-        |b| b,
-    );
+    let mut b = replica(&store, &clock, "b", &other, &log, works, |b| b);
     sleep(Duration::from_secs(60)).await;
     let errors = b.errors.lock().expect("errors").clone();
     assert!(
@@ -374,17 +330,7 @@ async fn a_replica_with_another_schedule_is_refused_and_changes_nothing() {
 #[tokio::test(start_paused = true)]
 async fn a_clock_stepped_back_repeats_no_firing() {
     let (store, clock, log) = world();
-    let every = Schedule::every(Duration::from_secs(60)).expect("schedule");
-    let (stepped, offset) = SteppedClock::over(&clock, 0);
-    let mut a = replica(
-        &store,
-        &clock,
-        "a",
-        &every,
-        &log,
-        Duration::from_secs(1),
-        |b| b.clock(stepped),
-    );
+    let (mut a, offset) = on_stepped_clock(&store, &clock, &every_seconds(60), &log);
     sleep(Duration::from_secs(5 * 60 + 30)).await;
     offset.store(-3 * 60, Ordering::Release);
     sleep(Duration::from_secs(5 * 60)).await;
@@ -398,7 +344,7 @@ async fn a_clock_stepped_back_repeats_no_firing() {
 #[tokio::test(start_paused = true)]
 async fn events_tell_each_start_end_and_miss() {
     let (store, clock, log) = world();
-    let every = Schedule::every(Duration::from_secs(60)).expect("schedule");
+    let every = every_seconds(60);
     let dead = Arc::new(AtomicBool::new(false));
     let builder = CronJob::builder("report", every)
         .clock(clock.clone())
@@ -447,18 +393,11 @@ async fn events_tell_each_start_end_and_miss() {
 async fn a_cursor_a_year_old_is_passed_over_at_once() {
     let store = MemoryStore::new();
     let log = Log::default();
-    let every = Schedule::every(Duration::from_secs(1)).expect("schedule");
+    let every = every_seconds(1);
+    let works = Duration::from_millis(100);
     let year = chrono::Duration::days(365);
     let old_clock = TokioClock::starting_at(origin() - year);
-    let mut old = replica(
-        &store,
-        &old_clock,
-        "old",
-        &every,
-        &log,
-        Duration::from_millis(100),
-        |b| b,
-    );
+    let mut old = replica(&store, &old_clock, "old", &every, &log, works, |b| b);
     sleep(Duration::from_secs(5)).await;
     old.crash();
     let cursor = stored(&store).await.cursor.expect("a cursor");
@@ -466,15 +405,7 @@ async fn a_cursor_a_year_old_is_passed_over_at_once() {
     // A year later, by the next leader's clock.
     let clock = TokioClock::starting_at(origin());
     let started = std::time::Instant::now();
-    let mut new = replica(
-        &store,
-        &clock,
-        "new",
-        &every,
-        &log,
-        Duration::from_millis(100),
-        |b| b,
-    );
+    let mut new = replica(&store, &clock, "new", &every, &log, works, |b| b);
     let state = loop {
         sleep(Duration::from_millis(500)).await;
         let state = stored(&store).await;

@@ -256,29 +256,26 @@ pub async fn electors_elect_exactly_one(factory: &dyn LockFactory, n: usize) {
             }
             current
         };
-    let mut first = None;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while first.is_none() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{n} electors: no leader within 10 s"
-        );
-        first = watch_for(&electors, Duration::from_millis(50), None).await;
-    }
-    let (index, token) = watch_for(&electors, Duration::from_secs(3), first)
+    // The first leader seen within 10 s, watched for `poll` at a time.
+    let elected = async |electors: &[_], poll: Duration, what: &str| {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{n} electors: no {what} within 10 s"
+            );
+            if let Some(leader) = watch_for(electors, poll, None).await {
+                return leader;
+            }
+        }
+    };
+    let first = elected(&electors, Duration::from_millis(50), "leader").await;
+    let (index, token) = watch_for(&electors, Duration::from_secs(3), Some(first))
         .await
         .expect("a leader");
     electors.remove(index).stop().await;
-    let mut next = None;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while next.is_none() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{n} electors: no new leader within 10 s"
-        );
-        next = watch_for(&electors, Duration::from_millis(20), None).await;
-    }
-    let (_, next_token) = watch_for(&electors, Duration::from_secs(1), next)
+    let next = elected(&electors, Duration::from_millis(20), "new leader").await;
+    let (_, next_token) = watch_for(&electors, Duration::from_secs(1), Some(next))
         .await
         .expect("a leader");
     assert!(

@@ -8,9 +8,7 @@ use super::*;
 /// nobody for a renewal or for the holder's own write of its record (each notification costs
 /// a request).
 pub async fn change_notifications(factory: &dyn LockFactory) {
-    let name = unique("watch");
-    let a = factory.lock(&name, "a").await;
-    let b = factory.lock(&name, "b").await;
+    let (a, b) = rivals(factory, "watch").await;
     let created = a.create(&record("a", 1)).await.expect("create");
     let Some(mut changes) = b.watch().await.expect("watch") else {
         return;
@@ -308,9 +306,7 @@ pub async fn one_identity_one_process(factory: &dyn LockFactory) {
 /// from a version someone else wrote over conflicts, and once the holder stops renewing the
 /// store lets another candidate take it.
 pub async fn renewals_keep_the_lease(factory: &dyn LockFactory) {
-    let name = unique("renewals");
-    let a = factory.lock(&name, "a").await;
-    let b = factory.lock(&name, "b").await;
+    let (a, b) = rivals(factory, "renewals").await;
     let short = |holder: &str| {
         let mut r = record(holder, 0);
         r.lease_duration = Duration::from_secs(1);
@@ -454,14 +450,8 @@ pub async fn wall_clock_steps(factory: &dyn LockFactory) {
 /// store). Anything else is a conflict, as a compare-and-swap on a version that moved is.
 /// Checked for a renewal and for an update (a write of the record's extensions).
 pub async fn lost_renewal_answers(factory: &dyn LockFactory) {
-    let name = unique("lost-answer");
-    let a = factory.lock(&name, "a").await;
-    let b = factory.lock(&name, "b").await;
-    let mut cached = match a.try_acquire(&record("a", 1)).await.expect("try_acquire") {
-        Some(Acquisition::Acquired(taken)) => taken,
-        None => a.create(&record("a", 1)).await.expect("create"),
-        Some(other) => panic!("lost renewal answers: a free lease was not acquired: {other:?}"),
-    };
+    let (a, b) = rivals(factory, "lost-answer").await;
+    let mut cached = first_term("lost renewal answers", &*a).await;
     for operation in ["renew", "update"] {
         let context = format!("a {operation} whose answer was lost, sent again");
         // The holder's wall clock is an hour behind what the record shows: the renewal time
@@ -533,11 +523,7 @@ pub async fn reads_show_the_last_renewal(factory: &dyn LockFactory) {
     let name = unique("last-renewal");
     let a = factory.lock(&name, "a").await;
     let reader = factory.lock(&name, "reader").await;
-    let held = match a.try_acquire(&record("a", 1)).await.expect("try_acquire") {
-        Some(Acquisition::Acquired(taken)) => taken,
-        None => a.create(&record("a", 1)).await.expect("create"),
-        Some(other) => panic!("last renewal: a free lease was not acquired: {other:?}"),
-    };
+    let held = first_term("last renewal", &*a).await;
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let mut renewal = held.record.clone();
     renewal.renew_time = renewal.renewal_time(now());

@@ -38,9 +38,7 @@ pub async fn create_then_get(factory: &dyn LockFactory) {
 
 /// A second `create`, from any candidate, is a conflict and changes nothing.
 pub async fn create_conflicts_when_present(factory: &dyn LockFactory) {
-    let name = unique("create-conflict");
-    let a = factory.lock(&name, "a").await;
-    let b = factory.lock(&name, "b").await;
+    let (a, b) = rivals(factory, "create-conflict").await;
     let created = a.create(&record("a", 1)).await.expect("first create");
     assert_conflict(
         "create of an existing object",
@@ -59,9 +57,7 @@ pub async fn create_conflicts_when_present(factory: &dyn LockFactory) {
 
 /// `update` succeeds with the current version only, and every success yields a new version.
 pub async fn update_is_compare_and_swap(factory: &dyn LockFactory) {
-    let name = unique("cas");
-    let a = factory.lock(&name, "a").await;
-    let b = factory.lock(&name, "b").await;
+    let (a, b) = rivals(factory, "cas").await;
     let v1 = a.create(&record("a", 1)).await.expect("create");
     let renewed = record("a", v1.record.leader_transitions);
     let v2 = a
@@ -108,14 +104,8 @@ pub async fn update_is_compare_and_swap(factory: &dyn LockFactory) {
 /// the unchanged version succeeds. Updates and renewals alike, twice each; a renewal may keep
 /// the version only where the store keeps the lease alive itself (`renewed_in_store`).
 pub async fn identical_writes_move_the_version(factory: &dyn LockFactory) {
-    let name = unique("identical");
-    let a = factory.lock(&name, "a").await;
-    let b = factory.lock(&name, "b").await;
-    let mut current = match a.try_acquire(&record("a", 1)).await.expect("try_acquire") {
-        Some(Acquisition::Acquired(taken)) => taken,
-        None => a.create(&record("a", 1)).await.expect("create"),
-        Some(other) => panic!("identical writes: a free lease was not acquired: {other:?}"),
-    };
+    let (a, b) = rivals(factory, "identical").await;
+    let mut current = first_term("identical writes", &*a).await;
     for operation in ["update", "update", "renew", "renew"] {
         let same = current.record.clone();
         let written = match operation {
@@ -231,9 +221,7 @@ pub async fn fields_round_trip(factory: &dyn LockFactory) {
 /// holder changes them, with a compare-and-swap, so a store-clock acquisition by a candidate
 /// that read them long ago never rolls them back; a handover request and a release keep them.
 pub async fn acquisitions_keep_the_extensions(factory: &dyn LockFactory) {
-    let name = unique("extensions");
-    let a = factory.lock(&name, "a").await;
-    let b = factory.lock(&name, "b").await;
+    let (a, b) = rivals(factory, "extensions").await;
     let mut held = record("a", 1);
     held.extensions = extensions();
     let created = a.create(&held).await.expect("create");
@@ -289,9 +277,7 @@ pub async fn acquisitions_keep_the_extensions(factory: &dyn LockFactory) {
 /// acquisition carries them on; a store that keeps the record keeps them in it. Work recorded
 /// there (a scheduled job's last firing, say) is never lost with its leader.
 pub async fn extensions_outlive_a_crashed_holder(factory: &dyn LockFactory) {
-    let name = unique("crashed-extensions");
-    let a = factory.lock(&name, "a").await;
-    let b = factory.lock(&name, "b").await;
+    let (a, b) = rivals(factory, "crashed-extensions").await;
     let lease = Duration::from_secs(1);
     let mut held = record("a", 1);
     held.lease_duration = lease;
@@ -569,9 +555,7 @@ pub async fn fields_of_a_later_release_survive(factory: &dyn LockFactory) {
     if !factory.keeps_unknown_fields() {
         return;
     }
-    let name = unique("later-release");
-    let a = factory.lock(&name, "a").await;
-    let b = factory.lock(&name, "b").await;
+    let (a, b) = rivals(factory, "later-release").await;
     let mut later = record("a", 1);
     later
         .unknown_fields

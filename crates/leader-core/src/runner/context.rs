@@ -42,7 +42,7 @@ pub(crate) struct Callbacks {
 /// What the campaign and the term run with: the lock, the configuration and callbacks, and
 /// where they publish and report. Both read its lock, settings, callbacks and status; its
 /// methods are what both do alike.
-pub(super) struct Context {
+pub(crate) struct Context {
     /// The lock this elector runs on.
     pub(super) lock: Arc<dyn ResourceLock>,
     /// The elector's settings.
@@ -59,7 +59,7 @@ pub(super) struct Context {
 
 impl Context {
     /// The context of an elector on `lock` that has reported nothing yet.
-    pub(super) fn new(
+    pub(crate) fn new(
         lock: Arc<dyn ResourceLock>,
         config: ElectorConfig,
         callbacks: Callbacks,

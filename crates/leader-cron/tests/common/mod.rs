@@ -183,10 +183,30 @@ impl leader_cron::Clock for SteppedClock {
     }
 }
 
+/// A schedule firing every `seconds`.
+pub fn every_seconds(seconds: u64) -> Schedule {
+    Schedule::every(Duration::from_secs(seconds)).expect("schedule")
+}
+
+/// Replica `a`, running `schedule` with work of a second, on a clock that can be stepped away
+/// from `clock` (at 0 at first), and the offset that steps it.
+pub fn on_stepped_clock(
+    store: &MemoryStore,
+    clock: &TokioClock,
+    schedule: &Schedule,
+    log: &Log,
+) -> (Replica, Arc<std::sync::atomic::AtomicI64>) {
+    let (stepped, offset) = SteppedClock::over(clock, 0);
+    let works = Duration::from_secs(1);
+    let a = replica(store, clock, "a", schedule, log, works, |b| {
+        b.clock(stepped)
+    });
+    (a, offset)
+}
+
 /// The schedules of a rollout: every minute, then every two minutes.
 pub fn every_minute_and_every_two() -> (Schedule, Schedule) {
-    let every = |seconds| Schedule::every(Duration::from_secs(seconds)).expect("schedule");
-    (every(60), every(120))
+    (every_seconds(60), every_seconds(120))
 }
 
 impl SteppedClock {
