@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
-use common::{Backend, database_url, ms, percentile};
+use common::{Backend, database_url, knob, ms, percentile};
 use leader::cron::{CronJob, Firing, Missed, Overlap, Schedule};
 use leader_core::{
     Acquisition, CancellationToken, ChangeStream, LeaderElectionRecord, LeaderElector, LeaderEvent,
@@ -39,13 +39,6 @@ use leader_core::{
 use leader_test_support::{LEASE, RENEW, RETRY};
 use leader_tests::harness::campaign::{self, Fault, Settings};
 use leader_tests::harness::firings;
-
-fn knob(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(default)
-}
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
@@ -268,7 +261,7 @@ async fn failovers(kills: usize) {
         if !common::wanted(backend.name()) {
             continue;
         }
-        let report = match firings::run(
+        let Ok(report) = firings::run(
             backend,
             &vec![Fault::Kill; kills],
             firings::Variations::none(),
@@ -277,12 +270,8 @@ async fn failovers(kills: usize) {
             &database_url(),
         )
         .await
-        {
-            Ok(report) => report,
-            Err(err) => {
-                eprintln!("{}: {err}", backend.name());
-                continue;
-            }
+        .inspect_err(|err| eprintln!("{}: {err}", backend.name())) else {
+            continue;
         };
         if !report.violations.is_empty() {
             eprintln!("{}: {:#?}", backend.name(), report.violations);

@@ -18,10 +18,7 @@ use leader_tests::harness::campaign::{self, Backend, Fault, Settings};
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let kills: usize = std::env::var("KILLS")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(20);
+    let kills: usize = common::knob("KILLS", 20);
     let programs = leader_tests::programs!();
     let settings = Settings::default();
     println!("| backend | kills | lease | p50 | p99 | max | max - lease | overlaps | violations |");
@@ -30,7 +27,7 @@ async fn main() {
         if !common::wanted(backend.name()) {
             continue;
         }
-        let report = match campaign::run(
+        let Ok(report) = campaign::run(
             backend,
             &vec![Fault::Kill; kills],
             settings,
@@ -38,12 +35,8 @@ async fn main() {
             &database_url(),
         )
         .await
-        {
-            Ok(report) => report,
-            Err(err) => {
-                eprintln!("{}: {err}", backend.name());
-                continue;
-            }
+        .inspect_err(|err| eprintln!("{}: {err}", backend.name())) else {
+            continue;
         };
         let mut samples: Vec<Duration> = report.recoveries.iter().filter_map(|(_, d)| *d).collect();
         samples.sort();

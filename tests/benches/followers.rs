@@ -18,12 +18,7 @@ use leader_core::{CancellationToken, LeaderElector};
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let window = Duration::from_secs(
-        std::env::var("WINDOW_SECS")
-            .ok()
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(10),
-    );
+    let window = Duration::from_secs(common::knob("WINDOW_SECS", 10));
     println!(
         "| backend | followers | lock requests/s | per follower/s | server requests/s | leader renewals/s |"
     );

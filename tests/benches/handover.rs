@@ -17,10 +17,7 @@ use leader_test_support::Candidate;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let handovers: usize = std::env::var("HANDOVERS")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(200);
+    let handovers: usize = common::knob("HANDOVERS", 200);
     println!("| backend | handovers | p50 | p99 | max |");
     println!("|---|---|---|---|---|");
     for backend in Backend::available().await {

@@ -8,6 +8,8 @@
 //! OUTAGE_SECS=60 cargo bench -p leader-tests --bench outage
 //! ```
 
+mod common;
+
 use std::time::Duration;
 
 use leader_tests::harness::campaign::Backend;
@@ -15,10 +17,7 @@ use leader_tests::harness::outage::{self, Timings};
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let seconds: u64 = std::env::var("OUTAGE_SECS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(30);
+    let seconds: u64 = common::knob("OUTAGE_SECS", 30);
     let timings = Timings::default();
     let programs = leader_tests::programs!();
     let mut reports = Vec::new();

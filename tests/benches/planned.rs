@@ -45,10 +45,7 @@ fn summary(samples: &mut [Duration]) -> (String, String) {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let rounds: usize = std::env::var("HANDOVERS")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(100);
+    let rounds: usize = common::knob("HANDOVERS", 100);
     println!(
         "| backend | planned: p50 | p99 | the named one led | stop and hope: p50 | p99 | the wanted one led |"
     );

@@ -131,8 +131,8 @@ async fn rolling_restart(
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let count = u32::try_from(knob("SHARDS", 1000)).expect("a shard count");
-    let members = usize::try_from(knob("MEMBERS", 10)).expect("a member count");
+    let count: u32 = knob("SHARDS", 1000);
+    let members: usize = knob("MEMBERS", 10);
     let pause = Duration::from_millis(knob("RESTART_MS", 1000));
     let crash = knob("CRASH", 0) != 0;
     let window = Some(Duration::from_millis(knob("WINDOW_MS", 0))).filter(|w| !w.is_zero());

@@ -28,12 +28,7 @@ async fn main() {
         .ok()
         .map(|s| s.split(',').filter_map(|n| n.trim().parse().ok()).collect())
         .unwrap_or_else(|| vec![1_000, 10_000]);
-    let window = Duration::from_secs(
-        std::env::var("WINDOW_SECS")
-            .ok()
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(30),
-    );
+    let window = Duration::from_secs(common::knob("WINDOW_SECS", 30));
     println!(
         "| backend | elections | all leading after | CPU (cores) | RSS | server requests/s | probe renewal p50 / p99 / max | terms lost |"
     );

@@ -223,8 +223,8 @@ fn took(d: Option<Duration>) -> String {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let count = u32::try_from(knob("SHARDS", 1000)).expect("a shard count");
-    let members = usize::try_from(knob("MEMBERS", 10)).expect("a member count");
+    let count: u32 = knob("SHARDS", 1000);
+    let members: usize = knob("MEMBERS", 10);
     let window = Duration::from_secs(knob("WINDOW_S", 10));
     println!(
         "{count} shards over {members} members in one process (lease {}, retry period {}):\n",

@@ -19,6 +19,8 @@
 //! within 10 s every 2 s, on a 30 s session), then all with one session timeout of 10 s (ours
 //! with a lease of 10 s, a renew deadline of 7 s and a retry period of 2 s).
 
+mod common;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -197,16 +199,8 @@ fn compile_curator() -> Result<PathBuf, String> {
 }
 
 fn main() {
-    let rounds: usize = std::env::var("ROUNDS")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(3);
-    let window = Duration::from_secs(
-        std::env::var("WINDOW_S")
-            .ok()
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(20),
-    );
+    let rounds: usize = common::knob("ROUNDS", 3);
+    let window = Duration::from_secs(common::knob("WINDOW_S", 20));
     let Some(ensemble) = ZooKeeperEnsemble::start() else {
         return;
     };

@@ -43,6 +43,30 @@ macro_rules! programs {
     };
 }
 
+/// A `#[test]` per backend of the harness, each calling `run` with its [`Backend`] variant
+/// (`campaign::Backend`). Attributes (doc comments) written before a test's name are kept on it.
+///
+/// [`Backend`]: crate::harness::campaign::Backend
+#[macro_export]
+macro_rules! on_each_harness_backend {
+    ($run:ident: $($(#[$attr:meta])* $test:ident => $backend:ident,)+) => {
+        $(
+            $(#[$attr])*
+            #[test]
+            fn $test() {
+                $run($crate::harness::campaign::Backend::$backend);
+            }
+        )+
+    };
+}
+
+/// At every hundredth of `total` faults, a line saying how far a long run has come.
+pub(crate) fn say_progress(what: impl std::fmt::Display, done: usize, total: usize) {
+    if done.is_multiple_of(100) {
+        eprintln!("{what}: {done} of {total} faults");
+    }
+}
+
 /// Runs a harness run (a campaign, an outage) on a runtime of its own with two workers. When it
 /// cannot be set up (a server binary missing, say) it is skipped with a line saying why, except
 /// under CI, where that is a failure.

@@ -3,6 +3,75 @@
 
 pub mod harness;
 
+/// A test of `scenario` per backend, named for both, each given its lock URL by an expression
+/// that is `None` (a skip, or a failure under CI) without the backend's server: a `String`, or
+/// a [`FileLock`]. Attributes (doc comments) written before a test's name are kept on it.
+#[macro_export]
+macro_rules! on_each_backend {
+    ($scenario:ident: $($(#[$attr:meta])* $test:ident => $url:expr,)+) => {
+        $(
+            $(#[$attr])*
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $test() {
+                let Some(url) = $url else {
+                    return;
+                };
+                $scenario(&url).await;
+            }
+        )+
+    };
+}
+
+/// A `file://` lock in a temporary directory of its own, removed when dropped; it reads as
+/// its URL.
+#[derive(Debug)]
+pub struct FileLock {
+    url: String,
+    _dir: tempfile::TempDir,
+}
+
+impl FileLock {
+    /// A lock file in a new temporary directory.
+    ///
+    /// # Panics
+    /// When no temporary directory can be made.
+    #[must_use]
+    pub fn in_temp_dir() -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        Self {
+            url: format!("file://{}", dir.path().join("lock").display()),
+            _dir: dir,
+        }
+    }
+}
+
+impl std::ops::Deref for FileLock {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.url
+    }
+}
+
+/// `leader SUBCOMMAND` (`run`, `cron`) of election `name` on `lock` as `identity`, run from
+/// `binary` (a test's `leader-e2e`), its stdout dropped, killed when dropped: timings,
+/// COMMAND and the rest are the caller's to add.
+pub fn candidate_command(
+    binary: impl AsRef<std::ffi::OsStr>,
+    subcommand: &str,
+    lock: &str,
+    name: &str,
+    identity: &str,
+) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(binary);
+    command
+        .args([subcommand, "--lock", lock, "--name", name])
+        .args(["--identity", identity])
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true);
+    command
+}
+
 /// `CLOCK_MONOTONIC` in nanoseconds: one clock for every process on the machine, so times logged
 /// by different processes compare exactly.
 #[must_use]
@@ -81,6 +150,30 @@ pub fn term_events(path: &std::path::Path) -> Vec<TermEvent> {
         .lines()
         .filter_map(TermEvent::parse)
         .collect()
+}
+
+/// Waits up to `within` until the `JOB_LOG` at `path` holds `n` starts; returns start number `n`.
+///
+/// # Panics
+/// When the log holds fewer starts by then.
+pub async fn nth_start(path: &std::path::Path, n: usize, within: std::time::Duration) -> TermEvent {
+    tokio::time::timeout(within, async {
+        loop {
+            let starts: Vec<TermEvent> =
+                term_events(path).into_iter().filter(|e| e.start).collect();
+            if starts.len() >= n {
+                return starts[n - 1].clone();
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| {
+        panic!(
+            "no job start number {n} within {within:?}: {:?}",
+            term_events(path)
+        )
+    })
 }
 
 impl TermEvent {

@@ -15,6 +15,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use leader_tests::on_each_backend;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tokio::process::{Child, Command};
@@ -29,9 +30,8 @@ fn replica(lock: &str, name: &str, identity: &str, out: &Path, every: &str) -> C
 }
 
 fn replica_command(lock: &str, name: &str, identity: &str, out: &Path, every: &str) -> Command {
-    let mut command = Command::new(LEADER);
+    let mut command = cron(lock, name, identity);
     command
-        .args(["cron", "--lock", lock, "--name", name, "--identity", identity])
         .args(["--every", every])
         .args(["--lease-duration", "2s", "--renew-deadline", "1500ms"])
         .args(["--retry-period", "250ms"])
@@ -47,10 +47,48 @@ fn replica_command(lock: &str, name: &str, identity: &str, out: &Path, every: &s
         .env(
             "RUST_LOG",
             std::env::var("E2E_LOG").unwrap_or_else(|_| "warn".into()),
-        )
-        .stdout(Stdio::null())
-        .kill_on_drop(true);
+        );
     command
+}
+
+/// Sends SIGTERM to a running `leader cron` process.
+fn terminate(child: &Child) {
+    let _ = kill(
+        Pid::from_raw(i32::try_from(child.id().expect("running")).expect("pid")),
+        Signal::SIGTERM,
+    );
+}
+
+/// [`terminate`], then waits up to 10 s for it to exit.
+async fn stop(child: &mut Child) {
+    terminate(child);
+    let _ = tokio::time::timeout(Duration::from_secs(10), child.wait()).await;
+}
+
+/// `leader cron` of schedule `name` on `lock` as `identity`, its output dropped, killed when
+/// dropped: the schedule, more flags and COMMAND are for the caller to add.
+fn cron(lock: &str, name: &str, identity: &str) -> Command {
+    leader_tests::candidate_command(LEADER, "cron", lock, name, identity)
+}
+
+/// `leader cron WHAT` (an operator's request) for schedule `name` on `lock`, asked by alice.
+async fn request(what: &str, lock: &str, name: &str) -> std::process::Output {
+    Command::new(LEADER)
+        .args([
+            "cron", what, "--lock", lock, "--name", name, "--by", "alice",
+        ])
+        .output()
+        .await
+        .expect("leader cron request")
+}
+
+/// The lines a COMMAND wrote to `out` so far.
+fn lines_of(out: &Path) -> Vec<String> {
+    std::fs::read_to_string(out)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
 }
 
 /// `leader status --json` of the election.
@@ -158,35 +196,12 @@ async fn firings(lock: &str) {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn file_lock_firings_survive_killed_leaders() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    firings(&format!("file://{}", dir.path().join("lock").display())).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_firings_survive_killed_leaders() {
-    let Some(url) = leader_test_support::postgres_lock_or_skip() else {
-        return;
-    };
-    firings(&url).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_firings_survive_killed_leaders() {
-    let Some(url) = leader_test_support::redis_lock_or_skip() else {
-        return;
-    };
-    firings(&url).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn etcd_firings_survive_killed_leaders() {
-    let Some(url) = leader_test_support::etcd_lock_or_skip() else {
-        return;
-    };
-    firings(&url).await;
-}
+on_each_backend!(firings:
+    file_lock_firings_survive_killed_leaders => Some(leader_tests::FileLock::in_temp_dir()),
+    postgres_firings_survive_killed_leaders => leader_test_support::postgres_lock_or_skip(),
+    redis_firings_survive_killed_leaders => leader_test_support::redis_lock_or_skip(),
+    etcd_firings_survive_killed_leaders => leader_test_support::etcd_lock_or_skip(),
+);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_schedules_exit_9_in_one_line() {
@@ -218,10 +233,7 @@ async fn a_replica_with_another_schedule_exits_10_and_changes_nothing() {
     let out = dir.path().join("firings");
     let mut first = replica(&lock, "mixed", "a", &out, "1s");
     sleep(Duration::from_secs(3)).await;
-    let _ = kill(
-        Pid::from_raw(i32::try_from(first.id().expect("running")).expect("pid")),
-        Signal::SIGTERM,
-    );
+    terminate(&first);
     let _ = first.wait().await;
     let before = status(&lock, "mixed").await["schedules"].clone();
     let mut other = replica_command(&lock, "mixed", "b", &out, "2s")
@@ -250,19 +262,8 @@ async fn a_replica_with_another_schedule_exits_10_and_changes_nothing() {
         "the stored schedule is unchanged"
     );
     // With --adopt-schedule the new schedule replaces the stored one.
-    let mut adopting = Command::new(LEADER)
-        .args([
-            "cron",
-            "--lock",
-            &lock,
-            "--name",
-            "mixed",
-            "--identity",
-            "c",
-        ])
+    let mut adopting = cron(&lock, "mixed", "c")
         .args(["--every", "2s", "--adopt-schedule", "--", "true"])
-        .stdout(Stdio::null())
-        .kill_on_drop(true)
         .spawn()
         .expect("spawn leader cron");
     sleep(Duration::from_secs(4)).await;
@@ -274,10 +275,7 @@ async fn a_replica_with_another_schedule_exits_10_and_changes_nothing() {
         after["schedules"][0]["changed"]["from"], "every 1s",
         "{after:#}"
     );
-    let _ = kill(
-        Pid::from_raw(i32::try_from(adopting.id().expect("running")).expect("pid")),
-        Signal::SIGTERM,
-    );
+    terminate(&adopting);
     let _ = adopting.wait().await;
 }
 
@@ -292,18 +290,8 @@ async fn a_changed_schedule_first_fires_after_the_change() {
     let lock = format!("file://{}", dir.path().join("lock").display());
     let out = dir.path().join("firings");
     let spawn = |identity: &str, schedule: &str, adopt: bool| {
-        let mut command = Command::new(LEADER);
-        command
-            .args([
-                "cron",
-                "--lock",
-                &lock,
-                "--name",
-                "changed",
-                "--identity",
-                identity,
-            ])
-            .args(["--schedule", schedule, "--retry-period", "250ms"]);
+        let mut command = cron(&lock, "changed", identity);
+        command.args(["--schedule", schedule, "--retry-period", "250ms"]);
         if adopt {
             command.arg("--adopt-schedule");
         }
@@ -314,8 +302,6 @@ async fn a_changed_schedule_first_fires_after_the_change() {
                 "-c",
                 &format!("echo \"$LEADER_FIRING_SCHEDULED\" >> {}", out.display()),
             ])
-            .stdout(Stdio::null())
-            .kill_on_drop(true)
             .spawn()
             .expect("spawn leader cron")
     };
@@ -331,10 +317,7 @@ async fn a_changed_schedule_first_fires_after_the_change() {
         sleep(Duration::from_millis(250)).await;
     }
     let seen = seen.expect("the state is written");
-    let _ = kill(
-        Pid::from_raw(i32::try_from(first.id().expect("running")).expect("pid")),
-        Signal::SIGTERM,
-    );
+    terminate(&first);
     let _ = first.wait().await;
     // An instant of the new schedule (once a minute, at this second) passes after the state
     // was written and before the change.
@@ -346,11 +329,7 @@ async fn a_changed_schedule_first_fires_after_the_change() {
     let mut changed = spawn("b", &format!("{second} * * * * *"), true);
     sleep(Duration::from_secs(6)).await;
     let shown = status(&lock, "changed").await;
-    let _ = kill(
-        Pid::from_raw(i32::try_from(changed.id().expect("running")).expect("pid")),
-        Signal::SIGTERM,
-    );
-    let _ = tokio::time::timeout(Duration::from_secs(10), changed.wait()).await;
+    stop(&mut changed).await;
     let schedule = &shown["schedules"][0];
     assert_eq!(
         schedule["schedule"],
@@ -379,29 +358,14 @@ async fn replace_starts_a_firing_only_after_the_replaced_command_exited() {
          sleep 30 & wait; echo \"end $LEADER_FIRING_SCHEDULED\" >> {out}",
         out = out.display()
     );
-    let mut leader = Command::new(LEADER)
-        .args([
-            "cron",
-            "--lock",
-            &lock,
-            "--name",
-            "replaced",
-            "--identity",
-            "a",
-        ])
+    let mut leader = cron(&lock, "replaced", "a")
         .args(["--every", "2s", "--overlap", "replace", "--grace", "5s"])
         .args(["--", "sh", "-c", &script])
-        .stdout(Stdio::null())
-        .kill_on_drop(true)
         .spawn()
         .expect("spawn leader cron");
     sleep(Duration::from_secs(11)).await;
     let status = status(&lock, "replaced").await;
-    let _ = kill(
-        Pid::from_raw(i32::try_from(leader.id().expect("running")).expect("pid")),
-        Signal::SIGTERM,
-    );
-    let _ = tokio::time::timeout(Duration::from_secs(10), leader.wait()).await;
+    stop(&mut leader).await;
     let text = std::fs::read_to_string(&out).unwrap_or_default();
     let mut running = 0_i32;
     let mut starts = 0;
@@ -442,30 +406,13 @@ async fn suspend_trigger_and_resume_act_through_the_record() {
         "echo \"$LEADER_FIRING_SCHEDULED ${{LEADER_FIRING_TRIGGERED_BY:-schedule}}\" >> {}",
         out.display()
     );
-    let mut leader = Command::new(LEADER)
-        .args(["cron", "--lock", &lock, "--name", "ops", "--identity", "a"])
+    let mut leader = cron(&lock, "ops", "a")
         .args(["--every", "2s", "--retry-period", "250ms"])
         .args(["--", "sh", "-c", &script])
-        .stdout(Stdio::null())
-        .kill_on_drop(true)
         .spawn()
         .expect("spawn leader cron");
-    let request = async |what: &str, name: &str| {
-        Command::new(LEADER)
-            .args([
-                "cron", what, "--lock", &lock, "--name", name, "--by", "alice",
-            ])
-            .output()
-            .await
-            .expect("leader cron request")
-    };
-    let lines = || -> Vec<String> {
-        std::fs::read_to_string(&out)
-            .unwrap_or_default()
-            .lines()
-            .map(str::to_owned)
-            .collect()
-    };
+    let request = async |what: &str, name: &str| request(what, &lock, name).await;
+    let lines = || lines_of(&out);
     sleep(Duration::from_secs(5)).await;
     assert!(request("suspend", "ops").await.status.success());
     // The leader finds the request within a renewal and a second; a loaded machine may take
@@ -511,11 +458,7 @@ async fn suspend_trigger_and_resume_act_through_the_record() {
     assert_eq!(none.status.code(), Some(6));
     assert_eq!(String::from_utf8_lossy(&none.stderr).lines().count(), 1);
     let shown = status(&lock, "ops").await;
-    let _ = kill(
-        Pid::from_raw(i32::try_from(leader.id().expect("running")).expect("pid")),
-        Signal::SIGTERM,
-    );
-    let _ = tokio::time::timeout(Duration::from_secs(10), leader.wait()).await;
+    stop(&mut leader).await;
     let history = shown["schedules"][0]["history"]
         .as_array()
         .expect("history");
@@ -536,13 +479,10 @@ async fn a_command_past_its_timeout_is_stopped_and_retried() {
         "echo \"$LEADER_FIRING_ATTEMPT\" >> {}; exec sleep 30",
         out.display()
     );
-    let mut leader = Command::new(LEADER)
-        .args(["cron", "--lock", &lock, "--name", "slow", "--identity", "a"])
+    let mut leader = cron(&lock, "slow", "a")
         .args(["--every", "1h", "--retry-period", "250ms"])
         .args(["--timeout", "1s", "--retries", "1", "--retry-backoff", "1s"])
         .args(["--grace", "1s", "--", "sh", "-c", &script])
-        .stdout(Stdio::null())
-        .kill_on_drop(true)
         .spawn()
         .expect("spawn leader cron");
     sleep(Duration::from_secs(2)).await;
@@ -554,11 +494,7 @@ async fn a_command_past_its_timeout_is_stopped_and_retried() {
     assert!(asked.status.success(), "{asked:?}");
     sleep(Duration::from_secs(8)).await;
     let shown = status(&lock, "slow").await;
-    let _ = kill(
-        Pid::from_raw(i32::try_from(leader.id().expect("running")).expect("pid")),
-        Signal::SIGTERM,
-    );
-    let _ = tokio::time::timeout(Duration::from_secs(10), leader.wait()).await;
+    stop(&mut leader).await;
     let attempts = std::fs::read_to_string(&out).unwrap_or_default();
     assert_eq!(
         attempts.lines().collect::<Vec<_>>(),
@@ -588,33 +524,16 @@ async fn cancel_stops_a_running_command_and_nothing_retries_it() {
          trap 'echo stopped >> {out}; exit 0' TERM; sleep 30 & wait",
         out = out.display()
     );
-    let mut leader = Command::new(LEADER)
-        .args(["cron", "--lock", &lock, "--name", "long", "--identity", "a"])
+    let mut leader = cron(&lock, "long", "a")
         .args(["--every", "1h", "--retry-period", "250ms"])
         .args(["--retries", "1", "--retry-backoff", "1s", "--grace", "5s"])
         .args(["--", "sh", "-c", &script])
-        .stdout(Stdio::null())
-        .kill_on_drop(true)
         .spawn()
         .expect("spawn leader cron");
-    let request = async |args: &[&str]| {
-        Command::new(LEADER)
-            .args(["cron"])
-            .args(args)
-            .args(["--lock", &lock, "--name", "long", "--by", "alice"])
-            .output()
-            .await
-            .expect("leader cron request")
-    };
-    let lines = || -> Vec<String> {
-        std::fs::read_to_string(&out)
-            .unwrap_or_default()
-            .lines()
-            .map(str::to_owned)
-            .collect()
-    };
+    let request = async |what: &str| request(what, &lock, "long").await;
+    let lines = || lines_of(&out);
     sleep(Duration::from_secs(2)).await;
-    assert!(request(&["trigger"]).await.status.success());
+    assert!(request("trigger").await.status.success());
     for _ in 0..40 {
         if !lines().is_empty() {
             break;
@@ -622,7 +541,7 @@ async fn cancel_stops_a_running_command_and_nothing_retries_it() {
         sleep(Duration::from_millis(250)).await;
     }
     assert_eq!(lines(), ["1"], "the triggered firing runs");
-    let cancelled = request(&["cancel"]).await;
+    let cancelled = request("cancel").await;
     let said = String::from_utf8_lossy(&cancelled.stdout);
     assert!(cancelled.status.success(), "{cancelled:?}");
     assert!(said.contains("cancels the firing scheduled at"), "{said}");
@@ -647,14 +566,10 @@ async fn cancel_stops_a_running_command_and_nothing_retries_it() {
         schedule["retrying"].as_array().is_none_or(Vec::is_empty),
         "{shown:#}"
     );
-    let nothing = request(&["cancel"]).await;
+    let nothing = request("cancel").await;
     assert_eq!(nothing.status.code(), Some(6), "{nothing:?}");
     assert_eq!(String::from_utf8_lossy(&nothing.stderr).lines().count(), 1);
-    let _ = kill(
-        Pid::from_raw(i32::try_from(leader.id().expect("running")).expect("pid")),
-        Signal::SIGTERM,
-    );
-    let _ = tokio::time::timeout(Duration::from_secs(10), leader.wait()).await;
+    stop(&mut leader).await;
 }
 
 /// Sets the wall clock of the processes that read `file` (libfaketime) to `offset`, at once:
@@ -712,11 +627,7 @@ async fn a_leader_whose_clock_steps_back_and_forward_runs_no_firing_twice() {
     step_clock(&offset, "+0");
     sleep(Duration::from_secs(8)).await;
     let shown = status(&lock, "stepped").await;
-    let _ = kill(
-        Pid::from_raw(i32::try_from(leader.id().expect("running")).expect("pid")),
-        Signal::SIGTERM,
-    );
-    let _ = tokio::time::timeout(Duration::from_secs(10), leader.wait()).await;
+    stop(&mut leader).await;
     let ended = Utc::now();
     let firings = read();
     let text = format!("{firings:?}\n{shown:#}");

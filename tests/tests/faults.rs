@@ -49,6 +49,7 @@ use std::time::Duration;
 use leader_tests::database_url;
 use leader_tests::harness::campaign::{self, Backend, Fault, Report, Settings};
 use leader_tests::harness::run_or_skip;
+use leader_tests::on_each_harness_backend;
 
 fn knob<T: std::str::FromStr>(name: &str) -> Option<T> {
     std::env::var(name).ok().and_then(|v| v.parse().ok())
@@ -109,12 +110,7 @@ fn campaign(backend: Backend) {
 }
 
 fn campaign_with(backend: Backend, settings: Settings) -> Option<Report> {
-    let parallel = std::env::var("FAULT_PARALLEL").is_ok_and(|v| v == "1");
-    let _turn = (!parallel).then(|| {
-        ONE_AT_A_TIME
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    });
+    let _turn = turn();
     let (faults, seed) = schedule(backend);
     if let Some(seed) = seed {
         eprintln!(
@@ -140,16 +136,11 @@ fn campaign_with(backend: Backend, settings: Settings) -> Option<Report> {
         report.resumed_stops,
         Report::table(&reports)
     );
-    assert!(
-        report.violations.is_empty(),
-        "{}: {:#?}",
-        backend.name(),
-        report.violations
-    );
-    assert_eq!(
+    assert_clean(
+        backend,
+        &report.violations,
         report.recoveries.len(),
-        faults.len(),
-        "every fault injected"
+        &faults,
     );
     // A peer's frozen term writes nothing; ours always do, and must be refused (checked per
     // frozen term in the report's violations).
@@ -159,45 +150,21 @@ fn campaign_with(backend: Backend, settings: Settings) -> Option<Report> {
     Some(report)
 }
 
-#[test]
-fn faults_on_the_file_lock() {
-    campaign(Backend::File);
-}
-
-#[test]
-fn faults_on_postgres() {
-    campaign(Backend::Postgres);
-}
-
-#[test]
-fn faults_on_mysql() {
-    campaign(Backend::Mysql);
-}
-
-#[test]
-fn faults_on_mysql_get_lock() {
-    campaign(Backend::MysqlNamed);
-}
-
-#[test]
-fn faults_on_nats() {
-    campaign(Backend::Nats);
-}
-
-#[test]
-fn faults_on_zookeeper() {
-    campaign(Backend::ZooKeeper);
-}
-
-#[test]
-fn faults_on_redis() {
-    campaign(Backend::Redis);
-}
-
-#[test]
-fn faults_on_etcd() {
-    campaign(Backend::Etcd);
-}
+on_each_harness_backend!(campaign:
+    faults_on_the_file_lock => File,
+    faults_on_postgres => Postgres,
+    faults_on_mysql => Mysql,
+    faults_on_mysql_get_lock => MysqlNamed,
+    faults_on_nats => Nats,
+    faults_on_zookeeper => ZooKeeper,
+    faults_on_redis => Redis,
+    faults_on_etcd => Etcd,
+    faults_on_the_postgres_advisory_lock => Advisory,
+    faults_on_consul => Consul,
+    faults_on_kubernetes => Kubernetes,
+    faults_on_object_storage => ObjectStore,
+    faults_on_dynamodb => DynamoDb,
+);
 
 /// This run's turn: the workloads run one after the other unless `FAULT_PARALLEL=1`.
 fn turn() -> Option<std::sync::MutexGuard<'static, ()>> {
@@ -221,6 +188,13 @@ fn workload_faults(kinds: &[Fault]) -> Vec<Fault> {
     faults
 }
 
+/// What a workload's report on `backend` must show: no violation, and every one of `faults`
+/// injected.
+fn assert_clean(backend: Backend, violations: &[String], injected: usize, faults: &[Fault]) {
+    assert!(violations.is_empty(), "{}: {violations:#?}", backend.name());
+    assert_eq!(injected, faults.len(), "every fault injected");
+}
+
 /// The schedule workload (`leader cron`, its schedule and overlap policy changed under it,
 /// the replicas' clocks apart) under the faults of `backend`: every scheduled instant
 /// started, none twice, none of no schedule in force, no stale write accepted.
@@ -242,13 +216,7 @@ fn firings(backend: Backend) {
         return;
     };
     eprintln!("{} firings under faults: {report:?}", backend.name());
-    assert!(
-        report.violations.is_empty(),
-        "{}: {:#?}",
-        backend.name(),
-        report.violations
-    );
-    assert_eq!(report.faults, faults.len(), "every fault injected");
+    assert_clean(backend, &report.violations, report.faults, &faults);
     assert!(report.instants > 0 && report.writes > 0, "{report:?}");
     assert!(
         report.changes > 0 || faults.len() < 2,
@@ -256,65 +224,20 @@ fn firings(backend: Backend) {
     );
 }
 
-#[test]
-fn firings_under_faults_on_the_file_lock() {
-    firings(Backend::File);
-}
-
-#[test]
-fn firings_under_faults_on_postgres() {
-    firings(Backend::Postgres);
-}
-
-#[test]
-fn firings_under_faults_on_mysql() {
-    firings(Backend::Mysql);
-}
-
-#[test]
-fn firings_under_faults_on_nats() {
-    firings(Backend::Nats);
-}
-
-#[test]
-fn firings_under_faults_on_zookeeper() {
-    firings(Backend::ZooKeeper);
-}
-
-#[test]
-fn firings_under_faults_on_redis() {
-    firings(Backend::Redis);
-}
-
-#[test]
-fn firings_under_faults_on_etcd() {
-    firings(Backend::Etcd);
-}
-
-#[test]
-fn firings_under_faults_on_the_postgres_advisory_lock() {
-    firings(Backend::Advisory);
-}
-
-#[test]
-fn firings_under_faults_on_consul() {
-    firings(Backend::Consul);
-}
-
-#[test]
-fn firings_under_faults_on_kubernetes() {
-    firings(Backend::Kubernetes);
-}
-
-#[test]
-fn firings_under_faults_on_object_storage() {
-    firings(Backend::ObjectStore);
-}
-
-#[test]
-fn firings_under_faults_on_dynamodb() {
-    firings(Backend::DynamoDb);
-}
+on_each_harness_backend!(firings:
+    firings_under_faults_on_the_file_lock => File,
+    firings_under_faults_on_postgres => Postgres,
+    firings_under_faults_on_mysql => Mysql,
+    firings_under_faults_on_nats => Nats,
+    firings_under_faults_on_zookeeper => ZooKeeper,
+    firings_under_faults_on_redis => Redis,
+    firings_under_faults_on_etcd => Etcd,
+    firings_under_faults_on_the_postgres_advisory_lock => Advisory,
+    firings_under_faults_on_consul => Consul,
+    firings_under_faults_on_kubernetes => Kubernetes,
+    firings_under_faults_on_object_storage => ObjectStore,
+    firings_under_faults_on_dynamodb => DynamoDb,
+);
 
 /// The shard workload (`leader run --shards 4 --static-membership`) under the faults of
 /// `backend`, with rolling restarts and resizes beside them: per shard, no two terms at once,
@@ -336,13 +259,7 @@ fn shards(backend: Backend) {
         return;
     };
     eprintln!("{} shards under faults: {report:?}", backend.name());
-    assert!(
-        report.violations.is_empty(),
-        "{}: {:#?}",
-        backend.name(),
-        report.violations
-    );
-    assert_eq!(report.faults, faults.len(), "every fault injected");
+    assert_clean(backend, &report.violations, report.faults, &faults);
     assert!(report.terms > 0 && report.writes > 0, "{report:?}");
     // The operators' part: a rolling restart after the second fault and every seventh, a
     // resize after the second and every tenth (one may fail while the server is down).
@@ -363,62 +280,21 @@ fn shards(backend: Backend) {
     );
 }
 
-#[test]
-fn shards_under_faults_on_the_file_lock() {
-    shards(Backend::File);
-}
-
-#[test]
-fn shards_under_faults_on_postgres() {
-    shards(Backend::Postgres);
-}
-
-#[test]
-fn shards_under_faults_on_mysql() {
-    shards(Backend::Mysql);
-}
-
-#[test]
-fn shards_under_faults_on_nats() {
-    shards(Backend::Nats);
-}
-
-#[test]
-fn shards_under_faults_on_zookeeper() {
-    shards(Backend::ZooKeeper);
-}
-
-#[test]
-fn shards_under_faults_on_redis() {
-    shards(Backend::Redis);
-}
-
-#[test]
-fn shards_under_faults_on_etcd() {
-    shards(Backend::Etcd);
-}
-
-#[test]
-fn shards_under_faults_on_consul() {
-    shards(Backend::Consul);
-}
-
-#[test]
-fn shards_under_faults_on_kubernetes() {
-    shards(Backend::Kubernetes);
-}
-
-#[test]
-fn shards_under_faults_on_object_storage() {
-    shards(Backend::ObjectStore);
-}
-
-/// The batched path: a member's records read with `BatchGetItem` and renewed with
-/// `TransactWriteItems`.
-#[test]
-fn shards_under_faults_on_dynamodb() {
-    shards(Backend::DynamoDb);
-}
+on_each_harness_backend!(shards:
+    shards_under_faults_on_the_file_lock => File,
+    shards_under_faults_on_postgres => Postgres,
+    shards_under_faults_on_mysql => Mysql,
+    shards_under_faults_on_nats => Nats,
+    shards_under_faults_on_zookeeper => ZooKeeper,
+    shards_under_faults_on_redis => Redis,
+    shards_under_faults_on_etcd => Etcd,
+    shards_under_faults_on_consul => Consul,
+    shards_under_faults_on_kubernetes => Kubernetes,
+    shards_under_faults_on_object_storage => ObjectStore,
+    /// The batched path: a member's records read with `BatchGetItem` and renewed with
+    /// `TransactWriteItems`.
+    shards_under_faults_on_dynamodb => DynamoDb,
+);
 
 /// A three-member etcd cluster: faults of the leader, and of one member (killed and restarted,
 /// frozen, cut off from the replicas), which must cost the leader nothing. With the timings of
@@ -437,21 +313,6 @@ fn faults_on_an_etcd_cluster() {
         settings.outage = settings.lease * 3;
     }
     campaign_with(Backend::EtcdCluster, settings);
-}
-
-#[test]
-fn faults_on_the_postgres_advisory_lock() {
-    campaign(Backend::Advisory);
-}
-
-#[test]
-fn faults_on_consul() {
-    campaign(Backend::Consul);
-}
-
-#[test]
-fn faults_on_kubernetes() {
-    campaign(Backend::Kubernetes);
 }
 
 /// Our replicas beside kubert's on one Lease: neither overlaps the other, and each takes over
@@ -474,14 +335,4 @@ fn faults_on_a_mixed_kubernetes_fleet() {
         report.handovers_to_peers > 0 && report.handovers_from_peers > 0,
         "each kind took over from the other: {report:?}"
     );
-}
-
-#[test]
-fn faults_on_object_storage() {
-    campaign(Backend::ObjectStore);
-}
-
-#[test]
-fn faults_on_dynamodb() {
-    campaign(Backend::DynamoDb);
 }

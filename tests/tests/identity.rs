@@ -9,7 +9,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use leader_test_support::skip_or_fail;
-use leader_tests::term_events;
+use leader_tests::{on_each_backend, term_events};
 use tokio::process::{Child, Command};
 use tokio::time::{sleep, timeout};
 
@@ -111,56 +111,20 @@ async fn one_identity_one_leader_in(lock: &str, env: &[(String, String)]) {
     let _ = third.kill().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_identity_one_leader_on_the_file_lock() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    one_identity_one_leader(&format!("file://{}", dir.path().join("lock").display())).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_identity_one_leader_on_postgres() {
-    let Some(url) = leader_test_support::postgres_lock_or_skip() else {
-        return;
-    };
-    one_identity_one_leader(&url).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_identity_one_leader_on_redis() {
-    let Some(url) = leader_test_support::redis_lock_or_skip() else {
-        return;
-    };
-    one_identity_one_leader(&url).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_identity_one_leader_on_etcd() {
-    let Some(url) = leader_test_support::etcd_lock_or_skip() else {
-        return;
-    };
-    one_identity_one_leader(&url).await;
-}
+on_each_backend!(one_identity_one_leader:
+    one_identity_one_leader_on_the_file_lock => Some(leader_tests::FileLock::in_temp_dir()),
+    one_identity_one_leader_on_postgres => leader_test_support::postgres_lock_or_skip(),
+    one_identity_one_leader_on_redis => leader_test_support::redis_lock_or_skip(),
+    one_identity_one_leader_on_etcd => leader_test_support::etcd_lock_or_skip(),
+    one_identity_one_leader_on_object_storage => leader_test_support::s3_bucket_or_skip()
+        .map(|bucket| format!("s3://{bucket}/twins-{:08x}/", fastrand::u32(..))),
+    one_identity_one_leader_on_dynamodb => leader_test_support::dynamodb_lock_or_skip("twins"),
+);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_identity_one_leader_on_consul() {
     let server = leader_test_support::consul_api::ConsulApiServer::start().await;
     one_identity_one_leader(&format!("consul://{}/twins/", server.address())).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_identity_one_leader_on_object_storage() {
-    let Some(bucket) = leader_test_support::s3_bucket_or_skip() else {
-        return;
-    };
-    one_identity_one_leader(&format!("s3://{bucket}/twins-{:08x}/", fastrand::u32(..))).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_identity_one_leader_on_dynamodb() {
-    let Some(lock) = leader_test_support::dynamodb_lock_or_skip("twins") else {
-        return;
-    };
-    one_identity_one_leader(&lock).await;
 }
 
 /// Kubernetes, on the test API server as a stock cluster runs.

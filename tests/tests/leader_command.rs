@@ -11,7 +11,9 @@ use std::process::{ExitStatus, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use leader_tests::{TermEvent as Event, now_ns as now, term_events as events};
+use leader_tests::{
+    TermEvent as Event, now_ns as now, nth_start, on_each_backend, term_events as events,
+};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tokio::process::{Child, Command};
@@ -22,22 +24,6 @@ const JOB: &str = env!("CARGO_BIN_EXE_job");
 const LEASE: Duration = Duration::from_secs(4);
 const RENEW: Duration = Duration::from_secs(3);
 const RETRY: Duration = Duration::from_secs(1);
-
-/// A test of `scenario` per backend, named for both, each given its lock URL by an expression
-/// that is `None` (a skip, or a failure under CI) without the backend's server.
-macro_rules! on_each_backend {
-    ($scenario:ident: $($test:ident => $url:expr,)+) => {
-        $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $test() {
-                let Some(url) = $url else {
-                    return;
-                };
-                $scenario(&url).await;
-            }
-        )+
-    };
-}
 
 fn leader(lock: &str, name: &str, identity: &str, log: &Path) -> Child {
     leader_with(lock, name, identity, log, &[])
@@ -51,17 +37,8 @@ fn leader_with(lock: &str, name: &str, identity: &str, log: &Path, extra: &[&str
 
 fn leader_command(lock: &str, name: &str, identity: &str, log: &Path, extra: &[&str]) -> Command {
     let ms = |d: Duration| format!("{}ms", d.as_millis());
-    let mut command = Command::new(LEADER);
+    let mut command = leader_tests::candidate_command(LEADER, "run", lock, name, identity);
     command
-        .args([
-            "run",
-            "--lock",
-            lock,
-            "--name",
-            name,
-            "--identity",
-            identity,
-        ])
         .args([
             "--lease-duration",
             &ms(LEASE),
@@ -80,9 +57,7 @@ fn leader_command(lock: &str, name: &str, identity: &str, log: &Path, extra: &[&
         .env(
             "RUST_LOG",
             std::env::var("E2E_LOG").unwrap_or_else(|_| "warn".into()),
-        )
-        .stdout(Stdio::null())
-        .kill_on_drop(true);
+        );
     command
 }
 
@@ -96,26 +71,6 @@ fn object_store_env() -> Vec<(String, String)> {
 fn s3_lock(what: &str) -> Option<String> {
     let bucket = leader_test_support::s3_bucket_or_skip()?;
     Some(format!("s3://{bucket}/{what}-{:08x}/", fastrand::u32(..)))
-}
-
-/// Waits until the log holds `n` starts; returns the last one.
-async fn start_number(log: &Path, n: usize, within: Duration) -> Event {
-    timeout(within, async {
-        loop {
-            let starts: Vec<Event> = events(log).into_iter().filter(|e| e.start).collect();
-            if starts.len() >= n {
-                return starts[n - 1].clone();
-            }
-            sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await
-    .unwrap_or_else(|_| {
-        panic!(
-            "no job start number {n} within {within:?}: {:?}",
-            events(log)
-        )
-    })
 }
 
 /// The jobs of a log that went without a `stop` line (SIGKILLed by their `leader` after the grace
@@ -202,7 +157,7 @@ async fn handovers_within(lock: &str, failover_bound: Duration) {
         .map(|id| leader(lock, &name, id, &log))
         .collect();
 
-    let first = start_number(&log, 1, Duration::from_secs(15)).await;
+    let first = nth_start(&log, 1, Duration::from_secs(15)).await;
     sleep(LEASE).await; // nobody else starts meanwhile
 
     // SIGTERM: COMMAND stops, the lease is released, another job starts within a retry period.
@@ -212,7 +167,7 @@ async fn handovers_within(lock: &str, failover_bound: Duration) {
         .expect("identity");
     let sent = now();
     kill(pid(&leaders[index]), Signal::SIGTERM).expect("SIGTERM");
-    let second = start_number(&log, 2, Duration::from_secs(10)).await;
+    let second = nth_start(&log, 2, Duration::from_secs(10)).await;
     let status = timeout(Duration::from_secs(10), leaders[index].wait())
         .await
         .expect("exits")
@@ -233,7 +188,7 @@ async fn handovers_within(lock: &str, failover_bound: Duration) {
         .expect("identity");
     let killed_at = now();
     kill(pid(&leaders[index]), Signal::SIGKILL).expect("SIGKILL");
-    let third = start_number(&log, 3, failover_bound + Duration::from_secs(2)).await;
+    let third = nth_start(&log, 3, failover_bound + Duration::from_secs(2)).await;
     let failover = Duration::from_nanos((third.at - killed_at) as u64);
     eprintln!("{lock}: failover after SIGKILL took {failover:?}");
     assert!(
@@ -252,13 +207,8 @@ async fn handovers_within(lock: &str, failover_bound: Duration) {
     assert!(first.token < second.token && second.token < third.token);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn file_lock_one_job_at_a_time_and_handovers() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    handovers(&format!("file://{}", dir.path().join("lock").display())).await;
-}
-
 on_each_backend!(handovers:
+    file_lock_one_job_at_a_time_and_handovers => Some(leader_tests::FileLock::in_temp_dir()),
     postgres_lock_one_job_at_a_time_and_handovers => leader_test_support::postgres_lock_or_skip(),
     redis_lock_one_job_at_a_time_and_handovers => leader_test_support::redis_lock_or_skip(),
     etcd_lock_one_job_at_a_time_and_handovers => leader_test_support::etcd_lock_or_skip(),
@@ -270,16 +220,6 @@ on_each_backend!(handovers:
     // followers' clocks and taken over by deleting its record znode.
     zookeeper_lock_one_job_at_a_time_and_handovers => leader_test_support::zookeeper_lock_or_skip(),
 );
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mysql_lock_one_job_at_a_time_and_handovers() {
-    let Some(url) = leader_test_support::mysql_lock_or_skip() else {
-        return;
-    };
-    // Followers poll (the server has no notifications): a release is seen at the next retry,
-    // a jittered retry period away.
-    handovers_within(&url, LEASE + RETRY * 3).await;
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mysql_get_lock_one_job_at_a_time_and_handovers() {
@@ -305,33 +245,32 @@ async fn consul_lock_one_job_at_a_time_and_handovers() {
     assert_eq!(server.sessions(), 0, "{:?}", server.requests());
 }
 
+/// [`handovers`] on a lock whose followers poll: a killed holder is replaced within a lease
+/// and three retry periods.
+async fn polled_handovers(lock: &str) {
+    handovers_within(lock, LEASE + RETRY * 3).await;
+}
+
+on_each_backend!(polled_handovers:
+    /// Followers poll (the server has no notifications): a release is seen at the next retry,
+    /// a jittered retry period away.
+    mysql_lock_one_job_at_a_time_and_handovers => leader_test_support::mysql_lock_or_skip(),
+    /// Object storage, on moto's S3 server: followers poll, so a release is seen at the next
+    /// poll (a retry period with client-go's jitter of 1.2: 1.0 to 2.2 retry periods apart),
+    /// and a killed holder's lease is taken a lease after a follower's first read of its last
+    /// renewal.
+    object_store_lock_one_job_at_a_time_and_handovers => s3_lock("e2e"),
+    /// DynamoDB, on moto's server: followers poll (a condition cannot wait), so a release is
+    /// seen at the next poll, and a killed holder's lease is taken a lease after a follower's
+    /// first read of its last renewal, on the follower's own clock.
+    dynamodb_lock_one_job_at_a_time_and_handovers => leader_test_support::dynamodb_lock_or_skip("e2e"),
+);
+
 /// Coordinated leader election with real processes: the test API server runs the coordinator,
 /// `leader run` replicas take part with `kubernetes://default?binary_version=V`, beside a plain
 /// one. The oldest version leads (were the plain replica first, it is asked to step down); during a
 /// rolling upgrade the old version keeps leading until it stops, then the new one leads. One
 /// job at a time throughout, fencing tokens growing.
-/// Object storage, on moto's S3 server: followers poll, so a release is seen at the next poll
-/// (a retry period with client-go's jitter of 1.2: 1.0 to 2.2 retry periods apart), and a killed holder's lease is taken a lease
-/// after a follower's first read of its last renewal.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn object_store_lock_one_job_at_a_time_and_handovers() {
-    let Some(lock) = s3_lock("e2e") else {
-        return;
-    };
-    handovers_within(&lock, LEASE + RETRY * 3).await;
-}
-
-/// DynamoDB, on moto's server: followers poll (a condition cannot wait), so a release is seen
-/// at the next poll, and a killed holder's lease is taken a lease after a follower's first read
-/// of its last renewal, on the follower's own clock.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dynamodb_lock_one_job_at_a_time_and_handovers() {
-    let Some(lock) = leader_test_support::dynamodb_lock_or_skip("e2e") else {
-        return;
-    };
-    handovers_within(&lock, LEASE + RETRY * 3).await;
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubernetes_coordinated_rolling_upgrade() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -450,7 +389,7 @@ async fn planned_handovers_in(lock: &str, env: &[(&str, &str)]) -> Vec<Duration>
                 .expect("spawn leader")
         })
         .collect();
-    let mut current = start_number(&log, 1, Duration::from_secs(15)).await;
+    let mut current = nth_start(&log, 1, Duration::from_secs(15)).await;
     let mut starts = 1;
     let mut took = Vec::new();
     for _ in 0..2 {
@@ -474,7 +413,7 @@ async fn planned_handovers_in(lock: &str, env: &[(&str, &str)]) -> Vec<Duration>
                 "leader handover --to {target} --wait"
             );
             starts += 1;
-            let next = start_number(&log, starts, Duration::from_secs(5)).await;
+            let next = nth_start(&log, starts, Duration::from_secs(5)).await;
             assert_eq!(next.identity, target, "{:?}", events(&log));
             took.push(Duration::from_nanos((next.at - asked) as u64));
             current = next;
@@ -499,7 +438,7 @@ async fn planned_handovers_in(lock: &str, env: &[(&str, &str)]) -> Vec<Duration>
         "leader after SIGTERM with --handover-to"
     );
     starts += 1;
-    let next = start_number(&log, starts, Duration::from_secs(5)).await;
+    let next = nth_start(&log, starts, Duration::from_secs(5)).await;
     assert_eq!(next.identity, named, "{:?}", events(&log));
     took.push(Duration::from_nanos((next.at - sent) as u64));
     for child in &mut leaders {
@@ -523,7 +462,7 @@ async fn file_lock_planned_handovers() {
     let log = dir.path().join("jobs.log");
     let lock = format!("file://{}", dir.path().join("lock").display());
     let mut one = leader(&lock, "ghost", "one", &log);
-    start_number(&log, 1, Duration::from_secs(15)).await;
+    nth_start(&log, 1, Duration::from_secs(15)).await;
     assert_eq!(
         handover(
             &lock,
@@ -550,7 +489,7 @@ async fn a_handover_request_can_be_withdrawn() {
     let log = dir.path().join("jobs.log");
     assert_eq!(handover(&lock, "withdrawn", &["--withdraw"]).await, Some(6));
     let mut replica = leader(&lock, "withdrawn", "only", &log);
-    start_number(&log, 1, Duration::from_secs(15)).await;
+    nth_start(&log, 1, Duration::from_secs(15)).await;
     assert_eq!(
         handover(&lock, "withdrawn", &["--to", "ghost"]).await,
         Some(0)
@@ -565,7 +504,7 @@ async fn a_handover_request_can_be_withdrawn() {
     .expect("the job stops for the handover");
     let withdrawn = now();
     assert_eq!(handover(&lock, "withdrawn", &["--withdraw"]).await, Some(0));
-    let again = start_number(&log, 2, LEASE).await;
+    let again = nth_start(&log, 2, LEASE).await;
     let took = Duration::from_nanos(u64::try_from(again.at - withdrawn).unwrap_or(0));
     assert!(
         took < RETRY * 3,
@@ -752,72 +691,18 @@ async fn the_exit_code_of_command_is_passed_through() {
 async fn bad_flags_give_their_exit_codes() {
     let dir = tempfile::tempdir().expect("tempdir");
     let lock = format!("file://{}", dir.path().join("lock").display());
+    /// `leader run --name x FLAGS -- COMMAND`.
+    fn run<'a>(flags: &[&'a str], command: &'a str) -> Vec<&'a str> {
+        [&["run", "--name", "x"], flags, &["--", command]].concat()
+    }
     for (args, code) in [
         (vec!["run", "--name", "x"], 2),
-        (
-            vec![
-                "run",
-                "--name",
-                "x",
-                "--lease-duration",
-                "soon",
-                "--",
-                "true",
-            ],
-            2,
-        ),
-        (
-            vec!["run", "--name", "x", "--lease-duration", "5s", "--", "true"],
-            2,
-        ),
-        (
-            vec![
-                "run",
-                "--lock",
-                "ftp://u:secret@h",
-                "--name",
-                "x",
-                "--",
-                "true",
-            ],
-            3,
-        ),
-        (
-            vec![
-                "run",
-                "--lock",
-                "kubernetes://Bad_Namespace",
-                "--name",
-                "x",
-                "--",
-                "true",
-            ],
-            3,
-        ),
-        (
-            vec![
-                "run",
-                "--lock",
-                "redis://127.0.0.1:1",
-                "--name",
-                "x",
-                "--",
-                "true",
-            ],
-            4,
-        ),
-        (
-            vec![
-                "run",
-                "--lock",
-                lock.as_str(),
-                "--name",
-                "x",
-                "--",
-                "/no/such/program",
-            ],
-            127,
-        ),
+        (run(&["--lease-duration", "soon"], "true"), 2),
+        (run(&["--lease-duration", "5s"], "true"), 2),
+        (run(&["--lock", "ftp://u:secret@h"], "true"), 3),
+        (run(&["--lock", "kubernetes://Bad_Namespace"], "true"), 3),
+        (run(&["--lock", "redis://127.0.0.1:1"], "true"), 4),
+        (run(&["--lock", lock.as_str()], "/no/such/program"), 127),
         (
             vec!["status", "--lock", "file://relative", "--name", "x"],
             3,
@@ -834,32 +719,13 @@ async fn once_exits_with_75_when_leadership_is_lost() {
     let path = dir.path().join("lock");
     let log = dir.path().join("jobs.log");
     let lock = format!("file://{}", path.display());
-    let mut child = Command::new(LEADER)
-        .args([
-            "run",
-            "--lock",
-            &lock,
-            "--name",
-            "once",
-            "--identity",
-            "solo",
-            "--once",
-        ])
-        .args([
-            "--lease-duration",
-            "4s",
-            "--renew-deadline",
-            "3s",
-            "--retry-period",
-            "200ms",
-            "--",
-            JOB,
-        ])
+    let mut child = leader_tests::candidate_command(LEADER, "run", &lock, "once", "solo")
+        .args(["--once", "--lease-duration", "4s", "--renew-deadline", "3s"])
+        .args(["--retry-period", "200ms", "--", JOB])
         .env("JOB_LOG", &log)
-        .kill_on_drop(true)
         .spawn()
         .expect("spawn");
-    start_number(&log, 1, Duration::from_secs(10)).await;
+    nth_start(&log, 1, Duration::from_secs(10)).await;
     // Someone else takes the record (as after a lease that expired while this one was stalled).
     use leader_core::ResourceLock;
     // The election's own directory under the URL's.
@@ -904,7 +770,7 @@ async fn wall_clock_steps(lock: &str, env: &[(&str, &std::ffi::OsStr)]) {
         .envs(leader_test_support::faketime_env(&faketime, &offset))
         .spawn()
         .expect("spawn leader");
-    let first = start_number(&log, 1, Duration::from_secs(15)).await;
+    let first = nth_start(&log, 1, Duration::from_secs(15)).await;
     assert_eq!(first.identity, "stepped");
     let mut steady = leader_command(lock, &name, "steady", &log, &[])
         .envs(env.iter().copied())
@@ -926,7 +792,7 @@ async fn wall_clock_steps(lock: &str, env: &[(&str, &std::ffi::OsStr)]) {
         );
     }
     kill(pid(&stepped), Signal::SIGTERM).expect("SIGTERM");
-    let second = start_number(&log, 2, Duration::from_secs(10)).await;
+    let second = nth_start(&log, 2, Duration::from_secs(10)).await;
     assert_eq!(second.identity, "steady");
     assert!(second.token > first.token, "{first:?} then {second:?}");
     for child in [&mut stepped, &mut steady] {
@@ -953,33 +819,18 @@ async fn consul_lock_wall_clock_steps() {
     wall_clock_steps(&format!("consul://{}/e2e/", server.address()), &[]).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_lock_wall_clock_steps() {
-    let Some(url) = leader_test_support::postgres_lock_or_skip() else {
-        return;
-    };
-    wall_clock_steps(&url, &[]).await;
+/// [`wall_clock_steps`] on a lock that needs no more environment.
+async fn wall_clock_steps_on(lock: &str) {
+    wall_clock_steps(lock, &[]).await;
 }
 
-/// ZooKeeper moves a znode's version on every write, identical bytes or not; the lock decides
-/// nothing by a wall clock.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn zookeeper_lock_wall_clock_steps() {
-    let Some(url) = leader_test_support::zookeeper_lock_or_skip() else {
-        return;
-    };
-    wall_clock_steps(&url, &[]).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn file_lock_wall_clock_steps() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    wall_clock_steps(
-        &format!("file://{}", dir.path().join("lock").display()),
-        &[],
-    )
-    .await;
-}
+on_each_backend!(wall_clock_steps_on:
+    file_lock_wall_clock_steps => Some(leader_tests::FileLock::in_temp_dir()),
+    postgres_lock_wall_clock_steps => leader_test_support::postgres_lock_or_skip(),
+    /// ZooKeeper moves a znode's version on every write, identical bytes or not; the lock
+    /// decides nothing by a wall clock.
+    zookeeper_lock_wall_clock_steps => leader_test_support::zookeeper_lock_or_skip(),
+);
 
 /// A loopback address with a port nobody listens on.
 fn free_addr() -> String {
@@ -1028,7 +879,7 @@ async fn metrics_and_health_are_served() {
         .kill_on_drop(true)
         .spawn()
         .expect("spawn");
-    start_number(&log, 1, Duration::from_secs(10)).await;
+    nth_start(&log, 1, Duration::from_secs(10)).await;
     let metrics = http_get(&addr, "/metrics").await;
     assert!(
         metrics.starts_with("HTTP/1.0 200") || metrics.starts_with("HTTP/1.1 200"),
@@ -1367,13 +1218,8 @@ async fn shards_split_and_move(lock: &str) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn file_lock_shards_split_and_move() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    shards_split_and_move(&format!("file://{}", dir.path().join("lock").display())).await;
-}
-
 on_each_backend!(shards_split_and_move:
+    file_lock_shards_split_and_move => Some(leader_tests::FileLock::in_temp_dir()),
     postgres_lock_shards_split_and_move => leader_test_support::postgres_lock_or_skip(),
     redis_lock_shards_split_and_move => leader_test_support::redis_lock_or_skip(),
     zookeeper_lock_shards_split_and_move => leader_test_support::zookeeper_lock_or_skip(),

@@ -13,6 +13,7 @@ use std::time::Duration;
 use leader_tests::harness::campaign::Backend;
 use leader_tests::harness::outage::{self, Timings};
 use leader_tests::harness::run_or_skip;
+use leader_tests::on_each_harness_backend;
 
 fn check(backend: Backend) {
     let seconds: u64 = std::env::var("OUTAGE_SECS")
@@ -87,62 +88,17 @@ fn check(backend: Backend) {
     );
 }
 
-#[test]
-fn a_waiting_follower_backs_off_during_an_outage_on_postgres() {
-    check(Backend::Postgres);
-}
-
-#[test]
-fn a_waiting_follower_backs_off_during_an_outage_on_redis() {
-    check(Backend::Redis);
-}
-
-#[test]
-fn a_waiting_follower_backs_off_during_an_outage_on_mysql() {
-    check(Backend::Mysql);
-}
-
-#[test]
-fn a_waiting_follower_backs_off_during_an_outage_on_the_mysql_get_lock() {
-    check(Backend::MysqlNamed);
-}
-
-#[test]
-fn a_waiting_follower_backs_off_during_an_outage_on_nats() {
-    check(Backend::Nats);
-}
-
-#[test]
-fn a_waiting_follower_backs_off_during_an_outage_on_etcd() {
-    check(Backend::Etcd);
-}
-
-#[test]
-fn a_waiting_follower_backs_off_during_an_outage_on_the_advisory_lock() {
-    check(Backend::Advisory);
-}
-
-#[test]
-fn a_waiting_follower_backs_off_during_an_outage_on_kubernetes() {
-    check(Backend::Kubernetes);
-}
-
-#[test]
-fn a_waiting_follower_backs_off_during_an_outage_on_consul() {
-    check(Backend::Consul);
-}
-
-#[test]
-fn a_waiting_follower_backs_off_during_an_outage_on_object_storage() {
-    check(Backend::ObjectStore);
-}
-
-#[test]
-fn a_waiting_follower_backs_off_during_an_outage_on_dynamodb() {
-    check(Backend::DynamoDb);
-}
-
-#[test]
-fn a_waiting_follower_backs_off_on_an_unreadable_file_lock_record() {
-    check(Backend::File);
-}
+on_each_harness_backend!(check:
+    a_waiting_follower_backs_off_during_an_outage_on_postgres => Postgres,
+    a_waiting_follower_backs_off_during_an_outage_on_redis => Redis,
+    a_waiting_follower_backs_off_during_an_outage_on_mysql => Mysql,
+    a_waiting_follower_backs_off_during_an_outage_on_the_mysql_get_lock => MysqlNamed,
+    a_waiting_follower_backs_off_during_an_outage_on_nats => Nats,
+    a_waiting_follower_backs_off_during_an_outage_on_etcd => Etcd,
+    a_waiting_follower_backs_off_during_an_outage_on_the_advisory_lock => Advisory,
+    a_waiting_follower_backs_off_during_an_outage_on_kubernetes => Kubernetes,
+    a_waiting_follower_backs_off_during_an_outage_on_consul => Consul,
+    a_waiting_follower_backs_off_during_an_outage_on_object_storage => ObjectStore,
+    a_waiting_follower_backs_off_during_an_outage_on_dynamodb => DynamoDb,
+    a_waiting_follower_backs_off_on_an_unreadable_file_lock_record => File,
+);

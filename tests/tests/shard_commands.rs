@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use leader_tests::term_events as events;
+use leader_tests::{on_each_backend, term_events as events};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tokio::process::{Child, Command};
@@ -34,24 +34,34 @@ fn replica(
     dir: &Path,
     env: &[(&str, &str)],
 ) -> Child {
-    replica_with(binary, lock, name, identity, dir, env, &["--shards", "1"])
+    replica_running(
+        binary,
+        lock,
+        name,
+        identity,
+        dir,
+        env,
+        &["--shards", "1"],
+        &[JOB],
+    )
 }
 
-/// [`replica`] with `args` (`--shards K` and more) in place of `--shards 1`; shard N's
-/// COMMAND logs to `DIR/job.log.N`.
-fn replica_with(
-    binary: &Path,
-    lock: &str,
-    name: &str,
-    identity: &str,
-    dir: &Path,
-    env: &[(&str, &str)],
-    args: &[&str],
-) -> Child {
-    replica_running(binary, lock, name, identity, dir, env, args, &[JOB])
+/// [`replica`] of this `leader` with `args` (`--shards K` and more) in place of `--shards 1`
+/// and no more environment; shard N's COMMAND logs to `DIR/job.log.N`.
+fn replica_with(lock: &str, name: &str, identity: &str, dir: &Path, args: &[&str]) -> Child {
+    replica_running(
+        Path::new(LEADER),
+        lock,
+        name,
+        identity,
+        dir,
+        &[],
+        args,
+        &[JOB],
+    )
 }
 
-/// [`replica_with`] running `command` as COMMAND.
+/// [`replica`] with `args` in place of `--shards 1`, running `command` as COMMAND.
 #[allow(clippy::too_many_arguments)]
 fn replica_running(
     binary: &Path,
@@ -234,25 +244,16 @@ async fn a_rolling_restart_with_static_membership_moves_no_shard() {
 /// longer than its lease, within a window of five leases: the other replica keeps away from
 /// the crashed one's shards, which it takes back. On Postgres, whose records stay as the crash
 /// left them, and etcd, which deletes them when their lease runs out.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_lock_set_crashes_within_the_window_move_no_shard() {
-    if let Some(url) = leader_test_support::postgres_lock_or_skip() {
-        crashes_within_the_window(&url).await;
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn etcd_lock_set_crashes_within_the_window_move_no_shard() {
-    if let Some(url) = leader_test_support::etcd_lock_or_skip() {
-        crashes_within_the_window(&url).await;
-    }
-}
-
 async fn crashes_within_the_window(lock: &str) {
     let window = format!("{}ms", (LEASE * 5).as_millis());
     let args = ["--static-membership-window", window.as_str()];
     a_rolling_restart_moves_no_shard(lock, Signal::SIGKILL, LEASE * 3 / 2, &args).await;
 }
+
+on_each_backend!(crashes_within_the_window:
+    postgres_lock_set_crashes_within_the_window_move_no_shard => leader_test_support::postgres_lock_or_skip(),
+    etcd_lock_set_crashes_within_the_window_move_no_shard => leader_test_support::etcd_lock_or_skip(),
+);
 
 /// Two replicas of a set of four shards with `--static-membership` and `more` arguments on
 /// `lock`, each in turn sent `signal` and started again under its identity `pause` later:
@@ -268,17 +269,7 @@ async fn a_rolling_restart_moves_no_shard(
     let name = format!("static-{:08x}", fastrand::u32(..));
     let mut args = vec!["--shards", "4", "--static-membership"];
     args.extend_from_slice(more);
-    let start = |identity: &str| {
-        replica_with(
-            Path::new(LEADER),
-            lock,
-            &name,
-            identity,
-            dir.path(),
-            &[],
-            &args,
-        )
-    };
+    let start = |identity: &str| replica_with(lock, &name, identity, dir.path(), &args);
     let logs: Vec<PathBuf> = (0..SHARDS)
         .map(|shard| dir.path().join(format!("job.log.{shard}")))
         .collect();
@@ -365,37 +356,23 @@ async fn a_rolling_restart_moves_no_shard(
     }
 }
 
+on_each_backend!(fences_the_older:
+    a_replica_started_under_a_running_identity_fences_the_older => Some(leader_tests::FileLock::in_temp_dir()),
+    postgres_lock_set_fences_the_older_process_of_an_identity => leader_test_support::postgres_lock_or_skip(),
+    etcd_lock_set_fences_the_older_process_of_an_identity => leader_test_support::etcd_lock_or_skip(),
+);
+
 /// `--static-membership`: a replica started while another process still runs with its
 /// identity fences that process: the older one exits with code 8, saying so, its COMMANDs
 /// stopped, and the newer one runs every shard, each shard's COMMAND starting only after the
 /// older one's stopped. On the file lock, Postgres (renewals that write) and etcd (renewals
 /// kept in the store, where the fence's write must leave the holder's lease alone).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_replica_started_under_a_running_identity_fences_the_older() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    fences_the_older(&format!("file://{}", dir.path().join("lock").display())).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_lock_set_fences_the_older_process_of_an_identity() {
-    if let Some(url) = leader_test_support::postgres_lock_or_skip() {
-        fences_the_older(&url).await;
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn etcd_lock_set_fences_the_older_process_of_an_identity() {
-    if let Some(url) = leader_test_support::etcd_lock_or_skip() {
-        fences_the_older(&url).await;
-    }
-}
-
 async fn fences_the_older(lock: &str) {
     const SHARDS: u32 = 4;
     let dir = tempfile::tempdir().expect("tempdir");
     let name = format!("fenced-{:08x}", fastrand::u32(..));
     let args = ["--shards", "4", "--static-membership"];
-    let start = || replica_with(Path::new(LEADER), lock, &name, "a", dir.path(), &[], &args);
+    let start = || replica_with(lock, &name, "a", dir.path(), &args);
     let logs: Vec<PathBuf> = (0..SHARDS)
         .map(|shard| dir.path().join(format!("job.log.{shard}")))
         .collect();
@@ -492,15 +469,7 @@ async fn a_set_resized_while_its_replicas_run(lock: &str) {
     let dir = tempfile::tempdir().expect("tempdir");
     let name = format!("resized-{:08x}", fastrand::u32(..));
     let start = |identity: &str, count: &str| {
-        replica_with(
-            Path::new(LEADER),
-            lock,
-            &name,
-            identity,
-            dir.path(),
-            &[],
-            &["--shards", count],
-        )
+        replica_with(lock, &name, identity, dir.path(), &["--shards", count])
     };
     let resize = |name: &str, count: &str| {
         leader(&["shards", "resize", "--lock", lock, "--name", name, count])
@@ -554,33 +523,12 @@ async fn a_set_resized_while_its_replicas_run(lock: &str) {
     assert_eq!(said.trim().lines().count(), 1, "{said}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn file_lock_set_resized_while_its_replicas_run() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    a_set_resized_while_its_replicas_run(&format!("file://{}", dir.path().join("lock").display()))
-        .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_lock_set_resized_while_its_replicas_run() {
-    if let Some(url) = leader_test_support::postgres_lock_or_skip() {
-        a_set_resized_while_its_replicas_run(&url).await;
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_lock_set_resized_while_its_replicas_run() {
-    if let Some(url) = leader_test_support::redis_lock_or_skip() {
-        a_set_resized_while_its_replicas_run(&url).await;
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn etcd_lock_set_resized_while_its_replicas_run() {
-    if let Some(url) = leader_test_support::etcd_lock_or_skip() {
-        a_set_resized_while_its_replicas_run(&url).await;
-    }
-}
+on_each_backend!(a_set_resized_while_its_replicas_run:
+    file_lock_set_resized_while_its_replicas_run => Some(leader_tests::FileLock::in_temp_dir()),
+    postgres_lock_set_resized_while_its_replicas_run => leader_test_support::postgres_lock_or_skip(),
+    redis_lock_set_resized_while_its_replicas_run => leader_test_support::redis_lock_or_skip(),
+    etcd_lock_set_resized_while_its_replicas_run => leader_test_support::etcd_lock_or_skip(),
+);
 
 /// `--weight` and `leader shards drain|undrain --wait` on the file lock: a replica of weight 3
 /// runs three of four shards beside one of weight 1; drained, it hands them all to the other
@@ -593,12 +541,10 @@ async fn weights_and_drains() {
     let name = format!("weights-{:08x}", fastrand::u32(..));
     let start = |identity: &str, weight: &str| {
         replica_with(
-            Path::new(LEADER),
             &lock,
             &name,
             identity,
             dir.path(),
-            &[],
             &["--shards", "4", "--weight", weight],
         )
     };
@@ -716,24 +662,22 @@ async fn a_resize_restarts_every_command_under_the_new_count() {
         wait_until(Duration::from_secs(20), || (0..2).all(|s| running(2, s))).await,
         "the two shards never ran"
     );
-    let resize =
-        |count: &str| leader(&["shards", "resize", "--lock", &lock, "--name", &name, count]);
-    let (code, said) = resize("4");
-    assert_eq!(code, Some(0), "{said}");
-    assert!(
-        wait_until(Duration::from_secs(20), || under(4, 2)).await,
-        "not every shard ran under 4: {:?}",
-        (0..4).map(|s| running(4, s)).collect::<Vec<_>>()
-    );
-    in_order(2, 4);
-    let (code, said) = resize("3");
-    assert_eq!(code, Some(0), "{said}");
-    assert!(
-        wait_until(Duration::from_secs(20), || under(3, 4)).await,
-        "not every shard ran under 3: {:?}",
-        (0..3).map(|s| running(3, s)).collect::<Vec<_>>()
-    );
-    in_order(4, 3);
+    // Resized from `old` shards to `count`: every COMMAND runs under the new count, in order.
+    let resize = async |old: u32, count: u32| {
+        let count_arg = count.to_string();
+        let (code, said) = leader(&[
+            "shards", "resize", "--lock", &lock, "--name", &name, &count_arg,
+        ]);
+        assert_eq!(code, Some(0), "{said}");
+        assert!(
+            wait_until(Duration::from_secs(20), || under(count, old)).await,
+            "not every shard ran under {count}: {:?}",
+            (0..count).map(|s| running(count, s)).collect::<Vec<_>>()
+        );
+        in_order(old, count);
+    };
+    resize(2, 4).await;
+    resize(4, 3).await;
     // Settled: nothing starts again under an old count.
     sleep(LEASE).await;
     assert!(under(3, 4) && !(0..2).any(|s| running(2, s)));

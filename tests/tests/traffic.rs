@@ -7,16 +7,15 @@
 
 use std::collections::BTreeSet;
 use std::path::Path;
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use leader_core::LeaderView;
-use leader_tests::{TermEvent, term_events};
+use leader_tests::{TermEvent, on_each_backend};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::{Value, json};
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 use tokio::time::{sleep, timeout};
 
 const LEADER: &str = env!("CARGO_BIN_EXE_leader-e2e");
@@ -46,16 +45,7 @@ impl Replica {
             .expect("a free port")
             .port();
         let serve = format!("127.0.0.1:{port}");
-        let child = Command::new(LEADER)
-            .args([
-                "run",
-                "--lock",
-                lock,
-                "--name",
-                name,
-                "--identity",
-                identity,
-            ])
+        let child = leader_tests::candidate_command(LEADER, "run", lock, name, identity)
             .args(["--lease-duration", "4s", "--renew-deadline", "3s"])
             .args(["--retry-period", "1s", "--serve", &serve])
             .args(extra)
@@ -66,8 +56,6 @@ impl Replica {
                 "RUST_LOG",
                 std::env::var("E2E_LOG").unwrap_or_else(|_| "warn".into()),
             )
-            .stdout(Stdio::null())
-            .kill_on_drop(true)
             .spawn()
             .expect("spawn leader");
         Self {
@@ -136,17 +124,16 @@ async fn ask(http: &reqwest::Client, replica: &Replica) -> Option<Answer> {
 
 /// The last job started (its identity and token), once the log holds `n` starts.
 async fn nth_start(log: &Path, n: usize) -> TermEvent {
-    timeout(Duration::from_secs(20), async {
-        loop {
-            let starts: Vec<TermEvent> = term_events(log).into_iter().filter(|e| e.start).collect();
-            if starts.len() >= n {
-                return starts[n - 1].clone();
-            }
-            sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("no job start number {n}: {:?}", term_events(log)))
+    leader_tests::nth_start(log, n, Duration::from_secs(20)).await
+}
+
+/// Takes the replica that runs `job` out of `replicas`.
+fn take_leader(replicas: &mut Vec<Replica>, job: &TermEvent) -> Replica {
+    let at = replicas
+        .iter()
+        .position(|r| r.identity == job.identity)
+        .expect("the leader");
+    replicas.remove(at)
 }
 
 /// Asks every replica until each agrees that `job.identity` leads with `job.token`; checks
@@ -224,11 +211,7 @@ async fn endpoints_through_handovers(lock: &str) {
     let mut job = nth_start(&log, 1).await;
     every_replica_names(&http, &replicas, &job).await;
     for n in 2..=3 {
-        let at = replicas
-            .iter()
-            .position(|r| r.identity == job.identity)
-            .expect("the leader");
-        let stopped = replicas.remove(at);
+        let stopped = take_leader(&mut replicas, &job);
         stopped.signal(Signal::SIGTERM);
         let next = nth_start(&log, n).await;
         assert!(next.token > job.token);
@@ -246,19 +229,10 @@ async fn endpoints_through_handovers(lock: &str) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn file_lock_leader_and_readiness_through_handovers() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    endpoints_through_handovers(&format!("file://{}", dir.path().join("lock").display())).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_lock_leader_and_readiness_through_handovers() {
-    let Some(url) = leader_test_support::redis_lock_or_skip() else {
-        return;
-    };
-    endpoints_through_handovers(&url).await;
-}
+on_each_backend!(endpoints_through_handovers:
+    file_lock_leader_and_readiness_through_handovers => Some(leader_tests::FileLock::in_temp_dir()),
+    redis_lock_leader_and_readiness_through_handovers => leader_test_support::redis_lock_or_skip(),
+);
 
 /// The test Kubernetes API server as a process, its URL and a kubeconfig for it in `dir`.
 async fn kube_api_server(dir: &Path) -> (Child, String, std::path::PathBuf) {
@@ -367,11 +341,7 @@ async fn kubernetes_the_leaders_pod_is_labelled_never_two() {
     every_replica_names(&http, &replicas, &first).await;
 
     // SIGTERM: the label is removed before the release, and the next leader labels its Pod.
-    let at = replicas
-        .iter()
-        .position(|r| r.identity == first.identity)
-        .expect("the leader");
-    let stopped = replicas.remove(at);
+    let stopped = take_leader(&mut replicas, &first);
     stopped.signal(Signal::SIGTERM);
     let second = nth_start(&log, 2).await;
     labelled.wait_for(&second.identity).await;
@@ -379,11 +349,7 @@ async fn kubernetes_the_leaders_pod_is_labelled_never_two() {
 
     // SIGKILL: the label stays on the dead leader's Pod until the next leader, once the lease
     // ran out, removes it before it labels its own.
-    let at = replicas
-        .iter()
-        .position(|r| r.identity == second.identity)
-        .expect("the leader");
-    let mut killed = replicas.remove(at);
+    let mut killed = take_leader(&mut replicas, &second);
     killed.signal(Signal::SIGKILL);
     let _ = killed.child.wait().await;
     let third = nth_start(&log, 3).await;

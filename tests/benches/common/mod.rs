@@ -380,7 +380,7 @@ pub fn ms(d: Duration) -> String {
 }
 
 /// A number from the environment variable `name`, else `default`.
-pub fn knob(name: &str, default: u64) -> u64 {
+pub fn knob<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)
         .ok()
         .and_then(|n| n.parse().ok())

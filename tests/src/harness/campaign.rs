@@ -434,26 +434,19 @@ pub async fn run(
         outage_rates: Vec::new(),
         violations: Vec::new(),
     };
-    let mut outcome = (0..settings.replicas).try_for_each(|slot| run.spawn(slot));
-    if outcome.is_ok() {
+    let outcome = async {
+        (0..settings.replicas).try_for_each(|slot| run.spawn(slot))?;
         for (done, fault) in faults.iter().enumerate() {
-            if let Err(err) = run.inject(*fault).await {
-                outcome = Err(err);
-                break;
-            }
-            if (done + 1) % 100 == 0 {
-                eprintln!(
-                    "{}: {} of {} faults, {} violations",
-                    backend.name(),
-                    done + 1,
-                    faults.len(),
-                    run.violations.len()
-                );
-            }
+            run.inject(*fault).await?;
+            let violations = run.violations.len();
+            let what = format_args!("{} ({violations} violations)", backend.name());
+            super::say_progress(what, done + 1, faults.len());
         }
         // The last leader writes a little before the end.
         sleep(Duration::from_millis(300)).await;
+        Ok::<(), HarnessError>(())
     }
+    .await;
     run.stop_all().await;
     outcome?;
 

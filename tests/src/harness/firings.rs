@@ -544,8 +544,8 @@ pub async fn run(
         faketime,
     };
     let mut report = FiringsReport::default();
-    let mut outcome = (0..settings.replicas).try_for_each(|slot| run.spawn(slot));
-    if outcome.is_ok() {
+    let outcome = async {
+        (0..settings.replicas).try_for_each(|slot| run.spawn(slot))?;
         sleep(Duration::from_secs(3)).await;
         for (done, fault) in faults.iter().enumerate() {
             let injected = run.inject(*fault).await;
@@ -555,34 +555,22 @@ pub async fn run(
                 .change_every
                 .is_some_and(|every| (done + 1) % every == 0 && done + 1 < faults.len());
             if change {
-                match run.roll_out().await {
-                    Ok(Some(violation)) => report.violations.push(violation),
-                    Ok(None) => report.changes += 1,
-                    Err(err) => {
-                        outcome = Err(err);
-                        break;
-                    }
+                match run.roll_out().await? {
+                    Some(violation) => report.violations.push(violation),
+                    None => report.changes += 1,
                 }
             }
-            match injected {
-                Ok(Some(violation)) => report.violations.push(violation),
-                Ok(None) => report.faults += 1,
-                Err(err) => {
-                    outcome = Err(err);
-                    break;
-                }
+            match injected? {
+                Some(violation) => report.violations.push(violation),
+                None => report.faults += 1,
             }
-            if (done + 1) % 100 == 0 {
-                eprintln!(
-                    "{} firings: {} of {} faults",
-                    backend.name(),
-                    done + 1,
-                    faults.len()
-                );
-            }
+            let what = format_args!("{} firings", backend.name());
+            super::say_progress(what, done + 1, faults.len());
         }
         sleep(Duration::from_secs(3)).await;
+        Ok::<(), HarnessError>(())
     }
+    .await;
     stop_replicas(&mut run.replicas).await;
     outcome?;
 

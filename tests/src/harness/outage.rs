@@ -5,14 +5,13 @@
 //! how long it takes to lead once the store is back (S9).
 
 use std::path::Path;
-use std::process::Stdio;
 use std::time::Duration;
 
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 use tokio::time::{Instant, sleep};
 
 use super::Programs;
-use super::campaign::{Backend, HarnessError, Settings, proxy_to};
+use super::campaign::{Backend, HarnessError, Settings, Stage, stage};
 use super::proxy::{Mode, Proxy};
 use super::servers::PrivateServer;
 
@@ -132,25 +131,14 @@ impl Replica {
             source,
         })?;
         let ms = |d: Duration| format!("{}ms", d.as_millis());
-        let mut command = Command::new(leader);
+        let mut command = crate::candidate_command(leader, "run", lock, "outage", identity);
         command
-            .args([
-                "run",
-                "--lock",
-                lock,
-                "--name",
-                "outage",
-                "--identity",
-                identity,
-            ])
             .args(["--lease-duration", &ms(timings.lease)])
             .args(["--renew-deadline", &ms(timings.renew)])
             .args(["--retry-period", &ms(timings.retry)])
             .args(["--metrics-addr", &metrics])
             .args(["--", "sleep", "3600"])
-            .stdout(Stdio::null())
-            .stderr(stderr)
-            .kill_on_drop(true);
+            .stderr(stderr);
         // Its own default filter, unless asked otherwise: the log during an outage is measured.
         match std::env::var("OUTAGE_LOG") {
             Ok(filter) => command.env("RUST_LOG", filter),
@@ -210,15 +198,13 @@ pub async fn measure(
     outage: Duration,
     window: Duration,
 ) -> Result<OutageReport, HarnessError> {
-    let dir = tempfile::tempdir().map_err(|source| HarnessError::Io {
-        what: "temporary directory".into(),
-        source,
-    })?;
-    let server = backend.start_server(programs).await?;
-    let proxy = match &server {
-        Some(server) => Some(proxy_to(server).await?),
-        None => None,
-    };
+    // One proxy, for the follower, when the backend has a server of its own.
+    let Stage {
+        dir,
+        server,
+        mut proxies,
+    } = stage(backend, programs, 1).await?;
+    let proxy = proxies.pop();
     // The election's own directory under the file URL's (one per election name).
     let lock_dir = dir.path().join("lock").join("outage");
     let settings = Settings {

@@ -256,7 +256,8 @@ impl PrivateServer {
                 }
             }
             ServerKind::Redis => {
-                let child = Command::new("redis-server")
+                let mut command = Command::new("redis-server");
+                command
                     .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
                     .arg("--dir")
                     .arg(&self.dir)
@@ -268,12 +269,8 @@ impl PrivateServer {
                         "--save",
                         "",
                     ])
-                    .args(["--protected-mode", "no", "--daemonize", "no"])
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .spawn()
-                    .map_err(|e| fail(format!("redis-server: {e}")))?;
-                self.child = Some(child);
+                    .args(["--protected-mode", "no", "--daemonize", "no"]);
+                self.child = Some(spawn_quiet(&mut command, "redis-server").map_err(fail)?);
             }
             ServerKind::Mysql => {
                 let mut command = Command::new("mariadbd");
@@ -299,15 +296,11 @@ impl PrivateServer {
                 if running_as_root() {
                     command.arg("--user=root");
                 }
-                let child = command
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .spawn()
-                    .map_err(|e| fail(format!("mariadbd: {e}")))?;
-                self.child = Some(child);
+                self.child = Some(spawn_quiet(&mut command, "mariadbd").map_err(fail)?);
             }
             ServerKind::Nats => {
-                let child = Command::new("nats-server")
+                let mut command = Command::new("nats-server");
+                command
                     .args([
                         "-a",
                         "127.0.0.1",
@@ -316,27 +309,23 @@ impl PrivateServer {
                         "-js",
                         "-sd",
                     ])
-                    .arg(self.dir.join("js"))
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .spawn()
-                    .map_err(|e| fail(format!("nats-server (scripts/setup installs it): {e}")))?;
-                self.child = Some(child);
+                    .arg(self.dir.join("js"));
+                self.child = Some(
+                    spawn_quiet(&mut command, "nats-server (scripts/setup installs it)")
+                        .map_err(fail)?,
+                );
             }
             ServerKind::Etcd => {
-                let child = Command::new("etcd")
+                let mut command = Command::new("etcd");
+                command
                     .args(["--name", "fault", "--data-dir"])
                     .arg(self.dir.join("data"))
                     .args(["--listen-client-urls", &endpoint])
                     .args(["--advertise-client-urls", &endpoint])
                     .args(["--listen-peer-urls", &peer])
                     .args(["--initial-advertise-peer-urls", &peer])
-                    .args(["--initial-cluster", &format!("fault={peer}")])
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .spawn()
-                    .map_err(|e| fail(format!("etcd: {e}")))?;
-                self.child = Some(child);
+                    .args(["--initial-cluster", &format!("fault={peer}")]);
+                self.child = Some(spawn_quiet(&mut command, "etcd").map_err(fail)?);
             }
             ServerKind::ZooKeeper => {
                 let config = self.dir.join("zoo.cfg");
@@ -345,28 +334,29 @@ impl PrivateServer {
                     zookeeper_ensemble::server_config(&self.dir.join("data"), self.port, ""),
                 )
                 .map_err(|e| fail(format!("zoo.cfg: {e}")))?;
-                let child = zookeeper_ensemble::server_command(&config)
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .spawn()
-                    .map_err(|e| {
-                        fail(format!(
-                            "ZooKeeper (scripts/setup installs zookeeperd): {e}"
-                        ))
-                    })?;
-                self.child = Some(child);
+                let mut command = zookeeper_ensemble::server_command(&config);
+                self.child = Some(
+                    spawn_quiet(
+                        &mut command,
+                        "ZooKeeper (scripts/setup installs zookeeperd)",
+                    )
+                    .map_err(fail)?,
+                );
             }
             ServerKind::S3 => {
                 // One request at a time: moto alone can let two conditional writes on one
                 // ETag both succeed (scripts/s3-server says where).
-                let child = Command::new("python3")
+                let mut command = Command::new("python3");
+                command
                     .arg(S3_SERVER)
-                    .args(["-H", "127.0.0.1", "-p", &self.port.to_string()])
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .spawn()
-                    .map_err(|e| fail(format!("{S3_SERVER} (scripts/setup installs moto): {e}")))?;
-                self.child = Some(child);
+                    .args(["-H", "127.0.0.1", "-p", &self.port.to_string()]);
+                self.child = Some(
+                    spawn_quiet(
+                        &mut command,
+                        &format!("{S3_SERVER} (scripts/setup installs moto)"),
+                    )
+                    .map_err(fail)?,
+                );
             }
             ServerKind::Kube | ServerKind::Consul => {
                 let program = self
@@ -468,4 +458,13 @@ impl Drop for PrivateServer {
         self.kill();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// Starts `command` with its output dropped; `what` names the program in the error.
+fn spawn_quiet(command: &mut Command, what: &str) -> Result<Child, String> {
+    command
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("{what}: {e}"))
 }

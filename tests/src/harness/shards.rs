@@ -306,33 +306,21 @@ pub async fn run(
         exited: Vec::new(),
     };
     let mut report = ShardsReport::default();
-    let mut outcome = (0..settings.replicas).try_for_each(|slot| run.spawn(slot));
-    if outcome.is_ok() {
+    let outcome = async {
+        (0..settings.replicas).try_for_each(|slot| run.spawn(slot))?;
         sleep(Duration::from_secs(3)).await;
         for (turn, fault) in faults.iter().enumerate() {
-            match run.inject(*fault, turn).await {
-                Ok(true) => report.faults += 1,
-                Ok(false) => {}
-                Err(err) => {
-                    outcome = Err(err);
-                    break;
-                }
+            if run.inject(*fault, turn).await? {
+                report.faults += 1;
             }
-            if let Err(err) = run.operate(turn, &mut report).await {
-                outcome = Err(err);
-                break;
-            }
-            if (turn + 1) % 100 == 0 {
-                eprintln!(
-                    "{} shards: {} of {} faults",
-                    backend.name(),
-                    turn + 1,
-                    faults.len()
-                );
-            }
+            run.operate(turn, &mut report).await?;
+            let what = format_args!("{} shards", backend.name());
+            super::say_progress(what, turn + 1, faults.len());
         }
         sleep(Duration::from_secs(3)).await;
+        Ok::<(), HarnessError>(())
     }
+    .await;
     stop_replicas(&mut run.replicas).await;
     // The watchers' last look.
     sleep(Duration::from_millis(50)).await;
