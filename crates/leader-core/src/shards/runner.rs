@@ -12,12 +12,11 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use tokio::sync::{mpsc, watch};
-use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::locks::LockSet;
-use super::{Callbacks, ShardsConfig, ShardsError, ShardsState, roster_key, shard_key};
+use super::{Callbacks, ShardsConfig, ShardsError, ShardsState, roster_key};
 use crate::backoff::{Backoff, Jitter};
 use crate::error::LockError;
 use crate::leadership::{Leadership, StepDown, StepDownReason, TermDeadline, TermRequest};
@@ -32,6 +31,7 @@ mod members;
 mod renewals;
 mod resize;
 mod round;
+mod table;
 
 /// How many shards a member tries to take at once (each a request on its own record).
 const CLAIMS_AT_ONCE: usize = 32;
@@ -166,9 +166,6 @@ pub(crate) struct Runner {
     /// reported when it turns unreadable (or its error changes) and when it is read again,
     /// not every round.
     unreadable: HashMap<String, String>,
-    /// The shards whose record the last read of every shard could not read: owned by nobody
-    /// as far as this member knows, taken by nobody, and left out of the shares.
-    unreadable_shards: BTreeSet<u32>,
     try_acquire_supported: bool,
     /// Whether the store renews leases without a new version, learned from this member's own
     /// first renewal: then a member record's unchanged version says nothing of its age.
@@ -180,28 +177,10 @@ pub(crate) struct Runner {
     live: usize,
     /// The most shards a live member owns less the fewest, as last read.
     imbalance: usize,
-    releases: JoinSet<u32>,
-    /// The release writes that may be under way at once ([`RELEASES_AT_ONCE`]).
-    release_writes: Arc<tokio::sync::Semaphore>,
-    /// The shards given up whose release is under way, or whose term ended while its work
-    /// still runs, with the task that waits for it: neither this member's nor to take again
-    /// until it ends, though their records still name this member.
-    releasing: BTreeMap<u32, tokio::task::Id>,
-    /// The key of each shard, made once.
-    shard_keys: Vec<String>,
-    /// What every shard's key begins with.
-    shard_prefix: String,
-    /// What this member saw of each shard (of other records: `seen`).
-    shard_seen: Vec<Option<Sighting>>,
-    /// Each shard's record as the last read of every shard found it: a read passes their
-    /// versions, and the store need not send a record still at its version again.
-    shard_records: Vec<Option<Observed>>,
-    /// Whether each shard was read yet (an absent record is known only then).
-    shard_read: Vec<bool>,
-    /// The shards whose record the store deleted under a holder (its lease run out, where the
-    /// store keeps leases: etcd, ZooKeeper), with that holder, until the record is back: what
-    /// a static member gone within its window still counts as its own.
-    vanished: BTreeMap<u32, String>,
+    /// The releases under way (`runner/handing.rs`).
+    releases: handing::Releases,
+    /// Each shard's key and what this member knows of its record (`runner/table.rs`).
+    table: table::ShardTable,
     /// What a read asks for: the roster, the members it names, every shard; made again only
     /// when the roster's members or the count change.
     read_keys: Vec<String>,
@@ -228,15 +207,10 @@ impl Runner {
         let me = set.identity().to_owned();
         let backoff = Backoff::new(config.lease.retry_period, config.lease.lease_duration)
             .jitter(Jitter::Spread(0.2));
-        let shard_keys: Vec<String> = (0..config.count)
-            .map(|s| shard_key(&config.name, s))
-            .collect();
-        // The key of shard 0 less its number.
-        let mut shard_prefix = shard_key(&config.name, 0);
-        shard_prefix.pop();
-        let mut read_keys = Vec::with_capacity(shard_keys.len() + 1);
+        let table = table::ShardTable::new(&config.name, config.count);
+        let mut read_keys = Vec::with_capacity(table.keys.len() + 1);
         read_keys.push(roster_key(&config.name));
-        read_keys.extend(shard_keys.iter().cloned());
+        read_keys.extend(table.keys.iter().cloned());
         Self {
             config,
             set,
@@ -251,7 +225,6 @@ impl Runner {
             roster_members: BTreeMap::new(),
             last_roster: None,
             unreadable: HashMap::new(),
-            unreadable_shards: BTreeSet::new(),
             try_acquire_supported: true,
             renews_in_store: None,
             backoff,
@@ -259,19 +232,8 @@ impl Runner {
             problem: None,
             live: 0,
             imbalance: 0,
-            releases: JoinSet::new(),
-            release_writes: Arc::new(tokio::sync::Semaphore::new(RELEASES_AT_ONCE)),
-            releasing: BTreeMap::new(),
-            shard_prefix,
-            shard_seen: std::iter::repeat_with(|| None)
-                .take(shard_keys.len())
-                .collect(),
-            vanished: BTreeMap::new(),
-            shard_records: std::iter::repeat_with(|| None)
-                .take(shard_keys.len())
-                .collect(),
-            shard_read: vec![false; shard_keys.len()],
-            shard_keys,
+            releases: handing::Releases::new(),
+            table,
             read_keys,
             owned_changed: true,
             pace: round::Pace::new(),
@@ -451,8 +413,8 @@ impl Runner {
     /// Notes a record read or written: the follower's clock for its lease starts when a
     /// version is first seen (S2).
     fn observe(&mut self, key: &str, observed: Option<&Observed>) {
-        if let Some(shard) = self.shard_index(key) {
-            note(&mut self.shard_seen[shard], observed);
+        if let Some(shard) = self.table.index(key) {
+            note(&mut self.table.seen[shard], observed);
             return;
         }
         let Some(observed) = observed else {
@@ -473,8 +435,8 @@ impl Runner {
     /// it alive itself (a lease it stopped keeping is counted from now).
     fn store_keeps(&mut self, key: &str, kept: bool) {
         let now = Instant::now();
-        let seen = match self.shard_index(key) {
-            Some(shard) => self.shard_seen[shard].as_mut(),
+        let seen = match self.table.index(key) {
+            Some(shard) => self.table.seen[shard].as_mut(),
             None => self.seen.get_mut(key),
         };
         if let Some(seen) = seen {
@@ -482,16 +444,10 @@ impl Runner {
         }
     }
 
-    /// The shard whose key is `key`, if it is one of this set's shards.
-    fn shard_index(&self, key: &str) -> Option<usize> {
-        let index: usize = key.strip_prefix(&self.shard_prefix)?.parse().ok()?;
-        (self.shard_keys.get(index)? == key).then_some(index)
-    }
-
     /// What this member saw of record `key`.
     fn seen(&self, key: &str) -> Option<&Sighting> {
-        match self.shard_index(key) {
-            Some(shard) => self.shard_seen[shard].as_ref(),
+        match self.table.index(key) {
+            Some(shard) => self.table.seen[shard].as_ref(),
             None => self.seen.get(key),
         }
     }

@@ -205,7 +205,7 @@ impl Runner {
         let mut stuck = None;
         for &shard in open {
             let observed = &shards[shard as usize];
-            let key = &self.shard_keys[shard as usize];
+            let key = &self.table.keys[shard as usize];
             let handed_to_me = observed
                 .as_ref()
                 .is_some_and(|o| o.record.handover_to() == Some(self.me.as_str()));
@@ -269,9 +269,9 @@ impl Runner {
             };
             // Rounds after the read: a shard since taken here, or past a new count, is not.
             batch.retain(|shard| {
-                (*shard as usize) < self.shard_keys.len()
+                (*shard as usize) < self.table.keys.len()
                     && !self.owned.contains_key(shard)
-                    && !self.releasing.contains_key(shard)
+                    && !self.releases.contains(*shard)
             });
             // Claims sent are waited for past the budget (each no longer than its request
             // may take), since the store may apply a claim it answers late: dropped, it would
@@ -284,7 +284,7 @@ impl Runner {
             let claims = {
                 let claims = join_all(batch.iter().map(|&shard| {
                     let current = shards.get(shard as usize).cloned().flatten();
-                    self.claim(&self.shard_keys[shard as usize], current)
+                    self.claim(&self.table.keys[shard as usize], current)
                 }));
                 let mut claims = std::pin::pin!(claims);
                 match tokio::time::timeout_at(budget, &mut claims).await {
@@ -306,7 +306,7 @@ impl Runner {
             };
             let mut failed = false;
             for (&shard, claim) in batch.iter().zip(claims) {
-                let key = self.shard_keys[shard as usize].clone();
+                let key = self.table.keys[shard as usize].clone();
                 match self.note_claim(&key, claim) {
                     Ok(Some((observed, _))) if retaking && plan.drained => {
                         self.free(shard, observed);

@@ -6,10 +6,11 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
 use futures_util::future::join_all;
-use tokio::sync::oneshot;
+use tokio::sync::{Semaphore, oneshot};
+use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use super::{CLAIMS_AT_ONCE, Runner, Term, reason_label, tell_stopped};
+use super::{CLAIMS_AT_ONCE, RELEASES_AT_ONCE, Runner, Term, reason_label, tell_stopped};
 use crate::backoff::{Backoff, Jitter};
 use crate::error::LockError;
 use crate::leadership::{
@@ -26,6 +27,67 @@ const GIVE_UP_RESET: std::time::Duration = std::time::Duration::from_secs(600);
 /// The longest a member waits before taking again a shard whose work gave it up (as
 /// CrashLoopBackOff's cap).
 const GIVE_UP_CAP: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// The releases under way: the shards given up whose release is under way, or whose term
+/// ended while its work still runs, each with the task that waits for it. Their shards are
+/// neither this member's nor to take again until the task ends, though their records still
+/// name this member.
+pub(super) struct Releases {
+    tasks: JoinSet<u32>,
+    /// The release writes that may be under way at once ([`RELEASES_AT_ONCE`]).
+    writes: Arc<Semaphore>,
+    under_way: BTreeMap<u32, tokio::task::Id>,
+}
+
+impl Releases {
+    pub(super) fn new() -> Self {
+        Self {
+            tasks: JoinSet::new(),
+            writes: Arc::new(Semaphore::new(RELEASES_AT_ONCE)),
+            under_way: BTreeMap::new(),
+        }
+    }
+
+    /// Runs `release` of `shard` in the background; the shard is under way until it ends.
+    fn spawn(&mut self, shard: u32, release: impl Future<Output = ()> + Send + 'static) {
+        let task = self.tasks.spawn(async move {
+            release.await;
+            shard
+        });
+        self.under_way.insert(shard, task.id());
+    }
+
+    /// Whether a release of `shard` is under way.
+    pub(super) fn contains(&self, shard: u32) -> bool {
+        self.under_way.contains_key(&shard)
+    }
+
+    /// Whether no release is under way.
+    pub(super) fn is_empty(&self) -> bool {
+        self.under_way.is_empty()
+    }
+
+    /// Forgets the releases that ended: their shards are read as anyone's again.
+    fn reap(&mut self) {
+        while let Some(ended) = self.tasks.try_join_next() {
+            match ended {
+                Ok(shard) => {
+                    self.under_way.remove(&shard);
+                }
+                Err(err) => self.under_way.retain(|_, task| *task != err.id()),
+            }
+        }
+    }
+
+    /// Waits for the releases under way, `bound` at the most, and abandons those left.
+    pub(super) async fn finish(&mut self, bound: std::time::Duration) {
+        let _ = tokio::time::timeout(bound, async {
+            while self.tasks.join_next().await.is_some() {}
+        })
+        .await;
+        self.tasks.abort_all();
+    }
+}
 
 /// What the shards' work asked for and waits on: the shards it gave up, which this member
 /// takes again only after a back-off, and the extensions it asked to write.
@@ -87,11 +149,9 @@ impl Runner {
             tell_stopped(stopped, shard, term.token(), reason, false);
             if let Some(mut alive) = term.alive.take() {
                 drop(term);
-                let task = self.releases.spawn(async move {
+                self.releases.spawn(shard, async move {
                     let _ = alive.recv().await;
-                    shard
                 });
-                self.releasing.insert(shard, task.id());
             }
         }
     }
@@ -135,10 +195,10 @@ impl Runner {
         let to = to.map(str::to_owned);
         let name = self.config.name.clone();
         let clock = self.config.lease.wall_clock.clone();
-        let writes = self.release_writes.clone();
+        let writes = self.releases.writes.clone();
         m::shard_moved(&name, reason_label(reason));
         tracing::info!(shards = name, shard, to, "releasing the shard");
-        let task = self.releases.spawn(async move {
+        self.releases.spawn(shard, async move {
             let fencing_token = term.token();
             drop(term.leadership.take());
             let work_stopped = match term.alive.as_mut() {
@@ -169,16 +229,14 @@ impl Runner {
             if let Some(alive) = term.alive.as_mut().filter(|_| !work_stopped) {
                 let _ = alive.recv().await;
             }
-            shard
         });
-        self.releasing.insert(shard, task.id());
     }
 
     /// Releases `shard`, whose record this drained member took back (`observed`) without
     /// starting a term or work: in the background, the shard kept out as a release under way
     /// is until it ends. The release names no one: the members under their share take it.
     pub(super) fn free(&mut self, shard: u32, observed: Observed) {
-        let Some(key) = self.shard_keys.get(shard as usize) else {
+        let Some(key) = self.table.keys.get(shard as usize) else {
             return;
         };
         let lock = self.lock(key);
@@ -193,24 +251,15 @@ impl Runner {
             shard,
             "this member is drained: releasing a shard whose term had lapsed, without taking it up"
         );
-        let writes = self.release_writes.clone();
-        let task = self.releases.spawn(async move {
+        let writes = self.releases.writes.clone();
+        self.releases.spawn(shard, async move {
             write_release(&writes, &*lock, &observed.version, &record, timeout).await;
-            shard
         });
-        self.releasing.insert(shard, task.id());
     }
 
     /// Forgets the releases that ended: their shards are read as anyone's again.
     pub(super) fn reap_releases(&mut self) {
-        while let Some(ended) = self.releases.try_join_next() {
-            match ended {
-                Ok(shard) => {
-                    self.releasing.remove(&shard);
-                }
-                Err(err) => self.releasing.retain(|_, task| *task != err.id()),
-            }
-        }
+        self.releases.reap();
     }
 
     /// The requests of shards' work: a step-down, a handover, extensions to write. Writes of

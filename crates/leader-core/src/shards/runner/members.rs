@@ -206,10 +206,10 @@ impl Runner {
 
     /// The keys a read asks for: the roster, its members, every shard.
     pub(super) fn make_read_keys(&mut self) {
-        let mut keys = Vec::with_capacity(1 + self.roster_members.len() + self.shard_keys.len());
+        let mut keys = Vec::with_capacity(1 + self.roster_members.len() + self.table.keys.len());
         keys.push(roster_key(&self.config.name));
         keys.extend(self.roster_members.keys().cloned());
-        keys.extend(self.shard_keys.iter().cloned());
+        keys.extend(self.table.keys.iter().cloned());
         self.read_keys = keys;
     }
 
@@ -630,11 +630,7 @@ impl Runner {
             }
         }
         let bound = self.config.lease.stop_grace + self.config.lease.request_timeout;
-        let _ = tokio::time::timeout(bound, async {
-            while self.releases.join_next().await.is_some() {}
-        })
-        .await;
-        self.releases.abort_all();
+        self.releases.finish(bound).await;
         if !self.config.lease.release_on_cancel {
             return;
         }

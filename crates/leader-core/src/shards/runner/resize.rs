@@ -4,7 +4,6 @@
 
 use super::Runner;
 use crate::leadership::StepDownReason;
-use crate::shards::shard_key;
 
 impl Runner {
     /// Follows the roster's new `count`: ends and releases the shards owned past it (their
@@ -22,16 +21,7 @@ impl Runner {
             self.give(shard, None, StepDownReason::Resized);
         }
         self.work_requests.forget_give_ups_from(count);
-        self.unreadable_shards.retain(|&shard| shard < count);
-        self.vanished.retain(|&shard, _| shard < count);
-        let n = count as usize;
-        self.shard_keys.truncate(n);
-        let from = u32::try_from(self.shard_keys.len()).unwrap_or(count);
-        self.shard_keys
-            .extend((from..count).map(|shard| shard_key(&name, shard)));
-        self.shard_seen.resize_with(n, || None);
-        self.shard_records.resize_with(n, || None);
-        self.shard_read.resize(n, false);
+        self.table.resize(&name, count);
         self.config.count = count;
         // Told after the terms past the count were ended: work that sees the new count finds
         // the removed shards' work already told to stop.

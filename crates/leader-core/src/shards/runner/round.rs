@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use tokio::time::Instant;
 
-use super::{Runner, Unreadable, View, note};
+use super::{Runner, Unreadable, View};
 use crate::error::LockError;
 use crate::leadership::StepDownReason;
 use crate::shards::assign::{gifts, shares};
@@ -80,13 +80,8 @@ impl Runner {
             Default::default()
         };
         let keys = std::mem::take(&mut self.read_keys);
-        if self.shard_records.len() != self.shard_keys.len() {
-            // A round dropped while it acted (see `act`) took them along: read them all again.
-            self.shard_records = std::iter::repeat_with(|| None)
-                .take(self.shard_keys.len())
-                .collect();
-            self.shard_read.fill(false);
-        }
+        // A round dropped while it acted (see `act`) took the records along.
+        self.table.restore_records();
         let first_shard = 1 + self.roster_members.len();
         let asked = if full {
             &keys[..]
@@ -95,9 +90,10 @@ impl Runner {
         };
         let known: Vec<Known<'_>> = std::iter::repeat_n(Known::Nothing, first_shard)
             .chain(
-                self.shard_records
+                self.table
+                    .records
                     .iter()
-                    .zip(&self.shard_read)
+                    .zip(&self.table.read)
                     .map(|(record, &read)| match record {
                         _ if !read => Known::Nothing,
                         None => Known::Absent,
@@ -190,35 +186,11 @@ impl Runner {
             match (i.checked_sub(first_shard), answer) {
                 // The shards come in order, after the roster and the members.
                 (Some(shard), Ok(answer)) => {
-                    if let Reread::Now(observed) = answer {
-                        let index = u32::try_from(shard).unwrap_or(u32::MAX);
-                        let before = std::mem::replace(&mut self.shard_records[shard], observed);
-                        if self.shard_records[shard].is_some() {
-                            self.vanished.remove(&index);
-                        } else if let Some(before) =
-                            before.filter(|b| !b.record.holder_identity.is_empty())
-                        {
-                            self.vanished.insert(index, before.record.holder_identity);
-                        }
-                    }
-                    self.shard_read[shard] = true;
-                    note(
-                        &mut self.shard_seen[shard],
-                        self.shard_records[shard].as_ref(),
-                    );
-                    if !self.unreadable_shards.is_empty() {
-                        let shard = u32::try_from(shard).unwrap_or(u32::MAX);
-                        self.unreadable_shards.remove(&shard);
-                    }
+                    self.table.read_ok(shard, answer);
                     self.note_readable(key);
                 }
                 (Some(shard), Err(err)) => {
-                    // Known as nothing: read again in full, its lease clock started over.
-                    self.shard_records[shard] = None;
-                    self.shard_read[shard] = false;
-                    self.shard_seen[shard] = None;
-                    self.unreadable_shards
-                        .insert(u32::try_from(shard).unwrap_or(u32::MAX));
+                    self.table.read_failed(shard);
                     self.report_unreadable(key, &err);
                 }
                 (None, Ok(answer)) => {
@@ -326,14 +298,14 @@ impl Runner {
             // The claims the last read of every shard called for go on while the members
             // stay as it found them.
             if self.plan.is_some() {
-                let shards = std::mem::take(&mut self.shard_records);
+                let shards = std::mem::take(&mut self.table.records);
                 self.claim_planned(&shards).await;
-                self.shard_records = shards;
+                self.table.records = shards;
             }
             return Ok(());
         }
         // Out of `self` while this round acts on it (put back below; nothing returns early).
-        let view_shards = std::mem::take(&mut self.shard_records);
+        let view_shards = std::mem::take(&mut self.table.records);
         let count = self.config.count;
         let mut owners: BTreeMap<String, Vec<u32>> =
             present.iter().map(|m| (m.clone(), Vec::new())).collect();
@@ -359,10 +331,10 @@ impl Runner {
         // the shares, so that the others settle around them.
         let mut unknown = 0u32;
         for (shard, observed) in (0..count).zip(&view_shards) {
-            if self.owned.contains_key(&shard) || self.releasing.contains_key(&shard) {
+            if self.owned.contains_key(&shard) || self.releases.contains(shard) {
                 continue;
             }
-            if self.unreadable_shards.contains(&shard) {
+            if self.table.unreadable.contains(&shard) {
                 unknown += 1;
                 continue;
             }
@@ -373,6 +345,7 @@ impl Runner {
             // Deleted by the store under a static member gone within its window: its own.
             if observed.is_none()
                 && let Some(list) = self
+                    .table
                     .vanished
                     .get(&shard)
                     .filter(|holder| absent.contains(*holder))
@@ -465,7 +438,7 @@ impl Runner {
             && room == 0
             && lapsed.is_empty()
             && open.is_empty()
-            && self.releasing.is_empty()
+            && self.releases.is_empty()
             && !self.work_requests.any_backing_off(now);
         self.pace.settled = idle && at_shares;
         self.pace.settled_live = present;
@@ -475,7 +448,7 @@ impl Runner {
         }
         let drained = drained_here && share == 0;
         self.take(room, &lapsed, &open, &view_shards, drained).await;
-        self.shard_records = view_shards;
+        self.table.records = view_shards;
         Ok(())
     }
 }

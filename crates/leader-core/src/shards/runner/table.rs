@@ -1,0 +1,112 @@
+//! What a member knows of each shard of the set, by shard number: its key, its record as the
+//! last read of every shard found it, and what it saw of it since when (S2).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::note;
+use crate::record::Observed;
+use crate::rules::Sighting;
+use crate::shards::{Reread, shard_key};
+
+/// Each shard's key and what this member knows of its record, indexed by shard number.
+pub(super) struct ShardTable {
+    /// The key of each shard, made once.
+    pub(super) keys: Vec<String>,
+    /// What every shard's key begins with.
+    prefix: String,
+    /// What this member saw of each shard (of other records: the runner's `seen`).
+    pub(super) seen: Vec<Option<Sighting>>,
+    /// Each shard's record as the last read of every shard found it: a read passes their
+    /// versions, and the store need not send a record still at its version again.
+    pub(super) records: Vec<Option<Observed>>,
+    /// Whether each shard was read yet (an absent record is known only then).
+    pub(super) read: Vec<bool>,
+    /// The shards whose record the store deleted under a holder (its lease run out, where the
+    /// store keeps leases: etcd, ZooKeeper), with that holder, until the record is back: what
+    /// a static member gone within its window still counts as its own.
+    pub(super) vanished: BTreeMap<u32, String>,
+    /// The shards whose record the last read of every shard could not read: owned by nobody
+    /// as far as this member knows, taken by nobody, and left out of the shares.
+    pub(super) unreadable: BTreeSet<u32>,
+}
+
+impl ShardTable {
+    /// The table of set `name`'s `count` shards, none read yet.
+    pub(super) fn new(name: &str, count: u32) -> Self {
+        // The key of shard 0 less its number.
+        let mut prefix = shard_key(name, 0);
+        prefix.pop();
+        let mut table = Self {
+            keys: Vec::new(),
+            prefix,
+            seen: Vec::new(),
+            records: Vec::new(),
+            read: Vec::new(),
+            vanished: BTreeMap::new(),
+            unreadable: BTreeSet::new(),
+        };
+        table.resize(name, count);
+        table
+    }
+
+    /// Follows the set's new `count`: the shards past it are forgotten, those added are known
+    /// as nothing yet.
+    pub(super) fn resize(&mut self, name: &str, count: u32) {
+        self.unreadable.retain(|&shard| shard < count);
+        self.vanished.retain(|&shard, _| shard < count);
+        let n = count as usize;
+        self.keys.truncate(n);
+        let from = u32::try_from(self.keys.len()).unwrap_or(count);
+        self.keys
+            .extend((from..count).map(|shard| shard_key(name, shard)));
+        self.seen.resize_with(n, || None);
+        self.records.resize_with(n, || None);
+        self.read.resize(n, false);
+    }
+
+    /// The shard whose key is `key`, if it is one of this set's shards.
+    pub(super) fn index(&self, key: &str) -> Option<usize> {
+        let index: usize = key.strip_prefix(&self.prefix)?.parse().ok()?;
+        (self.keys.get(index)? == key).then_some(index)
+    }
+
+    /// Makes sure there is a record slot per shard: a round dropped while it acted (it holds
+    /// the records meanwhile) took them along, and every shard is then read again in full.
+    pub(super) fn restore_records(&mut self) {
+        if self.records.len() != self.keys.len() {
+            self.records = std::iter::repeat_with(|| None)
+                .take(self.keys.len())
+                .collect();
+            self.read.fill(false);
+        }
+    }
+
+    /// Notes what a read of every shard answered for `shard`: its record now (kept as it was
+    /// when the store said it is unchanged), and the holder of a record the store deleted.
+    pub(super) fn read_ok(&mut self, shard: usize, answer: Reread) {
+        let index = u32::try_from(shard).unwrap_or(u32::MAX);
+        if let Reread::Now(observed) = answer {
+            let before = std::mem::replace(&mut self.records[shard], observed);
+            if self.records[shard].is_some() {
+                self.vanished.remove(&index);
+            } else if let Some(before) = before.filter(|b| !b.record.holder_identity.is_empty()) {
+                self.vanished.insert(index, before.record.holder_identity);
+            }
+        }
+        self.read[shard] = true;
+        note(&mut self.seen[shard], self.records[shard].as_ref());
+        if !self.unreadable.is_empty() {
+            self.unreadable.remove(&index);
+        }
+    }
+
+    /// Notes that `shard`'s record could not be read: known as nothing, read again in full,
+    /// its lease clock started over.
+    pub(super) fn read_failed(&mut self, shard: usize) {
+        self.records[shard] = None;
+        self.read[shard] = false;
+        self.seen[shard] = None;
+        self.unreadable
+            .insert(u32::try_from(shard).unwrap_or(u32::MAX));
+    }
+}
