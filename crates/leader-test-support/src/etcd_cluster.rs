@@ -180,16 +180,20 @@ impl EtcdCluster {
     /// Starts member `index` again on its ports and data, and waits until it listens.
     ///
     /// # Panics
-    /// It did not listen within 10 s.
+    /// It exited, or did not listen within 60 s (a loaded machine's WAL replay can take a
+    /// while; set `ETCD_CLUSTER_LOGS=DIR` for its log).
     pub fn restart(&mut self, index: usize) {
         self.kill(index);
         self.spawn(index);
         let port = self.members[index].client_port;
         let since = Instant::now();
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if let Some(status) = self.members[index].child.exited() {
+                panic!("etcd member {index} exited as it started again ({status})");
+            }
             assert!(
-                since.elapsed() < Duration::from_secs(10),
-                "etcd member {index} did not listen again"
+                since.elapsed() < Duration::from_secs(60),
+                "etcd member {index} did not listen again within 60 s"
             );
             std::thread::sleep(Duration::from_millis(50));
         }

@@ -113,10 +113,30 @@ pub fn in_ci() -> bool {
 
 /// A free loopback port: bound, then let go, for a server of a test's own.
 ///
+/// It is drawn below the kernel's ephemeral range and above the fixed ports of
+/// `scripts/services.sh`: a server a test stops and starts again must find its port free,
+/// and an outgoing connection (which takes its source port from the ephemeral range) made
+/// meanwhile by any test could otherwise hold it. Where the ephemeral range leaves no room,
+/// any free port.
+///
 /// # Panics
 /// No port could be bound.
 #[must_use]
 pub fn free_port() -> u16 {
+    const FIRST: u16 = 24_000;
+    let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32_768);
+    let bindable = |port: u16| std::net::TcpListener::bind(("127.0.0.1", port)).is_ok();
+    if ephemeral > FIRST {
+        for _ in 0..1_000 {
+            let port = fastrand::u16(FIRST..ephemeral);
+            if bindable(port) {
+                return port;
+            }
+        }
+    }
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|listener| listener.local_addr())
         .expect("a free port")
@@ -517,6 +537,26 @@ pub fn connected_or_skip<T, E: std::fmt::Display>(
             assert!(!in_ci(), "CI=true and no {what} at {at}: {err}");
             eprintln!("skipping: no {what} at {at} ({err}); set {variable} or run scripts/test");
             None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_free_port_is_outside_the_ephemeral_range_and_free() {
+        let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+            .ok()
+            .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok());
+        for _ in 0..50 {
+            let port = super::free_port();
+            if let Some(low) = ephemeral.filter(|&low| low > 24_000) {
+                assert!(
+                    (24_000..low).contains(&port),
+                    "port {port}, ephemeral from {low}"
+                );
+            }
+            std::net::TcpListener::bind(("127.0.0.1", port)).expect("the port is free");
         }
     }
 }

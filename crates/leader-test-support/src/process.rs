@@ -25,6 +25,14 @@ impl Slot {
         self.child.is_some()
     }
 
+    /// How the process ended, if it has (reaped then); `None` while it runs or when none was
+    /// started.
+    pub(crate) fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        let status = self.child.as_mut()?.try_wait().ok()??;
+        self.child = None;
+        Some(status)
+    }
+
     /// Kills the process (SIGKILL, resumed first if frozen) and reaps it.
     pub(crate) fn kill(&mut self) {
         self.thaw();
