@@ -208,10 +208,7 @@ impl Runner {
         let backoff = Backoff::new(config.lease.retry_period, config.lease.lease_duration)
             .jitter(Jitter::Spread(0.2));
         let table = table::ShardTable::new(&config.name, config.count);
-        let mut read_keys = Vec::with_capacity(table.keys.len() + 1);
-        read_keys.push(roster_key(&config.name));
-        read_keys.extend(table.keys.iter().cloned());
-        Self {
+        let mut runner = Self {
             config,
             set,
             me,
@@ -234,13 +231,15 @@ impl Runner {
             imbalance: 0,
             releases: handing::Releases::new(),
             table,
-            read_keys,
+            read_keys: Vec::new(),
             owned_changed: true,
             pace: round::Pace::new(),
             plan: None,
             renewals_took: std::time::Duration::ZERO,
             work_requests: handing::WorkRequests::default(),
-        }
+        };
+        runner.make_read_keys();
+        runner
     }
 
     pub(crate) async fn run(mut self, shutdown: CancellationToken) -> Result<(), ShardsError> {

@@ -68,7 +68,7 @@ impl Releases {
     }
 
     /// Forgets the releases that ended: their shards are read as anyone's again.
-    fn reap(&mut self) {
+    pub(super) fn reap(&mut self) {
         while let Some(ended) = self.tasks.try_join_next() {
             match ended {
                 Ok(shard) => {
@@ -255,11 +255,6 @@ impl Runner {
         self.releases.spawn(shard, async move {
             write_release(&writes, &*lock, &observed.version, &record, timeout).await;
         });
-    }
-
-    /// Forgets the releases that ended: their shards are read as anyone's again.
-    pub(super) fn reap_releases(&mut self) {
-        self.releases.reap();
     }
 
     /// The requests of shards' work: a step-down, a handover, extensions to write. Writes of

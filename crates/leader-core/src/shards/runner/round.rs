@@ -278,7 +278,7 @@ impl Runner {
             self.unsettle();
             return Ok(());
         }
-        self.reap_releases();
+        self.releases.reap();
         // A member drained or undrained changes the shares: the shards are read at once.
         let drained = drained(&roster.record);
         if !drained
