@@ -41,7 +41,7 @@ fn us(d: Duration) -> String {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<(), Box<dyn Error>> {
     let endpoint = bench::etcd_endpoint();
-    let rounds = renewal::rounds(200);
+    let rounds = bench::knob("ROUNDS", 200);
     let store = EtcdStore::connect([endpoint.as_str()]).await?;
     let mut client = store.client().await.expect("etcd client");
     let tag = format!("{:08x}", fastrand::u32(..));

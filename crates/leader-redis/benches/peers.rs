@@ -33,7 +33,7 @@ fn us(d: Duration) -> String {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn Error>> {
     let url = leader_test_support::redis_url();
-    let rounds = renewal::rounds(2000);
+    let rounds = bench::knob("ROUNDS", 2000);
     let store = RedisStore::connect(url.clone()).await?;
     let mut admin = store.connection();
     let tag = format!("{:08x}", fastrand::u32(..));

@@ -1,6 +1,6 @@
 //! Helpers for the backends' renewal benchmarks.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use chrono::Utc;
 
@@ -65,14 +65,45 @@ pub async fn renewals(
     count: usize,
 ) -> Result<Vec<std::time::Duration>, leader_core::LockError> {
     let mut took = Vec::with_capacity(count);
-    for _ in 0..count {
-        let at = std::time::Instant::now();
+    time_each(count, &mut took, async || {
         *observed = lock
             .renew(&observed.version, &renewed(&observed.record))
             .await?;
-        took.push(at.elapsed());
-    }
+        Ok::<_, leader_core::LockError>(())
+    })
+    .await?;
     Ok(took)
+}
+
+/// Runs `operation` `count` times in a row, adding how long each took to `samples`.
+///
+/// # Errors
+/// The first error of `operation`.
+pub async fn time_each<T, E>(
+    count: usize,
+    samples: &mut Vec<Duration>,
+    mut operation: impl AsyncFnMut() -> Result<T, E>,
+) -> Result<(), E> {
+    for _ in 0..count {
+        let at = Instant::now();
+        operation().await?;
+        samples.push(at.elapsed());
+    }
+    Ok(())
+}
+
+/// A number from the environment variable `name`, else `default`; a value that is no such
+/// number stops the bench (a typo must not measure the default under another name).
+///
+/// # Panics
+/// The variable is set to something that does not parse.
+pub fn knob<T: std::str::FromStr>(name: &str, default: T) -> T {
+    match std::env::var(name) {
+        Ok(value) if !value.is_empty() => value
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}={value:?} is not a number this bench takes")),
+        _ => default,
+    }
 }
 
 /// `record` with its renew time set to now, as a renewal writes it.

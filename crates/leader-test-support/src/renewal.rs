@@ -2,11 +2,12 @@
 //! references: a real elector leading on the lock, the lease taken again by the benchmark,
 //! renewals in a row, and latency samples of any operation.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use leader_core::{LockError, Observed, ResourceLock};
 
 use crate::bench;
+pub use crate::bench::time_each;
 
 /// An elector's timings for a benchmark.
 #[derive(Debug, Clone, Copy)]
@@ -89,7 +90,7 @@ pub async fn updates(
     count: usize,
 ) -> Result<Vec<Duration>, LockError> {
     let mut took = Vec::with_capacity(count);
-    time_each(count, &mut took, async || {
+    bench::time_each(count, &mut took, async || {
         *observed = lock
             .update(&observed.version, &bench::renewed(&observed.record))
             .await?;
@@ -97,31 +98,6 @@ pub async fn updates(
     })
     .await?;
     Ok(took)
-}
-
-/// Runs `operation` `count` times in a row, adding how long each took to `samples`.
-///
-/// # Errors
-/// The first error of `operation`.
-pub async fn time_each<T, E>(
-    count: usize,
-    samples: &mut Vec<Duration>,
-    mut operation: impl AsyncFnMut() -> Result<T, E>,
-) -> Result<(), E> {
-    for _ in 0..count {
-        let at = Instant::now();
-        operation().await?;
-        samples.push(at.elapsed());
-    }
-    Ok(())
-}
-
-/// `ROUNDS` from the environment, or `default`: how many rounds a benchmark runs.
-pub fn rounds(default: usize) -> usize {
-    std::env::var("ROUNDS")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(default)
 }
 
 /// A record of `holder` with a 10 s lease, which no benchmark round outlasts.

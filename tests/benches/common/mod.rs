@@ -373,21 +373,10 @@ pub fn memory_kb(field: &str) -> u64 {
         .unwrap_or(0)
 }
 
-pub use leader_test_support::bench::percentile;
+pub use leader_test_support::bench::{knob, percentile};
 
 pub fn ms(d: Duration) -> String {
     format!("{:.1} ms", d.as_secs_f64() * 1e3)
-}
-
-/// A number from the environment variable `name`, else `default`; a value that is no such
-/// number stops the bench (a typo must not measure the default under another name).
-pub fn knob<T: std::str::FromStr>(name: &str, default: T) -> T {
-    match std::env::var(name) {
-        Ok(value) if !value.is_empty() => value
-            .parse()
-            .unwrap_or_else(|_| panic!("{name}={value:?} is not a number this bench takes")),
-        _ => default,
-    }
 }
 
 /// A shard set's member run with `work` for each shard it takes (work that runs until its
