@@ -30,6 +30,7 @@ mod handing;
 mod members;
 mod renewals;
 mod resize;
+mod roster;
 mod round;
 mod table;
 
@@ -158,10 +159,8 @@ pub(crate) struct Runner {
     /// This member's own record and what it knows of the others' (`runner/members.rs`).
     membership: members::Membership,
     seen: HashMap<String, Sighting>,
-    /// Members named by the last roster read: identity by member key.
-    roster_members: BTreeMap<String, String>,
-    /// The roster as last read and checked: what an unreadable roster is taken as meanwhile.
-    last_roster: Option<Observed>,
+    /// The roster as last read, and the keys a read asks for (`runner/roster.rs`).
+    roster: roster::RosterRead,
     /// The records that could not be read, with the error last reported of each: a record is
     /// reported when it turns unreadable (or its error changes) and when it is read again,
     /// not every round.
@@ -181,9 +180,6 @@ pub(crate) struct Runner {
     releases: handing::Releases,
     /// Each shard's key and what this member knows of its record (`runner/table.rs`).
     table: table::ShardTable,
-    /// What a read asks for: the roster, the members it names, every shard; made again only
-    /// when the roster's members or the count change.
-    read_keys: Vec<String>,
     /// Whether the shards owned changed since the state was last published.
     owned_changed: bool,
     /// When every shard is read again (`runner/round.rs`).
@@ -208,7 +204,8 @@ impl Runner {
         let backoff = Backoff::new(config.lease.retry_period, config.lease.lease_duration)
             .jitter(Jitter::Spread(0.2));
         let table = table::ShardTable::new(&config.name, config.count);
-        let mut runner = Self {
+        let roster = roster::RosterRead::new(&config.name, &table.keys);
+        Self {
             config,
             set,
             me,
@@ -219,8 +216,7 @@ impl Runner {
             member: None,
             membership: members::Membership::new(),
             seen: HashMap::new(),
-            roster_members: BTreeMap::new(),
-            last_roster: None,
+            roster,
             unreadable: HashMap::new(),
             try_acquire_supported: true,
             renews_in_store: None,
@@ -231,15 +227,12 @@ impl Runner {
             imbalance: 0,
             releases: handing::Releases::new(),
             table,
-            read_keys: Vec::new(),
             owned_changed: true,
             pace: round::Pace::new(),
             plan: None,
             renewals_took: std::time::Duration::ZERO,
             work_requests: handing::WorkRequests::default(),
-        };
-        runner.make_read_keys();
-        runner
+        }
     }
 
     pub(crate) async fn run(mut self, shutdown: CancellationToken) -> Result<(), ShardsError> {

@@ -72,7 +72,7 @@ impl Runner {
             // A roster this member has read and finds gone (deleted by hand, or dropped by the
             // store) is created again as last read, not with this member alone: its members,
             // its drains, its count, and what a later release wrote into it (S16).
-            let last = self.last_roster.as_ref().map(|last| &last.record);
+            let last = self.roster.last().map(|last| &last.record);
             let recreating = last.is_some();
             let mut record = match last {
                 Some(last) => LeaderElectionRecord {
@@ -111,7 +111,7 @@ impl Runner {
                         "the shard set's roster was gone: created it again as this member last \
                          read it, with its members, drains and count"
                     );
-                    self.note_roster(&created);
+                    self.roster.note_members(&created, &self.table.keys);
                 }
                 Ok(created) => {
                     self.membership.counted = true;
@@ -120,7 +120,7 @@ impl Runner {
                         count = self.config.count,
                         "created the shard set's roster"
                     );
-                    self.note_roster(&created);
+                    self.roster.note_members(&created, &self.table.keys);
                 }
                 Err(err) if err.is_conflict() => {}
                 Err(err) => self.report("create", &err),
@@ -149,7 +149,7 @@ impl Runner {
                 });
             }
             // The shards are read again, at the new count, before anything is decided.
-            self.note_roster(&roster);
+            self.roster.note_members(&roster, &self.table.keys);
             self.resize(stored);
             return Ok(None);
         }
@@ -157,7 +157,7 @@ impl Runner {
         if matches!(self.problem, Some(ShardsError::InvalidRoster { .. })) {
             self.problem = None;
         }
-        self.note_roster(&roster);
+        self.roster.note_members(&roster, &self.table.keys);
         let stale = self.config.lease.wall_clock.now() - roster.record.renew_time > ROSTER_REFRESH;
         let joining = !roster.record.extensions.contains_key(&my_entry);
         let (window_key, window) = self.window_entry();
@@ -186,31 +186,6 @@ impl Runner {
             .static_membership
             .then(|| self.config.static_membership_window.as_millis().to_string());
         (key, window)
-    }
-
-    pub(super) fn note_roster(&mut self, roster: &Observed) {
-        let members = roster
-            .record
-            .extensions
-            .iter()
-            .filter_map(|(k, v)| k.strip_prefix(MEMBER_PREFIX).map(|key| (key, v)));
-        if members
-            .clone()
-            .eq(self.roster_members.iter().map(|(k, v)| (k.as_str(), v)))
-        {
-            return;
-        }
-        self.roster_members = members.map(|(k, v)| (k.to_owned(), v.clone())).collect();
-        self.make_read_keys();
-    }
-
-    /// The keys a read asks for: the roster, its members, every shard.
-    pub(super) fn make_read_keys(&mut self) {
-        let mut keys = Vec::with_capacity(1 + self.roster_members.len() + self.table.keys.len());
-        keys.push(roster_key(&self.config.name));
-        keys.extend(self.roster_members.keys().cloned());
-        keys.extend(self.table.keys.iter().cloned());
-        self.read_keys = keys;
     }
 
     /// Takes this member's record when it does not hold it: a record of its identity that it
@@ -451,7 +426,7 @@ impl Runner {
         let windows = windows(roster);
         let mut gone_since = HashMap::new();
         let mut absent = BTreeSet::new();
-        for (key, identity) in &self.roster_members {
+        for (key, identity) in self.roster.members() {
             let Some(&window) = windows.get(key.as_str()) else {
                 continue;
             };
@@ -604,7 +579,7 @@ impl Runner {
             .await
         {
             Ok(stored) => {
-                self.note_roster(&stored);
+                self.roster.note_members(&stored, &self.table.keys);
                 Some(stored)
             }
             Err(err) => {

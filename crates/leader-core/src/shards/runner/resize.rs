@@ -26,7 +26,7 @@ impl Runner {
         // Told after the terms past the count were ended: work that sees the new count finds
         // the removed shards' work already told to stop.
         self.count.send_replace(count);
-        self.make_read_keys();
+        self.roster.shards_are(&self.table.keys);
         self.unsettle();
         self.owned_changed = true;
     }

@@ -79,10 +79,10 @@ impl Runner {
         } else {
             Default::default()
         };
-        let keys = std::mem::take(&mut self.read_keys);
+        let keys = self.roster.keys();
         // A round dropped while it acted (see `act`) took the records along.
         self.table.restore_records();
-        let first_shard = 1 + self.roster_members.len();
+        let first_shard = self.roster.first_shard();
         let asked = if full {
             &keys[..]
         } else {
@@ -138,7 +138,6 @@ impl Runner {
         let results = match results {
             Ok(results) if results.len() == asked.len() => results,
             Ok(_) => {
-                self.read_keys = keys;
                 return Err(LockError::unavailable(
                     "shards",
                     format!(
@@ -148,7 +147,6 @@ impl Runner {
                 ));
             }
             Err(_) => {
-                self.read_keys = keys;
                 return Err(LockError::Timeout {
                     lock: self.set.describe(),
                     operation: "get",
@@ -163,13 +161,12 @@ impl Runner {
             .iter()
             .all(|r| matches!(r, Err(e) if !matches!(e, LockError::InvalidRecord { .. })))
         {
-            self.read_keys = keys;
             let err = results.into_iter().find_map(Result::err);
             return Err(err.unwrap_or_else(|| {
                 LockError::unavailable("shards", "a batch read answered nothing".to_owned())
             }));
         }
-        let identities: Vec<String> = self.roster_members.values().cloned().collect();
+        let identities: Vec<String> = self.roster.members().values().cloned().collect();
         let mut roster = Err(Unreadable);
         let mut members = HashMap::with_capacity(identities.len());
         let mut unreadable_members = BTreeSet::new();
@@ -215,7 +212,6 @@ impl Runner {
                 }
             }
         }
-        self.read_keys = keys;
         Ok(View {
             roster,
             members,
@@ -243,10 +239,10 @@ impl Runner {
                     self.unsettle();
                     return Ok(());
                 };
-                self.last_roster = Some(roster.clone());
+                self.roster.checked(&roster);
                 (roster, true)
             }
-            Err(Unreadable) => match self.last_roster.clone() {
+            Err(Unreadable) => match self.roster.last().cloned() {
                 Some(roster) => (roster, false),
                 None => {
                     self.unsettle();
