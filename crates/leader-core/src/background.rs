@@ -20,6 +20,14 @@ pub const RENEW: Duration = Duration::from_secs(2);
 /// The retry period [`Candidate::start`] uses.
 pub const RETRY: Duration = Duration::from_millis(500);
 
+/// The lease duration of [`Candidate::start_steady`].
+pub const STEADY_LEASE: Duration = Duration::from_secs(6);
+/// The renew deadline of [`Candidate::start_steady`]: longer than a store on a loaded machine
+/// stalls (a slow disk's sync holds up every member of an etcd cluster on it, and their raft
+/// heartbeats, for seconds), so that a check that leadership stays put without a fault fails
+/// for a defect, not for the machine's load.
+pub const STEADY_RENEW: Duration = Duration::from_secs(5);
+
 /// An elector running in a task of its own, with its state channel, its status and the terms
 /// it ended.
 #[derive(Debug)]
@@ -48,6 +56,17 @@ impl Candidate {
             LeaderElector::builder(lock)
                 .lease_duration(LEASE.max(retry * 4))
                 .renew_deadline(RENEW.max(retry * 3))
+                .retry_period(retry),
+        )
+    }
+
+    /// Starts an elector on `lock` with retry period `retry`, [`STEADY_LEASE`] and
+    /// [`STEADY_RENEW`]: for checks that a leader keeps its lease while nothing fails.
+    pub fn start_steady(lock: impl ResourceLock + 'static, retry: Duration) -> Self {
+        Self::build(
+            LeaderElector::builder(lock)
+                .lease_duration(STEADY_LEASE)
+                .renew_deadline(STEADY_RENEW)
                 .retry_period(retry),
         )
     }
@@ -139,6 +158,21 @@ impl Candidate {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+
+    /// What a failed assertion should say of it: the terms it ended, with why, and the failure
+    /// going on, if any.
+    pub fn account(&self) -> String {
+        let ended: Vec<String> = self
+            .stopped()
+            .iter()
+            .map(|s| format!("{} ({:?})", s.fencing_token, s.reason))
+            .collect();
+        let failing = self.status.last_error().map_or_else(
+            || "none".to_owned(),
+            |e| format!("{} x{}", e.error, e.failures),
+        );
+        format!("terms ended {ended:?}, failing now: {failing}")
     }
 
     /// Shuts it down, waits for it, and returns the terms it ended (when started with
