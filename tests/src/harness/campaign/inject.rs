@@ -20,7 +20,7 @@ impl Run<'_> {
             ));
             return Ok(());
         };
-        let bound = self.settings.recovery_bound(self.backend, fault);
+        let mut bound = self.settings.recovery_bound(self.backend, fault);
         let Some(leader_pid) = self.replicas[slot].pid() else {
             self.violations
                 .push(format!("{} exited by itself", term.identity));
@@ -71,7 +71,9 @@ impl Run<'_> {
             Fault::Cut => self.proxies[slot].set(Mode::Cut),
             Fault::Latency => self.proxies[slot].set(Mode::Delay(self.settings.renew * 2)),
             Fault::Restart => {
-                from = crash_and_restart(&mut self.server, self.settings.lease).await?;
+                let restarted = crash_and_restart(&mut self.server, self.settings.lease).await?;
+                from = restarted.back;
+                bound += reconnect_wait(self.backend, restarted.away);
             }
             Fault::ServerFreeze => {
                 if let Some(server) = &self.server {
@@ -79,6 +81,7 @@ impl Run<'_> {
                     sleep(self.settings.lease).await;
                     from = now_ns();
                     server.thaw();
+                    bound += reconnect_wait(self.backend, self.settings.lease);
                 }
             }
             Fault::Outage => from = self.outage().await,

@@ -164,22 +164,31 @@ pub(crate) async fn drain_sink(
     Ok(rows)
 }
 
-/// Crashes the private server, waits `down`, and starts it again; returns when it started
-/// again (`CLOCK_MONOTONIC` ns).
+/// A private server crashed and started again.
+pub(crate) struct Restarted {
+    /// When it answered again (`CLOCK_MONOTONIC` ns).
+    pub(crate) back: i128,
+    /// How long its clients had no server: from the crash to its answering again (the time
+    /// down and the server's own start).
+    pub(crate) away: Duration,
+}
+
+/// Crashes the private server, waits `down`, starts it again and waits until it answers.
 pub(crate) async fn crash_and_restart(
     server: &mut Option<PrivateServer>,
     down: Duration,
-) -> Result<i128, HarnessError> {
+) -> Result<Restarted, HarnessError> {
     let mut taken = server.take();
     let (taken, restarted) = tokio::task::spawn_blocking(move || {
-        let mut restarted = now_ns();
+        let crashed = now_ns();
         if let Some(server) = taken.as_mut() {
             server.kill();
             std::thread::sleep(down);
-            restarted = now_ns();
             server.restart()?;
         }
-        Ok::<_, ServerError>((taken, restarted))
+        let back = now_ns();
+        let away = Duration::from_nanos(u64::try_from(back - crashed).unwrap_or(0));
+        Ok::<_, ServerError>((taken, Restarted { back, away }))
     })
     .await
     .expect("restart task")?;

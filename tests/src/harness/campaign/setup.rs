@@ -450,6 +450,23 @@ pub const FAULT_BUCKET: &str = "leader-fault";
 /// The DynamoDB table of a private moto server ([`Backend::DynamoDb`]'s replicas create it).
 pub const FAULT_TABLE: &str = "leader-fault";
 
+/// How much later than the server's return its clients may come back, after `away` without it:
+/// added to the recovery bound of a server restart or freeze.
+///
+/// The ZooKeeper client (zookeeper-client 0.11, `src/endpoint.rs`, `IterableEndpoints::timeout`)
+/// waits before each pass over the servers after the first, twice as long each time: 100 ms per
+/// server (at most 1 s) doubled per pass, plus up to 100 ms of jitter. With one server, a pass
+/// starts at most 100 ms + 100 ms after twice the start of the one before, so a server back
+/// `away` after the client lost it is tried again at most `away` + 200 ms after it returned.
+/// (A full outage's bound already allows a lease for back-off.) The other clients try again
+/// within their retry period.
+pub(super) fn reconnect_wait(backend: Backend, away: Duration) -> Duration {
+    match backend {
+        Backend::ZooKeeper => away + Duration::from_millis(200),
+        _ => Duration::ZERO,
+    }
+}
+
 /// `lease` rounded up to whole seconds.
 pub(super) fn whole_seconds(lease: Duration) -> u64 {
     u64::try_from(lease.as_millis().div_ceil(1000)).unwrap_or(u64::MAX)
