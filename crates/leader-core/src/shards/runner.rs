@@ -23,7 +23,6 @@ use crate::leadership::{Leadership, StepDown, StepDownReason, TermDeadline, Term
 use crate::lock::ResourceLock;
 use crate::metrics as m;
 use crate::record::Observed;
-use crate::rules::Sighting;
 
 mod claims;
 mod handing;
@@ -146,6 +145,51 @@ struct View {
     shards: bool,
 }
 
+/// What a member learned of the store from its answers.
+struct Learned {
+    /// Whether the store takes a record in one request ([`ResourceLock::try_acquire`]): true
+    /// until it says it does not.
+    try_acquire: bool,
+    /// Whether the store renews leases without a new version, learned from this member's own
+    /// first renewal: then a member record's unchanged version says nothing of its age.
+    renews_in_store: Option<bool>,
+}
+
+/// When the next read of the set goes out: at the next round after one that succeeded, after
+/// a growing wait while they fail (S9).
+struct Attempts {
+    backoff: Backoff,
+    next: Instant,
+}
+
+impl Attempts {
+    /// Whether a read may go out now.
+    fn due(&self) -> bool {
+        Instant::now() >= self.next
+    }
+
+    /// A read succeeded: the next goes out at the next round.
+    fn succeeded(&mut self) {
+        self.backoff.succeeded();
+        self.next = Instant::now();
+    }
+
+    /// A read failed: the next waits the back-off.
+    fn failed(&mut self) {
+        self.backoff.failed();
+        self.next = Instant::now() + self.backoff.wait();
+    }
+}
+
+/// A set's balance as a member last read it, for its state and its metrics.
+#[derive(Clone, Copy, Default)]
+struct Balance {
+    /// The members alive.
+    live: usize,
+    /// The most shards a live member owns less the fewest.
+    imbalance: usize,
+}
+
 pub(crate) struct Runner {
     config: ShardsConfig,
     set: Arc<dyn LockSet>,
@@ -158,24 +202,20 @@ pub(crate) struct Runner {
     member: Option<Term>,
     /// This member's own record and what it knows of the others' (`runner/members.rs`).
     membership: members::Membership,
-    seen: HashMap<String, Sighting>,
     /// The roster as last read, and the keys a read asks for (`runner/roster.rs`).
     roster: roster::RosterRead,
     /// The records that could not be read, with the error last reported of each: a record is
     /// reported when it turns unreadable (or its error changes) and when it is read again,
     /// not every round.
     unreadable: HashMap<String, String>,
-    try_acquire_supported: bool,
-    /// Whether the store renews leases without a new version, learned from this member's own
-    /// first renewal: then a member record's unchanged version says nothing of its age.
-    renews_in_store: Option<bool>,
-    backoff: Backoff,
-    next_attempt: Instant,
+    /// What this member learned of the store from its answers.
+    learned: Learned,
+    /// When the next read of the set goes out.
+    attempts: Attempts,
+    /// Why this member takes no shards, if it takes none for a reason (its state says so).
     problem: Option<ShardsError>,
-    /// The members alive as last read.
-    live: usize,
-    /// The most shards a live member owns less the fewest, as last read.
-    imbalance: usize,
+    /// The set's balance as last read.
+    balance: Balance,
     /// The releases under way (`runner/handing.rs`).
     releases: handing::Releases,
     /// Each shard's key and what this member knows of its record (`runner/table.rs`).
@@ -215,16 +255,18 @@ impl Runner {
             owned: BTreeMap::new(),
             member: None,
             membership: members::Membership::new(),
-            seen: HashMap::new(),
             roster,
             unreadable: HashMap::new(),
-            try_acquire_supported: true,
-            renews_in_store: None,
-            backoff,
-            next_attempt: Instant::now(),
+            learned: Learned {
+                try_acquire: true,
+                renews_in_store: None,
+            },
+            attempts: Attempts {
+                backoff,
+                next: Instant::now(),
+            },
             problem: None,
-            live: 0,
-            imbalance: 0,
+            balance: Balance::default(),
             releases: handing::Releases::new(),
             table,
             owned_changed: true,
@@ -286,7 +328,7 @@ impl Runner {
                 _ = round.tick() => {}
             }
             self.serve_requests();
-            if Instant::now() >= self.next_attempt {
+            if self.attempts.due() {
                 let full = self.full_read_wanted();
                 // A read of the roster and the members goes with the renewals, in one request
                 // where the store allows it; a read of every shard only after them, so that
@@ -323,14 +365,12 @@ impl Runner {
     async fn read_and_act(&mut self, full: bool, renew: bool) -> Result<bool, ShardsError> {
         match self.read(full, renew).await {
             Ok(view) => {
-                self.backoff.succeeded();
-                self.next_attempt = Instant::now();
+                self.attempts.succeeded();
                 self.act(view).await?;
                 Ok(true)
             }
             Err(err) => {
-                self.backoff.failed();
-                self.next_attempt = Instant::now() + self.backoff.wait();
+                self.attempts.failed();
                 self.report("read", &err);
                 Ok(false)
             }
@@ -402,53 +442,16 @@ impl Runner {
         self.set.lock(key)
     }
 
-    /// Notes a record read or written: the follower's clock for its lease starts when a
-    /// version is first seen (S2).
-    fn observe(&mut self, key: &str, observed: Option<&Observed>) {
-        if let Some(shard) = self.table.index(key) {
-            note(&mut self.table.seen[shard], observed);
-            return;
-        }
-        let Some(observed) = observed else {
-            self.seen.remove(key);
-            return;
-        };
-        // Most keys are known: look them up without making a key.
-        if let Some(seen) = self.seen.get_mut(key) {
-            seen.see(observed, Instant::now());
-        } else {
-            let mut slot = None;
-            note(&mut slot, Some(observed));
-            self.seen.extend(slot.map(|seen| (key.to_owned(), seen)));
-        }
-    }
-
-    /// Notes what the store said of record `key`'s lease, as last observed: whether it keeps
-    /// it alive itself (a lease it stopped keeping is counted from now).
-    fn store_keeps(&mut self, key: &str, kept: bool) {
-        let now = Instant::now();
-        let seen = match self.table.index(key) {
-            Some(shard) => self.table.seen[shard].as_mut(),
-            None => self.seen.get_mut(key),
-        };
-        if let Some(seen) = seen {
-            seen.store_keeps(kept, now);
-        }
-    }
-
-    /// What this member saw of record `key`.
-    fn seen(&self, key: &str) -> Option<&Sighting> {
-        match self.table.index(key) {
-            Some(shard) => self.table.seen[shard].as_ref(),
-            None => self.seen.get(key),
-        }
-    }
-
     /// Publishes the state when it changed: a round that changed nothing wakes no subscriber
     /// and copies no list of shards.
     fn publish(&mut self, stopped: bool) {
-        let members = self.live;
-        m::set_shards(&self.config.name, self.owned.len(), members, self.imbalance);
+        let members = self.balance.live;
+        m::set_shards(
+            &self.config.name,
+            self.owned.len(),
+            members,
+            self.balance.imbalance,
+        );
         let owned_changed = std::mem::take(&mut self.owned_changed);
         let owned = owned_changed.then(|| {
             self.owned
@@ -476,17 +479,6 @@ impl Runner {
 /// Notes a read or written record in what was seen of it (see [`Runner::observe`]): the
 /// follower's clock for its lease starts when a version is first seen (S2), the stand-back
 /// clock when a handover request is.
-fn note(slot: &mut Option<Sighting>, observed: Option<&Observed>) {
-    let now = Instant::now();
-    match (slot.as_mut(), observed) {
-        (_, None) => *slot = None,
-        (Some(seen), Some(observed)) => {
-            seen.see(observed, now);
-        }
-        (None, Some(observed)) => *slot = Some(Sighting::new(observed, now)),
-    }
-}
-
 fn tell_stopped(
     callback: Option<&Arc<super::Stopped>>,
     shard: u32,

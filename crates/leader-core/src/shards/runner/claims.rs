@@ -21,14 +21,15 @@ use crate::shards::assign::affinity;
 impl Runner {
     /// True when `observed` has stayed unchanged for its lease since this member first saw it.
     pub(super) fn expired(&self, key: &str, observed: &Observed) -> bool {
-        self.seen(key)
+        self.table
+            .sighting(key)
             .is_some_and(|seen| seen.expired(observed, Instant::now()))
     }
 
     /// True while a handover request names another member and this one stands back from it
     /// (a request naming another candidate than the one seen is new: it is stood back from).
     pub(super) fn standing_back(&self, key: &str, record: &LeaderElectionRecord) -> bool {
-        Sighting::standing_back(self.seen(key), record, &self.me, Instant::now())
+        Sighting::standing_back(self.table.sighting(key), record, &self.me, Instant::now())
     }
 
     /// The record of a claim by this member with `token` ([`rules::acquisition`]).
@@ -51,7 +52,7 @@ impl Runner {
         };
         let lock = self.lock(key);
         let started = Instant::now();
-        if self.try_acquire_supported {
+        if self.learned.try_acquire {
             let desired = self.desired(0, current.as_ref().map(|o| &o.record));
             match self
                 .request("try_acquire", key, lock.try_acquire(&desired))
@@ -74,7 +75,8 @@ impl Runner {
                     // A lease the store kept alive until now is counted from now (S2): the
                     // clock as it stands started with the term, not with this answer.
                     let stopped_keeping = self
-                        .seen(key)
+                        .table
+                        .sighting(key)
                         .is_some_and(|seen| seen.kept_by_store(&observed.version));
                     if !renewed_in_store && !stopped_keeping {
                         current = Some(observed);
@@ -131,14 +133,14 @@ impl Runner {
         claim: Claim,
     ) -> Result<Option<(Observed, Instant)>, LockError> {
         if claim.no_try_acquire {
-            self.try_acquire_supported = false;
+            self.learned.try_acquire = false;
         }
         if let Some((held, kept)) = &claim.held {
-            self.observe(key, Some(held));
-            self.store_keeps(key, *kept);
+            self.table.observe(key, Some(held));
+            self.table.store_keeps(key, *kept);
         }
         if let Ok(Some((observed, _))) = &claim.result {
-            self.observe(key, Some(observed));
+            self.table.observe(key, Some(observed));
         }
         claim.result
     }

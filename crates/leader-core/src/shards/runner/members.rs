@@ -280,7 +280,7 @@ impl Runner {
             Some(other) if other.is(current) => {
                 if other.seen_alive(
                     current,
-                    self.renews_in_store,
+                    self.learned.renews_in_store,
                     self.config.lease.retry_period,
                     now,
                 ) {
@@ -400,7 +400,7 @@ impl Runner {
             .filter(|(identity, observed)| {
                 observed.as_ref().is_some_and(|o| {
                     o.record.is_held_by(identity)
-                        && !(self.renews_in_store == Some(false)
+                        && !(self.learned.renews_in_store == Some(false)
                             && self.expired(&member_key(&self.config.name, identity), o))
                 })
             })
@@ -458,10 +458,10 @@ impl Runner {
         members: &HashMap<String, Option<Observed>>,
     ) -> BTreeSet<String> {
         let mut dead = BTreeSet::new();
-        if self.renews_in_store != Some(true)
+        if self.learned.renews_in_store != Some(true)
             || self.set.reads_show_expiry()
             || self.member.is_none()
-            || !self.try_acquire_supported
+            || !self.learned.try_acquire
         {
             return dead;
         }
@@ -531,7 +531,7 @@ impl Runner {
         members: &HashMap<String, Option<Observed>>,
         live: &BTreeSet<String>,
     ) {
-        if self.member.is_none() || self.renews_in_store.is_none() {
+        if self.member.is_none() || self.learned.renews_in_store.is_none() {
             return;
         }
         let name = self.config.name.clone();
@@ -544,9 +544,12 @@ impl Runner {
                         Some(o) => {
                             o.record.is_free()
                                 || !o.record.is_held_by(identity)
-                                || self.seen(&member_key(&name, identity)).is_some_and(|s| {
-                                    Instant::now() >= s.since() + o.record.lease_duration * 2
-                                })
+                                || self
+                                    .table
+                                    .sighting(&member_key(&name, identity))
+                                    .is_some_and(|s| {
+                                        Instant::now() >= s.since() + o.record.lease_duration * 2
+                                    })
                         }
                     }
             })

@@ -173,7 +173,7 @@ impl Runner {
                     continue;
                 }
             };
-            self.observe(&key, current.as_ref());
+            self.table.observe(&key, current.as_ref());
             let me = self.me.clone();
             let Some(term) = self.term_mut(whose) else {
                 continue;
@@ -232,7 +232,7 @@ impl Runner {
         let mut conflicts = Vec::new();
         let renew_deadline = self.config.lease.renew_deadline;
         for (shard, result) in whose.into_iter().zip(results) {
-            let learn = shard.is_none() && self.renews_in_store.is_none();
+            let learn = shard.is_none() && self.learned.renews_in_store.is_none();
             let Some(term) = self.term_mut(shard) else {
                 continue;
             };
@@ -246,7 +246,7 @@ impl Runner {
                     term.extend(started + renew_deadline);
                     renewed += 1;
                     if learn {
-                        self.renews_in_store = Some(kept_version);
+                        self.learned.renews_in_store = Some(kept_version);
                     }
                 }
                 Err(err) if err.is_conflict() => conflicts.push(shard),

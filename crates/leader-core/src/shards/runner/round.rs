@@ -195,7 +195,7 @@ impl Runner {
                         Reread::Now(observed) => observed,
                         Reread::Same => None,
                     };
-                    self.observe(key, observed.as_ref());
+                    self.table.observe(key, observed.as_ref());
                     self.note_readable(key);
                     match i.checked_sub(1).and_then(|m| identities.get(m)) {
                         None => roster = Ok(observed),
@@ -262,7 +262,7 @@ impl Runner {
         let dead = self.probe(&view.members).await;
         let mut live = self.live_members(&view.members);
         live.retain(|m| !dead.contains(m));
-        self.live = live.len();
+        self.balance.live = live.len();
         // Static members gone without leaving, within their window: in the shares with the
         // shards they hold, which nobody takes meanwhile; given nothing.
         let absent = self.absent(&roster.record, &live);
@@ -414,7 +414,7 @@ impl Runner {
             .iter()
             .filter(|(m, _)| !absent.contains(*m))
             .map(|(_, owned)| owned.len());
-        self.imbalance = counts.clone().max().unwrap_or(0) - counts.min().unwrap_or(0);
+        self.balance.imbalance = counts.clone().max().unwrap_or(0) - counts.min().unwrap_or(0);
         let at_shares = owners
             .iter()
             .all(|(member, owned)| shares.get(member) == Some(&owned.len()));

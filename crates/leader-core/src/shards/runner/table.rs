@@ -1,9 +1,11 @@
 //! What a member knows of each shard of the set, by shard number: its key, its record as the
-//! last read of every shard found it, and what it saw of it since when (S2).
+//! last read of every shard found it, and what it saw of it since when (S2); and what it saw
+//! of the set's other records (the roster, the members').
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use super::note;
+use tokio::time::Instant;
+
 use crate::record::Observed;
 use crate::rules::Sighting;
 use crate::shards::{Reread, shard_key};
@@ -14,8 +16,10 @@ pub(super) struct ShardTable {
     pub(super) keys: Vec<String>,
     /// What every shard's key begins with.
     prefix: String,
-    /// What this member saw of each shard (of other records: the runner's `seen`).
+    /// What this member saw of each shard.
     pub(super) seen: Vec<Option<Sighting>>,
+    /// What this member saw of the set's other records (the roster, the members'), by key.
+    others: HashMap<String, Sighting>,
     /// Each shard's record as the last read of every shard found it: a read passes their
     /// versions, and the store need not send a record still at its version again.
     pub(super) records: Vec<Option<Observed>>,
@@ -40,6 +44,7 @@ impl ShardTable {
             keys: Vec::new(),
             prefix,
             seen: Vec::new(),
+            others: HashMap::new(),
             records: Vec::new(),
             read: Vec::new(),
             vanished: BTreeMap::new(),
@@ -108,5 +113,58 @@ impl ShardTable {
         self.seen[shard] = None;
         self.unreadable
             .insert(u32::try_from(shard).unwrap_or(u32::MAX));
+    }
+
+    /// Notes a record read or written: the follower's clock for its lease starts when a
+    /// version is first seen (S2).
+    pub(super) fn observe(&mut self, key: &str, observed: Option<&Observed>) {
+        if let Some(shard) = self.index(key) {
+            note(&mut self.seen[shard], observed);
+            return;
+        }
+        let Some(observed) = observed else {
+            self.others.remove(key);
+            return;
+        };
+        // Most keys are known: look them up without making a key.
+        if let Some(seen) = self.others.get_mut(key) {
+            seen.see(observed, Instant::now());
+        } else {
+            self.others
+                .insert(key.to_owned(), Sighting::new(observed, Instant::now()));
+        }
+    }
+
+    /// Notes what the store said of record `key`'s lease, as last observed: whether it keeps
+    /// it alive itself (a lease it stopped keeping is counted from now).
+    pub(super) fn store_keeps(&mut self, key: &str, kept: bool) {
+        let now = Instant::now();
+        let seen = match self.index(key) {
+            Some(shard) => self.seen[shard].as_mut(),
+            None => self.others.get_mut(key),
+        };
+        if let Some(seen) = seen {
+            seen.store_keeps(kept, now);
+        }
+    }
+
+    /// What this member saw of record `key`.
+    pub(super) fn sighting(&self, key: &str) -> Option<&Sighting> {
+        match self.index(key) {
+            Some(shard) => self.seen[shard].as_ref(),
+            None => self.others.get(key),
+        }
+    }
+}
+
+/// Notes `observed` in `slot`: a version first seen starts the clock, no record empties it.
+fn note(slot: &mut Option<Sighting>, observed: Option<&Observed>) {
+    let now = Instant::now();
+    match (slot.as_mut(), observed) {
+        (_, None) => *slot = None,
+        (Some(seen), Some(observed)) => {
+            seen.see(observed, now);
+        }
+        (None, Some(observed)) => *slot = Some(Sighting::new(observed, now)),
     }
 }
