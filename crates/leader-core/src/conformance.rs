@@ -33,7 +33,7 @@ pub use leases::*;
 pub use records::*;
 pub use shards::{Interval, ShardLog, balanced, batches_answer_as_their_locks, shard_protocol};
 
-use crate::background::{Candidate, LEASE, RENEW, RETRY};
+use crate::background::{Candidate, LEASE, RENEW, RETRY, STEADY_LEASE, STEADY_RENEW};
 use crate::{
     Acquisition, LeaderElectionRecord, LeaderElector, LockError, Observed, ResourceLock, Version,
     request_handover,
