@@ -216,10 +216,11 @@ pub async fn electors(factory: &dyn LockFactory, woken: bool) {
     }
 }
 
-/// `n` electors on one election: a leader within 10 s, never two at once, no change of hands
-/// without a fault (their renew deadline, [`STEADY_RENEW`](crate::background::STEADY_RENEW),
-/// outlasts a loaded machine's stalls of the store); when the leader shuts down, exactly one
-/// other takes over with a larger fencing token.
+/// `n` electors on one election: a leader within two leases, never two at once, no change of
+/// hands without a fault for longer than a lease (their renew deadline,
+/// [`STEADY_RENEW`](crate::background::STEADY_RENEW), outlasts a loaded machine's stalls of the
+/// store, and a leader whose renewals fail steps down within it); when the leader shuts down,
+/// exactly one other takes over with a larger fencing token.
 pub async fn electors_elect_exactly_one(factory: &dyn LockFactory, n: usize) {
     let name = unique("many");
     let mut electors = Vec::new();
@@ -259,13 +260,15 @@ pub async fn electors_elect_exactly_one(factory: &dyn LockFactory, n: usize) {
             }
             current
         };
-    // The first leader seen within 10 s, watched for `poll` at a time.
+    // The first leader seen within two leases (a release that failed is waited out),
+    // watched for `poll` at a time.
     let elected = async |electors: &[_], poll: Duration, what: &str| {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let within = STEADY_LEASE * 2;
+        let deadline = tokio::time::Instant::now() + within;
         loop {
             assert!(
                 tokio::time::Instant::now() < deadline,
-                "{n} electors: no {what} within 10 s"
+                "{n} electors: no {what} within {within:?}"
             );
             if let Some(leader) = watch_for(electors, poll, None).await {
                 return leader;
@@ -273,7 +276,9 @@ pub async fn electors_elect_exactly_one(factory: &dyn LockFactory, n: usize) {
         }
     };
     let first = elected(&electors, Duration::from_millis(50), "leader").await;
-    let (index, token) = watch_for(&electors, Duration::from_secs(3), Some(first))
+    // Past the renew deadline and a lease: a leader whose renewals fail has stepped down.
+    let steady = STEADY_LEASE + Duration::from_secs(2);
+    let (index, token) = watch_for(&electors, steady, Some(first))
         .await
         .expect("a leader");
     electors.remove(index).stop().await;

@@ -218,7 +218,8 @@ pub(crate) struct Runner {
     balance: Balance,
     /// The releases under way (`runner/handing.rs`).
     releases: handing::Releases,
-    /// Each shard's key and what this member knows of its record (`runner/table.rs`).
+    /// Each shard's key and what this member knows of its record, and what it saw of the
+    /// set's other records (`runner/table.rs`).
     table: table::ShardTable,
     /// Whether the shards owned changed since the state was last published.
     owned_changed: bool,
@@ -476,9 +477,7 @@ impl Runner {
     }
 }
 
-/// Notes a read or written record in what was seen of it (see [`Runner::observe`]): the
-/// follower's clock for its lease starts when a version is first seen (S2), the stand-back
-/// clock when a handover request is.
+/// Tells the callback given to `on_shard_stopped`, if any, that a shard's term ended.
 fn tell_stopped(
     callback: Option<&Arc<super::Stopped>>,
     shard: u32,

@@ -10,7 +10,8 @@ use crate::record::Observed;
 use crate::rules::Sighting;
 use crate::shards::{Reread, shard_key};
 
-/// Each shard's key and what this member knows of its record, indexed by shard number.
+/// Each shard's key and what this member knows of its record, indexed by shard number, and
+/// what it saw of the set's other records (the roster, the members'), by key.
 pub(super) struct ShardTable {
     /// The key of each shard, made once.
     pub(super) keys: Vec<String>,
@@ -157,7 +158,9 @@ impl ShardTable {
     }
 }
 
-/// Notes `observed` in `slot`: a version first seen starts the clock, no record empties it.
+/// Notes a read or written record in what was seen of it: the follower's clock for its lease
+/// starts when a version is first seen (S2), the stand-back clock when a handover request is;
+/// no record empties the slot.
 fn note(slot: &mut Option<Sighting>, observed: Option<&Observed>) {
     let now = Instant::now();
     match (slot.as_mut(), observed) {
