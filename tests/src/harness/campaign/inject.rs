@@ -81,7 +81,6 @@ impl Run<'_> {
                     sleep(self.settings.lease).await;
                     from = now_ns();
                     server.thaw();
-                    bound += reconnect_wait(self.backend, self.settings.lease);
                 }
             }
             Fault::Outage => from = self.outage().await,

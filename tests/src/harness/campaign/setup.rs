@@ -405,7 +405,8 @@ impl Settings {
     /// as on any lock renewed by writes. Under a latency spike the leader's last renewal,
     /// sent up to a renew deadline after its last success, reaches the server twice the renew
     /// deadline late and extends the lease from there: the server cannot tell a late request
-    /// from a new one.
+    /// from a new one. A server restart adds the time its clients may wait to try it again
+    /// (`reconnect_wait`, with the time it was away).
     #[must_use]
     pub fn recovery_bound(&self, backend: Backend, fault: Fault) -> Duration {
         let margin = if fault.timed_from_its_end() {
@@ -451,15 +452,19 @@ pub const FAULT_BUCKET: &str = "leader-fault";
 pub const FAULT_TABLE: &str = "leader-fault";
 
 /// How much later than the server's return its clients may come back, after `away` without it:
-/// added to the recovery bound of a server restart or freeze.
+/// added to the recovery bound of a server restart.
 ///
 /// The ZooKeeper client (zookeeper-client 0.11, `src/endpoint.rs`, `IterableEndpoints::timeout`)
 /// waits before each pass over the servers after the first, twice as long each time: 100 ms per
-/// server (at most 1 s) doubled per pass, plus up to 100 ms of jitter. With one server, a pass
-/// starts at most 100 ms + 100 ms after twice the start of the one before, so a server back
-/// `away` after the client lost it is tried again at most `away` + 200 ms after it returned.
-/// (A full outage's bound already allows a lease for back-off.) The other clients try again
-/// within their retry period.
+/// server (at most 1 s) doubled per pass, plus up to 100 ms of jitter. With one server, pass `k`
+/// waits 100 ms x 2^(k-1) and its jitter, and the passes before it took at least
+/// 100 ms x (2^(k-1) - 1): a server back `away` after the client lost it is tried again less than
+/// `away` + 200 ms after it returned (and the refused attempt's own time, a connection refused
+/// on loopback). A frozen server gets no allowance: the client's attempts on it wait for an
+/// answer rather than fail, and it answers them as it thaws. Nor does a full outage: its bound
+/// adds a lease for back-off, and the client waits no longer than its session's deadline
+/// (`src/session/mod.rs`, `start`), which the runs' short sessions reach within the outage. The
+/// other clients try again within their retry period.
 pub(super) fn reconnect_wait(backend: Backend, away: Duration) -> Duration {
     match backend {
         Backend::ZooKeeper => away + Duration::from_millis(200),
