@@ -8,7 +8,7 @@
 //! member knows of its own record (`members::Membership`), the work's give-ups and extension
 //! writes (`handing::WorkRequests`).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use tokio::sync::{mpsc, watch};
@@ -32,6 +32,7 @@ mod resize;
 mod roster;
 mod round;
 mod table;
+mod terms;
 
 /// How many shards a member tries to take at once (each a request on its own record).
 const CLAIMS_AT_ONCE: usize = 32;
@@ -198,8 +199,8 @@ pub(crate) struct Runner {
     state: watch::Sender<ShardsState>,
     /// The count this member follows, for the work ([`Shards::subscribe_count`](super::Shards::subscribe_count)).
     count: watch::Sender<u32>,
-    owned: BTreeMap<u32, Term>,
-    member: Option<Term>,
+    /// The member record's term and the shards' (`runner/terms.rs`).
+    terms: terms::Terms,
     /// This member's own record and what it knows of the others' (`runner/members.rs`).
     membership: members::Membership,
     /// The roster as last read, and the keys a read asks for (`runner/roster.rs`).
@@ -221,8 +222,6 @@ pub(crate) struct Runner {
     /// Each shard's key and what this member knows of its record, and what it saw of the
     /// set's other records (`runner/table.rs`).
     table: table::ShardTable,
-    /// Whether the shards owned changed since the state was last published.
-    owned_changed: bool,
     /// When every shard is read again (`runner/round.rs`).
     pace: round::Pace,
     /// The claims left of the last read of every shard.
@@ -253,8 +252,7 @@ impl Runner {
             callbacks,
             state,
             count,
-            owned: BTreeMap::new(),
-            member: None,
+            terms: terms::Terms::new(),
             membership: members::Membership::new(),
             roster,
             unreadable: HashMap::new(),
@@ -270,7 +268,6 @@ impl Runner {
             balance: Balance::default(),
             releases: handing::Releases::new(),
             table,
-            owned_changed: true,
             pace: round::Pace::new(),
             plan: None,
             renewals_took: std::time::Duration::ZERO,
@@ -435,7 +432,8 @@ impl Runner {
     /// first deadline of the terms held if sooner.
     fn request_deadline(&self) -> Instant {
         let until = Instant::now() + self.config.lease.request_timeout;
-        self.first_deadline()
+        self.terms
+            .first_deadline()
             .map_or(until, |first| until.min(first))
     }
 
@@ -449,13 +447,13 @@ impl Runner {
         let members = self.balance.live;
         m::set_shards(
             &self.config.name,
-            self.owned.len(),
+            self.terms.owned().len(),
             members,
             self.balance.imbalance,
         );
-        let owned_changed = std::mem::take(&mut self.owned_changed);
-        let owned = owned_changed.then(|| {
-            self.owned
+        let owned = self.terms.take_changed().then(|| {
+            self.terms
+                .owned()
                 .iter()
                 .filter_map(|(&s, t)| t.leadership.as_ref().map(|l| (s, l.uncounted())))
                 .collect()

@@ -272,7 +272,7 @@ impl Runner {
             // Rounds after the read: a shard since taken here, or past a new count, is not.
             batch.retain(|shard| {
                 (*shard as usize) < self.table.keys.len()
-                    && !self.owned.contains_key(shard)
+                    && !self.terms.owned().contains_key(shard)
                     && !self.releases.contains(*shard)
             });
             // Claims sent are waited for past the budget (each no longer than its request
@@ -281,6 +281,7 @@ impl Runner {
             // spent. Never past the point where the next round's renewals would be late: a
             // retry period before the first deadline of the terms held.
             let last = self
+                .terms
                 .first_deadline()
                 .map(|first| first - self.config.lease.retry_period);
             let claims = {
@@ -324,8 +325,7 @@ impl Runner {
                         );
                         m::shard_moved(&self.config.name, "acquired");
                         let counted = term.leadership.clone();
-                        self.owned.insert(shard, term);
-                        self.owned_changed = true;
+                        self.terms.insert(shard, term);
                         if !retaking {
                             plan.room = plan.room.saturating_sub(1);
                         }

@@ -140,8 +140,7 @@ impl Runner {
     /// member lives), and taking it again then would start its work a second time beside the
     /// first.
     pub(super) fn end(&mut self, shard: u32, reason: StepDownReason) {
-        if let Some(mut term) = self.owned.remove(&shard) {
-            self.owned_changed = true;
+        if let Some(mut term) = self.terms.remove(shard) {
             self.unsettle();
             term.cancel.cancel();
             m::shard_moved(&self.config.name, reason_label(reason));
@@ -182,10 +181,9 @@ impl Runner {
         hold: Option<std::time::Duration>,
         reason: StepDownReason,
     ) {
-        let Some(mut term) = self.owned.remove(&shard) else {
+        let Some(mut term) = self.terms.remove(shard) else {
             return;
         };
-        self.owned_changed = true;
         self.unsettle();
         term.cancel.cancel();
         let lock = self.lock(&term.key);
@@ -262,7 +260,7 @@ impl Runner {
     /// renewals.
     pub(super) fn serve_requests(&mut self) {
         let mut asked = Vec::new();
-        for (&shard, term) in &mut self.owned {
+        for (shard, term) in self.terms.owned_mut() {
             if let Some(requests) = term.requests.as_mut() {
                 while let Ok(request) = requests.try_recv() {
                     asked.push((shard, request));
@@ -291,7 +289,7 @@ impl Runner {
     /// jittered retry period at first, doubling with each give-up that follows the last one
     /// within [`GIVE_UP_RESET`] (unless the term ran that long), up to [`GIVE_UP_CAP`].
     pub(super) fn back_off(&mut self, shard: u32) {
-        let Some(term) = self.owned.get(&shard) else {
+        let Some(term) = self.terms.owned().get(&shard) else {
             return;
         };
         let now = Instant::now();
@@ -352,8 +350,13 @@ impl Runner {
             self.work_requests.extension_writes = later;
             let mut writes = Vec::with_capacity(batch.len());
             for (shard, changes, reply) in batch {
-                let Some(term) = self.owned.get(&shard).filter(|t| !t.past_deadline()) else {
-                    let token = self.owned.get(&shard).map_or(0, Term::token);
+                let Some(term) = self
+                    .terms
+                    .owned()
+                    .get(&shard)
+                    .filter(|t| !t.past_deadline())
+                else {
+                    let token = self.terms.owned().get(&shard).map_or(0, Term::token);
                     let lost = LeadershipLost {
                         fencing_token: token,
                     };
@@ -415,8 +418,8 @@ impl Runner {
             fencing_token: token,
         };
         let Some(term) = self
-            .owned
-            .get_mut(&shard)
+            .terms
+            .get_mut(Some(shard))
             .filter(|t| !t.past_deadline() && t.token() == token)
         else {
             return Err(lost.into());

@@ -191,7 +191,7 @@ impl Runner {
     /// Takes this member's record when it does not hold it: a record of its identity that it
     /// did not write is another process's (S13), waited out as any other holder's.
     pub(super) async fn hold_member_record(&mut self, current: Option<Observed>) {
-        if self.member.is_some() {
+        if self.terms.member.is_some() {
             return;
         }
         let key = member_key(&self.config.name, &self.me);
@@ -211,7 +211,7 @@ impl Runner {
                         "the other process with this identity is gone"
                     );
                 }
-                self.member = Some(self.start_term(key, None, observed, started));
+                self.terms.member = Some(self.start_term(key, None, observed, started));
             }
             Ok(None) => {}
             Err(err) if err.is_conflict() => {}
@@ -225,7 +225,7 @@ impl Runner {
     /// compare-and-swap carries the last holder's. Once; again on the next round if the
     /// write fails.
     pub(super) async fn publish_weight(&mut self) {
-        let Some(term) = &self.member else {
+        let Some(term) = &self.terms.member else {
             return;
         };
         let wanted = [
@@ -256,7 +256,7 @@ impl Runner {
         let result = self
             .request("update", &key, self.lock(&key).update(&version, &record))
             .await;
-        match (result, self.member.as_mut()) {
+        match (result, self.terms.member.as_mut()) {
             (Ok(stored), Some(term)) if term.observed.version == version => {
                 term.observed = stored;
             }
@@ -407,7 +407,7 @@ impl Runner {
             .map(|(identity, _)| identity.clone())
             .collect();
         live.remove(&self.me);
-        if self.member.is_some() {
+        if self.terms.member.is_some() {
             live.insert(self.me.clone());
         }
         live
@@ -460,7 +460,7 @@ impl Runner {
         let mut dead = BTreeSet::new();
         if self.learned.renews_in_store != Some(true)
             || self.set.reads_show_expiry()
-            || self.member.is_none()
+            || self.terms.member.is_none()
             || !self.learned.try_acquire
         {
             return dead;
@@ -531,7 +531,7 @@ impl Runner {
         members: &HashMap<String, Option<Observed>>,
         live: &BTreeSet<String>,
     ) {
-        if self.member.is_none() || self.learned.renews_in_store.is_none() {
+        if self.terms.member.is_none() || self.learned.renews_in_store.is_none() {
             return;
         }
         let name = self.config.name.clone();
@@ -597,7 +597,7 @@ impl Runner {
     /// Shutdown: every shard's work stopped and its shard released (S6), reserved for this
     /// identity for the static membership window under static membership, then the member record and the roster entry.
     pub(super) async fn leave(&mut self) {
-        let shards: Vec<u32> = self.owned.keys().copied().collect();
+        let shards: Vec<u32> = self.terms.owned().keys().copied().collect();
         for shard in shards {
             if !self.config.lease.release_on_cancel {
                 self.end(shard, StepDownReason::Shutdown);
@@ -645,7 +645,7 @@ impl Runner {
 
     /// Releases this member's record (at shutdown).
     async fn release_member_record(&mut self) {
-        if let Some(member) = self.member.take() {
+        if let Some(member) = self.terms.member.take() {
             member.cancel.cancel();
             let record = LeaderElectionRecord {
                 holder_identity: String::new(),

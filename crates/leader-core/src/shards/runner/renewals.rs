@@ -47,8 +47,7 @@ impl Runner {
         self.drop_expired();
         let mut renewals = Vec::new();
         let mut whose = Vec::new();
-        let terms = self.member.iter().map(|t| (None, t));
-        for (shard, term) in terms.chain(self.owned.iter().map(|(&s, t)| (Some(s), t))) {
+        for (shard, term) in self.terms.iter() {
             whose.push(shard);
             renewals.push(self.renewal_of(term));
         }
@@ -63,22 +62,6 @@ impl Runner {
             key: term.key.clone(),
             version: term.observed.version.clone(),
             record,
-        }
-    }
-
-    /// The term of `whose`: a shard's, or (`None`) the member record's.
-    pub(super) fn term(&self, whose: Option<u32>) -> Option<&Term> {
-        match whose {
-            Some(shard) => self.owned.get(&shard),
-            None => self.member.as_ref(),
-        }
-    }
-
-    /// The term of `whose`, to change.
-    pub(super) fn term_mut(&mut self, whose: Option<u32>) -> Option<&mut Term> {
-        match whose {
-            Some(shard) => self.owned.get_mut(&shard),
-            None => self.member.as_mut(),
         }
     }
 
@@ -130,7 +113,7 @@ impl Runner {
         m::slow_path(&self.config.name);
         let mut terms = Vec::with_capacity(conflicts.len());
         for whose in conflicts {
-            if let Some(term) = self.term_mut(whose).filter(|t| !t.past_deadline()) {
+            if let Some(term) = self.terms.get_mut(whose).filter(|t| !t.past_deadline()) {
                 let key = term.key.clone();
                 terms.push((whose, key));
             }
@@ -175,7 +158,7 @@ impl Runner {
             };
             self.table.observe(&key, current.as_ref());
             let me = self.me.clone();
-            let Some(term) = self.term_mut(whose) else {
+            let Some(term) = self.terms.get_mut(whose) else {
                 continue;
             };
             let Some(current) = current.filter(|c| rules::is_term(&c.record, &me, term.token()))
@@ -192,7 +175,7 @@ impl Runner {
             match (whose, handover) {
                 (Some(shard), Some(to)) => self.give(shard, Some(&to), StepDownReason::HandedOver),
                 _ => {
-                    if let Some(term) = self.term(whose) {
+                    if let Some(term) = self.terms.get(whose) {
                         again.push((whose, self.renewal_of(term)));
                     }
                 }
@@ -203,7 +186,7 @@ impl Runner {
 
     /// Ends the term of `whose` (a shard's, or the member record's): its record is another's.
     pub(super) fn lose(&mut self, whose: Option<u32>) {
-        let Some(term) = self.term(whose) else {
+        let Some(term) = self.terms.get(whose) else {
             return;
         };
         term.cancel.cancel();
@@ -214,7 +197,7 @@ impl Runner {
         );
         match whose {
             Some(shard) => self.end(shard, StepDownReason::Lost),
-            None => self.member = None,
+            None => self.terms.member = None,
         }
     }
 
@@ -233,7 +216,7 @@ impl Runner {
         let renew_deadline = self.config.lease.renew_deadline;
         for (shard, result) in whose.into_iter().zip(results) {
             let learn = shard.is_none() && self.learned.renews_in_store.is_none();
-            let Some(term) = self.term_mut(shard) else {
+            let Some(term) = self.terms.get_mut(shard) else {
                 continue;
             };
             if term.past_deadline() {
@@ -266,7 +249,8 @@ impl Runner {
     /// so now).
     pub(super) fn drop_expired(&mut self) {
         let expired: Vec<u32> = self
-            .owned
+            .terms
+            .owned()
             .iter()
             .filter(|(_, t)| t.past_deadline())
             .map(|(&s, _)| s)
@@ -279,8 +263,8 @@ impl Runner {
             );
             self.end(shard, StepDownReason::RenewDeadlineExceeded);
         }
-        if self.member.as_ref().is_some_and(Term::past_deadline) {
-            self.member = None;
+        if self.terms.member.as_ref().is_some_and(Term::past_deadline) {
+            self.terms.member = None;
         }
     }
 }

@@ -16,7 +16,7 @@ impl Runner {
             to = count,
             "the shard set was resized"
         );
-        let removed: Vec<u32> = self.owned.range(count..).map(|(&s, _)| s).collect();
+        let removed: Vec<u32> = self.terms.owned().range(count..).map(|(&s, _)| s).collect();
         for shard in removed {
             self.give(shard, None, StepDownReason::Resized);
         }
@@ -28,6 +28,6 @@ impl Runner {
         self.count.send_replace(count);
         self.roster.shards_are(&self.table.keys);
         self.unsettle();
-        self.owned_changed = true;
+        self.terms.republish();
     }
 }

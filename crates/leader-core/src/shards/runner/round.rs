@@ -108,7 +108,7 @@ impl Runner {
             // out a retry period before the first deadline, whatever a slow store makes of a
             // read of every shard (the read fails and backs off; the set rebalances later).
             let mut until = started + self.config.lease.request_timeout;
-            if let Some(first) = self.first_deadline() {
+            if let Some(first) = self.terms.first_deadline() {
                 until = until.min(first - self.config.lease.retry_period);
             }
             tokio::time::timeout_at(until, self.set.get_changed(asked, &known)).await
@@ -220,15 +220,6 @@ impl Runner {
         })
     }
 
-    /// The earliest deadline of the terms this member holds, if it holds any.
-    pub(super) fn first_deadline(&self) -> Option<Instant> {
-        self.member
-            .iter()
-            .chain(self.owned.values())
-            .map(|term| *term.deadline.borrow())
-            .min()
-    }
-
     /// Acts on a read: the roster, this member's record, then the shares.
     pub(super) async fn act(&mut self, view: View) -> Result<(), ShardsError> {
         // An unreadable roster is taken as last read, and never written meanwhile (no join,
@@ -270,7 +261,7 @@ impl Runner {
         if roster_read {
             self.prune(&roster, &view.members, &present).await;
         }
-        if self.member.is_none() {
+        if self.terms.member.is_none() {
             self.unsettle();
             return Ok(());
         }
@@ -327,7 +318,7 @@ impl Runner {
         // the shares, so that the others settle around them.
         let mut unknown = 0u32;
         for (shard, observed) in (0..count).zip(&view_shards) {
-            if self.owned.contains_key(&shard) || self.releases.contains(shard) {
+            if self.terms.owned().contains_key(&shard) || self.releases.contains(shard) {
                 continue;
             }
             if self.table.unreadable.contains(&shard) {
@@ -369,7 +360,13 @@ impl Runner {
                 }
             }
         }
-        let mine = self.owned.keys().chain(&lapsed).chain(&held_back).copied();
+        let mine = self
+            .terms
+            .owned()
+            .keys()
+            .chain(&lapsed)
+            .chain(&held_back)
+            .copied();
         owners.insert(self.me.clone(), mine.collect());
         let counts = owners
             .iter()
@@ -422,10 +419,10 @@ impl Runner {
         // its record released to the receiver). A lapsed shard counts towards this member's
         // surplus but is retaken first, and given in a later round if still surplus.
         let mut gifts = gifts(&self.me, &owners, &shares);
-        gifts.retain(|(shard, _)| self.owned.contains_key(shard));
+        gifts.retain(|(shard, _)| self.terms.owned().contains_key(shard));
         let share = shares.get(&self.me).copied().unwrap_or(0);
         // Distinct shards, all owned: no more gifts than shards owned.
-        let kept = self.owned.len() - gifts.len() + lapsed.len() + held_back.len();
+        let kept = self.terms.owned().len() - gifts.len() + lapsed.len() + held_back.len();
         let room = share.saturating_sub(kept);
         // Nothing to do, here or (as far as this read shows) anywhere: every shard owned by a
         // live member, each at its share. Until the members or this member's shards change,
