@@ -111,27 +111,51 @@ pub fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0")
 }
 
+/// The first port of the kernel's ephemeral range (read once), from which outgoing
+/// connections take their source port.
+fn ephemeral_start() -> u16 {
+    static START: std::sync::OnceLock<u16> = std::sync::OnceLock::new();
+    *START.get_or_init(|| {
+        std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+            .ok()
+            .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
+            .unwrap_or(32_768)
+    })
+}
+
+/// The first port [`free_port`] draws from.
+const FIRST_FREE_PORT: u16 = 24_000;
+
 /// A free loopback port: bound, then let go, for a server of a test's own.
 ///
 /// It is drawn below the kernel's ephemeral range and above the fixed ports of
 /// `scripts/services.sh`: a server a test stops and starts again must find its port free,
 /// and an outgoing connection (which takes its source port from the ephemeral range) made
-/// meanwhile by any test could otherwise hold it. Where the ephemeral range leaves no room,
-/// any free port.
+/// meanwhile by any test could otherwise hold it. The ports are walked from a random place, one
+/// after the other, so that calls in a row (an ensemble's nine ports, taken before any server
+/// binds one) never get the same port twice, and processes side by side rarely meet. Where the
+/// ephemeral range leaves no room, any free port.
 ///
 /// # Panics
 /// No port could be bound.
 #[must_use]
 pub fn free_port() -> u16 {
-    const FIRST: u16 = 24_000;
-    let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
-        .unwrap_or(32_768);
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    let ephemeral = ephemeral_start();
     let bindable = |port: u16| std::net::TcpListener::bind(("127.0.0.1", port)).is_ok();
-    if ephemeral > FIRST {
+    if ephemeral > FIRST_FREE_PORT {
+        let span = u32::from(ephemeral - FIRST_FREE_PORT);
+        // The first call picks where this process starts.
+        let _ = NEXT.compare_exchange(
+            u32::MAX,
+            fastrand::u32(..span),
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
         for _ in 0..1_000 {
-            let port = fastrand::u16(FIRST..ephemeral);
+            let offset = NEXT.fetch_add(1, Ordering::Relaxed) % span;
+            let port = FIRST_FREE_PORT + u16::try_from(offset).unwrap_or(0);
             if bindable(port) {
                 return port;
             }
@@ -544,18 +568,18 @@ pub fn connected_or_skip<T, E: std::fmt::Display>(
 #[cfg(test)]
 mod tests {
     #[test]
-    fn a_free_port_is_outside_the_ephemeral_range_and_free() {
-        let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-            .ok()
-            .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok());
+    fn a_free_port_is_outside_the_ephemeral_range_free_and_never_given_twice() {
+        let low = super::ephemeral_start();
+        let mut given = std::collections::HashSet::new();
         for _ in 0..50 {
             let port = super::free_port();
-            if let Some(low) = ephemeral.filter(|&low| low > 24_000) {
+            if low > super::FIRST_FREE_PORT {
                 assert!(
-                    (24_000..low).contains(&port),
+                    (super::FIRST_FREE_PORT..low).contains(&port),
                     "port {port}, ephemeral from {low}"
                 );
             }
+            assert!(given.insert(port), "port {port} given twice");
             std::net::TcpListener::bind(("127.0.0.1", port)).expect("the port is free");
         }
     }

@@ -22,7 +22,7 @@ use tokio::time::sleep;
 
 use super::Programs;
 use super::checker::{self, Marks, Term};
-use super::outage::{failed_attempts, free_port};
+use super::outage::failed_attempts;
 use super::proxy::{Mode, Proxy};
 pub use super::report::Report;
 use super::servers::{PrivateServer, ServerError, ServerKind};
@@ -186,7 +186,7 @@ impl Run<'_> {
             }
         } else {
             let (url, env) = self.backend.replica_lock(&self.dir, port, &self.settings)?;
-            let metrics = format!("127.0.0.1:{}", free_port()?);
+            let metrics = format!("127.0.0.1:{}", leader_test_support::free_port());
             let program = &self.programs.leader;
             let mut command = Command::new(program);
             command

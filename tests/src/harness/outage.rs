@@ -63,17 +63,6 @@ impl OutageReport {
     }
 }
 
-/// A free loopback port.
-pub(crate) fn free_port() -> Result<u16, HarnessError> {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .map_err(|source| HarnessError::Io {
-            what: "a free port".into(),
-            source,
-        })
-}
-
 /// The metrics page at `addr`, or an empty one while it does not answer.
 async fn scrape(addr: &str) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -124,7 +113,7 @@ impl Replica {
         timings: Timings,
         dir: &Path,
     ) -> Result<Self, HarnessError> {
-        let metrics = format!("127.0.0.1:{}", free_port()?);
+        let metrics = format!("127.0.0.1:{}", leader_test_support::free_port());
         let log = dir.join(format!("{identity}.log"));
         let stderr = std::fs::File::create(&log).map_err(|source| HarnessError::Io {
             what: format!("creating {}", log.display()),

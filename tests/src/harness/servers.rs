@@ -69,12 +69,6 @@ pub struct ServerError {
     message: String,
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map_or(0, |a| a.port())
-}
-
 fn postgres_bin(tool: &str) -> Option<PathBuf> {
     let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
         .ok()?
@@ -118,8 +112,8 @@ impl PrivateServer {
         let mut server = Self {
             kind,
             program: program.map(Path::to_owned),
-            port: free_port(),
-            peer_port: free_port(),
+            port: leader_test_support::free_port(),
+            peer_port: leader_test_support::free_port(),
             dir,
             child: None,
         };

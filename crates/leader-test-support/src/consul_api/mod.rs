@@ -143,16 +143,26 @@ pub struct ConsulApiServer {
 #[derive(Clone, Debug)]
 pub struct ConsulSnapshot(Data);
 
+/// A loopback listener on a [`free_port`](crate::free_port): below the ephemeral range, so that
+/// an agent that restarts finds its address free to bind again.
+async fn listen_on_free_port() -> tokio::net::TcpListener {
+    for _ in 0..100 {
+        // Another process may take the port between the draw and this bind: draw again.
+        if let Ok(listener) = tokio::net::TcpListener::bind(("127.0.0.1", crate::free_port())).await
+        {
+            return listener;
+        }
+    }
+    panic!("no free loopback port could be bound");
+}
+
 impl ConsulApiServer {
     /// Starts a server on a free loopback port, on the current runtime.
     ///
     /// # Panics
     /// If no loopback port can be bound.
     pub async fn start() -> Self {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind a loopback port");
-        Self::serve(listener)
+        Self::serve(listen_on_free_port().await)
     }
 
     /// Serves on `listener`, keeping nothing across restarts.
@@ -202,9 +212,7 @@ impl ConsulApiServer {
     /// # Panics
     /// If no loopback port can be bound.
     pub async fn agent(&self, node: &str) -> Self {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind a loopback port");
+        let listener = listen_on_free_port().await;
         self.register_node(node);
         Self::serve_agent(self.shared.clone(), node, listener).expect("a bound listener")
     }
