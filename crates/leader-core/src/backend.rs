@@ -84,14 +84,10 @@ pub fn is_plain_sql_identifier(name: &str, max_len: usize) -> bool {
 /// `["ab", "c"]` differ): the same in every build, for the lock keys and names that processes
 /// built apart must agree on.
 pub fn fnv1a<P: AsRef<[u8]>>(parts: &[P]) -> u64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for part in parts {
-        for &byte in part.as_ref().iter().chain(&[0]) {
-            hash ^= u64::from(byte);
-            hash = hash.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-    hash
+    use crate::shards::assign::{FNV_OFFSET, fnv1a};
+    parts.iter().fold(FNV_OFFSET, |hash, part| {
+        fnv1a(&[0], fnv1a(part.as_ref(), hash))
+    })
 }
 
 /// Parses `lock` as a URL of one of `schemes`, after [`check_user_info`]: the start of every
@@ -134,4 +130,17 @@ pub fn take_lock_params(
         url.query_pairs_mut().clear().extend_pairs(&kept);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    /// The keys and names made from it must never change (processes of two releases share
+    /// them): the values of the FNV-1a specification, and parts kept apart.
+    #[test]
+    fn hashes_are_stable() {
+        assert_eq!(super::fnv1a::<&str>(&[]), 0xcbf2_9ce4_8422_2325);
+        // FNV-1a 64 of "a" then a zero byte, by the published algorithm.
+        assert_eq!(super::fnv1a(&["a"]), 0x089b_e207_b544_f1e4);
+        assert_ne!(super::fnv1a(&["a", "bc"]), super::fnv1a(&["ab", "c"]));
+    }
 }

@@ -1,7 +1,7 @@
 //! The table lock: one row per election, compare-and-swap on a version column.
 
 use async_trait::async_trait;
-use leader_core::backend::RecordColumns;
+use leader_core::backend::{RecordColumns, fnv1a};
 use leader_core::{
     Acquisition, ChangeStream, LeaderElectionRecord, LockError, Observed, ResourceLock, Version,
 };
@@ -9,7 +9,7 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Statement};
 
 use crate::error::{BACKEND, map};
-use crate::sql::{TIME_LEFT, decode, fnv1a, parse_version};
+use crate::sql::{TIME_LEFT, decode, parse_version};
 use crate::store::PostgresStore;
 
 /// A [`ResourceLock`] on one row of the lock table.

@@ -341,11 +341,6 @@ pub(crate) fn parse_version(version: &Version) -> Option<i64> {
     version.as_str().parse().ok()
 }
 
-/// A stable 64-bit FNV-1a hash, for advisory keys and channel names.
-pub(crate) fn fnv1a(parts: &[&str]) -> u64 {
-    leader_core::backend::fnv1a(parts)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -390,11 +385,5 @@ mod tests {
                 );
             }
         }
-    }
-
-    #[test]
-    fn hashes_are_stable() {
-        assert_eq!(fnv1a(&[]), 0xcbf2_9ce4_8422_2325);
-        assert_ne!(fnv1a(&["a", "bc"]), fnv1a(&["ab", "c"]));
     }
 }

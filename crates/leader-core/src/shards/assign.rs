@@ -124,7 +124,8 @@ fn mix(mut h: u64) -> u64 {
     h ^ (h >> 33)
 }
 
-const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+/// FNV-1a's starting value.
+pub(crate) const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
 
 /// FNV-1a: stable across builds and platforms, so that replicas built apart agree.
 pub(crate) fn fnv1a(bytes: &[u8], seed: u64) -> u64 {

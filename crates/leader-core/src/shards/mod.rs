@@ -46,7 +46,7 @@
 //! shard's owner, fencing token and since when, the shards nobody owns) without taking part:
 //! what `leader status` shows of a set.
 
-mod assign;
+pub(crate) mod assign;
 mod locks;
 mod roster;
 mod runner;

@@ -3,10 +3,13 @@
 //! This file holds the member's shared state and the loop; the round's read and decisions are
 //! in `runner/round.rs`, the renewals in `runner/renewals.rs`, the claims in
 //! `runner/claims.rs`, ending and giving shards in `runner/handing.rs`, the roster and the
-//! member records in `runner/members.rs`, a change of the count in `runner/resize.rs`. State
-//! that one of them alone uses is its own: the pace of full reads (`round::Pace`), what the
-//! member knows of its own record (`members::Membership`), the work's give-ups and extension
-//! writes (`handing::WorkRequests`).
+//! member records in `runner/members.rs`, a change of the count in `runner/resize.rs`. The
+//! state they share is in objects of its own: the terms held (`terms::Terms`), each shard's
+//! record and what was seen of every record of the set (`table::ShardTable`), the roster as
+//! read and the keys a read asks for (`roster::RosterRead`), the releases under way
+//! (`handing::Releases`). State that one of them alone uses is its own: the pace of full reads
+//! (`round::Pace`), what the member knows of its own record (`members::Membership`), the
+//! work's give-ups and extension writes (`handing::WorkRequests`).
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
