@@ -46,14 +46,11 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
+use leader_test_support::bench::knob_if_set as knob;
 use leader_tests::database_url;
 use leader_tests::harness::campaign::{self, Backend, Fault, Report, Settings};
 use leader_tests::harness::run_or_skip;
 use leader_tests::on_each_harness_backend;
-
-fn knob<T: std::str::FromStr>(name: &str) -> Option<T> {
-    std::env::var(name).ok().and_then(|v| v.parse().ok())
-}
 
 /// The faults to inject into `backend`, in order: `FAULT_COUNT` faults (or `FAULT_ROUNDS`
 /// rounds) of its kinds in turn, shuffled with `FAULT_SEED` (or a random seed with

@@ -98,11 +98,22 @@ pub async fn time_each<T, E>(
 /// # Panics
 /// The variable is set to something that does not parse.
 pub fn knob<T: std::str::FromStr>(name: &str, default: T) -> T {
+    knob_if_set(name).unwrap_or(default)
+}
+
+/// A number from the environment variable `name`, `None` when it is unset or empty; a value
+/// that is no such number stops the run, as with [`knob`].
+///
+/// # Panics
+/// The variable is set to something that does not parse.
+pub fn knob_if_set<T: std::str::FromStr>(name: &str) -> Option<T> {
     match std::env::var(name) {
-        Ok(value) if !value.is_empty() => value
-            .parse()
-            .unwrap_or_else(|_| panic!("{name}={value:?} is not a number this bench takes")),
-        _ => default,
+        Ok(value) if !value.is_empty() => Some(
+            value
+                .parse()
+                .unwrap_or_else(|_| panic!("{name}={value:?} is not a number this run takes")),
+        ),
+        _ => None,
     }
 }
 
