@@ -187,7 +187,7 @@ pub(crate) async fn crash_and_restart(
             server.restart()?;
         }
         let back = now_ns();
-        let away = Duration::from_nanos(u64::try_from(back - crashed).unwrap_or(0));
+        let away = between(crashed, back);
         Ok::<_, ServerError>((taken, Restarted { back, away }))
     })
     .await
