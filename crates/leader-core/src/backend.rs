@@ -114,10 +114,10 @@ pub fn parse_lock_url(lock: &str, schemes: &[&str], not_ours: &str) -> Result<ur
 /// The first error of `own`, with `url` left as it was.
 #[cfg(feature = "url")]
 #[cfg_attr(docsrs, doc(cfg(feature = "url")))]
-pub fn take_lock_params(
+pub fn take_lock_params<E>(
     url: &mut url::Url,
-    mut own: impl FnMut(&str, &str) -> Result<bool, UrlError>,
-) -> Result<(), UrlError> {
+    mut own: impl FnMut(&str, &str) -> Result<bool, E>,
+) -> Result<(), E> {
     let mut kept = Vec::new();
     for (key, value) in url.query_pairs() {
         if !own(&key, &value)? {

@@ -209,29 +209,21 @@ impl TlsFiles {
         identity: Option<(PathBuf, PathBuf)>,
     ) -> Result<Option<Self>, String> {
         let (mut url_ca, mut cert, mut key) = (None, None, None);
-        let mut kept = Vec::new();
-        for (k, v) in url.query_pairs() {
-            let slot = match k.as_ref() {
+        leader_core::backend::take_lock_params(url, |k, v| {
+            let slot = match k {
                 "ssl_ca" => &mut url_ca,
                 "ssl_cert" => &mut cert,
                 "ssl_key" => &mut key,
-                _ => {
-                    kept.push((k.into_owned(), v.into_owned()));
-                    continue;
-                }
+                _ => return Ok(false),
             };
             if v.is_empty() {
                 return Err(format!("{k}= is empty: the path of a PEM file"));
             }
-            *slot = Some(PathBuf::from(v.as_ref()));
-        }
+            *slot = Some(PathBuf::from(v));
+            Ok(true)
+        })?;
         if url_ca.is_none() && cert.is_none() && key.is_none() {
             return Ok((ca.is_some() || identity.is_some()).then_some(Self { ca, identity }));
-        }
-        if kept.is_empty() {
-            url.set_query(None);
-        } else {
-            url.query_pairs_mut().clear().extend_pairs(&kept);
         }
         let url_identity = match (cert, key) {
             (Some(cert), Some(key)) => Some((cert, key)),
