@@ -191,11 +191,13 @@ fn assert_stored(context: &str, written: &LeaderElectionRecord, stored: &Observe
     );
 }
 
-fn assert_conflict<T: std::fmt::Debug>(context: &str, result: Result<T, LockError>) {
-    match result {
-        Err(LockError::Conflict { .. }) => {}
-        other => panic!("{context}: expected a conflict, got {other:?}"),
-    }
+/// Panics unless `result` is a conflict ([`LockError::is_conflict`]); `context` says which
+/// write.
+pub fn assert_conflict<T: std::fmt::Debug>(context: &str, result: &Result<T, LockError>) {
+    assert!(
+        result.as_ref().is_err_and(LockError::is_conflict),
+        "{context}: expected a conflict, got {result:?}"
+    );
 }
 
 async fn get(context: &str, lock: &dyn ResourceLock) -> Option<Observed> {

@@ -1,7 +1,7 @@
 //! The record writes a test makes by hand on a lock, as a candidate makes them: taking the
 //! lock in its first term and releasing it.
 
-use leader_core::{LockError, Observed, ResourceLock, conformance};
+use leader_core::{Observed, ResourceLock, conformance};
 
 /// `lock` taken by a create of its own record (its identity, token 1).
 ///
@@ -23,12 +23,4 @@ pub async fn released<L: ResourceLock + ?Sized>(lock: &L, held: &Observed) -> Ob
     lock.update(&held.version, &released)
         .await
         .expect("release")
-}
-
-/// Panics unless `answer` is a conflict ([`LockError::is_conflict`]); `what` says which write.
-pub fn assert_conflict<T: std::fmt::Debug>(answer: &Result<T, LockError>, what: &str) {
-    assert!(
-        answer.as_ref().is_err_and(LockError::is_conflict),
-        "{what}: {answer:?}"
-    );
 }

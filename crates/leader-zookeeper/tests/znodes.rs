@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::unique;
 use leader_core::{LockError, ResourceLock, conformance, request_handover};
-use leader_test_support::record_writes::{assert_conflict, created, released};
+use leader_test_support::record_writes::{created, released};
 use leader_test_support::zookeeper_ensemble::ZooKeeperEnsemble;
 use leader_zookeeper::ZooKeeperStore;
 use leader_zookeeper::zookeeper_client as zk;
@@ -108,7 +108,7 @@ async fn a_renewal_is_one_request_and_moves_the_version() {
     let other = store.lock("renewals", "operator");
     request_handover(&other, "b").await.expect("request");
     let stale = lock.renew(&held.version, &held.record).await;
-    assert_conflict(&stale, "a renewal after someone else's write conflicts");
+    conformance::assert_conflict("a renewal after someone else's write conflicts", &stale);
 }
 
 /// A follower's watch fires when the record is released and when a handover is requested,
@@ -191,7 +191,7 @@ async fn a_set_reads_and_renews_many_records_a_request_at_a_time() {
     assert!(requests <= 2, "{requests} requests to renew 100 records");
     for (i, (answer, renewal)) in renewed.iter().zip(&renewals).enumerate() {
         if i == 50 {
-            assert_conflict(answer, "shard 50");
+            conformance::assert_conflict("shard 50", answer);
         } else {
             let answer = answer.as_ref().expect("renewed");
             assert_ne!(answer.version, renewal.version, "shard {i} not renewed");
@@ -248,7 +248,7 @@ async fn a_renewal_of_a_record_another_session_owns_conflicts() {
     let held = created(&store.lock(&name, "a")).await;
     let elsewhere = common::store().await.expect("store").lock(&name, "a");
     let renewed = elsewhere.renew(&held.version, &held.record).await;
-    assert_conflict(&renewed, "a renewal from another session");
+    conformance::assert_conflict("a renewal from another session", &renewed);
     assert_eq!(store.lock(&name, "a").get().await.expect("get"), Some(held));
 }
 
@@ -370,9 +370,9 @@ async fn an_update_of_another_sessions_term_with_its_token_conflicts() {
         .extensions
         .insert("note".to_owned(), "elsewhere".to_owned());
     let updated = elsewhere.update(&held.version, &record).await;
-    assert_conflict(&updated, "an update from another session");
+    conformance::assert_conflict("an update from another session", &updated);
     let renewed = elsewhere.renew(&held.version, &record).await;
-    assert_conflict(&renewed, "a renewal from another session");
+    conformance::assert_conflict("a renewal from another session", &renewed);
     assert_eq!(store.lock(&name, "a").get().await.expect("get"), Some(held));
 }
 

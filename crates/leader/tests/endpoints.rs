@@ -13,6 +13,7 @@ use leader::faults::{Fault, FaultyLock};
 use leader::{
     CancellationToken, LeaderElector, LeaderEndpointsLayer, LeaderState, LeaderView, MemoryStore,
 };
+use leader_test_support::Candidate;
 use tokio::time::timeout;
 
 const RETRY: Duration = Duration::from_millis(100);
@@ -45,7 +46,9 @@ async fn start<L: leader::ResourceLock + 'static>(lock: L, only_leading: bool) -
         .route("/submit", post(|| async { "submitted" }))
         .layer(endpoints);
     let url = common::serve(app).await;
-    let (state, shutdown, _) = common::run(elector);
+    let Candidate {
+        state, shutdown, ..
+    } = Candidate::run(elector);
     Replica {
         url,
         state,
@@ -228,7 +231,11 @@ async fn the_application_chooses_the_paths() {
         .route("/leader", get(|| async { "the application's leader page" }))
         .layer(endpoints);
     let url = common::serve(app).await;
-    let (mut state, shutdown, _) = common::run(elector);
+    let Candidate {
+        mut state,
+        shutdown,
+        ..
+    } = Candidate::run(elector);
     timeout(
         Duration::from_secs(5),
         state.wait_for(LeaderState::is_leading),

@@ -14,6 +14,7 @@ use leader::{
     CancellationToken, LeaderElector, LeaderOnlyLayer, LeaderState, LeaderView, Leadership,
     MemoryStore,
 };
+use leader_test_support::Candidate;
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep, timeout};
 
@@ -81,7 +82,12 @@ impl Replica {
             .route_layer(LeaderOnlyLayer::new(&elector))
             .route("/open", get(|| async { "open to every replica" }));
         let url = common::serve(app).await;
-        let (state, shutdown, task) = common::run(elector);
+        let Candidate {
+            state,
+            shutdown,
+            task,
+            ..
+        } = Candidate::run(elector);
         Self {
             url,
             state,

@@ -14,7 +14,7 @@ pub async fn absent_object(factory: &dyn LockFactory) {
     );
     assert_conflict(
         "update of an absent object",
-        lock.update(&Version::new("1"), &record("a", 1)).await,
+        &lock.update(&Version::new("1"), &record("a", 1)).await,
     );
     assert_eq!(
         get("absent object after update", &*lock).await,
@@ -42,11 +42,11 @@ pub async fn create_conflicts_when_present(factory: &dyn LockFactory) {
     let created = a.create(&record("a", 1)).await.expect("first create");
     assert_conflict(
         "create of an existing object",
-        b.create(&record("b", 1)).await,
+        &b.create(&record("b", 1)).await,
     );
     assert_conflict(
         "create of an existing object by its holder",
-        a.create(&record("a", 2)).await,
+        &a.create(&record("a", 2)).await,
     );
     assert_eq!(
         get("after conflicting creates", &*b).await,
@@ -68,7 +68,7 @@ pub async fn update_is_compare_and_swap(factory: &dyn LockFactory) {
     assert_ne!(v1.version, v2.version, "an update must change the version");
     assert_conflict(
         "update with a stale version",
-        b.update(&v1.version, &record("b", 9)).await,
+        &b.update(&v1.version, &record("b", 9)).await,
     );
     assert_eq!(
         get("after a stale update", &*b).await,
@@ -89,11 +89,11 @@ pub async fn update_is_compare_and_swap(factory: &dyn LockFactory) {
     assert_stored("takeover", &taken, &v3);
     assert_conflict(
         "update with the version before the takeover",
-        a.update(&released.version, &renewed).await,
+        &a.update(&released.version, &renewed).await,
     );
     assert_conflict(
         "update with an older version",
-        a.update(&v2.version, &renewed).await,
+        &a.update(&v2.version, &renewed).await,
     );
 }
 
@@ -118,7 +118,7 @@ pub async fn identical_writes_move_the_version(factory: &dyn LockFactory) {
                     &format!(
                         "identical writes: an update at the version before an identical {operation}"
                     ),
-                    b.update(&current.version, &record("b", 99)).await,
+                    &b.update(&current.version, &record("b", 99)).await,
                 );
                 current = stored;
             }

@@ -1,10 +1,7 @@
-//! What the HTTP layers' tests share: an HTTP client, an axum application served on loopback,
-//! and an elector run in the background.
+//! What the HTTP layers' tests share: an HTTP client and an axum application served on
+//! loopback.
 
 use axum::Router;
-use leader::{CancellationToken, ElectionError, LeaderElector, LeaderState};
-use tokio::sync::watch;
-use tokio::task::JoinHandle;
 
 /// A plain-HTTP client.
 pub(crate) fn client() -> reqwest::Client {
@@ -21,18 +18,4 @@ pub(crate) async fn serve(app: Router) -> String {
     let url = format!("http://{}", listener.local_addr().expect("address"));
     tokio::spawn(async move { axum::serve(listener, app).await });
     url
-}
-
-/// Runs `elector` in the background: its state, the token that stops it, and its task.
-pub(crate) fn run(
-    elector: LeaderElector,
-) -> (
-    watch::Receiver<LeaderState>,
-    CancellationToken,
-    JoinHandle<Result<(), ElectionError>>,
-) {
-    let state = elector.subscribe();
-    let shutdown = CancellationToken::new();
-    let task = tokio::spawn(elector.run(shutdown.clone()));
-    (state, shutdown, task)
 }
