@@ -39,10 +39,16 @@ impl FileLock {
     pub fn in_temp_dir() -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         Self {
-            url: format!("file://{}", dir.path().join("lock").display()),
+            url: file_lock_in(dir.path()),
             _dir: dir,
         }
     }
+}
+
+/// The URL of a `file://` lock in `dir`, beside whatever else a test keeps there.
+#[must_use]
+pub fn file_lock_in(dir: &std::path::Path) -> String {
+    format!("file://{}", dir.join("lock").display())
 }
 
 impl std::ops::Deref for FileLock {

@@ -205,8 +205,7 @@ on_each_backend!(firings:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_schedules_exit_9_in_one_line() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let lock = format!("file://{}", dir.path().join("lock").display());
+    let lock = leader_tests::FileLock::in_temp_dir();
     for args in [
         vec!["--schedule", "0 0 30 2 *"],
         vec!["--schedule", "61 * * * *"],
@@ -229,7 +228,7 @@ async fn bad_schedules_exit_9_in_one_line() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_with_another_schedule_exits_10_and_changes_nothing() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let lock = format!("file://{}", dir.path().join("lock").display());
+    let lock = leader_tests::file_lock_in(dir.path());
     let out = dir.path().join("firings");
     let mut first = replica(&lock, "mixed", "a", &out, "1s");
     sleep(Duration::from_secs(3)).await;
@@ -287,7 +286,7 @@ async fn a_replica_with_another_schedule_exits_10_and_changes_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_changed_schedule_first_fires_after_the_change() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let lock = format!("file://{}", dir.path().join("lock").display());
+    let lock = leader_tests::file_lock_in(dir.path());
     let out = dir.path().join("firings");
     let spawn = |identity: &str, schedule: &str, adopt: bool| {
         let mut command = cron(&lock, "changed", identity);
@@ -350,7 +349,7 @@ async fn a_changed_schedule_first_fires_after_the_change() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replace_starts_a_firing_only_after_the_replaced_command_exited() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let lock = format!("file://{}", dir.path().join("lock").display());
+    let lock = leader_tests::file_lock_in(dir.path());
     let out = dir.path().join("firings");
     let script = format!(
         "echo \"start $LEADER_FIRING_SCHEDULED\" >> {out}; \
@@ -400,7 +399,7 @@ async fn replace_starts_a_firing_only_after_the_replaced_command_exited() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn suspend_trigger_and_resume_act_through_the_record() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let lock = format!("file://{}", dir.path().join("lock").display());
+    let lock = leader_tests::file_lock_in(dir.path());
     let out = dir.path().join("firings");
     let script = format!(
         "echo \"$LEADER_FIRING_SCHEDULED ${{LEADER_FIRING_TRIGGERED_BY:-schedule}}\" >> {}",
@@ -473,7 +472,7 @@ async fn suspend_trigger_and_resume_act_through_the_record() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_command_past_its_timeout_is_stopped_and_retried() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let lock = format!("file://{}", dir.path().join("lock").display());
+    let lock = leader_tests::file_lock_in(dir.path());
     let out = dir.path().join("attempts");
     let script = format!(
         "echo \"$LEADER_FIRING_ATTEMPT\" >> {}; exec sleep 30",
@@ -517,7 +516,7 @@ async fn a_command_past_its_timeout_is_stopped_and_retried() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_stops_a_running_command_and_nothing_retries_it() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let lock = format!("file://{}", dir.path().join("lock").display());
+    let lock = leader_tests::file_lock_in(dir.path());
     let out = dir.path().join("attempts");
     let script = format!(
         "echo \"$LEADER_FIRING_ATTEMPT\" >> {out}; \
@@ -593,7 +592,7 @@ async fn a_leader_whose_clock_steps_back_and_forward_runs_no_firing_twice() {
         return;
     };
     let dir = tempfile::tempdir().expect("tempdir");
-    let lock = format!("file://{}", dir.path().join("lock").display());
+    let lock = leader_tests::file_lock_in(dir.path());
     let out = dir.path().join("firings");
     let offset = dir.path().join("clock-offset");
     step_clock(&offset, "+0");

@@ -455,12 +455,12 @@ async fn planned_handovers_in(lock: &str, env: &[(&str, &str)]) -> Vec<Duration>
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn file_lock_planned_handovers() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let lock = format!("file://{}", dir.path().join("lock").display());
+    let lock = leader_tests::file_lock_in(dir.path());
     planned_handovers(&lock).await;
     // A named replica that never comes: `--wait` gives up with exit 7 at its timeout.
     let dir = tempfile::tempdir().expect("tempdir");
     let log = dir.path().join("jobs.log");
-    let lock = format!("file://{}", dir.path().join("lock").display());
+    let lock = leader_tests::file_lock_in(dir.path());
     let mut one = leader(&lock, "ghost", "one", &log);
     nth_start(&log, 1, Duration::from_secs(15)).await;
     assert_eq!(
@@ -485,7 +485,7 @@ async fn file_lock_planned_handovers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handover_request_can_be_withdrawn() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let lock = format!("file://{}", dir.path().join("lock").display());
+    let lock = leader_tests::file_lock_in(dir.path());
     let log = dir.path().join("jobs.log");
     assert_eq!(handover(&lock, "withdrawn", &["--withdraw"]).await, Some(6));
     let mut replica = leader(&lock, "withdrawn", "only", &log);
@@ -614,8 +614,7 @@ async fn consul_lock_planned_handovers() {
 #[tokio::test]
 async fn a_report_to_a_closed_pipe_ends_quietly() {
     use std::os::unix::process::ExitStatusExt;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let lock = format!("file://{}", dir.path().join("lock").display());
+    let lock = leader_tests::FileLock::in_temp_dir();
     for json in [false, true] {
         let (read, write) = nix::unistd::pipe().expect("pipe");
         drop(read);
@@ -666,8 +665,7 @@ async fn run_to_end(args: &[&str], env: &[(&str, &str)]) -> ExitStatus {
 
 #[tokio::test]
 async fn the_exit_code_of_command_is_passed_through() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let lock = format!("file://{}", dir.path().join("lock").display());
+    let lock = leader_tests::FileLock::in_temp_dir();
     let status = run_to_end(
         &["run", "--lock", &lock, "--name", "exit", "--", JOB],
         &[("JOB_EXIT", "7")],
@@ -689,8 +687,7 @@ async fn the_exit_code_of_command_is_passed_through() {
 
 #[tokio::test]
 async fn bad_flags_give_their_exit_codes() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let lock = format!("file://{}", dir.path().join("lock").display());
+    let lock = leader_tests::FileLock::in_temp_dir();
     /// `leader run --name x FLAGS -- COMMAND`.
     fn run<'a>(flags: &[&'a str], command: &'a str) -> Vec<&'a str> {
         [&["run", "--name", "x"], flags, &["--", command]].concat()
@@ -702,7 +699,7 @@ async fn bad_flags_give_their_exit_codes() {
         (run(&["--lock", "ftp://u:secret@h"], "true"), 3),
         (run(&["--lock", "kubernetes://Bad_Namespace"], "true"), 3),
         (run(&["--lock", "redis://127.0.0.1:1"], "true"), 4),
-        (run(&["--lock", lock.as_str()], "/no/such/program"), 127),
+        (run(&["--lock", &lock], "/no/such/program"), 127),
         (
             vec!["status", "--lock", "file://relative", "--name", "x"],
             3,
@@ -861,7 +858,7 @@ async fn http_get(addr: &str, path: &str) -> String {
 async fn metrics_and_health_are_served() {
     let dir = tempfile::tempdir().expect("tempdir");
     let log = dir.path().join("jobs.log");
-    let lock = format!("file://{}", dir.path().join("lock").display());
+    let lock = leader_tests::file_lock_in(dir.path());
     let addr = free_addr();
     let mut child = Command::new(LEADER)
         .args([
@@ -1252,7 +1249,7 @@ async fn postgres_advisory_lock_keeps_no_shard_sets() {
 async fn a_shard_set_is_served() {
     let dir = tempfile::tempdir().expect("tempdir");
     let log = dir.path().join("job.log");
-    let lock = format!("file://{}", dir.path().join("lock").display());
+    let lock = leader_tests::file_lock_in(dir.path());
     let addr = free_addr();
     let mut child = leader_with(
         &lock,
@@ -1340,7 +1337,7 @@ async fn a_supervisor_starts_command_only_under_the_leader_that_started_it() {
 #[tokio::test]
 async fn the_fencing_token_floor_raises_the_token_command_sees() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let lock = format!("file://{}", dir.path().join("lock").display());
+    let lock = leader_tests::file_lock_in(dir.path());
     let seen = dir.path().join("token");
     let write = format!("echo \"$LEADER_FENCING_TOKEN\" > {}", seen.display());
     let token = || {

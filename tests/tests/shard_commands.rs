@@ -149,7 +149,7 @@ async fn stop(mut child: Child) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shard_whose_command_cannot_start_is_given_up() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let lock = format!("file://{}", dir.path().join("lock").display());
+    let lock = leader_tests::file_lock_in(dir.path());
     let name = format!("unstartable-{:08x}", fastrand::u32(..));
     let old = dir.path().join("leader-old");
     std::fs::copy(LEADER, &old).expect("copy the leader binary");
@@ -204,7 +204,7 @@ async fn a_shard_whose_command_cannot_start_is_given_up() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_command_that_keeps_crashing_is_restarted_after_a_back_off() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let lock = format!("file://{}", dir.path().join("lock").display());
+    let lock = leader_tests::file_lock_in(dir.path());
     let name = format!("crashing-{:08x}", fastrand::u32(..));
     // The job exits with code 3 as soon as it starts.
     let crashing = replica(
@@ -235,8 +235,7 @@ async fn a_command_that_keeps_crashing_is_restarted_after_a_back_off() {
 /// back, and no shard's COMMAND ever starts on the other replica.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolling_restart_with_static_membership_moves_no_shard() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let lock = format!("file://{}", dir.path().join("lock").display());
+    let lock = leader_tests::FileLock::in_temp_dir();
     a_rolling_restart_moves_no_shard(&lock, Signal::SIGTERM, RETRY * 4, &[]).await;
 }
 
@@ -438,10 +437,7 @@ async fn static_membership_without_a_lasting_identity_is_refused() {
     let dir = tempfile::tempdir().expect("tempdir");
     let out = Command::new(LEADER)
         .arg("run")
-        .args([
-            "--lock",
-            &format!("file://{}", dir.path().join("lock").display()),
-        ])
+        .args(["--lock", &leader_tests::file_lock_in(dir.path())])
         .args([
             "--name",
             "static-refused",
@@ -537,7 +533,7 @@ on_each_backend!(a_set_resized_while_its_replicas_run:
 async fn weights_and_drains() {
     const SHARDS: u32 = 4;
     let dir = tempfile::tempdir().expect("tempdir");
-    let lock = format!("file://{}", dir.path().join("lock").display());
+    let lock = leader_tests::file_lock_in(dir.path());
     let name = format!("weights-{:08x}", fastrand::u32(..));
     let start = |identity: &str, weight: &str| {
         replica_with(
@@ -609,7 +605,7 @@ async fn weights_and_drains() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resize_restarts_every_command_under_the_new_count() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let lock = format!("file://{}", dir.path().join("lock").display());
+    let lock = leader_tests::file_lock_in(dir.path());
     let name = format!("recount-{:08x}", fastrand::u32(..));
     let command = [
         "sh",

@@ -110,7 +110,7 @@ async fn wait_for(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_shows_the_members_and_owners_of_a_shard_set() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let lock = format!("file://{}", dir.path().join("lock").display());
+    let lock = leader_tests::file_lock_in(dir.path());
     let name = format!("status-{:08x}", fastrand::u32(..));
 
     // Nothing ran yet: no set, said so, and nothing created.

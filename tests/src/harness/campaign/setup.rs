@@ -127,7 +127,7 @@ impl Backend {
         settings: &Settings,
     ) -> Result<(String, Vec<(String, String)>), HarnessError> {
         let url = match self {
-            Self::File => format!("file://{}", dir.join("lock").display()),
+            Self::File => crate::file_lock_in(dir),
             Self::Postgres => format!("postgres://postgres@127.0.0.1:{port}/postgres"),
             Self::Advisory => format!(
                 "postgres://postgres@127.0.0.1:{port}/postgres?advisory=true&idle_session_timeout={}ms",

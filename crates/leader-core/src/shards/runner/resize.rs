@@ -9,9 +9,8 @@ impl Runner {
     /// Follows the roster's new `count`: ends and releases the shards owned past it (their
     /// work stopped first, S6) and reads the set again at the new count before acting.
     pub(super) fn resize(&mut self, count: u32) {
-        let name = self.config.name.clone();
         tracing::info!(
-            shards = name,
+            shards = self.config.name,
             from = self.config.count,
             to = count,
             "the shard set was resized"
@@ -21,7 +20,7 @@ impl Runner {
             self.give(shard, None, StepDownReason::Resized);
         }
         self.work_requests.forget_give_ups_from(count);
-        self.table.resize(&name, count);
+        self.table.resize(count);
         self.config.count = count;
         // Told after the terms past the count were ended: work that sees the new count finds
         // the removed shards' work already told to stop.

@@ -38,7 +38,7 @@ pub(super) struct ShardTable {
 impl ShardTable {
     /// The table of set `name`'s `count` shards, none read yet.
     pub(super) fn new(name: &str, count: u32) -> Self {
-        // The key of shard 0 less its number.
+        // The key of shard 0 less its number: every shard's key is it and the number.
         let mut prefix = shard_key(name, 0);
         prefix.pop();
         let mut table = Self {
@@ -51,20 +51,21 @@ impl ShardTable {
             vanished: BTreeMap::new(),
             unreadable: BTreeSet::new(),
         };
-        table.resize(name, count);
+        table.resize(count);
         table
     }
 
     /// Follows the set's new `count`: the shards past it are forgotten, those added are known
     /// as nothing yet.
-    pub(super) fn resize(&mut self, name: &str, count: u32) {
+    pub(super) fn resize(&mut self, count: u32) {
         self.unreadable.retain(|&shard| shard < count);
         self.vanished.retain(|&shard, _| shard < count);
         let n = count as usize;
         self.keys.truncate(n);
         let from = u32::try_from(self.keys.len()).unwrap_or(count);
+        let prefix = &self.prefix;
         self.keys
-            .extend((from..count).map(|shard| shard_key(name, shard)));
+            .extend((from..count).map(|shard| format!("{prefix}{shard}")));
         self.seen.resize_with(n, || None);
         self.records.resize_with(n, || None);
         self.read.resize(n, false);
