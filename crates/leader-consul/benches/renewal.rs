@@ -12,8 +12,8 @@ use std::error::Error;
 
 use leader_consul::ConsulStore;
 use leader_core::ResourceLock;
+use leader_test_support::bench::{self, Rewrite};
 use leader_test_support::consul_api::ConsulApiServer;
-use leader_test_support::{bench, renewal};
 
 // Short interleaved rounds, so that drift in the machine's speed hits all rows alike.
 const ROUNDS: usize = 100;
@@ -39,17 +39,15 @@ async fn main() -> Result<(), Box<dyn Error>> {
     let name = "renewal";
 
     // 1. Requests per renewal as the elector makes them: a real elector on a counting wrapper.
-    let elector = renewal::elected(store.lock(name, "bench")?, renewal::SHORT).await?;
-
-    // The elector released the lease on shutdown: take it again, so that what follows are
-    // renewals by the holder.
+    // It released the lease on shutdown: taken again, what follows are renewals by the holder.
     let lock = store.lock(name, "bench")?;
-    let mut observed = bench::acquire(&lock, "bench").await?;
+    let (elector, mut observed) =
+        bench::elected_then_held(store.lock(name, "bench")?, bench::SHORT, &lock).await?;
 
     // 2. HTTP requests per renewal on the server, by its own count.
     const N: usize = 500;
     let before = server.as_ref().map(ConsulApiServer::requests);
-    bench::renewals(&lock, &mut observed, N).await?;
+    bench::rewrites(&lock, &mut observed, N, Rewrite::Renew).await?;
     let on_server = server.as_ref().zip(before).map(|(server, before)| {
         let after = server.requests();
         let mut by_kind: Vec<String> = after
@@ -67,8 +65,8 @@ async fn main() -> Result<(), Box<dyn Error>> {
     // 3. Latency against a plain read of the key through the same client.
     let (mut t_read, mut t_renew) = (Vec::new(), Vec::new());
     for _ in 0..ROUNDS {
-        renewal::time_each(PER_ROUND, &mut t_read, async || lock.get().await).await?;
-        t_renew.extend(bench::renewals(&lock, &mut observed, PER_ROUND).await?);
+        bench::time_each(PER_ROUND, &mut t_read, async || lock.get().await).await?;
+        t_renew.extend(bench::rewrites(&lock, &mut observed, PER_ROUND, Rewrite::Renew).await?);
     }
     lock.close().await;
 

@@ -25,7 +25,8 @@ use std::time::{Duration, Instant};
 
 use leader_core::{Acquisition, ResourceLock};
 use leader_etcd::EtcdStore;
-use leader_test_support::{Candidate, bench, renewal};
+use leader_test_support::Candidate;
+use leader_test_support::bench::{self, Rewrite};
 
 fn ratio(ours: &mut [Duration], theirs: &mut [Duration]) -> (Duration, Duration, f64) {
     ours.sort();
@@ -48,7 +49,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
 
     // 1. Renewal: ours by the holder, against a keep-alive of an election session's lease.
     let lock = store.lock(format!("peers-renew-{tag}"), "ours");
-    let Some(Acquisition::Acquired(mut held)) = lock.try_acquire(&renewal::lasting("ours")).await?
+    let Some(Acquisition::Acquired(mut held)) = lock.try_acquire(&bench::lasting("ours")).await?
     else {
         return Err("could not take a free lease".into());
     };
@@ -60,20 +61,13 @@ async fn main() -> Result<(), Box<dyn Error>> {
     let (mut ours_messages, mut their_messages) = (0, 0);
     for _ in 0..rounds / 10 {
         let before = bench::etcd_messages_received(&endpoint)?;
-        for _ in 0..10 {
-            let at = Instant::now();
-            held = lock
-                .renew(&held.version, &bench::renewed(&held.record))
-                .await?;
-            ours.push(at.elapsed());
-        }
+        ours.extend(bench::rewrites(&lock, &mut held, 10, Rewrite::Renew).await?);
         let middle = bench::etcd_messages_received(&endpoint)?;
-        for _ in 0..10 {
-            let at = Instant::now();
+        bench::time_each(10, &mut theirs, async || {
             keeper.keep_alive().await?;
-            stream.message().await?;
-            theirs.push(at.elapsed());
-        }
+            stream.message().await
+        })
+        .await?;
         let after = bench::etcd_messages_received(&endpoint)?;
         // Each /metrics read is an HTTP request, not a gRPC message.
         ours_messages += middle - before;
@@ -97,11 +91,11 @@ async fn main() -> Result<(), Box<dyn Error>> {
         let holder = store.lock(&name, "holder");
         let follower = store.lock(&name, "follower");
         let Some(Acquisition::Acquired(taken)) =
-            holder.try_acquire(&renewal::lasting("holder")).await?
+            holder.try_acquire(&bench::lasting("holder")).await?
         else {
             return Err("the holder could not take the lease".into());
         };
-        follower.try_acquire(&renewal::lasting("follower")).await?;
+        follower.try_acquire(&bench::lasting("follower")).await?;
         client
             .delete(format!("{}.candidates/follower", holder.key()), None)
             .await?;
@@ -111,7 +105,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
         follower.get().await?;
         let at = Instant::now();
         let Some(Acquisition::Acquired(_)) =
-            follower.try_acquire(&renewal::lasting("follower")).await?
+            follower.try_acquire(&bench::lasting("follower")).await?
         else {
             return Err("the follower could not take a free lease".into());
         };

@@ -12,7 +12,7 @@ use std::error::Error;
 use std::time::Duration;
 
 use leader_etcd::EtcdStore;
-use leader_test_support::{bench, renewal};
+use leader_test_support::bench::{self, Rewrite};
 
 // Short interleaved rounds, so that drift in the machine's speed hits both rows alike.
 const ROUNDS: usize = 100;
@@ -25,22 +25,20 @@ async fn main() -> Result<(), Box<dyn Error>> {
     let name = leader_test_support::unique("bench");
 
     // 1. Lock requests per renewal as the elector makes them: a real elector on a counting wrapper.
-    let timings = renewal::Timings {
+    let timings = bench::Timings {
         lease_duration: Duration::from_millis(2600),
         renew_deadline: Duration::from_millis(1000),
         retry_period: Duration::from_millis(50),
     };
-    let elector = renewal::elected(store.lock(&name, "bench"), timings).await?;
-
-    // The elector released the lease on shutdown: take it again, so that what follows are
-    // renewals by the holder.
+    // It released the lease on shutdown: taken again, what follows are renewals by the holder.
     let lock = store.lock(&name, "bench");
-    let mut observed = bench::acquire(&lock, "bench").await?;
+    let (elector, mut observed) =
+        bench::elected_then_held(store.lock(&name, "bench"), timings, &lock).await?;
 
     // 2. Requests per renewal on the server.
     const N: usize = 500;
     let start = bench::etcd_messages_received(&endpoint)?;
-    bench::renewals(&lock, &mut observed, N).await?;
+    bench::rewrites(&lock, &mut observed, N, Rewrite::Renew).await?;
     let server_requests_per_renewal =
         (bench::etcd_messages_received(&endpoint)? - start) as f64 / N as f64;
 
@@ -48,19 +46,16 @@ async fn main() -> Result<(), Box<dyn Error>> {
     let mut client = store.client().await.expect("etcd client");
     let (mut t_get, mut t_renew) = (Vec::new(), Vec::new());
     for _ in 0..ROUNDS {
-        renewal::time_each(PER_ROUND, &mut t_get, async || {
+        bench::time_each(PER_ROUND, &mut t_get, async || {
             client.get(lock.key(), None).await
         })
         .await?;
-        t_renew.extend(bench::renewals(&lock, &mut observed, PER_ROUND).await?);
+        t_renew.extend(bench::rewrites(&lock, &mut observed, PER_ROUND, Rewrite::Renew).await?);
     }
     client.delete(lock.key(), None).await?;
 
     println!("etcd lock renewal on {endpoint}");
-    println!(
-        "lock requests per renewal (elector, {} renewals in 3 s): {:.2}",
-        elector.renewals, elector.per_renewal
-    );
+    elector.print();
     println!("server requests per renewal ({N} renewals): {server_requests_per_renewal:.2}");
     println!();
     bench::print_latencies(

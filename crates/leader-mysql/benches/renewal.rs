@@ -12,8 +12,7 @@ use std::error::Error;
 use leader_core::{Observed, ResourceLock};
 use leader_mysql::MysqlStore;
 use leader_mysql::mysql_async::prelude::Queryable;
-use leader_test_support::bench;
-use leader_test_support::renewal::{self, ElectorRequests};
+use leader_test_support::bench::{self, ElectorRequests, Rewrite};
 
 // Short interleaved rounds, so that drift in the machine's speed hits all rows alike.
 const ROUNDS: usize = 200;
@@ -43,14 +42,15 @@ async fn measure<L: ResourceLock + 'static>(
     make: impl Fn() -> L,
 ) -> Result<(Measured, L, Observed), Box<dyn Error>> {
     // 1. A real elector on a counting wrapper.
-    let (elector, lock, mut observed) = renewal::elected_then_held(make).await?;
+    let lock = make();
+    let (elector, mut observed) = bench::elected_then_held(make(), bench::SHORT, &lock).await?;
 
     // 2. Executions and preparations on the server over N renewals (every session counts:
     //    the GET_LOCK lock writes on a session of its own).
     let executed = status(store, "Com_stmt_execute").await?;
     let prepared = status(store, "Com_stmt_prepare").await?;
     const N: u32 = 1000;
-    renewal::updates(&lock, &mut observed, N as usize).await?;
+    bench::rewrites(&lock, &mut observed, N as usize, Rewrite::Update).await?;
     let per =
         |n: u64| -> Result<f64, Box<dyn Error>> { Ok(f64::from(u32::try_from(n)?) / f64::from(N)) };
     let executions = per(status(store, "Com_stmt_execute").await? - executed)?;
@@ -93,18 +93,20 @@ async fn main() -> Result<(), Box<dyn Error>> {
     let (mut t_renew, mut t_named) = (Vec::new(), Vec::new());
     for _ in 0..ROUNDS {
         let mut conn = store.pool().get_conn().await?;
-        renewal::time_each(PER_ROUND, &mut t_select, async || {
+        bench::time_each(PER_ROUND, &mut t_select, async || {
             conn.exec_first::<i64, _, _>("SELECT 1", ()).await
         })
         .await?;
-        renewal::time_each(PER_ROUND, &mut t_update, async || {
+        bench::time_each(PER_ROUND, &mut t_update, async || {
             conn.exec_drop("UPDATE leader_bench_plain SET v = v + 1 WHERE id = 1", ())
                 .await
         })
         .await?;
         drop(conn);
-        t_renew.extend(renewal::updates(&lock, &mut observed, PER_ROUND).await?);
-        t_named.extend(renewal::updates(&named_lock, &mut named_observed, PER_ROUND).await?);
+        t_renew.extend(bench::rewrites(&lock, &mut observed, PER_ROUND, Rewrite::Update).await?);
+        t_named.extend(
+            bench::rewrites(&named_lock, &mut named_observed, PER_ROUND, Rewrite::Update).await?,
+        );
     }
     named_lock.close().await;
     let mut conn = store.pool().get_conn().await?;
@@ -122,9 +124,9 @@ async fn main() -> Result<(), Box<dyn Error>> {
     );
     for (label, m) in [("table lock", &table), ("GET_LOCK lock", &named)] {
         println!(
-            "{label}: requests per renewal (elector, {} renewals in 3 s): {:.2}; \
-             statements per renewal (server, 1000 renewals): {:.2} executed, {:.3} prepared",
-            m.elector.renewals, m.elector.per_renewal, m.executions, m.preparations
+            "{label}: {}; statements per renewal (server, 1000 renewals): {:.2} executed, \
+             {:.3} prepared",
+            m.elector, m.executions, m.preparations
         );
     }
     println!();

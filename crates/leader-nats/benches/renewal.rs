@@ -11,7 +11,7 @@ use std::error::Error;
 
 use leader_core::ResourceLock;
 use leader_nats::NatsStore;
-use leader_test_support::{bench, renewal};
+use leader_test_support::bench::{self, Rewrite};
 
 // Short interleaved rounds, so that drift in the machine's speed hits all rows alike.
 const ROUNDS: usize = 200;
@@ -28,7 +28,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
     let name = leader_test_support::unique("bench");
 
     // 1. Requests per renewal as the elector makes them: a real elector on a counting wrapper.
-    let elector = renewal::elected(store.lock(&name, "bench"), renewal::SHORT).await?;
+    let elector = bench::elected(store.lock(&name, "bench"), bench::SHORT).await?;
 
     // 2. Writes per renewal on the server: the bucket's stream sequence over N renewals.
     let lock = store.lock(&name, "bench");
@@ -49,22 +49,22 @@ async fn main() -> Result<(), Box<dyn Error>> {
     let sequence = || async { kv.stream.get_info().await.map(|i| i.state.last_sequence) };
     let before = sequence().await?;
     const N: usize = 1000;
-    renewal::updates(&lock, &mut observed, N).await?;
+    bench::rewrites(&lock, &mut observed, N, Rewrite::Update).await?;
     let writes = (sequence().await? - before) as f64 / N as f64;
 
     // 3. Latency against the raw references on the same connection.
     let plain = format!("{name}-plain");
     let (mut t_ping, mut t_put, mut t_renew) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..ROUNDS {
-        renewal::time_each(PER_ROUND, &mut t_ping, async || {
+        bench::time_each(PER_ROUND, &mut t_ping, async || {
             store.client().request("$JS.API.INFO", "".into()).await
         })
         .await?;
-        renewal::time_each(PER_ROUND, &mut t_put, async || {
+        bench::time_each(PER_ROUND, &mut t_put, async || {
             kv.put(plain.as_str(), "x".into()).await
         })
         .await?;
-        t_renew.extend(renewal::updates(&lock, &mut observed, PER_ROUND).await?);
+        t_renew.extend(bench::rewrites(&lock, &mut observed, PER_ROUND, Rewrite::Update).await?);
     }
     kv.purge(lock.key()).await?;
     kv.purge(plain.as_str()).await?;

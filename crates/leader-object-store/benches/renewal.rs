@@ -13,8 +13,8 @@ use leader_core::ResourceLock;
 use leader_object_store::BucketStore;
 use leader_object_store::object_store::ObjectStore;
 use leader_object_store::object_store::path::Path;
+use leader_test_support::bench::{self, Rewrite};
 use leader_test_support::object_store_counting::Counting;
-use leader_test_support::{bench, renewal};
 
 // Short interleaved rounds, so that drift in the machine's speed hits all rows alike.
 const ROUNDS: usize = 50;
@@ -37,7 +37,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
 
     // 1. Lock requests per renewal as the elector makes them: a real elector on a counting
     //    wrapper of the lock.
-    let elector = renewal::elected(store.lock(name, "bench"), renewal::SHORT).await?;
+    let elector = bench::elected(store.lock(name, "bench"), bench::SHORT).await?;
 
     // The elector released the lease on shutdown: take it again as a plain update, so that
     // what follows are renewals by the holder.
@@ -53,7 +53,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
     // 2. Store requests per renewal, and per poll of an unchanged record by a follower.
     const N: usize = 300;
     let before = counting.total();
-    bench::renewals(&lock, &mut observed, N).await?;
+    bench::rewrites(&lock, &mut observed, N, Rewrite::Renew).await?;
     let per_renewal = (counting.total() - before) as f64 / N as f64;
     let follower = store.lock(name, "follower");
     follower.get().await?;
@@ -75,12 +75,12 @@ async fn main() -> Result<(), Box<dyn Error>> {
     let path = Path::from(format!("{}{name}", store.prefix()));
     let (mut t_get, mut t_poll, mut t_renew) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..ROUNDS {
-        renewal::time_each(PER_ROUND, &mut t_get, async || {
+        bench::time_each(PER_ROUND, &mut t_get, async || {
             s3.get_opts(&path, Default::default()).await?.bytes().await
         })
         .await?;
-        renewal::time_each(PER_ROUND, &mut t_poll, async || follower.get().await).await?;
-        t_renew.extend(bench::renewals(&lock, &mut observed, PER_ROUND).await?);
+        bench::time_each(PER_ROUND, &mut t_poll, async || follower.get().await).await?;
+        t_renew.extend(bench::rewrites(&lock, &mut observed, PER_ROUND, Rewrite::Renew).await?);
         // The renewals changed the record: one full read, then the polls are 304s again.
         follower.get().await?;
     }
@@ -89,10 +89,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
         "object storage lock on moto's S3 server ({})",
         leader_test_support::s3_endpoint()
     );
-    println!(
-        "lock requests per renewal (elector, {} renewals in 3 s): {:.2}",
-        elector.renewals, elector.per_renewal
-    );
+    elector.print();
     println!("S3 requests per renewal ({N} renewals): {per_renewal:.2} (PUT If-Match)");
     println!(
         "S3 requests per follower poll of an unchanged record ({N} polls): {}",

@@ -10,7 +10,7 @@ use std::error::Error;
 use std::time::{Duration, Instant};
 
 use leader_postgres::PostgresStore;
-use leader_test_support::{bench, renewal};
+use leader_test_support::bench::{self, Rewrite};
 
 // Short interleaved rounds, so that drift in the machine's speed hits all three alike.
 const ROUNDS: usize = 200;
@@ -30,8 +30,9 @@ async fn main() -> Result<(), Box<dyn Error>> {
     // 1. Requests per renewal as the elector makes them: a real elector on a counting wrapper.
     // It released the lease on shutdown: taken again, what follows are renewals by the holder
     // (a write of a free record would be a release, which also NOTIFYs).
-    let (elector, lock, mut observed) =
-        renewal::elected_then_held(|| store.lock(&name, "bench")).await?;
+    let lock = store.lock(&name, "bench");
+    let (elector, mut observed) =
+        bench::elected_then_held(store.lock(&name, "bench"), bench::SHORT, &lock).await?;
 
     // 2. Statements per renewal on the server: committed transactions of this database.
     let client = store.pool().get().await?;
@@ -49,7 +50,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
     let start = stats(&client).await?;
     drop(client);
     const N: usize = 1000;
-    renewal::updates(&lock, &mut observed, N).await?;
+    bench::rewrites(&lock, &mut observed, N, Rewrite::Update).await?;
     let client = store.pool().get().await?;
     let end = stats(&client).await?;
     // Each stats read itself commits a few transactions (snapshot clears and the query).
@@ -81,11 +82,11 @@ async fn main() -> Result<(), Box<dyn Error>> {
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..ROUNDS {
         let client = store.pool().get().await?;
-        renewal::time_each(PER_ROUND, &mut t_select, async || {
+        bench::time_each(PER_ROUND, &mut t_select, async || {
             client.query_one(&select, &[]).await
         })
         .await?;
-        renewal::time_each(PER_ROUND, &mut t_update, async || {
+        bench::time_each(PER_ROUND, &mut t_update, async || {
             client.execute(&update, &[]).await
         })
         .await?;
@@ -116,7 +117,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
             observed.version = leader_core::Version::from(row.get::<_, i64>(0));
         }
         drop(client);
-        t_renew.extend(renewal::updates(&lock, &mut observed, PER_ROUND).await?);
+        t_renew.extend(bench::rewrites(&lock, &mut observed, PER_ROUND, Rewrite::Update).await?);
     }
     let client = store.pool().get().await?;
     client

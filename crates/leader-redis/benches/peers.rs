@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use leader_core::{Acquisition, ResourceLock};
 use leader_redis::RedisStore;
-use leader_test_support::{bench, renewal};
+use leader_test_support::bench;
 
 const HAND_WRITTEN: &str = r#"
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
@@ -40,7 +40,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
 
     // Ours: the holder of a lease.
     let lock = store.lock(format!("peers-{tag}"), "ours");
-    let record = renewal::lasting("ours");
+    let record = bench::lasting("ours");
     let Some(Acquisition::Acquired(mut held)) = lock.try_acquire(&record).await? else {
         return Err("could not take a free lease".into());
     };

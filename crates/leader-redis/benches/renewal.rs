@@ -8,7 +8,7 @@
 use std::error::Error;
 
 use leader_redis::RedisStore;
-use leader_test_support::{bench, renewal};
+use leader_test_support::bench::{self, Rewrite};
 
 // Short interleaved rounds, so that drift in the machine's speed hits all rows alike.
 const ROUNDS: usize = 200;
@@ -22,8 +22,9 @@ async fn main() -> Result<(), Box<dyn Error>> {
 
     // 1. Requests per renewal as the elector makes them: a real elector on a counting wrapper.
     // It released the lease on shutdown: taken again, what follows are renewals by the holder.
-    let (elector, lock, mut observed) =
-        renewal::elected_then_held(|| store.lock(&name, "bench")).await?;
+    let lock = store.lock(&name, "bench");
+    let (elector, mut observed) =
+        bench::elected_then_held(store.lock(&name, "bench"), bench::SHORT, &lock).await?;
 
     // 2. Commands per renewal on the server, from INFO commandstats before and after. Redis
     //    counts the commands a script runs inside it too: report those apart from what the
@@ -44,7 +45,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
     };
     let (scripts_before, all_before) = stats(&mut connection).await?;
     const N: usize = 1000;
-    bench::renewals(&lock, &mut observed, N).await?;
+    bench::rewrites(&lock, &mut observed, N, Rewrite::Renew).await?;
     let (scripts_after, all_after) = stats(&mut connection).await?;
     let sent_per_renewal = (scripts_after - scripts_before) as f64 / N as f64;
     // The first INFO itself counts once among all commands.
@@ -56,13 +57,13 @@ async fn main() -> Result<(), Box<dyn Error>> {
     let plain_key = format!("leader-bench-plain-{name}");
     let (mut t_ping, mut t_set, mut t_renew) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..ROUNDS {
-        renewal::time_each(PER_ROUND, &mut t_ping, async || {
+        bench::time_each(PER_ROUND, &mut t_ping, async || {
             redis::cmd("PING")
                 .query_async::<String>(&mut connection)
                 .await
         })
         .await?;
-        renewal::time_each(PER_ROUND, &mut t_set, async || {
+        bench::time_each(PER_ROUND, &mut t_set, async || {
             redis::cmd("SET")
                 .arg(&plain_key)
                 .arg("x")
@@ -72,7 +73,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
                 .await
         })
         .await?;
-        t_renew.extend(bench::renewals(&lock, &mut observed, PER_ROUND).await?);
+        t_renew.extend(bench::rewrites(&lock, &mut observed, PER_ROUND, Rewrite::Renew).await?);
     }
     let _: () = redis::cmd("DEL")
         .arg(&plain_key)

@@ -1,37 +1,87 @@
-//! Helpers for the backends' renewal benchmarks.
+//! What the backends' benchmarks share around their own server counters and raw references: a
+//! real elector leading on the lock and what it asked of it, the lease taken again by the
+//! benchmark, writes in a row, latency samples of any operation and their tables.
 
+use std::fmt;
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
 
 use leader_core::faults::FaultyLock;
 use leader_core::{
-    Acquisition, CancellationToken, LeaderElectionRecord, LeaderElector, Observed, ResourceLock,
+    Acquisition, CancellationToken, LeaderElectionRecord, LeaderElector, LockError, Observed,
+    ResourceLock,
 };
 
-/// Runs a real elector on `lock` (through a counting wrapper) with the given timings, lets it
-/// lead for `window`, and returns the successful renewals in that window and the lock requests
-/// it made per renewal.
-pub async fn elector_requests_per_renewal(
+/// An elector's timings for a benchmark.
+#[derive(Debug, Clone, Copy)]
+pub struct Timings {
+    /// How long a lease lasts.
+    pub lease_duration: Duration,
+    /// How long the leader keeps trying to renew before it steps down.
+    pub renew_deadline: Duration,
+    /// How often the elector tries.
+    pub retry_period: Duration,
+}
+
+/// A 600 ms lease tried every 20 ms: many renewals in the 3 s an elector leads.
+pub const SHORT: Timings = Timings {
+    lease_duration: Duration::from_millis(600),
+    renew_deadline: Duration::from_millis(400),
+    retry_period: Duration::from_millis(20),
+};
+
+/// How long [`elected`] lets its elector lead.
+const LEADING: Duration = Duration::from_secs(3);
+
+/// What a real elector did in the 3 s it led.
+#[derive(Debug, Clone, Copy)]
+pub struct ElectorRequests {
+    /// Its successful renewals.
+    pub renewals: usize,
+    /// The lock requests it made per renewal.
+    pub per_renewal: f64,
+}
+
+impl fmt::Display for ElectorRequests {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "requests per renewal (elector, {} renewals in 3 s): {:.2}",
+            self.renewals, self.per_renewal
+        )
+    }
+}
+
+impl ElectorRequests {
+    /// Prints the line that reports them.
+    pub fn print(&self) {
+        println!("{self}");
+    }
+}
+
+/// Runs a real elector with `timings` on `lock` (through a counting wrapper), lets it lead for
+/// 3 s, and says what it did; it releases the lease when it stops.
+///
+/// # Errors
+/// The elector's configuration or its run failed.
+pub async fn elected(
     lock: impl ResourceLock + 'static,
-    lease_duration: Duration,
-    renew_deadline: Duration,
-    retry_period: Duration,
-    window: Duration,
-) -> Result<(usize, f64), Box<dyn std::error::Error>> {
+    timings: Timings,
+) -> Result<ElectorRequests, Box<dyn std::error::Error>> {
     let counted = FaultyLock::new(lock);
     let calls = counted.faults();
     let elector = LeaderElector::builder(counted)
-        .lease_duration(lease_duration)
-        .renew_deadline(renew_deadline)
-        .retry_period(retry_period)
+        .lease_duration(timings.lease_duration)
+        .renew_deadline(timings.renew_deadline)
+        .retry_period(timings.retry_period)
         .build()?;
     let mut state = elector.subscribe();
     let shutdown = CancellationToken::new();
     let running = tokio::spawn(elector.run(shutdown.clone()));
     state.wait_for(|s| s.is_leading()).await?;
     let before = calls.calls().len();
-    tokio::time::sleep(window).await;
+    tokio::time::sleep(LEADING).await;
     let in_window: Vec<_> = calls.calls()[before..].to_vec();
     shutdown.cancel();
     running.await??;
@@ -39,7 +89,27 @@ pub async fn elector_requests_per_renewal(
         .iter()
         .filter(|c| c.operation == "renew" && c.ok == Some(true))
         .count();
-    Ok((renewals, in_window.len() as f64 / renewals.max(1) as f64))
+    Ok(ElectorRequests {
+        renewals,
+        per_renewal: in_window.len() as f64 / renewals.max(1) as f64,
+    })
+}
+
+/// [`elected`] with `timings` on `elector`, then the lease taken again by "bench" on `lock`
+/// (of the same election), so that what follows are renewals by the holder: what the elector
+/// did and what `lock` holds.
+///
+/// # Errors
+/// The elector failed, or the lease could not be taken again.
+pub async fn elected_then_held(
+    elector: impl ResourceLock + 'static,
+    timings: Timings,
+    lock: &dyn ResourceLock,
+) -> Result<(ElectorRequests, Observed), Box<dyn std::error::Error>> {
+    let elector = elected(elector, timings).await?;
+    let observed = acquire(lock, "bench").await?;
+    assert!(observed.record.is_held_by("bench"));
+    Ok((elector, observed))
 }
 
 /// Takes the lease as `identity` (after an elector released it), so that what follows are
@@ -55,21 +125,34 @@ pub async fn acquire(
     }
 }
 
-/// Renews `observed` through `lock`, as its holder, `count` times in a row; how long each took.
+/// How a holder writes its record again in [`rewrites`].
+#[derive(Clone, Copy, Debug)]
+pub enum Rewrite {
+    /// [`ResourceLock::renew`], as a term renews.
+    Renew,
+    /// [`ResourceLock::update`], a full write.
+    Update,
+}
+
+/// Writes `observed` again through `lock`, as its holder, `how`, `count` times in a row; how
+/// long each took.
 ///
 /// # Errors
-/// A renewal failed.
-pub async fn renewals(
+/// A write failed.
+pub async fn rewrites(
     lock: &dyn ResourceLock,
     observed: &mut Observed,
     count: usize,
-) -> Result<Vec<std::time::Duration>, leader_core::LockError> {
+    how: Rewrite,
+) -> Result<Vec<Duration>, LockError> {
     let mut took = Vec::with_capacity(count);
     time_each(count, &mut took, async || {
-        *observed = lock
-            .renew(&observed.version, &renewed(&observed.record))
-            .await?;
-        Ok::<_, leader_core::LockError>(())
+        let record = renewed(&observed.record);
+        *observed = match how {
+            Rewrite::Renew => lock.renew(&observed.version, &record).await?,
+            Rewrite::Update => lock.update(&observed.version, &record).await?,
+        };
+        Ok::<_, LockError>(())
     })
     .await?;
     Ok(took)
@@ -119,11 +202,16 @@ pub fn knob_if_set<T: std::str::FromStr>(name: &str) -> Option<T> {
 
 /// `record` with its renew time set to now, as a renewal writes it.
 pub fn renewed(record: &LeaderElectionRecord) -> LeaderElectionRecord {
-    {
-        let mut record = record.clone();
-        record.renew_time = Utc::now();
-        record
-    }
+    let mut record = record.clone();
+    record.renew_time = Utc::now();
+    record
+}
+
+/// A record of `holder` with a 10 s lease, which no benchmark round outlasts.
+pub fn lasting(holder: &str) -> LeaderElectionRecord {
+    let mut record = leader_core::conformance::record(holder, 0);
+    record.lease_duration = Duration::from_secs(10);
+    record
 }
 
 /// The `percent`th percentile of sorted samples (zero for none).

@@ -19,7 +19,6 @@ pub mod object_store_counting;
 mod process;
 pub mod record_writes;
 pub mod redaction;
-pub mod renewal;
 pub mod secrets;
 pub mod unreadable;
 pub mod zookeeper_ensemble;
