@@ -12,7 +12,6 @@ use futures_util::StreamExt;
 use leader_core::{
     Acquisition, ChangeStream, LeaderElectionRecord, LockError, Observed, ResourceLock, Version,
 };
-use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
 use crate::error::{BACKEND, Refusal, acl_rules, refusal};

@@ -20,8 +20,6 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, SubsecRound, Utc};
-use futures_util::StreamExt;
-use tokio::task::JoinSet;
 
 mod handovers;
 mod leases;
@@ -33,11 +31,7 @@ pub use leases::*;
 pub use records::*;
 pub use shards::{Interval, ShardLog, balanced, batches_answer_as_their_locks, shard_protocol};
 
-use crate::background::{Candidate, LEASE, RENEW, RETRY, STEADY_LEASE, STEADY_RENEW};
-use crate::{
-    Acquisition, LeaderElectionRecord, LeaderElector, LockError, Observed, ResourceLock, Version,
-    request_handover,
-};
+use crate::{Acquisition, LeaderElectionRecord, LockError, Observed, ResourceLock};
 
 /// Makes locks of one backend for the suite.
 #[async_trait]

@@ -10,21 +10,16 @@ use std::sync::{Arc, Mutex as SyncMutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use etcd_client::{
-    Compare, CompareOp, GetOptions, GetResponse, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse,
-    TxnResponse,
-};
-use leader_core::backend::Known;
+use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnResponse};
 use leader_core::{
     Acquisition, ChangeStream, LeaderElectionRecord, LockError, Observed, ResourceLock, Version,
 };
 use tokio::sync::Mutex;
-use tokio::time::Instant;
 
 use crate::error::{BACKEND, map};
-use crate::lease::{KeptLease, ttl};
+use crate::lease::KeptLease;
 use crate::members::Members;
-use crate::queue::{Prepared, Successor};
+use crate::queue::Prepared;
 use crate::seen::{RecordSeen, Seen, Takeover};
 use crate::shared::SetShared;
 use crate::store::EtcdStore;
@@ -34,7 +29,7 @@ mod acquire;
 mod codec;
 mod term;
 
-use codec::{parse_version, split_gets, token_of};
+use codec::parse_version;
 
 impl EtcdStore {
     /// A lock on election `name` for candidate `identity`.

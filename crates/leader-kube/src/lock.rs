@@ -10,26 +10,25 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use chrono::Utc;
 use futures_util::StreamExt;
-use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
-use kube::api::{Api, PostParams, WatchEvent, WatchParams};
+use kube::api::{Api, PostParams};
 use leader_core::{
     Acquisition, ChangeStream, LeaderElectionRecord, LeaderEvent, LockError, Observed,
     ResourceLock, Version,
 };
 
-use crate::candidate::{Candidate, Coordination, Keeper, Problem};
-use crate::error::{BACKEND, map};
-use crate::names;
-use crate::time::{chrono_of, micro};
+use crate::candidate::{Candidate, Keeper, Problem};
+use crate::error::BACKEND;
+use crate::time::micro;
 
 mod build;
 mod codec;
 mod watch;
 
+use codec::record_of;
 pub use codec::{COORDINATION_ANNOTATION, EXTENSIONS_ANNOTATION, HANDOVER_STRATEGY};
-use codec::{KeptFields, record_of, spec_of};
 use watch::{QUICK_WATCH, QUICK_WATCHES, WatchOutcome};
 
 /// A [`ResourceLock`] on a `coordination.k8s.io/v1` Lease, written exactly as client-go's

@@ -2,8 +2,8 @@
 //! session for as long as its term lasts.
 
 use std::fmt;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -12,11 +12,10 @@ use leader_core::{
     Acquisition, ChangeStream, LeaderElectionRecord, LeaderEvent, LockError, Observed,
     ResourceLock, Version,
 };
-use mysql_async::prelude::{FromRow, Queryable};
-use mysql_async::{Conn, Value};
+use mysql_async::prelude::Queryable;
 use tokio::task::JoinHandle;
 
-use crate::error::{BACKEND, USE_THE_TABLE_LOCK, map, map_get_lock};
+use crate::error::{BACKEND, map};
 use crate::lock::{TableLock, acquire_first};
 use crate::sql::parse_version;
 use crate::store::MysqlStore;

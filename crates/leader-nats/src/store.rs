@@ -2,13 +2,12 @@
 
 use leader_core::backend::LockErrorExt;
 use std::fmt;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_nats::jetstream::{self, kv};
-use leader_core::{LockError, redact_url};
+use leader_core::LockError;
 
 use crate::error::{BACKEND, Refusals, map, stream_not_found};
 

@@ -15,7 +15,7 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
-use nix::sys::signal::{Signal, kill, killpg};
+use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tokio::process::{Child, Command};
 use tokio::time::sleep;
@@ -25,7 +25,7 @@ use super::checker::{self, Marks, Term};
 use super::outage::failed_attempts;
 use super::proxy::{Mode, Proxy};
 pub use super::report::Report;
-use super::servers::{PrivateServer, ServerError, ServerKind};
+use super::servers::{PrivateServer, ServerError};
 use crate::{TermEvent as Event, now_ns, term_events as events};
 use leader_test_support::etcd_cluster::EtcdCluster;
 

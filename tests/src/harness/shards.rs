@@ -10,7 +10,7 @@
 //! its terms (from its COMMANDs' log) never overlap, their tokens grow, and the sink accepted
 //! no stale write for it.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex as StdMutex};
@@ -23,9 +23,8 @@ use tokio::time::sleep;
 
 use super::Programs;
 use super::campaign::{
-    Backend, Fault, HarnessError, Settings, Stage, command_groups, connect_sink, crash_and_restart,
-    drain_sink, place, poll, process_gone, process_stopped, replica_log_filter, stage,
-    stop_replicas, timing_args, watch_commands,
+    Backend, Fault, HarnessError, Settings, Stage, connect_sink, crash_and_restart, drain_sink,
+    place, replica_log_filter, stage, stop_replicas, timing_args, watch_commands,
 };
 use super::checker::{self, Marks};
 use super::proxy::{Mode, Proxy};

@@ -1,7 +1,14 @@
 //! The lock's transactions: its version (the two keys' indexes), the checks, the operations of
 //! a renewal that a shard set batches with others', and the acquisition and write.
 
-use super::*;
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use leader_core::{LeaderElectionRecord, LockError, Observed, Version};
+use serde_json::{Value, json};
+
+use super::ConsulLock;
+use crate::error::BACKEND;
+use crate::session;
 
 /// The lock's version: the `ModifyIndex` of the record key and of the renewal key (0: absent).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

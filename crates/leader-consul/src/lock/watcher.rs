@@ -1,7 +1,16 @@
 //! The change stream's reader: blocking queries on the record key, and what of an entry wakes
 //! the followers.
 
-use super::*;
+use std::time::Duration;
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use leader_core::{LeaderElectionRecord, LockError};
+use reqwest::{Method, StatusCode};
+use serde_json::Value;
+
+use crate::error::BACKEND;
+use crate::store::ConsulStore;
 
 /// A reader of the record key with blocking queries, for the change stream.
 pub(super) struct Watcher {

@@ -1,7 +1,14 @@
 //! Leadership changing hands: handover requests and planned handovers, electors that elect
 //! exactly one and hand over (S4, S6), and a release taken over at once.
 
-use super::*;
+use std::time::Duration;
+
+use chrono::Utc;
+use futures_util::StreamExt;
+
+use super::{LockFactory, get, record, unique};
+use crate::background::{Candidate, LEASE, RETRY, STEADY_LEASE};
+use crate::{Acquisition, LockError, request_handover};
 
 /// A handover request is a compare-and-swap write that leaves the holder in place: the holder's
 /// next renewal from its cached version conflicts; a notifying backend wakes watchers for it;

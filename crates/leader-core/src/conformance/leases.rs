@@ -2,7 +2,16 @@
 //! token floor (S5), one identity per process (S13), renewals that keep the lease, and wall
 //! clocks that step (S14).
 
-use super::*;
+use std::time::Duration;
+
+use chrono::Utc;
+use futures_util::StreamExt;
+
+use super::{LockFactory, first_term, free, get, now, record, rivals, unique};
+use crate::background::{Candidate, LEASE, RENEW, RETRY, STEADY_LEASE, STEADY_RENEW};
+use crate::{
+    Acquisition, LeaderElectionRecord, LeaderElector, LockError, Observed, ResourceLock, Version,
+};
 
 /// A backend with change notifications reports a release by another candidate, and wakes
 /// nobody for a renewal or for the holder's own write of its record (each notification costs

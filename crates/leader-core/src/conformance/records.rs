@@ -2,7 +2,16 @@
 //! moving the version (S14), fields and extensions kept, one winner of concurrent writes, bad
 //! and odd records (S8), the lock's identity and election name.
 
-use super::*;
+use std::time::Duration;
+
+use tokio::task::JoinSet;
+
+use super::{
+    LockFactory, assert_conflict, assert_stored, extensions, first_term, free, get, now, record,
+    rivals, unique,
+};
+use crate::background::{Candidate, LEASE, RETRY};
+use crate::{Acquisition, LockError, Observed, ResourceLock, Version};
 
 /// `get` of an object that does not exist is `None`; `update` of it is a conflict.
 pub async fn absent_object(factory: &dyn LockFactory) {

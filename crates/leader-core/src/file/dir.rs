@@ -1,7 +1,11 @@
 //! The lock directory on disk: version file names, the check that the directory is this user's
 //! own, and reading the newest version.
 
-use super::*;
+use std::path::Path;
+use std::{fs, io};
+
+use super::{BACKEND, READ_TRIES, Stored};
+use crate::error::LockError;
 
 pub(super) fn version_name(version: u64) -> String {
     format!("v{version:020}.json")

@@ -2,7 +2,20 @@
 //! ready beforehand, the transaction that takes the key (alone or in a shard set's batch), and
 //! the start of the term.
 
-use super::*;
+use std::time::Duration;
+
+use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnResponse};
+use leader_core::{Acquisition, LeaderElectionRecord, LockError, Observed, Version};
+use tokio::time::Instant;
+
+use super::codec::{split_gets, token_of};
+use super::{Decision, EtcdLock, Term, TermLease, conflict, revision_of};
+use crate::error::map;
+use crate::lease::{KeptLease, ttl};
+use crate::queue::Prepared;
+use crate::seen::{RecordSeen, Takeover};
+use crate::shared::SetShared;
+use crate::watch::TermWatch;
 
 impl EtcdLock {
     /// An acquisition of a shard set's record on its member's shared lease: one transaction

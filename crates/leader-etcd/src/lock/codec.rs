@@ -1,7 +1,13 @@
 //! The lock's keys as etcd stores them: the reads of one election's keys in a transaction,
 //! and the record, its version and its fencing token decoded from what they return.
 
-use super::*;
+use etcd_client::{GetResponse, KeyValue, Txn, TxnOp, TxnOpResponse, TxnResponse};
+use leader_core::backend::Known;
+use leader_core::{LeaderElectionRecord, LockError, Observed, Version};
+
+use super::{EtcdLock, conflict};
+use crate::error::BACKEND;
+use crate::seen::RecordSeen;
 
 impl EtcdLock {
     pub(super) fn gets(&self) -> [TxnOp; 3] {

@@ -1,8 +1,16 @@
 //! A term after its start: renewals (with the record, or with the etcd lease kept alive alone),
 //! the release, the successor a release wakes, and what a term leaves clean.
 
-use super::*;
+use etcd_client::{
+    Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
+};
 use leader_core::backend::LockErrorExt;
+use leader_core::{Acquisition, LeaderElectionRecord, LockError, Observed, ResourceLock, Version};
+
+use super::codec::{parse_version, token_of};
+use super::{EtcdLock, Term, conflict, revision_of};
+use crate::queue::Successor;
+use crate::seen::RecordSeen;
 
 impl EtcdLock {
     /// Whether nobody else wrote the key after this term's write at `written`, as the term's

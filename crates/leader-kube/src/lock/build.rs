@@ -1,7 +1,24 @@
 //! Making a lock: from a client, another lock's clients, the environment or a kubeconfig;
 //! coordinated leader election; and the requests and answers every operation shares.
 
-use super::*;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::Api;
+use leader_core::{LeaderElectionRecord, LockError, Observed, Version};
+
+use super::codec::{
+    COORDINATION_ANNOTATION, EXTENSIONS_ANNOTATION, KeptFields, record_of, spec_of,
+};
+use super::{
+    Coordinated, FENCING_TOKEN_ANNOTATION, LeaseLock, WATCH_TIMEOUT, client_with_timeouts,
+};
+use crate::candidate::{Candidate, Coordination, Problem};
+use crate::error::{BACKEND, map};
+use crate::names;
 
 impl LeaseLock {
     /// A lock on the Lease `name` in `namespace`, for candidate `identity`.

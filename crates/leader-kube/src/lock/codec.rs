@@ -1,7 +1,14 @@
 //! A record as a Lease and back, as client-go writes it: the spec, the fields the API server
 //! may drop kept in an annotation, and the record read from a Lease.
 
-use super::*;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use leader_core::{LeaderElectionRecord, LockError, Observed, Version};
+
+use super::FENCING_TOKEN_ANNOTATION;
+use crate::error::BACKEND;
+use crate::time::{chrono_of, micro};
 
 /// The Lease spec for a record, as client-go writes it over the spec `old` (if any).
 pub(super) fn spec_of(record: &LeaderElectionRecord, old: Option<&LeaseSpec>) -> LeaseSpec {

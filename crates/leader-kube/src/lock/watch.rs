@@ -1,6 +1,13 @@
 //! The watch of one Lease, as what each event means to a follower or to the leader.
 
-use super::*;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use kube::api::{WatchEvent, WatchParams};
+use leader_core::LockError;
+
+use super::codec::record_of;
+use super::{LeaseLock, WATCH_TIMEOUT};
 
 /// What one event of a Lease watch means to a follower.
 pub(super) enum WatchOutcome {

@@ -1,9 +1,16 @@
 //! The task behind a lock's watch: it waits in `GET_LOCK` (and reads the record) until the
 //! holder changes.
 
-use leader_core::backend::Backoff;
+use std::sync::Weak;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
 
-use super::*;
+use leader_core::backend::{Backoff, ChangeHub};
+use mysql_async::Conn;
+use mysql_async::prelude::Queryable;
+
+use super::{CHANNEL, FIRST_FREE_PAUSE, Shared, Summary, held};
+use crate::store::MysqlStore;
 
 /// The task behind a lock's watch.
 pub(super) struct Follower {

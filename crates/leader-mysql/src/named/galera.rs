@@ -1,7 +1,11 @@
 //! Whether the server can run the `GET_LOCK` lock at all: not with Galera replication on, which
 //! is found once, when the lock is opened, rather than at every attempt.
 
-use super::*;
+use leader_core::LockError;
+use mysql_async::prelude::Queryable;
+
+use super::NamedLock;
+use crate::error::{BACKEND, USE_THE_TABLE_LOCK, map};
 
 /// Reads `wsrep_on`: a row on MariaDB and Percona XtraDB Cluster (`ON` while Galera replicates),
 /// none on MySQL. The global value is the one the server's `GET_LOCK` refusal follows.

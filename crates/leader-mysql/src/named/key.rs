@@ -1,6 +1,6 @@
 //! The user-level lock's name, within MySQL's 64 characters.
 
-use super::*;
+use super::MAX_KEY;
 
 /// The user-level lock's name: `leader:database.table/name` when that is at most 64
 /// characters of ASCII without capitals (the server compares lock names without regard to

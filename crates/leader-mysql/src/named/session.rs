@@ -2,7 +2,15 @@
 //! is gone, and the lock's work on it (connecting, an operation that a cancellation ends with
 //! the session, acquiring and letting go of the user-level lock).
 
-use super::*;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use leader_core::{LeaderElectionRecord, LockError, ResourceLock};
+use mysql_async::prelude::{FromRow, Queryable};
+use mysql_async::{Conn, Value};
+
+use super::{Hold, NamedLock, Summary, Written, session_timeouts};
+use crate::error::{map, map_get_lock};
 
 /// The lock's own session.
 #[derive(Debug)]

@@ -1,9 +1,18 @@
 //! The store's builder: the servers, the credentials, TLS, the bucket and its checks, and the
 //! client's connection.
 
-use leader_core::backend::Backoff;
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
 
-use super::*;
+use async_nats::jetstream;
+use leader_core::backend::Backoff;
+use leader_core::{LockError, redact_url};
+
+use super::{Inner, Lookups, MAX_RECONNECT_DELAY, NatsStore, login_of};
+use crate::error::{BACKEND, Refusals};
 
 /// The client's waits between attempts to connect again: none before the first, then doubling
 /// from 50 ms up to [`MAX_RECONNECT_DELAY`].

@@ -1,6 +1,6 @@
 //! The test Consul server as a process of its own.
 
-use super::*;
+use super::ConsulApiServer;
 
 /// The `consul-api-server` program (`[--listen ADDR] [--state FILE]`): serves on `ADDR`
 /// (default a free loopback port), prints `listening on URL`, and runs until it is killed; with

@@ -6,9 +6,6 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 
-use super::pods;
-use super::validation::{Refusal, is_dns_subdomain, is_qualified_name};
-
 mod admit;
 
 pub(crate) use admit::*;
@@ -295,6 +292,7 @@ pub(crate) fn key_of(object: &Value) -> Key {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kube_api::validation::{Refusal, is_dns_subdomain, is_qualified_name};
 
     /// Decodes and admits, as a write on a server with the feature gate `gate_on`.
     fn write(

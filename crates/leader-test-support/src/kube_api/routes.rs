@@ -1,22 +1,16 @@
 //! The HTTP surface: the Lease, LeaseCandidate and Pod endpoints as kube-apiserver serves them.
 
-use std::convert::Infallible;
-use std::time::Duration;
-
-use axum::body::{Body, Bytes};
+use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Router};
-use futures_util::StreamExt;
 use serde_json::{Value, json};
-use tokio::sync::broadcast;
 
 use super::KubeApiServer;
 use super::fields;
 use super::objects::{Key, Objects, Resource, admit, decode};
-use super::selector::Selector;
 use super::validation::Refusal;
 
 mod patch;

@@ -1,6 +1,17 @@
 //! Injecting a fault: into the server the replicas share, or into the replica that leads.
 
-use super::*;
+use std::time::Duration;
+
+use leader_test_support::etcd_cluster::EtcdCluster;
+use nix::sys::signal::{Signal, kill, killpg};
+use tokio::time::sleep;
+
+use super::{
+    Fault, HarnessError, Run, between, command_group, crash_and_restart, poll, process_gone,
+    process_stopped, reconnect_wait, stop_inside_a_write,
+};
+use crate::harness::proxy::Mode;
+use crate::{TermEvent as Event, now_ns, term_events as events};
 
 impl Run<'_> {
     pub(super) async fn inject(&mut self, fault: Fault) -> Result<(), HarnessError> {

@@ -1,7 +1,21 @@
 //! The replicas' processes as the harness sees them: their state in `/proc`, the COMMANDs'
 //! log, their process groups, and stopping them.
 
-use super::*;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use tokio::process::Command;
+use tokio::time::sleep;
+
+use super::{HarnessError, Settings};
+use crate::harness::checker::Marks;
+use crate::harness::servers::{PrivateServer, ServerError};
+use crate::{TermEvent as Event, now_ns};
 
 /// The state letter of `/proc/PID/stat` (R, S, T, Z, ...); `None` once the process is gone.
 pub(super) fn process_state(pid: i32) -> Option<char> {

@@ -1,6 +1,12 @@
 //! What a campaign runs on and with: the backends, the faults, the settings.
 
-use super::*;
+use std::path::Path;
+use std::time::Duration;
+
+use super::{HarnessError, connect_sink, proxy_to};
+use crate::harness::Programs;
+use crate::harness::proxy::Proxy;
+use crate::harness::servers::{PrivateServer, ServerKind};
 
 /// The backend the replicas elect on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]

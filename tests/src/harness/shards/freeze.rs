@@ -1,7 +1,16 @@
 //! A replica frozen with its COMMANDs: which processes were stopped, which terms that marks as
 //! frozen, and how a write resumed after the freeze is judged.
 
-use super::*;
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, kill, killpg};
+use nix::unistd::Pid;
+
+use crate::TermEvent;
+use crate::harness::campaign::{command_groups, poll, process_gone, process_stopped};
+use crate::harness::checker;
+use crate::harness::checker::Marks;
 
 /// The processes whose process group is one of `groups` (`/proc/PID/stat`, field 5).
 pub(super) fn members_of(groups: &[Pid]) -> BTreeSet<i32> {

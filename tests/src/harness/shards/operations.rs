@@ -1,6 +1,13 @@
 //! What operators do beside the faults: rolling restarts and resizes of the running set.
 
-use super::*;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use tokio::process::Command;
+use tokio::time::sleep;
+
+use super::{RESIZES, Run, ShardsReport};
+use crate::harness::campaign::HarnessError;
+use crate::harness::proxy::Proxy;
 
 impl Run<'_> {
     /// What operators do beside the faults, after fault `turn`.

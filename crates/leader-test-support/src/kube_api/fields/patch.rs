@@ -1,7 +1,7 @@
 //! The patch forms a Lease client sends: RFC 7386 merge patch, strategic merge patch and RFC
 //! 6902 JSON patch.
 
-use super::*;
+use serde_json::Value;
 
 /// RFC 7386 JSON merge patch: objects merge key by key, `null` removes, anything else replaces.
 /// An object patched onto what is not one (a map the object lacks) patches an empty object, so

@@ -1,7 +1,11 @@
 //! What the registry does to a Lease or a LeaseCandidate before it stores it: decoding, field
 //! validation, defaults and the strategy's rules.
 
-use super::*;
+use serde_json::{Value, json};
+
+use super::Resource;
+use crate::kube_api::pods;
+use crate::kube_api::validation::{Refusal, is_dns_subdomain, is_qualified_name};
 
 /// The strategies a Lease may name (`validLeaseStrategies`).
 pub(super) const STRATEGIES: [&str; 1] = ["OldestEmulationVersion"];

@@ -1,6 +1,19 @@
 //! PATCH, in the four forms Lease clients send.
 
-use super::*;
+use axum::Extension;
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+use super::{
+    Group, WriteQuery, bad_json, conflict, manager_of, not_found, permitted, policy_refused,
+    refused, status, stored, without_managed_fields,
+};
+use crate::kube_api::objects::{Key, Resource, admit, decode};
+use crate::kube_api::validation::Refusal;
+use crate::kube_api::{KubeApiServer, fields};
 
 /// PATCH in the forms Lease clients send (`staging/src/k8s.io/apiserver/pkg/endpoints/handlers/
 /// patch.go`): `application/json-patch+json` (RFC 6902, `jsonPatcher.applyJSPatch`: a body

@@ -1,6 +1,20 @@
 //! LIST and WATCH of a namespace's objects.
 
-use super::*;
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::Extension;
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::Response;
+use futures_util::StreamExt;
+use serde_json::{Value, json};
+use tokio::sync::broadcast;
+
+use super::{Group, json_response, resource_of, status};
+use crate::kube_api::KubeApiServer;
+use crate::kube_api::selector::Selector;
 
 #[derive(serde::Deserialize, Default)]
 pub(super) struct ListQuery {
