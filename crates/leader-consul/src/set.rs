@@ -1,12 +1,11 @@
 //! A shard set's records on Consul: read with one transaction, renewed in transactions of as
 //! many records as Consul lets one hold.
 
-use leader_core::backend::LockErrorExt;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use futures_util::future::join_all;
-use leader_core::backend::{Renewal, common_prefix};
+use leader_core::backend::{LockCache, LockErrorExt, Renewal, common_prefix};
 use leader_core::{LockError, LockSet, Observed, ResourceLock, async_trait};
 use serde_json::Value;
 
@@ -38,7 +37,7 @@ pub(crate) const RENEWALS_PER_TXN: usize = MAX_TXN_OPS / RENEWAL_OPS;
 pub struct ConsulLockSet {
     store: ConsulStore,
     identity: String,
-    locks: Arc<Mutex<HashMap<String, Arc<ConsulLock>>>>,
+    locks: LockCache<ConsulLock>,
 }
 
 impl ConsulStore {
@@ -65,22 +64,18 @@ impl ConsulStore {
         Ok(ConsulLockSet {
             store: self.clone(),
             identity,
-            locks: Arc::default(),
+            locks: LockCache::new(),
         })
     }
 }
 
 impl ConsulLockSet {
     fn consul_lock(&self, key: &str) -> Arc<ConsulLock> {
-        let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
-        locks
-            .entry(key.to_owned())
-            .or_insert_with(|| {
-                // Every key of the set has the shape checked when it was opened.
-                let lock = self.store.lock(key, self.identity.clone());
-                Arc::new(lock.expect("the set's keys were checked when it was opened"))
-            })
-            .clone()
+        self.locks.get_or_make(key, || {
+            // Every key of the set has the shape checked when it was opened.
+            let lock = self.store.lock(key, self.identity.clone());
+            Arc::new(lock.expect("the set's keys were checked when it was opened"))
+        })
     }
 
     /// One transaction of `ops`: its results, `None` when Consul refused it (409: a check

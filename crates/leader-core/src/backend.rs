@@ -11,8 +11,8 @@ pub use crate::backoff::{Backoff, Jitter};
 pub use crate::hub::ChangeHub;
 pub use crate::record::{RENEWAL_STEP, RecordColumns};
 pub use crate::shards::{
-    KeyedLocks, Known, Renewal, RenewedAndRead, Reread, common_prefix, member_key, roster_key,
-    shard_key,
+    KeyedLocks, Known, LockCache, Renewal, RenewedAndRead, Reread, common_prefix, member_key,
+    roster_key, shard_key,
 };
 
 /// What a batched request makes of one failure: the same error for each record it covered.

@@ -1,13 +1,12 @@
 //! A shard set's records on etcd: one range read finds them all, and a member's records
 //! share one etcd lease, kept alive by one keep-alive per round.
 
-use leader_core::backend::LockErrorExt;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use etcd_client::GetOptions;
 use futures_util::future::join_all;
-use leader_core::backend::{Known, Renewal, Reread, common_prefix};
+use leader_core::backend::{Known, LockCache, LockErrorExt, Renewal, Reread, common_prefix};
 use leader_core::{LockError, LockSet, Observed, ResourceLock, async_trait};
 
 use crate::error::map;
@@ -46,7 +45,7 @@ pub struct EtcdLockSet {
     store: EtcdStore,
     identity: String,
     shared: Arc<SetShared>,
-    locks: Arc<Mutex<HashMap<String, Arc<EtcdLock>>>>,
+    locks: LockCache<EtcdLock>,
 }
 
 impl EtcdStore {
@@ -57,24 +56,17 @@ impl EtcdStore {
             store: self.clone(),
             identity: identity.into(),
             shared: Arc::new(SetShared::new(self.clone(), prefix)),
-            locks: Arc::default(),
+            locks: LockCache::new(),
         }
     }
 }
 
 impl EtcdLockSet {
     fn etcd_lock(&self, key: &str) -> Arc<EtcdLock> {
-        let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(lock) = locks.get(key) {
-            return lock.clone();
-        }
-        locks
-            .entry(key.to_owned())
-            .or_insert_with(|| {
-                let lock = self.store.lock(key, self.identity.clone());
-                Arc::new(lock.in_set(self.shared.clone()))
-            })
-            .clone()
+        self.locks.get_or_make(key, || {
+            let lock = self.store.lock(key, self.identity.clone());
+            Arc::new(lock.in_set(self.shared.clone()))
+        })
     }
 
     /// One range read of the set's keys, which also gives the watch its start.

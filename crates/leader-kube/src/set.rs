@@ -1,12 +1,11 @@
 //! A shard set's Leases: read with one list of the namespace's Leases.
 
-use leader_core::backend::LockErrorExt;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::ListParams;
-use leader_core::backend::{member_key, roster_key, shard_key};
+use leader_core::backend::{LockCache, LockErrorExt, member_key, roster_key, shard_key};
 use leader_core::{LockError, LockSet, MAX_SHARDS, Observed, ResourceLock, async_trait};
 
 use crate::error::BACKEND;
@@ -30,7 +29,7 @@ use crate::lock::LeaseLock;
 pub struct LeaseSet {
     base: LeaseLock,
     identity: String,
-    locks: Arc<Mutex<HashMap<String, Arc<LeaseLock>>>>,
+    locks: LockCache<LeaseLock>,
 }
 
 impl LeaseLock {
@@ -60,22 +59,18 @@ impl LeaseLock {
         Ok(LeaseSet {
             base: self.clone(),
             identity,
-            locks: Arc::default(),
+            locks: LockCache::new(),
         })
     }
 }
 
 impl LeaseSet {
     fn lease_lock(&self, key: &str) -> Arc<LeaseLock> {
-        let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
-        locks
-            .entry(key.to_owned())
-            .or_insert_with(|| {
-                // Every name of the set has the shape checked when it was opened.
-                let lock = self.base.sibling(key, self.identity.clone());
-                Arc::new(lock.expect("the set's names were checked when it was opened"))
-            })
-            .clone()
+        self.locks.get_or_make(key, || {
+            // Every name of the set has the shape checked when it was opened.
+            let lock = self.base.sibling(key, self.identity.clone());
+            Arc::new(lock.expect("the set's names were checked when it was opened"))
+        })
     }
 }
 

@@ -1,12 +1,10 @@
 //! A shard set's records on one session: reads and renewals of many elections in one request
 //! each (`multiRead`, `multi`).
 
-use leader_core::backend::LockErrorExt;
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use async_trait::async_trait;
-use leader_core::backend::Renewal;
+use leader_core::backend::{LockCache, LockErrorExt, Renewal};
 use leader_core::{LockError, LockSet, Observed, ResourceLock};
 use zookeeper_client as zk;
 
@@ -30,7 +28,7 @@ const BATCH_BYTES: usize = 256 * 1024;
 pub struct ZooKeeperSet {
     store: ZooKeeperStore,
     identity: String,
-    locks: Mutex<HashMap<String, Arc<ZooKeeperLock>>>,
+    locks: LockCache<ZooKeeperLock>,
 }
 
 impl ZooKeeperStore {
@@ -40,7 +38,7 @@ impl ZooKeeperStore {
         ZooKeeperSet {
             store: self.clone(),
             identity: identity.into(),
-            locks: Mutex::default(),
+            locks: LockCache::new(),
         }
     }
 }
@@ -59,12 +57,9 @@ struct Pending {
 impl ZooKeeperSet {
     /// The lock on record `key`, made once and kept (it remembers the tokens it saw).
     fn zk_lock(&self, key: &str) -> Arc<ZooKeeperLock> {
-        let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
-        Arc::clone(
-            locks
-                .entry(key.to_owned())
-                .or_insert_with(|| Arc::new(self.store.lock(key, self.identity.as_str()))),
-        )
+        self.locks.get_or_make(key, || {
+            Arc::new(self.store.lock(key, self.identity.as_str()))
+        })
     }
 
     fn context(&self) -> String {

@@ -174,6 +174,53 @@ pub enum Reread {
     Now(Option<Observed>),
 }
 
+/// The locks of a set's keys, each made once and kept: a lock remembers what it saw of its
+/// record (the highest token, a version), which a lock made again for the same key would not
+/// know. Clones share the locks.
+pub struct LockCache<L: ?Sized> {
+    made: Arc<Mutex<HashMap<String, Arc<L>>>>,
+}
+
+impl<L: ?Sized> LockCache<L> {
+    /// No lock made yet.
+    #[must_use]
+    pub fn new() -> Self {
+        Self {
+            made: Arc::default(),
+        }
+    }
+
+    /// The lock of `key`: the one made before, or the one `make` makes now, kept from then on.
+    pub fn get_or_make(&self, key: &str, make: impl FnOnce() -> Arc<L>) -> Arc<L> {
+        let mut made = self.made.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(lock) = made.get(key) {
+            return lock.clone();
+        }
+        made.entry(key.to_owned()).or_insert_with(make).clone()
+    }
+}
+
+impl<L: ?Sized> Clone for LockCache<L> {
+    fn clone(&self) -> Self {
+        Self {
+            made: self.made.clone(),
+        }
+    }
+}
+
+impl<L: ?Sized> Default for LockCache<L> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<L: ?Sized> fmt::Debug for LockCache<L> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let made = self.made.lock().unwrap_or_else(|p| p.into_inner()).len();
+        f.debug_struct("LockCache").field("made", &made).finish()
+    }
+}
+
 type MakeLock = dyn Fn(&str, &str) -> Arc<dyn ResourceLock> + Send + Sync;
 
 /// A [`LockSet`] over any backend: a function that makes the lock of a key (once per key: the
@@ -196,7 +243,7 @@ pub struct KeyedLocks {
     identity: String,
     describe: String,
     make: Arc<MakeLock>,
-    made: Arc<Mutex<HashMap<String, Arc<dyn ResourceLock>>>>,
+    made: LockCache<dyn ResourceLock>,
 }
 
 impl KeyedLocks {
@@ -211,7 +258,7 @@ impl KeyedLocks {
             identity: identity.into(),
             describe: describe.into(),
             make: Arc::new(make),
-            made: Arc::default(),
+            made: LockCache::new(),
         }
     }
 }
@@ -228,10 +275,8 @@ impl fmt::Debug for KeyedLocks {
 #[async_trait]
 impl LockSet for KeyedLocks {
     fn lock(&self, key: &str) -> Arc<dyn ResourceLock> {
-        let mut made = self.made.lock().unwrap_or_else(|p| p.into_inner());
-        made.entry(key.to_owned())
-            .or_insert_with(|| (self.make)(key, &self.identity))
-            .clone()
+        self.made
+            .get_or_make(key, || (self.make)(key, &self.identity))
     }
 
     fn identity(&self) -> &str {

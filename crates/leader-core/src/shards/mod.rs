@@ -66,7 +66,9 @@ use crate::error::ConfigError;
 use crate::leadership::{Leadership, StepDown};
 use crate::status::IdentityConflict;
 
-pub use locks::{KeyedLocks, Known, LockSet, Renewal, RenewedAndRead, Reread, common_prefix};
+pub use locks::{
+    KeyedLocks, Known, LockCache, LockSet, Renewal, RenewedAndRead, Reread, common_prefix,
+};
 pub use roster::{RosterError, drain_member, resize_shard_set};
 pub use view::{MemberView, RecordState, RecordView, ShardSetView, ShardSetViewError, ShardView};
 
