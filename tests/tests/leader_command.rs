@@ -972,7 +972,7 @@ async fn locks_that_cannot_be_used_give_the_documented_exit_codes() {
     let not_executable = dir.path().join("not-executable");
     std::fs::write(&not_executable, "#!/bin/sh\n").expect("write");
     let not_executable = not_executable.display().to_string();
-    let file = format!("file://{}", dir.path().join("lock").display());
+    let file = leader_tests::file_lock_in(dir.path());
     let mut cases: Vec<(Vec<String>, u8)> = vec![
         (vec!["run".into(), "--lock".into(), garbage.clone()], 5),
         (vec!["status".into(), "--lock".into(), garbage], 5),

@@ -118,8 +118,8 @@ async fn an_agent_restart_ends_terms_unless_sessions_are_on_another_node() {
             "follower",
         ));
         tokio::time::sleep(Duration::from_millis(500)).await;
-        // The follower leads a lease after the restart; the other lease is a margin for a
-        // loaded machine, and for the stable node the time in which nothing may change.
+        // The follower leads a lease after the restart; the two leases after it are a margin
+        // for a loaded machine. On the stable node, nothing may change in the whole window.
         let (ended, led) = after(
             &holder,
             &follower,

@@ -1,11 +1,10 @@
 //! A shard set's records in the lock table: one statement reads them all, one renews all of a
 //! member's.
 
-use leader_core::backend::LockErrorExt;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use leader_core::backend::{KeyedLocks, RecordColumns, Renewal, common_prefix};
+use leader_core::backend::{KeyedLocks, LockErrorExt, RecordColumns, Renewal, common_prefix};
 use leader_core::{LockError, LockSet, Observed, ResourceLock, Version, async_trait};
 use mysql_async::Value;
 use mysql_async::prelude::Queryable;

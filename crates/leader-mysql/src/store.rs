@@ -202,7 +202,8 @@ struct TlsFiles {
 
 impl TlsFiles {
     /// Takes the TLS parameters out of `url`; the builder's own settings win over them. `None`
-    /// when there are none.
+    /// when there are none. The other parameters stay, written again in their order
+    /// (form-encoded, as the driver reads them back).
     fn take(
         url: &mut url::Url,
         ca: Option<PathBuf>,

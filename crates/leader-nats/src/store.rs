@@ -1,6 +1,5 @@
 //! The server and its bucket: one client connection shared by every lock made from it.
 
-use leader_core::backend::LockErrorExt;
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -8,6 +7,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, kv};
 use leader_core::LockError;
+use leader_core::backend::LockErrorExt;
 
 use crate::error::{BACKEND, Refusals, map, stream_not_found};
 

@@ -1,12 +1,13 @@
 //! A shard set's records in the lock table: one statement renews all of a member's and reads
 //! them all.
 
-use leader_core::backend::LockErrorExt;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
-use leader_core::backend::{KeyedLocks, Known, RecordColumns, Renewal, RenewedAndRead, Reread};
+use leader_core::backend::{
+    KeyedLocks, Known, LockErrorExt, RecordColumns, Renewal, RenewedAndRead, Reread,
+};
 use leader_core::{LockError, LockSet, Observed, ResourceLock, Version, async_trait};
 
 use crate::error::{BACKEND, map};

@@ -47,8 +47,8 @@ impl fmt::Display for ElectorRequests {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "requests per renewal (elector, {} renewals in 3 s): {:.2}",
-            self.renewals, self.per_renewal
+            "requests per renewal (elector, {} renewals in {:?}): {:.2}",
+            self.renewals, LEADING, self.per_renewal
         )
     }
 }

@@ -191,12 +191,16 @@ impl<L: ?Sized> LockCache<L> {
     }
 
     /// The lock of `key`: the one made before, or the one `make` makes now, kept from then on.
+    /// `make` runs with the cache locked, so that a key's lock is made once: it must not use
+    /// this cache (nor the set that holds it).
     pub fn get_or_make(&self, key: &str, make: impl FnOnce() -> Arc<L>) -> Arc<L> {
         let mut made = self.made.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(lock) = made.get(key) {
             return lock.clone();
         }
-        made.entry(key.to_owned()).or_insert_with(make).clone()
+        let lock = make();
+        made.insert(key.to_owned(), lock.clone());
+        lock
     }
 }
 
@@ -248,7 +252,8 @@ pub struct KeyedLocks {
 
 impl KeyedLocks {
     /// Locks made by `make(key, identity)` for candidate `identity`, in the store `describe`
-    /// names (for logs).
+    /// names (for logs). `make` runs while the set's locks are locked (each key's lock is made
+    /// once): it must not use this set.
     pub fn new(
         identity: impl Into<String>,
         describe: impl Into<String>,

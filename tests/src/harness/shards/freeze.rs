@@ -9,8 +9,7 @@ use nix::unistd::Pid;
 
 use crate::TermEvent;
 use crate::harness::campaign::{command_groups, poll, process_gone, process_stopped};
-use crate::harness::checker;
-use crate::harness::checker::Marks;
+use crate::harness::checker::{self, Marks};
 
 /// The processes whose process group is one of `groups` (`/proc/PID/stat`, field 5).
 pub(super) fn members_of(groups: &[Pid]) -> BTreeSet<i32> {
