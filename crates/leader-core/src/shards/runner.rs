@@ -3,8 +3,10 @@
 //! This file holds the member's shared state and the loop; the round's read and decisions are
 //! in `runner/round.rs`, the renewals in `runner/renewals.rs`, the claims in
 //! `runner/claims.rs`, ending and giving shards in `runner/handing.rs`, the roster and the
-//! member records in `runner/members.rs`, a change of the count in `runner/resize.rs`. The
-//! state they share is in objects of its own: the terms held (`terms::Terms`), each shard's
+//! member records in `runner/members.rs`, a change of the count in `runner/resize.rs`. What
+//! the member runs with (configuration, set, identity, callbacks, channels, the reports of
+//! unreadable records) is its `Context`, as the elector's. The state they share is in objects
+//! of its own: the terms held (`terms::Terms`), each shard's
 //! record and what was seen of every record of the set (`table::ShardTable`), the roster as
 //! read and the keys a read asks for (`roster::RosterRead`), the releases under way
 //! (`handing::Releases`). State that one of them alone uses is its own: the pace of full reads
@@ -194,24 +196,72 @@ struct Balance {
     imbalance: usize,
 }
 
-pub(crate) struct Runner {
+/// What the member runs with: its configuration, its set and identity, the callbacks, the
+/// channels it publishes on, and what it last reported of each unreadable record; as the
+/// elector's runner keeps its context apart from its campaign and term.
+struct Context {
     config: ShardsConfig,
     set: Arc<dyn LockSet>,
+    /// This member's identity (the set's).
     me: String,
     callbacks: Callbacks,
+    /// The state channel ([`Shards::subscribe`](super::Shards::subscribe)).
     state: watch::Sender<ShardsState>,
     /// The count this member follows, for the work ([`Shards::subscribe_count`](super::Shards::subscribe_count)).
     count: watch::Sender<u32>,
+    /// The records that could not be read, with the error last reported of each: a record is
+    /// reported when it turns unreadable (or its error changes) and when it is read again,
+    /// not every round.
+    unreadable: HashMap<String, String>,
+}
+
+impl Context {
+    fn lock(&self, key: &str) -> Arc<dyn ResourceLock> {
+        self.set.lock(key)
+    }
+
+    fn report(&self, operation: &'static str, err: &LockError) {
+        m::error(&self.config.name, operation, err.kind());
+        tracing::warn!(shards = self.config.name, operation, error = %err, "shard set request failed");
+    }
+
+    /// Record `key` could not be read (S8): counted in the errors metric each time, said in
+    /// the log when it turns unreadable or its error changes. The record is left alone.
+    fn report_unreadable(&mut self, key: &str, err: &LockError) {
+        m::error(&self.config.name, "read", err.kind());
+        let said = err.to_string();
+        if self.unreadable.get(key) != Some(&said) {
+            tracing::warn!(
+                shards = self.config.name,
+                key,
+                error = %err,
+                "a record of the set cannot be read: it is left alone, and the rest of the set goes on"
+            );
+            self.unreadable.insert(key.to_owned(), said);
+        }
+    }
+
+    /// Record `key` was read: said in the log when it was unreadable before.
+    fn note_readable(&mut self, key: &str) {
+        if !self.unreadable.is_empty() && self.unreadable.remove(key).is_some() {
+            tracing::info!(
+                shards = self.config.name,
+                key,
+                "a record of the set that could not be read is readable again"
+            );
+        }
+    }
+}
+
+pub(crate) struct Runner {
+    /// What the member runs with (its configuration, set, identity, callbacks and channels).
+    cx: Context,
     /// The member record's term and the shards' (`runner/terms.rs`).
     terms: terms::Terms,
     /// This member's own record and what it knows of the others' (`runner/members.rs`).
     membership: members::Membership,
     /// The roster as last read, and the keys a read asks for (`runner/roster.rs`).
     roster: roster::RosterRead,
-    /// The records that could not be read, with the error last reported of each: a record is
-    /// reported when it turns unreadable (or its error changes) and when it is read again,
-    /// not every round.
-    unreadable: HashMap<String, String>,
     /// What this member learned of the store from its answers.
     learned: Learned,
     /// When the next read of the set goes out.
@@ -249,16 +299,18 @@ impl Runner {
         let table = table::ShardTable::new(&config.name, config.count);
         let roster = roster::RosterRead::new(&config.name, &table.keys);
         Self {
-            config,
-            set,
-            me,
-            callbacks,
-            state,
-            count,
+            cx: Context {
+                config,
+                set,
+                me,
+                callbacks,
+                state,
+                count,
+                unreadable: HashMap::new(),
+            },
             terms: terms::Terms::new(),
             membership: members::Membership::new(),
             roster,
-            unreadable: HashMap::new(),
             learned: Learned {
                 try_acquire: true,
                 renews_in_store: None,
@@ -279,17 +331,17 @@ impl Runner {
     }
 
     pub(crate) async fn run(mut self, shutdown: CancellationToken) -> Result<(), ShardsError> {
-        let name = self.config.name.clone();
+        let name = self.cx.config.name.clone();
         tracing::info!(
             shards = name,
-            count = self.config.count,
-            identity = self.me,
+            count = self.cx.config.count,
+            identity = self.cx.me,
             "joining the shard set"
         );
-        if self.config.static_membership && super::looks_like_replica_set_pod(&self.me) {
+        if self.cx.config.static_membership && super::looks_like_replica_set_pod(&self.cx.me) {
             tracing::warn!(
                 shards = name,
-                identity = self.me,
+                identity = self.cx.me,
                 "static membership is on, but this identity looks like the name of a \
                  ReplicaSet's Pod (a Deployment's), which changes on every restart: static \
                  membership keeps nothing, and the shards of each restarted member stay idle \
@@ -299,10 +351,13 @@ impl Runner {
         }
         // A lease the store would not keep is refused before anything is written (as the
         // elector refuses it).
-        let roster = self.set.lock(&roster_key(&name));
-        let lease = self.config.lease.lease_duration;
-        match tokio::time::timeout(self.config.lease.request_timeout, roster.check_lease(lease))
-            .await
+        let roster = self.cx.set.lock(&roster_key(&name));
+        let lease = self.cx.config.lease.lease_duration;
+        match tokio::time::timeout(
+            self.cx.config.lease.request_timeout,
+            roster.check_lease(lease),
+        )
+        .await
         {
             Ok(Err(err @ LockError::Misconfigured { .. })) => {
                 let refused = ShardsError::LeaseNotKept {
@@ -320,7 +375,7 @@ impl Runner {
         let mut result = Ok(());
         // Renewals keep their pace, a retry period apart; reads and acquisitions back off
         // while the store fails (S9).
-        let mut round = tokio::time::interval(self.config.lease.retry_period);
+        let mut round = tokio::time::interval(self.cx.config.lease.retry_period);
         round.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
@@ -372,41 +427,9 @@ impl Runner {
             }
             Err(err) => {
                 self.attempts.failed();
-                self.report("read", &err);
+                self.cx.report("read", &err);
                 Ok(false)
             }
-        }
-    }
-
-    fn report(&self, operation: &'static str, err: &LockError) {
-        m::error(&self.config.name, operation, err.kind());
-        tracing::warn!(shards = self.config.name, operation, error = %err, "shard set request failed");
-    }
-
-    /// Record `key` could not be read (S8): counted in the errors metric each time, said in
-    /// the log when it turns unreadable or its error changes. The record is left alone.
-    fn report_unreadable(&mut self, key: &str, err: &LockError) {
-        m::error(&self.config.name, "read", err.kind());
-        let said = err.to_string();
-        if self.unreadable.get(key) != Some(&said) {
-            tracing::warn!(
-                shards = self.config.name,
-                key,
-                error = %err,
-                "a record of the set cannot be read: it is left alone, and the rest of the set goes on"
-            );
-            self.unreadable.insert(key.to_owned(), said);
-        }
-    }
-
-    /// Record `key` was read: said in the log when it was unreadable before.
-    fn note_readable(&mut self, key: &str) {
-        if !self.unreadable.is_empty() && self.unreadable.remove(key).is_some() {
-            tracing::info!(
-                shards = self.config.name,
-                key,
-                "a record of the set that could not be read is readable again"
-            );
         }
     }
 
@@ -424,7 +447,7 @@ impl Runner {
         match tokio::time::timeout_at(until, request).await {
             Ok(result) => result,
             Err(_) => Err(LockError::Timeout {
-                lock: format!("{} {key}", self.set.describe()),
+                lock: format!("{} {key}", self.cx.set.describe()),
                 operation,
                 after: until.saturating_duration_since(started),
             }),
@@ -434,14 +457,10 @@ impl Runner {
     /// When a request sent now must have been answered: a request timeout from now, or the
     /// first deadline of the terms held if sooner.
     fn request_deadline(&self) -> Instant {
-        let until = Instant::now() + self.config.lease.request_timeout;
+        let until = Instant::now() + self.cx.config.lease.request_timeout;
         self.terms
             .first_deadline()
             .map_or(until, |first| until.min(first))
-    }
-
-    fn lock(&self, key: &str) -> Arc<dyn ResourceLock> {
-        self.set.lock(key)
     }
 
     /// Publishes the state when it changed: a round that changed nothing wakes no subscriber
@@ -449,7 +468,7 @@ impl Runner {
     fn publish(&mut self, stopped: bool) {
         let members = self.balance.live;
         m::set_shards(
-            &self.config.name,
+            &self.cx.config.name,
             self.terms.owned().len(),
             members,
             self.balance.imbalance,
@@ -462,7 +481,7 @@ impl Runner {
                 .collect()
         });
         let problem = &self.problem;
-        self.state.send_if_modified(|state| {
+        self.cx.state.send_if_modified(|state| {
             let changed = owned.is_some()
                 || state.members != members
                 || state.problem != *problem

@@ -29,7 +29,12 @@ impl Runner {
     /// True while a handover request names another member and this one stands back from it
     /// (a request naming another candidate than the one seen is new: it is stood back from).
     pub(super) fn standing_back(&self, key: &str, record: &LeaderElectionRecord) -> bool {
-        Sighting::standing_back(self.table.sighting(key), record, &self.me, Instant::now())
+        Sighting::standing_back(
+            self.table.sighting(key),
+            record,
+            &self.cx.me,
+            Instant::now(),
+        )
     }
 
     /// The record of a claim by this member with `token` ([`rules::acquisition`]).
@@ -38,7 +43,7 @@ impl Runner {
         token: u64,
         base: Option<&LeaderElectionRecord>,
     ) -> LeaderElectionRecord {
-        rules::acquisition(&self.me, &self.config.lease, token, base)
+        rules::acquisition(&self.cx.me, &self.cx.config.lease, token, base)
     }
 
     /// One acquisition attempt of `key`, whose last read is `current`: the store's clock where
@@ -50,7 +55,7 @@ impl Runner {
             held: None,
             no_try_acquire: false,
         };
-        let lock = self.lock(key);
+        let lock = self.cx.lock(key);
         let started = Instant::now();
         if self.learned.try_acquire {
             let desired = self.desired(0, current.as_ref().map(|o| &o.record));
@@ -154,20 +159,20 @@ impl Runner {
         started: Instant,
     ) -> Term {
         let cancel = CancellationToken::new();
-        let (deadline, until) = watch::channel(started + self.config.lease.renew_deadline);
+        let (deadline, until) = watch::channel(started + self.cx.config.lease.renew_deadline);
         let shared_deadline =
-            TermDeadline::new((started + self.config.lease.renew_deadline).into_std());
+            TermDeadline::new((started + self.cx.config.lease.renew_deadline).into_std());
         end_at_deadline(cancel.clone(), until);
         let (leadership, requests, alive) = match shard {
             Some(shard) => {
                 let (leadership, requests, alive) = Leadership::new(
-                    format!("{}/{shard}", self.config.name),
-                    self.me.clone(),
+                    format!("{}/{shard}", self.cx.config.name),
+                    self.cx.me.clone(),
                     observed.record.leader_transitions,
                     cancel.clone(),
                     observed.record.extensions.clone(),
                     shared_deadline.clone(),
-                    self.config.lease.wall_clock.now(),
+                    self.cx.config.lease.wall_clock.now(),
                 );
                 (Some(leadership), Some(requests), Some(alive))
             }
@@ -210,7 +215,7 @@ impl Runner {
             let key = &self.table.keys[shard as usize];
             let handed_to_me = observed
                 .as_ref()
-                .is_some_and(|o| o.record.handover_to() == Some(self.me.as_str()));
+                .is_some_and(|o| o.record.handover_to() == Some(self.cx.me.as_str()));
             if observed
                 .as_ref()
                 .is_some_and(|o| self.standing_back(key, &o.record))
@@ -225,7 +230,7 @@ impl Runner {
             }
             // Without room only the stuck shard is wanted: no need to rank every shard.
             if room > 0 {
-                candidates.push((handed_to_me, affinity(&self.me, shard), shard));
+                candidates.push((handed_to_me, affinity(&self.cx.me, shard), shard));
             }
         }
         candidates.sort_unstable_by(|a, b| b.cmp(a));
@@ -254,7 +259,7 @@ impl Runner {
         let Some(mut plan) = self.plan.take() else {
             return;
         };
-        let retry = self.config.lease.retry_period;
+        let retry = self.cx.config.lease.retry_period;
         let budget = Instant::now()
             + (retry / 2)
                 .saturating_sub(self.renewals_took)
@@ -283,7 +288,7 @@ impl Runner {
             let last = self
                 .terms
                 .first_deadline()
-                .map(|first| first - self.config.lease.retry_period);
+                .map(|first| first - self.cx.config.lease.retry_period);
             let claims = {
                 let claims = join_all(batch.iter().map(|&shard| {
                     let current = shards.get(shard as usize).cloned().flatten();
@@ -301,7 +306,7 @@ impl Runner {
             };
             let Some(claims) = claims else {
                 tracing::debug!(
-                    shards = self.config.name,
+                    shards = self.cx.config.name,
                     "claims outlasted what the terms held allow: the rest waits for the next \
                      rounds"
                 );
@@ -318,19 +323,19 @@ impl Runner {
                         let token = observed.record.leader_transitions;
                         let term = self.start_term(key, Some(shard), observed, started);
                         tracing::info!(
-                            shards = self.config.name,
+                            shards = self.cx.config.name,
                             shard,
                             fencing_token = token,
                             "took the shard"
                         );
-                        m::shard_moved(&self.config.name, "acquired");
+                        m::shard_moved(&self.cx.config.name, "acquired");
                         let counted = term.leadership.clone();
                         self.terms.insert(shard, term);
                         if !retaking {
                             plan.room = plan.room.saturating_sub(1);
                         }
                         if let (Some(started), Some(leadership)) =
-                            (&self.callbacks.started, counted)
+                            (&self.cx.callbacks.started, counted)
                         {
                             started(shard, leadership);
                         }
@@ -339,7 +344,7 @@ impl Runner {
                     Err(err) if err.is_conflict() => {}
                     Err(err) => {
                         if !failed {
-                            self.report("acquire", &err);
+                            self.cx.report("acquire", &err);
                         }
                         failed = true;
                     }

@@ -143,8 +143,8 @@ impl Runner {
         if let Some(mut term) = self.terms.remove(shard) {
             self.unsettle();
             term.cancel.cancel();
-            m::shard_moved(&self.config.name, reason_label(reason));
-            let stopped = self.callbacks.stopped.as_ref();
+            m::shard_moved(&self.cx.config.name, reason_label(reason));
+            let stopped = self.cx.callbacks.stopped.as_ref();
             tell_stopped(stopped, shard, term.token(), reason, false);
             if let Some(mut alive) = term.alive.take() {
                 drop(term);
@@ -166,8 +166,8 @@ impl Runner {
     /// as its lease, which every member reading it stands back for (S10), so that a process
     /// started again with this identity within it takes the shard back.
     pub(super) fn reserve(&mut self, shard: u32) {
-        let me = self.me.clone();
-        let window = self.config.static_membership_window;
+        let me = self.cx.me.clone();
+        let window = self.cx.config.static_membership_window;
         self.release(shard, Some(&me), Some(window), StepDownReason::Shutdown);
     }
 
@@ -186,13 +186,13 @@ impl Runner {
         };
         self.unsettle();
         term.cancel.cancel();
-        let lock = self.lock(&term.key);
-        let grace = self.config.lease.stop_grace;
-        let timeout = self.config.lease.request_timeout;
-        let stopped = self.callbacks.stopped.clone();
+        let lock = self.cx.lock(&term.key);
+        let grace = self.cx.config.lease.stop_grace;
+        let timeout = self.cx.config.lease.request_timeout;
+        let stopped = self.cx.callbacks.stopped.clone();
         let to = to.map(str::to_owned);
-        let name = self.config.name.clone();
-        let clock = self.config.lease.wall_clock.clone();
+        let name = self.cx.config.name.clone();
+        let clock = self.cx.config.lease.wall_clock.clone();
         let writes = self.releases.writes.clone();
         m::shard_moved(&name, reason_label(reason));
         tracing::info!(shards = name, shard, to, "releasing the shard");
@@ -237,15 +237,15 @@ impl Runner {
         let Some(key) = self.table.keys.get(shard as usize) else {
             return;
         };
-        let lock = self.lock(key);
-        let timeout = self.config.lease.request_timeout;
+        let lock = self.cx.lock(key);
+        let timeout = self.cx.config.lease.request_timeout;
         let record = LeaderElectionRecord {
             preferred_holder: None,
-            ..rules::released(&observed.record, self.config.lease.wall_clock.now())
+            ..rules::released(&observed.record, self.cx.config.lease.wall_clock.now())
         };
         self.unsettle();
         tracing::info!(
-            shards = self.config.name,
+            shards = self.cx.config.name,
             shard,
             "this member is drained: releasing a shard whose term had lapsed, without taking it up"
         );
@@ -294,7 +294,7 @@ impl Runner {
         };
         let now = Instant::now();
         let ran = now - term.started;
-        let retry = self.config.lease.retry_period;
+        let retry = self.cx.config.lease.retry_period;
         let gave_up = self
             .work_requests
             .gave_up
@@ -311,7 +311,7 @@ impl Runner {
         gave_up.at = now;
         gave_up.until = now + wait;
         tracing::warn!(
-            shards = self.config.name,
+            shards = self.cx.config.name,
             shard,
             times = gave_up.backoff.failures(),
             ran = ?ran,
@@ -365,8 +365,8 @@ impl Runner {
                 };
                 let mut record = term.observed.record.clone();
                 changes.apply(&mut record.extensions);
-                record.renew_time = record.renewal_time(self.config.lease.wall_clock.now());
-                let until = (Instant::now() + self.config.lease.request_timeout)
+                record.renew_time = record.renewal_time(self.cx.config.lease.wall_clock.now());
+                let until = (Instant::now() + self.cx.config.lease.request_timeout)
                     .min(*term.deadline.borrow());
                 let write = (
                     term.key.clone(),
@@ -377,10 +377,10 @@ impl Runner {
                 writes.push((shard, term.token(), reply, write));
             }
             let started = Instant::now();
-            let describe = self.set.describe();
+            let describe = self.cx.set.describe();
             let answers = join_all(writes.iter().map(
                 |(_, _, _, (key, version, record, until))| {
-                    let lock = self.lock(key);
+                    let lock = self.cx.lock(key);
                     let describe = &describe;
                     async move {
                         match tokio::time::timeout_at(*until, lock.update(version, record)).await {
@@ -436,7 +436,7 @@ impl Runner {
                 // version before, extends nothing it did not.
                 if term.observed.version == *version {
                     term.observed = stored;
-                    term.extend(started + self.config.lease.renew_deadline);
+                    term.extend(started + self.cx.config.lease.renew_deadline);
                 }
                 Ok(())
             }

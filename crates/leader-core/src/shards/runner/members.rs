@@ -64,11 +64,11 @@ impl Runner {
         &mut self,
         roster: Option<Observed>,
     ) -> Result<Option<Observed>, ShardsError> {
-        let name = self.config.name.clone();
+        let name = self.cx.config.name.clone();
         let key = roster_key(&name);
-        let my_entry = format!("{MEMBER_PREFIX}{}", member_key(&name, &self.me));
+        let my_entry = format!("{MEMBER_PREFIX}{}", member_key(&name, &self.cx.me));
         let Some(roster) = roster else {
-            let now = self.config.lease.wall_clock.now();
+            let now = self.cx.config.lease.wall_clock.now();
             // A roster this member has read and finds gone (deleted by hand, or dropped by the
             // store) is created again as last read, not with this member alone: its members,
             // its drains, its count, and what a later release wrote into it (S16).
@@ -86,12 +86,12 @@ impl Runner {
             };
             record
                 .extensions
-                .insert(COUNT_EXTENSION.into(), self.config.count.to_string());
-            record.extensions.insert(my_entry, self.me.clone());
+                .insert(COUNT_EXTENSION.into(), self.cx.config.count.to_string());
+            record.extensions.insert(my_entry, self.cx.me.clone());
             let (window_key, window) = self.window_entry();
             enter(&mut record, window_key, window);
             match self
-                .request("create", &key, self.lock(&key).create(&record))
+                .request("create", &key, self.cx.lock(&key).create(&record))
                 .await
             {
                 Ok(created) if recreating => {
@@ -104,7 +104,7 @@ impl Runner {
                         .collect();
                     tracing::warn!(
                         shards = name,
-                        count = self.config.count,
+                        count = self.cx.config.count,
                         ?members,
                         drained = ?drained(&created.record),
                         roster = key,
@@ -117,13 +117,13 @@ impl Runner {
                     self.membership.counted = true;
                     tracing::info!(
                         shards = name,
-                        count = self.config.count,
+                        count = self.cx.config.count,
                         "created the shard set's roster"
                     );
                     self.roster.note_members(&created, &self.table.keys);
                 }
                 Err(err) if err.is_conflict() => {}
-                Err(err) => self.report("create", &err),
+                Err(err) => self.cx.report("create", &err),
             }
             return Ok(None);
         };
@@ -137,14 +137,14 @@ impl Runner {
                 return Ok(None);
             }
         };
-        if stored != self.config.count {
+        if stored != self.cx.config.count {
             // A count that differs at the first sight of the roster is this replica's
             // mistake; once it has taken part, the set was resized.
             if !self.membership.counted {
                 return Err(ShardsError::CountMismatch {
                     name,
                     stored,
-                    ours: self.config.count,
+                    ours: self.cx.config.count,
                     roster: key,
                 });
             }
@@ -158,16 +158,17 @@ impl Runner {
             self.problem = None;
         }
         self.roster.note_members(&roster, &self.table.keys);
-        let stale = self.config.lease.wall_clock.now() - roster.record.renew_time > ROSTER_REFRESH;
+        let stale =
+            self.cx.config.lease.wall_clock.now() - roster.record.renew_time > ROSTER_REFRESH;
         let joining = !roster.record.extensions.contains_key(&my_entry);
         let (window_key, window) = self.window_entry();
         let window_changed = roster.record.extensions.get(&window_key) != window.as_ref();
         if joining || stale || window_changed {
             let mut record = roster.record.clone();
             enter(&mut record, window_key, window);
-            record.extensions.insert(my_entry, self.me.clone());
+            record.extensions.insert(my_entry, self.cx.me.clone());
             record.lease_duration = ROSTER_LEASE;
-            record.renew_time = self.config.lease.wall_clock.now();
+            record.renew_time = self.cx.config.lease.wall_clock.now();
             let stored = self.write_roster(&roster.version, &record).await;
             if stored.is_some() && joining {
                 tracing::info!(shards = name, "joined the shard set's roster");
@@ -180,11 +181,17 @@ impl Runner {
     /// This member's static membership window as the roster holds it beside its entry: the
     /// key, and the value (none without static membership).
     fn window_entry(&self) -> (String, Option<String>) {
-        let key = format!("{WINDOW_PREFIX}{}", member_key(&self.config.name, &self.me));
-        let window = self
-            .config
-            .static_membership
-            .then(|| self.config.static_membership_window.as_millis().to_string());
+        let key = format!(
+            "{WINDOW_PREFIX}{}",
+            member_key(&self.cx.config.name, &self.cx.me)
+        );
+        let window = self.cx.config.static_membership.then(|| {
+            self.cx
+                .config
+                .static_membership_window
+                .as_millis()
+                .to_string()
+        });
         (key, window)
     }
 
@@ -194,7 +201,7 @@ impl Runner {
         if self.terms.member.is_some() {
             return;
         }
-        let key = member_key(&self.config.name, &self.me);
+        let key = member_key(&self.cx.config.name, &self.cx.me);
         if let Some(current) = &current
             && self.check_identity(current)
         {
@@ -207,7 +214,7 @@ impl Runner {
                 if self.membership.conflict.take().is_some() {
                     self.problem = None;
                     tracing::info!(
-                        shards = self.config.name,
+                        shards = self.cx.config.name,
                         "the other process with this identity is gone"
                     );
                 }
@@ -215,7 +222,7 @@ impl Runner {
             }
             Ok(None) => {}
             Err(err) if err.is_conflict() => {}
-            Err(err) => self.report("acquire", &err),
+            Err(err) => self.cx.report("acquire", &err),
         }
     }
 
@@ -231,11 +238,12 @@ impl Runner {
         let wanted = [
             (
                 WEIGHT_EXTENSION,
-                (self.config.weight != 1).then(|| self.config.weight.to_string()),
+                (self.cx.config.weight != 1).then(|| self.cx.config.weight.to_string()),
             ),
             (
                 INCARNATION_EXTENSION,
-                self.config
+                self.cx
+                    .config
                     .static_membership
                     .then(|| self.membership.incarnation.clone()),
             ),
@@ -251,10 +259,10 @@ impl Runner {
         for (key, value) in wanted {
             enter(&mut record, key.into(), value);
         }
-        record.renew_time = record.renewal_time(self.config.lease.wall_clock.now());
+        record.renew_time = record.renewal_time(self.cx.config.lease.wall_clock.now());
         let (key, version) = (term.key.clone(), term.observed.version.clone());
         let result = self
-            .request("update", &key, self.lock(&key).update(&version, &record))
+            .request("update", &key, self.cx.lock(&key).update(&version, &record))
             .await;
         match (result, self.terms.member.as_mut()) {
             (Ok(stored), Some(term)) if term.observed.version == version => {
@@ -262,7 +270,7 @@ impl Runner {
             }
             (Ok(_), _) => {}
             (Err(err), _) if err.is_conflict() => {}
-            (Err(err), _) => self.report("update", &err),
+            (Err(err), _) => self.cx.report("update", &err),
         }
     }
 
@@ -271,7 +279,7 @@ impl Runner {
     /// seen alive: under static membership this process then fences it ([`fence`](Self::fence)).
     pub(super) fn check_identity(&mut self, current: &Observed) -> bool {
         let record = &current.record;
-        if !rules::started_elsewhere(record, &self.me, self.membership.token) {
+        if !rules::started_elsewhere(record, &self.cx.me, self.membership.token) {
             return false;
         }
         let token = record.leader_transitions;
@@ -281,28 +289,28 @@ impl Runner {
                 if other.seen_alive(
                     current,
                     self.learned.renews_in_store,
-                    self.config.lease.retry_period,
+                    self.cx.config.lease.retry_period,
                     now,
                 ) {
                     let conflict = IdentityConflict {
                         lock: format!(
                             "{} {}",
-                            self.set.describe(),
-                            member_key(&self.config.name, &self.me)
+                            self.cx.set.describe(),
+                            member_key(&self.cx.config.name, &self.cx.me)
                         ),
-                        identity: self.me.clone(),
+                        identity: self.cx.me.clone(),
                         fencing_token: token,
                     };
-                    tracing::error!(shards = self.config.name, "{conflict}");
-                    m::identity_conflict(&self.config.name);
+                    tracing::error!(shards = self.cx.config.name, "{conflict}");
+                    m::identity_conflict(&self.cx.config.name);
                     self.problem = Some(ShardsError::IdentityConflict(conflict));
                 }
                 other.reported()
             }
             _ => {
                 tracing::warn!(
-                    shards = self.config.name,
-                    identity = self.me,
+                    shards = self.cx.config.name,
+                    identity = self.cx.me,
                     fencing_token = token,
                     "this identity's member record is held by a term this process did not start: \
                      waiting for it as for another member's (another process may run with the same identity)"
@@ -324,7 +332,7 @@ impl Runner {
         let Some(older) = record.extensions.get(INCARNATION_EXTENSION) else {
             return;
         };
-        if !self.config.static_membership
+        if !self.cx.config.static_membership
             || *older == self.membership.incarnation
             || record.extensions.get(FENCED_EXTENSION) == Some(older)
             || self.membership.fenced.as_ref() == Some(older)
@@ -339,14 +347,14 @@ impl Runner {
             .request(
                 "update",
                 key,
-                self.lock(key).update(&current.version, &fenced),
+                self.cx.lock(key).update(&current.version, &fenced),
             )
             .await
         {
             Ok(_) => {
                 tracing::warn!(
-                    shards = self.config.name,
-                    identity = self.me,
+                    shards = self.cx.config.name,
+                    identity = self.cx.me,
                     fenced = older,
                     "another process holds this member's identity: static membership fences \
                      it, and it hands its shards to this one"
@@ -354,7 +362,7 @@ impl Runner {
                 self.membership.fenced = Some(older.clone());
             }
             Err(err) if err.is_conflict() => {}
-            Err(err) => self.report("update", &err),
+            Err(err) => self.cx.report("update", &err),
         }
     }
 
@@ -371,18 +379,18 @@ impl Runner {
             return Ok(());
         };
         let record = &own.record;
-        let fenced = self.config.static_membership
+        let fenced = self.cx.config.static_membership
             && self.membership.token.is_some()
-            && record.is_held_by(&self.me)
+            && record.is_held_by(&self.cx.me)
             && record.extensions.get(FENCED_EXTENSION) == Some(&self.membership.incarnation);
         if !fenced {
             return Ok(());
         }
         let err = ShardsError::Fenced {
-            name: self.config.name.clone(),
-            identity: self.me.clone(),
+            name: self.cx.config.name.clone(),
+            identity: self.cx.me.clone(),
         };
-        tracing::error!(shards = self.config.name, "{err}");
+        tracing::error!(shards = self.cx.config.name, "{err}");
         self.membership.stopped_by_fence = true;
         self.problem = Some(err.clone());
         Err(err)
@@ -401,14 +409,14 @@ impl Runner {
                 observed.as_ref().is_some_and(|o| {
                     o.record.is_held_by(identity)
                         && !(self.learned.renews_in_store == Some(false)
-                            && self.expired(&member_key(&self.config.name, identity), o))
+                            && self.expired(&member_key(&self.cx.config.name, identity), o))
                 })
             })
             .map(|(identity, _)| identity.clone())
             .collect();
-        live.remove(&self.me);
+        live.remove(&self.cx.me);
         if self.terms.member.is_some() {
-            live.insert(self.me.clone());
+            live.insert(self.cx.me.clone());
         }
         live
     }
@@ -430,7 +438,7 @@ impl Runner {
             let Some(&window) = windows.get(key.as_str()) else {
                 continue;
             };
-            if *identity == self.me || live.contains(identity) {
+            if *identity == self.cx.me || live.contains(identity) {
                 continue;
             }
             let since = self
@@ -459,17 +467,17 @@ impl Runner {
     ) -> BTreeSet<String> {
         let mut dead = BTreeSet::new();
         if self.learned.renews_in_store != Some(true)
-            || self.set.reads_show_expiry()
+            || self.cx.set.reads_show_expiry()
             || self.terms.member.is_none()
             || !self.learned.try_acquire
         {
             return dead;
         }
         let now = Instant::now();
-        let lease = self.config.lease.lease_duration;
+        let lease = self.cx.config.lease.lease_duration;
         let due: Vec<(String, Observed)> = members
             .iter()
-            .filter(|(identity, _)| **identity != self.me)
+            .filter(|(identity, _)| **identity != self.cx.me)
             .filter_map(|(identity, observed)| {
                 let observed = observed
                     .as_ref()
@@ -483,8 +491,8 @@ impl Runner {
             })
             .collect();
         for (identity, observed) in due {
-            let key = member_key(&self.config.name, &identity);
-            let lock = self.lock(&key);
+            let key = member_key(&self.cx.config.name, &identity);
+            let lock = self.cx.lock(&key);
             let desired = self.desired(0, Some(&observed.record));
             match self
                 .request("try_acquire", &key, lock.try_acquire(&desired))
@@ -497,7 +505,7 @@ impl Runner {
                     },
                 )) => {
                     tracing::info!(
-                        shards = self.config.name,
+                        shards = self.cx.config.name,
                         member = identity,
                         "a member's lease ran out: it left or died"
                     );
@@ -514,7 +522,7 @@ impl Runner {
                 Ok(_) => {
                     self.membership.probed.insert(identity, Instant::now());
                 }
-                Err(err) => self.report("try_acquire", &err),
+                Err(err) => self.cx.report("try_acquire", &err),
             }
         }
         self.membership
@@ -534,7 +542,7 @@ impl Runner {
         if self.terms.member.is_none() || self.learned.renews_in_store.is_none() {
             return;
         }
-        let name = self.config.name.clone();
+        let name = self.cx.config.name.clone();
         let gone: Vec<String> = members
             .iter()
             .filter(|(identity, observed)| {
@@ -576,9 +584,9 @@ impl Runner {
         version: &Version,
         record: &LeaderElectionRecord,
     ) -> Option<Observed> {
-        let key = roster_key(&self.config.name);
+        let key = roster_key(&self.cx.config.name);
         match self
-            .request("update", &key, self.lock(&key).update(version, record))
+            .request("update", &key, self.cx.lock(&key).update(version, record))
             .await
         {
             Ok(stored) => {
@@ -587,7 +595,7 @@ impl Runner {
             }
             Err(err) => {
                 if !err.is_conflict() {
-                    self.report("update", &err);
+                    self.cx.report("update", &err);
                 }
                 None
             }
@@ -599,17 +607,17 @@ impl Runner {
     pub(super) async fn leave(&mut self) {
         let shards: Vec<u32> = self.terms.owned().keys().copied().collect();
         for shard in shards {
-            if !self.config.lease.release_on_cancel {
+            if !self.cx.config.lease.release_on_cancel {
                 self.end(shard, StepDownReason::Shutdown);
-            } else if self.config.static_membership {
+            } else if self.cx.config.static_membership {
                 self.reserve(shard);
             } else {
                 self.give(shard, None, StepDownReason::Shutdown);
             }
         }
-        let bound = self.config.lease.stop_grace + self.config.lease.request_timeout;
+        let bound = self.cx.config.lease.stop_grace + self.cx.config.lease.request_timeout;
         self.releases.finish(bound).await;
-        if !self.config.lease.release_on_cancel {
+        if !self.cx.config.lease.release_on_cancel {
             return;
         }
         // Fenced: the roster entry is the newer process's too.
@@ -617,15 +625,15 @@ impl Runner {
             self.release_member_record().await;
             return;
         }
-        let name = self.config.name.clone();
+        let name = self.cx.config.name.clone();
         let key = roster_key(&name);
-        let member = member_key(&name, &self.me);
+        let member = member_key(&name, &self.cx.me);
         let entries = [
             format!("{MEMBER_PREFIX}{member}"),
             format!("{WINDOW_PREFIX}{member}"),
         ];
         for _ in 0..2 {
-            let Ok(Some(roster)) = self.request("get", &key, self.lock(&key).get()).await else {
+            let Ok(Some(roster)) = self.request("get", &key, self.cx.lock(&key).get()).await else {
                 break;
             };
             let mut record = roster.record.clone();
@@ -655,7 +663,8 @@ impl Runner {
                 .request(
                     "release",
                     &member.key,
-                    self.lock(&member.key)
+                    self.cx
+                        .lock(&member.key)
                         .update(&member.observed.version, &record),
                 )
                 .await;

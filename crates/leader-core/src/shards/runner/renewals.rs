@@ -21,8 +21,8 @@ impl Runner {
         }
         let started = Instant::now();
         match tokio::time::timeout(
-            self.config.lease.request_timeout,
-            self.set.renew_many(&renewals),
+            self.cx.config.lease.request_timeout,
+            self.cx.set.renew_many(&renewals),
         )
         .await
         {
@@ -32,13 +32,13 @@ impl Runner {
     }
 
     pub(super) fn renew_timed_out(&mut self) {
-        self.renewals_took = self.config.lease.request_timeout;
+        self.renewals_took = self.cx.config.lease.request_timeout;
         let err = LockError::Timeout {
-            lock: self.set.describe(),
+            lock: self.cx.set.describe(),
             operation: "renew",
-            after: self.config.lease.request_timeout,
+            after: self.cx.config.lease.request_timeout,
         };
-        self.report("renew", &err);
+        self.cx.report("renew", &err);
     }
 
     /// This round's renewals of the member record and every shard, and whose each is (`None`:
@@ -57,7 +57,7 @@ impl Runner {
     /// The renewal of `term` from the record it last saw.
     pub(super) fn renewal_of(&self, term: &Term) -> Renewal {
         let mut record = term.observed.record.clone();
-        record.renew_time = record.renewal_time(self.config.lease.wall_clock.now());
+        record.renew_time = record.renewal_time(self.cx.config.lease.wall_clock.now());
         Renewal {
             key: term.key.clone(),
             version: term.observed.version.clone(),
@@ -83,7 +83,7 @@ impl Runner {
                 let started = Instant::now();
                 match tokio::time::timeout_at(
                     self.request_deadline(),
-                    self.set.renew_many(&renewals),
+                    self.cx.set.renew_many(&renewals),
                 )
                 .await
                 {
@@ -110,7 +110,7 @@ impl Runner {
         &mut self,
         conflicts: Vec<Option<u32>>,
     ) -> Vec<(Option<u32>, Renewal)> {
-        m::slow_path(&self.config.name);
+        m::slow_path(&self.cx.config.name);
         let mut terms = Vec::with_capacity(conflicts.len());
         for whose in conflicts {
             if let Some(term) = self.terms.get_mut(whose).filter(|t| !t.past_deadline()) {
@@ -119,45 +119,43 @@ impl Runner {
             }
         }
         let keys: Vec<String> = terms.iter().map(|(_, key)| key.clone()).collect();
-        let answers = match tokio::time::timeout_at(
-            self.request_deadline(),
-            self.set.get_many(&keys),
-        )
-        .await
-        {
-            Ok(answers) if answers.len() == keys.len() => answers,
-            Ok(_) => {
-                let err = LockError::unavailable(
-                    "shards",
-                    format!(
-                        "{}: a batch read answered another number of keys",
-                        self.set.describe()
-                    ),
-                );
-                self.report("get", &err);
-                return Vec::new();
-            }
-            Err(_) => {
-                let err = LockError::Timeout {
-                    lock: self.set.describe(),
-                    operation: "get",
-                    after: self.config.lease.request_timeout,
-                };
-                self.report("get", &err);
-                return Vec::new();
-            }
-        };
+        let answers =
+            match tokio::time::timeout_at(self.request_deadline(), self.cx.set.get_many(&keys))
+                .await
+            {
+                Ok(answers) if answers.len() == keys.len() => answers,
+                Ok(_) => {
+                    let err = LockError::unavailable(
+                        "shards",
+                        format!(
+                            "{}: a batch read answered another number of keys",
+                            self.cx.set.describe()
+                        ),
+                    );
+                    self.cx.report("get", &err);
+                    return Vec::new();
+                }
+                Err(_) => {
+                    let err = LockError::Timeout {
+                        lock: self.cx.set.describe(),
+                        operation: "get",
+                        after: self.cx.config.lease.request_timeout,
+                    };
+                    self.cx.report("get", &err);
+                    return Vec::new();
+                }
+            };
         let mut again = Vec::new();
         for ((whose, key), answer) in terms.into_iter().zip(answers) {
             let current = match answer {
                 Ok(current) => current,
                 Err(err) => {
-                    self.report("get", &err);
+                    self.cx.report("get", &err);
                     continue;
                 }
             };
             self.table.observe(&key, current.as_ref());
-            let me = self.me.clone();
+            let me = self.cx.me.clone();
             let Some(term) = self.terms.get_mut(whose) else {
                 continue;
             };
@@ -191,7 +189,7 @@ impl Runner {
         };
         term.cancel.cancel();
         tracing::warn!(
-            shards = self.config.name,
+            shards = self.cx.config.name,
             key = term.key,
             "lost: the record is no longer this member's"
         );
@@ -213,7 +211,7 @@ impl Runner {
         let mut failed = None;
         let mut renewed = 0usize;
         let mut conflicts = Vec::new();
-        let renew_deadline = self.config.lease.renew_deadline;
+        let renew_deadline = self.cx.config.lease.renew_deadline;
         for (shard, result) in whose.into_iter().zip(results) {
             let learn = shard.is_none() && self.learned.renews_in_store.is_none();
             let Some(term) = self.terms.get_mut(shard) else {
@@ -237,10 +235,10 @@ impl Runner {
             }
         }
         if renewed > 0 {
-            m::renewed(&self.config.name, took);
+            m::renewed(&self.cx.config.name, took);
         }
         if let Some(err) = failed {
-            self.report("renew", &err);
+            self.cx.report("renew", &err);
         }
         conflicts
     }
@@ -257,7 +255,7 @@ impl Runner {
             .collect();
         for shard in expired {
             tracing::warn!(
-                shards = self.config.name,
+                shards = self.cx.config.name,
                 shard,
                 "renew deadline passed: the shard's term ends"
             );

@@ -10,8 +10,8 @@ impl Runner {
     /// work stopped first, S6) and reads the set again at the new count before acting.
     pub(super) fn resize(&mut self, count: u32) {
         tracing::info!(
-            shards = self.config.name,
-            from = self.config.count,
+            shards = self.cx.config.name,
+            from = self.cx.config.count,
             to = count,
             "the shard set was resized"
         );
@@ -21,10 +21,10 @@ impl Runner {
         }
         self.work_requests.forget_give_ups_from(count);
         self.table.resize(count);
-        self.config.count = count;
+        self.cx.config.count = count;
         // Told after the terms past the count were ended: work that sees the new count finds
         // the removed shards' work already told to stop.
-        self.count.send_replace(count);
+        self.cx.count.send_replace(count);
         self.roster.shards_are(&self.table.keys);
         self.unsettle();
         self.terms.republish();

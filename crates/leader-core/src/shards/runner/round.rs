@@ -107,15 +107,15 @@ impl Runner {
             // A read alone waits no longer than the terms can: the next round's renewals go
             // out a retry period before the first deadline, whatever a slow store makes of a
             // read of every shard (the read fails and backs off; the set rebalances later).
-            let mut until = started + self.config.lease.request_timeout;
+            let mut until = started + self.cx.config.lease.request_timeout;
             if let Some(first) = self.terms.first_deadline() {
-                until = until.min(first - self.config.lease.retry_period);
+                until = until.min(first - self.cx.config.lease.retry_period);
             }
-            tokio::time::timeout_at(until, self.set.get_changed(asked, &known)).await
+            tokio::time::timeout_at(until, self.cx.set.get_changed(asked, &known)).await
         } else {
             let answer = tokio::time::timeout(
-                self.config.lease.request_timeout,
-                self.set.renew_and_read(&renewals, asked, &known),
+                self.cx.config.lease.request_timeout,
+                self.cx.set.renew_and_read(&renewals, asked, &known),
             )
             .await;
             drop(known);
@@ -142,13 +142,13 @@ impl Runner {
                     "shards",
                     format!(
                         "{}: a batch read answered another number of keys",
-                        self.set.describe()
+                        self.cx.set.describe()
                     ),
                 ));
             }
             Err(_) => {
                 return Err(LockError::Timeout {
-                    lock: self.set.describe(),
+                    lock: self.cx.set.describe(),
                     operation: "get",
                     after: started.elapsed(),
                 });
@@ -176,7 +176,10 @@ impl Runner {
                 // round.
                 (Ok(Reread::Same), true) => Err(LockError::unavailable(
                     "shards",
-                    format!("{}: {key} answered unchanged unasked", self.set.describe()),
+                    format!(
+                        "{}: {key} answered unchanged unasked",
+                        self.cx.set.describe()
+                    ),
                 )),
                 (result, _) => result,
             };
@@ -184,11 +187,11 @@ impl Runner {
                 // The shards come in order, after the roster and the members.
                 (Some(shard), Ok(answer)) => {
                     self.table.read_ok(shard, answer);
-                    self.note_readable(key);
+                    self.cx.note_readable(key);
                 }
                 (Some(shard), Err(err)) => {
                     self.table.read_failed(shard);
-                    self.report_unreadable(key, &err);
+                    self.cx.report_unreadable(key, &err);
                 }
                 (None, Ok(answer)) => {
                     let observed = match answer {
@@ -196,7 +199,7 @@ impl Runner {
                         Reread::Same => None,
                     };
                     self.table.observe(key, observed.as_ref());
-                    self.note_readable(key);
+                    self.cx.note_readable(key);
                     match i.checked_sub(1).and_then(|m| identities.get(m)) {
                         None => roster = Ok(observed),
                         Some(identity) => {
@@ -205,7 +208,7 @@ impl Runner {
                     }
                 }
                 (None, Err(err)) => {
-                    self.report_unreadable(key, &err);
+                    self.cx.report_unreadable(key, &err);
                     if let Some(identity) = i.checked_sub(1).and_then(|m| identities.get(m)) {
                         unreadable_members.insert(identity.clone());
                     }
@@ -242,8 +245,8 @@ impl Runner {
             },
         };
         // This member's own record unreadable: left alone, as any other.
-        if !view.unreadable_members.contains(&self.me) {
-            let own = view.members.get(&self.me).cloned().flatten();
+        if !view.unreadable_members.contains(&self.cx.me) {
+            let own = view.members.get(&self.cx.me).cloned().flatten();
             self.check_fenced(own.as_ref())?;
             self.hold_member_record(own).await;
         }
@@ -293,7 +296,7 @@ impl Runner {
         }
         // Out of `self` while this round acts on it (put back below; nothing returns early).
         let view_shards = std::mem::take(&mut self.table.records);
-        let count = self.config.count;
+        let count = self.cx.config.count;
         let mut owners: BTreeMap<String, Vec<u32>> =
             present.iter().map(|m| (m.clone(), Vec::new())).collect();
         // One pass over the shards sorts them out: a live member's; this member's though it
@@ -343,8 +346,8 @@ impl Runner {
             }
             let backing_off = self.backing_off(shard);
             match holder {
-                Some(holder) if holder == self.me && backing_off => held_back.push(shard),
-                Some(holder) if holder == self.me => lapsed.push(shard),
+                Some(holder) if holder == self.cx.me && backing_off => held_back.push(shard),
+                Some(holder) if holder == self.cx.me => lapsed.push(shard),
                 Some(holder) => match owners.get_mut(holder) {
                     Some(list) => list.push(shard),
                     None if backing_off => {}
@@ -367,7 +370,7 @@ impl Runner {
             .chain(&lapsed)
             .chain(&held_back)
             .copied();
-        owners.insert(self.me.clone(), mine.collect());
+        owners.insert(self.cx.me.clone(), mine.collect());
         let counts = owners
             .iter()
             .filter(|(m, _)| !absent.contains(*m))
@@ -381,8 +384,8 @@ impl Runner {
         let weight_of = |member: &str| -> u32 {
             if drained.contains(member) {
                 0
-            } else if member == self.me {
-                self.config.weight
+            } else if member == self.cx.me {
+                self.cx.config.weight
             } else {
                 view.members
                     .get(member)
@@ -390,7 +393,7 @@ impl Runner {
                     .map_or(1, |o| weight_in(&o.record))
             }
         };
-        let drained_here = weight_of(&self.me) == 0;
+        let drained_here = weight_of(&self.cx.me) == 0;
         // An absent member's share is what it holds; the live share the rest.
         let kept_for_absent: usize = absent
             .iter()
@@ -418,9 +421,9 @@ impl Runner {
         // Only a shard this member holds a term of can be handed over (its work stopped, then
         // its record released to the receiver). A lapsed shard counts towards this member's
         // surplus but is retaken first, and given in a later round if still surplus.
-        let mut gifts = gifts(&self.me, &owners, &shares);
+        let mut gifts = gifts(&self.cx.me, &owners, &shares);
         gifts.retain(|(shard, _)| self.terms.owned().contains_key(shard));
-        let share = shares.get(&self.me).copied().unwrap_or(0);
+        let share = shares.get(&self.cx.me).copied().unwrap_or(0);
         // Distinct shards, all owned: no more gifts than shards owned.
         let kept = self.terms.owned().len() - gifts.len() + lapsed.len() + held_back.len();
         let room = share.saturating_sub(kept);
@@ -435,7 +438,7 @@ impl Runner {
             && !self.work_requests.any_backing_off(now);
         self.pace.settled = idle && at_shares;
         self.pace.settled_live = present;
-        self.pace.full_read_due = Instant::now() + self.config.lease.lease_duration / 2;
+        self.pace.full_read_due = Instant::now() + self.cx.config.lease.lease_duration / 2;
         for (shard, to) in gifts {
             self.give(shard, Some(&to), StepDownReason::HandedOver);
         }
