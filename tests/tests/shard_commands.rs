@@ -23,81 +23,61 @@ const LEASE: Duration = Duration::from_millis(2000);
 const RENEW: Duration = Duration::from_millis(1500);
 const RETRY: Duration = Duration::from_millis(200);
 
-/// A replica of set `name` run from `binary`, with `--shards 1` and the `job` binary as
-/// COMMAND (logging to `DIR/job.log.0`), its stderr written to `DIR/IDENTITY.stderr`.
-/// `env` is more environment for COMMAND.
-fn replica(
-    binary: &Path,
-    lock: &str,
-    name: &str,
-    identity: &str,
-    dir: &Path,
-    env: &[(&str, &str)],
-) -> Child {
-    replica_running(
-        binary,
-        lock,
-        name,
-        identity,
-        dir,
-        env,
-        &["--shards", "1"],
-        &[JOB],
-    )
+/// A replica of set `name` on `lock`, run from this `leader` with `--shards 1` and the `job`
+/// binary as COMMAND (shard N's logging to `DIR/job.log.N`), each replica's stderr written to
+/// `DIR/IDENTITY.stderr`. The fields change what it runs: another `binary`, more `env` for
+/// COMMAND, `args` (`--shards K` and more) in place of `--shards 1`, another `command`.
+struct Replica<'a> {
+    binary: &'a Path,
+    lock: &'a str,
+    name: &'a str,
+    dir: &'a Path,
+    env: &'a [(&'a str, &'a str)],
+    args: &'a [&'a str],
+    command: &'a [&'a str],
 }
 
-/// [`replica`] of this `leader` with `args` (`--shards K` and more) in place of `--shards 1`
-/// and no more environment; shard N's COMMAND logs to `DIR/job.log.N`.
-fn replica_with(lock: &str, name: &str, identity: &str, dir: &Path, args: &[&str]) -> Child {
-    replica_running(
-        Path::new(LEADER),
-        lock,
-        name,
-        identity,
-        dir,
-        &[],
-        args,
-        &[JOB],
-    )
-}
+impl<'a> Replica<'a> {
+    fn of(lock: &'a str, name: &'a str, dir: &'a Path) -> Self {
+        Self {
+            binary: Path::new(LEADER),
+            lock,
+            name,
+            dir,
+            env: &[],
+            args: &["--shards", "1"],
+            command: &[JOB],
+        }
+    }
 
-/// [`replica`] with `args` in place of `--shards 1`, running `command` as COMMAND.
-#[allow(clippy::too_many_arguments)]
-fn replica_running(
-    binary: &Path,
-    lock: &str,
-    name: &str,
-    identity: &str,
-    dir: &Path,
-    env: &[(&str, &str)],
-    args: &[&str],
-    command: &[&str],
-) -> Child {
-    let ms = |d: Duration| format!("{}ms", d.as_millis());
-    let stderr = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(stderr_of(dir, identity))
-        .expect("stderr file");
-    Command::new(binary)
-        .arg("run")
-        .args(["--lock", lock])
-        .args(["--name", name])
-        .args(["--identity", identity])
-        .args(["--lease-duration", &ms(LEASE)])
-        .args(["--renew-deadline", &ms(RENEW)])
-        .args(["--retry-period", &ms(RETRY)])
-        .args(args)
-        .arg("--")
-        .args(command)
-        .env("JOB_LOG", dir.join("job.log"))
-        .env("RUST_LOG", "warn")
-        .envs(env.iter().copied())
-        .stdout(Stdio::null())
-        .stderr(stderr)
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn leader")
+    /// Starts the replica `identity`, killed when dropped.
+    fn start(&self, identity: &str) -> Child {
+        let ms = |d: Duration| format!("{}ms", d.as_millis());
+        let stderr = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(stderr_of(self.dir, identity))
+            .expect("stderr file");
+        Command::new(self.binary)
+            .arg("run")
+            .args(["--lock", self.lock])
+            .args(["--name", self.name])
+            .args(["--identity", identity])
+            .args(["--lease-duration", &ms(LEASE)])
+            .args(["--renew-deadline", &ms(RENEW)])
+            .args(["--retry-period", &ms(RETRY)])
+            .args(self.args)
+            .arg("--")
+            .args(self.command)
+            .env("JOB_LOG", self.dir.join("job.log"))
+            .env("RUST_LOG", "warn")
+            .envs(self.env.iter().copied())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn leader")
+    }
 }
 
 fn stderr_of(dir: &Path, identity: &str) -> PathBuf {
@@ -154,7 +134,11 @@ async fn a_shard_whose_command_cannot_start_is_given_up() {
     let old = dir.path().join("leader-old");
     std::fs::copy(LEADER, &old).expect("copy the leader binary");
     let started = Instant::now();
-    let broken = replica(&old, &lock, &name, "a", dir.path(), &[]);
+    let broken = Replica {
+        binary: &old,
+        ..Replica::of(&lock, &name, dir.path())
+    }
+    .start("a");
     // Replaced, as an upgrade does: the running process's own binary is gone.
     std::fs::remove_file(&old).expect("remove the copy");
     assert!(
@@ -174,7 +158,7 @@ async fn a_shard_whose_command_cannot_start_is_given_up() {
         "{line}"
     );
 
-    let healthy = replica(Path::new(LEADER), &lock, &name, "b", dir.path(), &[]);
+    let healthy = Replica::of(&lock, &name, dir.path()).start("b");
     let log = dir.path().join("job.log.0");
     // The broken replica's waits grow until one outlasts the lease the healthy one waits for
     // a free shard beyond its share.
@@ -207,14 +191,11 @@ async fn a_command_that_keeps_crashing_is_restarted_after_a_back_off() {
     let lock = leader_tests::file_lock_in(dir.path());
     let name = format!("crashing-{:08x}", fastrand::u32(..));
     // The job exits with code 3 as soon as it starts.
-    let crashing = replica(
-        Path::new(LEADER),
-        &lock,
-        &name,
-        "a",
-        dir.path(),
-        &[("JOB_EXIT", "3")],
-    );
+    let crashing = Replica {
+        env: &[("JOB_EXIT", "3")],
+        ..Replica::of(&lock, &name, dir.path())
+    }
+    .start("a");
     let window = Duration::from_secs(6);
     sleep(window).await;
     stop(crashing).await;
@@ -268,7 +249,11 @@ async fn a_rolling_restart_moves_no_shard(
     let name = format!("static-{:08x}", fastrand::u32(..));
     let mut args = vec!["--shards", "4", "--static-membership"];
     args.extend_from_slice(more);
-    let start = |identity: &str| replica_with(lock, &name, identity, dir.path(), &args);
+    let replica = Replica {
+        args: &args,
+        ..Replica::of(lock, &name, dir.path())
+    };
+    let start = |identity: &str| replica.start(identity);
     let logs: Vec<PathBuf> = (0..SHARDS)
         .map(|shard| dir.path().join(format!("job.log.{shard}")))
         .collect();
@@ -371,7 +356,11 @@ async fn fences_the_older(lock: &str) {
     let dir = tempfile::tempdir().expect("tempdir");
     let name = format!("fenced-{:08x}", fastrand::u32(..));
     let args = ["--shards", "4", "--static-membership"];
-    let start = || replica_with(lock, &name, "a", dir.path(), &args);
+    let replica = Replica {
+        args: &args,
+        ..Replica::of(lock, &name, dir.path())
+    };
+    let start = || replica.start("a");
     let logs: Vec<PathBuf> = (0..SHARDS)
         .map(|shard| dir.path().join(format!("job.log.{shard}")))
         .collect();
@@ -465,7 +454,11 @@ async fn a_set_resized_while_its_replicas_run(lock: &str) {
     let dir = tempfile::tempdir().expect("tempdir");
     let name = format!("resized-{:08x}", fastrand::u32(..));
     let start = |identity: &str, count: &str| {
-        replica_with(lock, &name, identity, dir.path(), &["--shards", count])
+        Replica {
+            args: &["--shards", count],
+            ..Replica::of(lock, &name, dir.path())
+        }
+        .start(identity)
     };
     let resize = |name: &str, count: &str| {
         leader(&["shards", "resize", "--lock", lock, "--name", name, count])
@@ -536,13 +529,11 @@ async fn weights_and_drains() {
     let lock = leader_tests::file_lock_in(dir.path());
     let name = format!("weights-{:08x}", fastrand::u32(..));
     let start = |identity: &str, weight: &str| {
-        replica_with(
-            &lock,
-            &name,
-            identity,
-            dir.path(),
-            &["--shards", "4", "--weight", weight],
-        )
+        Replica {
+            args: &["--shards", "4", "--weight", weight],
+            ..Replica::of(&lock, &name, dir.path())
+        }
+        .start(identity)
     };
     let leader = |args: &[&str]| leader(&[args, &["--lock", &lock, "--name", &name]].concat());
     let runs = |identity: &str| {
@@ -613,18 +604,12 @@ async fn a_resize_restarts_every_command_under_the_new_count() {
         r#"JOB_LOG="$JOB_LOG.c$LEADER_SHARD_COUNT" exec "$0""#,
         JOB,
     ];
-    let start = |identity: &str| {
-        replica_running(
-            Path::new(LEADER),
-            &lock,
-            &name,
-            identity,
-            dir.path(),
-            &[],
-            &["--shards", "2"],
-            &command,
-        )
+    let replica = Replica {
+        args: &["--shards", "2"],
+        command: &command,
+        ..Replica::of(&lock, &name, dir.path())
     };
+    let start = |identity: &str| replica.start(identity);
     let log = |count: u32, shard: u32| dir.path().join(format!("job.log.c{count}.{shard}"));
     let running =
         |count: u32, shard: u32| events(&log(count, shard)).last().is_some_and(|e| e.start);
