@@ -7,10 +7,10 @@ use std::time::{Duration, Instant};
 
 use chrono::Utc;
 
+use leader_core::background::Candidate;
 use leader_core::faults::FaultyLock;
 use leader_core::{
-    Acquisition, CancellationToken, LeaderElectionRecord, LeaderElector, LockError, Observed,
-    ResourceLock,
+    Acquisition, LeaderElectionRecord, LeaderElector, LockError, Observed, ResourceLock,
 };
 
 /// An elector's timings for a benchmark.
@@ -71,20 +71,19 @@ pub async fn elected(
 ) -> Result<ElectorRequests, Box<dyn std::error::Error>> {
     let counted = FaultyLock::new(lock);
     let calls = counted.faults();
-    let elector = LeaderElector::builder(counted)
-        .lease_duration(timings.lease_duration)
-        .renew_deadline(timings.renew_deadline)
-        .retry_period(timings.retry_period)
-        .build()?;
-    let mut state = elector.subscribe();
-    let shutdown = CancellationToken::new();
-    let running = tokio::spawn(elector.run(shutdown.clone()));
-    state.wait_for(|s| s.is_leading()).await?;
+    let mut candidate = Candidate::run(
+        LeaderElector::builder(counted)
+            .lease_duration(timings.lease_duration)
+            .renew_deadline(timings.renew_deadline)
+            .retry_period(timings.retry_period)
+            .build()?,
+    );
+    candidate.state.wait_for(|s| s.is_leading()).await?;
     let before = calls.calls().len();
     tokio::time::sleep(LEADING).await;
     let in_window: Vec<_> = calls.calls()[before..].to_vec();
-    shutdown.cancel();
-    running.await??;
+    candidate.shutdown.cancel();
+    candidate.task.await??;
     let renewals = in_window
         .iter()
         .filter(|c| c.operation == "renew" && c.ok == Some(true))

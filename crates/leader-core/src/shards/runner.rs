@@ -220,6 +220,17 @@ impl Context {
         self.set.lock(key)
     }
 
+    /// A batch that answered another number of keys than it was asked: not to be trusted.
+    fn miscounted(&self) -> LockError {
+        LockError::unavailable(
+            "shards",
+            format!(
+                "{}: a batch read answered another number of keys",
+                self.set.describe()
+            ),
+        )
+    }
+
     fn report(&self, operation: &'static str, err: &LockError) {
         m::error(&self.config.name, operation, err.kind());
         tracing::warn!(shards = self.config.name, operation, error = %err, "shard set request failed");
@@ -351,7 +362,7 @@ impl Runner {
         }
         // A lease the store would not keep is refused before anything is written (as the
         // elector refuses it).
-        let roster = self.cx.set.lock(&roster_key(&name));
+        let roster = self.cx.lock(&roster_key(&name));
         let lease = self.cx.config.lease.lease_duration;
         match tokio::time::timeout(
             self.cx.config.lease.request_timeout,

@@ -125,13 +125,7 @@ impl Runner {
             {
                 Ok(answers) if answers.len() == keys.len() => answers,
                 Ok(_) => {
-                    let err = LockError::unavailable(
-                        "shards",
-                        format!(
-                            "{}: a batch read answered another number of keys",
-                            self.cx.set.describe()
-                        ),
-                    );
+                    let err = self.cx.miscounted();
                     self.cx.report("get", &err);
                     return Vec::new();
                 }

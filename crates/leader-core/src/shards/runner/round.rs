@@ -137,15 +137,7 @@ impl Runner {
         }
         let results = match results {
             Ok(results) if results.len() == asked.len() => results,
-            Ok(_) => {
-                return Err(LockError::unavailable(
-                    "shards",
-                    format!(
-                        "{}: a batch read answered another number of keys",
-                        self.cx.set.describe()
-                    ),
-                ));
-            }
+            Ok(_) => return Err(self.cx.miscounted()),
             Err(_) => {
                 return Err(LockError::Timeout {
                     lock: self.cx.set.describe(),
