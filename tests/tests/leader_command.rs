@@ -663,6 +663,17 @@ async fn run_to_end(args: &[&str], env: &[(&str, &str)]) -> ExitStatus {
     output.status
 }
 
+/// What `leader status --json` says of election `name` on `lock`, and whether it exited 0.
+async fn status_json(lock: &str, name: &str) -> (String, bool) {
+    let output = Command::new(LEADER)
+        .args(["status", "--lock", lock, "--name", name, "--json"])
+        .output()
+        .await
+        .expect("status");
+    let json = String::from_utf8_lossy(&output.stdout).into_owned();
+    (json, output.status.success())
+}
+
 #[tokio::test]
 async fn the_exit_code_of_command_is_passed_through() {
     let lock = leader_tests::FileLock::in_temp_dir();
@@ -673,14 +684,137 @@ async fn the_exit_code_of_command_is_passed_through() {
     .await;
     assert_eq!(status.code(), Some(7));
     // The lease was released on the way out.
-    let output = Command::new(LEADER)
-        .args(["status", "--lock", &lock, "--name", "exit", "--json"])
-        .output()
-        .await
-        .expect("status");
-    let json = String::from_utf8_lossy(&output.stdout);
+    let (json, _) = status_json(&lock, "exit").await;
     assert!(
         json.contains(r#""holder":null"#) && json.contains(r#""leaderTransitions":1"#),
+        "{json}"
+    );
+}
+
+/// Whether process `pid` runs (a zombie, ended and waiting for its parent, does not).
+fn running(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit_once(") ")
+            .is_some_and(|(_, fields)| !fields.starts_with('Z'))
+    })
+}
+
+/// The pid a shell wrote to `path`, waited for.
+async fn pid_in(path: &Path) -> i32 {
+    let started = tokio::time::Instant::now();
+    loop {
+        if let Some(pid) = std::fs::read_to_string(path)
+            .ok()
+            .and_then(|text| text.trim().parse().ok())
+        {
+            return pid;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "no pid in {path:?}"
+        );
+        sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// COMMAND exits by itself and leaves a process running in the background: `leader` stops it
+/// (SIGTERM, and SIGKILL after `--grace` for one that ignores SIGTERM) before it releases the
+/// lease and exits with COMMAND's code, so that nothing of this term runs beside the next
+/// leader's COMMAND.
+#[tokio::test]
+async fn what_command_left_running_is_stopped_before_the_release() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let lock = leader_tests::file_lock_in(dir.path());
+    let grace = Duration::from_secs(2);
+    for (case, background) in [
+        ("stops", "sleep 300"),
+        ("ignores-sigterm", "trap '' TERM; sleep 300"),
+    ] {
+        let pidfile = dir.path().join(format!("{case}.pid"));
+        let script = format!("( {background} ) & echo $! > {}; exit 3", pidfile.display());
+        let started = tokio::time::Instant::now();
+        let status = run_to_end(
+            &[
+                "run", "--lock", &lock, "--name", case, "--grace", "2s", "--",
+            ]
+            .into_iter()
+            .chain(["sh", "-c", &script])
+            .collect::<Vec<_>>(),
+            &[],
+        )
+        .await;
+        let took = started.elapsed();
+        assert_eq!(status.code(), Some(3), "{case}");
+        let pid = pid_in(&pidfile).await;
+        assert!(
+            !running(pid),
+            "{case}: COMMAND's background process outlived leader"
+        );
+        if case == "ignores-sigterm" {
+            assert!(took >= grace, "{case}: killed before its grace: {took:?}");
+        }
+        let (json, _) = status_json(&lock, case).await;
+        assert!(json.contains(r#""holder":null"#), "{case}: {json}");
+    }
+}
+
+/// The grace covers COMMAND's whole group: a wrapper script that SIGTERM ends at once leaves
+/// the program it started (not with `exec`) the grace to finish its own shutdown, instead of a
+/// SIGKILL as soon as the wrapper is gone.
+#[tokio::test]
+async fn the_grace_covers_what_a_wrapper_started() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let lock = leader_tests::file_lock_in(dir.path());
+    let (ready, finished) = (dir.path().join("ready"), dir.path().join("finished"));
+    // The inner shell's trap runs after the foreground `sleep` it waits for (which the group's
+    // SIGTERM ends too), and takes a second to finish.
+    let program = format!(
+        "trap 'sleep 1; touch {}; exit 0' TERM; echo $$ > {}; while :; do sleep 0.1; done",
+        finished.display(),
+        ready.display()
+    );
+    let wrapper = format!("sh -c \"{program}\"; true");
+    // The default lease and renew deadline (15 s, 10 s) allow a grace of up to 4 s.
+    let mut leader = leader_tests::candidate_command(LEADER, "run", &lock, "wrapped", "solo")
+        .args(["--grace", "4s", "--", "sh", "-c", &wrapper])
+        .spawn()
+        .expect("spawn");
+    let program_pid = pid_in(&ready).await;
+    kill(pid(&leader), Signal::SIGTERM).expect("SIGTERM");
+    timeout(Duration::from_secs(20), leader.wait())
+        .await
+        .expect("leader exits")
+        .expect("status");
+    assert!(
+        finished.exists(),
+        "the program the wrapper started was killed before it finished its shutdown"
+    );
+    assert!(!running(program_pid));
+}
+
+/// `leader status` reads a record whose lease runs past the calendar's end (another client's
+/// "forever") as held and not expired, where the addition of its lease to its renew time
+/// overflowed (S8: a record is read, never a reason to crash).
+#[tokio::test]
+async fn status_reads_a_lease_that_never_ends() {
+    use leader_core::{LeaderElectionRecord, ResourceLock};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let lock = format!("file://{}", dir.path().display());
+    let holder = leader_core::FileLock::new(dir.path().join("forever"), "someone");
+    let endless = Duration::from_secs(1_000_000_000_000_000);
+    holder
+        .create(&LeaderElectionRecord::new(
+            "someone",
+            endless,
+            chrono::Utc::now(),
+            1,
+        ))
+        .await
+        .expect("create");
+    let (json, exited_0) = status_json(&lock, "forever").await;
+    assert!(exited_0, "{json}");
+    assert!(
+        json.contains(r#""holder":"someone""#) && json.contains(r#""expired":false"#),
         "{json}"
     );
 }
@@ -696,6 +830,9 @@ async fn bad_flags_give_their_exit_codes() {
         (vec!["run", "--name", "x"], 2),
         (run(&["--lease-duration", "soon"], "true"), 2),
         (run(&["--lease-duration", "5s"], "true"), 2),
+        // Past every clock's range: refused, where it once panicked.
+        (run(&["--retry-period", "500000000000y"], "true"), 2),
+        (run(&["--lease-duration", "2y", "--lock", &lock], "true"), 2),
         (run(&["--lock", "ftp://u:secret@h"], "true"), 3),
         (run(&["--lock", "kubernetes://Bad_Namespace"], "true"), 3),
         (run(&["--lock", "redis://127.0.0.1:1"], "true"), 4),
@@ -1308,7 +1445,7 @@ async fn a_supervisor_starts_command_only_under_the_leader_that_started_it() {
     let supervise = |parent: u32| {
         let mut command = Command::new(LEADER);
         command
-            .args(["__supervise", &parent.to_string(), "--", "touch"])
+            .args(["__supervise", &parent.to_string(), "1000", "--", "touch"])
             .arg(&marker)
             .stdout(Stdio::null())
             .stderr(Stdio::null())

@@ -53,10 +53,12 @@ impl Program {
         term_lock: Option<File>,
         backstop: Backstop,
     ) -> io::Result<Group> {
-        let mut command = Command::new(std::env::current_exe()?);
+        let mut command = Command::new(this_executable()?);
         command
+            .arg0(ARG0)
             .arg(SUPERVISE)
             .arg(std::process::id().to_string())
+            .arg(backstop.grace.as_millis().to_string())
             .arg("--")
             .args(&self.command)
             .env("LEADER_NAME", &self.name)
@@ -80,12 +82,28 @@ impl Program {
     }
 }
 
+/// The executable the supervisor runs: this one. On Linux `/proc/self/exe`, which names this
+/// process's executable even once its file was replaced or removed (an upgrade of `leader` while
+/// it runs), where the path it was started from would start another release, or nothing.
+fn this_executable() -> io::Result<std::path::PathBuf> {
+    if cfg!(target_os = "linux") {
+        Ok("/proc/self/exe".into())
+    } else {
+        std::env::current_exe()
+    }
+}
+
+/// The name the supervisor shows in `ps`.
+const ARG0: &str = "leader";
+
 /// When a COMMAND must be gone at the latest: `after` past the term's deadline (the grace to stop
 /// it, and less than the rest of the lease, so that it is gone before another replica may lead).
 #[derive(Clone, Debug)]
 pub(crate) struct Backstop {
     pub(crate) deadline: TermDeadline,
     pub(crate) after: Duration,
+    /// The time COMMAND's processes have between SIGTERM and SIGKILL.
+    pub(crate) grace: Duration,
 }
 
 impl Backstop {
@@ -97,6 +115,7 @@ impl Backstop {
         Self {
             deadline,
             after: grace + window.saturating_sub(grace) / 2,
+            grace,
         }
     }
 }
@@ -241,15 +260,21 @@ pub(crate) const SUPERVISE: &str = "__supervise";
 /// whole group at once. SIGTERM from `leader` reaches COMMAND through the group; the supervisor
 /// then just waits for it.
 ///
+/// It ends only once nothing else runs in its group: what COMMAND started and left running
+/// when it exited (a process in the background, a program a wrapper script started without
+/// `exec`) is stopped as COMMAND would have been, SIGTERM then SIGKILL after `grace`
+/// ([`stop_the_rest`]), so that `leader` learns of COMMAND's end, and releases the lease, only
+/// when none of its processes runs.
+///
 /// `parent` is the pid of the `leader` that started it. Until the SIGHUP handler is installed a
 /// parent-death signal can be lost (ignored, when `leader` itself ignores SIGHUP and the
 /// supervisor inherited that), so once it is installed the supervisor checks that its parent is
 /// still `parent`, and exits with [`exit::ORPHANED`] without starting COMMAND if not: a COMMAND
 /// started then would run with nobody left to stop it.
-pub(crate) async fn supervise(parent: Option<Pid>, command: &[String]) -> u8 {
+pub(crate) async fn supervise(parent: Option<Pid>, grace: Duration, command: &[String]) -> u8 {
     use tokio::signal::unix::{SignalKind, signal};
     let (Some(parent), Some((program, args))) = (parent, command.split_first()) else {
-        eprintln!("leader: usage: leader __supervise PID -- COMMAND...");
+        eprintln!("leader: usage: leader __supervise PID GRACE_MILLIS -- COMMAND...");
         return exit::USAGE;
     };
     let (Ok(mut hangup), Ok(mut terminate)) = (
@@ -279,9 +304,12 @@ pub(crate) async fn supervise(parent: Option<Pid>, command: &[String]) -> u8 {
             return spawn_error_code(&err);
         }
     };
+    // When `leader` asked the group to stop: the grace counts from then.
+    let mut terminated = None;
     loop {
         tokio::select! {
             status = child.wait() => {
+                stop_the_rest(grace, terminated).await;
                 return match status {
                     Ok(status) => mirror(status),
                     Err(_) => exit::FAILURE,
@@ -291,9 +319,84 @@ pub(crate) async fn supervise(parent: Option<Pid>, command: &[String]) -> u8 {
                 // `leader` is gone: nothing may keep running in this group.
                 let _ = killpg(nix::unistd::getpgrp(), Signal::SIGKILL);
             }
-            _ = terminate.recv() => {}
+            _ = terminate.recv() => {
+                terminated.get_or_insert_with(std::time::Instant::now);
+            }
         }
     }
+}
+
+/// How often [`stop_the_rest`] looks again at what is left of the group.
+const GROUP_POLL: Duration = Duration::from_millis(20);
+
+/// Stops the other processes of the supervisor's group, once COMMAND has ended: SIGTERM to the
+/// group (unless `leader` sent it already, at `terminated`), then SIGKILL to each process still
+/// there `grace` after it; returns when none is left. The SIGKILL goes to each process rather
+/// than to the group, which would end the supervisor too, before it could report COMMAND's end.
+///
+/// A process that left the group (`setsid`, a daemon) is beyond its reach, as it is beyond a
+/// SIGTERM to the group. Does nothing in a process that does not lead its own group (the tests
+/// that run the supervisor inside the test process).
+async fn stop_the_rest(grace: Duration, terminated: Option<std::time::Instant>) {
+    let group = nix::unistd::getpgrp();
+    if group != nix::unistd::getpid() || others_in_group(group).is_empty() {
+        return;
+    }
+    let since = terminated.unwrap_or_else(|| {
+        // The supervisor catches SIGTERM: the signal stops the others only.
+        let _ = killpg(group, Signal::SIGTERM);
+        std::time::Instant::now()
+    });
+    let mut killed = false;
+    loop {
+        tokio::time::sleep(GROUP_POLL).await;
+        let others = others_in_group(group);
+        if others.is_empty() {
+            return;
+        }
+        if killed || since.elapsed() >= grace {
+            if !killed {
+                eprintln!(
+                    "leader: {} process(es) COMMAND left in its group did not stop within {grace:?} after SIGTERM; sending SIGKILL",
+                    others.len()
+                );
+            }
+            killed = true;
+            for pid in others {
+                let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
+            }
+        }
+    }
+}
+
+/// The processes of `group` other than this one, as `/proc` shows them (none where there is no
+/// `/proc`). A zombie, which has ended and waits for its parent to collect it, does not count.
+fn others_in_group(group: Pid) -> Vec<Pid> {
+    let me = nix::unistd::getpid();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .map(Pid::from_raw)
+        .filter(|&pid| pid != me && in_group(pid, group))
+        .collect()
+}
+
+/// Whether process `pid` runs, and in `group` (`/proc/PID/stat`: the state, then the group as
+/// the third field after the command name).
+fn in_group(pid: Pid, group: Pid) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    let Some((_, fields)) = stat.rsplit_once(") ") else {
+        return false;
+    };
+    let mut fields = fields.split(' ');
+    let running = fields
+        .next()
+        .is_some_and(|state| !matches!(state, "Z" | "X"));
+    running && fields.nth(1).and_then(|g| g.parse().ok()) == Some(group.as_raw())
 }
 
 /// Ends the supervisor the way COMMAND ended: by the same signal, or with the same code.

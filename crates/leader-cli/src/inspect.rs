@@ -50,7 +50,14 @@ pub(crate) async fn status(args: StatusArgs) -> u8 {
     // Wall clocks, for people: the electors themselves never decide on them.
     let expired = match time_left {
         Some(left) => left.is_zero(),
-        None => record.is_free() || record.renew_time + lease < now,
+        // A lease past the calendar's end (a record that asks for "forever") never expires.
+        None => {
+            record.is_free()
+                || record
+                    .renew_time
+                    .checked_add_signed(lease)
+                    .is_some_and(|end| end < now)
+        }
     };
     if args.json {
         let value = serde_json::json!({

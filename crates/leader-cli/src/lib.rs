@@ -30,20 +30,25 @@ use crate::args::{Cli, Command, ShardsCommand};
 pub fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some(child::SUPERVISE) {
-        // `leader __supervise PID -- COMMAND...`, as `child::Program::spawn` writes it.
+        // `leader __supervise PID GRACE_MILLIS -- COMMAND...`, as `child::Program::spawn`
+        // writes it.
         let parent = args
             .get(2)
             .and_then(|pid| pid.parse::<i32>().ok())
             .map(nix::unistd::Pid::from_raw);
-        let command = match args.get(3).map(String::as_str) {
-            Some("--") => args.get(4..).unwrap_or_default().to_vec(),
+        let grace = args.get(3).and_then(|millis| millis.parse::<u64>().ok());
+        let command = match (grace, args.get(4).map(String::as_str)) {
+            (Some(_), Some("--")) => args.get(5..).unwrap_or_default().to_vec(),
             _ => Vec::new(),
         };
+        let grace = std::time::Duration::from_millis(grace.unwrap_or_default());
         return match tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
         {
-            Ok(runtime) => ExitCode::from(runtime.block_on(child::supervise(parent, &command))),
+            Ok(runtime) => {
+                ExitCode::from(runtime.block_on(child::supervise(parent, grace, &command)))
+            }
             Err(_) => ExitCode::from(exit::FAILURE),
         };
     }

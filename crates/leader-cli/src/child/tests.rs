@@ -85,6 +85,7 @@ async fn the_watchdog_kills_a_command_past_its_deadline_only() {
     let backstop = Backstop {
         deadline: TermDeadline::new(now()),
         after: delay,
+        grace: Duration::ZERO,
     };
     let _watchdog = Watchdog::start(pid, backstop).expect("watchdog");
     assert!(dies_within(pid, Duration::from_secs(5)).await, "not killed");
@@ -97,6 +98,7 @@ async fn the_watchdog_kills_a_command_past_its_deadline_only() {
         Backstop {
             deadline: deadline.clone(),
             after: delay,
+            grace: Duration::ZERO,
         },
     )
     .expect("watchdog");
@@ -116,6 +118,7 @@ async fn the_watchdog_kills_a_command_past_its_deadline_only() {
         Backstop {
             deadline: TermDeadline::new(now() + delay),
             after: delay,
+            grace: Duration::ZERO,
         },
     )
     .expect("watchdog");
@@ -141,6 +144,7 @@ async fn a_kill_by_the_watchdog_is_not_an_exit_of_commands_own() {
         let backstop = Backstop {
             deadline: TermDeadline::new(deadline),
             after: Duration::from_millis(50),
+            grace: Duration::ZERO,
         };
         let watchdog = Watchdog::start(pid, backstop).expect("watchdog");
         (
@@ -192,14 +196,14 @@ async fn a_supervisor_whose_leader_is_gone_starts_nothing() {
     let touch = vec!["touch".to_owned(), marker.display().to_string()];
 
     // This process is not its own parent: as seen by a supervisor whose `leader` is gone.
-    let code = supervise(Some(nix::unistd::getpid()), &touch).await;
+    let code = supervise(Some(nix::unistd::getpid()), Duration::ZERO, &touch).await;
     assert_eq!(code, exit::ORPHANED);
     assert!(!marker.exists(), "COMMAND ran under an orphaned supervisor");
 
-    let code = supervise(Some(nix::unistd::getppid()), &touch).await;
+    let code = supervise(Some(nix::unistd::getppid()), Duration::ZERO, &touch).await;
     assert_eq!(code, exit::OK);
     assert!(marker.exists(), "COMMAND did not run under its leader");
     let _ = std::fs::remove_file(&marker);
 
-    assert_eq!(supervise(None, &touch).await, exit::USAGE);
+    assert_eq!(supervise(None, Duration::ZERO, &touch).await, exit::USAGE);
 }
