@@ -13,6 +13,10 @@ pub const DEFAULT_RETRY_PERIOD: Duration = Duration::from_secs(2);
 /// client-go's jitter factor: candidates wait up to `retry_period * (1 + jitter)`; the renew
 /// deadline must exceed `retry_period` times this factor (S4).
 pub const JITTER_FACTOR: f64 = 1.2;
+/// The longest lease, renew deadline or retry period a configuration takes: a year. Every
+/// deadline computed from them then stays within the clocks' range, and the lease within what
+/// every store can write (Kubernetes keeps whole seconds in 32 bits).
+pub const MAX_LEASE_DURATION: Duration = Duration::from_secs(365 * 24 * 60 * 60);
 
 /// The three timings of an election, checked against the rules they must keep (S4) without a
 /// lock or an elector: `lease_duration > renew_deadline > retry_period * 1.2 > 0`.
@@ -53,9 +57,22 @@ impl Timings {
     /// Checks the rules, naming the first one broken.
     ///
     /// # Errors
-    /// [`ConfigError::ZeroRetryPeriod`], [`ConfigError::RenewDeadlineNotLongerThanRetry`] or
-    /// [`ConfigError::LeaseNotLongerThanRenewDeadline`].
+    /// [`ConfigError::ZeroRetryPeriod`], [`ConfigError::RenewDeadlineNotLongerThanRetry`],
+    /// [`ConfigError::LeaseNotLongerThanRenewDeadline`] or [`ConfigError::TimingTooLong`].
     pub fn validate(&self) -> Result<(), ConfigError> {
+        for (setting, value) in [
+            ("lease duration", self.lease_duration),
+            ("renew deadline", self.renew_deadline),
+            ("retry period", self.retry_period),
+        ] {
+            if value > MAX_LEASE_DURATION {
+                return Err(ConfigError::TimingTooLong {
+                    setting,
+                    value,
+                    max: MAX_LEASE_DURATION,
+                });
+            }
+        }
         if self.retry_period.is_zero() {
             return Err(ConfigError::ZeroRetryPeriod);
         }

@@ -220,6 +220,18 @@ pub enum ConfigError {
     /// The retry period must be positive.
     #[error("retry period must be greater than zero")]
     ZeroRetryPeriod,
+    /// A lease duration, renew deadline or retry period may be a year at most
+    /// ([`MAX_LEASE_DURATION`](crate::MAX_LEASE_DURATION)): deadlines computed from longer
+    /// timings would leave the clocks' range.
+    #[error("{setting} ({value:?}) must be at most {max:?}")]
+    TimingTooLong {
+        /// Which timing: `lease duration`, `renew deadline` or `retry period`.
+        setting: &'static str,
+        /// Its configured value.
+        value: Duration,
+        /// The longest allowed.
+        max: Duration,
+    },
     /// Jitter must be a finite factor between 0 and 10.
     #[error("jitter ({0}) must be a finite number between 0 and 10")]
     InvalidJitter(f64),

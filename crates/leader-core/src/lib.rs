@@ -40,7 +40,7 @@ pub mod faults;
 pub use clock::{Clock, ClockStep, SystemClock, TokioClock, WallClock};
 pub use config::{
     DEFAULT_LEASE_DURATION, DEFAULT_RENEW_DEADLINE, DEFAULT_RETRY_PERIOD, ElectorConfig,
-    JITTER_FACTOR, LeaseConfig, Timings, WorkExit,
+    JITTER_FACTOR, LeaseConfig, MAX_LEASE_DURATION, Timings, WorkExit,
 };
 pub use elector::{LeaderElector, LeaderElectorBuilder};
 pub use error::{BoxError, ConfigError, LockError};

@@ -10,7 +10,7 @@ use leader_core::background::Candidate;
 use leader_core::faults::{Fault, Faults, FaultyLock};
 use leader_core::{
     CancellationToken, ConfigError, LeaderElectionRecord, LeaderElector, LeaderElectorBuilder,
-    LeaderState, MemoryLock, MemoryStore, ResourceLock, StepDownReason,
+    LeaderState, MAX_LEASE_DURATION, MemoryLock, MemoryStore, ResourceLock, StepDownReason,
 };
 use tokio::time::{Instant, sleep};
 
@@ -60,6 +60,33 @@ async fn build_rejects_invalid_timings_with_the_rule_broken() {
         err(builder(lock()).retry_period(Duration::ZERO)),
         ConfigError::ZeroRetryPeriod
     );
+    // Timings past every clock's range are refused, where they panicked once running (a
+    // deadline past `Instant`'s end, a retry period times the jitter past `Duration`'s).
+    let over = MAX_LEASE_DURATION + Duration::from_millis(1);
+    for (lease, renew, retry, setting, value) in [
+        (over, RENEW, RETRY, "lease duration", over),
+        (LEASE, Duration::MAX, RETRY, "renew deadline", Duration::MAX),
+        (LEASE, RENEW, Duration::MAX, "retry period", Duration::MAX),
+    ] {
+        assert_eq!(
+            err(builder(lock())
+                .lease_duration(lease)
+                .renew_deadline(renew)
+                .retry_period(retry)),
+            ConfigError::TimingTooLong {
+                setting,
+                value,
+                max: MAX_LEASE_DURATION
+            }
+        );
+    }
+    let year = builder(lock())
+        .lease_duration(MAX_LEASE_DURATION)
+        .renew_deadline(MAX_LEASE_DURATION / 2)
+        .retry_period(MAX_LEASE_DURATION / 4)
+        .build()
+        .expect("a lease of a year is valid");
+    assert_eq!(year.config().lease.lease_duration, MAX_LEASE_DURATION);
     assert_eq!(
         err(builder(lock()).jitter(f64::NAN)).to_string(),
         "jitter (NaN) must be a finite number between 0 and 10"
