@@ -80,9 +80,12 @@ pub(crate) async fn eval<T: redis::FromRedisValue>(
     // the connection manager, which this request only started: sent once more, it goes on the
     // new connection, so the first request after an outage is not a failure that costs the
     // elector a whole back-off. Every script is a compare-and-swap or a read, so a second
-    // send of one whose answer was lost changes nothing twice.
+    // send of one whose answer was lost changes nothing twice. A request that timed out is not
+    // sent again: it may still run on a slow server, and its copy would then find the
+    // lease already taken by this candidate (and report another process with its identity).
     if let Err(err) = &result
         && (err.is_connection_dropped() || err.is_io_error())
+        && !err.is_timeout()
     {
         result = command("EVALSHA", &script.sha)
             .query_async(&mut connection)

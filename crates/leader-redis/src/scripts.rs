@@ -36,7 +36,12 @@ local function fence_error(k)
 end
 
 local function current(key)
-  local v = redis.call('HMGET', key, 'version', 'holder', 'transitions', 'record', 'preferred')
+  -- pcall: a key of another type is this election's bad record, not an error that would end a
+  -- script reading many elections.
+  local v = redis.pcall('HMGET', key, 'version', 'holder', 'transitions', 'record', 'preferred')
+  if v.err then
+    return nil, 'LEADER_INVALID the key holds a value of another type, not a lock hash'
+  end
   if not v[1] and not v[2] and not v[3] and not v[4] then
     if redis.call('EXISTS', key) == 1 then
       return nil, 'LEADER_INVALID the hash has none of the lock fields (version, holder, transitions, record)'
@@ -263,7 +268,7 @@ end
 local n = tonumber(ARGV[1])
 local renewed = {}
 for i = 1, n do
-  if redis.call('HGET', KEYS[i], 'version') == ARGV[2 * i] then
+  if redis.pcall('HGET', KEYS[i], 'version') == ARGV[2 * i] then
     redis.call('PEXPIRE', KEYS[i], ARGV[2 * i + 1])
     renewed[i] = 1
   else

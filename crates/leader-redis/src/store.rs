@@ -80,9 +80,16 @@ impl RedisStoreBuilder {
     }
 }
 
+/// How long a request waits for its answer before it fails, unless its caller gives up first
+/// (the elector's request timeout, half the renew deadline by default). The driver's own default
+/// (500 ms) failed every request to a server slowed down for a moment (a fork for a snapshot, a
+/// large read), long before the elector would have given up.
+pub(crate) const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// A connection that opens on first use and reconnects after connection errors.
 fn new_manager(client: &Client) -> redis::RedisResult<ConnectionManager> {
     let config = ConnectionManagerConfig::new()
+        .set_response_timeout(Some(RESPONSE_TIMEOUT))
         .set_connection_timeout(Some(Duration::from_secs(3)))
         .set_number_of_retries(1)
         .set_max_delay(Duration::from_millis(500));

@@ -8,7 +8,9 @@ use leader_core::{
 use crate::store::{RedisStore, RedisStoreBuilder};
 
 /// A Redis lock URL: `redis://user:pass@host:6379/0?prefix=P` (or `rediss://` for TLS). `prefix`
-/// sets the lock's key prefix; every other parameter goes to the driver.
+/// sets the lock's key prefix and `protocol` (`resp2`, `resp3`) goes to the driver; the database
+/// is the path. Any other parameter is refused: the driver would ignore it, and a `?db=2` or a
+/// mistyped `?prefx=` would put the election where another one is.
 #[derive(Clone, PartialEq, Eq)]
 pub struct LockUrl {
     connection: String,
@@ -25,7 +27,7 @@ impl LockUrl {
     /// Parses a `redis://` or `rediss://` URL.
     ///
     /// # Errors
-    /// A malformed URL or another scheme.
+    /// A malformed URL, another scheme, or a parameter other than `prefix` and `protocol`.
     pub fn parse(lock: &str) -> Result<Self, UrlError> {
         let mut url =
             leader_core::backend::parse_lock_url(lock, &["redis", "rediss"], "not a redis:// URL")?;
@@ -33,7 +35,20 @@ impl LockUrl {
         leader_core::backend::take_lock_params(&mut url, |key, value| {
             match key {
                 "prefix" => prefix = Some(value.to_owned()),
-                _ => return Ok(false),
+                // The only parameter the driver reads from a redis:// or rediss:// URL.
+                "protocol" => return Ok(false),
+                "db" => {
+                    return Err(UrlError::new(
+                        lock,
+                        "unknown parameter \"db\": the database is the path (redis://host:6379/2)",
+                    ));
+                }
+                other => {
+                    return Err(UrlError::new(
+                        lock,
+                        format!("unknown parameter {other:?} (known: prefix, protocol)"),
+                    ));
+                }
             }
             Ok(true)
         })?;
@@ -92,5 +107,27 @@ mod tests {
         assert_eq!(url.connection(), "rediss://:pw@cache:6380/2");
         assert_eq!(url.prefix.as_deref(), Some("app:"));
         assert_eq!(url.describe(), "rediss://:***@cache:6380/2");
+        let url = LockUrl::parse("redis://cache/1?protocol=resp3&prefix=p:").expect("valid");
+        assert_eq!(url.connection(), "redis://cache/1?protocol=resp3");
+    }
+
+    /// A parameter the driver would ignore is refused, with the password still hidden.
+    #[test]
+    fn parameters_nobody_reads_are_refused() {
+        for (lock, expected) in [
+            ("redis://:secret@cache?db=2", "the database is the path"),
+            (
+                "redis://:secret@cache/0?prefx=app:",
+                "unknown parameter \"prefx\"",
+            ),
+            (
+                "rediss://:secret@cache?timeout=5",
+                "known: prefix, protocol",
+            ),
+        ] {
+            let err = LockUrl::parse(lock).expect_err(lock).to_string();
+            assert!(err.contains(expected), "{lock}: {err}");
+            assert!(!err.contains("secret"), "{lock}: {err}");
+        }
     }
 }

@@ -117,3 +117,64 @@ async fn a_persisted_key_is_not_taken_from_a_holder_that_renews() {
     follower.stop().await;
     holder.stop().await;
 }
+
+/// A server busy for more than a second (a script, a fork for a snapshot, a large read) delays
+/// an acquisition and a read, and fails neither: the store waits for the answer as long as
+/// the elector would, and does not send again a request that may still run. (On a server of
+/// the test's own: a busy shared one would hold up the tests beside it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_server_busy_for_a_second_fails_no_request() {
+    use leader_core::{LeaderElectionRecord, ResourceLock};
+    let Some(server) = common::PrivateServer::start().await else {
+        return;
+    };
+    let store = leader_redis::RedisStore::connect(server.url.as_str())
+        .await
+        .expect("store");
+    let mut admin = server.admin().await.expect("server");
+    let lock = store.lock(unique("busy"), "first");
+    lock.get().await.expect("a first read, to connect");
+    // Keeps the server busy for `ARGV[1]` milliseconds, by its own clock.
+    let busy_connection = admin.clone();
+    let busy = move |millis: u64| {
+        let mut admin = busy_connection.clone();
+        tokio::spawn(async move {
+            redis::cmd("EVAL")
+                .arg(
+                    "local function now() local t = redis.call('TIME') \
+                     return t[1] * 1000 + math.floor(t[2] / 1000) end \
+                     local start = now() \
+                     while now() - start < tonumber(ARGV[1]) do end return 1",
+                )
+                .arg(0)
+                .arg(millis)
+                .query_async::<i64>(&mut admin)
+                .await
+        })
+    };
+    let _: String = redis::cmd("PING")
+        .query_async(&mut admin)
+        .await
+        .expect("ping");
+
+    let script = busy(1_200);
+    sleep(Duration::from_millis(100)).await;
+    let started = Instant::now();
+    let desired =
+        LeaderElectionRecord::new("first", Duration::from_secs(15), chrono::Utc::now(), 1);
+    let acquired = lock.try_acquire(&desired).await.expect("an acquisition");
+    assert!(acquired.is_some(), "not acquired");
+    assert!(
+        started.elapsed() >= Duration::from_millis(900),
+        "the server was not busy"
+    );
+    // The busy script's own answer comes too late for its connection's timeout.
+    let _ = script.await;
+
+    let script = busy(1_200);
+    sleep(Duration::from_millis(100)).await;
+    let observed = lock.get().await.expect("a read").expect("the record");
+    assert!(observed.record.is_held_by("first"));
+    // The busy script's own answer comes too late for its connection's timeout.
+    let _ = script.await;
+}
