@@ -23,6 +23,8 @@ use tonic::Code;
 /// One member: its endpoint and its client, connected on first use.
 struct Member {
     endpoint: String,
+    /// The endpoint with its password hidden, for messages and logs.
+    shown: String,
     client: OnceCell<Client>,
 }
 
@@ -46,7 +48,7 @@ impl std::fmt::Debug for Members {
         f.debug_struct("Members")
             .field(
                 "endpoints",
-                &self.members.iter().map(|m| &m.endpoint).collect::<Vec<_>>(),
+                &self.members.iter().map(|m| &m.shown).collect::<Vec<_>>(),
             )
             .field("current", &self.current.load(Ordering::Relaxed))
             .field("member_timeout", &self.member_timeout)
@@ -54,7 +56,8 @@ impl std::fmt::Debug for Members {
     }
 }
 
-/// The error of a request that member `endpoint` did not answer within `after`.
+/// The error of a request that member `endpoint` (as shown: its password hidden) did not answer
+/// within `after`.
 pub(crate) fn timed_out(endpoint: &str, after: Duration) -> Error {
     Error::GRpcStatus(tonic::Status::deadline_exceeded(format!(
         "member {endpoint} did not answer within {after:?}"
@@ -95,6 +98,7 @@ impl Members {
             .iter()
             .map(|endpoint| Member {
                 endpoint: endpoint.clone(),
+                shown: leader_core::redact_url(endpoint),
                 client: OnceCell::new(),
             })
             .collect();
@@ -146,8 +150,8 @@ impl Members {
             && self.members.len() > 1
         {
             tracing::info!(
-                from = %self.members[failed].endpoint,
-                to = %self.members[next].endpoint,
+                from = %self.members[failed].shown,
+                to = %self.members[next].shown,
                 "etcd member did not answer in time or failed: moving to the next member"
             );
         }
@@ -173,7 +177,7 @@ impl Members {
         });
         match tokio::time::timeout(self.member_timeout, connect).await {
             Ok(client) => client.cloned(),
-            Err(_) => Err(timed_out(&member.endpoint, self.member_timeout)),
+            Err(_) => Err(timed_out(&member.shown, self.member_timeout)),
         }
     }
 
@@ -215,10 +219,7 @@ impl Members {
         let mut attempt = self.attempt(index);
         let outcome = match tokio::time::timeout(self.member_timeout, op(client)).await {
             Ok(outcome) => outcome,
-            Err(_) => Err(timed_out(
-                &self.members[index].endpoint,
-                self.member_timeout,
-            )),
+            Err(_) => Err(timed_out(&self.members[index].shown, self.member_timeout)),
         };
         attempt.ended();
         match &outcome {
@@ -289,7 +290,7 @@ impl Members {
         self.degraded.store(false, Ordering::Release);
         if before % self.members.len() != index && self.members.len() > 1 {
             tracing::info!(
-                to = %self.members[index].endpoint,
+                to = %self.members[index].shown,
                 "etcd requests go to another member: the one they went to did not answer in time"
             );
         }
@@ -362,6 +363,23 @@ mod tests {
         assert_eq!(members.current(), first);
         drop(members.attempt(first));
         assert_eq!(members.current(), (first + 1) % 3);
+    }
+
+    /// The members' `Debug`, and the error of one that did not answer, show an endpoint's
+    /// password hidden, where both once showed the endpoint as given.
+    #[test]
+    fn members_are_shown_without_their_passwords() {
+        let members = Members::new(
+            &["http://app:pw-of-a@127.0.0.1:1".to_owned()],
+            ConnectOptions::new(),
+            Duration::from_secs(1),
+        );
+        let shown = format!(
+            "{members:?} {}",
+            timed_out(&members.members[0].shown, Duration::from_secs(1))
+        );
+        assert!(!shown.contains("pw-of-a"), "{shown}");
+        assert!(shown.contains("app:***@127.0.0.1:1"), "{shown}");
     }
 
     #[test]

@@ -28,3 +28,32 @@ fn redact_passwords_of_lock_urls_and_store_builders() {
         assert_hidden(&endpoint, &format!("{store:?}"));
     }
 }
+
+/// A member that does not answer is named in the error with its password hidden. (A listener
+/// that never accepts: the connection opens, and no answer comes.)
+#[tokio::test]
+async fn a_member_that_does_not_answer_is_named_without_its_password() {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = silent.local_addr().expect("addr").port();
+    let password = "s3cret-of-the-member";
+    let endpoint = format!("http://app:{password}@127.0.0.1:{port}");
+    // The connection opens lazily: the build may pass, the first request cannot.
+    let built = EtcdStore::builder([endpoint.as_str()])
+        .timeout(std::time::Duration::from_millis(300))
+        .build()
+        .await;
+    let err = match built {
+        Err(err) => err,
+        Ok(store) => {
+            use leader_core::ResourceLock;
+            store.lock("x", "a").get().await.expect_err("no answer")
+        }
+    };
+    let shown = format!("{err} {err:?}");
+    assert!(shown.contains("app:***@127.0.0.1"), "{shown}");
+    assert!(
+        !shown.contains(password),
+        "{endpoint}: the password shows in {shown}"
+    );
+    drop(silent);
+}
