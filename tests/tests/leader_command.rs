@@ -847,6 +847,60 @@ async fn bad_flags_give_their_exit_codes() {
     }
 }
 
+/// A SIGHUP (the terminal or ssh session closed) stops `leader` as SIGTERM does: COMMAND is
+/// stopped, the lease released, and it exits 0, where the signal's default action killed it
+/// holding the lease. Started with SIGHUP ignored (`nohup`), it keeps running.
+#[tokio::test]
+async fn a_hangup_stops_leader_unless_started_under_nohup() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let lock = leader_tests::file_lock_in(dir.path());
+    let log = dir.path().join("jobs.log");
+    for (case, nohup) in [("hangup", false), ("nohup", true)] {
+        let mut command = if nohup {
+            let mut command = Command::new("nohup");
+            command.arg(LEADER);
+            command
+        } else {
+            Command::new(LEADER)
+        };
+        let mut leader = command
+            .args(["run", "--lock", &lock, "--name", case, "--", JOB])
+            .env("JOB_LOG", &log)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .current_dir(dir.path())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn");
+        let starts = events(&log).iter().filter(|e| e.start).count();
+        nth_start(&log, starts + 1, Duration::from_secs(10)).await;
+        kill(pid(&leader), Signal::SIGHUP).expect("SIGHUP");
+        let exited = timeout(
+            Duration::from_secs(if nohup { 2 } else { 20 }),
+            leader.wait(),
+        )
+        .await;
+        if nohup {
+            assert!(
+                exited.is_err(),
+                "{case}: a SIGHUP stopped leader under nohup"
+            );
+            kill(pid(&leader), Signal::SIGTERM).expect("SIGTERM");
+            leader.wait().await.expect("exits");
+        } else {
+            let status = exited.expect("leader exits").expect("status");
+            assert_eq!(status.code(), Some(0), "{case}");
+        }
+        let events = events(&log);
+        assert!(
+            !events.last().expect("events").start,
+            "{case}: COMMAND was not stopped"
+        );
+        let (json, _) = status_json(&lock, case).await;
+        assert!(json.contains(r#""holder":null"#), "{case}: {json}");
+    }
+}
+
 #[tokio::test]
 async fn once_exits_with_75_when_leadership_is_lost() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -163,7 +163,7 @@ pub(crate) struct ElectionArgs {
         default_missing_value = DEFAULT_POD_LABEL
     )]
     pub(crate) label_pod: Option<String>,
-    /// On SIGTERM or SIGINT while leading, hand the lease over to this replica instead of a
+    /// On SIGTERM, SIGINT or SIGHUP while leading, hand the lease over to this replica instead of a
     /// plain release (a planned handover: it takes over at once, the others stand back).
     #[arg(long, env = "LEADER_HANDOVER_TO", value_name = "IDENTITY")]
     pub(crate) handover_to: Option<String>,
@@ -320,14 +320,14 @@ pub(crate) struct CronArgs {
     #[arg(long, env = "LEADER_MISSED", default_value = "latest", value_parser = ["latest", "all", "skip"])]
     pub(crate) missed: String,
     /// With --missed all: the most missed firings run.
-    #[arg(long, env = "LEADER_MISSED_MAX", default_value_t = 10)]
+    #[arg(long, env = "LEADER_MISSED_MAX", default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
     pub(crate) missed_max: u32,
     /// Firings later than this are missed whatever --missed says.
-    #[arg(long, env = "LEADER_STARTING_DEADLINE", value_parser = humantime::parse_duration, value_name = "DURATION")]
+    #[arg(long, env = "LEADER_STARTING_DEADLINE", value_parser = positive_duration, value_name = "DURATION")]
     pub(crate) starting_deadline: Option<Duration>,
     /// How late a firing may start and still be on time; a later one is a missed firing, which
     /// --missed decides about.
-    #[arg(long, env = "LEADER_MISFIRE_THRESHOLD", default_value = "1s", value_parser = humantime::parse_duration, value_name = "DURATION")]
+    #[arg(long, env = "LEADER_MISFIRE_THRESHOLD", default_value = "1s", value_parser = positive_duration, value_name = "DURATION")]
     pub(crate) misfire_threshold: Duration,
     /// A firing due while the previous one still runs: wait for it to end, then --missed
     /// decides (forbid), run both (allow), or stop the running one and start when it exited
@@ -339,11 +339,11 @@ pub(crate) struct CronArgs {
     #[arg(long, env = "LEADER_RETRIES", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=100))]
     pub(crate) retries: u32,
     /// The first wait before a failed firing runs again.
-    #[arg(long, env = "LEADER_RETRY_BACKOFF", default_value = "10s", value_parser = humantime::parse_duration, value_name = "DURATION")]
+    #[arg(long, env = "LEADER_RETRY_BACKOFF", default_value = "10s", value_parser = positive_duration, value_name = "DURATION")]
     pub(crate) retry_backoff: Duration,
     /// Stop a firing's COMMAND that runs longer than this (SIGTERM, then SIGKILL after
     /// --grace), recorded as timed out.
-    #[arg(long, env = "LEADER_TIMEOUT", value_parser = humantime::parse_duration, value_name = "DURATION")]
+    #[arg(long, env = "LEADER_TIMEOUT", value_parser = positive_duration, value_name = "DURATION")]
     pub(crate) timeout: Option<Duration>,
     /// Change the stored schedule to this one when this replica leads and finds another there
     /// of the same --schedule-revision, changed before this replica started (or never): the
@@ -416,6 +416,17 @@ pub(crate) struct StatusArgs {
     pub(crate) shards: bool,
 }
 
+/// A duration longer than zero (`30s`, `5m`): where zero would mean a policy that never lets
+/// anything happen, refused as the flag's bad value (exit 2) before anything is opened.
+#[cfg(feature = "cron")]
+fn positive_duration(text: &str) -> Result<Duration, String> {
+    match humantime::parse_duration(text) {
+        Ok(duration) if duration.is_zero() => Err("must be longer than zero".to_owned()),
+        Ok(duration) => Ok(duration),
+        Err(err) => Err(err.to_string()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -470,5 +481,39 @@ mod tests {
             err.to_string().contains("--static-membership-window"),
             "{err}"
         );
+    }
+
+    /// A cron policy flag of a value that would never let anything happen is refused at
+    /// parsing, naming the flag (exit 2), before any lock is opened.
+    #[cfg(feature = "cron")]
+    #[test]
+    fn cron_policies_of_zero_are_refused_naming_the_flag() {
+        for (flag, value) in [
+            ("--missed-max", "0"),
+            ("--timeout", "0s"),
+            ("--retry-backoff", "0s"),
+            ("--misfire-threshold", "0s"),
+            ("--starting-deadline", "0s"),
+        ] {
+            let args = [
+                "leader", "cron", "--name", "jobs", "--every", "1m", flag, value,
+            ];
+            let err = Cli::try_parse_from(args.iter().chain(&["--", "true"]))
+                .map(|_| ())
+                .expect_err(flag);
+            assert!(err.to_string().contains(flag), "{flag}: {err}");
+            assert_eq!(err.exit_code(), 2, "{flag}");
+        }
+        let args = [
+            "leader",
+            "cron",
+            "--name",
+            "jobs",
+            "--every",
+            "1m",
+            "--timeout",
+            "5m",
+        ];
+        assert!(Cli::try_parse_from(args.iter().chain(&["--", "true"])).is_ok());
     }
 }

@@ -213,16 +213,16 @@ impl Outcome {
     }
 }
 
-/// On SIGTERM or SIGINT: with `handover_to`, a leader hands its lease over (COMMAND stopped,
-/// the lease released to that replica) before shutting down; otherwise a plain shutdown, which
-/// stops COMMAND and releases the lease.
+/// On SIGTERM, SIGINT or SIGHUP: with `handover_to`, a leader hands its lease over (COMMAND
+/// stopped, the lease released to that replica) before shutting down; otherwise a plain
+/// shutdown, which stops COMMAND and releases the lease.
 async fn on_signal(
     shutdown: CancellationToken,
     stopping: CancellationToken,
     mut state: watch::Receiver<LeaderState>,
     handover_to: Option<String>,
 ) {
-    leader_core::shutdown_signal().await;
+    stop_signal().await;
     stopping.cancel();
     let leading = state.borrow().leadership().cloned();
     if let (Some(to), Some(leadership)) = (handover_to, leading)
@@ -236,6 +236,43 @@ async fn on_signal(
         tracing::info!("signal received: stopping COMMAND and releasing the lease");
     }
     shutdown.cancel();
+}
+
+/// Resolves on the signals that stop `leader`: SIGTERM, SIGINT, and SIGHUP ([`hangup`]).
+pub(crate) async fn stop_signal() {
+    tokio::select! {
+        () = leader_core::shutdown_signal() => {}
+        () = hangup() => {}
+    }
+}
+
+/// Resolves on SIGHUP: the terminal or ssh session `leader` ran in was closed, which would
+/// otherwise kill it without a release or COMMAND's grace. Never, when `leader` was started with
+/// SIGHUP ignored (`nohup`): whoever started it asked for it to outlive its session.
+async fn hangup() {
+    use tokio::signal::unix::{SignalKind, signal};
+    if ignored_at_start(nix::sys::signal::Signal::SIGHUP) {
+        return std::future::pending().await;
+    }
+    match signal(SignalKind::hangup()) {
+        Ok(mut hangup) => {
+            hangup.recv().await;
+        }
+        Err(_) => std::future::pending().await,
+    }
+}
+
+/// Whether this process ignores `signal` (`SigIgn` of `/proc/self/status`, the mask it was
+/// started with until a handler is installed); false where that cannot be read.
+fn ignored_at_start(signal: nix::sys::signal::Signal) -> bool {
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+        return false;
+    };
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("SigIgn:"))
+        .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+        .is_some_and(|mask| mask & (1 << (signal as i32 - 1)) != 0)
 }
 
 #[cfg(test)]

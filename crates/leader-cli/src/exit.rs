@@ -1,6 +1,6 @@
 //! The exit codes of `leader`, besides COMMAND's own; the README's table lists them.
 
-/// Success: shut down by SIGTERM or SIGINT, COMMAND stopped and the lease released.
+/// Success: shut down by SIGTERM, SIGINT or SIGHUP, COMMAND stopped and the lease released.
 pub(crate) const OK: u8 = 0;
 /// An unexpected failure.
 pub(crate) const FAILURE: u8 = 1;

@@ -121,7 +121,7 @@ pub(crate) async fn run(args: ElectionArgs, membership: Membership, command: Vec
     tokio::spawn({
         let shutdown = shutdown.clone();
         async move {
-            leader_core::shutdown_signal().await;
+            crate::election::stop_signal().await;
             tracing::info!(
                 "signal received: stopping every shard's COMMAND and releasing the shards"
             );

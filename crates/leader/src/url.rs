@@ -152,8 +152,8 @@ pub const BACKENDS: &[Backend] = &[
         name: "Redis",
         feature: "redis",
         crate_name: "leader-redis",
-        description: "a hash in one Redis (`rediss://`: TLS); `prefix` for its keys; other \
-                      parameters are the driver's",
+        description: "a hash in one Redis (`rediss://`: TLS), the database as the path; `prefix` for \
+                      its keys, `protocol` for the driver",
         example: "redis://:secret@cache:6379/0?prefix=myapp:",
         #[cfg(feature = "redis")]
         parse: Some(leader_redis::LockUrl::target),
