@@ -96,7 +96,12 @@ impl EtcdStoreBuilder {
             .with_require_leader(true)
             .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5));
         if let Some((user, password)) = &self.user {
-            options = options.with_user(user, password);
+            // A token etcd no longer takes (a simple token unused for `--auth-token-ttl`, a JWT
+            // past its TTL, a token lost in a restart) is replaced by logging in again and
+            // sending the request once more: the server refused it before doing anything.
+            options = options
+                .with_user(user, password)
+                .with_auto_token_refresh(true);
         }
         let https = self.endpoints.iter().any(|e| e.starts_with("https://"));
         if let Some(tls) = self.tls {

@@ -38,3 +38,25 @@ async fn passwords_with_plus_ampersand_and_equals_log_in() {
             .unwrap_or_else(|err| panic!("{url}: {err}"));
     }
 }
+
+/// A token that expired (etcd forgets a simple token after `--auth-token-ttl` without use; a
+/// JWT after its TTL) is replaced by logging in again: a holder whose renewals go on the lease's
+/// keep-alive stream sends no other request for a whole term, and its next one (a release, a
+/// read as a candidate) once failed with "invalid auth token" until the process restarted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_auth_token_is_replaced_by_logging_in_again() {
+    let Some(etcd) = PrivateEtcd::start_with(&["--auth-token-ttl", "1"]) else {
+        return;
+    };
+    etcd.enable_auth(PASSWORD).await;
+    let store = leader_etcd::EtcdStore::builder([etcd.endpoint()])
+        .user("root", PASSWORD)
+        .build()
+        .await
+        .expect("store");
+    let lock = store.lock("expiring", "a");
+    lock.get().await.expect("a read with a new token");
+    // Past the token's TTL, and past the server's check of it (every TTL).
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    lock.get().await.expect("a read after the token expired");
+}

@@ -75,11 +75,18 @@ pub struct PrivateEtcd {
     peer_port: u16,
     pub dir: std::path::PathBuf,
     child: Option<Child>,
+    /// More flags of the server's.
+    flags: Vec<String>,
 }
 
 impl PrivateEtcd {
     /// Starts one, or `None` (outside CI) when the `etcd` binary is missing.
     pub fn start() -> Option<Self> {
+        Self::start_with(&[])
+    }
+
+    /// As [`start`](Self::start), with more of the server's flags.
+    pub fn start_with(flags: &[&str]) -> Option<Self> {
         if !leader_test_support::tool_or_skip("etcd", "scripts/setup installs etcd-server") {
             return None;
         }
@@ -90,6 +97,7 @@ impl PrivateEtcd {
             peer_port: free(),
             dir,
             child: None,
+            flags: flags.iter().map(|&flag| flag.to_owned()).collect(),
         };
         etcd.resume();
         Some(etcd)
@@ -136,6 +144,7 @@ impl PrivateEtcd {
                 &peer,
             ])
             .args(["--initial-cluster", &format!("private={peer}")])
+            .args(&self.flags)
             .env("ETCD_UNSUPPORTED_ARCH", "arm64")
             .stdout(Stdio::null())
             .stderr(Stdio::null())
