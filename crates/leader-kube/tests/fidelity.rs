@@ -179,7 +179,8 @@ async fn fencing_tokens(target: &Target) {
 }
 
 /// Item 2: a release writes what client-go's release writes (no holder, a 1 s lease), so that
-/// other clients, which wait out the stored duration, take over at once.
+/// other clients, which wait out the stored duration, take over at once; one that hands over
+/// keeps its lease, which the candidates stand back for.
 async fn release_as_client_go(target: &Target) {
     let name = Target::unique("release");
     let mut elector = Candidate::start(target.lock(&name, "rust-1"));
@@ -193,6 +194,36 @@ async fn release_as_client_go(target: &Target) {
     let released = target.get(&name).await;
     assert_eq!(released["spec"]["holderIdentity"], "");
     assert_eq!(released["spec"]["leaseDurationSeconds"], 1);
+
+    // A release that hands over keeps the lease: the candidates that see the request stand
+    // back for it from then, where a 1 s lease cut the stand-back to a second (client-go's
+    // candidates take a Lease without a holder whatever its duration).
+    let mut elector = Candidate::start(target.lock(&name, "rust-1"));
+    elector.wait_leading(Duration::from_secs(5)).await;
+    let leadership = elector.leadership().await;
+    leadership.hand_over("away").expect("leading");
+    drop(leadership);
+    // The release follows the end of the term's work.
+    let mut handed = target.get(&name).await;
+    for _ in 0..100 {
+        if handed["spec"]["holderIdentity"] == "" {
+            break;
+        }
+        sleep(Duration::from_millis(50)).await;
+        handed = target.get(&name).await;
+    }
+    assert_eq!(handed["spec"]["holderIdentity"], "", "{handed}");
+    assert_eq!(handed["spec"]["leaseDurationSeconds"], 3, "{handed}");
+    let other = Candidate::start(target.lock(&name, "rust-2"));
+    other
+        .stays_alive_without_leading(Duration::from_secs(2))
+        .await;
+    assert!(
+        elector.leading_token().is_none(),
+        "the old leader took it back"
+    );
+    other.stop().await;
+    elector.stop().await;
     target.cleanup(&[&name]).await;
 }
 

@@ -13,8 +13,11 @@ use crate::time::{chrono_of, micro};
 /// The Lease spec for a record, as client-go writes it over the spec `old` (if any).
 pub(super) fn spec_of(record: &LeaderElectionRecord, old: Option<&LeaseSpec>) -> LeaseSpec {
     // Whole seconds in the API: round up, so that followers never wait less than asked. A
-    // release writes 1 s, as client-go does: others take a free Lease over at once.
-    let seconds = if record.is_free() {
+    // release writes 1 s, as client-go does: others take a free Lease over at once. One that
+    // hands over (or reserves the Lease for its holder's return) keeps the lease, which the
+    // candidates stand back for from when they see the request (client-go's candidates take a
+    // Lease without a holder whatever its duration).
+    let seconds = if record.is_free() && record.handover_to().is_none() {
         1
     } else {
         record.lease_duration.as_millis().div_ceil(1000).max(1)
