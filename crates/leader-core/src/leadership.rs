@@ -122,7 +122,10 @@ impl ExtensionChanges {
 #[derive(Clone, Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ExtensionError {
-    /// The term ended (or the record is no longer this term's): nothing was written by it.
+    /// The term ended (or the record is no longer this term's) before the write was
+    /// confirmed. Mostly nothing was written; but a request in flight when the term's deadline
+    /// passed, or answered after it, may have reached the store: treat the write as unknown,
+    /// as the next term, which reads the record, does.
     #[error(transparent)]
     Lost(#[from] LeadershipLost),
     /// The lock failed; the write may or may not have reached the store, and the term goes on

@@ -69,7 +69,16 @@ impl LockUrl {
     /// # Errors
     /// As [`BucketStoreBuilder::build`](crate::BucketStoreBuilder::build).
     pub fn store(&self) -> Result<BucketStore, LockError> {
-        BucketStore::from_url(&self.store_url).build()
+        // The URL's prefix as it is, also when empty: `s3://b/job` is the object `job`, not
+        // the store's default prefix's `leader/job`.
+        let prefix = self
+            .store_url
+            .splitn(4, '/')
+            .nth(3)
+            .unwrap_or(DEFAULT_PREFIX);
+        BucketStore::from_url(&self.store_url)
+            .prefix(prefix)
+            .build()
     }
 }
 
@@ -141,6 +150,24 @@ mod tests {
             let parsed = LockUrl::parse(url).expect(url);
             assert_eq!(parsed.store_url, store, "{url}");
             assert_eq!(parsed.object(), object, "{url}");
+        }
+    }
+
+    /// The object a URL names is the key its lock writes: `s3://b/job` is `job`, not the
+    /// default prefix's `leader/job`, which a policy granting `b/job` would refuse.
+    #[test]
+    fn the_object_named_is_the_key_written() {
+        crate::ensure_crypto_provider();
+        for (url, key) in [
+            ("s3://b/job", "job"),
+            ("s3://b/a/b/job", "a/b/job"),
+            ("s3://b/locks/", "locks/job"),
+            ("s3://b", "leader/job"),
+        ] {
+            let parsed = LockUrl::parse(url).expect(url);
+            let store = parsed.store().expect(url);
+            let object = parsed.object().unwrap_or("job");
+            assert_eq!(store.lock(object, "a").key(), key, "{url}");
         }
     }
 
