@@ -54,6 +54,19 @@ pub fn assert_hidden(url: &str, text: &str) {
     );
 }
 
+/// Panics unless `parse` refuses each `(url, expected)` of `cases` with an error whose text
+/// contains `expected` and does not show the password, which every case writes as `secret`.
+pub fn assert_refused<T: std::fmt::Debug, E: std::fmt::Display>(
+    parse: impl Fn(&str) -> Result<T, E>,
+    cases: &[(&str, &str)],
+) {
+    for &(url, expected) in cases {
+        let err = parse(url).expect_err(url).to_string();
+        assert!(err.contains(expected), "{url}: {err}");
+        assert!(!err.contains("secret"), "{url}: {err}");
+    }
+}
+
 /// Panics when parsing `url` shows a part of its password: the error by its `Display` and
 /// `Debug`, or the parsed URL by its description and `Debug`. The parsed URL, for more checks.
 pub fn assert_parsed_hidden<P, E>(url: &str, parsed: Result<P, E>) -> Option<P>
