@@ -403,6 +403,45 @@ async fn static_membership_under_a_replica_sets_pod_name_is_warned_of_once() {
     }
 }
 
+/// An outage of the store is logged as the elector logs one (S9): a line when it starts and
+/// a summary every 10 s, not a line per failed request of every round.
+#[tokio::test(start_paused = true)]
+async fn an_outage_is_logged_in_a_few_lines() {
+    let logs = Logs::default();
+    let _guard = logs.capture();
+    let (store, faults) = (MemoryStore::new(), Faults::new());
+    let every = faults.clone();
+    let locks = KeyedLocks::new("a", "memory", move |key, identity| {
+        Arc::new(FaultyLock::with_faults(
+            store.lock(key, identity),
+            every.clone(),
+        ))
+    });
+    let shards = Shards::builder(NAME, 4, locks)
+        .timings(TIMINGS)
+        .build()
+        .expect("valid configuration");
+    let state = shards.subscribe();
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(shards.run(shutdown.clone()));
+    until(Duration::from_secs(30), || state.borrow().owned.len() == 4)
+        .await
+        .expect("all shards taken");
+    faults.fail_all(Some(Fault::Unavailable));
+    sleep(Duration::from_secs(60)).await;
+    let lines = logs.lines_with("shard set request");
+    assert!(!lines.is_empty(), "the outage was not logged");
+    // The start, and a summary at most every 10 s.
+    assert!(
+        lines.len() <= 8,
+        "{} lines in a minute: {lines:#?}",
+        lines.len()
+    );
+    faults.fail_all(None);
+    shutdown.cancel();
+    task.await.expect("member task").expect("left");
+}
+
 /// A drained member whose shard terms lapsed (its shard requests failed while its member
 /// record lived on) starts no term of them again when its requests come back: it frees them,
 /// and the member that should own them takes them.

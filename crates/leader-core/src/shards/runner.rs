@@ -28,6 +28,7 @@ use crate::leadership::{Leadership, StepDown, StepDownReason, TermDeadline, Term
 use crate::lock::ResourceLock;
 use crate::metrics as m;
 use crate::record::Observed;
+use crate::retry::{FailureLog, LogLine};
 
 mod claims;
 mod handing;
@@ -213,6 +214,9 @@ struct Context {
     /// reported when it turns unreadable (or its error changes) and when it is read again,
     /// not every round.
     unreadable: HashMap<String, String>,
+    /// The failed requests of an outage, logged as the elector logs them (S9): when it starts
+    /// or changes, in a summary every 10 s, and when it ends; not one line per request.
+    failures: FailureLog,
 }
 
 impl Context {
@@ -231,9 +235,38 @@ impl Context {
         )
     }
 
-    fn report(&self, operation: &'static str, err: &LockError) {
+    /// A failed request: counted in the errors metric each time, logged as [`FailureLog`] says.
+    fn report(&mut self, operation: &'static str, err: &LockError) {
         m::error(&self.config.name, operation, err.kind());
-        tracing::warn!(shards = self.config.name, operation, error = %err, "shard set request failed");
+        let shards = &self.config.name;
+        // One outage whatever the request: a round's renewals, reads and claims alternate,
+        // and each change of operation would otherwise be logged as a new kind of failure.
+        match self.failures.failed("shard set", err) {
+            LogLine::Started => {
+                tracing::warn!(shards, operation, error = %err, "shard set request failed");
+            }
+            LogLine::Changed => {
+                tracing::warn!(shards, operation, error = %err, "shard set request failed differently");
+            }
+            LogLine::Summary { count, since } => tracing::warn!(
+                shards,
+                operation,
+                failures = count,
+                since = ?since,
+                last_error = %err,
+                "shard set requests still failing"
+            ),
+            LogLine::Quiet | LogLine::Recovered { .. } => {
+                tracing::debug!(shards, operation, error = %err, "shard set request failed");
+            }
+        }
+    }
+
+    /// A read of the set the store answered: an outage, if any, is over.
+    fn report_success(&mut self) {
+        if let LogLine::Recovered { count, lasted } = self.failures.succeeded() {
+            tracing::info!(shards = self.config.name, failures = count, lasted = ?lasted, "shard set requests succeed again");
+        }
     }
 
     /// Record `key` could not be read (S8): counted in the errors metric each time, said in
@@ -318,6 +351,7 @@ impl Runner {
                 state,
                 count,
                 unreadable: HashMap::new(),
+                failures: FailureLog::default(),
             },
             terms: terms::Terms::new(),
             membership: members::Membership::new(),
@@ -433,6 +467,7 @@ impl Runner {
         match self.read(full, renew).await {
             Ok(view) => {
                 self.attempts.succeeded();
+                self.cx.report_success();
                 self.act(view).await?;
                 Ok(true)
             }
