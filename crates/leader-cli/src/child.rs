@@ -84,11 +84,14 @@ impl Program {
 
 /// The executable the supervisor runs: this one. On Linux `/proc/self/exe`, which names this
 /// process's executable even once its file was replaced or removed (an upgrade of `leader` while
-/// it runs), where the path it was started from would start another release, or nothing.
+/// it runs), where the path it was started from would start another release, or nothing; that
+/// path where `/proc` is not mounted.
 fn this_executable() -> io::Result<std::path::PathBuf> {
-    if cfg!(target_os = "linux") {
-        Ok("/proc/self/exe".into())
+    let own = std::path::Path::new("/proc/self/exe");
+    if cfg!(target_os = "linux") && own.exists() {
+        Ok(own.into())
     } else {
+        // No `/proc` (a chroot without it): the path it was started from.
         std::env::current_exe()
     }
 }
