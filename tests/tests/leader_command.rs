@@ -11,6 +11,7 @@ use std::process::{ExitStatus, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
+use leader_tests::harness::campaign::process_gone;
 use leader_tests::{
     TermEvent as Event, now_ns as now, nth_start, on_each_backend, term_events as events,
 };
@@ -691,14 +692,6 @@ async fn the_exit_code_of_command_is_passed_through() {
     );
 }
 
-/// Whether process `pid` runs (a zombie, ended and waiting for its parent, does not).
-fn running(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-        stat.rsplit_once(") ")
-            .is_some_and(|(_, fields)| !fields.starts_with('Z'))
-    })
-}
-
 /// The pid a shell wrote to `path`, waited for.
 async fn pid_in(path: &Path) -> i32 {
     let started = tokio::time::Instant::now();
@@ -747,7 +740,7 @@ async fn what_command_left_running_is_stopped_before_the_release() {
         assert_eq!(status.code(), Some(3), "{case}");
         let pid = pid_in(&pidfile).await;
         assert!(
-            !running(pid),
+            process_gone(pid),
             "{case}: COMMAND's background process outlived leader"
         );
         if case == "ignores-sigterm" {
@@ -789,7 +782,7 @@ async fn the_grace_covers_what_a_wrapper_started() {
         finished.exists(),
         "the program the wrapper started was killed before it finished its shutdown"
     );
-    assert!(!running(program_pid));
+    assert!(process_gone(program_pid));
 }
 
 /// `leader status` reads a record whose lease runs past the calendar's end (another client's

@@ -160,11 +160,17 @@ impl Drop for Watchdog {
     }
 }
 
+/// The fields of `/proc/PID/stat` after the command name (the state first), if the process
+/// exists.
+fn stat_fields(pid: Pid) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    Some(stat.rsplit_once(") ")?.1.to_owned())
+}
+
 /// When process `pid` started (clock ticks since boot, `/proc/PID/stat`), if it exists.
 fn started_at(pid: Pid) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // Field 22, the 20th after the command name.
-    stat.rsplit_once(") ")?.1.split(' ').nth(19)?.parse().ok()
+    stat_fields(pid)?.split(' ').nth(19)?.parse().ok()
 }
 
 fn watch(
@@ -389,10 +395,7 @@ fn others_in_group(group: Pid) -> Vec<Pid> {
 /// Whether process `pid` runs, and in `group` (`/proc/PID/stat`: the state, then the group as
 /// the third field after the command name).
 fn in_group(pid: Pid, group: Pid) -> bool {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return false;
-    };
-    let Some((_, fields)) = stat.rsplit_once(") ") else {
+    let Some(fields) = stat_fields(pid) else {
         return false;
     };
     let mut fields = fields.split(' ');

@@ -24,7 +24,7 @@ pub(super) fn process_state(pid: i32) -> Option<char> {
 }
 
 /// Gone, or a zombie nobody reaped yet: it runs no more code either way.
-pub(crate) fn process_gone(pid: i32) -> bool {
+pub fn process_gone(pid: i32) -> bool {
     matches!(process_state(pid), None | Some('Z' | 'X'))
 }
 
