@@ -125,6 +125,12 @@ impl LeaderElectorBuilder {
     /// token is at least this and greater than every earlier one of the lock (S5). When moving
     /// an election to a new store, set it above the highest token the old store gave, so that
     /// downstream stores that fence on the token keep refusing the old leaders' writes.
+    ///
+    /// A record deleted under a running election (by hand, by a bucket's lifecycle rule, by a
+    /// cache's eviction) needs no floor: each candidate takes a token above every one it saw.
+    /// A candidate started after the deletion saw none; where a store keeps no token beside
+    /// the record and such a deletion may happen, a floor that grows with time (seconds since
+    /// the epoch, say) keeps its tokens up too.
     pub fn fencing_token_floor(mut self, floor: u64) -> Self {
         self.lease.fencing_token_floor = floor;
         self

@@ -39,13 +39,50 @@ pub(crate) struct Sighting {
 /// # Errors
 /// [`LockError::InvalidRecord`] for a record whose token is `u64::MAX`.
 pub(crate) fn next_token(record: &LeaderElectionRecord) -> Result<u64, LockError> {
-    record.leader_transitions.checked_add(1).ok_or_else(|| {
-        LockError::invalid_record(
-            "lock",
-            "the record's fencing token is the largest there is: no token above it can be \
-             given out (was it written by hand?)",
-        )
-    })
+    record
+        .leader_transitions
+        .checked_add(1)
+        .ok_or_else(tokens_run_out)
+}
+
+fn tokens_run_out() -> LockError {
+    LockError::invalid_record(
+        "lock",
+        "the record's fencing token is the largest there is: no token above it can be given \
+         out (was it written by hand?)",
+    )
+}
+
+/// The largest fencing token a candidate saw in one record, read or written, for as long as
+/// it runs (S5). Its acquisitions take a token above it, so a record deleted under the
+/// election (by hand, by a bucket's lifecycle rule, by a cache's eviction) and written anew
+/// does not give out the tokens it gave out before, to a candidate that saw them. One that
+/// never saw them (started after the deletion, or whose last read came before the last
+/// acquisition) cannot know them: the configured floor is for that.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct TokensSeen {
+    highest: u64,
+}
+
+impl TokensSeen {
+    /// Takes note of the token of `record`, read or written.
+    pub(crate) fn see(&mut self, record: &LeaderElectionRecord) {
+        self.highest = self.highest.max(record.leader_transitions);
+    }
+
+    /// The token of an acquisition that takes over `record`, or, without one, that creates
+    /// the record or asks the store for its next token: above the record's and above every
+    /// token seen.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidRecord`] when a token seen is `u64::MAX`.
+    pub(crate) fn next(&self, record: Option<&LeaderElectionRecord>) -> Result<u64, LockError> {
+        let above_seen = self.highest.checked_add(1).ok_or_else(tokens_run_out)?;
+        match record {
+            Some(record) => Ok(next_token(record)?.max(above_seen)),
+            None => Ok(above_seen),
+        }
+    }
 }
 
 /// The record that `me` writes to take a lease with token `token` (from [`next_token`], or
@@ -544,7 +581,8 @@ mod tests {
         Renew(usize),
         /// The holder releases, handing over to a candidate or not.
         Release(usize, Option<usize>),
-        /// The store drops a free record (a TTL's tidy-up): S5's floor keeps tokens up.
+        /// The store drops a free record (a TTL's tidy-up): the tokens the candidates saw
+        /// keep theirs up (S5).
         Delete,
     }
 
@@ -565,17 +603,29 @@ mod tests {
     #[derive(Default)]
     struct Candidate {
         seen: Option<(Observed, Sighting)>,
+        tokens: TokensSeen,
         in_flight: Option<Option<Observed>>,
         /// The token and end of the term it holds: the start of its last successful write
         /// plus the renew deadline (S3).
         term: Option<(u64, Instant)>,
     }
 
+    /// A term of the model: its holder, token, start and end, and whether a record was
+    /// deleted before it was taken by a candidate that had not seen every token written.
+    #[derive(Debug)]
+    struct ModelTerm {
+        holder: usize,
+        token: u64,
+        start: Instant,
+        end: Instant,
+        blind: bool,
+    }
+
     /// Runs `steps` against a store that keeps one record and compares versions, with
     /// candidates that follow the rules of this module: `Sighting` for expiry and stand-back,
-    /// `next_token`, `acquisition` and `released` for what they write, `is_term` for whether a
-    /// term is still theirs. Returns each term taken: holder, token, start, end.
-    fn model(steps: &[Step], candidates: usize) -> Vec<(usize, u64, Instant, Instant)> {
+    /// `TokensSeen`, `acquisition` and `released` for what they write, `is_term` for whether a
+    /// term is still theirs. Returns each term taken.
+    fn model(steps: &[Step], candidates: usize) -> Vec<ModelTerm> {
         let lease = LeaseSettings::default()
             .check()
             .expect("the default settings");
@@ -584,8 +634,10 @@ mod tests {
         let mut now = start;
         let mut store: Option<Observed> = None;
         let mut writes = 0u64;
-        // The largest token written: a deleted record's floor (S5).
-        let mut floor = 0u64;
+        // The largest token written, and whether a record was deleted: what a candidate
+        // that never saw that token cannot know.
+        let mut largest = 0u64;
+        let mut deleted = false;
         let write =
             |store: &mut Option<Observed>, writes: &mut u64, record: LeaderElectionRecord| {
                 *writes += 1;
@@ -606,6 +658,9 @@ mod tests {
                     let Some(answer) = cs[c].in_flight.take() else {
                         continue;
                     };
+                    if let Some(observed) = &answer {
+                        cs[c].tokens.see(&observed.record);
+                    }
                     cs[c].seen = answer.map(|observed| match cs[c].seen.take() {
                         Some((_, mut seen)) => {
                             seen.see(&observed, now);
@@ -631,26 +686,37 @@ mod tests {
                                     now,
                                 ) =>
                         {
-                            let Ok(token) = next_token(&observed.record) else {
+                            let Ok(token) = cs[c].tokens.next(Some(&observed.record)) else {
                                 continue;
                             };
                             (Some(observed.clone()), token)
                         }
                         Some(_) => continue,
-                        None => (None, floor + 1),
+                        None => match cs[c].tokens.next(None) {
+                            Ok(token) => (None, token),
+                            Err(_) => continue,
+                        },
                     };
                     // The compare-and-swap on the version read (a create when none was).
                     if store.as_ref().map(|o| &o.version) != base.as_ref().map(|o| &o.version) {
                         continue;
                     }
                     let record = acquisition(&me, &lease, token, base.as_ref().map(|o| &o.record));
+                    let blind = deleted && cs[c].tokens.highest < largest;
                     let stored = write(&mut store, &mut writes, record);
                     let token = stored.record.leader_transitions;
-                    floor = floor.max(token);
+                    largest = largest.max(token);
                     let end = now + lease.renew_deadline;
                     cs[c].term = Some((token, end));
+                    cs[c].tokens.see(&stored.record);
                     cs[c].seen = Some((stored.clone(), Sighting::new(&stored, now)));
-                    terms.push((c, token, now, end));
+                    terms.push(ModelTerm {
+                        holder: c,
+                        token,
+                        start: now,
+                        end,
+                        blind,
+                    });
                 }
                 Step::Renew(c) => {
                     let Some((token, end)) = cs[c].term else {
@@ -673,7 +739,7 @@ mod tests {
                     let end = now + lease.renew_deadline;
                     cs[c].term = Some((token, end));
                     cs[c].seen = Some((stored.clone(), Sighting::new(&stored, now)));
-                    terms.last_mut().expect("a term").3 = end;
+                    terms.last_mut().expect("a term").end = end;
                 }
                 Step::Release(c, to) => {
                     let Some((token, _)) = cs[c].term.take() else {
@@ -686,11 +752,12 @@ mod tests {
                     let mut record = released(&current.record, lease.wall_clock.now());
                     record.preferred_holder = to.map(name);
                     write(&mut store, &mut writes, record);
-                    terms.last_mut().expect("a term").3 = now;
+                    terms.last_mut().expect("a term").end = now;
                 }
                 Step::Delete => {
                     if store.as_ref().is_some_and(|o| o.record.is_free()) {
                         store = None;
+                        deleted = true;
                     }
                 }
             }
@@ -713,7 +780,8 @@ mod tests {
 
         /// Whatever the order of reads, late answers, takes, renewals, releases, deletions and
         /// clock readings: no two terms overlap, and every term's token is above every earlier
-        /// one's, also after the record was deleted.
+        /// one's, also after the record was deleted, unless the candidate that took it never
+        /// saw the largest token (only a floor kept outside the record can know that one).
         #[test]
         fn no_two_terms_overlap_and_tokens_never_go_back(
             candidates in 2usize..4,
@@ -730,8 +798,8 @@ mod tests {
             let terms = model(&steps, candidates);
             for (i, a) in terms.iter().enumerate() {
                 for b in &terms[i + 1..] {
-                    prop_assert!(b.2 >= a.3, "term {b:?} starts before {a:?} ends");
-                    prop_assert!(b.1 > a.1, "token {} after {}", b.1, a.1);
+                    prop_assert!(b.start >= a.end, "term {b:?} starts before {a:?} ends");
+                    prop_assert!(b.token > a.token || b.blind, "token {} after {}", b.token, a.token);
                 }
             }
         }
@@ -749,9 +817,31 @@ mod tests {
         ];
         let terms = model(&steps, 2);
         assert_eq!(terms.len(), 2, "b takes after a whole lease: {terms:?}");
-        assert!(terms[1].2 >= terms[0].3);
+        assert!(terms[1].start >= terms[0].end);
+        assert_eq!(terms[1].holder, 1);
         // Without the wait, the rules refuse b.
         let steps = [Step::Take(0), Step::Read(1), Step::Answer(1), Step::Take(1)];
         assert_eq!(model(&steps, 2).len(), 1);
+    }
+
+    /// A record deleted and written anew keeps the tokens up for a candidate that saw them,
+    /// and only for one that did.
+    #[tokio::test(start_paused = true)]
+    async fn in_the_model_a_deleted_record_gives_no_token_again_to_who_saw_it() {
+        let freed = [Step::Take(0), Step::Release(0, None)];
+        let saw = [
+            Step::Read(1),
+            Step::Answer(1),
+            Step::Delete,
+            Step::Read(1),
+            Step::Answer(1),
+            Step::Take(1),
+        ];
+        let terms = model(&[&freed[..], &saw[..]].concat(), 2);
+        assert_eq!(terms.len(), 2, "{terms:?}");
+        assert_eq!((terms[1].token, terms[1].blind), (2, false));
+        let did_not_see = [Step::Delete, Step::Take(1)];
+        let terms = model(&[&freed[..], &did_not_see[..]].concat(), 2);
+        assert_eq!((terms[1].token, terms[1].blind), (1, true));
     }
 }

@@ -492,6 +492,29 @@ async fn a_leader_whose_record_was_taken_steps_down() {
     assert!(record.is_held_by("intruder"));
 }
 
+/// S5: a record deleted under the election (by hand, by a bucket's lifecycle rule, by a
+/// cache's eviction) and written anew gives out no token a candidate saw: the next term's
+/// token is above the last one seen, not 1 again.
+#[tokio::test(start_paused = true)]
+async fn a_deleted_record_gives_out_no_token_seen_again() {
+    let store = MemoryStore::new();
+    let mut a = Candidate::build(builder(store.lock("election", "a")));
+    let b = Candidate::build(builder(store.lock("election", "b")));
+    let first = a.leadership().await;
+    write_holder(&store, "intruder", LEASE, 7).await;
+    first.lost().await;
+    drop(first);
+    sleep(RETRY * 2).await;
+    store.delete("election");
+    while !a.is_leading() && !b.is_leading() {
+        sleep(RETRY).await;
+    }
+    let record = stored_record(&store, "election").await;
+    assert_eq!(record.leader_transitions, 8, "{record:?}");
+    a.stop().await;
+    b.stop().await;
+}
+
 /// Outages and bad data are reported and retried; the elector recovers when they are gone, and
 /// never overwrites a record it could not read (S8).
 #[tokio::test(start_paused = true)]

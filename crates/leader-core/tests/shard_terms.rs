@@ -8,7 +8,10 @@ use std::time::Duration;
 
 use leader_core::backend::KeyedLocks;
 use leader_core::faults::{Faults, FaultyLock};
-use leader_core::{CancellationToken, MemoryStore, Shards, ShardsState, StepDownReason, Timings};
+use leader_core::{
+    CancellationToken, MemoryStore, Shards, ShardsBuilder, ShardsError, ShardsState,
+    StepDownReason, Timings,
+};
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep};
 
@@ -53,20 +56,14 @@ async fn a_renewal_that_timed_out_after_reaching_the_store_keeps_the_shards() {
     const COUNT: u32 = 4;
     let store = MemoryStore::new();
     let faults = Faults::new();
-    let stopped = Arc::new(Mutex::new(Vec::new()));
-    let shards = Shards::builder("jobs", COUNT, locks(&store, "a", &faults))
-        .timings(TIMINGS)
-        .request_timeout(Duration::from_secs(2))
-        .on_shard_stopped({
-            let stopped = stopped.clone();
-            move |shard, stop| stopped.lock().unwrap().push((shard, stop.reason))
-        })
-        .build()
-        .unwrap();
-    let state = shards.subscribe();
-    let shutdown = CancellationToken::new();
-    let task =
-        tokio::spawn(shards.run_per_shard(shutdown.clone(), |_, _| std::future::pending::<()>()));
+    let Running {
+        state,
+        stopped,
+        shutdown,
+        task,
+    } = run(&store, &faults, COUNT, |b| {
+        b.request_timeout(Duration::from_secs(2))
+    });
     assert!(
         until(Duration::from_secs(30), || state.borrow().tokens().len()
             == COUNT as usize)
@@ -103,6 +100,42 @@ async fn a_renewal_that_timed_out_after_reaching_the_store_keeps_the_shards() {
     assert!(late, "renewals still fail a lease later");
     shutdown.cancel();
     task.await.unwrap().unwrap();
+}
+
+/// Member `a` of set `jobs`, running work that never ends on its shards.
+struct Running {
+    state: watch::Receiver<ShardsState>,
+    /// Each shard whose term ended, with why, in order.
+    stopped: Arc<Mutex<Vec<(u32, StepDownReason)>>>,
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<Result<(), ShardsError>>,
+}
+
+/// Starts member `a` of set `jobs` of `count` shards with [`TIMINGS`], as `configure` sets it.
+fn run(
+    store: &MemoryStore,
+    faults: &Faults,
+    count: u32,
+    configure: impl FnOnce(ShardsBuilder) -> ShardsBuilder,
+) -> Running {
+    let stopped = Arc::new(Mutex::new(Vec::new()));
+    let builder = Shards::builder("jobs", count, locks(store, "a", faults))
+        .timings(TIMINGS)
+        .on_shard_stopped({
+            let stopped = stopped.clone();
+            move |shard, stop| stopped.lock().unwrap().push((shard, stop.reason))
+        });
+    let shards = configure(builder).build().unwrap();
+    let state = shards.subscribe();
+    let shutdown = CancellationToken::new();
+    let task =
+        tokio::spawn(shards.run_per_shard(shutdown.clone(), |_, _| std::future::pending::<()>()));
+    Running {
+        state,
+        stopped,
+        shutdown,
+        task,
+    }
 }
 
 fn renewals(faults: &Faults) -> usize {
@@ -190,6 +223,50 @@ async fn work_that_keeps_ending_is_taken_again_after_a_growing_back_off() {
         "a give-up after a long run waited {wait:?}"
     );
     drop(state);
+    shutdown.cancel();
+    task.await.unwrap().unwrap();
+}
+
+/// S5: a shard's record deleted under its term (by hand, by a bucket's lifecycle rule, by a
+/// cache's eviction) ends the term, and the member's next term on it takes a token above the
+/// last one it saw, not 1 again; a shard it did not lose keeps its term.
+#[tokio::test]
+async fn a_deleted_shard_record_gives_out_no_token_seen_again() {
+    tokio::time::pause();
+    let store = MemoryStore::new();
+    let Running {
+        state,
+        stopped,
+        shutdown,
+        task,
+    } = run(&store, &Faults::new(), 2, |b| b);
+    assert!(
+        until(Duration::from_secs(30), || state.borrow().tokens().len()
+            == 2)
+        .await,
+        "a took both shards"
+    );
+    let before = state.borrow().tokens();
+    store.delete("jobs-shard-0");
+    assert!(
+        until(TIMINGS.lease_duration * 3, || !stopped
+            .lock()
+            .unwrap()
+            .is_empty()
+            && state.borrow().tokens().len() == 2)
+        .await,
+        "shard 0's term did not end, or was not taken again"
+    );
+    let after = state.borrow().tokens();
+    assert!(
+        after[&0] > before[&0],
+        "shard 0: token {} then {}",
+        before[&0],
+        after[&0]
+    );
+    assert_eq!(after[&1], before[&1], "shard 1's term changed");
+    let ended: Vec<u32> = stopped.lock().unwrap().iter().map(|(s, _)| *s).collect();
+    assert_eq!(ended, vec![0]);
     shutdown.cancel();
     task.await.unwrap().unwrap();
 }

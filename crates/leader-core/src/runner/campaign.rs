@@ -18,7 +18,7 @@ use crate::lock::{Acquisition, ChangeStream};
 use crate::metrics as m;
 use crate::record::{LeaderElectionRecord, Observed};
 use crate::retry::FailureLog;
-use crate::rules::{self, Changes, OtherTerm, Sighting, next_token};
+use crate::rules::{self, Changes, OtherTerm, Sighting, TokensSeen};
 use crate::status::{self, ElectionError, IdentityConflict};
 use crate::view::ObservedTerm;
 
@@ -207,8 +207,13 @@ impl Campaign {
         self.seen.forget_store_answer();
         let mut current = None;
         if self.try_acquire_supported {
-            // The store gives the next token; the floor, if any, is what it asks for at least.
-            let desired = desired(context, 0, self.observed().map(|o| &o.record));
+            // The store gives the next token; what it asks for is a floor: above every token
+            // seen (a record deleted and written anew starts again low) and the configured one.
+            let desired = desired(
+                context,
+                self.seen.tokens.next(None)?,
+                self.observed().map(|o| &o.record),
+            );
             match context
                 .request("try_acquire", context.lock.try_acquire(&desired))
                 .await?
@@ -260,8 +265,10 @@ impl Campaign {
         }
         if current.is_none() {
             let Some(read) = context.request("get", context.lock.get()).await? else {
+                // S5: above every token seen, should the record have been deleted.
+                let desired = desired(context, self.seen.tokens.next(None)?, None);
                 let created = context
-                    .request("create", context.lock.create(&desired(context, 1, None)))
+                    .request("create", context.lock.create(&desired))
                     .await?;
                 self.took(context, &created);
                 return Ok(Attempt::Acquired(created));
@@ -291,7 +298,7 @@ impl Campaign {
             return Ok(Attempt::NotAcquired);
         }
         // S5: every acquisition, also our own again, gets the next fencing token.
-        let desired = desired(context, next_token(record)?, Some(record));
+        let desired = desired(context, self.seen.tokens.next(Some(record))?, Some(record));
         let stored = context
             .request("update", context.lock.update(&current.version, &desired))
             .await?;
@@ -347,6 +354,8 @@ struct Seen {
     own_term: Option<u64>,
     /// A term of this identity that this process did not start, as first seen (S13).
     shared_identity: Option<OtherTerm>,
+    /// The largest fencing token seen (S5), kept when the record goes.
+    tokens: TokensSeen,
 }
 
 impl Seen {
@@ -356,6 +365,7 @@ impl Seen {
     /// keeps leases alive.
     fn observe(&mut self, context: &Context, observed: Observed, one_request: bool) {
         let now = Instant::now();
+        self.tokens.see(&observed.record);
         let changes = match &mut self.sighting {
             Some(sighting) => sighting.see(&observed, now),
             None => {

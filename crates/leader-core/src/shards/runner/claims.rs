@@ -15,7 +15,7 @@ use crate::leadership::{Leadership, TermDeadline};
 use crate::lock::{Acquisition, ResourceLock};
 use crate::metrics as m;
 use crate::record::{LeaderElectionRecord, Observed};
-use crate::rules::{self, Sighting, next_token};
+use crate::rules::{self, Sighting};
 use crate::shards::assign::affinity;
 
 impl Runner {
@@ -58,7 +58,15 @@ impl Runner {
         let lock = self.cx.lock(key);
         let started = Instant::now();
         if self.learned.try_acquire {
-            let desired = self.desired(0, current.as_ref().map(|o| &o.record));
+            // The store gives the next token, at least the one asked for: above every token
+            // seen (S5), should the record have been deleted and written anew.
+            let desired = match self.table.tokens(key).next(None) {
+                Ok(token) => self.desired(token, current.as_ref().map(|o| &o.record)),
+                Err(err) => {
+                    claim.result = Err(err);
+                    return claim;
+                }
+            };
             match self
                 .request("try_acquire", key, lock.try_acquire(&desired))
                 .await
@@ -111,10 +119,11 @@ impl Runner {
         current: Option<Observed>,
         started: Instant,
     ) -> Result<Option<(Observed, Instant)>, LockError> {
+        let tokens = self.table.tokens(key);
         let Some(current) = current else {
-            let created = self
-                .request("create", key, lock.create(&self.desired(1, None)))
-                .await?;
+            // S5: above every token seen, should the record have been deleted.
+            let desired = self.desired(tokens.next(None)?, None);
+            let created = self.request("create", key, lock.create(&desired)).await?;
             return Ok(Some((created, started)));
         };
         let record = &current.record;
@@ -122,7 +131,7 @@ impl Runner {
             return Ok(None);
         }
         // S5: every acquisition gets the next token.
-        let desired = self.desired(next_token(record)?, Some(record));
+        let desired = self.desired(tokens.next(Some(record))?, Some(record));
         let stored = self
             .request("update", key, lock.update(&current.version, &desired))
             .await?;

@@ -493,7 +493,14 @@ impl Runner {
         for (identity, observed) in due {
             let key = member_key(&self.cx.config.name, &identity);
             let lock = self.cx.lock(&key);
-            let desired = self.desired(0, Some(&observed.record));
+            // Above the record's token and every one seen of it (S5).
+            let desired = match self.table.tokens(&key).next(Some(&observed.record)) {
+                Ok(token) => self.desired(token, Some(&observed.record)),
+                Err(err) => {
+                    self.cx.report("try_acquire", &err);
+                    continue;
+                }
+            };
             match self
                 .request("try_acquire", &key, lock.try_acquire(&desired))
                 .await

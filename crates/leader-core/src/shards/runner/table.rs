@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use tokio::time::Instant;
 
 use crate::record::Observed;
-use crate::rules::Sighting;
+use crate::rules::{Sighting, TokensSeen};
 use crate::shards::{Reread, shard_key};
 
 /// Each shard's key and what this member knows of its record, indexed by shard number, and
@@ -21,6 +21,12 @@ pub(super) struct ShardTable {
     pub(super) seen: Vec<Option<Sighting>>,
     /// What this member saw of the set's other records (the roster, the members'), by key.
     others: HashMap<String, Sighting>,
+    /// The largest fencing token this member saw of each shard (S5), by shard number, kept
+    /// when the record goes and past a smaller count: a shard whose record was deleted, or
+    /// that a resize took away and brings back, does not give out its old tokens again.
+    tokens: Vec<TokensSeen>,
+    /// The same of the set's other records, by key.
+    other_tokens: HashMap<String, TokensSeen>,
     /// Each shard's record as the last read of every shard found it: a read passes their
     /// versions, and the store need not send a record still at its version again.
     pub(super) records: Vec<Option<Observed>>,
@@ -46,6 +52,8 @@ impl ShardTable {
             prefix,
             seen: Vec::new(),
             others: HashMap::new(),
+            tokens: Vec::new(),
+            other_tokens: HashMap::new(),
             records: Vec::new(),
             read: Vec::new(),
             vanished: BTreeMap::new(),
@@ -69,6 +77,9 @@ impl ShardTable {
         self.seen.resize_with(n, || None);
         self.records.resize_with(n, || None);
         self.read.resize(n, false);
+        if self.tokens.len() < n {
+            self.tokens.resize_with(n, TokensSeen::default);
+        }
     }
 
     /// The shard whose key is `key`, if it is one of this set's shards.
@@ -101,6 +112,9 @@ impl ShardTable {
             }
         }
         self.read[shard] = true;
+        if let Some(observed) = &self.records[shard] {
+            self.tokens[shard].see(&observed.record);
+        }
         note(&mut self.seen[shard], self.records[shard].as_ref());
         if !self.unreadable.is_empty() {
             self.unreadable.remove(&index);
@@ -121,6 +135,9 @@ impl ShardTable {
     /// version is first seen (S2).
     pub(super) fn observe(&mut self, key: &str, observed: Option<&Observed>) {
         if let Some(shard) = self.index(key) {
+            if let Some(observed) = observed {
+                self.tokens[shard].see(&observed.record);
+            }
             note(&mut self.seen[shard], observed);
             return;
         }
@@ -134,6 +151,21 @@ impl ShardTable {
         } else {
             self.others
                 .insert(key.to_owned(), Sighting::new(observed, Instant::now()));
+        }
+        if let Some(tokens) = self.other_tokens.get_mut(key) {
+            tokens.see(&observed.record);
+        } else {
+            let mut tokens = TokensSeen::default();
+            tokens.see(&observed.record);
+            self.other_tokens.insert(key.to_owned(), tokens);
+        }
+    }
+
+    /// The largest fencing tokens this member saw of record `key` (S5).
+    pub(super) fn tokens(&self, key: &str) -> TokensSeen {
+        match self.index(key) {
+            Some(shard) => self.tokens[shard],
+            None => self.other_tokens.get(key).copied().unwrap_or_default(),
         }
     }
 
