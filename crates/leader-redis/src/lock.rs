@@ -72,10 +72,7 @@ pub(crate) async fn eval<T: redis::FromRedisValue>(
         }
         command
     };
-    let mut connection = store.connection_of(lane);
-    let mut result = command("EVALSHA", &script.sha)
-        .query_async(&mut connection)
-        .await;
+    let mut result = store.query(lane, &command("EVALSHA", &script.sha)).await;
     // A connection found broken (the server was away: restarted, cut off) is made again by
     // the connection manager, which this request only started: sent once more, it goes on the
     // new connection, so the first request after an outage is not a failure that costs the
@@ -87,16 +84,12 @@ pub(crate) async fn eval<T: redis::FromRedisValue>(
         && (err.is_connection_dropped() || err.is_io_error())
         && !err.is_timeout()
     {
-        result = command("EVALSHA", &script.sha)
-            .query_async(&mut connection)
-            .await;
+        result = store.query(lane, &command("EVALSHA", &script.sha)).await;
     }
     if let Err(err) = &result
         && err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
     {
-        result = command("EVAL", &script.source)
-            .query_async(&mut connection)
-            .await;
+        result = store.query(lane, &command("EVAL", &script.source)).await;
     }
     result.map_err(|err| {
         if err.kind() == redis::ErrorKind::AuthenticationFailed

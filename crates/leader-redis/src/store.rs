@@ -175,14 +175,66 @@ impl RedisStore {
         }
     }
 
+    /// Sends `command` on the connection of `lane`. A request left unanswered (timed out, or
+    /// given up by its caller while it waited) replaces that connection: one the network
+    /// stopped carrying without a reset (a firewall or NAT that dropped its state, a server
+    /// moved away) gives the driver no error to reconnect on, and it would keep sending into
+    /// it for as long as TCP retries, a quarter of an hour.
+    pub(crate) async fn query<T: redis::FromRedisValue>(
+        &self,
+        lane: Lane,
+        command: &redis::Cmd,
+    ) -> redis::RedisResult<T> {
+        let mut connection = self.connection_of(lane);
+        let mut waiting = Unanswered {
+            store: self,
+            lane: Some(lane),
+        };
+        let result = command.query_async(&mut connection).await;
+        if !result.as_ref().is_err_and(redis::RedisError::is_timeout) {
+            waiting.lane = None;
+        }
+        result
+    }
+
+    /// Replaces the connection of `lane` with one that opens on its first request; requests
+    /// already sent finish on the old one.
+    fn replace_connection(&self, lane: Lane) {
+        let slot = match lane {
+            Lane::Main => &self.inner.connection,
+            Lane::Bulk => &self.inner.bulk,
+        };
+        if let Ok(fresh) = new_manager(&self.inner.client) {
+            *slot.lock().unwrap_or_else(|p| p.into_inner()) = fresh;
+        }
+    }
+
     /// Replaces the connections that will not recover by themselves: the driver's manager
     /// reconnects after I/O errors but keeps returning a failed authentication forever, even
     /// once the password has been fixed on the server.
     pub(crate) fn renew_connection(&self) {
-        for slot in [&self.inner.connection, &self.inner.bulk] {
-            if let Ok(fresh) = new_manager(&self.inner.client) {
-                *slot.lock().unwrap_or_else(|p| p.into_inner()) = fresh;
-            }
+        self.replace_connection(Lane::Main);
+        self.replace_connection(Lane::Bulk);
+    }
+}
+
+/// A request in flight on a lane: dropped before its answer (or with a timeout for one), it
+/// replaces the lane's connection ([`RedisStore::query`]).
+struct Unanswered<'a> {
+    store: &'a RedisStore,
+    /// The lane, until the answer came.
+    lane: Option<Lane>,
+}
+
+impl Drop for Unanswered<'_> {
+    fn drop(&mut self) {
+        if let Some(lane) = self.lane {
+            tracing::debug!(
+                server = self.store.inner.redacted,
+                ?lane,
+                "a request went unanswered: its connection is replaced"
+            );
+            self.store.replace_connection(lane);
         }
     }
 }

@@ -30,6 +30,8 @@ pub enum Mode {
 pub struct Proxy {
     port: u16,
     mode: watch::Sender<Mode>,
+    /// How many times the connections open then were stranded ([`Proxy::strand`]).
+    strandings: watch::Sender<u64>,
     accept: JoinHandle<()>,
 }
 
@@ -51,11 +53,17 @@ impl Proxy {
         let listener = TcpListener::bind(("127.0.0.1", port)).await?;
         let port = listener.local_addr()?.port();
         let (mode, _) = watch::channel(Mode::Open);
+        let (strandings, _) = watch::channel(0);
         let modes = mode.clone();
+        let stranded = strandings.clone();
         let accept = tokio::spawn(async move {
             let mut connections = tokio::task::JoinSet::new();
             while let Ok((client, _)) = listener.accept().await {
                 let modes = modes.subscribe();
+                let strand = Strand {
+                    born: *stranded.borrow(),
+                    strandings: stranded.subscribe(),
+                };
                 if *modes.borrow() == Mode::Down {
                     drop(client);
                     continue;
@@ -69,15 +77,20 @@ impl Proxy {
                         let (client_read, client_write) = client.into_split();
                         let (server_read, server_write) = server.into_split();
                         tokio::join!(
-                            pump(client_read, server_write, modes.clone()),
-                            pump(server_read, client_write, modes),
+                            pump(client_read, server_write, modes.clone(), strand.clone()),
+                            pump(server_read, client_write, modes, strand),
                         );
                     }
                 });
                 while connections.try_join_next().is_some() {}
             }
         });
-        Ok(Self { port, mode, accept })
+        Ok(Self {
+            port,
+            mode,
+            strandings,
+            accept,
+        })
     }
 
     /// The loopback port candidates connect to.
@@ -90,6 +103,27 @@ impl Proxy {
     pub fn set(&self, mode: Mode) {
         self.mode.send_replace(mode);
     }
+
+    /// Forwards nothing more, ever, on the connections open now, and closes none of them: a
+    /// firewall or NAT that dropped their state, with no reset. New connections are carried
+    /// as the mode says.
+    pub fn strand(&self) {
+        self.strandings.send_modify(|count| *count += 1);
+    }
+}
+
+/// Whether a connection was stranded: it was opened before the last [`Proxy::strand`].
+#[derive(Clone)]
+struct Strand {
+    /// The strandings before the connection was opened.
+    born: u64,
+    strandings: watch::Receiver<u64>,
+}
+
+impl Strand {
+    fn is_stranded(&self) -> bool {
+        *self.strandings.borrow() > self.born
+    }
 }
 
 impl Drop for Proxy {
@@ -100,7 +134,12 @@ impl Drop for Proxy {
 
 /// Carries one direction: a reader stamps each chunk with its arrival, a writer hands it on when
 /// the mode allows.
-async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, mut mode: watch::Receiver<Mode>) {
+async fn pump(
+    mut from: OwnedReadHalf,
+    mut to: OwnedWriteHalf,
+    mut mode: watch::Receiver<Mode>,
+    strand: Strand,
+) {
     let (chunks, mut pending) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
     let reader = async move {
         let mut buffer = vec![0_u8; 16 * 1024];
@@ -122,6 +161,11 @@ async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, mut mode: watch::
                 _ = mode.wait_for(|m| *m == Mode::Down) => return,
             };
             let Some((arrived, chunk)) = next else { break };
+            if strand.is_stranded() {
+                // What is sent on it vanishes; it ends only with the proxy, or when it is down.
+                let _ = mode.wait_for(|m| *m == Mode::Down).await;
+                return;
+            }
             loop {
                 let current = *mode.borrow_and_update();
                 match current {
