@@ -110,6 +110,24 @@ pub(crate) fn acquisition(
     }
 }
 
+/// The record that renews the term of `held` (S3): the same record, renewed now by the wall
+/// clock (never earlier than it was: [`LeaderElectionRecord::renewal_time`]).
+pub(crate) fn renewal(held: &LeaderElectionRecord, lease: &LeaseConfig) -> LeaderElectionRecord {
+    let mut record = held.clone();
+    record.renew_time = record.renewal_time(lease.wall_clock.now());
+    record
+}
+
+/// S3 for a lease handed over by a release ([`Acquisition::Handed`]), which the store last
+/// confirmed alive at `alive_since`: whether a term counted from then still has a retry period
+/// or more of its renew deadline at `now`. With less, a renewal confirms the lease before the
+/// term starts, or its work would start only to be stopped before the first renewal.
+///
+/// [`Acquisition::Handed`]: crate::Acquisition::Handed
+pub(crate) fn handed_term_left(lease: &LeaseConfig, alive_since: Instant, now: Instant) -> bool {
+    now + lease.retry_period < alive_since + lease.renew_deadline
+}
+
 /// The record that ends the term of `held` at `now` (S6): no holder, and everything else kept:
 /// the token, which the next acquisition raises (S5), a pending handover request, the
 /// extensions, and fields this release does not know (S16). Written with a compare-and-swap

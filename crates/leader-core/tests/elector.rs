@@ -14,7 +14,10 @@ use leader_core::{
 };
 use tokio::time::{Instant, sleep};
 
-use common::{LEASE, RENEW, RETRY, Switch, TestLock, builder, lose_a_term, stored_record};
+use common::{
+    LEASE, RENEW, RETRY, Switch, TestLock, after_last_acquisition, builder, lose_a_term,
+    stored_record,
+};
 
 fn faulty(store: &MemoryStore, identity: &str) -> (FaultyLock<MemoryLock>, Faults) {
     let lock = FaultyLock::new(store.lock("election", identity));
@@ -795,18 +798,11 @@ async fn a_handed_lease_with_too_little_left_is_renewed_before_leading() {
     assert!(!a.is_leading(), "led on a lease nobody confirmed");
     failing_renewals.set(false);
     let leadership = a.leadership().await;
-    let operations: Vec<_> = faults.calls().iter().map(|c| c.operation).collect();
-    let last_acquisition = operations
-        .iter()
-        .rposition(|o| *o == "try_acquire")
-        .expect("an acquisition");
     // The handed term is this process's own (S13): a renewal, or a compare-and-swap taking
     // the term again, confirms it before leading.
+    let (operations, next) = after_last_acquisition(&faults);
     assert!(
-        matches!(
-            operations.get(last_acquisition + 1),
-            Some(&"renew" | &"update")
-        ),
+        matches!(next, Some("renew" | "update")),
         "a write confirms the handed lease before leading: {operations:?}"
     );
     assert!(!leadership.is_lost());

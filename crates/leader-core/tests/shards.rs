@@ -22,7 +22,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep};
 
-use common::{CLAIMS, Request, Switch, TestLock, until};
+use common::{CLAIMS, Request, Switch, TestLock, after_last_acquisition, until};
 
 const TIMINGS: Timings = Timings {
     lease_duration: Duration::from_secs(3),
@@ -1744,4 +1744,63 @@ async fn claims_answered_late_are_not_dropped() {
     assert!(tokens.values().all(|&t| t == 1), "{tokens:?}");
     assert_eq!(expired.load(Ordering::SeqCst), 0);
     a.leave().await;
+}
+
+/// S3 for a shard handed over by a release, as for the elector's lease: one the store
+/// confirmed alive so long ago that the term would end before its first renewal is renewed
+/// before the shard's work starts, and while that renewal fails, the work does not start.
+#[tokio::test]
+async fn a_handed_shard_with_too_little_left_is_renewed_before_its_work_starts() {
+    tokio::time::pause();
+    let store = MemoryStore::new();
+    let failing_writes = Switch::default();
+    let faults = Faults::new();
+    let locks = KeyedLocks::new("a", "memory", {
+        let (failing_writes, faults) = (failing_writes.clone(), faults.clone());
+        move |key, identity| -> Arc<dyn ResourceLock> {
+            let lock = store.lock(key, identity).with_renewal_in_store(true);
+            if !key.starts_with("jobs-shard-") {
+                return Arc::new(lock);
+            }
+            let confirmed_ago = TIMINGS.renew_deadline - TIMINGS.retry_period / 2;
+            let handed = TestLock::new(lock)
+                .handed(confirmed_ago)
+                .failing_writes(&failing_writes);
+            Arc::new(FaultyLock::with_faults(handed, faults.clone()))
+        }
+    });
+    let shards = Shards::builder("jobs", 1, locks)
+        .timings(TIMINGS)
+        .build()
+        .unwrap();
+    let starts = Arc::new(AtomicUsize::new(0));
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(shards.run_per_shard(shutdown.clone(), {
+        let starts = starts.clone();
+        move |_, _| {
+            starts.fetch_add(1, Ordering::SeqCst);
+            std::future::pending::<()>()
+        }
+    }));
+    failing_writes.set(true);
+    sleep(TIMINGS.renew_deadline * 4).await;
+    assert_eq!(
+        starts.load(Ordering::SeqCst),
+        0,
+        "the work started on a lease nobody confirmed"
+    );
+    failing_writes.set(false);
+    until(Duration::from_secs(10), || {
+        starts.load(Ordering::SeqCst) == 1
+    })
+    .await
+    .expect("the work starts once the renewal succeeds");
+    let (operations, next) = after_last_acquisition(&faults);
+    assert_eq!(
+        next,
+        Some("renew"),
+        "a renewal confirms the handed lease before the work starts: {operations:?}"
+    );
+    shutdown.cancel();
+    task.await.unwrap().unwrap();
 }

@@ -109,14 +109,13 @@ impl Campaign {
                     // S3: the term counts from when the store last confirmed the lease alive.
                     // With less than a retry period of it left, a renewal confirms it first.
                     let lease = &context.config.lease;
-                    if Instant::now() + lease.retry_period < alive_since + lease.renew_deadline {
+                    if rules::handed_term_left(lease, alive_since, Instant::now()) {
                         self.backoff.succeeded();
                         context.report_success();
                         return Some((observed, alive_since.min(started)));
                     }
                     let confirming = Instant::now();
-                    let mut record = observed.record.clone();
-                    record.renew_time = record.renewal_time(context.config.lease.wall_clock.now());
+                    let record = rules::renewal(&observed.record, lease);
                     let renewal = tokio::select! {
                         biased;
                         () = shutdown.cancelled() => return None,

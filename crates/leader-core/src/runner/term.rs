@@ -302,8 +302,7 @@ impl Term {
             .filter(|o| is_ours(o, me, fencing_token) && o.record.handover_to().is_none())
             .cloned()
         {
-            let mut record = cached.record.clone();
-            record.renew_time = record.renewal_time(context.config.lease.wall_clock.now());
+            let mut record = rules::renewal(&cached.record, &context.config.lease);
             let written = match changes {
                 // Extensions change the record: a write, which renews too.
                 Some(changes) => {
@@ -340,8 +339,7 @@ impl Term {
         {
             return Ok(Renewal::HandOver(to.to_owned()));
         }
-        let mut record = current.record.clone();
-        record.renew_time = record.renewal_time(context.config.lease.wall_clock.now());
+        let mut record = rules::renewal(&current.record, &context.config.lease);
         if let Some(changes) = changes {
             changes.apply(&mut record.extensions);
         }

@@ -32,6 +32,18 @@ pub async fn until(within: Duration, mut done: impl FnMut() -> bool) -> Option<D
     None
 }
 
+/// The requests `faults` saw, in order, and the one that followed the last acquisition
+/// (`try_acquire`), if any: what confirmed a lease handed over.
+pub fn after_last_acquisition(faults: &Faults) -> (Vec<&'static str>, Option<&'static str>) {
+    let operations: Vec<_> = faults.calls().iter().map(|c| c.operation).collect();
+    let last = operations
+        .iter()
+        .rposition(|o| *o == "try_acquire")
+        .expect("an acquisition");
+    let next = operations.get(last + 1).copied();
+    (operations, next)
+}
+
 /// The record of `key` in `store`, which must exist and be readable.
 pub async fn stored_record(store: &MemoryStore, key: &str) -> LeaderElectionRecord {
     let observed = store

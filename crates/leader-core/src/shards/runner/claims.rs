@@ -78,7 +78,23 @@ impl Runner {
                 Ok(Some(Acquisition::Handed {
                     observed,
                     alive_since,
-                })) => claim.result = Ok(Some((observed, alive_since.min(started)))),
+                })) => {
+                    // S3: the term counts from when the store last confirmed the lease alive;
+                    // with too little of it left, a renewal confirms it first.
+                    claim.result = if rules::handed_term_left(
+                        &self.cx.config.lease,
+                        alive_since,
+                        Instant::now(),
+                    ) {
+                        Ok(Some((observed, alive_since.min(started))))
+                    } else {
+                        let confirming = Instant::now();
+                        let record = rules::renewal(&observed.record, &self.cx.config.lease);
+                        self.request("renew", key, lock.renew(&observed.version, &record))
+                            .await
+                            .map(|stored| Some((stored, confirming)))
+                    };
+                }
                 Ok(Some(Acquisition::Held {
                     observed,
                     renewed_in_store,

@@ -363,9 +363,8 @@ impl Runner {
                     let _ = reply.send(Err(ExtensionError::Lost(lost)));
                     continue;
                 };
-                let mut record = term.observed.record.clone();
+                let mut record = rules::renewal(&term.observed.record, &self.cx.config.lease);
                 changes.apply(&mut record.extensions);
-                record.renew_time = record.renewal_time(self.cx.config.lease.wall_clock.now());
                 let until = (Instant::now() + self.cx.config.lease.request_timeout)
                     .min(*term.deadline.borrow());
                 let write = (

@@ -255,11 +255,10 @@ impl Runner {
         {
             return;
         }
-        let mut record = term.observed.record.clone();
+        let mut record = rules::renewal(&term.observed.record, &self.cx.config.lease);
         for (key, value) in wanted {
             enter(&mut record, key.into(), value);
         }
-        record.renew_time = record.renewal_time(self.cx.config.lease.wall_clock.now());
         let (key, version) = (term.key.clone(), term.observed.version.clone());
         let result = self
             .request("update", &key, self.cx.lock(&key).update(&version, &record))

@@ -56,8 +56,7 @@ impl Runner {
 
     /// The renewal of `term` from the record it last saw.
     pub(super) fn renewal_of(&self, term: &Term) -> Renewal {
-        let mut record = term.observed.record.clone();
-        record.renew_time = record.renewal_time(self.cx.config.lease.wall_clock.now());
+        let record = rules::renewal(&term.observed.record, &self.cx.config.lease);
         Renewal {
             key: term.key.clone(),
             version: term.observed.version.clone(),
