@@ -785,6 +785,43 @@ async fn the_grace_covers_what_a_wrapper_started() {
     assert!(process_gone(program_pid));
 }
 
+/// A second SIGTERM while `leader` waits out COMMAND's grace (a second Ctrl-C, an impatient
+/// supervisor) ends the grace: COMMAND, which ignores SIGTERM, is killed at once, and `leader`
+/// releases the lease and exits, a minute before the grace would have ended.
+#[tokio::test]
+async fn a_second_signal_ends_the_grace() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let lock = leader_tests::file_lock_in(dir.path());
+    let ready = dir.path().join("ready");
+    let program = format!(
+        "trap '' TERM; echo $$ > {}; while :; do sleep 0.1; done",
+        ready.display()
+    );
+    // A lease long enough for a grace of a minute (at most 80% of lease less renew deadline).
+    let mut leader = leader_tests::candidate_command(LEADER, "run", &lock, "impatient", "solo")
+        .args(["--lease-duration", "100s", "--renew-deadline", "20s"])
+        .args(["--grace", "60s", "--", "sh", "-c", &program])
+        .spawn()
+        .expect("spawn");
+    let program_pid = pid_in(&ready).await;
+    kill(pid(&leader), Signal::SIGTERM).expect("SIGTERM");
+    sleep(Duration::from_millis(500)).await;
+    assert!(!process_gone(program_pid), "COMMAND ignores SIGTERM");
+    let second = tokio::time::Instant::now();
+    kill(pid(&leader), Signal::SIGTERM).expect("a second SIGTERM");
+    let status = timeout(Duration::from_secs(30), leader.wait())
+        .await
+        .expect("leader exits well within the grace")
+        .expect("status");
+    assert!(process_gone(program_pid), "COMMAND outlived leader");
+    eprintln!(
+        "leader exited {:?} after the second signal: {status}",
+        second.elapsed()
+    );
+    let (json, _) = status_json(&lock, "impatient").await;
+    assert!(json.contains(r#""holder":null"#), "not released: {json}");
+}
+
 /// `leader status` reads a record whose lease runs past the calendar's end (another client's
 /// "forever") as held and not expired, where the addition of its lease to its renew time
 /// overflowed (S8: a record is read, never a reason to crash).

@@ -462,8 +462,19 @@ fn inherit(command: &mut Command, fd: RawFd) {
     }
 }
 
-/// Stops the child's whole process group: SIGTERM, then SIGKILL after `grace`; returns once the
-/// child has been reaped.
+/// Cancelled by a second stop signal ([`cut_graces_short`]).
+static HURRIED: std::sync::LazyLock<leader_core::CancellationToken> =
+    std::sync::LazyLock::new(leader_core::CancellationToken::new);
+
+/// Ends every COMMAND's grace now: those stopping are sent SIGKILL at once, and those stopped
+/// later get no grace. What a second SIGTERM or Ctrl-C asks for: `leader` still releases only
+/// once COMMAND is gone (S6).
+pub(crate) fn cut_graces_short() {
+    HURRIED.cancel();
+}
+
+/// Stops the child's whole process group: SIGTERM, then SIGKILL after `grace` (or at once once
+/// [`cut_graces_short`]); returns once the child has been reaped.
 pub(crate) async fn terminate(group: &mut Group, grace: Duration) -> io::Result<ExitStatus> {
     let child = &mut group.child;
     if let Ok(Some(status)) = child.try_wait() {
@@ -473,19 +484,32 @@ pub(crate) async fn terminate(group: &mut Group, grace: Duration) -> io::Result<
     if let Some(group) = group {
         let _ = killpg(group, Signal::SIGTERM);
     }
-    match tokio::time::timeout(grace, child.wait()).await {
-        Ok(status) => {
+    let within_grace = async {
+        tokio::select! {
+            status = child.wait() => Some(status),
+            () = tokio::time::sleep(grace) => None,
+            () = HURRIED.cancelled() => None,
+        }
+    };
+    match within_grace.await {
+        Some(status) => {
             // The group leader is gone; make sure no straggler of its group stays behind.
             if let Some(group) = group {
                 let _ = killpg(group, Signal::SIGKILL);
             }
             status
         }
-        Err(_) => {
-            tracing::warn!(
-                ?grace,
-                "COMMAND did not stop after SIGTERM; sending SIGKILL"
-            );
+        None => {
+            if HURRIED.is_cancelled() {
+                tracing::warn!(
+                    "a second signal: sending COMMAND SIGKILL without the rest of its grace"
+                );
+            } else {
+                tracing::warn!(
+                    ?grace,
+                    "COMMAND did not stop after SIGTERM; sending SIGKILL"
+                );
+            }
             if let Some(group) = group {
                 let _ = killpg(group, Signal::SIGKILL);
             }

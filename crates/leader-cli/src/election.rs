@@ -223,6 +223,7 @@ async fn on_signal(
     handover_to: Option<String>,
 ) {
     stop_signal().await;
+    cut_graces_short_on_another_signal();
     stopping.cancel();
     let leading = state.borrow().leadership().cloned();
     if let (Some(to), Some(leadership)) = (handover_to, leading)
@@ -236,6 +237,15 @@ async fn on_signal(
         tracing::info!("signal received: stopping COMMAND and releasing the lease");
     }
     shutdown.cancel();
+}
+
+/// Once `leader` is stopping: another stop signal (a second Ctrl-C, an impatient supervisor)
+/// ends COMMAND's grace at once ([`crate::child::cut_graces_short`]).
+pub(crate) fn cut_graces_short_on_another_signal() {
+    tokio::spawn(async {
+        stop_signal().await;
+        crate::child::cut_graces_short();
+    });
 }
 
 /// Resolves on the signals that stop `leader`: SIGTERM, SIGINT, and SIGHUP ([`hangup`]).

@@ -122,6 +122,7 @@ pub(crate) async fn run(args: ElectionArgs, membership: Membership, command: Vec
         let shutdown = shutdown.clone();
         async move {
             crate::election::stop_signal().await;
+            crate::election::cut_graces_short_on_another_signal();
             tracing::info!(
                 "signal received: stopping every shard's COMMAND and releasing the shards"
             );
