@@ -63,6 +63,7 @@ impl RedisStoreBuilder {
                 client,
                 connection: StdMutex::new(connection),
                 bulk: StdMutex::new(bulk),
+                replaced: Default::default(),
                 redacted,
                 prefix: self.prefix,
                 subscriber: Subscriber::default(),
@@ -110,6 +111,9 @@ pub(crate) struct Inner {
     pub(crate) connection: StdMutex<ConnectionManager>,
     /// The connection of shard sets' reads of many records ([`Lane::Bulk`]).
     pub(crate) bulk: StdMutex<ConnectionManager>,
+    /// How many times each lane's connection was replaced, by [`Lane`]: a request left
+    /// unanswered replaces the connection it went on, not one that replaced it already.
+    replaced: [std::sync::atomic::AtomicU64; 2],
     pub(crate) redacted: String,
     pub(crate) prefix: String,
     pub(crate) subscriber: Subscriber,
@@ -185,10 +189,13 @@ impl RedisStore {
         lane: Lane,
         command: &redis::Cmd,
     ) -> redis::RedisResult<T> {
-        let mut connection = self.connection_of(lane);
+        let (mut connection, generation) = {
+            let slot = self.slot(lane);
+            (slot.clone(), self.generation(lane))
+        };
         let mut waiting = Unanswered {
             store: self,
-            lane: Some(lane),
+            lane: Some((lane, generation)),
         };
         let result = command.query_async(&mut connection).await;
         if !result.as_ref().is_err_and(redis::RedisError::is_timeout) {
@@ -197,15 +204,36 @@ impl RedisStore {
         result
     }
 
-    /// Replaces the connection of `lane` with one that opens on its first request; requests
-    /// already sent finish on the old one.
-    fn replace_connection(&self, lane: Lane) {
+    /// The connection of `lane`, locked.
+    fn slot(&self, lane: Lane) -> std::sync::MutexGuard<'_, ConnectionManager> {
         let slot = match lane {
             Lane::Main => &self.inner.connection,
             Lane::Bulk => &self.inner.bulk,
         };
+        slot.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// How many times the connection of `lane` was replaced.
+    fn generation(&self, lane: Lane) -> u64 {
+        self.inner.replaced[lane as usize].load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Replaces the connection of `lane` with one that opens on its first request, unless it
+    /// was replaced since `generation` (any: `None`); requests already sent finish on the old
+    /// one.
+    fn replace_connection(&self, lane: Lane, generation: Option<u64>) {
+        let mut slot = self.slot(lane);
+        if generation.is_some_and(|g| g != self.generation(lane)) {
+            return;
+        }
         if let Ok(fresh) = new_manager(&self.inner.client) {
-            *slot.lock().unwrap_or_else(|p| p.into_inner()) = fresh;
+            tracing::debug!(
+                server = self.inner.redacted,
+                ?lane,
+                "the connection is replaced (a request went unanswered, or a login failed)"
+            );
+            *slot = fresh;
+            self.inner.replaced[lane as usize].fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         }
     }
 
@@ -213,28 +241,23 @@ impl RedisStore {
     /// reconnects after I/O errors but keeps returning a failed authentication forever, even
     /// once the password has been fixed on the server.
     pub(crate) fn renew_connection(&self) {
-        self.replace_connection(Lane::Main);
-        self.replace_connection(Lane::Bulk);
+        self.replace_connection(Lane::Main, None);
+        self.replace_connection(Lane::Bulk, None);
     }
 }
 
 /// A request in flight on a lane: dropped before its answer (or with a timeout for one), it
-/// replaces the lane's connection ([`RedisStore::query`]).
+/// replaces the connection it went on ([`RedisStore::query`]).
 struct Unanswered<'a> {
     store: &'a RedisStore,
-    /// The lane, until the answer came.
-    lane: Option<Lane>,
+    /// The lane and its connection's generation, until the answer came.
+    lane: Option<(Lane, u64)>,
 }
 
 impl Drop for Unanswered<'_> {
     fn drop(&mut self) {
-        if let Some(lane) = self.lane {
-            tracing::debug!(
-                server = self.store.inner.redacted,
-                ?lane,
-                "a request went unanswered: its connection is replaced"
-            );
-            self.store.replace_connection(lane);
+        if let Some((lane, generation)) = self.lane {
+            self.store.replace_connection(lane, Some(generation));
         }
     }
 }

@@ -118,6 +118,7 @@ impl Runner {
             }
         }
         let keys: Vec<String> = terms.iter().map(|(_, key)| key.clone()).collect();
+        let started = Instant::now();
         let answers =
             match tokio::time::timeout_at(self.request_deadline(), self.cx.set.get_many(&keys))
                 .await
@@ -129,10 +130,11 @@ impl Runner {
                     return Vec::new();
                 }
                 Err(_) => {
+                    // Cut at the request deadline, which the round's renewals used up in part.
                     let err = LockError::Timeout {
                         lock: self.cx.set.describe(),
                         operation: "get",
-                        after: self.cx.config.lease.request_timeout,
+                        after: started.elapsed(),
                     };
                     self.cx.report("get", &err);
                     return Vec::new();
