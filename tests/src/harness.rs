@@ -5,10 +5,11 @@ pub mod campaign;
 pub mod checker;
 pub mod firings;
 pub mod outage;
-pub mod proxy;
 pub mod report;
 pub mod servers;
 pub mod shards;
+
+pub use leader_test_support::proxy;
 
 use std::path::PathBuf;
 

@@ -7,109 +7,21 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{Running, unique};
 use leader_mysql::MysqlStore;
 use leader_mysql::mysql_async::Conn;
 use leader_mysql::mysql_async::prelude::Queryable;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
-use tokio::task::JoinHandle;
+use leader_test_support::proxy::{Mode, Proxy};
 use tokio::time::{Instant, sleep, timeout};
 
-/// A TCP proxy to the server that can freeze: while frozen, what either side sends waits in the
-/// proxy, as it would in the socket buffers of a stopped process.
-struct Proxy {
-    port: u16,
-    frozen: watch::Sender<bool>,
-    /// The local ports of the proxy's connections to the server: the `HOST` column of the
-    /// server's process list ends with them.
-    upstream: Arc<Mutex<Vec<u16>>>,
-    task: JoinHandle<()>,
-}
-
-impl Proxy {
-    async fn start(server: SocketAddr) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let port = listener.local_addr().expect("addr").port();
-        let (frozen, _) = watch::channel(false);
-        let upstream = Arc::new(Mutex::new(Vec::new()));
-        let task = tokio::spawn({
-            let frozen = frozen.clone();
-            let upstream = upstream.clone();
-            async move {
-                while let Ok((client, _)) = listener.accept().await {
-                    let Ok(server) = TcpStream::connect(server).await else {
-                        continue;
-                    };
-                    let local = server.local_addr().expect("addr").port();
-                    upstream.lock().expect("ports").push(local);
-                    let (client_read, client_write) = client.into_split();
-                    let (server_read, server_write) = server.into_split();
-                    tokio::spawn(pipe(client_read, server_write, frozen.subscribe()));
-                    tokio::spawn(pipe(server_read, client_write, frozen.subscribe()));
-                }
-            }
-        });
-        Self {
-            port,
-            frozen,
-            upstream,
-            task,
-        }
-    }
-
-    fn freeze(&self, frozen: bool) {
-        self.frozen.send_replace(frozen);
-    }
-
-    fn upstream_ports(&self) -> Vec<u16> {
-        self.upstream.lock().expect("ports").clone()
-    }
-
-    /// `url` with its server replaced by this proxy.
-    fn url(&self, url: &str) -> String {
-        let mut url = url::Url::parse(url).expect("MYSQL_URL");
-        url.set_host(Some("127.0.0.1")).expect("host");
-        url.set_port(Some(self.port)).expect("port");
-        url.into()
-    }
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-/// Copies `from` to `to` while not frozen. Ends (closing both) when either side closes, or when
-/// the proxy is dropped.
-async fn pipe(
-    mut from: tokio::net::tcp::OwnedReadHalf,
-    mut to: tokio::net::tcp::OwnedWriteHalf,
-    mut frozen: watch::Receiver<bool>,
-) {
-    let mut buf = vec![0; 16 * 1024];
-    loop {
-        let read = from.read(&mut buf).await;
-        // A stopped process neither sends nor reads, nor closes: all of it waits for the thaw.
-        if frozen.wait_for(|f| !*f).await.is_err() {
-            return;
-        }
-        let n = match read {
-            Ok(0) | Err(_) => {
-                let _ = to.shutdown().await;
-                return;
-            }
-            Ok(n) => n,
-        };
-        if to.write_all(&buf[..n]).await.is_err() {
-            return;
-        }
-    }
+/// `url` with its server replaced by `proxy`.
+fn url_through(proxy: &Proxy, url: &str) -> String {
+    let mut url = url::Url::parse(url).expect("MYSQL_URL");
+    url.set_host(Some("127.0.0.1")).expect("host");
+    url.set_port(Some(proxy.port())).expect("port");
+    url.into()
 }
 
 fn server_addr() -> SocketAddr {
@@ -189,8 +101,8 @@ async fn user(admin: &mut Conn, key: &str) -> Option<u64> {
 async fn behind_a_proxy() -> Option<(MysqlStore, Conn, Proxy, MysqlStore)> {
     let store = common::store().await?;
     let admin = common::admin().await.expect("server");
-    let proxy = Proxy::start(server_addr()).await;
-    let frozen_store = MysqlStore::builder(proxy.url(&common::mysql_url()))
+    let proxy = Proxy::start(server_addr()).await.expect("a proxy port");
+    let frozen_store = MysqlStore::builder(url_through(&proxy, &common::mysql_url()))
         .build()
         .await
         .expect("store through the proxy");
@@ -226,13 +138,13 @@ async fn a_follower_frozen_in_get_lock_holds_up_nobody() {
             );
             sleep(Duration::from_millis(10)).await;
         }
-        proxy.freeze(true);
+        proxy.set(Mode::Cut);
         match waiting_in_get_lock(&mut admin, &proxy).await {
             Some((id, waited)) if waited < Duration::from_secs(1) => {
                 frozen_wait = Some(id);
                 break;
             }
-            _ => proxy.freeze(false),
+            _ => proxy.set(Mode::Open),
         }
         sleep(Duration::from_millis(100)).await;
     }
@@ -298,7 +210,7 @@ async fn a_follower_frozen_in_get_lock_holds_up_nobody() {
         silent_since.elapsed()
     );
     next.stop().await;
-    proxy.freeze(false);
+    proxy.set(Mode::Open);
     follower.stop().await;
 }
 
@@ -325,7 +237,7 @@ async fn a_frozen_holders_session_is_dropped_after_its_idle_timeout() {
     let session = handle.session_id().await.expect("the holder's session");
     assert_eq!(user(&mut admin, &key).await, Some(u64::from(session)));
 
-    proxy.freeze(true);
+    proxy.set(Mode::Cut);
     let frozen = Instant::now();
     // Its last statement came at most a retry period before the freeze; the lease (3 s) runs out
     // by then too.
@@ -342,6 +254,6 @@ async fn a_frozen_holders_session_is_dropped_after_its_idle_timeout() {
         frozen.elapsed()
     );
     next.stop().await;
-    proxy.freeze(false);
+    proxy.set(Mode::Open);
     holder.stop().await;
 }

@@ -17,6 +17,8 @@ pub mod later_column;
 #[cfg(feature = "object-store")]
 pub mod object_store_counting;
 mod process;
+#[cfg(feature = "proxy")]
+pub mod proxy;
 pub mod record_writes;
 pub mod redaction;
 pub mod secrets;

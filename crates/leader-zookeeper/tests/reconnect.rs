@@ -5,9 +5,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::Proxy;
 use leader_core::LeaderElector;
 use leader_core::background::Candidate;
+use leader_test_support::proxy::{Mode, Proxy};
 use leader_test_support::zookeeper_ensemble::{ZooKeeperEnsemble, watches};
 use leader_zookeeper::ZooKeeperStore;
 use leader_zookeeper::zookeeper_client as zk;
@@ -111,10 +111,11 @@ async fn after_an_outage_the_session_comes_back_within_as_long_again() {
         return;
     };
     drop(raw);
-    let proxies: Vec<Proxy> = common::zookeeper_ensemble()
-        .split(',')
-        .map(|server| Proxy::start(server.trim().parse().expect("host:port of the ensemble")))
-        .collect();
+    let mut proxies = Vec::new();
+    for server in common::zookeeper_ensemble().split(',') {
+        let upstream = server.trim().parse().expect("host:port of the ensemble");
+        proxies.push(Proxy::start(upstream).await.expect("a proxy port"));
+    }
     let connect: Vec<String> = proxies
         .iter()
         .map(|p| format!("127.0.0.1:{}", p.port()))
@@ -127,11 +128,11 @@ async fn after_an_outage_the_session_comes_back_within_as_long_again() {
     let session = client.session_id();
     for outage in [Duration::from_secs(2), Duration::from_secs(5)] {
         for proxy in &proxies {
-            proxy.set_open(false);
+            proxy.set(Mode::Down);
         }
         sleep(outage).await;
         for proxy in &proxies {
-            proxy.set_open(true);
+            proxy.set(Mode::Open);
         }
         let back = wait_connected(&client, Duration::from_secs(20)).await;
         eprintln!("an outage of {outage:?}: the session came back {back:?} after it");

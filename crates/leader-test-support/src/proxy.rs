@@ -1,7 +1,9 @@
-//! A TCP proxy on loopback between one candidate and its backend, through which the harness cuts
-//! the network or slows it down.
+//! A TCP proxy on loopback between a client and its server, through which a test cuts the
+//! network (as a partition, or a stopped process whose socket buffers hold what is sent), slows
+//! it down, takes the server away, or strands the connections open at a moment.
 
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -32,6 +34,8 @@ pub struct Proxy {
     mode: watch::Sender<Mode>,
     /// How many times the connections open then were stranded ([`Proxy::strand`]).
     strandings: watch::Sender<u64>,
+    /// The local port of each connection the proxy opened to the server.
+    upstream_ports: Arc<Mutex<Vec<u16>>>,
     accept: JoinHandle<()>,
 }
 
@@ -56,6 +60,8 @@ impl Proxy {
         let (strandings, _) = watch::channel(0);
         let modes = mode.clone();
         let stranded = strandings.clone();
+        let upstream_ports = Arc::new(Mutex::new(Vec::new()));
+        let ports = Arc::clone(&upstream_ports);
         let accept = tokio::spawn(async move {
             let mut connections = tokio::task::JoinSet::new();
             while let Ok((client, _)) = listener.accept().await {
@@ -68,10 +74,17 @@ impl Proxy {
                     drop(client);
                     continue;
                 }
+                let ports = Arc::clone(&ports);
                 connections.spawn(async move {
                     // A refused upstream (the server is down) closes the client's connection,
                     // as the server's own refusal would.
                     if let Ok(server) = TcpStream::connect(upstream).await {
+                        if let Ok(local) = server.local_addr() {
+                            ports
+                                .lock()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .push(local.port());
+                        }
                         let _ = client.set_nodelay(true);
                         let _ = server.set_nodelay(true);
                         let (client_read, client_write) = client.into_split();
@@ -89,6 +102,7 @@ impl Proxy {
             port,
             mode,
             strandings,
+            upstream_ports,
             accept,
         })
     }
@@ -97,6 +111,16 @@ impl Proxy {
     #[must_use]
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// The local port of each connection the proxy opened to the server, in order: what the
+    /// server's own lists of its clients show of them.
+    #[must_use]
+    pub fn upstream_ports(&self) -> Vec<u16> {
+        self.upstream_ports
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Changes what the proxy does, for every connection at once.
@@ -188,6 +212,16 @@ async fn pump(
             if to.write_all(&chunk).await.is_err() {
                 return;
             }
+        }
+        // The other side closed: that too waits out a cut (a FIN sent during a partition
+        // arrives once it heals; a stopped process reads it once it runs again), and never
+        // reaches a stranded connection.
+        if strand.is_stranded() {
+            let _ = mode.wait_for(|m| *m == Mode::Down).await;
+            return;
+        }
+        if mode.wait_for(|m| *m != Mode::Cut).await.is_err() {
+            return;
         }
         let _ = to.shutdown().await;
     };
