@@ -239,11 +239,12 @@ async fn on_signal(
     shutdown.cancel();
 }
 
-/// Once `leader` is stopping: another stop signal (a second Ctrl-C, an impatient supervisor)
-/// ends COMMAND's grace at once ([`crate::child::cut_graces_short`]).
+/// Once `leader` is stopping: a SIGTERM or SIGINT (a second Ctrl-C, an impatient supervisor)
+/// ends COMMAND's grace at once ([`crate::child::cut_graces_short`]). Not SIGHUP: systemd
+/// sends one right after its SIGTERM (`SendSIGHUP=`), and a closed terminal may send two.
 pub(crate) fn cut_graces_short_on_another_signal() {
     tokio::spawn(async {
-        stop_signal().await;
+        leader_core::shutdown_signal().await;
         crate::child::cut_graces_short();
     });
 }

@@ -130,7 +130,8 @@ impl LeaderElectorBuilder {
     /// cache's eviction) needs no floor: each candidate takes a token above every one it saw.
     /// A candidate started after the deletion saw none; where a store keeps no token beside
     /// the record and such a deletion may happen, a floor that grows with time (seconds since
-    /// the epoch, say) keeps its tokens up too.
+    /// the epoch at start, say) keeps its tokens up too, as long as the lock's acquisitions
+    /// come less often than one a second on average.
     pub fn fencing_token_floor(mut self, floor: u64) -> Self {
         self.lease.fencing_token_floor = floor;
         self

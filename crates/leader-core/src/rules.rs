@@ -65,9 +65,20 @@ pub(crate) struct TokensSeen {
 }
 
 impl TokensSeen {
-    /// Takes note of the token of `record`, read or written.
+    /// The larger of two: every token either saw.
+    pub(crate) fn max(self, other: Self) -> Self {
+        Self {
+            highest: self.highest.max(other.highest),
+        }
+    }
+
+    /// Takes note of the token of `record`, read or written. The largest token there is, no
+    /// token can be above: a record written with it is refused as long as it stands (S8), and
+    /// a floor made of it would refuse every record after it too.
     pub(crate) fn see(&mut self, record: &LeaderElectionRecord) {
-        self.highest = self.highest.max(record.leader_transitions);
+        if record.leader_transitions < u64::MAX {
+            self.highest = self.highest.max(record.leader_transitions);
+        }
     }
 
     /// The token of an acquisition that takes over `record`, or, without one, that creates
@@ -75,9 +86,10 @@ impl TokensSeen {
     /// token seen.
     ///
     /// # Errors
-    /// [`LockError::InvalidRecord`] when a token seen is `u64::MAX`.
+    /// [`LockError::InvalidRecord`] when `record`'s token is `u64::MAX`.
     pub(crate) fn next(&self, record: Option<&LeaderElectionRecord>) -> Result<u64, LockError> {
-        let above_seen = self.highest.checked_add(1).ok_or_else(tokens_run_out)?;
+        // Never u64::MAX: `see` passes it over.
+        let above_seen = self.highest.saturating_add(1);
         match record {
             Some(record) => Ok(next_token(record)?.max(above_seen)),
             None => Ok(above_seen),
@@ -119,8 +131,8 @@ pub(crate) fn renewal(held: &LeaderElectionRecord, lease: &LeaseConfig) -> Leade
 }
 
 /// S3 for a lease handed over by a release ([`Acquisition::Handed`]), which the store last
-/// confirmed alive at `alive_since`: whether a term counted from then still has a retry period
-/// or more of its renew deadline at `now`. With less, a renewal confirms the lease before the
+/// confirmed alive at `alive_since`: whether a term counted from then still has more than a
+/// retry period of its renew deadline at `now`. With less, a renewal confirms the lease before the
 /// term starts, or its work would start only to be stopped before the first renewal.
 ///
 /// [`Acquisition::Handed`]: crate::Acquisition::Handed
@@ -840,6 +852,22 @@ mod tests {
         // Without the wait, the rules refuse b.
         let steps = [Step::Take(0), Step::Read(1), Step::Answer(1), Step::Take(1)];
         assert_eq!(model(&steps, 2).len(), 1);
+    }
+
+    /// A record with the largest token there is cannot be taken over, and once it is fixed
+    /// or gone the candidate takes tokens again: it is no floor.
+    #[test]
+    fn the_largest_token_blocks_its_record_only() {
+        let mut tokens = TokensSeen::default();
+        let mut record = observed("a", "1", None).record;
+        record.leader_transitions = 7;
+        tokens.see(&record);
+        record.leader_transitions = u64::MAX;
+        tokens.see(&record);
+        assert!(tokens.next(Some(&record)).is_err());
+        assert_eq!(tokens.next(None).ok(), Some(8));
+        record.leader_transitions = 3;
+        assert_eq!(tokens.next(Some(&record)).ok(), Some(8));
     }
 
     /// A record deleted and written anew keeps the tokens up for a candidate that saw them,

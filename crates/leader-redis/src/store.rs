@@ -64,6 +64,7 @@ impl RedisStoreBuilder {
                 connection: StdMutex::new(connection),
                 bulk: StdMutex::new(bulk),
                 replaced: Default::default(),
+                checked: Default::default(),
                 redacted,
                 prefix: self.prefix,
                 subscriber: Subscriber::default(),
@@ -114,6 +115,9 @@ pub(crate) struct Inner {
     /// How many times each lane's connection was replaced, by [`Lane`]: a request left
     /// unanswered replaces the connection it went on, not one that replaced it already.
     replaced: [std::sync::atomic::AtomicU64; 2],
+    /// By [`Lane`]: one more than the generation whose connection is being checked
+    /// ([`RedisStore::check_connection`]).
+    checked: [std::sync::atomic::AtomicU64; 2],
     pub(crate) redacted: String,
     pub(crate) prefix: String,
     pub(crate) subscriber: Subscriber,
@@ -179,11 +183,13 @@ impl RedisStore {
         }
     }
 
-    /// Sends `command` on the connection of `lane`. A request left unanswered (timed out, or
-    /// given up by its caller while it waited) replaces that connection: one the network
-    /// stopped carrying without a reset (a firewall or NAT that dropped its state, a server
-    /// moved away) gives the driver no error to reconnect on, and it would keep sending into
-    /// it for as long as TCP retries, a quarter of an hour.
+    /// Sends `command` on the connection of `lane`. A connection the network stopped carrying
+    /// without a reset (a firewall or NAT that dropped its state, a server moved away) gives
+    /// the driver no error to reconnect on, and it would keep sending into it for as long as
+    /// TCP retries, a quarter of an hour. So a request that timed out replaces its
+    /// connection, and one given up by its caller while it waited (the elector's request
+    /// timeout, a shard round's deadline) has the connection checked with a `PING`: replaced
+    /// if that gets no answer either, kept if the server was only slow.
     pub(crate) async fn query<T: redis::FromRedisValue>(
         &self,
         lane: Lane,
@@ -195,13 +201,46 @@ impl RedisStore {
         };
         let mut waiting = Unanswered {
             store: self,
-            lane: Some((lane, generation)),
+            lane,
+            generation,
+            connection: Some(connection.clone()),
         };
         let result = command.query_async(&mut connection).await;
-        if !result.as_ref().is_err_and(redis::RedisError::is_timeout) {
-            waiting.lane = None;
+        waiting.connection = None;
+        if result.as_ref().is_err_and(redis::RedisError::is_timeout) {
+            self.replace_connection(lane, Some(generation));
         }
         result
+    }
+
+    /// Checks the connection of `lane` at `generation`, on which a request went unanswered,
+    /// with a `PING` in the background: replaced if that gets no answer either. One check
+    /// per connection at a time.
+    fn check_connection(&self, lane: Lane, generation: u64, mut connection: ConnectionManager) {
+        let checked = &self.inner.checked[lane as usize];
+        if checked.fetch_max(generation + 1, std::sync::atomic::Ordering::AcqRel) > generation {
+            return;
+        }
+        // Dropped outside a runtime (a store dropped at exit): nothing to check with.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let store = self.clone();
+        runtime.spawn(async move {
+            let answer: redis::RedisResult<String> =
+                redis::cmd("PING").query_async(&mut connection).await;
+            if answer.is_err() {
+                store.replace_connection(lane, Some(generation));
+            } else {
+                // Answered: a later request left unanswered checks it again.
+                let _ = store.inner.checked[lane as usize].compare_exchange(
+                    generation + 1,
+                    generation,
+                    std::sync::atomic::Ordering::AcqRel,
+                    std::sync::atomic::Ordering::Acquire,
+                );
+            }
+        });
     }
 
     /// The connection of `lane`, locked.
@@ -250,14 +289,18 @@ impl RedisStore {
 /// replaces the connection it went on ([`RedisStore::query`]).
 struct Unanswered<'a> {
     store: &'a RedisStore,
-    /// The lane and its connection's generation, until the answer came.
-    lane: Option<(Lane, u64)>,
+    lane: Lane,
+    /// How many times the lane's connection was replaced before this request.
+    generation: u64,
+    /// The connection the request went on, until its answer came.
+    connection: Option<ConnectionManager>,
 }
 
 impl Drop for Unanswered<'_> {
     fn drop(&mut self) {
-        if let Some((lane, generation)) = self.lane {
-            self.store.replace_connection(lane, Some(generation));
+        if let Some(connection) = self.connection.take() {
+            self.store
+                .check_connection(self.lane, self.generation, connection);
         }
     }
 }

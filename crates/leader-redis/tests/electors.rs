@@ -171,4 +171,34 @@ async fn a_server_busy_for_a_second_fails_no_request() {
     assert!(observed.record.is_held_by("first"));
     // The busy script's own answer comes too late for its connection's timeout.
     let _ = script.await;
+
+    // Requests their callers give up on while the server is busy (the elector's request
+    // timeout) leave the connection as it is: the check that follows finds it answering.
+    let mut admin = server.admin().await.expect("server");
+    let mut connections_made = async || {
+        let info: String = redis::cmd("INFO")
+            .arg("stats")
+            .query_async(&mut admin)
+            .await
+            .expect("INFO");
+        info.lines()
+            .find_map(|l| l.strip_prefix("total_connections_received:"))
+            .and_then(|n| n.trim().parse::<u64>().ok())
+            .expect("total_connections_received")
+    };
+    let before = connections_made().await;
+    let script = busy(1_200);
+    sleep(Duration::from_millis(100)).await;
+    for _ in 0..5 {
+        let given_up = tokio::time::timeout(Duration::from_millis(100), lock.get()).await;
+        assert!(given_up.is_err(), "answered while the server was busy");
+    }
+    let _ = script.await;
+    sleep(Duration::from_secs(1)).await;
+    lock.get().await.expect("a read once the server answers");
+    assert_eq!(
+        connections_made().await,
+        before,
+        "the connection to a server that was only slow was replaced"
+    );
 }

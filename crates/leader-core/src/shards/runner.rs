@@ -110,6 +110,9 @@ struct Claim {
     held: Option<(Observed, bool)>,
     /// The store has no one-request acquisition.
     no_try_acquire: bool,
+    /// A record the store showed that is neither taken nor held by another: one assigned to
+    /// nobody, or handed to this member and not confirmed. Its token is seen (S5).
+    seen: Option<Observed>,
 }
 
 /// The claims that a read of every shard called for, made over the rounds that follow while

@@ -54,6 +54,7 @@ impl Runner {
             result: Ok(None),
             held: None,
             no_try_acquire: false,
+            seen: None,
         };
         let lock = self.cx.lock(key);
         let started = Instant::now();
@@ -90,9 +91,12 @@ impl Runner {
                     } else {
                         let confirming = Instant::now();
                         let record = rules::renewal(&observed.record, &self.cx.config.lease);
-                        self.request("renew", key, lock.renew(&observed.version, &record))
-                            .await
-                            .map(|stored| Some((stored, confirming)))
+                        let renewal = lock.renew(&observed.version, &record);
+                        let confirmed = self.request("renew", key, renewal).await;
+                        if confirmed.is_err() {
+                            claim.seen = Some(observed);
+                        }
+                        confirmed.map(|stored| Some((stored, confirming)))
                     };
                 }
                 Ok(Some(Acquisition::Held {
@@ -112,7 +116,7 @@ impl Runner {
                         claim.result = self.claim_by_update(key, &lock, current, started).await;
                     }
                 }
-                Ok(Some(Acquisition::Unassigned(_))) => {}
+                Ok(Some(Acquisition::Unassigned(observed))) => claim.seen = observed,
                 Ok(None) => {
                     claim.no_try_acquire = true;
                     claim.result = self.claim_by_update(key, &lock, current, started).await;
@@ -171,6 +175,9 @@ impl Runner {
         }
         if let Ok(Some((observed, _))) = &claim.result {
             self.table.observe(key, Some(observed));
+        }
+        if let Some(seen) = &claim.seen {
+            self.table.observe(key, Some(seen));
         }
         claim.result
     }

@@ -515,6 +515,7 @@ impl Runner {
                         member = identity,
                         "a member's lease ran out: it left or died"
                     );
+                    self.table.note_token(&key, &taken.record);
                     let freed = LeaderElectionRecord {
                         holder_identity: String::new(),
                         ..taken.record.clone()

@@ -27,16 +27,17 @@ impl Runner {
         .await
         {
             Ok(results) => self.renewed(whose, results, started).await,
-            Err(_) => self.renew_timed_out(),
+            Err(_) => self.renew_timed_out(started),
         }
     }
 
-    pub(super) fn renew_timed_out(&mut self) {
-        self.renewals_took = self.cx.config.lease.request_timeout;
+    /// Notes renewals sent at `started` that got no answer in time.
+    pub(super) fn renew_timed_out(&mut self, started: Instant) {
+        self.renewals_took = started.elapsed();
         let err = LockError::Timeout {
             lock: self.cx.set.describe(),
             operation: "renew",
-            after: self.cx.config.lease.request_timeout,
+            after: started.elapsed(),
         };
         self.cx.report("renew", &err);
     }
@@ -91,7 +92,7 @@ impl Runner {
                             self.lose(whose);
                         }
                     }
-                    Err(_) => self.renew_timed_out(),
+                    Err(_) => self.renew_timed_out(started),
                 }
             }
         }

@@ -103,7 +103,8 @@ impl Runner {
             )
             .collect();
         let started = Instant::now();
-        let results = if renewals.is_empty() {
+        let renewing = !renewals.is_empty();
+        let results = if !renewing {
             // A read alone waits no longer than the terms can: the next round's renewals go
             // out a retry period before the first deadline, whatever a slow store makes of a
             // read of every shard (the read fails and backs off; the set rebalances later).
@@ -125,7 +126,8 @@ impl Runner {
                     Ok(answer.read)
                 }
                 Err(elapsed) => {
-                    self.renew_timed_out();
+                    // Reported once, below, as the one request it was.
+                    self.renewals_took = started.elapsed();
                     Err(elapsed)
                 }
             }
@@ -141,7 +143,7 @@ impl Runner {
             Err(_) => {
                 return Err(LockError::Timeout {
                     lock: self.cx.set.describe(),
-                    operation: "get",
+                    operation: if renewing { "renew and read" } else { "get" },
                     after: started.elapsed(),
                 });
             }

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use tokio::time::Instant;
 
-use crate::record::Observed;
+use crate::record::{LeaderElectionRecord, Observed};
 use crate::rules::{Sighting, TokensSeen};
 use crate::shards::{Reread, shard_key};
 
@@ -136,7 +136,7 @@ impl ShardTable {
     pub(super) fn observe(&mut self, key: &str, observed: Option<&Observed>) {
         if let Some(shard) = self.index(key) {
             if let Some(observed) = observed {
-                self.tokens[shard].see(&observed.record);
+                self.note_token(key, &observed.record);
             }
             note(&mut self.seen[shard], observed);
             return;
@@ -152,20 +152,29 @@ impl ShardTable {
             self.others
                 .insert(key.to_owned(), Sighting::new(observed, Instant::now()));
         }
-        if let Some(tokens) = self.other_tokens.get_mut(key) {
-            tokens.see(&observed.record);
+        self.note_token(key, &observed.record);
+    }
+
+    /// Notes the fencing token of `record`, a record of `key` read or written (S5).
+    pub(super) fn note_token(&mut self, key: &str, record: &LeaderElectionRecord) {
+        if let Some(shard) = self.index(key) {
+            self.tokens[shard].see(record);
+        } else if let Some(tokens) = self.other_tokens.get_mut(key) {
+            tokens.see(record);
         } else {
             let mut tokens = TokensSeen::default();
-            tokens.see(&observed.record);
+            tokens.see(record);
             self.other_tokens.insert(key.to_owned(), tokens);
         }
     }
 
-    /// The largest fencing tokens this member saw of record `key` (S5).
+    /// The largest fencing tokens this member saw of record `key` (S5): for a shard, also
+    /// those seen while a smaller count left it out of the set.
     pub(super) fn tokens(&self, key: &str) -> TokensSeen {
+        let other = self.other_tokens.get(key).copied().unwrap_or_default();
         match self.index(key) {
-            Some(shard) => self.tokens[shard],
-            None => self.other_tokens.get(key).copied().unwrap_or_default(),
+            Some(shard) => self.tokens[shard].max(other),
+            None => other,
         }
     }
 
