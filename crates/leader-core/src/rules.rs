@@ -81,19 +81,20 @@ impl TokensSeen {
         }
     }
 
-    /// The token of an acquisition that takes over `record`, or, without one, that creates
-    /// the record or asks the store for its next token: above the record's and above every
+    /// The token of an acquisition that creates the record, or the least a store that gives
+    /// the next token itself is asked for: above every token seen. Never `u64::MAX` overflowed:
+    /// [`see`](Self::see) passes that token over.
+    pub(crate) fn floor(&self) -> u64 {
+        self.highest.saturating_add(1)
+    }
+
+    /// The token of an acquisition that takes over `record`: above its token and above every
     /// token seen.
     ///
     /// # Errors
     /// [`LockError::InvalidRecord`] when `record`'s token is `u64::MAX`.
-    pub(crate) fn next(&self, record: Option<&LeaderElectionRecord>) -> Result<u64, LockError> {
-        // Never u64::MAX: `see` passes it over.
-        let above_seen = self.highest.saturating_add(1);
-        match record {
-            Some(record) => Ok(next_token(record)?.max(above_seen)),
-            None => Ok(above_seen),
-        }
+    pub(crate) fn next(&self, record: &LeaderElectionRecord) -> Result<u64, LockError> {
+        Ok(next_token(record)?.max(self.floor()))
     }
 }
 
@@ -716,16 +717,13 @@ mod tests {
                                     now,
                                 ) =>
                         {
-                            let Ok(token) = cs[c].tokens.next(Some(&observed.record)) else {
+                            let Ok(token) = cs[c].tokens.next(&observed.record) else {
                                 continue;
                             };
                             (Some(observed.clone()), token)
                         }
                         Some(_) => continue,
-                        None => match cs[c].tokens.next(None) {
-                            Ok(token) => (None, token),
-                            Err(_) => continue,
-                        },
+                        None => (None, cs[c].tokens.floor()),
                     };
                     // The compare-and-swap on the version read (a create when none was).
                     if store.as_ref().map(|o| &o.version) != base.as_ref().map(|o| &o.version) {
@@ -864,10 +862,10 @@ mod tests {
         tokens.see(&record);
         record.leader_transitions = u64::MAX;
         tokens.see(&record);
-        assert!(tokens.next(Some(&record)).is_err());
-        assert_eq!(tokens.next(None).ok(), Some(8));
+        assert!(tokens.next(&record).is_err());
+        assert_eq!(tokens.floor(), 8);
         record.leader_transitions = 3;
-        assert_eq!(tokens.next(Some(&record)).ok(), Some(8));
+        assert_eq!(tokens.next(&record).ok(), Some(8));
     }
 
     /// A record deleted and written anew keeps the tokens up for a candidate that saw them,

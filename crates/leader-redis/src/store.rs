@@ -155,11 +155,7 @@ impl RedisStore {
 
     /// The shared connection, for commands of your own.
     pub fn connection(&self) -> ConnectionManager {
-        self.inner
-            .connection
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.connection_of(Lane::Main)
     }
 
     /// Checks the server's eviction setting ([`EvictionCheck::run`]) on the main connection.
@@ -172,15 +168,7 @@ impl RedisStore {
 
     /// The connection of `lane`.
     pub(crate) fn connection_of(&self, lane: Lane) -> ConnectionManager {
-        match lane {
-            Lane::Main => self.connection(),
-            Lane::Bulk => self
-                .inner
-                .bulk
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone(),
-        }
+        self.slot(lane).clone()
     }
 
     /// Sends `command` on the connection of `lane`. A connection the network stopped carrying
@@ -285,8 +273,8 @@ impl RedisStore {
     }
 }
 
-/// A request in flight on a lane: dropped before its answer (or with a timeout for one), it
-/// replaces the connection it went on ([`RedisStore::query`]).
+/// A request in flight on a lane: dropped before its answer, it has the connection it went on
+/// checked ([`RedisStore::check_connection`]).
 struct Unanswered<'a> {
     store: &'a RedisStore,
     lane: Lane,

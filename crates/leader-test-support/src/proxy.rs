@@ -148,6 +148,12 @@ impl Strand {
     fn is_stranded(&self) -> bool {
         *self.strandings.borrow() > self.born
     }
+
+    /// What is sent on a stranded connection vanishes: it ends only with the proxy, or when
+    /// the proxy goes down.
+    async fn vanish(&self, mode: &mut watch::Receiver<Mode>) {
+        let _ = mode.wait_for(|m| *m == Mode::Down).await;
+    }
 }
 
 impl Drop for Proxy {
@@ -186,9 +192,7 @@ async fn pump(
             };
             let Some((arrived, chunk)) = next else { break };
             if strand.is_stranded() {
-                // What is sent on it vanishes; it ends only with the proxy, or when it is down.
-                let _ = mode.wait_for(|m| *m == Mode::Down).await;
-                return;
+                return strand.vanish(&mut mode).await;
             }
             loop {
                 let current = *mode.borrow_and_update();
@@ -217,8 +221,7 @@ async fn pump(
         // arrives once it heals; a stopped process reads it once it runs again), and never
         // reaches a stranded connection.
         if strand.is_stranded() {
-            let _ = mode.wait_for(|m| *m == Mode::Down).await;
-            return;
+            return strand.vanish(&mut mode).await;
         }
         if mode.wait_for(|m| *m != Mode::Cut).await.is_err() {
             return;

@@ -210,7 +210,7 @@ impl Campaign {
             // seen (a record deleted and written anew starts again low) and the configured one.
             let desired = desired(
                 context,
-                self.seen.tokens.next(None)?,
+                self.seen.tokens.floor(),
                 self.observed().map(|o| &o.record),
             );
             match context
@@ -265,7 +265,7 @@ impl Campaign {
         if current.is_none() {
             let Some(read) = context.request("get", context.lock.get()).await? else {
                 // S5: above every token seen, should the record have been deleted.
-                let desired = desired(context, self.seen.tokens.next(None)?, None);
+                let desired = desired(context, self.seen.tokens.floor(), None);
                 let created = context
                     .request("create", context.lock.create(&desired))
                     .await?;
@@ -297,7 +297,7 @@ impl Campaign {
             return Ok(Attempt::NotAcquired);
         }
         // S5: every acquisition, also our own again, gets the next fencing token.
-        let desired = desired(context, self.seen.tokens.next(Some(record))?, Some(record));
+        let desired = desired(context, self.seen.tokens.next(record)?, Some(record));
         let stored = context
             .request("update", context.lock.update(&current.version, &desired))
             .await?;

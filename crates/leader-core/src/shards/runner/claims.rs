@@ -61,13 +61,10 @@ impl Runner {
         if self.learned.try_acquire {
             // The store gives the next token, at least the one asked for: above every token
             // seen (S5), should the record have been deleted and written anew.
-            let desired = match self.table.tokens(key).next(None) {
-                Ok(token) => self.desired(token, current.as_ref().map(|o| &o.record)),
-                Err(err) => {
-                    claim.result = Err(err);
-                    return claim;
-                }
-            };
+            let desired = self.desired(
+                self.table.tokens(key).floor(),
+                current.as_ref().map(|o| &o.record),
+            );
             match self
                 .request("try_acquire", key, lock.try_acquire(&desired))
                 .await
@@ -142,7 +139,7 @@ impl Runner {
         let tokens = self.table.tokens(key);
         let Some(current) = current else {
             // S5: above every token seen, should the record have been deleted.
-            let desired = self.desired(tokens.next(None)?, None);
+            let desired = self.desired(tokens.floor(), None);
             let created = self.request("create", key, lock.create(&desired)).await?;
             return Ok(Some((created, started)));
         };
@@ -151,7 +148,7 @@ impl Runner {
             return Ok(None);
         }
         // S5: every acquisition gets the next token.
-        let desired = self.desired(tokens.next(Some(record))?, Some(record));
+        let desired = self.desired(tokens.next(record)?, Some(record));
         let stored = self
             .request("update", key, lock.update(&current.version, &desired))
             .await?;

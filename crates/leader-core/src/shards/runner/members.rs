@@ -493,7 +493,7 @@ impl Runner {
             let key = member_key(&self.cx.config.name, &identity);
             let lock = self.cx.lock(&key);
             // Above the record's token and every one seen of it (S5).
-            let desired = match self.table.tokens(&key).next(Some(&observed.record)) {
+            let desired = match self.table.tokens(&key).next(&observed.record) {
                 Ok(token) => self.desired(token, Some(&observed.record)),
                 Err(err) => {
                     self.cx.report("try_acquire", &err);

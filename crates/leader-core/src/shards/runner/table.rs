@@ -136,7 +136,7 @@ impl ShardTable {
     pub(super) fn observe(&mut self, key: &str, observed: Option<&Observed>) {
         if let Some(shard) = self.index(key) {
             if let Some(observed) = observed {
-                self.note_token(key, &observed.record);
+                self.tokens[shard].see(&observed.record);
             }
             note(&mut self.seen[shard], observed);
             return;
