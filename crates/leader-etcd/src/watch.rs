@@ -238,13 +238,17 @@ async fn watch_term(
 /// handover request; the lease handed to it). Renewals wake nobody, nor do the lock's own writes
 /// of the record (the holder's, of what it keeps in the extensions). What the
 /// watch reports is remembered in `seen`, so that a takeover is one transaction (or none).
+///
+/// The stream ends when the watch does: on an error, and when etcd cancels it (a watcher that
+/// fell behind the compacted revisions, say), after which the gRPC stream stays open but
+/// reports nothing more; the elector then watches again.
 pub(crate) fn changes(
     stream: WatchStream,
     seen: Arc<Mutex<Seen>>,
     identity: String,
 ) -> ChangeStream {
     let changes = stream
-        .take_while(|message| std::future::ready(message.is_ok()))
+        .take_while(|message| std::future::ready(message.as_ref().is_ok_and(|m| !m.canceled())))
         .filter(move |message| {
             let fire = message.as_ref().is_ok_and(|m| {
                 let mut seen = seen.lock().unwrap_or_else(|p| p.into_inner());

@@ -192,3 +192,54 @@ async fn a_release_hands_the_lease_to_the_longest_waiting_candidate() {
     let released = record_at(&store, &key).await.expect("the record");
     assert!(released.is_free(), "released to nobody: {released:?}");
 }
+
+/// A follower's change stream ends when etcd cancels its watch, so that the elector watches
+/// again instead of waiting on a watch that reports nothing more. etcd cancels a watcher that
+/// fell behind revisions compacted since (`server/storage/mvcc/watchable_store.go`: a watcher
+/// whose channel is full leaves the synced group; once behind the compacted revision it is sent
+/// a compacted response and removed, which `v3rpc/watch.go` reports as canceled). Here the
+/// stream is left unread while 300 writes of 16 KiB fill the watcher's channel, then the
+/// server compacts. A server of the test's own, so that the compaction reaches no other test.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_stream_ends_when_etcd_cancels_its_watch() {
+    use futures_util::StreamExt;
+    let Some(cluster) = leader_test_support::etcd_cluster::EtcdCluster::start(1) else {
+        return;
+    };
+    let store = leader_etcd::EtcdStore::builder(cluster.endpoints())
+        .build()
+        .await
+        .expect("a store on the server");
+    let lock = store.lock(unique("canceled"), "follower");
+    let mut changes = lock.watch().await.expect("watch").expect("a change stream");
+    let mut client = store.client().await.expect("etcd client");
+    // Not a record: the follower acts on every such write (its next read reports it).
+    let value = vec![b'x'; 16 * 1024];
+    let mut revision = 0;
+    for _ in 0..300 {
+        let put = client
+            .put(lock.key(), value.clone(), None)
+            .await
+            .expect("a write");
+        revision = put.header().expect("a header").revision();
+    }
+    client
+        .compact(revision, None)
+        .await
+        .expect("compact the writes");
+    let mut woken = 0;
+    let ended = timeout(Duration::from_secs(30), async {
+        while changes.next().await.is_some() {
+            woken += 1;
+        }
+    })
+    .await;
+    assert!(
+        ended.is_ok(),
+        "the change stream goes on after etcd canceled its watch ({woken} changes reported)"
+    );
+    assert!(
+        woken < 300,
+        "etcd did not cancel the watch: all {woken} changes were reported"
+    );
+}
