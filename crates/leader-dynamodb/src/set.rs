@@ -5,7 +5,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use aws_sdk_dynamodb::types::{KeysAndAttributes, TransactWriteItem};
-use leader_core::backend::{KeyedLocks, LockErrorExt, Renewal};
+use leader_core::backend::{Backoff, Jitter, KeyedLocks, LockErrorExt, Renewal};
 use leader_core::{LockError, LockSet, Observed, ResourceLock, Version, async_trait};
 
 use crate::error::{BACKEND, map};
@@ -15,9 +15,17 @@ use crate::store::{DynamoStore, KEY_ATTRIBUTE};
 /// The most keys one `BatchGetItem` reads, and the most items one `TransactWriteItems` writes.
 pub const BATCH_LIMIT: usize = 100;
 
+/// The wait before a read asks again for the keys DynamoDB left unprocessed, doubling with each
+/// answer that leaves some, up to [`UNPROCESSED_LONGEST_WAIT`]: DynamoDB leaves keys unread when
+/// the table is throttled, and asking again at once adds to the load that throttles it.
+const UNPROCESSED_FIRST_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// The longest wait between two reads of the keys DynamoDB left unprocessed.
+const UNPROCESSED_LONGEST_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// The records of a shard set, items of one lock table ([`DynamoStore::lock_set`]).
 /// [`get_many`](LockSet::get_many) is one strongly consistent `BatchGetItem` per 100 records
-/// (again for the keys DynamoDB left unprocessed), [`renew_many`](LockSet::renew_many) one
+/// (again for the keys DynamoDB left unprocessed, after a wait that doubles each time), [`renew_many`](LockSet::renew_many) one
 /// `TransactWriteItems` per 100 renewals, each renewal conditioned on its version as a
 /// [`DynamoLock`](crate::DynamoLock)'s renewal is. A transaction is all or nothing: when one
 /// renewal's condition fails, DynamoDB says which, that one is a conflict and the others are
@@ -55,6 +63,8 @@ impl DynamoLockSet {
         let mut pending: Vec<_> = keys.iter().map(|name| key(name)).collect();
         let mut found = HashMap::new();
         let deadline = tokio::time::Instant::now() + self.store.inner.timeout;
+        let mut backoff = Backoff::new(UNPROCESSED_FIRST_WAIT, UNPROCESSED_LONGEST_WAIT)
+            .jitter(Jitter::Longer(0.2));
         while !pending.is_empty() {
             let request = KeysAndAttributes::builder()
                 .set_keys(Some(std::mem::take(&mut pending)))
@@ -82,7 +92,8 @@ impl DynamoLockSet {
                     found.insert(name.clone(), item);
                 }
             }
-            // Keys DynamoDB did not read (throughput, size): asked again, within the timeout.
+            // Keys DynamoDB did not read (throughput, size): asked again after a wait that
+            // doubles, as DynamoDB asks of a client it throttles, within the timeout.
             pending = answer
                 .unprocessed_keys
                 .unwrap_or_default()
@@ -90,7 +101,8 @@ impl DynamoLockSet {
                 .map(|unread| unread.keys)
                 .unwrap_or_default();
             if !pending.is_empty() {
-                if tokio::time::Instant::now() >= deadline {
+                let wait = backoff.failed();
+                if tokio::time::Instant::now() + wait >= deadline {
                     return Err(LockError::unavailable(
                         BACKEND,
                         format!(
@@ -101,7 +113,7 @@ impl DynamoLockSet {
                         ),
                     ));
                 }
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                tokio::time::sleep(wait).await;
             }
         }
         Ok(found)
