@@ -45,6 +45,16 @@ async fn through_a_proxy() -> Option<(Proxy, String)> {
     Some((proxy, proxied))
 }
 
+/// A candidate on `lock`, with the tests' timings.
+fn candidate(lock: leader_redis::RedisLock) -> Candidate {
+    Candidate::build(
+        LeaderElector::builder(lock)
+            .lease_duration(LEASE)
+            .renew_deadline(RENEW)
+            .retry_period(RETRY),
+    )
+}
+
 /// A firewall or NAT between the leader and Redis drops the state of its connection: what the
 /// leader sends vanishes, and no reset tells the driver. The request that went unanswered
 /// replaces the connection, and the leader's next renewal goes on a new one: it goes on
@@ -60,12 +70,7 @@ async fn a_connection_the_network_dropped_is_replaced() {
         .build()
         .await
         .expect("store");
-    let mut candidate = Candidate::build(
-        LeaderElector::builder(store.lock("election", "a"))
-            .lease_duration(LEASE)
-            .renew_deadline(RENEW)
-            .retry_period(RETRY),
-    );
+    let mut candidate = candidate(store.lock("election", "a"));
     let first = candidate.wait_leading(Duration::from_secs(10)).await;
     let term = candidate.term().expect("leading");
     sleep(RETRY * 2).await;
@@ -85,4 +90,46 @@ async fn a_connection_the_network_dropped_is_replaced() {
         eprintln!("the term went on");
     }
     candidate.stop().await;
+}
+
+/// A NAT or firewall drops the state of the follower's pub/sub connection, which is idle while
+/// nobody releases or takes the lease: no error reports it, and the follower would be woken by
+/// nothing more. A `PING` every 10 s goes unanswered, the follower's change stream ends, and
+/// the next watch, on a new connection, hears a release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pubsub_connection_the_network_dropped_is_replaced() {
+    use futures_util::StreamExt;
+    use leader_core::ResourceLock;
+    let Some((proxy, url)) = through_a_proxy().await else {
+        return;
+    };
+    let prefix = format!("{}:", unique("stranded-pubsub"));
+    let follower = RedisStore::builder(url)
+        .prefix(prefix.clone())
+        .build()
+        .await
+        .expect("store");
+    let lock = follower.lock("election", "b");
+    let mut changes = lock.watch().await.expect("watch").expect("a change stream");
+    proxy.strand();
+    // The check's period and its PING's timeout, with a margin.
+    let ended = tokio::time::timeout(Duration::from_secs(30), changes.next()).await;
+    assert!(
+        matches!(ended, Ok(None)),
+        "the change stream of a stranded connection goes on"
+    );
+    let mut changes = lock.watch().await.expect("watch").expect("a change stream");
+    let direct = RedisStore::builder(redis_url())
+        .prefix(prefix)
+        .build()
+        .await
+        .expect("store");
+    let mut leader = candidate(direct.lock("election", "a"));
+    leader.wait_leading(Duration::from_secs(10)).await;
+    leader.stop().await;
+    let woken = tokio::time::timeout(Duration::from_secs(10), changes.next()).await;
+    assert!(
+        matches!(woken, Ok(Some(()))),
+        "a release on the new connection reached the follower: {woken:?}"
+    );
 }

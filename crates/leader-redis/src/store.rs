@@ -1,6 +1,7 @@
 //! The store: one Redis server, its shared connection and its pub/sub subscriber.
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
@@ -8,7 +9,7 @@ use futures_util::StreamExt;
 use leader_core::backend::ChangeHub;
 use leader_core::{ChangeStream, LockError, redact_url};
 use redis::Client;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig, PubSubSink};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig, PubSubSink, PubSubStream};
 use tokio::sync::Mutex;
 
 use crate::error::{BACKEND, map};
@@ -303,10 +304,17 @@ pub(crate) enum Lane {
     Bulk,
 }
 
+/// How often the pub/sub connection is checked with a `PING`. The connection is idle while
+/// nobody releases or takes a lease, and a NAT or firewall drops the state of an idle connection
+/// (after some minutes, on many): the check keeps it in use, and finds one whose state was
+/// dropped all the same, which no error reports, within this period and [`RESPONSE_TIMEOUT`].
+pub(crate) const SUBSCRIBER_CHECK: Duration = Duration::from_secs(10);
+
 /// One pub/sub connection per store, fanned out to the followers of each channel.
 #[derive(Default)]
 pub(crate) struct Subscriber {
-    sink: Mutex<Option<PubSubSink>>,
+    /// The connection's sink, and whether its reader still runs.
+    sink: Mutex<Option<(PubSubSink, Arc<AtomicBool>)>>,
     hub: ChangeHub,
 }
 
@@ -317,6 +325,12 @@ impl Subscriber {
         channel: &str,
     ) -> Result<ChangeStream, LockError> {
         let mut sink = self.sink.lock().await;
+        if sink
+            .as_ref()
+            .is_some_and(|(_, reading)| !reading.load(Ordering::Acquire))
+        {
+            *sink = None;
+        }
         if sink.is_none() || !self.hub.contains(channel) {
             if sink.is_none() {
                 self.hub.close();
@@ -326,18 +340,17 @@ impl Subscriber {
                     .get_async_pubsub()
                     .await
                     .map_err(|err| map(&store.inner.redacted, err))?;
-                let (new_sink, mut messages) = pubsub.split();
-                let hub = self.hub.clone();
-                tokio::spawn(async move {
-                    while let Some(message) = messages.next().await {
-                        hub.notify(message.get_channel_name());
-                    }
-                    // The connection is gone: end every follower's stream so they subscribe again.
-                    hub.close();
-                });
-                *sink = Some(new_sink);
+                let (new_sink, messages) = pubsub.split();
+                let reading = Arc::new(AtomicBool::new(true));
+                tokio::spawn(read_messages(
+                    messages,
+                    new_sink.clone(),
+                    self.hub.clone(),
+                    reading.clone(),
+                ));
+                *sink = Some((new_sink, reading));
             }
-            let Some(active) = sink.as_mut() else {
+            let Some((active, _)) = sink.as_mut() else {
                 unreachable!("connected above");
             };
             if let Err(err) = active.subscribe(channel).await {
@@ -347,4 +360,38 @@ impl Subscriber {
         }
         Ok(self.hub.subscribe(channel))
     }
+}
+
+/// Hands the pub/sub connection's messages to the followers, and checks the connection with a
+/// `PING` every [`SUBSCRIBER_CHECK`], until it ends or a `PING` goes unanswered. Then every
+/// follower's stream ends, and the next subscription opens a new connection.
+async fn read_messages(
+    mut messages: PubSubStream,
+    mut sink: PubSubSink,
+    hub: ChangeHub,
+    reading: Arc<AtomicBool>,
+) {
+    let mut check = tokio::time::interval_at(
+        tokio::time::Instant::now() + SUBSCRIBER_CHECK,
+        SUBSCRIBER_CHECK,
+    );
+    check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            message = messages.next() => match message {
+                Some(message) => hub.notify(message.get_channel_name()),
+                None => break,
+            },
+            _ = check.tick() => {
+                let answer =
+                    tokio::time::timeout(RESPONSE_TIMEOUT, sink.ping::<redis::Value>()).await;
+                if !matches!(answer, Ok(Ok(_))) {
+                    tracing::debug!("the pub/sub connection did not answer a PING: replaced");
+                    break;
+                }
+            }
+        }
+    }
+    reading.store(false, Ordering::Release);
+    hub.close();
 }
