@@ -131,6 +131,8 @@ impl Drop for Shared {
 struct Watcher {
     hub: ChangeHub,
     task: JoinHandle<()>,
+    /// Set by the task before it ends the streams: a watch from then on starts another.
+    ended: Arc<AtomicBool>,
 }
 
 impl Watcher {
@@ -373,7 +375,10 @@ impl ResourceLock for NamedLock {
                 .watcher
                 .lock()
                 .unwrap_or_else(|p| p.into_inner());
-            if let Some(watcher) = watcher.as_ref().filter(|w| !w.task.is_finished()) {
+            if let Some(watcher) = watcher
+                .as_ref()
+                .filter(|w| !w.ended.load(Ordering::Acquire))
+            {
                 return Ok(Some(watcher.hub.subscribe(CHANNEL)));
             }
         }
@@ -393,7 +398,9 @@ impl ResourceLock for NamedLock {
             .map_err(|err| map(&context, err))?;
         let hub = ChangeHub::new();
         let stream = hub.subscribe(CHANNEL);
+        let ended = Arc::new(AtomicBool::new(false));
         let follower = Follower {
+            ended: ended.clone(),
             lock: Arc::downgrade(&self.shared),
             store: self.store.clone(),
             name: self.table.name().to_owned(),
@@ -408,7 +415,7 @@ impl ResourceLock for NamedLock {
             .watcher
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .replace(Watcher { hub, task });
+            .replace(Watcher { hub, task, ended });
         if let Some(previous) = previous {
             previous.stop();
         }

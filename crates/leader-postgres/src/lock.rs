@@ -10,7 +10,7 @@ use tokio_postgres::{Client, Statement};
 
 use crate::error::{BACKEND, map};
 use crate::sql::{TIME_LEFT, decode, parse_version};
-use crate::store::PostgresStore;
+use crate::store::{Lent, PostgresStore};
 
 /// A [`ResourceLock`] on one row of the lock table.
 ///
@@ -97,10 +97,8 @@ impl Election {
             .prepare_cached(&store.inner().table_statements.time_left)
             .await
             .map_err(|err| map(&context, err))?;
-        let row = client
-            .query_opt(&statement, &[&self.name])
-            .await
-            .map_err(|err| map(&context, err))?;
+        let row = client.query_opt(&statement, &[&self.name]).await;
+        let row = client.answered(row).map_err(|err| map(&context, err))?;
         Ok(row
             .and_then(|row| u64::try_from(row.get::<_, i64>(0)).ok())
             .map(std::time::Duration::from_millis))
@@ -264,10 +262,7 @@ impl TableLock {
         &self.election.name
     }
 
-    async fn prepared(
-        &self,
-        sql: &str,
-    ) -> Result<(deadpool_postgres::Object, Statement), LockError> {
+    async fn prepared(&self, sql: &str) -> Result<(Lent, Statement), LockError> {
         let client = self.store.client().await?;
         let statement = client
             .prepare_cached(sql)
@@ -283,16 +278,19 @@ impl ResourceLock for TableLock {
         let (client, statement) = self
             .prepared(&self.store.inner().table_statements.get)
             .await?;
-        self.election.get(&self.store, &client, &statement).await
+        let got = self.election.get(&self.store, &client, &statement).await;
+        client.answered(got)
     }
 
     async fn create(&self, record: &LeaderElectionRecord) -> Result<Observed, LockError> {
         let (client, statement) = self
             .prepared(&self.store.inner().table_statements.create)
             .await?;
-        self.election
+        let created = self
+            .election
             .create(&self.store, &client, &statement, record, false)
-            .await
+            .await;
+        client.answered(created)
     }
 
     async fn update(
@@ -307,9 +305,11 @@ impl ResourceLock for TableLock {
             Write::Request => &statements.request,
         };
         let (client, statement) = self.prepared(sql).await?;
-        self.election
+        let updated = self
+            .election
             .update(&self.store, &client, &statement, version, record, false)
-            .await
+            .await;
+        client.answered(updated)
     }
 
     async fn time_left(&self) -> Result<Option<std::time::Duration>, LockError> {
@@ -339,9 +339,10 @@ impl ResourceLock for TableLock {
         let (client, statement) = self
             .prepared(&self.store.inner().table_statements.try_acquire)
             .await?;
-        self.election
+        let acquired = self
+            .election
             .try_acquire(&self.store, &client, &statement, desired, false)
-            .await
-            .map(Some)
+            .await;
+        client.answered(acquired).map(Some)
     }
 }

@@ -51,10 +51,8 @@ impl PostgresLockSet {
             .prepare_cached(sql)
             .await
             .map_err(|err| map(&context, err))?;
-        client
-            .query(&statement, params)
-            .await
-            .map_err(|err| map(&context, err))
+        let rows = client.query(&statement, params).await;
+        client.answered(rows).map_err(|err| map(&context, err))
     }
 }
 

@@ -243,7 +243,8 @@ impl PostgresStore {
     /// unique `name`, a view): it is left exactly as it is.
     pub async fn create_table(&self) -> Result<(), LockError> {
         let client = self.client().await?;
-        crate::schema::prepare(&client, &self.inner.table, &self.context()).await
+        let prepared = crate::schema::prepare(&client, &self.inner.table, &self.context()).await;
+        client.answered(prepared)
     }
 
     /// The connection pool.
@@ -268,10 +269,10 @@ impl PostgresStore {
         )
     }
 
-    /// A pooled connection for one of the locks' statements, each its own transaction. One
-    /// that another user of the pool had since the locks last did is checked first: see
-    /// [`checked`](Self::checked).
-    pub(crate) async fn client(&self) -> Result<Object, LockError> {
+    /// A pooled connection for one of the locks' statements, each its own transaction, lent
+    /// until the request has its answer ([`Lent::answered`]). One that another user of the pool
+    /// had since the locks last did is checked first: see [`checked`](Self::checked).
+    pub(crate) async fn client(&self) -> Result<Lent, LockError> {
         let client = self
             .inner
             .pool
@@ -281,11 +282,11 @@ impl PostgresStore {
         let checkouts = &self.inner.checkouts;
         let bound = 4 * self.inner.pool.status().max_size + 16;
         if checkouts.ours(&client, bound) {
-            return Ok(client);
+            return Ok(Lent(Some(client)));
         }
         let client = self.checked(client).await?;
         checkouts.record(&client, bound);
-        Ok(client)
+        Ok(Lent(Some(client)))
     }
 
     /// `client`, unless the user of the pool who had it left it inside a transaction (or one
@@ -353,6 +354,8 @@ impl PostgresStore {
 pub(crate) struct Dedicated {
     client: Client,
     connection: tokio::task::AbortHandle,
+    /// Set by [`close`](Self::close): the socket task may not have stopped yet.
+    closed: std::sync::atomic::AtomicBool,
 }
 
 impl std::ops::Deref for Dedicated {
@@ -363,16 +366,30 @@ impl std::ops::Deref for Dedicated {
     }
 }
 
+impl Dedicated {
+    /// Closes the socket at once, as dropping it does.
+    pub(crate) fn close(&self) {
+        self.closed
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.connection.abort();
+    }
+
+    /// Whether the connection is closed, or [`close`](Self::close) was called.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(std::sync::atomic::Ordering::Acquire) || self.client.is_closed()
+    }
+}
+
 impl Drop for Dedicated {
     fn drop(&mut self) {
-        self.connection.abort();
+        self.close();
     }
 }
 
 impl fmt::Debug for Dedicated {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Dedicated")
-            .field("closed", &self.client.is_closed())
+            .field("closed", &self.is_closed())
             .finish_non_exhaustive()
     }
 }
@@ -388,7 +405,11 @@ where
 {
     let (client, connection) = config.connect(tls).await?;
     let connection = tokio::spawn(drive(connection, notify)).abort_handle();
-    Ok(Dedicated { client, connection })
+    Ok(Dedicated {
+        client,
+        connection,
+        closed: std::sync::atomic::AtomicBool::new(false),
+    })
 }
 
 /// Drives a dedicated connection, forwarding the channel names of notifications.
@@ -468,10 +489,91 @@ impl Checkouts {
     }
 }
 
+/// Hands the LISTEN connection's notifications to the followers, and checks the connection
+/// every [`LISTEN_CHECK`], until it closes, the listener lets go of it, or a check goes
+/// unanswered (which closes it). Then every follower's stream ends, and the next subscription
+/// opens a new connection.
+async fn read_notifications(
+    mut rx: broadcast::Receiver<String>,
+    connection: std::sync::Weak<Dedicated>,
+    hub: ChangeHub,
+) {
+    let mut check =
+        tokio::time::interval_at(tokio::time::Instant::now() + LISTEN_CHECK, LISTEN_CHECK);
+    check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            received = rx.recv() => match received {
+                Ok(channel) => hub.notify(&channel),
+                // Missed some: wake every follower, they will read the record.
+                Err(broadcast::error::RecvError::Lagged(_)) => hub.notify_all(),
+                Err(broadcast::error::RecvError::Closed) => break,
+            },
+            _ = check.tick() => {
+                let Some(connection) = connection.upgrade() else { break };
+                let answer =
+                    tokio::time::timeout(LISTEN_CHECK_TIMEOUT, connection.simple_query("")).await;
+                if !matches!(answer, Ok(Ok(_))) {
+                    tracing::debug!("the LISTEN connection did not answer its check: closed");
+                    connection.close();
+                    break;
+                }
+            }
+        }
+    }
+    // The connection is gone: end every follower's stream so they subscribe again.
+    hub.close();
+}
+
+/// A pooled connection lent to one request. It goes back to the pool once the request has its
+/// answer ([`answered`](Self::answered)), an error from the server included. Dropped before
+/// that, because its caller gave up on the request (the elector's request timeout, a shard
+/// round's deadline) or a statement failed on the way, it is closed instead: a connection
+/// whose request went unanswered may be one whose state a NAT or firewall dropped, which no
+/// error reports, and the pool would lend it to every later request until TCP gave up on it.
+pub(crate) struct Lent(Option<Object>);
+
+impl Lent {
+    /// The request has its answer: the connection goes back to the pool, and `result` is
+    /// passed on.
+    pub(crate) fn answered<T>(mut self, result: T) -> T {
+        drop(self.0.take());
+        result
+    }
+}
+
+impl std::ops::Deref for Lent {
+    type Target = Object;
+
+    fn deref(&self) -> &Object {
+        match &self.0 {
+            Some(object) => object,
+            None => unreachable!("a lent connection is only taken back when it is dropped"),
+        }
+    }
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        if let Some(object) = self.0.take() {
+            drop(Object::take(object));
+        }
+    }
+}
+
+/// How often the LISTEN connection is checked with an empty statement. The connection is idle
+/// while nobody releases or takes a lease, and a NAT or firewall drops the state of an idle
+/// connection: the check keeps it in use, and finds one whose state was dropped all the same,
+/// which no error reports, within this period and [`LISTEN_CHECK_TIMEOUT`].
+const LISTEN_CHECK: Duration = Duration::from_secs(10);
+
+/// How long the LISTEN connection's check waits for its answer before it closes the connection.
+const LISTEN_CHECK_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// One LISTEN connection per store, fanned out to the followers of each channel.
 #[derive(Default)]
 struct Listener {
-    client: Mutex<Option<Dedicated>>,
+    client: Mutex<Option<Arc<Dedicated>>>,
     hub: ChangeHub,
 }
 
@@ -484,21 +586,14 @@ impl Listener {
         let mut client = self.client.lock().await;
         if client.as_ref().is_none_or(|c| c.is_closed()) {
             self.hub.close();
-            let (tx, mut rx) = broadcast::channel::<String>(256);
-            *client = Some(store.dedicated("", Some(tx)).await?);
-            let hub = self.hub.clone();
-            tokio::spawn(async move {
-                loop {
-                    match rx.recv().await {
-                        Ok(channel) => hub.notify(&channel),
-                        // Missed some: wake every follower, they will read the record.
-                        Err(broadcast::error::RecvError::Lagged(_)) => hub.notify_all(),
-                        Err(broadcast::error::RecvError::Closed) => break,
-                    }
-                }
-                // The connection is gone: end every follower's stream so they subscribe again.
-                hub.close();
-            });
+            let (tx, rx) = broadcast::channel::<String>(256);
+            let connected = Arc::new(store.dedicated("", Some(tx)).await?);
+            tokio::spawn(read_notifications(
+                rx,
+                Arc::downgrade(&connected),
+                self.hub.clone(),
+            ));
+            *client = Some(connected);
         }
         let Some(client) = client.as_ref() else {
             unreachable!("connected above");

@@ -1,15 +1,15 @@
 //! The task behind a lock's watch: it waits in `GET_LOCK` (and reads the record) until the
 //! holder changes.
 
-use std::sync::Weak;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use leader_core::backend::{Backoff, ChangeHub};
 use mysql_async::Conn;
 use mysql_async::prelude::Queryable;
 
-use super::{CHANNEL, FIRST_FREE_PAUSE, Shared, Summary, held};
+use super::{CHANNEL, FIRST_FREE_PAUSE, Shared, Summary, WATCH_SILENCE_MARGIN, held};
 use crate::store::MysqlStore;
 
 /// The task behind a lock's watch.
@@ -21,20 +21,28 @@ pub(super) struct Follower {
     pub(super) interval: Duration,
     pub(super) hub: ChangeHub,
     pub(super) last: Summary,
+    /// Set before the streams end.
+    pub(super) ended: Arc<AtomicBool>,
 }
 
 impl Follower {
-    /// Until the lock is dropped or closed, or the connection fails (its streams then end, and
-    /// the elector subscribes again).
+    /// Until the lock is dropped or closed, or the connection fails or goes silent (its streams
+    /// then end, and the elector subscribes again).
     pub(super) async fn run(mut self, mut conn: Conn) {
         if let Err(err) = self.follow(&mut conn).await {
             tracing::debug!(error = %err, "the GET_LOCK lock's watch ended");
         }
+        self.ended.store(true, Ordering::Release);
         self.hub.close();
-        let _ = conn.disconnect().await;
+        // A silent connection may not take the goodbye either.
+        let _ = tokio::time::timeout(WATCH_SILENCE_MARGIN, conn.disconnect()).await;
     }
 
-    async fn follow(&mut self, conn: &mut Conn) -> Result<(), mysql_async::Error> {
+    async fn follow(&mut self, conn: &mut Conn) -> Result<(), String> {
+        // The server drops the watch's session after this long of silence (see
+        // `session_timeouts`): a statement unanswered for as long is on a connection that is
+        // gone, which no error reports when a NAT or firewall dropped its state.
+        let limit = self.interval + WATCH_SILENCE_MARGIN;
         let statements = &self.store.inner().named_statements;
         let seconds = i64::try_from(self.interval.as_secs().max(1)).unwrap_or(i64::MAX);
         // The record as it was when the holder's session was last found gone: the lock is not
@@ -57,18 +65,22 @@ impl Follower {
                 // A follower never keeps the lock: the statement that gets it lets go of it,
                 // so a follower that stops while it waits holds up nobody.
                 let key = self.key.as_str();
-                let got: Option<Option<i64>> = conn
-                    .exec_first(&statements.wait, (key, seconds, key))
-                    .await?;
+                let got: Option<Option<i64>> = answered(
+                    limit,
+                    conn.exec_first(&statements.wait, (key, seconds, key)),
+                )
+                .await?;
                 let_go = got.flatten() == Some(1);
             } else if !holding && !held(&self.last) {
                 tokio::time::sleep(free_pause.failed()).await;
             } else {
                 tokio::time::sleep(Duration::from_secs(seconds.unsigned_abs())).await;
             }
-            let now: Summary = conn
-                .exec_first(&statements.summary, (self.name.as_str(),))
-                .await?;
+            let now: Summary = answered(
+                limit,
+                conn.exec_first(&statements.summary, (self.name.as_str(),)),
+            )
+            .await?;
             if held(&now) {
                 free_pause.succeeded();
             }
@@ -83,5 +95,16 @@ impl Follower {
             }
             self.last = now;
         }
+    }
+}
+
+/// `statement`'s answer, or an error when it failed or went unanswered for `limit`.
+async fn answered<T>(
+    limit: Duration,
+    statement: impl Future<Output = Result<T, mysql_async::Error>>,
+) -> Result<T, String> {
+    match tokio::time::timeout(limit, statement).await {
+        Ok(answer) => answer.map_err(|err| err.to_string()),
+        Err(_) => Err(format!("a statement went unanswered for {limit:?}")),
     }
 }

@@ -25,6 +25,13 @@ pub(super) fn reconnect_delay(attempts: usize) -> Duration {
     RECONNECT.wait_after(u32::try_from(attempts).unwrap_or(u32::MAX))
 }
 
+/// How long the connection may stay silent before the client sends a `PING`; with two left
+/// unanswered, the third makes it connect again. A connection whose state a NAT or firewall
+/// dropped reports no error, and the client's default (a minute) would leave the lock on it,
+/// failing every request, for three minutes. A busy connection sends none: anything the server
+/// sends counts as an answer.
+const PING_INTERVAL: Duration = Duration::from_secs(3);
+
 /// Builds a [`NatsStore`].
 #[must_use]
 pub struct NatsStoreBuilder {
@@ -249,6 +256,7 @@ impl NatsStoreBuilder {
             .name("leader")
             .retry_on_initial_connect()
             .reconnect_delay_callback(reconnect_delay)
+            .ping_interval(PING_INTERVAL)
             .request_timeout(Some(self.request_timeout))
             .require_tls(self.require_tls)
             .event_callback(move |event| {
