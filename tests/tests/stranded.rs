@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 
-use leader_core::LeaderElector;
 use leader_core::background::Candidate;
+use leader_core::{CancellationToken, LeaderElector, Shards, ShardsState};
 use leader_test_support::{in_ci, unique};
 use leader_tests::harness::proxy::Proxy;
 use tokio::time::sleep;
@@ -208,10 +208,52 @@ fn zookeeper_url() -> String {
     format!("zk://{ensemble}/?prefix=/{}", unique("stranded"))
 }
 
-/// A test a store, of its leader and, where its lock has a change stream, of a follower, side
-/// by side on proxies of their own.
+/// The shards of the stranded member's set.
+const SHARDS: u32 = 3;
+
+/// Opens the shard set `url` names through a proxy as its one member, waits until it owns every
+/// shard, strands its connections, and checks that it owns every shard again within four leases
+/// of the stranding (or never lost them).
+async fn a_stranded_shard_member_owns_its_shards_again(what: &str, url: &str) {
+    let Some((proxy, proxied)) = through_a_proxy(what, url).await else {
+        return;
+    };
+    let name = unique("stranded-set");
+    let set = leader::open_set(&proxied, &name, "m")
+        .await
+        .unwrap_or_else(|err| panic!("{what}: open the shard set: {err}"));
+    let shards = Shards::builder(&name, SHARDS, set)
+        .lease_duration(LEASE)
+        .renew_deadline(RENEW)
+        .retry_period(RETRY)
+        .build()
+        .expect("shard settings");
+    let mut state = shards.subscribe();
+    let shutdown = CancellationToken::new();
+    let member = tokio::spawn(shards.run(shutdown.clone()));
+    let owns_all = |state: &ShardsState| state.tokens().len() == SHARDS as usize;
+    tokio::time::timeout(Duration::from_secs(20), state.wait_for(owns_all))
+        .await
+        .unwrap_or_else(|_| panic!("{what}: the member did not own every shard"))
+        .expect("the member runs");
+    proxy.strand();
+    sleep(LEASE * 2).await;
+    let again = tokio::time::timeout(LEASE * 4, state.wait_for(owns_all))
+        .await
+        .is_ok_and(|owned| owned.is_ok());
+    assert!(
+        again,
+        "{what}: the member owns {:?} of {SHARDS} shards four leases after the stranding",
+        state.borrow().tokens()
+    );
+    shutdown.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(10), member).await;
+}
+
+/// A test a store, of its leader, of a follower where its lock has a change stream, and of a
+/// shard member where it keeps shard sets, side by side on proxies of their own.
 macro_rules! each_store {
-    ($($store:ident: $what:literal, $url:expr, follower: $follower:literal;)*) => {
+    ($($store:ident: $what:literal, $url:expr, follower: $follower:literal, shards: $shards:literal;)*) => {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $store() {
@@ -221,20 +263,26 @@ macro_rules! each_store {
                         a_stranded_follower_hears_a_release($what, &url).await;
                     }
                 };
-                tokio::join!(a_stranded_leader_leads_again($what, &url), follower);
+                let member = async {
+                    if $shards {
+                        a_stranded_shard_member_owns_its_shards_again($what, &url).await;
+                    }
+                };
+                tokio::join!(a_stranded_leader_leads_again($what, &url), follower, member);
             }
         )*
     };
 }
 
 each_store! {
-    redis: "Redis", redis_url(), follower: true;
-    postgres: "Postgres", leader_test_support::database_url(), follower: true;
-    postgres_advisory: "Postgres advisory lock", postgres_advisory_url(), follower: true;
-    // The table lock has no change stream: its followers read the record.
-    mysql: "MySQL", leader_test_support::mysql_url(), follower: false;
-    mysql_named: "MySQL GET_LOCK", mysql_named_url(), follower: true;
-    etcd: "etcd", etcd_url(), follower: true;
-    nats: "NATS", nats_url(), follower: true;
-    zookeeper: "ZooKeeper", zookeeper_url(), follower: true;
+    redis: "Redis", redis_url(), follower: true, shards: true;
+    postgres: "Postgres", leader_test_support::database_url(), follower: true, shards: true;
+    postgres_advisory: "Postgres advisory lock", postgres_advisory_url(), follower: true, shards: false;
+    // The table lock has no change stream: its followers read the record. Shard sets use the
+    // table lock, whichever lock the URL names.
+    mysql: "MySQL", leader_test_support::mysql_url(), follower: false, shards: true;
+    mysql_named: "MySQL GET_LOCK", mysql_named_url(), follower: true, shards: false;
+    etcd: "etcd", etcd_url(), follower: true, shards: true;
+    nats: "NATS", nats_url(), follower: true, shards: true;
+    zookeeper: "ZooKeeper", zookeeper_url(), follower: true, shards: true;
 }
