@@ -20,12 +20,15 @@ pub const BATCH_LIMIT: usize = 100;
 /// the table is throttled, and asking again at once adds to the load that throttles it.
 const UNPROCESSED_FIRST_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
 
-/// The longest wait between two reads of the keys DynamoDB left unprocessed.
-const UNPROCESSED_LONGEST_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+/// The longest wait between two reads of the keys DynamoDB left unprocessed: short enough that
+/// a read the table serves a part at a time still ends within the request timeout (ten
+/// answers take under four seconds of waits).
+const UNPROCESSED_LONGEST_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// The records of a shard set, items of one lock table ([`DynamoStore::lock_set`]).
 /// [`get_many`](LockSet::get_many) is one strongly consistent `BatchGetItem` per 100 records
-/// (again for the keys DynamoDB left unprocessed, after a wait that doubles each time), [`renew_many`](LockSet::renew_many) one
+/// (again for the keys DynamoDB left unprocessed, after a wait that doubles each time; a read
+/// whose next wait would pass the request timeout fails at once, as unavailable), [`renew_many`](LockSet::renew_many) one
 /// `TransactWriteItems` per 100 renewals, each renewal conditioned on its version as a
 /// [`DynamoLock`](crate::DynamoLock)'s renewal is. A transaction is all or nothing: when one
 /// renewal's condition fails, DynamoDB says which, that one is a conflict and the others are

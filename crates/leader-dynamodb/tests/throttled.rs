@@ -177,7 +177,7 @@ async fn throttled_store(
 }
 
 /// A read of a table that stays throttled asks again after waits that double, and fails within
-/// its timeout as unavailable: six requests or so in two seconds, where asking again every 50 ms
+/// its timeout as unavailable: seven requests at most in two seconds, where asking again every 50 ms
 /// sent thirty.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_throttled_read_asks_again_after_waits_that_double() {
@@ -200,9 +200,10 @@ async fn a_throttled_read_asks_again_after_waits_that_double() {
             other => panic!("a read that stayed throttled ends unavailable, not {other:?}"),
         }
     }
-    // 50 + 100 + 200 + 400 + 800 ms (a fifth longer at most) fit in 2 s; 1 s more does not.
+    // Waits of 50, 100, 200 and 400 ms, then 500 ms each (a fifth longer at most): seven
+    // requests at most fit in 2 s, fewer when each takes longer on a loaded machine.
     assert!(
-        (3..=8).contains(&sent),
+        (3..=7).contains(&sent),
         "{sent} BatchGetItem requests within the 2 s timeout of a throttled read"
     );
 }

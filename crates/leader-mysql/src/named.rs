@@ -131,8 +131,6 @@ impl Drop for Shared {
 struct Watcher {
     hub: ChangeHub,
     task: JoinHandle<()>,
-    /// Set by the task before it ends the streams: a watch from then on starts another.
-    ended: Arc<AtomicBool>,
 }
 
 impl Watcher {
@@ -377,7 +375,8 @@ impl ResourceLock for NamedLock {
                 .unwrap_or_else(|p| p.into_inner());
             if let Some(watcher) = watcher
                 .as_ref()
-                .filter(|w| !w.ended.load(Ordering::Acquire))
+                // The task closes the hub before it ends: a watch from then on starts another.
+                .filter(|w| !w.hub.is_closed() && !w.task.is_finished())
             {
                 return Ok(Some(watcher.hub.subscribe(CHANNEL)));
             }
@@ -398,9 +397,7 @@ impl ResourceLock for NamedLock {
             .map_err(|err| map(&context, err))?;
         let hub = ChangeHub::new();
         let stream = hub.subscribe(CHANNEL);
-        let ended = Arc::new(AtomicBool::new(false));
         let follower = Follower {
-            ended: ended.clone(),
             lock: Arc::downgrade(&self.shared),
             store: self.store.clone(),
             name: self.table.name().to_owned(),
@@ -415,7 +412,7 @@ impl ResourceLock for NamedLock {
             .watcher
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .replace(Watcher { hub, task, ended });
+            .replace(Watcher { hub, task });
         if let Some(previous) = previous {
             previous.stop();
         }

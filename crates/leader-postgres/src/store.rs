@@ -279,14 +279,18 @@ impl PostgresStore {
             .get()
             .await
             .map_err(|err| map_pool(&self.context(), err))?;
+        let client = Lent {
+            object: Some(client),
+            store: self.clone(),
+        };
         let checkouts = &self.inner.checkouts;
         let bound = 4 * self.inner.pool.status().max_size + 16;
         if checkouts.ours(&client, bound) {
-            return Ok(Lent(Some(client)));
+            return Ok(client);
         }
         let client = self.checked(client).await?;
         checkouts.record(&client, bound);
-        Ok(Lent(Some(client)))
+        Ok(client)
     }
 
     /// `client`, unless the user of the pool who had it left it inside a transaction (or one
@@ -294,7 +298,7 @@ impl PostgresStore {
     /// would be committed. One statement in the simple protocol tells: it begins a transaction
     /// of its own, which starts when it does, unless it runs inside one already. Such a
     /// connection is closed, which rolls its transaction back.
-    async fn checked(&self, client: Object) -> Result<Object, LockError> {
+    async fn checked(&self, client: Lent) -> Result<Lent, LockError> {
         let answer = client
             .simple_query(
                 "SELECT pg_catalog.statement_timestamp() = pg_catalog.transaction_timestamp()",
@@ -310,7 +314,7 @@ impl PostgresStore {
         if own_transaction {
             return Ok(client);
         }
-        drop(Object::take(client));
+        client.close();
         Err(LockError::other(
             BACKEND,
             format!(
@@ -467,6 +471,12 @@ impl Checkouts {
         ours
     }
 
+    /// Forgets `client`, which is closed.
+    fn forget(&self, client: &Object) {
+        let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
+        last.remove(&Self::key(client));
+    }
+
     /// Records a checkout of `client` by the locks.
     fn record(&self, client: &Object, bound: usize) {
         let count = Object::metrics(client).recycle_count;
@@ -489,56 +499,76 @@ impl Checkouts {
     }
 }
 
-/// Hands the LISTEN connection's notifications to the followers, and checks the connection
-/// every [`LISTEN_CHECK`], until it closes, the listener lets go of it, or a check goes
-/// unanswered (which closes it). Then every follower's stream ends, and the next subscription
-/// opens a new connection.
-async fn read_notifications(
-    mut rx: broadcast::Receiver<String>,
-    connection: std::sync::Weak<Dedicated>,
-    hub: ChangeHub,
-) {
-    let mut check =
-        tokio::time::interval_at(tokio::time::Instant::now() + LISTEN_CHECK, LISTEN_CHECK);
-    check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+/// Hands the LISTEN connection's notifications to the followers until it closes; then every
+/// follower's stream ends, and the next subscription opens a new connection.
+async fn read_notifications(mut rx: broadcast::Receiver<String>, hub: ChangeHub) {
     loop {
-        tokio::select! {
-            received = rx.recv() => match received {
-                Ok(channel) => hub.notify(&channel),
-                // Missed some: wake every follower, they will read the record.
-                Err(broadcast::error::RecvError::Lagged(_)) => hub.notify_all(),
-                Err(broadcast::error::RecvError::Closed) => break,
-            },
-            _ = check.tick() => {
-                let Some(connection) = connection.upgrade() else { break };
-                let answer =
-                    tokio::time::timeout(LISTEN_CHECK_TIMEOUT, connection.simple_query("")).await;
-                if !matches!(answer, Ok(Ok(_))) {
-                    tracing::debug!("the LISTEN connection did not answer its check: closed");
-                    connection.close();
-                    break;
-                }
-            }
+        match rx.recv().await {
+            Ok(channel) => hub.notify(&channel),
+            // Missed some: wake every follower, they will read the record.
+            Err(broadcast::error::RecvError::Lagged(_)) => hub.notify_all(),
+            Err(broadcast::error::RecvError::Closed) => break,
         }
     }
-    // The connection is gone: end every follower's stream so they subscribe again.
     hub.close();
+}
+
+/// Checks the LISTEN connection every [`LISTEN_CHECK`] with an empty statement, beside its
+/// reader, until its hub closes or the listener lets go of it. A check unanswered within
+/// [`LISTEN_CHECK_TIMEOUT`] closes the connection and the hub: the followers are woken to read
+/// the record (a release may have gone unheard), and their streams end, so that the next
+/// subscription opens a new connection.
+async fn check_listener(connection: std::sync::Weak<Dedicated>, hub: ChangeHub) {
+    loop {
+        tokio::time::sleep(LISTEN_CHECK).await;
+        let Some(connection) = connection.upgrade() else {
+            return;
+        };
+        if hub.is_closed() {
+            return;
+        }
+        let answer = tokio::time::timeout(LISTEN_CHECK_TIMEOUT, connection.simple_query("")).await;
+        if !matches!(answer, Ok(Ok(_))) {
+            tracing::debug!("the LISTEN connection did not answer its check: closed");
+            connection.close();
+            hub.notify_all();
+            hub.close();
+            return;
+        }
+    }
 }
 
 /// A pooled connection lent to one request. It goes back to the pool once the request has its
 /// answer ([`answered`](Self::answered)), an error from the server included. Dropped before
-/// that, because its caller gave up on the request (the elector's request timeout, a shard
-/// round's deadline) or a statement failed on the way, it is closed instead: a connection
-/// whose request went unanswered may be one whose state a NAT or firewall dropped, which no
-/// error reports, and the pool would lend it to every later request until TCP gave up on it.
-pub(crate) struct Lent(Option<Object>);
+/// that (its caller gave up on the request: the elector's request timeout, a shard round's
+/// deadline; or a statement failed on the way), it is checked first: an empty statement, which
+/// the server answers after whatever the connection still runs. Answered within
+/// [`CHECK_TIMEOUT`], the connection goes back to the pool (a server that was only slow keeps
+/// its connections); otherwise it is closed. A connection whose request went unanswered may be
+/// one whose state a NAT or firewall dropped, which no error reports, and the pool would lend
+/// it to every later request until TCP gave up on it.
+pub(crate) struct Lent {
+    object: Option<Object>,
+    store: PostgresStore,
+}
+
+/// How long the check of a connection whose request went unanswered waits for its answer.
+const CHECK_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl Lent {
     /// The request has its answer: the connection goes back to the pool, and `result` is
     /// passed on.
     pub(crate) fn answered<T>(mut self, result: T) -> T {
-        drop(self.0.take());
+        drop(self.object.take());
         result
+    }
+
+    /// Closes the connection instead of giving it back to the pool.
+    fn close(mut self) {
+        if let Some(object) = self.object.take() {
+            self.store.inner.checkouts.forget(&object);
+            drop(Object::take(object));
+        }
     }
 }
 
@@ -546,7 +576,7 @@ impl std::ops::Deref for Lent {
     type Target = Object;
 
     fn deref(&self) -> &Object {
-        match &self.0 {
+        match &self.object {
             Some(object) => object,
             None => unreachable!("a lent connection is only taken back when it is dropped"),
         }
@@ -555,9 +585,28 @@ impl std::ops::Deref for Lent {
 
 impl Drop for Lent {
     fn drop(&mut self) {
-        if let Some(object) = self.0.take() {
+        let Some(object) = self.object.take() else {
+            return;
+        };
+        let store = self.store.clone();
+        let close = move |object: Object| {
+            store.inner.checkouts.forget(&object);
             drop(Object::take(object));
-        }
+        };
+        // Dropped outside a runtime (a store dropped at exit): nothing to check with.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            close(object);
+            return;
+        };
+        runtime.spawn(async move {
+            let answer = tokio::time::timeout(CHECK_TIMEOUT, object.simple_query("")).await;
+            if matches!(answer, Ok(Ok(_))) {
+                drop(object);
+            } else {
+                tracing::debug!("a pooled connection did not answer its check: closed");
+                close(object);
+            }
+        });
     }
 }
 
@@ -573,8 +622,22 @@ const LISTEN_CHECK_TIMEOUT: Duration = Duration::from_secs(5);
 /// One LISTEN connection per store, fanned out to the followers of each channel.
 #[derive(Default)]
 struct Listener {
-    client: Mutex<Option<Arc<Dedicated>>>,
+    connection: Mutex<Option<Listening>>,
+}
+
+/// The LISTEN connection, the hub of its followers, and the task that checks it (stopped, and
+/// the connection closed, when dropped).
+struct Listening {
+    client: Arc<Dedicated>,
     hub: ChangeHub,
+    checker: tokio::task::AbortHandle,
+}
+
+impl Drop for Listening {
+    fn drop(&mut self) {
+        self.checker.abort();
+        self.hub.close();
+    }
 }
 
 impl Listener {
@@ -583,27 +646,37 @@ impl Listener {
         store: &PostgresStore,
         channel: &str,
     ) -> Result<ChangeStream, LockError> {
-        let mut client = self.client.lock().await;
-        if client.as_ref().is_none_or(|c| c.is_closed()) {
-            self.hub.close();
+        let mut connection = self.connection.lock().await;
+        // A connection that closed, or whose hub closed (it did not answer a check), is
+        // replaced.
+        if connection
+            .as_ref()
+            .is_none_or(|c| c.client.is_closed() || c.hub.is_closed())
+        {
+            *connection = None;
             let (tx, rx) = broadcast::channel::<String>(256);
-            let connected = Arc::new(store.dedicated("", Some(tx)).await?);
-            tokio::spawn(read_notifications(
-                rx,
-                Arc::downgrade(&connected),
-                self.hub.clone(),
-            ));
-            *client = Some(connected);
+            let client = Arc::new(store.dedicated("", Some(tx)).await?);
+            let hub = ChangeHub::new();
+            tokio::spawn(read_notifications(rx, hub.clone()));
+            let checker =
+                tokio::spawn(check_listener(Arc::downgrade(&client), hub.clone())).abort_handle();
+            *connection = Some(Listening {
+                client,
+                hub,
+                checker,
+            });
         }
-        let Some(client) = client.as_ref() else {
+        let Some(active) = connection.as_ref() else {
             unreachable!("connected above");
         };
-        if !self.hub.contains(channel) {
-            client
+        if !active.hub.contains(channel) {
+            active
+                .client
                 .batch_execute(&format!("LISTEN \"{channel}\""))
                 .await
                 .map_err(|err| map(&store.context(), err))?;
         }
-        Ok(self.hub.subscribe(channel))
+        // Ends at once if the hub closed meanwhile: the follower subscribes again.
+        Ok(active.hub.subscribe(channel))
     }
 }

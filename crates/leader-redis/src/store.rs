@@ -1,7 +1,6 @@
 //! The store: one Redis server, its shared connection and its pub/sub subscriber.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
@@ -313,9 +312,24 @@ pub(crate) const SUBSCRIBER_CHECK: Duration = Duration::from_secs(10);
 /// One pub/sub connection per store, fanned out to the followers of each channel.
 #[derive(Default)]
 pub(crate) struct Subscriber {
-    /// The connection's sink, and whether its reader still runs.
-    sink: Mutex<Option<(PubSubSink, Arc<AtomicBool>)>>,
+    connection: Mutex<Option<PubSubConnection>>,
+}
+
+/// A pub/sub connection: its sink, the hub of its followers, and the tasks that read it and
+/// check it, stopped (and the connection closed) when it is dropped.
+struct PubSubConnection {
+    sink: PubSubSink,
     hub: ChangeHub,
+    reader: tokio::task::AbortHandle,
+    checker: tokio::task::AbortHandle,
+}
+
+impl Drop for PubSubConnection {
+    fn drop(&mut self) {
+        self.reader.abort();
+        self.checker.abort();
+        self.hub.close();
+    }
 }
 
 impl Subscriber {
@@ -324,74 +338,69 @@ impl Subscriber {
         store: &RedisStore,
         channel: &str,
     ) -> Result<ChangeStream, LockError> {
-        let mut sink = self.sink.lock().await;
-        if sink
-            .as_ref()
-            .is_some_and(|(_, reading)| !reading.load(Ordering::Acquire))
+        let mut connection = self.connection.lock().await;
+        // A connection whose hub closed (it ended, or did not answer a check) is replaced.
+        if connection.as_ref().is_none_or(|c| c.hub.is_closed()) {
+            *connection = None;
+            let pubsub = store
+                .inner
+                .client
+                .get_async_pubsub()
+                .await
+                .map_err(|err| map(&store.inner.redacted, err))?;
+            let (sink, messages) = pubsub.split();
+            let hub = ChangeHub::new();
+            *connection = Some(PubSubConnection {
+                reader: tokio::spawn(read_messages(messages, hub.clone())).abort_handle(),
+                checker: tokio::spawn(check_connection(sink.clone(), hub.clone())).abort_handle(),
+                sink,
+                hub,
+            });
+        }
+        let Some(active) = connection.as_mut() else {
+            unreachable!("connected above");
+        };
+        if !active.hub.contains(channel)
+            && let Err(err) = active.sink.subscribe(channel).await
         {
-            *sink = None;
+            *connection = None;
+            return Err(map(&store.inner.redacted, err));
         }
-        if sink.is_none() || !self.hub.contains(channel) {
-            if sink.is_none() {
-                self.hub.close();
-                let pubsub = store
-                    .inner
-                    .client
-                    .get_async_pubsub()
-                    .await
-                    .map_err(|err| map(&store.inner.redacted, err))?;
-                let (new_sink, messages) = pubsub.split();
-                let reading = Arc::new(AtomicBool::new(true));
-                tokio::spawn(read_messages(
-                    messages,
-                    new_sink.clone(),
-                    self.hub.clone(),
-                    reading.clone(),
-                ));
-                *sink = Some((new_sink, reading));
-            }
-            let Some((active, _)) = sink.as_mut() else {
-                unreachable!("connected above");
-            };
-            if let Err(err) = active.subscribe(channel).await {
-                *sink = None;
-                return Err(map(&store.inner.redacted, err));
-            }
-        }
-        Ok(self.hub.subscribe(channel))
+        // Ends at once if the hub closed meanwhile: the follower subscribes again.
+        Ok(active.hub.subscribe(channel))
     }
 }
 
-/// Hands the pub/sub connection's messages to the followers, and checks the connection with a
-/// `PING` every [`SUBSCRIBER_CHECK`], until it ends or a `PING` goes unanswered. Then every
+/// Hands the pub/sub connection's messages to its followers until it ends; then every
 /// follower's stream ends, and the next subscription opens a new connection.
-async fn read_messages(
-    mut messages: PubSubStream,
-    mut sink: PubSubSink,
-    hub: ChangeHub,
-    reading: Arc<AtomicBool>,
-) {
-    let mut check = tokio::time::interval_at(
-        tokio::time::Instant::now() + SUBSCRIBER_CHECK,
-        SUBSCRIBER_CHECK,
-    );
-    check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+async fn read_messages(mut messages: PubSubStream, hub: ChangeHub) {
+    while let Some(message) = messages.next().await {
+        hub.notify(message.get_channel_name());
+    }
+    hub.close();
+}
+
+/// Checks the pub/sub connection with a `PING` every [`SUBSCRIBER_CHECK`], beside its reader.
+/// A `PING` with no answer within [`RESPONSE_TIMEOUT`], or whose connection failed, closes the
+/// hub: the followers are woken to read the record (a release may have gone unheard) and their
+/// streams end, so that the next subscription opens a new connection. A reply from the server,
+/// an error one included (an ACL without `PING`), shows the connection carries data.
+async fn check_connection(mut sink: PubSubSink, hub: ChangeHub) {
     loop {
-        tokio::select! {
-            message = messages.next() => match message {
-                Some(message) => hub.notify(message.get_channel_name()),
-                None => break,
-            },
-            _ = check.tick() => {
-                let answer =
-                    tokio::time::timeout(RESPONSE_TIMEOUT, sink.ping::<redis::Value>()).await;
-                if !matches!(answer, Ok(Ok(_))) {
-                    tracing::debug!("the pub/sub connection did not answer a PING: replaced");
-                    break;
-                }
-            }
+        tokio::time::sleep(SUBSCRIBER_CHECK).await;
+        if hub.is_closed() {
+            return;
+        }
+        let dead = match tokio::time::timeout(RESPONSE_TIMEOUT, sink.ping::<redis::Value>()).await {
+            Err(_) => true,
+            Ok(Ok(_)) => false,
+            Ok(Err(err)) => err.is_io_error() || err.is_connection_dropped(),
+        };
+        if dead {
+            tracing::debug!("the pub/sub connection did not answer a PING: replaced");
+            hub.notify_all();
+            hub.close();
+            return;
         }
     }
-    reading.store(false, Ordering::Release);
-    hub.close();
 }

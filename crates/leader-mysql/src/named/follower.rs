@@ -1,8 +1,8 @@
 //! The task behind a lock's watch: it waits in `GET_LOCK` (and reads the record) until the
 //! holder changes.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::Weak;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use leader_core::backend::{Backoff, ChangeHub};
@@ -21,8 +21,6 @@ pub(super) struct Follower {
     pub(super) interval: Duration,
     pub(super) hub: ChangeHub,
     pub(super) last: Summary,
-    /// Set before the streams end.
-    pub(super) ended: Arc<AtomicBool>,
 }
 
 impl Follower {
@@ -32,7 +30,6 @@ impl Follower {
         if let Err(err) = self.follow(&mut conn).await {
             tracing::debug!(error = %err, "the GET_LOCK lock's watch ended");
         }
-        self.ended.store(true, Ordering::Release);
         self.hub.close();
         // A silent connection may not take the goodbye either.
         let _ = tokio::time::timeout(WATCH_SILENCE_MARGIN, conn.disconnect()).await;

@@ -26,10 +26,10 @@ pub(super) fn reconnect_delay(attempts: usize) -> Duration {
 }
 
 /// How long the connection may stay silent before the client sends a `PING`; with two left
-/// unanswered, the third makes it connect again. A connection whose state a NAT or firewall
-/// dropped reports no error, and the client's default (a minute) would leave the lock on it,
-/// failing every request, for three minutes. A busy connection sends none: anything the server
-/// sends counts as an answer.
+/// without their `PONG`, the third makes it connect again. A connection whose state a NAT or
+/// firewall dropped reports no error, and the client's default (a minute) would leave the lock
+/// on it, failing every request, for three minutes. Anything the server sends delays the next
+/// `PING`, and only a `PONG` answers one.
 const PING_INTERVAL: Duration = Duration::from_secs(3);
 
 /// Builds a [`NatsStore`].
