@@ -324,6 +324,12 @@ impl PostgresStore {
         ))
     }
 
+    /// Closes a pooled connection, and forgets it.
+    fn close_pooled(&self, object: Object) {
+        self.inner.checkouts.forget(&object);
+        drop(Object::take(object));
+    }
+
     /// A connection outside the pool; its notifications go to `notify`.
     pub(crate) async fn dedicated(
         &self,
@@ -500,7 +506,8 @@ impl Checkouts {
 }
 
 /// Hands the LISTEN connection's notifications to the followers until it closes; then every
-/// follower's stream ends, and the next subscription opens a new connection.
+/// follower is woken to read the record and its stream ends, and the next subscription opens a
+/// new connection.
 async fn read_notifications(mut rx: broadcast::Receiver<String>, hub: ChangeHub) {
     loop {
         match rx.recv().await {
@@ -510,6 +517,8 @@ async fn read_notifications(mut rx: broadcast::Receiver<String>, hub: ChangeHub)
             Err(broadcast::error::RecvError::Closed) => break,
         }
     }
+    // A release may have gone unheard: every follower reads the record.
+    hub.notify_all();
     hub.close();
 }
 
@@ -530,9 +539,9 @@ async fn check_listener(connection: std::sync::Weak<Dedicated>, hub: ChangeHub) 
         let answer = tokio::time::timeout(LISTEN_CHECK_TIMEOUT, connection.simple_query("")).await;
         if !matches!(answer, Ok(Ok(_))) {
             tracing::debug!("the LISTEN connection did not answer its check: closed");
-            connection.close();
             hub.notify_all();
             hub.close();
+            connection.close();
             return;
         }
     }
@@ -544,7 +553,8 @@ async fn check_listener(connection: std::sync::Weak<Dedicated>, hub: ChangeHub) 
 /// deadline; or a statement failed on the way), it is checked first: an empty statement, which
 /// the server answers after whatever the connection still runs. Answered within
 /// [`CHECK_TIMEOUT`], the connection goes back to the pool (a server that was only slow keeps
-/// its connections); otherwise it is closed. A connection whose request went unanswered may be
+/// its connections); otherwise what it still runs is cancelled and it is closed. While
+/// requests wait for a connection, it is closed at once. A connection whose request went unanswered may be
 /// one whose state a NAT or firewall dropped, which no error reports, and the pool would lend
 /// it to every later request until TCP gave up on it.
 pub(crate) struct Lent {
@@ -552,8 +562,9 @@ pub(crate) struct Lent {
     store: PostgresStore,
 }
 
-/// How long the check of a connection whose request went unanswered waits for its answer.
-const CHECK_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long the check of a connection whose request went unanswered waits for its answer:
+/// the connection is out of the pool meanwhile, so it is short.
+const CHECK_TIMEOUT: Duration = Duration::from_secs(1);
 
 impl Lent {
     /// The request has its answer: the connection goes back to the pool, and `result` is
@@ -566,8 +577,7 @@ impl Lent {
     /// Closes the connection instead of giving it back to the pool.
     fn close(mut self) {
         if let Some(object) = self.object.take() {
-            self.store.inner.checkouts.forget(&object);
-            drop(Object::take(object));
+            self.store.close_pooled(object);
         }
     }
 }
@@ -589,23 +599,33 @@ impl Drop for Lent {
             return;
         };
         let store = self.store.clone();
-        let close = move |object: Object| {
-            store.inner.checkouts.forget(&object);
-            drop(Object::take(object));
-        };
-        // Dropped outside a runtime (a store dropped at exit): nothing to check with.
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            close(object);
+        // Dropped outside a runtime (a store dropped at exit), nothing to check with; and a
+        // request waiting for a connection gets a new one at once rather than after a check.
+        let runtime = tokio::runtime::Handle::try_current().ok();
+        let Some(runtime) = runtime.filter(|_| store.inner.pool.status().waiting == 0) else {
+            store.close_pooled(object);
             return;
         };
         runtime.spawn(async move {
             let answer = tokio::time::timeout(CHECK_TIMEOUT, object.simple_query("")).await;
             if matches!(answer, Ok(Ok(_))) {
-                drop(object);
-            } else {
-                tracing::debug!("a pooled connection did not answer its check: closed");
-                close(object);
+                return;
             }
+            tracing::debug!("a pooled connection did not answer its check: closed");
+            // A statement still running (one waiting on a lock, say) would go on after the
+            // close, which a waiting backend does not notice: it is cancelled first.
+            let cancel = object.cancel_token();
+            let cancelled = tokio::time::timeout(CHECK_TIMEOUT, async {
+                match &store.inner.connector {
+                    Connector::Plain => cancel.cancel_query(NoTls).await,
+                    Connector::Tls(tls) => cancel.cancel_query(tls.clone()).await,
+                }
+            })
+            .await;
+            if !matches!(cancelled, Ok(Ok(()))) {
+                tracing::debug!("could not cancel the statement of a closed connection");
+            }
+            store.close_pooled(object);
         });
     }
 }

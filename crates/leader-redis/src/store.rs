@@ -350,11 +350,14 @@ impl Subscriber {
                 .map_err(|err| map(&store.inner.redacted, err))?;
             let (sink, messages) = pubsub.split();
             let hub = ChangeHub::new();
+            let reader = tokio::spawn(read_messages(messages, hub.clone())).abort_handle();
+            let checker = tokio::spawn(check_connection(sink.clone(), hub.clone(), reader.clone()))
+                .abort_handle();
             *connection = Some(PubSubConnection {
-                reader: tokio::spawn(read_messages(messages, hub.clone())).abort_handle(),
-                checker: tokio::spawn(check_connection(sink.clone(), hub.clone())).abort_handle(),
                 sink,
                 hub,
+                reader,
+                checker,
             });
         }
         let Some(active) = connection.as_mut() else {
@@ -363,7 +366,10 @@ impl Subscriber {
         if !active.hub.contains(channel)
             && let Err(err) = active.sink.subscribe(channel).await
         {
-            *connection = None;
+            // A refusal of this channel (an ACL) leaves the other locks' streams alone.
+            if err.is_io_error() || err.is_connection_dropped() {
+                *connection = None;
+            }
             return Err(map(&store.inner.redacted, err));
         }
         // Ends at once if the hub closed meanwhile: the follower subscribes again.
@@ -371,21 +377,24 @@ impl Subscriber {
     }
 }
 
-/// Hands the pub/sub connection's messages to its followers until it ends; then every
-/// follower's stream ends, and the next subscription opens a new connection.
+/// Hands the pub/sub connection's messages to its followers until it ends; then every follower
+/// is woken to read the record and its stream ends, and the next subscription opens a new
+/// connection.
 async fn read_messages(mut messages: PubSubStream, hub: ChangeHub) {
     while let Some(message) = messages.next().await {
         hub.notify(message.get_channel_name());
     }
+    // A release may have gone unheard: every follower reads the record.
+    hub.notify_all();
     hub.close();
 }
 
 /// Checks the pub/sub connection with a `PING` every [`SUBSCRIBER_CHECK`], beside its reader.
 /// A `PING` with no answer within [`RESPONSE_TIMEOUT`], or whose connection failed, closes the
-/// hub: the followers are woken to read the record (a release may have gone unheard) and their
-/// streams end, so that the next subscription opens a new connection. A reply from the server,
+/// hub and the connection: the followers are woken to read the record (a release may have gone
+/// unheard) and their streams end, so that the next subscription opens a new connection. A reply from the server,
 /// an error one included (an ACL without `PING`), shows the connection carries data.
-async fn check_connection(mut sink: PubSubSink, hub: ChangeHub) {
+async fn check_connection(mut sink: PubSubSink, hub: ChangeHub, reader: tokio::task::AbortHandle) {
     loop {
         tokio::time::sleep(SUBSCRIBER_CHECK).await;
         if hub.is_closed() {
@@ -400,6 +409,8 @@ async fn check_connection(mut sink: PubSubSink, hub: ChangeHub) {
             tracing::debug!("the pub/sub connection did not answer a PING: replaced");
             hub.notify_all();
             hub.close();
+            // The reader holds the connection open: stopped, it closes it.
+            reader.abort();
             return;
         }
     }
