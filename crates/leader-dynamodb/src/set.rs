@@ -28,9 +28,9 @@ const UNPROCESSED_LONGEST_WAIT: std::time::Duration = std::time::Duration::from_
 /// The records of a shard set, items of one lock table ([`DynamoStore::lock_set`]).
 /// [`get_many`](LockSet::get_many) is one strongly consistent `BatchGetItem` per 100 records
 /// (again for the keys DynamoDB left unprocessed, after a wait that doubles each time; a read
-/// whose next wait would pass the request timeout fails at once, as unavailable), [`renew_many`](LockSet::renew_many) one
-/// `TransactWriteItems` per 100 renewals, each renewal conditioned on its version as a
-/// [`DynamoLock`](crate::DynamoLock)'s renewal is. A transaction is all or nothing: when one
+/// whose next wait would pass the request timeout fails at once, as unavailable),
+/// [`renew_many`](LockSet::renew_many) one `TransactWriteItems` per 100 renewals, each renewal
+/// conditioned on its version as a [`DynamoLock`](crate::DynamoLock)'s renewal is. A transaction is all or nothing: when one
 /// renewal's condition fails, DynamoDB says which, that one is a conflict and the others are
 /// sent again. Each renewal in a transaction costs two write units instead of one.
 #[derive(Clone, Debug)]

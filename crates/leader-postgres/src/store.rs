@@ -364,8 +364,6 @@ impl PostgresStore {
 pub(crate) struct Dedicated {
     client: Client,
     connection: tokio::task::AbortHandle,
-    /// Set by [`close`](Self::close): the socket task may not have stopped yet.
-    closed: std::sync::atomic::AtomicBool,
 }
 
 impl std::ops::Deref for Dedicated {
@@ -379,14 +377,7 @@ impl std::ops::Deref for Dedicated {
 impl Dedicated {
     /// Closes the socket at once, as dropping it does.
     pub(crate) fn close(&self) {
-        self.closed
-            .store(true, std::sync::atomic::Ordering::Release);
         self.connection.abort();
-    }
-
-    /// Whether the connection is closed, or [`close`](Self::close) was called.
-    pub(crate) fn is_closed(&self) -> bool {
-        self.closed.load(std::sync::atomic::Ordering::Acquire) || self.client.is_closed()
     }
 }
 
@@ -399,7 +390,7 @@ impl Drop for Dedicated {
 impl fmt::Debug for Dedicated {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Dedicated")
-            .field("closed", &self.is_closed())
+            .field("closed", &self.client.is_closed())
             .finish_non_exhaustive()
     }
 }
@@ -415,11 +406,7 @@ where
 {
     let (client, connection) = config.connect(tls).await?;
     let connection = tokio::spawn(drive(connection, notify)).abort_handle();
-    Ok(Dedicated {
-        client,
-        connection,
-        closed: std::sync::atomic::AtomicBool::new(false),
-    })
+    Ok(Dedicated { client, connection })
 }
 
 /// Drives a dedicated connection, forwarding the channel names of notifications.
@@ -554,9 +541,9 @@ async fn check_listener(connection: std::sync::Weak<Dedicated>, hub: ChangeHub) 
 /// the server answers after whatever the connection still runs. Answered within
 /// [`CHECK_TIMEOUT`], the connection goes back to the pool (a server that was only slow keeps
 /// its connections); otherwise what it still runs is cancelled and it is closed. While
-/// requests wait for a connection, it is closed at once. A connection whose request went unanswered may be
-/// one whose state a NAT or firewall dropped, which no error reports, and the pool would lend
-/// it to every later request until TCP gave up on it.
+/// requests wait for a connection, it is closed at once. A connection whose request went
+/// unanswered may be one whose state a NAT or firewall dropped, which no error reports, and the
+/// pool would lend it to every later request until TCP gave up on it.
 pub(crate) struct Lent {
     object: Option<Object>,
     store: PostgresStore,
