@@ -5,7 +5,7 @@
 //! A service names [`ResourceLock`](crate::ResourceLock) and [`LockSet`](crate::LockSet) as
 //! bounds and opens a backend's lock; it implements neither, and needs nothing from here.
 
-use crate::{LockError, Observed, UrlError, Version};
+use crate::{BoxError, LockError, Observed, UrlError, Version};
 
 pub use crate::backoff::{Backoff, Jitter};
 pub use crate::hub::ChangeHub;
@@ -34,6 +34,58 @@ pub trait LockErrorExt: Sized {
 impl LockErrorExt for LockError {
     fn duplicate(&self) -> Self {
         self.duplicated()
+    }
+}
+
+/// A write the server refused because the connection takes none: the server is a standby or a
+/// replica, or a primary that a failover demoted or fenced read-only, reached through a name
+/// or address that still leads to it. Made by [`read_only`], the source of the
+/// [`LockError::Unavailable`] it returns; a lock closes the connection that answered so
+/// ([`is_read_only`]), and the next request opens another, which the name may lead elsewhere.
+#[derive(Debug)]
+pub struct ReadOnly {
+    source: BoxError,
+    advice: &'static str,
+}
+
+impl std::fmt::Display for ReadOnly {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}; the server takes no writes on this connection (a standby or a replica, or a primary demoted or fenced by a failover): the connection is closed, and the next request opens another{}",
+            self.source, self.advice
+        )
+    }
+}
+
+impl std::error::Error for ReadOnly {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source.source()
+    }
+}
+
+/// [`LockError::Unavailable`] for a write the server refused as read-only ([`ReadOnly`]), with
+/// the driver's error as `source`; `advice`, empty or beginning with `"; "`, ends its message.
+pub fn read_only(
+    backend: &'static str,
+    source: impl Into<BoxError>,
+    advice: &'static str,
+) -> LockError {
+    LockError::unavailable(
+        backend,
+        ReadOnly {
+            source: source.into(),
+            advice,
+        },
+    )
+}
+
+/// Whether `err` is a write the server refused as read-only ([`read_only`]): the connection
+/// that answered it is of no more use to the lock.
+pub fn is_read_only(err: &LockError) -> bool {
+    match err {
+        LockError::Unavailable { source, .. } => source.is::<ReadOnly>(),
+        _ => false,
     }
 }
 
@@ -142,5 +194,29 @@ mod tests {
         // FNV-1a 64 of "a" then a zero byte, by the published algorithm.
         assert_eq!(super::fnv1a(&["a"]), 0x089b_e207_b544_f1e4);
         assert_ne!(super::fnv1a(&["a", "bc"]), super::fnv1a(&["ab", "c"]));
+    }
+
+    /// A read-only refusal is an outage that says so and what to do, and is told apart from every other outage, also once a batch
+    /// duplicated it (a duplicate's connection was settled already).
+    #[test]
+    fn read_only_refusals_are_outages_told_apart() {
+        use super::{LockErrorExt, is_read_only, read_only};
+        use crate::LockError;
+        let driver = std::io::Error::other("cannot execute UPDATE in a read-only transaction");
+        let err = read_only("db", driver, "; add target_session_attrs=read-write");
+        assert!(is_read_only(&err), "{err:?}");
+        let message = err.to_string();
+        for words in [
+            "read-only transaction",
+            "connection is closed",
+            "read-write",
+        ] {
+            assert!(message.contains(words), "{words}: {message}");
+        }
+        assert!(!is_read_only(&LockError::unavailable(
+            "db",
+            "connection refused"
+        )));
+        assert!(!is_read_only(&err.duplicate()));
     }
 }

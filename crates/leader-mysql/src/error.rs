@@ -3,6 +3,7 @@
 use std::fmt;
 
 use leader_core::LockError;
+use leader_core::backend::read_only;
 
 pub(crate) const BACKEND: &str = "mysql";
 
@@ -60,13 +61,17 @@ mod code {
     /// `ER_NOT_SUPPORTED_YET`: "This version of MariaDB doesn't yet support '%s'".
     pub(super) const NOT_SUPPORTED_YET: u16 = 1235;
     /// Too many connections, a Galera node that is not primary, server shutdown, lock wait
-    /// timeout, deadlock, read-only (a replica or a cluster member that lost quorum), query
-    /// interrupted, a statement to prepare again, a connection killed, a statement timeout
-    /// (MariaDB, MySQL), an idle connection closed by MySQL 8, a deadlock between user-level
-    /// locks (MySQL).
+    /// timeout, deadlock, query interrupted, a statement to prepare again, a connection
+    /// killed, a statement timeout (MariaDB, MySQL), an idle connection closed by MySQL 8, a
+    /// deadlock between user-level locks (MySQL).
     pub(super) const TRANSIENT: &[u16] = &[
-        1040, 1047, 1053, 1205, 1213, 1290, 1317, 1615, 1836, 1927, 1969, 3024, 3058, 4031,
+        1040, 1047, 1053, 1205, 1213, 1317, 1615, 1836, 1927, 1969, 3024, 3058, 4031,
     ];
+    /// A write refused as read-only: `ER_OPTION_PREVENTS_STATEMENT` (a server running with
+    /// `read_only` or `super_read_only`: a replica, a writer that a failover demoted, a cluster
+    /// member that lost quorum) and `ER_CANT_EXECUTE_IN_READ_ONLY_TRANSACTION` (a session or
+    /// transaction set read-only).
+    pub(super) const READ_ONLY: &[u16] = &[1290, 1792];
 }
 
 /// Maps the error of a statement that calls `GET_LOCK` as [`map`] does, except that the server
@@ -152,6 +157,7 @@ pub(crate) fn map(context: &str, err: mysql_async::Error) -> LockError {
                 "{message}; the table's columns do not take the lock's values: compare it with leader_mysql::SCHEMA"
             ),
         },
+        code if code::READ_ONLY.contains(&code) => read_only(BACKEND, wrap(err), ""),
         code if code::TRANSIENT.contains(&code) => LockError::unavailable(BACKEND, wrap(err)),
         _ => LockError::other(BACKEND, wrap(err)),
     }
@@ -178,6 +184,8 @@ pub(crate) fn assert_galera_refusal(err: &LockError, words: &[&str]) {
 #[cfg(test)]
 mod tests {
     use mysql_async::ServerError;
+
+    use leader_core::backend::is_read_only;
 
     use super::*;
 
@@ -223,5 +231,31 @@ mod tests {
             map_get_lock("ctx", server(1205, "HY000", "Lock wait timeout exceeded")),
             LockError::Unavailable { .. }
         ));
+    }
+
+    /// A server running `read_only` answers a write with error 1290; a read-only session or
+    /// transaction with 1792 (the second is also tried against MariaDB in `bad_input.rs`). Both
+    /// are outages that close the connection; other outages keep theirs.
+    #[test]
+    fn writes_refused_as_read_only_close_the_connection() {
+        let running_read_only = server(
+            1290,
+            "HY000",
+            "The MariaDB server is running with the --read-only option so it cannot execute this statement",
+        );
+        let read_only_transaction = server(
+            1792,
+            "25006",
+            "Cannot execute statement in a READ ONLY transaction",
+        );
+        for err in [running_read_only, read_only_transaction] {
+            let err = map("mysql://app:***@db/app table leader_election", err);
+            assert!(is_read_only(&err), "{err:?}");
+            let message = err.to_string();
+            assert!(message.contains("connection is closed"), "{message}");
+            assert!(message.contains("table leader_election"), "{message}");
+        }
+        let busy = map("ctx", server(1205, "HY000", "Lock wait timeout exceeded"));
+        assert!(matches!(busy, LockError::Unavailable { .. }) && !is_read_only(&busy));
     }
 }

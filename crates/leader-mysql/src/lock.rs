@@ -8,7 +8,7 @@ use leader_core::{Acquisition, LeaderElectionRecord, LockError, Observed, Resour
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Row, Value};
 
-use crate::error::{BACKEND, map};
+use crate::error::BACKEND;
 use crate::fence::TokenFloor;
 use crate::sql::{MAX_TEXT, columns, decode, next_version, parse_version, values};
 use crate::store::MysqlStore;
@@ -104,14 +104,13 @@ impl TableLock {
     /// Notes the token stored at version `expected`, if the row is still at it.
     async fn note_stored(&self, expected: i64) -> Result<(), LockError> {
         let mut conn = self.conn().await?;
-        let token: Option<i64> = conn
+        let token = conn
             .exec_first(
                 &self.store.inner().statements.token_at,
                 (self.name.as_str(), expected),
             )
-            .await
-            .map_err(|err| map(&self.context(), err))?;
-        self.store.committed(conn).await?;
+            .await;
+        let token: Option<i64> = self.store.answered(conn, token, &self.context()).await?;
         if let Some(token) = token.and_then(|t| u64::try_from(t).ok()) {
             self.floor.seen(Some(expected), token);
         }
@@ -205,22 +204,17 @@ impl TableLock {
     /// Runs a write and returns how many rows it changed.
     async fn write(&self, sql: &str, params: Vec<Value>) -> Result<u64, LockError> {
         let mut conn = self.conn().await?;
-        conn.exec_drop(sql, params)
+        let changed = conn
+            .exec_drop(sql, params)
             .await
-            .map_err(|err| map(&self.context(), err))?;
-        let changed = conn.affected_rows();
-        self.store.committed(conn).await?;
-        Ok(changed)
+            .map(|()| conn.affected_rows());
+        self.store.answered(conn, changed, &self.context()).await
     }
 
     async fn read(&self, sql: &str) -> Result<Option<Row>, LockError> {
         let mut conn = self.conn().await?;
-        let row = conn
-            .exec_first(sql, (self.name.as_str(),))
-            .await
-            .map_err(|err| map(&self.context(), err))?;
-        self.store.committed(conn).await?;
-        Ok(row)
+        let row = conn.exec_first(sql, (self.name.as_str(),)).await;
+        self.store.answered(conn, row, &self.context()).await
     }
 
     /// The record, and the holder's time left by the server's clock.

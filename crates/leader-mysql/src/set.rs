@@ -9,7 +9,7 @@ use leader_core::{LockError, LockSet, Observed, ResourceLock, Version, async_tra
 use mysql_async::Value;
 use mysql_async::prelude::Queryable;
 
-use crate::error::{BACKEND, map};
+use crate::error::BACKEND;
 use crate::sql::{COLUMNS, VALID, columns, decode, next_version, parse_version, values};
 use crate::store::MysqlStore;
 
@@ -68,11 +68,8 @@ impl MysqlLockSet {
         );
         let context = self.store.context();
         let mut conn = self.store.conn().await?;
-        let rows: Vec<mysql_async::Row> = conn
-            .exec(sql, (like_prefix(prefix),))
-            .await
-            .map_err(|err| map(&context, err))?;
-        self.store.committed(conn).await?;
+        let rows = conn.exec(sql, (like_prefix(prefix),)).await;
+        let rows: Vec<mysql_async::Row> = self.store.answered(conn, rows, &context).await?;
         Ok(rows
             .iter()
             .filter_map(|row| {
@@ -129,12 +126,13 @@ impl MysqlLockSet {
             }
         }
         let mut conn = self.store.conn().await?;
-        conn.exec_drop(sql, params)
+        let changed = conn
+            .exec_drop(sql, params)
             .await
-            .map_err(|err| map(&self.store.context(), err))?;
-        let changed = conn.affected_rows();
-        self.store.committed(conn).await?;
-        Ok(changed)
+            .map(|()| conn.affected_rows());
+        self.store
+            .answered(conn, changed, &self.store.context())
+            .await
     }
 }
 

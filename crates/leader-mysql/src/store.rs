@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use leader_core::backend::is_read_only;
 use leader_core::{LockError, redact_url};
 use mysql_async::prelude::Queryable;
 use mysql_async::{ClientIdentity, Conn, Opts, OptsBuilder, Pool};
@@ -377,11 +378,39 @@ impl MysqlStore {
         )
     }
 
+    /// Settles a statement run on pooled `conn`: what it returned, once
+    /// [`committed`](Self::committed), or its error, mapped. A connection the server answered as read-only
+    /// (a replica, a writer that a failover demoted, reached through a name that still leads
+    /// there) is closed instead of going back to the pool, so that the next request connects
+    /// again, and the name may lead elsewhere by then.
+    pub(crate) async fn answered<T>(
+        &self,
+        conn: Conn,
+        result: Result<T, mysql_async::Error>,
+        context: &str,
+    ) -> Result<T, LockError> {
+        match result {
+            Ok(value) => {
+                self.committed(conn).await?;
+                Ok(value)
+            }
+            Err(err) => {
+                let err = map(context, err);
+                if is_read_only(&err) {
+                    tokio::spawn(async move {
+                        let _ = conn.disconnect().await;
+                    });
+                }
+                Err(err)
+            }
+        }
+    }
+
     /// Returns `conn` to the pool when its last statement left it outside any transaction, with
     /// autocommit on, as the locks need: otherwise (another user of [`pool`](Self::pool)
     /// returned it in a transaction with its reset turned off) what the statement wrote is not
     /// committed, so it fails, and closes the connection, which rolls that transaction back.
-    pub(crate) async fn committed(&self, conn: Conn) -> Result<(), LockError> {
+    async fn committed(&self, conn: Conn) -> Result<(), LockError> {
         use mysql_async::consts::StatusFlags;
         let flags = conn.last_ok_packet().map(|ok| ok.status_flags());
         let open = flags.is_some_and(|flags| {

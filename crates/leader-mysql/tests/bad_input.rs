@@ -6,13 +6,14 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Running, admin_exec, unique};
+use common::{Running, admin_exec, one_connection_store, unique};
 use leader_core::conformance::{self, record};
 use leader_core::{LockError, ResourceLock};
 use leader_mysql::MysqlStore;
 use leader_mysql::mysql_async::prelude::Queryable;
 use leader_test_support::secrets::assert_wrong_password;
 use leader_test_support::unreadable;
+use leader_test_support::{assert_acquired, assert_unavailable_saying};
 
 /// A store on `MYSQL_URL` as another user; its pool connects lazily.
 async fn store_as(user: &str, password: &str) -> MysqlStore {
@@ -23,6 +24,18 @@ async fn store_as(user: &str, password: &str) -> MysqlStore {
         .build()
         .await
         .expect("the pool connects lazily")
+}
+
+/// A new user named after `prefix`, with password `pw` and `grants` on the default table.
+async fn user_with(prefix: &str, grants: &str) -> String {
+    let user = unique(prefix).replace('-', "_");
+    admin_exec(&format!("CREATE USER '{user}'@'%' IDENTIFIED BY 'pw'")).await;
+    admin_exec(&format!(
+        "GRANT {grants} ON `{}`.`leader_election` TO '{user}'@'%'",
+        database()
+    ))
+    .await;
+    user
 }
 
 fn database() -> String {
@@ -121,13 +134,7 @@ async fn a_user_without_update_rights_gets_a_clear_error_and_recovers_when_grant
     let Some(store) = common::store().await else {
         return;
     };
-    let user = unique("leader_ro").replace('-', "_");
-    let db = database();
-    admin_exec(&format!("CREATE USER '{user}'@'%' IDENTIFIED BY 'pw'")).await;
-    admin_exec(&format!(
-        "GRANT SELECT, INSERT ON `{db}`.`leader_election` TO '{user}'@'%'"
-    ))
-    .await;
+    let user = user_with("leader_ro", "SELECT, INSERT").await;
     let limited = store_as(&user, "pw").await;
     let name = unique("rights");
     // Someone else holds it, so that taking it over needs an UPDATE.
@@ -149,7 +156,8 @@ async fn a_user_without_update_rights_gets_a_clear_error_and_recovers_when_grant
         .stays_alive_without_leading(Duration::from_millis(1500))
         .await;
     admin_exec(&format!(
-        "GRANT UPDATE ON `{db}`.`leader_election` TO '{user}'@'%'"
+        "GRANT UPDATE ON `{}`.`leader_election` TO '{user}'@'%'",
+        database()
     ))
     .await;
     elector.wait_leading(Duration::from_secs(5)).await;
@@ -233,31 +241,17 @@ async fn a_pooled_connection_left_in_a_transaction_commits_nothing_in_silence() 
     if common::admin().await.is_none() {
         return;
     }
-    let store = MysqlStore::builder(common::mysql_url())
-        .max_connections(1)
-        .create_table(true)
-        .build()
-        .await
-        .expect("store");
+    let store = one_connection_store().await;
     let lock = store.lock(unique("left-open"), "a");
     let created = lock.create(&record("a", 1)).await.expect("create");
-    let mut conn = store.pool().get_conn().await.expect("pooled");
-    conn.query_drop("SET autocommit = 0")
-        .await
-        .expect("autocommit off");
-    drop(conn);
+    on_the_pooled_connection(&store, "SET autocommit = 0", true).await;
     let mut renewal = created.record.clone();
     renewal.renew_time = chrono::Utc::now();
     let held = lock
         .update(&created.version, &renewal)
         .await
         .expect("the pool reset the connection: autocommit is on again");
-    let mut conn = store.pool().get_conn().await.expect("pooled");
-    conn.query_drop("SET autocommit = 0")
-        .await
-        .expect("autocommit off");
-    conn.reset_connection(false);
-    drop(conn);
+    on_the_pooled_connection(&store, "SET autocommit = 0", false).await;
     let err = lock
         .update(&held.version, &renewal)
         .await
@@ -281,4 +275,73 @@ async fn a_pooled_connection_left_in_a_transaction_commits_nothing_in_silence() 
         renewed.version,
         "committed on a new connection"
     );
+}
+
+/// A connection the server answers as read-only (a replica, or a writer that a failover
+/// demoted, still reached through the cluster's name) fails each write as an outage that says
+/// so, and is closed instead of going back to the pool, so that the next request connects
+/// again. The pool's one connection is made read-only as a session, which the pool keeps (no
+/// reset): only a new connection takes writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_answered_read_only_is_closed_and_replaced() {
+    if common::admin().await.is_none() {
+        return;
+    }
+    let store = one_connection_store().await;
+    let lock = store.lock(unique("read-only"), "a");
+    on_the_pooled_connection(&store, "SET SESSION TRANSACTION READ ONLY", false).await;
+    // Reads pass: the connection stays in use until a write is refused.
+    assert!(lock.get().await.expect("a read").is_none());
+    assert_unavailable_saying(
+        lock.try_acquire(&record("a", 0)).await,
+        &["READ ONLY", "error 1792", "connection is closed"],
+    );
+    assert_acquired(lock.try_acquire(&record("a", 0)).await);
+}
+
+/// Runs `sql` on `store`'s pooled connection as another user of the pool would, who returns
+/// it with the pool's reset or without.
+async fn on_the_pooled_connection(store: &MysqlStore, sql: &str, reset: bool) {
+    let mut conn = store.pool().get_conn().await.expect("pooled");
+    conn.query_drop(sql).await.expect(sql);
+    conn.reset_connection(reset);
+    drop(conn);
+}
+
+/// The `GET_LOCK` lock's session, answered as read-only, is ended (its user-level lock goes
+/// with it) and the next request opens another. The server runs `init_connect` for each new
+/// session of a user without SUPER; while it is set here, it makes this test's user's new
+/// sessions read-only and leaves every other user's as they are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_get_lock_session_answered_read_only_is_ended_and_replaced() {
+    if common::store().await.is_none() {
+        return;
+    }
+    let user = user_with("leader_standby", "SELECT, INSERT, UPDATE").await;
+    let mut admin = common::admin().await.expect("server");
+    let before: Option<String> = admin
+        .query_first("SELECT @@GLOBAL.init_connect")
+        .await
+        .expect("init_connect");
+    admin
+        .exec_drop(
+            "SET GLOBAL init_connect = ?",
+            (format!(
+                "SET SESSION tx_read_only = (CURRENT_USER() = '{user}@%')"
+            ),),
+        )
+        .await
+        .expect("read-only sessions for the user");
+    let lock = store_as(&user, "pw")
+        .await
+        .named_lock(unique("read-only-named"), "a");
+    let first = lock.try_acquire(&record("a", 0)).await;
+    admin
+        .exec_drop("SET GLOBAL init_connect = ?", (before.unwrap_or_default(),))
+        .await
+        .expect("init_connect as it was");
+    assert_unavailable_saying(first, &["READ ONLY", "connection is closed"]);
+    assert_acquired(lock.try_acquire(&record("a", 0)).await);
+    lock.close().await;
+    admin_exec(&format!("DROP USER '{user}'@'%'")).await;
 }

@@ -7,22 +7,11 @@ mod common;
 
 use std::time::Duration;
 
-use common::unique;
+use common::{one_connection_store, unique};
 use leader_core::{Acquisition, LockError, ResourceLock};
 use leader_mysql::MysqlStore;
 use leader_mysql::mysql_async::prelude::Queryable;
 use leader_test_support::held_lease::{assert_held, hold, lease, renew, take};
-
-/// A store whose pool holds one connection: the connection another user of the pool changes is
-/// the one the lock gets next.
-async fn one_connection_store() -> MysqlStore {
-    MysqlStore::builder(common::mysql_url())
-        .max_connections(1)
-        .create_table(true)
-        .build()
-        .await
-        .expect("store")
-}
 
 /// Takes `store`'s pooled connection, moves its session's clock by `seconds`, and returns it.
 async fn set_session_clock(store: &MysqlStore, seconds: i64) {

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use leader_core::backend::is_read_only;
 use leader_core::{
     Acquisition, ChangeStream, LeaderElectionRecord, LockError, Observed, ResourceLock, Version,
 };
@@ -152,7 +153,8 @@ impl AdvisoryLock {
     }
 
     /// Runs `op` on the dedicated session, connecting first if there is none; a session whose
-    /// connection broke is dropped, and its advisory lock is gone with it.
+    /// connection broke, or that the server answered as read-only, is dropped, and its advisory
+    /// lock is gone with it.
     ///
     /// When `op` is cancelled midway (the elector's request timeout dropped it), a statement
     /// already sent may still run on the server later, so what the session holds is unknown:
@@ -176,7 +178,11 @@ impl AdvisoryLock {
         let Some(mut guard) = pending.0.take() else {
             unreachable!("taken once");
         };
-        if guard.as_ref().is_some_and(|s| s.client.is_closed()) {
+        // A session the server answered as read-only (a standby, a demoted primary) is ended
+        // too: the next one may reach the primary.
+        if guard.as_ref().is_some_and(|s| s.client.is_closed())
+            || result.as_ref().is_err_and(is_read_only)
+        {
             *guard = None;
         }
         result

@@ -4,6 +4,7 @@ use std::fmt;
 
 use deadpool_postgres::PoolError;
 use leader_core::LockError;
+use leader_core::backend::read_only;
 use tokio_postgres::error::SqlState;
 
 pub(crate) const BACKEND: &str = "postgres";
@@ -89,6 +90,14 @@ pub(crate) fn map(context: &str, err: tokio_postgres::Error) -> LockError {
                 message: format!("{context}: authentication failed: {}", message(&err)),
             }
         }
+        SqlState::READ_ONLY_SQL_TRANSACTION => read_only(
+            BACKEND,
+            DriverError {
+                context: context.to_owned(),
+                source: err,
+            },
+            "; with several hosts in the connection string, add target_session_attrs=read-write so that only the primary is chosen",
+        ),
         SqlState::INVALID_CATALOG_NAME | SqlState::UNDEFINED_FUNCTION => LockError::Misconfigured {
             backend: BACKEND,
             message: format!("{context}: {}", message(&err)),

@@ -98,7 +98,7 @@ impl Election {
             .await
             .map_err(|err| map(&context, err))?;
         let row = client.query_opt(&statement, &[&self.name]).await;
-        let row = client.answered(row).map_err(|err| map(&context, err))?;
+        let row = client.answered(row.map_err(|err| map(&context, err)))?;
         Ok(row
             .and_then(|row| u64::try_from(row.get::<_, i64>(0)).ok())
             .map(std::time::Duration::from_millis))

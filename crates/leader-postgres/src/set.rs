@@ -52,7 +52,7 @@ impl PostgresLockSet {
             .await
             .map_err(|err| map(&context, err))?;
         let rows = client.query(&statement, params).await;
-        client.answered(rows).map_err(|err| map(&context, err))
+        client.answered(rows.map_err(|err| map(&context, err)))
     }
 }
 

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
 use futures_util::StreamExt;
-use leader_core::backend::ChangeHub;
+use leader_core::backend::{ChangeHub, is_read_only};
 use leader_core::{ChangeStream, LockError};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{Mutex, broadcast};
@@ -555,9 +555,13 @@ const CHECK_TIMEOUT: Duration = Duration::from_secs(1);
 
 impl Lent {
     /// The request has its answer: the connection goes back to the pool, and `result` is
-    /// passed on.
-    pub(crate) fn answered<T>(mut self, result: T) -> T {
-        drop(self.object.take());
+    /// passed on. A connection that answered that it takes no writes (a standby, a primary
+    /// demoted by a failover) is closed instead, so the next request opens another.
+    pub(crate) fn answered<T>(mut self, result: Result<T, LockError>) -> Result<T, LockError> {
+        match &result {
+            Err(err) if is_read_only(err) => self.close(),
+            _ => drop(self.object.take()),
+        }
         result
     }
 

@@ -12,6 +12,7 @@ use leader_core::{LockError, LockSet, ResourceLock, Version};
 use leader_postgres::PostgresStore;
 use leader_test_support::secrets::assert_wrong_password;
 use leader_test_support::unreadable;
+use leader_test_support::{assert_acquired, assert_unavailable_saying};
 
 /// Candidates that start together on a fresh database all create the table at once: every one
 /// of them gets a store (Postgres's `CREATE TABLE IF NOT EXISTS` races on its own catalog).
@@ -115,26 +116,8 @@ async fn a_role_without_update_rights_gets_a_clear_error_and_recovers_when_grant
     let Some(admin) = common::admin().await else {
         return;
     };
-    let role = unique("leader_ro").replace('-', "_");
-    let table = role.clone();
-    PostgresStore::builder(common::database_url())
-        .table(&table)
-        .create_table(true)
-        .build()
-        .await
-        .expect("create table");
-    admin
-        .batch_execute(&format!(
-            "CREATE ROLE {role} LOGIN PASSWORD 'pw'; GRANT USAGE ON SCHEMA public TO {role}; \
-             GRANT SELECT, INSERT ON public.{table} TO {role};"
-        ))
-        .await
-        .expect("role");
-    let store = PostgresStore::builder(conn_as(&role, "pw"))
-        .table(&table)
-        .build()
-        .await
-        .expect("store");
+    let role = table_and_role(&admin, "leader_ro", "SELECT, INSERT", "").await;
+    let store = store_as(&role).await;
     let lock = store.lock("jobs", "a");
     let err = lock
         .try_acquire(&record("a", 0))
@@ -166,15 +149,99 @@ async fn a_role_without_update_rights_gets_a_clear_error_and_recovers_when_grant
         .stays_alive_without_leading(Duration::from_millis(1500))
         .await;
     admin
-        .batch_execute(&format!("GRANT UPDATE ON public.{table} TO {role}"))
+        .batch_execute(&format!("GRANT UPDATE ON public.{role} TO {role}"))
         .await
         .expect("grant");
     elector.wait_leading(Duration::from_secs(5)).await;
     elector.stop().await;
     drop(store);
+    drop_table_and_role(&admin, &role).await;
+}
+
+/// A server that takes no writes (a standby, or a primary that a failover demoted or fenced,
+/// still reached through its old name): each write fails as an outage that says so and how to
+/// choose the primary, and the connection that answered is closed, so that the next request
+/// connects again. The role's default makes its new sessions read-only until it is reset, and
+/// the sessions opened before stay read-only, as connections to a demoted primary do: only a
+/// new connection reaches "the primary".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_a_read_only_server_answered_are_closed_and_replaced() {
+    let Some(admin) = common::admin().await else {
+        return;
+    };
+    let role = table_and_role(
+        &admin,
+        "leader_standby",
+        "SELECT, INSERT, UPDATE",
+        "SET default_transaction_read_only = on",
+    )
+    .await;
+    let store = store_as(&role).await;
+    let table_lock = store.lock("jobs", "a");
+    let advisory = store.advisory_lock("jobs-advisory", "a");
+    let locks: [&dyn ResourceLock; 2] = [&table_lock, &advisory];
+    let says = [
+        "read-only transaction",
+        "25006",
+        "target_session_attrs=read-write",
+    ];
+    for lock in locks {
+        // Reads pass: the connection stays in use until a write is refused.
+        assert!(lock.get().await.expect("a read").is_none());
+        assert_unavailable_saying(lock.try_acquire(&record("a", 0)).await, &says);
+    }
     admin
         .batch_execute(&format!(
-            "DROP TABLE public.{table}; DROP OWNED BY {role}; DROP ROLE {role};"
+            "ALTER ROLE {role} RESET default_transaction_read_only"
+        ))
+        .await
+        .expect("the primary");
+    for lock in locks {
+        assert_acquired(lock.try_acquire(&record("a", 0)).await);
+    }
+    drop((table_lock, advisory, store));
+    drop_table_and_role(&admin, &role).await;
+}
+
+/// A lock table of its own and a role of the same name that may log in (with password `pw`)
+/// and has `grants` on it; `alter`, if not empty, is an `ALTER ROLE` of it.
+async fn table_and_role(
+    admin: &tokio_postgres::Client,
+    prefix: &str,
+    grants: &str,
+    alter: &str,
+) -> String {
+    let role = unique(prefix).replace('-', "_");
+    PostgresStore::builder(common::database_url())
+        .table(&role)
+        .create_table(true)
+        .build()
+        .await
+        .expect("create table");
+    let mut sql = format!(
+        "CREATE ROLE {role} LOGIN PASSWORD 'pw'; GRANT USAGE ON SCHEMA public TO {role}; \
+         GRANT {grants} ON public.{role} TO {role};"
+    );
+    if !alter.is_empty() {
+        sql.push_str(&format!("ALTER ROLE {role} {alter};"));
+    }
+    admin.batch_execute(&sql).await.expect("role");
+    role
+}
+
+/// A store on `role`'s table, as `role`.
+async fn store_as(role: &str) -> PostgresStore {
+    PostgresStore::builder(conn_as(role, "pw"))
+        .table(role)
+        .build()
+        .await
+        .expect("store")
+}
+
+async fn drop_table_and_role(admin: &tokio_postgres::Client, role: &str) {
+    admin
+        .batch_execute(&format!(
+            "DROP TABLE public.{role}; DROP OWNED BY {role}; DROP ROLE {role};"
         ))
         .await
         .expect("cleanup");

@@ -530,6 +530,32 @@ pub fn assert_server_down<T: std::fmt::Debug>(answer: Result<T, leader_core::Loc
     );
 }
 
+/// Panics unless `answer` is an outage ([`leader_core::LockError::Unavailable`]) whose message
+/// says each of `words`.
+pub fn assert_unavailable_saying<T: std::fmt::Debug>(
+    answer: Result<T, leader_core::LockError>,
+    words: &[&str],
+) {
+    let err = answer.expect_err("an outage");
+    assert!(
+        matches!(err, leader_core::LockError::Unavailable { .. }),
+        "{err:?}"
+    );
+    let message = err.to_string();
+    for word in words {
+        assert!(message.contains(word), "{word:?} is not in: {message}");
+    }
+}
+
+/// Panics unless `answer` took the lease ([`leader_core::Acquisition::Acquired`]).
+pub fn assert_acquired(answer: Result<Option<leader_core::Acquisition>, leader_core::LockError>) {
+    let acquired = answer.expect("acquired");
+    assert!(
+        matches!(acquired, Some(leader_core::Acquisition::Acquired(_))),
+        "{acquired:?}"
+    );
+}
+
 /// Two candidates of one election: `first` started and waited for until it leads (within
 /// 10 s), then `second`. The leader, its fencing token, its term's cancellation, and the
 /// follower.

@@ -5,7 +5,7 @@ use leader_core::LockError;
 use mysql_async::prelude::Queryable;
 
 use super::NamedLock;
-use crate::error::{BACKEND, USE_THE_TABLE_LOCK, map};
+use crate::error::{BACKEND, USE_THE_TABLE_LOCK};
 
 /// Reads `wsrep_on`: a row on MariaDB and Percona XtraDB Cluster (`ON` while Galera replicates),
 /// none on MySQL. The global value is the one the server's `GET_LOCK` refusal follows.
@@ -17,11 +17,8 @@ impl NamedLock {
     pub(crate) async fn check_server(&self) -> Result<(), LockError> {
         let context = self.context();
         let mut conn = self.store.conn().await?;
-        let row: Option<(String, String)> = conn
-            .query_first(WSREP_ON)
-            .await
-            .map_err(|err| map(&context, err))?;
-        self.store.committed(conn).await?;
+        let row = conn.query_first(WSREP_ON).await;
+        let row: Option<(String, String)> = self.store.answered(conn, row, &context).await?;
         refuse_galera(&context, row.as_ref().map(|(_, value)| value.as_str()))
     }
 }

@@ -5,6 +5,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use leader_core::backend::is_read_only;
 use leader_core::{LeaderElectionRecord, LockError, ResourceLock};
 use mysql_async::prelude::{FromRow, Queryable};
 use mysql_async::{Conn, Value};
@@ -18,7 +19,8 @@ pub(super) struct Session {
     pub(super) conn: Conn,
     /// The fencing term whose user-level lock this session holds; `None` when it holds none.
     pub(super) term: Option<u64>,
-    /// The connection failed: the session is gone, and its user-level lock with it.
+    /// The connection failed, or the server answered it as read-only: the session is gone, or
+    /// closed when it is put back, and its user-level lock with it.
     pub(super) lost: bool,
     /// How long the server keeps the session when its client goes silent, as last set.
     pub(super) timeout: Duration,
@@ -82,7 +84,14 @@ impl Session {
                 self.lost = true;
                 self.term = None;
             }
-            map(context, err)
+            let err = map(context, err);
+            // A session the server answered as read-only (a replica, a demoted writer) is of
+            // no more use: it is counted lost, so that it is closed once its user-level lock is
+            // handed back, and the next session may reach the writer.
+            if is_read_only(&err) {
+                self.lost = true;
+            }
+            err
         })
     }
 }

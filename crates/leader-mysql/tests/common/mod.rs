@@ -27,6 +27,17 @@ pub async fn admin_exec(sql: &str) {
     conn.query_drop(sql).await.expect(sql);
 }
 
+/// A store whose pool holds one connection, on the default table, created if missing: the
+/// connection another user of the pool changes is the one the lock gets next.
+pub async fn one_connection_store() -> MysqlStore {
+    MysqlStore::builder(mysql_url())
+        .max_connections(1)
+        .create_table(true)
+        .build()
+        .await
+        .expect("store")
+}
+
 /// A store on the default table, created if missing; `None` (outside CI) without a server.
 pub async fn store() -> Option<MysqlStore> {
     admin().await?;
