@@ -1,9 +1,16 @@
 //! Mapping of Redis errors onto the core's error kinds, with credentials removed.
 
 use leader_core::LockError;
+use leader_core::backend::read_only;
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 
 pub(crate) const BACKEND: &str = "redis";
+
+/// Whether the server refused a write as read-only (`READONLY`): a replica, or a primary that
+/// a failover demoted, reached through a name or address that still leads there.
+pub(crate) fn refused_as_read_only(err: &RedisError) -> bool {
+    err.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly) || err.code() == Some("READONLY")
+}
 
 /// Maps a driver error by its kind and server error code. `context` names the server (redacted)
 /// and the key.
@@ -43,6 +50,9 @@ pub(crate) fn map(context: &str, err: RedisError) -> LockError {
         }
         _ => {}
     }
+    if refused_as_read_only(&err) {
+        return read_only(BACKEND, detail(), "");
+    }
     match err.kind() {
         ErrorKind::AuthenticationFailed => LockError::Forbidden {
             backend: BACKEND,
@@ -56,7 +66,6 @@ pub(crate) fn map(context: &str, err: RedisError) -> LockError {
             ServerErrorKind::BusyLoading
             | ServerErrorKind::TryAgain
             | ServerErrorKind::MasterDown
-            | ServerErrorKind::ReadOnly
             | ServerErrorKind::ClusterDown,
         )
         | ErrorKind::Io => LockError::unavailable(BACKEND, detail()),

@@ -11,7 +11,7 @@ use redis::Client;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig, PubSubSink, PubSubStream};
 use tokio::sync::Mutex;
 
-use crate::error::{BACKEND, map};
+use crate::error::{BACKEND, map, refused_as_read_only};
 use crate::eviction::EvictionCheck;
 
 /// How long building a store waits for the server's eviction setting before it leaves the
@@ -177,7 +177,10 @@ impl RedisStore {
     /// TCP retries, a quarter of an hour. So a request that timed out replaces its
     /// connection, and one given up by its caller while it waited (the elector's request
     /// timeout, a shard round's deadline) has the connection checked with a `PING`: replaced
-    /// if that gets no answer either, kept if the server was only slow.
+    /// if that gets no answer either, kept if the server was only slow. A connection whose
+    /// server refused a write as read-only (a replica, a primary a failover demoted, reached
+    /// through a name that still leads there) is replaced too: the next one may reach the
+    /// primary.
     pub(crate) async fn query<T: redis::FromRedisValue>(
         &self,
         lane: Lane,
@@ -195,7 +198,10 @@ impl RedisStore {
         };
         let result = command.query_async(&mut connection).await;
         waiting.connection = None;
-        if result.as_ref().is_err_and(redis::RedisError::is_timeout) {
+        if result
+            .as_ref()
+            .is_err_and(|err| err.is_timeout() || refused_as_read_only(err))
+        {
             self.replace_connection(lane, Some(generation));
         }
         result
@@ -257,7 +263,7 @@ impl RedisStore {
             tracing::debug!(
                 server = self.inner.redacted,
                 ?lane,
-                "the connection is replaced (a request went unanswered, or a login failed)"
+                "the connection is replaced (a request went unanswered or was refused as read-only, or a login failed)"
             );
             *slot = fresh;
             self.inner.replaced[lane as usize].fetch_add(1, std::sync::atomic::Ordering::AcqRel);

@@ -11,6 +11,7 @@ use leader_core::{LockError, ResourceLock};
 use leader_redis::RedisStore;
 use leader_test_support::secrets::assert_wrong_password;
 use leader_test_support::unreadable;
+use leader_test_support::{assert_acquired, assert_unavailable_saying};
 use redis::aio::MultiplexedConnection;
 
 async fn cmd(admin: &mut MultiplexedConnection, args: &[&str]) -> redis::Value {
@@ -216,4 +217,41 @@ async fn an_invalid_url_is_rejected_without_showing_the_password() {
         .expect_err("bad URL");
     assert!(matches!(err, LockError::Misconfigured { .. }), "{err:?}");
     assert!(!format!("{err} {err:?}").contains("secret"), "{err:?}");
+}
+
+/// A connection to a replica (or to a primary a failover demoted, reached through a name that
+/// still leads there) is refused every write with `READONLY`: the request fails as an outage
+/// that says so, and the connection is replaced, so that the next request reaches the primary
+/// once the name leads to it. The proxy is that name: it sends new connections to the primary
+/// once moved, and leaves the open one with the replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_a_replica_answered_is_replaced() {
+    let Some(replica) = common::PrivateServer::start().await else {
+        return;
+    };
+    let primary = common::PrivateServer::start()
+        .await
+        .expect("a second server");
+    // A replica of a primary that is not there: it refuses writes, and answers reads.
+    let nowhere = leader_test_support::free_port().to_string();
+    let mut admin = replica.admin().await.expect("replica");
+    cmd(&mut admin, &["REPLICAOF", "127.0.0.1", &nowhere]).await;
+    let address = |url: &str| {
+        let port = url.rsplit(':').next().and_then(|p| p.parse().ok());
+        std::net::SocketAddr::from(([127, 0, 0, 1], port.expect("a port")))
+    };
+    let proxy = leader_test_support::proxy::Proxy::start(address(&replica.url))
+        .await
+        .expect("proxy");
+    let store = RedisStore::connect(format!("redis://127.0.0.1:{}", proxy.port()))
+        .await
+        .expect("store");
+    let lock = store.lock(unique("replica"), "a");
+    assert!(lock.get().await.expect("a read").is_none());
+    assert_unavailable_saying(
+        lock.try_acquire(&record("a", 0)).await,
+        &["read only replica", "connection is closed"],
+    );
+    proxy.move_to(address(&primary.url));
+    assert_acquired(lock.try_acquire(&record("a", 0)).await);
 }

@@ -36,6 +36,8 @@ pub struct Proxy {
     strandings: watch::Sender<u64>,
     /// The local port of each connection the proxy opened to the server.
     upstream_ports: Arc<Mutex<Vec<u16>>>,
+    /// Where new connections go ([`Proxy::move_to`]).
+    upstream: watch::Sender<SocketAddr>,
     accept: JoinHandle<()>,
 }
 
@@ -62,6 +64,8 @@ impl Proxy {
         let stranded = strandings.clone();
         let upstream_ports = Arc::new(Mutex::new(Vec::new()));
         let ports = Arc::clone(&upstream_ports);
+        let (upstream, _) = watch::channel(upstream);
+        let upstreams = upstream.clone();
         let accept = tokio::spawn(async move {
             let mut connections = tokio::task::JoinSet::new();
             while let Ok((client, _)) = listener.accept().await {
@@ -75,6 +79,7 @@ impl Proxy {
                     continue;
                 }
                 let ports = Arc::clone(&ports);
+                let upstream = *upstreams.borrow();
                 connections.spawn(async move {
                     // A refused upstream (the server is down) closes the client's connection,
                     // as the server's own refusal would.
@@ -103,8 +108,15 @@ impl Proxy {
             mode,
             strandings,
             upstream_ports,
+            upstream,
             accept,
         })
+    }
+
+    /// Sends new connections to `upstream` from now on, and leaves those open with the server
+    /// they reached: a name or address that a failover moved to another server.
+    pub fn move_to(&self, upstream: SocketAddr) {
+        self.upstream.send_replace(upstream);
     }
 
     /// The loopback port candidates connect to.
