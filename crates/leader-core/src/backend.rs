@@ -52,7 +52,7 @@ impl std::fmt::Display for ReadOnly {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{}; the server takes no writes on this connection (a standby or a replica, or a primary demoted or fenced by a failover): the connection is closed, and the next request opens another{}",
+            "{}; the server takes no writes on this connection (a standby or a replica, or a primary demoted or fenced by a failover): the connection is given up, and the next request opens another{}",
             self.source, self.advice
         )
     }
@@ -208,7 +208,7 @@ mod tests {
         let message = err.to_string();
         for words in [
             "read-only transaction",
-            "connection is closed",
+            "connection is given up",
             "read-write",
         ] {
             assert!(message.contains(words), "{words}: {message}");

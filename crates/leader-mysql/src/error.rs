@@ -65,13 +65,13 @@ mod code {
     /// killed, a statement timeout (MariaDB, MySQL), an idle connection closed by MySQL 8, a
     /// deadlock between user-level locks (MySQL).
     pub(super) const TRANSIENT: &[u16] = &[
-        1040, 1047, 1053, 1205, 1213, 1317, 1615, 1836, 1927, 1969, 3024, 3058, 4031,
+        1040, 1047, 1053, 1205, 1213, 1317, 1615, 1927, 1969, 3024, 3058, 4031,
     ];
     /// A write refused as read-only: `ER_OPTION_PREVENTS_STATEMENT` (a server running with
     /// `read_only` or `super_read_only`: a replica, a writer that a failover demoted, a cluster
-    /// member that lost quorum) and `ER_CANT_EXECUTE_IN_READ_ONLY_TRANSACTION` (a session or
-    /// transaction set read-only).
-    pub(super) const READ_ONLY: &[u16] = &[1290, 1792];
+    /// member that lost quorum), `ER_CANT_EXECUTE_IN_READ_ONLY_TRANSACTION` (a session or
+    /// transaction set read-only) and `ER_READ_ONLY_MODE` (a server in read-only mode).
+    pub(super) const READ_ONLY: &[u16] = &[1290, 1792, 1836];
 }
 
 /// Maps the error of a statement that calls `GET_LOCK` as [`map`] does, except that the server
@@ -252,7 +252,7 @@ mod tests {
             let err = map("mysql://app:***@db/app table leader_election", err);
             assert!(is_read_only(&err), "{err:?}");
             let message = err.to_string();
-            assert!(message.contains("connection is closed"), "{message}");
+            assert!(message.contains("connection is given up"), "{message}");
             assert!(message.contains("table leader_election"), "{message}");
         }
         let busy = map("ctx", server(1205, "HY000", "Lock wait timeout exceeded"));

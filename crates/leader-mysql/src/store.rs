@@ -351,9 +351,8 @@ impl MysqlStore {
     /// The server could not be reached, or refused.
     pub async fn create_table(&self) -> Result<(), LockError> {
         let mut conn = self.conn().await?;
-        conn.query_drop(&self.inner.statements.create_table)
-            .await
-            .map_err(|err| map(&self.context(), err))
+        let created = conn.query_drop(&self.inner.statements.create_table).await;
+        self.answered(conn, created, &self.context()).await
     }
 
     /// The connection pool.

@@ -294,7 +294,7 @@ async fn a_connection_answered_read_only_is_closed_and_replaced() {
     assert!(lock.get().await.expect("a read").is_none());
     assert_unavailable_saying(
         lock.try_acquire(&record("a", 0)).await,
-        &["READ ONLY", "error 1792", "connection is closed"],
+        &["READ ONLY", "error 1792", "connection is given up"],
     );
     assert_acquired(lock.try_acquire(&record("a", 0)).await);
 }
@@ -311,7 +311,8 @@ async fn on_the_pooled_connection(store: &MysqlStore, sql: &str, reset: bool) {
 /// The `GET_LOCK` lock's session, answered as read-only, is ended (its user-level lock goes
 /// with it) and the next request opens another. The server runs `init_connect` for each new
 /// session of a user without SUPER; while it is set here, it makes this test's user's new
-/// sessions read-only and leaves every other user's as they are.
+/// sessions read-only and leaves every other user's as they are. It is put back as it was when
+/// the test ends, passed or not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_get_lock_session_answered_read_only_is_ended_and_replaced() {
     if common::store().await.is_none() {
@@ -319,15 +320,25 @@ async fn a_get_lock_session_answered_read_only_is_ended_and_replaced() {
     }
     let user = user_with("leader_standby", "SELECT, INSERT, UPDATE").await;
     let mut admin = common::admin().await.expect("server");
+    // MySQL 8 and MariaDB 11.1 name the setting transaction_read_only; MariaDB before 11.1,
+    // tx_read_only.
+    let setting = match admin
+        .query_drop("SELECT @@SESSION.transaction_read_only")
+        .await
+    {
+        Ok(()) => "transaction_read_only",
+        Err(_) => "tx_read_only",
+    };
     let before: Option<String> = admin
         .query_first("SELECT @@GLOBAL.init_connect")
         .await
         .expect("init_connect");
+    let restore = InitConnect(before);
     admin
         .exec_drop(
             "SET GLOBAL init_connect = ?",
             (format!(
-                "SET SESSION tx_read_only = (CURRENT_USER() = '{user}@%')"
+                "SET SESSION {setting} = (CURRENT_USER() = '{user}@%')"
             ),),
         )
         .await
@@ -336,12 +347,35 @@ async fn a_get_lock_session_answered_read_only_is_ended_and_replaced() {
         .await
         .named_lock(unique("read-only-named"), "a");
     let first = lock.try_acquire(&record("a", 0)).await;
-    admin
-        .exec_drop("SET GLOBAL init_connect = ?", (before.unwrap_or_default(),))
-        .await
-        .expect("init_connect as it was");
-    assert_unavailable_saying(first, &["READ ONLY", "connection is closed"]);
+    drop(restore);
+    assert_unavailable_saying(first, &["READ ONLY", "connection is given up"]);
     assert_acquired(lock.try_acquire(&record("a", 0)).await);
     lock.close().await;
     admin_exec(&format!("DROP USER '{user}'@'%'")).await;
+}
+
+/// The server's `init_connect` as it was, put back when dropped.
+struct InitConnect(Option<String>);
+
+impl Drop for InitConnect {
+    fn drop(&mut self) {
+        let before = self.0.take().unwrap_or_default();
+        // Dropped inside the test's runtime, which cannot wait here: on a runtime of its own.
+        let restored = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime");
+            runtime.block_on(async {
+                let mut admin = common::admin().await.expect("server");
+                admin
+                    .exec_drop("SET GLOBAL init_connect = ?", (before,))
+                    .await
+            })
+        })
+        .join();
+        if !matches!(restored, Ok(Ok(()))) && !std::thread::panicking() {
+            panic!("init_connect was not put back: {restored:?}");
+        }
+    }
 }

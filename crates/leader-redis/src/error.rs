@@ -7,9 +7,16 @@ use redis::{ErrorKind, RedisError, ServerErrorKind};
 pub(crate) const BACKEND: &str = "redis";
 
 /// Whether the server refused a write as read-only (`READONLY`): a replica, or a primary that
-/// a failover demoted, reached through a name or address that still leads there.
+/// a failover demoted, reached through a name or address that still leads there. Redis 7
+/// answers a script's refused write so; before 7, the script's error (`ERR Error running
+/// script ...`) carries it in its message.
 pub(crate) fn refused_as_read_only(err: &RedisError) -> bool {
-    err.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly) || err.code() == Some("READONLY")
+    err.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly)
+        || err.code() == Some("READONLY")
+        || (err.code() == Some("ERR")
+            && err
+                .detail()
+                .is_some_and(|detail| detail.contains("-READONLY ")))
 }
 
 /// Maps a driver error by its kind and server error code. `context` names the server (redacted)
@@ -73,5 +80,38 @@ pub(crate) fn map(context: &str, err: RedisError) -> LockError {
             LockError::unavailable(BACKEND, detail())
         }
         _ => LockError::other(BACKEND, detail()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The server's error reply `line`, as the driver reads it.
+    fn reply(line: &str) -> RedisError {
+        match redis::parse_redis_value(format!("-{line}\r\n").as_bytes()) {
+            Ok(redis::Value::ServerError(err)) => err.into(),
+            other => panic!("not an error reply: {other:?}"),
+        }
+    }
+
+    /// Redis 7 refuses a script's write on a replica with `READONLY`; Redis 6 wraps it in the
+    /// script's `ERR`. Both are read-only refusals; another script error is not.
+    #[test]
+    fn read_only_refusals_of_every_version_are_told_apart() {
+        for line in [
+            "READONLY You can't write against a read only replica. script: 9a1b, on @user_script:47.",
+            "ERR Error running script (call to f_9a1b): @user_script:47: -READONLY You can't write against a read only replica.",
+        ] {
+            let err = reply(line);
+            assert!(refused_as_read_only(&err), "{line}");
+            assert!(
+                leader_core::backend::is_read_only(&map("ctx", err)),
+                "{line}"
+            );
+        }
+        let other =
+            reply("ERR Error running script (call to f_9a1b): @user_script:3: bad argument");
+        assert!(!refused_as_read_only(&other));
     }
 }

@@ -250,7 +250,7 @@ async fn a_connection_a_replica_answered_is_replaced() {
     assert!(lock.get().await.expect("a read").is_none());
     assert_unavailable_saying(
         lock.try_acquire(&record("a", 0)).await,
-        &["read only replica", "connection is closed"],
+        &["read only replica", "connection is given up"],
     );
     proxy.move_to(address(&primary.url));
     assert_acquired(lock.try_acquire(&record("a", 0)).await);
