@@ -54,6 +54,39 @@ ensure_postgres_password_rule() {
   fi
 }
 
+# PgBouncer from Debian's packages in front of the loopback Postgres, in transaction pooling
+# mode, as managed poolers offer it: each transaction gets whichever server session is free, so
+# a statement prepared on one session is missing on the next, and a LISTEN hears nothing. On
+# port 6432, clients trusted on loopback as user postgres; scripts/test runs the table lock's
+# tests through it (PGBOUNCER_URL).
+PGBOUNCER_PORT=6432
+ensure_pgbouncer() {
+  if port_open 127.0.0.1 "$PGBOUNCER_PORT"; then return 0; fi
+  command -v pgbouncer >/dev/null 2>&1 || { log "installing pgbouncer"; apt_install pgbouncer; }
+  local dir
+  dir=$(mktemp -d /tmp/leader-pgbouncer.XXXXXX)
+  cat > "$dir/pgbouncer.ini" <<EOF
+[databases]
+* = host=127.0.0.1 port=5432
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = $PGBOUNCER_PORT
+unix_socket_dir =
+auth_type = trust
+auth_file = $dir/users.txt
+pool_mode = transaction
+logfile = $dir/pgbouncer.log
+pidfile = $dir/pgbouncer.pid
+EOF
+  # The password is the one PgBouncer logs in to Postgres with.
+  printf '"postgres" "postgres"\n' > "$dir/users.txt"
+  chown -R postgres "$dir"
+  log "starting pgbouncer (transaction pooling) on 127.0.0.1:$PGBOUNCER_PORT (config in $dir)"
+  # PgBouncer refuses to run as root.
+  su postgres -s /bin/sh -c "pgbouncer -d '$dir/pgbouncer.ini'"
+  wait_port 127.0.0.1 "$PGBOUNCER_PORT" pgbouncer
+}
+
 # MariaDB from Debian's packages; the tests connect over TCP as root without a password, as this
 # machine's own server allows (a fresh install lets root in through its Unix socket only).
 ensure_mariadb() {
@@ -264,7 +297,8 @@ ensure_azurite() {
 
 # Fresh places for one test run, so that nothing an earlier run left can make it pass: an empty
 # Postgres database, an emptied Redis database number, an etcd key prefix nobody used, a new S3
-# bucket. Exports DATABASE_URL, REDIS_URL, ETCD_PREFIX and S3_BUCKET for what the caller did not
+# bucket. Exports DATABASE_URL (and PGBOUNCER_URL, to the same database), REDIS_URL,
+# ETCD_PREFIX and S3_BUCKET for what the caller did not
 # set, and
 # FRESH_DATABASE for drop_fresh_targets.
 fresh_test_targets() {
@@ -275,6 +309,9 @@ fresh_test_targets() {
     psql -qAt "postgres://postgres:postgres@127.0.0.1:5432/postgres" -c "CREATE DATABASE ${FRESH_DATABASE}" >/dev/null
     export DATABASE_URL="postgres://postgres:postgres@127.0.0.1:5432/${FRESH_DATABASE}"
     log "tests use the new database ${FRESH_DATABASE}"
+    if [ -z "${PGBOUNCER_URL:-}" ]; then
+      export PGBOUNCER_URL="postgres://postgres:postgres@127.0.0.1:${PGBOUNCER_PORT}/${FRESH_DATABASE}"
+    fi
   fi
   if [ -z "${MYSQL_URL:-}" ]; then
     FRESH_MYSQL_DATABASE="leader_test_${tag}"

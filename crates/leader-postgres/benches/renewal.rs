@@ -1,5 +1,6 @@
 //! Statements per renewal and renewal latency of the table lock, against two raw references on
-//! the same connection: `SELECT 1` and a single-row `UPDATE` of a plain table.
+//! the same connection, `SELECT 1` and a single-row `UPDATE` of a plain table, and against its
+//! own statement run raw, prepared once or unnamed (as the lock sends it).
 //!
 //! ```text
 //! DATABASE_URL=postgres://postgres:postgres@127.0.0.1:5432/postgres \
@@ -67,19 +68,26 @@ async fn main() -> Result<(), Box<dyn Error>> {
     let update = client
         .prepare_cached("UPDATE leader_bench_plain SET v = v + 1 WHERE id = 1")
         .await?;
-    // The lock's own renewal statement, as prepared on this connection, to run it raw.
-    let renewal_sql: String = client
+    // The lock's own renewal statement, to run it raw: the last statement of the pooled
+    // connection, idle since a renewal, as the server shows it to another session.
+    drop(client);
+    bench::rewrites(&lock, &mut observed, 1, Rewrite::Update).await?;
+    let (observer, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await?;
+    tokio::spawn(connection);
+    let renewal_sql: String = observer
         .query_one(
-            "SELECT statement FROM pg_prepared_statements WHERE statement LIKE 'UPDATE %leader_election%' \
-             AND statement NOT LIKE 'WITH%' LIMIT 1",
+            "SELECT query FROM pg_stat_activity WHERE application_name = 'leader-postgres' \
+             AND state = 'idle' AND query LIKE 'UPDATE %leader_election%' LIMIT 1",
             &[],
         )
         .await?
         .get(0);
+    drop(observer);
+    let client = store.pool().get().await?;
     let raw = client.prepare_cached(&renewal_sql).await?;
     drop(client);
-    let (mut t_select, mut t_update, mut t_renew, mut t_raw) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut t_select, mut t_update, mut t_renew, mut t_raw, mut t_unnamed) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..ROUNDS {
         let client = store.pool().get().await?;
         bench::time_each(PER_ROUND, &mut t_select, async || {
@@ -90,31 +98,39 @@ async fn main() -> Result<(), Box<dyn Error>> {
             client.execute(&update, &[]).await
         })
         .await?;
-        for _ in 0..PER_ROUND {
-            let record = bench::renewed(&observed.record);
-            let version: i64 = observed.version.as_str().parse()?;
-            let lease = i64::try_from(record.lease_duration.as_millis())?;
-            let transitions = i64::try_from(record.leader_transitions)?;
-            let at = Instant::now();
-            let row = client
-                .query_one(
-                    &raw,
-                    &[
-                        &name,
-                        &record.holder_identity,
-                        &lease,
-                        &record.acquire_time,
-                        &record.renew_time,
-                        &transitions,
-                        &record.strategy,
-                        &record.preferred_holder,
-                        &None::<String>,
-                        &version,
-                    ],
-                )
-                .await?;
-            t_raw.push(at.elapsed());
-            observed.version = leader_core::Version::from(row.get::<_, i64>(0));
+        // The renewal statement prepared once, then sent unnamed with its parameters' types,
+        // as the lock sends it.
+        for unnamed in [false, true] {
+            for _ in 0..PER_ROUND {
+                use tokio_postgres::types::{ToSql, Type};
+                let record = bench::renewed(&observed.record);
+                let version: i64 = observed.version.as_str().parse()?;
+                let lease = i64::try_from(record.lease_duration.as_millis())?;
+                let transitions = i64::try_from(record.leader_transitions)?;
+                let none = None::<String>;
+                let params: [(&(dyn ToSql + Sync), Type); 10] = [
+                    (&name, Type::TEXT),
+                    (&record.holder_identity, Type::TEXT),
+                    (&lease, Type::INT8),
+                    (&record.acquire_time, Type::TIMESTAMPTZ),
+                    (&record.renew_time, Type::TIMESTAMPTZ),
+                    (&transitions, Type::INT8),
+                    (&record.strategy, Type::TEXT),
+                    (&record.preferred_holder, Type::TEXT),
+                    (&none, Type::TEXT),
+                    (&version, Type::INT8),
+                ];
+                let at = Instant::now();
+                let row = if unnamed {
+                    client.query_typed(&renewal_sql, &params).await?.remove(0)
+                } else {
+                    let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| p.0).collect();
+                    client.query_one(&raw, &values).await?
+                };
+                let took = at.elapsed();
+                if unnamed { &mut t_unnamed } else { &mut t_raw }.push(took);
+                observed.version = leader_core::Version::from(row.get::<_, i64>(0));
+            }
         }
         drop(client);
         t_renew.extend(bench::rewrites(&lock, &mut observed, PER_ROUND, Rewrite::Update).await?);
@@ -137,7 +153,8 @@ async fn main() -> Result<(), Box<dyn Error>> {
         &mut [
             ("`SELECT 1`", t_select),
             ("single-row `UPDATE`", t_update),
-            ("renewal statement, raw", t_raw),
+            ("renewal statement, raw, prepared once", t_raw),
+            ("renewal statement, raw, unnamed", t_unnamed),
             ("renewal (`TableLock::update`)", t_renew),
         ],
     );

@@ -10,10 +10,10 @@ use leader_core::{
     Acquisition, ChangeStream, LeaderElectionRecord, LockError, Observed, ResourceLock, Version,
 };
 use tokio::sync::Mutex;
-use tokio_postgres::Statement;
 
 use crate::error::map;
 use crate::lock::{Election, Write};
+use crate::param::typed;
 use crate::store::{Dedicated, PostgresStore};
 
 /// A [`ResourceLock`] that ties leadership to a Postgres session: the record lives in the lock
@@ -51,16 +51,10 @@ pub struct AdvisoryLock {
     session: Arc<Mutex<Option<Session>>>,
 }
 
+/// The lock's session: the connection whose advisory lock it holds.
 #[derive(Debug)]
 struct Session {
     client: Dedicated,
-    get: Statement,
-    create: Statement,
-    update: Statement,
-    release: Statement,
-    request: Statement,
-    try_acquire: Statement,
-    unlock: Statement,
 }
 
 impl PostgresStore {
@@ -105,7 +99,7 @@ impl AdvisoryLock {
         };
         let row = session
             .client
-            .query_one("SELECT pg_backend_pid()", &[])
+            .query_typed_one("SELECT pg_backend_pid()", &[])
             .await
             .map_err(|err| map(&self.store.context(), err))?;
         Ok(Some(row.get(0)))
@@ -117,39 +111,32 @@ impl AdvisoryLock {
         let timeout = format!("{}ms", self.idle_timeout.as_millis());
         let app = format!("leader:{}", self.election.identity);
         client
-            .query("SELECT set_config('application_name', $1, false)", &[&app])
+            .query_typed(
+                "SELECT set_config('application_name', $1, false)",
+                &[typed(&app)],
+            )
             .await
             .map_err(|err| map(&context, err))?;
         // Postgres before 14 has neither setting; keepalives still apply. The connection check
         // lets a backend waiting on a row lock notice that its client closed the connection.
         for (setting, value) in [
-            ("idle_session_timeout", timeout.as_str()),
-            ("client_connection_check_interval", "1s"),
+            ("idle_session_timeout".to_owned(), timeout),
+            (
+                "client_connection_check_interval".to_owned(),
+                "1s".to_owned(),
+            ),
         ] {
             if let Err(err) = client
-                .query("SELECT set_config($1, $2, false)", &[&setting, &value])
+                .query_typed(
+                    "SELECT set_config($1, $2, false)",
+                    &[typed(&setting), typed(&value)],
+                )
                 .await
             {
                 tracing::debug!(error = %err, setting, "not supported by this server");
             }
         }
-        let statements = &self.store.inner().advisory_statements;
-        let prepare = |sql: &str| {
-            let client = &client;
-            let context = &context;
-            let sql = sql.to_owned();
-            async move { client.prepare(&sql).await.map_err(|err| map(context, err)) }
-        };
-        Ok(Session {
-            get: prepare(&statements.get).await?,
-            create: prepare(&statements.create).await?,
-            update: prepare(&statements.update).await?,
-            release: prepare(&statements.release).await?,
-            request: prepare(&statements.request).await?,
-            try_acquire: prepare(&statements.try_acquire).await?,
-            unlock: prepare(&statements.unlock).await?,
-            client,
-        })
+        Ok(Session { client })
     }
 
     /// Runs `op` on the dedicated session, connecting first if there is none; a session whose
@@ -192,11 +179,9 @@ impl AdvisoryLock {
     async fn unlock_unless_holder(&self, session: &Session) {
         let name = &self.election.name;
         let identity = &self.election.identity;
-        if let Err(err) = session
-            .client
-            .query(&session.unlock, &[&self.election.key, name, identity])
-            .await
-        {
+        let sql = &self.store.inner().advisory_statements.unlock;
+        let params = [typed(&self.election.key), typed(name), typed(identity)];
+        if let Err(err) = session.client.query_typed(sql, &params).await {
             tracing::debug!(error = %err, "advisory unlock after a conflict failed");
         }
     }
@@ -221,15 +206,17 @@ impl Drop for EndIfCancelled<'_> {
 #[async_trait]
 impl ResourceLock for AdvisoryLock {
     async fn get(&self) -> Result<Option<Observed>, LockError> {
-        self.with_session(async |s| self.election.get(&self.store, &s.client, &s.get).await)
+        let sql = &self.store.inner().advisory_statements.get;
+        self.with_session(async |s| self.election.get(&self.store, &s.client, sql).await)
             .await
     }
 
     async fn create(&self, record: &LeaderElectionRecord) -> Result<Observed, LockError> {
+        let sql = &self.store.inner().advisory_statements.create;
         self.with_session(async |s| {
             let result = self
                 .election
-                .create(&self.store, &s.client, &s.create, record, true)
+                .create(&self.store, &s.client, sql, record, true)
                 .await;
             if result.as_ref().is_err_and(LockError::is_conflict) {
                 self.unlock_unless_holder(s).await;
@@ -244,15 +231,16 @@ impl ResourceLock for AdvisoryLock {
         version: &Version,
         record: &LeaderElectionRecord,
     ) -> Result<Observed, LockError> {
+        let statements = &self.store.inner().advisory_statements;
+        let sql = match self.election.write_kind(record) {
+            Write::Update => &statements.update,
+            Write::Release => &statements.release,
+            Write::Request => &statements.request,
+        };
         self.with_session(async |s| {
-            let statement = match self.election.write_kind(record) {
-                Write::Update => &s.update,
-                Write::Release => &s.release,
-                Write::Request => &s.request,
-            };
             let result = self
                 .election
-                .update(&self.store, &s.client, statement, version, record, true)
+                .update(&self.store, &s.client, sql, version, record, true)
                 .await;
             if result.as_ref().is_err_and(LockError::is_conflict) {
                 self.unlock_unless_holder(s).await;
@@ -279,17 +267,18 @@ impl ResourceLock for AdvisoryLock {
     }
 
     async fn watch(&self) -> Result<Option<ChangeStream>, LockError> {
-        self.store.listen(&self.election.channel).await.map(Some)
+        self.store.listen(&self.election.channel).await
     }
 
     async fn try_acquire(
         &self,
         desired: &LeaderElectionRecord,
     ) -> Result<Option<Acquisition>, LockError> {
+        let sql = &self.store.inner().advisory_statements.try_acquire;
         self.with_session(async |s| {
             let acquisition = self
                 .election
-                .try_acquire(&self.store, &s.client, &s.try_acquire, desired, true)
+                .try_acquire(&self.store, &s.client, sql, desired, true)
                 .await?;
             // The statement may take the advisory lock although the record is reserved for
             // the candidate a handover names: kept, it would stop that candidate from

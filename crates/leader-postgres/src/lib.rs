@@ -5,6 +5,7 @@
 mod advisory;
 mod error;
 mod lock;
+mod param;
 mod schema;
 mod set;
 mod sql;

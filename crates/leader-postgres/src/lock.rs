@@ -5,18 +5,19 @@ use leader_core::backend::{RecordColumns, fnv1a};
 use leader_core::{
     Acquisition, ChangeStream, LeaderElectionRecord, LockError, Observed, ResourceLock, Version,
 };
-use tokio_postgres::types::ToSql;
-use tokio_postgres::{Client, Statement};
+use tokio_postgres::Client;
 
 use crate::error::{BACKEND, map};
+use crate::param::{Typed, typed};
 use crate::sql::{TIME_LEFT, decode, parse_version};
-use crate::store::{Lent, PostgresStore};
+use crate::store::PostgresStore;
 
 /// A [`ResourceLock`] on one row of the lock table.
 ///
-/// Every operation is one statement, prepared once per pooled connection: a renewal is one
-/// `UPDATE ... WHERE version = $v`, an acquisition one `INSERT ... ON CONFLICT DO UPDATE` that
-/// decides expiry with the server's `now()`. A release notifies followers through
+/// Every operation is one statement, sent unnamed with its parameters' types, so that no
+/// prepared statement stays on the server's session (a pooler in transaction mode gives the next
+/// transaction another one): a renewal is one `UPDATE ... WHERE version = $v`, an acquisition
+/// one `INSERT ... ON CONFLICT DO UPDATE` that decides expiry with the server's `now()`. A release notifies followers through
 /// `LISTEN/NOTIFY`, so one of them takes over at once.
 #[derive(Clone, Debug)]
 pub struct TableLock {
@@ -59,28 +60,24 @@ impl Election {
     }
 
     /// `$1` name and `$2..$9` the record's columns.
-    fn record_params<'a>(&'a self, p: &'a RecordColumns) -> Vec<&'a (dyn ToSql + Sync)> {
+    fn record_params<'a>(&'a self, p: &'a RecordColumns) -> Vec<Typed<'a>> {
         vec![
-            &self.name,
-            &p.holder,
-            &p.lease_ms,
-            &p.acquire,
-            &p.renew,
-            &p.transitions,
-            &p.strategy,
-            &p.preferred,
-            &p.extensions,
+            typed(&self.name),
+            typed(&p.holder),
+            typed(&p.lease_ms),
+            typed(&p.acquire),
+            typed(&p.renew),
+            typed(&p.transitions),
+            typed(&p.strategy),
+            typed(&p.preferred),
+            typed(&p.extensions),
         ]
     }
 
     /// The statement's parameters, with the advisory key last for the advisory lock's statements.
-    fn params<'a>(
-        &'a self,
-        mut params: Vec<&'a (dyn ToSql + Sync)>,
-        advisory: bool,
-    ) -> Vec<&'a (dyn ToSql + Sync)> {
+    fn params<'a>(&'a self, mut params: Vec<Typed<'a>>, advisory: bool) -> Vec<Typed<'a>> {
         if advisory {
-            params.push(&self.key);
+            params.push(typed(&self.key));
         }
         params
     }
@@ -93,11 +90,12 @@ impl Election {
     ) -> Result<Option<std::time::Duration>, LockError> {
         let context = self.context(store);
         let client = store.client().await?;
-        let statement = client
-            .prepare_cached(&store.inner().table_statements.time_left)
-            .await
-            .map_err(|err| map(&context, err))?;
-        let row = client.query_opt(&statement, &[&self.name]).await;
+        let row = client
+            .query_typed_opt(
+                &store.inner().table_statements.time_left,
+                &[typed(&self.name)],
+            )
+            .await;
         let row = client.answered(row.map_err(|err| map(&context, err)))?;
         Ok(row
             .and_then(|row| u64::try_from(row.get::<_, i64>(0)).ok())
@@ -120,11 +118,11 @@ impl Election {
         &self,
         store: &PostgresStore,
         client: &Client,
-        statement: &Statement,
+        sql: &str,
     ) -> Result<Option<Observed>, LockError> {
         let context = self.context(store);
         let row = client
-            .query_opt(statement, &[&self.name])
+            .query_typed_opt(sql, &[typed(&self.name)])
             .await
             .map_err(|err| map(&context, err))?;
         row.map(|row| decode(&row, 0, &context)).transpose()
@@ -134,13 +132,13 @@ impl Election {
         &self,
         store: &PostgresStore,
         client: &Client,
-        statement: &Statement,
+        sql: &str,
         record: &LeaderElectionRecord,
         advisory: bool,
     ) -> Result<Observed, LockError> {
         let p = RecordColumns::new(record, BACKEND)?;
         let row = client
-            .query_opt(statement, &self.params(self.record_params(&p), advisory))
+            .query_typed_opt(sql, &self.params(self.record_params(&p), advisory))
             .await
             .map_err(|err| map(&self.context(store), err))?;
         written(record, row)
@@ -158,12 +156,12 @@ impl Election {
         }
     }
 
-    /// Runs `statement`, the one [`write_kind`](Self::write_kind) names for `record`.
+    /// Runs `sql`, the statement [`write_kind`](Self::write_kind) names for `record`.
     pub(crate) async fn update(
         &self,
         store: &PostgresStore,
         client: &Client,
-        statement: &Statement,
+        sql: &str,
         version: &Version,
         record: &LeaderElectionRecord,
         advisory: bool,
@@ -173,15 +171,15 @@ impl Election {
         };
         let p = RecordColumns::new(record, BACKEND)?;
         let mut params = self.record_params(&p);
-        params.push(&expected);
+        params.push(typed(&expected));
         let kind = self.write_kind(record);
         if kind != Write::Update {
-            params.push(&self.channel);
+            params.push(typed(&self.channel));
         }
         // A request needs no advisory lock: it names no new holder.
         let advisory = advisory && kind != Write::Request;
         let row = client
-            .query_opt(statement, &self.params(params, advisory))
+            .query_typed_opt(sql, &self.params(params, advisory))
             .await
             .map_err(|err| map(&self.context(store), err))?;
         written(record, row)
@@ -191,22 +189,22 @@ impl Election {
         &self,
         store: &PostgresStore,
         client: &Client,
-        statement: &Statement,
+        sql: &str,
         desired: &LeaderElectionRecord,
         advisory: bool,
     ) -> Result<Acquisition, LockError> {
         let context = self.context(store);
         let p = RecordColumns::new(desired, BACKEND)?;
         let row = client
-            .query_opt(
-                statement,
+            .query_typed_opt(
+                sql,
                 &self.params(
                     vec![
-                        &self.name,
-                        &p.holder,
-                        &p.lease_ms,
-                        &p.acquire,
-                        &p.transitions,
+                        typed(&self.name),
+                        typed(&p.holder),
+                        typed(&p.lease_ms),
+                        typed(&p.acquire),
+                        typed(&p.transitions),
                     ],
                     advisory,
                 ),
@@ -261,34 +259,23 @@ impl TableLock {
     pub fn name(&self) -> &str {
         &self.election.name
     }
-
-    async fn prepared(&self, sql: &str) -> Result<(Lent, Statement), LockError> {
-        let client = self.store.client().await?;
-        let statement = client
-            .prepare_cached(sql)
-            .await
-            .map_err(|err| map(&self.election.context(&self.store), err))?;
-        Ok((client, statement))
-    }
 }
 
 #[async_trait]
 impl ResourceLock for TableLock {
     async fn get(&self) -> Result<Option<Observed>, LockError> {
-        let (client, statement) = self
-            .prepared(&self.store.inner().table_statements.get)
-            .await?;
-        let got = self.election.get(&self.store, &client, &statement).await;
+        let client = self.store.client().await?;
+        let sql = &self.store.inner().table_statements.get;
+        let got = self.election.get(&self.store, &client, sql).await;
         client.answered(got)
     }
 
     async fn create(&self, record: &LeaderElectionRecord) -> Result<Observed, LockError> {
-        let (client, statement) = self
-            .prepared(&self.store.inner().table_statements.create)
-            .await?;
+        let client = self.store.client().await?;
+        let sql = &self.store.inner().table_statements.create;
         let created = self
             .election
-            .create(&self.store, &client, &statement, record, false)
+            .create(&self.store, &client, sql, record, false)
             .await;
         client.answered(created)
     }
@@ -304,10 +291,10 @@ impl ResourceLock for TableLock {
             Write::Release => &statements.release,
             Write::Request => &statements.request,
         };
-        let (client, statement) = self.prepared(sql).await?;
+        let client = self.store.client().await?;
         let updated = self
             .election
-            .update(&self.store, &client, &statement, version, record, false)
+            .update(&self.store, &client, sql, version, record, false)
             .await;
         client.answered(updated)
     }
@@ -329,19 +316,18 @@ impl ResourceLock for TableLock {
     }
 
     async fn watch(&self) -> Result<Option<ChangeStream>, LockError> {
-        self.store.listen(&self.election.channel).await.map(Some)
+        self.store.listen(&self.election.channel).await
     }
 
     async fn try_acquire(
         &self,
         desired: &LeaderElectionRecord,
     ) -> Result<Option<Acquisition>, LockError> {
-        let (client, statement) = self
-            .prepared(&self.store.inner().table_statements.try_acquire)
-            .await?;
+        let client = self.store.client().await?;
+        let sql = &self.store.inner().table_statements.try_acquire;
         let acquired = self
             .election
-            .try_acquire(&self.store, &client, &statement, desired, false)
+            .try_acquire(&self.store, &client, sql, desired, false)
             .await;
         client.answered(acquired).map(Some)
     }

@@ -8,6 +8,7 @@ use tokio_postgres::Client;
 use tokio_postgres::error::SqlState;
 
 use crate::error::{BACKEND, map};
+use crate::param::typed;
 use crate::sql::TableName;
 
 /// The lock table's columns, written once for [`SCHEMA`] and the statement the start-up step
@@ -163,7 +164,7 @@ fn classify(kind: Option<&str>, columns: &[Column]) -> Shape {
 
 /// The table's shape, as the server has it now.
 async fn shape(client: &Client, table: &TableName) -> Result<Shape, tokio_postgres::Error> {
-    let rows = client.query(SHAPE, &[&table.quoted()]).await?;
+    let rows = client.query_typed(SHAPE, &[typed(&table.quoted())]).await?;
     let kind: Option<String> = rows.first().map(|row| row.try_get(0)).transpose()?;
     let mut columns = Vec::with_capacity(rows.len());
     for row in &rows {

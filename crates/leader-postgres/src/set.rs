@@ -11,6 +11,7 @@ use leader_core::backend::{
 use leader_core::{LockError, LockSet, Observed, ResourceLock, Version, async_trait};
 
 use crate::error::{BACKEND, map};
+use crate::param::{Typed, typed};
 use crate::sql::{VERSION, decode, parse_version};
 use crate::store::PostgresStore;
 
@@ -43,15 +44,11 @@ impl PostgresLockSet {
     async fn query(
         &self,
         sql: &str,
-        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+        params: &[Typed<'_>],
     ) -> Result<Vec<tokio_postgres::Row>, LockError> {
         let context = self.store.context();
         let client = self.store.client().await?;
-        let statement = client
-            .prepare_cached(sql)
-            .await
-            .map_err(|err| map(&context, err))?;
-        let rows = client.query(&statement, params).await;
+        let rows = client.query_typed(sql, params).await;
         client.answered(rows.map_err(|err| map(&context, err)))
     }
 }
@@ -72,7 +69,7 @@ impl LockSet for PostgresLockSet {
 
     async fn get_many(&self, keys: &[String]) -> Vec<Result<Option<Observed>, LockError>> {
         let sql = &self.store.inner().table_statements.get_many;
-        let rows = match self.query(sql, &[&keys]).await {
+        let rows = match self.query(sql, &[typed(&keys)]).await {
             Ok(rows) => rows,
             Err(err) => return err.for_each(keys.len()),
         };
@@ -117,7 +114,7 @@ impl LockSet for PostgresLockSet {
         }
         let (columns, unusable) = Columns::of(renewals);
         let mut params = columns.params().to_vec();
-        params.push(&keys);
+        params.push(typed(&keys));
         let sql = &self.store.inner().table_statements.renew_and_read;
         let rows = match self.query(sql, &params).await {
             Ok(rows) => rows,
@@ -230,18 +227,18 @@ impl Columns {
         self.expected.push(expected);
     }
 
-    fn params(&self) -> [&(dyn tokio_postgres::types::ToSql + Sync); 10] {
+    fn params(&self) -> [Typed<'_>; 10] {
         [
-            &self.names,
-            &self.holders,
-            &self.lease_ms,
-            &self.acquire,
-            &self.renew,
-            &self.transitions,
-            &self.strategy,
-            &self.preferred,
-            &self.extensions,
-            &self.expected,
+            typed(&self.names),
+            typed(&self.holders),
+            typed(&self.lease_ms),
+            typed(&self.acquire),
+            typed(&self.renew),
+            typed(&self.transitions),
+            typed(&self.strategy),
+            typed(&self.preferred),
+            typed(&self.extensions),
+            typed(&self.expected),
         ]
     }
 }

@@ -38,6 +38,7 @@ pub struct PostgresStoreBuilder {
     max_connections: usize,
     tls: Option<rustls::ClientConfig>,
     pool: Option<Pool>,
+    listen: bool,
 }
 
 impl fmt::Debug for PostgresStoreBuilder {
@@ -47,6 +48,7 @@ impl fmt::Debug for PostgresStoreBuilder {
             .field("schema", &self.schema)
             .field("table", &self.table)
             .field("create_table", &self.create_table)
+            .field("listen", &self.listen)
             .finish_non_exhaustive()
     }
 }
@@ -91,6 +93,17 @@ impl PostgresStoreBuilder {
     /// if they left it inside a transaction.
     pub fn pool(mut self, pool: Pool) -> Self {
         self.pool = Some(pool);
+        self
+    }
+
+    /// Whether followers of the table lock hear releases and takeovers through `LISTEN` on a
+    /// connection of the store's own (default true). Behind a pooler in transaction mode
+    /// (PgBouncer's `pool_mode = transaction`), which gives each transaction whichever server
+    /// session is free, a `LISTEN` hears nothing: turn it off there, and followers read the
+    /// record every retry period instead (`listen=false` in a lock URL). The advisory lock
+    /// needs a session of its own, which such a pooler does not keep: see the README.
+    pub fn listen(mut self, listen: bool) -> Self {
+        self.listen = listen;
         self
     }
 
@@ -152,6 +165,7 @@ impl PostgresStoreBuilder {
                 table_statements: Statements::new(&table, Kind::Table),
                 advisory_statements: Statements::new(&table, Kind::Advisory),
                 table,
+                listen: self.listen,
                 listener: Listener::default(),
                 checkouts: Checkouts::default(),
             }),
@@ -195,6 +209,8 @@ pub(crate) struct Inner {
     pub(crate) table: TableName,
     pub(crate) table_statements: Statements,
     pub(crate) advisory_statements: Statements,
+    /// Whether followers listen ([`PostgresStoreBuilder::listen`]).
+    listen: bool,
     listener: Listener,
     checkouts: Checkouts,
 }
@@ -223,6 +239,7 @@ impl PostgresStore {
             max_connections: 4,
             tls: None,
             pool: None,
+            listen: true,
         }
     }
 
@@ -351,9 +368,13 @@ impl PostgresStore {
         Ok(client)
     }
 
-    /// Subscribes to the notification channel `channel` on the store's LISTEN connection.
-    pub(crate) async fn listen(&self, channel: &str) -> Result<ChangeStream, LockError> {
-        self.inner.listener.subscribe(self, channel).await
+    /// Subscribes to the notification channel `channel` on the store's LISTEN connection;
+    /// `None` when the store does not listen ([`PostgresStoreBuilder::listen`]).
+    pub(crate) async fn listen(&self, channel: &str) -> Result<Option<ChangeStream>, LockError> {
+        if !self.inner.listen {
+            return Ok(None);
+        }
+        self.inner.listener.subscribe(self, channel).await.map(Some)
     }
 }
 
@@ -681,11 +702,19 @@ impl Listener {
             unreachable!("connected above");
         };
         if !active.hub.contains(channel) {
-            active
+            let listened = active
                 .client
                 .batch_execute(&format!("LISTEN \"{channel}\""))
                 .await
-                .map_err(|err| map(&store.context(), err))?;
+                .map_err(|err| map(&store.context(), err));
+            // A standby refuses LISTEN as read-only: the connection is given up, and the next
+            // subscription may reach the primary.
+            if let Err(err) = listened {
+                if is_read_only(&err) {
+                    *connection = None;
+                }
+                return Err(err);
+            }
         }
         // Ends at once if the hub closed meanwhile: the follower subscribes again.
         Ok(active.hub.subscribe(channel))

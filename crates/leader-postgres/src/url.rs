@@ -11,8 +11,11 @@ use crate::store::{PostgresStore, PostgresStoreBuilder};
 
 /// A Postgres lock URL: `postgres://user:pass@host/db?table=T&schema=S&advisory=true&idle_session_timeout=30s`
 /// (or `postgresql://`). `table` and `schema` pick the lock table, `advisory=true` the advisory
-/// lock, and `idle_session_timeout` (advisory only) how long the server keeps a silent session and
-/// its advisory lock; every other parameter goes to the driver (`sslmode`, `connect_timeout`, ...).
+/// lock, `idle_session_timeout` (advisory only) how long the server keeps a silent session and
+/// its advisory lock, and `listen=false` has followers read the record every retry period
+/// instead of listening (behind a pooler in transaction mode:
+/// [`PostgresStoreBuilder::listen`]); every other parameter goes to the driver (`sslmode`,
+/// `connect_timeout`, ...).
 #[derive(Clone, PartialEq, Eq)]
 pub struct LockUrl {
     connection: String,
@@ -20,6 +23,7 @@ pub struct LockUrl {
     schema: Option<String>,
     table: Option<String>,
     idle_session_timeout: Option<Duration>,
+    listen: bool,
 }
 
 impl std::fmt::Debug for LockUrl {
@@ -46,10 +50,12 @@ impl LockUrl {
             schema: None,
             table: None,
             idle_session_timeout: None,
+            listen: true,
         };
         leader_core::backend::take_lock_params(&mut url, |key, value| {
             match key {
-                "advisory" => parsed.advisory = parse_bool(value).map_err(invalid)?,
+                "advisory" => parsed.advisory = parse_bool(key, value).map_err(invalid)?,
+                "listen" => parsed.listen = parse_bool(key, value).map_err(invalid)?,
                 "idle_session_timeout" => {
                     let timeout = humantime::parse_duration(value).map_err(|err| {
                         invalid(format!(
@@ -100,7 +106,7 @@ impl LockUrl {
         if let Some(table) = &self.table {
             builder = builder.table(table);
         }
-        builder
+        builder.listen(self.listen)
     }
 }
 
@@ -157,13 +163,11 @@ impl LockUrl {
     }
 }
 
-fn parse_bool(value: &str) -> Result<bool, String> {
+fn parse_bool(key: &str, value: &str) -> Result<bool, String> {
     match value {
         "" | "1" | "true" | "yes" | "on" => Ok(true),
         "0" | "false" | "no" | "off" => Ok(false),
-        other => Err(format!(
-            "advisory={other:?} is not a boolean (true or false)"
-        )),
+        other => Err(format!("{key}={other:?} is not a boolean (true or false)")),
     }
 }
 
@@ -181,7 +185,12 @@ mod tests {
         assert!(url.advisory());
         assert_eq!(url.table.as_deref(), Some("locks"));
         assert_eq!(url.idle_session_timeout, Some(Duration::from_secs(5)));
+        assert!(url.listen, "followers listen unless told not to");
         assert_eq!(url.describe(), "postgres://u:***@db/app?sslmode=require");
+        let url = LockUrl::parse("postgres://u:p@bouncer:6432/app?listen=false").expect("valid");
+        assert_eq!(url.connection(), "postgres://u:p@bouncer:6432/app");
+        assert!(!url.listen);
+        assert!(format!("{:?}", url.store()).contains("listen: false"));
     }
 
     #[test]
@@ -189,7 +198,14 @@ mod tests {
         leader_test_support::secrets::assert_refused(
             LockUrl::parse,
             &[
-                ("postgres://u:secret@h/x?advisory=maybe", "not a boolean"),
+                (
+                    "postgres://u:secret@h/x?advisory=maybe",
+                    "advisory=\"maybe\" is not a boolean",
+                ),
+                (
+                    "postgres://u:secret@h/x?listen=later",
+                    "listen=\"later\" is not a boolean",
+                ),
                 (
                     "postgres://u:secret@h/x?advisory=true&idle_session_timeout=soon",
                     "not a duration",

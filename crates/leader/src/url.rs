@@ -99,7 +99,8 @@ pub const BACKENDS: &[Backend] = &[
         feature: "postgres",
         crate_name: "leader-postgres",
         description: "a row of a Postgres table (`table`, `schema`), or with `advisory=true` the \
-                      advisory lock; other parameters are the driver's (`sslmode`)",
+                      advisory lock; `listen=false` behind PgBouncer in transaction mode; other \
+                      parameters are the driver's (`sslmode`)",
         example: "postgres://app:secret@db:5432/app?table=leader_election",
         #[cfg(feature = "postgres")]
         parse: Some(leader_postgres::LockUrl::target),

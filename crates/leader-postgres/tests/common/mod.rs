@@ -35,6 +35,32 @@ pub async fn store() -> Option<PostgresStore> {
     )
 }
 
+/// Where PgBouncer, in transaction pooling mode, serves the test database: `PGBOUNCER_URL`,
+/// else the loopback one that `scripts/setup` starts (port 6432).
+pub fn pgbouncer_url() -> String {
+    std::env::var("PGBOUNCER_URL")
+        .unwrap_or_else(|_| "postgres://postgres:postgres@127.0.0.1:6432/postgres".to_owned())
+}
+
+/// A store on the default table through PgBouncer, created if missing, whose followers read
+/// the record every retry period (`listen(false)`); `None` (outside CI) without PgBouncer.
+pub async fn store_behind_pgbouncer() -> Option<PostgresStore> {
+    let url = pgbouncer_url();
+    let connected = tokio_postgres::connect(&url, tokio_postgres::NoTls).await;
+    let at = leader_postgres::redact_url(&url);
+    let (client, connection) =
+        leader_test_support::connected_or_skip(connected, "PgBouncer", &at, "PGBOUNCER_URL")?;
+    drop((client, connection));
+    Some(
+        PostgresStore::builder(url)
+            .listen(false)
+            .create_table(true)
+            .build()
+            .await
+            .expect("store"),
+    )
+}
+
 /// A key-value connection string for the test server as `user`.
 pub fn conn_as(user: &str, password: &str) -> String {
     let config: tokio_postgres::Config = database_url().parse().expect("DATABASE_URL");
@@ -75,14 +101,16 @@ impl LockFactory for Factory {
         (!self.advisory).then(|| Box::new(self.store.lock_set(identity)) as Box<_>)
     }
 
+    /// Written through the store's own pool, so that it reaches the store's database however
+    /// the store connects (through a pooler in transaction mode too: an unnamed statement).
     async fn corrupt(&self, name: &str) -> bool {
-        let admin = admin().await.expect("server");
-        admin
-            .execute(
+        let client = self.store.pool().get().await.expect("a pooled connection");
+        client
+            .query_typed(
                 "INSERT INTO public.leader_election (name, holder_identity, lease_duration_ms, acquire_time, \
                  renew_time, leader_transitions, version, expires_at) \
                  VALUES ($1, 'x', -5, now(), now() - interval '1 day', -1, 1, now())",
-                &[&name],
+                &[(&name, tokio_postgres::types::Type::TEXT)],
             )
             .await
             .expect("write a garbage row");
