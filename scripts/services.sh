@@ -61,8 +61,20 @@ ensure_postgres_password_rule() {
 # tests through it (PGBOUNCER_URL).
 PGBOUNCER_PORT=6432
 ensure_pgbouncer() {
-  if port_open 127.0.0.1 "$PGBOUNCER_PORT"; then return 0; fi
-  command -v pgbouncer >/dev/null 2>&1 || { log "installing pgbouncer"; apt_install pgbouncer; }
+  if port_open 127.0.0.1 "$PGBOUNCER_PORT"; then
+    # Ours, or one that serves the test databases as user postgres all the same.
+    psql -qAt "postgres://postgres:postgres@127.0.0.1:${PGBOUNCER_PORT}/postgres" -c 'SELECT 1' >/dev/null 2>&1 \
+      || { log "something on 127.0.0.1:$PGBOUNCER_PORT is not a PgBouncer in front of the loopback Postgres: stop it, or set PGBOUNCER_URL"; return 1; }
+    return 0
+  fi
+  if ! command -v pgbouncer >/dev/null 2>&1; then
+    log "installing pgbouncer"
+    apt_install pgbouncer
+    # Where systemd runs, the package starts its own (session mode, no databases) on our port.
+    if command -v systemctl >/dev/null 2>&1; then
+      systemctl disable --now pgbouncer >/dev/null 2>&1 || true
+    fi
+  fi
   local dir
   dir=$(mktemp -d /tmp/leader-pgbouncer.XXXXXX)
   cat > "$dir/pgbouncer.ini" <<EOF

@@ -69,19 +69,27 @@ async fn main() -> Result<(), Box<dyn Error>> {
         .prepare_cached("UPDATE leader_bench_plain SET v = v + 1 WHERE id = 1")
         .await?;
     // The lock's own renewal statement, to run it raw: the last statement of the pooled
-    // connection, idle since a renewal, as the server shows it to another session.
+    // connection (the pool's one), idle since a renewal, as the server shows it to another
+    // session.
+    let pid: i32 = client
+        .query_typed_one("SELECT pg_backend_pid()", &[])
+        .await?
+        .get(0);
     drop(client);
     bench::rewrites(&lock, &mut observed, 1, Rewrite::Update).await?;
     let (observer, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await?;
     tokio::spawn(connection);
     let renewal_sql: String = observer
         .query_one(
-            "SELECT query FROM pg_stat_activity WHERE application_name = 'leader-postgres' \
-             AND state = 'idle' AND query LIKE 'UPDATE %leader_election%' LIMIT 1",
-            &[],
+            "SELECT query FROM pg_stat_activity WHERE pid = $1 AND state = 'idle'",
+            &[&pid],
         )
         .await?
         .get(0);
+    assert!(
+        renewal_sql.starts_with("UPDATE"),
+        "not the renewal: {renewal_sql}"
+    );
     drop(observer);
     let client = store.pool().get().await?;
     let raw = client.prepare_cached(&renewal_sql).await?;
@@ -122,7 +130,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
                 ];
                 let at = Instant::now();
                 let row = if unnamed {
-                    client.query_typed(&renewal_sql, &params).await?.remove(0)
+                    client.query_typed_one(&renewal_sql, &params).await?
                 } else {
                     let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| p.0).collect();
                     client.query_one(&raw, &values).await?
