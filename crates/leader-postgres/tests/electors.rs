@@ -238,3 +238,69 @@ async fn an_advisory_handover_goes_to_the_named_candidate_whoever_tries_first() 
         "the named candidate could not acquire after another tried: {taken:?}"
     );
 }
+
+/// A renewal given up while its statement waits on the row (another transaction holds it) is
+/// never applied later: its pooled connection does not answer the check, so the statement is
+/// cancelled before the connection is closed. (A closed socket alone does not stop a backend
+/// waiting on a lock: once the row is free, the late renewal would be written.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_given_up_while_it_waits_on_the_row_is_never_applied() {
+    let Some(store) = common::store().await else {
+        return;
+    };
+    let mut blocker = common::admin().await.expect("server");
+    let name = unique("given-up");
+    let lock = store.lock(&name, "a");
+    let created = lock
+        .create(&conformance::record("a", 1))
+        .await
+        .expect("create");
+    let holding = blocker.transaction().await.expect("begin");
+    holding
+        .query(
+            "SELECT 1 FROM public.leader_election WHERE name = $1 FOR UPDATE",
+            &[&name],
+        )
+        .await
+        .expect("lock the row");
+    let mut renewal = created.record.clone();
+    renewal.renew_time = chrono::Utc::now();
+    let given_up = timeout(
+        Duration::from_millis(300),
+        lock.update(&created.version, &renewal),
+    )
+    .await;
+    assert!(given_up.is_err(), "the row is locked: {given_up:?}");
+    // The check (1 s), then the cancel and the close: nothing waits on the row any more.
+    let blocker_pid: i32 = holding
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .expect("pid")
+        .get(0);
+    let watcher = common::admin().await.expect("server");
+    let waiting = async || -> i64 {
+        watcher
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
+                &[&blocker_pid],
+            )
+            .await
+            .expect("waiters")
+            .get(0)
+    };
+    let until = Instant::now() + Duration::from_secs(30);
+    while waiting().await > 0 {
+        assert!(
+            Instant::now() < until,
+            "the renewal given up still waits on the row after 30 s"
+        );
+        sleep(Duration::from_millis(100)).await;
+    }
+    holding.commit().await.expect("commit");
+    sleep(Duration::from_millis(500)).await;
+    let stored = lock.get().await.expect("get").expect("row");
+    assert_eq!(
+        stored.version, created.version,
+        "the renewal given up was written once the row was free"
+    );
+}
