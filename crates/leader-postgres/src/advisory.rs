@@ -12,7 +12,7 @@ use leader_core::{
 use tokio::sync::Mutex;
 
 use crate::error::map;
-use crate::lock::{Election, Write};
+use crate::lock::Election;
 use crate::param::typed;
 use crate::store::{Dedicated, PostgresStore};
 
@@ -120,11 +120,8 @@ impl AdvisoryLock {
         // Postgres before 14 has neither setting; keepalives still apply. The connection check
         // lets a backend waiting on a row lock notice that its client closed the connection.
         for (setting, value) in [
-            ("idle_session_timeout".to_owned(), timeout),
-            (
-                "client_connection_check_interval".to_owned(),
-                "1s".to_owned(),
-            ),
+            ("idle_session_timeout", timeout.as_str()),
+            ("client_connection_check_interval", "1s"),
         ] {
             if let Err(err) = client
                 .query_typed(
@@ -231,12 +228,9 @@ impl ResourceLock for AdvisoryLock {
         version: &Version,
         record: &LeaderElectionRecord,
     ) -> Result<Observed, LockError> {
-        let statements = &self.store.inner().advisory_statements;
-        let sql = match self.election.write_kind(record) {
-            Write::Update => &statements.update,
-            Write::Release => &statements.release,
-            Write::Request => &statements.request,
-        };
+        let sql = self
+            .election
+            .write_sql(&self.store.inner().advisory_statements, record);
         self.with_session(async |s| {
             let result = self
                 .election

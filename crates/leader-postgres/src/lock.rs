@@ -9,7 +9,7 @@ use tokio_postgres::Client;
 
 use crate::error::{BACKEND, map};
 use crate::param::{Typed, typed};
-use crate::sql::{TIME_LEFT, decode, parse_version};
+use crate::sql::{Statements, TIME_LEFT, decode, parse_version};
 use crate::store::PostgresStore;
 
 /// A [`ResourceLock`] on one row of the lock table.
@@ -27,7 +27,7 @@ pub struct TableLock {
 
 /// The kinds of write an `update` can be.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Write {
+enum Write {
     /// The holder writes its own record (an acquisition or a renewal).
     Update,
     /// An empty holder: followers are notified.
@@ -146,7 +146,7 @@ impl Election {
 
     /// Which statement writes `record`: the holder's own write (`update`), a release, or a
     /// write on another holder's behalf (a handover request).
-    pub(crate) fn write_kind(&self, record: &LeaderElectionRecord) -> Write {
+    fn write_kind(&self, record: &LeaderElectionRecord) -> Write {
         if record.is_free() {
             Write::Release
         } else if record.holder_identity != self.identity {
@@ -156,7 +156,21 @@ impl Election {
         }
     }
 
-    /// Runs `sql`, the statement [`write_kind`](Self::write_kind) names for `record`.
+    /// The statement of `statements` that writes `record`, as [`write_kind`](Self::write_kind)
+    /// names it.
+    pub(crate) fn write_sql<'s>(
+        &self,
+        statements: &'s Statements,
+        record: &LeaderElectionRecord,
+    ) -> &'s str {
+        match self.write_kind(record) {
+            Write::Update => &statements.update,
+            Write::Release => &statements.release,
+            Write::Request => &statements.request,
+        }
+    }
+
+    /// Runs `sql`, the statement [`write_sql`](Self::write_sql) names for `record`.
     pub(crate) async fn update(
         &self,
         store: &PostgresStore,
@@ -285,12 +299,9 @@ impl ResourceLock for TableLock {
         version: &Version,
         record: &LeaderElectionRecord,
     ) -> Result<Observed, LockError> {
-        let statements = &self.store.inner().table_statements;
-        let sql = match self.election.write_kind(record) {
-            Write::Update => &statements.update,
-            Write::Release => &statements.release,
-            Write::Request => &statements.request,
-        };
+        let sql = self
+            .election
+            .write_sql(&self.store.inner().table_statements, record);
         let client = self.store.client().await?;
         let updated = self
             .election

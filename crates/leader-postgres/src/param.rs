@@ -21,6 +21,10 @@ impl Param for String {
     const TYPE: Type = Type::TEXT;
 }
 
+impl Param for &str {
+    const TYPE: Type = Type::TEXT;
+}
+
 impl Param for Option<String> {
     const TYPE: Type = Type::TEXT;
 }

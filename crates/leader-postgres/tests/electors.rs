@@ -94,20 +94,7 @@ async fn advisory_session_ends_when_a_request_is_cancelled() {
         .expect("pg_locks")
         .get(0);
     assert_eq!(held, 1, "the session holds the advisory lock");
-    let blocker = other.transaction().await.expect("begin");
-    blocker
-        .execute(
-            "SELECT 1 FROM public.leader_election WHERE name = $1 FOR UPDATE",
-            &[&name],
-        )
-        .await
-        .expect("row lock");
-    let renewal = timeout(
-        Duration::from_millis(300),
-        lock.update(&created.version, &created.record),
-    )
-    .await;
-    assert!(renewal.is_err(), "the renewal waits on the row lock");
+    let blocker = give_up_a_renewal_behind_the_row(&mut other, &lock, &name, &created).await;
     // The session ends while its statement still waits: the socket is closed at once, and the
     // server notices (client_connection_check_interval) without waiting for the statement.
     let ended = timeout(Duration::from_secs(5), async {
@@ -255,22 +242,7 @@ async fn a_renewal_given_up_while_it_waits_on_the_row_is_never_applied() {
         .create(&conformance::record("a", 1))
         .await
         .expect("create");
-    let holding = blocker.transaction().await.expect("begin");
-    holding
-        .query(
-            "SELECT 1 FROM public.leader_election WHERE name = $1 FOR UPDATE",
-            &[&name],
-        )
-        .await
-        .expect("lock the row");
-    let mut renewal = created.record.clone();
-    renewal.renew_time = chrono::Utc::now();
-    let given_up = timeout(
-        Duration::from_millis(300),
-        lock.update(&created.version, &renewal),
-    )
-    .await;
-    assert!(given_up.is_err(), "the row is locked: {given_up:?}");
+    let holding = give_up_a_renewal_behind_the_row(&mut blocker, &lock, &name, &created).await;
     // The check (1 s), then the cancel and the close: nothing waits on the row any more.
     let blocker_pid: i32 = holding
         .query_one("SELECT pg_backend_pid()", &[])
@@ -303,4 +275,30 @@ async fn a_renewal_given_up_while_it_waits_on_the_row_is_never_applied() {
         stored.version, created.version,
         "the renewal given up was written once the row was free"
     );
+}
+
+/// Holds the row of election `name` in a transaction of `client`'s (`FOR UPDATE`), then gives
+/// up a renewal of `created` on `lock` after 300 ms, while its statement waits on the row. The
+/// transaction holding the row.
+async fn give_up_a_renewal_behind_the_row<'c>(
+    client: &'c mut tokio_postgres::Client,
+    lock: &dyn ResourceLock,
+    name: &str,
+    created: &leader_core::Observed,
+) -> tokio_postgres::Transaction<'c> {
+    let holding = client.transaction().await.expect("begin");
+    holding
+        .execute(
+            "SELECT 1 FROM public.leader_election WHERE name = $1 FOR UPDATE",
+            &[&name],
+        )
+        .await
+        .expect("lock the row");
+    let given_up = timeout(
+        Duration::from_millis(300),
+        lock.update(&created.version, &created.record),
+    )
+    .await;
+    assert!(given_up.is_err(), "the row is locked: {given_up:?}");
+    holding
 }

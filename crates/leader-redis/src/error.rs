@@ -11,12 +11,13 @@ pub(crate) const BACKEND: &str = "redis";
 /// answers a script's refused write so; before 7, the script's error (`ERR Error running
 /// script ...`) carries it in its message.
 pub(crate) fn refused_as_read_only(err: &RedisError) -> bool {
-    err.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly)
-        || err.code() == Some("READONLY")
-        || (err.code() == Some("ERR")
-            && err
-                .detail()
-                .is_some_and(|detail| detail.contains("-READONLY ")))
+    match err.code() {
+        Some("READONLY") => true,
+        Some("ERR") => err
+            .detail()
+            .is_some_and(|detail| detail.contains("-READONLY ")),
+        _ => false,
+    }
 }
 
 /// Maps a driver error by its kind and server error code. `context` names the server (redacted)
