@@ -20,6 +20,23 @@ pub(crate) fn refused_as_read_only(err: &RedisError) -> bool {
     }
 }
 
+/// A cluster's refusal of a request whose keys lie in more than one hash slot (`CROSSSLOT`):
+/// a cluster-mode server (Redis Cluster, MemoryDB, ElastiCache with cluster mode on, even with
+/// one shard) runs a script only over keys of one slot. The source of the
+/// [`LockError::Other`] [`map`] makes of it, so that a lock set tells it from other failures
+/// ([`is_cross_slot`]) and sends a request per record instead.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}; the server is in cluster mode and runs a request only over keys of one slot")]
+pub(crate) struct CrossSlot(String);
+
+/// Whether `err` is a cluster's refusal of keys in several slots ([`CrossSlot`]).
+pub(crate) fn is_cross_slot(err: &LockError) -> bool {
+    match err {
+        LockError::Other { source, .. } => source.is::<CrossSlot>(),
+        _ => false,
+    }
+}
+
 /// Maps a driver error by its kind and server error code. `context` names the server (redacted)
 /// and the key.
 pub(crate) fn map(context: &str, err: RedisError) -> LockError {
@@ -50,6 +67,7 @@ pub(crate) fn map(context: &str, err: RedisError) -> LockError {
                 ),
             };
         }
+        Some("CROSSSLOT") => return LockError::other(BACKEND, CrossSlot(detail())),
         Some("WRONGPASS" | "NOAUTH") => {
             return LockError::Forbidden {
                 backend: BACKEND,
@@ -114,5 +132,18 @@ mod tests {
         let other =
             reply("ERR Error running script (call to f_9a1b): @user_script:3: bad argument");
         assert!(!refused_as_read_only(&other));
+    }
+
+    /// A cluster's refusal of keys in several slots is told apart by its code, whatever the
+    /// driver's text of it (`CrossSlot: ...`): a lock set then sends a request per record.
+    #[test]
+    fn a_refusal_of_keys_in_several_slots_is_told_apart() {
+        let err = map(
+            "ctx",
+            reply("CROSSSLOT Keys in request don't hash to the same slot"),
+        );
+        assert!(is_cross_slot(&err), "{err:?}");
+        assert!(err.to_string().contains("cluster mode"), "{err}");
+        assert!(!is_cross_slot(&map("ctx", reply("ERR something else"))));
     }
 }

@@ -8,7 +8,7 @@ use leader_core::backend::{KeyedLocks, Known, Renewal, RenewedAndRead, Reread};
 use leader_core::{LockError, LockSet, Observed, ResourceLock, async_trait};
 use redis::Value;
 
-use crate::error::BACKEND;
+use crate::error::{BACKEND, is_cross_slot};
 use crate::lock::{decode, eval, first_keys};
 use crate::scripts;
 use crate::store::{Lane, RedisStore};
@@ -157,7 +157,7 @@ impl RedisLockSet {
 
     /// Whether `err` is a cluster's refusal of keys in several slots: then batches stop.
     fn refused_by_cluster(&self, err: &LockError) -> bool {
-        let refused = err.to_string().contains("CROSSSLOT");
+        let refused = is_cross_slot(err);
         if refused {
             tracing::warn!(
                 "the Redis server refuses scripts over several slots: a request per record from now on"

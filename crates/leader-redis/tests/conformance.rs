@@ -10,5 +10,5 @@ async fn redis_lock_conforms() {
     let Some(store) = common::store().await else {
         return;
     };
-    conformance::run_all(&Factory { store }).await;
+    conformance::run_all(&Factory::new(store)).await;
 }

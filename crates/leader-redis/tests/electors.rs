@@ -16,7 +16,7 @@ async fn electors_conform() {
     let Some(store) = common::store().await else {
         return;
     };
-    conformance::electors(&Factory { store }, true).await;
+    conformance::electors(&Factory::new(store), true).await;
 }
 
 /// The leader's key vanishes (deleted by hand, or expired early): the leader notices on its next

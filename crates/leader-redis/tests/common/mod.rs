@@ -49,6 +49,11 @@ impl Drop for PrivateServer {
 impl PrivateServer {
     /// Started and answering, or `None` (a skip outside CI) without `redis-server` on the PATH.
     pub async fn start() -> Option<Self> {
+        Self::start_with(|_| Vec::new()).await
+    }
+
+    /// As [`start`](Self::start), with the further arguments `args` makes of its port.
+    pub async fn start_with(args: impl FnOnce(u16) -> Vec<String>) -> Option<Self> {
         if !leader_test_support::tool_or_skip("redis-server", "scripts/setup installs Redis") {
             return None;
         }
@@ -56,6 +61,7 @@ impl PrivateServer {
         let child = Command::new("redis-server")
             .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
             .args(["--save", "", "--appendonly", "no", "--dir", "/tmp"])
+            .args(args(port))
             .stdout(Stdio::null())
             .spawn()
             .expect("redis-server");
@@ -82,9 +88,21 @@ impl PrivateServer {
 
 pub use leader_test_support::{Candidate as Running, LEASE, RENEW, RETRY};
 
-/// Locks for the conformance suite.
+/// Locks for the conformance suite, on the server `REDIS_URL` names.
 pub struct Factory {
     pub store: RedisStore,
+    /// The server's URL, where it is not `REDIS_URL`'s (a private server).
+    pub server: Option<String>,
+}
+
+impl Factory {
+    /// Locks of `store`, on the server `REDIS_URL` names.
+    pub fn new(store: RedisStore) -> Self {
+        Self {
+            store,
+            server: None,
+        }
+    }
 }
 
 #[async_trait]
@@ -98,7 +116,12 @@ impl LockFactory for Factory {
     }
 
     async fn corrupt(&self, name: &str) -> bool {
-        let mut admin = admin().await.expect("server");
+        let url = self.server.clone().unwrap_or_else(redis_url);
+        let mut admin = redis::Client::open(url)
+            .expect("URL")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("server");
         let key = self.store.lock(name, "x").key().to_owned();
         let _: () = redis::cmd("RPUSH")
             .arg(&key)
