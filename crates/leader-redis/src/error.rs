@@ -37,6 +37,26 @@ pub(crate) fn is_cross_slot(err: &LockError) -> bool {
     }
 }
 
+/// What the lock's ACL user needs, as the README's `ACL SETUSER` line grants it.
+const ACL_NEEDS: &str = "the ACL user needs the locks' key and channel patterns (`~leader:*` \
+    and `&leader:*` for the default prefix; channels are refused by default since Redis 7), \
+    the commands EVALSHA, EVAL, SUBSCRIBE, PING and INFO, and those the lock's scripts run: \
+    HGET, HMGET, HSET, GET, SET, DEL, EXISTS, INCR, PEXPIRE, PTTL, TYPE and PUBLISH";
+
+/// Whether the server's ACL refused the request: a command, key or channel refused outright
+/// (`NOPERM`), or one a script ran (`ERR`: Redis 7.0 says "The user executing the script
+/// can't ...", later releases "ACL failure in script").
+fn refused_by_acl(err: &RedisError) -> bool {
+    match err.code() {
+        Some("NOPERM") => true,
+        Some("ERR") => err.detail().is_some_and(|detail| {
+            detail.contains("The user executing the script can't")
+                || detail.contains("ACL failure in script")
+        }),
+        _ => false,
+    }
+}
+
 /// Maps a driver error by its kind and server error code. `context` names the server (redacted)
 /// and the key.
 pub(crate) fn map(context: &str, err: RedisError) -> LockError {
@@ -58,13 +78,10 @@ pub(crate) fn map(context: &str, err: RedisError) -> LockError {
                 format!("{context}: the key holds a value of another type, not a lock hash"),
             );
         }
-        Some("NOPERM") => {
+        _ if refused_by_acl(&err) => {
             return LockError::Forbidden {
                 backend: BACKEND,
-                message: format!(
-                    "{}; the ACL user needs EVALSHA, EVAL, SUBSCRIBE and the key pattern of the locks",
-                    detail()
-                ),
+                message: format!("{}; {ACL_NEEDS}", detail()),
             };
         }
         Some("CROSSSLOT") => return LockError::other(BACKEND, CrossSlot(detail())),
@@ -145,5 +162,26 @@ mod tests {
         assert!(is_cross_slot(&err), "{err:?}");
         assert!(err.to_string().contains("cluster mode"), "{err}");
         assert!(!is_cross_slot(&map("ctx", reply("ERR something else"))));
+    }
+
+    /// A refusal by the server's ACL is `Forbidden` saying what the user needs, whether it
+    /// refused the request itself or a command a script ran.
+    #[test]
+    fn acl_refusals_are_forbidden_and_say_what_the_user_needs() {
+        for line in [
+            "NOPERM this user has no permissions to access one of the channels used as arguments",
+            "ERR The user executing the script can't run this command or subcommand script: 2248, on @user_script:1.",
+            "ERR The user executing the script can't publish to the channel mentioned in the command script: 38be, on @user_script:1.",
+            "ERR ACL failure in script: this user has no permissions to run the 'hset' command script: 2248, on @user_script:1.",
+        ] {
+            let err = map("ctx", reply(line));
+            assert!(
+                matches!(err, LockError::Forbidden { .. }),
+                "{line}: {err:?}"
+            );
+            assert!(err.to_string().contains("&leader:*"), "{err}");
+        }
+        let other = map("ctx", reply("ERR Error running script: bad argument"));
+        assert!(matches!(other, LockError::Other { .. }), "{other:?}");
     }
 }

@@ -210,6 +210,59 @@ async fn an_acl_user_without_script_rights_gets_a_clear_error_and_recovers_when_
     leads_once_the_user_gets(lock, &mut admin, &user, &["+evalsha", "+eval"]).await;
 }
 
+/// The rules of the README's `ACL SETUSER` line, with `password` for `PASSWORD`.
+fn readme_acl_rules(password: &str) -> Vec<String> {
+    include_str!("../README.md")
+        .lines()
+        .find_map(|line| line.strip_prefix("ACL SETUSER leader "))
+        .expect("the README's ACL line")
+        .split_whitespace()
+        .map(|rule| rule.replace("PASSWORD", password))
+        .collect()
+}
+
+/// A user made with the README's ACL line passes the conformance suite; one without a
+/// command a script runs, or without the channels, is refused as `Forbidden`, saying what the
+/// user needs, where the server's answer was a script's `ERR`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_readme_acl_user_conforms_and_a_user_without_a_scripts_command_is_told_why() {
+    let Some(mut admin) = common::admin().await else {
+        return;
+    };
+    let user = unique("leader_readme");
+    let rules = readme_acl_rules("pw");
+    let rules: Vec<&str> = rules.iter().map(String::as_str).collect();
+    set_user(&mut admin, &user, &rules).await;
+    let store = store_as(&user, "pw").await;
+    leader_core::conformance::run_all(&common::Factory::new(store.clone())).await;
+
+    let refused = |err: LockError, needed: &str| {
+        assert!(matches!(err, LockError::Forbidden { .. }), "{err:?}");
+        let message = err.to_string();
+        assert!(message.contains(needed), "{message}");
+        assert!(message.contains("&leader:*"), "{message}");
+    };
+    set_user(&mut admin, &user, &["-hset"]).await;
+    let lock = store.lock(unique("acl"), "a");
+    let err = lock
+        .try_acquire(&record("a", 0))
+        .await
+        .expect_err("no HSET");
+    refused(err, "HSET");
+
+    set_user(&mut admin, &user, &["+hset", "resetchannels"]).await;
+    let taken = match lock.try_acquire(&record("a", 0)).await {
+        Ok(Some(leader_core::Acquisition::Acquired(taken))) => taken,
+        other => panic!("a free lease, with HSET back: {other:?}"),
+    };
+    let err = lock
+        .update(&taken.version, &record("", 1))
+        .await
+        .expect_err("a release's PUBLISH without the channel");
+    refused(err, "PUBLISH");
+    cmd(&mut admin, &["ACL", "DELUSER", &user]).await;
+}
+
 #[tokio::test]
 async fn an_invalid_url_is_rejected_without_showing_the_password() {
     let err = RedisStore::connect("redis://u:secret@host:notaport/0")
