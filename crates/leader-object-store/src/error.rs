@@ -150,9 +150,54 @@ pub(crate) fn chain(err: &dyn std::error::Error) -> String {
     message
 }
 
-/// `text` with the query of every URL in it cut off: a SAS token or a presigned signature
-/// travels there.
+/// `text` with what may carry a credential taken out: the query of every URL (where a SAS
+/// token or a presigned signature travels) and every element of the store's XML error
+/// answers but their `Code` and `Message` ([`error_documents_reduced`]).
 pub(crate) fn scrub(text: &str) -> String {
+    error_documents_reduced(&queries_cut(text))
+}
+
+/// `text` with each XML error answer in it (S3's and Azure's `<Error>...</Error>`) reduced to
+/// its `Code` and `Message`. The other elements echo the request's credentials: S3 an expired
+/// or invalid session token (`Token-0`), a signature it did not match (`SignatureProvided`,
+/// `StringToSign`, `CanonicalRequest`); Azure the signature it did not match
+/// (`AuthenticationErrorDetail`). An answer cut short loses all that follows its start.
+fn error_documents_reduced(text: &str) -> String {
+    const START: &str = "<Error>";
+    const END: &str = "</Error>";
+    let element = |document: &str, name: &str| {
+        let open = format!("<{name}>");
+        let start = document.find(&open)? + open.len();
+        let len = document[start..].find(&format!("</{name}>"))?;
+        Some(document[start..start + len].to_owned())
+    };
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(start) = rest.find(START) {
+        out.push_str(&rest[..start]);
+        let document = &rest[start..];
+        let (document, after) = match document.find(END) {
+            Some(end) => document.split_at(end + END.len()),
+            None => (document, ""),
+        };
+        let code = element(document, "Code").unwrap_or_default();
+        let message = element(document, "Message").unwrap_or_default();
+        out.push_str(&format!(
+            "<Error><Code>{code}</Code><Message>{message}</Message>"
+        ));
+        out.push_str(if after.is_empty() && !document.ends_with(END) {
+            "(the rest of the answer left out)"
+        } else {
+            "(other elements left out)</Error>"
+        });
+        rest = after;
+    }
+    out.push_str(rest);
+    out
+}
+
+/// `text` with the query of every URL in it cut off.
+fn queries_cut(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(start) = rest.find("://") {
@@ -187,6 +232,28 @@ mod tests {
         assert!(!scrubbed.contains("SECRET"), "{scrubbed}");
         assert!(scrubbed.contains("https://acct.blob.core.windows.net/c/k?(redacted) in 1s"));
         assert!(scrubbed.contains("http://127.0.0.1:9/b/k done"));
+    }
+
+    /// An error answer keeps its code and message, and loses what echoes a credential.
+    #[test]
+    fn error_answers_keep_their_code_and_message_only() {
+        let text = "Error performing PUT http://127.0.0.1:9/b/k in 1ms - Server returned \
+            non-2xx status code: 400 Bad Request: <?xml version=\"1.0\"?><Error>\
+            <Code>ExpiredToken</Code><Message>The provided token has expired.</Message>\
+            <Token-0>SECRET-TOKEN</Token-0><RequestId>R</RequestId></Error> then <Error>\
+            <Code>SignatureDoesNotMatch</Code><StringToSign>SECRET-SIGNED</StringToSign>";
+        let scrubbed = scrub(text);
+        assert!(!scrubbed.contains("SECRET"), "{scrubbed}");
+        for kept in [
+            "400 Bad Request",
+            "<Code>ExpiredToken</Code><Message>The provided token has expired.</Message>",
+            " then <Error><Code>SignatureDoesNotMatch</Code>",
+        ] {
+            assert!(scrubbed.contains(kept), "{kept}: {scrubbed}");
+        }
+        assert!(names_missing_bucket(&scrub(
+            "<Error><Code>NoSuchBucket</Code><BucketName>b</BucketName></Error>"
+        )));
     }
 
     #[test]

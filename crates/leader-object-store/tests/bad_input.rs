@@ -128,23 +128,75 @@ async fn the_check_costs_one_request_per_store_and_writes_nothing() {
     );
 }
 
-/// An S3 endpoint that refuses everything with 403, as S3 does for credentials without the
-/// permission.
-async fn forbidding_server() -> String {
-    use axum::http::StatusCode;
+/// An S3 endpoint that answers everything with `status` and `body`.
+async fn answering_server(status: axum::http::StatusCode, body: &'static str) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
     let address = listener.local_addr().expect("address");
-    let app = axum::Router::new().fallback(|| async {
-        (
-            StatusCode::FORBIDDEN,
-            "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>AccessDenied</Code>\
-             <Message>Access Denied</Message></Error>",
-        )
-    });
+    let app = axum::Router::new().fallback(move || async move { (status, body) });
     tokio::spawn(async move { axum::serve(listener, app).await });
     format!("http://{address}")
+}
+
+/// An S3 endpoint that refuses everything with 403, as S3 does for credentials without the
+/// permission.
+async fn forbidding_server() -> String {
+    answering_server(
+        axum::http::StatusCode::FORBIDDEN,
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>AccessDenied</Code>\
+         <Message>Access Denied</Message></Error>",
+    )
+    .await
+}
+
+/// S3 echoes an expired session token in its answer (`Token-0`), and a signature it did not
+/// match with what was signed: the error keeps the answer's code and message, never those.
+#[tokio::test]
+async fn an_answer_that_echoes_credentials_is_reduced_to_its_code_and_message() {
+    const TOKEN: &str = "FwoGZXIvYXdzEXAMPLESESSIONTOKEN";
+    for (status, body, code) in [
+        (
+            axum::http::StatusCode::BAD_REQUEST,
+            "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>ExpiredToken</Code>\
+             <Message>The provided token has expired.</Message>\
+             <Token-0>FwoGZXIvYXdzEXAMPLESESSIONTOKEN</Token-0><RequestId>R1</RequestId></Error>",
+            "ExpiredToken",
+        ),
+        (
+            axum::http::StatusCode::FORBIDDEN,
+            "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>SignatureDoesNotMatch</Code>\
+             <Message>The request signature we calculated does not match the signature you \
+             provided.</Message><AWSAccessKeyId>AKIDEXAMPLE</AWSAccessKeyId><StringToSign>\
+             AWS4-HMAC-SHA256 FwoGZXIvYXdzEXAMPLESESSIONTOKEN</StringToSign>\
+             <SignatureProvided>FwoGZXIvYXdzEXAMPLESESSIONTOKEN</SignatureProvided></Error>",
+            "",
+        ),
+    ] {
+        let endpoint = answering_server(status, body).await;
+        leader_object_store::ensure_crypto_provider();
+        let store = BucketStore::from_url("s3://locks-bucket/svc/")
+            .option("aws_endpoint", &endpoint)
+            .option("allow_http", "true")
+            .option("aws_region", "us-east-1")
+            .option("aws_access_key_id", "AKIDEXAMPLE")
+            .option("aws_secret_access_key", SECRET)
+            .option("aws_session_token", TOKEN)
+            .timeout(Duration::from_secs(5))
+            .build()
+            .expect("a store");
+        let lock = store.lock("app", "a");
+        let read = lock.get().await.expect_err("refused");
+        let write = lock
+            .create(&leader_core::conformance::record("a", 1))
+            .await
+            .expect_err("refused");
+        for err in [&read, &write] {
+            let text = format!("{err} {err:?}");
+            assert!(!text.contains(TOKEN) && !text.contains(SECRET), "{text}");
+            assert!(text.contains(code), "{text}");
+        }
+    }
 }
 
 fn s3_store(endpoint: &str, timeout: Duration) -> BucketStore {
