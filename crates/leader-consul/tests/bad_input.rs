@@ -10,8 +10,8 @@ use common::scenarios;
 use common::{ConsulApiServer, get_status, lock, put, store};
 use leader_consul::ConsulStore;
 use leader_core::conformance::record;
-use leader_core::{Acquisition, LeaderElectionRecord, LockError, ResourceLock};
-use leader_test_support::record_writes::released;
+use leader_core::{Acquisition, LockError, ResourceLock};
+use leader_test_support::record_writes::{released, renewal};
 
 /// A token is sent, never shown; a missing rule is a 403 that names the ACL rules to grant.
 #[tokio::test]
@@ -304,16 +304,6 @@ async fn a_restarted_server_keeps_sessions_and_locks() {
     stop(runtime).await;
 }
 
-/// `record` renewed now: a renewal always writes a later `renew_time` (S14; Consul skips a
-/// write of the value a key holds).
-fn renewal(record: &LeaderElectionRecord) -> LeaderElectionRecord {
-    {
-        let mut record = record.clone();
-        record.renew_time = record.renewal_time(chrono::Utc::now());
-        record
-    }
-}
-
 /// A renewal is one request, a transaction that writes the renewal key and checks the
 /// record's index, which followers' blocking queries on the record do not wake for; someone
 /// else's write of the record is found by the next renewal.
@@ -419,11 +409,7 @@ async fn sessions_left_behind_are_destroyed_a_lease_into_the_next_term() {
     // The holder's session still locks the key; the other key's session is untouched.
     let held = a.get().await.expect("get").expect("the record");
     assert_eq!(held.record.holder_identity, "a");
-    let renewal = {
-        let mut record = held.record.clone();
-        record.renew_time = held.record.renewal_time(chrono::Utc::now());
-        record
-    };
+    let renewal = renewal(&held.record);
     a.renew(&held.version, &renewal).await.expect("still held");
     let requests = api.requests();
     assert_eq!(requests.get("GET /v1/session/list"), None, "{requests:?}");

@@ -36,8 +36,7 @@ async fn a_restored_snapshot_wakes_watchers_and_never_lowers_a_token() {
     let b = lock(&store, "restore", "b");
     let held = acquired(b.try_acquire(&record("b", 0)).await.expect("try"));
     assert!(held.record.leader_transitions > released.record.leader_transitions);
-    let mut renewal = held.record.clone();
-    renewal.renew_time = renewal.renewal_time(chrono::Utc::now());
+    let renewal = leader_test_support::record_writes::renewal(&held.record);
     let held = b.renew(&held.version, &renewal).await.expect("renew");
     let c = lock(&store, "restore", "c");
     assert!(matches!(

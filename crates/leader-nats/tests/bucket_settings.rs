@@ -277,8 +277,7 @@ async fn settings_changed_on_a_bucket_in_use_are_refused_at_the_next_term() {
             Some(held.clone()),
             "a refused term start wrote"
         );
-        let mut renewal = held.record.clone();
-        renewal.renew_time = renewal.renewal_time(chrono::Utc::now());
+        let renewal = leader_test_support::record_writes::renewal(&held.record);
         let renewed = holder
             .update(&held.version, &renewal)
             .await

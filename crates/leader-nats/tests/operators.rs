@@ -47,8 +47,7 @@ async fn write_elsewhere(url: &str, count: usize) {
 
 /// `observed` renewed by its holder, carrying `padding`.
 fn renewal(observed: &Observed, padding: String) -> leader_core::LeaderElectionRecord {
-    let mut record = observed.record.clone();
-    record.renew_time = record.renewal_time(chrono::Utc::now());
+    let mut record = leader_test_support::record_writes::renewal(&observed.record);
     record.extensions.insert("padding".to_owned(), padding);
     record
 }

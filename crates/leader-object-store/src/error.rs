@@ -113,12 +113,45 @@ pub(crate) fn map(
                 "{context}: the bucket does not exist; create it, or fix the bucket in the URL"
             ),
         },
+        _ if let Some(code) = blob_refusal(&text) => LockError::Misconfigured {
+            backend: BACKEND,
+            message: format!(
+                "{context}: the store refuses to write the object ({code}): a lease on the blob \
+                 that the lock did not take (break it), or an immutability policy or legal hold \
+                 on it"
+            ),
+        },
         E::InvalidPath { .. } | E::UnknownConfigurationKey { .. } => LockError::Misconfigured {
             backend: BACKEND,
             message: format!("{context}: {text}"),
         },
         _ => LockError::unavailable(BACKEND, format!("{context}: {text}")),
     }
+}
+
+/// Azure's codes for a write refused for the blob's state, never for a lost race: a lease on
+/// the blob (the lock takes none: another tool or a person took it), or an immutability
+/// policy or legal hold. They come as `409` and `412`, as lost preconditions do, and taken for
+/// those, every write would be a conflict, and no one would ever lead, with nothing said.
+const BLOB_REFUSALS: [&str; 5] = [
+    "LeaseIdMissing",
+    "LeaseIdMismatchWithBlobOperation",
+    "LeaseLost",
+    "BlobImmutableDueToPolicy",
+    "BlobImmutableDueToLegalHold",
+];
+
+/// The code of a write refused for the blob's state ([`BLOB_REFUSALS`]) that `text` names.
+fn blob_refusal(text: &str) -> Option<&'static str> {
+    BLOB_REFUSALS
+        .into_iter()
+        .find(|code| text.contains(&format!("<Code>{code}</Code>")))
+}
+
+/// Whether `err` is a write refused for the blob's state ([`BLOB_REFUSALS`]), not a lost
+/// precondition.
+pub(crate) fn is_blob_refusal(err: &object_store::Error) -> bool {
+    blob_refusal(&chain(err)).is_some()
 }
 
 /// Whether an error (a 404, or a lost precondition that was a 404) says the bucket itself is

@@ -8,7 +8,7 @@ use leader_core::{LeaderElectionRecord, LockError, Observed, ResourceLock, Versi
 use object_store::path::Path;
 use object_store::{GetOptions, PutMode, PutOptions, PutPayload, PutResult, UpdateVersion};
 
-use crate::error::{BACKEND, Op, is_missing_bucket, map};
+use crate::error::{BACKEND, Op, is_blob_refusal, is_missing_bucket, map};
 use crate::store::BucketStore;
 
 impl BucketStore {
@@ -179,12 +179,15 @@ impl BucketLock {
         {
             Ok(result) => self.written(record, &result),
             // A lost precondition: the object exists (create), or moved on or is gone (update;
-            // S3 answers 404 for If-Match on an absent object, Azurite 409).
+            // S3 answers 404 for If-Match on an absent object, Azurite 409). Not a missing
+            // bucket, nor a blob whose state refuses every write.
             Err(
                 err @ (object_store::Error::AlreadyExists { .. }
                 | object_store::Error::Precondition { .. }
                 | object_store::Error::NotFound { .. }),
-            ) if !is_missing_bucket(&err) => Err(LockError::conflict(BACKEND)),
+            ) if !is_missing_bucket(&err) && !is_blob_refusal(&err) => {
+                Err(LockError::conflict(BACKEND))
+            }
             Err(err) => Err(self.map(Op::Write, err)),
         }
     }

@@ -15,7 +15,7 @@ use leader_object_store::BucketStore;
 use leader_object_store::object_store::azure::MicrosoftAzureBuilder;
 use leader_object_store::object_store::{ObjectStore, ObjectStoreExt};
 use leader_test_support::object_store_counting::Counting;
-use leader_test_support::record_writes::created;
+use leader_test_support::record_writes::{created, renewal};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_azure_lock_conforms_on_azurite() {
@@ -62,8 +62,7 @@ async fn azurite_keeps_preconditions() {
         .await
         .expect_err("the blob exists");
     assert!(err.is_conflict(), "{err:?}");
-    let mut renewed = created.record.clone();
-    renewed.renew_time = renewed.renewal_time(chrono::Utc::now());
+    let renewed = renewal(&created.record);
     let first = a.update(&created.version, &renewed).await.expect("renew");
     assert_ne!(first.version, created.version, "the ETag moves");
     let err = a
@@ -84,6 +83,48 @@ async fn azurite_keeps_preconditions() {
         .expect_err("the blob is gone");
     assert!(err.is_conflict(), "{err:?}");
     assert_eq!(a.get().await.expect("get"), None);
+}
+
+/// A lease another tool took on the record's blob (the lock takes none) makes Azure refuse
+/// every write with `412 LeaseIdMissing`: a misconfiguration that says so, never a lost race,
+/// which would leave the election without a leader and without a word. Once the lease is
+/// broken, writes go through again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_on_the_blob_is_reported_not_taken_for_a_lost_race() {
+    let Some(container) = common::azurite_container_or_skip() else {
+        return;
+    };
+    let store = common::azurite_builder(&container, "locks/", None)
+        .build()
+        .expect("a store");
+    let lock = store.lock("app", "a");
+    let first = created(&lock).await;
+    let lease = |headers: &[(&str, &str)]| {
+        common::azurite_request(&container, "locks/app", "comp=lease", headers)
+    };
+    let status = lease(&[
+        ("x-ms-lease-action", "acquire"),
+        ("x-ms-lease-duration", "-1"),
+    ]);
+    assert!(status.contains(" 201 "), "no lease taken: {status}");
+    let renewed = renewal(&first.record);
+    let err = lock
+        .update(&first.version, &renewed)
+        .await
+        .expect_err("a leased blob");
+    assert!(
+        matches!(&err, LockError::Misconfigured { message, .. }
+            if message.contains("LeaseIdMissing") && message.contains("lease on the blob")),
+        "{err:?}"
+    );
+    let status = lease(&[
+        ("x-ms-lease-action", "break"),
+        ("x-ms-lease-break-period", "0"),
+    ]);
+    assert!(status.contains(" 202 "), "the lease not broken: {status}");
+    lock.update(&first.version, &renewed)
+        .await
+        .expect("written once the lease is broken");
 }
 
 /// While the record does not change, a follower's reads are answered `304 Not Modified`.

@@ -1,7 +1,7 @@
 //! The record writes a test makes by hand on a lock, as a candidate makes them: taking the
-//! lock in its first term and releasing it.
+//! lock in its first term, renewing and releasing it.
 
-use leader_core::{Observed, ResourceLock, conformance};
+use leader_core::{LeaderElectionRecord, Observed, ResourceLock, conformance};
 
 /// `lock` taken by a create of its own record (its identity, token 1).
 ///
@@ -23,4 +23,11 @@ pub async fn released<L: ResourceLock + ?Sized>(lock: &L, held: &Observed) -> Ob
     lock.update(&held.version, &released)
         .await
         .expect("release")
+}
+
+/// The record a renewal of `held` writes now: the same term, renewed at the current time.
+pub fn renewal(held: &LeaderElectionRecord) -> LeaderElectionRecord {
+    let mut record = held.clone();
+    record.renew_time = held.renewal_time(chrono::Utc::now());
+    record
 }

@@ -156,9 +156,25 @@ pub fn azurite_or_skip_store() -> Option<BucketStore> {
     )
 }
 
-/// Creates `container` on Azurite: a `Create Container` request signed with the development
-/// account's Shared Key (object_store makes no containers).
+/// Creates `container` on Azurite: a `Create Container` request (object_store makes no
+/// containers).
 pub fn create_container(container: &str) {
+    let status = azurite_request(container, "", "restype=container", &[]);
+    assert!(
+        status.contains(" 201 "),
+        "Azurite did not create container {container}: {status}"
+    );
+}
+
+/// Sends Azurite a `PUT` on `blob` of `container` (the container itself for an empty `blob`)
+/// with the query parameter `query` (`name=value`) and the `x-ms-` headers `headers` (sorted
+/// by name), signed with the development account's Shared Key: the status line of its answer.
+pub fn azurite_request(
+    container: &str,
+    blob: &str,
+    query: &str,
+    headers: &[(&str, &str)],
+) -> String {
     use std::io::{Read, Write};
     let url = azurite_url();
     let authority = url.trim_start_matches("http://");
@@ -166,11 +182,21 @@ pub fn create_container(container: &str) {
         .format("%a, %d %b %Y %H:%M:%S GMT")
         .to_string();
     let version = "2021-08-06";
+    let path = if blob.is_empty() {
+        format!("/{AZURITE_ACCOUNT}/{container}")
+    } else {
+        format!("/{AZURITE_ACCOUNT}/{container}/{blob}")
+    };
+    let mut x_ms = vec![("x-ms-date", date.as_str())];
+    x_ms.extend_from_slice(headers);
+    x_ms.push(("x-ms-version", version));
+    let canonical: String = x_ms.iter().map(|(k, v)| format!("{k}:{v}\n")).collect();
+    let lines: String = x_ms.iter().map(|(k, v)| format!("{k}: {v}\r\n")).collect();
     // Shared Key: the verb, eleven standard headers (all empty here), the x-ms- headers, then
     // the resource (path-style: the account twice) with its query parameters.
     let to_sign = format!(
-        "PUT\n\n\n\n\n\n\n\n\n\n\n\nx-ms-date:{date}\nx-ms-version:{version}\n\
-         /{AZURITE_ACCOUNT}/{AZURITE_ACCOUNT}/{container}\nrestype:container"
+        "PUT\n\n\n\n\n\n\n\n\n\n\n\n{canonical}/{AZURITE_ACCOUNT}{path}\n{}",
+        query.replacen('=', ":", 1)
     );
     let key = base64::Engine::decode(&base64::engine::general_purpose::STANDARD, AZURITE_KEY)
         .expect("the development key is base64");
@@ -183,8 +209,7 @@ pub fn create_container(container: &str) {
     let mut stream = std::net::TcpStream::connect(authority).expect("Azurite answers");
     write!(
         stream,
-        "PUT /{AZURITE_ACCOUNT}/{container}?restype=container HTTP/1.1\r\nHost: {authority}\r\n\
-         x-ms-date: {date}\r\nx-ms-version: {version}\r\n\
+        "PUT {path}?{query} HTTP/1.1\r\nHost: {authority}\r\n{lines}\
          Authorization: SharedKey {AZURITE_ACCOUNT}:{signature}\r\n\
          Content-Length: 0\r\nConnection: close\r\n\r\n"
     )
@@ -193,9 +218,5 @@ pub fn create_container(container: &str) {
     stream
         .read_to_string(&mut answer)
         .expect("Azurite's answer");
-    let status = answer.lines().next().unwrap_or_default().to_owned();
-    assert!(
-        status.contains(" 201 "),
-        "Azurite did not create container {container}: {status}"
-    );
+    answer.lines().next().unwrap_or_default().to_owned()
 }
