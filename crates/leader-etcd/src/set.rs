@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use etcd_client::GetOptions;
+use etcd_client::{GetOptions, KeyValue};
 use futures_util::future::join_all;
 use leader_core::backend::{Known, LockCache, LockErrorExt, Renewal, Reread, common_prefix};
 use leader_core::{LockError, LockSet, Observed, ResourceLock, async_trait};
@@ -77,26 +77,14 @@ impl EtcdLockSet {
             .store
             .inner
             .members
-            .call(true, |mut client| {
-                let prefix = prefix.clone();
-                async move {
-                    client
-                        .get(prefix, Some(GetOptions::new().with_prefix()))
-                        .await
-                }
-            })
+            .call(true, |client| read_prefix(client, prefix.clone()))
             .await;
         let found: HashMap<Vec<u8>, etcd_client::KeyValue> = match answer {
-            Ok(response) => {
+            Ok((kvs, revision)) => {
                 if prefix == self.shared.prefix() {
-                    let revision = response.header().map_or(0, |h| h.revision());
-                    self.shared.seed(response.kvs(), revision);
+                    self.shared.seed(&kvs, revision);
                 }
-                response
-                    .kvs()
-                    .iter()
-                    .map(|kv| (kv.key().to_vec(), kv.clone()))
-                    .collect()
+                kvs.into_iter().map(|kv| (kv.key().to_vec(), kv)).collect()
             }
             Err(err) => {
                 return map(&context, err).for_each(keys.len());
@@ -105,6 +93,57 @@ impl EtcdLockSet {
         keys.iter()
             .map(|key| self.etcd_lock(key).absorb(&found))
             .collect()
+    }
+}
+
+/// How many keys one request of a range read asks for. An answer is limited to 4 MiB (the
+/// gRPC client's default), which a whole set's keys pass at some thousands of records (a few
+/// hundred bytes each, more with extensions), and a read that fails so fails every round.
+const PAGE: i64 = 256;
+
+/// Every key under `prefix`, and the revision they were read at: read in pages of [`PAGE`]
+/// keys, each after the first at the first's revision, so that together they are one
+/// snapshot.
+async fn read_prefix(
+    mut client: etcd_client::Client,
+    prefix: String,
+) -> Result<(Vec<KeyValue>, i64), etcd_client::Error> {
+    let first = client
+        .get(
+            prefix.as_str(),
+            Some(GetOptions::new().with_prefix().with_limit(PAGE)),
+        )
+        .await?;
+    let revision = first.header().map_or(0, |h| h.revision());
+    let mut more = first.more();
+    let mut kvs = first.kvs().to_vec();
+    let end = prefix_end(prefix.as_bytes());
+    while more && let Some(last) = kvs.last() {
+        // The key right after the last one read.
+        let mut from = last.key().to_vec();
+        from.push(0);
+        let options = GetOptions::new()
+            .with_range(end.clone())
+            .with_revision(revision)
+            .with_limit(PAGE);
+        let page = client.get(from, Some(options)).await?;
+        more = page.more();
+        kvs.extend_from_slice(page.kvs());
+    }
+    Ok((kvs, revision))
+}
+
+/// The end of the range of keys that begin with `prefix`: its last byte that can grow, grown,
+/// and the bytes after it dropped; a prefix of `0xff` bytes alone (or none) ranges to the last
+/// key (`\0`, as etcd reads it).
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    match prefix.iter().rposition(|&byte| byte < 0xff) {
+        Some(at) => {
+            let mut end = prefix[..=at].to_vec();
+            end[at] += 1;
+            end
+        }
+        None => vec![0],
     }
 }
 
@@ -190,5 +229,19 @@ impl LockSet for EtcdLockSet {
             }
         }))
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::prefix_end;
+
+    /// The range end of a prefix is the first key past every key that begins with it.
+    #[test]
+    fn the_range_of_a_prefix_ends_past_its_last_key() {
+        assert_eq!(prefix_end(b"leader/a-"), b"leader/a.");
+        assert_eq!(prefix_end(b"a\xff\xff"), b"b");
+        assert_eq!(prefix_end(b"\xff"), b"\0");
+        assert_eq!(prefix_end(b""), b"\0");
     }
 }

@@ -393,3 +393,39 @@ async fn a_round_is_one_request_and_its_read_comes_from_the_watch() {
     );
     assert_eq!(read.record.holder_identity, "");
 }
+
+/// A set whose records together pass the 4 MiB one gRPC answer may hold (here 200 records of
+/// 32 KiB with their extensions) is read whole: in pages, at one revision. One range read
+/// failed every round before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_larger_than_one_answer_is_read_whole() {
+    let Some(store) = store().await else { return };
+    let name = unique("large");
+    let set = store.lock_set(&name, "member-1");
+    let keys: Vec<String> = (0..200).map(|i| format!("{name}-shard-{i}")).collect();
+    let mut record = leader_core::conformance::record("member-1", 1);
+    record
+        .extensions
+        .insert("padding".to_owned(), "x".repeat(16 * 1024));
+    for key in &keys {
+        set.lock(key).create(&record).await.expect("create");
+    }
+    let read = set.get_many(&keys).await;
+    let prefix = store.lock(format!("{name}-shard-"), "x").key().to_owned();
+    store
+        .client()
+        .await
+        .expect("client")
+        .delete(
+            prefix,
+            Some(etcd_client::DeleteOptions::new().with_prefix()),
+        )
+        .await
+        .expect("clean up");
+    for (key, answer) in keys.iter().zip(read) {
+        let observed = answer
+            .unwrap_or_else(|err| panic!("{key}: {err}"))
+            .unwrap_or_else(|| panic!("{key}: absent"));
+        assert_eq!(observed.record.extensions, record.extensions, "{key}");
+    }
+}
