@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use crate::error::map;
 use crate::lease::{KeptLease, ttl};
 use crate::store::EtcdStore;
-use crate::watch::{Ended, member_check, next_message};
+use crate::watch::{Ended, Reconnects, member_check, next_message};
 
 /// The etcd leases and the watch a shard set's member shares between its records.
 pub(crate) struct SetShared {
@@ -281,8 +281,10 @@ impl SetWatch {
         *task = Some(
             tokio::spawn(async move {
                 let members = &store.inner.members;
+                let mut reconnects = Reconnects::new(members.member_timeout());
                 loop {
                     let index = members.current();
+                    let started = Instant::now();
                     let outcome = match members.client(index).await {
                         Ok(client) => {
                             members.note_sent();
@@ -303,7 +305,7 @@ impl SetWatch {
                         }
                         Ended::Failed => {
                             members.skip(index);
-                            tokio::time::sleep(members.member_timeout() / 4).await;
+                            tokio::time::sleep(reconnects.failed(started)).await;
                         }
                         Ended::Moved => {}
                     }

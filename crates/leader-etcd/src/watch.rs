@@ -4,11 +4,13 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use etcd_client::{
     Client, Event, EventType, GetOptions, GetResponse, WatchOptions, WatchResponse, WatchStream,
 };
 use futures_util::StreamExt;
+use leader_core::backend::{Backoff, Jitter};
 use leader_core::{ChangeStream, LeaderElectionRecord};
 
 use crate::error::BACKEND;
@@ -43,8 +45,10 @@ impl TermWatch {
             async move {
                 let members = &store.inner.members;
                 let mut resume = revision + 1;
+                let mut reconnects = Reconnects::new(members.member_timeout());
                 loop {
                     let index = members.current();
+                    let started = tokio::time::Instant::now();
                     let from = resume.max(latest.load(Ordering::Acquire) + 1);
                     let outcome = match members.client(index).await {
                         Ok(client) => {
@@ -85,7 +89,7 @@ impl TermWatch {
                         }
                         Ended::Failed => {
                             members.skip(index);
-                            tokio::time::sleep(members.member_timeout() / 4).await;
+                            tokio::time::sleep(reconnects.failed(started)).await;
                         }
                         Ended::Moved => {}
                     }
@@ -116,6 +120,33 @@ impl TermWatch {
 impl Drop for TermWatch {
     fn drop(&mut self) {
         self.task.abort();
+    }
+}
+
+/// The waits between a watch's attempts to run again (S9): from a quarter of the member
+/// timeout, doubling up to eight member timeouts, a fifth longer at most at random, so that a
+/// cluster that is down is not asked four times a second by every watch. A watch that ran
+/// for a member timeout before it failed starts again from the shortest wait.
+pub(crate) struct Reconnects {
+    backoff: Backoff,
+    steady: Duration,
+}
+
+impl Reconnects {
+    pub(crate) fn new(member_timeout: Duration) -> Self {
+        Self {
+            backoff: Backoff::new(member_timeout / 4, member_timeout * 8)
+                .jitter(Jitter::Longer(0.2)),
+            steady: member_timeout,
+        }
+    }
+
+    /// The wait after a watch that started at `started` ended in failure.
+    pub(crate) fn failed(&mut self, started: tokio::time::Instant) -> Duration {
+        if started.elapsed() >= self.steady {
+            self.backoff.succeeded();
+        }
+        self.backoff.failed()
     }
 }
 

@@ -99,3 +99,39 @@ async fn electors_step_down_while_etcd_is_down_and_recover_when_it_is_back() {
     follower.stop().await;
     leader.stop().await;
 }
+
+/// S9 for the watch a term keeps of its key, which outlives a term that ended at its renew
+/// deadline: while etcd is down it connects again after waits that grow, not at a fixed pace.
+/// Through a proxy that closes every connection, counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_terms_watch_backs_off_while_etcd_is_down() {
+    use leader_test_support::proxy::{Mode, Proxy};
+    let Some(etcd) = PrivateEtcd::start() else {
+        return;
+    };
+    let server = etcd
+        .endpoint()
+        .trim_start_matches("http://")
+        .parse()
+        .expect("an address");
+    let proxy = Proxy::start(server).await.expect("a proxy");
+    let store = EtcdStore::builder([format!("http://127.0.0.1:{}", proxy.port())])
+        .timeout(Duration::from_secs(1))
+        .build()
+        .await
+        .expect("connect");
+    let lock = store.lock(unique("watch"), "a");
+    leader_test_support::assert_acquired(
+        lock.try_acquire(&leader_core::conformance::record("a", 0))
+            .await,
+    );
+    sleep(Duration::from_millis(500)).await;
+    proxy.set(Mode::Down);
+    let before = proxy.accepted();
+    sleep(Duration::from_secs(12)).await;
+    let during = proxy.accepted() - before;
+    // Waits from a quarter of the member timeout, doubling to eight member timeouts: 7 in
+    // 12 s; at a fixed quarter, 48.
+    assert!(during <= 14, "{during} connections in 12 s of an outage");
+    drop(lock);
+}

@@ -3,6 +3,7 @@
 //! it down, takes the server away, or strands the connections open at a moment.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -38,6 +39,8 @@ pub struct Proxy {
     upstream_ports: Arc<Mutex<Vec<u16>>>,
     /// Where new connections go ([`Proxy::move_to`]).
     upstream: watch::Sender<SocketAddr>,
+    /// How many connections clients opened to the proxy.
+    accepted: Arc<AtomicU64>,
     accept: JoinHandle<()>,
 }
 
@@ -66,9 +69,12 @@ impl Proxy {
         let ports = Arc::clone(&upstream_ports);
         let (upstream, _) = watch::channel(upstream);
         let upstreams = upstream.clone();
+        let accepted = Arc::new(AtomicU64::new(0));
+        let counted = Arc::clone(&accepted);
         let accept = tokio::spawn(async move {
             let mut connections = tokio::task::JoinSet::new();
             while let Ok((client, _)) = listener.accept().await {
+                counted.fetch_add(1, Ordering::Relaxed);
                 let modes = modes.subscribe();
                 let strand = Strand {
                     born: *stranded.borrow(),
@@ -109,6 +115,7 @@ impl Proxy {
             strandings,
             upstream_ports,
             upstream,
+            accepted,
             accept,
         })
     }
@@ -133,6 +140,13 @@ impl Proxy {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+
+    /// How many connections clients opened to the proxy so far, whether carried or closed at
+    /// once ([`Mode::Down`]).
+    #[must_use]
+    pub fn accepted(&self) -> u64 {
+        self.accepted.load(Ordering::Relaxed)
     }
 
     /// Changes what the proxy does, for every connection at once.
