@@ -115,10 +115,24 @@ impl EtcdStoreBuilder {
             self.timeout
         };
         let members = Members::new(&self.endpoints, options, member_timeout);
-        members
+        let (_, mut client) = members
             .current_client()
             .await
             .map_err(|err| map(&context, err))?;
+        // Best effort: a member that does not say its version is not held against the store.
+        if let Ok(Ok(status)) = tokio::time::timeout(member_timeout, client.status()).await
+            && keep_alives_unconfirmed(status.version())
+        {
+            tracing::warn!(
+                etcd = context,
+                version = status.version(),
+                "this etcd answers lease keep-alives without confirming that it still leads the \
+                 cluster (etcd-io/etcd#15247, fixed in 3.4.31 and 3.5.13): a raft leader stalled \
+                 on its disk can keep a holder's lease alive while the other members expire it, \
+                 and another candidate leads beside the holder until the stall ends; upgrade \
+                 etcd, and pass the fencing token downstream"
+            );
+        }
         Ok(EtcdStore {
             inner: Arc::new(Inner {
                 members,
@@ -126,6 +140,24 @@ impl EtcdStoreBuilder {
                 prefix: self.prefix,
             }),
         })
+    }
+}
+
+/// Whether etcd `version` answers a lease keep-alive on a member that believes it leads
+/// without asking the others (etcd-io/etcd#15247): every release before 3.4.31, and 3.5
+/// before 3.5.13. A version it cannot read is not.
+fn keep_alives_unconfirmed(version: &str) -> bool {
+    let mut parts = version.split(['.', '-', '+']).map(str::parse::<u32>);
+    let (Some(Ok(major)), Some(Ok(minor)), Some(Ok(patch))) =
+        (parts.next(), parts.next(), parts.next())
+    else {
+        return false;
+    };
+    match (major, minor) {
+        (3, 4) => patch < 31,
+        (3, 5) => patch < 13,
+        (3, minor) => minor < 4,
+        (major, _) => major < 3,
     }
 }
 
@@ -193,5 +225,30 @@ impl EtcdStore {
             .await
             .map(|(_, client)| client)
             .map_err(|err| map(&self.inner.endpoints, err))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::keep_alives_unconfirmed;
+
+    /// The releases whose keep-alives a stalled leader answers, by etcd's changelog.
+    #[test]
+    fn releases_before_the_keep_alive_fix_are_told_apart() {
+        for affected in ["3.4.23", "3.4.30", "3.5.0", "3.5.12", "3.3.27", "2.3.8"] {
+            assert!(keep_alives_unconfirmed(affected), "{affected}");
+        }
+        for fixed in [
+            "3.4.31",
+            "3.5.13",
+            "3.5.21",
+            "3.6.0",
+            "3.6.0-rc.1",
+            "4.0.0",
+            "",
+            "x",
+        ] {
+            assert!(!keep_alives_unconfirmed(fixed), "{fixed}");
+        }
     }
 }
