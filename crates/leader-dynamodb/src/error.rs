@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use aws_credential_types::provider::error::CredentialsError;
 use aws_sdk_dynamodb::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use leader_core::LockError;
 
@@ -33,6 +34,31 @@ pub(crate) fn is_throttling(code: &str) -> bool {
     THROTTLING.contains(&code)
 }
 
+/// Whether an error whose first source is `source` comes of a credentials provider that
+/// failed ([`CredentialsError`] in its chain of sources).
+fn credentials_failed(mut source: Option<&(dyn std::error::Error + 'static)>) -> bool {
+    while let Some(cause) = source {
+        if cause.is::<CredentialsError>() {
+            return true;
+        }
+        source = cause.source();
+    }
+    false
+}
+
+/// [`LockError::Forbidden`] for credentials that could not be had, with `text`, the SDK's
+/// account of it.
+fn no_credentials(what: &str, text: &str) -> LockError {
+    LockError::Forbidden {
+        backend: BACKEND,
+        message: format!(
+            "{what}: no AWS credentials could be had (AWS_ACCESS_KEY_ID and \
+             AWS_SECRET_ACCESS_KEY, AWS_PROFILE, a web identity token, or the instance's or \
+             container's role): {text}"
+        ),
+    }
+}
+
 /// Maps a failed request other than a lost condition (which the caller handles). `action` is
 /// the IAM action the request needs (`dynamodb:GetItem`), for the message of a denial.
 pub(crate) fn map<E, R>(
@@ -54,6 +80,12 @@ where
                 after: context.timeout,
             };
         }
+        // The credentials are had before a request is sent, so a failure to have them comes
+        // as the request's (an expired web identity token, an instance metadata service out
+        // of reach, no credentials anywhere).
+        SdkError::DispatchFailure(_) if credentials_failed(std::error::Error::source(&err)) => {
+            return no_credentials(what, &DisplayErrorContext(&err).to_string());
+        }
         SdkError::DispatchFailure(failure) => {
             let kind = if failure.is_timeout() {
                 return LockError::Timeout {
@@ -73,16 +105,11 @@ where
         }
         SdkError::ConstructionFailure(_) => {
             let text = DisplayErrorContext(&err).to_string();
-            // No credentials anywhere in the chain (environment, profile, container, instance).
-            if text.contains("credentials") || text.contains("identity") {
-                return LockError::Forbidden {
-                    backend: BACKEND,
-                    message: format!(
-                        "{what}: no AWS credentials were found (AWS_ACCESS_KEY_ID and \
-                         AWS_SECRET_ACCESS_KEY, AWS_PROFILE, a web identity token, or the \
-                         instance's or container's role): {text}"
-                    ),
-                };
+            if credentials_failed(std::error::Error::source(&err))
+                || text.contains("credentials")
+                || text.contains("identity")
+            {
+                return no_credentials(what, &text);
             }
             return LockError::Misconfigured {
                 backend: BACKEND,

@@ -196,6 +196,57 @@ async fn writes_are_conditional_and_names_are_checked() {
     assert!(matches!(err, LockError::InvalidRecord { .. }), "{err:?}");
 }
 
+/// Credentials that cannot be had (a web identity token that expired, an instance metadata
+/// service out of reach) fail the request before it is sent: `Forbidden`, saying so, not an
+/// outage.
+#[tokio::test]
+async fn credentials_that_cannot_be_had_are_forbidden_not_an_outage() {
+    use leader_dynamodb::aws_sdk_dynamodb::config::{
+        ProvideCredentials, SharedCredentialsProvider,
+    };
+
+    #[derive(Debug)]
+    struct Failing;
+
+    impl ProvideCredentials for Failing {
+        fn provide_credentials<'a>(
+            &'a self,
+        ) -> aws_credential_types::provider::future::ProvideCredentials<'a>
+        where
+            Self: 'a,
+        {
+            aws_credential_types::provider::future::ProvideCredentials::ready(Err(
+                aws_credential_types::provider::error::CredentialsError::provider_error(
+                    "the web identity token expired",
+                ),
+            ))
+        }
+    }
+
+    let config = leader_dynamodb::aws_config::SdkConfig::builder()
+        .region(leader_dynamodb::aws_config::Region::new("us-east-1"))
+        .endpoint_url("http://127.0.0.1:9")
+        .credentials_provider(SharedCredentialsProvider::new(Failing))
+        .build();
+    let store = DynamoStore::builder("locks")
+        .sdk_config(config)
+        .timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .expect("a store");
+    let err = store
+        .lock("app", "a")
+        .get()
+        .await
+        .expect_err("no credentials");
+    assert!(matches!(err, LockError::Forbidden { .. }), "{err:?}");
+    let text = err.to_string();
+    assert!(
+        text.contains("no AWS credentials") && text.contains("web identity token expired"),
+        "{text}"
+    );
+}
+
 /// Errors and `Debug` never show credentials.
 #[tokio::test]
 async fn credentials_are_never_shown() {
