@@ -234,16 +234,9 @@ async fn credentials_that_cannot_be_had_are_forbidden_not_an_outage() {
         .build()
         .await
         .expect("a store");
-    let err = store
-        .lock("app", "a")
-        .get()
-        .await
-        .expect_err("no credentials");
-    assert!(matches!(err, LockError::Forbidden { .. }), "{err:?}");
-    let text = err.to_string();
-    assert!(
-        text.contains("no AWS credentials") && text.contains("web identity token expired"),
-        "{text}"
+    leader_test_support::assert_forbidden_saying(
+        store.lock("app", "a").get().await,
+        &["no AWS credentials", "web identity token expired"],
     );
 }
 

@@ -536,11 +536,27 @@ pub fn assert_unavailable_saying<T: std::fmt::Debug>(
     answer: Result<T, leader_core::LockError>,
     words: &[&str],
 ) {
-    let err = answer.expect_err("an outage");
-    assert!(
-        matches!(err, leader_core::LockError::Unavailable { .. }),
-        "{err:?}"
-    );
+    assert_failed_saying(answer, "unavailable", words);
+}
+
+/// Panics unless `answer` is a refusal ([`leader_core::LockError::Forbidden`]) whose message
+/// says each of `words`.
+pub fn assert_forbidden_saying<T: std::fmt::Debug>(
+    answer: Result<T, leader_core::LockError>,
+    words: &[&str],
+) {
+    assert_failed_saying(answer, "forbidden", words);
+}
+
+/// Panics unless `answer` failed with an error of `kind` ([`leader_core::LockError::kind`])
+/// whose message says each of `words`.
+fn assert_failed_saying<T: std::fmt::Debug>(
+    answer: Result<T, leader_core::LockError>,
+    kind: &str,
+    words: &[&str],
+) {
+    let err = answer.expect_err(kind);
+    assert_eq!(err.kind(), kind, "{err:?}");
     let message = err.to_string();
     for word in words {
         assert!(message.contains(word), "{word:?} is not in: {message}");
