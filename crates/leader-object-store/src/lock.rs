@@ -8,7 +8,7 @@ use leader_core::{LeaderElectionRecord, LockError, Observed, ResourceLock, Versi
 use object_store::path::Path;
 use object_store::{GetOptions, PutMode, PutOptions, PutPayload, PutResult, UpdateVersion};
 
-use crate::error::{BACKEND, Op, is_blob_refusal, is_missing_bucket, map};
+use crate::error::{BACKEND, Kind, Op, is_blob_refusal, is_missing_bucket, map};
 use crate::store::BucketStore;
 
 impl BucketStore {
@@ -101,6 +101,21 @@ fn decode(version: &Version) -> UpdateVersion {
 }
 
 impl BucketLock {
+    /// The part of `version` the store's precondition on a write compares: Cloud Storage's
+    /// generation, the ETag of the others that say which (S3, Azure, memory), both for a store
+    /// built elsewhere.
+    fn compared(&self, version: &Version) -> Version {
+        let UpdateVersion {
+            e_tag,
+            version: generation,
+        } = decode(version);
+        match self.store.inner.kind {
+            Kind::Gcs => Version::new(generation.unwrap_or_default()),
+            Kind::S3 | Kind::Azure | Kind::Memory => Version::new(e_tag.unwrap_or_default()),
+            Kind::Other => version.clone(),
+        }
+    }
+
     /// The object's key in the bucket.
     pub fn key(&self) -> &str {
         &self.key
@@ -259,8 +274,14 @@ impl ResourceLock for BucketLock {
     ) -> Result<Observed, LockError> {
         let written = self.put(record, PutMode::Update(decode(version))).await?;
         // S3's ETag is a digest of the bytes: a write of the bytes stored keeps it, so a
-        // follower's conditional write on it would still succeed (S14).
-        leader_core::backend::unless_moved(BACKEND, "update", version, written)
+        // follower's conditional write on it would still succeed (S14), even where a
+        // versioned bucket gave the write a version of its own.
+        let compared = Observed {
+            record: written.record.clone(),
+            version: self.compared(&written.version),
+        };
+        leader_core::backend::unless_moved(BACKEND, "update", &self.compared(version), compared)?;
+        Ok(written)
     }
 
     fn identity(&self) -> &str {

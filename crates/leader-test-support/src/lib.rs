@@ -421,6 +421,28 @@ pub fn create_bucket(endpoint: &str, bucket: &str) -> Result<(), String> {
     }
 }
 
+/// Creates bucket `bucket` with versioning on, on the plain-HTTP S3 server at `endpoint`.
+///
+/// # Errors
+/// The server cannot be reached, or refused either request.
+pub fn create_versioned_bucket(endpoint: &str, bucket: &str) -> Result<(), String> {
+    create_bucket(endpoint, bucket)?;
+    let answer = raw_request_with(
+        endpoint,
+        "PUT",
+        &format!("/{bucket}?versioning"),
+        "<VersioningConfiguration xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\">\
+         <Status>Enabled</Status></VersioningConfiguration>",
+    )?;
+    match answer.split_whitespace().nth(1) {
+        Some("200") => Ok(()),
+        _ => Err(format!(
+            "the S3 server at {endpoint} did not turn on versioning for {bucket}: {}",
+            answer.lines().next().unwrap_or_default()
+        )),
+    }
+}
+
 /// True when the plain-HTTP S3 server at `endpoint` is `scripts/s3-server`, which answers one
 /// request at a time and says so in the header `x-leader-s3-server: serial`.
 pub fn s3_server_is_serial(endpoint: &str) -> Result<bool, String> {
@@ -435,6 +457,16 @@ pub fn s3_server_is_serial(endpoint: &str) -> Result<bool, String> {
 
 /// One unsigned request without a body to a plain-HTTP server; its whole answer.
 fn raw_request(endpoint: &str, method: &str, path: &str) -> Result<String, String> {
+    raw_request_with(endpoint, method, path, "")
+}
+
+/// One unsigned request with `body` to a plain-HTTP server; its whole answer.
+fn raw_request_with(
+    endpoint: &str,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> Result<String, String> {
     use std::io::{Read, Write};
     let authority = endpoint
         .strip_prefix("http://")
@@ -447,7 +479,9 @@ fn raw_request(endpoint: &str, method: &str, path: &str) -> Result<String, Strin
         .map_err(failed)?;
     write!(
         stream,
-        "{method} {path} HTTP/1.1\r\nHost: {authority}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: {authority}\r\nContent-Length: {}\r\n\
+         Connection: close\r\n\r\n{body}",
+        body.len()
     )
     .map_err(failed)?;
     let mut answer = String::new();
