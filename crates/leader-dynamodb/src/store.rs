@@ -9,7 +9,7 @@ use aws_config::SdkConfig;
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::config::retry::RetryConfig;
 use aws_sdk_dynamodb::config::timeout::TimeoutConfig;
-use aws_sdk_dynamodb::error::ProvideErrorMetadata;
+use aws_sdk_dynamodb::error::{DisplayErrorContext, ProvideErrorMetadata};
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType,
     TableDescription, TableStatus,
@@ -265,9 +265,54 @@ impl DynamoStore {
                 });
             }
         };
-        self.check_description(&table)?;
+        // A global table of version 2017.11.29 cannot become one once in use (its tables had
+        // to be empty), so one look per store is enough.
+        let legacy = if self.inner.checked.load(Ordering::Acquire) {
+            Vec::new()
+        } else {
+            self.legacy_replicas().await
+        };
+        self.check_description(&table, &legacy)?;
         self.inner.checked.store(true, Ordering::Release);
         Ok(())
+    }
+
+    /// The regions of the table's replication group when it is a global table of version
+    /// 2017.11.29, which `DescribeTable` does not show (`DescribeGlobalTable` does); none when
+    /// it is not one, or when that cannot be told (said in a warning: a policy without
+    /// `dynamodb:DescribeGlobalTable`).
+    async fn legacy_replicas(&self) -> Vec<String> {
+        let table = &self.inner.table;
+        let answer = self
+            .inner
+            .client
+            .describe_global_table()
+            .global_table_name(table)
+            .send()
+            .await;
+        match answer {
+            Ok(answer) => answer
+                .global_table_description()
+                .map(|global| {
+                    global
+                        .replication_group()
+                        .iter()
+                        .filter_map(|replica| replica.region_name().map(str::to_owned))
+                        .collect()
+                })
+                .unwrap_or_default(),
+            Err(err) if err.code() == Some("GlobalTableNotFoundException") => Vec::new(),
+            Err(err) => {
+                tracing::warn!(
+                    table = %table,
+                    error = %DisplayErrorContext(&err),
+                    "cannot tell whether the table is a global table of version 2017.11.29, \
+                     which DescribeTable does not show (grant dynamodb:DescribeGlobalTable on \
+                     its global-table ARN): candidates in two of its regions could each lead"
+                );
+                Vec::new()
+            }
+        }
     }
 
     /// The table's description, or `None` when it does not exist.
@@ -355,9 +400,13 @@ impl DynamoStore {
         }
     }
 
-    fn check_description(&self, table: &TableDescription) -> Result<(), LockError> {
+    fn check_description(
+        &self,
+        table: &TableDescription,
+        legacy: &[String],
+    ) -> Result<(), LockError> {
         let name = &self.inner.table;
-        match check_description(table, self.inner.allow_global_table) {
+        match check_description(table, legacy, self.inner.allow_global_table) {
             Ok(Some(warning)) => {
                 tracing::warn!(table = %name, "{warning}");
                 Ok(())
@@ -384,9 +433,11 @@ pub(crate) enum Refusal {
     NotYet(String),
 }
 
-/// Checks a table's description: `Ok(Some(warning))` for an allowed global table.
+/// Checks a table's description, with the regions of its replication group if it is a global
+/// table of version 2017.11.29 (`legacy`): `Ok(Some(warning))` for an allowed global table.
 pub(crate) fn check_description(
     table: &TableDescription,
+    legacy: &[String],
     allow_global_table: bool,
 ) -> Result<Option<String>, Refusal> {
     let keys: Vec<String> = table
@@ -428,11 +479,15 @@ pub(crate) fn check_description(
             )));
         }
     }
-    let replicas: Vec<&str> = table
+    let mut replicas: Vec<&str> = table
         .replicas()
         .iter()
         .filter_map(|r| r.region_name())
         .collect();
+    // A replication group of one region is a table alone.
+    if legacy.len() > 1 {
+        replicas.extend(legacy.iter().map(String::as_str));
+    }
     if replicas.is_empty() && table.replicas().is_empty() {
         return Ok(None);
     }
@@ -484,7 +539,7 @@ mod tests {
     #[test]
     fn only_the_locks_key_is_accepted() {
         let ours = table(&[(KEY_ATTRIBUTE, KeyType::Hash, ScalarAttributeType::S)]);
-        assert_eq!(check_description(&ours, false), Ok(None));
+        assert_eq!(check_description(&ours, &[], false), Ok(None));
         for (keys, shown) in [
             (
                 vec![("key", KeyType::Hash, ScalarAttributeType::S)],
@@ -502,7 +557,7 @@ mod tests {
                 "RANGE sort (S)",
             ),
         ] {
-            match check_description(&table(&keys), false) {
+            match check_description(&table(&keys), &[], false) {
                 Err(Refusal::Misconfigured(message)) => {
                     assert!(message.contains(shown), "{message}");
                     assert!(message.contains("never alters"), "{message}");
@@ -523,7 +578,7 @@ mod tests {
                 .region_name("us-east-1")
                 .build(),
         ]);
-        match check_description(&global, false) {
+        match check_description(&global, &[], false) {
             Err(Refusal::Misconfigured(message)) => {
                 assert!(message.contains("global table"), "{message}");
                 assert!(message.contains("eu-west-1, us-east-1"), "{message}");
@@ -531,7 +586,7 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        let warning = check_description(&global, true)
+        let warning = check_description(&global, &[], true)
             .expect("allowed")
             .expect("a warning");
         assert!(warning.contains("last writer wins"), "{warning}");
@@ -542,12 +597,12 @@ mod tests {
         let mut deleting = table(&[(KEY_ATTRIBUTE, KeyType::Hash, ScalarAttributeType::S)]);
         deleting.table_status = Some(TableStatus::Deleting);
         assert!(matches!(
-            check_description(&deleting, false),
+            check_description(&deleting, &[], false),
             Err(Refusal::Misconfigured(_))
         ));
         deleting.table_status = Some(TableStatus::Creating);
         assert!(matches!(
-            check_description(&deleting, false),
+            check_description(&deleting, &[], false),
             Err(Refusal::NotYet(_))
         ));
     }

@@ -108,14 +108,9 @@ async fn a_lease_on_the_blob_is_reported_not_taken_for_a_lost_race() {
     ]);
     assert!(status.contains(" 201 "), "no lease taken: {status}");
     let renewed = renewal(&first.record);
-    let err = lock
-        .update(&first.version, &renewed)
-        .await
-        .expect_err("a leased blob");
-    assert!(
-        matches!(&err, LockError::Misconfigured { message, .. }
-            if message.contains("LeaseIdMissing") && message.contains("lease on the blob")),
-        "{err:?}"
+    leader_test_support::assert_misconfigured_saying(
+        lock.update(&first.version, &renewed).await,
+        &["LeaseIdMissing", "lease on the blob"],
     );
     let status = lease(&[
         ("x-ms-lease-action", "break"),

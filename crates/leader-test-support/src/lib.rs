@@ -582,6 +582,15 @@ pub fn assert_forbidden_saying<T: std::fmt::Debug>(
     assert_failed_saying(answer, "forbidden", words);
 }
 
+/// Panics unless `answer` is a misconfiguration ([`leader_core::LockError::Misconfigured`])
+/// whose message says each of `words`.
+pub fn assert_misconfigured_saying<T: std::fmt::Debug>(
+    answer: Result<T, leader_core::LockError>,
+    words: &[&str],
+) {
+    assert_failed_saying(answer, "misconfigured", words);
+}
+
 /// Panics unless `answer` failed with an error of `kind` ([`leader_core::LockError::kind`])
 /// whose message says each of `words`.
 fn assert_failed_saying<T: std::fmt::Debug>(

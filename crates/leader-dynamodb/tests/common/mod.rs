@@ -12,6 +12,8 @@ use leader_core::{LockSet, ResourceLock, async_trait};
 use leader_dynamodb::aws_sdk_dynamodb::types::AttributeValue;
 use leader_dynamodb::{DynamoStore, DynamoStoreBuilder, aws_config};
 
+pub mod proxy;
+
 /// The DynamoDB endpoint of the tests ([`leader_test_support::dynamodb_endpoint`]).
 pub fn endpoint() -> String {
     leader_test_support::dynamodb_endpoint()
