@@ -785,6 +785,25 @@ async fn the_grace_covers_what_a_wrapper_started() {
     assert!(process_gone(program_pid));
 }
 
+/// `leader run` as the only replica of election `name`, on a file lock in `dir`, with `args`,
+/// running a COMMAND that ignores the signals `traps` and loops until killed: the lock, `leader`
+/// and COMMAND's pid, once COMMAND runs.
+async fn solo_looping(dir: &Path, name: &str, traps: &str, args: &[&str]) -> (String, Child, i32) {
+    let lock = leader_tests::file_lock_in(dir);
+    let ready = dir.join(format!("{name}.ready"));
+    let program = format!(
+        "trap '' {traps}; echo $$ > {}; while :; do sleep 0.1; done",
+        ready.display()
+    );
+    let leader = leader_tests::candidate_command(LEADER, "run", &lock, name, "solo")
+        .args(args)
+        .args(["--", "sh", "-c", &program])
+        .spawn()
+        .expect("spawn");
+    let program_pid = pid_in(&ready).await;
+    (lock, leader, program_pid)
+}
+
 /// A second SIGTERM while `leader` waits out COMMAND's grace (a second Ctrl-C, an impatient
 /// supervisor) ends the grace: COMMAND, which ignores SIGTERM, is killed at once, and `leader`
 /// releases the lease and exits, a minute before the grace would have ended. A SIGHUP (which
@@ -792,19 +811,21 @@ async fn the_grace_covers_what_a_wrapper_started() {
 #[tokio::test]
 async fn a_second_signal_ends_the_grace() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let lock = leader_tests::file_lock_in(dir.path());
-    let ready = dir.path().join("ready");
-    let program = format!(
-        "trap '' TERM; echo $$ > {}; while :; do sleep 0.1; done",
-        ready.display()
-    );
     // A lease long enough for a grace of a minute (at most 80% of lease less renew deadline).
-    let mut leader = leader_tests::candidate_command(LEADER, "run", &lock, "impatient", "solo")
-        .args(["--lease-duration", "100s", "--renew-deadline", "20s"])
-        .args(["--grace", "60s", "--", "sh", "-c", &program])
-        .spawn()
-        .expect("spawn");
-    let program_pid = pid_in(&ready).await;
+    let (lock, mut leader, program_pid) = solo_looping(
+        dir.path(),
+        "impatient",
+        "TERM",
+        &[
+            "--lease-duration",
+            "100s",
+            "--renew-deadline",
+            "20s",
+            "--grace",
+            "60s",
+        ],
+    )
+    .await;
     kill(pid(&leader), Signal::SIGTERM).expect("SIGTERM");
     // systemd's SIGHUP that follows its SIGTERM is no hurry.
     kill(pid(&leader), Signal::SIGHUP).expect("SIGHUP");
@@ -825,6 +846,54 @@ async fn a_second_signal_ends_the_grace() {
         second.elapsed()
     );
     let (json, _) = status_json(&lock, "impatient").await;
+    assert!(json.contains(r#""holder":null"#), "not released: {json}");
+}
+
+/// Signals sent to every process of a unit (systemd's `SendSIGHUP=yes` after its SIGTERM,
+/// `systemctl kill -s USR1` to make a program reopen its logs) reach COMMAND's supervisor too:
+/// it stays, and COMMAND with it, while `leader` lives. A supervisor that SIGHUP ended killed
+/// COMMAND without its grace; one that SIGUSR1 ended left what COMMAND started running.
+#[tokio::test]
+async fn the_supervisor_outlives_signals_sent_to_every_process() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (lock, mut leader, program_pid) =
+        solo_looping(dir.path(), "signalled", "HUP USR1 USR2 INT QUIT", &[]).await;
+    let stat = std::fs::read_to_string(format!("/proc/{program_pid}/stat")).expect("stat");
+    // The parent's pid: the fourth field, the second after the command's name.
+    let supervisor: i32 = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse().ok())
+        .expect("the supervisor's pid");
+    assert_ne!(
+        supervisor,
+        pid(&leader).as_raw(),
+        "COMMAND runs under a supervisor"
+    );
+    for signal in [
+        Signal::SIGHUP,
+        Signal::SIGUSR1,
+        Signal::SIGUSR2,
+        Signal::SIGINT,
+        Signal::SIGQUIT,
+    ] {
+        kill(Pid::from_raw(supervisor), signal).expect("a signal to the supervisor");
+    }
+    sleep(Duration::from_millis(500)).await;
+    assert!(!process_gone(supervisor), "the supervisor died of a signal");
+    assert!(
+        !process_gone(program_pid),
+        "COMMAND died with its supervisor"
+    );
+    kill(pid(&leader), Signal::SIGTERM).expect("SIGTERM");
+    let status = timeout(Duration::from_secs(30), leader.wait())
+        .await
+        .expect("leader stops")
+        .expect("status");
+    assert!(
+        process_gone(program_pid),
+        "COMMAND outlived leader: {status}"
+    );
+    let (json, _) = status_json(&lock, "signalled").await;
     assert!(json.contains(r#""holder":null"#), "not released: {json}");
 }
 

@@ -265,8 +265,8 @@ impl Drop for Group {
 pub(crate) const SUPERVISE: &str = "__supervise";
 
 /// The supervisor: runs COMMAND as its child, in its own process group; mirrors how COMMAND ended
-/// (exit code, or death by the same signal); on SIGHUP (its parent `leader` died) kills the
-/// whole group at once. SIGTERM from `leader` reaches COMMAND through the group; the supervisor
+/// (exit code, or death by the same signal); on SIGHUP once its parent `leader` died kills the
+/// whole group at once. Other signals that would end it by default are caught and left. SIGTERM from `leader` reaches COMMAND through the group; the supervisor
 /// then just waits for it.
 ///
 /// It ends only once nothing else runs in its group: what COMMAND started and left running
@@ -293,6 +293,25 @@ pub(crate) async fn supervise(parent: Option<Pid>, grace: Duration, command: &[S
         eprintln!("leader: cannot handle signals");
         return exit::FAILURE;
     };
+    // Signals meant for COMMAND, or sent to every process of a unit (`systemctl kill -s USR1`,
+    // `KillMode=control-group`), are not the supervisor's: their default action would end it,
+    // and with it COMMAND (its parent-death signal), leaving what COMMAND started running
+    // beside the next leader's COMMAND. Caught and left; COMMAND starts with the defaults.
+    let _left: Vec<_> = [
+        Signal::SIGINT,
+        Signal::SIGQUIT,
+        Signal::SIGUSR1,
+        Signal::SIGUSR2,
+        Signal::SIGALRM,
+        Signal::SIGIO,
+        Signal::SIGVTALRM,
+        Signal::SIGPROF,
+        #[cfg(target_os = "linux")]
+        Signal::SIGPWR,
+    ]
+    .into_iter()
+    .filter_map(|left| signal(SignalKind::from_raw(left as i32)).ok())
+    .collect();
     // From here on a SIGHUP is caught; a parent that died before is seen here.
     if nix::unistd::getppid() != parent {
         eprintln!(
@@ -325,8 +344,12 @@ pub(crate) async fn supervise(parent: Option<Pid>, grace: Duration, command: &[S
                 };
             }
             _ = hangup.recv() => {
-                // `leader` is gone: nothing may keep running in this group.
-                let _ = killpg(nix::unistd::getpgrp(), Signal::SIGKILL);
+                // `leader` is gone (its parent-death signal): nothing may keep running in this
+                // group. A SIGHUP while it lives was sent to every process (systemd's
+                // `SendSIGHUP=yes` after its SIGTERM): `leader` acts on its own copy.
+                if nix::unistd::getppid() != parent {
+                    let _ = killpg(nix::unistd::getpgrp(), Signal::SIGKILL);
+                }
             }
             _ = terminate.recv() => {
                 terminated.get_or_insert_with(std::time::Instant::now);
