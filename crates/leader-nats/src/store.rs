@@ -226,7 +226,8 @@ impl NatsStore {
     }
 
     /// Refuses a bucket the lock cannot be safe on (S15), in one line naming the setting: one
-    /// whose limits make the server delete records (an election's record removed while its
+    /// kept in memory, which a server's restart empties; one whose limits make the server
+    /// delete records (an election's record removed while its
     /// holder leads is created afresh by a candidate at once), and a replicated bucket on a
     /// server whose clustered compare-and-swap can let two writers win or replicas diverge
     /// ([`REPLICATED_FLAWS`]: before 2.10.19), or whose version does not parse.
@@ -237,6 +238,12 @@ impl NatsStore {
                 message: format!("{context}: {message}"),
             })
         };
+        if config.storage == jetstream::stream::StorageType::Memory {
+            return refuse(
+                "its records are kept in memory (storage memory, `nats kv add --storage memory`): a restart of the server that holds it loses every record and the stream's sequence with them, so a candidate leads beside the holder and fencing tokens start again; use a bucket on file storage"
+                    .to_owned(),
+            );
+        }
         if !config.max_age.is_zero() {
             return refuse(format!(
                 "its records expire after {:?} (max_age, `nats kv add --ttl`), also while their holder leads; use a bucket without a TTL",

@@ -1,5 +1,6 @@
 //! Buckets the lock cannot be safe on are refused when it opens them (S15), in one line naming
-//! the setting: limits that make the server delete records (`max_age`, `max_msgs` or
+//! the setting: records kept in memory, which a server's restart loses, limits that make the
+//! server delete records (`max_age`, `max_msgs` or
 //! `max_bytes` with discard old), a replicated bucket on servers before 2.10.19 (their
 //! clustered compare-and-swap can let two writers win, nats-server#4319, or replicas store
 //! different creates, nats-server#5794: a three-server cluster on loopback here), and a server
@@ -70,7 +71,12 @@ async fn buckets_whose_limits_delete_records_are_refused() {
     let Some(jetstream) = test_jetstream().await else {
         return;
     };
-    let cases: [Case; 4] = [
+    let cases: [Case; 5] = [
+        (
+            "memory",
+            |c| c.storage = stream::StorageType::Memory,
+            &["in memory", "--storage memory", "file storage"],
+        ),
         (
             "ttl",
             |c| c.max_age = Duration::from_secs(60),
