@@ -337,8 +337,9 @@ impl ResourceLock for NatsLock {
     /// Writes `record` over revision `version`. An acquisition (a record naming this identity
     /// that does not renew its term) first checks the bucket again (its settings, and that its
     /// stream is still the one `version` was read from), and gets a token above every one this
-    /// lock object has seen, as a creation does: the bucket may have been deleted and created
-    /// again, and the record created in it with a token from its new sequence.
+    /// lock object has seen and above the stream's last sequence, as a creation does: the
+    /// bucket may have been deleted and created again, and the record created in it with a
+    /// token from its new sequence, or the record written by another with a lower token.
     async fn update(
         &self,
         version: &Version,
@@ -358,8 +359,13 @@ impl ResourceLock for NatsLock {
             return Err(LockError::conflict(BACKEND));
         }
         if record.is_held_by(&self.identity) && !self.renews(&opened, expected, record) {
-            self.store.term_start(&opened).await?;
-            return self.write(&opened, expected, &self.floored(record)).await;
+            // Above the stream's last sequence too, as a creation is: the token read may be
+            // lower than one given out before (a record freed by hand with token 0, another
+            // client's), and a process that never saw the higher one cannot know it.
+            let floor = self.store.term_start(&opened).await?.saturating_add(1);
+            let mut record = self.floored(record);
+            record.leader_transitions = record.leader_transitions.max(floor);
+            return self.write(&opened, expected, &record).await;
         }
         self.write(&opened, expected, record).await
     }

@@ -317,3 +317,44 @@ async fn revision(store: &NatsStore, name: &str) -> u64 {
         .expect("a record")
         .revision
 }
+
+/// A record freed by hand with a lower token (`nats kv put` of a free record with
+/// `leaderTransitions` 0, or another client's write) does not take tokens back: the next term,
+/// taken by a process that never saw the old token, gets one above every revision written
+/// (S5), as a record created afresh does.
+#[tokio::test]
+async fn a_record_rewritten_with_a_lower_token_does_not_take_tokens_back() {
+    let Some((_server, url, _admin)) = server_and_admin().await else {
+        return;
+    };
+    let name = unique("rewritten");
+    let first = store(&url)
+        .create_bucket(true)
+        .build()
+        .await
+        .expect("store");
+    let held = created(&first.lock(&name, "a")).await;
+    let mut freed = conformance::record("", 0);
+    freed.leader_transitions = 0;
+    first
+        .kv()
+        .await
+        .expect("bucket")
+        .put(leader_nats::key_of(&name), freed.to_json().into())
+        .await
+        .expect("an operator's write");
+    let fresh = store(&url).build().await.expect("another process's store");
+    let lock = fresh.lock(&name, "b");
+    let read = lock.get().await.expect("get").expect("the freed record");
+    assert_eq!(read.record.leader_transitions, 0);
+    let taken = lock
+        .update(&read.version, &conformance::record("b", 1))
+        .await
+        .expect("a takeover of a free record");
+    assert!(
+        taken.record.leader_transitions > held.record.leader_transitions,
+        "token {} after {}",
+        taken.record.leader_transitions,
+        held.record.leader_transitions
+    );
+}
