@@ -61,11 +61,16 @@ fn api_error(err: &(dyn StdError + 'static)) -> Option<(u64, u64)> {
     None
 }
 
+/// Whether the server answered that the stream does not exist (not a write nobody answered).
+fn stream_answered_not_found(err: &(dyn StdError + 'static)) -> bool {
+    api_error(err).is_some_and(|(_, code)| ErrorCode(code) == ErrorCode::STREAM_NOT_FOUND)
+}
+
 /// Whether `err` says that the bucket's stream does not exist: the JetStream API's "stream not
 /// found" (10059), or a write to the bucket's subjects that no stream takes (the client's
 /// `StreamNotFound`, from the server's "no responders").
 pub(crate) fn stream_not_found(err: &(dyn StdError + 'static)) -> bool {
-    if api_error(err).is_some_and(|(_, code)| ErrorCode(code) == ErrorCode::STREAM_NOT_FOUND) {
+    if stream_answered_not_found(err) {
         return true;
     }
     let mut current = Some(err);
@@ -104,6 +109,18 @@ pub(crate) fn map(
     timed_out: bool,
     err: impl StdError + Send + Sync + 'static,
 ) -> LockError {
+    // A write that no stream answered: the bucket's stream deleted, or only between leaders
+    // (its leader being elected, its one server restarting), which a routine failover of a
+    // cluster is. The lookup that follows tells them apart, as the server answers it.
+    if stream_not_found(&err) && !stream_answered_not_found(&err) {
+        return LockError::unavailable(
+            BACKEND,
+            format!(
+                "{context}: {}; no stream answered for the bucket: its leader is being elected or its server is down, or the bucket was deleted (the next request says which)",
+                chain(&err)
+            ),
+        );
+    }
     if stream_not_found(&err) {
         return LockError::Misconfigured {
             backend: BACKEND,
@@ -165,3 +182,23 @@ impl std::fmt::Display for Context {
 }
 
 impl StdError for Context {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A write no stream answered (the client's `StreamNotFound`, from "no responders") is
+    /// what a stream between leaders gives as well as a deleted one: an outage that says both,
+    /// not a misconfiguration telling the operator to create the bucket.
+    #[test]
+    fn a_write_no_stream_answered_is_an_outage() {
+        let unanswered = PublishError::new(PublishErrorKind::StreamNotFound);
+        let err = map("ctx", &Refusals::default(), false, unanswered);
+        assert!(matches!(err, LockError::Unavailable { .. }), "{err:?}");
+        let message = err.to_string();
+        assert!(
+            message.contains("leader is being elected") && message.contains("deleted"),
+            "{message}"
+        );
+    }
+}
