@@ -34,16 +34,29 @@ pub(crate) fn is_throttling(code: &str) -> bool {
     THROTTLING.contains(&code)
 }
 
-/// Whether an error whose first source is `source` comes of a credentials provider that
-/// failed ([`CredentialsError`] in its chain of sources).
-fn credentials_failed(mut source: Option<&(dyn std::error::Error + 'static)>) -> bool {
+/// The failure of a credentials provider ([`CredentialsError`]) among the sources of an
+/// error whose first source is `source`.
+fn credentials_failure<'a>(
+    mut source: Option<&'a (dyn std::error::Error + 'static)>,
+) -> Option<&'a CredentialsError> {
     while let Some(cause) = source {
-        if cause.is::<CredentialsError>() {
-            return true;
+        if let Some(failure) = cause.downcast_ref::<CredentialsError>() {
+            return Some(failure);
         }
         source = cause.source();
     }
-    false
+    None
+}
+
+/// Whether a credentials provider's failure lasts until someone changes the configuration:
+/// none were found anywhere, or what was found is invalid. A provider that timed out or failed
+/// (an instance metadata service slow under load, a token service that throttles) may answer
+/// the next time.
+fn credentials_missing(failure: &CredentialsError) -> bool {
+    matches!(
+        failure,
+        CredentialsError::CredentialsNotLoaded(_) | CredentialsError::InvalidConfiguration(_)
+    )
 }
 
 /// [`LockError::Forbidden`] for credentials that could not be had, with `text`, the SDK's
@@ -72,6 +85,21 @@ where
     R: std::fmt::Debug,
 {
     let what = &context.what;
+    // The credentials are had before a request is sent, so a failure to have them comes as
+    // the request's: none anywhere, or invalid, is for good; a provider that timed out or
+    // failed is an outage that says what failed.
+    if matches!(err, SdkError::DispatchFailure(_))
+        && let Some(failure) = credentials_failure(std::error::Error::source(&err))
+    {
+        let text = DisplayErrorContext(&err).to_string();
+        if credentials_missing(failure) {
+            return no_credentials(what, &text);
+        }
+        return LockError::unavailable(
+            BACKEND,
+            format!("{what}: the AWS credentials could not be had this time: {text}"),
+        );
+    }
     match &err {
         SdkError::TimeoutError(_) => {
             return LockError::Timeout {
@@ -79,12 +107,6 @@ where
                 operation,
                 after: context.timeout,
             };
-        }
-        // The credentials are had before a request is sent, so a failure to have them comes
-        // as the request's (an expired web identity token, an instance metadata service out
-        // of reach, no credentials anywhere).
-        SdkError::DispatchFailure(_) if credentials_failed(std::error::Error::source(&err)) => {
-            return no_credentials(what, &DisplayErrorContext(&err).to_string());
         }
         SdkError::DispatchFailure(failure) => {
             let kind = if failure.is_timeout() {
@@ -105,7 +127,7 @@ where
         }
         SdkError::ConstructionFailure(_) => {
             let text = DisplayErrorContext(&err).to_string();
-            if credentials_failed(std::error::Error::source(&err))
+            if credentials_failure(std::error::Error::source(&err)).is_some()
                 || text.contains("credentials")
                 || text.contains("identity")
             {

@@ -140,6 +140,7 @@ impl DynamoStoreBuilder {
                 create_table: self.create_table,
                 allow_global_table: self.allow_global_table,
                 checked: AtomicBool::new(false),
+                legacy: std::sync::Mutex::default(),
             }),
         })
     }
@@ -186,6 +187,9 @@ pub(crate) struct Inner {
     allow_global_table: bool,
     /// Set once the table has passed [`DynamoStore::check_table`].
     checked: AtomicBool,
+    /// The regions of the table's replication group as a global table of version 2017.11.29
+    /// (none: not one), once `DescribeGlobalTable` said, or said it cannot tell for good.
+    legacy: std::sync::Mutex<Option<Vec<String>>>,
 }
 
 impl fmt::Debug for DynamoStore {
@@ -266,11 +270,16 @@ impl DynamoStore {
             }
         };
         // A global table of version 2017.11.29 cannot become one once in use (its tables had
-        // to be empty), so one look per store is enough.
-        let legacy = if self.inner.checked.load(Ordering::Acquire) {
-            Vec::new()
-        } else {
-            self.legacy_replicas().await
+        // to be empty), so one answer per store is enough.
+        let known = self
+            .inner
+            .legacy
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let legacy = match known {
+            Some(regions) => regions,
+            None => self.legacy_replicas().await,
         };
         self.check_description(&table, &legacy)?;
         self.inner.checked.store(true, Ordering::Release);
@@ -279,8 +288,10 @@ impl DynamoStore {
 
     /// The regions of the table's replication group when it is a global table of version
     /// 2017.11.29, which `DescribeTable` does not show (`DescribeGlobalTable` does); none when
-    /// it is not one, or when that cannot be told (said in a warning: a policy without
-    /// `dynamodb:DescribeGlobalTable`).
+    /// it is not one, or when that cannot be told for good (a policy without
+    /// `dynamodb:DescribeGlobalTable`, a server without the request: said in a warning). After
+    /// an answer that may change (a timeout, throttling, a server error) none either, but the
+    /// next check asks again.
     async fn legacy_replicas(&self) -> Vec<String> {
         let table = &self.inner.table;
         let answer = self
@@ -290,7 +301,7 @@ impl DynamoStore {
             .global_table_name(table)
             .send()
             .await;
-        match answer {
+        let regions = match answer {
             Ok(answer) => answer
                 .global_table_description()
                 .map(|global| {
@@ -302,7 +313,7 @@ impl DynamoStore {
                 })
                 .unwrap_or_default(),
             Err(err) if err.code() == Some("GlobalTableNotFoundException") => Vec::new(),
-            Err(err) => {
+            Err(err) if answered_for_good(&err) => {
                 tracing::warn!(
                     table = %table,
                     error = %DisplayErrorContext(&err),
@@ -312,7 +323,17 @@ impl DynamoStore {
                 );
                 Vec::new()
             }
-        }
+            Err(err) => {
+                tracing::debug!(
+                    table = %table,
+                    error = %DisplayErrorContext(&err),
+                    "DescribeGlobalTable failed; asked again at the next check"
+                );
+                return Vec::new();
+            }
+        };
+        *self.inner.legacy.lock().unwrap_or_else(|p| p.into_inner()) = Some(regions.clone());
+        regions
     }
 
     /// The table's description, or `None` when it does not exist.
@@ -422,6 +443,25 @@ impl DynamoStore {
             )),
         }
     }
+}
+
+/// Whether a failed request was answered in a way that asking again will not change: the
+/// server refused it for the caller (a 4xx other than throttling: no permission, an unknown
+/// request), or the server does not serve it at all (a `501`). Not a timeout, a request that
+/// did not reach the server, throttling or another server error.
+fn answered_for_good<E>(
+    err: &aws_sdk_dynamodb::error::SdkError<E, aws_sdk_dynamodb::config::http::HttpResponse>,
+) -> bool
+where
+    E: ProvideErrorMetadata,
+{
+    use aws_sdk_dynamodb::error::SdkError;
+    let status = match err {
+        SdkError::ServiceError(failed) => failed.raw().status().as_u16(),
+        _ => return false,
+    };
+    let throttled = err.code().is_some_and(crate::error::is_throttling);
+    (400..500).contains(&status) && !throttled || status == 501
 }
 
 /// Why a table's description is refused.

@@ -196,17 +196,18 @@ async fn writes_are_conditional_and_names_are_checked() {
     assert!(matches!(err, LockError::InvalidRecord { .. }), "{err:?}");
 }
 
-/// Credentials that cannot be had (a web identity token that expired, an instance metadata
-/// service out of reach) fail the request before it is sent: `Forbidden`, saying so, not an
-/// outage.
+/// Credentials that cannot be had fail the request before it is sent. None anywhere (or an
+/// invalid configuration) is `Forbidden`, saying so; a provider that timed out or failed (an
+/// instance metadata service slow under load) is an outage that names the credentials.
 #[tokio::test]
-async fn credentials_that_cannot_be_had_are_forbidden_not_an_outage() {
+async fn credentials_that_cannot_be_had_are_told_apart() {
+    use aws_credential_types::provider::error::CredentialsError;
     use leader_dynamodb::aws_sdk_dynamodb::config::{
         ProvideCredentials, SharedCredentialsProvider,
     };
 
     #[derive(Debug)]
-    struct Failing;
+    struct Failing(fn() -> CredentialsError);
 
     impl ProvideCredentials for Failing {
         fn provide_credentials<'a>(
@@ -215,28 +216,37 @@ async fn credentials_that_cannot_be_had_are_forbidden_not_an_outage() {
         where
             Self: 'a,
         {
-            aws_credential_types::provider::future::ProvideCredentials::ready(Err(
-                aws_credential_types::provider::error::CredentialsError::provider_error(
-                    "the web identity token expired",
-                ),
-            ))
+            aws_credential_types::provider::future::ProvideCredentials::ready(Err((self.0)()))
         }
     }
 
-    let config = leader_dynamodb::aws_config::SdkConfig::builder()
-        .region(leader_dynamodb::aws_config::Region::new("us-east-1"))
-        .endpoint_url("http://127.0.0.1:9")
-        .credentials_provider(SharedCredentialsProvider::new(Failing))
-        .build();
-    let store = DynamoStore::builder("locks")
-        .sdk_config(config)
-        .timeout(Duration::from_millis(500))
-        .build()
-        .await
-        .expect("a store");
+    let get = |failing: Failing| async move {
+        let config = leader_dynamodb::aws_config::SdkConfig::builder()
+            .region(leader_dynamodb::aws_config::Region::new("us-east-1"))
+            .endpoint_url("http://127.0.0.1:9")
+            .credentials_provider(SharedCredentialsProvider::new(failing))
+            .build();
+        let store = DynamoStore::builder("locks")
+            .sdk_config(config)
+            .timeout(Duration::from_millis(500))
+            .build()
+            .await
+            .expect("a store");
+        store.lock("app", "a").get().await
+    };
     leader_test_support::assert_forbidden_saying(
-        store.lock("app", "a").get().await,
-        &["no AWS credentials", "web identity token expired"],
+        get(Failing(|| {
+            CredentialsError::not_loaded("no web identity token file")
+        }))
+        .await,
+        &["no AWS credentials", "no web identity token file"],
+    );
+    leader_test_support::assert_unavailable_saying(
+        get(Failing(|| {
+            CredentialsError::provider_timed_out(Duration::from_secs(1))
+        }))
+        .await,
+        &["credentials could not be had this time"],
     );
 }
 

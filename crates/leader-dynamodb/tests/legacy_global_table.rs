@@ -7,6 +7,7 @@
 mod common;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -17,11 +18,13 @@ use common::proxy::{post, respond};
 
 const DESCRIBE_GLOBAL_TABLE: &str = "DynamoDB_20120810.DescribeGlobalTable";
 
-/// The proxy's state: where it forwards to, and the regions of the table's replication group
-/// (none: not a global table).
+/// The proxy's state: where it forwards to, the regions of the table's replication group
+/// (none: not a global table), and how many `DescribeGlobalTable` requests it still fails as a
+/// server error.
 struct Legacy {
     upstream: String,
     regions: Vec<&'static str>,
+    failures: AtomicUsize,
 }
 
 async fn forward(State(legacy): State<Arc<Legacy>>, headers: HeaderMap, body: Bytes) -> Response {
@@ -31,7 +34,19 @@ async fn forward(State(legacy): State<Arc<Legacy>>, headers: HeaderMap, body: By
     if target == Some(DESCRIBE_GLOBAL_TABLE) {
         let request: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
         let name = request["GlobalTableName"].as_str().unwrap_or_default();
-        let (status, answer) = if legacy.regions.is_empty() {
+        let failing = legacy
+            .failures
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        let (status, answer) = if failing {
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                serde_json::json!({
+                    "__type": "com.amazonaws.dynamodb.v20120810#InternalServerError",
+                    "message": "Internal server error",
+                }),
+            )
+        } else if legacy.regions.is_empty() {
             (
                 StatusCode::BAD_REQUEST,
                 serde_json::json!({
@@ -67,8 +82,12 @@ async fn forward(State(legacy): State<Arc<Legacy>>, headers: HeaderMap, body: By
     }
 }
 
-/// A store on a new table through the proxy, whose table has the replication group `regions`.
-async fn store_with(regions: Vec<&'static str>) -> Option<leader_dynamodb::DynamoStore> {
+/// A store on a new table through the proxy, whose table has the replication group `regions`,
+/// and which fails the first `failures` requests for it.
+async fn store_with(
+    regions: Vec<&'static str>,
+    failures: usize,
+) -> Option<leader_dynamodb::DynamoStore> {
     let table = common::table_or_skip()?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
@@ -80,6 +99,7 @@ async fn store_with(regions: Vec<&'static str>) -> Option<leader_dynamodb::Dynam
             .trim_end_matches('/')
             .to_owned(),
         regions,
+        failures: AtomicUsize::new(failures),
     });
     let app = axum::Router::new().fallback(forward).with_state(legacy);
     tokio::spawn(async move { axum::serve(listener, app).await });
@@ -100,7 +120,7 @@ async fn store_with(regions: Vec<&'static str>) -> Option<leader_dynamodb::Dynam
 
 #[tokio::test]
 async fn a_legacy_global_table_is_refused_and_a_table_alone_is_not() {
-    let Some(global) = store_with(vec!["eu-west-1", "us-east-1"]).await else {
+    let Some(global) = store_with(vec!["eu-west-1", "us-east-1"], 0).await else {
         return;
     };
     leader_test_support::assert_misconfigured_saying(
@@ -109,7 +129,17 @@ async fn a_legacy_global_table_is_refused_and_a_table_alone_is_not() {
     );
     // A replication group of its own region alone, and no global table at all.
     for regions in [vec!["us-east-1"], Vec::new()] {
-        let alone = store_with(regions).await.expect("the server");
+        let alone = store_with(regions, 0).await.expect("the server");
         alone.check_table().await.expect("a table alone");
     }
+
+    // A server error is no answer: the next check asks again, and refuses.
+    let global = store_with(vec!["eu-west-1", "us-east-1"], 1)
+        .await
+        .expect("the server");
+    global.check_table().await.expect("not known yet");
+    leader_test_support::assert_misconfigured_saying(
+        global.check_table_now().await,
+        &["global table", "eu-west-1, us-east-1"],
+    );
 }

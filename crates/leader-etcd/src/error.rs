@@ -31,6 +31,11 @@ pub(crate) fn map(context: &str, err: Error) -> LockError {
             if status.code() == Code::Unknown && transport {
                 return LockError::unavailable(BACKEND, message);
             }
+            // A read at a revision compaction removed since (the pages of one range read):
+            // the next read starts again at the latest.
+            if text.contains("required revision has been compacted") {
+                return LockError::unavailable(BACKEND, message);
+            }
             match status.code() {
                 Code::Unauthenticated => LockError::Forbidden {
                     backend: BACKEND,

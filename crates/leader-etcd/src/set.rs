@@ -96,18 +96,23 @@ impl EtcdLockSet {
     }
 }
 
-/// How many keys one request of a range read asks for. An answer is limited to 4 MiB (the
-/// gRPC client's default), which a whole set's keys pass at some thousands of records (a few
-/// hundred bytes each, more with extensions), and a read that fails so fails every round.
+/// How many keys one request of a range read asks for. The gRPC client takes answers of 4 MiB
+/// by default, which a whole set's keys pass at some thousands of records (a few hundred bytes
+/// each, more with extensions), and a read that fails so fails every round.
 const PAGE: i64 = 256;
+
+/// The largest answer a range read takes: a page of records with large extensions (each
+/// record's value is stored twice then: the record and its extensions key).
+const PAGE_BYTES: usize = 256 << 20;
 
 /// Every key under `prefix`, and the revision they were read at: read in pages of [`PAGE`]
 /// keys, each after the first at the first's revision, so that together they are one
-/// snapshot.
+/// snapshot (a compaction between two pages fails the read, and the next starts over).
 async fn read_prefix(
-    mut client: etcd_client::Client,
+    client: etcd_client::Client,
     prefix: String,
 ) -> Result<(Vec<KeyValue>, i64), etcd_client::Error> {
+    let mut client = client.kv_client().max_decoding_message_size(PAGE_BYTES);
     let first = client
         .get(
             prefix.as_str(),

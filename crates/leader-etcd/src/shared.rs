@@ -295,7 +295,7 @@ impl SetWatch {
                         }
                         Err(_) => Ended::Failed,
                     };
-                    healthy.store(false, Ordering::Release);
+                    let came_up = healthy.swap(false, Ordering::AcqRel);
                     match outcome {
                         Ended::Compacted(oldest) => {
                             let mut state = state.lock().unwrap_or_else(|p| p.into_inner());
@@ -305,7 +305,7 @@ impl SetWatch {
                         }
                         Ended::Failed => {
                             members.skip(index);
-                            tokio::time::sleep(reconnects.failed(started)).await;
+                            tokio::time::sleep(reconnects.failed(started, came_up)).await;
                         }
                         Ended::Moved => {}
                     }

@@ -64,7 +64,7 @@ impl TermWatch {
                         }
                         Err(_) => Ended::Failed,
                     };
-                    healthy.store(false, Ordering::Release);
+                    let came_up = healthy.swap(false, Ordering::AcqRel);
                     *waiting.lock().unwrap_or_else(|e| e.into_inner()) = None;
                     match outcome {
                         // The revisions it needs are compacted away: what they did to the key
@@ -89,7 +89,7 @@ impl TermWatch {
                         }
                         Ended::Failed => {
                             members.skip(index);
-                            tokio::time::sleep(reconnects.failed(started)).await;
+                            tokio::time::sleep(reconnects.failed(started, came_up)).await;
                         }
                         Ended::Moved => {}
                     }
@@ -126,7 +126,7 @@ impl Drop for TermWatch {
 /// The waits between a watch's attempts to run again (S9): from a quarter of the member
 /// timeout, doubling up to eight member timeouts, a fifth longer at most at random, so that a
 /// cluster that is down is not asked four times a second by every watch. A watch that ran
-/// for a member timeout before it failed starts again from the shortest wait.
+/// for a member timeout once its stream opened starts again from the shortest wait.
 pub(crate) struct Reconnects {
     backoff: Backoff,
     steady: Duration,
@@ -141,9 +141,10 @@ impl Reconnects {
         }
     }
 
-    /// The wait after a watch that started at `started` ended in failure.
-    pub(crate) fn failed(&mut self, started: tokio::time::Instant) -> Duration {
-        if started.elapsed() >= self.steady {
+    /// The wait after a watch that started at `started` ended in failure; `came_up`: it ran
+    /// (its stream opened), which an attempt that hung on a silent member did not.
+    pub(crate) fn failed(&mut self, started: tokio::time::Instant, came_up: bool) -> Duration {
+        if came_up && started.elapsed() >= self.steady {
             self.backoff.succeeded();
         }
         self.backoff.failed()

@@ -394,9 +394,9 @@ async fn a_round_is_one_request_and_its_read_comes_from_the_watch() {
     assert_eq!(read.record.holder_identity, "");
 }
 
-/// A set whose records together pass the 4 MiB one gRPC answer may hold (here 200 records of
-/// 32 KiB with their extensions) is read whole: in pages, at one revision. One range read
-/// failed every round before.
+/// A set whose records together pass the 4 MiB a gRPC answer holds by default (here 200
+/// records of 32 KiB with their extensions) is read whole: in pages, at one revision, each
+/// taken up to far more. One range read failed every round before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_set_larger_than_one_answer_is_read_whole() {
     let Some(store) = store().await else { return };

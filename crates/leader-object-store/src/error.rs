@@ -196,7 +196,7 @@ pub(crate) fn scrub(text: &str) -> String {
 /// `StringToSign`, `CanonicalRequest`); Azure the signature it did not match
 /// (`AuthenticationErrorDetail`). An answer cut short loses all that follows its start.
 fn error_documents_reduced(text: &str) -> String {
-    const START: &str = "<Error>";
+    const START: &str = "<Error";
     const END: &str = "</Error>";
     let element = |document: &str, name: &str| {
         let open = format!("<{name}>");
@@ -206,7 +206,13 @@ fn error_documents_reduced(text: &str) -> String {
     };
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
-    while let Some(start) = rest.find(START) {
+    // `<Error>`, or `<Error` with attributes (a namespace), not `<ErrorCode>` and the like.
+    let next = |rest: &str| {
+        rest.match_indices(START)
+            .map(|(at, _)| at)
+            .find(|&at| matches!(rest[at + START.len()..].chars().next(), Some('>' | ' ')))
+    };
+    while let Some(start) = next(rest) {
         out.push_str(&rest[..start]);
         let document = &rest[start..];
         let (document, after) = match document.find(END) {
@@ -273,8 +279,8 @@ mod tests {
         let text = "Error performing PUT http://127.0.0.1:9/b/k in 1ms - Server returned \
             non-2xx status code: 400 Bad Request: <?xml version=\"1.0\"?><Error>\
             <Code>ExpiredToken</Code><Message>The provided token has expired.</Message>\
-            <Token-0>SECRET-TOKEN</Token-0><RequestId>R</RequestId></Error> then <Error>\
-            <Code>SignatureDoesNotMatch</Code><StringToSign>SECRET-SIGNED</StringToSign>";
+            <Token-0>SECRET-TOKEN</Token-0><RequestId>R</RequestId></Error> then <Error \
+            xmlns=\"x\"><Code>SignatureDoesNotMatch</Code><StringToSign>SECRET-SIGNED</StringToSign>";
         let scrubbed = scrub(text);
         assert!(!scrubbed.contains("SECRET"), "{scrubbed}");
         for kept in [

@@ -150,8 +150,8 @@ async fn forbidding_server() -> String {
     .await
 }
 
-/// S3 echoes an expired session token in its answer (`Token-0`), and a signature it did not
-/// match with what was signed: the error keeps the answer's code and message, never those.
+/// S3 echoes an expired or invalid session token in its answer (`Token-0`), also in an answer
+/// whose root names its namespace: the error keeps the answer's code and message, never that.
 #[tokio::test]
 async fn an_answer_that_echoes_credentials_is_reduced_to_its_code_and_message() {
     const TOKEN: &str = "FwoGZXIvYXdzEXAMPLESESSIONTOKEN";
@@ -164,13 +164,12 @@ async fn an_answer_that_echoes_credentials_is_reduced_to_its_code_and_message() 
             "ExpiredToken",
         ),
         (
-            axum::http::StatusCode::FORBIDDEN,
-            "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>SignatureDoesNotMatch</Code>\
-             <Message>The request signature we calculated does not match the signature you \
-             provided.</Message><AWSAccessKeyId>AKIDEXAMPLE</AWSAccessKeyId><StringToSign>\
-             AWS4-HMAC-SHA256 FwoGZXIvYXdzEXAMPLESESSIONTOKEN</StringToSign>\
-             <SignatureProvided>FwoGZXIvYXdzEXAMPLESESSIONTOKEN</SignatureProvided></Error>",
-            "",
+            axum::http::StatusCode::BAD_REQUEST,
+            "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\
+             <Error xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\"><Code>InvalidToken</Code>\
+             <Message>The provided token is malformed or otherwise invalid.</Message>\
+             <Token-0>FwoGZXIvYXdzEXAMPLESESSIONTOKEN</Token-0><RequestId>R2</RequestId></Error>",
+            "InvalidToken",
         ),
     ] {
         let endpoint = answering_server(status, body).await;

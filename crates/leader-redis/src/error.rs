@@ -40,7 +40,8 @@ pub(crate) fn is_cross_slot(err: &LockError) -> bool {
 /// What the lock's ACL user needs, as the README's `ACL SETUSER` line grants it.
 const ACL_NEEDS: &str = "the ACL user needs the locks' key and channel patterns (`~leader:*` \
     and `&leader:*` for the default prefix; channels are refused by default since Redis 7), \
-    the commands EVALSHA, EVAL, SUBSCRIBE, PING and INFO, and those the lock's scripts run: \
+    the commands EVALSHA, EVAL, SUBSCRIBE, PING, INFO and SELECT (for a database other than \
+    0), and those the lock's scripts run: \
     HGET, HMGET, HSET, GET, SET, DEL, EXISTS, INCR, PEXPIRE, PTTL, TYPE and PUBLISH";
 
 /// Whether the server's ACL refused the request: a command, key or channel refused outright

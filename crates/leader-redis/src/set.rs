@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use leader_core::backend::{KeyedLocks, Known, Renewal, RenewedAndRead, Reread};
+use leader_core::backend::{KeyedLocks, Known, LockErrorExt, Renewal, RenewedAndRead, Reread};
 use leader_core::{LockError, LockSet, Observed, ResourceLock, async_trait};
 use redis::Value;
 
@@ -184,12 +184,6 @@ impl std::fmt::Display for KeyContext<'_> {
     }
 }
 
-fn failed<T>(n: usize, err: &LockError) -> Vec<Result<T, LockError>> {
-    (0..n)
-        .map(|_| Err(LockError::unavailable(BACKEND, err.to_string())))
-        .collect()
-}
-
 #[async_trait]
 impl LockSet for RedisLockSet {
     fn lock(&self, key: &str) -> Arc<dyn ResourceLock> {
@@ -261,8 +255,8 @@ impl LockSet for RedisLockSet {
             }
             Err(err) => {
                 return RenewedAndRead {
-                    renewed: failed(renewals.len(), &err),
-                    read: failed(names.len(), &err),
+                    renewed: err.for_each(renewals.len()),
+                    read: err.for_each(names.len()),
                 };
             }
         };

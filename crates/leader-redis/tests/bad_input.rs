@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use common::{Running, unique};
 use leader_core::conformance::record;
-use leader_core::{LockError, ResourceLock};
+use leader_core::{LockError, LockSet, ResourceLock};
 use leader_redis::RedisStore;
 use leader_test_support::secrets::assert_wrong_password;
 use leader_test_support::unreadable;
@@ -236,30 +236,48 @@ async fn the_readme_acl_user_conforms_and_a_user_without_a_scripts_command_is_to
     let store = store_as(&user, "pw").await;
     leader_core::conformance::run_all(&common::Factory::new(store.clone())).await;
 
-    let refused = |err: LockError, needed: &str| {
-        assert!(matches!(err, LockError::Forbidden { .. }), "{err:?}");
-        let message = err.to_string();
-        assert!(message.contains(needed), "{message}");
-        assert!(message.contains("&leader:*"), "{message}");
+    // Each refusal is `Forbidden`, with the server's words for what it refused and what the
+    // user needs.
+    let refused = |answer: Result<_, LockError>, server_says: &str| {
+        leader_test_support::assert_forbidden_saying(
+            answer.map(|_| ()),
+            &[server_says, "&leader:*"],
+        );
     };
     set_user(&mut admin, &user, &["-hset"]).await;
     let lock = store.lock(unique("acl"), "a");
-    let err = lock
-        .try_acquire(&record("a", 0))
-        .await
-        .expect_err("no HSET");
-    refused(err, "HSET");
+    refused(
+        lock.try_acquire(&record("a", 0)).await.map(|_| ()),
+        "can't run this command",
+    );
 
     set_user(&mut admin, &user, &["+hset", "resetchannels"]).await;
     let taken = match lock.try_acquire(&record("a", 0)).await {
         Ok(Some(leader_core::Acquisition::Acquired(taken))) => taken,
         other => panic!("a free lease, with HSET back: {other:?}"),
     };
-    let err = lock
-        .update(&taken.version, &record("", 1))
-        .await
-        .expect_err("a release's PUBLISH without the channel");
-    refused(err, "PUBLISH");
+    refused(
+        lock.update(&taken.version, &record("", 1))
+            .await
+            .map(|_| ()),
+        "publish to the channel",
+    );
+
+    // A shard set's batch of renewals, one script, is refused the same way.
+    set_user(&mut admin, &user, &["&leader:*"]).await;
+    let set = store.lock_set("member");
+    let key = unique("acl-shard");
+    let held = match set.lock(&key).try_acquire(&record("member", 0)).await {
+        Ok(Some(leader_core::Acquisition::Acquired(held))) => held,
+        other => panic!("a free shard: {other:?}"),
+    };
+    set_user(&mut admin, &user, &["-pexpire"]).await;
+    let renewed = set
+        .renew_many(&leader_core::conformance::renewals(&[(key, held)]))
+        .await;
+    for answer in renewed {
+        refused(answer.map(|_| ()), "can't run this command");
+    }
     cmd(&mut admin, &["ACL", "DELUSER", &user]).await;
 }
 

@@ -13,10 +13,20 @@ use leader_core::conformance;
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn locks_and_lock_sets_conform_on_a_server_in_cluster_mode() {
     let nodes = format!("leader-redis-cluster-{:08x}.conf", fastrand::u32(..));
+    // The cluster bus on a free port of its own (by default the port plus 10000, which may be
+    // taken).
+    let bus = leader_test_support::free_port().to_string();
     let Some(server) = common::PrivateServer::start_with(|_| {
-        ["--cluster-enabled", "yes", "--cluster-config-file", &nodes]
-            .map(str::to_owned)
-            .to_vec()
+        [
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            &nodes,
+            "--cluster-port",
+            &bus,
+        ]
+        .map(str::to_owned)
+        .to_vec()
     })
     .await
     else {
