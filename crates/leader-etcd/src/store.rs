@@ -120,26 +120,46 @@ impl EtcdStoreBuilder {
             .await
             .map_err(|err| map(&context, err))?;
         // Best effort: a member that does not say its version is not held against the store.
-        if let Ok(Ok(status)) = tokio::time::timeout(member_timeout, client.status()).await
-            && keep_alives_unconfirmed(status.version())
-        {
-            tracing::warn!(
-                etcd = context,
-                version = status.version(),
-                "this etcd answers lease keep-alives without confirming that it still leads the \
-                 cluster (etcd-io/etcd#15247, fixed in 3.4.31 and 3.5.13): a raft leader stalled \
-                 on its disk can keep a holder's lease alive while the other members expire it, \
-                 and another candidate leads beside the holder until the stall ends; upgrade \
-                 etcd, and pass the fencing token downstream"
-            );
-        }
+        // Said when a term starts, where it matters, not by a command that only reads.
+        let unconfirmed = match tokio::time::timeout(member_timeout, client.status()).await {
+            Ok(Ok(status)) if keep_alives_unconfirmed(status.version()) => {
+                Some(status.version().to_owned())
+            }
+            _ => None,
+        };
         Ok(EtcdStore {
             inner: Arc::new(Inner {
                 members,
                 endpoints: context,
                 prefix: self.prefix,
+                unconfirmed: std::sync::Mutex::new(unconfirmed),
             }),
         })
+    }
+}
+
+impl EtcdStore {
+    /// Warns, once per store, that the member runs a release whose keep-alives a stalled leader
+    /// answers ([`keep_alives_unconfirmed`]): at a term's start, where it matters.
+    pub(crate) fn warn_of_release(&self) {
+        let Some(version) = self
+            .inner
+            .unconfirmed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        else {
+            return;
+        };
+        tracing::warn!(
+            etcd = self.inner.endpoints,
+            version,
+            "this etcd answers lease keep-alives without confirming that it still leads the \
+             cluster (etcd-io/etcd#15247, fixed in 3.4.31 and 3.5.13): a raft leader stalled on \
+             its disk can keep a holder's lease alive while the other members expire it, and \
+             another candidate leads beside the holder until the stall ends; upgrade etcd, and \
+             pass the fencing token downstream"
+        );
     }
 }
 
@@ -173,6 +193,9 @@ pub(crate) struct Inner {
     pub(crate) members: Members,
     pub(crate) endpoints: String,
     pub(crate) prefix: String,
+    /// The member's release, while its keep-alives are unconfirmed and nobody was warned yet
+    /// ([`EtcdStore::warn_of_release`]).
+    unconfirmed: std::sync::Mutex<Option<String>>,
 }
 
 impl fmt::Debug for EtcdStore {
