@@ -267,8 +267,8 @@ pub(crate) const SUPERVISE: &str = "__supervise";
 /// The supervisor: runs COMMAND as its child, in its own process group; mirrors how COMMAND ended
 /// (exit code, or death by the same signal); on SIGHUP once its parent `leader` died kills the
 /// whole group at once. The signals a service manager or an operator sends to every process
-/// of a unit (SIGINT, SIGQUIT, SIGUSR1, ...) are caught and left. SIGTERM from `leader` reaches COMMAND through the group; the supervisor
-/// then just waits for it.
+/// of a unit (SIGINT, SIGQUIT, SIGUSR1, ...) are caught and left. SIGTERM from `leader`
+/// reaches COMMAND through the group; the supervisor then just waits for it.
 ///
 /// It ends only once nothing else runs in its group: what COMMAND started and left running
 /// when it exited (a process in the background, a program a wrapper script started without

@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use etcd_client::{Client, ConnectOptions, TlsOptions};
@@ -115,51 +116,54 @@ impl EtcdStoreBuilder {
             self.timeout
         };
         let members = Members::new(&self.endpoints, options, member_timeout);
-        let (_, mut client) = members
+        members
             .current_client()
             .await
             .map_err(|err| map(&context, err))?;
-        // Best effort: a member that does not say its version is not held against the store.
-        // Said when a term starts, where it matters, not by a command that only reads.
-        let unconfirmed = match tokio::time::timeout(member_timeout, client.status()).await {
-            Ok(Ok(status)) if keep_alives_unconfirmed(status.version()) => {
-                Some(status.version().to_owned())
-            }
-            _ => None,
-        };
         Ok(EtcdStore {
             inner: Arc::new(Inner {
                 members,
                 endpoints: context,
                 prefix: self.prefix,
-                unconfirmed: std::sync::Mutex::new(unconfirmed),
+                release_checked: AtomicBool::new(false),
             }),
         })
     }
 }
 
 impl EtcdStore {
-    /// Warns, once per store, that the member runs a release whose keep-alives a stalled leader
-    /// answers ([`keep_alives_unconfirmed`]): at a term's start, where it matters.
-    pub(crate) fn warn_of_release(&self) {
-        let Some(version) = self
-            .inner
-            .unconfirmed
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-        else {
+    /// Once per store, when its first term starts (where it matters, not in a command that
+    /// only reads): asks the member for its release, and warns of one whose keep-alives a
+    /// stalled leader answers ([`keep_alives_unconfirmed`]). In the background, on a best
+    /// effort: the term waits for nothing, and a member that does not say is not held against
+    /// the store.
+    pub(crate) fn check_release(&self) {
+        if self.inner.release_checked.swap(true, Ordering::AcqRel) {
             return;
-        };
-        tracing::warn!(
-            etcd = self.inner.endpoints,
-            version,
-            "this etcd answers lease keep-alives without confirming that it still leads the \
-             cluster (etcd-io/etcd#15247, fixed in 3.4.31 and 3.5.13): a raft leader stalled on \
-             its disk can keep a holder's lease alive while the other members expire it, and \
-             another candidate leads beside the holder until the stall ends; upgrade etcd, and \
-             pass the fencing token downstream"
-        );
+        }
+        let store = self.clone();
+        tokio::spawn(async move {
+            let members = &store.inner.members;
+            let Ok((_, mut client)) = members.current_client().await else {
+                return;
+            };
+            let Ok(Ok(status)) =
+                tokio::time::timeout(members.member_timeout(), client.status()).await
+            else {
+                return;
+            };
+            if keep_alives_unconfirmed(status.version()) {
+                tracing::warn!(
+                    etcd = store.inner.endpoints,
+                    version = status.version(),
+                    "this etcd answers lease keep-alives without confirming that it still leads \
+                     the cluster (etcd-io/etcd#15247, fixed in 3.4.31 and 3.5.13): a raft \
+                     leader stalled on its disk can keep a holder's lease alive while the other \
+                     members expire it, and another candidate leads beside the holder until the \
+                     stall ends; upgrade etcd, and pass the fencing token downstream"
+                );
+            }
+        });
     }
 }
 
@@ -193,9 +197,8 @@ pub(crate) struct Inner {
     pub(crate) members: Members,
     pub(crate) endpoints: String,
     pub(crate) prefix: String,
-    /// The member's release, while its keep-alives are unconfirmed and nobody was warned yet
-    /// ([`EtcdStore::warn_of_release`]).
-    unconfirmed: std::sync::Mutex<Option<String>>,
+    /// Set once a term asked the member for its release ([`EtcdStore::check_release`]).
+    release_checked: AtomicBool,
 }
 
 impl fmt::Debug for EtcdStore {

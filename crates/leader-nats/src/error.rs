@@ -109,19 +109,7 @@ pub(crate) fn map(
     timed_out: bool,
     err: impl StdError + Send + Sync + 'static,
 ) -> LockError {
-    // A write that no stream answered: the bucket's stream deleted, or only between leaders
-    // (its leader being elected, its one server restarting), which a routine failover of a
-    // cluster is. The lookup that follows tells them apart, as the server answers it.
-    if stream_not_found(&err) && !stream_answered_not_found(&err) {
-        return LockError::unavailable(
-            BACKEND,
-            format!(
-                "{context}: {}; no stream answered for the bucket: its leader is being elected or its server is down, or the bucket was deleted (the next request says which)",
-                chain(&err)
-            ),
-        );
-    }
-    if stream_not_found(&err) {
+    if stream_answered_not_found(&err) {
         return LockError::Misconfigured {
             backend: BACKEND,
             message: format!(
@@ -129,6 +117,18 @@ pub(crate) fn map(
                 chain(&err)
             ),
         };
+    }
+    // A write that no stream answered: the bucket's stream deleted, or only between leaders
+    // (its leader being elected, its one server restarting), which a routine failover of a
+    // cluster is. The lookup that follows tells them apart, as the server answers it.
+    if stream_not_found(&err) {
+        return LockError::unavailable(
+            BACKEND,
+            format!(
+                "{context}: {}; no stream answered for the bucket: its leader is being elected or its server is down, or the bucket was deleted (the next request says which)",
+                chain(&err)
+            ),
+        );
     }
     if let Some((status, code)) = api_error(&err) {
         let message = format!("{context}: {}", chain(&err));

@@ -148,10 +148,12 @@ fn blob_refusal(text: &str) -> Option<&'static str> {
         .find(|code| text.contains(&format!("<Code>{code}</Code>")))
 }
 
-/// Whether `err` is a write refused for the blob's state ([`BLOB_REFUSALS`]), not a lost
-/// precondition.
-pub(crate) fn is_blob_refusal(err: &object_store::Error) -> bool {
-    blob_refusal(&chain(err)).is_some()
+/// Whether `err`, a write's answer of the kind a lost precondition gets (`409`, `412`, a
+/// `404` on `If-Match`), is one: not a missing bucket, nor a blob whose state refuses every
+/// write ([`BLOB_REFUSALS`]).
+pub(crate) fn is_lost_precondition(err: &object_store::Error) -> bool {
+    let text = chain(err);
+    !names_missing_bucket(&text) && blob_refusal(&text).is_none()
 }
 
 /// Whether an error (a 404, or a lost precondition that was a 404) says the bucket itself is

@@ -8,7 +8,7 @@ use leader_core::{LeaderElectionRecord, LockError, Observed, ResourceLock, Versi
 use object_store::path::Path;
 use object_store::{GetOptions, PutMode, PutOptions, PutPayload, PutResult, UpdateVersion};
 
-use crate::error::{BACKEND, Kind, Op, is_blob_refusal, is_missing_bucket, map};
+use crate::error::{BACKEND, Kind, Op, is_lost_precondition, map};
 use crate::store::BucketStore;
 
 impl BucketStore {
@@ -200,9 +200,7 @@ impl BucketLock {
                 err @ (object_store::Error::AlreadyExists { .. }
                 | object_store::Error::Precondition { .. }
                 | object_store::Error::NotFound { .. }),
-            ) if !is_missing_bucket(&err) && !is_blob_refusal(&err) => {
-                Err(LockError::conflict(BACKEND))
-            }
+            ) if is_lost_precondition(&err) => Err(LockError::conflict(BACKEND)),
             Err(err) => Err(self.map(Op::Write, err)),
         }
     }

@@ -2,6 +2,7 @@
 
 mod common;
 
+use leader_test_support::record_writes::created;
 use leader_test_support::started_leading;
 use std::time::Duration;
 
@@ -238,10 +239,7 @@ async fn a_renewal_given_up_while_it_waits_on_the_row_is_never_applied() {
     let mut blocker = common::admin().await.expect("server");
     let name = unique("given-up");
     let lock = store.lock(&name, "a");
-    let created = lock
-        .create(&conformance::record("a", 1))
-        .await
-        .expect("create");
+    let created = created(&lock).await;
     let holding = give_up_a_renewal_behind_the_row(&mut blocker, &lock, &name, &created).await;
     // The check (1 s), then the cancel and the close: nothing waits on the row any more.
     let blocker_pid: i32 = holding

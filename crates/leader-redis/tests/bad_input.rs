@@ -252,10 +252,7 @@ async fn the_readme_acl_user_conforms_and_a_user_without_a_scripts_command_is_to
     );
 
     set_user(&mut admin, &user, &["+hset", "resetchannels"]).await;
-    let taken = match lock.try_acquire(&record("a", 0)).await {
-        Ok(Some(leader_core::Acquisition::Acquired(taken))) => taken,
-        other => panic!("a free lease, with HSET back: {other:?}"),
-    };
+    let taken = assert_acquired(lock.try_acquire(&record("a", 0)).await);
     refused(
         lock.update(&taken.version, &record("", 1))
             .await
@@ -267,10 +264,7 @@ async fn the_readme_acl_user_conforms_and_a_user_without_a_scripts_command_is_to
     set_user(&mut admin, &user, &["&leader:*"]).await;
     let set = store.lock_set("member");
     let key = unique("acl-shard");
-    let held = match set.lock(&key).try_acquire(&record("member", 0)).await {
-        Ok(Some(leader_core::Acquisition::Acquired(held))) => held,
-        other => panic!("a free shard: {other:?}"),
-    };
+    let held = assert_acquired(set.lock(&key).try_acquire(&record("member", 0)).await);
     set_user(&mut admin, &user, &["-pexpire"]).await;
     let renewed = set
         .renew_many(&leader_core::conformance::renewals(&[(key, held)]))

@@ -606,13 +606,15 @@ fn assert_failed_saying<T: std::fmt::Debug>(
     }
 }
 
-/// Panics unless `answer` took the lease ([`leader_core::Acquisition::Acquired`]).
-pub fn assert_acquired(answer: Result<Option<leader_core::Acquisition>, leader_core::LockError>) {
-    let acquired = answer.expect("acquired");
-    assert!(
-        matches!(acquired, Some(leader_core::Acquisition::Acquired(_))),
-        "{acquired:?}"
-    );
+/// The record `answer` took the lease with; panics unless it did
+/// ([`leader_core::Acquisition::Acquired`]).
+pub fn assert_acquired(
+    answer: Result<Option<leader_core::Acquisition>, leader_core::LockError>,
+) -> leader_core::Observed {
+    match answer.expect("acquired") {
+        Some(leader_core::Acquisition::Acquired(taken)) => taken,
+        other => panic!("not acquired: {other:?}"),
+    }
 }
 
 /// Two candidates of one election: `first` started and waited for until it leads (within

@@ -253,7 +253,7 @@ impl EtcdLock {
         revision: i64,
         wanted: u64,
     ) -> Observed {
-        self.store.warn_of_release();
+        self.store.check_release();
         let token = token_of(wanted.to_string().as_bytes(), revision);
         let watch = match &self.shared {
             Some(shared) => {
