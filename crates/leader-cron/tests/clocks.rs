@@ -13,7 +13,8 @@ use leader_cron::{Clock, CronState, extension_key};
 use tokio::time::sleep;
 
 use common::{
-    SteppedClock, every_seconds, instants, on_stepped_clock, origin, replica, stored, world,
+    SteppedClock, every_seconds, instants, on_stepped_clock, operator, origin, replica, stored,
+    trigger, world,
 };
 
 /// The last trigger handled was asked from a machine whose clock ran far ahead (it reads
@@ -31,8 +32,7 @@ async fn a_trigger_from_a_clock_behind_the_last_one_handled_runs() {
     let ahead = DateTime::parse_from_rfc3339("2100-01-01T00:00:00.5Z")
         .expect("time")
         .with_timezone(&Utc);
-    let operator = store.lock("election", "ops");
-    leader_core::edit_record::<LockError>(&operator, 10, |current| {
+    leader_core::edit_record::<LockError>(&operator(&store), 10, |current| {
         let mut record = current.expect("a record").record.clone();
         let key = extension_key("report");
         let mut state = CronState::from_json(&record.extensions[&key]).expect("a state");
@@ -45,11 +45,7 @@ async fn a_trigger_from_a_clock_behind_the_last_one_handled_runs() {
     let mut b = replica(&store, &clock, "b", &hourly, &log, works, |b| b);
     sleep(Duration::from_secs(30)).await;
     assert!(b.leading());
-    let asked = leader_cron::trigger(&operator, "report", "alice")
-        .await
-        .expect("trigger")
-        .trigger
-        .expect("a trigger");
+    let asked = trigger(&store, "alice").await;
     assert!(
         asked.at > ahead,
         "dated after the last one handled: {asked:?}"

@@ -34,6 +34,24 @@ fn every_ten_seconds(
     (store, log, replica)
 }
 
+/// Replica `a` on a schedule of every minute, its firings working for `works`, leads until
+/// 1:30 (it runs the firing of minute 1) and dies; nobody leads for `gap`; then replica `b`,
+/// configured alike, starts.
+async fn a_dies_then_b_starts(
+    store: &MemoryStore,
+    clock: &TokioClock,
+    log: &Log,
+    works: Duration,
+    configure: impl Fn(leader_cron::CronJobBuilder) -> leader_cron::CronJobBuilder + Copy,
+    gap: Duration,
+) -> Replica {
+    let mut a = replica(store, clock, "a", &every_minute(), log, works, configure);
+    sleep(Duration::from_secs(90)).await;
+    a.crash();
+    sleep(gap).await;
+    replica(store, clock, "b", &every_minute(), log, works, configure)
+}
+
 /// Instants as seconds after the origin.
 fn seconds(instants: &[DateTime<Utc>]) -> Vec<i64> {
     instants
@@ -51,12 +69,9 @@ async fn forbid_with_missed_all_runs_an_on_time_firing_due_during_a_catch_up() {
     let works = Duration::from_secs(20);
     let configure =
         |b: leader_cron::CronJobBuilder| b.missed(Missed::All { max: 10 }).overlap(Overlap::Forbid);
-    let mut a = replica(&store, &clock, "a", &every_minute(), &log, works, configure);
-    sleep(Duration::from_secs(90)).await;
-    a.crash();
     // Nobody leads until b, started at 2:30, takes over a lease later.
-    sleep(Duration::from_secs(60)).await;
-    let mut b = replica(&store, &clock, "b", &every_minute(), &log, works, configure);
+    let gap = Duration::from_secs(60);
+    let mut b = a_dies_then_b_starts(&store, &clock, &log, works, configure, gap).await;
     sleep(Duration::from_secs(2 * 60)).await;
     assert!(b.leading(), "{:?}", b.errors.lock().expect("errors"));
     assert_eq!(
@@ -77,11 +92,8 @@ async fn replace_beside_a_backlog_counts_every_firing_it_supersedes() {
     let works = Duration::from_secs(5);
     let configure =
         |b: leader_cron::CronJobBuilder| b.missed(Missed::All { max: 3 }).overlap(Overlap::Replace);
-    let mut a = replica(&store, &clock, "a", &every_minute(), &log, works, configure);
-    sleep(Duration::from_secs(90)).await;
-    a.crash();
-    sleep(Duration::from_secs(4 * 60)).await;
-    let mut b = replica(&store, &clock, "b", &every_minute(), &log, works, configure);
+    let gap = Duration::from_secs(4 * 60);
+    let mut b = a_dies_then_b_starts(&store, &clock, &log, works, configure, gap).await;
     sleep(Duration::from_secs(25)).await;
     assert!(b.leading());
     // 5:30 plus a lease: minutes 2 to 5 are late; 2 is beyond --missed-max, 3 and 4 are
@@ -103,20 +115,13 @@ async fn replace_beside_a_retry_records_the_retry_as_replaced() {
         b.overlap(Overlap::Replace)
             .interrupted(Interrupted::Retry { max_attempts: 3 })
     };
-    let mut a = replica(&store, &clock, "a", &every_minute(), &log, works, configure);
-    sleep(Duration::from_secs(90)).await;
-    a.crash();
-    sleep(Duration::from_secs(25)).await;
     // b starts at 1:55 and takes over a lease later, after minute 2.
-    let dead = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let builder = configure(CronJob::builder("report", every_minute()).clock(clock.clone()));
-    let job = common::work(builder, "b", &log, works, &dead);
-    let mut events = job.subscribe();
-    let mut b = Replica::start(&store, "b", job);
+    let gap = Duration::from_secs(25);
+    let mut b = a_dies_then_b_starts(&store, &clock, &log, works, configure, gap).await;
     sleep(Duration::from_secs(30)).await;
     assert!(b.leading());
     let mut ended = Vec::new();
-    while let Ok(event) = events.try_recv() {
+    while let Ok(event) = b.events.try_recv() {
         if let CronEvent::Ended {
             scheduled,
             attempt,
@@ -175,7 +180,6 @@ async fn replace_waits_for_the_replaced_work_to_stop() {
             })
             .expect("a job")
     };
-    let mut events = job.subscribe();
     let mut a = Replica::start(&store, "a", job);
     sleep(Duration::from_secs(62)).await;
     assert_eq!(most.load(Ordering::SeqCst), 1, "two firings ran at once");
@@ -188,7 +192,7 @@ async fn replace_waits_for_the_replaced_work_to_stop() {
     // 10 runs; 20 replaces it and starts at 25, when 10's work returned; 30 replaces 20 and
     // starts at 35, and so on: each firing starts, 5 s late, and none is missed.
     assert_eq!(started, vec![10, 20, 30, 40, 50]);
-    let replaced = std::iter::from_fn(|| events.try_recv().ok())
+    let replaced = std::iter::from_fn(|| a.events.try_recv().ok())
         .filter(|e| {
             matches!(
                 e,

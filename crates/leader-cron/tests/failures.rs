@@ -54,6 +54,18 @@ fn replica(
     Replica::start(store, id, job)
 }
 
+/// As [`common::world`], with the attempts started in place of a log.
+fn world() -> (MemoryStore, TokioClock, Starts) {
+    let clock = TokioClock::starting_at(origin());
+    (MemoryStore::new(), clock, Starts::default())
+}
+
+/// The attempts started, in order: (seconds after the origin when it started, attempt).
+fn when(starts: &Starts) -> Vec<(i64, u32)> {
+    let starts = starts.lock().expect("starts");
+    starts.iter().map(|s| (s.0, s.1)).collect()
+}
+
 fn outcomes(history: &[leader_cron::Ended]) -> Vec<(u32, &'static str)> {
     history
         .iter()
@@ -68,14 +80,10 @@ fn at(seconds: i64) -> DateTime<Utc> {
 /// Attempts 1 and 2 fail; the third succeeds: each runs after a back-off of 10 s, then 20 s.
 #[tokio::test(start_paused = true)]
 async fn a_failed_firing_runs_again_after_a_growing_back_off() {
-    let store = MemoryStore::new();
-    let clock = TokioClock::starting_at(origin());
-    let starts = Starts::default();
+    let (store, clock, starts) = world();
     let mut a = replica(&store, &clock, "a", &starts, 3, false, |b| b.retries(3));
     sleep(Duration::from_secs(700)).await;
-    let seen = starts.lock().expect("starts").clone();
-    let when: Vec<(i64, u32)> = seen.iter().map(|s| (s.0, s.1)).collect();
-    assert_eq!(when, vec![(600, 1), (611, 2), (632, 3)]);
+    assert_eq!(when(&starts), vec![(600, 1), (611, 2), (632, 3)]);
     let state = stored(&store).await;
     assert_eq!(
         outcomes(&state.history),
@@ -90,25 +98,19 @@ async fn a_failed_firing_runs_again_after_a_growing_back_off() {
 /// (past the next firing at 1200 s).
 #[tokio::test(start_paused = true)]
 async fn the_back_off_stops_growing_at_six_minutes() {
-    let store = MemoryStore::new();
-    let clock = TokioClock::starting_at(origin());
-    let starts = Starts::default();
+    let (store, clock, starts) = world();
     let mut a = replica(&store, &clock, "a", &starts, 3, false, |b| {
         b.retries(3).retry_backoff(Duration::from_secs(200))
     });
     sleep(Duration::from_secs(1190)).await;
-    let seen = starts.lock().expect("starts").clone();
-    let when: Vec<(i64, u32)> = seen.iter().map(|s| (s.0, s.1)).collect();
-    assert_eq!(when, vec![(600, 1), (801, 2), (1162, 3)]);
+    assert_eq!(when(&starts), vec![(600, 1), (801, 2), (1162, 3)]);
     a.crash();
 }
 
 /// With one retry, two failures end the firing: its last outcome is the failure.
 #[tokio::test(start_paused = true)]
 async fn retries_run_out() {
-    let store = MemoryStore::new();
-    let clock = TokioClock::starting_at(origin());
-    let starts = Starts::default();
+    let (store, clock, starts) = world();
     let mut a = replica(&store, &clock, "a", &starts, 10, false, |b| b.retries(1));
     sleep(Duration::from_secs(700)).await;
     assert_eq!(starts.lock().expect("starts").len(), 2);
@@ -121,20 +123,12 @@ async fn retries_run_out() {
 /// Work past its timeout is stopped and recorded as timed out, and its retry too.
 #[tokio::test(start_paused = true)]
 async fn a_firing_past_its_timeout_is_stopped() {
-    let store = MemoryStore::new();
-    let clock = TokioClock::starting_at(origin());
-    let starts = Starts::default();
+    let (store, clock, starts) = world();
     let mut a = replica(&store, &clock, "a", &starts, 1, true, |b| {
         b.timeout(Duration::from_secs(5)).retries(1)
     });
     sleep(Duration::from_secs(640)).await;
-    let when: Vec<(i64, u32)> = starts
-        .lock()
-        .expect("starts")
-        .iter()
-        .map(|s| (s.0, s.1))
-        .collect();
-    assert_eq!(when, vec![(600, 1), (615, 2)]);
+    assert_eq!(when(&starts), vec![(600, 1), (615, 2)]);
     let state = stored(&store).await;
     assert_eq!(
         outcomes(&state.history),
@@ -148,9 +142,7 @@ async fn a_firing_past_its_timeout_is_stopped() {
 /// record and runs it.
 #[tokio::test(start_paused = true)]
 async fn the_next_leader_runs_a_waiting_retry() {
-    let store = MemoryStore::new();
-    let clock = TokioClock::starting_at(origin());
-    let starts = Starts::default();
+    let (store, clock, starts) = world();
     let configure = |b: leader_cron::CronJobBuilder| b.retries(2);
     let mut a = replica(&store, &clock, "a", &starts, 2, false, configure);
     sleep(Duration::from_secs(1)).await;
@@ -183,16 +175,12 @@ async fn the_lateness_metric_leaves_out_retries_and_triggers() {
     let recorder = metrics_util::debugging::DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     let _guard = metrics::set_default_local_recorder(&recorder);
-    let store = MemoryStore::new();
-    let clock = TokioClock::starting_at(origin());
-    let starts = Starts::default();
+    let (store, clock, starts) = world();
     let mut a = replica(&store, &clock, "a", &starts, 2, false, |b| {
         b.retries(1).retry_backoff(Duration::from_secs(10))
     });
     sleep(Duration::from_secs(700)).await;
-    leader_cron::trigger(&store.lock("election", "ops"), "report", "ops")
-        .await
-        .expect("trigger");
+    common::trigger(&store, "ops").await;
     sleep(Duration::from_secs(600)).await;
     a.crash();
     // 600 and 1200, each retried once, and a trigger, retried once.

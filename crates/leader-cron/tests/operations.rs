@@ -8,30 +8,27 @@ mod common;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use leader_core::{MemoryStore, ResourceLock};
+use leader_core::MemoryStore;
 use leader_cron::{
     ControlError, CronEvent, CronJob, Firing, Outcome, Overlap, Schedule, TokioClock,
 };
 use tokio::time::sleep;
 
-use common::{Log, Replica, every_minute_and_every_two, origin, stored, world};
+use common::{
+    Log, Replica, cancel, every_minute_and_every_two, every_seconds, operator, origin, resume,
+    scheduled, stored, suspend, trigger, world,
+};
 
-/// A replica alone on a schedule of every 10 s whose firings work for `works`, and a subscriber.
+/// A replica alone on a schedule of every 10 s whose firings work for `works`.
 fn leader(
     store: &MemoryStore,
     works: Duration,
     configure: impl FnOnce(leader_cron::CronJobBuilder) -> leader_cron::CronJobBuilder,
-) -> (Log, Replica, tokio::sync::broadcast::Receiver<CronEvent>) {
-    let log = Log::default();
-    let clock = TokioClock::starting_at(origin());
-    let every = Schedule::every(Duration::from_secs(10)).expect("schedule");
-    let builder = configure(CronJob::builder("report", every).clock(clock));
-    let dead = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let job = common::work(builder, "a", &log, works, &dead);
-    let events = job.subscribe();
-    let mut replica = Replica::start(store, "a", job);
-    replica.dead = dead;
-    (log, replica, events)
+) -> (Log, Replica) {
+    let (log, clock) = (Log::default(), TokioClock::starting_at(origin()));
+    let every = every_seconds(10);
+    let replica = common::replica(store, &clock, "a", &every, &log, works, configure);
+    (log, replica)
 }
 
 fn seconds(instants: impl IntoIterator<Item = DateTime<Utc>>) -> Vec<i64> {
@@ -54,37 +51,26 @@ fn started(events: &mut tokio::sync::broadcast::Receiver<CronEvent>) -> Vec<(i64
         .collect()
 }
 
-fn operator(store: &MemoryStore) -> impl ResourceLock {
-    store.lock("election", "ops")
-}
-
 /// Suspended at 0:25 and resumed at 0:55: the firings of 30, 40 and 50 are not started and
 /// count as missed; 60 and 70 run.
 #[tokio::test(start_paused = true)]
 async fn a_suspended_schedule_starts_nothing_until_resumed() {
     let store = MemoryStore::new();
-    let (log, mut a, _) = leader(&store, Duration::from_secs(1), |b| b);
+    let (log, mut a) = leader(&store, Duration::from_secs(1), |b| b);
     sleep(Duration::from_secs(25)).await;
-    let control = leader_cron::suspend(&operator(&store), "report", "ops")
-        .await
-        .expect("suspend");
+    let control = suspend(&store, "ops").await;
     assert_eq!(
         control.suspended.as_ref().map(|s| s.by.as_str()),
         Some("ops")
     );
     // Suspending again changes nothing.
-    let again = leader_cron::suspend(&operator(&store), "report", "someone else")
-        .await
-        .expect("suspend");
+    let again = suspend(&store, "someone else").await;
     assert_eq!(again, control);
     sleep(Duration::from_secs(30)).await;
-    leader_cron::resume(&operator(&store), "report")
-        .await
-        .expect("resume");
+    resume(&store).await;
     sleep(Duration::from_secs(20)).await;
     assert!(a.leading());
-    let runs = common::instants(&log).into_iter().map(|(at, _)| at);
-    assert_eq!(seconds(runs), vec![10, 20, 60, 70]);
+    assert_eq!(seconds(scheduled(&log)), vec![10, 20, 60, 70]);
     let state = stored(&store).await;
     assert_eq!(state.missed, 3, "{state:?}");
     a.crash();
@@ -98,26 +84,22 @@ async fn a_suspended_schedule_starts_nothing_until_resumed() {
 #[tokio::test(start_paused = true)]
 async fn a_suspension_counts_the_backlog_missed_and_runs_none_of_it() {
     let store = MemoryStore::new();
-    let (log, mut a, _) = leader(&store, Duration::from_secs(25), |b| {
+    let (log, mut a) = leader(&store, Duration::from_secs(25), |b| {
         b.overlap(Overlap::Forbid)
             .missed(leader_cron::Missed::All { max: 100 })
     });
     sleep(Duration::from_secs(58)).await;
-    let before: Vec<i64> = seconds(common::instants(&log).into_iter().map(|(at, _)| at));
+    let before: Vec<i64> = seconds(scheduled(&log));
     let waiting = stored(&store).await.handled_until();
     assert!(
         (waiting - origin()).num_seconds() < 50,
         "a backlog waits behind the running firing: {before:?}"
     );
-    leader_cron::suspend(&operator(&store), "report", "ops")
-        .await
-        .expect("suspend");
+    suspend(&store, "ops").await;
     sleep(Duration::from_secs(27)).await;
-    leader_cron::resume(&operator(&store), "report")
-        .await
-        .expect("resume");
+    resume(&store).await;
     sleep(Duration::from_secs(10)).await;
-    let runs = seconds(common::instants(&log).into_iter().map(|(at, _)| at));
+    let runs = seconds(scheduled(&log));
     let state = stored(&store).await;
     assert_eq!(
         runs[before.len()..],
@@ -134,23 +116,15 @@ async fn a_suspension_counts_the_backlog_missed_and_runs_none_of_it() {
 #[tokio::test(start_paused = true)]
 async fn a_trigger_runs_once_even_while_suspended() {
     let store = MemoryStore::new();
-    let (_, mut a, mut events) = leader(&store, Duration::from_secs(1), |b| b);
+    let (_, mut a) = leader(&store, Duration::from_secs(1), |b| b);
     sleep(Duration::from_secs(12)).await;
-    leader_cron::suspend(&operator(&store), "report", "ops")
-        .await
-        .expect("suspend");
+    suspend(&store, "ops").await;
     sleep(Duration::from_secs(3)).await;
-    let asked = leader_cron::trigger(&operator(&store), "report", "alice")
-        .await
-        .expect("trigger")
-        .trigger
-        .expect("a trigger");
+    let asked = trigger(&store, "alice").await;
     sleep(Duration::from_secs(20)).await;
-    leader_cron::trigger(&operator(&store), "report", "bob")
-        .await
-        .expect("trigger");
+    trigger(&store, "bob").await;
     sleep(Duration::from_secs(5)).await;
-    let seen = started(&mut events);
+    let seen = started(&mut a.events);
     assert_eq!(seen.len(), 3, "{seen:?}");
     assert_eq!(seen[0], (10, None));
     assert_eq!(seen[1].1.as_deref(), Some("alice"));
@@ -171,17 +145,15 @@ async fn a_trigger_runs_once_even_while_suspended() {
 #[tokio::test(start_paused = true)]
 async fn a_trigger_waits_behind_a_running_firing_under_forbid() {
     let store = MemoryStore::new();
-    let (_, mut a, mut events) = leader(&store, Duration::from_secs(8), |b| {
+    let (_, mut a) = leader(&store, Duration::from_secs(8), |b| {
         b.overlap(Overlap::Forbid)
     });
     sleep(Duration::from_secs(12)).await;
-    leader_cron::trigger(&operator(&store), "report", "alice")
-        .await
-        .expect("trigger");
+    trigger(&store, "alice").await;
     sleep(Duration::from_secs(3)).await;
-    assert_eq!(started(&mut events), vec![(10, None)], "it waits");
+    assert_eq!(started(&mut a.events), vec![(10, None)], "it waits");
     sleep(Duration::from_secs(4)).await;
-    let seen = started(&mut events);
+    let seen = started(&mut a.events);
     assert_eq!(seen.len(), 1, "{seen:?}");
     assert_eq!(seen[0].1.as_deref(), Some("alice"));
     a.crash();
@@ -198,10 +170,10 @@ fn failing(
     works: Duration,
     heeds: bool,
     configure: impl FnOnce(leader_cron::CronJobBuilder) -> leader_cron::CronJobBuilder,
-) -> (Starts, Replica, tokio::sync::broadcast::Receiver<CronEvent>) {
+) -> (Starts, Replica) {
     let starts = Starts::default();
     let clock = TokioClock::starting_at(origin());
-    let every = Schedule::every(Duration::from_secs(10)).expect("schedule");
+    let every = every_seconds(10);
     let seen = starts.clone();
     let job = configure(CronJob::builder("report", every).clock(clock))
         .build(
@@ -228,8 +200,7 @@ fn failing(
             },
         )
         .expect("a job");
-    let events = job.subscribe();
-    (starts, Replica::start(store, "a", job), events)
+    (starts, Replica::start(store, "a", job))
 }
 
 /// The firings that ended, as the events tell: (scheduled second, attempt, outcome).
@@ -252,18 +223,14 @@ fn ended(events: &mut tokio::sync::broadcast::Receiver<CronEvent>) -> Vec<(i64, 
 #[tokio::test(start_paused = true)]
 async fn a_cancelled_firing_stops_and_is_not_retried() {
     let store = MemoryStore::new();
-    let (starts, mut a, mut events) = failing(&store, Duration::from_secs(8), true, |b| {
+    let (starts, mut a) = failing(&store, Duration::from_secs(8), true, |b| {
         b.retries(2).retry_backoff(Duration::from_secs(1))
     });
     sleep(Duration::from_secs(11)).await;
-    let asked = leader_cron::cancel(&operator(&store), "report", "ops", None)
-        .await
-        .expect("cancel")
-        .cancel
-        .expect("a cancel");
+    let asked = cancel(&store, None).await;
     assert_eq!(seconds(asked.firings.clone()), vec![10]);
     sleep(Duration::from_secs(20)).await;
-    let ends = ended(&mut events);
+    let ends = ended(&mut a.events);
     assert_eq!(
         ends[0],
         (10, 1, Outcome::Cancelled { by: "ops".into() }),
@@ -300,21 +267,14 @@ async fn a_cancelled_firing_stops_and_is_not_retried() {
 #[tokio::test(start_paused = true)]
 async fn a_cancelled_firing_that_goes_on_is_dropped_after_the_grace() {
     let store = MemoryStore::new();
-    let (starts, mut a, mut events) = failing(&store, Duration::from_secs(60), false, |b| {
+    let (starts, mut a) = failing(&store, Duration::from_secs(60), false, |b| {
         b.timeout_grace(Duration::from_secs(3))
             .overlap(Overlap::Forbid)
     });
     sleep(Duration::from_secs(11)).await;
-    leader_cron::cancel(
-        &operator(&store),
-        "report",
-        "ops",
-        Some(origin() + chrono::Duration::seconds(10)),
-    )
-    .await
-    .expect("cancel");
+    cancel(&store, Some(origin() + chrono::Duration::seconds(10))).await;
     sleep(Duration::from_secs(10)).await;
-    let ends = ended(&mut events);
+    let ends = ended(&mut a.events);
     assert_eq!(
         ends,
         vec![(10, 1, Outcome::Cancelled { by: "ops".into() })],
@@ -339,27 +299,20 @@ async fn a_cancelled_firing_that_goes_on_is_dropped_after_the_grace() {
 #[tokio::test(start_paused = true)]
 async fn a_cancelled_retry_is_dropped() {
     let store = MemoryStore::new();
-    let (starts, mut a, mut events) = failing(&store, Duration::from_secs(1), true, |b| {
+    let (starts, mut a) = failing(&store, Duration::from_secs(1), true, |b| {
         b.retries(2).retry_backoff(Duration::from_secs(30))
     });
     sleep(Duration::from_secs(13)).await;
     let state = stored(&store).await;
     assert_eq!(state.retrying.len(), 1, "{state:?}");
-    leader_cron::cancel(
-        &operator(&store),
-        "report",
-        "ops",
-        Some(state.retrying[0].scheduled),
-    )
-    .await
-    .expect("cancel");
+    cancel(&store, Some(state.retrying[0].scheduled)).await;
     sleep(Duration::from_secs(40)).await;
     let runs = starts.lock().expect("starts").clone();
     assert!(
         !runs.contains(&(10, 2)),
         "the cancelled retry ran: {runs:?}"
     );
-    let ends = ended(&mut events);
+    let ends = ended(&mut a.events);
     assert!(
         ends.iter()
             .any(|(at, attempt, outcome)| (*at, *attempt) == (10, 2)
@@ -387,11 +340,7 @@ async fn a_cancel_reaches_a_firing_whose_leader_died() {
     let mut a = common::replica(&store, &clock, "a", &every, &log, works, |b| b);
     sleep(Duration::from_secs(65)).await;
     a.crash();
-    let asked = leader_cron::cancel(&operator(&store), "report", "ops", None)
-        .await
-        .expect("cancel")
-        .cancel
-        .expect("a cancel");
+    let asked = cancel(&store, None).await;
     assert_eq!(seconds(asked.firings.clone()), vec![60]);
     let mut b = common::replica(&store, &clock, "b", &every, &log, works, |b| b);
     sleep(Duration::from_secs(40)).await;
@@ -420,7 +369,7 @@ async fn a_cancel_reaches_a_firing_whose_leader_died() {
 #[tokio::test(start_paused = true)]
 async fn a_cancel_with_nothing_to_cancel_says_why() {
     let store = MemoryStore::new();
-    let (_, mut a, _) = leader(&store, Duration::from_secs(1), |b| b);
+    let (_, mut a) = leader(&store, Duration::from_secs(1), |b| b);
     sleep(Duration::from_secs(15)).await;
     let err = leader_cron::cancel(&operator(&store), "report", "ops", None)
         .await
@@ -445,15 +394,13 @@ async fn a_cancel_with_nothing_to_cancel_says_why() {
 #[tokio::test(start_paused = true)]
 async fn a_trigger_takes_its_turn_among_firings_that_keep_coming_due() {
     let store = MemoryStore::new();
-    let (_, mut a, mut events) = leader(&store, Duration::from_secs(15), |b| {
+    let (_, mut a) = leader(&store, Duration::from_secs(15), |b| {
         b.overlap(Overlap::Forbid)
     });
     sleep(Duration::from_secs(12)).await;
-    leader_cron::trigger(&operator(&store), "report", "alice")
-        .await
-        .expect("trigger");
+    trigger(&store, "alice").await;
     sleep(Duration::from_secs(60)).await;
-    let seen = started(&mut events);
+    let seen = started(&mut a.events);
     assert!(seen.len() >= 3, "{seen:?}");
     assert_eq!(seen[0], (10, None), "{seen:?}");
     // The firing of 10 s ends at 25 s: the trigger, due since 12 s, runs next.
@@ -471,7 +418,7 @@ async fn requests_without_a_schedule_say_why() {
         .await
         .expect_err("no election");
     assert!(matches!(err, ControlError::NoElection { .. }), "{err}");
-    let (_, mut a, _) = leader(&store, Duration::from_secs(1), |b| b);
+    let (_, mut a) = leader(&store, Duration::from_secs(1), |b| b);
     sleep(Duration::from_secs(12)).await;
     let err = leader_cron::suspend(&operator(&store), "nightly", "ops")
         .await
@@ -539,7 +486,7 @@ async fn a_schedule_changes_in_place() {
     assert_eq!(runs[4].1, "older");
     // A replica of a third schedule, started after the change, without adopting.
     older.crash();
-    let hourly = Schedule::every(Duration::from_secs(3600)).expect("schedule");
+    let hourly = every_seconds(3600);
     let third = common::replica(&store, &clock, "third", &hourly, &log, works, |b| b);
     sleep(Duration::from_secs(30)).await;
     let errors = third.errors.lock().expect("errors").clone();

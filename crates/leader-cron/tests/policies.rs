@@ -4,22 +4,19 @@
 //! firings (retried, given up); a replica with another schedule refused; a clock stepped back
 //! repeats nothing; the events a subscriber sees.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use leader_core::MemoryStore;
-use leader_cron::{
-    CronEvent, CronJob, Interrupted, Missed, Outcome, Overlap, Schedule, TokioClock,
-};
+use leader_cron::{CronEvent, Interrupted, Missed, Outcome, Overlap, Schedule, TokioClock};
 use tokio::time::sleep;
 
 mod common;
 
 use common::{
     Log, Replica, by_leadership, every_seconds, instants, minutes, on_stepped_clock, origin,
-    replica, scheduled, stored, work, world,
+    replica, scheduled, stored, world,
 };
 
 #[tokio::test(start_paused = true)]
@@ -345,19 +342,15 @@ async fn a_clock_stepped_back_repeats_no_firing() {
 async fn events_tell_each_start_end_and_miss() {
     let (store, clock, log) = world();
     let every = every_seconds(60);
-    let dead = Arc::new(AtomicBool::new(false));
-    let builder = CronJob::builder("report", every)
-        .clock(clock.clone())
-        .overlap(Overlap::Forbid)
-        .missed(Missed::Skip);
     // Each firing works 90 s: the one of minute 2 is due while minute 1's still runs, waits,
     // and is late when it ends.
-    let job = work(builder, "a", &log, Duration::from_secs(90), &dead);
-    let mut events = job.subscribe();
-    let mut replica = Replica::start(&store, "a", job);
+    let works = Duration::from_secs(90);
+    let mut a = replica(&store, &clock, "a", &every, &log, works, |b| {
+        b.overlap(Overlap::Forbid).missed(Missed::Skip)
+    });
     sleep(Duration::from_secs(3 * 60 + 10)).await;
     let mut seen = Vec::new();
-    while let Ok(event) = events.try_recv() {
+    while let Ok(event) = a.events.try_recv() {
         seen.push(event);
     }
     let started = |event: &CronEvent| match event {
@@ -382,7 +375,7 @@ async fn events_tell_each_start_end_and_miss() {
         }
     );
     assert_eq!(started(&seen[3]), Some((minutes(3), 1)), "{seen:#?}");
-    replica.crash();
+    a.crash();
 }
 
 /// A cursor a year old on a schedule of every second (31 million instants behind): the new

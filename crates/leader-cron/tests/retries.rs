@@ -13,11 +13,11 @@ use std::time::Duration;
 
 use leader_core::MemoryStore;
 use leader_cron::{
-    Clock, CronJob, Firing, MAX_MESSAGE, MAX_RETRYING, Outcome, Overlap, Schedule, TokioClock,
+    Clock, CronJob, Firing, MAX_MESSAGE, MAX_RETRYING, Outcome, Overlap, TokioClock,
 };
 use tokio::time::sleep;
 
-use common::{Replica, origin, stored};
+use common::{Replica, every_seconds, origin, resume, stored, suspend};
 
 /// The attempts started: (seconds after the origin when it started, scheduled second, attempt).
 type Starts = Arc<Mutex<Vec<(i64, i64, u32)>>>;
@@ -25,18 +25,17 @@ type Starts = Arc<Mutex<Vec<(i64, i64, u32)>>>;
 /// How firing (scheduled second, attempt) works: for how long, and whether it succeeds.
 type Behaviour = fn(i64, u32) -> (Duration, bool);
 
-/// A replica every `period` seconds whose work behaves as `behaves` says, and ignores its
-/// cancellation (as library work may).
+/// A new store, a replica on it every `period` seconds whose work behaves as `behaves` says,
+/// and ignores its cancellation (as library work may), and the attempts it starts.
 fn replica(
-    store: &MemoryStore,
     period: u64,
-    starts: &Starts,
     behaves: Behaviour,
     configure: impl FnOnce(leader_cron::CronJobBuilder) -> leader_cron::CronJobBuilder,
-) -> Replica {
+) -> (MemoryStore, Replica, Starts) {
+    let (store, started) = (MemoryStore::new(), Starts::default());
     let clock = TokioClock::starting_at(origin());
-    let every = Schedule::every(Duration::from_secs(period)).expect("schedule");
-    let (starts, now) = (starts.clone(), clock.clone());
+    let every = every_seconds(period);
+    let (starts, now) = (started.clone(), clock.clone());
     let job = configure(CronJob::builder("report", every).clock(clock))
         .build(move |firing: Firing, _cancel| {
             let starts = starts.clone();
@@ -57,7 +56,8 @@ fn replica(
             }
         })
         .expect("a job");
-    Replica::start(store, "a", job)
+    let replica = Replica::start(&store, "a", job);
+    (store, replica, started)
 }
 
 /// Runs `scenario` on a paused clock on a thread of its own; fails when it has not ended
@@ -98,14 +98,12 @@ fn outcomes(history: &[leader_cron::Ended]) -> Vec<(i64, u32, &'static str)> {
 #[test]
 fn a_due_retry_waits_for_forbids_slot_in_its_turn() {
     let starts = within_a_minute(async {
-        let store = MemoryStore::new();
-        let starts = Starts::default();
         let behaves: Behaviour = |scheduled, attempt| match (scheduled, attempt) {
             (10, 1) => (Duration::from_secs(1), false),
             (_, 2) => (Duration::from_secs(1), true),
             _ => (Duration::from_secs(15), true),
         };
-        let mut a = replica(&store, 10, &starts, behaves, |b| {
+        let (_store, mut a, starts) = replica(10, behaves, |b| {
             b.overlap(Overlap::Forbid)
                 .retries(1)
                 .retry_backoff(Duration::from_secs(10))
@@ -128,14 +126,12 @@ fn a_due_retry_waits_for_forbids_slot_in_its_turn() {
 #[test]
 fn under_replace_a_retry_replaces_nothing_and_none_is_dropped() {
     let (starts, history) = within_a_minute(async {
-        let store = MemoryStore::new();
-        let starts = Starts::default();
         let behaves: Behaviour = |scheduled, attempt| match (scheduled, attempt) {
             (60 | 120, 1) => (Duration::from_secs(1), false),
             (_, 2) => (Duration::from_secs(1), true),
             _ => (Duration::from_secs(30), true),
         };
-        let mut a = replica(&store, 60, &starts, behaves, |b| {
+        let (store, mut a, starts) = replica(60, behaves, |b| {
             b.overlap(Overlap::Replace)
                 .retries(1)
                 .retry_backoff(Duration::from_secs(75))
@@ -173,8 +169,7 @@ fn under_replace_a_retry_replaces_nothing_and_none_is_dropped() {
 async fn the_retries_waiting_and_the_messages_kept_are_bounded() {
     let store = MemoryStore::new();
     let clock = TokioClock::starting_at(origin());
-    let every = Schedule::every(Duration::from_secs(10)).expect("schedule");
-    let job = CronJob::builder("report", every)
+    let job = CronJob::builder("report", every_seconds(10))
         .clock(clock)
         .retries(100)
         .retry_backoff(Duration::from_secs(3600))
@@ -216,13 +211,11 @@ async fn the_retries_waiting_and_the_messages_kept_are_bounded() {
 #[test]
 fn work_that_ignores_its_timeout_frees_the_slot() {
     let (starts, history) = within_a_minute(async {
-        let store = MemoryStore::new();
-        let starts = Starts::default();
         let behaves: Behaviour = |scheduled, _| match scheduled {
             60 => (Duration::from_secs(3600), true),
             _ => (Duration::from_secs(1), true),
         };
-        let mut a = replica(&store, 60, &starts, behaves, |b| {
+        let (store, mut a, starts) = replica(60, behaves, |b| {
             b.timeout(Duration::from_secs(5))
                 .timeout_grace(Duration::from_secs(2))
         });
@@ -241,24 +234,17 @@ fn work_that_ignores_its_timeout_frees_the_slot() {
 #[test]
 fn a_suspended_schedule_starts_no_retry() {
     let starts = within_a_minute(async {
-        let store = MemoryStore::new();
-        let starts = Starts::default();
         let behaves: Behaviour = |scheduled, attempt| match (scheduled, attempt) {
             (60, 1) => (Duration::from_secs(1), false),
             _ => (Duration::from_secs(1), true),
         };
-        let mut a = replica(&store, 60, &starts, behaves, |b| {
+        let (store, mut a, starts) = replica(60, behaves, |b| {
             b.retries(1).retry_backoff(Duration::from_secs(10))
         });
-        let operator = store.lock("election", "ops");
         sleep(Duration::from_secs(65)).await;
-        leader_cron::suspend(&operator, "report", "ops")
-            .await
-            .expect("suspend");
+        suspend(&store, "ops").await;
         sleep(Duration::from_secs(35)).await;
-        leader_cron::resume(&operator, "report")
-            .await
-            .expect("resume");
+        resume(&store).await;
         sleep(Duration::from_secs(15)).await;
         a.crash();
         starts.lock().expect("starts").clone()

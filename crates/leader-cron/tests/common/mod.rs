@@ -9,8 +9,11 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use leader_core::background::Candidate;
-use leader_core::{LeaderElector, MemoryStore};
-use leader_cron::{CronJob, CronState, Firing, Schedule, TokioClock, extension_key};
+use leader_core::{LeaderElector, MemoryStore, ResourceLock};
+use leader_cron::{
+    Control, CronEvent, CronJob, CronState, Firing, Request, Schedule, TokioClock, extension_key,
+};
+use tokio::sync::broadcast;
 use tokio::time::sleep;
 
 pub const LEASE: Duration = Duration::from_secs(15);
@@ -24,18 +27,21 @@ pub fn origin() -> DateTime<Utc> {
 /// The firings the jobs started, in order: (scheduled, attempt, replica).
 pub type Log = Arc<Mutex<Vec<(DateTime<Utc>, u32, String)>>>;
 
-/// One replica: an elector running the job, and a flag that makes its job act as if its process
-/// died (it records nothing more) once the replica is crashed.
+/// One replica: an elector running the job, a flag that makes its job act as if its process
+/// died (it records nothing more) once the replica is crashed, and its job's events from its
+/// start.
 pub struct Replica {
     pub candidate: Option<Candidate>,
     pub dead: Arc<AtomicBool>,
     pub errors: Arc<Mutex<Vec<String>>>,
+    pub events: broadcast::Receiver<CronEvent>,
 }
 
 impl Replica {
     pub fn start(store: &MemoryStore, id: &str, job: CronJob) -> Self {
         let errors = Arc::new(Mutex::new(Vec::new()));
         let seen = errors.clone();
+        let events = job.subscribe();
         let elector = LeaderElector::builder(store.lock("election", id))
             .jitter(0.0)
             .lease_duration(LEASE)
@@ -53,6 +59,7 @@ impl Replica {
             candidate: Some(Candidate::build(elector)),
             dead: Arc::new(AtomicBool::new(false)),
             errors,
+            events,
         }
     }
 
@@ -118,7 +125,6 @@ pub fn replica(
 
 /// The schedule's state as the store holds it.
 pub async fn stored(store: &MemoryStore) -> CronState {
-    use leader_core::ResourceLock;
     let value = store
         .lock("election", "reader")
         .get()
@@ -222,4 +228,42 @@ impl SteppedClock {
         };
         (clock, offset)
     }
+}
+
+/// The lock an operator's requests go through.
+pub fn operator(store: &MemoryStore) -> impl ResourceLock {
+    store.lock("election", "ops")
+}
+
+/// Operator `by` suspends the schedule; the requests as stored.
+pub async fn suspend(store: &MemoryStore, by: &str) -> Control {
+    leader_cron::suspend(&operator(store), "report", by)
+        .await
+        .expect("suspend")
+}
+
+/// An operator resumes the schedule.
+pub async fn resume(store: &MemoryStore) {
+    leader_cron::resume(&operator(store), "report")
+        .await
+        .expect("resume");
+}
+
+/// Operator `by` asks for a firing now; the request as stored.
+pub async fn trigger(store: &MemoryStore, by: &str) -> Request {
+    leader_cron::trigger(&operator(store), "report", by)
+        .await
+        .expect("trigger")
+        .trigger
+        .expect("a trigger")
+}
+
+/// Operator `ops` cancels the firing scheduled at `firing` (every one running or waiting
+/// when `None`); the request as stored.
+pub async fn cancel(store: &MemoryStore, firing: Option<DateTime<Utc>>) -> Request {
+    leader_cron::cancel(&operator(store), "report", "ops", firing)
+        .await
+        .expect("cancel")
+        .cancel
+        .expect("a cancel")
 }
