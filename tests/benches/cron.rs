@@ -254,20 +254,18 @@ async fn measure(counted: &Counted, window: Duration) -> f64 {
 async fn failovers(kills: usize) {
     let programs = leader_tests::programs!();
     let settings = Settings::default();
-    for backend in campaign::Backend::ALL {
+    let (faults, sink) = (vec![Fault::Kill; kills], database_url());
+    for backend in common::harness_backends() {
         if backend == campaign::Backend::EtcdCluster {
-            continue;
-        }
-        if !common::wanted(backend.name()) {
             continue;
         }
         let Ok(report) = firings::run(
             backend,
-            &vec![Fault::Kill; kills],
+            &faults,
             firings::Variations::none(),
             settings,
             &programs,
-            &database_url(),
+            &sink,
         )
         .await
         .inspect_err(|err| eprintln!("{}: {err}", backend.name())) else {

@@ -14,7 +14,7 @@ mod common;
 use std::time::Duration;
 
 use common::{database_url, ms, percentile};
-use leader_tests::harness::campaign::{self, Backend, Fault, Settings};
+use leader_tests::harness::campaign::{self, Fault, Settings};
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
@@ -23,19 +23,12 @@ async fn main() {
     let settings = Settings::default();
     println!("| backend | kills | lease | p50 | p99 | max | max - lease | overlaps | violations |");
     println!("|---|---|---|---|---|---|---|---|---|");
-    for backend in Backend::ALL {
-        if !common::wanted(backend.name()) {
-            continue;
-        }
-        let Ok(report) = campaign::run(
-            backend,
-            &vec![Fault::Kill; kills],
-            settings,
-            &programs,
-            &database_url(),
-        )
-        .await
-        .inspect_err(|err| eprintln!("{}: {err}", backend.name())) else {
+    let (faults, sink) = (vec![Fault::Kill; kills], database_url());
+    for backend in common::harness_backends() {
+        let Ok(report) = campaign::run(backend, &faults, settings, &programs, &sink)
+            .await
+            .inspect_err(|err| eprintln!("{}: {err}", backend.name()))
+        else {
             continue;
         };
         let mut samples: Vec<Duration> = report.recoveries.iter().filter_map(|(_, d)| *d).collect();

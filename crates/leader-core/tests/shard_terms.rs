@@ -3,6 +3,8 @@
 //! again before any is declared lost), and a shard whose work keeps ending is taken again after
 //! a back-off that grows, not at once every time.
 
+mod common;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -15,23 +17,13 @@ use leader_core::{
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep};
 
+use common::until;
+
 const TIMINGS: Timings = Timings {
     lease_duration: Duration::from_secs(10),
     renew_deadline: Duration::from_secs(8),
     retry_period: Duration::from_secs(1),
 };
-
-/// Advances the paused clock until `done`, up to `within`.
-async fn until(within: Duration, mut done: impl FnMut() -> bool) -> bool {
-    let start = Instant::now();
-    while start.elapsed() <= within {
-        if done() {
-            return true;
-        }
-        sleep(Duration::from_millis(100)).await;
-    }
-    false
-}
 
 /// Member `identity` of set `jobs` whose requests on shard records go through `faults`.
 fn locks(store: &MemoryStore, identity: &str, faults: &Faults) -> KeyedLocks {
@@ -50,9 +42,8 @@ fn locks(store: &MemoryStore, identity: &str, faults: &Faults) -> KeyedLocks {
 /// record, the member never heard): the next round's renewals carry the versions from before and
 /// conflict. The member reads the records again, finds them still its own with its terms'
 /// tokens, and keeps every shard: no term ends, no token changes, no work restarts.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_renewal_that_timed_out_after_reaching_the_store_keeps_the_shards() {
-    tokio::time::pause();
     const COUNT: u32 = 4;
     let store = MemoryStore::new();
     let faults = Faults::new();
@@ -67,7 +58,8 @@ async fn a_renewal_that_timed_out_after_reaching_the_store_keeps_the_shards() {
     assert!(
         until(Duration::from_secs(30), || state.borrow().tokens().len()
             == COUNT as usize)
-        .await,
+        .await
+        .is_some(),
         "a took every shard"
     );
     // Settled: a few rounds of plain renewals.
@@ -80,7 +72,8 @@ async fn a_renewal_that_timed_out_after_reaching_the_store_keeps_the_shards() {
     assert!(
         until(TIMINGS.retry_period * 2, || renewals(&faults)
             > renewals_before)
-        .await,
+        .await
+        .is_some(),
         "a round of renewals"
     );
     faults.delay_responses(Duration::ZERO);
@@ -125,11 +118,7 @@ fn run(
             let stopped = stopped.clone();
             move |shard, stop| stopped.lock().unwrap().push((shard, stop.reason))
         });
-    let shards = configure(builder).build().unwrap();
-    let state = shards.subscribe();
-    let shutdown = CancellationToken::new();
-    let task =
-        tokio::spawn(shards.run_per_shard(shutdown.clone(), |_, _| std::future::pending::<()>()));
+    let (state, shutdown, task) = common::spawn_member(configure(builder).build().unwrap());
     Running {
         state,
         stopped,
@@ -150,9 +139,8 @@ fn renewals(faults: &Faults) -> usize {
 /// taken again by the same member only after a back-off that doubles with each give-up that
 /// follows a short term; once the work has run a long while, the next give-up waits the
 /// shortest back-off again.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn work_that_keeps_ending_is_taken_again_after_a_growing_back_off() {
-    tokio::time::pause();
     let store = MemoryStore::new();
     let starts = Arc::new(Mutex::new(Vec::new()));
     let run_for = Arc::new(Mutex::new(Duration::ZERO));
@@ -205,7 +193,8 @@ async fn work_that_keeps_ending_is_taken_again_after_a_growing_back_off() {
     assert!(
         until(Duration::from_secs(600), || starts.lock().unwrap().len()
             > count)
-        .await,
+        .await
+        .is_some(),
         "the shard was never taken again"
     );
     *run_for.lock().unwrap() = Duration::ZERO;
@@ -213,7 +202,8 @@ async fn work_that_keeps_ending_is_taken_again_after_a_growing_back_off() {
     assert!(
         until(Duration::from_secs(3700), || starts.lock().unwrap().len()
             > count + 1)
-        .await,
+        .await
+        .is_some(),
         "the shard was never taken again after its long run"
     );
     let again = starts.lock().unwrap()[count + 1];
@@ -230,9 +220,8 @@ async fn work_that_keeps_ending_is_taken_again_after_a_growing_back_off() {
 /// S5: a shard's record deleted under its term (by hand, by a bucket's lifecycle rule, by a
 /// cache's eviction) ends the term, and the member's next term on it takes a token above the
 /// last one it saw, not 1 again; a shard it did not lose keeps its term.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_deleted_shard_record_gives_out_no_token_seen_again() {
-    tokio::time::pause();
     let store = MemoryStore::new();
     let Running {
         state,
@@ -243,7 +232,8 @@ async fn a_deleted_shard_record_gives_out_no_token_seen_again() {
     assert!(
         until(Duration::from_secs(30), || state.borrow().tokens().len()
             == 2)
-        .await,
+        .await
+        .is_some(),
         "a took both shards"
     );
     let before = state.borrow().tokens();
@@ -254,7 +244,8 @@ async fn a_deleted_shard_record_gives_out_no_token_seen_again() {
             .unwrap()
             .is_empty()
             && state.borrow().tokens().len() == 2)
-        .await,
+        .await
+        .is_some(),
         "shard 0's term did not end, or was not taken again"
     );
     let after = state.borrow().tokens();

@@ -2,6 +2,8 @@
 //! members, each shard's owner and token as the members themselves hold them, and the shards
 //! nobody owns once a member dies (on tokio's paused clock, the memory store).
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -47,10 +49,7 @@ fn join(store: &MemoryStore, identity: &str) -> Member {
         .timings(TIMINGS)
         .build()
         .expect("valid configuration");
-    let state = shards.subscribe();
-    let shutdown = CancellationToken::new();
-    let task =
-        tokio::spawn(shards.run_per_shard(shutdown.clone(), |_, _| std::future::pending::<()>()));
+    let (state, shutdown, task) = common::spawn_member(shards);
     Member {
         shutdown,
         task,

@@ -300,6 +300,13 @@ pub fn wanted(name: &str) -> bool {
     })
 }
 
+/// The fault harness's backends that `BENCH_BACKENDS` keeps.
+pub fn harness_backends() -> impl Iterator<Item = leader_tests::harness::campaign::Backend> {
+    leader_tests::harness::campaign::Backend::ALL
+        .into_iter()
+        .filter(|backend| wanted(backend.name()))
+}
+
 /// A store on the test S3 server's bucket, its requests counted.
 fn object_store() -> Result<(Arc<Counting>, BucketStore), Box<dyn std::error::Error>> {
     leader_object_store::ensure_crypto_provider();

@@ -94,6 +94,20 @@ fn postgres_command(tool: &Path) -> Command {
     }
 }
 
+/// Runs `command` to its end: what went wrong otherwise (it could not run, or it failed, with
+/// what it wrote to stderr), after `what`.
+fn run_to_end(command: &mut Command, what: &str) -> Result<(), String> {
+    let output = command.output().map_err(|e| format!("{what}: {e}"))?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{what}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        ))
+    }
+}
+
 impl PrivateServer {
     /// Starts a fresh server of `kind` on an ephemeral loopback port; `program` is the
     /// `kube-api-server` binary for [`ServerKind::Kube`], `consul-api-server` for
@@ -130,18 +144,14 @@ impl PrivateServer {
                     return Err(fail("chown postgres: failed".into()));
                 }
             }
-            let output = postgres_command(&initdb)
-                .arg("-D")
-                .arg(server.dir.join("data"))
-                .args(["-U", "postgres", "-A", "trust", "--no-sync", "-E", "UTF8"])
-                .output()
-                .map_err(|e| fail(format!("initdb: {e}")))?;
-            if !output.status.success() {
-                return Err(fail(format!(
-                    "initdb: {}",
-                    String::from_utf8_lossy(&output.stderr)
-                )));
-            }
+            run_to_end(
+                postgres_command(&initdb)
+                    .arg("-D")
+                    .arg(server.dir.join("data"))
+                    .args(["-U", "postgres", "-A", "trust", "--no-sync", "-E", "UTF8"]),
+                "initdb",
+            )
+            .map_err(fail)?;
         }
         if kind == ServerKind::Mysql {
             let mut install = Command::new("mariadb-install-db");
@@ -155,36 +165,24 @@ impl PrivateServer {
             if running_as_root() {
                 install.arg("--user=root");
             }
-            let output = install
-                .output()
-                .map_err(|e| fail(format!("mariadb-install-db: {e}")))?;
-            if !output.status.success() {
-                return Err(fail(format!(
-                    "mariadb-install-db: {}",
-                    String::from_utf8_lossy(&output.stderr)
-                )));
-            }
+            run_to_end(&mut install, "mariadb-install-db").map_err(fail)?;
         }
         server.restart()?;
         if kind == ServerKind::Mysql {
-            let output = Command::new("mariadb")
-                .args([
-                    "-h",
-                    "127.0.0.1",
-                    "-P",
-                    &server.port.to_string(),
-                    "-u",
-                    "root",
-                ])
-                .args(["-e", "CREATE DATABASE IF NOT EXISTS leader"])
-                .output()
-                .map_err(|e| fail(format!("mariadb: {e}")))?;
-            if !output.status.success() {
-                return Err(fail(format!(
-                    "creating the database: {}",
-                    String::from_utf8_lossy(&output.stderr)
-                )));
-            }
+            run_to_end(
+                Command::new("mariadb")
+                    .args([
+                        "-h",
+                        "127.0.0.1",
+                        "-P",
+                        &server.port.to_string(),
+                        "-u",
+                        "root",
+                    ])
+                    .args(["-e", "CREATE DATABASE IF NOT EXISTS leader"]),
+                "creating the database",
+            )
+            .map_err(fail)?;
         }
         Ok(server)
     }

@@ -93,18 +93,6 @@ pub async fn planned_handover(factory: &dyn LockFactory) {
         electors.push(Candidate::start_with(factory.lock(&name, id).await, RETRY));
     }
     let operator = factory.lock(&name, "operator").await;
-    let leading = |electors: &[Candidate]| {
-        electors
-            .iter()
-            .enumerate()
-            .filter_map(|(i, e)| {
-                e.state
-                    .borrow()
-                    .leadership()
-                    .map(|l| (i, l.fencing_token()))
-            })
-            .collect::<Vec<_>>()
-    };
     // Watches every 5 ms for `within`: never two leaders; returns the first leader whose token
     // is above `after`, if one comes.
     let watch = async |electors: &[Candidate], within: Duration, after: u64| {
@@ -172,13 +160,6 @@ pub async fn electors_elect_one_and_hand_over(factory: &dyn LockFactory) {
             Duration::from_millis(300),
         ));
     }
-    let leading = |electors: &[Candidate]| {
-        electors
-            .iter()
-            .enumerate()
-            .filter_map(|(i, c)| c.leading_token().map(|token| (i, token)))
-            .collect::<Vec<_>>()
-    };
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     let (first, token) = loop {
         let now_leading = leading(&electors);
@@ -237,18 +218,11 @@ pub async fn electors_elect_exactly_one(factory: &dyn LockFactory, n: usize) {
             Duration::from_millis(500),
         ));
     }
-    let leaders = |electors: &[Candidate]| {
-        electors
-            .iter()
-            .enumerate()
-            .filter_map(|(i, c)| c.leading_token().map(|token| (i, token)))
-            .collect::<Vec<_>>()
-    };
     let watch_for =
         async |electors: &[_], duration: Duration, mut current: Option<(usize, u64)>| {
             let until = tokio::time::Instant::now() + duration;
             while tokio::time::Instant::now() < until {
-                let now = leaders(electors);
+                let now = leading(electors);
                 assert!(
                     now.len() <= 1,
                     "{n} electors: several lead at once: {now:?}"
@@ -321,4 +295,13 @@ pub async fn release_is_taken_over_at_once(factory: &dyn LockFactory) -> Duratio
     assert!(next > token, "fencing token {token} then {next}");
     follower.stop().await;
     took
+}
+
+/// The electors that lead now, each with its index and fencing token.
+fn leading(electors: &[Candidate]) -> Vec<(usize, u64)> {
+    electors
+        .iter()
+        .enumerate()
+        .filter_map(|(i, c)| c.leading_token().map(|token| (i, token)))
+        .collect()
 }

@@ -1,6 +1,7 @@
 //! What the test files of this crate share: a lock that changes some requests of the lock it
 //! wraps ([`TestLock`]), the switch that turns its changes on and off, the wait for a
-//! condition on tokio's paused clock, the elector's default timings, and captured logs.
+//! condition on tokio's paused clock, the elector's default timings, captured logs, and a
+//! shard set's member run on a task of its own.
 
 // Each test file is its own crate and uses a part of this module.
 #![allow(dead_code, unreachable_pub)]
@@ -14,9 +15,12 @@ use leader_core::LeaderElectionRecord as Record;
 use leader_core::background::Candidate;
 use leader_core::faults::Faults;
 use leader_core::{
-    Acquisition, ChangeStream, LeaderElectionRecord, LeaderElector, LeaderElectorBuilder,
-    LeaderEvent, LockError, MemoryStore, Observed, ResourceLock, Version,
+    Acquisition, CancellationToken, ChangeStream, LeaderElectionRecord, LeaderElector,
+    LeaderElectorBuilder, LeaderEvent, LockError, MemoryStore, Observed, ResourceLock, Shards,
+    ShardsError, ShardsState, Version,
 };
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep};
 
 /// Advances the paused clock a tenth of a second at a time until `done`, up to `within`;
@@ -395,4 +399,20 @@ pub async fn lose_a_term(candidate: &mut Candidate, faults: &Faults) {
     term.lost().await;
     drop(term);
     faults.hang(false);
+}
+
+/// Runs `shards` on a task of its own, each shard's work running until the shard is taken
+/// away: the member's state, the shutdown that stops it, and its task.
+pub fn spawn_member(
+    shards: Shards,
+) -> (
+    watch::Receiver<ShardsState>,
+    CancellationToken,
+    JoinHandle<Result<(), ShardsError>>,
+) {
+    let state = shards.subscribe();
+    let shutdown = CancellationToken::new();
+    let task =
+        tokio::spawn(shards.run_per_shard(shutdown.clone(), |_, _| std::future::pending::<()>()));
+    (state, shutdown, task)
 }

@@ -60,36 +60,26 @@ fn freezes_mark_terms_by_process() {
     frozen.insert(("a".into(), 3), 3_550 * MS);
     let killed = Marks::from([(("d".into(), 5), 400 * MS)]);
     let missed = mark_frozen_by_pid(&mut events, &freezes, &killed, &mut frozen);
-    assert_eq!(frozen.get(&("a".into(), 1)), Some(&(300 * MS)));
-    assert_eq!(
-        frozen.get(&("b".into(), 2)),
-        None,
-        "frozen long before it started"
-    );
-    assert_eq!(
-        frozen.get(&("a".into(), 3)),
-        Some(&(3_550 * MS)),
-        "the earlier mark stays"
-    );
-    assert_eq!(
-        frozen.get(&("c".into(), 4)),
-        None,
-        "its pid frozen after it stopped"
-    );
-    assert_eq!(
-        frozen.get(&("d".into(), 5)),
-        None,
-        "its pid frozen after it was killed"
-    );
-    assert_eq!(
-        frozen.get(&("e".into(), 6)),
-        Some(&(2_000 * MS)),
-        "frozen before it wrote its start line"
-    );
+    // Each term's mark (ms), if any, and why.
+    let marks = [
+        ("a", 1, Some(300), "frozen while it ran"),
+        ("b", 2, None, "frozen long before it started"),
+        ("a", 3, Some(3_550), "the earlier mark stays"),
+        ("c", 4, None, "its pid frozen after it stopped"),
+        ("d", 5, None, "its pid frozen after it was killed"),
+        ("e", 6, Some(2_000), "frozen before it wrote its start line"),
+        ("f", 7, None, "a freeze that missed its process"),
+    ];
+    for (identity, token, marked_ms, why) in marks {
+        assert_eq!(
+            frozen.get(&(identity.into(), token)),
+            marked_ms.map(|ms| ms * MS).as_ref(),
+            "{identity} (token {token}): {why}"
+        );
+    }
     assert_eq!(events[6].at, 2_000 * MS, "its start moved to the freeze");
     assert_eq!(missed.len(), 1, "{missed:?}");
     assert!(missed[0].starts_with("f (token 7)"), "{missed:?}");
-    assert_eq!(frozen.get(&("f".into(), 7)), None);
 }
 
 /// Two terms of a shard as a freeze left them: the earlier one's COMMAND was frozen while

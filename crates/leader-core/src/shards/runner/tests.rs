@@ -63,9 +63,8 @@ impl LockSet for Reads {
 /// roster and the members alone, with its renewals in the same request (its renewals go
 /// alone before a full read); a round that changes nothing publishes nothing. Then a join is seen by the members' read, and the
 /// shards are read again at once.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_settled_member_reads_the_shards_only_now_and_then() {
-    tokio::time::pause();
     const COUNT: u32 = 30;
     let store = MemoryStore::new();
     let shutdown = CancellationToken::new();
@@ -156,9 +155,8 @@ async fn a_settled_member_reads_the_shards_only_now_and_then() {
 /// gives its surplus away once: the shards it is releasing, though their records still name
 /// it, are not counted as its own again, nor taken back once their lease runs out (while
 /// their work still runs), nor given twice.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn slow_releases_give_the_surplus_away_once() {
-    tokio::time::pause();
     const COUNT: u32 = 20;
     let store = MemoryStore::new();
     let shutdown = CancellationToken::new();
