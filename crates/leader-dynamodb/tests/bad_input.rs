@@ -13,6 +13,7 @@ use leader_dynamodb::aws_sdk_dynamodb::types::{
     ScalarAttributeType,
 };
 use leader_dynamodb::{DynamoStore, FLOOR_PREFIX, LockUrl};
+use leader_test_support::assert_misconfigured_saying;
 
 /// A missing table is an error that names it and says how to create it, until it exists;
 /// then the candidate leads. The lock creates nothing unless asked.
@@ -22,19 +23,13 @@ async fn a_missing_table_is_reported_until_it_exists() {
         return;
     };
     let store = common::store_on(&table, false).await;
-    let err = store.check_table().await.expect_err("no table");
-    let text = err.to_string();
-    assert!(matches!(err, LockError::Misconfigured { .. }), "{err:?}");
-    assert!(
-        text.contains(&table) && text.contains("does not exist"),
-        "{text}"
+    assert_misconfigured_saying(
+        store.check_table().await,
+        &[&table, "does not exist", "create_table=true"],
     );
-    assert!(text.contains("create_table=true"), "{text}");
     let creator = common::store_on(&table, true).await;
     let lock = store.lock("app", "a");
-    let err = lock.get().await.expect_err("no table");
-    assert!(matches!(err, LockError::Misconfigured { .. }), "{err:?}");
-    assert!(err.to_string().contains("does not exist"), "{err}");
+    assert_misconfigured_saying(lock.get().await, &["does not exist"]);
     let mut elector = leader_test_support::Candidate::start(lock);
     elector
         .stays_alive_without_leading(Duration::from_millis(1500))
@@ -80,11 +75,10 @@ async fn a_table_of_another_key_is_refused_and_left_alone() {
         .send()
         .await
         .expect("a table of another key");
-    let err = store.check_table().await.expect_err("another key");
-    let text = err.to_string();
-    assert!(matches!(err, LockError::Misconfigured { .. }), "{err:?}");
-    assert!(text.contains("HASH LockID (S)"), "{text}");
-    assert!(text.contains("never alters"), "{text}");
+    assert_misconfigured_saying(
+        store.check_table().await,
+        &["HASH LockID (S)", "never alters"],
+    );
     // Writes are refused too, before they are sent.
     let lock = store.lock("app", "a");
     let err = lock.create(&record("a", 1)).await.expect_err("refused");

@@ -118,16 +118,22 @@ async fn a_renewal_is_one_message_while_the_key_is_untouched() {
     );
 }
 
-/// The record at `key`, parsed, or `None` when absent.
-async fn record_at(store: &leader_etcd::EtcdStore, key: &str) -> Option<LeaderElectionRecord> {
-    let read = store
+/// What etcd holds at `key`.
+async fn read(store: &leader_etcd::EtcdStore, key: &str) -> etcd_client::GetResponse {
+    store
         .client()
         .await
         .expect("etcd client")
         .get(key, None)
         .await
-        .expect("read the key");
-    read.kvs()
+        .expect("read the key")
+}
+
+/// The record at `key`, parsed, or `None` when absent.
+async fn record_at(store: &leader_etcd::EtcdStore, key: &str) -> Option<LeaderElectionRecord> {
+    read(store, key)
+        .await
+        .kvs()
         .first()
         .map(|kv| LeaderElectionRecord::from_json("etcd", key, kv.value()).expect("a record"))
 }
@@ -135,17 +141,7 @@ async fn record_at(store: &leader_etcd::EtcdStore, key: &str) -> Option<LeaderEl
 /// Waits until `key` exists (`present`) or is gone, for at most `within`.
 async fn wait_for_key(store: &leader_etcd::EtcdStore, key: &str, present: bool, within: Duration) {
     let since = Instant::now();
-    loop {
-        let read = store
-            .client()
-            .await
-            .expect("etcd client")
-            .get(key, None)
-            .await
-            .expect("read");
-        if read.kvs().is_empty() != present {
-            return;
-        }
+    while read(store, key).await.kvs().is_empty() == present {
         assert!(
             since.elapsed() < within,
             "{key} still {} after {within:?}",

@@ -7,11 +7,12 @@ mod common;
 use std::time::Duration;
 
 use common::{Factory, KubeApiServer, client};
+use leader_core::background::Candidate;
 use leader_core::conformance::{self, record};
-use leader_core::{CancellationToken, LeaderElector, LockError, ResourceLock};
+use leader_core::{LeaderElector, LockError, ResourceLock};
 use leader_kube::LeaseLock;
 use serde_json::json;
-use tokio::time::{Instant, sleep, timeout};
+use tokio::time::{Instant, sleep};
 
 /// Writes Lease `name` in namespace `default` with `spec`, as another client would.
 fn put_lease(api: &KubeApiServer, name: &str, spec: serde_json::Value) {
@@ -40,14 +41,25 @@ async fn electors_conform() {
 #[tokio::test]
 async fn leases_use_client_gos_field_layout() {
     let api = KubeApiServer::start().await;
-    put_lease(
-        &api,
-        "cg",
-        json!({
-        "holderIdentity": "client-go-7f9c", "leaseDurationSeconds": 15,
-        "acquireTime": "2026-11-21T10:00:00.000000Z", "renewTime": "2026-11-21T10:00:05.123456Z",
-        "leaseTransitions": 3}),
-    );
+    for (name, spec) in [
+        (
+            "cg",
+            json!({
+            "holderIdentity": "client-go-7f9c", "leaseDurationSeconds": 15,
+            "acquireTime": "2026-11-21T10:00:00.000000Z", "renewTime": "2026-11-21T10:00:05.123456Z",
+            "leaseTransitions": 3}),
+        ),
+        // client-go's release: an empty holder and a 1 s lease.
+        (
+            "released",
+            json!({
+            "holderIdentity": "", "leaseDurationSeconds": 1,
+            "acquireTime": "2026-11-21T10:00:00.000000Z", "renewTime": "2026-11-21T10:00:00.000000Z",
+            "leaseTransitions": 4}),
+        ),
+    ] {
+        put_lease(&api, name, spec);
+    }
     let lock = lease_lock(&api, "cg", "rust-1");
     let observed = lock.get().await.expect("get").expect("lease");
     assert_eq!(observed.record.holder_identity, "client-go-7f9c");
@@ -62,15 +74,6 @@ async fn leases_use_client_gos_field_layout() {
         123_456
     );
 
-    // client-go's release: an empty holder and a 1 s lease.
-    put_lease(
-        &api,
-        "released",
-        json!({
-        "holderIdentity": "", "leaseDurationSeconds": 1,
-        "acquireTime": "2026-11-21T10:00:00.000000Z", "renewTime": "2026-11-21T10:00:00.000000Z",
-        "leaseTransitions": 4}),
-    );
     let released = lease_lock(&api, "released", "rust-1");
     assert!(
         released
@@ -134,7 +137,7 @@ async fn leases_with_odd_values_are_read_and_taken_over() {
             .expect("an odd Lease is readable")
             .expect("lease");
         assert_eq!(observed.record.holder_identity, "gone", "{name}");
-        let mut elector = leader_test_support::Candidate::start(lock);
+        let mut elector = Candidate::start(lock);
         let token = elector.wait_leading(within).await;
         assert!(token > 2, "{name}: token {token}");
         elector.stop().await;
@@ -235,25 +238,19 @@ async fn a_denied_verb_is_a_clear_error_naming_it() {
 
     // The elector keeps running on a denied verb and leads once the Role allows it.
     api.deny("get");
-    let elector = LeaderElector::builder(lease_lock(&api, "rbac-elector", "a"))
-        .lease_duration(Duration::from_secs(3))
-        .renew_deadline(Duration::from_secs(2))
-        .retry_period(Duration::from_millis(300))
-        .build()
-        .expect("valid");
-    let mut state = elector.subscribe();
-    let shutdown = CancellationToken::new();
-    let task = tokio::spawn(elector.run(shutdown.clone()));
-    sleep(Duration::from_secs(1)).await;
-    assert!(!state.borrow().is_leading() && !task.is_finished());
+    let mut elector = Candidate::build(
+        LeaderElector::builder(lease_lock(&api, "rbac-elector", "a"))
+            .lease_duration(Duration::from_secs(3))
+            .renew_deadline(Duration::from_secs(2))
+            .retry_period(Duration::from_millis(300)),
+    );
+    elector
+        .stays_alive_without_leading(Duration::from_secs(1))
+        .await;
     api.allow("get");
     api.allow("update");
-    timeout(Duration::from_secs(5), state.wait_for(|s| s.is_leading()))
-        .await
-        .expect("leads")
-        .expect("alive");
-    shutdown.cancel();
-    task.await.expect("elector").expect("the elector ran");
+    elector.wait_leading(Duration::from_secs(5)).await;
+    elector.stop().await;
 }
 
 /// "became leader" and "stopped leading" are recorded as Events on the Lease; followers take over
@@ -262,39 +259,24 @@ async fn a_denied_verb_is_a_clear_error_naming_it() {
 async fn events_are_recorded_and_a_release_is_taken_over_at_once() {
     let api = KubeApiServer::start().await;
     let start = |id: &str| {
-        let elector = LeaderElector::builder(lease_lock(&api, "handover", id))
-            .lease_duration(Duration::from_secs(8))
-            .renew_deadline(Duration::from_secs(6))
-            .retry_period(Duration::from_secs(2))
-            .build()
-            .expect("valid");
-        let state = elector.subscribe();
-        let shutdown = CancellationToken::new();
-        let task = tokio::spawn(elector.run(shutdown.clone()));
-        (state, shutdown, task)
+        Candidate::build(
+            LeaderElector::builder(lease_lock(&api, "handover", id))
+                .lease_duration(Duration::from_secs(8))
+                .renew_deadline(Duration::from_secs(6))
+                .retry_period(Duration::from_secs(2)),
+        )
     };
-    let (mut first, first_stop, first_task) = start("first");
-    timeout(Duration::from_secs(5), first.wait_for(|s| s.is_leading()))
-        .await
-        .expect("leads")
-        .expect("alive");
-    let (mut second, second_stop, second_task) = start("second");
+    let mut first = start("first");
+    first.wait_leading(Duration::from_secs(5)).await;
+    let mut second = start("second");
     sleep(Duration::from_millis(500)).await;
     let released = Instant::now();
-    first_stop.cancel();
-    first_task.await.expect("elector").expect("the elector ran");
-    timeout(Duration::from_secs(2), second.wait_for(|s| s.is_leading()))
-        .await
-        .expect("takes over")
-        .expect("alive");
+    first.stop().await;
+    second.wait_leading(Duration::from_secs(2)).await;
     let took = released.elapsed();
     eprintln!("handover after release took {took:?}");
     assert!(took < Duration::from_millis(500), "handover took {took:?}");
-    second_stop.cancel();
-    second_task
-        .await
-        .expect("elector")
-        .expect("the elector ran");
+    second.stop().await;
     sleep(Duration::from_millis(200)).await; // events are sent in the background
     let events = api.events();
     let messages: Vec<&str> = events

@@ -18,7 +18,7 @@ use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use leader_core::background::Candidate;
-use leader_core::{CancellationToken, LeaderElector, LeaderState, MemoryStore};
+use leader_core::{CancellationToken, LeaderElector, LeaderState, Leadership, MemoryStore};
 use leader_kube::{POD_LABEL, PodLabel};
 use serde_json::{Value, json};
 use tokio::sync::{oneshot, watch};
@@ -102,33 +102,23 @@ async fn the_test_api_server_writes_pod_labels_as_kube_apiserver_does() {
             other => panic!("{patch}: {other:?}"),
         }
     }
-    let pod = pods
-        .patch(
-            "web-1",
-            &params,
-            &Patch::Merge(&json!({"status": {"phase": "Failed"}})),
-        )
-        .await
-        .expect("a patch of the status through the Pod");
-    assert_eq!(
-        pod.status.clone().and_then(|s| s.phase).as_deref(),
-        Some("Running"),
-        "the Pod strategy keeps the status"
-    );
-    assert_eq!(
-        labels(&pod),
-        BTreeSet::from([("app".into(), "web".into())]),
-        "a patch without metadata leaves the metadata alone"
-    );
-    let pod = pods
-        .patch(
-            "web-1",
-            &params,
-            &Patch::Strategic(&json!({"status": {"phase": "Failed"}})),
-        )
-        .await
-        .expect("a strategic merge patch without metadata");
-    assert_eq!(labels(&pod), BTreeSet::from([("app".into(), "web".into())]));
+    let status = json!({"status": {"phase": "Failed"}});
+    for patch in [Patch::Merge(&status), Patch::Strategic(&status)] {
+        let pod = pods
+            .patch("web-1", &params, &patch)
+            .await
+            .expect("a patch of the status through the Pod");
+        assert_eq!(
+            pod.status.clone().and_then(|s| s.phase).as_deref(),
+            Some("Running"),
+            "the Pod strategy keeps the status: {patch:?}"
+        );
+        assert_eq!(
+            labels(&pod),
+            BTreeSet::from([("app".into(), "web".into())]),
+            "a patch without metadata leaves the metadata alone: {patch:?}"
+        );
+    }
     // Preconditions and a missing Pod.
     let stale = json!({"metadata": {"resourceVersion": "1", "labels": {"a": "b"}}});
     let err = pods
@@ -463,6 +453,15 @@ fn deny_what_the_role_does_not_grant(api: &KubeApiServer) {
     }
 }
 
+/// A test API server that allows on Pods only what the Role grants, a watch of the Pods it
+/// labels, and a store for the replicas' election.
+async fn with_the_roles_rights() -> (KubeApiServer, Labelled, MemoryStore) {
+    let api = KubeApiServer::start().await;
+    let labelled = Labelled::watch(&api).await;
+    deny_what_the_role_does_not_grant(&api);
+    (api, labelled, MemoryStore::new())
+}
+
 /// A replica: a Pod, and an elector (on a memory lock shared by the replicas) whose terms hold
 /// the Pod's label. At the start of each term it notes which Pods carried the label then.
 struct Replica {
@@ -541,13 +540,28 @@ async fn stop_all(replicas: Vec<(&'static str, Replica)>) {
     }
 }
 
-/// Asks the leader `pod` to step down; when it was asked.
-fn step_down(replicas: &[(&'static str, Replica)], pod: &str) -> Instant {
-    let leadership = replicas
+/// Stops the replica `pod` and takes it out of `replicas`.
+async fn stop_one(replicas: &mut Vec<(&'static str, Replica)>, pod: &str) {
+    let at = replicas
+        .iter()
+        .position(|(name, _)| *name == pod)
+        .expect("replica");
+    let (_, stopped) = replicas.remove(at);
+    stopped.candidate.stop().await;
+}
+
+/// The term of the replica `pod`, which leads.
+fn leadership_of(replicas: &[(&'static str, Replica)], pod: &str) -> Leadership {
+    replicas
         .iter()
         .find(|(name, _)| *name == pod)
         .and_then(|(_, r)| r.candidate.state.borrow().leadership().cloned())
-        .expect("leads");
+        .expect("leads")
+}
+
+/// Asks the leader `pod` to step down; when it was asked.
+fn step_down(replicas: &[(&'static str, Replica)], pod: &str) -> Instant {
+    let leadership = leadership_of(replicas, pod);
     let asked = Instant::now();
     leadership.step_down().expect("step down");
     asked
@@ -555,10 +569,7 @@ fn step_down(replicas: &[(&'static str, Replica)], pod: &str) -> Instant {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_label_follows_the_leader_and_is_never_on_two_pods() {
-    let api = KubeApiServer::start().await;
-    let labelled = Labelled::watch(&api).await;
-    deny_what_the_role_does_not_grant(&api);
-    let store = MemoryStore::new();
+    let (api, labelled, store) = with_the_roles_rights().await;
     let mut replicas: Vec<(&'static str, Replica)> = ["a", "b", "c"]
         .into_iter()
         .map(|pod| (pod, replica(&api, &store, pod)))
@@ -580,24 +591,15 @@ async fn the_label_follows_the_leader_and_is_never_on_two_pods() {
         .into_iter()
         .find(|p| *p != second)
         .expect("another");
-    let leadership = replicas
-        .iter()
-        .find(|(pod, _)| *pod == second)
-        .and_then(|(_, r)| r.candidate.state.borrow().leadership().cloned())
-        .expect("leads");
-    leadership.hand_over(third).expect("hand over");
-    drop(leadership);
+    leadership_of(&replicas, second)
+        .hand_over(third)
+        .expect("hand over");
     labelled.wait_for(third).await;
     let (leading, _) = leader_of(&replicas).await;
     assert_eq!(leading, third);
 
     // A shutdown of the leader: it releases, the label moves on.
-    let at = replicas
-        .iter()
-        .position(|(pod, _)| *pod == third)
-        .expect("replica");
-    let (_, stopped) = replicas.remove(at);
-    stopped.candidate.stop().await;
+    stop_one(&mut replicas, third).await;
     assert!(
         !api.pods_selected("default", SELECTOR)
             .contains(&third.to_owned()),
@@ -630,10 +632,7 @@ async fn the_label_follows_the_leader_and_is_never_on_two_pods() {
 /// the whole term.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_label_on_another_pod_is_removed_during_the_term() {
-    let api = KubeApiServer::start().await;
-    let labelled = Labelled::watch(&api).await;
-    deny_what_the_role_does_not_grant(&api);
-    let store = MemoryStore::new();
+    let (api, labelled, store) = with_the_roles_rights().await;
     let replicas = vec![("a", replica(&api, &store, "a"))];
     api.put_pod("default", "old-leader", &[("app", "jobs")]);
     let (leader, token) = leader_of(&replicas).await;
@@ -874,10 +873,7 @@ impl FreezableReplica {
 /// removed every other Pod's label and labelled its own again would fight the new leader).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_old_leader_that_resumes_never_removes_the_new_leaders_label() {
-    let api = KubeApiServer::start().await;
-    let labelled = Labelled::watch(&api).await;
-    deny_what_the_role_does_not_grant(&api);
-    let store = MemoryStore::new();
+    let (api, labelled, store) = with_the_roles_rights().await;
     let old = FreezableReplica::start(&api, &store, "old");
     timeout(Duration::from_secs(10), async {
         while old.leading_token().is_none() {
@@ -921,10 +917,7 @@ async fn an_old_leader_that_resumes_never_removes_the_new_leaders_label() {
 /// stays.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_removal_that_lands_late_never_strips_the_label_written_since() {
-    let api = KubeApiServer::start().await;
-    let labelled = Labelled::watch(&api).await;
-    deny_what_the_role_does_not_grant(&api);
-    let store = MemoryStore::new();
+    let (api, labelled, store) = with_the_roles_rights().await;
     let replicas = vec![("a", replica(&api, &store, "a"))];
     let (_, first) = leader_of(&replicas).await;
     labelled.wait_for("a").await;
@@ -1028,20 +1021,11 @@ async fn every_write_of_the_label_passes_the_admission_policy() {
     step_down(&replicas, first);
     let (second, _) = leader_other_than(&replicas, Some(first), Duration::from_secs(5)).await;
     labelled.wait_for(second).await;
-    let leadership = replicas
-        .iter()
-        .find(|(pod, _)| *pod == second)
-        .and_then(|(_, r)| r.candidate.state.borrow().leadership().cloned())
-        .expect("leads");
-    leadership.hand_over(first).expect("hand over");
-    drop(leadership);
+    leadership_of(&replicas, second)
+        .hand_over(first)
+        .expect("hand over");
     labelled.wait_for(first).await;
-    let at = replicas
-        .iter()
-        .position(|(pod, _)| *pod == first)
-        .expect("replica");
-    let (_, stopped) = replicas.remove(at);
-    stopped.candidate.stop().await;
+    stop_one(&mut replicas, first).await;
     let (fourth, _) = leader_of(&replicas).await;
     labelled.wait_for(fourth).await;
     stop_all(replicas).await;

@@ -11,9 +11,12 @@ use leader_core::conformance::{self, record};
 use leader_core::{LockError, ResourceLock};
 use leader_mysql::MysqlStore;
 use leader_mysql::mysql_async::prelude::Queryable;
+use leader_test_support::held_lease::{
+    assert_renewal_in_an_open_transaction_commits_nothing, renew,
+};
 use leader_test_support::secrets::assert_wrong_password;
 use leader_test_support::unreadable;
-use leader_test_support::{assert_acquired, assert_unavailable_saying};
+use leader_test_support::{assert_acquired, assert_forbidden_saying, assert_unavailable_saying};
 
 /// A store on `MYSQL_URL` as another user; its pool connects lazily.
 async fn store_as(user: &str, password: &str) -> MysqlStore {
@@ -144,12 +147,8 @@ async fn a_user_without_update_rights_gets_a_clear_error_and_recovers_when_grant
     other.create(&expired).await.expect("create");
     let lock = limited.lock(&name, "a");
     tokio::time::sleep(Duration::from_millis(20)).await;
-    let err = lock
-        .try_acquire(&record("a", 0))
-        .await
-        .expect_err("no UPDATE right");
-    assert!(matches!(err, LockError::Forbidden { .. }), "{err:?}");
-    assert!(err.to_string().contains("grant"), "{err}");
+    // No UPDATE right.
+    assert_forbidden_saying(lock.try_acquire(&record("a", 0)).await, &["grant"]);
 
     let mut elector = Running::start(lock);
     elector
@@ -245,36 +244,18 @@ async fn a_pooled_connection_left_in_a_transaction_commits_nothing_in_silence() 
     let lock = store.lock(unique("left-open"), "a");
     let created = lock.create(&record("a", 1)).await.expect("create");
     on_the_pooled_connection(&store, "SET autocommit = 0", true).await;
-    let mut renewal = created.record.clone();
-    renewal.renew_time = chrono::Utc::now();
-    let held = lock
-        .update(&created.version, &renewal)
-        .await
-        .expect("the pool reset the connection: autocommit is on again");
+    // Renewed: the pool reset the connection, and autocommit is on again.
+    let held = renew(&lock, &created).await;
     on_the_pooled_connection(&store, "SET autocommit = 0", false).await;
-    let err = lock
-        .update(&held.version, &renewal)
-        .await
-        .expect_err("a write inside a transaction left open");
-    assert!(err.to_string().contains("transaction"), "{err}");
     let other = MysqlStore::connect(common::mysql_url())
         .await
         .expect("store");
-    let seen = || async {
-        let read = other.lock(lock.name(), "x").get().await.expect("get");
-        read.expect("a record").version
-    };
-    assert_eq!(
-        seen().await,
-        held.version,
-        "the failed write was not committed"
-    );
-    let renewed = lock.update(&held.version, &renewal).await.expect("renewed");
-    assert_eq!(
-        seen().await,
-        renewed.version,
-        "committed on a new connection"
-    );
+    assert_renewal_in_an_open_transaction_commits_nothing(
+        &lock,
+        &held,
+        &other.lock(lock.name(), "x"),
+    )
+    .await;
 }
 
 /// A connection the server answers as read-only (a replica, or a writer that a failover

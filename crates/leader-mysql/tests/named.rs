@@ -13,7 +13,8 @@ use leader_core::{Acquisition, LeaderElectionRecord, LockError, LockTarget, Reso
 use leader_mysql::mysql_async::Conn;
 use leader_mysql::mysql_async::prelude::Queryable;
 use leader_mysql::{LockUrl, NamedLock};
-use tokio::time::{Instant, sleep, timeout};
+use leader_test_support::assert_taken_over_once_killed;
+use tokio::time::{Instant, sleep};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn named_lock_conforms() {
@@ -58,34 +59,28 @@ async fn a_leader_steps_down_when_its_session_is_killed() {
     let retry = Duration::from_secs(1);
     let mut leader = Running::start_with(lock, retry);
     let token = leader.wait_leading(Duration::from_secs(10)).await;
-    let mut follower = Running::start(store.named_lock(&name, "second"));
+    let follower = Running::start(store.named_lock(&name, "second"));
     sleep(RETRY * 2).await;
     let id = handle.session_id().await.expect("the leader's session");
     assert_eq!(user(&mut admin, &handle).await, Some(u64::from(id)));
-    let killed = Instant::now();
-    admin
-        .query_drop(format!("KILL CONNECTION {id}"))
-        .await
-        .expect("kill");
-    timeout(
+    let kill = async {
+        admin
+            .query_drop(format!("KILL CONNECTION {id}"))
+            .await
+            .expect("kill");
+    };
+    let (stepped_down, led) = assert_taken_over_once_killed(
+        leader,
+        token,
+        follower,
+        kill,
         (RENEW.max(retry * 3)) + retry * 2,
-        leader.state.wait_for(|s| !s.is_leading()),
+        LEASE.max(retry * 4) + RETRY * 4,
     )
-    .await
-    .expect("the leader steps down by its renew deadline")
-    .expect("alive");
-    let stepped_down = killed.elapsed();
-    let next = follower
-        .wait_leading(LEASE.max(retry * 4) + RETRY * 4)
-        .await;
-    assert!(next > token, "fencing token {token} then {next}");
-    assert!(leader.leading_token().is_none(), "both lead");
+    .await;
     eprintln!(
-        "killed session: the leader stepped down after {stepped_down:?}, the follower led after {:?}",
-        killed.elapsed()
+        "killed session: the leader stepped down after {stepped_down:?}, the follower led after {led:?}"
     );
-    follower.stop().await;
-    leader.stop().await;
 }
 
 /// A release hands the user-level lock to the follower waiting in `GET_LOCK`: it takes over

@@ -14,6 +14,7 @@ use leader_core::{LockError, ResourceLock, conformance};
 use leader_object_store::BucketStore;
 use leader_object_store::object_store::azure::MicrosoftAzureBuilder;
 use leader_object_store::object_store::{ObjectStore, ObjectStoreExt};
+use leader_test_support::assert_misconfigured_saying;
 use leader_test_support::object_store_counting::Counting;
 use leader_test_support::record_writes::{created, renewal};
 
@@ -153,12 +154,7 @@ async fn a_missing_container_is_reported() {
     let store = common::azurite_builder(&common::unique_container(), "locks/", None)
         .build()
         .expect("built: only a request can tell");
-    let err = store
-        .check_conditional_writes()
-        .await
-        .expect_err("no container");
-    assert!(matches!(err, LockError::Misconfigured { .. }), "{err:?}");
-    assert!(err.to_string().contains("does not exist"), "{err}");
+    assert_misconfigured_saying(store.check_conditional_writes().await, &["does not exist"]);
     let lock = store.lock("app", "a");
     let err = lock.get().await.expect_err("no container");
     assert!(matches!(err, LockError::Misconfigured { .. }), "{err:?}");

@@ -5,14 +5,17 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Running, conn_as, unique};
+use common::{Running, conn_as, query_value, unique};
 use leader_core::backend::Renewal;
 use leader_core::conformance::{self, record};
 use leader_core::{LockError, LockSet, ResourceLock, Version};
 use leader_postgres::PostgresStore;
 use leader_test_support::secrets::assert_wrong_password;
 use leader_test_support::unreadable;
-use leader_test_support::{assert_acquired, assert_unavailable_saying};
+use leader_test_support::{
+    assert_acquired, assert_forbidden_saying, assert_misconfigured_saying,
+    assert_unavailable_saying,
+};
 
 /// Candidates that start together on a fresh database all create the table at once: every one
 /// of them gets a store (Postgres's `CREATE TABLE IF NOT EXISTS` races on its own catalog).
@@ -32,10 +35,7 @@ async fn candidates_creating_the_table_at_once_all_succeed() {
         for built in futures_util::future::join_all(builds).await {
             built.expect("every candidate gets a store");
         }
-        admin
-            .batch_execute(&format!("DROP TABLE {table}"))
-            .await
-            .expect("drop");
+        drop_table(&admin, &table).await;
     }
 }
 
@@ -56,10 +56,7 @@ async fn a_missing_table_is_reported_and_the_elector_recovers_once_it_exists() {
         async { store.create_table().await.expect("create the table") },
     )
     .await;
-    admin
-        .batch_execute(&format!("DROP TABLE public.\"{table}\""))
-        .await
-        .expect("drop");
+    drop_table(&admin, &table).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -90,14 +87,12 @@ async fn garbage_rows_are_reported_never_overwritten_and_the_elector_recovers() 
             expected,
         )
         .await;
-        let version: i64 = admin
-            .query_one(
-                "SELECT version FROM public.leader_election WHERE name = $1",
-                &[&name],
-            )
-            .await
-            .expect("row")
-            .get(0);
+        let version: i64 = query_value(
+            &admin,
+            "SELECT version FROM public.leader_election WHERE name = $1",
+            &[&name],
+        )
+        .await;
         assert_eq!(version, 7, "{expected}: the garbage row was overwritten");
         admin
             .execute(
@@ -119,15 +114,9 @@ async fn a_role_without_update_rights_gets_a_clear_error_and_recovers_when_grant
     let role = table_and_role(&admin, "leader_ro", "SELECT, INSERT", "").await;
     let store = store_as(&role).await;
     let lock = store.lock("jobs", "a");
-    let err = lock
-        .try_acquire(&record("a", 0))
-        .await
-        .expect_err("no UPDATE right");
-    assert!(matches!(err, LockError::Forbidden { .. }), "{err:?}");
-    let message = err.to_string();
-    assert!(
-        message.contains("permission denied") && message.contains("UPDATE"),
-        "{message}"
+    assert_forbidden_saying(
+        lock.try_acquire(&record("a", 0)).await,
+        &["permission denied", "UPDATE"],
     );
     // A shard set's renewals, refused as one statement, are a refusal for each record: not an
     // outage to retry.
@@ -203,6 +192,14 @@ async fn connections_a_read_only_server_answered_are_closed_and_replaced() {
     drop_table_and_role(&admin, &role).await;
 }
 
+/// Drops `table` (in schema `public`), made by the test.
+async fn drop_table(admin: &tokio_postgres::Client, table: &str) {
+    admin
+        .batch_execute(&format!("DROP TABLE public.\"{table}\""))
+        .await
+        .expect("drop");
+}
+
 /// A lock table of its own and a role of the same name that may log in (with password `pw`)
 /// and has `grants` on it; `alter`, if not empty, is an `ALTER ROLE` of it.
 async fn table_and_role(
@@ -252,15 +249,13 @@ async fn a_wrong_password_is_a_clear_error_that_never_shows_the_password() {
     let Some(admin) = common::admin().await else {
         return;
     };
-    let rule: i64 = admin
-        .query_one(
-            "SELECT count(*) FROM pg_hba_file_rules WHERE 'leader_password_test' = ANY(user_name) \
-             AND auth_method IN ('scram-sha-256', 'md5', 'password')",
-            &[],
-        )
-        .await
-        .expect("pg_hba_file_rules")
-        .get(0);
+    let rule: i64 = query_value(
+        &admin,
+        "SELECT count(*) FROM pg_hba_file_rules WHERE 'leader_password_test' = ANY(user_name) \
+         AND auth_method IN ('scram-sha-256', 'md5', 'password')",
+        &[],
+    )
+    .await;
     if rule == 0 {
         leader_test_support::skip_or_fail!(
             "the server does not ask role leader_password_test for a password (scripts/test adds that rule)"
@@ -326,13 +321,11 @@ async fn a_wrong_password_is_a_clear_error_that_never_shows_the_password() {
 
 #[tokio::test]
 async fn invalid_settings_are_rejected_before_connecting() {
-    let err = PostgresStore::builder("postgres://u:secret@h/db")
+    let bad_table_name = PostgresStore::builder("postgres://u:secret@h/db")
         .table("bad name; drop table x")
         .build()
-        .await
-        .expect_err("bad table name");
-    assert!(matches!(err, LockError::Misconfigured { .. }), "{err:?}");
-    assert!(err.to_string().contains("invalid table name"), "{err}");
+        .await;
+    assert_misconfigured_saying(bad_table_name, &["invalid table name"]);
     let err = PostgresStore::connect("postgres://u:secret@h:notaport/db")
         .await
         .expect_err("bad URL");
@@ -385,8 +378,5 @@ async fn a_table_of_an_earlier_version_is_migrated_or_explained() {
     assert_eq!(kept.record.holder_identity, "a");
     assert_eq!(kept.record.leader_transitions, 7);
     assert!(kept.record.extensions.is_empty());
-    admin
-        .batch_execute(&format!("DROP TABLE {table}"))
-        .await
-        .expect("drop");
+    drop_table(&admin, &table).await;
 }

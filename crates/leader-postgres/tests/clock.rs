@@ -9,7 +9,9 @@ mod common;
 use common::unique;
 use leader_core::ResourceLock;
 use leader_postgres::PostgresStore;
-use leader_test_support::held_lease::{assert_held, hold, lease, take};
+use leader_test_support::held_lease::{
+    assert_held, assert_renewal_in_an_open_transaction_commits_nothing, hold, lease, take,
+};
 
 /// A store whose pool holds one connection: the connection another user of the pool changes is
 /// the one the lock gets next.
@@ -127,23 +129,12 @@ async fn a_pooled_connection_left_inside_a_transaction_decides_nothing() {
     let lock = store.lock(&name, "holder");
     let held = take(&lock).await;
     on_pooled_connection(&store, "BEGIN").await;
-    let mut renewal = held.record.clone();
-    renewal.renew_time = chrono::Utc::now();
-    let err = lock
-        .update(&held.version, &renewal)
-        .await
-        .expect_err("a renewal inside a transaction left open");
-    assert!(err.to_string().contains("transaction"), "{err}");
-    let seen = || async {
-        let read = reader.lock(&name, "reader").get().await.expect("get");
-        read.expect("a record").version
-    };
-    assert_eq!(seen().await, held.version, "nothing was written");
-    let renewed = lock
-        .update(&held.version, &renewal)
-        .await
-        .expect("renewed on a new connection");
-    assert_eq!(seen().await, renewed.version, "committed");
+    assert_renewal_in_an_open_transaction_commits_nothing(
+        &lock,
+        &held,
+        &reader.lock(&name, "reader"),
+    )
+    .await;
 
     // A candidate's attempt is refused the same way.
     let candidate_store = one_connection_store().await;

@@ -3,10 +3,10 @@
 mod common;
 
 use leader_test_support::record_writes::created;
-use leader_test_support::started_leading;
+use leader_test_support::{assert_taken_over_once_killed, started_leading};
 use std::time::Duration;
 
-use common::{Factory, LEASE, RENEW, RETRY, Running, unique};
+use common::{Factory, LEASE, RENEW, RETRY, Running, query_value, unique};
 use leader_core::ResourceLock;
 use leader_core::conformance;
 use tokio::time::{Instant, sleep, timeout};
@@ -41,30 +41,25 @@ async fn advisory_leader_steps_down_when_its_session_is_killed() {
     let name = unique("terminate");
     let leader_lock = store.advisory_lock(&name, "first");
     let pid_of = leader_lock.clone();
-    let (mut leader, token) = started_leading(leader_lock).await;
-    let mut follower = Running::start(store.advisory_lock(&name, "second"));
+    let (leader, token) = started_leading(leader_lock).await;
+    let follower = Running::start(store.advisory_lock(&name, "second"));
     sleep(RETRY * 2).await;
     let pid = pid_of.backend_pid().await.expect("pid").expect("connected");
-    let killed = Instant::now();
-    let terminated: bool = admin
-        .query_one("SELECT pg_terminate_backend($1)", &[&pid])
-        .await
-        .expect("terminate")
-        .get(0);
-    assert!(terminated);
-    timeout(
+    let terminate = async {
+        let terminated: bool =
+            query_value(&admin, "SELECT pg_terminate_backend($1)", &[&pid]).await;
+        assert!(terminated);
+    };
+    let (_, led) = assert_taken_over_once_killed(
+        leader,
+        token,
+        follower,
+        terminate,
         RENEW + RETRY * 2,
-        leader.state.wait_for(|s| !s.is_leading()),
+        LEASE + RETRY * 4,
     )
-    .await
-    .expect("the leader steps down by its renew deadline")
-    .expect("alive");
-    let next = follower.wait_leading(LEASE + RETRY * 4).await;
-    assert!(next > token, "fencing token {token} then {next}");
-    assert!(killed.elapsed() < LEASE + RETRY * 4 + Duration::from_secs(1));
-    assert!(leader.leading_token().is_none(), "both lead");
-    follower.stop().await;
-    leader.stop().await;
+    .await;
+    assert!(led < LEASE + RETRY * 4 + Duration::from_secs(1));
 }
 
 /// A request the caller gives up on (the elector's request timeout) may still run on the server
@@ -86,28 +81,24 @@ async fn advisory_session_ends_when_a_request_is_cancelled() {
         .await
         .expect("create");
     let pid = lock.backend_pid().await.expect("pid").expect("connected");
-    let held: i64 = admin
-        .query_one(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = $1",
-            &[&pid],
-        )
-        .await
-        .expect("pg_locks")
-        .get(0);
+    let held: i64 = query_value(
+        &admin,
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = $1",
+        &[&pid],
+    )
+    .await;
     assert_eq!(held, 1, "the session holds the advisory lock");
     let blocker = give_up_a_renewal_behind_the_row(&mut other, &lock, &name, &created).await;
     // The session ends while its statement still waits: the socket is closed at once, and the
     // server notices (client_connection_check_interval) without waiting for the statement.
     let ended = timeout(Duration::from_secs(5), async {
         loop {
-            let alive: i64 = admin
-                .query_one(
-                    "SELECT count(*) FROM pg_stat_activity WHERE pid = $1",
-                    &[&pid],
-                )
-                .await
-                .expect("pg_stat_activity")
-                .get(0);
+            let alive: i64 = query_value(
+                &admin,
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = $1",
+                &[&pid],
+            )
+            .await;
             if alive == 0 {
                 break;
             }
@@ -145,14 +136,12 @@ async fn table_leader_rides_out_a_killed_connection() {
     let (leader, token) = started_leading(store.lock(&name, "first")).await;
     let follower = Running::start(store.lock(&name, "second"));
     sleep(RETRY * 2).await;
-    let killed: i64 = admin
-        .query_one(
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1",
-            &[&app],
-        )
-        .await
-        .expect("terminate")
-        .get(0);
+    let killed: i64 = query_value(
+        &admin,
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1",
+        &[&app],
+    )
+    .await;
     assert!(killed >= 1, "no connection to kill");
     let until = Instant::now() + LEASE * 2;
     while Instant::now() < until {
@@ -242,21 +231,15 @@ async fn a_renewal_given_up_while_it_waits_on_the_row_is_never_applied() {
     let created = created(&lock).await;
     let holding = give_up_a_renewal_behind_the_row(&mut blocker, &lock, &name, &created).await;
     // The check (1 s), then the cancel and the close: nothing waits on the row any more.
-    let blocker_pid: i32 = holding
-        .query_one("SELECT pg_backend_pid()", &[])
-        .await
-        .expect("pid")
-        .get(0);
+    let blocker_pid: i32 = query_value(&holding, "SELECT pg_backend_pid()", &[]).await;
     let watcher = common::admin().await.expect("server");
     let waiting = async || -> i64 {
-        watcher
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
-                &[&blocker_pid],
-            )
-            .await
-            .expect("waiters")
-            .get(0)
+        query_value(
+            &watcher,
+            "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
+            &[&blocker_pid],
+        )
+        .await
     };
     let until = Instant::now() + Duration::from_secs(30);
     while waiting().await > 0 {

@@ -28,16 +28,8 @@ fn tls_conn() -> String {
 /// The server's certificate, if it serves TLS with it.
 async fn server_certificate() -> Option<CertificateDer<'static>> {
     let admin = common::admin().await?;
-    let ssl: String = admin
-        .query_one("SHOW ssl", &[])
-        .await
-        .expect("SHOW ssl")
-        .get(0);
-    let file: String = admin
-        .query_one("SHOW ssl_cert_file", &[])
-        .await
-        .expect("SHOW")
-        .get(0);
+    let ssl: String = common::query_value(&admin, "SHOW ssl", &[]).await;
+    let file: String = common::query_value(&admin, "SHOW ssl_cert_file", &[]).await;
     let cert = std::fs::read(SERVER_CERT)
         .ok()
         .filter(|_| ssl == "on" && file == SERVER_CERT);
@@ -71,14 +63,12 @@ async fn require_connects_over_tls_to_a_trusted_server() {
         .await
         .expect("TLS store");
     let client = store.pool().get().await.expect("connection");
-    let encrypted: bool = client
-        .query_one(
-            "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
-            &[],
-        )
-        .await
-        .expect("pg_stat_ssl")
-        .get(0);
+    let encrypted: bool = common::query_value(
+        &**client,
+        "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+        &[],
+    )
+    .await;
     assert!(encrypted, "the pooled connection is not encrypted");
     drop(client);
     let lock = store.lock(common::unique("tls"), "a");

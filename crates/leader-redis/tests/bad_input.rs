@@ -11,7 +11,7 @@ use leader_core::{LockError, LockSet, ResourceLock};
 use leader_redis::RedisStore;
 use leader_test_support::secrets::assert_wrong_password;
 use leader_test_support::unreadable;
-use leader_test_support::{assert_acquired, assert_unavailable_saying};
+use leader_test_support::{assert_acquired, assert_forbidden_saying, assert_unavailable_saying};
 use redis::aio::MultiplexedConnection;
 
 async fn cmd(admin: &mut MultiplexedConnection, args: &[&str]) -> redis::Value {
@@ -201,12 +201,7 @@ async fn an_acl_user_without_script_rights_gets_a_clear_error_and_recovers_when_
     .await;
     let store = store_as(&user, "pw").await;
     let lock = store.lock(unique("noperm"), "a");
-    let err = lock
-        .try_acquire(&record("a", 0))
-        .await
-        .expect_err("no EVALSHA");
-    assert!(matches!(err, LockError::Forbidden { .. }), "{err:?}");
-    assert!(err.to_string().contains("EVALSHA"), "{err}");
+    assert_forbidden_saying(lock.try_acquire(&record("a", 0)).await, &["EVALSHA"]);
     leads_once_the_user_gets(lock, &mut admin, &user, &["+evalsha", "+eval"]).await;
 }
 

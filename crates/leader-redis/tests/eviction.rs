@@ -6,9 +6,10 @@ mod common;
 
 use std::time::Duration;
 
+use leader_core::ResourceLock;
 use leader_core::conformance::record;
-use leader_core::{LockError, ResourceLock};
 use leader_redis::RedisStore;
+use leader_test_support::assert_misconfigured_saying;
 
 async fn config_set(url: &str, name: &str, value: &str) {
     let mut admin = redis::Client::open(url)
@@ -54,25 +55,17 @@ async fn a_server_that_evicts_keys_is_refused_when_built_and_at_a_terms_start() 
         config_set(&server.url, "maxmemory-policy", policy).await;
         // Past the second a passed check stands for.
         tokio::time::sleep(Duration::from_millis(1100)).await;
-        let err = lock
-            .try_acquire(&record("a", 0))
-            .await
-            .expect_err("a term's start on a server that evicts keys");
-        assert!(matches!(err, LockError::Misconfigured { .. }), "{err:?}");
-        let message = err.to_string();
-        assert!(
-            message.contains(policy) && message.contains("noeviction"),
-            "{message}"
+        // A term's start on a server that evicts keys.
+        assert_misconfigured_saying(
+            lock.try_acquire(&record("a", 0)).await,
+            &[policy, "noeviction"],
         );
         // The lease taken for the check is given back at once.
         let stored = lock.get().await.expect("get").expect("the record");
         assert!(stored.record.is_free(), "{:?}", stored.record);
 
-        let err = RedisStore::connect(server.url.clone())
-            .await
-            .expect_err("built on a server that evicts keys");
-        assert!(matches!(err, LockError::Misconfigured { .. }), "{err:?}");
-        assert!(err.to_string().contains(policy), "{err}");
+        // Built on a server that evicts keys.
+        assert_misconfigured_saying(RedisStore::connect(server.url.clone()).await, &[policy]);
     }
     config_set(&server.url, "maxmemory-policy", "noeviction").await;
     RedisStore::connect(server.url.clone())

@@ -2,22 +2,21 @@
 //! members the test kills, restarts and freezes: Debian's `etcd` binary, each member's data in a
 //! temporary directory that outlives its restarts.
 
-use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::free_port;
-use crate::process::Slot;
+use crate::process::{DataDir, Slot, exchange, wait_until};
 
-/// One member: its ports, data and process.
+/// One member: its ports, process and data (removed after the process is killed).
 #[derive(Debug)]
 struct Member {
     name: String,
     client_port: u16,
     peer_port: u16,
-    dir: PathBuf,
     child: Slot,
+    dir: DataDir,
 }
 
 /// A cluster of the test's own; every member killed and its data removed when dropped.
@@ -30,18 +29,8 @@ pub struct EtcdCluster {
 
 /// `GET path` on loopback `port`, the body, or `None` when nothing answered within a second.
 fn http_get(port: u16, path: &str) -> Option<String> {
-    let address = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-    let mut stream =
-        std::net::TcpStream::connect_timeout(&address, Duration::from_millis(500)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).ok()?;
-    response
+    let request = format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+    exchange(port, request.as_bytes())?
         .split_once("\r\n\r\n")
         .map(|(_, body)| body.to_owned())
 }
@@ -63,8 +52,8 @@ impl EtcdCluster {
                 name: format!("m{i}"),
                 client_port: free_port(),
                 peer_port: free_port(),
-                dir: std::env::temp_dir().join(format!("leader-etcd-cluster-{tag}-m{i}")),
                 child: Slot::default(),
+                dir: DataDir(std::env::temp_dir().join(format!("leader-etcd-cluster-{tag}-m{i}"))),
             })
             .collect();
         let initial = members
@@ -100,21 +89,20 @@ impl EtcdCluster {
             .map_or_else(Stdio::null, Stdio::from);
         let client = format!("http://127.0.0.1:{}", member.client_port);
         let peer = format!("http://127.0.0.1:{}", member.peer_port);
-        let child = Command::new("etcd")
+        let mut command = Command::new("etcd");
+        command
             .args(["--name", &member.name, "--data-dir"])
-            .arg(&member.dir)
+            .arg(&*member.dir)
             .args(["--listen-client-urls", &client])
             .args(["--advertise-client-urls", &client])
             .args(["--listen-peer-urls", &peer])
             .args(["--initial-advertise-peer-urls", &peer])
             .args(["--initial-cluster", &self.initial])
             .args(["--initial-cluster-token", &self.token])
-            .env("ETCD_UNSUPPORTED_ARCH", "arm64")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start an etcd member");
-        self.members[index].child.set(child);
+            .env("ETCD_UNSUPPORTED_ARCH", "arm64");
+        self.members[index]
+            .child
+            .start(&mut command, log, "an etcd member");
     }
 
     /// How many members there are.
@@ -159,17 +147,12 @@ impl EtcdCluster {
     /// # Panics
     /// None was within `within`.
     pub fn wait_for_a_leader(&self, within: Duration) -> usize {
-        let since = Instant::now();
-        loop {
-            if let Some(leader) = self.leader() {
-                return leader;
-            }
-            assert!(
-                since.elapsed() < within,
-                "the etcd cluster elected no leader within {within:?}"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        wait_until(
+            within,
+            Duration::from_millis(100),
+            "the etcd cluster elected no leader",
+            || self.leader(),
+        )
     }
 
     /// Kills member `index` (SIGKILL), keeping its data.
@@ -185,18 +168,22 @@ impl EtcdCluster {
     pub fn restart(&mut self, index: usize) {
         self.kill(index);
         self.spawn(index);
-        let port = self.members[index].client_port;
-        let since = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if let Some(status) = self.members[index].child.exited() {
-                panic!("etcd member {index} exited as it started again ({status})");
-            }
-            assert!(
-                since.elapsed() < Duration::from_secs(60),
-                "etcd member {index} did not listen again within 60 s"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let member = &mut self.members[index];
+        let port = member.client_port;
+        wait_until(
+            Duration::from_secs(60),
+            Duration::from_millis(50),
+            &format!("etcd member {index} did not listen again"),
+            || {
+                if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                    return Some(());
+                }
+                if let Some(status) = member.child.exited() {
+                    panic!("etcd member {index} exited as it started again ({status})");
+                }
+                None
+            },
+        );
     }
 
     /// Freezes member `index` (SIGSTOP): its connections stay open and silent.
@@ -207,14 +194,5 @@ impl EtcdCluster {
     /// Resumes a frozen member (SIGCONT).
     pub fn thaw(&self, index: usize) {
         self.members[index].child.thaw();
-    }
-}
-
-impl Drop for EtcdCluster {
-    fn drop(&mut self) {
-        for index in 0..self.members.len() {
-            self.kill(index);
-            let _ = std::fs::remove_dir_all(&self.members[index].dir);
-        }
     }
 }

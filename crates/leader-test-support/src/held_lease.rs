@@ -32,6 +32,39 @@ pub async fn renew(holder: &dyn ResourceLock, held: &Observed) -> Observed {
     holder.update(&held.version, &renewal).await.expect("renew")
 }
 
+/// Renews `held` through `holder`, whose pooled connection another user of the pool left
+/// inside a transaction: panics unless that renewal fails saying so and writes nothing
+/// (`reader`, a lock of the same election on a connection of its own, still reads `held`), and
+/// the same renewal sent again, on a new connection, is committed.
+pub async fn assert_renewal_in_an_open_transaction_commits_nothing(
+    holder: &dyn ResourceLock,
+    held: &Observed,
+    reader: &dyn ResourceLock,
+) {
+    let mut renewal = held.record.clone();
+    renewal.renew_time = chrono::Utc::now();
+    let err = holder
+        .update(&held.version, &renewal)
+        .await
+        .expect_err("a renewal inside a transaction left open");
+    assert!(err.to_string().contains("transaction"), "{err}");
+    let seen = async || reader.get().await.expect("get").expect("a record").version;
+    assert_eq!(
+        seen().await,
+        held.version,
+        "the failed renewal was not committed"
+    );
+    let renewed = holder
+        .update(&held.version, &renewal)
+        .await
+        .expect("renewed on a new connection");
+    assert_eq!(
+        seen().await,
+        renewed.version,
+        "committed on a new connection"
+    );
+}
+
 /// [`take`]s the election of `holder` and [`renew`]s it once.
 pub async fn hold(holder: &dyn ResourceLock) {
     let held = take(holder).await;

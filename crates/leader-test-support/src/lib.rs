@@ -629,6 +629,34 @@ pub async fn leader_and_follower(
     (leader, token, term, Candidate::start(second))
 }
 
+/// Ends the session `leader` holds its lease on (`kill`, as the server would) while it leads
+/// with fencing token `token`: panics unless it steps down within `step_down`, and `follower`
+/// then leads with a larger token within `take_over` while it does not. Stops both, and
+/// returns how long after the kill the leader stepped down and the follower led.
+pub async fn assert_taken_over_once_killed(
+    mut leader: Candidate,
+    token: u64,
+    mut follower: Candidate,
+    kill: impl Future<Output = ()>,
+    step_down: Duration,
+    take_over: Duration,
+) -> (Duration, Duration) {
+    let killed = tokio::time::Instant::now();
+    kill.await;
+    tokio::time::timeout(step_down, leader.state.wait_for(|s| !s.is_leading()))
+        .await
+        .expect("the leader steps down by its renew deadline")
+        .expect("alive");
+    let stepped_down = killed.elapsed();
+    let next = follower.wait_leading(take_over).await;
+    assert!(next > token, "fencing token {token} then {next}");
+    assert!(leader.leading_token().is_none(), "both lead");
+    let taken_over = killed.elapsed();
+    follower.stop().await;
+    leader.stop().await;
+    (stepped_down, taken_over)
+}
+
 /// `prefix` and eight random hex digits: a name no other test run uses.
 pub fn unique(prefix: &str) -> String {
     format!("{prefix}-{:08x}", fastrand::u32(..))

@@ -1,8 +1,12 @@
 //! A server process of a test's own cluster, which the test kills, freezes and starts again:
 //! what each member of [`EtcdCluster`](crate::etcd_cluster::EtcdCluster) and
-//! [`ZooKeeperEnsemble`](crate::zookeeper_ensemble::ZooKeeperEnsemble) keeps.
+//! [`ZooKeeperEnsemble`](crate::zookeeper_ensemble::ZooKeeperEnsemble) keeps, with its data
+//! directory; and how such a cluster is asked, and waited for, on loopback.
 
-use std::process::Child;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -18,6 +22,20 @@ impl Slot {
     pub(crate) fn set(&mut self, child: Child) {
         self.kill();
         self.child = Some(child);
+    }
+
+    /// Starts `command` for the member (what `what` names, for the panic), its standard
+    /// output discarded and its standard error to `log`, and keeps the process.
+    ///
+    /// # Panics
+    /// The process could not be started.
+    pub(crate) fn start(&mut self, command: &mut Command, log: Stdio, what: &str) {
+        let child = command
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|err| panic!("start {what}: {err}"));
+        self.set(child);
     }
 
     /// Whether a process runs in it (frozen or not).
@@ -63,5 +81,57 @@ impl Slot {
 impl Drop for Slot {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// A member's data directory, which outlives its restarts and is removed when dropped. A
+/// member keeps it in a field after its [`Slot`], so that its process is killed first.
+#[derive(Debug)]
+pub(crate) struct DataDir(pub(crate) PathBuf);
+
+impl std::ops::Deref for DataDir {
+    type Target = Path;
+
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for DataDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Sends `request` to loopback `port` and returns the whole answer, or `None` when nothing
+/// answered within a second.
+pub(crate) fn exchange(port: u16, request: &[u8]) -> Option<String> {
+    let address = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let mut stream =
+        std::net::TcpStream::connect_timeout(&address, Duration::from_millis(500)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+    stream.write_all(request).ok()?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).ok()?;
+    Some(answer)
+}
+
+/// Asks `ready` every `every` until it gives a value, and returns that.
+///
+/// # Panics
+/// It gave none within `within`: the panic says `failed` (what did not happen) and `within`.
+pub(crate) fn wait_until<T>(
+    within: Duration,
+    every: Duration,
+    failed: &str,
+    mut ready: impl FnMut() -> Option<T>,
+) -> T {
+    let since = Instant::now();
+    loop {
+        if let Some(value) = ready() {
+            return value;
+        }
+        assert!(since.elapsed() < within, "{failed} within {within:?}");
+        std::thread::sleep(every);
     }
 }

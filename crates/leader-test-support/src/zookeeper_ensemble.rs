@@ -4,26 +4,24 @@
 //! restarts. A test that needs other settings (authentication enforced, containers reaped
 //! sooner) starts servers of its own with [`ZooKeeperEnsemble::start_with`].
 
-use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
-
-use crate::process::Slot;
+use std::time::Duration;
 
 use crate::free_port;
+use crate::process::{DataDir, Slot, exchange, wait_until};
 
 /// Where Debian's package puts the server.
 const JAR: &str = "/usr/share/java/zookeeper.jar";
 /// A logger binding for the server's slf4j (Debian's `libslf4j-java`).
 const LOGGER: &str = "/usr/share/java/slf4j-simple.jar";
 
-/// One server: its ports, data and process.
+/// One server: its port, process and data (removed after the process is killed).
 #[derive(Debug)]
 struct Server {
     client_port: u16,
-    dir: PathBuf,
     child: Slot,
+    dir: DataDir,
 }
 
 /// Where a count of requests began ([`ZooKeeperEnsemble::count_requests`]).
@@ -80,14 +78,7 @@ pub fn server_command_with(config: &Path, properties: &[String]) -> Command {
 /// Sends four-letter word `word` to loopback `port` and returns the answer, or `None` when
 /// nothing answered within a second.
 pub fn four_letter_word(port: u16, word: &str) -> Option<String> {
-    let address = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-    let mut stream =
-        std::net::TcpStream::connect_timeout(&address, Duration::from_millis(500)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
-    stream.write_all(word.as_bytes()).ok()?;
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer).ok()?;
-    Some(answer)
+    exchange(port, word.as_bytes())
 }
 
 /// The requests server `port` has received from clients so far (its `stat`'s `Received:`).
@@ -163,8 +154,8 @@ impl ZooKeeperEnsemble {
             std::fs::write(dir.join("zoo.cfg"), config).expect("zoo.cfg");
             servers.push(Server {
                 client_port: *client,
-                dir,
                 child: Slot::default(),
+                dir: DataDir(dir),
             });
         }
         let mut ensemble = Self {
@@ -182,12 +173,10 @@ impl ZooKeeperEnsemble {
         let server = &self.servers[index];
         let log = std::fs::File::create(server.dir.join("zookeeper.log"))
             .map_or_else(|_| Stdio::null(), Stdio::from);
-        let child = server_command_with(&server.dir.join("zoo.cfg"), &self.properties)
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start a ZooKeeper server");
-        self.servers[index].child.set(child);
+        let mut command = server_command_with(&server.dir.join("zoo.cfg"), &self.properties);
+        self.servers[index]
+            .child
+            .start(&mut command, log, "a ZooKeeper server");
     }
 
     /// The connect string of every server, `127.0.0.1:PORT,...`.
@@ -252,28 +241,27 @@ impl ZooKeeperEnsemble {
     /// # Panics
     /// They did not within `within`.
     pub fn wait_for_quorum(&self, within: Duration) {
-        let since = Instant::now();
-        loop {
-            let serving = self
-                .servers
-                .iter()
-                .filter(|s| s.child.is_running())
-                .all(|s| {
-                    four_letter_word(s.client_port, "srvr").is_some_and(|answer| {
-                        answer.lines().any(|l| {
-                            l == "Mode: leader" || l == "Mode: follower" || l == "Mode: standalone"
+        wait_until(
+            within,
+            Duration::from_millis(100),
+            "the ZooKeeper ensemble formed no quorum",
+            || {
+                let serving = self
+                    .servers
+                    .iter()
+                    .filter(|s| s.child.is_running())
+                    .all(|s| {
+                        four_letter_word(s.client_port, "srvr").is_some_and(|answer| {
+                            answer.lines().any(|l| {
+                                l == "Mode: leader"
+                                    || l == "Mode: follower"
+                                    || l == "Mode: standalone"
+                            })
                         })
-                    })
-                });
-            if serving && (self.servers.len() == 1 || self.leader().is_some()) {
-                return;
-            }
-            assert!(
-                since.elapsed() < within,
-                "the ZooKeeper ensemble formed no quorum within {within:?}"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+                    });
+                (serving && (self.servers.len() == 1 || self.leader().is_some())).then_some(())
+            },
+        );
     }
 
     /// Kills server `index` (SIGKILL), keeping its data.
@@ -300,14 +288,5 @@ impl ZooKeeperEnsemble {
     /// Resumes a frozen server (SIGCONT).
     pub fn thaw(&self, index: usize) {
         self.servers[index].child.thaw();
-    }
-}
-
-impl Drop for ZooKeeperEnsemble {
-    fn drop(&mut self) {
-        for index in 0..self.servers.len() {
-            self.kill(index);
-            let _ = std::fs::remove_dir_all(&self.servers[index].dir);
-        }
     }
 }

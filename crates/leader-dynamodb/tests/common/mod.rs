@@ -24,17 +24,6 @@ pub fn unique_table() -> String {
     format!("leader-test-{:08x}", fastrand::u32(..))
 }
 
-/// The environment a `leader` process needs for the test server: region, endpoint and
-/// moto's any-will-do credentials.
-pub fn env() -> Vec<(String, String)> {
-    vec![
-        ("AWS_REGION".to_owned(), "us-east-1".to_owned()),
-        ("AWS_ENDPOINT_URL_DYNAMODB".to_owned(), endpoint()),
-        ("AWS_ACCESS_KEY_ID".to_owned(), "test".to_owned()),
-        ("AWS_SECRET_ACCESS_KEY".to_owned(), "test".to_owned()),
-    ]
-}
-
 /// The AWS configuration of the test server.
 pub async fn sdk_config() -> aws_config::SdkConfig {
     aws_config::defaults(aws_config::BehaviorVersion::latest())

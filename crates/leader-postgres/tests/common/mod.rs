@@ -74,6 +74,19 @@ pub async fn store_behind_pgbouncer() -> Option<PostgresStore> {
     )
 }
 
+/// The one value of the one row `sql` gives, run with `params` on `client` (a connection or a
+/// transaction); panics, naming `sql`, unless it gives one row.
+pub async fn query_value<T>(
+    client: &impl tokio_postgres::GenericClient,
+    sql: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> T
+where
+    T: for<'a> tokio_postgres::types::FromSql<'a>,
+{
+    client.query_one(sql, params).await.expect(sql).get(0)
+}
+
 /// A key-value connection string for the test server as `user`.
 pub fn conn_as(user: &str, password: &str) -> String {
     let config: tokio_postgres::Config = database_url().parse().expect("DATABASE_URL");

@@ -42,10 +42,7 @@ pub(crate) fn strategic_merge_patch(target: &mut Value, patch: &Value) {
     };
     merge_patch(target, &patch);
     if let Some(Value::Array(items)) = references {
-        let mut current = target["metadata"]["ownerReferences"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default();
+        let current = metadata_list(target, "ownerReferences");
         for item in items {
             let uid = item["uid"].clone();
             let position = current.iter().position(|c| c["uid"] == uid);
@@ -58,20 +55,24 @@ pub(crate) fn strategic_merge_patch(target: &mut Value, patch: &Value) {
                 (_, None) => current.push(item),
             }
         }
-        target["metadata"]["ownerReferences"] = Value::Array(current);
     }
     if let Some(Value::Array(items)) = finalizers {
-        let mut current = target["metadata"]["finalizers"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default();
+        let current = metadata_list(target, "finalizers");
         for item in items {
             if !current.contains(&item) {
                 current.push(item);
             }
         }
-        target["metadata"]["finalizers"] = Value::Array(current);
     }
+}
+
+/// The list at `metadata.{field}` of `target`, an empty one put there when it has none.
+fn metadata_list<'a>(target: &'a mut Value, field: &str) -> &'a mut Vec<Value> {
+    let list = &mut target["metadata"][field];
+    if !list.is_array() {
+        *list = Value::Array(Vec::new());
+    }
+    list.as_array_mut().expect("made a list above")
 }
 
 /// Why a JSON patch was not applied.

@@ -33,33 +33,25 @@ use crate::kube_api::{KubeApiServer, fields};
 pub(super) async fn patch(
     State(api): State<KubeApiServer>,
     Extension(group): Extension<Group>,
-    Path((version, ns, plural, name)): Path<(String, String, String, String)>,
+    Path(path): Path<(String, String, String, String)>,
     Query(query): Query<WriteQuery>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let request = Request {
-        api,
-        group,
-        version,
-        ns,
-        plural,
-        name,
-        query,
-        headers,
-        body,
-    };
-    let held = (request.plural == "pods")
-        .then(|| request.api.shared.behaviour().held_pod_write.take())
+    let (_, _, plural, _) = &path;
+    let held = (plural == "pods")
+        .then(|| api.shared.behaviour().held_pod_write.take())
         .flatten();
+    // Nothing of the PATCH runs until this is awaited.
+    let patched = apply(api, group, path, query, headers, body);
     let Some(held) = held else {
-        return apply(request).await;
+        return patched.await;
     };
     // Its own task: a request the server has received goes on when its client goes away.
     let task = tokio::spawn(async move {
         let _ = held.arrived.send(());
         let _ = held.release.await;
-        let response = apply(request).await;
+        let response = patched.await;
         let _ = held.answered.send(response.status().as_u16());
         response
     });
@@ -67,32 +59,17 @@ pub(super) async fn patch(
         .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
 }
 
-/// A PATCH as received.
-struct Request {
+/// The PATCH itself, once the request is let through; `path` is the request's version,
+/// namespace, resource and name.
+async fn apply(
     api: KubeApiServer,
     group: Group,
-    version: String,
-    ns: String,
-    plural: String,
-    name: String,
+    path: (String, String, String, String),
     query: WriteQuery,
     headers: HeaderMap,
     body: Bytes,
-}
-
-/// The PATCH itself, once the request is let through.
-async fn apply(request: Request) -> Response {
-    let Request {
-        api,
-        group,
-        version,
-        ns,
-        plural,
-        name,
-        query,
-        headers,
-        body,
-    } = request;
+) -> Response {
+    let (version, ns, plural, name) = path;
     let resource = match permitted(&api, group, &version, &plural, "patch", &ns, &name) {
         Ok(resource) => resource,
         Err(response) => return *response,
