@@ -290,7 +290,8 @@ impl ResourceLock for LeaseLock {
     /// Plain candidates have no one-request acquisition (the elector reads and writes). A
     /// coordinated candidate takes up the Lease only when the coordinator gave it to this
     /// identity (its holder, without the `acquireTime` a take-up writes) and no handover to
-    /// another is pending; otherwise it is unassigned.
+    /// another is pending. A Lease this identity already took up is held (the elector decides
+    /// as for any holder); any other is unassigned.
     async fn try_acquire(
         &self,
         desired: &LeaderElectionRecord,
@@ -318,9 +319,7 @@ impl ResourceLock for LeaseLock {
             return Err(problem);
         }
         let current = self.get().await?;
-        // The coordinator gives a Lease with no `acquireTime`; a take-up writes one. A Lease
-        // of this identity that has one is a term already taken up, maybe by another process
-        // given the same identity (S13): not given to this one.
+        // The coordinator gives a Lease with no `acquireTime`; a take-up writes one.
         let fresh = self
             .last
             .lock()
@@ -328,15 +327,32 @@ impl ResourceLock for LeaseLock {
             .as_ref()
             .and_then(|lease| lease.spec.as_ref())
             .is_some_and(|spec| spec.acquire_time.is_none());
-        let given = current.as_ref().filter(|observed| {
-            fresh
-                && observed.record.holder_identity == self.identity
-                && !observed.record.reserved_for_other_than(&self.identity)
-        });
-        let Some(given) = given else {
+        let Some(given) = current
+            .as_ref()
+            .filter(|observed| observed.record.holder_identity == self.identity)
+        else {
             self.note_unassigned(current.as_ref());
             return Ok(Some(Acquisition::Unassigned(current)));
         };
+        // A Lease of this identity already taken up is a term: this process's own, or
+        // another's given the same identity (S13). The elector judges it as any holder's: its
+        // own term it takes again at once, another's only once it stayed unrenewed for a
+        // lease. Never unassigned: the coordinator elects an expired holder again without
+        // writing (`reconcileElectionStep` writes a holder only to a Lease with none, or an
+        // expired one going to another identity), so a holder whose term lapsed (renewals
+        // failed past the deadline, a process restarted under its Pod name) would wait for a
+        // Lease never given anew, and nobody would lead.
+        if !fresh {
+            return Ok(Some(Acquisition::Held {
+                observed: given.clone(),
+                expires_in: None,
+                renewed_in_store: false,
+            }));
+        }
+        if given.record.reserved_for_other_than(&self.identity) {
+            self.note_unassigned(current.as_ref());
+            return Ok(Some(Acquisition::Unassigned(current)));
+        }
         let mut taken = desired.clone();
         taken.leader_transitions =
             (given.record.leader_transitions + 1).max(desired.leader_transitions);

@@ -429,3 +429,35 @@ async fn denied_candidates_and_bad_settings_are_clear_errors() {
         ))
         .expect("a qualified strategy without emulation version");
 }
+
+/// A coordinated leader that crashes (no release) and starts again under its Pod name, the
+/// oldest version still: the coordinator elects the same identity again and writes nothing
+/// (an expired Lease is rewritten only for *another* holder), so the new process takes the
+/// Lease back itself, once it stayed unrenewed for a lease, with a higher token; and a
+/// second process of another identity never leads beside it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_restarted_leader_takes_back_the_lease_the_coordinator_leaves_it() {
+    let api = KubeApiServer::start().await;
+    api.start_coordinator();
+    let terms = Terms::start();
+    let mut first = Candidate::start(coordinated(&api, "jobs", "pod-a", "1.2.0"));
+    terms.add("first", &first);
+    let token = leads(&mut first).await;
+    let other = Candidate::start(coordinated(&api, "jobs", "pod-b", "1.3.0"));
+    terms.add("other", &other);
+    first.task.abort();
+    let crashed = Instant::now();
+    let mut again = Candidate::start(coordinated(&api, "jobs", "pod-a", "1.2.0"));
+    terms.add("again", &again);
+    let taken = leads(&mut again).await;
+    assert!(taken > token, "tokens {token} then {taken}");
+    assert!(
+        crashed.elapsed() >= leader_core::background::LEASE,
+        "the restarted process took the crashed one's term {:?} after the crash",
+        crashed.elapsed()
+    );
+    assert!(other.leading_token().is_none());
+    let _ = terms.seen();
+    again.stop().await;
+    other.stop().await;
+}
