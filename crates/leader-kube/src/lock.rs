@@ -441,6 +441,11 @@ pub(crate) fn client_with_timeouts(
     config.write_timeout = Some(timeout);
     config.read_timeout = Some(read);
     config.reset_reader_on_write = true;
+    // kube-rs retries 429, 503 and 504 by default up to 15 times from 5 ms, doubling
+    // (`RetryPolicy::server_retry`): some ten requests within a request timeout for each one
+    // the lock sends, per replica and per shard, at an API server that is shedding load. The
+    // elector retries after its retry period and backs off while failures last (S9).
+    config.default_retry = false;
     kube::Client::try_from(config).map_err(|err| LockError::Misconfigured {
         backend: BACKEND,
         message: format!("cannot build a Kubernetes client: {err}"),

@@ -160,10 +160,10 @@ impl LeaseLock {
     /// went idle (`reset_reader_on_write`). The follower's watch has a client of its own whose
     /// read timeout outlasts the server's watch timeout, so a quiet watch is not cut.
     ///
-    /// Retries: kube-rs's default policy retries 429, 503 and 504 up to three times, 0.5 s apart
-    /// and doubling (it does not read `Retry-After`), always within the elector's request
-    /// timeout, as client-go retries them; any other 5xx is [`LockError::Unavailable`], and the
-    /// elector tries again after its retry period, backing off while failures last (S9).
+    /// Retries: the clients retry nothing themselves (kube-rs's default retries 429, 503 and
+    /// 504 up to fifteen times from 5 ms, some ten requests within a request timeout): a
+    /// 429 or a 5xx is [`LockError::Unavailable`], and the elector tries again after its retry
+    /// period, backing off while failures last (S9).
     ///
     /// # Errors
     /// [`LockError::Misconfigured`] when no client can be built, or for names the API server

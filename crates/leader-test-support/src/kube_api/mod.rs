@@ -336,10 +336,15 @@ impl KubeApiServer {
         self.shared.behaviour().write_delay = delay;
     }
 
-    /// Answers the next PUTs with these status codes (429 with `Retry-After: 1`, 5xx) instead of
-    /// doing them, as an overloaded API server or its priority and fairness would.
+    /// Answers the next PUTs with these status codes (429 with `Retry-After: 1`, 5xx without)
+    /// instead of doing them, as an overloaded API server or its priority and fairness would.
     pub fn reject_writes(&self, codes: &[u16]) {
         self.shared.behaviour().reject_writes.extend(codes);
+    }
+
+    /// How many of the codes given to [`reject_writes`](Self::reject_writes) no PUT has met yet.
+    pub fn rejections_left(&self) -> usize {
+        self.shared.behaviour().reject_writes.len()
     }
 
     /// Sends watches that allow them a BOOKMARK this often.

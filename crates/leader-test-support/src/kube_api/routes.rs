@@ -105,6 +105,34 @@ fn status(
     json_response(code, &body)
 }
 
+/// A write refused as a busy API server refuses it: a 429 from priority and fairness or the
+/// max-in-flight filter, with `Retry-After: 1` (apiserver `filters/priority-and-fairness.go`
+/// and `filters/maxinflight.go`, `tooManyRequests`); a 504 from the timeout filter
+/// (`filters/timeout.go`, a `Timeout` Status) and a 500 or 503 from storage, without one.
+fn rejection(resource: Resource, code: u16, name: &str) -> Response {
+    let code = StatusCode::from_u16(code).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
+    let reason = match code {
+        StatusCode::TOO_MANY_REQUESTS => "TooManyRequests",
+        StatusCode::GATEWAY_TIMEOUT => "Timeout",
+        StatusCode::SERVICE_UNAVAILABLE => "ServiceUnavailable",
+        _ => "InternalError",
+    };
+    let mut response = status(
+        resource,
+        code,
+        reason,
+        "the server is busy",
+        name,
+        json!({}),
+    );
+    if code == StatusCode::TOO_MANY_REQUESTS {
+        response
+            .headers_mut()
+            .insert("retry-after", HeaderValue::from_static("1"));
+    }
+    response
+}
+
 fn json_response(code: StatusCode, body: &Value) -> Response {
     (
         code,
@@ -416,19 +444,7 @@ async fn replace(
     };
     tokio::time::sleep(delay).await;
     if let Some(code) = rejected {
-        let code = StatusCode::from_u16(code).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
-        let mut response = status(
-            resource,
-            code,
-            "TooManyRequests",
-            "the server is busy",
-            &name,
-            json!({}),
-        );
-        response
-            .headers_mut()
-            .insert("retry-after", HeaderValue::from_static("1"));
-        return response;
+        return rejection(resource, code, &name);
     }
     let mut object = match bad_json(resource, &name, &body) {
         Ok(object) => without_managed_fields(object),
