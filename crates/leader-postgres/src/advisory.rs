@@ -39,7 +39,8 @@ use crate::store::{Dedicated, PostgresStore};
 ///   transactions. Connect directly or through session pooling.
 /// * A half-open client connection (the client host vanished without closing the socket) keeps
 ///   the lock until the server notices. The session sets `idle_session_timeout` (Postgres 14 and
-///   later) and TCP keepalives so that it notices within about [`idle_session_timeout`], and the
+///   later) and TCP keepalives so that it notices within about [`idle_session_timeout`] (or the
+///   lease, when longer), and the
 ///   lease keeps followers from acting early meanwhile.
 ///
 /// [`idle_session_timeout`]: Self::idle_session_timeout
@@ -51,10 +52,12 @@ pub struct AdvisoryLock {
     session: Arc<Mutex<Option<Session>>>,
 }
 
-/// The lock's session: the connection whose advisory lock it holds.
+/// The lock's session: the connection whose advisory lock it holds, and the
+/// `idle_session_timeout` it was given.
 #[derive(Debug)]
 struct Session {
     client: Dedicated,
+    timeout: Duration,
 }
 
 impl PostgresStore {
@@ -77,8 +80,10 @@ impl PostgresStore {
 
 impl AdvisoryLock {
     /// How long the server keeps this lock's session when the client goes silent (Postgres 14+
-    /// `idle_session_timeout`; default 30 s). It must exceed the elector's longest wait between
-    /// two requests: `retry_period * (1 + jitter)`.
+    /// `idle_session_timeout`; default 30 s), and never less than the lease of the record the
+    /// session last wrote: the holder writes once a retry period, which is shorter than the
+    /// lease, so a timeout below it cannot end the holder's session between two renewals, and
+    /// a shorter one would free the election no sooner, since followers wait the lease out.
     #[must_use]
     pub fn idle_session_timeout(mut self, timeout: Duration) -> Self {
         self.idle_timeout = timeout;
@@ -105,10 +110,10 @@ impl AdvisoryLock {
         Ok(Some(row.get(0)))
     }
 
-    async fn connect(&self) -> Result<Session, LockError> {
+    async fn connect(&self, timeout: Duration) -> Result<Session, LockError> {
         let client = self.store.dedicated("", None).await?;
         let context = self.store.context();
-        let timeout = format!("{}ms", self.idle_timeout.as_millis());
+        let idle = format!("{}ms", timeout.as_millis());
         let app = format!("leader:{}", self.election.identity);
         client
             .query_typed(
@@ -120,7 +125,7 @@ impl AdvisoryLock {
         // Postgres before 14 has neither setting; keepalives still apply. The connection check
         // lets a backend waiting on a row lock notice that its client closed the connection.
         for (setting, value) in [
-            ("idle_session_timeout", timeout.as_str()),
+            ("idle_session_timeout", idle.as_str()),
             ("client_connection_check_interval", "1s"),
         ] {
             if let Err(err) = client
@@ -133,12 +138,37 @@ impl AdvisoryLock {
                 tracing::debug!(error = %err, setting, "not supported by this server");
             }
         }
-        Ok(Session { client })
+        Ok(Session { client, timeout })
     }
 
-    /// Runs `op` on the dedicated session, connecting first if there is none; a session whose
-    /// connection broke, or that the server answered as read-only, is dropped, and its advisory
-    /// lock is gone with it.
+    /// Gives `session` an `idle_session_timeout` of at least `timeout`, for a longer lease
+    /// than it was given for.
+    async fn keep_for(&self, session: &mut Session, timeout: Duration) -> Result<(), LockError> {
+        if session.timeout >= timeout {
+            return Ok(());
+        }
+        let idle = format!("{}ms", timeout.as_millis());
+        if let Err(err) = session
+            .client
+            .query_typed(
+                "SELECT set_config('idle_session_timeout', $1, false)",
+                &[typed(&idle)],
+            )
+            .await
+        {
+            if session.client.is_closed() {
+                return Err(map(&self.store.context(), err));
+            }
+            tracing::debug!(error = %err, "idle_session_timeout not supported by this server");
+        }
+        session.timeout = timeout;
+        Ok(())
+    }
+
+    /// Runs `op` on the dedicated session, connecting first if there is none, with the server
+    /// keeping it for the idle timeout and at least `lease` (the lease of the record `op`
+    /// writes); a session whose connection broke, or that the server answered as read-only, is
+    /// dropped, and its advisory lock is gone with it.
     ///
     /// When `op` is cancelled midway (the elector's request timeout dropped it), a statement
     /// already sent may still run on the server later, so what the session holds is unknown:
@@ -147,12 +177,16 @@ impl AdvisoryLock {
     /// never hears back.
     async fn with_session<T>(
         &self,
+        lease: Duration,
         op: impl AsyncFnOnce(&Session) -> Result<T, LockError>,
     ) -> Result<T, LockError> {
+        let timeout = self.idle_timeout.max(lease);
         let mut guard = self.session.lock().await;
         if guard.as_ref().is_none_or(|s| s.client.is_closed()) {
             *guard = None;
-            *guard = Some(self.connect().await?);
+            *guard = Some(self.connect(timeout).await?);
+        } else if let Some(session) = guard.as_mut() {
+            self.keep_for(session, timeout).await?;
         }
         let mut pending = EndIfCancelled(Some(guard));
         let Some(session) = pending.0.as_ref().and_then(|g| g.as_ref()) else {
@@ -204,13 +238,15 @@ impl Drop for EndIfCancelled<'_> {
 impl ResourceLock for AdvisoryLock {
     async fn get(&self) -> Result<Option<Observed>, LockError> {
         let sql = &self.store.inner().advisory_statements.get;
-        self.with_session(async |s| self.election.get(&self.store, &s.client, sql).await)
-            .await
+        self.with_session(Duration::ZERO, async |s| {
+            self.election.get(&self.store, &s.client, sql).await
+        })
+        .await
     }
 
     async fn create(&self, record: &LeaderElectionRecord) -> Result<Observed, LockError> {
         let sql = &self.store.inner().advisory_statements.create;
-        self.with_session(async |s| {
+        self.with_session(record.lease_duration, async |s| {
             let result = self
                 .election
                 .create(&self.store, &s.client, sql, record, true)
@@ -231,7 +267,7 @@ impl ResourceLock for AdvisoryLock {
         let sql = self
             .election
             .write_sql(&self.store.inner().advisory_statements, record);
-        self.with_session(async |s| {
+        self.with_session(record.lease_duration, async |s| {
             let result = self
                 .election
                 .update(&self.store, &s.client, sql, version, record, true)
@@ -269,7 +305,7 @@ impl ResourceLock for AdvisoryLock {
         desired: &LeaderElectionRecord,
     ) -> Result<Option<Acquisition>, LockError> {
         let sql = &self.store.inner().advisory_statements.try_acquire;
-        self.with_session(async |s| {
+        self.with_session(desired.lease_duration, async |s| {
             let acquisition = self
                 .election
                 .try_acquire(&self.store, &s.client, sql, desired, true)

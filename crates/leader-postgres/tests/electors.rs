@@ -62,6 +62,36 @@ async fn advisory_leader_steps_down_when_its_session_is_killed() {
     assert!(led < LEASE + RETRY * 4 + Duration::from_secs(1));
 }
 
+/// An `idle_session_timeout` below the retry period, which the server would end the holder's
+/// session on between two renewals (and its advisory lock with it, every term ending at its
+/// first renewal): the session is kept for the lease at least. The leader keeps its term and
+/// its session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_session_timeout_below_the_retry_period_keeps_the_term() {
+    let Some(store) = common::store().await else {
+        return;
+    };
+    let name = unique("idle");
+    let lock = store
+        .advisory_lock(&name, "first")
+        .idle_session_timeout(RETRY / 4);
+    let pid_of = lock.clone();
+    let (leader, token) = started_leading(lock).await;
+    let pid = pid_of.backend_pid().await.expect("pid").expect("connected");
+    sleep(LEASE).await;
+    assert_eq!(
+        leader.leading_token(),
+        Some(token),
+        "the leader kept its term"
+    );
+    assert_eq!(
+        pid_of.backend_pid().await.expect("pid"),
+        Some(pid),
+        "the same session"
+    );
+    leader.stop().await;
+}
+
 /// A request the caller gives up on (the elector's request timeout) may still run on the server
 /// later, so the advisory lock ends its session instead of keeping it: the server lets go of
 /// the advisory lock, and the lease is not kept alive by statements nobody hears back from.
