@@ -305,6 +305,12 @@ impl ResourceLock for TableLock {
             .map(Duration::from_micros))
     }
 
+    /// Refuses a server on which a crash can undo an acknowledged commit (S15): any lease.
+    async fn check_lease(&self, lease_duration: Duration) -> Result<(), LockError> {
+        let _ = lease_duration;
+        self.store.check_durability().await
+    }
+
     fn identity(&self) -> &str {
         &self.identity
     }

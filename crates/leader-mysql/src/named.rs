@@ -53,14 +53,16 @@ const WATCH_SILENCE_MARGIN: Duration = Duration::from_secs(5);
 /// `timeout` (whole seconds, rounded up), whatever it was doing: waiting for the next statement
 /// (`wait_timeout`, 8 hours by default), or for the rest of one, or for the client to read a
 /// result (`net_read_timeout`, `net_write_timeout`). The server then lets go of the session's
-/// user-level locks.
+/// user-level locks. It also turns autocommit on, whatever the server's or the user's default
+/// (`autocommit = 0`, an `init_connect` that sets it): the session's writes are the term's,
+/// and one left uncommitted would be rolled back with the session while its lock goes free.
 fn session_timeouts(timeout: Duration) -> String {
     // The servers' largest `wait_timeout` (on Windows; 31536000 elsewhere).
     const MAX_SECONDS: u64 = 2_147_483;
     let seconds = (timeout.as_secs() + u64::from(timeout.subsec_nanos() > 0)).clamp(1, MAX_SECONDS);
     format!(
         "SET SESSION wait_timeout = {seconds}, net_read_timeout = {seconds}, \
-         net_write_timeout = {seconds}"
+         net_write_timeout = {seconds}, autocommit = 1"
     )
 }
 
@@ -326,10 +328,10 @@ impl ResourceLock for NamedLock {
     }
 
     /// Refuses a server with Galera replication on (`wsrep_on=ON`), as opening the lock from a
-    /// URL does: there every attempt would fail. Any lease the table lock takes, this lock takes.
+    /// URL does: there every attempt would fail; and what the table lock refuses.
     async fn check_lease(&self, lease_duration: Duration) -> Result<(), LockError> {
-        let _ = lease_duration;
-        self.check_server().await
+        self.check_server().await?;
+        self.table.check_lease(lease_duration).await
     }
 
     /// Writes the event as a `tracing` event; when a term ends, hands its user-level lock back

@@ -377,6 +377,22 @@ impl MysqlStore {
         )
     }
 
+    /// S15: refuses a server on which a crash can undo a commit it acknowledged:
+    /// `innodb_flush_log_at_trx_commit` 0 (the log is written and flushed about once a second)
+    /// or 2 (written at each commit, flushed once a second: an operating system's crash or a
+    /// power loss undoes up to a second). A take-over lost so would leave the row at the expired
+    /// record it replaced, and the next candidate would take it with the same fencing token
+    /// while the first leads on.
+    pub(crate) async fn check_durability(&self) -> Result<(), LockError> {
+        let context = self.context();
+        let mut conn = self.conn().await?;
+        let row = conn
+            .query_first("SELECT @@GLOBAL.innodb_flush_log_at_trx_commit")
+            .await;
+        let flush: Option<u64> = self.answered(conn, row, &context).await?;
+        refuse_undoable_commits(&context, flush)
+    }
+
     /// Settles a statement run on pooled `conn`: what it returned, once
     /// [`committed`](Self::committed), or its error, mapped. A connection the server answered as read-only
     /// (a replica, a writer that a failover demoted, reached through a name that still leads
@@ -423,7 +439,7 @@ impl MysqlStore {
         Err(LockError::other(
             BACKEND,
             format!(
-                "{}: a pooled connection was inside a transaction (or had autocommit off), left so by another user of the pool: the statement was not committed; the connection is closed (commit or roll back before returning a connection to MysqlStore::pool)",
+                "{}: a pooled connection was inside a transaction or had autocommit off, so the statement was not committed, and the connection is closed: another user of MysqlStore::pool left it so (commit or roll back before returning a connection), or the server's or the user's default turns autocommit off (`autocommit = 0`, an `init_connect` that sets it: the lock needs it on)",
                 self.context()
             ),
         ))
@@ -532,5 +548,41 @@ mod tests {
                 )))
             )
         );
+    }
+}
+
+/// [`LockError::Misconfigured`] when `innodb_flush_log_at_trx_commit` (`None`: a server
+/// without it) lets a crash undo acknowledged commits: 0 or 2. 1 flushes at each commit, as
+/// does MariaDB's 3.
+fn refuse_undoable_commits(context: &str, flush: Option<u64>) -> Result<(), LockError> {
+    match flush {
+        Some(value @ (0 | 2)) => Err(LockError::Misconfigured {
+            backend: BACKEND,
+            message: format!(
+                "{context}: innodb_flush_log_at_trx_commit = {value}, so a crash can undo a commit the server acknowledged, and a lease taken over could be taken again with the same fencing token: set it to 1"
+            ),
+        }),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod durability_tests {
+    use super::refuse_undoable_commits;
+
+    #[test]
+    fn commits_a_crash_can_undo_are_refused() {
+        for value in [0, 2] {
+            let err = refuse_undoable_commits("ctx", Some(value)).expect_err("undoable");
+            assert_eq!(err.kind(), "misconfigured", "{err}");
+            assert!(
+                err.to_string()
+                    .contains(&format!("innodb_flush_log_at_trx_commit = {value}")),
+                "{err}"
+            );
+        }
+        for value in [Some(1), Some(3), None] {
+            assert!(refuse_undoable_commits("ctx", value).is_ok(), "{value:?}");
+        }
     }
 }

@@ -284,6 +284,12 @@ impl ResourceLock for AdvisoryLock {
         self.election.time_left(&self.store).await
     }
 
+    /// Refuses a server on which a crash can undo an acknowledged commit (S15): any lease.
+    async fn check_lease(&self, lease_duration: std::time::Duration) -> Result<(), LockError> {
+        let _ = lease_duration;
+        self.store.check_durability().await
+    }
+
     fn identity(&self) -> &str {
         &self.election.identity
     }

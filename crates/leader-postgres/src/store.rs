@@ -310,6 +310,46 @@ impl PostgresStore {
         Ok(client)
     }
 
+    /// S15: refuses a server on which a crash can undo a commit the lock was told of, as the
+    /// connections the locks use see it (the server's `postgresql.conf`, or an `ALTER ROLE` or
+    /// `ALTER DATABASE ... SET`, or the URL's `options`): `synchronous_commit = off` acknowledges
+    /// a commit before its WAL is flushed, and `fsync = off` never flushes it. A take-over lost
+    /// so would leave the row at the expired record it replaced, and the next candidate would
+    /// take it with the same fencing token while the first leads on.
+    pub(crate) async fn check_durability(&self) -> Result<(), LockError> {
+        let context = self.context();
+        let client = self.client().await?;
+        let read = client
+            .query_typed_one(
+                "SELECT pg_catalog.current_setting('synchronous_commit'), \
+                 pg_catalog.current_setting('fsync')",
+                &[],
+            )
+            .await
+            .map_err(|err| map(&context, err));
+        let row = client.answered(read)?;
+        let (synchronous_commit, fsync): (String, String) = (row.get(0), row.get(1));
+        let undoable = if fsync == "off" {
+            Some(("fsync = off", "turn fsync on in the server's configuration"))
+        } else if synchronous_commit == "off" {
+            Some((
+                "synchronous_commit = off",
+                "turn it on for the lock's role (ALTER ROLE ... SET synchronous_commit = on), its database or the server",
+            ))
+        } else {
+            None
+        };
+        match undoable {
+            None => Ok(()),
+            Some((setting, remedy)) => Err(LockError::Misconfigured {
+                backend: crate::error::BACKEND,
+                message: format!(
+                    "{context}: the lock's connections run with {setting}, so a crash can undo a commit the server acknowledged, and a lease taken over could be taken again with the same fencing token: {remedy}"
+                ),
+            }),
+        }
+    }
+
     /// `client`, unless the user of the pool who had it left it inside a transaction (or one
     /// that failed): its `now()` is when that transaction began, and nothing the lock wrote
     /// would be committed. One statement in the simple protocol tells: it begins a transaction

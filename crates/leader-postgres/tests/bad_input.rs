@@ -380,3 +380,35 @@ async fn a_table_of_an_earlier_version_is_migrated_or_explained() {
     assert!(kept.record.extensions.is_empty());
     drop_table(&admin, &table).await;
 }
+
+/// S15: connections on which a crash can undo a commit the server acknowledged
+/// (`synchronous_commit = off`, here from the URL's `options`, as from an `ALTER ROLE` or
+/// `ALTER DATABASE ... SET`) are refused at `check_lease`, by both locks and a shard set's,
+/// naming the setting; the server's defaults pass.
+#[tokio::test]
+async fn commits_a_crash_can_undo_are_refused() {
+    let Some(store) = common::store().await else {
+        return;
+    };
+    let lease = Duration::from_secs(15);
+    let name = unique("durable");
+    store
+        .lock(&name, "a")
+        .check_lease(lease)
+        .await
+        .expect("durable");
+    let url = common::database_url();
+    let glue = if url.contains('?') { '&' } else { '?' };
+    let lax = PostgresStore::builder(format!("{url}{glue}options=-c%20synchronous_commit%3Doff"))
+        .build()
+        .await
+        .expect("store");
+    let words = ["synchronous_commit = off", "ALTER ROLE"];
+    assert_misconfigured_saying(lax.lock(&name, "a").check_lease(lease).await, &words);
+    assert_misconfigured_saying(
+        lax.advisory_lock(&name, "a").check_lease(lease).await,
+        &words,
+    );
+    let set = lax.lock_set("a");
+    assert_misconfigured_saying(set.lock(&name).check_lease(lease).await, &words);
+}

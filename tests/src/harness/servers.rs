@@ -14,7 +14,9 @@ const S3_SERVER: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/s3-serv
 /// Which server.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ServerKind {
-    /// PostgreSQL from Debian's packages (`/usr/lib/postgresql/*/bin`), started with `pg_ctl`.
+    /// PostgreSQL from Debian's packages (`/usr/lib/postgresql/*/bin`), started with `pg_ctl`,
+    /// every commit durable as by default (`fsync`, `synchronous_commit`): the locks refuse a
+    /// server a crash can undo commits on.
     Postgres,
     /// `redis-server` with the append-only file synced on every write (`appendfsync always`), the
     /// set-up `leader-redis` documents for fencing tokens that survive a restart.
@@ -229,7 +231,7 @@ impl PrivateServer {
             ServerKind::Postgres => {
                 let pg_ctl = postgres_bin("pg_ctl").ok_or_else(|| fail("no pg_ctl".to_owned()))?;
                 let options = format!(
-                    "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200",
+                    "-p {} -k {} -c listen_addresses=127.0.0.1 -c max_connections=200",
                     self.port,
                     self.dir.display()
                 );
