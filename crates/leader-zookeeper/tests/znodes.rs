@@ -140,7 +140,20 @@ async fn the_watch_fires_for_releases_and_handover_requests_not_renewals() {
     timeout(Duration::from_secs(5), changes.next())
         .await
         .expect("a handover request wakes the followers");
-    let held = holder.get().await.expect("get").expect("the record");
+    // The holder's session may be on another server of the ensemble, which may not have
+    // applied the request yet (ZooKeeper's reads are not linearizable): release what it reads
+    // once it reads the request.
+    let held = timeout(Duration::from_secs(5), async {
+        loop {
+            let held = holder.get().await.expect("get").expect("the record");
+            if held.record.handover_to() == Some("b") {
+                break held;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the holder reads the request");
     released(&holder, &held).await;
     timeout(Duration::from_secs(5), changes.next())
         .await
