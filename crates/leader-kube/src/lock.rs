@@ -157,6 +157,17 @@ impl LeaseLock {
             );
         }
     }
+
+    /// Forgets the wait for a coordinator once the Lease has a holder given by one (this
+    /// candidate's term, taken up or taken back): a later free Lease starts the wait anew.
+    fn note_assigned(&self) {
+        if let Some(coordinated) = &self.coordinated {
+            *coordinated
+                .unassigned_since
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) = None;
+        }
+    }
 }
 
 #[async_trait]
@@ -342,6 +353,7 @@ impl ResourceLock for LeaseLock {
         // expired one going to another identity), so a holder whose term lapsed (renewals
         // failed past the deadline, a process restarted under its Pod name) would wait for a
         // Lease never given anew, and nobody would lead.
+        self.note_assigned();
         if !fresh {
             return Ok(Some(Acquisition::Held {
                 observed: given.clone(),

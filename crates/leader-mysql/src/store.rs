@@ -382,15 +382,29 @@ impl MysqlStore {
     /// or 2 (written at each commit, flushed once a second: an operating system's crash or a
     /// power loss undoes up to a second). A take-over lost so would leave the row at the expired
     /// record it replaced, and the next candidate would take it with the same fencing token
-    /// while the first leads on.
+    /// while the first leads on. A Galera node passes: a commit is on the other nodes before
+    /// it is acknowledged, and one node's crash undoes none.
     pub(crate) async fn check_durability(&self) -> Result<(), LockError> {
         let context = self.context();
         let mut conn = self.conn().await?;
-        let row = conn
-            .query_first("SELECT @@GLOBAL.innodb_flush_log_at_trx_commit")
+        // `SHOW` answers only the variables the server has (a `SELECT @@` of another would fail).
+        let rows = conn
+            .query(
+                "SHOW GLOBAL VARIABLES WHERE Variable_name IN \
+                 ('innodb_flush_log_at_trx_commit', 'wsrep_on')",
+            )
             .await;
-        let flush: Option<u64> = self.answered(conn, row, &context).await?;
-        refuse_undoable_commits(&context, flush)
+        let rows: Vec<(String, String)> = self.answered(conn, rows, &context).await?;
+        let value = |name: &str| {
+            rows.iter()
+                .find(|(n, _)| n.eq_ignore_ascii_case(name))
+                .map(|(_, v)| v.as_str())
+        };
+        refuse_undoable_commits(
+            &context,
+            value("innodb_flush_log_at_trx_commit"),
+            value("wsrep_on"),
+        )
     }
 
     /// Settles a statement run on pooled `conn`: what it returned, once
@@ -551,12 +565,17 @@ mod tests {
     }
 }
 
-/// [`LockError::Misconfigured`] when `innodb_flush_log_at_trx_commit` (`None`: a server
-/// without it) lets a crash undo acknowledged commits: 0 or 2. 1 flushes at each commit, as
-/// does MariaDB's 3.
-fn refuse_undoable_commits(context: &str, flush: Option<u64>) -> Result<(), LockError> {
+/// [`LockError::Misconfigured`] when `innodb_flush_log_at_trx_commit`, as `SHOW VARIABLES`
+/// answers it (`None`: a server without it), lets a crash undo acknowledged commits: 0 or 2,
+/// unless Galera replication is on (`wsrep_on`). 1 flushes at each commit, as does MariaDB's 3.
+fn refuse_undoable_commits(
+    context: &str,
+    flush: Option<&str>,
+    wsrep_on: Option<&str>,
+) -> Result<(), LockError> {
+    let galera = wsrep_on.is_some_and(|on| on.eq_ignore_ascii_case("ON") || on == "1");
     match flush {
-        Some(value @ (0 | 2)) => Err(LockError::Misconfigured {
+        Some(value @ ("0" | "2")) if !galera => Err(LockError::Misconfigured {
             backend: BACKEND,
             message: format!(
                 "{context}: innodb_flush_log_at_trx_commit = {value}, so a crash can undo a commit the server acknowledged, and a lease taken over could be taken again with the same fencing token: set it to 1"
@@ -572,17 +591,25 @@ mod durability_tests {
 
     #[test]
     fn commits_a_crash_can_undo_are_refused() {
-        for value in [0, 2] {
-            let err = refuse_undoable_commits("ctx", Some(value)).expect_err("undoable");
-            assert_eq!(err.kind(), "misconfigured", "{err}");
-            assert!(
-                err.to_string()
-                    .contains(&format!("innodb_flush_log_at_trx_commit = {value}")),
-                "{err}"
-            );
+        for value in ["0", "2"] {
+            for wsrep_on in [None, Some("OFF")] {
+                let err =
+                    refuse_undoable_commits("ctx", Some(value), wsrep_on).expect_err("undoable");
+                assert_eq!(err.kind(), "misconfigured", "{err}");
+                assert!(
+                    err.to_string()
+                        .contains(&format!("innodb_flush_log_at_trx_commit = {value}")),
+                    "{err}"
+                );
+            }
+            // A Galera node: the other nodes hold the commit.
+            assert!(refuse_undoable_commits("ctx", Some(value), Some("ON")).is_ok());
         }
-        for value in [Some(1), Some(3), None] {
-            assert!(refuse_undoable_commits("ctx", value).is_ok(), "{value:?}");
+        for value in [Some("1"), Some("3"), None] {
+            assert!(
+                refuse_undoable_commits("ctx", value, None).is_ok(),
+                "{value:?}"
+            );
         }
     }
 }

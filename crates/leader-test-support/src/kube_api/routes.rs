@@ -105,10 +105,13 @@ fn status(
     json_response(code, &body)
 }
 
-/// A write refused as a busy API server refuses it: a 429 from priority and fairness or the
-/// max-in-flight filter, with `Retry-After: 1` (apiserver `filters/priority-and-fairness.go`
-/// and `filters/maxinflight.go`, `tooManyRequests`); a 504 from the timeout filter
-/// (`filters/timeout.go`, a `Timeout` Status) and a 500 or 503 from storage, without one.
+/// A write refused as a busy API server refuses it, by status code, which is all the lock reads
+/// of it: a 429 as priority and fairness sends it, with `Retry-After: 1` (apiserver
+/// `filters/priority-and-fairness.go`; `filters/maxinflight.go` sends the same code and header
+/// with a plain-text body); a 504 as the timeout filter sends it (`filters/timeout.go`, a
+/// `Timeout` Status), and a 500 or 503 without `Retry-After`. (A write storage does not answer
+/// in time is a 500 `ServerTimeout` with `Retry-After: 2`, `InterpretUpdateError`: kube-rs
+/// retries no 500 either way.)
 fn rejection(resource: Resource, code: u16, name: &str) -> Response {
     let code = StatusCode::from_u16(code).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
     let reason = match code {
