@@ -252,7 +252,11 @@ impl ResourceLock for TableLock {
         let (params, version) = self.create_params(&record)?;
         self.write(&self.store.inner().statements.create, params)
             .await?;
-        Ok(self.written(record, version))
+        let created = self.written(record, version);
+        if created.record.is_free() {
+            return Ok(created);
+        }
+        self.store.term_started(self, created).await
     }
 
     async fn update(
@@ -349,7 +353,11 @@ impl ResourceLock for TableLock {
             .write(&self.store.inner().statements.take, params)
             .await?
         {
-            1 => Ok(Some(Acquisition::Acquired(self.written(taken, version)))),
+            1 => {
+                self.store
+                    .acquired(self, self.written(taken, version))
+                    .await
+            }
             // Written since the read, or not expired yet by the server's clock.
             _ => Err(LockError::conflict(BACKEND)),
         }

@@ -273,7 +273,10 @@ impl ResourceLock for NamedLock {
         let (params, version) = self.table.create_params(&record)?;
         let sql = &self.store.inner().named_statements.create;
         match self.own_write(&record, Hold::Always, sql, params).await? {
-            Written::Stored => Ok(self.table.written(record, version)),
+            Written::Stored => {
+                let created = self.table.written(record, version);
+                self.store.term_started(self, created).await
+            }
             Written::Busy | Written::Missed => Err(LockError::conflict(BACKEND)),
         }
     }
@@ -465,9 +468,10 @@ impl ResourceLock for NamedLock {
         let (taken, params, version) = self.table.takeover(&observed, desired)?;
         let sql = &self.store.inner().named_statements.take;
         match self.own_write(&taken, Hold::Always, sql, params).await? {
-            Written::Stored => Ok(Some(Acquisition::Acquired(
-                self.table.written(taken, version),
-            ))),
+            Written::Stored => {
+                let taken = self.table.written(taken, version);
+                self.store.acquired(self, taken).await
+            }
             Written::Busy => Ok(Some(held)),
             // Written since the read, or not expired yet by the server's clock.
             Written::Missed => Err(LockError::conflict(BACKEND)),

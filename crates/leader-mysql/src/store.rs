@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leader_core::backend::is_read_only;
-use leader_core::{LockError, redact_url};
+use leader_core::{Acquisition, LockError, Observed, ResourceLock, redact_url};
 use mysql_async::prelude::Queryable;
 use mysql_async::{ClientIdentity, Conn, Opts, OptsBuilder, Pool};
 
@@ -185,6 +185,7 @@ impl MysqlStoreBuilder {
                 named_statements: NamedStatements::new(&table, &statements),
                 statements,
                 table,
+                durable_at: std::sync::Mutex::default(),
             }),
         };
         if self.create_table {
@@ -309,6 +310,8 @@ pub(crate) struct Inner {
     pub(crate) table: TableName,
     pub(crate) statements: Statements,
     pub(crate) named_statements: NamedStatements,
+    /// When [`check_durability`](MysqlStore::check_durability) last passed.
+    durable_at: std::sync::Mutex<Option<tokio::time::Instant>>,
 }
 
 impl fmt::Debug for MysqlStore {
@@ -384,7 +387,20 @@ impl MysqlStore {
     /// record it replaced, and the next candidate would take it with the same fencing token
     /// while the first leads on. A Galera node passes: a commit is on the other nodes before
     /// it is acknowledged, and one node's crash undoes none.
+    ///
+    /// Checked before an elector runs and again at each term's start ([`term_started`](
+    /// Self::term_started)), since `SET GLOBAL` changes it under a running lock; a check that
+    /// passed stands for a second, so a shard set's member that takes many shards at once asks
+    /// once.
     pub(crate) async fn check_durability(&self) -> Result<(), LockError> {
+        let passed_at = *self
+            .inner
+            .durable_at
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if passed_at.is_some_and(|at| at.elapsed() < RECHECK_AFTER) {
+            return Ok(());
+        }
         let context = self.context();
         let mut conn = self.conn().await?;
         // `SHOW` answers only the variables the server has (a `SELECT @@` of another would fail).
@@ -404,7 +420,46 @@ impl MysqlStore {
             &context,
             value("innodb_flush_log_at_trx_commit"),
             value("wsrep_on"),
-        )
+        )?;
+        *self
+            .inner
+            .durable_at
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(tokio::time::Instant::now());
+        Ok(())
+    }
+
+    /// At a term's start (`lock` just took `taken`): checks the durability of commits again
+    /// (S15). When a crash can undo them now, the lease is released at once and the term never
+    /// starts; an outage leaves the term to go on, and the next one checks.
+    pub(crate) async fn term_started(
+        &self,
+        lock: &dyn ResourceLock,
+        taken: Observed,
+    ) -> Result<Observed, LockError> {
+        let Err(err) = self.check_durability().await else {
+            return Ok(taken);
+        };
+        if !matches!(err, LockError::Misconfigured { .. }) {
+            tracing::debug!(error = %err, "could not check the server's durability settings");
+            return Ok(taken);
+        }
+        let mut free = taken.record.clone();
+        free.holder_identity.clear();
+        if let Err(release) = lock.update(&taken.version, &free).await {
+            tracing::debug!(error = %release, "could not release a lease refused at its start");
+        }
+        Err(err)
+    }
+
+    /// [`term_started`](Self::term_started) for an acquisition `lock` made in one request.
+    pub(crate) async fn acquired(
+        &self,
+        lock: &dyn ResourceLock,
+        taken: Observed,
+    ) -> Result<Option<Acquisition>, LockError> {
+        let taken = self.term_started(lock, taken).await?;
+        Ok(Some(Acquisition::Acquired(taken)))
     }
 
     /// Settles a statement run on pooled `conn`: what it returned, once
@@ -564,6 +619,9 @@ mod tests {
         );
     }
 }
+
+/// How long a durability check that passed stands for the terms that start after it.
+const RECHECK_AFTER: Duration = Duration::from_secs(1);
 
 /// [`LockError::Misconfigured`] when `innodb_flush_log_at_trx_commit`, as `SHOW VARIABLES`
 /// answers it (`None`: a server without it), lets a crash undo acknowledged commits: 0 or 2,

@@ -246,17 +246,22 @@ impl ResourceLock for AdvisoryLock {
 
     async fn create(&self, record: &LeaderElectionRecord) -> Result<Observed, LockError> {
         let sql = &self.store.inner().advisory_statements.create;
-        self.with_session(record.lease_duration, async |s| {
-            let result = self
-                .election
-                .create(&self.store, &s.client, sql, record, true)
-                .await;
-            if result.as_ref().is_err_and(LockError::is_conflict) {
-                self.unlock_unless_holder(s).await;
-            }
-            result
-        })
-        .await
+        let created = self
+            .with_session(record.lease_duration, async |s| {
+                let result = self
+                    .election
+                    .create(&self.store, &s.client, sql, record, true)
+                    .await;
+                if result.as_ref().is_err_and(LockError::is_conflict) {
+                    self.unlock_unless_holder(s).await;
+                }
+                result
+            })
+            .await?;
+        if !created.record.is_free() {
+            self.store.term_started(self, &created).await?;
+        }
+        Ok(created)
     }
 
     async fn update(
@@ -311,23 +316,28 @@ impl ResourceLock for AdvisoryLock {
         desired: &LeaderElectionRecord,
     ) -> Result<Option<Acquisition>, LockError> {
         let sql = &self.store.inner().advisory_statements.try_acquire;
-        self.with_session(desired.lease_duration, async |s| {
-            let acquisition = self
-                .election
-                .try_acquire(&self.store, &s.client, sql, desired, true)
-                .await?;
-            // The statement may take the advisory lock although the record is reserved for
-            // the candidate a handover names: kept, it would stop that candidate from
-            // acquiring, and after a lease of standing back another would lead instead.
-            if let Acquisition::Held { observed, .. } = &acquisition
-                && observed
-                    .record
-                    .reserved_for_other_than(&self.election.identity)
-            {
-                self.unlock_unless_holder(s).await;
-            }
-            Ok(Some(acquisition))
-        })
-        .await
+        let acquisition = self
+            .with_session(desired.lease_duration, async |s| {
+                let acquisition = self
+                    .election
+                    .try_acquire(&self.store, &s.client, sql, desired, true)
+                    .await?;
+                // The statement may take the advisory lock although the record is reserved for
+                // the candidate a handover names: kept, it would stop that candidate from
+                // acquiring, and after a lease of standing back another would lead instead.
+                if let Acquisition::Held { observed, .. } = &acquisition
+                    && observed
+                        .record
+                        .reserved_for_other_than(&self.election.identity)
+                {
+                    self.unlock_unless_holder(s).await;
+                }
+                Ok(acquisition)
+            })
+            .await?;
+        self.store
+            .acquisition_started(self, acquisition)
+            .await
+            .map(Some)
     }
 }

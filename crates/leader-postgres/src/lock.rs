@@ -291,7 +291,11 @@ impl ResourceLock for TableLock {
             .election
             .create(&self.store, &client, sql, record, false)
             .await;
-        client.answered(created)
+        let created = client.answered(created)?;
+        if !created.record.is_free() {
+            self.store.term_started(self, &created).await?;
+        }
+        Ok(created)
     }
 
     async fn update(
@@ -346,6 +350,10 @@ impl ResourceLock for TableLock {
             .election
             .try_acquire(&self.store, &client, sql, desired, false)
             .await;
-        client.answered(acquired).map(Some)
+        let acquired = client.answered(acquired)?;
+        self.store
+            .acquisition_started(self, acquired)
+            .await
+            .map(Some)
     }
 }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
 use futures_util::StreamExt;
 use leader_core::backend::{ChangeHub, is_read_only};
-use leader_core::{ChangeStream, LockError};
+use leader_core::{Acquisition, ChangeStream, LockError, Observed, ResourceLock};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{Mutex, broadcast};
 use tokio_postgres::config::SslMode;
@@ -168,6 +168,7 @@ impl PostgresStoreBuilder {
                 listen: self.listen,
                 listener: Listener::default(),
                 checkouts: Checkouts::default(),
+                durable_at: std::sync::Mutex::default(),
             }),
         };
         if self.create_table {
@@ -213,6 +214,8 @@ pub(crate) struct Inner {
     listen: bool,
     listener: Listener,
     checkouts: Checkouts,
+    /// When [`check_durability`](PostgresStore::check_durability) last passed.
+    durable_at: std::sync::Mutex<Option<Instant>>,
 }
 
 impl fmt::Debug for PostgresStore {
@@ -316,7 +319,20 @@ impl PostgresStore {
     /// a commit before its WAL is flushed, and `fsync = off` never flushes it. A take-over lost
     /// so would leave the row at the expired record it replaced, and the next candidate would
     /// take it with the same fencing token while the first leads on.
+    ///
+    /// Checked before an elector runs and again at each term's start ([`term_started`](
+    /// Self::term_started)), since a reload or an `ALTER ROLE` changes it under a running lock;
+    /// a check that passed stands for a second, so a shard set's member that takes many shards
+    /// at once asks once.
     pub(crate) async fn check_durability(&self) -> Result<(), LockError> {
+        let passed_at = *self
+            .inner
+            .durable_at
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if passed_at.is_some_and(|at| at.elapsed() < RECHECK_AFTER) {
+            return Ok(());
+        }
         let context = self.context();
         let client = self.client().await?;
         let read = client
@@ -340,7 +356,14 @@ impl PostgresStore {
             None
         };
         match undoable {
-            None => Ok(()),
+            None => {
+                *self
+                    .inner
+                    .durable_at
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+                Ok(())
+            }
             Some((setting, remedy)) => Err(LockError::Misconfigured {
                 backend: crate::error::BACKEND,
                 message: format!(
@@ -348,6 +371,41 @@ impl PostgresStore {
                 ),
             }),
         }
+    }
+
+    /// At a term's start (`lock` just took `taken`): checks the durability of commits again
+    /// (S15). When a crash can undo them now, the lease is released at once and the term never
+    /// starts; an outage leaves the term to go on, and the next one checks.
+    pub(crate) async fn term_started(
+        &self,
+        lock: &dyn ResourceLock,
+        taken: &Observed,
+    ) -> Result<(), LockError> {
+        let Err(err) = self.check_durability().await else {
+            return Ok(());
+        };
+        if !matches!(err, LockError::Misconfigured { .. }) {
+            tracing::debug!(error = %err, "could not check the server's durability settings");
+            return Ok(());
+        }
+        let mut free = taken.record.clone();
+        free.holder_identity.clear();
+        if let Err(release) = lock.update(&taken.version, &free).await {
+            tracing::debug!(error = %release, "could not release a lease refused at its start");
+        }
+        Err(err)
+    }
+
+    /// [`term_started`](Self::term_started) for what a lock's one-request acquisition answered.
+    pub(crate) async fn acquisition_started(
+        &self,
+        lock: &dyn ResourceLock,
+        answer: Acquisition,
+    ) -> Result<Acquisition, LockError> {
+        if let Acquisition::Acquired(taken) = &answer {
+            self.term_started(lock, taken).await?;
+        }
+        Ok(answer)
     }
 
     /// `client`, unless the user of the pool who had it left it inside a transaction (or one
@@ -613,6 +671,9 @@ pub(crate) struct Lent {
 /// How long the check of a connection whose request went unanswered waits for its answer:
 /// the connection is out of the pool meanwhile, so it is short.
 const CHECK_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// How long a durability check that passed stands for the terms that start after it.
+const RECHECK_AFTER: Duration = Duration::from_secs(1);
 
 impl Lent {
     /// The request has its answer: the connection goes back to the pool, and `result` is

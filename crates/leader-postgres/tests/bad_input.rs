@@ -412,3 +412,45 @@ async fn commits_a_crash_can_undo_are_refused() {
     let set = lax.lock_set("a");
     assert_misconfigured_saying(set.lock(&name).check_lease(lease).await, &words);
 }
+
+/// S15 under a running lock: `synchronous_commit` turned off for the lock's role (an `ALTER
+/// ROLE`, which its next connections get) after the candidates started is refused at the next
+/// term's start: the lease taken is released at once, and the candidate never leads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commits_made_undoable_under_running_locks_end_the_next_term_at_its_start() {
+    let Some(admin) = common::admin().await else {
+        return;
+    };
+    let role = table_and_role(&admin, "lax", "SELECT, INSERT, UPDATE", "").await;
+    let store = store_as(&role).await;
+    let name = unique("undoable");
+    let (first, _) = leader_test_support::started_leading(store.lock(&name, "a")).await;
+    let second = Running::start(store.lock(&name, "b"));
+    tokio::time::sleep(common::RETRY * 2).await;
+    admin
+        .batch_execute(&format!(
+            "ALTER ROLE {role} SET synchronous_commit = off; \
+             SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{role}';"
+        ))
+        .await
+        .expect("alter role");
+    first.stop().await;
+    tokio::time::sleep(common::LEASE + common::RETRY * 4).await;
+    assert_eq!(
+        second.leading_token(),
+        None,
+        "a term started on undoable commits"
+    );
+    let record = store
+        .lock(&name, "b")
+        .get()
+        .await
+        .expect("get")
+        .expect("the record");
+    assert!(
+        record.record.is_free(),
+        "the refused term was released: {record:?}"
+    );
+    second.stop().await;
+    drop_table_and_role(&admin, &role).await;
+}
