@@ -110,6 +110,33 @@ pub fn unless_moved(
     Ok(stored)
 }
 
+/// S15 at a term's start: what a check of the store's settings answered (`checked`) just after
+/// `lock` took `taken`. A refusal ([`LockError::Misconfigured`]) releases the lease at once, so
+/// that the term never starts, and is returned; an outage lets the term go on, and the next
+/// term checks again.
+///
+/// # Errors
+/// The refusal, as `checked` had it.
+pub async fn refuse_at_term_start(
+    lock: &dyn crate::ResourceLock,
+    taken: &Observed,
+    checked: Result<(), LockError>,
+) -> Result<(), LockError> {
+    let Err(err) = checked else {
+        return Ok(());
+    };
+    if !matches!(err, LockError::Misconfigured { .. }) {
+        tracing::debug!(error = %err, "could not check the store's settings at a term's start");
+        return Ok(());
+    }
+    let mut free = taken.record.clone();
+    free.holder_identity.clear();
+    if let Err(release) = lock.update(&taken.version, &free).await {
+        tracing::debug!(error = %release, "could not release a lease refused at its start");
+    }
+    Err(err)
+}
+
 /// Refuses `url` when an `@` follows the end of its authority (the first `/`, `?` or `#` after
 /// `://`). A URL parser ends the user-info there, so such a URL holds one of those characters
 /// unencoded in its password (read as the host, port, path or parameters, and shown as them),

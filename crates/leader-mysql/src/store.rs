@@ -437,19 +437,9 @@ impl MysqlStore {
         lock: &dyn ResourceLock,
         taken: Observed,
     ) -> Result<Observed, LockError> {
-        let Err(err) = self.check_durability().await else {
-            return Ok(taken);
-        };
-        if !matches!(err, LockError::Misconfigured { .. }) {
-            tracing::debug!(error = %err, "could not check the server's durability settings");
-            return Ok(taken);
-        }
-        let mut free = taken.record.clone();
-        free.holder_identity.clear();
-        if let Err(release) = lock.update(&taken.version, &free).await {
-            tracing::debug!(error = %release, "could not release a lease refused at its start");
-        }
-        Err(err)
+        let checked = self.check_durability().await;
+        leader_core::backend::refuse_at_term_start(lock, &taken, checked).await?;
+        Ok(taken)
     }
 
     /// [`term_started`](Self::term_started) for an acquisition `lock` made in one request.

@@ -381,19 +381,8 @@ impl PostgresStore {
         lock: &dyn ResourceLock,
         taken: &Observed,
     ) -> Result<(), LockError> {
-        let Err(err) = self.check_durability().await else {
-            return Ok(());
-        };
-        if !matches!(err, LockError::Misconfigured { .. }) {
-            tracing::debug!(error = %err, "could not check the server's durability settings");
-            return Ok(());
-        }
-        let mut free = taken.record.clone();
-        free.holder_identity.clear();
-        if let Err(release) = lock.update(&taken.version, &free).await {
-            tracing::debug!(error = %release, "could not release a lease refused at its start");
-        }
-        Err(err)
+        let checked = self.check_durability().await;
+        leader_core::backend::refuse_at_term_start(lock, taken, checked).await
     }
 
     /// [`term_started`](Self::term_started) for what a lock's one-request acquisition answered.

@@ -178,20 +178,8 @@ impl RedisLock {
     /// evict keys, since `CONFIG SET` changes that on a running server (S15). When it does,
     /// the lease is released at once and the term never starts.
     async fn check_store(&self, taken: &Observed) -> Result<(), LockError> {
-        let Err(err) = self.store.check_eviction().await else {
-            return Ok(());
-        };
-        if matches!(err, LockError::Misconfigured { .. }) {
-            let mut free = taken.record.clone();
-            free.holder_identity.clear();
-            if let Err(release) = self.update(&taken.version, &free).await {
-                tracing::debug!(error = %release, "could not release a lease refused at its start");
-            }
-            return Err(err);
-        }
-        // An outage right after the acquisition: the term goes on, and the next one checks.
-        tracing::debug!(error = %err, "could not check the server's eviction setting");
-        Ok(())
+        let checked = self.store.check_eviction().await;
+        leader_core::backend::refuse_at_term_start(self, taken, checked).await
     }
 
     /// A stored record from its fields; the fields are authoritative for holder and token.
