@@ -137,6 +137,45 @@ pub async fn refuse_at_term_start(
     Err(err)
 }
 
+/// A check of the store's settings (S15) whose pass stands for [`SettingsCheck::STANDS_FOR`]:
+/// run before an elector starts and again at each term's start, so that a shard set's member
+/// that takes a thousand shards at once asks the server once, not a thousand times. A refusal
+/// or an outage stands for nothing: the next term asks again.
+#[derive(Debug, Default)]
+pub struct SettingsCheck {
+    /// When the check last passed (tokio's clock, paused in tests).
+    passed_at: std::sync::Mutex<Option<tokio::time::Instant>>,
+}
+
+impl SettingsCheck {
+    /// How long a check that passed stands.
+    pub const STANDS_FOR: std::time::Duration = std::time::Duration::from_secs(1);
+
+    /// `check`'s answer, unless a check passed within [`STANDS_FOR`](Self::STANDS_FOR): then
+    /// `Ok` without asking.
+    ///
+    /// # Errors
+    /// What `check` returned.
+    pub async fn run<F>(&self, check: F) -> Result<(), LockError>
+    where
+        F: std::future::Future<Output = Result<(), LockError>>,
+    {
+        let passed_at = *self
+            .passed_at
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if passed_at.is_some_and(|at| at.elapsed() < Self::STANDS_FOR) {
+            return Ok(());
+        }
+        check.await?;
+        *self
+            .passed_at
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(tokio::time::Instant::now());
+        Ok(())
+    }
+}
+
 /// Refuses `url` when an `@` follows the end of its authority (the first `/`, `?` or `#` after
 /// `://`). A URL parser ends the user-info there, so such a URL holds one of those characters
 /// unencoded in its password (read as the host, port, path or parameters, and shown as them),

@@ -185,7 +185,7 @@ impl MysqlStoreBuilder {
                 named_statements: NamedStatements::new(&table, &statements),
                 statements,
                 table,
-                durable_at: std::sync::Mutex::default(),
+                durable: leader_core::backend::SettingsCheck::default(),
             }),
         };
         if self.create_table {
@@ -310,8 +310,8 @@ pub(crate) struct Inner {
     pub(crate) table: TableName,
     pub(crate) statements: Statements,
     pub(crate) named_statements: NamedStatements,
-    /// When [`check_durability`](MysqlStore::check_durability) last passed.
-    durable_at: std::sync::Mutex<Option<tokio::time::Instant>>,
+    /// [`check_durability`](MysqlStore::check_durability), which stands for a second.
+    durable: leader_core::backend::SettingsCheck,
 }
 
 impl fmt::Debug for MysqlStore {
@@ -393,14 +393,11 @@ impl MysqlStore {
     /// passed stands for a second, so a shard set's member that takes many shards at once asks
     /// once.
     pub(crate) async fn check_durability(&self) -> Result<(), LockError> {
-        let passed_at = *self
-            .inner
-            .durable_at
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if passed_at.is_some_and(|at| at.elapsed() < RECHECK_AFTER) {
-            return Ok(());
-        }
+        self.inner.durable.run(self.read_durability()).await
+    }
+
+    /// [`check_durability`](Self::check_durability)'s reading, every time.
+    async fn read_durability(&self) -> Result<(), LockError> {
         let context = self.context();
         let mut conn = self.conn().await?;
         // `SHOW` answers only the variables the server has (a `SELECT @@` of another would fail).
@@ -420,13 +417,7 @@ impl MysqlStore {
             &context,
             value("innodb_flush_log_at_trx_commit"),
             value("wsrep_on"),
-        )?;
-        *self
-            .inner
-            .durable_at
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(tokio::time::Instant::now());
-        Ok(())
+        )
     }
 
     /// At a term's start (`lock` just took `taken`): checks the durability of commits again
@@ -609,9 +600,6 @@ mod tests {
         );
     }
 }
-
-/// How long a durability check that passed stands for the terms that start after it.
-const RECHECK_AFTER: Duration = Duration::from_secs(1);
 
 /// [`LockError::Misconfigured`] when `innodb_flush_log_at_trx_commit`, as `SHOW VARIABLES`
 /// answers it (`None`: a server without it), lets a crash undo acknowledged commits: 0 or 2,

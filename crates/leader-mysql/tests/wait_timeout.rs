@@ -10,9 +10,8 @@ mod common;
 use std::time::Duration;
 
 use common::Running;
-use common::private::{PrivateServer, server_dir};
+use common::private::PrivateServer;
 use leader_core::ResourceLock;
-use leader_mysql::MysqlStore;
 use leader_mysql::mysql_async::prelude::Queryable;
 
 /// Leads with `lock`, renewing every 1.5 s, past its renew deadline (4.5 s): the same term
@@ -41,19 +40,10 @@ async fn keeps_its_term(lock: impl ResourceLock + 'static) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_server_wait_timeout_below_the_retry_period_costs_no_term() {
     let args = ["--wait-timeout=1".to_owned()];
-    let Some(mut server) = PrivateServer::start(server_dir("wait-timeout"), &args) else {
+    let Some((_server, _admin, store)) = PrivateServer::with_store("wait-timeout", &args).await
+    else {
         return;
     };
-    let mut admin = server.admin("").await;
-    admin
-        .query_drop("CREATE DATABASE leader")
-        .await
-        .expect("database");
-    let store = MysqlStore::builder(server.url("root", "leader", ""))
-        .create_table(true)
-        .build()
-        .await
-        .expect("store");
     let mut conn = store.pool().get_conn().await.expect("a pooled connection");
     let timeout: Option<u64> = conn
         .query_first("SELECT @@SESSION.wait_timeout")

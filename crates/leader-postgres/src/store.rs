@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
 use futures_util::StreamExt;
-use leader_core::backend::{ChangeHub, is_read_only};
+use leader_core::backend::{ChangeHub, SettingsCheck, is_read_only};
 use leader_core::{Acquisition, ChangeStream, LockError, Observed, ResourceLock};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{Mutex, broadcast};
@@ -168,7 +168,7 @@ impl PostgresStoreBuilder {
                 listen: self.listen,
                 listener: Listener::default(),
                 checkouts: Checkouts::default(),
-                durable_at: std::sync::Mutex::default(),
+                durable: SettingsCheck::default(),
             }),
         };
         if self.create_table {
@@ -214,8 +214,8 @@ pub(crate) struct Inner {
     listen: bool,
     listener: Listener,
     checkouts: Checkouts,
-    /// When [`check_durability`](PostgresStore::check_durability) last passed.
-    durable_at: std::sync::Mutex<Option<Instant>>,
+    /// [`check_durability`](PostgresStore::check_durability), which stands for a second.
+    durable: SettingsCheck,
 }
 
 impl fmt::Debug for PostgresStore {
@@ -325,14 +325,11 @@ impl PostgresStore {
     /// a check that passed stands for a second, so a shard set's member that takes many shards
     /// at once asks once.
     pub(crate) async fn check_durability(&self) -> Result<(), LockError> {
-        let passed_at = *self
-            .inner
-            .durable_at
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if passed_at.is_some_and(|at| at.elapsed() < RECHECK_AFTER) {
-            return Ok(());
-        }
+        self.inner.durable.run(self.read_durability()).await
+    }
+
+    /// [`check_durability`](Self::check_durability)'s reading, every time.
+    async fn read_durability(&self) -> Result<(), LockError> {
         let context = self.context();
         let client = self.client().await?;
         let read = client
@@ -356,14 +353,7 @@ impl PostgresStore {
             None
         };
         match undoable {
-            None => {
-                *self
-                    .inner
-                    .durable_at
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
-                Ok(())
-            }
+            None => Ok(()),
             Some((setting, remedy)) => Err(LockError::Misconfigured {
                 backend: crate::error::BACKEND,
                 message: format!(
@@ -660,9 +650,6 @@ pub(crate) struct Lent {
 /// How long the check of a connection whose request went unanswered waits for its answer:
 /// the connection is out of the pool meanwhile, so it is short.
 const CHECK_TIMEOUT: Duration = Duration::from_secs(1);
-
-/// How long a durability check that passed stands for the terms that start after it.
-const RECHECK_AFTER: Duration = Duration::from_secs(1);
 
 impl Lent {
     /// The request has its answer: the connection goes back to the pool, and `result` is

@@ -426,32 +426,16 @@ async fn commits_made_undoable_under_running_locks_end_the_next_term_at_its_star
     let name = unique("undoable");
     let (first, _) = leader_test_support::started_leading(store.lock(&name, "a")).await;
     let second = Running::start(store.lock(&name, "b"));
-    // Past the second that a check that passed (the follower's, as it started) stands for.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    admin
-        .batch_execute(&format!(
-            "ALTER ROLE {role} SET synchronous_commit = off; \
-             SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{role}';"
-        ))
-        .await
-        .expect("alter role");
-    first.stop().await;
-    tokio::time::sleep(common::LEASE + common::RETRY * 4).await;
-    assert_eq!(
-        second.leading_token(),
-        None,
-        "a term started on undoable commits"
-    );
-    let record = store
-        .lock(&name, "b")
-        .get()
-        .await
-        .expect("get")
-        .expect("the record");
-    assert!(
-        record.record.is_free(),
-        "the refused term was released: {record:?}"
-    );
-    second.stop().await;
+    let change = async {
+        admin
+            .batch_execute(&format!(
+                "ALTER ROLE {role} SET synchronous_commit = off; \
+                 SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{role}';"
+            ))
+            .await
+            .expect("alter role");
+    };
+    let lock = store.lock(&name, "b");
+    leader_test_support::assert_next_term_refused_and_released(first, second, change, lock).await;
     drop_table_and_role(&admin, &role).await;
 }

@@ -4,23 +4,18 @@
 //! term's start, since `CONFIG SET` changes it on a running server.
 
 use std::sync::Mutex;
-use std::time::Duration;
 
 use leader_core::LockError;
+use leader_core::backend::SettingsCheck;
 use redis::aio::ConnectionManager;
-use tokio::time::Instant;
 
 use crate::error::{BACKEND, map};
-
-/// How long a check that passed stands for the terms that start after it: a shard set's member
-/// that takes a thousand shards at once asks once, not a thousand times.
-const RECHECK_AFTER: Duration = Duration::from_secs(1);
 
 /// What the store last learned of the server's eviction setting.
 #[derive(Debug, Default)]
 pub(crate) struct EvictionCheck {
-    /// When a check last passed.
-    passed_at: Mutex<Option<Instant>>,
+    /// The check, which stands for a second once it passed.
+    passed: SettingsCheck,
     /// Whether the server refused to tell (an ACL without `INFO`), which is said once.
     unknown_said: Mutex<bool>,
 }
@@ -76,17 +71,13 @@ impl EvictionCheck {
     pub(crate) async fn run(
         &self,
         server: &str,
-        mut connection: ConnectionManager,
+        connection: ConnectionManager,
     ) -> Result<(), LockError> {
-        let check = self;
-        let recent = check
-            .passed_at
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_some_and(|at| at.elapsed() < RECHECK_AFTER);
-        if recent {
-            return Ok(());
-        }
+        self.passed.run(self.read(server, connection)).await
+    }
+
+    /// [`run`](Self::run)'s reading, every time.
+    async fn read(&self, server: &str, mut connection: ConnectionManager) -> Result<(), LockError> {
         let info: Result<String, _> = redis::cmd("INFO")
             .arg("memory")
             .query_async(&mut connection)
@@ -97,7 +88,7 @@ impl EvictionCheck {
             Err(err) => return Err(map(server, err)),
         };
         let Some(eviction) = eviction else {
-            let mut said = check.unknown_said.lock().unwrap_or_else(|p| p.into_inner());
+            let mut said = self.unknown_said.lock().unwrap_or_else(|p| p.into_inner());
             if !*said {
                 *said = true;
                 tracing::warn!(
@@ -108,14 +99,13 @@ impl EvictionCheck {
             }
             return Ok(());
         };
-        if let Some(message) = eviction.refusal(server) {
-            return Err(LockError::Misconfigured {
+        match eviction.refusal(server) {
+            Some(message) => Err(LockError::Misconfigured {
                 backend: BACKEND,
                 message,
-            });
+            }),
+            None => Ok(()),
         }
-        *check.passed_at.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
-        Ok(())
     }
 }
 

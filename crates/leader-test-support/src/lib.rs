@@ -657,6 +657,35 @@ pub async fn assert_taken_over_once_killed(
     (stepped_down, taken_over)
 }
 
+/// S15 at a term's start: `leader` leads on a lock that `follower` waits on, and `change` (run
+/// once the check that passed as `follower` started no longer stands) makes the store's
+/// settings ones the lock refuses. Then `leader` stops, and panics unless `follower`'s next term
+/// was refused at its start and released: it never leads, and the record `lock` (on the same
+/// election) reads is free.
+pub async fn assert_next_term_refused_and_released(
+    leader: Candidate,
+    follower: Candidate,
+    change: impl Future<Output = ()>,
+    lock: impl leader_core::ResourceLock,
+) {
+    // Past the second that a check that passed stands for.
+    tokio::time::sleep(leader_core::backend::SettingsCheck::STANDS_FOR * 2).await;
+    change.await;
+    leader.stop().await;
+    tokio::time::sleep(LEASE + RETRY * 4).await;
+    assert_eq!(
+        follower.leading_token(),
+        None,
+        "a term started on settings the lock refuses"
+    );
+    let record = lock.get().await.expect("get").expect("the record");
+    assert!(
+        record.record.is_free(),
+        "the refused term was released: {record:?}"
+    );
+    follower.stop().await;
+}
+
 /// `prefix` and eight random hex digits: a name no other test run uses.
 pub fn unique(prefix: &str) -> String {
     format!("{prefix}-{:08x}", fastrand::u32(..))

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use leader_mysql::mysql_async::prelude::Queryable;
 use leader_mysql::mysql_async::{self, Conn};
 
 use super::in_ci;
@@ -103,6 +104,27 @@ impl PrivateServer {
             .spawn()
             .expect("start mariadbd");
         Some(Self { dir, port, child })
+    }
+
+    /// A server started as [`start`](Self::start) does, with the database `leader` and a store
+    /// on it that created its table: the server, root's connection and the store; `None`
+    /// (outside CI) without `mariadbd`.
+    pub async fn with_store(
+        purpose: &str,
+        args: &[String],
+    ) -> Option<(Self, Conn, leader_mysql::MysqlStore)> {
+        let mut server = Self::start(server_dir(purpose), args)?;
+        let mut admin = server.admin("").await;
+        admin
+            .query_drop("CREATE DATABASE leader")
+            .await
+            .expect("database");
+        let store = leader_mysql::MysqlStore::builder(server.url("root", "leader", ""))
+            .create_table(true)
+            .build()
+            .await
+            .expect("store");
+        Some((server, admin, store))
     }
 
     pub fn file(&self, name: &str) -> PathBuf {
