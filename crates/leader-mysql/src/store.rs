@@ -165,7 +165,14 @@ impl MysqlStoreBuilder {
         }
         // The URL's TLS settings (verify_ca, verify_identity, built_in_roots) with the files.
         let ssl = tls.map(|tls| tls.apply(opts.ssl_opts().cloned().unwrap_or_default()));
-        let mut opts = OptsBuilder::from_opts(opts).tcp_keepalive(Some(Duration::from_secs(10)));
+        // Autocommit on, on every connection the pool opens or resets, whatever the server's or
+        // the user's default (`autocommit = 0`, an `init_connect` that sets it): a lock's write
+        // left uncommitted would be no write at all. The URL's own setup runs first.
+        let mut setup = opts.setup().to_vec();
+        setup.push("SET autocommit = 1".to_owned());
+        let mut opts = OptsBuilder::from_opts(opts)
+            .setup(setup)
+            .tcp_keepalive(Some(Duration::from_secs(10)));
         if ssl.is_some() {
             opts = opts.ssl_opts(ssl);
         }
@@ -358,7 +365,9 @@ impl MysqlStore {
         self.answered(conn, created, &self.context()).await
     }
 
-    /// The connection pool.
+    /// The connection pool. Its connections run with autocommit on, whatever the server's
+    /// default, as the locks need; a user of the pool who turns it off, or opens a
+    /// transaction, commits or rolls back before returning the connection.
     pub fn pool(&self) -> &Pool {
         &self.inner.pool
     }
@@ -489,7 +498,7 @@ impl MysqlStore {
         Err(LockError::other(
             BACKEND,
             format!(
-                "{}: a pooled connection was inside a transaction or had autocommit off, so the statement was not committed, and the connection is closed: another user of MysqlStore::pool left it so (commit or roll back before returning a connection), or the server's or the user's default turns autocommit off (`autocommit = 0`, an `init_connect` that sets it: the lock needs it on)",
+                "{}: a pooled connection was inside a transaction or had autocommit off, so the statement was not committed, and the connection is closed: another user of MysqlStore::pool left it so (commit or roll back before returning a connection, and leave autocommit on)",
                 self.context()
             ),
         ))
