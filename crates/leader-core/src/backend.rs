@@ -138,41 +138,60 @@ pub async fn refuse_at_term_start(
 }
 
 /// A check of the store's settings (S15) whose pass stands for [`SettingsCheck::STANDS_FOR`]:
-/// run before an elector starts and again at each term's start, so that a shard set's member
-/// that takes a thousand shards at once asks the server once, not a thousand times. A refusal
-/// or an outage stands for nothing: the next term asks again.
+/// run before an elector starts and again at each term's start. One check runs at a time, and
+/// callers that waited for it take its answer, so a shard set's member that takes a thousand
+/// shards at once asks the server once, not a thousand times. A refusal or an outage stands
+/// only for those who waited for it: the next term asks again.
 #[derive(Debug, Default)]
 pub struct SettingsCheck {
-    /// When the check last passed (tokio's clock, paused in tests).
-    passed_at: std::sync::Mutex<Option<tokio::time::Instant>>,
+    /// When the last check ended, and its answer (tokio's clock, paused in tests).
+    last: std::sync::Mutex<Option<(tokio::time::Instant, Result<(), LockError>)>>,
+    /// Held while a check runs.
+    running: tokio::sync::Mutex<()>,
 }
 
 impl SettingsCheck {
     /// How long a check that passed stands.
     pub const STANDS_FOR: std::time::Duration = std::time::Duration::from_secs(1);
 
-    /// `check`'s answer, unless a check passed within [`STANDS_FOR`](Self::STANDS_FOR): then
-    /// `Ok` without asking.
+    /// `check`'s answer, unless a check passed within [`STANDS_FOR`](Self::STANDS_FOR) (then
+    /// `Ok` without asking), or one ended while this call waited for it (then its answer).
     ///
     /// # Errors
-    /// What `check` returned.
+    /// What `check`, or the check this call waited for, returned.
     pub async fn run<F>(&self, check: F) -> Result<(), LockError>
     where
         F: std::future::Future<Output = Result<(), LockError>>,
     {
-        let passed_at = *self
-            .passed_at
+        let asked = tokio::time::Instant::now();
+        if let Some(answer) = self.answer_since(None) {
+            return answer;
+        }
+        let _turn = self.running.lock().await;
+        if let Some(answer) = self.answer_since(Some(asked)) {
+            return answer;
+        }
+        let answer = check.await;
+        let kept = answer.as_ref().map_err(LockErrorExt::duplicate).copied();
+        *self
+            .last
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) =
+            Some((tokio::time::Instant::now(), kept));
+        answer
+    }
+
+    /// The last check's answer when it passed within [`STANDS_FOR`](Self::STANDS_FOR), or
+    /// ended after `asked`, whatever it answered.
+    fn answer_since(&self, asked: Option<tokio::time::Instant>) -> Option<Result<(), LockError>> {
+        let last = self
+            .last
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if passed_at.is_some_and(|at| at.elapsed() < Self::STANDS_FOR) {
-            return Ok(());
-        }
-        check.await?;
-        *self
-            .passed_at
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(tokio::time::Instant::now());
-        Ok(())
+        let (ended, answer) = last.as_ref()?;
+        let stands = answer.is_ok() && ended.elapsed() < Self::STANDS_FOR;
+        let waited_for = asked.is_some_and(|asked| *ended > asked);
+        (stands || waited_for).then(|| answer.as_ref().map_err(LockErrorExt::duplicate).copied())
     }
 }
 
@@ -284,5 +303,62 @@ mod tests {
             "connection refused"
         )));
         assert!(!is_read_only(&err.duplicate()));
+    }
+
+    /// The settings check of a store: its pass stands for a second; one check runs at a time,
+    /// and whoever waited for it takes its answer, a refusal too; a refusal or an outage is
+    /// not kept for those who come after it.
+    #[tokio::test(start_paused = true)]
+    async fn a_settings_check_runs_once_for_those_who_wait_and_a_pass_stands_a_second() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::time::Duration;
+
+        use super::SettingsCheck;
+        use crate::LockError;
+
+        let check = SettingsCheck::default();
+        let asked = AtomicUsize::new(0);
+        let refuse = std::sync::atomic::AtomicBool::new(false);
+        let read = || async {
+            asked.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if refuse.load(Ordering::SeqCst) {
+                Err(LockError::Misconfigured {
+                    backend: "test",
+                    message: "refused".to_owned(),
+                })
+            } else {
+                Ok(())
+            }
+        };
+        let many = |n: usize| futures_util::future::join_all((0..n).map(|_| check.run(read())));
+
+        let answers = many(32).await;
+        assert!(answers.iter().all(Result::is_ok), "{answers:?}");
+        assert_eq!(asked.load(Ordering::SeqCst), 1, "one check for 32 callers");
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        check.run(read()).await.expect("stands");
+        assert_eq!(
+            asked.load(Ordering::SeqCst),
+            1,
+            "a pass stands for a second"
+        );
+
+        tokio::time::sleep(SettingsCheck::STANDS_FOR).await;
+        refuse.store(true, Ordering::SeqCst);
+        let answers = many(8).await;
+        assert!(
+            answers
+                .iter()
+                .all(|answer| matches!(answer, Err(LockError::Misconfigured { .. }))),
+            "{answers:?}"
+        );
+        assert_eq!(asked.load(Ordering::SeqCst), 2, "one check for 8 callers");
+        assert!(check.run(read()).await.is_err());
+        assert_eq!(asked.load(Ordering::SeqCst), 3, "a refusal is asked again");
+
+        refuse.store(false, Ordering::SeqCst);
+        check.run(read()).await.expect("passes again");
+        assert_eq!(asked.load(Ordering::SeqCst), 4);
     }
 }

@@ -267,7 +267,7 @@ impl DynamoLock {
         expected: Option<&Version>,
         record: &LeaderElectionRecord,
     ) -> Result<Observed, LockError> {
-        self.store.check_table_now().await?;
+        self.store.check_table_for_term().await?;
         let mut record = record.clone();
         for _ in 0..FLOOR_ATTEMPTS {
             match self.transact(expected, &record).await? {

@@ -123,7 +123,7 @@ impl DynamoLockSet {
     }
 
     /// Renews `renewals` (at most [`BATCH_LIMIT`], distinct keys) in transactions: one, and
-    /// again without the ones whose condition failed.
+    /// again without the ones whose condition failed, as long as nothing else cancelled it.
     async fn renew_batch(&self, renewals: &[&Renewal]) -> Vec<Result<Observed, LockError>> {
         let table = &self.store.inner.table;
         let context = self.store.context(self.describe());
@@ -184,6 +184,13 @@ impl DynamoLockSet {
                         }
                         break;
                     }
+                    // Sent again at once only when every failure was a lost condition: a
+                    // throttled or conflicting item would likely cancel the next one too, so
+                    // then the rest are unavailable, and the elector's back-off applies.
+                    let other = failed
+                        .iter()
+                        .find(|(_, code)| *code != "ConditionalCheckFailed")
+                        .map(|(_, code)| *code);
                     for (i, code) in failed {
                         answers[i] = Some(Err(if code == "ConditionalCheckFailed" {
                             LockError::conflict(BACKEND)
@@ -196,6 +203,20 @@ impl DynamoLockSet {
                                 ),
                             )
                         }));
+                    }
+                    if let Some(code) = other {
+                        for (i, _) in sent {
+                            answers[i].get_or_insert_with(|| {
+                                Err(LockError::unavailable(
+                                    BACKEND,
+                                    format!(
+                                        "{}: renewal of {} cancelled with another item's ({code})",
+                                        context.what, renewals[i].key
+                                    ),
+                                ))
+                            });
+                        }
+                        break;
                     }
                 }
             }

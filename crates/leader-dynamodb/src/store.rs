@@ -15,6 +15,7 @@ use aws_sdk_dynamodb::types::{
     TableDescription, TableStatus,
 };
 use leader_core::LockError;
+use leader_core::backend::SettingsCheck;
 
 use crate::error::{BACKEND, Context, map};
 
@@ -141,6 +142,7 @@ impl DynamoStoreBuilder {
                 allow_global_table: self.allow_global_table,
                 checked: AtomicBool::new(false),
                 legacy: std::sync::Mutex::default(),
+                term_check: SettingsCheck::default(),
             }),
         })
     }
@@ -190,6 +192,8 @@ pub(crate) struct Inner {
     /// The regions of the table's replication group as a global table of version 2017.11.29
     /// (none: not one), once `DescribeGlobalTable` said, or said it cannot tell for good.
     legacy: std::sync::Mutex<Option<Vec<String>>>,
+    /// The check at each term's start.
+    term_check: SettingsCheck,
 }
 
 impl fmt::Debug for DynamoStore {
@@ -240,6 +244,13 @@ impl DynamoStore {
             return Ok(());
         }
         self.check_table_now().await
+    }
+
+    /// [`check_table_now`](Self::check_table_now) at a term's start: one check runs at a time
+    /// and serves every term that waited for it, and a check that passed stands for a second,
+    /// so that a member taking many shards at once asks once ([`SettingsCheck`]).
+    pub(crate) async fn check_table_for_term(&self) -> Result<(), LockError> {
+        self.inner.term_check.run(self.check_table_now()).await
     }
 
     /// Reads the table's description (`DescribeTable`) and checks it (S15): its key must be the

@@ -1,10 +1,14 @@
-//! A shard set's reads of a throttled table. DynamoDB answers a `BatchGetItem` it cannot serve
-//! in full with the items it read and the keys it did not (`UnprocessedKeys`); when it read none
+//! A throttled table and control plane. DynamoDB answers a `BatchGetItem` it cannot serve in
+//! full with the items it read and the keys it did not (`UnprocessedKeys`); when it read none
 //! it fails the request instead (`ProvisionedThroughputExceededException`). Its reference asks
 //! the client to send the unprocessed keys again after an exponential back-off: asked again at
-//! once, the table stays throttled. A proxy in front of the test server answers as a throttled
-//! table does: of each `BatchGetItem` it passes on the first key alone and returns the others
-//! unprocessed, for as many answers as the test says.
+//! once, the table stays throttled. A `TransactWriteItems` cancelled for one throttled item
+//! names the others `None`: sent again at once, they meet the same throttle. And the control
+//! plane (`DescribeTable`, which the lock asks at each term's start) has a throttle of its own,
+//! which asks clients not to query it excessively. A proxy in front of the test server answers
+//! as a throttled table does: of each `BatchGetItem` it passes on the first key alone and
+//! returns the others unprocessed, and it cancels `TransactWriteItems` for a throttled first
+//! item, for as many answers as the test says; it counts the requests of each kind.
 
 mod common;
 
@@ -17,20 +21,63 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use chrono::Utc;
-use leader_core::{LeaderElectionRecord, LockError, LockSet};
+use leader_core::backend::Renewal;
+use leader_core::{LeaderElectionRecord, LockError, LockSet, ResourceLock};
 use serde_json::Value;
 
 use common::proxy::{post, respond};
 
 const BATCH_GET: &str = "DynamoDB_20120810.BatchGetItem";
+const TRANSACT_WRITE: &str = "DynamoDB_20120810.TransactWriteItems";
+const DESCRIBE_TABLE: &str = "DynamoDB_20120810.DescribeTable";
 
-/// The proxy's state: where it forwards to, how many `BatchGetItem` answers it still throttles,
-/// and how many it received.
+/// The proxy's state: where it forwards to, how many `BatchGetItem` and `TransactWriteItems`
+/// answers it still throttles, and how many requests of each kind it received.
+#[derive(Default)]
 struct Throttle {
     /// The test server's `host:port`.
     upstream: String,
     throttled_answers: AtomicUsize,
     batch_gets: AtomicUsize,
+    cancelled_transactions: AtomicUsize,
+    transactions: AtomicUsize,
+    describe_tables: AtomicUsize,
+}
+
+/// A `TransactWriteItems` of `body` cancelled as DynamoDB cancels one whose first item met a
+/// throttle: a reason per item, in order, `None` for the items that met nothing.
+fn cancelled(body: &Bytes) -> Response {
+    let request: Value = serde_json::from_slice(body).unwrap_or_default();
+    let items = request["TransactItems"].as_array().map_or(1, Vec::len);
+    let reasons: Vec<Value> = (0..items)
+        .map(|i| match i {
+            0 => serde_json::json!({
+                "Code": "ThrottlingError",
+                "Message": "Throughput exceeds the current capacity of your table or index."
+            }),
+            _ => serde_json::json!({ "Code": "None" }),
+        })
+        .collect();
+    let answer = serde_json::json!({
+        "__type": "com.amazonaws.dynamodb.v20120810#TransactionCanceledException",
+        "Message": "Transaction cancelled, please refer cancellation reasons for specific reasons",
+        "CancellationReasons": reasons,
+    });
+    let headers = [(
+        "content-type".to_owned(),
+        "application/x-amz-json-1.0".to_owned(),
+    )];
+    respond(
+        400,
+        &headers,
+        serde_json::to_vec(&answer).expect("json").into(),
+    )
+}
+
+/// Takes one of the answers `left` still holds; whether there was one.
+fn take_one(left: &AtomicUsize) -> bool {
+    left.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+        .is_ok()
 }
 
 /// Starts the proxy in front of the test server; its URL.
@@ -70,18 +117,26 @@ async fn forward(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let batch_get = headers
+    let target = headers
         .get("x-amz-target")
-        .is_some_and(|target| target.as_bytes() == BATCH_GET.as_bytes());
+        .and_then(|target| target.to_str().ok())
+        .unwrap_or_default();
     let mut unread = None;
     let mut body = body;
-    if batch_get {
+    if target == DESCRIBE_TABLE {
+        throttle.describe_tables.fetch_add(1, Ordering::SeqCst);
+    }
+    if target == TRANSACT_WRITE {
+        throttle.transactions.fetch_add(1, Ordering::SeqCst);
+        if take_one(&throttle.cancelled_transactions) {
+            return cancelled(&body);
+        }
+    }
+    if target == BATCH_GET {
         throttle.batch_gets.fetch_add(1, Ordering::SeqCst);
-        let throttled = throttle
-            .throttled_answers
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok();
-        if throttled && let Some((narrowed, table, unprocessed)) = narrow(&body) {
+        if take_one(&throttle.throttled_answers)
+            && let Some((narrowed, table, unprocessed)) = narrow(&body)
+        {
             body = narrowed;
             unread = Some((table, unprocessed));
         }
@@ -112,7 +167,7 @@ async fn throttled_store(
             .trim_end_matches('/')
             .to_owned(),
         throttled_answers: AtomicUsize::new(throttled_answers),
-        batch_gets: AtomicUsize::new(0),
+        ..Throttle::default()
     });
     let url = start(throttle.clone()).await;
     let config = common::sdk_config()
@@ -187,4 +242,68 @@ async fn a_read_throttled_once_returns_every_record() {
         .map(|answer| answer.expect("read").map(|o| o.record.leader_transitions))
         .collect();
     assert_eq!(tokens, [None, Some(1), Some(2), Some(3), Some(4)]);
+}
+
+/// A renewal of many records whose transaction was cancelled for one throttled item is not sent
+/// again at once without it: the others would meet the same throttle. Every renewal of it is
+/// unavailable, and the shard set's back-off sends the next.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_cancelled_by_a_throttled_item_are_not_sent_again_at_once() {
+    let Some((store, throttle)) = throttled_store(0, Duration::from_secs(5)).await else {
+        return;
+    };
+    let set = store.lock_set("member");
+    let mut renewals = Vec::new();
+    for i in 0..50 {
+        let key = leader_test_support::unique(&format!("shard-{i}"));
+        let record = LeaderElectionRecord::new("member", Duration::from_secs(30), Utc::now(), 1);
+        let stored = set.lock(&key).create(&record).await.expect("a record");
+        renewals.push(Renewal {
+            key,
+            version: stored.version,
+            record,
+        });
+    }
+    let before = throttle.transactions.load(Ordering::SeqCst);
+    throttle.cancelled_transactions.store(1, Ordering::SeqCst);
+    let renewed = set.renew_many(&renewals).await;
+    assert_eq!(
+        throttle.transactions.load(Ordering::SeqCst) - before,
+        1,
+        "one transaction, not one per item left"
+    );
+    assert_eq!(renewed.len(), renewals.len());
+    for answer in &renewed {
+        match answer {
+            Err(err @ LockError::Unavailable { .. }) => {
+                assert!(err.to_string().contains("ThrottlingError"), "{err}");
+            }
+            other => panic!("a renewal cancelled by a throttle is unavailable, not {other:?}"),
+        }
+    }
+    // The next round renews them all.
+    let renewed = set.renew_many(&renewals).await;
+    assert!(renewed.iter().all(Result::is_ok), "{renewed:?}");
+}
+
+/// Terms that start at once on many records ask `DescribeTable` once, not once each: a member
+/// that takes many shards at once does not flood the control plane.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terms_started_at_once_ask_the_control_plane_once() {
+    let Some((store, throttle)) = throttled_store(0, Duration::from_secs(5)).await else {
+        return;
+    };
+    let before = throttle.describe_tables.load(Ordering::SeqCst);
+    let record = LeaderElectionRecord::new("member", Duration::from_secs(30), Utc::now(), 1);
+    let locks: Vec<_> = (0..64)
+        .map(|i| store.lock(leader_test_support::unique(&format!("term-{i}")), "member"))
+        .collect();
+    let started =
+        futures_util::future::join_all(locks.iter().map(|lock| lock.create(&record))).await;
+    assert!(started.iter().all(Result::is_ok), "{started:?}");
+    let asked = throttle.describe_tables.load(Ordering::SeqCst) - before;
+    assert!(
+        (1..=2).contains(&asked),
+        "{asked} DescribeTable requests for 64 terms started at once"
+    );
 }
