@@ -66,6 +66,20 @@ fn stream_answered_not_found(err: &(dyn StdError + 'static)) -> bool {
     api_error(err).is_some_and(|(_, code)| ErrorCode(code) == ErrorCode::STREAM_NOT_FOUND)
 }
 
+/// The JetStream API's "wrong last sequence" without the sequence (10164, nats-server 2.11 and
+/// later): a replicated stream refuses a compare-and-swap on a key while another write to it is
+/// in flight (`jetstream_batching.go`), which the client does not read as a lost race.
+const WRONG_LAST_SEQUENCE_CONSTANT: ErrorCode = ErrorCode(10164);
+
+/// Whether the server refused a compare-and-swap because the key's last revision was not the
+/// one expected, however it said so: the client's own kind covers 10071 alone.
+pub(crate) fn lost_race(err: &(dyn StdError + 'static)) -> bool {
+    api_error(err).is_some_and(|(_, code)| {
+        let code = ErrorCode(code);
+        code == ErrorCode::STREAM_WRONG_LAST_SEQUENCE || code == WRONG_LAST_SEQUENCE_CONSTANT
+    })
+}
+
 /// Whether `err` says that the bucket's stream does not exist: the JetStream API's "stream not
 /// found" (10059), or a write to the bucket's subjects that no stream takes (the client's
 /// `StreamNotFound`, from the server's "no responders").
@@ -200,5 +214,29 @@ mod tests {
             message.contains("leader is being elected") && message.contains("deleted"),
             "{message}"
         );
+    }
+
+    /// A compare-and-swap refused for the key's last revision is a lost race however the
+    /// server says so: 10071 with the sequence, or 10164 without it (a replicated stream on
+    /// nats-server 2.11 and later, while another write to the key is in flight), as the
+    /// client hands them on in an update's error chain. Other refusals are not.
+    #[test]
+    fn both_wrong_last_sequence_answers_are_lost_races() {
+        use async_nats::jetstream::kv::UpdateError;
+        let answer = |code: u64| -> UpdateError {
+            let api: async_nats::jetstream::Error = serde_json::from_value(serde_json::json!({
+                "code": 400,
+                "err_code": code,
+                "description": "wrong last sequence",
+            }))
+            .expect("an API error");
+            PublishError::with_source(PublishErrorKind::Other, api).into()
+        };
+        assert!(lost_race(&answer(10164)));
+        assert!(lost_race(&answer(10071)));
+        assert!(!lost_race(&answer(10059)), "stream not found");
+        assert!(!lost_race(&PublishError::new(
+            PublishErrorKind::StreamNotFound
+        )));
     }
 }

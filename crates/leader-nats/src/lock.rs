@@ -9,7 +9,7 @@ use futures_util::StreamExt;
 use leader_core::backend::KeyedLocks;
 use leader_core::{ChangeStream, LeaderElectionRecord, LockError, Observed, ResourceLock, Version};
 
-use crate::error::{BACKEND, map, stream_not_found};
+use crate::error::{BACKEND, lost_race, map, stream_not_found};
 use crate::store::{NatsStore, Opened, is_timeout};
 
 /// The bucket key of election `name`: letters, digits, `-`, `_` and `/` as they are, every
@@ -239,7 +239,7 @@ impl NatsLock {
                     version: version_of(revision, opened.created),
                 })
             }
-            Err(err) if err.kind() == UpdateErrorKind::WrongLastRevision => {
+            Err(err) if err.kind() == UpdateErrorKind::WrongLastRevision || lost_race(&err) => {
                 Err(LockError::conflict(BACKEND))
             }
             Err(err) if err.kind() == UpdateErrorKind::InvalidKey => {
@@ -325,7 +325,7 @@ impl ResourceLock for NatsLock {
             Some(marker) => marker.revision,
             None => 0,
         };
-        let floor = self.store.term_start(&opened).await?.saturating_add(1);
+        let floor = self.store.term_start(&opened, expected).await?;
         let record = self.floored(&{
             let mut record = record.clone();
             record.leader_transitions = record.leader_transitions.max(floor);
@@ -362,7 +362,7 @@ impl ResourceLock for NatsLock {
             // Above the stream's last sequence too, as a creation is: the token read may be
             // lower than one given out before (a record freed by hand with token 0, another
             // client's), and a process that never saw the higher one cannot know it.
-            let floor = self.store.term_start(&opened).await?.saturating_add(1);
+            let floor = self.store.term_start(&opened, expected).await?;
             let mut record = self.floored(record);
             record.leader_transitions = record.leader_transitions.max(floor);
             return self.write(&opened, expected, &record).await;

@@ -230,7 +230,8 @@ impl NatsStore {
     /// delete records (an election's record removed while its
     /// holder leads is created afresh by a candidate at once), and a replicated bucket on a
     /// server whose clustered compare-and-swap can let two writers win or replicas diverge
-    /// ([`REPLICATED_FLAWS`]: before 2.10.19), or whose version does not parse.
+    /// or lose it ([`REPLICATED_FLAWS`]: before 2.10.19, and 2.10.20 to 2.10.22), or whose
+    /// version does not parse.
     fn check(&self, context: &str, config: &jetstream::stream::Config) -> Result<(), LockError> {
         let refuse = |message: String| {
             Err(LockError::Misconfigured {
@@ -250,6 +251,12 @@ impl NatsStore {
                 config.max_age
             ));
         }
+        if config.discard_new_per_subject {
+            return refuse(
+                "it refuses a value for a key that holds one already (discard_new_per_subject), so no record could be renewed or taken over; use a bucket without it"
+                    .to_owned(),
+            );
+        }
         if config.discard == jetstream::stream::DiscardPolicy::Old {
             if config.max_messages > 0 {
                 return refuse(format!(
@@ -267,7 +274,7 @@ impl NatsStore {
         if config.num_replicas > 1 {
             let version = self.inner.client.server_info().version;
             let replicas = config.num_replicas;
-            let (major, minor, patch) = REPLICATED_FLAWS[REPLICATED_FLAWS.len() - 1].0;
+            let (major, minor, patch) = REPLICATED_FLAWS[REPLICATED_FLAWS.len() - 1].1;
             match replicated_compare_and_swap_flaws(&version) {
                 Some(flaws) if flaws.is_empty() => {}
                 Some(flaws) => {
@@ -278,7 +285,7 @@ impl NatsStore {
                 }
                 None => {
                     return refuse(format!(
-                        "the bucket has {replicas} replicas and the server's version {version:?} does not parse, so the lock cannot tell whether it fixed the flaws of compare-and-swap on replicated streams (fixed by {major}.{minor}.{patch}: nats-server#4319, nats-server#5794); run a released server, or use a bucket with one replica"
+                        "the bucket has {replicas} replicas and the server's version {version:?} does not parse, so the lock cannot tell whether it fixed the flaws of replicated streams (fixed by {major}.{minor}.{patch}: nats-server#4319, nats-server#5794, nats-server#6888); run a released server, or use a bucket with one replica"
                     ));
                 }
             }
@@ -321,14 +328,22 @@ impl NatsStore {
     /// Checks the bucket again before a write that starts a term (S15), in one request: its
     /// settings, which an operator may have changed since it was looked up (`nats kv edit
     /// --ttl`, a limit, a scale to three replicas), and its stream, which may have been deleted
-    /// and created again. Returns the stream's last sequence number: above every revision the
-    /// bucket has written.
+    /// and created again. Returns the lowest fencing token the term may have: one above the
+    /// stream's last sequence (above every revision the bucket has written) and above
+    /// `expected`, the key's revision the write will compare with. A stream's information may
+    /// come from a replica that lags: nats-server lets a member that sees no leader answer it
+    /// with its own state (`jsStreamInfoRequest`). The compare-and-swap checks `expected`
+    /// exactly, so it bounds every token the key had, each its own write, whoever answered.
     ///
     /// # Errors
     /// A setting the lock refuses ([`LockError::Misconfigured`], as at the lookup); a stream
     /// other than the one looked up ([`LockError::Conflict`]: what was read may be the old
     /// bucket's, and the next request looks the bucket up again); the server's errors.
-    pub(crate) async fn term_start(&self, opened: &Opened) -> Result<u64, LockError> {
+    pub(crate) async fn term_start(
+        &self,
+        opened: &Opened,
+        expected: u64,
+    ) -> Result<u64, LockError> {
         let context = self.context();
         let info = match opened.store.stream.get_info().await {
             Ok(info) => info,
@@ -344,7 +359,7 @@ impl NatsStore {
             return Err(LockError::conflict(BACKEND));
         }
         self.check(&context, &info.config)?;
-        Ok(info.state.last_sequence)
+        Ok(info.state.last_sequence.max(expected).saturating_add(1))
     }
 
     pub(crate) fn context(&self) -> String {
@@ -356,30 +371,41 @@ impl NatsStore {
     }
 }
 
-/// The flaws of compare-and-swap on a replicated (R>1) stream, each with the nats-server
-/// release that fixed it, oldest first.
-const REPLICATED_FLAWS: [((u64, u64, u64), &str); 2] = [
+/// A nats-server release: major, minor, patch.
+type Release = (u64, u64, u64);
+
+/// The flaws of a replicated (R>1) stream that break the lock, each with the nats-server
+/// releases that have it (from the first, before the second, which fixed it), by the release
+/// that fixed it, oldest first: the last names the release every server needs.
+const REPLICATED_FLAWS: [(Release, Release, &str); 3] = [
     (
+        (0, 0, 0),
         (2, 9, 21),
         "before 2.9.21 a replicated stream checks the expected revision only before it proposes a write, not when it applies it (nats-server#4319), so two compare-and-swaps at one revision can both win",
     ),
     (
+        (0, 0, 0),
         (2, 10, 19),
         "before 2.10.19 a replicated stream does not check a create (expected revision 0) before it proposes it, so a replica can store a create the others refuse and the replicas then hold different records (nats-server#5794)",
     ),
+    (
+        (2, 10, 20),
+        (2, 10, 23),
+        "2.10.20 to 2.10.22 can forget a replicated stream after a few of its servers crash, even with sync_interval always (nats-server#6888), and the bucket, its sequence and the fencing tokens start over",
+    ),
 ];
 
-/// The flaws of [`REPLICATED_FLAWS`] a server of `version` still has (none: compare-and-swap
-/// holds on its replicated streams); `None` when the version does not parse, which says
-/// nothing of what the server fixed.
+/// The flaws of [`REPLICATED_FLAWS`] a server of `version` has (none: the lock holds on its
+/// replicated streams); `None` when the version does not parse, which says nothing of what the
+/// server fixed.
 fn replicated_compare_and_swap_flaws(version: &str) -> Option<Vec<&'static str>> {
     let parsed = semver::Version::parse(version.trim_start_matches('v')).ok()?;
     let release = (parsed.major, parsed.minor, parsed.patch);
     Some(
         REPLICATED_FLAWS
             .iter()
-            .filter(|(fixed, _)| release < *fixed)
-            .map(|(_, flaw)| *flaw)
+            .filter(|(from, fixed, _)| *from <= release && release < *fixed)
+            .map(|(_, _, flaw)| *flaw)
             .collect(),
     )
 }
@@ -444,7 +470,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn replicated_compare_and_swap_holds_from_2_10_19_and_an_unknown_version_is_not_taken_for_it() {
+    fn replicated_streams_hold_from_2_10_23_and_an_unknown_version_is_not_taken_for_it() {
         for (version, flaws) in [
             ("2.9.10", Some(&["#4319", "#5794"][..])),
             ("v2.8.4", Some(&["#4319", "#5794"][..])),
@@ -455,6 +481,9 @@ mod tests {
             ("2.10.18", Some(&["#5794"][..])),
             ("2.10.19", Some(&[][..])),
             ("2.10.19-RC.1", Some(&[][..])),
+            ("2.10.20", Some(&["#6888"][..])),
+            ("2.10.22", Some(&["#6888"][..])),
+            ("2.10.23", Some(&[][..])),
             ("2.11.4", Some(&[][..])),
             ("", None),
             ("2.10", None),

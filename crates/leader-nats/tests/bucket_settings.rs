@@ -1,9 +1,10 @@
 //! Buckets the lock cannot be safe on are refused when it opens them (S15), in one line naming
 //! the setting: records kept in memory, which a server's restart loses, limits that make the
 //! server delete records (`max_age`, `max_msgs` or
-//! `max_bytes` with discard old), a replicated bucket on servers before 2.10.19 (their
+//! `max_bytes` with discard old), a replicated bucket on servers before 2.10.23 (their
 //! clustered compare-and-swap can let two writers win, nats-server#4319, or replicas store
-//! different creates, nats-server#5794: a three-server cluster on loopback here), and a server
+//! different creates, nats-server#5794, and 2.10.20 to 2.10.22 can lose the stream,
+//! nats-server#6888: a three-server cluster on loopback here), and a server
 //! without JetStream. The same settings changed on a bucket in use (`nats kv edit`, a scale to
 //! three replicas) are refused at the next term's start.
 
@@ -71,7 +72,7 @@ async fn buckets_whose_limits_delete_records_are_refused() {
     let Some(jetstream) = test_jetstream().await else {
         return;
     };
-    let cases: [Case; 5] = [
+    let cases: [Case; 6] = [
         (
             "memory",
             |c| c.storage = stream::StorageType::Memory,
@@ -92,6 +93,15 @@ async fn buckets_whose_limits_delete_records_are_refused() {
             |c| c.max_bytes = 1 << 20,
             &["max_bytes", "discard old"],
         ),
+        // A record could never be written again.
+        (
+            "new_per_subject",
+            |c| {
+                c.discard = stream::DiscardPolicy::New;
+                c.discard_new_per_subject = true;
+            },
+            &["discard_new_per_subject"],
+        ),
         // Limits that refuse writes instead of deleting records are fine.
         (
             "new",
@@ -104,13 +114,17 @@ async fn buckets_whose_limits_delete_records_are_refused() {
     ];
     for (what, tweak, says) in cases {
         let bucket = unique(&format!("settings_{what}")).replace('-', "_");
-        jetstream
+        let created = jetstream
             .create_stream(bucket_config(&bucket, tweak))
             .await
             .expect("create the bucket");
         let store = store(&nats_url(), &bucket).await;
         let lock = store.lock("settings", "a");
-        if says.is_empty() {
+        // A server too old for a setting leaves it out of the stream it makes (2.9 has no
+        // discard_new_per_subject): such a bucket is as made.
+        let kept =
+            what != "new_per_subject" || created.cached_info().config.discard_new_per_subject;
+        if says.is_empty() || !kept {
             lock.get().await.expect("a bucket that keeps its records");
         } else {
             let message = misconfigured(lock.get().await, says);
@@ -164,7 +178,7 @@ async fn cluster_with(
 
 /// Whether a server of `version` keeps compare-and-swap on a replicated stream.
 fn replicated_compare_and_swap_holds(version: &str) -> bool {
-    semver::Version::parse(version).expect("version") >= semver::Version::new(2, 10, 19)
+    semver::Version::parse(version).expect("version") >= semver::Version::new(2, 10, 23)
 }
 
 /// Applies `tweak` to the settings of the stream `stream`, as `nats kv edit` or `nats stream
@@ -309,7 +323,7 @@ async fn settings_changed_on_a_bucket_in_use_are_refused_at_the_next_term() {
 /// Three servers of one cluster (the 2.9 on this machine): a replicated bucket is refused,
 /// named with the version, and never created by the lock; a bucket on one replica works.
 #[tokio::test]
-async fn a_replicated_bucket_on_servers_before_2_10_19_is_refused() {
+async fn a_replicated_bucket_on_servers_before_2_10_23_is_refused() {
     let Some((_servers, urls, version, jetstream)) =
         cluster_with(bucket_config("replicated", |c| c.num_replicas = 3)).await
     else {
@@ -338,6 +352,7 @@ async fn a_replicated_bucket_on_servers_before_2_10_19_is_refused() {
                 "nats-server#4319",
                 "2.10.19",
                 "nats-server#5794",
+                "upgrade every server to 2.10.23",
             ],
         );
         // Asked to create one, the lock refuses before it creates anything.
@@ -362,7 +377,7 @@ async fn a_replicated_bucket_on_servers_before_2_10_19_is_refused() {
 }
 
 /// A bucket on one replica of a three-server cluster, in use, scaled to three replicas (`nats
-/// stream edit --replicas 3`): on servers before 2.10.19 the next term's start refuses it,
+/// stream edit --replicas 3`): on servers before 2.10.23 the next term's start refuses it,
 /// naming the replicas and the version.
 #[tokio::test]
 async fn a_bucket_scaled_to_three_replicas_in_use_is_refused_at_the_next_term() {
