@@ -208,13 +208,34 @@ impl EtcdLock {
     }
 }
 
+/// Refuses an election name that is a key the lock keeps for another election
+/// (`NAME.fence`, `NAME.extensions`, `NAME.candidates/IDENTITY`): its writes would overwrite
+/// that election's fencing counter, extensions or queue (S8), and that election's its record.
+fn check_name(name: &str) -> Result<(), LockError> {
+    let kept = [".fence", ".extensions"]
+        .into_iter()
+        .find(|suffix| name.ends_with(suffix))
+        .or_else(|| name.contains(".candidates/").then_some(".candidates/"));
+    match kept {
+        None => Ok(()),
+        Some(part) => Err(LockError::Misconfigured {
+            backend: crate::error::BACKEND,
+            message: format!(
+                "election {name:?}: a name with {part} is a key the lock keeps for another election (NAME.fence, NAME.extensions, NAME.candidates/); choose another name"
+            ),
+        }),
+    }
+}
+
 #[async_trait]
 impl ResourceLock for EtcdLock {
     async fn get(&self) -> Result<Option<Observed>, LockError> {
+        check_name(&self.name)?;
         Ok(self.read().await?.map(|(observed, _)| observed))
     }
 
     async fn create(&self, record: &LeaderElectionRecord) -> Result<Observed, LockError> {
+        check_name(&self.name)?;
         let absent = Compare::create_revision(self.key.as_str(), CompareOp::Equal, 0);
         if record.is_free() {
             return self.put_if(absent, record, None).await;
@@ -227,6 +248,7 @@ impl ResourceLock for EtcdLock {
         version: &Version,
         record: &LeaderElectionRecord,
     ) -> Result<Observed, LockError> {
+        check_name(&self.name)?;
         let expected = parse_version(version)?;
         let unchanged = Compare::mod_revision(self.key.as_str(), CompareOp::Equal, expected);
         if record.is_free() {
@@ -291,6 +313,7 @@ impl ResourceLock for EtcdLock {
         &self,
         desired: &LeaderElectionRecord,
     ) -> Result<Option<Acquisition>, LockError> {
+        check_name(&self.name)?;
         if let Some(shared) = &self.shared {
             return self.try_acquire_in_set(shared, desired).await;
         }
@@ -366,10 +389,9 @@ impl ResourceLock for EtcdLock {
         let key = self.key.as_str();
         let stream = self
             .members()
-            .call(
-                true,
-                |mut client| async move { client.watch(key, None).await },
-            )
+            .call(true, |client| async move {
+                crate::watch::watch_client(&client).watch(key, None).await
+            })
             .await
             .map_err(|err| map(&self.context(), err))?;
         Ok(Some(changes(

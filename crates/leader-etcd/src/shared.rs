@@ -333,7 +333,7 @@ impl Drop for SetWatch {
 /// last write reported, until it fails or `moved` says the store talks to another member now
 /// (checked every half second).
 async fn watch_set(
-    mut client: Client,
+    client: Client,
     prefix: &str,
     state: &SyncMutex<Coverage>,
     healthy: &AtomicBool,
@@ -341,7 +341,10 @@ async fn watch_set(
 ) -> Ended {
     let from = state.lock().unwrap_or_else(|p| p.into_inner()).progress + 1;
     let options = WatchOptions::new().with_prefix().with_start_revision(from);
-    let Ok(mut stream) = client.watch(prefix, Some(options)).await else {
+    let Ok(mut stream) = crate::watch::watch_client(&client)
+        .watch(prefix, Some(options))
+        .await
+    else {
         return Ended::Failed;
     };
     healthy.store(true, Ordering::Release);

@@ -95,7 +95,12 @@ impl EtcdStoreBuilder {
             .with_connect_timeout(self.timeout)
             .with_timeout(self.timeout)
             .with_require_leader(true)
-            .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5));
+            .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5))
+            // Pings only while a request or a watch runs, as etcd's own client: etcd lets a
+            // client ping without one at most twice (its keep-alive enforcement, `MinTime` 5 s,
+            // `PermitWithoutStream` false) and then closes the connection, so the idle ones to
+            // the members the lock does not talk to now would be gone when it moves to one.
+            .with_keep_alive_while_idle(false);
         if let Some((user, password)) = &self.user {
             // A token etcd no longer takes (a simple token unused for `--auth-token-ttl`, a JWT
             // past its TTL, a token lost in a restart) is replaced by logging in again and

@@ -18,6 +18,19 @@ use crate::queue::Successor;
 use crate::seen::Seen;
 use crate::store::EtcdStore;
 
+/// The largest watch answer taken. A watch that starts again from a past revision (after its
+/// stream failed, or on another member) is sent the events it missed, up to a thousand
+/// revisions in one answer (etcd's `syncWatchers`), which a set's records with their
+/// extensions, each written every round while the watch was down, take past gRPC's default of
+/// 4 MiB: the answer would fail to decode, and the watch start again from the same revision,
+/// for ever. etcd's own client takes answers of any size.
+const WATCH_BYTES: usize = i32::MAX as usize;
+
+/// A watch client of `client` that takes answers up to [`WATCH_BYTES`].
+pub(crate) fn watch_client(client: &Client) -> etcd_client::WatchClient {
+    client.watch_client().max_decoding_message_size(WATCH_BYTES)
+}
+
 /// The holder's watch of its own key and of the waiting candidates: the highest revision of
 /// any event on the key, whether the watch runs, and the candidates as last reported. A renewal
 /// may skip the record while nothing was written after the holder's last write, and a release
@@ -214,7 +227,7 @@ async fn watch_term(
     moved: impl Fn() -> bool,
 ) -> Ended {
     let options = WatchOptions::new().with_start_revision(from);
-    let Ok(mut stream) = client.watch(key, Some(options)).await else {
+    let Ok(mut stream) = watch_client(&client).watch(key, Some(options)).await else {
         return Ended::Failed;
     };
     healthy.store(true, Ordering::Release);
@@ -311,5 +324,61 @@ fn acts_on(event: &Event, identity: &str) -> bool {
                 r.is_free() || r.handover_to().is_some() || r.holder_identity == identity
             }),
         _ => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A watch from a past revision is sent what it missed in one answer, here 6 MiB of a
+    /// key's history: taken whole, where gRPC's default of 4 MiB failed every answer.
+    #[tokio::test]
+    async fn a_watch_takes_a_catch_up_larger_than_four_mebibytes() {
+        let endpoints = leader_test_support::etcd_endpoints();
+        let Ok(mut client) = Client::connect(&endpoints, None).await else {
+            assert!(
+                !leader_test_support::in_ci(),
+                "CI=true and no etcd at {endpoints:?}"
+            );
+            return;
+        };
+        let key = leader_test_support::unique("leader-watch-catch-up");
+        let value = vec![b'x'; 64 << 10];
+        let mut first = 0;
+        for i in 0..96 {
+            let put = client
+                .put(key.as_str(), value.clone(), None)
+                .await
+                .expect("put");
+            if i == 0 {
+                first = put.header().expect("header").revision();
+            }
+        }
+        let options = || Some(WatchOptions::new().with_start_revision(first));
+        let mut stream = watch_client(&client)
+            .watch(key.as_str(), options())
+            .await
+            .expect("watch");
+        let mut events = 0;
+        while events < 96 {
+            let answer = tokio::time::timeout(Duration::from_secs(10), stream.message())
+                .await
+                .expect("an answer")
+                .expect("an answer taken whole")
+                .expect("the stream goes on");
+            events += answer.events().len();
+        }
+        assert_eq!(events, 96);
+        // gRPC's default refuses it: the case at hand.
+        let mut stream = client.watch(key.as_str(), options()).await.expect("watch");
+        let refused = loop {
+            match stream.message().await {
+                Ok(Some(answer)) if answer.events().is_empty() => {}
+                other => break other,
+            }
+        };
+        assert!(refused.is_err(), "{refused:?}");
+        client.delete(key.as_str(), None).await.expect("delete");
     }
 }

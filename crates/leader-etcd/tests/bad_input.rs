@@ -1,5 +1,5 @@
-//! Bad input against real etcd servers: a value that is not a record, wrong credentials, and the
-//! server stopped and started again. Each gives a clear typed error, the elector keeps running
+//! Bad input against real etcd servers: a value that is not a record, wrong credentials, an
+//! election named as another's own keys, and the server stopped and started again. Each gives a clear typed error, the elector keeps running
 //! and recovers, nothing panics or overwrites what it cannot read.
 
 mod common;
@@ -35,6 +35,53 @@ async fn a_value_that_is_not_a_record_is_reported_never_overwritten_and_the_elec
     client.delete(key.as_str(), None).await.expect("delete");
     elector.wait_leading(Duration::from_secs(5)).await;
     elector.stop().await;
+}
+
+/// An election named as a key the lock keeps for another (`NAME.fence`, `NAME.extensions`,
+/// `NAME.candidates/...`) is refused, and that election's keys are left as they are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_election_named_as_anothers_own_keys_is_refused() {
+    let Some(store) = common::store().await else {
+        return;
+    };
+    let name = unique("named");
+    let holder = store.lock(&name, "a");
+    holder
+        .create(&leader_core::conformance::record("a", 1))
+        .await
+        .expect("a term");
+    let client = store.client().await.expect("etcd client");
+    let prefix = holder.key().to_owned();
+    // Each of the election's keys, with the revision it was last written at.
+    let keys = async || -> Vec<(Vec<u8>, i64)> {
+        let read = client
+            .clone()
+            .get(
+                prefix.as_str(),
+                Some(etcd_client::GetOptions::new().with_prefix()),
+            )
+            .await
+            .expect("read the election's keys");
+        read.kvs()
+            .iter()
+            .map(|kv| (kv.key().to_vec(), kv.mod_revision()))
+            .collect()
+    };
+    let before = keys().await;
+    assert_eq!(before.len(), 2, "the record and its fence");
+    for other in ["fence", "extensions", "candidates/b"] {
+        let lock = store.lock(format!("{name}.{other}"), "b");
+        let record = leader_core::conformance::record("b", 1);
+        for answer in [
+            lock.get().await.map(|_| ()),
+            lock.create(&record).await.map(|_| ()),
+            lock.try_acquire(&record).await.map(|_| ()),
+        ] {
+            leader_test_support::assert_misconfigured_saying(answer, &[other, "another election"]);
+        }
+    }
+    assert_eq!(keys().await, before, "the election's keys changed");
+    holder.close().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
