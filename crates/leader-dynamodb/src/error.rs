@@ -151,6 +151,16 @@ where
                  lists every action the lock uses): {message}"
             ),
         },
+        // Signed by a clock more than five minutes off: the next request is signed by the
+        // server's time, which this answer's `Date` told (see `skew`).
+        "InvalidSignatureException" if message.contains("Signature expired") => {
+            LockError::unavailable(
+                BACKEND,
+                format!(
+                    "{what}: this host's wall clock is more than five minutes off, so DynamoDB                      refused the request's signature; the next is signed by DynamoDB's time:                      {message}"
+                ),
+            )
+        }
         "UnrecognizedClientException"
         | "InvalidSignatureException"
         | "ExpiredTokenException"

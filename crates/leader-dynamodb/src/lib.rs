@@ -5,6 +5,7 @@
 mod error;
 mod lock;
 mod set;
+mod skew;
 mod store;
 mod url;
 

@@ -18,6 +18,7 @@ use leader_core::LockError;
 use leader_core::backend::SettingsCheck;
 
 use crate::error::{BACKEND, Context, map};
+use crate::skew::ServerTime;
 
 /// The table's partition key: a string attribute holding the election's name.
 pub const KEY_ATTRIBUTE: &str = "name";
@@ -131,6 +132,9 @@ impl DynamoStoreBuilder {
         if config.http_client().is_none() {
             client = client.http_client(http_client());
         }
+        // Signed by the server's time where the host's clock is off (S14).
+        let time = ServerTime::new(config.time_source().unwrap_or_default());
+        client = client.interceptor(time.learner()).time_source(time);
         let arn = format!("arn:aws:dynamodb:{region}:ACCOUNT_ID:table/{table}");
         Ok(DynamoStore {
             inner: Arc::new(Inner {

@@ -89,33 +89,13 @@ async fn store_with(
     failures: usize,
 ) -> Option<leader_dynamodb::DynamoStore> {
     let table = common::table_or_skip()?;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("a port for the proxy");
-    let url = format!("http://{}", listener.local_addr().expect("its address"));
     let legacy = Arc::new(Legacy {
-        upstream: common::endpoint()
-            .trim_start_matches("http://")
-            .trim_end_matches('/')
-            .to_owned(),
+        upstream: common::proxy::upstream(),
         regions,
         failures: AtomicUsize::new(failures),
     });
     let app = axum::Router::new().fallback(forward).with_state(legacy);
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    let config = common::sdk_config()
-        .await
-        .into_builder()
-        .endpoint_url(url)
-        .build();
-    Some(
-        leader_dynamodb::DynamoStore::builder(table)
-            .sdk_config(config)
-            .create_table(true)
-            .build()
-            .await
-            .expect("a store through the proxy"),
-    )
+    Some(common::proxy::store_through(app, table, |config| config, |store| store).await)
 }
 
 #[tokio::test]

@@ -25,7 +25,7 @@ use leader_core::backend::Renewal;
 use leader_core::{LeaderElectionRecord, LockError, LockSet, ResourceLock};
 use serde_json::Value;
 
-use common::proxy::{post, respond};
+use common::proxy::{post, respond, store_through, upstream};
 
 const BATCH_GET: &str = "DynamoDB_20120810.BatchGetItem";
 const TRANSACT_WRITE: &str = "DynamoDB_20120810.TransactWriteItems";
@@ -78,17 +78,6 @@ fn cancelled(body: &Bytes) -> Response {
 fn take_one(left: &AtomicUsize) -> bool {
     left.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
         .is_ok()
-}
-
-/// Starts the proxy in front of the test server; its URL.
-async fn start(throttle: Arc<Throttle>) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("a port for the proxy");
-    let url = format!("http://{}", listener.local_addr().expect("its address"));
-    let app = axum::Router::new().fallback(forward).with_state(throttle);
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    url
 }
 
 /// The request's keys of its one table, when the proxy throttles it: the request narrowed to
@@ -162,26 +151,14 @@ async fn throttled_store(
 ) -> Option<(leader_dynamodb::DynamoStore, Arc<Throttle>)> {
     let table = common::table_or_skip()?;
     let throttle = Arc::new(Throttle {
-        upstream: common::endpoint()
-            .trim_start_matches("http://")
-            .trim_end_matches('/')
-            .to_owned(),
+        upstream: upstream(),
         throttled_answers: AtomicUsize::new(throttled_answers),
         ..Throttle::default()
     });
-    let url = start(throttle.clone()).await;
-    let config = common::sdk_config()
-        .await
-        .into_builder()
-        .endpoint_url(url)
-        .build();
-    let store = leader_dynamodb::DynamoStore::builder(table)
-        .sdk_config(config)
-        .create_table(true)
-        .timeout(timeout)
-        .build()
-        .await
-        .expect("a store through the proxy");
+    let app = axum::Router::new()
+        .fallback(forward)
+        .with_state(throttle.clone());
+    let store = store_through(app, table, |config| config, |store| store.timeout(timeout)).await;
     store.check_table().await.expect("the test table");
     Some((store, throttle))
 }

@@ -56,3 +56,38 @@ pub fn respond(status: u16, headers: &[(String, String)], bytes: Bytes) -> Respo
         .body(axum::body::Body::from(bytes))
         .unwrap_or_else(|_| StatusCode::BAD_GATEWAY.into_response())
 }
+
+/// The test server's `host:port`, where a proxy sends what it passes on.
+pub fn upstream() -> String {
+    super::endpoint()
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_owned()
+}
+
+/// Serves `app` (the proxy) on a port of loopback, and builds a store on `table` through it,
+/// with `configure` applied to its SDK configuration and `build` to its store builder: a store
+/// that creates its table when it checks it.
+pub async fn store_through(
+    app: axum::Router,
+    table: String,
+    configure: impl FnOnce(aws_config::SdkConfig) -> aws_config::SdkConfig,
+    build: impl FnOnce(leader_dynamodb::DynamoStoreBuilder) -> leader_dynamodb::DynamoStoreBuilder,
+) -> leader_dynamodb::DynamoStore {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a port for the proxy");
+    let url = format!("http://{}", listener.local_addr().expect("its address"));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let config = super::sdk_config()
+        .await
+        .into_builder()
+        .endpoint_url(url)
+        .build();
+    build(leader_dynamodb::DynamoStore::builder(table))
+        .sdk_config(configure(config))
+        .create_table(true)
+        .build()
+        .await
+        .expect("a store through the proxy")
+}
