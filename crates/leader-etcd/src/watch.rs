@@ -48,7 +48,7 @@ impl TermWatch {
     /// them, in the background, on one watch stream to the member the store talks to. When the
     /// stream fails, or the store moved to another member (this one did not answer a request in
     /// time: it may be frozen or cut off, and its watch silent), the watch starts again on the
-    /// member the store talks to now, from the revision after the last event it saw.
+    /// member the store talks to now, after a read of the key.
     pub(crate) fn start(store: EtcdStore, key: String, prefix: String, revision: i64) -> Self {
         let latest = Arc::new(AtomicI64::new(revision));
         let healthy = Arc::new(AtomicBool::new(false));
@@ -58,8 +58,33 @@ impl TermWatch {
             async move {
                 let members = &store.inner.members;
                 let mut resume = revision + 1;
+                let mut restarting = false;
                 let mut reconnects = Reconnects::new(members.member_timeout());
                 loop {
+                    // A watch that starts again reads the key first, and goes on after that
+                    // read: what the writes since its last event did to the key is in its
+                    // last write. Started from that event instead, it would have etcd read
+                    // every revision of the whole store since, for each restart of each term.
+                    if restarting {
+                        match members
+                            .call(true, |mut client| {
+                                let key = key.clone();
+                                async move { client.get(key, None).await }
+                            })
+                            .await
+                        {
+                            Ok(read) => {
+                                let at = read.header().map_or(0, |h| h.revision());
+                                let written = read.kvs().first().map_or(at, |kv| kv.mod_revision());
+                                latest.fetch_max(written, Ordering::AcqRel);
+                                resume = at + 1;
+                            }
+                            Err(_) => {
+                                tokio::time::sleep(members.member_timeout()).await;
+                                continue;
+                            }
+                        }
+                    }
                     let index = members.current();
                     let started = tokio::time::Instant::now();
                     let from = resume.max(latest.load(Ordering::Acquire) + 1);
@@ -79,27 +104,10 @@ impl TermWatch {
                     };
                     let came_up = healthy.swap(false, Ordering::AcqRel);
                     *waiting.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                    restarting = true;
                     match outcome {
-                        // The revisions it needs are compacted away: what they did to the key
-                        // is in its last write, read now; the watch goes on after that read.
-                        Ended::Compacted(_) => {
-                            match members
-                                .call(true, |mut client| {
-                                    let key = key.clone();
-                                    async move { client.get(key, None).await }
-                                })
-                                .await
-                            {
-                                Ok(read) => {
-                                    let at = read.header().map_or(0, |h| h.revision());
-                                    let written =
-                                        read.kvs().first().map_or(at, |kv| kv.mod_revision());
-                                    latest.fetch_max(written, Ordering::AcqRel);
-                                    resume = at + 1;
-                                }
-                                Err(_) => tokio::time::sleep(members.member_timeout()).await,
-                            }
-                        }
+                        // The revisions it needs are compacted away: the read above tells.
+                        Ended::Compacted(_) => {}
                         Ended::Failed => {
                             members.skip(index);
                             tokio::time::sleep(reconnects.failed(started, came_up)).await;
