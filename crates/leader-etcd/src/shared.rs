@@ -191,8 +191,10 @@ impl SetShared {
             latest,
             values,
             seeded,
+            seeded_at,
             ..
         } = &mut *state;
+        *seeded_at = (*seeded_at).max(revision);
         // A key the watch saw written (or deleted) after the read is as the watch saw it;
         // one it saw written before the read and that the read does not have was deleted by
         // then (the watch reports that too, if it has not yet).
@@ -233,6 +235,10 @@ struct Coverage {
     /// Whether `values` holds every key: a range read seeded it, and no write went unreported
     /// since (revisions compacted before the watch saw them).
     seeded: bool,
+    /// The revision of the last range read that seeded `values`: what a write at or before it
+    /// did is in `values` already. A watch behind it (started again from an earlier revision)
+    /// reports such writes again, which would take `values` back.
+    seeded_at: i64,
 }
 
 impl SetWatch {
@@ -361,6 +367,10 @@ async fn watch_set(
             let latest = state.latest.entry(kv.key().to_vec()).or_default();
             *latest = (*latest).max(revision);
             state.progress = state.progress.max(revision);
+            if revision <= state.seeded_at {
+                // In the range read that seeded the copy, or before it.
+                continue;
+            }
             match event.event_type() {
                 EventType::Put => {
                     state.values.insert(kv.key().to_vec(), kv.clone());
