@@ -10,7 +10,7 @@ mod set;
 mod store;
 mod url;
 
-pub use lock::RedisLock;
+pub use lock::{MAX_TOKEN, RedisLock};
 pub use set::RedisLockSet;
 pub use store::{DEFAULT_PREFIX, RedisStore, RedisStoreBuilder};
 pub use url::LockUrl;

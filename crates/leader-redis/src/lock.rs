@@ -206,6 +206,29 @@ fn preferred(record: &LeaderElectionRecord) -> &[u8] {
     record.handover_to().unwrap_or_default().as_bytes()
 }
 
+/// The highest fencing token the lock gives: the scripts count in Lua's numbers, which are
+/// doubles, exact up to 2^53 (S5 allows a store a narrower counter, said where it is chosen).
+pub const MAX_TOKEN: u64 = (1 << 53) - 1;
+
+/// `record` as the hash's `record` field keeps it: without its fencing token, which is the
+/// hash's `transitions` field (the scripts re-encode the JSON with Lua's 14 digits, which would
+/// turn a token of 10^14 or more into a number no reader takes), refused above [`MAX_TOKEN`].
+fn stored_json(record: &LeaderElectionRecord, context: &str) -> Result<Vec<u8>, LockError> {
+    if record.leader_transitions > MAX_TOKEN {
+        return Err(LockError::Misconfigured {
+            backend: BACKEND,
+            message: format!(
+                "{context}: fencing token {} is above {MAX_TOKEN}, the highest the Redis lock \
+                 counts to (Lua's numbers are exact up to 2^53); use a lower fencing-token floor",
+                record.leader_transitions
+            ),
+        });
+    }
+    let mut stored = record.clone();
+    stored.leader_transitions = 0;
+    Ok(stored.to_json())
+}
+
 fn first_version() -> String {
     // Random, so a hash that expired and was created again never matches an old version.
     (fastrand::u64(..1 << 52) + 1).to_string()
@@ -227,7 +250,7 @@ impl ResourceLock for RedisLock {
             .run(
                 &scripts::CREATE,
                 &[
-                    &record.to_json(),
+                    &stored_json(record, &self.context())?,
                     record.holder_identity.as_bytes(),
                     record.leader_transitions.to_string().as_bytes(),
                     lease_ms(record).to_string().as_bytes(),
@@ -266,7 +289,7 @@ impl ResourceLock for RedisLock {
                 &scripts::UPDATE,
                 &[
                     version.as_str().as_bytes(),
-                    &record.to_json(),
+                    &stored_json(record, &self.context())?,
                     record.holder_identity.as_bytes(),
                     record.leader_transitions.to_string().as_bytes(),
                     lease_ms(record).to_string().as_bytes(),
@@ -346,13 +369,14 @@ impl ResourceLock for RedisLock {
                 &[
                     // Without extensions: a new object has none, a takeover keeps the stored.
                     // The token is the fence's (the floor goes below).
-                    &{
-                        let mut record = desired.clone();
-                        record.extensions = Default::default();
-                        record.leader_transitions = 0;
-                        record
-                    }
-                    .to_json(),
+                    &stored_json(
+                        &{
+                            let mut record = desired.clone();
+                            record.extensions = Default::default();
+                            record
+                        },
+                        &self.context(),
+                    )?,
                     desired.holder_identity.as_bytes(),
                     lease_ms(desired).to_string().as_bytes(),
                     first_version().as_bytes(),

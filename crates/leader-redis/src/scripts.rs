@@ -66,17 +66,24 @@ local function checked_current(key, fence_key)
   return current(key)
 end
 
+-- A whole Lua number as Redis stores an integer: a number given to `redis.call` as it is may be
+-- sent in scientific notation (`1e+17` on Redis 7.0, `1e+9` on 7.2.0 to 7.2.4), which `INCR`
+-- then refuses for good. Exact below 2^53, the highest token the lock gives (`MAX_TOKEN`).
+local function integer(n)
+  return string.format('%.0f', n)
+end
+
 local function fence(key, at_least)
   local n = redis.call('INCR', key)
   if n < at_least then
-    redis.call('SET', key, at_least)
+    redis.call('SET', key, integer(at_least))
     n = at_least
   end
   return n
 end
 
 local function write(key, version, holder, transitions, record, lease_ms, preferred)
-  redis.call('HSET', key, 'version', version, 'holder', holder, 'transitions', transitions, 'record', record, 'preferred', preferred)
+  redis.call('HSET', key, 'version', version, 'holder', holder, 'transitions', integer(transitions), 'record', record, 'preferred', preferred)
   if lease_ms then redis.call('PEXPIRE', key, lease_ms) end
   local extensions = cjson.decode(record).extensions
   if type(extensions) == 'table' and next(extensions) ~= nil then

@@ -162,6 +162,55 @@ async fn a_record_with_odd_values_is_read_and_taken_over() {
     cmd(&mut admin, &["DEL", &key]).await;
 }
 
+/// S5 with large fencing-token floors: the scripts count in Lua's numbers, which Redis 7.0 sends
+/// back in scientific notation from 10^17 and 7.2.0 to 7.2.4 from 10^9 (`INCR` then refuses the
+/// counter for good), and whose JSON has 14 digits. Round floors up to [`MAX_TOKEN`] give
+/// rising tokens, stored as whole numbers and read back; a floor above it is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_fencing_tokens_stay_whole_and_those_above_the_maximum_are_refused() {
+    use leader_core::Acquisition;
+    use leader_redis::MAX_TOKEN;
+    let Some(store) = common::store().await else {
+        return;
+    };
+    let mut admin = common::admin().await.expect("server");
+    for floor in [1_000_000_000, 100_000_000_000_000, MAX_TOKEN - 1] {
+        let name = unique("tokens");
+        let mut last = 0;
+        for identity in ["a", "b"] {
+            let lock = store.lock(&name, identity);
+            let taken = match lock.try_acquire(&record(identity, floor)).await {
+                Ok(Some(Acquisition::Acquired(taken))) => taken,
+                other => panic!("floor {floor}: {other:?}"),
+            };
+            let token = taken.record.leader_transitions;
+            assert!(
+                token >= floor && token > last,
+                "floor {floor}: {last} then {token}"
+            );
+            last = token;
+            let read = lock.get().await.expect("readable").expect("present");
+            assert_eq!(read.record.leader_transitions, token);
+            let fence = format!("{}:fence", lock.key());
+            let stored = cmd(&mut admin, &["GET", &fence]).await;
+            assert_eq!(
+                stored,
+                redis::Value::BulkString(token.to_string().into_bytes())
+            );
+            let mut free = taken.record.clone();
+            free.holder_identity.clear();
+            lock.update(&taken.version, &free).await.expect("released");
+        }
+        let key = store.lock(&name, "a").key().to_owned();
+        cmd(&mut admin, &["DEL", &key, &format!("{key}:fence")]).await;
+    }
+    let lock = store.lock(unique("tokens"), "a");
+    leader_test_support::assert_misconfigured_saying(
+        lock.try_acquire(&record("a", MAX_TOKEN + 1)).await,
+        &[&MAX_TOKEN.to_string(), "floor"],
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_password_is_a_clear_error_that_never_shows_the_password() {
     let Some(mut admin) = common::admin().await else {
