@@ -19,8 +19,9 @@ use crate::error::{BACKEND, Kind, Op, chain, is_missing_bucket, map, scrub};
 /// The key prefix when none is given: records live at `leader/NAME`.
 pub const DEFAULT_PREFIX: &str = "leader/";
 
-/// The object that [`BucketStore::check_conditional_writes`] tries to replace, under the
-/// prefix: it is never written by a store that keeps preconditions.
+/// What the objects that [`BucketStore::check_conditional_writes`] tries to replace are named
+/// with under the prefix, each followed by `-` and a random number: none is ever written by a
+/// store that keeps preconditions.
 pub const PROBE_NAME: &str = ".leader-conditional-write-check";
 
 /// Where the store comes from.
@@ -331,7 +332,8 @@ pub(crate) struct Inner {
     pub(crate) bucket: String,
     pub(crate) prefix: String,
     /// Set once the store has shown that it keeps preconditions.
-    checked: tokio::sync::OnceCell<()>,
+    /// The check's answer once the store answered it: a pass, or a refusal.
+    checked: tokio::sync::OnceCell<Result<(), String>>,
 }
 
 impl fmt::Debug for BucketStore {
@@ -400,25 +402,44 @@ impl BucketStore {
     }
 
     /// Makes sure the store keeps preconditions before anything relies on them: it asks to
-    /// replace the object [`PROBE_NAME`] under the prefix only if it has an ETag that no object
-    /// has. A store that keeps preconditions refuses (412, or 404 where the object is absent)
-    /// and writes nothing; one that ignores them writes the object, and is refused from then
-    /// on. One request, once per store (every lock runs it before its first write).
+    /// replace an object under the prefix that no one wrote ([`PROBE_NAME`] and a random
+    /// number) only if it has an ETag that no object has. A store that keeps preconditions
+    /// refuses (412, or 404 as the object is absent) and writes nothing; one that ignores them
+    /// writes the object, and is refused. The object is a new one at every store: a store that
+    /// checks preconditions only on objects that exist (MinIO before RELEASE.2025-09-06, which
+    /// also took `If-None-Match: *` for an overwrite before RELEASE.2024-05-07) would pass a
+    /// check of an object an earlier check wrote. One request, once per store (every lock runs
+    /// it before its first write); a refusal stands for the store's life too, so a broken
+    /// store gets one object at most.
     ///
     /// # Errors
     /// [`LockError::Misconfigured`] when the store ignores preconditions or has none; the
     /// store's own errors otherwise (unreachable, access denied: the check needs the
-    /// permission to write under the prefix, as the lock does).
+    /// permission to write under the prefix, as the lock does), which are asked again.
     pub async fn check_conditional_writes(&self) -> Result<(), LockError> {
-        self.inner
+        let answer = self
+            .inner
             .checked
-            .get_or_try_init(|| self.probe())
-            .await
-            .copied()
+            .get_or_try_init(|| async {
+                match self.probe().await {
+                    Ok(()) => Ok(Ok(())),
+                    Err(LockError::Misconfigured { message, .. }) => Ok(Err(message)),
+                    Err(err) => Err(err),
+                }
+            })
+            .await?;
+        answer.clone().map_err(|message| LockError::Misconfigured {
+            backend: BACKEND,
+            message,
+        })
     }
 
     async fn probe(&self) -> Result<(), LockError> {
-        let key = format!("{}{PROBE_NAME}", self.inner.prefix);
+        let key = format!(
+            "{}{PROBE_NAME}-{:016x}",
+            self.inner.prefix,
+            fastrand::u64(..)
+        );
         let path = Path::from(key.as_str());
         let options = PutOptions {
             mode: PutMode::Update(UpdateVersion {

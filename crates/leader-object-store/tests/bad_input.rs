@@ -9,10 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leader_core::{LeaderElector, LockError, ResourceLock};
-use leader_object_store::BucketStore;
 use leader_object_store::object_store::memory::InMemory;
 use leader_object_store::object_store::path::Path;
 use leader_object_store::object_store::{ObjectStore, ObjectStoreExt};
+use leader_object_store::{BucketStore, DEFAULT_PREFIX};
 use leader_test_support::object_store_counting::Counting;
 use tokio_util::sync::CancellationToken;
 
@@ -117,15 +117,54 @@ async fn the_check_costs_one_request_per_store_and_writes_nothing() {
     let counts = counting.counts();
     assert_eq!(counts.get("PUT update 412"), Some(&1), "{counts:?}");
     assert_eq!(counts.get("PUT create 200"), Some(&2), "{counts:?}");
-    let probe = Path::from(format!(
-        "{}{}",
-        store.prefix(),
-        leader_object_store::PROBE_NAME
-    ));
-    assert!(
-        inner.head(&probe).await.is_err(),
-        "the check wrote its object"
-    );
+    assert_eq!(probes(&inner).await, 0, "the check wrote its object");
+}
+
+/// The objects the checks wrote, in `store`.
+async fn probes(store: &Arc<dyn ObjectStore>) -> usize {
+    use futures_util::TryStreamExt;
+    let listed: Vec<_> = store.list(None).try_collect().await.expect("list");
+    listed
+        .iter()
+        .filter(|meta| {
+            meta.location
+                .filename()
+                .is_some_and(|name| name.starts_with(leader_object_store::PROBE_NAME))
+        })
+        .count()
+}
+
+/// A store that keeps `If-Match` only on objects that exist (and takes `If-None-Match: *` for
+/// an overwrite), as MinIO did before RELEASE.2024-05-07, is refused by every store on it, also
+/// after a check wrote its object: each check asks about an object no one wrote. A refusal
+/// stands for the store's life: one object at most per store.
+#[tokio::test]
+async fn a_store_that_checks_preconditions_only_on_existing_objects_is_refused() {
+    let inner: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    for process in ["first", "second"] {
+        let partial = Counting::checking_preconditions_only_on_existing_objects(inner.clone());
+        let store = BucketStore::builder(partial.clone(), process)
+            .build()
+            .expect("built");
+        let lock = store.lock("app", "a");
+        for _ in 0..3 {
+            match lock.create(&leader_core::conformance::record("a", 1)).await {
+                Err(LockError::Misconfigured { message, .. }) => {
+                    assert!(message.contains("precondition"), "{process}: {message}")
+                }
+                other => panic!("{process}: expected a refusal, got {other:?}"),
+            }
+        }
+        assert_eq!(
+            partial.counts().get("PUT update 200"),
+            Some(&1),
+            "{process}: {:?}",
+            partial.counts()
+        );
+    }
+    assert_eq!(probes(&inner).await, 2, "one object per store");
+    let record = Path::from(format!("{DEFAULT_PREFIX}app"));
+    assert!(inner.head(&record).await.is_err(), "the record was written");
 }
 
 /// An S3 endpoint that answers everything with `status` and `body`.

@@ -1,5 +1,6 @@
 //! An `object_store` wrapper that counts the requests a lock makes, by kind and answer, and can
-//! play a store that ignores preconditions (as some S3-compatible servers do).
+//! play a store that ignores preconditions, or keeps them only in part (as some S3-compatible
+//! servers do).
 //!
 //! With retries off (as the object storage lock sets them), each `put_opts` and `get_opts` of a
 //! small object is one HTTP request, so these counts are the store's request counts.
@@ -21,7 +22,20 @@ use object_store::{
 pub struct Counting {
     inner: Arc<dyn ObjectStore>,
     counts: Mutex<BTreeMap<String, usize>>,
-    ignore_preconditions: bool,
+    preconditions: Preconditions,
+}
+
+/// Which preconditions of a write the store keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Preconditions {
+    /// All of them.
+    Kept,
+    /// None: every write is unconditional.
+    Ignored,
+    /// `If-Match` on an object that exists, and nothing else: an update of an absent object
+    /// writes it, and a create (`If-None-Match: *`) overwrites one that exists, as MinIO from
+    /// 2023-02 to RELEASE.2024-05-07 does.
+    OnExistingObjects,
 }
 
 impl fmt::Display for Counting {
@@ -36,7 +50,7 @@ impl Counting {
         Arc::new(Self {
             inner,
             counts: Mutex::default(),
-            ignore_preconditions: false,
+            preconditions: Preconditions::Kept,
         })
     }
 
@@ -46,7 +60,19 @@ impl Counting {
         Arc::new(Self {
             inner,
             counts: Mutex::default(),
-            ignore_preconditions: true,
+            preconditions: Preconditions::Ignored,
+        })
+    }
+
+    /// Keeps `If-Match` on objects that exist, and no other precondition: a store the lock
+    /// must refuse, though a check of an object that exists would pass.
+    pub fn checking_preconditions_only_on_existing_objects(
+        inner: Arc<dyn ObjectStore>,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            inner,
+            counts: Mutex::default(),
+            preconditions: Preconditions::OnExistingObjects,
         })
     }
 
@@ -99,7 +125,18 @@ impl ObjectStore for Counting {
             PutMode::Create => "create",
             PutMode::Update(_) => "update",
         };
-        if self.ignore_preconditions {
+        let unconditional = match (self.preconditions, &opts.mode) {
+            (Preconditions::Kept, _) => false,
+            (Preconditions::Ignored, _) | (Preconditions::OnExistingObjects, PutMode::Create) => {
+                true
+            }
+            (Preconditions::OnExistingObjects, _) => {
+                object_store::ObjectStoreExt::head(&*self.inner, location)
+                    .await
+                    .is_err()
+            }
+        };
+        if unconditional {
             opts.mode = PutMode::Overwrite;
         }
         let result = self.inner.put_opts(location, payload, opts).await;
