@@ -57,6 +57,11 @@ pub fn node_of(name: &str) -> String {
 /// The record znode's name under the election znode.
 const RECORD: &str = "holder";
 
+/// The least a lease is kept below the granted session timeout: the ensemble's leader hears of
+/// a session on a follower from that follower's pings alone, every half tick (1 s at
+/// ZooKeeper's default `tickTime` of 2 s), with the time the report takes on the way.
+const FOLLOWER_REPORT: Duration = Duration::from_secs(2);
+
 impl ZooKeeperStore {
     /// A lock on election `name` for candidate `identity`, on this store's session.
     pub fn lock(&self, name: impl Into<String>, identity: impl Into<String>) -> ZooKeeperLock {
@@ -309,19 +314,25 @@ impl ZooKeeperLock {
     }
 
     /// Refuses a lease longer than the granted session timeout less the client's connection
-    /// timeout. The ensemble's leader expires a session by what its followers report of it
-    /// (every half tick), and the client pings only after 3/8 of its connection timeout without
-    /// a request: a session can expire up to about a ping interval before "session timeout
-    /// after the holder's last renewal", and a connection timeout covers that.
+    /// timeout, and less [`FOLLOWER_REPORT`] at least. The ensemble's leader expires a session
+    /// by what its followers report of it (every half tick), and the client pings only after
+    /// 3/8 of its connection timeout without a request: a session can expire up to about a
+    /// ping interval before "session timeout after the holder's last renewal", and a connection
+    /// timeout covers that. A write a follower forwards does not touch the session at the
+    /// leader (`ZooKeeperServer.touch` skips a request without a connection), so however short
+    /// the connection timeout, the leader's last sight of the session may be a half tick old.
     fn check_granted(&self, client: &zk::Client, lease: Duration) -> Result<(), LockError> {
         let granted = client.session_timeout();
-        let connection = self.store.connection_timeout_for(granted);
+        let connection = self
+            .store
+            .connection_timeout_for(granted)
+            .max(FOLLOWER_REPORT);
         let longest = granted.saturating_sub(connection);
         if lease > longest {
             return Err(LockError::Misconfigured {
                 backend: BACKEND,
                 message: format!(
-                    "{}: a lease of {lease:?} is longer than the session timeout the ensemble granted ({granted:?}) less the connection timeout ({connection:?}), {longest:?}: the ensemble could expire the session, and delete the record, while its holder still leads; ask for a longer session (session_timeout=, up to the servers' maxSessionTimeout, 20 ticks by default) or shorten the lease",
+                    "{}: a lease of {lease:?} is longer than the session timeout the ensemble granted ({granted:?}) less the connection timeout ({connection:?}, at least {FOLLOWER_REPORT:?}), {longest:?}: the ensemble could expire the session, and delete the record, while its holder still leads; ask for a longer session (session_timeout=, up to the servers' maxSessionTimeout, 20 ticks by default) or shorten the lease",
                     self.context(),
                 ),
             });

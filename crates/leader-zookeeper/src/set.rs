@@ -67,7 +67,11 @@ impl ZooKeeperSet {
     }
 
     /// Renews `batch` (indexes into `renewals`, each renewing its own term on this session)
-    /// in `multi`s, answering each in `answers`.
+    /// in `multi`s, answering each in `answers`. A `multi` that fails names its first failed
+    /// operation alone, and costs the ensemble a transaction all the same: after
+    /// [`RESENDS`] of them the renewals left are answered as conflicts, which the set reads
+    /// again, instead of one `multi` per renewal (a batch whose earlier answer was lost is
+    /// stale whole).
     async fn renew_batch(
         &self,
         client: &zk::Client,
@@ -75,7 +79,14 @@ impl ZooKeeperSet {
         mut batch: Vec<Pending>,
         answers: &mut [Option<Result<Observed, LockError>>],
     ) {
+        let mut failed_multis = 0;
         while !batch.is_empty() {
+            if failed_multis > RESENDS {
+                for pending in &batch {
+                    answers[pending.index].get_or_insert_with(|| Err(LockError::conflict(BACKEND)));
+                }
+                return;
+            }
             let mut writer = client.new_multi_writer();
             let refused = batch.iter().position(|pending| {
                 pending
@@ -102,6 +113,7 @@ impl ZooKeeperSet {
                 }
                 // The renewal whose operation failed is answered so; the rest go again.
                 Err(zk::MultiWriteError::OperationFailed { index, source }) => {
+                    failed_multis += 1;
                     let failed = batch.remove((index / 2).min(batch.len() - 1));
                     answers[failed.index] = Some(Err(map(&failed.lock.describe(), source)));
                 }
@@ -116,6 +128,9 @@ impl ZooKeeperSet {
         }
     }
 }
+
+/// How many times a batch of renewals is sent again after a `multi` failed on one of them.
+const RESENDS: usize = 2;
 
 #[async_trait]
 impl LockSet for ZooKeeperSet {

@@ -169,7 +169,7 @@ async fn the_watch_fires_for_releases_and_handover_requests_not_renewals() {
 
 /// A shard set reads many records in one request and renews them in one: a renewal that lost
 /// its compare-and-set (someone asked its holder to hand over) is answered as a conflict, and
-/// the others are renewed in one more request.
+/// the others are renewed in one more request; a batch stale whole is answered in a few.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_set_reads_and_renews_many_records_a_request_at_a_time() {
     use leader_core::LockSet;
@@ -216,6 +216,19 @@ async fn a_set_reads_and_renews_many_records_a_request_at_a_time() {
                 .expect("record");
             assert_eq!(stored.version, answer.version, "shard {i}");
         }
+    }
+
+    // The same renewals again, every version stale now, as after a round whose answer was
+    // lost: conflicts, which the set reads again, after a few requests, not one per renewal.
+    let count = ensemble.count_requests();
+    let stale = set.renew_many(&renewals).await;
+    let requests = ensemble.requests(&count);
+    assert!(
+        requests <= 4,
+        "{requests} requests to answer 100 stale renewals"
+    );
+    for answer in &stale {
+        conformance::assert_conflict("a stale renewal", answer);
     }
 }
 
