@@ -751,25 +751,27 @@ async fn what_command_left_running_is_stopped_before_the_release() {
     }
 }
 
-/// The grace covers COMMAND's whole group: a wrapper script that SIGTERM ends at once leaves
-/// the program it started (not with `exec`) the grace to finish its own shutdown, instead of a
-/// SIGKILL as soon as the wrapper is gone.
-#[tokio::test]
-async fn the_grace_covers_what_a_wrapper_started() {
+/// `leader run --grace 4s` as the only replica of election `name`, its COMMAND `command` made
+/// around `program` (a shell loop that writes its pid and, on SIGTERM, runs `on_term`, then
+/// leaves a file behind), sent SIGTERM once `program` runs: `program`'s pid, once `leader`
+/// exited, and whether `program` finished its shutdown.
+async fn stopped_by_sigterm(
+    name: &str,
+    on_term: &str,
+    command: impl FnOnce(String) -> Vec<String>,
+) -> (i32, bool) {
     let dir = tempfile::tempdir().expect("tempdir");
     let lock = leader_tests::file_lock_in(dir.path());
     let (ready, finished) = (dir.path().join("ready"), dir.path().join("finished"));
-    // The inner shell's trap runs after the foreground `sleep` it waits for (which the group's
-    // SIGTERM ends too), and takes a second to finish.
     let program = format!(
-        "trap 'sleep 1; touch {}; exit 0' TERM; echo $$ > {}; while :; do sleep 0.1; done",
+        "trap '{on_term} touch {}; exit 0' TERM; echo $$ > {}; while :; do sleep 0.1; done",
         finished.display(),
         ready.display()
     );
-    let wrapper = format!("sh -c \"{program}\"; true");
     // The default lease and renew deadline (15 s, 10 s) allow a grace of up to 4 s.
-    let mut leader = leader_tests::candidate_command(LEADER, "run", &lock, "wrapped", "solo")
-        .args(["--grace", "4s", "--", "sh", "-c", &wrapper])
+    let mut leader = leader_tests::candidate_command(LEADER, "run", &lock, name, "solo")
+        .args(["--grace", "4s", "--"])
+        .args(command(program))
         .spawn()
         .expect("spawn");
     let program_pid = pid_in(&ready).await;
@@ -778,11 +780,49 @@ async fn the_grace_covers_what_a_wrapper_started() {
         .await
         .expect("leader exits")
         .expect("status");
+    (program_pid, finished.exists())
+}
+
+/// The grace covers COMMAND's whole group: a wrapper script that SIGTERM ends at once leaves
+/// the program it started (not with `exec`) the grace to finish its own shutdown, instead of a
+/// SIGKILL as soon as the wrapper is gone.
+#[tokio::test]
+async fn the_grace_covers_what_a_wrapper_started() {
+    // The inner shell's trap runs after the foreground `sleep` it waits for (which the group's
+    // SIGTERM ends too), and takes a second to finish.
+    let (program_pid, finished) = stopped_by_sigterm("wrapped", "sleep 1;", |program| {
+        vec![
+            "sh".to_owned(),
+            "-c".to_owned(),
+            format!("sh -c \"{program}\"; true"),
+        ]
+    })
+    .await;
     assert!(
-        finished.exists(),
+        finished,
         "the program the wrapper started was killed before it finished its shutdown"
     );
     assert!(process_gone(program_pid));
+}
+
+/// A COMMAND that makes a process group of its own (GNU `timeout`, a shell with job control)
+/// is beyond the SIGTERM `leader` sends its supervisor's group: the supervisor passes it on, so
+/// the program `timeout` runs finishes its shutdown within the grace, instead of being left
+/// running when `timeout` dies of the SIGKILL after it.
+#[tokio::test]
+async fn a_command_in_a_group_of_its_own_gets_the_sigterm() {
+    let (program_pid, finished) = stopped_by_sigterm("grouped", "", |program| {
+        ["timeout", "300", "sh", "-c", &program]
+            .map(str::to_owned)
+            .to_vec()
+    })
+    .await;
+    let gone = process_gone(program_pid);
+    if !gone {
+        let _ = kill(Pid::from_raw(program_pid), Signal::SIGKILL);
+    }
+    assert!(finished, "the program under timeout never got the SIGTERM");
+    assert!(gone, "the program under timeout outlived leader");
 }
 
 /// `leader run` as the only replica of election `name`, on a file lock in `dir`, with `args`,

@@ -197,10 +197,10 @@ fn watch(
             // Before the kill: whoever reaps the group must know it was not COMMAND's doing.
             killed.store(true, Ordering::SeqCst);
             let _ = killpg(group, Signal::SIGKILL);
-            eprintln!(
+            say(format_args!(
                 "leader: COMMAND still ran {:?} past its term's deadline (this process was stopped or stuck): killed its process group {group}",
                 now - deadline
-            );
+            ));
             return;
         }
         stopped = wake
@@ -284,14 +284,16 @@ pub(crate) const SUPERVISE: &str = "__supervise";
 pub(crate) async fn supervise(parent: Option<Pid>, grace: Duration, command: &[String]) -> u8 {
     use tokio::signal::unix::{SignalKind, signal};
     let (Some(parent), Some((program, args))) = (parent, command.split_first()) else {
-        eprintln!("leader: usage: leader __supervise PID GRACE_MILLIS -- COMMAND...");
+        say(format_args!(
+            "leader: usage: leader __supervise PID GRACE_MILLIS -- COMMAND..."
+        ));
         return exit::USAGE;
     };
     let (Ok(mut hangup), Ok(mut terminate)) = (
         signal(SignalKind::hangup()),
         signal(SignalKind::terminate()),
     ) else {
-        eprintln!("leader: cannot handle signals");
+        say(format_args!("leader: cannot handle signals"));
         return exit::FAILURE;
     };
     // Signals meant for COMMAND, or sent to every process of a unit (`systemctl kill -s USR1`,
@@ -315,10 +317,10 @@ pub(crate) async fn supervise(parent: Option<Pid>, grace: Duration, command: &[S
     .collect();
     // From here on a SIGHUP is caught; a parent that died before is seen here.
     if nix::unistd::getppid() != parent {
-        eprintln!(
+        say(format_args!(
             "leader: the leader process {parent} that started this COMMAND's supervisor is gone; \
              COMMAND not started"
-        );
+        ));
         return exit::ORPHANED;
     }
     // COMMAND dies with the supervisor, whatever kills it (SIGKILL included, which the
@@ -329,7 +331,7 @@ pub(crate) async fn supervise(parent: Option<Pid>, grace: Duration, command: &[S
     let mut child = match command.spawn() {
         Ok(child) => child,
         Err(err) => {
-            eprintln!("leader: cannot start {program:?}: {err}");
+            say(format_args!("leader: cannot start {program:?}: {err}"));
             return spawn_error_code(&err);
         }
     };
@@ -354,9 +356,37 @@ pub(crate) async fn supervise(parent: Option<Pid>, grace: Duration, command: &[S
             }
             _ = terminate.recv() => {
                 terminated.get_or_insert_with(std::time::Instant::now);
+                pass_on_stop(child.id());
             }
         }
     }
+}
+
+/// What the supervisor does with the SIGTERM `leader` sent its group: it reaches COMMAND there,
+/// but not a COMMAND that made a group of its own (GNU `timeout`, a shell with job control,
+/// `sudo` with a terminal), which would otherwise hear of its term's end only as the SIGKILL
+/// after the grace, and whose children that outlive it are beyond any signal then: such a
+/// COMMAND (`pid`) gets the SIGTERM too. A SIGCONT follows both, as systemd sends, so that a
+/// stopped process (SIGTSTP, or SIGTTOU writing to the terminal from a background group)
+/// takes the SIGTERM now instead of waiting for the SIGKILL.
+fn pass_on_stop(pid: Option<u32>) {
+    let group = nix::unistd::getpgrp();
+    if let Some(pid) = pid.map(|pid| Pid::from_raw(pid.cast_signed()))
+        && !in_group(pid, group)
+    {
+        let _ = nix::sys::signal::kill(pid, Signal::SIGTERM);
+        let _ = nix::sys::signal::kill(pid, Signal::SIGCONT);
+    }
+    if group == nix::unistd::getpid() {
+        let _ = killpg(group, Signal::SIGCONT);
+    }
+}
+
+/// Writes `message` as a line to standard error, if it can: a closed pipe there must not end the
+/// supervisor (`eprintln!` panics on it) before it stopped what COMMAND left behind.
+fn say(message: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{message}");
 }
 
 /// How often [`stop_the_rest`] looks again at what is left of the group.
@@ -389,10 +419,10 @@ async fn stop_the_rest(grace: Duration, terminated: Option<std::time::Instant>) 
         }
         if killed || since.elapsed() >= grace {
             if !killed {
-                eprintln!(
+                say(format_args!(
                     "leader: {} process(es) COMMAND left in its group did not stop within {grace:?} after SIGTERM; sending SIGKILL",
                     others.len()
-                );
+                ));
             }
             killed = true;
             for pid in others {

@@ -130,6 +130,9 @@ fn run_async(subcommand: impl std::future::Future<Output = u8>) -> ExitCode {
         .with_env_filter(log_filter(std::env::var("RUST_LOG").ok().as_deref()))
         .with_writer(std::io::stderr)
         .with_target(false)
+        // A closed standard error (a pipe whose reader died) must not end `leader` while its
+        // COMMAND runs: the subscriber's own report of a failed write would panic.
+        .log_internal_errors(false)
         .init();
     // One thread: COMMAND's parent-death signal is tied to the thread that spawned it.
     let runtime = match tokio::runtime::Builder::new_current_thread()
