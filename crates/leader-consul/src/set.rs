@@ -107,7 +107,10 @@ impl ConsulLockSet {
                 .zip(renewals)
                 .map(|(lock, renewal)| lock.renewed(&results, &renewal.version, &renewal.record))
                 .collect(),
-            Err(err @ LockError::Unavailable { .. }) => err.for_each(renewals.len()),
+            // What refuses the whole set refuses each record the same (a token revoked or
+            // expired, no path to the datacenter): asking record by record learns nothing, at
+            // a request per record.
+            Err(err) if refuses_every_record(&err) => err.for_each(renewals.len()),
             // Refused as a whole (a check failed, or the token may not): each record's own
             // renewal says which, and how.
             Ok(None) | Err(_) => self.one_by_one(&locks, renewals).await,
@@ -155,7 +158,7 @@ impl LockSet for ConsulLockSet {
             .await;
         let results = match read {
             Ok(Some(results)) => results,
-            Err(err @ LockError::Unavailable { .. }) => return err.for_each(keys.len()),
+            Err(err) if refuses_every_record(&err) => return err.for_each(keys.len()),
             Ok(None) | Err(_) => {
                 // Refused as a whole: each record's own read says why.
                 return join_all(keys.iter().map(|key| {
@@ -185,4 +188,17 @@ impl LockSet for ConsulLockSet {
         .flatten()
         .collect()
     }
+}
+
+/// Whether `err`, a request for many records that failed, would fail each record's own request
+/// the same: an outage, a refused token (Consul checks a token before anything it asks), a
+/// datacenter out of reach. Reads are never refused record by record (Consul filters what a
+/// token may not read out of the answer).
+fn refuses_every_record(err: &LockError) -> bool {
+    matches!(
+        err,
+        LockError::Unavailable { .. }
+            | LockError::Forbidden { .. }
+            | LockError::Misconfigured { .. }
+    )
 }

@@ -80,3 +80,51 @@ async fn a_round_costs_a_read_and_a_renewal_per_42_records() {
     }
     assert_eq!(sent, 3 + 42, "the refused transaction's records one by one");
 }
+
+/// A token Consul no longer takes refuses the whole set, and each record's own request the
+/// same: a round that meets it answers every record so in its one read and one transaction per
+/// 42 renewals, never a request per record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_token_costs_no_request_per_record() {
+    let api = ConsulApiServer::start().await;
+    api.require_token("member");
+    let store = leader_consul::ConsulStore::builder(api.url())
+        .prefix(common::prefix())
+        .token("member")
+        .build()
+        .expect("a store");
+    let set = store.lock_set("jobs", "member-1").expect("a set");
+    let keys: Vec<String> = (0..RECORDS).map(|n| format!("jobs-shard-{n}")).collect();
+    let mut taken = Vec::new();
+    for key in &keys {
+        let Ok(Some(Acquisition::Acquired(observed))) =
+            set.lock(key).try_acquire(&desired("member-1")).await
+        else {
+            panic!("{key} not taken");
+        };
+        taken.push((key.clone(), observed));
+    }
+    api.revoke("member");
+    let all = |api: &ConsulApiServer| api.requests().values().sum::<usize>();
+    let before = all(&api);
+    let read = set.get_many(&keys).await;
+    assert_eq!(all(&api) - before, 1, "one read");
+    assert!(
+        read.iter()
+            .all(|r| matches!(r, Err(leader_core::LockError::Forbidden { .. }))),
+        "{read:?}"
+    );
+    let before = txns(&api);
+    let renewed = set.renew_many(&renewals(&taken)).await;
+    assert_eq!(
+        txns(&api) - before,
+        RECORDS.div_ceil(42),
+        "one per 42 renewals"
+    );
+    assert!(
+        renewed
+            .iter()
+            .all(|r| matches!(r, Err(leader_core::LockError::Forbidden { .. }))),
+        "{renewed:?}"
+    );
+}

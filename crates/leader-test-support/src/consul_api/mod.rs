@@ -40,7 +40,8 @@
 //!   token's `key:read` (`FilterTxnResults`).
 //! - ACLs: with [`ConsulApiServer::require_token`], a request without that token is 403
 //!   `Permission denied`; [`ConsulApiServer::deny`] refuses one rule (`key:write`,
-//!   `key:read`, `session:write`) to every token.
+//!   `key:read`, `session:write`) to every token; a token [`ConsulApiServer::revoke`]d is 403
+//!   "ACL not found" on every request.
 //! - `?dc=` other than the server's own (`dc1`) is 500 "No path to datacenter".
 //! - A snapshot ([`ConsulApiServer::snapshot`]) restored ([`ConsulApiServer::restore`]) puts
 //!   the data and the raft index back where they were (the index goes backwards), wakes every
@@ -100,6 +101,8 @@ pub const SERF_HEALTH: &str = "serfHealth";
 struct Acl {
     token: Option<String>,
     denied: HashSet<String>,
+    /// Tokens the agent no longer knows (deleted, expired).
+    revoked: HashSet<String>,
 }
 
 /// The raft index after a write, and how many snapshots were restored: blocking reads wait
@@ -355,6 +358,13 @@ impl ConsulApiServer {
         self.acl().token = Some(token.to_owned());
     }
 
+    /// Forgets `token`, as a token deleted or past its expiration time: every request that
+    /// carries it is 403 "ACL not found", before anything it asks is looked at (Consul's
+    /// `acl.ErrNotFound` from the token's resolution, which `agent/http.go` answers 403).
+    pub fn revoke(&self, token: &str) {
+        self.acl().revoked.insert(token.to_owned());
+    }
+
     /// Refuses `rule` (`key:read`, `key:write`, `session:write`) to every token.
     pub fn deny(&self, rule: &str) {
         self.acl().denied.insert(rule.to_owned());
@@ -470,7 +480,7 @@ impl ConsulApiServer {
     /// Counts a request to `endpoint` (`METHOD /v1/area`) and answers it at once when it is
     /// for another datacenter (500) or its token lacks `rule` on `resource` (403; no rule:
     /// the handler checks it later, as Consul does after decoding the request).
-    fn admit(
+    pub(super) fn admit(
         &self,
         endpoint: &str,
         params: &HashMap<String, String>,
@@ -479,13 +489,22 @@ impl ConsulApiServer {
         resource: &str,
     ) -> Option<Response> {
         self.count(endpoint);
-        if rule.is_empty() {
-            return wrong_datacenter(params);
+        // Forwarded to the datacenter first (`ForwardRPC`), then the token resolved there.
+        if let Some(refused) = wrong_datacenter(params) {
+            return Some(refused);
         }
-        wrong_datacenter(params).or_else(|| {
-            self.denied(headers, rule, resource)
-                .map(|message| (StatusCode::FORBIDDEN, message).into_response())
-        })
+        let token = headers
+            .get("x-consul-token")
+            .and_then(|t| t.to_str().ok())
+            .unwrap_or_default();
+        if self.acl().revoked.contains(token) {
+            return Some((StatusCode::FORBIDDEN, "ACL not found").into_response());
+        }
+        if rule.is_empty() {
+            return None;
+        }
+        self.denied(headers, rule, resource)
+            .map(|message| (StatusCode::FORBIDDEN, message).into_response())
     }
 
     /// Why a request lacks `rule` on `resource`, if it does: Consul's

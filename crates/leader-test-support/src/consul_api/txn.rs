@@ -10,7 +10,7 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use serde_json::{Value, json};
 
 use super::data::{Data, Write, entry_json};
-use super::{ConsulApiServer, Params, text, wrong_datacenter};
+use super::{ConsulApiServer, Params, text};
 
 /// The most operations a transaction may hold (`maxTxnOps`).
 const MAX_OPS: usize = 128;
@@ -88,8 +88,7 @@ pub(super) async fn txn(
     Query(params): Params,
     body: Bytes,
 ) -> Response {
-    api.count("PUT /v1/txn");
-    if let Some(refused) = wrong_datacenter(&params) {
+    if let Some(refused) = api.admit("PUT /v1/txn", &params, &headers, "", "") {
         return refused;
     }
     let ops = match parse(&body) {
