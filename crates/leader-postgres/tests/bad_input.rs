@@ -426,14 +426,17 @@ async fn commits_made_undoable_under_running_locks_end_the_next_term_at_its_star
     let name = unique("undoable");
     let (first, _) = leader_test_support::started_leading(store.lock(&name, "a")).await;
     let second = Running::start(store.lock(&name, "b"));
+    // Two statements: a batch is one transaction, and a session started after the terminate
+    // but before that transaction's commit would keep the old setting.
     let change = async {
-        admin
-            .batch_execute(&format!(
-                "ALTER ROLE {role} SET synchronous_commit = off; \
-                 SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{role}';"
-            ))
-            .await
-            .expect("alter role");
+        for statement in [
+            format!("ALTER ROLE {role} SET synchronous_commit = off"),
+            format!(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{role}'"
+            ),
+        ] {
+            admin.batch_execute(&statement).await.expect("alter role");
+        }
     };
     let lock = store.lock(&name, "b");
     leader_test_support::assert_next_term_refused_and_released(first, second, change, lock).await;

@@ -657,20 +657,20 @@ pub async fn assert_taken_over_once_killed(
     (stepped_down, taken_over)
 }
 
-/// S15 at a term's start: `leader` leads on a lock that `follower` waits on, and `change` (run
-/// once the check that passed as `follower` started no longer stands) makes the store's
-/// settings ones the lock refuses. Then `leader` stops, and panics unless `follower`'s next term
-/// was refused at its start and released: it never leads, and the record `lock` (on the same
-/// election) reads is free.
+/// S15 at a term's start: `leader` leads on a lock that `follower` waits on, and `change` makes
+/// the store's settings ones the lock refuses. Once no check that passed before the change
+/// stands (however late the follower's own check at its start ran), `leader` stops, and this
+/// panics unless `follower`'s next term was refused at its start and released: it never leads,
+/// and the record `lock` (on the same election) reads is free.
 pub async fn assert_next_term_refused_and_released(
     leader: Candidate,
     follower: Candidate,
     change: impl Future<Output = ()>,
     lock: impl leader_core::ResourceLock,
 ) {
-    // Past the second that a check that passed stands for.
-    tokio::time::sleep(leader_core::backend::SettingsCheck::STANDS_FOR * 2).await;
     change.await;
+    // Past the second that a check that passed before the change stands for.
+    tokio::time::sleep(leader_core::backend::SettingsCheck::STANDS_FOR * 2).await;
     leader.stop().await;
     tokio::time::sleep(LEASE + RETRY * 4).await;
     assert_eq!(

@@ -59,8 +59,9 @@ const RECORD: &str = "holder";
 
 /// The least a lease is kept below the granted session timeout: the ensemble's leader hears of
 /// a session on a follower from that follower's pings alone, every half tick (1 s at
-/// ZooKeeper's default `tickTime` of 2 s), with the time the report takes on the way.
-const FOLLOWER_REPORT: Duration = Duration::from_secs(2);
+/// ZooKeeper's default `tickTime` of 2 s), with the time the report takes on the way. Below
+/// the connection timeout of the shortest session the ensemble grants by default (1.6 s of 4 s).
+const FOLLOWER_REPORT: Duration = Duration::from_millis(1500);
 
 impl ZooKeeperStore {
     /// A lock on election `name` for candidate `identity`, on this store's session.
