@@ -157,7 +157,9 @@ where
             LockError::unavailable(
                 BACKEND,
                 format!(
-                    "{what}: this host's wall clock is more than five minutes off, so DynamoDB                      refused the request's signature; the next is signed by DynamoDB's time:                      {message}"
+                    "{what}: this host's wall clock is more than five minutes off, so DynamoDB \
+                     refused the request's signature; the next is signed by DynamoDB's time: \
+                     {message}"
                 ),
             )
         }

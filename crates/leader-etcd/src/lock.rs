@@ -210,7 +210,8 @@ impl EtcdLock {
 
 /// Refuses an election name that is a key the lock keeps for another election
 /// (`NAME.fence`, `NAME.extensions`, `NAME.candidates/IDENTITY`): its writes would overwrite
-/// that election's fencing counter, extensions or queue (S8), and that election's its record.
+/// that election's fencing counter, extensions or queue (S8), and that election's writes its
+/// record.
 fn check_name(name: &str) -> Result<(), LockError> {
     let kept = [".fence", ".extensions"]
         .into_iter()

@@ -106,7 +106,7 @@ local function with_kept_extensions(record)
 end
 
 local function next_version(version)
-  return string.format('%.0f', tonumber(version) + 1)
+  return integer(tonumber(version) + 1)
 end
 "#;
 
