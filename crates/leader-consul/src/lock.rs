@@ -123,6 +123,9 @@ struct Known {
     highest_token: u64,
     /// The record key's index it last read or wrote, and the session that locked it then.
     locked: Option<(u64, Option<String>)>,
+    /// The last session seen locking the key that the renewal key did not name, and whether
+    /// Consul ends it by itself ([`session::ends_by_itself`]).
+    other_session: Option<(String, bool)>,
 }
 
 impl ConsulLock {
@@ -229,6 +232,34 @@ impl ConsulLock {
                 .map(str::to_owned),
             value,
         }))
+    }
+
+    /// Whether Consul ends `locker`, a session that locks the key without the renewal key
+    /// naming it, by itself (another client's, or an earlier version's, that renews its session
+    /// instead of writing): then only Consul frees the key. A session that nothing but a
+    /// destroy ends (this lock's own, whose renewal key was deleted or overwritten by hand) is
+    /// judged by the holder's writes instead, as any record renewed by writes: otherwise the
+    /// key of a holder that died would stay locked until its node left. Asked once per session
+    /// (its TTL and checks never change); when Consul cannot say, the key is taken as held in
+    /// the store, which waits instead of risking a second holder.
+    async fn ends_by_itself(&self, locker: &str) -> bool {
+        if let Some((id, ends)) = &self.known().other_session
+            && id == locker
+        {
+            return *ends;
+        }
+        match session::ends_by_itself(&self.store, locker).await {
+            Ok(ends) => {
+                // A session Consul no longer knows has ended: the key is unlocked already.
+                let ends = ends.unwrap_or(false);
+                self.known().other_session = Some((locker.to_owned(), ends));
+                ends
+            }
+            Err(err) => {
+                tracing::debug!(key = %self.key, error = %err, "could not read the session that locks the key");
+                true
+            }
+        }
     }
 
     /// Reads both keys in one read-only transaction: the record key and the renewal key.
@@ -444,9 +475,10 @@ impl ResourceLock for ConsulLock {
 
     /// Takes an absent key, or a free one nobody locks (unless a handover request names
     /// another candidate); reports anything else held. A key a session locks is held by the
-    /// store when that session is not the one the renewal key names (an earlier version of this
-    /// lock, or another client, whose holder renews its session instead of writing): only
-    /// Consul's expiry of that session frees it. Otherwise candidates wait out the lease on
+    /// store when that session is not the one the renewal key names and Consul ends it by
+    /// itself (an earlier version of this lock, or another client, whose holder renews its
+    /// session instead of writing): only Consul's expiry of that session frees it. Otherwise
+    /// candidates wait out the lease on
     /// their own clock from the pair of indexes they read (S2), also for a key this very lock
     /// object holds (the elector takes a term it started again with an update).
     async fn try_acquire(
@@ -474,10 +506,12 @@ impl ResourceLock for ConsulLock {
                 self.drop_session().await;
             }
             let renewer = renewal.as_ref().and_then(|r| renewal_of(r).0);
+            let renewed_in_store =
+                renewer.as_deref() != Some(locker.as_str()) && self.ends_by_itself(locker).await;
             return Ok(Some(Acquisition::Held {
                 observed,
                 expires_in: None,
-                renewed_in_store: renewer.as_deref() != Some(locker.as_str()),
+                renewed_in_store,
             }));
         }
         if !observed.record.is_free() || observed.record.reserved_for_other_than(&self.identity) {

@@ -234,6 +234,14 @@ async fn node_of(store: &ConsulStore, id: &str) -> Option<String> {
     if known.is_some() {
         return known;
     }
+    let session = info(store, id).await.ok()??;
+    let node = session["Node"].as_str()?.to_owned();
+    pending().node = Some(node.clone());
+    Some(node)
+}
+
+/// Session `id` as `GET /v1/session/info/ID` shows it; `None` when Consul no longer knows it.
+async fn info(store: &ConsulStore, id: &str) -> Result<Option<Value>, LockError> {
     let context = format!("{} session info", store.address());
     let answer = store
         .send(
@@ -244,13 +252,44 @@ async fn node_of(store: &ConsulStore, id: &str) -> Option<String> {
             None,
             Duration::ZERO,
         )
-        .await
-        .ok()
-        .filter(|answer| answer.code == StatusCode::OK)?;
-    let info: Value = serde_json::from_str(&answer.body).ok()?;
-    let node = info[0]["Node"].as_str()?.to_owned();
-    pending().node = Some(node.clone());
-    Some(node)
+        .await?;
+    if answer.code != StatusCode::OK {
+        return Err(store.refused(&context, &answer));
+    }
+    let mut info: Value = serde_json::from_str(&answer.body)
+        .map_err(|err| LockError::other(BACKEND, format!("{context}: {err}")))?;
+    Ok(info
+        .as_array_mut()
+        .filter(|list| !list.is_empty())
+        .map(|list| list.swap_remove(0)))
+}
+
+/// Whether Consul ends session `id` by itself: a TTL, or a health check (node or service) that
+/// invalidates it once critical. `None` when Consul no longer knows it (it has ended, and what
+/// it locked is unlocked). A session with neither, as this lock's own are, ends only by an
+/// explicit destroy or with its node's deregistration, so nothing in the store tells whether
+/// its holder is alive: only the holder's writes do. A session's TTL and checks are set when
+/// it is created and never change.
+pub(crate) async fn ends_by_itself(
+    store: &ConsulStore,
+    id: &str,
+) -> Result<Option<bool>, LockError> {
+    let Some(session) = info(store, id).await? else {
+        return Ok(None);
+    };
+    // `TTL` is a Go duration string, empty or zero (`0s`) for none, as `session_ttl.go` reads
+    // it: a duration is zero when every digit is.
+    let ttl = session["TTL"]
+        .as_str()
+        .is_some_and(|ttl| ttl.chars().any(|c| c.is_ascii_digit() && c != '0'));
+    let checked = ["Checks", "NodeChecks", "ServiceChecks"]
+        .iter()
+        .any(|field| {
+            session[field]
+                .as_array()
+                .is_some_and(|list| !list.is_empty())
+        });
+    Ok(Some(ttl || checked))
 }
 
 /// Creates a session for `identity` on `key`, locking a key of lease `lease`: no TTL (nothing

@@ -240,6 +240,81 @@ async fn foreign_locks_hold_until_consul_ends_their_session() {
     }
 }
 
+/// A holder that died leaves its key locked by its session, which has no TTL and no checks:
+/// Consul keeps it until the node leaves. With the renewal key deleted by hand (or written by
+/// another client), nothing names that session as renewing by writes; the key is still judged
+/// by writes, so a candidate takes it a lease after reading it, instead of waiting for a
+/// session that nothing ends. A session with a check, or a TTL, is Consul's to end: the key
+/// stays held in the store.
+#[tokio::test]
+async fn a_dead_holders_key_is_taken_with_its_renewal_key_deleted() {
+    let api = ConsulApiServer::start().await;
+    let store = store(&api);
+    let dead = lock(&store, "orphan", "dead");
+    let Some(Acquisition::Acquired(_)) = dead.try_acquire(&record("dead", 0)).await.expect("try")
+    else {
+        panic!("the first candidate takes the key");
+    };
+    let locker = dead.session_id().expect("a session");
+    // The holder dies: its lock object is dropped without a release; its session stays.
+    let renewal_url = format!("{}/v1/kv/{}", api.url(), dead.renewal_key());
+    drop(dead);
+    let deleted = common::http()
+        .delete(&renewal_url)
+        .send()
+        .await
+        .expect("delete");
+    assert!(deleted.status().is_success());
+
+    let b = lock(&store, "orphan", "b");
+    let observed = match b.try_acquire(&record("b", 0)).await.expect("try") {
+        Some(Acquisition::Held {
+            renewed_in_store: false,
+            observed,
+            ..
+        }) => observed,
+        other => panic!("a session nothing ends must not be waited on: {other:?}"),
+    };
+    assert_eq!(observed.record.holder_identity, "dead");
+    // The elector takes it once the version has stayed the same for a lease.
+    let taken = b
+        .update(&observed.version, &record("b", 0))
+        .await
+        .expect("the key is taken over");
+    assert_eq!(taken.record.holder_identity, "b");
+    assert!(taken.record.leader_transitions > observed.record.leader_transitions);
+    assert!(
+        api.session(&locker).is_none(),
+        "the dead holder's session is destroyed"
+    );
+
+    // A session with the node's health check, locking a key by hand: Consul ends it when the
+    // node fails, so the key is held in the store.
+    let (_, created) = put(
+        &format!("{}/v1/session/create", api.url()),
+        r#"{"LockDelay": "0s"}"#,
+    )
+    .await;
+    let created: serde_json::Value = serde_json::from_str(&created).expect("JSON");
+    let checked = created["ID"].as_str().expect("an ID").to_owned();
+    let value = String::from_utf8(record("other", 1).to_json()).expect("UTF-8");
+    let key = format!("{}checked", store.prefix());
+    let (_, acquired) = put(
+        &format!("{}/v1/kv/{key}?acquire={checked}", api.url()),
+        &value,
+    )
+    .await;
+    assert_eq!(acquired, "true");
+    let c = lock(&store, "checked", "c");
+    match c.try_acquire(&record("c", 0)).await.expect("try") {
+        Some(Acquisition::Held {
+            renewed_in_store: true,
+            ..
+        }) => {}
+        other => panic!("a session with a check is Consul's to end: {other:?}"),
+    }
+}
+
 /// Drops a server's runtime, which closes its port, and waits until it has.
 async fn stop(runtime: tokio::runtime::Runtime) {
     tokio::task::spawn_blocking(move || drop(runtime))
