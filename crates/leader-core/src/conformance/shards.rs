@@ -127,6 +127,41 @@ impl ShardLog {
             .collect()
     }
 
+    /// Whether the work running agrees with what `members` (identity, state) publish: each
+    /// shard a member owns has that member's work running, and no other. A member publishes
+    /// a shard before its work (a task of its own) has started.
+    pub fn agrees(&self, members: &[(&str, &watch::Receiver<ShardsState>)]) -> bool {
+        let intervals = self.intervals();
+        let running: BTreeMap<u32, &str> = intervals
+            .iter()
+            .filter_map(|(&shard, list)| {
+                let last = list.last()?;
+                last.end.is_none().then_some((shard, last.member.as_str()))
+            })
+            .collect();
+        let mut published = BTreeMap::new();
+        for (member, state) in members {
+            for (&shard, term) in &state.borrow().owned {
+                if !term.is_lost() {
+                    published.insert(shard, *member);
+                }
+            }
+        }
+        running == published
+    }
+
+    /// The intervals of the shards whose work started after `since`, for a message.
+    pub fn since(&self, since: Instant) -> BTreeMap<u32, Vec<Interval>> {
+        self.intervals()
+            .iter()
+            .filter(|(_, list)| {
+                list.iter()
+                    .any(|i| i.start > since || i.end.is_some_and(|e| e > since))
+            })
+            .map(|(&shard, list)| (shard, list.clone()))
+            .collect()
+    }
+
     /// The latest end of `member`'s work intervals that began before `before`.
     pub fn last_end(&self, member: &str, before: Instant) -> Option<Instant> {
         self.intervals()
@@ -280,19 +315,25 @@ pub async fn shard_protocol(factory: &dyn LockFactory) {
     let b = start(factory, &name, count, "b", &log).await;
     let c = start(factory, &name, count, "c", &log).await;
     let slack = factory.extra_expiry();
+    let members = [("a", &a.state), ("b", &b.state), ("c", &c.state)];
     wait_until(
         "three members split six shards",
         Duration::from_secs(20) + slack,
-        || balanced(&[&a.state, &b.state, &c.state], count),
+        || balanced(&[&a.state, &b.state, &c.state], count) && log.agrees(&members),
     )
     .await;
-    let moves = log.moves();
+    let (moves, settled) = (log.moves(), Instant::now());
     tokio::time::sleep(RETRY * 4).await;
     assert!(
         balanced(&[&a.state, &b.state, &c.state], count),
         "a balanced set stays balanced"
     );
-    assert_eq!(log.moves(), moves, "shards moved while nothing changed");
+    assert_eq!(
+        log.moves(),
+        moves,
+        "shards moved while nothing changed: {:#?}",
+        log.since(settled)
+    );
 
     let left: Vec<u32> = c.state.borrow().owned.keys().copied().collect();
     assert!(!left.is_empty(), "c owned no shard");
