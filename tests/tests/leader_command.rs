@@ -937,6 +937,59 @@ async fn the_supervisor_outlives_signals_sent_to_every_process() {
     assert!(json.contains(r#""holder":null"#), "not released: {json}");
 }
 
+/// `leader` stopped alone (SIGSTOP, a debugger that attached), with COMMAND running: nothing
+/// renews and nothing stops COMMAND from `leader`, but its supervisor, told of every renewal,
+/// kills the group within the lease of the last renewal, before another replica may lead.
+/// Resumed, `leader` reads the kill as its term's end, not as COMMAND's exit, and leads again.
+#[tokio::test]
+async fn a_stopped_leaders_command_is_killed_by_its_supervisor() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let timings = [
+        "--lease-duration",
+        "3s",
+        "--renew-deadline",
+        "2s",
+        "--retry-period",
+        "500ms",
+        "--grace",
+        "200ms",
+    ];
+    let (_lock, mut leader, program_pid) =
+        solo_looping(dir.path(), "stopped", "TERM", &timings).await;
+    kill(pid(&leader), Signal::SIGSTOP).expect("SIGSTOP");
+    let stopped = tokio::time::Instant::now();
+    while !process_gone(program_pid) {
+        // The bound is the lease (3 s) since the last renewal, and a margin for a loaded
+        // machine; without the supervisor's deadline COMMAND would run for as long as
+        // `leader` stays stopped.
+        assert!(
+            stopped.elapsed() < Duration::from_secs(15),
+            "COMMAND ran on beside a stopped leader"
+        );
+        sleep(Duration::from_millis(20)).await;
+    }
+    eprintln!(
+        "COMMAND killed {:?} after leader stopped",
+        stopped.elapsed()
+    );
+    let ready = dir.path().join("stopped.ready");
+    std::fs::remove_file(&ready).expect("the first pid");
+    kill(pid(&leader), Signal::SIGCONT).expect("SIGCONT");
+    // It goes on, and leads again: a new COMMAND.
+    let again = pid_in(&ready).await;
+    assert_ne!(again, program_pid);
+    assert!(
+        leader.try_wait().expect("status").is_none(),
+        "leader exited after its COMMAND was killed"
+    );
+    kill(pid(&leader), Signal::SIGTERM).expect("SIGTERM");
+    let status = timeout(Duration::from_secs(30), leader.wait())
+        .await
+        .expect("leader stops")
+        .expect("status");
+    assert!(process_gone(again), "COMMAND outlived leader: {status}");
+}
+
 /// `leader status` reads a record whose lease runs past the calendar's end (another client's
 /// "forever") as held and not expired, where the addition of its lease to its renew time
 /// overflowed (S8: a record is read, never a reason to crash).
@@ -1644,7 +1697,14 @@ async fn a_supervisor_starts_command_only_under_the_leader_that_started_it() {
     let supervise = |parent: u32| {
         let mut command = Command::new(LEADER);
         command
-            .args(["__supervise", &parent.to_string(), "1000", "--", "touch"])
+            .args([
+                "__supervise",
+                &parent.to_string(),
+                "1000",
+                "-",
+                "--",
+                "touch",
+            ])
             .arg(&marker)
             .stdout(Stdio::null())
             .stderr(Stdio::null())

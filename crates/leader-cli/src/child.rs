@@ -3,7 +3,7 @@
 
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::process::{ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -46,19 +46,24 @@ impl Program {
     ///
     /// `backstop` starts a watchdog thread that SIGKILLs the group should COMMAND still run
     /// past the term's deadline plus the backstop's delay: the term's end is otherwise acted on
-    /// by this process's runtime, which a hang (a deadlock, a blocking call) would stop.
+    /// by this process's runtime, which a hang (a deadlock, a blocking call) would stop. The
+    /// thread also tells the supervisor, through a pipe, when it should kill the group itself
+    /// ([`Backstop::last`]): a `leader` that is stopped (SIGSTOP, a debugger) renews nothing and
+    /// kills nothing, and its COMMAND would otherwise run on beside the next leader's.
     pub(crate) fn spawn(
         &self,
         fencing_token: u64,
         term_lock: Option<File>,
         backstop: Backstop,
     ) -> io::Result<Group> {
+        let (feed, fed) = deadline_feed()?;
         let mut command = Command::new(this_executable()?);
         command
             .arg0(ARG0)
             .arg(SUPERVISE)
             .arg(std::process::id().to_string())
             .arg(backstop.grace.as_millis().to_string())
+            .arg(feed.as_raw_fd().to_string())
             .arg("--")
             .args(&self.command)
             .env("LEADER_NAME", &self.name)
@@ -72,13 +77,26 @@ impl Program {
         if let Some(file) = &term_lock {
             inherit(&mut command, file.as_raw_fd());
         }
-        // The parent's handle closes here; the child's copy keeps the lock.
+        inherit(&mut command, feed.as_raw_fd());
+        // The supervisor knows its first deadline before it starts COMMAND.
+        feed_deadline(&fed, backstop.last_at());
+        // The parent's handles close here; the child's copy keeps the lock, and its end of
+        // the pipe.
         let child = command.spawn()?;
+        drop(feed);
         let watchdog = match child.id() {
-            Some(id) => Some(Watchdog::start(Pid::from_raw(id.cast_signed()), backstop)?),
+            Some(id) => Some(Watchdog::start(
+                Pid::from_raw(id.cast_signed()),
+                backstop.clone(),
+                fed,
+            )?),
             None => None,
         };
-        Ok(Group { child, watchdog })
+        Ok(Group {
+            child,
+            watchdog,
+            backstop: Some(backstop),
+        })
     }
 }
 
@@ -105,21 +123,32 @@ const ARG0: &str = "leader";
 pub(crate) struct Backstop {
     pub(crate) deadline: TermDeadline,
     pub(crate) after: Duration,
+    /// Past the term's deadline, when the supervisor kills the group itself, should this
+    /// process not have (it is stopped: SIGSTOP, a debugger): later than `after`, and still
+    /// within the lease.
+    pub(crate) last: Duration,
     /// The time COMMAND's processes have between SIGTERM and SIGKILL.
     pub(crate) grace: Duration,
 }
 
 impl Backstop {
-    /// `deadline` with the delay for `grace` and `timings`: half way from the end of the grace
-    /// to the end of the stop window (the lease after the renew deadline), where COMMAND would
-    /// run beside the next leader's.
+    /// `deadline` with the delays for `grace` and `timings`: this process's watchdog half way
+    /// from the end of the grace to the end of the stop window (the lease after the renew
+    /// deadline), where COMMAND would run beside the next leader's; the supervisor's three
+    /// quarters of the way.
     pub(crate) fn new(deadline: TermDeadline, grace: Duration, timings: Timings) -> Self {
-        let window = timings.stop_window();
+        let left = timings.stop_window().saturating_sub(grace);
         Self {
             deadline,
-            after: grace + window.saturating_sub(grace) / 2,
+            after: grace + left / 2,
+            last: grace + left / 4 * 3,
             grace,
         }
+    }
+
+    /// When the supervisor kills the group unless told of a later deadline.
+    fn last_at(&self) -> std::time::Instant {
+        self.deadline.get() + self.last
     }
 }
 
@@ -134,7 +163,7 @@ struct Watchdog {
 }
 
 impl Watchdog {
-    fn start(group: Pid, backstop: Backstop) -> io::Result<Self> {
+    fn start(group: Pid, backstop: Backstop, feed: OwnedFd) -> io::Result<Self> {
         let stop = Arc::new((Mutex::new(false), Condvar::new()));
         let killed = Arc::new(AtomicBool::new(false));
         let (theirs, kills) = (stop.clone(), killed.clone());
@@ -143,7 +172,7 @@ impl Watchdog {
         let leader = started_at(group);
         std::thread::Builder::new()
             .name("leader-watchdog".into())
-            .spawn(move || watch(group, leader, &backstop, &theirs, &kills))?;
+            .spawn(move || watch(group, leader, &backstop, &feed, &theirs, &kills))?;
         Ok(Self { stop, killed })
     }
 
@@ -167,31 +196,45 @@ fn stat_fields(pid: Pid) -> Option<String> {
     Some(stat.rsplit_once(") ")?.1.to_owned())
 }
 
+/// Whether process `pid` has ended and waits to be reaped (a zombie).
+fn ended(pid: Pid) -> bool {
+    stat_fields(pid).is_some_and(|fields| fields.starts_with(['Z', 'X']))
+}
+
 /// When process `pid` started (clock ticks since boot, `/proc/PID/stat`), if it exists.
 fn started_at(pid: Pid) -> Option<u64> {
     // Field 22, the 20th after the command name.
     stat_fields(pid)?.split(' ').nth(19)?.parse().ok()
 }
 
+/// How often the watchdog looks for a deadline that renewals moved, to tell the supervisor.
+const FEED_EVERY: Duration = Duration::from_millis(100);
+
 fn watch(
     group: Pid,
     leader: Option<u64>,
     backstop: &Backstop,
+    feed: &OwnedFd,
     stop: &(Mutex<bool>, Condvar),
     killed: &AtomicBool,
 ) {
     let (stopped, wake) = stop;
     let mut stopped = stopped.lock().unwrap_or_else(|p| p.into_inner());
+    let mut fed = backstop.last_at();
     loop {
         if *stopped {
             return;
         }
         let deadline = backstop.deadline.get();
+        let last = backstop.last_at();
+        if last != fed && feed_deadline(feed, last) {
+            fed = last;
+        }
         let kill_at = deadline + backstop.after;
         let now = std::time::Instant::now();
         if now >= kill_at {
-            if leader.is_none() || started_at(group) != leader {
-                // The supervisor is gone, and its group with it.
+            if leader.is_none() || started_at(group) != leader || ended(group) {
+                // The supervisor is gone (or killed the group itself), and its group with it.
                 return;
             }
             // Before the kill: whoever reaps the group must know it was not COMMAND's doing.
@@ -204,10 +247,45 @@ fn watch(
             return;
         }
         stopped = wake
-            .wait_timeout(stopped, kill_at - now)
+            .wait_timeout(stopped, (kill_at - now).min(FEED_EVERY))
             .unwrap_or_else(|p| p.into_inner())
             .0;
     }
+}
+
+/// A pipe for the deadlines the supervisor enforces: its end (to inherit), and this
+/// process's, which never blocks (a supervisor that reads nothing must not stop the watchdog).
+fn deadline_feed() -> io::Result<(OwnedFd, OwnedFd)> {
+    use nix::fcntl::{F_SETFL, OFlag, fcntl};
+    let (theirs, ours) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(io::Error::from)?;
+    fcntl(&ours, F_SETFL(OFlag::O_NONBLOCK)).map_err(io::Error::from)?;
+    Ok((theirs, ours))
+}
+
+/// Tells the supervisor to kill the group at `at` unless told of a later instant: eight bytes,
+/// [`monotonic_nanos`], which a pipe delivers whole. False when the pipe is full (the
+/// supervisor reads nothing: stopped itself), to be told again.
+fn feed_deadline(feed: &OwnedFd, at: std::time::Instant) -> bool {
+    match nix::unistd::write(feed, &monotonic_nanos(at).to_le_bytes()) {
+        Err(nix::errno::Errno::EAGAIN) => false,
+        // A supervisor that is gone reads nothing more.
+        Ok(_) | Err(_) => true,
+    }
+}
+
+/// `at` on `CLOCK_MONOTONIC`, which every process of the machine reads alike (and which
+/// `std::time::Instant` reads on Linux), in nanoseconds.
+fn monotonic_nanos(at: std::time::Instant) -> u64 {
+    let now = std::time::Instant::now();
+    let clock = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .map(Duration::from)
+        .unwrap_or_default();
+    let at = if at >= now {
+        clock + (at - now)
+    } else {
+        clock.saturating_sub(now - at)
+    };
+    u64::try_from(at.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// A started COMMAND's process group: its supervisor leads it, COMMAND and COMMAND's children
@@ -219,6 +297,7 @@ fn watch(
 pub(crate) struct Group {
     child: Child,
     watchdog: Option<Watchdog>,
+    backstop: Option<Backstop>,
 }
 
 /// How a started COMMAND ended.
@@ -227,8 +306,8 @@ pub(crate) enum Ended {
     /// By itself (its own exit, or a signal `leader` did not send), with the exit code that
     /// reports it ([`exit_code`]; [`exit::FAILURE`] if it could not be waited for).
     Itself(u8),
-    /// Killed by the watchdog, past its term's deadline: the term is over (this process was
-    /// stopped or stuck), which is no exit of COMMAND's own to report.
+    /// Killed by the watchdog or by the supervisor, past its term's deadline: the term is over
+    /// (this process was stopped or stuck), which is no exit of COMMAND's own to report.
     PastDeadline,
 }
 
@@ -242,10 +321,23 @@ impl Group {
     /// handle's own `wait`, is how a term learns that COMMAND ended: a kill by the watchdog
     /// shows in the status as a SIGKILL, which read as COMMAND's own end would make `leader`
     /// exit with 137 where it should go on as a follower.
+    ///
+    /// The supervisor killed by SIGKILL once the supervisor's own kill was due ends
+    /// `PastDeadline` too: whoever sent it, the term was over by then.
     pub(crate) async fn wait(&mut self) -> Ended {
+        use std::os::unix::process::ExitStatusExt;
         let status = self.child.wait().await;
+        let killed = status
+            .as_ref()
+            .is_ok_and(|s| s.signal() == Some(Signal::SIGKILL as i32));
+        let by_supervisor = killed
+            && self
+                .backstop
+                .as_ref()
+                .is_some_and(|b| std::time::Instant::now() >= b.last_at());
         match &self.watchdog {
             Some(watchdog) if watchdog.killed() => Ended::PastDeadline,
+            _ if by_supervisor => Ended::PastDeadline,
             _ => Ended::Itself(status.map_or(exit::FAILURE, exit_code)),
         }
     }
@@ -276,19 +368,36 @@ pub(crate) const SUPERVISE: &str = "__supervise";
 /// ([`stop_the_rest`]), so that `leader` learns of COMMAND's end, and releases the lease, only
 /// when none of its processes runs.
 ///
+/// `feed` is the pipe on which `leader`'s watchdog says when the group must be gone (eight
+/// bytes at a time, [`monotonic_nanos`]), each renewal moving that instant on: should it pass,
+/// `leader` is stopped (SIGSTOP, a debugger) or stuck, and the supervisor SIGKILLs the group,
+/// itself included. A closed pipe leaves the last instant in force.
+///
 /// `parent` is the pid of the `leader` that started it. Until the SIGHUP handler is installed a
 /// parent-death signal can be lost (ignored, when `leader` itself ignores SIGHUP and the
 /// supervisor inherited that), so once it is installed the supervisor checks that its parent is
 /// still `parent`, and exits with [`exit::ORPHANED`] without starting COMMAND if not: a COMMAND
 /// started then would run with nobody left to stop it.
-pub(crate) async fn supervise(parent: Option<Pid>, grace: Duration, command: &[String]) -> u8 {
+pub(crate) async fn supervise(
+    parent: Option<Pid>,
+    grace: Duration,
+    feed: Option<OwnedFd>,
+    command: &[String],
+) -> u8 {
     use tokio::signal::unix::{SignalKind, signal};
     let (Some(parent), Some((program, args))) = (parent, command.split_first()) else {
         say(format_args!(
-            "leader: usage: leader __supervise PID GRACE_MILLIS -- COMMAND..."
+            "leader: usage: leader __supervise PID GRACE_MILLIS FEED_FD -- COMMAND..."
         ));
         return exit::USAGE;
     };
+    // The feed is the supervisor's alone: COMMAND does not inherit it.
+    let mut feed = feed
+        .filter(|fd| {
+            use nix::fcntl::{F_SETFD, FdFlag, fcntl};
+            fcntl(fd, F_SETFD(FdFlag::FD_CLOEXEC)).is_ok()
+        })
+        .and_then(|fd| tokio::net::unix::pipe::Receiver::from_owned_fd(fd).ok());
     let (Ok(mut hangup), Ok(mut terminate)) = (
         signal(SignalKind::hangup()),
         signal(SignalKind::terminate()),
@@ -337,8 +446,28 @@ pub(crate) async fn supervise(parent: Option<Pid>, grace: Duration, command: &[S
     };
     // When `leader` asked the group to stop: the grace counts from then.
     let mut terminated = None;
+    let mut deadline = Deadline::default();
     loop {
+        let due = deadline.at;
         tokio::select! {
+            // What the feed says first: a deadline already moved on is never acted on.
+            biased;
+            read = deadline.read(feed.as_mut()) => {
+                if !read {
+                    // `leader` closed it: the last deadline stays.
+                    feed = None;
+                }
+            }
+            () = passes(due) => {
+                // `leader` renews nothing and stops nothing: stopped, or stuck.
+                if nix::unistd::getpgrp() == nix::unistd::getpid() {
+                    say(format_args!(
+                        "leader: the leader process {parent} neither renewed nor stopped COMMAND by its term's deadline (it is stopped or stuck): killing COMMAND's process group"
+                    ));
+                    let _ = killpg(nix::unistd::getpgrp(), Signal::SIGKILL);
+                }
+                deadline.at = None;
+            }
             status = child.wait() => {
                 stop_the_rest(grace, terminated).await;
                 return match status {
@@ -360,6 +489,49 @@ pub(crate) async fn supervise(parent: Option<Pid>, grace: Duration, command: &[S
             }
         }
     }
+}
+
+/// The instant by which the supervisor's group must be gone, as `leader`'s watchdog last said.
+#[derive(Debug, Default)]
+struct Deadline {
+    /// On `CLOCK_MONOTONIC`, in nanoseconds.
+    at: Option<u64>,
+    /// The bytes of an instant read in part.
+    partial: Vec<u8>,
+}
+
+impl Deadline {
+    /// Reads what the feed holds; false once it is closed (or there is none: then it never
+    /// returns).
+    async fn read(&mut self, feed: Option<&mut tokio::net::unix::pipe::Receiver>) -> bool {
+        use tokio::io::AsyncReadExt;
+        let Some(feed) = feed else {
+            return std::future::pending().await;
+        };
+        let mut buf = [0u8; 512];
+        let n = match feed.read(&mut buf).await {
+            Ok(0) | Err(_) => return false,
+            Ok(n) => n,
+        };
+        self.partial.extend_from_slice(&buf[..n]);
+        let whole = self.partial.len() / 8 * 8;
+        if let Some(last) = self.partial[..whole].chunks_exact(8).next_back() {
+            self.at = last.try_into().ok().map(u64::from_le_bytes);
+        }
+        self.partial.drain(..whole);
+        true
+    }
+}
+
+/// Returns once instant `at` ([`monotonic_nanos`]) has passed; never without one.
+async fn passes(at: Option<u64>) {
+    let Some(at) = at else {
+        return std::future::pending().await;
+    };
+    let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .map(Duration::from)
+        .unwrap_or_default();
+    tokio::time::sleep(Duration::from_nanos(at).saturating_sub(now)).await;
 }
 
 /// What the supervisor does with the SIGTERM `leader` sent its group: it reaches COMMAND there,
@@ -514,6 +686,26 @@ fn inherit(command: &mut Command, fd: RawFd) {
             Ok(())
         });
     }
+}
+
+/// The pipe the supervisor inherited as descriptor `fd`, if it is open and a pipe. Called
+/// once, at the supervisor's start, before anything else of it opens a file.
+#[allow(unsafe_code)]
+pub(crate) fn inherited(fd: RawFd) -> Option<OwnedFd> {
+    use nix::sys::stat::{SFlag, fstat};
+    use std::os::fd::{BorrowedFd, FromRawFd};
+    if fd < 3 {
+        return None;
+    }
+    // SAFETY: only borrowed for a `fstat`, which fails harmlessly on a descriptor that is not
+    // open.
+    let stat = fstat(unsafe { BorrowedFd::borrow_raw(fd) }).ok()?;
+    if SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT != SFlag::S_IFIFO {
+        return None;
+    }
+    // SAFETY: `fd` is open (fstat succeeded) and was inherited across exec: nothing else in
+    // this process holds it, and it is taken once.
+    Some(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// Cancelled by a second stop signal ([`cut_graces_short`]).

@@ -30,24 +30,30 @@ use crate::args::{Cli, Command, ShardsCommand};
 pub fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some(child::SUPERVISE) {
-        // `leader __supervise PID GRACE_MILLIS -- COMMAND...`, as `child::Program::spawn`
-        // writes it.
+        // `leader __supervise PID GRACE_MILLIS FEED_FD -- COMMAND...`, as
+        // `child::Program::spawn` writes it.
         let parent = args
             .get(2)
             .and_then(|pid| pid.parse::<i32>().ok())
             .map(nix::unistd::Pid::from_raw);
         let grace = args.get(3).and_then(|millis| millis.parse::<u64>().ok());
-        let command = match (grace, args.get(4).map(String::as_str)) {
-            (Some(_), Some("--")) => args.get(5..).unwrap_or_default().to_vec(),
+        // FEED_FD: the descriptor of the deadlines' pipe, or `-` for none.
+        let feed = args.get(4).and_then(|fd| match fd.as_str() {
+            "-" => Some(None),
+            fd => fd.parse::<i32>().ok().map(Some),
+        });
+        let command = match (grace, feed, args.get(5).map(String::as_str)) {
+            (Some(_), Some(_), Some("--")) => args.get(6..).unwrap_or_default().to_vec(),
             _ => Vec::new(),
         };
         let grace = std::time::Duration::from_millis(grace.unwrap_or_default());
+        let feed = feed.flatten().and_then(child::inherited);
         return match tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
         {
             Ok(runtime) => {
-                ExitCode::from(runtime.block_on(child::supervise(parent, grace, &command)))
+                ExitCode::from(runtime.block_on(child::supervise(parent, grace, feed, &command)))
             }
             Err(_) => ExitCode::from(exit::FAILURE),
         };

@@ -23,6 +23,7 @@ async fn a_group_dropped_while_running_is_killed_whole() {
     let group = Group {
         child: command.spawn().expect("sh"),
         watchdog: None,
+        backstop: None,
     };
     let started = tokio::time::Instant::now();
     let pid = loop {
@@ -49,6 +50,11 @@ async fn a_group_dropped_while_running_is_killed_whole() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let _ = std::fs::remove_file(&pidfile);
+}
+
+/// The watchdog's end of a deadline feed nobody reads.
+fn feed() -> OwnedFd {
+    deadline_feed().expect("pipe").1
 }
 
 fn sleeper() -> (Child, Pid) {
@@ -85,9 +91,10 @@ async fn the_watchdog_kills_a_command_past_its_deadline_only() {
     let backstop = Backstop {
         deadline: TermDeadline::new(now()),
         after: delay,
+        last: Duration::from_secs(3600),
         grace: Duration::ZERO,
     };
-    let _watchdog = Watchdog::start(pid, backstop).expect("watchdog");
+    let _watchdog = Watchdog::start(pid, backstop.clone(), feed()).expect("watchdog");
     assert!(dies_within(pid, Duration::from_secs(5)).await, "not killed");
     let _ = past.wait().await;
 
@@ -98,8 +105,10 @@ async fn the_watchdog_kills_a_command_past_its_deadline_only() {
         Backstop {
             deadline: deadline.clone(),
             after: delay,
+            last: Duration::from_secs(3600),
             grace: Duration::ZERO,
         },
+        feed(),
     )
     .expect("watchdog");
     for _ in 0..20 {
@@ -118,8 +127,10 @@ async fn the_watchdog_kills_a_command_past_its_deadline_only() {
         Backstop {
             deadline: TermDeadline::new(now() + delay),
             after: delay,
+            last: Duration::from_secs(3600),
             grace: Duration::ZERO,
         },
+        feed(),
     )
     .expect("watchdog");
     drop(watchdog);
@@ -144,13 +155,15 @@ async fn a_kill_by_the_watchdog_is_not_an_exit_of_commands_own() {
         let backstop = Backstop {
             deadline: TermDeadline::new(deadline),
             after: Duration::from_millis(50),
+            last: Duration::from_secs(3600),
             grace: Duration::ZERO,
         };
-        let watchdog = Watchdog::start(pid, backstop).expect("watchdog");
+        let watchdog = Watchdog::start(pid, backstop.clone(), feed()).expect("watchdog");
         (
             Group {
                 child,
                 watchdog: Some(watchdog),
+                backstop: Some(backstop),
             },
             pid,
         )
@@ -168,9 +181,25 @@ async fn a_kill_by_the_watchdog_is_not_an_exit_of_commands_own() {
     let (mut killed, pid) = group_of(Command::new("sleep").arg("300"), later);
     let _ = killpg(pid, Signal::SIGKILL);
     assert_eq!(killed.wait().await, Ended::Itself(137));
+
+    // Killed once the supervisor's own kill was due (`leader` was stopped): the term was over.
+    let (child, pid) = sleeper();
+    let mut stopped = Group {
+        child,
+        watchdog: None,
+        backstop: Some(Backstop {
+            deadline: TermDeadline::new(now),
+            after: Duration::ZERO,
+            last: Duration::ZERO,
+            grace: Duration::ZERO,
+        }),
+    };
+    let _ = killpg(pid, Signal::SIGKILL);
+    assert_eq!(stopped.wait().await, Ended::PastDeadline);
 }
 
-/// The delay leaves COMMAND its grace and ends half way to the end of the lease.
+/// The delay leaves COMMAND its grace and ends half way to the end of the lease; the
+/// supervisor's, three quarters of the way.
 #[test]
 fn the_backstop_falls_between_the_grace_and_the_lease() {
     let timings = Timings {
@@ -184,6 +213,7 @@ fn the_backstop_falls_between_the_grace_and_the_lease() {
         timings,
     );
     assert_eq!(backstop.after, Duration::from_secs(4));
+    assert_eq!(backstop.last, Duration::from_millis(4500));
 }
 
 /// A supervisor whose parent is not the `leader` that started it (that `leader` died before
@@ -196,14 +226,17 @@ async fn a_supervisor_whose_leader_is_gone_starts_nothing() {
     let touch = vec!["touch".to_owned(), marker.display().to_string()];
 
     // This process is not its own parent: as seen by a supervisor whose `leader` is gone.
-    let code = supervise(Some(nix::unistd::getpid()), Duration::ZERO, &touch).await;
+    let code = supervise(Some(nix::unistd::getpid()), Duration::ZERO, None, &touch).await;
     assert_eq!(code, exit::ORPHANED);
     assert!(!marker.exists(), "COMMAND ran under an orphaned supervisor");
 
-    let code = supervise(Some(nix::unistd::getppid()), Duration::ZERO, &touch).await;
+    let code = supervise(Some(nix::unistd::getppid()), Duration::ZERO, None, &touch).await;
     assert_eq!(code, exit::OK);
     assert!(marker.exists(), "COMMAND did not run under its leader");
     let _ = std::fs::remove_file(&marker);
 
-    assert_eq!(supervise(None, Duration::ZERO, &touch).await, exit::USAGE);
+    assert_eq!(
+        supervise(None, Duration::ZERO, None, &touch).await,
+        exit::USAGE
+    );
 }
