@@ -692,6 +692,15 @@ async fn the_exit_code_of_command_is_passed_through() {
     );
 }
 
+/// The parent of process `pid` (COMMAND's: its supervisor), from `/proc/PID/stat`: the fourth
+/// field, the second after the command's name.
+fn parent_of(pid: i32) -> i32 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    stat.rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse().ok())
+        .expect("the parent's pid")
+}
+
 /// The pid a shell wrote to `path`, waited for.
 async fn pid_in(path: &Path) -> i32 {
     let started = tokio::time::Instant::now();
@@ -898,12 +907,7 @@ async fn the_supervisor_outlives_signals_sent_to_every_process() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (lock, mut leader, program_pid) =
         solo_looping(dir.path(), "signalled", "HUP USR1 USR2 INT QUIT", &[]).await;
-    let stat = std::fs::read_to_string(format!("/proc/{program_pid}/stat")).expect("stat");
-    // The parent's pid: the fourth field, the second after the command's name.
-    let supervisor: i32 = stat
-        .rsplit_once(')')
-        .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse().ok())
-        .expect("the supervisor's pid");
+    let supervisor = parent_of(program_pid);
     assert_ne!(
         supervisor,
         pid(&leader).as_raw(),
@@ -988,6 +992,38 @@ async fn a_stopped_leaders_command_is_killed_by_its_supervisor() {
         .expect("leader stops")
         .expect("status");
     assert!(process_gone(again), "COMMAND outlived leader: {status}");
+}
+
+/// COMMAND's supervisor killed (`kill -9`, the OOM killer): COMMAND dies with it, and what
+/// COMMAND started in the background, which nobody would stop, is SIGKILLed by `leader` before
+/// it releases the lease.
+#[tokio::test]
+async fn what_a_killed_supervisor_leaves_is_killed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let lock = leader_tests::file_lock_in(dir.path());
+    let (ready, background) = (dir.path().join("ready"), dir.path().join("background"));
+    let program = format!(
+        "sleep 300 & echo $! > {}; echo $$ > {}; while :; do sleep 0.1; done",
+        background.display(),
+        ready.display()
+    );
+    let mut leader = leader_tests::candidate_command(LEADER, "run", &lock, "orphans", "solo")
+        .args(["--", "sh", "-c", &program])
+        .spawn()
+        .expect("spawn");
+    let program_pid = pid_in(&ready).await;
+    let left = pid_in(&background).await;
+    let supervisor = parent_of(program_pid);
+    kill(Pid::from_raw(supervisor), Signal::SIGKILL).expect("SIGKILL");
+    let status = timeout(Duration::from_secs(30), leader.wait())
+        .await
+        .expect("leader ends with its COMMAND")
+        .expect("status");
+    assert!(process_gone(program_pid), "COMMAND outlived its supervisor");
+    assert!(
+        process_gone(left),
+        "what COMMAND started outlived leader: {status}"
+    );
 }
 
 /// `leader status` reads a record whose lease runs past the calendar's end (another client's

@@ -324,9 +324,18 @@ impl Group {
     ///
     /// The supervisor killed by SIGKILL once the supervisor's own kill was due ends
     /// `PastDeadline` too: whoever sent it, the term was over by then.
+    ///
+    /// The supervisor ends only once nothing else runs in its group, unless it was killed (an
+    /// operator's `kill -9`, the OOM killer): then COMMAND dies with it (its parent-death
+    /// signal), but what COMMAND started would run on, beside the next leader's COMMAND. So
+    /// whatever is left in the group is SIGKILLed, and waited for, before this returns.
     pub(crate) async fn wait(&mut self) -> Ended {
         use std::os::unix::process::ExitStatusExt;
+        let group = self.child.id().map(|id| Pid::from_raw(id.cast_signed()));
         let status = self.child.wait().await;
+        if let Some(group) = group {
+            kill_the_rest(group).await;
+        }
         let killed = status
             .as_ref()
             .is_ok_and(|s| s.signal() == Some(Signal::SIGKILL as i32));
@@ -559,6 +568,19 @@ fn pass_on_stop(pid: Option<u32>) {
 fn say(message: std::fmt::Arguments<'_>) {
     use std::io::Write;
     let _ = writeln!(std::io::stderr(), "{message}");
+}
+
+/// SIGKILLs what is left of `group` once its leader, the supervisor, has ended, and waits (a
+/// second at most) until none of it runs. A group with no process left is no longer anyone's:
+/// its number is not a process's until then, so the signal reaches only what was COMMAND's.
+async fn kill_the_rest(group: Pid) {
+    if killpg(group, Signal::SIGKILL).is_err() {
+        return;
+    }
+    let since = std::time::Instant::now();
+    while !others_in_group(group).is_empty() && since.elapsed() < Duration::from_secs(1) {
+        tokio::time::sleep(GROUP_POLL).await;
+    }
 }
 
 /// How often [`stop_the_rest`] looks again at what is left of the group.
