@@ -47,23 +47,24 @@ impl Program {
     /// `backstop` starts a watchdog thread that SIGKILLs the group should COMMAND still run
     /// past the term's deadline plus the backstop's delay: the term's end is otherwise acted on
     /// by this process's runtime, which a hang (a deadlock, a blocking call) would stop. The
-    /// thread also tells the supervisor, through a pipe, when it should kill the group itself
-    /// ([`Backstop::last`]): a `leader` that is stopped (SIGSTOP, a debugger) renews nothing and
-    /// kills nothing, and its COMMAND would otherwise run on beside the next leader's.
+    /// thread also tells the supervisor, through a socket pair, when it should kill the group
+    /// itself ([`Backstop::last`]): a `leader` that is stopped (SIGSTOP, a debugger) renews
+    /// nothing and kills nothing, and its COMMAND would otherwise run on beside the next
+    /// leader's. The supervisor answers on the same socket when it did.
     pub(crate) fn spawn(
         &self,
         fencing_token: u64,
         term_lock: Option<File>,
         backstop: Backstop,
     ) -> io::Result<Group> {
-        let (feed, fed) = deadline_feed()?;
+        let (theirs, mut feed) = Feed::pair()?;
         let mut command = Command::new(this_executable()?);
         command
             .arg0(ARG0)
             .arg(SUPERVISE)
             .arg(std::process::id().to_string())
             .arg(backstop.grace.as_millis().to_string())
-            .arg(feed.as_raw_fd().to_string())
+            .arg(theirs.as_raw_fd().to_string())
             .arg("--")
             .args(&self.command)
             .env("LEADER_NAME", &self.name)
@@ -77,25 +78,26 @@ impl Program {
         if let Some(file) = &term_lock {
             inherit(&mut command, file.as_raw_fd());
         }
-        inherit(&mut command, feed.as_raw_fd());
+        inherit(&mut command, theirs.as_raw_fd());
         // The supervisor knows its first deadline before it starts COMMAND.
-        feed_deadline(&fed, backstop.last_at());
+        feed.send(backstop.last_at());
         // The parent's handles close here; the child's copy keeps the lock, and its end of
-        // the pipe.
+        // the socket.
         let child = command.spawn()?;
-        drop(feed);
+        drop(theirs);
+        let told = Arc::clone(&feed.socket);
         let watchdog = match child.id() {
             Some(id) => Some(Watchdog::start(
                 Pid::from_raw(id.cast_signed()),
-                backstop.clone(),
-                fed,
+                backstop,
+                feed,
             )?),
             None => None,
         };
         Ok(Group {
             child,
             watchdog,
-            backstop: Some(backstop),
+            feed: Some(told),
         })
     }
 }
@@ -163,7 +165,7 @@ struct Watchdog {
 }
 
 impl Watchdog {
-    fn start(group: Pid, backstop: Backstop, feed: OwnedFd) -> io::Result<Self> {
+    fn start(group: Pid, backstop: Backstop, feed: Feed) -> io::Result<Self> {
         let stop = Arc::new((Mutex::new(false), Condvar::new()));
         let killed = Arc::new(AtomicBool::new(false));
         let (theirs, kills) = (stop.clone(), killed.clone());
@@ -172,7 +174,7 @@ impl Watchdog {
         let leader = started_at(group);
         std::thread::Builder::new()
             .name("leader-watchdog".into())
-            .spawn(move || watch(group, leader, &backstop, &feed, &theirs, &kills))?;
+            .spawn(move || watch(group, leader, &backstop, feed, &theirs, &kills))?;
         Ok(Self { stop, killed })
     }
 
@@ -214,22 +216,18 @@ fn watch(
     group: Pid,
     leader: Option<u64>,
     backstop: &Backstop,
-    feed: &OwnedFd,
+    mut feed: Feed,
     stop: &(Mutex<bool>, Condvar),
     killed: &AtomicBool,
 ) {
     let (stopped, wake) = stop;
     let mut stopped = stopped.lock().unwrap_or_else(|p| p.into_inner());
-    let mut fed = backstop.last_at();
     loop {
         if *stopped {
             return;
         }
         let deadline = backstop.deadline.get();
-        let last = backstop.last_at();
-        if last != fed && feed_deadline(feed, last) {
-            fed = last;
-        }
+        feed.send(backstop.last_at());
         let kill_at = deadline + backstop.after;
         let now = std::time::Instant::now();
         if now >= kill_at {
@@ -253,24 +251,64 @@ fn watch(
     }
 }
 
-/// A pipe for the deadlines the supervisor enforces: its end (to inherit), and this
-/// process's, which never blocks (a supervisor that reads nothing must not stop the watchdog).
-fn deadline_feed() -> io::Result<(OwnedFd, OwnedFd)> {
-    use nix::fcntl::{F_SETFL, OFlag, fcntl};
-    let (theirs, ours) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(io::Error::from)?;
-    fcntl(&ours, F_SETFL(OFlag::O_NONBLOCK)).map_err(io::Error::from)?;
-    Ok((theirs, ours))
+/// `leader`'s end of the socket pair it shares with a supervisor: it sends the instants by which
+/// the supervisor must have killed the group (eight bytes each, [`monotonic_nanos`]), and reads
+/// the supervisor's word ([`KILLED`]) that it did. Sends never block (a supervisor that reads
+/// nothing must not stop the watchdog): what the socket does not take now goes later, an
+/// instant not yet begun replaced by a newer one.
+#[derive(Debug)]
+struct Feed {
+    socket: Arc<std::os::unix::net::UnixStream>,
+    /// The instant last sent, or queued.
+    sent: Option<std::time::Instant>,
+    /// The bytes of an instant the socket took in part, then of the newest one.
+    pending: Vec<u8>,
 }
 
-/// Tells the supervisor to kill the group at `at` unless told of a later instant: eight bytes,
-/// [`monotonic_nanos`], which a pipe delivers whole. False when the pipe is full (the
-/// supervisor reads nothing: stopped itself), to be told again.
-fn feed_deadline(feed: &OwnedFd, at: std::time::Instant) -> bool {
-    match nix::unistd::write(feed, &monotonic_nanos(at).to_le_bytes()) {
-        Err(nix::errno::Errno::EAGAIN) => false,
-        // A supervisor that is gone reads nothing more.
-        Ok(_) | Err(_) => true,
+/// What a supervisor writes on its socket just before it kills its group.
+const KILLED: u8 = b'K';
+
+impl Feed {
+    /// The supervisor's end (to inherit), and this process's.
+    fn pair() -> io::Result<(OwnedFd, Self)> {
+        // Both ends are close-on-exec: the supervisor's is made inheritable for its spawn only.
+        let (theirs, ours) = std::os::unix::net::UnixStream::pair()?;
+        ours.set_nonblocking(true)?;
+        let feed = Self {
+            socket: Arc::new(ours),
+            sent: None,
+            pending: Vec::new(),
+        };
+        Ok((theirs.into(), feed))
     }
+
+    /// Tells the supervisor to kill the group at `at` unless told of a later instant.
+    fn send(&mut self, at: std::time::Instant) {
+        use std::io::Write;
+        if self.sent != Some(at) {
+            self.sent = Some(at);
+            // Whole instants not begun are dropped for the newest: part of one the socket took
+            // must be finished first.
+            self.pending.truncate(self.pending.len() % 8);
+            self.pending
+                .extend_from_slice(&monotonic_nanos(at).to_le_bytes());
+        }
+        while !self.pending.is_empty() {
+            match (&*self.socket).write(&self.pending) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    self.pending.drain(..n);
+                }
+            }
+        }
+    }
+}
+
+/// Whether the supervisor that shared `socket` said it killed its group ([`KILLED`]).
+fn told_killed(socket: &std::os::unix::net::UnixStream) -> bool {
+    use std::io::Read;
+    let mut buf = [0u8; 16];
+    matches!((&*socket).read(&mut buf), Ok(n) if buf[..n].contains(&KILLED))
 }
 
 /// `at` on `CLOCK_MONOTONIC`, which every process of the machine reads alike (and which
@@ -297,7 +335,8 @@ fn monotonic_nanos(at: std::time::Instant) -> u64 {
 pub(crate) struct Group {
     child: Child,
     watchdog: Option<Watchdog>,
-    backstop: Option<Backstop>,
+    /// This process's end of the socket shared with the supervisor ([`Feed`]).
+    feed: Option<Arc<std::os::unix::net::UnixStream>>,
 }
 
 /// How a started COMMAND ended.
@@ -322,8 +361,7 @@ impl Group {
     /// shows in the status as a SIGKILL, which read as COMMAND's own end would make `leader`
     /// exit with 137 where it should go on as a follower.
     ///
-    /// The supervisor killed by SIGKILL once the supervisor's own kill was due ends
-    /// `PastDeadline` too: whoever sent it, the term was over by then.
+    /// A group the supervisor killed, as it says on its socket, ends `PastDeadline` too.
     ///
     /// The supervisor ends only once nothing else runs in its group, unless it was killed (an
     /// operator's `kill -9`, the OOM killer): then COMMAND dies with it (its parent-death
@@ -333,17 +371,13 @@ impl Group {
         use std::os::unix::process::ExitStatusExt;
         let group = self.child.id().map(|id| Pid::from_raw(id.cast_signed()));
         let status = self.child.wait().await;
+        let by_supervisor = status
+            .as_ref()
+            .is_ok_and(|s| s.signal() == Some(Signal::SIGKILL as i32))
+            && self.feed.as_deref().is_some_and(told_killed);
         if let Some(group) = group {
             kill_the_rest(group).await;
         }
-        let killed = status
-            .as_ref()
-            .is_ok_and(|s| s.signal() == Some(Signal::SIGKILL as i32));
-        let by_supervisor = killed
-            && self
-                .backstop
-                .as_ref()
-                .is_some_and(|b| std::time::Instant::now() >= b.last_at());
         match &self.watchdog {
             Some(watchdog) if watchdog.killed() => Ended::PastDeadline,
             _ if by_supervisor => Ended::PastDeadline,
@@ -377,10 +411,11 @@ pub(crate) const SUPERVISE: &str = "__supervise";
 /// ([`stop_the_rest`]), so that `leader` learns of COMMAND's end, and releases the lease, only
 /// when none of its processes runs.
 ///
-/// `feed` is the pipe on which `leader`'s watchdog says when the group must be gone (eight
+/// `feed` is the socket on which `leader`'s watchdog says when the group must be gone (eight
 /// bytes at a time, [`monotonic_nanos`]), each renewal moving that instant on: should it pass,
 /// `leader` is stopped (SIGSTOP, a debugger) or stuck, and the supervisor SIGKILLs the group,
-/// itself included. A closed pipe leaves the last instant in force.
+/// itself included, having said so on the socket ([`KILLED`]) for `leader` to read. A feed
+/// closed by `leader` leaves the last instant in force.
 ///
 /// `parent` is the pid of the `leader` that started it. Until the SIGHUP handler is installed a
 /// parent-death signal can be lost (ignored, when `leader` itself ignores SIGHUP and the
@@ -406,7 +441,12 @@ pub(crate) async fn supervise(
             use nix::fcntl::{F_SETFD, FdFlag, fcntl};
             fcntl(fd, F_SETFD(FdFlag::FD_CLOEXEC)).is_ok()
         })
-        .and_then(|fd| tokio::net::unix::pipe::Receiver::from_owned_fd(fd).ok());
+        .and_then(|fd| {
+            let socket = std::os::unix::net::UnixStream::from(fd);
+            socket.set_nonblocking(true).ok()?;
+            tokio::net::UnixStream::from_std(socket).ok()
+        });
+    let mut reading = feed.is_some();
     let (Ok(mut hangup), Ok(mut terminate)) = (
         signal(SignalKind::hangup()),
         signal(SignalKind::terminate()),
@@ -461,10 +501,10 @@ pub(crate) async fn supervise(
         tokio::select! {
             // What the feed says first: a deadline already moved on is never acted on.
             biased;
-            read = deadline.read(feed.as_mut()) => {
+            read = deadline.read(feed.as_mut().filter(|_| reading)) => {
                 if !read {
                     // `leader` closed it: the last deadline stays.
-                    feed = None;
+                    reading = false;
                 }
             }
             () = passes(due) => {
@@ -473,6 +513,10 @@ pub(crate) async fn supervise(
                     say(format_args!(
                         "leader: the leader process {parent} neither renewed nor stopped COMMAND by its term's deadline (it is stopped or stuck): killing COMMAND's process group"
                     ));
+                    // `leader`, resumed, reads the kill as its term's end.
+                    if let Some(feed) = &feed {
+                        let _ = feed.try_write(&[KILLED]);
+                    }
                     let _ = killpg(nix::unistd::getpgrp(), Signal::SIGKILL);
                 }
                 deadline.at = None;
@@ -512,7 +556,7 @@ struct Deadline {
 impl Deadline {
     /// Reads what the feed holds; false once it is closed (or there is none: then it never
     /// returns).
-    async fn read(&mut self, feed: Option<&mut tokio::net::unix::pipe::Receiver>) -> bool {
+    async fn read(&mut self, feed: Option<&mut tokio::net::UnixStream>) -> bool {
         use tokio::io::AsyncReadExt;
         let Some(feed) = feed else {
             return std::future::pending().await;
@@ -710,7 +754,7 @@ fn inherit(command: &mut Command, fd: RawFd) {
     }
 }
 
-/// The pipe the supervisor inherited as descriptor `fd`, if it is open and a pipe. Called
+/// The socket the supervisor inherited as descriptor `fd`, if it is open and a socket. Called
 /// once, at the supervisor's start, before anything else of it opens a file.
 #[allow(unsafe_code)]
 pub(crate) fn inherited(fd: RawFd) -> Option<OwnedFd> {
@@ -722,7 +766,7 @@ pub(crate) fn inherited(fd: RawFd) -> Option<OwnedFd> {
     // SAFETY: only borrowed for a `fstat`, which fails harmlessly on a descriptor that is not
     // open.
     let stat = fstat(unsafe { BorrowedFd::borrow_raw(fd) }).ok()?;
-    if SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT != SFlag::S_IFIFO {
+    if SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT != SFlag::S_IFSOCK {
         return None;
     }
     // SAFETY: `fd` is open (fstat succeeded) and was inherited across exec: nothing else in
@@ -745,12 +789,25 @@ pub(crate) fn cut_graces_short() {
 /// [`cut_graces_short`]); returns once the child has been reaped.
 pub(crate) async fn terminate(group: &mut Group, grace: Duration) -> io::Result<ExitStatus> {
     let child = &mut group.child;
-    if let Ok(Some(status)) = child.try_wait() {
-        return Ok(status);
+    // The group's number, while its leader (the supervisor) has not been reaped.
+    let pgid = child.id().map(|id| Pid::from_raw(id.cast_signed()));
+    let status = match child.try_wait() {
+        Ok(Some(status)) => Ok(status),
+        _ => stop(child, pgid, grace).await,
+    };
+    // What a supervisor that was killed left in its group (it otherwise ends only once the
+    // group is empty) goes before the term's end is reported.
+    if let Some(pgid) = pgid {
+        kill_the_rest(pgid).await;
     }
-    let group = child.id().map(|id| Pid::from_raw(id.cast_signed()));
-    if let Some(group) = group {
-        let _ = killpg(group, Signal::SIGTERM);
+    status
+}
+
+/// SIGTERM to group `pgid`, then SIGKILL after `grace` (or at once, once hurried); returns
+/// once its leader, `child`, has been reaped.
+async fn stop(child: &mut Child, pgid: Option<Pid>, grace: Duration) -> io::Result<ExitStatus> {
+    if let Some(pgid) = pgid {
+        let _ = killpg(pgid, Signal::SIGTERM);
     }
     let within_grace = async {
         tokio::select! {
@@ -759,31 +816,21 @@ pub(crate) async fn terminate(group: &mut Group, grace: Duration) -> io::Result<
             () = HURRIED.cancelled() => None,
         }
     };
-    match within_grace.await {
-        Some(status) => {
-            // The group leader is gone; make sure no straggler of its group stays behind.
-            if let Some(group) = group {
-                let _ = killpg(group, Signal::SIGKILL);
-            }
-            status
-        }
-        None => {
-            if HURRIED.is_cancelled() {
-                tracing::warn!(
-                    "a second signal: sending COMMAND SIGKILL without the rest of its grace"
-                );
-            } else {
-                tracing::warn!(
-                    ?grace,
-                    "COMMAND did not stop after SIGTERM; sending SIGKILL"
-                );
-            }
-            if let Some(group) = group {
-                let _ = killpg(group, Signal::SIGKILL);
-            }
-            child.wait().await
-        }
+    if let Some(status) = within_grace.await {
+        return status;
     }
+    if HURRIED.is_cancelled() {
+        tracing::warn!("a second signal: sending COMMAND SIGKILL without the rest of its grace");
+    } else {
+        tracing::warn!(
+            ?grace,
+            "COMMAND did not stop after SIGTERM; sending SIGKILL"
+        );
+    }
+    if let Some(pgid) = pgid {
+        let _ = killpg(pgid, Signal::SIGKILL);
+    }
+    child.wait().await
 }
 
 /// The exit code that reports `status`: the child's own code, or 128 + the signal that killed it,

@@ -37,7 +37,7 @@ pub fn main() -> ExitCode {
             .and_then(|pid| pid.parse::<i32>().ok())
             .map(nix::unistd::Pid::from_raw);
         let grace = args.get(3).and_then(|millis| millis.parse::<u64>().ok());
-        // FEED_FD: the descriptor of the deadlines' pipe, or `-` for none.
+        // FEED_FD: the descriptor of the socket shared with `leader`'s watchdog, or `-` for none.
         let feed = args.get(4).and_then(|fd| match fd.as_str() {
             "-" => Some(None),
             fd => fd.parse::<i32>().ok().map(Some),

@@ -240,8 +240,9 @@ impl ConsulLock {
     /// destroy ends (this lock's own, whose renewal key was deleted or overwritten by hand) is
     /// judged by the holder's writes instead, as any record renewed by writes: otherwise the
     /// key of a holder that died would stay locked until its node left. Asked once per session
-    /// (its TTL and checks never change); when Consul cannot say, the key is taken as held in
-    /// the store, which waits instead of risking a second holder.
+    /// (its TTL and checks never change); when Consul cannot say (an error, or a session the
+    /// ACL token may not read: `session:read` on its node), the key is taken as held in the
+    /// store, which waits instead of risking a second holder.
     async fn ends_by_itself(&self, locker: &str) -> bool {
         if let Some((id, ends)) = &self.known().other_session
             && id == locker
@@ -249,12 +250,14 @@ impl ConsulLock {
             return *ends;
         }
         match session::ends_by_itself(&self.store, locker).await {
-            Ok(ends) => {
-                // A session Consul no longer knows has ended: the key is unlocked already.
-                let ends = ends.unwrap_or(false);
+            Ok(Some(ends)) => {
                 self.known().other_session = Some((locker.to_owned(), ends));
                 ends
             }
+            // No such session in the answer: one that has ended (the key is unlocked by now,
+            // and the next read shows it), or one the token may not read (Consul filters the
+            // answer by the ACL, with no error). Either way not judged by writes.
+            Ok(None) => true,
             Err(err) => {
                 tracing::debug!(key = %self.key, error = %err, "could not read the session that locks the key");
                 true

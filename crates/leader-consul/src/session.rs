@@ -265,8 +265,9 @@ async fn info(store: &ConsulStore, id: &str) -> Result<Option<Value>, LockError>
 }
 
 /// Whether Consul ends session `id` by itself: a TTL, or a health check (node or service) that
-/// invalidates it once critical. `None` when Consul no longer knows it (it has ended, and what
-/// it locked is unlocked). A session with neither, as this lock's own are, ends only by an
+/// invalidates it once critical. `None` when the answer does not hold it: Consul no longer
+/// knows it (it has ended, and what it locked is unlocked), or the ACL token may not read it
+/// (Consul leaves it out of the answer, `filterACLWithAuthorizer`). A session with neither, as this lock's own are, ends only by an
 /// explicit destroy or with its node's deregistration, so nothing in the store tells whether
 /// its holder is alive: only the holder's writes do. A session's TTL and checks are set when
 /// it is created and never change.

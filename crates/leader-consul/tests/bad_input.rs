@@ -266,6 +266,19 @@ async fn a_dead_holders_key_is_taken_with_its_renewal_key_deleted() {
         .expect("delete");
     assert!(deleted.status().is_success());
 
+    // A token that may not read the session gets an answer without it (Consul filters it
+    // out): that is no proof the session ended, and the key stays held in the store.
+    api.deny("session:read");
+    let blind = lock(&store, "orphan", "blind");
+    match blind.try_acquire(&record("blind", 0)).await.expect("try") {
+        Some(Acquisition::Held {
+            renewed_in_store: true,
+            ..
+        }) => {}
+        other => panic!("a session the token may not read must be waited on: {other:?}"),
+    }
+    api.allow("session:read");
+
     let b = lock(&store, "orphan", "b");
     let observed = match b.try_acquire(&record("b", 0)).await.expect("try") {
         Some(Acquisition::Held {

@@ -23,7 +23,7 @@ async fn a_group_dropped_while_running_is_killed_whole() {
     let group = Group {
         child: command.spawn().expect("sh"),
         watchdog: None,
-        backstop: None,
+        feed: None,
     };
     let started = tokio::time::Instant::now();
     let pid = loop {
@@ -53,8 +53,8 @@ async fn a_group_dropped_while_running_is_killed_whole() {
 }
 
 /// The watchdog's end of a deadline feed nobody reads.
-fn feed() -> OwnedFd {
-    deadline_feed().expect("pipe").1
+fn feed() -> Feed {
+    Feed::pair().expect("socket pair").1
 }
 
 fn sleeper() -> (Child, Pid) {
@@ -158,12 +158,12 @@ async fn a_kill_by_the_watchdog_is_not_an_exit_of_commands_own() {
             last: Duration::from_secs(3600),
             grace: Duration::ZERO,
         };
-        let watchdog = Watchdog::start(pid, backstop.clone(), feed()).expect("watchdog");
+        let watchdog = Watchdog::start(pid, backstop, feed()).expect("watchdog");
         (
             Group {
                 child,
                 watchdog: Some(watchdog),
-                backstop: Some(backstop),
+                feed: None,
             },
             pid,
         )
@@ -182,20 +182,30 @@ async fn a_kill_by_the_watchdog_is_not_an_exit_of_commands_own() {
     let _ = killpg(pid, Signal::SIGKILL);
     assert_eq!(killed.wait().await, Ended::Itself(137));
 
-    // Killed once the supervisor's own kill was due (`leader` was stopped): the term was over.
-    let (child, pid) = sleeper();
-    let mut stopped = Group {
-        child,
-        watchdog: None,
-        backstop: Some(Backstop {
-            deadline: TermDeadline::new(now),
-            after: Duration::ZERO,
-            last: Duration::ZERO,
-            grace: Duration::ZERO,
-        }),
-    };
-    let _ = killpg(pid, Signal::SIGKILL);
-    assert_eq!(stopped.wait().await, Ended::PastDeadline);
+    // Killed by the supervisor, which says so on its socket (`leader` was stopped): the term
+    // was over. A SIGKILL it did not announce is someone else's.
+    for announced in [true, false] {
+        let (theirs, feed) = Feed::pair().expect("socket pair");
+        let (child, pid) = sleeper();
+        let mut group = Group {
+            child,
+            watchdog: None,
+            feed: Some(feed.socket),
+        };
+        if announced {
+            use std::io::Write;
+            std::os::unix::net::UnixStream::from(theirs)
+                .write_all(&[KILLED])
+                .expect("write");
+        }
+        let _ = killpg(pid, Signal::SIGKILL);
+        let expected = if announced {
+            Ended::PastDeadline
+        } else {
+            Ended::Itself(137)
+        };
+        assert_eq!(group.wait().await, expected);
+    }
 }
 
 /// The delay leaves COMMAND its grace and ends half way to the end of the lease; the

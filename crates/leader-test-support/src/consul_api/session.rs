@@ -188,7 +188,10 @@ pub(super) async fn destroy(
     json_response(StatusCode::OK, data.index, &json!(true))
 }
 
-/// `GET /v1/session/info/ID`: the session in a list, or an empty list.
+/// `GET /v1/session/info/ID`: the session in a list, or an empty list. A session on a node
+/// the token may not read (`session:read`) is left out of the list, with no error, as
+/// `Session.Get` filters its reply (`filterACLWithAuthorizer`), and the answer says so in
+/// `X-Consul-Results-Filtered-By-ACLs`.
 pub(super) async fn info(
     State(api): State<ConsulApiServer>,
     headers: HeaderMap,
@@ -199,11 +202,20 @@ pub(super) async fn info(
         return refused;
     }
     let data = api.data();
-    let body = data
-        .sessions
-        .get(&id)
-        .map_or(json!([]), |s| json!([s.to_json(&id)]));
-    json_response(StatusCode::OK, data.index, &body)
+    let session = data.sessions.get(&id);
+    let filtered = session.is_some_and(|s| api.denied(&headers, "session:read", &s.node).is_some());
+    let body = match session {
+        Some(s) if !filtered => json!([s.to_json(&id)]),
+        _ => json!([]),
+    };
+    let mut response = json_response(StatusCode::OK, data.index, &body);
+    if filtered {
+        response.headers_mut().insert(
+            "x-consul-results-filtered-by-acls",
+            axum::http::HeaderValue::from_static("true"),
+        );
+    }
+    response
 }
 
 /// `GET /v1/session/list`: every session (`SessionList`).
