@@ -436,7 +436,7 @@ pub(crate) async fn supervise(
         return exit::USAGE;
     };
     // The feed is the supervisor's alone: COMMAND does not inherit it.
-    let mut feed = feed
+    let feed = feed
         .filter(|fd| {
             use nix::fcntl::{F_SETFD, FdFlag, fcntl};
             fcntl(fd, F_SETFD(FdFlag::FD_CLOEXEC)).is_ok()
@@ -501,7 +501,7 @@ pub(crate) async fn supervise(
         tokio::select! {
             // What the feed says first: a deadline already moved on is never acted on.
             biased;
-            read = deadline.read(feed.as_mut().filter(|_| reading)) => {
+            read = deadline.read(feed.as_ref().filter(|_| reading)) => {
                 if !read {
                     // `leader` closed it: the last deadline stays.
                     reading = false;
@@ -556,15 +556,22 @@ struct Deadline {
 impl Deadline {
     /// Reads what the feed holds; false once it is closed (or there is none: then it never
     /// returns).
-    async fn read(&mut self, feed: Option<&mut tokio::net::UnixStream>) -> bool {
-        use tokio::io::AsyncReadExt;
+    async fn read(&mut self, feed: Option<&tokio::net::UnixStream>) -> bool {
         let Some(feed) = feed else {
             return std::future::pending().await;
         };
         let mut buf = [0u8; 512];
-        let n = match feed.read(&mut buf).await {
-            Ok(0) | Err(_) => return false,
-            Ok(n) => n,
+        // `readable` is cancel-safe, and `try_read` takes nothing unless it returns it.
+        let n = loop {
+            if feed.readable().await.is_err() {
+                return false;
+            }
+            match feed.try_read(&mut buf) {
+                Ok(0) => return false,
+                Ok(n) => break n,
+                Err(err) if err.kind() == io::ErrorKind::WouldBlock => {}
+                Err(_) => return false,
+            }
         };
         self.partial.extend_from_slice(&buf[..n]);
         let whole = self.partial.len() / 8 * 8;
