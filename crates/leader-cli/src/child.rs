@@ -86,16 +86,14 @@ impl Program {
         let child = command.spawn()?;
         drop(theirs);
         let told = Arc::clone(&feed.socket);
-        let watchdog = match child.id() {
-            Some(id) => Some(Watchdog::start(
-                Pid::from_raw(id.cast_signed()),
-                backstop,
-                feed,
-            )?),
+        let pgid = child.id().map(|id| Pid::from_raw(id.cast_signed()));
+        let watchdog = match pgid {
+            Some(pgid) => Some(Watchdog::start(pgid, backstop, feed)?),
             None => None,
         };
         Ok(Group {
             child,
+            pgid,
             watchdog,
             feed: Some(told),
         })
@@ -334,6 +332,8 @@ fn monotonic_nanos(at: std::time::Instant) -> u64 {
 #[derive(Debug)]
 pub(crate) struct Group {
     child: Child,
+    /// The group's number: the supervisor's pid, kept past its reaping, for what it leaves.
+    pgid: Option<Pid>,
     watchdog: Option<Watchdog>,
     /// This process's end of the socket shared with the supervisor ([`Feed`]).
     feed: Option<Arc<std::os::unix::net::UnixStream>>,
@@ -369,14 +369,13 @@ impl Group {
     /// whatever is left in the group is SIGKILLed, and waited for, before this returns.
     pub(crate) async fn wait(&mut self) -> Ended {
         use std::os::unix::process::ExitStatusExt;
-        let group = self.child.id().map(|id| Pid::from_raw(id.cast_signed()));
         let status = self.child.wait().await;
         let by_supervisor = status
             .as_ref()
             .is_ok_and(|s| s.signal() == Some(Signal::SIGKILL as i32))
             && self.feed.as_deref().is_some_and(told_killed);
-        if let Some(group) = group {
-            kill_the_rest(group).await;
+        if let Some(pgid) = self.pgid {
+            kill_the_rest(pgid).await;
         }
         match &self.watchdog {
             Some(watchdog) if watchdog.killed() => Ended::PastDeadline,
@@ -795,15 +794,14 @@ pub(crate) fn cut_graces_short() {
 /// Stops the child's whole process group: SIGTERM, then SIGKILL after `grace` (or at once once
 /// [`cut_graces_short`]); returns once the child has been reaped.
 pub(crate) async fn terminate(group: &mut Group, grace: Duration) -> io::Result<ExitStatus> {
-    let child = &mut group.child;
-    // The group's number, while its leader (the supervisor) has not been reaped.
-    let pgid = child.id().map(|id| Pid::from_raw(id.cast_signed()));
+    let (child, pgid) = (&mut group.child, group.pgid);
     let status = match child.try_wait() {
         Ok(Some(status)) => Ok(status),
         _ => stop(child, pgid, grace).await,
     };
     // What a supervisor that was killed left in its group (it otherwise ends only once the
-    // group is empty) goes before the term's end is reported.
+    // group is empty) goes before the term's end is reported, also when a `wait` that reaped
+    // the supervisor was dropped before it had seen to it.
     if let Some(pgid) = pgid {
         kill_the_rest(pgid).await;
     }

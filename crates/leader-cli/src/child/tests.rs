@@ -22,6 +22,7 @@ async fn a_group_dropped_while_running_is_killed_whole() {
         .kill_on_drop(true);
     let group = Group {
         child: command.spawn().expect("sh"),
+        pgid: None,
         watchdog: None,
         feed: None,
     };
@@ -162,6 +163,7 @@ async fn a_kill_by_the_watchdog_is_not_an_exit_of_commands_own() {
         (
             Group {
                 child,
+                pgid: Some(pid),
                 watchdog: Some(watchdog),
                 feed: None,
             },
@@ -189,6 +191,7 @@ async fn a_kill_by_the_watchdog_is_not_an_exit_of_commands_own() {
         let (child, pid) = sleeper();
         let mut group = Group {
             child,
+            pgid: Some(pid),
             watchdog: None,
             feed: Some(feed.socket),
         };
@@ -249,4 +252,44 @@ async fn a_supervisor_whose_leader_is_gone_starts_nothing() {
         supervise(None, Duration::ZERO, None, &touch).await,
         exit::USAGE
     );
+}
+
+/// The supervisor reads the instants `leader`'s watchdog sends whole, however the socket cuts
+/// them, and keeps the newest; an instant sent again is not sent twice; a closed feed reads as
+/// closed.
+#[tokio::test]
+async fn deadlines_reach_the_supervisor_whole_and_newest_last() {
+    use std::io::Write;
+    let (theirs, mut feed) = Feed::pair().expect("socket pair");
+    let theirs = std::os::unix::net::UnixStream::from(theirs);
+    theirs.set_nonblocking(true).expect("non-blocking");
+    let theirs = tokio::net::UnixStream::from_std(theirs).expect("tokio socket");
+    let now = std::time::Instant::now();
+    let later = now + Duration::from_secs(5);
+    feed.send(now);
+    feed.send(now);
+    feed.send(later);
+    let mut deadline = Deadline::default();
+    assert!(deadline.read(Some(&theirs)).await);
+    assert!(deadline.partial.is_empty(), "two whole instants, no more");
+    let at = deadline.at.expect("an instant");
+    assert!(
+        at.abs_diff(monotonic_nanos(later)) < 50_000_000,
+        "the newest"
+    );
+
+    // Cut in three pieces: read as one.
+    let (theirs, ours) = std::os::unix::net::UnixStream::pair().expect("socket pair");
+    theirs.set_nonblocking(true).expect("non-blocking");
+    let theirs = tokio::net::UnixStream::from_std(theirs).expect("tokio socket");
+    let bytes = 42_u64.to_le_bytes();
+    let mut deadline = Deadline::default();
+    for piece in [&bytes[..3], &bytes[3..5], &bytes[5..]] {
+        (&ours).write_all(piece).expect("write");
+        assert!(deadline.read(Some(&theirs)).await);
+    }
+    assert_eq!(deadline.at, Some(42));
+    drop(ours);
+    assert!(!deadline.read(Some(&theirs)).await, "closed");
+    assert_eq!(deadline.at, Some(42), "the last instant stays");
 }
