@@ -35,7 +35,8 @@ use self::plan::{Change, SKEW, configuration, in_force};
 use super::Programs;
 use super::campaign::{
     Backend, Fault, HarnessError, Settings, Stage, command_group, crash_and_restart, drain_sink,
-    place, replica_log_filter, stage, stop_replicas, timing_args, token_sink,
+    place, replica_log_filter, resume_command_first, resume_supervisor, stage, stop_replicas,
+    timing_args, token_sink,
 };
 use super::checker;
 use super::proxy::{Mode, Proxy};
@@ -420,7 +421,8 @@ impl Run<'_> {
                 }
                 sleep(lasts).await;
                 if let Some(group) = group {
-                    let _ = killpg(group, Signal::SIGCONT);
+                    resume_command_first(group);
+                    resume_supervisor(group);
                 }
                 if let Some(pid) = pid {
                     let _ = kill(pid, Signal::SIGCONT);

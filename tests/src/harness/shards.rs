@@ -16,7 +16,7 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
-use nix::sys::signal::{Signal, kill, killpg};
+use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tokio::process::{Child, Command};
 use tokio::time::sleep;
@@ -24,7 +24,8 @@ use tokio::time::sleep;
 use super::Programs;
 use super::campaign::{
     Backend, Fault, HarnessError, Settings, Stage, connect_sink, crash_and_restart, drain_sink,
-    place, replica_log_filter, stage, stop_replicas, timing_args, watch_commands,
+    place, replica_log_filter, resume_command_first, resume_supervisor, stage, stop_replicas,
+    timing_args, watch_commands,
 };
 use super::checker::{self, Marks};
 use super::proxy::{Mode, Proxy};
@@ -205,8 +206,11 @@ impl Run<'_> {
                 }
                 sleep(lasts).await;
                 let thawed = now_ns();
-                for group in &groups {
-                    let _ = killpg(*group, Signal::SIGCONT);
+                for &group in &groups {
+                    resume_command_first(group);
+                }
+                for &group in &groups {
+                    resume_supervisor(group);
                 }
                 for pid in &pids {
                     let _ = kill(Pid::from_raw(*pid), Signal::SIGCONT);

@@ -8,7 +8,7 @@ use tokio::time::sleep;
 
 use super::{
     Fault, HarnessError, Run, between, command_group, crash_and_restart, poll, process_gone,
-    process_stopped, reconnect_wait, stop_inside_a_write,
+    process_stopped, reconnect_wait, resume_command_first, resume_supervisor, stop_inside_a_write,
 };
 use crate::harness::proxy::Mode;
 use crate::{TermEvent as Event, now_ns, term_events as events};
@@ -118,10 +118,13 @@ impl Run<'_> {
             Fault::Kill => self.spawn(slot)?,
             Fault::Freeze | Fault::FreezeInOperation => {
                 if let Some(group) = group {
-                    let _ = killpg(group, Signal::SIGCONT);
+                    resume_command_first(group);
                 }
                 sleep(Duration::from_millis(200)).await;
                 let resumed = now_ns();
+                if let Some(group) = group {
+                    resume_supervisor(group);
+                }
                 let _ = kill(leader_pid, Signal::SIGCONT);
                 // Its stop line, or its COMMAND seen gone (SIGKILLed after the grace).
                 let key = (term.identity.clone(), term.token);

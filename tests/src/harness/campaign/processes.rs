@@ -1,7 +1,7 @@
 //! The replicas' processes as the harness sees them: their state in `/proc`, the COMMANDs'
 //! log, their process groups, and stopping them.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex as StdMutex};
@@ -30,6 +30,48 @@ pub fn process_gone(pid: i32) -> bool {
 
 pub(crate) fn process_stopped(pid: i32) -> bool {
     process_state(pid) == Some('T')
+}
+
+/// Resumes (SIGCONT) every process of COMMAND's frozen `group` but the group's leader, its
+/// supervisor: a thaw that lets the job run before anything of its replica can stop it (the
+/// supervisor kills a group past its term's deadline), so that the job's writes with its
+/// stale token reach the fence. [`resume_supervisor`] follows.
+pub(crate) fn resume_command_first(group: Pid) {
+    for pid in members_of(&[group]) {
+        if pid != group.as_raw() {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGCONT);
+        }
+    }
+}
+
+/// The processes whose process group is one of `groups` (`/proc/PID/stat`, field 5).
+pub fn members_of(groups: &[Pid]) -> BTreeSet<i32> {
+    let groups: BTreeSet<i32> = groups.iter().map(|g| g.as_raw()).collect();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return BTreeSet::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|stat| {
+                    stat.rsplit_once(") ")?
+                        .1
+                        .split(' ')
+                        .nth(2)?
+                        .parse::<i32>()
+                        .ok()
+                })
+                .is_some_and(|group| groups.contains(&group))
+        })
+        .collect()
+}
+
+/// Resumes the supervisor of COMMAND's `group`, after [`resume_command_first`].
+pub(crate) fn resume_supervisor(group: Pid) {
+    let _ = kill(group, Signal::SIGCONT);
 }
 
 /// Watches the COMMANDs of the terms in the log at `log` every 5 ms: a term whose process is

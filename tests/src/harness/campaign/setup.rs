@@ -271,8 +271,9 @@ pub enum Fault {
     /// SIGKILL of its `leader` process (its COMMAND dies with it); the replica is started again
     /// under a new identity once another leads.
     Kill,
-    /// SIGSTOP of `leader` and COMMAND for longer than the lease, then SIGCONT (COMMAND first,
-    /// so that it may write before its `leader` can stop it).
+    /// SIGSTOP of `leader` and COMMAND's group for longer than the lease, then SIGCONT:
+    /// COMMAND first, then its supervisor and `leader`, so that it may write before anything
+    /// of its replica can stop it.
     Freeze,
     /// Its connection to the backend cut (the proxy forwards nothing) until another leads, then
     /// restored with the held bytes delivered late: a partition of the leader alone, while the

@@ -8,33 +8,8 @@ use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
 
 use crate::TermEvent;
-use crate::harness::campaign::{command_groups, poll, process_gone, process_stopped};
+use crate::harness::campaign::{command_groups, members_of, poll, process_gone, process_stopped};
 use crate::harness::checker::{self, Marks};
-
-/// The processes whose process group is one of `groups` (`/proc/PID/stat`, field 5).
-pub(super) fn members_of(groups: &[Pid]) -> BTreeSet<i32> {
-    let groups: BTreeSet<i32> = groups.iter().map(|g| g.as_raw()).collect();
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return BTreeSet::new();
-    };
-    entries
-        .flatten()
-        .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .ok()
-                .and_then(|stat| {
-                    stat.rsplit_once(") ")?
-                        .1
-                        .split(' ')
-                        .nth(2)?
-                        .parse::<i32>()
-                        .ok()
-                })
-                .is_some_and(|group| groups.contains(&group))
-        })
-        .collect()
-}
 
 /// One freeze of a replica: the processes of its COMMANDs it stopped, when they were all
 /// stopped, and when they were resumed.
