@@ -313,15 +313,20 @@ fn told_killed(socket: &std::os::unix::net::UnixStream) -> bool {
 /// `std::time::Instant` reads on Linux), in nanoseconds.
 fn monotonic_nanos(at: std::time::Instant) -> u64 {
     let now = std::time::Instant::now();
-    let clock = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
-        .map(Duration::from)
-        .unwrap_or_default();
+    let clock = monotonic_now();
     let at = if at >= now {
         clock + (at - now)
     } else {
         clock.saturating_sub(now - at)
     };
     u64::try_from(at.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// `CLOCK_MONOTONIC` now, the clock of [`monotonic_nanos`].
+fn monotonic_now() -> Duration {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .map(Duration::from)
+        .unwrap_or_default()
 }
 
 /// A started COMMAND's process group: its supervisor leads it, COMMAND and COMMAND's children
@@ -587,10 +592,7 @@ async fn passes(at: Option<u64>) {
     let Some(at) = at else {
         return std::future::pending().await;
     };
-    let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
-        .map(Duration::from)
-        .unwrap_or_default();
-    tokio::time::sleep(Duration::from_nanos(at).saturating_sub(now)).await;
+    tokio::time::sleep(Duration::from_nanos(at).saturating_sub(monotonic_now())).await;
 }
 
 /// What the supervisor does with the SIGTERM `leader` sent its group: it reaches COMMAND there,
