@@ -482,6 +482,7 @@ impl ResourceLock for ZooKeeperLock {
             // so it is above every token the election gave out (see `next_token`). The prefix
             // may be gone too, which would fail every creation as if another had won it.
             None => {
+                self.store.sync(&client).await?;
                 let prefix = self.store.ensure_prefix(&client).await?;
                 u64::try_from(prefix.pzxid).unwrap_or(0)
             }

@@ -312,6 +312,7 @@ impl ZooKeeperStore {
     /// as it is: creating it again would need the right to create under its parent, which an
     /// operator who made it may not have given. (Errors are mapped without dropping the
     /// session: opening one calls this while holding the session's slot.)
+    /// The caller syncs first ([`sync`](Self::sync)).
     pub(crate) async fn ensure_prefix(&self, client: &zk::Client) -> Result<zk::Stat, LockError> {
         let inner = &self.inner;
         let prefix = format!("{} {}", inner.described, inner.prefix);
@@ -332,6 +333,18 @@ impl ZooKeeperStore {
             Ok(None) => Err(LockError::conflict(BACKEND)),
             Err(err) => Err(self.map(&prefix, err)),
         }
+    }
+
+    /// Brings the server `client` reads from up to date with the ensemble's leader, before a
+    /// check whose answer is acted on as final: a server may not yet have applied a change
+    /// another session already saw answered. Without it a chroot an operator had just made
+    /// would read as missing and refuse the store, and a prefix just deleted would read as
+    /// there, failing the creation under it as if another had won the election.
+    pub(crate) async fn sync(&self, client: &zk::Client) -> Result<(), LockError> {
+        client
+            .sync("/")
+            .await
+            .map_err(|err| self.map(&self.inner.described, err))
     }
 
     fn missing_chroot(&self) -> LockError {
@@ -371,6 +384,7 @@ impl ZooKeeperStore {
         };
         // The chroot is the operator's: the client does not create it, and every path under a
         // missing one is missing.
+        self.sync(&client).await?;
         match client.check_stat("/").await {
             Ok(Some(_)) => {}
             Ok(None) => return Err(self.missing_chroot()),
