@@ -170,6 +170,13 @@ impl LockError {
         matches!(self, Self::Conflict { .. })
     }
 
+    /// True for a failure that a request sent again a moment later may not meet: the store
+    /// out of reach or throttling ([`LockError::Unavailable`]), or too slow to answer
+    /// ([`LockError::Timeout`]).
+    pub(crate) fn is_transient(&self) -> bool {
+        matches!(self, Self::Unavailable { .. } | Self::Timeout { .. })
+    }
+
     /// A short, stable label for metrics: `conflict`, `invalid_record`, `forbidden`,
     /// `misconfigured`, `unavailable`, `timeout`, `unmoved` or `other`.
     pub fn kind(&self) -> &'static str {

@@ -82,6 +82,7 @@ struct State {
     response_delay: Duration,
     fail_all: Option<Fault>,
     fail_next: VecDeque<Fault>,
+    lose_next_answer: VecDeque<Fault>,
     calls: Vec<Call>,
     changes: ChangeFault,
     watches: usize,
@@ -133,6 +134,13 @@ impl Faults {
         self.state().fail_next.push_back(fault);
     }
 
+    /// Makes the next request that reaches the lock fail with `fault` once the lock has acted
+    /// on it: a write that landed, whose answer was lost (a connection reset after the server
+    /// applied it); queues up.
+    pub fn lose_next_answer(&self, fault: Fault) {
+        self.state().lose_next_answer.push_back(fault);
+    }
+
     /// While `true`, requests hang before reaching the lock; they continue when it is set back.
     pub fn hang(&self, hang: bool) {
         self.hang.send_replace(hang);
@@ -152,6 +160,7 @@ impl Faults {
         state.response_delay = Duration::ZERO;
         state.fail_all = None;
         state.fail_next.clear();
+        state.lose_next_answer.clear();
         state.changes = ChangeFault::None;
     }
 
@@ -220,7 +229,12 @@ impl<L: ResourceLock> FaultyLock<L> {
             Some(fault) => Err(fault.error(operation)),
             None => {
                 self.faults.state().calls[index].reached = Some(Instant::now());
-                inner.await
+                let answer = inner.await;
+                let lost = self.faults.state().lose_next_answer.pop_front();
+                match lost {
+                    Some(fault) => Err(fault.error(operation)),
+                    None => answer,
+                }
             }
         };
         let response_delay = self.faults.state().response_delay;

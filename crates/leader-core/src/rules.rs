@@ -1,8 +1,11 @@
 //! The lease rules that the elector and a shard set's member both keep, written once: what a
 //! candidate saw of a record and since when, on its own monotonic clock (S1, S2), the
 //! stand-back from a handover request that names another candidate (S10), what an
-//! acquisition and a release write (S5, S6, S16), whether a term is still its own, and a
-//! term of this identity that this process did not start (S13).
+//! acquisition and a release write (S5, S6, S16) and how a release is sent again after a
+//! transient failure, whether a term is still its own, and a term of this identity that this
+//! process did not start (S13).
+
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use tokio::time::Instant;
@@ -151,6 +154,42 @@ pub(crate) fn released(held: &LeaderElectionRecord, now: DateTime<Utc>) -> Leade
         acquire_time: now,
         renew_time: now,
         ..held.clone()
+    }
+}
+
+/// The first wait before a release is sent again after a transient failure; each next one
+/// doubles, up to [`RELEASE_RETRY_CAP`].
+const RELEASE_RETRY_FIRST: Duration = Duration::from_millis(100);
+/// The longest wait between two tries of a release.
+const RELEASE_RETRY_CAP: Duration = Duration::from_secs(1);
+
+/// Sends a release (S6) with `send`, and again after a transient failure (the store out of
+/// reach, throttling the request, or too slow to answer) for as long as `budget`, counted from
+/// the first try, leaves time for the next: a release that does not land costs the others a
+/// whole lease before one of them leads, where a second try a moment later (a new connection,
+/// a throttled request's `Retry-After`) would have handed the lease on at once. A release
+/// sent again is as safe as the first: it is a compare-and-swap on the term's version, so one
+/// that landed unanswered makes the next a conflict, never a second write. Any other answer
+/// is final.
+pub(crate) async fn release_with_retries<F, Fut>(
+    budget: Duration,
+    mut send: F,
+) -> Result<Observed, LockError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Observed, LockError>>,
+{
+    let first = Instant::now();
+    let mut wait = RELEASE_RETRY_FIRST;
+    loop {
+        match send().await {
+            Err(err) if err.is_transient() && first.elapsed() + wait < budget => {
+                tracing::debug!(error = %err, ?wait, "the release failed; sending it again");
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(RELEASE_RETRY_CAP);
+            }
+            answer => return answer,
+        }
     }
 }
 

@@ -10,7 +10,8 @@ use leader_core::background::Candidate;
 use leader_core::faults::{Fault, Faults, FaultyLock};
 use leader_core::{
     CancellationToken, ConfigError, LeaderElectionRecord, LeaderElector, LeaderElectorBuilder,
-    LeaderState, MAX_LEASE_DURATION, MemoryLock, MemoryStore, ResourceLock, StepDownReason,
+    LeaderState, MAX_LEASE_DURATION, MemoryLock, MemoryStore, ResourceLock, StepDown,
+    StepDownReason,
 };
 use tokio::time::{Instant, sleep};
 
@@ -626,6 +627,63 @@ async fn a_shutdown_during_a_renewal_that_reached_the_store_still_releases() {
     assert!(stopped[0].released, "{stopped:?}");
     let record = stored_record(&store, "election").await;
     assert!(record.is_free(), "lease released: {record:?}");
+}
+
+/// S6: a release that meets a transient failure (the store out of reach for a moment, or
+/// throttling) is sent again, so the others need not wait out a lease; one that keeps failing
+/// gives up within a request timeout, so a shutdown with the store down stays bounded.
+#[tokio::test(start_paused = true)]
+async fn a_release_that_fails_for_a_moment_is_sent_again() {
+    let store = MemoryStore::new();
+    let releases = |faults: &Faults| {
+        faults
+            .calls()
+            .into_iter()
+            .filter(|c| c.operation == "update")
+            .collect::<Vec<_>>()
+    };
+    let (stopped, faults, _) =
+        stop_a_leader_with(&store, |f| f.fail_next(Fault::Unavailable)).await;
+    assert!(stopped[0].released, "{stopped:?}");
+    let record = stored_record(&store, "election").await;
+    assert!(record.is_free(), "lease released: {record:?}");
+    let tries = releases(&faults);
+    assert_eq!(tries.len(), 2, "{tries:?}");
+    assert_eq!(tries[0].ok, Some(false));
+
+    let failing = |f: &Faults| f.fail_all(Some(Fault::Unavailable));
+    let (stopped, faults, took) = stop_a_leader_with(&store, failing).await;
+    assert!(!stopped[0].released, "{stopped:?}");
+    let timeout = RENEW / 2;
+    assert!(
+        took <= timeout + Duration::from_secs(1),
+        "a release that kept failing held the shutdown up for {took:?}"
+    );
+    let tries = releases(&faults).len();
+    assert!(tries > 2, "the release was tried {tries} times");
+
+    // A release that landed with its answer lost: the try sent again finds the lease freed
+    // under this term's token, and says it was released.
+    let lost = |f: &Faults| f.lose_next_answer(Fault::Unavailable);
+    let (stopped, _, _) = stop_a_leader_with(&store, lost).await;
+    assert!(stopped[0].released, "{stopped:?}");
+    let record = stored_record(&store, "election").await;
+    assert!(record.is_free(), "lease released: {record:?}");
+}
+
+/// Elects a leader of `store`'s election on a faulty lock, sets its faults with `fault`, and
+/// stops it: what it said of its terms, its faults, and how long the stop took.
+async fn stop_a_leader_with(
+    store: &MemoryStore,
+    fault: impl FnOnce(&Faults),
+) -> (Vec<StepDown>, Faults, Duration) {
+    let (lock, faults) = faulty(store, "a");
+    let mut a = Candidate::build(builder(lock));
+    drop(a.leadership().await);
+    fault(&faults);
+    let asked = Instant::now();
+    let stopped = a.stop().await;
+    (stopped, faults, asked.elapsed())
 }
 
 /// S10 from the leader's own work: `Leadership::hand_over` ends the term, waits for the work,

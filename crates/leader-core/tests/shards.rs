@@ -22,7 +22,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep};
 
-use common::{CLAIMS, Request, Switch, TestLock, after_last_acquisition, until};
+use common::{CLAIMS, Request, Switch, TestLock, after_last_acquisition, stored_record, until};
 
 const TIMINGS: Timings = Timings {
     lease_duration: Duration::from_secs(3),
@@ -55,6 +55,8 @@ struct Member {
     /// Faults of the requests on this member's shard records alone (not the roster's, nor the
     /// member records').
     shard_faults: Faults,
+    /// Faults of the requests on the member records alone.
+    member_faults: Faults,
     shutdown: CancellationToken,
     task: JoinHandle<Result<(), ShardsError>>,
     state: watch::Receiver<ShardsState>,
@@ -73,6 +75,7 @@ impl Member {
         Member {
             faults: Faults::new(),
             shard_faults: Faults::new(),
+            member_faults: Faults::new(),
             shutdown,
             task,
             state,
@@ -187,9 +190,10 @@ impl Set {
     }
 
     fn join_clocked(&self, identity: &str, count: u32, wall_clock: WallClock) -> Member {
-        let (faults, shard_faults) = (Faults::new(), Faults::new());
+        let (faults, shard_faults, member_faults) = (Faults::new(), Faults::new(), Faults::new());
         let (store, clock, slow) = (self.store.clone(), self.clock, self.slow.clone());
         let (handle, shard_handle) = (faults.clone(), shard_faults.clone());
+        let member_handle = member_faults.clone();
         let locks = KeyedLocks::new(identity, "memory", move |key, identity| {
             let lock = store.lock(key, identity);
             let lock: Arc<dyn ResourceLock> = match clock {
@@ -211,6 +215,8 @@ impl Set {
             };
             let inner = if shard {
                 shard_handle.clone()
+            } else if key.starts_with("jobs-member-") {
+                member_handle.clone()
             } else {
                 Faults::new()
             };
@@ -236,6 +242,7 @@ impl Set {
         Member {
             faults,
             shard_faults,
+            member_faults,
             ..Member::start(shards, |shards, shutdown| {
                 shards.run_per_shard(shutdown, work)
             })
@@ -990,6 +997,37 @@ async fn a_member_taking_many_shards_reads_them_all_rarely() {
     );
     assert_eq!(set.expired(), 0, "terms ended by their deadline");
     set.finish([member], "a large set").await;
+}
+
+/// S6 for a shard: a release at shutdown that meets a transient failure is sent again, so
+/// every shard, and the member record, is left free for the others rather than one of them
+/// waiting out its lease.
+#[tokio::test]
+async fn a_shards_release_that_fails_for_a_moment_is_sent_again() {
+    tokio::time::pause();
+    let set = Set::new(Clock::Follower, 3);
+    let a = set.join("a");
+    until(Duration::from_secs(30), || a.owned().len() == 3)
+        .await
+        .expect("a took every shard");
+    let shard_faults = a.shard_faults.clone();
+    shard_faults.fail_next(leader_core::faults::Fault::Unavailable);
+    // The member record's release too: a member record left held keeps the member counted.
+    a.member_faults
+        .fail_next(leader_core::faults::Fault::Unavailable);
+    a.leave().await;
+    for shard in 0..3 {
+        let record = stored_record(&set.store, &format!("jobs-shard-{shard}")).await;
+        assert!(record.is_free(), "shard {shard} left held: {record:?}");
+    }
+    let member = stored_record(&set.store, &leader_core::backend::member_key("jobs", "a")).await;
+    assert!(member.is_free(), "the member record left held: {member:?}");
+    let failed = shard_faults
+        .calls()
+        .iter()
+        .filter(|c| c.operation == "update" && c.ok == Some(false))
+        .count();
+    assert_eq!(failed, 1, "{:?}", shard_faults.calls());
 }
 
 /// S6 for a shard: work that takes a while to stop (it holds its term for a second after the

@@ -29,6 +29,19 @@ fn lease_lock(api: &KubeApiServer, name: &str, identity: &str) -> LeaseLock {
     LeaseLock::new(client(api), "default", name, identity).expect("valid names")
 }
 
+/// A lock of `rust-1` on Lease `name` through a client the lock builds itself, which leaves
+/// retries to the elector (a client of kube-rs's defaults retries a 429 or a 503 itself).
+fn own_client_lock(api: &KubeApiServer, name: &str) -> LeaseLock {
+    LeaseLock::from_config(
+        kube::Config::new(api.url().parse().expect("url")),
+        "default",
+        name,
+        "rust-1",
+        Duration::from_secs(2),
+    )
+    .expect("client")
+}
+
 /// Two and ten electors each elect exactly one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn electors_conform() {
@@ -152,15 +165,7 @@ async fn leases_with_odd_values_are_read_and_taken_over() {
 async fn throttled_and_failed_renewals_are_retried_by_the_elector_alone() {
     use leader_core::faults::FaultyLock;
     let api = KubeApiServer::start().await;
-    let lock = LeaseLock::from_config(
-        kube::Config::new(api.url().parse().expect("url")),
-        "default",
-        "busy",
-        "rust-1",
-        Duration::from_secs(3),
-    )
-    .expect("client");
-    let leader = FaultyLock::new(lock);
+    let leader = FaultyLock::new(own_client_lock(&api, "busy"));
     let calls = leader.faults();
     let mut elector = Candidate::build(
         LeaderElector::builder(leader)
@@ -190,6 +195,33 @@ async fn throttled_and_failed_renewals_are_retried_by_the_elector_alone() {
     }
     assert_eq!(elector.leading_token(), token, "the leader kept its term");
     elector.shutdown.cancel();
+}
+
+/// A release at shutdown that the API server throttles (a 429 from priority and fairness, or a
+/// 503) is sent again, so the Lease is left free for the others rather than to expire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_throttled_release_is_sent_again() {
+    let api = KubeApiServer::start().await;
+    for (round, code) in [429, 503].into_iter().enumerate() {
+        let name = format!("throttled-release-{round}");
+        let mut elector = Candidate::build(
+            LeaderElector::builder(own_client_lock(&api, &name))
+                .lease_duration(Duration::from_secs(6))
+                .renew_deadline(Duration::from_secs(4))
+                .retry_period(Duration::from_millis(500)),
+        );
+        elector.wait_leading(Duration::from_secs(5)).await;
+        api.reject_writes(&[code]);
+        let stopped = elector.stop().await;
+        assert_eq!(api.rejections_left(), 0, "{code}: the release met it");
+        assert!(stopped[0].released, "{code}: {stopped:?}");
+        let lease = lease_lock(&api, &name, "reader")
+            .get()
+            .await
+            .expect("read the Lease")
+            .expect("the Lease exists");
+        assert!(lease.record.is_free(), "{code}: {:?}", lease.record);
+    }
 }
 
 /// A Role without a verb yields a Forbidden error that names the verb to add.

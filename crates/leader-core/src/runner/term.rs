@@ -386,10 +386,11 @@ async fn release(
         if let Some(to) = hand_to {
             record.preferred_holder = Some(to.to_owned());
         }
-        match context
-            .request("release", context.lock.update(&ours.version, &record))
-            .await
-        {
+        let budget = context.config.lease.request_timeout;
+        let sent = rules::release_with_retries(budget, || {
+            context.request("release", context.lock.update(&ours.version, &record))
+        });
+        match sent.await {
             Ok(stored) => {
                 tracing::info!(fencing_token, "released the lease");
                 campaign.observe(context, stored);
@@ -405,6 +406,12 @@ async fn release(
                 };
                 if let Some(fresh) = &current {
                     campaign.observe(context, fresh.clone());
+                    // Free under this term's token: only this term's release writes that, so
+                    // a try whose answer was lost (timed out, sent again) had landed.
+                    if fresh.record.is_free() && fresh.record.leader_transitions == fencing_token {
+                        tracing::info!(fencing_token, "released the lease");
+                        return true;
+                    }
                 }
             }
             Err(err) => {

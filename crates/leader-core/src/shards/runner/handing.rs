@@ -460,7 +460,16 @@ async fn write_release(
 ) -> bool {
     // The semaphore is never closed: a permit always comes.
     let _write = writes.acquire().await;
-    tokio::time::timeout(timeout, lock.update(version, record))
-        .await
-        .is_ok_and(|r| r.is_ok())
+    let sent = rules::release_with_retries(timeout, || async {
+        tokio::time::timeout(timeout, lock.update(version, record))
+            .await
+            .unwrap_or_else(|_| {
+                Err(LockError::Timeout {
+                    lock: lock.describe(),
+                    operation: "release",
+                    after: timeout,
+                })
+            })
+    });
+    sent.await.is_ok()
 }

@@ -666,15 +666,19 @@ impl Runner {
                 holder_identity: String::new(),
                 ..member.observed.record.clone()
             };
-            let _ = self
-                .request(
+            // Sent again after a passing failure as a shard's release is: a member record
+            // left held keeps this member counted, and its share of the shards unclaimed,
+            // for a lease.
+            let lock = self.cx.lock(&member.key);
+            let budget = self.cx.config.lease.request_timeout;
+            let _ = rules::release_with_retries(budget, || {
+                self.request(
                     "release",
                     &member.key,
-                    self.cx
-                        .lock(&member.key)
-                        .update(&member.observed.version, &record),
+                    lock.update(&member.observed.version, &record),
                 )
-                .await;
+            })
+            .await;
         }
     }
 }
