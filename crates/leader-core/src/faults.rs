@@ -82,7 +82,7 @@ struct State {
     response_delay: Duration,
     fail_all: Option<Fault>,
     fail_next: VecDeque<Fault>,
-    lose_next_answer: VecDeque<Fault>,
+    lose_next_answer: VecDeque<(&'static str, Fault)>,
     calls: Vec<Call>,
     changes: ChangeFault,
     watches: usize,
@@ -134,11 +134,12 @@ impl Faults {
         self.state().fail_next.push_back(fault);
     }
 
-    /// Makes the next request that reaches the lock fail with `fault` once the lock has acted
-    /// on it: a write that landed, whose answer was lost (a connection reset after the server
-    /// applied it); queues up.
-    pub fn lose_next_answer(&self, fault: Fault) {
-        self.state().lose_next_answer.push_back(fault);
+    /// Makes the next `operation` request (`get`, `create`, `update`, `renew` or
+    /// `try_acquire`) that reaches the lock fail with `fault` once the lock has acted on it: a
+    /// write that landed, whose answer was lost (a connection reset after the server applied
+    /// it); queues up.
+    pub fn lose_next_answer(&self, operation: &'static str, fault: Fault) {
+        self.state().lose_next_answer.push_back((operation, fault));
     }
 
     /// While `true`, requests hang before reaching the lock; they continue when it is set back.
@@ -230,7 +231,17 @@ impl<L: ResourceLock> FaultyLock<L> {
             None => {
                 self.faults.state().calls[index].reached = Some(Instant::now());
                 let answer = inner.await;
-                let lost = self.faults.state().lose_next_answer.pop_front();
+                let lost = {
+                    let mut state = self.faults.state();
+                    let next = state.lose_next_answer.front();
+                    match next {
+                        Some(&(lost, fault)) if lost == operation => {
+                            state.lose_next_answer.pop_front();
+                            Some(fault)
+                        }
+                        _ => None,
+                    }
+                };
                 match lost {
                     Some(fault) => Err(fault.error(operation)),
                     None => answer,

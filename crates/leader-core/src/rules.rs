@@ -2,8 +2,8 @@
 //! candidate saw of a record and since when, on its own monotonic clock (S1, S2), the
 //! stand-back from a handover request that names another candidate (S10), what an
 //! acquisition and a release write (S5, S6, S16) and how a release is sent again after a
-//! transient failure, whether a term is still its own, and a term of this identity that this
-//! process did not start (S13).
+//! transient failure, whether a term is still its own (also one whose acquisition went
+//! unanswered), and a term of this identity that this process did not start (S13).
 
 use std::time::Duration;
 
@@ -157,17 +157,62 @@ pub(crate) fn released(held: &LeaderElectionRecord, now: DateTime<Utc>) -> Leade
     }
 }
 
+/// An acquisition that a candidate sent without getting its answer (it timed out, or its
+/// connection dropped): the store may have applied it. Without this, the candidate would read
+/// its own term back as one this process did not start (S13), and wait out its lease as
+/// another process's, with nobody leading.
+#[derive(Clone, Debug)]
+pub(crate) struct Unanswered {
+    acquire_time: DateTime<Utc>,
+}
+
+impl Unanswered {
+    /// The acquisition of `sent`, whose answer did not come.
+    pub(crate) fn new(sent: &LeaderElectionRecord) -> Self {
+        Self {
+            acquire_time: sent.acquire_time,
+        }
+    }
+
+    /// Passes on `answer`, the answer to an acquisition of `sent`, noting it in `slot` when
+    /// it did not come (a timeout, the store out of reach): it may hide one that landed.
+    pub(crate) fn note<T>(
+        slot: &mut Option<Self>,
+        sent: &LeaderElectionRecord,
+        answer: Result<T, LockError>,
+    ) -> Result<T, LockError> {
+        if let Err(err) = &answer
+            && err.is_transient()
+        {
+            *slot = Some(Self::new(sent));
+        }
+        answer
+    }
+
+    /// Whether `record` is what that acquisition wrote: held by `me`, acquired at the instant
+    /// it stated, to the microsecond (what the stores keep). Only this process wrote that
+    /// instant under this identity; a store that writes its own clock's time instead never
+    /// matches, and the term is waited for as before.
+    pub(crate) fn wrote(&self, record: &LeaderElectionRecord, me: &str) -> bool {
+        record.is_held_by(me)
+            && record.acquire_time.timestamp_micros() == self.acquire_time.timestamp_micros()
+    }
+}
+
 /// The first wait before a release is sent again after a transient failure; each next one
 /// doubles, up to [`RELEASE_RETRY_CAP`].
 const RELEASE_RETRY_FIRST: Duration = Duration::from_millis(100);
 /// The longest wait between two tries of a release.
 const RELEASE_RETRY_CAP: Duration = Duration::from_secs(1);
 
-/// Sends a release (S6) with `send`, and again after a transient failure (the store out of
-/// reach, throttling the request, or too slow to answer) for as long as `budget`, counted from
-/// the first try, leaves time for the next: a release that does not land costs the others a
-/// whole lease before one of them leads, where a second try a moment later (a new connection,
-/// a throttled request's `Retry-After`) would have handed the lease on at once. A release
+/// Sends a release (S6) with `send`, and again after a passing failure (the store out of
+/// reach, or throttling the request) for as long as `budget`, counted from the first try: a
+/// release that does not land costs the others a whole lease before one of them leads, where
+/// a second try a moment later (a new connection, a throttled request's `Retry-After`) would
+/// have handed the lease on at once. A try sent again is cut short where the budget ends,
+/// answered with the failure before it, so the whole stays within the longer of the first
+/// try and the budget. A first try that ran out of time (with a `budget` of one request
+/// timeout) is not sent again: a store that slow would not answer the next either. A release
 /// sent again is as safe as the first: it is a compare-and-swap on the term's version, so one
 /// that landed unanswered makes the next a conflict, never a second write. Any other answer
 /// is final.
@@ -179,14 +224,18 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<Observed, LockError>>,
 {
-    let first = Instant::now();
+    let until = Instant::now() + budget;
     let mut wait = RELEASE_RETRY_FIRST;
+    let mut answer = send().await;
     loop {
-        match send().await {
-            Err(err) if err.is_transient() && first.elapsed() + wait < budget => {
+        match answer {
+            Err(err) if err.is_transient() && Instant::now() + wait < until => {
                 tracing::debug!(error = %err, ?wait, "the release failed; sending it again");
                 tokio::time::sleep(wait).await;
                 wait = (wait * 2).min(RELEASE_RETRY_CAP);
+                answer = tokio::time::timeout_at(until, send())
+                    .await
+                    .unwrap_or(Err(err));
             }
             answer => return answer,
         }

@@ -999,6 +999,43 @@ async fn a_member_taking_many_shards_reads_them_all_rarely() {
     set.finish([member], "a large set").await;
 }
 
+/// A claim that landed with its answer lost is known again by the member that sent it, which
+/// takes the shard over (with the next token) at once, instead of waiting out its lease as a
+/// term another process started (S13).
+async fn a_claim_whose_answer_was_lost_is_known_as_this_members(clock: Clock) {
+    tokio::time::pause();
+    let set = Set::new(clock, 3);
+    let a = set.join("a");
+    let operation = match clock {
+        Clock::Follower => "create",
+        Clock::Store | Clock::InStore => "try_acquire",
+    };
+    a.shard_faults
+        .lose_next_answer(operation, leader_core::faults::Fault::Unavailable);
+    let took = until(TIMINGS.lease_duration * 2, || a.owned().len() == 3)
+        .await
+        .unwrap_or_else(|| panic!("a took {:?}", a.owned()));
+    assert!(
+        took < TIMINGS.lease_duration,
+        "took every shard {took:?} after the lost answer; the lease is {:?}",
+        TIMINGS.lease_duration
+    );
+    let lost = a
+        .shard_faults
+        .calls()
+        .iter()
+        .filter(|c| c.operation == operation && c.ok == Some(false))
+        .count();
+    assert_eq!(lost, 1, "{:?}", a.shard_faults.calls());
+    set.finish([a], "a lost claim").await;
+}
+
+on_clocks!(a_claim_whose_answer_was_lost_is_known_as_this_members {
+    a_claim_whose_answer_was_lost_is_known_on_the_followers_clock: Follower,
+    a_claim_whose_answer_was_lost_is_known_on_the_stores_clock: Store,
+    a_claim_whose_answer_was_lost_is_known_where_the_store_keeps_leases: InStore,
+});
+
 /// S6 for a shard: a release at shutdown that meets a transient failure is sent again, so
 /// every shard, and the member record, is left free for the others rather than one of them
 /// waiting out its lease.
@@ -1013,8 +1050,8 @@ async fn a_shards_release_that_fails_for_a_moment_is_sent_again() {
     let shard_faults = a.shard_faults.clone();
     shard_faults.fail_next(leader_core::faults::Fault::Unavailable);
     // The member record's release too: a member record left held keeps the member counted.
-    a.member_faults
-        .fail_next(leader_core::faults::Fault::Unavailable);
+    let member_faults = a.member_faults.clone();
+    member_faults.fail_next(leader_core::faults::Fault::Unavailable);
     a.leave().await;
     for shard in 0..3 {
         let record = stored_record(&set.store, &format!("jobs-shard-{shard}")).await;
@@ -1022,12 +1059,21 @@ async fn a_shards_release_that_fails_for_a_moment_is_sent_again() {
     }
     let member = stored_record(&set.store, &leader_core::backend::member_key("jobs", "a")).await;
     assert!(member.is_free(), "the member record left held: {member:?}");
-    let failed = shard_faults
-        .calls()
-        .iter()
-        .filter(|c| c.operation == "update" && c.ok == Some(false))
-        .count();
-    assert_eq!(failed, 1, "{:?}", shard_faults.calls());
+    // The faults met the releases: a failed write, then one that landed, of each.
+    for (faults, what) in [(&shard_faults, "shards"), (&member_faults, "member record")] {
+        let writes: Vec<_> = faults
+            .calls()
+            .into_iter()
+            .filter(|c| c.operation == "update")
+            .map(|c| c.ok)
+            .collect();
+        assert_eq!(
+            writes.iter().filter(|ok| **ok == Some(false)).count(),
+            1,
+            "{what}: {writes:?}"
+        );
+        assert_eq!(writes.last(), Some(&Some(true)), "{what}: {writes:?}");
+    }
 }
 
 /// S6 for a shard: work that takes a while to stop (it holds its term for a second after the

@@ -37,7 +37,7 @@ fn own_client_lock(api: &KubeApiServer, name: &str) -> LeaseLock {
         "default",
         name,
         "rust-1",
-        Duration::from_secs(2),
+        Duration::from_secs(3),
     )
     .expect("client")
 }
@@ -201,11 +201,14 @@ async fn throttled_and_failed_renewals_are_retried_by_the_elector_alone() {
 /// 503) is sent again, so the Lease is left free for the others rather than to expire.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_throttled_release_is_sent_again() {
+    use leader_core::faults::FaultyLock;
     let api = KubeApiServer::start().await;
     for (round, code) in [429, 503].into_iter().enumerate() {
         let name = format!("throttled-release-{round}");
+        let lock = FaultyLock::new(own_client_lock(&api, &name));
+        let calls = lock.faults();
         let mut elector = Candidate::build(
-            LeaderElector::builder(own_client_lock(&api, &name))
+            LeaderElector::builder(lock)
                 .lease_duration(Duration::from_secs(6))
                 .renew_deadline(Duration::from_secs(4))
                 .retry_period(Duration::from_millis(500)),
@@ -221,6 +224,18 @@ async fn a_throttled_release_is_sent_again() {
             .expect("read the Lease")
             .expect("the Lease exists");
         assert!(lease.record.is_free(), "{code}: {:?}", lease.record);
+        // The release met the rejection, not a renewal: refused, then sent again.
+        let writes: Vec<_> = calls
+            .calls()
+            .into_iter()
+            .filter(|c| c.operation != "get")
+            .map(|c| (c.operation, c.ok))
+            .collect();
+        assert_eq!(
+            writes[writes.len() - 2..],
+            [("update", Some(false)), ("update", Some(true))],
+            "{code}: {writes:?}"
+        );
     }
 }
 

@@ -303,6 +303,8 @@ async fn a_deleted_prefix_is_made_again() {
             .build()
             .await
             .expect("store");
+        // The operator's server may not have applied the prefix's creation yet.
+        operator.sync("/").await.expect("sync");
         operator
             .delete(&format!("{}{prefix}", common::zookeeper_chroot()), None)
             .await

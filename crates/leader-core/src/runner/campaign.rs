@@ -18,7 +18,7 @@ use crate::lock::{Acquisition, ChangeStream};
 use crate::metrics as m;
 use crate::record::{LeaderElectionRecord, Observed};
 use crate::retry::FailureLog;
-use crate::rules::{self, Changes, OtherTerm, Sighting, TokensSeen};
+use crate::rules::{self, Changes, OtherTerm, Sighting, TokensSeen, Unanswered};
 use crate::status::{self, ElectionError, IdentityConflict};
 use crate::view::ObservedTerm;
 
@@ -213,10 +213,10 @@ impl Campaign {
                 self.seen.tokens.floor(),
                 self.observed().map(|o| &o.record),
             );
-            match context
+            let answer = context
                 .request("try_acquire", context.lock.try_acquire(&desired))
-                .await?
-            {
+                .await;
+            match self.seen.unanswered(&desired, answer)? {
                 Some(Acquisition::Acquired(observed)) => {
                     self.took(context, &observed);
                     return Ok(Attempt::Acquired(observed));
@@ -266,9 +266,10 @@ impl Campaign {
             let Some(read) = context.request("get", context.lock.get()).await? else {
                 // S5: above every token seen, should the record have been deleted.
                 let desired = desired(context, self.seen.tokens.floor(), None);
-                let created = context
+                let answer = context
                     .request("create", context.lock.create(&desired))
-                    .await?;
+                    .await;
+                let created = self.seen.unanswered(&desired, answer)?;
                 self.took(context, &created);
                 return Ok(Attempt::Acquired(created));
             };
@@ -298,9 +299,10 @@ impl Campaign {
         }
         // S5: every acquisition, also our own again, gets the next fencing token.
         let desired = desired(context, self.seen.tokens.next(record)?, Some(record));
-        let stored = context
+        let answer = context
             .request("update", context.lock.update(&current.version, &desired))
-            .await?;
+            .await;
+        let stored = self.seen.unanswered(&desired, answer)?;
         self.took(context, &stored);
         Ok(Attempt::Acquired(stored))
     }
@@ -355,6 +357,8 @@ struct Seen {
     shared_identity: Option<OtherTerm>,
     /// The largest fencing token seen (S5), kept when the record goes.
     tokens: TokensSeen,
+    /// The last acquisition sent whose answer did not come, until this candidate acquires.
+    unanswered: Option<Unanswered>,
 }
 
 impl Seen {
@@ -365,6 +369,7 @@ impl Seen {
     fn observe(&mut self, context: &Context, observed: Observed, one_request: bool) {
         let now = Instant::now();
         self.tokens.see(&observed.record);
+        self.know_own_term(context, &observed.record);
         let changes = match &mut self.sighting {
             Some(sighting) => sighting.see(&observed, now),
             None => {
@@ -400,7 +405,38 @@ impl Seen {
     /// Takes note of a record this candidate acquired: its term is this process's own (S13).
     fn took(&mut self, context: &Context, acquired: &Observed, one_request: bool) {
         self.own_term = Some(acquired.record.leader_transitions);
+        self.unanswered = None;
         self.observe(context, acquired.clone(), one_request);
+    }
+
+    /// Passes on the answer to an acquisition of `sent` ([`Unanswered::note`]).
+    fn unanswered<T>(
+        &mut self,
+        sent: &LeaderElectionRecord,
+        answer: Result<T, LockError>,
+    ) -> Result<T, LockError> {
+        Unanswered::note(&mut self.unanswered, sent, answer)
+    }
+
+    /// Knows `record` for a term of this process's when it is what an acquisition whose answer
+    /// did not come wrote: the candidate then takes it again as its own (with the next token)
+    /// instead of waiting out its lease as another process's (S13).
+    fn know_own_term(&mut self, context: &Context, record: &LeaderElectionRecord) {
+        let token = record.leader_transitions;
+        if self.own_term == Some(token) {
+            return;
+        }
+        if self
+            .unanswered
+            .take_if(|sent| sent.wrote(record, context.identity()))
+            .is_some()
+        {
+            tracing::info!(
+                fencing_token = token,
+                "an acquisition whose answer was lost had landed: taking the term as this process's"
+            );
+            self.own_term = Some(token);
+        }
     }
 
     /// Forgets what the store said of the holder's lease, before an attempt asks again.

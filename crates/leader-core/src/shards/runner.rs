@@ -29,6 +29,7 @@ use crate::lock::ResourceLock;
 use crate::metrics as m;
 use crate::record::Observed;
 use crate::retry::{FailureLog, LogLine};
+use crate::rules::Unanswered;
 
 mod claims;
 mod handing;
@@ -113,6 +114,8 @@ struct Claim {
     /// A record the store showed that is neither taken nor held by another: one assigned to
     /// nobody, or handed to this member and not confirmed. Its token is seen (S5).
     seen: Option<Observed>,
+    /// The claim sent without its answer coming, which may have landed.
+    unanswered: Option<Unanswered>,
 }
 
 /// The claims that a read of every shard called for, made over the rounds that follow while

@@ -15,7 +15,7 @@ use crate::leadership::{Leadership, TermDeadline};
 use crate::lock::{Acquisition, ResourceLock};
 use crate::metrics as m;
 use crate::record::{LeaderElectionRecord, Observed};
-use crate::rules::{self, Sighting};
+use crate::rules::{self, Sighting, Unanswered};
 use crate::shards::assign::affinity;
 
 impl Runner {
@@ -24,6 +24,17 @@ impl Runner {
         self.table
             .sighting(key)
             .is_some_and(|seen| seen.expired(observed, Instant::now()))
+            || self.wrote_unanswered(key, &observed.record)
+    }
+
+    /// True when `record` is what a claim of `key` whose answer did not come wrote: this
+    /// member's own, taken again at once (with the next token) rather than waited out as a
+    /// term another process started (S13).
+    pub(super) fn wrote_unanswered(&self, key: &str, record: &LeaderElectionRecord) -> bool {
+        self.table
+            .unanswered
+            .get(key)
+            .is_some_and(|sent| sent.wrote(record, &self.cx.me))
     }
 
     /// True while a handover request names another member and this one stands back from it
@@ -55,6 +66,7 @@ impl Runner {
             held: None,
             no_try_acquire: false,
             seen: None,
+            unanswered: None,
         };
         let lock = self.cx.lock(key);
         let started = Instant::now();
@@ -65,10 +77,10 @@ impl Runner {
                 self.table.tokens(key).floor(),
                 current.as_ref().map(|o| &o.record),
             );
-            match self
+            let answer = self
                 .request("try_acquire", key, lock.try_acquire(&desired))
-                .await
-            {
+                .await;
+            match Unanswered::note(&mut claim.unanswered, &desired, answer) {
                 Err(err) => claim.result = Err(err),
                 Ok(Some(Acquisition::Acquired(observed))) => {
                     claim.result = Ok(Some((observed, started)));
@@ -108,39 +120,49 @@ impl Runner {
                         .table
                         .sighting(key)
                         .is_some_and(|seen| seen.kept_by_store(&observed.version));
-                    if !renewed_in_store && !stopped_keeping {
+                    let ours = self.wrote_unanswered(key, &observed.record);
+                    if (!renewed_in_store && !stopped_keeping) || ours {
                         current = Some(observed);
-                        claim.result = self.claim_by_update(key, &lock, current, started).await;
+                        claim.result = self
+                            .claim_by_update(key, &lock, current, started, &mut claim.unanswered)
+                            .await;
                     }
                 }
                 Ok(Some(Acquisition::Unassigned(observed))) => claim.seen = observed,
                 Ok(None) => {
                     claim.no_try_acquire = true;
-                    claim.result = self.claim_by_update(key, &lock, current, started).await;
+                    claim.result = self
+                        .claim_by_update(key, &lock, current, started, &mut claim.unanswered)
+                        .await;
                 }
             }
             return claim;
         }
-        claim.result = self.claim_by_update(key, &lock, current, started).await;
+        claim.result = self
+            .claim_by_update(key, &lock, current, started, &mut claim.unanswered)
+            .await;
         claim
     }
 
     /// An acquisition by compare-and-swap on the record as read: taken only when free or seen
     /// unchanged for its lease by this member's clock (S2), with the next token (S5). What the
     /// store showed of `key` in this attempt is already in `current` (a version this member
-    /// had not seen is not expired, as it would not be once noted).
+    /// had not seen is not expired, as it would not be once noted). A claim sent without its
+    /// answer coming is noted in `unanswered`.
     pub(super) async fn claim_by_update(
         &self,
         key: &str,
         lock: &Arc<dyn ResourceLock>,
         current: Option<Observed>,
         started: Instant,
+        unanswered: &mut Option<Unanswered>,
     ) -> Result<Option<(Observed, Instant)>, LockError> {
         let tokens = self.table.tokens(key);
         let Some(current) = current else {
             // S5: above every token seen, should the record have been deleted.
             let desired = self.desired(tokens.floor(), None);
-            let created = self.request("create", key, lock.create(&desired)).await?;
+            let answer = self.request("create", key, lock.create(&desired)).await;
+            let created = Unanswered::note(unanswered, &desired, answer)?;
             return Ok(Some((created, started)));
         };
         let record = &current.record;
@@ -149,9 +171,10 @@ impl Runner {
         }
         // S5: every acquisition gets the next token.
         let desired = self.desired(tokens.next(record)?, Some(record));
-        let stored = self
+        let answer = self
             .request("update", key, lock.update(&current.version, &desired))
-            .await?;
+            .await;
+        let stored = Unanswered::note(unanswered, &desired, answer)?;
         Ok(Some((stored, started)))
     }
 
@@ -172,6 +195,10 @@ impl Runner {
         }
         if let Ok(Some((observed, _))) = &claim.result {
             self.table.observe(key, Some(observed));
+            self.table.unanswered.remove(key);
+        }
+        if let Some(sent) = claim.unanswered {
+            self.table.unanswered.insert(key.to_owned(), sent);
         }
         if let Some(seen) = &claim.seen {
             self.table.observe(key, Some(seen));

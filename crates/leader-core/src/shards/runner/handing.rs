@@ -458,9 +458,10 @@ async fn write_release(
     record: &LeaderElectionRecord,
     timeout: std::time::Duration,
 ) -> bool {
-    // The semaphore is never closed: a permit always comes.
-    let _write = writes.acquire().await;
+    // The semaphore is never closed: a permit always comes. It is held a try at a time, not
+    // through the waits between tries, which other shards' releases may use.
     let sent = rules::release_with_retries(timeout, || async {
+        let _write = writes.acquire().await;
         tokio::time::timeout(timeout, lock.update(version, record))
             .await
             .unwrap_or_else(|_| {

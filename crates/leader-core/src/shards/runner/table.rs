@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use tokio::time::Instant;
 
 use crate::record::{LeaderElectionRecord, Observed};
-use crate::rules::{Sighting, TokensSeen};
+use crate::rules::{Sighting, TokensSeen, Unanswered};
 use crate::shards::{Reread, shard_key};
 
 /// Each shard's key and what this member knows of its record, indexed by shard number, and
@@ -39,6 +39,9 @@ pub(super) struct ShardTable {
     /// The shards whose record the last read of every shard could not read: owned by nobody
     /// as far as this member knows, taken by nobody, and left out of the shares.
     pub(super) unreadable: BTreeSet<u32>,
+    /// The last claim of each record (by key) sent without its answer coming, until a claim
+    /// of it is answered: what it wrote is this member's own.
+    pub(super) unanswered: HashMap<String, Unanswered>,
 }
 
 impl ShardTable {
@@ -58,6 +61,7 @@ impl ShardTable {
             read: Vec::new(),
             vanished: BTreeMap::new(),
             unreadable: BTreeSet::new(),
+            unanswered: HashMap::new(),
         };
         table.resize(count);
         table
