@@ -164,6 +164,8 @@ pub(crate) fn released(held: &LeaderElectionRecord, now: DateTime<Utc>) -> Leade
 #[derive(Clone, Debug)]
 pub(crate) struct Unanswered {
     acquire_time: DateTime<Utc>,
+    /// One lease after it was sent: a record that old is waited out as any other.
+    until: Instant,
 }
 
 impl Unanswered {
@@ -171,6 +173,7 @@ impl Unanswered {
     pub(crate) fn new(sent: &LeaderElectionRecord) -> Self {
         Self {
             acquire_time: sent.acquire_time,
+            until: Instant::now() + sent.lease_duration,
         }
     }
 
@@ -190,12 +193,19 @@ impl Unanswered {
     }
 
     /// Whether `record` is what that acquisition wrote: held by `me`, acquired at the instant
-    /// it stated, to the microsecond (what the stores keep). Only this process wrote that
-    /// instant under this identity; a store that writes its own clock's time instead never
-    /// matches, and the term is waited for as before.
+    /// it stated, to the microsecond (what the stores keep), never renewed since, and read
+    /// within a lease of the sending. Only this process wrote that instant under this
+    /// identity, unless another process of it (S13) acquired at the same microsecond by its
+    /// own clock; the last two conditions leave such a twin's term no more than the moment
+    /// before its first renewal, and a clock stepped back no second chance later. A store
+    /// that writes its own clock's time instead never matches, and the term is waited out as
+    /// before.
     pub(crate) fn wrote(&self, record: &LeaderElectionRecord, me: &str) -> bool {
+        let micros = |t: DateTime<Utc>| t.timestamp_micros();
         record.is_held_by(me)
-            && record.acquire_time.timestamp_micros() == self.acquire_time.timestamp_micros()
+            && micros(record.acquire_time) == micros(self.acquire_time)
+            && micros(record.renew_time) == micros(record.acquire_time)
+            && Instant::now() < self.until
     }
 }
 

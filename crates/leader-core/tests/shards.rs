@@ -999,9 +999,9 @@ async fn a_member_taking_many_shards_reads_them_all_rarely() {
     set.finish([member], "a large set").await;
 }
 
-/// A claim that landed with its answer lost is known again by the member that sent it, which
-/// takes the shard over (with the next token) at once, instead of waiting out its lease as a
-/// term another process started (S13).
+/// A claim that landed with its answer lost (of a shard, and of the member's own record) is
+/// known again by the member that sent it, which takes the record over (with the next token)
+/// at once, instead of waiting out its lease as a term another process started (S13).
 async fn a_claim_whose_answer_was_lost_is_known_as_this_members(clock: Clock) {
     tokio::time::pause();
     let set = Set::new(clock, 3);
@@ -1010,8 +1010,10 @@ async fn a_claim_whose_answer_was_lost_is_known_as_this_members(clock: Clock) {
         Clock::Follower => "create",
         Clock::Store | Clock::InStore => "try_acquire",
     };
-    a.shard_faults
-        .lose_next_answer(operation, leader_core::faults::Fault::Unavailable);
+    // The member's own record's claim too: a member without its record takes no shard.
+    for faults in [&a.shard_faults, &a.member_faults] {
+        faults.lose_next_answer(operation, leader_core::faults::Fault::Unavailable);
+    }
     let took = until(TIMINGS.lease_duration * 2, || a.owned().len() == 3)
         .await
         .unwrap_or_else(|| panic!("a took {:?}", a.owned()));
@@ -1020,13 +1022,14 @@ async fn a_claim_whose_answer_was_lost_is_known_as_this_members(clock: Clock) {
         "took every shard {took:?} after the lost answer; the lease is {:?}",
         TIMINGS.lease_duration
     );
-    let lost = a
-        .shard_faults
-        .calls()
-        .iter()
-        .filter(|c| c.operation == operation && c.ok == Some(false))
-        .count();
-    assert_eq!(lost, 1, "{:?}", a.shard_faults.calls());
+    for faults in [&a.shard_faults, &a.member_faults] {
+        let lost = faults
+            .calls()
+            .iter()
+            .filter(|c| c.operation == operation && c.ok == Some(false))
+            .count();
+        assert_eq!(lost, 1, "{:?}", faults.calls());
+    }
     set.finish([a], "a lost claim").await;
 }
 

@@ -459,18 +459,26 @@ async fn write_release(
     timeout: std::time::Duration,
 ) -> bool {
     // The semaphore is never closed: a permit always comes. It is held a try at a time, not
-    // through the waits between tries, which other shards' releases may use.
-    let sent = rules::release_with_retries(timeout, || async {
-        let _write = writes.acquire().await;
-        tokio::time::timeout(timeout, lock.update(version, record))
-            .await
-            .unwrap_or_else(|_| {
-                Err(LockError::Timeout {
-                    lock: lock.describe(),
-                    operation: "release",
-                    after: timeout,
+    // through the waits between tries, which other shards' releases may use; the budget
+    // counts from the first try, not from the wait for its permit.
+    let mut first = Some(writes.acquire().await);
+    let sent = rules::release_with_retries(timeout, || {
+        let held = first.take();
+        async move {
+            let _write = match held {
+                Some(permit) => permit,
+                None => writes.acquire().await,
+            };
+            tokio::time::timeout(timeout, lock.update(version, record))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(LockError::Timeout {
+                        lock: lock.describe(),
+                        operation: "release",
+                        after: timeout,
+                    })
                 })
-            })
+        }
     });
     sent.await.is_ok()
 }

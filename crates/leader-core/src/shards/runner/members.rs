@@ -278,7 +278,11 @@ impl Runner {
     /// seen alive: under static membership this process then fences it ([`fence`](Self::fence)).
     pub(super) fn check_identity(&mut self, current: &Observed) -> bool {
         let record = &current.record;
-        if !rules::started_elsewhere(record, &self.cx.me, self.membership.token) {
+        let key = member_key(&self.cx.config.name, &self.cx.me);
+        // What a claim whose answer was lost wrote is this process's: the claim takes it.
+        if !rules::started_elsewhere(record, &self.cx.me, self.membership.token)
+            || self.wrote_unanswered(&key, record)
+        {
             return false;
         }
         let token = record.leader_transitions;

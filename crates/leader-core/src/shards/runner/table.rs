@@ -74,6 +74,10 @@ impl ShardTable {
         self.vanished.retain(|&shard, _| shard < count);
         let n = count as usize;
         self.keys.truncate(n);
+        // Claims of shards the count leaves out, or of records that are not shards'.
+        let keys = &self.keys;
+        self.unanswered
+            .retain(|key, _| keys.contains(key) || !key.starts_with(self.prefix.as_str()));
         let from = u32::try_from(self.keys.len()).unwrap_or(count);
         let prefix = &self.prefix;
         self.keys
