@@ -176,6 +176,15 @@ impl Faults {
     pub fn calls(&self) -> Vec<Call> {
         self.state().calls.clone()
     }
+
+    /// How many `operation` requests so far returned a failure (injected or the lock's own).
+    pub fn failures(&self, operation: &str) -> usize {
+        self.state()
+            .calls
+            .iter()
+            .filter(|c| c.operation == operation && c.ok == Some(false))
+            .count()
+    }
 }
 
 /// Wraps a lock and injects the faults set on its [`Faults`] handle.

@@ -718,11 +718,7 @@ async fn an_acquisition_whose_answer_was_lost_is_known_as_this_processs() {
         let record = stored_record(&store, "election").await;
         assert_eq!(record.holder_identity, "a");
         assert_eq!(record.leader_transitions, leadership.fencing_token());
-        let lost = faults
-            .calls()
-            .iter()
-            .filter(|c| c.operation == operation && c.ok == Some(false))
-            .count();
+        let lost = faults.failures(operation);
         assert_eq!(lost, 1, "{operation} ({kind}): {:?}", faults.calls());
         drop(leadership);
         a.stop().await;

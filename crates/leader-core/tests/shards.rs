@@ -1023,12 +1023,7 @@ async fn a_claim_whose_answer_was_lost_is_known_as_this_members(clock: Clock) {
         TIMINGS.lease_duration
     );
     for faults in [&a.shard_faults, &a.member_faults] {
-        let lost = faults
-            .calls()
-            .iter()
-            .filter(|c| c.operation == operation && c.ok == Some(false))
-            .count();
-        assert_eq!(lost, 1, "{:?}", faults.calls());
+        assert_eq!(faults.failures(operation), 1, "{:?}", faults.calls());
     }
     set.finish([a], "a lost claim").await;
 }

@@ -9,6 +9,7 @@ use std::time::Duration;
 use common::{Factory, KubeApiServer, client};
 use leader_core::background::Candidate;
 use leader_core::conformance::{self, record};
+use leader_core::faults::{Faults, FaultyLock};
 use leader_core::{LeaderElector, LockError, ResourceLock};
 use leader_kube::LeaseLock;
 use serde_json::json;
@@ -29,17 +30,28 @@ fn lease_lock(api: &KubeApiServer, name: &str, identity: &str) -> LeaseLock {
     LeaseLock::new(client(api), "default", name, identity).expect("valid names")
 }
 
-/// A lock of `rust-1` on Lease `name` through a client the lock builds itself, which leaves
-/// retries to the elector (a client of kube-rs's defaults retries a 429 or a 503 itself).
-fn own_client_lock(api: &KubeApiServer, name: &str) -> LeaseLock {
-    LeaseLock::from_config(
+/// `rust-1` leading on Lease `name` with a 6 s lease, through a client the lock builds
+/// itself, which leaves retries to the elector (a client of kube-rs's defaults retries a 429
+/// or a 503 itself), and the handle of the lock's requests.
+async fn leading_on_own_client(api: &KubeApiServer, name: &str) -> (Candidate, Faults) {
+    let lock = LeaseLock::from_config(
         kube::Config::new(api.url().parse().expect("url")),
         "default",
         name,
         "rust-1",
         Duration::from_secs(3),
     )
-    .expect("client")
+    .expect("client");
+    let lock = FaultyLock::new(lock);
+    let faults = lock.faults();
+    let mut elector = Candidate::build(
+        LeaderElector::builder(lock)
+            .lease_duration(Duration::from_secs(6))
+            .renew_deadline(Duration::from_secs(4))
+            .retry_period(Duration::from_millis(500)),
+    );
+    elector.wait_leading(Duration::from_secs(5)).await;
+    (elector, faults)
 }
 
 /// Two and ten electors each elect exactly one.
@@ -163,17 +175,8 @@ async fn leases_with_odd_values_are_read_and_taken_over() {
 /// lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn throttled_and_failed_renewals_are_retried_by_the_elector_alone() {
-    use leader_core::faults::FaultyLock;
     let api = KubeApiServer::start().await;
-    let leader = FaultyLock::new(own_client_lock(&api, "busy"));
-    let calls = leader.faults();
-    let mut elector = Candidate::build(
-        LeaderElector::builder(leader)
-            .lease_duration(Duration::from_secs(6))
-            .renew_deadline(Duration::from_secs(4))
-            .retry_period(Duration::from_millis(500)),
-    );
-    elector.wait_leading(Duration::from_secs(5)).await;
+    let (elector, calls) = leading_on_own_client(&api, "busy").await;
     let token = elector.leading_token();
     let failed_renewals = || {
         calls
@@ -201,19 +204,10 @@ async fn throttled_and_failed_renewals_are_retried_by_the_elector_alone() {
 /// 503) is sent again, so the Lease is left free for the others rather than to expire.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_throttled_release_is_sent_again() {
-    use leader_core::faults::FaultyLock;
     let api = KubeApiServer::start().await;
     for (round, code) in [429, 503].into_iter().enumerate() {
         let name = format!("throttled-release-{round}");
-        let lock = FaultyLock::new(own_client_lock(&api, &name));
-        let calls = lock.faults();
-        let mut elector = Candidate::build(
-            LeaderElector::builder(lock)
-                .lease_duration(Duration::from_secs(6))
-                .renew_deadline(Duration::from_secs(4))
-                .retry_period(Duration::from_millis(500)),
-        );
-        elector.wait_leading(Duration::from_secs(5)).await;
+        let (elector, calls) = leading_on_own_client(&api, &name).await;
         api.reject_writes(&[code]);
         let stopped = elector.stop().await;
         assert_eq!(api.rejections_left(), 0, "{code}: the release met it");
