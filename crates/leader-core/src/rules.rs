@@ -986,4 +986,34 @@ mod tests {
         let terms = model(&[&freed[..], &did_not_see[..]].concat(), 2);
         assert_eq!((terms[1].token, terms[1].blind), (1, true));
     }
+
+    /// S13 with a lost answer: the record an unanswered acquisition wrote is known as this
+    /// process's, to the microsecond, and only while it is unrenewed and within a lease of
+    /// the sending; another identity's, another instant's, a renewed one and a late one are
+    /// not.
+    #[tokio::test(start_paused = true)]
+    async fn an_unanswered_acquisition_knows_only_the_record_it_wrote() {
+        let sent = observed("a", "1", None).record;
+        let mut slot = None;
+        let answer: Result<(), LockError> = Err(LockError::unavailable("test", "reset"));
+        assert!(Unanswered::note(&mut slot, &sent, answer).is_err());
+        let unanswered = slot.expect("noted");
+        assert!(unanswered.wrote(&sent, "a"));
+        assert!(!unanswered.wrote(&sent, "b"));
+        let mut other = sent.clone();
+        other.acquire_time += chrono::Duration::microseconds(1);
+        other.renew_time = other.acquire_time;
+        assert!(!unanswered.wrote(&other, "a"));
+        let mut renewed = sent.clone();
+        renewed.renew_time += chrono::Duration::seconds(2);
+        assert!(!unanswered.wrote(&renewed, "a"));
+        tokio::time::advance(sent.lease_duration).await;
+        assert!(!unanswered.wrote(&sent, "a"), "a lease after the sending");
+
+        // A conflict is an answer: nothing is noted.
+        let mut slot = None;
+        let answer: Result<(), LockError> = Err(LockError::conflict("test"));
+        assert!(Unanswered::note(&mut slot, &sent, answer).is_err());
+        assert!(slot.is_none());
+    }
 }
