@@ -241,18 +241,12 @@ impl<L: ResourceLock> FaultyLock<L> {
                 self.faults.state().calls[index].reached = Some(Instant::now());
                 let answer = inner.await;
                 let lost = {
-                    let mut state = self.faults.state();
-                    let next = state.lose_next_answer.front();
-                    match next {
-                        Some(&(lost, fault)) if lost == operation => {
-                            state.lose_next_answer.pop_front();
-                            Some(fault)
-                        }
-                        _ => None,
-                    }
+                    let queue = &mut self.faults.state().lose_next_answer;
+                    let next = queue.front().is_some_and(|&(lost, _)| lost == operation);
+                    next.then(|| queue.pop_front()).flatten()
                 };
                 match lost {
-                    Some(fault) => Err(fault.error(operation)),
+                    Some((_, fault)) => Err(fault.error(operation)),
                     None => answer,
                 }
             }
