@@ -399,4 +399,8 @@ impl ResourceLock for Counted {
         self.count();
         self.inner.try_acquire(desired).await
     }
+
+    fn holder_check(&self) -> leader_core::backend::HolderCheck {
+        self.inner.holder_check()
+    }
 }

@@ -9,6 +9,7 @@ use crate::{BoxError, LockError, Observed, UrlError, Version};
 
 pub use crate::backoff::{Backoff, Jitter};
 pub use crate::hub::ChangeHub;
+pub use crate::lock::HolderCheck;
 pub use crate::record::{RENEWAL_STEP, RecordColumns};
 pub use crate::shards::{
     KeyedLocks, Known, LockCache, Renewal, RenewedAndRead, Reread, common_prefix, member_key,

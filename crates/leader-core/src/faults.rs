@@ -11,6 +11,7 @@ use async_trait::async_trait;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::lock::HolderCheck;
 use crate::{
     Acquisition, ChangeStream, LeaderElectionRecord, LeaderEvent, LockError, Observed,
     ResourceLock, Version,
@@ -352,5 +353,9 @@ impl<L: ResourceLock> ResourceLock for FaultyLock<L> {
     ) -> Result<Option<Acquisition>, LockError> {
         self.call("try_acquire", self.inner.try_acquire(desired))
             .await
+    }
+
+    fn holder_check(&self) -> HolderCheck {
+        self.inner.holder_check()
     }
 }

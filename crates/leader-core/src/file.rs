@@ -15,7 +15,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use crate::error::LockError;
-use crate::lock::{Acquisition, ChangeStream, ResourceLock};
+use crate::lock::{Acquisition, ChangeStream, HolderCheck, ResourceLock};
 use crate::record::{LeaderElectionRecord, Observed, Version};
 
 mod dir;
@@ -520,6 +520,12 @@ impl ResourceLock for FileLock {
             }
         })
         .await
+    }
+
+    /// The term's `flock` (see [`FileLock`]): a dead holder's lease is taken at once, and a
+    /// record found gone waited out.
+    fn holder_check(&self) -> HolderCheck {
+        HolderCheck::Process
     }
 }
 

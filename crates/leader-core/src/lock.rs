@@ -84,6 +84,33 @@ impl Acquisition {
     }
 }
 
+/// What a lock's one-request acquisition ([`ResourceLock::try_acquire`]) knows of the holder
+/// besides its record: how a candidate that saw another holder's lease running asks it, since
+/// the record may be gone (deleted under a live holder, by hand or by a bucket's rule) and the
+/// holder leads on until its next renewal meets the deletion (S2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HolderCheck {
+    /// The record alone (the default): the acquisition would take a record found gone at
+    /// once. A candidate that saw another holder's lease running reads the record instead
+    /// until that lease ends.
+    Record,
+    /// Also something the holder's process keeps while it runs and its end frees, which a
+    /// record written anew does not need (the file lock's term `flock`): a dead holder's lease
+    /// is taken at once. A candidate that saw another holder's lease running reads the record
+    /// first, and sends the acquisition only when the record is there.
+    Process,
+    /// Something of the holder's that every acquisition must get too, and that a deletion of
+    /// the record does not free (a session's advisory lock, MySQL's `GET_LOCK`): no lease is
+    /// taken while the holder's session lives, record or not. Candidates send the acquisition
+    /// at every attempt.
+    Session,
+    /// The store assigns leases itself (Kubernetes' coordinated leader election): the
+    /// acquisition takes up only a lease given to this candidate, never a record found gone
+    /// ([`Acquisition::Unassigned`]). Candidates send it at every attempt.
+    Assigned,
+}
+
 /// A lock record in some shared store, with compare-and-swap: client-go's `resourcelock.Interface`.
 ///
 /// The trait is object safe; the elector holds it as `Arc<dyn ResourceLock>`.
@@ -264,6 +291,14 @@ pub trait ResourceLock: Send + Sync + fmt::Debug {
         let _ = desired;
         Ok(None)
     }
+
+    /// What [`try_acquire`](Self::try_acquire) knows of the holder besides its record
+    /// ([`HolderCheck`]), which decides whether candidates that saw a holder's lease running
+    /// send it. The default, [`HolderCheck::Record`], is right for an acquisition that decides
+    /// on the record alone.
+    fn holder_check(&self) -> HolderCheck {
+        HolderCheck::Record
+    }
 }
 
 // Every method forwarded, the optional ones included (a lint keeps it so): one left out would
@@ -325,6 +360,9 @@ macro_rules! forward_lock {
                 desired: &LeaderElectionRecord,
             ) -> Result<Option<Acquisition>, LockError> {
                 (**self).try_acquire(desired).await
+            }
+            fn holder_check(&self) -> HolderCheck {
+                (**self).holder_check()
             }
         }
     };

@@ -3,7 +3,8 @@
 //! stand-back from a handover request that names another candidate (S10), what an
 //! acquisition and a release write (S5, S6, S16) and how a release is sent again after a
 //! transient failure, whether a term is still its own (also one whose acquisition went
-//! unanswered), and a term of this identity that this process did not start (S13).
+//! unanswered), a term of this identity that this process did not start (S13), and a record
+//! found gone under a lease that still runs (S2).
 
 use std::time::Duration;
 
@@ -12,6 +13,7 @@ use tokio::time::Instant;
 
 use crate::config::LeaseConfig;
 use crate::error::LockError;
+use crate::lock::HolderCheck;
 use crate::record::{LeaderElectionRecord, Observed, Version};
 
 /// What a candidate saw of one record: the follower's clock for the holder's lease (S2) and
@@ -23,15 +25,23 @@ use crate::record::{LeaderElectionRecord, Observed, Version};
 /// TTL, a session) is not counted at all while the store keeps it: the candidate waits for
 /// the store. Should the store stop keeping it with the version unchanged (a Redis `PERSIST`
 /// or `RESTORE` of the key, an operator's edit), the candidate counts a whole lease from
-/// then, never from when it first saw the version: it may have seen it a term ago.
+/// then, never from when it first saw the version: it may have seen it a term ago. A record
+/// found gone is a state of its own, counted alike from the first read that found it
+/// ([`Sighting::lease_ends_at`]).
 #[derive(Clone, Debug)]
 pub(crate) struct Sighting {
     version: Version,
+    /// The holder of that version's record (empty when it is free), and its lease.
+    holder: String,
+    lease_duration: Duration,
     /// When the lease's clock started: the version first seen, or the store seen to stop
     /// keeping it.
     since: Instant,
     /// Whether the store said, last it was asked, that it keeps this version's lease alive.
     kept_by_store: bool,
+    /// When a read first found the record gone (S2 for a record that is gone), while it
+    /// stays gone.
+    gone_since: Option<Instant>,
     /// The pending handover request this candidate saw, if any.
     handover: Option<Request>,
 }
@@ -155,6 +165,24 @@ pub(crate) fn released(held: &LeaderElectionRecord, now: DateTime<Utc>) -> Leade
         renew_time: now,
         ..held.clone()
     }
+}
+
+/// S2 for a record that may be gone: whether a candidate that last saw another holder's
+/// lease ([`Sighting::counted_holder`]) reads the record before it acquires through a lock
+/// whose one-request acquisition knows the holder as `check` says: yes where that acquisition
+/// would take a record found gone ([`HolderCheck::Record`], [`HolderCheck::Process`]), whose
+/// holder leads on until its next renewal meets the deletion. A record found gone is then
+/// waited out ([`Sighting::lease_ends_at`]). A lock without such an acquisition reads anyway.
+pub(crate) fn reads_first(check: HolderCheck) -> bool {
+    matches!(check, HolderCheck::Record | HolderCheck::Process)
+}
+
+/// What that read decides for a record it found, `held` by another under a lease that runs on
+/// this candidate's clock: `true` to wait, unless the store may know its holder gone although
+/// its lease runs ([`HolderCheck::Process`]: its process ended), when the acquisition is sent
+/// to ask.
+pub(crate) fn waits_after_read(check: HolderCheck, held: bool) -> bool {
+    held && check != HolderCheck::Process
 }
 
 /// An acquisition that a candidate sent without getting its answer (it timed out, or its
@@ -379,8 +407,11 @@ impl Sighting {
     pub(crate) fn new(observed: &Observed, now: Instant) -> Self {
         Self {
             version: observed.version.clone(),
+            holder: observed.record.holder_identity.clone(),
+            lease_duration: observed.record.lease_duration,
             since: now,
             kept_by_store: false,
+            gone_since: None,
             handover: observed
                 .record
                 .handover_to()
@@ -392,8 +423,11 @@ impl Sighting {
     /// again, a new handover request the stand-back clock.
     pub(crate) fn see(&mut self, observed: &Observed, now: Instant) -> Changes {
         let mut changes = Changes::default();
+        self.gone_since = None;
         if self.version != observed.version {
             self.version.clone_from(&observed.version);
+            self.holder.clone_from(&observed.record.holder_identity);
+            self.lease_duration = observed.record.lease_duration;
             self.since = now;
             self.kept_by_store = false;
             changes.version = true;
@@ -435,6 +469,50 @@ impl Sighting {
     /// True when `observed` is the version last seen and has stayed so for its lease (S2).
     pub(crate) fn expired(&self, observed: &Observed, now: Instant) -> bool {
         self.version == observed.version && now >= self.lease_ends(&observed.record)
+    }
+
+    /// The holder of the version last seen, where the candidates count its lease: `None` for
+    /// a free record, and for a lease the store keeps alive itself (an etcd lease, a Redis
+    /// key's TTL), whose record the store deletes when the lease ends.
+    pub(crate) fn counted_holder(&self) -> Option<&str> {
+        (!self.holder.is_empty() && !self.kept_by_store).then_some(self.holder.as_str())
+    }
+
+    /// Notes that a read at `now` found the record gone; the first such read starts the
+    /// wait ([`lease_ends_at`](Self::lease_ends_at)).
+    pub(crate) fn see_gone(&mut self, now: Instant) {
+        self.gone_since.get_or_insert(now);
+    }
+
+    /// Whether `version` is the version last seen.
+    pub(crate) fn is(&self, version: &Version) -> bool {
+        self.version == *version
+    }
+
+    /// Whether a read found the record gone since it was last seen.
+    pub(crate) fn is_gone(&self) -> bool {
+        self.gone_since.is_some()
+    }
+
+    /// When the lease of the holder last seen ([`counted_holder`](Self::counted_holder)) runs
+    /// out for this candidate: `since` its version was first seen plus its lease, or sooner
+    /// where the store said of this version when the lease ends by its clock (`store_ends`,
+    /// S1), as for any record; and for a record found gone, a whole lease from the first read
+    /// that found it gone (S2 for a record that is gone). A record deleted under a live holder
+    /// (by hand, a bucket's lifecycle rule, an operator's edit) leaves the holder leading until
+    /// its next renewal meets the deletion, at most its renew deadline after its last renewal,
+    /// which came before that read, though perhaps after the version this candidate saw: a
+    /// candidate that took the election at once would lead beside it, and one that counted
+    /// from the version it saw might too. Absence is a state of the record as a new version
+    /// is, counted from when it was first seen.
+    pub(crate) fn lease_ends_at(&self, store_ends: Option<Instant>) -> Instant {
+        match self.gone_since {
+            Some(gone) => gone + self.lease_duration,
+            None => {
+                let ends = self.since + self.lease_duration;
+                store_ends.map_or(ends, |store| store.min(ends))
+            }
+        }
     }
 
     /// Until when a candidate `me` stands back from `record` (the version last seen), whose
@@ -565,6 +643,38 @@ mod tests {
             "not the version seen"
         );
         assert!(seen.expired(&renewed, later + Duration::from_secs(10)));
+    }
+
+    /// S2 for a record that is gone: a whole lease from the first read that found it gone, not
+    /// from when its last version was seen (the holder may have renewed since, unseen), nor by
+    /// an older answer of the store's clock; nothing to wait for a free record or one the
+    /// store kept alive; the record back ends the wait.
+    #[tokio::test(start_paused = true)]
+    async fn a_record_found_gone_is_waited_out_from_that_read() {
+        let start = Instant::now();
+        let held = observed("a", "1", None);
+        let mut seen = Sighting::new(&held, start);
+        assert_eq!(seen.counted_holder(), Some("a"));
+        let store_ends = Some(start + Duration::from_secs(3));
+        assert_eq!(
+            seen.lease_ends_at(store_ends),
+            start + Duration::from_secs(3)
+        );
+        let found = start + Duration::from_secs(8);
+        seen.see_gone(found);
+        seen.see_gone(found + Duration::from_secs(5));
+        assert!(seen.is_gone());
+        assert_eq!(
+            seen.lease_ends_at(store_ends),
+            found + Duration::from_secs(10)
+        );
+        seen.see(&held, found + Duration::from_secs(6));
+        assert!(!seen.is_gone(), "the record is back");
+        assert_eq!(seen.lease_ends_at(None), start + Duration::from_secs(10));
+        let free = observed("", "2", None);
+        assert_eq!(Sighting::new(&free, start).counted_holder(), None);
+        seen.store_keeps(true, found);
+        assert_eq!(seen.counted_holder(), None, "the store keeps the lease");
     }
 
     /// A store that kept the lease alive and stops (Redis `PERSIST`, `RESTORE`) with the

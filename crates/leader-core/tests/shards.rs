@@ -637,6 +637,64 @@ on_clocks!(a_crashed_members_shards_are_taken_after_their_lease {
     a_crashed_members_shards_are_taken_after_their_lease_renewed_in_the_store: InStore,
 });
 
+/// S2: a shard's record deleted under its live holder (by hand, a bucket's lifecycle rule) is
+/// not taken by a member that saw the holder's lease running before that lease ends on its
+/// clock: the holder works on until a renewal meets the deletion (here its renew deadline, its
+/// requests hanging), and no shard has two owners. The holder's member record is deleted first
+/// (the other member reads the holder as gone and claims its shards as soon as their leases
+/// let it), and the shard's record with it or a moment later, between the other member's reads
+/// of the set (`deleted_after`), also after the holder renewed unseen. Where the store keeps
+/// the leases alive itself, it deletes a record when its lease ends, and a deletion is read as
+/// that.
+async fn a_shard_record_deleted_under_its_holder_is_waited_out(clock: Clock) {
+    tokio::time::pause();
+    // `late`: the deletion comes just before the other member's next read of every shard (a
+    // settled member reads them every half lease), so that its last sighting of the shard is
+    // half a lease old and the holder renewed since, unseen.
+    let cases = [
+        (false, Duration::ZERO),
+        (false, TIMINGS.retry_period * 2),
+        (true, Duration::ZERO),
+    ];
+    for (late, deleted_after) in cases {
+        let set = Set::new(clock, 4);
+        let [a, b] = set.join_all(["a", "b"]);
+        set.until_balanced(&[&a, &b], "balanced").await;
+        if late {
+            sleep(TIMINGS.lease_duration).await;
+            let last_read = b
+                .shard_faults
+                .calls()
+                .iter()
+                .filter(|c| c.operation == "get")
+                .map(|c| c.sent)
+                .max()
+                .expect("b reads the shards");
+            let next_read = last_read + TIMINGS.lease_duration / 2;
+            tokio::time::sleep_until(next_read - Duration::from_millis(20)).await;
+        }
+        let shard = *a.owned().first().expect("a owns a shard");
+        a.faults.hang(true);
+        set.store
+            .delete(&leader_core::backend::member_key("jobs", "a"));
+        sleep(deleted_after).await;
+        set.store
+            .delete(&leader_core::backend::shard_key("jobs", shard));
+        until(Duration::from_secs(30), || b.owned().len() == 4)
+            .await
+            .expect("b took a's shards");
+        a.faults.hang(false);
+        let context =
+            format!("a record deleted under its holder (late: {late}, {deleted_after:?})");
+        set.finish([a, b], &context).await;
+    }
+}
+
+on_clocks!(a_shard_record_deleted_under_its_holder_is_waited_out {
+    a_shard_record_deleted_under_its_holder_is_waited_out_on_the_followers_clock: Follower,
+    a_shard_record_deleted_under_its_holder_is_waited_out_on_the_stores_clock: Store,
+});
+
 /// Waits for `member` to stop, refused for its count: the count stored and its own.
 async fn count_refused(member: Member) -> (u32, u32) {
     let result = tokio::time::timeout(Duration::from_secs(10), member.task)

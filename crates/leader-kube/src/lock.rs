@@ -14,6 +14,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::api::{Api, PostParams};
+use leader_core::backend::HolderCheck;
 use leader_core::{
     Acquisition, ChangeStream, LeaderElectionRecord, LeaderEvent, LockError, Observed,
     ResourceLock, Version,
@@ -379,6 +380,16 @@ impl ResourceLock for LeaseLock {
     /// A coordinated lock stops keeping its LeaseCandidate and deletes it.
     async fn close(&self) {
         self.withdraw().await;
+    }
+
+    /// A coordinated lock's Leases are the coordinator's to give ([`HolderCheck::Assigned`]);
+    /// any other has no one-request acquisition.
+    fn holder_check(&self) -> HolderCheck {
+        if self.coordinated.is_some() {
+            HolderCheck::Assigned
+        } else {
+            HolderCheck::Record
+        }
     }
 
     /// A coordinated lock deletes its LeaseCandidate before the release, so that the

@@ -11,6 +11,7 @@ use chrono::{DateTime, Utc};
 use common::{KubeApiServer, client, granted};
 use k8s_openapi::api::coordination::v1beta1::LeaseCandidate;
 use kube::api::{Api, PostParams};
+use leader_core::backend::HolderCheck;
 use leader_core::{LockError, ResourceLock};
 use leader_kube::{Coordination, LeaseLock};
 use leader_test_support::Candidate;
@@ -129,8 +130,16 @@ async fn a_candidate_announces_itself_answers_pings_and_never_takes_the_lease() 
     api.serve_lease_candidates();
     let lock = LeaseLock::new(client(&api), "default", "jobs", "pod-a")
         .expect("valid names")
-        .coordinated(Coordination::oldest_emulation_version("1.5.0", "1.4.0"));
-    let candidate = Candidate::start(lock.expect("valid"));
+        .coordinated(Coordination::oldest_emulation_version("1.5.0", "1.4.0"))
+        .expect("valid");
+    // The coordinator's to give: candidates ask at every attempt, never read a Lease found
+    // gone as one to wait out and create.
+    assert_eq!(lock.holder_check(), HolderCheck::Assigned);
+    assert_eq!(
+        plain(&api, "jobs", "pod-a").holder_check(),
+        HolderCheck::Record
+    );
+    let candidate = Candidate::start(lock);
 
     let announced = timeout(Duration::from_secs(5), async {
         loop {

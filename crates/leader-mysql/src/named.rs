@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use leader_core::backend::ChangeHub;
+use leader_core::backend::HolderCheck;
 use leader_core::{
     Acquisition, ChangeStream, LeaderElectionRecord, LeaderEvent, LockError, Observed,
     ResourceLock, Version,
@@ -476,5 +477,12 @@ impl ResourceLock for NamedLock {
             // Written since the read, or not expired yet by the server's clock.
             Written::Missed => Err(LockError::conflict(BACKEND)),
         }
+    }
+
+    /// Every write naming a holder needs the user-level lock (`GET_LOCK`) on this lock's
+    /// session, which a deletion of the row does not free: no lease is taken while the
+    /// holder's session lives, row or not.
+    fn holder_check(&self) -> HolderCheck {
+        HolderCheck::Session
     }
 }

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use leader_core::backend::HolderCheck;
 use leader_core::backend::is_read_only;
 use leader_core::{
     Acquisition, ChangeStream, LeaderElectionRecord, LockError, Observed, ResourceLock, Version,
@@ -339,5 +340,11 @@ impl ResourceLock for AdvisoryLock {
             .acquisition_started(self, acquisition)
             .await
             .map(Some)
+    }
+
+    /// Every write naming a holder needs this session's advisory lock, which a deletion of
+    /// the row does not free: no lease is taken while the holder's session lives, row or not.
+    fn holder_check(&self) -> HolderCheck {
+        HolderCheck::Session
     }
 }

@@ -16,7 +16,7 @@ use crate::config::ElectorConfig;
 use crate::error::LockError;
 use crate::lock::{Acquisition, ChangeStream};
 use crate::metrics as m;
-use crate::record::{LeaderElectionRecord, Observed};
+use crate::record::{LeaderElectionRecord, Observed, Version};
 use crate::retry::FailureLog;
 use crate::rules::{self, Changes, OtherTerm, Sighting, TokensSeen, Unanswered};
 use crate::status::{self, ElectionError, IdentityConflict};
@@ -36,6 +36,12 @@ pub(super) struct Campaign {
     ///
     /// [`ResourceLock::try_acquire`]: crate::ResourceLock::try_acquire
     try_acquire_supported: bool,
+    /// Whether the one-request acquisition ever answered that the store keeps the holder's
+    /// lease alive itself ([`Acquisition::Held`]'s `renewed_in_store`): the store's, then, to
+    /// say when a lease ends, also by deleting its record (an expired TTL), and an unchanged
+    /// version says nothing of the holder's renewals, so no candidate counts a lease for a
+    /// record that may be gone.
+    store_keeps_leases: bool,
     /// The subscription to the store's change notifications.
     watch: Subscription,
 }
@@ -61,6 +67,7 @@ impl Campaign {
             backoff,
             change_shortened_backoff: false,
             try_acquire_supported: true,
+            store_keeps_leases: false,
         }
     }
 
@@ -203,8 +210,38 @@ impl Campaign {
 
     /// One attempt of client-go's `tryAcquireOrRenew` for a candidate.
     async fn try_acquire(&mut self, context: &Context) -> Result<Attempt, LockError> {
-        self.seen.forget_store_answer();
         let mut current = None;
+        let me = context.identity();
+        // S2 for a record that may be gone: a candidate that last saw another holder's lease
+        // reads the record, rather than send an acquisition that would create one found gone
+        // ([`rules::reads_first`]), and waits a record found gone out.
+        let check = context.lock.holder_check();
+        let reads_first = !self.try_acquire_supported || rules::reads_first(check);
+        if reads_first && !self.store_keeps_leases && self.seen.counts_another(me) {
+            match context.request("get", context.lock.get()).await? {
+                None => {
+                    if self.seen.gone_waits(Instant::now()) {
+                        return Ok(Attempt::NotAcquired);
+                    }
+                }
+                Some(read) => {
+                    self.observe(context, read.clone());
+                    let record = &read.record;
+                    let held = !record.is_free()
+                        && !self.seen.started(record, me)
+                        && !self.seen.run_out(&read, Instant::now());
+                    if rules::waits_after_read(check, held) {
+                        return Ok(Attempt::NotAcquired);
+                    }
+                    // Free, run out, this process's own, or for the store to judge: acquired
+                    // as from any read, in one request where the store has one.
+                    if !self.try_acquire_supported {
+                        current = Some(read);
+                    }
+                }
+            }
+        }
+        self.seen.forget_store_answer();
         if self.try_acquire_supported {
             // The store gives the next token; what it asks for is a floor: above every token
             // seen (a record deleted and written anew starts again low) and the configured one.
@@ -233,6 +270,7 @@ impl Campaign {
                     expires_in,
                     renewed_in_store,
                 }) => {
+                    self.store_keeps_leases |= renewed_in_store;
                     self.seen.held(
                         context,
                         observed.clone(),
@@ -280,7 +318,6 @@ impl Campaign {
             return Ok(Attempt::NotAcquired);
         };
         let record = &current.record;
-        let me = context.identity();
         // S2: another holder's lease runs for *its* duration from when we first saw this version.
         // A term of this identity that this process did not start is another's (S13).
         if !record.is_free()
@@ -340,9 +377,11 @@ struct Seen {
     /// clock: the holder's lease (S1, S2) and a pending handover request (S10).
     sighting: Option<Sighting>,
     /// When the holder's lease runs out by the store's clock, as its last `Held` answer said
-    /// (on this process's clock, counted from when that answer arrived). Only a wake-up time:
-    /// the store itself decides a store-clock acquisition.
-    store_expiry: Option<Instant>,
+    /// (on this process's clock, counted from when that answer arrived), with the version it
+    /// said it of: a later version's lease runs longer. A wake-up time, and the end of a
+    /// wait for a record that may be gone; the store itself decides a store-clock
+    /// acquisition.
+    store_expiry: Option<(Version, Instant)>,
     /// Whether the last `Held` answer said the store keeps the holder's lease alive.
     held_in_store: bool,
     /// Whether a wait was already cut short for `observed`'s expiry: an early wake-up is used
@@ -455,7 +494,8 @@ impl Seen {
         renewed_in_store: bool,
         one_request: bool,
     ) {
-        self.store_expiry = expires_in.map(|left| Instant::now() + left);
+        self.store_expiry =
+            expires_in.map(|left| (observed.version.clone(), Instant::now() + left));
         self.held_in_store = renewed_in_store;
         self.observe(context, observed, one_request);
         // A lease the store stopped keeping alive is counted from now (S2).
@@ -469,6 +509,53 @@ impl Seen {
     fn started(&self, record: &LeaderElectionRecord, me: &str) -> bool {
         self.own_term
             .is_some_and(|token| rules::is_term(record, me, token))
+    }
+
+    /// When the lease of `version` runs out by the store's clock, as its last `Held` answer
+    /// said; `None` when it said nothing of that version.
+    fn store_expiry(&self, version: &Version) -> Option<Instant> {
+        self.store_expiry
+            .as_ref()
+            .filter(|(of, _)| of == version)
+            .map(|&(_, at)| at)
+    }
+
+    /// True when the last record seen is another holder's (S13: also a term of this identity
+    /// that this process did not start), under a lease the candidates count
+    /// ([`Sighting::counted_holder`]).
+    fn counts_another(&self, me: &str) -> bool {
+        let (Some(observed), Some(sighting)) = (&self.observed, &self.sighting) else {
+            return false;
+        };
+        !self.started(&observed.record, me) && sighting.counted_holder().is_some()
+    }
+
+    /// Notes that a read at `now` found the record gone under the holder last seen: true
+    /// while the candidate waits that out ([`Sighting::lease_ends_at`]), said once in the log.
+    fn gone_waits(&mut self, now: Instant) -> bool {
+        let (Some(observed), Some(sighting)) = (&self.observed, &mut self.sighting) else {
+            return false;
+        };
+        if !sighting.is_gone() {
+            // The early wake-up is for the end of this wait now.
+            self.woke_for_expiry = false;
+            tracing::warn!(
+                holder = %observed.record.holder_identity,
+                fencing_token = observed.record.leader_transitions,
+                "the record is gone under its holder, which leads on until a renewal meets \
+                 that: waiting a lease before taking the election"
+            );
+        }
+        sighting.see_gone(now);
+        now < sighting.lease_ends_at(None)
+    }
+
+    /// True when `observed`'s lease ran out at `now`, on this candidate's clock (S2) or by the
+    /// store's where it said of that version (S1): the store then decides an acquisition.
+    fn run_out(&self, observed: &Observed, now: Instant) -> bool {
+        self.sighting.as_ref().is_some_and(|s| {
+            s.is(&observed.version) && now >= s.lease_ends_at(self.store_expiry(&observed.version))
+        })
     }
 
     /// True when `observed`'s lease ran out on this candidate's clock at `now` (S2); false for
@@ -501,10 +588,8 @@ impl Seen {
             until
         } else if record.is_free() || self.started(record, me) {
             return wait;
-        } else if let Some(expiry) = self.store_expiry {
-            expiry
         } else if let Some(sighting) = &self.sighting {
-            sighting.lease_ends(record)
+            sighting.lease_ends_at(self.store_expiry(&observed.version))
         } else {
             return wait;
         };
@@ -547,7 +632,8 @@ impl Seen {
                      not start: waiting for it as for another holder (another process may run \
                      with the same identity)"
                 );
-                self.shared_identity = Some(OtherTerm::new(observed, now, self.store_expiry));
+                let first_expiry = self.store_expiry(&observed.version);
+                self.shared_identity = Some(OtherTerm::new(observed, now, first_expiry));
                 return;
             }
         };

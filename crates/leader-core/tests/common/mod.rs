@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use leader_core::LeaderElectionRecord as Record;
+use leader_core::backend::HolderCheck;
 use leader_core::background::Candidate;
 use leader_core::faults::Faults;
 use leader_core::{
@@ -122,6 +123,8 @@ pub struct TestLock {
     /// The longest lease the store keeps.
     longest_lease: Option<Duration>,
     acquiring: Acquiring,
+    /// What the acquisition says it knows of the holder, if not the wrapped lock's.
+    holder_check: Option<HolderCheck>,
     /// The updates (`update holder="…"`) and withdrawals (`withdraw`), in order; a withdrawal
     /// is not forwarded while this is set.
     log: Option<Arc<Mutex<Vec<String>>>>,
@@ -142,6 +145,7 @@ impl TestLock {
             failing_writes: None,
             longest_lease: None,
             acquiring: Acquiring::AsWrapped,
+            holder_check: None,
             log: None,
         }
     }
@@ -175,6 +179,14 @@ impl TestLock {
     #[must_use]
     pub fn longest_lease(mut self, longest: Duration) -> Self {
         self.longest_lease = Some(longest);
+        self
+    }
+
+    /// Makes the lock say its acquisition knows the holder as `check` says
+    /// ([`ResourceLock::holder_check`]).
+    #[must_use]
+    pub fn holder_check(mut self, check: HolderCheck) -> Self {
+        self.holder_check = Some(check);
         self
     }
 
@@ -330,6 +342,14 @@ impl ResourceLock for TestLock {
             }
         };
         self.request(Request::TryAcquire, acquisition).await
+    }
+
+    fn holder_check(&self) -> HolderCheck {
+        match (self.holder_check, &self.acquiring) {
+            (Some(check), _) => check,
+            (None, Acquiring::Assigned) => HolderCheck::Assigned,
+            (None, _) => self.inner.holder_check(),
+        }
     }
 }
 

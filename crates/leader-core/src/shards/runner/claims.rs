@@ -19,6 +19,15 @@ use crate::rules::{self, Sighting, Unanswered};
 use crate::shards::assign::affinity;
 
 impl Runner {
+    /// Whether the store keeps leases alive itself: it deletes the records whose lease ends
+    /// ([`LockSet::reads_show_expiry`]), or renews them without a new version, as this
+    /// member's own renewals showed.
+    ///
+    /// [`LockSet::reads_show_expiry`]: crate::shards::LockSet::reads_show_expiry
+    pub(super) fn store_keeps_leases(&self) -> bool {
+        self.cx.set.reads_show_expiry() || self.learned.renews_in_store == Some(true)
+    }
+
     /// True when `observed` has stayed unchanged for its lease since this member first saw it.
     pub(super) fn expired(&self, key: &str, observed: &Observed) -> bool {
         self.table
@@ -70,6 +79,35 @@ impl Runner {
         };
         let lock = self.cx.lock(key);
         let started = Instant::now();
+        // S2 for a record that may be gone: while the record last seen is another's (S13: or
+        // another process's of this identity), it is read first ([`rules::reads_first`]), and
+        // a record found gone is not created (the round waits it out). Not where the store keeps
+        // leases itself: it deletes a record whose lease ended, and an unchanged version says
+        // nothing of the holder's renewals.
+        let check = lock.holder_check();
+        let counted = !self.store_keeps_leases()
+            && self
+                .table
+                .sighting(key)
+                .is_some_and(|seen| seen.counted_holder().is_some());
+        if counted && (!self.learned.try_acquire || rules::reads_first(check)) {
+            match self.request("get", key, lock.get()).await {
+                Err(err) => {
+                    claim.result = Err(err);
+                    return claim;
+                }
+                // Found gone: waited out from the next read of every shard, which finds it so.
+                Ok(None) => return claim,
+                Ok(Some(read)) => {
+                    let held = !read.record.is_free() && !self.expired(key, &read);
+                    if rules::waits_after_read(check, held) {
+                        claim.seen = Some(read);
+                        return claim;
+                    }
+                    current = Some(read);
+                }
+            }
+        }
         if self.learned.try_acquire {
             // The store gives the next token, at least the one asked for: above every token
             // seen (S5), should the record have been deleted and written anew.

@@ -8,6 +8,7 @@ use tokio::time::Instant;
 use super::{Runner, Unreadable, View};
 use crate::error::LockError;
 use crate::leadership::StepDownReason;
+use crate::rules;
 use crate::shards::assign::{gifts, shares};
 use crate::shards::{Known, Reread, ShardsError, drained, weight_in};
 
@@ -336,6 +337,24 @@ impl Runner {
                     .and_then(|holder| owners.get_mut(holder))
             {
                 list.push(shard);
+                continue;
+            }
+            // S2: a record found gone under another member's lease is still that member's
+            // until the lease ends on this member's clock, unless the store deletes records
+            // when their lease runs out (that deletion is the expiry, by the store's clock) or
+            // no claim can take a live holder's shard, record or not ([`rules::reads_first`]).
+            if observed.is_none()
+                && !self.store_keeps_leases()
+                && let Some(gone) = self.table.gone_holder(shard, now)
+                && rules::reads_first(
+                    self.cx
+                        .lock(&self.table.keys[shard as usize])
+                        .holder_check(),
+                )
+            {
+                if let Some(list) = owners.get_mut(gone) {
+                    list.push(shard);
+                }
                 continue;
             }
             let backing_off = self.backing_off(shard);

@@ -36,6 +36,11 @@ pub(super) struct ShardTable {
     /// store keeps leases: etcd, ZooKeeper), with that holder, until the record is back: what
     /// a static member gone within its window still counts as its own.
     pub(super) vanished: BTreeMap<u32, String>,
+    /// The shards whose record a read found gone under the holder last seen (its lease
+    /// counted by the members), with that holder and until when the shard stays its own: a
+    /// lease from that read, as a holder leads on until a renewal meets the deletion (S2,
+    /// [`Sighting::lease_ends_at`]), or until the record is back.
+    pub(super) gone: BTreeMap<u32, (String, Instant)>,
     /// The shards whose record the last read of every shard could not read: owned by nobody
     /// as far as this member knows, taken by nobody, and left out of the shares.
     pub(super) unreadable: BTreeSet<u32>,
@@ -60,6 +65,7 @@ impl ShardTable {
             records: Vec::new(),
             read: Vec::new(),
             vanished: BTreeMap::new(),
+            gone: BTreeMap::new(),
             unreadable: BTreeSet::new(),
             unanswered: HashMap::new(),
         };
@@ -72,6 +78,7 @@ impl ShardTable {
     pub(super) fn resize(&mut self, count: u32) {
         self.unreadable.retain(|&shard| shard < count);
         self.vanished.retain(|&shard, _| shard < count);
+        self.gone.retain(|&shard, _| shard < count);
         let n = count as usize;
         self.keys.truncate(n);
         // Claims of shards the count leaves out, or of records that are not shards'.
@@ -115,8 +122,23 @@ impl ShardTable {
             let before = std::mem::replace(&mut self.records[shard], observed);
             if self.records[shard].is_some() {
                 self.vanished.remove(&index);
+                self.gone.remove(&index);
             } else if let Some(before) = before.filter(|b| !b.record.holder_identity.is_empty()) {
                 self.vanished.insert(index, before.record.holder_identity);
+            }
+            if self.records[shard].is_none()
+                && let Some(seen) = &mut self.seen[shard]
+                && let Some(holder) = seen.counted_holder().map(str::to_owned)
+            {
+                seen.see_gone(Instant::now());
+                let until = seen.lease_ends_at(None);
+                tracing::warn!(
+                    shard = index,
+                    holder = %holder,
+                    "the shard's record is gone under its holder, which works on until a \
+                     renewal meets that: waiting a lease before taking it"
+                );
+                self.gone.entry(index).or_insert((holder, until));
             }
         }
         self.read[shard] = true;
@@ -127,6 +149,15 @@ impl ShardTable {
         if !self.unreadable.is_empty() {
             self.unreadable.remove(&index);
         }
+    }
+
+    /// The holder of `shard`'s record found gone under its lease, while that lease still runs
+    /// on this member's clock at `now` ([`ShardTable::gone`]).
+    pub(super) fn gone_holder(&self, shard: u32, now: Instant) -> Option<&str> {
+        self.gone
+            .get(&shard)
+            .filter(|(_, until)| now < *until)
+            .map(|(holder, _)| holder.as_str())
     }
 
     /// Notes that `shard`'s record could not be read: known as nothing, read again in full,
