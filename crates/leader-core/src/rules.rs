@@ -461,14 +461,9 @@ impl Sighting {
         self.kept_by_store && self.version == *version
     }
 
-    /// When the lease of `record` (the version last seen) runs out on this candidate's clock.
-    pub(crate) fn lease_ends(&self, record: &LeaderElectionRecord) -> Instant {
-        self.since + record.lease_duration
-    }
-
     /// True when `observed` is the version last seen and has stayed so for its lease (S2).
     pub(crate) fn expired(&self, observed: &Observed, now: Instant) -> bool {
-        self.version == observed.version && now >= self.lease_ends(&observed.record)
+        self.is(&observed.version) && now >= self.since + self.lease_duration
     }
 
     /// The holder of the version last seen, where the candidates count its lease: `None` for

@@ -96,7 +96,9 @@ impl Runner {
                     claim.result = Err(err);
                     return claim;
                 }
-                // Found gone: waited out from the next read of every shard, which finds it so.
+                // Found gone: not created here. A shard's is waited out from the round's next
+                // read of every shard, which finds it so; a member record's is taken after the
+                // round's next read of the members, which forgets the sighting.
                 Ok(None) => return claim,
                 Ok(Some(read)) => {
                     let held = !read.record.is_free() && !self.expired(key, &read);
