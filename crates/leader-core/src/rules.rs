@@ -178,11 +178,16 @@ pub(crate) fn reads_first(check: HolderCheck) -> bool {
 }
 
 /// What that read decides for a record it found, `held` by another under a lease that runs on
-/// this candidate's clock: `true` to wait, unless the store may know its holder gone although
-/// its lease runs ([`HolderCheck::Process`]: its process ended), when the acquisition is sent
-/// to ask.
-pub(crate) fn waits_after_read(check: HolderCheck, held: bool) -> bool {
-    held && check != HolderCheck::Process
+/// this candidate's clock: `true` to wait, unless the store may know better, when the
+/// acquisition is sent to ask (its clock, or what it knows of the holder, decides it):
+/// * its holder may be gone although its lease runs ([`HolderCheck::Process`]: its process
+///   ended);
+/// * the read is `seen_late`: the first of this version after failed attempts, so the version
+///   may have been written at any time while they failed, and a lease counted from this read
+///   may end long after the store's (S2 by the store's clock, as a candidate that starts
+///   asks).
+pub(crate) fn waits_after_read(check: HolderCheck, held: bool, seen_late: bool) -> bool {
+    held && check != HolderCheck::Process && !seen_late
 }
 
 /// An acquisition that a candidate sent without getting its answer (it timed out, or its

@@ -12,7 +12,7 @@ use leader_core::background::Candidate;
 use leader_core::faults::{Fault, Faults, FaultyLock};
 use leader_core::{
     CancellationToken, ConfigError, LeaderElectionRecord, LeaderElector, LeaderElectorBuilder,
-    LeaderState, MAX_LEASE_DURATION, MemoryLock, MemoryStore, ResourceLock, StepDown,
+    LeaderState, Leadership, MAX_LEASE_DURATION, MemoryLock, MemoryStore, ResourceLock, StepDown,
     StepDownReason,
 };
 use tokio::time::{Instant, sleep};
@@ -26,6 +26,27 @@ fn faulty(store: &MemoryStore, identity: &str) -> (FaultyLock<MemoryLock>, Fault
     let lock = FaultyLock::new(store.lock("election", identity));
     let faults = lock.faults();
     (lock, faults)
+}
+
+/// Ends `candidate` as a crash would, without a release, and waits until its term `leadership`
+/// is over (its token is cancelled when the elector goes away).
+async fn crash(candidate: &Candidate, leadership: Leadership) {
+    candidate.task.abort();
+    leadership.lost().await;
+}
+
+/// A leader `a` that never releases and a follower `b` whose requests go through a fault
+/// wrapper, on a store that judges expiry by its own clock: `a`, its term, `b` and `b`'s
+/// faults.
+async fn store_clock_pair(store: &MemoryStore) -> (Candidate, Leadership, Candidate, Faults) {
+    let mut a = Candidate::build(
+        builder(store.lock("election", "a").with_store_clock(true)).release_on_cancel(false),
+    );
+    let first = a.leadership().await;
+    let lock = FaultyLock::new(store.lock("election", "b").with_store_clock(true));
+    let faults = lock.faults();
+    let b = Candidate::build(builder(lock));
+    (a, first, b, faults)
 }
 
 /// Writes a record held by `holder` straight into the store, as another process would.
@@ -627,9 +648,7 @@ async fn a_record_the_store_deleted_at_its_expiry_is_taken_at_once() {
     let first = a.leadership().await;
     let mut b = Candidate::build(builder(lock("b")));
     sleep(RETRY * 3).await;
-    a.task.abort();
-    first.lost().await;
-    drop(first);
+    crash(&a, first).await;
     store.delete("election");
     let deleted = Instant::now();
     let second = b.leadership().await;
@@ -671,18 +690,10 @@ async fn errors_are_retried_and_bad_data_is_never_overwritten() {
 #[tokio::test(start_paused = true)]
 async fn store_clock_backends_take_over_after_the_lease() {
     let store = MemoryStore::new();
-    let mut a = Candidate::build(
-        builder(store.lock("election", "a").with_store_clock(true)).release_on_cancel(false),
-    );
-    let first = a.leadership().await;
-    let lock = FaultyLock::new(store.lock("election", "b").with_store_clock(true));
-    let faults = lock.faults();
-    let mut b = Candidate::build(builder(lock));
+    let (a, first, mut b, faults) = store_clock_pair(&store).await;
     sleep(Duration::from_secs(1)).await;
     let crashed = Instant::now();
-    a.task.abort(); // a crash: no release
-    first.lost().await; // the token is cancelled when the elector goes away
-    drop(first);
+    crash(&a, first).await;
     let second = b.leadership().await;
     assert!(
         Instant::now() - crashed >= LEASE - Duration::from_secs(2),
@@ -725,15 +736,46 @@ async fn a_follower_wakes_when_the_store_says_the_lease_runs_out() {
     let mut b = Candidate::build(builder(store.lock("election", "b").with_store_clock(true)));
     // Crash the holder before its first renewal, at 2 s.
     sleep(Duration::from_millis(50)).await;
-    a.task.abort();
-    first.lost().await;
-    drop(first);
+    crash(&a, first).await;
     let second = b.leadership().await;
     let taken = Instant::now() - acquired;
     assert!(
         taken >= LEASE && taken <= LEASE + Duration::from_millis(50),
         "taken over {taken:?} after the first acquisition; the lease ran out at {LEASE:?}"
     );
+    drop(second);
+    b.stop().await;
+}
+
+/// S2 by the store's clock after an outage: a renewal the follower first reads after failed
+/// attempts may have been written at any time while they failed, so the follower asks the
+/// store, whose clock judges it, rather than count a whole lease from that read.
+#[tokio::test(start_paused = true)]
+async fn a_version_first_read_after_an_outage_is_judged_by_the_store() {
+    let store = MemoryStore::new();
+    let (a, first, mut b, faults) = store_clock_pair(&store).await;
+    sleep(RETRY * 3).await;
+    // The follower's store goes out of reach; the holder renews on, then crashes.
+    faults.fail_all(Some(Fault::Unavailable));
+    sleep(RETRY * 3).await;
+    crash(&a, first).await;
+    sleep(LEASE * 2).await;
+    faults.fail_all(None);
+    let back = Instant::now();
+    let second = b.leadership().await;
+    let taken = Instant::now();
+    let calls = faults.calls();
+    let read = calls
+        .iter()
+        .find(|c| c.sent >= back && c.ok == Some(true))
+        .expect("a request after the outage");
+    assert_eq!(read.operation, "get", "{calls:?}");
+    assert!(
+        taken - read.sent <= RETRY,
+        "taken {:?} after the first read of a lease that ran out by the store's clock",
+        taken - read.sent
+    );
+    assert_eq!(second.fencing_token(), 2);
     drop(second);
     b.stop().await;
 }

@@ -225,12 +225,15 @@ impl Campaign {
                     }
                 }
                 Some(read) => {
+                    // A version first read after failed attempts may have been written at any
+                    // time while they failed.
+                    let seen_late = self.backoff.is_failing() && !self.seen.sees(&read.version);
                     self.observe(context, read.clone());
                     let record = &read.record;
                     let held = !record.is_free()
                         && !self.seen.started(record, me)
                         && !self.seen.run_out(&read, Instant::now());
-                    if rules::waits_after_read(check, held) {
+                    if rules::waits_after_read(check, held, seen_late) {
                         return Ok(Attempt::NotAcquired);
                     }
                     // Free, run out, this process's own, or for the store to judge: acquired
@@ -509,6 +512,11 @@ impl Seen {
     fn started(&self, record: &LeaderElectionRecord, me: &str) -> bool {
         self.own_term
             .is_some_and(|token| rules::is_term(record, me, token))
+    }
+
+    /// True when the sighting is of `version`.
+    fn sees(&self, version: &Version) -> bool {
+        self.sighting.as_ref().is_some_and(|s| s.is(version))
     }
 
     /// When the lease of `version` runs out by the store's clock, as its last `Held` answer

@@ -101,8 +101,10 @@ impl Runner {
                 // round's next read of the members, which forgets the sighting.
                 Ok(None) => return claim,
                 Ok(Some(read)) => {
+                    // Never seen late: the round claims a record it judged run out on this
+                    // member's clock, which restarts for a version this read shows first.
                     let held = !read.record.is_free() && !self.expired(key, &read);
-                    if rules::waits_after_read(check, held) {
+                    if rules::waits_after_read(check, held, false) {
                         claim.seen = Some(read);
                         return claim;
                     }
