@@ -643,23 +643,38 @@ on_clocks!(a_crashed_members_shards_are_taken_after_their_lease {
 /// requests hanging), and no shard has two owners. The holder's member record is deleted first
 /// (the other member reads the holder as gone and claims its shards as soon as their leases
 /// let it), and the shard's record with it or a moment later, between the other member's reads
-/// of the set (`deleted_after`), also after the holder renewed unseen. Where the store keeps
-/// the leases alive itself, it deletes a record when its lease ends, and a deletion is read as
-/// that.
+/// of the set (`deleted_after`), also after the holder renewed unseen, and while the other
+/// member's reads of the shards fail (`unread`): a read that failed does not forget the lease
+/// seen before it. Where the store keeps the leases alive itself, it deletes a record when its
+/// lease ends, and a deletion is read as that.
 async fn a_shard_record_deleted_under_its_holder_is_waited_out(clock: Clock) {
     tokio::time::pause();
     // `late`: the deletion comes just before the other member's next read of every shard (a
     // settled member reads them every half lease), so that its last sighting of the shard is
     // half a lease old and the holder renewed since, unseen.
     let cases = [
-        (false, Duration::ZERO),
-        (false, TIMINGS.retry_period * 2),
-        (true, Duration::ZERO),
+        (false, Duration::ZERO, false),
+        (false, TIMINGS.retry_period * 2, false),
+        (true, Duration::ZERO, false),
+        (false, Duration::ZERO, true),
     ];
-    for (late, deleted_after) in cases {
+    for (late, deleted_after, unread) in cases {
         let set = Set::new(clock, 4);
         let [a, b] = set.join_all(["a", "b"]);
         set.until_balanced(&[&a, &b], "balanced").await;
+        if unread {
+            let failing = Instant::now();
+            b.shard_faults
+                .fail_all(Some(leader_core::faults::Fault::Unavailable));
+            until(TIMINGS.lease_duration, || {
+                b.shard_faults
+                    .calls()
+                    .iter()
+                    .any(|c| c.operation == "get" && c.sent >= failing && c.ok == Some(false))
+            })
+            .await
+            .expect("b's read of the shards fails");
+        }
         if late {
             sleep(TIMINGS.lease_duration).await;
             let last_read = b
@@ -680,12 +695,14 @@ async fn a_shard_record_deleted_under_its_holder_is_waited_out(clock: Clock) {
         sleep(deleted_after).await;
         set.store
             .delete(&leader_core::backend::shard_key("jobs", shard));
+        b.shard_faults.fail_all(None);
         until(Duration::from_secs(30), || b.owned().len() == 4)
             .await
             .expect("b took a's shards");
         a.faults.hang(false);
-        let context =
-            format!("a record deleted under its holder (late: {late}, {deleted_after:?})");
+        let context = format!(
+            "a record deleted under its holder (late: {late}, {deleted_after:?}, unread: {unread})"
+        );
         set.finish([a, b], &context).await;
     }
 }

@@ -160,12 +160,13 @@ impl ShardTable {
             .map(|(holder, _)| holder.as_str())
     }
 
-    /// Notes that `shard`'s record could not be read: known as nothing, read again in full,
-    /// its lease clock started over.
+    /// Notes that `shard`'s record could not be read: known as nothing and read again in full.
+    /// What was seen of it is kept, as the elector keeps it through a failed read: the same
+    /// version read next runs on from its first sight (S2), and a record found gone next is
+    /// waited out under the holder last seen.
     pub(super) fn read_failed(&mut self, shard: usize) {
         self.records[shard] = None;
         self.read[shard] = false;
-        self.seen[shard] = None;
         self.unreadable
             .insert(u32::try_from(shard).unwrap_or(u32::MAX));
     }
