@@ -185,7 +185,8 @@ pub(crate) fn reads_first(check: HolderCheck) -> bool {
 /// * the read is `seen_late`: the first of this version after failed attempts, so the version
 ///   may have been written at any time while they failed, and a lease counted from this read
 ///   may end long after the store's (S2 by the store's clock, as a candidate that starts
-///   asks).
+///   asks). A shard set's member, whose reads of every shard are half a lease apart once
+///   settled, sends every claim after a read that found the record.
 pub(crate) fn waits_after_read(check: HolderCheck, held: bool, seen_late: bool) -> bool {
     held && check != HolderCheck::Process && !seen_late
 }

@@ -627,6 +627,18 @@ async fn a_crashed_members_shards_are_taken_after_their_lease(clock: Clock) {
         took <= TIMINGS.lease_duration * 2 + TIMINGS.retry_period * 2,
         "{took:?}"
     );
+    // The store's clock judges a claim where it has one: once this member counts the crashed
+    // one gone (a lease after it read its member record's last renewal, a round at most after
+    // that was written), the shards are taken at that round, although this member's own
+    // count of their leases started at a read of every shard up to half a lease after their
+    // last renewal. On this paused clock and these timings, counting on its own clock takes
+    // them 35 ms past this bound.
+    if matches!(clock, Clock::Store) {
+        assert!(
+            took <= TIMINGS.lease_duration + TIMINGS.retry_period,
+            "taken {took:?} after the crash, later than the store's clock allows"
+        );
+    }
     let _ = (crashed, held);
     set.finish([a], "paused clock").await;
 }

@@ -111,8 +111,9 @@ struct Claim {
     held: Option<(Observed, bool)>,
     /// The store has no one-request acquisition.
     no_try_acquire: bool,
-    /// A record the store showed that is neither taken nor held by another: one assigned to
-    /// nobody, or handed to this member and not confirmed. Its token is seen (S5).
+    /// A record the store showed that is neither taken nor held by another: one read before
+    /// the acquisition, one assigned to nobody, or one handed to this member and not
+    /// confirmed. Noted before what the store answered after it; its token is seen (S5).
     seen: Option<Observed>,
     /// The claim sent without its answer coming, which may have landed.
     unanswered: Option<Unanswered>,

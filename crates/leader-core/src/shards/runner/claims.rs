@@ -100,23 +100,28 @@ impl Runner {
                 // read of every shard, which finds it so; a member record's is taken after the
                 // round's next read of the members, which forgets the sighting.
                 Ok(None) => return claim,
+                // Found: claimed as from any read, where the store's clock judges the lease
+                // if it has one (`try_acquire`), else this member's (`claim_by_update`).
+                // Settled, a member reads every shard once per half a lease, so its own count
+                // of a lease may start that much after the write: the store's judgement is
+                // not held back for it (unlike an elector's, [`rules::waits_after_read`]).
+                // A deletion between this read and the acquisition is created anew: a window
+                // of one round trip, as an elector's after an outage.
                 Ok(Some(read)) => {
-                    // Never seen late: the round claims a record it judged run out on this
-                    // member's clock, which restarts for a version this read shows first.
-                    let held = !read.record.is_free() && !self.expired(key, &read);
-                    if rules::waits_after_read(check, held, false) {
-                        claim.seen = Some(read);
-                        return claim;
-                    }
+                    claim.seen = Some(read.clone());
                     current = Some(read);
                 }
             }
         }
         if self.learned.try_acquire {
             // The store gives the next token, at least the one asked for: above every token
-            // seen (S5), should the record have been deleted and written anew.
+            // seen (S5), the one just read too, should the record have been deleted and
+            // written anew.
+            let read_floor = current
+                .as_ref()
+                .map_or(0, |o| o.record.leader_transitions.saturating_add(1));
             let desired = self.desired(
-                self.table.tokens(key).floor(),
+                self.table.tokens(key).floor().max(read_floor),
                 current.as_ref().map(|o| &o.record),
             );
             let answer = self
@@ -231,6 +236,10 @@ impl Runner {
         if claim.no_try_acquire {
             self.learned.try_acquire = false;
         }
+        // Oldest first: what a read showed, then what the store answered.
+        if let Some(seen) = &claim.seen {
+            self.table.observe(key, Some(seen));
+        }
         if let Some((held, kept)) = &claim.held {
             self.table.observe(key, Some(held));
             self.table.store_keeps(key, *kept);
@@ -241,9 +250,6 @@ impl Runner {
         }
         if let Some(sent) = claim.unanswered {
             self.table.unanswered.insert(key.to_owned(), sent);
-        }
-        if let Some(seen) = &claim.seen {
-            self.table.observe(key, Some(seen));
         }
         claim.result
     }
