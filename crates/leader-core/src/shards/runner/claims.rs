@@ -117,13 +117,11 @@ impl Runner {
             // The store gives the next token, at least the one asked for: above every token
             // seen (S5), the one just read too, should the record have been deleted and
             // written anew.
-            let read_floor = current
-                .as_ref()
-                .map_or(0, |o| o.record.leader_transitions.saturating_add(1));
-            let desired = self.desired(
-                self.table.tokens(key).floor().max(read_floor),
-                current.as_ref().map(|o| &o.record),
-            );
+            let mut tokens = self.table.tokens(key);
+            if let Some(current) = &current {
+                tokens.see(&current.record);
+            }
+            let desired = self.desired(tokens.floor(), current.as_ref().map(|o| &o.record));
             let answer = self
                 .request("try_acquire", key, lock.try_acquire(&desired))
                 .await;
