@@ -476,7 +476,12 @@ impl Sighting {
     /// a free record, and for a lease the store keeps alive itself (an etcd lease, a Redis
     /// key's TTL), whose record the store deletes when the lease ends.
     pub(crate) fn counted_holder(&self) -> Option<&str> {
-        (!self.holder.is_empty() && !self.kept_by_store).then_some(self.holder.as_str())
+        self.holder().filter(|_| !self.kept_by_store)
+    }
+
+    /// The holder of the version last seen: `None` for a free record.
+    pub(crate) fn holder(&self) -> Option<&str> {
+        (!self.holder.is_empty()).then_some(self.holder.as_str())
     }
 
     /// Notes that a read at `now` found the record gone; the first such read starts the

@@ -214,6 +214,9 @@ enum Away {
     Crash,
     /// A crash whose records the store deletes once their leases run out (etcd, ZooKeeper).
     CrashDeleted,
+    /// As `CrashDeleted`, just after a member's read of the shards failed: what it knew of
+    /// the records went with that read, what it saw of their holder did not.
+    CrashDeletedAfterAFailedRead,
 }
 
 /// A static member away for three leases (`how`), within its window of four, then started
@@ -234,7 +237,10 @@ async fn away_within_the_window(how: Away) {
         c.task.abort();
     }
     sleep(TIMINGS.lease_duration + TIMINGS.retry_period).await;
-    if how == Away::CrashDeleted {
+    if how == Away::CrashDeletedAfterAFailedRead {
+        a_read_of_the_shards_fails(&a).await;
+    }
+    if matches!(how, Away::CrashDeleted | Away::CrashDeletedAfterAFailedRead) {
         set.store.delete(&member_key(NAME, "c"));
         for &shard in &held {
             set.store.delete(&shard_key(NAME, shard));
@@ -277,6 +283,36 @@ async fn away_within_the_window(how: Away) {
     }
 }
 
+/// Makes `member`'s next read of the shards fail, and waits for it. The failure is set just
+/// before that read is due (a settled member reads them every half lease), so that its
+/// renewals, which fail too meanwhile, keep its terms.
+async fn a_read_of_the_shards_fails(member: &Member) {
+    let reads = |faults: &Faults| {
+        faults
+            .calls()
+            .into_iter()
+            .filter(|c| c.operation == "get")
+            .map(|c| (c.sent, c.ok))
+            .collect::<Vec<_>>()
+    };
+    let last = reads(&member.shard_faults)
+        .iter()
+        .map(|&(sent, _)| sent)
+        .max()
+        .expect("the member reads the shards");
+    tokio::time::sleep_until(last + TIMINGS.lease_duration / 2 - Duration::from_millis(20)).await;
+    let failing = Instant::now();
+    member.shard_faults.fail_all(Some(Fault::Unavailable));
+    until(TIMINGS.lease_duration, || {
+        reads(&member.shard_faults)
+            .iter()
+            .any(|&(sent, ok)| sent >= failing && ok == Some(false))
+    })
+    .await
+    .expect("the member's read of the shards fails");
+    member.shard_faults.fail_all(None);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_restart_longer_than_the_lease_within_the_window_moves_no_shard() {
     away_within_the_window(Away::Shutdown).await;
@@ -290,6 +326,11 @@ async fn a_crash_and_a_restart_within_the_window_moves_no_shard() {
 #[tokio::test(start_paused = true)]
 async fn a_crash_whose_records_the_store_deletes_moves_no_shard_within_the_window() {
     away_within_the_window(Away::CrashDeleted).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_crash_whose_records_the_store_deletes_after_a_failed_read_moves_no_shard() {
+    away_within_the_window(Away::CrashDeletedAfterAFailedRead).await;
 }
 
 /// A static member that crashes for good: its shards wait for its lease to run out and then

@@ -123,8 +123,18 @@ impl ShardTable {
             if self.records[shard].is_some() {
                 self.vanished.remove(&index);
                 self.gone.remove(&index);
-            } else if let Some(before) = before.filter(|b| !b.record.holder_identity.is_empty()) {
-                self.vanished.insert(index, before.record.holder_identity);
+            } else if let Some(holder) = before.map_or_else(
+                // No record kept (a read failed since, or a round dropped while it acted):
+                // the holder last seen, whose sighting outlives both.
+                || {
+                    self.seen[shard]
+                        .as_ref()
+                        .and_then(Sighting::holder)
+                        .map(str::to_owned)
+                },
+                |before| Some(before.record.holder_identity).filter(|h| !h.is_empty()),
+            ) {
+                self.vanished.insert(index, holder);
             }
             if self.records[shard].is_none()
                 && let Some(seen) = &mut self.seen[shard]
@@ -163,7 +173,8 @@ impl ShardTable {
     /// Notes that `shard`'s record could not be read: known as nothing and read again in full.
     /// What was seen of it is kept, as the elector keeps it through a failed read: the same
     /// version read next runs on from its first sight (S2), and a record found gone next is
-    /// waited out under the holder last seen.
+    /// waited out under the holder last seen, and counted among the shards the store deleted
+    /// under it ([`ShardTable::vanished`]).
     pub(super) fn read_failed(&mut self, shard: usize) {
         self.records[shard] = None;
         self.read[shard] = false;
