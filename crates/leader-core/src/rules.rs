@@ -286,6 +286,88 @@ where
     }
 }
 
+/// What [`release_term`] came to.
+#[derive(Debug)]
+pub(crate) struct Released {
+    /// Whether the term's record is free now: written so by this release, or found so under
+    /// the term's token, which only this term's release writes (a try whose answer was lost
+    /// had landed).
+    pub(crate) released: bool,
+    /// What the read after a lost compare-and-swap found, for the candidate to note (S2, S5).
+    pub(crate) read: Option<Observed>,
+    /// What the store answered to the release that landed.
+    pub(crate) stored: Option<Observed>,
+    /// The failure that ended it unreleased; none where the record was found to be another
+    /// term's (or gone), which is not this term's to release.
+    pub(crate) error: Option<LockError>,
+}
+
+/// Releases the term `token` of `me` (S6), whose record was last seen as `last`: a
+/// compare-and-swap of the record `release` makes of it over its version, sent again after a
+/// passing failure ([`release_with_retries`]). That version can be stale without anyone else
+/// having written: a renewal whose answer was lost (timed out, cut short by the shutdown) may
+/// have landed. So a release that loses the compare-and-swap reads the record (`read`) and,
+/// while it is still the term, is sent once more over the version read. `write` sends one
+/// try; both are the caller's, with its timeouts. Every engine releases through it, so a term
+/// is let go of the same way wherever it was held.
+pub(crate) async fn release_term<W, WF, R, RF>(
+    last: Option<Observed>,
+    (me, token): (&str, u64),
+    budget: Duration,
+    release: impl Fn(&LeaderElectionRecord) -> LeaderElectionRecord,
+    mut write: W,
+    mut read: R,
+) -> Released
+where
+    W: FnMut(Version, LeaderElectionRecord) -> WF,
+    WF: Future<Output = Result<Observed, LockError>>,
+    R: FnMut() -> RF,
+    RF: Future<Output = Result<Option<Observed>, LockError>>,
+{
+    let mut ended = Released {
+        released: false,
+        read: None,
+        stored: None,
+        error: None,
+    };
+    let mut current = last;
+    for attempt in 0..2 {
+        let Some(ours) = current.filter(|o| is_term(&o.record, me, token)) else {
+            return ended;
+        };
+        let record = release(&ours.record);
+        let sent = release_with_retries(budget, || write(ours.version.clone(), record.clone()));
+        match sent.await {
+            Ok(stored) => {
+                ended.released = true;
+                ended.stored = Some(stored);
+                return ended;
+            }
+            Err(err) if err.is_conflict() && attempt == 0 => match read().await {
+                Ok(fresh) => {
+                    ended.released = fresh.as_ref().is_some_and(|f| {
+                        f.record.is_free() && f.record.leader_transitions == token
+                    });
+                    ended.read.clone_from(&fresh);
+                    if ended.released {
+                        return ended;
+                    }
+                    current = fresh;
+                }
+                Err(err) => {
+                    ended.error = Some(err);
+                    return ended;
+                }
+            },
+            Err(err) => {
+                ended.error = Some(err);
+                return ended;
+            }
+        }
+    }
+    ended
+}
+
 /// Whether `record` is still the term that `me` took with `token`: its identity and its
 /// token. A later acquisition under the same identity (another process, or this one again)
 /// raised the token, so it is another term (S5, S13).

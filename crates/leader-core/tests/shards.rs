@@ -1121,30 +1121,76 @@ on_clocks!(a_claim_whose_answer_was_lost_is_known_as_this_members {
     a_claim_whose_answer_was_lost_is_known_where_the_store_keeps_leases: InStore,
 });
 
+/// S6 for a shard: a release at shutdown just after a renewal whose answer was lost (the
+/// store took it; the member still knows the version before) loses its compare-and-swap, and
+/// is sent again over the version a read finds, as the elector's is: every shard, and the
+/// member record, is left free for the others rather than held for a lease.
+#[tokio::test]
+async fn a_release_after_a_renewal_whose_answer_was_lost_is_sent_over_the_record_read() {
+    tokio::time::pause();
+    let (set, a) = one_member_with_every_shard().await;
+    let lost = |faults: &Faults, answers: usize| {
+        for _ in 0..answers {
+            faults.lose_next_answer("renew", leader_core::faults::Fault::Unavailable);
+        }
+    };
+    lost(&a.shard_faults, 3);
+    lost(&a.member_faults, 1);
+    until(TIMINGS.lease_duration, || {
+        a.shard_faults.failures("renew") == 3 && a.member_faults.failures("renew") == 1
+    })
+    .await
+    .expect("the renewals' answers were lost");
+    let (shard_faults, member_faults) = (a.shard_faults.clone(), a.member_faults.clone());
+    a.leave().await;
+    left_free(&set, 3, "a").await;
+    // Each release lost its compare-and-swap once, and landed over the record read.
+    for (faults, what, records) in [(&shard_faults, "shards", 3), (&member_faults, "member", 1)] {
+        assert_eq!(
+            faults.failures("update"),
+            records,
+            "{what}: {:?}",
+            faults.calls()
+        );
+    }
+}
+
+/// A set of three shards on the follower's clock, and its one member `a`, which took them.
+async fn one_member_with_every_shard() -> (Set, Member) {
+    let set = Set::new(Clock::Follower, 3);
+    let a = set.join("a");
+    until(Duration::from_secs(30), || a.owned().len() == 3)
+        .await
+        .expect("a took every shard");
+    (set, a)
+}
+
+/// Asserts that the `count` shards of set `jobs`, and `member`'s record, are free.
+async fn left_free(set: &Set, count: u32, member: &str) {
+    for shard in 0..count {
+        let record =
+            stored_record(&set.store, &leader_core::backend::shard_key("jobs", shard)).await;
+        assert!(record.is_free(), "shard {shard} left held: {record:?}");
+    }
+    let key = leader_core::backend::member_key("jobs", member);
+    let record = stored_record(&set.store, &key).await;
+    assert!(record.is_free(), "the member record left held: {record:?}");
+}
+
 /// S6 for a shard: a release at shutdown that meets a transient failure is sent again, so
 /// every shard, and the member record, is left free for the others rather than one of them
 /// waiting out its lease.
 #[tokio::test]
 async fn a_shards_release_that_fails_for_a_moment_is_sent_again() {
     tokio::time::pause();
-    let set = Set::new(Clock::Follower, 3);
-    let a = set.join("a");
-    until(Duration::from_secs(30), || a.owned().len() == 3)
-        .await
-        .expect("a took every shard");
+    let (set, a) = one_member_with_every_shard().await;
     let shard_faults = a.shard_faults.clone();
     shard_faults.fail_next(leader_core::faults::Fault::Unavailable);
     // The member record's release too: a member record left held keeps the member counted.
     let member_faults = a.member_faults.clone();
     member_faults.fail_next(leader_core::faults::Fault::Unavailable);
     a.leave().await;
-    for shard in 0..3 {
-        let record =
-            stored_record(&set.store, &leader_core::backend::shard_key("jobs", shard)).await;
-        assert!(record.is_free(), "shard {shard} left held: {record:?}");
-    }
-    let member = stored_record(&set.store, &leader_core::backend::member_key("jobs", "a")).await;
-    assert!(member.is_free(), "the member record left held: {member:?}");
+    left_free(&set, 3, "a").await;
     // The faults met the releases: a failed write, then one that landed, of each.
     for (faults, what) in [(&shard_faults, "shards"), (&member_faults, "member record")] {
         let writes: Vec<_> = faults
@@ -1858,6 +1904,77 @@ async fn extension_writes_never_delay_the_renewals() {
     let written = written.lock().unwrap().clone();
     assert_eq!(written.len(), COUNT as usize, "{written:?}");
     assert!(written.values().all(|&n| n >= 5), "{written:?}");
+    a.leave().await;
+}
+
+/// A shard's extensions written in the round whose renewal's answer was lost (the store took
+/// the renewal; the member still knows the version before) lose their compare-and-swap: the
+/// member reads the record, finds the term its own, and writes them again over the version
+/// read, as the elector does. The term goes on; it is not lost to its own renewal.
+#[tokio::test]
+async fn an_extension_write_after_a_renewal_whose_answer_was_lost_is_sent_again() {
+    tokio::time::pause();
+    let store = MemoryStore::new();
+    let faults = Faults::new();
+    let locks = {
+        let (store, faults) = (store.clone(), faults.clone());
+        KeyedLocks::new("a", "memory", move |key, identity| {
+            let lock = store.lock(key, identity);
+            if key.starts_with("jobs-shard-") {
+                Arc::new(FaultyLock::with_faults(lock, faults.clone())) as Arc<dyn ResourceLock>
+            } else {
+                Arc::new(lock)
+            }
+        })
+    };
+    let ends = Ends::default();
+    let shards = Shards::builder("jobs", 1, locks)
+        .timings(TIMINGS)
+        .on_shard_stopped(record_ends(&ends))
+        .build()
+        .expect("valid configuration");
+    let write = Arc::new(tokio::sync::Notify::new());
+    let written = Arc::new(Mutex::new(None));
+    let work = {
+        let (write, written) = (write.clone(), written.clone());
+        move |_, term: Leadership| {
+            let (write, written) = (write.clone(), written.clone());
+            async move {
+                write.notified().await;
+                let answer = term.set_extension("progress", Some("7".into())).await;
+                *written.lock().unwrap() = Some(answer.map_err(|err| err.to_string()));
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    let a = Member::start(shards, |shards, shutdown| {
+        shards.run_per_shard(shutdown, work)
+    });
+    until(Duration::from_secs(30), || a.owned().len() == 1)
+        .await
+        .expect("a took the shard");
+    // The next round renews the shard, its answer lost, then writes the extension.
+    faults.lose_next_answer("renew", leader_core::faults::Fault::Unavailable);
+    write.notify_one();
+    until(TIMINGS.lease_duration, || written.lock().unwrap().is_some())
+        .await
+        .expect("the write was answered");
+    // The write lost its compare-and-swap once, and landed over the record read.
+    assert_eq!(faults.failures("renew"), 1, "{:?}", faults.calls());
+    assert_eq!(faults.failures("update"), 1, "{:?}", faults.calls());
+    assert_eq!(*written.lock().unwrap(), Some(Ok(())));
+    let record = stored_record(&store, &leader_core::backend::shard_key("jobs", 0)).await;
+    assert_eq!(
+        record.extensions.get("progress").map(String::as_str),
+        Some("7")
+    );
+    sleep(TIMINGS.lease_duration).await;
+    assert!(
+        ends.lock().unwrap().is_empty(),
+        "{:?}",
+        ends.lock().unwrap()
+    );
+    assert_eq!(a.owned().len(), 1);
     a.leave().await;
 }
 

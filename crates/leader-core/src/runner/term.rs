@@ -366,59 +366,45 @@ fn is_ours(observed: &Observed, me: &str, fencing_token: u64) -> bool {
 }
 
 /// Clears the holder of term `fencing_token` with a compare-and-swap, so a release never frees
-/// a lease that someone else holds (S6). A handover names `hand_to` as the next holder;
-/// otherwise a pending request in the record is kept. True when released.
+/// a lease that someone else holds (S6), and from a fresh read when the record cached is stale
+/// ([`rules::release_term`]). A handover names `hand_to` as the next holder; otherwise a
+/// pending request in the record is kept. True when released.
 async fn release(
     context: &mut Context,
     campaign: &mut Campaign,
     fencing_token: u64,
     hand_to: Option<&str>,
 ) -> bool {
-    let mut current = campaign.observed().cloned();
-    // Two tries: from the cached record, then, if that lost the compare-and-swap, from a
-    // fresh read. The cache can be stale without anyone else having written: a renewal cut
-    // short by the shutdown may still have reached the store.
-    for attempt in 0..2 {
-        let Some(ours) = current.filter(|o| is_ours(o, context.identity(), fencing_token)) else {
-            return false;
-        };
-        let mut record = rules::released(&ours.record, context.config.lease.wall_clock.now());
-        if let Some(to) = hand_to {
-            record.preferred_holder = Some(to.to_owned());
-        }
-        let budget = context.config.lease.request_timeout;
-        let sent = rules::release_with_retries(budget, || {
-            context.request("release", context.lock.update(&ours.version, &record))
-        });
-        match sent.await {
-            Ok(stored) => {
-                tracing::info!(fencing_token, "released the lease");
-                campaign.observe(context, stored);
-                return true;
-            }
-            Err(err) if err.is_conflict() && attempt == 0 => {
-                current = match context.request("get", context.lock.get()).await {
-                    Ok(fresh) => fresh,
-                    Err(err) => {
-                        context.report_error("release", err, NO_FAILED_ATTEMPTS);
-                        return false;
-                    }
-                };
-                if let Some(fresh) = &current {
-                    campaign.observe(context, fresh.clone());
-                    // Free under this term's token: only this term's release writes that, so
-                    // a try whose answer was lost (timed out, sent again) had landed.
-                    if fresh.record.is_free() && fresh.record.leader_transitions == fencing_token {
-                        tracing::info!(fencing_token, "released the lease");
-                        return true;
-                    }
+    let ended = {
+        let context = &*context;
+        rules::release_term(
+            campaign.observed().cloned(),
+            (context.identity(), fencing_token),
+            context.config.lease.request_timeout,
+            |held| {
+                let mut record = rules::released(held, context.config.lease.wall_clock.now());
+                if let Some(to) = hand_to {
+                    record.preferred_holder = Some(to.to_owned());
                 }
-            }
-            Err(err) => {
-                context.report_error("release", err, NO_FAILED_ATTEMPTS);
-                return false;
-            }
-        }
+                record
+            },
+            |version, record| async move {
+                context
+                    .request("release", context.lock.update(&version, &record))
+                    .await
+            },
+            || context.request("get", context.lock.get()),
+        )
+        .await
+    };
+    for seen in ended.read.into_iter().chain(ended.stored) {
+        campaign.observe(context, seen);
     }
-    false
+    if let Some(err) = ended.error {
+        context.report_error("release", err, NO_FAILED_ATTEMPTS);
+    }
+    if ended.released {
+        tracing::info!(fencing_token, "released the lease");
+    }
+    ended.released
 }

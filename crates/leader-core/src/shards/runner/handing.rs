@@ -194,6 +194,7 @@ impl Runner {
         let name = self.cx.config.name.clone();
         let clock = self.cx.config.lease.wall_clock.clone();
         let writes = self.releases.writes.clone();
+        let me = self.cx.me.clone();
         m::shard_moved(&name, reason_label(reason));
         tracing::info!(shards = name, shard, to, "releasing the shard");
         self.releases.spawn(shard, async move {
@@ -207,14 +208,24 @@ impl Runner {
             if work_stopped {
                 // A release that names no one clears a pending request too: the set's
                 // assignment, not a request, says who takes the shard next.
-                let free = rules::released(&term.observed.record, clock.now());
-                let record = LeaderElectionRecord {
-                    preferred_holder: to,
-                    lease_duration: hold.unwrap_or(free.lease_duration),
-                    ..free
+                let release = |held: &LeaderElectionRecord| {
+                    let free = rules::released(held, clock.now());
+                    LeaderElectionRecord {
+                        preferred_holder: to.clone(),
+                        lease_duration: hold.unwrap_or(free.lease_duration),
+                        ..free
+                    }
                 };
-                released =
-                    write_release(&writes, &*lock, &term.observed.version, &record, timeout).await;
+                let term_of = (me.as_str(), fencing_token);
+                released = write_release(
+                    &writes,
+                    &*lock,
+                    term.observed.clone(),
+                    term_of,
+                    release,
+                    timeout,
+                )
+                .await;
             } else {
                 tracing::warn!(
                     shards = name,
@@ -239,10 +250,8 @@ impl Runner {
         };
         let lock = self.cx.lock(key);
         let timeout = self.cx.config.lease.request_timeout;
-        let record = LeaderElectionRecord {
-            preferred_holder: None,
-            ..rules::released(&observed.record, self.cx.config.lease.wall_clock.now())
-        };
+        let clock = self.cx.config.lease.wall_clock.clone();
+        let me = self.cx.me.clone();
         self.unsettle();
         tracing::info!(
             shards = self.cx.config.name,
@@ -251,7 +260,12 @@ impl Runner {
         );
         let writes = self.releases.writes.clone();
         self.releases.spawn(shard, async move {
-            write_release(&writes, &*lock, &observed.version, &record, timeout).await;
+            let release = |held: &LeaderElectionRecord| LeaderElectionRecord {
+                preferred_holder: None,
+                ..rules::released(held, clock.now())
+            };
+            let term_of = (me.as_str(), observed.record.leader_transitions);
+            write_release(&writes, &*lock, observed, term_of, release, timeout).await;
         });
     }
 
@@ -333,7 +347,14 @@ impl Runner {
     /// per shard at a time, each on its own record), each waiting no longer than its term's
     /// deadline. Each write is a compare-and-swap of the record its term last stored, and
     /// renews the term as a renewal would.
+    ///
+    /// A write that loses its compare-and-swap reads the record first, as a renewal does
+    /// ([`reread`](Self::reread)): a renewal whose answer was lost may have moved the record
+    /// on under this very term. While it is still the term's, the write is sent once more over
+    /// the version read; otherwise the term is lost (or handed over, as the record asks).
     pub(super) async fn write_extensions(&mut self) {
+        // The shards whose write was read back and sent again: a second conflict is final.
+        let mut sent_again = BTreeSet::new();
         while !self.work_requests.extension_writes.is_empty() {
             let mut batch = Vec::new();
             let mut later = VecDeque::new();
@@ -373,12 +394,12 @@ impl Runner {
                     record,
                     until,
                 );
-                writes.push((shard, term.token(), reply, write));
+                writes.push((shard, term.token(), reply, write, changes));
             }
             let started = Instant::now();
             let describe = self.cx.set.describe();
             let answers = join_all(writes.iter().map(
-                |(_, _, _, (key, version, record, until))| {
+                |(_, _, _, (key, version, record, until), _)| {
                     let lock = self.cx.lock(key);
                     let describe = &describe;
                     async move {
@@ -394,11 +415,56 @@ impl Runner {
                 },
             ))
             .await;
-            for ((shard, token, reply, (_, version, _, _)), result) in
+            let mut conflicts = Vec::new();
+            for ((shard, token, reply, (_, version, _, _), changes), result) in
                 writes.into_iter().zip(answers)
             {
-                let answer = self.extensions_written(shard, token, &version, result, started);
-                let _ = reply.send(answer);
+                match result {
+                    Err(err) if err.is_conflict() && sent_again.insert(shard) => {
+                        conflicts.push((shard, token, version, err, (changes, reply)));
+                    }
+                    result => {
+                        let answer =
+                            self.extensions_written(shard, token, &version, result, started);
+                        let _ = reply.send(answer);
+                    }
+                }
+            }
+            if !conflicts.is_empty() {
+                // The terms still this member's adopt the version read, and their writes go
+                // first; the renewals it offers are not needed: each write renews.
+                let whose = conflicts.iter().map(|c| Some(c.0)).collect();
+                let mut unread = self.reread(whose).await.unread;
+                for (shard, token, version, err, (changes, reply)) in conflicts.into_iter().rev() {
+                    let term = (self.terms.owned().get(&shard))
+                        .filter(|t| t.token() == token && !t.past_deadline());
+                    let read_error = unread
+                        .iter()
+                        .position(|(whose, _)| *whose == Some(shard))
+                        .map(|at| unread.swap_remove(at).1);
+                    match (term, read_error) {
+                        // The read failed: the term goes on until a renewal succeeds or its
+                        // deadline passes (S3), and the work hears why.
+                        (Some(_), Some(read_error)) => {
+                            let _ = reply.send(Err(ExtensionError::Lock(read_error)));
+                        }
+                        (Some(term), None) if term.observed.version != version => {
+                            self.work_requests
+                                .extension_writes
+                                .push_front((shard, changes, reply));
+                        }
+                        // Read back at the version written: the conflict stands as the answer.
+                        (Some(_), None) => {
+                            let _ = reply.send(Err(ExtensionError::Lock(Arc::new(err))));
+                        }
+                        (None, _) => {
+                            let lost = LeadershipLost {
+                                fencing_token: token,
+                            };
+                            let _ = reply.send(Err(lost.into()));
+                        }
+                    }
+                }
             }
         }
     }
@@ -448,37 +514,61 @@ impl Runner {
     }
 }
 
-/// Writes a release, `record` over `version`, within `timeout`, once one of the release writes
+/// Releases the term `term_of` (identity, fencing token) whose record was last seen as `last`
+/// ([`rules::release_term`]), each request within `timeout`, once one of the release writes
 /// that may be under way at once (`writes`, [`RELEASES_AT_ONCE`](super::RELEASES_AT_ONCE)) is
-/// free. True when the store took it.
+/// free. True when the record is free.
 async fn write_release(
     writes: &tokio::sync::Semaphore,
     lock: &dyn ResourceLock,
-    version: &Version,
-    record: &LeaderElectionRecord,
+    last: Observed,
+    term_of: (&str, u64),
+    release: impl Fn(&LeaderElectionRecord) -> LeaderElectionRecord,
     timeout: std::time::Duration,
 ) -> bool {
-    // The semaphore is never closed: a permit always comes. It is held a try at a time, not
-    // through the waits between tries, which other shards' releases may use; the budget
+    // The semaphore is never closed: a permit always comes. It is held a request at a time,
+    // not through the waits between tries, which other shards' releases may use; the budget
     // counts from the first try, not from the wait for its permit.
-    let mut first = Some(writes.acquire().await);
-    let sent = rules::release_with_retries(timeout, || {
-        let held = first.take();
-        async move {
-            let _write = match held {
-                Some(permit) => permit,
-                None => writes.acquire().await,
-            };
-            tokio::time::timeout(timeout, lock.update(version, record))
-                .await
-                .unwrap_or_else(|_| {
-                    Err(LockError::Timeout {
-                        lock: lock.describe(),
-                        operation: "release",
-                        after: timeout,
-                    })
-                })
+    let first = std::sync::Mutex::new(Some(writes.acquire().await));
+    let permit = || async {
+        let held = first.lock().unwrap_or_else(|p| p.into_inner()).take();
+        match held {
+            Some(permit) => permit,
+            None => writes.acquire().await,
         }
-    });
-    sent.await.is_ok()
+    };
+    let ended = rules::release_term(
+        Some(last),
+        term_of,
+        timeout,
+        release,
+        |version, record| async move {
+            let _write = permit().await;
+            within(lock, "release", timeout, lock.update(&version, &record)).await
+        },
+        || async {
+            let _read = permit().await;
+            within(lock, "get", timeout, lock.get()).await
+        },
+    )
+    .await;
+    ended.released
+}
+
+/// `request` of `lock`, answered within `timeout` or failed as timed out.
+async fn within<T>(
+    lock: &dyn ResourceLock,
+    operation: &'static str,
+    timeout: std::time::Duration,
+    request: impl Future<Output = Result<T, LockError>>,
+) -> Result<T, LockError> {
+    tokio::time::timeout(timeout, request)
+        .await
+        .unwrap_or_else(|_| {
+            Err(LockError::Timeout {
+                lock: lock.describe(),
+                operation,
+                after: timeout,
+            })
+        })
 }

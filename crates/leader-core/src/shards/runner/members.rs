@@ -626,7 +626,9 @@ impl Runner {
                 self.give(shard, None, StepDownReason::Shutdown);
             }
         }
-        let bound = self.cx.config.lease.stop_grace + self.cx.config.lease.request_timeout;
+        // A release is at most three requests, each within a request timeout: its write, a
+        // read after a lost compare-and-swap, and its write again ([`rules::release_term`]).
+        let bound = self.cx.config.lease.stop_grace + self.cx.config.lease.request_timeout * 3;
         self.releases.finish(bound).await;
         if !self.cx.config.lease.release_on_cancel {
             return;
@@ -666,22 +668,29 @@ impl Runner {
     async fn release_member_record(&mut self) {
         if let Some(member) = self.terms.member.take() {
             member.cancel.cancel();
-            let record = LeaderElectionRecord {
-                holder_identity: String::new(),
-                ..member.observed.record.clone()
-            };
-            // Sent again after a passing failure as a shard's release is: a member record
-            // left held keeps this member counted, and its share of the shards unclaimed,
-            // for a lease.
-            let lock = self.cx.lock(&member.key);
-            let budget = self.cx.config.lease.request_timeout;
-            let _ = rules::release_with_retries(budget, || {
-                self.request(
-                    "release",
-                    &member.key,
-                    lock.update(&member.observed.version, &record),
-                )
-            })
+            // Released as a shard is (sent again after a passing failure, and over the
+            // version read when a renewal whose answer was lost had moved it on): a member
+            // record left held keeps this member counted, and its share of the shards
+            // unclaimed, for a lease.
+            let lock = &*self.cx.lock(&member.key);
+            let key = member.key.as_str();
+            let runner = &*self;
+            let term_of = (runner.cx.me.as_str(), member.token());
+            rules::release_term(
+                Some(member.observed.clone()),
+                term_of,
+                self.cx.config.lease.request_timeout,
+                |held| LeaderElectionRecord {
+                    holder_identity: String::new(),
+                    ..held.clone()
+                },
+                |version, record| async move {
+                    runner
+                        .request("release", key, lock.update(&version, &record))
+                        .await
+                },
+                || runner.request("get", key, lock.get()),
+            )
             .await;
         }
     }

@@ -2,6 +2,8 @@
 //! batch where the store allows it, a batch that timed out re-read before anything is called
 //! lost, and the terms that end by their deadline.
 
+use std::sync::Arc;
+
 use tokio::time::Instant;
 
 use super::{Runner, Term};
@@ -77,7 +79,7 @@ impl Runner {
         self.renewals_took = started.elapsed();
         let conflicts = self.take_renewals(whose, results, started);
         if !conflicts.is_empty() {
-            let again = self.reread(conflicts).await;
+            let again = self.reread(conflicts).await.again;
             if !again.is_empty() {
                 let (whose, renewals): (Vec<_>, Vec<_>) = again.into_iter().unzip();
                 let started = Instant::now();
@@ -106,10 +108,8 @@ impl Runner {
     /// returned with its renewal to send at once (a shard whose record asks for a handover is
     /// handed over instead). The others are lost. Should the read fail, the terms go on until a
     /// renewal succeeds or their deadline passes (S3), as after any failed renewal.
-    pub(super) async fn reread(
-        &mut self,
-        conflicts: Vec<Option<u32>>,
-    ) -> Vec<(Option<u32>, Renewal)> {
+    pub(super) async fn reread(&mut self, conflicts: Vec<Option<u32>>) -> ReadBack {
+        let mut back = ReadBack::default();
         m::slow_path(&self.cx.config.name);
         let mut terms = Vec::with_capacity(conflicts.len());
         for whose in conflicts {
@@ -120,33 +120,34 @@ impl Runner {
         }
         let keys: Vec<String> = terms.iter().map(|(_, key)| key.clone()).collect();
         let started = Instant::now();
-        let answers =
-            match tokio::time::timeout_at(self.request_deadline(), self.cx.set.get_many(&keys))
-                .await
-            {
-                Ok(answers) if answers.len() == keys.len() => answers,
-                Ok(_) => {
-                    let err = self.cx.miscounted();
-                    self.cx.report("get", &err);
-                    return Vec::new();
-                }
-                Err(_) => {
+        let read = tokio::time::timeout_at(self.request_deadline(), self.cx.set.get_many(&keys));
+        let answers = match read.await {
+            Ok(answers) if answers.len() == keys.len() => answers,
+            failed => {
+                let err = match failed {
+                    Ok(_) => self.cx.miscounted(),
                     // Cut at the request deadline, which the round's renewals used up in part.
-                    let err = LockError::Timeout {
+                    Err(_) => LockError::Timeout {
                         lock: self.cx.set.describe(),
                         operation: "get",
                         after: started.elapsed(),
-                    };
-                    self.cx.report("get", &err);
-                    return Vec::new();
-                }
-            };
-        let mut again = Vec::new();
+                    },
+                };
+                self.cx.report("get", &err);
+                let err = Arc::new(err);
+                back.unread = terms
+                    .into_iter()
+                    .map(|(whose, _)| (whose, err.clone()))
+                    .collect();
+                return back;
+            }
+        };
         for ((whose, key), answer) in terms.into_iter().zip(answers) {
             let current = match answer {
                 Ok(current) => current,
                 Err(err) => {
                     self.cx.report("get", &err);
+                    back.unread.push((whose, Arc::new(err)));
                     continue;
                 }
             };
@@ -170,12 +171,12 @@ impl Runner {
                 (Some(shard), Some(to)) => self.give(shard, Some(&to), StepDownReason::HandedOver),
                 _ => {
                     if let Some(term) = self.terms.get(whose) {
-                        again.push((whose, self.renewal_of(term)));
+                        back.again.push((whose, self.renewal_of(term)));
                     }
                 }
             }
         }
-        again
+        back
     }
 
     /// Ends the term of `whose` (a shard's, or the member record's): its record is another's.
@@ -261,4 +262,13 @@ impl Runner {
             self.terms.member = None;
         }
     }
+}
+
+/// What [`Runner::reread`] found of the terms whose write conflicted.
+#[derive(Default)]
+pub(super) struct ReadBack {
+    /// The terms still this member's, each with its renewal from the version read.
+    pub(super) again: Vec<(Option<u32>, Renewal)>,
+    /// The terms whose record could not be read, and why: they go on as they were.
+    pub(super) unread: Vec<(Option<u32>, Arc<LockError>)>,
 }
