@@ -728,12 +728,15 @@ async fn what_command_left_running_is_stopped_before_the_release() {
     let dir = tempfile::tempdir().expect("tempdir");
     let lock = leader_tests::file_lock_in(dir.path());
     let grace = Duration::from_secs(2);
-    for (case, background) in [
-        ("stops", "sleep 300"),
-        ("ignores-sigterm", "trap '' TERM; sleep 300"),
-    ] {
+    for (case, ignore) in [("stops", ""), ("ignores-sigterm", "trap \"\" TERM; ")] {
         let pidfile = dir.path().join(format!("{case}.pid"));
-        let script = format!("( {background} ) & echo $! > {}; exit 3", pidfile.display());
+        // The background process writes its pid once it ignores SIGTERM, and COMMAND exits
+        // only then: a SIGTERM that came between the fork and the `trap` would end it.
+        let pid = pidfile.display();
+        let script = format!(
+            "sh -c '{ignore}echo $$ > {pid}; exec sleep 300' & \
+             while [ ! -s {pid} ]; do sleep 0.01; done; exit 3"
+        );
         let started = tokio::time::Instant::now();
         let status = run_to_end(
             &[
