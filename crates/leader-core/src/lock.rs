@@ -370,3 +370,21 @@ macro_rules! forward_lock {
 
 forward_lock!(Arc);
 forward_lock!(Box);
+
+/// `request` of `lock`, answered within `after` or failed as [`LockError::Timeout`] (S4).
+pub(crate) async fn within<T>(
+    lock: &dyn ResourceLock,
+    operation: &'static str,
+    after: std::time::Duration,
+    request: impl std::future::Future<Output = Result<T, LockError>>,
+) -> Result<T, LockError> {
+    tokio::time::timeout(after, request)
+        .await
+        .unwrap_or_else(|_| {
+            Err(LockError::Timeout {
+                lock: lock.describe(),
+                operation,
+                after,
+            })
+        })
+}

@@ -10,7 +10,7 @@ use tokio::time::timeout;
 use crate::config::ElectorConfig;
 use crate::error::LockError;
 use crate::leadership::{LeaderState, StepDown};
-use crate::lock::{LeaderEvent, ResourceLock};
+use crate::lock::{LeaderEvent, ResourceLock, within};
 use crate::metrics as m;
 use crate::record::Observed;
 use crate::retry::{FailureLog, LogLine};
@@ -108,14 +108,13 @@ impl Context {
         operation: &'static str,
         fut: impl Future<Output = Result<T, LockError>>,
     ) -> Result<T, LockError> {
-        let after = self.config.lease.request_timeout;
-        timeout(after, fut).await.unwrap_or_else(|_| {
-            Err(LockError::Timeout {
-                lock: self.lock.describe(),
-                operation,
-                after,
-            })
-        })
+        within(
+            &*self.lock,
+            operation,
+            self.config.lease.request_timeout,
+            fut,
+        )
+        .await
     }
 
     /// Reports a failed lock request: counted in metrics every time, logged as [`FailureLog`]

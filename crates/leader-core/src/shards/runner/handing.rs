@@ -16,7 +16,7 @@ use crate::error::LockError;
 use crate::leadership::{
     ExtensionChanges, ExtensionError, LeadershipLost, StepDownReason, TermRequest,
 };
-use crate::lock::ResourceLock;
+use crate::lock::{ResourceLock, within};
 use crate::metrics as m;
 use crate::record::{LeaderElectionRecord, Observed, Version};
 use crate::rules;
@@ -553,22 +553,4 @@ async fn write_release(
     )
     .await;
     ended.released
-}
-
-/// `request` of `lock`, answered within `timeout` or failed as timed out.
-async fn within<T>(
-    lock: &dyn ResourceLock,
-    operation: &'static str,
-    timeout: std::time::Duration,
-    request: impl Future<Output = Result<T, LockError>>,
-) -> Result<T, LockError> {
-    tokio::time::timeout(timeout, request)
-        .await
-        .unwrap_or_else(|_| {
-            Err(LockError::Timeout {
-                lock: lock.describe(),
-                operation,
-                after: timeout,
-            })
-        })
 }

@@ -123,18 +123,18 @@ impl ShardTable {
             if self.records[shard].is_some() {
                 self.vanished.remove(&index);
                 self.gone.remove(&index);
-            } else if let Some(holder) = before.map_or_else(
-                // No record kept (a read failed since, or a round dropped while it acted):
-                // the holder last seen, whose sighting outlives both.
-                || {
-                    self.seen[shard]
-                        .as_ref()
+            } else {
+                let holder = match before {
+                    Some(before) => Some(before.record.holder_identity),
+                    // No record kept (a read failed since, or a round dropped while it
+                    // acted): the holder last seen, whose sighting outlives both.
+                    None => (self.seen[shard].as_ref())
                         .and_then(Sighting::holder)
-                        .map(str::to_owned)
-                },
-                |before| Some(before.record.holder_identity).filter(|h| !h.is_empty()),
-            ) {
-                self.vanished.insert(index, holder);
+                        .map(str::to_owned),
+                };
+                if let Some(holder) = holder.filter(|h| !h.is_empty()) {
+                    self.vanished.insert(index, holder);
+                }
             }
             if self.records[shard].is_none()
                 && let Some(seen) = &mut self.seen[shard]
