@@ -123,9 +123,6 @@ impl Run<'_> {
         self.violations.push(what);
     }
 
-    /// A replica started while its server was away exits at once with `leader`'s code for an
-    /// unreachable backend at start (by design), where an orchestrator would start it again:
-    /// so does the harness. Any other exit of its own is a violation.
     /// The terms [`watch_commands`] saw end without a `stop` line.
     fn gone(&self) -> std::sync::MutexGuard<'_, Marks> {
         self.gone
@@ -133,6 +130,10 @@ impl Run<'_> {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// A replica started while its server was away, or whose server did not answer its open
+    /// within the request timeout (moto on a loaded machine), exits at once with `leader`'s
+    /// code for an unreachable backend at start (by design), where an orchestrator would start
+    /// it again: so does the harness. Any other exit of its own is a violation.
     fn respawn_exited(&mut self) -> Result<(), HarnessError> {
         for slot in 0..self.replicas.len() {
             let Ok(Some(status)) = self.replicas[slot].child.try_wait() else {
