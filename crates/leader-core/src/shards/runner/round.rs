@@ -297,8 +297,9 @@ impl Runner {
         // One pass over the shards sorts them out: a live member's; this member's though it
         // holds no term of them (lapsed: a term that ended by its deadline, say; the others
         // count them as this member's, so it does too, and takes them again, since nobody else
-        // would: once their lease has run out, or at once where the lease is this member's
-        // own); or open (absent, free, or held by a member not alive), which this member may
+        // would: once their lease has run out, counted as any holder's (S13: the member keeps
+        // no token of the terms it started), or at once where they hold what a claim of its own
+        // whose answer was lost wrote); or open (absent, free, or held by a member not alive), which this member may
         // take. A shard this member gave up, or whose term ended, is none of these until its
         // release ends or its work stopped: counted as lapsed, it would be given or taken
         // again beside the work still running. A shard whose work gave it up here is not taken

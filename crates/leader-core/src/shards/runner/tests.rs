@@ -165,8 +165,8 @@ async fn slow_releases_give_the_surplus_away_once() {
     let join = |identity: &str, slow_stop: Arc<Mutex<Duration>>| {
         let store = store.clone();
         let locks = KeyedLocks::new(identity, "memory", move |key, identity| {
-            // On the store's clock: an acquisition of a record that names this member
-            // succeeds at once, as on Postgres.
+            // On the store's clock, as on Postgres: a record that names this member is
+            // waited out by the store's clock, as any holder's (S13).
             Arc::new(store.lock(key, identity).with_store_clock(true))
         });
         let handed = handed.clone();
