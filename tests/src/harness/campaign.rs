@@ -228,18 +228,30 @@ impl Run<'_> {
         (!over).then(|| latest.clone())
     }
 
-    /// Waits for a leader that has led for `settled` (so it has renewed and written).
-    async fn settled_leader(&self, within: Duration) -> Option<(usize, Event)> {
+    /// Waits for a leader that has led for `settled` (so it has renewed and written),
+    /// starting again meanwhile every replica that exited ([`respawn_exited`]).
+    ///
+    /// [`respawn_exited`]: Self::respawn_exited
+    async fn settled_leader(
+        &mut self,
+        within: Duration,
+    ) -> Result<Option<(usize, Event)>, HarnessError> {
         let settled = self.settings.lease / 2;
-        poll(within, Duration::from_millis(20), || {
-            let event = self.current()?;
-            let slot = self
-                .replicas
-                .iter()
-                .position(|r| r.identity == event.identity)?;
-            (between(event.at, now_ns()) >= settled).then_some((slot, event))
-        })
-        .await
+        let began = tokio::time::Instant::now();
+        loop {
+            self.respawn_exited()?;
+            let leader = self.current().and_then(|event| {
+                let slot = self
+                    .replicas
+                    .iter()
+                    .position(|r| r.identity == event.identity)?;
+                (between(event.at, now_ns()) >= settled).then_some((slot, event))
+            });
+            if leader.is_some() || began.elapsed() >= within {
+                return Ok(leader);
+            }
+            sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// Waits for a COMMAND start after `since`; the time from `from` to it.

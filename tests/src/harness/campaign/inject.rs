@@ -15,17 +15,7 @@ use crate::{TermEvent as Event, now_ns, term_events as events};
 
 impl Run<'_> {
     pub(super) async fn inject(&mut self, fault: Fault) -> Result<(), HarnessError> {
-        // A replica that could not open its lock in time exits, and an orchestrator would start
-        // it again: so does the harness, while it waits for a leader.
-        let waited = tokio::time::Instant::now();
-        let settled = loop {
-            self.respawn_exited()?;
-            let settled = self.settled_leader(Duration::from_secs(1)).await;
-            if settled.is_some() || waited.elapsed() >= Duration::from_secs(30) {
-                break settled;
-            }
-        };
-        let Some((slot, term)) = settled else {
+        let Some((slot, term)) = self.settled_leader(Duration::from_secs(30)).await? else {
             let log = events(&self.log);
             let recent: Vec<String> = log[log.len().saturating_sub(6)..]
                 .iter()

@@ -294,16 +294,16 @@ impl Runner {
         let count = self.cx.config.count;
         let mut owners: BTreeMap<String, Vec<u32>> =
             present.iter().map(|m| (m.clone(), Vec::new())).collect();
-        // One pass over the shards sorts them out: a live member's; this member's though it
-        // holds no term of them (lapsed: a term that ended by its deadline, say; the others
-        // count them as this member's, so it does too, and takes them again, since nobody else
-        // would: once their lease has run out, counted as any holder's (S13: the member keeps
-        // no token of the terms it started), or at once where they hold what a claim of its own
-        // whose answer was lost wrote); or open (absent, free, or held by a member not alive), which this member may
+        // One pass over the shards sorts them out: a live member's; this member's though it holds
+        // no term of them (lapsed: a term that ended by its deadline, say; the others count them as
+        // this member's, so it does too, and takes them again, since nobody else would: once their
+        // lease has run out, counted as any holder's (S13: the member keeps no token of the terms
+        // it started), or at once where they hold what a claim of its own whose answer was lost
+        // wrote); or open (absent, free, or held by a member not alive), which this member may
         // take. A shard this member gave up, or whose term ended, is none of these until its
-        // release ends or its work stopped: counted as lapsed, it would be given or taken
-        // again beside the work still running. A shard whose work gave it up here is not taken
-        // again before its back-off ends (held back, if its record still names this member).
+        // release ends or its work stopped: counted as lapsed, it would be given or taken again
+        // beside the work still running. A shard whose work gave it up here is not taken again
+        // before its back-off ends (held back, if its record still names this member).
         let now = Instant::now();
         self.work_requests.forget_old_give_ups(now);
         let mut lapsed: Vec<u32> = Vec::new();
