@@ -502,7 +502,7 @@ macro_rules! skip_or_fail {
 }
 
 pub use leader_core::background::{
-    Candidate, LEASE, RENEW, RETRY, assert_outage_handled, next_leader,
+    Candidate, LEASE, RENEW, RETRY, STEADY_RENEW, assert_outage_handled, next_leader,
 };
 
 /// libfaketime's library, which steps the wall clock of a process it is preloaded into
